@@ -1,0 +1,6 @@
+"""Project configuration: settings, URLs, ASGI entry point and the Celery app."""
+from __future__ import annotations
+
+from config.celery import app as celery_app
+
+__all__ = ["celery_app"]

@@ -1,0 +1,21 @@
+"""ASGI entry point: Django for HTTP (including SSE), Channels for WebSockets."""
+from __future__ import annotations
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+django_asgi = get_asgi_application()
+
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402  (needs Django set up)
+from django.urls import path  # noqa: E402
+
+from marketplace.consumers import ChatStreamConsumer  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        "http": django_asgi,
+        "websocket": URLRouter([path("v1/ws/chat/completions", ChatStreamConsumer.as_asgi())]),
+    }
+)

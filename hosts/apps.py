@@ -1,0 +1,8 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class HostsConfig(AppConfig):
+    name = "hosts"
+    default_auto_field = "django.db.models.BigAutoField"

@@ -1,0 +1,42 @@
+"""Reads for hosts."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from hosts.models import Host
+from marketplace.models import Job
+from marketplace.secrets import secret_hash
+
+
+def host_by_token(*, token: str) -> Host | None:
+    return Host.objects.filter(token_hash=secret_hash(token)).select_related("owner").first()
+
+
+def qualified_model_ids(*, host: Host, fingerprint: str) -> list[int]:
+    """Models this host benchmarked on the machine it is claiming from."""
+    return list(
+        host.qualifications.filter(fingerprint=fingerprint, model__active=True).values_list("model_id", flat=True)
+    )
+
+
+def host_status(*, host: Host) -> str:
+    if host.last_heartbeat_at is None or timezone.now() - host.last_heartbeat_at > timedelta(
+        seconds=settings.HOST_OFFLINE_AFTER_SECONDS
+    ):
+        return "offline"
+    if host.paused:
+        return "paused"
+    if Job.objects.filter(host=host, status=Job.Status.RUNNING).exists():
+        return "busy"
+    return "online"
+
+
+def host_earning_lines(*, host: Host, limit: int = 100) -> list[Job]:
+    return list(
+        Job.objects.filter(host=host, status=Job.Status.COMPLETED)
+        .select_related("model")
+        .order_by("-finished_at")[:limit]
+    )

@@ -1,0 +1,276 @@
+"""The OpenAI-compatible customer API.
+
+Generation endpoints are async views: they hold a connection open while a
+host works, so they must not tie up a thread. Everything that touches the
+database goes through `db()`; everything that decides goes through a service.
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.utils.decorators import method_decorator
+from django.views import View
+from django.views.decorators.csrf import csrf_exempt
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from billing import selectors as billing_selectors
+from billing.errors import BillingError
+from marketplace import selectors, services
+from marketplace.aio import db
+from marketplace.errors import ApiError, bad_request, validation_error
+from marketplace.models import ApiKey, CatalogModel, Request
+from marketplace.render import chunk_body, response_body, usage_of
+from marketplace.serializers import ChatInputSerializer, CompletionInputSerializer
+from marketplace.streaming import Ended, RequestListener, Text, ended_error
+from marketplace.tokenizer import tokenizer_for
+from mahout.prompt import render_chat
+
+
+def bearer_secret(request: HttpRequest) -> str:
+    header = request.headers.get("Authorization", "")
+    scheme, _, secret = header.partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        raise ApiError(
+            401, "Missing API key: send it as 'Authorization: Bearer <key>'.", code="missing_api_key", type="authentication_error"
+        )
+    return secret.strip()
+
+
+def key_from_secret(secret: str) -> ApiKey:
+    key = selectors.api_key_by_secret(secret=secret)
+    if key is None:
+        raise ApiError(401, "Invalid or revoked API key.", code="invalid_api_key", type="authentication_error")
+    return key
+
+
+def json_body(request: HttpRequest) -> dict:
+    length = int(request.headers.get("Content-Length") or 0)
+    if length > settings.DATA_UPLOAD_MAX_MEMORY_SIZE:
+        raise ApiError(413, f"Request body too large ({length} bytes; the limit is {settings.DATA_UPLOAD_MAX_MEMORY_SIZE}).", code="body_too_large")
+    try:
+        body = json.loads(request.body or b"")
+    except (ValueError, UnicodeDecodeError):
+        raise bad_request("The body is not valid JSON.", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise bad_request("The body must be a JSON object.", code="invalid_json")
+    return body
+
+
+def sse(payload: dict | str) -> bytes:
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+def rendered_prompt(kind: str, data: dict) -> tuple[str, list | None, str | None]:
+    """The exact text the host's model will see, plus what the request stores."""
+    if kind == Request.Kind.CHAT:
+        return render_chat(data["messages"]), data["messages"], None
+    return data["prompt"], None, data["prompt"]
+
+
+@dataclass
+class Admitted:
+    """A queued request and the listener that relays its text."""
+
+    row: Request
+    listener: RequestListener
+    queued_at: float
+    include_usage: bool
+
+    async def chunks(self) -> AsyncIterator[dict | str]:
+        """OpenAI stream chunks, ending with "[DONE]" or an error object."""
+        row = self.row
+        try:
+            yield chunk_body(row, text="", first=True)
+            async for event in self.listener.events(queued_at=self.queued_at):
+                if isinstance(event, Text):
+                    yield chunk_body(row, text=event.text)
+                    continue
+                ended = event.request
+                if ended.status == Request.Status.FAILED:
+                    yield ended_error(ended).body()
+                    return
+                usage = usage_of(ended) if self.include_usage else None
+                yield chunk_body(ended, text="", finish_reason=ended.finish_reason or "stop", usage=usage)
+                yield "[DONE]"
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        await self.listener.close()
+        await db(services.request_forget_output, request_id=self.row.pk)
+
+
+async def admit_generation(*, secret: str, body: dict, kind: str) -> Admitted:
+    """Validate, price and queue a generation request, or raise ApiError (402 before queueing)."""
+    serializer = (ChatInputSerializer if kind == Request.Kind.CHAT else CompletionInputSerializer)(data=body)
+    if not serializer.is_valid():
+        raise validation_error(serializer.errors)
+    key = await db(key_from_secret, secret)
+    name = serializer.validated_data["model"]
+    model = await db(selectors.catalog_model_by_name, name=name)
+    if model is None or model.kind != CatalogModel.Kind.CHAT:
+        raise ApiError(404, f"The model '{name}' does not exist; GET /v1/models lists them.", code="model_not_found", param="model")
+    params = serializer.params()
+    text, messages, prompt = rendered_prompt(kind, serializer.validated_data)
+    prompt_tokens = await db(tokenizer_for(model.tokenizer).count, text, special=True)
+    if prompt_tokens + params["max_tokens"] > model.context_length:
+        raise bad_request(
+            f"This model's context is {model.context_length} tokens; the prompt has {prompt_tokens} and max_tokens "
+            f"asks for {params['max_tokens']}. Shorten the prompt or lower max_tokens.",
+            code="context_length_exceeded",
+            param="messages" if messages is not None else "prompt",
+        )
+    public_id = services.new_public_id(kind)
+    listener = await RequestListener(public_id).open()
+    try:
+        queued_at = time.monotonic()
+        row = await db(
+            services.request_submit, public_id=public_id, api_key=key, model=model, kind=kind, messages=messages,
+            prompt=prompt, params=params, stream=serializer.validated_data["stream"], prompt_tokens=prompt_tokens,
+        )
+    except BillingError as refusal:
+        await listener.close()
+        raise ApiError(402, refusal.message, code=refusal.code, type="insufficient_quota") from None
+    except BaseException:
+        await listener.close()
+        raise
+    return Admitted(row=row, listener=listener, queued_at=queued_at, include_usage=serializer.include_usage())
+
+
+@method_decorator(csrf_exempt, name="dispatch")
+class GenerationApi(View):
+    """POST a generation request; answered as SSE chunks or one JSON body."""
+
+    kind: str = Request.Kind.CHAT
+
+    async def post(self, request: HttpRequest) -> HttpResponse:
+        try:
+            return await self._post(request)
+        except ApiError as error:
+            return error.response()
+
+    async def _post(self, request: HttpRequest) -> HttpResponse:
+        admitted = await admit_generation(secret=bearer_secret(request), body=json_body(request), kind=self.kind)
+        if admitted.row.stream:
+            response = StreamingHttpResponse(self._sse(admitted), content_type="text/event-stream")
+            response["Cache-Control"] = "no-cache"
+            response["X-Accel-Buffering"] = "no"
+            return response
+        return await self._whole(admitted)
+
+    async def _sse(self, admitted: Admitted):  # type: ignore[no-untyped-def]
+        async for chunk in admitted.chunks():
+            yield sse(chunk)
+
+    async def _whole(self, admitted: Admitted) -> HttpResponse:
+        parts: list[str] = []
+        try:
+            async for event in admitted.listener.events(queued_at=admitted.queued_at):
+                if isinstance(event, Text):
+                    parts.append(event.text)
+                    continue
+                ended = event.request
+                if ended.status == Request.Status.FAILED:
+                    return ended_error(ended).response()
+                response = JsonResponse(response_body(ended, text="".join(parts)))
+                if ended.resumed:
+                    response["x-elephant-resumed"] = "true"
+                return response
+        finally:
+            await admitted.close()
+        raise AssertionError("listener ended without an Ended event")
+
+
+class ChatCompletionsApi(GenerationApi):
+    kind = Request.Kind.CHAT
+
+
+class CompletionsApi(GenerationApi):
+    kind = Request.Kind.COMPLETION
+
+
+class KeyApi(APIView):
+    """Base for the synchronous, key-authenticated reads."""
+
+    def key(self, request) -> ApiKey:  # type: ignore[no-untyped-def]
+        return key_from_secret(bearer_secret(request))
+
+
+class ModelListApi(KeyApi):
+    def get(self, request) -> Response:  # type: ignore[no-untyped-def]
+        models = selectors.catalog_models()
+        return Response({"object": "list", "data": [model_body(m) for m in models]})
+
+
+def model_body(model: CatalogModel) -> dict:
+    return {
+        "id": model.name,
+        "object": "model",
+        "created": selectors.unix(model.created_at),
+        "owned_by": "elephant",
+        "kind": model.kind,
+        "context_length": model.context_length,
+        "pricing": {"input_ucents_per_token": model.input_price_ucents, "output_ucents_per_token": model.output_price_ucents},
+    }
+
+
+class CreditsApi(KeyApi):
+    def get(self, request) -> Response:  # type: ignore[no-untyped-def]
+        key = self.key(request)
+        account = billing_selectors.customer_account(user=key.user)
+        balance = account.balance_ucents if account else 0
+        held = account.held_ucents if account else 0
+        return Response(
+            {
+                "object": "credits",
+                "balance_ucents": balance,
+                "held_ucents": held,
+                "available_ucents": balance - held,
+                "available_usd": f"{(balance - held) / 100_000_000:.8f}",
+                "key": {
+                    "prefix": key.prefix,
+                    "spend_cap_ucents": key.spend_cap_ucents,
+                    "spent_ucents": key.spent_ucents,
+                    "held_ucents": key.held_ucents,
+                },
+            }
+        )
+
+
+class GenerationStatsApi(KeyApi):
+    def get(self, request) -> Response:  # type: ignore[no-untyped-def]
+        key = self.key(request)
+        public_id = request.query_params.get("id", "")
+        if not public_id:
+            raise bad_request("Pass the request id as ?id=…", code="missing_id", param="id")
+        row = selectors.request_for_user(user=key.user, public_id=public_id)
+        if row is None:
+            raise ApiError(404, f"No request '{public_id}' for this account.", code="not_found", param="id")
+        return Response(generation_body(row))
+
+
+def generation_body(row: Request) -> dict:
+    """Status, counts and cost of a request; never its prompt or its text."""
+    return {
+        "id": row.public_id,
+        "object": "generation",
+        "model": row.model.name,
+        "kind": row.kind,
+        "status": row.status,
+        "created": selectors.unix(row.created_at),
+        "finished": selectors.unix(row.finished_at) if row.finished_at else None,
+        "prompt_tokens": row.prompt_tokens,
+        "completion_tokens": row.completion_tokens,
+        "estimate_ucents": row.estimate_ucents,
+        "cost_ucents": row.cost_ucents,
+        "finish_reason": row.finish_reason or None,
+        "resumed": row.resumed,
+        "error": {"code": row.error_code, "message": row.error_message} if row.error_code else None,
+    }

@@ -1,0 +1,23 @@
+"""The models Elephant sells out of the box, with their prices.
+
+Prices are integer µ¢ per token: 10 µ¢ = $0.10 per million prompt tokens,
+40 µ¢ = $0.40 per million generated tokens.
+"""
+from __future__ import annotations
+
+SHIPPED_MODELS = [
+    {
+        "name": "gemma-3-270m",
+        "kind": "chat",
+        "context_length": 4096,
+        "input_price_ucents": 10,
+        "output_price_ucents": 40,
+        "tokenizer": "shipped:gemma-3-270m",
+    },
+]
+
+
+def catalog_seed(CatalogModel) -> None:  # type: ignore[no-untyped-def]
+    """Create the shipped entries if missing (takes the model class so migrations can pass theirs)."""
+    for entry in SHIPPED_MODELS:
+        CatalogModel.objects.get_or_create(name=entry["name"], defaults={k: v for k, v in entry.items() if k != "name"})

@@ -1,0 +1,129 @@
+"""`serve_demo`: the whole system on one machine, as `make run` starts it.
+
+Creates the demo customer and host, then runs the gateway (daphne), Celery
+worker + beat (the watchdogs) and one mahout host serving the shipped model,
+prints the API key and a ready-to-paste client snippet, and stops everything
+on Ctrl-C.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandParser
+
+from billing.services import credit_grant, usd_to_ucents
+from hosts.models import Host
+from hosts.services import host_create
+from marketplace.secrets import secret_hash, secret_new, secret_prefix
+from marketplace.services import api_key_create
+
+DEMO_CUSTOMER = "demo@customer.local"
+DEMO_HOST_OWNER = "demo@host.local"
+DEMO_HOST_NAME = "demo-host"
+DEMO_CREDIT_USD = "5"
+
+
+class Command(BaseCommand):
+    help = "Start the gateway, the watchdogs and one mahout host with the shipped model."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", 8000)))
+        parser.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2)))
+
+    def handle(self, *args: object, port: int, threads: int, **options: object) -> None:
+        var: Path = settings.VAR_DIR
+        api_key = self._demo_key()
+        host_token = self._demo_host_token()
+        (var / "demo-api-key").write_text(api_key + "\n")
+        server = f"http://127.0.0.1:{port}"
+        python = sys.executable
+        procs = [
+            self._spawn("gateway", [python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"]),
+            self._spawn("watchdogs", [python, "-m", "celery", "-A", "config", "worker", "-B", "--concurrency", "1", "--loglevel", "WARNING"]),
+        ]
+        self._wait_for(server)
+        procs.append(
+            self._spawn("mahout", [python, "-m", "mahout", "run", "--server", server, "--token", host_token,
+                                   "--home", str(var / "mahout"), "--threads", str(threads)])
+        )
+        self._print_welcome(server, api_key)
+        self._supervise(procs)
+
+    def _demo_key(self) -> str:
+        user, created = get_user_model().objects.get_or_create(username=DEMO_CUSTOMER, defaults={"email": DEMO_CUSTOMER})
+        if created:
+            credit_grant(user=user, amount_ucents=usd_to_ucents(DEMO_CREDIT_USD), reference=f"demo-{uuid.uuid4()}", memo="demo credit")
+        return api_key_create(user=user, name=f"demo {time.strftime('%Y-%m-%d %H:%M')}").secret
+
+    def _demo_host_token(self) -> str:
+        """The host's token is only stored hashed, so each start issues a fresh one."""
+        host = Host.objects.filter(owner__username=DEMO_HOST_OWNER, name=DEMO_HOST_NAME).first()
+        if host is None:
+            return host_create(email=DEMO_HOST_OWNER, name=DEMO_HOST_NAME).token
+        token = secret_new("host")
+        Host.objects.filter(pk=host.pk).update(token_hash=secret_hash(token), token_prefix=secret_prefix(token))
+        return token
+
+    def _spawn(self, name: str, argv: list[str]) -> tuple[str, subprocess.Popen]:
+        self.stdout.write(f"starting {name}: {' '.join(argv[1:4])} …")
+        return name, subprocess.Popen(argv, cwd=settings.BASE_DIR)
+
+    def _wait_for(self, server: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(f"{server}/v1/models", timeout=1)
+                return
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        raise SystemExit(f"the gateway did not answer on {server} within {timeout:.0f} s")
+
+    def _print_welcome(self, server: str, api_key: str) -> None:
+        self.stdout.write(
+            f"""
+Elephant is running at {server}  (Ctrl-C stops everything)
+Demo API key (also in var/demo-api-key):
+{api_key}
+
+Paste into Python once mahout reports it is ready (first start benchmarks the model):
+
+from openai import OpenAI
+client = OpenAI(base_url="{server}/v1", api_key=open("var/demo-api-key").read().strip())
+for chunk in client.chat.completions.create(model="gemma-3-270m", stream=True, max_tokens=64,
+        messages=[{{"role": "user", "content": "Write a haiku about elephants."}}]):
+    print(chunk.choices[0].delta.content or "", end="", flush=True)
+"""
+        )
+
+    def _supervise(self, procs: list[tuple[str, subprocess.Popen]]) -> None:
+        stopping = False
+
+        def stop(*_: object) -> None:
+            nonlocal stopping
+            stopping = True
+
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGTERM, stop)
+        while not stopping:
+            for name, proc in procs:
+                if proc.poll() is not None:
+                    self.stderr.write(f"{name} exited with {proc.returncode}; stopping the rest")
+                    stopping = True
+            time.sleep(0.5)
+        for _, proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for _, proc in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()

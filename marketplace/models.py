@@ -1,0 +1,151 @@
+"""The catalog, API keys, customer requests and the jobs hosts claim."""
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+class CatalogModel(models.Model):
+    """A model the marketplace sells, with its prices per token in micro-cents."""
+
+    class Kind(models.TextChoices):
+        CHAT = "chat"
+        EMBEDDING = "embedding"
+
+    name = models.CharField(max_length=100, unique=True)
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.CHAT)
+    context_length = models.PositiveIntegerField()
+    input_price_ucents = models.BigIntegerField(help_text="µ¢ per prompt token")
+    output_price_ucents = models.BigIntegerField(help_text="µ¢ per generated token")
+    tokenizer = models.CharField(max_length=100, help_text="how the gateway counts tokens, e.g. shipped:gemma-3-270m")
+    active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(input_price_ucents__gte=0) & Q(output_price_ucents__gte=0), name="prices_not_negative"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ApiKey(models.Model):
+    """A customer's API key: only its hash and a visible prefix are stored."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="api_keys")
+    name = models.CharField(max_length=100, blank=True)
+    prefix = models.CharField(max_length=16)
+    key_hash = models.CharField(max_length=64, unique=True)
+    spend_cap_ucents = models.BigIntegerField(null=True, blank=True)
+    spent_ucents = models.BigIntegerField(default=0)
+    held_ucents = models.BigIntegerField(default=0)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(held_ucents__gte=0) & Q(spent_ucents__gte=0), name="key_sums_not_negative"),
+            models.CheckConstraint(
+                condition=Q(spend_cap_ucents__isnull=True)
+                | Q(spend_cap_ucents__gte=models.F("spent_ucents") + models.F("held_ucents")),
+                name="key_within_cap",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.name or self.user})"
+
+
+class Request(models.Model):
+    """The customer's contract: what was asked, what was delivered, what it cost.
+
+    The prompt (`messages` / `prompt`) lives here only until the request ends;
+    settlement and failure delete it, keeping counts and costs.
+    """
+
+    class Kind(models.TextChoices):
+        CHAT = "chat"
+        COMPLETION = "completion"
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        COMPLETED = "completed"
+        FAILED = "failed"
+
+    public_id = models.CharField(max_length=64, unique=True)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="requests")
+    api_key = models.ForeignKey(ApiKey, on_delete=models.PROTECT, related_name="requests")
+    model = models.ForeignKey(CatalogModel, on_delete=models.PROTECT, related_name="requests")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    stream = models.BooleanField(default=False)
+    messages = models.JSONField(null=True, blank=True)
+    prompt = models.TextField(null=True, blank=True)
+    params = models.JSONField(default=dict)
+    hold = models.OneToOneField("billing.Hold", on_delete=models.PROTECT, related_name="request")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    delivered_text = models.TextField(blank=True, default="")
+    delivered_chars = models.PositiveIntegerField(default=0)
+    output_forgotten = models.BooleanField(default=False)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    estimate_ucents = models.BigIntegerField(default=0)
+    cost_ucents = models.BigIntegerField(default=0)
+    finish_reason = models.CharField(max_length=16, blank=True)
+    error_code = models.CharField(max_length=64, blank=True)
+    error_message = models.CharField(max_length=500, blank=True)
+    resumed = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["status", "created_at"]), models.Index(fields=["user", "created_at"])]
+
+    def __str__(self) -> str:
+        return self.public_id
+
+
+class Job(models.Model):
+    """One attempt at a request, claimed by one host."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        COMPLETED = "completed"
+        FAILED = "failed"
+
+    request = models.ForeignKey(Request, on_delete=models.CASCADE, related_name="jobs")
+    model = models.ForeignKey(CatalogModel, on_delete=models.PROTECT, related_name="jobs")
+    attempt = models.PositiveSmallIntegerField(default=1)
+    host = models.ForeignKey("hosts.Host", null=True, blank=True, on_delete=models.PROTECT, related_name="jobs")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    next_seq = models.PositiveIntegerField(default=0)
+    generated_chars = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    earned_ucents = models.BigIntegerField(default=0)
+    fail_reason = models.CharField(max_length=500, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    last_token_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["request", "attempt"], name="one_job_per_attempt"),
+            models.UniqueConstraint(
+                fields=["request"], condition=Q(status__in=["queued", "running"]), name="one_live_job_per_request"
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=["queued", "failed"]) | Q(host__isnull=False), name="claimed_job_has_host"
+            ),
+        ]
+        indexes = [models.Index(fields=["status", "model", "created_at"]), models.Index(fields=["host", "status"])]
+
+    def __str__(self) -> str:
+        return f"job {self.pk} ({self.status})"

@@ -1,0 +1,112 @@
+"""Input shapes of the OpenAI-compatible API (validation only, no logic)."""
+from __future__ import annotations
+
+from django.conf import settings
+from rest_framework import serializers
+
+
+class ContentField(serializers.Field):
+    """OpenAI message content: a string, or a list of {"type": "text", "text": ...} parts."""
+
+    default_error_messages = {"invalid": "must be a string or a list of text parts"}
+
+    def to_internal_value(self, data: object) -> str:
+        if isinstance(data, str):
+            return data
+        if isinstance(data, list) and all(
+            isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str) for part in data
+        ):
+            return "".join(part["text"] for part in data)
+        self.fail("invalid")
+
+    def to_representation(self, value: str) -> str:
+        return value
+
+
+class StopField(serializers.Field):
+    default_error_messages = {"invalid": "must be a string or a list of up to 4 non-empty strings"}
+
+    def to_internal_value(self, data: object) -> list[str] | None:
+        if data is None:
+            return None
+        if isinstance(data, str) and data:
+            return [data]
+        if isinstance(data, list) and len(data) <= 4 and all(isinstance(s, str) and s for s in data):
+            return data or None
+        self.fail("invalid")
+
+    def to_representation(self, value: list[str] | None) -> list[str] | None:
+        return value
+
+
+class MessageSerializer(serializers.Serializer):
+    role = serializers.ChoiceField(choices=["system", "developer", "user", "assistant"])
+    content = ContentField()
+
+    def to_internal_value(self, data: object) -> dict:
+        value = super().to_internal_value(data)
+        return {"role": "system" if value["role"] == "developer" else value["role"], "content": value["content"]}
+
+
+class SamplingSerializer(serializers.Serializer):
+    model = serializers.CharField(max_length=100)
+    max_tokens = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=settings.MAX_TOKENS_LIMIT)
+    temperature = serializers.FloatField(required=False, allow_null=True, min_value=0.0, max_value=2.0)
+    top_p = serializers.FloatField(required=False, allow_null=True, min_value=0.0, max_value=1.0)
+    stop = StopField(required=False, allow_null=True)
+    seed = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=2**31 - 1)
+    n = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=1)
+    stream = serializers.BooleanField(required=False, default=False)
+    stream_options = serializers.DictField(required=False, allow_null=True)
+
+    default_max_tokens = settings.DEFAULT_MAX_TOKENS
+
+    def params(self) -> dict:
+        data = self.validated_data
+        return {
+            "max_tokens": data.get("max_tokens") or self.default_max_tokens,
+            "temperature": 1.0 if data.get("temperature") is None else data["temperature"],
+            "top_p": 1.0 if data.get("top_p") is None else data["top_p"],
+            "stop": data.get("stop"),
+            "seed": data.get("seed"),
+        }
+
+    def include_usage(self) -> bool:
+        return bool((self.validated_data.get("stream_options") or {}).get("include_usage"))
+
+
+class ChatInputSerializer(SamplingSerializer):
+    messages = MessageSerializer(many=True, allow_empty=False, max_length=1000)
+    max_completion_tokens = serializers.IntegerField(
+        required=False, allow_null=True, min_value=1, max_value=settings.MAX_TOKENS_LIMIT
+    )
+
+    def validate_messages(self, messages: list[dict]) -> list[dict]:
+        if not any(m["role"] == "user" for m in messages):
+            raise serializers.ValidationError("needs at least one message with role 'user'")
+        return messages
+
+    def params(self) -> dict:
+        params = super().params()
+        if self.validated_data.get("max_completion_tokens"):
+            params["max_tokens"] = self.validated_data["max_completion_tokens"]
+        return params
+
+
+class PromptField(serializers.Field):
+    default_error_messages = {"invalid": "must be a non-empty string (or a list holding one string)"}
+
+    def to_internal_value(self, data: object) -> str:
+        if isinstance(data, list) and len(data) == 1:
+            data = data[0]
+        if isinstance(data, str) and data:
+            return data
+        self.fail("invalid")
+
+    def to_representation(self, value: str) -> str:
+        return value
+
+
+class CompletionInputSerializer(SamplingSerializer):
+    prompt = PromptField()
+    default_max_tokens = 16  # OpenAI's default for /v1/completions

@@ -1,0 +1,364 @@
+"""Writes for keys, requests and jobs: the request path's state machine.
+
+Request: queued → running → completed | failed.   Job: queued → running →
+completed | failed. Every transition is a compare-and-set (`filter(status=old)
+.update(...)` and a check of the row count) or runs under a row lock; the loser
+of a race gets a typed refusal, never a half-applied change.
+"""
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Value
+from django.db.models.functions import Concat
+from django.utils import timezone
+
+from billing import services as billing
+from billing.models import Hold
+from hosts.models import Host
+from hosts.selectors import qualified_model_ids
+from marketplace.events import announce_on_commit, queue_group, request_group
+from marketplace.models import ApiKey, CatalogModel, Job, Request
+from marketplace.secrets import secret_hash, secret_new, secret_prefix
+from marketplace.tokenizer import tokenizer_for
+
+
+# --- keys -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NewKey:
+    key: ApiKey
+    secret: str
+
+
+def api_key_create(*, user, name: str = "", spend_cap_ucents: int | None = None) -> NewKey:  # type: ignore[no-untyped-def]
+    """Create a key; the secret is returned here once and never stored."""
+    if spend_cap_ucents is not None and spend_cap_ucents < 0:
+        raise ValueError("a spend cap cannot be negative")
+    secret = secret_new("el")
+    key = ApiKey.objects.create(
+        user=user, name=name, prefix=secret_prefix(secret), key_hash=secret_hash(secret), spend_cap_ucents=spend_cap_ucents
+    )
+    return NewKey(key=key, secret=secret)
+
+
+def api_key_revoke(*, key: ApiKey) -> bool:
+    return bool(ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now()))
+
+
+# --- admission ----------------------------------------------------------------
+
+
+def estimate_ucents(*, model: CatalogModel, prompt_tokens: int, max_tokens: int) -> int:
+    """Upper bound of the cost: every prompt token plus every allowed output token."""
+    return prompt_tokens * model.input_price_ucents + max_tokens * model.output_price_ucents
+
+
+def new_public_id(kind: str) -> str:
+    return ("chatcmpl-" if kind == Request.Kind.CHAT else "cmpl-") + secrets.token_hex(12)
+
+
+@transaction.atomic
+def request_submit(
+    *,
+    public_id: str,
+    api_key: ApiKey,
+    model: CatalogModel,
+    kind: str,
+    messages: list | None,
+    prompt: str | None,
+    params: dict,
+    stream: bool,
+    prompt_tokens: int,
+) -> Request:
+    """Admit a request: hold its worst-case cost, then queue its first job.
+
+    Raises InsufficientCredit / KeyLimitExceeded (→ 402) before anything is
+    queued; the hold, request and job commit together or not at all.
+    """
+    estimate = estimate_ucents(model=model, prompt_tokens=prompt_tokens, max_tokens=params["max_tokens"])
+    hold = billing.hold_place(user=api_key.user, api_key=api_key, amount_ucents=estimate)
+    request = Request.objects.create(
+        public_id=public_id,
+        user=api_key.user,
+        api_key=api_key,
+        model=model,
+        kind=kind,
+        stream=stream,
+        messages=messages,
+        prompt=prompt,
+        params=params,
+        hold=hold,
+        prompt_tokens=prompt_tokens,
+        estimate_ucents=estimate,
+    )
+    Job.objects.create(request=request, model=model)
+    announce_on_commit(queue_group(model.pk), {"type": "job.queued"})
+    return request
+
+
+# --- claiming ---------------------------------------------------------------
+
+
+class HostRefused(Exception):
+    """The host may not do this (paused, not qualified, not its job)."""
+
+    code = "forbidden"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code:
+            self.code = code
+
+
+class JobNotRunning(Exception):
+    """The job already ended (or was never claimed): the host must stop."""
+
+
+class SequenceGap(Exception):
+    pass
+
+
+def job_payload(job: Job) -> dict:
+    """What a host receives: the work, and nothing about the customer."""
+    request = job.request
+    params = request.params
+    return {
+        "id": job.pk,
+        "model": job.model.name,
+        "kind": request.kind,
+        "messages": request.messages,
+        "prompt": request.prompt,
+        "params": {key: params.get(key) for key in ("max_tokens", "temperature", "top_p", "stop", "seed")},
+    }
+
+
+@transaction.atomic
+def job_claim_next(*, host: Host, fingerprint: str) -> Job | None:
+    """Give the host the oldest queued job for a model it qualified here, if any.
+
+    SKIP LOCKED lets many hosts claim at once without queueing behind each other;
+    the status compare-and-set decides any remaining race.
+    """
+    host = Host.objects.get(pk=host.pk)
+    if host.paused:
+        raise HostRefused("This host is paused; resume it to claim work.", code="host_paused")
+    model_ids = qualified_model_ids(host=host, fingerprint=fingerprint)
+    if not model_ids:
+        return None
+    candidates = (
+        Job.objects.select_for_update(skip_locked=True)
+        .filter(status=Job.Status.QUEUED, model_id__in=model_ids)
+        .order_by("created_at", "pk")
+        .values_list("pk", flat=True)[:8]
+    )
+    now = timezone.now()
+    for job_id in list(candidates):
+        if Job.objects.filter(pk=job_id, status=Job.Status.QUEUED).update(
+            status=Job.Status.RUNNING, host=host, claimed_at=now, last_token_at=now
+        ):
+            job = Job.objects.select_related("request", "model").get(pk=job_id)
+            Request.objects.filter(pk=job.request_id, status=Request.Status.QUEUED).update(
+                status=Request.Status.RUNNING, started_at=now
+            )
+            announce_on_commit(request_group(job.request.public_id), {"type": "job.claimed"})
+            return job
+    return None
+
+
+def _locked_job_of(*, host: Host, job_id: int) -> Job:
+    job = Job.objects.select_for_update().select_related("request", "model").filter(pk=job_id).first()
+    if job is None or job.host_id != host.pk:
+        raise HostRefused("This job is not yours.", code="not_your_job")
+    if job.status != Job.Status.RUNNING:
+        raise JobNotRunning(f"Job {job_id} is {job.status}; stop working on it.")
+    return job
+
+
+# --- streaming tokens -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PushResult:
+    accepted: bool
+    next_seq: int
+
+
+@transaction.atomic
+def job_push_tokens(*, host: Host, job_id: int, seq: int, text: str) -> PushResult:
+    """Apply one ordered batch of text. A retried batch (seq already applied)
+    is acknowledged without being applied twice; a batch from the future is
+    refused so the host resends what is missing."""
+    job = _locked_job_of(host=host, job_id=job_id)
+    if seq < job.next_seq:
+        return PushResult(accepted=False, next_seq=job.next_seq)
+    if seq > job.next_seq:
+        raise SequenceGap(f"Expected batch {job.next_seq}, got {seq}.")
+    now = timezone.now()
+    Job.objects.filter(pk=job.pk).update(
+        next_seq=F("next_seq") + 1, generated_chars=F("generated_chars") + len(text), last_token_at=now
+    )
+    request = Request.objects.select_for_update().only("pk", "delivered_chars", "public_id").get(pk=job.request_id)
+    if text:
+        Request.objects.filter(pk=request.pk).update(
+            delivered_text=Concat(F("delivered_text"), Value(text)), delivered_chars=F("delivered_chars") + len(text)
+        )
+        announce_on_commit(
+            request_group(request.public_id), {"type": "job.tokens", "offset": request.delivered_chars, "text": text}
+        )
+    return PushResult(accepted=True, next_seq=job.next_seq + 1)
+
+
+# --- ending -------------------------------------------------------------------
+
+
+def _completion_tokens(request: Request) -> int:
+    """Counted by the gateway from the delivered text, never above max_tokens."""
+    text = Request.objects.values_list("delivered_text", flat=True).get(pk=request.pk)
+    counted = tokenizer_for(request.model.tokenizer).count(text, special=False)
+    return min(counted, int(request.params["max_tokens"]))
+
+
+@dataclass(frozen=True)
+class Completion:
+    request: Request
+    earned_ucents: int
+
+
+@transaction.atomic
+def job_complete(*, host: Host, job_id: int, finish_reason: str) -> Completion:
+    """Settle the request: bill the counted tokens, pay the host 80%, delete the prompt."""
+    job = _locked_job_of(host=host, job_id=job_id)
+    request = Request.objects.select_for_update().select_related("model", "hold").get(pk=job.request_id)
+    completion_tokens = _completion_tokens(request)
+    model = request.model
+    cost = request.prompt_tokens * model.input_price_ucents + completion_tokens * model.output_price_ucents
+    cost = min(cost, request.hold.amount_ucents)
+    split = billing.hold_settle(hold=request.hold, cost_ucents=cost, host=host, reference=request.public_id)
+    if split is None:  # the hold closed under us (expired): nothing to bill, the job ends anyway
+        raise JobNotRunning(f"Request {request.public_id} already ended.")
+    now = timezone.now()
+    Job.objects.filter(pk=job.pk).update(
+        status=Job.Status.COMPLETED, finished_at=now, completion_tokens=completion_tokens, earned_ucents=split.host_ucents
+    )
+    Request.objects.filter(pk=request.pk).update(
+        status=Request.Status.COMPLETED,
+        finished_at=now,
+        completion_tokens=completion_tokens,
+        cost_ucents=split.cost_ucents,
+        finish_reason=finish_reason,
+        messages=None,
+        prompt=None,
+    )
+    announce_on_commit(request_group(request.public_id), {"type": "request.ended"})
+    request.refresh_from_db()
+    return Completion(request=request, earned_ucents=split.host_ucents)
+
+
+def _request_fail(*, request: Request, code: str, message: str) -> bool:
+    """End a request unbilled: release its hold and delete its prompt."""
+    ended = Request.objects.filter(
+        pk=request.pk, status__in=[Request.Status.QUEUED, Request.Status.RUNNING]
+    ).update(
+        status=Request.Status.FAILED,
+        finished_at=timezone.now(),
+        error_code=code,
+        error_message=message[:500],
+        messages=None,
+        prompt=None,
+    )
+    if not ended:
+        return False
+    billing.hold_release(hold=Hold.objects.get(pk=request.hold_id))
+    announce_on_commit(request_group(request.public_id), {"type": "request.ended"})
+    return True
+
+
+@transaction.atomic
+def job_fail(*, host: Host, job_id: int, reason: str) -> None:
+    """The host gave up on a job: the request fails honestly and is not billed."""
+    job = _locked_job_of(host=host, job_id=job_id)
+    Job.objects.filter(pk=job.pk).update(status=Job.Status.FAILED, finished_at=timezone.now(), fail_reason=reason[:500])
+    _request_fail(request=job.request, code="host_failed", message="The host serving this request failed; nothing was billed.")
+
+
+@transaction.atomic
+def request_expire_unclaimed(*, request_id: int) -> bool:
+    """No host claimed the request in time: fail it, release the hold. False if it was claimed."""
+    job = Job.objects.filter(request_id=request_id, status=Job.Status.QUEUED).first()
+    if job is None:
+        return False
+    if not Job.objects.filter(pk=job.pk, status=Job.Status.QUEUED).update(
+        status=Job.Status.FAILED, finished_at=timezone.now(), fail_reason="not claimed in time"
+    ):
+        return False
+    return _request_fail(
+        request=Request.objects.get(pk=request_id),
+        code="queue_timeout",
+        message=f"No host claimed this request within {settings.QUEUE_TIMEOUT_SECONDS:g} seconds; nothing was billed.",
+    )
+
+
+@transaction.atomic
+def job_stalled_fail(*, job_id: int) -> bool:
+    """A running job produced nothing for too long: the host is presumed dead."""
+    if not Job.objects.filter(pk=job_id, status=Job.Status.RUNNING).update(
+        status=Job.Status.FAILED, finished_at=timezone.now(), fail_reason="no token within the stall limit"
+    ):
+        return False
+    request = Request.objects.get(jobs__pk=job_id)
+    return _request_fail(request=request, code="host_failed", message="The host serving this request stopped responding; nothing was billed.")
+
+
+def request_forget_output(*, request_id: int) -> bool:
+    """Delete the delivered text of an ended request once it has been handed over."""
+    return bool(
+        Request.objects.filter(
+            pk=request_id, status__in=[Request.Status.COMPLETED, Request.Status.FAILED], output_forgotten=False
+        ).update(delivered_text="", output_forgotten=True)
+    )
+
+
+# --- watchdog steps (Celery beat calls the tick; tests call the steps) ----------------
+
+
+def unclaimed_request_expire_one() -> bool:
+    cutoff = timezone.now() - timedelta(seconds=settings.QUEUE_TIMEOUT_SECONDS)
+    job = Job.objects.filter(status=Job.Status.QUEUED, created_at__lt=cutoff).order_by("created_at").first()
+    return job is not None and request_expire_unclaimed(request_id=job.request_id)
+
+
+def stalled_job_fail_one() -> bool:
+    cutoff = timezone.now() - timedelta(seconds=settings.STALL_SECONDS)
+    job = Job.objects.filter(status=Job.Status.RUNNING, last_token_at__lt=cutoff).order_by("last_token_at").first()
+    return job is not None and job_stalled_fail(job_id=job.pk)
+
+
+def ended_output_forget_one() -> bool:
+    cutoff = timezone.now() - timedelta(seconds=settings.OUTPUT_RETENTION_SECONDS)
+    request = (
+        Request.objects.filter(
+            status__in=[Request.Status.COMPLETED, Request.Status.FAILED], output_forgotten=False, finished_at__lt=cutoff
+        )
+        .only("pk")
+        .first()
+    )
+    return request is not None and request_forget_output(request_id=request.pk)
+
+
+WATCHDOG_STEPS = (unclaimed_request_expire_one, stalled_job_fail_one, ended_output_forget_one)
+
+
+def watchdog_tick(*, max_steps: int = 200) -> int:
+    """Run every step until none has work left (bounded). Returns steps taken."""
+    taken = 0
+    for step in WATCHDOG_STEPS:
+        while taken < max_steps and step():
+            taken += 1
+    return taken

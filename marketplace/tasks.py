@@ -1,0 +1,12 @@
+"""Celery interface to the marketplace's periodic work."""
+from __future__ import annotations
+
+from celery import shared_task
+
+from marketplace import services
+
+
+@shared_task(name="marketplace.tasks.watchdog_tick", ignore_result=True)
+def watchdog_tick() -> int:
+    """Expire unclaimed requests, fail stalled jobs, forget delivered output."""
+    return services.watchdog_tick()

