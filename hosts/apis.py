@@ -100,8 +100,15 @@ class JobClaimApi(AsyncHostApi):
 
     async def _claim_until(self, host: Host, data: dict, layer, channel: str) -> HttpResponse:  # type: ignore[no-untyped-def]
         deadline = time.monotonic() + data["wait"]
+        first = True
         while True:
-            job = await db(market.job_claim_next, host=host, fingerprint=data["fingerprint"])
+            try:
+                job = await db(market.job_claim_next, host=host, fingerprint=data["fingerprint"])
+            except market.HostRefused:
+                if first:
+                    raise
+                return HttpResponse(status=204)  # paused while waiting: it simply stops claiming
+            first = False
             if job is not None:
                 return JsonResponse({"job": market.job_payload(job)})
             remaining = deadline - time.monotonic()

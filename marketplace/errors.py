@@ -29,21 +29,26 @@ def bad_request(message: str, *, code: str = "invalid_request", param: str | Non
     return ApiError(400, message, code=code, param=param)
 
 
+def _first_error(errors: object, path: list[str | int]) -> tuple[list[str | int], str]:
+    """Walk DRF's nested error structure to the first message and its field path."""
+    if isinstance(errors, dict):
+        for key, value in errors.items():
+            if value:
+                return _first_error(value, path if key == "non_field_errors" else [*path, key])
+    if isinstance(errors, list):
+        for index, item in enumerate(errors):
+            if isinstance(item, (dict, list)):
+                if item:
+                    return _first_error(item, [*path, index])
+            else:
+                return path, str(item)
+    return path, str(errors)
+
+
 def validation_error(errors: dict) -> ApiError:
     """Turn DRF's field errors into one sentence naming the first bad field."""
-    field, problems = next(iter(errors.items()))
-    detail = problems[0] if isinstance(problems, list) and problems else problems
-    if isinstance(detail, dict):  # nested serializer (e.g. messages[0].role)
-        inner_field, inner = next(iter(detail.items()))
-        field = f"{field}.{inner_field}"
-        detail = inner[0] if isinstance(inner, list) else inner
-    if isinstance(problems, list) and problems and isinstance(problems[0], dict):  # list of nested
-        for index, item in enumerate(problems):
-            if item:
-                inner_field, inner = next(iter(item.items()))
-                field, detail = f"{field}[{index}].{inner_field}", inner[0] if isinstance(inner, list) else inner
-                break
-    param = None if field == "non_field_errors" else field
+    path, detail = _first_error(errors, [])
+    param = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in path).lstrip(".") or None
     prefix = "" if param is None else f"'{param}': "
     return bad_request(f"{prefix}{detail}", code="invalid_value", param=param)
 

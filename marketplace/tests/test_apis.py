@@ -1,0 +1,124 @@
+"""Bad input gets a 4xx in OpenAI's error format, never a 500, never a hold left behind."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.test import Client
+
+from billing.models import Hold
+from conftest import make_customer
+from marketplace.models import Job, Request
+from marketplace.services import api_key_revoke
+
+pytestmark = pytest.mark.django_db(transaction=True)  # views run ORM calls on their own threads
+
+GOOD = {"model": "gemma-3-270m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+
+
+def post(client: Client, secret: str | None, body: object, path: str = "/v1/chat/completions", raw: bytes | None = None):  # type: ignore[no-untyped-def]
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {secret}"} if secret else {}
+    data = raw if raw is not None else json.dumps(body)
+    return client.post(path, data=data, content_type="application/json", **headers)
+
+
+def assert_error(response, status: int, code: str) -> dict:  # type: ignore[no-untyped-def]
+    assert response.status_code == status, response.content
+    error = response.json()["error"]
+    assert set(error) >= {"message", "type", "code"} and error["code"] == code
+    assert len(error["message"]) > 10
+    return error
+
+
+@pytest.fixture
+def api(customer) -> tuple[Client, str]:  # type: ignore[no-untyped-def]
+    return Client(), customer.secret
+
+
+BAD_BODIES = [
+    ({**GOOD, "max_tokens": -1}, "max_tokens"),
+    ({**GOOD, "max_tokens": 0}, "max_tokens"),
+    ({**GOOD, "max_tokens": 10**9}, "max_tokens"),
+    ({**GOOD, "max_tokens": "many"}, "max_tokens"),
+    ({**GOOD, "temperature": 7}, "temperature"),
+    ({**GOOD, "messages": []}, "messages"),
+    ({**GOOD, "messages": "hello"}, "messages"),
+    ({**GOOD, "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+    ({**GOOD, "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ({**GOOD, "messages": [{"role": "system", "content": "only system"}]}, "messages"),
+    ({**GOOD, "n": 2}, "n"),
+    ({**GOOD, "stop": [""]}, "stop"),
+    ({k: v for k, v in GOOD.items() if k != "model"}, "model"),
+    ({k: v for k, v in GOOD.items() if k != "messages"}, "messages"),
+]
+
+
+class BadInputTests:
+    @pytest.mark.parametrize(("body", "param"), BAD_BODIES)
+    def test_it_names_the_bad_field(self, api, body, param) -> None:
+        client, secret = api
+        error = assert_error(post(client, secret, body), 400, "invalid_value")
+        assert error["param"] == param
+        assert not Hold.objects.exists() and not Job.objects.exists()
+
+    def test_malformed_json_is_a_400(self, api) -> None:
+        client, secret = api
+        assert_error(post(client, secret, None, raw=b"{not json"), 400, "invalid_json")
+        assert_error(post(client, secret, [1, 2]), 400, "invalid_json")
+
+    def test_an_unknown_model_is_a_404(self, api) -> None:
+        client, secret = api
+        assert_error(post(client, secret, {**GOOD, "model": "gpt-9"}), 404, "model_not_found")
+
+    def test_an_oversized_body_is_a_413(self, api, settings) -> None:
+        client, secret = api
+        big = {**GOOD, "messages": [{"role": "user", "content": "x" * (settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 10)}]}
+        assert_error(post(client, secret, big), 413, "body_too_large")
+
+    def test_a_prompt_past_the_context_is_refused_before_queueing(self, api) -> None:
+        client, secret = api
+        long = {**GOOD, "max_tokens": 4000, "messages": [{"role": "user", "content": "elephant " * 400}]}
+        assert_error(post(client, secret, long), 400, "context_length_exceeded")
+        assert not Request.objects.exists()
+
+    def test_missing_wrong_and_revoked_keys_are_401(self, api, customer) -> None:
+        client, _ = api
+        assert_error(post(client, None, GOOD), 401, "missing_api_key")
+        assert_error(post(client, "el-nope", GOOD), 401, "invalid_api_key")
+        api_key_revoke(key=customer.key)
+        assert_error(post(client, customer.secret, GOOD), 401, "invalid_api_key")
+        assert_error(client.get("/v1/credits", HTTP_AUTHORIZATION=f"Bearer {customer.secret}"), 401, "invalid_api_key")
+
+    def test_completions_validate_the_prompt(self, api) -> None:
+        client, secret = api
+        body = {"model": "gemma-3-270m", "prompt": "", "max_tokens": 4}
+        error = assert_error(post(client, secret, body, path="/v1/completions"), 400, "invalid_value")
+        assert error["param"] == "prompt"
+
+    def test_generation_needs_an_id_that_is_yours(self, api, catalog) -> None:
+        client, secret = api
+        other = make_customer()
+        auth = {"HTTP_AUTHORIZATION": f"Bearer {secret}"}
+        assert_error(client.get("/v1/generation", **auth), 400, "missing_id")
+        assert_error(client.get("/v1/generation?id=chatcmpl-unknown", **auth), 404, "not_found")
+        from billing.services import hold_place
+
+        hold = hold_place(user=other.user, api_key=other.key, amount_ucents=0)
+        Request.objects.create(public_id="chatcmpl-theirs", user=other.user, api_key=other.key, model=catalog, kind="chat",
+                               params={}, hold=hold)
+        assert_error(client.get("/v1/generation?id=chatcmpl-theirs", **auth), 404, "not_found")
+
+
+class HostApiInputTests:
+    def test_bad_host_input_is_a_clear_4xx(self, serving_host) -> None:
+        client = Client()
+        auth = {"HTTP_AUTHORIZATION": f"Bearer {serving_host.token}"}
+        assert_error(client.post("/hosts/api/claim", data="{", content_type="application/json", **auth), 400, "invalid_json")
+        assert_error(client.post("/hosts/api/claim", data=json.dumps({"wait": 1}), content_type="application/json", **auth), 400, "invalid_value")
+        assert_error(client.post("/hosts/api/jobs/1/tokens", data=json.dumps({"seq": -1, "text": "x"}), content_type="application/json", **auth), 400, "invalid_value")
+        assert_error(client.post("/hosts/api/claim", data=json.dumps({"fingerprint": "x"}), content_type="application/json"), 401, "missing_api_key")
+        assert_error(client.post("/hosts/api/heartbeat", data=json.dumps({"fingerprint": "x"}), content_type="application/json", HTTP_AUTHORIZATION="Bearer host-nope"), 401, "invalid_host_token")
+        bad_model = {"model": "nope", "fingerprint": "x", "benchmark": {"prompt_tps": 1, "gen_tps": 1, "ttft_ms": 1, "memory_mb": 1}}
+        assert_error(client.post("/hosts/api/qualifications", data=json.dumps(bad_model), content_type="application/json", **auth), 404, "model_not_found")
+        unmeasured = {**bad_model, "model": "gemma-3-270m", "benchmark": {**bad_model["benchmark"], "gen_tps": 0}}
+        assert_error(client.post("/hosts/api/qualifications", data=json.dumps(unmeasured), content_type="application/json", **auth), 400, "invalid_value")

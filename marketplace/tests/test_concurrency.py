@@ -1,0 +1,55 @@
+"""Admission under real concurrency (real transactions, one connection per thread)."""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from django.db import connection
+
+from billing import selectors as ledger
+from billing.errors import BillingError
+from conftest import make_customer
+from marketplace import services
+from marketplace.models import Job, Request
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PARAMS = {"max_tokens": 100, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None}
+
+
+def admit_all(customer, catalog, attempts: int) -> list[str]:  # type: ignore[no-untyped-def]
+    def one(index: int) -> str:
+        try:
+            services.request_submit(
+                public_id=f"chatcmpl-race-{index}", api_key=customer.key, model=catalog, kind="chat",
+                messages=[{"role": "user", "content": "hi"}], prompt=None, params=PARAMS, stream=False, prompt_tokens=10,
+            )
+            return "admitted"
+        except BillingError as refusal:
+            return refusal.code
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=40) as pool:
+        return list(pool.map(one, range(attempts)))
+
+
+class ConcurrentAdmissionTests:
+    def test_200_racing_requests_never_admit_more_than_the_balance_covers(self, catalog) -> None:
+        estimate = services.estimate_ucents(model=catalog, prompt_tokens=10, max_tokens=100)
+        customer = make_customer(credit_ucents=estimate * 20 + estimate // 2)
+        outcomes = admit_all(customer, catalog, 200)
+        assert outcomes.count("admitted") == 20
+        assert outcomes.count("insufficient_credit") == 180
+        assert Request.objects.count() == Job.objects.count() == 20
+        account = ledger.customer_account(user=customer.user)
+        assert account.available_ucents == estimate // 2 and account.available_ucents >= 0
+        assert ledger.ledger_total() == 0 and ledger.cache_drift() == []
+
+    def test_racing_requests_respect_the_key_cap(self, catalog) -> None:
+        estimate = services.estimate_ucents(model=catalog, prompt_tokens=10, max_tokens=100)
+        customer = make_customer(cap_ucents=estimate * 5)
+        outcomes = admit_all(customer, catalog, 60)
+        assert outcomes.count("admitted") == 5 and outcomes.count("key_limit_exceeded") == 55
+        customer.key.refresh_from_db()
+        assert customer.key.held_ucents == estimate * 5
