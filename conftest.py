@@ -62,6 +62,14 @@ def make_host(*, qualified: bool = True, name: str | None = None, fingerprint: s
     return ServingHost(host=new.host, token=new.token, fingerprint=fingerprint)
 
 
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):  # type: ignore[no-untyped-def]
+    """Close connections after each pooled ORM call so none outlive the test database."""
+    from django.conf import settings
+
+    settings.DATABASES["default"]["CONN_MAX_AGE"] = 0
+
+
 @pytest.fixture
 def catalog(db):  # type: ignore[no-untyped-def]
     from marketplace.catalog import catalog_seed

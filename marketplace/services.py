@@ -233,7 +233,14 @@ class Completion:
 
 @transaction.atomic
 def job_complete(*, host: Host, job_id: int, finish_reason: str) -> Completion:
-    """Settle the request: bill the counted tokens, pay the host 80%, delete the prompt."""
+    """Settle the request: bill the counted tokens, pay the host 80%, delete the prompt.
+
+    Repeating the call for a job this host already completed (its answer was lost)
+    returns the same result and changes nothing.
+    """
+    done = Job.objects.select_related("request").filter(pk=job_id, host=host, status=Job.Status.COMPLETED).first()
+    if done is not None:
+        return Completion(request=done.request, earned_ucents=done.earned_ucents)
     job = _locked_job_of(host=host, job_id=job_id)
     request = Request.objects.select_for_update().select_related("model", "hold").get(pk=job.request_id)
     completion_tokens = _completion_tokens(request)

@@ -103,9 +103,12 @@ class BadInputTests:
         assert_error(client.get("/v1/generation?id=chatcmpl-unknown", **auth), 404, "not_found")
         from billing.services import hold_place
 
-        hold = hold_place(user=other.user, api_key=other.key, amount_ucents=0)
-        Request.objects.create(public_id="chatcmpl-theirs", user=other.user, api_key=other.key, model=catalog, kind="chat",
-                               params={}, hold=hold)
+        from django.db import transaction
+
+        with transaction.atomic():
+            hold = hold_place(user=other.user, api_key=other.key, amount_ucents=0)
+            Request.objects.create(public_id="chatcmpl-theirs", user=other.user, api_key=other.key, model=catalog,
+                                   kind="chat", params={}, hold=hold)
         assert_error(client.get("/v1/generation?id=chatcmpl-theirs", **auth), 404, "not_found")
 
 

@@ -145,8 +145,14 @@ class CompletionTests:
         services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop")
         with pytest.raises(services.JobNotRunning):
             services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="late")
-        with pytest.raises(services.JobNotRunning):
-            services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop")
+
+    def test_a_repeated_complete_returns_the_same_result_and_bills_once(self, customer, serving_host, catalog) -> None:
+        _, job = claimed(customer, serving_host, catalog)
+        services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="Hello")
+        first = services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop")
+        again = services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop")
+        assert again.earned_ucents == first.earned_ucents > 0
+        assert ledger.host_account(host=serving_host.host).balance_ucents == first.earned_ucents
 
     def test_a_failed_job_bills_nothing_and_releases_the_hold(self, customer, serving_host, catalog) -> None:
         request, job = claimed(customer, serving_host, catalog)

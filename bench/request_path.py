@@ -1,0 +1,214 @@
+"""Request-path overhead, measured side by side in one run.
+
+1. Time to first token and decode tokens/s through the gateway (openai client →
+   daphne → queue → real mahout → SSE) versus a direct llama-cpp-python call in
+   this process with the same model, threads, prompt and greedy sampling.
+   Runs alternate (direct, gateway, direct, …) so machine noise hits both.
+2. Claim latency for a waiting host: a host long-polls; a request is queued;
+   latency = host receives the job − the job row's created_at (conservative:
+   it includes the commit).
+
+    .venv/bin/python bench/request_path.py [--rounds 15] [--threads 1] [--claims 50]
+
+Uses a fresh SQLite file unless DATABASE_URL is set (then that database is
+migrated and used; pair it with REDIS_URL for the Redis channel layer).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+PROMPT = "Once upon a time, in a village at the edge of a great forest, there lived"
+MAX_TOKENS = 64
+
+
+def setup_django(tmp: Path) -> None:
+    if not os.environ.get("DATABASE_URL"):
+        os.environ["SQLITE_PATH"] = str(tmp / "bench.sqlite3")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    os.environ["QUEUE_TIMEOUT_SECONDS"] = "30"
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def start(argv: list[str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen(argv, cwd=ROOT, env=dict(os.environ), stdout=open(log, "w"), stderr=subprocess.STDOUT)
+
+
+def wait_http(url: str) -> None:
+    import httpx
+
+    for _ in range(300):
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise SystemExit(f"{url} never answered")
+
+
+def direct_run(llm) -> tuple[float, float, int]:  # type: ignore[no-untyped-def]
+    started = time.perf_counter()
+    first = last = 0.0
+    count = 0
+    for _ in llm.create_completion(PROMPT, max_tokens=MAX_TOKENS, temperature=0.0, stream=True):
+        last = time.perf_counter()
+        first = first or last
+        count += 1
+    return first - started, (count - 1) / (last - first), count
+
+
+def gateway_run(client) -> tuple[float, float, int]:  # type: ignore[no-untyped-def]
+    started = time.perf_counter()
+    first = last = 0.0
+    tokens = 0
+    for chunk in client.completions.create(model="gemma-3-270m", prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0,
+                                           stream=True, stream_options={"include_usage": True}):
+        if chunk.choices and chunk.choices[0].text:
+            last = time.perf_counter()
+            first = first or last
+        if chunk.usage:
+            tokens = chunk.usage.completion_tokens
+    return first - started, (tokens - 1) / (last - first), tokens
+
+
+def generation_phase(args, server: str, secret: str, token: str, tmp: Path) -> dict:  # type: ignore[no-untyped-def]
+    import openai
+
+    from mahout.runners.llama import load_llama
+    from marketplace.tokenizer import shipped_model_path
+
+    host = start([sys.executable, "-m", "mahout", "run", "--server", server, "--token", token, "--home", str(tmp / "mahout"),
+                  "--threads", str(args.threads)], tmp / "mahout.log")
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key=secret, max_retries=0)
+    llm = load_llama(shipped_model_path(), n_ctx=4096, threads=args.threads)
+    try:
+        for _ in range(600):  # until mahout has benchmarked and claims
+            try:
+                gateway_run(client)
+                break
+            except openai.APIStatusError:
+                time.sleep(0.5)
+        direct_run(llm)  # warm both paths once
+        rows: dict[str, list[tuple[float, float, int]]] = {"direct": [], "gateway": []}
+        for _ in range(args.rounds):
+            rows["direct"].append(direct_run(llm))
+            rows["gateway"].append(gateway_run(client))
+    finally:
+        host.kill()
+        host.wait(timeout=20)
+    out = {}
+    for name, runs in rows.items():
+        out[name] = {
+            "ttft_ms_p50": statistics.median(r[0] for r in runs) * 1000,
+            "decode_tps_p50": statistics.median(r[1] for r in runs),
+            "tokens": statistics.median(r[2] for r in runs),
+        }
+    out["ttft_ratio"] = out["gateway"]["ttft_ms_p50"] / out["direct"]["ttft_ms_p50"]
+    out["ttft_extra_ms"] = out["gateway"]["ttft_ms_p50"] - out["direct"]["ttft_ms_p50"]
+    out["decode_ratio"] = out["gateway"]["decode_tps_p50"] / out["direct"]["decode_tps_p50"]
+    return out
+
+
+def claim_phase(args, server: str, secret: str, catalog) -> dict:  # type: ignore[no-untyped-def]
+    """A synthetic host (real HTTP, no model) long-polls; each queued job is timed."""
+    import httpx
+
+    from conftest import make_host
+    from marketplace.models import Job
+
+    fake = make_host(name=f"bench-{time.time_ns()}", fingerprint="b" * 64)
+    auth = {"Authorization": f"Bearer {fake.token}"}
+    received: dict[int, float] = {}
+    stop = threading.Event()
+
+    def host_loop() -> None:
+        with httpx.Client(base_url=server, headers=auth, timeout=30) as http:
+            while not stop.is_set():
+                answer = http.post("/hosts/api/claim", json={"fingerprint": fake.fingerprint, "wait": 1})
+                if answer.status_code != 200:
+                    continue
+                job = answer.json()["job"]
+                received[job["id"]] = time.time()
+                http.post(f"/hosts/api/jobs/{job['id']}/tokens", json={"seq": 0, "text": "ok"})
+                http.post(f"/hosts/api/jobs/{job['id']}/complete", json={"finish_reason": "stop"})
+
+    thread = threading.Thread(target=host_loop, daemon=True)
+    thread.start()
+    with httpx.Client(base_url=server, headers={"Authorization": f"Bearer {secret}"}, timeout=60) as http:
+        for _ in range(args.claims):
+            time.sleep(0.15)  # let the host get back into its long-poll
+            http.post("/v1/chat/completions", json={"model": "gemma-3-270m", "max_tokens": 4,
+                                                      "messages": [{"role": "user", "content": "hi"}]})
+    stop.set()
+    thread.join(timeout=10)
+    latencies = [
+        (received[job.pk] - job.created_at.timestamp()) * 1000
+        for job in Job.objects.filter(host=fake.host) if job.pk in received
+    ]
+    return {"samples": len(latencies), "claim_ms_p50": statistics.median(latencies), "claim_ms_p95": pct(latencies, 0.95)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--claims", type=int, default=50)
+    parser.add_argument("--port", type=int, default=8765)
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="elephant-bench-"))
+    setup_django(tmp)
+    from conftest import make_customer, make_host
+    from marketplace.catalog import catalog_seed
+    from marketplace.models import CatalogModel
+
+    catalog_seed(CatalogModel)
+    catalog = CatalogModel.objects.get(name="gemma-3-270m")
+    server = f"http://127.0.0.1:{args.port}"
+    gateway = start([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(args.port), "config.asgi:application"], tmp / "gateway.log")
+    try:
+        wait_http(f"{server}/v1/models")
+        customer = make_customer(credit_ucents=10**10)
+        serving = make_host(qualified=False, name=f"bench-real-{time.time_ns()}")
+        generation = generation_phase(args, server, customer.secret, serving.token, tmp)
+        claims = claim_phase(args, server, customer.secret, catalog)
+    finally:
+        gateway.terminate()
+        try:
+            gateway.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            gateway.kill()
+    from django.db import connection
+
+    report = {"database": connection.vendor, "threads": args.threads, "rounds": args.rounds, "generation": generation, "claims": claims}
+    print(json.dumps(report, indent=2))
+    g = generation
+    print(f"\nTTFT   gateway {g['gateway']['ttft_ms_p50']:.1f} ms vs direct {g['direct']['ttft_ms_p50']:.1f} ms: "
+          f"ratio {g['ttft_ratio']:.2f} (target <= 1.25), +{g['ttft_extra_ms']:.1f} ms (target <= 50)")
+    print(f"decode gateway {g['gateway']['decode_tps_p50']:.1f} tok/s vs direct {g['direct']['decode_tps_p50']:.1f} tok/s: "
+          f"ratio {g['decode_ratio']:.2f} (target >= 0.90)")
+    print(f"claim  p50 {claims['claim_ms_p50']:.1f} ms, p95 {claims['claim_ms_p95']:.1f} ms over {claims['samples']} jobs "
+          f"(targets 10 / 50 ms)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""Command line: ``python -m mahout run|benchmark|pause|resume|status``."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from mahout.home import is_paused, resolve_home, set_paused
+
+
+def say(line: str) -> None:
+    """Print a status line at once (stdout may be a pipe to a supervisor)."""
+    print(line, flush=True)
+
+
+def _add_home(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--home", help="state directory (default: $MAHOUT_HOME or ~/.mahout)")
+
+
+def _add_threads(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads for llama.cpp (default: half the CPUs)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser for every subcommand."""
+    parser = argparse.ArgumentParser(prog="mahout", description="Elephant host client")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="serve jobs for the gateway")
+    run.add_argument("--server", required=True, help="gateway base URL, e.g. http://127.0.0.1:8000")
+    run.add_argument("--token", required=True, help="host token from `manage.py create_host`")
+    run.add_argument("--idle-detect", action="store_true", help="pause while the owner uses the machine")
+    run.add_argument("--idle-threshold", type=float, default=120.0, help="seconds of no input before working")
+    run.add_argument("--max-jobs", type=int, default=None, help="exit after this many jobs")
+    run.add_argument("--once", action="store_true", help="make one claim attempt, then exit")
+    run.add_argument("--rebenchmark", action="store_true", help="ignore the cached benchmark")
+    bench = commands.add_parser("benchmark", help="assemble and benchmark the shipped model")
+    bench.add_argument("--rebenchmark", action="store_true", help="ignore the cached benchmark")
+    status = commands.add_parser("status", help="show local state (and the server's, given --server/--token)")
+    status.add_argument("--server")
+    status.add_argument("--token")
+    for sub in (run, bench):
+        _add_threads(sub)
+    for sub in (run, bench, status, commands.add_parser("pause", help="stop claiming new jobs"),
+                commands.add_parser("resume", help="claim jobs again")):
+        _add_home(sub)
+    return parser
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Qualify the shipped model and serve until stopped."""
+    from mahout.api import HostApi
+    from mahout.host import default_threads, start_host
+    from mahout.idle import IdleDetector
+
+    home = resolve_home(args.home)
+    idle = IdleDetector(args.idle_threshold) if args.idle_detect else None
+    api = HostApi(args.server, args.token)
+    try:
+        loop = start_host(api, home, args.threads or default_threads(), idle=idle,
+                          rebenchmark=args.rebenchmark, out=say)
+        say(f"mahout: serving {', '.join(sorted(loop.runners))} for {args.server}")
+        handled = loop.run(max_jobs=args.max_jobs, once=args.once)
+    finally:
+        api.close()
+    say(f"mahout: stopped after {handled} job(s)")
+    return 0
+
+
+def cmd_benchmark(args: argparse.Namespace) -> int:
+    """Assemble and benchmark the shipped model; the last line is the result as JSON."""
+    from mahout.host import benchmark_shipped, default_threads
+    from mahout.models import SHIPPED_MODEL
+
+    home = resolve_home(args.home)
+    model = benchmark_shipped(home, args.threads or default_threads(), rebenchmark=args.rebenchmark, out=say)
+    say(f"mahout: model {model.path} sha256 {model.sha256}")
+    say(json.dumps({"model": SHIPPED_MODEL, "fingerprint": model.fingerprint, **model.benchmark}))
+    return 0
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    set_paused(resolve_home(args.home), True)
+    say("mahout: paused (no new jobs will be claimed)")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    set_paused(resolve_home(args.home), False)
+    say("mahout: resumed")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Print local state; with ``--server`` and ``--token`` also the server's view."""
+    from mahout.models import SHIPPED_MODEL, model_path, recorded_sha256
+
+    home = resolve_home(args.home)
+    local = {
+        "home": str(home),
+        "paused": is_paused(home),
+        "model": str(model_path(home, SHIPPED_MODEL)),
+        "model_assembled": recorded_sha256(home) is not None,
+    }
+    say(json.dumps(local))
+    if args.server and args.token:
+        from mahout.api import HostApi
+
+        api = HostApi(args.server, args.token, retries=1)
+        try:
+            say(json.dumps({"me": api.me(), "earnings": api.earnings()}))
+        finally:
+            api.close()
+    return 0
+
+
+COMMANDS = {
+    "run": cmd_run,
+    "benchmark": cmd_benchmark,
+    "pause": cmd_pause,
+    "resume": cmd_resume,
+    "status": cmd_status,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; API refusals and an unreachable server exit with code 2 and one line."""
+    from mahout.api import HostApiError, ServerUnavailable
+
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except (HostApiError, ServerUnavailable) as exc:
+        print(f"mahout: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

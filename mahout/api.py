@@ -1,0 +1,183 @@
+"""HTTP client for the gateway's host API (``/hosts/api/``).
+
+Every call has a timeout. Connection errors and 5xx answers are retried a bounded number
+of times with exponential backoff and jitter; the wait is computed inside the ``except``
+and slept in the loop, never in the handler. A 4xx answer is not retried: it raises
+:class:`HostApiError` carrying the server's ``{"error": {"message", "type", "code"}}``.
+
+Retrying a token push resends the same body, hence the same ``seq``: the server dedupes.
+"""
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+DEFAULT_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 5.0
+CLAIM_TIMEOUT_MARGIN_S = 10.0
+
+
+class HostApiError(Exception):
+    """The server refused a call (4xx); carries its status and error body."""
+
+    def __init__(self, status: int, message: str, type_: str = "", code: str = "") -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+        self.type = type_
+        self.code = code
+
+
+class JobGoneError(HostApiError):
+    """409: the job is no longer running for this host (cancelled, failed, reassigned)."""
+
+
+class ServerUnavailable(Exception):
+    """The server could not be reached (or kept answering 5xx) after every retry."""
+
+
+class _Retry:
+    """Marker for an attempt that may be retried, with the reason for the final error."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _error_from(response: httpx.Response) -> HostApiError:
+    """Build the typed error for a 4xx answer, tolerating a body that is not our format."""
+    try:
+        error = response.json().get("error") or {}
+    except (ValueError, AttributeError):
+        error = {}
+    if not isinstance(error, dict):
+        error = {"message": str(error)}
+    cls = JobGoneError if response.status_code == 409 else HostApiError
+    return cls(
+        response.status_code,
+        str(error.get("message") or response.text[:200] or response.reason_phrase),
+        str(error.get("type") or ""),
+        str(error.get("code") or ""),
+    )
+
+
+class HostApi:
+    """One host's authenticated session with the gateway.
+
+    ``retries`` is the number of extra attempts after the first; the wait before retry
+    ``n`` (0-based) is ``min(backoff_cap, backoff * 2**n)`` scaled by a jitter in [0.5, 1].
+    ``sleep`` and ``transport`` are injectable for tests.
+    """
+
+    def __init__(
+        self,
+        server: str,
+        token: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        retries: int = 4,
+        backoff: float = 0.5,
+        backoff_cap: float = 8.0,
+        sleep: Callable[[float], None] = time.sleep,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.backoff_cap = backoff_cap
+        self._sleep = sleep
+        self._client = httpx.Client(
+            base_url=server.rstrip("/") + "/hosts/api",
+            headers={"Authorization": f"Bearer {token}"},
+            transport=transport,
+        )
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._client.close()
+
+    def backoff_delay(self, attempt: int) -> float:
+        """Seconds to wait before retry number ``attempt`` (0-based), jittered."""
+        base = min(self.backoff_cap, self.backoff * (2 ** attempt))
+        return base * random.uniform(0.5, 1.0)
+
+    def _attempt(self, method: str, path: str, body: Any, timeout: httpx.Timeout) -> httpx.Response | _Retry:
+        """Send once; return the response, a retry marker, or raise for a 4xx."""
+        try:
+            response = self._client.request(method, path, json=body, timeout=timeout)
+        except httpx.TransportError as exc:
+            return _Retry(f"{type(exc).__name__}: {exc}")
+        if response.status_code >= 500:
+            return _Retry(f"HTTP {response.status_code}")
+        if response.status_code >= 400:
+            raise _error_from(response)
+        return response
+
+    def _request(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> httpx.Response:
+        """Send with bounded retries; raise :class:`ServerUnavailable` when they run out."""
+        seconds = self.timeout if timeout is None else timeout
+        call_timeout = httpx.Timeout(seconds, connect=min(CONNECT_TIMEOUT_S, seconds))
+        attempt = 0
+        while True:
+            outcome = self._attempt(method, path, body, call_timeout)
+            if not isinstance(outcome, _Retry):
+                return outcome
+            if attempt >= self.retries:
+                raise ServerUnavailable(f"{method} {path} failed after {attempt + 1} attempts: {outcome.reason}")
+            self._sleep(self.backoff_delay(attempt))
+            attempt += 1
+
+    @staticmethod
+    def _json(response: httpx.Response) -> dict:
+        """Decode a JSON body; an empty body is ``{}``."""
+        return response.json() if response.content else {}
+
+    def register_qualification(self, *, model: str, fingerprint: str, benchmark: dict, machine: dict) -> dict:
+        """Record that ``model`` was benchmarked on this machine; the server lets us claim it."""
+        body = {"model": model, "fingerprint": fingerprint, "benchmark": benchmark, "machine": machine}
+        return self._json(self._request("POST", "/qualifications", body))
+
+    def heartbeat(
+        self, *, fingerprint: str, paused: bool, active_jobs: list, models_loaded: list[str], version: str
+    ) -> dict:
+        """Tell the server we are alive, whether we are paused, and what we are doing."""
+        body = {
+            "fingerprint": fingerprint,
+            "paused": paused,
+            "active_jobs": active_jobs,
+            "models_loaded": models_loaded,
+            "version": version,
+        }
+        return self._json(self._request("POST", "/heartbeat", body))
+
+    def claim(self, *, fingerprint: str, wait: float) -> dict | None:
+        """Long-poll for a job for up to ``wait`` seconds; ``None`` when nothing arrived (204)."""
+        body = {"fingerprint": fingerprint, "wait": wait}
+        response = self._request("POST", "/claim", body, timeout=wait + CLAIM_TIMEOUT_MARGIN_S)
+        if response.status_code == 204 or not response.content:
+            return None
+        return response.json().get("job")
+
+    def push_tokens(self, job_id: Any, *, seq: int, text: str) -> dict:
+        """Append batch ``seq`` of generated text; raises :class:`JobGoneError` on 409."""
+        return self._json(self._request("POST", f"/jobs/{job_id}/tokens", {"seq": seq, "text": text}))
+
+    def complete(self, job_id: Any, *, finish_reason: str, completion_tokens: int) -> dict:
+        """Report the job finished; the answer carries what we earned."""
+        body = {"finish_reason": finish_reason, "completion_tokens": completion_tokens}
+        return self._json(self._request("POST", f"/jobs/{job_id}/complete", body))
+
+    def fail(self, job_id: Any, *, reason: str) -> dict:
+        """Report the job failed on this host, so the gateway can fail over at once."""
+        return self._json(self._request("POST", f"/jobs/{job_id}/fail", {"reason": reason}))
+
+    def me(self) -> dict:
+        """This host's record as the server sees it."""
+        return self._json(self._request("GET", "/me"))
+
+    def earnings(self) -> dict:
+        """This host's earnings summary."""
+        return self._json(self._request("GET", "/earnings"))

@@ -1,0 +1,135 @@
+"""Real benchmark of a model on this machine, and its cache.
+
+A host may claim a model only after benchmarking it on this very machine, so the numbers
+come from llama.cpp running the actual GGUF: prompt throughput, time to first token,
+generation throughput and resident memory. Results are cached in
+``<home>/qualifications.json`` keyed by (model, machine fingerprint, model sha256), so a
+restart does not re-benchmark; a different thread count counts as a miss.
+"""
+from __future__ import annotations
+
+import json
+import resource
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+N_CTX = 2048
+PROMPT_TOKENS = 200
+GEN_TOKENS = 32
+_PROMPT_TEXT = (
+    "The history of the elephant is long and varied. Elephants live in families led by the "
+    "oldest female, travel great distances in search of water, and remember the routes for "
+    "decades. Their trunks hold more than forty thousand muscles. "
+)
+QUALIFICATIONS_FILE = "qualifications.json"
+
+
+def rss_mb() -> float:
+    """Resident memory of this process in MiB (VmRSS), or the peak RSS where /proc is absent."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _prompt_tokens(llm, count: int) -> list[int]:
+    """Exactly ``count`` tokens (BOS first) of plain English text."""
+    text = _PROMPT_TEXT * (count // 30 + 2)
+    return llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)[:count]
+
+
+def _measure_prompt(llm, tokens: list[int]) -> float:
+    """Prompt tokens per second: one batched eval of the whole prompt from an empty cache."""
+    llm.reset()
+    start = time.perf_counter()
+    llm.eval(tokens)
+    return len(tokens) / (time.perf_counter() - start)
+
+
+def _measure_generation(llm, tokens: list[int], count: int) -> tuple[float, float]:
+    """Greedy-generate ``count`` tokens; return (time to first token ms, generation tokens/s).
+
+    The cache is reset first so the first token pays for the full prompt, as a job's would.
+    Generation speed counts the tokens after the first over the time after the first.
+    """
+    llm.reset()
+    start = time.perf_counter()
+    first = end = start
+    produced = 0
+    for _ in llm.generate(tokens, temp=0.0, top_k=1, reset=True):
+        produced += 1
+        end = time.perf_counter()
+        if produced == 1:
+            first = end
+        if produced >= count:
+            break
+    return (first - start) * 1000, (produced - 1) / max(end - first, 1e-9)
+
+
+def run_benchmark(model_path: Path, threads: int, *, progress: bool = True) -> dict:
+    """Load the model with ``threads`` threads and measure it; returns the result dict."""
+    from mahout.runners.llama import load_llama
+
+    with tqdm(total=3, desc="benchmark", unit="phase", disable=not progress) as bar:
+        bar.set_postfix_str("loading")
+        llm = load_llama(model_path, n_ctx=N_CTX, threads=threads)
+        bar.update(1)
+        tokens = _prompt_tokens(llm, PROMPT_TOKENS)
+        bar.set_postfix_str(f"prompt ({len(tokens)} tokens)")
+        prompt_tps = _measure_prompt(llm, tokens)
+        bar.update(1)
+        bar.set_postfix_str(f"generation ({GEN_TOKENS} tokens)")
+        ttft_ms, gen_tps = _measure_generation(llm, tokens, GEN_TOKENS)
+        bar.update(1)
+    memory_mb = rss_mb()
+    llm.close()
+    return {
+        "prompt_tps": round(prompt_tps, 1),
+        "gen_tps": round(gen_tps, 1),
+        "ttft_ms": round(ttft_ms, 1),
+        "memory_mb": round(memory_mb, 1),
+        "threads": threads,
+    }
+
+
+def _cache_key(model: str, fingerprint: str, sha256: str) -> str:
+    return f"{model}|{fingerprint}|{sha256}"
+
+
+def load_cached(home: Path, model: str, fingerprint: str, sha256: str, threads: int) -> dict | None:
+    """The cached result for this model, machine, file and thread count, or ``None``."""
+    try:
+        cache = json.loads((home / QUALIFICATIONS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    result = cache.get(_cache_key(model, fingerprint, sha256))
+    return result if isinstance(result, dict) and result.get("threads") == threads else None
+
+
+def store_cached(home: Path, model: str, fingerprint: str, sha256: str, result: dict) -> None:
+    """Record a result, keeping other entries."""
+    path = home / QUALIFICATIONS_FILE
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    cache[_cache_key(model, fingerprint, sha256)] = result
+    path.write_text(json.dumps(cache, indent=2, sort_keys=True))
+
+
+def qualify(
+    home: Path, model: str, model_path: Path, sha256: str, fingerprint: str, threads: int,
+    *, rebenchmark: bool = False, progress: bool = True,
+) -> tuple[dict, bool]:
+    """Return ``(result, from_cache)``: the cached benchmark, or a fresh one (then cached)."""
+    cached = None if rebenchmark else load_cached(home, model, fingerprint, sha256, threads)
+    if cached is not None:
+        return cached, True
+    result = run_benchmark(model_path, threads, progress=progress)
+    store_cached(home, model, fingerprint, sha256, result)
+    return result, False

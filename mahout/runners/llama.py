@@ -1,0 +1,132 @@
+"""llama.cpp runner: one GGUF model loaded once, streaming one job at a time.
+
+The prompt is rendered by :mod:`mahout.prompt` (the same rendering the gateway counts),
+tokenized here with ``special=True`` so Gemma's turn markers become control tokens, and
+handed to llama-cpp-python as token ids. Passing ids lets us check the context window
+before any compute and makes BOS explicit.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Generator, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
+
+from mahout.prompt import STOP_STRINGS, render_job
+
+if TYPE_CHECKING:
+    from llama_cpp import Llama
+
+_PARAMS_LOCK = threading.Lock()
+
+
+def cpu_advertises_amx(cpuinfo: str | None = None) -> bool:
+    """True when /proc/cpuinfo lists AMX tiles, the case where ggml picks its AMX kernels."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+    return any(line.startswith("flags") and " amx_tile" in line for line in cpuinfo.splitlines())
+
+
+def load_llama(model_path: str | Path, *, n_ctx: int, threads: int) -> Llama:
+    """Load a GGUF with llama-cpp-python, quietly, with ``threads`` for prompt and generation.
+
+    On CPUs that advertise AMX, ggml's extra (AMX/repack) weight buffers are turned off:
+    virtual machines often advertise AMX without enabling its tile state, and the first
+    AMX instruction then kills the process with SIGILL (seen on this project's build
+    machine). ``Llama`` does not expose the switch, so its default model params are
+    wrapped for the duration of the load, under a lock.
+    """
+    import llama_cpp.llama as llama_module
+
+    with _PARAMS_LOCK:
+        original = llama_module.llama_cpp.llama_model_default_params
+
+        def params():
+            defaults = original()
+            defaults.use_extra_bufts = False
+            return defaults
+
+        if cpu_advertises_amx():
+            llama_module.llama_cpp.llama_model_default_params = params
+        try:
+            return llama_module.Llama(
+                model_path=str(model_path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False
+            )
+        finally:
+            llama_module.llama_cpp.llama_model_default_params = original
+
+
+def _number(params: dict, key: str, default: float) -> float:
+    """``params[key]`` as a float, or ``default`` when absent or null (OpenAI's defaults are 1)."""
+    value = params.get(key)
+    return default if value is None else float(value)
+
+
+class ContextOverflowError(ValueError):
+    """The rendered prompt does not fit in the model's context window."""
+
+
+class LlamaRunner:
+    """Streams completions for jobs from a GGUF model loaded once and reused."""
+
+    def __init__(self, model_path: str | Path, threads: int, n_ctx: int = 4096) -> None:
+        self.model_path = Path(model_path)
+        self.n_ctx = n_ctx
+        self._llm = load_llama(self.model_path, n_ctx=n_ctx, threads=threads)
+        self.finish_reason = "stop"
+        self.completion_tokens = 0
+
+    def prompt_tokens(self, job: dict) -> list[int]:
+        """Token ids of the rendered job, BOS first; raises if they leave no room to generate."""
+        tokens = self._llm.tokenize(render_job(job).encode("utf-8"), add_bos=True, special=True)
+        if len(tokens) >= self.n_ctx:
+            raise ContextOverflowError(
+                f"prompt is {len(tokens)} tokens; the context window is {self.n_ctx} tokens"
+            )
+        return tokens
+
+    @staticmethod
+    def stop_strings(job: dict) -> list[str]:
+        """The job's stop strings, plus Gemma's end of turn for chats."""
+        stop = list((job.get("params") or {}).get("stop") or [])
+        if job.get("kind") == "chat":
+            stop += [s for s in STOP_STRINGS if s not in stop]
+        return stop
+
+    def _count(self, text: str) -> int:
+        """Tokens in generated text, counted as the gateway counts them (re-tokenized)."""
+        return len(self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)) if text else 0
+
+    def stream(self, job: dict) -> Generator[str, None, None]:
+        """Yield generated text pieces; afterwards ``finish_reason`` and ``completion_tokens`` hold.
+
+        ``max_tokens`` is clamped to what the context window leaves, as llama.cpp does;
+        a generation that hits that bound finishes with "length" and exactly that many tokens.
+        """
+        params = job.get("params") or {}
+        tokens = self.prompt_tokens(job)
+        budget = self.n_ctx - len(tokens)
+        max_tokens = min(int(params.get("max_tokens") or budget), budget)
+        self.finish_reason, self.completion_tokens = "stop", 0
+        pieces: list[str] = []
+        chunks = self._llm.create_completion(
+            prompt=tokens,
+            stream=True,
+            max_tokens=max_tokens,
+            temperature=_number(params, "temperature", 1.0),
+            top_p=_number(params, "top_p", 1.0),
+            stop=self.stop_strings(job),
+            seed=params.get("seed"),
+        )
+        for chunk in cast(Iterator[dict], chunks):  # stream=True returns an iterator of chunks
+            choice = chunk["choices"][0]
+            if choice["text"]:
+                pieces.append(choice["text"])
+                yield choice["text"]
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+        text = "".join(pieces)
+        self.completion_tokens = max_tokens if self.finish_reason == "length" else self._count(text)

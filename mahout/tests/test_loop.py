@@ -1,0 +1,179 @@
+"""The host loop against a fake gateway over real HTTP, with a fake runner."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Generator
+from pathlib import Path
+
+import pytest
+
+from mahout.api import HostApi
+from mahout.home import set_paused
+from mahout.loop import HostLoop, JobRecord, JobState, LoopState
+
+MODEL = "gemma-3-270m"
+
+
+class FakeRunner:
+    """Yields fixed pieces (optionally slowly), then raises ``error`` if given."""
+
+    def __init__(self, pieces: list[str], delay: float = 0.0, error: Exception | None = None) -> None:
+        self.pieces, self.delay, self.error = pieces, delay, error
+        self.pulled = 0
+        self.closed = False
+        self.finish_reason = "stop"
+        self.completion_tokens = 0
+
+    def stream(self, job: dict) -> Generator[str, None, None]:
+        try:
+            for piece in self.pieces:
+                time.sleep(self.delay)
+                self.pulled += 1
+                yield piece
+            if self.error is not None:
+                raise self.error
+            self.finish_reason, self.completion_tokens = "length", len(self.pieces)
+        finally:
+            self.closed = True
+
+
+def make_loop(api: HostApi, runner: FakeRunner, home: Path, lines: list[str]) -> HostLoop:
+    return HostLoop(
+        api, {MODEL: runner}, fingerprint="f" * 64, home=home, claim_wait=0.2,
+        heartbeat_interval=0.02, pause_poll=0.01, error_backoff=0.01, out=lines.append,
+    )
+
+
+def pieces(count: int) -> list[str]:
+    return [f"w{i} " for i in range(count)]
+
+
+class HostLoopTests:
+    def test_it_streams_pieces_in_ordered_batches_and_completes(self, gateway, api, tmp_path):
+        lines: list[str] = []
+        runner = FakeRunner(pieces(20), delay=0.01)
+        gateway.state.add_job("job-1")
+        handled = make_loop(api, runner, tmp_path, lines).run(max_jobs=1)
+        assert handled == 1
+        assert gateway.state.text["job-1"] == "".join(pieces(20))
+        seqs = [seq for _, seq, _, _ in gateway.state.pushes]
+        assert seqs == list(range(len(seqs)))
+        assert 1 < len(seqs) < 20  # batched, not one push per piece
+        assert gateway.state.completions["job-1"]["completion_tokens"] == 20
+        assert gateway.state.completions["job-1"]["finish_reason"] == "length"
+        assert "mahout: claimed job job-1 (gemma-3-270m)" in lines
+        assert any(line.startswith("mahout: completed job-1: 20 tokens in") for line in lines)
+
+    def test_it_resends_a_batch_under_the_same_seq_when_the_answer_is_lost(self, gateway, api, tmp_path):
+        gateway.state.lose_push_answers = 1
+        gateway.state.add_job("job-1")
+        make_loop(api, FakeRunner(pieces(5)), tmp_path, []).run(max_jobs=1)
+        first, retry = gateway.state.pushes[0], gateway.state.pushes[1]
+        assert (first[1], first[3]) == (0, 503)
+        assert (retry[1], retry[2], retry[3]) == (0, first[2], 200)
+        assert gateway.state.text["job-1"] == "".join(pieces(5))  # the server deduped the resend
+        assert "job-1" in gateway.state.completions
+
+    def test_it_stops_generating_when_the_server_answers_409(self, gateway, api, tmp_path):
+        lines: list[str] = []
+        runner = FakeRunner(pieces(200), delay=0.005)
+        gateway.state.cancel_after_batches["job-1"] = 1
+        gateway.state.add_job("job-1")
+        make_loop(api, runner, tmp_path, lines).run(max_jobs=1)
+        assert gateway.state.pushes[-1][3] == 409
+        assert runner.closed and runner.pulled < 200
+        assert "job-1" not in gateway.state.completions and "job-1" not in gateway.state.failures
+        assert any(line.startswith("mahout: stopped job-1: no longer ours") for line in lines)
+
+    def test_it_does_not_claim_while_the_pause_flag_is_set(self, gateway, api, tmp_path):
+        lines: list[str] = []
+        gateway.state.add_job("job-1")
+        loop = make_loop(api, FakeRunner(pieces(2)), tmp_path, lines)
+        set_paused(tmp_path, True)
+        assert loop.run(once=True) == 0
+        assert gateway.state.claims == 0 and len(gateway.state.queue) == 1
+        loop.heartbeat()
+        assert gateway.state.heartbeats[-1]["paused"] is True
+        set_paused(tmp_path, False)
+        assert loop.run(once=True) == 1
+        assert "job-1" in gateway.state.completions
+        assert lines[:2] == ["mahout: paused: pause flag set", "mahout: resumed, claiming work"]
+
+    def test_it_honours_a_pause_from_the_server(self, gateway, api, tmp_path):
+        gateway.state.server_paused = True
+        gateway.state.add_job("job-1")
+        loop = make_loop(api, FakeRunner(pieces(2)), tmp_path, [])
+        loop.heartbeat()
+        assert loop.pause_reason() == "paused by the server"
+        assert loop.step() == 0 and gateway.state.claims == 0
+
+    def test_it_reports_active_jobs_and_models_in_heartbeats(self, gateway, api, tmp_path):
+        gateway.state.add_job("job-1")
+        make_loop(api, FakeRunner(pieces(10), delay=0.03), tmp_path, []).run(max_jobs=1)
+        beats = gateway.state.heartbeats
+        assert any(beat["active_jobs"] == ["job-1"] for beat in beats)
+        assert beats[0]["models_loaded"] == [MODEL] and beats[0]["fingerprint"] == "f" * 64
+
+    def test_it_finishes_the_current_job_on_first_sigterm(self, gateway, api, tmp_path):
+        lines: list[str] = []
+        gateway.state.add_job("job-1")
+        gateway.state.add_job("job-2")
+
+        def terminate_once_claimed() -> None:
+            gateway.state.claimed.wait(5)
+            time.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=terminate_once_claimed, daemon=True).start()
+        loop = make_loop(api, FakeRunner(pieces(10), delay=0.03), tmp_path, lines)
+        assert loop.run(max_jobs=5) == 1
+        assert gateway.state.text["job-1"] == "".join(pieces(10))
+        assert "job-1" in gateway.state.completions
+        assert [job["id"] for job in gateway.state.queue] == ["job-2"]
+        assert "mahout: SIGTERM received, finishing the current job then exiting" in lines
+        assert loop.state is LoopState.STOPPED
+
+    def test_it_exits_at_once_on_a_second_signal(self, gateway, api, tmp_path):
+        gateway.state.add_job("job-1")
+        runner = FakeRunner(pieces(100), delay=0.05)
+
+        def terminate_twice() -> None:
+            gateway.state.claimed.wait(5)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.1)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=terminate_twice, daemon=True).start()
+        started = time.monotonic()
+        with pytest.raises(SystemExit) as exit_info:
+            make_loop(api, runner, tmp_path, []).run(max_jobs=1)
+        assert exit_info.value.code == 1
+        assert time.monotonic() - started < 2.0 and runner.pulled < 100 and runner.closed
+
+    def test_it_reports_a_runner_error_as_a_job_failure(self, gateway, api, tmp_path):
+        gateway.state.add_job("job-1")
+        error = ValueError("prompt is 5000 tokens; the context window is 4096 tokens")
+        make_loop(api, FakeRunner(pieces(3), error=error), tmp_path, []).run(max_jobs=1)
+        assert gateway.state.failures["job-1"] == f"ValueError: {error}"
+        assert "job-1" not in gateway.state.completions
+
+    def test_it_fails_a_job_for_a_model_it_does_not_serve(self, gateway, api, tmp_path):
+        gateway.state.add_job("job-1", model="llama-70b")
+        make_loop(api, FakeRunner(pieces(3)), tmp_path, []).run(max_jobs=1)
+        assert gateway.state.failures["job-1"] == "model 'llama-70b' is not loaded on this host"
+
+    def test_it_returns_after_one_empty_claim_when_once(self, gateway, api, tmp_path):
+        assert make_loop(api, FakeRunner([]), tmp_path, []).run(once=True) == 0
+        assert gateway.state.claims == 1
+
+
+class JobRecordTests:
+    def test_it_refuses_an_illegal_transition(self):
+        record = JobRecord({"id": "job-1"})
+        record.advance(JobState.RUNNING)
+        record.advance(JobState.COMPLETED)
+        with pytest.raises(RuntimeError, match="completed -> running"):
+            record.advance(JobState.RUNNING)

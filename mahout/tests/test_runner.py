@@ -1,0 +1,59 @@
+"""The one real-model test: the shipped Gemma 3 270M streams through LlamaRunner.
+
+Kept small (1 thread, a few tokens) so it runs in seconds on a 2-core machine.
+"""
+from __future__ import annotations
+
+import pytest
+
+from mahout.models import assemble_shipped
+from mahout.runners.llama import ContextOverflowError, LlamaRunner, cpu_advertises_amx
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory: pytest.TempPathFactory) -> LlamaRunner:
+    path = assemble_shipped(tmp_path_factory.mktemp("home"), progress=False)
+    return LlamaRunner(path, threads=1, n_ctx=256)
+
+
+def chat_job(messages: list[dict], max_tokens: int = 8) -> dict:
+    return {
+        "id": "job-1", "model": "gemma-3-270m", "kind": "chat", "messages": messages, "prompt": None,
+        "params": {"max_tokens": max_tokens, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": 1},
+    }
+
+
+class LlamaRunnerTests:
+    def test_it_streams_a_completion_from_the_shipped_model(self, runner):
+        job = {"id": "job-1", "model": "gemma-3-270m", "kind": "completion", "messages": None,
+               "prompt": "The capital of France is",
+               "params": {"max_tokens": 8, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None}}
+        pieces = list(runner.stream(job))
+        assert "".join(pieces).strip()
+        assert runner.finish_reason in ("stop", "length")
+        assert 1 <= runner.completion_tokens <= 8
+        if runner.finish_reason == "length":
+            assert runner.completion_tokens == 8
+
+    def test_it_continues_an_open_assistant_turn(self, runner):
+        messages = [{"role": "user", "content": "Count from one to ten."},
+                    {"role": "assistant", "content": "One, two, thr"}]
+        text = "".join(runner.stream(chat_job(messages)))
+        assert text.strip()
+        assert "<start_of_turn>" not in text and "<end_of_turn>" not in text
+
+    def test_it_tokenizes_turn_markers_as_control_tokens(self, runner):
+        tokens = runner.prompt_tokens(chat_job([{"role": "user", "content": "Hi"}]))
+        # <bos> <start_of_turn> user \n Hi <end_of_turn> \n <start_of_turn> model \n: markers are single ids
+        assert len(tokens) < 15
+
+    def test_it_rejects_a_prompt_that_overflows_the_context(self, runner):
+        job = chat_job([{"role": "user", "content": "word " * 400}])
+        with pytest.raises(ContextOverflowError, match="context window is 256 tokens"):
+            list(runner.stream(job))
+
+
+class CpuAdvertisesAmxTests:
+    def test_it_reads_the_amx_tile_flag(self):
+        assert cpu_advertises_amx("flags\t\t: fpu avx2 amx_bf16 amx_tile amx_int8\n") is True
+        assert cpu_advertises_amx("flags\t\t: fpu avx2 avx512f\n") is False
