@@ -106,6 +106,8 @@ if REDIS_URL:
     CELERY_BROKER_TRANSPORT_OPTIONS: dict = {}
 else:
     _queue_dir = VAR_DIR / "celery-queue"
+    _queue_dir.mkdir(exist_ok=True)
+    (VAR_DIR / "celery-control").mkdir(exist_ok=True)
     CELERY_BROKER_URL = "filesystem://"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_queue_dir),
