@@ -51,12 +51,11 @@ class Command(BaseCommand):
             self._spawn("watchdogs", [python, "-m", "celery", "-A", "config", "worker", "-B", "--concurrency", "1", "--loglevel", "WARNING"]),
         ]
         self._wait_for(server)
-        procs.append(
-            self._spawn("mahout", [python, "-m", "mahout", "run", "--server", server, "--token", host_token,
-                                   "--home", str(var / "mahout"), "--threads", str(threads)])
-        )
+        host_argv = [python, "-m", "mahout", "run", "--server", server, "--token", host_token,
+                     "--home", str(var / "mahout"), "--threads", str(threads)]
+        procs.append(self._spawn("mahout", host_argv))
         self._print_welcome(server, api_key)
-        self._supervise(procs)
+        self._supervise(procs, restartable={"mahout": host_argv})
 
     def _demo_key(self) -> str:
         user, created = get_user_model().objects.get_or_create(username=DEMO_CUSTOMER, defaults={"email": DEMO_CUSTOMER})
@@ -104,7 +103,9 @@ for chunk in client.chat.completions.create(model="gemma-3-270m", stream=True, m
 """
         )
 
-    def _supervise(self, procs: list[tuple[str, subprocess.Popen]]) -> None:
+    def _supervise(self, procs: list[tuple[str, subprocess.Popen]], restartable: dict[str, list[str]]) -> None:
+        """Wait for Ctrl-C. A host that dies (try `kill -9` on it mid-stream) is
+        restarted, like an owner's machine coming back; anything else stops all."""
         stopping = False
 
         def stop(*_: object) -> None:
@@ -114,8 +115,13 @@ for chunk in client.chat.completions.create(model="gemma-3-270m", stream=True, m
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGTERM, stop)
         while not stopping:
-            for name, proc in procs:
-                if proc.poll() is not None:
+            for index, (name, proc) in enumerate(procs):
+                if proc.poll() is None:
+                    continue
+                if name in restartable:
+                    self.stderr.write(f"{name} exited with {proc.returncode}; restarting it")
+                    procs[index] = self._spawn(name, restartable[name])
+                else:
                     self.stderr.write(f"{name} exited with {proc.returncode}; stopping the rest")
                     stopping = True
             time.sleep(0.5)

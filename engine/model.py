@@ -1,0 +1,344 @@
+"""Gemma 3 as three plain things: `Config` (the blueprint read from GGUF metadata),
+weights per layer (`LayerWeights`, grouped per stage in `StageWeights`) and a `KVCache`
+allocated up front and written at `pos`. `Stage` runs any contiguous layer range [start, end).
+
+Shapes use T = tokens in the (packed) batch, D = d_model, H = query heads, KV = key/value
+heads, Hd = head_dim, F = ffn dim, V = vocab, R = cache rows, C = cache context length.
+
+Numerics follow llama.cpp on the same GGUF, which is the reference the golden tests hold us
+to: norm weights are used as stored (llama.cpp's converter already folded Gemma's `1 + w`
+into them), RoPE is the NEOX (rotate-halves) form, the FFN is GELU(tanh)-gated.
+
+A batch is *packed*: T tokens from any number of requests, each token carrying its own
+position and the cache row of its request. One prefill and several decodes share one pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+__all__ = [
+    "Config",
+    "ContextOverflowError",
+    "DenseEmbedding",
+    "Embedding",
+    "KVCache",
+    "LayerWeights",
+    "RowSpan",
+    "Stage",
+    "StageWeights",
+]
+
+
+class ContextOverflowError(ValueError):
+    """A token's position does not fit in the KV cache allocated for its row."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """The model's blueprint, read from GGUF metadata (see `engine.gguf_loader.read_config`)."""
+
+    arch: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    ffn_dim: int
+    vocab_size: int
+    rms_eps: float
+    context_length: int
+    rope_base_global: float
+    rope_base_local: float
+    rope_scale_global: float  # positions are multiplied by this on global layers (linear scaling)
+    sliding_window: int
+    local_layers: tuple[bool, ...]  # local_layers[i]: layer i uses sliding-window attention
+    attn_scale: float  # multiplies q·k (1/sqrt(query_pre_attn_scalar))
+    embed_scale: float  # multiplies token embeddings (sqrt(d_model) for Gemma)
+    final_logit_softcap: float | None = None
+    attn_logit_softcap: float | None = None
+
+    def is_local(self, layer: int) -> bool:
+        return self.local_layers[layer]
+
+    def rope_base(self, layer: int) -> float:
+        return self.rope_base_local if self.is_local(layer) else self.rope_base_global
+
+
+@dataclass
+class LayerWeights:
+    """One transformer block, dequantized to float32. Matrices are (out, in)."""
+
+    index: int
+    attn_norm: torch.Tensor  # (D,)
+    wq: torch.Tensor  # (H*Hd, D)
+    wk: torch.Tensor  # (KV*Hd, D)
+    wv: torch.Tensor  # (KV*Hd, D)
+    q_norm: torch.Tensor  # (Hd,)
+    k_norm: torch.Tensor  # (Hd,)
+    wo: torch.Tensor  # (D, H*Hd)
+    post_attn_norm: torch.Tensor  # (D,)
+    ffn_norm: torch.Tensor  # (D,)
+    w_gate: torch.Tensor  # (F, D)
+    w_up: torch.Tensor  # (F, D)
+    w_down: torch.Tensor  # (D, F)
+    post_ffn_norm: torch.Tensor  # (D,)
+
+
+class Embedding(Protocol):
+    """Token id -> embedding row lookup (dense, or dequantized on demand)."""
+
+    def rows(self, token_ids: torch.Tensor) -> torch.Tensor:  # (T,) -> (T, D)
+        ...
+
+
+@dataclass
+class DenseEmbedding:
+    table: torch.Tensor  # (V, D)
+
+    def rows(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.table[token_ids]  # (T, D)
+
+
+@dataclass
+class StageWeights:
+    """The tensors of layers [start, end): embeddings only at the head (start == 0),
+    final norm and output head only at the tail (end == n_layers)."""
+
+    start: int
+    end: int
+    layers: list[LayerWeights]
+    embedding: Embedding | None = None  # head only
+    output_norm: torch.Tensor | None = None  # (D,) tail only
+    output: torch.Tensor | None = None  # (V, D) tail only
+    names: frozenset[str] = field(default_factory=frozenset)  # GGUF tensors this stage read
+
+
+@dataclass(frozen=True)
+class RowSpan:
+    """One request's share of a packed pass: `n_tokens` tokens at positions
+    [start, start + n_tokens). A decode is one token; a prefill is the prompt (or a chunk)."""
+
+    request_id: str
+    start: int
+    n_tokens: int
+
+
+class KVCache:
+    """Keys and values of one stage's layers for `n_rows` requests, allocated up front.
+
+    A request owns one row (`assign(request_id)`); a token at position `pos` writes its
+    key/value at column `pos` of its row. Positions must lie in [0, n_ctx). A released row
+    needs no clearing: attention reads only columns up to the query's position, which the
+    row's new owner has written itself.
+    """
+
+    def __init__(self, config: Config, n_layers: int, n_rows: int, n_ctx: int) -> None:
+        if n_ctx > config.context_length:
+            raise ValueError(f"n_ctx {n_ctx} exceeds the model's context length {config.context_length}")
+        shape = (n_layers, n_rows, n_ctx, config.n_kv_heads, config.head_dim)
+        self.k = torch.zeros(shape)  # (L, R, C, KV, Hd)
+        self.v = torch.zeros(shape)  # (L, R, C, KV, Hd)
+        self.n_rows = n_rows
+        self.n_ctx = n_ctx
+        self._row_of: dict[str, int] = {}
+
+    def assign(self, request_id: str) -> int:
+        """Give `request_id` a free row (idempotent: a known request keeps its row)."""
+        if request_id in self._row_of:
+            return self._row_of[request_id]
+        free = sorted(set(range(self.n_rows)) - set(self._row_of.values()))
+        if not free:
+            raise RuntimeError(f"all {self.n_rows} KV cache rows are taken")
+        self._row_of[request_id] = free[0]
+        return free[0]
+
+    def release(self, request_id: str) -> None:
+        self._row_of.pop(request_id, None)
+
+    def row_of(self, request_id: str) -> int:
+        return self._row_of[request_id]
+
+    def check(self, positions: torch.Tensor, rows: torch.Tensor) -> None:
+        """Raise before any write if a token would fall outside the cache."""
+        if positions.shape != rows.shape or positions.ndim != 1:
+            raise ValueError("positions and cache rows must be two (T,) tensors")
+        if positions.numel() == 0:
+            return
+        if int(positions.max()) >= self.n_ctx:
+            worst = int(positions.argmax())
+            raise ContextOverflowError(
+                f"context overflow: position {int(positions[worst])} of cache row {int(rows[worst])} "
+                f"is past the context window of {self.n_ctx} tokens"
+            )
+        if int(positions.min()) < 0:
+            raise ValueError("positions must be non-negative")
+        if int(rows.min()) < 0 or int(rows.max()) >= self.n_rows:
+            raise ValueError(f"cache rows must lie in [0, {self.n_rows})")
+
+    def write(self, layer: int, rows: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        # rows, positions: (T,); k, v: (T, KV, Hd)
+        self.k[layer, rows, positions] = k
+        self.v[layer, rows, positions] = v
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # x: (..., N); weight: (N,) -> (..., N). Weight used as stored (see module docstring).
+    return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, base: float, scale: float) -> torch.Tensor:
+    """NEOX rotary embedding: rotate the two halves of each head by position * base^(-2i/Hd)."""
+    # x: (T, heads, Hd); positions: (T,)
+    half = x.shape[-1] // 2
+    inv_freq = base ** (-torch.arange(half, dtype=torch.float64) * 2 / x.shape[-1])  # (Hd/2,)
+    angles = (positions.to(torch.float64) * scale)[:, None] * inv_freq[None, :]  # (T, Hd/2)
+    cos = angles.cos().to(x.dtype)[:, None, :]  # (T, 1, Hd/2)
+    sin = angles.sin().to(x.dtype)[:, None, :]  # (T, 1, Hd/2)
+    x1, x2 = x[..., :half], x[..., half:]  # (T, heads, Hd/2) each
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)  # (T, heads, Hd)
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.gelu(x, approximate="tanh")
+
+
+class Stage:
+    """Layers [start, end) of the model with their own KV cache.
+
+    `forward(x, positions, cache_rows)`: at the head `x` is token ids (T,), elsewhere the
+    hidden state (T, D) handed over by the previous stage. Returns the hidden state (T, D),
+    or at the tail the logits (T', V) of the tokens selected by `logits_for` (all if None).
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        weights: StageWeights,
+        start: int,
+        end: int,
+        *,
+        n_rows: int = 4,
+        n_ctx: int = 1024,
+    ) -> None:
+        if not 0 <= start < end <= config.n_layers:
+            raise ValueError(f"bad layer range [{start}, {end}) for {config.n_layers} layers")
+        if (weights.start, weights.end) != (start, end):
+            raise ValueError(f"weights hold layers [{weights.start}, {weights.end}), stage wants [{start}, {end})")
+        self.config = config
+        self.weights = weights
+        self.start = start
+        self.end = end
+        self.is_head = start == 0
+        self.is_tail = end == config.n_layers
+        if self.is_head != (weights.embedding is not None):
+            raise ValueError("token embeddings belong to the head stage, and only to it")
+        if self.is_tail != (weights.output is not None and weights.output_norm is not None):
+            raise ValueError("the output norm and output head belong to the tail stage, and only to it")
+        self.cache = KVCache(config, end - start, n_rows, n_ctx)
+
+    def forward_rows(self, x: torch.Tensor, membership: Sequence[RowSpan]) -> torch.Tensor:
+        """Run one packed pass described by its batch membership, as the ring forwards it.
+
+        `x` holds the rows' tokens (head) or hidden states in membership order. Each request
+        keeps its own cache row in this stage. The tail returns one logits row per member:
+        the logits after that member's last token.
+        """
+        # x: (T,) or (T, D) with T = sum of n_tokens
+        positions = torch.cat([torch.arange(span.start, span.start + span.n_tokens) for span in membership])  # (T,)
+        rows = torch.cat([torch.full((span.n_tokens,), self.cache.assign(span.request_id)) for span in membership])  # (T,)
+        if not self.is_tail:
+            return self.forward(x, positions, rows)  # (T, D)
+        last = torch.tensor([span.n_tokens for span in membership]).cumsum(0) - 1  # (R,)
+        return self.forward(x, positions, rows, logits_for=last)  # (R, V)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        cache_rows: torch.Tensor,
+        logits_for: torch.Tensor | None = None,
+        capture: dict[int, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """`capture`, if given, receives {layer index: hidden state (T, D) after that layer}
+        so that tools and tests can compare boundaries between differently split pipelines."""
+        # x: (T,) int64 token ids at the head, else (T, D) float32; positions, cache_rows: (T,) int64
+        if logits_for is not None and not self.is_tail:
+            raise ValueError("logits_for only applies to the tail stage")
+        self.cache.check(positions, cache_rows)
+        embedding = self.weights.embedding  # present exactly at the head (checked in __init__)
+        h = x if embedding is None else embedding.rows(x) * self.config.embed_scale  # (T, D)
+        for local_index, layer in enumerate(self.weights.layers):
+            h = self._block(layer, local_index, h, positions, cache_rows)  # (T, D)
+            if capture is not None:
+                capture[layer.index] = h
+        norm, output = self.weights.output_norm, self.weights.output  # present exactly at the tail
+        if norm is None or output is None:
+            return h
+        if logits_for is not None:
+            h = h[logits_for]  # (T', D)
+        logits = rms_norm(h, norm, self.config.rms_eps) @ output.T  # (T', V)
+        cap = self.config.final_logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    __call__ = forward
+
+    def _block(
+        self, w: LayerWeights, local_index: int, h: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor
+    ) -> torch.Tensor:
+        eps = self.config.rms_eps
+        a = self._attention(w, local_index, rms_norm(h, w.attn_norm, eps), positions, rows)  # (T, D)
+        h = h + rms_norm(a, w.post_attn_norm, eps)  # (T, D)
+        x = rms_norm(h, w.ffn_norm, eps)  # (T, D)
+        f = (gelu_tanh(x @ w.w_gate.T) * (x @ w.w_up.T)) @ w.w_down.T  # (T, F) -> (T, D)
+        return h + rms_norm(f, w.post_ffn_norm, eps)  # (T, D)
+
+    def _attention(
+        self, w: LayerWeights, local_index: int, x: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor
+    ) -> torch.Tensor:
+        c = self.config
+        t = x.shape[0]
+        q = (x @ w.wq.T).view(t, c.n_heads, c.head_dim)  # (T, H, Hd)
+        k = (x @ w.wk.T).view(t, c.n_kv_heads, c.head_dim)  # (T, KV, Hd)
+        v = (x @ w.wv.T).view(t, c.n_kv_heads, c.head_dim)  # (T, KV, Hd)
+        q = rms_norm(q, w.q_norm, c.rms_eps)
+        k = rms_norm(k, w.k_norm, c.rms_eps)
+        local = c.is_local(w.index)
+        scale = 1.0 if local else c.rope_scale_global
+        q = rope(q, positions, c.rope_base(w.index), scale)  # (T, H, Hd)
+        k = rope(k, positions, c.rope_base(w.index), scale)  # (T, KV, Hd)
+        self.cache.write(local_index, rows, positions, k, v)
+        out = torch.empty(t, c.n_heads, c.head_dim)  # (T, H, Hd)
+        for row in rows.unique().tolist():
+            mine = (rows == row).nonzero().squeeze(1)  # (Tr,) token indices of this request
+            q_pos = positions[mine]  # (Tr,)
+            length = int(q_pos.max()) + 1
+            keys = self.cache.k[local_index, row, :length]  # (S, KV, Hd)
+            values = self.cache.v[local_index, row, :length]  # (S, KV, Hd)
+            out[mine] = self._attend(q[mine], keys, values, q_pos, local)
+        return out.view(t, c.n_heads * c.head_dim) @ w.wo.T  # (T, D)
+
+    def _attend(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, q_pos: torch.Tensor, local: bool
+    ) -> torch.Tensor:
+        """Causal (and, on local layers, sliding-window) GQA attention for one request."""
+        c = self.config
+        tr, s = q.shape[0], keys.shape[0]
+        group = c.n_heads // c.n_kv_heads
+        qg = q.view(tr, c.n_kv_heads, group, c.head_dim)  # (Tr, KV, G, Hd)
+        scores = torch.einsum("tkgd,skd->kgts", qg, keys) * c.attn_scale  # (KV, G, Tr, S)
+        if c.attn_logit_softcap is not None:
+            scores = torch.tanh(scores / c.attn_logit_softcap) * c.attn_logit_softcap
+        k_pos = torch.arange(s)  # (S,)
+        visible = k_pos[None, :] <= q_pos[:, None]  # (Tr, S)
+        if local:
+            visible &= (q_pos[:, None] - k_pos[None, :]) < c.sliding_window
+        scores = scores.masked_fill(~visible, float("-inf"))  # (KV, G, Tr, S)
+        probs = torch.softmax(scores, dim=-1)  # (KV, G, Tr, S)
+        out = torch.einsum("kgts,skd->tkgd", probs, values)  # (Tr, KV, G, Hd)
+        return out.reshape(tr, c.n_heads, c.head_dim)  # (Tr, H, Hd)

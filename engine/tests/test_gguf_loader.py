@@ -1,0 +1,80 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from engine.gguf_loader import QuantizedEmbedding, load_stage, open_gguf, stage_tensor_names
+from engine.model import Config, DenseEmbedding
+
+BLOCK_TENSORS = (
+    "attn_norm",
+    "attn_q",
+    "attn_k",
+    "attn_v",
+    "attn_q_norm",
+    "attn_k_norm",
+    "attn_output",
+    "post_attention_norm",
+    "ffn_norm",
+    "ffn_gate",
+    "ffn_up",
+    "ffn_down",
+    "post_ffw_norm",
+)
+
+
+def block_names(*layers: int) -> set[str]:
+    return {f"blk.{i}.{name}.weight" for i in layers for name in BLOCK_TENSORS}
+
+
+class ReadConfigTests:
+    def test_it_reads_the_gemma3_270m_blueprint(self, config: Config) -> None:
+        assert (config.n_layers, config.d_model, config.ffn_dim, config.vocab_size) == (18, 640, 2048, 262144)
+        assert (config.n_heads, config.n_kv_heads, config.head_dim) == (4, 1, 256)
+        assert config.context_length == 32768
+        assert config.sliding_window == 512
+        assert config.attn_scale == 256**-0.5
+        assert config.final_logit_softcap is None
+
+    def test_it_marks_every_sixth_layer_global_with_its_own_rope_base(self, config: Config) -> None:
+        assert [i for i in range(18) if not config.is_local(i)] == [5, 11, 17]
+        assert config.rope_base(5) == 1_000_000.0
+        assert config.rope_base(0) == 10_000.0
+
+
+class LoadStageTests:
+    def test_it_loads_only_its_blocks_for_a_middle_slice(self, model_path: Path) -> None:
+        _, weights = load_stage(model_path, 5, 7)
+        assert weights.names == block_names(5, 6)
+        assert [layer.index for layer in weights.layers] == [5, 6]
+        assert weights.embedding is None and weights.output is None and weights.output_norm is None
+
+    def test_it_adds_the_embeddings_at_the_head(self, model_path: Path) -> None:
+        _, weights = load_stage(model_path, 0, 2)
+        assert weights.names == block_names(0, 1) | {"token_embd.weight"}
+        assert isinstance(weights.embedding, QuantizedEmbedding)
+        assert weights.output is None
+
+    def test_it_adds_the_final_norm_and_the_tied_output_head_at_the_tail(self, model_path: Path) -> None:
+        config, weights = load_stage(model_path, 17, 18)
+        assert weights.names == block_names(17) | {"output_norm.weight", "token_embd.weight"}
+        assert weights.embedding is None
+        assert weights.output is not None and weights.output.shape == (config.vocab_size, config.d_model)
+
+    def test_it_shares_the_tied_table_when_one_stage_holds_everything(self, full_stage) -> None:  # type: ignore[no-untyped-def]
+        weights = full_stage.weights
+        assert weights.names == block_names(*range(18)) | {"output_norm.weight", "token_embd.weight"}
+        assert isinstance(weights.embedding, DenseEmbedding) and weights.embedding.table is weights.output
+
+    def test_it_dequantizes_embedding_rows_like_the_whole_table(self, model_path: Path, full_stage) -> None:  # type: ignore[no-untyped-def]
+        _, head = load_stage(model_path, 0, 1)
+        ids = torch.tensor([2, 818, 262143])
+        assert head.embedding is not None
+        assert torch.equal(head.embedding.rows(ids), full_stage.weights.output[ids])
+
+
+class StageTensorNamesTests:
+    def test_it_names_no_tensor_outside_the_slice(self, model_path: Path, config: Config) -> None:
+        names = stage_tensor_names(open_gguf(model_path), config, 3, 4)
+        assert set(names) == block_names(3)

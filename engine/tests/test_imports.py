@@ -1,0 +1,18 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class EngineImportTests:
+    def test_it_never_imports_django(self) -> None:
+        code = (
+            "import sys, engine, engine.__main__, engine.generate, engine.gguf_loader, engine.model, engine.tokenizer; "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('django', 'rest_framework', 'channels')); "
+            "assert not bad, bad"
+        )
+        result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
