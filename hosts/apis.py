@@ -93,17 +93,17 @@ class JobClaimApi(AsyncHostApi):
         for group in groups:
             await layer.group_add(group, channel)
         try:
-            return await self._claim_until(host, data, layer, channel)
+            return await self._claim_until(host, data, model_ids, layer, channel)
         finally:
             for group in groups:
                 await layer.group_discard(group, channel)
 
-    async def _claim_until(self, host: Host, data: dict, layer, channel: str) -> HttpResponse:  # type: ignore[no-untyped-def]
+    async def _claim_until(self, host: Host, data: dict, model_ids: list[int], layer, channel: str) -> HttpResponse:  # type: ignore[no-untyped-def]
         deadline = time.monotonic() + data["wait"]
         first = True
         while True:
             try:
-                job = await db(market.job_claim_next, host=host, fingerprint=data["fingerprint"])
+                job = await db(market.job_claim_next, host=host, model_ids=model_ids)
             except market.HostRefused:
                 if first:
                     raise

@@ -2,7 +2,8 @@
 
 Django's default `sync_to_async` funnels every call through one thread; a
 request waiting on a row lock would stall every other stream. `db()` runs the
-call on a bounded pool instead and tidies the thread's connection around it.
+call on a bounded pool instead, tidies the thread's connection around it, and
+sends the channel-layer announcements the call committed from the event loop.
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import close_old_connections
 
+from marketplace import events
+
 T = TypeVar("T")
 
 
@@ -23,13 +26,19 @@ def _pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=settings.DB_THREADS, thread_name_prefix="db")
 
 
-def _tidy(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+def _tidy(outbox: events.Outbox, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     close_old_connections()
+    token = events.collecting(outbox)
     try:
         return fn(*args, **kwargs)
     finally:
+        events.stop_collecting(token)
         close_old_connections()
 
 
 async def db(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-    return await sync_to_async(partial(_tidy, fn, *args, **kwargs), thread_sensitive=False, executor=_pool())()
+    outbox: events.Outbox = []
+    try:
+        return await sync_to_async(partial(_tidy, outbox, fn, *args, **kwargs), thread_sensitive=False, executor=_pool())()
+    finally:
+        await events.deliver(outbox)

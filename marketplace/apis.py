@@ -107,19 +107,14 @@ class Admitted:
         await db(services.request_forget_output, request_id=self.row.pk)
 
 
-async def admit_generation(*, secret: str, body: dict, kind: str) -> Admitted:
-    """Validate, price and queue a generation request, or raise ApiError (402 before queueing)."""
-    serializer = (ChatInputSerializer if kind == Request.Kind.CHAT else CompletionInputSerializer)(data=body)
-    if not serializer.is_valid():
-        raise validation_error(serializer.errors)
-    key = await db(key_from_secret, secret)
-    name = serializer.validated_data["model"]
-    model = await db(selectors.catalog_model_by_name, name=name)
+def admit(*, secret: str, data: dict, params: dict, kind: str, public_id: str) -> Request:
+    """Authenticate, price and queue in one trip to the database thread pool."""
+    key = key_from_secret(secret)
+    model = selectors.catalog_model_by_name(name=data["model"])
     if model is None or model.kind != CatalogModel.Kind.CHAT:
-        raise ApiError(404, f"The model '{name}' does not exist; GET /v1/models lists them.", code="model_not_found", param="model")
-    params = serializer.params()
-    text, messages, prompt = rendered_prompt(kind, serializer.validated_data)
-    prompt_tokens = await db(tokenizer_for(model.tokenizer).count, text, special=True)
+        raise ApiError(404, f"The model '{data['model']}' does not exist; GET /v1/models lists them.", code="model_not_found", param="model")
+    text, messages, prompt = rendered_prompt(kind, data)
+    prompt_tokens = tokenizer_for(model.tokenizer).count(text, special=True)
     if prompt_tokens + params["max_tokens"] > model.context_length:
         raise bad_request(
             f"This model's context is {model.context_length} tokens; the prompt has {prompt_tokens} and max_tokens "
@@ -127,17 +122,29 @@ async def admit_generation(*, secret: str, body: dict, kind: str) -> Admitted:
             code="context_length_exceeded",
             param="messages" if messages is not None else "prompt",
         )
+    try:
+        return services.request_submit(
+            public_id=public_id, api_key=key, model=model, kind=kind, messages=messages, prompt=prompt, params=params,
+            stream=data["stream"], prompt_tokens=prompt_tokens,
+        )
+    except BillingError as refusal:
+        raise ApiError(402, refusal.message, code=refusal.code, type="insufficient_quota") from None
+
+
+async def admit_generation(*, secret: str, body: dict, kind: str) -> Admitted:
+    """Validate, price and queue a generation request, or raise ApiError (402 before queueing).
+
+    The listener joins the request's group before the job exists, so no token
+    can be announced before someone is listening.
+    """
+    serializer = (ChatInputSerializer if kind == Request.Kind.CHAT else CompletionInputSerializer)(data=body)
+    if not serializer.is_valid():
+        raise validation_error(serializer.errors)
     public_id = services.new_public_id(kind)
     listener = await RequestListener(public_id).open()
     try:
         queued_at = time.monotonic()
-        row = await db(
-            services.request_submit, public_id=public_id, api_key=key, model=model, kind=kind, messages=messages,
-            prompt=prompt, params=params, stream=serializer.validated_data["stream"], prompt_tokens=prompt_tokens,
-        )
-    except BillingError as refusal:
-        await listener.close()
-        raise ApiError(402, refusal.message, code=refusal.code, type="insufficient_quota") from None
+        row = await db(admit, secret=secret, data=serializer.validated_data, params=serializer.params(), kind=kind, public_id=public_id)
     except BaseException:
         await listener.close()
         raise

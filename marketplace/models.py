@@ -132,6 +132,7 @@ class Job(models.Model):
     fail_reason = models.CharField(max_length=500, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     claimed_at = models.DateTimeField(null=True, blank=True)
+    first_token_at = models.DateTimeField(null=True, blank=True)
     last_token_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 

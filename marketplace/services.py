@@ -140,16 +140,18 @@ def job_payload(job: Job) -> dict:
 
 
 @transaction.atomic
-def job_claim_next(*, host: Host, fingerprint: str) -> Job | None:
+def job_claim_next(*, host: Host, fingerprint: str = "", model_ids: list[int] | None = None) -> Job | None:
     """Give the host the oldest queued job for a model it qualified here, if any.
 
-    SKIP LOCKED lets many hosts claim at once without queueing behind each other;
-    the status compare-and-set decides any remaining race.
+    `model_ids` (the host's qualified models, looked up once per long-poll) may be
+    passed instead of the fingerprint. SKIP LOCKED lets many hosts claim at once
+    without queueing behind each other; the status compare-and-set decides any
+    remaining race.
     """
-    host = Host.objects.get(pk=host.pk)
-    if host.paused:
+    if Host.objects.filter(pk=host.pk, paused=True).exists():
         raise HostRefused("This host is paused; resume it to claim work.", code="host_paused")
-    model_ids = qualified_model_ids(host=host, fingerprint=fingerprint)
+    if model_ids is None:
+        model_ids = qualified_model_ids(host=host, fingerprint=fingerprint)
     if not model_ids:
         return None
     candidates = (
@@ -202,7 +204,10 @@ def job_push_tokens(*, host: Host, job_id: int, seq: int, text: str) -> PushResu
         raise SequenceGap(f"Expected batch {job.next_seq}, got {seq}.")
     now = timezone.now()
     Job.objects.filter(pk=job.pk).update(
-        next_seq=F("next_seq") + 1, generated_chars=F("generated_chars") + len(text), last_token_at=now
+        next_seq=F("next_seq") + 1,
+        generated_chars=F("generated_chars") + len(text),
+        last_token_at=now,
+        first_token_at=job.first_token_at or now,
     )
     request = Request.objects.select_for_update().only("pk", "delivered_chars", "public_id").get(pk=job.request_id)
     if text:
