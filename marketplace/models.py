@@ -124,6 +124,10 @@ class Job(models.Model):
     model = models.ForeignKey(CatalogModel, on_delete=models.PROTECT, related_name="jobs")
     attempt = models.PositiveSmallIntegerField(default=1)
     host = models.ForeignKey("hosts.Host", null=True, blank=True, on_delete=models.PROTECT, related_name="jobs")
+    avoid_host = models.ForeignKey(
+        "hosts.Host", null=True, blank=True, on_delete=models.PROTECT, related_name="+",
+        help_text="the host whose attempt died: it gets this continuation only if nobody else takes it",
+    )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     next_seq = models.PositiveIntegerField(default=0)
     generated_chars = models.PositiveIntegerField(default=0)
