@@ -1,9 +1,22 @@
-"""The ledger in the admin is read-only: corrections are new transactions."""
+"""The ledger in the admin is read-only: corrections are new transactions.
+
+Operators act through services only: "Grant credit" posts a GRANT with a
+reason (a balance is never edited); payouts are approved (Stripe Transfer) or
+rejected (reverse entry) with actions.
+"""
 from __future__ import annotations
 
-from django.contrib import admin
+from django import forms
+from django.contrib import admin, messages
+from django.http import HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
 
-from billing.models import Account, Hold, LedgerEntry, LedgerTransaction
+from billing import services
+from billing.errors import BillingError
+from billing.models import Account, Hold, LedgerEntry, LedgerTransaction, Payout, PayoutProfile, StripeEvent, TopUp
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -17,10 +30,46 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
+class GrantForm(forms.Form):
+    amount_usd = forms.DecimalField(max_digits=12, decimal_places=8, min_value=0, label="Amount (USD)")
+    reason = forms.CharField(max_length=200, help_text="kept in the ledger transaction's memo")
+
+
 @admin.register(Account)
 class AccountAdmin(ReadOnlyAdmin):
-    list_display = ("pk", "kind", "user", "host", "balance_ucents", "held_ucents")
+    list_display = ("pk", "kind", "user", "host", "balance_ucents", "held_ucents", "grant_link")
     list_filter = ("kind",)
+
+    @admin.display(description="")
+    def grant_link(self, account: Account) -> str:
+        if account.kind != Account.Kind.CUSTOMER:
+            return ""
+        return format_html('<a href="{}">Grant credit…</a>', reverse("admin:billing_account_grant", args=[account.pk]))
+
+    def get_urls(self):  # type: ignore[no-untyped-def]
+        grant = path("<int:account_id>/grant/", self.admin_site.admin_view(self.grant_view), name="billing_account_grant")
+        return [grant, *super().get_urls()]
+
+    def grant_view(self, request, account_id: int):  # type: ignore[no-untyped-def]
+        """A form that posts a ledger GRANT (funding → this customer) with a reason."""
+        account = get_object_or_404(Account, pk=account_id, kind=Account.Kind.CUSTOMER)
+        if not request.user.has_perm("billing.add_ledgertransaction") and not request.user.is_superuser:
+            messages.error(request, "You may not grant credit.")
+            return HttpResponseRedirect(reverse("admin:billing_account_changelist"))
+        form = GrantForm(request.POST or None)
+        if request.method == "POST" and form.is_valid():
+            try:
+                amount = services.usd_to_ucents(form.cleaned_data["amount_usd"])
+                services.credit_grant_by_operator(
+                    user=account.user, amount_ucents=amount, reason=form.cleaned_data["reason"], operator=request.user
+                )
+            except (ValueError, BillingError) as error:
+                form.add_error(None, str(error))
+            else:
+                messages.success(request, f"Granted {services.format_usd(amount)} to {account.user}.")
+                return HttpResponseRedirect(reverse("admin:billing_account_changelist"))
+        context = {**self.admin_site.each_context(request), "title": f"Grant credit to {account.user}", "form": form, "account": account}
+        return TemplateResponse(request, "admin/billing/grant.html", context)
 
 
 class EntryInline(admin.TabularInline):
@@ -47,3 +96,53 @@ class LedgerEntryAdmin(ReadOnlyAdmin):
 class HoldAdmin(ReadOnlyAdmin):
     list_display = ("pk", "account", "api_key", "amount_ucents", "status", "created_at", "closed_at")
     list_filter = ("status",)
+
+
+@admin.register(TopUp)
+class TopUpAdmin(ReadOnlyAdmin):
+    list_display = ("pk", "user", "amount_cents", "currency", "status", "stripe_session_id", "created_at", "paid_at")
+    list_filter = ("status",)
+    search_fields = ("stripe_session_id", "user__username")
+
+
+@admin.register(StripeEvent)
+class StripeEventAdmin(ReadOnlyAdmin):
+    list_display = ("event_id", "type", "outcome", "topup", "detail", "received_at")
+    list_filter = ("outcome", "type")
+    search_fields = ("event_id",)
+
+
+@admin.register(PayoutProfile)
+class PayoutProfileAdmin(admin.ModelAdmin):
+    list_display = ("host", "stripe_account_id", "updated_at")
+    search_fields = ("host__name", "stripe_account_id")
+
+
+@admin.register(Payout)
+class PayoutAdmin(ReadOnlyAdmin):
+    list_display = ("pk", "host", "amount_ucents", "status", "destination", "stripe_transfer_id", "failure_reason", "created_at", "decided_at")
+    list_filter = ("status",)
+    actions = ["approve", "reject"]
+
+    def has_change_permission(self, request, obj=None) -> bool:  # type: ignore[no-untyped-def]
+        return request.user.has_perm("billing.change_payout")  # needed for the actions; no field is editable
+
+    def get_readonly_fields(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return [field.name for field in Payout._meta.fields]
+
+    @admin.action(description="Approve: send the Stripe transfer")
+    def approve(self, request, queryset) -> None:  # type: ignore[no-untyped-def]
+        for payout_id in queryset.values_list("pk", flat=True):
+            try:
+                payout = services.payout_approve(payout_id=payout_id, operator=request.user)
+            except BillingError as error:
+                self.message_user(request, error.message, messages.ERROR)
+                continue
+            level = messages.SUCCESS if payout.status == Payout.Status.PAID else messages.WARNING
+            self.message_user(request, f"{payout}: {payout.failure_reason or payout.stripe_transfer_id}", level)
+
+    @admin.action(description="Reject: return the earnings to the host")
+    def reject(self, request, queryset) -> None:  # type: ignore[no-untyped-def]
+        for payout in queryset.filter(status=Payout.Status.REQUESTED):
+            if services.payout_void(payout_id=payout.pk, reason=f"rejected by {request.user}"):
+                self.message_user(request, f"{payout} rejected; earnings returned.", messages.SUCCESS)

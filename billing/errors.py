@@ -1,9 +1,12 @@
-"""Billing refusals. Each maps to an HTTP 402 with its `code`."""
+"""Billing refusals. Each carries its OpenAI-style `code` and its HTTP `status`,
+so the API layer maps them by data (`ApiError(error.status, error.message,
+code=error.code)`) instead of by a list of classes."""
 from __future__ import annotations
 
 
 class BillingError(Exception):
     code = "billing_error"
+    status = 402
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -16,3 +19,46 @@ class InsufficientCredit(BillingError):
 
 class KeyLimitExceeded(BillingError):
     code = "key_limit_exceeded"
+
+
+class RateLimited(BillingError):
+    """The key admitted `rate_limit_per_minute` requests in the last 60 s."""
+
+    code = "rate_limited"
+    status = 429
+
+
+class TooManyStreams(BillingError):
+    """The key already has `max_concurrent` requests in flight."""
+
+    code = "too_many_streams"
+    status = 429
+
+
+class TopupsNotConfigured(BillingError):
+    code = "topups_not_configured"
+    status = 503
+
+
+class InvalidAmount(BillingError):
+    code = "invalid_amount"
+    status = 400
+
+
+class PaymentProviderError(BillingError):
+    """Stripe refused or could not be reached; nothing was charged or credited."""
+
+    code = "payment_provider_error"
+    status = 502
+
+
+class PayoutRefused(BillingError):
+    code = "payout_refused"
+    status = 409
+
+
+class InvalidWebhook(BillingError):
+    """Bad signature, stale timestamp, or a body that is not the one Stripe signed."""
+
+    code = "invalid_webhook"
+    status = 400

@@ -1,9 +1,14 @@
 """Reads of the ledger."""
 from __future__ import annotations
 
-from django.db.models import Sum
+from dataclasses import dataclass
+from datetime import date, datetime, time, timedelta
+from datetime import timezone as dt_timezone
 
-from billing.models import Account, Hold, LedgerEntry, LedgerTransaction
+from django.db.models import Count, Sum
+from django.db.models.functions import TruncDate
+
+from billing.models import UCENTS_PER_CENT, Account, Hold, LedgerEntry, LedgerTransaction, Payout, StripeEvent, TopUp
 
 
 def customer_account(*, user) -> Account | None:  # type: ignore[no-untyped-def]
@@ -37,3 +42,132 @@ def cache_drift() -> list[str]:
         if held != account.held_ucents:
             problems.append(f"{account}: cached holds {account.held_ucents} != active holds {held}")
     return problems
+
+
+def orphaned_holds() -> list[Hold]:
+    """Active holds whose request already ended: credit reserved for nothing."""
+    return list(Hold.objects.filter(status=Hold.Status.ACTIVE, request__status__in=["completed", "failed"]).order_by("pk"))
+
+
+def stripe_drift() -> list[str]:
+    """Top-up credit in the ledger must equal the paid top-ups recorded by webhook events."""
+    problems = []
+    ledger = LedgerEntry.objects.filter(
+        transaction__kind=LedgerTransaction.Kind.TOPUP, account__kind=Account.Kind.CUSTOMER
+    ).aggregate(total=Sum("amount_ucents"), n=Count("pk"))
+    credited = StripeEvent.objects.filter(outcome=StripeEvent.Outcome.CREDITED).aggregate(
+        total=Sum("topup__amount_cents"), n=Count("pk")
+    )
+    ledger_total, credited_total = ledger["total"] or 0, (credited["total"] or 0) * UCENTS_PER_CENT
+    if ledger_total != credited_total or ledger["n"] != credited["n"]:
+        problems.append(
+            f"Stripe: ledger credited {ledger_total} µ¢ in {ledger['n']} top-ups, "
+            f"webhook events credited {credited_total} µ¢ in {credited['n']}"
+        )
+    for topup in TopUp.objects.filter(status=TopUp.Status.PAID).exclude(events__outcome=StripeEvent.Outcome.CREDITED):
+        problems.append(f"{topup}: paid without a recorded crediting event")
+    return problems
+
+
+def payout_drift() -> list[str]:
+    """The payouts-pending account must hold exactly the payouts not yet decided."""
+    pending = Account.objects.filter(kind=Account.Kind.PAYOUTS_PENDING).values_list("balance_ucents", flat=True).first() or 0
+    undecided = Payout.objects.filter(status__in=[Payout.Status.REQUESTED, Payout.Status.SENDING]).aggregate(
+        total=Sum("amount_ucents")
+    )["total"] or 0
+    if pending != undecided:
+        return [f"payouts pending: account holds {pending} µ¢, undecided payouts total {undecided} µ¢"]
+    return []
+
+
+def reconcile_report() -> list[str]:
+    """Every problem the ledger replay finds; empty when the books are straight."""
+    problems = [f"{txn}: entries sum to {txn.total}, not 0" for txn in unbalanced_transactions()]
+    problems += cache_drift()
+    problems += [
+        f"hold {hold.pk}: still active ({hold.amount_ucents} µ¢) but its request {hold.request.public_id} is {hold.request.status}"
+        for hold in orphaned_holds()
+    ]
+    problems += stripe_drift()
+    problems += payout_drift()
+    return problems
+
+
+# --- statements and usage ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostStatement:
+    balance_ucents: int
+    available_ucents: int
+    pending_payout_ucents: int
+    paid_out_ucents: int
+    jobs: list
+    payouts: list[Payout]
+
+
+def host_statement(*, host, limit: int = 100) -> HostStatement:  # type: ignore[no-untyped-def]
+    """A host's earnings: balance, payouts and its completed jobs (never who asked)."""
+    from marketplace.models import Job
+
+    account = host_account(host=host)
+    payouts = Payout.objects.filter(host=host)
+    sums = {
+        status: payouts.filter(status__in=statuses).aggregate(total=Sum("amount_ucents"))["total"] or 0
+        for status, statuses in (("pending", ["requested", "sending"]), ("paid", ["paid"]))
+    }
+    jobs = (
+        Job.objects.filter(host=host, status=Job.Status.COMPLETED)
+        .order_by("-finished_at", "-pk")
+        .values("pk", "model__name", "completion_tokens", "earned_ucents", "finished_at")[:limit]
+    )
+    return HostStatement(
+        balance_ucents=account.balance_ucents if account else 0,
+        available_ucents=account.available_ucents if account else 0,
+        pending_payout_ucents=sums["pending"],
+        paid_out_ucents=sums["paid"],
+        jobs=list(jobs),
+        payouts=list(payouts.order_by("-created_at", "-pk")[:limit]),
+    )
+
+
+def _day_bounds(start: date, end: date) -> tuple[datetime, datetime]:
+    return (
+        datetime.combine(start, time.min, tzinfo=dt_timezone.utc),
+        datetime.combine(end + timedelta(days=1), time.min, tzinfo=dt_timezone.utc),
+    )
+
+
+def usage_requests(*, user, start: date, end: date):  # type: ignore[no-untyped-def]
+    """The user's requests created from `start` to `end` inclusive (UTC days), oldest first."""
+    from marketplace.models import Request
+
+    lower, upper = _day_bounds(start, end)
+    return (
+        Request.objects.filter(user=user, created_at__gte=lower, created_at__lt=upper)
+        .order_by("created_at", "pk")
+        .values(
+            "public_id", "created_at", "status", "model__name", "api_key__prefix",
+            "prompt_tokens", "completion_tokens", "cost_ucents",
+        )
+    )
+
+
+def usage_daily(*, user, start: date, end: date) -> list[dict]:  # type: ignore[no-untyped-def]
+    """Per UTC day: requests, tokens and cost (failed requests cost 0)."""
+    from marketplace.models import Request
+
+    lower, upper = _day_bounds(start, end)
+    rows = (
+        Request.objects.filter(user=user, created_at__gte=lower, created_at__lt=upper)
+        .annotate(day=TruncDate("created_at", tzinfo=dt_timezone.utc))
+        .values("day")
+        .annotate(
+            requests=Count("pk"),
+            prompt_tokens=Sum("prompt_tokens"),
+            completion_tokens=Sum("completion_tokens"),
+            cost_ucents=Sum("cost_ucents"),
+        )
+        .order_by("day")
+    )
+    return list(rows)

@@ -4,14 +4,28 @@ concurrent admissions and settlements serialise instead of overspending."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from billing.errors import InsufficientCredit, KeyLimitExceeded
-from billing.models import Account, Hold, LedgerTransaction
+import stripe
+
+from billing import stripe_api
+from billing.errors import (
+    InsufficientCredit,
+    InvalidAmount,
+    InvalidWebhook,
+    KeyLimitExceeded,
+    PaymentProviderError,
+    PayoutRefused,
+    RateLimited,
+    TooManyStreams,
+    TopupsNotConfigured,
+)
+from billing.models import UCENTS_PER_CENT, Account, Hold, LedgerTransaction, Payout, PayoutProfile, StripeEvent, TopUp
 
 UCENTS_PER_USD = 100_000_000
 
@@ -82,13 +96,17 @@ def hold_place(*, user, api_key, amount_ucents: int) -> Hold:  # type: ignore[no
     """Reserve `amount_ucents` against the balance and the key's cap, or refuse.
 
     Must run inside the caller's transaction (the request row is created in the
-    same one). Locks the account, then the key.
+    same one). Locks the account, then the key; the key's limits are counted
+    under the key's lock, so racing admissions cannot both take the last slot.
+    Raises TooManyStreams / RateLimited (429), InsufficientCredit /
+    KeyLimitExceeded (402).
     """
     from marketplace.models import ApiKey
 
     account = account_for_customer(user=user)
     account = Account.objects.select_for_update().get(pk=account.pk)
     key = ApiKey.objects.select_for_update().get(pk=api_key.pk)
+    _key_limits_check(key=key)
     if account.available_ucents < amount_ucents:
         raise InsufficientCredit(
             f"This request may cost up to {format_usd(amount_ucents)} but the available credit is "
@@ -103,6 +121,25 @@ def hold_place(*, user, api_key, amount_ucents: int) -> Hold:  # type: ignore[no
     Account.objects.filter(pk=account.pk).update(held_ucents=F("held_ucents") + amount_ucents)
     ApiKey.objects.filter(pk=key.pk).update(held_ucents=F("held_ucents") + amount_ucents)
     return Hold.objects.create(account=account, api_key=key, amount_ucents=amount_ucents)
+
+
+def _key_limits_check(*, key) -> None:  # type: ignore[no-untyped-def]
+    """Refuse when the key has `max_concurrent` active holds, or has placed
+    `rate_limit_per_minute` holds in the last 60 s. Caller holds the key's row lock."""
+    if key.max_concurrent is not None:
+        active = Hold.objects.filter(api_key=key, status=Hold.Status.ACTIVE).count()
+        if active >= key.max_concurrent:
+            raise TooManyStreams(
+                f"This API key already has {active} requests in flight; its limit is {key.max_concurrent}. "
+                "Wait for one to finish."
+            )
+    if key.rate_limit_per_minute is not None:
+        since = timezone.now() - timedelta(seconds=60)
+        recent = Hold.objects.filter(api_key=key, created_at__gte=since).count()
+        if recent >= key.rate_limit_per_minute:
+            raise RateLimited(
+                f"This API key is limited to {key.rate_limit_per_minute} requests per minute. Retry in a few seconds."
+            )
 
 
 def _hold_close(*, hold: Hold, status: str) -> bool:
@@ -137,9 +174,13 @@ def split_cost(cost_ucents: int) -> Settlement:
 
 
 @transaction.atomic
-def hold_settle(*, hold: Hold, cost_ucents: int, host, reference: str) -> Settlement | None:  # type: ignore[no-untyped-def]
+def hold_settle(
+    *, hold: Hold, cost_ucents: int, host, reference: str, host_ucents: int | None = None  # type: ignore[no-untyped-def]
+) -> Settlement | None:
     """Charge the actual cost against a hold, exactly once.
 
+    The host earns `host_ucents` (default floor(80%) of the cost; never more);
+    with no host (nobody finished the work) the platform keeps everything.
     Returns None when the hold was already settled or released (someone else
     got there first). The cost can never exceed what was held.
     """
@@ -147,22 +188,238 @@ def hold_settle(*, hold: Hold, cost_ucents: int, host, reference: str) -> Settle
 
     if not 0 <= cost_ucents <= hold.amount_ucents:
         raise ValueError(f"cost {cost_ucents} outside the hold of {hold.amount_ucents}")
+    split = split_cost(cost_ucents)
+    if host is None:
+        split = Settlement(cost_ucents=cost_ucents, host_ucents=0, platform_ucents=cost_ucents)
+    elif host_ucents is not None:
+        if not 0 <= host_ucents <= split.host_ucents:
+            raise ValueError(f"host share {host_ucents} above {settings.HOST_SHARE_PERCENT}% of {cost_ucents}")
+        split = Settlement(cost_ucents=cost_ucents, host_ucents=host_ucents, platform_ucents=cost_ucents - host_ucents)
     if not _hold_close(hold=hold, status=Hold.Status.SETTLED):
         return None
-    split = split_cost(cost_ucents)
-    _post(
-        kind=LedgerTransaction.Kind.SETTLEMENT,
-        reference=reference,
-        memo="",
-        legs=[
-            (hold.account, -split.cost_ucents),
-            (account_for_host(host=host), split.host_ucents),
-            (system_account(Account.Kind.PLATFORM), split.platform_ucents),
-        ],
-    )
+    legs = [(hold.account, -split.cost_ucents), (system_account(Account.Kind.PLATFORM), split.platform_ucents)]
+    if host is not None:
+        legs.append((account_for_host(host=host), split.host_ucents))
+    _post(kind=LedgerTransaction.Kind.SETTLEMENT, reference=reference, memo="", legs=legs)
     ApiKey.objects.filter(pk=hold.api_key_id).update(spent_ucents=F("spent_ucents") + cost_ucents)
     return split
 
 
 def format_usd(ucents: int) -> str:
     return f"${ucents / UCENTS_PER_USD:,.6f}"
+
+
+# --- top-ups (Stripe Checkout; credit only from the webhook) ------------------------
+
+
+def topup_create(*, user, amount_cents: int) -> TopUp:  # type: ignore[no-untyped-def]
+    """Create a Checkout Session for `amount_cents` and return our TopUp (with its URL).
+
+    Not one transaction on purpose: the row commits before Stripe is called (its
+    id is the idempotency key and the session's client_reference_id), so no
+    session can exist that we do not know about. Nothing is credited here.
+    """
+    if not stripe_api.topups_configured():
+        raise TopupsNotConfigured("Top-ups are not configured on this gateway; ask an operator to grant credit.")
+    low, high = settings.TOPUP_MIN_CENTS, settings.TOPUP_MAX_CENTS
+    if not low <= amount_cents <= high:
+        raise InvalidAmount(f"A top-up must be between ${low / 100:.2f} and ${high / 100:.2f}.")
+    topup = TopUp.objects.create(user=user, amount_cents=amount_cents, currency=settings.BILLING_CURRENCY)
+    try:
+        session = stripe_api.checkout_session_create(
+            topup_id=topup.pk, amount_cents=amount_cents, currency=topup.currency, email=user.email
+        )
+    except stripe.StripeError as error:
+        TopUp.objects.filter(pk=topup.pk, status=TopUp.Status.CREATING).update(status=TopUp.Status.FAILED)
+        raise PaymentProviderError(f"The payment provider refused to start a checkout: {error.user_message or error}") from None
+    TopUp.objects.filter(pk=topup.pk, status=TopUp.Status.CREATING).update(
+        status=TopUp.Status.OPEN, stripe_session_id=session.id, checkout_url=session.url or ""
+    )
+    topup.refresh_from_db()
+    return topup
+
+
+CREDITING_EVENTS = ("checkout.session.completed", "checkout.session.async_payment_succeeded")
+
+
+def stripe_webhook_receive(*, payload: bytes, signature: str) -> StripeEvent:
+    """Verify a delivery over its raw bytes, then apply it (idempotently).
+
+    Raises InvalidWebhook for a forged, stale, re-serialised or malformed body.
+    """
+    if not stripe_api.topups_configured():
+        raise InvalidWebhook("Stripe webhooks are not configured on this gateway.")
+    try:
+        event = stripe_api.webhook_event(payload=payload, signature=signature)
+    except (ValueError, stripe.SignatureVerificationError) as error:
+        raise InvalidWebhook(f"Webhook rejected: {error}") from None
+    session = event["data"]["object"] if event["type"].startswith("checkout.session.") else None
+    return stripe_event_apply(event_id=event["id"], event_type=event["type"], session=session)
+
+
+@transaction.atomic
+def stripe_event_apply(*, event_id: str, event_type: str, session) -> StripeEvent:  # type: ignore[no-untyped-def]
+    """Record a verified event once and credit the top-up it pays, in one transaction.
+
+    The event row is inserted first: a concurrent delivery of the same event
+    blocks on the unique id and then finds it, so a replay credits nothing.
+    The top-up row lock plus its status compare-and-set (and the ledger's unique
+    reference, the session id) make two *different* events for one session
+    credit it once.
+    """
+    try:
+        with transaction.atomic():
+            record = StripeEvent.objects.create(event_id=event_id, type=event_type, outcome=StripeEvent.Outcome.IGNORED)
+    except IntegrityError:
+        return StripeEvent.objects.get(event_id=event_id)
+    if event_type in CREDITING_EVENTS and session is not None and session.get("payment_status") == "paid":
+        outcome, topup, detail = _topup_credit(session=session)
+        StripeEvent.objects.filter(pk=record.pk).update(outcome=outcome, topup=topup, detail=detail[:500])
+        record.refresh_from_db()
+    return record
+
+
+def _topup_credit(*, session) -> tuple[str, TopUp | None, str]:  # type: ignore[no-untyped-def]
+    """Credit the TopUp a paid session belongs to, if it is ours and the amount matches."""
+    topup = TopUp.objects.select_for_update().filter(stripe_session_id=session.get("id")).first()
+    if topup is None:
+        return StripeEvent.Outcome.REJECTED, None, f"no top-up for session {session.get('id')}"
+    paid = (session.get("amount_total"), (session.get("currency") or "").lower(), session.get("client_reference_id"))
+    expected = (topup.amount_cents, topup.currency, str(topup.pk))
+    if paid != expected:
+        return StripeEvent.Outcome.REJECTED, topup, f"session says {paid}, we created {expected}"
+    if topup.status != TopUp.Status.OPEN:
+        return StripeEvent.Outcome.IGNORED, topup, f"top-up already {topup.status}"
+    txn = _post(
+        kind=LedgerTransaction.Kind.TOPUP,
+        reference=topup.stripe_session_id,
+        memo=f"Stripe Checkout top-up {topup.pk}",
+        legs=[(system_account(Account.Kind.FUNDING), -topup.amount_ucents), (account_for_customer(user=topup.user), topup.amount_ucents)],
+    )
+    TopUp.objects.filter(pk=topup.pk, status=TopUp.Status.OPEN).update(
+        status=TopUp.Status.PAID, transaction=txn, paid_at=timezone.now()
+    )
+    return StripeEvent.Outcome.CREDITED, topup, ""
+
+
+def credit_grant_by_operator(*, user, amount_ucents: int, reason: str, operator) -> LedgerTransaction:  # type: ignore[no-untyped-def]
+    """An operator's grant from the admin: a GRANT transaction with the reason and who gave it."""
+    import uuid
+
+    if not reason.strip():
+        raise InvalidAmount("A grant needs a reason.")
+    return credit_grant(
+        user=user, amount_ucents=amount_ucents, reference=f"admin-{uuid.uuid4()}", memo=f"{reason.strip()} (by {operator})"[:255]
+    )
+
+
+# --- host payouts: requested → sending → paid | failed -----------------------------
+
+
+@transaction.atomic
+def payout_request(*, host, amount_ucents: int | None = None) -> Payout:  # type: ignore[no-untyped-def]
+    """Phase 1: move earnings (all available whole cents by default) to payouts-pending.
+
+    Under the host account's row lock, so two requests cannot withdraw the same
+    earnings. Refused below PAYOUT_MINIMUM_UCENTS, above what is available, in
+    fractions of a cent, or without a connected account to send to.
+    """
+    profile = PayoutProfile.objects.filter(host=host).first()
+    if profile is None or not profile.stripe_account_id:
+        raise PayoutRefused("This host has no payout account yet; ask an operator to connect one.")
+    account = Account.objects.select_for_update().get(pk=account_for_host(host=host).pk)
+    available = account.available_ucents
+    amount = available // UCENTS_PER_CENT * UCENTS_PER_CENT if amount_ucents is None else amount_ucents
+    if amount % UCENTS_PER_CENT:
+        raise InvalidAmount("A payout must be a whole number of cents (multiples of 1,000,000 µ¢).")
+    if amount < settings.PAYOUT_MINIMUM_UCENTS:
+        raise PayoutRefused(
+            f"The minimum payout is {format_usd(settings.PAYOUT_MINIMUM_UCENTS)}; this request is {format_usd(amount)}."
+        )
+    if amount > available:
+        raise PayoutRefused(f"Only {format_usd(available)} is available to withdraw.")
+    payout = Payout.objects.create(host=host, amount_ucents=amount, destination=profile.stripe_account_id)
+    _post(
+        kind=LedgerTransaction.Kind.PAYOUT_REQUEST,
+        reference=f"payout-{payout.pk}",
+        memo=f"payout {payout.pk} requested",
+        legs=[(account, -amount), (system_account(Account.Kind.PAYOUTS_PENDING), amount)],
+    )
+    return payout
+
+
+def payout_approve(*, payout_id: int, operator=None) -> Payout:  # type: ignore[no-untyped-def]
+    """Phase 2 (an operator approved): send the Stripe Transfer, then post or void.
+
+    The requested → sending compare-and-set commits before Stripe is called. A
+    definite refusal from Stripe voids the payout (earnings return to the host);
+    an unknown outcome (timeout, 5xx) leaves it `sending` and raises, and
+    approving it again re-sends with the same idempotency key, which Stripe
+    answers with the original transfer, so a host is never paid twice.
+    """
+    if not stripe_api.payouts_configured():
+        raise PaymentProviderError("Payouts are not configured on this gateway (no STRIPE_SECRET_KEY).")
+    claimed = Payout.objects.filter(pk=payout_id, status__in=[Payout.Status.REQUESTED, Payout.Status.SENDING]).update(
+        status=Payout.Status.SENDING, approved_by=operator
+    )
+    payout = Payout.objects.get(pk=payout_id)
+    if not claimed:
+        raise PayoutRefused(f"Payout {payout_id} is already {payout.status}.")
+    try:
+        transfer = stripe_api.transfer_create(
+            payout_id=payout.pk, amount_cents=payout.amount_cents, currency=settings.BILLING_CURRENCY, destination=payout.destination
+        )
+    except (stripe.InvalidRequestError, stripe.CardError, stripe.PermissionError) as refusal:
+        payout_void(payout_id=payout.pk, reason=f"Stripe refused the transfer: {refusal.user_message or refusal}")
+    except stripe.StripeError as error:
+        raise PaymentProviderError(f"Payout {payout.pk} outcome unknown, still sending; approve again to retry: {error}") from None
+    else:
+        payout_post(payout_id=payout.pk, transfer_id=transfer.id)
+    payout.refresh_from_db()
+    return payout
+
+
+@transaction.atomic
+def payout_post(*, payout_id: int, transfer_id: str) -> bool:
+    """The transfer went out: pending → outside money. False if already decided."""
+    if not Payout.objects.filter(pk=payout_id, status=Payout.Status.SENDING).update(
+        status=Payout.Status.PAID, stripe_transfer_id=transfer_id, decided_at=timezone.now()
+    ):
+        return False
+    payout = Payout.objects.get(pk=payout_id)
+    _post(
+        kind=LedgerTransaction.Kind.PAYOUT_SENT,
+        reference=f"payout-{payout.pk}",
+        memo=f"Stripe transfer {transfer_id}",
+        legs=[(system_account(Account.Kind.PAYOUTS_PENDING), -payout.amount_ucents), (system_account(Account.Kind.FUNDING), payout.amount_ucents)],
+    )
+    return True
+
+
+@transaction.atomic
+def payout_void(*, payout_id: int, reason: str) -> bool:
+    """The payout will not be sent (Stripe refused, or an operator rejected it):
+    a reverse entry gives the earnings back. False if already decided."""
+    if not Payout.objects.filter(pk=payout_id, status__in=[Payout.Status.REQUESTED, Payout.Status.SENDING]).update(
+        status=Payout.Status.FAILED, failure_reason=reason[:500], decided_at=timezone.now()
+    ):
+        return False
+    payout = Payout.objects.get(pk=payout_id)
+    _post(
+        kind=LedgerTransaction.Kind.PAYOUT_VOID,
+        reference=f"payout-{payout.pk}",
+        memo=reason[:255],
+        legs=[(system_account(Account.Kind.PAYOUTS_PENDING), -payout.amount_ucents), (account_for_host(host=payout.host), payout.amount_ucents)],
+    )
+    return True
+
+
+# --- reconciliation steps (Celery beat calls the tick; tests call the steps) ----------
+
+
+def orphaned_hold_release_one() -> bool:
+    """Release one active hold whose request already ended (completed or failed)."""
+    hold = (
+        Hold.objects.filter(status=Hold.Status.ACTIVE, request__status__in=["completed", "failed"]).order_by("pk").first()
+    )
+    return hold is not None and hold_release(hold=hold)

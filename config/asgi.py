@@ -11,11 +11,17 @@ django_asgi = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402  (needs Django set up)
 from django.urls import path  # noqa: E402
 
+from hosts.consumers import HostPresenceConsumer  # noqa: E402
 from marketplace.consumers import ChatStreamConsumer  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi,
-        "websocket": URLRouter([path("v1/ws/chat/completions", ChatStreamConsumer.as_asgi())]),
+        "websocket": URLRouter(
+            [
+                path("v1/ws/chat/completions", ChatStreamConsumer.as_asgi()),
+                path("hosts/ws", HostPresenceConsumer.as_asgi()),
+            ]
+        ),
     }
 )

@@ -164,3 +164,23 @@ LOGGING = {
 }
 STALL_SECONDS = env_float("STALL_SECONDS", 20.0, minimum=0.1)
 OUTPUT_RETENTION_SECONDS = env_int("OUTPUT_RETENTION_SECONDS", 300, minimum=0)
+
+# Billing: Stripe top-ups and host payouts (issue 3). Without STRIPE_SECRET_KEY and
+# STRIPE_WEBHOOK_SECRET, top-ups answer "not configured" and operators grant credit
+# from the admin. STRIPE_API_BASE is for tests (a local server speaking Stripe's format).
+STRIPE_SECRET_KEY = env_str("STRIPE_SECRET_KEY")
+STRIPE_WEBHOOK_SECRET = env_str("STRIPE_WEBHOOK_SECRET")
+STRIPE_API_BASE = env_str("STRIPE_API_BASE")
+STRIPE_WEBHOOK_TOLERANCE_SECONDS = 300
+STRIPE_TIMEOUT_SECONDS = env_float("STRIPE_TIMEOUT_SECONDS", 20.0, minimum=1.0)
+STRIPE_MAX_RETRIES = env_int("STRIPE_MAX_RETRIES", 2, minimum=0)
+BILLING_CURRENCY = "usd"
+TOPUP_MIN_CENTS = env_int("TOPUP_MIN_CENTS", 500, minimum=50)
+TOPUP_MAX_CENTS = env_int("TOPUP_MAX_CENTS", 50_000, minimum=50)
+TOPUP_SUCCESS_URL = env_str("TOPUP_SUCCESS_URL", "http://127.0.0.1:8000/?topup=success")
+TOPUP_CANCEL_URL = env_str("TOPUP_CANCEL_URL", "http://127.0.0.1:8000/?topup=cancelled")
+PAYOUT_MINIMUM_UCENTS = env_int("PAYOUT_MINIMUM_UCENTS", 1_000_000_000, minimum=1_000_000)  # $10
+RECONCILE_INTERVAL_SECONDS = env_float("RECONCILE_INTERVAL_SECONDS", 300.0, minimum=1.0)
+USAGE_MAX_DAYS = env_int("USAGE_MAX_DAYS", 366, minimum=1)
+# A continuation avoids the host whose attempt died for this long, then anyone may take it.
+CONTINUATION_GRACE_SECONDS = env_float("CONTINUATION_GRACE_SECONDS", 2.0, minimum=0)

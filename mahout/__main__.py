@@ -52,6 +52,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from mahout.api import HostApi
     from mahout.host import default_threads, start_host
     from mahout.idle import IdleDetector
+    from mahout.presence import presence
 
     home = resolve_home(args.home)
     idle = IdleDetector(args.idle_threshold) if args.idle_detect else None
@@ -60,7 +61,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         loop = start_host(api, home, args.threads or default_threads(), idle=idle,
                           rebenchmark=args.rebenchmark, out=say)
         say(f"mahout: serving {', '.join(sorted(loop.runners))} for {args.server}")
-        handled = loop.run(max_jobs=args.max_jobs, once=args.once)
+        with presence(args.server, args.token, out=say):
+            handled = loop.run(max_jobs=args.max_jobs, once=args.once)
     finally:
         api.close()
     say(f"mahout: stopped after {handled} job(s)")

@@ -13,7 +13,10 @@ class CatalogModelAdmin(admin.ModelAdmin):
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ("prefix", "name", "user", "spend_cap_ucents", "spent_ucents", "held_ucents", "revoked_at", "created_at")
+    list_display = (
+        "prefix", "name", "user", "spend_cap_ucents", "spent_ucents", "held_ucents", "rate_limit_per_minute", "max_concurrent",
+        "revoked_at", "created_at",
+    )
     list_filter = ("revoked_at",)
     search_fields = ("prefix", "name", "user__username")
     readonly_fields = ("prefix", "key_hash", "spent_ucents", "held_ucents")

@@ -7,7 +7,6 @@ database goes through `db()`; everything that decides goes through a service.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -80,7 +79,6 @@ class Admitted:
 
     row: Request
     listener: RequestListener
-    queued_at: float
     include_usage: bool
 
     async def chunks(self) -> AsyncIterator[dict | str]:
@@ -88,7 +86,7 @@ class Admitted:
         row = self.row
         try:
             yield chunk_body(row, text="", first=True)
-            async for event in self.listener.events(queued_at=self.queued_at):
+            async for event in self.listener.events():
                 if isinstance(event, Text):
                     yield chunk_body(row, text=event.text)
                     continue
@@ -128,7 +126,8 @@ def admit(*, secret: str, data: dict, params: dict, kind: str, public_id: str) -
             stream=data["stream"], prompt_tokens=prompt_tokens,
         )
     except BillingError as refusal:
-        raise ApiError(402, refusal.message, code=refusal.code, type="insufficient_quota") from None
+        status = getattr(refusal, "status", 402)
+        raise ApiError(status, refusal.message, code=refusal.code, type="insufficient_quota" if status == 402 else "rate_limit_error") from None
 
 
 async def admit_generation(*, secret: str, body: dict, kind: str) -> Admitted:
@@ -143,12 +142,11 @@ async def admit_generation(*, secret: str, body: dict, kind: str) -> Admitted:
     public_id = services.new_public_id(kind)
     listener = await RequestListener(public_id).open()
     try:
-        queued_at = time.monotonic()
         row = await db(admit, secret=secret, data=serializer.validated_data, params=serializer.params(), kind=kind, public_id=public_id)
     except BaseException:
         await listener.close()
         raise
-    return Admitted(row=row, listener=listener, queued_at=queued_at, include_usage=serializer.include_usage())
+    return Admitted(row=row, listener=listener, include_usage=serializer.include_usage())
 
 
 @method_decorator(csrf_exempt, name="dispatch")
@@ -179,7 +177,7 @@ class GenerationApi(View):
     async def _whole(self, admitted: Admitted) -> HttpResponse:
         parts: list[str] = []
         try:
-            async for event in admitted.listener.events(queued_at=admitted.queued_at):
+            async for event in admitted.listener.events():
                 if isinstance(event, Text):
                     parts.append(event.text)
                     continue

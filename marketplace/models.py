@@ -41,6 +41,12 @@ class ApiKey(models.Model):
     prefix = models.CharField(max_length=16)
     key_hash = models.CharField(max_length=64, unique=True)
     spend_cap_ucents = models.BigIntegerField(null=True, blank=True)
+    rate_limit_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, help_text="admissions per rolling minute; empty = unlimited"
+    )
+    max_concurrent = models.PositiveIntegerField(
+        null=True, blank=True, help_text="requests in flight at once; empty = unlimited"
+    )
     spent_ucents = models.BigIntegerField(default=0)
     held_ucents = models.BigIntegerField(default=0)
     revoked_at = models.DateTimeField(null=True, blank=True)

@@ -13,7 +13,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Value
+from django.db.models import F, Q, Value
 from django.db.models.functions import Concat
 from django.utils import timezone
 
@@ -126,17 +126,23 @@ class SequenceGap(Exception):
 
 
 def job_payload(job: Job) -> dict:
-    """What a host receives: the work, and nothing about the customer."""
+    """What a host receives: the work, and nothing about the customer.
+
+    A continuation (attempt 2) carries the original prompt plus everything
+    already delivered — as an unfinished assistant turn for chats, appended to
+    the prompt for completions — and only the output budget that is left.
+    """
     request = job.request
-    params = request.params
-    return {
-        "id": job.pk,
-        "model": job.model.name,
-        "kind": request.kind,
-        "messages": request.messages,
-        "prompt": request.prompt,
-        "params": {key: params.get(key) for key in ("max_tokens", "temperature", "top_p", "stop", "seed")},
-    }
+    params = {key: request.params.get(key) for key in ("max_tokens", "temperature", "top_p", "stop", "seed")}
+    messages, prompt = request.messages, request.prompt
+    if job.attempt > 1:
+        delivered = request.delivered_text
+        params["max_tokens"] = max(1, params["max_tokens"] - _count_output(request, delivered))
+        if request.kind == Request.Kind.CHAT:
+            messages = [*messages, {"role": "assistant", "content": delivered}]
+        else:
+            prompt = prompt + delivered
+    return {"id": job.pk, "model": job.model.name, "kind": request.kind, "messages": messages, "prompt": prompt, "params": params}
 
 
 @transaction.atomic
@@ -154,13 +160,15 @@ def job_claim_next(*, host: Host, fingerprint: str = "", model_ids: list[int] | 
         model_ids = qualified_model_ids(host=host, fingerprint=fingerprint)
     if not model_ids:
         return None
+    now = timezone.now()
+    grace_over = now - timedelta(seconds=settings.CONTINUATION_GRACE_SECONDS)
     candidates = (
         Job.objects.select_for_update(skip_locked=True)
         .filter(status=Job.Status.QUEUED, model_id__in=model_ids)
+        .filter(Q(avoid_host__isnull=True) | ~Q(avoid_host=host) | Q(created_at__lt=grace_over))
         .order_by("created_at", "pk")
         .values_list("pk", flat=True)[:8]
     )
-    now = timezone.now()
     for job_id in list(candidates):
         if Job.objects.filter(pk=job_id, status=Job.Status.QUEUED).update(
             status=Job.Status.RUNNING, host=host, claimed_at=now, last_token_at=now
@@ -223,11 +231,25 @@ def job_push_tokens(*, host: Host, job_id: int, seq: int, text: str) -> PushResu
 # --- ending -------------------------------------------------------------------
 
 
+def _count_output(request: Request, text: str) -> int:
+    return tokenizer_for(request.model.tokenizer).count(text, special=False) if text else 0
+
+
 def _completion_tokens(request: Request) -> int:
     """Counted by the gateway from the delivered text, never above max_tokens."""
     text = Request.objects.values_list("delivered_text", flat=True).get(pk=request.pk)
-    counted = tokenizer_for(request.model.tokenizer).count(text, special=False)
-    return min(counted, int(request.params["max_tokens"]))
+    return min(_count_output(request, text), int(request.params["max_tokens"]))
+
+
+def _rescuer_share(*, request: Request, job: Job, completion_tokens: int) -> int | None:
+    """A continuation host earns 80% of the output it generated itself; the
+    first attempt's host (None here) earns the usual 80% of the whole cost."""
+    if job.attempt == 1:
+        return None
+    text = Request.objects.values_list("delivered_text", flat=True).get(pk=request.pk)
+    own = text[len(text) - job.generated_chars :] if job.generated_chars else ""
+    own_tokens = min(_count_output(request, own), completion_tokens)
+    return own_tokens * request.model.output_price_ucents * settings.HOST_SHARE_PERCENT // 100
 
 
 @dataclass(frozen=True)
@@ -252,25 +274,29 @@ def job_complete(*, host: Host, job_id: int, finish_reason: str) -> Completion:
     model = request.model
     cost = request.prompt_tokens * model.input_price_ucents + completion_tokens * model.output_price_ucents
     cost = min(cost, request.hold.amount_ucents)
-    split = billing.hold_settle(hold=request.hold, cost_ucents=cost, host=host, reference=request.public_id)
+    share = _rescuer_share(request=request, job=job, completion_tokens=completion_tokens)
+    split = billing.hold_settle(hold=request.hold, cost_ucents=cost, host=host, host_ucents=share, reference=request.public_id)
     if split is None:  # the hold closed under us (expired): nothing to bill, the job ends anyway
         raise JobNotRunning(f"Request {request.public_id} already ended.")
-    now = timezone.now()
     Job.objects.filter(pk=job.pk).update(
-        status=Job.Status.COMPLETED, finished_at=now, completion_tokens=completion_tokens, earned_ucents=split.host_ucents
+        status=Job.Status.COMPLETED, finished_at=timezone.now(), completion_tokens=completion_tokens, earned_ucents=split.host_ucents
     )
+    _request_settled(request=request, completion_tokens=completion_tokens, cost_ucents=split.cost_ucents, finish_reason=finish_reason)
+    request.refresh_from_db()
+    return Completion(request=request, earned_ucents=split.host_ucents)
+
+
+def _request_settled(*, request: Request, completion_tokens: int, cost_ucents: int, finish_reason: str) -> None:
     Request.objects.filter(pk=request.pk).update(
         status=Request.Status.COMPLETED,
-        finished_at=now,
+        finished_at=timezone.now(),
         completion_tokens=completion_tokens,
-        cost_ucents=split.cost_ucents,
+        cost_ucents=cost_ucents,
         finish_reason=finish_reason,
         messages=None,
         prompt=None,
     )
     announce_on_commit(request_group(request.public_id), {"type": "request.ended"})
-    request.refresh_from_db()
-    return Completion(request=request, earned_ucents=split.host_ucents)
 
 
 def _request_fail(*, request: Request, code: str, message: str) -> bool:
@@ -292,17 +318,64 @@ def _request_fail(*, request: Request, code: str, message: str) -> bool:
     return True
 
 
+MAX_ATTEMPTS = 2  # the first host, and once per request another one that continues
+
+
 @transaction.atomic
-def job_fail(*, host: Host, job_id: int, reason: str) -> None:
-    """The host gave up on a job: the request fails honestly and is not billed."""
-    job = _locked_job_of(host=host, job_id=job_id)
-    Job.objects.filter(pk=job.pk).update(status=Job.Status.FAILED, finished_at=timezone.now(), fail_reason=reason[:500])
-    _request_fail(request=job.request, code="host_failed", message="The host serving this request failed; nothing was billed.")
+def job_fail(*, host: Host, job_id: int, reason: str) -> str:
+    """The host gave up on a job: continue it elsewhere once, else fail honestly."""
+    _locked_job_of(host=host, job_id=job_id)
+    return attempt_end_dead(job_id=job_id, reason=reason)
+
+
+@transaction.atomic
+def attempt_end_dead(*, job_id: int, reason: str) -> str:
+    """Fence a dead attempt and decide what happens to its request.
+
+    The attempt is marked failed first (compare-and-set), so anything it still
+    sends is refused. Then, once per request, a continuation job is queued that
+    resumes from exactly the delivered text, preferring another host; a second
+    death fails the request unbilled. Returns "continued", "settled" (the output
+    budget was already used up), "failed", or "" when the attempt had already
+    ended (someone else got there first).
+    """
+    if not Job.objects.filter(pk=job_id, status=Job.Status.RUNNING).update(
+        status=Job.Status.FAILED, finished_at=timezone.now(), fail_reason=reason[:500]
+    ):
+        return ""
+    job = Job.objects.get(pk=job_id)
+    request = Request.objects.select_for_update().select_related("model", "hold").get(pk=job.request_id)
+    if request.status != Request.Status.RUNNING:
+        return ""
+    if job.attempt >= MAX_ATTEMPTS:
+        _request_fail(
+            request=request, code="host_failed",
+            message="The host serving this request failed, and so did the host that took over; nothing was billed.",
+        )
+        return "failed"
+    delivered_tokens = _completion_tokens(request)
+    if delivered_tokens >= int(request.params["max_tokens"]):
+        _settle_without_host(request=request, completion_tokens=delivered_tokens)
+        return "settled"
+    Job.objects.create(request=request, model=request.model, attempt=job.attempt + 1, avoid_host_id=job.host_id)
+    Request.objects.filter(pk=request.pk).update(resumed=True)
+    announce_on_commit(queue_group(request.model_id), {"type": "job.queued"})
+    announce_on_commit(request_group(request.public_id), {"type": "job.resumed"})
+    return "continued"
+
+
+def _settle_without_host(*, request: Request, completion_tokens: int) -> None:
+    """Every allowed token was delivered before the host died: the answer is
+    whole, the customer pays for it, and no host is paid (none finished)."""
+    model = request.model
+    cost = min(request.prompt_tokens * model.input_price_ucents + completion_tokens * model.output_price_ucents, request.hold.amount_ucents)
+    billing.hold_settle(hold=request.hold, cost_ucents=cost, host=None, reference=request.public_id)
+    _request_settled(request=request, completion_tokens=completion_tokens, cost_ucents=cost, finish_reason="length")
 
 
 @transaction.atomic
 def request_expire_unclaimed(*, request_id: int) -> bool:
-    """No host claimed the request in time: fail it, release the hold. False if it was claimed."""
+    """No host claimed the request (or its continuation) in time: fail it, release the hold."""
     job = Job.objects.filter(request_id=request_id, status=Job.Status.QUEUED).first()
     if job is None:
         return False
@@ -310,22 +383,36 @@ def request_expire_unclaimed(*, request_id: int) -> bool:
         status=Job.Status.FAILED, finished_at=timezone.now(), fail_reason="not claimed in time"
     ):
         return False
-    return _request_fail(
-        request=Request.objects.get(pk=request_id),
-        code="queue_timeout",
-        message=f"No host claimed this request within {settings.QUEUE_TIMEOUT_SECONDS:g} seconds; nothing was billed.",
-    )
+    wait = f"{settings.QUEUE_TIMEOUT_SECONDS:g} seconds"
+    if job.attempt > 1:
+        code, message = "host_failed", f"The host serving this request failed and no other host took over within {wait}; nothing was billed."
+    else:
+        code, message = "queue_timeout", f"No host claimed this request within {wait}; nothing was billed."
+    return _request_fail(request=Request.objects.get(pk=request_id), code=code, message=message)
 
 
-@transaction.atomic
-def job_stalled_fail(*, job_id: int) -> bool:
-    """A running job produced nothing for too long: the host is presumed dead."""
-    if not Job.objects.filter(pk=job_id, status=Job.Status.RUNNING).update(
-        status=Job.Status.FAILED, finished_at=timezone.now(), fail_reason="no token within the stall limit"
-    ):
-        return False
-    request = Request.objects.get(jobs__pk=job_id)
-    return _request_fail(request=request, code="host_failed", message="The host serving this request stopped responding; nothing was billed.")
+def job_stalled_end(*, job_id: int) -> str:
+    """A running attempt produced nothing for STALL_SECONDS: its host is presumed dead."""
+    return attempt_end_dead(job_id=job_id, reason=f"no token for {settings.STALL_SECONDS:g} seconds")
+
+
+def host_connection_lost(*, host_id: int) -> int:
+    """The host's presence connection dropped (a killed process closes its
+    sockets): every attempt it was running is dead. Returns how many."""
+    running = list(Job.objects.filter(host_id=host_id, status=Job.Status.RUNNING).values_list("pk", flat=True))
+    return sum(1 for job_id in running if attempt_end_dead(job_id=job_id, reason="the host's connection dropped"))
+
+
+def request_watch(*, request_id: int) -> None:
+    """Apply the watchdog rules to one request (its stream calls this while quiet)."""
+    job = Job.objects.filter(request_id=request_id, status__in=[Job.Status.QUEUED, Job.Status.RUNNING]).first()
+    if job is None:
+        return
+    now = timezone.now()
+    if job.status == Job.Status.QUEUED and job.created_at < now - timedelta(seconds=settings.QUEUE_TIMEOUT_SECONDS):
+        request_expire_unclaimed(request_id=request_id)
+    elif job.status == Job.Status.RUNNING and job.last_token_at < now - timedelta(seconds=settings.STALL_SECONDS):
+        job_stalled_end(job_id=job.pk)
 
 
 def request_forget_output(*, request_id: int) -> bool:
@@ -346,10 +433,10 @@ def unclaimed_request_expire_one() -> bool:
     return job is not None and request_expire_unclaimed(request_id=job.request_id)
 
 
-def stalled_job_fail_one() -> bool:
+def stalled_job_end_one() -> bool:
     cutoff = timezone.now() - timedelta(seconds=settings.STALL_SECONDS)
     job = Job.objects.filter(status=Job.Status.RUNNING, last_token_at__lt=cutoff).order_by("last_token_at").first()
-    return job is not None and job_stalled_fail(job_id=job.pk)
+    return job is not None and bool(job_stalled_end(job_id=job.pk))
 
 
 def ended_output_forget_one() -> bool:
@@ -364,7 +451,7 @@ def ended_output_forget_one() -> bool:
     return request is not None and request_forget_output(request_id=request.pk)
 
 
-WATCHDOG_STEPS = (unclaimed_request_expire_one, stalled_job_fail_one, ended_output_forget_one)
+WATCHDOG_STEPS = (unclaimed_request_expire_one, stalled_job_end_one, ended_output_forget_one)
 
 
 def watchdog_tick(*, max_steps: int = 200) -> int:

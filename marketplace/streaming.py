@@ -10,13 +10,10 @@ in order, whichever process the host talked to.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from channels.layers import get_channel_layer
-from django.conf import settings
-
 from marketplace import selectors, services
 from marketplace.aio import db
 from marketplace.errors import ApiError
@@ -70,24 +67,23 @@ class RequestListener:
         missing = request.delivered_text[self.sent :] if request.delivered_chars > self.sent else ""
         return request, missing
 
-    async def events(self, *, queued_at: float) -> AsyncIterator[Text | Ended]:
-        """Text as it arrives, then one Ended carrying the final request row."""
-        deadline = queued_at + settings.QUEUE_TIMEOUT_SECONDS
-        claimed = False
+    async def events(self) -> AsyncIterator[Text | Ended]:
+        """Text as it arrives, then one Ended carrying the final request row.
+
+        A quiet second (no message) triggers a re-read and this request's own
+        watchdog check (queue timeout, stalled host → continuation), so a stream
+        is never left waiting on a dead host, even with no Celery beat running.
+        """
         while True:
-            wait = POLL_SECONDS if claimed else max(0.0, min(POLL_SECONDS, deadline - time.monotonic()))
-            message = await self._next_message(wait)
+            message = await self._next_message(POLL_SECONDS)
             kind = message["type"] if message else None
-            if kind == "job.tokens":
-                claimed = True
+            if kind == "job.tokens" and message["offset"] <= self.sent:
                 fresh = self._unsent(message["offset"], message["text"])
-                if message["offset"] <= self.sent:
-                    if fresh:
-                        self.sent += len(fresh)
-                        yield Text(fresh)
-                    continue
-            elif kind == "job.claimed":
-                claimed = True
+                if fresh:
+                    self.sent += len(fresh)
+                    yield Text(fresh)
+                continue
+            if kind in ("job.claimed", "job.resumed"):
                 continue
             request, missing = await self._catch_up()
             if missing:
@@ -96,10 +92,8 @@ class RequestListener:
             if request.status in (Request.Status.COMPLETED, Request.Status.FAILED):
                 yield Ended(request)
                 return
-            if request.status == Request.Status.RUNNING:
-                claimed = True
-            elif time.monotonic() >= deadline and await db(services.request_expire_unclaimed, request_id=request.pk):
-                claimed = True  # loop once more to read the failed row
+            if message is None:
+                await db(services.request_watch, request_id=request.pk)
 
 
 def ended_error(request: Request) -> ApiError:

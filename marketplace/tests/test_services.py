@@ -154,15 +154,18 @@ class CompletionTests:
         assert again.earned_ucents == first.earned_ucents > 0
         assert ledger.host_account(host=serving_host.host).balance_ucents == first.earned_ucents
 
-    def test_a_failed_job_bills_nothing_and_releases_the_hold(self, customer, serving_host, catalog) -> None:
+    def test_a_job_failed_twice_bills_nothing_and_releases_the_hold(self, customer, serving_host, catalog) -> None:
         request, job = claimed(customer, serving_host, catalog)
         services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="partial")
-        services.job_fail(host=serving_host.host, job_id=job.pk, reason="out of memory")
+        assert services.job_fail(host=serving_host.host, job_id=job.pk, reason="out of memory") == "continued"
+        rescuer = make_host(name="rescuer")
+        second = services.job_claim_next(host=rescuer.host, fingerprint=rescuer.fingerprint)
+        assert services.job_fail(host=rescuer.host, job_id=second.pk, reason="out of memory too") == "failed"
         request.refresh_from_db()
         assert (request.status, request.error_code, request.cost_ucents, request.messages) == ("failed", "host_failed", 0, None)
         account = ledger.customer_account(user=customer.user)
         assert (account.balance_ucents, account.held_ucents) == (500_000_000, 0)
-        assert ledger.host_account(host=serving_host.host) is None
+        assert ledger.host_account(host=serving_host.host) is None and ledger.host_account(host=rescuer.host) is None
 
 
 class WatchdogTests:
@@ -182,14 +185,18 @@ class WatchdogTests:
         request.refresh_from_db()
         assert request.status == "running"
 
-    def test_it_fails_a_silent_job_and_then_forgets_delivered_text(self, customer, serving_host, catalog, settings) -> None:
+    def test_it_continues_a_silent_job_and_forgets_delivered_text_once_ended(self, customer, serving_host, catalog, settings) -> None:
         settings.STALL_SECONDS = 20
         settings.OUTPUT_RETENTION_SECONDS = 0
         request, job = claimed(customer, serving_host, catalog)
         services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="half an ans")
         Job.objects.filter(pk=job.pk).update(last_token_at=timezone.now() - timedelta(seconds=21))
-        Request.objects.filter(pk=request.pk).update(finished_at=None)
+        assert services.watchdog_tick() == 1
+        assert list(request.jobs.order_by("attempt").values_list("status", flat=True)) == ["failed", "queued"]
+        request.refresh_from_db()
+        assert request.status == "running" and request.resumed
+        Job.objects.filter(request=request, status="queued").update(created_at=timezone.now() - timedelta(hours=1))
         assert services.watchdog_tick() >= 2
         request.refresh_from_db()
-        assert (request.status, request.delivered_text, request.output_forgotten) == ("failed", "", True)
+        assert (request.status, request.error_code, request.delivered_text, request.output_forgotten) == ("failed", "host_failed", "", True)
         assert ledger.customer_account(user=customer.user).held_ucents == 0

@@ -1,0 +1,142 @@
+"""The bridge: the ring's one client. It sends requests to the head and reads from the tail.
+
+Nothing the bridge does sits in the data path between stages: hidden states pass from
+agent to agent. The bridge only submits prompts (to the head) and receives sampled tokens,
+request ends and stats (from the tail). If either link breaks, every open request fails
+with `RingBroken`: a stage dying ends its requests honestly.
+"""
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from mahout.ring.wire import Link, LinkClosed, connect
+
+__all__ = ["RingBridge", "RingBroken", "RingError", "RingRequest"]
+
+
+class RingError(RuntimeError):
+    """The ring refused or failed a request."""
+
+
+class RingBroken(RingError):
+    """A link to the ring broke: a stage died or went away."""
+
+
+class RingRequest:
+    """One request's tokens as they arrive; iterate it to stream token ids."""
+
+    def __init__(self, request_id: str) -> None:
+        self.id = request_id
+        self.tokens: list[int] = []
+        self.finish_reason: str | None = None
+        self._events: queue.Queue[tuple[str, Any]] = queue.Queue()
+
+    def __iter__(self) -> Iterator[int]:
+        while True:
+            kind, value = self._events.get()
+            if kind == "token":
+                self.tokens.append(value)
+                yield value
+            elif kind == "done":
+                self.finish_reason = value
+                return
+            else:
+                raise (RingBroken if kind == "broken" else RingError)(value)
+
+    def result(self) -> list[int]:
+        """Wait for the end; return every token id (a stop token included, as engine.generate does)."""
+        for _ in self:
+            pass
+        return self.tokens
+
+
+class RingBridge:
+    """Connects to the head and the tail of a running ring."""
+
+    def __init__(self, head: tuple[str, int], tail: tuple[str, int], *, timeout: float = 120.0) -> None:
+        self._tail = connect(tail, hello={"role": "bridge"}, timeout=timeout, name="tail")
+        self._tail.recv()  # welcome: the tail knows where to send tokens before any request exists
+        self._head = connect(head, hello={"role": "bridge"}, timeout=timeout, name="head")
+        self._head.recv()
+        self._open: dict[str, RingRequest] = {}
+        self._lock = threading.Lock()
+        self._stats: queue.Queue[list[dict]] = queue.Queue()
+        self._broken: str | None = None
+        self._ids = itertools.count()
+        for link in (self._tail, self._head):
+            threading.Thread(target=self._read, args=(link,), name=f"bridge-{link.name}", daemon=True).start()
+
+    def submit(
+        self, prompt_ids: Sequence[int], max_tokens: int, *, stop_ids: Sequence[int] = (),
+        temperature: float = 0.0, seed: int | None = None, request_id: str | None = None,
+    ) -> RingRequest:
+        """Hand a prompt to the head; the request is in flight as soon as this returns."""
+        request = RingRequest(request_id or f"r{next(self._ids)}-{uuid.uuid4().hex[:8]}")
+        with self._lock:
+            if self._broken:
+                raise RingBroken(self._broken)
+            self._open[request.id] = request
+        header = {
+            "type": "submit", "request_id": request.id, "prompt_ids": list(prompt_ids), "max_tokens": max_tokens,
+            "stop_ids": list(stop_ids), "temperature": temperature, "seed": seed,
+        }
+        try:
+            self._head.send(header)
+        except LinkClosed as exc:
+            self._break(f"the ring's head is gone: {exc}")
+        return request
+
+    def stats(self, timeout: float = 30.0) -> list[dict]:
+        """Every stage's hold/idle seconds and queue depth, collected hop by hop around the ring."""
+        self._head.send({"type": "stats", "stages": []})
+        try:
+            return self._stats.get(timeout=timeout)
+        except queue.Empty:
+            raise RingBroken(f"no stats came back within {timeout:.0f} s") from None
+
+    def close(self) -> None:
+        """Leave the ring: the head and the tail see the end of stream and the ring stops."""
+        for link in (self._head, self._tail):
+            link.close()
+
+    def _read(self, link: Link) -> None:
+        try:
+            while True:
+                header, _ = link.recv()
+                self._dispatch(header)
+        except LinkClosed as exc:
+            self._break(f"the ring broke ({link.name} link): {exc}")
+
+    def _dispatch(self, header: dict[str, Any]) -> None:
+        kind = header.get("type")
+        if kind == "tokens":
+            for row in header["rows"]:
+                request = self._open.get(row["request_id"])
+                if request is not None:
+                    request._events.put(("token", int(row["token"])))
+        elif kind == "done":
+            self._end(header["request_id"], "done", header.get("reason", "stop"))
+        elif kind == "error":
+            for request_id in header["request_ids"]:
+                self._end(request_id, "error", header.get("message", "the ring failed this request"))
+        elif kind == "stats":
+            self._stats.put(header["stages"])
+
+    def _end(self, request_id: str, kind: str, value: str) -> None:
+        with self._lock:
+            request = self._open.pop(request_id, None)
+        if request is not None:
+            request._events.put((kind, value))
+
+    def _break(self, reason: str) -> None:
+        with self._lock:
+            if self._broken is None:
+                self._broken = reason
+            pending, self._open = list(self._open.values()), {}
+        for request in pending:
+            request._events.put(("broken", reason))

@@ -1,0 +1,462 @@
+"""A stage agent: one process (or thread) holding layers [start, end) of the model.
+
+It listens on a TCP port for its previous stage (and, at the head and the tail, for the
+bridge) and connects directly to the next stage; the tail's next stage is the head, which
+closes the ring. Frames (see `mahout.ring.wire`) are read by one thread per connection
+into an inbox; the agent's own thread computes, so a stage never blocks its upstream.
+
+Roles follow from the layer range:
+
+* the **head** (start == 0) embeds. It owns the requests: it admits them from the bridge
+  while earlier micro-batches are downstream, packs ready rows (decodes first, then
+  prefill chunks of at most `row_width` tokens) into passes of at most `micro_batch` rows,
+  and decides the membership each pass carries. Tokens coming back from the tail make
+  decodes ready; it finishes a request on a stop token, `max_tokens` or the context end.
+* a **middle** stage runs exactly the membership it receives, after checking it against
+  the plan's limits, and forwards it unchanged.
+* the **tail** applies the final norm and output head, samples (greedy by default), and
+  sends the tokens to the head and to the bridge.
+
+Messages (header ``type``): ``hello`` (first frame of a connection), ``submit`` (bridge ->
+head), ``batch`` (hidden state + membership, downstream), ``tokens`` (tail -> head and
+bridge), ``release`` (a request ended: every stage frees its cache row; the tail tells the
+bridge ``done``), ``error`` (requests that failed, downstream to the tail, then to the head
+and the bridge), ``stats`` (collected hop by hop, the tail hands them to the bridge).
+
+Each stage counts the seconds it held a batch (computing and handing it on) and the seconds
+it had nothing to do, and its queue depth, so a starved ring reads differently from a
+saturated one.
+"""
+from __future__ import annotations
+
+import argparse
+import queue
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from engine.model import Stage
+from mahout.ring.membership import DECODE, PREFILL, BatchTooWide, Limits, Row, rows_from_wire, rows_to_wire
+from mahout.ring.wire import Link, LinkClosed, connect, listen
+
+__all__ = ["StageAgent", "StageStats", "main"]
+
+_CLOSED = "_closed"
+
+
+@dataclass
+class StageStats:
+    """Where a stage's time went since it became ready."""
+
+    hold_s: float = 0.0  # computing a batch and handing it on
+    idle_s: float = 0.0  # waiting with nothing to do
+    batches: int = 0
+    rows: int = 0
+    tokens: int = 0
+    max_queue_depth: int = 0
+    started: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class _Request:
+    """The head's view of one admitted request."""
+
+    id: str
+    prompt: list[int]
+    max_tokens: int
+    stop_ids: frozenset[int]
+    temperature: float
+    seed: int | None
+    fed: int = 0  # prompt tokens already sent into the ring
+    generated: int = 0
+    next_token: int | None = None  # the last sampled token, not yet fed back
+
+
+class StageAgent:
+    """Serve `stage` in a ring: receive on `server`, send to `next_address`."""
+
+    def __init__(
+        self,
+        stage: Stage,
+        *,
+        limits: Limits,
+        next_address: tuple[str, int],
+        server: socket.socket | None = None,
+        index: int = 0,
+    ) -> None:
+        self.stage = stage
+        self.limits = limits
+        self.next_address = next_address
+        self.server = server or listen()
+        self.address: tuple[str, int] = self.server.getsockname()[:2]
+        self.index = index
+        self.is_head, self.is_tail = stage.is_head, stage.is_tail
+        self.slots = stage.cache.n_rows  # requests that can hold a cache row at once
+        self.stats = StageStats()
+        self.ready = threading.Event()
+        self.error: BaseException | None = None
+        self._inbox: queue.Queue[tuple[dict[str, Any], torch.Tensor | None]] = queue.Queue()
+        self._next: Link | None = None
+        self._bridge: Link | None = None
+        self._links: list[Link] = []
+        self._stopping = threading.Event()
+        # head only
+        self._active: dict[str, _Request] = {}
+        self._ready_rows: deque[str] = deque()
+        self._waiting: deque[dict[str, Any]] = deque()
+        # tail only
+        self._generators: dict[str, torch.Generator] = {}
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def serve(self) -> None:
+        """Accept neighbours, connect to the next stage, then work until a neighbour leaves."""
+        threading.Thread(target=self._accept, name=f"stage{self.index}-accept", daemon=True).start()
+        try:
+            self._next = connect(self.next_address, hello={"role": "upstream", "stage": self.index}, name="next")
+            self._links.append(self._next)
+            self.stats = StageStats()
+            self.ready.set()
+            self._loop()
+        except BaseException as exc:  # noqa: BLE001 - recorded for the caller, then the ring is torn down
+            self.error = exc
+            raise
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop and close every connection: neighbours see the end of stream and stop too."""
+        self._stopping.set()
+        self._inbox.put(({"type": _CLOSED, "who": "self"}, None))
+        for link in list(self._links):
+            link.close()
+        try:
+            self.server.close()
+        except OSError:
+            pass
+
+    def _accept(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                sock, _ = self.server.accept()
+            except OSError:
+                return
+            link = Link(sock, "inbound")
+            self._links.append(link)
+            threading.Thread(target=self._read, args=(link,), name=f"stage{self.index}-read", daemon=True).start()
+
+    def _read(self, link: Link) -> None:
+        role = "unknown"
+        try:
+            hello, _ = link.recv()
+            role = str(hello.get("role"))
+            if role == "bridge":
+                self._bridge = link
+                link.send({"type": "welcome", "stage": self.index, "start": self.stage.start, "end": self.stage.end})
+            while True:
+                header, tensor = link.recv()
+                self._inbox.put((header, tensor))
+        except LinkClosed:
+            self._inbox.put(({"type": _CLOSED, "who": role}, None))
+
+    # -- the work loop -----------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            if self.is_head:
+                while not self._inbox.empty():  # take in everything that has arrived
+                    if not self._handle(*self._inbox.get_nowait()):
+                        return
+                if self._ready_rows:
+                    self._run_head_batch()
+                    continue
+            self._note_depth()
+            waited = time.perf_counter()
+            header, tensor = self._inbox.get()
+            self.stats.idle_s += time.perf_counter() - waited
+            if not self._handle(header, tensor):
+                return
+
+    def _handle(self, header: dict[str, Any], tensor: torch.Tensor | None) -> bool:
+        """Act on one message; False ends the stage."""
+        kind = header.get("type")
+        if kind == _CLOSED:  # a neighbour left (or we were told to stop): the ring is over
+            return False
+        if kind == "batch" and tensor is not None:
+            self._run_batch(header, tensor)
+        elif kind == "submit" and self.is_head:
+            self._submit(header)
+        elif kind == "tokens" and self.is_head:
+            self._tokens(header["rows"])
+        elif kind == "release":
+            self._release(header)
+        elif kind == "error":
+            self._error(header)
+        elif kind == "stats":
+            self._stats(header)
+        return True
+
+    def _note_depth(self) -> None:
+        self.stats.max_queue_depth = max(self.stats.max_queue_depth, self.queue_depth())
+
+    def queue_depth(self) -> int:
+        """Work waiting here: frames not yet handled, plus (head) rows and requests not yet sent."""
+        return self._inbox.qsize() + len(self._ready_rows) + len(self._waiting)
+
+    def snapshot(self) -> dict[str, Any]:
+        s = self.stats
+        return {
+            "stage": self.index, "start": self.stage.start, "end": self.stage.end,
+            "hold_s": round(s.hold_s, 6), "idle_s": round(s.idle_s, 6), "batches": s.batches, "rows": s.rows,
+            "tokens": s.tokens, "queue_depth": self.queue_depth(), "max_queue_depth": s.max_queue_depth,
+            "uptime_s": round(time.perf_counter() - s.started, 6),
+        }
+
+    # -- batches -----------------------------------------------------------------------
+
+    def _run_batch(self, header: dict[str, Any], hidden: torch.Tensor) -> None:
+        """A downstream stage: check the membership against the plan, run it, hand it on."""
+        started = time.perf_counter()
+        rows = rows_from_wire(header["rows"])
+        try:
+            self.limits.check(rows, hidden.shape[0])
+            out = self.stage.forward_rows(hidden, [row.span() for row in rows])  # (T, D) or tail (R, V)
+        except Exception as exc:  # noqa: BLE001 - a refused or failed batch fails its requests, not the ring
+            self._send_error([row.request_id for row in rows], f"stage {self.index} [{self.stage.start}, {self.stage.end}): {exc}")
+        else:
+            if self.is_tail:
+                self._sample(rows, out)
+            else:
+                self._forward(header, rows, out)
+        self._count(rows, started)
+
+    def _run_head_batch(self) -> None:
+        """The head: pack ready rows into one pass, decide its membership, send it on."""
+        started = time.perf_counter()
+        rows, ids = self._pack()
+        if not rows:
+            return
+        try:
+            x = torch.tensor(ids, dtype=torch.long)  # (T,)
+            hidden = self.stage.forward_rows(x, [row.span() for row in rows])  # (T, D)
+        except Exception as exc:  # noqa: BLE001 - e.g. a full cache: fail these requests, keep serving
+            failed = [row.request_id for row in rows]
+            for request_id in failed:
+                self._drop(request_id)
+            self._send_error(failed, f"stage {self.index} [{self.stage.start}, {self.stage.end}): {exc}")
+        else:
+            self._forward({"type": "batch"}, rows, hidden)
+        self._count(rows, started)
+
+    def _forward(self, header: dict[str, Any], rows: list[Row], hidden: torch.Tensor) -> None:
+        assert self._next is not None
+        self._next.send({"type": "batch", "rows": rows_to_wire(rows), "origin": header.get("origin", time.time())}, hidden)
+
+    def _count(self, rows: list[Row], started: float) -> None:
+        self.stats.hold_s += time.perf_counter() - started
+        self.stats.batches += 1
+        self.stats.rows += len(rows)
+        self.stats.tokens += sum(row.n_tokens for row in rows)
+
+    # -- head: requests ----------------------------------------------------------------
+
+    def _submit(self, header: dict[str, Any]) -> None:
+        prompt = [int(t) for t in header.get("prompt_ids") or []]
+        request_id = str(header.get("request_id"))
+        problem = None
+        if not prompt:
+            problem = "the prompt is empty"
+        elif len(prompt) >= self.stage.cache.n_ctx:
+            problem = f"prompt is {len(prompt)} tokens; the ring's context window is {self.stage.cache.n_ctx} tokens"
+        elif int(header.get("max_tokens") or 0) < 1:
+            problem = "max_tokens must be at least 1"
+        elif request_id in self._active or any(w.get("request_id") == request_id for w in self._waiting):
+            problem = f"request {request_id} is already in the ring"
+        if problem:
+            self._send_error([request_id], problem)
+            return
+        self._waiting.append({**header, "prompt_ids": prompt, "request_id": request_id})
+        self._admit()
+
+    def _admit(self) -> None:
+        """Give waiting requests a cache row while one is free: they join the next pass."""
+        while self._waiting and len(self._active) < self.slots:
+            h = self._waiting.popleft()
+            request = _Request(
+                id=h["request_id"], prompt=h["prompt_ids"], max_tokens=int(h["max_tokens"]),
+                stop_ids=frozenset(int(t) for t in h.get("stop_ids") or ()),
+                temperature=float(h.get("temperature") or 0.0), seed=h.get("seed"),
+            )
+            self._active[request.id] = request
+            self._ready_rows.append(request.id)
+
+    def _pack(self) -> tuple[list[Row], list[int]]:
+        """Up to `micro_batch` ready rows, decodes first; returns the membership and token ids."""
+        decodes = [rid for rid in self._ready_rows if self._active[rid].next_token is not None]
+        prefills = [rid for rid in self._ready_rows if self._active[rid].next_token is None]
+        chosen = (decodes + prefills)[: self.limits.micro_batch]
+        rows: list[Row] = []
+        ids: list[int] = []
+        for rid in chosen:
+            self._ready_rows.remove(rid)
+            r = self._active[rid]
+            if r.next_token is not None:  # decode: the token the tail sampled, at its position
+                position = len(r.prompt) + r.generated - 1
+                rows.append(Row(rid, position, 1, DECODE, True, r.temperature, r.seed))
+                ids.append(r.next_token)
+                r.next_token = None
+                continue
+            chunk = r.prompt[r.fed : r.fed + self.limits.row_width]
+            last = r.fed + len(chunk) == len(r.prompt)
+            rows.append(Row(rid, r.fed, len(chunk), PREFILL, last, r.temperature, r.seed))
+            ids.extend(chunk)
+            r.fed += len(chunk)
+            if not last:  # the next chunk may follow at once: stages keep frames in order
+                self._ready_rows.append(rid)
+        return rows, ids
+
+    def _tokens(self, sampled: list[dict[str, Any]]) -> None:
+        """Tokens back from the tail: finish the request or make its next decode ready."""
+        for item in sampled:
+            r = self._active.get(item["request_id"])
+            if r is None:
+                continue
+            r.generated += 1
+            token = int(item["token"])
+            reason = None
+            if token in r.stop_ids:
+                reason = "stop"
+            elif r.generated >= r.max_tokens or len(r.prompt) + r.generated >= self.stage.cache.n_ctx:
+                reason = "length"
+            if reason:
+                self._drop(r.id)
+                self._release({"type": "release", "request_id": r.id, "reason": reason})
+            else:
+                r.next_token = token
+                self._ready_rows.append(r.id)
+        self._admit()
+
+    def _drop(self, request_id: str) -> None:
+        self._active.pop(request_id, None)
+        if request_id in self._ready_rows:
+            self._ready_rows.remove(request_id)
+
+    # -- release, errors, stats --------------------------------------------------------
+
+    def _release(self, header: dict[str, Any]) -> None:
+        request_id = str(header["request_id"])
+        self.stage.cache.release(request_id)
+        self._generators.pop(request_id, None)
+        if self.is_tail:
+            self._to_bridge({"type": "done", "request_id": request_id, "reason": header.get("reason", "stop")})
+        else:
+            assert self._next is not None
+            self._next.send(header)
+
+    def _send_error(self, request_ids: list[str], message: str) -> None:
+        self._error({"type": "error", "request_ids": request_ids, "message": message})
+
+    def _error(self, header: dict[str, Any]) -> None:
+        """Failed requests: free their rows here and pass the word on (tail: to head and bridge)."""
+        for request_id in header["request_ids"]:
+            self.stage.cache.release(request_id)
+            self._generators.pop(request_id, None)
+        if self.is_head:
+            for request_id in header["request_ids"]:
+                self._drop(request_id)
+            self._admit()
+            if header.get("returned"):
+                return
+        if self.is_tail:
+            self._to_bridge(header)
+            header = {**header, "returned": True}
+        assert self._next is not None
+        self._next.send(header)
+
+    def _stats(self, header: dict[str, Any]) -> None:
+        header = {**header, "stages": [*header.get("stages", []), self.snapshot()]}
+        if self.is_tail:
+            self._to_bridge(header)
+        else:
+            assert self._next is not None
+            self._next.send(header)
+
+    def _to_bridge(self, header: dict[str, Any]) -> None:
+        if self._bridge is not None:
+            try:
+                self._bridge.send(header)
+            except LinkClosed:
+                self._bridge = None
+
+    # -- tail: sampling ----------------------------------------------------------------
+
+    def _sample(self, rows: list[Row], logits: torch.Tensor) -> None:
+        # logits: (R, V), one row per member, after that member's last token
+        picked = []
+        for i, row in enumerate(rows):
+            if not row.sample:
+                continue
+            token = self._pick(row, logits[i])
+            picked.append({"request_id": row.request_id, "token": token, "position": row.start + row.n_tokens})
+        if picked:
+            message = {"type": "tokens", "rows": picked}
+            self._to_bridge(message)
+            assert self._next is not None
+            self._next.send(message)
+
+    def _pick(self, row: Row, logits: torch.Tensor) -> int:
+        # logits: (V,)
+        if row.temperature <= 0:
+            return int(logits.argmax())
+        generator = self._generators.get(row.request_id)
+        if generator is None:
+            generator = self._generators[row.request_id] = torch.Generator().manual_seed(row.seed or 0)
+        probs = torch.softmax(logits / row.temperature, dim=-1)  # (V,)
+        return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    return host or "127.0.0.1", int(port)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m mahout.ring.stage``: load one layer slice and serve it until a neighbour leaves."""
+    parser = argparse.ArgumentParser(prog="python -m mahout.ring.stage")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--start", type=int, required=True)
+    parser.add_argument("--end", type=int, required=True)
+    parser.add_argument("--index", type=int, default=0)
+    parser.add_argument("--listen", required=True, help="HOST:PORT to accept the previous stage on")
+    parser.add_argument("--next", required=True, help="HOST:PORT of the next stage (the tail's is the head)")
+    parser.add_argument("--micro-batch", type=int, required=True)
+    parser.add_argument("--row-width", type=int, required=True)
+    parser.add_argument("--slots", type=int, default=None, help="requests in flight at once (default: 2 x micro-batch)")
+    parser.add_argument("--n-ctx", type=int, default=512)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    from engine.gguf_loader import load_stage
+
+    limits = Limits(micro_batch=args.micro_batch, row_width=args.row_width)
+    server = listen(*_address(args.listen))
+    config, weights = load_stage(args.model, args.start, args.end)
+    stage = Stage(config, weights, args.start, args.end, n_rows=args.slots or 2 * args.micro_batch, n_ctx=args.n_ctx)
+    agent = StageAgent(stage, limits=limits, next_address=_address(args.next), server=server, index=args.index)
+    threading.Thread(target=lambda: agent.ready.wait() and print("READY", flush=True), daemon=True).start()
+    try:
+        agent.serve()
+    except LinkClosed as exc:
+        print(f"stage {args.index}: {exc}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
