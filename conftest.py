@@ -64,10 +64,14 @@ def make_host(*, qualified: bool = True, name: str | None = None, fingerprint: s
 
 @pytest.fixture(scope="session")
 def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):  # type: ignore[no-untyped-def]
-    """Close connections after each pooled ORM call so none outlive the test database."""
+    """Close connections after each pooled ORM call so none outlive the test database,
+    and give each run its own SQLite file (the gateway processes it starts share it)."""
     from django.conf import settings
 
-    settings.DATABASES["default"]["CONN_MAX_AGE"] = 0
+    default = settings.DATABASES["default"]
+    default["CONN_MAX_AGE"] = 0
+    if default["ENGINE"].endswith("sqlite3"):  # a file per test run: parallel runs must not share one
+        default.setdefault("TEST", {})["NAME"] = str(settings.VAR_DIR / f"test-{os.getpid()}.sqlite3")
 
 
 @pytest.fixture

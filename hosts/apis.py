@@ -103,14 +103,14 @@ class JobClaimApi(AsyncHostApi):
         first = True
         while True:
             try:
-                job = await db(market.job_claim_next, host=host, model_ids=model_ids)
+                payload = await db(market.job_claim_payload, host=host, model_ids=model_ids)
             except market.HostRefused:
                 if first:
                     raise
                 return HttpResponse(status=204)  # paused while waiting: it simply stops claiming
             first = False
-            if job is not None:
-                return JsonResponse({"job": market.job_payload(job)})
+            if payload is not None:
+                return JsonResponse({"job": payload})
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return HttpResponse(status=204)

@@ -142,7 +142,15 @@ def job_payload(job: Job) -> dict:
             messages = [*messages, {"role": "assistant", "content": delivered}]
         else:
             prompt = prompt + delivered
-    return {"id": job.pk, "model": job.model.name, "kind": request.kind, "messages": messages, "prompt": prompt, "params": params}
+    return {
+        "id": job.pk,
+        "model": job.model.name,
+        "kind": request.kind,
+        "messages": messages,
+        "prompt": prompt,
+        "params": params,
+        "continuation": job.attempt > 1,
+    }
 
 
 @transaction.atomic
@@ -180,6 +188,12 @@ def job_claim_next(*, host: Host, fingerprint: str = "", model_ids: list[int] | 
             announce_on_commit(request_group(job.request.public_id), {"type": "job.claimed"})
             return job
     return None
+
+
+def job_claim_payload(*, host: Host, model_ids: list[int]) -> dict | None:
+    """Claim the next job and render what the host receives, in one database trip."""
+    job = job_claim_next(host=host, model_ids=model_ids)
+    return None if job is None else job_payload(job)
 
 
 def _locked_job_of(*, host: Host, job_id: int) -> Job:

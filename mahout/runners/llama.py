@@ -65,6 +65,93 @@ def _number(params: dict, key: str, default: float) -> float:
     return default if value is None else float(value)
 
 
+def resumes_text(job: dict) -> bool:
+    """True for a job that must continue existing text from its exact last
+    character: a chat ending in an assistant turn, or a continuation job."""
+    if job.get("continuation"):
+        return True
+    messages = job.get("messages") or []
+    return job.get("kind") == "chat" and bool(messages) and messages[-1].get("role") == "assistant"
+
+
+class TokenHealer:
+    """Token healing for text cut at an arbitrary character.
+
+    A prompt that ends mid-word ("…one paragr") tokenizes into pieces the model
+    rarely saw (" par" + "agr") where it would have written one token
+    (" paragraph"), so it continues badly. The healer drops the tokens of the
+    unfinished word and constrains generation to re-write exactly that text
+    (any token that starts with what is still missing, or is a prefix of it),
+    then lets the model run free; the re-written text is stripped from the
+    output, so only new characters are streamed.
+    """
+
+    MAX_TOKENS_BACK = 4
+
+    def __init__(self, *, prompt_len: int, dropped: bytes, vocab: Vocab) -> None:
+        self.prompt_len = prompt_len
+        self.dropped = dropped
+        self.vocab = vocab
+        self.pending = dropped.decode("utf-8", errors="ignore")
+
+    def processors(self):  # type: ignore[no-untyped-def]
+        import numpy as np
+        from llama_cpp import LogitsProcessorList
+
+        def rewrite_dropped_text(input_ids, scores):  # type: ignore[no-untyped-def]
+            produced = b"".join(self.vocab.pieces[t] for t in input_ids[self.prompt_len :])
+            if len(produced) >= len(self.dropped):
+                return scores
+            return np.where(self.vocab.compatible(self.dropped[len(produced) :]), scores, -np.inf)
+
+        return LogitsProcessorList([rewrite_dropped_text])
+
+    def strip(self, text: str) -> str:
+        """Remove the re-written text from the start of the output stream."""
+        if not self.pending:
+            return text
+        if text.startswith(self.pending):
+            text, self.pending = text[len(self.pending) :], ""
+            return text
+        if self.pending.startswith(text):
+            self.pending = self.pending[len(text) :]
+            return ""
+        self.pending = ""
+        return text
+
+
+class Vocab:
+    """Every token's bytes, for healing: computed once per model (about a second)."""
+
+    def __init__(self, llm) -> None:  # type: ignore[no-untyped-def]
+        self.pieces = [llm.detokenize([i], special=False) for i in range(llm.n_vocab())]
+        self._by_piece: dict[bytes, list[int]] = {}
+        for token, piece in enumerate(self.pieces):
+            self._by_piece.setdefault(piece, []).append(token)
+
+    def compatible(self, missing: bytes):  # type: ignore[no-untyped-def]
+        """[n_vocab] bool: tokens that start with `missing`, or are a non-empty prefix of it."""
+        import numpy as np
+
+        mask = np.fromiter((piece.startswith(missing) for piece in self.pieces), dtype=bool, count=len(self.pieces))
+        for end in range(1, len(missing)):
+            for token in self._by_piece.get(missing[:end], ()):
+                mask[token] = True
+        return mask
+
+    def unfinished_word(self, tokens: list[int]) -> int:
+        """How many trailing tokens spell the last (possibly cut) word, 0 if none."""
+        count = 0
+        while count < TokenHealer.MAX_TOKENS_BACK and len(tokens) - count > 2:
+            piece = self.pieces[tokens[-1 - count]]
+            if not piece or b"\n" in piece or piece.startswith(b"<"):
+                break
+            count += 1
+            if piece[:1].isspace():
+                break
+        return count
+
+
 class ContextOverflowError(ValueError):
     """The rendered prompt does not fit in the model's context window."""
 
@@ -78,6 +165,17 @@ class LlamaRunner:
         self._llm = load_llama(self.model_path, n_ctx=n_ctx, threads=threads)
         self.finish_reason = "stop"
         self.completion_tokens = 0
+        self._vocab: Vocab | None = None
+
+    def _heal(self, tokens: list[int]) -> tuple[list[int], TokenHealer | None]:
+        """Drop the tokens of the unfinished last word; the healer re-writes them."""
+        if self._vocab is None:
+            self._vocab = Vocab(self._llm)
+        back = self._vocab.unfinished_word(tokens)
+        if back == 0:
+            return tokens, None
+        dropped = b"".join(self._vocab.pieces[t] for t in tokens[-back:])
+        return tokens[:-back], TokenHealer(prompt_len=len(tokens) - back, dropped=dropped, vocab=self._vocab)
 
     def prompt_tokens(self, job: dict) -> list[int]:
         """Token ids of the rendered job, BOS first; raises if they leave no room to generate."""
@@ -105,11 +203,14 @@ class LlamaRunner:
 
         ``max_tokens`` is clamped to what the context window leaves, as llama.cpp does;
         a generation that hits that bound finishes with "length" and exactly that many tokens.
+        A job that resumes text (see :func:`resumes_text`) is token-healed so it
+        continues from the exact character, even mid-word.
         """
         params = job.get("params") or {}
         tokens = self.prompt_tokens(job)
         budget = self.n_ctx - len(tokens)
         max_tokens = min(int(params.get("max_tokens") or budget), budget)
+        tokens, healer = self._heal(tokens) if resumes_text(job) else (tokens, None)
         self.finish_reason, self.completion_tokens = "stop", 0
         pieces: list[str] = []
         chunks = self._llm.create_completion(
@@ -120,12 +221,14 @@ class LlamaRunner:
             top_p=_number(params, "top_p", 1.0),
             stop=self.stop_strings(job),
             seed=params.get("seed"),
+            logits_processor=healer.processors() if healer else None,
         )
         for chunk in cast(Iterator[dict], chunks):  # stream=True returns an iterator of chunks
             choice = chunk["choices"][0]
-            if choice["text"]:
-                pieces.append(choice["text"])
-                yield choice["text"]
+            text = healer.strip(choice["text"]) if healer else choice["text"]
+            if text:
+                pieces.append(text)
+                yield text
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
         text = "".join(pieces)

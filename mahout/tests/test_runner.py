@@ -57,3 +57,24 @@ class CpuAdvertisesAmxTests:
     def test_it_reads_the_amx_tile_flag(self):
         assert cpu_advertises_amx("flags\t\t: fpu avx2 amx_bf16 amx_tile amx_int8\n") is True
         assert cpu_advertises_amx("flags\t\t: fpu avx2 avx512f\n") is False
+
+
+class TokenHealingTests:
+    def test_it_finishes_a_word_cut_mid_way_on_the_real_model(self, runner):
+        job = {"id": "job-2", "model": "gemma-3-270m", "kind": "completion", "messages": None, "continuation": True,
+               "prompt": "The elephant is a large mam",
+               "params": {"max_tokens": 6, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None}}
+        text = "".join(runner.stream(job))
+        assert text.startswith("mal"), f"'mam' should become 'mammal', got {text!r}"
+
+    def test_it_leaves_a_prompt_that_ends_at_a_turn_marker_alone(self, runner):
+        tokens = runner.prompt_tokens(chat_job([{"role": "user", "content": "Hi"}]))
+        assert runner._heal(tokens) == (tokens, None)
+
+
+class TokenHealerStripTests:
+    def test_it_removes_the_rewritten_text_across_pieces(self):
+        from mahout.runners.llama import TokenHealer
+
+        healer = TokenHealer(prompt_len=3, dropped=b" paragr", vocab=None)  # type: ignore[arg-type]
+        assert [healer.strip(p) for p in (" par", "agraph", " two")] == ["", "aph", " two"]
