@@ -166,11 +166,17 @@ class LlamaRunner:
         self.finish_reason = "stop"
         self.completion_tokens = 0
         self._vocab: Vocab | None = None
+        # Healing needs every token's text (seconds to compute): build it while the host idles.
+        self._vocab_ready = threading.Thread(target=self._build_vocab, name="mahout-vocab", daemon=True)
+        self._vocab_ready.start()
+
+    def _build_vocab(self) -> None:
+        self._vocab = Vocab(self._llm)
 
     def _heal(self, tokens: list[int]) -> tuple[list[int], TokenHealer | None]:
         """Drop the tokens of the unfinished last word; the healer re-writes them."""
-        if self._vocab is None:
-            self._vocab = Vocab(self._llm)
+        self._vocab_ready.join()
+        assert self._vocab is not None
         back = self._vocab.unfinished_word(tokens)
         if back == 0:
             return tokens, None
