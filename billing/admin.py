@@ -68,7 +68,9 @@ class AccountAdmin(ReadOnlyAdmin):
             else:
                 messages.success(request, f"Granted {services.format_usd(amount)} to {account.user}.")
                 return HttpResponseRedirect(reverse("admin:billing_account_changelist"))
-        context = {**self.admin_site.each_context(request), "title": f"Grant credit to {account.user}", "form": form, "account": account}
+        context = {
+            **self.admin_site.each_context(request), "title": f"Grant credit to {account.user}", "form": form, "account": account,
+        }
         return TemplateResponse(request, "admin/billing/grant.html", context)
 
 
@@ -120,7 +122,10 @@ class PayoutProfileAdmin(admin.ModelAdmin):
 
 @admin.register(Payout)
 class PayoutAdmin(ReadOnlyAdmin):
-    list_display = ("pk", "host", "amount_ucents", "status", "destination", "stripe_transfer_id", "failure_reason", "created_at", "decided_at")
+    list_display = (
+        "pk", "host", "amount_ucents", "status", "destination", "stripe_transfer_id", "failure_reason",
+        "created_at", "decided_at",
+    )
     list_filter = ("status",)
     actions = ["approve", "reject"]
 

@@ -36,7 +36,9 @@ class Account(models.Model):
             models.UniqueConstraint(fields=["user"], condition=Q(kind="customer"), name="one_customer_account_per_user"),
             models.UniqueConstraint(fields=["host"], condition=Q(kind="host"), name="one_earnings_account_per_host"),
             models.UniqueConstraint(
-                fields=["kind"], condition=Q(kind__in=["platform", "funding", "payouts_pending"]), name="singleton_system_accounts"
+                fields=["kind"],
+                condition=Q(kind__in=["platform", "funding", "payouts_pending"]),
+                name="singleton_system_accounts",
             ),
             models.CheckConstraint(condition=Q(held_ucents__gte=0), name="held_not_negative"),
             models.CheckConstraint(

@@ -2,8 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import date, datetime, time, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, date, datetime, time, timedelta
 
 from django.db.models import Count, Sum
 from django.db.models.functions import TruncDate
@@ -85,7 +84,8 @@ def reconcile_report() -> list[str]:
     problems = [f"{txn}: entries sum to {txn.total}, not 0" for txn in unbalanced_transactions()]
     problems += cache_drift()
     problems += [
-        f"hold {hold.pk}: still active ({hold.amount_ucents} µ¢) but its request {hold.request.public_id} is {hold.request.status}"
+        f"hold {hold.pk}: still active ({hold.amount_ucents} µ¢) "
+        f"but its request {hold.request.public_id} is {hold.request.status}"
         for hold in orphaned_holds()
     ]
     problems += stripe_drift()
@@ -133,8 +133,8 @@ def host_statement(*, host, limit: int = 100) -> HostStatement:  # type: ignore[
 
 def _day_bounds(start: date, end: date) -> tuple[datetime, datetime]:
     return (
-        datetime.combine(start, time.min, tzinfo=dt_timezone.utc),
-        datetime.combine(end + timedelta(days=1), time.min, tzinfo=dt_timezone.utc),
+        datetime.combine(start, time.min, tzinfo=UTC),
+        datetime.combine(end + timedelta(days=1), time.min, tzinfo=UTC),
     )
 
 
@@ -160,7 +160,7 @@ def usage_daily(*, user, start: date, end: date) -> list[dict]:  # type: ignore[
     lower, upper = _day_bounds(start, end)
     rows = (
         Request.objects.filter(user=user, created_at__gte=lower, created_at__lt=upper)
-        .annotate(day=TruncDate("created_at", tzinfo=dt_timezone.utc))
+        .annotate(day=TruncDate("created_at", tzinfo=UTC))
         .values("day")
         .annotate(
             requests=Count("pk"),

@@ -6,12 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
+import stripe
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
-
-import stripe
 
 from billing import stripe_api
 from billing.errors import (
@@ -25,7 +24,17 @@ from billing.errors import (
     TooManyStreams,
     TopupsNotConfigured,
 )
-from billing.models import UCENTS_PER_CENT, Account, Hold, LedgerTransaction, Payout, PayoutProfile, StripeEvent, TopUp
+from billing.models import (
+    UCENTS_PER_CENT,
+    Account,
+    Hold,
+    LedgerEntry,
+    LedgerTransaction,
+    Payout,
+    PayoutProfile,
+    StripeEvent,
+    TopUp,
+)
 
 UCENTS_PER_USD = 100_000_000
 
@@ -56,6 +65,10 @@ def system_account(kind: str) -> Account:
 
 
 def _get_or_create_account(**lookup: object) -> Account:
+    """One SELECT on the hot path; the savepoint and insert only the first time."""
+    account = Account.objects.filter(**lookup).first()
+    if account is not None:
+        return account
     try:
         with transaction.atomic():
             account, _ = Account.objects.get_or_create(**lookup)
@@ -69,10 +82,11 @@ def _post(*, kind: str, reference: str, memo: str, legs: list[tuple[Account, int
     if sum(amount for _, amount in legs) != 0:
         raise ValueError(f"unbalanced transaction {kind}:{reference}: {legs}")
     txn = LedgerTransaction.objects.create(kind=kind, reference=reference, memo=memo)
+    legs = [(account, amount) for account, amount in legs if amount != 0]
+    LedgerEntry.objects.bulk_create(
+        [LedgerEntry(transaction=txn, account_id=account.pk, amount_ucents=amount) for account, amount in legs]
+    )
     for account, amount in legs:
-        if amount == 0:
-            continue
-        txn.entries.create(account=account, amount_ucents=amount)
         Account.objects.filter(pk=account.pk).update(balance_ucents=F("balance_ucents") + amount)
     return txn
 
@@ -253,12 +267,12 @@ def stripe_webhook_receive(*, payload: bytes, signature: str) -> StripeEvent:
         event = stripe_api.webhook_event(payload=payload, signature=signature)
     except (ValueError, stripe.SignatureVerificationError) as error:
         raise InvalidWebhook(f"Webhook rejected: {error}") from None
-    session = event["data"]["object"] if event["type"].startswith("checkout.session.") else None
-    return stripe_event_apply(event_id=event["id"], event_type=event["type"], session=session)
+    session = event.data.object.to_dict() if event.type.startswith("checkout.session.") else None
+    return stripe_event_apply(event_id=event.id, event_type=event.type, session=session)
 
 
 @transaction.atomic
-def stripe_event_apply(*, event_id: str, event_type: str, session) -> StripeEvent:  # type: ignore[no-untyped-def]
+def stripe_event_apply(*, event_id: str, event_type: str, session: dict | None) -> StripeEvent:
     """Record a verified event once and credit the top-up it pays, in one transaction.
 
     The event row is inserted first: a concurrent delivery of the same event
@@ -279,7 +293,7 @@ def stripe_event_apply(*, event_id: str, event_type: str, session) -> StripeEven
     return record
 
 
-def _topup_credit(*, session) -> tuple[str, TopUp | None, str]:  # type: ignore[no-untyped-def]
+def _topup_credit(*, session: dict) -> tuple[str, TopUp | None, str]:
     """Credit the TopUp a paid session belongs to, if it is ours and the amount matches."""
     topup = TopUp.objects.select_for_update().filter(stripe_session_id=session.get("id")).first()
     if topup is None:
@@ -294,7 +308,10 @@ def _topup_credit(*, session) -> tuple[str, TopUp | None, str]:  # type: ignore[
         kind=LedgerTransaction.Kind.TOPUP,
         reference=topup.stripe_session_id,
         memo=f"Stripe Checkout top-up {topup.pk}",
-        legs=[(system_account(Account.Kind.FUNDING), -topup.amount_ucents), (account_for_customer(user=topup.user), topup.amount_ucents)],
+        legs=[
+            (system_account(Account.Kind.FUNDING), -topup.amount_ucents),
+            (account_for_customer(user=topup.user), topup.amount_ucents),
+        ],
     )
     TopUp.objects.filter(pk=topup.pk, status=TopUp.Status.OPEN).update(
         status=TopUp.Status.PAID, transaction=txn, paid_at=timezone.now()
@@ -367,12 +384,17 @@ def payout_approve(*, payout_id: int, operator=None) -> Payout:  # type: ignore[
         raise PayoutRefused(f"Payout {payout_id} is already {payout.status}.")
     try:
         transfer = stripe_api.transfer_create(
-            payout_id=payout.pk, amount_cents=payout.amount_cents, currency=settings.BILLING_CURRENCY, destination=payout.destination
+            payout_id=payout.pk,
+            amount_cents=payout.amount_cents,
+            currency=settings.BILLING_CURRENCY,
+            destination=payout.destination,
         )
     except (stripe.InvalidRequestError, stripe.CardError, stripe.PermissionError) as refusal:
         payout_void(payout_id=payout.pk, reason=f"Stripe refused the transfer: {refusal.user_message or refusal}")
     except stripe.StripeError as error:
-        raise PaymentProviderError(f"Payout {payout.pk} outcome unknown, still sending; approve again to retry: {error}") from None
+        raise PaymentProviderError(
+            f"Payout {payout.pk} outcome unknown, still sending; approve again to retry: {error}"
+        ) from None
     else:
         payout_post(payout_id=payout.pk, transfer_id=transfer.id)
     payout.refresh_from_db()
@@ -391,7 +413,10 @@ def payout_post(*, payout_id: int, transfer_id: str) -> bool:
         kind=LedgerTransaction.Kind.PAYOUT_SENT,
         reference=f"payout-{payout.pk}",
         memo=f"Stripe transfer {transfer_id}",
-        legs=[(system_account(Account.Kind.PAYOUTS_PENDING), -payout.amount_ucents), (system_account(Account.Kind.FUNDING), payout.amount_ucents)],
+        legs=[
+            (system_account(Account.Kind.PAYOUTS_PENDING), -payout.amount_ucents),
+            (system_account(Account.Kind.FUNDING), payout.amount_ucents),
+        ],
     )
     return True
 
@@ -409,7 +434,10 @@ def payout_void(*, payout_id: int, reason: str) -> bool:
         kind=LedgerTransaction.Kind.PAYOUT_VOID,
         reference=f"payout-{payout.pk}",
         memo=reason[:255],
-        legs=[(system_account(Account.Kind.PAYOUTS_PENDING), -payout.amount_ucents), (account_for_host(host=payout.host), payout.amount_ucents)],
+        legs=[  # the host account first, as payout_request locks them
+            (account_for_host(host=payout.host), payout.amount_ucents),
+            (system_account(Account.Kind.PAYOUTS_PENDING), -payout.amount_ucents),
+        ],
     )
     return True
 

@@ -18,5 +18,6 @@ def stripe_webhook(request: HttpRequest) -> JsonResponse:
     try:
         event = services.stripe_webhook_receive(payload=request.body, signature=request.headers.get("Stripe-Signature", ""))
     except InvalidWebhook as error:
-        return JsonResponse({"error": {"message": error.message, "type": "invalid_request_error", "code": error.code}}, status=400)
+        body = {"error": {"message": error.message, "type": "invalid_request_error", "param": None, "code": error.code}}
+        return JsonResponse(body, status=400)
     return JsonResponse({"received": True, "event": event.event_id, "outcome": event.outcome})

@@ -11,5 +11,6 @@ urlpatterns = [
     path("v1/usage.csv", billing_apis.UsageCsvApi.as_view()),
     path("v1/", include("marketplace.urls")),
     path("hosts/api/", include("hosts.urls")),
+    path("api/", include("mesh.urls")),
     path("billing/", include("billing.urls")),
 ]

@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from billing import selectors, services
+from billing.errors import InvalidAmount, TopupsNotConfigured
+from billing.models import TopUp
+from conftest import make_customer
+
+pytestmark = pytest.mark.django_db
+
+
+class TopupCreateTests:
+    def test_it_creates_a_checkout_session_for_the_amount_and_credits_nothing_yet(self, catalog, fake_stripe) -> None:
+        customer = make_customer(credit_ucents=0)
+        topup = services.topup_create(user=customer.user, amount_cents=2_000)
+        assert topup.status == TopUp.Status.OPEN
+        assert topup.stripe_session_id.startswith("cs_test_")
+        assert topup.checkout_url.endswith(topup.stripe_session_id)
+        (call,) = fake_stripe.received
+        assert call.path == "/v1/checkout/sessions"
+        assert call.authorization == "Bearer sk_test_local"
+        assert call.idempotency_key == f"topup-{topup.pk}"
+        assert call.form["mode"] == "payment"
+        assert call.form["client_reference_id"] == str(topup.pk)
+        assert call.form["line_items[0][price_data][unit_amount]"] == "2000"
+        assert call.form["line_items[0][price_data][currency]"] == "usd"
+        assert selectors.customer_account(user=customer.user) is None  # no account, no credit
+
+    def test_it_refuses_amounts_outside_the_limits(self, catalog, fake_stripe, settings) -> None:
+        customer = make_customer(credit_ucents=0)
+        with pytest.raises(InvalidAmount):
+            services.topup_create(user=customer.user, amount_cents=settings.TOPUP_MIN_CENTS - 1)
+        with pytest.raises(InvalidAmount):
+            services.topup_create(user=customer.user, amount_cents=settings.TOPUP_MAX_CENTS + 1)
+        assert fake_stripe.received == [] and TopUp.objects.count() == 0
+
+    def test_it_says_top_ups_are_not_configured_without_stripe_keys(self, catalog, no_stripe) -> None:
+        customer = make_customer(credit_ucents=0)
+        with pytest.raises(TopupsNotConfigured, match="not configured"):
+            services.topup_create(user=customer.user, amount_cents=1_000)
+
+
+class TopupApiTests:
+    def test_it_answers_the_checkout_url(self, catalog, fake_stripe) -> None:
+        customer = make_customer(credit_ucents=0)
+        response = Client().post(
+            "/billing/api/topups", {"amount_usd": "25.00"}, content_type="application/json",
+            HTTP_AUTHORIZATION=f"Bearer {customer.secret}",
+        )
+        assert response.status_code == 201, response.content
+        body = response.json()
+        assert body["amount_cents"] == 2_500 and body["amount_ucents"] == 2_500_000_000
+        assert body["checkout_url"].startswith("https://checkout.stripe.test/")
+
+    def test_it_answers_503_not_configured_in_openai_format(self, catalog, no_stripe) -> None:
+        customer = make_customer(credit_ucents=0)
+        response = Client().post(
+            "/billing/api/topups", {"amount_usd": "25"}, content_type="application/json",
+            HTTP_AUTHORIZATION=f"Bearer {customer.secret}",
+        )
+        assert response.status_code == 503
+        assert response.json()["error"]["code"] == "topups_not_configured"
+
+    def test_it_refuses_an_outsider(self, catalog, fake_stripe) -> None:
+        response = Client().post("/billing/api/topups", {"amount_usd": "25"}, content_type="application/json",
+                                 HTTP_AUTHORIZATION="Bearer el-nope")
+        assert response.status_code == 401 and fake_stripe.received == []
+
+    def test_it_refuses_a_too_small_amount_with_400(self, catalog, fake_stripe) -> None:
+        customer = make_customer(credit_ucents=0)
+        response = Client().post("/billing/api/topups", {"amount_usd": "0.10"}, content_type="application/json",
+                                 HTTP_AUTHORIZATION=f"Bearer {customer.secret}")
+        assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_amount"

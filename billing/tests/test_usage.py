@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import csv
+import io
+from datetime import UTC, datetime
+
+import pytest
+from django.test import Client
+
+from conftest import make_customer
+from marketplace import services as market
+from marketplace.models import Request
+
+pytestmark = pytest.mark.django_db
+
+
+def request_on(customer, catalog, day: str, *, cost: int, completion_tokens: int) -> Request:  # type: ignore[no-untyped-def]
+    request = market.request_submit(
+        public_id=market.new_public_id("chat"), api_key=customer.key, model=catalog, kind="chat",
+        messages=[{"role": "user", "content": "hi"}], prompt=None,
+        params={"max_tokens": 10, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None}, stream=False, prompt_tokens=4,
+    )
+    created = datetime.fromisoformat(day).replace(hour=12, tzinfo=UTC)
+    Request.objects.filter(pk=request.pk).update(
+        created_at=created, status="completed", cost_ucents=cost, completion_tokens=completion_tokens
+    )
+    return request
+
+
+class UsageApiTests:
+    def test_it_lists_requests_and_daily_totals_in_the_range(self, catalog) -> None:
+        customer = make_customer()
+        a = request_on(customer, catalog, "2026-03-01", cost=440, completion_tokens=10)
+        b = request_on(customer, catalog, "2026-03-01", cost=120, completion_tokens=2)
+        c = request_on(customer, catalog, "2026-03-03", cost=80, completion_tokens=1)
+        request_on(customer, catalog, "2026-03-05", cost=999, completion_tokens=9)  # outside
+        request_on(make_customer(), catalog, "2026-03-01", cost=777, completion_tokens=7)  # someone else's
+        response = Client().get("/v1/usage?from=2026-03-01&to=2026-03-04", HTTP_AUTHORIZATION=f"Bearer {customer.secret}")
+        assert response.status_code == 200, response.content
+        body = response.json()
+        assert [row["id"] for row in body["data"]] == [a.public_id, b.public_id, c.public_id]
+        assert body["daily"] == [
+            {"date": "2026-03-01", "requests": 2, "prompt_tokens": 8, "completion_tokens": 12, "cost_ucents": 560},
+            {"date": "2026-03-03", "requests": 1, "prompt_tokens": 4, "completion_tokens": 1, "cost_ucents": 80},
+        ]
+        assert body["total_cost_ucents"] == 640
+
+    def test_it_exports_the_same_rows_as_csv(self, catalog) -> None:
+        customer = make_customer()
+        a = request_on(customer, catalog, "2026-03-01", cost=440, completion_tokens=10)
+        response = Client().get("/v1/usage.csv?from=2026-03-01&to=2026-03-01", HTTP_AUTHORIZATION=f"Bearer {customer.secret}")
+        assert response.status_code == 200 and response["Content-Type"].startswith("text/csv")
+        rows = list(csv.DictReader(io.StringIO(response.content.decode())))
+        assert [(r["id"], r["cost_ucents"], r["completion_tokens"]) for r in rows] == [(a.public_id, "440", "10")]
+
+    @pytest.mark.parametrize(
+        "query", ["from=2026-3-1", "from=20260301", "to=2026-02-30", "from=2026-03-05&to=2026-03-01", "from=yesterday"]
+    )
+    def test_it_answers_400_in_openai_format_for_bad_dates(self, catalog, query: str) -> None:
+        customer = make_customer()
+        for path in ("/v1/usage", "/v1/usage.csv"):
+            response = Client().get(f"{path}?{query}", HTTP_AUTHORIZATION=f"Bearer {customer.secret}")
+            assert response.status_code == 400
+            assert response.json()["error"]["code"] == "invalid_date"
+
+    def test_it_refuses_without_a_key(self, catalog) -> None:
+        assert Client().get("/v1/usage").status_code == 401
