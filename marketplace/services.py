@@ -198,6 +198,10 @@ def job_claim_payload(*, host: Host, model_ids: list[int]) -> dict | None:
 
 def _locked_job_of(*, host: Host, job_id: int) -> Job:
     job = Job.objects.select_for_update().select_related("request", "model").filter(pk=job_id).first()
+    return _check_running(job, host=host, job_id=job_id)
+
+
+def _check_running(job: Job | None, *, host: Host, job_id: int) -> Job:
     if job is None or job.host_id != host.pk:
         raise HostRefused("This job is not yours.", code="not_your_job")
     if job.status != Job.Status.RUNNING:
@@ -277,26 +281,29 @@ def job_complete(*, host: Host, job_id: int, finish_reason: str) -> Completion:
     """Settle the request: bill the counted tokens, pay the host 80%, delete the prompt.
 
     Repeating the call for a job this host already completed (its answer was lost)
-    returns the same result and changes nothing.
+    returns the same result and changes nothing. The ledger posting comes last so
+    the customer's hot balance row is locked only until the commit.
     """
-    done = Job.objects.select_related("request").filter(pk=job_id, host=host, status=Job.Status.COMPLETED).first()
-    if done is not None:
-        return Completion(request=done.request, earned_ucents=done.earned_ucents)
-    job = _locked_job_of(host=host, job_id=job_id)
+    job = Job.objects.select_for_update().select_related("request").filter(pk=job_id).first()
+    if job is not None and job.host_id == host.pk and job.status == Job.Status.COMPLETED:
+        return Completion(request=job.request, earned_ucents=job.earned_ucents)
+    _check_running(job, host=host, job_id=job_id)
     request = Request.objects.select_for_update().select_related("model", "hold").get(pk=job.request_id)
     completion_tokens = _completion_tokens(request)
     model = request.model
     cost = request.prompt_tokens * model.input_price_ucents + completion_tokens * model.output_price_ucents
     cost = min(cost, request.hold.amount_ucents)
     share = _rescuer_share(request=request, job=job, completion_tokens=completion_tokens)
-    split = billing.hold_settle(hold=request.hold, cost_ucents=cost, host=host, host_ucents=share, reference=request.public_id)
-    if split is None:  # the hold closed under us (expired): nothing to bill, the job ends anyway
-        raise JobNotRunning(f"Request {request.public_id} already ended.")
+    earned = share if share is not None else billing.split_cost(cost).host_ucents
     Job.objects.filter(pk=job.pk).update(
-        status=Job.Status.COMPLETED, finished_at=timezone.now(), completion_tokens=completion_tokens, earned_ucents=split.host_ucents
+        status=Job.Status.COMPLETED, finished_at=timezone.now(), completion_tokens=completion_tokens, earned_ucents=earned
     )
-    _request_settled(request=request, completion_tokens=completion_tokens, cost_ucents=split.cost_ucents, finish_reason=finish_reason)
-    request.refresh_from_db()
+    _request_settled(request=request, completion_tokens=completion_tokens, cost_ucents=cost, finish_reason=finish_reason)
+    split = billing.hold_settle(hold=request.hold, cost_ucents=cost, host=host, host_ucents=share, reference=request.public_id)
+    if split is None:  # the hold closed under us (expired): roll all of this back, the job ends anyway
+        raise JobNotRunning(f"Request {request.public_id} already ended.")
+    request.status, request.completion_tokens, request.cost_ucents = Request.Status.COMPLETED, completion_tokens, cost
+    request.finish_reason, request.messages, request.prompt = finish_reason, None, None
     return Completion(request=request, earned_ucents=split.host_ucents)
 
 
