@@ -3,7 +3,7 @@
     .venv/bin/python bench/failover.py --rounds 200 --stall-rounds 5
 
 Starts a real gateway and three real mahout hosts (shipped model, 1 thread
-each). Each round streams a 48-token greedy answer; after 3 text chunks the
+each). Each round streams a 32-token greedy answer; after 3 text chunks the
 host serving it is killed — `kill -9` (the fast path: its presence socket
 drops) or, in the stall rounds, SIGSTOP (only the 20 s no-token rule can
 notice). Every round is checked against the database: characters each host
@@ -90,7 +90,7 @@ def one_round(client, hosts: Hosts, how: str) -> dict:  # type: ignore[no-untype
     victim = public_id = None
     last = None
     try:
-        for chunk in client.chat.completions.create(model="gemma-3-270m", messages=STORY, max_tokens=48, temperature=0, stream=True):
+        for chunk in client.chat.completions.create(model="gemma-3-270m", messages=STORY, max_tokens=32, temperature=0, stream=True):
             last, public_id = chunk, chunk.id
             text = chunk.choices[0].delta.content if chunk.choices else None
             if text:
@@ -150,7 +150,7 @@ def run(kind: str, rounds: int, client, hosts: Hosts) -> dict:  # type: ignore[n
         proc.kill()
         proc.wait()
         hosts.start(result["victim"])
-        print(f"{kind} round {number + 1}/{rounds}: {checked['status']}, failover {result['failover_s']}", flush=True)
+        print(json.dumps({"kind": kind, "round": number + 1, **checked, "failover_s": result["failover_s"]}), flush=True)
     total = outcomes["completed"] + outcomes["failed_honestly"]
     return {**outcomes, "rounds": total, "completed_share": outcomes["completed"] / max(total, 1),
             "failover_ms_p50": pct(times, 0.5), "failover_ms_p95": pct(times, 0.95)}
