@@ -81,6 +81,8 @@ class JobClaimApi(AsyncHostApi):
         wait = serializers.FloatField(min_value=0, max_value=settings.CLAIM_MAX_WAIT_SECONDS, default=20)
 
     async def handle(self, host: Host, data: dict, **kwargs: object) -> HttpResponse:
+        if host.paused:
+            raise ApiError(403, "This host is paused; resume it to claim work.", code="host_paused", type="permission_error")
         model_ids = await db(selectors.qualified_model_ids, host=host, fingerprint=data["fingerprint"])
         if not model_ids:
             raise ApiError(
@@ -100,15 +102,8 @@ class JobClaimApi(AsyncHostApi):
 
     async def _claim_until(self, host: Host, data: dict, model_ids: list[int], layer, channel: str) -> HttpResponse:  # type: ignore[no-untyped-def]
         deadline = time.monotonic() + data["wait"]
-        first = True
-        while True:
-            try:
-                payload = await db(market.job_claim_payload, host=host, model_ids=model_ids)
-            except market.HostRefused:
-                if first:
-                    raise
-                return HttpResponse(status=204)  # paused while waiting: it simply stops claiming
-            first = False
+        while True:  # a host paused while it waits simply gets nothing
+            payload = await db(market.job_claim_payload, host=host, model_ids=model_ids)
             if payload is not None:
                 return JsonResponse({"job": payload})
             remaining = deadline - time.monotonic()

@@ -13,7 +13,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q, Value
+from django.db.models import Exists, F, Q, Value
 from django.db.models.functions import Concat
 from django.utils import timezone
 
@@ -158,12 +158,12 @@ def job_claim_next(*, host: Host, fingerprint: str = "", model_ids: list[int] | 
     """Give the host the oldest queued job for a model it qualified here, if any.
 
     `model_ids` (the host's qualified models, looked up once per long-poll) may be
-    passed instead of the fingerprint. SKIP LOCKED lets many hosts claim at once
-    without queueing behind each other; the status compare-and-set decides any
+    passed instead of the fingerprint. A paused host gets nothing. A continuation
+    skips the host whose attempt died until the grace is over. One locking read
+    (SKIP LOCKED, so many hosts claim at once without queueing behind each other)
+    fetches the job with its request; the status compare-and-set decides any
     remaining race.
     """
-    if Host.objects.filter(pk=host.pk, paused=True).exists():
-        raise HostRefused("This host is paused; resume it to claim work.", code="host_paused")
     if model_ids is None:
         model_ids = qualified_model_ids(host=host, fingerprint=fingerprint)
     if not model_ids:
@@ -171,20 +171,24 @@ def job_claim_next(*, host: Host, fingerprint: str = "", model_ids: list[int] | 
     now = timezone.now()
     grace_over = now - timedelta(seconds=settings.CONTINUATION_GRACE_SECONDS)
     candidates = (
-        Job.objects.select_for_update(skip_locked=True)
+        Job.objects.select_for_update(skip_locked=True, of=("self",))
+        .select_related("request", "model")
         .filter(status=Job.Status.QUEUED, model_id__in=model_ids)
         .filter(Q(avoid_host__isnull=True) | ~Q(avoid_host=host) | Q(created_at__lt=grace_over))
+        .filter(~Exists(Host.objects.filter(pk=host.pk, paused=True)))
         .order_by("created_at", "pk")
-        .values_list("pk", flat=True)[:8]
     )
-    for job_id in list(candidates):
-        if Job.objects.filter(pk=job_id, status=Job.Status.QUEUED).update(
+    for _ in range(3):  # without row locks (SQLite) another host may win the first pick
+        job = candidates.first()
+        if job is None:
+            return None
+        if Job.objects.filter(pk=job.pk, status=Job.Status.QUEUED).update(
             status=Job.Status.RUNNING, host=host, claimed_at=now, last_token_at=now
         ):
-            job = Job.objects.select_related("request", "model").get(pk=job_id)
             Request.objects.filter(pk=job.request_id, status=Request.Status.QUEUED).update(
                 status=Request.Status.RUNNING, started_at=now
             )
+            job.status, job.host, job.claimed_at = Job.Status.RUNNING, host, now
             announce_on_commit(request_group(job.request.public_id), {"type": "job.claimed"})
             return job
     return None
