@@ -3,9 +3,10 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 8000
+PYTEST_ARGS ?=
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test bench lint
+.PHONY: install run test bench
 
 $(STAMP): requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,8 +19,9 @@ run: install
 	$(BIN)/python manage.py migrate --noinput
 	$(BIN)/python manage.py serve_demo --port $(PORT)
 
+# PYTEST_ARGS narrows a run, e.g. `make test PYTEST_ARGS="billing marketplace"`.
 test: install
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/python bench/request_path.py

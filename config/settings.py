@@ -36,6 +36,8 @@ INSTALLED_APPS = [
     "billing",
     "hosts",
     "marketplace",
+    "mesh",
+    "web",
 ]
 
 MIDDLEWARE = [
@@ -134,6 +136,9 @@ STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 STATIC_ROOT.mkdir(exist_ok=True)
 STATICFILES_DIRS = [BASE_DIR / "static"]
+# WhiteNoise serves the pages' CSS/JS (and the admin's) straight from the source folders, so
+# `make run` needs no collectstatic; set it false after a collectstatic into STATIC_ROOT.
+WHITENOISE_USE_FINDERS = env_bool("WHITENOISE_USE_FINDERS", True)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [],
@@ -184,3 +189,12 @@ RECONCILE_INTERVAL_SECONDS = env_float("RECONCILE_INTERVAL_SECONDS", 300.0, mini
 USAGE_MAX_DAYS = env_int("USAGE_MAX_DAYS", 366, minimum=1)
 # A continuation avoids the host whose attempt died for this long, then anyone may take it.
 CONTINUATION_GRACE_SECONDS = env_float("CONTINUATION_GRACE_SECONDS", 2.0, minimum=0)
+
+# Web pages (issue 6): session login for people; e-mail goes to the console unless configured.
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "dashboard"
+LOGOUT_REDIRECT_URL = "login"
+EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "Elephant <noreply@localhost>")
+# Requests a customer sees in the recent-requests table.
+WEB_RECENT_REQUESTS = env_int("WEB_RECENT_REQUESTS", 50, minimum=1)

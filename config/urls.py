@@ -13,4 +13,5 @@ urlpatterns = [
     path("hosts/api/", include("hosts.urls")),
     path("api/", include("mesh.urls")),
     path("billing/", include("billing.urls")),
+    path("", include("web.urls")),  # last: the site's pages own the root
 ]

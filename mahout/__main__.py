@@ -1,4 +1,4 @@
-"""Command line: ``python -m mahout run|benchmark|pause|resume|status``."""
+"""Command line: ``python -m mahout run|benchmark|pause|resume|status|ring``."""
 from __future__ import annotations
 
 import argparse
@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--token")
     for sub in (run, bench):
         _add_threads(sub)
+    from mahout.ring.cli import add_parser as add_ring_parser
+
+    add_ring_parser(commands)
     for sub in (run, bench, status, commands.add_parser("pause", help="stop claiming new jobs"),
                 commands.add_parser("resume", help="claim jobs again")):
         _add_home(sub)
@@ -116,12 +119,20 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ring(args: argparse.Namespace) -> int:
+    """Serve the shipped model as a ring of layer-sliced stage processes (see mahout.ring.cli)."""
+    from mahout.ring.cli import cmd_ring as run_ring
+
+    return run_ring(args, say=say)
+
+
 COMMANDS = {
     "run": cmd_run,
     "benchmark": cmd_benchmark,
     "pause": cmd_pause,
     "resume": cmd_resume,
     "status": cmd_status,
+    "ring": cmd_ring,
 }
 
 

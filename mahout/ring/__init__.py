@@ -5,4 +5,6 @@
 * `stage` — a stage agent (head / middle / tail), runnable as ``python -m mahout.ring.stage``.
 * `bridge` — the ring's client: submits to the head, reads tokens from the tail.
 * `local` — a whole ring on this machine (processes or threads).
+* `cli` — ``python -m mahout ring``; `runner` — the bridge as a mahout host (HostLoop runner);
+  `api` — the gateway's ring API (assignments, stage stats).
 """

@@ -67,6 +67,7 @@ class RingBridge:
         self._lock = threading.Lock()
         self._stats: queue.Queue[list[dict]] = queue.Queue()
         self._broken: str | None = None
+        self.errors: list[dict[str, Any]] = []  # every error frame the tail handed over
         self._ids = itertools.count()
         for link in (self._tail, self._head):
             threading.Thread(target=self._read, args=(link,), name=f"bridge-{link.name}", daemon=True).start()
@@ -91,9 +92,22 @@ class RingBridge:
             self._break(f"the ring's head is gone: {exc}")
         return request
 
+    def cancel(self, request_id: str) -> None:
+        """Stop generating for a request (its cache rows are freed around the ring)."""
+        try:
+            self._head.send({"type": "cancel", "request_id": request_id})
+        except LinkClosed as exc:
+            self._break(f"the ring's head is gone: {exc}")
+
     def stats(self, timeout: float = 30.0) -> list[dict]:
         """Every stage's hold/idle seconds and queue depth, collected hop by hop around the ring."""
-        self._head.send({"type": "stats", "stages": []})
+        if self._broken:
+            raise RingBroken(self._broken)
+        try:
+            self._head.send({"type": "stats", "stages": []})
+        except LinkClosed as exc:
+            self._break(f"the ring's head is gone: {exc}")
+            raise RingBroken(str(exc)) from exc
         try:
             return self._stats.get(timeout=timeout)
         except queue.Empty:
@@ -122,6 +136,7 @@ class RingBridge:
         elif kind == "done":
             self._end(header["request_id"], "done", header.get("reason", "stop"))
         elif kind == "error":
+            self.errors.append(header)
             for request_id in header["request_ids"]:
                 self._end(request_id, "error", header.get("message", "the ring failed this request"))
         elif kind == "stats":

@@ -98,7 +98,8 @@ class ProcessRing:
                 "--row-width", str(limits.row_width), "--n-ctx", str(n_ctx), "--threads", str(threads),
                 *(["--slots", str(slots)] if slots else []),
             ]
-            self.procs.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+            self.procs.append(subprocess.Popen(command, cwd=ROOT, env=env, text=True, **pipes))
         try:
             self._wait_ready(ready_timeout)
             self.bridge = RingBridge(("127.0.0.1", ports[0]), ("127.0.0.1", ports[-1]))
@@ -116,7 +117,8 @@ class ProcessRing:
                     raise TimeoutError(f"stage {i} was not ready within {timeout:.0f} s")
                 line = proc.stdout.readline()
                 if not line and proc.poll() is not None:
-                    raise RuntimeError(f"stage {i} exited with code {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}")
+                    why = proc.stderr.read() if proc.stderr else ""
+                    raise RuntimeError(f"stage {i} exited with code {proc.returncode}: {why}")
 
     def close(self) -> None:
         bridge = getattr(self, "bridge", None)

@@ -17,8 +17,8 @@ Roles follow from the layer range:
 * the **tail** applies the final norm and output head, samples (greedy by default), and
   sends the tokens to the head and to the bridge.
 
-Messages (header ``type``): ``hello`` (first frame of a connection), ``submit`` (bridge ->
-head), ``batch`` (hidden state + membership, downstream), ``tokens`` (tail -> head and
+Messages (header ``type``): ``hello`` (first frame of a connection), ``submit`` and ``cancel``
+(bridge -> head), ``batch`` (hidden state + membership, downstream), ``tokens`` (tail -> head and
 bridge), ``release`` (a request ended: every stage frees its cache row; the tail tells the
 bridge ``done``), ``error`` (requests that failed, downstream to the tail, then to the head
 and the bridge), ``stats`` (collected hop by hop, the tail hands them to the bridge).
@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from engine.model import Stage
-from mahout.ring.membership import DECODE, PREFILL, BatchTooWide, Limits, Row, rows_from_wire, rows_to_wire
+from mahout.ring.membership import DECODE, PREFILL, Limits, Row, rows_from_wire, rows_to_wire
 from mahout.ring.wire import Link, LinkClosed, connect, listen
 
 __all__ = ["StageAgent", "StageStats", "main"]
@@ -59,6 +59,7 @@ class StageStats:
     batches: int = 0
     rows: int = 0
     tokens: int = 0
+    refused: int = 0  # batches refused (wider than the plan) or failed
     max_queue_depth: int = 0
     started: float = field(default_factory=time.perf_counter)
 
@@ -106,6 +107,7 @@ class StageAgent:
         self._bridge: Link | None = None
         self._links: list[Link] = []
         self._stopping = threading.Event()
+        self.trace: list[list[Row]] | None = None  # set to a list to record every membership run here
         # head only
         self._active: dict[str, _Request] = {}
         self._ready_rows: deque[str] = deque()
@@ -174,6 +176,7 @@ class StageAgent:
                     if not self._handle(*self._inbox.get_nowait()):
                         return
                 if self._ready_rows:
+                    self._note_depth()
                     self._run_head_batch()
                     continue
             self._note_depth()
@@ -194,6 +197,8 @@ class StageAgent:
             self._submit(header)
         elif kind == "tokens" and self.is_head:
             self._tokens(header["rows"])
+        elif kind == "cancel" and self.is_head:
+            self._cancel(str(header["request_id"]))
         elif kind == "release":
             self._release(header)
         elif kind == "error":
@@ -201,6 +206,10 @@ class StageAgent:
         elif kind == "stats":
             self._stats(header)
         return True
+
+    @property
+    def name(self) -> str:
+        return f"stage {self.index} [{self.stage.start}, {self.stage.end})"
 
     def _note_depth(self) -> None:
         self.stats.max_queue_depth = max(self.stats.max_queue_depth, self.queue_depth())
@@ -214,7 +223,7 @@ class StageAgent:
         return {
             "stage": self.index, "start": self.stage.start, "end": self.stage.end,
             "hold_s": round(s.hold_s, 6), "idle_s": round(s.idle_s, 6), "batches": s.batches, "rows": s.rows,
-            "tokens": s.tokens, "queue_depth": self.queue_depth(), "max_queue_depth": s.max_queue_depth,
+            "tokens": s.tokens, "refused": s.refused, "queue_depth": self.queue_depth(), "max_queue_depth": s.max_queue_depth,
             "uptime_s": round(time.perf_counter() - s.started, 6),
         }
 
@@ -228,12 +237,14 @@ class StageAgent:
             self.limits.check(rows, hidden.shape[0])
             out = self.stage.forward_rows(hidden, [row.span() for row in rows])  # (T, D) or tail (R, V)
         except Exception as exc:  # noqa: BLE001 - a refused or failed batch fails its requests, not the ring
-            self._send_error([row.request_id for row in rows], f"stage {self.index} [{self.stage.start}, {self.stage.end}): {exc}")
+            self.stats.refused += 1
+            self._send_error([row.request_id for row in rows], f"{self.name}: {exc}")
+            self.stats.hold_s += time.perf_counter() - started
+            return
+        if self.is_tail:
+            self._sample(rows, out)
         else:
-            if self.is_tail:
-                self._sample(rows, out)
-            else:
-                self._forward(header, rows, out)
+            self._forward(rows, out)
         self._count(rows, started)
 
     def _run_head_batch(self) -> None:
@@ -246,19 +257,21 @@ class StageAgent:
             x = torch.tensor(ids, dtype=torch.long)  # (T,)
             hidden = self.stage.forward_rows(x, [row.span() for row in rows])  # (T, D)
         except Exception as exc:  # noqa: BLE001 - e.g. a full cache: fail these requests, keep serving
-            failed = [row.request_id for row in rows]
-            for request_id in failed:
-                self._drop(request_id)
-            self._send_error(failed, f"stage {self.index} [{self.stage.start}, {self.stage.end}): {exc}")
-        else:
-            self._forward({"type": "batch"}, rows, hidden)
+            self.stats.refused += 1
+            self._send_error([row.request_id for row in rows], f"{self.name}: {exc}")
+            self.stats.hold_s += time.perf_counter() - started
+            return
+        self._forward(rows, hidden)
         self._count(rows, started)
 
-    def _forward(self, header: dict[str, Any], rows: list[Row], hidden: torch.Tensor) -> None:
+    def _forward(self, rows: list[Row], hidden: torch.Tensor) -> None:
+        """Hand the boundary on with exactly the membership it was computed for."""
         assert self._next is not None
-        self._next.send({"type": "batch", "rows": rows_to_wire(rows), "origin": header.get("origin", time.time())}, hidden)
+        self._next.send({"type": "batch", "rows": rows_to_wire(rows)}, hidden)
 
     def _count(self, rows: list[Row], started: float) -> None:
+        if self.trace is not None:
+            self.trace.append(rows)
         self.stats.hold_s += time.perf_counter() - started
         self.stats.batches += 1
         self.stats.rows += len(rows)
@@ -342,6 +355,16 @@ class StageAgent:
                 self._ready_rows.append(r.id)
         self._admit()
 
+    def _cancel(self, request_id: str) -> None:
+        """The bridge no longer wants this request: end it as if it had finished."""
+        waiting = [w for w in self._waiting if w["request_id"] == request_id]
+        for w in waiting:
+            self._waiting.remove(w)
+        if request_id in self._active or waiting:
+            self._drop(request_id)
+            self._release({"type": "release", "request_id": request_id, "reason": "cancelled"})
+            self._admit()
+
     def _drop(self, request_id: str) -> None:
         self._active.pop(request_id, None)
         if request_id in self._ready_rows:
@@ -370,6 +393,8 @@ class StageAgent:
         if self.is_head:
             for request_id in header["request_ids"]:
                 self._drop(request_id)
+                if header.get("returned"):  # stages before the one that failed still hold a row
+                    self._release({"type": "release", "request_id": request_id, "reason": "error"})
             self._admit()
             if header.get("returned"):
                 return

@@ -1,0 +1,159 @@
+"""The ring, measured side by side in one run (all on this machine, loopback, greedy).
+
+1. A 2-stage ring (two stage processes, 1 torch thread each) serving one request, versus
+   the single-process engine with the same total threads (2): decode tokens/s.
+2. The same ring with 4 requests in flight versus the 4 drained one at a time: tokens/s.
+3. The engine versus llama-cpp-python on the same threads: decode tokens/s.
+4. Per-stage hold/idle shares while the ring is starved (one request at a time) and
+   saturated (many requests in flight).
+Also: the same ring split by cost rather than by layer count (the tail's output head is heavy).
+
+Rounds alternate between the sides so machine noise hits both; medians are reported.
+
+    .venv/bin/python bench/ring.py [--rounds 3] [--tokens 32]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from engine.generate import build_stages, generate  # noqa: E402
+from engine.gguf_loader import default_model_path  # noqa: E402
+from engine.tokenizer import Tokenizer  # noqa: E402
+from mahout.ring.local import ProcessRing, split_layers  # noqa: E402
+from mahout.ring.membership import Limits  # noqa: E402
+
+# The tail also carries the output head (262k x 640), which costs about as much as 14 of the
+# 18 layers per decode token; this split gives the head most layers so both stages match.
+BALANCED = [(0, 15), (15, 18)]
+PROMPTS = [
+    "Once upon a time, in a village at the edge of a great forest, there lived",
+    "The history of the elephant is long and varied. Elephants live in families",
+    "To make a good cup of tea, first boil the water, then",
+    "The three largest cities in the world by population are",
+]
+
+
+def ring_decode_tps(ring: ProcessRing, prompt_ids: list[int], tokens: int) -> float:
+    """Decode tokens/s of one request alone: tokens after the first over the time after the first."""
+    request = ring.bridge.submit(prompt_ids, tokens)
+    first = end = None
+    for _ in request:
+        end = time.perf_counter()
+        first = first or end
+    assert first is not None and end is not None
+    return (len(request.tokens) - 1) / (end - first)
+
+
+def ring_batch_tps(ring: ProcessRing, prompts: list[list[int]], tokens: int, *, in_flight: bool) -> float:
+    """Generated tokens/s for all prompts: submitted together, or each after the previous ended."""
+    started = time.perf_counter()
+    if in_flight:
+        requests = [ring.bridge.submit(p, tokens) for p in prompts]
+        total = sum(len(r.result()) for r in requests)
+    else:
+        total = sum(len(ring.bridge.submit(p, tokens).result()) for p in prompts)
+    return total / (time.perf_counter() - started)
+
+
+def shares(before: list[dict], after: list[dict]) -> list[str]:
+    out = []
+    for b, a in zip(before, after, strict=True):
+        hold, idle = a["hold_s"] - b["hold_s"], a["idle_s"] - b["idle_s"]
+        total = hold + idle
+        out.append(f"stage {a['stage']} [{a['start']},{a['end']}): hold {hold / total:.0%} idle {idle / total:.0%} "
+                   f"(max queue {a['max_queue_depth']})")
+    return out
+
+
+def phases(ring: ProcessRing, prompts: list[list[int]], tokens: int) -> tuple[list[str], list[str]]:
+    """Hold/idle shares while starved (one request at a time), then saturated (8 in flight)."""
+    s0 = ring.bridge.stats()
+    for prompt in prompts:
+        ring.bridge.submit(prompt, tokens).result()
+    s1 = ring.bridge.stats()
+    for request in [ring.bridge.submit(prompts[i % 4], tokens) for i in range(8)]:
+        request.result()
+    s2 = ring.bridge.stats()
+    return shares(s0, s1), shares(s1, s2)
+
+
+def llama_decode_tps(llm, prompt_ids: list[int], tokens: int) -> float:  # type: ignore[no-untyped-def]
+    llm.reset()
+    first = end = None
+    produced = 0
+    for _ in llm.generate(prompt_ids, temp=0.0, top_k=1, reset=True):
+        produced += 1
+        end = time.perf_counter()
+        first = first or end
+        if produced >= tokens:
+            break
+    return (produced - 1) / (end - first)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=32)
+    args = parser.parse_args()
+    path = default_model_path()
+    tokenizer = Tokenizer(path)
+    prompts = [tokenizer.encode(p) for p in PROMPTS]
+    limits = Limits(micro_batch=4, row_width=64)
+    print(f"model {path.name}; prompts of {[len(p) for p in prompts]} tokens; {args.tokens} tokens each; {args.rounds} rounds")
+
+    (full,) = build_stages(path, [(0, 18)], n_rows=1, n_ctx=256)
+
+    def engine_tps(threads: int) -> float:
+        torch.set_num_threads(threads)
+        return generate([full], prompts[0], args.tokens).decode_tokens_per_s
+
+    from mahout.runners.llama import load_llama
+
+    llm = load_llama(path, n_ctx=256, threads=1)
+    m: dict[str, list[float]] = {k: [] for k in ("ring1", "eng2", "eng1", "alone", "packed", "llama1", "b_alone", "b_packed")}
+    with ProcessRing(path, split_layers(18, 2), limits=limits, threads=1, n_ctx=256) as ring, \
+            ProcessRing(path, BALANCED, limits=limits, threads=1, n_ctx=256) as balanced:
+        ring_decode_tps(ring, prompts[0], 4)  # warm-up
+        ring_decode_tps(balanced, prompts[0], 4)
+        for _ in range(args.rounds):
+            m["ring1"].append(ring_decode_tps(ring, prompts[0], args.tokens))
+            m["eng2"].append(engine_tps(2))
+            m["alone"].append(ring_batch_tps(ring, prompts, args.tokens, in_flight=False))
+            m["packed"].append(ring_batch_tps(ring, prompts, args.tokens, in_flight=True))
+            m["eng1"].append(engine_tps(1))
+            m["llama1"].append(llama_decode_tps(llm, prompts[0], args.tokens))
+            m["b_alone"].append(ring_batch_tps(balanced, prompts, args.tokens, in_flight=False))
+            m["b_packed"].append(ring_batch_tps(balanced, prompts, args.tokens, in_flight=True))
+        starved, saturated = phases(ring, prompts, args.tokens)
+        b_starved, b_saturated = phases(balanced, prompts, args.tokens)
+    med = {k: statistics.median(v) for k, v in m.items()}
+    best = max(med["eng1"], med["eng2"])
+    print(f"1. 2-stage ring (2 processes x 1 thread), one request: {med['ring1']:.2f} tok/s decode; "
+          f"engine 2 threads: {med['eng2']:.2f}, 1 thread: {med['eng1']:.2f} tok/s -> ratio {med['ring1'] / med['eng2']:.2f} "
+          f"vs 2 threads, {med['ring1'] / best:.2f} vs the better engine setting (target >= 0.85)")
+    print(f"2. same ring, 4 requests in flight: {med['packed']:.2f} tok/s; drained one at a time: {med['alone']:.2f} tok/s "
+          f"-> ratio {med['packed'] / med['alone']:.2f} (target >= 1.4)")
+    print(f"   cost-balanced split {BALANCED}: in flight {med['b_packed']:.2f} tok/s, drained {med['b_alone']:.2f} tok/s "
+          f"-> ratio {med['b_packed'] / med['b_alone']:.2f}; in flight vs the even split {med['b_packed'] / med['packed']:.2f}")
+    print(f"3. engine, 1 thread: {med['eng1']:.2f} tok/s decode; llama-cpp-python, 1 thread: {med['llama1']:.2f} tok/s "
+          f"-> ratio {med['eng1'] / med['llama1']:.2f} (target >= 0.33)")
+    print("4. even split, starved (one request at a time): " + "; ".join(starved))
+    print("   even split, saturated (8 requests in flight, micro-batch 4): " + "; ".join(saturated))
+    print("   balanced split, starved: " + "; ".join(b_starved))
+    print("   balanced split, saturated: " + "; ".join(b_saturated))
+    print("raw: " + ", ".join(f"{k}={[round(x, 2) for x in v]}" for k, v in m.items()))
+    llm.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,33 @@
+"""HTTP client for the gateway's ring API (``/api/rings/``): a stage host pulls its
+assignment; a bridge reports the stages' hold/idle seconds and queue depth.
+
+It is `mahout.api.HostApi` (same host token, timeouts, bounded retries with backoff, typed
+4xx errors) pointed at the ring routes instead of the host routes.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from mahout.api import HostApi
+
+__all__ = ["RingApi"]
+
+
+class RingApi(HostApi):
+    def __init__(self, server: str, token: str, **kwargs: Any) -> None:
+        super().__init__(server, token, **kwargs)
+        self._client.base_url = server.rstrip("/") + "/api/rings"
+
+    def assignment(self) -> list[dict]:
+        """The stages of active ring plans this host must serve."""
+        return self._json(self._request("GET", "/assignment")).get("assignments", [])
+
+    def report_stats(self, ring_id: int, stages: list[dict]) -> dict:
+        """Report stages' time use, as collected around the ring (`RingBridge.stats`)."""
+        keep = ("stage", "hold_s", "idle_s", "queue_depth", "batches")
+        body = {"stages": [{key: stage[key] for key in keep if key in stage} for stage in stages]}
+        return self._json(self._request("POST", f"/{ring_id}/stats", body))
+
+    def stats(self, ring_id: int) -> dict:
+        """Every stage's last reported time use, with its hold share."""
+        return self._json(self._request("GET", f"/{ring_id}/stats"))

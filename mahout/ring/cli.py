@@ -1,0 +1,105 @@
+"""``python -m mahout ring``: serve the shipped model as a ring of stage processes on loopback.
+
+Without ``--server`` it completes one prompt greedily and prints the text (and, on stderr,
+each stage's hold/idle seconds). With ``--server`` and ``--token`` the bridge acts as one
+mahout host: it claims jobs through the normal host API and feeds them to the ring.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+
+__all__ = ["add_parser", "cmd_ring"]
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    ring = commands.add_parser("ring", help="serve the shipped model as a pipeline of layer-sliced stages")
+    ring.add_argument("--stages", type=int, default=None, help="stage processes (at least two); with --ring, the plan's")
+    ring.add_argument("--prompt", help="complete this text and exit")
+    ring.add_argument("--max-tokens", type=int, default=32)
+    ring.add_argument("--threads", type=int, default=1, help="torch threads per stage")
+    ring.add_argument("--micro-batch", type=int, default=4, help="rows per pass")
+    ring.add_argument("--row-width", type=int, default=64, help="tokens per row (longer prompts are fed in chunks)")
+    ring.add_argument("--n-ctx", type=int, default=1024)
+    ring.add_argument("--model", default=None, help="GGUF path (default: the shipped Gemma 3 270M)")
+    ring.add_argument("--server", help="gateway URL: serve jobs as a mahout host")
+    ring.add_argument("--token", help="host token (with --server)")
+    ring.add_argument("--max-jobs", type=int, default=None, help="with --server: exit after this many jobs")
+    ring.add_argument("--parallel", type=int, default=None,
+                      help="with --server: jobs served at once, each in flight in the ring (default: the micro-batch)")
+    ring.add_argument("--home", help="mahout state directory (with --server)")
+    ring.add_argument("--ring", type=int, default=None,
+                      help="with --server: run this ring plan (its stages and widths) and report its stage stats")
+    ring.add_argument("--report-every", type=float, default=10.0, help="seconds between stats reports (with --ring)")
+
+
+def _refuse(message: str) -> int:
+    print(f"mahout: error: {message}", file=sys.stderr, flush=True)
+    return 2
+
+
+def _plan(args: argparse.Namespace) -> tuple[list[tuple[int, int]], int, int]:
+    """The layer ranges and widths of ring plan ``--ring`` as the gateway holds it."""
+    from mahout.ring.api import RingApi
+
+    api = RingApi(args.server, args.token)
+    try:
+        plan = api.stats(args.ring)
+    finally:
+        api.close()
+    return [(stage["start"], stage["end"]) for stage in plan["stages"]], plan["micro_batch"], plan["row_width"]
+
+
+def cmd_ring(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
+    if bool(args.server) != bool(args.token):
+        return _refuse("--server and --token go together")
+    if args.ring is not None and not args.server:
+        return _refuse("--ring needs --server and --token")
+    if args.stages is None and args.ring is None:
+        return _refuse("give --stages N (or --ring ID with --server)")
+    if args.stages is not None and args.stages < 2:
+        return _refuse("a pipeline needs at least two stages")
+    if args.server is None and args.prompt is None:
+        return _refuse("give --prompt TEXT, or --server URL --token TOKEN")
+    from engine.gguf_loader import default_model_path, open_gguf, read_config
+    from mahout.ring.local import ProcessRing, split_layers
+    from mahout.ring.membership import Limits
+
+    model_path = args.model or default_model_path()
+    if args.ring is not None:
+        ranges, args.micro_batch, args.row_width = _plan(args)
+        args.stages = len(ranges)
+    else:
+        ranges = split_layers(read_config(open_gguf(model_path)).n_layers, args.stages)
+    limits = Limits(micro_batch=args.micro_batch, row_width=args.row_width)
+    args.parallel = max(1, args.parallel or args.micro_batch)
+    started = time.perf_counter()
+    with ProcessRing(model_path, ranges, limits=limits, threads=args.threads, n_ctx=args.n_ctx) as ring:
+        print(f"mahout: ring of {len(ranges)} stages {ranges} ready in {time.perf_counter() - started:.1f} s",
+              file=sys.stderr, flush=True)
+        if args.server:
+            from mahout.ring.runner import serve_ring
+
+            return serve_ring(ring, model_path, args, say=say)
+        return _complete(ring, model_path, args, say)
+
+
+def _complete(ring, model_path, args: argparse.Namespace, say: Callable[[str], None]) -> int:  # type: ignore[no-untyped-def]
+    from engine.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer(model_path)
+    prompt_ids = tokenizer.encode(args.prompt)
+    started = time.perf_counter()
+    request = ring.bridge.submit(prompt_ids, args.max_tokens, stop_ids=[tokenizer.eos_id])
+    tokens = request.result()
+    seconds = time.perf_counter() - started
+    text_ids = [t for t in tokens if t != tokenizer.eos_id]
+    say(tokenizer.decode(text_ids))
+    print(f"mahout: {len(tokens)} tokens in {seconds:.2f} s ({request.finish_reason})", file=sys.stderr, flush=True)
+    for stage in ring.bridge.stats():
+        print(f"mahout: stage {stage['stage']} layers [{stage['start']}, {stage['end']}): "
+              f"held {stage['hold_s']:.2f} s, idle {stage['idle_s']:.2f} s, {stage['batches']} batches",
+              file=sys.stderr, flush=True)
+    return 0

@@ -1,0 +1,159 @@
+"""The ring: stages on loopback give the single-process engine's greedy tokens, alone and
+packed; the membership the head decides is exactly what the tail runs; plans' widths are
+enforced; stages report hold and idle time; a stage dying fails its requests honestly."""
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.generate import build_stages, generate
+from engine.gguf_loader import default_model_path
+from mahout.ring.bridge import RingBroken
+from mahout.ring.local import ThreadRing, split_layers
+from mahout.ring.membership import BatchTooWide, Limits, Row, rows_to_wire
+from mahout.ring.stage import StageAgent
+from mahout.ring.wire import connect
+
+PROMPTS = [
+    [2, 818, 5279, 529, 7001, 563],  # "The capital of France is"
+    [2, 818, 5279, 529],
+    [2, 7001, 563, 496, 2891, 529, 506, 5279, 236761],
+    [2, 506, 9145],
+]
+MAX_TOKENS = 6
+LIMITS = Limits(micro_batch=2, row_width=4)  # prompts longer than 4 tokens are fed in chunks
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def model_path() -> Path:
+    return default_model_path()
+
+
+@pytest.fixture(scope="module")
+def expected(model_path: Path) -> list[list[int]]:
+    """Greedy tokens of the single-process engine, one request at a time."""
+    (full,) = build_stages(model_path, [(0, 18)], n_rows=1, n_ctx=64)
+    tokens = [generate([full], prompt, MAX_TOKENS).token_ids for prompt in PROMPTS]
+    del full
+    gc.collect()
+    return tokens
+
+
+def _ring(model_path: Path, n_stages: int, limits: Limits = LIMITS, slots: int = 4) -> ThreadRing:
+    return ThreadRing(model_path, split_layers(18, n_stages), limits=limits, slots=slots, n_ctx=64)
+
+
+class RingTests:
+    @pytest.mark.parametrize("n_stages", [2, 3, 4])
+    def test_it_gives_the_engines_greedy_tokens_alone_and_packed(
+        self, n_stages: int, model_path: Path, expected: list[list[int]]
+    ) -> None:
+        with _ring(model_path, n_stages) as ring:
+            head, tail = ring.agents[0], ring.agents[-1]
+            head.trace, tail.trace = [], []
+            alone = ring.bridge.submit(PROMPTS[0], MAX_TOKENS).result()
+            packed = [ring.bridge.submit(prompt, MAX_TOKENS) for prompt in PROMPTS]
+            got = [request.result() for request in packed]
+            stats = ring.bridge.stats()
+        assert alone == expected[0]
+        assert got == expected
+        assert all(request.finish_reason == "length" for request in packed)
+        # membership forwarding is exact: the tail ran the very memberships the head decided
+        assert tail.trace == head.trace
+        assert max(len(rows) for rows in head.trace) == LIMITS.micro_batch  # requests shared passes
+        assert len(stats) == n_stages
+        for stage in stats:
+            assert stage["hold_s"] > 0 and stage["idle_s"] >= 0
+            assert stage["batches"] == stats[0]["batches"] and stage["tokens"] == stats[0]["tokens"]
+            assert stage["queue_depth"] == 0
+        del ring
+        gc.collect()
+
+    def test_it_refuses_a_batch_wider_than_the_plan(self, model_path: Path) -> None:
+        with _ring(model_path, 2) as ring:
+            tail = ring.agents[-1]
+            rows = [Row(f"x{i}", 0, 1, "prefill", True) for i in range(3)]
+            intruder = connect(tail.address, hello={"role": "upstream"})
+            intruder.send({"type": "batch", "rows": rows_to_wire(rows)}, torch.zeros(3, 640))
+            wide = [Row("y", 0, 5, "prefill", True)]
+            intruder.send({"type": "batch", "rows": rows_to_wire(wide)}, torch.zeros(5, 640))
+            deadline = time.monotonic() + 30
+            while len(ring.bridge.errors) < 2 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            messages = [error["message"] for error in ring.bridge.errors]
+            intruder.close()
+        assert any("batch of 3 rows exceeds the plan's micro-batch of 2" in m for m in messages), messages
+        assert any("a row of 5 tokens exceeds the plan's row width of 4" in m for m in messages), messages
+        assert tail.stats.tokens == 0  # nothing was computed
+
+    def test_it_cancels_a_request_and_frees_its_cache_rows(self, model_path: Path, expected: list[list[int]]) -> None:
+        with _ring(model_path, 2, slots=1) as ring:
+            endless = ring.bridge.submit(PROMPTS[0], 50)
+            queued = ring.bridge.submit(PROMPTS[1], MAX_TOKENS)  # waits: the only cache row is taken
+            next(iter(endless))
+            ring.bridge.cancel(endless.id)
+            assert len(endless.result()) < 50 and endless.finish_reason == "cancelled"
+            assert queued.result() == expected[1]
+
+    def test_it_fails_open_requests_when_a_stage_dies(self, model_path: Path) -> None:
+        with _ring(model_path, 3) as ring:
+            request = ring.bridge.submit(PROMPTS[0], 40)
+            next(iter(request))  # it is running
+            ring.agents[1].close()
+            with pytest.raises(RingBroken):
+                request.result()
+            with pytest.raises(RingBroken):
+                ring.bridge.submit(PROMPTS[1], 4).result()
+
+
+class HeadPackingTests:
+    def test_it_packs_a_decode_and_a_prefill_chunk_into_one_pass(self, model_path: Path) -> None:
+        (stage,) = build_stages(model_path, [(0, 1)], n_rows=4, n_ctx=64)
+        head = StageAgent(stage, limits=LIMITS, next_address=("127.0.0.1", 9))
+        head._submit({"request_id": "a", "prompt_ids": PROMPTS[3], "max_tokens": 4})
+        rows, ids = head._pack()
+        assert rows == [Row("a", 0, 3, "prefill", True)] and ids == PROMPTS[3]
+        head._tokens([{"request_id": "a", "token": 77}])  # back from the tail
+        head._submit({"request_id": "b", "prompt_ids": PROMPTS[2], "max_tokens": 4})
+        rows, ids = head._pack()
+        assert rows == [Row("a", 3, 1, "decode", True), Row("b", 0, 4, "prefill", False)]
+        assert ids == [77, *PROMPTS[2][:4]]
+        rows, _ = head._pack()  # b's next chunk follows at once; a waits for its token
+        assert rows == [Row("b", 4, 4, "prefill", False)]
+        head.server.close()
+
+
+class LimitsTests:
+    def test_it_refuses_nonpositive_widths(self) -> None:
+        with pytest.raises(ValueError):
+            Limits(micro_batch=0, row_width=4)
+        with pytest.raises(ValueError):
+            Limits(micro_batch=2, row_width=-1)
+
+    def test_it_refuses_a_membership_that_does_not_match_the_tensor(self) -> None:
+        with pytest.raises(BatchTooWide, match="tensor holds 3"):
+            LIMITS.check([Row("a", 0, 2, "prefill", True)], 3)
+        with pytest.raises(BatchTooWide, match="twice"):
+            LIMITS.check([Row("a", 0, 1, "decode", True), Row("a", 1, 1, "decode", True)], 2)
+
+
+class SplitTests:
+    def test_it_refuses_a_one_stage_pipeline(self) -> None:
+        with pytest.raises(ValueError, match="a pipeline needs at least two stages"):
+            split_layers(18, 1)
+        assert split_layers(18, 2) == [(0, 9), (9, 18)]
+
+

@@ -1,0 +1,74 @@
+"""The ring API for hosts: pull a stage assignment, report and read stage time use.
+
+Host token auth reuses the host API's helpers; each view parses, calls one service or
+selector, renders.
+"""
+from __future__ import annotations
+
+from rest_framework import serializers
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from hosts.apis import host_from_secret
+from hosts.models import Host
+from marketplace.apis import bearer_secret
+from marketplace.errors import ApiError
+from mesh import selectors, services
+
+
+class RingHostApi(APIView):
+    def host(self, request) -> Host:  # type: ignore[no-untyped-def]
+        return host_from_secret(bearer_secret(request))
+
+
+class RingAssignmentApi(RingHostApi):
+    """The stages this host serves: its layer range, the whole plan, the declared widths."""
+
+    def get(self, request) -> Response:  # type: ignore[no-untyped-def]
+        host = self.host(request)
+        return Response({"assignments": [
+            {
+                "ring": stage.plan_id, "model": stage.plan.model.name, "stage": stage.index, "start": stage.start,
+                "end": stage.end, "row_width": stage.plan.row_width, "micro_batch": stage.plan.micro_batch,
+                "n_layers": stage.plan.n_layers,
+                "stages": [
+                    {"stage": s.index, "start": s.start, "end": s.end, "host": s.host_id} for s in stage.plan.stages.all()
+                ],
+            }
+            for stage in selectors.ring_assignments(host=host)
+        ]})
+
+
+class RingStatsApi(RingHostApi):
+    """GET: every stage's reported hold/idle seconds and queue depth. POST: report them."""
+
+    class InputSerializer(serializers.Serializer):
+        class StageSerializer(serializers.Serializer):
+            stage = serializers.IntegerField(min_value=0)
+            hold_s = serializers.FloatField(min_value=0)
+            idle_s = serializers.FloatField(min_value=0)
+            queue_depth = serializers.IntegerField(min_value=0)
+            batches = serializers.IntegerField(min_value=0, required=False, default=0)
+
+        stages = StageSerializer(many=True, allow_empty=False)
+
+    def get(self, request, ring_id: int) -> Response:  # type: ignore[no-untyped-def]
+        plan = selectors.ring_for_participant(plan_id=ring_id, host=self.host(request))
+        if plan is None:
+            raise ApiError(404, f"No ring {ring_id} that this host serves.", code="ring_not_found")
+        return Response({
+            "ring": plan.pk, "model": plan.model.name, "row_width": plan.row_width, "micro_batch": plan.micro_batch,
+            "stages": [selectors.stage_shares(stage) for stage in plan.stages.all()],
+        })
+
+    def post(self, request, ring_id: int) -> Response:  # type: ignore[no-untyped-def]
+        host = self.host(request)
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        try:
+            updated = services.ring_stats_report(plan_id=ring_id, host=host, stages=serializer.validated_data["stages"])
+        except services.NotAParticipant as error:
+            raise ApiError(404, str(error), code="ring_not_found") from None
+        except services.NotYourStage as error:
+            raise ApiError(403, str(error), code="not_your_stage", type="permission_error") from None
+        return Response({"updated": updated})

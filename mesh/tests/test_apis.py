@@ -1,0 +1,74 @@
+"""The ring API: hosts pull their assignment and report / read stage time use."""
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from conftest import make_host
+from mesh.layouts import layout_seed
+from mesh.models import ModelLayout
+from mesh.services import StageSpec, ring_plan_create
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def plan_and_hosts(catalog):  # type: ignore[no-untyped-def]
+    from marketplace.models import CatalogModel
+
+    layout_seed(CatalogModel, ModelLayout)
+    head, tail, bridge = make_host(name="head"), make_host(name="tail"), make_host(name="bridge")
+    plan = ring_plan_create(
+        model_name="gemma-3-270m", stages=[StageSpec(0, 9, head.host), StageSpec(9, 18, tail.host)],
+        row_width=64, micro_batch=4, bridge_host=bridge.host,
+    )
+    return plan, head, tail, bridge
+
+
+def _auth(token: str) -> dict:
+    return {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+
+
+class RingAssignmentApiTests:
+    def test_it_hands_a_stage_host_its_layer_range_and_the_plan(self, plan_and_hosts) -> None:  # type: ignore[no-untyped-def]
+        plan, head, tail, _ = plan_and_hosts
+        answer = Client().get("/api/rings/assignment", **_auth(tail.token))
+        assert answer.status_code == 200
+        (assignment,) = answer.json()["assignments"]
+        assert assignment["ring"] == plan.pk and assignment["model"] == "gemma-3-270m"
+        assert (assignment["stage"], assignment["start"], assignment["end"]) == (1, 9, 18)
+        assert (assignment["row_width"], assignment["micro_batch"]) == (64, 4)
+        assert [(s["start"], s["end"]) for s in assignment["stages"]] == [(0, 9), (9, 18)]
+
+    def test_it_refuses_an_outsider(self, plan_and_hosts) -> None:  # type: ignore[no-untyped-def]
+        assert Client().get("/api/rings/assignment").status_code == 401
+        assert Client().get("/api/rings/assignment", **_auth("host_nope")).status_code == 401
+
+
+class RingStatsApiTests:
+    def test_it_shows_what_the_bridge_reported_for_every_stage(self, plan_and_hosts) -> None:  # type: ignore[no-untyped-def]
+        plan, head, _, bridge = plan_and_hosts
+        body = {"stages": [
+            {"stage": 0, "hold_s": 1.0, "idle_s": 3.0, "queue_depth": 0, "batches": 10},
+            {"stage": 1, "hold_s": 3.0, "idle_s": 1.0, "queue_depth": 2, "batches": 10},
+        ]}
+        posted = Client().post(f"/api/rings/{plan.pk}/stats", body, content_type="application/json", **_auth(bridge.token))
+        assert posted.status_code == 200 and posted.json() == {"updated": 2}
+        shown = Client().get(f"/api/rings/{plan.pk}/stats", **_auth(head.token)).json()
+        assert [(s["stage"], s["hold_s"], s["idle_s"], s["queue_depth"], s["hold_share"]) for s in shown["stages"]] == [
+            (0, 1.0, 3.0, 0, 0.25), (1, 3.0, 1.0, 2, 0.75)
+        ]
+
+    def test_it_refuses_a_host_outside_the_ring(self, plan_and_hosts) -> None:  # type: ignore[no-untyped-def]
+        plan, *_ = plan_and_hosts
+        outsider = make_host(name="outsider")
+        body = {"stages": [{"stage": 0, "hold_s": 1.0, "idle_s": 3.0, "queue_depth": 0}]}
+        posted = Client().post(f"/api/rings/{plan.pk}/stats", body, content_type="application/json", **_auth(outsider.token))
+        assert posted.status_code == 404
+        assert Client().get(f"/api/rings/{plan.pk}/stats", **_auth(outsider.token)).status_code == 404
+
+    def test_it_rejects_a_malformed_report(self, plan_and_hosts) -> None:  # type: ignore[no-untyped-def]
+        plan, *_, bridge = plan_and_hosts
+        body = {"stages": [{"stage": 0, "hold_s": -1.0, "idle_s": 3.0, "queue_depth": 0}]}
+        answer = Client().post(f"/api/rings/{plan.pk}/stats", body, content_type="application/json", **_auth(bridge.token))
+        assert answer.status_code == 400

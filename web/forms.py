@@ -1,0 +1,99 @@
+"""Input parsing for the pages. Forms validate shape only; the services decide."""
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+
+from django import forms
+from django.conf import settings
+from django.contrib.auth import password_validation
+from django.contrib.auth.forms import AuthenticationForm
+from django.utils import timezone
+
+from billing.models import UCENTS_PER_USD
+
+
+class SignupForm(forms.Form):
+    email = forms.EmailField(label="E-mail", max_length=150)
+    password = forms.CharField(label="Password", widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}))
+
+    def clean_password(self) -> str:
+        password = self.cleaned_data["password"]
+        password_validation.validate_password(password)
+        return password
+
+
+class LoginForm(AuthenticationForm):
+    """Django's login form with the username labelled as the e-mail it is."""
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.fields["username"].label = "E-mail"
+        self.fields["username"].widget = forms.EmailInput(attrs={"autofocus": True, "autocomplete": "email"})
+
+    def clean_username(self) -> str:
+        return self.cleaned_data["username"].strip().lower()
+
+
+class TopupForm(forms.Form):
+    amount_usd = forms.DecimalField(label="Amount (USD)", min_value=Decimal("0.01"), max_digits=9, decimal_places=2)
+
+    @property
+    def amount_cents(self) -> int:
+        return int(self.cleaned_data["amount_usd"] * 100)
+
+
+class ApiKeyForm(forms.Form):
+    name = forms.CharField(label="Name", max_length=100, required=False)
+    cap_usd = forms.DecimalField(
+        label="Spend cap (USD, optional)", required=False, min_value=Decimal("0"), max_digits=12, decimal_places=8
+    )
+
+    @property
+    def spend_cap_ucents(self) -> int | None:
+        cap = self.cleaned_data.get("cap_usd")
+        return None if cap is None else int(cap * UCENTS_PER_USD)
+
+
+class HostForm(forms.Form):
+    name = forms.CharField(label="Machine name", max_length=100)
+
+
+class PayoutForm(forms.Form):
+    amount_usd = forms.DecimalField(
+        label="Amount (USD, empty = everything available)", required=False, min_value=Decimal("0.01"),
+        max_digits=12, decimal_places=2,
+    )
+
+    @property
+    def amount_ucents(self) -> int | None:
+        amount = self.cleaned_data.get("amount_usd")
+        return None if amount is None else int(amount * UCENTS_PER_USD)
+
+
+class DateRangeForm(forms.Form):
+    """`from` / `to` (inclusive UTC days); the last 30 days when absent."""
+
+    start = forms.DateField(required=False, label="From")
+    end = forms.DateField(required=False, label="To")
+
+    def __init__(self, query, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__({"start": query.get("from", ""), "end": query.get("to", "")}, *args, **kwargs)
+
+    def clean(self) -> dict:
+        data = super().clean() or {}
+        end = data.get("end") or timezone.now().date()
+        start = data.get("start") or end - timedelta(days=29)
+        if start > end:
+            raise forms.ValidationError("'From' is after 'To'.")
+        if (end - start).days + 1 > settings.USAGE_MAX_DAYS:
+            raise forms.ValidationError(f"Ask for at most {settings.USAGE_MAX_DAYS} days at a time.")
+        data["start"], data["end"] = start, end
+        return data
+
+    def range(self):  # type: ignore[no-untyped-def]
+        """The valid range, or the default 30 days when the query was malformed."""
+        if self.is_valid():
+            return self.cleaned_data["start"], self.cleaned_data["end"]
+        end = timezone.now().date()
+        return end - timedelta(days=29), end

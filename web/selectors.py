@@ -1,0 +1,151 @@
+"""Reads for the web pages. Every customer or host read takes the signed-in
+user and filters by it, so one person's page can never list another's rows."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
+
+from django.conf import settings
+from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models.functions import TruncDate
+from django.utils import timezone
+
+from billing.models import Account
+from hosts.models import Host, Qualification
+from hosts.selectors import host_status
+from marketplace.models import ApiKey, CatalogModel, Job, Request
+
+
+@dataclass(frozen=True)
+class Balance:
+    balance_ucents: int
+    held_ucents: int
+
+    @property
+    def available_ucents(self) -> int:
+        return self.balance_ucents - self.held_ucents
+
+
+def customer_balance(*, user) -> Balance:  # type: ignore[no-untyped-def]
+    """The customer's credit and the part of it held by requests in flight (zero before the first grant)."""
+    account = Account.objects.filter(kind=Account.Kind.CUSTOMER, user=user).first()
+    if account is None:
+        return Balance(balance_ucents=0, held_ucents=0)
+    return Balance(balance_ucents=account.balance_ucents, held_ucents=account.held_ucents)
+
+
+def api_keys_of(*, user) -> QuerySet[ApiKey]:  # type: ignore[no-untyped-def]
+    """The user's keys, live ones first, newest first."""
+    return ApiKey.objects.filter(user=user).order_by("revoked_at", "-created_at", "-pk")
+
+
+def api_key_of(*, user, key_id: int) -> ApiKey | None:  # type: ignore[no-untyped-def]
+    return ApiKey.objects.filter(user=user, pk=key_id).first()
+
+
+def recent_requests(*, user, limit: int | None = None) -> list[dict]:  # type: ignore[no-untyped-def]
+    """The user's latest requests (newest first) with what the usage table shows."""
+    return list(
+        Request.objects.filter(user=user)
+        .order_by("-created_at", "-pk")
+        .values(
+            "public_id", "created_at", "status", "resumed", "model__name", "api_key__prefix",
+            "prompt_tokens", "completion_tokens", "cost_ucents", "error_code",
+        )[: limit or settings.WEB_RECENT_REQUESTS]
+    )
+
+
+def days_between(start: date, end: date) -> list[date]:
+    return [start + timedelta(days=n) for n in range((end - start).days + 1)]
+
+
+def host_earnings_daily(*, host: Host, start: date, end: date) -> list[dict]:
+    """Per UTC day from `start` to `end` (every day, zeros included): jobs finished and µ¢ earned."""
+    lower = datetime.combine(start, time.min, tzinfo=UTC)
+    upper = datetime.combine(end + timedelta(days=1), time.min, tzinfo=UTC)
+    rows = (
+        Job.objects.filter(host=host, status=Job.Status.COMPLETED, finished_at__gte=lower, finished_at__lt=upper)
+        .annotate(day=TruncDate("finished_at", tzinfo=UTC))
+        .values("day")
+        .annotate(jobs=Count("pk"), earned_ucents=Sum("earned_ucents"))
+    )
+    by_day = {row["day"]: row for row in rows}
+    return [
+        {"day": day, "jobs": by_day.get(day, {}).get("jobs", 0), "earned_ucents": by_day.get(day, {}).get("earned_ucents") or 0}
+        for day in days_between(start, end)
+    ]
+
+
+def hosts_of(*, user) -> list[Host]:  # type: ignore[no-untyped-def]
+    return list(Host.objects.filter(owner=user).order_by("name", "pk"))
+
+
+def host_of(*, user, host_id: int) -> Host | None:  # type: ignore[no-untyped-def]
+    """The host if `user` owns it; None for anyone else (the page answers 404, not 403, so ids leak nothing)."""
+    return Host.objects.filter(owner=user, pk=host_id).first()
+
+
+def host_statuses(*, user) -> list[dict]:  # type: ignore[no-untyped-def]
+    """What the machines page polls: each of the user's hosts and its status right now."""
+    return [
+        {
+            "id": host.pk,
+            "name": host.name,
+            "status": host_status(host=host),
+            "last_heartbeat_at": host.last_heartbeat_at.isoformat() if host.last_heartbeat_at else None,
+        }
+        for host in hosts_of(user=user)
+    ]
+
+
+def qualifications_of(*, host: Host) -> QuerySet[Qualification]:
+    return host.qualifications.select_related("model").order_by("model__name", "-updated_at")
+
+
+def catalog_models() -> QuerySet[CatalogModel]:
+    return CatalogModel.objects.filter(active=True).order_by("name")
+
+
+@dataclass(frozen=True)
+class PoolOverview:
+    hosts_total: int
+    hosts_online: int
+    hosts_busy: int
+    hosts_paused: int
+    jobs_queued: int
+    jobs_running: int
+    failures_last_hour: int
+    continuations_last_hour: int
+    requests_failed_last_hour: int
+    requests_completed_last_hour: int
+
+
+def pool_overview() -> PoolOverview:
+    """The operator's view of the pool: who is connected, what is waiting, what went wrong in the last hour."""
+    now = timezone.now()
+    hour_ago = now - timedelta(hours=1)
+    alive = Host.objects.filter(last_heartbeat_at__gte=now - timedelta(seconds=settings.HOST_OFFLINE_AFTER_SECONDS))
+    busy_ids = set(Job.objects.filter(status=Job.Status.RUNNING, host__in=alive).values_list("host_id", flat=True))
+    jobs = Job.objects.aggregate(
+        queued=Count("pk", filter=Q(status=Job.Status.QUEUED)),
+        running=Count("pk", filter=Q(status=Job.Status.RUNNING)),
+        failures=Count("pk", filter=Q(status=Job.Status.FAILED, finished_at__gte=hour_ago)),
+        continuations=Count("pk", filter=Q(attempt__gt=1, created_at__gte=hour_ago)),
+    )
+    requests = Request.objects.filter(finished_at__gte=hour_ago).aggregate(
+        failed=Count("pk", filter=Q(status=Request.Status.FAILED)),
+        completed=Count("pk", filter=Q(status=Request.Status.COMPLETED)),
+    )
+    paused = alive.filter(paused=True).count()
+    return PoolOverview(
+        hosts_total=Host.objects.count(),
+        hosts_online=alive.count() - paused,
+        hosts_busy=len(busy_ids),
+        hosts_paused=paused,
+        jobs_queued=jobs["queued"],
+        jobs_running=jobs["running"],
+        failures_last_hour=jobs["failures"],
+        continuations_last_hour=jobs["continuations"],
+        requests_failed_last_hour=requests["failed"],
+        requests_completed_last_hour=requests["completed"],
+    )

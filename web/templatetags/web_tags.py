@@ -1,0 +1,9 @@
+from __future__ import annotations
+
+from django import template
+
+from web.money import per_million, usd
+
+register = template.Library()
+register.filter("usd", usd)
+register.filter("per_million", per_million)

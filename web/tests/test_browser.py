@@ -1,0 +1,68 @@
+"""A real browser against a real gateway: sign up, create a key, see it once.
+
+Drives the system Chromium (/usr/bin/chromium) through Playwright's Python
+package (its wheel carries the driver; no `playwright install`). Screenshots go
+to $SCREENSHOTS_DIR (docs/screenshots/ when refreshing the documentation) or
+to the test's temporary folder.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="no system Chromium at /usr/bin/chromium (apt-get install chromium)"),
+]
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -r requirements.txt)")
+
+
+@pytest.fixture
+def shots(tmp_path) -> Path:  # type: ignore[no-untyped-def]
+    folder = Path(os.environ.get("SCREENSHOTS_DIR") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+class BrowserTests:
+    def test_a_visitor_signs_up_creates_a_key_and_sees_its_secret_once(self, gateway, transactional_db, shots) -> None:
+        assert httpx.get(f"{gateway.url}/static/css/web.css", timeout=5).status_code == 200  # served by the project
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 390, "height": 844})  # a phone
+            page.goto(f"{gateway.url}/")
+            assert page.url.endswith("/login/?next=/")
+            page.click("text=Create an account")
+            page.fill("input[name=email]", "browser@example.com")
+            page.fill("input[name=password]", "a long enough password")
+            page.screenshot(path=shots / "signup.png", full_page=True)
+            page.click("button:has-text('Sign up')")
+            page.wait_for_url(f"{gateway.url}/keys/")
+            page.fill("input[name=name]", "laptop")
+            page.fill("input[name=cap_usd]", "5")
+            page.click("button:has-text('Create key')")
+            secret = page.inner_text("#new-secret").strip()
+            assert re.fullmatch(r"el-[\w-]{40}", secret)
+            page.screenshot(path=shots / "keys-new-secret.png", full_page=True)
+            page.goto(f"{gateway.url}/keys/")
+            listing = page.content()
+            page.goto(f"{gateway.url}/")
+            page.screenshot(path=shots / "dashboard.png", full_page=True)
+            page.goto(f"{gateway.url}/machines/")
+            page.fill("input[name=name]", "desk")
+            page.click("button:has-text('Register machine')")
+            command = page.inner_text("#host-command").strip()
+            page.wait_for_selector("tr[data-host] [data-status]:has-text('offline')")
+            page.screenshot(path=shots / "machines-new-host.png", full_page=True)
+            page.goto(f"{gateway.url}/usage/")
+            page.screenshot(path=shots / "usage.png", full_page=True)
+            browser.close()
+        assert command.startswith(f"python -m mahout run --server {gateway.url} --token host-")
+        assert secret not in listing and secret[:12] in listing and "$5.00" in listing
+        assert httpx.get(f"{gateway.url}/v1/usage", headers={"Authorization": f"Bearer {secret}"}, timeout=5).status_code == 200

@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from conftest import make_customer
+from hosts.models import Host
+from marketplace.models import Job
+from web import selectors
+from web.tests.factories import finished_request
+
+pytestmark = pytest.mark.django_db
+
+
+class PoolOverviewTests:
+    def test_it_counts_hosts_jobs_failures_and_continuations(self, catalog, serving_host, outsider) -> None:
+        now = timezone.now()
+        Host.objects.filter(pk=serving_host.host.pk).update(last_heartbeat_at=now)
+        Host.objects.filter(pk=outsider.host.pk).update(last_heartbeat_at=now, paused=True)
+        customer = make_customer()
+        failed = finished_request(customer=customer, failed=True)
+        Job.objects.create(request=failed, model=failed.model, attempt=2, status=Job.Status.FAILED, finished_at=now)
+        old = finished_request(customer=customer, failed=True)
+        Job.objects.filter(request=old).update(finished_at=now - timedelta(hours=2))
+        pool = selectors.pool_overview()
+        assert (pool.hosts_total, pool.hosts_online, pool.hosts_paused, pool.hosts_busy) == (2, 1, 1, 0)
+        assert pool.failures_last_hour == 2  # the old failure is outside the hour
+        assert pool.continuations_last_hour == 1
+
+
+class HostEarningsDailyTests:
+    def test_it_has_a_row_for_every_day_and_only_this_hosts_jobs(self, catalog, serving_host, outsider) -> None:
+        customer = make_customer()
+        finished_request(customer=customer, host=serving_host.host, cost_ucents=1_000)
+        finished_request(customer=customer, host=serving_host.host, cost_ucents=2_000)
+        finished_request(customer=customer, host=outsider.host, cost_ucents=5_000)
+        today = timezone.now().date()
+        rows = selectors.host_earnings_daily(host=serving_host.host, start=today - timedelta(days=6), end=today)
+        assert len(rows) == 7 and rows[-1] == {"day": today, "jobs": 2, "earned_ucents": 800 + 1_600}
+        assert all(row["earned_ucents"] == 0 for row in rows[:-1])
+
+
+class CustomerBalanceTests:
+    def test_it_is_zero_before_the_first_credit(self, catalog) -> None:
+        balance = selectors.customer_balance(user=make_customer(credit_ucents=0).user)
+        assert (balance.balance_ucents, balance.held_ucents, balance.available_ucents) == (0, 0, 0)

@@ -1,0 +1,248 @@
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.core import mail
+from django.test import Client
+
+from billing.models import Payout, PayoutProfile, TopUp
+from conftest import make_customer, make_host
+from hosts.models import Host
+from marketplace.models import ApiKey
+from marketplace.secrets import secret_hash
+from web.tests.conftest import signed_in
+from web.tests.factories import finished_request
+
+pytestmark = pytest.mark.django_db
+
+CUSTOMER_PAGES = ["/", "/keys/", "/usage/", "/usage/csv/", "/models/", "/quickstart/", "/machines/", "/machines/status.json"]
+
+
+class AnonymousTests:
+    @pytest.mark.parametrize("path", [*CUSTOMER_PAGES, "/machines/1/", "/pool/"])
+    def test_it_sends_anonymous_visitors_to_the_login_page(self, catalog, path: str) -> None:
+        response = Client().get(path)
+        assert response.status_code == 302
+        assert response["Location"] == f"/login/?next={path}"
+
+    @pytest.mark.parametrize("path", ["/login/", "/signup/", "/password-reset/"])
+    def test_it_shows_the_account_pages_to_anyone(self, db, path: str) -> None:
+        assert Client().get(path).status_code == 200
+
+    def test_it_refuses_posts_without_a_session(self, catalog) -> None:
+        response = Client().post("/keys/", {"name": "x"})
+        assert response.status_code == 302 and ApiKey.objects.count() == 0
+
+
+class CustomerPagesTests:
+    @pytest.mark.parametrize("path", CUSTOMER_PAGES)
+    def test_it_shows_every_page_to_the_signed_in_customer(self, customer_client, path: str) -> None:
+        assert customer_client.get(path).status_code == 200
+
+    def test_the_dashboard_shows_balance_and_money_on_hold(self, customer, customer_client) -> None:
+        from billing import services as billing
+
+        billing.hold_place(user=customer.user, api_key=customer.key, amount_ucents=25_000_000)
+        page = customer_client.get("/").content.decode()
+        assert "$5.00" in page  # the persona's balance
+        assert "$0.25" in page and "$4.75" in page  # on hold, available
+
+    def test_the_catalog_lists_prices_per_million_tokens_and_context(self, customer_client) -> None:
+        page = customer_client.get("/models/").content.decode()
+        assert "gemma-3-270m" in page and "4096 tokens" in page
+        assert "$0.10" in page and "$0.40" in page
+
+    def test_the_quickstart_uses_the_base_url_the_visitor_reached(self, customer_client) -> None:
+        page = customer_client.get("/quickstart/", HTTP_HOST="localhost").content.decode()
+        assert 'base_url="http://localhost/v1"' in page
+        assert "from openai import OpenAI" in page
+
+
+class SignupTests:
+    def test_it_creates_a_user_named_by_email_and_signs_them_in(self, catalog) -> None:
+        client = Client()
+        response = client.post("/signup/", {"email": "New@Example.com", "password": "correct horse battery"})
+        assert response.status_code == 302 and response["Location"] == "/keys/"
+        from django.contrib.auth import get_user_model
+
+        user = get_user_model().objects.get(username="new@example.com")
+        assert user.email == "new@example.com" and user.check_password("correct horse battery")
+        assert client.get("/keys/").status_code == 200
+
+    def test_it_refuses_an_email_that_already_has_an_account(self, customer) -> None:
+        response = Client().post("/signup/", {"email": customer.user.username, "password": "correct horse battery"})
+        assert response.status_code == 200 and "already exists" in response.content.decode()
+
+    def test_it_refuses_a_short_password(self, db) -> None:
+        response = Client().post("/signup/", {"email": "a@example.com", "password": "short"})
+        assert response.status_code == 200 and "too short" in response.content.decode()
+
+    def test_a_user_logs_in_with_email_and_password_and_out_again(self, db) -> None:
+        Client().post("/signup/", {"email": "b@example.com", "password": "correct horse battery"})
+        client = Client()
+        response = client.post("/login/", {"username": "B@example.com", "password": "correct horse battery"})
+        assert response.status_code == 302 and response["Location"] == "/"
+        assert client.post("/logout/").status_code == 302
+        assert client.get("/").status_code == 302
+
+    def test_the_password_reset_link_lets_the_user_choose_a_new_password(self, db) -> None:
+        Client().post("/signup/", {"email": "c@example.com", "password": "correct horse battery"})
+        client = Client()
+        assert client.post("/password-reset/", {"email": "c@example.com"}).status_code == 302
+        (message,) = mail.outbox
+        link = re.search(r"http://testserver(/password-reset/\S+/)", message.body).group(1)
+        form = client.get(link, follow=True)
+        assert form.status_code == 200
+        new = {"new_password1": "another long secret", "new_password2": "another long secret"}
+        done = client.post(form.redirect_chain[-1][0], new)
+        assert done.status_code == 302
+        assert Client().login(username="c@example.com", password="another long secret")
+
+
+class ApiKeyPagesTests:
+    def test_it_shows_a_new_secret_once_and_stores_only_its_hash(self, customer, customer_client) -> None:
+        response = customer_client.post("/keys/", {"name": "laptop", "cap_usd": "2.5"})
+        assert response.status_code == 200 and response["Cache-Control"] == "no-store"
+        secret = re.search(r'id="new-secret">([^<]+)<', response.content.decode()).group(1)
+        key = ApiKey.objects.get(user=customer.user, name="laptop")
+        assert key.key_hash == secret_hash(secret) and key.prefix == secret[:12]
+        assert key.spend_cap_ucents == 250_000_000
+        assert secret not in {key.name, key.prefix, key.key_hash}
+        listing = customer_client.get("/keys/").content.decode()
+        assert secret not in listing and key.prefix in listing and "$2.50" in listing
+
+    def test_a_key_created_here_works_on_the_api(self, customer, customer_client) -> None:
+        response = customer_client.post("/keys/", {"name": "api"})
+        secret = re.search(r'id="new-secret">([^<]+)<', response.content.decode()).group(1)
+        assert Client().get("/v1/usage", HTTP_AUTHORIZATION=f"Bearer {secret}").status_code == 200
+
+    def test_the_owner_revokes_a_key(self, customer, customer_client) -> None:
+        response = customer_client.post(f"/keys/{customer.key.pk}/revoke/")
+        assert response.status_code == 302
+        customer.key.refresh_from_db()
+        assert customer.key.revoked_at is not None
+
+    def test_an_outsider_can_neither_see_nor_revoke_a_key(self, customer, outsider_client) -> None:
+        assert customer.key.prefix not in outsider_client.get("/keys/").content.decode()
+        assert outsider_client.post(f"/keys/{customer.key.pk}/revoke/").status_code == 404
+        customer.key.refresh_from_db()
+        assert customer.key.revoked_at is None
+
+    def test_it_refuses_a_post_without_a_csrf_token(self, customer) -> None:
+        client = Client(enforce_csrf_checks=True)
+        client.force_login(customer.user)
+        assert client.post("/keys/", {"name": "forged"}).status_code == 403
+        assert client.post(f"/keys/{customer.key.pk}/revoke/").status_code == 403
+        assert not ApiKey.objects.filter(name="forged").exists()
+        token = client.get("/keys/").cookies["csrftoken"].value
+        assert client.post("/keys/", {"name": "real", "csrfmiddlewaretoken": token}).status_code == 200
+
+
+class TopupPageTests:
+    def test_it_says_top_ups_are_not_configured(self, customer_client, no_stripe) -> None:
+        assert "Top-ups are not configured" in customer_client.get("/").content.decode()
+        response = customer_client.post("/topup/", {"amount_usd": "20"}, follow=True)
+        assert "not configured" in response.content.decode() and TopUp.objects.count() == 0
+
+    def test_it_redirects_to_stripe_checkout(self, customer, customer_client, fake_stripe) -> None:
+        response = customer_client.post("/topup/", {"amount_usd": "20"})
+        topup = TopUp.objects.get(user=customer.user)
+        assert topup.amount_cents == 2_000
+        assert response.status_code == 302 and response["Location"] == topup.checkout_url
+        assert response["Location"].startswith("https://checkout.stripe.test/")
+
+    def test_it_explains_an_amount_out_of_range(self, customer_client, fake_stripe) -> None:
+        response = customer_client.post("/topup/", {"amount_usd": "1"}, follow=True)
+        assert "must be between" in response.content.decode() and TopUp.objects.count() == 0
+
+
+class UsagePageTests:
+    def test_it_lists_the_customers_requests_with_status_resumed_and_cost(self, customer, customer_client, serving_host) -> None:
+        mine = finished_request(customer=customer, host=serving_host.host, cost_ucents=123_456, resumed=True)
+        failed = finished_request(customer=customer, failed=True)
+        theirs = finished_request(customer=make_customer(), cost_ucents=999)
+        page = customer_client.get("/usage/").content.decode()
+        assert mine.public_id in page and failed.public_id in page and theirs.public_id not in page
+        assert "resumed" in page and "$0.00123456" in page and "failed" in page
+        assert page.count("<rect ") == 3 * 30  # three charts, a bar per day
+
+    def test_the_csv_holds_only_the_customers_requests(self, customer, customer_client) -> None:
+        mine = finished_request(customer=customer, cost_ucents=500)
+        theirs = finished_request(customer=make_customer(), cost_ucents=500)
+        response = customer_client.get("/usage/csv/")
+        body = response.content.decode()
+        assert response["Content-Type"].startswith("text/csv")
+        assert body.splitlines()[0].startswith("id,created,model")
+        assert mine.public_id in body and theirs.public_id not in body
+
+    def test_a_malformed_range_falls_back_to_the_last_30_days(self, customer_client) -> None:
+        response = customer_client.get("/usage/?from=yesterday&to=2020-13-01")
+        assert response.status_code == 200 and response.content.decode().count("<rect ") == 90
+
+
+class HostPagesTests:
+    def test_becoming_a_host_shows_the_token_once_with_the_mahout_command(self, customer, customer_client) -> None:
+        response = customer_client.post("/machines/", {"name": "desk"}, HTTP_HOST="localhost")
+        page = response.content.decode()
+        host = Host.objects.get(name="desk")
+        assert host.owner == customer.user
+        token = re.search(r"--token (\S+)</code>", page).group(1)
+        assert host.token_hash == secret_hash(token)
+        assert f"python -m mahout run --server http://localhost --token {token}" in page
+        assert token not in customer_client.get("/machines/").content.decode()
+
+    def test_a_second_machine_with_the_same_name_is_refused_politely(self, serving_host, host_client) -> None:
+        response = host_client.post("/machines/", {"name": serving_host.host.name})
+        assert response.status_code == 200 and "already have a machine" in response.content.decode()
+
+    def test_the_status_endpoint_lists_only_the_owners_machines(self, serving_host, outsider, host_client) -> None:
+        hosts = host_client.get("/machines/status.json").json()["hosts"]
+        assert [(h["id"], h["status"]) for h in hosts] == [(serving_host.host.pk, "offline")]
+
+    def test_the_owner_sees_benchmarks_earnings_and_the_statement(self, customer, serving_host, host_client) -> None:
+        finished_request(customer=customer, host=serving_host.host, cost_ucents=1_000_000)
+        page = host_client.get(f"/machines/{serving_host.host.pk}/").content.decode()
+        assert "40.0" in page and "500.0" in page and "50 ms" in page  # the qualification's figures
+        assert "$0.008" in page  # 80% of one cent, in the statement and the balance
+        assert "Earnings per day" in page
+
+    def test_an_outsider_gets_404_for_someone_elses_machine(self, serving_host, outsider_client) -> None:
+        assert outsider_client.get(f"/machines/{serving_host.host.pk}/").status_code == 404
+        assert outsider_client.post(f"/machines/{serving_host.host.pk}/payout/").status_code == 404
+        assert serving_host.host.name not in outsider_client.get("/machines/").content.decode().replace("outsider", "")
+
+    def test_a_payout_without_a_payout_account_is_explained(self, serving_host, host_client) -> None:
+        response = host_client.post(f"/machines/{serving_host.host.pk}/payout/", {}, follow=True)
+        assert "no payout account" in response.content.decode() and Payout.objects.count() == 0
+
+    def test_the_owner_requests_a_payout_and_sees_its_state(self, customer, serving_host, host_client, settings) -> None:
+        settings.PAYOUT_MINIMUM_UCENTS = 1_000_000
+        PayoutProfile.objects.create(host=serving_host.host, stripe_account_id="acct_test")
+        finished_request(customer=customer, host=serving_host.host, cost_ucents=10_000_000)  # host earns 8 cents
+        response = host_client.post(f"/machines/{serving_host.host.pk}/payout/", {"amount_usd": "0.05"}, follow=True)
+        (payout,) = Payout.objects.filter(host=serving_host.host)
+        assert payout.amount_ucents == 5_000_000 and payout.status == Payout.Status.REQUESTED
+        page = response.content.decode()
+        assert "Payout of $0.05 requested" in page and "requested" in page
+
+
+class PoolPageTests:
+    def test_staff_see_the_pool(self, customer, serving_host, staff_client) -> None:
+        finished_request(customer=customer, failed=True)
+        page = staff_client.get("/pool/").content.decode()
+        assert "Pool overview" in page and "Failed attempts, last hour" in page
+
+    def test_it_is_forbidden_to_customers(self, customer_client) -> None:
+        assert customer_client.get("/pool/").status_code == 403
+
+    def test_the_nav_links_to_it_only_for_staff(self, customer_client, staff_client) -> None:
+        assert 'href="/pool/"' not in customer_client.get("/").content.decode()
+        assert 'href="/pool/"' in staff_client.get("/").content.decode()
+
+
+def test_an_outsider_sees_none_of_a_hosts_pages_even_as_a_host_owner(serving_host, outsider) -> None:
+    client = signed_in(outsider.host.owner)
+    make_host(name="third")
+    assert client.get(f"/machines/{serving_host.host.pk}/").status_code == 404
+    assert client.get(f"/machines/{outsider.host.pk}/").status_code == 200

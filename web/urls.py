@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from web import views
+from web.forms import LoginForm
+
+urlpatterns = [
+    path("", views.dashboard, name="dashboard"),
+    path("signup/", views.signup, name="signup"),
+    path(
+        "login/",
+        auth_views.LoginView.as_view(
+            template_name="web/login.html", authentication_form=LoginForm, redirect_authenticated_user=True
+        ),
+        name="login",
+    ),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path(
+        "password-reset/",
+        auth_views.PasswordResetView.as_view(
+            template_name="web/password_reset.html",
+            email_template_name="web/password_reset_email.txt",
+            subject_template_name="web/password_reset_subject.txt",
+        ),
+        name="password_reset",
+    ),
+    path(
+        "password-reset/sent/",
+        auth_views.PasswordResetDoneView.as_view(template_name="web/password_reset_done.html"),
+        name="password_reset_done",
+    ),
+    path(
+        "password-reset/<uidb64>/<token>/",
+        auth_views.PasswordResetConfirmView.as_view(template_name="web/password_reset_confirm.html"),
+        name="password_reset_confirm",
+    ),
+    path(
+        "password-reset/done/",
+        auth_views.PasswordResetCompleteView.as_view(template_name="web/password_reset_complete.html"),
+        name="password_reset_complete",
+    ),
+    path("topup/", views.topup, name="topup"),
+    path("keys/", views.keys, name="keys"),
+    path("keys/<int:key_id>/revoke/", views.key_revoke, name="key_revoke"),
+    path("usage/", views.usage, name="usage"),
+    path("usage/csv/", views.usage_csv, name="usage_csv"),
+    path("models/", views.catalog, name="catalog"),
+    path("quickstart/", views.quickstart, name="quickstart"),
+    path("machines/", views.machines, name="machines"),
+    path("machines/status.json", views.machines_status, name="machines_status"),
+    path("machines/<int:host_id>/", views.machine_detail, name="machine_detail"),
+    path("machines/<int:host_id>/payout/", views.machine_payout, name="machine_payout"),
+    path("pool/", views.pool, name="pool"),
+]

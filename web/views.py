@@ -1,0 +1,299 @@
+"""The site's pages. Each view parses input, calls one service or selector, renders.
+
+Every page but sign-up/log-in needs a session; every read is scoped to the
+signed-in user (web.selectors), so an outsider's id answers 404.
+"""
+from __future__ import annotations
+
+import csv
+import io
+from functools import wraps
+
+from django.contrib import messages
+from django.contrib.auth import login
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.db import IntegrityError
+from django.http import Http404, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from billing import selectors as billing_selectors
+from billing import services as billing
+from billing import stripe_api
+from billing.apis import CSV_COLUMNS, usage_row
+from billing.errors import BillingError
+from hosts import services as hosts
+from marketplace import services as marketplace
+from web import selectors
+from web.charts import bar_chart
+from web.forms import ApiKeyForm, DateRangeForm, HostForm, PayoutForm, SignupForm, TopupForm
+from web.money import usd
+from web.services import EmailTaken, user_signup
+
+
+def staff_required(view):  # type: ignore[no-untyped-def]
+    """Anonymous → the login page; signed in but not staff → 403."""
+
+    @wraps(view)
+    @login_required
+    def wrapped(request, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if not request.user.is_staff:
+            raise PermissionDenied("Operators only.")
+        return view(request, *args, **kwargs)
+
+    return wrapped
+
+
+def base_url(request) -> str:  # type: ignore[no-untyped-def]
+    """This gateway's address as the visitor reached it, without a trailing slash."""
+    return request.build_absolute_uri("/").rstrip("/")
+
+
+# --- accounts ------------------------------------------------------------------------------
+
+
+@require_http_methods(["GET", "POST"])
+def signup(request):  # type: ignore[no-untyped-def]
+    if request.user.is_authenticated:
+        return redirect("dashboard")
+    form = SignupForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            user = user_signup(email=form.cleaned_data["email"], password=form.cleaned_data["password"])
+        except EmailTaken as error:
+            form.add_error("email", str(error))
+        else:
+            login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+            messages.success(request, "Welcome to Elephant. Create an API key to start.")
+            return redirect("keys")
+    return render(request, "web/signup.html", {"form": form})
+
+
+# --- customer ------------------------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def dashboard(request):  # type: ignore[no-untyped-def]
+    outcome = request.GET.get("topup")
+    if outcome == "success":
+        messages.info(request, "Thank you. Your credit appears as soon as Stripe confirms the payment.")
+    elif outcome == "cancelled":
+        messages.info(request, "The top-up was cancelled; nothing was charged.")
+    return render(
+        request,
+        "web/dashboard.html",
+        {
+            "balance": selectors.customer_balance(user=request.user),
+            "topup_form": TopupForm(),
+            "topups_configured": stripe_api.topups_configured(),
+            "keys_live": selectors.api_keys_of(user=request.user).filter(revoked_at__isnull=True).count(),
+        },
+    )
+
+
+@login_required
+@require_POST
+def topup(request):  # type: ignore[no-untyped-def]
+    form = TopupForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Enter an amount in USD, e.g. 20.")
+        return redirect("dashboard")
+    try:
+        created = billing.topup_create(user=request.user, amount_cents=form.amount_cents)
+    except BillingError as error:
+        messages.error(request, error.message)
+        return redirect("dashboard")
+    return redirect(created.checkout_url)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def keys(request):  # type: ignore[no-untyped-def]
+    """List keys; a POST creates one and renders its secret on this response only (never stored)."""
+    form = ApiKeyForm(request.POST or None)
+    new_key = None
+    if request.method == "POST" and form.is_valid():
+        new_key = marketplace.api_key_create(
+            user=request.user, name=form.cleaned_data["name"], spend_cap_ucents=form.spend_cap_ucents
+        )
+        form = ApiKeyForm()
+    response = render(
+        request,
+        "web/keys.html",
+        {"form": form, "new_key": new_key, "keys": selectors.api_keys_of(user=request.user), "base_url": base_url(request)},
+    )
+    if new_key is not None:
+        response["Cache-Control"] = "no-store"
+    return response
+
+
+@login_required
+@require_POST
+def key_revoke(request, key_id: int):  # type: ignore[no-untyped-def]
+    key = selectors.api_key_of(user=request.user, key_id=key_id)
+    if key is None:
+        raise Http404("No such key.")
+    if marketplace.api_key_revoke(key=key):
+        messages.success(request, f"Key {key.prefix}… revoked; requests with it are refused from now on.")
+    else:
+        messages.info(request, f"Key {key.prefix}… was already revoked.")
+    return redirect("keys")
+
+
+def _usage_charts(daily: list[dict], start, end) -> list:  # type: ignore[no-untyped-def]
+    by_day = {row["day"]: row for row in daily}
+    days = selectors.days_between(start, end)
+
+    def series(field):  # type: ignore[no-untyped-def]
+        return [(day.isoformat(), field(by_day.get(day))) for day in days]
+
+    return [
+        bar_chart(title="Requests per day", points=series(lambda row: row["requests"] if row else 0)),
+        bar_chart(
+            title="Tokens per day",
+            points=series(lambda row: (row["prompt_tokens"] or 0) + (row["completion_tokens"] or 0) if row else 0),
+        ),
+        bar_chart(title="Cost per day", points=series(lambda row: row["cost_ucents"] or 0 if row else 0), fmt=usd),
+    ]
+
+
+@login_required
+@require_GET
+def usage(request):  # type: ignore[no-untyped-def]
+    range_form = DateRangeForm(request.GET)
+    start, end = range_form.range()
+    daily = billing_selectors.usage_daily(user=request.user, start=start, end=end)
+    return render(
+        request,
+        "web/usage.html",
+        {
+            "range_form": range_form,
+            "start": start,
+            "end": end,
+            "charts": _usage_charts(daily, start, end),
+            "total_cost_ucents": sum(row["cost_ucents"] or 0 for row in daily),
+            "total_requests": sum(row["requests"] for row in daily),
+            "recent": selectors.recent_requests(user=request.user),
+        },
+    )
+
+
+@login_required
+@require_GET
+def usage_csv(request):  # type: ignore[no-untyped-def]
+    """The same CSV as GET /v1/usage.csv, for the signed-in customer."""
+    start, end = DateRangeForm(request.GET).range()
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for row in billing_selectors.usage_requests(user=request.user, start=start, end=end):
+        writer.writerow(usage_row(row))
+    response = HttpResponse(out.getvalue(), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="usage-{start.isoformat()}-{end.isoformat()}.csv"'
+    return response
+
+
+@login_required
+@require_GET
+def catalog(request):  # type: ignore[no-untyped-def]
+    return render(request, "web/catalog.html", {"models": selectors.catalog_models()})
+
+
+@login_required
+@require_GET
+def quickstart(request):  # type: ignore[no-untyped-def]
+    first = selectors.catalog_models().first()
+    return render(
+        request, "web/quickstart.html", {"base_url": base_url(request), "model_name": first.name if first else "MODEL"}
+    )
+
+
+# --- hosts ----------------------------------------------------------------------------------
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def machines(request):  # type: ignore[no-untyped-def]
+    """The user's machines; a POST registers one and renders its token on this response only."""
+    form = HostForm(request.POST or None)
+    new_host = None
+    if request.method == "POST" and form.is_valid():
+        try:
+            # username is the e-mail for everyone who signed up here, so the host is this user's
+            new_host = hosts.host_create(email=request.user.username, name=form.cleaned_data["name"])
+        except IntegrityError:
+            form.add_error("name", "You already have a machine with this name.")
+        else:
+            form = HostForm()
+    response = render(
+        request,
+        "web/machines.html",
+        {"form": form, "new_host": new_host, "hosts": selectors.host_statuses(user=request.user), "base_url": base_url(request)},
+    )
+    if new_host is not None:
+        response["Cache-Control"] = "no-store"
+    return response
+
+
+@login_required
+@require_GET
+def machines_status(request):  # type: ignore[no-untyped-def]
+    """JSON the machines page polls every few seconds."""
+    return JsonResponse({"hosts": selectors.host_statuses(user=request.user)})
+
+
+def _owned_host(request, host_id: int):  # type: ignore[no-untyped-def]
+    host = selectors.host_of(user=request.user, host_id=host_id)
+    if host is None:
+        raise Http404("No such machine.")
+    return host
+
+
+@login_required
+@require_GET
+def machine_detail(request, host_id: int):  # type: ignore[no-untyped-def]
+    host = _owned_host(request, host_id)
+    start, end = DateRangeForm(request.GET).range()
+    daily = selectors.host_earnings_daily(host=host, start=start, end=end)
+    return render(
+        request,
+        "web/machine_detail.html",
+        {
+            "host": host,
+            "status": selectors.host_status(host=host),
+            "qualifications": selectors.qualifications_of(host=host),
+            "chart": bar_chart(
+                title="Earnings per day", points=[(row["day"].isoformat(), row["earned_ucents"]) for row in daily], fmt=usd
+            ),
+            "statement": billing_selectors.host_statement(host=host),
+            "payout_form": PayoutForm(),
+        },
+    )
+
+
+@login_required
+@require_POST
+def machine_payout(request, host_id: int):  # type: ignore[no-untyped-def]
+    host = _owned_host(request, host_id)
+    form = PayoutForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Enter an amount in USD, or leave it empty to withdraw everything available.")
+        return redirect("machine_detail", host_id=host.pk)
+    try:
+        payout = billing.payout_request(host=host, amount_ucents=form.amount_ucents)
+    except BillingError as error:
+        messages.error(request, error.message)
+    else:
+        messages.success(request, f"Payout of {usd(payout.amount_ucents)} requested; an operator approves it.")
+    return redirect("machine_detail", host_id=host.pk)
+
+
+# --- operators ------------------------------------------------------------------------------
+
+
+@staff_required
+@require_GET
+def pool(request):  # type: ignore[no-untyped-def]
+    return render(request, "web/pool.html", {"pool": selectors.pool_overview()})
