@@ -258,9 +258,9 @@ def _count_output(request: Request, text: str) -> int:
 
 
 def _completion_tokens(request: Request) -> int:
-    """Counted by the gateway from the delivered text, never above max_tokens."""
-    text = Request.objects.values_list("delivered_text", flat=True).get(pk=request.pk)
-    return min(_count_output(request, text), int(request.params["max_tokens"]))
+    """Counted by the gateway from the delivered text (of a row read under its
+    lock, so the text is final), never above max_tokens."""
+    return min(_count_output(request, request.delivered_text), int(request.params["max_tokens"]))
 
 
 def _rescuer_share(*, request: Request, job: Job, completion_tokens: int) -> int | None:
@@ -268,7 +268,7 @@ def _rescuer_share(*, request: Request, job: Job, completion_tokens: int) -> int
     first attempt's host (None here) earns the usual 80% of the whole cost."""
     if job.attempt == 1:
         return None
-    text = Request.objects.values_list("delivered_text", flat=True).get(pk=request.pk)
+    text = request.delivered_text
     own = text[len(text) - job.generated_chars :] if job.generated_chars else ""
     own_tokens = min(_count_output(request, own), completion_tokens)
     return own_tokens * request.model.output_price_ucents * settings.HOST_SHARE_PERCENT // 100
