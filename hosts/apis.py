@@ -27,7 +27,6 @@ from marketplace.aio import db
 from marketplace.apis import bearer_secret, json_body
 from marketplace.errors import ApiError, validation_error
 from marketplace.events import queue_group
-from marketplace.models import Job
 
 
 def host_from_secret(secret: str) -> Host:
@@ -199,7 +198,7 @@ class HeartbeatApi(HostApi):
 class HostMeApi(HostApi):
     def get(self, request) -> Response:  # type: ignore[no-untyped-def]
         host = self.host(request)
-        active = Job.objects.filter(host=host, status=Job.Status.RUNNING).select_related("model")
+        active = selectors.host_active_jobs(host=host)
         return Response(
             {
                 "id": host.pk,
@@ -210,7 +209,7 @@ class HostMeApi(HostApi):
                 "active_jobs": [{"id": job.pk, "model": job.model.name, "claimed_at": job.claimed_at} for job in active],
                 "qualifications": [
                     {"model": q.model.name, "fingerprint": q.fingerprint, "gen_tps": q.gen_tps, "prompt_tps": q.prompt_tps, "ttft_ms": q.ttft_ms}
-                    for q in host.qualifications.select_related("model")
+                    for q in selectors.host_qualifications(host=host)
                 ],
             }
         )

@@ -40,3 +40,11 @@ def host_earning_lines(*, host: Host, limit: int = 100) -> list[Job]:
         .select_related("model")
         .order_by("-finished_at")[:limit]
     )
+
+
+def host_active_jobs(*, host: Host) -> list[Job]:
+    return list(Job.objects.filter(host=host, status=Job.Status.RUNNING).select_related("model"))
+
+
+def host_qualifications(*, host: Host) -> list:
+    return list(host.qualifications.select_related("model"))

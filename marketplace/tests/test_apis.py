@@ -125,3 +125,14 @@ class HostApiInputTests:
         assert_error(client.post("/hosts/api/qualifications", data=json.dumps(bad_model), content_type="application/json", **auth), 404, "model_not_found")
         unmeasured = {**bad_model, "model": "gemma-3-270m", "benchmark": {**bad_model["benchmark"], "gen_tps": 0}}
         assert_error(client.post("/hosts/api/qualifications", data=json.dumps(unmeasured), content_type="application/json", **auth), 400, "invalid_value")
+
+
+class HostMeTests:
+    def test_it_shows_the_host_its_own_state_and_qualifications(self, serving_host) -> None:
+        answer = Client().get("/hosts/api/me", HTTP_AUTHORIZATION=f"Bearer {serving_host.token}")
+        assert answer.status_code == 200
+        body = answer.json()
+        assert body["name"] == serving_host.host.name and body["active_jobs"] == []
+        assert [q["model"] for q in body["qualifications"]] == ["gemma-3-270m"]
+        earnings = Client().get("/hosts/api/earnings", HTTP_AUTHORIZATION=f"Bearer {serving_host.token}").json()
+        assert earnings == {"balance_ucents": 0, "lines": []}
