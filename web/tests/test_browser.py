@@ -66,3 +66,60 @@ class BrowserTests:
         assert command.startswith(f"python -m mahout run --server {gateway.url} --token host-")
         assert secret not in listing and secret[:12] in listing and "$5.00" in listing
         assert httpx.get(f"{gateway.url}/v1/usage", headers={"Authorization": f"Bearer {secret}"}, timeout=5).status_code == 200
+
+    def test_a_customer_sees_the_call_and_a_host_sees_its_machine_online_then_busy(self, gateway, transactional_db, catalog, tmp_path) -> None:
+        import shlex
+        import subprocess
+        import sys
+        import threading
+        import uuid
+
+        import openai
+        from django.contrib.auth import get_user_model
+
+        from billing.services import credit_grant
+        from conftest import ROOT, stack_env
+
+        env = stack_env()
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+            page = browser.new_page()
+            page.goto(f"{gateway.url}/signup/")
+            page.fill("input[name=email]", "flow@example.com")
+            page.fill("input[name=password]", "a long enough password")
+            page.click("button:has-text('Sign up')")
+            page.wait_for_url(f"{gateway.url}/keys/")
+            page.fill("input[name=name]", "script")
+            page.click("button:has-text('Create key')")
+            secret = page.inner_text("#new-secret").strip()
+            page.goto(f"{gateway.url}/machines/")
+            page.fill("input[name=name]", "rig")
+            page.click("button:has-text('Register machine')")
+            command = shlex.split(page.inner_text("#host-command").strip())
+            assert command[:4] == ["python", "-m", "mahout", "run"]
+            grant = threading.Thread(target=lambda: credit_grant(  # an operator's grant; the ORM may not run on Playwright's loop
+                user=get_user_model().objects.get(email="flow@example.com"), amount_ucents=100_000_000, reference=f"op-{uuid.uuid4()}"))
+            grant.start()
+            grant.join()
+            host = subprocess.Popen([sys.executable, *command[1:], "--home", str(tmp_path / "mahout"), "--threads", "1"],
+                                    cwd=ROOT, env=env, stdout=open(tmp_path / "mahout.log", "w"), stderr=subprocess.STDOUT)
+            try:
+                page.goto(f"{gateway.url}/machines/")
+                try:
+                    page.wait_for_selector("tr[data-host] [data-status]:has-text('online')", timeout=120_000)
+                except sync_api.TimeoutError:
+                    raise AssertionError((tmp_path / "mahout.log").read_text()[-3000:]) from None
+                client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=secret, max_retries=0, timeout=120)
+                answers: list[str] = []
+                call = threading.Thread(target=lambda: answers.append(client.completions.create(
+                    model="gemma-3-270m", prompt="Once upon a time", max_tokens=200, temperature=0).id))
+                call.start()
+                page.wait_for_selector("tr[data-host] [data-status]:has-text('busy')", timeout=30_000)
+                call.join(timeout=120)
+                page.goto(f"{gateway.url}/usage/")
+                usage = page.inner_text("main") if page.query_selector("main") else page.content()
+            finally:
+                host.kill()
+                browser.close()
+        assert answers and answers[0] in usage, "the request appears on the usage page"
+        assert "1 request" in usage
