@@ -5,8 +5,6 @@ signed-in user (web.selectors), so an outsider's id answers 404.
 """
 from __future__ import annotations
 
-import csv
-import io
 from functools import wraps
 
 from django.contrib import messages
@@ -14,14 +12,14 @@ from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError
-from django.http import Http404, HttpResponse, JsonResponse
+from django.http import Http404, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from billing import selectors as billing_selectors
 from billing import services as billing
 from billing import stripe_api
-from billing.apis import CSV_COLUMNS, usage_row
+from billing.apis import usage_csv_response
 from billing.errors import BillingError
 from hosts import services as hosts
 from marketplace import services as marketplace
@@ -185,14 +183,7 @@ def usage(request):  # type: ignore[no-untyped-def]
 def usage_csv(request):  # type: ignore[no-untyped-def]
     """The same CSV as GET /v1/usage.csv, for the signed-in customer."""
     start, end = DateRangeForm(request.GET).range()
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    for row in billing_selectors.usage_requests(user=request.user, start=start, end=end):
-        writer.writerow(usage_row(row))
-    response = HttpResponse(out.getvalue(), content_type="text/csv; charset=utf-8")
-    response["Content-Disposition"] = f'attachment; filename="usage-{start.isoformat()}-{end.isoformat()}.csv"'
-    return response
+    return usage_csv_response(user=request.user, start=start, end=end)
 
 
 @login_required
