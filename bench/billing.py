@@ -12,7 +12,7 @@
    1,000 completion tokens.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/elephant_billing_bench \\
-        .venv/bin/python bench/billing.py [--settlements 1000] [--threads 8] [--clients 50] [--admissions 20]
+        .venv/bin/python bench/billing.py [--settlements 1000] [--processes 2] [--threads 1] [--clients 50] [--admissions 20]
 
 Uses a bench catalog model counted by the byte tokenizer, so the figures are
 billing's, not the GGUF tokenizer's. Prints figures; asserts nothing.
@@ -123,20 +123,57 @@ def pooled(fn, items: list, threads: int) -> None:  # type: ignore[no-untyped-de
         w.join()
 
 
-def bench_settlements(world: World, n: int, threads: int) -> None:
+def _settle_in_child(job_ids: list[int], host_pk: int, threads: int, start_at: float) -> None:
+    """A forked gateway process: its own database connection(s), its share of the jobs."""
+    from django.db import connections
+
+    from hosts.models import Host
+    from marketplace import services as market
+
+    connections.close_all()  # never share the parent's socket
+    host = Host.objects.get(pk=host_pk)
+    connections.close_all()
+    time.sleep(max(0.0, start_at - time.time()))
+    pooled(lambda job_id: gateway_call(market.job_complete, host=host, job_id=job_id, finish_reason="stop"), job_ids, threads)
+
+
+def bench_settlements(world: World, n: int, threads: int, processes: int) -> None:
+    """N settlements of one customer, spread over `processes` forked gateway processes
+    with `threads` threads each (a deployment runs several ASGI processes)."""
+    import multiprocessing
+
+    from django.db import connections
+
     from billing import selectors
     from marketplace import services as market
 
     customer = world.customer(10**13)
     jobs = [gateway_call(world.run_to_completion_prep, customer, "x" * 32, 64) for _ in range(n)]
-    start = time.perf_counter()
-    def settle(job_id: int) -> None:
-        gateway_call(market.job_complete, host=world.serving.host, job_id=job_id, finish_reason="stop")
-
-    pooled(settle, jobs, threads)
-    elapsed = time.perf_counter() - start
-    assert selectors.customer_account(user=customer.user).held_ucents == 0
-    print(f"settlements, one hot customer account: {n} in {elapsed:.2f} s with {threads} threads = {n / elapsed:.0f}/s")
+    if processes <= 1:
+        start = time.perf_counter()
+        pooled(lambda job_id: gateway_call(market.job_complete, host=world.serving.host, job_id=job_id, finish_reason="stop"), jobs, threads)
+        elapsed = time.perf_counter() - start
+    else:
+        connections.close_all()
+        context = multiprocessing.get_context("fork")
+        start_at = time.time() + 1.0  # children start together, after forking and connecting
+        children = [
+            context.Process(target=_settle_in_child, args=(jobs[i::processes], world.serving.host.pk, threads, start_at))
+            for i in range(processes)
+        ]
+        for child in children:
+            child.start()
+        for child in children:
+            child.join()
+        elapsed = time.time() - start_at
+        if any(child.exitcode for child in children):
+            raise SystemExit("a settling process failed")
+    account = selectors.customer_account(user=customer.user)
+    assert account.held_ucents == 0, account.held_ucents
+    print(
+        f"settlements, one hot customer account: {n} in {elapsed:.2f} s with {processes} process(es) x {threads} "
+        f"thread(s) = {n / elapsed:.0f}/s"
+    )
 
 
 def bench_admissions(world: World, clients: int, per_client: int, *, hot: bool) -> None:
@@ -194,7 +231,8 @@ def bench_rows(world: World) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--settlements", type=int, default=1000)
-    parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=1, help="settling threads per process")
+    parser.add_argument("--processes", type=int, default=1, help="settling gateway processes")
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--admissions", type=int, default=20, help="admissions per client")
     args = parser.parse_args()
@@ -204,7 +242,7 @@ def main() -> None:
     print(f"database: {connection.vendor}; {os.cpu_count()} CPUs")
     world = World()
     bench_rows(world)
-    bench_settlements(world, args.settlements, args.threads)
+    bench_settlements(world, args.settlements, args.threads, args.processes)
     bench_admissions(world, args.clients, args.admissions, hot=True)
     bench_admissions(world, args.clients, args.admissions, hot=False)
 

@@ -288,11 +288,16 @@ def job_complete(*, host: Host, job_id: int, finish_reason: str) -> Completion:
     returns the same result and changes nothing. The ledger posting comes last so
     the customer's hot balance row is locked only until the commit.
     """
-    job = Job.objects.select_for_update().select_related("request").filter(pk=job_id).first()
+    job = (  # the job and its request locked in one statement, with what settling reads
+        Job.objects.select_for_update(of=("self", "request"))
+        .select_related("request", "request__model", "request__hold")
+        .filter(pk=job_id)
+        .first()
+    )
     if job is not None and job.host_id == host.pk and job.status == Job.Status.COMPLETED:
         return Completion(request=job.request, earned_ucents=job.earned_ucents)
     _check_running(job, host=host, job_id=job_id)
-    request = Request.objects.select_for_update().select_related("model", "hold").get(pk=job.request_id)
+    request = job.request
     completion_tokens = _completion_tokens(request)
     model = request.model
     cost = request.prompt_tokens * model.input_price_ucents + completion_tokens * model.output_price_ucents
