@@ -39,6 +39,8 @@ class GrantForm(forms.Form):
 class AccountAdmin(ReadOnlyAdmin):
     list_display = ("pk", "kind", "user", "host", "balance_ucents", "held_ucents", "grant_link")
     list_filter = ("kind",)
+    search_fields = ("user__username", "host__name")
+    list_select_related = ("user", "host")
 
     @admin.display(description="")
     def grant_link(self, account: Account) -> str:
@@ -84,26 +86,32 @@ class EntryInline(admin.TabularInline):
 @admin.register(LedgerTransaction)
 class LedgerTransactionAdmin(ReadOnlyAdmin):
     list_display = ("pk", "kind", "reference", "memo", "created_at")
-    list_filter = ("kind",)
-    search_fields = ("reference",)
+    list_filter = ("kind", "created_at")
+    search_fields = ("reference", "memo")
+    date_hierarchy = "created_at"
     inlines = [EntryInline]
 
 
 @admin.register(LedgerEntry)
 class LedgerEntryAdmin(ReadOnlyAdmin):
     list_display = ("pk", "transaction", "account", "amount_ucents")
+    list_filter = ("account__kind", "transaction__kind")
+    search_fields = ("transaction__reference", "account__user__username", "account__host__name")
+    list_select_related = ("transaction", "account")
 
 
 @admin.register(Hold)
 class HoldAdmin(ReadOnlyAdmin):
     list_display = ("pk", "account", "api_key", "amount_ucents", "status", "created_at", "closed_at")
-    list_filter = ("status",)
+    list_filter = ("status", "created_at")
+    search_fields = ("api_key__prefix", "account__user__username")
+    list_select_related = ("account", "api_key")
 
 
 @admin.register(TopUp)
 class TopUpAdmin(ReadOnlyAdmin):
     list_display = ("pk", "user", "amount_cents", "currency", "status", "stripe_session_id", "created_at", "paid_at")
-    list_filter = ("status",)
+    list_filter = ("status", "currency", "created_at")
     search_fields = ("stripe_session_id", "user__username")
 
 
@@ -117,6 +125,7 @@ class StripeEventAdmin(ReadOnlyAdmin):
 @admin.register(PayoutProfile)
 class PayoutProfileAdmin(admin.ModelAdmin):
     list_display = ("host", "stripe_account_id", "updated_at")
+    list_select_related = ("host",)
     search_fields = ("host__name", "stripe_account_id")
 
 
@@ -126,7 +135,9 @@ class PayoutAdmin(ReadOnlyAdmin):
         "pk", "host", "amount_ucents", "status", "destination", "stripe_transfer_id", "failure_reason",
         "created_at", "decided_at",
     )
-    list_filter = ("status",)
+    list_filter = ("status", "created_at")
+    search_fields = ("host__name", "host__owner__username", "stripe_transfer_id")
+    list_select_related = ("host",)
     actions = ["approve", "reject"]
 
     def has_change_permission(self, request, obj=None) -> bool:  # type: ignore[no-untyped-def]

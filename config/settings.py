@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 from config.env import env_bool, env_float, env_int, env_str
 
@@ -189,6 +190,22 @@ RECONCILE_INTERVAL_SECONDS = env_float("RECONCILE_INTERVAL_SECONDS", 300.0, mini
 USAGE_MAX_DAYS = env_int("USAGE_MAX_DAYS", 366, minimum=1)
 # A continuation avoids the host whose attempt died for this long, then anyone may take it.
 CONTINUATION_GRACE_SECONDS = env_float("CONTINUATION_GRACE_SECONDS", 2.0, minimum=0)
+
+# Model-aware routing (issue 5). Jobs go to a host that has the model loaded ("warm");
+# a host whose catalog is missing, stale or unreadable counts as possibly warm. Within the
+# warm set ROUTING_STRATEGY (least-connections | weighted; per model in the catalog) picks
+# the host a new job is offered to; the offer lapses after ROUTING_OFFER_SECONDS and
+# then any warm host may take it; hosts without the model wait ROUTING_COLD_GRACE_SECONDS.
+ROUTING_STRATEGY = env_str("ROUTING_STRATEGY", "least-connections")
+if ROUTING_STRATEGY not in ("least-connections", "weighted"):
+    raise ImproperlyConfigured("ROUTING_STRATEGY must be 'least-connections' or 'weighted'")
+ROUTING_OFFER_SECONDS = env_float("ROUTING_OFFER_SECONDS", 1.0, minimum=0)
+ROUTING_COLD_GRACE_SECONDS = env_float("ROUTING_COLD_GRACE_SECONDS", 2.0, minimum=0)
+ROUTING_WEIGHT_WINDOW_SECONDS = env_int("ROUTING_WEIGHT_WINDOW_SECONDS", 3600, minimum=1)
+CATALOG_STALE_SECONDS = env_float("CATALOG_STALE_SECONDS", 15.0, minimum=1)  # three missed 5 s heartbeats
+MODEL_LIST_CACHE_SECONDS = env_float("MODEL_LIST_CACHE_SECONDS", 5.0, minimum=0)  # the heartbeat cadence
+# A host that drops or fails more than this many jobs in an hour rests in maintenance.
+HOST_MAX_FAILURES_PER_HOUR = env_int("HOST_MAX_FAILURES_PER_HOUR", 5, minimum=1)
 
 # Web pages (issue 6): session login for people; e-mail goes to the console unless configured.
 LOGIN_URL = "login"

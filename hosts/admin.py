@@ -1,7 +1,19 @@
+"""Hosts in the admin. Operators change a host's state through services only:
+"Put in maintenance" asks for the reason its owner will read (an intermediate
+page, like the delete confirmation), "Resume from maintenance" takes it back.
+The token is never shown, not even its hash."""
 from __future__ import annotations
 
-from django.contrib import admin
+from datetime import timedelta
 
+from django import forms
+from django.conf import settings
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.template.response import TemplateResponse
+from django.utils import timezone
+
+from hosts import selectors, services
 from hosts.models import Host, Qualification
 
 
@@ -12,16 +24,101 @@ class QualificationInline(admin.TabularInline):
     exclude = ("machine",)
 
 
+class ConnectionFilter(admin.SimpleListFilter):
+    title = "connection"
+    parameter_name = "connection"
+
+    def lookups(self, request, model_admin):  # type: ignore[no-untyped-def]
+        return [("online", "Heartbeat recent"), ("offline", "Offline")]
+
+    def queryset(self, request, queryset):  # type: ignore[no-untyped-def]
+        recent = timezone.now() - timedelta(seconds=settings.HOST_OFFLINE_AFTER_SECONDS)
+        if self.value() == "online":
+            return queryset.filter(last_heartbeat_at__gte=recent)
+        if self.value() == "offline":
+            return queryset.exclude(last_heartbeat_at__gte=recent)
+        return queryset
+
+
+class MaintenanceFilter(admin.SimpleListFilter):
+    title = "maintenance"
+    parameter_name = "maintenance"
+
+    def lookups(self, request, model_admin):  # type: ignore[no-untyped-def]
+        return [("yes", "In maintenance"), ("no", "Not in maintenance")]
+
+    def queryset(self, request, queryset):  # type: ignore[no-untyped-def]
+        if self.value() in ("yes", "no"):
+            return queryset.filter(maintenance_since__isnull=self.value() == "no")
+        return queryset
+
+
+class MaintenanceForm(forms.Form):
+    reason = forms.CharField(
+        max_length=300, widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        help_text="Shown to each host's owner on their machines page and in the host API.",
+    )
+
+
 @admin.register(Host)
 class HostAdmin(admin.ModelAdmin):
-    list_display = ("name", "owner", "paused", "last_heartbeat_at", "version", "created_at")
-    list_filter = ("paused",)
-    search_fields = ("name", "owner__username", "token_prefix")
-    readonly_fields = ("token_prefix", "token_hash", "fingerprint", "last_heartbeat_at", "models_loaded", "version")
+    list_display = (
+        "name", "owner", "status", "maintenance_reason", "last_heartbeat_at", "loaded", "paused", "version", "created_at",
+    )
+    list_filter = (ConnectionFilter, MaintenanceFilter, "paused")
+    search_fields = ("name", "owner__username", "token_prefix", "maintenance_reason")
+    list_select_related = ("owner",)
+    exclude = ("token_hash",)
+    readonly_fields = (
+        "token_prefix", "fingerprint", "last_heartbeat_at", "models_loaded", "version",
+        "maintenance_reason", "maintenance_since", "maintenance_by",
+    )
     inlines = [QualificationInline]
+    actions = ["maintenance_enter", "maintenance_resume"]
+
+    @admin.display(description="status")
+    def status(self, host: Host) -> str:
+        return selectors.host_status(host=host)
+
+    @admin.display(description="models loaded")
+    def loaded(self, host: Host) -> str:
+        return ", ".join(host.models_loaded or []) or "—"
+
+    @admin.action(description="Put in maintenance…", permissions=["change"])
+    def maintenance_enter(self, request, queryset):  # type: ignore[no-untyped-def]
+        """First call: the reason form. Its POST comes back here with `apply` and does the work."""
+        form = MaintenanceForm(request.POST if "apply" in request.POST else None)
+        if form.is_bound and form.is_valid():
+            entered = [host for host in queryset if services.host_maintenance_enter(
+                host=host, reason=form.cleaned_data["reason"], by="operator")]
+            skipped = queryset.count() - len(entered)
+            self.message_user(request, f"{len(entered)} host(s) put in maintenance.", messages.SUCCESS)
+            if skipped:
+                self.message_user(request, f"{skipped} already in maintenance; their reason is unchanged.", messages.WARNING)
+            return None
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Put hosts in maintenance",
+            "opts": self.model._meta,
+            "hosts": queryset,
+            "form": form,
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "admin/hosts/host/maintenance.html", context)
+
+    @admin.action(description="Resume from maintenance", permissions=["change"])
+    def maintenance_resume(self, request, queryset) -> None:  # type: ignore[no-untyped-def]
+        resumed = sum(services.host_maintenance_resume(host=host) for host in queryset)
+        self.message_user(request, f"{resumed} host(s) resumed from maintenance.", messages.SUCCESS)
 
 
 @admin.register(Qualification)
 class QualificationAdmin(admin.ModelAdmin):
-    list_display = ("host", "model", "fingerprint", "gen_tps", "prompt_tps", "ttft_ms", "memory_mb", "updated_at")
+    list_display = ("host", "model", "fingerprint", "gen_tps", "prompt_tps", "ttft_ms", "memory_mb", "threads", "updated_at")
     list_filter = ("model",)
+    search_fields = ("host__name", "fingerprint")
+    list_select_related = ("host", "model")
+    readonly_fields = (
+        "host", "model", "fingerprint", "prompt_tps", "gen_tps", "ttft_ms", "memory_mb", "threads", "machine",
+        "created_at", "updated_at",
+    )

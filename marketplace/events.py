@@ -26,6 +26,11 @@ def queue_group(model_id: int) -> str:
     return f"queue.{model_id}"
 
 
+def host_group(host_id: int) -> str:
+    """A host's own long-polls: woken when routing offers it a job."""
+    return f"host.{host_id}"
+
+
 def _send_now(group: str, message: dict) -> None:
     layer = get_channel_layer()
     if layer is not None:

@@ -20,6 +20,13 @@ class CatalogModel(models.Model):
     output_price_ucents = models.BigIntegerField(help_text="µ¢ per generated token")
     tokenizer = models.CharField(max_length=100, help_text="how the gateway counts tokens, e.g. shipped:gemma-3-270m")
     active = models.BooleanField(default=True)
+    routing_strategy = models.CharField(
+        max_length=24, blank=True, choices=[("least-connections", "least-connections"), ("weighted", "weighted")],
+        help_text="how jobs are spread over warm hosts; empty = the gateway's ROUTING_STRATEGY",
+    )
+    latency_critical = models.BooleanField(
+        default=False, help_text="keep on at least two warm hosts (the admin and host dashboards warn otherwise)"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -77,6 +84,7 @@ class Request(models.Model):
     class Kind(models.TextChoices):
         CHAT = "chat"
         COMPLETION = "completion"
+        EMBEDDINGS = "embeddings"
 
     class Status(models.TextChoices):
         QUEUED = "queued"
@@ -92,6 +100,8 @@ class Request(models.Model):
     stream = models.BooleanField(default=False)
     messages = models.JSONField(null=True, blank=True)
     prompt = models.TextField(null=True, blank=True)
+    inputs = models.JSONField(null=True, blank=True, help_text="texts to embed (embeddings requests), deleted at the end")
+    result = models.JSONField(null=True, blank=True, help_text="embedding vectors, kept only until delivered")
     params = models.JSONField(default=dict)
     hold = models.OneToOneField("billing.Hold", on_delete=models.PROTECT, related_name="request")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
@@ -134,6 +144,14 @@ class Job(models.Model):
         "hosts.Host", null=True, blank=True, on_delete=models.PROTECT, related_name="+",
         help_text="the host whose attempt died: it gets this continuation only if nobody else takes it",
     )
+    offered_host = models.ForeignKey(
+        "hosts.Host", null=True, blank=True, on_delete=models.PROTECT, related_name="+",
+        help_text="the warm host routing chose; others may take the job once offer_until passes",
+    )
+    offer_until = models.DateTimeField(null=True, blank=True)
+    warm_until = models.DateTimeField(
+        null=True, blank=True, help_text="until then only hosts with the model loaded (or of unknown catalog) may take it"
+    )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     next_seq = models.PositiveIntegerField(default=0)
     generated_chars = models.PositiveIntegerField(default=0)
@@ -156,7 +174,11 @@ class Job(models.Model):
                 condition=Q(status__in=["queued", "failed"]) | Q(host__isnull=False), name="claimed_job_has_host"
             ),
         ]
-        indexes = [models.Index(fields=["status", "model", "created_at"]), models.Index(fields=["host", "status"])]
+        indexes = [
+            models.Index(fields=["status", "model", "created_at"]),
+            models.Index(fields=["host", "status"]),
+            models.Index(fields=["offered_host", "created_at"]),
+        ]
 
     def __str__(self) -> str:
         return f"job {self.pk} ({self.status})"

@@ -13,7 +13,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, F, Q, Value
+from django.db.models import Case, Exists, F, Q, Value, When
 from django.db.models.functions import Concat
 from django.utils import timezone
 
@@ -21,7 +21,8 @@ from billing import services as billing
 from billing.models import Hold
 from hosts.models import Host
 from hosts.selectors import qualified_model_ids
-from marketplace.events import announce_on_commit, queue_group, request_group
+from marketplace import routing
+from marketplace.events import announce_on_commit, host_group, queue_group, request_group
 from marketplace.models import ApiKey, CatalogModel, Job, Request
 from marketplace.secrets import secret_hash, secret_new, secret_prefix
 from marketplace.tokenizer import tokenizer_for
@@ -97,9 +98,15 @@ def request_submit(
         prompt_tokens=prompt_tokens,
         estimate_ucents=estimate,
     )
-    Job.objects.create(request=request, model=model)
-    announce_on_commit(queue_group(model.pk), {"type": "job.queued"})
+    job_queue(Job.objects.create(request=request, model=model), model=model)
     return request
+
+
+def job_queue(job: Job, *, model: CatalogModel) -> None:
+    """Route a new job and wake whoever may take it (after the commit)."""
+    offered = routing.route_offer(job=job, model=model)
+    group = host_group(offered) if offered is not None else queue_group(model.pk)
+    announce_on_commit(group, {"type": "job.queued"})
 
 
 # --- claiming ---------------------------------------------------------------
@@ -154,29 +161,36 @@ def job_payload(job: Job) -> dict:
 
 
 @transaction.atomic
-def job_claim_next(*, host: Host, fingerprint: str = "", model_ids: list[int] | None = None) -> Job | None:
-    """Give the host the oldest queued job for a model it qualified here, if any.
+def job_claim_next(
+    *, host: Host, fingerprint: str = "", model_ids: list[int] | None = None, warm_ids: list[int] | None = None
+) -> Job | None:
+    """Give the host the next queued job routing lets it take, if any.
 
-    `model_ids` (the host's qualified models, looked up once per long-poll) may be
-    passed instead of the fingerprint. A paused host gets nothing. A continuation
-    skips the host whose attempt died until the grace is over. One locking read
-    (SKIP LOCKED, so many hosts claim at once without queueing behind each other)
-    fetches the job with its request; the status compare-and-set decides any
-    remaining race.
+    `model_ids` (the host's qualified models) and `warm_ids` (those it has loaded, see
+    `routing.warm_model_ids`), looked up once per long-poll, may be passed instead of
+    the fingerprint. A paused host or one in maintenance gets nothing. Jobs offered to
+    this host come first; jobs offered to another host wait for that offer to lapse;
+    a host without the model loaded waits out the cold grace. A continuation skips the
+    host whose attempt died until the grace is over. One locking read (SKIP LOCKED, so
+    many hosts claim at once without queueing behind each other) fetches the job with
+    its request; the status compare-and-set decides any remaining race.
     """
     if model_ids is None:
         model_ids = qualified_model_ids(host=host, fingerprint=fingerprint)
     if not model_ids:
         return None
     now = timezone.now()
+    if warm_ids is None:
+        warm_ids = routing.warm_model_ids(host=host, model_ids=model_ids, now=now)
     grace_over = now - timedelta(seconds=settings.CONTINUATION_GRACE_SECONDS)
     candidates = (
         Job.objects.select_for_update(skip_locked=True, of=("self",))
         .select_related("request", "model")
         .filter(status=Job.Status.QUEUED, model_id__in=model_ids)
         .filter(Q(avoid_host__isnull=True) | ~Q(avoid_host=host) | Q(created_at__lt=grace_over))
-        .filter(~Exists(Host.objects.filter(pk=host.pk, paused=True)))
-        .order_by("created_at", "pk")
+        .filter(routing.claim_filter(host=host, warm_ids=warm_ids, now=now))
+        .filter(~Exists(Host.objects.filter(Q(paused=True) | Q(maintenance_since__isnull=False), pk=host.pk)))
+        .order_by(Case(When(offered_host=host, then=Value(0)), default=Value(1)), "created_at", "pk")
     )
     for _ in range(3):  # without row locks (SQLite) another host may win the first pick
         job = candidates.first()
@@ -194,9 +208,9 @@ def job_claim_next(*, host: Host, fingerprint: str = "", model_ids: list[int] | 
     return None
 
 
-def job_claim_payload(*, host: Host, model_ids: list[int]) -> dict | None:
+def job_claim_payload(*, host: Host, model_ids: list[int], warm_ids: list[int] | None = None) -> dict | None:
     """Claim the next job and render what the host receives, in one database trip."""
-    job = job_claim_next(host=host, model_ids=model_ids)
+    job = job_claim_next(host=host, model_ids=model_ids, warm_ids=warm_ids)
     return None if job is None else job_payload(job)
 
 
@@ -387,9 +401,9 @@ def attempt_end_dead(*, job_id: int, reason: str) -> str:
     if delivered_tokens >= int(request.params["max_tokens"]):
         _settle_without_host(request=request, completion_tokens=delivered_tokens)
         return "settled"
-    Job.objects.create(request=request, model=request.model, attempt=job.attempt + 1, avoid_host_id=job.host_id)
+    continuation = Job.objects.create(request=request, model=request.model, attempt=job.attempt + 1, avoid_host_id=job.host_id)
     Request.objects.filter(pk=request.pk).update(resumed=True)
-    announce_on_commit(queue_group(request.model_id), {"type": "job.queued"})
+    job_queue(continuation, model=request.model)
     announce_on_commit(request_group(request.public_id), {"type": "job.resumed"})
     return "continued"
 

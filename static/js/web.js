@@ -1,4 +1,4 @@
-// Elephant pages: copy buttons, and the machines table's status poll. No framework.
+// Elephant pages: copy buttons, and the machines table's status poll (status, maintenance reason). No framework.
 "use strict";
 
 document.addEventListener("click", (event) => {
@@ -23,6 +23,11 @@ function pollHosts(table) {
           const badge = row.querySelector("[data-status]");
           badge.textContent = host.status;
           badge.className = `badge ${host.status}`;
+          const maintenance = row.querySelector("[data-maintenance]");
+          if (maintenance) {
+            maintenance.hidden = !host.maintenance_reason;
+            maintenance.querySelector("[data-reason]").textContent = host.maintenance_reason || "";
+          }
           row.querySelector("[data-seen]").textContent = host.last_heartbeat_at ? host.last_heartbeat_at.slice(0, 19) : "never";
         }
       })

@@ -123,3 +123,53 @@ class BrowserTests:
                 browser.close()
         assert answers and answers[0] in usage, "the request appears on the usage page"
         assert "1 request" in usage
+
+    def test_an_owner_sees_maintenance_arrive_live_with_its_reason_and_resumes(self, gateway, transactional_db, shots) -> None:
+        import threading
+
+        from django.contrib.auth import get_user_model
+        from django.utils import timezone
+
+        from hosts.models import Host
+        from hosts.services import host_create, host_maintenance_enter
+
+        email = "owner@example.com"
+        get_user_model().objects.create_user(username=email, email=email, password="a long enough password")
+        host = host_create(email=email, name="den").host
+
+        def off_loop(work) -> None:  # type: ignore[no-untyped-def]
+            """The ORM may not run on Playwright's event loop; run it on a thread of its own."""
+            thread = threading.Thread(target=work)
+            thread.start()
+            thread.join()
+
+        def heartbeat() -> None:
+            Host.objects.filter(pk=host.pk).update(last_heartbeat_at=timezone.now())
+
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 390, "height": 844})
+            page.goto(f"{gateway.url}/login/")
+            page.fill("input[name=username]", email)
+            page.fill("input[name=password]", "a long enough password")
+            page.click("button:has-text('Log in')")
+            page.wait_for_url(f"{gateway.url}/")
+            off_loop(heartbeat)
+            page.goto(f"{gateway.url}/machines/")
+            page.wait_for_selector("tr[data-host] [data-status]:has-text('online')")
+            assert not page.is_visible("tr[data-host] [data-maintenance]")
+            off_loop(heartbeat)
+            reason_set = "Fan failure reported; please check the cooling"
+            off_loop(lambda: host_maintenance_enter(host=host, reason=reason_set, by="operator"))
+            page.wait_for_selector("tr[data-host] [data-status]:has-text('maintenance')", timeout=10_000)  # the 3 s poll
+            reason = page.inner_text("tr[data-host] [data-maintenance] [data-reason]")
+            assert page.is_visible("tr[data-host] [data-maintenance] button:has-text('Resume')")
+            page.screenshot(path=shots / "machines-maintenance.png", full_page=True)
+            page.click("tr[data-host] button:has-text('Resume')")
+            page.wait_for_url(f"{gateway.url}/machines/")
+            resumed = page.inner_text("main")
+            badge = page.inner_text("tr[data-host] [data-status]")
+            hidden = not page.is_visible("tr[data-host] [data-maintenance]")
+            browser.close()
+        assert reason == reason_set
+        assert "den is out of maintenance" in resumed and badge != "maintenance" and hidden

@@ -29,6 +29,23 @@ class PoolOverviewTests:
         assert pool.failures_last_hour == 2  # the old failure is outside the hour
         assert pool.continuations_last_hour == 1
 
+    def test_it_counts_maintenance_apart_and_warm_hosts_per_model(self, catalog, serving_host, outsider) -> None:
+        from conftest import make_host
+        from hosts.services import host_maintenance_enter
+
+        third = make_host(name="third").host
+        now = timezone.now()
+        Host.objects.filter(pk__in=[serving_host.host.pk, outsider.host.pk, third.pk]).update(
+            last_heartbeat_at=now, models_loaded=["gemma-3-270m"]
+        )
+        Host.objects.filter(pk=third.pk).update(paused=True)
+        host_maintenance_enter(host=outsider.host, reason="bad RAM", by="operator")
+        pool = selectors.pool_overview()
+        assert (pool.hosts_online, pool.hosts_paused, pool.hosts_maintenance) == (1, 1, 1)
+        assert [h.name for h in pool.in_maintenance] == ["outsider"]
+        (gemma,) = [m for m in pool.models if m.name == "gemma-3-270m"]
+        assert (gemma.warm, gemma.qualified_online) == (1, 1)  # the paused and the maintained host do not count
+
 
 class HostEarningsDailyTests:
     def test_it_has_a_row_for_every_day_and_only_this_hosts_jobs(self, catalog, serving_host, outsider) -> None:

@@ -5,6 +5,7 @@ import re
 import pytest
 from django.core import mail
 from django.test import Client
+from django.utils import timezone
 
 from billing.models import Payout, PayoutProfile, TopUp
 from conftest import make_customer, make_host
@@ -227,11 +228,67 @@ class HostPagesTests:
         assert "Payout of $0.05 requested" in page and "requested" in page
 
 
+class MachineMaintenanceTests:
+    def test_the_machines_page_shows_the_badge_the_reason_and_a_resume_form(self, serving_host, host_client) -> None:
+        from hosts.services import host_maintenance_enter
+
+        host = serving_host.host
+        Host.objects.filter(pk=host.pk).update(last_heartbeat_at=timezone.now())
+        host_maintenance_enter(host=host, reason="Your GPU reports ECC errors", by="operator")
+        page = host_client.get("/machines/").content.decode()
+        assert '<span class="badge maintenance" data-status>maintenance</span>' in page
+        assert "Your GPU reports ECC errors" in page
+        assert f'action="/machines/{host.pk}/resume/"' in page and "csrfmiddlewaretoken" in page
+        (row,) = host_client.get("/machines/status.json").json()["hosts"]
+        assert (row["status"], row["maintenance_reason"]) == ("maintenance", "Your GPU reports ECC errors")
+        detail = host_client.get(f"/machines/{host.pk}/").content.decode()
+        assert "In maintenance" in detail and "Your GPU reports ECC errors" in detail and ">Resume</button>" in detail
+
+    def test_out_of_maintenance_the_resume_form_is_hidden(self, serving_host, host_client) -> None:
+        page = host_client.get("/machines/").content.decode()
+        assert "data-maintenance hidden" in page
+        assert "In maintenance" not in host_client.get(f"/machines/{serving_host.host.pk}/").content.decode()
+
+    def test_the_owner_resumes_from_the_machines_page(self, serving_host, host_client) -> None:
+        from hosts.services import host_maintenance_enter
+
+        host = serving_host.host
+        host_maintenance_enter(host=host, reason="disk full", by="operator")
+        response = host_client.post(f"/machines/{host.pk}/resume/", {"next": "machines"}, follow=True)
+        assert response.redirect_chain[-1][0] == "/machines/"
+        assert "out of maintenance" in response.content.decode()
+        assert Host.objects.get(pk=host.pk).maintenance_since is None
+        again = host_client.post(f"/machines/{host.pk}/resume/", follow=True)
+        assert again.redirect_chain[-1][0] == f"/machines/{host.pk}/" and "was not in maintenance" in again.content.decode()
+
+    def test_resume_needs_a_post_with_the_csrf_token(self, serving_host) -> None:
+        from hosts.services import host_maintenance_enter
+
+        host_maintenance_enter(host=serving_host.host, reason="disk full", by="operator")
+        client = Client(enforce_csrf_checks=True)
+        client.force_login(serving_host.host.owner)
+        assert client.get(f"/machines/{serving_host.host.pk}/resume/").status_code == 405
+        assert client.post(f"/machines/{serving_host.host.pk}/resume/").status_code == 403
+        assert Host.objects.get(pk=serving_host.host.pk).maintenance_since is not None
+
+    def test_an_outsider_gets_404_on_the_resume_url(self, serving_host, outsider_client) -> None:
+        from hosts.services import host_maintenance_enter
+
+        host_maintenance_enter(host=serving_host.host, reason="disk full", by="operator")
+        assert outsider_client.post(f"/machines/{serving_host.host.pk}/resume/").status_code == 404
+        assert Host.objects.get(pk=serving_host.host.pk).maintenance_since is not None
+
+
 class PoolPageTests:
     def test_staff_see_the_pool(self, customer, serving_host, staff_client) -> None:
+        from hosts.services import host_maintenance_enter
+
         finished_request(customer=customer, failed=True)
+        host_maintenance_enter(host=serving_host.host, reason="thermal throttling", by="operator")
         page = staff_client.get("/pool/").content.decode()
         assert "Pool overview" in page and "Failed attempts, last hour" in page
+        assert "Jobs streaming" in page and "Warm hosts" in page and "gemma-3-270m" in page
+        assert "Hosts in maintenance" in page and "thermal throttling" in page
 
     def test_it_is_forbidden_to_customers(self, customer_client) -> None:
         assert customer_client.get("/pool/").status_code == 403
