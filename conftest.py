@@ -74,6 +74,15 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix): 
         default.setdefault("TEST", {})["NAME"] = str(settings.VAR_DIR / f"test-{os.getpid()}.sqlite3")
 
 
+@pytest.fixture(autouse=True)
+def _fresh_cache():  # type: ignore[no-untyped-def]
+    """The served-model list is cached; each test starts from the database's truth."""
+    from django.core.cache import cache
+
+    cache.clear()
+    yield
+
+
 @pytest.fixture
 def catalog(db):  # type: ignore[no-untyped-def]
     from marketplace.catalog import catalog_seed

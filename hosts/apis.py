@@ -44,6 +44,8 @@ def _refusal(error: Exception) -> ApiError:
         return ApiError(409, str(error), code="job_not_running", type="conflict")
     if isinstance(error, market.SequenceGap):
         return ApiError(409, str(error), code="sequence_gap", type="conflict")
+    if isinstance(error, market.BadResult):
+        return ApiError(400, error.message, code="invalid_result")
     raise error
 
 
@@ -62,7 +64,7 @@ class AsyncHostApi(View):
                 raise validation_error(serializer.errors)
             host = await db(host_from_secret, secret)
             return await self.handle(host, serializer.validated_data, **kwargs)
-        except (market.HostRefused, market.JobNotRunning, market.SequenceGap) as error:
+        except (market.HostRefused, market.JobNotRunning, market.SequenceGap, market.BadResult) as error:
             return _refusal(error).response()
         except ApiError as error:
             return error.response()
@@ -140,9 +142,13 @@ class JobCompleteApi(AsyncHostApi):
     class InputSerializer(serializers.Serializer):
         finish_reason = serializers.ChoiceField(choices=["stop", "length"])
         completion_tokens = serializers.IntegerField(min_value=0, required=False)
+        embeddings = serializers.JSONField(required=False, default=None)  # checked by the service, not per float here
 
     async def handle(self, host: Host, data: dict, **kwargs: object) -> HttpResponse:
-        done = await db(market.job_complete, host=host, job_id=kwargs["job_id"], finish_reason=data["finish_reason"])
+        done = await db(
+            market.job_complete, host=host, job_id=kwargs["job_id"], finish_reason=data["finish_reason"],
+            embeddings=data["embeddings"],
+        )
         return JsonResponse({"earned_ucents": done.earned_ucents, "completion_tokens": done.request.completion_tokens})
 
 

@@ -6,7 +6,9 @@ database goes through `db()`; everything that decides goes through a service.
 """
 from __future__ import annotations
 
+import base64
 import json
+import struct
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -25,7 +27,7 @@ from marketplace.aio import db
 from marketplace.errors import ApiError, bad_request, validation_error
 from marketplace.models import ApiKey, CatalogModel, Request
 from marketplace.render import chunk_body, response_body, usage_of
-from marketplace.serializers import ChatInputSerializer, CompletionInputSerializer
+from marketplace.serializers import ChatInputSerializer, CompletionInputSerializer, EmbeddingsInputSerializer
 from marketplace.streaming import Ended, RequestListener, Text, ended_error
 from marketplace.tokenizer import tokenizer_for
 from mahout.prompt import render_chat
@@ -201,6 +203,84 @@ class CompletionsApi(GenerationApi):
     kind = Request.Kind.COMPLETION
 
 
+def admit_embeddings(*, secret: str, data: dict, public_id: str) -> Request:
+    """Authenticate, count every input's tokens, hold their price and queue, in one db trip."""
+    key = key_from_secret(secret)
+    model = selectors.catalog_model_by_name(name=data["model"])
+    if model is None or model.kind != CatalogModel.Kind.EMBEDDING:
+        hint = " It is a chat model; use /v1/chat/completions." if model is not None else " GET /v1/models lists them."
+        raise ApiError(404, f"The embeddings model '{data['model']}' does not exist.{hint}", code="model_not_found", param="model")
+    tokenizer = tokenizer_for(model.tokenizer)
+    prompt_tokens = 0
+    for index, text in enumerate(data["input"]):
+        if tokenizer.count(text, special=True) > model.context_length:
+            raise bad_request(
+                f"Input {index} is longer than this model's {model.context_length}-token context; split it.",
+                code="context_length_exceeded", param=f"input[{index}]",
+            )
+        prompt_tokens += tokenizer.count(text, special=False)
+    try:
+        return services.request_submit(
+            public_id=public_id, api_key=key, model=model, kind=Request.Kind.EMBEDDINGS, messages=None, prompt=None,
+            params={"max_tokens": 0}, stream=False, prompt_tokens=prompt_tokens, inputs=data["input"],
+        )
+    except BillingError as refusal:
+        status = getattr(refusal, "status", 402)
+        raise ApiError(status, refusal.message, code=refusal.code, type="insufficient_quota" if status == 402 else "rate_limit_error") from None
+
+
+@method_decorator(csrf_exempt, name="dispatch")
+class EmbeddingsApi(View):
+    """POST /v1/embeddings: queued like any job, answered once a host returns the vectors."""
+
+    async def post(self, request: HttpRequest) -> HttpResponse:
+        try:
+            return await self._post(request)
+        except ApiError as error:
+            return error.response()
+
+    async def _post(self, request: HttpRequest) -> HttpResponse:
+        secret = bearer_secret(request)
+        serializer = EmbeddingsInputSerializer(data=json_body(request))
+        if not serializer.is_valid():
+            raise validation_error(serializer.errors)
+        data = serializer.validated_data
+        public_id = services.new_public_id(Request.Kind.EMBEDDINGS)
+        listener = await RequestListener(public_id).open()  # listening before the job exists
+        try:
+            row = await db(admit_embeddings, secret=secret, data=data, public_id=public_id)
+        except BaseException:
+            await listener.close()
+            raise
+        try:
+            async for event in listener.events():
+                if isinstance(event, Ended):
+                    ended = event.request
+                    if ended.status == Request.Status.FAILED:
+                        return ended_error(ended).response()
+                    return JsonResponse(embeddings_body(ended, encoding=data["encoding_format"]))
+        finally:
+            await listener.close()
+            await db(services.request_forget_output, request_id=row.pk)  # the vectors are not kept
+        raise AssertionError("listener ended without an Ended event")
+
+
+def embeddings_body(row: Request, *, encoding: str) -> dict:
+    """OpenAI's embeddings response; base64 is little-endian float32, as OpenAI sends it."""
+    def encoded(vector: list[float]) -> list[float] | str:
+        if encoding == "float":
+            return vector
+        return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+
+    return {
+        "object": "list",
+        "data": [{"object": "embedding", "index": i, "embedding": encoded(v)} for i, v in enumerate(row.result or [])],
+        "model": row.model.name,
+        "usage": {"prompt_tokens": row.prompt_tokens, "total_tokens": row.prompt_tokens},
+        "id": row.public_id,
+    }
+
+
 class KeyApi(APIView):
     """Base for the synchronous, key-authenticated reads."""
 
@@ -210,11 +290,12 @@ class KeyApi(APIView):
 
 class ModelListApi(KeyApi):
     def get(self, request) -> Response:  # type: ignore[no-untyped-def]
-        models = selectors.catalog_models()
-        return Response({"object": "list", "data": [model_body(m) for m in models]})
+        self.key(request)
+        return Response({"object": "list", "data": [model_body(served) for served in selectors.served_models()]})
 
 
-def model_body(model: CatalogModel) -> dict:
+def model_body(served: selectors.ServedModel) -> dict:
+    model = served.model
     return {
         "id": model.name,
         "object": "model",
@@ -223,6 +304,9 @@ def model_body(model: CatalogModel) -> dict:
         "kind": model.kind,
         "context_length": model.context_length,
         "pricing": {"input_ucents_per_token": model.input_price_ucents, "output_ucents_per_token": model.output_price_ucents},
+        "hosts_online": served.hosts_online,
+        "hosts_warm": served.hosts_warm,
+        "latency_critical": model.latency_critical,
     }
 
 

@@ -110,3 +110,42 @@ class PromptField(serializers.Field):
 class CompletionInputSerializer(SamplingSerializer):
     prompt = PromptField()
     default_max_tokens = 16  # OpenAI's default for /v1/completions
+
+
+MAX_EMBEDDING_INPUTS = 256  # per request; a CPU host embeds these well inside the stall watchdog
+
+
+class EmbeddingInputField(serializers.Field):
+    """OpenAI `input`: one string or a list of strings (token arrays are not accepted)."""
+
+    default_error_messages = {
+        "invalid": "must be a non-empty string or a list of 1 to {limit} non-empty strings",
+        "tokens": "token arrays are not supported; send the text",
+    }
+
+    def to_internal_value(self, data: object) -> list[str]:
+        if isinstance(data, str) and data:
+            return [data]
+        if isinstance(data, list) and data and all(isinstance(item, int) for item in data):
+            self.fail("tokens")
+        if isinstance(data, list) and data and all(isinstance(item, list) for item in data):
+            self.fail("tokens")
+        if isinstance(data, list) and 0 < len(data) <= MAX_EMBEDDING_INPUTS and all(isinstance(t, str) and t for t in data):
+            return data
+        self.fail("invalid", limit=MAX_EMBEDDING_INPUTS)
+
+    def to_representation(self, value: list[str]) -> list[str]:
+        return value
+
+
+class EmbeddingsInputSerializer(serializers.Serializer):
+    model = serializers.CharField(max_length=100)
+    input = EmbeddingInputField()
+    encoding_format = serializers.ChoiceField(choices=["float", "base64"], required=False, default="float")
+    dimensions = serializers.IntegerField(required=False, allow_null=True, min_value=1)
+    user = serializers.CharField(required=False, allow_blank=True, max_length=256)
+
+    def validate_dimensions(self, value: int | None) -> int | None:
+        if value is not None:
+            raise serializers.ValidationError("choosing the number of dimensions is not supported; omit it")
+        return value

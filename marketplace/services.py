@@ -7,6 +7,7 @@ of a race gets a typed refusal, never a half-applied change.
 """
 from __future__ import annotations
 
+import math
 import secrets
 from dataclasses import dataclass
 from datetime import timedelta
@@ -21,6 +22,7 @@ from billing import services as billing
 from billing.models import Hold
 from hosts.models import Host
 from hosts.selectors import qualified_model_ids
+from hosts.services import host_maintenance_enter
 from marketplace import routing
 from marketplace.events import announce_on_commit, host_group, queue_group, request_group
 from marketplace.models import ApiKey, CatalogModel, Job, Request
@@ -61,7 +63,8 @@ def estimate_ucents(*, model: CatalogModel, prompt_tokens: int, max_tokens: int)
 
 
 def new_public_id(kind: str) -> str:
-    return ("chatcmpl-" if kind == Request.Kind.CHAT else "cmpl-") + secrets.token_hex(12)
+    prefix = {Request.Kind.CHAT: "chatcmpl-", Request.Kind.EMBEDDINGS: "emb-"}.get(kind, "cmpl-")
+    return prefix + secrets.token_hex(12)
 
 
 @transaction.atomic
@@ -76,6 +79,7 @@ def request_submit(
     params: dict,
     stream: bool,
     prompt_tokens: int,
+    inputs: list[str] | None = None,
 ) -> Request:
     """Admit a request: hold its worst-case cost, then queue its first job.
 
@@ -93,6 +97,7 @@ def request_submit(
         stream=stream,
         messages=messages,
         prompt=prompt,
+        inputs=inputs,
         params=params,
         hold=hold,
         prompt_tokens=prompt_tokens,
@@ -110,6 +115,14 @@ def job_queue(job: Job, *, model: CatalogModel) -> None:
 
 
 # --- claiming ---------------------------------------------------------------
+
+
+class BadResult(Exception):
+    """What the host sent back cannot be the answer (wrong shape): nothing is settled."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
 
 
 class HostRefused(Exception):
@@ -140,6 +153,8 @@ def job_payload(job: Job) -> dict:
     the prompt for completions — and only the output budget that is left.
     """
     request = job.request
+    if request.kind == Request.Kind.EMBEDDINGS:  # all or nothing: a second attempt starts over
+        return {"id": job.pk, "model": job.model.name, "kind": request.kind, "input": request.inputs, "continuation": False}
     params = {key: request.params.get(key) for key in ("max_tokens", "temperature", "top_p", "stop", "seed")}
     messages, prompt = request.messages, request.prompt
     if job.attempt > 1:
@@ -295,12 +310,14 @@ class Completion:
 
 
 @transaction.atomic
-def job_complete(*, host: Host, job_id: int, finish_reason: str) -> Completion:
+def job_complete(*, host: Host, job_id: int, finish_reason: str, embeddings: list | None = None) -> Completion:
     """Settle the request: bill the counted tokens, pay the host 80%, delete the prompt.
 
-    Repeating the call for a job this host already completed (its answer was lost)
-    returns the same result and changes nothing. The ledger posting comes last so
-    the customer's hot balance row is locked only until the commit.
+    An embeddings job completes with its vectors (one per input, checked here) and is
+    billed for its input tokens. Repeating the call for a job this host already
+    completed (its answer was lost) returns the same result and changes nothing. The
+    ledger posting comes last so the customer's hot balance row is locked only until
+    the commit.
     """
     job = (  # the job and its request locked in one statement, with what settling reads
         Job.objects.select_for_update(of=("self", "request"))
@@ -312,25 +329,57 @@ def job_complete(*, host: Host, job_id: int, finish_reason: str) -> Completion:
         return Completion(request=job.request, earned_ucents=job.earned_ucents)
     _check_running(job, host=host, job_id=job_id)
     request = job.request
-    completion_tokens = _completion_tokens(request)
     model = request.model
+    if request.kind == Request.Kind.EMBEDDINGS:
+        result, completion_tokens, share = embeddings_checked(request=request, vectors=embeddings), 0, None
+    else:
+        if embeddings is not None:
+            raise BadResult(f"Job {job_id} is a {request.kind} job; it completes with text, not embeddings.")
+        result, completion_tokens = None, _completion_tokens(request)
+        share = None
     cost = request.prompt_tokens * model.input_price_ucents + completion_tokens * model.output_price_ucents
     cost = min(cost, request.hold.amount_ucents)
-    share = _rescuer_share(request=request, job=job, completion_tokens=completion_tokens)
+    if request.kind != Request.Kind.EMBEDDINGS:
+        share = _rescuer_share(request=request, job=job, completion_tokens=completion_tokens)
     earned = share if share is not None else billing.split_cost(cost).host_ucents
     Job.objects.filter(pk=job.pk).update(
         status=Job.Status.COMPLETED, finished_at=timezone.now(), completion_tokens=completion_tokens, earned_ucents=earned
     )
-    _request_settled(request=request, completion_tokens=completion_tokens, cost_ucents=cost, finish_reason=finish_reason)
+    _request_settled(
+        request=request, completion_tokens=completion_tokens, cost_ucents=cost, finish_reason=finish_reason, result=result
+    )
     split = billing.hold_settle(hold=request.hold, cost_ucents=cost, host=host, host_ucents=share, reference=request.public_id)
     if split is None:  # the hold closed under us (expired): roll all of this back, the job ends anyway
         raise JobNotRunning(f"Request {request.public_id} already ended.")
     request.status, request.completion_tokens, request.cost_ucents = Request.Status.COMPLETED, completion_tokens, cost
-    request.finish_reason, request.messages, request.prompt = finish_reason, None, None
+    request.finish_reason, request.messages, request.prompt, request.inputs = finish_reason, None, None, None
+    request.result = result
     return Completion(request=request, earned_ucents=split.host_ucents)
 
 
-def _request_settled(*, request: Request, completion_tokens: int, cost_ucents: int, finish_reason: str) -> None:
+MAX_EMBEDDING_DIMENSIONS = 8192
+
+
+def embeddings_checked(*, request: Request, vectors: object) -> list[list[float]]:
+    """One finite vector per input, all of one width, or BadResult."""
+    count = len(request.inputs or [])
+    if not isinstance(vectors, list) or len(vectors) != count:
+        raise BadResult(f"Expected 'embeddings' as a list of {count} vectors, one per input.")
+    width = None
+    for index, vector in enumerate(vectors):
+        if not isinstance(vector, list) or not 0 < len(vector) <= MAX_EMBEDDING_DIMENSIONS:
+            raise BadResult(f"Vector {index} is not a list of 1 to {MAX_EMBEDDING_DIMENSIONS} numbers.")
+        if width is not None and len(vector) != width:
+            raise BadResult(f"Vector {index} has {len(vector)} dimensions; the first had {width}.")
+        width = len(vector)
+        if not all(isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in vector):
+            raise BadResult(f"Vector {index} holds something that is not a finite number.")
+    return [[float(x) for x in vector] for vector in vectors]
+
+
+def _request_settled(
+    *, request: Request, completion_tokens: int, cost_ucents: int, finish_reason: str, result: list | None = None
+) -> None:
     Request.objects.filter(pk=request.pk).update(
         status=Request.Status.COMPLETED,
         finished_at=timezone.now(),
@@ -339,6 +388,8 @@ def _request_settled(*, request: Request, completion_tokens: int, cost_ucents: i
         finish_reason=finish_reason,
         messages=None,
         prompt=None,
+        inputs=None,
+        result=result,
     )
     announce_on_commit(request_group(request.public_id), {"type": "request.ended"})
 
@@ -354,6 +405,7 @@ def _request_fail(*, request: Request, code: str, message: str) -> bool:
         error_message=message[:500],
         messages=None,
         prompt=None,
+        inputs=None,
     )
     if not ended:
         return False
@@ -388,6 +440,7 @@ def attempt_end_dead(*, job_id: int, reason: str) -> str:
     ):
         return ""
     job = Job.objects.get(pk=job_id)
+    host_rest_if_unreliable(host_id=job.host_id)
     request = Request.objects.select_for_update().select_related("model", "hold").get(pk=job.request_id)
     if request.status != Request.Status.RUNNING:
         return ""
@@ -397,8 +450,8 @@ def attempt_end_dead(*, job_id: int, reason: str) -> str:
             message="The host serving this request failed, and so did the host that took over; nothing was billed.",
         )
         return "failed"
-    delivered_tokens = _completion_tokens(request)
-    if delivered_tokens >= int(request.params["max_tokens"]):
+    delivered_tokens = 0 if request.kind == Request.Kind.EMBEDDINGS else _completion_tokens(request)
+    if request.kind != Request.Kind.EMBEDDINGS and delivered_tokens >= int(request.params["max_tokens"]):
         _settle_without_host(request=request, completion_tokens=delivered_tokens)
         return "settled"
     continuation = Job.objects.create(request=request, model=request.model, attempt=job.attempt + 1, avoid_host_id=job.host_id)
@@ -406,6 +459,22 @@ def attempt_end_dead(*, job_id: int, reason: str) -> str:
     job_queue(continuation, model=request.model)
     announce_on_commit(request_group(request.public_id), {"type": "job.resumed"})
     return "continued"
+
+
+def host_rest_if_unreliable(*, host_id: int | None) -> bool:
+    """Put a host in maintenance once it has dropped or failed more than
+    HOST_MAX_FAILURES_PER_HOUR jobs in the last hour; its owner sees why."""
+    if host_id is None:
+        return False
+    since = timezone.now() - timedelta(hours=1)
+    failures = Job.objects.filter(host_id=host_id, status=Job.Status.FAILED, finished_at__gte=since).count()
+    if failures <= settings.HOST_MAX_FAILURES_PER_HOUR:
+        return False
+    reason = (
+        f"{failures} jobs dropped or failed in the last hour (the limit is {settings.HOST_MAX_FAILURES_PER_HOUR}). "
+        "Check the machine, then resume it."
+    )
+    return host_maintenance_enter(host=Host.objects.get(pk=host_id), reason=reason, by="automatic")
 
 
 def _settle_without_host(*, request: Request, completion_tokens: int) -> None:
@@ -460,11 +529,11 @@ def request_watch(*, request_id: int) -> None:
 
 
 def request_forget_output(*, request_id: int) -> bool:
-    """Delete the delivered text of an ended request once it has been handed over."""
+    """Delete the delivered text (or vectors) of an ended request once it has been handed over."""
     return bool(
         Request.objects.filter(
             pk=request_id, status__in=[Request.Status.COMPLETED, Request.Status.FAILED], output_forgotten=False
-        ).update(delivered_text="", output_forgotten=True)
+        ).update(delivered_text="", result=None, output_forgotten=True)
     )
 
 
