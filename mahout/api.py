@@ -141,9 +141,14 @@ class HostApi:
         return self._json(self._request("POST", "/qualifications", body))
 
     def heartbeat(
-        self, *, fingerprint: str, paused: bool, active_jobs: list, models_loaded: list[str], version: str
+        self, *, fingerprint: str, paused: bool, active_jobs: list, models_loaded: list[str], version: str,
+        catalog: dict | None = None,
     ) -> dict:
-        """Tell the server we are alive, whether we are paused, and what we are doing."""
+        """Tell the server we are alive, whether we are paused, and what we are doing.
+
+        ``catalog`` (``installed``, ``qualified``, ``loaded``, ``slots``, ``active_jobs``,
+        ``memory_budget_mb``) is what warm-first routing and ``/v1/models`` read.
+        """
         body = {
             "fingerprint": fingerprint,
             "paused": paused,
@@ -151,6 +156,8 @@ class HostApi:
             "models_loaded": models_loaded,
             "version": version,
         }
+        if catalog is not None:
+            body["catalog"] = catalog
         return self._json(self._request("POST", "/heartbeat", body))
 
     def claim(self, *, fingerprint: str, wait: float) -> dict | None:
@@ -168,6 +175,11 @@ class HostApi:
     def complete(self, job_id: Any, *, finish_reason: str, completion_tokens: int) -> dict:
         """Report the job finished; the answer carries what we earned."""
         body = {"finish_reason": finish_reason, "completion_tokens": completion_tokens}
+        return self._json(self._request("POST", f"/jobs/{job_id}/complete", body))
+
+    def complete_embeddings(self, job_id: Any, *, embeddings: list[list[float]]) -> dict:
+        """Report an embeddings job done with its vectors (one per input, in order)."""
+        body = {"finish_reason": "stop", "embeddings": embeddings}
         return self._json(self._request("POST", f"/jobs/{job_id}/complete", body))
 
     def fail(self, job_id: Any, *, reason: str) -> dict:

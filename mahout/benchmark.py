@@ -2,7 +2,9 @@
 
 A host may claim a model only after benchmarking it on this very machine, so the numbers
 come from llama.cpp running the actual GGUF: prompt throughput, time to first token,
-generation throughput and resident memory. Results are cached in
+generation throughput and resident memory; for the embeddings model, from
+sentence-transformers embedding real sentences: inputs and tokens per second, the latency
+of one input, and memory. Results are cached in
 ``<home>/qualifications.json`` keyed by (model, machine fingerprint, model sha256), so a
 restart does not re-benchmark; a different thread count counts as a miss.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import resource
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tqdm import tqdm
@@ -97,6 +100,78 @@ def run_benchmark(model_path: Path, threads: int, *, progress: bool = True) -> d
     }
 
 
+EMBED_INPUTS = 128
+EMBED_BATCH = 16
+EMBED_LATENCY_RUNS = 5
+_EMBED_SENTENCES = (
+    "Elephants live in families led by the oldest female.",
+    "The herd travelled for days in search of water, following routes the matriarch remembered.",
+    "A trunk holds more than forty thousand muscles.",
+    "Rain came late that year, and the river was low; the calves drank first while the adults kept watch.",
+)
+
+
+def embedding_inputs(count: int) -> list[str]:
+    """``count`` English sentences of mixed length (roughly 10 to 50 tokens each)."""
+    return [" ".join(_EMBED_SENTENCES[: 1 + i % len(_EMBED_SENTENCES)]) for i in range(count)]
+
+
+def _measure_latency(runner, text: str, runs: int) -> float:
+    """Median milliseconds to embed one input on its own (an interactive caller's wait)."""
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        runner.embed([text])
+        times.append((time.perf_counter() - start) * 1000)
+    return sorted(times)[len(times) // 2]
+
+
+def _measure_throughput(runner, texts: list[str], bar: tqdm) -> tuple[float, float]:
+    """Embed ``texts`` in batches; return (inputs/s, input tokens/s)."""
+    tokens, elapsed = 0, 0.0
+    for first in range(0, len(texts), EMBED_BATCH):
+        batch = texts[first : first + EMBED_BATCH]
+        start = time.perf_counter()
+        runner.embed(batch)
+        elapsed += time.perf_counter() - start
+        tokens += runner.prompt_tokens
+        bar.update(len(batch))
+        bar.set_postfix_str(f"{tokens / elapsed:.0f} tok/s")
+    return len(texts) / elapsed, tokens / elapsed
+
+
+def run_embeddings_benchmark(model_dir: Path, threads: int, *, progress: bool = True) -> dict:
+    """Load the embeddings model with ``threads`` threads and measure it.
+
+    The gateway's qualification body has one shape for every model: embedded input tokens
+    per second go into both ``prompt_tps`` and ``gen_tps``, and the latency of embedding
+    one input into ``ttft_ms``. ``memory_mb`` is what loading and running the model added
+    to this process's resident memory (torch included, when it was not imported yet).
+    """
+    from mahout.runners.embeddings import EmbeddingsRunner
+
+    before = rss_mb()
+    texts = embedding_inputs(EMBED_INPUTS)
+    with tqdm(total=EMBED_INPUTS, desc="benchmark embeddings", unit="input", disable=not progress) as bar:
+        bar.set_postfix_str("loading")
+        runner = EmbeddingsRunner(model_dir, threads)
+        runner.embed(texts[:2])  # warm-up: the first call pays for lazy initialisation
+        bar.set_postfix_str("latency")
+        latency_ms = _measure_latency(runner, texts[1], EMBED_LATENCY_RUNS)
+        bar.reset()  # the bar's own rate then shows the throughput phase alone
+        inputs_per_s, tokens_per_s = _measure_throughput(runner, texts, bar)
+    memory_mb = max(rss_mb() - before, 0.0)
+    runner.close()
+    return {
+        "prompt_tps": round(tokens_per_s, 1),
+        "gen_tps": round(tokens_per_s, 1),
+        "ttft_ms": round(latency_ms, 1),
+        "memory_mb": round(memory_mb, 1),
+        "threads": threads,
+        "inputs_per_s": round(inputs_per_s, 1),
+    }
+
+
 def _cache_key(model: str, fingerprint: str, sha256: str) -> str:
     return f"{model}|{fingerprint}|{sha256}"
 
@@ -124,12 +199,15 @@ def store_cached(home: Path, model: str, fingerprint: str, sha256: str, result: 
 
 def qualify(
     home: Path, model: str, model_path: Path, sha256: str, fingerprint: str, threads: int,
-    *, rebenchmark: bool = False, progress: bool = True,
+    *, rebenchmark: bool = False, progress: bool = True, measure: Callable[..., dict] | None = None,
 ) -> tuple[dict, bool]:
-    """Return ``(result, from_cache)``: the cached benchmark, or a fresh one (then cached)."""
+    """Return ``(result, from_cache)``: the cached benchmark, or a fresh one (then cached).
+
+    ``measure(model_path, threads, progress=…)`` runs the benchmark; the llama.cpp one by default.
+    """
     cached = None if rebenchmark else load_cached(home, model, fingerprint, sha256, threads)
     if cached is not None:
         return cached, True
-    result = run_benchmark(model_path, threads, progress=progress)
+    result = (measure or run_benchmark)(model_path, threads, progress=progress)
     store_cached(home, model, fingerprint, sha256, result)
     return result, False

@@ -1,4 +1,5 @@
-"""Starting a host: assemble the model, benchmark it (or reuse the cache), qualify, loop.
+"""Starting a host: for each chosen model, find it, benchmark it (or reuse the cache) and
+qualify it; then load what fits in the memory budget and return the loop.
 
 Kept apart from :mod:`mahout.loop` so the loop can be tested with fake runners and no
 model, while this module wires the real pieces together for ``python -m mahout run``.
@@ -11,14 +12,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mahout.api import HostApi, ServerUnavailable
+from mahout.api import HostApi, HostApiError, ServerUnavailable
 from mahout.benchmark import qualify
-from mahout.fingerprint import machine_fingerprint
+from mahout.catalog import CATALOG, DEFAULT_MODELS, ModelSpec, installed_models
+from mahout.fingerprint import machine_fingerprint, total_memory_mb
 from mahout.idle import IdleDetector
+from mahout.loader import ModelLoader, check_fits
 from mahout.loop import HostLoop
-from mahout.models import SHIPPED_MODEL, assemble_shipped, recorded_sha256
+from mahout.models import SHIPPED_MODEL
 
-RUNNER_N_CTX = 4096
 UNREACHABLE_RETRY_S = 5.0
 
 
@@ -37,29 +39,54 @@ def default_threads() -> int:
     return max(1, cpus // 2)
 
 
+def default_budget_mb() -> int:
+    """Half of this machine's memory: the owner keeps the other half (at least 1 MB)."""
+    return max(1, total_memory_mb() // 2)
+
+
 @dataclass(frozen=True)
 class Qualified:
-    """The shipped model assembled and benchmarked on this machine."""
+    """A model found and benchmarked on this machine."""
 
     path: Path
     sha256: str
     benchmark: dict
     fingerprint: str
     machine: dict
+    model: str = SHIPPED_MODEL
+
+    @property
+    def footprint_mb(self) -> float:
+        """The memory the loading policy accounts for this model (its measured ``memory_mb``)."""
+        return float(self.benchmark.get("memory_mb") or 0.0)
+
+
+def describe(spec: ModelSpec, result: dict) -> str:
+    """A benchmark result as one readable phrase."""
+    if spec.kind == "embeddings":
+        return (f"{result['prompt_tps']} tok/s embedded ({result.get('inputs_per_s', '?')} inputs/s), "
+                f"{result['ttft_ms']} ms for one input, {result['memory_mb']} MB")
+    return (f"{result['gen_tps']} tok/s generation, {result['prompt_tps']} tok/s prompt, "
+            f"{result['ttft_ms']} ms to first token, {result['memory_mb']} MB")
+
+
+def benchmark_model(
+    name: str, home: Path, threads: int, *, rebenchmark: bool = False, out: Callable[[str], None] = print,
+) -> Qualified:
+    """Find model ``name`` and benchmark it on this machine (or reuse the cached result)."""
+    spec = CATALOG[name]
+    path, sha256 = spec.locate(home)
+    fingerprint, facts = machine_fingerprint()
+    result, cached = qualify(home, name, path, sha256, fingerprint, threads, rebenchmark=rebenchmark, measure=spec.measure)
+    out(f"mahout: benchmark of {name} ({'cached' if cached else 'measured'}): {describe(spec, result)}")
+    return Qualified(path, sha256, result, fingerprint, facts, name)
 
 
 def benchmark_shipped(
     home: Path, threads: int, *, rebenchmark: bool = False, out: Callable[[str], None] = print,
 ) -> Qualified:
-    """Assemble the shipped model and benchmark it (or reuse the cached result)."""
-    path = assemble_shipped(home)
-    sha256 = recorded_sha256(home) or ""
-    fingerprint, facts = machine_fingerprint()
-    result, cached = qualify(home, SHIPPED_MODEL, path, sha256, fingerprint, threads, rebenchmark=rebenchmark)
-    out(f"mahout: benchmark of {SHIPPED_MODEL} ({'cached' if cached else 'measured'}): "
-        f"{result['gen_tps']} tok/s generation, {result['prompt_tps']} tok/s prompt, "
-        f"{result['ttft_ms']} ms to first token, {result['memory_mb']} MB")
-    return Qualified(path, sha256, result, fingerprint, facts)
+    """Assemble the shipped chat model and benchmark it (or reuse the cached result)."""
+    return benchmark_model(SHIPPED_MODEL, home, threads, rebenchmark=rebenchmark, out=out)
 
 
 def register_when_reachable(
@@ -74,7 +101,7 @@ def register_when_reachable(
     while True:
         try:
             return api.register_qualification(
-                model=SHIPPED_MODEL, fingerprint=model.fingerprint, benchmark=model.benchmark, machine=model.machine
+                model=model.model, fingerprint=model.fingerprint, benchmark=model.benchmark, machine=model.machine
             )
         except ServerUnavailable as exc:
             problem = str(exc)
@@ -82,15 +109,53 @@ def register_when_reachable(
         sleep(retry_s)
 
 
+def qualify_with_server(
+    api: HostApi, models: list[Qualified], *, out: Callable[[str], None] = print,
+) -> list[Qualified]:
+    """Register each benchmark; return the models the server accepted.
+
+    A model the gateway does not list (404 ``model_not_found``) is skipped with a line,
+    so one unknown model does not stop a host serving the others; if none is accepted,
+    the last refusal is raised.
+    """
+    accepted: list[Qualified] = []
+    refusal: HostApiError | None = None
+    for model in models:
+        try:
+            register_when_reachable(api, model, out=out)
+        except HostApiError as exc:
+            if exc.code != "model_not_found":
+                raise
+            refusal = exc
+            out(f"mahout: the gateway does not list {model.model}; not serving it ({exc.message})")
+            continue
+        out(f"mahout: qualified {model.model} on machine {model.fingerprint[:12]}")
+        accepted.append(model)
+    if not accepted and refusal is not None:
+        raise refusal
+    return accepted
+
+
 def start_host(
-    api: HostApi, home: Path, threads: int, *, idle: IdleDetector | None = None,
+    api: HostApi, home: Path, threads: int, *, models: list[str] | tuple[str, ...] = DEFAULT_MODELS,
+    memory_budget_mb: int | None = None, idle: IdleDetector | None = None,
     rebenchmark: bool = False, out: Callable[[str], None] = print,
 ) -> HostLoop:
-    """Qualify the shipped model with the server and return a loop ready to :meth:`run`."""
-    from mahout.runners.llama import LlamaRunner
+    """Qualify ``models`` with the server, load what fits in the budget (in the order
+    given), and return a loop ready to :meth:`run`; the rest load when a job needs them.
 
-    model = benchmark_shipped(home, threads, rebenchmark=rebenchmark, out=out)
-    register_when_reachable(api, model, out=out)
-    out(f"mahout: qualified {SHIPPED_MODEL} on machine {model.fingerprint[:12]}")
-    runner = LlamaRunner(model.path, threads, n_ctx=RUNNER_N_CTX)
-    return HostLoop(api, {SHIPPED_MODEL: runner}, fingerprint=model.fingerprint, home=home, idle=idle, out=out)
+    Raises :class:`~mahout.loader.BudgetError` before registering anything when one
+    model alone does not fit in the budget.
+    """
+    budget = default_budget_mb() if memory_budget_mb is None else memory_budget_mb
+    measured = [benchmark_model(name, home, threads, rebenchmark=rebenchmark, out=out) for name in models]
+    check_fits({model.model: model.footprint_mb for model in measured}, budget)
+    accepted = qualify_with_server(api, measured, out=out)
+    paths = {model.model: model.path for model in accepted}
+    loader = ModelLoader(
+        lambda name: CATALOG[name].open(paths[name], threads),
+        {model.model: model.footprint_mb for model in accepted}, budget, out=out,
+    )
+    loader.preload([model.model for model in accepted])
+    return HostLoop(api, loader, fingerprint=accepted[0].fingerprint, home=home, idle=idle,
+                    installed=installed_models(), out=out)

