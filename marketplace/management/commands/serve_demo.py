@@ -1,7 +1,8 @@
 """`serve_demo`: the whole system on one machine, as `make run` starts it.
 
-Creates the demo customer and host, then runs the gateway (daphne), Celery
-worker + beat (the watchdogs) and one mahout host serving the shipped model,
+Creates the demo customer and hosts, then runs the gateway (daphne), Celery
+worker + beat (the watchdogs), one mahout host serving the shipped chat model and
+one serving the shipped embeddings model (a small farm behind one /v1/models),
 prints the API key and a ready-to-paste client snippet, and stops everything
 on Ctrl-C.
 """
@@ -29,6 +30,7 @@ from marketplace.services import api_key_create
 DEMO_CUSTOMER = "demo@customer.local"
 DEMO_HOST_OWNER = "demo@host.local"
 DEMO_HOST_NAME = "demo-host"
+DEMO_EMBEDDINGS_HOST_NAME = "demo-embeddings-host"
 DEMO_CREDIT_USD = "5"
 
 
@@ -42,7 +44,8 @@ class Command(BaseCommand):
     def handle(self, *args: object, port: int, threads: int, **options: object) -> None:
         var: Path = settings.VAR_DIR
         api_key = self._demo_key()
-        host_token = self._demo_host_token()
+        host_token = self._demo_host_token(DEMO_HOST_NAME)
+        embeddings_token = self._demo_host_token(DEMO_EMBEDDINGS_HOST_NAME)
         (var / "demo-api-key").write_text(api_key + "\n")
         server = f"http://127.0.0.1:{port}"
         python = sys.executable
@@ -53,9 +56,12 @@ class Command(BaseCommand):
         self._wait_for(server)
         host_argv = [python, "-m", "mahout", "run", "--server", server, "--token", host_token,
                      "--home", str(var / "mahout"), "--threads", str(threads)]
+        embeddings_argv = [python, "-m", "mahout", "run", "--server", server, "--token", embeddings_token,
+                           "--home", str(var / "mahout-embeddings"), "--threads", "1", "--models", "all-minilm-l6-v2"]
         procs.append(self._spawn("mahout", host_argv))
+        procs.append(self._spawn("mahout-embeddings", embeddings_argv))
         self._print_welcome(server, api_key)
-        self._supervise(procs, restartable={"mahout": host_argv})
+        self._supervise(procs, restartable={"mahout": host_argv, "mahout-embeddings": embeddings_argv})
 
     def _demo_key(self) -> str:
         user, created = get_user_model().objects.get_or_create(username=DEMO_CUSTOMER, defaults={"email": DEMO_CUSTOMER})
@@ -63,11 +69,11 @@ class Command(BaseCommand):
             credit_grant(user=user, amount_ucents=usd_to_ucents(DEMO_CREDIT_USD), reference=f"demo-{uuid.uuid4()}", memo="demo credit")
         return api_key_create(user=user, name=f"demo {time.strftime('%Y-%m-%d %H:%M')}").secret
 
-    def _demo_host_token(self) -> str:
+    def _demo_host_token(self, name: str) -> str:
         """The host's token is only stored hashed, so each start issues a fresh one."""
-        host = Host.objects.filter(owner__username=DEMO_HOST_OWNER, name=DEMO_HOST_NAME).first()
+        host = Host.objects.filter(owner__username=DEMO_HOST_OWNER, name=name).first()
         if host is None:
-            return host_create(email=DEMO_HOST_OWNER, name=DEMO_HOST_NAME).token
+            return host_create(email=DEMO_HOST_OWNER, name=name).token
         token = secret_new("host")
         Host.objects.filter(pk=host.pk).update(token_hash=secret_hash(token), token_prefix=secret_prefix(token))
         return token
@@ -100,6 +106,7 @@ client = OpenAI(base_url="{server}/v1", api_key=open("var/demo-api-key").read().
 for chunk in client.chat.completions.create(model="gemma-3-270m", stream=True, max_tokens=64,
         messages=[{{"role": "user", "content": "Write a haiku about elephants."}}]):
     print(chunk.choices[0].delta.content or "", end="", flush=True)
+print(len(client.embeddings.create(model="all-minilm-l6-v2", input="a grey giant").data[0].embedding))
 """
         )
 
