@@ -204,7 +204,10 @@ def e2e_dirs(tmp_path_factory):  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="session")
 def gateway(django_db_setup, django_db_blocker, e2e_dirs):  # type: ignore[no-untyped-def]
     with django_db_blocker.unblock():
-        env = stack_env({"QUEUE_TIMEOUT_SECONDS": "4", "STALL_SECONDS": "20", "OUTPUT_RETENTION_SECONDS": "0"})
+        env = stack_env({  # the failover tests kill hosts on purpose: they must not be rested as unreliable
+            "QUEUE_TIMEOUT_SECONDS": "4", "STALL_SECONDS": "20", "OUTPUT_RETENTION_SECONDS": "0",
+            "HOST_MAX_FAILURES_PER_HOUR": "100000",
+        })
     gw = Gateway(env, e2e_dirs / "logs")
     yield gw
     gw.stop()
