@@ -13,6 +13,7 @@ from django.urls import path  # noqa: E402
 
 from hosts.consumers import HostPresenceConsumer  # noqa: E402
 from marketplace.consumers import ChatStreamConsumer  # noqa: E402
+from mesh.moe_routing import websocket_urlpatterns as moe_relay_routes  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
@@ -21,6 +22,7 @@ application = ProtocolTypeRouter(
             [
                 path("v1/ws/chat/completions", ChatStreamConsumer.as_asgi()),
                 path("hosts/ws", HostPresenceConsumer.as_asgi()),
+                *moe_relay_routes,  # expert workers behind NAT, reached through the gateway
             ]
         ),
     }

@@ -207,6 +207,14 @@ MODEL_LIST_CACHE_SECONDS = env_float("MODEL_LIST_CACHE_SECONDS", 5.0, minimum=0)
 # A host that drops or fails more than this many jobs in an hour rests in maintenance.
 HOST_MAX_FAILURES_PER_HOUR = env_int("HOST_MAX_FAILURES_PER_HOUR", 5, minimum=1)
 
+# MoE expert market (issue 8): freshness windows of coordinator reports and worker
+# heartbeats, how long an unregistered volunteer's assignment is held, and how long a
+# coordinator must be quiet before extra workers are retired.
+MOE_COORDINATOR_STALE_SECONDS = env_float("MOE_COORDINATOR_STALE_SECONDS", 30.0, minimum=1)
+MOE_WORKER_STALE_SECONDS = env_float("MOE_WORKER_STALE_SECONDS", 30.0, minimum=1)
+MOE_ASSIGN_TTL_SECONDS = env_float("MOE_ASSIGN_TTL_SECONDS", 120.0, minimum=1)
+MOE_COOLDOWN_SECONDS = env_float("MOE_COOLDOWN_SECONDS", 30.0, minimum=0)
+
 # Web pages (issue 6): session login for people; e-mail goes to the console unless configured.
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"

@@ -1,4 +1,5 @@
 """`python -m engine generate --prompt TEXT --max-tokens K [--threads N] [--stages S]`
+`python -m engine make-tiny-moe PATH [--seed N]`: write a small qwen3moe GGUF (see engine.moe_loader)
 
 Runs the model in one process (split into S chained stages if asked), greedy by default,
 prints the completion on stdout and timings on stderr.
@@ -28,7 +29,17 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=0.0, help="0 means greedy")
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--n-ctx", type=int, default=1024)
+    tiny = commands.add_parser("make-tiny-moe", help="write a small MoE GGUF with seeded random weights")
+    tiny.add_argument("path")
+    tiny.add_argument("--seed", type=int, default=0)
     return parser
+
+
+def _make_tiny_moe(args: argparse.Namespace) -> int:
+    from engine.moe_loader import make_tiny_moe
+
+    print(make_tiny_moe(args.path, seed=args.seed))
+    return 0
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -59,6 +70,8 @@ def _generate(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "make-tiny-moe":
+        return _make_tiny_moe(args)
     return _generate(args)
 
 

@@ -1,4 +1,4 @@
-"""Command line: ``python -m mahout run|benchmark|pause|resume|status|ring``."""
+"""Command line: ``python -m mahout run|benchmark|pause|resume|status|ring|stage``."""
 from __future__ import annotations
 
 import argparse
@@ -19,7 +19,32 @@ def _add_home(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_threads(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads for llama.cpp (default: half the CPUs)")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads per model (default: half the CPUs)")
+
+
+def _models(text: str) -> list[str]:
+    """``--models`` as a list of catalog names; argparse reports a bad one."""
+    from mahout.catalog import parse_models
+
+    try:
+        return parse_models(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of MB, not {text}")
+    return value
+
+
+def _add_models(parser: argparse.ArgumentParser) -> None:
+    from mahout.catalog import CATALOG, DEFAULT_MODELS
+
+    known, default = ", ".join(CATALOG), ", ".join(DEFAULT_MODELS)
+    parser.add_argument("--models", type=_models, default=list(DEFAULT_MODELS),
+                        help=f"comma-separated models to serve (known: {known}; default: {default})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,16 +59,24 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-jobs", type=int, default=None, help="exit after this many jobs")
     run.add_argument("--once", action="store_true", help="make one claim attempt, then exit")
     run.add_argument("--rebenchmark", action="store_true", help="ignore the cached benchmark")
-    bench = commands.add_parser("benchmark", help="assemble and benchmark the shipped model")
+    run.add_argument("--memory-budget-mb", type=_positive, default=None,
+                     help="memory for loaded models; the least recently used is unloaded to fit (default: half the RAM)")
+    bench = commands.add_parser("benchmark", help="find and benchmark the models (default: the shipped chat model)")
     bench.add_argument("--rebenchmark", action="store_true", help="ignore the cached benchmark")
     status = commands.add_parser("status", help="show local state (and the server's, given --server/--token)")
     status.add_argument("--server")
     status.add_argument("--token")
     for sub in (run, bench):
         _add_threads(sub)
+        _add_models(sub)
     from mahout.ring.cli import add_parser as add_ring_parser
+    from mahout.ring.member import add_parser as add_stage_parser
 
     add_ring_parser(commands)
+    add_stage_parser(commands)
+    from mahout.moe.cli import add_parser as add_moe_parser  # the MoE expert market
+
+    add_moe_parser(commands)
     for sub in (run, bench, status, commands.add_parser("pause", help="stop claiming new jobs"),
                 commands.add_parser("resume", help="claim jobs again")):
         _add_home(sub)
@@ -51,21 +84,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Qualify the shipped model and serve until stopped."""
+    """Qualify the chosen models and serve until stopped; exit 2 when one cannot fit the budget."""
     from mahout.api import HostApi
     from mahout.host import default_threads, start_host
     from mahout.idle import IdleDetector
+    from mahout.loader import BudgetError
     from mahout.presence import presence
 
     home = resolve_home(args.home)
     idle = IdleDetector(args.idle_threshold) if args.idle_detect else None
     api = HostApi(args.server, args.token)
     try:
-        loop = start_host(api, home, args.threads or default_threads(), idle=idle,
-                          rebenchmark=args.rebenchmark, out=say)
-        say(f"mahout: serving {', '.join(sorted(loop.runners))} for {args.server}")
+        loop = start_host(api, home, args.threads or default_threads(), models=args.models,
+                          memory_budget_mb=args.memory_budget_mb, idle=idle, rebenchmark=args.rebenchmark, out=say)
+        say(f"mahout: serving {', '.join(loop.models.qualified)} for {args.server} "
+            f"(loaded: {', '.join(loop.models.loaded()) or 'none'}; memory budget {loop.models.budget_mb} MB)")
         with presence(args.server, args.token, out=say):
             handled = loop.run(max_jobs=args.max_jobs, once=args.once)
+    except BudgetError as exc:
+        print(f"mahout: error: {exc}", file=sys.stderr, flush=True)
+        return 2
     finally:
         api.close()
     say(f"mahout: stopped after {handled} job(s)")
@@ -73,14 +111,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_benchmark(args: argparse.Namespace) -> int:
-    """Assemble and benchmark the shipped model; the last line is the result as JSON."""
-    from mahout.host import benchmark_shipped, default_threads
-    from mahout.models import SHIPPED_MODEL
+    """Benchmark the chosen models; per model a line naming the weights, then the result as JSON."""
+    from mahout.host import benchmark_model, default_threads
 
     home = resolve_home(args.home)
-    model = benchmark_shipped(home, args.threads or default_threads(), rebenchmark=args.rebenchmark, out=say)
-    say(f"mahout: model {model.path} sha256 {model.sha256}")
-    say(json.dumps({"model": SHIPPED_MODEL, "fingerprint": model.fingerprint, **model.benchmark}))
+    for name in args.models:
+        model = benchmark_model(name, home, args.threads or default_threads(), rebenchmark=args.rebenchmark, out=say)
+        say(f"mahout: model {model.path} sha256 {model.sha256}")
+        say(json.dumps({"model": name, "fingerprint": model.fingerprint, **model.benchmark}))
     return 0
 
 
@@ -126,6 +164,20 @@ def cmd_ring(args: argparse.Namespace) -> int:
     return run_ring(args, say=say)
 
 
+def cmd_stage(args: argparse.Namespace) -> int:
+    """Run one stage of a ring plan on this machine, found through the gateway (see mahout.ring.member)."""
+    from mahout.ring.member import cmd_stage as run_stage
+
+    return run_stage(args, say=say)
+
+
+def cmd_moe(args: argparse.Namespace) -> int:
+    """Take part in the MoE expert market (see mahout.moe.cli)."""
+    from mahout.moe.cli import cmd_moe as run_moe
+
+    return run_moe(args, say=say)
+
+
 COMMANDS = {
     "run": cmd_run,
     "benchmark": cmd_benchmark,
@@ -133,7 +185,9 @@ COMMANDS = {
     "resume": cmd_resume,
     "status": cmd_status,
     "ring": cmd_ring,
+    "stage": cmd_stage,
 }
+COMMANDS["moe"] = cmd_moe  # the MoE expert market (mahout.moe), kept as its own block
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,7 +8,7 @@ from mesh.models import ModelLayout, RingPlan, RingStage
 class RingStageInline(admin.TabularInline):
     model = RingStage
     extra = 0
-    readonly_fields = ("hold_s", "idle_s", "queue_depth", "batches", "reported_at")
+    readonly_fields = ("hold_s", "idle_s", "queue_depth", "batches", "reported_at", "address", "address_reported_at")
 
 
 @admin.register(RingPlan)
@@ -27,9 +27,12 @@ class RingPlanAdmin(admin.ModelAdmin):
 
 @admin.register(RingStage)
 class RingStageAdmin(admin.ModelAdmin):
-    list_display = ("plan", "index", "start", "end", "host", "hold_s", "idle_s", "queue_depth", "reported_at")
+    list_display = ("plan", "index", "start", "end", "host", "address", "hold_s", "idle_s", "queue_depth", "reported_at")
     list_filter = ("plan",)
-    readonly_fields = ("plan", "index", "start", "end", "hold_s", "idle_s", "queue_depth", "batches", "reported_at")
+    readonly_fields = (
+        "plan", "index", "start", "end", "hold_s", "idle_s", "queue_depth", "batches", "reported_at", "address",
+        "address_reported_at",
+    )
 
 
 @admin.register(ModelLayout)

@@ -1,4 +1,6 @@
-"""The ring API for hosts: pull a stage assignment, report and read stage time use.
+"""The ring API for hosts: propose a ring on one's own machine, pull a stage assignment,
+report where a stage listens and read where the others do (the address exchange: every
+call is outbound from the host), report and read stage time use.
 
 Host token auth reuses the host API's helpers; each view parses, calls one service or
 selector, renders.
@@ -37,6 +39,70 @@ class RingAssignmentApi(RingHostApi):
             }
             for stage in selectors.ring_assignments(host=host)
         ]})
+
+
+class RingProposeApi(RingHostApi):
+    """A host's own ring: every stage on this host, which bridges it (reused if it exists)."""
+
+    class InputSerializer(serializers.Serializer):
+        model = serializers.CharField(max_length=200)
+        stages = serializers.IntegerField()
+        row_width = serializers.IntegerField()
+        micro_batch = serializers.IntegerField()
+
+    def post(self, request) -> Response:  # type: ignore[no-untyped-def]
+        host = self.host(request)
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        try:
+            plan = services.ring_plan_propose_local(
+                host=host, model_name=data["model"], n_stages=data["stages"], row_width=data["row_width"],
+                micro_batch=data["micro_batch"],
+            )
+        except services.PlanInvalid as error:
+            raise ApiError(400, str(error), code="plan_invalid") from None
+        return Response({
+            "ring": plan.pk, "model": plan.model.name, "row_width": plan.row_width, "micro_batch": plan.micro_batch,
+            "stages": [selectors.stage_address(stage) for stage in plan.stages.all()],
+        }, status=201)
+
+
+class RingStageAddressApi(RingHostApi):
+    """POST: the host running a stage says where its agent listens (``HOST:PORT``)."""
+
+    class InputSerializer(serializers.Serializer):
+        address = serializers.CharField(max_length=300)
+
+    def post(self, request, ring_id: int, index: int) -> Response:  # type: ignore[no-untyped-def]
+        host = self.host(request)
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        try:
+            stage = services.ring_stage_address_report(
+                plan_id=ring_id, index=index, host=host, address=serializer.validated_data["address"]
+            )
+        except services.AddressInvalid as error:
+            raise ApiError(400, str(error), code="address_invalid", param="address") from None
+        except services.NotAParticipant as error:
+            raise ApiError(404, str(error), code="ring_not_found") from None
+        except services.NotYourStage as error:
+            raise ApiError(403, str(error), code="not_your_stage", type="permission_error") from None
+        return Response(selectors.stage_address(stage))
+
+
+class RingAddressesApi(RingHostApi):
+    """GET: where every stage of a ring listens, for its participants only (stage hosts dial
+    their next stage, the bridge dials the head and the tail)."""
+
+    def get(self, request, ring_id: int) -> Response:  # type: ignore[no-untyped-def]
+        plan = selectors.ring_for_participant(plan_id=ring_id, host=self.host(request))
+        if plan is None:
+            raise ApiError(404, f"No ring {ring_id} that this host serves.", code="ring_not_found")
+        return Response({
+            "ring": plan.pk, "status": plan.status,
+            "stages": [selectors.stage_address(stage) for stage in plan.stages.all()],
+        })
 
 
 class RingStatsApi(RingHostApi):

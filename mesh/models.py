@@ -1,9 +1,10 @@
 """Ring plans: a model served as a pipeline of layer-sliced stages on hosts.
 
 A plan names a catalog model, its stages (contiguous [start, end) layer ranges covering
-every layer exactly once, in order), each stage's host (none for a local, operator-made
-plan), and the row width and micro-batch every stage is built for, declared up front.
-Stages report where their time went; the plan shows it.
+every layer exactly once, in order), each stage's host (none: the bridge host runs it),
+and the row width and micro-batch every stage is built for, declared up front. Stages
+report where they listen (their upstream neighbour and the bridge dial them there) and
+where their time went; the plan shows both.
 """
 from __future__ import annotations
 
@@ -63,6 +64,11 @@ class RingStage(models.Model):
     queue_depth = models.PositiveIntegerField(default=0)
     batches = models.PositiveBigIntegerField(default=0)
     reported_at = models.DateTimeField(null=True, blank=True)
+    address = models.CharField(
+        max_length=300, blank=True, default="",
+        help_text="HOST:PORT the stage's agent listens on, as it last reported (its upstream dials it)",
+    )
+    address_reported_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["plan", "index"]
@@ -73,3 +79,5 @@ class RingStage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.plan} · stage {self.index} [{self.start}, {self.end})"
+
+from mesh.moe_models import ExpertModel, ExpertWorker  # noqa: E402,F401  the expert market lives in its own module

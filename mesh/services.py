@@ -1,4 +1,5 @@
-"""Writes for ring plans: creating a valid plan, recording what stages report."""
+"""Writes for ring plans: creating a valid plan (by an operator, or a host's own ring on its
+own machine), recording where stages listen and what they report."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -10,6 +11,7 @@ from django.utils import timezone
 from hosts.models import Host
 from marketplace.models import CatalogModel
 from mesh.models import ModelLayout, RingPlan, RingStage
+from mesh.selectors import stage_runner_q
 
 
 class PlanInvalid(ValueError):
@@ -22,6 +24,10 @@ class NotAParticipant(PermissionError):
 
 class NotYourStage(PermissionError):
     """A host reported for a stage of a ring it serves, but not that stage."""
+
+
+class AddressInvalid(ValueError):
+    """A stage reported an address its neighbours could not dial."""
 
 
 @dataclass(frozen=True)
@@ -100,3 +106,79 @@ def ring_stats_report(*, plan_id: int, host: Host, stages: Sequence[dict]) -> in
             raise NotYourStage(f"host {host.pk} does not serve stage {report['stage']} of ring {plan_id}")
         updated += changed
     return updated
+
+
+def even_ranges(n_layers: int, n_stages: int) -> list[tuple[int, int]]:
+    """Contiguous slices of [0, n_layers) whose sizes differ by at most one."""
+    if n_stages < 1 or n_stages > n_layers:
+        raise PlanInvalid(f"cannot split {n_layers} layers into {n_stages} stages")
+    base, extra = divmod(n_layers, n_stages)
+    bounds = [0]
+    for i in range(n_stages):
+        bounds.append(bounds[-1] + base + (1 if i < extra else 0))
+    return list(zip(bounds, bounds[1:], strict=False))
+
+
+@transaction.atomic
+def ring_plan_propose_local(*, host: Host, model_name: str, n_stages: int, row_width: int, micro_batch: int) -> RingPlan:
+    """A host's own ring on its own machine: every stage on `host`, which also bridges it.
+
+    Idempotent: an active plan of this host with the same model, stage count and widths is
+    returned rather than a new one made (a restarted ring keeps its id). The host's row lock
+    serialises two proposals racing each other. The layers are split evenly.
+    """
+    Host.objects.select_for_update().filter(pk=host.pk).first()
+    if n_stages < 2:
+        raise PlanInvalid("a pipeline needs at least two stages")
+    candidates = RingPlan.objects.filter(
+        bridge_host=host, model__name=model_name, status=RingPlan.Status.ACTIVE, row_width=row_width,
+        micro_batch=micro_batch,
+    ).order_by("-pk")
+    for plan in candidates:
+        if plan.stages.count() == n_stages and not plan.stages.exclude(host=host).exists():
+            return plan
+    layout = ModelLayout.objects.filter(model__name=model_name).first()
+    if layout is None:
+        raise PlanInvalid(f"unknown model {model_name!r}, or its layer count is not known")
+    stages = [StageSpec(start, end, host) for start, end in even_ranges(layout.n_layers, n_stages)]
+    return ring_plan_create(
+        model_name=model_name, stages=stages, row_width=row_width, micro_batch=micro_batch, bridge_host=host
+    )
+
+
+def address_check(address: str) -> str:
+    """``HOST:PORT`` (an IPv6 host in brackets) that a neighbour can dial; returns it stripped.
+
+    A wildcard host (0.0.0.0, ::) is refused: it is where a socket binds, not where anyone
+    can reach it.
+    """
+    address = address.strip()
+    host, colon, port = address.rpartition(":")
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise AddressInvalid(f"{address!r} is not HOST:PORT")
+    if host.strip("[]") in ("0.0.0.0", "::", ""):
+        raise AddressInvalid(f"{address!r} is a wildcard: advertise an address neighbours can reach")
+    if len(host) > 255 or any(c.isspace() or c in "/@?#" for c in host):
+        raise AddressInvalid(f"{host!r} is not a host name or IP address")
+    return address
+
+
+@transaction.atomic
+def ring_stage_address_report(*, plan_id: int, index: int, host: Host, address: str) -> RingStage:
+    """Record where a stage of an active ring listens; only the host that runs the stage may say."""
+    address = address_check(address)
+    stage = (
+        RingStage.objects.select_for_update()
+        .filter(plan_id=plan_id, index=index, plan__status=RingPlan.Status.ACTIVE)
+        .select_related("plan")
+        .first()
+    )
+    if stage is None:
+        raise NotAParticipant(f"no stage {index} in an active ring {plan_id}")
+    if stage.plan.bridge_host_id != host.pk and not stage.plan.stages.filter(host=host).exists():
+        raise NotAParticipant(f"host {host.pk} takes no part in ring {plan_id}")
+    if not RingStage.objects.filter(stage_runner_q(host), pk=stage.pk).exists():
+        raise NotYourStage(f"host {host.pk} does not run stage {index} of ring {plan_id}")
+    stage.address, stage.address_reported_at = address, timezone.now()
+    stage.save(update_fields=["address", "address_reported_at"])
+    return stage

@@ -6,5 +6,7 @@
 * `bridge` — the ring's client: submits to the head, reads tokens from the tail.
 * `local` — a whole ring on this machine (processes or threads).
 * `cli` — ``python -m mahout ring``; `runner` — the bridge as a mahout host (HostLoop runner);
-  `api` — the gateway's ring API (assignments, stage stats).
+  `api` — the gateway's ring API (assignments, addresses, stage stats).
+* `member` — ``python -m mahout stage``: one stage of a plan on its assigned host;
+  `rendezvous` — stages and the bridge find each other's addresses through the gateway.
 """

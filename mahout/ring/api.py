@@ -1,5 +1,7 @@
-"""HTTP client for the gateway's ring API (``/api/rings/``): a stage host pulls its
-assignment; a bridge reports the stages' hold/idle seconds and queue depth.
+"""HTTP client for the gateway's ring API (``/api/rings/``): a host proposes a ring on its
+own machine; a stage host pulls its assignment and reports where its agent listens; stage
+hosts and the bridge read where the others listen (all outbound); a bridge reports the
+stages' hold/idle seconds and queue depth.
 
 It is `mahout.api.HostApi` (same host token, timeouts, bounded retries with backoff, typed
 4xx errors) pointed at the ring routes instead of the host routes.
@@ -17,6 +19,19 @@ class RingApi(HostApi):
     def __init__(self, server: str, token: str, **kwargs: Any) -> None:
         super().__init__(server, token, **kwargs)
         self._client.base_url = server.rstrip("/") + "/api/rings"
+
+    def propose(self, *, model: str, stages: int, row_width: int, micro_batch: int) -> dict:
+        """A ring of `stages` stages all on this host, which bridges it (an existing one is reused)."""
+        body = {"model": model, "stages": stages, "row_width": row_width, "micro_batch": micro_batch}
+        return self._json(self._request("POST", "/own", body))
+
+    def report_address(self, ring_id: int, stage: int, address: str) -> dict:
+        """Say where this host's agent for `stage` listens (``HOST:PORT``)."""
+        return self._json(self._request("POST", f"/{ring_id}/stages/{stage}/address", {"address": address}))
+
+    def addresses(self, ring_id: int) -> list[dict]:
+        """Every stage of the ring with the address it last reported ("" until it has)."""
+        return self._json(self._request("GET", f"/{ring_id}/addresses")).get("stages", [])
 
     def assignment(self) -> list[dict]:
         """The stages of active ring plans this host must serve."""

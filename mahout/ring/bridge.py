@@ -59,18 +59,46 @@ class RingBridge:
     """Connects to the head and the tail of a running ring."""
 
     def __init__(self, head: tuple[str, int], tail: tuple[str, int], *, timeout: float = 120.0) -> None:
-        self._tail = connect(tail, hello={"role": "bridge"}, timeout=timeout, name="tail")
-        self._tail.recv()  # welcome: the tail knows where to send tokens before any request exists
-        self._head = connect(head, hello={"role": "bridge"}, timeout=timeout, name="head")
-        self._head.recv()
+        tail_link = connect(tail, hello={"role": "bridge"}, timeout=timeout, name="tail")
+        try:
+            head_link = connect(head, hello={"role": "bridge"}, timeout=timeout, name="head")
+        except BaseException:
+            tail_link.close()
+            raise
+        self._start(head_link, tail_link)
+
+    @classmethod
+    def over(cls, head: Link, tail: Link) -> RingBridge:
+        """A bridge on links already dialled (and greeted with ``hello``) to the head and the tail."""
+        bridge = cls.__new__(cls)
+        bridge._start(head, tail)
+        return bridge
+
+    def _start(self, head: Link, tail: Link, welcome_timeout: float = 30.0) -> None:
+        self._head, self._tail = head, tail
+        try:
+            for link in (tail, head):  # welcome: the tail knows where to send tokens before any request exists
+                link.sock.settimeout(welcome_timeout)
+                link.recv()
+                link.sock.settimeout(None)
+        except BaseException:
+            head.close()
+            tail.close()
+            raise
         self._open: dict[str, RingRequest] = {}
         self._lock = threading.Lock()
         self._stats: queue.Queue[list[dict]] = queue.Queue()
         self._broken: str | None = None
+        self.down = threading.Event()  # set once the ring broke (or the bridge left it)
         self.errors: list[dict[str, Any]] = []  # every error frame the tail handed over
         self._ids = itertools.count()
         for link in (self._tail, self._head):
             threading.Thread(target=self._read, args=(link,), name=f"bridge-{link.name}", daemon=True).start()
+
+    @property
+    def broken(self) -> str | None:
+        """Why the ring broke, or None while it is whole."""
+        return self._broken
 
     def submit(
         self, prompt_ids: Sequence[int], max_tokens: int, *, stop_ids: Sequence[int] = (),
@@ -115,6 +143,7 @@ class RingBridge:
 
     def close(self) -> None:
         """Leave the ring: the head and the tail see the end of stream and the ring stops."""
+        self._break("the bridge left the ring")
         for link in (self._head, self._tail):
             link.close()
 
@@ -153,5 +182,6 @@ class RingBridge:
             if self._broken is None:
                 self._broken = reason
             pending, self._open = list(self._open.values()), {}
+        self.down.set()
         for request in pending:
             request._events.put(("broken", reason))

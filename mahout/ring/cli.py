@@ -1,8 +1,12 @@
-"""``python -m mahout ring``: serve the shipped model as a ring of stage processes on loopback.
+"""``python -m mahout ring``: serve the shipped model as a ring of layer-sliced stages.
 
-Without ``--server`` it completes one prompt greedily and prints the text (and, on stderr,
-each stage's hold/idle seconds). With ``--server`` and ``--token`` the bridge acts as one
-mahout host: it claims jobs through the normal host API and feeds them to the ring.
+Without ``--server`` it starts N stage processes on loopback (neighbours' addresses given
+by hand), completes one prompt greedily and prints the text (and, on stderr, each stage's
+hold/idle seconds). With ``--server`` and ``--token`` the stages find each other through
+the control plane (`mahout.ring.member`, `mahout.ring.rendezvous`) and the bridge acts as
+one mahout host: it claims jobs through the normal host API and feeds them to the ring.
+``--stages N`` makes a ring of this host's own; ``--ring ID`` serves an operator's plan,
+whose stages on other hosts run there as ``python -m mahout stage``.
 """
 from __future__ import annotations
 
@@ -31,25 +35,20 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                       help="with --server: jobs served at once, each in flight in the ring (default: the micro-batch)")
     ring.add_argument("--home", help="mahout state directory (with --server)")
     ring.add_argument("--ring", type=int, default=None,
-                      help="with --server: run this ring plan (its stages and widths) and report its stage stats")
-    ring.add_argument("--report-every", type=float, default=10.0, help="seconds between stats reports (with --ring)")
+                      help="with --server: serve this ring plan (its stages and widths); run here the stages it gives this host")
+    ring.add_argument("--report-every", type=float, default=10.0, help="with --server: seconds between stats reports")
+    ring.add_argument("--bind", default=None,
+                      help="with --server: host the local stages listen on (default 127.0.0.1 when every stage runs "
+                           "here, else 0.0.0.0)")
+    ring.add_argument("--advertise", default=None, help="with --server: HOST the local stages advertise")
+    ring.add_argument("--wait", type=float, default=300.0,
+                      help="with --server: seconds to wait for the stages to report reachable addresses")
+    ring.add_argument("--bench-tokens", type=int, default=32, help="with --server: tokens of the qualifying benchmark")
 
 
 def _refuse(message: str) -> int:
     print(f"mahout: error: {message}", file=sys.stderr, flush=True)
     return 2
-
-
-def _plan(args: argparse.Namespace) -> tuple[list[tuple[int, int]], int, int]:
-    """The layer ranges and widths of ring plan ``--ring`` as the gateway holds it."""
-    from mahout.ring.api import RingApi
-
-    api = RingApi(args.server, args.token)
-    try:
-        plan = api.stats(args.ring)
-    finally:
-        api.close()
-    return [(stage["start"], stage["end"]) for stage in plan["stages"]], plan["micro_batch"], plan["row_width"]
 
 
 def cmd_ring(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
@@ -63,26 +62,22 @@ def cmd_ring(args: argparse.Namespace, say: Callable[[str], None] = print) -> in
         return _refuse("a pipeline needs at least two stages")
     if args.server is None and args.prompt is None:
         return _refuse("give --prompt TEXT, or --server URL --token TOKEN")
+    args.parallel = max(1, args.parallel or args.micro_batch)
+    if args.server:
+        from mahout.ring.runner import serve_ring
+
+        return serve_ring(args, say=say)
     from engine.gguf_loader import default_model_path, open_gguf, read_config
     from mahout.ring.local import ProcessRing, split_layers
     from mahout.ring.membership import Limits
 
     model_path = args.model or default_model_path()
-    if args.ring is not None:
-        ranges, args.micro_batch, args.row_width = _plan(args)
-        args.stages = len(ranges)
-    else:
-        ranges = split_layers(read_config(open_gguf(model_path)).n_layers, args.stages)
+    ranges = split_layers(read_config(open_gguf(model_path)).n_layers, args.stages)
     limits = Limits(micro_batch=args.micro_batch, row_width=args.row_width)
-    args.parallel = max(1, args.parallel or args.micro_batch)
     started = time.perf_counter()
     with ProcessRing(model_path, ranges, limits=limits, threads=args.threads, n_ctx=args.n_ctx) as ring:
         print(f"mahout: ring of {len(ranges)} stages {ranges} ready in {time.perf_counter() - started:.1f} s",
               file=sys.stderr, flush=True)
-        if args.server:
-            from mahout.ring.runner import serve_ring
-
-            return serve_ring(ring, model_path, args, say=say)
         return _complete(ring, model_path, args, say)
 
 

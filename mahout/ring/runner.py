@@ -3,13 +3,16 @@
 Claiming, token pushes, completion and failure all go through the normal host API
 (`mahout.api.HostApi` driven by `mahout.loop.HostLoop`); the ring is just this host's
 engine. It qualifies with a measured run of the ring itself. A stage dying raises
-`RingBroken` out of ``stream``, which the loop reports as the job's failure.
+`RingBroken` out of ``stream``, which the loop reports as the job's failure; `serve_ring`
+then stops claiming until the ring is whole again.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
-import resource
+import os
+import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
@@ -24,6 +27,11 @@ if TYPE_CHECKING:
     from mahout.loop import HostLoop
 
 __all__ = ["RingRunner", "ring_benchmark", "ring_loops", "run_loops", "serve_ring"]
+
+# Ring loops long-poll briefly: once the ring breaks they must stop claiming before the
+# gateway offers this host the continuation of the job that just failed here (it skips the
+# failed host for CONTINUATION_GRACE_SECONDS, 2 s by default).
+RING_CLAIM_WAIT_S = 1.5
 
 _BENCH_PROMPT = (
     "The history of the elephant is long and varied. Elephants live in families led by the "
@@ -120,7 +128,7 @@ def ring_benchmark(bridge: RingBridge, runner: RingRunner, *, threads: int, pids
         if n == 1:
             first = end
     ttft = first - started
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    own = _rss_mb(os.getpid())  # not ru_maxrss: Linux carries it over from a big parent across exec
     return {
         "prompt_tps": round(len(prompt) / ttft, 1),
         "gen_tps": round((len(request.tokens) - 1) / max(end - first, 1e-9), 1),
@@ -181,12 +189,14 @@ def ring_loops(
     ]
 
 
-def run_loops(loops: list[HostLoop], *, max_jobs: int | None = None) -> int:
+def run_loops(loops: list[HostLoop], *, max_jobs: int | None = None, until: threading.Event | None = None) -> int:
     """Run the loops together (the first in this thread, so it owns the signal handlers)
-    until ``max_jobs`` jobs were handled in all or one of them is stopped; the others then
-    finish their current job (or long-poll) and stop. Returns the jobs handled."""
+    until ``max_jobs`` jobs were handled in all, one of them is stopped, or ``until`` is set
+    (the ring broke); the others then finish their current job (or short long-poll) and
+    stop. Returns the jobs handled."""
     lock = threading.Lock()
     handled = [0]
+    finished = threading.Event()
 
     def stop_all() -> None:
         for loop in loops:
@@ -197,47 +207,120 @@ def run_loops(loops: list[HostLoop], *, max_jobs: int | None = None) -> int:
             done = loop.run(max_jobs=1)  # returns after one job, or 0 once stopped
             with lock:
                 handled[0] += done
-                finished = not done or (max_jobs is not None and handled[0] >= max_jobs)
-            if finished:
+                over = not done or (max_jobs is not None and handled[0] >= max_jobs)
+            if over:
+                stop_all()
+                return
+
+    def watch() -> None:
+        assert until is not None
+        while not finished.is_set():
+            if until.wait(0.1):
                 stop_all()
                 return
 
     threads = [threading.Thread(target=drive, args=(loop,), name="ring-loop", daemon=True) for loop in loops[1:]]
+    if until is not None:
+        threads.append(threading.Thread(target=watch, name="ring-watch", daemon=True))
     for thread in threads:
         thread.start()
     try:
         drive(loops[0])
     finally:
         stop_all()
+        finished.set()
         for thread in threads:
             thread.join()
     return handled[0]
 
 
-def serve_ring(ring, model_path: str | Path, args: argparse.Namespace, *, say: Callable[[str], None] = print) -> int:  # type: ignore[no-untyped-def]
-    """Qualify the ring with the gateway and serve jobs through the normal host loop."""
-    from mahout.api import HostApi
+def _qualify(bridge: RingBridge, model_path: Path, api: HostApi, args: argparse.Namespace, pids: list[int],
+             n_stages: int, say: Callable[[str], None]) -> str:
+    """Benchmark the ring as it is and register the qualification; returns the fingerprint."""
     from mahout.fingerprint import machine_fingerprint
-    from mahout.home import resolve_home
     from mahout.host import Qualified, register_when_reachable
     from mahout.models import SHIPPED_MODEL
 
-    runner = RingRunner(ring.bridge, model_path, n_ctx=args.n_ctx)
-    pids = [proc.pid for proc in getattr(ring, "procs", [])]
-    result = ring_benchmark(ring.bridge, runner, threads=args.stages * args.threads, pids=pids)
+    runner = RingRunner(bridge, model_path, n_ctx=args.n_ctx)
+    result = ring_benchmark(bridge, runner, threads=n_stages * args.threads, pids=pids, gen_tokens=args.bench_tokens)
     say(f"mahout: ring benchmark of {SHIPPED_MODEL}: {result['gen_tps']} tok/s generation, "
         f"{result['prompt_tps']} tok/s prompt, {result['ttft_ms']} ms to first token, {result['memory_mb']} MB")
     fingerprint, facts = machine_fingerprint()
-    api = HostApi(args.server, args.token)
+    register_when_reachable(api, Qualified(model_path, "", result, fingerprint, facts), out=say)
+    return fingerprint
+
+
+def _exit_on_sigterm() -> Any:
+    """Make SIGTERM raise SystemExit (so ``finally`` blocks run); returns the previous handler,
+    or None off the main thread. While the host loops run they handle SIGTERM themselves."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
+
+
+def serve_ring(args: argparse.Namespace, *, say: Callable[[str], None] = print) -> int:
+    """Serve the marketplace from a ring found through the control plane.
+
+    The ring is ``--ring ID`` (an operator's plan) or, with ``--stages N``, this host's own
+    ring of N stages (proposed to the gateway, reused on restart). The stages the plan gives
+    this host run here as ``mahout stage`` processes; the others run on their hosts. The
+    bridge reads the head's and the tail's addresses from the gateway, dials them, qualifies
+    the ring once, and claims jobs through the normal host loop. When the ring breaks the
+    open jobs fail (the gateway continues or ends them honestly), claiming stops, local
+    stages that died are restarted, and the bridge waits for every stage to report again.
+    """
+    from engine.gguf_loader import default_model_path
+    from mahout.api import HostApi
+    from mahout.home import resolve_home
+    from mahout.models import SHIPPED_MODEL
+    from mahout.presence import presence
+    from mahout.ring.api import RingApi
+    from mahout.ring.member import LocalStages
+    from mahout.ring.rendezvous import RendezvousTimeout, bridge_connect
+
+    model_path = Path(args.model) if args.model else default_model_path()
+    api, ring_api = HostApi(args.server, args.token), RingApi(args.server, args.token)
+    local: LocalStages | None = None
+    handled, fingerprint = 0, ""
+    previous = _exit_on_sigterm()  # between sessions too, so that the local stages are stopped
     try:
-        register_when_reachable(api, Qualified(Path(model_path), "", result, fingerprint, facts), out=say)
-        loops = ring_loops(api, ring.bridge, model_path, parallel=args.parallel, n_ctx=args.n_ctx,
-                           fingerprint=fingerprint, home=resolve_home(args.home), out=say)
-        say(f"mahout: serving {SHIPPED_MODEL} from a ring of {args.stages} stages for {args.server} "
-            f"({args.parallel} job(s) at once)")
-        with _reporting(ring.bridge, args, say):
-            handled = run_loops(loops, max_jobs=args.max_jobs)
+        if args.ring is None:
+            args.ring = ring_api.propose(model=SHIPPED_MODEL, stages=args.stages, row_width=args.row_width,
+                                         micro_batch=args.micro_batch)["ring"]
+        n_stages = len(ring_api.addresses(args.ring))
+        mine = sorted(a["stage"] for a in ring_api.assignment() if a["ring"] == args.ring)
+        bind_host = args.bind or ("127.0.0.1" if len(mine) == n_stages else "0.0.0.0")
+        local = LocalStages(args, args.ring, mine, bind_host=bind_host, say=say)
+        say(f"mahout: ring {args.ring}: {n_stages} stages; here: {mine or 'none'}; the others run on their hosts")
+        with presence(args.server, args.token, out=say):
+            while True:
+                try:
+                    bridge = bridge_connect(ring_api, args.ring, n_stages, timeout=args.wait, say=say)
+                except RendezvousTimeout as exc:
+                    say(f"mahout: error: {exc}")
+                    return 1
+                if not fingerprint:
+                    fingerprint = _qualify(bridge, model_path, api, args, local.pids, n_stages, say)
+                loops = ring_loops(api, bridge, model_path, parallel=args.parallel, n_ctx=args.n_ctx,
+                                   fingerprint=fingerprint, home=resolve_home(args.home), out=say,
+                                   claim_wait=RING_CLAIM_WAIT_S)
+                say(f"mahout: serving {SHIPPED_MODEL} from ring {args.ring} ({n_stages} stages) for {args.server} "
+                    f"({args.parallel} job(s) at once)")
+                left = None if args.max_jobs is None else args.max_jobs - handled
+                with _reporting(bridge, args, say):
+                    handled += run_loops(loops, max_jobs=left, until=bridge.down)
+                broken = bridge.broken
+                bridge.close()
+                if broken is None or (args.max_jobs is not None and handled >= args.max_jobs):
+                    break
+                say(f"mahout: {broken}; stopped claiming, waiting for the stages to rejoin")
+                local.revive()
     finally:
+        if local is not None:
+            local.close()
         api.close()
+        ring_api.close()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     say(f"mahout: stopped after {handled} job(s)")
     return 0

@@ -36,6 +36,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,20 +81,25 @@ class _Request:
 
 
 class StageAgent:
-    """Serve `stage` in a ring: receive on `server`, send to `next_address`."""
+    """Serve `stage` in a ring: receive on `server`, send to the next stage — at `next_address`,
+    or over the link `dial_next()` returns (found through the control plane, `mahout.ring.member`)."""
 
     def __init__(
         self,
         stage: Stage,
         *,
         limits: Limits,
-        next_address: tuple[str, int],
+        next_address: tuple[str, int] | None = None,
+        dial_next: Callable[[], Link] | None = None,
         server: socket.socket | None = None,
         index: int = 0,
     ) -> None:
+        if (next_address is None) == (dial_next is None):
+            raise ValueError("give the next stage's address, or a way to dial it (not both)")
         self.stage = stage
         self.limits = limits
         self.next_address = next_address
+        self._dial_next = dial_next or self._dial_address
         self.server = server or listen()
         self.address: tuple[str, int] = self.server.getsockname()[:2]
         self.index = index
@@ -121,7 +127,7 @@ class StageAgent:
         """Accept neighbours, connect to the next stage, then work until a neighbour leaves."""
         threading.Thread(target=self._accept, name=f"stage{self.index}-accept", daemon=True).start()
         try:
-            self._next = connect(self.next_address, hello={"role": "upstream", "stage": self.index}, name="next")
+            self._next = self._dial_next()
             self._links.append(self._next)
             self.stats = StageStats()
             self.ready.set()
@@ -131,6 +137,10 @@ class StageAgent:
             raise
         finally:
             self.close()
+
+    def _dial_address(self) -> Link:
+        assert self.next_address is not None
+        return connect(self.next_address, hello={"role": "upstream", "stage": self.index}, name="next")
 
     def close(self) -> None:
         """Stop and close every connection: neighbours see the end of stream and stop too."""

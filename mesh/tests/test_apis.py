@@ -72,3 +72,21 @@ class RingStatsApiTests:
         body = {"stages": [{"stage": 0, "hold_s": -1.0, "idle_s": 3.0, "queue_depth": 0}]}
         answer = Client().post(f"/api/rings/{plan.pk}/stats", body, content_type="application/json", **_auth(bridge.token))
         assert answer.status_code == 400
+
+
+class RingAddressApiTests:
+    def test_a_stage_host_reports_its_address_and_only_participants_read_them(self, plan_and_hosts) -> None:  # type: ignore[no-untyped-def]
+        plan, head, tail, bridge = plan_and_hosts
+        url = f"/api/rings/{plan.pk}/stages/1/address"
+        posted = Client().post(url, {"address": "10.1.2.3:7001"}, content_type="application/json", **_auth(tail.token))
+        assert posted.status_code == 200 and posted.json()["address"] == "10.1.2.3:7001"
+        refused = Client().post(url, {"address": "10.1.2.3:7001"}, content_type="application/json", **_auth(head.token))
+        assert (refused.status_code, refused.json()["error"]["code"]) == (403, "not_your_stage")
+        bad = Client().post(url, {"address": "0.0.0.0:7001"}, content_type="application/json", **_auth(tail.token))
+        assert (bad.status_code, bad.json()["error"]["code"]) == (400, "address_invalid")
+        shown = Client().get(f"/api/rings/{plan.pk}/addresses", **_auth(bridge.token)).json()
+        assert [(s["stage"], s["address"]) for s in shown["stages"]] == [(0, ""), (1, "10.1.2.3:7001")]
+        outsider = make_host(name="outsider")
+        assert Client().get(f"/api/rings/{plan.pk}/addresses", **_auth(outsider.token)).status_code == 404
+        assert Client().post(url, {"address": "10.9.9.9:1"}, content_type="application/json",
+                             **_auth(outsider.token)).status_code == 404

@@ -1,5 +1,6 @@
 """mahout's ring client against the real ring API on a live server: a stage host pulls its
-assignment, the bridge reports stage stats, and a stage host reads them back."""
+assignment, the bridge reports stage stats, and a stage host reads them back; stages and
+the bridge find each other through the address exchange."""
 from __future__ import annotations
 
 import pytest
@@ -46,7 +47,6 @@ class RingApiClientTests:
     def test_a_bridge_host_runs_the_plan_it_is_given_and_reports_its_stages(self, live_server, catalog) -> None:  # type: ignore[no-untyped-def]
         import argparse
 
-        from mahout.ring.cli import _plan
         from mahout.ring.runner import _reporting
         from marketplace.models import CatalogModel
 
@@ -57,7 +57,14 @@ class RingApiClientTests:
             bridge_host=bridge.host,
         )
         args = argparse.Namespace(server=live_server.url, token=bridge.token, ring=plan.pk, report_every=60.0)
-        assert _plan(args) == ([(0, 15), (15, 18)], 3, 16)
+        as_bridge = RingApi(live_server.url, bridge.token, retries=0)
+        try:  # host-less stages are the bridge host's to run
+            mine = as_bridge.assignment()
+        finally:
+            as_bridge.close()
+        assert [(a["stage"], a["start"], a["end"], a["micro_batch"], a["row_width"]) for a in mine] == [
+            (0, 0, 15, 3, 16), (1, 15, 18, 3, 16)
+        ]
 
         class StatsBridge:  # what RingBridge.stats() returns, without a model
             def stats(self) -> list[dict]:
@@ -69,3 +76,59 @@ class RingApiClientTests:
         shown = {stage.index: stage for stage in plan.stages.all()}
         assert (shown[0].hold_s, shown[1].hold_s, shown[1].queue_depth) == (2.0, 3.0, 4)
         assert shown[1].reported_at is not None
+
+
+class AddressExchangeTests:
+    def test_stages_and_the_bridge_find_each_other_through_the_control_plane(self, live_server, catalog) -> None:  # type: ignore[no-untyped-def]
+        from marketplace.models import CatalogModel
+        from mahout.ring.rendezvous import advertised_address, dial_stage
+        from mahout.ring.wire import listen
+
+        layout_seed(CatalogModel, ModelLayout)
+        head, tail, bridge = make_host(name="head"), make_host(name="tail"), make_host(name="bridge")
+        plan = ring_plan_create(
+            model_name="gemma-3-270m", stages=[StageSpec(0, 9, head.host), StageSpec(9, 18, tail.host)],
+            row_width=32, micro_batch=2, bridge_host=bridge.host,
+        )
+        apis = {name: RingApi(live_server.url, who.token, retries=0) for name, who in
+                (("head", head), ("tail", tail), ("bridge", bridge))}
+        server = listen("0.0.0.0", 0)
+        try:
+            address = advertised_address(server, None, live_server.url)  # a wildcard bind: the route to the gateway
+            assert address == f"127.0.0.1:{server.getsockname()[1]}"
+            apis["tail"].report_address(plan.pk, 1, address)
+            with pytest.raises(HostApiError) as refused:
+                apis["head"].report_address(plan.pk, 1, "10.0.0.9:4000")  # not the head's stage
+            assert (refused.value.status, refused.value.code) == (403, "not_your_stage")
+            with pytest.raises(HostApiError) as wildcard:
+                apis["head"].report_address(plan.pk, 0, "0.0.0.0:4000")
+            assert (wildcard.value.status, wildcard.value.code) == (400, "address_invalid")
+            link = dial_stage(apis["head"], plan.pk, 1, hello={"role": "upstream", "stage": 0}, timeout=5, say=lambda _l: None)
+            peer, _ = server.accept()
+            with peer:
+                link.close()
+            assert [(s["stage"], s["address"]) for s in apis["bridge"].addresses(plan.pk)] == [(0, ""), (1, address)]
+        finally:
+            server.close()
+            for api in apis.values():
+                api.close()
+
+    def test_a_host_proposes_its_own_ring_once_and_gets_it_back_on_restart(self, live_server, catalog) -> None:  # type: ignore[no-untyped-def]
+        from marketplace.models import CatalogModel
+
+        layout_seed(CatalogModel, ModelLayout)
+        host = make_host(name="solo")
+        api = RingApi(live_server.url, host.token, retries=0)
+        try:
+            first = api.propose(model="gemma-3-270m", stages=3, row_width=64, micro_batch=4)
+            again = api.propose(model="gemma-3-270m", stages=3, row_width=64, micro_batch=4)
+            assert first["ring"] == again["ring"]
+            assert [(s["start"], s["end"], s["host"]) for s in first["stages"]] == [
+                (0, 6, host.host.pk), (6, 12, host.host.pk), (12, 18, host.host.pk)
+            ]
+            assert [a["stage"] for a in api.assignment()] == [0, 1, 2]
+            with pytest.raises(HostApiError) as refused:
+                api.propose(model="gemma-3-270m", stages=1, row_width=64, micro_batch=4)
+            assert refused.value.status == 400 and "at least two stages" in str(refused.value)
+        finally:
+            api.close()

@@ -6,7 +6,17 @@ import pytest
 from conftest import make_host
 from mesh.layouts import layout_seed
 from mesh.models import ModelLayout, RingPlan, RingStage
-from mesh.services import NotYourStage, PlanInvalid, StageSpec, ring_plan_create, ring_stats_report
+from mesh.services import (
+    AddressInvalid,
+    NotAParticipant,
+    NotYourStage,
+    PlanInvalid,
+    StageSpec,
+    ring_plan_create,
+    ring_plan_propose_local,
+    ring_stage_address_report,
+    ring_stats_report,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -75,3 +85,48 @@ class RingStatsReportTests:
         assert ring_stats_report(plan_id=plan.pk, host=a, stages=reports[:1]) == 1
         stages = list(plan.stages.all())
         assert (stages[0].hold_s, stages[0].queue_depth, stages[1].hold_s) == (1.5, 3, 0.0)
+
+
+class RingStageAddressReportTests:
+    def test_it_records_where_a_stage_listens_for_the_host_that_runs_it(self, layouts) -> None:  # type: ignore[no-untyped-def]
+        a, b, bridge = make_host(name="a").host, make_host(name="b").host, make_host(name="bridge").host
+        plan = ring_plan_create(model_name="gemma-3-270m", stages=[StageSpec(0, 9, a), StageSpec(9, 18)], row_width=8,
+                                micro_batch=2, bridge_host=bridge)
+        stage = ring_stage_address_report(plan_id=plan.pk, index=0, host=a, address=" 192.168.1.20:7000 ")
+        assert (stage.address, stage.address_reported_at is not None) == ("192.168.1.20:7000", True)
+        assert ring_stage_address_report(plan_id=plan.pk, index=1, host=bridge, address="[fd00::2]:7001").address == "[fd00::2]:7001"
+        with pytest.raises(NotYourStage, match="does not run stage 1"):
+            ring_stage_address_report(plan_id=plan.pk, index=1, host=a, address="10.0.0.1:7000")
+        with pytest.raises(NotAParticipant, match="takes no part"):
+            ring_stage_address_report(plan_id=plan.pk, index=0, host=b, address="10.0.0.1:7000")
+        assert RingStage.objects.get(plan=plan, index=0).address == "192.168.1.20:7000"
+
+    @pytest.mark.parametrize("address", ["0.0.0.0:7000", "[::]:7000", "host", "host:0", "host:70000", ":7000", "a b:1"])
+    def test_it_refuses_an_address_nobody_can_dial(self, layouts, address) -> None:  # type: ignore[no-untyped-def]
+        a = make_host(name="a").host
+        plan = ring_plan_create(model_name="gemma-3-270m", stages=[StageSpec(0, 9, a), StageSpec(9, 18, a)], row_width=8, micro_batch=2)
+        with pytest.raises(AddressInvalid):
+            ring_stage_address_report(plan_id=plan.pk, index=0, host=a, address=address)
+
+    def test_a_retired_ring_takes_no_address(self, layouts) -> None:  # type: ignore[no-untyped-def]
+        a = make_host(name="a").host
+        plan = ring_plan_create(model_name="gemma-3-270m", stages=[StageSpec(0, 9, a), StageSpec(9, 18, a)], row_width=8, micro_batch=2)
+        RingPlan.objects.filter(pk=plan.pk).update(status=RingPlan.Status.RETIRED)
+        with pytest.raises(NotAParticipant):
+            ring_stage_address_report(plan_id=plan.pk, index=0, host=a, address="10.0.0.1:7000")
+
+
+class RingPlanProposeLocalTests:
+    def test_it_puts_every_stage_on_the_host_and_reuses_the_same_shape(self, layouts) -> None:  # type: ignore[no-untyped-def]
+        host = make_host(name="solo").host
+        plan = ring_plan_propose_local(host=host, model_name="gemma-3-270m", n_stages=4, row_width=64, micro_batch=4)
+        assert [(s.start, s.end, s.host) for s in plan.stages.all()] == [(0, 5, host), (5, 10, host), (10, 14, host), (14, 18, host)]
+        assert plan.bridge_host == host
+        assert ring_plan_propose_local(host=host, model_name="gemma-3-270m", n_stages=4, row_width=64, micro_batch=4) == plan
+        other = ring_plan_propose_local(host=host, model_name="gemma-3-270m", n_stages=2, row_width=64, micro_batch=4)
+        assert other != plan and other.stages.count() == 2
+
+    def test_it_refuses_one_stage(self, layouts) -> None:  # type: ignore[no-untyped-def]
+        with pytest.raises(PlanInvalid, match="at least two stages"):
+            ring_plan_propose_local(host=make_host(name="solo").host, model_name="gemma-3-270m", n_stages=1,
+                                    row_width=64, micro_batch=4)

@@ -1,0 +1,57 @@
+"""`python -m mahout moe volunteer|worker`: take part in the expert market.
+
+* `volunteer --server URL --token TOKEN`: poll `/api/expert-volunteer`; when handed a
+  (layer, expert-range) slice, download only it, serve it, register, heartbeat until retired.
+* `worker --model PATH --layer L --first F --count C`: serve a slice from a local file.
+"""
+from __future__ import annotations
+
+import argparse
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    moe = commands.add_parser("moe", help="MoE expert market: volunteer a slice, or serve one")
+    roles = moe.add_subparsers(dest="moe_command", required=True)
+    volunteer = roles.add_parser("volunteer", help="ask the gateway for a slice of experts and serve it")
+    volunteer.add_argument("--server", required=True)
+    volunteer.add_argument("--token", required=True)
+    volunteer.add_argument("--workdir", default=None, help="where the downloaded slice is kept (default: a temp dir)")
+    volunteer.add_argument("--listen", default="127.0.0.1", help="address the expert server binds")
+    volunteer.add_argument("--advertise", default=None, help="address the coordinator should dial (default: --listen)")
+    volunteer.add_argument("--relay", action="store_true", help="behind NAT: serve through the gateway's relay")
+    volunteer.add_argument("--max-slices", type=int, default=None, help="exit after serving this many slices")
+    volunteer.add_argument("--poll", type=float, default=1.0, help="seconds between volunteer polls")
+    volunteer.add_argument("--heartbeat", type=float, default=2.0, help="seconds between heartbeats")
+    worker = roles.add_parser("worker", help="serve one slice of a local MoE GGUF")
+    for name in ("--layer", "--first", "--count"):
+        worker.add_argument(name, type=int, required=True)
+    worker.add_argument("--model", required=True)
+    worker.add_argument("--port", type=int, default=0)
+
+
+def cmd_moe(args: argparse.Namespace, *, say: Callable[[str], None]) -> int:
+    if args.moe_command == "worker":
+        from mahout.moe.worker import main as worker_main
+
+        return worker_main(["--model", args.model, "--layer", str(args.layer), "--first", str(args.first),
+                            "--count", str(args.count), "--port", str(args.port)])
+    import torch
+
+    from mahout.moe.control import MeshClient, Volunteer
+
+    torch.set_num_threads(1)
+    client = MeshClient(args.server, args.token)
+    with tempfile.TemporaryDirectory(prefix="mahout-moe-") as scratch:
+        volunteer = Volunteer(client, Path(args.workdir or scratch), host=args.listen, advertise=args.advertise,
+                              relay=args.relay, poll_s=args.poll, heartbeat_s=args.heartbeat, out=say)
+        try:
+            served = volunteer.run(max_slices=args.max_slices)
+        except KeyboardInterrupt:
+            served = 0
+        finally:
+            client.close()
+    say(f"mahout moe: served {served} slice(s)")
+    return 0

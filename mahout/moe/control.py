@@ -1,0 +1,195 @@
+"""The host side of the expert market, all pulled outward so NATed machines take part.
+
+* `MeshClient`: the `/api/` calls (every one with a timeout; a failed call raises
+  `MeshUnavailable` and the loops simply try again on their next tick).
+* `CoordinatorAgent`: every `interval_s` reports the coordinator's busy slots (the load
+  monitor's latest snapshot: the report never waits on a probe) and its workers'
+  `last_serve_ms`, and makes the dispatch map the control plane answers with its own.
+* `Volunteer`: an idle node asks for a slice, downloads only that slice, serves it,
+  registers where it can be reached, heartbeats, and stops when told to retire.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from engine.moe_loader import load_expert_slice
+from mahout.moe.coordinator import TcpTransport, Transport, WorkerSpec
+from mahout.moe.relay import RelayTransport, RelayWorkerLink
+from mahout.moe.runner import MoeRunner
+from mahout.moe.worker import ExpertServer
+
+__all__ = ["CoordinatorAgent", "MeshClient", "MeshUnavailable", "Volunteer"]
+
+
+class MeshUnavailable(Exception):
+    """The control plane could not be reached or refused the call."""
+
+
+class MeshClient:
+    def __init__(self, server: str, token: str, *, timeout: float = 10.0, transport: httpx.BaseTransport | None = None) -> None:
+        self.server, self.token = server, token
+        self._client = httpx.Client(
+            base_url=server.rstrip("/") + "/api", headers={"Authorization": f"Bearer {token}"}, timeout=timeout,
+            transport=transport,
+        )
+
+    def _call(self, method: str, path: str, body: dict | None = None) -> httpx.Response:
+        try:
+            response = self._client.request(method, path, json=body)
+        except httpx.HTTPError as exc:
+            raise MeshUnavailable(f"{method} {path}: {exc}") from exc
+        if response.status_code >= 400:
+            raise MeshUnavailable(f"{method} {path}: HTTP {response.status_code} {response.text[:200]}")
+        return response
+
+    def volunteer(self) -> dict | None:
+        response = self._call("POST", "/expert-volunteer")
+        return None if response.status_code == 204 else response.json()
+
+    def download_slice(self, worker_id: int, dest: Path) -> Path:
+        try:
+            with self._client.stream("GET", f"/expert-workers/{worker_id}/slice") as response:
+                if response.status_code != 200:
+                    raise MeshUnavailable(f"slice {worker_id}: HTTP {response.status_code}")
+                with dest.open("wb") as out:
+                    for chunk in response.iter_bytes():
+                        out.write(chunk)
+        except httpx.HTTPError as exc:
+            raise MeshUnavailable(f"slice {worker_id}: {exc}") from exc
+        return dest
+
+    def register(self, worker_id: int, address: str) -> dict:
+        return self._call("POST", f"/expert-workers/{worker_id}/register", {"address": address}).json()
+
+    def heartbeat(self, worker_id: int) -> bool:
+        """True when the control plane says this worker must retire."""
+        return bool(self._call("POST", f"/expert-workers/{worker_id}/heartbeat").json()["retire"])
+
+    def coordinator_report(self, model: str, busy: int, workers: list[dict]) -> dict:
+        return self._call("POST", "/moe/coordinator-report", {"model": model, "busy": busy, "workers": workers}).json()
+
+    def recruitment(self) -> list[dict]:
+        return self._call("GET", "/moe/recruitment").json()["models"]
+
+    def demand(self) -> dict[str, Any]:
+        return self._call("GET", "/expert-demand").json()
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _spec(entry: dict) -> WorkerSpec:
+    """A dispatch-map entry: dialled directly when it has an address, else through the relay."""
+    address = None
+    if entry.get("address"):
+        host, port = entry["address"].rsplit(":", 1)
+        address = (host, int(port))
+    return WorkerSpec(str(entry["id"]), entry["layer"], entry["first"], entry["count"], address)
+
+
+class CoordinatorAgent:
+    def __init__(self, runner: MoeRunner, client: MeshClient, model: str, *, interval_s: float = 2.0) -> None:
+        self.runner, self.client, self.model, self.interval_s = runner, client, model, interval_s
+        runner.coordinator.transport_for = self.transport_for
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.reports = 0
+
+    def transport_for(self, spec: WorkerSpec) -> Transport:
+        """Direct TCP where the worker gave an address, else the gateway's relay."""
+        if spec.address is not None:
+            return TcpTransport(spec.address)
+        return RelayTransport(self.client.server, self.client.token, int(spec.key))
+
+    def tick(self) -> dict | None:
+        coordinator = self.runner.coordinator
+        workers = [{"id": int(w.key), "last_serve_ms": w.last_serve_ms} for w in list(coordinator.workers.values())
+                   if w.key.isdigit() and w.last_serve_ms > 0]
+        try:
+            answer = self.client.coordinator_report(self.model, self.runner.monitor.state.busy, workers)
+        except MeshUnavailable:
+            return None
+        coordinator.sync(map(_spec, answer["dispatch_map"]))
+        self.reports += 1
+        return answer
+
+    def start(self) -> CoordinatorAgent:
+        self._thread = threading.Thread(target=self._run, name="moe-coordinator-agent", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.tick()
+            self._stop.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.interval_s + 15)
+
+
+class Volunteer:
+    """One slice at a time: ask, download, serve, register, heartbeat until retired."""
+
+    def __init__(
+        self, client: MeshClient, workdir: Path, *, host: str = "127.0.0.1", advertise: str | None = None,
+        relay: bool = False, poll_s: float = 1.0, heartbeat_s: float = 2.0, out: Callable[[str], None] = print,
+    ) -> None:
+        self.client, self.workdir, self.host, self.advertise = client, workdir, host, advertise or host
+        self.relay = relay
+        self.poll_s, self.heartbeat_s, self.out = poll_s, heartbeat_s, out
+        self._stop = threading.Event()
+
+    def serve_one(self) -> bool:
+        """Serve one slice until retired; False when nothing was wanted."""
+        try:
+            slice_ = self.client.volunteer()
+        except MeshUnavailable as exc:
+            self.out(f"mahout moe: control plane unavailable: {exc}")
+            return False
+        if slice_ is None:
+            return False
+        worker_id = slice_["worker"]
+        path = self.client.download_slice(worker_id, self.workdir / f"slice-{worker_id}.gguf")
+        _, bank = load_expert_slice(path, slice_["layer"], slice_["first"], slice_["count"])
+        server = ExpertServer(bank, host=self.host).start()
+        link = RelayWorkerLink(self.client.server, self.client.token, worker_id, server, out=self.out) if self.relay else None
+        try:
+            if link is not None:  # connect outward first: the coordinator may dial as soon as we register
+                link.start().connected.wait(self.heartbeat_s * 5)
+            self.client.register(worker_id, "" if link else f"{self.advertise}:{server.address[1]}")
+            where = "through the relay" if link else f"on port {server.address[1]}"
+            self.out(f"mahout moe: serving {slice_['model']} layer {slice_['layer']} experts "
+                     f"[{slice_['first']}, {slice_['first'] + slice_['count']}) {where}")
+            while not self._stop.wait(self.heartbeat_s):
+                try:
+                    if self.client.heartbeat(worker_id):
+                        self.out(f"mahout moe: worker {worker_id} retired after {server.served} batches")
+                        break
+                except MeshUnavailable as exc:
+                    self.out(f"mahout moe: heartbeat failed: {exc}")
+        finally:
+            if link is not None:
+                link.stop()
+            server.close()
+            path.unlink(missing_ok=True)
+        return True
+
+    def run(self, *, max_slices: int | None = None) -> int:
+        served = 0
+        while not self._stop.is_set() and (max_slices is None or served < max_slices):
+            if self.serve_one():
+                served += 1
+            else:
+                self._stop.wait(self.poll_s)
+        return served
+
+    def stop(self) -> None:
+        self._stop.set()
+

@@ -1,0 +1,230 @@
+"""The coordinator's expert dispatch: for each layer's routed experts, compute locally or
+send them to remote expert workers, whichever `mahout.moe.policy` allows.
+
+`Coordinator` is an `engine.moe.ExpertCompute`: the model calls it once per layer with the
+rows each chosen expert must process. Experts held by an eligible worker are grouped into
+one request per worker and sent concurrently while the rest are computed here. A worker
+that breaks, times out or answers badly is marked dead and its experts are computed
+locally in the same call, so a dying worker never corrupts an answer. The local result is
+the reference: a remote worker runs the same float32 expert on the same rows.
+
+Workers are reached through a `Transport` (a direct TCP link here; the relay provides
+another), attached from the control plane's dispatch map (`sync`).
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from engine.moe import ExpertCompute
+from mahout.moe.policy import DispatchPolicy, LoadMonitor, WorkerState, dispatch_eligible
+from mahout.moe.worker import pack_rows, unpack_rows
+from mahout.ring.wire import Link, LinkClosed, connect
+
+__all__ = ["Coordinator", "DispatchStats", "TcpTransport", "Transport", "WorkerFailed", "WorkerSpec"]
+
+
+class WorkerFailed(RuntimeError):
+    """A remote worker could not compute a batch (broken link, timeout, error frame)."""
+
+
+class Transport(Protocol):
+    def request(self, header: dict, rows: torch.Tensor, timeout: float) -> tuple[dict, torch.Tensor | None]: ...
+
+    def close(self) -> None: ...
+
+
+class TcpTransport:
+    """A direct framed TCP link to a worker, opened on first use, one request at a time."""
+
+    def __init__(self, address: tuple[str, int], *, connect_timeout: float = 2.0) -> None:
+        self.address = address
+        self.connect_timeout = connect_timeout
+        self._link: Link | None = None
+        self._lock = threading.Lock()
+
+    def request(self, header: dict, rows: torch.Tensor, timeout: float) -> tuple[dict, torch.Tensor | None]:
+        with self._lock:
+            try:
+                if self._link is None:
+                    self._link = connect(self.address, hello={"role": "coordinator"}, timeout=self.connect_timeout)
+                self._link.sock.settimeout(timeout)
+                self._link.send(header, rows)
+                return self._link.recv()
+            except (LinkClosed, OSError) as exc:
+                self._drop()
+                raise WorkerFailed(f"worker {self.address[0]}:{self.address[1]}: {exc}") from exc
+
+    def _drop(self) -> None:
+        if self._link is not None:
+            self._link.close()
+            self._link = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One entry of the dispatch map: a worker's slice and how to reach it."""
+
+    key: str
+    layer: int
+    first: int
+    count: int
+    address: tuple[str, int] | None  # None: reachable only through the relay
+
+    @property
+    def relay(self) -> bool:
+        return self.address is None
+
+
+def direct_transport(spec: WorkerSpec) -> Transport:
+    if spec.address is None:
+        raise WorkerFailed(f"worker {spec.key} is reachable only through a relay, and none is configured")
+    return TcpTransport(spec.address)
+
+
+@dataclass
+class DispatchStats:
+    local_experts: int = 0
+    remote_experts: int = 0
+    fallbacks: int = 0  # expert batches recomputed locally after a worker failed
+    first_remote_at: float | None = None  # monotonic time of the first successful remote batch
+
+
+class Coordinator:
+    def __init__(
+        self,
+        local: ExpertCompute,
+        *,
+        monitor: LoadMonitor,
+        policy: DispatchPolicy | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        transport_for: Callable[[WorkerSpec], Transport] | None = None,
+    ) -> None:
+        self.local = local
+        self.monitor = monitor
+        self.policy = policy or monitor.policy
+        self.clock = clock
+        self.wall_ms = wall_ms
+        self.transport_for = transport_for or direct_transport
+        self.workers: dict[str, WorkerState] = {}
+        self.stats = DispatchStats()
+        self._transports: dict[str, Transport] = {}
+        self._specs: dict[str, WorkerSpec] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="moe-dispatch")
+
+    # --- the dispatch map -------------------------------------------------------------
+
+    def attach(self, spec: WorkerSpec, transport: Transport | None = None) -> WorkerState:
+        """Add a worker (a new one starts its grace window now). Re-attaching the same worker
+        keeps its record; one that failed is given a fresh start only after `retry_dead_s`."""
+        with self._lock:
+            known = self.workers.get(spec.key)
+            if known is not None and self._specs[spec.key] == spec:
+                if known.alive or known.died_at is None or self.clock() - known.died_at < self.policy.retry_dead_s:
+                    return known
+            state = WorkerState(spec.key, spec.layer, spec.first, spec.count, connected_at=self.clock())
+            if known is not None:
+                state.last_serve_ms, state.served = known.last_serve_ms, known.served
+                self._transports.pop(spec.key).close()
+            self.workers[spec.key] = state
+            self._specs[spec.key] = spec
+            self._transports[spec.key] = transport or self.transport_for(spec)
+            return state
+
+    def detach(self, key: str) -> None:
+        with self._lock:
+            self.workers.pop(key, None)
+            self._specs.pop(key, None)
+            transport = self._transports.pop(key, None)
+        if transport is not None:
+            transport.close()
+
+    def sync(self, specs: Iterable[WorkerSpec]) -> None:
+        """Make the dispatch map exactly `specs` (the control plane's view)."""
+        wanted = {spec.key: spec for spec in specs}
+        for key in set(self.workers) - set(wanted):
+            self.detach(key)
+        for spec in wanted.values():
+            self.attach(spec)
+
+    def eligible(self) -> list[WorkerState]:
+        now, load = self.clock(), self.monitor.state
+        return [w for w in list(self.workers.values()) if dispatch_eligible(w, now=now, load=load, policy=self.policy)]
+
+    # --- ExpertCompute ----------------------------------------------------------------
+
+    def plan(self, layer: int, experts: Iterable[int]) -> dict[str | None, list[int]]:
+        """Which worker computes each expert (None: locally); the least used eligible one."""
+        eligible = self.eligible()
+        plan: dict[str | None, list[int]] = {}
+        for expert in experts:
+            holders = [w for w in eligible if w.holds(layer, expert)]
+            key = min(holders, key=lambda w: w.served).key if holders else None
+            plan.setdefault(key, []).append(expert)
+        return plan
+
+    def __call__(self, layer: int, inputs: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        plan = self.plan(layer, sorted(inputs))
+        sent: dict[str, Future] = {
+            key: self._pool.submit(self._remote, key, layer, {e: inputs[e] for e in experts})
+            for key, experts in plan.items() if key is not None
+        }
+        local = plan.get(None, [])
+        outputs = self.local(layer, {e: inputs[e] for e in local}) if local else {}
+        self.stats.local_experts += len(local)
+        for key, future in sent.items():
+            try:
+                outputs.update(future.result())
+            except WorkerFailed:
+                experts = plan[key]
+                outputs.update(self.local(layer, {e: inputs[e] for e in experts}))
+                self.stats.fallbacks += 1
+                self.stats.local_experts += len(experts)
+        return outputs
+
+    def _remote(self, key: str, layer: int, inputs: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        state, transport = self.workers.get(key), self._transports.get(key)
+        if state is None or transport is None:
+            raise WorkerFailed(f"worker {key} left the dispatch map")
+        experts, counts, rows = pack_rows(inputs)
+        request_id = next(self._ids)
+        header = {"type": "compute", "id": request_id, "layer": layer, "experts": experts, "counts": counts}
+        try:
+            answer, out = transport.request(header, rows, self.policy.dispatch_timeout_s)
+            if answer.get("type") != "result" or answer.get("id") != request_id or out is None:
+                raise WorkerFailed(f"worker {key} answered {answer.get('type')}: {answer.get('message', '')}")
+            outputs = unpack_rows(answer["experts"], answer["counts"], out)
+            if sorted(outputs) != experts or any(outputs[e].shape != inputs[e].shape for e in experts):
+                raise WorkerFailed(f"worker {key} answered for other experts or shapes")
+        except WorkerFailed:
+            state.alive, state.died_at = False, self.clock()
+            raise
+        except (ValueError, KeyError) as exc:
+            state.alive, state.died_at = False, self.clock()
+            raise WorkerFailed(f"worker {key} sent a malformed answer: {exc}") from exc
+        with self._lock:  # batches to different workers finish on different threads
+            state.last_serve_ms = self.wall_ms()
+            state.served += 1
+            self.stats.remote_experts += len(experts)
+            if self.stats.first_remote_at is None:
+                self.stats.first_remote_at = self.clock()
+        return outputs
+
+    def close(self) -> None:
+        for key in list(self.workers):
+            self.detach(key)
+        self._pool.shutdown(wait=False)

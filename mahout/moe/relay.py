@@ -1,0 +1,144 @@
+"""Reaching expert workers behind NAT through the gateway's relay (a Channels WebSocket).
+
+A frame on the relay is one `mahout.ring.wire` frame as a binary WebSocket message: the
+``>II`` lengths, the JSON header, the raw tensor bytes. Nothing is pickled.
+
+* `RelayWorkerLink` (worker side): holds `…/api/moe/relay/worker/<id>` open (reconnecting
+  with bounded backoff) and answers each compute frame with the worker's `ExpertServer`.
+* `RelayTransport` (coordinator side): a `Transport` over `…/api/moe/relay/coordinator/<id>`;
+  any failure or timeout raises `WorkerFailed`, so the coordinator computes locally.
+"""
+from __future__ import annotations
+
+import json
+import struct
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from mahout.moe.coordinator import WorkerFailed
+from mahout.moe.worker import ExpertServer
+
+__all__ = ["RelayTransport", "RelayWorkerLink", "decode_frame", "encode_frame", "relay_url"]
+
+_PREFIX = struct.Struct(">II")
+_DTYPES = {"float32": np.float32, "int64": np.int64}
+OPEN_TIMEOUT_S = 5.0
+RECONNECT_MIN_S, RECONNECT_MAX_S = 0.5, 10.0
+
+
+def relay_url(server: str, role: str, worker_id: int) -> str:
+    base = server.rstrip("/").replace("https://", "wss://", 1).replace("http://", "ws://", 1)
+    return f"{base}/api/moe/relay/{role}/{worker_id}"
+
+
+def encode_frame(header: dict[str, Any], tensor: torch.Tensor | None = None) -> bytes:
+    payload = b""
+    if tensor is not None:
+        tensor = tensor.detach().contiguous()
+        header = {**header, "dtype": str(tensor.dtype).removeprefix("torch."), "shape": list(tensor.shape)}
+        if header["dtype"] not in _DTYPES:
+            raise ValueError(f"cannot send a {header['dtype']} tensor")
+        payload = tensor.numpy().tobytes()
+    head = json.dumps(header, separators=(",", ":")).encode()
+    return _PREFIX.pack(len(head), len(payload)) + head + payload
+
+
+def decode_frame(frame: bytes) -> tuple[dict[str, Any], torch.Tensor | None]:
+    if len(frame) < _PREFIX.size:
+        raise ValueError("frame too short")
+    n_head, n_payload = _PREFIX.unpack_from(frame)
+    if _PREFIX.size + n_head + n_payload != len(frame):
+        raise ValueError("frame lengths do not match its size")
+    header = json.loads(frame[_PREFIX.size : _PREFIX.size + n_head])
+    if not n_payload:
+        return header, None
+    array = np.frombuffer(bytearray(frame[_PREFIX.size + n_head :]), dtype=_DTYPES[header["dtype"]])
+    return header, torch.from_numpy(array).reshape(header["shape"])
+
+
+class RelayWorkerLink:
+    """Serves `server`'s slice over the relay until stopped."""
+
+    def __init__(self, server_url: str, token: str, worker_id: int, server: ExpertServer, *,
+                 out: Callable[[str], None] = print) -> None:
+        self.url = relay_url(server_url, "worker", worker_id)
+        self.headers = {"Authorization": f"Bearer {token}"}
+        self.server = server
+        self.out = out
+        self.connected = threading.Event()
+        self._stop = threading.Event()
+        self._socket: Any = None
+
+    def start(self) -> RelayWorkerLink:
+        threading.Thread(target=self._run, name="moe-relay-worker", daemon=True).start()
+        return self
+
+    def _run(self) -> None:
+        wait = RECONNECT_MIN_S
+        while not self._stop.is_set():
+            try:
+                self._serve()
+                wait = RECONNECT_MIN_S
+            except Exception as exc:  # noqa: BLE001 - any failure means: reconnect later
+                self.connected.clear()
+                if not self._stop.is_set():
+                    self.out(f"mahout moe: relay connection lost ({type(exc).__name__}); retrying in {wait:.1f} s")
+            self._stop.wait(wait)
+            wait = min(wait * 2, RECONNECT_MAX_S)
+
+    def _serve(self) -> None:
+        from websockets.sync.client import connect
+
+        with connect(self.url, additional_headers=self.headers, open_timeout=OPEN_TIMEOUT_S, max_size=None) as socket:
+            self._socket = socket
+            self.connected.set()
+            for message in socket:
+                if isinstance(message, bytes):
+                    header, rows = decode_frame(message)
+                    socket.send(encode_frame(*self.server.answer(header, rows)))
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._socket is not None:
+            self._socket.close()
+
+
+class RelayTransport:
+    """A coordinator's link to one worker through the relay, one request at a time."""
+
+    def __init__(self, server_url: str, token: str, worker_id: int) -> None:
+        self.url = relay_url(server_url, "coordinator", worker_id)
+        self.headers = {"Authorization": f"Bearer {token}"}
+        self._socket: Any = None
+        self._lock = threading.Lock()
+
+    def request(self, header: dict, rows: torch.Tensor, timeout: float) -> tuple[dict, torch.Tensor | None]:
+        from websockets.exceptions import WebSocketException
+        from websockets.sync.client import connect
+
+        with self._lock:
+            try:
+                if self._socket is None:  # kept open across requests; closed by `_drop`
+                    opened = connect(self.url, additional_headers=self.headers, open_timeout=timeout, max_size=None)
+                    self._socket = opened.__enter__()
+                self._socket.send(encode_frame(header, rows))
+                message = self._socket.recv(timeout=timeout)
+                if not isinstance(message, bytes):
+                    raise ValueError("the relay sent text, not a frame")
+                return decode_frame(message)
+            except (WebSocketException, OSError, TimeoutError, ValueError) as exc:
+                self._drop()
+                raise WorkerFailed(f"relay to {self.url}: {type(exc).__name__}: {exc}") from exc
+
+    def _drop(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()

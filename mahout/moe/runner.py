@@ -1,0 +1,119 @@
+"""The MoE coordinator node: the whole model, its inference slots, and the dispatch that
+sends routed experts to remote workers when the slots are busy.
+
+`MoeRunner` holds the full model (so it can always compute every expert itself), a
+`LoadMonitor` that probes its own slots (`busy_slots`), and a `Coordinator` the model asks
+for experts. Requests run concurrently, one slot (and one KV cache row) each; their passes
+take turns on the model, one token step at a time, so several requests are in flight and
+the slots read busy. `stream(job)` is the mahout runner interface (text pieces, then
+`finish_reason` and `completion_tokens`), using the model's byte vocabulary.
+"""
+from __future__ import annotations
+
+import codecs
+import itertools
+import threading
+from collections.abc import Callable, Generator
+from pathlib import Path
+
+import torch
+
+from engine.moe import LocalExperts, MoeModel
+from engine.moe_loader import ByteTokenizer, load_moe
+from mahout.moe.coordinator import Coordinator
+from mahout.moe.policy import DispatchPolicy, LoadMonitor
+from mahout.prompt import render_job
+
+__all__ = ["MoeRunner", "SlotsFull"]
+
+
+class SlotsFull(RuntimeError):
+    """Every inference slot is taken."""
+
+
+class MoeRunner:
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        policy: DispatchPolicy | None = None,
+        n_slots: int = 4,
+        n_ctx: int = 256,
+        probe: Callable[[], int] | None = None,
+    ) -> None:
+        self.policy = policy or DispatchPolicy()
+        self.config, weights = load_moe(model_path)
+        local = LocalExperts({layer.index: layer.experts for layer in weights.layers if layer.experts is not None})
+        self.monitor = LoadMonitor(probe or self.busy_slots, self.policy)
+        self.coordinator = Coordinator(local, monitor=self.monitor)
+        self.model = MoeModel(self.config, weights, experts=self.coordinator, n_rows=n_slots, n_ctx=n_ctx)
+        self.tokenizer = ByteTokenizer()
+        self.n_slots = n_slots
+        self.finish_reason = "stop"
+        self.completion_tokens = 0
+        self._busy = 0
+        self._slots = threading.Lock()
+        self._model = threading.Lock()
+        self._ids = itertools.count()
+
+    def start(self) -> MoeRunner:
+        self.monitor.start()
+        return self
+
+    def busy_slots(self) -> int:
+        """The self-probe: inference slots now holding a request."""
+        return self._busy
+
+    def generate(self, prompt_ids: list[int], max_tokens: int) -> list[int]:
+        """Greedy completion in a slot of its own; steps interleave with other requests'."""
+        return list(self.generate_stream(prompt_ids, max_tokens))
+
+    def generate_stream(self, prompt_ids: list[int], max_tokens: int) -> Generator[int, None, None]:
+        request = f"r{next(self._ids)}"
+        with self._slots:
+            if self._busy >= self.n_slots:
+                raise SlotsFull(f"all {self.n_slots} slots are busy")
+            self._busy += 1
+        try:
+            with self._model:
+                row = self.model.cache.assign(request)
+                logits = self._step(torch.tensor(prompt_ids), 0, row)
+            for step in range(max_tokens):
+                token = int(logits.argmax())
+                yield token
+                if token == self.tokenizer.eos_id or step == max_tokens - 1:
+                    return
+                with self._model:
+                    logits = self._step(torch.tensor([token]), len(prompt_ids) + step, row)
+        finally:
+            with self._model:
+                self.model.cache.release(request)
+            with self._slots:
+                self._busy -= 1
+
+    def _step(self, tokens: torch.Tensor, start: int, row: int) -> torch.Tensor:
+        # tokens: (T,) -> logits of the last token (V,)
+        n = tokens.shape[0]
+        positions = torch.arange(start, start + n)
+        return self.model(tokens, positions, torch.full((n,), row), torch.tensor([n - 1]))[0]
+
+    def stream(self, job: dict) -> Generator[str, None, None]:
+        """The mahout runner interface over the byte vocabulary."""
+        params = job.get("params") or {}
+        prompt = self.tokenizer.encode(render_job(job))
+        budget = self.model.cache.n_ctx - len(prompt)
+        max_tokens = min(int(params.get("max_tokens") or budget), budget)
+        self.finish_reason, self.completion_tokens = "length", 0
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span tokens
+        for token in self.generate_stream(prompt, max_tokens):
+            self.completion_tokens += 1
+            if token == self.tokenizer.eos_id:
+                self.finish_reason = "stop"
+                break
+            text = decoder.decode(bytes([token]) if token < 256 else b"")
+            if text:
+                yield text
+
+    def close(self) -> None:
+        self.monitor.stop()
+        self.coordinator.close()

@@ -1,0 +1,164 @@
+"""One stage of a control-plane ring, run by the host the plan assigns it to.
+
+``python -m mahout stage --server URL --token TOKEN --ring ID --stage I``:
+
+1. pull this host's assignment from the gateway (the layer range and the declared widths);
+2. load only that slice of the model;
+3. bind a listening socket (``--bind``), report the address neighbours can dial
+   (``--advertise``, or worked out from the bound socket) to the control plane;
+4. dial the next stage at the address it reported (polling until it has; a clear error
+   after ``--wait`` seconds), and serve: hidden states go agent to agent.
+
+When a ring session ends (a neighbour or the bridge left) the stage binds again, reports
+its new address and rejoins, keeping its weights; ``--once`` exits instead.
+
+`LocalStages` runs the stages a host serves itself as such processes (``mahout ring``).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = ["LocalStages", "StageNotAssigned", "add_parser", "cmd_stage", "find_assignment"]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class StageNotAssigned(LookupError):
+    """The gateway does not assign that stage of that ring to this host."""
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    stage = commands.add_parser("stage", help="run one stage of a ring plan (on this machine) for the gateway")
+    stage.add_argument("--server", required=True, help="gateway URL (the control plane)")
+    stage.add_argument("--token", required=True, help="this host's token")
+    stage.add_argument("--ring", type=int, required=True, help="the ring plan's id")
+    stage.add_argument("--stage", type=int, required=True, help="the stage's index in the plan")
+    stage.add_argument("--bind", default="0.0.0.0:0",
+                       help="HOST:PORT to listen on for the previous stage and the bridge (default 0.0.0.0:0, any port)")
+    stage.add_argument("--advertise", default=None,
+                       help="HOST[:PORT] neighbours should dial (default: the bound address, or for a wildcard "
+                            "bind this machine's address on the route to the gateway)")
+    stage.add_argument("--wait", type=float, default=300.0, help="seconds to wait for the next stage to be reachable")
+    stage.add_argument("--threads", type=int, default=1, help="torch threads")
+    stage.add_argument("--slots", type=int, default=None, help="requests in flight at once (default: 2 x micro-batch)")
+    stage.add_argument("--n-ctx", type=int, default=1024)
+    stage.add_argument("--model", default=None, help="GGUF path (default: the shipped Gemma 3 270M)")
+    stage.add_argument("--once", action="store_true", help="exit when the ring session ends instead of rejoining")
+
+
+def find_assignment(assignments: list[dict], ring_id: int, index: int) -> dict:
+    """This host's assignment for stage `index` of ring `ring_id`."""
+    for assignment in assignments:
+        if assignment["ring"] == ring_id and assignment["stage"] == index:
+            return assignment
+    mine = ", ".join(f"ring {a['ring']} stage {a['stage']}" for a in assignments) or "none"
+    raise StageNotAssigned(f"the gateway does not assign stage {index} of ring {ring_id} to this host (yours: {mine})")
+
+
+def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
+    """Serve one stage of a ring plan until stopped (or, with ``--once``, one ring session)."""
+    import torch
+
+    from engine.gguf_loader import default_model_path, load_stage
+    from engine.model import Stage
+    from mahout.ring.api import RingApi
+    from mahout.ring.membership import Limits
+    from mahout.ring.rendezvous import RendezvousTimeout, advertised_address, dial_stage, parse_address
+    from mahout.ring.stage import StageAgent
+    from mahout.ring.wire import LinkClosed, listen
+
+    api = RingApi(args.server, args.token)
+    try:
+        try:
+            plan = find_assignment(api.assignment(), args.ring, args.stage)
+        except StageNotAssigned as exc:
+            say(f"mahout: error: {exc}")
+            return 2
+        torch.set_num_threads(args.threads)
+        start, end, n_stages = plan["start"], plan["end"], len(plan["stages"])
+        config, weights = load_stage(args.model or default_model_path(), start, end)
+        if config.n_layers != plan["n_layers"]:
+            say(f"mahout: error: the plan is for {plan['n_layers']} layers, this model has {config.n_layers}")
+            return 2
+        limits = Limits(micro_batch=plan["micro_batch"], row_width=plan["row_width"])
+        bind = parse_address(args.bind, default_host="0.0.0.0")
+        following = (args.stage + 1) % n_stages
+        while True:
+            server = listen(*bind)
+            address = advertised_address(server, args.advertise, args.server)
+            stage = Stage(config, weights, start, end, n_rows=args.slots or 2 * limits.micro_batch, n_ctx=args.n_ctx)
+            agent = StageAgent(
+                stage, limits=limits, server=server, index=args.stage,
+                dial_next=lambda: dial_stage(api, args.ring, following, hello={"role": "upstream", "stage": args.stage},
+                                             timeout=args.wait, name="next", say=say),
+            )
+            api.report_address(args.ring, args.stage, address)
+            say(f"mahout: stage {args.stage} of ring {args.ring}, layers [{start}, {end}), "
+                f"listening on {server.getsockname()[0]}:{server.getsockname()[1]}, advertised as {address}")
+            threading.Thread(target=lambda a=agent: a.ready.wait() and say(f"mahout: stage {args.stage} READY"),
+                             daemon=True).start()
+            try:
+                agent.serve()
+            except RendezvousTimeout as exc:
+                say(f"mahout: error: {exc}")
+                return 1
+            except LinkClosed as exc:
+                say(f"mahout: stage {args.stage}: {exc}")
+            say(f"mahout: stage {args.stage}: the ring session ended" + ("" if args.once else "; rejoining"))
+            if args.once:
+                return 0
+    finally:
+        api.close()
+
+
+class LocalStages:
+    """The stages of a ring this host runs itself, as ``python -m mahout stage`` processes.
+
+    Their output goes to this process's stdout. `revive()` restarts any that exited (each
+    rejoins by itself while it lives); `close()` stops them all.
+    """
+
+    def __init__(self, args: argparse.Namespace, ring_id: int, indices: list[int], *, bind_host: str,
+                 say: Callable[[str], None] = print) -> None:
+        self.args, self.ring_id, self.bind_host, self.say = args, ring_id, bind_host, say
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        for index in indices:
+            self._start(index)
+
+    def _start(self, index: int) -> None:
+        a = self.args
+        command = [
+            sys.executable, "-m", "mahout", "stage", "--server", a.server, "--token", a.token, "--ring",
+            str(self.ring_id), "--stage", str(index), "--bind", f"{self.bind_host}:0", "--threads", str(a.threads),
+            "--n-ctx", str(a.n_ctx), "--wait", str(a.wait), *(["--model", str(a.model)] if a.model else []),
+            *(["--advertise", a.advertise] if a.advertise else []),
+        ]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        self.procs[index] = subprocess.Popen(command, cwd=ROOT, env=env)
+
+    def revive(self) -> None:
+        for index, proc in list(self.procs.items()):
+            if proc.poll() is not None:
+                self.say(f"mahout: local stage {index} exited with code {proc.returncode}; restarting it")
+                self._start(index)
+
+    @property
+    def pids(self) -> list[int]:
+        return [proc.pid for proc in self.procs.values()]
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)

@@ -1,0 +1,161 @@
+"""Remote experts on loopback: real expert worker processes, a coordinator that dispatches to
+them, answers equal to local-only compute, and a worker dying mid-dispatch."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.moe import LocalExperts, MoeModel
+from engine.moe_loader import ByteTokenizer, load_moe, make_tiny_moe, write_expert_slice
+from mahout.moe.coordinator import Coordinator, WorkerSpec
+from mahout.moe.policy import DispatchPolicy, LoadMonitor, LoadState
+from mahout.moe.runner import MoeRunner
+
+ROOT = Path(__file__).resolve().parents[2]
+SLICES = [(0, 0, 4), (0, 4, 4), (1, 0, 8)]  # (layer, first, count): every expert of the tiny model
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_moe(tmp_path_factory.mktemp("moe") / "tiny-moe.gguf", seed=3)
+
+
+def start_worker(model: Path, layer: int, first: int, count: int) -> tuple[subprocess.Popen, tuple[str, int]]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "mahout.moe.worker", "--model", str(model), "--layer", str(layer),
+         "--first", str(first), "--count", str(count)],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline().strip()
+    assert line.startswith("expert worker listening on "), line
+    host, port = line.rsplit(" ", 1)[1].split(":")
+    return process, (host, int(port))
+
+
+@pytest.fixture(scope="module")
+def workers(tiny: Path) -> Iterator[list[tuple[subprocess.Popen, WorkerSpec]]]:
+    started = []
+    for index, (layer, first, count) in enumerate(SLICES):
+        process, address = start_worker(tiny, layer, first, count)
+        started.append((process, WorkerSpec(f"w{index}", layer, first, count, address)))
+    yield started
+    for process, _ in started:
+        process.kill()
+        process.wait()
+
+
+def _loaded_coordinator(local: LocalExperts) -> Coordinator:
+    monitor = LoadMonitor(lambda: 0, DispatchPolicy())
+    monitor.state = LoadState(busy=2, under_load=True, last_load_at=0.0)
+    return Coordinator(local, monitor=monitor)
+
+
+def _logits(model: MoeModel, ids: list[int]) -> torch.Tensor:
+    return model(torch.tensor(ids), torch.arange(len(ids)), torch.zeros(len(ids), dtype=torch.long))  # (T, V)
+
+
+class RemoteExpertTests:
+    def test_remote_experts_give_the_local_answer(self, tiny: Path, workers) -> None:  # type: ignore[no-untyped-def]
+        config, weights = load_moe(tiny)
+        local = LocalExperts({layer.index: layer.experts for layer in weights.layers})
+        prompt = ByteTokenizer().encode("The elephant")
+        reference = _logits(MoeModel(config, weights), prompt)
+        expected_tokens = MoeModel(config, weights).generate(prompt, 8)
+        coordinator = _loaded_coordinator(local)
+        try:
+            for _, spec in workers:
+                coordinator.attach(spec)
+            remote = MoeModel(config, weights, experts=coordinator)
+            assert torch.allclose(_logits(remote, prompt), reference, atol=1e-5)
+            assert coordinator.stats.local_experts == 0 and coordinator.stats.remote_experts > 0
+            assert all(state.last_serve_ms > 0 for state in coordinator.workers.values())
+            assert MoeModel(config, weights, experts=coordinator).generate(prompt, 8) == expected_tokens
+        finally:
+            coordinator.close()
+
+    def test_a_worker_serving_a_downloaded_slice_file_gives_the_same_experts(self, tiny: Path, tmp_path: Path) -> None:
+        config, weights = load_moe(tiny)
+        slice_path = tmp_path / "slice.gguf"
+        write_expert_slice(tiny, 1, 2, 4, slice_path)
+        process, address = start_worker(slice_path, 1, 2, 4)
+        coordinator = _loaded_coordinator(LocalExperts({layer.index: layer.experts for layer in weights.layers}))
+        try:
+            coordinator.attach(WorkerSpec("slice", 1, 2, 4, address))
+            x = torch.randn(5, config.d_model, generator=torch.Generator().manual_seed(0))
+            inputs = {e: x for e in range(2, 6)}
+            remote = coordinator(1, inputs)
+            assert coordinator.stats.remote_experts == 4
+            for e in range(2, 6):
+                assert torch.allclose(remote[e], weights.layers[1].experts.compute(e, x), atol=1e-6)
+        finally:
+            coordinator.close()
+            process.kill()
+            process.wait()
+
+    def test_a_worker_dying_mid_dispatch_falls_back_to_local_compute(self, tiny: Path) -> None:
+        config, weights = load_moe(tiny)
+        local = LocalExperts({layer.index: layer.experts for layer in weights.layers})
+        prompt = ByteTokenizer().encode("Mid-answer")
+        expected = MoeModel(config, weights).generate(prompt, 10)
+        processes = [start_worker(tiny, layer, first, count) for layer, first, count in SLICES]
+        coordinator = _loaded_coordinator(local)
+        calls = [0]
+        original = coordinator.__call__
+
+        def kill_after_some(layer: int, inputs: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+            calls[0] += 1
+            if calls[0] == 5:  # mid-answer: every worker dies
+                for process, _ in processes:
+                    process.kill()
+                    process.wait()
+            return original(layer, inputs)
+
+        try:
+            for index, ((_, address), (layer, first, count)) in enumerate(zip(processes, SLICES, strict=True)):
+                coordinator.attach(WorkerSpec(f"w{index}", layer, first, count, address))
+            model = MoeModel(config, weights, experts=kill_after_some)
+            assert model.generate(prompt, 10) == expected
+            assert coordinator.stats.fallbacks >= 1 and coordinator.stats.remote_experts > 0
+            assert not any(state.alive for state in coordinator.workers.values())
+        finally:
+            coordinator.close()
+            for process, _ in processes:
+                process.kill()
+
+
+class MoeRunnerTests:
+    def test_concurrent_requests_saturate_the_slots_and_a_new_worker_is_tried(self, tiny: Path, workers) -> None:  # type: ignore[no-untyped-def]
+        runner = MoeRunner(tiny, policy=DispatchPolicy(probe_timeout_s=0.5), n_slots=4)
+        quiet = MoeRunner(tiny, n_slots=1)
+        try:
+            prompt = ByteTokenizer().encode("load")
+            expected = quiet.generate(prompt, 6)
+            assert quiet.coordinator.stats.remote_experts == 0
+            first = runner.generate_stream(prompt, 6)
+            second = runner.generate_stream(prompt, 6)
+            tokens = [next(first), next(second)]  # two requests in their slots
+            assert runner.monitor.tick().under_load
+            for _, spec in workers:
+                runner.coordinator.attach(spec)
+            tokens += list(first) + list(second)
+            assert tokens[:1] + tokens[2:7] == expected and tokens[1:2] + tokens[7:] == expected
+            assert runner.coordinator.stats.remote_experts > 0
+            assert runner.monitor.tick().busy == 0
+        finally:
+            runner.close()
+            quiet.close()
+
+    def test_stream_speaks_the_runner_interface(self, tiny: Path) -> None:
+        runner = MoeRunner(tiny, n_slots=1)
+        try:
+            pieces = list(runner.stream({"kind": "completion", "prompt": "Hi", "params": {"max_tokens": 5}}))
+            assert runner.completion_tokens <= 5 and runner.finish_reason in ("stop", "length")
+            assert isinstance("".join(pieces), str)
+        finally:
+            runner.close()

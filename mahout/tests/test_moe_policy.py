@@ -1,0 +1,193 @@
+"""The load-adaptive dispatch rules and the bounded self-probe."""
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+
+from mahout.moe.coordinator import Coordinator, WorkerSpec
+from mahout.moe.policy import DispatchPolicy, LoadMonitor, LoadState, WorkerState, dispatch_eligible
+
+POLICY = DispatchPolicy(saturation_threshold=2, idle_timeout_s=30.0, grace_s=5.0, probe_timeout_s=0.2)
+QUIET = LoadState(busy=0, under_load=False, last_load_at=None)
+
+
+def _worker(*, connected_at: float = 0.0, last_serve_ms: int = 0, alive: bool = True) -> WorkerState:
+    return WorkerState("w", 0, 0, 4, connected_at=connected_at, last_serve_ms=last_serve_ms, alive=alive)
+
+
+def _under_load(at: float) -> LoadState:
+    return LoadState(busy=2, under_load=True, last_load_at=at)
+
+
+class SaturationTests:
+    def test_it_is_under_load_at_the_threshold_and_not_below(self) -> None:
+        monitor = LoadMonitor(lambda: 0, POLICY, clock=lambda: 10.0)
+        assert monitor.observe(1).under_load is False
+        assert monitor.observe(2).under_load is True
+        assert monitor.observe(3).under_load is True
+
+    def test_the_default_threshold_is_two(self) -> None:
+        assert DispatchPolicy().saturation_threshold == 2
+
+    def test_it_remembers_when_it_was_last_under_load(self) -> None:
+        now = [10.0]
+        monitor = LoadMonitor(lambda: 0, POLICY, clock=lambda: now[0])
+        monitor.state = monitor.observe(2)
+        now[0] = 20.0
+        monitor.state = monitor.observe(0)
+        assert monitor.state.last_load_at == 10.0 and not monitor.state.under_load
+
+
+class DispatchEligibleTests:
+    def test_under_load_a_proven_worker_is_used_past_the_idle_timeout(self) -> None:
+        proven = _worker(last_serve_ms=1_700_000_000_000)
+        assert dispatch_eligible(proven, now=1000.0, load=_under_load(1000.0), policy=POLICY)
+
+    def test_quiet_a_proven_worker_ages_out_after_the_idle_timeout(self) -> None:
+        proven = _worker(last_serve_ms=1_700_000_000_000)
+        after_load = LoadState(busy=0, under_load=False, last_load_at=100.0)
+        assert dispatch_eligible(proven, now=110.0, load=after_load, policy=POLICY)
+        assert not dispatch_eligible(proven, now=131.0, load=after_load, policy=POLICY)
+        assert not dispatch_eligible(proven, now=131.0, load=QUIET, policy=POLICY)
+
+    def test_a_connected_but_never_served_worker_is_not_recruited_under_load(self) -> None:
+        idle_phone = _worker(connected_at=0.0, last_serve_ms=0)
+        assert not dispatch_eligible(idle_phone, now=60.0, load=_under_load(60.0), policy=POLICY)
+
+    def test_a_new_worker_gets_a_first_try_within_the_grace_window(self) -> None:
+        new = _worker(connected_at=100.0)
+        assert dispatch_eligible(new, now=101.0, load=_under_load(101.0), policy=POLICY)
+        assert dispatch_eligible(new, now=104.9, load=QUIET, policy=POLICY)
+        assert not dispatch_eligible(new, now=105.1, load=_under_load(105.1), policy=POLICY)
+
+    def test_a_dead_worker_is_never_used(self) -> None:
+        dead = _worker(connected_at=100.0, last_serve_ms=5, alive=False)
+        assert not dispatch_eligible(dead, now=101.0, load=_under_load(101.0), policy=POLICY)
+
+
+class SelfProbeTests:
+    def test_a_stuck_probe_does_not_block_and_keeps_the_last_state(self) -> None:
+        release = threading.Event()
+        answers = iter([3])
+
+        def probe() -> int:
+            value = next(answers, None)
+            if value is None:
+                release.wait(10)
+                return 0
+            return value
+
+        monitor = LoadMonitor(probe, POLICY)
+        assert monitor.tick().under_load
+        started = time.monotonic()
+        state = monitor.tick()  # this probe hangs
+        assert time.monotonic() - started < POLICY.probe_timeout_s + 0.3
+        assert state.under_load and state.busy == 3 and state.probe_timeouts == 1
+        assert monitor.tick().probe_timeouts == 2  # still stuck: no second probe piles up
+        release.set()
+
+    def test_dispatch_goes_on_while_the_probe_is_stuck(self) -> None:
+        release = threading.Event()
+        monitor = LoadMonitor(lambda: int(release.wait(10)), DispatchPolicy(probe_interval_s=0.05, probe_timeout_s=0.05))
+        monitor.start()
+        coordinator = Coordinator(lambda layer, inputs: {e: x * 2 for e, x in inputs.items()}, monitor=monitor)
+        try:
+            started = time.monotonic()
+            out = coordinator(0, {1: torch.ones(2, 3)})
+            assert time.monotonic() - started < 0.05
+            assert torch.equal(out[1], torch.full((2, 3), 2.0))
+        finally:
+            release.set()
+            monitor.stop()
+            coordinator.close()
+
+
+class _Recorder:
+    """A transport that computes x * 3 and records which worker was asked."""
+
+    def __init__(self, calls: list[str], key: str) -> None:
+        self.calls, self.key = calls, key
+
+    def request(self, header: dict, rows: torch.Tensor, timeout: float) -> tuple[dict, torch.Tensor]:
+        self.calls.append(self.key)
+        return {"type": "result", "id": header["id"], "experts": header["experts"], "counts": header["counts"]}, rows * 3
+
+    def close(self) -> None:
+        pass
+
+
+class CoordinatorPlanTests:
+    def _coordinator(self, now: list[float], under_load: bool) -> tuple[Coordinator, list[str]]:
+        monitor = LoadMonitor(lambda: 0, POLICY, clock=lambda: now[0])
+        monitor.state = LoadState(busy=2 if under_load else 0, under_load=under_load, last_load_at=now[0] if under_load else None)
+        coordinator = Coordinator(lambda layer, inputs: {e: x * 2 for e, x in inputs.items()}, monitor=monitor,
+                                  clock=lambda: now[0], wall_ms=lambda: 1234)
+        calls: list[str] = []
+        for key, proven in (("proven", True), ("never", False)):
+            state = coordinator.attach(WorkerSpec(key, 0, 0, 4, ("127.0.0.1", 1)), _Recorder(calls, key))
+            state.last_serve_ms = 999 if proven else 0
+        return coordinator, calls
+
+    def test_under_load_it_sends_to_the_proven_worker_not_the_idle_one(self) -> None:
+        now = [100.0]
+        coordinator, calls = self._coordinator(now, under_load=True)
+        now[0] = 200.0  # both connected long ago: past the grace window and the idle timeout
+        coordinator.monitor.state = LoadState(busy=3, under_load=True, last_load_at=200.0)
+        out = coordinator(0, {1: torch.ones(1, 2), 2: torch.ones(1, 2)})
+        assert calls == ["proven"] and torch.equal(out[1], torch.full((1, 2), 3.0))
+        assert coordinator.workers["proven"].last_serve_ms == 1234
+
+    def test_quiet_it_computes_everything_locally(self) -> None:
+        now = [100.0]
+        coordinator, calls = self._coordinator(now, under_load=False)
+        now[0] = 200.0
+        out = coordinator(0, {1: torch.ones(1, 2)})
+        assert calls == [] and torch.equal(out[1], torch.full((1, 2), 2.0))
+
+
+class MoeImportTests:
+    def test_the_host_side_never_imports_django(self) -> None:
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        code = (
+            "import sys, mahout.moe.policy, mahout.moe.coordinator, mahout.moe.worker, mahout.moe.runner, "
+            "mahout.moe.control, mahout.moe.relay, mahout.moe.cli; "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('django', 'rest_framework', 'channels')); "
+            "assert not bad, bad"
+        )
+        root = Path(__file__).resolve().parents[2]
+        result = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+
+
+class _Broken:
+    def request(self, header: dict, rows: torch.Tensor, timeout: float) -> tuple[dict, torch.Tensor]:
+        from mahout.moe.coordinator import WorkerFailed
+
+        raise WorkerFailed("link broke")
+
+    def close(self) -> None:
+        pass
+
+
+class DeadWorkerTests:
+    def test_a_failed_worker_is_computed_locally_and_retried_only_after_the_retry_window(self) -> None:
+        now = [100.0]
+        monitor = LoadMonitor(lambda: 0, POLICY, clock=lambda: now[0])
+        monitor.state = LoadState(busy=2, under_load=True, last_load_at=100.0)
+        coordinator = Coordinator(lambda layer, inputs: {e: x * 2 for e, x in inputs.items()}, monitor=monitor,
+                                  clock=lambda: now[0])
+        spec = WorkerSpec("w", 0, 0, 4, ("127.0.0.1", 1))
+        coordinator.attach(spec, _Broken())
+        out = coordinator(0, {1: torch.ones(1, 2)})
+        assert torch.equal(out[1], torch.full((1, 2), 2.0)) and coordinator.stats.fallbacks == 1
+        coordinator.sync([spec])  # still in the control plane's map: not retried at once
+        assert not coordinator.workers["w"].alive
+        now[0] += POLICY.retry_dead_s + 1
+        coordinator.sync([spec])
+        assert coordinator.workers["w"].alive
+        coordinator.close()

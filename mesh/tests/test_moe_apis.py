@@ -1,0 +1,93 @@
+"""The expert market API: recruitment, demand, volunteering, slice download, registration,
+heartbeat and coordinator reports, with host token auth."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from django.test import Client
+
+from conftest import make_host
+from engine.gguf_loader import open_gguf
+from engine.moe_loader import expert_tensor_names, make_tiny_moe
+from mesh import moe_services as services
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_moe(tmp_path_factory.mktemp("moe") / "tiny-moe.gguf", seed=2)
+
+
+@pytest.fixture
+def coordinator(catalog, tiny: Path):  # type: ignore[no-untyped-def]
+    host = make_host(name="coordinator")
+    services.expert_model_register(name="tiny-moe", gguf_path=tiny, slice_size=4, coordinator=host.host)
+    return host
+
+
+def _auth(token: str) -> dict:
+    return {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+
+
+def _post(path: str, token: str, body: dict | None = None):  # type: ignore[no-untyped-def]
+    return Client().post(path, body or {}, content_type="application/json", **_auth(token))
+
+
+class MoeAuthTests:
+    @pytest.mark.parametrize("path", ["/api/moe/recruitment", "/api/expert-demand"])
+    def test_it_refuses_a_caller_without_a_host_token(self, coordinator, path: str) -> None:  # type: ignore[no-untyped-def]
+        assert Client().get(path).status_code == 401
+        assert Client().get(path, **_auth("host_nope")).status_code == 401
+
+    def test_it_refuses_a_stranger_reporting_for_the_coordinator(self, coordinator) -> None:  # type: ignore[no-untyped-def]
+        answer = _post("/api/moe/coordinator-report", make_host(name="outsider").token, {"model": "tiny-moe", "busy": 5})
+        assert answer.status_code == 403 and answer.json()["error"]["code"] == "not_the_coordinator"
+
+
+class RecruitmentFlowTests:
+    def test_a_saturated_coordinator_recruits_a_volunteer_downloading_only_its_slice(self, coordinator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+        volunteer = make_host(name="volunteer")
+        assert _post("/api/expert-volunteer", volunteer.token).status_code == 204
+        demand = Client().get("/api/expert-demand", **_auth(volunteer.token)).json()
+        assert demand == {"recruiting": False, "slices": []}
+
+        report = _post("/api/moe/coordinator-report", coordinator.token, {"model": "tiny-moe", "busy": 2}).json()
+        assert report["saturated"] and report["effective_target"] == 1 and report["dispatch_map"] == []
+        demand = Client().get("/api/expert-demand", **_auth(volunteer.token)).json()
+        assert demand["recruiting"] and len(demand["slices"]) == 4
+
+        handed = _post("/api/expert-volunteer", volunteer.token)
+        assert handed.status_code == 200
+        slice_ = handed.json()
+        assert (slice_["model"], slice_["layer"], slice_["first"], slice_["count"]) == ("tiny-moe", 0, 0, 4)
+
+        assert Client().get(slice_["slice_url"], **_auth(coordinator.token)).status_code == 404  # not its worker
+        download = Client().get(slice_["slice_url"], **_auth(volunteer.token))
+        assert download.status_code == 200
+        path = tmp_path / "slice.gguf"
+        path.write_bytes(b"".join(download.streaming_content))
+        assert {t.name for t in open_gguf(path).tensors} == set(expert_tensor_names(0))
+
+        registered = _post(f"/api/expert-workers/{slice_['worker']}/register", volunteer.token, {"address": "127.0.0.1:7001"})
+        assert registered.status_code == 200 and registered.json()["status"] == "active"
+        assert _post(f"/api/expert-workers/{slice_['worker']}/heartbeat", volunteer.token).json() == {"retire": False}
+
+        report = _post("/api/moe/coordinator-report", coordinator.token, {
+            "model": "tiny-moe", "busy": 3, "workers": [{"id": slice_["worker"], "last_serve_ms": 42}],
+        }).json()
+        assert report["dispatch_map"] == [{
+            "id": slice_["worker"], "layer": 0, "first": 0, "count": 4, "address": "127.0.0.1:7001", "relay": False,
+            "last_serve_ms": 42,
+        }]
+        (model,) = Client().get("/api/moe/recruitment", **_auth(volunteer.token)).json()["models"]
+        assert (model["busy"], model["saturated"], model["base_target"], model["effective_target"]) == (3, True, 0, 1)
+        assert [(w["id"], w["last_serve_ms"]) for w in model["workers"]] == [(slice_["worker"], 42)]
+
+    def test_it_rejects_a_malformed_registration(self, coordinator) -> None:  # type: ignore[no-untyped-def]
+        _post("/api/moe/coordinator-report", coordinator.token, {"model": "tiny-moe", "busy": 2})
+        volunteer = make_host(name="volunteer")
+        worker = _post("/api/expert-volunteer", volunteer.token).json()["worker"]
+        answer = _post(f"/api/expert-workers/{worker}/register", volunteer.token, {"address": "not an address"})
+        assert answer.status_code == 400

@@ -1,0 +1,121 @@
+"""The scripted load ramp, with real processes on loopback: a daphne gateway, volunteer
+mahout processes, and an MoE coordinator reporting to the gateway.
+
+idle coordinator serves locally -> concurrent requests saturate it -> demand appears ->
+volunteers are recruited, download their slices, register and get dispatched -> outputs
+equal the local-only outputs -> load stops -> workers age out, the target returns to base.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, Gateway, make_host, stack_env, wait_until
+from engine.moe import MoeModel
+from engine.moe_loader import ByteTokenizer, load_moe, make_tiny_moe
+from mahout.moe.control import CoordinatorAgent, MeshClient
+from mahout.moe.policy import DispatchPolicy
+from mahout.moe.runner import MoeRunner
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+PROMPTS = ["The elephant", "A swarm of experts", "Load rises"]
+N_TOKENS = 24
+
+
+@pytest.fixture
+def moe_gateway(transactional_db, e2e_dirs):  # type: ignore[no-untyped-def]
+    gateway = Gateway(stack_env({"MOE_COOLDOWN_SECONDS": "2", "MOE_COORDINATOR_STALE_SECONDS": "5",
+                                 "MOE_WORKER_STALE_SECONDS": "5"}), e2e_dirs / "logs")
+    yield gateway
+    gateway.stop()
+
+
+def _volunteer(url: str, token: str, log: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "mahout", "moe", "volunteer", "--server", url, "--token", token, "--poll", "0.3",
+         "--heartbeat", "0.5"],
+        cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT,
+    )
+
+
+class LoadRampTests:
+    def test_volunteers_join_under_load_answer_as_local_and_age_out(self, catalog, moe_gateway, tmp_path: Path, e2e_dirs) -> None:  # type: ignore[no-untyped-def]
+        from mesh import moe_services
+
+        tiny = make_tiny_moe(tmp_path / "tiny-moe.gguf", seed=5)
+        coordinator_host = make_host(name="coordinator")
+        moe_services.expert_model_register(name="tiny-moe", gguf_path=tiny, slice_size=4, base_target=0, boost=1)
+        config, weights = load_moe(tiny)
+        tokenizer = ByteTokenizer()
+        expected = {p: MoeModel(config, weights).generate(tokenizer.encode(p), N_TOKENS) for p in PROMPTS}
+
+        policy = DispatchPolicy(probe_interval_s=0.2, probe_timeout_s=0.2, grace_s=5.0, idle_timeout_s=1.0)
+        runner = MoeRunner(tiny, policy=policy, n_slots=4).start()
+        client = MeshClient(moe_gateway.url, coordinator_host.token)
+        agent = CoordinatorAgent(runner, client, "tiny-moe", interval_s=0.3).start()
+        volunteers = [_volunteer(moe_gateway.url, make_host(name=f"v{i}").token, e2e_dirs / "logs" / f"volunteer-{i}.log")
+                      for i in range(4)]
+        try:
+            # idle: one request at a time is served locally, nothing is scarce
+            assert runner.generate(tokenizer.encode(PROMPTS[0]), N_TOKENS) == expected[PROMPTS[0]]
+            assert runner.coordinator.stats.remote_experts == 0
+            wait_until(lambda: agent.reports >= 2, timeout=10, what="coordinator reports")
+            assert client.demand() == {"recruiting": False, "slices": []}
+
+            # load: concurrent requests until remote experts have been dispatched
+            results: list[tuple[str, list[int]]] = []
+            stop = threading.Event()
+
+            def client_loop(prompt: str) -> None:
+                while not stop.is_set():
+                    results.append((prompt, runner.generate(tokenizer.encode(prompt), N_TOKENS)))
+
+            threads = [threading.Thread(target=client_loop, args=(p,), daemon=True) for p in PROMPTS]
+            saturated_at = time.monotonic()
+            for thread in threads:
+                thread.start()
+            wait_until(lambda: client.recruitment()[0]["saturated"], timeout=20, what="the gateway to see saturation")
+            def dispatched() -> bool:
+                assert all(v.poll() is None for v in volunteers), "a volunteer exited: see its log"
+                return runner.coordinator.stats.remote_experts > 0
+
+            wait_until(dispatched, timeout=90, what="a first remote dispatch")
+            first_remote_s = runner.coordinator.stats.first_remote_at - saturated_at
+            wait_until(lambda: len([w for w in client.recruitment()[0]["workers"] if w["last_serve_ms"] > 0]) >= 2,
+                       timeout=60, what="proven workers in the recruitment view")
+            served_remote = runner.coordinator.stats.remote_experts
+            time.sleep(1.0)
+            stop.set()
+            for thread in threads:
+                thread.join(timeout=60)
+            assert runner.coordinator.stats.remote_experts > served_remote  # kept dispatching under load
+            wrong = [(prompt, tokens) for prompt, tokens in results if tokens != expected[prompt]]
+            assert results and not wrong, (runner.coordinator.stats, len(results), wrong[:2], expected)
+            (view,) = client.recruitment()
+            assert view["effective_target"] == view["base_target"] + view["boost"] or not view["saturated"]
+
+            # quiet: the target returns to base, workers retire and leave the dispatch map
+            def aged_out() -> bool:
+                (model,) = client.recruitment()
+                return not model["saturated"] and model["effective_target"] == model["base_target"] and not model["workers"]
+
+            wait_until(aged_out, timeout=30, what="workers to age out")
+            wait_until(lambda: not runner.coordinator.workers, timeout=10, what="the dispatch map to empty")
+            before = runner.coordinator.stats.remote_experts
+            assert runner.generate(tokenizer.encode(PROMPTS[1]), N_TOKENS) == expected[PROMPTS[1]]
+            assert runner.coordinator.stats.remote_experts == before
+            assert client.demand()["recruiting"] is False
+            print(f"first remote dispatch {first_remote_s:.2f} s after saturation began")
+        finally:
+            agent.stop()
+            runner.close()
+            client.close()
+            for process in volunteers:
+                process.kill()
+                process.wait()

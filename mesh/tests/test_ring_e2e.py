@@ -1,0 +1,177 @@
+"""End to end: a ring behind the real gateway. Two stage processes on two hosts find each
+other through the control plane (each reports its address, dials the next stage's), a
+third host bridges them into the marketplace, and a customer streams from it with the
+`openai` client. Killing a stage mid-request ends the request honestly and bills nothing twice."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from billing import selectors as ledger
+from billing.models import Hold
+from conftest import ROOT, make_customer, make_host, stack_env, wait_until
+from hosts.models import Host
+from marketplace.models import Request
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
+
+HAIKU = [{"role": "user", "content": "Write a haiku about elephants."}]
+N_CTX = "256"
+
+
+class MahoutProcess:
+    """``python -m mahout ARGS…`` with its output in a log file."""
+
+    def __init__(self, name: str, args: list[str], log_dir: Path) -> None:
+        self.log_path = log_dir / f"{name}-{uuid.uuid4().hex[:6]}.log"
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "mahout", *args], cwd=ROOT, env=stack_env(),
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+
+    def output(self) -> str:
+        return self.log_path.read_text()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self.log.close()
+
+
+class Ring:
+    def __init__(self, plan, stages: list[MahoutProcess], bridge: MahoutProcess, bridge_host) -> None:  # type: ignore[no-untyped-def]
+        self.plan, self.stages, self.bridge, self.bridge_host = plan, stages, bridge, bridge_host
+
+
+@pytest.fixture
+def ring(gateway, catalog, e2e_dirs, tmp_path):  # type: ignore[no-untyped-def]
+    """Ring plan: stage 0 (layers 0-8) on one host, stage 1 (9-17) on another, bridged by a third;
+    each a separate process that knows only the gateway's URL, its token and the plan's id."""
+    from marketplace.models import CatalogModel
+    from mesh.layouts import layout_seed
+    from mesh.models import ModelLayout
+    from mesh.services import StageSpec, ring_plan_create
+
+    layout_seed(CatalogModel, ModelLayout)
+    head, tail, bridge = (make_host(qualified=False, name=name) for name in ("ring-head", "ring-tail", "ring-bridge"))
+    plan = ring_plan_create(
+        model_name="gemma-3-270m", stages=[StageSpec(0, 9, head.host), StageSpec(9, 18, tail.host)],
+        row_width=64, micro_batch=2, bridge_host=bridge.host,
+    )
+    common = ["--server", gateway.url, "--ring", str(plan.pk), "--n-ctx", N_CTX, "--wait", "60"]
+    logs = e2e_dirs / "logs"
+    stages = [
+        MahoutProcess(f"stage{i}", ["stage", *common, "--token", host.token, "--stage", str(i),
+                                    "--bind", "127.0.0.1:0", "--once"], logs)
+        for i, host in enumerate((head, tail))
+    ]
+    bridge_process = MahoutProcess("bridge", ["ring", *common, "--token", bridge.token, "--parallel", "2",
+                                              "--bench-tokens", "8", "--home", str(tmp_path)], logs)
+    processes = [*stages, bridge_process]
+    try:
+        def qualified() -> bool:
+            for process in processes:
+                assert process.proc.poll() is None, f"a ring process exited:\n{process.output()}"
+            row = Host.objects.get(pk=bridge.host.pk)
+            return bool(row.last_heartbeat_at and row.qualifications.exists())
+
+        wait_until(qualified, timeout=240, what="the ring to assemble and qualify", interval=0.3)
+        time.sleep(0.3)  # the bridge's first long-polls are on the way
+        yield Ring(plan, stages, bridge_process, bridge.host)
+    finally:
+        for process in processes:
+            process.stop()
+
+
+def client(gateway, customer) -> openai.OpenAI:  # type: ignore[no-untyped-def]
+    return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=customer.secret, max_retries=0, timeout=60)
+
+
+def engine_text(messages: list[dict], max_tokens: int) -> str:
+    """The single-process engine's greedy completion of the prompt the ring's bridge renders."""
+    from engine.generate import build_stages, generate
+    from engine.gguf_loader import default_model_path
+    from mahout.prompt import render_job
+    from mahout.ring.runner import RingRunner
+
+    path = default_model_path()
+    runner = RingRunner(None, path, n_ctx=int(N_CTX))  # type: ignore[arg-type] - only its tokenizer is used
+    prompt = runner._vocab.tokenize(render_job({"kind": "chat", "messages": messages}).encode(), add_bos=True, special=True)
+    (whole,) = build_stages(path, [(0, 18)], n_rows=1, n_ctx=int(N_CTX))
+    tokens = generate([whole], prompt, max_tokens).token_ids
+    kept = next((i for i, t in enumerate(tokens) if t in runner._stop_ids), len(tokens))
+    return runner._decode(tokens[:kept])
+
+
+class RingBehindTheGatewayTests:
+    def test_it_streams_settles_and_gives_the_engines_greedy_text(self, gateway, ring) -> None:  # type: ignore[no-untyped-def]
+        customer = make_customer()
+        pieces, usage, finish = [], None, None
+        for chunk in client(gateway, customer).chat.completions.create(
+            model="gemma-3-270m", messages=HAIKU, max_tokens=8, temperature=0, stream=True,
+            stream_options={"include_usage": True},
+        ):
+            usage = chunk.usage or usage
+            if chunk.choices and chunk.choices[0].delta.content:
+                pieces.append(chunk.choices[0].delta.content)
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finish = chunk.choices[0].finish_reason
+        text = "".join(pieces)
+        assert finish in ("stop", "length") and usage is not None and len(pieces) >= 2
+
+        row = Request.objects.get()
+        assert row.status == "completed" and row.prompt is None and row.messages is None
+        cost = row.prompt_tokens * row.model.input_price_ucents + row.completion_tokens * row.model.output_price_ucents
+        assert row.cost_ucents == cost and (row.prompt_tokens, row.completion_tokens) == (usage.prompt_tokens, usage.completion_tokens)
+        assert ledger.host_account(host=ring.bridge_host).balance_ucents == cost * 80 // 100
+        assert ledger.customer_account(user=customer.user).balance_ucents == 500_000_000 - cost
+        assert ledger.ledger_total() == 0 and ledger.cache_drift() == []
+        record = httpx.get(f"{gateway.url}/v1/generation", params={"id": row.public_id},
+                           headers={"Authorization": f"Bearer {customer.secret}"}).json()
+        assert (record["status"], record["completion_tokens"], record["resumed"]) == ("completed", row.completion_tokens, False)
+
+        addresses = [(stage.address, stage.address_reported_at) for stage in ring.plan.stages.all()]
+        assert all(address.startswith("127.0.0.1:") and at is not None for address, at in addresses), addresses
+        assert text == engine_text(HAIKU, 8), "the ring's greedy text is the single-process engine's"
+
+    def test_killing_a_stage_mid_request_ends_it_honestly_and_bills_nothing_twice(self, gateway, ring) -> None:  # type: ignore[no-untyped-def]
+        customer = make_customer()
+        story = [{"role": "user", "content": "Tell me a long story about an elephant who learns to swim."}]
+        pieces, last, error = [], None, None
+        started = time.monotonic()
+        try:
+            for chunk in client(gateway, customer).chat.completions.create(
+                model="gemma-3-270m", messages=story, max_tokens=48, temperature=0, stream=True,
+            ):
+                last = chunk
+                if chunk.choices and chunk.choices[0].delta.content:
+                    pieces.append(chunk.choices[0].delta.content)
+                    if len(pieces) == 1:
+                        ring.stages[1].proc.kill()  # kill -9 the tail mid-answer
+        except openai.APIError as failed:
+            error = failed
+        assert time.monotonic() - started < 50, "the request ended; it did not hang"
+        assert ring.stages[1].proc.wait(timeout=10) == -9
+
+        row = Request.objects.get()
+        first = row.jobs.get(attempt=1)
+        assert first.host_id == ring.bridge_host.pk and first.status == "failed" and first.earned_ucents == 0
+        if error is not None:  # an honest error, never a success ending
+            assert last is None or not last.choices or last.choices[0].finish_reason is None
+            assert (row.status, row.cost_ucents) == ("failed", 0)
+            account = ledger.customer_account(user=customer.user)
+            assert (account.balance_ucents, account.held_ucents) == (500_000_000, 0)
+        else:  # or a continuation that completed: each output token billed once
+            assert row.status == "completed" and row.resumed and last.model_extra.get("x_elephant") == {"resumed": True}
+        assert row.jobs.count() <= 2
+        assert not Hold.objects.filter(status="active").exists()
+        assert ledger.ledger_total() == 0 and ledger.cache_drift() == []
+        wait_until(lambda: "stopped claiming" in ring.bridge.output(), timeout=10, what="the bridge to stop claiming")
+        assert ring.bridge.proc.poll() is None, "the bridge waits for its ring to be whole again"
