@@ -5,15 +5,33 @@ from __future__ import annotations
 from django.contrib import admin, messages
 
 from billing.services import format_usd
-from marketplace import services
+from marketplace import routing, services
 from marketplace.models import ApiKey, CatalogModel, Job, Request
 
 
 @admin.register(CatalogModel)
 class CatalogModelAdmin(admin.ModelAdmin):
-    list_display = ("name", "kind", "context_length", "input_price_ucents", "output_price_ucents", "tokenizer", "active")
-    list_filter = ("kind", "active")
+    list_display = (
+        "name", "kind", "context_length", "input_price_ucents", "output_price_ucents", "routing_strategy",
+        "latency_critical", "warm_hosts", "active",
+    )
+    list_filter = ("kind", "active", "latency_critical", "routing_strategy")
     search_fields = ("name",)
+
+    def changelist_view(self, request, extra_context=None):  # type: ignore[no-untyped-def]
+        self._counts = routing.warm_host_counts()
+        for model, warm in routing.under_redundant_models(counts=self._counts):
+            self.message_user(
+                request, f"Latency-critical model {model.name} has {warm} warm host(s); keep at least "
+                f"{routing.REDUNDANT_WARM_HOSTS} so a failover lands on a warm host.", level=messages.WARNING,
+            )
+        return super().changelist_view(request, extra_context)
+
+    @admin.display(description="warm / online hosts")
+    def warm_hosts(self, obj: CatalogModel) -> str:
+        entry = getattr(self, "_counts", {}).get(obj.pk, {"warm": 0, "online": 0})
+        flag = " ⚠" if obj.latency_critical and entry["warm"] < routing.REDUNDANT_WARM_HOSTS else ""
+        return f"{entry['warm']} / {entry['online']}{flag}"
 
 
 class RevokedFilter(admin.SimpleListFilter):

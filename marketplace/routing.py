@@ -158,3 +158,16 @@ def warm_host_counts(*, now: datetime | None = None) -> dict[int, dict[str, int]
         if not fresh or name in ((catalog or {}).get("loaded") or []):
             entry["warm"] += 1
     return counts
+
+
+REDUNDANT_WARM_HOSTS = 2  # a latency-critical model's failover stays warm only with a second warm host
+
+
+def under_redundant_models(*, counts: dict[int, dict[str, int]] | None = None) -> list[tuple[CatalogModel, int]]:
+    """Latency-critical models with fewer than two warm hosts, with their warm count."""
+    counts = warm_host_counts() if counts is None else counts
+    return [
+        (model, counts.get(model.pk, {}).get("warm", 0))
+        for model in CatalogModel.objects.filter(latency_critical=True, active=True).order_by("name")
+        if counts.get(model.pk, {}).get("warm", 0) < REDUNDANT_WARM_HOSTS
+    ]

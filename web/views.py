@@ -22,6 +22,7 @@ from billing import stripe_api
 from billing.apis import usage_csv_response
 from billing.errors import BillingError
 from hosts import services as hosts
+from marketplace import routing
 from marketplace import services as marketplace
 from web import selectors
 from web.charts import bar_chart
@@ -221,7 +222,10 @@ def machines(request):  # type: ignore[no-untyped-def]
     response = render(
         request,
         "web/machines.html",
-        {"form": form, "new_host": new_host, "hosts": selectors.host_statuses(user=request.user), "base_url": base_url(request)},
+        {
+            "form": form, "new_host": new_host, "hosts": selectors.host_statuses(user=request.user),
+            "base_url": base_url(request), "under_redundant": routing.under_redundant_models(),
+        },
     )
     if new_host is not None:
         response["Cache-Control"] = "no-store"

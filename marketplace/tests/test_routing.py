@@ -216,3 +216,28 @@ class TestEmbeddings:
         row.model = CatalogModel(name="m")
         encoded = embeddings_body(row, encoding="base64")["data"][0]["embedding"]
         assert struct.unpack("<2f", base64.b64decode(encoded)) == (0.5, -1.0)
+
+
+class TestRedundancy:
+    def test_the_admin_and_the_host_dashboard_warn_about_a_latency_critical_model_on_one_warm_host(self, catalog) -> None:
+        from django.contrib.auth import get_user_model
+
+        CatalogModel.objects.filter(pk=catalog.pk).update(latency_critical=True)
+        serving = make_host(name="only-one")
+        beat(serving, loaded=["gemma-3-270m"])
+        assert [(m.name, warm) for m, warm in routing.under_redundant_models()] == [("gemma-3-270m", 1)]
+
+        operator = get_user_model().objects.create_superuser("op@example.com", "op@example.com", "pw-12345678")
+        admin = Client()
+        admin.force_login(operator)
+        page = admin.get("/admin/marketplace/catalogmodel/").content.decode()
+        assert "Latency-critical model gemma-3-270m has 1 warm host(s)" in page
+        owner = Client()
+        owner.force_login(serving.host.owner)
+        page = owner.get("/machines/").content.decode()
+        assert "gemma-3-270m is latency-critical but only 1 machine" in page
+
+        second = make_host(name="second")
+        beat(second, loaded=["gemma-3-270m"])
+        assert routing.under_redundant_models() == []
+        assert "latency-critical" not in owner.get("/machines/").content.decode()
