@@ -32,6 +32,7 @@ from mahout.pusher import FLUSH_INTERVAL_S, BatchPusher
 from mahout.runners import Embedder, Runner
 
 HEARTBEAT_INTERVAL_S = 5.0
+MAINTENANCE_POLL_S = 10.0  # how often a host in maintenance asks again
 CLAIM_WAIT_S = 20.0
 PAUSE_POLL_S = 1.0
 ERROR_BACKOFF_S = 5.0
@@ -125,6 +126,7 @@ class HostLoop:
         self._signals = 0
         self._server_paused = False
         self._pause_reason: str | None = None
+        self._maintenance_said = ""  # the last maintenance reason printed, so it is printed once
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -187,10 +189,18 @@ class HostLoop:
         """Long-poll for a job; on an unreachable server wait ``error_backoff`` and return None."""
         problem = None
         try:
-            return self.api.claim(fingerprint=self.fingerprint, wait=self.claim_wait)
+            job = self.api.claim(fingerprint=self.fingerprint, wait=self.claim_wait)
+            self._maintenance_said = ""
+            return job
         except ServerUnavailable as exc:
             problem = str(exc)
         except HostApiError as exc:
+            if exc.code == "host_maintenance":  # rested by the gateway: wait for the owner or an operator
+                if exc.message != self._maintenance_said:
+                    self.out(f"mahout: {exc.message}")
+                    self._maintenance_said = exc.message
+                self._stop.wait(MAINTENANCE_POLL_S)
+                return None
             if exc.code != "host_paused":
                 raise
             # The server still has us paused (our resume has not reached it yet): tell it now.

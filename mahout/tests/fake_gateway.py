@@ -33,6 +33,7 @@ class GatewayState:
         self.lose_push_answers = 0  # apply a push, then answer 503 (the answer is "lost")
         self.cancel_after_batches: dict[str, int] = {}
         self.server_paused = False
+        self.maintenance = ""  # a reason: claims are refused with 403 host_maintenance
 
     def add_job(self, job_id: str, *, kind: str = "chat", model: str = "gemma-3-270m", **params: object) -> None:
         """Queue a job as the gateway would hand it to a host."""
@@ -102,6 +103,10 @@ class _Handler(BaseHTTPRequestHandler):
         return False
 
     def _claim(self, state: GatewayState, body: dict) -> None:
+        if state.maintenance:
+            state.claims += 1
+            self._error(403, f"This host is in maintenance: {state.maintenance}", "host_maintenance")
+            return
         with state.cond:
             state.claims += 1
             state.cond.wait_for(lambda: state.queue, timeout=float(body["wait"]))

@@ -110,6 +110,19 @@ class HostLoopTests:
         assert loop.pause_reason() == "paused by the server"
         assert loop.step() == 0 and gateway.state.claims == 0
 
+    def test_in_maintenance_it_says_why_once_waits_and_serves_again_when_resumed(self, gateway, api, tmp_path, monkeypatch):
+        import mahout.loop
+
+        monkeypatch.setattr(mahout.loop, "MAINTENANCE_POLL_S", 0.01)
+        lines: list[str] = []
+        gateway.state.maintenance = "7 jobs dropped or failed in the last hour."
+        gateway.state.add_job("job-1")
+        loop = make_loop(api, FakeRunner(pieces(2)), tmp_path, lines)
+        assert loop.step() == 0 and loop.step() == 0
+        assert lines.count("mahout: This host is in maintenance: 7 jobs dropped or failed in the last hour.") == 1
+        gateway.state.maintenance = ""
+        assert loop.run(once=True) == 1 and "job-1" in gateway.state.completions
+
     def test_it_reports_active_jobs_and_models_in_heartbeats(self, gateway, api, tmp_path):
         gateway.state.add_job("job-1")
         make_loop(api, FakeRunner(pieces(10), delay=0.03), tmp_path, []).run(max_jobs=1)
