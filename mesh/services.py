@@ -146,6 +146,55 @@ def ring_plan_propose_local(*, host: Host, model_name: str, n_stages: int, row_w
     )
 
 
+def memory_split(*, n_layers: int, capacities: Sequence[int]) -> list[int]:
+    """Layers per host, proportional to how many each can hold (`capacities`), never
+    more than that; hosts that end with none are left out by the caller."""
+    total = sum(capacities)
+    if total < n_layers:
+        raise PlanInvalid(f"the hosts' advertised memory holds {total} of the model's {n_layers} layers")
+    quotas = [n_layers * c / total for c in capacities]
+    layers = [min(int(q), c) for q, c in zip(quotas, capacities, strict=True)]
+    by_remainder = sorted(range(len(capacities)), key=lambda i: quotas[i] - int(quotas[i]), reverse=True)
+    while sum(layers) < n_layers:  # hand the rounding remainder to hosts with room, largest share first
+        for i in by_remainder:
+            if sum(layers) < n_layers and layers[i] < capacities[i]:
+                layers[i] += 1
+    return layers
+
+
+@transaction.atomic
+def ring_plan_propose(
+    *, model_name: str, hosts: Sequence[Host], bridge_host: Host | None, layer_mb: float, row_width: int, micro_batch: int,
+) -> RingPlan:
+    """A plan from the hosts' advertised memory (the `memory_budget_mb` of their heartbeat
+    catalogs): stages in the order given, each holding layers in proportion to what its
+    host can hold at `layer_mb` per layer. Refused when a host has not advertised its
+    memory, when together they cannot hold the model, or when fewer than two stages result.
+    """
+    layout = ModelLayout.objects.filter(model__name=model_name).first()
+    if layout is None:
+        raise PlanInvalid(f"unknown model {model_name!r}, or its layer count is not known")
+    if layer_mb <= 0:
+        raise PlanInvalid("layer_mb must be positive")
+    capacities = []
+    for host in hosts:
+        budget = (host.catalog or {}).get("memory_budget_mb")
+        if not isinstance(budget, int) or budget <= 0:
+            raise PlanInvalid(f"host {host.name!r} has not advertised its memory (no memory budget in its heartbeat)")
+        capacities.append(int(budget // layer_mb))
+    layers = memory_split(n_layers=layout.n_layers, capacities=capacities)
+    stages, start = [], 0
+    for host, count in zip(hosts, layers, strict=True):
+        if count:
+            stages.append(StageSpec(start, start + count, host))
+            start += count
+    if len(stages) < 2:
+        raise PlanInvalid("a pipeline needs at least two stages: give more hosts, or hosts with less memory each")
+    return ring_plan_create(
+        model_name=model_name, stages=stages, row_width=row_width, micro_batch=micro_batch, bridge_host=bridge_host
+    )
+
+
 def address_check(address: str) -> str:
     """``HOST:PORT`` (an IPv6 host in brackets) that a neighbour can dial; returns it stripped.
 

@@ -1,0 +1,41 @@
+"""`ring_propose MODEL --hosts A,B[,C…] [--bridge HOST] --layer-mb MB`: a ring plan split by
+the hosts' advertised memory; prints the plan id and its stages."""
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from hosts.models import Host
+from mesh.services import PlanInvalid, ring_plan_propose
+
+
+class Command(BaseCommand):
+    help = "Propose a ring plan for MODEL over the named hosts, in proportion to their advertised memory."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("model")
+        parser.add_argument("--hosts", required=True, help="comma-separated host names or ids, in stage order")
+        parser.add_argument("--bridge", default=None, help="the host whose bridge feeds the ring")
+        parser.add_argument("--layer-mb", type=float, required=True, help="memory one layer takes on a stage")
+        parser.add_argument("--row-width", type=int, default=64)
+        parser.add_argument("--micro-batch", type=int, default=4)
+
+    def handle(self, *args: object, **options: object) -> None:
+        hosts = [self._host(name) for name in str(options["hosts"]).split(",") if name]
+        bridge = self._host(str(options["bridge"])) if options["bridge"] else None
+        try:
+            plan = ring_plan_propose(
+                model_name=str(options["model"]), hosts=hosts, bridge_host=bridge, layer_mb=float(options["layer_mb"]),
+                row_width=int(options["row_width"]), micro_batch=int(options["micro_batch"]),
+            )
+        except PlanInvalid as error:
+            raise CommandError(str(error)) from None
+        for stage in plan.stages.order_by("index"):
+            self.stdout.write(f"stage {stage.index}: layers [{stage.start}, {stage.end}) on {stage.host}")
+        self.stdout.write(str(plan.pk))
+
+    def _host(self, ref: str) -> Host:
+        """A host by id, or by name when the name is unique."""
+        matches = list(Host.objects.filter(pk=int(ref)) if ref.isdigit() else Host.objects.filter(name=ref))
+        if len(matches) != 1:
+            raise CommandError(f"{'no' if not matches else 'more than one'} host {ref!r}; name it by id")
+        return matches[0]
