@@ -3,7 +3,7 @@
 1. Claim throughput with H waiting hosts: N jobs are queued (each routed: offered to a
    warm host with a free slot), then H host threads — spread over P forked gateway
    processes — claim until the queue is empty. Claims per second, and the same run with
-   routing's claim rules switched off (every host warm, no offers) for the baseline.
+   the same plain-SQL claim minus routing's rules (oldest job first) for the baseline.
 2. The routing decision's share: time of `route_offer` per job (at admission) and of
    a claim with and without the routing filter.
 3. Warm share under a mixed load: M models, hosts each warm for one model (with spare
@@ -117,24 +117,28 @@ def claim_loop(hosts: list, model_ids: list[int], routed: bool, latencies: list[
 
 
 def plain_claim(*, host, model_ids: list[int]):  # type: ignore[no-untyped-def]
-    """The claim without routing's rules: oldest queued job of a qualified model."""
-    from django.db import transaction
+    """The same plain-SQL claim as `job_claim_next` with routing's rules left out (oldest
+    queued job of a qualified model): the baseline for routing's share of a claim."""
+    from django.db import connection, transaction
     from django.utils import timezone
 
     from marketplace.models import Job, Request
     from marketplace.services import job_payload
 
-    with transaction.atomic():
-        job = (
-            Job.objects.select_for_update(skip_locked=True, of=("self",)).select_related("request", "model")
-            .filter(status=Job.Status.QUEUED, model_id__in=model_ids).order_by("created_at", "pk").first()
+    at = connection.ops.adapt_datetimefield_value(timezone.now())
+    skip_locked = " FOR UPDATE SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE marketplace_job SET status = 'running', host_id = %s, claimed_at = %s, last_token_at = %s"
+            " WHERE status = 'queued' AND id = (SELECT id FROM marketplace_job WHERE status = 'queued' AND model_id IN"
+            f" ({', '.join(['%s'] * len(model_ids))}) ORDER BY created_at, id LIMIT 1{skip_locked}) RETURNING id, request_id",
+            [host.pk, at, at, *model_ids],
         )
-        if job is None:
+        claimed = cursor.fetchone()
+        if claimed is None:
             return None
-        now = timezone.now()
-        Job.objects.filter(pk=job.pk, status=Job.Status.QUEUED).update(status=Job.Status.RUNNING, host=host, claimed_at=now)
-        Request.objects.filter(pk=job.request_id).update(status=Request.Status.RUNNING, started_at=now)
-        return job_payload(job)
+        cursor.execute("UPDATE marketplace_request SET status = 'running', started_at = %s WHERE id = %s", [at, claimed[1]])
+        return job_payload(Job.objects.select_related("request", "model").get(pk=claimed[0]))
 
 
 def _claims_child(host_slice: list, model_ids: list[int], routed: bool, start_at: float) -> None:

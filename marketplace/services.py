@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Case, Exists, F, Q, Value, When
+from django.db import connection, transaction
+from django.db.models import F, Value
 from django.db.models.functions import Concat
 from django.utils import timezone
 
@@ -185,10 +185,13 @@ def job_claim_next(
     `routing.warm_model_ids`), looked up once per long-poll, may be passed instead of
     the fingerprint. A paused host or one in maintenance gets nothing. Jobs offered to
     this host come first; jobs offered to another host wait for that offer to lapse;
-    a host without the model loaded waits out the cold grace. A continuation skips the
-    host whose attempt died until the grace is over. One locking read (SKIP LOCKED, so
-    many hosts claim at once without queueing behind each other) fetches the job with
-    its request; the status compare-and-set decides any remaining race.
+    a host without the model loaded waits out the cold grace; a continuation skips the
+    host whose attempt died until its grace is over (`routing.claim_sql`).
+
+    One UPDATE claims the row it picks (on PostgreSQL the pick is FOR UPDATE SKIP LOCKED,
+    so many hosts claim at once without queueing behind each other; SQLite serialises
+    writers) and re-checks `status`, so two hosts can never both win a job. Plain SQL:
+    this runs for every job, and the ORM's statement building cost more than the work.
     """
     if model_ids is None:
         model_ids = qualified_model_ids(host=host, fingerprint=fingerprint)
@@ -197,30 +200,31 @@ def job_claim_next(
     now = timezone.now()
     if warm_ids is None:
         warm_ids = routing.warm_model_ids(host=host, model_ids=model_ids, now=now)
-    grace_over = now - timedelta(seconds=settings.CONTINUATION_GRACE_SECONDS)
-    candidates = (
-        Job.objects.select_for_update(skip_locked=True, of=("self",))
-        .select_related("request", "model")
-        .filter(status=Job.Status.QUEUED, model_id__in=model_ids)
-        .filter(Q(avoid_host__isnull=True) | ~Q(avoid_host=host) | Q(created_at__lt=grace_over))
-        .filter(routing.claim_filter(host=host, warm_ids=warm_ids, now=now))
-        .filter(~Exists(Host.objects.filter(Q(paused=True) | Q(maintenance_since__isnull=False), pk=host.pk)))
-        .order_by(Case(When(offered_host=host, then=Value(0)), default=Value(1)), "created_at", "pk")
+    where, params = routing.claim_sql(host_id=host.pk, model_ids=model_ids, warm_ids=warm_ids, now=now)
+    job_table, request_table, host_table = (
+        connection.ops.quote_name(model._meta.db_table) for model in (Job, Request, Host)
     )
-    for _ in range(3):  # without row locks (SQLite) another host may win the first pick
-        job = candidates.first()
-        if job is None:
+    skip_locked = " FOR UPDATE SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
+    at = connection.ops.adapt_datetimefield_value(now)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {job_table} SET status = %s, host_id = %s, claimed_at = %s, last_token_at = %s"
+            f" WHERE status = %s AND id = (SELECT id FROM {job_table} WHERE {where}"
+            f" AND NOT EXISTS (SELECT 1 FROM {host_table} WHERE id = %s AND (paused = %s OR maintenance_since IS NOT NULL))"
+            f" ORDER BY CASE WHEN offered_host_id = %s THEN 0 ELSE 1 END, created_at, id LIMIT 1{skip_locked})"
+            " RETURNING id, request_id",
+            [Job.Status.RUNNING, host.pk, at, at, Job.Status.QUEUED, *params, host.pk, True, host.pk],
+        )
+        claimed = cursor.fetchone()
+        if claimed is None:
             return None
-        if Job.objects.filter(pk=job.pk, status=Job.Status.QUEUED).update(
-            status=Job.Status.RUNNING, host=host, claimed_at=now, last_token_at=now
-        ):
-            Request.objects.filter(pk=job.request_id, status=Request.Status.QUEUED).update(
-                status=Request.Status.RUNNING, started_at=now
-            )
-            job.status, job.host, job.claimed_at = Job.Status.RUNNING, host, now
-            announce_on_commit(request_group(job.request.public_id), {"type": "job.claimed"})
-            return job
-    return None
+        cursor.execute(
+            f"UPDATE {request_table} SET status = %s, started_at = %s WHERE id = %s AND status = %s",
+            [Request.Status.RUNNING, at, claimed[1], Request.Status.QUEUED],
+        )
+    job = Job.objects.select_related("request", "model").get(pk=claimed[0])
+    announce_on_commit(request_group(job.request.public_id), {"type": "job.claimed"})
+    return job
 
 
 def job_claim_payload(*, host: Host, model_ids: list[int], warm_ids: list[int] | None = None) -> dict | None:

@@ -1,0 +1,264 @@
+"""MoE expert sharding, measured side by side in one run (this machine, loopback, greedy).
+
+1. **One MoE layer, experts remote ÷ local.** A layer with Qwen3-30B-A3B's expert shape
+   (d_model 2048, expert ffn 768, 8 experts per token) but 16 experts instead of 128 so it
+   fits here: each expert is 18.9 MB of float32, so a token's 8 experts read 151 MB and a
+   real saving from spreading them over processes is plausible (the work is memory-bound at
+   T = 1 and compute-bound at T = 64; a round trip on loopback is ~0.15 ms). The routed
+   feed-forward (`engine.moe.moe_ffn`: routing, the experts, the weighted sum) is timed for
+   T = 1, 16, 64 rows, computed:
+   - locally (the baseline, 1 torch thread; also 2 threads for reference),
+   - remotely: every expert on two real worker processes (8 experts each, 1 thread each),
+   - split: 8 experts here, 8 on one worker, in parallel.
+2. **Throughput under saturation** through the real control plane: a daphne gateway on a
+   temporary SQLite database, the expert market with `boost` 1, a coordinator (`MoeRunner`
+   + `CoordinatorAgent`, default probe and report intervals) with 4 requests in flight,
+   and 0, 1, 2 or 4 `python -m mahout moe volunteer` processes. Per round: the time from
+   the load starting to the first remote dispatch, then generated tokens/s once every
+   volunteer serves. The model: 2 layers, d_model 1024, expert ffn 768, 16 experts (8 per
+   slice, so 4 slices), 4 per token.
+
+Rounds alternate between the sides so machine noise hits both; medians are reported.
+Nothing is asserted: the figures go into BENCHMARKS.md.
+
+    .venv/bin/python bench/moe.py [--rounds 20] [--window 10]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from engine.moe import LocalExperts, moe_ffn  # noqa: E402
+from engine.moe_loader import load_moe, make_tiny_moe  # noqa: E402
+from mahout.moe.coordinator import Coordinator, WorkerSpec  # noqa: E402
+from mahout.moe.policy import DispatchPolicy, LoadMonitor, LoadState  # noqa: E402
+
+LAYER_SHAPE = {"n_layers": 1, "d_model": 2048, "n_heads": 16, "n_kv_heads": 4, "head_dim": 128, "n_experts": 16,
+               "n_experts_used": 8, "expert_ffn_dim": 768}
+MODEL_SHAPE = {"n_layers": 2, "d_model": 1024, "n_heads": 8, "n_kv_heads": 2, "head_dim": 128, "n_experts": 16,
+               "n_experts_used": 4, "expert_ffn_dim": 768, "context_length": 512}
+ROWS = (1, 16, 64)
+PROMPTS = ["The elephant", "A herd crossed the river", "Load rises at noon", "Experts, remote and local"]
+
+
+def start_worker(model: Path, layer: int, first: int, count: int) -> tuple[subprocess.Popen, tuple[str, int]]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "mahout.moe.worker", "--model", str(model), "--layer", str(layer), "--first", str(first),
+         "--count", str(count)], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+    )
+    assert process.stdout is not None
+    host, port = process.stdout.readline().strip().rsplit(" ", 1)[1].split(":")
+    return process, (host, int(port))
+
+
+def under_load(local: LocalExperts) -> Coordinator:
+    monitor = LoadMonitor(lambda: 0, DispatchPolicy())
+    monitor.state = LoadState(busy=4, under_load=True, last_load_at=time.monotonic() + 3600)
+    return Coordinator(local, monitor=monitor)
+
+
+def time_layer(compute, layer, config, x: torch.Tensor, threads: int = 1) -> float:  # type: ignore[no-untyped-def]
+    torch.set_num_threads(threads)
+    started = time.perf_counter()
+    with torch.inference_mode():
+        moe_ffn(x, layer, config, compute)
+    elapsed = time.perf_counter() - started
+    torch.set_num_threads(1)
+    return elapsed
+
+
+def bench_layer(tmp: Path, rounds: int) -> None:
+    path = make_tiny_moe(tmp / "layer.gguf", seed=11, **LAYER_SHAPE)
+    config, weights = load_moe(path)
+    layer = weights.layers[0]
+    assert layer.experts is not None
+    local = LocalExperts({0: layer.experts})
+    workers = [start_worker(path, 0, 0, 8), start_worker(path, 0, 8, 8)]
+    remote, split = under_load(local), under_load(local)
+    remote.attach(WorkerSpec("a", 0, 0, 8, workers[0][1]))
+    remote.attach(WorkerSpec("b", 0, 8, 8, workers[1][1]))
+    split.attach(WorkerSpec("b", 0, 8, 8, workers[1][1]))
+    sides = {"local": (local, 1), "local 2 threads": (local, 2), "remote (2 workers)": (remote, 1),
+             "split (here + 1 worker)": (split, 1)}
+    print(f"\n1. One MoE layer: D={config.d_model}, F={config.expert_ffn_dim}, E={config.n_experts}, "
+          f"K={config.n_experts_used}; median ms of {rounds} interleaved rounds (after 5 warm-up calls)")
+    print(f"{'T':>4} " + " ".join(f"{name:>24}" for name in sides) + f" {'remote/local':>13} {'split/local':>12}")
+    try:
+        for t in ROWS:
+            x = torch.randn(t, config.d_model, generator=torch.Generator().manual_seed(t))  # (T, D)
+            for compute, threads in sides.values():
+                for _ in range(5):
+                    time_layer(compute, layer, config, x, threads)
+            times: dict[str, list[float]] = {name: [] for name in sides}
+            for _ in range(rounds):
+                for name, (compute, threads) in sides.items():
+                    times[name].append(time_layer(compute, layer, config, x, threads))
+            ms = {name: statistics.median(values) * 1000 for name, values in times.items()}
+            print(f"{t:>4} " + " ".join(f"{ms[name]:>24.2f}" for name in sides)
+                  + f" {ms['remote (2 workers)'] / ms['local']:>13.2f} {ms['split (here + 1 worker)'] / ms['local']:>12.2f}")
+        print(f"     dispatch stats: remote {remote.stats}, split {split.stats}")
+    finally:
+        remote.close()
+        split.close()
+        for process, _ in workers:
+            process.kill()
+            process.wait()
+
+
+# --- 2. saturation through the control plane ---------------------------------------------
+
+
+def setup_gateway(tmp: Path) -> tuple[subprocess.Popen, str]:
+    os.environ.update({"SQLITE_PATH": str(tmp / "bench.sqlite3"), "ELEPHANT_VAR_DIR": str(tmp / "var"),
+                       "DJANGO_SETTINGS_MODULE": "config.settings", "MOE_COORDINATOR_STALE_SECONDS": "5",
+                       "MOE_WORKER_STALE_SECONDS": "5", "MOE_COOLDOWN_SECONDS": "5"})
+    os.environ.pop("DATABASE_URL", None)
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    from conftest import free_port, wait_until
+
+    port = free_port()
+    gateway = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
+                               cwd=ROOT, env=dict(os.environ), stdout=(tmp / "gateway.log").open("w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    import httpx
+
+    def up() -> bool:
+        try:
+            return httpx.get(f"{url}/v1/models", timeout=1).status_code in (200, 401)
+        except httpx.HTTPError:
+            return False
+
+    wait_until(up, timeout=60, what="the gateway")
+    return gateway, url
+
+
+class Load:
+    """`n` requests in flight on the runner, each generating again as soon as it ends."""
+
+    def __init__(self, runner, n: int, tokens: int = 32) -> None:  # type: ignore[no-untyped-def]
+        self.runner, self.tokens = runner, tokens
+        self.stamps: list[float] = []
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._run, args=(PROMPTS[i % len(PROMPTS)],), daemon=True) for i in range(n)]
+
+    def _run(self, prompt: str) -> None:
+        ids = self.runner.tokenizer.encode(prompt)
+        while not self.stop.is_set():
+            for _ in self.runner.generate_stream(ids, self.tokens):
+                self.stamps.append(time.monotonic())
+
+    def start(self) -> Load:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def tps(self, since: float, until: float) -> float:
+        return sum(1 for t in list(self.stamps) if since <= t < until) / (until - since)
+
+    def end(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=60)
+
+
+def saturation_round(path: Path, url: str, volunteers: int, window: float, tmp: Path) -> tuple[float, float | None]:
+    """(tokens/s once every volunteer serves, seconds from the load starting to the first remote batch)."""
+    from conftest import make_host, wait_until
+    from mahout.moe.control import CoordinatorAgent, MeshClient
+    from mahout.moe.runner import MoeRunner
+    from mesh.moe_models import ExpertModel
+    from mesh.moe_services import moe_model_publish
+
+    name = f"bench-moe-{volunteers}-{time.time_ns()}"
+    moe_model_publish(name=name, gguf_path=path, slice_size=8, base_target=0, boost=1)
+    coordinator = make_host(qualified=False, name=f"coordinator-{name}")
+    runner = MoeRunner(path, n_slots=4).start()
+    client = MeshClient(url, coordinator.token)
+    agent = CoordinatorAgent(runner, client, name).start()
+    processes = [
+        subprocess.Popen([sys.executable, "-m", "mahout", "moe", "volunteer", "--server", url, "--token",
+                          make_host(qualified=False, name=f"v{i}-{name}").token, "--max-slices", "1"],
+                         cwd=ROOT, stdout=(tmp / f"volunteer-{name}-{i}.log").open("w"), stderr=subprocess.STDOUT)
+        for i in range(volunteers)
+    ]
+    load = None
+    try:
+        wait_until(lambda: agent.reports >= 1, timeout=30, what="a first coordinator report")
+        load = Load(runner, 4).start()
+        began = time.monotonic()
+        first_remote = None
+        if volunteers:
+            def serving() -> bool:
+                proven = [w for w in list(runner.coordinator.workers.values()) if w.last_serve_ms > 0]
+                return len(proven) >= volunteers
+
+            wait_until(serving, timeout=120, what=f"{volunteers} volunteers serving", interval=0.05)
+            assert runner.coordinator.stats.first_remote_at is not None
+            first_remote = runner.coordinator.stats.first_remote_at - began
+        time.sleep(2.0)  # settle
+        start = time.monotonic()
+        time.sleep(window)
+        return load.tps(start, time.monotonic()), first_remote
+    finally:
+        if load is not None:
+            load.end()
+        agent.stop()
+        runner.close()
+        client.close()
+        for process in processes:
+            process.kill()
+            process.wait()
+        ExpertModel.objects.filter(name=name).delete()  # its slices must not be scarce for the next round
+
+
+def bench_saturation(tmp: Path, window: float) -> None:
+    path = make_tiny_moe(tmp / "model.gguf", seed=12, **MODEL_SHAPE)
+    gateway, url = setup_gateway(tmp)
+    print("\n2. Throughput under saturation (4 requests in flight, 32 tokens each, greedy), "
+          f"{window:.0f} s window once every volunteer serves; model {MODEL_SHAPE}")
+    print(f"{'volunteers':>10} {'tokens/s':>9} {'vs 0':>6} {'load -> first remote dispatch':>30}")
+    try:
+        baseline = None
+        for volunteers in (0, 1, 2, 4):
+            tps, first = saturation_round(path, url, volunteers, window, tmp)
+            baseline = baseline or tps
+            first_text = "-" if first is None else f"{first:.2f} s"
+            print(f"{volunteers:>10} {tps:>9.1f} {tps / baseline:>6.2f} {first_text:>30}", flush=True)
+    finally:
+        gateway.terminate()
+        gateway.wait(timeout=10)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--window", type=float, default=10.0)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    print(f"load average at start: {Path('/proc/loadavg').read_text().strip()}")
+    with tempfile.TemporaryDirectory(prefix="bench-moe-") as scratch:
+        tmp = Path(scratch)
+        bench_layer(tmp, args.rounds)
+        bench_saturation(tmp, args.window)
+    print(f"\nload average at end: {Path('/proc/loadavg').read_text().strip()}")
+
+
+if __name__ == "__main__":
+    main()
