@@ -34,6 +34,7 @@ __all__ = [
     "BYTE_EOS",
     "ByteTokenizer",
     "expert_tensor_names",
+    "has_byte_vocabulary",
     "load_expert_slice",
     "load_moe",
     "make_tiny_moe",
@@ -281,6 +282,17 @@ def _add_byte_vocabulary(writer: GGUFWriter) -> None:
     writer.add_token_types([TokenType.BYTE] * 256 + [TokenType.CONTROL] * 2)
     writer.add_bos_token_id(BYTE_BOS)
     writer.add_eos_token_id(BYTE_EOS)
+
+
+def has_byte_vocabulary(reader: GGUFReader) -> bool:
+    """Whether the file's vocabulary is `ByteTokenizer`'s: ids 0..255 the bytes, then BOS
+    and EOS (what `make_tiny_moe` writes); a real MoE GGUF has a BPE vocabulary instead."""
+    tokens = _field(reader, "tokenizer.ggml.tokens") or []
+    return (
+        len(tokens) == BYTE_EOS + 1 and tokens[:256] == [f"<0x{b:02X}>" for b in range(256)]
+        and _field(reader, "tokenizer.ggml.bos_token_id") == BYTE_BOS
+        and _field(reader, "tokenizer.ggml.eos_token_id") == BYTE_EOS
+    )
 
 
 class ByteTokenizer:

@@ -261,6 +261,7 @@ def job_push_tokens(*, host: Host, job_id: int, seq: int, text: str) -> PushResu
     is acknowledged without being applied twice; a batch from the future is
     refused so the host resends what is missing."""
     job = _locked_job_of(host=host, job_id=job_id)
+    text = text.replace("\x00", "")  # a byte-level model can emit NUL; no text column (nor client) wants it
     if seq < job.next_seq:
         return PushResult(accepted=False, next_seq=job.next_seq)
     if seq > job.next_seq:

@@ -38,3 +38,5 @@ class RingStageAdmin(admin.ModelAdmin):
 @admin.register(ModelLayout)
 class ModelLayoutAdmin(admin.ModelAdmin):
     list_display = ("model", "n_layers")
+
+from mesh import moe_admin  # noqa: E402,F401  the expert market (MoE) registers its own admin

@@ -22,6 +22,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from hosts.models import Host
+from marketplace.models import CatalogModel
 from mesh import moe_selectors as selectors
 from mesh.moe_models import ExpertModel, ExpertWorker
 
@@ -29,6 +30,7 @@ __all__ = [
     "MoeRefused",
     "coordinator_report",
     "expert_model_register",
+    "moe_model_publish",
     "expert_slice_file",
     "expert_volunteer",
     "expert_worker_heartbeat",
@@ -61,6 +63,44 @@ def expert_model_register(
         "boost": boost, "saturation_threshold": saturation_threshold, "coordinator": coordinator,
     })
     return model
+
+
+BYTES_TOKENIZER = "bytes"
+
+
+@transaction.atomic
+def moe_model_publish(
+    *, name: str, gguf_path: str | Path, input_price_ucents: int = 10, output_price_ucents: int = 40,
+    slice_size: int = 4, base_target: int = 0, boost: int = 1, saturation_threshold: int = 2,
+) -> tuple[ExpertModel, CatalogModel]:
+    """Put an MoE GGUF on sale: create or update its expert-market record (layers and expert
+    count from the file) and its marketplace catalog entry (kind chat, the file's context
+    length, prices in µ¢ per token), so a coordinator can qualify it and customers can call it.
+
+    The catalog entry counts tokens with the `bytes` tokenizer. The coordinator's runner speaks
+    the model's byte vocabulary (ids 0..255 are the UTF-8 bytes, then BOS and EOS), so there
+    the gateway's byte count is exactly the model's token count (plus one for BOS). A GGUF
+    with another vocabulary (a real BPE one) is refused: neither the runner nor the gateway
+    can count its tokens yet.
+    """
+    from engine.gguf_loader import open_gguf
+    from engine.moe_loader import has_byte_vocabulary, read_moe_config
+
+    reader = open_gguf(gguf_path)
+    if not has_byte_vocabulary(reader):
+        raise MoeRefused(400, f"{gguf_path} does not have a byte vocabulary; only byte-vocabulary MoE models "
+                              "can be served yet.", "unsupported_vocabulary")
+    config = read_moe_config(reader)
+    known = ExpertModel.objects.select_for_update().filter(name=name).first()
+    expert_model = expert_model_register(  # an update keeps the coordinator that claimed the model
+        name=name, gguf_path=gguf_path, slice_size=slice_size, base_target=base_target, boost=boost,
+        saturation_threshold=saturation_threshold, coordinator=known.coordinator if known else None,
+    )
+    catalog, _ = CatalogModel.objects.update_or_create(name=name, defaults={
+        "kind": CatalogModel.Kind.CHAT, "context_length": config.context_length, "tokenizer": BYTES_TOKENIZER,
+        "input_price_ucents": input_price_ucents, "output_price_ucents": output_price_ucents, "active": True,
+    })
+    return expert_model, catalog
 
 
 @transaction.atomic

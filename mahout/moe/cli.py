@@ -1,4 +1,8 @@
-"""`python -m mahout moe volunteer|worker`: take part in the expert market.
+"""`python -m mahout moe coordinator|volunteer|worker`: take part in the expert market.
+
+* `coordinator --server URL --token TOKEN --model PATH --name NAME [--slots 4]`: serve the
+  whole MoE model through the marketplace (qualify, claim, stream, complete), dispatching
+  routed experts to the workers the control plane attaches when its slots are busy.
 
 * `volunteer --server URL --token TOKEN`: poll `/api/expert-volunteer`; when handed a
   (layer, expert-range) slice, download only it, serve it, register, heartbeat until retired.
@@ -25,6 +29,17 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     volunteer.add_argument("--max-slices", type=int, default=None, help="exit after serving this many slices")
     volunteer.add_argument("--poll", type=float, default=1.0, help="seconds between volunteer polls")
     volunteer.add_argument("--heartbeat", type=float, default=2.0, help="seconds between heartbeats")
+    coordinator = roles.add_parser("coordinator", help="serve a whole MoE model through the marketplace")
+    coordinator.add_argument("--server", required=True)
+    coordinator.add_argument("--token", required=True)
+    coordinator.add_argument("--model", required=True, help="the MoE GGUF (byte vocabulary)")
+    coordinator.add_argument("--name", required=True, help="its name in the gateway's catalog (see manage.py moe_register)")
+    coordinator.add_argument("--slots", type=int, default=4, help="requests served at once")
+    coordinator.add_argument("--threads", type=int, default=1, help="torch threads (default 1: workers share the CPUs)")
+    coordinator.add_argument("--report", type=float, default=2.0, help="seconds between load reports to the control plane")
+    coordinator.add_argument("--claim-wait", type=float, default=20.0, help="seconds each claim long-polls")
+    coordinator.add_argument("--home", help="state directory (default: $MAHOUT_HOME or ~/.mahout)")
+    coordinator.add_argument("--rebenchmark", action="store_true", help="ignore the cached benchmark")
     worker = roles.add_parser("worker", help="serve one slice of a local MoE GGUF")
     for name in ("--layer", "--first", "--count"):
         worker.add_argument(name, type=int, required=True)
@@ -33,6 +48,15 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def cmd_moe(args: argparse.Namespace, *, say: Callable[[str], None]) -> int:
+    if args.moe_command == "coordinator":
+        from mahout.home import resolve_home
+        from mahout.moe.serve import serve_coordinator
+
+        handled = serve_coordinator(server=args.server, token=args.token, model_path=Path(args.model), name=args.name,
+                                    home=resolve_home(args.home), slots=args.slots, threads=args.threads,
+                                    agent_interval_s=args.report, claim_wait=args.claim_wait, rebenchmark=args.rebenchmark, out=say)
+        say(f"mahout moe: stopped after {handled} job(s)")
+        return 0
     if args.moe_command == "worker":
         from mahout.moe.worker import main as worker_main
 

@@ -5,8 +5,10 @@ sends routed experts to remote workers when the slots are busy.
 `LoadMonitor` that probes its own slots (`busy_slots`), and a `Coordinator` the model asks
 for experts. Requests run concurrently, one slot (and one KV cache row) each; their passes
 take turns on the model, one token step at a time, so several requests are in flight and
-the slots read busy. `stream(job)` is the mahout runner interface (text pieces, then
-`finish_reason` and `completion_tokens`), using the model's byte vocabulary.
+the slots read busy. `slot()` gives a `MoeSlot`: the mahout runner interface for one job
+at a time (`stream(job)` yields text pieces, then `finish_reason` and `completion_tokens`),
+so one host loop per slot can share the runner. The vocabulary is the model's bytes
+(`engine.moe_loader.ByteTokenizer`): this runner serves byte-vocabulary GGUFs only.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from mahout.moe.coordinator import Coordinator
 from mahout.moe.policy import DispatchPolicy, LoadMonitor
 from mahout.prompt import render_job
 
-__all__ = ["MoeRunner", "SlotsFull"]
+__all__ = ["MoeRunner", "MoeSlot", "SlotsFull"]
 
 
 class SlotsFull(RuntimeError):
@@ -38,7 +40,7 @@ class MoeRunner:
         *,
         policy: DispatchPolicy | None = None,
         n_slots: int = 4,
-        n_ctx: int = 256,
+        n_ctx: int | None = None,
         probe: Callable[[], int] | None = None,
     ) -> None:
         self.policy = policy or DispatchPolicy()
@@ -46,11 +48,10 @@ class MoeRunner:
         local = LocalExperts({layer.index: layer.experts for layer in weights.layers if layer.experts is not None})
         self.monitor = LoadMonitor(probe or self.busy_slots, self.policy)
         self.coordinator = Coordinator(local, monitor=self.monitor)
+        n_ctx = n_ctx or self.config.context_length  # what the gateway's catalog entry promises
         self.model = MoeModel(self.config, weights, experts=self.coordinator, n_rows=n_slots, n_ctx=n_ctx)
         self.tokenizer = ByteTokenizer()
         self.n_slots = n_slots
-        self.finish_reason = "stop"
-        self.completion_tokens = 0
         self._busy = 0
         self._slots = threading.Lock()
         self._model = threading.Lock()
@@ -97,23 +98,43 @@ class MoeRunner:
         positions = torch.arange(start, start + n)
         return self.model(tokens, positions, torch.full((n,), row), torch.tensor([n - 1]))[0]
 
+    def slot(self) -> MoeSlot:
+        """A runner-interface view for one host loop (its own finish_reason and token count)."""
+        return MoeSlot(self)
+
+    def close(self) -> None:
+        self.monitor.stop()
+        self.coordinator.close()
+
+
+class MoeSlot:
+    """The mahout runner interface over a shared `MoeRunner`, one job at a time: each host
+    loop holds its own slot, so concurrent jobs never share `finish_reason`."""
+
+    def __init__(self, runner: MoeRunner) -> None:
+        self.runner = runner
+        self.finish_reason = "stop"
+        self.completion_tokens = 0
+
     def stream(self, job: dict) -> Generator[str, None, None]:
-        """The mahout runner interface over the byte vocabulary."""
+        """Greedy text for a chat or completion job (sampling parameters other than
+        `max_tokens` are ignored); a continuation job's open assistant turn is continued
+        from its last byte, which needs no token healing in a byte vocabulary."""
+        runner = self.runner
         params = job.get("params") or {}
-        prompt = self.tokenizer.encode(render_job(job))
-        budget = self.model.cache.n_ctx - len(prompt)
+        prompt = runner.tokenizer.encode(render_job(job))
+        budget = runner.model.cache.n_ctx - len(prompt)
         max_tokens = min(int(params.get("max_tokens") or budget), budget)
         self.finish_reason, self.completion_tokens = "length", 0
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span tokens
-        for token in self.generate_stream(prompt, max_tokens):
+        for token in runner.generate_stream(prompt, max_tokens):
             self.completion_tokens += 1
-            if token == self.tokenizer.eos_id:
+            if token == runner.tokenizer.eos_id:
                 self.finish_reason = "stop"
                 break
             text = decoder.decode(bytes([token]) if token < 256 else b"")
             if text:
                 yield text
-
-    def close(self) -> None:
-        self.monitor.stop()
-        self.coordinator.close()
+        tail = decoder.decode(b"", final=True)  # an unfinished character at the end
+        if tail:
+            yield tail

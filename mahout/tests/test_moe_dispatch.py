@@ -152,10 +152,14 @@ class MoeRunnerTests:
             quiet.close()
 
     def test_stream_speaks_the_runner_interface(self, tiny: Path) -> None:
-        runner = MoeRunner(tiny, n_slots=1)
+        runner = MoeRunner(tiny, n_slots=2)
         try:
-            pieces = list(runner.stream({"kind": "completion", "prompt": "Hi", "params": {"max_tokens": 5}}))
-            assert runner.completion_tokens <= 5 and runner.finish_reason in ("stop", "length")
-            assert isinstance("".join(pieces), str)
+            prompt = ByteTokenizer().encode("Hi")
+            expected = ByteTokenizer().decode(runner.generate(prompt, 5))
+            first, second = runner.slot(), runner.slot()
+            pieces = list(first.stream({"kind": "completion", "prompt": "Hi", "params": {"max_tokens": 5}}))
+            assert first.completion_tokens == 5 and first.finish_reason == "length"
+            assert "".join(pieces) == expected
+            assert second.completion_tokens == 0  # each slot keeps its own job's figures
         finally:
             runner.close()

@@ -104,6 +104,12 @@ class TokenPushTests:
         request.refresh_from_db()
         assert (request.delivered_text, request.delivered_chars) == ("Hello", 5)
 
+    def test_a_nul_from_a_byte_level_model_is_dropped_not_stored(self, customer, serving_host, catalog) -> None:
+        request, job = claimed(customer, serving_host, catalog)
+        services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="a\x00b")
+        request.refresh_from_db()
+        assert (request.delivered_text, request.delivered_chars) == ("ab", 2)
+
     def test_it_refuses_a_batch_from_the_future(self, customer, serving_host, catalog) -> None:
         _, job = claimed(customer, serving_host, catalog)
         with pytest.raises(services.SequenceGap):

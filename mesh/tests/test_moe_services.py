@@ -161,3 +161,51 @@ class SliceFileTests:
         before = services.expert_slice_file(worker=worker).read_bytes()
         os.replace(make_tiny_moe(tmp_path / "new.gguf", seed=12), model_path)
         assert services.expert_slice_file(worker=worker).read_bytes() != before
+
+
+def _bpe_moe(path: Path) -> Path:
+    """A GGUF whose vocabulary is not bytes (as a real MoE model's is)."""
+    from gguf import GGUFWriter
+
+    writer = GGUFWriter(str(path), "qwen3moe")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(["a", "b", "ab"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+class MoeModelPublishTests:
+    def test_moe_register_puts_the_model_in_the_catalog_and_the_market(self, catalog, tiny: Path) -> None:  # type: ignore[no-untyped-def]
+        import io
+
+        from django.core.management import call_command
+
+        from marketplace.models import CatalogModel
+        from mesh.moe_models import ExpertModel
+
+        out = io.StringIO()
+        call_command("moe_register", str(tiny), "--name", "tiny-moe", "--output-price", "50", "--slice-size", "2", stdout=out)
+        entry = CatalogModel.objects.get(name="tiny-moe")
+        assert (entry.kind, entry.tokenizer, entry.context_length, entry.input_price_ucents, entry.output_price_ucents) == (
+            "chat", "bytes", 256, 10, 50)
+        assert ExpertModel.objects.get(name="tiny-moe").slice_size == 2
+        assert "python -m mahout moe coordinator" in out.getvalue()
+
+    def test_registering_again_updates_and_keeps_the_coordinator(self, catalog, tiny: Path) -> None:  # type: ignore[no-untyped-def]
+        coordinator = make_host(name="coordinator")
+        services.moe_model_publish(name="tiny-moe", gguf_path=tiny)
+        services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=0)
+        model, entry = services.moe_model_publish(name="tiny-moe", gguf_path=tiny, boost=3, output_price_ucents=7)
+        assert model.coordinator_id == coordinator.host.pk and model.boost == 3 and entry.output_price_ucents == 7
+
+    def test_a_gguf_without_a_byte_vocabulary_is_refused(self, catalog, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+        from django.core.management import CommandError, call_command
+
+        from marketplace.models import CatalogModel
+
+        with pytest.raises(CommandError, match="byte vocabulary"):
+            call_command("moe_register", str(_bpe_moe(tmp_path / "bpe.gguf")), "--name", "real-moe")
+        assert not CatalogModel.objects.filter(name="real-moe").exists()
