@@ -1,7 +1,9 @@
 """The ring, measured side by side in one run (all on this machine, loopback, greedy).
 
 1. A 2-stage ring (two stage processes, 1 torch thread each) serving one request, versus
-   the single-process engine with the same total threads (2): decode tokens/s.
+   the single-process engine with the same total threads (2): decode tokens/s. And the
+   same ring with 2 threads per stage: a lone request computes on one stage at a time
+   (the other waits for its boundary), so it too keeps at most 2 cores busy.
 2. The same ring with 4 requests in flight versus the 4 drained one at a time: tokens/s.
 3. The engine versus llama-cpp-python on the same threads: decode tokens/s.
 4. Per-stage hold/idle shares while the ring is starved (one request at a time) and
@@ -9,12 +11,15 @@
 Also: the same ring split by cost rather than by layer count (the tail's output head is heavy).
 
 Rounds alternate between the sides so machine noise hits both; medians are reported.
+OMP_WAIT_POLICY=PASSIVE (set here, for the engine and the stage processes alike) stops idle
+OpenMP workers from spinning on cores another stage needs.
 
     .venv/bin/python bench/ring.py [--rounds 3] [--tokens 32]
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -22,6 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts its OpenMP runtime
 
 import torch  # noqa: E402
 
@@ -119,14 +125,18 @@ def main() -> int:
     from mahout.runners.llama import load_llama
 
     llm = load_llama(path, n_ctx=256, threads=1)
-    m: dict[str, list[float]] = {k: [] for k in ("ring1", "eng2", "eng1", "alone", "packed", "llama1", "b_alone", "b_packed")}
+    keys = ("ring1", "ring2", "eng2", "eng1", "alone", "packed", "llama1", "b_alone", "b_packed")
+    m: dict[str, list[float]] = {k: [] for k in keys}
     with ProcessRing(path, split_layers(18, 2), limits=limits, threads=1, n_ctx=256) as ring, \
+            ProcessRing(path, split_layers(18, 2), limits=limits, threads=2, n_ctx=256) as ring_2t, \
             ProcessRing(path, BALANCED, limits=limits, threads=1, n_ctx=256) as balanced:
         ring_decode_tps(ring, prompts[0], 4)  # warm-up
+        ring_decode_tps(ring_2t, prompts[0], 4)
         ring_decode_tps(balanced, prompts[0], 4)
         for _ in range(args.rounds):
             m["ring1"].append(ring_decode_tps(ring, prompts[0], args.tokens))
             m["eng2"].append(engine_tps(2))
+            m["ring2"].append(ring_decode_tps(ring_2t, prompts[0], args.tokens))
             m["alone"].append(ring_batch_tps(ring, prompts, args.tokens, in_flight=False))
             m["packed"].append(ring_batch_tps(ring, prompts, args.tokens, in_flight=True))
             m["eng1"].append(engine_tps(1))
@@ -140,6 +150,8 @@ def main() -> int:
     print(f"1. 2-stage ring (2 processes x 1 thread), one request: {med['ring1']:.2f} tok/s decode; "
           f"engine 2 threads: {med['eng2']:.2f}, 1 thread: {med['eng1']:.2f} tok/s -> ratio {med['ring1'] / med['eng2']:.2f} "
           f"vs 2 threads, {med['ring1'] / best:.2f} vs the better engine setting (target >= 0.85)")
+    print(f"   the same ring with 2 threads per stage (2 cores in use at a time), one request: {med['ring2']:.2f} tok/s "
+          f"-> ratio {med['ring2'] / med['eng2']:.2f} vs the engine with 2 threads")
     print(f"2. same ring, 4 requests in flight: {med['packed']:.2f} tok/s; drained one at a time: {med['alone']:.2f} tok/s "
           f"-> ratio {med['packed'] / med['alone']:.2f} (target >= 1.4)")
     print(f"   cost-balanced split {BALANCED}: in flight {med['b_packed']:.2f} tok/s, drained {med['b_alone']:.2f} tok/s "
