@@ -122,11 +122,16 @@ def admit(*, secret: str, data: dict, params: dict, kind: str, public_id: str) -
             code="context_length_exceeded",
             param="messages" if messages is not None else "prompt",
         )
+    return submit(
+        public_id=public_id, api_key=key, model=model, kind=kind, messages=messages, prompt=prompt, params=params,
+        stream=data["stream"], prompt_tokens=prompt_tokens,
+    )
+
+
+def submit(**request: object) -> Request:
+    """`request_submit`, with billing's refusals (402, 429) in the API's error format."""
     try:
-        return services.request_submit(
-            public_id=public_id, api_key=key, model=model, kind=kind, messages=messages, prompt=prompt, params=params,
-            stream=data["stream"], prompt_tokens=prompt_tokens,
-        )
+        return services.request_submit(**request)  # type: ignore[arg-type]
     except BillingError as refusal:
         status = getattr(refusal, "status", 402)
         raise ApiError(status, refusal.message, code=refusal.code, type="insufficient_quota" if status == 402 else "rate_limit_error") from None
@@ -152,16 +157,23 @@ async def admit_generation(*, secret: str, body: dict, kind: str) -> Admitted:
 
 
 @method_decorator(csrf_exempt, name="dispatch")
-class GenerationApi(View):
-    """POST a generation request; answered as SSE chunks or one JSON body."""
-
-    kind: str = Request.Kind.CHAT
+class AsyncApi(View):
+    """An async POST endpoint whose refusals are ApiErrors, answered in OpenAI's format."""
 
     async def post(self, request: HttpRequest) -> HttpResponse:
         try:
             return await self._post(request)
         except ApiError as error:
             return error.response()
+
+    async def _post(self, request: HttpRequest) -> HttpResponse:
+        raise NotImplementedError
+
+
+class GenerationApi(AsyncApi):
+    """POST a generation request; answered as SSE chunks or one JSON body."""
+
+    kind: str = Request.Kind.CHAT
 
     async def _post(self, request: HttpRequest) -> HttpResponse:
         admitted = await admit_generation(secret=bearer_secret(request), body=json_body(request), kind=self.kind)
@@ -219,25 +231,14 @@ def admit_embeddings(*, secret: str, data: dict, public_id: str) -> Request:
                 code="context_length_exceeded", param=f"input[{index}]",
             )
         prompt_tokens += tokenizer.count(text, special=False)
-    try:
-        return services.request_submit(
-            public_id=public_id, api_key=key, model=model, kind=Request.Kind.EMBEDDINGS, messages=None, prompt=None,
-            params={"max_tokens": 0}, stream=False, prompt_tokens=prompt_tokens, inputs=data["input"],
-        )
-    except BillingError as refusal:
-        status = getattr(refusal, "status", 402)
-        raise ApiError(status, refusal.message, code=refusal.code, type="insufficient_quota" if status == 402 else "rate_limit_error") from None
+    return submit(
+        public_id=public_id, api_key=key, model=model, kind=Request.Kind.EMBEDDINGS, messages=None, prompt=None,
+        params={"max_tokens": 0}, stream=False, prompt_tokens=prompt_tokens, inputs=data["input"],
+    )
 
 
-@method_decorator(csrf_exempt, name="dispatch")
-class EmbeddingsApi(View):
+class EmbeddingsApi(AsyncApi):
     """POST /v1/embeddings: queued like any job, answered once a host returns the vectors."""
-
-    async def post(self, request: HttpRequest) -> HttpResponse:
-        try:
-            return await self._post(request)
-        except ApiError as error:
-            return error.response()
 
     async def _post(self, request: HttpRequest) -> HttpResponse:
         secret = bearer_secret(request)
