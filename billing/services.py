@@ -77,20 +77,14 @@ def _get_or_create_account(**lookup: object) -> Account:
         return Account.objects.get(**lookup)
 
 
-def _append(*, kind: str, reference: str, memo: str, legs: list[tuple[Account, int]]) -> LedgerTransaction:
-    """Insert one balanced transaction and its entries (no balance rows are touched)."""
+def _post(*, kind: str, reference: str, memo: str, legs: list[tuple[Account, int]]) -> LedgerTransaction:
+    """Append one balanced transaction and its entries, and move the cached balances with it."""
     if sum(amount for _, amount in legs) != 0:
         raise ValueError(f"unbalanced transaction {kind}:{reference}: {legs}")
     txn = LedgerTransaction.objects.create(kind=kind, reference=reference, memo=memo)
     LedgerEntry.objects.bulk_create(
         [LedgerEntry(transaction=txn, account_id=account.pk, amount_ucents=amount) for account, amount in legs if amount]
     )
-    return txn
-
-
-def _post(*, kind: str, reference: str, memo: str, legs: list[tuple[Account, int]]) -> LedgerTransaction:
-    """Append one balanced transaction and move the cached balances with it."""
-    txn = _append(kind=kind, reference=reference, memo=memo, legs=legs)
     for account, amount in legs:
         if amount:
             Account.objects.filter(pk=account.pk).update(balance_ucents=F("balance_ucents") + amount)
@@ -162,22 +156,20 @@ def _key_limits_check(*, key) -> None:  # type: ignore[no-untyped-def]
             )
 
 
-def _hold_close(*, hold: Hold, status: str) -> bool:
-    """Compare-and-set a hold from active to `status`; False if already closed."""
+@transaction.atomic
+def hold_release(*, hold: Hold) -> bool:
+    """Give the reserved credit back (request failed or expired): a compare-and-set from
+    active, so it is idempotent; False if the hold was already closed."""
     from marketplace.models import ApiKey
 
-    closed = Hold.objects.filter(pk=hold.pk, status=Hold.Status.ACTIVE).update(status=status, closed_at=timezone.now())
+    closed = Hold.objects.filter(pk=hold.pk, status=Hold.Status.ACTIVE).update(
+        status=Hold.Status.RELEASED, closed_at=timezone.now()
+    )
     if not closed:
         return False
     Account.objects.filter(pk=hold.account_id).update(held_ucents=F("held_ucents") - hold.amount_ucents)
     ApiKey.objects.filter(pk=hold.api_key_id).update(held_ucents=F("held_ucents") - hold.amount_ucents)
     return True
-
-
-@transaction.atomic
-def hold_release(*, hold: Hold) -> bool:
-    """Give the reserved credit back (request failed or expired). Idempotent."""
-    return _hold_close(hold=hold, status=Hold.Status.RELEASED)
 
 
 @dataclass(frozen=True)

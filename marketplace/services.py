@@ -335,17 +335,15 @@ def job_complete(*, host: Host, job_id: int, finish_reason: str, embeddings: lis
     _check_running(job, host=host, job_id=job_id)
     request = job.request
     model = request.model
-    if request.kind == Request.Kind.EMBEDDINGS:
+    if request.kind == Request.Kind.EMBEDDINGS:  # all or nothing: whoever completes did all the work
         result, completion_tokens, share = embeddings_checked(request=request, vectors=embeddings), 0, None
     else:
         if embeddings is not None:
             raise BadResult(f"Job {job_id} is a {request.kind} job; it completes with text, not embeddings.")
         result, completion_tokens = None, _completion_tokens(request)
-        share = None
+        share = _rescuer_share(request=request, job=job, completion_tokens=completion_tokens)
     cost = request.prompt_tokens * model.input_price_ucents + completion_tokens * model.output_price_ucents
     cost = min(cost, request.hold.amount_ucents)
-    if request.kind != Request.Kind.EMBEDDINGS:
-        share = _rescuer_share(request=request, job=job, completion_tokens=completion_tokens)
     earned = share if share is not None else billing.split_cost(cost).host_ucents
     Job.objects.filter(pk=job.pk).update(
         status=Job.Status.COMPLETED, finished_at=timezone.now(), completion_tokens=completion_tokens, earned_ucents=earned
