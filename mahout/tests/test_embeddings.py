@@ -12,7 +12,6 @@ import pytest
 from mahout import benchmark
 from mahout.loop import HostLoop
 from mahout.runners.embeddings import DIMENSIONS, MODEL_NAME, EmbeddingsRunner, model_dir
-from mahout.tests.fake_farm import FarmGateway
 
 
 @pytest.fixture(scope="module")
@@ -21,9 +20,8 @@ def runner() -> EmbeddingsRunner:
 
 
 @pytest.fixture
-def farm():
-    with FarmGateway() as fake:
-        yield fake
+def gateway(farm):  # type: ignore[no-untyped-def]
+    return farm  # conftest's `api` talks to the farm
 
 
 def dot(a: list[float], b: list[float]) -> float:
@@ -59,19 +57,12 @@ class EmbeddingsRunnerTests:
         monkeypatch.setattr(socket.socket, "connect", refuse)
         assert len(EmbeddingsRunner(model_dir(), threads=1).embed(["offline"])[0]) == DIMENSIONS
 
-    def test_it_completes_an_embeddings_job_through_the_host_loop(self, runner, farm, tmp_path):
-        from mahout.api import HostApi
-        from mahout.tests.fake_gateway import TOKEN
-
+    def test_it_completes_an_embeddings_job_through_the_host_loop(self, runner, farm, api, tmp_path):
         texts = ["first input", "second input"]
         farm.add_embeddings_job("job-1", texts)
-        api = HostApi(farm.url, TOKEN, timeout=5.0, sleep=lambda _s: None)
-        try:
-            loop = HostLoop(api, {MODEL_NAME: runner}, fingerprint="f" * 64, home=tmp_path, claim_wait=0.2,
-                            heartbeat_interval=0.05, out=lambda _line: None)
-            assert loop.run(max_jobs=1) == 1
-        finally:
-            api.close()
+        loop = HostLoop(api, {MODEL_NAME: runner}, fingerprint="f" * 64, home=tmp_path, claim_wait=0.2,
+                        heartbeat_interval=0.05, out=lambda _line: None)
+        assert loop.run(max_jobs=1) == 1
         sent = farm.state.completions["job-1"]
         assert sent["finish_reason"] == "stop" and sent["embeddings"] == runner.embed(texts)
         assert farm.state.pushes == []

@@ -5,7 +5,7 @@ Real HTTP against the fake gateway (extended with embeddings jobs); fake runners
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
 
 import pytest
 
@@ -13,7 +13,6 @@ from mahout.api import HostApi
 from mahout.loader import ModelLoader
 from mahout.loop import HostLoop
 from mahout.tests.fake_farm import FarmGateway
-from mahout.tests.fake_gateway import TOKEN
 
 CHAT, EMBED = "gemma-3-270m", "all-minilm-l6-v2"
 
@@ -50,16 +49,8 @@ class FakeEmbedder:
 
 
 @pytest.fixture
-def farm() -> Iterator[FarmGateway]:
-    with FarmGateway() as fake:
-        yield fake
-
-
-@pytest.fixture
-def api(farm: FarmGateway) -> Iterator[HostApi]:
-    client = HostApi(farm.url, TOKEN, timeout=5.0, sleep=lambda _s: None)
-    yield client
-    client.close()
+def gateway(farm: FarmGateway) -> FarmGateway:
+    return farm  # conftest's `api` talks to the farm
 
 
 def make_loop(api: HostApi, models: ModelLoader | dict, home, lines: list[str] | None = None, **options) -> HostLoop:
