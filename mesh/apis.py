@@ -2,28 +2,35 @@
 report where a stage listens and read where the others do (the address exchange: every
 call is outbound from the host), report and read stage time use.
 
-Host token auth reuses the host API's helpers; each view parses, calls one service or
+Host token auth is the host API's (`hosts.apis.HostApi`); each view parses, calls one service or
 selector, renders.
 """
 from __future__ import annotations
 
 from rest_framework import serializers
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
-from hosts.apis import host_from_secret
+from hosts.apis import HostApi
 from hosts.models import Host
-from marketplace.apis import bearer_secret
 from marketplace.errors import ApiError
 from mesh import selectors, services
+from mesh.models import RingPlan
 
 
-class RingHostApi(APIView):
-    def host(self, request) -> Host:  # type: ignore[no-untyped-def]
-        return host_from_secret(bearer_secret(request))
+def _participant_ring(*, ring_id: int, host: Host) -> RingPlan:
+    plan = selectors.ring_for_participant(plan_id=ring_id, host=host)
+    if plan is None:
+        raise ApiError(404, f"No ring {ring_id} that this host serves.", code="ring_not_found")
+    return plan
 
 
-class RingAssignmentApi(RingHostApi):
+def _refusal(error: services.NotAParticipant | services.NotYourStage) -> ApiError:
+    if isinstance(error, services.NotYourStage):
+        return ApiError(403, str(error), code="not_your_stage", type="permission_error")
+    return ApiError(404, str(error), code="ring_not_found")
+
+
+class RingAssignmentApi(HostApi):
     """The stages this host serves: its layer range, the whole plan, the declared widths."""
 
     def get(self, request) -> Response:  # type: ignore[no-untyped-def]
@@ -41,7 +48,7 @@ class RingAssignmentApi(RingHostApi):
         ]})
 
 
-class RingProposeApi(RingHostApi):
+class RingProposeApi(HostApi):
     """A host's own ring: every stage on this host, which bridges it (reused if it exists)."""
 
     class InputSerializer(serializers.Serializer):
@@ -68,7 +75,7 @@ class RingProposeApi(RingHostApi):
         }, status=201)
 
 
-class RingStageAddressApi(RingHostApi):
+class RingStageAddressApi(HostApi):
     """POST: the host running a stage says where its agent listens (``HOST:PORT``)."""
 
     class InputSerializer(serializers.Serializer):
@@ -84,28 +91,24 @@ class RingStageAddressApi(RingHostApi):
             )
         except services.AddressInvalid as error:
             raise ApiError(400, str(error), code="address_invalid", param="address") from None
-        except services.NotAParticipant as error:
-            raise ApiError(404, str(error), code="ring_not_found") from None
-        except services.NotYourStage as error:
-            raise ApiError(403, str(error), code="not_your_stage", type="permission_error") from None
+        except (services.NotAParticipant, services.NotYourStage) as error:
+            raise _refusal(error) from None
         return Response(selectors.stage_address(stage))
 
 
-class RingAddressesApi(RingHostApi):
+class RingAddressesApi(HostApi):
     """GET: where every stage of a ring listens, for its participants only (stage hosts dial
     their next stage, the bridge dials the head and the tail)."""
 
     def get(self, request, ring_id: int) -> Response:  # type: ignore[no-untyped-def]
-        plan = selectors.ring_for_participant(plan_id=ring_id, host=self.host(request))
-        if plan is None:
-            raise ApiError(404, f"No ring {ring_id} that this host serves.", code="ring_not_found")
+        plan = _participant_ring(ring_id=ring_id, host=self.host(request))
         return Response({
             "ring": plan.pk, "status": plan.status,
             "stages": [selectors.stage_address(stage) for stage in plan.stages.all()],
         })
 
 
-class RingStatsApi(RingHostApi):
+class RingStatsApi(HostApi):
     """GET: every stage's reported hold/idle seconds and queue depth. POST: report them."""
 
     class InputSerializer(serializers.Serializer):
@@ -119,9 +122,7 @@ class RingStatsApi(RingHostApi):
         stages = StageSerializer(many=True, allow_empty=False)
 
     def get(self, request, ring_id: int) -> Response:  # type: ignore[no-untyped-def]
-        plan = selectors.ring_for_participant(plan_id=ring_id, host=self.host(request))
-        if plan is None:
-            raise ApiError(404, f"No ring {ring_id} that this host serves.", code="ring_not_found")
+        plan = _participant_ring(ring_id=ring_id, host=self.host(request))
         return Response({
             "ring": plan.pk, "model": plan.model.name, "row_width": plan.row_width, "micro_batch": plan.micro_batch,
             "stages": [selectors.stage_shares(stage) for stage in plan.stages.all()],
@@ -133,8 +134,6 @@ class RingStatsApi(RingHostApi):
         serializer.is_valid(raise_exception=True)
         try:
             updated = services.ring_stats_report(plan_id=ring_id, host=host, stages=serializer.validated_data["stages"])
-        except services.NotAParticipant as error:
-            raise ApiError(404, str(error), code="ring_not_found") from None
-        except services.NotYourStage as error:
-            raise ApiError(403, str(error), code="not_your_stage", type="permission_error") from None
+        except (services.NotAParticipant, services.NotYourStage) as error:
+            raise _refusal(error) from None
         return Response({"updated": updated})

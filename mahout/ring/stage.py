@@ -247,9 +247,7 @@ class StageAgent:
             self.limits.check(rows, hidden.shape[0])
             out = self.stage.forward_rows(hidden, [row.span() for row in rows])  # (T, D) or tail (R, V)
         except Exception as exc:  # noqa: BLE001 - a refused or failed batch fails its requests, not the ring
-            self.stats.refused += 1
-            self._send_error([row.request_id for row in rows], f"{self.name}: {exc}")
-            self.stats.hold_s += time.perf_counter() - started
+            self._fail(rows, exc, started)
             return
         if self.is_tail:
             self._sample(rows, out)
@@ -267,12 +265,16 @@ class StageAgent:
             x = torch.tensor(ids, dtype=torch.long)  # (T,)
             hidden = self.stage.forward_rows(x, [row.span() for row in rows])  # (T, D)
         except Exception as exc:  # noqa: BLE001 - e.g. a full cache: fail these requests, keep serving
-            self.stats.refused += 1
-            self._send_error([row.request_id for row in rows], f"{self.name}: {exc}")
-            self.stats.hold_s += time.perf_counter() - started
+            self._fail(rows, exc, started)
             return
         self._forward(rows, hidden)
         self._count(rows, started)
+
+    def _fail(self, rows: list[Row], exc: Exception, started: float) -> None:
+        """A batch refused or failed here: its requests fail (the word goes round), the ring serves on."""
+        self.stats.refused += 1
+        self._send_error([row.request_id for row in rows], f"{self.name}: {exc}")
+        self.stats.hold_s += time.perf_counter() - started
 
     def _forward(self, rows: list[Row], hidden: torch.Tensor) -> None:
         """Hand the boundary on with exactly the membership it was computed for."""

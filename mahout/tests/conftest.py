@@ -33,7 +33,6 @@ def api(gateway: FakeGateway) -> Iterator[HostApi]:
     client.close()
 
 
-
 @pytest.fixture(scope="module")
 def one_thread() -> Iterator[None]:
     """Torch on one thread for a module (``pytestmark = pytest.mark.usefixtures("one_thread")``)."""

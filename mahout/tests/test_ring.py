@@ -5,19 +5,19 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
 from engine.generate import build_stages, generate
-from engine.gguf_loader import default_model_path
 from mahout.ring.bridge import RingBroken
 from mahout.ring.local import ThreadRing, split_layers
 from mahout.ring.membership import BatchTooWide, Limits, Row, rows_to_wire
 from mahout.ring.stage import StageAgent
 from mahout.ring.wire import connect
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 PROMPTS = [
     [2, 818, 5279, 529, 7001, 563],  # "The capital of France is"
@@ -27,19 +27,6 @@ PROMPTS = [
 ]
 MAX_TOKENS = 6
 LIMITS = Limits(micro_batch=2, row_width=4)  # prompts longer than 4 tokens are fed in chunks
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-@pytest.fixture(scope="module")
-def model_path() -> Path:
-    return default_model_path()
 
 
 @pytest.fixture(scope="module")

@@ -2,14 +2,11 @@
 through the host API; a stage dying fails the job honestly."""
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from engine.generate import build_stages, generate
-from engine.gguf_loader import default_model_path
 from mahout.api import HostApi
 from mahout.loop import HostLoop
 from mahout.ring.local import ThreadRing, split_layers
@@ -17,20 +14,9 @@ from mahout.ring.membership import Limits
 from mahout.ring.runner import RingRunner, ring_loops, run_loops
 from mahout.tests.fake_gateway import FakeGateway
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 MODEL = "gemma-3-270m"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-@pytest.fixture(scope="module")
-def model_path() -> Path:
-    return default_model_path()
 
 
 def _loop(api: HostApi, runner: RingRunner, home: Path) -> HostLoop:

@@ -5,26 +5,32 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import make_host
+from conftest import ServingHost, make_host
 from mahout.api import HostApiError
 from mahout.ring.api import RingApi
 from mesh.layouts import layout_seed
-from mesh.models import ModelLayout
+from mesh.models import ModelLayout, RingPlan
 from mesh.services import StageSpec, ring_plan_create
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+def _two_stage_ring() -> tuple[RingPlan, ServingHost, ServingHost, ServingHost]:
+    """Layers 0-8 on a "head" host, 9-17 on a "tail" host, bridged by a third: (plan, head, tail, bridge)."""
+    from marketplace.models import CatalogModel
+
+    layout_seed(CatalogModel, ModelLayout)
+    head, tail, bridge = make_host(name="head"), make_host(name="tail"), make_host(name="bridge")
+    plan = ring_plan_create(
+        model_name="gemma-3-270m", stages=[StageSpec(0, 9, head.host), StageSpec(9, 18, tail.host)],
+        row_width=32, micro_batch=2, bridge_host=bridge.host,
+    )
+    return plan, head, tail, bridge
+
+
 class RingApiClientTests:
     def test_it_pulls_assignments_and_round_trips_stats(self, live_server, catalog) -> None:  # type: ignore[no-untyped-def]
-        from marketplace.models import CatalogModel
-
-        layout_seed(CatalogModel, ModelLayout)
-        head, tail, bridge = make_host(name="head"), make_host(name="tail"), make_host(name="bridge")
-        plan = ring_plan_create(
-            model_name="gemma-3-270m", stages=[StageSpec(0, 9, head.host), StageSpec(9, 18, tail.host)],
-            row_width=32, micro_batch=2, bridge_host=bridge.host,
-        )
+        plan, head, _tail, bridge = _two_stage_ring()
         as_head, as_bridge = RingApi(live_server.url, head.token, retries=0), RingApi(live_server.url, bridge.token, retries=0)
         try:
             (assignment,) = as_head.assignment()
@@ -80,16 +86,10 @@ class RingApiClientTests:
 
 class AddressExchangeTests:
     def test_stages_and_the_bridge_find_each_other_through_the_control_plane(self, live_server, catalog) -> None:  # type: ignore[no-untyped-def]
-        from marketplace.models import CatalogModel
         from mahout.ring.rendezvous import advertised_address, dial_stage
         from mahout.ring.wire import listen
 
-        layout_seed(CatalogModel, ModelLayout)
-        head, tail, bridge = make_host(name="head"), make_host(name="tail"), make_host(name="bridge")
-        plan = ring_plan_create(
-            model_name="gemma-3-270m", stages=[StageSpec(0, 9, head.host), StageSpec(9, 18, tail.host)],
-            row_width=32, micro_batch=2, bridge_host=bridge.host,
-        )
+        plan, head, tail, bridge = _two_stage_ring()
         apis = {name: RingApi(live_server.url, who.token, retries=0) for name, who in
                 (("head", head), ("tail", tail), ("bridge", bridge))}
         server = listen("0.0.0.0", 0)

@@ -16,7 +16,7 @@ import pytest
 
 from billing import selectors as ledger
 from billing.models import Hold
-from conftest import ROOT, make_customer, make_host, stack_env, wait_until
+from conftest import ROOT, Mahout, make_customer, make_host, stack_env, wait_until
 from hosts.models import Host
 from marketplace.models import Request
 
@@ -26,23 +26,15 @@ HAIKU = [{"role": "user", "content": "Write a haiku about elephants."}]
 N_CTX = "256"
 
 
-class MahoutProcess:
-    """``python -m mahout ARGS…`` with its output in a log file."""
+class MahoutProcess(Mahout):
+    """``python -m mahout ARGS…`` (``stage`` or ``ring``, not conftest's ``run``) with its output
+    in a log file; read and stopped as conftest's `Mahout` is."""
 
-    def __init__(self, name: str, args: list[str], log_dir: Path) -> None:
+    def __init__(self, name: str, args: list[str], log_dir: Path) -> None:  # not super(): it starts `mahout run`
         self.log_path = log_dir / f"{name}-{uuid.uuid4().hex[:6]}.log"
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen([sys.executable, "-m", "mahout", *args], cwd=ROOT, env=stack_env(),
                                      stdout=self.log, stderr=subprocess.STDOUT)
-
-    def output(self) -> str:
-        return self.log_path.read_text()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-        self.log.close()
 
 
 class Ring:
