@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 
-from django.db.models import Count, Sum
+from django.db.models import Count, Q, Sum
 from django.db.models.functions import TruncDate
 
 from billing.models import UCENTS_PER_CENT, Account, Hold, LedgerEntry, LedgerTransaction, Payout, StripeEvent, TopUp
@@ -24,10 +24,7 @@ def ledger_total() -> int:
 
 
 def unbalanced_transactions() -> list[LedgerTransaction]:
-    return [
-        txn
-        for txn in LedgerTransaction.objects.annotate(total=Sum("entries__amount_ucents")).exclude(total=0)
-    ]
+    return list(LedgerTransaction.objects.annotate(total=Sum("entries__amount_ucents")).exclude(total=0))
 
 
 def cache_drift() -> list[str]:
@@ -45,7 +42,11 @@ def cache_drift() -> list[str]:
 
 def orphaned_holds() -> list[Hold]:
     """Active holds whose request already ended: credit reserved for nothing."""
-    return list(Hold.objects.filter(status=Hold.Status.ACTIVE, request__status__in=["completed", "failed"]).order_by("pk"))
+    return list(
+        Hold.objects.filter(status=Hold.Status.ACTIVE, request__status__in=["completed", "failed"])
+        .select_related("request")
+        .order_by("pk")
+    )
 
 
 def stripe_drift() -> list[str]:
@@ -112,10 +113,10 @@ def host_statement(*, host, limit: int = 100) -> HostStatement:  # type: ignore[
 
     account = host_account(host=host)
     payouts = Payout.objects.filter(host=host)
-    sums = {
-        status: payouts.filter(status__in=statuses).aggregate(total=Sum("amount_ucents"))["total"] or 0
-        for status, statuses in (("pending", ["requested", "sending"]), ("paid", ["paid"]))
-    }
+    sums = payouts.aggregate(
+        pending=Sum("amount_ucents", filter=Q(status__in=[Payout.Status.REQUESTED, Payout.Status.SENDING])),
+        paid=Sum("amount_ucents", filter=Q(status=Payout.Status.PAID)),
+    )
     jobs = (
         Job.objects.filter(host=host, status=Job.Status.COMPLETED)
         .order_by("-finished_at", "-pk")
@@ -124,8 +125,8 @@ def host_statement(*, host, limit: int = 100) -> HostStatement:  # type: ignore[
     return HostStatement(
         balance_ucents=account.balance_ucents if account else 0,
         available_ucents=account.available_ucents if account else 0,
-        pending_payout_ucents=sums["pending"],
-        paid_out_ucents=sums["paid"],
+        pending_payout_ucents=sums["pending"] or 0,
+        paid_out_ucents=sums["paid"] or 0,
         jobs=list(jobs),
         payouts=list(payouts.order_by("-created_at", "-pk")[:limit]),
     )

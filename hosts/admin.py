@@ -76,6 +76,9 @@ class HostAdmin(admin.ModelAdmin):
     inlines = [QualificationInline]
     actions = ["maintenance_enter", "maintenance_resume"]
 
+    def get_queryset(self, request):  # type: ignore[no-untyped-def]
+        return selectors.with_running_job(super().get_queryset(request))
+
     @admin.display(description="status")
     def status(self, host: Host) -> str:
         return selectors.host_status(host=host)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.conf import settings
+from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 
 from hosts.models import Host
@@ -22,8 +23,16 @@ def qualified_model_ids(*, host: Host, fingerprint: str) -> list[int]:
     )
 
 
+def with_running_job(queryset: QuerySet[Host]) -> QuerySet[Host]:
+    """Annotate `has_running_job`, so a page listing many hosts gets their statuses in one query."""
+    return queryset.annotate(
+        has_running_job=Exists(Job.objects.filter(host=OuterRef("pk"), status=Job.Status.RUNNING))
+    )
+
+
 def host_status(*, host: Host) -> str:
-    """offline, maintenance, paused, busy or online: the first that applies."""
+    """offline, maintenance, paused, busy or online: the first that applies. A host from
+    `with_running_job` is busy by its annotation; any other costs a query."""
     if host.last_heartbeat_at is None or timezone.now() - host.last_heartbeat_at > timedelta(
         seconds=settings.HOST_OFFLINE_AFTER_SECONDS
     ):
@@ -32,7 +41,10 @@ def host_status(*, host: Host) -> str:
         return "maintenance"
     if host.paused:
         return "paused"
-    if Job.objects.filter(host=host, status=Job.Status.RUNNING).exists():
+    running = getattr(host, "has_running_job", None)
+    if running is None:
+        running = Job.objects.filter(host=host, status=Job.Status.RUNNING).exists()
+    if running:
         return "busy"
     return "online"
 

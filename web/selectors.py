@@ -10,9 +10,10 @@ from django.db.models import Count, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
-from billing.models import Account
+from billing.selectors import customer_account
 from hosts.models import Host, Qualification
-from hosts.selectors import host_status
+from hosts.selectors import host_status, with_running_job
+from marketplace import routing
 from marketplace.models import ApiKey, CatalogModel, Job, Request
 
 
@@ -28,7 +29,7 @@ class Balance:
 
 def customer_balance(*, user) -> Balance:  # type: ignore[no-untyped-def]
     """The customer's credit and the part of it held by requests in flight (zero before the first grant)."""
-    account = Account.objects.filter(kind=Account.Kind.CUSTOMER, user=user).first()
+    account = customer_account(user=user)
     if account is None:
         return Balance(balance_ucents=0, held_ucents=0)
     return Balance(balance_ucents=account.balance_ucents, held_ucents=account.held_ucents)
@@ -77,7 +78,7 @@ def host_earnings_daily(*, host: Host, start: date, end: date) -> list[dict]:
 
 
 def hosts_of(*, user) -> list[Host]:  # type: ignore[no-untyped-def]
-    return list(Host.objects.filter(owner=user).order_by("name", "pk"))
+    return list(with_running_job(Host.objects.filter(owner=user)).order_by("name", "pk"))
 
 
 def host_of(*, user, host_id: int) -> Host | None:  # type: ignore[no-untyped-def]
@@ -112,7 +113,7 @@ POOL_MAINTENANCE_LISTED = 50
 
 @dataclass(frozen=True)
 class ModelWarmth:
-    """For one model: online hosts that qualified it, and those of them reporting it loaded (warm)."""
+    """For one model: online hosts that qualified it, and those of them warm for it (`routing.warm_host_counts`)."""
 
     name: str
     qualified_online: int
@@ -136,21 +137,12 @@ class PoolOverview:
     in_maintenance: list[Host]
 
 
-def _model_warmth(*, online: QuerySet[Host]) -> list[ModelWarmth]:
-    """Per active model, how many online hosts could take its work and how many have it loaded already."""
-    qualified = dict(
-        Qualification.objects.filter(host__in=online, model__active=True)
-        .values("model__name")
-        .annotate(hosts=Count("host", distinct=True))
-        .values_list("model__name", "hosts")
-    )
-    warm: dict[str, int] = {}
-    for loaded in online.values_list("models_loaded", flat=True):
-        for name in set(loaded or []):
-            warm[name] = warm.get(name, 0) + 1
+def _model_warmth() -> list[ModelWarmth]:
+    """Per active model, routing's count of online hosts that qualified it and of those warm for it."""
+    counts = routing.warm_host_counts()
     return [
-        ModelWarmth(name=name, qualified_online=qualified.get(name, 0), warm=warm.get(name, 0))
-        for name in catalog_models().values_list("name", flat=True)
+        ModelWarmth(name=name, qualified_online=counts.get(pk, {}).get("online", 0), warm=counts.get(pk, {}).get("warm", 0))
+        for pk, name in catalog_models().values_list("pk", "name")
     ]
 
 
@@ -190,6 +182,6 @@ def pool_overview() -> PoolOverview:
         continuations_last_hour=jobs["continuations"],
         requests_failed_last_hour=requests["failed"],
         requests_completed_last_hour=requests["completed"],
-        models=_model_warmth(online=online),
+        models=_model_warmth(),
         in_maintenance=list(maintenance.select_related("owner").order_by("maintenance_since", "pk")[:POOL_MAINTENANCE_LISTED]),
     )

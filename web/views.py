@@ -49,6 +49,14 @@ def base_url(request) -> str:  # type: ignore[no-untyped-def]
     return request.build_absolute_uri("/").rstrip("/")
 
 
+def render_secret_once(request, template: str, context: dict, *, secret_shown: bool):  # type: ignore[no-untyped-def]
+    """Render a page that may carry a new secret (a key, a host token); such a response is never cached."""
+    response = render(request, template, context)
+    if secret_shown:
+        response["Cache-Control"] = "no-store"
+    return response
+
+
 # --- accounts ------------------------------------------------------------------------------
 
 
@@ -118,14 +126,12 @@ def keys(request):  # type: ignore[no-untyped-def]
             user=request.user, name=form.cleaned_data["name"], spend_cap_ucents=form.spend_cap_ucents
         )
         form = ApiKeyForm()
-    response = render(
+    return render_secret_once(
         request,
         "web/keys.html",
         {"form": form, "new_key": new_key, "keys": selectors.api_keys_of(user=request.user), "base_url": base_url(request)},
+        secret_shown=new_key is not None,
     )
-    if new_key is not None:
-        response["Cache-Control"] = "no-store"
-    return response
 
 
 @login_required
@@ -219,17 +225,15 @@ def machines(request):  # type: ignore[no-untyped-def]
             form.add_error("name", "You already have a machine with this name.")
         else:
             form = HostForm()
-    response = render(
+    return render_secret_once(
         request,
         "web/machines.html",
         {
             "form": form, "new_host": new_host, "hosts": selectors.host_statuses(user=request.user),
             "base_url": base_url(request), "under_redundant": routing.under_redundant_models(),
         },
+        secret_shown=new_host is not None,
     )
-    if new_host is not None:
-        response["Cache-Control"] = "no-store"
-    return response
 
 
 @login_required
