@@ -22,7 +22,17 @@ from gguf.quants import dequantize
 
 from engine.model import Config, DenseEmbedding, LayerWeights, StageWeights
 
-__all__ = ["QuantizedEmbedding", "default_model_path", "load_stage", "open_gguf", "read_config", "stage_tensor_names"]
+__all__ = [
+    "QuantizedEmbedding",
+    "default_model_path",
+    "dequantize_rows",
+    "gguf_field",
+    "gguf_required",
+    "load_stage",
+    "open_gguf",
+    "read_config",
+    "stage_tensor_names",
+]
 
 # Gemma 3 defaults for keys that llama.cpp's converter does not write for every model.
 GEMMA3_SWA_PERIOD = 6  # five sliding-window layers, then one global layer
@@ -79,13 +89,14 @@ def _open_resolved(path: str) -> GGUFReader:
     return _PlainArrayReader(path)
 
 
-def _field(reader: GGUFReader, key: str, default: Any = None) -> Any:
+def gguf_field(reader: GGUFReader, key: str, default: Any = None) -> Any:
+    """A metadata value, or `default` when the file lacks the key."""
     found = reader.fields.get(key)
     return default if found is None else found.contents()
 
 
-def _required(reader: GGUFReader, key: str) -> Any:
-    value = _field(reader, key)
+def gguf_required(reader: GGUFReader, key: str) -> Any:
+    value = gguf_field(reader, key)
     if value is None:
         raise ValueError(f"GGUF metadata lacks {key!r}")
     return value
@@ -93,7 +104,7 @@ def _required(reader: GGUFReader, key: str) -> Any:
 
 def _local_layers(reader: GGUFReader, arch: str, n_layers: int) -> tuple[bool, ...]:
     """Which layers use sliding-window attention: per-layer flags, a period, or Gemma 3's 5:1."""
-    pattern = _field(reader, f"{arch}.attention.sliding_window_pattern")
+    pattern = gguf_field(reader, f"{arch}.attention.sliding_window_pattern")
     if isinstance(pattern, list):
         return tuple(bool(flag) for flag in pattern)
     period = int(pattern) if pattern else GEMMA3_SWA_PERIOD
@@ -101,38 +112,38 @@ def _local_layers(reader: GGUFReader, arch: str, n_layers: int) -> tuple[bool, .
 
 
 def read_config(reader: GGUFReader) -> Config:
-    arch = _required(reader, "general.architecture")
+    arch = gguf_required(reader, "general.architecture")
     if arch != "gemma3":
         raise ValueError(f"unsupported architecture {arch!r}: this engine runs gemma3")
-    n_layers = int(_required(reader, f"{arch}.block_count"))
-    d_model = int(_required(reader, f"{arch}.embedding_length"))
-    n_heads = int(_required(reader, f"{arch}.attention.head_count"))
-    head_dim = int(_field(reader, f"{arch}.attention.key_length", d_model // n_heads))
-    if int(_field(reader, f"{arch}.attention.value_length", head_dim)) != head_dim:
+    n_layers = int(gguf_required(reader, f"{arch}.block_count"))
+    d_model = int(gguf_required(reader, f"{arch}.embedding_length"))
+    n_heads = int(gguf_required(reader, f"{arch}.attention.head_count"))
+    head_dim = int(gguf_field(reader, f"{arch}.attention.key_length", d_model // n_heads))
+    if int(gguf_field(reader, f"{arch}.attention.value_length", head_dim)) != head_dim:
         raise ValueError("keys and values of different head sizes are not supported")
     embd = _tensor_info(reader, "token_embd.weight")
-    scaling_type = _field(reader, f"{arch}.rope.scaling.type", "none")
-    scaling_factor = float(_field(reader, f"{arch}.rope.scaling.factor", 1.0) or 1.0)
+    scaling_type = gguf_field(reader, f"{arch}.rope.scaling.type", "none")
+    scaling_factor = float(gguf_field(reader, f"{arch}.rope.scaling.factor", 1.0) or 1.0)
     return Config(
         arch=arch,
         n_layers=n_layers,
         d_model=d_model,
         n_heads=n_heads,
-        n_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", n_heads)),
+        n_kv_heads=int(gguf_field(reader, f"{arch}.attention.head_count_kv", n_heads)),
         head_dim=head_dim,
-        ffn_dim=int(_required(reader, f"{arch}.feed_forward_length")),
+        ffn_dim=int(gguf_required(reader, f"{arch}.feed_forward_length")),
         vocab_size=int(embd.shape[1]),
-        rms_eps=float(_required(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
-        context_length=int(_required(reader, f"{arch}.context_length")),
-        rope_base_global=float(_required(reader, f"{arch}.rope.freq_base")),
-        rope_base_local=float(_field(reader, f"{arch}.rope.freq_base_swa", GEMMA3_ROPE_BASE_LOCAL)),
+        rms_eps=float(gguf_required(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
+        context_length=int(gguf_required(reader, f"{arch}.context_length")),
+        rope_base_global=float(gguf_required(reader, f"{arch}.rope.freq_base")),
+        rope_base_local=float(gguf_field(reader, f"{arch}.rope.freq_base_swa", GEMMA3_ROPE_BASE_LOCAL)),
         rope_scale_global=1.0 / scaling_factor if scaling_type == "linear" else 1.0,
-        sliding_window=int(_required(reader, f"{arch}.attention.sliding_window")),
+        sliding_window=int(gguf_required(reader, f"{arch}.attention.sliding_window")),
         local_layers=_local_layers(reader, arch, n_layers),
-        attn_scale=float(_field(reader, f"{arch}.attention.scale", 1.0 / math.sqrt(head_dim))),
+        attn_scale=float(gguf_field(reader, f"{arch}.attention.scale", 1.0 / math.sqrt(head_dim))),
         embed_scale=math.sqrt(d_model),
-        final_logit_softcap=_field(reader, f"{arch}.final_logit_softcapping"),
-        attn_logit_softcap=_field(reader, f"{arch}.attn_logit_softcapping"),
+        final_logit_softcap=gguf_field(reader, f"{arch}.final_logit_softcapping"),
+        attn_logit_softcap=gguf_field(reader, f"{arch}.attn_logit_softcapping"),
     )
 
 
@@ -149,7 +160,12 @@ def _has_tensor(reader: GGUFReader, name: str) -> bool:
 
 def _dequantize(tensor: ReaderTensor) -> torch.Tensor:
     """GGUF tensor -> float32 torch tensor in (rows, cols) = (out, in) order."""
-    array = np.ascontiguousarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+    return dequantize_rows(tensor.data, tensor.tensor_type)
+
+
+def dequantize_rows(data: np.ndarray, qtype: GGMLQuantizationType) -> torch.Tensor:
+    """Stored rows (any encoding) -> a private float32 torch tensor; only these bytes are read."""
+    array = np.ascontiguousarray(dequantize(data, qtype), dtype=np.float32)
     if not array.flags.writeable:  # float tensors come back as views of the mapped file
         array = array.copy()
     return torch.from_numpy(array)
@@ -164,7 +180,7 @@ class QuantizedEmbedding:
 
     def rows(self, token_ids: torch.Tensor) -> torch.Tensor:
         picked = self.data[token_ids.numpy()]  # (T, bytes_per_row)
-        return torch.from_numpy(np.ascontiguousarray(dequantize(picked, self.qtype), dtype=np.float32))  # (T, D)
+        return dequantize_rows(picked, self.qtype)  # (T, D)
 
 
 def stage_tensor_names(reader: GGUFReader, config: Config, start: int, end: int) -> list[str]:

@@ -22,6 +22,7 @@ from typing import Protocol
 import torch
 
 __all__ = [
+    "AttentionWeights",
     "Config",
     "ContextOverflowError",
     "DenseEmbedding",
@@ -70,8 +71,9 @@ class Config:
 
 
 @dataclass
-class LayerWeights:
-    """One transformer block, dequantized to float32. Matrices are (out, in)."""
+class AttentionWeights:
+    """A block's QK-normed attention, dequantized to float32 (Gemma 3 and `engine.moe`'s
+    qwen3moe share it). Matrices are (out, in)."""
 
     index: int
     attn_norm: torch.Tensor  # (D,)
@@ -81,6 +83,12 @@ class LayerWeights:
     q_norm: torch.Tensor  # (Hd,)
     k_norm: torch.Tensor  # (Hd,)
     wo: torch.Tensor  # (D, H*Hd)
+
+
+@dataclass
+class LayerWeights(AttentionWeights):
+    """One transformer block: its attention, then the Gemma feed-forward and post-norms."""
+
     post_attn_norm: torch.Tensor  # (D,)
     ffn_norm: torch.Tensor  # (D,)
     w_gate: torch.Tensor  # (F, D)
@@ -207,6 +215,90 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.gelu(x, approximate="tanh")
 
 
+class HeadShape(Protocol):
+    """The config fields attention needs (`Config` and `engine.moe.MoeConfig` both have them)."""
+
+    @property
+    def n_heads(self) -> int: ...
+    @property
+    def n_kv_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def rms_eps(self) -> float: ...
+
+
+def qkv(
+    w: AttentionWeights, x: torch.Tensor, positions: torch.Tensor, c: HeadShape, *, rope_base: float, rope_scale: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Project the normed hidden state x (T, D); RMS-norm q and k per head, then rotate them."""
+    t = x.shape[0]
+    q = (x @ w.wq.T).view(t, c.n_heads, c.head_dim)  # (T, H, Hd)
+    k = (x @ w.wk.T).view(t, c.n_kv_heads, c.head_dim)  # (T, KV, Hd)
+    v = (x @ w.wv.T).view(t, c.n_kv_heads, c.head_dim)  # (T, KV, Hd)
+    q = rms_norm(q, w.q_norm, c.rms_eps)
+    k = rms_norm(k, w.k_norm, c.rms_eps)
+    q = rope(q, positions, rope_base, rope_scale)  # (T, H, Hd)
+    k = rope(k, positions, rope_base, rope_scale)  # (T, KV, Hd)
+    return q, k, v
+
+
+def cached_attention(
+    cache: KVCache,
+    layer: int,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    rows: torch.Tensor,
+    *,
+    scale: float,
+    softcap: float | None = None,
+    window: int | None = None,
+) -> torch.Tensor:
+    """Write k, v at (layer, row, position) of `cache`, then causal GQA attention per request
+    (also limited to the last `window` positions when given)."""
+    # q: (T, H, Hd); k, v: (T, KV, Hd); positions, rows: (T,) -> (T, H, Hd)
+    cache.write(layer, rows, positions, k, v)
+    out = torch.empty(q.shape, dtype=q.dtype)  # (T, H, Hd)
+    for row in rows.unique().tolist():
+        mine = (rows == row).nonzero().squeeze(1)  # (Tr,) token indices of this request
+        q_pos = positions[mine]  # (Tr,)
+        length = int(q_pos.max()) + 1
+        keys = cache.k[layer, row, :length]  # (S, KV, Hd)
+        values = cache.v[layer, row, :length]  # (S, KV, Hd)
+        out[mine] = _attend(q[mine], keys, values, q_pos, scale=scale, softcap=softcap, window=window)
+    return out
+
+
+def _attend(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    q_pos: torch.Tensor,
+    *,
+    scale: float,
+    softcap: float | None,
+    window: int | None,
+) -> torch.Tensor:
+    """Causal (and, given a window, sliding-window) GQA attention for one request."""
+    # q: (Tr, H, Hd); keys, values: (S, KV, Hd); q_pos: (Tr,) -> (Tr, H, Hd)
+    tr, n_heads, head_dim = q.shape
+    s, n_kv_heads = keys.shape[0], keys.shape[1]
+    qg = q.view(tr, n_kv_heads, n_heads // n_kv_heads, head_dim)  # (Tr, KV, G, Hd)
+    scores = torch.einsum("tkgd,skd->kgts", qg, keys) * scale  # (KV, G, Tr, S)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    k_pos = torch.arange(s)  # (S,)
+    visible = k_pos[None, :] <= q_pos[:, None]  # (Tr, S)
+    if window is not None:
+        visible &= (q_pos[:, None] - k_pos[None, :]) < window
+    scores = scores.masked_fill(~visible, float("-inf"))  # (KV, G, Tr, S)
+    probs = torch.softmax(scores, dim=-1)  # (KV, G, Tr, S)
+    out = torch.einsum("kgts,skd->tkgd", probs, values)  # (Tr, KV, G, Hd)
+    return out.reshape(tr, n_heads, head_dim)  # (Tr, H, Hd)
+
+
 class Stage:
     """Layers [start, end) of the model with their own KV cache.
 
@@ -302,43 +394,11 @@ class Stage:
         self, w: LayerWeights, local_index: int, x: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor
     ) -> torch.Tensor:
         c = self.config
-        t = x.shape[0]
-        q = (x @ w.wq.T).view(t, c.n_heads, c.head_dim)  # (T, H, Hd)
-        k = (x @ w.wk.T).view(t, c.n_kv_heads, c.head_dim)  # (T, KV, Hd)
-        v = (x @ w.wv.T).view(t, c.n_kv_heads, c.head_dim)  # (T, KV, Hd)
-        q = rms_norm(q, w.q_norm, c.rms_eps)
-        k = rms_norm(k, w.k_norm, c.rms_eps)
         local = c.is_local(w.index)
         scale = 1.0 if local else c.rope_scale_global
-        q = rope(q, positions, c.rope_base(w.index), scale)  # (T, H, Hd)
-        k = rope(k, positions, c.rope_base(w.index), scale)  # (T, KV, Hd)
-        self.cache.write(local_index, rows, positions, k, v)
-        out = torch.empty(t, c.n_heads, c.head_dim)  # (T, H, Hd)
-        for row in rows.unique().tolist():
-            mine = (rows == row).nonzero().squeeze(1)  # (Tr,) token indices of this request
-            q_pos = positions[mine]  # (Tr,)
-            length = int(q_pos.max()) + 1
-            keys = self.cache.k[local_index, row, :length]  # (S, KV, Hd)
-            values = self.cache.v[local_index, row, :length]  # (S, KV, Hd)
-            out[mine] = self._attend(q[mine], keys, values, q_pos, local)
-        return out.view(t, c.n_heads * c.head_dim) @ w.wo.T  # (T, D)
-
-    def _attend(
-        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, q_pos: torch.Tensor, local: bool
-    ) -> torch.Tensor:
-        """Causal (and, on local layers, sliding-window) GQA attention for one request."""
-        c = self.config
-        tr, s = q.shape[0], keys.shape[0]
-        group = c.n_heads // c.n_kv_heads
-        qg = q.view(tr, c.n_kv_heads, group, c.head_dim)  # (Tr, KV, G, Hd)
-        scores = torch.einsum("tkgd,skd->kgts", qg, keys) * c.attn_scale  # (KV, G, Tr, S)
-        if c.attn_logit_softcap is not None:
-            scores = torch.tanh(scores / c.attn_logit_softcap) * c.attn_logit_softcap
-        k_pos = torch.arange(s)  # (S,)
-        visible = k_pos[None, :] <= q_pos[:, None]  # (Tr, S)
-        if local:
-            visible &= (q_pos[:, None] - k_pos[None, :]) < c.sliding_window
-        scores = scores.masked_fill(~visible, float("-inf"))  # (KV, G, Tr, S)
-        probs = torch.softmax(scores, dim=-1)  # (KV, G, Tr, S)
-        out = torch.einsum("kgts,skd->tkgd", probs, values)  # (Tr, KV, G, Hd)
-        return out.reshape(tr, c.n_heads, c.head_dim)  # (Tr, H, Hd)
+        q, k, v = qkv(w, x, positions, c, rope_base=c.rope_base(w.index), rope_scale=scale)
+        out = cached_attention(
+            self.cache, local_index, q, k, v, positions, rows, scale=c.attn_scale,
+            softcap=c.attn_logit_softcap, window=c.sliding_window if local else None,
+        )  # (T, H, Hd)
+        return out.view(x.shape[0], c.n_heads * c.head_dim) @ w.wo.T  # (T, D)

@@ -24,7 +24,7 @@ from typing import Protocol
 
 import torch
 
-from engine.model import KVCache, rms_norm, rope
+from engine.model import AttentionWeights, KVCache, cached_attention, qkv, rms_norm
 
 __all__ = [
     "ExpertBank",
@@ -112,17 +112,9 @@ class ExpertCompute(Protocol):
 
 
 @dataclass
-class MoeLayerWeights:
-    """One block, float32, matrices (out, in)."""
+class MoeLayerWeights(AttentionWeights):
+    """One block: `engine.model`'s attention, then the routed feed-forward (no post-norms)."""
 
-    index: int
-    attn_norm: torch.Tensor  # (D,)
-    wq: torch.Tensor  # (H*Hd, D)
-    wk: torch.Tensor  # (KV*Hd, D)
-    wv: torch.Tensor  # (KV*Hd, D)
-    q_norm: torch.Tensor  # (Hd,)
-    k_norm: torch.Tensor  # (Hd,)
-    wo: torch.Tensor  # (D, H*Hd)
     ffn_norm: torch.Tensor  # (D,)
     router: torch.Tensor  # (E, D)
     experts: ExpertBank | None  # all E experts, or None when they live elsewhere
@@ -206,27 +198,11 @@ class MoeModel:
     __call__ = forward
 
     def _attention(self, w: MoeLayerWeights, x: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Gemma's attention without its sliding window, softcap or rope scaling."""
         c = self.config
-        t = x.shape[0]
-        q = rms_norm((x @ w.wq.T).view(t, c.n_heads, c.head_dim), w.q_norm, c.rms_eps)  # (T, H, Hd)
-        k = rms_norm((x @ w.wk.T).view(t, c.n_kv_heads, c.head_dim), w.k_norm, c.rms_eps)  # (T, KV, Hd)
-        v = (x @ w.wv.T).view(t, c.n_kv_heads, c.head_dim)  # (T, KV, Hd)
-        q, k = rope(q, positions, c.rope_base, 1.0), rope(k, positions, c.rope_base, 1.0)
-        self.cache.write(w.index, rows, positions, k, v)
-        out = torch.empty(t, c.n_heads, c.head_dim)  # (T, H, Hd)
-        group = c.n_heads // c.n_kv_heads
-        for row in rows.unique().tolist():
-            mine = (rows == row).nonzero().squeeze(1)  # (Tr,)
-            q_pos = positions[mine]  # (Tr,)
-            length = int(q_pos.max()) + 1
-            keys = self.cache.k[w.index, row, :length]  # (S, KV, Hd)
-            values = self.cache.v[w.index, row, :length]  # (S, KV, Hd)
-            qg = q[mine].view(-1, c.n_kv_heads, group, c.head_dim)  # (Tr, KV, G, Hd)
-            scores = torch.einsum("tkgd,skd->kgts", qg, keys) * c.attn_scale  # (KV, G, Tr, S)
-            visible = torch.arange(length)[None, :] <= q_pos[:, None]  # (Tr, S)
-            probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)  # (KV, G, Tr, S)
-            out[mine] = torch.einsum("kgts,skd->tkgd", probs, values).reshape(-1, c.n_heads, c.head_dim)
-        return out.view(t, c.n_heads * c.head_dim) @ w.wo.T  # (T, D)
+        q, k, v = qkv(w, x, positions, c, rope_base=c.rope_base, rope_scale=1.0)
+        out = cached_attention(self.cache, w.index, q, k, v, positions, rows, scale=c.attn_scale)  # (T, H, Hd)
+        return out.view(x.shape[0], c.n_heads * c.head_dim) @ w.wo.T  # (T, D)
 
     def generate(self, prompt_ids: list[int], max_tokens: int, *, row: int = 0, stop_ids: tuple[int, ...] = ()) -> list[int]:
         """Greedy: prefill into cache row `row`, then one token per pass."""

@@ -19,14 +19,12 @@ with a byte-level vocabulary (ids 0..255 are bytes, then BOS and EOS).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter, ReaderTensor, TokenType
-from gguf.quants import dequantize
 
-from engine.gguf_loader import open_gguf
+from engine.gguf_loader import dequantize_rows, gguf_field, gguf_required, open_gguf
 from engine.moe import ExpertBank, Gating, MoeConfig, MoeLayerWeights, MoeWeights
 
 __all__ = [
@@ -60,48 +58,36 @@ _ATTENTION = {  # MoeLayerWeights field -> tensor name inside blk.N.
 BYTE_BOS, BYTE_EOS = 256, 257
 
 
-def _field(reader: GGUFReader, key: str, default: Any = None) -> Any:
-    found = reader.fields.get(key)
-    return default if found is None else found.contents()
-
-
-def _required(reader: GGUFReader, key: str) -> Any:
-    value = _field(reader, key)
-    if value is None:
-        raise ValueError(f"GGUF metadata lacks {key!r}")
-    return value
-
-
 def _tensors(reader: GGUFReader) -> dict[str, ReaderTensor]:
     return {tensor.name: tensor for tensor in reader.tensors}
 
 
 def read_moe_config(reader: GGUFReader) -> MoeConfig:
-    arch = _required(reader, "general.architecture")
+    arch = gguf_required(reader, "general.architecture")
     if arch not in MOE_ARCHES:
         raise ValueError(f"unsupported MoE architecture {arch!r}: this engine runs {', '.join(MOE_ARCHES)}")
-    d_model = int(_required(reader, f"{arch}.embedding_length"))
-    n_heads = int(_required(reader, f"{arch}.attention.head_count"))
-    head_dim = int(_field(reader, f"{arch}.attention.key_length", d_model // n_heads))
-    if int(_field(reader, f"{arch}.attention.value_length", head_dim)) != head_dim:
+    d_model = int(gguf_required(reader, f"{arch}.embedding_length"))
+    n_heads = int(gguf_required(reader, f"{arch}.attention.head_count"))
+    head_dim = int(gguf_field(reader, f"{arch}.attention.key_length", d_model // n_heads))
+    if int(gguf_field(reader, f"{arch}.attention.value_length", head_dim)) != head_dim:
         raise ValueError("keys and values of different head sizes are not supported")
     embd = _tensors(reader).get("token_embd.weight")
-    vocab = int(embd.shape[1]) if embd is not None else int(_field(reader, f"{arch}.vocab_size", 0))
+    vocab = int(embd.shape[1]) if embd is not None else int(gguf_field(reader, f"{arch}.vocab_size", 0))
     return MoeConfig(
         arch=arch,
-        n_layers=int(_required(reader, f"{arch}.block_count")),
+        n_layers=int(gguf_required(reader, f"{arch}.block_count")),
         d_model=d_model,
         n_heads=n_heads,
-        n_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", n_heads)),
+        n_kv_heads=int(gguf_field(reader, f"{arch}.attention.head_count_kv", n_heads)),
         head_dim=head_dim,
         vocab_size=vocab,
-        rms_eps=float(_required(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
-        context_length=int(_required(reader, f"{arch}.context_length")),
-        rope_base=float(_field(reader, f"{arch}.rope.freq_base", 10_000.0)),
-        n_experts=int(_required(reader, f"{arch}.expert_count")),
-        n_experts_used=int(_required(reader, f"{arch}.expert_used_count")),
-        expert_ffn_dim=int(_required(reader, f"{arch}.expert_feed_forward_length")),
-        gating=Gating(int(_field(reader, f"{arch}.expert_gating_func", Gating.SOFTMAX))),
+        rms_eps=float(gguf_required(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
+        context_length=int(gguf_required(reader, f"{arch}.context_length")),
+        rope_base=float(gguf_field(reader, f"{arch}.rope.freq_base", 10_000.0)),
+        n_experts=int(gguf_required(reader, f"{arch}.expert_count")),
+        n_experts_used=int(gguf_required(reader, f"{arch}.expert_used_count")),
+        expert_ffn_dim=int(gguf_required(reader, f"{arch}.expert_feed_forward_length")),
+        gating=Gating(int(gguf_field(reader, f"{arch}.expert_gating_func", Gating.SOFTMAX))),
     )
 
 
@@ -111,7 +97,7 @@ def expert_tensor_names(layer: int) -> list[str]:
 
 def _dense(tensor: ReaderTensor) -> torch.Tensor:
     """Any stored encoding -> a private float32 tensor in numpy order (rows = out)."""
-    return torch.from_numpy(np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32))
+    return dequantize_rows(tensor.data, tensor.tensor_type)
 
 
 def _bank(tensors: dict[str, ReaderTensor], layer: int, start: int, count: int, first: int) -> ExpertBank:
@@ -122,9 +108,7 @@ def _bank(tensors: dict[str, ReaderTensor], layer: int, start: int, count: int, 
         tensor = tensors[name]
         if start < 0 or start + count > tensor.data.shape[0]:
             raise ValueError(f"{name} has no experts [{start}, {start + count})")
-        rows = tensor.data[start : start + count]  # only these experts' bytes are read
-        array = np.array(dequantize(rows, tensor.tensor_type), dtype=np.float32)  # a private copy
-        picked.append(torch.from_numpy(array))
+        picked.append(dequantize_rows(tensor.data[start : start + count], tensor.tensor_type))  # only these experts
     gate, up, down = picked  # (n, F, D), (n, F, D), (n, D, F)
     return ExpertBank(layer, first, gate, up, down)
 
@@ -136,10 +120,10 @@ def load_expert_slice(path: str | Path, layer: int, first: int, count: int) -> t
     if not 0 <= layer < config.n_layers or not (0 <= first and count > 0 and first + count <= config.n_experts):
         raise ValueError(f"no slice layer {layer} experts [{first}, {first + count}) in a model of "
                          f"{config.n_layers} layers x {config.n_experts} experts")
-    slice_layer = _field(reader, SLICE_LAYER_KEY)
+    slice_layer = gguf_field(reader, SLICE_LAYER_KEY)
     offset = 0
     if slice_layer is not None:
-        offset = int(_required(reader, SLICE_FIRST_KEY))
+        offset = int(gguf_required(reader, SLICE_FIRST_KEY))
         if int(slice_layer) != layer:
             raise ValueError(f"this slice file holds layer {slice_layer}, not {layer}")
     return config, _bank(_tensors(reader), layer, first - offset, count, first)
@@ -287,11 +271,11 @@ def _add_byte_vocabulary(writer: GGUFWriter) -> None:
 def has_byte_vocabulary(reader: GGUFReader) -> bool:
     """Whether the file's vocabulary is `ByteTokenizer`'s: ids 0..255 the bytes, then BOS
     and EOS (what `make_tiny_moe` writes); a real MoE GGUF has a BPE vocabulary instead."""
-    tokens = _field(reader, "tokenizer.ggml.tokens") or []
+    tokens = gguf_field(reader, "tokenizer.ggml.tokens") or []
     return (
         len(tokens) == BYTE_EOS + 1 and tokens[:256] == [f"<0x{b:02X}>" for b in range(256)]
-        and _field(reader, "tokenizer.ggml.bos_token_id") == BYTE_BOS
-        and _field(reader, "tokenizer.ggml.eos_token_id") == BYTE_EOS
+        and gguf_field(reader, "tokenizer.ggml.bos_token_id") == BYTE_BOS
+        and gguf_field(reader, "tokenizer.ggml.eos_token_id") == BYTE_EOS
     )
 
 

@@ -58,7 +58,8 @@ def _open_chat(path: Path, threads: int) -> object:
     return LlamaRunner(path, threads, n_ctx=RUNNER_N_CTX)
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file, read in blocks (models are hundreds of MB)."""
     digest = hashlib.sha256()
     with path.open("rb") as source:
         while block := source.read(_BLOCK):
@@ -71,7 +72,7 @@ def _locate_embeddings(_home: Path) -> tuple[Path, str]:
     from mahout.runners.embeddings import model_dir, weights_file
 
     directory = model_dir()
-    return directory, _sha256(weights_file(directory))
+    return directory, file_sha256(weights_file(directory))
 
 
 def _measure_embeddings(path: Path, threads: int, *, progress: bool = True) -> dict:

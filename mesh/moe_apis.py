@@ -15,20 +15,17 @@ from __future__ import annotations
 from django.http import FileResponse
 from rest_framework import serializers
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
-from hosts.apis import host_from_secret
+from hosts.apis import HostApi
 from hosts.models import Host
-from marketplace.apis import bearer_secret
 from marketplace.errors import ApiError
 from mesh import moe_selectors as selectors
 from mesh import moe_services as services
 from mesh.moe_models import ExpertWorker
 
 
-class MoeHostApi(APIView):
-    def host(self, request) -> Host:  # type: ignore[no-untyped-def]
-        return host_from_secret(bearer_secret(request))
+class MoeHostApi(HostApi):
+    """The host API's token check (`HostApi.host`), plus the expert market's refusals."""
 
     @staticmethod
     def refused(error: services.MoeRefused) -> ApiError:

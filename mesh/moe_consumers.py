@@ -13,6 +13,7 @@ never interprets or stores a frame.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 from channels.generic.websocket import AsyncWebsocketConsumer
 
@@ -46,19 +47,26 @@ class _RelayConsumer(AsyncWebsocketConsumer):
             return None
         return host.pk
 
+    async def admitted(self, allowed: Callable[..., bool]) -> bool:
+        """Read the route's worker id and check the token and `allowed(worker_id=, host_id=)`;
+        a refused socket is closed (4401 without a valid token, 4403 for another's worker)."""
+        self.worker_id = int(self.scope["url_route"]["kwargs"]["worker_id"])
+        host_id = await self.authenticated_host_id()
+        if host_id is None:
+            await self.close(code=CLOSE_UNAUTHORIZED)
+            return False
+        if not await db(allowed, worker_id=self.worker_id, host_id=host_id):
+            await self.close(code=CLOSE_FORBIDDEN)
+            return False
+        return True
+
 
 class ExpertRelayWorkerConsumer(_RelayConsumer):
     """The worker's end: requests in, answers out, in order."""
 
     async def connect(self) -> None:
-        self.worker_id = int(self.scope["url_route"]["kwargs"]["worker_id"])
         self.waiting: deque[str] = deque()
-        host_id = await self.authenticated_host_id()
-        if host_id is None:
-            await self.close(code=CLOSE_UNAUTHORIZED)
-            return
-        if not await db(selectors.relay_worker_allowed, worker_id=self.worker_id, host_id=host_id):
-            await self.close(code=CLOSE_FORBIDDEN)
+        if not await self.admitted(selectors.relay_worker_allowed):
             return
         await self.channel_layer.group_add(relay_group(self.worker_id), self.channel_name)
         await self.accept()
@@ -81,15 +89,8 @@ class ExpertRelayCoordinatorConsumer(_RelayConsumer):
     """The coordinator's end: its frames go to the worker, the worker's answers come back."""
 
     async def connect(self) -> None:
-        self.worker_id = int(self.scope["url_route"]["kwargs"]["worker_id"])
-        host_id = await self.authenticated_host_id()
-        if host_id is None:
-            await self.close(code=CLOSE_UNAUTHORIZED)
-            return
-        if not await db(selectors.relay_coordinator_allowed, worker_id=self.worker_id, host_id=host_id):
-            await self.close(code=CLOSE_FORBIDDEN)
-            return
-        await self.accept()
+        if await self.admitted(selectors.relay_coordinator_allowed):
+            await self.accept()
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if bytes_data is not None:

@@ -8,32 +8,18 @@ volunteer downloads it (so two volunteers are not handed the same gap).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from mesh.moe_models import ExpertModel, ExpertWorker
 
-DEFAULTS = {"MOE_COORDINATOR_STALE_SECONDS": 30, "MOE_WORKER_STALE_SECONDS": 30, "MOE_ASSIGN_TTL_SECONDS": 120,
-            "MOE_COOLDOWN_SECONDS": 30}
-
-
 def seconds(name: str) -> timedelta:
-    """A freshness window: the setting if there is one, else the environment variable of the
-    same name, else the default (read per call, so tests may override it)."""
-    value = getattr(settings, name, None)
-    if value is None:
-        raw = os.environ.get(name, "")
-        try:
-            value = float(raw) if raw else DEFAULTS[name]
-        except ValueError:
-            raise ImproperlyConfigured(f"{name} must be a number of seconds, not {raw!r}") from None
-    return timedelta(seconds=value)
+    """A freshness window from settings (MOE_*_SECONDS), read per call so tests may override it."""
+    return timedelta(seconds=getattr(settings, name))
 
 
 @dataclass(frozen=True)

@@ -10,22 +10,18 @@ A frame on the relay is one `mahout.ring.wire` frame as a binary WebSocket messa
 """
 from __future__ import annotations
 
-import json
-import struct
 import threading
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 
 from mahout.moe.coordinator import WorkerFailed
+from mahout.moe.wire import decode_frame, encode_frame
 from mahout.moe.worker import ExpertServer
 
 __all__ = ["RelayTransport", "RelayWorkerLink", "decode_frame", "encode_frame", "relay_url"]
 
-_PREFIX = struct.Struct(">II")
-_DTYPES = {"float32": np.float32, "int64": np.int64}
 OPEN_TIMEOUT_S = 5.0
 RECONNECT_MIN_S, RECONNECT_MAX_S = 0.5, 10.0
 
@@ -33,31 +29,6 @@ RECONNECT_MIN_S, RECONNECT_MAX_S = 0.5, 10.0
 def relay_url(server: str, role: str, worker_id: int) -> str:
     base = server.rstrip("/").replace("https://", "wss://", 1).replace("http://", "ws://", 1)
     return f"{base}/api/moe/relay/{role}/{worker_id}"
-
-
-def encode_frame(header: dict[str, Any], tensor: torch.Tensor | None = None) -> bytes:
-    payload = b""
-    if tensor is not None:
-        tensor = tensor.detach().contiguous()
-        header = {**header, "dtype": str(tensor.dtype).removeprefix("torch."), "shape": list(tensor.shape)}
-        if header["dtype"] not in _DTYPES:
-            raise ValueError(f"cannot send a {header['dtype']} tensor")
-        payload = tensor.numpy().tobytes()
-    head = json.dumps(header, separators=(",", ":")).encode()
-    return _PREFIX.pack(len(head), len(payload)) + head + payload
-
-
-def decode_frame(frame: bytes) -> tuple[dict[str, Any], torch.Tensor | None]:
-    if len(frame) < _PREFIX.size:
-        raise ValueError("frame too short")
-    n_head, n_payload = _PREFIX.unpack_from(frame)
-    if _PREFIX.size + n_head + n_payload != len(frame):
-        raise ValueError("frame lengths do not match its size")
-    header = json.loads(frame[_PREFIX.size : _PREFIX.size + n_head])
-    if not n_payload:
-        return header, None
-    array = np.frombuffer(bytearray(frame[_PREFIX.size + n_head :]), dtype=_DTYPES[header["dtype"]])
-    return header, torch.from_numpy(array).reshape(header["shape"])
 
 
 class RelayWorkerLink:

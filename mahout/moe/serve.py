@@ -14,7 +14,6 @@ The model must be in the gateway's catalog under the name given here (an operato
 """
 from __future__ import annotations
 
-import hashlib
 import signal
 import threading
 import time
@@ -24,24 +23,16 @@ from typing import Any
 
 from mahout.api import HostApi
 from mahout.benchmark import qualify, rss_mb
+from mahout.catalog import file_sha256
 from mahout.fingerprint import machine_fingerprint
 from mahout.host import Qualified, qualify_with_server
 from mahout.loop import HostLoop
 from mahout.moe.runner import MoeRunner
 
-__all__ = ["MoeHostLoop", "file_sha256", "measure_moe", "serve_coordinator"]
+__all__ = ["MoeHostLoop", "measure_moe", "serve_coordinator"]
 
 BENCH_PROMPT = "The history of the elephant is long and varied. Elephants live in families. "
 BENCH_TOKENS = 16
-_BLOCK = 1024 * 1024
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as source:
-        while block := source.read(_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def measure_moe(path: Path, threads: int, *, progress: bool = True) -> dict:

@@ -9,6 +9,7 @@ differs is the hot path, which a coordinator crosses twice per remote worker per
 * `recv` reads the payload straight into the buffer the tensor then wraps (no copies);
 * both ends set TCP_NODELAY (the ring's `Link` does too): a frame is one write, so Nagle
   never holds back its tail waiting for a delayed ACK;
+* `encode_frame` / `decode_frame` are the same frame as one bytes message (the relay's);
 * `dial` makes one attempt within its timeout: a worker that is not there must fail the
   batch at once, so the coordinator computes those experts itself instead of waiting.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import socket
+import struct
 from typing import Any
 
 import numpy as np
@@ -23,42 +25,69 @@ import torch
 
 from mahout.ring.wire import MAX_HEADER_BYTES, MAX_PAYLOAD_BYTES, Link, LinkClosed
 
-__all__ = ["ExpertLink", "dial"]
+__all__ = ["ExpertLink", "decode_frame", "dial", "encode_frame"]
 
-_PREFIX_SIZE = 8  # ">II"
+_PREFIX = struct.Struct(">II")  # header length, payload length
 _DTYPES = {"float32": np.float32, "int64": np.int64}
+
+
+def _frame_parts(header: dict[str, Any], tensor: torch.Tensor | None) -> tuple[bytes, memoryview]:
+    """A frame as (prefix + JSON header, payload); the payload is the tensor's own memory."""
+    payload = memoryview(b"")
+    if tensor is not None:
+        tensor = tensor.detach().contiguous()
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        if dtype not in _DTYPES:
+            raise ValueError(f"cannot send a {dtype} tensor")
+        header = {**header, "dtype": dtype, "shape": list(tensor.shape)}
+        payload = memoryview(tensor.numpy().reshape(-1).view(np.uint8))  # no copy
+    head = json.dumps(header, separators=(",", ":")).encode()
+    return _PREFIX.pack(len(head), payload.nbytes) + head, payload
+
+
+def _tensor(header: dict[str, Any], payload: bytearray) -> torch.Tensor:
+    """Wrap a received payload (writable, owned by the tensor from now on)."""
+    return torch.from_numpy(np.frombuffer(payload, dtype=_DTYPES[header["dtype"]])).reshape(header["shape"])
+
+
+def encode_frame(header: dict[str, Any], tensor: torch.Tensor | None = None) -> bytes:
+    """One whole frame as bytes (the relay carries it as one WebSocket message)."""
+    head, payload = _frame_parts(header, tensor)
+    return head + payload
+
+
+def decode_frame(frame: bytes) -> tuple[dict[str, Any], torch.Tensor | None]:
+    """The inverse of `encode_frame`; refuses a frame whose lengths do not match its size."""
+    if len(frame) < _PREFIX.size:
+        raise ValueError("frame too short")
+    n_head, n_payload = _PREFIX.unpack_from(frame)
+    if _PREFIX.size + n_head + n_payload != len(frame):
+        raise ValueError("frame lengths do not match its size")
+    header = json.loads(frame[_PREFIX.size : _PREFIX.size + n_head])
+    if not n_payload:
+        return header, None
+    return header, _tensor(header, bytearray(frame[_PREFIX.size + n_head :]))
 
 
 class ExpertLink(Link):
     """One framed TCP connection between a coordinator and an expert worker."""
 
     def send(self, header: dict[str, Any], tensor: torch.Tensor | None = None) -> None:
-        payload = memoryview(b"")
-        if tensor is not None:
-            tensor = tensor.detach().contiguous()
-            dtype = str(tensor.dtype).removeprefix("torch.")
-            if dtype not in _DTYPES:
-                raise ValueError(f"cannot send a {dtype} tensor")
-            header = {**header, "dtype": dtype, "shape": list(tensor.shape)}
-            payload = memoryview(tensor.numpy()).cast("B")  # the tensor's own bytes
-        head = json.dumps(header, separators=(",", ":")).encode()
-        prefix = len(head).to_bytes(4, "big") + payload.nbytes.to_bytes(4, "big")
+        head, payload = _frame_parts(header, tensor)
         with self._send_lock:
             try:
-                _send_all(self.sock, [memoryview(prefix + head), payload])
+                _send_all(self.sock, [memoryview(head), payload])
             except OSError as exc:
                 raise LinkClosed(f"link {self.name} broke: {exc}") from exc
 
     def recv(self) -> tuple[dict[str, Any], torch.Tensor | None]:
-        prefix = self._into(bytearray(_PREFIX_SIZE))
-        n_head, n_payload = int.from_bytes(prefix[:4], "big"), int.from_bytes(prefix[4:], "big")
+        n_head, n_payload = _PREFIX.unpack(self._into(bytearray(_PREFIX.size)))
         if n_head > MAX_HEADER_BYTES or n_payload > MAX_PAYLOAD_BYTES:
             raise LinkClosed(f"link {self.name}: frame too large ({n_head} + {n_payload} bytes)")
         header = json.loads(self._into(bytearray(n_head)))
         if not n_payload:
             return header, None
-        array = np.frombuffer(self._into(bytearray(n_payload)), dtype=_DTYPES[header["dtype"]])
-        return header, torch.from_numpy(array).reshape(header["shape"])
+        return header, _tensor(header, self._into(bytearray(n_payload)))
 
     def _into(self, buffer: bytearray) -> bytearray:
         """Fill `buffer` from the socket (the tensor then wraps it as it is)."""
