@@ -119,7 +119,7 @@ def running_per_host(model, hosts) -> list[int]:  # type: ignore[no-untyped-def]
 
 
 def test_warm_host_gets_the_jobs_and_a_cold_host_only_after_the_grace(routing_gateway, sims, sim_model) -> None:
-    warm = sims("warm", "--loaded", sim_model.name, "--delay", "2.5")
+    warm = sims("warm", "--loaded", sim_model.name, "--delay", "4")  # busy well past the 1 s grace, even on a loaded CI
     cold = sims("cold", "--loaded", "", "--delay", "0.2")
     customer = make_customer()
     for _ in range(3):  # one at a time: the warm host is free each time, so it takes every one
