@@ -99,7 +99,10 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "capacity": 1000, "expiry": 60},
+            # channels-redis waits on a BZPOPMIN that Redis ends after 5 s, and redis-py's
+            # default socket timeout is also 5 s: on a busy machine the client gave up
+            # first and the waiting request died with a 500. The socket waits longer.
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}], "capacity": 1000, "expiry": 60},
         }
     }
 else:

@@ -6,7 +6,6 @@ Each view parses input, calls one service, renders the result.
 """
 from __future__ import annotations
 
-import asyncio
 import time
 
 from channels.layers import get_channel_layer
@@ -27,7 +26,7 @@ from marketplace import services as market
 from marketplace.aio import db
 from marketplace.apis import bearer_secret, json_body
 from marketplace.errors import ApiError, validation_error
-from marketplace.events import host_group, queue_group
+from marketplace.events import Inbox, host_group, queue_group
 
 
 def host_from_secret(secret: str) -> Host:
@@ -102,14 +101,16 @@ class JobClaimApi(AsyncHostApi):
         groups = [queue_group(model_id) for model_id in model_ids] + [host_group(host.pk)]
         for group in groups:
             await layer.group_add(group, channel)
+        inbox = Inbox(layer, channel)
         try:
-            return await self._claim_until(host, data, model_ids, warm_ids, layer, channel)
+            return await self._claim_until(host, data, model_ids, warm_ids, inbox)
         finally:
+            inbox.close()
             for group in groups:
                 await layer.group_discard(group, channel)
 
-    async def _claim_until(  # type: ignore[no-untyped-def]
-        self, host: Host, data: dict, model_ids: list[int], warm_ids: list[int], layer, channel: str
+    async def _claim_until(
+        self, host: Host, data: dict, model_ids: list[int], warm_ids: list[int], inbox: Inbox
     ) -> HttpResponse:
         """Claim, or sleep until woken. Offers to other hosts and the cold grace lapse
         without a wake-up, so a waiting host also looks again every ROUTING_OFFER_SECONDS."""
@@ -122,10 +123,7 @@ class JobClaimApi(AsyncHostApi):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return HttpResponse(status=204)
-            try:
-                await asyncio.wait_for(layer.receive(channel), timeout=min(remaining, recheck))
-            except asyncio.TimeoutError:
-                continue
+            await inbox.next(min(remaining, recheck))
 
 
 class JobTokensApi(AsyncHostApi):

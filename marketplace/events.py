@@ -8,11 +8,15 @@ into the loop); elsewhere (Celery, management commands) they are sent at once.
 """
 from __future__ import annotations
 
+import asyncio
 import contextvars
+import logging
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
+
+logger = logging.getLogger(__name__)
 
 Outbox = list[tuple[str, dict]]
 _outbox: contextvars.ContextVar[Outbox | None] = contextvars.ContextVar("elephant_outbox", default=None)
@@ -58,3 +62,39 @@ async def deliver(outbox: Outbox) -> None:
     layer = get_channel_layer()
     for group, message in outbox:
         await layer.group_send(group, message)
+
+
+class Inbox:
+    """A channel's messages, awaited with a timeout without cancelling the layer's receive.
+
+    `asyncio.wait_for(layer.receive(...))` cancels the receive on every timeout, and on a
+    busy machine channels-redis could take many seconds to unwind a cancelled receive,
+    leaving a host's long-poll stuck well past its deadline. Here one receive stays
+    pending across waits; `close()` cancels it once, without waiting for it.
+    A failed receive (Redis unreachable, say) reads as "no message": messages are news,
+    and every waiter re-reads the database on a quiet timeout anyway.
+    """
+
+    def __init__(self, layer, channel: str) -> None:  # type: ignore[no-untyped-def]
+        self._layer = layer
+        self._channel = channel
+        self._pending: asyncio.Future | None = None
+
+    async def next(self, timeout: float) -> dict | None:
+        """The next message, or None when `timeout` seconds pass first."""
+        if self._pending is None:
+            self._pending = asyncio.ensure_future(self._layer.receive(self._channel))
+        done, _ = await asyncio.wait({self._pending}, timeout=timeout)
+        if not done:
+            return None
+        task, self._pending = self._pending, None
+        if task.exception() is not None:
+            logger.warning("channel layer receive failed: %r", task.exception())
+            return None
+        return task.result()
+
+    def close(self) -> None:
+        if self._pending is not None:
+            self._pending.cancel()
+            self._pending.add_done_callback(lambda task: task.cancelled() or task.exception())
+            self._pending = None

@@ -5,6 +5,9 @@ tokens instead of running a model. Used by the routing simulation tests and
     python -m marketplace.simhost --server URL --token TOKEN --model gemma-3-270m \\
         [--loaded gemma-3-270m] [--catalog ok|unreadable|none] [--slots 4] [--delay 0.5] [--fail]
 
+A prompt that starts with `hold:SECONDS` makes that one job take SECONDS instead of
+`--delay`, so a test can keep a host busy for exactly as long as it needs.
+
 Prints one JSON line per job it claimed ({"job", "model", "claimed", "continuation"})
 and one per refusal, then exits on SIGTERM. It never imports Django.
 """
@@ -20,6 +23,14 @@ import time
 import httpx
 
 FINGERPRINT = "s" * 64
+
+
+def error_code(response: httpx.Response) -> str | None:
+    """The API error's code, or None for a body that is not the API's error format."""
+    try:
+        return response.json().get("error", {}).get("code")
+    except (ValueError, AttributeError):
+        return None
 
 
 class SimHost:
@@ -82,10 +93,17 @@ class SimHost:
                 if response.status_code == 204:
                     continue
                 if response.status_code != 200:
-                    self.emit({"refused": response.status_code, "code": response.json().get("error", {}).get("code")})
+                    self.emit({"refused": response.status_code, "code": error_code(response)})
                     self.stop.wait(1.0)
                     continue
                 self.serve(client, response.json()["job"])
+
+    def seconds_for(self, job: dict) -> float:
+        """How long this job takes: `--delay`, or the `hold:SECONDS` its prompt asks for."""
+        prompt = job.get("prompt") or ""
+        if prompt.startswith("hold:"):
+            return float(prompt.split()[0].removeprefix("hold:"))
+        return self.args.delay
 
     def serve(self, client: httpx.Client, job: dict) -> None:
         with self.lock:
@@ -95,7 +113,7 @@ class SimHost:
             if self.args.fail:
                 self.call(client, "POST", f"jobs/{job['id']}/fail", {"reason": "simulated failure"})
                 return
-            time.sleep(self.args.delay)
+            time.sleep(self.seconds_for(job))
             if job.get("kind") == "embeddings":
                 vectors = [[1.0, 0.0, 0.0] for _ in job["input"]]
                 self.call(client, "POST", f"jobs/{job['id']}/complete", {"finish_reason": "stop", "embeddings": vectors})

@@ -9,7 +9,6 @@ in order, whichever process the host talked to.
 """
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -17,7 +16,7 @@ from channels.layers import get_channel_layer
 from marketplace import selectors, services
 from marketplace.aio import db
 from marketplace.errors import ApiError
-from marketplace.events import request_group
+from marketplace.events import Inbox, request_group
 from marketplace.models import Request
 
 POLL_SECONDS = 1.0
@@ -39,22 +38,22 @@ class RequestListener:
         self.sent = 0
         self._layer = get_channel_layer()
         self._channel = ""
+        self._inbox: Inbox | None = None
 
     async def open(self) -> RequestListener:
         self._channel = await self._layer.new_channel()
         await self._layer.group_add(request_group(self.public_id), self._channel)
+        self._inbox = Inbox(self._layer, self._channel)
         return self
 
     async def close(self) -> None:
+        if self._inbox is not None:
+            self._inbox.close()
+            self._inbox = None
         if self._channel:
             await self._layer.group_discard(request_group(self.public_id), self._channel)
             self._channel = ""
 
-    async def _next_message(self, timeout: float) -> dict | None:
-        try:
-            return await asyncio.wait_for(self._layer.receive(self._channel), timeout=timeout)
-        except asyncio.TimeoutError:
-            return None
 
     def _unsent(self, offset: int, text: str) -> str:
         """The part of `text` (which starts at `offset`) not yet sent, if contiguous."""
@@ -75,7 +74,8 @@ class RequestListener:
         is never left waiting on a dead host, even with no Celery beat running.
         """
         while True:
-            message = await self._next_message(POLL_SECONDS)
+            assert self._inbox is not None, "open() the listener first"
+            message = await self._inbox.next(POLL_SECONDS)
             kind = message["type"] if message else None
             if kind == "job.tokens" and message["offset"] <= self.sent:
                 fresh = self._unsent(message["offset"], message["text"])
