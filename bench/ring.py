@@ -8,7 +8,9 @@
 3. The engine versus llama-cpp-python on the same threads: decode tokens/s.
 4. Per-stage hold/idle shares while the ring is starved (one request at a time) and
    saturated (many requests in flight).
-Also: the same ring split by cost rather than by layer count (the tail's output head is heavy).
+Rings share the output head (head and tail each hold half of the vocabulary's rows and
+compute their halves at once). Baseline in the same run: the same ring with the whole
+output head at the tail (`--whole-output`), as rings were built before.
 
 Rounds alternate between the sides so machine noise hits both; medians are reported.
 OMP_WAIT_POLICY=PASSIVE (set here, for the engine and the stage processes alike) stops idle
@@ -37,9 +39,6 @@ from engine.tokenizer import Tokenizer  # noqa: E402
 from mahout.ring.local import ProcessRing, split_layers  # noqa: E402
 from mahout.ring.membership import Limits  # noqa: E402
 
-# The tail also carries the output head (262k x 640), which costs about as much as 14 of the
-# 18 layers per decode token; this split gives the head most layers so both stages match.
-BALANCED = [(0, 15), (15, 18)]
 PROMPTS = [
     "Once upon a time, in a village at the edge of a great forest, there lived",
     "The history of the elephant is long and varied. Elephants live in families",
@@ -125,26 +124,28 @@ def main() -> int:
     from mahout.runners.llama import load_llama
 
     llm = load_llama(path, n_ctx=256, threads=1)
-    keys = ("ring1", "ring2", "eng2", "eng1", "alone", "packed", "llama1", "b_alone", "b_packed")
+    keys = ("ring1", "ring2", "eng2", "eng1", "alone", "packed", "llama1", "w_ring1", "w_alone", "w_packed")
     m: dict[str, list[float]] = {k: [] for k in keys}
-    with ProcessRing(path, split_layers(18, 2), limits=limits, threads=1, n_ctx=256) as ring, \
-            ProcessRing(path, split_layers(18, 2), limits=limits, threads=2, n_ctx=256) as ring_2t, \
-            ProcessRing(path, BALANCED, limits=limits, threads=1, n_ctx=256) as balanced:
+    even = split_layers(18, 2)
+    with ProcessRing(path, even, limits=limits, threads=1, n_ctx=256) as ring, \
+            ProcessRing(path, even, limits=limits, threads=2, n_ctx=256) as ring_2t, \
+            ProcessRing(path, even, limits=limits, threads=1, n_ctx=256, share_output=False) as whole:
         ring_decode_tps(ring, prompts[0], 4)  # warm-up
         ring_decode_tps(ring_2t, prompts[0], 4)
-        ring_decode_tps(balanced, prompts[0], 4)
+        ring_decode_tps(whole, prompts[0], 4)
         for _ in range(args.rounds):
             m["ring1"].append(ring_decode_tps(ring, prompts[0], args.tokens))
             m["eng2"].append(engine_tps(2))
+            m["w_ring1"].append(ring_decode_tps(whole, prompts[0], args.tokens))
             m["ring2"].append(ring_decode_tps(ring_2t, prompts[0], args.tokens))
             m["alone"].append(ring_batch_tps(ring, prompts, args.tokens, in_flight=False))
             m["packed"].append(ring_batch_tps(ring, prompts, args.tokens, in_flight=True))
             m["eng1"].append(engine_tps(1))
             m["llama1"].append(llama_decode_tps(llm, prompts[0], args.tokens))
-            m["b_alone"].append(ring_batch_tps(balanced, prompts, args.tokens, in_flight=False))
-            m["b_packed"].append(ring_batch_tps(balanced, prompts, args.tokens, in_flight=True))
+            m["w_alone"].append(ring_batch_tps(whole, prompts, args.tokens, in_flight=False))
+            m["w_packed"].append(ring_batch_tps(whole, prompts, args.tokens, in_flight=True))
         starved, saturated = phases(ring, prompts, args.tokens)
-        b_starved, b_saturated = phases(balanced, prompts, args.tokens)
+        w_starved, w_saturated = phases(whole, prompts, args.tokens)
     med = {k: statistics.median(v) for k, v in m.items()}
     best = max(med["eng1"], med["eng2"])
     print(f"1. 2-stage ring (2 processes x 1 thread), one request: {med['ring1']:.2f} tok/s decode; "
@@ -154,14 +155,16 @@ def main() -> int:
           f"-> ratio {med['ring2'] / med['eng2']:.2f} vs the engine with 2 threads")
     print(f"2. same ring, 4 requests in flight: {med['packed']:.2f} tok/s; drained one at a time: {med['alone']:.2f} tok/s "
           f"-> ratio {med['packed'] / med['alone']:.2f} (target >= 1.4)")
-    print(f"   cost-balanced split {BALANCED}: in flight {med['b_packed']:.2f} tok/s, drained {med['b_alone']:.2f} tok/s "
-          f"-> ratio {med['b_packed'] / med['b_alone']:.2f}; in flight vs the even split {med['b_packed'] / med['packed']:.2f}")
+    print(f"   baseline, whole output head at the tail: one request {med['w_ring1']:.2f} tok/s "
+          f"(ratio {med['w_ring1'] / med['eng2']:.2f} vs the engine with 2 threads; sharing gains "
+          f"{med['ring1'] / med['w_ring1']:.2f}x); in flight {med['w_packed']:.2f}, drained {med['w_alone']:.2f} tok/s "
+          f"-> ratio {med['w_packed'] / med['w_alone']:.2f}; shared in flight vs whole in flight {med['packed'] / med['w_packed']:.2f}")
     print(f"3. engine, 1 thread: {med['eng1']:.2f} tok/s decode; llama-cpp-python, 1 thread: {med['llama1']:.2f} tok/s "
           f"-> ratio {med['eng1'] / med['llama1']:.2f} (target >= 0.33)")
-    print("4. even split, starved (one request at a time): " + "; ".join(starved))
-    print("   even split, saturated (8 requests in flight, micro-batch 4): " + "; ".join(saturated))
-    print("   balanced split, starved: " + "; ".join(b_starved))
-    print("   balanced split, saturated: " + "; ".join(b_saturated))
+    print("4. shared output head, starved (one request at a time): " + "; ".join(starved))
+    print("   shared output head, saturated (8 requests in flight, micro-batch 4): " + "; ".join(saturated))
+    print("   whole output head at the tail, starved: " + "; ".join(w_starved))
+    print("   whole output head at the tail, saturated: " + "; ".join(w_saturated))
     print("raw: " + ", ".join(f"{k}={[round(x, 2) for x in v]}" for k, v in m.items()))
     llm.close()
     return 0

@@ -183,18 +183,37 @@ def usage_row(row: dict) -> dict:
     }
 
 
+def usage_page(query, *, user, start: date, end: date) -> tuple[list[dict], bool]:  # type: ignore[no-untyped-def]
+    """One page of per-request rows: at most `limit` (1..USAGE_PAGE_MAX, default that) after
+    the request id `after`; and whether more follow."""
+    raw = query.get("limit") or str(settings.USAGE_PAGE_MAX)
+    if not raw.isdigit() or not 1 <= int(raw) <= settings.USAGE_PAGE_MAX:
+        raise bad_request(f"'limit' must be a whole number from 1 to {settings.USAGE_PAGE_MAX}, got {raw!r}.",
+                          code="invalid_limit", param="limit")
+    limit = int(raw)
+    try:
+        rows = list(selectors.usage_requests(user=user, start=start, end=end, after=query.get("after"))[: limit + 1])
+    except selectors.UnknownCursor:
+        raise bad_request(f"'after' names no request of yours: {query.get('after')!r}.", code="invalid_cursor", param="after") from None
+    return [usage_row(row) for row in rows[:limit]], len(rows) > limit
+
+
 class UsageApi(KeyAuthApi):
-    """GET /v1/usage?from=YYYY-MM-DD&to=YYYY-MM-DD → per-request cost and tokens, daily totals."""
+    """GET /v1/usage?from=YYYY-MM-DD&to=YYYY-MM-DD[&limit=N&after=ID] → daily totals, and the
+    requests one page at a time (`has_more`; the next page starts `after` the last id)."""
 
     def get(self, request) -> Response:  # type: ignore[no-untyped-def]
         key = self.key(request)
         start, end = usage_range(request.query_params)
+        data, has_more = usage_page(request.query_params, user=key.user, start=start, end=end)
         daily = selectors.usage_daily(user=key.user, start=start, end=end)
         return Response(
             {
                 "object": "usage",
                 "from": start.isoformat(),
                 "to": end.isoformat(),
+                "has_more": has_more,
+                "last_id": data[-1]["id"] if data else None,
                 "total_cost_ucents": sum(day["cost_ucents"] or 0 for day in daily),
                 "daily": [
                     {
@@ -206,7 +225,7 @@ class UsageApi(KeyAuthApi):
                     }
                     for day in daily
                 ],
-                "data": [usage_row(row) for row in selectors.usage_requests(user=key.user, start=start, end=end)],
+                "data": data,
             }
         )
 
@@ -228,7 +247,7 @@ def usage_csv_response(*, user, start, end) -> HttpResponse:  # type: ignore[no-
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
     writer.writeheader()
-    for row in selectors.usage_requests(user=user, start=start, end=end):
+    for row in selectors.usage_requests(user=user, start=start, end=end).iterator(chunk_size=2000):
         writer.writerow(usage_row(row))
     response = HttpResponse(out.getvalue(), content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="usage-{start.isoformat()}-{end.isoformat()}.csv"'

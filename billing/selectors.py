@@ -139,14 +139,24 @@ def _day_bounds(start: date, end: date) -> tuple[datetime, datetime]:
     )
 
 
-def usage_requests(*, user, start: date, end: date):  # type: ignore[no-untyped-def]
-    """The user's requests created from `start` to `end` inclusive (UTC days), oldest first."""
+class UnknownCursor(LookupError):
+    """An `after` cursor that names none of this user's requests."""
+
+
+def usage_requests(*, user, start: date, end: date, after: str | None = None):  # type: ignore[no-untyped-def]
+    """The user's requests created from `start` to `end` inclusive (UTC days), oldest first;
+    with `after` (a request id of theirs), only those that come after it in that order."""
     from marketplace.models import Request
 
     lower, upper = _day_bounds(start, end)
+    rows = Request.objects.filter(user=user, created_at__gte=lower, created_at__lt=upper)
+    if after:
+        cursor = Request.objects.filter(user=user, public_id=after).values("created_at", "pk").first()
+        if cursor is None:
+            raise UnknownCursor(after)
+        rows = rows.filter(Q(created_at__gt=cursor["created_at"]) | Q(created_at=cursor["created_at"], pk__gt=cursor["pk"]))
     return (
-        Request.objects.filter(user=user, created_at__gte=lower, created_at__lt=upper)
-        .order_by("created_at", "pk")
+        rows.order_by("created_at", "pk")
         .values(
             "public_id", "created_at", "status", "model__name", "api_key__prefix",
             "prompt_tokens", "completion_tokens", "cost_ucents",

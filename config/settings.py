@@ -191,6 +191,7 @@ TOPUP_CANCEL_URL = env_str("TOPUP_CANCEL_URL", "http://127.0.0.1:8000/?topup=can
 PAYOUT_MINIMUM_UCENTS = env_int("PAYOUT_MINIMUM_UCENTS", 1_000_000_000, minimum=1_000_000)  # $10
 RECONCILE_INTERVAL_SECONDS = env_float("RECONCILE_INTERVAL_SECONDS", 300.0, minimum=1.0)
 USAGE_MAX_DAYS = env_int("USAGE_MAX_DAYS", 366, minimum=1)
+USAGE_PAGE_MAX = env_int("USAGE_PAGE_MAX", 1000, minimum=1)  # requests per page of GET /v1/usage
 # A continuation avoids the host whose attempt died for this long, then anyone may take it.
 CONTINUATION_GRACE_SECONDS = env_float("CONTINUATION_GRACE_SECONDS", 2.0, minimum=0)
 

@@ -24,11 +24,15 @@ def even_split(n_layers: int, n_stages: int) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
-def build_stages(model_path: str | Path, ranges: Sequence[tuple[int, int]], *, n_rows: int = 4, n_ctx: int = 1024) -> list[Stage]:
-    """One Stage per range, each loading only its own tensors."""
+def build_stages(
+    model_path: str | Path, ranges: Sequence[tuple[int, int]], *, n_rows: int = 4, n_ctx: int = 1024,
+    share_output: bool = False,
+) -> list[Stage]:
+    """One Stage per range, each loading only its own tensors (`share_output`: as a ring's
+    stages do, the head and the tail each hold half of the output head)."""
     stages = []
     for start, end in ranges:
-        config, weights = load_stage(model_path, start, end)
+        config, weights = load_stage(model_path, start, end, share_output=share_output)
         stages.append(Stage(config, weights, start, end, n_rows=n_rows, n_ctx=n_ctx))
     return stages
 

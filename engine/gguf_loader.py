@@ -4,7 +4,9 @@ A stage reads only `blk.{start..end-1}.*`, plus `token_embd` at the head (start 
 `output_norm` / the output head at the tail (end == n_layers). Gemma ties the output head to
 `token_embd` when the file has no `output.weight`. Quantized tensors are dequantized with
 `gguf.quants.dequantize` into float32; the head keeps the embedding table quantized and
-dequantizes only the rows it looks up.
+dequantizes only the rows it looks up. A ring stage loaded with `share_output` holds only its
+share of the output head (`engine.model.output_share`): the head the first half of the
+vocabulary's rows (and the final norm), the tail the second; only those rows are read.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 
-from engine.model import Config, DenseEmbedding, LayerWeights, StageWeights
+from engine.model import Config, DenseEmbedding, LayerWeights, StageWeights, output_share
 
 __all__ = [
     "QuantizedEmbedding",
@@ -183,33 +185,45 @@ class QuantizedEmbedding:
         return dequantize_rows(picked, self.qtype)  # (T, D)
 
 
-def stage_tensor_names(reader: GGUFReader, config: Config, start: int, end: int) -> list[str]:
+def _output_rows(config: Config, start: int, end: int, share_output: bool) -> tuple[int, int] | None:
+    """The output head's vocabulary rows this stage holds, or None for none."""
+    share = output_share(config.vocab_size, start, end, config.n_layers) if share_output else None
+    if share is not None:
+        return share
+    return (0, config.vocab_size) if end == config.n_layers else None
+
+
+def stage_tensor_names(reader: GGUFReader, config: Config, start: int, end: int, *, share_output: bool = False) -> list[str]:
     """The GGUF tensors a stage over [start, end) reads, and no others."""
     names = [f"blk.{i}.{suffix}.weight" for i in range(start, end) for suffix in _LAYER_TENSORS.values()]
     if start == 0:
         names.append("token_embd.weight")
-    if end == config.n_layers:
+    if _output_rows(config, start, end, share_output) is not None:
         names.append("output_norm.weight")
         names.append("output.weight" if _has_tensor(reader, "output.weight") else "token_embd.weight")
     return list(dict.fromkeys(names))
 
 
-def load_stage(path: str | Path, start: int, end: int) -> tuple[Config, StageWeights]:
+def load_stage(path: str | Path, start: int, end: int, *, share_output: bool = False) -> tuple[Config, StageWeights]:
     """Read the config and only the tensors of layers [start, end) (see module docstring)."""
     reader = open_gguf(path)
     config = read_config(reader)
     if not 0 <= start < end <= config.n_layers:
         raise ValueError(f"bad layer range [{start}, {end}) for {config.n_layers} layers")
-    wanted = set(stage_tensor_names(reader, config, start, end))
+    wanted = set(stage_tensor_names(reader, config, start, end, share_output=share_output))
     tensors = {tensor.name: tensor for tensor in reader.tensors if tensor.name in wanted}
     layers = [_layer(tensors, i) for i in range(start, end)]
     weights = StageWeights(start=start, end=end, layers=layers, names=frozenset(tensors))
     tied = "output.weight" not in tensors
-    if end == config.n_layers:
+    rows = _output_rows(config, start, end, share_output)
+    if rows is not None:
+        lo, hi = rows
+        table = tensors["token_embd.weight" if tied else "output.weight"]
         weights.output_norm = _dequantize(tensors["output_norm.weight"])  # (D,)
-        weights.output = _dequantize(tensors["token_embd.weight" if tied else "output.weight"])  # (V, D)
+        weights.output = dequantize_rows(table.data[lo:hi], table.tensor_type)  # (hi - lo, D): only these rows are read
+        weights.vocab_lo = lo
     if start == 0:
-        if tied and weights.output is not None:  # one stage holds everything: share the table
+        if tied and weights.output is not None and rows == (0, config.vocab_size):  # one stage holds everything
             weights.embedding = DenseEmbedding(weights.output)
         else:
             embd = tensors["token_embd.weight"]

@@ -11,6 +11,10 @@ into them), RoPE is the NEOX (rotate-halves) form, the FFN is GELU(tanh)-gated.
 
 A batch is *packed*: T tokens from any number of requests, each token carrying its own
 position and the cache row of its request. One prefill and several decodes share one pass.
+
+The output head may be *shared* in a ring (`output_share`): the head stage holds the first
+half of the vocabulary's rows and the tail the second, so both compute a lone request's
+logits at once instead of the tail reading the whole (V, D) table while the head waits.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ __all__ = [
     "RowSpan",
     "Stage",
     "StageWeights",
+    "output_share",
 ]
 
 
@@ -121,9 +126,21 @@ class StageWeights:
     end: int
     layers: list[LayerWeights]
     embedding: Embedding | None = None  # head only
-    output_norm: torch.Tensor | None = None  # (D,) tail only
-    output: torch.Tensor | None = None  # (V, D) tail only
+    output_norm: torch.Tensor | None = None  # (D,) tail only, or at a head that shares the output head
+    output: torch.Tensor | None = None  # (V_s, D): the output head's rows [vocab_lo, vocab_lo + V_s)
+    vocab_lo: int = 0  # first vocabulary row of `output` (0 unless the output head is shared)
     names: frozenset[str] = field(default_factory=frozenset)  # GGUF tensors this stage read
+
+
+def output_share(vocab_size: int, start: int, end: int, n_layers: int) -> tuple[int, int] | None:
+    """The vocabulary rows [lo, hi) of the output head a ring stage over [start, end) holds
+    when the ring shares it: the head the first half, the tail the second, others none.
+    (A stage that is both head and tail is not a ring; it holds the whole head: None.)"""
+    is_head, is_tail = start == 0, end == n_layers
+    if is_head == is_tail:
+        return None
+    half = vocab_size // 2
+    return (0, half) if is_head else (half, vocab_size)
 
 
 @dataclass(frozen=True)
@@ -329,16 +346,41 @@ class Stage:
         self.is_tail = end == config.n_layers
         if self.is_head != (weights.embedding is not None):
             raise ValueError("token embeddings belong to the head stage, and only to it")
-        if self.is_tail != (weights.output is not None and weights.output_norm is not None):
-            raise ValueError("the output norm and output head belong to the tail stage, and only to it")
+        has_output = weights.output is not None and weights.output_norm is not None
+        if self.is_tail and not has_output:
+            raise ValueError("the tail stage needs the output norm and output head")
+        if not self.is_tail and weights.output is not None and (not self.is_head or weights.output.shape[0] >= config.vocab_size):
+            raise ValueError("the output head belongs to the tail stage; the head may hold only a share of it")
+        self.shares_output = has_output and weights.output.shape[0] < config.vocab_size  # type: ignore[union-attr]
         self.cache = KVCache(config, end - start, n_rows, n_ctx)
 
-    def forward_rows(self, x: torch.Tensor, membership: Sequence[RowSpan]) -> torch.Tensor:
+    @property
+    def vocab_slice(self) -> tuple[int, int] | None:
+        """The vocabulary rows [lo, hi) whose logits this stage computes, if any."""
+        output = self.weights.output
+        return None if output is None else (self.weights.vocab_lo, self.weights.vocab_lo + output.shape[0])
+
+    def final_norm(self, h: torch.Tensor) -> torch.Tensor:
+        # h: (R, D) -> (R, D)
+        assert self.weights.output_norm is not None, "only a stage holding the output head normalises for it"
+        return rms_norm(h, self.weights.output_norm, self.config.rms_eps)
+
+    @torch.inference_mode()
+    def logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """Logits of this stage's vocabulary rows for final-normed hidden states (soft-capped)."""
+        # normed: (R, D) -> (R, V_s)
+        assert self.weights.output is not None, "this stage holds no output head"
+        logits = normed @ self.weights.output.T  # (R, V_s)
+        cap = self.config.final_logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    def forward_rows(self, x: torch.Tensor, membership: Sequence[RowSpan], *, normed: bool = False) -> torch.Tensor:
         """Run one packed pass described by its batch membership, as the ring forwards it.
 
         `x` holds the rows' tokens (head) or hidden states in membership order. Each request
         keeps its own cache row in this stage. The tail returns one logits row per member:
-        the logits after that member's last token.
+        the logits after that member's last token (of its vocabulary slice); with `normed`,
+        the final-normed hidden state instead, for a ring that shares the output head.
         """
         # x: (T,) or (T, D) with T = sum of n_tokens
         positions = torch.cat([torch.arange(span.start, span.start + span.n_tokens) for span in membership])  # (T,)
@@ -346,7 +388,7 @@ class Stage:
         if not self.is_tail:
             return self.forward(x, positions, rows)  # (T, D)
         last = torch.tensor([span.n_tokens for span in membership]).cumsum(0) - 1  # (R,)
-        return self.forward(x, positions, rows, logits_for=last)  # (R, V)
+        return self.forward(x, positions, rows, logits_for=last, normed_only=normed)  # (R, V_s) or (R, D)
 
     @torch.inference_mode()
     def forward(
@@ -356,9 +398,11 @@ class Stage:
         cache_rows: torch.Tensor,
         logits_for: torch.Tensor | None = None,
         capture: dict[int, torch.Tensor] | None = None,
+        normed_only: bool = False,
     ) -> torch.Tensor:
         """`capture`, if given, receives {layer index: hidden state (T, D) after that layer}
-        so that tools and tests can compare boundaries between differently split pipelines."""
+        so that tools and tests can compare boundaries between differently split pipelines.
+        At the tail, `normed_only` stops after the final norm (the rows `logits_for` selects)."""
         # x: (T,) int64 token ids at the head, else (T, D) float32; positions, cache_rows: (T,) int64
         if logits_for is not None and not self.is_tail:
             raise ValueError("logits_for only applies to the tail stage")
@@ -369,14 +413,12 @@ class Stage:
             h = self._block(layer, local_index, h, positions, cache_rows)  # (T, D)
             if capture is not None:
                 capture[layer.index] = h
-        norm, output = self.weights.output_norm, self.weights.output  # present exactly at the tail
-        if norm is None or output is None:
+        if not self.is_tail:
             return h
         if logits_for is not None:
             h = h[logits_for]  # (T', D)
-        logits = rms_norm(h, norm, self.config.rms_eps) @ output.T  # (T', V)
-        cap = self.config.final_logit_softcap
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+        normed = self.final_norm(h)  # (T', D)
+        return normed if normed_only else self.logits(normed)  # (T', D) or (T', V_s)
 
     __call__ = forward
 

@@ -45,6 +45,32 @@ class UsageApiTests:
         ]
         assert body["total_cost_ucents"] == 640
 
+    def test_it_pages_the_requests_after_a_cursor_and_says_when_more_follow(self, catalog) -> None:
+        customer = make_customer()
+        made = [request_on(customer, catalog, "2026-03-01", cost=10 * i, completion_tokens=i).public_id for i in range(5)]
+        auth = {"HTTP_AUTHORIZATION": f"Bearer {customer.secret}"}
+        seen, after, pages = [], "", 0
+        while True:
+            body = Client().get(f"/v1/usage?from=2026-03-01&to=2026-03-01&limit=2&after={after}", **auth).json()
+            seen += [row["id"] for row in body["data"]]
+            pages += 1
+            assert body["total_cost_ucents"] == 100 and body["daily"][0]["requests"] == 5  # totals cover the whole range
+            if not body["has_more"]:
+                break
+            after = body["last_id"]
+        assert seen == made and pages == 3
+
+    @pytest.mark.parametrize(("query", "code"), [
+        ("limit=0", "invalid_limit"), ("limit=1001", "invalid_limit"), ("limit=two", "invalid_limit"),
+        ("after=chatcmpl-nobody", "invalid_cursor"),
+    ])
+    def test_it_answers_400_for_a_bad_page(self, catalog, query: str, code: str) -> None:
+        customer = make_customer()
+        other = request_on(make_customer(), catalog, "2026-03-01", cost=1, completion_tokens=1)
+        for q in (query, f"after={other.public_id}") if code == "invalid_cursor" else (query,):  # another's id is no cursor
+            response = Client().get(f"/v1/usage?{q}", HTTP_AUTHORIZATION=f"Bearer {customer.secret}")
+            assert response.status_code == 400 and response.json()["error"]["code"] == code, response.content
+
     def test_it_exports_the_same_rows_as_csv(self, catalog) -> None:
         customer = make_customer()
         a = request_on(customer, catalog, "2026-03-01", cost=440, completion_tokens=10)

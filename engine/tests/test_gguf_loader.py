@@ -4,6 +4,7 @@ from pathlib import Path
 
 import torch
 
+from engine.generate import build_stages
 from engine.gguf_loader import QuantizedEmbedding, load_stage, open_gguf, stage_tensor_names
 from engine.model import Config, DenseEmbedding
 
@@ -72,6 +73,31 @@ class LoadStageTests:
         ids = torch.tensor([2, 818, 262143])
         assert head.embedding is not None
         assert torch.equal(head.embedding.rows(ids), full_stage.weights.output[ids])
+
+
+class SharedOutputTests:
+    def test_it_splits_the_output_head_between_the_head_and_the_tail_of_a_ring(self, model_path: Path, full_stage) -> None:  # type: ignore[no-untyped-def]
+        config, head = load_stage(model_path, 0, 9, share_output=True)
+        _, tail = load_stage(model_path, 9, 18, share_output=True)
+        half = config.vocab_size // 2
+        assert head.names == block_names(*range(9)) | {"token_embd.weight", "output_norm.weight"}
+        assert isinstance(head.embedding, QuantizedEmbedding), "the head still looks up every token"
+        assert head.output is not None and head.output.shape == (half, config.d_model) and head.vocab_lo == 0
+        assert tail.output is not None and tail.output.shape == (config.vocab_size - half, config.d_model)
+        assert tail.vocab_lo == half
+        assert torch.equal(torch.cat([head.output, tail.output]), full_stage.weights.output), "no stage holds the whole head"
+
+    def test_a_middle_stage_holds_no_share(self, model_path: Path) -> None:
+        _, middle = load_stage(model_path, 5, 7, share_output=True)
+        assert middle.output is None and middle.output_norm is None
+        assert middle.names == block_names(5, 6)
+
+    def test_the_two_halves_give_the_whole_logits(self, model_path: Path, full_stage) -> None:  # type: ignore[no-untyped-def]
+        head, tail = build_stages(model_path, [(0, 9), (9, 18)], n_rows=1, n_ctx=8, share_output=True)
+        assert head.shares_output and tail.shares_output and head.vocab_slice == (0, 131072)
+        states = torch.randn(3, full_stage.config.d_model)  # (R, D), already final-normed
+        both = torch.cat([head.logits(states), tail.logits(states)], dim=1)  # (R, V)
+        assert torch.allclose(both, full_stage.logits(states), atol=1e-4)
 
 
 class StageTensorNamesTests:

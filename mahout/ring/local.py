@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from engine.generate import build_stages, even_split
+from engine.model import Stage
 from mahout.ring.bridge import RingBridge
 from mahout.ring.membership import Limits
 from mahout.ring.stage import StageAgent
@@ -35,11 +36,13 @@ class ThreadRing:
 
     def __init__(
         self, model_path: str | Path, ranges: Sequence[tuple[int, int]], *, limits: Limits,
-        slots: int | None = None, n_ctx: int = 512,
+        slots: int | None = None, n_ctx: int = 512, stages: Sequence[Stage] | None = None,
     ) -> None:
+        """`stages`, if given, are used as they are instead of being loaded for `ranges`."""
         if len(ranges) < 2:
             raise ValueError("a pipeline needs at least two stages")
-        stages = build_stages(model_path, ranges, n_rows=slots or 2 * limits.micro_batch, n_ctx=n_ctx)
+        if stages is None:
+            stages = build_stages(model_path, ranges, n_rows=slots or 2 * limits.micro_batch, n_ctx=n_ctx, share_output=True)
         servers = [listen() for _ in stages]
         addresses = [server.getsockname()[:2] for server in servers]
         self.agents = [
@@ -84,7 +87,9 @@ class ProcessRing:
     def __init__(
         self, model_path: str | Path, ranges: Sequence[tuple[int, int]], *, limits: Limits,
         threads: int = 1, slots: int | None = None, n_ctx: int = 512, ready_timeout: float = 180.0,
+        share_output: bool = True,
     ) -> None:
+        """`share_output=False` keeps the whole output head at the tail (for comparisons)."""
         if len(ranges) < 2:
             raise ValueError("a pipeline needs at least two stages")
         ports = [_free_port() for _ in ranges]
@@ -96,7 +101,7 @@ class ProcessRing:
                 "--end", str(end), "--index", str(i), "--listen", f"127.0.0.1:{ports[i]}",
                 "--next", f"127.0.0.1:{ports[(i + 1) % len(ranges)]}", "--micro-batch", str(limits.micro_batch),
                 "--row-width", str(limits.row_width), "--n-ctx", str(n_ctx), "--threads", str(threads),
-                *(["--slots", str(slots)] if slots else []),
+                *(["--slots", str(slots)] if slots else []), *([] if share_output else ["--whole-output"]),
             ]
             pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
             self.procs.append(subprocess.Popen(command, cwd=ROOT, env=env, text=True, **pipes))

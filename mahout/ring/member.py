@@ -82,7 +82,7 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
             return 2
         torch.set_num_threads(args.threads)
         start, end, n_stages = plan["start"], plan["end"], len(plan["stages"])
-        config, weights = load_stage(args.model or default_model_path(), start, end)
+        config, weights = load_stage(args.model or default_model_path(), start, end, share_output=True)
         if config.n_layers != plan["n_layers"]:
             say(f"mahout: error: the plan is for {plan['n_layers']} layers, this model has {config.n_layers}")
             return 2

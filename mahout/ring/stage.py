@@ -17,11 +17,20 @@ Roles follow from the layer range:
 * the **tail** applies the final norm and output head, samples (greedy by default), and
   sends the tokens to the head and to the bridge.
 
+When the ring shares the output head (the head holds the vocabulary's first half, the tail
+the second: `engine.model.output_share`), the tail sends the final-normed rows to the head
+(``share``) before computing its own half, the head computes the first half at the same
+time and sends its candidates on downstream (``partial``), and the tail merges the two
+(`mahout.ring.vocab`). A lone request's largest matrix, the (V, D) output head, is then read
+by two stages at once instead of by the tail while the head waits.
+
 Messages (header ``type``): ``hello`` (first frame of a connection), ``submit`` and ``cancel``
 (bridge -> head), ``batch`` (hidden state + membership, downstream), ``tokens`` (tail -> head and
-bridge), ``release`` (a request ended: every stage frees its cache row; the tail tells the
-bridge ``done``), ``error`` (requests that failed, downstream to the tail, then to the head
-and the bridge), ``stats`` (collected hop by hop, the tail hands them to the bridge).
+bridge), ``share`` (tail -> head: final-normed rows) and ``partial`` (head -> downstream to
+the tail: the first half's candidates), ``release`` (a request ended: every stage frees its
+cache row; the tail tells the bridge ``done``), ``error`` (requests that failed, downstream to
+the tail, then to the head and the bridge), ``stats`` (collected hop by hop, the tail hands
+them to the bridge).
 
 Each stage counts the seconds it held a batch (computing and handing it on) and the seconds
 it had nothing to do, and its queue depth, so a starved ring reads differently from a
@@ -44,6 +53,7 @@ import torch
 
 from engine.model import Stage
 from mahout.ring.membership import DECODE, PREFILL, Limits, Row, rows_from_wire, rows_to_wire
+from mahout.ring.vocab import Pick, merge, pick_in_slice
 from mahout.ring.wire import Link, LinkClosed, connect, listen
 
 __all__ = ["StageAgent", "StageStats", "main"]
@@ -118,8 +128,11 @@ class StageAgent:
         self._active: dict[str, _Request] = {}
         self._ready_rows: deque[str] = deque()
         self._waiting: deque[dict[str, Any]] = deque()
-        # tail only
+        # stages that sample (the tail; the head too when it shares the output head)
         self._generators: dict[str, torch.Generator] = {}
+        # tail of a ring sharing the output head: batches whose first-half candidates are awaited
+        self._share_seq = 0
+        self._awaiting: dict[int, list[tuple[Row, Pick]]] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -209,6 +222,10 @@ class StageAgent:
             self._tokens(header["rows"])
         elif kind == "cancel" and self.is_head:
             self._cancel(str(header["request_id"]))
+        elif kind == "share" and tensor is not None:
+            self._share_picks(header, tensor)
+        elif kind == "partial":
+            self._partial(header)
         elif kind == "release":
             self._release(header)
         elif kind == "error":
@@ -243,16 +260,19 @@ class StageAgent:
         """A downstream stage: check the membership against the plan, run it, hand it on."""
         started = time.perf_counter()
         rows = rows_from_wire(header["rows"])
+        sharing = self.is_tail and self.stage.shares_output
         try:
             self.limits.check(rows, hidden.shape[0])
-            out = self.stage.forward_rows(hidden, [row.span() for row in rows])  # (T, D) or tail (R, V)
+            out = self.stage.forward_rows(hidden, [row.span() for row in rows], normed=sharing)  # (T, D), tail (R, V | D)
+            if sharing:
+                self._share(rows, out)
         except Exception as exc:  # noqa: BLE001 - a refused or failed batch fails its requests, not the ring
             self._fail(rows, exc, started)
             return
-        if self.is_tail:
-            self._sample(rows, out)
-        else:
+        if not self.is_tail:
             self._forward(rows, out)
+        elif not sharing:
+            self._sample(rows, out)
         self._count(rows, started)
 
     def _run_head_batch(self) -> None:
@@ -384,10 +404,16 @@ class StageAgent:
 
     # -- release, errors, stats --------------------------------------------------------
 
-    def _release(self, header: dict[str, Any]) -> None:
-        request_id = str(header["request_id"])
+    def _forget(self, request_id: str) -> None:
+        """Free what this stage holds for a request that ended."""
         self.stage.cache.release(request_id)
         self._generators.pop(request_id, None)
+        for seq, waiting in list(self._awaiting.items()):
+            self._awaiting[seq] = [(row, pick) for row, pick in waiting if row.request_id != request_id]
+
+    def _release(self, header: dict[str, Any]) -> None:
+        request_id = str(header["request_id"])
+        self._forget(request_id)
         if self.is_tail:
             self._to_bridge({"type": "done", "request_id": request_id, "reason": header.get("reason", "stop")})
         else:
@@ -400,8 +426,7 @@ class StageAgent:
     def _error(self, header: dict[str, Any]) -> None:
         """Failed requests: free their rows here and pass the word on (tail: to head and bridge)."""
         for request_id in header["request_ids"]:
-            self.stage.cache.release(request_id)
-            self._generators.pop(request_id, None)
+            self._forget(request_id)
         if self.is_head:
             for request_id in header["request_ids"]:
                 self._drop(request_id)
@@ -435,27 +460,85 @@ class StageAgent:
 
     def _sample(self, rows: list[Row], logits: torch.Tensor) -> None:
         # logits: (R, V), one row per member, after that member's last token
-        picked = []
-        for i, row in enumerate(rows):
-            if not row.sample:
-                continue
-            token = self._pick(row, logits[i])
-            picked.append({"request_id": row.request_id, "token": token, "position": row.start + row.n_tokens})
-        if picked:
-            message = {"type": "tokens", "rows": picked}
-            self._to_bridge(message)
-            assert self._next is not None
-            self._next.send(message)
+        lo = self.stage.weights.vocab_lo
+        self._emit([(row, self._pick(row, logits[i], lo).index) for i, row in enumerate(rows) if row.sample])
 
-    def _pick(self, row: Row, logits: torch.Tensor) -> int:
-        # logits: (V,)
+    def _emit(self, tokens: list[tuple[Row, int]]) -> None:
+        """The sampled tokens, to the bridge and round to the head."""
+        if not tokens:
+            return
+        picked = [{"request_id": row.request_id, "token": token, "position": row.start + row.n_tokens} for row, token in tokens]
+        message = {"type": "tokens", "rows": picked}
+        self._to_bridge(message)
+        assert self._next is not None
+        self._next.send(message)
+
+    def _generator(self, row: Row) -> torch.Generator | None:
+        """The request's own random stream (the head's share draws from a stream of its own)."""
         if row.temperature <= 0:
-            return int(logits.argmax())
+            return None
         generator = self._generators.get(row.request_id)
         if generator is None:
-            generator = self._generators[row.request_id] = torch.Generator().manual_seed(row.seed or 0)
-        probs = torch.softmax(logits / row.temperature, dim=-1)  # (V,)
-        return int(torch.multinomial(probs, 1, generator=generator))
+            seed = (row.seed or 0) + (1 if self.is_head else 0)
+            generator = self._generators[row.request_id] = torch.Generator().manual_seed(seed)
+        return generator
+
+    def _pick(self, row: Row, logits: torch.Tensor, lo: int) -> Pick:
+        # logits: (V_s,) of vocabulary rows [lo, lo + V_s)
+        return pick_in_slice(logits, lo=lo, temperature=row.temperature, generator=self._generator(row))
+
+    # -- a shared output head ----------------------------------------------------------
+
+    def _share(self, rows: list[Row], normed: torch.Tensor) -> None:
+        """Tail: send the sampled rows' final-normed states to the head, then pick from our half."""
+        # normed: (R, D), one row per member
+        chosen = [i for i, row in enumerate(rows) if row.sample]
+        if not chosen:
+            return
+        sampled = [rows[i] for i in chosen]
+        states = normed[chosen]  # (S, D)
+        self._share_seq += 1
+        assert self._next is not None
+        self._next.send({"type": "share", "seq": self._share_seq, "rows": rows_to_wire(sampled)}, states)
+        logits = self.stage.logits(states)  # (S, V - V/2)
+        lo = self.stage.weights.vocab_lo
+        self._awaiting[self._share_seq] = [(row, self._pick(row, logits[i], lo)) for i, row in enumerate(sampled)]
+
+    def _share_picks(self, header: dict[str, Any], states: torch.Tensor) -> None:
+        """Head: candidates from the vocabulary's first half for the rows the tail shared."""
+        # states: (S, D)
+        started = time.perf_counter()
+        rows = rows_from_wire(header["rows"])
+        message: dict[str, Any] = {"type": "partial", "seq": header["seq"]}
+        try:
+            if not self.stage.shares_output:
+                raise RuntimeError("this head holds no share of the output head, but the tail shares it")
+            logits = self.stage.logits(states)  # (S, V/2)
+            picks = [self._pick(row, logits[i], self.stage.weights.vocab_lo) for i, row in enumerate(rows)]
+            message["picks"] = {row.request_id: [pick.index, pick.value] for row, pick in zip(rows, picks, strict=True)}
+        except Exception as exc:  # noqa: BLE001 - the tail fails these requests; the ring serves on
+            message["failed"] = f"{self.name}: {exc}"
+        assert self._next is not None
+        self._next.send(message)
+        self.stats.hold_s += time.perf_counter() - started
+
+    def _partial(self, header: dict[str, Any]) -> None:
+        """Pass the head's candidates on; at the tail, merge them with ours into the tokens."""
+        if not self.is_tail:
+            assert self._next is not None
+            self._next.send(header)
+            return
+        waiting = self._awaiting.pop(int(header["seq"]), [])
+        if header.get("failed"):
+            self._send_error([row.request_id for row, _ in waiting], str(header["failed"]))
+            return
+        theirs = header.get("picks") or {}
+        tokens = []
+        for row, mine in waiting:
+            index, value = theirs[row.request_id]
+            first = Pick(int(index), float(value))
+            tokens.append((row, merge(first, mine, temperature=row.temperature, generator=self._generator(row))))
+        self._emit(tokens)
 
 
 def _address(text: str) -> tuple[str, int]:
@@ -477,13 +560,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slots", type=int, default=None, help="requests in flight at once (default: 2 x micro-batch)")
     parser.add_argument("--n-ctx", type=int, default=512)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--whole-output", action="store_true",
+                        help="the tail holds the whole output head (default: head and tail share it; every stage must agree)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     from engine.gguf_loader import load_stage
 
     limits = Limits(micro_batch=args.micro_batch, row_width=args.row_width)
     server = listen(*_address(args.listen))
-    config, weights = load_stage(args.model, args.start, args.end)
+    config, weights = load_stage(args.model, args.start, args.end, share_output=not args.whole_output)
     stage = Stage(config, weights, args.start, args.end, n_rows=args.slots or 2 * args.micro_batch, n_ctx=args.n_ctx)
     agent = StageAgent(stage, limits=limits, next_address=_address(args.next), server=server, index=args.index)
     threading.Thread(target=lambda: agent.ready.wait() and print("READY", flush=True), daemon=True).start()

@@ -25,6 +25,11 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_moe(tmp_path_factory.mktemp("moe") / "tiny-moe.gguf", seed=3)
 
 
+# A worker runs the same float32 matmuls with its own thread count, so sums are ordered
+# differently: values of ~30 were seen to differ by ~1e-4 (5.9126 vs 5.9127) on a busy CI.
+FLOAT32_RTOL = 1e-4
+
+
 def start_worker(model: Path, layer: int, first: int, count: int) -> tuple[subprocess.Popen, tuple[str, int]]:
     process = subprocess.Popen(
         [sys.executable, "-m", "mahout.moe.worker", "--model", str(model), "--layer", str(layer),
@@ -72,7 +77,7 @@ class RemoteExpertTests:
             for _, spec in workers:
                 coordinator.attach(spec)
             remote = MoeModel(config, weights, experts=coordinator)
-            assert torch.allclose(_logits(remote, prompt), reference, atol=1e-5)
+            assert torch.allclose(_logits(remote, prompt), reference, rtol=FLOAT32_RTOL, atol=1e-5)
             assert coordinator.stats.local_experts == 0 and coordinator.stats.remote_experts > 0
             assert all(state.last_serve_ms > 0 for state in coordinator.workers.values())
             assert MoeModel(config, weights, experts=coordinator).generate(prompt, 8) == expected_tokens
@@ -91,8 +96,8 @@ class RemoteExpertTests:
             inputs = {e: x for e in range(2, 6)}
             remote = coordinator(1, inputs)
             assert coordinator.stats.remote_experts == 4
-            for e in range(2, 6):
-                assert torch.allclose(remote[e], weights.layers[1].experts.compute(e, x), atol=1e-6)
+            for e in range(2, 6):  # float32 sums in another process's thread layout differ in the last bits
+                assert torch.allclose(remote[e], weights.layers[1].experts.compute(e, x), rtol=FLOAT32_RTOL, atol=1e-5)
         finally:
             coordinator.close()
             process.kill()

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine.generate import build_stages, generate
-from mahout.ring.bridge import RingBroken
+from mahout.ring.bridge import RingBroken, RingError
 from mahout.ring.local import ThreadRing, split_layers
 from mahout.ring.membership import BatchTooWide, Limits, Row, rows_to_wire
 from mahout.ring.stage import StageAgent
@@ -94,6 +94,23 @@ class RingTests:
             ring.bridge.cancel(endless.id)
             assert len(endless.result()) < 50 and endless.finish_reason == "cancelled"
             assert queued.result() == expected[1]
+
+    def test_it_samples_reproducibly_for_a_seed_across_the_shared_output_head(self, model_path: Path) -> None:
+        with _ring(model_path, 2) as ring:
+            assert all(agent.stage.shares_output for agent in ring.agents)
+            runs = [ring.bridge.submit(PROMPTS[0], MAX_TOKENS, temperature=0.9, seed=seed) for seed in (5, 5, 6)]
+            first, again, other = (run.result() for run in runs)
+        assert first == again and len(first) == MAX_TOKENS
+        assert all(0 <= token < 262144 for token in first + other)
+
+    def test_it_fails_a_request_honestly_when_the_head_holds_no_share_of_the_output(self, model_path: Path) -> None:
+        (head,) = build_stages(model_path, [(0, 9)], n_rows=4, n_ctx=64)  # loaded as the single-process engine does
+        (tail,) = build_stages(model_path, [(9, 18)], n_rows=4, n_ctx=64, share_output=True)
+        with ThreadRing(model_path, [(0, 9), (9, 18)], limits=LIMITS, stages=[head, tail]) as ring:
+            for _ in range(2):  # each request fails with the reason, and the ring is not broken by it
+                with pytest.raises(RingError, match="holds no share of the output head") as failed:
+                    ring.bridge.submit(PROMPTS[3], MAX_TOKENS).result()
+                assert not isinstance(failed.value, RingBroken)
 
     def test_it_fails_open_requests_when_a_stage_dies(self, model_path: Path) -> None:
         with _ring(model_path, 3) as ring:
