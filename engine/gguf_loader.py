@@ -3,8 +3,9 @@
 A stage reads only `blk.{start..end-1}.*`, plus `token_embd` at the head (start == 0) and
 `output_norm` / the output head at the tail (end == n_layers). Gemma ties the output head to
 `token_embd` when the file has no `output.weight`. Quantized tensors are dequantized with
-`gguf.quants.dequantize` into float32; the head keeps the embedding table quantized and
-dequantizes only the rows it looks up. A ring stage loaded with `share_output` holds only its
+`gguf.quants.dequantize` and kept as float16 matrices (`engine.model.WEIGHT_DTYPE`; norms stay
+float32); the head keeps the embedding table quantized and dequantizes only the rows it
+looks up (rounded to float16 too, so every stage sees the same embedding). A ring stage loaded with `share_output` holds only its
 share of the output head (`engine.model.output_share`): the head the first half of the
 vocabulary's rows (and the final norm), the tail the second; only those rows are read.
 """
@@ -22,7 +23,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 
-from engine.model import Config, DenseEmbedding, LayerWeights, StageWeights, output_share
+from engine.model import WEIGHT_DTYPE, Config, DenseEmbedding, LayerWeights, StageWeights, output_share
 
 __all__ = [
     "QuantizedEmbedding",
@@ -182,7 +183,7 @@ class QuantizedEmbedding:
 
     def rows(self, token_ids: torch.Tensor) -> torch.Tensor:
         picked = self.data[token_ids.numpy()]  # (T, bytes_per_row)
-        return dequantize_rows(picked, self.qtype)  # (T, D)
+        return dequantize_rows(picked, self.qtype).to(WEIGHT_DTYPE).float()  # (T, D), as a dense table gives them
 
 
 def _output_rows(config: Config, start: int, end: int, share_output: bool) -> tuple[int, int] | None:
@@ -220,7 +221,7 @@ def load_stage(path: str | Path, start: int, end: int, *, share_output: bool = F
         lo, hi = rows
         table = tensors["token_embd.weight" if tied else "output.weight"]
         weights.output_norm = _dequantize(tensors["output_norm.weight"])  # (D,)
-        weights.output = dequantize_rows(table.data[lo:hi], table.tensor_type)  # (hi - lo, D): only these rows are read
+        weights.output = dequantize_rows(table.data[lo:hi], table.tensor_type).to(WEIGHT_DTYPE)  # (hi - lo, D): only these rows
         weights.vocab_lo = lo
     if start == 0:
         if tied and weights.output is not None and rows == (0, config.vocab_size):  # one stage holds everything
@@ -233,4 +234,5 @@ def load_stage(path: str | Path, start: int, end: int, *, share_output: bool = F
 
 def _layer(tensors: dict[str, ReaderTensor], index: int) -> LayerWeights:
     loaded = {field: _dequantize(tensors[f"blk.{index}.{name}.weight"]) for field, name in _LAYER_TENSORS.items()}
-    return LayerWeights(index=index, **loaded)
+    matrices = {field: tensor.to(WEIGHT_DTYPE) for field, tensor in loaded.items() if tensor.ndim == 2}  # norms stay float32
+    return LayerWeights(index=index, **{**loaded, **matrices})

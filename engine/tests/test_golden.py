@@ -1,7 +1,7 @@
 """The engine against llama.cpp (llama-cpp-python) on the shipped GGUF.
 
 llama.cpp multiplies quantized weights by activations that it quantizes too (8-bit blocks),
-the engine by exact float32 dequantized weights, so logits differ by a few hundredths and
+the engine by dequantized weights held in float16 with float32 sums, so logits differ by a few hundredths and
 a near-tie between the top two tokens can flip. The tests therefore require: the same
 greedy tokens until the two part, parting only at a near-tie (llama.cpp's top two logits
 within NEAR_TIE), and final-logit correlation above 0.99. On the shipped model the five

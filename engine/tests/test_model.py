@@ -9,6 +9,10 @@ from engine.generate import build_stages
 from engine.gguf_loader import load_stage
 from engine.model import Config, ContextOverflowError, KVCache, RowSpan, Stage
 
+# Weights are float16 and every product's inputs and outputs are rounded to float16, so a row
+# packed with others (the float32 kernel) and alone (the float16 kernel) can differ by an ulp
+# here and there; through 18 layers that is up to ~0.02 on logits of ~15 (seen: 0.017).
+PACKED_ATOL = 0.05
 PROMPT_A = [2, 818, 5279, 529, 7001, 563, 496]  # "The capital of France is a"
 PROMPT_B = [2, 2063, 11742, 496, 880]
 
@@ -49,7 +53,7 @@ class StageBatchTests:
             (both[0], alone_a[2]),
             (both[1], alone_b[1]),
         ]:
-            assert torch.allclose(got, want, atol=1e-3, rtol=0), float((got - want).abs().max())
+            assert torch.allclose(got, want, atol=PACKED_ATOL, rtol=0), float((got - want).abs().max())
             assert int(got.argmax()) == int(want.argmax())
         full_stage.cache.release("req-a")
         full_stage.cache.release("req-b")
@@ -112,4 +116,4 @@ class StageMembershipTests:
 
         assert [stage.cache.row_of("b") for stage in ring] == [1, 1]
         for got, want in [(first[0], alone_a[0]), (mixed[0], alone_a[1]), (mixed[1], alone_b[0])]:
-            assert torch.allclose(got, want, atol=1e-3, rtol=0), float((got - want).abs().max())
+            assert torch.allclose(got, want, atol=PACKED_ATOL, rtol=0), float((got - want).abs().max())
