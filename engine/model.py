@@ -50,20 +50,32 @@ __all__ = [
 
 WEIGHT_DTYPE = torch.float16
 HALF_KERNEL_ROWS = 2  # up to this many rows use the float16 kernel on CPU; more rows upcast the weight
+UPCAST_BLOCK = 2048  # weight rows upcast at a time (a cache-sized float32 block: the output head is 262k rows)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x @ w.T for float32 activations and a weight stored in `WEIGHT_DTYPE` (float32 weights,
-    as the MoE keeps them, multiply as they are). A few rows (a decode) run the float16 kernel,
-    which reads half the bytes; more rows upcast the weight and run the float32 kernel, since
-    CPU float16 GEMM is several times slower than float32. Both round inputs and outputs to
-    float16 and sum in float32, so a row's result does not depend on what it was packed with."""
+    as the MoE keeps them, multiply as they are).
+
+    A few rows (a decode) run the float16 kernel, which reads half the bytes. CPU float16 GEMM
+    costs more with every row, though, so more rows (a prefill, packed decodes) upcast the
+    weight a block at a time and run the float32 kernel on it while it is in cache. Both
+    round inputs and outputs to float16 and sum in float32, so a row's result does not depend
+    on what it was packed with (up to the order of the sums)."""
     # x: (T, in) float32; w: (out, in) -> (T, out) float32
     if w.dtype == torch.float32:
         return x @ w.T
     if x.shape[0] <= HALF_KERNEL_ROWS or x.device.type != "cpu":
         return (x.to(w.dtype) @ w.T).float()
-    return (x.to(w.dtype).float() @ w.float().T).to(w.dtype).float()
+    rounded_t = x.to(w.dtype).float().T  # (in, T)
+    out_t = torch.empty(w.shape[0], x.shape[0])  # (out, T): each block's result is a contiguous run of rows
+    buffer = torch.empty(min(UPCAST_BLOCK, w.shape[0]), w.shape[1])  # (B, in), reused block after block
+    for first in range(0, w.shape[0], UPCAST_BLOCK):
+        rows = min(UPCAST_BLOCK, w.shape[0] - first)
+        block = buffer[:rows]
+        block.copy_(w[first : first + rows])
+        torch.mm(block, rounded_t, out=out_t[first : first + rows])
+    return out_t.T.to(w.dtype).float()
 
 
 class ContextOverflowError(ValueError):
@@ -396,8 +408,7 @@ class Stage:
         """Logits of this stage's vocabulary rows for final-normed hidden states (soft-capped)."""
         # normed: (R, D) -> (R, V_s)
         assert self.weights.output is not None, "this stage holds no output head"
-        output = self.weights.output
-        logits = torch.cat([linear(rows, output) for rows in normed.split(HALF_KERNEL_ROWS)])  # (R, V_s)
+        logits = linear(normed, self.weights.output)  # (R, V_s)
         cap = self.config.final_logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
