@@ -359,7 +359,8 @@ class Stage:
 
     `forward(x, positions, cache_rows)`: at the head `x` is token ids (T,), elsewhere the
     hidden state (T, D) handed over by the previous stage. Returns the hidden state (T, D),
-    or at the tail the logits (T', V) of the tokens selected by `logits_for` (all if None).
+    or at the tail the logits (T', V_s) of its vocabulary rows for the tokens selected by
+    `logits_for` (all if None).
     """
 
     def __init__(
