@@ -5,9 +5,10 @@ A stage reads only `blk.{start..end-1}.*`, plus `token_embd` at the head (start 
 `token_embd` when the file has no `output.weight`. Quantized tensors are dequantized with
 `gguf.quants.dequantize` and kept as float16 matrices (`engine.model.WEIGHT_DTYPE`; norms stay
 float32); the head keeps the embedding table quantized and dequantizes only the rows it
-looks up (rounded to float16 too, so every stage sees the same embedding). A ring stage loaded with `share_output` holds only its
-share of the output head (`engine.model.output_share`): the head the first half of the
-vocabulary's rows (and the final norm), the tail the second; only those rows are read.
+looks up (rounded to float16 too, so every stage sees the same embedding). A ring stage
+loaded with `share_output` holds only its share of the output head
+(`engine.model.output_share`): the head the first half of the vocabulary's rows (and the
+final norm), the tail the second; only those rows are read.
 """
 
 from __future__ import annotations

@@ -500,9 +500,13 @@ class StageAgent:
         self._share_seq += 1
         assert self._next is not None
         self._next.send({"type": "share", "seq": self._share_seq, "rows": rows_to_wire(sampled)}, states)
-        logits = self.stage.logits(states)  # (S, V - V/2)
-        lo = self.stage.weights.vocab_lo
-        self._awaiting[self._share_seq] = [(row, self._pick(row, logits[i], lo)) for i, row in enumerate(sampled)]
+        self._awaiting[self._share_seq] = list(zip(sampled, self._slice_picks(sampled, states), strict=True))
+
+    def _slice_picks(self, rows: list[Row], states: torch.Tensor) -> list[Pick]:
+        """Each row's candidate from this stage's slice of the vocabulary."""
+        # states: (S, D) final-normed, one per row
+        logits = self.stage.logits(states)  # (S, V_s)
+        return [self._pick(row, logits[i], self.stage.weights.vocab_lo) for i, row in enumerate(rows)]
 
     def _share_picks(self, header: dict[str, Any], states: torch.Tensor) -> None:
         """Head: candidates from the vocabulary's first half for the rows the tail shared."""
@@ -513,8 +517,7 @@ class StageAgent:
         try:
             if not self.stage.shares_output:
                 raise RuntimeError("this head holds no share of the output head, but the tail shares it")
-            logits = self.stage.logits(states)  # (S, V/2)
-            picks = [self._pick(row, logits[i], self.stage.weights.vocab_lo) for i, row in enumerate(rows)]
+            picks = self._slice_picks(rows, states)
             message["picks"] = {row.request_id: [pick.index, pick.value] for row, pick in zip(rows, picks, strict=True)}
         except Exception as exc:  # noqa: BLE001 - the tail fails these requests; the ring serves on
             message["failed"] = f"{self.name}: {exc}"
