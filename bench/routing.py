@@ -117,28 +117,17 @@ def claim_loop(hosts: list, model_ids: list[int], routed: bool, latencies: list[
 
 
 def plain_claim(*, host, model_ids: list[int]):  # type: ignore[no-untyped-def]
-    """The same plain-SQL claim as `job_claim_next` with routing's rules left out (oldest
-    queued job of a qualified model): the baseline for routing's share of a claim."""
-    from django.db import connection, transaction
+    """The same claim statement as `job_claim_payload` with routing's rules left out (the
+    oldest queued job of a qualified model): the baseline for routing's share of a claim."""
     from django.utils import timezone
 
-    from marketplace.models import Job, Request
-    from marketplace.services import job_payload
+    from marketplace import services as market
+    from marketplace.models import Job
 
-    at = connection.ops.adapt_datetimefield_value(timezone.now())
-    skip_locked = " FOR UPDATE SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE marketplace_job SET status = 'running', host_id = %s, claimed_at = %s, last_token_at = %s"
-            " WHERE status = 'queued' AND id = (SELECT id FROM marketplace_job WHERE status = 'queued' AND model_id IN"
-            f" ({', '.join(['%s'] * len(model_ids))}) ORDER BY created_at, id LIMIT 1{skip_locked}) RETURNING id, request_id",
-            [host.pk, at, at, *model_ids],
-        )
-        claimed = cursor.fetchone()
-        if claimed is None:
-            return None
-        cursor.execute("UPDATE marketplace_request SET status = 'running', started_at = %s WHERE id = %s", [at, claimed[1]])
-        return job_payload(Job.objects.select_related("request", "model").get(pk=claimed[0]))
+    selection = (f"status = %s AND model_id IN ({', '.join(['%s'] * len(model_ids))}) ORDER BY created_at, id",
+                 [Job.Status.QUEUED, *model_ids])
+    claimed = market.job_claim_selected(host=host, selection=selection, now=timezone.now())
+    return None if claimed is None else market.claimed_payload(claimed)
 
 
 def _claims_child(host_slice: list, model_ids: list[int], routed: bool, start_at: float) -> None:

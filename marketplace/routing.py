@@ -55,10 +55,11 @@ def warm_model_ids(*, host: Host, model_ids: list[int], now: datetime | None = N
 
 
 def claim_sql(*, host_id: int, model_ids: list[int], warm_ids: list[int], now: datetime) -> tuple[str, list]:
-    """The WHERE clause (and its parameters) of the jobs this host may claim now: queued,
-    of a model it qualified; not offered to someone else (or the offer lapsed); warm here
-    or past the cold grace; and not a continuation within its grace of the host that died.
-    Plain SQL because it runs on every claim (see `services.job_claim_next`)."""
+    """The jobs this host may claim now, best first, as SQL conditions and an ORDER BY (with
+    their parameters): queued, of a model it qualified; not offered to someone else (or
+    the offer lapsed); warm here or past the cold grace; not a continuation within its
+    grace of the host that died; jobs offered to this host first, then oldest first.
+    Plain SQL because it runs on every claim (see `services.job_claim_selected`)."""
     adapt = connection.ops.adapt_datetimefield_value
     at, grace_over = adapt(now), adapt(now - timedelta(seconds=settings.CONTINUATION_GRACE_SECONDS))
     models_in = ", ".join(["%s"] * len(model_ids))
@@ -68,8 +69,9 @@ def claim_sql(*, host_id: int, model_ids: list[int], warm_ids: list[int], now: d
         " AND (avoid_host_id IS NULL OR avoid_host_id <> %s OR created_at < %s)"
         " AND (offered_host_id IS NULL OR offered_host_id = %s OR offer_until < %s)"
         f" AND (warm_until IS NULL OR warm_until < %s OR {warm_in})"
+        " ORDER BY CASE WHEN offered_host_id = %s THEN 0 ELSE 1 END, created_at, id"
     )
-    params = [Job.Status.QUEUED, *model_ids, host_id, grace_over, host_id, at, at, *warm_ids]
+    params = [Job.Status.QUEUED, *model_ids, host_id, grace_over, host_id, at, at, *warm_ids, host_id]
     return sql, params
 
 

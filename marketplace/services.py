@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import secrets
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -175,7 +175,20 @@ def job_payload(job: Job) -> dict:
     }
 
 
-@transaction.atomic
+# What a claim reads back about the job it won: enough to build the host's payload
+# without another query (`claimed_payload`).
+_CLAIMED_REQUEST_COLUMNS = ("public_id", "kind", "messages", "prompt", "inputs", "params", "delivered_text", "model_id")
+_JSON_COLUMNS = ("messages", "inputs", "params")
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    job_id: int
+    attempt: int
+    request_id: int
+    request: dict  # _CLAIMED_REQUEST_COLUMNS, plus the model's name and tokenizer
+
+
 def job_claim_next(
     *, host: Host, fingerprint: str = "", model_ids: list[int] | None = None, warm_ids: list[int] | None = None
 ) -> Job | None:
@@ -183,16 +196,25 @@ def job_claim_next(
 
     `model_ids` (the host's qualified models) and `warm_ids` (those it has loaded, see
     `routing.warm_model_ids`), looked up once per long-poll, may be passed instead of
-    the fingerprint. A paused host or one in maintenance gets nothing. Jobs offered to
-    this host come first; jobs offered to another host wait for that offer to lapse;
-    a host without the model loaded waits out the cold grace; a continuation skips the
-    host whose attempt died until its grace is over (`routing.claim_sql`).
-
-    One UPDATE claims the row it picks (on PostgreSQL the pick is FOR UPDATE SKIP LOCKED,
-    so many hosts claim at once without queueing behind each other; SQLite serialises
-    writers) and re-checks `status`, so two hosts can never both win a job. Plain SQL:
-    this runs for every job, and the ORM's statement building cost more than the work.
+    the fingerprint. Jobs offered to this host come first; jobs offered to another host
+    wait for that offer to lapse; a host without the model loaded waits out the cold
+    grace; a continuation skips the host whose attempt died until its grace is over
+    (`routing.claim_sql`).
     """
+    claimed = _claim_routed(host=host, fingerprint=fingerprint, model_ids=model_ids, warm_ids=warm_ids)
+    return None if claimed is None else Job.objects.select_related("request", "model").get(pk=claimed.job_id)
+
+
+def job_claim_payload(*, host: Host, model_ids: list[int], warm_ids: list[int] | None = None) -> dict | None:
+    """`job_claim_next`, rendered as what the host receives (the long-poll's path: no
+    query after the claim)."""
+    claimed = _claim_routed(host=host, model_ids=model_ids, warm_ids=warm_ids)
+    return None if claimed is None else claimed_payload(claimed)
+
+
+def _claim_routed(
+    *, host: Host, fingerprint: str = "", model_ids: list[int] | None, warm_ids: list[int] | None
+) -> ClaimedJob | None:
     if model_ids is None:
         model_ids = qualified_model_ids(host=host, fingerprint=fingerprint)
     if not model_ids:
@@ -200,37 +222,81 @@ def job_claim_next(
     now = timezone.now()
     if warm_ids is None:
         warm_ids = routing.warm_model_ids(host=host, model_ids=model_ids, now=now)
-    where, params = routing.claim_sql(host_id=host.pk, model_ids=model_ids, warm_ids=warm_ids, now=now)
-    job_table, request_table, host_table = (
-        connection.ops.quote_name(model._meta.db_table) for model in (Job, Request, Host)
+    selection = routing.claim_sql(host_id=host.pk, model_ids=model_ids, warm_ids=warm_ids, now=now)
+    return job_claim_selected(host=host, selection=selection, now=now)
+
+
+def job_claim_selected(*, host: Host, selection: tuple[str, list], now: datetime) -> ClaimedJob | None:
+    """Claim the first job of `selection` (SQL conditions on the job table and an ORDER BY,
+    with their parameters) unless the host is paused or in maintenance: mark it running
+    and its request started, and read back what the host's payload needs.
+
+    The UPDATE re-checks `status`, so two hosts can never both win a job; on PostgreSQL
+    the pick is FOR UPDATE SKIP LOCKED, so many hosts claim at once without queueing
+    behind each other (SQLite serialises writers). On PostgreSQL it is one statement (the
+    request's update reads the job's in a CTE): one round trip, atomic on its own.
+    Elsewhere, two statements in one transaction. Plain SQL: this runs for every job,
+    and the ORM's statement building and reading back cost more than the work.
+    """
+    conditions, params = selection
+    job_table, request_table, host_table, model_table = (
+        connection.ops.quote_name(model._meta.db_table) for model in (Job, Request, Host, CatalogModel)
     )
     skip_locked = " FOR UPDATE SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
     at = connection.ops.adapt_datetimefield_value(now)
+    claim_job = (
+        f"UPDATE {job_table} SET status = %s, host_id = %s, claimed_at = %s, last_token_at = %s"
+        f" WHERE status = %s AND id = (SELECT id FROM {job_table} WHERE"
+        f" NOT EXISTS (SELECT 1 FROM {host_table} WHERE id = %s AND (paused = %s OR maintenance_since IS NOT NULL))"
+        f" AND {conditions} LIMIT 1{skip_locked})"
+        " RETURNING id, attempt, request_id"
+    )
+    claim_params = [Job.Status.RUNNING, host.pk, at, at, Job.Status.QUEUED, host.pk, True, *params]
+    # a continuation's request is already running: it keeps its status and start time
+    start_request = (
+        f"UPDATE {request_table} SET status = CASE WHEN status = %s THEN %s ELSE status END,"
+        " started_at = CASE WHEN status = %s THEN %s ELSE started_at END"
+    )
+    start_params = [Request.Status.QUEUED, Request.Status.RUNNING, Request.Status.QUEUED, at]
+    returning = ", ".join(
+        [*(f"{request_table}.{column}" for column in _CLAIMED_REQUEST_COLUMNS),
+         f"(SELECT name FROM {model_table} WHERE id = {request_table}.model_id)",
+         f"(SELECT tokenizer FROM {model_table} WHERE id = {request_table}.model_id)"]
+    )
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {job_table} SET status = %s, host_id = %s, claimed_at = %s, last_token_at = %s"
-            f" WHERE status = %s AND id = (SELECT id FROM {job_table} WHERE {where}"
-            f" AND NOT EXISTS (SELECT 1 FROM {host_table} WHERE id = %s AND (paused = %s OR maintenance_since IS NOT NULL))"
-            f" ORDER BY CASE WHEN offered_host_id = %s THEN 0 ELSE 1 END, created_at, id LIMIT 1{skip_locked})"
-            " RETURNING id, request_id",
-            [Job.Status.RUNNING, host.pk, at, at, Job.Status.QUEUED, *params, host.pk, True, host.pk],
-        )
-        claimed = cursor.fetchone()
-        if claimed is None:
-            return None
-        cursor.execute(
-            f"UPDATE {request_table} SET status = %s, started_at = %s WHERE id = %s AND status = %s",
-            [Request.Status.RUNNING, at, claimed[1], Request.Status.QUEUED],
-        )
-    job = Job.objects.select_related("request", "model").get(pk=claimed[0])
-    announce_on_commit(request_group(job.request.public_id), {"type": "job.claimed"})
-    return job
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                f"WITH claimed AS ({claim_job}) {start_request} FROM claimed WHERE {request_table}.id = claimed.request_id"
+                f" RETURNING claimed.id, claimed.attempt, claimed.request_id, {returning}",
+                [*claim_params, *start_params],
+            )
+            row = cursor.fetchone()
+        else:
+            with transaction.atomic():
+                cursor.execute(claim_job, claim_params)
+                job_row = cursor.fetchone()
+                if job_row is None:
+                    return None
+                cursor.execute(f"{start_request} WHERE id = %s RETURNING {returning}", [*start_params, job_row[2]])
+                row = (*job_row, *cursor.fetchone())
+    if row is None:
+        return None
+    request = dict(zip((*_CLAIMED_REQUEST_COLUMNS, "model_name", "tokenizer"), row[3:]))
+    for column in _JSON_COLUMNS:
+        request[column] = Request._meta.get_field(column).from_db_value(request[column], None, connection)
+    announce_on_commit(request_group(request["public_id"]), {"type": "job.claimed"})
+    return ClaimedJob(job_id=row[0], attempt=row[1], request_id=row[2], request=request)
 
 
-def job_claim_payload(*, host: Host, model_ids: list[int], warm_ids: list[int] | None = None) -> dict | None:
-    """Claim the next job and render what the host receives, in one database trip."""
-    job = job_claim_next(host=host, model_ids=model_ids, warm_ids=warm_ids)
-    return None if job is None else job_payload(job)
+def claimed_payload(claimed: ClaimedJob) -> dict:
+    """`job_payload` of a claimed job, from what the claim read back."""
+    fields = claimed.request
+    model = CatalogModel(pk=fields["model_id"], name=fields["model_name"], tokenizer=fields["tokenizer"])
+    request = Request(
+        pk=claimed.request_id, model=model,
+        **{column: fields[column] for column in _CLAIMED_REQUEST_COLUMNS if column != "model_id"},
+    )
+    return job_payload(Job(pk=claimed.job_id, attempt=claimed.attempt, request=request, model=model))
 
 
 def _locked_job_of(*, host: Host, job_id: int) -> Job:

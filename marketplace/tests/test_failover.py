@@ -9,7 +9,7 @@ from django.utils import timezone
 from billing import selectors as ledger
 from conftest import make_host
 from marketplace import services
-from marketplace.models import Job
+from marketplace.models import Job, Request
 from marketplace.tests.test_services import CHAT, submit
 
 pytestmark = pytest.mark.django_db
@@ -31,10 +31,15 @@ class ContinuationTests:
         with pytest.raises(services.JobNotRunning):
             services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop")
         rescuer = make_host(name="rescuer")
-        continuation = services.job_claim_next(host=rescuer.host, fingerprint=rescuer.fingerprint)
-        payload = services.job_payload(continuation)
+        started_at = Request.objects.get(pk=request.pk).started_at
+        payload = services.job_claim_payload(host=rescuer.host, model_ids=[catalog.pk])
+        continuation = Job.objects.select_related("request", "model").get(pk=payload["id"])
+        assert payload == services.job_payload(continuation), "the long-poll's payload is the stored job's"
+        assert payload["continuation"] and continuation.attempt == 2
         assert payload["messages"] == [*CHAT, {"role": "assistant", "content": "The elephant wal"}]
         assert payload["params"]["max_tokens"] == 50 - services._count_output(request, "The elephant wal")
+        resumed = Request.objects.get(pk=request.pk)
+        assert (resumed.status, resumed.started_at) == ("running", started_at), "a continuation keeps the start"
 
     def test_the_dead_host_gets_the_continuation_only_after_the_grace(self, customer, serving_host, catalog, settings) -> None:
         settings.CONTINUATION_GRACE_SECONDS = 2

@@ -168,8 +168,9 @@ class TestEmbeddings:
             public_id=market.new_public_id("embeddings"), api_key=customer.key, model=minilm, kind="embeddings",
             messages=None, prompt=None, params={"max_tokens": 0}, stream=False, prompt_tokens=7, inputs=["a", "b"],
         )
-        job = market.job_claim_next(host=serving.host, fingerprint=serving.fingerprint)
-        payload = market.job_payload(job)
+        payload = market.job_claim_payload(host=serving.host, model_ids=[minilm.pk])
+        job = Job.objects.select_related("request", "model").get(pk=payload["id"])
+        assert payload == market.job_payload(job), "the long-poll's payload is the stored job's"
         assert payload["kind"] == "embeddings" and payload["input"] == ["a", "b"]
         with pytest.raises(market.BadResult):
             market.job_complete(host=serving.host, job_id=job.pk, finish_reason="stop", embeddings=[[0.1, 0.2]])

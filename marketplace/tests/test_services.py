@@ -66,6 +66,23 @@ class ClaimTests:
         request.refresh_from_db()
         assert request.status == "running"
 
+    @pytest.mark.parametrize("kind", ["chat", "completion"])
+    def test_the_long_poll_payload_is_the_stored_jobs_and_the_request_starts(self, customer, serving_host, catalog, kind) -> None:
+        request = services.request_submit(
+            public_id=services.new_public_id(kind), api_key=customer.key, model=catalog, kind=kind,
+            messages=CHAT if kind == "chat" else None, prompt="Once upon" if kind == "completion" else None,
+            params={"max_tokens": 9, "temperature": 0.5, "top_p": 0.9, "stop": ["\n"], "seed": 3}, stream=False,
+            prompt_tokens=4,
+        )
+        payload = services.job_claim_payload(host=serving_host.host, model_ids=[catalog.pk])
+        job = Job.objects.select_related("request", "model").get(pk=payload["id"])
+        assert payload == services.job_payload(job)
+        assert (payload["kind"], payload["params"]["stop"], payload["continuation"]) == (kind, ["\n"], False)
+        assert (job.status, job.host_id) == ("running", serving_host.host.pk)
+        request.refresh_from_db()
+        assert request.status == "running" and request.started_at is not None
+        assert services.job_claim_payload(host=serving_host.host, model_ids=[catalog.pk]) is None, "nothing left"
+
     def test_it_refuses_a_host_on_a_machine_it_did_not_benchmark(self, customer, serving_host, catalog) -> None:
         submit(customer, catalog)
         assert services.job_claim_next(host=serving_host.host, fingerprint="0" * 64) is None
