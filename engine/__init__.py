@@ -6,6 +6,13 @@ any contiguous slice of layers (a ring *stage*) with its own KV cache.
 
 from __future__ import annotations
 
-from engine.model import Config, ContextOverflowError, KVCache, LayerWeights, RowSpan, Stage, StageWeights
-
 __all__ = ["Config", "ContextOverflowError", "KVCache", "LayerWeights", "RowSpan", "Stage", "StageWeights"]
+
+
+def __getattr__(name: str):  # type: ignore[no-untyped-def]
+    """The model's names, imported on first use: `engine.shipped` must not pull in torch."""
+    if name in __all__:
+        from engine import model
+
+        return getattr(model, name)
+    raise AttributeError(f"module 'engine' has no attribute {name!r}")

