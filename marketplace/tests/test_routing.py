@@ -104,6 +104,20 @@ class TestOffers:
         counts = [Job.objects.filter(host=s.host, status=Job.Status.RUNNING).count() for s in hosts]
         assert counts == [3, 3, 3]
 
+    def test_a_hosts_load_is_its_running_jobs_and_live_offers(self, catalog) -> None:
+        busy, idle = make_host(name="busy"), make_host(name="idle")
+        for serving in (busy, idle):
+            beat(serving, loaded=["gemma-3-270m"], slots=10)
+        customer = make_customer()
+        jobs = [Job.objects.get(request=submit(customer, catalog)) for _ in range(4)]
+        now = timezone.now()
+        Job.objects.filter(pk=jobs[0].pk).update(status=Job.Status.RUNNING, host=busy.host)
+        Job.objects.filter(pk=jobs[1].pk).update(offered_host=busy.host, offer_until=now + timedelta(seconds=30))
+        Job.objects.filter(pk=jobs[2].pk).update(offered_host=busy.host, offer_until=now - timedelta(seconds=1))  # lapsed
+        Job.objects.filter(pk=jobs[3].pk).update(offered_host=None, offer_until=None)
+        load = {c.host_id: c.active for c in routing.candidates(model=catalog, now=now)}
+        assert load == {busy.host.pk: 2, idle.host.pk: 0}
+
     def test_weighted_offers_follow_the_weights(self, catalog) -> None:
         CatalogModel.objects.filter(pk=catalog.pk).update(routing_strategy="weighted")
         catalog.refresh_from_db()
