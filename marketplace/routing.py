@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Case, Count, F, Max, Q, When
+from django.db.models import Count, Max, Q
 from django.utils import timezone
 
 from hosts.models import Host, Qualification
@@ -100,18 +100,12 @@ def candidates(*, model: CatalogModel, now: datetime) -> list[Candidate]:
         return []
     ids = [host.pk for host in warm]
     load: dict[int, int] = dict.fromkeys(ids, 0)
-    busy = (
-        Job.objects.filter(
-            Q(status=Job.Status.RUNNING, host_id__in=ids)
-            | Q(status=Job.Status.QUEUED, offered_host_id__in=ids, offer_until__gte=now)
-        )
-        .annotate(holder=Case(When(status=Job.Status.RUNNING, then=F("host_id")), default=F("offered_host_id")))
-        .values("holder")
-        .annotate(n=Count("id"))
-        .values_list("holder", "n")
-    )  # counted by the database: a busy pool has thousands of offers, the answer one row per host
-    for holder, n in busy:
-        load[holder] = load.get(holder, 0) + n
+    busy = Job.objects.filter(
+        Q(status=Job.Status.RUNNING, host_id__in=ids) | Q(status=Job.Status.QUEUED, offered_host_id__in=ids, offer_until__gte=now)
+    ).values_list("status", "host_id", "offered_host_id")
+    for status, host_id, offered_id in busy:
+        holder = host_id if status == Job.Status.RUNNING else offered_id
+        load[holder] = load.get(holder, 0) + 1
     return [
         Candidate(
             host_id=host.pk, active=load[host.pk], slots=host.slots,
