@@ -126,8 +126,8 @@ def plain_claim(*, host, model_ids: list[int]):  # type: ignore[no-untyped-def]
 
     selection = (f"status = %s AND model_id IN ({', '.join(['%s'] * len(model_ids))}) ORDER BY created_at, id",
                  [Job.Status.QUEUED, *model_ids])
-    claimed = market.job_claim_selected(host=host, selection=selection, now=timezone.now())
-    return None if claimed is None else market.claimed_payload(claimed)
+    job = market.job_claim_selected(host=host, selection=selection, now=timezone.now())
+    return None if job is None else market.job_payload(job)
 
 
 def _claims_child(host_slice: list, model_ids: list[int], routed: bool, start_at: float) -> None:

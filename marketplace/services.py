@@ -175,18 +175,9 @@ def job_payload(job: Job) -> dict:
     }
 
 
-# What a claim reads back about the job it won: enough to build the host's payload
-# without another query (`claimed_payload`).
+# What a claim reads back of the request it started: what the host's payload needs.
 _CLAIMED_REQUEST_COLUMNS = ("public_id", "kind", "messages", "prompt", "inputs", "params", "delivered_text", "model_id")
 _JSON_COLUMNS = ("messages", "inputs", "params")
-
-
-@dataclass(frozen=True)
-class ClaimedJob:
-    job_id: int
-    attempt: int
-    request_id: int
-    request: dict  # _CLAIMED_REQUEST_COLUMNS, plus the model's name and tokenizer
 
 
 def job_claim_next(
@@ -201,20 +192,20 @@ def job_claim_next(
     grace; a continuation skips the host whose attempt died until its grace is over
     (`routing.claim_sql`).
     """
-    claimed = _claim_routed(host=host, fingerprint=fingerprint, model_ids=model_ids, warm_ids=warm_ids)
-    return None if claimed is None else Job.objects.select_related("request", "model").get(pk=claimed.job_id)
+    job = _claim_routed(host=host, fingerprint=fingerprint, model_ids=model_ids, warm_ids=warm_ids)
+    return None if job is None else Job.objects.select_related("request", "model").get(pk=job.pk)
 
 
 def job_claim_payload(*, host: Host, model_ids: list[int], warm_ids: list[int] | None = None) -> dict | None:
     """`job_claim_next`, rendered as what the host receives (the long-poll's path: no
     query after the claim)."""
-    claimed = _claim_routed(host=host, model_ids=model_ids, warm_ids=warm_ids)
-    return None if claimed is None else claimed_payload(claimed)
+    job = _claim_routed(host=host, model_ids=model_ids, warm_ids=warm_ids)
+    return None if job is None else job_payload(job)
 
 
 def _claim_routed(
     *, host: Host, fingerprint: str = "", model_ids: list[int] | None, warm_ids: list[int] | None
-) -> ClaimedJob | None:
+) -> Job | None:
     if model_ids is None:
         model_ids = qualified_model_ids(host=host, fingerprint=fingerprint)
     if not model_ids:
@@ -226,10 +217,11 @@ def _claim_routed(
     return job_claim_selected(host=host, selection=selection, now=now)
 
 
-def job_claim_selected(*, host: Host, selection: tuple[str, list], now: datetime) -> ClaimedJob | None:
+def job_claim_selected(*, host: Host, selection: tuple[str, list], now: datetime) -> Job | None:
     """Claim the first job of `selection` (SQL conditions on the job table and an ORDER BY,
     with their parameters) unless the host is paused or in maintenance: mark it running
-    and its request started, and read back what the host's payload needs.
+    and its request started. Returns the job as far as `job_payload` reads it (built
+    from what the statement returned, not read again; `job_claim_next` reads the row).
 
     The UPDATE re-checks `status`, so two hosts can never both win a job; on PostgreSQL
     the pick is FOR UPDATE SKIP LOCKED, so many hosts claim at once without queueing
@@ -281,22 +273,14 @@ def job_claim_selected(*, host: Host, selection: tuple[str, list], now: datetime
                 row = (*job_row, *cursor.fetchone())
     if row is None:
         return None
-    request = dict(zip((*_CLAIMED_REQUEST_COLUMNS, "model_name", "tokenizer"), row[3:]))
+    job_id, attempt, request_id, *request_values, model_name, tokenizer = row
+    fields = dict(zip(_CLAIMED_REQUEST_COLUMNS, request_values))
     for column in _JSON_COLUMNS:
-        request[column] = Request._meta.get_field(column).from_db_value(request[column], None, connection)
-    announce_on_commit(request_group(request["public_id"]), {"type": "job.claimed"})
-    return ClaimedJob(job_id=row[0], attempt=row[1], request_id=row[2], request=request)
-
-
-def claimed_payload(claimed: ClaimedJob) -> dict:
-    """`job_payload` of a claimed job, from what the claim read back."""
-    fields = claimed.request
-    model = CatalogModel(pk=fields["model_id"], name=fields["model_name"], tokenizer=fields["tokenizer"])
-    request = Request(
-        pk=claimed.request_id, model=model,
-        **{column: fields[column] for column in _CLAIMED_REQUEST_COLUMNS if column != "model_id"},
-    )
-    return job_payload(Job(pk=claimed.job_id, attempt=claimed.attempt, request=request, model=model))
+        fields[column] = Request._meta.get_field(column).from_db_value(fields[column], None, connection)
+    model = CatalogModel(pk=fields.pop("model_id"), name=model_name, tokenizer=tokenizer)
+    request = Request(pk=request_id, model=model, **fields)
+    announce_on_commit(request_group(request.public_id), {"type": "job.claimed"})
+    return Job(pk=job_id, attempt=attempt, request=request, model=model, host=host, status=Job.Status.RUNNING)
 
 
 def _locked_job_of(*, host: Host, job_id: int) -> Job:
