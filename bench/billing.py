@@ -56,9 +56,9 @@ def params(max_tokens: int) -> dict:
 
 class World:
     def __init__(self) -> None:
-        from conftest import make_host
+        from catalog.models import CatalogModel
         from hosts.services import qualification_register
-        from marketplace.models import CatalogModel
+        from testkit.personas import make_host
 
         self.model = CatalogModel.objects.create(
             name=f"bench-{uuid.uuid4().hex[:6]}", context_length=100_000, input_price_ucents=10,
@@ -69,7 +69,7 @@ class World:
                                benchmark={"prompt_tps": 1, "gen_tps": 1, "ttft_ms": 1, "memory_mb": 1}, machine={})
 
     def customer(self, credit_ucents: int):  # type: ignore[no-untyped-def]
-        from conftest import make_customer
+        from testkit.personas import make_customer
 
         return make_customer(credit_ucents=credit_ucents)
 
@@ -94,7 +94,7 @@ class World:
 def gateway_call(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
     """Call a service as the gateway's `aio.db()` does: announcements go to an outbox
     (delivered by the event loop after the call, outside the transaction; dropped here)."""
-    from marketplace import events
+    from core import events
 
     token = events.collecting([])
     try:

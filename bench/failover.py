@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -50,7 +49,7 @@ def pct(values: list[float], q: float) -> float:
 
 class Hosts:
     def __init__(self, server: str, tmp: Path, count: int) -> None:
-        from conftest import make_host
+        from testkit.personas import make_host
 
         self.server, self.tmp = server, tmp
         self.tokens: dict[int, str] = {}
@@ -115,8 +114,8 @@ def one_round(client, hosts: Hosts, how: str) -> dict:  # type: ignore[no-untype
 
 
 def audit(result: dict) -> dict:
+    from catalog.tokenizer import tokenizer_for
     from marketplace.models import Request
-    from marketplace.tokenizer import tokenizer_for
 
     row = Request.objects.get(public_id=result["public_id"])
     jobs = list(row.jobs.order_by("attempt"))
@@ -168,9 +167,9 @@ def main() -> None:
     import httpx
     import openai
 
-    from conftest import make_customer
-    from marketplace.catalog import catalog_seed
-    from marketplace.models import CatalogModel
+    from catalog.models import CatalogModel
+    from catalog.seed import catalog_seed
+    from testkit.personas import make_customer
 
     catalog_seed(CatalogModel)
     server = f"http://127.0.0.1:{args.port}"

@@ -131,7 +131,7 @@ def setup_gateway(tmp: Path) -> tuple[subprocess.Popen, str]:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
-    from conftest import free_port, wait_until
+    from testkit.stack import free_port, wait_until
 
     port = free_port()
     gateway = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
@@ -180,11 +180,12 @@ class Load:
 
 def saturation_round(path: Path, url: str, volunteers: int, window: float, tmp: Path) -> tuple[float, float | None]:
     """(tokens/s once every volunteer serves, seconds from the load starting to the first remote batch)."""
-    from conftest import make_host, wait_until
     from mahout.moe.control import CoordinatorAgent, MeshClient
     from mahout.moe.runner import MoeRunner
-    from mesh.moe_models import ExpertModel
-    from mesh.moe_services import moe_model_publish
+    from mesh.experts.models import ExpertModel
+    from mesh.experts.services import moe_model_publish
+    from testkit.personas import make_host
+    from testkit.stack import wait_until
 
     name = f"bench-moe-{volunteers}-{time.time_ns()}"
     moe_model_publish(name=name, gguf_path=path, slice_size=8, base_target=0, boost=1)

@@ -97,8 +97,8 @@ def gateway_run(client, n: int) -> tuple[float, float, int]:  # type: ignore[no-
 def generation_phase(args, server: str, secret: str, token: str, tmp: Path) -> dict:  # type: ignore[no-untyped-def]
     import openai
 
+    from catalog.tokenizer import shipped_model_path
     from mahout.runners.llama import load_llama
-    from marketplace.tokenizer import shipped_model_path
 
     host = start([sys.executable, "-m", "mahout", "run", "--server", server, "--token", token, "--home", str(tmp / "mahout"),
                   "--threads", str(args.threads)], tmp / "mahout.log")
@@ -151,8 +151,8 @@ def claim_phase(args, server: str, secret: str, catalog) -> dict:  # type: ignor
     offers it each job) long-polls; each queued job is timed."""
     import httpx
 
-    from conftest import make_host
     from marketplace.models import Job
+    from testkit.personas import make_host
 
     fake = make_host(name=f"bench-{time.time_ns()}", fingerprint="b" * 64)
     auth = {"Authorization": f"Bearer {fake.token}"}
@@ -197,9 +197,9 @@ def main() -> None:
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="elephant-bench-"))
     setup_django(tmp)
-    from conftest import make_customer, make_host
-    from marketplace.catalog import catalog_seed
-    from marketplace.models import CatalogModel
+    from catalog.models import CatalogModel
+    from catalog.seed import catalog_seed
+    from testkit.personas import make_customer, make_host
 
     catalog_seed(CatalogModel)
     catalog = CatalogModel.objects.get(name="gemma-3-270m")

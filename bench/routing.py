@@ -47,7 +47,7 @@ setup_django, pct, gateway_call = _helpers.setup_django, _helpers.pct, _helpers.
 
 
 def catalog_model(name: str):  # type: ignore[no-untyped-def]
-    from marketplace.models import CatalogModel
+    from catalog.models import CatalogModel
 
     return CatalogModel.objects.create(
         name=f"{name}-{uuid.uuid4().hex[:6]}", context_length=100_000, input_price_ucents=10, output_price_ucents=40,
@@ -57,8 +57,8 @@ def catalog_model(name: str):  # type: ignore[no-untyped-def]
 
 def farm(models: list, hosts: int, *, warm_for=None, slots: int = 4) -> list:  # type: ignore[no-untyped-def]
     """`hosts` hosts qualified for every model; host i is warm for `warm_for(i)` (a model or None for all)."""
-    from conftest import make_host
     from hosts.services import host_heartbeat, qualification_register
+    from testkit.personas import make_host
 
     made = []
     for i in range(hosts):
@@ -87,13 +87,13 @@ def claim_loop(hosts: list, model_ids: list[int], routed: bool, latencies: list[
     """Each thread is one waiting host: claim until the queue is empty."""
     from django.db import connection
 
+    from hosts import selectors as host_selectors
     from hosts.models import Host
-    from marketplace import routing
     from marketplace import services as market
 
     def host_thread(serving) -> None:  # type: ignore[no-untyped-def]
         host = Host.objects.get(pk=serving.host.pk)
-        warm = routing.warm_model_ids(host=host, model_ids=model_ids) if routed else model_ids
+        warm = host_selectors.warm_model_ids(host=host, model_ids=model_ids) if routed else model_ids
         mine = []
         try:
             while True:
@@ -143,8 +143,8 @@ def bench_claims(hosts_n: int, jobs_n: int, processes: int, routed: bool) -> Non
 
     from django.db import connections
 
-    from conftest import make_customer
     from marketplace import routing
+    from testkit.personas import make_customer
 
     model = catalog_model("claims")
     hosts = farm([model], hosts_n, slots=max(1, jobs_n // hosts_n + 2))
@@ -189,10 +189,10 @@ def bench_claims(hosts_n: int, jobs_n: int, processes: int, routed: bool) -> Non
 
 def bench_claim_latency(hosts_n: int) -> None:
     """One host claiming alone, with and without routing's filter, in one process."""
-    from conftest import make_customer
+    from hosts import selectors as host_selectors
     from hosts.models import Host
-    from marketplace import routing
     from marketplace import services as market
+    from testkit.personas import make_customer
 
     model = catalog_model("latency")
     hosts = farm([model], hosts_n, slots=1000)
@@ -203,7 +203,7 @@ def bench_claim_latency(hosts_n: int) -> None:
 
     Job.objects.filter(model=model).update(offered_host=hosts[0].host)  # all offered to the claiming host
     host = Host.objects.get(pk=hosts[0].host.pk)
-    warm = routing.warm_model_ids(host=host, model_ids=[model.pk])
+    warm = host_selectors.warm_model_ids(host=host, model_ids=[model.pk])
     sides: dict[str, list[float]] = {"routed": [], "plain": []}
     for i in range(400):
         side = "routed" if i % 2 == 0 else "plain"
@@ -221,11 +221,11 @@ def bench_claim_latency(hosts_n: int) -> None:
 def bench_warm_share(hosts_n: int, models_n: int, jobs_n: int, hold_ms: float) -> None:
     from django.db import connection
 
-    from conftest import make_customer
+    from hosts import selectors as host_selectors
     from hosts.models import Host
-    from marketplace import routing
     from marketplace import services as market
     from marketplace.models import Job
+    from testkit.personas import make_customer
 
     models = [catalog_model(f"mix{i}") for i in range(models_n)]
     hosts = farm(models, hosts_n, warm_for=lambda i: models[i % models_n], slots=1)
@@ -235,7 +235,7 @@ def bench_warm_share(hosts_n: int, models_n: int, jobs_n: int, hold_ms: float) -
 
     def host_thread(serving) -> None:  # type: ignore[no-untyped-def]
         host = Host.objects.get(pk=serving.host.pk)
-        warm = routing.warm_model_ids(host=host, model_ids=model_ids)
+        warm = host_selectors.warm_model_ids(host=host, model_ids=model_ids)
         try:
             while not done.is_set() or Job.objects.filter(model_id__in=model_ids, status=Job.Status.QUEUED).exists():
                 payload = gateway_call(market.job_claim_payload, host=host, model_ids=model_ids, warm_ids=warm)

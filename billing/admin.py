@@ -17,6 +17,7 @@ from django.utils.html import format_html
 from billing import services
 from billing.errors import BillingError
 from billing.models import Account, Hold, LedgerEntry, LedgerTransaction, Payout, PayoutProfile, StripeEvent, TopUp
+from catalog.money import usd, usd_to_ucents
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -61,14 +62,14 @@ class AccountAdmin(ReadOnlyAdmin):
         form = GrantForm(request.POST or None)
         if request.method == "POST" and form.is_valid():
             try:
-                amount = services.usd_to_ucents(form.cleaned_data["amount_usd"])
+                amount = usd_to_ucents(form.cleaned_data["amount_usd"])
                 services.credit_grant_by_operator(
                     user=account.user, amount_ucents=amount, reason=form.cleaned_data["reason"], operator=request.user
                 )
             except (ValueError, BillingError) as error:
                 form.add_error(None, str(error))
             else:
-                messages.success(request, f"Granted {services.format_usd(amount)} to {account.user}.")
+                messages.success(request, f"Granted {usd(amount)} to {account.user}.")
                 return HttpResponseRedirect(reverse("admin:billing_account_changelist"))
         context = {
             **self.admin_site.each_context(request), "title": f"Grant credit to {account.user}", "form": form, "account": account,

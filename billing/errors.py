@@ -1,16 +1,13 @@
-"""Billing refusals. Each carries its OpenAI-style `code` and its HTTP `status`,
-so the API layer maps them by data (`ApiError(error.status, error.message,
-code=error.code)`) instead of by a list of classes."""
+"""Billing refusals. Each is a `DomainError` carrying its OpenAI-style `code` and its
+HTTP `status`, rendered by core's one mapping."""
 from __future__ import annotations
 
+from core.errors import DomainError
 
-class BillingError(Exception):
+
+class BillingError(DomainError):
     code = "billing_error"
     status = 402
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
 
 
 class InsufficientCredit(BillingError):

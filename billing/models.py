@@ -12,8 +12,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-UCENTS_PER_USD = 100_000_000
-UCENTS_PER_CENT = 1_000_000
+from catalog.money import UCENTS_PER_CENT, usd
 
 
 class Account(models.Model):
@@ -98,7 +97,7 @@ class Hold(models.Model):
         RELEASED = "released"
 
     account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="holds")
-    api_key = models.ForeignKey("marketplace.ApiKey", on_delete=models.PROTECT, related_name="holds")
+    api_key = models.ForeignKey("accounts.ApiKey", on_delete=models.PROTECT, related_name="holds")
     amount_ucents = models.BigIntegerField()
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -229,7 +228,7 @@ class Payout(models.Model):
         indexes = [models.Index(fields=["host", "created_at"]), models.Index(fields=["status", "created_at"])]
 
     def __str__(self) -> str:
-        return f"payout {self.pk} ${self.amount_ucents / UCENTS_PER_USD:.2f} ({self.status})"
+        return f"payout {self.pk} {usd(self.amount_ucents)} ({self.status})"
 
     @property
     def amount_cents(self) -> int:

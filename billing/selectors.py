@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, time, timedelta
 
 from django.db.models import Count, Q, Sum
-from django.db.models.functions import TruncDate
 
-from billing.models import UCENTS_PER_CENT, Account, Hold, LedgerEntry, LedgerTransaction, Payout, StripeEvent, TopUp
+from billing.models import Account, Hold, LedgerEntry, LedgerTransaction, Payout, StripeEvent, TopUp
+from catalog.money import UCENTS_PER_CENT
 
 
 def customer_account(*, user) -> Account | None:  # type: ignore[no-untyped-def]
@@ -94,91 +93,28 @@ def reconcile_report() -> list[str]:
     return problems
 
 
-# --- statements and usage ------------------------------------------------------------
-
-
 @dataclass(frozen=True)
-class HostStatement:
+class HostPayouts:
+    """A host's money side: its balance, what it may withdraw, and its payouts."""
+
     balance_ucents: int
     available_ucents: int
     pending_payout_ucents: int
     paid_out_ucents: int
-    jobs: list
     payouts: list[Payout]
 
 
-def host_statement(*, host, limit: int = 100) -> HostStatement:  # type: ignore[no-untyped-def]
-    """A host's earnings: balance, payouts and its completed jobs (never who asked)."""
-    from marketplace.models import Job
-
+def host_payouts(*, host, limit: int = 100) -> HostPayouts:  # type: ignore[no-untyped-def]
     account = host_account(host=host)
     payouts = Payout.objects.filter(host=host)
     sums = payouts.aggregate(
         pending=Sum("amount_ucents", filter=Q(status__in=[Payout.Status.REQUESTED, Payout.Status.SENDING])),
         paid=Sum("amount_ucents", filter=Q(status=Payout.Status.PAID)),
     )
-    jobs = (
-        Job.objects.filter(host=host, status=Job.Status.COMPLETED)
-        .order_by("-finished_at", "-pk")
-        .values("pk", "model__name", "completion_tokens", "earned_ucents", "finished_at")[:limit]
-    )
-    return HostStatement(
+    return HostPayouts(
         balance_ucents=account.balance_ucents if account else 0,
         available_ucents=account.available_ucents if account else 0,
         pending_payout_ucents=sums["pending"] or 0,
         paid_out_ucents=sums["paid"] or 0,
-        jobs=list(jobs),
         payouts=list(payouts.order_by("-created_at", "-pk")[:limit]),
     )
-
-
-def _day_bounds(start: date, end: date) -> tuple[datetime, datetime]:
-    return (
-        datetime.combine(start, time.min, tzinfo=UTC),
-        datetime.combine(end + timedelta(days=1), time.min, tzinfo=UTC),
-    )
-
-
-class UnknownCursor(LookupError):
-    """An `after` cursor that names none of this user's requests."""
-
-
-def usage_requests(*, user, start: date, end: date, after: str | None = None):  # type: ignore[no-untyped-def]
-    """The user's requests created from `start` to `end` inclusive (UTC days), oldest first;
-    with `after` (a request id of theirs), only those that come after it in that order."""
-    from marketplace.models import Request
-
-    lower, upper = _day_bounds(start, end)
-    rows = Request.objects.filter(user=user, created_at__gte=lower, created_at__lt=upper)
-    if after:
-        cursor = Request.objects.filter(user=user, public_id=after).values("created_at", "pk").first()
-        if cursor is None:
-            raise UnknownCursor(after)
-        rows = rows.filter(Q(created_at__gt=cursor["created_at"]) | Q(created_at=cursor["created_at"], pk__gt=cursor["pk"]))
-    return (
-        rows.order_by("created_at", "pk")
-        .values(
-            "public_id", "created_at", "status", "model__name", "api_key__prefix",
-            "prompt_tokens", "completion_tokens", "cost_ucents",
-        )
-    )
-
-
-def usage_daily(*, user, start: date, end: date) -> list[dict]:  # type: ignore[no-untyped-def]
-    """Per UTC day: requests, tokens and cost (failed requests cost 0)."""
-    from marketplace.models import Request
-
-    lower, upper = _day_bounds(start, end)
-    rows = (
-        Request.objects.filter(user=user, created_at__gte=lower, created_at__lt=upper)
-        .annotate(day=TruncDate("created_at", tzinfo=UTC))
-        .values("day")
-        .annotate(
-            requests=Count("pk"),
-            prompt_tokens=Sum("prompt_tokens"),
-            completion_tokens=Sum("completion_tokens"),
-            cost_ucents=Sum("cost_ucents"),
-        )
-        .order_by("day")
-    )
-    return list(rows)

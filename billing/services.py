@@ -12,6 +12,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from accounts.models import ApiKey
 from billing import stripe_api
 from billing.errors import (
     InsufficientCredit,
@@ -25,7 +26,6 @@ from billing.errors import (
     TopupsNotConfigured,
 )
 from billing.models import (
-    UCENTS_PER_CENT,
     Account,
     Hold,
     LedgerEntry,
@@ -35,21 +35,7 @@ from billing.models import (
     StripeEvent,
     TopUp,
 )
-
-UCENTS_PER_USD = 100_000_000
-
-
-def usd_to_ucents(usd: str | float | int) -> int:
-    """Exact conversion of a decimal USD amount (as typed by a person) to µ¢."""
-    from decimal import Decimal, InvalidOperation
-
-    try:
-        value = Decimal(str(usd)) * UCENTS_PER_USD
-    except InvalidOperation:
-        raise ValueError(f"{usd!r} is not an amount in USD") from None
-    if value != value.to_integral_value():
-        raise ValueError(f"{usd!r} has more precision than a micro-cent")
-    return int(value)
+from catalog.money import UCENTS_PER_CENT, usd
 
 
 def account_for_customer(*, user) -> Account:  # type: ignore[no-untyped-def]
@@ -115,22 +101,20 @@ def hold_place(*, user, api_key, amount_ucents: int) -> Hold:  # type: ignore[no
     Raises TooManyStreams / RateLimited (429), InsufficientCredit /
     KeyLimitExceeded (402).
     """
-    from marketplace.models import ApiKey
-
     account = account_for_customer(user=user)
     account = Account.objects.select_for_update().get(pk=account.pk)
     key = ApiKey.objects.select_for_update().get(pk=api_key.pk)
     _key_limits_check(key=key)
     if account.available_ucents < amount_ucents:
         raise InsufficientCredit(
-            f"This request may cost up to {format_usd(amount_ucents)} but the available credit is "
-            f"{format_usd(max(account.available_ucents, 0))}. Top up, or lower max_tokens."
+            f"This request may cost up to {usd(amount_ucents)} but the available credit is "
+            f"{usd(max(account.available_ucents, 0))}. Top up, or lower max_tokens."
         )
     if key.spend_cap_ucents is not None and key.spent_ucents + key.held_ucents + amount_ucents > key.spend_cap_ucents:
         left = key.spend_cap_ucents - key.spent_ucents - key.held_ucents
         raise KeyLimitExceeded(
-            f"This request may cost up to {format_usd(amount_ucents)} but this API key's spend cap leaves "
-            f"{format_usd(max(left, 0))}. Raise the key's cap or use another key."
+            f"This request may cost up to {usd(amount_ucents)} but this API key's spend cap leaves "
+            f"{usd(max(left, 0))}. Raise the key's cap or use another key."
         )
     Account.objects.filter(pk=account.pk).update(held_ucents=F("held_ucents") + amount_ucents)
     ApiKey.objects.filter(pk=key.pk).update(held_ucents=F("held_ucents") + amount_ucents)
@@ -160,8 +144,6 @@ def _key_limits_check(*, key) -> None:  # type: ignore[no-untyped-def]
 def hold_release(*, hold: Hold) -> bool:
     """Give the reserved credit back (request failed or expired): a compare-and-set from
     active, so it is idempotent; False if the hold was already closed."""
-    from marketplace.models import ApiKey
-
     closed = Hold.objects.filter(pk=hold.pk, status=Hold.Status.ACTIVE).update(
         status=Hold.Status.RELEASED, closed_at=timezone.now()
     )
@@ -180,7 +162,8 @@ class Settlement:
 
 
 def split_cost(cost_ucents: int) -> Settlement:
-    """The host gets floor(80%); the platform keeps the remainder, so no µ¢ is lost."""
+    """The host gets floor(80%); the platform keeps the remainder, so no µ¢ is lost.
+    The one place the host's share is computed (a continuation's host too)."""
     host = cost_ucents * settings.HOST_SHARE_PERCENT // 100
     return Settlement(cost_ucents=cost_ucents, host_ucents=host, platform_ucents=cost_ucents - host)
 
@@ -238,8 +221,6 @@ def _settlement_write(*, hold: Hold, split: Settlement, reference: str, platform
     The hold's compare-and-set decides; then the transaction and its entries; the hot
     rows (customer account, key, host, platform) last, in the global lock order.
     """
-    from marketplace.models import ApiKey
-
     table = {model: connection.ops.quote_name(model._meta.db_table) for model in (Hold, LedgerTransaction, LedgerEntry, Account, ApiKey)}
     now = connection.ops.adapt_datetimefield_value(timezone.now())
     legs = [(hold.account_id, -split.cost_ucents), (platform_id, split.platform_ucents)]
@@ -278,10 +259,6 @@ def _settlement_write(*, hold: Hold, split: Settlement, reference: str, platform
                     f"UPDATE {table[Account]} SET balance_ucents = balance_ucents + %s WHERE id = %s", [amount, account_id]
                 )
     return True
-
-
-def format_usd(ucents: int) -> str:
-    return f"${ucents / UCENTS_PER_USD:,.6f}"
 
 
 # --- top-ups (Stripe Checkout; credit only from the webhook) ------------------------
@@ -412,10 +389,10 @@ def payout_request(*, host, amount_ucents: int | None = None) -> Payout:  # type
         raise InvalidAmount("A payout must be a whole number of cents (multiples of 1,000,000 µ¢).")
     if amount < settings.PAYOUT_MINIMUM_UCENTS:
         raise PayoutRefused(
-            f"The minimum payout is {format_usd(settings.PAYOUT_MINIMUM_UCENTS)}; this request is {format_usd(amount)}."
+            f"The minimum payout is {usd(settings.PAYOUT_MINIMUM_UCENTS)}; this request is {usd(amount)}."
         )
     if amount > available:
-        raise PayoutRefused(f"Only {format_usd(available)} is available to withdraw.")
+        raise PayoutRefused(f"Only {usd(available)} is available to withdraw.")
     payout = Payout.objects.create(host=host, amount_ucents=amount, destination=profile.stripe_account_id)
     _post(
         kind=LedgerTransaction.Kind.PAYOUT_REQUEST,

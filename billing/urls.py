@@ -7,6 +7,5 @@ from billing import apis, webhooks
 urlpatterns = [
     path("stripe/webhook/", webhooks.stripe_webhook),
     path("api/topups", apis.TopupCreateApi.as_view()),
-    path("api/host/statement", apis.HostStatementApi.as_view()),
     path("api/host/payouts", apis.HostPayoutCreateApi.as_view()),
 ]

@@ -11,9 +11,8 @@ django_asgi = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402  (needs Django set up)
 from django.urls import path  # noqa: E402
 
-from hosts.consumers import HostPresenceConsumer  # noqa: E402
-from marketplace.consumers import ChatStreamConsumer  # noqa: E402
-from mesh.moe_routing import websocket_urlpatterns as moe_relay_routes  # noqa: E402
+from marketplace.consumers import ChatStreamConsumer, HostPresenceConsumer  # noqa: E402
+from mesh.experts.routing import websocket_urlpatterns as moe_relay_routes  # noqa: E402
 
 application = ProtocolTypeRouter(
     {

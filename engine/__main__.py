@@ -1,5 +1,5 @@
 """`python -m engine generate --prompt TEXT --max-tokens K [--threads N] [--stages S]`
-`python -m engine make-tiny-moe PATH [--seed N]`: write a small qwen3moe GGUF (see engine.moe_loader)
+`python -m engine make-tiny-moe PATH [--seed N]`: write a small qwen3moe GGUF (see engine.moe_gguf)
 
 Runs the model in one process (split into S chained stages if asked), greedy by default,
 prints the completion on stdout and timings on stderr.
@@ -13,7 +13,8 @@ import sys
 import torch
 
 from engine.generate import build_stages, even_split, generate
-from engine.gguf_loader import default_model_path, open_gguf, read_config
+from engine.gguf_loader import default_model_path, read_config
+from engine.gguf_meta import open_gguf
 from engine.tokenizer import Tokenizer
 
 
@@ -36,7 +37,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _make_tiny_moe(args: argparse.Namespace) -> int:
-    from engine.moe_loader import make_tiny_moe
+    from engine.moe_gguf import make_tiny_moe
 
     print(make_tiny_moe(args.path, seed=args.seed))
     return 0

@@ -271,7 +271,7 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 
 
 class HeadShape(Protocol):
-    """The config fields attention needs (`Config` and `engine.moe.MoeConfig` both have them)."""
+    """The config fields attention needs (`Config` and `engine.moe_gguf.MoeConfig` both have them)."""
 
     @property
     def n_heads(self) -> int: ...

@@ -1,7 +1,8 @@
 """A mixture-of-experts transformer (llama.cpp's `qwen3moe` layout) whose routed experts can
 be computed anywhere: locally, or by remote expert workers that hold a slice of them.
 
-Three plain things, as in `engine.model`: `MoeConfig` (the blueprint from GGUF metadata),
+Three plain things, as in `engine.model`: `MoeConfig` (the blueprint from GGUF metadata,
+defined with its reader in the torch-free `engine.moe_gguf` and re-exported here),
 weights per layer (`MoeLayerWeights`: attention, the router, and the layer's experts in an
 `ExpertBank`), and a `KVCache` allocated up front and written at `pos`.
 
@@ -18,13 +19,13 @@ Hd = head_dim, E = experts, K = experts used per token, F = expert ffn dim, V = 
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
 from engine.model import AttentionWeights, KVCache, cached_attention, qkv, rms_norm
+from engine.moe_gguf import Gating, MoeConfig
 
 __all__ = [
     "ExpertBank",
@@ -38,38 +39,6 @@ __all__ = [
     "moe_ffn",
     "route",
 ]
-
-
-class Gating(enum.IntEnum):
-    """llama.cpp's `expert_gating_func` values."""
-
-    SOFTMAX = 1
-    SIGMOID = 2
-
-
-@dataclass(frozen=True)
-class MoeConfig:
-    """The MoE model's blueprint (see `engine.moe_loader.read_moe_config`)."""
-
-    arch: str
-    n_layers: int
-    d_model: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    rms_eps: float
-    context_length: int
-    rope_base: float
-    n_experts: int  # E
-    n_experts_used: int  # K
-    expert_ffn_dim: int  # F
-    gating: Gating = Gating.SOFTMAX
-    norm_topk: bool = True  # renormalise the K kept weights to sum to one (qwen3moe does)
-
-    @property
-    def attn_scale(self) -> float:
-        return self.head_dim**-0.5
 
 
 class ExpertBank:

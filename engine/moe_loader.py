@@ -1,31 +1,38 @@
-"""Read and write MoE GGUF files in llama.cpp's `qwen3moe` layout.
-
-Per layer N the file holds attention (`blk.N.attn_{norm,q,k,v,output,q_norm,k_norm}`), the
-feed-forward norm `blk.N.ffn_norm`, the router `blk.N.ffn_gate_inp` (E, D) and the experts
-stacked in three 3-D tensors: `blk.N.ffn_gate_exps` and `blk.N.ffn_up_exps` (E, F, D) and
-`blk.N.ffn_down_exps` (E, D, F) (numpy order; ggml's `ne` is reversed). Metadata:
-`{arch}.expert_count`, `{arch}.expert_used_count`, `{arch}.expert_feed_forward_length` and,
-where the architecture has one, `{arch}.expert_gating_func`.
+"""Load an MoE GGUF (`engine.moe_gguf`'s `qwen3moe` layout) into torch weights.
 
 An expert worker reads only experts [first, first + count) of one layer
-(`load_expert_slice`): from the whole model file, or from a *slice file*
-(`write_expert_slice`) that holds just those tensors, which is what the gateway serves to
-a volunteer. A slice file records its place with `elephant.expert_slice.{layer,first}`.
+(`load_expert_slice`): from the whole model file, or from a slice file
+(`engine.moe_gguf.write_expert_slice`). `load_moe` reads the whole model, or everything but
+the experts when they live elsewhere.
 
-`make_tiny_moe` writes a small model with that real layout and seeded random weights,
-with a byte-level vocabulary (ids 0..255 are bytes, then BOS and EOS).
+The file format itself (blueprint, byte vocabulary, slice files, the tiny model) lives in
+`engine.moe_gguf`, which never imports torch; its names are re-exported here for callers
+that load weights anyway.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter, ReaderTensor, TokenType
+from gguf import ReaderTensor
 
-from engine.gguf_loader import dequantize_rows, gguf_field, gguf_required, open_gguf
-from engine.moe import ExpertBank, Gating, MoeConfig, MoeLayerWeights, MoeWeights
+from engine.gguf_loader import dequantize_rows
+from engine.gguf_meta import gguf_field, gguf_required, gguf_tensors, open_gguf
+from engine.moe import ExpertBank, MoeLayerWeights, MoeWeights
+from engine.moe_gguf import (
+    BYTE_BOS,
+    BYTE_EOS,
+    SLICE_FIRST_KEY,
+    SLICE_LAYER_KEY,
+    ByteTokenizer,
+    MoeConfig,
+    expert_tensor_names,
+    has_byte_vocabulary,
+    make_tiny_moe,
+    read_moe_config,
+    write_expert_slice,
+)
 
 __all__ = [
     "BYTE_BOS",
@@ -40,10 +47,6 @@ __all__ = [
     "write_expert_slice",
 ]
 
-MOE_ARCHES = ("qwen3moe",)
-SLICE_LAYER_KEY = "elephant.expert_slice.layer"
-SLICE_FIRST_KEY = "elephant.expert_slice.first"
-EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 _ATTENTION = {  # MoeLayerWeights field -> tensor name inside blk.N.
     "attn_norm": "attn_norm",
     "wq": "attn_q",
@@ -55,44 +58,6 @@ _ATTENTION = {  # MoeLayerWeights field -> tensor name inside blk.N.
     "ffn_norm": "ffn_norm",
     "router": "ffn_gate_inp",
 }
-BYTE_BOS, BYTE_EOS = 256, 257
-
-
-def _tensors(reader: GGUFReader) -> dict[str, ReaderTensor]:
-    return {tensor.name: tensor for tensor in reader.tensors}
-
-
-def read_moe_config(reader: GGUFReader) -> MoeConfig:
-    arch = gguf_required(reader, "general.architecture")
-    if arch not in MOE_ARCHES:
-        raise ValueError(f"unsupported MoE architecture {arch!r}: this engine runs {', '.join(MOE_ARCHES)}")
-    d_model = int(gguf_required(reader, f"{arch}.embedding_length"))
-    n_heads = int(gguf_required(reader, f"{arch}.attention.head_count"))
-    head_dim = int(gguf_field(reader, f"{arch}.attention.key_length", d_model // n_heads))
-    if int(gguf_field(reader, f"{arch}.attention.value_length", head_dim)) != head_dim:
-        raise ValueError("keys and values of different head sizes are not supported")
-    embd = _tensors(reader).get("token_embd.weight")
-    vocab = int(embd.shape[1]) if embd is not None else int(gguf_field(reader, f"{arch}.vocab_size", 0))
-    return MoeConfig(
-        arch=arch,
-        n_layers=int(gguf_required(reader, f"{arch}.block_count")),
-        d_model=d_model,
-        n_heads=n_heads,
-        n_kv_heads=int(gguf_field(reader, f"{arch}.attention.head_count_kv", n_heads)),
-        head_dim=head_dim,
-        vocab_size=vocab,
-        rms_eps=float(gguf_required(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
-        context_length=int(gguf_required(reader, f"{arch}.context_length")),
-        rope_base=float(gguf_field(reader, f"{arch}.rope.freq_base", 10_000.0)),
-        n_experts=int(gguf_required(reader, f"{arch}.expert_count")),
-        n_experts_used=int(gguf_required(reader, f"{arch}.expert_used_count")),
-        expert_ffn_dim=int(gguf_required(reader, f"{arch}.expert_feed_forward_length")),
-        gating=Gating(int(gguf_field(reader, f"{arch}.expert_gating_func", Gating.SOFTMAX))),
-    )
-
-
-def expert_tensor_names(layer: int) -> list[str]:
-    return [f"blk.{layer}.{name}.weight" for name in EXPERT_TENSORS]
 
 
 def _dense(tensor: ReaderTensor) -> torch.Tensor:
@@ -126,14 +91,14 @@ def load_expert_slice(path: str | Path, layer: int, first: int, count: int) -> t
         offset = int(gguf_required(reader, SLICE_FIRST_KEY))
         if int(slice_layer) != layer:
             raise ValueError(f"this slice file holds layer {slice_layer}, not {layer}")
-    return config, _bank(_tensors(reader), layer, first - offset, count, first)
+    return config, _bank(gguf_tensors(reader), layer, first - offset, count, first)
 
 
 def load_moe(path: str | Path, *, with_experts: bool = True) -> tuple[MoeConfig, MoeWeights]:
     """The whole model; `with_experts=False` skips the expert tensors (they live elsewhere)."""
     reader = open_gguf(path)
     config = read_moe_config(reader)
-    tensors = _tensors(reader)
+    tensors = gguf_tensors(reader)
     layers = []
     names = {"token_embd.weight", "output_norm.weight"}
     for i in range(config.n_layers):
@@ -148,144 +113,3 @@ def load_moe(path: str | Path, *, with_experts: bool = True) -> tuple[MoeConfig,
     names.add("output.weight" if "output.weight" in tensors else "token_embd.weight")
     weights = MoeWeights(layers, embedding, _dense(tensors["output_norm.weight"]), output, frozenset(names))
     return config, weights
-
-
-def _copy_metadata(reader: GGUFReader, writer: GGUFWriter, arch: str) -> None:
-    """The architecture's keys (what `read_moe_config` needs), never tokenizer tables."""
-    for key, found in reader.fields.items():
-        if not key.startswith(f"{arch}."):
-            continue
-        value = found.contents()
-        if isinstance(value, bool):
-            writer.add_bool(key, value)
-        elif isinstance(value, int):
-            writer.add_uint32(key, value)
-        elif isinstance(value, float):
-            writer.add_float32(key, value)
-        elif isinstance(value, str):
-            writer.add_string(key, value)
-
-
-def write_expert_slice(path: str | Path, layer: int, first: int, count: int, dest: str | Path) -> list[str]:
-    """Write a GGUF holding only experts [first, first + count) of `layer` (in their stored
-    encoding) plus the architecture metadata; returns the tensor names written. The file is
-    parsed afresh (not through `open_gguf`'s cache): a one-off cut must see the file as it is now."""
-    reader = GGUFReader(str(path))
-    config = read_moe_config(reader)
-    load_check = 0 <= layer < config.n_layers and 0 <= first and count > 0 and first + count <= config.n_experts
-    if not load_check:
-        raise ValueError(f"no slice layer {layer} experts [{first}, {first + count})")
-    tensors = _tensors(reader)
-    writer = GGUFWriter(str(dest), config.arch)
-    _copy_metadata(reader, writer, config.arch)
-    writer.add_uint32(SLICE_LAYER_KEY, layer)
-    writer.add_uint32(SLICE_FIRST_KEY, first)
-    names = expert_tensor_names(layer)
-    for name in names:
-        tensor = tensors[name]
-        rows = np.ascontiguousarray(tensor.data[first : first + count])
-        quantized = tensor.tensor_type not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16)
-        writer.add_tensor(name, rows, raw_dtype=tensor.tensor_type if quantized else None)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return names
-
-
-def make_tiny_moe(
-    path: str | Path,
-    *,
-    seed: int = 0,
-    n_layers: int = 2,
-    d_model: int = 64,
-    n_heads: int = 4,
-    n_kv_heads: int = 2,
-    head_dim: int = 16,
-    n_experts: int = 8,
-    n_experts_used: int = 2,
-    expert_ffn_dim: int = 32,
-    context_length: int = 256,
-) -> Path:
-    """A small qwen3moe GGUF with seeded random float32 weights and a 258-id byte vocabulary
-    (llama.cpp loads it; the golden test compares its logits with ours)."""
-    arch, vocab = "qwen3moe", 258
-    rng = np.random.default_rng(seed)
-
-    def rand(*shape: int, scale: float = 0.1) -> np.ndarray:
-        return (rng.standard_normal(shape) * scale).astype(np.float32)
-
-    def norm(n: int) -> np.ndarray:
-        return (1.0 + rng.standard_normal(n) * 0.05).astype(np.float32)
-
-    writer = GGUFWriter(str(path), arch)
-    writer.add_name("tiny-moe")
-    writer.add_block_count(n_layers)
-    writer.add_context_length(context_length)
-    writer.add_embedding_length(d_model)
-    writer.add_feed_forward_length(expert_ffn_dim)
-    writer.add_head_count(n_heads)
-    writer.add_head_count_kv(n_kv_heads)
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
-    writer.add_rope_freq_base(10_000.0)
-    writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_expert_count(n_experts)
-    writer.add_expert_used_count(n_experts_used)
-    writer.add_expert_feed_forward_length(expert_ffn_dim)
-    _add_byte_vocabulary(writer)
-    writer.add_tensor("token_embd.weight", rand(vocab, d_model, scale=1.0))
-    writer.add_tensor("output_norm.weight", norm(d_model))
-    writer.add_tensor("output.weight", rand(vocab, d_model))
-    for i in range(n_layers):
-        blk = f"blk.{i}."
-        writer.add_tensor(blk + "attn_norm.weight", norm(d_model))
-        writer.add_tensor(blk + "attn_q.weight", rand(n_heads * head_dim, d_model))
-        writer.add_tensor(blk + "attn_k.weight", rand(n_kv_heads * head_dim, d_model))
-        writer.add_tensor(blk + "attn_v.weight", rand(n_kv_heads * head_dim, d_model))
-        writer.add_tensor(blk + "attn_q_norm.weight", norm(head_dim))
-        writer.add_tensor(blk + "attn_k_norm.weight", norm(head_dim))
-        writer.add_tensor(blk + "attn_output.weight", rand(d_model, n_heads * head_dim))
-        writer.add_tensor(blk + "ffn_norm.weight", norm(d_model))
-        writer.add_tensor(blk + "ffn_gate_inp.weight", rand(n_experts, d_model, scale=0.5))
-        writer.add_tensor(blk + "ffn_gate_exps.weight", rand(n_experts, expert_ffn_dim, d_model, scale=0.3))
-        writer.add_tensor(blk + "ffn_up_exps.weight", rand(n_experts, expert_ffn_dim, d_model, scale=0.3))
-        writer.add_tensor(blk + "ffn_down_exps.weight", rand(n_experts, d_model, expert_ffn_dim, scale=0.3))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return Path(path)
-
-
-def _add_byte_vocabulary(writer: GGUFWriter) -> None:
-    """A SentencePiece-style table of byte tokens, so llama.cpp loads the tiny model too."""
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list([f"<0x{b:02X}>" for b in range(256)] + ["<s>", "</s>"])
-    writer.add_token_scores([0.0] * 258)
-    writer.add_token_types([TokenType.BYTE] * 256 + [TokenType.CONTROL] * 2)
-    writer.add_bos_token_id(BYTE_BOS)
-    writer.add_eos_token_id(BYTE_EOS)
-
-
-def has_byte_vocabulary(reader: GGUFReader) -> bool:
-    """Whether the file's vocabulary is `ByteTokenizer`'s: ids 0..255 the bytes, then BOS
-    and EOS (what `make_tiny_moe` writes); a real MoE GGUF has a BPE vocabulary instead."""
-    tokens = gguf_field(reader, "tokenizer.ggml.tokens") or []
-    return (
-        len(tokens) == BYTE_EOS + 1 and tokens[:256] == [f"<0x{b:02X}>" for b in range(256)]
-        and gguf_field(reader, "tokenizer.ggml.bos_token_id") == BYTE_BOS
-        and gguf_field(reader, "tokenizer.ggml.eos_token_id") == BYTE_EOS
-    )
-
-
-class ByteTokenizer:
-    """The tiny model's vocabulary: UTF-8 bytes are ids 0..255, then BOS (256) and EOS (257)."""
-
-    bos_id, eos_id = BYTE_BOS, BYTE_EOS
-
-    def encode(self, text: str, *, add_bos: bool = True) -> list[int]:
-        return ([BYTE_BOS] if add_bos else []) + list(text.encode("utf-8"))
-
-    def decode(self, token_ids: list[int]) -> str:
-        return bytes(t for t in token_ids if t < 256).decode("utf-8", errors="replace")

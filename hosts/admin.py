@@ -13,7 +13,7 @@ from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
-from hosts import selectors, services
+from hosts import services
 from hosts.models import Host, Qualification
 
 
@@ -60,8 +60,10 @@ class MaintenanceForm(forms.Form):
     )
 
 
-@admin.register(Host)
 class HostAdmin(admin.ModelAdmin):
+    """Everything about a host but its work; `marketplace.admin` registers it with the
+    status column (busy comes from its jobs)."""
+
     list_display = (
         "name", "owner", "status", "maintenance_reason", "last_heartbeat_at", "loaded", "paused", "version", "created_at",
     )
@@ -75,13 +77,6 @@ class HostAdmin(admin.ModelAdmin):
     )
     inlines = [QualificationInline]
     actions = ["maintenance_enter", "maintenance_resume"]
-
-    def get_queryset(self, request):  # type: ignore[no-untyped-def]
-        return selectors.with_running_job(super().get_queryset(request))
-
-    @admin.display(description="status")
-    def status(self, host: Host) -> str:
-        return selectors.host_status(host=host)
 
     @admin.display(description="models loaded")
     def loaded(self, host: Host) -> str:

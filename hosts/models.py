@@ -1,8 +1,23 @@
 """Host machines, their tokens, and the models they qualified on their hardware."""
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
+
+
+class HostQuerySet(models.QuerySet):
+    """The one place that says which hosts count as online."""
+
+    def online(self, now: datetime | None = None) -> HostQuerySet:
+        """Heard from within HOST_OFFLINE_AFTER_SECONDS, not paused, not in maintenance."""
+        since = (now or timezone.now()) - timedelta(seconds=settings.HOST_OFFLINE_AFTER_SECONDS)
+        return self.filter(paused=False, maintenance_since__isnull=True, last_heartbeat_at__gte=since)
+
+    def qualified_for(self, model: object) -> HostQuerySet:
+        return self.filter(qualifications__model=model)
 
 
 class Host(models.Model):
@@ -34,6 +49,8 @@ class Host(models.Model):
     maintenance_by = models.CharField(max_length=100, blank=True, help_text="who put it in maintenance, e.g. operator")
     created_at = models.DateTimeField(auto_now_add=True)
 
+    objects = HostQuerySet.as_manager()
+
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["owner", "name"], name="host_name_unique_per_owner"),
@@ -46,6 +63,24 @@ class Host(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def catalog_fresh(self, now: datetime) -> bool:
+        """Whether the host's catalog can be trusted to say what is loaded."""
+        return catalog_fresh(self.catalog_at, now)
+
+    def warm_for(self, model_name: str, now: datetime) -> bool:
+        """Warm (its fresh catalog says the model is loaded) or possibly warm (no fresh
+        catalog): a host whose catalog cannot be read never counts as cold."""
+        return is_warm(catalog=self.catalog, catalog_at=self.catalog_at, model_name=model_name, now=now)
+
+
+def catalog_fresh(catalog_at: datetime | None, now: datetime) -> bool:
+    return catalog_at is not None and now - catalog_at <= timedelta(seconds=settings.CATALOG_STALE_SECONDS)
+
+
+def is_warm(*, catalog: dict | None, catalog_at: datetime | None, model_name: str, now: datetime) -> bool:
+    """The warm rule, for a host row or for its columns read in bulk."""
+    return not catalog_fresh(catalog_at, now) or model_name in ((catalog or {}).get("loaded") or [])
+
 
 class Qualification(models.Model):
     """Proof that a host benchmarked a model on one machine (its fingerprint).
@@ -55,7 +90,7 @@ class Qualification(models.Model):
     """
 
     host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="qualifications")
-    model = models.ForeignKey("marketplace.CatalogModel", on_delete=models.PROTECT, related_name="qualifications")
+    model = models.ForeignKey("catalog.CatalogModel", on_delete=models.PROTECT, related_name="qualifications")
     fingerprint = models.CharField(max_length=64)
     prompt_tps = models.FloatField()
     gen_tps = models.FloatField()

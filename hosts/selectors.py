@@ -1,19 +1,26 @@
-"""Reads for hosts."""
+"""Reads for hosts: authentication, qualifications, and which hosts are online and warm."""
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime
 
-from django.conf import settings
-from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 
-from hosts.models import Host
-from marketplace.models import Job
-from marketplace.secrets import secret_hash
+from catalog.models import CatalogModel
+from core.errors import ApiError
+from core.secrets import secret_hash
+from hosts.models import Host, Qualification, is_warm
 
 
 def host_by_token(*, token: str) -> Host | None:
     return Host.objects.filter(token_hash=secret_hash(token)).select_related("owner").first()
+
+
+def host_from_secret(secret: str) -> Host:
+    """The host a bearer token belongs to, or a 401 in the API's format."""
+    host = host_by_token(token=secret)
+    if host is None:
+        raise ApiError(401, "Invalid host token.", code="invalid_host_token", type="authentication_error")
+    return host
 
 
 def qualified_model_ids(*, host: Host, fingerprint: str) -> list[int]:
@@ -23,43 +30,50 @@ def qualified_model_ids(*, host: Host, fingerprint: str) -> list[int]:
     )
 
 
-def with_running_job(queryset: QuerySet[Host]) -> QuerySet[Host]:
-    """Annotate `has_running_job`, so a page listing many hosts gets their statuses in one query."""
-    return queryset.annotate(
-        has_running_job=Exists(Job.objects.filter(host=OuterRef("pk"), status=Job.Status.RUNNING))
-    )
-
-
-def host_status(*, host: Host) -> str:
-    """offline, maintenance, paused, busy or online: the first that applies. A host from
-    `with_running_job` is busy by its annotation; any other costs a query."""
-    if host.last_heartbeat_at is None or timezone.now() - host.last_heartbeat_at > timedelta(
-        seconds=settings.HOST_OFFLINE_AFTER_SECONDS
-    ):
-        return "offline"
-    if host.maintenance_since is not None:
-        return "maintenance"
-    if host.paused:
-        return "paused"
-    running = getattr(host, "has_running_job", None)
-    if running is None:
-        running = Job.objects.filter(host=host, status=Job.Status.RUNNING).exists()
-    if running:
-        return "busy"
-    return "online"
-
-
-def host_earning_lines(*, host: Host, limit: int = 100) -> list[Job]:
-    return list(
-        Job.objects.filter(host=host, status=Job.Status.COMPLETED)
-        .select_related("model")
-        .order_by("-finished_at")[:limit]
-    )
-
-
-def host_active_jobs(*, host: Host) -> list[Job]:
-    return list(Job.objects.filter(host=host, status=Job.Status.RUNNING).select_related("model"))
-
-
 def host_qualifications(*, host: Host) -> list:
     return list(host.qualifications.select_related("model"))
+
+
+def warm_model_ids(*, host: Host, model_ids: list[int], now: datetime | None = None) -> list[int]:
+    """Of `model_ids` (the host's qualified models), those it is warm (or possibly warm) for."""
+    now = now or timezone.now()
+    if not host.catalog_fresh(now):
+        return list(model_ids)
+    names = dict(CatalogModel.objects.filter(pk__in=model_ids).values_list("pk", "name"))
+    return [model_id for model_id in model_ids if host.warm_for(names.get(model_id, ""), now)]
+
+
+def warm_host_counts(*, now: datetime | None = None) -> dict[int, dict[str, int]]:
+    """Per catalog model id: hosts online and qualified, and how many of them are warm
+    (or possibly warm)."""
+    now = now or timezone.now()
+    online = Host.objects.online(now)
+    rows = (
+        Qualification.objects.filter(host__in=online, model__active=True)
+        .values_list("model_id", "model__name", "host_id", "host__catalog", "host__catalog_at")
+        .distinct()
+    )
+    counts: dict[int, dict[str, int]] = {}
+    seen: set[tuple[int, int]] = set()
+    for model_id, name, host_id, catalog, catalog_at in rows:
+        if (model_id, host_id) in seen:
+            continue
+        seen.add((model_id, host_id))
+        entry = counts.setdefault(model_id, {"online": 0, "warm": 0})
+        entry["online"] += 1
+        if is_warm(catalog=catalog, catalog_at=catalog_at, model_name=name, now=now):
+            entry["warm"] += 1
+    return counts
+
+
+REDUNDANT_WARM_HOSTS = 2  # a latency-critical model's failover stays warm only with a second warm host
+
+
+def under_redundant_models(*, counts: dict[int, dict[str, int]] | None = None) -> list[tuple[CatalogModel, int]]:
+    """Latency-critical models with fewer than two warm hosts, with their warm count."""
+    counts = warm_host_counts() if counts is None else counts
+    return [
+        (model, counts.get(model.pk, {}).get("warm", 0))
+        for model in CatalogModel.objects.filter(latency_critical=True, active=True).order_by("name")
+        if counts.get(model.pk, {}).get("warm", 0) < REDUNDANT_WARM_HOSTS
+    ]

@@ -7,9 +7,9 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
+from catalog.models import CatalogModel
+from core.secrets import secret_hash, secret_new, secret_prefix
 from hosts.models import Host, Qualification
-from marketplace.models import CatalogModel
-from marketplace.secrets import secret_hash, secret_new, secret_prefix
 
 
 @dataclass(frozen=True)

@@ -6,11 +6,4 @@ from hosts import apis
 
 urlpatterns = [
     path("qualifications", apis.QualificationRegisterApi.as_view()),
-    path("heartbeat", apis.HeartbeatApi.as_view()),
-    path("claim", apis.JobClaimApi.as_view()),
-    path("jobs/<int:job_id>/tokens", apis.JobTokensApi.as_view()),
-    path("jobs/<int:job_id>/complete", apis.JobCompleteApi.as_view()),
-    path("jobs/<int:job_id>/fail", apis.JobFailApi.as_view()),
-    path("me", apis.HostMeApi.as_view()),
-    path("earnings", apis.HostEarningsApi.as_view()),
 ]

@@ -9,70 +9,41 @@ from __future__ import annotations
 import base64
 import json
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.utils.decorators import method_decorator
 from django.views import View
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
+from accounts.apis import KeyApi
+from accounts.selectors import key_from_secret
 from billing import selectors as billing_selectors
-from billing.errors import BillingError
-from marketplace import selectors, services
-from marketplace.aio import db
-from marketplace.errors import ApiError, bad_request, validation_error
-from marketplace.models import ApiKey, CatalogModel, Request
+from catalog.money import usd_decimal
+from core.db import db
+from core.errors import ApiError, DomainError, bad_request, validation_error
+from core.http import bearer_secret, json_body
+from marketplace import admission, selectors, services
+from marketplace.models import Request
 from marketplace.render import chunk_body, response_body, usage_of
 from marketplace.serializers import ChatInputSerializer, CompletionInputSerializer, EmbeddingsInputSerializer
 from marketplace.streaming import Ended, RequestListener, Text, ended_error
-from marketplace.tokenizer import tokenizer_for
-from mahout.prompt import render_chat
 
 
-def bearer_secret(request: HttpRequest) -> str:
-    header = request.headers.get("Authorization", "")
-    scheme, _, secret = header.partition(" ")
-    if scheme.lower() != "bearer" or not secret.strip():
-        raise ApiError(
-            401, "Missing API key: send it as 'Authorization: Bearer <key>'.", code="missing_api_key", type="authentication_error"
-        )
-    return secret.strip()
+def _authenticated(admit: Callable[..., Request]) -> Callable[..., Request]:
+    """`admit` with the key looked up from the bearer secret first, in the same trip to the
+    database thread pool."""
+    def call(*, secret: str, **kwargs: object) -> Request:
+        return admit(api_key=key_from_secret(secret), **kwargs)
 
-
-def key_from_secret(secret: str) -> ApiKey:
-    key = selectors.api_key_by_secret(secret=secret)
-    if key is None:
-        raise ApiError(401, "Invalid or revoked API key.", code="invalid_api_key", type="authentication_error")
-    return key
-
-
-def json_body(request: HttpRequest) -> dict:
-    length = int(request.headers.get("Content-Length") or 0)
-    if length > settings.DATA_UPLOAD_MAX_MEMORY_SIZE:
-        raise ApiError(413, f"Request body too large ({length} bytes; the limit is {settings.DATA_UPLOAD_MAX_MEMORY_SIZE}).", code="body_too_large")
-    try:
-        body = json.loads(request.body or b"")
-    except (ValueError, UnicodeDecodeError):
-        raise bad_request("The body is not valid JSON.", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise bad_request("The body must be a JSON object.", code="invalid_json")
-    return body
+    return call
 
 
 def sse(payload: dict | str) -> bytes:
     data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
     return f"data: {data}\n\n".encode()
-
-
-def rendered_prompt(kind: str, data: dict) -> tuple[str, list | None, str | None]:
-    """The exact text the host's model will see, plus what the request stores."""
-    if kind == Request.Kind.CHAT:
-        return render_chat(data["messages"]), data["messages"], None
-    return data["prompt"], None, data["prompt"]
 
 
 @dataclass
@@ -107,38 +78,8 @@ class Admitted:
         await db(services.request_forget_output, request_id=self.row.pk)
 
 
-def admit(*, secret: str, data: dict, params: dict, kind: str, public_id: str) -> Request:
-    """Authenticate, price and queue in one trip to the database thread pool."""
-    key = key_from_secret(secret)
-    model = selectors.catalog_model_by_name(name=data["model"])
-    if model is None or model.kind != CatalogModel.Kind.CHAT:
-        raise ApiError(404, f"The model '{data['model']}' does not exist; GET /v1/models lists them.", code="model_not_found", param="model")
-    text, messages, prompt = rendered_prompt(kind, data)
-    prompt_tokens = tokenizer_for(model.tokenizer).count(text, special=True)
-    if prompt_tokens + params["max_tokens"] > model.context_length:
-        raise bad_request(
-            f"This model's context is {model.context_length} tokens; the prompt has {prompt_tokens} and max_tokens "
-            f"asks for {params['max_tokens']}. Shorten the prompt or lower max_tokens.",
-            code="context_length_exceeded",
-            param="messages" if messages is not None else "prompt",
-        )
-    return submit(
-        public_id=public_id, api_key=key, model=model, kind=kind, messages=messages, prompt=prompt, params=params,
-        stream=data["stream"], prompt_tokens=prompt_tokens,
-    )
-
-
-def submit(**request: object) -> Request:
-    """`request_submit`, with billing's refusals (402, 429) in the API's error format."""
-    try:
-        return services.request_submit(**request)  # type: ignore[arg-type]
-    except BillingError as refusal:
-        status = getattr(refusal, "status", 402)
-        raise ApiError(status, refusal.message, code=refusal.code, type="insufficient_quota" if status == 402 else "rate_limit_error") from None
-
-
 async def admit_generation(*, secret: str, body: dict, kind: str) -> Admitted:
-    """Validate, price and queue a generation request, or raise ApiError (402 before queueing).
+    """Validate, price and queue a generation request, or raise a DomainError (402 before queueing).
 
     The listener joins the request's group before the job exists, so no token
     can be announced before someone is listening.
@@ -149,7 +90,10 @@ async def admit_generation(*, secret: str, body: dict, kind: str) -> Admitted:
     public_id = services.new_public_id(kind)
     listener = await RequestListener(public_id).open()
     try:
-        row = await db(admit, secret=secret, data=serializer.validated_data, params=serializer.params(), kind=kind, public_id=public_id)
+        row = await db(
+            _authenticated(admission.request_admit), secret=secret, data=serializer.validated_data, params=serializer.params(),
+            kind=kind, public_id=public_id,
+        )
     except BaseException:
         await listener.close()
         raise
@@ -163,7 +107,7 @@ class AsyncApi(View):
     async def post(self, request: HttpRequest) -> HttpResponse:
         try:
             return await self._post(request)
-        except ApiError as error:
+        except DomainError as error:
             return error.response()
 
     async def _post(self, request: HttpRequest) -> HttpResponse:
@@ -215,28 +159,6 @@ class CompletionsApi(GenerationApi):
     kind = Request.Kind.COMPLETION
 
 
-def admit_embeddings(*, secret: str, data: dict, public_id: str) -> Request:
-    """Authenticate, count every input's tokens, hold their price and queue, in one db trip."""
-    key = key_from_secret(secret)
-    model = selectors.catalog_model_by_name(name=data["model"])
-    if model is None or model.kind != CatalogModel.Kind.EMBEDDING:
-        hint = " It is a chat model; use /v1/chat/completions." if model is not None else " GET /v1/models lists them."
-        raise ApiError(404, f"The embeddings model '{data['model']}' does not exist.{hint}", code="model_not_found", param="model")
-    tokenizer = tokenizer_for(model.tokenizer)
-    prompt_tokens = 0
-    for index, text in enumerate(data["input"]):
-        if tokenizer.count(text, special=True) > model.context_length:
-            raise bad_request(
-                f"Input {index} is longer than this model's {model.context_length}-token context; split it.",
-                code="context_length_exceeded", param=f"input[{index}]",
-            )
-        prompt_tokens += tokenizer.count(text, special=False)
-    return submit(
-        public_id=public_id, api_key=key, model=model, kind=Request.Kind.EMBEDDINGS, messages=None, prompt=None,
-        params={"max_tokens": 0}, stream=False, prompt_tokens=prompt_tokens, inputs=data["input"],
-    )
-
-
 class EmbeddingsApi(AsyncApi):
     """POST /v1/embeddings: queued like any job, answered once a host returns the vectors."""
 
@@ -249,7 +171,7 @@ class EmbeddingsApi(AsyncApi):
         public_id = services.new_public_id(Request.Kind.EMBEDDINGS)
         listener = await RequestListener(public_id).open()  # listening before the job exists
         try:
-            row = await db(admit_embeddings, secret=secret, data=data, public_id=public_id)
+            row = await db(_authenticated(admission.embeddings_admit), secret=secret, data=data, public_id=public_id)
         except BaseException:
             await listener.close()
             raise
@@ -280,13 +202,6 @@ def embeddings_body(row: Request, *, encoding: str) -> dict:
         "usage": {"prompt_tokens": row.prompt_tokens, "total_tokens": row.prompt_tokens},
         "id": row.public_id,
     }
-
-
-class KeyApi(APIView):
-    """Base for the synchronous, key-authenticated reads."""
-
-    def key(self, request) -> ApiKey:  # type: ignore[no-untyped-def]
-        return key_from_secret(bearer_secret(request))
 
 
 class ModelListApi(KeyApi):
@@ -323,7 +238,7 @@ class CreditsApi(KeyApi):
                 "balance_ucents": balance,
                 "held_ucents": held,
                 "available_ucents": balance - held,
-                "available_usd": f"{(balance - held) / 100_000_000:.8f}",
+                "available_usd": usd_decimal(balance - held),
                 "key": {
                     "prefix": key.prefix,
                     "spend_cap_ucents": key.spend_cap_ucents,

@@ -1,4 +1,6 @@
-"""WebSocket streaming: the same chunks as SSE, one JSON frame each.
+"""WebSockets: customers' chat streams, and hosts' presence.
+
+Chat streaming: the same chunks as SSE, one JSON frame each.
 
 Connect to /v1/ws/chat/completions with `Authorization: Bearer <key>` (or send
 `"api_key"` in the message when the client cannot set headers — never in the
@@ -9,8 +11,12 @@ from __future__ import annotations
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from core.db import db
+from core.errors import ApiError, DomainError, bad_request
+from core.http import scope_bearer
+from hosts.selectors import host_from_secret
+from marketplace import services
 from marketplace.apis import admit_generation
-from marketplace.errors import ApiError, bad_request
 from marketplace.models import Request
 
 
@@ -19,10 +25,9 @@ class ChatStreamConsumer(AsyncJsonWebsocketConsumer):
         await self.accept()
 
     def _secret(self, content: dict) -> str:
-        headers = {name.decode().lower(): value.decode() for name, value in self.scope.get("headers", [])}
-        scheme, _, secret = headers.get("authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and secret.strip():
-            return secret.strip()
+        secret = scope_bearer(self.scope)
+        if secret is not None:
+            return secret
         if isinstance(content.get("api_key"), str) and content["api_key"]:
             return content["api_key"]
         raise ApiError(401, "Missing API key: send 'Authorization: Bearer <key>' or \"api_key\" in the message.", code="missing_api_key", type="authentication_error")
@@ -35,7 +40,7 @@ class ChatStreamConsumer(AsyncJsonWebsocketConsumer):
             body = {k: v for k, v in content.items() if k != "api_key"}
             body["stream"] = True
             admitted = await admit_generation(secret=secret, body=body, kind=Request.Kind.CHAT)
-        except ApiError as error:
+        except DomainError as error:
             await self.send_json(error.body())
             await self.close()
             return
@@ -48,3 +53,37 @@ class ChatStreamConsumer(AsyncJsonWebsocketConsumer):
             return await super().decode_json(text_data)
         except ValueError:
             return None
+
+
+class HostPresenceConsumer(AsyncJsonWebsocketConsumer):
+    """The host presence socket: the fast path for noticing a dead host.
+
+    mahout keeps one outbound WebSocket open to `/hosts/ws` while it runs. A
+    killed process's sockets are closed by its operating system, so the gateway
+    sees the disconnect within a moment and declares the host's running attempts
+    dead (they are continued elsewhere) instead of waiting out the 20 s stall
+    rule. A frozen host keeps its socket open; the stall rule catches that one.
+    One mahout process per host token: a second connection's end would count as
+    the host's death.
+    """
+
+    host_id: int | None = None
+
+    async def connect(self) -> None:
+        token = scope_bearer(self.scope)
+        try:
+            if token is None:
+                raise ApiError(401, "missing host token", code="missing_host_token")
+            host = await db(host_from_secret, token)
+        except DomainError as error:
+            await self.close(code=error.ws_close_code)
+            return
+        self.host_id = host.pk
+        await self.accept()
+
+    async def receive_json(self, content: object, **kwargs: object) -> None:
+        await self.send_json({"type": "pong"})
+
+    async def disconnect(self, code: int) -> None:
+        if self.host_id is not None:
+            await db(services.host_connection_lost, host_id=self.host_id)

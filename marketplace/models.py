@@ -1,77 +1,9 @@
-"""The catalog, API keys, customer requests and the jobs hosts claim."""
+"""Customer requests and the jobs hosts claim."""
 from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
-
-
-class CatalogModel(models.Model):
-    """A model the marketplace sells, with its prices per token in micro-cents."""
-
-    class Kind(models.TextChoices):
-        CHAT = "chat"
-        EMBEDDING = "embedding"
-
-    name = models.CharField(max_length=100, unique=True)
-    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.CHAT)
-    context_length = models.PositiveIntegerField()
-    input_price_ucents = models.BigIntegerField(help_text="µ¢ per prompt token")
-    output_price_ucents = models.BigIntegerField(help_text="µ¢ per generated token")
-    tokenizer = models.CharField(max_length=100, help_text="how the gateway counts tokens, e.g. shipped:gemma-3-270m")
-    active = models.BooleanField(default=True)
-    routing_strategy = models.CharField(
-        max_length=24, blank=True, choices=[("least-connections", "least-connections"), ("weighted", "weighted")],
-        help_text="how jobs are spread over warm hosts; empty = the gateway's ROUTING_STRATEGY",
-    )
-    latency_critical = models.BooleanField(
-        default=False, help_text="keep on at least two warm hosts (the admin and host dashboards warn otherwise)"
-    )
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        constraints = [
-            models.CheckConstraint(
-                condition=Q(input_price_ucents__gte=0) & Q(output_price_ucents__gte=0), name="prices_not_negative"
-            )
-        ]
-
-    def __str__(self) -> str:
-        return self.name
-
-
-class ApiKey(models.Model):
-    """A customer's API key: only its hash and a visible prefix are stored."""
-
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="api_keys")
-    name = models.CharField(max_length=100, blank=True)
-    prefix = models.CharField(max_length=16)
-    key_hash = models.CharField(max_length=64, unique=True)
-    spend_cap_ucents = models.BigIntegerField(null=True, blank=True)
-    rate_limit_per_minute = models.PositiveIntegerField(
-        null=True, blank=True, help_text="admissions per rolling minute; empty = unlimited"
-    )
-    max_concurrent = models.PositiveIntegerField(
-        null=True, blank=True, help_text="requests in flight at once; empty = unlimited"
-    )
-    spent_ucents = models.BigIntegerField(default=0)
-    held_ucents = models.BigIntegerField(default=0)
-    revoked_at = models.DateTimeField(null=True, blank=True)
-    last_used_at = models.DateTimeField(null=True, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        constraints = [
-            models.CheckConstraint(condition=Q(held_ucents__gte=0) & Q(spent_ucents__gte=0), name="key_sums_not_negative"),
-            models.CheckConstraint(
-                condition=Q(spend_cap_ucents__isnull=True)
-                | Q(spend_cap_ucents__gte=models.F("spent_ucents") + models.F("held_ucents")),
-                name="key_within_cap",
-            ),
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.prefix}… ({self.name or self.user})"
 
 
 class Request(models.Model):
@@ -94,8 +26,8 @@ class Request(models.Model):
 
     public_id = models.CharField(max_length=64, unique=True)
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="requests")
-    api_key = models.ForeignKey(ApiKey, on_delete=models.PROTECT, related_name="requests")
-    model = models.ForeignKey(CatalogModel, on_delete=models.PROTECT, related_name="requests")
+    api_key = models.ForeignKey("accounts.ApiKey", on_delete=models.PROTECT, related_name="requests")
+    model = models.ForeignKey("catalog.CatalogModel", on_delete=models.PROTECT, related_name="requests")
     kind = models.CharField(max_length=16, choices=Kind.choices)
     stream = models.BooleanField(default=False)
     messages = models.JSONField(null=True, blank=True)
@@ -137,7 +69,7 @@ class Job(models.Model):
         FAILED = "failed"
 
     request = models.ForeignKey(Request, on_delete=models.CASCADE, related_name="jobs")
-    model = models.ForeignKey(CatalogModel, on_delete=models.PROTECT, related_name="jobs")
+    model = models.ForeignKey("catalog.CatalogModel", on_delete=models.PROTECT, related_name="jobs")
     attempt = models.PositiveSmallIntegerField(default=1)
     host = models.ForeignKey("hosts.Host", null=True, blank=True, on_delete=models.PROTECT, related_name="jobs")
     avoid_host = models.ForeignKey(

@@ -28,8 +28,9 @@ from django.db import connection
 from django.db.models import Count, Max, Q
 from django.utils import timezone
 
-from hosts.models import Host, Qualification
-from marketplace.models import CatalogModel, Job
+from catalog.models import CatalogModel
+from hosts.models import Host
+from marketplace.models import Job
 
 LEAST_CONNECTIONS = "least-connections"
 WEIGHTED = "weighted"
@@ -37,21 +38,6 @@ WEIGHTED = "weighted"
 
 def strategy_for(model: CatalogModel) -> str:
     return model.routing_strategy or settings.ROUTING_STRATEGY
-
-
-def catalog_fresh(host: Host, now: datetime) -> bool:
-    """Whether the host's catalog can be trusted to say what is loaded."""
-    return host.catalog_at is not None and now - host.catalog_at <= timedelta(seconds=settings.CATALOG_STALE_SECONDS)
-
-
-def warm_model_ids(*, host: Host, model_ids: list[int], now: datetime | None = None) -> list[int]:
-    """Of `model_ids` (the host's qualified models), those it may take during the cold grace."""
-    now = now or timezone.now()
-    if not catalog_fresh(host, now):
-        return list(model_ids)
-    loaded = set(host.catalog.get("loaded") or [])
-    names = dict(CatalogModel.objects.filter(pk__in=model_ids).values_list("pk", "name"))
-    return [model_id for model_id in model_ids if names.get(model_id) in loaded]
 
 
 def claim_sql(*, host_id: int, model_ids: list[int], warm_ids: list[int], now: datetime) -> tuple[str, list]:
@@ -87,15 +73,13 @@ class Candidate:
 def candidates(*, model: CatalogModel, now: datetime) -> list[Candidate]:
     """Online, unpaused hosts out of maintenance, qualified for the model and warm
     (or possibly warm), each with its load. Three queries whatever the pool size."""
-    online_since = now - timedelta(seconds=settings.HOST_OFFLINE_AFTER_SECONDS)
     hosts = list(
-        Host.objects.filter(
-            qualifications__model=model, paused=False, maintenance_since__isnull=True, last_heartbeat_at__gte=online_since
-        )
+        Host.objects.online(now)
+        .qualified_for(model)
         .annotate(best_tps=Max("qualifications__gen_tps", filter=Q(qualifications__model=model)))
         .only("pk", "catalog", "catalog_at", "slots", "routing_weight")
     )
-    warm = [host for host in hosts if not catalog_fresh(host, now) or model.name in (host.catalog.get("loaded") or [])]
+    warm = [host for host in hosts if host.warm_for(model.name, now)]
     if not warm:
         return []
     ids = [host.pk for host in warm]
@@ -150,38 +134,3 @@ def route_offer(*, job: Job, model: CatalogModel) -> int | None:
         warm_until=job.warm_until, offered_host_id=job.offered_host_id, offer_until=job.offer_until
     )
     return job.offered_host_id
-
-
-def warm_host_counts(*, now: datetime | None = None) -> dict[int, dict[str, int]]:
-    """Per catalog model id: hosts online (qualified, unpaused, not in maintenance) and
-    how many of them are warm (or possibly warm)."""
-    now = now or timezone.now()
-    online_since = now - timedelta(seconds=settings.HOST_OFFLINE_AFTER_SECONDS)
-    rows = Qualification.objects.filter(
-        host__paused=False, host__maintenance_since__isnull=True, host__last_heartbeat_at__gte=online_since, model__active=True
-    ).values_list("model_id", "model__name", "host_id", "host__catalog", "host__catalog_at").distinct()
-    counts: dict[int, dict[str, int]] = {}
-    seen: set[tuple[int, int]] = set()
-    for model_id, name, host_id, catalog, catalog_at in rows:
-        if (model_id, host_id) in seen:
-            continue
-        seen.add((model_id, host_id))
-        entry = counts.setdefault(model_id, {"online": 0, "warm": 0})
-        entry["online"] += 1
-        fresh = catalog_at is not None and now - catalog_at <= timedelta(seconds=settings.CATALOG_STALE_SECONDS)
-        if not fresh or name in ((catalog or {}).get("loaded") or []):
-            entry["warm"] += 1
-    return counts
-
-
-REDUNDANT_WARM_HOSTS = 2  # a latency-critical model's failover stays warm only with a second warm host
-
-
-def under_redundant_models(*, counts: dict[int, dict[str, int]] | None = None) -> list[tuple[CatalogModel, int]]:
-    """Latency-critical models with fewer than two warm hosts, with their warm count."""
-    counts = warm_host_counts() if counts is None else counts
-    return [
-        (model, counts.get(model.pk, {}).get("warm", 0))
-        for model in CatalogModel.objects.filter(latency_critical=True, active=True).order_by("name")
-        if counts.get(model.pk, {}).get("warm", 0) < REDUNDANT_WARM_HOSTS
-    ]

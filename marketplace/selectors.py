@@ -1,31 +1,22 @@
-"""Reads for the customer API."""
+"""Reads of requests and jobs: the catalog as served, request state, host status and
+earnings, customer usage."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, date, timedelta
 
 from django.conf import settings
 from django.core.cache import cache
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Sum
+from django.db.models.functions import TruncDate
 from django.utils import timezone
 
-from marketplace import routing
-from marketplace.models import ApiKey, CatalogModel, Request
-from marketplace.secrets import secret_hash
-
-
-def api_key_by_secret(*, secret: str) -> ApiKey | None:
-    """The live key for a secret, or None (unknown or revoked)."""
-    key = ApiKey.objects.select_related("user").filter(key_hash=secret_hash(secret)).first()
-    if key is None or key.revoked_at is not None or not key.user.is_active:
-        return None
-    return key
-
-
-def catalog_model_by_name(*, name: str) -> CatalogModel | None:
-    return CatalogModel.objects.filter(name=name, active=True).first()
-
-
-def catalog_models() -> list[CatalogModel]:
-    return list(CatalogModel.objects.filter(active=True).order_by("name"))
+from billing import selectors as billing
+from catalog.models import CatalogModel
+from core.dates import day_bounds
+from hosts import selectors as hosts
+from hosts.models import Host
+from marketplace.models import Job, Request
 
 
 @dataclass(frozen=True)
@@ -42,7 +33,7 @@ def served_models() -> list[ServedModel]:
     cached = cache.get(SERVED_MODELS_CACHE_KEY)
     if cached is not None:
         return cached
-    counts = routing.warm_host_counts()
+    counts = hosts.warm_host_counts()
     served = [
         ServedModel(model=model, hosts_online=counts[model.pk]["online"], hosts_warm=counts[model.pk]["warm"])
         for model in CatalogModel.objects.filter(pk__in=list(counts)).order_by("name")
@@ -65,3 +56,98 @@ def request_state(*, public_id: str) -> Request:
 
 def unix(ts) -> int:  # type: ignore[no-untyped-def]
     return int((ts or timezone.now()).timestamp())
+
+
+# --- hosts as the marketplace sees them ---------------------------------------------------
+
+
+def with_running_job(queryset: QuerySet[Host]) -> QuerySet[Host]:
+    """Annotate `has_running_job`, so a page listing many hosts gets their statuses in one query."""
+    return queryset.annotate(
+        has_running_job=Exists(Job.objects.filter(host=OuterRef("pk"), status=Job.Status.RUNNING))
+    )
+
+
+def host_status(*, host: Host) -> str:
+    """offline, maintenance, paused, busy or online: the first that applies. A host from
+    `with_running_job` is busy by its annotation; any other costs a query."""
+    if host.last_heartbeat_at is None or timezone.now() - host.last_heartbeat_at > timedelta(
+        seconds=settings.HOST_OFFLINE_AFTER_SECONDS
+    ):
+        return "offline"
+    if host.maintenance_since is not None:
+        return "maintenance"
+    if host.paused:
+        return "paused"
+    running = getattr(host, "has_running_job", None)
+    if running is None:
+        running = Job.objects.filter(host=host, status=Job.Status.RUNNING).exists()
+    if running:
+        return "busy"
+    return "online"
+
+
+def host_active_jobs(*, host: Host) -> list[Job]:
+    return list(Job.objects.filter(host=host, status=Job.Status.RUNNING).select_related("model"))
+
+
+@dataclass(frozen=True)
+class HostStatement:
+    """A host's earnings: its money side (billing's) and its latest completed jobs."""
+
+    payouts: billing.HostPayouts
+    jobs: list[dict]
+
+
+def host_statement(*, host: Host, limit: int = 100) -> HostStatement:
+    """The one read behind both earnings endpoints (never who asked)."""
+    jobs = (
+        Job.objects.filter(host=host, status=Job.Status.COMPLETED)
+        .order_by("-finished_at", "-pk")
+        .values("pk", "model__name", "completion_tokens", "earned_ucents", "finished_at")[:limit]
+    )
+    return HostStatement(payouts=billing.host_payouts(host=host, limit=limit), jobs=list(jobs))
+
+
+# --- customer usage ---------------------------------------------------------------------
+
+
+class UnknownCursor(LookupError):
+    """An `after` cursor that names none of this user's requests."""
+
+
+def usage_requests(*, user, start: date, end: date, after: str | None = None):  # type: ignore[no-untyped-def]
+    """The user's requests created from `start` to `end` inclusive (UTC days), oldest first;
+    with `after` (a request id of theirs), only those that come after it in that order."""
+    lower, upper = day_bounds(start, end)
+    rows = Request.objects.filter(user=user, created_at__gte=lower, created_at__lt=upper)
+    if after:
+        cursor = Request.objects.filter(user=user, public_id=after).values("created_at", "pk").first()
+        if cursor is None:
+            raise UnknownCursor(after)
+        rows = rows.filter(Q(created_at__gt=cursor["created_at"]) | Q(created_at=cursor["created_at"], pk__gt=cursor["pk"]))
+    return (
+        rows.order_by("created_at", "pk")
+        .values(
+            "public_id", "created_at", "status", "model__name", "api_key__prefix",
+            "prompt_tokens", "completion_tokens", "cost_ucents",
+        )
+    )
+
+
+def usage_daily(*, user, start: date, end: date) -> list[dict]:  # type: ignore[no-untyped-def]
+    """Per UTC day: requests, tokens and cost (failed requests cost 0)."""
+    lower, upper = day_bounds(start, end)
+    rows = (
+        Request.objects.filter(user=user, created_at__gte=lower, created_at__lt=upper)
+        .annotate(day=TruncDate("created_at", tzinfo=UTC))
+        .values("day")
+        .annotate(
+            requests=Count("pk"),
+            prompt_tokens=Sum("prompt_tokens"),
+            completion_tokens=Sum("completion_tokens"),
+            cost_ucents=Sum("cost_ucents"),
+        )
+        .order_by("day")
+    )
+    return list(rows)

@@ -18,48 +18,26 @@ from django.db.models import F, Value
 from django.db.models.functions import Concat
 from django.utils import timezone
 
+from accounts.models import ApiKey
 from billing import services as billing
 from billing.models import Hold
+from catalog.models import CatalogModel
+from catalog.pricing import price
+from catalog.tokenizer import tokenizer_for
+from core.errors import DomainError
+from core.events import announce_on_commit, host_group, queue_group, request_group
 from hosts.models import Host
-from hosts.selectors import qualified_model_ids
+from hosts.selectors import qualified_model_ids, warm_model_ids
 from hosts.services import host_maintenance_enter
 from marketplace import routing
-from marketplace.events import announce_on_commit, host_group, queue_group, request_group
-from marketplace.models import ApiKey, CatalogModel, Job, Request
-from marketplace.secrets import secret_hash, secret_new, secret_prefix
-from marketplace.tokenizer import tokenizer_for
-
-
-# --- keys -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class NewKey:
-    key: ApiKey
-    secret: str
-
-
-def api_key_create(*, user, name: str = "", spend_cap_ucents: int | None = None) -> NewKey:  # type: ignore[no-untyped-def]
-    """Create a key; the secret is returned here once and never stored."""
-    if spend_cap_ucents is not None and spend_cap_ucents < 0:
-        raise ValueError("a spend cap cannot be negative")
-    secret = secret_new("el")
-    key = ApiKey.objects.create(
-        user=user, name=name, prefix=secret_prefix(secret), key_hash=secret_hash(secret), spend_cap_ucents=spend_cap_ucents
-    )
-    return NewKey(key=key, secret=secret)
-
-
-def api_key_revoke(*, key: ApiKey) -> bool:
-    return bool(ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now()))
-
+from marketplace.models import Job, Request
 
 # --- admission ----------------------------------------------------------------
 
 
 def estimate_ucents(*, model: CatalogModel, prompt_tokens: int, max_tokens: int) -> int:
     """Upper bound of the cost: every prompt token plus every allowed output token."""
-    return prompt_tokens * model.input_price_ucents + max_tokens * model.output_price_ucents
+    return price(model, prompt_tokens=prompt_tokens, completion_tokens=max_tokens)
 
 
 def new_public_id(kind: str) -> str:
@@ -117,32 +95,29 @@ def job_queue(job: Job, *, model: CatalogModel) -> None:
 # --- claiming ---------------------------------------------------------------
 
 
-class BadResult(Exception):
+class BadResult(DomainError):
     """What the host sent back cannot be the answer (wrong shape): nothing is settled."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
+    code = "invalid_result"
 
 
-class HostRefused(Exception):
+class HostRefused(DomainError):
     """The host may not do this (paused, not qualified, not its job)."""
 
+    status = 403
     code = "forbidden"
 
-    def __init__(self, message: str, *, code: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        if code:
-            self.code = code
 
-
-class JobNotRunning(Exception):
+class JobNotRunning(DomainError):
     """The job already ended (or was never claimed): the host must stop."""
 
+    status = 409
+    code = "job_not_running"
 
-class SequenceGap(Exception):
-    pass
+
+class SequenceGap(DomainError):
+    status = 409
+    code = "sequence_gap"
 
 
 def job_payload(job: Job) -> dict:
@@ -212,7 +187,7 @@ def _claim_routed(
         return None
     now = timezone.now()
     if warm_ids is None:
-        warm_ids = routing.warm_model_ids(host=host, model_ids=model_ids, now=now)
+        warm_ids = warm_model_ids(host=host, model_ids=model_ids, now=now)
     selection = routing.claim_sql(host_id=host.pk, model_ids=model_ids, warm_ids=warm_ids, now=now)
     return job_claim_selected(host=host, selection=selection, now=now)
 
@@ -274,7 +249,7 @@ def job_claim_selected(*, host: Host, selection: tuple[str, list], now: datetime
     if row is None:
         return None
     job_id, attempt, request_id, *request_values, model_name, tokenizer = row
-    fields = dict(zip(_CLAIMED_REQUEST_COLUMNS, request_values))
+    fields = dict(zip(_CLAIMED_REQUEST_COLUMNS, request_values, strict=True))
     for column in _JSON_COLUMNS:
         fields[column] = Request._meta.get_field(column).from_db_value(fields[column], None, connection)
     model = CatalogModel(pk=fields.pop("model_id"), name=model_name, tokenizer=tokenizer)
@@ -355,7 +330,7 @@ def _rescuer_share(*, request: Request, job: Job, completion_tokens: int) -> int
     text = request.delivered_text
     own = text[len(text) - job.generated_chars :] if job.generated_chars else ""
     own_tokens = min(_count_output(request, own), completion_tokens)
-    return own_tokens * request.model.output_price_ucents * settings.HOST_SHARE_PERCENT // 100
+    return billing.split_cost(price(request.model, prompt_tokens=0, completion_tokens=own_tokens)).host_ucents
 
 
 @dataclass(frozen=True)
@@ -392,8 +367,7 @@ def job_complete(*, host: Host, job_id: int, finish_reason: str, embeddings: lis
             raise BadResult(f"Job {job_id} is a {request.kind} job; it completes with text, not embeddings.")
         result, completion_tokens = None, _completion_tokens(request)
         share = _rescuer_share(request=request, job=job, completion_tokens=completion_tokens)
-    cost = request.prompt_tokens * model.input_price_ucents + completion_tokens * model.output_price_ucents
-    cost = min(cost, request.hold.amount_ucents)
+    cost = min(price(model, prompt_tokens=request.prompt_tokens, completion_tokens=completion_tokens), request.hold.amount_ucents)
     earned = share if share is not None else billing.split_cost(cost).host_ucents
     Job.objects.filter(pk=job.pk).update(
         status=Job.Status.COMPLETED, finished_at=timezone.now(), completion_tokens=completion_tokens, earned_ucents=earned
@@ -534,7 +508,7 @@ def _settle_without_host(*, request: Request, completion_tokens: int) -> None:
     """Every allowed token was delivered before the host died: the answer is
     whole, the customer pays for it, and no host is paid (none finished)."""
     model = request.model
-    cost = min(request.prompt_tokens * model.input_price_ucents + completion_tokens * model.output_price_ucents, request.hold.amount_ucents)
+    cost = min(price(model, prompt_tokens=request.prompt_tokens, completion_tokens=completion_tokens), request.hold.amount_ucents)
     billing.hold_settle(hold=request.hold, cost_ucents=cost, host=None, reference=request.public_id)
     _request_settled(request=request, completion_tokens=completion_tokens, cost_ucents=cost, finish_reason="length")
 

@@ -13,10 +13,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from channels.layers import get_channel_layer
+
+from core.db import db
+from core.errors import ApiError
+from core.events import Inbox, request_group
 from marketplace import selectors, services
-from marketplace.aio import db
-from marketplace.errors import ApiError
-from marketplace.events import Inbox, request_group
 from marketplace.models import Request
 
 POLL_SECONDS = 1.0

@@ -1,16 +1,14 @@
 """Input parsing for the pages. Forms validate shape only; the services decide."""
 from __future__ import annotations
 
-from datetime import timedelta
 from decimal import Decimal
 
 from django import forms
-from django.conf import settings
 from django.contrib.auth import password_validation
 from django.contrib.auth.forms import AuthenticationForm
-from django.utils import timezone
 
-from billing.models import UCENTS_PER_USD
+from catalog.money import UCENTS_PER_USD
+from core.dates import DateRangeInvalid, day_range
 
 
 class SignupForm(forms.Form):
@@ -82,18 +80,14 @@ class DateRangeForm(forms.Form):
 
     def clean(self) -> dict:
         data = super().clean() or {}
-        end = data.get("end") or timezone.now().date()
-        start = data.get("start") or end - timedelta(days=29)
-        if start > end:
-            raise forms.ValidationError("'From' is after 'To'.")
-        if (end - start).days + 1 > settings.USAGE_MAX_DAYS:
-            raise forms.ValidationError(f"Ask for at most {settings.USAGE_MAX_DAYS} days at a time.")
-        data["start"], data["end"] = start, end
+        try:
+            data["start"], data["end"] = day_range(data.get("start"), data.get("end"))
+        except DateRangeInvalid as error:
+            raise forms.ValidationError(error.message) from None
         return data
 
     def range(self):  # type: ignore[no-untyped-def]
         """The valid range, or the default 30 days when the query was malformed."""
         if self.is_valid():
             return self.cleaned_data["start"], self.cleaned_data["end"]
-        end = timezone.now().date()
-        return end - timedelta(days=29), end
+        return day_range(None, None)

@@ -3,18 +3,21 @@ user and filters by it, so one person's page can never list another's rows."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, time, timedelta
+from datetime import UTC, date, timedelta
 
 from django.conf import settings
 from django.db.models import Count, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
+from accounts.models import ApiKey
 from billing.selectors import customer_account
+from catalog.models import CatalogModel
+from core.dates import day_bounds
 from hosts.models import Host, Qualification
-from hosts.selectors import host_status, with_running_job
-from marketplace import routing
-from marketplace.models import ApiKey, CatalogModel, Job, Request
+from hosts.selectors import warm_host_counts
+from marketplace.models import Job, Request
+from marketplace.selectors import host_status, with_running_job
 
 
 @dataclass(frozen=True)
@@ -62,8 +65,7 @@ def days_between(start: date, end: date) -> list[date]:
 
 def host_earnings_daily(*, host: Host, start: date, end: date) -> list[dict]:
     """Per UTC day from `start` to `end` (every day, zeros included): jobs finished and µ¢ earned."""
-    lower = datetime.combine(start, time.min, tzinfo=UTC)
-    upper = datetime.combine(end + timedelta(days=1), time.min, tzinfo=UTC)
+    lower, upper = day_bounds(start, end)
     rows = (
         Job.objects.filter(host=host, status=Job.Status.COMPLETED, finished_at__gte=lower, finished_at__lt=upper)
         .annotate(day=TruncDate("finished_at", tzinfo=UTC))
@@ -113,7 +115,7 @@ POOL_MAINTENANCE_LISTED = 50
 
 @dataclass(frozen=True)
 class ModelWarmth:
-    """For one model: online hosts that qualified it, and those of them warm for it (`routing.warm_host_counts`)."""
+    """For one model: online hosts that qualified it, and those of them warm for it (`hosts.selectors.warm_host_counts`)."""
 
     name: str
     qualified_online: int
@@ -139,7 +141,7 @@ class PoolOverview:
 
 def _model_warmth() -> list[ModelWarmth]:
     """Per active model, routing's count of online hosts that qualified it and of those warm for it."""
-    counts = routing.warm_host_counts()
+    counts = warm_host_counts()
     return [
         ModelWarmth(name=name, qualified_online=counts.get(pk, {}).get("online", 0), warm=counts.get(pk, {}).get("warm", 0))
         for pk, name in catalog_models().values_list("pk", "name")
@@ -149,7 +151,7 @@ def _model_warmth() -> list[ModelWarmth]:
 def pool_overview() -> PoolOverview:
     """The operator's view of the pool: who is connected, what is waiting, what went wrong in the last hour.
 
-    Statuses follow `hosts.selectors.host_status`: a connected host in maintenance
+    Statuses follow `marketplace.selectors.host_status`: a connected host in maintenance
     counts as neither online nor paused; `hosts_maintenance` counts every host in
     maintenance, connected or not.
     """
@@ -157,7 +159,7 @@ def pool_overview() -> PoolOverview:
     hour_ago = now - timedelta(hours=1)
     alive = Host.objects.filter(last_heartbeat_at__gte=now - timedelta(seconds=settings.HOST_OFFLINE_AFTER_SECONDS))
     available = alive.filter(maintenance_since__isnull=True)
-    online = available.filter(paused=False)
+    online = Host.objects.online(now)
     busy_ids = set(Job.objects.filter(status=Job.Status.RUNNING, host__in=alive).values_list("host_id", flat=True))
     jobs = Job.objects.aggregate(
         queued=Count("pk", filter=Q(status=Job.Status.QUEUED)),

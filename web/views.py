@@ -16,18 +16,18 @@ from django.http import Http404, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from billing import selectors as billing_selectors
+from accounts import services as accounts
 from billing import services as billing
 from billing import stripe_api
-from billing.apis import usage_csv_response
 from billing.errors import BillingError
+from catalog.money import usd
+from hosts import selectors as host_selectors
 from hosts import services as hosts
-from marketplace import routing
-from marketplace import services as marketplace
+from marketplace import selectors as marketplace_selectors
+from marketplace.usage_apis import usage_csv_response
 from web import selectors
 from web.charts import bar_chart
 from web.forms import ApiKeyForm, DateRangeForm, HostForm, PayoutForm, SignupForm, TopupForm
-from web.money import usd
 from web.services import EmailTaken, user_signup
 
 
@@ -122,7 +122,7 @@ def keys(request):  # type: ignore[no-untyped-def]
     form = ApiKeyForm(request.POST or None)
     new_key = None
     if request.method == "POST" and form.is_valid():
-        new_key = marketplace.api_key_create(
+        new_key = accounts.api_key_create(
             user=request.user, name=form.cleaned_data["name"], spend_cap_ucents=form.spend_cap_ucents
         )
         form = ApiKeyForm()
@@ -140,7 +140,7 @@ def key_revoke(request, key_id: int):  # type: ignore[no-untyped-def]
     key = selectors.api_key_of(user=request.user, key_id=key_id)
     if key is None:
         raise Http404("No such key.")
-    if marketplace.api_key_revoke(key=key):
+    if accounts.api_key_revoke(key=key):
         messages.success(request, f"Key {key.prefix}… revoked; requests with it are refused from now on.")
     else:
         messages.info(request, f"Key {key.prefix}… was already revoked.")
@@ -169,7 +169,7 @@ def _usage_charts(daily: list[dict], start, end) -> list:  # type: ignore[no-unt
 def usage(request):  # type: ignore[no-untyped-def]
     range_form = DateRangeForm(request.GET)
     start, end = range_form.range()
-    daily = billing_selectors.usage_daily(user=request.user, start=start, end=end)
+    daily = marketplace_selectors.usage_daily(user=request.user, start=start, end=end)
     return render(
         request,
         "web/usage.html",
@@ -230,7 +230,7 @@ def machines(request):  # type: ignore[no-untyped-def]
         "web/machines.html",
         {
             "form": form, "new_host": new_host, "hosts": selectors.host_statuses(user=request.user),
-            "base_url": base_url(request), "under_redundant": routing.under_redundant_models(),
+            "base_url": base_url(request), "under_redundant": host_selectors.under_redundant_models(),
         },
         secret_shown=new_host is not None,
     )
@@ -266,7 +266,7 @@ def machine_detail(request, host_id: int):  # type: ignore[no-untyped-def]
             "chart": bar_chart(
                 title="Earnings per day", points=[(row["day"].isoformat(), row["earned_ucents"]) for row in daily], fmt=usd
             ),
-            "statement": billing_selectors.host_statement(host=host),
+            "statement": marketplace_selectors.host_statement(host=host),
             "payout_form": PayoutForm(),
         },
     )

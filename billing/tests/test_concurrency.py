@@ -6,12 +6,13 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from django.db import connection
 
+from accounts.models import ApiKey
 from billing import selectors
 from billing.errors import BillingError
 from billing.models import Account, LedgerTransaction
 from conftest import make_customer, make_host
 from marketplace import services as market
-from marketplace.models import ApiKey, Request
+from marketplace.models import Request
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

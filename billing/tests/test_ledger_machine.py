@@ -18,9 +18,10 @@ from billing.errors import BillingError
 from billing.models import Account, Hold, LedgerEntry, LedgerTransaction, Payout, PayoutProfile
 from billing.tests.conftest import WEBHOOK_SECRET
 from billing.tests.stripe_fake import checkout_completed_event, sign
+from catalog.models import CatalogModel
 from conftest import make_customer, make_host
 from marketplace import services as market
-from marketplace.models import CatalogModel, Job, Request
+from marketplace.models import Job, Request
 
 pytestmark = pytest.mark.django_db
 

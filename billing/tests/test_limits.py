@@ -5,10 +5,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from accounts.models import ApiKey
 from billing import errors, services
 from billing.models import Hold
 from conftest import make_customer
-from marketplace.models import ApiKey
 
 pytestmark = pytest.mark.django_db
 

@@ -7,18 +7,19 @@ import pytest
 from billing import selectors, services
 from billing.errors import InsufficientCredit, KeyLimitExceeded
 from billing.models import Account, Hold, LedgerTransaction
+from catalog.money import usd_to_ucents
 from conftest import make_customer, make_host
 
 pytestmark = pytest.mark.django_db
 
 
 def test_usd_to_ucents_is_exact_and_refuses_sub_microcent() -> None:
-    assert services.usd_to_ucents("5") == 500_000_000
-    assert services.usd_to_ucents("0.00000001") == 1
+    assert usd_to_ucents("5") == 500_000_000
+    assert usd_to_ucents("0.00000001") == 1
     with pytest.raises(ValueError):
-        services.usd_to_ucents("0.000000001")
+        usd_to_ucents("0.000000001")
     with pytest.raises(ValueError):
-        services.usd_to_ucents("five")
+        usd_to_ucents("five")
 
 
 class CreditGrantTests:

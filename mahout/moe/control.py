@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from engine.moe_loader import load_expert_slice
+from mahout.link import Heartbeat
 from mahout.moe.coordinator import TcpTransport, Transport, WorkerSpec
 from mahout.moe.relay import RelayTransport, RelayWorkerLink
 from mahout.moe.runner import MoeRunner
@@ -96,8 +97,7 @@ class CoordinatorAgent:
     def __init__(self, runner: MoeRunner, client: MeshClient, model: str, *, interval_s: float = 2.0) -> None:
         self.runner, self.client, self.model, self.interval_s = runner, client, model, interval_s
         runner.coordinator.transport_for = self.transport_for
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._heartbeat = Heartbeat(self.tick, interval_s, name="moe-coordinator-agent")
         self.reports = 0
 
     def transport_for(self, spec: WorkerSpec) -> Transport:
@@ -119,19 +119,11 @@ class CoordinatorAgent:
         return answer
 
     def start(self) -> CoordinatorAgent:
-        self._thread = threading.Thread(target=self._run, name="moe-coordinator-agent", daemon=True)
-        self._thread.start()
+        self._heartbeat.start()
         return self
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.tick()
-            self._stop.wait(self.interval_s)
-
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self.interval_s + 15)
+        self._heartbeat.stop(timeout=self.interval_s + 15)
 
 
 class Volunteer:

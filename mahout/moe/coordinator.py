@@ -24,10 +24,9 @@ from typing import Protocol
 import torch
 
 from engine.moe import ExpertCompute
+from mahout.link import Link, LinkClosed, dial
 from mahout.moe.policy import DispatchPolicy, LoadMonitor, WorkerState, dispatch_eligible
 from mahout.moe.worker import pack_rows, unpack_rows
-from mahout.moe.wire import ExpertLink, dial
-from mahout.ring.wire import LinkClosed
 
 __all__ = ["Coordinator", "DispatchStats", "TcpTransport", "Transport", "WorkerFailed", "WorkerSpec"]
 
@@ -43,13 +42,13 @@ class Transport(Protocol):
 
 
 class TcpTransport:
-    """A direct framed TCP link to a worker (`mahout.moe.wire`), opened on first use and kept
+    """A direct framed TCP link to a worker (`mahout.link`), opened on first use and kept
     open, one request at a time; a link that breaks is dropped and dialled again next time."""
 
     def __init__(self, address: tuple[str, int], *, connect_timeout: float = 2.0) -> None:
         self.address = address
         self.connect_timeout = connect_timeout
-        self._link: ExpertLink | None = None
+        self._link: Link | None = None
         self._lock = threading.Lock()
 
     def request(self, header: dict, rows: torch.Tensor, timeout: float) -> tuple[dict, torch.Tensor | None]:

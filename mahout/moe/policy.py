@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from mahout.link import Heartbeat
+
 __all__ = ["DispatchPolicy", "LoadMonitor", "LoadState", "WorkerState", "dispatch_eligible"]
 
 
@@ -99,8 +101,7 @@ class LoadMonitor:
         self.clock = clock
         self.state = LoadState()
         self._stuck: threading.Thread | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._heartbeat: Heartbeat | None = None
 
     def tick(self) -> LoadState:
         """Probe once (bounded) and publish the new state."""
@@ -127,15 +128,8 @@ class LoadMonitor:
         return replace(self.state, busy=busy, under_load=under, last_load_at=last_load, probed_at=now)
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="moe-load-monitor", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.tick()
-            self._stop.wait(self.policy.probe_interval_s)
+        self._heartbeat = Heartbeat(self.tick, self.policy.probe_interval_s, name="moe-load-monitor").start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self.policy.probe_interval_s + self.policy.probe_timeout_s + 1)
+        if self._heartbeat is not None:
+            self._heartbeat.stop(timeout=self.policy.probe_interval_s + self.policy.probe_timeout_s + 1)

@@ -1,6 +1,6 @@
 """Reaching expert workers behind NAT through the gateway's relay (a Channels WebSocket).
 
-A frame on the relay is one `mahout.ring.wire` frame as a binary WebSocket message: the
+A frame on the relay is one `mahout.link` frame as a binary WebSocket message: the
 ``>II`` lengths, the JSON header, the raw tensor bytes. Nothing is pickled.
 
 * `RelayWorkerLink` (worker side): holds `…/api/moe/relay/worker/<id>` open (reconnecting
@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
+from mahout.link import decode_frame, encode_frame
 from mahout.moe.coordinator import WorkerFailed
-from mahout.moe.wire import decode_frame, encode_frame
 from mahout.moe.worker import ExpertServer
 
 __all__ = ["RelayTransport", "RelayWorkerLink", "decode_frame", "encode_frame", "relay_url"]

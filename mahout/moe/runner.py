@@ -24,7 +24,7 @@ from engine.moe import LocalExperts, MoeModel
 from engine.moe_loader import ByteTokenizer, load_moe
 from mahout.moe.coordinator import Coordinator
 from mahout.moe.policy import DispatchPolicy, LoadMonitor
-from mahout.prompt import render_job
+from protocol.turns import render_job
 
 __all__ = ["MoeRunner", "MoeSlot", "SlotsFull"]
 

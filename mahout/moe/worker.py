@@ -2,12 +2,11 @@
 the rows a coordinator sends.
 
 It loads only its slice (`engine.moe_loader.load_expert_slice`, from the model file or from
-the slice file the gateway serves) and listens on TCP. Frames are `mahout.ring.wire`'s
-(a JSON header plus raw float32 bytes; nothing is unpickled), sent and read without copies
-by `mahout.moe.wire.ExpertLink`. After the coordinator's
-``hello``, each ``compute`` frame carries ``layer``, ``experts`` and ``counts`` (rows per
-expert, in order) and the rows (N, D) concatenated; the answer is a ``result`` frame with
-the outputs (N, D) in the same order, or an ``error`` frame.
+the slice file the gateway serves) and listens on TCP. Frames are `mahout.link`'s (a JSON
+header plus raw float32 bytes; nothing is unpickled), sent and read without copies. After
+the coordinator's ``hello``, each ``compute`` frame carries ``layer``, ``experts`` and
+``counts`` (rows per expert, in order) and the rows (N, D) concatenated; the answer is a
+``result`` frame with the outputs (N, D) in the same order, or an ``error`` frame.
 
 `python -m mahout.moe.worker --model PATH --layer L --first F --count C [--port P]` prints
 ``expert worker listening on HOST:PORT`` once it serves.
@@ -24,8 +23,7 @@ import torch
 
 from engine.moe import ExpertBank
 from engine.moe_loader import load_expert_slice
-from mahout.moe.wire import ExpertLink
-from mahout.ring.wire import LinkClosed, listen
+from mahout.link import Link, LinkClosed, listen
 
 __all__ = ["ExpertServer", "main", "pack_rows", "unpack_rows"]
 
@@ -51,7 +49,7 @@ class ExpertServer:
         self._server = listen(host, port)
         self.address: tuple[str, int] = self._server.getsockname()[:2]
         self.served = 0
-        self._links: list[ExpertLink] = []
+        self._links: list[Link] = []
         self._closed = threading.Event()
 
     def start(self) -> ExpertServer:
@@ -64,11 +62,11 @@ class ExpertServer:
                 sock, peer = self._server.accept()
             except OSError:
                 return
-            link = ExpertLink(sock, f"coordinator {peer[0]}:{peer[1]}")
+            link = Link(sock, f"coordinator {peer[0]}:{peer[1]}")
             self._links.append(link)
             threading.Thread(target=self._serve, args=(link,), name="moe-worker-link", daemon=True).start()
 
-    def _serve(self, link: ExpertLink) -> None:
+    def _serve(self, link: Link) -> None:
         try:
             while True:
                 header, rows = link.recv()

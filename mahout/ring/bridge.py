@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from mahout.ring.wire import Link, LinkClosed, connect
+from mahout.link import Link, LinkClosed, connect
 
 __all__ = ["RingBridge", "RingBroken", "RingError", "RingRequest"]
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 from engine.generate import build_stages, even_split
 from engine.model import Stage
+from mahout.link import listen
 from mahout.ring.bridge import RingBridge
 from mahout.ring.membership import Limits
 from mahout.ring.stage import StageAgent
-from mahout.ring.wire import listen
 
 __all__ = ["ProcessRing", "ThreadRing", "split_layers"]
 

@@ -67,11 +67,11 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
 
     from engine.gguf_loader import default_model_path, load_stage
     from engine.model import Stage
+    from mahout.link import LinkClosed, listen
     from mahout.ring.api import RingApi
     from mahout.ring.membership import Limits
     from mahout.ring.rendezvous import RendezvousTimeout, advertised_address, dial_stage, parse_address
     from mahout.ring.stage import StageAgent
-    from mahout.ring.wire import LinkClosed, listen
 
     api = RingApi(args.server, args.token)
     try:

@@ -19,9 +19,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from mahout.api import ServerUnavailable
+from mahout.link import Link, LinkClosed, connect
 from mahout.ring.api import RingApi
 from mahout.ring.bridge import RingBridge
-from mahout.ring.wire import Link, LinkClosed, connect
 
 __all__ = ["RendezvousTimeout", "advertised_address", "bridge_connect", "dial_stage", "parse_address"]
 

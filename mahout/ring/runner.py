@@ -19,8 +19,9 @@ from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mahout.prompt import STOP_STRINGS, render_job
+from mahout.link import Heartbeat
 from mahout.ring.bridge import RingBridge, RingError, RingRequest
+from protocol.turns import STOP_STRINGS, render_job
 
 if TYPE_CHECKING:
     from mahout.api import HostApi
@@ -149,7 +150,6 @@ def _reporting(bridge: RingBridge, args: argparse.Namespace, say: Callable[[str]
     from mahout.ring.api import RingApi
 
     api = RingApi(args.server, args.token, retries=1)
-    done = threading.Event()
 
     def report() -> None:
         try:
@@ -157,17 +157,11 @@ def _reporting(bridge: RingBridge, args: argparse.Namespace, say: Callable[[str]
         except (HostApiError, ServerUnavailable, RingError) as exc:
             say(f"mahout: could not report ring stats: {exc}")
 
-    def every() -> None:
-        while not done.wait(args.report_every):
-            report()
-
-    thread = threading.Thread(target=every, name="ring-stats", daemon=True)
-    thread.start()
+    heartbeat = Heartbeat(report, args.report_every, name="ring-stats", at_once=False).start()
     try:
         yield
     finally:
-        done.set()
-        thread.join(timeout=5)
+        heartbeat.stop(timeout=5)
         report()
         api.close()
 

@@ -2,20 +2,20 @@
 
 It listens on a TCP port for its previous stage (and, at the head and the tail, for the
 bridge) and connects directly to the next stage; the tail's next stage is the head, which
-closes the ring. Frames (see `mahout.ring.wire`) are read by one thread per connection
-into an inbox; the agent's own thread computes, so a stage never blocks its upstream.
+closes the ring. Frames (see `mahout.link`) are read by one thread per connection into an
+inbox; the agent's own thread computes, so a stage never blocks its upstream.
 
-Roles follow from the layer range:
+Roles follow from the layer range; ``StageAgent(stage, …)`` builds the role's class:
 
-* the **head** (start == 0) embeds. It owns the requests: it admits them from the bridge
-  while earlier micro-batches are downstream, packs ready rows (decodes first, then
-  prefill chunks of at most `row_width` tokens) into passes of at most `micro_batch` rows,
-  and decides the membership each pass carries. Tokens coming back from the tail make
+* the **head** (`HeadAgent`, start == 0) embeds. It owns the requests: it admits them from
+  the bridge while earlier micro-batches are downstream, packs ready rows (decodes first,
+  then prefill chunks of at most `row_width` tokens) into passes of at most `micro_batch`
+  rows, and decides the membership each pass carries. Tokens coming back from the tail make
   decodes ready; it finishes a request on a stop token, `max_tokens` or the context end.
-* a **middle** stage runs exactly the membership it receives, after checking it against
-  the plan's limits, and forwards it unchanged.
-* the **tail** applies the final norm and output head, samples (greedy by default), and
-  sends the tokens to the head and to the bridge.
+* a **middle** stage (`MiddleAgent`) runs exactly the membership it receives, after
+  checking it against the plan's limits, and forwards it unchanged.
+* the **tail** (`TailAgent`) applies the final norm and output head, samples (greedy by
+  default), and sends the tokens to the head and to the bridge.
 
 When the ring shares the output head (the head holds the vocabulary's first half, the tail
 the second: `engine.model.output_share`), the tail sends the final-normed rows to the head
@@ -44,6 +44,7 @@ import socket
 import sys
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,11 +53,11 @@ from typing import Any
 import torch
 
 from engine.model import Stage
+from mahout.link import Link, LinkClosed, connect, listen
 from mahout.ring.membership import DECODE, PREFILL, Limits, Row, rows_from_wire, rows_to_wire
-from mahout.ring.vocab import Pick, merge, pick_in_slice
-from mahout.ring.wire import Link, LinkClosed, connect, listen
+from mahout.ring.vocab import Pick, Sampler, merge
 
-__all__ = ["StageAgent", "StageStats", "main"]
+__all__ = ["HeadAgent", "MiddleAgent", "StageAgent", "StageStats", "TailAgent", "main"]
 
 _CLOSED = "_closed"
 
@@ -90,9 +91,21 @@ class _Request:
     next_token: int | None = None  # the last sampled token, not yet fed back
 
 
-class StageAgent:
+class StageAgent(ABC):
     """Serve `stage` in a ring: receive on `server`, send to the next stage — at `next_address`,
-    or over the link `dial_next()` returns (found through the control plane, `mahout.ring.member`)."""
+    or over the link `dial_next()` returns (found through the control plane, `mahout.ring.member`).
+
+    ``StageAgent(stage, …)`` builds the role the stage's layer range gives it: `HeadAgent`,
+    `MiddleAgent` or `TailAgent`. This base holds what every role shares: the links, the inbox
+    and the work loop, the time accounting, and passing release, error and stats messages on.
+    """
+
+    def __new__(cls, stage: Stage, **_: Any) -> StageAgent:
+        if cls is StageAgent:
+            if stage.is_head and stage.is_tail:
+                raise ValueError("a ring needs at least two stages: this one holds every layer")
+            cls = HeadAgent if stage.is_head else TailAgent if stage.is_tail else MiddleAgent
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -113,8 +126,6 @@ class StageAgent:
         self.server = server or listen()
         self.address: tuple[str, int] = self.server.getsockname()[:2]
         self.index = index
-        self.is_head, self.is_tail = stage.is_head, stage.is_tail
-        self.slots = stage.cache.n_rows  # requests that can hold a cache row at once
         self.stats = StageStats()
         self.ready = threading.Event()
         self.error: BaseException | None = None
@@ -124,15 +135,6 @@ class StageAgent:
         self._links: list[Link] = []
         self._stopping = threading.Event()
         self.trace: list[list[Row]] | None = None  # set to a list to record every membership run here
-        # head only
-        self._active: dict[str, _Request] = {}
-        self._ready_rows: deque[str] = deque()
-        self._waiting: deque[dict[str, Any]] = deque()
-        # stages that sample (the tail; the head too when it shares the output head)
-        self._generators: dict[str, torch.Generator] = {}
-        # tail of a ring sharing the output head: batches whose first-half candidates are awaited
-        self._share_seq = 0
-        self._awaiting: dict[int, list[tuple[Row, Pick]]] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -193,46 +195,33 @@ class StageAgent:
     # -- the work loop -----------------------------------------------------------------
 
     def _loop(self) -> None:
-        while True:
-            if self.is_head:
-                while not self._inbox.empty():  # take in everything that has arrived
-                    if not self._handle(*self._inbox.get_nowait()):
-                        return
-                if self._ready_rows:
-                    self._note_depth()
-                    self._run_head_batch()
-                    continue
-            self._note_depth()
-            waited = time.perf_counter()
-            header, tensor = self._inbox.get()
-            self.stats.idle_s += time.perf_counter() - waited
-            if not self._handle(header, tensor):
-                return
+        while self._take():
+            pass
+
+    def _take(self) -> bool:
+        """Wait for the next message (counted as idle time) and act on it; False ends the stage."""
+        self._note_depth()
+        waited = time.perf_counter()
+        header, tensor = self._inbox.get()
+        self.stats.idle_s += time.perf_counter() - waited
+        return self._handle(header, tensor)
 
     def _handle(self, header: dict[str, Any], tensor: torch.Tensor | None) -> bool:
         """Act on one message; False ends the stage."""
         kind = header.get("type")
         if kind == _CLOSED:  # a neighbour left (or we were told to stop): the ring is over
             return False
-        if kind == "batch" and tensor is not None:
-            self._run_batch(header, tensor)
-        elif kind == "submit" and self.is_head:
-            self._submit(header)
-        elif kind == "tokens" and self.is_head:
-            self._tokens(header["rows"])
-        elif kind == "cancel" and self.is_head:
-            self._cancel(str(header["request_id"]))
-        elif kind == "share" and tensor is not None:
-            self._share_picks(header, tensor)
-        elif kind == "partial":
-            self._partial(header)
-        elif kind == "release":
+        self._on(kind, header, tensor)
+        return True
+
+    def _on(self, kind: Any, header: dict[str, Any], tensor: torch.Tensor | None) -> None:
+        """Act on a message every role understands; a role handles its own kinds first."""
+        if kind == "release":
             self._release(header)
         elif kind == "error":
             self._error(header)
         elif kind == "stats":
             self._stats(header)
-        return True
 
     @property
     def name(self) -> str:
@@ -242,8 +231,8 @@ class StageAgent:
         self.stats.max_queue_depth = max(self.stats.max_queue_depth, self.queue_depth())
 
     def queue_depth(self) -> int:
-        """Work waiting here: frames not yet handled, plus (head) rows and requests not yet sent."""
-        return self._inbox.qsize() + len(self._ready_rows) + len(self._waiting)
+        """Work waiting here: frames not yet handled."""
+        return self._inbox.qsize()
 
     def snapshot(self) -> dict[str, Any]:
         s = self.stats
@@ -254,41 +243,24 @@ class StageAgent:
             "uptime_s": round(time.perf_counter() - s.started, 6),
         }
 
-    # -- batches -----------------------------------------------------------------------
+    # -- passes ------------------------------------------------------------------------
 
-    def _run_batch(self, header: dict[str, Any], hidden: torch.Tensor) -> None:
-        """A downstream stage: check the membership against the plan, run it, hand it on."""
-        started = time.perf_counter()
-        rows = rows_from_wire(header["rows"])
-        sharing = self.is_tail and self.stage.shares_output
+    def _run(self, rows: list[Row], x: torch.Tensor, started: float) -> None:
+        """Compute one pass and hand it on; a pass refused or failed here fails its requests, not the ring."""
         try:
-            self.limits.check(rows, hidden.shape[0])
-            out = self.stage.forward_rows(hidden, [row.span() for row in rows], normed=sharing)  # (T, D), tail (R, V | D)
-            if sharing:
-                self._share(rows, out)
-        except Exception as exc:  # noqa: BLE001 - a refused or failed batch fails its requests, not the ring
+            out = self._compute(rows, x)
+        except Exception as exc:  # noqa: BLE001 - e.g. wider than the plan or a full cache: keep serving
             self._fail(rows, exc, started)
             return
-        if not self.is_tail:
-            self._forward(rows, out)
-        elif not sharing:
-            self._sample(rows, out)
+        self._hand_on(rows, out)
         self._count(rows, started)
 
-    def _run_head_batch(self) -> None:
-        """The head: pack ready rows into one pass, decide its membership, send it on."""
-        started = time.perf_counter()
-        rows, ids = self._pack()
-        if not rows:
-            return
-        try:
-            x = torch.tensor(ids, dtype=torch.long)  # (T,)
-            hidden = self.stage.forward_rows(x, [row.span() for row in rows])  # (T, D)
-        except Exception as exc:  # noqa: BLE001 - e.g. a full cache: fail these requests, keep serving
-            self._fail(rows, exc, started)
-            return
-        self._forward(rows, hidden)
-        self._count(rows, started)
+    @abstractmethod
+    def _compute(self, rows: list[Row], x: torch.Tensor) -> torch.Tensor:
+        """This stage's layers over one pass (raising refuses or fails the pass)."""
+
+    def _hand_on(self, rows: list[Row], out: torch.Tensor) -> None:
+        self._forward(rows, out)
 
     def _fail(self, rows: list[Row], exc: Exception, started: float) -> None:
         """A batch refused or failed here: its requests fail (the word goes round), the ring serves on."""
@@ -298,8 +270,11 @@ class StageAgent:
 
     def _forward(self, rows: list[Row], hidden: torch.Tensor) -> None:
         """Hand the boundary on with exactly the membership it was computed for."""
+        self._send_next({"type": "batch", "rows": rows_to_wire(rows)}, hidden)
+
+    def _send_next(self, header: dict[str, Any], tensor: torch.Tensor | None = None) -> None:
         assert self._next is not None
-        self._next.send({"type": "batch", "rows": rows_to_wire(rows)}, hidden)
+        self._next.send(header, tensor)
 
     def _count(self, rows: list[Row], started: float) -> None:
         if self.trace is not None:
@@ -309,7 +284,90 @@ class StageAgent:
         self.stats.rows += len(rows)
         self.stats.tokens += sum(row.n_tokens for row in rows)
 
-    # -- head: requests ----------------------------------------------------------------
+    # -- release, errors, stats --------------------------------------------------------
+
+    def _forget(self, request_id: str) -> None:
+        """Free what this stage holds for a request that ended."""
+        self.stage.cache.release(request_id)
+
+    def _release(self, header: dict[str, Any]) -> None:
+        self._forget(str(header["request_id"]))
+        self._send_next(header)
+
+    def _send_error(self, request_ids: list[str], message: str) -> None:
+        self._error({"type": "error", "request_ids": request_ids, "message": message})
+
+    def _error(self, header: dict[str, Any]) -> None:
+        """Failed requests: free their rows here and pass the word on."""
+        for request_id in header["request_ids"]:
+            self._forget(request_id)
+        self._error_onward(header)
+
+    def _error_onward(self, header: dict[str, Any]) -> None:
+        self._send_next(header)
+
+    def _stats(self, header: dict[str, Any]) -> None:
+        self._send_next(self._with_snapshot(header))
+
+    def _with_snapshot(self, header: dict[str, Any]) -> dict[str, Any]:
+        return {**header, "stages": [*header.get("stages", []), self.snapshot()]}
+
+
+class HeadAgent(StageAgent):
+    """The head (start == 0): embeds, owns the requests and decides every pass's membership.
+
+    It admits requests from the bridge while earlier micro-batches are downstream, packs
+    ready rows (decodes first, then prefill chunks) into passes, and makes a decode ready when
+    its token comes back from the tail. Sharing the output head, it also picks the first
+    half's candidates for the rows the tail shares.
+    """
+
+    def __init__(self, stage: Stage, **options: Any) -> None:
+        super().__init__(stage, **options)
+        self.slots = stage.cache.n_rows  # requests that can hold a cache row at once
+        self._active: dict[str, _Request] = {}
+        self._ready_rows: deque[str] = deque()
+        self._waiting: deque[dict[str, Any]] = deque()
+        self._sampler = Sampler(stage, stream=1)
+
+    def _loop(self) -> None:
+        while True:
+            while not self._inbox.empty():  # take in everything that has arrived
+                if not self._handle(*self._inbox.get_nowait()):
+                    return
+            if self._ready_rows:
+                self._note_depth()
+                self._run_head_batch()
+            elif not self._take():
+                return
+
+    def _on(self, kind: Any, header: dict[str, Any], tensor: torch.Tensor | None) -> None:
+        if kind == "submit":
+            self._submit(header)
+        elif kind == "tokens":
+            self._tokens(header["rows"])
+        elif kind == "cancel":
+            self._cancel(str(header["request_id"]))
+        elif kind == "share" and tensor is not None:
+            self._share_picks(header, tensor)
+        else:
+            super()._on(kind, header, tensor)
+
+    def queue_depth(self) -> int:
+        """Work waiting here: frames not yet handled, plus rows and requests not yet sent."""
+        return super().queue_depth() + len(self._ready_rows) + len(self._waiting)
+
+    def _run_head_batch(self) -> None:
+        """Pack ready rows into one pass, decide its membership, send it on."""
+        started = time.perf_counter()
+        rows, ids = self._pack()
+        if rows:
+            self._run(rows, torch.tensor(ids, dtype=torch.long), started)  # (T,)
+
+    def _compute(self, rows: list[Row], x: torch.Tensor) -> torch.Tensor:
+        return self.stage.forward_rows(x, [row.span() for row in rows])  # (T, D)
+
+    # -- requests ----------------------------------------------------------------------
 
     def _submit(self, header: dict[str, Any]) -> None:
         prompt = [int(t) for t in header.get("prompt_ids") or []]
@@ -402,66 +460,93 @@ class StageAgent:
         if request_id in self._ready_rows:
             self._ready_rows.remove(request_id)
 
-    # -- release, errors, stats --------------------------------------------------------
-
     def _forget(self, request_id: str) -> None:
-        """Free what this stage holds for a request that ended."""
-        self.stage.cache.release(request_id)
-        self._generators.pop(request_id, None)
-        for seq, waiting in list(self._awaiting.items()):
-            self._awaiting[seq] = [(row, pick) for row, pick in waiting if row.request_id != request_id]
+        super()._forget(request_id)
+        self._sampler.forget(request_id)
 
-    def _release(self, header: dict[str, Any]) -> None:
-        request_id = str(header["request_id"])
-        self._forget(request_id)
-        if self.is_tail:
-            self._to_bridge({"type": "done", "request_id": request_id, "reason": header.get("reason", "stop")})
-        else:
-            assert self._next is not None
-            self._next.send(header)
-
-    def _send_error(self, request_ids: list[str], message: str) -> None:
-        self._error({"type": "error", "request_ids": request_ids, "message": message})
-
-    def _error(self, header: dict[str, Any]) -> None:
-        """Failed requests: free their rows here and pass the word on (tail: to head and bridge)."""
+    def _error_onward(self, header: dict[str, Any]) -> None:
+        """Drop the failed requests; a new error goes downstream, one back from the tail ends here."""
         for request_id in header["request_ids"]:
-            self._forget(request_id)
-        if self.is_head:
-            for request_id in header["request_ids"]:
-                self._drop(request_id)
-                if header.get("returned"):  # stages before the one that failed still hold a row
-                    self._release({"type": "release", "request_id": request_id, "reason": "error"})
-            self._admit()
-            if header.get("returned"):
-                return
-        if self.is_tail:
-            self._to_bridge(header)
-            header = {**header, "returned": True}
-        assert self._next is not None
-        self._next.send(header)
+            self._drop(request_id)
+            if header.get("returned"):  # stages before the one that failed still hold a row
+                self._release({"type": "release", "request_id": request_id, "reason": "error"})
+        self._admit()
+        if not header.get("returned"):
+            super()._error_onward(header)
 
-    def _stats(self, header: dict[str, Any]) -> None:
-        header = {**header, "stages": [*header.get("stages", []), self.snapshot()]}
-        if self.is_tail:
-            self._to_bridge(header)
+    # -- a shared output head ----------------------------------------------------------
+
+    def _share_picks(self, header: dict[str, Any], states: torch.Tensor) -> None:
+        """Candidates from the vocabulary's first half for the rows the tail shared."""
+        # states: (S, D)
+        started = time.perf_counter()
+        rows = rows_from_wire(header["rows"])
+        message: dict[str, Any] = {"type": "partial", "seq": header["seq"]}
+        try:
+            if not self.stage.shares_output:
+                raise RuntimeError("this head holds no share of the output head, but the tail shares it")
+            picks = self._sampler.slice_picks(rows, states)
+            message["picks"] = {row.request_id: [pick.index, pick.value] for row, pick in zip(rows, picks, strict=True)}
+        except Exception as exc:  # noqa: BLE001 - the tail fails these requests; the ring serves on
+            message["failed"] = f"{self.name}: {exc}"
+        self._send_next(message)
+        self.stats.hold_s += time.perf_counter() - started
+
+
+class MiddleAgent(StageAgent):
+    """A middle stage: runs exactly the membership it receives, after checking it against the
+    plan's limits, and hands it on unchanged."""
+
+    def _on(self, kind: Any, header: dict[str, Any], tensor: torch.Tensor | None) -> None:
+        if kind == "batch" and tensor is not None:
+            self._run_batch(header, tensor)
+        elif kind == "partial":
+            self._partial(header)
         else:
-            assert self._next is not None
-            self._next.send(header)
+            super()._on(kind, header, tensor)
 
-    def _to_bridge(self, header: dict[str, Any]) -> None:
-        if self._bridge is not None:
-            try:
-                self._bridge.send(header)
-            except LinkClosed:
-                self._bridge = None
+    def _run_batch(self, header: dict[str, Any], hidden: torch.Tensor) -> None:
+        started = time.perf_counter()
+        self._run(rows_from_wire(header["rows"]), hidden, started)
 
-    # -- tail: sampling ----------------------------------------------------------------
+    def _compute(self, rows: list[Row], x: torch.Tensor) -> torch.Tensor:
+        self.limits.check(rows, x.shape[0])
+        return self.stage.forward_rows(x, [row.span() for row in rows])  # (T, D)
+
+    def _partial(self, header: dict[str, Any]) -> None:
+        """The head's candidates pass through on their way to the tail."""
+        self._send_next(header)
+
+
+class TailAgent(MiddleAgent):
+    """The tail: checks and runs the membership it receives like a middle stage, then applies
+    the final norm and output head, samples, and sends the tokens to the head and the bridge.
+
+    Sharing the output head, it sends the final-normed rows to the head (``share``), picks
+    from its own half meanwhile, and merges the head's candidates (``partial``) with its own.
+    It is the ring's end for the bridge: requests' ends, errors and stats go to it from here.
+    """
+
+    def __init__(self, stage: Stage, **options: Any) -> None:
+        super().__init__(stage, **options)
+        self._sampler = Sampler(stage, stream=0)
+        self._share_seq = 0
+        self._awaiting: dict[int, list[tuple[Row, Pick]]] = {}  # shared batches waiting for the head's candidates
+
+    def _compute(self, rows: list[Row], x: torch.Tensor) -> torch.Tensor:
+        self.limits.check(rows, x.shape[0])
+        out = self.stage.forward_rows(x, [row.span() for row in rows], normed=self.stage.shares_output)  # (R, V | D)
+        if self.stage.shares_output:
+            self._share(rows, out)
+        return out
+
+    def _hand_on(self, rows: list[Row], out: torch.Tensor) -> None:
+        if not self.stage.shares_output:
+            self._sample(rows, out)
 
     def _sample(self, rows: list[Row], logits: torch.Tensor) -> None:
         # logits: (R, V), one row per member, after that member's last token
-        lo = self.stage.weights.vocab_lo
-        self._emit([(row, self._pick(row, logits[i], lo).index) for i, row in enumerate(rows) if row.sample])
+        self._emit([(row, self._sampler.pick(row, logits[i]).index) for i, row in enumerate(rows) if row.sample])
 
     def _emit(self, tokens: list[tuple[Row, int]]) -> None:
         """The sampled tokens, to the bridge and round to the head."""
@@ -470,27 +555,10 @@ class StageAgent:
         picked = [{"request_id": row.request_id, "token": token, "position": row.start + row.n_tokens} for row, token in tokens]
         message = {"type": "tokens", "rows": picked}
         self._to_bridge(message)
-        assert self._next is not None
-        self._next.send(message)
-
-    def _generator(self, row: Row) -> torch.Generator | None:
-        """The request's own random stream (the head's share draws from a stream of its own)."""
-        if row.temperature <= 0:
-            return None
-        generator = self._generators.get(row.request_id)
-        if generator is None:
-            seed = (row.seed or 0) + (1 if self.is_head else 0)
-            generator = self._generators[row.request_id] = torch.Generator().manual_seed(seed)
-        return generator
-
-    def _pick(self, row: Row, logits: torch.Tensor, lo: int) -> Pick:
-        # logits: (V_s,) of vocabulary rows [lo, lo + V_s)
-        return pick_in_slice(logits, lo=lo, temperature=row.temperature, generator=self._generator(row))
-
-    # -- a shared output head ----------------------------------------------------------
+        self._send_next(message)
 
     def _share(self, rows: list[Row], normed: torch.Tensor) -> None:
-        """Tail: send the sampled rows' final-normed states to the head, then pick from our half."""
+        """Send the sampled rows' final-normed states to the head, then pick from our half."""
         # normed: (R, D), one row per member
         chosen = [i for i, row in enumerate(rows) if row.sample]
         if not chosen:
@@ -498,39 +566,11 @@ class StageAgent:
         sampled = [rows[i] for i in chosen]
         states = normed[chosen]  # (S, D)
         self._share_seq += 1
-        assert self._next is not None
-        self._next.send({"type": "share", "seq": self._share_seq, "rows": rows_to_wire(sampled)}, states)
-        self._awaiting[self._share_seq] = list(zip(sampled, self._slice_picks(sampled, states), strict=True))
-
-    def _slice_picks(self, rows: list[Row], states: torch.Tensor) -> list[Pick]:
-        """Each row's candidate from this stage's slice of the vocabulary."""
-        # states: (S, D) final-normed, one per row
-        logits = self.stage.logits(states)  # (S, V_s)
-        return [self._pick(row, logits[i], self.stage.weights.vocab_lo) for i, row in enumerate(rows)]
-
-    def _share_picks(self, header: dict[str, Any], states: torch.Tensor) -> None:
-        """Head: candidates from the vocabulary's first half for the rows the tail shared."""
-        # states: (S, D)
-        started = time.perf_counter()
-        rows = rows_from_wire(header["rows"])
-        message: dict[str, Any] = {"type": "partial", "seq": header["seq"]}
-        try:
-            if not self.stage.shares_output:
-                raise RuntimeError("this head holds no share of the output head, but the tail shares it")
-            picks = self._slice_picks(rows, states)
-            message["picks"] = {row.request_id: [pick.index, pick.value] for row, pick in zip(rows, picks, strict=True)}
-        except Exception as exc:  # noqa: BLE001 - the tail fails these requests; the ring serves on
-            message["failed"] = f"{self.name}: {exc}"
-        assert self._next is not None
-        self._next.send(message)
-        self.stats.hold_s += time.perf_counter() - started
+        self._send_next({"type": "share", "seq": self._share_seq, "rows": rows_to_wire(sampled)}, states)
+        self._awaiting[self._share_seq] = list(zip(sampled, self._sampler.slice_picks(sampled, states), strict=True))
 
     def _partial(self, header: dict[str, Any]) -> None:
-        """Pass the head's candidates on; at the tail, merge them with ours into the tokens."""
-        if not self.is_tail:
-            assert self._next is not None
-            self._next.send(header)
-            return
+        """Merge the head's candidates with ours into the tokens."""
         waiting = self._awaiting.pop(int(header["seq"]), [])
         if header.get("failed"):
             self._send_error([row.request_id for row, _ in waiting], str(header["failed"]))
@@ -540,8 +580,34 @@ class StageAgent:
         for row, mine in waiting:
             index, value = theirs[row.request_id]
             first = Pick(int(index), float(value))
-            tokens.append((row, merge(first, mine, temperature=row.temperature, generator=self._generator(row))))
+            tokens.append((row, merge(first, mine, temperature=row.temperature, generator=self._sampler.generator(row))))
         self._emit(tokens)
+
+    def _forget(self, request_id: str) -> None:
+        super()._forget(request_id)
+        self._sampler.forget(request_id)
+        for seq, waiting in list(self._awaiting.items()):
+            self._awaiting[seq] = [(row, pick) for row, pick in waiting if row.request_id != request_id]
+
+    def _release(self, header: dict[str, Any]) -> None:
+        request_id = str(header["request_id"])
+        self._forget(request_id)
+        self._to_bridge({"type": "done", "request_id": request_id, "reason": header.get("reason", "stop")})
+
+    def _error_onward(self, header: dict[str, Any]) -> None:
+        """To the bridge, and round to the head (which frees the rows the stages before us hold)."""
+        self._to_bridge(header)
+        super()._error_onward({**header, "returned": True})
+
+    def _stats(self, header: dict[str, Any]) -> None:
+        self._to_bridge(self._with_snapshot(header))
+
+    def _to_bridge(self, header: dict[str, Any]) -> None:
+        if self._bridge is not None:
+            try:
+                self._bridge.send(header)
+            except LinkClosed:
+                self._bridge = None
 
 
 def _address(text: str) -> tuple[str, int]:

@@ -17,7 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Pick", "merge", "pick_in_slice"]
+from engine.model import Stage
+from mahout.ring.membership import Row
+
+__all__ = ["Pick", "Sampler", "merge", "pick_in_slice"]
 
 
 @dataclass(frozen=True)
@@ -46,3 +49,42 @@ def merge(first: Pick, second: Pick, *, temperature: float, generator: torch.Gen
     p_first = 1.0 / (1.0 + math.exp(min(second.value - first.value, 700.0)))
     u = float(torch.rand((), generator=generator))
     return first.index if u < p_first else second.index
+
+
+class Sampler:
+    """A stage's candidates from its slice of the vocabulary, each request on its own random stream.
+
+    `stream` offsets each request's seed: the tail draws from the request's seed (0), the
+    head's share of the output head from a stream of its own (1).
+    """
+
+    def __init__(self, stage: Stage, *, stream: int) -> None:
+        self.stage = stage
+        self.stream = stream
+        self._generators: dict[str, torch.Generator] = {}
+
+    def generator(self, row: Row) -> torch.Generator | None:
+        """The row's request's random stream (None when greedy)."""
+        if row.temperature <= 0:
+            return None
+        generator = self._generators.get(row.request_id)
+        if generator is None:
+            seed = (row.seed or 0) + self.stream
+            generator = self._generators[row.request_id] = torch.Generator().manual_seed(seed)
+        return generator
+
+    def pick(self, row: Row, logits: torch.Tensor) -> Pick:
+        """The row's candidate from this stage's logits."""
+        # logits: (V_s,) of vocabulary rows [vocab_lo, vocab_lo + V_s)
+        lo = self.stage.weights.vocab_lo
+        return pick_in_slice(logits, lo=lo, temperature=row.temperature, generator=self.generator(row))
+
+    def slice_picks(self, rows: list[Row], states: torch.Tensor) -> list[Pick]:
+        """Each row's candidate from final-normed states, one per row."""
+        # states: (S, D)
+        logits = self.stage.logits(states)  # (S, V_s)
+        return [self.pick(row, logits[i]) for i, row in enumerate(rows)]
+
+    def forget(self, request_id: str) -> None:
+        """Drop the random stream of a request that ended."""
+        self._generators.pop(request_id, None)

@@ -1,6 +1,6 @@
 """llama.cpp runner: one GGUF model loaded once, streaming one job at a time.
 
-The prompt is rendered by :mod:`mahout.prompt` (the same rendering the gateway counts),
+The prompt is rendered by :mod:`protocol.turns` (the same rendering the gateway counts),
 tokenized here with ``special=True`` so Gemma's turn markers become control tokens, and
 handed to llama-cpp-python as token ids. Passing ids lets us check the context window
 before any compute and makes BOS explicit.
@@ -12,7 +12,7 @@ from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from mahout.prompt import STOP_STRINGS, render_job
+from protocol.turns import STOP_STRINGS, render_job
 
 if TYPE_CHECKING:
     from llama_cpp import Llama

@@ -1,4 +1,5 @@
-"""The expert link speaks the ring's frames exactly, without the copies."""
+"""The expert dispatch's link (`mahout.link`, shared with the ring) sends and reads frames without
+copies: tensors of any layout arrive exact, and a large frame arrives whole."""
 from __future__ import annotations
 
 import socket
@@ -6,8 +7,7 @@ import threading
 
 import torch
 
-from mahout.moe.wire import ExpertLink
-from mahout.ring.wire import Link, listen
+from mahout.link import Link, listen
 
 
 def tcp_pair() -> tuple[socket.socket, socket.socket]:
@@ -18,10 +18,10 @@ def tcp_pair() -> tuple[socket.socket, socket.socket]:
     return client, accepted
 
 
-class ExpertLinkTests:
-    def test_its_frames_are_the_rings_both_ways(self) -> None:
+class LinkTests:
+    def test_it_carries_tensors_of_any_layout_and_bare_headers_both_ways(self) -> None:
         a, b = tcp_pair()
-        ours, theirs = ExpertLink(a, "ours"), Link(b, "theirs")
+        ours, theirs = Link(a, "ours"), Link(b, "theirs")
         try:
             rows = torch.randn(3, 5)
             ours.send({"type": "compute", "id": 1}, rows)
@@ -40,7 +40,7 @@ class ExpertLinkTests:
     def test_a_large_frame_arrives_whole_through_a_socket_with_a_timeout(self) -> None:
         a, b = tcp_pair()
         a.settimeout(5.0)  # a timed socket may send only part of a buffer per call
-        ours, theirs = ExpertLink(a, "ours"), ExpertLink(b, "theirs")
+        ours, theirs = Link(a, "ours"), Link(b, "theirs")
         rows = torch.randn(512, 2048)  # 4 MiB: far more than a socket buffer
         received: list = []
         reader = threading.Thread(target=lambda: received.append(theirs.recv()))

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from engine.generate import build_stages, generate
+from mahout.link import connect
 from mahout.ring.bridge import RingBroken, RingError
 from mahout.ring.local import ThreadRing, split_layers
 from mahout.ring.membership import BatchTooWide, Limits, Row, rows_to_wire
 from mahout.ring.stage import StageAgent
-from mahout.ring.wire import connect
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

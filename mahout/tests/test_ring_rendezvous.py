@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from mahout.link import listen
 from mahout.ring.rendezvous import RendezvousTimeout, advertised_address, dial_stage, parse_address
-from mahout.ring.wire import listen
 
 
 class Addresses:

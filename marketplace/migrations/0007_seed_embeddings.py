@@ -4,7 +4,7 @@ from django.db import migrations
 
 
 def seed(apps, schema_editor):  # type: ignore[no-untyped-def]
-    from marketplace.catalog import catalog_seed
+    from catalog.seed import catalog_seed
 
     catalog_seed(apps.get_model("marketplace", "CatalogModel"))  # adds the embeddings model; existing rows untouched
 

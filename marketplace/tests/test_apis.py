@@ -6,10 +6,10 @@ import json
 import pytest
 from django.test import Client
 
+from accounts.services import api_key_revoke
 from billing.models import Hold
 from conftest import make_customer
 from marketplace.models import Job, Request
-from marketplace.services import api_key_revoke
 
 pytestmark = pytest.mark.django_db(transaction=True)  # views run ORM calls on their own threads
 
@@ -101,9 +101,9 @@ class BadInputTests:
         auth = {"HTTP_AUTHORIZATION": f"Bearer {secret}"}
         assert_error(client.get("/v1/generation", **auth), 400, "missing_id")
         assert_error(client.get("/v1/generation?id=chatcmpl-unknown", **auth), 404, "not_found")
-        from billing.services import hold_place
-
         from django.db import transaction
+
+        from billing.services import hold_place
 
         with transaction.atomic():
             hold = hold_place(user=other.user, api_key=other.key, amount_ucents=0)

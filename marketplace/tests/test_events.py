@@ -5,7 +5,7 @@ import asyncio
 
 from channels.layers import InMemoryChannelLayer
 
-from marketplace.events import Inbox
+from core.events import Inbox
 
 
 class FailingLayer:

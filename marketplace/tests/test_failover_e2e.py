@@ -12,10 +12,10 @@ import pytest
 
 from billing import selectors as ledger
 from billing.models import Hold
+from catalog.tokenizer import tokenizer_for
 from conftest import make_customer, make_host, wait_until
 from hosts.models import Host
 from marketplace.models import Job, Request
-from marketplace.tokenizer import tokenizer_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
@@ -101,7 +101,7 @@ class KillTests:
         for _ in range(KILL_ROUNDS):
             victim: list[int] = []
 
-            def kill(public_id: str) -> None:
+            def kill(public_id: str, victim: list[int] = victim) -> None:
                 victim.append(serving_host(public_id))
                 farm.process(victim[0]).kill()
 
@@ -203,8 +203,8 @@ class HalfWordTests:
 class CreditTests:
     def test_credit_running_out_mid_stream_lets_the_running_job_finish(self, gateway, farm, catalog) -> None:
         farm.add("solo")
-        from mahout.prompt import render_chat
         from marketplace.services import estimate_ucents
+        from protocol.turns import render_chat
 
         prompt_tokens = tokenizer_for(catalog.tokenizer).count(render_chat(STORY), special=True)
         estimate = estimate_ucents(model=catalog, prompt_tokens=prompt_tokens, max_tokens=48)

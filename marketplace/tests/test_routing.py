@@ -11,11 +11,13 @@ from django.test import Client
 from django.utils import timezone
 
 from billing.models import Account
+from catalog.models import CatalogModel
 from conftest import make_customer, make_host
+from hosts import selectors as hosts
 from hosts.models import Host
 from marketplace import routing
 from marketplace import services as market
-from marketplace.models import CatalogModel, Job, Request
+from marketplace.models import Job, Request
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -50,9 +52,9 @@ class TestCatalogs:
         serving = make_host()
         beat(serving, loaded=[])
         host = Host.objects.get(pk=serving.host.pk)
-        assert routing.warm_model_ids(host=host, model_ids=[catalog.pk]) == []
+        assert hosts.warm_model_ids(host=host, model_ids=[catalog.pk]) == []
         Host.objects.filter(pk=host.pk).update(catalog_at=timezone.now() - timedelta(minutes=5))
-        assert routing.warm_model_ids(host=Host.objects.get(pk=host.pk), model_ids=[catalog.pk]) == [catalog.pk]
+        assert hosts.warm_model_ids(host=Host.objects.get(pk=host.pk), model_ids=[catalog.pk]) == [catalog.pk]
 
     def test_the_heartbeat_api_accepts_a_garbled_catalog_and_keeps_the_host_alive(self, catalog) -> None:
         serving = make_host()
@@ -80,16 +82,16 @@ class TestOffers:
         assert market.job_claim_next(host=other.host, fingerprint=other.fingerprint).pk == job.pk
 
     def test_no_offer_goes_to_a_full_paused_offline_or_resting_host(self, catalog) -> None:
-        hosts = [make_host(name=f"h{i}") for i in range(4)]
-        for serving in hosts:
+        pool = [make_host(name=f"h{i}") for i in range(4)]
+        for serving in pool:
             beat(serving, loaded=["gemma-3-270m"])
-        Host.objects.filter(pk=hosts[0].host.pk).update(paused=True)
-        Host.objects.filter(pk=hosts[1].host.pk).update(last_heartbeat_at=timezone.now() - timedelta(hours=1))
-        Host.objects.filter(pk=hosts[2].host.pk).update(maintenance_since=timezone.now(), maintenance_reason="x")
+        Host.objects.filter(pk=pool[0].host.pk).update(paused=True)
+        Host.objects.filter(pk=pool[1].host.pk).update(last_heartbeat_at=timezone.now() - timedelta(hours=1))
+        Host.objects.filter(pk=pool[2].host.pk).update(maintenance_since=timezone.now(), maintenance_reason="x")
         customer = make_customer()
         first = Job.objects.get(request=submit(customer, catalog))
-        assert first.offered_host_id == hosts[3].host.pk
-        second = Job.objects.get(request=submit(customer, catalog))  # hosts[3] has one slot, already offered
+        assert first.offered_host_id == pool[3].host.pk
+        second = Job.objects.get(request=submit(customer, catalog))  # pool[3] has one slot, already offered
         assert second.offered_host_id is None
 
     def test_least_connections_offers_to_the_least_busy(self, catalog) -> None:
@@ -240,12 +242,12 @@ class TestRedundancy:
         CatalogModel.objects.filter(pk=catalog.pk).update(latency_critical=True)
         serving = make_host(name="only-one")
         beat(serving, loaded=["gemma-3-270m"])
-        assert [(m.name, warm) for m, warm in routing.under_redundant_models()] == [("gemma-3-270m", 1)]
+        assert [(m.name, warm) for m, warm in hosts.under_redundant_models()] == [("gemma-3-270m", 1)]
 
         operator = get_user_model().objects.create_superuser("op@example.com", "op@example.com", "pw-12345678")
         admin = Client()
         admin.force_login(operator)
-        page = admin.get("/admin/marketplace/catalogmodel/").content.decode()
+        page = admin.get("/admin/catalog/catalogmodel/").content.decode()
         assert "Latency-critical model gemma-3-270m has 1 warm host(s)" in page
         owner = Client()
         owner.force_login(serving.host.owner)
@@ -254,5 +256,5 @@ class TestRedundancy:
 
         second = make_host(name="second")
         beat(second, loaded=["gemma-3-270m"])
-        assert routing.under_redundant_models() == []
+        assert hosts.under_redundant_models() == []
         assert "latency-critical" not in owner.get("/machines/").content.decode()

@@ -1,5 +1,5 @@
 """Routing, simulated: many lightweight host processes speaking the real host API
-(`marketplace.simhost`) against a real gateway (daphne) on the test database.
+(`testkit.simhost`) against a real gateway (daphne) on the test database.
 Customers call the real OpenAI API over HTTP; placement is read back from the jobs."""
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def routing_gateway(django_db_setup, django_db_blocker, tmp_path_factory):  # ty
 @pytest.fixture
 def sim_model(transactional_db):  # type: ignore[no-untyped-def]
     """A chat model counted by the byte tokenizer, so the figures are routing's."""
-    from marketplace.models import CatalogModel
+    from catalog.models import CatalogModel
 
     return CatalogModel.objects.create(
         name=f"sim-{uuid.uuid4().hex[:6]}", context_length=4096, input_price_ucents=10, output_price_ucents=40, tokenizer="bytes"
@@ -56,7 +56,7 @@ class Sim:
         new = host_create(email=f"{name}-{uuid.uuid4().hex[:6]}@example.com", name=name)
         self.host = new.host
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "marketplace.simhost", "--server", server, "--token", new.token, "--model", model, *args],
+            [sys.executable, "-m", "testkit.simhost", "--server", server, "--token", new.token, "--model", model, *args],
             cwd=ROOT, env=stack_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         self.records: list[dict] = []
@@ -165,7 +165,7 @@ def test_least_connections_keeps_active_counts_within_one(routing_gateway, sims,
         futures = []
         for n in range(1, 10):  # one more request each time; the new one must go to a least-busy host
             futures.append(pool.submit(ask, routing_gateway, customer.secret, sim_model.name))
-            wait_until(lambda: sum(running_per_host(sim_model, hosts)) == n, timeout=10, what=f"{n} jobs running")
+            wait_until(lambda n=n: sum(running_per_host(sim_model, hosts)) == n, timeout=10, what=f"{n} jobs running")
             counts = running_per_host(sim_model, hosts)
             assert max(counts) - min(counts) <= 1, counts
         assert running_per_host(sim_model, hosts) == [3, 3, 3]
@@ -175,8 +175,8 @@ def test_least_connections_keeps_active_counts_within_one(routing_gateway, sims,
 
 
 def test_weighted_splits_a_thousand_jobs_by_the_weights(routing_gateway, sims, sim_model) -> None:
+    from catalog.models import CatalogModel
     from hosts.models import Host
-    from marketplace.models import CatalogModel
 
     CatalogModel.objects.filter(pk=sim_model.pk).update(routing_strategy="weighted")
     big = sims("big", "--loaded", sim_model.name, "--slots", "8")

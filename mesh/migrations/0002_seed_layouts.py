@@ -4,7 +4,7 @@ from django.db import migrations
 
 
 def seed(apps, schema_editor):  # type: ignore[no-untyped-def]
-    from mesh.layouts import layout_seed
+    from mesh.rings.layouts import layout_seed
 
     layout_seed(apps.get_model("marketplace", "CatalogModel"), apps.get_model("mesh", "ModelLayout"))
 

@@ -5,16 +5,16 @@ import pytest
 from django.test import Client
 
 from conftest import make_host
-from mesh.layouts import layout_seed
-from mesh.models import ModelLayout
-from mesh.services import StageSpec, ring_plan_create
+from mesh.rings.layouts import layout_seed
+from mesh.rings.models import ModelLayout
+from mesh.rings.services import StageSpec, ring_plan_create
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def plan_and_hosts(catalog):  # type: ignore[no-untyped-def]
-    from marketplace.models import CatalogModel
+    from catalog.models import CatalogModel
 
     layout_seed(CatalogModel, ModelLayout)
     head, tail, bridge = make_host(name="head"), make_host(name="tail"), make_host(name="bridge")

@@ -8,16 +8,16 @@ import pytest
 from conftest import ServingHost, make_host
 from mahout.api import HostApiError
 from mahout.ring.api import RingApi
-from mesh.layouts import layout_seed
-from mesh.models import ModelLayout, RingPlan
-from mesh.services import StageSpec, ring_plan_create
+from mesh.rings.layouts import layout_seed
+from mesh.rings.models import ModelLayout, RingPlan
+from mesh.rings.services import StageSpec, ring_plan_create
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _two_stage_ring() -> tuple[RingPlan, ServingHost, ServingHost, ServingHost]:
     """Layers 0-8 on a "head" host, 9-17 on a "tail" host, bridged by a third: (plan, head, tail, bridge)."""
-    from marketplace.models import CatalogModel
+    from catalog.models import CatalogModel
 
     layout_seed(CatalogModel, ModelLayout)
     head, tail, bridge = make_host(name="head"), make_host(name="tail"), make_host(name="bridge")
@@ -53,8 +53,8 @@ class RingApiClientTests:
     def test_a_bridge_host_runs_the_plan_it_is_given_and_reports_its_stages(self, live_server, catalog) -> None:  # type: ignore[no-untyped-def]
         import argparse
 
+        from catalog.models import CatalogModel
         from mahout.ring.runner import _reporting
-        from marketplace.models import CatalogModel
 
         layout_seed(CatalogModel, ModelLayout)
         bridge = make_host(name="bridge")
@@ -114,7 +114,7 @@ class AddressExchangeTests:
                 api.close()
 
     def test_a_host_proposes_its_own_ring_once_and_gets_it_back_on_restart(self, live_server, catalog) -> None:  # type: ignore[no-untyped-def]
-        from marketplace.models import CatalogModel
+        from catalog.models import CatalogModel
 
         layout_seed(CatalogModel, ModelLayout)
         host = make_host(name="solo")

@@ -10,7 +10,7 @@ from django.test import Client
 from conftest import make_host
 from engine.gguf_loader import open_gguf
 from engine.moe_loader import expert_tensor_names, make_tiny_moe
-from mesh import moe_services as services
+from mesh.experts import services
 
 pytestmark = pytest.mark.django_db
 

@@ -46,7 +46,7 @@ def _volunteer(url: str, token: str, log: Path) -> subprocess.Popen:
 
 class LoadRampTests:
     def test_volunteers_join_under_load_answer_as_local_and_age_out(self, catalog, moe_gateway, tmp_path: Path, e2e_dirs) -> None:  # type: ignore[no-untyped-def]
-        from mesh import moe_services
+        from mesh.experts import services as moe_services
 
         tiny = make_tiny_moe(tmp_path / "tiny-moe.gguf", seed=5)
         coordinator_host = make_host(name="coordinator")

@@ -58,7 +58,7 @@ class FrameTests:
 
 class ExpertRelayTests:
     def test_a_natted_volunteer_serves_through_the_relay(self, catalog, relay_gateway, tmp_path: Path, e2e_dirs) -> None:  # type: ignore[no-untyped-def]
-        from mesh import moe_services
+        from mesh.experts import services as moe_services
 
         tiny = make_tiny_moe(tmp_path / "tiny-moe.gguf", seed=9)
         coordinator_host, volunteer_host = make_host(name="coordinator"), make_host(name="behind-nat")

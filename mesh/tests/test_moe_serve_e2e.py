@@ -18,7 +18,7 @@ from django.core.management import call_command
 from conftest import ROOT, make_customer, make_host, stack_env, wait_until
 from engine.moe import MoeModel
 from engine.moe_loader import BYTE_EOS, ByteTokenizer, load_moe, make_tiny_moe
-from mahout.prompt import render_chat
+from protocol.turns import render_chat
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -36,9 +36,10 @@ def _local_text(path: Path) -> str:
 
 class CoordinatorServesTests:
     def test_it_qualifies_claims_streams_and_the_request_settles(self, gateway, catalog, tmp_path: Path, e2e_dirs) -> None:  # type: ignore[no-untyped-def]
+        from catalog.models import CatalogModel
         from hosts.models import Host
-        from marketplace.models import CatalogModel, Job, Request
-        from mesh.moe_models import ExpertModel
+        from marketplace.models import Job, Request
+        from mesh.experts.models import ExpertModel
 
         tiny = make_tiny_moe(tmp_path / "tiny-moe.gguf", seed=5)
         call_command("moe_register", str(tiny), "--name", "tiny-moe", stdout=io.StringIO())

@@ -13,9 +13,8 @@ from django.utils import timezone
 from conftest import make_host
 from engine.gguf_loader import open_gguf
 from engine.moe_loader import expert_tensor_names, make_tiny_moe
-from mesh import moe_selectors as selectors
-from mesh import moe_services as services
-from mesh.moe_models import ExpertWorker
+from mesh.experts import selectors, services
+from mesh.experts.models import ExpertWorker
 
 pytestmark = pytest.mark.django_db
 
@@ -183,8 +182,8 @@ class MoeModelPublishTests:
 
         from django.core.management import call_command
 
-        from marketplace.models import CatalogModel
-        from mesh.moe_models import ExpertModel
+        from catalog.models import CatalogModel
+        from mesh.experts.models import ExpertModel
 
         out = io.StringIO()
         call_command("moe_register", str(tiny), "--name", "tiny-moe", "--output-price", "50", "--slice-size", "2", stdout=out)
@@ -204,7 +203,7 @@ class MoeModelPublishTests:
     def test_a_gguf_without_a_byte_vocabulary_is_refused(self, catalog, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
         from django.core.management import CommandError, call_command
 
-        from marketplace.models import CatalogModel
+        from catalog.models import CatalogModel
 
         with pytest.raises(CommandError, match="byte vocabulary"):
             call_command("moe_register", str(_bpe_moe(tmp_path / "bpe.gguf")), "--name", "real-moe")

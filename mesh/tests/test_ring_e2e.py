@@ -46,10 +46,10 @@ class Ring:
 def ring(gateway, catalog, e2e_dirs, tmp_path):  # type: ignore[no-untyped-def]
     """Ring plan: stage 0 (layers 0-8) on one host, stage 1 (9-17) on another, bridged by a third;
     each a separate process that knows only the gateway's URL, its token and the plan's id."""
-    from marketplace.models import CatalogModel
-    from mesh.layouts import layout_seed
-    from mesh.models import ModelLayout
-    from mesh.services import StageSpec, ring_plan_create
+    from catalog.models import CatalogModel
+    from mesh.rings.layouts import layout_seed
+    from mesh.rings.models import ModelLayout
+    from mesh.rings.services import StageSpec, ring_plan_create
 
     layout_seed(CatalogModel, ModelLayout)
     head, tail, bridge = (make_host(qualified=False, name=name) for name in ("ring-head", "ring-tail", "ring-bridge"))
@@ -90,8 +90,8 @@ def engine_text(messages: list[dict], max_tokens: int) -> str:
     """The single-process engine's greedy completion of the prompt the ring's bridge renders."""
     from engine.generate import build_stages, generate
     from engine.gguf_loader import default_model_path
-    from mahout.prompt import render_job
     from mahout.ring.runner import RingRunner
+    from protocol.turns import render_job
 
     path = default_model_path()
     runner = RingRunner(None, path, n_ctx=int(N_CTX))  # type: ignore[arg-type] - only its tokenizer is used

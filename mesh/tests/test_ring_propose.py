@@ -6,7 +6,7 @@ from django.core.management import CommandError, call_command
 
 from conftest import make_host
 from hosts.models import Host
-from mesh.services import PlanInvalid, memory_split, ring_plan_propose
+from mesh.rings.services import PlanInvalid, memory_split, ring_plan_propose
 
 pytestmark = pytest.mark.django_db
 

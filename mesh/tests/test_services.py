@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 
 from conftest import make_host
-from mesh.layouts import layout_seed
-from mesh.models import ModelLayout, RingPlan, RingStage
-from mesh.services import (
+from mesh.rings.layouts import layout_seed
+from mesh.rings.models import ModelLayout, RingPlan, RingStage
+from mesh.rings.services import (
     AddressInvalid,
     NotAParticipant,
     NotYourStage,
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def layouts(catalog):  # type: ignore[no-untyped-def]
-    from marketplace.models import CatalogModel
+    from catalog.models import CatalogModel
 
     layout_seed(CatalogModel, ModelLayout)
     return catalog

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django import template
 
-from web.money import per_million, usd
+from catalog.money import per_million, usd
 
 register = template.Library()
 register.filter("usd", usd)

@@ -13,7 +13,7 @@ def finished_request(  # type: ignore[no-untyped-def]
     *, customer, host=None, cost_ucents: int = 1_000, resumed: bool = False, failed: bool = False
 ) -> Request:
     """A request admitted with `customer`'s key and settled for `cost_ucents` (host earns 80%), or failed."""
-    from marketplace.models import CatalogModel
+    from catalog.models import CatalogModel
 
     model = CatalogModel.objects.get(name="gemma-3-270m")
     hold = billing.hold_place(user=customer.user, api_key=customer.key, amount_ucents=max(cost_ucents, 1))

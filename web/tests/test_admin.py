@@ -5,8 +5,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
+from accounts.models import ApiKey
 from conftest import make_customer
-from marketplace.models import ApiKey
 
 pytestmark = pytest.mark.django_db
 
@@ -28,7 +28,7 @@ class ApiKeyAdminTests:
         bystander = make_customer()
         assert credits_status(customer.secret) == 200
         response = operator.post(
-            "/admin/marketplace/apikey/", {"action": "revoke", "_selected_action": [customer.key.pk], "index": "0"}
+            "/admin/accounts/apikey/", {"action": "revoke", "_selected_action": [customer.key.pk], "index": "0"}
         )
         assert response.status_code == 302
         assert ApiKey.objects.get(pk=customer.key.pk).revoked_at is not None
@@ -37,24 +37,24 @@ class ApiKeyAdminTests:
 
     def test_revoking_again_keeps_the_first_revocation_time(self, operator, customer) -> None:
         action = {"action": "revoke", "_selected_action": [customer.key.pk], "index": "0"}
-        operator.post("/admin/marketplace/apikey/", action)
+        operator.post("/admin/accounts/apikey/", action)
         first = ApiKey.objects.get(pk=customer.key.pk).revoked_at
-        response = operator.post("/admin/marketplace/apikey/", action, follow=True)
+        response = operator.post("/admin/accounts/apikey/", action, follow=True)
         assert "1 were already revoked" in response.content.decode()
         assert ApiKey.objects.get(pk=customer.key.pk).revoked_at == first
 
     def test_the_list_filters_live_and_revoked_keys(self, operator, customer) -> None:
         other = make_customer()
-        operator.post("/admin/marketplace/apikey/", {"action": "revoke", "_selected_action": [other.key.pk], "index": "0"})
-        live = operator.get("/admin/marketplace/apikey/?revoked=no").content.decode()
-        revoked = operator.get("/admin/marketplace/apikey/?revoked=yes").content.decode()
+        operator.post("/admin/accounts/apikey/", {"action": "revoke", "_selected_action": [other.key.pk], "index": "0"})
+        live = operator.get("/admin/accounts/apikey/?revoked=no").content.decode()
+        revoked = operator.get("/admin/accounts/apikey/?revoked=yes").content.decode()
         assert customer.key.prefix in live and other.key.prefix not in live
         assert other.key.prefix in revoked and customer.key.prefix not in revoked
 
     def test_no_page_shows_a_key_hash_or_secret(self, operator, customer) -> None:
         pages = [
-            operator.get("/admin/marketplace/apikey/").content.decode(),
-            operator.get(f"/admin/marketplace/apikey/{customer.key.pk}/change/").content.decode(),
+            operator.get("/admin/accounts/apikey/").content.decode(),
+            operator.get(f"/admin/accounts/apikey/{customer.key.pk}/change/").content.decode(),
         ]
         for page in pages:
             assert customer.key.prefix in page

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
+from catalog.money import per_million, usd
 from web.charts import HEIGHT, WIDTH, bar_chart
-from web.money import per_million, usd
 
 
 class BarChartTests:

@@ -7,11 +7,11 @@ from django.core import mail
 from django.test import Client
 from django.utils import timezone
 
+from accounts.models import ApiKey
 from billing.models import Payout, PayoutProfile, TopUp
 from conftest import make_customer, make_host
+from core.secrets import secret_hash
 from hosts.models import Host
-from marketplace.models import ApiKey
-from marketplace.secrets import secret_hash
 from web.tests.conftest import signed_in
 from web.tests.factories import finished_request
 

@@ -21,11 +21,12 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandParser
 
-from billing.services import credit_grant, usd_to_ucents
+from accounts.services import api_key_create
+from billing.services import credit_grant
+from catalog.money import usd_to_ucents
+from core.secrets import secret_hash, secret_new, secret_prefix
 from hosts.models import Host
 from hosts.services import host_create
-from marketplace.secrets import secret_hash, secret_new, secret_prefix
-from marketplace.services import api_key_create
 
 DEMO_CUSTOMER = "demo@customer.local"
 DEMO_HOST_OWNER = "demo@host.local"

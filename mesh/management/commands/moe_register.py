@@ -13,7 +13,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from mesh.moe_services import MoeRefused, moe_model_publish
+from mesh.experts.services import MoeRefused, moe_model_publish
 
 
 class Command(BaseCommand):

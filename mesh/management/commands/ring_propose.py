@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from hosts.models import Host
-from mesh.services import PlanInvalid, ring_plan_propose
+from mesh.rings.services import PlanInvalid, ring_plan_propose
 
 
 class Command(BaseCommand):

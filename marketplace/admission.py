@@ -1,0 +1,70 @@
+"""Admission: every decision made before a request is queued, in one place.
+
+The model must exist and be of the right kind, the prompt is rendered exactly as the
+host will see it and counted with the gateway's own tokenizer, it must fit the
+model's context, and then `request_submit` holds the worst-case price (402 / 429
+before anything is queued). Refusals are DomainErrors; the views only render them.
+"""
+from __future__ import annotations
+
+from accounts.models import ApiKey
+from catalog.models import CatalogModel
+from catalog.selectors import catalog_model_by_name
+from catalog.tokenizer import tokenizer_for
+from core.errors import DomainError, bad_request
+from marketplace.models import Request
+from marketplace.services import request_submit
+from protocol.turns import render_chat
+
+
+def rendered_prompt(kind: str, data: dict) -> tuple[str, list | None, str | None]:
+    """The exact text the host's model will see, plus what the request stores."""
+    if kind == Request.Kind.CHAT:
+        return render_chat(data["messages"]), data["messages"], None
+    return data["prompt"], None, data["prompt"]
+
+
+def request_admit(*, api_key: ApiKey, data: dict, params: dict, kind: str, public_id: str) -> Request:
+    """Admit a chat or completion request: model, prompt tokens, context, then the hold and the job."""
+    model = catalog_model_by_name(name=data["model"])
+    if model is None or model.kind != CatalogModel.Kind.CHAT:
+        raise DomainError(
+            f"The model '{data['model']}' does not exist; GET /v1/models lists them.", status=404, code="model_not_found",
+            param="model",
+        )
+    text, messages, prompt = rendered_prompt(kind, data)
+    prompt_tokens = tokenizer_for(model.tokenizer).count(text, special=True)
+    if prompt_tokens + params["max_tokens"] > model.context_length:
+        raise bad_request(
+            f"This model's context is {model.context_length} tokens; the prompt has {prompt_tokens} and max_tokens "
+            f"asks for {params['max_tokens']}. Shorten the prompt or lower max_tokens.",
+            code="context_length_exceeded",
+            param="messages" if messages is not None else "prompt",
+        )
+    return request_submit(
+        public_id=public_id, api_key=api_key, model=model, kind=kind, messages=messages, prompt=prompt, params=params,
+        stream=data["stream"], prompt_tokens=prompt_tokens,
+    )
+
+
+def embeddings_admit(*, api_key: ApiKey, data: dict, public_id: str) -> Request:
+    """Admit an embeddings request: every input fits the context; all their tokens are held."""
+    model = catalog_model_by_name(name=data["model"])
+    if model is None or model.kind != CatalogModel.Kind.EMBEDDING:
+        hint = " It is a chat model; use /v1/chat/completions." if model is not None else " GET /v1/models lists them."
+        raise DomainError(
+            f"The embeddings model '{data['model']}' does not exist.{hint}", status=404, code="model_not_found", param="model"
+        )
+    tokenizer = tokenizer_for(model.tokenizer)
+    prompt_tokens = 0
+    for index, text in enumerate(data["input"]):
+        if tokenizer.count(text, special=True) > model.context_length:
+            raise bad_request(
+                f"Input {index} is longer than this model's {model.context_length}-token context; split it.",
+                code="context_length_exceeded", param=f"input[{index}]",
+            )
+        prompt_tokens += tokenizer.count(text, special=False)
+    return request_submit(
+        public_id=public_id, api_key=api_key, model=model, kind=Request.Kind.EMBEDDINGS, messages=None, prompt=None,
+        params={"max_tokens": 0}, stream=False, prompt_tokens=prompt_tokens, inputs=data["input"],
+    )

@@ -1,0 +1,224 @@
+"""The host job API: everything a mahout host does about work, always called outward by the host.
+
+The hot paths (claim, tokens, complete, fail) are async views so a long-poll
+or a stream of token batches never occupies a thread; the rest are DRF views.
+Each view parses input, calls one service, renders the result.
+"""
+from __future__ import annotations
+
+import time
+
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils.decorators import method_decorator
+from django.views import View
+from django.views.decorators.csrf import csrf_exempt
+from rest_framework import serializers
+from rest_framework.response import Response
+
+from billing.apis import payout_body
+from core.db import db
+from core.errors import ApiError, DomainError, validation_error
+from core.events import Inbox, host_group, queue_group
+from core.http import bearer_secret, json_body
+from hosts import selectors as hosts
+from hosts import services as host_services
+from hosts.apis import HostApi
+from hosts.models import Host
+from hosts.selectors import host_from_secret
+from marketplace import selectors
+from marketplace import services as market
+
+
+@method_decorator(csrf_exempt, name="dispatch")
+class AsyncHostApi(View):
+    """Parse, authenticate, validate, then `handle`; errors in the API's format."""
+
+    InputSerializer: type[serializers.Serializer]
+
+    async def post(self, request: HttpRequest, **kwargs: object) -> HttpResponse:
+        try:
+            secret = bearer_secret(request)
+            body = json_body(request)
+            serializer = self.InputSerializer(data=body)
+            if not serializer.is_valid():
+                raise validation_error(serializer.errors)
+            host = await db(host_from_secret, secret)
+            return await self.handle(host, serializer.validated_data, **kwargs)
+        except DomainError as error:
+            return error.response()
+
+    async def handle(self, host: Host, data: dict, **kwargs: object) -> HttpResponse:
+        raise NotImplementedError
+
+
+class JobClaimApi(AsyncHostApi):
+    """Long-poll: answer with a job as soon as one is queued for a model this
+    host qualified on this machine, or 204 after `wait` seconds. Waiting hosts
+    are woken through the channel layer, not by polling the database."""
+
+    class InputSerializer(serializers.Serializer):
+        fingerprint = serializers.CharField(max_length=64)
+        wait = serializers.FloatField(min_value=0, max_value=settings.CLAIM_MAX_WAIT_SECONDS, default=20)
+
+    async def handle(self, host: Host, data: dict, **kwargs: object) -> HttpResponse:
+        if host.paused:
+            raise ApiError(403, "This host is paused; resume it to claim work.", code="host_paused", type="permission_error")
+        if host.maintenance_since is not None:
+            raise ApiError(
+                403, f"This host is in maintenance: {host.maintenance_reason} Its owner or an operator can resume it.",
+                code="host_maintenance", type="permission_error",
+            )
+        model_ids = await db(hosts.qualified_model_ids, host=host, fingerprint=data["fingerprint"])
+        if not model_ids:
+            raise ApiError(
+                403, "This host has not qualified any model on this machine; run the benchmark and register it first.",
+                code="not_qualified", type="permission_error",
+            )
+        warm_ids = await db(hosts.warm_model_ids, host=host, model_ids=model_ids)
+        layer = get_channel_layer()
+        channel = await layer.new_channel()
+        groups = [queue_group(model_id) for model_id in model_ids] + [host_group(host.pk)]
+        for group in groups:
+            await layer.group_add(group, channel)
+        inbox = Inbox(layer, channel)
+        try:
+            return await self._claim_until(host, data, model_ids, warm_ids, inbox)
+        finally:
+            inbox.close()
+            for group in groups:
+                await layer.group_discard(group, channel)
+
+    async def _claim_until(
+        self, host: Host, data: dict, model_ids: list[int], warm_ids: list[int], inbox: Inbox
+    ) -> HttpResponse:
+        """Claim, or sleep until woken. Offers to other hosts and the cold grace lapse
+        without a wake-up, so a waiting host also looks again every ROUTING_OFFER_SECONDS."""
+        deadline = time.monotonic() + data["wait"]
+        recheck = max(settings.ROUTING_OFFER_SECONDS, 0.2)
+        while True:  # a host paused while it waits simply gets nothing
+            payload = await db(market.job_claim_payload, host=host, model_ids=model_ids, warm_ids=warm_ids)
+            if payload is not None:
+                return JsonResponse({"job": payload})
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return HttpResponse(status=204)
+            await inbox.next(min(remaining, recheck))
+
+
+class JobTokensApi(AsyncHostApi):
+    class InputSerializer(serializers.Serializer):
+        seq = serializers.IntegerField(min_value=0)
+        text = serializers.CharField(allow_blank=True, trim_whitespace=False, max_length=65536)
+
+    async def handle(self, host: Host, data: dict, **kwargs: object) -> HttpResponse:
+        result = await db(market.job_push_tokens, host=host, job_id=kwargs["job_id"], seq=data["seq"], text=data["text"])
+        return JsonResponse({"accepted": result.accepted, "next_seq": result.next_seq})
+
+
+class JobCompleteApi(AsyncHostApi):
+    class InputSerializer(serializers.Serializer):
+        finish_reason = serializers.ChoiceField(choices=["stop", "length"])
+        completion_tokens = serializers.IntegerField(min_value=0, required=False)
+        embeddings = serializers.JSONField(required=False, default=None)  # checked by the service, not per float here
+
+    async def handle(self, host: Host, data: dict, **kwargs: object) -> HttpResponse:
+        done = await db(
+            market.job_complete, host=host, job_id=kwargs["job_id"], finish_reason=data["finish_reason"],
+            embeddings=data["embeddings"],
+        )
+        return JsonResponse({"earned_ucents": done.earned_ucents, "completion_tokens": done.request.completion_tokens})
+
+
+class JobFailApi(AsyncHostApi):
+    class InputSerializer(serializers.Serializer):
+        reason = serializers.CharField(max_length=500)
+
+    async def handle(self, host: Host, data: dict, **kwargs: object) -> HttpResponse:
+        await db(market.job_fail, host=host, job_id=kwargs["job_id"], reason=data["reason"])
+        return JsonResponse({"failed": True})
+
+
+class HeartbeatApi(HostApi):
+    class InputSerializer(serializers.Serializer):
+        fingerprint = serializers.CharField(max_length=64)
+        paused = serializers.BooleanField(default=False)
+        active_jobs = serializers.ListField(child=serializers.IntegerField(), required=False, default=list)
+        models_loaded = serializers.ListField(child=serializers.CharField(max_length=100), required=False, default=list)
+        version = serializers.CharField(max_length=32, required=False, default="")
+        catalog = serializers.JSONField(required=False, default=None)  # read leniently: see host_heartbeat
+
+    def post(self, request) -> Response:  # type: ignore[no-untyped-def]
+        host = self.host(request)
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        host = host_services.host_heartbeat(
+            host=host, fingerprint=data["fingerprint"], paused=data["paused"], models_loaded=data["models_loaded"], version=data["version"],
+            catalog=data["catalog"],
+        )
+        return Response(
+            {"status": selectors.host_status(host=host), "paused": host.paused, "maintenance": host.maintenance_reason or None}
+        )
+
+
+class HostMeApi(HostApi):
+    def get(self, request) -> Response:  # type: ignore[no-untyped-def]
+        host = self.host(request)
+        active = selectors.host_active_jobs(host=host)
+        return Response(
+            {
+                "id": host.pk,
+                "name": host.name,
+                "status": selectors.host_status(host=host),
+                "paused": host.paused,
+                "maintenance_reason": host.maintenance_reason or None,
+                "maintenance_since": host.maintenance_since,
+                "last_heartbeat_at": host.last_heartbeat_at,
+                "active_jobs": [{"id": job.pk, "model": job.model.name, "claimed_at": job.claimed_at} for job in active],
+                "qualifications": [
+                    {"model": q.model.name, "fingerprint": q.fingerprint, "gen_tps": q.gen_tps, "prompt_tps": q.prompt_tps, "ttft_ms": q.ttft_ms}
+                    for q in hosts.host_qualifications(host=host)
+                ],
+            }
+        )
+
+
+class HostEarningsApi(HostApi):
+    """GET /hosts/api/earnings: the balance and the latest completed jobs."""
+
+    def get(self, request) -> Response:  # type: ignore[no-untyped-def]
+        statement = selectors.host_statement(host=self.host(request))
+        return Response({"balance_ucents": statement.payouts.balance_ucents, "lines": [earning_line(job) for job in statement.jobs]})
+
+
+def earning_line(job: dict) -> dict:
+    """One completed job as a host sees it: tokens and earnings, nothing about the customer."""
+    return {
+        "job_id": job["pk"],
+        "model": job["model__name"],
+        "completion_tokens": job["completion_tokens"],
+        "earned_ucents": job["earned_ucents"],
+        "finished_at": job["finished_at"],
+    }
+
+
+class HostStatementApi(HostApi):
+    """GET /billing/api/host/statement: balance, available, payouts, and the latest completed
+    jobs (tokens and earnings only: nothing about the customer)."""
+
+    def get(self, request) -> Response:  # type: ignore[no-untyped-def]
+        statement = selectors.host_statement(host=self.host(request))
+        return Response(
+            {
+                "object": "host_statement",
+                "balance_ucents": statement.payouts.balance_ucents,
+                "available_ucents": statement.payouts.available_ucents,
+                "pending_payout_ucents": statement.payouts.pending_payout_ucents,
+                "paid_out_ucents": statement.payouts.paid_out_ucents,
+                "payout_minimum_ucents": settings.PAYOUT_MINIMUM_UCENTS,
+                "jobs": [earning_line(job) for job in statement.jobs],
+                "payouts": [payout_body(payout) for payout in statement.payouts.payouts],
+            }
+        )

@@ -1,0 +1,119 @@
+"""Customer usage: daily totals and per-request rows, as JSON pages or one CSV."""
+from __future__ import annotations
+
+import csv
+import io
+import re
+from datetime import date
+
+from django.conf import settings
+from django.http import HttpResponse
+from rest_framework.response import Response
+
+from accounts.apis import KeyApi
+from core.dates import day_range
+from core.errors import bad_request
+from marketplace import selectors
+
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def _parse_day(raw: str | None, *, param: str) -> date | None:
+    if raw is None or raw == "":
+        return None
+    try:
+        if not _DATE.fullmatch(raw):
+            raise ValueError
+        return date.fromisoformat(raw)
+    except ValueError:
+        raise bad_request(f"'{param}' must be a date as YYYY-MM-DD, got {raw!r}.", code="invalid_date", param=param) from None
+
+
+def usage_range(query) -> tuple[date, date]:  # type: ignore[no-untyped-def]
+    """`from` and `to` (inclusive, UTC days); the last 30 days by default."""
+    end = _parse_day(query.get("to"), param="to")
+    return day_range(_parse_day(query.get("from"), param="from"), end)
+
+
+def usage_row(row: dict) -> dict:
+    return {
+        "id": row["public_id"],
+        "created": int(row["created_at"].timestamp()),
+        "model": row["model__name"],
+        "key_prefix": row["api_key__prefix"],
+        "status": row["status"],
+        "prompt_tokens": row["prompt_tokens"],
+        "completion_tokens": row["completion_tokens"],
+        "cost_ucents": row["cost_ucents"],
+    }
+
+
+def usage_page(query, *, user, start: date, end: date) -> tuple[list[dict], bool]:  # type: ignore[no-untyped-def]
+    """One page of per-request rows: at most `limit` (1..USAGE_PAGE_MAX, default that) after
+    the request id `after`; and whether more follow."""
+    raw = query.get("limit") or str(settings.USAGE_PAGE_MAX)
+    if not raw.isdigit() or not 1 <= int(raw) <= settings.USAGE_PAGE_MAX:
+        raise bad_request(f"'limit' must be a whole number from 1 to {settings.USAGE_PAGE_MAX}, got {raw!r}.",
+                          code="invalid_limit", param="limit")
+    limit = int(raw)
+    try:
+        rows = list(selectors.usage_requests(user=user, start=start, end=end, after=query.get("after"))[: limit + 1])
+    except selectors.UnknownCursor:
+        raise bad_request(f"'after' names no request of yours: {query.get('after')!r}.", code="invalid_cursor", param="after") from None
+    return [usage_row(row) for row in rows[:limit]], len(rows) > limit
+
+
+class UsageApi(KeyApi):
+    """GET /v1/usage?from=YYYY-MM-DD&to=YYYY-MM-DD[&limit=N&after=ID] → daily totals, and the
+    requests one page at a time (`has_more`; the next page starts `after` the last id)."""
+
+    def get(self, request) -> Response:  # type: ignore[no-untyped-def]
+        key = self.key(request)
+        start, end = usage_range(request.query_params)
+        data, has_more = usage_page(request.query_params, user=key.user, start=start, end=end)
+        daily = selectors.usage_daily(user=key.user, start=start, end=end)
+        return Response(
+            {
+                "object": "usage",
+                "from": start.isoformat(),
+                "to": end.isoformat(),
+                "has_more": has_more,
+                "last_id": data[-1]["id"] if data else None,
+                "total_cost_ucents": sum(day["cost_ucents"] or 0 for day in daily),
+                "daily": [
+                    {
+                        "date": day["day"].isoformat(),
+                        "requests": day["requests"],
+                        "prompt_tokens": day["prompt_tokens"] or 0,
+                        "completion_tokens": day["completion_tokens"] or 0,
+                        "cost_ucents": day["cost_ucents"] or 0,
+                    }
+                    for day in daily
+                ],
+                "data": data,
+            }
+        )
+
+
+CSV_COLUMNS = ["id", "created", "model", "key_prefix", "status", "prompt_tokens", "completion_tokens", "cost_ucents"]
+
+
+class UsageCsvApi(KeyApi):
+    """GET /v1/usage.csv?from=…&to=… → one line per request (same columns as /v1/usage's data)."""
+
+    def get(self, request) -> HttpResponse:  # type: ignore[no-untyped-def]
+        key = self.key(request)
+        start, end = usage_range(request.query_params)
+        return usage_csv_response(user=key.user, start=start, end=end)
+
+
+def usage_csv_response(*, user, start, end) -> HttpResponse:  # type: ignore[no-untyped-def]
+    """One CSV line per request of `user` in [start, end]; the API and the web page both serve this."""
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for row in selectors.usage_requests(user=user, start=start, end=end).iterator(chunk_size=2000):
+        writer.writerow(usage_row(row))
+    response = HttpResponse(out.getvalue(), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="usage-{start.isoformat()}-{end.isoformat()}.csv"'
+    return response

@@ -1,0 +1,44 @@
+"""Admin for the expert market: MoE models (targets and the coordinator's last report) and
+their volunteer workers. Models are registered with `manage.py moe_register` (it reads the
+GGUF); the admin tunes targets and shows state, which the market itself writes."""
+from __future__ import annotations
+
+from django.contrib import admin
+
+from mesh.experts.models import ExpertModel, ExpertWorker
+
+
+class ExpertWorkerInline(admin.TabularInline):
+    model = ExpertWorker
+    extra = 0
+    fields = ("host", "layer", "first", "count", "status", "address", "last_serve_ms", "heartbeat_at")
+    readonly_fields = fields
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None) -> bool:  # type: ignore[no-untyped-def]
+        return False
+
+
+@admin.register(ExpertModel)
+class ExpertModelAdmin(admin.ModelAdmin):
+    list_display = ("name", "arch", "n_layers", "n_experts", "slice_size", "base_target", "boost", "coordinator", "busy",
+                    "saturated", "reported_at")
+    list_filter = ("saturated", "arch")
+    search_fields = ("name",)
+    readonly_fields = ("name", "gguf_path", "arch", "n_layers", "n_experts", "n_experts_used", "coordinator", "busy", "saturated",
+                       "reported_at", "last_saturated_at")
+    inlines = [ExpertWorkerInline]
+
+    def has_add_permission(self, request) -> bool:  # type: ignore[no-untyped-def]
+        return False  # registration reads the GGUF: manage.py moe_register
+
+
+@admin.register(ExpertWorker)
+class ExpertWorkerAdmin(admin.ModelAdmin):
+    list_display = ("id", "model", "host", "layer", "first", "count", "status", "address", "last_serve_ms", "heartbeat_at")
+    list_filter = ("status", "model")
+    readonly_fields = ("model", "host", "layer", "first", "count", "status", "address", "last_serve_ms", "assigned_at",
+                       "registered_at", "heartbeat_at", "retired_at")
+
+    def has_add_permission(self, request) -> bool:  # type: ignore[no-untyped-def]
+        return False  # workers are handed out by the volunteer endpoint

@@ -1,0 +1,116 @@
+"""The expert market API (host token auth, like the host API). Each view parses, calls one
+service or selector, renders.
+
+* `GET  /api/moe/recruitment`: per model busy, saturation, base vs effective target, workers.
+* `GET  /api/expert-demand`: scarce slices and the `recruiting` flag.
+* `POST /api/expert-volunteer`: an idle host asks for a slice (200 with it, 204: none wanted).
+* `GET  /api/expert-workers/<id>/slice`: the GGUF of that slice's tensors only.
+* `POST /api/expert-workers/<id>/register`: the worker serves its slice (at `address`, or via relay).
+* `POST /api/expert-workers/<id>/heartbeat`: stay covered; the answer says whether to retire.
+* `POST /api/moe/coordinator-report`: a coordinator's busy slots and its workers'
+  `last_serve_ms`; the answer is its dispatch map.
+"""
+from __future__ import annotations
+
+from django.http import FileResponse
+from rest_framework import serializers
+from rest_framework.response import Response
+
+from core.errors import ApiError
+from hosts.apis import HostApi
+from hosts.models import Host
+from mesh.experts import selectors, services
+from mesh.experts.models import ExpertWorker
+
+
+class MoeHostApi(HostApi):
+    """The host API's token check (`HostApi.host`), plus the lookup of the host's own worker."""
+
+    def own_worker(self, request, worker_id: int) -> tuple[Host, ExpertWorker]:  # type: ignore[no-untyped-def]
+        host = self.host(request)
+        worker = selectors.worker_of_host(worker_id=worker_id, host_id=host.pk)
+        if worker is None:
+            raise ApiError(404, f"No expert worker {worker_id} of this host.", code="worker_not_found")
+        return host, worker
+
+
+def _slice(worker: ExpertWorker) -> dict:
+    return {
+        "worker": worker.pk, "model": worker.model.name, "layer": worker.layer, "first": worker.first,
+        "count": worker.count, "status": worker.status, "slice_url": f"/api/expert-workers/{worker.pk}/slice",
+    }
+
+
+class MoeRecruitmentApi(MoeHostApi):
+    def get(self, request) -> Response:  # type: ignore[no-untyped-def]
+        self.host(request)
+        return Response({"models": selectors.recruitment()})
+
+
+class ExpertDemandApi(MoeHostApi):
+    def get(self, request) -> Response:  # type: ignore[no-untyped-def]
+        self.host(request)
+        recruiting, scarce = selectors.expert_demand()
+        return Response({"recruiting": recruiting, "slices": [
+            {"model": s.model, "layer": s.layer, "first": s.first, "count": s.count, "covered": s.covered,
+             "target": s.target}
+            for s in scarce
+        ]})
+
+
+class ExpertVolunteerApi(MoeHostApi):
+    def post(self, request) -> Response:  # type: ignore[no-untyped-def]
+        worker = services.expert_volunteer(host=self.host(request))
+        if worker is None:
+            return Response(status=204)
+        return Response(_slice(worker))
+
+
+class ExpertSliceApi(MoeHostApi):
+    """Only the tensors of the worker's own slice, as a GGUF file."""
+
+    def get(self, request, worker_id: int) -> FileResponse:  # type: ignore[no-untyped-def]
+        _, worker = self.own_worker(request, worker_id)
+        path = services.expert_slice_file(worker=worker)
+        return FileResponse(path.open("rb"), content_type="application/octet-stream", filename=path.name)
+
+
+class ExpertWorkerRegisterApi(MoeHostApi):
+    class InputSerializer(serializers.Serializer):
+        address = serializers.RegexField(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$", required=False, allow_blank=True, default="")
+
+    def post(self, request, worker_id: int) -> Response:  # type: ignore[no-untyped-def]
+        host = self.host(request)
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        worker = services.expert_worker_register(worker_id=worker_id, host=host, address=serializer.validated_data["address"])
+        return Response(_slice(worker))
+
+
+class ExpertWorkerHeartbeatApi(MoeHostApi):
+    def post(self, request, worker_id: int) -> Response:  # type: ignore[no-untyped-def]
+        host = self.host(request)
+        retire = services.expert_worker_heartbeat(worker_id=worker_id, host=host)
+        return Response({"retire": retire})
+
+
+class CoordinatorReportApi(MoeHostApi):
+    class InputSerializer(serializers.Serializer):
+        class WorkerSerializer(serializers.Serializer):
+            id = serializers.IntegerField(min_value=1)
+            last_serve_ms = serializers.IntegerField(min_value=0)
+
+        model = serializers.CharField(max_length=200)
+        busy = serializers.IntegerField(min_value=0)
+        workers = WorkerSerializer(many=True, required=False, default=list)
+
+    def post(self, request) -> Response:  # type: ignore[no-untyped-def]
+        host = self.host(request)
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        model = services.coordinator_report(host=host, model_name=data["model"], busy=data["busy"], workers=data["workers"])
+        return Response({
+            "model": model.name, "saturated": selectors.is_saturated(model),
+            "effective_target": selectors.effective_target(model), "dispatch_map": selectors.dispatch_map(model),
+        })

@@ -1,0 +1,137 @@
+"""Reads for the expert market: targets, coverage, demand, recruitment, dispatch maps.
+
+Freshness decides everything here: a coordinator report older than
+`MOE_COORDINATOR_STALE_SECONDS` no longer counts as saturation (a silent coordinator cannot keep
+a swarm recruited), an ACTIVE worker whose heartbeat is older than `MOE_WORKER_STALE_SECONDS`
+covers nothing, and an ASSIGNED slice counts as covered for `MOE_ASSIGN_TTL_SECONDS` while its
+volunteer downloads it (so two volunteers are not handed the same gap).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+
+from mesh.experts.models import ExpertModel, ExpertWorker
+
+
+def seconds(name: str) -> timedelta:
+    """A freshness window from settings (MOE_*_SECONDS), read per call so tests may override it."""
+    return timedelta(seconds=getattr(settings, name))
+
+
+@dataclass(frozen=True)
+class SliceDemand:
+    model: str
+    layer: int
+    first: int
+    count: int
+    covered: int
+    target: int
+
+    @property
+    def missing(self) -> int:
+        return self.target - self.covered
+
+
+def is_saturated(model: ExpertModel, *, now: datetime | None = None) -> bool:
+    """Saturated per the coordinator's last report, if that report is fresh."""
+    now = now or timezone.now()
+    fresh = model.reported_at is not None and now - model.reported_at <= seconds("MOE_COORDINATOR_STALE_SECONDS")
+    return model.saturated and fresh
+
+
+def effective_target(model: ExpertModel, *, now: datetime | None = None) -> int:
+    return model.base_target + (model.boost if is_saturated(model, now=now) else 0)
+
+
+def covering_workers(model: ExpertModel, *, now: datetime | None = None) -> QuerySet[ExpertWorker]:
+    """Workers that count as coverage now: active and heartbeating, or just assigned."""
+    now = now or timezone.now()
+    active = Q(status=ExpertWorker.Status.ACTIVE, heartbeat_at__gte=now - seconds("MOE_WORKER_STALE_SECONDS"))
+    pending = Q(status=ExpertWorker.Status.ASSIGNED, assigned_at__gte=now - seconds("MOE_ASSIGN_TTL_SECONDS"))
+    return ExpertWorker.objects.filter(active | pending, model=model)
+
+
+def model_slices(model: ExpertModel) -> list[tuple[int, int, int]]:
+    """Every (layer, first, count) slice, from the GGUF metadata recorded at registration."""
+    return [
+        (layer, first, min(model.slice_size, model.n_experts - first))
+        for layer in range(model.n_layers)
+        for first in range(0, model.n_experts, model.slice_size)
+    ]
+
+
+def slice_coverage(model: ExpertModel, *, now: datetime | None = None) -> list[SliceDemand]:
+    """Each slice with how many workers cover it and how many it wants."""
+    target = effective_target(model, now=now)
+    counts: dict[tuple[int, int], int] = {}
+    for layer, first, count in covering_workers(model, now=now).values_list("layer", "first", "count"):
+        for start in range(first, first + count, model.slice_size):  # a worker may cover several slices
+            counts[(layer, start)] = counts.get((layer, start), 0) + 1
+    return [
+        SliceDemand(model.name, layer, first, count, counts.get((layer, first), 0), target)
+        for layer, first, count in model_slices(model)
+    ]
+
+
+def expert_demand(*, now: datetime | None = None) -> tuple[bool, list[SliceDemand]]:
+    """(recruiting, scarce slices): scarce = covered below the effective target. Recruiting
+    means a saturated model is asking for more than its base."""
+    now = now or timezone.now()
+    scarce: list[SliceDemand] = []
+    recruiting = False
+    for model in ExpertModel.objects.order_by("name"):
+        wanted = [s for s in slice_coverage(model, now=now) if s.missing > 0]
+        scarce += wanted
+        recruiting |= bool(wanted) and is_saturated(model, now=now)
+    return recruiting, scarce
+
+
+def recruitment(*, now: datetime | None = None) -> list[dict]:
+    """Per model: busy, saturation, base vs effective target, and its workers."""
+    now = now or timezone.now()
+    rows = []
+    for model in ExpertModel.objects.order_by("name").prefetch_related("workers"):
+        rows.append({
+            "model": model.name, "busy": model.busy, "saturation_threshold": model.saturation_threshold,
+            "saturated": is_saturated(model, now=now), "base_target": model.base_target, "boost": model.boost,
+            "effective_target": effective_target(model, now=now), "reported_at": model.reported_at,
+            "n_layers": model.n_layers, "n_experts": model.n_experts, "slice_size": model.slice_size,
+            "workers": [
+                {"id": w.pk, "host": w.host_id, "layer": w.layer, "first": w.first, "count": w.count,
+                 "status": w.status, "last_serve_ms": w.last_serve_ms, "heartbeat_at": w.heartbeat_at}
+                for w in model.workers.all() if w.status != ExpertWorker.Status.RETIRED
+            ],
+        })
+    return rows
+
+
+def dispatch_map(model: ExpertModel, *, now: datetime | None = None) -> list[dict]:
+    """The coordinator's workers: active, heartbeating, with how to reach them."""
+    now = now or timezone.now()
+    workers = covering_workers(model, now=now).filter(status=ExpertWorker.Status.ACTIVE).order_by("id")
+    return [
+        {"id": w.pk, "layer": w.layer, "first": w.first, "count": w.count, "address": w.address,
+         "relay": not w.address, "last_serve_ms": w.last_serve_ms}
+        for w in workers
+    ]
+
+
+def worker_of_host(*, worker_id: int, host_id: int) -> ExpertWorker | None:
+    return ExpertWorker.objects.select_related("model").filter(pk=worker_id, host_id=host_id).first()
+
+
+def relay_worker_allowed(*, worker_id: int, host_id: int) -> bool:
+    """May this host hold the relay socket of this worker? Its own, not retired."""
+    return ExpertWorker.objects.filter(pk=worker_id, host_id=host_id).exclude(status=ExpertWorker.Status.RETIRED).exists()
+
+
+def relay_coordinator_allowed(*, worker_id: int, host_id: int) -> bool:
+    """May this host send work to this worker through the relay? The coordinator of its model."""
+    return ExpertWorker.objects.filter(pk=worker_id, model__coordinator_id=host_id).exclude(
+        status=ExpertWorker.Status.RETIRED
+    ).exists()

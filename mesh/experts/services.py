@@ -1,0 +1,221 @@
+"""Writes for the expert market: registering MoE models, coordinator reports, handing
+volunteers a slice, worker registration and heartbeats, and ageing workers out.
+
+Everything is pulled by hosts (coordinators report, volunteers ask, workers heartbeat), so
+machines behind NAT take part. Load-adaptive recruitment is the sum of small rules:
+a saturated report raises the model's effective target (`mesh.moe_selectors`), slices
+covered below it are handed to volunteers, and once the coordinator has been quiet for
+`MOE_COOLDOWN_SECONDS` workers beyond the target are retired (their next heartbeat says so)
+and stale ones are dropped.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from catalog.models import CatalogModel
+from core.errors import DomainError
+from engine.gguf_meta import open_gguf
+from engine.moe_gguf import has_byte_vocabulary, read_moe_config, write_expert_slice
+from hosts.models import Host
+from mesh.experts import selectors
+from mesh.experts.models import ExpertModel, ExpertWorker
+
+__all__ = [
+    "MoeRefused",
+    "coordinator_report",
+    "expert_model_register",
+    "moe_model_publish",
+    "expert_slice_file",
+    "expert_volunteer",
+    "expert_worker_heartbeat",
+    "expert_worker_register",
+    "expert_workers_age_out",
+]
+
+
+class MoeRefused(DomainError):
+    """A request the market refuses; carries the HTTP status and error code to answer with."""
+
+    def __init__(self, status: int, message: str, code: str) -> None:
+        super().__init__(message, status=status, code=code, type="permission_error" if status == 403 else "invalid_request_error")
+
+
+@transaction.atomic
+def expert_model_register(
+    *, name: str, gguf_path: str | Path, slice_size: int = 4, base_target: int = 0, boost: int = 1,
+    saturation_threshold: int = 2, coordinator: Host | None = None,
+) -> ExpertModel:
+    """Record (or update) an MoE model from its GGUF metadata: layers and expert count."""
+    config = read_moe_config(open_gguf(gguf_path))
+    model, _ = ExpertModel.objects.update_or_create(name=name, defaults={
+        "gguf_path": str(gguf_path), "arch": config.arch, "n_layers": config.n_layers, "n_experts": config.n_experts,
+        "n_experts_used": config.n_experts_used, "slice_size": slice_size, "base_target": base_target,
+        "boost": boost, "saturation_threshold": saturation_threshold, "coordinator": coordinator,
+    })
+    return model
+
+
+BYTES_TOKENIZER = "bytes"
+
+
+@transaction.atomic
+def moe_model_publish(
+    *, name: str, gguf_path: str | Path, input_price_ucents: int = 10, output_price_ucents: int = 40,
+    slice_size: int = 4, base_target: int = 0, boost: int = 1, saturation_threshold: int = 2,
+) -> tuple[ExpertModel, CatalogModel]:
+    """Put an MoE GGUF on sale: create or update its expert-market record (layers and expert
+    count from the file) and its marketplace catalog entry (kind chat, the file's context
+    length, prices in µ¢ per token), so a coordinator can qualify it and customers can call it.
+
+    The catalog entry counts tokens with the `bytes` tokenizer. The coordinator's runner speaks
+    the model's byte vocabulary (ids 0..255 are the UTF-8 bytes, then BOS and EOS), so there
+    the gateway's byte count is exactly the model's token count (plus one for BOS). A GGUF
+    with another vocabulary (a real BPE one) is refused: neither the runner nor the gateway
+    can count its tokens yet.
+    """
+    reader = open_gguf(gguf_path)
+    if not has_byte_vocabulary(reader):
+        raise MoeRefused(400, f"{gguf_path} does not have a byte vocabulary; only byte-vocabulary MoE models "
+                              "can be served yet.", "unsupported_vocabulary")
+    config = read_moe_config(reader)
+    known = ExpertModel.objects.select_for_update().filter(name=name).first()
+    expert_model = expert_model_register(  # an update keeps the coordinator that claimed the model
+        name=name, gguf_path=gguf_path, slice_size=slice_size, base_target=base_target, boost=boost,
+        saturation_threshold=saturation_threshold, coordinator=known.coordinator if known else None,
+    )
+    catalog, _ = CatalogModel.objects.update_or_create(name=name, defaults={
+        "kind": CatalogModel.Kind.CHAT, "context_length": config.context_length, "tokenizer": BYTES_TOKENIZER,
+        "input_price_ucents": input_price_ucents, "output_price_ucents": output_price_ucents, "active": True,
+    })
+    return expert_model, catalog
+
+
+@transaction.atomic
+def coordinator_report(
+    *, host: Host, model_name: str, busy: int, workers: Sequence[dict] = (), now: datetime | None = None,
+) -> ExpertModel:
+    """Record a coordinator's busy slots (saturated when busy >= threshold) and the
+    `last_serve_ms` it saw per worker; the first coordinator to report claims the model."""
+    now = now or timezone.now()
+    model = ExpertModel.objects.select_for_update().filter(name=model_name).first()
+    if model is None:
+        raise MoeRefused(404, f"No MoE model {model_name!r}.", "moe_model_not_found")
+    if model.coordinator_id is None:
+        claimed = ExpertModel.objects.filter(pk=model.pk, coordinator__isnull=True).update(coordinator=host)
+        model.coordinator_id = host.pk if claimed else ExpertModel.objects.get(pk=model.pk).coordinator_id
+    if model.coordinator_id != host.pk:
+        raise MoeRefused(403, f"This host does not coordinate {model_name!r}.", "not_the_coordinator")
+    model.busy = busy
+    model.saturated = busy >= model.saturation_threshold
+    model.reported_at = now
+    if model.saturated:
+        model.last_saturated_at = now
+    model.save(update_fields=["busy", "saturated", "reported_at", "last_saturated_at"])
+    for report in workers:
+        ExpertWorker.objects.filter(pk=report["id"], model=model, last_serve_ms__lt=report["last_serve_ms"]).update(
+            last_serve_ms=report["last_serve_ms"]
+        )
+    expert_workers_age_out(model=model, now=now)
+    return model
+
+
+def _pick_slice(host: Host, now: datetime) -> tuple[ExpertModel, selectors.SliceDemand] | None:
+    """The scarcest slice this host does not already cover: most missing, saturated models
+    first, then by model, layer and first expert."""
+    best: tuple[tuple, ExpertModel, selectors.SliceDemand] | None = None
+    for model in ExpertModel.objects.select_for_update().order_by("name"):
+        mine = set(selectors.covering_workers(model, now=now).filter(host=host).values_list("layer", "first"))
+        saturated = selectors.is_saturated(model, now=now)
+        for demand in selectors.slice_coverage(model, now=now):
+            if demand.missing <= 0 or (demand.layer, demand.first) in mine:
+                continue
+            rank = (-demand.missing, not saturated, model.name, demand.layer, demand.first)
+            if best is None or rank < best[0]:
+                best = (rank, model, demand)
+    return None if best is None else (best[1], best[2])
+
+
+@transaction.atomic
+def expert_volunteer(*, host: Host, now: datetime | None = None) -> ExpertWorker | None:
+    """Hand an idle host the scarcest (layer, expert-range) slice, or None when nothing is
+    scarce. The model rows are locked, so concurrent volunteers never fill the same gap twice."""
+    now = now or timezone.now()
+    picked = _pick_slice(host, now)
+    if picked is None:
+        return None
+    model, demand = picked
+    return ExpertWorker.objects.create(model=model, host=host, layer=demand.layer, first=demand.first, count=demand.count)
+
+
+@transaction.atomic
+def expert_worker_register(*, worker_id: int, host: Host, address: str = "", now: datetime | None = None) -> ExpertWorker:
+    """ASSIGNED -> ACTIVE (compare-and-set): the worker holds its slice and is reachable at
+    `address` (blank: through the relay). Registering again just updates the address."""
+    now = now or timezone.now()
+    rows = ExpertWorker.objects.filter(pk=worker_id, host=host)
+    changed = rows.filter(status=ExpertWorker.Status.ASSIGNED).update(
+        status=ExpertWorker.Status.ACTIVE, address=address, registered_at=now, heartbeat_at=now
+    )
+    if not changed and not rows.filter(status=ExpertWorker.Status.ACTIVE).update(address=address, heartbeat_at=now):
+        raise MoeRefused(409, f"Expert worker {worker_id} is not assigned to this host (or has retired).", "worker_not_assigned")
+    return rows.get()
+
+
+@transaction.atomic
+def expert_worker_heartbeat(*, worker_id: int, host: Host, now: datetime | None = None) -> bool:
+    """Keep an ACTIVE worker's coverage fresh; returns True when it must retire (it was
+    aged out, or it is no longer needed)."""
+    now = now or timezone.now()
+    worker = ExpertWorker.objects.select_for_update().filter(pk=worker_id, host=host).first()
+    if worker is None:
+        raise MoeRefused(404, f"No expert worker {worker_id} of this host.", "worker_not_found")
+    if worker.status == ExpertWorker.Status.ACTIVE:
+        ExpertWorker.objects.filter(pk=worker.pk, status=ExpertWorker.Status.ACTIVE).update(heartbeat_at=now)
+        expert_workers_age_out(model=worker.model, now=now)
+    return ExpertWorker.objects.get(pk=worker.pk).status == ExpertWorker.Status.RETIRED
+
+
+def expert_workers_age_out(*, model: ExpertModel, now: datetime | None = None) -> int:
+    """Retire workers that stopped heartbeating, assignments never registered, and, once the
+    coordinator has been quiet for the cooldown, workers beyond the effective target (the
+    longest-serving and proven are kept). Returns how many were retired."""
+    now = now or timezone.now()
+    covering = set(selectors.covering_workers(model, now=now).values_list("pk", flat=True))
+    live = ExpertWorker.objects.filter(model=model).exclude(status=ExpertWorker.Status.RETIRED)
+    retire = set(live.exclude(pk__in=covering).values_list("pk", flat=True))
+    quiet_since = model.last_saturated_at
+    if quiet_since is None or now - quiet_since >= selectors.seconds("MOE_COOLDOWN_SECONDS"):
+        target = selectors.effective_target(model, now=now)
+        by_slice: dict[tuple[int, int], list[ExpertWorker]] = {}
+        for worker in live.filter(pk__in=covering).order_by("-last_serve_ms", "id"):
+            by_slice.setdefault((worker.layer, worker.first), []).append(worker)
+        for workers in by_slice.values():
+            retire.update(w.pk for w in workers[target:])
+    return live.filter(pk__in=retire).update(status=ExpertWorker.Status.RETIRED, retired_at=now)
+
+
+def expert_slice_file(*, worker: ExpertWorker) -> Path:
+    """The GGUF holding only this worker's slice, cut once from the model file and cached."""
+    if worker.status == ExpertWorker.Status.RETIRED:
+        raise MoeRefused(409, f"Expert worker {worker.pk} has retired.", "worker_retired")
+    model = worker.model
+    source = os.stat(model.gguf_path)  # the cache is keyed by the file's identity: a replaced file is cut afresh
+    identity = hashlib.sha256(f"{model.gguf_path}|{source.st_size}|{source.st_mtime_ns}".encode()).hexdigest()[:16]
+    folder = Path(settings.VAR_DIR) / "moe-slices"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{identity}-{worker.layer}-{worker.first}-{worker.count}.gguf"
+    if not path.exists():  # write aside, then rename: a concurrent reader never sees half a file
+        handle, scratch = tempfile.mkstemp(dir=folder, suffix=".part")
+        os.close(handle)
+        write_expert_slice(model.gguf_path, worker.layer, worker.first, worker.count, scratch)
+        os.replace(scratch, path)
+    return path

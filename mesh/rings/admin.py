@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+from django.contrib import admin
+
+from mesh.rings.models import ModelLayout, RingPlan, RingStage
+
+
+class RingStageInline(admin.TabularInline):
+    model = RingStage
+    extra = 0
+    readonly_fields = ("hold_s", "idle_s", "queue_depth", "batches", "reported_at", "address", "address_reported_at")
+
+
+@admin.register(RingPlan)
+class RingPlanAdmin(admin.ModelAdmin):
+    """Plans are made through `mesh.services.ring_plan_create` (it validates the ranges);
+    the admin shows them and can retire one."""
+
+    list_display = ("id", "model", "n_layers", "row_width", "micro_batch", "bridge_host", "status", "created_at")
+    list_filter = ("status", "model")
+    readonly_fields = ("model", "n_layers", "row_width", "micro_batch", "bridge_host", "created_at")
+    inlines = [RingStageInline]
+
+    def has_add_permission(self, request) -> bool:  # type: ignore[no-untyped-def]
+        return False
+
+
+@admin.register(RingStage)
+class RingStageAdmin(admin.ModelAdmin):
+    list_display = ("plan", "index", "start", "end", "host", "address", "hold_s", "idle_s", "queue_depth", "reported_at")
+    list_filter = ("plan",)
+    readonly_fields = (
+        "plan", "index", "start", "end", "hold_s", "idle_s", "queue_depth", "batches", "reported_at", "address",
+        "address_reported_at",
+    )
+
+
+@admin.register(ModelLayout)
+class ModelLayoutAdmin(admin.ModelAdmin):
+    list_display = ("model", "n_layers")

@@ -1,0 +1,122 @@
+"""The ring API for hosts: propose a ring on one's own machine, pull a stage assignment,
+report where a stage listens and read where the others do (the address exchange: every
+call is outbound from the host), report and read stage time use.
+
+Host token auth is the host API's (`hosts.apis.HostApi`); each view parses, calls one service or
+selector, renders.
+"""
+from __future__ import annotations
+
+from rest_framework import serializers
+from rest_framework.response import Response
+
+from core.errors import ApiError
+from hosts.apis import HostApi
+from hosts.models import Host
+from mesh.rings import selectors, services
+from mesh.rings.models import RingPlan
+
+
+def _participant_ring(*, ring_id: int, host: Host) -> RingPlan:
+    plan = selectors.ring_for_participant(plan_id=ring_id, host=host)
+    if plan is None:
+        raise ApiError(404, f"No ring {ring_id} that this host serves.", code="ring_not_found")
+    return plan
+
+
+class RingAssignmentApi(HostApi):
+    """The stages this host serves: its layer range, the whole plan, the declared widths."""
+
+    def get(self, request) -> Response:  # type: ignore[no-untyped-def]
+        host = self.host(request)
+        return Response({"assignments": [
+            {
+                "ring": stage.plan_id, "model": stage.plan.model.name, "stage": stage.index, "start": stage.start,
+                "end": stage.end, "row_width": stage.plan.row_width, "micro_batch": stage.plan.micro_batch,
+                "n_layers": stage.plan.n_layers,
+                "stages": [
+                    {"stage": s.index, "start": s.start, "end": s.end, "host": s.host_id} for s in stage.plan.stages.all()
+                ],
+            }
+            for stage in selectors.ring_assignments(host=host)
+        ]})
+
+
+class RingProposeApi(HostApi):
+    """A host's own ring: every stage on this host, which bridges it (reused if it exists)."""
+
+    class InputSerializer(serializers.Serializer):
+        model = serializers.CharField(max_length=200)
+        stages = serializers.IntegerField()
+        row_width = serializers.IntegerField()
+        micro_batch = serializers.IntegerField()
+
+    def post(self, request) -> Response:  # type: ignore[no-untyped-def]
+        host = self.host(request)
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        plan = services.ring_plan_propose_local(
+            host=host, model_name=data["model"], n_stages=data["stages"], row_width=data["row_width"],
+            micro_batch=data["micro_batch"],
+        )
+        return Response({
+            "ring": plan.pk, "model": plan.model.name, "row_width": plan.row_width, "micro_batch": plan.micro_batch,
+            "stages": [selectors.stage_address(stage) for stage in plan.stages.all()],
+        }, status=201)
+
+
+class RingStageAddressApi(HostApi):
+    """POST: the host running a stage says where its agent listens (``HOST:PORT``)."""
+
+    class InputSerializer(serializers.Serializer):
+        address = serializers.CharField(max_length=300)
+
+    def post(self, request, ring_id: int, index: int) -> Response:  # type: ignore[no-untyped-def]
+        host = self.host(request)
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        stage = services.ring_stage_address_report(
+            plan_id=ring_id, index=index, host=host, address=serializer.validated_data["address"]
+        )
+        return Response(selectors.stage_address(stage))
+
+
+class RingAddressesApi(HostApi):
+    """GET: where every stage of a ring listens, for its participants only (stage hosts dial
+    their next stage, the bridge dials the head and the tail)."""
+
+    def get(self, request, ring_id: int) -> Response:  # type: ignore[no-untyped-def]
+        plan = _participant_ring(ring_id=ring_id, host=self.host(request))
+        return Response({
+            "ring": plan.pk, "status": plan.status,
+            "stages": [selectors.stage_address(stage) for stage in plan.stages.all()],
+        })
+
+
+class RingStatsApi(HostApi):
+    """GET: every stage's reported hold/idle seconds and queue depth. POST: report them."""
+
+    class InputSerializer(serializers.Serializer):
+        class StageSerializer(serializers.Serializer):
+            stage = serializers.IntegerField(min_value=0)
+            hold_s = serializers.FloatField(min_value=0)
+            idle_s = serializers.FloatField(min_value=0)
+            queue_depth = serializers.IntegerField(min_value=0)
+            batches = serializers.IntegerField(min_value=0, required=False, default=0)
+
+        stages = StageSerializer(many=True, allow_empty=False)
+
+    def get(self, request, ring_id: int) -> Response:  # type: ignore[no-untyped-def]
+        plan = _participant_ring(ring_id=ring_id, host=self.host(request))
+        return Response({
+            "ring": plan.pk, "model": plan.model.name, "row_width": plan.row_width, "micro_batch": plan.micro_batch,
+            "stages": [selectors.stage_shares(stage) for stage in plan.stages.all()],
+        })
+
+    def post(self, request, ring_id: int) -> Response:  # type: ignore[no-untyped-def]
+        host = self.host(request)
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        updated = services.ring_stats_report(plan_id=ring_id, host=host, stages=serializer.validated_data["stages"])
+        return Response({"updated": updated})

@@ -1,0 +1,51 @@
+"""Reads for ring plans."""
+from __future__ import annotations
+
+from django.db.models import Q, QuerySet
+
+from hosts.models import Host
+from mesh.rings.models import RingPlan, RingStage
+
+
+def stage_runner_q(host: Host) -> Q:
+    """The stages `host` runs: its own, and the host-less stages of the rings it bridges."""
+    return Q(host=host) | Q(host__isnull=True, plan__bridge_host=host)
+
+
+def ring_assignments(*, host: Host) -> QuerySet[RingStage]:
+    """The stages of active plans this host must run, with their plans: its own stages, and
+    the host-less stages of the rings it bridges."""
+    return (
+        RingStage.objects.filter(stage_runner_q(host), plan__status=RingPlan.Status.ACTIVE)
+        .select_related("plan", "plan__model")
+        .prefetch_related("plan__stages")
+        .order_by("plan_id", "index")
+    )
+
+
+def ring_for_participant(*, plan_id: int, host: Host) -> RingPlan | None:
+    """The plan, if this host bridges it or serves one of its stages."""
+    return (
+        RingPlan.objects.filter(Q(bridge_host=host) | Q(stages__host=host), pk=plan_id)
+        .select_related("model")
+        .distinct()
+        .first()
+    )
+
+
+def stage_shares(stage: RingStage) -> dict:
+    """A stage's reported time use; `hold_share` near 1 means saturated, near 0 starved."""
+    busy = stage.hold_s + stage.idle_s
+    return {
+        "stage": stage.index, "start": stage.start, "end": stage.end, "host": stage.host_id,
+        "hold_s": stage.hold_s, "idle_s": stage.idle_s, "queue_depth": stage.queue_depth, "batches": stage.batches,
+        "hold_share": round(stage.hold_s / busy, 4) if busy else None, "reported_at": stage.reported_at,
+    }
+
+
+def stage_address(stage: RingStage) -> dict:
+    """Where a stage listens, as it last reported ("" until it has)."""
+    return {
+        "stage": stage.index, "start": stage.start, "end": stage.end, "host": stage.host_id,
+        "address": stage.address, "reported_at": stage.address_reported_at,
+    }

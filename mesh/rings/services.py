@@ -1,0 +1,245 @@
+"""Writes for ring plans: creating a valid plan (by an operator, or a host's own ring on its
+own machine), recording where stages listen and what they report."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.utils import timezone
+
+from catalog.models import CatalogModel
+from core.errors import DomainError
+from hosts.models import Host
+from mesh.rings.models import ModelLayout, RingPlan, RingStage
+from mesh.rings.selectors import stage_runner_q
+
+
+class PlanInvalid(DomainError, ValueError):
+    """A plan that cannot serve its model; the message says why."""
+
+    code = "plan_invalid"
+
+
+class NotAParticipant(DomainError, PermissionError):
+    """A host reported for a ring (or a stage) it does not serve."""
+
+    status = 404
+    code = "ring_not_found"
+
+
+class NotYourStage(DomainError, PermissionError):
+    """A host reported for a stage of a ring it serves, but not that stage."""
+
+    status = 403
+    code = "not_your_stage"
+
+
+class AddressInvalid(DomainError, ValueError):
+    """A stage reported an address its neighbours could not dial."""
+
+    code = "address_invalid"
+    param = "address"
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    start: int
+    end: int
+    host: Host | None = None
+
+
+def plan_check(*, n_layers: int, stages: Sequence[StageSpec], row_width: int, micro_batch: int) -> None:
+    """Raise `PlanInvalid` unless the stages cover [0, n_layers) exactly once, in order."""
+    if len(stages) < 2:
+        raise PlanInvalid("a pipeline needs at least two stages")
+    if row_width <= 0:
+        raise PlanInvalid(f"row width must be positive, not {row_width}")
+    if micro_batch <= 0:
+        raise PlanInvalid(f"micro-batch must be positive, not {micro_batch}")
+    expected = 0
+    for index, stage in enumerate(stages):
+        if stage.start >= stage.end:
+            raise PlanInvalid(f"stage {index} has an empty range [{stage.start}, {stage.end})")
+        if stage.end > n_layers:
+            raise PlanInvalid(f"stage {index} [{stage.start}, {stage.end}) runs past the model's {n_layers} layers")
+        if stage.start > expected:
+            raise PlanInvalid(f"layers [{expected}, {stage.start}) are in no stage (a gap before stage {index})")
+        if stage.start < expected:
+            raise PlanInvalid(f"stage {index} [{stage.start}, {stage.end}) overlaps layers before {expected}")
+        expected = stage.end
+    if expected != n_layers:
+        raise PlanInvalid(f"layers [{expected}, {n_layers}) are in no stage (the last stage ends early)")
+
+
+@transaction.atomic
+def ring_plan_create(
+    *, model_name: str, stages: Sequence[StageSpec], row_width: int, micro_batch: int, bridge_host: Host | None = None,
+) -> RingPlan:
+    """Validate and store a plan; refuses one stage, gaps, overlaps, ranges past the model, widths <= 0."""
+    model = CatalogModel.objects.filter(name=model_name).first()
+    if model is None:
+        raise PlanInvalid(f"unknown model {model_name!r}")
+    layout = ModelLayout.objects.filter(model=model).first()
+    if layout is None:
+        raise PlanInvalid(f"the layer count of {model_name!r} is not known; record its layout first")
+    plan_check(n_layers=layout.n_layers, stages=stages, row_width=row_width, micro_batch=micro_batch)
+    plan = RingPlan.objects.create(
+        model=model, n_layers=layout.n_layers, row_width=row_width, micro_batch=micro_batch, bridge_host=bridge_host
+    )
+    RingStage.objects.bulk_create(
+        RingStage(plan=plan, index=i, start=s.start, end=s.end, host=s.host) for i, s in enumerate(stages)
+    )
+    return plan
+
+
+@transaction.atomic
+def ring_stats_report(*, plan_id: int, host: Host, stages: Sequence[dict]) -> int:
+    """Record each reported stage's hold/idle seconds and queue depth.
+
+    The plan's bridge host may report every stage (it collects them around the ring); a
+    stage host only its own. Returns the number of stages updated.
+    """
+    plan = RingPlan.objects.select_for_update().filter(pk=plan_id).first()
+    if plan is None:
+        raise NotAParticipant(f"no ring {plan_id}")
+    rows = RingStage.objects.filter(plan=plan)
+    if plan.bridge_host_id != host.pk:
+        rows = rows.filter(host=host)
+    if not rows.exists():
+        raise NotAParticipant(f"host {host.pk} serves no stage of ring {plan_id}")
+    now, updated = timezone.now(), 0
+    for report in stages:
+        changed = rows.filter(index=report["stage"]).update(
+            hold_s=report["hold_s"], idle_s=report["idle_s"], queue_depth=report["queue_depth"],
+            batches=report.get("batches", 0), reported_at=now,
+        )
+        if not changed:  # the whole report is refused (the transaction rolls back)
+            raise NotYourStage(f"host {host.pk} does not serve stage {report['stage']} of ring {plan_id}")
+        updated += changed
+    return updated
+
+
+def even_ranges(n_layers: int, n_stages: int) -> list[tuple[int, int]]:
+    """Contiguous slices of [0, n_layers) whose sizes differ by at most one."""
+    if n_stages < 1 or n_stages > n_layers:
+        raise PlanInvalid(f"cannot split {n_layers} layers into {n_stages} stages")
+    base, extra = divmod(n_layers, n_stages)
+    bounds = [0]
+    for i in range(n_stages):
+        bounds.append(bounds[-1] + base + (1 if i < extra else 0))
+    return list(zip(bounds, bounds[1:], strict=False))
+
+
+@transaction.atomic
+def ring_plan_propose_local(*, host: Host, model_name: str, n_stages: int, row_width: int, micro_batch: int) -> RingPlan:
+    """A host's own ring on its own machine: every stage on `host`, which also bridges it.
+
+    Idempotent: an active plan of this host with the same model, stage count and widths is
+    returned rather than a new one made (a restarted ring keeps its id). The host's row lock
+    serialises two proposals racing each other. The layers are split evenly.
+    """
+    Host.objects.select_for_update().filter(pk=host.pk).first()
+    if n_stages < 2:
+        raise PlanInvalid("a pipeline needs at least two stages")
+    candidates = RingPlan.objects.filter(
+        bridge_host=host, model__name=model_name, status=RingPlan.Status.ACTIVE, row_width=row_width,
+        micro_batch=micro_batch,
+    ).order_by("-pk")
+    for plan in candidates:
+        if plan.stages.count() == n_stages and not plan.stages.exclude(host=host).exists():
+            return plan
+    layout = ModelLayout.objects.filter(model__name=model_name).first()
+    if layout is None:
+        raise PlanInvalid(f"unknown model {model_name!r}, or its layer count is not known")
+    stages = [StageSpec(start, end, host) for start, end in even_ranges(layout.n_layers, n_stages)]
+    return ring_plan_create(
+        model_name=model_name, stages=stages, row_width=row_width, micro_batch=micro_batch, bridge_host=host
+    )
+
+
+def memory_split(*, n_layers: int, capacities: Sequence[int]) -> list[int]:
+    """Layers per host, proportional to how many each can hold (`capacities`), never
+    more than that; hosts that end with none are left out by the caller."""
+    total = sum(capacities)
+    if total < n_layers:
+        raise PlanInvalid(f"the hosts' advertised memory holds {total} of the model's {n_layers} layers")
+    quotas = [n_layers * c / total for c in capacities]
+    layers = [min(int(q), c) for q, c in zip(quotas, capacities, strict=True)]
+    by_remainder = sorted(range(len(capacities)), key=lambda i: quotas[i] - int(quotas[i]), reverse=True)
+    while sum(layers) < n_layers:  # hand the rounding remainder to hosts with room, largest share first
+        for i in by_remainder:
+            if sum(layers) < n_layers and layers[i] < capacities[i]:
+                layers[i] += 1
+    return layers
+
+
+@transaction.atomic
+def ring_plan_propose(
+    *, model_name: str, hosts: Sequence[Host], bridge_host: Host | None, layer_mb: float, row_width: int, micro_batch: int,
+) -> RingPlan:
+    """A plan from the hosts' advertised memory (the `memory_budget_mb` of their heartbeat
+    catalogs): stages in the order given, each holding layers in proportion to what its
+    host can hold at `layer_mb` per layer. Refused when a host has not advertised its
+    memory, when together they cannot hold the model, or when fewer than two stages result.
+    """
+    layout = ModelLayout.objects.filter(model__name=model_name).first()
+    if layout is None:
+        raise PlanInvalid(f"unknown model {model_name!r}, or its layer count is not known")
+    if layer_mb <= 0:
+        raise PlanInvalid("layer_mb must be positive")
+    capacities = []
+    for host in hosts:
+        budget = (host.catalog or {}).get("memory_budget_mb")
+        if not isinstance(budget, int) or budget <= 0:
+            raise PlanInvalid(f"host {host.name!r} has not advertised its memory (no memory budget in its heartbeat)")
+        capacities.append(int(budget // layer_mb))
+    layers = memory_split(n_layers=layout.n_layers, capacities=capacities)
+    stages, start = [], 0
+    for host, count in zip(hosts, layers, strict=True):
+        if count:
+            stages.append(StageSpec(start, start + count, host))
+            start += count
+    if len(stages) < 2:
+        raise PlanInvalid("a pipeline needs at least two stages: give more hosts, or hosts with less memory each")
+    return ring_plan_create(
+        model_name=model_name, stages=stages, row_width=row_width, micro_batch=micro_batch, bridge_host=bridge_host
+    )
+
+
+def address_check(address: str) -> str:
+    """``HOST:PORT`` (an IPv6 host in brackets) that a neighbour can dial; returns it stripped.
+
+    A wildcard host (0.0.0.0, ::) is refused: it is where a socket binds, not where anyone
+    can reach it.
+    """
+    address = address.strip()
+    host, colon, port = address.rpartition(":")
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise AddressInvalid(f"{address!r} is not HOST:PORT")
+    if host.strip("[]") in ("0.0.0.0", "::", ""):
+        raise AddressInvalid(f"{address!r} is a wildcard: advertise an address neighbours can reach")
+    if len(host) > 255 or any(c.isspace() or c in "/@?#" for c in host):
+        raise AddressInvalid(f"{host!r} is not a host name or IP address")
+    return address
+
+
+@transaction.atomic
+def ring_stage_address_report(*, plan_id: int, index: int, host: Host, address: str) -> RingStage:
+    """Record where a stage of an active ring listens; only the host that runs the stage may say."""
+    address = address_check(address)
+    stage = (
+        RingStage.objects.select_for_update()
+        .filter(plan_id=plan_id, index=index, plan__status=RingPlan.Status.ACTIVE)
+        .select_related("plan")
+        .first()
+    )
+    if stage is None:
+        raise NotAParticipant(f"no stage {index} in an active ring {plan_id}")
+    if stage.plan.bridge_host_id != host.pk and not stage.plan.stages.filter(host=host).exists():
+        raise NotAParticipant(f"host {host.pk} takes no part in ring {plan_id}")
+    if not RingStage.objects.filter(stage_runner_q(host), pk=stage.pk).exists():
+        raise NotYourStage(f"host {host.pk} does not run stage {index} of ring {plan_id}")
+    stage.address, stage.address_reported_at = address, timezone.now()
+    stage.save(update_fields=["address", "address_reported_at"])
+    return stage

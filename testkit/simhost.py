@@ -1,0 +1,160 @@
+"""A lightweight simulated host: speaks the real host API over HTTP, emits synthetic
+tokens instead of running a model. Used by the routing simulation tests and
+`bench/routing.py` to put many hosts in front of one real gateway.
+
+    python -m testkit.simhost --server URL --token TOKEN --model gemma-3-270m \\
+        [--loaded gemma-3-270m] [--catalog ok|unreadable|none] [--slots 4] [--delay 0.5] [--fail]
+
+A prompt that starts with `hold:SECONDS` makes that one job take SECONDS instead of
+`--delay`, so a test can keep a host busy for exactly as long as it needs.
+
+Prints one JSON line per job it claimed ({"job", "model", "claimed", "continuation"})
+and one per refusal, then exits on SIGTERM. It never imports Django.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+
+import httpx
+
+FINGERPRINT = "s" * 64
+
+
+def error_code(response: httpx.Response) -> str | None:
+    """The API error's code, or None for a body that is not the API's error format."""
+    try:
+        return response.json().get("error", {}).get("code")
+    except (ValueError, AttributeError):
+        return None
+
+
+class SimHost:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.stop = threading.Event()
+        self.active = 0
+        self.lock = threading.Lock()
+        self.out_lock = threading.Lock()
+        self.headers = {"Authorization": f"Bearer {args.token}"}
+
+    def emit(self, record: dict) -> None:
+        with self.out_lock:
+            sys.stdout.write(json.dumps(record) + "\n")
+            sys.stdout.flush()
+
+    def call(self, client: httpx.Client, method: str, path: str, body: dict) -> httpx.Response:
+        return client.request(method, f"{self.args.server}/hosts/api/{path}", json=body, headers=self.headers, timeout=30)
+
+    def catalog(self) -> object:
+        mode = self.args.catalog
+        if mode == "unreadable":
+            return "this is not a catalog"
+        loaded = [name for name in (self.args.loaded or "").split(",") if name]
+        return {
+            "installed": self.args.model, "qualified": self.args.model, "loaded": loaded,
+            "slots": self.args.slots, "active_jobs": self.active,
+        }
+
+    def register(self, client: httpx.Client) -> None:
+        for model in self.args.model:
+            response = self.call(client, "POST", "qualifications", {
+                "model": model, "fingerprint": FINGERPRINT, "machine": {"simulated": True},
+                "benchmark": {"prompt_tps": 100.0, "gen_tps": self.args.gen_tps, "ttft_ms": 10.0, "memory_mb": 1.0},
+            })
+            response.raise_for_status()
+
+    def heartbeat(self, client: httpx.Client) -> None:
+        body: dict = {"fingerprint": FINGERPRINT, "paused": False, "version": "sim"}
+        if self.args.catalog != "none":
+            body["catalog"] = self.catalog()
+        self.call(client, "POST", "heartbeat", body).raise_for_status()
+
+    def heartbeats(self) -> None:
+        with httpx.Client() as client:
+            while not self.stop.wait(self.args.heartbeat):
+                try:
+                    self.heartbeat(client)
+                except httpx.HTTPError:
+                    pass
+
+    def worker(self) -> None:
+        with httpx.Client() as client:
+            while not self.stop.is_set():
+                try:
+                    response = self.call(client, "POST", "claim", {"fingerprint": FINGERPRINT, "wait": self.args.wait})
+                except httpx.HTTPError:
+                    time.sleep(0.2)
+                    continue
+                if response.status_code == 204:
+                    continue
+                if response.status_code != 200:
+                    self.emit({"refused": response.status_code, "code": error_code(response)})
+                    self.stop.wait(1.0)
+                    continue
+                self.serve(client, response.json()["job"])
+
+    def seconds_for(self, job: dict) -> float:
+        """How long this job takes: `--delay`, or the `hold:SECONDS` its prompt asks for."""
+        prompt = job.get("prompt") or ""
+        if prompt.startswith("hold:"):
+            return float(prompt.split()[0].removeprefix("hold:"))
+        return self.args.delay
+
+    def serve(self, client: httpx.Client, job: dict) -> None:
+        with self.lock:
+            self.active += 1
+        self.emit({"job": job["id"], "model": job["model"], "claimed": time.time(), "continuation": job.get("continuation")})
+        try:
+            if self.args.fail:
+                self.call(client, "POST", f"jobs/{job['id']}/fail", {"reason": "simulated failure"})
+                return
+            time.sleep(self.seconds_for(job))
+            if job.get("kind") == "embeddings":
+                vectors = [[1.0, 0.0, 0.0] for _ in job["input"]]
+                self.call(client, "POST", f"jobs/{job['id']}/complete", {"finish_reason": "stop", "embeddings": vectors})
+                return
+            self.call(client, "POST", f"jobs/{job['id']}/tokens", {"seq": 0, "text": " sim"})
+            self.call(client, "POST", f"jobs/{job['id']}/complete", {"finish_reason": "stop"})
+        except httpx.HTTPError:
+            pass
+        finally:
+            with self.lock:
+                self.active -= 1
+
+    def run(self) -> None:
+        with httpx.Client() as client:
+            self.register(client)
+            self.heartbeat(client)
+        self.emit({"ready": True})
+        threads = [threading.Thread(target=self.heartbeats, daemon=True)]
+        threads += [threading.Thread(target=self.worker, daemon=True) for _ in range(self.args.slots)]
+        for thread in threads:
+            thread.start()
+        self.stop.wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--server", required=True)
+    parser.add_argument("--token", required=True)
+    parser.add_argument("--model", action="append", required=True, help="a model it qualifies (repeatable)")
+    parser.add_argument("--loaded", default="", help="comma-separated models its catalog says are loaded")
+    parser.add_argument("--catalog", choices=["ok", "unreadable", "none"], default="ok")
+    parser.add_argument("--slots", type=int, default=1)
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds each job takes")
+    parser.add_argument("--gen-tps", type=float, default=40.0)
+    parser.add_argument("--heartbeat", type=float, default=1.0)
+    parser.add_argument("--wait", type=float, default=5.0)
+    parser.add_argument("--fail", action="store_true", help="fail every job it claims")
+    host = SimHost(parser.parse_args(argv))
+    signal.signal(signal.SIGTERM, lambda *_: host.stop.set())
+    host.run()
+
+
+if __name__ == "__main__":
+    main()

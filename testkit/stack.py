@@ -1,0 +1,96 @@
+"""The end-to-end stack: real processes on loopback (a daphne gateway on the test
+database, mahout hosts running the shipped model)."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def stack_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for a child process that must use the test database."""
+    from django.db import connection
+
+    env = dict(os.environ)
+    name = connection.settings_dict["NAME"]
+    if connection.vendor == "postgresql":
+        s = connection.settings_dict
+        env["DATABASE_URL"] = f"postgres://{s['USER'] or 'postgres'}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{name}"
+    else:
+        env.pop("DATABASE_URL", None)
+        env["SQLITE_PATH"] = str(name)
+    env.update(extra or {})
+    return env
+
+
+def wait_until(predicate, *, timeout: float, what: str, interval: float = 0.1):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+class Gateway:
+    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(log_dir / f"gateway-{self.port}.log", "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "config.asgi:application"],
+            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+        )
+        import httpx
+
+        def up() -> bool:
+            assert self.proc.poll() is None, f"gateway exited: see {self.log.name}"
+            try:
+                return httpx.get(f"{self.url}/v1/models", timeout=1).status_code in (200, 401)
+            except httpx.HTTPError:
+                return False
+
+        wait_until(up, timeout=60, what="the gateway to answer")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+class Mahout:
+    """A real mahout host process serving the shipped model."""
+
+    def __init__(self, *, server: str, token: str, home: Path, env: dict[str, str], log_dir: Path, extra: list[str] | None = None) -> None:
+        self.home = home
+        self.log_path = log_dir / f"mahout-{uuid.uuid4().hex[:6]}.log"
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mahout", "run", "--server", server, "--token", token, "--home", str(home), "--threads", "1", *(extra or [])],
+            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+        )
+
+    def output(self) -> str:
+        return self.log_path.read_text()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self.log.close()
