@@ -6,7 +6,7 @@ PORT ?= 8000
 PYTEST_ARGS ?=
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test bench
+.PHONY: install run test lint bench
 
 $(STAMP): requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,11 @@ run: install
 # PYTEST_ARGS narrows a run, e.g. `make test PYTEST_ARGS="billing marketplace"`.
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The floors (import-linter's contracts in .importlinter) and ruff's lint.
+lint: install
+	$(BIN)/lint-imports
+	$(BIN)/ruff check .
 
 bench: install
 	$(BIN)/python bench/request_path.py

@@ -4,14 +4,10 @@ page, like the delete confirmation), "Resume from maintenance" takes it back.
 The token is never shown, not even its hash."""
 from __future__ import annotations
 
-from datetime import timedelta
-
 from django import forms
-from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.template.response import TemplateResponse
-from django.utils import timezone
 
 from hosts import services
 from hosts.models import Host, Qualification
@@ -32,11 +28,11 @@ class ConnectionFilter(admin.SimpleListFilter):
         return [("online", "Heartbeat recent"), ("offline", "Offline")]
 
     def queryset(self, request, queryset):  # type: ignore[no-untyped-def]
-        recent = timezone.now() - timedelta(seconds=settings.HOST_OFFLINE_AFTER_SECONDS)
+        connected = Host.objects.connected()
         if self.value() == "online":
-            return queryset.filter(last_heartbeat_at__gte=recent)
+            return queryset.filter(pk__in=connected)
         if self.value() == "offline":
-            return queryset.exclude(last_heartbeat_at__gte=recent)
+            return queryset.exclude(pk__in=connected)
         return queryset
 
 

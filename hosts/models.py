@@ -9,12 +9,15 @@ from django.utils import timezone
 
 
 class HostQuerySet(models.QuerySet):
-    """The one place that says which hosts count as online."""
+    """The one place that says which hosts count as connected and online."""
+
+    def connected(self, now: datetime | None = None) -> HostQuerySet:
+        """Heard from within HOST_OFFLINE_AFTER_SECONDS."""
+        return self.filter(last_heartbeat_at__gte=connected_since(now or timezone.now()))
 
     def online(self, now: datetime | None = None) -> HostQuerySet:
-        """Heard from within HOST_OFFLINE_AFTER_SECONDS, not paused, not in maintenance."""
-        since = (now or timezone.now()) - timedelta(seconds=settings.HOST_OFFLINE_AFTER_SECONDS)
-        return self.filter(paused=False, maintenance_since__isnull=True, last_heartbeat_at__gte=since)
+        """Connected, not paused, not in maintenance: may be offered work."""
+        return self.connected(now).filter(paused=False, maintenance_since__isnull=True)
 
     def qualified_for(self, model: object) -> HostQuerySet:
         return self.filter(qualifications__model=model)
@@ -63,6 +66,9 @@ class Host(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def is_connected(self, now: datetime) -> bool:
+        return self.last_heartbeat_at is not None and self.last_heartbeat_at >= connected_since(now)
+
     def catalog_fresh(self, now: datetime) -> bool:
         """Whether the host's catalog can be trusted to say what is loaded."""
         return catalog_fresh(self.catalog_at, now)
@@ -71,6 +77,10 @@ class Host(models.Model):
         """Warm (its fresh catalog says the model is loaded) or possibly warm (no fresh
         catalog): a host whose catalog cannot be read never counts as cold."""
         return is_warm(catalog=self.catalog, catalog_at=self.catalog_at, model_name=model_name, now=now)
+
+
+def connected_since(now: datetime) -> datetime:
+    return now - timedelta(seconds=settings.HOST_OFFLINE_AFTER_SECONDS)
 
 
 def catalog_fresh(catalog_at: datetime | None, now: datetime) -> bool:

@@ -30,6 +30,7 @@ from mahout.idle import IdleDetector
 from mahout.loader import ModelLoader, UnknownModel
 from mahout.pusher import FLUSH_INTERVAL_S, BatchPusher
 from mahout.runners import Embedder, Runner
+from protocol.jobs import EMBEDDINGS
 
 HEARTBEAT_INTERVAL_S = 5.0
 MAINTENANCE_POLL_S = 10.0  # how often a host in maintenance asks again
@@ -241,7 +242,7 @@ class HostLoop:
             problem = _kind_problem(record.job, runner)
             if problem:
                 record.advance(JobState.FAILED, f"model {model!r} {problem}")
-            elif record.job.get("kind") == "embeddings":
+            elif record.job.get("kind") == EMBEDDINGS:
                 record.advance(JobState.RUNNING)
                 self._embed(record, runner)
             else:
@@ -387,6 +388,6 @@ class HostLoop:
 
 def _kind_problem(job: dict, runner: object) -> str:
     """Why ``runner`` cannot do ``job`` (an embeddings job needs ``embed``, text jobs ``stream``), or ""."""
-    if job.get("kind") == "embeddings":
+    if job.get("kind") == EMBEDDINGS:
         return "" if hasattr(runner, "embed") else "does not compute embeddings"
     return "" if hasattr(runner, "stream") else "does not generate text"

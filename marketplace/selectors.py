@@ -3,7 +3,7 @@ earnings, customer usage."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, date, timedelta
+from datetime import UTC, date
 
 from django.conf import settings
 from django.core.cache import cache
@@ -71,9 +71,7 @@ def with_running_job(queryset: QuerySet[Host]) -> QuerySet[Host]:
 def host_status(*, host: Host) -> str:
     """offline, maintenance, paused, busy or online: the first that applies. A host from
     `with_running_job` is busy by its annotation; any other costs a query."""
-    if host.last_heartbeat_at is None or timezone.now() - host.last_heartbeat_at > timedelta(
-        seconds=settings.HOST_OFFLINE_AFTER_SECONDS
-    ):
+    if not host.is_connected(timezone.now()):
         return "offline"
     if host.maintenance_since is not None:
         return "maintenance"

@@ -31,6 +31,7 @@ from hosts.selectors import qualified_model_ids, warm_model_ids
 from hosts.services import host_maintenance_enter
 from marketplace import routing
 from marketplace.models import Job, Request
+from protocol.jobs import JobPayload, job_payload_build
 
 # --- admission ----------------------------------------------------------------
 
@@ -120,34 +121,17 @@ class SequenceGap(DomainError):
     code = "sequence_gap"
 
 
-def job_payload(job: Job) -> dict:
-    """What a host receives: the work, and nothing about the customer.
-
-    A continuation (attempt 2) carries the original prompt plus everything
-    already delivered — as an unfinished assistant turn for chats, appended to
-    the prompt for completions — and only the output budget that is left.
-    """
+def job_payload(job: Job) -> JobPayload:
+    """What a host receives (`protocol.jobs`): the work, and nothing about the customer.
+    A continuation carries what was already delivered, counted by the gateway."""
     request = job.request
-    if request.kind == Request.Kind.EMBEDDINGS:  # all or nothing: a second attempt starts over
-        return {"id": job.pk, "model": job.model.name, "kind": request.kind, "input": request.inputs, "continuation": False}
-    params = {key: request.params.get(key) for key in ("max_tokens", "temperature", "top_p", "stop", "seed")}
-    messages, prompt = request.messages, request.prompt
-    if job.attempt > 1:
-        delivered = request.delivered_text
-        params["max_tokens"] = max(1, params["max_tokens"] - _count_output(request, delivered))
-        if request.kind == Request.Kind.CHAT:
-            messages = [*messages, {"role": "assistant", "content": delivered}]
-        else:
-            prompt = prompt + delivered
-    return {
-        "id": job.pk,
-        "model": job.model.name,
-        "kind": request.kind,
-        "messages": messages,
-        "prompt": prompt,
-        "params": params,
-        "continuation": job.attempt > 1,
-    }
+    continuation = job.attempt > 1 and request.kind != Request.Kind.EMBEDDINGS
+    delivered = request.delivered_text if continuation else ""
+    return job_payload_build(
+        job_id=job.pk, model=job.model.name, kind=request.kind, messages=request.messages, prompt=request.prompt,
+        inputs=request.inputs, params=request.params, continuation=continuation, delivered=delivered,
+        delivered_tokens=_count_output(request, delivered),
+    )
 
 
 # What a claim reads back of the request it started: what the host's payload needs.

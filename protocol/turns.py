@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from protocol.jobs import CHAT, COMPLETION
+
 START = "<start_of_turn>"
 END = "<end_of_turn>"
 STOP_STRINGS = [END]
@@ -87,8 +89,8 @@ def render_completion(prompt: str) -> str:
 def render_job(job: dict) -> str:
     """Render a claimed job (``kind`` "chat" or "completion") into model input text."""
     kind = job.get("kind")
-    if kind == "chat":
+    if kind == CHAT:
         return render_chat(job.get("messages") or [])
-    if kind == "completion":
+    if kind == COMPLETION:
         return render_completion(job.get("prompt") or "")
     raise ValueError(f"unsupported job kind: {kind!r}")

@@ -157,7 +157,7 @@ def pool_overview() -> PoolOverview:
     """
     now = timezone.now()
     hour_ago = now - timedelta(hours=1)
-    alive = Host.objects.filter(last_heartbeat_at__gte=now - timedelta(seconds=settings.HOST_OFFLINE_AFTER_SECONDS))
+    alive = Host.objects.connected(now)
     available = alive.filter(maintenance_since__isnull=True)
     online = Host.objects.online(now)
     busy_ids = set(Job.objects.filter(status=Job.Status.RUNNING, host__in=alive).values_list("host_id", flat=True))

@@ -12,6 +12,7 @@ from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from protocol.jobs import CHAT
 from protocol.turns import STOP_STRINGS, render_job
 
 if TYPE_CHECKING:
@@ -71,7 +72,7 @@ def resumes_text(job: dict) -> bool:
     if job.get("continuation"):
         return True
     messages = job.get("messages") or []
-    return job.get("kind") == "chat" and bool(messages) and messages[-1].get("role") == "assistant"
+    return job.get("kind") == CHAT and bool(messages) and messages[-1].get("role") == "assistant"
 
 
 class TokenHealer:
@@ -202,7 +203,7 @@ class LlamaRunner:
     def stop_strings(job: dict) -> list[str]:
         """The job's stop strings, plus Gemma's end of turn for chats."""
         stop = list((job.get("params") or {}).get("stop") or [])
-        if job.get("kind") == "chat":
+        if job.get("kind") == CHAT:
             stop += [s for s in STOP_STRINGS if s not in stop]
         return stop
 

@@ -13,6 +13,7 @@ from accounts.selectors import api_key_by_secret
 from billing import selectors as ledger
 from billing.services import credit_grant
 from catalog.models import CatalogModel
+from catalog.seed import catalog_seed
 from conftest import make_host
 from core.secrets import secret_hash, secret_new, secret_prefix
 from marketplace import services
@@ -42,7 +43,9 @@ class CatalogAndKeysMoveTests:
             secret = secret_new("el")
             OldKey = old.get_model("marketplace", "ApiKey")
             old_key = OldKey.objects.create(user_id=user.pk, name="old", prefix=secret_prefix(secret), key_hash=secret_hash(secret))
-            model_id = old.get_model("marketplace", "CatalogModel").objects.get(name="gemma-3-270m").pk
+            OldCatalogModel = old.get_model("marketplace", "CatalogModel")
+            catalog_seed(OldCatalogModel)  # an earlier transactional test may have flushed the seeded rows
+            model_id = OldCatalogModel.objects.get(name="gemma-3-270m").pk
             key_type = ContentType.objects.get_or_create(app_label="marketplace", model="apikey")[0].pk
         finally:
             migrate(latest)

@@ -2,7 +2,7 @@
 reaches them through it.
 
 A worker holds `ws …/api/moe/relay/worker/<id>`; its coordinator opens
-`ws …/api/moe/relay/coordinator/<id>`. Frames are opaque here (the `mahout.ring.wire`
+`ws …/api/moe/relay/coordinator/<id>`. Frames are opaque here (the `mahout.link`
 bytes of a compute request or its result): a coordinator frame goes to the worker's group
 with the coordinator's channel as the reply address; the worker answers its requests in
 order, so each answer goes back to the oldest waiting reply address. If the worker's

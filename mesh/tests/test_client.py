@@ -86,8 +86,8 @@ class RingApiClientTests:
 
 class AddressExchangeTests:
     def test_stages_and_the_bridge_find_each_other_through_the_control_plane(self, live_server, catalog) -> None:  # type: ignore[no-untyped-def]
+        from mahout.link import listen
         from mahout.ring.rendezvous import advertised_address, dial_stage
-        from mahout.ring.wire import listen
 
         plan, head, tail, bridge = _two_stage_ring()
         apis = {name: RingApi(live_server.url, who.token, retries=0) for name, who in

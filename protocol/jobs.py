@@ -1,0 +1,52 @@
+"""The job a host claims: its shape, shared by the gateway (which builds it) and mahout
+(which runs it). Pure and dependency-free: a host installs it without the gateway.
+
+A job carries the work and nothing about the customer. A continuation (the second
+attempt after a host died mid-answer) carries the original prompt plus the exact text
+already delivered — as an unfinished assistant turn for a chat, appended to the prompt
+for a completion — and only the output budget that is left.
+"""
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+CHAT = "chat"
+COMPLETION = "completion"
+EMBEDDINGS = "embeddings"
+
+SAMPLING_PARAMS = ("max_tokens", "temperature", "top_p", "stop", "seed")
+
+
+class JobPayload(TypedDict, total=False):
+    id: int
+    model: str
+    kind: str  # CHAT, COMPLETION or EMBEDDINGS
+    messages: list[dict[str, Any]] | None  # chat
+    prompt: str | None  # completion
+    input: list[str] | None  # embeddings: the texts to embed
+    params: dict[str, Any]  # SAMPLING_PARAMS
+    continuation: bool
+
+
+def job_payload_build(
+    *, job_id: int, model: str, kind: str, messages: list | None, prompt: str | None, inputs: list[str] | None,
+    params: dict, continuation: bool = False, delivered: str = "", delivered_tokens: int = 0,
+) -> JobPayload:
+    """The payload of a first attempt, or of a continuation of `delivered`.
+
+    Embeddings are all or nothing: a second attempt starts over, so it is never a
+    continuation. `delivered_tokens` is the gateway's count of `delivered`.
+    """
+    if kind == EMBEDDINGS:
+        return {"id": job_id, "model": model, "kind": kind, "input": inputs, "continuation": False}
+    sampling = {key: params.get(key) for key in SAMPLING_PARAMS}
+    if continuation:
+        sampling["max_tokens"] = max(1, sampling["max_tokens"] - delivered_tokens)
+        if kind == CHAT:
+            messages = [*(messages or []), {"role": "assistant", "content": delivered}]
+        else:
+            prompt = (prompt or "") + delivered
+    return {
+        "id": job_id, "model": model, "kind": kind, "messages": messages, "prompt": prompt, "params": sampling,
+        "continuation": continuation,
+    }

@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+from protocol.jobs import CHAT, COMPLETION, EMBEDDINGS, job_payload_build
+
+PARAMS = {"max_tokens": 20, "temperature": 0.5, "top_p": 1.0, "stop": None, "seed": 3, "user_field": "never sent"}
+
+
+class JobPayloadTests:
+    def test_it_sends_only_the_sampling_params(self) -> None:
+        payload = job_payload_build(job_id=1, model="m", kind=CHAT, messages=[{"role": "user", "content": "hi"}], prompt=None,
+                                    inputs=None, params=PARAMS)
+        assert payload["params"] == {"max_tokens": 20, "temperature": 0.5, "top_p": 1.0, "stop": None, "seed": 3}
+        assert payload["continuation"] is False
+
+    def test_it_continues_a_chat_from_an_unfinished_assistant_turn_with_the_budget_left(self) -> None:
+        payload = job_payload_build(job_id=2, model="m", kind=CHAT, messages=[{"role": "user", "content": "hi"}], prompt=None,
+                                    inputs=None, params=PARAMS, continuation=True, delivered="Hello, wor", delivered_tokens=4)
+        assert payload["messages"][-1] == {"role": "assistant", "content": "Hello, wor"}
+        assert (payload["params"]["max_tokens"], payload["continuation"]) == (16, True)
+
+    def test_it_continues_a_completion_by_appending_to_the_prompt_and_never_asks_for_zero_tokens(self) -> None:
+        payload = job_payload_build(job_id=3, model="m", kind=COMPLETION, messages=None, prompt="Once", inputs=None,
+                                    params=PARAMS, continuation=True, delivered=" upon", delivered_tokens=25)
+        assert (payload["prompt"], payload["params"]["max_tokens"]) == ("Once upon", 1)
+
+    def test_embeddings_start_over_and_carry_their_inputs(self) -> None:
+        payload = job_payload_build(job_id=4, model="e", kind=EMBEDDINGS, messages=None, prompt=None, inputs=["a", "b"],
+                                    params={"max_tokens": 0}, continuation=True, delivered="x")
+        assert payload == {"id": 4, "model": "e", "kind": EMBEDDINGS, "input": ["a", "b"], "continuation": False}
