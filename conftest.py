@@ -8,11 +8,18 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+from pytest_django import DjangoDbBlocker
 
 from testkit.personas import Customer, ServingHost, make_customer, make_host
 from testkit.stack import ROOT, Gateway, Mahout, free_port, stack_env, wait_until
+
+if TYPE_CHECKING:
+    from catalog.models import CatalogModel
 
 __all__ = [  # tests import these from here
     "ROOT", "Customer", "Gateway", "Mahout", "ServingHost", "free_port", "make_customer", "make_host", "stack_env", "wait_until",
@@ -20,7 +27,7 @@ __all__ = [  # tests import these from here
 
 
 @pytest.fixture(scope="session")
-def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):  # type: ignore[no-untyped-def]
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None) -> None:
     """Close connections after each pooled ORM call so none outlive the test database,
     and give each run its own SQLite file (the gateway processes it starts share it)."""
     from django.conf import settings
@@ -32,7 +39,7 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix): 
 
 
 @pytest.fixture(autouse=True)
-def _fresh_cache():  # type: ignore[no-untyped-def]
+def _fresh_cache() -> Iterator[None]:
     """The served-model list is cached; each test starts from the database's truth."""
     from django.core.cache import cache
 
@@ -41,7 +48,7 @@ def _fresh_cache():  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def catalog(db):  # type: ignore[no-untyped-def]
+def catalog(db: None) -> CatalogModel:
     from catalog.models import CatalogModel
     from catalog.seed import catalog_seed
 
@@ -50,22 +57,22 @@ def catalog(db):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def customer(catalog) -> Customer:  # type: ignore[no-untyped-def]
+def customer(catalog: CatalogModel) -> Customer:
     return make_customer()
 
 
 @pytest.fixture
-def serving_host(catalog) -> ServingHost:  # type: ignore[no-untyped-def]
+def serving_host(catalog: CatalogModel) -> ServingHost:
     return make_host()
 
 
 @pytest.fixture
-def outsider(catalog) -> ServingHost:  # type: ignore[no-untyped-def]
+def outsider(catalog: CatalogModel) -> ServingHost:
     return make_host(name="outsider")
 
 
 @pytest.fixture(scope="session")
-def e2e_dirs(tmp_path_factory):  # type: ignore[no-untyped-def]
+def e2e_dirs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("e2e")
     (base / "logs").mkdir()
     (base / "mahout-home").mkdir()
@@ -73,7 +80,7 @@ def e2e_dirs(tmp_path_factory):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="session")
-def gateway(django_db_setup, django_db_blocker, e2e_dirs):  # type: ignore[no-untyped-def]
+def gateway(django_db_setup: None, django_db_blocker: DjangoDbBlocker, e2e_dirs: Path) -> Iterator[Gateway]:
     with django_db_blocker.unblock():
         env = stack_env({  # the failover tests kill hosts on purpose: they must not be rested as unreliable
             "QUEUE_TIMEOUT_SECONDS": "4", "STALL_SECONDS": "20", "OUTPUT_RETENTION_SECONDS": "0",
@@ -85,7 +92,7 @@ def gateway(django_db_setup, django_db_blocker, e2e_dirs):  # type: ignore[no-un
 
 
 @pytest.fixture
-def start_mahout(gateway, e2e_dirs, transactional_db):  # type: ignore[no-untyped-def]
+def start_mahout(gateway: Gateway, e2e_dirs: Path, transactional_db: None) -> Iterator[Callable[..., Mahout]]:
     """Start a mahout host for a token and wait until it has qualified."""
     started: list[Mahout] = []
 

@@ -3,6 +3,8 @@ a key's hash is never shown."""
 from __future__ import annotations
 
 from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
 
 from accounts import services
 from accounts.models import ApiKey
@@ -13,10 +15,10 @@ class RevokedFilter(admin.SimpleListFilter):
     title = "revoked"
     parameter_name = "revoked"
 
-    def lookups(self, request, model_admin):  # type: ignore[no-untyped-def]
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
         return [("no", "Live"), ("yes", "Revoked")]
 
-    def queryset(self, request, queryset):  # type: ignore[no-untyped-def]
+    def queryset(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> QuerySet[ApiKey]:
         if self.value() in ("yes", "no"):
             return queryset.filter(revoked_at__isnull=self.value() == "no")
         return queryset
@@ -35,7 +37,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
     readonly_fields = ("prefix", "user", "spent_ucents", "held_ucents", "revoked_at", "last_used_at", "created_at")
     actions = ["revoke"]
 
-    def has_add_permission(self, request) -> bool:  # type: ignore[no-untyped-def]
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # a key's secret is shown once, to its owner: keys are made on the keys page or by create_customer
 
     @admin.display(description="cap", ordering="spend_cap_ucents")
@@ -55,7 +57,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
         return key.revoked_at is not None
 
     @admin.action(description="Revoke selected keys", permissions=["change"])
-    def revoke(self, request, queryset) -> None:  # type: ignore[no-untyped-def]
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
         keys = list(queryset)
         revoked = sum(services.api_key_revoke(key=key) for key in keys)
         self.message_user(request, f"{revoked} key(s) revoked; requests with them now get 401.", messages.SUCCESS)

@@ -1,6 +1,7 @@
 """The base of every synchronous view a customer calls with an API key."""
 from __future__ import annotations
 
+from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from accounts.models import ApiKey
@@ -9,5 +10,5 @@ from core.http import bearer_secret
 
 
 class KeyApi(APIView):
-    def key(self, request) -> ApiKey:  # type: ignore[no-untyped-def]
+    def key(self, request: Request) -> ApiKey:
         return key_from_secret(bearer_secret(request))

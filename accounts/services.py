@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from django.utils import timezone
 
 from accounts.models import ApiKey
 from core.secrets import secret_hash, secret_new, secret_prefix
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 
 @dataclass(frozen=True)
@@ -15,7 +19,7 @@ class NewKey:
     secret: str
 
 
-def api_key_create(*, user, name: str = "", spend_cap_ucents: int | None = None) -> NewKey:  # type: ignore[no-untyped-def]
+def api_key_create(*, user: User, name: str = "", spend_cap_ucents: int | None = None) -> NewKey:
     """Create a key; the secret is returned here once and never stored."""
     if spend_cap_ucents is not None and spend_cap_ucents < 0:
         raise ValueError("a spend cap cannot be negative")

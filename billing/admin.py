@@ -8,26 +8,28 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import admin, messages
-from django.http import HttpResponseRedirect
+from django.db.models import Model, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 
 from billing import services
 from billing.errors import BillingError
 from billing.models import Account, Hold, LedgerEntry, LedgerTransaction, Payout, PayoutProfile, StripeEvent, TopUp
 from catalog.money import usd, usd_to_ucents
+from core.http import AuthedHttpRequest
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request, obj=None) -> bool:  # type: ignore[no-untyped-def]
+    def has_add_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
-    def has_change_permission(self, request, obj=None) -> bool:  # type: ignore[no-untyped-def]
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
-    def has_delete_permission(self, request, obj=None) -> bool:  # type: ignore[no-untyped-def]
+    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
 
@@ -49,11 +51,11 @@ class AccountAdmin(ReadOnlyAdmin):
             return ""
         return format_html('<a href="{}">Grant credit…</a>', reverse("admin:billing_account_grant", args=[account.pk]))
 
-    def get_urls(self):  # type: ignore[no-untyped-def]
+    def get_urls(self) -> list[URLPattern]:
         grant = path("<int:account_id>/grant/", self.admin_site.admin_view(self.grant_view), name="billing_account_grant")
         return [grant, *super().get_urls()]
 
-    def grant_view(self, request, account_id: int):  # type: ignore[no-untyped-def]
+    def grant_view(self, request: AuthedHttpRequest, account_id: int) -> HttpResponse:
         """A form that posts a ledger GRANT (funding → this customer) with a reason."""
         account = get_object_or_404(Account, pk=account_id, kind=Account.Kind.CUSTOMER)
         if not request.user.has_perm("billing.add_ledgertransaction") and not request.user.is_superuser:
@@ -141,14 +143,14 @@ class PayoutAdmin(ReadOnlyAdmin):
     list_select_related = ("host",)
     actions = ["approve", "reject"]
 
-    def has_change_permission(self, request, obj=None) -> bool:  # type: ignore[no-untyped-def]
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return request.user.has_perm("billing.change_payout")  # needed for the actions; no field is editable
 
-    def get_readonly_fields(self, request, obj=None):  # type: ignore[no-untyped-def]
+    def get_readonly_fields(self, request: HttpRequest, obj: Model | None = None) -> list[str]:
         return [field.name for field in Payout._meta.fields]
 
     @admin.action(description="Approve: send the Stripe transfer")
-    def approve(self, request, queryset) -> None:  # type: ignore[no-untyped-def]
+    def approve(self, request: AuthedHttpRequest, queryset: QuerySet[Payout]) -> None:
         for payout_id in queryset.values_list("pk", flat=True):
             try:
                 payout = services.payout_approve(payout_id=payout_id, operator=request.user)
@@ -159,7 +161,7 @@ class PayoutAdmin(ReadOnlyAdmin):
             self.message_user(request, f"{payout}: {payout.failure_reason or payout.stripe_transfer_id}", level)
 
     @admin.action(description="Reject: return the earnings to the host")
-    def reject(self, request, queryset) -> None:  # type: ignore[no-untyped-def]
+    def reject(self, request: HttpRequest, queryset: QuerySet[Payout]) -> None:
         for payout in queryset.filter(status=Payout.Status.REQUESTED):
             if services.payout_void(payout_id=payout.pk, reason=f"rejected by {request.user}"):
                 self.message_user(request, f"{payout} rejected; earnings returned.", messages.SUCCESS)

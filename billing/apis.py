@@ -4,6 +4,7 @@ calls one service, renders; refusals are DomainErrors rendered by core's mapping
 from __future__ import annotations
 
 from rest_framework import serializers
+from rest_framework.request import Request
 from rest_framework.response import Response
 
 from accounts.apis import KeyApi
@@ -34,7 +35,7 @@ class TopupCreateApi(KeyApi):
     class InputSerializer(serializers.Serializer):
         amount_usd = serializers.DecimalField(max_digits=9, decimal_places=2, min_value=0)
 
-    def post(self, request) -> Response:  # type: ignore[no-untyped-def]
+    def post(self, request: Request) -> Response:
         key = self.key(request)
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -64,7 +65,7 @@ class HostPayoutCreateApi(HostApi):
     class InputSerializer(serializers.Serializer):
         amount_ucents = serializers.IntegerField(min_value=UCENTS_PER_CENT, required=False)
 
-    def post(self, request) -> Response:  # type: ignore[no-untyped-def]
+    def post(self, request: Request) -> Response:
         host = self.host(request)
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)

@@ -2,18 +2,24 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from django.db.models import Count, Q, Sum
 
 from billing.models import Account, Hold, LedgerEntry, LedgerTransaction, Payout, StripeEvent, TopUp
 from catalog.money import UCENTS_PER_CENT
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
-def customer_account(*, user) -> Account | None:  # type: ignore[no-untyped-def]
+    from hosts.models import Host
+
+
+def customer_account(*, user: User) -> Account | None:
     return Account.objects.filter(kind=Account.Kind.CUSTOMER, user=user).first()
 
 
-def host_account(*, host) -> Account | None:  # type: ignore[no-untyped-def]
+def host_account(*, host: Host) -> Account | None:
     return Account.objects.filter(kind=Account.Kind.HOST, host=host).first()
 
 
@@ -104,7 +110,7 @@ class HostPayouts:
     payouts: list[Payout]
 
 
-def host_payouts(*, host, limit: int = 100) -> HostPayouts:  # type: ignore[no-untyped-def]
+def host_payouts(*, host: Host, limit: int = 100) -> HostPayouts:
     account = host_account(host=host)
     payouts = Payout.objects.filter(host=host)
     sums = payouts.aggregate(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import stripe
 from django.conf import settings
@@ -37,12 +38,17 @@ from billing.models import (
 )
 from catalog.money import UCENTS_PER_CENT, usd
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
-def account_for_customer(*, user) -> Account:  # type: ignore[no-untyped-def]
+    from hosts.models import Host
+
+
+def account_for_customer(*, user: User) -> Account:
     return _get_or_create_account(kind=Account.Kind.CUSTOMER, user=user)
 
 
-def account_for_host(*, host) -> Account:  # type: ignore[no-untyped-def]
+def account_for_host(*, host: Host) -> Account:
     return _get_or_create_account(kind=Account.Kind.HOST, host=host)
 
 
@@ -78,7 +84,7 @@ def _post(*, kind: str, reference: str, memo: str, legs: list[tuple[Account, int
 
 
 @transaction.atomic
-def credit_grant(*, user, amount_ucents: int, reference: str, memo: str = "") -> LedgerTransaction:  # type: ignore[no-untyped-def]
+def credit_grant(*, user: User, amount_ucents: int, reference: str, memo: str = "") -> LedgerTransaction:
     """Give a customer credit from outside money (operator grant or demo seed)."""
     if amount_ucents <= 0:
         raise ValueError("a grant must be a positive amount")
@@ -92,7 +98,7 @@ def credit_grant(*, user, amount_ucents: int, reference: str, memo: str = "") ->
     )
 
 
-def hold_place(*, user, api_key, amount_ucents: int) -> Hold:  # type: ignore[no-untyped-def]
+def hold_place(*, user: User, api_key: ApiKey, amount_ucents: int) -> Hold:
     """Reserve `amount_ucents` against the balance and the key's cap, or refuse.
 
     Must run inside the caller's transaction (the request row is created in the
@@ -121,7 +127,7 @@ def hold_place(*, user, api_key, amount_ucents: int) -> Hold:  # type: ignore[no
     return Hold.objects.create(account=account, api_key=key, amount_ucents=amount_ucents)
 
 
-def _key_limits_check(*, key) -> None:  # type: ignore[no-untyped-def]
+def _key_limits_check(*, key: ApiKey) -> None:
     """Refuse when the key has `max_concurrent` active holds, or has placed
     `rate_limit_per_minute` holds in the last 60 s. Caller holds the key's row lock."""
     if key.max_concurrent is not None:
@@ -170,7 +176,7 @@ def split_cost(cost_ucents: int) -> Settlement:
 
 @transaction.atomic(savepoint=False)  # always inside the caller's transaction; one fewer round trip pair
 def hold_settle(
-    *, hold: Hold, cost_ucents: int, host, reference: str, host_ucents: int | None = None  # type: ignore[no-untyped-def]
+    *, hold: Hold, cost_ucents: int, host: Host | None, reference: str, host_ucents: int | None = None
 ) -> Settlement | None:
     """Charge the actual cost against a hold, exactly once.
 
@@ -202,7 +208,7 @@ def hold_settle(
     return split
 
 
-def _settlement_account_ids(*, host) -> tuple[int, int | None]:  # type: ignore[no-untyped-def]
+def _settlement_account_ids(*, host: Host | None) -> tuple[int, int | None]:
     """The platform's and the host's account ids in one SELECT (created the first time)."""
     wanted = Q(kind=Account.Kind.PLATFORM)
     if host is not None:
@@ -264,7 +270,7 @@ def _settlement_write(*, hold: Hold, split: Settlement, reference: str, platform
 # --- top-ups (Stripe Checkout; credit only from the webhook) ------------------------
 
 
-def topup_create(*, user, amount_cents: int) -> TopUp:  # type: ignore[no-untyped-def]
+def topup_create(*, user: User, amount_cents: int) -> TopUp:
     """Create a Checkout Session for `amount_cents` and return our TopUp (with its URL).
 
     Not one transaction on purpose: the row commits before Stripe is called (its
@@ -357,7 +363,7 @@ def _topup_credit(*, session: dict) -> tuple[str, TopUp | None, str]:
     return StripeEvent.Outcome.CREDITED, topup, ""
 
 
-def credit_grant_by_operator(*, user, amount_ucents: int, reason: str, operator) -> LedgerTransaction:  # type: ignore[no-untyped-def]
+def credit_grant_by_operator(*, user: User, amount_ucents: int, reason: str, operator: User) -> LedgerTransaction:
     """An operator's grant from the admin: a GRANT transaction with the reason and who gave it."""
     import uuid
 
@@ -372,7 +378,7 @@ def credit_grant_by_operator(*, user, amount_ucents: int, reason: str, operator)
 
 
 @transaction.atomic
-def payout_request(*, host, amount_ucents: int | None = None) -> Payout:  # type: ignore[no-untyped-def]
+def payout_request(*, host: Host, amount_ucents: int | None = None) -> Payout:
     """Phase 1: move earnings (all available whole cents by default) to payouts-pending.
 
     Under the host account's row lock, so two requests cannot withdraw the same
@@ -403,7 +409,7 @@ def payout_request(*, host, amount_ucents: int | None = None) -> Payout:  # type
     return payout
 
 
-def payout_approve(*, payout_id: int, operator=None) -> Payout:  # type: ignore[no-untyped-def]
+def payout_approve(*, payout_id: int, operator: User | None = None) -> Payout:
     """Phase 2 (an operator approved): send the Stripe Transfer, then post or void.
 
     The requested → sending compare-and-set commits before Stripe is called. A

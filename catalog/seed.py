@@ -5,6 +5,11 @@ Prices are integer µ¢ per token: 10 µ¢ = $0.10 per million prompt tokens,
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from catalog import models
+
 SHIPPED_MODELS = [
     {
         "name": "gemma-3-270m",
@@ -25,7 +30,7 @@ SHIPPED_MODELS = [
 ]
 
 
-def catalog_seed(CatalogModel) -> None:  # type: ignore[no-untyped-def]
+def catalog_seed(CatalogModel: type[models.CatalogModel]) -> None:
     """Create the shipped entries if missing (takes the model class so migrations can pass theirs)."""
     for entry in SHIPPED_MODELS:
         CatalogModel.objects.get_or_create(name=entry["name"], defaults={k: v for k, v in entry.items() if k != "name"})

@@ -11,7 +11,7 @@ django_asgi = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402  (needs Django set up)
 from django.urls import path  # noqa: E402
 
-from marketplace.consumers import ChatStreamConsumer, HostPresenceConsumer  # noqa: E402
+from marketplace.consumers import ChatStreamConsumer, HostSocketConsumer  # noqa: E402
 from mesh.experts.routing import websocket_urlpatterns as moe_relay_routes  # noqa: E402
 
 application = ProtocolTypeRouter(
@@ -20,7 +20,7 @@ application = ProtocolTypeRouter(
         "websocket": URLRouter(
             [
                 path("v1/ws/chat/completions", ChatStreamConsumer.as_asgi()),
-                path("hosts/ws", HostPresenceConsumer.as_asgi()),
+                path("hosts/ws", HostSocketConsumer.as_asgi()),
                 *moe_relay_routes,  # expert workers behind NAT, reached through the gateway
             ]
         ),

@@ -6,11 +6,22 @@ missing or malformed value is a `DomainError` in the API's own format.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.http import HttpRequest
+from rest_framework.request import Request
 
 from core.errors import ApiError, bad_request
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+
+
+class AuthedHttpRequest(HttpRequest):
+    """For the type checker only: the request of a view behind `login_required`, whose user is signed in."""
+
+    user: User
 
 
 def bearer_of(authorization: str) -> str | None:
@@ -29,7 +40,7 @@ def scope_bearer(scope: dict) -> str | None:
     return None
 
 
-def bearer_secret(request: HttpRequest) -> str:
+def bearer_secret(request: HttpRequest | Request) -> str:
     secret = bearer_of(request.headers.get("Authorization", ""))
     if secret is None:
         raise ApiError(

@@ -9,7 +9,7 @@ from __future__ import annotations
 __all__ = ["Config", "ContextOverflowError", "KVCache", "LayerWeights", "RowSpan", "Stage", "StageWeights"]
 
 
-def __getattr__(name: str):  # type: ignore[no-untyped-def]
+def __getattr__(name: str) -> object:
     """The model's names, imported on first use: `engine.shipped` must not pull in torch."""
     if name in __all__:
         from engine import model

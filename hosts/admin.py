@@ -7,6 +7,8 @@ from __future__ import annotations
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.db.models import QuerySet
+from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
 from hosts import services
@@ -24,10 +26,10 @@ class ConnectionFilter(admin.SimpleListFilter):
     title = "connection"
     parameter_name = "connection"
 
-    def lookups(self, request, model_admin):  # type: ignore[no-untyped-def]
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
         return [("online", "Heartbeat recent"), ("offline", "Offline")]
 
-    def queryset(self, request, queryset):  # type: ignore[no-untyped-def]
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Host]) -> QuerySet[Host]:
         connected = Host.objects.connected()
         if self.value() == "online":
             return queryset.filter(pk__in=connected)
@@ -40,10 +42,10 @@ class MaintenanceFilter(admin.SimpleListFilter):
     title = "maintenance"
     parameter_name = "maintenance"
 
-    def lookups(self, request, model_admin):  # type: ignore[no-untyped-def]
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
         return [("yes", "In maintenance"), ("no", "Not in maintenance")]
 
-    def queryset(self, request, queryset):  # type: ignore[no-untyped-def]
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Host]) -> QuerySet[Host]:
         if self.value() in ("yes", "no"):
             return queryset.filter(maintenance_since__isnull=self.value() == "no")
         return queryset
@@ -79,7 +81,7 @@ class HostAdmin(admin.ModelAdmin):
         return ", ".join(host.models_loaded or []) or "—"
 
     @admin.action(description="Put in maintenance…", permissions=["change"])
-    def maintenance_enter(self, request, queryset):  # type: ignore[no-untyped-def]
+    def maintenance_enter(self, request: HttpRequest, queryset: QuerySet[Host]) -> TemplateResponse | None:
         """First call: the reason form. Its POST comes back here with `apply` and does the work."""
         form = MaintenanceForm(request.POST if "apply" in request.POST else None)
         if form.is_bound and form.is_valid():
@@ -101,7 +103,7 @@ class HostAdmin(admin.ModelAdmin):
         return TemplateResponse(request, "admin/hosts/host/maintenance.html", context)
 
     @admin.action(description="Resume from maintenance", permissions=["change"])
-    def maintenance_resume(self, request, queryset) -> None:  # type: ignore[no-untyped-def]
+    def maintenance_resume(self, request: HttpRequest, queryset: QuerySet[Host]) -> None:
         resumed = sum(services.host_maintenance_resume(host=host) for host in queryset)
         self.message_user(request, f"{resumed} host(s) resumed from maintenance.", messages.SUCCESS)
 

@@ -6,6 +6,7 @@ the marketplace's (`marketplace/host_apis.py`): they read and write jobs.
 from __future__ import annotations
 
 from rest_framework import serializers
+from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -17,7 +18,7 @@ from hosts.selectors import host_from_secret
 
 
 class HostApi(APIView):
-    def host(self, request) -> Host:  # type: ignore[no-untyped-def]
+    def host(self, request: Request) -> Host:
         return host_from_secret(bearer_secret(request))
 
 
@@ -35,7 +36,7 @@ class QualificationRegisterApi(HostApi):
         benchmark = BenchmarkSerializer()
         machine = serializers.DictField(required=False, default=dict)
 
-    def post(self, request) -> Response:  # type: ignore[no-untyped-def]
+    def post(self, request: Request) -> Response:
         host = self.host(request)
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)

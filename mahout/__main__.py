@@ -99,7 +99,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                           memory_budget_mb=args.memory_budget_mb, idle=idle, rebenchmark=args.rebenchmark, out=say)
         say(f"mahout: serving {', '.join(loop.models.qualified)} for {args.server} "
             f"(loaded: {', '.join(loop.models.loaded()) or 'none'}; memory budget {loop.models.budget_mb} MB)")
-        with presence(args.server, args.token, out=say):
+        with presence(args.server, args.token, out=say) as socket:
+            api.use_socket(socket)
             handled = loop.run(max_jobs=args.max_jobs, once=args.once)
     except BudgetError as exc:
         print(f"mahout: error: {exc}", file=sys.stderr, flush=True)

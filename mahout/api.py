@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -64,6 +64,12 @@ def _error_from(response: httpx.Response) -> HostApiError:
     )
 
 
+class TokenSocket(Protocol):
+    """A faster path for token batches (``mahout.presence.Presence``): an answer, or None."""
+
+    def push_tokens(self, job_id: Any, *, seq: int, text: str) -> dict | None: ...
+
+
 class HostApi:
     """One host's authenticated session with the gateway.
 
@@ -89,6 +95,7 @@ class HostApi:
         self.backoff = backoff
         self.backoff_cap = backoff_cap
         self._sleep = sleep
+        self._socket: TokenSocket | None = None
         self._client = httpx.Client(
             base_url=server.rstrip("/") + "/hosts/api",
             headers={"Authorization": f"Bearer {token}"},
@@ -168,8 +175,19 @@ class HostApi:
             return None
         return response.json().get("job")
 
+    def use_socket(self, socket: TokenSocket | None) -> None:
+        """Send token batches on this host's WebSocket when it is up (HTTP otherwise)."""
+        self._socket = socket
+
     def push_tokens(self, job_id: Any, *, seq: int, text: str) -> dict:
-        """Append batch ``seq`` of generated text; raises :class:`JobGoneError` on 409."""
+        """Append batch ``seq`` of generated text; raises :class:`JobGoneError` on 409.
+
+        On the host's WebSocket when it is up (authenticated once per connection); over
+        HTTP when it is not, or gave no answer (the same ``seq``, so never applied twice)."""
+        if self._socket is not None:
+            answer = self._socket.push_tokens(job_id, seq=seq, text=text)
+            if answer is not None:
+                return answer
         return self._json(self._request("POST", f"/jobs/{job_id}/tokens", {"seq": seq, "text": text}))
 
     def complete(self, job_id: Any, *, finish_reason: str, completion_tokens: int) -> dict:

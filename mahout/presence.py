@@ -1,18 +1,29 @@
-"""An outbound WebSocket that says "this host is alive" by merely being open.
+"""The host's one outbound WebSocket: presence, and the fast path for token batches.
 
-If the mahout process is killed, its operating system closes the socket and
-the gateway learns within a moment that the host's running jobs are dead, so
-another host can continue them (the 20 s stall rule remains for a host that
-freezes with its socket open). The connection is re-opened with bounded
-backoff if it drops; it carries a ping every few seconds and nothing else.
+Presence: the socket says "this host is alive" by merely being open. If the mahout
+process is killed, its operating system closes the socket and the gateway learns within
+a moment that the host's running jobs are dead, so another host can continue them (the
+20 s stall rule remains for a host that freezes with its socket open). The connection is
+re-opened with bounded backoff if it drops, and carries a ping every few seconds.
+
+Token batches: :meth:`Presence.push_tokens` sends a batch as one frame on the socket (the
+host was authenticated when it opened) and waits for the gateway's answer to that
+(job, seq). When the socket is down or the answer does not come in time it returns None,
+and the caller sends the same batch over HTTP: batches are idempotent by ``seq``.
 """
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
+import time
 from collections.abc import Callable, Iterator
+from typing import Any
+
+from mahout.api import HostApiError, JobGoneError
 
 PING_INTERVAL_S = 5.0
+PUSH_TIMEOUT_S = 10.0
 RECONNECT_MIN_S = 1.0
 RECONNECT_MAX_S = 30.0
 OPEN_TIMEOUT_S = 10.0
@@ -37,6 +48,9 @@ class Presence:
         self._out = out
         self._stop = threading.Event()
         self.connected = threading.Event()
+        self._socket: Any = None
+        self._answers: dict[tuple[int, int], dict] = {}
+        self._answered = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="mahout-presence", daemon=True)
 
     def start(self) -> Presence:
@@ -60,14 +74,57 @@ class Presence:
             wait = min(wait * 2, RECONNECT_MAX_S)
 
     def _hold_open(self) -> None:
+        """Read every frame until the socket closes, the gateway falls silent, or stop."""
         from websockets.sync.client import connect
 
         with connect(self.url, additional_headers=self._headers, open_timeout=OPEN_TIMEOUT_S) as socket:
+            self._socket = socket
             self.connected.set()
-            while not self._stop.wait(PING_INTERVAL_S):
-                socket.send('{"type": "ping"}')
-                socket.recv(timeout=OPEN_TIMEOUT_S)
-        self.connected.clear()
+            try:
+                heard, pinged = time.monotonic(), 0.0
+                while not self._stop.is_set():
+                    if time.monotonic() - pinged >= PING_INTERVAL_S:
+                        socket.send('{"type": "ping"}')
+                        pinged = time.monotonic()
+                    try:
+                        frame = socket.recv(timeout=0.5)
+                    except TimeoutError:
+                        if time.monotonic() - heard > PING_INTERVAL_S + OPEN_TIMEOUT_S:
+                            raise
+                        continue
+                    heard = time.monotonic()
+                    self._answer(frame)
+            finally:
+                self._socket = None
+                self.connected.clear()
+
+    def _answer(self, frame: str | bytes) -> None:
+        """File the gateway's answer to a batch where its pusher waits for it."""
+        message = json.loads(frame)
+        if message.get("type") in ("ack", "error"):
+            with self._answered:
+                self._answers[(message.get("job"), message.get("seq"))] = message
+                self._answered.notify_all()
+
+    def push_tokens(self, job_id: int, *, seq: int, text: str, timeout: float = PUSH_TIMEOUT_S) -> dict | None:
+        """Send batch ``seq`` of a job on the socket and return the gateway's ack; raise
+        :class:`JobGoneError` (409) or :class:`HostApiError` as the HTTP API would; None when
+        the socket is down or no answer came in ``timeout`` (send it over HTTP instead)."""
+        socket, key = self._socket, (job_id, seq)
+        if socket is None:
+            return None
+        try:
+            socket.send(json.dumps({"type": "tokens", "job": job_id, "seq": seq, "text": text}))
+        except Exception:  # noqa: BLE001 - a closed socket: the reader thread reconnects
+            return None
+        with self._answered:
+            if not self._answered.wait_for(lambda: key in self._answers, timeout=timeout):
+                return None
+            answer = self._answers.pop(key)
+        if answer["type"] == "ack":
+            return {"accepted": answer["accepted"], "next_seq": answer["next_seq"]}
+        cls = JobGoneError if answer.get("status") == 409 else HostApiError
+        raise cls(int(answer.get("status") or 400), str(answer.get("message") or ""), "", str(answer.get("code") or ""))
 
 
 @contextlib.contextmanager

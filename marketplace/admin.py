@@ -2,21 +2,25 @@
 Prompts and delivered text stay out."""
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
 
 from catalog.models import CatalogModel
 from hosts import selectors as hosts
 from hosts.admin import HostAdmin
 from hosts.models import Host
 from marketplace import selectors
-from marketplace.models import Job, Request
+from marketplace.models import Job, Request, TextChunk
 
 
 @admin.register(Host)
 class HostWithStatusAdmin(HostAdmin):
     """The host admin, with each host's status (busy means it is running a job)."""
 
-    def get_queryset(self, request):  # type: ignore[no-untyped-def]
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Host]:
         return selectors.with_running_job(super().get_queryset(request))
 
     @admin.display(description="status")
@@ -33,7 +37,7 @@ class CatalogModelAdmin(admin.ModelAdmin):
     list_filter = ("kind", "active", "latency_critical", "routing_strategy")
     search_fields = ("name",)
 
-    def changelist_view(self, request, extra_context=None):  # type: ignore[no-untyped-def]
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         self._counts = hosts.warm_host_counts()
         for model, warm in hosts.under_redundant_models(counts=self._counts):
             self.message_user(
@@ -84,3 +88,17 @@ class JobAdmin(admin.ModelAdmin):
     search_fields = ("request__public_id", "host__name", "fail_reason")
     list_select_related = ("request", "host", "model")
     readonly_fields = [f.name for f in Job._meta.fields]
+
+
+@admin.register(TextChunk)
+class TextChunkAdmin(admin.ModelAdmin):
+    """Where a request's delivered text stands, batch by batch; never the text itself."""
+
+    list_display = ("request", "job", "seq", "char_offset", "length")
+    list_select_related = ("request", "job")
+    exclude = ("text",)
+    readonly_fields = ("request", "job", "seq", "char_offset")
+
+    @admin.display(description="characters")
+    def length(self, chunk: TextChunk) -> int:
+        return len(chunk.text)

@@ -9,6 +9,8 @@ chunk frames followed by {"done": true}, or one error frame.
 """
 from __future__ import annotations
 
+import asyncio
+
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from core.db import db
@@ -55,16 +57,23 @@ class ChatStreamConsumer(AsyncJsonWebsocketConsumer):
             return None
 
 
-class HostPresenceConsumer(AsyncJsonWebsocketConsumer):
-    """The host presence socket: the fast path for noticing a dead host.
+class HostSocketConsumer(AsyncJsonWebsocketConsumer):
+    """A host's one WebSocket: its presence, and the fast path for its token batches.
 
-    mahout keeps one outbound WebSocket open to `/hosts/ws` while it runs. A
-    killed process's sockets are closed by its operating system, so the gateway
-    sees the disconnect within a moment and declares the host's running attempts
-    dead (they are continued elsewhere) instead of waiting out the 20 s stall
-    rule. A frozen host keeps its socket open; the stall rule catches that one.
-    One mahout process per host token: a second connection's end would count as
-    the host's death.
+    Presence: mahout keeps this socket open while it runs. A killed process's sockets
+    are closed by its operating system, so the gateway sees the disconnect within a
+    moment and declares the host's running attempts dead (they are continued
+    elsewhere) instead of waiting out the 20 s stall rule. A frozen host keeps its
+    socket open; the stall rule catches that one. One mahout process per host token:
+    a second connection's end would count as the host's death.
+
+    Token batches: the host is authenticated once, when the socket opens; then each
+    `{"type": "tokens", "job", "seq", "text"}` frame is applied by the same service as
+    `POST /hosts/api/jobs/<id>/tokens` and answered with `{"type": "ack", "job", "seq",
+    "accepted", "next_seq"}` or `{"type": "error", "job", "seq", "status", "code",
+    "message"}`. Frames are handled concurrently (a host's jobs do not wait for each
+    other); a host sends a job's next batch only after the previous one's answer, so
+    each job's batches stay in order. Anything else is answered `{"type": "pong"}`.
     """
 
     host_id: int | None = None
@@ -79,11 +88,48 @@ class HostPresenceConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=error.ws_close_code)
             return
         self.host_id = host.pk
+        self._host = host
+        self._pushes: set[asyncio.Task] = set()
         await self.accept()
 
     async def receive_json(self, content: object, **kwargs: object) -> None:
+        if isinstance(content, dict) and content.get("type") == "tokens":
+            task = asyncio.ensure_future(self._push(content))
+            self._pushes.add(task)
+            task.add_done_callback(self._pushes.discard)
+            return
         await self.send_json({"type": "pong"})
+
+    async def _push(self, frame: dict) -> None:
+        job_id, seq = frame.get("job"), frame.get("seq")
+        try:
+            batch = tokens_frame(frame)
+            result = await db(services.job_push_tokens, host=self._host, **batch)
+            answer = {"type": "ack", "job": job_id, "seq": seq, "accepted": result.accepted, "next_seq": result.next_seq}
+        except DomainError as error:
+            answer = {"type": "error", "job": job_id, "seq": seq, "status": error.status, "code": error.code, "message": error.message}
+        await self.send_json(answer)
 
     async def disconnect(self, code: int) -> None:
         if self.host_id is not None:
             await db(services.host_connection_lost, host_id=self.host_id)
+
+    async def decode_json(self, text_data: str) -> object:
+        try:
+            return await super().decode_json(text_data)
+        except ValueError:
+            return None
+
+
+MAX_BATCH_CHARS = 65536
+
+
+def tokens_frame(frame: dict) -> dict:
+    """A tokens frame's job id, seq and text, checked as the HTTP API checks its body."""
+    job_id, seq, text = frame.get("job"), frame.get("seq"), frame.get("text")
+    for name, value in (("job", job_id), ("seq", seq)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise bad_request(f"'{name}' must be a whole number of 0 or more.", code="invalid_value", param=name)
+    if not isinstance(text, str) or len(text) > MAX_BATCH_CHARS:
+        raise bad_request(f"'text' must be a string of at most {MAX_BATCH_CHARS} characters.", code="invalid_value", param="text")
+    return {"job_id": job_id, "seq": seq, "text": text}

@@ -37,8 +37,7 @@ class Request(models.Model):
     params = models.JSONField(default=dict)
     hold = models.OneToOneField("billing.Hold", on_delete=models.PROTECT, related_name="request")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
-    delivered_text = models.TextField(blank=True, default="")
-    delivered_chars = models.PositiveIntegerField(default=0)
+    delivered_chars = models.PositiveIntegerField(default=0, help_text="characters delivered so far: the next chunk's offset")
     output_forgotten = models.BooleanField(default=False)
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
@@ -57,6 +56,12 @@ class Request(models.Model):
 
     def __str__(self) -> str:
         return self.public_id
+
+    @property
+    def delivered_text(self) -> str:
+        """Everything delivered so far, read from its chunks (a query: settlement, a
+        continuation and a listener's catch-up read it, the token path never does)."""
+        return "".join(self.chunks.order_by("char_offset").values_list("text", flat=True))
 
 
 class Job(models.Model):
@@ -114,3 +119,21 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.pk} ({self.status})"
+
+
+class TextChunk(models.Model):
+    """One batch of delivered text, appended and never rewritten, so a batch costs O(batch)
+    whatever the answer's length. A request's text is its chunks in `char_offset` order; they
+    are deleted with the rest of its output once it has been handed over."""
+
+    request = models.ForeignKey(Request, on_delete=models.CASCADE, related_name="chunks")
+    job = models.ForeignKey(Job, null=True, on_delete=models.CASCADE, related_name="chunks")
+    seq = models.PositiveIntegerField(help_text="the job's batch number")
+    char_offset = models.PositiveIntegerField(help_text="where the text starts in the request's delivered text")
+    text = models.TextField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["request", "char_offset"], name="one_chunk_per_offset")]
+
+    def __str__(self) -> str:
+        return f"{self.request_id}@{self.char_offset}"

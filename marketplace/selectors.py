@@ -54,6 +54,21 @@ def request_state(*, public_id: str) -> Request:
     return Request.objects.select_related("model").get(public_id=public_id)
 
 
+def request_catch_up(*, public_id: str, sent: int) -> tuple[Request, str]:
+    """The request's state and the delivered text from character `sent` on: the chunks
+    that end after it (the first one cut), so a listener that missed messages gets
+    exactly what it has not sent."""
+    request = request_state(public_id=public_id)
+    if request.delivered_chars <= sent:
+        return request, ""
+    chunks = request.chunks.order_by("char_offset").values_list("char_offset", "text")
+    tail = [text for offset, text in chunks.filter(char_offset__gte=sent)]
+    head = chunks.filter(char_offset__lt=sent).last()
+    if head is not None and head[0] + len(head[1]) > sent:
+        tail.insert(0, head[1][sent - head[0]:])
+    return request, "".join(tail)
+
+
 def unix(ts) -> int:  # type: ignore[no-untyped-def]
     return int((ts or timezone.now()).timestamp())
 

@@ -63,9 +63,7 @@ class RequestListener:
         return text[self.sent - offset :]
 
     async def _catch_up(self) -> tuple[Request, str]:
-        request = await db(selectors.request_state, public_id=self.public_id)
-        missing = request.delivered_text[self.sent :] if request.delivered_chars > self.sent else ""
-        return request, missing
+        return await db(selectors.request_catch_up, public_id=self.public_id, sent=self.sent)
 
     async def events(self) -> AsyncIterator[Text | Ended]:
         """Text as it arrives, then one Ended carrying the final request row.

@@ -5,15 +5,20 @@ import csv
 import io
 import re
 from datetime import date
+from typing import TYPE_CHECKING
 
 from django.conf import settings
-from django.http import HttpResponse
+from django.http import HttpResponse, QueryDict
+from rest_framework.request import Request
 from rest_framework.response import Response
 
 from accounts.apis import KeyApi
 from core.dates import day_range
 from core.errors import bad_request
 from marketplace import selectors
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
@@ -29,7 +34,7 @@ def _parse_day(raw: str | None, *, param: str) -> date | None:
         raise bad_request(f"'{param}' must be a date as YYYY-MM-DD, got {raw!r}.", code="invalid_date", param=param) from None
 
 
-def usage_range(query) -> tuple[date, date]:  # type: ignore[no-untyped-def]
+def usage_range(query: QueryDict) -> tuple[date, date]:
     """`from` and `to` (inclusive, UTC days); the last 30 days by default."""
     end = _parse_day(query.get("to"), param="to")
     return day_range(_parse_day(query.get("from"), param="from"), end)
@@ -48,7 +53,7 @@ def usage_row(row: dict) -> dict:
     }
 
 
-def usage_page(query, *, user, start: date, end: date) -> tuple[list[dict], bool]:  # type: ignore[no-untyped-def]
+def usage_page(query: QueryDict, *, user: User, start: date, end: date) -> tuple[list[dict], bool]:
     """One page of per-request rows: at most `limit` (1..USAGE_PAGE_MAX, default that) after
     the request id `after`; and whether more follow."""
     raw = query.get("limit") or str(settings.USAGE_PAGE_MAX)
@@ -67,7 +72,7 @@ class UsageApi(KeyApi):
     """GET /v1/usage?from=YYYY-MM-DD&to=YYYY-MM-DD[&limit=N&after=ID] → daily totals, and the
     requests one page at a time (`has_more`; the next page starts `after` the last id)."""
 
-    def get(self, request) -> Response:  # type: ignore[no-untyped-def]
+    def get(self, request: Request) -> Response:
         key = self.key(request)
         start, end = usage_range(request.query_params)
         data, has_more = usage_page(request.query_params, user=key.user, start=start, end=end)
@@ -101,13 +106,13 @@ CSV_COLUMNS = ["id", "created", "model", "key_prefix", "status", "prompt_tokens"
 class UsageCsvApi(KeyApi):
     """GET /v1/usage.csv?from=…&to=… → one line per request (same columns as /v1/usage's data)."""
 
-    def get(self, request) -> HttpResponse:  # type: ignore[no-untyped-def]
+    def get(self, request: Request) -> HttpResponse:
         key = self.key(request)
         start, end = usage_range(request.query_params)
         return usage_csv_response(user=key.user, start=start, end=end)
 
 
-def usage_csv_response(*, user, start, end) -> HttpResponse:  # type: ignore[no-untyped-def]
+def usage_csv_response(*, user: User, start: date, end: date) -> HttpResponse:
     """One CSV line per request of `user` in [start, end]; the API and the web page both serve this."""
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")

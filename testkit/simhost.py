@@ -9,7 +9,7 @@ A prompt that starts with `hold:SECONDS` makes that one job take SECONDS instead
 `--delay`, so a test can keep a host busy for exactly as long as it needs.
 
 Prints one JSON line per job it claimed ({"job", "model", "claimed", "continuation"})
-and one per refusal, then exits on SIGTERM. It never imports Django.
+and one per refusal, then exits on SIGTERM. It never imports Django (only mahout's socket).
 """
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ import threading
 import time
 
 import httpx
+
+from mahout.presence import Presence
 
 FINGERPRINT = "s" * 64
 
@@ -41,6 +43,7 @@ class SimHost:
         self.lock = threading.Lock()
         self.out_lock = threading.Lock()
         self.headers = {"Authorization": f"Bearer {args.token}"}
+        self.socket: Presence | None = None
 
     def emit(self, record: dict) -> None:
         with self.out_lock:
@@ -118,7 +121,10 @@ class SimHost:
                 vectors = [[1.0, 0.0, 0.0] for _ in job["input"]]
                 self.call(client, "POST", f"jobs/{job['id']}/complete", {"finish_reason": "stop", "embeddings": vectors})
                 return
-            self.call(client, "POST", f"jobs/{job['id']}/tokens", {"seq": 0, "text": " sim"})
+            if self.args.stream_batches:
+                self.stream(client, job)
+            else:
+                self.call(client, "POST", f"jobs/{job['id']}/tokens", {"seq": 0, "text": " sim"})
             self.call(client, "POST", f"jobs/{job['id']}/complete", {"finish_reason": "stop"})
         except httpx.HTTPError:
             pass
@@ -126,16 +132,39 @@ class SimHost:
             with self.lock:
                 self.active -= 1
 
+    def stream(self, client: httpx.Client, job: dict) -> None:
+        """`--stream-batches` batches of five words, one every `--interval` seconds; each
+        batch's first word is `@SEQ:UNIX_TIME` (when it was sent), so a reader can time
+        every batch and check that none was lost, duplicated or reordered (`batch_text`)."""
+        started = time.monotonic()
+        for seq in range(self.args.stream_batches):
+            text = batch_text(seq, time.time())
+            if self.socket is not None and self.socket.push_tokens(job["id"], seq=seq, text=text) is not None:
+                pass
+            elif self.call(client, "POST", f"jobs/{job['id']}/tokens", {"seq": seq, "text": text}).status_code != 200:
+                return
+            time.sleep(max(0.0, started + (seq + 1) * self.args.interval - time.monotonic()))
+
     def run(self) -> None:
         with httpx.Client() as client:
             self.register(client)
             self.heartbeat(client)
+        if self.args.socket:
+            self.socket = Presence(self.args.server, self.args.token, out=lambda line: None).start()
+            self.socket.connected.wait(30)
         self.emit({"ready": True})
         threads = [threading.Thread(target=self.heartbeats, daemon=True)]
         threads += [threading.Thread(target=self.worker, daemon=True) for _ in range(self.args.slots)]
         for thread in threads:
             thread.start()
         self.stop.wait()
+
+
+FILLER = " a b c d"
+
+
+def batch_text(seq: int, sent_at: float) -> str:
+    return f" @{seq}:{sent_at:.6f}{FILLER}"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -151,6 +180,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--heartbeat", type=float, default=1.0)
     parser.add_argument("--wait", type=float, default=5.0)
     parser.add_argument("--fail", action="store_true", help="fail every job it claims")
+    parser.add_argument("--stream-batches", type=int, default=0, help="stream this many timestamped 5-word batches per job")
+    parser.add_argument("--interval", type=float, default=0.05, help="seconds between streamed batches")
+    parser.add_argument("--socket", action="store_true", help="push batches on the host's WebSocket (mahout's path)")
     host = SimHost(parser.parse_args(argv))
     signal.signal(signal.SIGTERM, lambda *_: host.stop.set())
     host.run()

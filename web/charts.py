@@ -1,6 +1,7 @@
 """Server-rendered SVG bar charts: geometry computed here, drawn by web/_bar_chart.html."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 WIDTH = 600
@@ -28,7 +29,7 @@ class BarChart:
     baseline: int  # the plot's height: bars stand on it
 
 
-def bar_chart(*, title: str, points: list[tuple[str, int]], fmt=str) -> BarChart:  # type: ignore[no-untyped-def]
+def bar_chart(*, title: str, points: list[tuple[str, int]], fmt: Callable[[int], str] = str) -> BarChart:
     """One bar per (label, value), scaled so the largest value fills the plot; `fmt` renders values for tooltips."""
     plot = HEIGHT
     peak = max((value for _, value in points), default=0)

@@ -1,11 +1,14 @@
 """Input parsing for the pages. Forms validate shape only; the services decide."""
 from __future__ import annotations
 
+from datetime import date
 from decimal import Decimal
+from typing import Any
 
 from django import forms
 from django.contrib.auth import password_validation
 from django.contrib.auth.forms import AuthenticationForm
+from django.http import QueryDict
 
 from catalog.money import UCENTS_PER_USD
 from core.dates import DateRangeInvalid, day_range
@@ -24,7 +27,7 @@ class SignupForm(forms.Form):
 class LoginForm(AuthenticationForm):
     """Django's login form with the username labelled as the e-mail it is."""
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["username"].label = "E-mail"
         self.fields["username"].widget = forms.EmailInput(attrs={"autofocus": True, "autocomplete": "email"})
@@ -75,7 +78,7 @@ class DateRangeForm(forms.Form):
     start = forms.DateField(required=False, label="From")
     end = forms.DateField(required=False, label="To")
 
-    def __init__(self, query, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, query: QueryDict, *args: Any, **kwargs: Any) -> None:
         super().__init__({"start": query.get("from", ""), "end": query.get("to", "")}, *args, **kwargs)
 
     def clean(self) -> dict:
@@ -86,7 +89,7 @@ class DateRangeForm(forms.Form):
             raise forms.ValidationError(error.message) from None
         return data
 
-    def range(self):  # type: ignore[no-untyped-def]
+    def range(self) -> tuple[date, date]:
         """The valid range, or the default 30 days when the query was malformed."""
         if self.is_valid():
             return self.cleaned_data["start"], self.cleaned_data["end"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, date, timedelta
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db.models import Count, Q, QuerySet, Sum
@@ -19,6 +20,9 @@ from hosts.selectors import warm_host_counts
 from marketplace.models import Job, Request
 from marketplace.selectors import host_status, with_running_job
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+
 
 @dataclass(frozen=True)
 class Balance:
@@ -30,7 +34,7 @@ class Balance:
         return self.balance_ucents - self.held_ucents
 
 
-def customer_balance(*, user) -> Balance:  # type: ignore[no-untyped-def]
+def customer_balance(*, user: User) -> Balance:
     """The customer's credit and the part of it held by requests in flight (zero before the first grant)."""
     account = customer_account(user=user)
     if account is None:
@@ -38,16 +42,16 @@ def customer_balance(*, user) -> Balance:  # type: ignore[no-untyped-def]
     return Balance(balance_ucents=account.balance_ucents, held_ucents=account.held_ucents)
 
 
-def api_keys_of(*, user) -> QuerySet[ApiKey]:  # type: ignore[no-untyped-def]
+def api_keys_of(*, user: User) -> QuerySet[ApiKey]:
     """The user's keys, live ones first, newest first."""
     return ApiKey.objects.filter(user=user).order_by("revoked_at", "-created_at", "-pk")
 
 
-def api_key_of(*, user, key_id: int) -> ApiKey | None:  # type: ignore[no-untyped-def]
+def api_key_of(*, user: User, key_id: int) -> ApiKey | None:
     return ApiKey.objects.filter(user=user, pk=key_id).first()
 
 
-def recent_requests(*, user, limit: int | None = None) -> list[dict]:  # type: ignore[no-untyped-def]
+def recent_requests(*, user: User, limit: int | None = None) -> list[dict]:
     """The user's latest requests (newest first) with what the usage table shows."""
     return list(
         Request.objects.filter(user=user)
@@ -79,16 +83,16 @@ def host_earnings_daily(*, host: Host, start: date, end: date) -> list[dict]:
     ]
 
 
-def hosts_of(*, user) -> list[Host]:  # type: ignore[no-untyped-def]
+def hosts_of(*, user: User) -> list[Host]:
     return list(with_running_job(Host.objects.filter(owner=user)).order_by("name", "pk"))
 
 
-def host_of(*, user, host_id: int) -> Host | None:  # type: ignore[no-untyped-def]
+def host_of(*, user: User, host_id: int) -> Host | None:
     """The host if `user` owns it; None for anyone else (the page answers 404, not 403, so ids leak nothing)."""
     return Host.objects.filter(owner=user, pk=host_id).first()
 
 
-def host_statuses(*, user) -> list[dict]:  # type: ignore[no-untyped-def]
+def host_statuses(*, user: User) -> list[dict]:
     """What the machines page polls: each of the user's hosts and its status right now."""
     return [
         {

@@ -2,8 +2,13 @@
 goes through the owning app's services (billing, marketplace, hosts)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 
 class EmailTaken(Exception):
@@ -11,7 +16,7 @@ class EmailTaken(Exception):
 
 
 @transaction.atomic
-def user_signup(*, email: str, password: str):  # type: ignore[no-untyped-def]
+def user_signup(*, email: str, password: str) -> User:
     """Create a customer whose username is their e-mail (lower-cased), with a hashed password.
 
     The unique username decides a race between two sign-ups for one address.

@@ -5,14 +5,17 @@ signed-in user (web.selectors), so an outsider's id answers 404.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import date
 from functools import wraps
+from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError
-from django.http import Http404, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
@@ -21,22 +24,24 @@ from billing import services as billing
 from billing import stripe_api
 from billing.errors import BillingError
 from catalog.money import usd
+from core.http import AuthedHttpRequest
 from hosts import selectors as host_selectors
 from hosts import services as hosts
+from hosts.models import Host
 from marketplace import selectors as marketplace_selectors
 from marketplace.usage_apis import usage_csv_response
 from web import selectors
-from web.charts import bar_chart
+from web.charts import BarChart, bar_chart
 from web.forms import ApiKeyForm, DateRangeForm, HostForm, PayoutForm, SignupForm, TopupForm
 from web.services import EmailTaken, user_signup
 
 
-def staff_required(view):  # type: ignore[no-untyped-def]
+def staff_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
     """Anonymous → the login page; signed in but not staff → 403."""
 
     @wraps(view)
     @login_required
-    def wrapped(request, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def wrapped(request: AuthedHttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         if not request.user.is_staff:
             raise PermissionDenied("Operators only.")
         return view(request, *args, **kwargs)
@@ -44,12 +49,12 @@ def staff_required(view):  # type: ignore[no-untyped-def]
     return wrapped
 
 
-def base_url(request) -> str:  # type: ignore[no-untyped-def]
+def base_url(request: HttpRequest) -> str:
     """This gateway's address as the visitor reached it, without a trailing slash."""
     return request.build_absolute_uri("/").rstrip("/")
 
 
-def render_secret_once(request, template: str, context: dict, *, secret_shown: bool):  # type: ignore[no-untyped-def]
+def render_secret_once(request: HttpRequest, template: str, context: dict, *, secret_shown: bool) -> HttpResponse:
     """Render a page that may carry a new secret (a key, a host token); such a response is never cached."""
     response = render(request, template, context)
     if secret_shown:
@@ -61,7 +66,7 @@ def render_secret_once(request, template: str, context: dict, *, secret_shown: b
 
 
 @require_http_methods(["GET", "POST"])
-def signup(request):  # type: ignore[no-untyped-def]
+def signup(request: HttpRequest) -> HttpResponse:
     if request.user.is_authenticated:
         return redirect("dashboard")
     form = SignupForm(request.POST or None)
@@ -82,7 +87,7 @@ def signup(request):  # type: ignore[no-untyped-def]
 
 @login_required
 @require_GET
-def dashboard(request):  # type: ignore[no-untyped-def]
+def dashboard(request: AuthedHttpRequest) -> HttpResponse:
     outcome = request.GET.get("topup")
     if outcome == "success":
         messages.info(request, "Thank you. Your credit appears as soon as Stripe confirms the payment.")
@@ -102,7 +107,7 @@ def dashboard(request):  # type: ignore[no-untyped-def]
 
 @login_required
 @require_POST
-def topup(request):  # type: ignore[no-untyped-def]
+def topup(request: AuthedHttpRequest) -> HttpResponse:
     form = TopupForm(request.POST)
     if not form.is_valid():
         messages.error(request, "Enter an amount in USD, e.g. 20.")
@@ -117,7 +122,7 @@ def topup(request):  # type: ignore[no-untyped-def]
 
 @login_required
 @require_http_methods(["GET", "POST"])
-def keys(request):  # type: ignore[no-untyped-def]
+def keys(request: AuthedHttpRequest) -> HttpResponse:
     """List keys; a POST creates one and renders its secret on this response only (never stored)."""
     form = ApiKeyForm(request.POST or None)
     new_key = None
@@ -136,7 +141,7 @@ def keys(request):  # type: ignore[no-untyped-def]
 
 @login_required
 @require_POST
-def key_revoke(request, key_id: int):  # type: ignore[no-untyped-def]
+def key_revoke(request: AuthedHttpRequest, key_id: int) -> HttpResponse:
     key = selectors.api_key_of(user=request.user, key_id=key_id)
     if key is None:
         raise Http404("No such key.")
@@ -147,11 +152,11 @@ def key_revoke(request, key_id: int):  # type: ignore[no-untyped-def]
     return redirect("keys")
 
 
-def _usage_charts(daily: list[dict], start, end) -> list:  # type: ignore[no-untyped-def]
+def _usage_charts(daily: list[dict], start: date, end: date) -> list[BarChart]:
     by_day = {row["day"]: row for row in daily}
     days = selectors.days_between(start, end)
 
-    def series(field):  # type: ignore[no-untyped-def]
+    def series(field: Callable[[dict | None], int]) -> list[tuple[str, int]]:
         return [(day.isoformat(), field(by_day.get(day))) for day in days]
 
     return [
@@ -166,7 +171,7 @@ def _usage_charts(daily: list[dict], start, end) -> list:  # type: ignore[no-unt
 
 @login_required
 @require_GET
-def usage(request):  # type: ignore[no-untyped-def]
+def usage(request: AuthedHttpRequest) -> HttpResponse:
     range_form = DateRangeForm(request.GET)
     start, end = range_form.range()
     daily = marketplace_selectors.usage_daily(user=request.user, start=start, end=end)
@@ -187,7 +192,7 @@ def usage(request):  # type: ignore[no-untyped-def]
 
 @login_required
 @require_GET
-def usage_csv(request):  # type: ignore[no-untyped-def]
+def usage_csv(request: AuthedHttpRequest) -> HttpResponse:
     """The same CSV as GET /v1/usage.csv, for the signed-in customer."""
     start, end = DateRangeForm(request.GET).range()
     return usage_csv_response(user=request.user, start=start, end=end)
@@ -195,13 +200,13 @@ def usage_csv(request):  # type: ignore[no-untyped-def]
 
 @login_required
 @require_GET
-def catalog(request):  # type: ignore[no-untyped-def]
+def catalog(request: AuthedHttpRequest) -> HttpResponse:
     return render(request, "web/catalog.html", {"models": selectors.catalog_models()})
 
 
 @login_required
 @require_GET
-def quickstart(request):  # type: ignore[no-untyped-def]
+def quickstart(request: AuthedHttpRequest) -> HttpResponse:
     first = selectors.catalog_models().first()
     return render(
         request, "web/quickstart.html", {"base_url": base_url(request), "model_name": first.name if first else "MODEL"}
@@ -213,7 +218,7 @@ def quickstart(request):  # type: ignore[no-untyped-def]
 
 @login_required
 @require_http_methods(["GET", "POST"])
-def machines(request):  # type: ignore[no-untyped-def]
+def machines(request: AuthedHttpRequest) -> HttpResponse:
     """The user's machines; a POST registers one and renders its token on this response only."""
     form = HostForm(request.POST or None)
     new_host = None
@@ -238,12 +243,12 @@ def machines(request):  # type: ignore[no-untyped-def]
 
 @login_required
 @require_GET
-def machines_status(request):  # type: ignore[no-untyped-def]
+def machines_status(request: AuthedHttpRequest) -> HttpResponse:
     """JSON the machines page polls every few seconds."""
     return JsonResponse({"hosts": selectors.host_statuses(user=request.user)})
 
 
-def _owned_host(request, host_id: int):  # type: ignore[no-untyped-def]
+def _owned_host(request: AuthedHttpRequest, host_id: int) -> Host:
     host = selectors.host_of(user=request.user, host_id=host_id)
     if host is None:
         raise Http404("No such machine.")
@@ -252,7 +257,7 @@ def _owned_host(request, host_id: int):  # type: ignore[no-untyped-def]
 
 @login_required
 @require_GET
-def machine_detail(request, host_id: int):  # type: ignore[no-untyped-def]
+def machine_detail(request: AuthedHttpRequest, host_id: int) -> HttpResponse:
     host = _owned_host(request, host_id)
     start, end = DateRangeForm(request.GET).range()
     daily = selectors.host_earnings_daily(host=host, start=start, end=end)
@@ -274,7 +279,7 @@ def machine_detail(request, host_id: int):  # type: ignore[no-untyped-def]
 
 @login_required
 @require_POST
-def machine_payout(request, host_id: int):  # type: ignore[no-untyped-def]
+def machine_payout(request: AuthedHttpRequest, host_id: int) -> HttpResponse:
     host = _owned_host(request, host_id)
     form = PayoutForm(request.POST)
     if not form.is_valid():
@@ -291,7 +296,7 @@ def machine_payout(request, host_id: int):  # type: ignore[no-untyped-def]
 
 @login_required
 @require_POST
-def machine_resume(request, host_id: int):  # type: ignore[no-untyped-def]
+def machine_resume(request: AuthedHttpRequest, host_id: int) -> HttpResponse:
     """The owner takes the machine out of maintenance; back to the page the form was on."""
     host = _owned_host(request, host_id)
     if hosts.host_maintenance_resume(host=host):
@@ -308,5 +313,5 @@ def machine_resume(request, host_id: int):  # type: ignore[no-untyped-def]
 
 @staff_required
 @require_GET
-def pool(request):  # type: ignore[no-untyped-def]
+def pool(request: AuthedHttpRequest) -> HttpResponse:
     return render(request, "web/pool.html", {"pool": selectors.pool_overview()})

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import pytest
 from django.db import connection
@@ -14,12 +15,18 @@ from conftest import make_customer, make_host
 from marketplace import services as market
 from marketplace.models import Request
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from catalog.models import CatalogModel
+    from testkit.personas import Customer
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 PARAMS = {"max_tokens": 100, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None}
 
 
-def race(fn, attempts: int) -> list[str]:  # type: ignore[no-untyped-def]
+def race(fn: Callable[[int], str], attempts: int) -> list[str]:
     def one(index: int) -> str:
         try:
             return fn(index)
@@ -34,7 +41,7 @@ def race(fn, attempts: int) -> list[str]:  # type: ignore[no-untyped-def]
         return list(pool.map(one, range(attempts)))
 
 
-def admit(customer, catalog):  # type: ignore[no-untyped-def]
+def admit(customer: Customer, catalog: CatalogModel) -> Callable[[int], str]:
     def submit(index: int) -> str:
         market.request_submit(
             public_id=f"chatcmpl-bill-{index}", api_key=customer.key, model=catalog, kind="chat",

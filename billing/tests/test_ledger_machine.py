@@ -3,6 +3,7 @@ the rules allow, and after every step the ledger's invariants hold."""
 from __future__ import annotations
 
 import uuid
+from typing import TYPE_CHECKING
 
 import pytest
 from django.db import transaction
@@ -22,6 +23,11 @@ from catalog.models import CatalogModel
 from conftest import make_customer, make_host
 from marketplace import services as market
 from marketplace.models import Job, Request
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import DataObject
+
+    from hosts.models import Host
 
 pytestmark = pytest.mark.django_db
 
@@ -77,7 +83,7 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.events)
     @rule(data=st.data())
-    def replay_webhook(self, data) -> None:  # type: ignore[no-untyped-def]
+    def replay_webhook(self, data: DataObject) -> None:
         before = selectors.ledger_total(), LedgerTransaction.objects.count()
         self._deliver(data.draw(st.sampled_from(self.events)))
         assert (selectors.ledger_total(), LedgerTransaction.objects.count()) == before
@@ -112,18 +118,18 @@ class LedgerMachine(RuleBasedStateMachine):
     def _running(self) -> list[Job]:
         return list(Job.objects.filter(status=Job.Status.RUNNING, model=self.model).order_by("pk"))
 
-    def _host_of(self, job: Job):  # type: ignore[no-untyped-def]
+    def _host_of(self, job: Job) -> Host:
         return next(s.host for s in self.hosts if s.host.pk == job.host_id)
 
     @precondition(lambda self: self._running())
     @rule(data=st.data(), text=WORDS)
-    def push_tokens(self, data, text: str) -> None:  # type: ignore[no-untyped-def]
+    def push_tokens(self, data: DataObject, text: str) -> None:
         job = data.draw(st.sampled_from(self._running()))
         market.job_push_tokens(host=self._host_of(job), job_id=job.pk, seq=job.next_seq, text=text)
 
     @precondition(lambda self: self._running())
     @rule(data=st.data(), twice=st.booleans())
-    def settle(self, data, twice: bool) -> None:  # type: ignore[no-untyped-def]
+    def settle(self, data: DataObject, twice: bool) -> None:
         job = data.draw(st.sampled_from(self._running()))
         first = market.job_complete(host=self._host_of(job), job_id=job.pk, finish_reason="stop")
         if twice:  # a lost answer, retried: same result, nothing posted again
@@ -132,7 +138,7 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self._running())
     @rule(data=st.data())
-    def fail(self, data) -> None:  # type: ignore[no-untyped-def]
+    def fail(self, data: DataObject) -> None:
         job = data.draw(st.sampled_from(self._running()))
         market.job_fail(host=self._host_of(job), job_id=job.pk, reason="oom")
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import pytest
 from django.utils import timezone
@@ -10,10 +11,13 @@ from billing import errors, services
 from billing.models import Hold
 from conftest import make_customer
 
+if TYPE_CHECKING:
+    from testkit.personas import Customer
+
 pytestmark = pytest.mark.django_db
 
 
-def limited(**limits: int):  # type: ignore[no-untyped-def]
+def limited(**limits: int) -> Customer:
     customer = make_customer(credit_ucents=1_000_000)
     ApiKey.objects.filter(pk=customer.key.pk).update(**limits)
     customer.key.refresh_from_db()

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import TYPE_CHECKING
 
 import pytest
 from django.test import Client
@@ -10,10 +11,13 @@ from billing.errors import InvalidAmount, PaymentProviderError, PayoutRefused
 from billing.models import Account, LedgerTransaction, Payout, PayoutProfile
 from conftest import make_customer, make_host
 
+if TYPE_CHECKING:
+    from testkit.personas import ServingHost
+
 pytestmark = pytest.mark.django_db
 
 
-def host_earning(ucents_cost: int, *, account_id: str = "acct_1Host"):  # type: ignore[no-untyped-def]
+def host_earning(ucents_cost: int, *, account_id: str = "acct_1Host") -> ServingHost:
     """A host with a payout account that earned 80% of `ucents_cost`."""
     serving = make_host()
     PayoutProfile.objects.create(host=serving.host, stripe_account_id=account_id)

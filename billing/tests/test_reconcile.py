@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
@@ -10,12 +12,16 @@ from conftest import make_customer
 from marketplace import services as market
 from marketplace.models import Request
 
+if TYPE_CHECKING:
+    from catalog.models import CatalogModel
+    from testkit.personas import Customer
+
 pytestmark = pytest.mark.django_db
 
 PARAMS = {"max_tokens": 10, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None}
 
 
-def submit(customer, catalog) -> Request:  # type: ignore[no-untyped-def]
+def submit(customer: Customer, catalog: CatalogModel) -> Request:
     return market.request_submit(
         public_id=market.new_public_id("chat"), api_key=customer.key, model=catalog, kind="chat",
         messages=[{"role": "user", "content": "hi"}], prompt=None, params=PARAMS, stream=False, prompt_tokens=4,

@@ -3,6 +3,7 @@ from __future__ import annotations
 import csv
 import io
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import pytest
 from django.test import Client
@@ -11,10 +12,14 @@ from conftest import make_customer
 from marketplace import services as market
 from marketplace.models import Request
 
+if TYPE_CHECKING:
+    from catalog.models import CatalogModel
+    from testkit.personas import Customer
+
 pytestmark = pytest.mark.django_db
 
 
-def request_on(customer, catalog, day: str, *, cost: int, completion_tokens: int) -> Request:  # type: ignore[no-untyped-def]
+def request_on(customer: Customer, catalog: CatalogModel, day: str, *, cost: int, completion_tokens: int) -> Request:
     request = market.request_submit(
         public_id=market.new_public_id("chat"), api_key=customer.key, model=catalog, kind="chat",
         messages=[{"role": "user", "content": "hi"}], prompt=None,

@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from typing import TYPE_CHECKING
 
 import pytest
 from django.test import Client
@@ -13,22 +14,28 @@ from billing.tests.conftest import WEBHOOK_SECRET
 from billing.tests.stripe_fake import checkout_completed_event, sign
 from conftest import make_customer
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+    from django.test.client import _MonkeyPatchedWSGIResponse as TestResponse
+
+    from billing.tests.stripe_fake import FakeStripe
+
 pytestmark = pytest.mark.django_db
 
 URL = "/billing/stripe/webhook/"
 
 
-def deliver(payload: str, signature: str | None = None):  # type: ignore[no-untyped-def]
+def deliver(payload: str, signature: str | None = None) -> TestResponse:
     header = sign(payload, WEBHOOK_SECRET) if signature is None else signature
     return Client().post(URL, data=payload.encode(), content_type="application/json", HTTP_STRIPE_SIGNATURE=header)
 
 
-def open_topup(fake_stripe, user, cents: int) -> tuple[TopUp, dict]:  # type: ignore[no-untyped-def]
+def open_topup(fake_stripe: FakeStripe, user: User, cents: int) -> tuple[TopUp, dict]:
     topup = services.topup_create(user=user, amount_cents=cents)
     return topup, fake_stripe.sessions[topup.stripe_session_id]
 
 
-def balance(user) -> int:  # type: ignore[no-untyped-def]
+def balance(user: User) -> int:
     account = selectors.customer_account(user=user)
     return account.balance_ucents if account else 0
 

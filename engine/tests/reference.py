@@ -19,7 +19,7 @@ from llama_cpp import llama as llama_module
 def reference_llama(model_path: str | Path, *, n_ctx: int = 256, n_threads: int = 1, logits_all: bool = True) -> Llama:
     default_params = llama_module.llama_cpp.llama_model_default_params
 
-    def plain_buffer_params():  # type: ignore[no-untyped-def]
+    def plain_buffer_params() -> llama_module.llama_cpp.llama_model_params:
         params = default_params()
         params.use_extra_bufts = False
         return params

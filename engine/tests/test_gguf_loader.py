@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,6 +24,13 @@ BLOCK_TENSORS = (
     "ffn_down",
     "post_ffw_norm",
 )
+
+if TYPE_CHECKING:
+    from typing import IO, Any
+
+    import pytest
+
+    from engine.model import Stage
 
 
 def block_names(*layers: int) -> set[str]:
@@ -63,12 +71,12 @@ class LoadStageTests:
         assert weights.embedding is None
         assert weights.output is not None and weights.output.shape == (config.vocab_size, config.d_model)
 
-    def test_it_shares_the_tied_table_when_one_stage_holds_everything(self, full_stage) -> None:  # type: ignore[no-untyped-def]
+    def test_it_shares_the_tied_table_when_one_stage_holds_everything(self, full_stage: Stage) -> None:
         weights = full_stage.weights
         assert weights.names == block_names(*range(18)) | {"output_norm.weight", "token_embd.weight"}
         assert isinstance(weights.embedding, DenseEmbedding) and weights.embedding.table is weights.output
 
-    def test_it_dequantizes_embedding_rows_like_the_whole_table(self, model_path: Path, full_stage) -> None:  # type: ignore[no-untyped-def]
+    def test_it_dequantizes_embedding_rows_like_the_whole_table(self, model_path: Path, full_stage: Stage) -> None:
         _, head = load_stage(model_path, 0, 1)
         ids = torch.tensor([2, 818, 262143])
         assert head.embedding is not None
@@ -76,7 +84,7 @@ class LoadStageTests:
 
 
 class SharedOutputTests:
-    def test_it_splits_the_output_head_between_the_head_and_the_tail_of_a_ring(self, model_path: Path, full_stage) -> None:  # type: ignore[no-untyped-def]
+    def test_it_splits_the_output_head_between_the_head_and_the_tail_of_a_ring(self, model_path: Path, full_stage: Stage) -> None:
         config, head = load_stage(model_path, 0, 9, share_output=True)
         _, tail = load_stage(model_path, 9, 18, share_output=True)
         half = config.vocab_size // 2
@@ -92,7 +100,7 @@ class SharedOutputTests:
         assert middle.output is None and middle.output_norm is None
         assert middle.names == block_names(5, 6)
 
-    def test_the_two_halves_give_the_whole_logits(self, model_path: Path, full_stage) -> None:  # type: ignore[no-untyped-def]
+    def test_the_two_halves_give_the_whole_logits(self, model_path: Path, full_stage: Stage) -> None:
         head, tail = build_stages(model_path, [(0, 9), (9, 18)], n_rows=1, n_ctx=8, share_output=True)
         assert head.shares_output and tail.shares_output and head.vocab_slice == (0, 131072)
         states = torch.randn(3, full_stage.config.d_model)  # (R, D), already final-normed
@@ -108,7 +116,7 @@ class StageTensorNamesTests:
 
 
 class DefaultModelPathTests:
-    def test_a_second_reader_never_sees_the_file_half_written(self, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    def test_a_second_reader_never_sees_the_file_half_written(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         import hashlib
         import threading
 
@@ -127,7 +135,7 @@ class DefaultModelPathTests:
             def exists(self) -> bool:
                 return self.path.exists()
 
-            def open(self, mode: str = "rb"):  # type: ignore[no-untyped-def]
+            def open(self, mode: str = "rb") -> IO[Any]:
                 if self.hold:
                     halfway.set()
                     go_on.wait(60)

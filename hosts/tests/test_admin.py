@@ -2,6 +2,8 @@
 posts the changelist's actions."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
@@ -9,6 +11,9 @@ from django.test import Client
 from conftest import make_host
 from hosts import services
 from hosts.models import Host
+
+if TYPE_CHECKING:
+    from django.test.client import _MonkeyPatchedWSGIResponse as TestResponse
 
 pytestmark = pytest.mark.django_db
 
@@ -22,11 +27,11 @@ def operator() -> Client:
     return client
 
 
-def act(client: Client, action: str, hosts: list[Host]):  # type: ignore[no-untyped-def]
+def act(client: Client, action: str, hosts: list[Host]) -> TestResponse:
     return client.post(CHANGELIST, {"action": action, "_selected_action": [h.pk for h in hosts], "index": "0"})
 
 
-def apply_reason(client: Client, hosts: list[Host], reason: str):  # type: ignore[no-untyped-def]
+def apply_reason(client: Client, hosts: list[Host], reason: str) -> TestResponse:
     """The second step: the reason form posted back to the changelist."""
     return client.post(CHANGELIST, {
         "action": "maintenance_enter", "_selected_action": [h.pk for h in hosts], "reason": reason, "apply": "Put in maintenance",

@@ -1,16 +1,20 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import pytest
 from django.test import Client
 
 from hosts import services
 
+if TYPE_CHECKING:
+    from testkit.personas import ServingHost
+
 pytestmark = pytest.mark.django_db
 
 
-def heartbeat(serving_host) -> dict:  # type: ignore[no-untyped-def]
+def heartbeat(serving_host: ServingHost) -> dict:
     response = Client().post(
         "/hosts/api/heartbeat", data=json.dumps({"fingerprint": serving_host.fingerprint}), content_type="application/json",
         HTTP_AUTHORIZATION=f"Bearer {serving_host.token}",
@@ -19,7 +23,7 @@ def heartbeat(serving_host) -> dict:  # type: ignore[no-untyped-def]
     return response.json()
 
 
-def me(serving_host) -> dict:  # type: ignore[no-untyped-def]
+def me(serving_host: ServingHost) -> dict:
     response = Client().get("/hosts/api/me", HTTP_AUTHORIZATION=f"Bearer {serving_host.token}")
     assert response.status_code == 200
     return response.json()

@@ -14,6 +14,11 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mahout.ring.local import ProcessRing
 
 __all__ = ["add_parser", "cmd_ring"]
 
@@ -81,7 +86,7 @@ def cmd_ring(args: argparse.Namespace, say: Callable[[str], None] = print) -> in
         return _complete(ring, model_path, args, say)
 
 
-def _complete(ring, model_path, args: argparse.Namespace, say: Callable[[str], None]) -> int:  # type: ignore[no-untyped-def]
+def _complete(ring: ProcessRing, model_path: str | Path, args: argparse.Namespace, say: Callable[[str], None]) -> int:
     from engine.tokenizer import Tokenizer
 
     tokenizer = Tokenizer(model_path)

@@ -16,7 +16,9 @@ from protocol.jobs import CHAT
 from protocol.turns import STOP_STRINGS, render_job
 
 if TYPE_CHECKING:
-    from llama_cpp import Llama
+    import numpy as np
+    import numpy.typing as npt
+    from llama_cpp import Llama, LogitsProcessorList
 
 _PARAMS_LOCK = threading.Lock()
 
@@ -95,11 +97,11 @@ class TokenHealer:
         self.vocab = vocab
         self.pending = dropped.decode("utf-8", errors="ignore")
 
-    def processors(self):  # type: ignore[no-untyped-def]
+    def processors(self) -> LogitsProcessorList:
         import numpy as np
         from llama_cpp import LogitsProcessorList
 
-        def rewrite_dropped_text(input_ids, scores):  # type: ignore[no-untyped-def]
+        def rewrite_dropped_text(input_ids: npt.NDArray[np.intc], scores: npt.NDArray[np.single]) -> npt.NDArray[np.single]:
             produced = b"".join(self.vocab.pieces[t] for t in input_ids[self.prompt_len :])
             if len(produced) >= len(self.dropped):
                 return scores
@@ -124,13 +126,13 @@ class TokenHealer:
 class Vocab:
     """Every token's bytes, for healing: computed once per model (about a second)."""
 
-    def __init__(self, llm) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, llm: Llama) -> None:
         self.pieces = [llm.detokenize([i], special=False) for i in range(llm.n_vocab())]
         self._by_piece: dict[bytes, list[int]] = {}
         for token, piece in enumerate(self.pieces):
             self._by_piece.setdefault(piece, []).append(token)
 
-    def compatible(self, missing: bytes):  # type: ignore[no-untyped-def]
+    def compatible(self, missing: bytes) -> npt.NDArray[np.bool_]:
         """[n_vocab] bool: tokens that start with `missing`, or are a non-empty prefix of it."""
         import numpy as np
 

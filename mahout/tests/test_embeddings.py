@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import math
 import socket
+from typing import TYPE_CHECKING
 
 import pytest
 
 from mahout import benchmark
 from mahout.loop import HostLoop
 from mahout.runners.embeddings import DIMENSIONS, MODEL_NAME, EmbeddingsRunner, model_dir
+
+if TYPE_CHECKING:
+    from mahout.tests.fake_farm import FarmGateway
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +24,7 @@ def runner() -> EmbeddingsRunner:
 
 
 @pytest.fixture
-def gateway(farm):  # type: ignore[no-untyped-def]
+def gateway(farm: FarmGateway) -> FarmGateway:
     return farm  # conftest's `api` talks to the farm
 
 

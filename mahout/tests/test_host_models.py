@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
@@ -12,6 +13,9 @@ from mahout.__main__ import build_parser
 from mahout.api import HostApi, HostApiError
 from mahout.catalog import CATALOG, ModelSpec, installed_models, parse_models
 from mahout.loader import BudgetError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 CHAT, EMBED = "gemma-3-270m", "all-minilm-l6-v2"
 FOOTPRINTS = {CHAT: 300.0, EMBED: 200.0}
@@ -37,7 +41,7 @@ def fake_models(monkeypatch) -> list[str]:
     """Benchmarks and loads that cost nothing; returns the names loaded, in order."""
     loads: list[str] = []
 
-    def benchmark_model(name, home, threads, *, rebenchmark=False, out=print):  # type: ignore[no-untyped-def]
+    def benchmark_model(name: str, home: Path, threads: int, *, rebenchmark: bool = False, out: Callable[[str], None] = print) -> host.Qualified:
         result = {"prompt_tps": 1.0, "gen_tps": 1.0, "ttft_ms": 1.0, "memory_mb": FOOTPRINTS[name], "threads": threads}
         return host.Qualified(Path(name), "sha", result, "fp", {"hostname": "box"}, name)
 

@@ -66,7 +66,7 @@ def _logits(model: MoeModel, ids: list[int]) -> torch.Tensor:
 
 
 class RemoteExpertTests:
-    def test_remote_experts_give_the_local_answer(self, tiny: Path, workers) -> None:  # type: ignore[no-untyped-def]
+    def test_remote_experts_give_the_local_answer(self, tiny: Path, workers: list[tuple[subprocess.Popen, WorkerSpec]]) -> None:
         config, weights = load_moe(tiny)
         local = LocalExperts({layer.index: layer.experts for layer in weights.layers})
         prompt = ByteTokenizer().encode("The elephant")
@@ -135,7 +135,7 @@ class RemoteExpertTests:
 
 
 class MoeRunnerTests:
-    def test_concurrent_requests_saturate_the_slots_and_a_new_worker_is_tried(self, tiny: Path, workers) -> None:  # type: ignore[no-untyped-def]
+    def test_concurrent_requests_saturate_the_slots_and_a_new_worker_is_tried(self, tiny: Path, workers: list[tuple[subprocess.Popen, WorkerSpec]]) -> None:
         runner = MoeRunner(tiny, policy=DispatchPolicy(probe_timeout_s=0.5), n_slots=4)
         quiet = MoeRunner(tiny, n_slots=1)
         try:

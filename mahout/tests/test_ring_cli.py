@@ -9,9 +9,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mahout.__main__ import main
 from mahout.tests.fake_gateway import FakeGateway
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # engine.generate's greedy tokens for "The capital of France is" (see engine/tests/test_generate.py)
@@ -19,7 +25,7 @@ ENGINE_TOKENS = [506, 5279, 529, 506, 2891, 529, 7001, 236761]
 
 
 class RingCommandTests:
-    def test_it_refuses_a_one_stage_pipeline(self, capsys) -> None:  # type: ignore[no-untyped-def]
+    def test_it_refuses_a_one_stage_pipeline(self, capsys: pytest.CaptureFixture[str]) -> None:
         assert main(["ring", "--stages", "1", "--prompt", "hi"]) == 2
         assert "a pipeline needs at least two stages" in capsys.readouterr().err
 
@@ -71,7 +77,7 @@ class RingCommandTests:
         assert all(address.startswith("127.0.0.1:") for address in gateway.addresses.values())
 
 
-def _wait(done, process: subprocess.Popen, what: str, timeout: float = 180) -> None:  # type: ignore[no-untyped-def]
+def _wait(done: Callable[[], bool], process: subprocess.Popen, what: str, timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
     while not done():
         assert process.poll() is None, process.stdout.read() if process.stdout else ""

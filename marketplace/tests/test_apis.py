@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import pytest
 from django.test import Client
@@ -11,18 +12,23 @@ from billing.models import Hold
 from conftest import make_customer
 from marketplace.models import Job, Request
 
+if TYPE_CHECKING:
+    from django.test.client import _MonkeyPatchedWSGIResponse as TestResponse
+
+    from testkit.personas import Customer
+
 pytestmark = pytest.mark.django_db(transaction=True)  # views run ORM calls on their own threads
 
 GOOD = {"model": "gemma-3-270m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
 
 
-def post(client: Client, secret: str | None, body: object, path: str = "/v1/chat/completions", raw: bytes | None = None):  # type: ignore[no-untyped-def]
+def post(client: Client, secret: str | None, body: object, path: str = "/v1/chat/completions", raw: bytes | None = None) -> TestResponse:
     headers = {"HTTP_AUTHORIZATION": f"Bearer {secret}"} if secret else {}
     data = raw if raw is not None else json.dumps(body)
     return client.post(path, data=data, content_type="application/json", **headers)
 
 
-def assert_error(response, status: int, code: str) -> dict:  # type: ignore[no-untyped-def]
+def assert_error(response: TestResponse, status: int, code: str) -> dict:
     assert response.status_code == status, response.content
     error = response.json()["error"]
     assert set(error) >= {"message", "type", "code"} and error["code"] == code
@@ -31,7 +37,7 @@ def assert_error(response, status: int, code: str) -> dict:  # type: ignore[no-u
 
 
 @pytest.fixture
-def api(customer) -> tuple[Client, str]:  # type: ignore[no-untyped-def]
+def api(customer: Customer) -> tuple[Client, str]:
     return Client(), customer.secret
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import pytest
 from django.db import connection
@@ -12,12 +13,16 @@ from conftest import make_customer
 from marketplace import services
 from marketplace.models import Job, Request
 
+if TYPE_CHECKING:
+    from catalog.models import CatalogModel
+    from testkit.personas import Customer
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 PARAMS = {"max_tokens": 100, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None}
 
 
-def admit_all(customer, catalog, attempts: int) -> list[str]:  # type: ignore[no-untyped-def]
+def admit_all(customer: Customer, catalog: CatalogModel, attempts: int) -> list[str]:
     def one(index: int) -> str:
         try:
             services.request_submit(

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import httpx
 import openai
@@ -17,17 +18,24 @@ from conftest import ROOT, make_customer, make_host, wait_until
 from hosts.models import Host
 from marketplace.models import Job, Request
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from catalog.models import CatalogModel
+    from testkit.personas import Customer, ServingHost
+    from testkit.stack import Gateway, Mahout
+
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
 HAIKU = [{"role": "user", "content": "Write a haiku about elephants."}]
 
 
-def client(gateway, customer) -> openai.OpenAI:  # type: ignore[no-untyped-def]
+def client(gateway: Gateway, customer: Customer) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=customer.secret, max_retries=0, timeout=60)
 
 
 @pytest.fixture
-def served(gateway, catalog, start_mahout):  # type: ignore[no-untyped-def]
+def served(gateway: Gateway, catalog: CatalogModel, start_mahout: Callable[..., Mahout]) -> tuple[Customer, ServingHost, Mahout]:
     """A customer with credit and one real host serving the shipped model."""
     host = make_host(qualified=False, name="e2e-rig")
     process = start_mahout(host.token)

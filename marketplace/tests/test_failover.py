@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import pytest
 from django.utils import timezone
@@ -12,10 +13,14 @@ from marketplace import services
 from marketplace.models import Job, Request
 from marketplace.tests.test_services import CHAT, submit
 
+if TYPE_CHECKING:
+    from catalog.models import CatalogModel
+    from testkit.personas import Customer, ServingHost
+
 pytestmark = pytest.mark.django_db
 
 
-def started(customer, catalog, host, *, max_tokens: int = 50, prompt_tokens: int = 12, text: str = "The elephant wal"):  # type: ignore[no-untyped-def]
+def started(customer: Customer, catalog: CatalogModel, host: ServingHost, *, max_tokens: int = 50, prompt_tokens: int = 12, text: str = "The elephant wal") -> tuple[Request, Job]:
     request = submit(customer, catalog, max_tokens=max_tokens, prompt_tokens=prompt_tokens)
     job = services.job_claim_next(host=host.host, fingerprint=host.fingerprint)
     services.job_push_tokens(host=host.host, job_id=job.pk, seq=0, text=text)

@@ -6,6 +6,7 @@ import os
 import signal
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import openai
 import pytest
@@ -17,6 +18,16 @@ from conftest import make_customer, make_host, wait_until
 from hosts.models import Host
 from marketplace.models import Job, Request
 
+if TYPE_CHECKING:
+    import subprocess
+    from collections.abc import Callable
+
+    from openai.types.chat import ChatCompletionChunk
+
+    from catalog.models import CatalogModel
+    from testkit.personas import Customer
+    from testkit.stack import Gateway, Mahout
+
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
 STORY = [{"role": "user", "content": "Tell me a long story about an elephant who learns to swim."}]
@@ -26,9 +37,9 @@ KILL_ROUNDS = int(os.environ.get("FAILOVER_ROUNDS", "20"))
 class Farm:
     """Real hosts by id, so a test can kill the one serving a request."""
 
-    def __init__(self, start_mahout) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, start_mahout: Callable[..., Mahout]) -> None:
         self.start_mahout = start_mahout
-        self.hosts: dict[int, tuple[str, object]] = {}
+        self.hosts: dict[int, tuple[str, Mahout]] = {}
 
     def add(self, name: str) -> int:
         host = make_host(qualified=False, name=name)
@@ -39,11 +50,11 @@ class Farm:
         token, _ = self.hosts[host_id]
         self.hosts[host_id] = (token, self.start_mahout(token))
 
-    def process(self, host_id: int):  # type: ignore[no-untyped-def]
+    def process(self, host_id: int) -> subprocess.Popen:
         return self.hosts[host_id][1].proc
 
 
-def client(gateway, customer) -> openai.OpenAI:  # type: ignore[no-untyped-def]
+def client(gateway: Gateway, customer: Customer) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=customer.secret, max_retries=0, timeout=120)
 
 
@@ -55,7 +66,7 @@ def serving_host(request_public_id: str, attempt: int = 1) -> int:
     return job.host_id
 
 
-def stream_and_strike(gateway, customer, strike, *, after_chunks: int = 3, max_tokens: int = 48):  # type: ignore[no-untyped-def]
+def stream_and_strike(gateway: Gateway, customer: Customer, strike: Callable[[str], None], *, after_chunks: int = 3, max_tokens: int = 48) -> tuple[str, ChatCompletionChunk | None, openai.APIError | None]:
     """Stream a story; after a few text chunks call strike(request id). Returns (text, last chunk, error)."""
     pieces: list[str] = []
     last = None
@@ -89,7 +100,7 @@ def assert_seamless_and_billed_once(public_id: str, text: str, dead_host: int) -
 
 
 @pytest.fixture
-def farm(gateway, catalog, start_mahout) -> Farm:  # type: ignore[no-untyped-def]
+def farm(gateway: Gateway, catalog: CatalogModel, start_mahout: Callable[..., Mahout]) -> Farm:
     return Farm(start_mahout)
 
 

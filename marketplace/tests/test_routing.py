@@ -5,6 +5,7 @@ import base64
 import json
 import struct
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import pytest
 from django.test import Client
@@ -19,10 +20,13 @@ from marketplace import routing
 from marketplace import services as market
 from marketplace.models import Job, Request
 
+if TYPE_CHECKING:
+    from testkit.personas import Customer, ServingHost
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def submit(customer, model: CatalogModel) -> Request:  # type: ignore[no-untyped-def]
+def submit(customer: Customer, model: CatalogModel) -> Request:
     return market.request_submit(
         public_id=market.new_public_id("chat"), api_key=customer.key, model=model, kind="chat",
         messages=[{"role": "user", "content": "hi"}], prompt=None, stream=False, prompt_tokens=3,
@@ -30,7 +34,7 @@ def submit(customer, model: CatalogModel) -> Request:  # type: ignore[no-untyped
     )
 
 
-def beat(serving, *, loaded: list[str] | None, catalog: object = None, slots: int = 1) -> None:  # type: ignore[no-untyped-def]
+def beat(serving: ServingHost, *, loaded: list[str] | None, catalog: object = None, slots: int = 1) -> None:
     from hosts.services import host_heartbeat
 
     if catalog is None and loaded is not None:
@@ -166,10 +170,10 @@ class TestModelList:
 
 class TestEmbeddings:
     @pytest.fixture
-    def minilm(self, catalog) -> CatalogModel:  # type: ignore[no-untyped-def]
+    def minilm(self, catalog: CatalogModel) -> CatalogModel:
         return CatalogModel.objects.get(name="all-minilm-l6-v2")
 
-    def embed_host(self, model: CatalogModel):  # type: ignore[no-untyped-def]
+    def embed_host(self, model: CatalogModel) -> ServingHost:
         from hosts.services import qualification_register
 
         serving = make_host(qualified=False, name="embedder")

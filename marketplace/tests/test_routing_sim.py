@@ -10,11 +10,20 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
 
 from conftest import ROOT, Gateway, make_customer, stack_env, wait_until
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from pytest_django import DjangoDbBlocker
+
+    from catalog.models import CatalogModel
+    from hosts.models import Host
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -24,7 +33,7 @@ MAX_FAILURES = 3
 
 
 @pytest.fixture(scope="module")
-def routing_gateway(django_db_setup, django_db_blocker, tmp_path_factory):  # type: ignore[no-untyped-def]
+def routing_gateway(django_db_setup: None, django_db_blocker: DjangoDbBlocker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     logs = tmp_path_factory.mktemp("routing-logs")
     with django_db_blocker.unblock():
         env = stack_env({
@@ -38,7 +47,7 @@ def routing_gateway(django_db_setup, django_db_blocker, tmp_path_factory):  # ty
 
 
 @pytest.fixture
-def sim_model(transactional_db):  # type: ignore[no-untyped-def]
+def sim_model(transactional_db: None) -> CatalogModel:
     """A chat model counted by the byte tokenizer, so the figures are routing's."""
     from catalog.models import CatalogModel
 
@@ -86,7 +95,7 @@ class Sim:
 
 
 @pytest.fixture
-def sims(routing_gateway, sim_model):  # type: ignore[no-untyped-def]
+def sims(routing_gateway: Gateway, sim_model: CatalogModel) -> Iterator[Callable[..., Sim]]:
     started: list[Sim] = []
 
     def start(name: str, *args: str) -> Sim:
@@ -106,13 +115,13 @@ def ask(gateway: Gateway, secret: str, model: str, timeout: float = 60, prompt: 
     )
 
 
-def jobs_of(model) -> list:  # type: ignore[no-untyped-def]
+def jobs_of(model: CatalogModel) -> list:
     from marketplace.models import Job
 
     return list(Job.objects.filter(model=model).order_by("created_at"))
 
 
-def running_per_host(model, hosts) -> list[int]:  # type: ignore[no-untyped-def]
+def running_per_host(model: CatalogModel, hosts: list[Host]) -> list[int]:
     from marketplace.models import Job
 
     return [Job.objects.filter(model=model, host=h, status=Job.Status.RUNNING).count() for h in hosts]

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import pytest
 from django.utils import timezone
@@ -13,12 +14,16 @@ from hosts.models import Host
 from marketplace import services
 from marketplace.models import Job, Request
 
+if TYPE_CHECKING:
+    from catalog.models import CatalogModel
+    from testkit.personas import Customer, ServingHost
+
 pytestmark = pytest.mark.django_db
 
 CHAT = [{"role": "user", "content": "Say hello"}]
 
 
-def submit(customer, catalog, *, max_tokens: int = 20, prompt_tokens: int = 10) -> Request:  # type: ignore[no-untyped-def]
+def submit(customer: Customer, catalog: CatalogModel, *, max_tokens: int = 20, prompt_tokens: int = 10) -> Request:
     return services.request_submit(
         public_id=services.new_public_id("chat"),
         api_key=customer.key,
@@ -105,7 +110,7 @@ class ClaimTests:
         assert first is not None and second is None
 
 
-def claimed(customer, serving_host, catalog, **kwargs):  # type: ignore[no-untyped-def]
+def claimed(customer: Customer, serving_host: ServingHost, catalog: CatalogModel, **kwargs: int) -> tuple[Request, Job]:
     request = submit(customer, catalog, **kwargs)
     job = services.job_claim_next(host=serving_host.host, fingerprint=serving_host.fingerprint)
     return request, job

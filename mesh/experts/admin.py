@@ -4,6 +4,8 @@ GGUF); the admin tunes targets and shows state, which the market itself writes."
 from __future__ import annotations
 
 from django.contrib import admin
+from django.db.models import Model
+from django.http import HttpRequest
 
 from mesh.experts.models import ExpertModel, ExpertWorker
 
@@ -15,7 +17,7 @@ class ExpertWorkerInline(admin.TabularInline):
     readonly_fields = fields
     can_delete = False
 
-    def has_add_permission(self, request, obj=None) -> bool:  # type: ignore[no-untyped-def]
+    def has_add_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
 
@@ -29,7 +31,7 @@ class ExpertModelAdmin(admin.ModelAdmin):
                        "reported_at", "last_saturated_at")
     inlines = [ExpertWorkerInline]
 
-    def has_add_permission(self, request) -> bool:  # type: ignore[no-untyped-def]
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # registration reads the GGUF: manage.py moe_register
 
 
@@ -40,5 +42,5 @@ class ExpertWorkerAdmin(admin.ModelAdmin):
     readonly_fields = ("model", "host", "layer", "first", "count", "status", "address", "last_serve_ms", "assigned_at",
                        "registered_at", "heartbeat_at", "retired_at")
 
-    def has_add_permission(self, request) -> bool:  # type: ignore[no-untyped-def]
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # workers are handed out by the volunteer endpoint

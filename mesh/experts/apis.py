@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from django.http import FileResponse
 from rest_framework import serializers
+from rest_framework.request import Request
 from rest_framework.response import Response
 
 from core.errors import ApiError
@@ -26,7 +27,7 @@ from mesh.experts.models import ExpertWorker
 class MoeHostApi(HostApi):
     """The host API's token check (`HostApi.host`), plus the lookup of the host's own worker."""
 
-    def own_worker(self, request, worker_id: int) -> tuple[Host, ExpertWorker]:  # type: ignore[no-untyped-def]
+    def own_worker(self, request: Request, worker_id: int) -> tuple[Host, ExpertWorker]:
         host = self.host(request)
         worker = selectors.worker_of_host(worker_id=worker_id, host_id=host.pk)
         if worker is None:
@@ -42,13 +43,13 @@ def _slice(worker: ExpertWorker) -> dict:
 
 
 class MoeRecruitmentApi(MoeHostApi):
-    def get(self, request) -> Response:  # type: ignore[no-untyped-def]
+    def get(self, request: Request) -> Response:
         self.host(request)
         return Response({"models": selectors.recruitment()})
 
 
 class ExpertDemandApi(MoeHostApi):
-    def get(self, request) -> Response:  # type: ignore[no-untyped-def]
+    def get(self, request: Request) -> Response:
         self.host(request)
         recruiting, scarce = selectors.expert_demand()
         return Response({"recruiting": recruiting, "slices": [
@@ -59,7 +60,7 @@ class ExpertDemandApi(MoeHostApi):
 
 
 class ExpertVolunteerApi(MoeHostApi):
-    def post(self, request) -> Response:  # type: ignore[no-untyped-def]
+    def post(self, request: Request) -> Response:
         worker = services.expert_volunteer(host=self.host(request))
         if worker is None:
             return Response(status=204)
@@ -69,7 +70,7 @@ class ExpertVolunteerApi(MoeHostApi):
 class ExpertSliceApi(MoeHostApi):
     """Only the tensors of the worker's own slice, as a GGUF file."""
 
-    def get(self, request, worker_id: int) -> FileResponse:  # type: ignore[no-untyped-def]
+    def get(self, request: Request, worker_id: int) -> FileResponse:
         _, worker = self.own_worker(request, worker_id)
         path = services.expert_slice_file(worker=worker)
         return FileResponse(path.open("rb"), content_type="application/octet-stream", filename=path.name)
@@ -79,7 +80,7 @@ class ExpertWorkerRegisterApi(MoeHostApi):
     class InputSerializer(serializers.Serializer):
         address = serializers.RegexField(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$", required=False, allow_blank=True, default="")
 
-    def post(self, request, worker_id: int) -> Response:  # type: ignore[no-untyped-def]
+    def post(self, request: Request, worker_id: int) -> Response:
         host = self.host(request)
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -88,7 +89,7 @@ class ExpertWorkerRegisterApi(MoeHostApi):
 
 
 class ExpertWorkerHeartbeatApi(MoeHostApi):
-    def post(self, request, worker_id: int) -> Response:  # type: ignore[no-untyped-def]
+    def post(self, request: Request, worker_id: int) -> Response:
         host = self.host(request)
         retire = services.expert_worker_heartbeat(worker_id=worker_id, host=host)
         return Response({"retire": retire})
@@ -104,7 +105,7 @@ class CoordinatorReportApi(MoeHostApi):
         busy = serializers.IntegerField(min_value=0)
         workers = WorkerSerializer(many=True, required=False, default=list)
 
-    def post(self, request) -> Response:  # type: ignore[no-untyped-def]
+    def post(self, request: Request) -> Response:
         host = self.host(request)
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)

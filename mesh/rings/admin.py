@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.http import HttpRequest
 
 from mesh.rings.models import ModelLayout, RingPlan, RingStage
 
@@ -21,7 +22,7 @@ class RingPlanAdmin(admin.ModelAdmin):
     readonly_fields = ("model", "n_layers", "row_width", "micro_batch", "bridge_host", "created_at")
     inlines = [RingStageInline]
 
-    def has_add_permission(self, request) -> bool:  # type: ignore[no-untyped-def]
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
 

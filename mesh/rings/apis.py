@@ -8,6 +8,7 @@ selector, renders.
 from __future__ import annotations
 
 from rest_framework import serializers
+from rest_framework.request import Request
 from rest_framework.response import Response
 
 from core.errors import ApiError
@@ -27,7 +28,7 @@ def _participant_ring(*, ring_id: int, host: Host) -> RingPlan:
 class RingAssignmentApi(HostApi):
     """The stages this host serves: its layer range, the whole plan, the declared widths."""
 
-    def get(self, request) -> Response:  # type: ignore[no-untyped-def]
+    def get(self, request: Request) -> Response:
         host = self.host(request)
         return Response({"assignments": [
             {
@@ -51,7 +52,7 @@ class RingProposeApi(HostApi):
         row_width = serializers.IntegerField()
         micro_batch = serializers.IntegerField()
 
-    def post(self, request) -> Response:  # type: ignore[no-untyped-def]
+    def post(self, request: Request) -> Response:
         host = self.host(request)
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -72,7 +73,7 @@ class RingStageAddressApi(HostApi):
     class InputSerializer(serializers.Serializer):
         address = serializers.CharField(max_length=300)
 
-    def post(self, request, ring_id: int, index: int) -> Response:  # type: ignore[no-untyped-def]
+    def post(self, request: Request, ring_id: int, index: int) -> Response:
         host = self.host(request)
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -86,7 +87,7 @@ class RingAddressesApi(HostApi):
     """GET: where every stage of a ring listens, for its participants only (stage hosts dial
     their next stage, the bridge dials the head and the tail)."""
 
-    def get(self, request, ring_id: int) -> Response:  # type: ignore[no-untyped-def]
+    def get(self, request: Request, ring_id: int) -> Response:
         plan = _participant_ring(ring_id=ring_id, host=self.host(request))
         return Response({
             "ring": plan.pk, "status": plan.status,
@@ -107,14 +108,14 @@ class RingStatsApi(HostApi):
 
         stages = StageSerializer(many=True, allow_empty=False)
 
-    def get(self, request, ring_id: int) -> Response:  # type: ignore[no-untyped-def]
+    def get(self, request: Request, ring_id: int) -> Response:
         plan = _participant_ring(ring_id=ring_id, host=self.host(request))
         return Response({
             "ring": plan.pk, "model": plan.model.name, "row_width": plan.row_width, "micro_batch": plan.micro_batch,
             "stages": [selectors.stage_shares(stage) for stage in plan.stages.all()],
         })
 
-    def post(self, request, ring_id: int) -> Response:  # type: ignore[no-untyped-def]
+    def post(self, request: Request, ring_id: int) -> Response:
         host = self.host(request)
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)

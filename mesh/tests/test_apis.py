@@ -1,6 +1,8 @@
 """The ring API: hosts pull their assignment and report / read stage time use."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 from django.test import Client
 
@@ -9,11 +11,16 @@ from mesh.rings.layouts import layout_seed
 from mesh.rings.models import ModelLayout
 from mesh.rings.services import StageSpec, ring_plan_create
 
+if TYPE_CHECKING:
+    from catalog.models import CatalogModel
+    from mesh.rings.models import RingPlan
+    from testkit.personas import ServingHost
+
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def plan_and_hosts(catalog):  # type: ignore[no-untyped-def]
+def plan_and_hosts(catalog: CatalogModel) -> tuple[RingPlan, ServingHost, ServingHost, ServingHost]:
     from catalog.models import CatalogModel
 
     layout_seed(CatalogModel, ModelLayout)
@@ -30,7 +37,7 @@ def _auth(token: str) -> dict:
 
 
 class RingAssignmentApiTests:
-    def test_it_hands_a_stage_host_its_layer_range_and_the_plan(self, plan_and_hosts) -> None:  # type: ignore[no-untyped-def]
+    def test_it_hands_a_stage_host_its_layer_range_and_the_plan(self, plan_and_hosts: tuple[RingPlan, ServingHost, ServingHost, ServingHost]) -> None:
         plan, head, tail, _ = plan_and_hosts
         answer = Client().get("/api/rings/assignment", **_auth(tail.token))
         assert answer.status_code == 200
@@ -40,13 +47,13 @@ class RingAssignmentApiTests:
         assert (assignment["row_width"], assignment["micro_batch"]) == (64, 4)
         assert [(s["start"], s["end"]) for s in assignment["stages"]] == [(0, 9), (9, 18)]
 
-    def test_it_refuses_an_outsider(self, plan_and_hosts) -> None:  # type: ignore[no-untyped-def]
+    def test_it_refuses_an_outsider(self, plan_and_hosts: tuple[RingPlan, ServingHost, ServingHost, ServingHost]) -> None:
         assert Client().get("/api/rings/assignment").status_code == 401
         assert Client().get("/api/rings/assignment", **_auth("host_nope")).status_code == 401
 
 
 class RingStatsApiTests:
-    def test_it_shows_what_the_bridge_reported_for_every_stage(self, plan_and_hosts) -> None:  # type: ignore[no-untyped-def]
+    def test_it_shows_what_the_bridge_reported_for_every_stage(self, plan_and_hosts: tuple[RingPlan, ServingHost, ServingHost, ServingHost]) -> None:
         plan, head, _, bridge = plan_and_hosts
         body = {"stages": [
             {"stage": 0, "hold_s": 1.0, "idle_s": 3.0, "queue_depth": 0, "batches": 10},
@@ -59,7 +66,7 @@ class RingStatsApiTests:
             (0, 1.0, 3.0, 0, 0.25), (1, 3.0, 1.0, 2, 0.75)
         ]
 
-    def test_it_refuses_a_host_outside_the_ring(self, plan_and_hosts) -> None:  # type: ignore[no-untyped-def]
+    def test_it_refuses_a_host_outside_the_ring(self, plan_and_hosts: tuple[RingPlan, ServingHost, ServingHost, ServingHost]) -> None:
         plan, *_ = plan_and_hosts
         outsider = make_host(name="outsider")
         body = {"stages": [{"stage": 0, "hold_s": 1.0, "idle_s": 3.0, "queue_depth": 0}]}
@@ -67,7 +74,7 @@ class RingStatsApiTests:
         assert posted.status_code == 404
         assert Client().get(f"/api/rings/{plan.pk}/stats", **_auth(outsider.token)).status_code == 404
 
-    def test_it_rejects_a_malformed_report(self, plan_and_hosts) -> None:  # type: ignore[no-untyped-def]
+    def test_it_rejects_a_malformed_report(self, plan_and_hosts: tuple[RingPlan, ServingHost, ServingHost, ServingHost]) -> None:
         plan, *_, bridge = plan_and_hosts
         body = {"stages": [{"stage": 0, "hold_s": -1.0, "idle_s": 3.0, "queue_depth": 0}]}
         answer = Client().post(f"/api/rings/{plan.pk}/stats", body, content_type="application/json", **_auth(bridge.token))
@@ -75,7 +82,7 @@ class RingStatsApiTests:
 
 
 class RingAddressApiTests:
-    def test_a_stage_host_reports_its_address_and_only_participants_read_them(self, plan_and_hosts) -> None:  # type: ignore[no-untyped-def]
+    def test_a_stage_host_reports_its_address_and_only_participants_read_them(self, plan_and_hosts: tuple[RingPlan, ServingHost, ServingHost, ServingHost]) -> None:
         plan, head, tail, bridge = plan_and_hosts
         url = f"/api/rings/{plan.pk}/stages/1/address"
         posted = Client().post(url, {"address": "10.1.2.3:7001"}, content_type="application/json", **_auth(tail.token))

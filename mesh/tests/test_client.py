@@ -3,6 +3,8 @@ assignment, the bridge reports stage stats, and a stage host reads them back; st
 the bridge find each other through the address exchange."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 
 from conftest import ServingHost, make_host
@@ -11,6 +13,11 @@ from mahout.ring.api import RingApi
 from mesh.rings.layouts import layout_seed
 from mesh.rings.models import ModelLayout, RingPlan
 from mesh.rings.services import StageSpec, ring_plan_create
+
+if TYPE_CHECKING:
+    from pytest_django.live_server_helper import LiveServer
+
+    from catalog.models import CatalogModel
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -29,7 +36,7 @@ def _two_stage_ring() -> tuple[RingPlan, ServingHost, ServingHost, ServingHost]:
 
 
 class RingApiClientTests:
-    def test_it_pulls_assignments_and_round_trips_stats(self, live_server, catalog) -> None:  # type: ignore[no-untyped-def]
+    def test_it_pulls_assignments_and_round_trips_stats(self, live_server: LiveServer, catalog: CatalogModel) -> None:
         plan, head, _tail, bridge = _two_stage_ring()
         as_head, as_bridge = RingApi(live_server.url, head.token, retries=0), RingApi(live_server.url, bridge.token, retries=0)
         try:
@@ -50,7 +57,7 @@ class RingApiClientTests:
             as_head.close()
             as_bridge.close()
 
-    def test_a_bridge_host_runs_the_plan_it_is_given_and_reports_its_stages(self, live_server, catalog) -> None:  # type: ignore[no-untyped-def]
+    def test_a_bridge_host_runs_the_plan_it_is_given_and_reports_its_stages(self, live_server: LiveServer, catalog: CatalogModel) -> None:
         import argparse
 
         from catalog.models import CatalogModel
@@ -85,7 +92,7 @@ class RingApiClientTests:
 
 
 class AddressExchangeTests:
-    def test_stages_and_the_bridge_find_each_other_through_the_control_plane(self, live_server, catalog) -> None:  # type: ignore[no-untyped-def]
+    def test_stages_and_the_bridge_find_each_other_through_the_control_plane(self, live_server: LiveServer, catalog: CatalogModel) -> None:
         from mahout.link import listen
         from mahout.ring.rendezvous import advertised_address, dial_stage
 
@@ -113,7 +120,7 @@ class AddressExchangeTests:
             for api in apis.values():
                 api.close()
 
-    def test_a_host_proposes_its_own_ring_once_and_gets_it_back_on_restart(self, live_server, catalog) -> None:  # type: ignore[no-untyped-def]
+    def test_a_host_proposes_its_own_ring_once_and_gets_it_back_on_restart(self, live_server: LiveServer, catalog: CatalogModel) -> None:
         from catalog.models import CatalogModel
 
         layout_seed(CatalogModel, ModelLayout)

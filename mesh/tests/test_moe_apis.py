@@ -3,6 +3,7 @@ heartbeat and coordinator reports, with host token auth."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from django.test import Client
@@ -11,6 +12,12 @@ from conftest import make_host
 from engine.gguf_loader import open_gguf
 from engine.moe_loader import expert_tensor_names, make_tiny_moe
 from mesh.experts import services
+
+if TYPE_CHECKING:
+    from django.test.client import _MonkeyPatchedWSGIResponse as TestResponse
+
+    from catalog.models import CatalogModel
+    from testkit.personas import ServingHost
 
 pytestmark = pytest.mark.django_db
 
@@ -21,7 +28,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def coordinator(catalog, tiny: Path):  # type: ignore[no-untyped-def]
+def coordinator(catalog: CatalogModel, tiny: Path) -> ServingHost:
     host = make_host(name="coordinator")
     services.expert_model_register(name="tiny-moe", gguf_path=tiny, slice_size=4, coordinator=host.host)
     return host
@@ -31,23 +38,23 @@ def _auth(token: str) -> dict:
     return {"HTTP_AUTHORIZATION": f"Bearer {token}"}
 
 
-def _post(path: str, token: str, body: dict | None = None):  # type: ignore[no-untyped-def]
+def _post(path: str, token: str, body: dict | None = None) -> TestResponse:
     return Client().post(path, body or {}, content_type="application/json", **_auth(token))
 
 
 class MoeAuthTests:
     @pytest.mark.parametrize("path", ["/api/moe/recruitment", "/api/expert-demand"])
-    def test_it_refuses_a_caller_without_a_host_token(self, coordinator, path: str) -> None:  # type: ignore[no-untyped-def]
+    def test_it_refuses_a_caller_without_a_host_token(self, coordinator: ServingHost, path: str) -> None:
         assert Client().get(path).status_code == 401
         assert Client().get(path, **_auth("host_nope")).status_code == 401
 
-    def test_it_refuses_a_stranger_reporting_for_the_coordinator(self, coordinator) -> None:  # type: ignore[no-untyped-def]
+    def test_it_refuses_a_stranger_reporting_for_the_coordinator(self, coordinator: ServingHost) -> None:
         answer = _post("/api/moe/coordinator-report", make_host(name="outsider").token, {"model": "tiny-moe", "busy": 5})
         assert answer.status_code == 403 and answer.json()["error"]["code"] == "not_the_coordinator"
 
 
 class RecruitmentFlowTests:
-    def test_a_saturated_coordinator_recruits_a_volunteer_downloading_only_its_slice(self, coordinator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    def test_a_saturated_coordinator_recruits_a_volunteer_downloading_only_its_slice(self, coordinator: ServingHost, tmp_path: Path) -> None:
         volunteer = make_host(name="volunteer")
         assert _post("/api/expert-volunteer", volunteer.token).status_code == 204
         demand = Client().get("/api/expert-demand", **_auth(volunteer.token)).json()
@@ -85,7 +92,7 @@ class RecruitmentFlowTests:
         assert (model["busy"], model["saturated"], model["base_target"], model["effective_target"]) == (3, True, 0, 1)
         assert [(w["id"], w["last_serve_ms"]) for w in model["workers"]] == [(slice_["worker"], 42)]
 
-    def test_it_rejects_a_malformed_registration(self, coordinator) -> None:  # type: ignore[no-untyped-def]
+    def test_it_rejects_a_malformed_registration(self, coordinator: ServingHost) -> None:
         _post("/api/moe/coordinator-report", coordinator.token, {"model": "tiny-moe", "busy": 2})
         volunteer = make_host(name="volunteer")
         worker = _post("/api/expert-volunteer", volunteer.token).json()["worker"]

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -22,6 +23,11 @@ from mahout.moe.control import CoordinatorAgent, MeshClient
 from mahout.moe.policy import DispatchPolicy
 from mahout.moe.runner import MoeRunner
 
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from catalog.models import CatalogModel
+
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 PROMPTS = ["The elephant", "A swarm of experts", "Load rises"]
@@ -29,7 +35,7 @@ N_TOKENS = 24
 
 
 @pytest.fixture
-def moe_gateway(transactional_db, e2e_dirs):  # type: ignore[no-untyped-def]
+def moe_gateway(transactional_db: None, e2e_dirs: Path) -> Iterator[Gateway]:
     gateway = Gateway(stack_env({"MOE_COOLDOWN_SECONDS": "2", "MOE_COORDINATOR_STALE_SECONDS": "5",
                                  "MOE_WORKER_STALE_SECONDS": "5"}), e2e_dirs / "logs")
     yield gateway
@@ -45,7 +51,7 @@ def _volunteer(url: str, token: str, log: Path) -> subprocess.Popen:
 
 
 class LoadRampTests:
-    def test_volunteers_join_under_load_answer_as_local_and_age_out(self, catalog, moe_gateway, tmp_path: Path, e2e_dirs) -> None:  # type: ignore[no-untyped-def]
+    def test_volunteers_join_under_load_answer_as_local_and_age_out(self, catalog: CatalogModel, moe_gateway: Gateway, tmp_path: Path, e2e_dirs: Path) -> None:
         from mesh.experts import services as moe_services
 
         tiny = make_tiny_moe(tmp_path / "tiny-moe.gguf", seed=5)

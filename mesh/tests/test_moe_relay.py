@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
@@ -20,11 +21,16 @@ from mahout.moe.policy import DispatchPolicy, LoadState
 from mahout.moe.relay import RelayTransport, decode_frame, encode_frame
 from mahout.moe.runner import MoeRunner
 
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from catalog.models import CatalogModel
+
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture
-def relay_gateway(transactional_db, e2e_dirs):  # type: ignore[no-untyped-def]
+def relay_gateway(transactional_db: None, e2e_dirs: Path) -> Iterator[str]:
     port = free_port()
     log = (e2e_dirs / "logs" / f"relay-gateway-{port}.log").open("w")
     process = subprocess.Popen(
@@ -57,7 +63,7 @@ class FrameTests:
 
 
 class ExpertRelayTests:
-    def test_a_natted_volunteer_serves_through_the_relay(self, catalog, relay_gateway, tmp_path: Path, e2e_dirs) -> None:  # type: ignore[no-untyped-def]
+    def test_a_natted_volunteer_serves_through_the_relay(self, catalog: CatalogModel, relay_gateway: str, tmp_path: Path, e2e_dirs: Path) -> None:
         from mesh.experts import services as moe_services
 
         tiny = make_tiny_moe(tmp_path / "tiny-moe.gguf", seed=9)

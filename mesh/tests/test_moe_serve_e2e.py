@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import openai
 import pytest
@@ -19,6 +20,10 @@ from conftest import ROOT, make_customer, make_host, stack_env, wait_until
 from engine.moe import MoeModel
 from engine.moe_loader import BYTE_EOS, ByteTokenizer, load_moe, make_tiny_moe
 from protocol.turns import render_chat
+
+if TYPE_CHECKING:
+    from catalog.models import CatalogModel
+    from testkit.stack import Gateway
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -35,7 +40,7 @@ def _local_text(path: Path) -> str:
 
 
 class CoordinatorServesTests:
-    def test_it_qualifies_claims_streams_and_the_request_settles(self, gateway, catalog, tmp_path: Path, e2e_dirs) -> None:  # type: ignore[no-untyped-def]
+    def test_it_qualifies_claims_streams_and_the_request_settles(self, gateway: Gateway, catalog: CatalogModel, tmp_path: Path, e2e_dirs: Path) -> None:
         from catalog.models import CatalogModel
         from hosts.models import Host
         from marketplace.models import Job, Request

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from django.test import override_settings
@@ -16,6 +17,13 @@ from engine.moe_loader import expert_tensor_names, make_tiny_moe
 from mesh.experts import selectors, services
 from mesh.experts.models import ExpertWorker
 
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from catalog.models import CatalogModel
+    from mesh.experts.models import ExpertModel
+    from testkit.personas import ServingHost
+
 pytestmark = pytest.mark.django_db
 
 
@@ -25,34 +33,34 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def market(catalog, tiny: Path):  # type: ignore[no-untyped-def]
+def market(catalog: CatalogModel, tiny: Path) -> tuple[ExpertModel, ServingHost]:
     coordinator = make_host(name="coordinator")
     model = services.expert_model_register(name="tiny-moe", gguf_path=tiny, slice_size=4, base_target=0, boost=1)
     return model, coordinator
 
 
-def _serve(model, host, now=None):  # type: ignore[no-untyped-def]
+def _serve(model: ExpertModel, host: ServingHost, now: datetime | None = None) -> ExpertWorker:
     worker = services.expert_volunteer(host=host.host, now=now)
     assert worker is not None
     return services.expert_worker_register(worker_id=worker.pk, host=host.host, address="127.0.0.1:9", now=now)
 
 
 class ExpertModelRegisterTests:
-    def test_it_reads_layers_and_experts_from_the_gguf(self, market) -> None:  # type: ignore[no-untyped-def]
+    def test_it_reads_layers_and_experts_from_the_gguf(self, market: tuple[ExpertModel, ServingHost]) -> None:
         model, _ = market
         assert (model.arch, model.n_layers, model.n_experts, model.n_experts_used) == ("qwen3moe", 2, 8, 2)
         assert selectors.model_slices(model) == [(0, 0, 4), (0, 4, 4), (1, 0, 4), (1, 4, 4)]
 
 
 class TargetTests:
-    def test_a_quiet_model_wants_its_base_and_shows_no_demand(self, market) -> None:  # type: ignore[no-untyped-def]
+    def test_a_quiet_model_wants_its_base_and_shows_no_demand(self, market: tuple[ExpertModel, ServingHost]) -> None:
         model, coordinator = market
         services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=1)
         model.refresh_from_db()
         assert not selectors.is_saturated(model) and selectors.effective_target(model) == 0
         assert selectors.expert_demand() == (False, [])
 
-    def test_saturation_raises_the_target_and_demand_is_seeded_from_zero(self, market) -> None:  # type: ignore[no-untyped-def]
+    def test_saturation_raises_the_target_and_demand_is_seeded_from_zero(self, market: tuple[ExpertModel, ServingHost]) -> None:
         model, coordinator = market
         services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2)
         model.refresh_from_db()
@@ -63,7 +71,7 @@ class TargetTests:
             (0, 0, 0, 1), (0, 4, 0, 1), (1, 0, 0, 1), (1, 4, 0, 1)
         ]
 
-    def test_covered_slices_read_scarce_again_while_saturated(self, market) -> None:  # type: ignore[no-untyped-def]
+    def test_covered_slices_read_scarce_again_while_saturated(self, market: tuple[ExpertModel, ServingHost]) -> None:
         model, coordinator = market
         model.base_target = 1
         model.save()
@@ -74,13 +82,13 @@ class TargetTests:
         recruiting, scarce = selectors.expert_demand()
         assert recruiting and {(s.covered, s.target) for s in scarce} == {(1, 2)}
 
-    def test_a_stale_report_is_not_saturation(self, market) -> None:  # type: ignore[no-untyped-def]
+    def test_a_stale_report_is_not_saturation(self, market: tuple[ExpertModel, ServingHost]) -> None:
         model, coordinator = market
         services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=5)
         model.refresh_from_db()
         assert not selectors.is_saturated(model, now=timezone.now() + timedelta(seconds=31))
 
-    def test_only_the_coordinator_may_report(self, market) -> None:  # type: ignore[no-untyped-def]
+    def test_only_the_coordinator_may_report(self, market: tuple[ExpertModel, ServingHost]) -> None:
         _, coordinator = market
         services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=0)
         with pytest.raises(services.MoeRefused) as refused:
@@ -89,17 +97,17 @@ class TargetTests:
 
 
 class VolunteerTests:
-    def test_nothing_is_handed_out_without_demand(self, market) -> None:  # type: ignore[no-untyped-def]
+    def test_nothing_is_handed_out_without_demand(self, market: tuple[ExpertModel, ServingHost]) -> None:
         assert services.expert_volunteer(host=make_host(name="idle").host) is None
 
-    def test_volunteers_fill_each_scarce_slice_once(self, market) -> None:  # type: ignore[no-untyped-def]
+    def test_volunteers_fill_each_scarce_slice_once(self, market: tuple[ExpertModel, ServingHost]) -> None:
         _, coordinator = market
         services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2)
         handed = [services.expert_volunteer(host=make_host(name=f"v{i}").host) for i in range(5)]
         assert [(w.layer, w.first, w.count) for w in handed[:4]] == [(0, 0, 4), (0, 4, 4), (1, 0, 4), (1, 4, 4)]
         assert handed[4] is None
 
-    def test_register_is_a_compare_and_set_and_a_stranger_cannot_register(self, market) -> None:  # type: ignore[no-untyped-def]
+    def test_register_is_a_compare_and_set_and_a_stranger_cannot_register(self, market: tuple[ExpertModel, ServingHost]) -> None:
         _, coordinator = market
         services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2)
         volunteer = make_host(name="v")
@@ -113,7 +121,7 @@ class VolunteerTests:
 
 class AgeOutTests:
     @override_settings(MOE_COOLDOWN_SECONDS=10)
-    def test_extra_workers_retire_after_the_load_falls_and_the_cooldown_passes(self, market) -> None:  # type: ignore[no-untyped-def]
+    def test_extra_workers_retire_after_the_load_falls_and_the_cooldown_passes(self, market: tuple[ExpertModel, ServingHost]) -> None:
         model, coordinator = market
         start = timezone.now()
         services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2, now=start)
@@ -131,7 +139,7 @@ class AgeOutTests:
         model.refresh_from_db()
         assert selectors.effective_target(model, now=later) == model.base_target == 0
 
-    def test_a_silent_worker_stops_covering_and_is_retired(self, market) -> None:  # type: ignore[no-untyped-def]
+    def test_a_silent_worker_stops_covering_and_is_retired(self, market: tuple[ExpertModel, ServingHost]) -> None:
         model, coordinator = market
         start = timezone.now()
         services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2, now=start)
@@ -144,14 +152,14 @@ class AgeOutTests:
 
 
 class SliceFileTests:
-    def test_it_serves_only_the_slice_tensors(self, market) -> None:  # type: ignore[no-untyped-def]
+    def test_it_serves_only_the_slice_tensors(self, market: tuple[ExpertModel, ServingHost]) -> None:
         _, coordinator = market
         services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2)
         worker = services.expert_volunteer(host=make_host(name="v").host)
         path = services.expert_slice_file(worker=worker)
         assert {t.name for t in open_gguf(path).tensors} == set(expert_tensor_names(worker.layer))
 
-    def test_a_replaced_model_file_is_cut_afresh(self, catalog, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    def test_a_replaced_model_file_is_cut_afresh(self, catalog: CatalogModel, tmp_path: Path) -> None:
         model_path = make_tiny_moe(tmp_path / "replaced.gguf", seed=11)
         coordinator = make_host(name="coordinator")
         services.expert_model_register(name="replaced", gguf_path=model_path, slice_size=8, coordinator=coordinator.host)
@@ -177,7 +185,7 @@ def _bpe_moe(path: Path) -> Path:
 
 
 class MoeModelPublishTests:
-    def test_moe_register_puts_the_model_in_the_catalog_and_the_market(self, catalog, tiny: Path) -> None:  # type: ignore[no-untyped-def]
+    def test_moe_register_puts_the_model_in_the_catalog_and_the_market(self, catalog: CatalogModel, tiny: Path) -> None:
         import io
 
         from django.core.management import call_command
@@ -193,14 +201,14 @@ class MoeModelPublishTests:
         assert ExpertModel.objects.get(name="tiny-moe").slice_size == 2
         assert "python -m mahout moe coordinator" in out.getvalue()
 
-    def test_registering_again_updates_and_keeps_the_coordinator(self, catalog, tiny: Path) -> None:  # type: ignore[no-untyped-def]
+    def test_registering_again_updates_and_keeps_the_coordinator(self, catalog: CatalogModel, tiny: Path) -> None:
         coordinator = make_host(name="coordinator")
         services.moe_model_publish(name="tiny-moe", gguf_path=tiny)
         services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=0)
         model, entry = services.moe_model_publish(name="tiny-moe", gguf_path=tiny, boost=3, output_price_ucents=7)
         assert model.coordinator_id == coordinator.host.pk and model.boost == 3 and entry.output_price_ucents == 7
 
-    def test_a_gguf_without_a_byte_vocabulary_is_refused(self, catalog, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    def test_a_gguf_without_a_byte_vocabulary_is_refused(self, catalog: CatalogModel, tmp_path: Path) -> None:
         from django.core.management import CommandError, call_command
 
         from catalog.models import CatalogModel

@@ -9,6 +9,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import openai
@@ -19,6 +20,14 @@ from billing.models import Hold
 from conftest import ROOT, Mahout, make_customer, make_host, stack_env, wait_until
 from hosts.models import Host
 from marketplace.models import Request
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from catalog.models import CatalogModel
+    from mesh.rings.models import RingPlan
+    from testkit.personas import Customer
+    from testkit.stack import Gateway
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
@@ -38,12 +47,12 @@ class MahoutProcess(Mahout):
 
 
 class Ring:
-    def __init__(self, plan, stages: list[MahoutProcess], bridge: MahoutProcess, bridge_host) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, plan: RingPlan, stages: list[MahoutProcess], bridge: MahoutProcess, bridge_host: Host) -> None:
         self.plan, self.stages, self.bridge, self.bridge_host = plan, stages, bridge, bridge_host
 
 
 @pytest.fixture
-def ring(gateway, catalog, e2e_dirs, tmp_path):  # type: ignore[no-untyped-def]
+def ring(gateway: Gateway, catalog: CatalogModel, e2e_dirs: Path, tmp_path: Path) -> Iterator[Ring]:
     """Ring plan: stage 0 (layers 0-8) on one host, stage 1 (9-17) on another, bridged by a third;
     each a separate process that knows only the gateway's URL, its token and the plan's id."""
     from catalog.models import CatalogModel
@@ -82,7 +91,7 @@ def ring(gateway, catalog, e2e_dirs, tmp_path):  # type: ignore[no-untyped-def]
             process.stop()
 
 
-def client(gateway, customer) -> openai.OpenAI:  # type: ignore[no-untyped-def]
+def client(gateway: Gateway, customer: Customer) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=customer.secret, max_retries=0, timeout=60)
 
 
@@ -94,7 +103,7 @@ def engine_text(messages: list[dict], max_tokens: int) -> str:
     from protocol.turns import render_job
 
     path = default_model_path()
-    runner = RingRunner(None, path, n_ctx=int(N_CTX))  # type: ignore[arg-type] - only its tokenizer is used
+    runner = RingRunner(None, path, n_ctx=int(N_CTX))  # type: ignore[arg-type]  # only its tokenizer is used
     prompt = runner._vocab.tokenize(render_job({"kind": "chat", "messages": messages}).encode(), add_bos=True, special=True)
     (whole,) = build_stages(path, [(0, 18)], n_rows=1, n_ctx=int(N_CTX))
     tokens = generate([whole], prompt, max_tokens).token_ids
@@ -103,7 +112,7 @@ def engine_text(messages: list[dict], max_tokens: int) -> str:
 
 
 class RingBehindTheGatewayTests:
-    def test_it_streams_settles_and_gives_the_engines_greedy_text(self, gateway, ring) -> None:  # type: ignore[no-untyped-def]
+    def test_it_streams_settles_and_gives_the_engines_greedy_text(self, gateway: Gateway, ring: Ring) -> None:
         customer = make_customer()
         pieces, usage, finish = [], None, None
         for chunk in client(gateway, customer).chat.completions.create(
@@ -133,7 +142,7 @@ class RingBehindTheGatewayTests:
         assert all(address.startswith("127.0.0.1:") and at is not None for address, at in addresses), addresses
         assert text == engine_text(HAIKU, 8), "the ring's greedy text is the single-process engine's"
 
-    def test_killing_a_stage_mid_request_ends_it_honestly_and_bills_nothing_twice(self, gateway, ring) -> None:  # type: ignore[no-untyped-def]
+    def test_killing_a_stage_mid_request_ends_it_honestly_and_bills_nothing_twice(self, gateway: Gateway, ring: Ring) -> None:
         customer = make_customer()
         story = [{"role": "user", "content": "Tell me a long story about an elephant who learns to swim."}]
         pieces, last, error = [], None, None

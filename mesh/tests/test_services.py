@@ -1,6 +1,8 @@
 """Ring plans: a valid plan is stored; every bad plan is refused with a clear reason."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 
 from conftest import make_host
@@ -18,11 +20,16 @@ from mesh.rings.services import (
     ring_stats_report,
 )
 
+if TYPE_CHECKING:
+    from typing import Any
+
+    from catalog.models import CatalogModel
+
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def layouts(catalog):  # type: ignore[no-untyped-def]
+def layouts(catalog: CatalogModel) -> CatalogModel:
     from catalog.models import CatalogModel
 
     layout_seed(CatalogModel, ModelLayout)
@@ -36,7 +43,7 @@ def _create(*ranges: tuple[int, int], row_width: int = 64, micro_batch: int = 4,
 
 
 class RingPlanCreateTests:
-    def test_it_stores_a_plan_covering_every_layer_once(self, layouts) -> None:  # type: ignore[no-untyped-def]
+    def test_it_stores_a_plan_covering_every_layer_once(self, layouts: CatalogModel) -> None:
         host = make_host(name="stage-host").host
         plan = ring_plan_create(
             model_name="gemma-3-270m", stages=[StageSpec(0, 9, host), StageSpec(9, 18)], row_width=64, micro_batch=4
@@ -62,19 +69,19 @@ class RingPlanCreateTests:
             ([(0, 9), (9, 18)], {"model": "no-such-model"}, "unknown model"),
         ],
     )
-    def test_it_refuses_a_bad_plan(self, layouts, ranges, kwargs, reason) -> None:  # type: ignore[no-untyped-def]
+    def test_it_refuses_a_bad_plan(self, layouts: CatalogModel, ranges: list[tuple[int, int]], kwargs: dict[str, Any], reason: str) -> None:
         with pytest.raises(PlanInvalid, match=reason.replace("[", r"\[").replace(")", r"\)").replace("(", r"\(")):
             _create(*ranges, **kwargs)
         assert not RingPlan.objects.exists() and not RingStage.objects.exists()
 
-    def test_it_refuses_a_model_whose_layer_count_is_unknown(self, catalog) -> None:  # type: ignore[no-untyped-def]
+    def test_it_refuses_a_model_whose_layer_count_is_unknown(self, catalog: CatalogModel) -> None:
         ModelLayout.objects.all().delete()
         with pytest.raises(PlanInvalid, match="layer count"):
             _create((0, 9), (9, 18))
 
 
 class RingStatsReportTests:
-    def test_it_lets_a_stage_host_report_only_its_own_stage(self, layouts) -> None:  # type: ignore[no-untyped-def]
+    def test_it_lets_a_stage_host_report_only_its_own_stage(self, layouts: CatalogModel) -> None:
         a, b = make_host(name="a").host, make_host(name="b").host
         plan = ring_plan_create(
             model_name="gemma-3-270m", stages=[StageSpec(0, 9, a), StageSpec(9, 18, b)], row_width=8, micro_batch=2
@@ -88,7 +95,7 @@ class RingStatsReportTests:
 
 
 class RingStageAddressReportTests:
-    def test_it_records_where_a_stage_listens_for_the_host_that_runs_it(self, layouts) -> None:  # type: ignore[no-untyped-def]
+    def test_it_records_where_a_stage_listens_for_the_host_that_runs_it(self, layouts: CatalogModel) -> None:
         a, b, bridge = make_host(name="a").host, make_host(name="b").host, make_host(name="bridge").host
         plan = ring_plan_create(model_name="gemma-3-270m", stages=[StageSpec(0, 9, a), StageSpec(9, 18)], row_width=8,
                                 micro_batch=2, bridge_host=bridge)
@@ -102,13 +109,13 @@ class RingStageAddressReportTests:
         assert RingStage.objects.get(plan=plan, index=0).address == "192.168.1.20:7000"
 
     @pytest.mark.parametrize("address", ["0.0.0.0:7000", "[::]:7000", "host", "host:0", "host:70000", ":7000", "a b:1"])
-    def test_it_refuses_an_address_nobody_can_dial(self, layouts, address) -> None:  # type: ignore[no-untyped-def]
+    def test_it_refuses_an_address_nobody_can_dial(self, layouts: CatalogModel, address: str) -> None:
         a = make_host(name="a").host
         plan = ring_plan_create(model_name="gemma-3-270m", stages=[StageSpec(0, 9, a), StageSpec(9, 18, a)], row_width=8, micro_batch=2)
         with pytest.raises(AddressInvalid):
             ring_stage_address_report(plan_id=plan.pk, index=0, host=a, address=address)
 
-    def test_a_retired_ring_takes_no_address(self, layouts) -> None:  # type: ignore[no-untyped-def]
+    def test_a_retired_ring_takes_no_address(self, layouts: CatalogModel) -> None:
         a = make_host(name="a").host
         plan = ring_plan_create(model_name="gemma-3-270m", stages=[StageSpec(0, 9, a), StageSpec(9, 18, a)], row_width=8, micro_batch=2)
         RingPlan.objects.filter(pk=plan.pk).update(status=RingPlan.Status.RETIRED)
@@ -117,7 +124,7 @@ class RingStageAddressReportTests:
 
 
 class RingPlanProposeLocalTests:
-    def test_it_puts_every_stage_on_the_host_and_reuses_the_same_shape(self, layouts) -> None:  # type: ignore[no-untyped-def]
+    def test_it_puts_every_stage_on_the_host_and_reuses_the_same_shape(self, layouts: CatalogModel) -> None:
         host = make_host(name="solo").host
         plan = ring_plan_propose_local(host=host, model_name="gemma-3-270m", n_stages=4, row_width=64, micro_batch=4)
         assert [(s.start, s.end, s.host) for s in plan.stages.all()] == [(0, 5, host), (5, 10, host), (10, 14, host), (14, 18, host)]
@@ -126,7 +133,7 @@ class RingPlanProposeLocalTests:
         other = ring_plan_propose_local(host=host, model_name="gemma-3-270m", n_stages=2, row_width=64, micro_batch=4)
         assert other != plan and other.stages.count() == 2
 
-    def test_it_refuses_one_stage(self, layouts) -> None:  # type: ignore[no-untyped-def]
+    def test_it_refuses_one_stage(self, layouts: CatalogModel) -> None:
         with pytest.raises(PlanInvalid, match="at least two stages"):
             ring_plan_propose_local(host=make_host(name="solo").host, model_name="gemma-3-270m", n_stages=1,
                                     row_width=64, micro_batch=4)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import TYPE_CHECKING
 
 import pytest
 from django.test import Client
@@ -9,8 +10,11 @@ from django.test import Client
 from billing.tests.conftest import fake_stripe, fake_stripe_server, no_stripe  # noqa: F401
 from conftest import Customer, ServingHost
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
-def signed_in(user) -> Client:  # type: ignore[no-untyped-def]
+
+def signed_in(user: User) -> Client:
     client = Client()
     client.force_login(user)
     return client
@@ -33,7 +37,7 @@ def outsider_client(outsider: ServingHost) -> Client:
 
 
 @pytest.fixture
-def staff_client(db) -> Client:  # type: ignore[no-untyped-def]
+def staff_client(db: None) -> Client:
     from django.contrib.auth import get_user_model
 
     user = get_user_model().objects.create(username=f"op-{uuid.uuid4().hex[:6]}@example.com", is_staff=True)

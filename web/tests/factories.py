@@ -2,15 +2,20 @@
 from __future__ import annotations
 
 import uuid
+from typing import TYPE_CHECKING
 
 from django.utils import timezone
 
 from billing import services as billing
 from marketplace.models import Job, Request
 
+if TYPE_CHECKING:
+    from hosts.models import Host
+    from testkit.personas import Customer
 
-def finished_request(  # type: ignore[no-untyped-def]
-    *, customer, host=None, cost_ucents: int = 1_000, resumed: bool = False, failed: bool = False
+
+def finished_request(
+    *, customer: Customer, host: Host | None = None, cost_ucents: int = 1_000, resumed: bool = False, failed: bool = False
 ) -> Request:
     """A request admitted with `customer`'s key and settled for `cost_ucents` (host earns 80%), or failed."""
     from catalog.models import CatalogModel

@@ -10,9 +10,13 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 CHROMIUM = Path("/usr/bin/chromium")
 
@@ -24,7 +28,7 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not 
 
 
 @pytest.fixture
-def shots(tmp_path) -> Path:  # type: ignore[no-untyped-def]
+def shots(tmp_path: Path) -> Path:
     folder = Path(os.environ.get("SCREENSHOTS_DIR") or tmp_path)
     folder.mkdir(parents=True, exist_ok=True)
     return folder
@@ -138,7 +142,7 @@ class BrowserTests:
         get_user_model().objects.create_user(username=email, email=email, password="a long enough password")
         host = host_create(email=email, name="den").host
 
-        def off_loop(work) -> None:  # type: ignore[no-untyped-def]
+        def off_loop(work: Callable[[], object]) -> None:
             """The ORM may not run on Playwright's event loop; run it on a thread of its own."""
             thread = threading.Thread(target=work)
             thread.start()

@@ -4,7 +4,7 @@
 """
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from billing import selectors, services
 
@@ -12,7 +12,7 @@ from billing import selectors, services
 class Command(BaseCommand):
     help = "Replay the ledger: balanced transactions, cached balances, orphaned holds, Stripe and payout totals."
 
-    def add_arguments(self, parser) -> None:  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--release-orphans", action="store_true", help="first release holds whose request ended")
 
     def handle(self, *args: object, **options: object) -> None:

@@ -1,0 +1,242 @@
+"""The relay under a pool of streams: many customers, one synthetic host, one gateway process.
+
+A synthetic host (`testkit.simhost --stream-batches`, its own process, speaking the
+documented host API) streams timestamped 5-word batches every 50 ms into C concurrent
+`AsyncOpenAI` chat streams. Each batch's first word is `@SEQ:SENT_AT`, so the reader times
+every batch (push → customer) and checks the text: every batch exactly once, in order.
+
+    .venv/bin/python bench/relay.py [--streams 25] [--batches 100] [--socket ws|http] [--baseline DIR]
+
+Reports, per C: offered and relayed batches/s, chunk delay p50/p99/max, batches lost,
+duplicated or reordered, gateway CPU per 1,000 batches, and the load generator's CPU
+(this process and the synthetic host: they share the machine with the gateway).
+Each gateway gets a fresh SQLite file, or with DATABASE_URL a fresh PostgreSQL database
+beside it (pair it with REDIS_URL). `--baseline DIR` measures a baseline checkout too
+(`git worktree add DIR COMMIT`), alternating with this one, and prints the ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+MARK = re.compile(r" @(\d+):(\d+\.\d+)")
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+class Target:
+    """One gateway under test: a checkout (this one, or a baseline's git worktree) with its
+    own database, migrated by its own code, its customer and host made by its own commands."""
+
+    def __init__(self, name: str, root: Path, tmp: Path) -> None:
+        self.name, self.root, self.env = name, root, dict(os.environ, QUEUE_TIMEOUT_SECONDS="60")
+        base_url = os.environ.get("DATABASE_URL")
+        if base_url:
+            database = f"elephant_relay_{name}_{os.getpid()}"
+            self.env["DATABASE_URL"] = base_url.rsplit("/", 1)[0] + "/" + database
+            admin = base_url.rsplit("/", 1)[0] + "/postgres"
+            subprocess.run([sys.executable, "-c", f"import psycopg; c = psycopg.connect({admin!r}, autocommit=True); "
+                            f"c.execute('DROP DATABASE IF EXISTS {database}'); c.execute('CREATE DATABASE {database}')"], check=True)
+        else:
+            self.env["SQLITE_PATH"] = str(tmp / f"{name}.sqlite3")
+        self.manage("migrate", "--noinput")
+        self.gateway: subprocess.Popen | None = None
+
+    def manage(self, *argv: str) -> str:
+        """Run a management command of this checkout; its last line (a key or a token)."""
+        done = subprocess.run([sys.executable, "manage.py", *argv], cwd=self.root, env=self.env, capture_output=True, text=True)
+        if done.returncode:
+            raise SystemExit(f"{self.name}: manage.py {' '.join(argv)} failed:\n{done.stderr}")
+        return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+
+    def start(self, port: int, log: Path) -> str:
+        self.gateway = subprocess.Popen(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
+            cwd=self.root, env=self.env, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+        )
+        server = f"http://127.0.0.1:{port}"
+        import httpx
+
+        for _ in range(300):
+            try:
+                httpx.get(f"{server}/v1/models", timeout=1)
+                return server
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        raise SystemExit(f"{self.name}: the gateway never answered (see {log})")
+
+    def stop(self) -> None:
+        if self.gateway is not None:
+            self.gateway.terminate()
+            self.gateway.wait(timeout=10)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far (from /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))] if ordered else float("nan")
+
+
+def check_text(text: str, batches: int) -> tuple[list[int], int, int, int]:
+    """The batch numbers in the order they arrived, and how many were lost, duplicated, reordered."""
+    seqs = [int(m.group(1)) for m in MARK.finditer(text)]
+    lost = len(set(range(batches)) - set(seqs))
+    duplicated = len(seqs) - len(set(seqs))
+    reordered = sum(1 for a, b in zip(seqs, seqs[1:], strict=False) if b < a)
+    return seqs, lost, duplicated, reordered
+
+
+async def one_stream(client, batches: int, delays: list[float]) -> tuple[str, str | None]:  # type: ignore[no-untyped-def]
+    """Read one stream; each batch's delay is the time its mark arrived minus when it was sent."""
+    text, seen = "", 0
+    try:
+        stream = await client.chat.completions.create(
+            model="gemma-3-270m", messages=[{"role": "user", "content": "relay"}], max_tokens=3000, stream=True,
+        )
+        async for chunk in stream:
+            if not chunk.choices or not chunk.choices[0].delta.content:
+                continue
+            now = time.time()
+            text += chunk.choices[0].delta.content
+            marks = list(MARK.finditer(text))
+            for mark in marks[seen:]:
+                delays.append(now - float(mark.group(2)))
+            seen = len(marks)
+    except Exception as error:  # noqa: BLE001 — a failed stream is counted, not fatal to the bench
+        return text, f"{type(error).__name__}: {error}"
+    return text, None
+
+
+async def pool_round(server: str, secret: str, streams: int, batches: int) -> dict:
+    import httpx
+    import openai
+
+    http = httpx.AsyncClient(limits=httpx.Limits(max_connections=streams + 4), timeout=120)
+    client = openai.AsyncOpenAI(base_url=f"{server}/v1", api_key=secret, max_retries=0, http_client=http)
+    delays: list[float] = []
+    started = time.monotonic()
+    results = await asyncio.gather(*(one_stream(client, batches, delays) for _ in range(streams)))
+    elapsed = time.monotonic() - started
+    await http.aclose()
+    totals = {"lost": 0, "duplicated": 0, "reordered": 0}
+    errors = [error for _, error in results if error]
+    for text, _ in results:
+        _, lost, duplicated, reordered = check_text(text, batches)
+        totals["lost"] += lost
+        totals["duplicated"] += duplicated
+        totals["reordered"] += reordered
+    return {"elapsed_s": elapsed, "relayed": len(delays), "delays": delays, "errors": errors, **totals}
+
+
+def start_simhost(server: str, token: str, streams: int, args: argparse.Namespace, log: Path) -> subprocess.Popen:
+    argv = [
+        sys.executable, "-m", "testkit.simhost", "--server", server, "--token", token, "--model", "gemma-3-270m",
+        "--loaded", "gemma-3-270m", "--slots", str(streams), "--stream-batches", str(args.batches),
+        "--interval", str(args.interval), "--wait", "2", *(["--socket"] if args.socket == "ws" else []),
+    ]
+    proc = subprocess.Popen(argv, cwd=ROOT, env=dict(os.environ), stdout=subprocess.PIPE, stderr=open(log, "w"), text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:  # its first line says it registered
+        if json.loads(line).get("ready"):
+            break
+    return proc
+
+
+def measure(args: argparse.Namespace, target: Target, server: str, tmp: Path, streams: int) -> dict:
+    tag = f"{target.name}-{streams}-{time.time_ns()}"
+    secret = target.manage("create_customer", f"{tag}@bench.local", "--credit", "1000")
+    token = target.manage("create_host", f"{tag}@host.local", tag)
+    sim = start_simhost(server, token, streams, args, tmp / f"simhost-{tag}.log")
+    assert target.gateway is not None
+    gateway_pid = target.gateway.pid
+    try:
+        time.sleep(1.5)  # its long-polls are waiting
+        asyncio.run(pool_round(server, secret, 1, 2))  # warm-up, not measured: the gateway loads its tokenizer
+        gateway_cpu, sim_cpu = cpu_seconds(gateway_pid), cpu_seconds(sim.pid)
+        own_cpu = resource.getrusage(resource.RUSAGE_SELF)
+        rounds = [asyncio.run(pool_round(server, secret, streams, args.batches)) for _ in range(args.rounds)]
+        own_after = resource.getrusage(resource.RUSAGE_SELF)
+        gateway_used, sim_used = cpu_seconds(gateway_pid) - gateway_cpu, cpu_seconds(sim.pid) - sim_cpu
+    finally:
+        sim.terminate()
+        sim.wait(timeout=10)
+    elapsed = sum(r["elapsed_s"] for r in rounds)
+    relayed = sum(r["relayed"] for r in rounds)
+    offered = streams * args.batches * args.rounds
+    delays = [d for r in rounds for d in r["delays"]]
+    return {
+        "gateway": target.name,
+        "streams": streams,
+        "offered_batches_per_s": streams / args.interval,
+        "relayed_batches_per_s": relayed / elapsed,
+        "relayed_share": relayed / offered,
+        "stream_s_ideal": args.batches * args.interval,
+        "round_s": elapsed / args.rounds,
+        "delay_ms_p50": pct(delays, 0.5) * 1000,
+        "delay_ms_p99": pct(delays, 0.99) * 1000,
+        "delay_ms_max": max(delays) * 1000 if delays else float("nan"),
+        "lost": sum(r["lost"] for r in rounds),
+        "duplicated": sum(r["duplicated"] for r in rounds),
+        "reordered": sum(r["reordered"] for r in rounds),
+        "errors": [e for r in rounds for e in r["errors"]][:5],
+        "gateway_cpu_ms_per_batch": gateway_used / max(relayed, 1) * 1000,
+        "gateway_cpu_share": gateway_used / elapsed,
+        "load_generator_cpu_share": (sim_used + own_after.ru_utime + own_after.ru_stime - own_cpu.ru_utime - own_cpu.ru_stime) / elapsed,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--streams", type=int, action="append", help="concurrent streams (repeatable; default 1, 5, 25)")
+    parser.add_argument("--batches", type=int, default=100, help="batches per stream")
+    parser.add_argument("--interval", type=float, default=0.05)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--socket", choices=["http", "ws"], default="ws", help="how the synthetic host pushes its batches")
+    parser.add_argument("--baseline", type=Path, help="a checkout of the baseline commit (git worktree): measured alternately")
+    parser.add_argument("--port", type=int, default=8766)
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="elephant-relay-"))
+    targets = [Target("head", ROOT, tmp)] + ([Target("base", args.baseline.resolve(), tmp)] if args.baseline else [])
+    results = []
+    for streams in args.streams or [1, 5, 25]:
+        for target in targets if streams % 2 else list(reversed(targets)):  # alternate who goes first
+            server = target.start(args.port, tmp / f"gateway-{target.name}.log")
+            try:
+                results.append(measure(args, target, server, tmp, streams))
+            finally:
+                target.stop()
+    print(json.dumps({"database": "postgresql" if os.environ.get("DATABASE_URL") else "sqlite", "batches": args.batches,
+                      "interval": args.interval, "host_path": args.socket, "results": results}, indent=2))
+    for r in results:
+        print(
+            f"{r['gateway']:>4} C={r['streams']:>3}: offered {r['offered_batches_per_s']:.0f}/s, relayed "
+            f"{r['relayed_batches_per_s']:.0f}/s ({r['relayed_share']:.0%}), round {r['round_s']:.1f} s (ideal "
+            f"{r['stream_s_ideal']:.1f}), delay p50/p99/max {r['delay_ms_p50']:.0f}/{r['delay_ms_p99']:.0f}/"
+            f"{r['delay_ms_max']:.0f} ms, lost/dup/reordered {r['lost']}/{r['duplicated']}/{r['reordered']}, gateway CPU "
+            f"{r['gateway_cpu_ms_per_batch']:.2f} ms per batch ({r['gateway_cpu_share']:.0%} of a core), load generator "
+            f"{r['load_generator_cpu_share']:.0%}"
+        )
+    for head, base in zip(results[::2], results[1::2], strict=False):
+        if args.baseline and head["streams"] == base["streams"]:
+            a, b = (head, base) if head["gateway"] == "head" else (base, head)
+            print(f"C={a['streams']:>3}: head / base relayed {a['relayed_batches_per_s'] / b['relayed_batches_per_s']:.2f}x, "
+                  f"CPU per batch {b['gateway_cpu_ms_per_batch'] / a['gateway_cpu_ms_per_batch']:.1f}x less")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""The token batch's two doors, HTTP and the host's WebSocket, against a real daphne gateway:
+the same batches give the same text and the same bill."""
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from conftest import make_customer, make_host, wait_until
+from mahout.api import JobGoneError
+from mahout.presence import Presence
+from marketplace import services
+from marketplace.models import Job, Request
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
+
+BATCHES = ["Hello", ", wor", "ld! ", "", "Good to see you."]
+
+
+def queued(customer, catalog) -> Request:  # type: ignore[no-untyped-def]
+    return services.request_submit(
+        public_id=services.new_public_id("chat"), api_key=customer.key, model=catalog, kind="chat",
+        messages=[{"role": "user", "content": "hi"}], prompt=None, stream=True, prompt_tokens=5,
+        params={"max_tokens": 50, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": 1},
+    )
+
+
+def claimed(http: httpx.Client, fingerprint: str) -> int:
+    answer = http.post("/hosts/api/claim", json={"fingerprint": fingerprint, "wait": 10})
+    assert answer.status_code == 200, answer.text
+    return answer.json()["job"]["id"]
+
+
+class HostSocketTests:
+    def test_http_and_the_socket_give_identical_text_and_billing(self, gateway, catalog) -> None:
+        customer, serving = make_customer(), make_host(name="two-doors")
+        headers = {"Authorization": f"Bearer {serving.token}"}
+        socket = Presence(gateway.url, serving.token, out=lambda line: None).start()
+        try:
+            wait_until(socket.connected.is_set, timeout=20, what="the host socket to open")
+            with httpx.Client(base_url=gateway.url, headers=headers, timeout=30) as http:
+                by_http = queued(customer, catalog)
+                job = claimed(http, serving.fingerprint)
+                for seq, text in enumerate(BATCHES):
+                    assert http.post(f"/hosts/api/jobs/{job}/tokens", json={"seq": seq, "text": text}).json()["accepted"]
+                assert http.post(f"/hosts/api/jobs/{job}/tokens", json={"seq": 1, "text": ", wor"}).json() == {
+                    "accepted": False, "next_seq": len(BATCHES)}
+                http.post(f"/hosts/api/jobs/{job}/complete", json={"finish_reason": "stop"}).raise_for_status()
+
+                by_socket = queued(customer, catalog)
+                job = claimed(http, serving.fingerprint)
+                for seq, text in enumerate(BATCHES):
+                    assert socket.push_tokens(job, seq=seq, text=text) == {"accepted": True, "next_seq": seq + 1}
+                assert socket.push_tokens(job, seq=1, text=", wor") == {"accepted": False, "next_seq": len(BATCHES)}
+                with pytest.raises(JobGoneError):  # the first job ended: its late batch is refused
+                    socket.push_tokens(Job.objects.get(request=by_http).pk, seq=len(BATCHES), text="late")
+                texts = [Request.objects.get(pk=row.pk).delivered_text for row in (by_http, by_socket)]
+                http.post(f"/hosts/api/jobs/{job}/complete", json={"finish_reason": "stop"}).raise_for_status()
+        finally:
+            socket.stop()
+        assert texts == ["".join(BATCHES)] * 2
+        rows = [Request.objects.get(pk=row.pk) for row in (by_http, by_socket)]
+        assert [(r.status, r.completion_tokens, r.cost_ucents) for r in rows[1:]] == [
+            (rows[0].status, rows[0].completion_tokens, rows[0].cost_ucents)]
+        assert rows[0].status == "completed" and rows[0].cost_ucents > 0
+        earned = [Job.objects.get(request=r).earned_ucents for r in rows]
+        assert earned[0] == earned[1] > 0
+
+    def test_a_batch_from_the_future_and_a_stranger_are_refused_on_the_socket(self, gateway, catalog) -> None:
+        customer, serving, stranger = make_customer(), make_host(name="owner"), make_host(name="stranger", fingerprint="e" * 64)
+        with httpx.Client(base_url=gateway.url, headers={"Authorization": f"Bearer {serving.token}"}, timeout=30) as http:
+            queued(customer, catalog)
+            job = claimed(http, serving.fingerprint)
+        sockets = [Presence(gateway.url, host.token, out=lambda line: None).start() for host in (serving, stranger)]
+        try:
+            for socket in sockets:
+                wait_until(socket.connected.is_set, timeout=20, what="the host socket to open")
+            with pytest.raises(JobGoneError, match="Expected batch 0, got 3"):
+                sockets[0].push_tokens(job, seq=3, text="x")
+            with pytest.raises(Exception, match="not yours") as refused:
+                sockets[1].push_tokens(job, seq=0, text="x")
+            assert refused.value.status == 403
+        finally:
+            for socket in sockets:
+                socket.stop()
