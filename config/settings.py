@@ -41,6 +41,7 @@ INSTALLED_APPS = [
     "marketplace",
     "mesh",
     "web",
+    "config",  # how the system is run: serve_demo (`make run`) and its load balancer
 ]
 
 MIDDLEWARE = [

@@ -53,17 +53,22 @@ class Admitted:
     row: Request
     listener: RequestListener
     include_usage: bool
+    handed_over: bool = False
 
-    async def chunks(self) -> AsyncIterator[dict | str]:
-        """OpenAI stream chunks, ending with "[DONE]" or an error object."""
+    async def chunks(self, *, first: bool = True) -> AsyncIterator[dict | str]:
+        """OpenAI stream chunks, ending with "[DONE]" or an error object. Each text chunk
+        carries `x_elephant.offset`: the characters delivered so far, where a dropped
+        stream resumes (`starting_after`)."""
         row = self.row
         try:
-            yield chunk_body(row, text="", first=True)
+            if first:
+                yield chunk_body(row, text="", first=True)
             async for event in self.listener.events():
                 if isinstance(event, Text):
-                    yield chunk_body(row, text=event.text)
+                    yield chunk_body(row, text=event.text, offset=self.listener.sent)
                     continue
                 ended = event.request
+                self.handed_over = True
                 if ended.status == Request.Status.FAILED:
                     yield ended_error(ended).body()
                     return
@@ -74,8 +79,11 @@ class Admitted:
             await self.close()
 
     async def close(self) -> None:
+        """Stop listening; once the whole answer was handed over, forget it. A stream that
+        dropped early leaves the text for a resume, until the watchdog's retention ends."""
         await self.listener.close()
-        await db(services.request_forget_output, request_id=self.row.pk)
+        if self.handed_over:
+            await db(services.request_forget_output, request_id=self.row.pk)
 
 
 async def admit_generation(*, secret: str, body: dict, kind: str) -> Admitted:
@@ -149,6 +157,42 @@ class GenerationApi(AsyncApi):
         finally:
             await admitted.close()
         raise AssertionError("listener ended without an Ended event")
+
+
+class StreamResumeApi(View):
+    """GET /v1/chat/completions/<id>?stream=true&starting_after=N (and /v1/completions/<id>):
+    re-attach to a running (or just ended) request of this key's account and receive the
+    rest of its stream from character N — the `x_elephant.offset` of the last text chunk
+    received — exactly once, in the same chunk format. Reading bills nothing."""
+
+    async def get(self, request: HttpRequest, public_id: str) -> HttpResponse:
+        try:
+            if request.GET.get("stream") != "true":
+                raise bad_request("Only streams can be resumed: pass stream=true (and starting_after=N).", code="stream_required", param="stream")
+            raw = request.GET.get("starting_after", "0")
+            if not raw.isdigit():
+                raise bad_request(f"'starting_after' must be a character offset (0 or more), got {raw!r}.", code="invalid_value", param="starting_after")
+            row = await db(_resumable, secret=bearer_secret(request), public_id=public_id, starting_after=int(raw))
+        except DomainError as error:
+            return error.response()
+        listener = await RequestListener(public_id, resume_at=int(raw)).open()
+        admitted = Admitted(row=row, listener=listener, include_usage=request.GET.get("include_usage") == "true")
+        response = StreamingHttpResponse((sse(chunk) async for chunk in admitted.chunks(first=False)), content_type="text/event-stream")
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"
+        return response
+
+
+def _resumable(*, secret: str, public_id: str, starting_after: int) -> Request:
+    key = key_from_secret(secret)
+    row = selectors.request_for_user(user=key.user, public_id=public_id)
+    if row is None or row.kind == Request.Kind.EMBEDDINGS:
+        raise ApiError(404, f"No streamed request '{public_id}' for this account.", code="not_found", param="id")
+    if row.output_forgotten:
+        raise ApiError(410, "This request's text was handed over and deleted; it cannot be streamed again.", code="output_gone")
+    if starting_after > row.delivered_chars:
+        raise bad_request(f"'starting_after' is past the {row.delivered_chars} characters delivered so far.", code="invalid_value", param="starting_after")
+    return row
 
 
 class ChatCompletionsApi(GenerationApi):

@@ -13,7 +13,10 @@ def usage_of(row: Request) -> dict:
     }
 
 
-def chunk_body(row: Request, *, text: str, first: bool = False, finish_reason: str | None = None, usage: dict | None = None) -> dict:
+def chunk_body(
+    row: Request, *, text: str, first: bool = False, finish_reason: str | None = None, usage: dict | None = None,
+    offset: int | None = None,
+) -> dict:
     if row.kind == Request.Kind.CHAT:
         delta: dict = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
         choice: dict = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
@@ -23,6 +26,8 @@ def chunk_body(row: Request, *, text: str, first: bool = False, finish_reason: s
         body = {"id": row.public_id, "object": "text_completion", "created": unix(row.created_at), "model": row.model.name, "choices": [choice]}
     if usage is not None:
         body["usage"] = usage
+    if offset is not None:
+        body["x_elephant"] = {"offset": offset}
     if finish_reason is not None and row.resumed:
         body["x_elephant"] = {"resumed": True}
     return body

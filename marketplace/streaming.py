@@ -34,9 +34,11 @@ class Ended:
 
 
 class RequestListener:
-    def __init__(self, public_id: str) -> None:
+    def __init__(self, public_id: str, *, resume_at: int | None = None) -> None:
+        """`resume_at`: a customer re-attaching from that character (it has the rest)."""
         self.public_id = public_id
-        self.sent = 0
+        self.sent = resume_at or 0
+        self._resumed = resume_at is not None
         self._layer = get_channel_layer()
         self._channel = ""
         self._inbox: Inbox | None = None
@@ -72,9 +74,13 @@ class RequestListener:
         watchdog check (queue timeout, stalled host → continuation), so a stream
         is never left waiting on a dead host, even with no Celery beat running.
         """
+        catch_up_now = self._resumed  # a resumed stream reads what it missed at once
         while True:
             assert self._inbox is not None, "open() the listener first"
-            message = await self._inbox.next(POLL_SECONDS)
+            if catch_up_now:
+                catch_up_now, message = False, {"type": "resume"}
+            else:
+                message = await self._inbox.next(POLL_SECONDS)
             kind = message["type"] if message else None
             if kind == "job.tokens" and message["offset"] <= self.sent:
                 fresh = self._unsent(message["offset"], message["text"])

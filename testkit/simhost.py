@@ -22,6 +22,7 @@ import time
 
 import httpx
 
+from mahout.api import HostApiError
 from mahout.presence import Presence
 
 FINGERPRINT = "s" * 64
@@ -123,8 +124,9 @@ class SimHost:
                 return
             if self.args.stream_batches:
                 self.stream(client, job)
-            else:
-                self.call(client, "POST", f"jobs/{job['id']}/tokens", {"seq": 0, "text": " sim"})
+                self.call_retrying(client, f"jobs/{job['id']}/complete", {"finish_reason": "stop"})
+                return
+            self.call(client, "POST", f"jobs/{job['id']}/tokens", {"seq": 0, "text": " sim"})
             self.call(client, "POST", f"jobs/{job['id']}/complete", {"finish_reason": "stop"})
         except httpx.HTTPError:
             pass
@@ -139,11 +141,36 @@ class SimHost:
         started = time.monotonic()
         for seq in range(self.args.stream_batches):
             text = batch_text(seq, time.time())
-            if self.socket is not None and self.socket.push_tokens(job["id"], seq=seq, text=text) is not None:
-                pass
-            elif self.call(client, "POST", f"jobs/{job['id']}/tokens", {"seq": seq, "text": text}).status_code != 200:
+            if not self.push(client, job["id"], seq, text):
                 return
             time.sleep(max(0.0, started + (seq + 1) * self.args.interval - time.monotonic()))
+
+    def push(self, client: httpx.Client, job_id: int, seq: int, text: str) -> bool:
+        """One batch, on the socket when it is up, else over HTTP, retried (same seq) while the
+        gateway cannot be reached, as mahout does. False when the job is no longer ours."""
+        for _ in range(30):
+            try:
+                if self.socket is not None and self.socket.push_tokens(job_id, seq=seq, text=text, timeout=3) is not None:
+                    return True
+                response = self.call(client, "POST", f"jobs/{job_id}/tokens", {"seq": seq, "text": text})
+                if response.status_code < 500:
+                    return response.status_code == 200
+            except HostApiError:
+                return False
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        return False
+
+    def call_retrying(self, client: httpx.Client, path: str, body: dict) -> None:
+        """A POST retried while the gateway cannot be reached (a load balancer finds a live one)."""
+        for _ in range(30):
+            try:
+                if self.call(client, "POST", path, body).status_code < 500:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
 
     def run(self) -> None:
         with httpx.Client() as client:

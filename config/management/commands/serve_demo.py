@@ -1,6 +1,7 @@
 """`serve_demo`: the whole system on one machine, as `make run` starts it.
 
-Creates the demo customer and hosts, then runs the gateway (daphne), Celery
+Creates the demo customer and hosts, then runs the gateway (daphne; with
+`--workers N`/`WORKERS=N`, N of them behind HAProxy on the same port), Celery
 worker + beat (the watchdogs), one mahout host serving the shipped chat model and
 one serving the shipped embeddings model (a small farm behind one /v1/models),
 prints the API key and a ready-to-paste client snippet, and stops everything
@@ -9,6 +10,7 @@ on Ctrl-C.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,11 +21,12 @@ from pathlib import Path
 import httpx
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from accounts.services import api_key_create
 from billing.services import credit_grant
 from catalog.money import usd_to_ucents
+from config.balancer import haproxy_config
 from core.secrets import secret_hash, secret_new, secret_prefix
 from hosts.models import Host
 from hosts.services import host_create
@@ -41,8 +44,19 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", 8000)))
         parser.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2)))
+        parser.add_argument(
+            "--workers", type=int, default=int(os.environ.get("WORKERS") or 1),
+            help="gateway processes behind HAProxy on --port (needs DATABASE_URL and REDIS_URL)",
+        )
 
-    def handle(self, *args: object, port: int, threads: int, **options: object) -> None:
+    def handle(self, *args: object, port: int, threads: int, workers: int, **options: object) -> None:
+        if workers > 1 and not (settings.DATABASE_URL and settings.REDIS_URL):
+            raise CommandError(
+                f"WORKERS={workers} needs DATABASE_URL and REDIS_URL: several gateway processes share PostgreSQL and "
+                "Redis. The embedded default (SQLite, in-process channel layer) runs one process."
+            )
+        if workers > 1 and shutil.which("haproxy") is None:
+            raise CommandError("WORKERS needs HAProxy in front of the gateways: apt-get install haproxy")
         var: Path = settings.VAR_DIR
         api_key = self._demo_key()
         host_token = self._demo_host_token(DEMO_HOST_NAME)
@@ -50,10 +64,10 @@ class Command(BaseCommand):
         (var / "demo-api-key").write_text(api_key + "\n")
         server = f"http://127.0.0.1:{port}"
         python = sys.executable
-        procs = [
-            self._spawn("gateway", [python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"]),
-            self._spawn("watchdogs", [python, "-m", "celery", "-A", "config", "worker", "-B", "--concurrency", "1", "--loglevel", "WARNING"]),
-        ]
+        procs = self._gateways(python, port, workers, var)
+        procs.append(self._spawn(
+            "watchdogs", [python, "-m", "celery", "-A", "config", "worker", "-B", "--concurrency", "1", "--loglevel", "WARNING"]
+        ))
         self._wait_for(server)
         host_argv = [python, "-m", "mahout", "run", "--server", server, "--token", host_token,
                      "--home", str(var / "mahout"), "--threads", str(threads)]
@@ -78,6 +92,20 @@ class Command(BaseCommand):
         token = secret_new("host")
         Host.objects.filter(pk=host.pk).update(token_hash=secret_hash(token), token_prefix=secret_prefix(token))
         return token
+
+    def _gateways(self, python: str, port: int, workers: int, var: Path) -> list[tuple[str, subprocess.Popen]]:
+        """One daphne on `port`; or `workers` of them on the ports above it, behind HAProxy on `port`."""
+        def daphne(listen: int) -> list[str]:
+            return [python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(listen), "config.asgi:application"]
+
+        if workers <= 1:
+            return [self._spawn("gateway", daphne(port))]
+        backends = [port + index for index in range(1, workers + 1)]
+        config = var / "haproxy.cfg"
+        config.write_text(haproxy_config(port=port, backends=backends))
+        procs = [self._spawn(f"gateway-{backend}", daphne(backend)) for backend in backends]
+        procs.append(self._spawn("haproxy", ["haproxy", "-db", "-f", str(config)]))
+        return procs
 
     def _spawn(self, name: str, argv: list[str]) -> tuple[str, subprocess.Popen]:
         self.stdout.write(f"starting {name}: {' '.join(argv[1:4])} …")

@@ -1,0 +1,42 @@
+"""The load balancer in front of several gateway processes: HAProxy (Debian's package).
+
+HTTP mode, so SSE streams pass through unbuffered and WebSockets (a host's socket, a
+customer's chat stream) are tunnelled; `leastconn` because streams are long-lived; a
+backend that stops answering is taken out by the health check (any answer of the
+gateway's, even a 401, says it is up) within about two seconds, and a connection refused
+meanwhile is retried on another backend (`redispatch`).
+"""
+from __future__ import annotations
+
+TEMPLATE = """\
+global
+    maxconn 4000
+
+defaults
+    mode http
+    option http-server-close
+    option redispatch
+    retries 3
+    timeout connect 5s
+    timeout client 1h
+    timeout server 1h
+    timeout tunnel 1h
+    timeout http-keep-alive 30s
+
+frontend elephant
+    bind 127.0.0.1:{port}
+    default_backend gateways
+
+backend gateways
+    balance leastconn
+    option httpchk GET /v1/models
+    http-check expect rstatus ^(200|401)$
+    default-server inter 1s fall 2 rise 1
+{servers}
+"""
+
+
+def haproxy_config(*, port: int, backends: list[int]) -> str:
+    """HAProxy's configuration for gateways on 127.0.0.1:`backends`, listening on `port`."""
+    servers = "\n".join(f"    server gateway{index} 127.0.0.1:{backend} check" for index, backend in enumerate(backends, 1))
+    return TEMPLATE.format(port=port, servers=servers)
