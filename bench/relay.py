@@ -50,7 +50,7 @@ class Target:
         else:
             self.env["SQLITE_PATH"] = str(tmp / f"{name}.sqlite3")
         self.manage("migrate", "--noinput")
-        self.gateway: subprocess.Popen | None = None
+        self.gateways: list[subprocess.Popen] = []
 
     def manage(self, *argv: str) -> str:
         """Run a management command of this checkout; its last line (a key or a token)."""
@@ -59,26 +59,50 @@ class Target:
             raise SystemExit(f"{self.name}: manage.py {' '.join(argv)} failed:\n{done.stderr}")
         return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
 
-    def start(self, port: int, log: Path) -> str:
-        self.gateway = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
-            cwd=self.root, env=self.env, stdout=open(log, "w"), stderr=subprocess.STDOUT,
-        )
+    def start(self, port: int, log: Path, workers: int = 1) -> str:
+        """One daphne on `port`, or `workers` of them behind HAProxy on `port` (as `WORKERS=N make run`)."""
+        def daphne(listen: int) -> subprocess.Popen:
+            return subprocess.Popen(
+                [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(listen), "config.asgi:application"],
+                cwd=self.root, env=self.env, stdout=open(f"{log}.{listen}", "w"), stderr=subprocess.STDOUT,
+            )
+
+        if workers <= 1:
+            self.gateways = [daphne(port)]
+        else:
+            from config.balancer import haproxy_config
+
+            backends = [port + 1 + index for index in range(workers)]
+            self.gateways = [daphne(backend) for backend in backends]
+            config = Path(f"{log}.haproxy.cfg")
+            config.write_text(haproxy_config(port=port, backends=backends))
+            self.balancer = subprocess.Popen(["haproxy", "-db", "-f", str(config)], stdout=open(f"{log}.haproxy", "w"),
+                                             stderr=subprocess.STDOUT)
         server = f"http://127.0.0.1:{port}"
         import httpx
 
         for _ in range(300):
             try:
-                httpx.get(f"{server}/v1/models", timeout=1)
-                return server
+                if httpx.get(f"{server}/v1/models", timeout=1).status_code == 401:
+                    if workers > 1:
+                        time.sleep(2)  # every backend passed its health check
+                    return server
             except httpx.HTTPError:
-                time.sleep(0.2)
+                pass
+            time.sleep(0.2)
         raise SystemExit(f"{self.name}: the gateway never answered (see {log})")
 
+    def cpu(self) -> float:
+        return sum(cpu_seconds(gateway.pid) for gateway in self.gateways)
+
     def stop(self) -> None:
-        if self.gateway is not None:
-            self.gateway.terminate()
-            self.gateway.wait(timeout=10)
+        for gateway in self.gateways:
+            gateway.terminate()
+            gateway.wait(timeout=10)
+        if getattr(self, "balancer", None) is not None:
+            self.balancer.terminate()
+            self.balancer.wait(timeout=10)
+            self.balancer = None
 
 
 def cpu_seconds(pid: int) -> float:
@@ -162,16 +186,14 @@ def measure(args: argparse.Namespace, target: Target, server: str, tmp: Path, st
     secret = target.manage("create_customer", f"{tag}@bench.local", "--credit", "1000")
     token = target.manage("create_host", f"{tag}@host.local", tag)
     sim = start_simhost(server, token, streams, args, tmp / f"simhost-{tag}.log")
-    assert target.gateway is not None
-    gateway_pid = target.gateway.pid
     try:
         time.sleep(1.5)  # its long-polls are waiting
         asyncio.run(pool_round(server, secret, 1, 2))  # warm-up, not measured: the gateway loads its tokenizer
-        gateway_cpu, sim_cpu = cpu_seconds(gateway_pid), cpu_seconds(sim.pid)
+        gateway_cpu, sim_cpu = target.cpu(), cpu_seconds(sim.pid)
         own_cpu = resource.getrusage(resource.RUSAGE_SELF)
         rounds = [asyncio.run(pool_round(server, secret, streams, args.batches)) for _ in range(args.rounds)]
         own_after = resource.getrusage(resource.RUSAGE_SELF)
-        gateway_used, sim_used = cpu_seconds(gateway_pid) - gateway_cpu, cpu_seconds(sim.pid) - sim_cpu
+        gateway_used, sim_used = target.cpu() - gateway_cpu, cpu_seconds(sim.pid) - sim_cpu
     finally:
         sim.terminate()
         sim.wait(timeout=10)
@@ -181,6 +203,7 @@ def measure(args: argparse.Namespace, target: Target, server: str, tmp: Path, st
     delays = [d for r in rounds for d in r["delays"]]
     return {
         "gateway": target.name,
+        "workers": args.current_workers,
         "streams": streams,
         "offered_batches_per_s": streams / args.interval,
         "relayed_batches_per_s": relayed / elapsed,
@@ -208,29 +231,37 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--socket", choices=["http", "ws"], default="ws", help="how the synthetic host pushes its batches")
     parser.add_argument("--baseline", type=Path, help="a checkout of the baseline commit (git worktree): measured alternately")
+    parser.add_argument("--workers", type=int, action="append", help="gateway processes behind HAProxy (repeatable; default 1)")
     parser.add_argument("--port", type=int, default=8766)
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="elephant-relay-"))
     targets = [Target("head", ROOT, tmp)] + ([Target("base", args.baseline.resolve(), tmp)] if args.baseline else [])
     results = []
     for streams in args.streams or [1, 5, 25]:
-        for target in targets if streams % 2 else list(reversed(targets)):  # alternate who goes first
-            server = target.start(args.port, tmp / f"gateway-{target.name}.log")
-            try:
-                results.append(measure(args, target, server, tmp, streams))
-            finally:
-                target.stop()
+        for workers in args.workers or [1]:
+            args.current_workers = workers
+            for target in targets if streams % 2 else list(reversed(targets)):  # alternate who goes first
+                server = target.start(args.port, tmp / f"gateway-{target.name}.log", workers)
+                try:
+                    results.append(measure(args, target, server, tmp, streams))
+                finally:
+                    target.stop()
     print(json.dumps({"database": "postgresql" if os.environ.get("DATABASE_URL") else "sqlite", "batches": args.batches,
                       "interval": args.interval, "host_path": args.socket, "results": results}, indent=2))
     for r in results:
         print(
-            f"{r['gateway']:>4} C={r['streams']:>3}: offered {r['offered_batches_per_s']:.0f}/s, relayed "
+            f"{r['gateway']:>4} W={r['workers']} C={r['streams']:>3}: offered {r['offered_batches_per_s']:.0f}/s, relayed "
             f"{r['relayed_batches_per_s']:.0f}/s ({r['relayed_share']:.0%}), round {r['round_s']:.1f} s (ideal "
             f"{r['stream_s_ideal']:.1f}), delay p50/p99/max {r['delay_ms_p50']:.0f}/{r['delay_ms_p99']:.0f}/"
             f"{r['delay_ms_max']:.0f} ms, lost/dup/reordered {r['lost']}/{r['duplicated']}/{r['reordered']}, gateway CPU "
             f"{r['gateway_cpu_ms_per_batch']:.2f} ms per batch ({r['gateway_cpu_share']:.0%} of a core), load generator "
             f"{r['load_generator_cpu_share']:.0%}"
         )
+    by_workers = {(r["gateway"], r["streams"], r["workers"]): r for r in results}
+    for (name, streams, workers), r in by_workers.items():
+        one = by_workers.get((name, streams, 1))
+        if workers > 1 and one is not None:
+            print(f"{name} C={streams:>3}: W={workers} / W=1 relayed {r['relayed_batches_per_s'] / one['relayed_batches_per_s']:.2f}x")
     for head, base in zip(results[::2], results[1::2], strict=False):
         if args.baseline and head["streams"] == base["streams"]:
             a, b = (head, base) if head["gateway"] == "head" else (base, head)

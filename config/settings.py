@@ -175,6 +175,8 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "WARNING")},
 }
 STALL_SECONDS = env_float("STALL_SECONDS", 20.0, minimum=0.1)
+# A host whose WebSocket drops is dead unless it reopens one within this (mahout retries after 1 s).
+HOST_RECONNECT_GRACE_SECONDS = env_float("HOST_RECONNECT_GRACE_SECONDS", 2.5, minimum=0.0)
 OUTPUT_RETENTION_SECONDS = env_int("OUTPUT_RETENTION_SECONDS", 300, minimum=0)
 
 # Billing: Stripe top-ups and host payouts (issue 3). Without STRIPE_SECRET_KEY and

@@ -47,6 +47,7 @@ class Host(models.Model):
     routing_weight = models.FloatField(
         null=True, blank=True, help_text="operator override of the weighted strategy's weight (default: measured tokens/s)"
     )
+    socket_since = models.DateTimeField(null=True, blank=True, help_text="when its current WebSocket (presence, batches) opened")
     maintenance_reason = models.CharField(max_length=300, blank=True)
     maintenance_since = models.DateTimeField(null=True, blank=True)
     maintenance_by = models.CharField(max_length=100, blank=True, help_text="who put it in maintenance, e.g. operator")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
@@ -132,3 +133,10 @@ def catalog_read(raw: object) -> dict | None:
         return None
     budget = raw.get("memory_budget_mb")
     return {**names, "slots": slots, "active_jobs": active, "memory_budget_mb": budget if isinstance(budget, int) else None}
+
+
+def host_socket_opened(*, host_id: int) -> datetime:
+    """Record that the host's WebSocket (re)opened; returns when, to compare with later."""
+    now = timezone.now()
+    Host.objects.filter(pk=host_id).update(socket_since=now)
+    return now

@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
 
 from core.db import db
 from core.errors import ApiError, DomainError, bad_request
 from core.http import scope_bearer
 from hosts.selectors import host_from_secret
+from hosts.services import host_socket_opened
 from marketplace import services
 from marketplace.apis import admit_generation
 from marketplace.models import Request
@@ -62,8 +64,10 @@ class HostSocketConsumer(AsyncJsonWebsocketConsumer):
 
     Presence: mahout keeps this socket open while it runs. A killed process's sockets
     are closed by its operating system, so the gateway sees the disconnect within a
-    moment and declares the host's running attempts dead (they are continued
-    elsewhere) instead of waiting out the 20 s stall rule. A frozen host keeps its
+    moment and, unless the host reconnects within HOST_RECONNECT_GRACE_SECONDS (its
+    socket dropped for another reason: the network, a gateway process restarting),
+    declares the host's running attempts dead (they are continued elsewhere) instead
+    of waiting out the 20 s stall rule. A frozen host keeps its
     socket open; the stall rule catches that one. One mahout process per host token:
     a second connection's end would count as the host's death.
 
@@ -90,6 +94,7 @@ class HostSocketConsumer(AsyncJsonWebsocketConsumer):
         self.host_id = host.pk
         self._host = host
         self._pushes: set[asyncio.Task] = set()
+        self._opened = await db(host_socket_opened, host_id=host.pk)
         await self.accept()
 
     async def receive_json(self, content: object, **kwargs: object) -> None:
@@ -111,8 +116,11 @@ class HostSocketConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json(answer)
 
     async def disconnect(self, code: int) -> None:
+        """A host that does not reopen its socket within HOST_RECONNECT_GRACE_SECONDS is dead.
+        (A gateway process that is killed never gets here: its hosts simply reconnect.)"""
         if self.host_id is not None:
-            await db(services.host_connection_lost, host_id=self.host_id)
+            await asyncio.sleep(settings.HOST_RECONNECT_GRACE_SECONDS)
+            await db(services.host_connection_lost, host_id=self.host_id, opened_at=self._opened)
 
     async def decode_json(self, text_data: str) -> object:
         try:

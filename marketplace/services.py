@@ -559,9 +559,13 @@ def job_stalled_end(*, job_id: int) -> str:
     return attempt_end_dead(job_id=job_id, reason=f"no token for {settings.STALL_SECONDS:g} seconds")
 
 
-def host_connection_lost(*, host_id: int) -> int:
-    """The host's presence connection dropped (a killed process closes its
-    sockets): every attempt it was running is dead. Returns how many."""
+def host_connection_lost(*, host_id: int, opened_at: datetime | None = None) -> int:
+    """The host's presence connection dropped (a killed process closes its sockets): every
+    attempt it was running is dead. Returns how many. With `opened_at` (when the dropped
+    socket opened), a host that has opened a newer socket since is back, and nothing dies:
+    the drop was the network's or a gateway process's fault, not the host's."""
+    if opened_at is not None and Host.objects.filter(pk=host_id, socket_since__gt=opened_at).exists():
+        return 0
     running = list(Job.objects.filter(host_id=host_id, status=Job.Status.RUNNING).values_list("pk", flat=True))
     return sum(1 for job_id in running if attempt_end_dead(job_id=job_id, reason="the host's connection dropped"))
 

@@ -36,26 +36,32 @@ def balanced(tmp_path: Path):  # type: ignore[no-untyped-def]
     if shutil.which("haproxy") is None:
         pytest.fail("haproxy is not installed (.ci/run installs it from Debian)")
     env = stack_env({"QUEUE_TIMEOUT_SECONDS": "30", "OUTPUT_RETENTION_SECONDS": "120"})
-    gateways = [Gateway(env, tmp_path) for _ in range(2)]
-    port = free_port()
-    config = tmp_path / "haproxy.cfg"
-    config.write_text(haproxy_config(port=port, backends=[g.port for g in gateways]))
-    balancer = subprocess.Popen(["haproxy", "-db", "-f", str(config)], stdout=open(tmp_path / "haproxy.log", "w"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    gateways: list[Gateway] = []
+    balancer = None
+    try:
+        gateways = [Gateway(env, tmp_path) for _ in range(2)]
+        port = free_port()
+        config = tmp_path / "haproxy.cfg"
+        config.write_text(haproxy_config(port=port, backends=[g.port for g in gateways]))
+        balancer = subprocess.Popen(["haproxy", "-db", "-f", str(config)], stdout=open(tmp_path / "haproxy.log", "w"),
+                                    stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
 
-    def up() -> bool:
-        try:
-            return httpx.get(f"{url}/v1/models", timeout=1).status_code == 401
-        except httpx.HTTPError:
-            return False
+        def up() -> bool:
+            try:
+                return httpx.get(f"{url}/v1/models", timeout=1).status_code == 401
+            except httpx.HTTPError:
+                return False
 
-    wait_until(up, timeout=30, what="HAProxy to answer")
-    yield url, gateways, env
-    balancer.terminate()
-    balancer.wait(timeout=10)
-    for gateway in gateways:
-        if gateway.proc.poll() is None:
-            gateway.stop()
+        wait_until(up, timeout=30, what="HAProxy to answer")
+        yield url, gateways, env
+    finally:
+        if balancer is not None:
+            balancer.terminate()
+            balancer.wait(timeout=10)
+        for gateway in gateways:
+            if gateway.proc.poll() is None:
+                gateway.stop()
 
 
 async def stream_with_resume(url: str, secret: str) -> tuple[str, str | None, int]:

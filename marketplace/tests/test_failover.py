@@ -111,3 +111,17 @@ class ContinuationTests:
         services.request_watch(request_id=request.pk)
         assert Job.objects.get(pk=job.pk).status == "failed"
         assert Job.objects.filter(request=request, attempt=2, status="queued").exists()
+
+
+class SocketDropTests:
+    def test_a_host_that_reopened_its_socket_in_time_keeps_its_job(self, customer, serving_host, catalog) -> None:
+        from hosts.models import Host
+        from hosts.services import host_socket_opened
+
+        _, job = started(customer, catalog, serving_host)
+        dropped = host_socket_opened(host_id=serving_host.host.pk)
+        Host.objects.filter(pk=serving_host.host.pk).update(socket_since=dropped + timedelta(seconds=1))  # it reconnected
+        assert services.host_connection_lost(host_id=serving_host.host.pk, opened_at=dropped) == 0
+        assert Job.objects.get(pk=job.pk).status == "running"
+        assert services.host_connection_lost(host_id=serving_host.host.pk, opened_at=dropped + timedelta(seconds=1)) == 1
+        assert Job.objects.get(pk=job.pk).status == "failed"
