@@ -98,7 +98,13 @@ else:
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_str("REDIS_URL")
-if REDIS_URL:
+# "lists" (channels-redis' RedisChannelLayer) or "pubsub" (its RedisPubSubChannelLayer); BENCHMARKS.md compares them.
+REDIS_CHANNEL_LAYER = env_str("REDIS_CHANNEL_LAYER", "lists")
+if REDIS_URL and REDIS_CHANNEL_LAYER == "pubsub":
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}}
+elif REDIS_URL:
+    if REDIS_CHANNEL_LAYER != "lists":
+        raise ImproperlyConfigured(f"REDIS_CHANNEL_LAYER must be 'lists' or 'pubsub', not {REDIS_CHANNEL_LAYER!r}")
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",

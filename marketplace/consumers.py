@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
+from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
@@ -81,6 +82,15 @@ class HostSocketConsumer(AsyncJsonWebsocketConsumer):
     """
 
     host_id: int | None = None
+
+    async def dispatch(self, message: dict) -> None:
+        """Channels' dispatch, without its per-message `aclose_old_connections` (a thread hop
+        per frame). This consumer never touches the database in its own thread: every query
+        runs through `db()`, which tidies the pool thread's connection around it."""
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
 
     async def connect(self) -> None:
         token = scope_bearer(self.scope)
