@@ -22,6 +22,7 @@ import json
 import os
 import re
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -125,9 +126,10 @@ def check_text(text: str, batches: int) -> tuple[list[int], int, int, int]:
     return seqs, lost, duplicated, reordered
 
 
-async def one_stream(client, batches: int, delays: list[float]) -> tuple[str, str | None]:  # type: ignore[no-untyped-def]
-    """Read one stream; each batch's delay is the time its mark arrived minus when it was sent."""
-    text, seen = "", 0
+async def one_stream(client, batches: int, delays: list[float], rates: list[float]) -> tuple[str, str | None]:  # type: ignore[no-untyped-def]
+    """Read one stream; each batch's delay is the time its mark arrived minus when it was sent;
+    its steady rate is the batches after the first over the time from the first to the last."""
+    text, seen, first, last = "", 0, 0.0, 0.0
     try:
         stream = await client.chat.completions.create(
             model="gemma-3-270m", messages=[{"role": "user", "content": "relay"}], max_tokens=3000, stream=True,
@@ -136,6 +138,7 @@ async def one_stream(client, batches: int, delays: list[float]) -> tuple[str, st
             if not chunk.choices or not chunk.choices[0].delta.content:
                 continue
             now = time.time()
+            first, last = first or now, now
             text += chunk.choices[0].delta.content
             marks = list(MARK.finditer(text))
             for mark in marks[seen:]:
@@ -143,6 +146,8 @@ async def one_stream(client, batches: int, delays: list[float]) -> tuple[str, st
             seen = len(marks)
     except Exception as error:  # noqa: BLE001 — a failed stream is counted, not fatal to the bench
         return text, f"{type(error).__name__}: {error}"
+    if seen > 1 and last > first:
+        rates.append((seen - 1) / (last - first))
     return text, None
 
 
@@ -153,8 +158,9 @@ async def pool_round(server: str, secret: str, streams: int, batches: int) -> di
     http = httpx.AsyncClient(limits=httpx.Limits(max_connections=streams + 4), timeout=120)
     client = openai.AsyncOpenAI(base_url=f"{server}/v1", api_key=secret, max_retries=0, http_client=http)
     delays: list[float] = []
+    rates: list[float] = []
     started = time.monotonic()
-    results = await asyncio.gather(*(one_stream(client, batches, delays) for _ in range(streams)))
+    results = await asyncio.gather(*(one_stream(client, batches, delays, rates) for _ in range(streams)))
     elapsed = time.monotonic() - started
     await http.aclose()
     totals = {"lost": 0, "duplicated": 0, "reordered": 0}
@@ -164,7 +170,7 @@ async def pool_round(server: str, secret: str, streams: int, batches: int) -> di
         totals["lost"] += lost
         totals["duplicated"] += duplicated
         totals["reordered"] += reordered
-    return {"elapsed_s": elapsed, "relayed": len(delays), "delays": delays, "errors": errors, **totals}
+    return {"elapsed_s": elapsed, "relayed": len(delays), "delays": delays, "steady_per_s": sum(rates), "errors": errors, **totals}
 
 
 def start_simhost(server: str, token: str, streams: int, args: argparse.Namespace, log: Path, *, socket: bool) -> subprocess.Popen:
@@ -209,6 +215,8 @@ def measure(args: argparse.Namespace, target: Target, server: str, tmp: Path, st
         "streams": streams,
         "offered_batches_per_s": streams / args.interval,
         "relayed_batches_per_s": relayed / elapsed,
+        "steady_batches_per_s": statistics.mean(r["steady_per_s"] for r in rounds),
+        "steady_share": statistics.mean(r["steady_per_s"] for r in rounds) / (streams / args.interval),
         "relayed_share": relayed / offered,
         "stream_s_ideal": args.batches * args.interval,
         "round_s": elapsed / args.rounds,
@@ -254,7 +262,8 @@ def main() -> None:
     for r in results:
         print(
             f"{r['gateway']:>4}/{r['host_path']:<4} W={r['workers']} C={r['streams']:>3}: offered {r['offered_batches_per_s']:.0f}/s, relayed "
-            f"{r['relayed_batches_per_s']:.0f}/s ({r['relayed_share']:.0%}), round {r['round_s']:.1f} s (ideal "
+            f"{r['steady_batches_per_s']:.0f}/s steady ({r['steady_batches_per_s'] / r['offered_batches_per_s']:.0%} of offered), "
+            f"{r['relayed_batches_per_s']:.0f}/s over the round ({r['relayed_share']:.0%} arrived), round {r['round_s']:.1f} s (ideal "
             f"{r['stream_s_ideal']:.1f}), delay p50/p99/max {r['delay_ms_p50']:.0f}/{r['delay_ms_p99']:.0f}/"
             f"{r['delay_ms_max']:.0f} ms, lost/dup/reordered {r['lost']}/{r['duplicated']}/{r['reordered']}, gateway CPU "
             f"{r['gateway_cpu_ms_per_batch']:.2f} ms per batch ({r['gateway_cpu_share']:.0%} of a core), load generator "
@@ -264,11 +273,11 @@ def main() -> None:
     for (name, streams, workers), r in by_workers.items():
         one = by_workers.get((name, streams, 1))
         if workers > 1 and one is not None:
-            print(f"{name} C={streams:>3}: W={workers} / W=1 relayed {r['relayed_batches_per_s'] / one['relayed_batches_per_s']:.2f}x")
+            print(f"{name} C={streams:>3}: W={workers} / W=1 relayed {r['steady_batches_per_s'] / one['steady_batches_per_s']:.2f}x (steady)")
     for head, base in zip(results[::2], results[1::2], strict=False):
         if args.baseline and head["streams"] == base["streams"]:
             a, b = (head, base) if head["gateway"] == "head" else (base, head)
-            print(f"C={a['streams']:>3}: head / base relayed {a['relayed_batches_per_s'] / b['relayed_batches_per_s']:.2f}x, "
+            print(f"C={a['streams']:>3}: head / base relayed {a['steady_batches_per_s'] / b['steady_batches_per_s']:.2f}x (steady), "
                   f"CPU per batch {b['gateway_cpu_ms_per_batch'] / a['gateway_cpu_ms_per_batch']:.1f}x less")
 
 

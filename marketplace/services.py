@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import secrets
+import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -283,6 +284,11 @@ def job_push_tokens(*, host: Host, job_id: int, seq: int, text: str) -> PushResu
     return PushResult(accepted=True, next_seq=seq + 1)
 
 
+# SQLite lets one writer in at a time and makes the others poll with growing sleeps (up to
+# 100 ms each): pushes from many threads wait their turn on this lock instead.
+_SQLITE_WRITER = threading.Lock()
+
+
 def _push_applied(*, host_id: int, job_id: int, seq: int, text: str, now: datetime) -> tuple[str, int] | None:
     """The compare-and-set of a push: (the request's public id, the chunk's offset), or None
     when the job is not this host's running job at `seq`."""
@@ -308,7 +314,7 @@ def _push_applied(*, host_id: int, job_id: int, seq: int, text: str, now: dateti
             )
             row = cursor.fetchone()
             return None if row is None else (row[0], row[1])
-        with transaction.atomic():
+        with _SQLITE_WRITER, transaction.atomic():
             cursor.execute(advance_job, job_params)
             pushed = cursor.fetchone()
             if pushed is None:
