@@ -98,8 +98,10 @@ else:
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_str("REDIS_URL")
-# "lists" (channels-redis' RedisChannelLayer) or "pubsub" (its RedisPubSubChannelLayer); BENCHMARKS.md compares them.
-REDIS_CHANNEL_LAYER = env_str("REDIS_CHANNEL_LAYER", "lists")
+# "pubsub" (channels-redis' RedisPubSubChannelLayer: Redis pushes each message to the process)
+# or "lists" (its RedisChannelLayer: one BZPOPMIN round trip per message received, which
+# queued token batches for seconds at 25 streams); BENCHMARKS.md compares them.
+REDIS_CHANNEL_LAYER = env_str("REDIS_CHANNEL_LAYER", "pubsub")
 if REDIS_URL and REDIS_CHANNEL_LAYER == "pubsub":
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}}
 elif REDIS_URL:

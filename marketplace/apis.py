@@ -6,6 +6,7 @@ database goes through `db()`; everything that decides goes through a service.
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import struct
@@ -80,10 +81,14 @@ class Admitted:
 
     async def close(self) -> None:
         """Stop listening; once the whole answer was handed over, forget it. A stream that
-        dropped early leaves the text for a resume, until the watchdog's retention ends."""
-        await self.listener.close()
-        if self.handed_over:
-            await db(services.request_forget_output, request_id=self.row.pk)
+        dropped early leaves the text for a resume, until the watchdog's retention ends.
+        The forgetting is shielded: a client that hangs up right after "[DONE]" cancels
+        this stream's task, and the text must still go."""
+        try:
+            if self.handed_over:
+                await asyncio.shield(db(services.request_forget_output, request_id=self.row.pk))
+        finally:
+            await self.listener.close()
 
 
 async def admit_generation(*, secret: str, body: dict, kind: str) -> Admitted:

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from billing import selectors as ledger
-from conftest import make_customer, make_host
+from conftest import make_customer, make_host, wait_until
 from marketplace.models import Request
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
@@ -53,6 +53,9 @@ class StreamResumeTests:
                         done = True
                         break
                     rest += json.loads(data)["choices"][0]["delta"].get("content", "")
+            # the stream that handed everything over forgets the text as it closes
+            wait_until(lambda: Request.objects.filter(public_id=public_id, output_forgotten=True).exists(), timeout=10,
+                       what="the handed-over text to be deleted")
             again = http.get(f"/v1/chat/completions/{public_id}?stream=true&starting_after=0", headers=key)
             stranger = http.get(f"/v1/chat/completions/{public_id}?stream=true", headers={"Authorization": f"Bearer {make_customer().secret}"})
         assert done and received + rest == "".join(BATCHES)
