@@ -8,6 +8,9 @@ the async handler.
 """
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Any
+
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest, HttpResponseBase
 from whitenoise.middleware import WhiteNoiseMiddleware
@@ -17,13 +20,13 @@ class AsyncWhiteNoiseMiddleware(WhiteNoiseMiddleware):
     sync_capable = True
     async_capable = True
 
-    def __init__(self, get_response=None, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, get_response: Callable[[HttpRequest], Any] | None = None, **kwargs: Any) -> None:
         super().__init__(get_response, **kwargs)
         self._async = iscoroutinefunction(get_response)
         if self._async:
             markcoroutinefunction(self)
 
-    def __call__(self, request: HttpRequest):  # type: ignore[no-untyped-def]
+    def __call__(self, request: HttpRequest) -> HttpResponseBase | Awaitable[HttpResponseBase]:
         if self._async:
             return self._acall(request)
         return super().__call__(request)

@@ -13,7 +13,7 @@ import contextvars
 import logging
 
 from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
+from channels.layers import BaseChannelLayer, get_channel_layer
 from django.db import transaction
 
 logger = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ class Inbox:
     and every waiter re-reads the database on a quiet timeout anyway.
     """
 
-    def __init__(self, layer, channel: str) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, layer: BaseChannelLayer, channel: str) -> None:
         self._layer = layer
         self._channel = channel
         self._pending: asyncio.Future | None = None

@@ -17,6 +17,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.utils.decorators import method_decorator
 from django.views import View
 from django.views.decorators.csrf import csrf_exempt
+from rest_framework.request import Request as DrfRequest
 from rest_framework.response import Response
 
 from accounts.apis import KeyApi
@@ -141,7 +142,7 @@ class GenerationApi(AsyncApi):
             return response
         return await self._whole(admitted)
 
-    async def _sse(self, admitted: Admitted):  # type: ignore[no-untyped-def]
+    async def _sse(self, admitted: Admitted) -> AsyncIterator[bytes]:
         async for chunk in admitted.chunks():
             yield sse(chunk)
 
@@ -254,7 +255,7 @@ def embeddings_body(row: Request, *, encoding: str) -> dict:
 
 
 class ModelListApi(KeyApi):
-    def get(self, request) -> Response:  # type: ignore[no-untyped-def]
+    def get(self, request: DrfRequest) -> Response:
         self.key(request)
         return Response({"object": "list", "data": [model_body(served) for served in selectors.served_models()]})
 
@@ -276,7 +277,7 @@ def model_body(served: selectors.ServedModel) -> dict:
 
 
 class CreditsApi(KeyApi):
-    def get(self, request) -> Response:  # type: ignore[no-untyped-def]
+    def get(self, request: DrfRequest) -> Response:
         key = self.key(request)
         account = billing_selectors.customer_account(user=key.user)
         balance = account.balance_ucents if account else 0
@@ -299,7 +300,7 @@ class CreditsApi(KeyApi):
 
 
 class GenerationStatsApi(KeyApi):
-    def get(self, request) -> Response:  # type: ignore[no-untyped-def]
+    def get(self, request: DrfRequest) -> Response:
         key = self.key(request)
         public_id = request.query_params.get("id", "")
         if not public_id:

@@ -15,6 +15,7 @@ from django.utils.decorators import method_decorator
 from django.views import View
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import serializers
+from rest_framework.request import Request as DrfRequest
 from rest_framework.response import Response
 
 from billing.apis import payout_body
@@ -149,7 +150,7 @@ class HeartbeatApi(HostApi):
         version = serializers.CharField(max_length=32, required=False, default="")
         catalog = serializers.JSONField(required=False, default=None)  # read leniently: see host_heartbeat
 
-    def post(self, request) -> Response:  # type: ignore[no-untyped-def]
+    def post(self, request: DrfRequest) -> Response:
         host = self.host(request)
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -164,7 +165,7 @@ class HeartbeatApi(HostApi):
 
 
 class HostMeApi(HostApi):
-    def get(self, request) -> Response:  # type: ignore[no-untyped-def]
+    def get(self, request: DrfRequest) -> Response:
         host = self.host(request)
         active = selectors.host_active_jobs(host=host)
         return Response(
@@ -188,7 +189,7 @@ class HostMeApi(HostApi):
 class HostEarningsApi(HostApi):
     """GET /hosts/api/earnings: the balance and the latest completed jobs."""
 
-    def get(self, request) -> Response:  # type: ignore[no-untyped-def]
+    def get(self, request: DrfRequest) -> Response:
         statement = selectors.host_statement(host=self.host(request))
         return Response({"balance_ucents": statement.payouts.balance_ucents, "lines": [earning_line(job) for job in statement.jobs]})
 
@@ -208,7 +209,7 @@ class HostStatementApi(HostApi):
     """GET /billing/api/host/statement: balance, available, payouts, and the latest completed
     jobs (tokens and earnings only: nothing about the customer)."""
 
-    def get(self, request) -> Response:  # type: ignore[no-untyped-def]
+    def get(self, request: DrfRequest) -> Response:
         statement = selectors.host_statement(host=self.host(request))
         return Response(
             {

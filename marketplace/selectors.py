@@ -3,7 +3,8 @@ earnings, customer usage."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, date
+from datetime import UTC, date, datetime
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.cache import cache
@@ -17,6 +18,9 @@ from core.dates import day_bounds
 from hosts import selectors as hosts
 from hosts.models import Host
 from marketplace.models import Job, Request
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,7 @@ def served_models() -> list[ServedModel]:
 SERVED_MODELS_CACHE_KEY = "marketplace.served_models"
 
 
-def request_for_user(*, user, public_id: str) -> Request | None:  # type: ignore[no-untyped-def]
+def request_for_user(*, user: User, public_id: str) -> Request | None:
     return Request.objects.select_related("model").filter(user=user, public_id=public_id).first()
 
 
@@ -69,7 +73,7 @@ def request_catch_up(*, public_id: str, sent: int) -> tuple[Request, str]:
     return request, "".join(tail)
 
 
-def unix(ts) -> int:  # type: ignore[no-untyped-def]
+def unix(ts: datetime | None) -> int:
     return int((ts or timezone.now()).timestamp())
 
 
@@ -129,7 +133,7 @@ class UnknownCursor(LookupError):
     """An `after` cursor that names none of this user's requests."""
 
 
-def usage_requests(*, user, start: date, end: date, after: str | None = None):  # type: ignore[no-untyped-def]
+def usage_requests(*, user: User, start: date, end: date, after: str | None = None) -> QuerySet[Request, dict[str, Any]]:
     """The user's requests created from `start` to `end` inclusive (UTC days), oldest first;
     with `after` (a request id of theirs), only those that come after it in that order."""
     lower, upper = day_bounds(start, end)
@@ -148,7 +152,7 @@ def usage_requests(*, user, start: date, end: date, after: str | None = None):  
     )
 
 
-def usage_daily(*, user, start: date, end: date) -> list[dict]:  # type: ignore[no-untyped-def]
+def usage_daily(*, user: User, start: date, end: date) -> list[dict]:
     """Per UTC day: requests, tokens and cost (failed requests cost 0)."""
     lower, upper = day_bounds(start, end)
     rows = (

@@ -8,7 +8,11 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,7 +39,7 @@ def stack_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def wait_until(predicate, *, timeout: float, what: str, interval: float = 0.1):  # type: ignore[no-untyped-def]
+def wait_until(predicate: Callable[[], T], *, timeout: float, what: str, interval: float = 0.1) -> T:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()

@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -30,7 +31,7 @@ MARK = re.compile(r" @(\d+):\d+\.\d+ a b c d")
 
 
 @pytest.fixture
-def balanced(tmp_path: Path):  # type: ignore[no-untyped-def]
+def balanced(tmp_path: Path) -> Iterator[tuple[str, list[Gateway], dict[str, str]]]:
     if connection.vendor != "postgresql" or not os.environ.get("REDIS_URL"):
         pytest.skip("several gateway processes share PostgreSQL and Redis; the embedded default is one process")
     if shutil.which("haproxy") is None:

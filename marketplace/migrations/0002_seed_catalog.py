@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 from django.db import migrations
+from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+from django.db.migrations.state import StateApps
 
 
-def seed(apps, schema_editor):  # type: ignore[no-untyped-def]
+def seed(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     from catalog.seed import catalog_seed
 
     catalog_seed(apps.get_model("marketplace", "CatalogModel"))

@@ -4,17 +4,19 @@ The content types follow them, so admin permissions and log entries keep pointin
 right rows."""
 import django.db.models.deletion
 from django.db import migrations, models
+from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+from django.db.migrations.state import StateApps
 
 MOVED = {"catalogmodel": "catalog", "apikey": "accounts"}
 
 
-def content_types_follow(apps, schema_editor):  # type: ignore[no-untyped-def]
+def content_types_follow(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     ContentType = apps.get_model("contenttypes", "ContentType")
     for model, app in MOVED.items():
         ContentType.objects.filter(app_label="marketplace", model=model).update(app_label=app)
 
 
-def content_types_return(apps, schema_editor):  # type: ignore[no-untyped-def]
+def content_types_return(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     ContentType = apps.get_model("contenttypes", "ContentType")
     for model, app in MOVED.items():
         ContentType.objects.filter(app_label=app, model=model).update(app_label="marketplace")

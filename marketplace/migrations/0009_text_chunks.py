@@ -4,16 +4,18 @@ A request whose text is still kept (in flight, or not yet handed over) keeps it 
 """
 import django.db.models.deletion
 from django.db import migrations, models
+from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+from django.db.migrations.state import StateApps
 
 
-def text_to_chunks(apps, schema_editor):  # type: ignore[no-untyped-def]
+def text_to_chunks(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     Request = apps.get_model("marketplace", "Request")
     TextChunk = apps.get_model("marketplace", "TextChunk")
     for request_id, text in Request.objects.exclude(delivered_text="").values_list("pk", "delivered_text").iterator():
         TextChunk.objects.create(request_id=request_id, job=None, seq=0, char_offset=0, text=text)
 
 
-def chunks_to_text(apps, schema_editor):  # type: ignore[no-untyped-def]
+def chunks_to_text(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     Request = apps.get_model("marketplace", "Request")
     TextChunk = apps.get_model("marketplace", "TextChunk")
     for request_id in TextChunk.objects.values_list("request_id", flat=True).distinct():

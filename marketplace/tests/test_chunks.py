@@ -6,6 +6,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from hosts.models import Host
 from marketplace import selectors, services
 from marketplace.models import TextChunk
 from marketplace.tests.test_services import claimed
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.django_db
 BATCH = " five words in a batch"
 
 
-def push_cost(host, job_id: int, seq: int) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+def push_cost(host: Host, job_id: int, seq: int) -> tuple[int, int]:
     """Statements and bytes of SQL that one batch sends to the database; none of them may
     rewrite a growing text."""
     with CaptureQueriesContext(connection) as queries:

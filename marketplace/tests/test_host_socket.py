@@ -5,18 +5,20 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from catalog.models import CatalogModel
 from conftest import make_customer, make_host, wait_until
 from mahout.api import JobGoneError
 from mahout.presence import Presence
 from marketplace import services
 from marketplace.models import Job, Request
+from testkit.personas import Customer
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
 BATCHES = ["Hello", ", wor", "ld! ", "", "Good to see you."]
 
 
-def queued(customer, catalog) -> Request:  # type: ignore[no-untyped-def]
+def queued(customer: Customer, catalog: CatalogModel) -> Request:
     return services.request_submit(
         public_id=services.new_public_id("chat"), api_key=customer.key, model=catalog, kind="chat",
         messages=[{"role": "user", "content": "hi"}], prompt=None, stream=True, prompt_tokens=5,

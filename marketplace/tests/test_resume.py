@@ -3,6 +3,7 @@ exactly once; nothing is billed twice."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -16,7 +17,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 BATCHES = ["Hello ", "there, ", "how are ", "you?"]
 
 
-def events(response: httpx.Response):  # type: ignore[no-untyped-def]
+def events(response: httpx.Response) -> Iterator[str]:
     for line in response.iter_lines():
         if line.startswith("data: "):
             yield line[len("data: "):]
