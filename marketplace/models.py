@@ -75,7 +75,10 @@ class Job(models.Model):
 
     request = models.ForeignKey(Request, on_delete=models.CASCADE, related_name="jobs")
     model = models.ForeignKey("catalog.CatalogModel", on_delete=models.PROTECT, related_name="jobs")
-    attempt = models.PositiveSmallIntegerField(default=1)
+    attempt = models.PositiveSmallIntegerField(default=1, help_text="1, or 2 for the continuation after a death mid-answer")
+    requeue = models.PositiveSmallIntegerField(
+        default=0, help_text="times this attempt went back to the queue because its host died before its first token"
+    )
     host = models.ForeignKey("hosts.Host", null=True, blank=True, on_delete=models.PROTECT, related_name="jobs")
     avoid_host = models.ForeignKey(
         "hosts.Host", null=True, blank=True, on_delete=models.PROTECT, related_name="+",
@@ -103,7 +106,7 @@ class Job(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["request", "attempt"], name="one_job_per_attempt"),
+            models.UniqueConstraint(fields=["request", "attempt", "requeue"], name="one_job_per_attempt_and_requeue"),
             models.UniqueConstraint(
                 fields=["request"], condition=Q(status__in=["queued", "running"]), name="one_live_job_per_request"
             ),

@@ -471,6 +471,7 @@ def _request_fail(*, request: Request, code: str, message: str) -> bool:
 
 
 MAX_ATTEMPTS = 2  # the first host, and once per request another one that continues
+MAX_REQUEUES = 3  # deaths before the first token that put an attempt back in the queue
 
 
 @transaction.atomic
@@ -485,11 +486,15 @@ def attempt_end_dead(*, job_id: int, reason: str) -> str:
     """Fence a dead attempt and decide what happens to its request.
 
     The attempt is marked failed first (compare-and-set), so anything it still
-    sends is refused. Then, once per request, a continuation job is queued that
-    resumes from exactly the delivered text, preferring another host; a second
-    death fails the request unbilled. Returns "continued", "settled" (the output
-    budget was already used up), "failed", or "" when the attempt had already
-    ended (someone else got there first).
+    sends is refused. An attempt that died before its first token is simply put
+    back in the queue (seed 001): the same attempt again, silently — no `resumed`,
+    the request's one continuation still unspent, the dead host skipped for the
+    grace — at most MAX_REQUEUES times, and the queue timeout still ends it
+    honestly. After the first token, once per request, a continuation job is queued
+    that resumes from exactly the delivered text, preferring another host; a second
+    death fails the request unbilled. Returns "requeued", "continued", "settled"
+    (the output budget was already used up), "failed", or "" when the attempt had
+    already ended (someone else got there first).
     """
     if not Job.objects.filter(pk=job_id, status=Job.Status.RUNNING).update(
         status=Job.Status.FAILED, finished_at=timezone.now(), fail_reason=reason[:500]
@@ -500,6 +505,12 @@ def attempt_end_dead(*, job_id: int, reason: str) -> str:
     request = Request.objects.select_for_update().select_related("model", "hold").get(pk=job.request_id)
     if request.status != Request.Status.RUNNING:
         return ""
+    if job.generated_chars == 0 and job.requeue < MAX_REQUEUES:  # nothing of this attempt reached the customer
+        requeued = Job.objects.create(
+            request=request, model=request.model, attempt=job.attempt, requeue=job.requeue + 1, avoid_host_id=job.host_id
+        )
+        job_queue(requeued, model=request.model)
+        return "requeued"
     if job.attempt >= MAX_ATTEMPTS:
         _request_fail(
             request=request, code="host_failed",
@@ -553,7 +564,7 @@ def request_expire_unclaimed(*, request_id: int) -> bool:
     ):
         return False
     wait = f"{settings.QUEUE_TIMEOUT_SECONDS:g} seconds"
-    if job.attempt > 1:
+    if job.attempt > 1 or job.requeue > 0:
         code, message = "host_failed", f"The host serving this request failed and no other host took over within {wait}; nothing was billed."
     else:
         code, message = "queue_timeout", f"No host claimed this request within {wait}; nothing was billed."

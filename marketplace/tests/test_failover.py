@@ -125,3 +125,54 @@ class SocketDropTests:
         assert Job.objects.get(pk=job.pk).status == "running"
         assert services.host_connection_lost(host_id=serving_host.host.pk, opened_at=dropped + timedelta(seconds=1)) == 1
         assert Job.objects.get(pk=job.pk).status == "failed"
+
+
+class RequeueBeforeFirstTokenTests:
+    @pytest.mark.parametrize("death", ["connection", "reported", "silence"])
+    def test_a_death_before_the_first_token_is_requeued_silently_and_the_continuation_stays_available(
+        self, customer, serving_host, catalog, settings, death: str
+    ) -> None:
+        settings.CONTINUATION_GRACE_SECONDS = 0
+        request = submit(customer, catalog)
+        job = services.job_claim_next(host=serving_host.host, fingerprint=serving_host.fingerprint)
+        if death == "connection":
+            services.host_connection_lost(host_id=serving_host.host.pk)
+        elif death == "reported":
+            assert services.job_fail(host=serving_host.host, job_id=job.pk, reason="could not load") == "requeued"
+        else:
+            Job.objects.filter(pk=job.pk).update(last_token_at=timezone.now() - timedelta(seconds=settings.STALL_SECONDS + 1))
+            assert services.stalled_job_end_one() is True
+        request.refresh_from_db()
+        assert (request.status, request.resumed) == ("running", False)
+        rescuer = make_host(name="rescuer")
+        payload = services.job_claim_payload(host=rescuer.host, model_ids=[catalog.pk])
+        assert payload is not None and payload["continuation"] is False and payload["messages"] == CHAT
+        assert payload["params"]["max_tokens"] == 20  # the whole budget: nothing was delivered
+        services.job_push_tokens(host=rescuer.host, job_id=payload["id"], seq=0, text="Hello th")
+        assert services.host_connection_lost(host_id=rescuer.host.pk) == 1  # then a death mid-answer: still continued
+        request.refresh_from_db()
+        assert (request.status, request.resumed) == ("running", True)
+        third = make_host(name="third")
+        continuation = services.job_claim_payload(host=third.host, model_ids=[catalog.pk])
+        assert continuation["continuation"] is True and continuation["messages"][-1] == {"role": "assistant", "content": "Hello th"}
+
+    def test_requeues_are_bounded_then_the_usual_rules_apply(self, customer, serving_host, catalog, settings) -> None:
+        settings.CONTINUATION_GRACE_SECONDS = 0
+        request = submit(customer, catalog)
+        outcomes = []
+        for _ in range(services.MAX_REQUEUES + 2):
+            job = services.job_claim_next(host=serving_host.host, fingerprint=serving_host.fingerprint)
+            outcomes.append(services.job_fail(host=serving_host.host, job_id=job.pk, reason="boom"))
+        assert outcomes == ["requeued"] * services.MAX_REQUEUES + ["continued", "requeued"]
+        assert Job.objects.filter(request=request).count() == services.MAX_REQUEUES + 3
+        assert Request.objects.get(pk=request.pk).resumed
+
+    def test_a_requeued_job_nobody_takes_fails_honestly_as_a_host_failure(self, customer, serving_host, catalog, settings) -> None:
+        request = submit(customer, catalog)
+        job = services.job_claim_next(host=serving_host.host, fingerprint=serving_host.fingerprint)
+        services.job_fail(host=serving_host.host, job_id=job.pk, reason="boom")
+        Job.objects.filter(request=request, status="queued").update(created_at=timezone.now() - timedelta(hours=1))
+        assert services.unclaimed_request_expire_one() is True
+        request.refresh_from_db()
+        assert (request.status, request.error_code, request.cost_ucents) == ("failed", "host_failed", 0)
+        assert ledger.customer_account(user=customer.user).held_ucents == 0

@@ -189,6 +189,7 @@ class CompletionTests:
         assert services.job_fail(host=serving_host.host, job_id=job.pk, reason="out of memory") == "continued"
         rescuer = make_host(name="rescuer")
         second = services.job_claim_next(host=rescuer.host, fingerprint=rescuer.fingerprint)
+        services.job_push_tokens(host=rescuer.host, job_id=second.pk, seq=0, text=" more")  # mid-answer: before it, a requeue
         assert services.job_fail(host=rescuer.host, job_id=second.pk, reason="out of memory too") == "failed"
         request.refresh_from_db()
         assert (request.status, request.error_code, request.cost_ucents, request.messages) == ("failed", "host_failed", 0, None)
