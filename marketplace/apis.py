@@ -43,6 +43,14 @@ def _authenticated(admit: Callable[..., Request]) -> Callable[..., Request]:
     return call
 
 
+def sse_response(chunks: AsyncIterator[dict | str]) -> StreamingHttpResponse:
+    """An SSE stream of OpenAI chunks, never cached or buffered on the way."""
+    response = StreamingHttpResponse((sse(chunk) async for chunk in chunks), content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
 def sse(payload: dict | str) -> bytes:
     data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
     return f"data: {data}\n\n".encode()
@@ -136,15 +144,8 @@ class GenerationApi(AsyncApi):
     async def _post(self, request: HttpRequest) -> HttpResponse:
         admitted = await admit_generation(secret=bearer_secret(request), body=json_body(request), kind=self.kind)
         if admitted.row.stream:
-            response = StreamingHttpResponse(self._sse(admitted), content_type="text/event-stream")
-            response["Cache-Control"] = "no-cache"
-            response["X-Accel-Buffering"] = "no"
-            return response
+            return sse_response(admitted.chunks())
         return await self._whole(admitted)
-
-    async def _sse(self, admitted: Admitted) -> AsyncIterator[bytes]:
-        async for chunk in admitted.chunks():
-            yield sse(chunk)
 
     async def _whole(self, admitted: Admitted) -> HttpResponse:
         parts: list[str] = []
@@ -183,10 +184,7 @@ class StreamResumeApi(View):
             return error.response()
         listener = await RequestListener(public_id, resume_at=int(raw)).open()
         admitted = Admitted(row=row, listener=listener, include_usage=request.GET.get("include_usage") == "true")
-        response = StreamingHttpResponse((sse(chunk) async for chunk in admitted.chunks(first=False)), content_type="text/event-stream")
-        response["Cache-Control"] = "no-cache"
-        response["X-Accel-Buffering"] = "no"
-        return response
+        return sse_response(admitted.chunks(first=False))
 
 
 def _resumable(*, secret: str, public_id: str, starting_after: int) -> Request:

@@ -10,6 +10,7 @@ chunk frames followed by {"done": true}, or one error frame.
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime
 
 from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -18,6 +19,7 @@ from django.conf import settings
 from core.db import db
 from core.errors import ApiError, DomainError, bad_request
 from core.http import scope_bearer
+from hosts.models import Host
 from hosts.selectors import host_from_secret
 from hosts.services import host_socket_opened
 from marketplace import services
@@ -97,14 +99,13 @@ class HostSocketConsumer(AsyncJsonWebsocketConsumer):
         try:
             if token is None:
                 raise ApiError(401, "missing host token", code="missing_host_token")
-            host = await db(host_from_secret, token)
+            host, self._opened = await db(_socket_host, token)
         except DomainError as error:
             await self.close(code=error.ws_close_code)
             return
         self.host_id = host.pk
         self._host = host
         self._pushes: set[asyncio.Task] = set()
-        self._opened = await db(host_socket_opened, host_id=host.pk)
         await self.accept()
 
     async def receive_json(self, content: object, **kwargs: object) -> None:
@@ -139,7 +140,10 @@ class HostSocketConsumer(AsyncJsonWebsocketConsumer):
             return None
 
 
-MAX_BATCH_CHARS = 65536
+def _socket_host(token: str) -> tuple[Host, datetime]:
+    """The host a socket's token belongs to, and when this socket opened (one trip to the pool)."""
+    host = host_from_secret(token)
+    return host, host_socket_opened(host_id=host.pk)
 
 
 def tokens_frame(frame: dict) -> dict:
@@ -148,6 +152,6 @@ def tokens_frame(frame: dict) -> dict:
     for name, value in (("job", job_id), ("seq", seq)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise bad_request(f"'{name}' must be a whole number of 0 or more.", code="invalid_value", param=name)
-    if not isinstance(text, str) or len(text) > MAX_BATCH_CHARS:
-        raise bad_request(f"'text' must be a string of at most {MAX_BATCH_CHARS} characters.", code="invalid_value", param="text")
+    if not isinstance(text, str) or len(text) > services.MAX_BATCH_CHARS:
+        raise bad_request(f"'text' must be a string of at most {services.MAX_BATCH_CHARS} characters.", code="invalid_value", param="text")
     return {"job_id": job_id, "seq": seq, "text": text}

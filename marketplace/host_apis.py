@@ -111,7 +111,7 @@ class JobClaimApi(AsyncHostApi):
 class JobTokensApi(AsyncHostApi):
     class InputSerializer(serializers.Serializer):
         seq = serializers.IntegerField(min_value=0)
-        text = serializers.CharField(allow_blank=True, trim_whitespace=False, max_length=65536)
+        text = serializers.CharField(allow_blank=True, trim_whitespace=False, max_length=market.MAX_BATCH_CHARS)
 
     async def handle(self, host: Host, data: dict, **kwargs: object) -> HttpResponse:
         result = await db(market.job_push_tokens, host=host, job_id=kwargs["job_id"], seq=data["seq"], text=data["text"])

@@ -257,6 +257,9 @@ def _check_running(job: Job | None, *, host: Host, job_id: int) -> Job:
 # --- streaming tokens -------------------------------------------------------------
 
 
+MAX_BATCH_CHARS = 65536  # the most text one batch may carry, whichever door it comes through
+
+
 @dataclass(frozen=True)
 class PushResult:
     accepted: bool
