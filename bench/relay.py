@@ -5,7 +5,8 @@ documented host API) streams timestamped 5-word batches every 50 ms into C concu
 `AsyncOpenAI` chat streams. Each batch's first word is `@SEQ:SENT_AT`, so the reader times
 every batch (push → customer) and checks the text: every batch exactly once, in order.
 
-    .venv/bin/python bench/relay.py [--streams 25] [--batches 100] [--socket ws|http] [--baseline DIR]
+    .venv/bin/python bench/relay.py [--streams 25] [--batches 100] [--socket ws-claims|ws|http]
+        [--baseline DIR [--baseline-path http|ws|ws-claims]]
 
 Reports, per C: offered and relayed batches/s, chunk delay p50/p99/max, batches lost,
 duplicated or reordered, gateway CPU per 1,000 batches, and the load generator's CPU
@@ -173,11 +174,13 @@ async def pool_round(server: str, secret: str, streams: int, batches: int) -> di
     return {"elapsed_s": elapsed, "relayed": len(delays), "delays": delays, "steady_per_s": sum(rates), "errors": errors, **totals}
 
 
-def start_simhost(server: str, token: str, streams: int, args: argparse.Namespace, log: Path, *, socket: bool) -> subprocess.Popen:
+def start_simhost(server: str, token: str, streams: int, args: argparse.Namespace, log: Path, *, socket: bool,
+                  socket_claims: bool) -> subprocess.Popen:
     argv = [
         sys.executable, "-m", "testkit.simhost", "--server", server, "--token", token, "--model", "gemma-3-270m",
         "--loaded", "gemma-3-270m", "--slots", str(streams), "--stream-batches", str(args.batches),
         "--interval", str(args.interval), "--wait", "2", *(["--socket"] if socket else []),
+        *(["--socket-claims"] if socket_claims else []),
     ]
     proc = subprocess.Popen(argv, cwd=ROOT, env=dict(os.environ), stdout=subprocess.PIPE, stderr=open(log, "w"), text=True)
     assert proc.stdout is not None
@@ -191,8 +194,9 @@ def measure(args: argparse.Namespace, target: Target, server: str, tmp: Path, st
     tag = f"{target.name}-{streams}-{time.time_ns()}"
     secret = target.manage("create_customer", f"{tag}@bench.local", "--credit", "1000")
     token = target.manage("create_host", f"{tag}@host.local", tag)
-    socket = args.socket == "ws" and target.name == "head"  # the baseline has no token socket: it gets HTTP
-    sim = start_simhost(server, token, streams, args, tmp / f"simhost-{tag}.log", socket=socket)
+    path = args.socket if target.name == "head" else args.baseline_path
+    socket = path in ("ws", "ws-claims")
+    sim = start_simhost(server, token, streams, args, tmp / f"simhost-{tag}.log", socket=socket, socket_claims=path == "ws-claims")
     try:
         time.sleep(1.5)  # its long-polls are waiting
         asyncio.run(pool_round(server, secret, 1, 2))  # warm-up, not measured: the gateway loads its tokenizer
@@ -210,7 +214,7 @@ def measure(args: argparse.Namespace, target: Target, server: str, tmp: Path, st
     delays = [d for r in rounds for d in r["delays"]]
     return {
         "gateway": target.name,
-        "host_path": "ws" if socket else "http",
+        "host_path": path,
         "workers": args.current_workers,
         "streams": streams,
         "offered_batches_per_s": streams / args.interval,
@@ -239,8 +243,11 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=100, help="batches per stream")
     parser.add_argument("--interval", type=float, default=0.05)
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--socket", choices=["http", "ws"], default="ws",
-                        help="how the synthetic host pushes its batches to this checkout (a baseline always gets HTTP)")
+    parser.add_argument("--socket", choices=["http", "ws", "ws-claims"], default="ws-claims",
+                        help="how the synthetic host reaches this checkout: batches over HTTP, batches on its WebSocket, "
+                             "or batches and claims on its WebSocket (mahout's path)")
+    parser.add_argument("--baseline-path", choices=["http", "ws", "ws-claims"], default="http",
+                        help="the same for the baseline (whatever its code supports)")
     parser.add_argument("--baseline", type=Path, help="a checkout of the baseline commit (git worktree): measured alternately")
     parser.add_argument("--workers", type=int, action="append", help="gateway processes behind HAProxy (repeatable; default 1)")
     parser.add_argument("--port", type=int, default=8766)
@@ -261,7 +268,7 @@ def main() -> None:
                       "interval": args.interval, "host_path": args.socket, "results": results}, indent=2))
     for r in results:
         print(
-            f"{r['gateway']:>4}/{r['host_path']:<4} W={r['workers']} C={r['streams']:>3}: offered {r['offered_batches_per_s']:.0f}/s, relayed "
+            f"{r['gateway']:>4}/{r['host_path']:<9} W={r['workers']} C={r['streams']:>3}: offered {r['offered_batches_per_s']:.0f}/s, relayed "
             f"{r['steady_batches_per_s']:.0f}/s steady ({r['steady_batches_per_s'] / r['offered_batches_per_s']:.0%} of offered), "
             f"{r['relayed_batches_per_s']:.0f}/s over the round ({r['relayed_share']:.0%} arrived), round {r['round_s']:.1f} s (ideal "
             f"{r['stream_s_ideal']:.1f}), delay p50/p99/max {r['delay_ms_p50']:.0f}/{r['delay_ms_p99']:.0f}/"

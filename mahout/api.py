@@ -69,6 +69,9 @@ class TokenSocket(Protocol):
 
     def push_tokens(self, job_id: Any, *, seq: int, text: str) -> dict | None: ...
 
+    def claim(self, *, fingerprint: str, wait: float) -> object:
+        """The job, None (nothing came), or anything else when the socket gave no answer."""
+
 
 class HostApi:
     """One host's authenticated session with the gateway.
@@ -168,7 +171,14 @@ class HostApi:
         return self._json(self._request("POST", "/heartbeat", body))
 
     def claim(self, *, fingerprint: str, wait: float) -> dict | None:
-        """Long-poll for a job for up to ``wait`` seconds; ``None`` when nothing arrived (204)."""
+        """Long-poll for a job for up to ``wait`` seconds; ``None`` when nothing arrived (204).
+
+        On the host's WebSocket when it is up (the job is sent the moment it is offered);
+        over HTTP when it is not, or gave no answer."""
+        if self._socket is not None:
+            answer = self._socket.claim(fingerprint=fingerprint, wait=wait)
+            if answer is None or isinstance(answer, dict):
+                return answer
         body = {"fingerprint": fingerprint, "wait": wait}
         response = self._request("POST", "/claim", body, timeout=wait + CLAIM_TIMEOUT_MARGIN_S)
         if response.status_code == 204 or not response.content:
@@ -176,7 +186,7 @@ class HostApi:
         return response.json().get("job")
 
     def use_socket(self, socket: TokenSocket | None) -> None:
-        """Send token batches on this host's WebSocket when it is up (HTTP otherwise)."""
+        """Claim jobs and send token batches on this host's WebSocket when it is up (HTTP otherwise)."""
         self._socket = socket
 
     def push_tokens(self, job_id: Any, *, seq: int, text: str) -> dict:

@@ -6,14 +6,19 @@ a moment that the host's running jobs are dead, so another host can continue the
 20 s stall rule remains for a host that freezes with its socket open). The connection is
 re-opened with bounded backoff if it drops, and carries a ping every few seconds.
 
+Job offers: :meth:`Presence.claim` is the claim long-poll as one frame, answered with
+the job the moment one is offered to this host.
+
 Token batches: :meth:`Presence.push_tokens` sends a batch as one frame on the socket (the
 host was authenticated when it opened) and waits for the gateway's answer to that
 (job, seq). When the socket is down or the answer does not come in time it returns None,
-and the caller sends the same batch over HTTP: batches are idempotent by ``seq``.
+and the caller sends the same batch over HTTP: batches are idempotent by ``seq``. A claim
+that gets no answer is made again over HTTP.
 """
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import threading
 import time
@@ -27,6 +32,14 @@ PUSH_TIMEOUT_S = 10.0
 RECONNECT_MIN_S = 1.0
 RECONNECT_MAX_S = 30.0
 OPEN_TIMEOUT_S = 10.0
+CLAIM_MARGIN_S = 5.0  # how long past its wait a claim on the socket may take to be answered
+
+
+class Unanswered(enum.Enum):
+    UNANSWERED = "unanswered"
+
+
+UNANSWERED = Unanswered.UNANSWERED  # the socket gave no answer: use HTTP
 
 
 def presence_url(server: str) -> str:
@@ -51,6 +64,7 @@ class Presence:
         self._socket: Any = None
         self._answers: dict[tuple[int, int], dict] = {}
         self._answered = threading.Condition()
+        self._claims = 0
         self._thread = threading.Thread(target=self._run, name="mahout-presence", daemon=True)
 
     def start(self) -> Presence:
@@ -99,32 +113,66 @@ class Presence:
                 self.connected.clear()
 
     def _answer(self, frame: str | bytes) -> None:
-        """File the gateway's answer to a batch where its pusher waits for it."""
+        """File the gateway's answer to a batch (or a claim) where its caller waits for it."""
         message = json.loads(frame)
-        if message.get("type") in ("ack", "error"):
-            with self._answered:
-                self._answers[(message.get("job"), message.get("seq"))] = message
-                self._answered.notify_all()
+        kind = message.get("type")
+        if kind == "job" or (kind == "error" and "id" in message):
+            key: tuple = ("claim", message.get("id"))
+        elif kind in ("ack", "error"):
+            key = (message.get("job"), message.get("seq"))
+        else:
+            return
+        with self._answered:
+            self._answers[key] = message
+            self._answered.notify_all()
+
+    def _ask(self, frame: dict, key: tuple, timeout: float) -> dict | None:
+        """Send a frame and wait for the answer filed under ``key``; None when the socket is
+        down or no answer came in ``timeout``."""
+        socket = self._socket
+        if socket is None:
+            return None
+        try:
+            socket.send(json.dumps(frame))
+        except Exception:  # noqa: BLE001 - a closed socket: the reader thread reconnects
+            return None
+        with self._answered:
+            if not self._answered.wait_for(lambda: key in self._answers, timeout=timeout):
+                self._answers.pop(key, None)
+                return None
+            return self._answers.pop(key)
+
+    def claim(self, *, fingerprint: str, wait: float) -> dict | None | Unanswered:
+        """Long-poll for a job on the socket: the job, None when none came in ``wait`` seconds,
+        or :data:`UNANSWERED` when the socket is down or silent (claim over HTTP instead).
+        Raises :class:`HostApiError` for the gateway's refusals (paused, maintenance, …)."""
+        with self._answered:
+            self._claims += 1
+            claim_id = self._claims
+        answer = self._ask({"type": "claim", "id": claim_id, "fingerprint": fingerprint, "wait": wait},
+                           ("claim", claim_id), wait + CLAIM_MARGIN_S)
+        if answer is None:
+            return UNANSWERED
+        if answer["type"] == "job":
+            return answer.get("job")
+        raise _refusal(answer)
 
     def push_tokens(self, job_id: int, *, seq: int, text: str, timeout: float = PUSH_TIMEOUT_S) -> dict | None:
         """Send batch ``seq`` of a job on the socket and return the gateway's ack; raise
         :class:`JobGoneError` (409) or :class:`HostApiError` as the HTTP API would; None when
         the socket is down or no answer came in ``timeout`` (send it over HTTP instead)."""
-        socket, key = self._socket, (job_id, seq)
-        if socket is None:
+        answer = self._ask({"type": "tokens", "job": job_id, "seq": seq, "text": text}, (job_id, seq), timeout)
+        if answer is None:
             return None
-        try:
-            socket.send(json.dumps({"type": "tokens", "job": job_id, "seq": seq, "text": text}))
-        except Exception:  # noqa: BLE001 - a closed socket: the reader thread reconnects
-            return None
-        with self._answered:
-            if not self._answered.wait_for(lambda: key in self._answers, timeout=timeout):
-                return None
-            answer = self._answers.pop(key)
         if answer["type"] == "ack":
             return {"accepted": answer["accepted"], "next_seq": answer["next_seq"]}
-        cls = JobGoneError if answer.get("status") == 409 else HostApiError
-        raise cls(int(answer.get("status") or 400), str(answer.get("message") or ""), "", str(answer.get("code") or ""))
+        raise _refusal(answer)
+
+
+def _refusal(answer: dict) -> HostApiError:
+    """The gateway's error frame as the HTTP API's error (409: the job is no longer ours)."""
+    cls = JobGoneError if answer.get("status") == 409 else HostApiError
+    return cls(int(answer.get("status") or 400), str(answer.get("message") or ""), "", str(answer.get("code") or ""))
 
 
 @contextlib.contextmanager

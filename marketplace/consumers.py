@@ -22,8 +22,9 @@ from core.http import scope_bearer
 from hosts.models import Host
 from hosts.selectors import host_from_secret
 from hosts.services import host_socket_opened
-from marketplace import services
+from marketplace import pushing, services
 from marketplace.apis import admit_generation
+from marketplace.host_apis import claim_when_offered
 from marketplace.models import Request
 
 
@@ -80,7 +81,13 @@ class HostSocketConsumer(AsyncJsonWebsocketConsumer):
     "accepted", "next_seq"}` or `{"type": "error", "job", "seq", "status", "code",
     "message"}`. Frames are handled concurrently (a host's jobs do not wait for each
     other); a host sends a job's next batch only after the previous one's answer, so
-    each job's batches stay in order. Anything else is answered `{"type": "pong"}`.
+    each job's batches stay in order.
+
+    Job offers: a `{"type": "claim", "id", "fingerprint", "wait"}` frame is the long-poll of
+    `POST /hosts/api/claim` on the socket, answered `{"type": "job", "id", "job": payload}`
+    as soon as a job is offered to this host (`"job": null` after `wait` seconds), or an
+    error frame carrying the same `id`. A claim still waiting when the socket closes is
+    dropped. Anything else is answered `{"type": "pong"}`.
     """
 
     host_id: int | None = None
@@ -105,22 +112,36 @@ class HostSocketConsumer(AsyncJsonWebsocketConsumer):
             return
         self.host_id = host.pk
         self._host = host
-        self._pushes: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task] = set()
         await self.accept()
 
     async def receive_json(self, content: object, **kwargs: object) -> None:
-        if isinstance(content, dict) and content.get("type") == "tokens":
-            task = asyncio.ensure_future(self._push(content))
-            self._pushes.add(task)
-            task.add_done_callback(self._pushes.discard)
+        kind = content.get("type") if isinstance(content, dict) else None
+        if kind in ("tokens", "claim"):
+            assert isinstance(content, dict)
+            task = asyncio.ensure_future(self._push(content) if kind == "tokens" else self._claim(content))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
             return
         await self.send_json({"type": "pong"})
+
+    async def _claim(self, frame: dict) -> None:
+        """A long-poll on the socket: answered `{"type": "job", "id", "job": payload or null}`."""
+        claim_id = frame.get("id")
+        try:
+            fingerprint, wait = claim_frame(frame)
+            host = await db(Host.objects.get, pk=self.host_id)  # paused or rested since the socket opened?
+            payload = await claim_when_offered(host, fingerprint=fingerprint, wait=wait)
+            answer: dict = {"type": "job", "id": claim_id, "job": payload}
+        except DomainError as error:
+            answer = {"type": "error", "id": claim_id, "status": error.status, "code": error.code, "message": error.message}
+        await self.send_json(answer)
 
     async def _push(self, frame: dict) -> None:
         job_id, seq = frame.get("job"), frame.get("seq")
         try:
             batch = tokens_frame(frame)
-            result = await db(services.job_push_tokens, host=self._host, **batch)
+            result = await pushing.push_tokens(host=self._host, **batch)
             answer = {"type": "ack", "job": job_id, "seq": seq, "accepted": result.accepted, "next_seq": result.next_seq}
         except DomainError as error:
             answer = {"type": "error", "job": job_id, "seq": seq, "status": error.status, "code": error.code, "message": error.message}
@@ -129,6 +150,8 @@ class HostSocketConsumer(AsyncJsonWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         """A host that does not reopen its socket within HOST_RECONNECT_GRACE_SECONDS is dead.
         (A gateway process that is killed never gets here: its hosts simply reconnect.)"""
+        for task in list(getattr(self, "_tasks", ())):
+            task.cancel()  # a claim still waiting must not take a job nobody will hear of
         if self.host_id is not None:
             await asyncio.sleep(settings.HOST_RECONNECT_GRACE_SECONDS)
             await db(services.host_connection_lost, host_id=self.host_id, opened_at=self._opened)
@@ -144,6 +167,16 @@ def _socket_host(token: str) -> tuple[Host, datetime]:
     """The host a socket's token belongs to, and when this socket opened (one trip to the pool)."""
     host = host_from_secret(token)
     return host, host_socket_opened(host_id=host.pk)
+
+
+def claim_frame(frame: dict) -> tuple[str, float]:
+    """A claim frame's fingerprint and wait, checked as the HTTP API checks its body."""
+    fingerprint, wait = frame.get("fingerprint"), frame.get("wait", 20)
+    if not isinstance(fingerprint, str) or not fingerprint or len(fingerprint) > 64:
+        raise bad_request("'fingerprint' must be a string of 1 to 64 characters.", code="invalid_value", param="fingerprint")
+    if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait <= settings.CLAIM_MAX_WAIT_SECONDS:
+        raise bad_request(f"'wait' must be a number from 0 to {settings.CLAIM_MAX_WAIT_SECONDS}.", code="invalid_value", param="wait")
+    return fingerprint, float(wait)
 
 
 def tokens_frame(frame: dict) -> dict:

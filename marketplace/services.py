@@ -88,8 +88,10 @@ def request_submit(
 def job_queue(job: Job, *, model: CatalogModel) -> None:
     """Route a new job and wake whoever may take it (after the commit)."""
     offered = routing.route_offer(job=job, model=model)
-    group = host_group(offered) if offered is not None else queue_group(model.pk)
-    announce_on_commit(group, {"type": "job.queued"})
+    if offered is not None:  # one host's long-polls: one of them per gateway process need look
+        announce_on_commit(host_group(offered), {"type": "job.queued", "offer": f"{job.pk}.{job.requeue}"})
+    else:
+        announce_on_commit(queue_group(model.pk), {"type": "job.queued"})
 
 
 # --- claiming ---------------------------------------------------------------
@@ -266,25 +268,72 @@ class PushResult:
     next_seq: int
 
 
+@dataclass(frozen=True)
+class Push:
+    """One batch of a job's text, as a host sent it (through either door)."""
+
+    host: Host
+    job_id: int
+    seq: int
+    text: str
+
+
 def job_push_tokens(*, host: Host, job_id: int, seq: int, text: str) -> PushResult:
-    """Apply one ordered batch of text. A retried batch (seq already applied) is
-    acknowledged without being applied twice; a batch from the future is refused so the
-    host resends what is missing; a fenced attempt's late batch is refused.
+    """Apply one ordered batch of text (see `job_push_many`); raises its refusal."""
+    result = job_push_many([Push(host=host, job_id=job_id, seq=seq, text=text)])[0]
+    if isinstance(result, DomainError):
+        raise result
+    return result
+
+
+def job_push_many(pushes: list[Push]) -> list[PushResult | DomainError]:
+    """Apply ordered batches of text, each as if alone; one result (or refusal) per batch.
+
+    A retried batch (seq already applied) is acknowledged without being applied twice; a
+    batch from the future is refused so the host resends what is missing; a fenced
+    attempt's late batch is refused.
 
     The text is appended as its own chunk, never rewritten into the growing answer, so a
-    batch costs O(batch). The common case is one compare-and-set on the job (this host's,
+    batch costs O(batch). The common case is one compare-and-set on each job (this host's,
     running, at this `seq`) that advances the request's character count and stores the
-    chunk: on PostgreSQL one statement, elsewhere three in one transaction. Anything else
-    (a retry, a gap, a job that ended or is not this host's) is told apart afterwards.
+    chunk. Batches that arrived together share one trip to the database: on PostgreSQL one
+    statement for all of them, on SQLite one transaction (one commit). Anything else (a
+    retry, a gap, a job that ended or is not this host's) is told apart afterwards.
     """
-    text = text.replace("\x00", "")  # a byte-level model can emit NUL; no text column (nor client) wants it
-    applied = _push_applied(host_id=host.pk, job_id=job_id, seq=seq, text=text, now=timezone.now())
-    if applied is None:
-        return _push_refused(host=host, job_id=job_id, seq=seq)
-    public_id, start = applied
-    if text:
-        announce_on_commit(request_group(public_id), {"type": "job.tokens", "offset": start, "text": text})
-    return PushResult(accepted=True, next_seq=seq + 1)
+    now = timezone.now()
+    pushes = [Push(host=p.host, job_id=p.job_id, seq=p.seq, text=p.text.replace("\x00", "")) for p in pushes]
+    # (a byte-level model can emit NUL; no text column, nor client, wants it)
+    results: list[PushResult | DomainError | None] = [None] * len(pushes)
+    for batch in _rounds(pushes):
+        applied = _push_applied(batch, now=now)
+        for index, push in batch:
+            if index not in applied:
+                try:
+                    results[index] = _push_refused(host=push.host, job_id=push.job_id, seq=push.seq)
+                except DomainError as refusal:
+                    results[index] = refusal
+                continue
+            public_id, start = applied[index]
+            if push.text:
+                announce_on_commit(request_group(public_id), {"type": "job.tokens", "offset": start, "text": push.text})
+            results[index] = PushResult(accepted=True, next_seq=push.seq + 1)
+    assert all(result is not None for result in results)
+    return [result for result in results if result is not None]
+
+
+def _rounds(pushes: list[Push]) -> list[list[tuple[int, Push]]]:
+    """The pushes in arrival order, cut so that a job appears at most once per round (a
+    retry behind its original goes in the next round, and is then told apart)."""
+    rounds: list[list[tuple[int, Push]]] = []
+    seen: list[set[int]] = []
+    for index, push in enumerate(pushes):
+        depth = next((at for at in range(len(rounds) - 1, -1, -1) if push.job_id in seen[at]), -1) + 1
+        if depth == len(rounds):
+            rounds.append([])
+            seen.append(set())
+        rounds[depth].append((index, push))
+        seen[depth].add(push.job_id)
+    return rounds
 
 
 # SQLite lets one writer in at a time and makes the others poll with growing sleeps (up to
@@ -292,44 +341,56 @@ def job_push_tokens(*, host: Host, job_id: int, seq: int, text: str) -> PushResu
 _SQLITE_WRITER = threading.Lock()
 
 
-def _push_applied(*, host_id: int, job_id: int, seq: int, text: str, now: datetime) -> tuple[str, int] | None:
-    """The compare-and-set of a push: (the request's public id, the chunk's offset), or None
-    when the job is not this host's running job at `seq`."""
+def _push_applied(batch: list[tuple[int, Push]], *, now: datetime) -> dict[int, tuple[str, int]]:
+    """The compare-and-set of a round of pushes (each job at most once): for each push that
+    applied, by its index, (the request's public id, the chunk's offset). A push that is
+    missing was not its host's running job at its `seq`."""
     job_table, request_table, chunk_table = (connection.ops.quote_name(m._meta.db_table) for m in (Job, Request, TextChunk))
     at = connection.ops.adapt_datetimefield_value(now)
-    size = len(text)
-    advance_job = (
-        f"UPDATE {job_table} SET next_seq = next_seq + 1, generated_chars = generated_chars + %s, last_token_at = %s,"
-        " first_token_at = COALESCE(first_token_at, %s) WHERE id = %s AND host_id = %s AND status = %s AND next_seq = %s"
-        " RETURNING request_id"
-    )
-    job_params = [size, at, at, job_id, host_id, Job.Status.RUNNING, seq]
     store = f"INSERT INTO {chunk_table} (request_id, job_id, seq, char_offset, text)"
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
+            # One statement for the whole round: the pushes as a VALUES list, joined to their
+            # jobs (the compare-and-set), then to their requests (one live job per request, so
+            # no request is advanced twice), then stored as chunks.
+            rows = ", ".join(["(%s::bigint, %s::bigint, %s::integer, %s::integer, %s::text, %s::integer)"] * len(batch))
+            params: list = [value for index, push in batch for value in (push.job_id, push.host.pk, push.seq, len(push.text), push.text, index)]
             cursor.execute(
-                f"WITH pushed AS ({advance_job}),"
-                f" advanced AS (UPDATE {request_table} SET delivered_chars = delivered_chars + %s FROM pushed"
-                f" WHERE {request_table}.id = pushed.request_id RETURNING {request_table}.id, public_id, delivered_chars - %s AS start),"
-                f" stored AS ({store} SELECT id, %s, %s, start, %s FROM advanced WHERE %s > 0)"
-                " SELECT public_id, start FROM advanced",
-                [*job_params, size, size, job_id, seq, text, size],
+                f"WITH batch (job_id, host_id, seq, size, text, ord) AS (VALUES {rows}),"
+                f" pushed AS (UPDATE {job_table} SET next_seq = next_seq + 1, generated_chars = generated_chars + batch.size,"
+                " last_token_at = %s, first_token_at = COALESCE(first_token_at, %s) FROM batch"
+                f" WHERE {job_table}.id = batch.job_id AND {job_table}.host_id = batch.host_id AND status = %s"
+                f" AND next_seq = batch.seq RETURNING {job_table}.request_id, batch.*),"
+                f" advanced AS (UPDATE {request_table} SET delivered_chars = delivered_chars + pushed.size FROM pushed"
+                f" WHERE {request_table}.id = pushed.request_id RETURNING {request_table}.id, public_id,"
+                " delivered_chars - pushed.size AS start, pushed.job_id, pushed.seq, pushed.size, pushed.text, pushed.ord),"
+                f" stored AS ({store} SELECT id, job_id, seq, start, text FROM advanced WHERE size > 0)"
+                " SELECT ord, public_id, start FROM advanced",
+                [*params, at, at, Job.Status.RUNNING],
             )
-            row = cursor.fetchone()
-            return None if row is None else (row[0], row[1])
+            return {ord_: (public_id, start) for ord_, public_id, start in cursor.fetchall()}
+        applied: dict[int, tuple[str, int]] = {}
         with _SQLITE_WRITER, transaction.atomic():
-            cursor.execute(advance_job, job_params)
-            pushed = cursor.fetchone()
-            if pushed is None:
-                return None
-            cursor.execute(
-                f"UPDATE {request_table} SET delivered_chars = delivered_chars + %s WHERE id = %s"
-                " RETURNING public_id, delivered_chars - %s", [size, pushed[0], size],
-            )
-            public_id, start = cursor.fetchone()
-            if size:
-                cursor.execute(f"{store} VALUES (%s, %s, %s, %s, %s)", [pushed[0], job_id, seq, start, text])
-    return public_id, start
+            for index, push in batch:
+                size = len(push.text)
+                cursor.execute(
+                    f"UPDATE {job_table} SET next_seq = next_seq + 1, generated_chars = generated_chars + %s, last_token_at = %s,"
+                    " first_token_at = COALESCE(first_token_at, %s) WHERE id = %s AND host_id = %s AND status = %s AND next_seq = %s"
+                    " RETURNING request_id",
+                    [size, at, at, push.job_id, push.host.pk, Job.Status.RUNNING, push.seq],
+                )
+                pushed = cursor.fetchone()
+                if pushed is None:
+                    continue
+                cursor.execute(
+                    f"UPDATE {request_table} SET delivered_chars = delivered_chars + %s WHERE id = %s"
+                    " RETURNING public_id, delivered_chars - %s", [size, pushed[0], size],
+                )
+                public_id, start = cursor.fetchone()
+                if size:
+                    cursor.execute(f"{store} VALUES (%s, %s, %s, %s, %s)", [pushed[0], push.job_id, push.seq, start, push.text])
+                applied[index] = (public_id, start)
+    return applied
 
 
 def _push_refused(*, host: Host, job_id: int, seq: int) -> PushResult:

@@ -89,6 +89,17 @@ class SimHost:
     def worker(self) -> None:
         with httpx.Client() as client:
             while not self.stop.is_set():
+                if self.args.socket_claims and self.socket is not None and self.socket.connected.is_set():
+                    try:
+                        job = self.socket.claim(fingerprint=FINGERPRINT, wait=self.args.wait)
+                    except HostApiError as refusal:
+                        self.emit({"refused": refusal.status, "code": refusal.code})
+                        self.stop.wait(1.0)
+                        continue
+                    if isinstance(job, dict):
+                        self.serve(client, job)
+                    if job is None or isinstance(job, dict):
+                        continue
                 try:
                     response = self.call(client, "POST", "claim", {"fingerprint": FINGERPRINT, "wait": self.args.wait})
                 except httpx.HTTPError:
@@ -210,6 +221,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--stream-batches", type=int, default=0, help="stream this many timestamped 5-word batches per job")
     parser.add_argument("--interval", type=float, default=0.05, help="seconds between streamed batches")
     parser.add_argument("--socket", action="store_true", help="push batches on the host's WebSocket (mahout's path)")
+    parser.add_argument("--socket-claims", action="store_true", help="with --socket, claim jobs on it too (mahout's path)")
     host = SimHost(parser.parse_args(argv))
     signal.signal(signal.SIGTERM, lambda *_: host.stop.set())
     host.run()

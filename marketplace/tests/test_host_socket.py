@@ -2,12 +2,17 @@
 the same batches give the same text and the same bill."""
 from __future__ import annotations
 
+import json
+import threading
+import time
+
 import httpx
 import pytest
 
 from catalog.models import CatalogModel
 from conftest import make_customer, make_host, wait_until
-from mahout.api import JobGoneError
+from hosts.models import Host
+from mahout.api import HostApiError, JobGoneError
 from mahout.presence import Presence
 from marketplace import services
 from marketplace.models import Job, Request
@@ -84,3 +89,60 @@ class HostSocketTests:
         finally:
             for socket in sockets:
                 socket.stop()
+
+
+class SocketClaimTests:
+    """Job offers on the host's socket: the claim long-poll as one frame."""
+
+    def test_a_claim_on_the_socket_gets_the_job_then_its_batches_settle(self, gateway, catalog) -> None:
+        customer, serving = make_customer(), make_host(name="socket-claims")
+        socket = Presence(gateway.url, serving.token, out=lambda line: None).start()
+        try:
+            wait_until(socket.connected.is_set, timeout=20, what="the host socket to open")
+            assert socket.claim(fingerprint=serving.fingerprint, wait=0.3) is None  # nothing queued: null after the wait
+            request = queued(customer, catalog)
+            job = socket.claim(fingerprint=serving.fingerprint, wait=10)
+            assert isinstance(job, dict) and job["id"] == Job.objects.get(request=request).pk
+            assert customer.secret not in json.dumps(job)  # nothing about the customer travels
+            for seq, text in enumerate(BATCHES):
+                assert socket.push_tokens(job["id"], seq=seq, text=text)["accepted"]
+            with httpx.Client(base_url=gateway.url, headers={"Authorization": f"Bearer {serving.token}"}, timeout=30) as http:
+                http.post(f"/hosts/api/jobs/{job['id']}/complete", json={"finish_reason": "stop"}).raise_for_status()
+        finally:
+            socket.stop()
+        row = Request.objects.get(pk=request.pk)
+        assert (row.status, row.delivered_text) == ("completed", "".join(BATCHES))
+
+    def test_a_job_offered_while_the_claim_waits_arrives_at_once(self, gateway, catalog) -> None:
+        customer, serving = make_customer(), make_host(name="socket-waits")
+        socket = Presence(gateway.url, serving.token, out=lambda line: None).start()
+        answers: list = []
+        try:
+            wait_until(socket.connected.is_set, timeout=20, what="the host socket to open")
+            waiter = threading.Thread(target=lambda: answers.append(socket.claim(fingerprint=serving.fingerprint, wait=20)))
+            waiter.start()
+            time.sleep(0.5)  # the claim is waiting on the gateway
+            request = queued(customer, catalog)
+            waiter.join(timeout=10)
+            assert not waiter.is_alive(), "the offer did not reach the waiting claim"
+        finally:
+            socket.stop()
+        assert answers[0]["id"] == Job.objects.get(request=request).pk
+
+    def test_refusals_and_bad_frames_come_back_as_errors(self, gateway, catalog) -> None:
+        serving = make_host(name="socket-refused")
+        socket = Presence(gateway.url, serving.token, out=lambda line: None).start()
+        try:
+            wait_until(socket.connected.is_set, timeout=20, what="the host socket to open")
+            with pytest.raises(HostApiError) as unqualified:
+                socket.claim(fingerprint="0" * 64, wait=1)
+            assert (unqualified.value.status, unqualified.value.code) == (403, "not_qualified")
+            with pytest.raises(HostApiError) as too_long:
+                socket.claim(fingerprint=serving.fingerprint, wait=10_000)
+            assert (too_long.value.status, too_long.value.code) == (400, "invalid_value")
+            Host.objects.filter(pk=serving.host.pk).update(paused=True)  # paused since the socket opened
+            with pytest.raises(HostApiError) as paused:
+                socket.claim(fingerprint=serving.fingerprint, wait=1)
+            assert paused.value.code == "host_paused"
+        finally:
+            socket.stop()

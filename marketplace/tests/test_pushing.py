@@ -1,0 +1,116 @@
+"""Batches that arrive together share one trip to the database, and each still gets the
+answer it would have had alone; an offer to a host with many waiting long-polls wakes one."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from conftest import make_host
+from hosts.models import Host
+from marketplace import host_apis, pushing, services
+from marketplace.models import Request
+from marketplace.tests.test_services import claimed, submit
+
+BATCH = " five words in a batch"
+
+
+@pytest.mark.django_db
+class PushManyTests:
+    def test_each_batch_of_a_trip_gets_its_own_answer(self, customer, serving_host, outsider, catalog) -> None:
+        first, job_a = claimed(customer, serving_host, catalog)
+        second, job_b = claimed(customer, serving_host, catalog)
+        host = serving_host.host
+        results = services.job_push_many([
+            services.Push(host=host, job_id=job_a.pk, seq=0, text="Hel"),
+            services.Push(host=host, job_id=job_b.pk, seq=0, text="Wor"),
+            services.Push(host=host, job_id=job_a.pk, seq=0, text="Hel"),  # a retry behind its original
+            services.Push(host=host, job_id=job_a.pk, seq=1, text="lo"),
+            services.Push(host=host, job_id=job_b.pk, seq=5, text="?"),  # from the future
+            services.Push(host=outsider.host, job_id=job_b.pk, seq=1, text="!"),  # not its job
+        ])
+        assert results[:4] == [
+            services.PushResult(True, 1), services.PushResult(True, 1), services.PushResult(False, 1), services.PushResult(True, 2)]
+        assert isinstance(results[4], services.SequenceGap)
+        assert isinstance(results[5], services.HostRefused) and results[5].code == "not_your_job"
+        assert [Request.objects.get(pk=r.pk).delivered_text for r in (first, second)] == ["Hello", "Wor"]
+
+    def test_a_trip_of_many_jobs_is_one_statement_on_postgresql_and_one_transaction_on_sqlite(self, customer, catalog) -> None:
+        serving = make_host(name="many")
+        jobs = [claimed(customer, serving, catalog)[1] for _ in range(10)]
+        with CaptureQueriesContext(connection) as queries:
+            results = services.job_push_many([services.Push(host=serving.host, job_id=job.pk, seq=0, text=BATCH) for job in jobs])
+        assert results == [services.PushResult(True, 1)] * 10
+        statements = [q["sql"] for q in queries if q["sql"] not in ("BEGIN", "COMMIT") and "SAVEPOINT" not in q["sql"]]
+        assert len(statements) == (1 if connection.vendor == "postgresql" else 3 * 10)
+        assert {Request.objects.get(pk=job.request_id).delivered_text for job in jobs} == {BATCH}
+
+
+@pytest.mark.django_db(transaction=True)
+class PushWriterTests:
+    def test_batches_pushed_at_once_share_a_trip_and_keep_their_answers(self, customer, catalog, monkeypatch) -> None:
+        serving = make_host(name="writer")
+        jobs = [claimed(customer, serving, catalog)[1] for _ in range(12)]
+        trips: list[int] = []
+        many = services.job_push_many
+
+        def counted(pushes: list) -> list:
+            trips.append(len(pushes))
+            return many(pushes)
+
+        monkeypatch.setattr(services, "job_push_many", counted)
+
+        async def push_all() -> list:
+            return await asyncio.gather(*(pushing.push_tokens(host=serving.host, job_id=job.pk, seq=0, text=BATCH) for job in jobs),
+                                        pushing.push_tokens(host=serving.host, job_id=jobs[0].pk, seq=9, text="?"),
+                                        return_exceptions=True)
+
+        results = asyncio.run(push_all())
+        assert results[:12] == [services.PushResult(True, 1)] * 12
+        assert isinstance(results[12], services.SequenceGap)  # one refusal does not spoil its trip
+        assert sum(trips) == 13 and len(trips) <= 2  # the first goes alone at once, the rest wait for it together
+        assert {Request.objects.get(pk=job.request_id).delivered_text for job in jobs} == {BATCH}
+
+
+@pytest.mark.django_db(transaction=True)
+class OfferWakeUpTests:
+    def test_an_offer_to_a_host_wakes_one_of_its_waiting_claims(self, customer, catalog, settings, monkeypatch) -> None:
+        settings.ROUTING_OFFER_SECONDS = 30  # no rechecks while the test counts
+        serving = make_host(name="slots")
+        Host.objects.filter(pk=serving.host.pk).update(last_heartbeat_at=timezone.now(), slots=5)  # online: routing offers to it
+        looks: list[int] = []
+        payload = services.job_claim_payload
+
+        def counted(**kwargs: object) -> dict | None:
+            found = payload(**kwargs)
+            looks.append(0 if found is None else found["id"])
+            return found
+
+        monkeypatch.setattr(services, "job_claim_payload", counted)
+
+        async def five_waiters_and_an_offer() -> tuple[list, list[int]]:
+            waiters = [asyncio.ensure_future(host_apis.claim_when_offered(serving.host, fingerprint=serving.fingerprint, wait=3))
+                       for _ in range(5)]
+            while len(looks) < 5:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.2)  # all five are asleep on the channel layer
+            from core.db import db
+
+            await db(submit, customer, catalog)  # routing offers it to this host, its only warm-or-unknown host
+            await asyncio.sleep(1.0)
+            seen = list(looks)
+            return await asyncio.gather(*waiters), seen
+
+        answers, seen = asyncio.run(five_waiters_and_an_offer())
+        assert len([answer for answer in answers if answer is not None]) == 1
+        assert seen[:5] == [0] * 5 and len(seen) == 6 and seen[5] > 0  # one claim answered the offer, and got it
+
+    def test_other_wake_ups_wake_everyone(self) -> None:
+        assert host_apis._first_to_hear({"type": "job.queued", "offer": "7.0"}) is True
+        assert host_apis._first_to_hear({"type": "job.queued", "offer": "7.0"}) is False
+        assert host_apis._first_to_hear({"type": "job.queued", "offer": "7.1"}) is True  # the same job requeued
+        assert host_apis._first_to_hear({"type": "job.queued"}) is True
+        assert host_apis._first_to_hear({"type": "job.queued"}) is True
