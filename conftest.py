@@ -34,7 +34,7 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: N
 
     default = settings.DATABASES["default"]
     default["CONN_MAX_AGE"] = 0
-    if default["ENGINE"].endswith("sqlite3"):  # a file per test run: parallel runs must not share one
+    if default["ENGINE"] == "core.sqlite":  # a file per test run: parallel runs must not share one
         default.setdefault("TEST", {})["NAME"] = str(settings.VAR_DIR / f"test-{os.getpid()}.sqlite3")
 
 

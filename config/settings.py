@@ -82,7 +82,7 @@ else:
     _sqlite = Path(env_str("SQLITE_PATH", str(VAR_DIR / "elephant.sqlite3")))
     DATABASES = {
         "default": {
-            "ENGINE": "django.db.backends.sqlite3",
+            "ENGINE": "core.sqlite",  # Django's, with this process's writers queued on one lock
             "NAME": _sqlite,
             "CONN_MAX_AGE": DB_CONN_MAX_AGE,
             "OPTIONS": {

@@ -3,7 +3,7 @@
 Each push alone would cost a hand-off to a database thread, a statement and a commit. Here
 one writer per event loop takes every batch that arrived while its previous trip was under
 way and applies them together (`services.job_push_many`: one statement on PostgreSQL, one
-transaction on SQLite). A lone batch goes at once, so a quiet gateway adds no delay; a busy
+transaction on SQLite), with at most MAX_TRIPS trips under way. A lone batch goes at once, so a quiet gateway adds no delay; a busy
 one sends bigger trips instead of queueing more of them. Each caller still gets its own
 batch's answer or refusal, exactly as if it had been applied alone; both host doors (the
 WebSocket and `POST /hosts/api/jobs/<id>/tokens`) go through here.
@@ -19,18 +19,19 @@ from hosts.models import Host
 from marketplace import services
 
 MAX_PUSHES_PER_TRIP = 200  # bounds one statement's size (each push is at most MAX_BATCH_CHARS)
+MAX_TRIPS = 4  # trips under way at once: one that waits on a row lock does not hold up every host
 
 
 class PushWriter:
     def __init__(self) -> None:
         self._waiting: list[tuple[services.Push, asyncio.Future]] = []
-        self._draining = False
+        self._trips = 0
 
     async def push(self, push: services.Push) -> services.PushResult:
         future = asyncio.get_running_loop().create_future()
         self._waiting.append((push, future))
-        if not self._draining:
-            self._draining = True
+        if self._trips < MAX_TRIPS:
+            self._trips += 1
             asyncio.ensure_future(self._drain())
         result = await future
         if isinstance(result, DomainError):
@@ -54,7 +55,7 @@ class PushWriter:
                     else:
                         future.set_result(result)
         finally:
-            self._draining = False
+            self._trips -= 1
 
 
 _writers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, PushWriter] = weakref.WeakKeyDictionary()

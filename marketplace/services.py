@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import secrets
-import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -336,11 +335,6 @@ def _rounds(pushes: list[Push]) -> list[list[tuple[int, Push]]]:
     return rounds
 
 
-# SQLite lets one writer in at a time and makes the others poll with growing sleeps (up to
-# 100 ms each): pushes from many threads wait their turn on this lock instead.
-_SQLITE_WRITER = threading.Lock()
-
-
 def _push_applied(batch: list[tuple[int, Push]], *, now: datetime) -> dict[int, tuple[str, int]]:
     """The compare-and-set of a round of pushes (each job at most once): for each push that
     applied, by its index, (the request's public id, the chunk's offset). A push that is
@@ -370,7 +364,7 @@ def _push_applied(batch: list[tuple[int, Push]], *, now: datetime) -> dict[int, 
             )
             return {ord_: (public_id, start) for ord_, public_id, start in cursor.fetchall()}
         applied: dict[int, tuple[str, int]] = {}
-        with _SQLITE_WRITER, transaction.atomic():
+        with transaction.atomic():  # one commit for the round (core.sqlite queues this process's writers)
             for index, push in batch:
                 size = len(push.text)
                 cursor.execute(
