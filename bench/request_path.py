@@ -80,8 +80,11 @@ def direct_run(llm, n: int) -> tuple[float, float, int]:  # type: ignore[no-unty
     return first - started, (count - 1) / (last - first), count
 
 
+WALL: list[tuple[float, float]] = []  # each gateway round's (sent, first text received), wall clock
+
+
 def gateway_run(client, n: int) -> tuple[float, float, int]:  # type: ignore[no-untyped-def]
-    started = time.perf_counter()
+    started, sent = time.perf_counter(), time.time()
     first = last = 0.0
     tokens = 0
     for chunk in client.completions.create(model="gemma-3-270m", prompt=PROMPT.format(n=n), max_tokens=MAX_TOKENS, temperature=0,
@@ -91,6 +94,7 @@ def gateway_run(client, n: int) -> tuple[float, float, int]:  # type: ignore[no-
             first = first or last
         if chunk.usage:
             tokens = chunk.usage.completion_tokens
+    WALL.append((sent, sent + first - started))
     return first - started, (tokens - 1) / (last - first), tokens
 
 
@@ -115,6 +119,7 @@ def generation_phase(args, server: str, secret: str, token: str, tmp: Path) -> d
         from django.utils import timezone
 
         since = timezone.now()
+        WALL.clear()
         rows: dict[str, list[tuple[float, float, int]]] = {"direct": [], "gateway": []}
         for n in range(1, args.rounds + 1):  # a new prompt each round: no prefix-cache hits on either side
             rows["direct"].append(direct_run(llm, n))
@@ -139,8 +144,13 @@ def gateway_stages(since) -> dict:  # type: ignore[no-untyped-def]
     """Where the gateway runs spent their time to first token, from the job rows."""
     from marketplace.models import Job
 
-    jobs = list(Job.objects.filter(created_at__gte=since, first_token_at__isnull=False))
+    jobs = list(Job.objects.filter(created_at__gte=since, first_token_at__isnull=False).order_by("created_at"))
+    walls = WALL[-len(jobs):] if len(WALL) >= len(jobs) else []
     return {
+        "sent_to_queued": statistics.median((j.created_at.timestamp() - sent) * 1000 for j, (sent, _) in zip(jobs, walls, strict=True))
+        if walls else None,
+        "first_push_to_customer": statistics.median((got - j.first_token_at.timestamp()) * 1000 for j, (_, got) in zip(jobs, walls, strict=True))
+        if walls else None,
         "queued_to_claimed": statistics.median((j.claimed_at - j.created_at).total_seconds() * 1000 for j in jobs),
         "claimed_to_first_push": statistics.median((j.first_token_at - j.claimed_at).total_seconds() * 1000 for j in jobs),
     }

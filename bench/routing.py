@@ -4,7 +4,7 @@
    warm host with a free slot), then H host threads — spread over P forked gateway
    processes — claim until the queue is empty. Claims per second, and the same run with
    the same plain-SQL claim minus routing's rules (oldest job first) for the baseline.
-2. The routing decision's share: time of `route_offer` per job (at admission) and of
+2. The routing decision's share: time of `placement` per job (at admission) and of
    a claim with and without the routing filter.
 3. Warm share under a mixed load: M models, hosts each warm for one model (with spare
    capacity), a submitter queueing jobs of every model at random while the hosts claim,

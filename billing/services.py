@@ -107,8 +107,9 @@ def hold_place(*, user: User, api_key: ApiKey, amount_ucents: int) -> Hold:
     Raises TooManyStreams / RateLimited (429), InsufficientCredit /
     KeyLimitExceeded (402).
     """
-    account = account_for_customer(user=user)
-    account = Account.objects.select_for_update().get(pk=account.pk)
+    account = Account.objects.select_for_update().filter(kind=Account.Kind.CUSTOMER, user=user).first()
+    if account is None:  # the first request of a customer without an account yet
+        account = Account.objects.select_for_update().get(pk=account_for_customer(user=user).pk)
     key = ApiKey.objects.select_for_update().get(pk=api_key.pk)
     _key_limits_check(key=key)
     if account.available_ucents < amount_ucents:

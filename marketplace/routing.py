@@ -4,7 +4,7 @@ A host is **warm** for a model when its last catalog says the model is loaded. A
 host whose catalog is missing, stale or unreadable is **possibly warm** for every
 model it qualified, so routing never does worse than first-come-first-served.
 
-When a job is queued, `route_offer` picks one warm host with a free slot by the
+When a job is queued, `placement` picks one warm host with a free slot by the
 model's strategy and offers the job to it for `ROUTING_OFFER_SECONDS`; until then
 only that host may claim it. After that any warm host may. Hosts that are not warm
 (they would have to load the model) may claim it only after
@@ -119,18 +119,14 @@ def pick(*, model: CatalogModel, pool: list[Candidate], now: datetime) -> Candid
     return min(free, key=lambda c: (c.active, random.random()))
 
 
-def route_offer(*, job: Job, model: CatalogModel) -> int | None:
-    """Decide a new job's placement; returns the host it is offered to, if any.
-
-    Writes the offer and the cold grace onto the job row (the caller's transaction).
-    """
+def placement(*, model: CatalogModel, avoid_host_id: int | None = None) -> dict:
+    """A new job's placement, as the job row's fields: the host it is offered to (if any)
+    and until when, and the cold grace. The host whose attempt died is never offered it."""
     now = timezone.now()
-    pool = [c for c in candidates(model=model, now=now) if c.host_id != job.avoid_host_id]  # never the host that died
+    pool = [c for c in candidates(model=model, now=now) if c.host_id != avoid_host_id]
     chosen = pick(model=model, pool=pool, now=now)
-    job.warm_until = now + timedelta(seconds=settings.ROUTING_COLD_GRACE_SECONDS)
-    job.offered_host_id = chosen.host_id if chosen else None
-    job.offer_until = now + timedelta(seconds=settings.ROUTING_OFFER_SECONDS) if chosen else None
-    Job.objects.filter(pk=job.pk).update(
-        warm_until=job.warm_until, offered_host_id=job.offered_host_id, offer_until=job.offer_until
-    )
-    return job.offered_host_id
+    return {
+        "warm_until": now + timedelta(seconds=settings.ROUTING_COLD_GRACE_SECONDS),
+        "offered_host_id": chosen.host_id if chosen else None,
+        "offer_until": now + timedelta(seconds=settings.ROUTING_OFFER_SECONDS) if chosen else None,
+    }

@@ -80,17 +80,22 @@ def request_submit(
         prompt_tokens=prompt_tokens,
         estimate_ucents=estimate,
     )
-    job_queue(Job.objects.create(request=request, model=model), model=model)
+    job_queue(request=request, model=model)
     return request
 
 
-def job_queue(job: Job, *, model: CatalogModel) -> None:
-    """Route a new job and wake whoever may take it (after the commit)."""
-    offered = routing.route_offer(job=job, model=model)
+def job_queue(*, request: Request, model: CatalogModel, **fields: object) -> Job:
+    """Create a request's next job already routed (one INSERT carries the routing decision),
+    and wake whoever may take it (after the commit)."""
+    avoid = fields.get("avoid_host_id")
+    placement = routing.placement(model=model, avoid_host_id=avoid if isinstance(avoid, int) else None)
+    job = Job.objects.create(request=request, model=model, **fields, **placement)
+    offered = job.offered_host_id
     if offered is not None:  # one host's long-polls: one of them per gateway process need look
         announce_on_commit(host_group(offered), {"type": "job.queued", "offer": f"{job.pk}.{job.requeue}"})
     else:
         announce_on_commit(queue_group(model.pk), {"type": "job.queued"})
+    return job
 
 
 # --- claiming ---------------------------------------------------------------
@@ -564,10 +569,7 @@ def attempt_end_dead(*, job_id: int, reason: str) -> str:
     if request.status != Request.Status.RUNNING:
         return ""
     if job.generated_chars == 0 and job.requeue < MAX_REQUEUES:  # nothing of this attempt reached the customer
-        requeued = Job.objects.create(
-            request=request, model=request.model, attempt=job.attempt, requeue=job.requeue + 1, avoid_host_id=job.host_id
-        )
-        job_queue(requeued, model=request.model)
+        job_queue(request=request, model=request.model, attempt=job.attempt, requeue=job.requeue + 1, avoid_host_id=job.host_id)
         return "requeued"
     if job.attempt >= MAX_ATTEMPTS:
         _request_fail(
@@ -579,9 +581,8 @@ def attempt_end_dead(*, job_id: int, reason: str) -> str:
     if request.kind != Request.Kind.EMBEDDINGS and delivered_tokens >= int(request.params["max_tokens"]):
         _settle_without_host(request=request, completion_tokens=delivered_tokens)
         return "settled"
-    continuation = Job.objects.create(request=request, model=request.model, attempt=job.attempt + 1, avoid_host_id=job.host_id)
     Request.objects.filter(pk=request.pk).update(resumed=True)
-    job_queue(continuation, model=request.model)
+    job_queue(request=request, model=request.model, attempt=job.attempt + 1, avoid_host_id=job.host_id)
     announce_on_commit(request_group(request.public_id), {"type": "job.resumed"})
     return "continued"
 
