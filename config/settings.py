@@ -117,7 +117,7 @@ elif REDIS_URL:
         }
     }
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer", "CONFIG": {"capacity": 1000}}}
+    CHANNEL_LAYERS = {"default": {"BACKEND": "core.layers.TidyInMemoryChannelLayer", "CONFIG": {"capacity": 1000}}}
 
 # Celery: Redis when configured; otherwise a broker on the local file system
 # that needs no server, so `make run` still runs the watchdogs.
