@@ -187,6 +187,15 @@ STALL_SECONDS = env_float("STALL_SECONDS", 20.0, minimum=0.1)
 HOST_RECONNECT_GRACE_SECONDS = env_float("HOST_RECONNECT_GRACE_SECONDS", 2.5, minimum=0.0)
 OUTPUT_RETENTION_SECONDS = env_int("OUTPUT_RETENTION_SECONDS", 300, minimum=0)
 
+# Verification (marketplace/canaries.py): hidden jobs with known answers. Only models with
+# references (`manage.py canary_references`) get canaries.
+CANARY_ENABLED = env_bool("CANARY_ENABLED", True)
+CANARY_PROBATION_SECONDS = env_float("CANARY_PROBATION_SECONDS", 20.0, minimum=0.0)  # a new host: one every 20 s
+CANARY_TRUSTED_SECONDS = env_float("CANARY_TRUSTED_SECONDS", 3600.0, minimum=0.0)  # a trusted one: one an hour
+CANARY_TRUST_AFTER = env_int("CANARY_TRUST_AFTER", 5, minimum=1)  # passed canaries (none failed) to leave probation
+CANARY_TIE_GAP = env_float("CANARY_TIE_GAP", 0.2, minimum=0.0)  # top-2 log-prob gap below which honest machines may part
+CANARY_MIN_EXACT_CHARS = env_int("CANARY_MIN_EXACT_CHARS", 12, minimum=1)  # references with less to check are dropped
+
 # Billing: Stripe top-ups and host payouts (issue 3). Without STRIPE_SECRET_KEY and
 # STRIPE_WEBHOOK_SECRET, top-ups answer "not configured" and operators grant credit
 # from the admin. STRIPE_API_BASE is for tests (a local server speaking Stripe's format).

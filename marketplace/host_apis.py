@@ -29,7 +29,7 @@ from hosts import services as host_services
 from hosts.apis import HostApi
 from hosts.models import Host
 from hosts.selectors import host_from_secret
-from marketplace import pushing, selectors
+from marketplace import canaries, pushing, selectors
 from marketplace import services as market
 
 
@@ -191,6 +191,7 @@ class HeartbeatApi(HostApi):
             host=host, fingerprint=data["fingerprint"], paused=data["paused"], models_loaded=data["models_loaded"], version=data["version"],
             catalog=data["catalog"],
         )
+        canaries.canary_send_if_due(host=host)  # verification needs no customer traffic
         return Response(
             {"status": selectors.host_status(host=host), "paused": host.paused, "maintenance": host.maintenance_reason or None}
         )

@@ -89,6 +89,10 @@ class Job(models.Model):
         help_text="the warm host routing chose; others may take the job once offer_until passes",
     )
     offer_until = models.DateTimeField(null=True, blank=True)
+    only_host = models.ForeignKey(
+        "hosts.Host", null=True, blank=True, on_delete=models.CASCADE, related_name="+",
+        help_text="a canary: only this host may claim it (nothing on the wire says so)",
+    )
     warm_until = models.DateTimeField(
         null=True, blank=True, help_text="until then only hosts with the model loaded (or of unknown catalog) may take it"
     )
@@ -140,3 +144,48 @@ class TextChunk(models.Model):
 
     def __str__(self) -> str:
         return f"{self.request_id}@{self.char_offset}"
+
+
+class CanaryReference(models.Model):
+    """A hidden test's known answer: what the real model writes, greedily, for one prompt
+    of the corpus (computed by `manage.py canary_references` on the operator's machine).
+
+    Two honest machines can part where the model's two best next tokens are nearly tied;
+    `exact_chars` is the length of the reference before its first such near-tie, the part
+    any honest host must reproduce exactly."""
+
+    model = models.ForeignKey("catalog.CatalogModel", on_delete=models.CASCADE, related_name="canary_references")
+    kind = models.CharField(max_length=16, choices=[("chat", "chat"), ("completion", "completion")])
+    prompt = models.JSONField(help_text="the messages (chat) or the prompt text (completion)")
+    max_tokens = models.PositiveIntegerField()
+    text = models.TextField(help_text="the reference answer")
+    tokens = models.PositiveIntegerField(help_text="tokens in the reference answer")
+    exact_chars = models.PositiveIntegerField(help_text="characters before the first near-tie")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"canary {self.pk} ({self.model_id}, {self.exact_chars}/{len(self.text)} exact)"
+
+
+class CanaryCheck(models.Model):
+    """One hidden test sent to one host, and its verdict."""
+
+    class Verdict(models.TextChoices):
+        PENDING = "pending"
+        PASSED = "passed"
+        FAILED = "failed"
+        VOID = "void", "void (not answered: the host died, failed or never claimed it)"
+
+    host = models.ForeignKey("hosts.Host", on_delete=models.CASCADE, related_name="canary_checks")
+    reference = models.ForeignKey(CanaryReference, on_delete=models.CASCADE, related_name="checks")
+    request = models.OneToOneField(Request, on_delete=models.CASCADE, related_name="canary")
+    verdict = models.CharField(max_length=16, choices=Verdict.choices, default=Verdict.PENDING)
+    reason = models.CharField(max_length=300, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["host", "verdict", "created_at"])]
+
+    def __str__(self) -> str:
+        return f"canary check {self.pk} ({self.verdict})"

@@ -44,7 +44,7 @@ def claim_sql(*, host_id: int, model_ids: list[int], warm_ids: list[int], now: d
     """The jobs this host may claim now, best first, as SQL conditions and an ORDER BY (with
     their parameters): queued, of a model it qualified; not offered to someone else (or
     the offer lapsed); warm here or past the cold grace; not a continuation within its
-    grace of the host that died; jobs offered to this host first, then oldest first.
+    grace of the host that died; not a canary meant for another host; jobs offered to this host first, then oldest first.
     Plain SQL because it runs on every claim (see `services.job_claim_selected`)."""
     adapt = connection.ops.adapt_datetimefield_value
     at, grace_over = adapt(now), adapt(now - timedelta(seconds=settings.CONTINUATION_GRACE_SECONDS))
@@ -53,11 +53,12 @@ def claim_sql(*, host_id: int, model_ids: list[int], warm_ids: list[int], now: d
     sql = (
         f"status = %s AND model_id IN ({models_in})"
         " AND (avoid_host_id IS NULL OR avoid_host_id <> %s OR created_at < %s)"
+        " AND (only_host_id IS NULL OR only_host_id = %s)"
         " AND (offered_host_id IS NULL OR offered_host_id = %s OR offer_until < %s)"
         f" AND (warm_until IS NULL OR warm_until < %s OR {warm_in})"
         " ORDER BY CASE WHEN offered_host_id = %s THEN 0 ELSE 1 END, created_at, id"
     )
-    params = [Job.Status.QUEUED, *model_ids, host_id, grace_over, host_id, at, at, *warm_ids, host_id]
+    params = [Job.Status.QUEUED, *model_ids, host_id, grace_over, host_id, host_id, at, at, *warm_ids, host_id]
     return sql, params
 
 

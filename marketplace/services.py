@@ -57,8 +57,10 @@ def request_submit(
     stream: bool,
     prompt_tokens: int,
     inputs: list[str] | None = None,
+    only_host_id: int | None = None,
 ) -> Request:
-    """Admit a request: hold its worst-case cost, then queue its first job.
+    """Admit a request: hold its worst-case cost, then queue its first job (a canary's,
+    `only_host_id`, for its host alone).
 
     Raises InsufficientCredit / KeyLimitExceeded (→ 402) before anything is
     queued; the hold, request and job commit together or not at all.
@@ -80,15 +82,18 @@ def request_submit(
         prompt_tokens=prompt_tokens,
         estimate_ucents=estimate,
     )
-    job_queue(request=request, model=model)
+    job_queue(request=request, model=model, **({"only_host_id": only_host_id} if only_host_id is not None else {}))
     return request
 
 
 def job_queue(*, request: Request, model: CatalogModel, **fields: object) -> Job:
     """Create a request's next job already routed (one INSERT carries the routing decision),
     and wake whoever may take it (after the commit)."""
-    avoid = fields.get("avoid_host_id")
-    placement = routing.placement(model=model, avoid_host_id=avoid if isinstance(avoid, int) else None)
+    avoid, only = fields.get("avoid_host_id"), fields.get("only_host_id")
+    if isinstance(only, int):  # a canary: offered to its host alone, for as long as it waits
+        placement = {"offered_host_id": only, "offer_until": None, "warm_until": None}
+    else:
+        placement = routing.placement(model=model, avoid_host_id=avoid if isinstance(avoid, int) else None)
     job = Job.objects.create(request=request, model=model, **fields, **placement)
     offered = job.offered_host_id
     if offered is not None:  # one host's long-polls: one of them per gateway process need look
@@ -300,7 +305,8 @@ def job_push_many(pushes: list[Push]) -> list[PushResult | DomainError]:
     The text is appended as its own chunk, never rewritten into the growing answer, so a
     batch costs O(batch). The common case is one compare-and-set on each job (this host's,
     running, at this `seq`) that advances the request's character count and stores the
-    chunk. Batches that arrived together share one trip to the database: on PostgreSQL one
+    chunk. An empty batch advances `seq` but is not progress (the stall clock ignores it).
+    Batches that arrived together share one trip to the database: on PostgreSQL one
     statement for all of them, on SQLite one transaction (one commit). Anything else (a
     retry, a gap, a job that ended or is not this host's) is told apart afterwards.
     """
@@ -357,7 +363,8 @@ def _push_applied(batch: list[tuple[int, Push]], *, now: datetime) -> dict[int, 
             cursor.execute(
                 f"WITH batch (job_id, host_id, seq, size, text, ord) AS (VALUES {rows}),"
                 f" pushed AS (UPDATE {job_table} SET next_seq = next_seq + 1, generated_chars = generated_chars + batch.size,"
-                " last_token_at = %s, first_token_at = COALESCE(first_token_at, %s) FROM batch"
+                " last_token_at = CASE WHEN batch.size > 0 THEN %s ELSE last_token_at END,"
+                " first_token_at = CASE WHEN batch.size > 0 THEN COALESCE(first_token_at, %s) ELSE first_token_at END FROM batch"
                 f" WHERE {job_table}.id = batch.job_id AND {job_table}.host_id = batch.host_id AND status = %s"
                 f" AND next_seq = batch.seq RETURNING {job_table}.request_id, batch.*),"
                 f" advanced AS (UPDATE {request_table} SET delivered_chars = delivered_chars + pushed.size FROM pushed"
@@ -373,10 +380,11 @@ def _push_applied(batch: list[tuple[int, Push]], *, now: datetime) -> dict[int, 
             for index, push in batch:
                 size = len(push.text)
                 cursor.execute(
-                    f"UPDATE {job_table} SET next_seq = next_seq + 1, generated_chars = generated_chars + %s, last_token_at = %s,"
-                    " first_token_at = COALESCE(first_token_at, %s) WHERE id = %s AND host_id = %s AND status = %s AND next_seq = %s"
-                    " RETURNING request_id",
-                    [size, at, at, push.job_id, push.host.pk, Job.Status.RUNNING, push.seq],
+                    f"UPDATE {job_table} SET next_seq = next_seq + 1, generated_chars = generated_chars + %s,"
+                    " last_token_at = CASE WHEN %s > 0 THEN %s ELSE last_token_at END,"
+                    " first_token_at = CASE WHEN %s > 0 THEN COALESCE(first_token_at, %s) ELSE first_token_at END"
+                    " WHERE id = %s AND host_id = %s AND status = %s AND next_seq = %s RETURNING request_id",
+                    [size, size, at, size, at, push.job_id, push.host.pk, Job.Status.RUNNING, push.seq],
                 )
                 pushed = cursor.fetchone()
                 if pushed is None:
@@ -470,6 +478,10 @@ def job_complete(*, host: Host, job_id: int, finish_reason: str, embeddings: lis
     split = billing.hold_settle(hold=request.hold, cost_ucents=cost, host=host, host_ucents=share, reference=request.public_id)
     if split is None:  # the hold closed under us (expired): roll all of this back, the job ends anyway
         raise JobNotRunning(f"Request {request.public_id} already ended.")
+    if request.kind != Request.Kind.EMBEDDINGS:
+        from marketplace.canaries import canary_judge  # (canaries queue through this module)
+
+        canary_judge(request=request, host=host, text=text, completion_tokens=completion_tokens)
     request.status, request.completion_tokens, request.cost_ucents = Request.Status.COMPLETED, completion_tokens, cost
     request.finish_reason, request.messages, request.prompt, request.inputs = finish_reason, None, None, None
     request.result = result
@@ -477,6 +489,16 @@ def job_complete(*, host: Host, job_id: int, finish_reason: str, embeddings: lis
 
 
 MAX_EMBEDDING_DIMENSIONS = 8192
+
+
+def _finite(x: object) -> bool:
+    """A number a float can hold (JSON's 10**400 is an int no float can)."""
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:
+        return False
 
 
 def embeddings_checked(*, request: Request, vectors: object) -> list[list[float]]:
@@ -491,7 +513,7 @@ def embeddings_checked(*, request: Request, vectors: object) -> list[list[float]
         if width is not None and len(vector) != width:
             raise BadResult(f"Vector {index} has {len(vector)} dimensions; the first had {width}.")
         width = len(vector)
-        if not all(isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in vector):
+        if not all(_finite(x) for x in vector):
             raise BadResult(f"Vector {index} holds something that is not a finite number.")
     return [[float(x) for x in vector] for vector in vectors]
 
@@ -568,6 +590,12 @@ def attempt_end_dead(*, job_id: int, reason: str) -> str:
     request = Request.objects.select_for_update().select_related("model", "hold").get(pk=job.request_id)
     if request.status != Request.Status.RUNNING:
         return ""
+    from marketplace.canaries import canary_void, is_canary  # (canaries queue through this module)
+
+    if is_canary(request):  # a canary tests one host: it is never handed to another
+        _request_fail(request=request, code="host_failed", message="The host did not answer this canary.")
+        canary_void(request=request)
+        return "failed"
     if job.generated_chars == 0 and job.requeue < MAX_REQUEUES:  # nothing of this attempt reached the customer
         job_queue(request=request, model=request.model, attempt=job.attempt, requeue=job.requeue + 1, avoid_host_id=job.host_id)
         return "requeued"

@@ -94,3 +94,12 @@ def render_job(job: dict) -> str:
     if kind == COMPLETION:
         return render_completion(job.get("prompt") or "")
     raise ValueError(f"unsupported job kind: {kind!r}")
+
+
+def job_stop_strings(job: dict) -> list[str]:
+    """A job's stop strings, plus Gemma's end of turn for chats: what a host stops at (and
+    what the gateway's canary references stopped at)."""
+    stop = list((job.get("params") or {}).get("stop") or [])
+    if job.get("kind") == CHAT:
+        stop += [s for s in STOP_STRINGS if s not in stop]
+    return stop

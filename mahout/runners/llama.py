@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from protocol.jobs import CHAT
-from protocol.turns import STOP_STRINGS, render_job
+from protocol.turns import job_stop_strings, render_job
 
 if TYPE_CHECKING:
     import numpy as np
@@ -33,8 +33,10 @@ def cpu_advertises_amx(cpuinfo: str | None = None) -> bool:
     return any(line.startswith("flags") and " amx_tile" in line for line in cpuinfo.splitlines())
 
 
-def load_llama(model_path: str | Path, *, n_ctx: int, threads: int) -> Llama:
-    """Load a GGUF with llama-cpp-python, quietly, with ``threads`` for prompt and generation.
+def load_llama(model_path: str | Path, *, n_ctx: int, threads: int, logits_all: bool = False) -> Llama:
+    """Load a GGUF with llama-cpp-python, quietly, with ``threads`` for prompt and generation
+    (``logits_all`` keeps every position's logits, for log-probabilities: the gateway's canary
+    references).
 
     On CPUs that advertise AMX, ggml's extra (AMX/repack) weight buffers are turned off:
     virtual machines often advertise AMX without enabling its tile state, and the first
@@ -56,7 +58,8 @@ def load_llama(model_path: str | Path, *, n_ctx: int, threads: int) -> Llama:
             llama_module.llama_cpp.llama_model_default_params = params
         try:
             return llama_module.Llama(
-                model_path=str(model_path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False
+                model_path=str(model_path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False,
+                logits_all=logits_all,
             )
         finally:
             llama_module.llama_cpp.llama_model_default_params = original
@@ -204,10 +207,7 @@ class LlamaRunner:
     @staticmethod
     def stop_strings(job: dict) -> list[str]:
         """The job's stop strings, plus Gemma's end of turn for chats."""
-        stop = list((job.get("params") or {}).get("stop") or [])
-        if job.get("kind") == CHAT:
-            stop += [s for s in STOP_STRINGS if s not in stop]
-        return stop
+        return job_stop_strings(job)
 
     def _count(self, text: str) -> int:
         """Tokens in generated text, counted as the gateway counts them (re-tokenized)."""

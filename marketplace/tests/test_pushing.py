@@ -12,7 +12,7 @@ from django.utils import timezone
 from conftest import make_host
 from hosts.models import Host
 from marketplace import host_apis, pushing, services
-from marketplace.models import Request
+from marketplace.models import Job, Request
 from marketplace.tests.test_services import claimed, submit
 
 BATCH = " five words in a batch"
@@ -37,6 +37,17 @@ class PushManyTests:
         assert isinstance(results[4], services.SequenceGap)
         assert isinstance(results[5], services.HostRefused) and results[5].code == "not_your_job"
         assert [Request.objects.get(pk=r.pk).delivered_text for r in (first, second)] == ["Hello", "Wor"]
+
+    def test_an_empty_batch_advances_seq_but_is_not_progress(self, customer, serving_host, catalog) -> None:
+        _, job = claimed(customer, serving_host, catalog)
+        assert Job.objects.get(pk=job.pk).first_token_at is None
+        services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="")
+        assert Job.objects.get(pk=job.pk).first_token_at is None  # a host cannot look alive on empty batches
+        services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=1, text="Hi")
+        moved = Job.objects.get(pk=job.pk)
+        services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=2, text="")
+        after = Job.objects.get(pk=job.pk)
+        assert (after.next_seq, after.last_token_at, after.first_token_at) == (3, moved.last_token_at, moved.first_token_at)
 
     def test_a_trip_of_many_jobs_is_one_statement_on_postgresql_and_one_transaction_on_sqlite(self, customer, catalog) -> None:
         serving = make_host(name="many")

@@ -196,6 +196,8 @@ class TestEmbeddings:
             market.job_complete(host=serving.host, job_id=job.pk, finish_reason="stop", embeddings=[[0.1, 0.2]])
         with pytest.raises(market.BadResult):
             market.job_complete(host=serving.host, job_id=job.pk, finish_reason="stop", embeddings=[[0.1], [float("nan")]])
+        with pytest.raises(market.BadResult):  # an integer no float can hold (JSON allows it), not a 500
+            market.job_complete(host=serving.host, job_id=job.pk, finish_reason="stop", embeddings=[[0.1], [10**400]])
         done = market.job_complete(host=serving.host, job_id=job.pk, finish_reason="stop", embeddings=[[0.6, 0.8], [1, 0]])
         row = Request.objects.get(pk=request.pk)
         assert row.status == "completed" and row.result == [[0.6, 0.8], [1.0, 0.0]] and row.inputs is None

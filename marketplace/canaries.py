@@ -1,0 +1,246 @@
+"""Canaries: hidden jobs with known answers, so a host earns only by serving the real model.
+
+A canary is an ordinary request (a prompt from the corpus in `canary_prompts.json`, greedy,
+a usual `max_tokens`) made by the platform's own canary customer and offered to one host
+alone (`Job.only_host`, never on the wire). It is paid like any job. Its answer is compared
+with a reference the operator computed with the real model (`manage.py canary_references`,
+llama-cpp-python on the gateway's side, kept per model in `CanaryReference`).
+
+Honest hardware may part from the reference where the model's two best tokens are nearly
+tied (`CANARY_TIE_GAP`, in log-probability): the reference's `exact_chars` stop there, and
+only that prefix must match. A host that fails is put in maintenance with a reason naming
+verification; its owner sees why.
+
+Schedule (`canary_send_if_due`, on every heartbeat, so no customer traffic is needed): a
+host in probation (fewer than `CANARY_TRUST_AFTER` passed canaries) gets one every
+`CANARY_PROBATION_SECONDS`, one at a time; a trusted host one every
+`CANARY_TRUSTED_SECONDS`. Models without references get no canaries.
+"""
+from __future__ import annotations
+
+import json
+import random
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from functools import lru_cache
+from pathlib import Path
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.db.models import Sum
+from django.utils import timezone
+
+from accounts.models import ApiKey
+from accounts.services import api_key_create
+from billing import selectors as ledger
+from billing import services as billing
+from catalog.models import CatalogModel
+from catalog.tokenizer import tokenizer_for
+from hosts.models import Host
+from hosts.selectors import qualified_model_ids
+from hosts.services import host_maintenance_enter
+from marketplace.models import CanaryCheck, CanaryReference, Request, TextChunk
+from protocol.turns import job_stop_strings, render_job
+
+CORPUS = Path(__file__).with_name("canary_prompts.json")
+CANARY_EMAIL = "canary@elephant.invalid"
+BUDGET_UCENTS = 10 * 100_000_000  # the canary customer's credit is topped up to this ($10)
+
+
+@lru_cache(maxsize=1)
+def corpus() -> list[dict]:
+    """The prompts canaries are made of: `{"kind": "chat", "messages": [...]}` or
+    `{"kind": "completion", "prompt": "..."}`, realistic requests of both kinds."""
+    return json.loads(CORPUS.read_text())
+
+
+# --- references (the operator's trusted machinery) --------------------------------------
+
+
+@dataclass(frozen=True)
+class Reference:
+    text: str
+    tokens: int
+    exact_chars: int
+
+
+def reference_of(llm: object, item: dict, *, max_tokens: int, tie_gap: float) -> Reference:
+    """What the real model writes for `item`, greedily, rendered and tokenized exactly as a
+    host renders it (`protocol.turns`), and where its first near-tie is."""
+    job = {"kind": item["kind"], "messages": item.get("messages"), "prompt": item.get("prompt"), "params": {}}
+    tokens = llm.tokenize(render_job(job).encode("utf-8"), add_bos=True, special=True)  # type: ignore[attr-defined]
+    out = llm.create_completion(  # type: ignore[attr-defined]
+        prompt=tokens, max_tokens=max_tokens, temperature=0.0, top_p=1.0, logprobs=2, stop=job_stop_strings(job),
+    )
+    choice = out["choices"][0]
+    text, logprobs = choice["text"], choice["logprobs"] or {}
+    exact, at = len(text), 0
+    for piece, top in zip(logprobs.get("tokens") or [], logprobs.get("top_logprobs") or [], strict=False):
+        best = sorted((top or {}).values(), reverse=True)
+        if len(best) >= 2 and best[0] - best[1] < tie_gap:
+            exact = min(exact, at)
+            break
+        at += len(piece)
+    return Reference(text=text, tokens=int(out["usage"]["completion_tokens"]), exact_chars=exact)
+
+
+def informative(item: dict, reference: Reference) -> bool:
+    """Whether a reference checks enough: at least CANARY_MIN_EXACT_CHARS exact characters
+    beyond what an echo of the prompt would give (a base model often repeats the question
+    first, and a cheat that echoes must not pass)."""
+    echo = item.get("prompt") if item["kind"] == "completion" else (item.get("messages") or [{}])[-1].get("content", "")
+    echoed = next((i for i, (a, b) in enumerate(zip(reference.text, echo or "", strict=False)) if a != b),
+                  min(len(reference.text), len(echo or "")))
+    return reference.exact_chars - echoed >= settings.CANARY_MIN_EXACT_CHARS
+
+
+def references_compute(*, model: CatalogModel, model_path: str, count: int, max_tokens: int, threads: int = 2,
+                       out: object = print) -> int:
+    """Compute and store references for the first `count` corpus prompts (replacing the
+    model's old ones); prompts that check too little (`informative`) are skipped. Returns how many were kept."""
+    from mahout.runners.llama import load_llama  # the same loader hosts use (it avoids AMX where a VM lies about it)
+
+    llm = load_llama(model_path, n_ctx=2048, threads=threads, logits_all=True)
+    kept: list[CanaryReference] = []
+    for index, item in enumerate(corpus()[:count]):
+        reference = reference_of(llm, item, max_tokens=max_tokens, tie_gap=settings.CANARY_TIE_GAP)
+        if not informative(item, reference):
+            out(f"  prompt {index}: too little to check before a near-tie ({reference.exact_chars} characters); skipped")  # type: ignore[operator]
+            continue
+        kept.append(CanaryReference(
+            model=model, kind=item["kind"], prompt=item.get("messages") if item["kind"] == "chat" else item["prompt"],
+            max_tokens=max_tokens, text=reference.text, tokens=reference.tokens, exact_chars=reference.exact_chars,
+        ))
+    llm.close()
+    with transaction.atomic():
+        CanaryReference.objects.filter(model=model).delete()
+        CanaryReference.objects.bulk_create(kept)
+    return len(kept)
+
+
+# --- the verdict -------------------------------------------------------------------------
+
+
+def verdict_reason(reference: CanaryReference, *, text: str, completion_tokens: int) -> str | None:
+    """Why the host's answer cannot be the real model's greedy answer, or None when it is."""
+    exact = reference.exact_chars
+    if completion_tokens > reference.max_tokens:
+        return f"more text than asked ({completion_tokens} tokens for max_tokens {reference.max_tokens})"
+    if text[:exact] == reference.text[:exact]:
+        if exact == len(reference.text) and text != reference.text:  # no near-tie: the whole answer is known
+            return "the answer runs past the real model's"
+        return None
+    if len(text) < exact and reference.text.startswith(text):
+        return f"the answer stopped after {len(text)} of {exact} characters the real model writes"
+    at = next((i for i, (a, b) in enumerate(zip(text, reference.text, strict=False)) if a != b), min(len(text), exact))
+    return f"the answer differs from the real model's at character {at}"
+
+
+def canary_judge(*, request: Request, host: Host, text: str, completion_tokens: int) -> bool | None:
+    """Judge a completed canary (None when the request is not one); a failure puts the host
+    in maintenance. Runs in the completion's transaction."""
+    check = CanaryCheck.objects.select_related("reference").filter(request=request, verdict=CanaryCheck.Verdict.PENDING).first()
+    if check is None:
+        return None
+    reason = verdict_reason(check.reference, text=text, completion_tokens=completion_tokens)
+    verdict = CanaryCheck.Verdict.PASSED if reason is None else CanaryCheck.Verdict.FAILED
+    CanaryCheck.objects.filter(pk=check.pk).update(verdict=verdict, reason=reason or "", decided_at=timezone.now())
+    TextChunk.objects.filter(request=request).delete()  # nobody reads a canary's answer
+    if reason is not None:
+        host_maintenance_enter(host=host, reason=f"Failed verification: {reason} (canary {check.pk}).", by="verification")
+    return reason is None
+
+
+def canary_void(*, request: Request) -> bool:
+    """A canary that ended without an answer (its host died, failed or never claimed it)."""
+    return bool(CanaryCheck.objects.filter(request=request, verdict=CanaryCheck.Verdict.PENDING).update(
+        verdict=CanaryCheck.Verdict.VOID, decided_at=timezone.now()))
+
+
+def is_canary(request: Request) -> bool:
+    return CanaryCheck.objects.filter(request=request).exists()
+
+
+# --- the schedule ------------------------------------------------------------------------
+
+
+def host_trusted(*, host: Host) -> bool:
+    """Out of probation: enough canaries passed, none failed."""
+    checks = CanaryCheck.objects.filter(host=host)
+    if checks.filter(verdict=CanaryCheck.Verdict.FAILED).exists():
+        return False
+    return checks.filter(verdict=CanaryCheck.Verdict.PASSED).count() >= settings.CANARY_TRUST_AFTER
+
+
+def canary_due(*, host: Host, now: datetime) -> bool:
+    """Whether `host` should get a canary now (one at a time; probation often, trusted rarely)."""
+    if not settings.CANARY_ENABLED or host.paused or host.maintenance_since is not None:
+        return False
+    checks = CanaryCheck.objects.filter(host=host)
+    ended = (Request.Status.COMPLETED, Request.Status.FAILED)
+    checks.filter(verdict=CanaryCheck.Verdict.PENDING, request__status__in=ended).update(
+        verdict=CanaryCheck.Verdict.VOID, decided_at=now)  # ended unanswered (expired, failed)
+    if checks.filter(verdict=CanaryCheck.Verdict.PENDING).exists():
+        return False
+    last = checks.order_by("-created_at").values_list("created_at", flat=True).first()
+    every = settings.CANARY_TRUSTED_SECONDS if host_trusted(host=host) else settings.CANARY_PROBATION_SECONDS
+    return last is None or now - last >= timedelta(seconds=every)
+
+
+def _canary_key() -> ApiKey:
+    """The platform's canary customer and its key, created on first use, with its credit
+    topped up from the platform's funding (a GRANT in the ledger: canary spend is visible)."""
+    user, _ = get_user_model().objects.get_or_create(username=CANARY_EMAIL, defaults={"email": CANARY_EMAIL})
+    key = ApiKey.objects.filter(user=user, revoked_at__isnull=True).first()
+    if key is None:
+        key = api_key_create(user=user, name="canaries").key
+    account = ledger.customer_account(user=user)
+    available = account.available_ucents if account is not None else 0
+    if available < BUDGET_UCENTS // 2:
+        billing.credit_grant(user=user, amount_ucents=BUDGET_UCENTS - available,
+                             reference=f"canary-budget-{secrets.token_hex(8)}", memo="canary budget")
+    return key
+
+
+@transaction.atomic
+def canary_send(*, host: Host) -> CanaryCheck | None:
+    """Queue one canary for `host` (a model it qualified that has references), or None."""
+    from marketplace.services import new_public_id, request_submit
+
+    model_ids = qualified_model_ids(host=host, fingerprint=host.fingerprint) if host.fingerprint else []
+    references = list(CanaryReference.objects.filter(model_id__in=model_ids).select_related("model").values_list("pk", flat=True))
+    if not references:
+        return None
+    reference = CanaryReference.objects.select_related("model").get(pk=random.choice(references))
+    kind = reference.kind
+    messages = reference.prompt if kind == Request.Kind.CHAT else None
+    prompt = reference.prompt if kind == Request.Kind.COMPLETION else None
+    rendered = render_job({"kind": kind, "messages": messages, "prompt": prompt})
+    request = request_submit(
+        public_id=new_public_id(kind), api_key=_canary_key(), model=reference.model, kind=kind, messages=messages,
+        prompt=prompt, stream=True, prompt_tokens=tokenizer_for(reference.model.tokenizer).count(rendered, special=True),
+        params={"max_tokens": reference.max_tokens, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None},
+        only_host_id=host.pk,
+    )
+    return CanaryCheck.objects.create(host=host, reference=reference, request=request)
+
+
+def canary_send_if_due(*, host: Host) -> CanaryCheck | None:
+    return canary_send(host=host) if canary_due(host=host, now=timezone.now()) else None
+
+
+# --- what the operator sees --------------------------------------------------------------
+
+
+def canary_summary() -> dict:
+    """Canaries sent, passed, failed, void; their cost; hosts that failed verification."""
+    counts = {verdict: CanaryCheck.objects.filter(verdict=verdict).count() for verdict in CanaryCheck.Verdict.values}
+    spent = Request.objects.filter(canary__isnull=False).aggregate(total=Sum("cost_ucents"))["total"] or 0
+    failed_hosts = list(
+        Host.objects.filter(canary_checks__verdict=CanaryCheck.Verdict.FAILED).distinct().values_list("name", flat=True)
+    )
+    decided = counts["passed"] + counts["failed"]
+    return {**counts, "pass_rate": counts["passed"] / decided if decided else None, "spent_ucents": spent,
+            "failed_hosts": failed_hosts}

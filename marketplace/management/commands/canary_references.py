@@ -1,0 +1,34 @@
+"""`canary_references [--model NAME] [--count N] [--max-tokens N]`: compute the canaries'
+known answers with the real model (llama-cpp-python on this machine), replacing the old."""
+from __future__ import annotations
+
+import time
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from catalog.models import CatalogModel
+from catalog.tokenizer import shipped_model_path
+from marketplace.canaries import corpus, references_compute
+
+
+class Command(BaseCommand):
+    help = "Compute canary references for a chat model (default: the shipped Gemma 3 270M)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--model", default="gemma-3-270m", help="the catalog model's name")
+        parser.add_argument("--gguf", default="", help="its GGUF file (default: the shipped model's)")
+        parser.add_argument("--count", type=int, default=len(corpus()), help="corpus prompts to use")
+        parser.add_argument("--max-tokens", type=int, default=24)
+        parser.add_argument("--threads", type=int, default=2)
+
+    def handle(self, *args: object, model: str, gguf: str, count: int, max_tokens: int, threads: int, **options: object) -> None:
+        entry = CatalogModel.objects.filter(name=model, kind=CatalogModel.Kind.CHAT).first()
+        if entry is None:
+            raise CommandError(f"No chat model named {model!r} in the catalog.")
+        if count < 1 or max_tokens < 1:
+            raise CommandError("--count and --max-tokens must be at least 1.")
+        started = time.monotonic()
+        self.stdout.write(f"Computing {count} canary references for {model} ({max_tokens} tokens each)…")
+        kept = references_compute(model=entry, model_path=gguf or str(shipped_model_path()), count=count,
+                                  max_tokens=max_tokens, threads=threads, out=self.stdout.write)
+        self.stdout.write(f"Kept {kept} references in {time.monotonic() - started:.1f} s.")
