@@ -78,8 +78,12 @@ class Target:
             self.gateways = [daphne(backend) for backend in backends]
             config = Path(f"{log}.haproxy.cfg")
             config.write_text(haproxy_config(port=port, backends=backends))
-            self.balancer = subprocess.Popen(["haproxy", "-db", "-f", str(config)], stdout=open(f"{log}.haproxy", "w"),
-                                             stderr=subprocess.STDOUT)
+            try:
+                self.balancer = subprocess.Popen(["haproxy", "-db", "-f", str(config)], stdout=open(f"{log}.haproxy", "w"),
+                                                 stderr=subprocess.STDOUT)
+            except OSError:  # no HAProxy (apt-get install haproxy): leave no gateway behind
+                self.stop()
+                raise
         server = f"http://127.0.0.1:{port}"
         import httpx
 

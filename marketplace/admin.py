@@ -9,11 +9,13 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 
 from catalog.models import CatalogModel
+from catalog.money import usd
 from hosts import selectors as hosts
 from hosts.admin import HostAdmin
 from hosts.models import Host
 from marketplace import selectors
-from marketplace.models import Job, Request, TextChunk
+from marketplace.canaries import canary_summary
+from marketplace.models import CanaryCheck, CanaryReference, Job, Request, TextChunk
 
 
 @admin.register(Host)
@@ -102,3 +104,34 @@ class TextChunkAdmin(admin.ModelAdmin):
     @admin.display(description="characters")
     def length(self, chunk: TextChunk) -> int:
         return len(chunk.text)
+
+
+@admin.register(CanaryCheck)
+class CanaryCheckAdmin(admin.ModelAdmin):
+    """Every hidden test, its verdict and why; the changelist's header says what canaries cost."""
+
+    list_display = ("created_at", "host", "verdict", "reason", "cost")
+    list_filter = ("verdict",)
+    search_fields = ("host__name", "reason")
+    readonly_fields = ("host", "reference", "request", "verdict", "reason", "created_at", "decided_at")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    @admin.display(description="cost")
+    def cost(self, check: CanaryCheck) -> str:
+        return usd(check.request.cost_ucents)
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        summary = canary_summary()
+        rate = "–" if summary["pass_rate"] is None else f"{summary['pass_rate']:.1%}"
+        self.message_user(request, f"Canaries: {summary['passed']} passed, {summary['failed']} failed, {summary['void']} void, "
+                                   f"{summary['pending']} pending (pass rate {rate}); spent {usd(summary['spent_ucents'])}; "
+                                   f"failed verification: {', '.join(summary['failed_hosts']) or 'nobody'}.", messages.INFO)
+        return super().changelist_view(request, extra_context)
+
+
+@admin.register(CanaryReference)
+class CanaryReferenceAdmin(admin.ModelAdmin):
+    list_display = ("pk", "model", "kind", "max_tokens", "exact_chars", "created_at")
+    list_filter = ("model", "kind")

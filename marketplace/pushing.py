@@ -13,13 +13,17 @@ from __future__ import annotations
 import asyncio
 import weakref
 
+from django.db import connection
+
 from core.db import db
 from core.errors import DomainError
 from hosts.models import Host
 from marketplace import services
 
 MAX_PUSHES_PER_TRIP = 200  # bounds one statement's size (each push is at most MAX_BATCH_CHARS)
-MAX_TRIPS = 4  # trips under way at once: one that waits on a row lock does not hold up every host
+# Trips under way at once. On PostgreSQL several, so one waiting on a row lock does not hold
+# up every host; SQLite lets one writer in at a time anyway, so one trip, as big as it gets.
+MAX_TRIPS = {"postgresql": 4}
 
 
 class PushWriter:
@@ -30,7 +34,7 @@ class PushWriter:
     async def push(self, push: services.Push) -> services.PushResult:
         future = asyncio.get_running_loop().create_future()
         self._waiting.append((push, future))
-        if self._trips < MAX_TRIPS:
+        if self._trips < MAX_TRIPS.get(connection.vendor, 1):
             self._trips += 1
             asyncio.ensure_future(self._drain())
         result = await future

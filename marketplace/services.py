@@ -66,6 +66,9 @@ def request_submit(
     queued; the hold, request and job commit together or not at all.
     """
     estimate = estimate_ucents(model=model, prompt_tokens=prompt_tokens, max_tokens=params["max_tokens"])
+    # Routing reads before the account's row lock is taken: a customer's admissions queue on
+    # that lock, so it is held for the writes only.
+    placement = _placement(model=model, only_host_id=only_host_id, avoid_host_id=None)
     hold = billing.hold_place(user=api_key.user, api_key=api_key, amount_ucents=estimate)
     request = Request.objects.create(
         public_id=public_id,
@@ -82,18 +85,23 @@ def request_submit(
         prompt_tokens=prompt_tokens,
         estimate_ucents=estimate,
     )
-    job_queue(request=request, model=model, **({"only_host_id": only_host_id} if only_host_id is not None else {}))
+    job_queue(request=request, model=model, placement=placement, only_host_id=only_host_id)
     return request
 
 
-def job_queue(*, request: Request, model: CatalogModel, **fields: object) -> Job:
-    """Create a request's next job already routed (one INSERT carries the routing decision),
-    and wake whoever may take it (after the commit)."""
-    avoid, only = fields.get("avoid_host_id"), fields.get("only_host_id")
-    if isinstance(only, int):  # a canary: offered to its host alone, for as long as it waits
-        placement = {"offered_host_id": only, "offer_until": None, "warm_until": None}
-    else:
-        placement = routing.placement(model=model, avoid_host_id=avoid if isinstance(avoid, int) else None)
+def _placement(*, model: CatalogModel, only_host_id: int | None, avoid_host_id: int | None) -> dict:
+    if only_host_id is not None:  # a canary: offered to its host alone, for as long as it waits
+        return {"offered_host_id": only_host_id, "offer_until": None, "warm_until": None}
+    return routing.placement(model=model, avoid_host_id=avoid_host_id)
+
+
+def job_queue(*, request: Request, model: CatalogModel, placement: dict | None = None, **fields: object) -> Job:
+    """Create a request's next job already routed (one INSERT carries the routing decision,
+    `placement`, decided here unless given), and wake whoever may take it (after the commit)."""
+    if placement is None:
+        avoid, only = fields.get("avoid_host_id"), fields.get("only_host_id")
+        placement = _placement(model=model, only_host_id=only if isinstance(only, int) else None,
+                               avoid_host_id=avoid if isinstance(avoid, int) else None)
     job = Job.objects.create(request=request, model=model, **fields, **placement)
     offered = job.offered_host_id
     if offered is not None:  # one host's long-polls: one of them per gateway process need look

@@ -133,3 +133,13 @@ class CanaryEndToEndTests:
         host = Host.objects.get(pk=honest.host.pk)
         assert host.maintenance_since is None
         assert not CanaryCheck.objects.filter(host=host, verdict=CanaryCheck.Verdict.FAILED).exists()
+
+
+@pytest.mark.django_db
+class OperatorViewTests:
+    def test_the_admin_shows_what_canaries_found_and_cost(self, client, django_user_model) -> None:
+        operator = django_user_model.objects.create_superuser("op", "op@example.com", "pw")
+        client.force_login(operator)
+        page = client.get("/admin/marketplace/canarycheck/")
+        assert page.status_code == 200
+        assert b"Canaries: 0 passed, 0 failed" in page.content and b"failed verification: nobody" in page.content
