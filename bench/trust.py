@@ -78,18 +78,18 @@ def main() -> None:
 
     from catalog.tokenizer import shipped_model_path
     from mahout.runners.llama import load_llama
-    from marketplace.canaries import corpus, informative, reference_of, verdict_reason
+    from marketplace.canaries import REFERENCE_CTX, corpus, informative, reference_of, verdict_reason
     from marketplace.models import CanaryReference
 
     path = str(shipped_model_path())
     started = time.monotonic()
-    reference_llm = load_llama(path, n_ctx=2048, threads=2, logits_all=True)
+    reference_llm = load_llama(path, n_ctx=REFERENCE_CTX, threads=2, logits_all=True)
     kept = []
     for item in corpus()[: args.count]:
         reference = reference_of(reference_llm, item, max_tokens=args.max_tokens, tie_gap=settings.CANARY_TIE_GAP)
         if informative(item, reference):
             row = CanaryReference(kind=item["kind"], prompt="", max_tokens=args.max_tokens, text=reference.text,
-                                  tokens=reference.tokens, exact_chars=reference.exact_chars)
+                                  tokens=reference.tokens, exact_chars=reference.exact_chars, gaps=reference.gaps)
             kept.append((item, reference, row))
     references_s = time.monotonic() - started
 
@@ -113,7 +113,8 @@ def main() -> None:
     results["random words"] = rate([(" ".join(rng.choice(WORDS) for _ in range(12)), 12) for _ in kept])
     results["echo of the prompt"] = rate([(item.get("prompt") or item["messages"][-1]["content"], ref.tokens)
                                           for item, ref, _ in kept])
-    results["cut short (first half)"] = rate([(ref.text[: len(ref.text) // 2], max(1, ref.tokens // 2)) for _, ref, _ in kept])
+    results["cut short (the last quarter dropped)"] = rate([(ref.text[: len(ref.text) * 3 // 4], max(1, ref.tokens * 3 // 4))
+                                                            for _, ref, _ in kept])
     results["more text than asked"] = rate([(ref.text + " and then some more words", args.max_tokens + 6) for _, ref, _ in kept])
 
     from engine.generate import build_stages

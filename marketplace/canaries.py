@@ -7,8 +7,8 @@ with a reference the operator computed with the real model (`manage.py canary_re
 llama-cpp-python on the gateway's side, kept per model in `CanaryReference`).
 
 Honest hardware may part from the reference where the model's two best tokens are nearly
-tied (`CANARY_TIE_GAP`, in log-probability): the reference's `exact_chars` stop there, and
-only that prefix must match. A host that fails is put in maintenance with a reason naming
+tied (`CANARY_TIE_GAP`, in log-probability): the answer must follow the reference until the
+two part, and they may part only at a near-tie (each reference token's gap is kept). A host that fails is put in maintenance with a reason naming
 verification; its owner sees why.
 
 Schedule (`canary_send_if_due`, on every heartbeat, so no customer traffic is needed): a
@@ -47,6 +47,7 @@ from protocol.turns import job_stop_strings, render_job
 CORPUS = Path(__file__).with_name("canary_prompts.json")
 CANARY_EMAIL = "canary@elephant.invalid"
 BUDGET_UCENTS = 10 * 100_000_000  # the canary customer's credit is topped up to this ($10)
+REFERENCE_CTX = 256  # the corpus' prompts and answers fit; all logits of 2,048 positions would take 2 GB
 
 
 @lru_cache(maxsize=1)
@@ -63,37 +64,63 @@ def corpus() -> list[dict]:
 class Reference:
     text: str
     tokens: int
-    exact_chars: int
+    exact_chars: int  # characters before the first near-tie
+    gaps: list[tuple[int, float]]  # per generated token: (its first character, its top-2 gap)
 
 
 def reference_of(llm: object, item: dict, *, max_tokens: int, tie_gap: float) -> Reference:
     """What the real model writes for `item`, greedily, rendered and tokenized exactly as a
-    host renders it (`protocol.turns`), and where its first near-tie is."""
+    host renders it (`protocol.turns`), and where its first near-tie is: the first generated
+    token whose distribution's two best logits are closer than `tie_gap` (a log-probability
+    gap, read from the logits that chose that very token; `llm` keeps all logits)."""
+    import numpy as np
+
     job = {"kind": item["kind"], "messages": item.get("messages"), "prompt": item.get("prompt"), "params": {}}
     tokens = llm.tokenize(render_job(job).encode("utf-8"), add_bos=True, special=True)  # type: ignore[attr-defined]
+    llm.reset()  # type: ignore[attr-defined]  # no reuse of the previous prompt's cache: the same numbers every time
     out = llm.create_completion(  # type: ignore[attr-defined]
-        prompt=tokens, max_tokens=max_tokens, temperature=0.0, top_p=1.0, logprobs=2, stop=job_stop_strings(job),
+        prompt=tokens, max_tokens=max_tokens, temperature=0.0, top_p=1.0, stop=job_stop_strings(job),
     )
-    choice = out["choices"][0]
-    text, logprobs = choice["text"], choice["logprobs"] or {}
-    exact, at = len(text), 0
-    for piece, top in zip(logprobs.get("tokens") or [], logprobs.get("top_logprobs") or [], strict=False):
-        best = sorted((top or {}).values(), reverse=True)
-        if len(best) >= 2 and best[0] - best[1] < tie_gap:
-            exact = min(exact, at)
+    text = out["choices"][0]["text"]
+    generated = [int(t) for t in llm.input_ids[len(tokens) : llm.n_tokens]]  # type: ignore[attr-defined]
+
+    def gap_at(index: int) -> float:  # the logits that chose generated token `index` (or what followed the last)
+        logits = np.asarray(llm.scores[len(tokens) - 1 + index])  # type: ignore[attr-defined]
+        best, second = np.partition(logits, -2)[-2:][::-1]
+        return round(float(best - second), 4)
+
+    exact, produced, gaps = len(text), b"", []
+    for index, token in enumerate(generated):
+        start = len(produced.decode("utf-8", errors="ignore"))
+        gaps.append((min(start, len(text)), gap_at(index)))
+        if start >= len(text):  # the token that ended the text (a stop string)
             break
-        at += len(piece)
-    return Reference(text=text, tokens=int(out["usage"]["completion_tokens"]), exact_chars=exact)
+        if gaps[-1][1] < tie_gap:
+            exact = min(exact, start)
+        produced += llm.detokenize([token])  # type: ignore[attr-defined]
+    else:
+        if len(generated) < max_tokens:  # it ended at the end of sequence: how sure was the model?
+            gaps.append((len(text), gap_at(len(generated))))
+    return Reference(text=text, tokens=int(out["usage"]["completion_tokens"]), exact_chars=exact, gaps=gaps)
 
 
 def informative(item: dict, reference: Reference) -> bool:
-    """Whether a reference checks enough: at least CANARY_MIN_EXACT_CHARS exact characters
-    beyond what an echo of the prompt would give (a base model often repeats the question
-    first, and a cheat that echoes must not pass)."""
+    """Whether a reference is worth sending: it would catch an empty answer and an echo of
+    the prompt (its first token, and the one where an echo would part from it, were clear
+    choices; a base model often repeats the question first), and at least
+    CANARY_MIN_EXACT_CHARS of its characters were written by clear choices."""
     echo = item.get("prompt") if item["kind"] == "completion" else (item.get("messages") or [{}])[-1].get("content", "")
-    echoed = next((i for i, (a, b) in enumerate(zip(reference.text, echo or "", strict=False)) if a != b),
-                  min(len(reference.text), len(echo or "")))
-    return reference.exact_chars - echoed >= settings.CANARY_MIN_EXACT_CHARS
+    row = CanaryReference(kind=item["kind"], prompt="", max_tokens=reference.tokens, text=reference.text,
+                          tokens=reference.tokens, exact_chars=reference.exact_chars, gaps=[list(g) for g in reference.gaps])
+    catches = all(verdict_reason(row, text=cheat, completion_tokens=1) for cheat in ("", echo or ""))
+    return catches and decisive_chars(reference.text, reference.gaps) >= settings.CANARY_MIN_EXACT_CHARS
+
+
+def decisive_chars(text: str, gaps: list, *, since: int = 0) -> int:
+    """Characters after `since` written by tokens the model chose clearly (no near-tie)."""
+    starts = [int(start) for start, _ in gaps] + [len(text)]
+    return sum(max(0, starts[i + 1] - max(int(start), since)) for i, (start, gap) in enumerate(gaps)
+               if i + 1 < len(starts) and gap >= settings.CANARY_TIE_GAP)
 
 
 def references_compute(*, model: CatalogModel, model_path: str, count: int, max_tokens: int, threads: int = 2,
@@ -102,7 +129,7 @@ def references_compute(*, model: CatalogModel, model_path: str, count: int, max_
     model's old ones); prompts that check too little (`informative`) are skipped. Returns how many were kept."""
     from mahout.runners.llama import load_llama  # the same loader hosts use (it avoids AMX where a VM lies about it)
 
-    llm = load_llama(model_path, n_ctx=2048, threads=threads, logits_all=True)
+    llm = load_llama(model_path, n_ctx=REFERENCE_CTX, threads=threads, logits_all=True)
     kept: list[CanaryReference] = []
     for index, item in enumerate(corpus()[:count]):
         reference = reference_of(llm, item, max_tokens=max_tokens, tie_gap=settings.CANARY_TIE_GAP)
@@ -112,6 +139,7 @@ def references_compute(*, model: CatalogModel, model_path: str, count: int, max_
         kept.append(CanaryReference(
             model=model, kind=item["kind"], prompt=item.get("messages") if item["kind"] == "chat" else item["prompt"],
             max_tokens=max_tokens, text=reference.text, tokens=reference.tokens, exact_chars=reference.exact_chars,
+            gaps=[list(gap) for gap in reference.gaps],
         ))
     llm.close()
     with transaction.atomic():
@@ -124,18 +152,39 @@ def references_compute(*, model: CatalogModel, model_path: str, count: int, max_
 
 
 def verdict_reason(reference: CanaryReference, *, text: str, completion_tokens: int) -> str | None:
-    """Why the host's answer cannot be the real model's greedy answer, or None when it is."""
-    exact = reference.exact_chars
+    """Why the host's answer cannot be the real model's greedy answer, or None when it could be.
+
+    An honest host writes the reference's text until, perhaps, a near-tie, where its own
+    arithmetic may pick the runner-up; after that nothing can be said. So the answer must
+    match the reference up to where they first part, and they may part (or the answer end, or
+    run on) only where the reference's token there was a near-tie (`gaps`, `CANARY_TIE_GAP`)."""
     if completion_tokens > reference.max_tokens:
         return f"more text than asked ({completion_tokens} tokens for max_tokens {reference.max_tokens})"
-    if text[:exact] == reference.text[:exact]:
-        if exact == len(reference.text) and text != reference.text:  # no near-tie: the whole answer is known
-            return "the answer runs past the real model's"
+    ref = reference.text
+    parted = next((i for i, (a, b) in enumerate(zip(text, ref, strict=False)) if a != b), min(len(text), len(ref)))
+    if parted == len(text) == len(ref):
         return None
-    if len(text) < exact and reference.text.startswith(text):
-        return f"the answer stopped after {len(text)} of {exact} characters the real model writes"
-    at = next((i for i, (a, b) in enumerate(zip(text, reference.text, strict=False)) if a != b), min(len(text), exact))
-    return f"the answer differs from the real model's at character {at}"
+    if _near_tie_at(reference, parted):
+        return None
+    if parted == len(text):
+        return f"the answer stopped after {len(text)} characters where the real model writes on"
+    if parted == len(ref):
+        return "the answer runs past where the real model ends"
+    return f"the answer differs from the real model's at character {parted}"
+
+
+def _near_tie_at(reference: CanaryReference, char: int) -> bool:
+    """Whether the reference's token covering character `char` (or its end, at len(text))
+    was chosen over a near-tie. A reference without gaps knows only `exact_chars`."""
+    if not reference.gaps:
+        return char >= reference.exact_chars
+    covering = None
+    for start, gap in reference.gaps:
+        if int(start) <= char:
+            covering = float(gap)
+        else:
+            break
+    return covering is None or covering < settings.CANARY_TIE_GAP
 
 
 def canary_judge(*, request: Request, host: Host, text: str, completion_tokens: int) -> bool | None:

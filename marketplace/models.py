@@ -151,8 +151,8 @@ class CanaryReference(models.Model):
     of the corpus (computed by `manage.py canary_references` on the operator's machine).
 
     Two honest machines can part where the model's two best next tokens are nearly tied;
-    `exact_chars` is the length of the reference before its first such near-tie, the part
-    any honest host must reproduce exactly."""
+    `gaps` says, for each token of the reference, where it starts and how far its choice was
+    from the runner-up, so a host's answer may part from the reference only at a near-tie."""
 
     model = models.ForeignKey("catalog.CatalogModel", on_delete=models.CASCADE, related_name="canary_references")
     kind = models.CharField(max_length=16, choices=[("chat", "chat"), ("completion", "completion")])
@@ -161,6 +161,7 @@ class CanaryReference(models.Model):
     text = models.TextField(help_text="the reference answer")
     tokens = models.PositiveIntegerField(help_text="tokens in the reference answer")
     exact_chars = models.PositiveIntegerField(help_text="characters before the first near-tie")
+    gaps = models.JSONField(default=list, help_text="per generated token: [its first character, its top-2 log-prob gap]")
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:

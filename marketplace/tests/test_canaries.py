@@ -19,13 +19,13 @@ from marketplace.models import CanaryCheck, CanaryReference, Job, Request
 from protocol.turns import job_stop_strings, render_job
 from testkit.stack import ROOT
 
-COUNT = 16
+COUNT = 32
 MAX_TOKENS = 16
 
 
 @pytest.fixture(scope="module")
 def llm():  # type: ignore[no-untyped-def]
-    model = load_llama(shipped_model_path(), n_ctx=2048, threads=2, logits_all=True)
+    model = load_llama(shipped_model_path(), n_ctx=canaries.REFERENCE_CTX, threads=2, logits_all=True)
     yield model
     model.close()
 
@@ -40,7 +40,7 @@ def computed(llm) -> list[tuple[dict, canaries.Reference]]:  # type: ignore[no-u
 def stored(catalog: CatalogModel, computed: list) -> list[CanaryReference]:
     return CanaryReference.objects.bulk_create([
         CanaryReference(model=catalog, kind=item["kind"], prompt=item.get("messages") or item.get("prompt"), max_tokens=MAX_TOKENS,
-                        text=ref.text, tokens=ref.tokens, exact_chars=ref.exact_chars)
+                        text=ref.text, tokens=ref.tokens, exact_chars=ref.exact_chars, gaps=[list(g) for g in ref.gaps])
         for item, ref in computed if canaries.informative(item, ref)
     ])
 
@@ -51,21 +51,29 @@ def generate(llm, item: dict, **sampling: object) -> str:  # type: ignore[no-unt
     return llm.create_completion(prompt=tokens, max_tokens=MAX_TOKENS, stop=job_stop_strings(job), **sampling)["choices"][0]["text"]
 
 
-def reference_row(text: str, exact: int, max_tokens: int = MAX_TOKENS) -> CanaryReference:
-    return CanaryReference(kind="completion", prompt="p", max_tokens=max_tokens, text=text, tokens=4, exact_chars=exact)
+def reference_row(text: str, gaps: list, max_tokens: int = MAX_TOKENS, exact: int = 0) -> CanaryReference:
+    return CanaryReference(kind="completion", prompt="p", max_tokens=max_tokens, text=text, tokens=4, exact_chars=exact,
+                           gaps=[list(g) for g in gaps])
+
+
+CAT = "The cat sat on the mat."
+CAT_GAPS = [(0, 3.0), (3, 2.5), (7, 2.0), (11, 0.3), (14, 2.0), (18, 2.0), (22, 2.0), (23, 3.0)]  # " on": a near-tie
 
 
 class VerdictTests:
-    def test_the_exact_part_must_match_and_nothing_after_a_near_tie_is_judged(self) -> None:
-        tied = reference_row("The cat sat on the mat.", exact=11)
-        assert canaries.verdict_reason(tied, text="The cat sat on the mat.", completion_tokens=6) is None
-        assert canaries.verdict_reason(tied, text="The cat sat by the door.", completion_tokens=6) is None  # parted at the tie
-        assert "differs" in canaries.verdict_reason(tied, text="The dog sat on the mat.", completion_tokens=6)
-        assert "stopped after 7" in canaries.verdict_reason(tied, text="The cat", completion_tokens=2)
-        assert "more text than asked" in canaries.verdict_reason(tied, text="The cat sat on the mat.", completion_tokens=99)
-        whole = reference_row("The cat sat on the mat.", exact=23)
-        assert "runs past" in canaries.verdict_reason(whole, text="The cat sat on the mat. And", completion_tokens=7)
-        assert "stopped after 0" in canaries.verdict_reason(whole, text="", completion_tokens=0)
+    def test_an_answer_may_part_from_the_reference_only_at_a_near_tie(self) -> None:
+        row = reference_row(CAT, CAT_GAPS)
+        assert canaries.verdict_reason(row, text=CAT, completion_tokens=7) is None
+        assert canaries.verdict_reason(row, text="The cat sat by the door.", completion_tokens=7) is None  # parted at the tie
+        assert "differs" in canaries.verdict_reason(row, text="The dog sat on the mat.", completion_tokens=7)
+        assert "stopped after 7" in canaries.verdict_reason(row, text="The cat", completion_tokens=2)
+        assert "stopped after 0" in canaries.verdict_reason(row, text="", completion_tokens=0)
+        assert "more text than asked" in canaries.verdict_reason(row, text=CAT, completion_tokens=99)
+        assert "runs past" in canaries.verdict_reason(row, text=CAT + " And", completion_tokens=8)  # it ended for sure
+
+    def test_what_counts_as_something_to_check(self) -> None:
+        assert canaries.decisive_chars(CAT, CAT_GAPS) == len(CAT) - len(" on")
+        assert canaries.decisive_chars(CAT, CAT_GAPS, since=14) == len(" the mat.")
 
 
 class RealModelTests:
@@ -77,20 +85,23 @@ class RealModelTests:
         try:
             for item, ref in computed:
                 text = generate(one_thread, item, temperature=0.0, top_p=1.0)
-                row = reference_row(ref.text, ref.exact_chars)
+                row = reference_row(ref.text, ref.gaps)
                 assert canaries.verdict_reason(row, text=text, completion_tokens=ref.tokens) is None, (item, text, ref)
         finally:
             one_thread.close()
 
     def test_cheats_fail(self, llm, computed) -> None:
         usable = [(item, ref) for item, ref in computed if canaries.informative(item, ref)]
-        rows = [reference_row(ref.text, ref.exact_chars) for _, ref in usable]
+        rows = [reference_row(ref.text, ref.gaps) for _, ref in usable]
         for (item, ref), row in zip(usable, rows, strict=True):
             echo = item.get("prompt") or item["messages"][-1]["content"]
             assert canaries.verdict_reason(row, text=echo, completion_tokens=ref.tokens), "an echo of the prompt"
-            assert canaries.verdict_reason(row, text=ref.text[: ref.exact_chars // 2], completion_tokens=2), "cut short"
             assert canaries.verdict_reason(row, text="lorem ipsum dolor sit amet", completion_tokens=5), "random text"
             assert canaries.verdict_reason(row, text=ref.text + " and more", completion_tokens=MAX_TOKENS + 3), "more than asked"
+        # cut short: caught within a probation's canaries (where the cut falls on a near-tie it cannot be told)
+        cut = [canaries.verdict_reason(row, text=ref.text[: len(ref.text) * 3 // 4], completion_tokens=ref.tokens * 3 // 4)
+               for (_, ref), row in zip(usable, rows, strict=True)]
+        assert sum(1 for reason in cut if reason) >= 1, cut
         # temperature 1 when 0 was asked: caught within a probation's canaries (each is a fresh draw)
         caught = [canaries.verdict_reason(row, text=generate(llm, item, temperature=1.0, seed=1000 + i), completion_tokens=ref.tokens)
                   for i, ((item, ref), row) in enumerate(zip(usable, rows, strict=True))]
