@@ -259,7 +259,7 @@ def canary_send(*, host: Host) -> CanaryCheck | None:
     from marketplace.services import new_public_id, request_submit
 
     model_ids = qualified_model_ids(host=host, fingerprint=host.fingerprint) if host.fingerprint else []
-    references = list(CanaryReference.objects.filter(model_id__in=model_ids).select_related("model").values_list("pk", flat=True))
+    references = list(CanaryReference.objects.filter(model_id__in=model_ids).values_list("pk", flat=True))
     if not references:
         return None
     reference = CanaryReference.objects.select_related("model").get(pk=random.choice(references))
@@ -277,6 +277,9 @@ def canary_send(*, host: Host) -> CanaryCheck | None:
 
 
 def canary_send_if_due(*, host: Host) -> CanaryCheck | None:
+    """On every heartbeat: one query when no model has references (the default)."""
+    if not settings.CANARY_ENABLED or not CanaryReference.objects.exists():
+        return None
     return canary_send(host=host) if canary_due(host=host, now=timezone.now()) else None
 
 

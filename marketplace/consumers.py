@@ -17,14 +17,14 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
 from core.db import db
-from core.errors import ApiError, DomainError, bad_request
+from core.errors import ApiError, DomainError, bad_request, validation_error
 from core.http import scope_bearer
 from hosts.models import Host
 from hosts.selectors import host_from_secret
 from hosts.services import host_socket_opened
 from marketplace import pushing, services
 from marketplace.apis import admit_generation
-from marketplace.host_apis import claim_when_offered
+from marketplace.host_apis import JobClaimApi, claim_when_offered
 from marketplace.models import Request
 
 
@@ -170,13 +170,11 @@ def _socket_host(token: str) -> tuple[Host, datetime]:
 
 
 def claim_frame(frame: dict) -> tuple[str, float]:
-    """A claim frame's fingerprint and wait, checked as the HTTP API checks its body."""
-    fingerprint, wait = frame.get("fingerprint"), frame.get("wait", 20)
-    if not isinstance(fingerprint, str) or not fingerprint or len(fingerprint) > 64:
-        raise bad_request("'fingerprint' must be a string of 1 to 64 characters.", code="invalid_value", param="fingerprint")
-    if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait <= settings.CLAIM_MAX_WAIT_SECONDS:
-        raise bad_request(f"'wait' must be a number from 0 to {settings.CLAIM_MAX_WAIT_SECONDS}.", code="invalid_value", param="wait")
-    return fingerprint, float(wait)
+    """A claim frame's fingerprint and wait, checked by the HTTP door's own serializer."""
+    serializer = JobClaimApi.InputSerializer(data={k: v for k, v in frame.items() if k in ("fingerprint", "wait")})
+    if not serializer.is_valid():
+        raise validation_error(serializer.errors)
+    return serializer.validated_data["fingerprint"], serializer.validated_data["wait"]
 
 
 def tokens_frame(frame: dict) -> dict:
