@@ -16,8 +16,12 @@ class HostQuerySet(models.QuerySet):
         return self.filter(last_heartbeat_at__gte=connected_since(now or timezone.now()))
 
     def online(self, now: datetime | None = None) -> HostQuerySet:
-        """Connected, not paused, not in maintenance: may be offered work."""
-        return self.connected(now).filter(paused=False, maintenance_since__isnull=True)
+        """Connected, not paused, not in maintenance, not banned: may be offered work."""
+        return self.connected(now).filter(paused=False, maintenance_since__isnull=True, banned_at__isnull=True)
+
+    def trusted(self) -> HostQuerySet:
+        """Out of probation (see `marketplace.reputation`) and not banned."""
+        return self.filter(trusted_at__isnull=False, banned_at__isnull=True)
 
     def qualified_for(self, model: object) -> HostQuerySet:
         return self.filter(qualifications__model=model)
@@ -51,6 +55,15 @@ class Host(models.Model):
     maintenance_reason = models.CharField(max_length=300, blank=True)
     maintenance_since = models.DateTimeField(null=True, blank=True)
     maintenance_by = models.CharField(max_length=100, blank=True, help_text="who put it in maintenance, e.g. operator")
+    trusted_at = models.DateTimeField(
+        null=True, blank=True, help_text="when it left probation (enough canaries passed and jobs done); cleared by a failure"
+    )
+    measured_tps = models.FloatField(
+        null=True, blank=True, help_text="tokens/s the gateway measured on its own jobs (moving average), not reported"
+    )
+    banned_at = models.DateTimeField(null=True, blank=True, help_text="operator ban: refused everywhere; only an operator lifts it")
+    ban_reason = models.CharField(max_length=300, blank=True)
+    banned_by = models.CharField(max_length=100, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = HostQuerySet.as_manager()
@@ -61,6 +74,9 @@ class Host(models.Model):
             models.CheckConstraint(
                 condition=models.Q(maintenance_since__isnull=True) | ~models.Q(maintenance_reason=""),
                 name="host_maintenance_has_reason",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(banned_at__isnull=True) | ~models.Q(ban_reason=""), name="host_ban_has_reason"
             ),
         ]
 
