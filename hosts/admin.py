@@ -1,7 +1,8 @@
 """Hosts in the admin. Operators change a host's state through services only:
-"Put in maintenance" asks for the reason its owner will read (an intermediate
-page, like the delete confirmation), "Resume from maintenance" takes it back.
-The token is never shown, not even its hash."""
+"Put in maintenance" and "Ban" ask for the reason its owner will read (an
+intermediate page, like the delete confirmation); "Resume from maintenance" and
+"Lift the ban" take them back. Bans and unbans are written to the admin's history
+with who did it. The token is never shown, not even its hash."""
 from __future__ import annotations
 
 from django import forms
@@ -51,10 +52,34 @@ class MaintenanceFilter(admin.SimpleListFilter):
         return queryset
 
 
+class TrustFilter(admin.SimpleListFilter):
+    title = "trust"
+    parameter_name = "trust"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return [("probation", "In probation"), ("trusted", "Trusted"), ("banned", "Banned")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Host]) -> QuerySet[Host]:
+        if self.value() == "probation":
+            return queryset.filter(trusted_at__isnull=True, banned_at__isnull=True)
+        if self.value() == "trusted":
+            return queryset.filter(pk__in=Host.objects.trusted())
+        if self.value() == "banned":
+            return queryset.filter(banned_at__isnull=False)
+        return queryset
+
+
 class MaintenanceForm(forms.Form):
     reason = forms.CharField(
         max_length=300, widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
         help_text="Shown to each host's owner on their machines page and in the host API.",
+    )
+
+
+class BanForm(forms.Form):
+    reason = forms.CharField(
+        max_length=300, widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        help_text="Shown to each host's owner on their machines page and in the host API's refusal.",
     )
 
 
@@ -63,22 +88,42 @@ class HostAdmin(admin.ModelAdmin):
     status column (busy comes from its jobs)."""
 
     list_display = (
-        "name", "owner", "status", "maintenance_reason", "last_heartbeat_at", "loaded", "paused", "version", "created_at",
+        "name", "owner", "status", "trust", "maintenance_reason", "last_heartbeat_at", "loaded", "paused", "version",
+        "created_at",
     )
-    list_filter = (ConnectionFilter, MaintenanceFilter, "paused")
-    search_fields = ("name", "owner__username", "token_prefix", "maintenance_reason")
+    list_filter = (ConnectionFilter, MaintenanceFilter, TrustFilter, "paused")
+    search_fields = ("name", "owner__username", "token_prefix", "maintenance_reason", "ban_reason")
     list_select_related = ("owner",)
     exclude = ("token_hash",)
     readonly_fields = (
         "token_prefix", "fingerprint", "last_heartbeat_at", "models_loaded", "version",
         "maintenance_reason", "maintenance_since", "maintenance_by",
+        "trusted_at", "measured_tps", "banned_at", "ban_reason", "banned_by",
     )
     inlines = [QualificationInline]
-    actions = ["maintenance_enter", "maintenance_resume"]
+    actions = ["maintenance_enter", "maintenance_resume", "ban", "unban"]
 
     @admin.display(description="models loaded")
     def loaded(self, host: Host) -> str:
         return ", ".join(host.models_loaded or []) or "—"
+
+    @admin.display(description="trust")
+    def trust(self, host: Host) -> str:
+        if host.banned_at is not None:
+            return f"banned: {host.ban_reason}"
+        return "trusted" if host.trusted_at is not None else "probation"
+
+    def _reason_page(self, request: HttpRequest, queryset: QuerySet[Host], *, template: str, title: str,
+                     form: forms.Form) -> TemplateResponse:
+        context = {
+            **self.admin_site.each_context(request),
+            "title": title,
+            "opts": self.model._meta,
+            "hosts": queryset,
+            "form": form,
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, f"admin/hosts/host/{template}.html", context)
 
     @admin.action(description="Put in maintenance…", permissions=["change"])
     def maintenance_enter(self, request: HttpRequest, queryset: QuerySet[Host]) -> TemplateResponse | None:
@@ -92,20 +137,36 @@ class HostAdmin(admin.ModelAdmin):
             if skipped:
                 self.message_user(request, f"{skipped} already in maintenance; their reason is unchanged.", messages.WARNING)
             return None
-        context = {
-            **self.admin_site.each_context(request),
-            "title": "Put hosts in maintenance",
-            "opts": self.model._meta,
-            "hosts": queryset,
-            "form": form,
-            "action_checkbox_name": ACTION_CHECKBOX_NAME,
-        }
-        return TemplateResponse(request, "admin/hosts/host/maintenance.html", context)
+        return self._reason_page(request, queryset, template="maintenance", title="Put hosts in maintenance", form=form)
 
     @admin.action(description="Resume from maintenance", permissions=["change"])
     def maintenance_resume(self, request: HttpRequest, queryset: QuerySet[Host]) -> None:
         resumed = sum(services.host_maintenance_resume(host=host) for host in queryset)
         self.message_user(request, f"{resumed} host(s) resumed from maintenance.", messages.SUCCESS)
+
+    @admin.action(description="Ban…", permissions=["change"])
+    def ban(self, request: HttpRequest, queryset: QuerySet[Host]) -> TemplateResponse | None:
+        """First call: the reason form. Its POST comes back here with `apply`: each host is
+        banned (token revoked, sockets closed) under the operator's username."""
+        form = BanForm(request.POST if "apply" in request.POST else None)
+        if not (form.is_bound and form.is_valid()):
+            return self._reason_page(request, queryset, template="ban", title="Ban hosts", form=form)
+        reason, by = form.cleaned_data["reason"], request.user.get_username()
+        banned = [host for host in queryset if services.host_ban(host=host, reason=reason, by=by)]
+        for host in banned:
+            self.log_change(request, host, f"Banned: {reason}")
+        self.message_user(request, f"{len(banned)} host(s) banned; their tokens no longer work.", messages.SUCCESS)
+        if len(banned) < queryset.count():
+            self.message_user(request, f"{queryset.count() - len(banned)} already banned; their ban is unchanged.", messages.WARNING)
+        return None
+
+    @admin.action(description="Lift the ban", permissions=["change"])
+    def unban(self, request: HttpRequest, queryset: QuerySet[Host]) -> None:
+        lifted = [host for host in queryset if services.host_unban(host=host, by=request.user.get_username())]
+        for host in lifted:
+            self.log_change(request, host, "Ban lifted")
+        self.message_user(request, f"{len(lifted)} ban(s) lifted; each owner must rotate the host's token on their "
+                                   "machines page before it can connect again.", messages.SUCCESS)
 
 
 @admin.register(Qualification)

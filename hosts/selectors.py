@@ -15,11 +15,50 @@ def host_by_token(*, token: str) -> Host | None:
     return Host.objects.filter(token_hash=secret_hash(token)).select_related("owner").first()
 
 
+def invalid_host_token() -> ApiError:
+    return ApiError(401, "Invalid host token.", code="invalid_host_token", type="authentication_error")
+
+
+def host_refusal(host: Host) -> ApiError | None:
+    """Why a host whose token is valid is refused anyway (a 403), or None.
+
+    A ban revokes the token (`services.host_ban`), so a banned host's old token already
+    answers 401; this check holds the ban wherever else `banned_at` gets set without a new
+    hash, and it is the one rule for every door (HTTP, the host socket). A host whose owner's
+    account is deactivated is refused until an operator reactivates the account.
+    """
+    if host.banned_at is not None:
+        return ApiError(403, f"This host is banned by the operator: {host.ban_reason}", code="host_banned", type="permission_error")
+    if not host.owner.is_active:
+        return ApiError(
+            403, "This host's owner account is deactivated; its hosts are refused until an operator reactivates it.",
+            code="owner_inactive", type="permission_error",
+        )
+    return None
+
+
 def host_from_secret(secret: str) -> Host:
-    """The host a bearer token belongs to, or a 401 in the API's format."""
+    """The host a bearer token belongs to: a 401 for an unknown (or revoked) token, a 403
+    for a banned host or one whose owner is inactive, in the API's format."""
     host = host_by_token(token=secret)
     if host is None:
-        raise ApiError(401, "Invalid host token.", code="invalid_host_token", type="authentication_error")
+        raise invalid_host_token()
+    refusal = host_refusal(host)
+    if refusal is not None:
+        raise refusal
+    return host
+
+
+def host_for_socket(*, host_id: int, token_hash: str) -> Host:
+    """The host of an open socket, re-read, refused as its token would be refused now: a
+    socket opened with a token that was since rotated or revoked answers 401 (its close
+    message may still be on the way), a host banned or an owner deactivated since, 403."""
+    host = Host.objects.select_related("owner").filter(pk=host_id, token_hash=token_hash).first()
+    if host is None:
+        raise invalid_host_token()
+    refusal = host_refusal(host)
+    if refusal is not None:
+        raise refusal
     return host
 
 

@@ -1,6 +1,7 @@
-"""Writes for hosts: creation, qualification, heartbeat, maintenance."""
+"""Writes for hosts: creation, qualification, heartbeat, maintenance, bans and tokens."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -9,8 +10,12 @@ from django.db import transaction
 from django.utils import timezone
 
 from catalog.models import CatalogModel
+from core.errors import DomainError
+from core.events import announce_on_commit
 from core.secrets import secret_hash, secret_new, secret_prefix
 from hosts.models import Host, Qualification
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -105,12 +110,128 @@ def host_maintenance_enter(*, host: Host, reason: str, by: str) -> bool:
 
 
 def host_maintenance_resume(*, host: Host) -> bool:
-    """Take the host out of maintenance; False if it was not in maintenance."""
+    """Take the host out of maintenance (an operator may lift any); False if it was not in maintenance."""
     changed = Host.objects.filter(pk=host.pk, maintenance_since__isnull=False).update(
         maintenance_reason="", maintenance_since=None, maintenance_by=""
     )
     host.refresh_from_db(fields=["maintenance_reason", "maintenance_since", "maintenance_by"])
     return bool(changed)
+
+
+# Who may set a maintenance its owner cannot lift: an operator, and a failed canary
+# (`marketplace.canaries`). The reliability rule ("automatic") is the owner's to lift once
+# the machine is fixed.
+HELD_BY = frozenset({"operator", "verification"})
+
+
+class HostBanned(DomainError):
+    status = 403
+    code = "host_banned"
+    type = "permission_error"
+
+
+class MaintenanceHeld(DomainError):
+    status = 403
+    code = "maintenance_held"
+    type = "permission_error"
+
+
+def owner_may_resume(host: Host) -> bool:
+    """Whether the owner's page offers to lift this host's maintenance."""
+    return host.banned_at is None and host.maintenance_since is not None and host.maintenance_by not in HELD_BY
+
+
+def host_maintenance_resume_by_owner(*, host: Host) -> bool:
+    """The owner lifts a maintenance; False if it was not in maintenance.
+
+    A compare-and-set that excludes the maintenances only an operator lifts (`HELD_BY`)
+    and banned hosts, so one set by an operator a moment ago is never lifted by a
+    click on a page that did not show it yet: that raises MaintenanceHeld (or HostBanned).
+    """
+    changed = Host.objects.filter(pk=host.pk, maintenance_since__isnull=False, banned_at__isnull=True).exclude(
+        maintenance_by__in=HELD_BY
+    ).update(maintenance_reason="", maintenance_since=None, maintenance_by="")
+    host.refresh_from_db(fields=["maintenance_reason", "maintenance_since", "maintenance_by", "banned_at", "ban_reason"])
+    if changed:
+        return True
+    if host.banned_at is not None:
+        raise HostBanned(f"{host.name} is banned by the operator: {host.ban_reason}")
+    if host.maintenance_since is not None:
+        raise MaintenanceHeld(f"Only an operator can lift this maintenance (set by {host.maintenance_by}); contact support.")
+    return False
+
+
+# --- bans and tokens ------------------------------------------------------------------------
+
+
+def host_token_group(token_hash: str) -> str:
+    """Every host socket opened with one token (named by its hash, as stored): told to close
+    when the token is rotated or revoked. Keyed by the token, not the host, so a socket
+    that joins while a rotation commits still hears of it (it joins before authenticating)."""
+    return f"hosttoken.{token_hash}"
+
+
+def _sockets_close_on_commit(token_hash: str, *, code: int) -> None:
+    announce_on_commit(host_token_group(token_hash), {"type": "host.token_revoked", "code": code})
+
+
+def revoked_token_hash() -> str:
+    """A hash no token matches: that of a fresh secret nobody is ever shown."""
+    return secret_hash(secret_new("revoked"))
+
+
+class BanReasonMissing(ValueError):
+    pass
+
+
+@transaction.atomic
+def host_ban(*, host: Host, reason: str, by: str) -> bool:
+    """Ban a host: refused everywhere from now on, its token revoked, its open sockets closed.
+
+    Under the host's row lock; an already banned host keeps its first ban (False). The
+    token's hash is replaced by one nobody holds, so the old token answers 401 at once;
+    `hosts.selectors.host_refusal` refuses a banned host besides. Nothing else changes:
+    maintenance, pause and trust stay as they were; its running jobs are continued
+    elsewhere when their pushes stop. The reason is shown to the owner, so it is required.
+    """
+    reason = reason.strip()[:300]
+    if not reason:
+        raise BanReasonMissing("A ban needs a reason the owner can read.")
+    row = Host.objects.select_for_update().get(pk=host.pk)
+    if row.banned_at is None:
+        Host.objects.filter(pk=host.pk).update(
+            banned_at=timezone.now(), ban_reason=reason, banned_by=by[:100], token_hash=revoked_token_hash()
+        )
+        _sockets_close_on_commit(row.token_hash, code=4403)
+        logger.info("host %s banned by %s: %s", host.pk, by, reason)
+    host.refresh_from_db(fields=["banned_at", "ban_reason", "banned_by", "token_hash"])
+    return row.banned_at is None
+
+
+def host_unban(*, host: Host, by: str) -> bool:
+    """Lift a ban (operators only: no page of the owner calls this); False if it was not
+    banned. The token stays revoked: the owner rotates it on their machines page to
+    bring the machine back."""
+    changed = Host.objects.filter(pk=host.pk, banned_at__isnull=False).update(banned_at=None, ban_reason="", banned_by="")
+    host.refresh_from_db(fields=["banned_at", "ban_reason", "banned_by"])
+    if changed:
+        logger.info("host %s unbanned by %s", host.pk, by)
+    return bool(changed)
+
+
+@transaction.atomic
+def host_token_rotate(*, host: Host) -> NewHost:
+    """Give the host a new token (returned once) and revoke the old one at once: its HTTP
+    calls answer 401 from this commit on, and the sockets it opened are told to close.
+    Refused for a banned host (HostBanned): only an operator brings it back."""
+    row = Host.objects.select_for_update().get(pk=host.pk)
+    if row.banned_at is not None:
+        raise HostBanned(f"{row.name} is banned by the operator: {row.ban_reason}")
+    token = secret_new("host")
+    Host.objects.filter(pk=host.pk).update(token_hash=secret_hash(token), token_prefix=secret_prefix(token))
+    _sockets_close_on_commit(row.token_hash, code=4401)
+    host.refresh_from_db(fields=["token_hash", "token_prefix"])
+    return NewHost(host=host, token=token)
 
 
 MAX_SLOTS = 64

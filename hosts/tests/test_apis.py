@@ -5,11 +5,14 @@ from typing import TYPE_CHECKING
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from hosts import services
+from hosts.models import Host
+from marketplace.models import Job, Request
 
 if TYPE_CHECKING:
-    from testkit.personas import ServingHost
+    from testkit.personas import Customer, ServingHost
 
 pytestmark = pytest.mark.django_db
 
@@ -41,3 +44,77 @@ class HostMaintenanceApiTests:
         assert heartbeat(serving_host) == {"status": "online", "paused": False, "maintenance": None}
         body = me(serving_host)
         assert (body["maintenance_reason"], body["maintenance_since"]) == (None, None)
+
+
+def call(method: str, path: str, token: str, body: dict | None = None) -> tuple[int, dict]:
+    client = Client()
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+    if method == "get":
+        response = client.get(path, **auth)
+    else:
+        response = client.post(path, data=json.dumps(body or {}), content_type="application/json", **auth)
+    return response.status_code, (response.json() if response.content else {})
+
+
+def queued_request(customer: Customer) -> Request:
+    from catalog.models import CatalogModel
+    from marketplace import services as market
+
+    return market.request_submit(
+        public_id=market.new_public_id("chat"), api_key=customer.key, model=CatalogModel.objects.get(name="gemma-3-270m"),
+        kind="chat", messages=[{"role": "user", "content": "hi"}], prompt=None, stream=True, prompt_tokens=5,
+        params={"max_tokens": 20, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": 1},
+    )
+
+
+@pytest.mark.django_db(transaction=True)  # the async host views run their ORM calls on their own threads
+class BannedHostApiTests:
+    def test_a_banned_hosts_old_token_is_refused_on_every_call_and_claims_nothing(self, serving_host, customer) -> None:
+        token, fingerprint = serving_host.token, serving_host.fingerprint
+        first = queued_request(customer)
+        status, body = call("post", "/hosts/api/claim", token, {"fingerprint": fingerprint, "wait": 0})
+        assert status == 200 and body["job"]["id"] == Job.objects.get(request=first).pk  # the token worked before
+        second = queued_request(customer)
+        services.host_ban(host=serving_host.host, reason="Answers did not come from the model", by="ops")
+        for method, path, payload in [
+            ("post", "/hosts/api/heartbeat", {"fingerprint": fingerprint}),
+            ("post", "/hosts/api/claim", {"fingerprint": fingerprint, "wait": 0}),
+            ("post", f"/hosts/api/jobs/{body['job']['id']}/tokens", {"seq": 0, "text": "Hi"}),
+            ("post", "/hosts/api/qualifications", {"model": "gemma-3-270m", "fingerprint": fingerprint, "benchmark": {
+                "prompt_tps": 1, "gen_tps": 1, "ttft_ms": 1, "memory_mb": 1}}),
+            ("get", "/hosts/api/me", None),
+        ]:
+            status, refused = call(method, path, token, payload)
+            assert (status, refused["error"]["code"]) == (401, "invalid_host_token"), path
+        assert Job.objects.get(request=second).status == Job.Status.QUEUED  # nobody took it
+        assert Job.objects.get(request=first).next_seq == 0  # the push was refused
+
+    def test_a_ban_without_a_revoked_token_is_still_refused_with_its_reason(self, serving_host) -> None:
+        """A ban recorded some other way than `host_ban` (the token kept) holds too."""
+        Host.objects.filter(pk=serving_host.host.pk).update(banned_at=timezone.now(), ban_reason="chargeback fraud", banned_by="ops")
+        for method, path, payload in [
+            ("post", "/hosts/api/heartbeat", {"fingerprint": serving_host.fingerprint}),
+            ("post", "/hosts/api/claim", {"fingerprint": serving_host.fingerprint, "wait": 0}),
+        ]:
+            status, refused = call(method, path, serving_host.token, payload)
+            assert (status, refused["error"]["code"]) == (403, "host_banned"), path
+            assert "chargeback fraud" in refused["error"]["message"]
+
+
+@pytest.mark.django_db(transaction=True)
+class InactiveOwnerApiTests:
+    def test_an_inactive_owners_host_is_refused_until_the_account_is_active_again(self, serving_host) -> None:
+        owner = serving_host.host.owner
+        owner.is_active = False
+        owner.save(update_fields=["is_active"])
+        for method, path, payload in [
+            ("post", "/hosts/api/heartbeat", {"fingerprint": serving_host.fingerprint}),
+            ("post", "/hosts/api/claim", {"fingerprint": serving_host.fingerprint, "wait": 0}),
+            ("get", "/hosts/api/me", None),
+        ]:
+            status, refused = call(method, path, serving_host.token, payload)
+            assert (status, refused["error"]["code"]) == (403, "owner_inactive"), path
+            assert "deactivated" in refused["error"]["message"]
+        owner.is_active = True
+        owner.save(update_fields=["is_active"])
+        assert call("post", "/hosts/api/heartbeat", serving_host.token, {"fingerprint": serving_host.fingerprint})[0] == 200
