@@ -20,6 +20,7 @@ class ApiKey(models.Model):
     max_concurrent = models.PositiveIntegerField(
         null=True, blank=True, help_text="requests in flight at once; empty = unlimited"
     )
+    trusted_only = models.BooleanField(default=False, help_text="serve this key's requests on trusted hosts only")
     spent_ucents = models.BigIntegerField(default=0)
     held_ucents = models.BigIntegerField(default=0)
     revoked_at = models.DateTimeField(null=True, blank=True)

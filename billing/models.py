@@ -63,6 +63,7 @@ class LedgerTransaction(models.Model):
         PAYOUT_REQUEST = "payout_request", "Host payout requested (earnings → pending)"
         PAYOUT_SENT = "payout_sent", "Host payout sent (pending → outside)"
         PAYOUT_VOID = "payout_void", "Host payout failed (pending → earnings)"
+        FORFEIT = "forfeit", "Unvested host earnings forfeited (earnings → platform), with the reason"
 
     kind = models.CharField(max_length=16, choices=Kind.choices)
     reference = models.CharField(max_length=128)

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from django.conf import settings
 from django.db.models import Count, Q, Sum
+from django.utils import timezone
 
 from billing.models import Account, Hold, LedgerEntry, LedgerTransaction, Payout, StripeEvent, TopUp
 from catalog.money import UCENTS_PER_CENT
@@ -21,6 +24,29 @@ def customer_account(*, user: User) -> Account | None:
 
 def host_account(*, host: Host) -> Account | None:
     return Account.objects.filter(kind=Account.Kind.HOST, host=host).first()
+
+
+def host_unvested_ucents(*, account: Account, now: datetime | None = None) -> int:
+    """Earnings not yet payable: the settlements credited within the last
+    EARNINGS_VEST_SECONDS, since the host's last forfeit (which took everything unvested)."""
+    now = now or timezone.now()
+    since = now - timedelta(seconds=settings.EARNINGS_VEST_SECONDS)
+    forfeited_at = (
+        LedgerEntry.objects.filter(account=account, transaction__kind=LedgerTransaction.Kind.FORFEIT)
+        .order_by("-transaction__created_at").values_list("transaction__created_at", flat=True).first()
+    )
+    if forfeited_at is not None and forfeited_at > since:
+        since = forfeited_at
+    recent = LedgerEntry.objects.filter(
+        account=account, transaction__kind=LedgerTransaction.Kind.SETTLEMENT, transaction__created_at__gt=since,
+        amount_ucents__gt=0,
+    ).aggregate(total=Sum("amount_ucents"))["total"] or 0
+    return max(0, min(recent, account.available_ucents))
+
+
+def host_payable_ucents(*, account: Account, now: datetime | None = None) -> int:
+    """What the host may withdraw now: its earnings less what has not vested."""
+    return max(0, account.available_ucents - host_unvested_ucents(account=account, now=now))
 
 
 def ledger_total() -> int:
@@ -104,7 +130,9 @@ class HostPayouts:
     """A host's money side: its balance, what it may withdraw, and its payouts."""
 
     balance_ucents: int
-    available_ucents: int
+    available_ucents: int  # payable now: vested earnings not yet withdrawn
+    unvested_ucents: int  # earned, payable once EARNINGS_VEST_SECONDS have passed
+    forfeited_ucents: int
     pending_payout_ucents: int
     paid_out_ucents: int
     payouts: list[Payout]
@@ -117,9 +145,16 @@ def host_payouts(*, host: Host, limit: int = 100) -> HostPayouts:
         pending=Sum("amount_ucents", filter=Q(status__in=[Payout.Status.REQUESTED, Payout.Status.SENDING])),
         paid=Sum("amount_ucents", filter=Q(status=Payout.Status.PAID)),
     )
+    unvested = host_unvested_ucents(account=account) if account else 0
+    forfeited = 0
+    if account is not None:
+        forfeited = -(LedgerEntry.objects.filter(account=account, transaction__kind=LedgerTransaction.Kind.FORFEIT)
+                      .aggregate(total=Sum("amount_ucents"))["total"] or 0)
     return HostPayouts(
         balance_ucents=account.balance_ucents if account else 0,
-        available_ucents=account.available_ucents if account else 0,
+        available_ucents=max(0, account.available_ucents - unvested) if account else 0,
+        unvested_ucents=unvested,
+        forfeited_ucents=forfeited,
         pending_payout_ucents=sums["pending"] or 0,
         paid_out_ucents=sums["paid"] or 0,
         payouts=list(payouts.order_by("-created_at", "-pk")[:limit]),

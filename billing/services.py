@@ -14,7 +14,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from accounts.models import ApiKey
-from billing import stripe_api
+from billing import selectors, stripe_api
 from billing.errors import (
     InsufficientCredit,
     InvalidAmount,
@@ -390,7 +390,7 @@ def payout_request(*, host: Host, amount_ucents: int | None = None) -> Payout:
     if profile is None or not profile.stripe_account_id:
         raise PayoutRefused("This host has no payout account yet; ask an operator to connect one.")
     account = Account.objects.select_for_update().get(pk=account_for_host(host=host).pk)
-    available = account.available_ucents
+    available = selectors.host_payable_ucents(account=account)
     amount = available // UCENTS_PER_CENT * UCENTS_PER_CENT if amount_ucents is None else amount_ucents
     if amount % UCENTS_PER_CENT:
         raise InvalidAmount("A payout must be a whole number of cents (multiples of 1,000,000 µ¢).")
@@ -399,7 +399,9 @@ def payout_request(*, host: Host, amount_ucents: int | None = None) -> Payout:
             f"The minimum payout is {usd(settings.PAYOUT_MINIMUM_UCENTS)}; this request is {usd(amount)}."
         )
     if amount > available:
-        raise PayoutRefused(f"Only {usd(available)} is available to withdraw.")
+        unvested = selectors.host_unvested_ucents(account=account)
+        later = f" ({usd(unvested)} more vests within {settings.EARNINGS_VEST_SECONDS / 86400:g} days of being earned)" if unvested else ""
+        raise PayoutRefused(f"Only {usd(available)} is available to withdraw{later}.")
     payout = Payout.objects.create(host=host, amount_ucents=amount, destination=profile.stripe_account_id)
     _post(
         kind=LedgerTransaction.Kind.PAYOUT_REQUEST,
@@ -408,6 +410,23 @@ def payout_request(*, host: Host, amount_ucents: int | None = None) -> Payout:
         legs=[(account, -amount), (system_account(Account.Kind.PAYOUTS_PENDING), amount)],
     )
     return payout
+
+
+@transaction.atomic
+def earnings_forfeit(*, host: Host, reason: str) -> int:
+    """A host caught cheating forfeits what has not vested to the platform: one ledger
+    transaction whose memo is the reason. Returns the amount (0: nothing unvested)."""
+    account = Account.objects.select_for_update().filter(kind=Account.Kind.HOST, host=host).first()
+    if account is None:
+        return 0
+    amount = selectors.host_unvested_ucents(account=account)
+    if amount <= 0:
+        return 0
+    _post(
+        kind=LedgerTransaction.Kind.FORFEIT, reference=f"forfeit-{host.pk}-{timezone.now().timestamp():.6f}",
+        memo=reason[:255], legs=[(account, -amount), (system_account(Account.Kind.PLATFORM), amount)],
+    )
+    return amount
 
 
 def payout_approve(*, payout_id: int, operator: User | None = None) -> Payout:

@@ -17,6 +17,9 @@ class CatalogModel(models.Model):
     context_length = models.PositiveIntegerField()
     input_price_ucents = models.BigIntegerField(help_text="µ¢ per prompt token")
     output_price_ucents = models.BigIntegerField(help_text="µ¢ per generated token")
+    embedding_dimensions = models.PositiveIntegerField(
+        null=True, blank=True, help_text="an embeddings model's vector width: a host's vectors must have it"
+    )
     tokenizer = models.CharField(max_length=100, help_text="how the gateway counts tokens, e.g. shipped:gemma-3-270m")
     active = models.BooleanField(default=True)
     routing_strategy = models.CharField(

@@ -26,11 +26,15 @@ SHIPPED_MODELS = [
         "input_price_ucents": 2,
         "output_price_ucents": 0,
         "tokenizer": "shipped:all-minilm-l6-v2",
+        "embedding_dimensions": 384,
     },
 ]
 
 
 def catalog_seed(CatalogModel: type[models.CatalogModel]) -> None:
     """Create the shipped entries if missing (takes the model class so migrations can pass theirs)."""
+    known = {field.name for field in CatalogModel._meta.get_fields()}  # an older migration's model has fewer fields
     for entry in SHIPPED_MODELS:
-        CatalogModel.objects.get_or_create(name=entry["name"], defaults={k: v for k, v in entry.items() if k != "name"})
+        CatalogModel.objects.get_or_create(
+            name=entry["name"], defaults={k: v for k, v in entry.items() if k != "name" and k in known}
+        )

@@ -196,6 +196,26 @@ CANARY_TRUST_AFTER = env_int("CANARY_TRUST_AFTER", 5, minimum=1)  # passed canar
 CANARY_TIE_GAP = env_float("CANARY_TIE_GAP", 1.0, minimum=0.0)  # top-2 log-prob gap below which honest machines may part
 CANARY_MIN_EXACT_CHARS = env_int("CANARY_MIN_EXACT_CHARS", 12, minimum=1)  # references with less to check are dropped
 
+# Reputation (marketplace/reputation.py): a new host is in probation until it has passed
+# CANARY_TRUST_AFTER canaries (none failed), completed TRUST_AFTER_JOBS jobs and been a host for
+# TRUST_AFTER_SECONDS; a failed canary puts it back. It runs at most HOST_PROBATION_MAX_JOBS jobs
+# at once (a trusted host: its slots, at most HOST_TRUSTED_MAX_JOBS) and trusted hosts get offers first.
+TRUST_AFTER_JOBS = env_int("TRUST_AFTER_JOBS", 10, minimum=0)
+TRUST_AFTER_SECONDS = env_float("TRUST_AFTER_SECONDS", 3600.0, minimum=0.0)
+HOST_PROBATION_MAX_JOBS = env_int("HOST_PROBATION_MAX_JOBS", 4, minimum=1)
+HOST_TRUSTED_MAX_JOBS = env_int("HOST_TRUSTED_MAX_JOBS", 64, minimum=1)
+# Speed routing trusts only what the gateway measured: a reported tokens/s counts at most this
+# much until the host's own jobs measured it, and a host whose report is over twice what it
+# delivers is "overstated" (its report ignored, its offers after honest hosts').
+ROUTING_UNMEASURED_MAX_TPS = env_float("ROUTING_UNMEASURED_MAX_TPS", 50.0, minimum=0.1)
+# Earnings vest: a job's earnings are payable after this long; a host caught cheating before
+# then forfeits what has not vested (a ledger entry with the reason).
+EARNINGS_VEST_SECONDS = env_float("EARNINGS_VEST_SECONDS", 7 * 24 * 3600.0, minimum=0.0)
+# Every job has a deadline: the queue timeout, a start allowance (loading, prefill) and its
+# max_tokens at the slowest acceptable speed.
+JOB_START_ALLOWANCE_SECONDS = env_float("JOB_START_ALLOWANCE_SECONDS", 120.0, minimum=1.0)
+JOB_MIN_TOKENS_PER_SECOND = env_float("JOB_MIN_TOKENS_PER_SECOND", 2.0, minimum=0.01)
+
 # Billing: Stripe top-ups and host payouts (issue 3). Without STRIPE_SECRET_KEY and
 # STRIPE_WEBHOOK_SECRET, top-ups answer "not configured" and operators grant credit
 # from the admin. STRIPE_API_BASE is for tests (a local server speaking Stripe's format).
@@ -240,6 +260,7 @@ MOE_COORDINATOR_STALE_SECONDS = env_float("MOE_COORDINATOR_STALE_SECONDS", 30.0,
 MOE_WORKER_STALE_SECONDS = env_float("MOE_WORKER_STALE_SECONDS", 30.0, minimum=1)
 MOE_ASSIGN_TTL_SECONDS = env_float("MOE_ASSIGN_TTL_SECONDS", 120.0, minimum=1)
 MOE_COOLDOWN_SECONDS = env_float("MOE_COOLDOWN_SECONDS", 30.0, minimum=0)
+MOE_ALLOW_PRIVATE_WORKERS = env_bool("MOE_ALLOW_PRIVATE_WORKERS", False)  # workers at private addresses (local swarms)
 
 # Web pages (issue 6): session login for people; e-mail goes to the console unless configured.
 LOGIN_URL = "login"

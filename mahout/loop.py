@@ -202,6 +202,9 @@ class HostLoop:
                     self._maintenance_said = exc.message
                 self._stop.wait(MAINTENANCE_POLL_S)
                 return None
+            if exc.code == "too_many_claims":  # more long-polls than the gateway allows this host: one returns soon
+                self._stop.wait(self.error_backoff)
+                return None
             if exc.code != "host_paused":
                 raise
             # The server still has us paused (our resume has not reached it yet): tell it now.

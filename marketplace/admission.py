@@ -17,6 +17,11 @@ from marketplace.services import request_submit
 from protocol.turns import render_chat
 
 
+def trusted_only(*, api_key: ApiKey, data: dict) -> bool:
+    """Trusted hosts only: the key's setting, or this request's `provider.trusted_only`."""
+    return api_key.trusted_only or bool((data.get("provider") or {}).get("trusted_only"))
+
+
 def rendered_prompt(kind: str, data: dict) -> tuple[str, list | None, str | None]:
     """The exact text the host's model will see, plus what the request stores."""
     if kind == Request.Kind.CHAT:
@@ -43,7 +48,7 @@ def request_admit(*, api_key: ApiKey, data: dict, params: dict, kind: str, publi
         )
     return request_submit(
         public_id=public_id, api_key=api_key, model=model, kind=kind, messages=messages, prompt=prompt, params=params,
-        stream=data["stream"], prompt_tokens=prompt_tokens,
+        stream=data["stream"], prompt_tokens=prompt_tokens, trusted_only=trusted_only(api_key=api_key, data=data),
     )
 
 
@@ -67,4 +72,5 @@ def embeddings_admit(*, api_key: ApiKey, data: dict, public_id: str) -> Request:
     return request_submit(
         public_id=public_id, api_key=api_key, model=model, kind=Request.Kind.EMBEDDINGS, messages=None, prompt=None,
         params={"max_tokens": 0}, stream=False, prompt_tokens=prompt_tokens, inputs=data["input"],
+        trusted_only=trusted_only(api_key=api_key, data=data),
     )

@@ -41,6 +41,7 @@ from catalog.tokenizer import tokenizer_for
 from hosts.models import Host
 from hosts.selectors import qualified_model_ids
 from hosts.services import host_maintenance_enter
+from marketplace import reputation
 from marketplace.models import CanaryCheck, CanaryReference, Request, TextChunk
 from protocol.turns import job_stop_strings, render_job
 
@@ -198,7 +199,10 @@ def canary_judge(*, request: Request, host: Host, text: str, completion_tokens: 
     CanaryCheck.objects.filter(pk=check.pk).update(verdict=verdict, reason=reason or "", decided_at=timezone.now())
     TextChunk.objects.filter(request=request).delete()  # nobody reads a canary's answer
     if reason is not None:
-        host_maintenance_enter(host=host, reason=f"Failed verification: {reason} (canary {check.pk}).", by="verification")
+        why = f"Failed verification: {reason} (canary {check.pk})."
+        host_maintenance_enter(host=host, reason=why, by="verification")
+        reputation.trust_revoke(host_id=host.pk)
+        billing.earnings_forfeit(host=host, reason=why)
     return reason is None
 
 
@@ -215,8 +219,9 @@ def is_canary(request: Request) -> bool:
 # --- the schedule ------------------------------------------------------------------------
 
 
-def host_trusted(*, host: Host) -> bool:
-    """Out of probation: enough canaries passed, none failed."""
+def host_vetted(*, host: Host) -> bool:
+    """Enough canaries passed, none failed: canaries become rare (leaving probation also
+    takes completed jobs and time, `marketplace.reputation`)."""
     checks = CanaryCheck.objects.filter(host=host)
     if checks.filter(verdict=CanaryCheck.Verdict.FAILED).exists():
         return False
@@ -234,7 +239,7 @@ def canary_due(*, host: Host, now: datetime) -> bool:
     if checks.filter(verdict=CanaryCheck.Verdict.PENDING).exists():
         return False
     last = checks.order_by("-created_at").values_list("created_at", flat=True).first()
-    every = settings.CANARY_TRUSTED_SECONDS if host_trusted(host=host) else settings.CANARY_PROBATION_SECONDS
+    every = settings.CANARY_TRUSTED_SECONDS if host_vetted(host=host) else settings.CANARY_PROBATION_SECONDS
     return last is None or now - last >= timedelta(seconds=every)
 
 

@@ -29,7 +29,7 @@ from hosts import services as host_services
 from hosts.apis import HostApi
 from hosts.models import Host
 from hosts.selectors import host_from_secret
-from marketplace import canaries, pushing, selectors
+from marketplace import canaries, pushing, reputation, selectors
 from marketplace import services as market
 
 
@@ -87,6 +87,26 @@ async def claim_when_offered(host: Host, *, fingerprint: str, wait: float) -> di
             403, "This host has not qualified any model on this machine; run the benchmark and register it first.",
             code="not_qualified", type="permission_error",
         )
+    cap = reputation.claim_cap(host)
+    if _WAITING.get(host.pk, 0) >= cap:
+        raise ApiError(
+            429, f"This host already has {cap} claims waiting here; it may run at most {cap} jobs at once "
+            f"({host.slots} slots, {reputation.status_of(host)}). Wait for one to return before claiming again.",
+            code="too_many_claims", type="rate_limit_error",
+        )
+    _WAITING[host.pk] = _WAITING.get(host.pk, 0) + 1
+    try:
+        return await _claim_when_woken(host, model_ids=model_ids, wait=wait)
+    finally:
+        _WAITING[host.pk] -= 1
+        if not _WAITING[host.pk]:
+            del _WAITING[host.pk]
+
+
+_WAITING: dict[int, int] = {}  # long-polls waiting in this process, by host: at most its claim cap
+
+
+async def _claim_when_woken(host: Host, *, model_ids: list[int], wait: float) -> dict | None:
     warm_ids = await db(hosts.warm_model_ids, host=host, model_ids=model_ids)
     layer = get_channel_layer()
     channel = await layer.new_channel()

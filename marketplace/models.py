@@ -96,6 +96,13 @@ class Job(models.Model):
     warm_until = models.DateTimeField(
         null=True, blank=True, help_text="until then only hosts with the model loaded (or of unknown catalog) may take it"
     )
+    trusted_only = models.BooleanField(default=False, help_text="the customer asked for trusted hosts only")
+    max_chars = models.PositiveIntegerField(
+        null=True, blank=True, help_text="text its host may send: max_tokens at the tokenizer's longest token (None: embeddings)"
+    )
+    deadline_at = models.DateTimeField(
+        null=True, blank=True, help_text="the attempt ends by then whatever its host says (queue, start allowance, max_tokens)"
+    )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     next_seq = models.PositiveIntegerField(default=0)
     generated_chars = models.PositiveIntegerField(default=0)
@@ -122,6 +129,7 @@ class Job(models.Model):
             models.Index(fields=["status", "model", "created_at"]),
             models.Index(fields=["host", "status"]),
             models.Index(fields=["offered_host", "created_at"]),
+            models.Index(fields=["status", "deadline_at"]),
         ]
 
     def __str__(self) -> str:

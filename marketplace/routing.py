@@ -11,11 +11,15 @@ only that host may claim it. After that any warm host may. Hosts that are not wa
 `ROUTING_COLD_GRACE_SECONDS`: the last resort. The claim query applies these rules
 (`claim_sql`), so every decision is a row in the database, not a process's memory.
 
-Strategies within the warm set:
+Strategies within the warm set, after reputation (`marketplace.reputation`): trusted
+hosts before hosts in probation, honest reports before overstated ones:
 - `least-connections`: the host with the fewest running jobs plus live offers;
 - `weighted`: the host furthest below its share, share ∝ weight (the operator's
-  `Host.routing_weight`, else its measured tokens/s for the model), counted over
-  the jobs routed in the last `ROUTING_WEIGHT_WINDOW_SECONDS`.
+  `Host.routing_weight`, else the tokens/s the gateway measured on its jobs; a host
+  not measured yet counts its report, bounded), counted over the jobs routed in the
+  last `ROUTING_WEIGHT_WINDOW_SECONDS`.
+A host is offered a job only below its claim cap (slots, bounded by reputation); a job
+for trusted hosts only is offered to, and claimed by, trusted hosts alone.
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ from django.utils import timezone
 
 from catalog.models import CatalogModel
 from hosts.models import Host
+from marketplace import reputation
 from marketplace.models import Job
 
 LEAST_CONNECTIONS = "least-connections"
@@ -66,19 +71,28 @@ def claim_sql(*, host_id: int, model_ids: list[int], warm_ids: list[int], now: d
 class Candidate:
     host_id: int
     active: int
-    slots: int
+    slots: int  # its claim cap: slots bounded by reputation
     weight: float
+    trusted: bool = False
+    overstated: bool = False
     routed: int = 0
 
+    @property
+    def rank(self) -> tuple[bool, bool]:
+        """Reputation first: trusted before probation, honest reports before overstated."""
+        return (not self.trusted, self.overstated)
 
-def candidates(*, model: CatalogModel, now: datetime) -> list[Candidate]:
-    """Online, unpaused hosts out of maintenance, qualified for the model and warm
+
+def candidates(*, model: CatalogModel, now: datetime, trusted_only: bool = False) -> list[Candidate]:
+    """Online, unpaused, unbanned hosts out of maintenance, qualified for the model and warm
     (or possibly warm), each with its load. Three queries whatever the pool size."""
+    online = Host.objects.online(now)
+    if trusted_only:
+        online = online.filter(trusted_at__isnull=False)
     hosts = list(
-        Host.objects.online(now)
-        .qualified_for(model)
+        online.qualified_for(model)
         .annotate(best_tps=Max("qualifications__gen_tps", filter=Q(qualifications__model=model)))
-        .only("pk", "catalog", "catalog_at", "slots", "routing_weight")
+        .only("pk", "catalog", "catalog_at", "slots", "routing_weight", "trusted_at", "banned_at", "measured_tps")
     )
     warm = [host for host in hosts if host.warm_for(model.name, now)]
     if not warm:
@@ -93,8 +107,11 @@ def candidates(*, model: CatalogModel, now: datetime) -> list[Candidate]:
         load[holder] = load.get(holder, 0) + 1
     return [
         Candidate(
-            host_id=host.pk, active=load[host.pk], slots=host.slots,
-            weight=host.routing_weight if host.routing_weight is not None else (host.best_tps or 1.0),
+            host_id=host.pk, active=load[host.pk], slots=reputation.claim_cap(host),
+            weight=host.routing_weight if host.routing_weight is not None
+            else reputation.routing_speed(reported_tps=host.best_tps, measured_tps=host.measured_tps),
+            trusted=reputation.is_trusted(host),
+            overstated=reputation.overstated(reported_tps=host.best_tps, measured_tps=host.measured_tps),
         )
         for host in warm
     ]
@@ -105,6 +122,8 @@ def pick(*, model: CatalogModel, pool: list[Candidate], now: datetime) -> Candid
     free = [c for c in pool if c.active < c.slots]
     if not free:
         return None
+    best = min(c.rank for c in free)
+    free = [c for c in free if c.rank == best]
     if strategy_for(model) == WEIGHTED:
         since = now - timedelta(seconds=settings.ROUTING_WEIGHT_WINDOW_SECONDS)
         routed = dict(
@@ -120,11 +139,11 @@ def pick(*, model: CatalogModel, pool: list[Candidate], now: datetime) -> Candid
     return min(free, key=lambda c: (c.active, random.random()))
 
 
-def placement(*, model: CatalogModel, avoid_host_id: int | None = None) -> dict:
+def placement(*, model: CatalogModel, avoid_host_id: int | None = None, trusted_only: bool = False) -> dict:
     """A new job's placement, as the job row's fields: the host it is offered to (if any)
     and until when, and the cold grace. The host whose attempt died is never offered it."""
     now = timezone.now()
-    pool = [c for c in candidates(model=model, now=now) if c.host_id != avoid_host_id]
+    pool = [c for c in candidates(model=model, now=now, trusted_only=trusted_only) if c.host_id != avoid_host_id]
     chosen = pick(model=model, pool=pool, now=now)
     return {
         "warm_until": now + timedelta(seconds=settings.ROUTING_COLD_GRACE_SECONDS),

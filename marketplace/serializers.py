@@ -48,8 +48,22 @@ class MessageSerializer(serializers.Serializer):
         return {"role": "system" if value["role"] == "developer" else value["role"], "content": value["content"]}
 
 
+class ProviderSerializer(serializers.Serializer):
+    """OpenRouter-style provider preferences; only those the marketplace honours are accepted."""
+
+    trusted_only = serializers.BooleanField(required=False, default=False, help_text="serve on trusted hosts only")
+
+    def to_internal_value(self, data: object) -> dict:
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError(f"unsupported provider preference {unknown[0]!r}; supported: trusted_only")
+        return super().to_internal_value(data)
+
+
 class SamplingSerializer(serializers.Serializer):
     model = serializers.CharField(max_length=100)
+    provider = ProviderSerializer(required=False, allow_null=True)
     max_tokens = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=settings.MAX_TOKENS_LIMIT)
     temperature = serializers.FloatField(required=False, allow_null=True, min_value=0.0, max_value=2.0)
     top_p = serializers.FloatField(required=False, allow_null=True, min_value=0.0, max_value=1.0)
@@ -144,6 +158,7 @@ class EmbeddingsInputSerializer(serializers.Serializer):
     encoding_format = serializers.ChoiceField(choices=["float", "base64"], required=False, default="float")
     dimensions = serializers.IntegerField(required=False, allow_null=True, min_value=1)
     user = serializers.CharField(required=False, allow_blank=True, max_length=256)
+    provider = ProviderSerializer(required=False, allow_null=True)
 
     def validate_dimensions(self, value: int | None) -> int | None:
         if value is not None:

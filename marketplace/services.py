@@ -27,7 +27,7 @@ from core.events import announce_on_commit, host_group, queue_group, request_gro
 from hosts.models import Host
 from hosts.selectors import qualified_model_ids, warm_model_ids
 from hosts.services import host_maintenance_enter
-from marketplace import routing
+from marketplace import reputation, routing
 from marketplace.models import Job, Request, TextChunk
 from protocol.jobs import JobPayload, job_payload_build
 
@@ -58,9 +58,10 @@ def request_submit(
     prompt_tokens: int,
     inputs: list[str] | None = None,
     only_host_id: int | None = None,
+    trusted_only: bool = False,
 ) -> Request:
     """Admit a request: hold its worst-case cost, then queue its first job (a canary's,
-    `only_host_id`, for its host alone).
+    `only_host_id`, for its host alone; `trusted_only`: for trusted hosts only).
 
     Raises InsufficientCredit / KeyLimitExceeded (→ 402) before anything is
     queued; the hold, request and job commit together or not at all.
@@ -68,7 +69,7 @@ def request_submit(
     estimate = estimate_ucents(model=model, prompt_tokens=prompt_tokens, max_tokens=params["max_tokens"])
     # Routing reads before the account's row lock is taken: a customer's admissions queue on
     # that lock, so it is held for the writes only.
-    placement = _placement(model=model, only_host_id=only_host_id, avoid_host_id=None)
+    placement = _placement(model=model, only_host_id=only_host_id, avoid_host_id=None, trusted_only=trusted_only)
     hold = billing.hold_place(user=api_key.user, api_key=api_key, amount_ucents=estimate)
     request = Request.objects.create(
         public_id=public_id,
@@ -85,24 +86,41 @@ def request_submit(
         prompt_tokens=prompt_tokens,
         estimate_ucents=estimate,
     )
-    job_queue(request=request, model=model, placement=placement, only_host_id=only_host_id)
+    job_queue(request=request, model=model, placement=placement, only_host_id=only_host_id, trusted_only=trusted_only)
     return request
 
 
-def _placement(*, model: CatalogModel, only_host_id: int | None, avoid_host_id: int | None) -> dict:
+def _placement(*, model: CatalogModel, only_host_id: int | None, avoid_host_id: int | None, trusted_only: bool) -> dict:
     if only_host_id is not None:  # a canary: offered to its host alone, for as long as it waits
         return {"offered_host_id": only_host_id, "offer_until": None, "warm_until": None}
-    return routing.placement(model=model, avoid_host_id=avoid_host_id)
+    return routing.placement(model=model, avoid_host_id=avoid_host_id, trusted_only=trusted_only)
 
 
-def job_queue(*, request: Request, model: CatalogModel, placement: dict | None = None, **fields: object) -> Job:
+def job_limits(*, request: Request, model: CatalogModel, now: datetime) -> dict:
+    """What no host can exceed on this job, as its row's fields: the text it may send
+    (`max_tokens` of the tokenizer's longest token) and its deadline (the queue timeout, a
+    start allowance for loading and prefill, and `max_tokens` at the slowest acceptable
+    speed). A continuation gets the whole budget again (it regenerates the prompt)."""
+    max_tokens = int(request.params.get("max_tokens") or 0)
+    seconds = settings.QUEUE_TIMEOUT_SECONDS + settings.JOB_START_ALLOWANCE_SECONDS + max_tokens / settings.JOB_MIN_TOKENS_PER_SECOND
+    max_chars = None
+    if request.kind != Request.Kind.EMBEDDINGS:
+        max_chars = max_tokens * tokenizer_for(model.tokenizer).longest_token_chars()
+    return {"max_chars": max_chars, "deadline_at": now + timedelta(seconds=seconds)}
+
+
+def job_queue(
+    *, request: Request, model: CatalogModel, placement: dict | None = None, trusted_only: bool = False, **fields: object
+) -> Job:
     """Create a request's next job already routed (one INSERT carries the routing decision,
-    `placement`, decided here unless given), and wake whoever may take it (after the commit)."""
+    `placement`, decided here unless given, and the job's limits), and wake whoever may
+    take it (after the commit)."""
     if placement is None:
         avoid, only = fields.get("avoid_host_id"), fields.get("only_host_id")
         placement = _placement(model=model, only_host_id=only if isinstance(only, int) else None,
-                               avoid_host_id=avoid if isinstance(avoid, int) else None)
-    job = Job.objects.create(request=request, model=model, **fields, **placement)
+                               avoid_host_id=avoid if isinstance(avoid, int) else None, trusted_only=trusted_only)
+    limits = job_limits(request=request, model=model, now=timezone.now())
+    job = Job.objects.create(request=request, model=model, trusted_only=trusted_only, **fields, **placement, **limits)
     offered = job.offered_host_id
     if offered is not None:  # one host's long-polls: one of them per gateway process need look
         announce_on_commit(host_group(offered), {"type": "job.queued", "offer": f"{job.pk}.{job.requeue}"})
@@ -137,6 +155,12 @@ class JobNotRunning(DomainError):
 class SequenceGap(DomainError):
     status = 409
     code = "sequence_gap"
+
+
+class TextBoundExceeded(JobNotRunning):
+    """The host sent more than the job's max_tokens allows: its attempt was ended."""
+
+    code = "text_bound_exceeded"
 
 
 def job_payload(job: Job) -> JobPayload:
@@ -213,14 +237,27 @@ def job_claim_selected(*, host: Host, selection: tuple[str, list], now: datetime
     )
     skip_locked = " FOR UPDATE SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
     at = connection.ops.adapt_datetimefield_value(now)
+    # The host, read in the statement (never from a stale copy): not paused, in maintenance or
+    # banned; below its cap (`reputation.claim_cap`: slots, bounded by probation or trust);
+    # trusted, or the job did not ask for trusted hosts.
+    host_ok = (
+        f"NOT EXISTS (SELECT 1 FROM {host_table} h WHERE h.id = %s AND (h.paused = %s OR h.maintenance_since IS NOT NULL"
+        " OR h.banned_at IS NOT NULL OR (SELECT COUNT(*) FROM {job} r WHERE r.host_id = h.id AND r.status = %s)"
+        " >= CASE WHEN h.slots < (CASE WHEN h.trusted_at IS NULL THEN %s ELSE %s END) THEN h.slots"
+        " ELSE (CASE WHEN h.trusted_at IS NULL THEN %s ELSE %s END) END))"
+        f" AND (trusted_only = %s OR EXISTS (SELECT 1 FROM {host_table} t WHERE t.id = %s AND t.trusted_at IS NOT NULL))"
+    ).replace("{job}", job_table)
+    caps = [settings.HOST_PROBATION_MAX_JOBS, settings.HOST_TRUSTED_MAX_JOBS] * 2
     claim_job = (
         f"UPDATE {job_table} SET status = %s, host_id = %s, claimed_at = %s, last_token_at = %s"
-        f" WHERE status = %s AND id = (SELECT id FROM {job_table} WHERE"
-        f" NOT EXISTS (SELECT 1 FROM {host_table} WHERE id = %s AND (paused = %s OR maintenance_since IS NOT NULL))"
+        f" WHERE status = %s AND id = (SELECT id FROM {job_table} WHERE {host_ok}"
         f" AND {conditions} LIMIT 1{skip_locked})"
         " RETURNING id, attempt, request_id"
     )
-    claim_params = [Job.Status.RUNNING, host.pk, at, at, Job.Status.QUEUED, host.pk, True, *params]
+    claim_params = [
+        Job.Status.RUNNING, host.pk, at, at, Job.Status.QUEUED,
+        host.pk, True, Job.Status.RUNNING, *caps, False, host.pk, *params,
+    ]
     # a continuation's request is already running: it keeps its status and start time
     start_request = (
         f"UPDATE {request_table} SET status = CASE WHEN status = %s THEN %s ELSE status END,"
@@ -327,7 +364,7 @@ def job_push_many(pushes: list[Push]) -> list[PushResult | DomainError]:
         for index, push in batch:
             if index not in applied:
                 try:
-                    results[index] = _push_refused(host=push.host, job_id=push.job_id, seq=push.seq)
+                    results[index] = _push_refused(host=push.host, job_id=push.job_id, seq=push.seq, size=len(push.text))
                 except DomainError as refusal:
                     results[index] = refusal
                 continue
@@ -374,7 +411,8 @@ def _push_applied(batch: list[tuple[int, Push]], *, now: datetime) -> dict[int, 
                 " last_token_at = CASE WHEN batch.size > 0 THEN %s ELSE last_token_at END,"
                 " first_token_at = CASE WHEN batch.size > 0 THEN COALESCE(first_token_at, %s) ELSE first_token_at END FROM batch"
                 f" WHERE {job_table}.id = batch.job_id AND {job_table}.host_id = batch.host_id AND status = %s"
-                f" AND next_seq = batch.seq RETURNING {job_table}.request_id, batch.*),"
+                " AND next_seq = batch.seq AND (max_chars IS NULL OR generated_chars + batch.size <= max_chars)"
+                f" RETURNING {job_table}.request_id, batch.*),"
                 f" advanced AS (UPDATE {request_table} SET delivered_chars = delivered_chars + pushed.size FROM pushed"
                 f" WHERE {request_table}.id = pushed.request_id RETURNING {request_table}.id, public_id,"
                 " delivered_chars - pushed.size AS start, pushed.job_id, pushed.seq, pushed.size, pushed.text, pushed.ord),"
@@ -391,8 +429,9 @@ def _push_applied(batch: list[tuple[int, Push]], *, now: datetime) -> dict[int, 
                     f"UPDATE {job_table} SET next_seq = next_seq + 1, generated_chars = generated_chars + %s,"
                     " last_token_at = CASE WHEN %s > 0 THEN %s ELSE last_token_at END,"
                     " first_token_at = CASE WHEN %s > 0 THEN COALESCE(first_token_at, %s) ELSE first_token_at END"
-                    " WHERE id = %s AND host_id = %s AND status = %s AND next_seq = %s RETURNING request_id",
-                    [size, size, at, size, at, push.job_id, push.host.pk, Job.Status.RUNNING, push.seq],
+                    " WHERE id = %s AND host_id = %s AND status = %s AND next_seq = %s"
+                    " AND (max_chars IS NULL OR generated_chars + %s <= max_chars) RETURNING request_id",
+                    [size, size, at, size, at, push.job_id, push.host.pk, Job.Status.RUNNING, push.seq, size],
                 )
                 pushed = cursor.fetchone()
                 if pushed is None:
@@ -408,12 +447,22 @@ def _push_applied(batch: list[tuple[int, Push]], *, now: datetime) -> dict[int, 
     return applied
 
 
-def _push_refused(*, host: Host, job_id: int, seq: int) -> PushResult:
-    """Why a push did not apply: a retry (acknowledged), a gap, or a job that is not running
-    or not this host's (refused)."""
-    job = _check_running(Job.objects.filter(pk=job_id).only("pk", "host_id", "status", "next_seq").first(), host=host, job_id=job_id)
+def _push_refused(*, host: Host, job_id: int, seq: int, size: int) -> PushResult:
+    """Why a push did not apply: a retry (acknowledged), a gap, a job that is not running
+    or not this host's (refused), or more text than the job's `max_tokens` allows: the
+    attempt is then fenced and ended like a dead one (its request continues elsewhere, or
+    settles when its budget was delivered)."""
+    job = _check_running(
+        Job.objects.filter(pk=job_id).only("pk", "host_id", "status", "next_seq", "generated_chars", "max_chars").first(),
+        host=host, job_id=job_id,
+    )
     if seq < job.next_seq:
         return PushResult(accepted=False, next_seq=job.next_seq)
+    if seq == job.next_seq and job.max_chars is not None and job.generated_chars + size > job.max_chars:
+        attempt_end_dead(job_id=job_id, reason="sent more text than max_tokens allows")
+        raise TextBoundExceeded(
+            f"Job {job_id} may carry at most {job.max_chars} characters (its max_tokens); the attempt is ended."
+        )
     raise SequenceGap(f"Expected batch {job.next_seq}, got {seq}.")
 
 
@@ -473,13 +522,24 @@ def job_complete(*, host: Host, job_id: int, finish_reason: str, embeddings: lis
         if embeddings is not None:
             raise BadResult(f"Job {job_id} is a {request.kind} job; it completes with text, not embeddings.")
         text = request.delivered_text
-        result, completion_tokens = None, _completion_tokens(request, text)
+        counted = _count_output(request, text)
+        max_tokens = int(request.params["max_tokens"])
+        if counted > max_tokens + _count_slack(max_tokens):
+            raise BadResult(
+                f"Job {job_id} delivered {counted} tokens; max_tokens is {max_tokens}. Nothing is settled for this attempt."
+            )
+        result, completion_tokens = None, min(counted, max_tokens)
+        finish_reason = finish_reason_checked(claimed=finish_reason, completion_tokens=completion_tokens, max_tokens=max_tokens)
         share = _rescuer_share(request=request, job=job, text=text, completion_tokens=completion_tokens)
     cost = min(price(model, prompt_tokens=request.prompt_tokens, completion_tokens=completion_tokens), request.hold.amount_ucents)
     earned = share if share is not None else billing.split_cost(cost).host_ucents
+    now = timezone.now()
     Job.objects.filter(pk=job.pk).update(
-        status=Job.Status.COMPLETED, finished_at=timezone.now(), completion_tokens=completion_tokens, earned_ucents=earned
+        status=Job.Status.COMPLETED, finished_at=now, completion_tokens=completion_tokens, earned_ucents=earned
     )
+    if request.kind != Request.Kind.EMBEDDINGS:  # only the host's own part of the answer says how fast it is
+        own = completion_tokens if job.attempt == 1 else _count_output(request, text[len(text) - job.generated_chars:])
+        reputation.speed_measured(job=job, completion_tokens=own, now=now)
     _request_settled(
         request=request, completion_tokens=completion_tokens, cost_ucents=cost, finish_reason=finish_reason, result=result
     )
@@ -490,10 +550,27 @@ def job_complete(*, host: Host, job_id: int, finish_reason: str, embeddings: lis
         from marketplace.canaries import canary_judge  # (canaries queue through this module)
 
         canary_judge(request=request, host=host, text=text, completion_tokens=completion_tokens)
+    reputation.trust_review(host_id=host.pk, now=now)
     request.status, request.completion_tokens, request.cost_ucents = Request.Status.COMPLETED, completion_tokens, cost
     request.finish_reason, request.messages, request.prompt, request.inputs = finish_reason, None, None, None
     request.result = result
     return Completion(request=request, earned_ucents=split.host_ucents)
+
+
+def _count_slack(max_tokens: int) -> int:
+    """How far the gateway's count of a text may exceed the tokens that generated it: an
+    honest host's tokens, counted again, can merge or split at a few places."""
+    return 2 + max_tokens // 8
+
+
+def finish_reason_checked(*, claimed: str, completion_tokens: int, max_tokens: int) -> str:
+    """`finish_reason` as the delivered text supports it: "length" when the budget was used
+    (whatever the host says), "stop" when the host claims "length" well short of it."""
+    if completion_tokens >= max_tokens:
+        return "length"
+    if claimed == "length" and completion_tokens < max_tokens - _count_slack(max_tokens):
+        return "stop"
+    return claimed
 
 
 MAX_EMBEDDING_DIMENSIONS = 8192
@@ -514,12 +591,13 @@ def embeddings_checked(*, request: Request, vectors: object) -> list[list[float]
     count = len(request.inputs or [])
     if not isinstance(vectors, list) or len(vectors) != count:
         raise BadResult(f"Expected 'embeddings' as a list of {count} vectors, one per input.")
-    width = None
+    width = request.model.embedding_dimensions
     for index, vector in enumerate(vectors):
         if not isinstance(vector, list) or not 0 < len(vector) <= MAX_EMBEDDING_DIMENSIONS:
             raise BadResult(f"Vector {index} is not a list of 1 to {MAX_EMBEDDING_DIMENSIONS} numbers.")
         if width is not None and len(vector) != width:
-            raise BadResult(f"Vector {index} has {len(vector)} dimensions; the first had {width}.")
+            whose = "the model's" if request.model.embedding_dimensions else "the first vector's"
+            raise BadResult(f"Vector {index} has {len(vector)} dimensions; {whose} width is {width}.")
         width = len(vector)
         if not all(_finite(x) for x in vector):
             raise BadResult(f"Vector {index} holds something that is not a finite number.")
@@ -605,7 +683,8 @@ def attempt_end_dead(*, job_id: int, reason: str) -> str:
         canary_void(request=request)
         return "failed"
     if job.generated_chars == 0 and job.requeue < MAX_REQUEUES:  # nothing of this attempt reached the customer
-        job_queue(request=request, model=request.model, attempt=job.attempt, requeue=job.requeue + 1, avoid_host_id=job.host_id)
+        job_queue(request=request, model=request.model, attempt=job.attempt, requeue=job.requeue + 1, avoid_host_id=job.host_id,
+                  trusted_only=job.trusted_only)
         return "requeued"
     if job.attempt >= MAX_ATTEMPTS:
         _request_fail(
@@ -618,7 +697,7 @@ def attempt_end_dead(*, job_id: int, reason: str) -> str:
         _settle_without_host(request=request, completion_tokens=delivered_tokens)
         return "settled"
     Request.objects.filter(pk=request.pk).update(resumed=True)
-    job_queue(request=request, model=request.model, attempt=job.attempt + 1, avoid_host_id=job.host_id)
+    job_queue(request=request, model=request.model, attempt=job.attempt + 1, avoid_host_id=job.host_id, trusted_only=job.trusted_only)
     announce_on_commit(request_group(request.public_id), {"type": "job.resumed"})
     return "continued"
 
@@ -671,6 +750,11 @@ def job_stalled_end(*, job_id: int) -> str:
     return attempt_end_dead(job_id=job_id, reason=f"no token for {settings.STALL_SECONDS:g} seconds")
 
 
+def job_overdue_end(*, job_id: int) -> str:
+    """A running attempt outlived its deadline (`job_limits`): however it trickles, it ends."""
+    return attempt_end_dead(job_id=job_id, reason="still running at its deadline")
+
+
 def host_connection_lost(*, host_id: int, opened_at: datetime | None = None) -> int:
     """The host's presence connection dropped (a killed process closes its sockets): every
     attempt it was running is dead. Returns how many. With `opened_at` (when the dropped
@@ -692,6 +776,8 @@ def request_watch(*, request_id: int) -> None:
         request_expire_unclaimed(request_id=request_id)
     elif job.status == Job.Status.RUNNING and job.last_token_at < now - timedelta(seconds=settings.STALL_SECONDS):
         job_stalled_end(job_id=job.pk)
+    elif job.status == Job.Status.RUNNING and job.deadline_at is not None and job.deadline_at < now:
+        job_overdue_end(job_id=job.pk)
 
 
 def request_forget_output(*, request_id: int) -> bool:
@@ -732,7 +818,12 @@ def ended_output_forget_one() -> bool:
     return request is not None and request_forget_output(request_id=request.pk)
 
 
-WATCHDOG_STEPS = (unclaimed_request_expire_one, stalled_job_end_one, ended_output_forget_one)
+def overdue_job_end_one() -> bool:
+    job = Job.objects.filter(status=Job.Status.RUNNING, deadline_at__lt=timezone.now()).order_by("deadline_at").first()
+    return job is not None and bool(job_overdue_end(job_id=job.pk))
+
+
+WATCHDOG_STEPS = (unclaimed_request_expire_one, stalled_job_end_one, overdue_job_end_one, ended_output_forget_one)
 
 
 def watchdog_tick(*, max_steps: int = 200) -> int:

@@ -1,0 +1,146 @@
+"""Reputation: what a host has earned by serving, and what it buys.
+
+A new host is in **probation**. It leaves probation (`Host.trusted_at` is set) once it has
+passed `CANARY_TRUST_AFTER` canaries with none failed, completed `TRUST_AFTER_JOBS` jobs and
+been a host for `TRUST_AFTER_SECONDS`; a failed canary puts it back (and in maintenance).
+What trust buys:
+- more work at once: a probation host runs at most `HOST_PROBATION_MAX_JOBS` jobs, a trusted
+  one its slots (at most `HOST_TRUSTED_MAX_JOBS`): `claim_cap`;
+- offers first: routing orders the warm set trusted first, then by measured speed and load
+  (`marketplace.routing`);
+- the requests whose customers asked for trusted hosts only (`Job.trusted_only`);
+- rare canaries (`marketplace.canaries`) and, after `EARNINGS_VEST_SECONDS`, payable earnings.
+
+Speed is what the gateway measured (`Host.measured_tps`, a moving average of tokens/s over
+the host's own completed jobs), never what it reported: a reported figure counts at most
+`ROUTING_UNMEASURED_MAX_TPS` until measured, and a report over twice the measured speed
+marks the host *overstated* (its report ignored, its offers after honest hosts').
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db.models import Count, F, Max, Q, Value
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from hosts.models import Host
+from marketplace.models import CanaryCheck, Job
+
+SPEED_WEIGHT = 0.3  # each measured job moves the average this far towards itself
+MIN_MEASURED_TOKENS = 8  # shorter answers say more about the first token than the speed
+OVERSTATED_RATIO = 2.0
+
+
+def is_trusted(host: Host) -> bool:
+    return host.trusted_at is not None and host.banned_at is None
+
+
+def claim_cap(host: Host) -> int:
+    """Jobs the host may run at once: its slots, bounded by its reputation."""
+    bound = settings.HOST_TRUSTED_MAX_JOBS if is_trusted(host) else settings.HOST_PROBATION_MAX_JOBS
+    return max(1, min(host.slots or 1, bound))
+
+
+def overstated(*, reported_tps: float | None, measured_tps: float | None) -> bool:
+    return bool(reported_tps and measured_tps and reported_tps > OVERSTATED_RATIO * measured_tps)
+
+
+def routing_speed(*, reported_tps: float | None, measured_tps: float | None) -> float:
+    """The speed routing weighs a host by: measured, else a bounded report."""
+    if measured_tps:
+        return measured_tps
+    return min(reported_tps or 1.0, settings.ROUTING_UNMEASURED_MAX_TPS)
+
+
+def speed_measured(*, job: Job, completion_tokens: int, now: datetime) -> None:
+    """Fold a completed job's tokens/s (first token to completion) into the host's average."""
+    if job.host_id is None or job.first_token_at is None or completion_tokens < MIN_MEASURED_TOKENS:
+        return
+    seconds = (now - job.first_token_at).total_seconds()
+    if seconds <= 0.05:
+        return
+    tps = (completion_tokens - 1) / seconds
+    Host.objects.filter(pk=job.host_id).update(
+        measured_tps=Coalesce(F("measured_tps") * (1 - SPEED_WEIGHT) + Value(SPEED_WEIGHT * tps), Value(tps))
+    )
+
+
+def trust_review(*, host_id: int, now: datetime | None = None) -> bool:
+    """Promote a probation host that has earned it; True if it was promoted now. Costs
+    nothing for a trusted host (one indexed UPDATE that matches no row is not run)."""
+    now = now or timezone.now()
+    host = Host.objects.filter(pk=host_id, trusted_at__isnull=True, banned_at__isnull=True).only("pk", "created_at").first()
+    if host is None or now - host.created_at < timedelta(seconds=settings.TRUST_AFTER_SECONDS):
+        return False
+    canaries = CanaryCheck.objects.filter(host_id=host_id).aggregate(
+        passed=Count("id", filter=Q(verdict=CanaryCheck.Verdict.PASSED)),
+        failed=Count("id", filter=Q(verdict=CanaryCheck.Verdict.FAILED)),
+    )
+    if canaries["failed"] or canaries["passed"] < settings.CANARY_TRUST_AFTER:
+        return False
+    if Job.objects.filter(host_id=host_id, status=Job.Status.COMPLETED).count() < settings.TRUST_AFTER_JOBS:
+        return False
+    return bool(Host.objects.filter(pk=host_id, trusted_at__isnull=True, banned_at__isnull=True).update(trusted_at=now))
+
+
+def trust_revoke(*, host_id: int) -> bool:
+    """Back to probation (a failed canary)."""
+    return bool(Host.objects.filter(pk=host_id, trusted_at__isnull=False).update(trusted_at=None))
+
+
+@dataclass(frozen=True)
+class Reputation:
+    status: str  # "probation", "trusted" or "banned"
+    canaries_passed: int
+    canaries_failed: int
+    jobs_completed: int
+    jobs_failed: int
+    failovers_caused: int  # attempts that died after delivering text: someone else had to finish
+    measured_tps: float | None
+    reported_tps: float | None
+    overstated: bool
+    claim_cap: int
+
+    @property
+    def completion_rate(self) -> float | None:
+        ended = self.jobs_completed + self.jobs_failed
+        return self.jobs_completed / ended if ended else None
+
+
+def status_of(host: Host) -> str:
+    if host.banned_at is not None:
+        return "banned"
+    return "trusted" if is_trusted(host) else "probation"
+
+
+def reputation_of(host: Host) -> Reputation:
+    """Everything the reputation counts, for the host's pages and the operator's."""
+    canaries = CanaryCheck.objects.filter(host=host).aggregate(
+        passed=Count("id", filter=Q(verdict=CanaryCheck.Verdict.PASSED)),
+        failed=Count("id", filter=Q(verdict=CanaryCheck.Verdict.FAILED)),
+    )
+    jobs = Job.objects.filter(host=host).aggregate(
+        completed=Count("id", filter=Q(status=Job.Status.COMPLETED)),
+        failed=Count("id", filter=Q(status=Job.Status.FAILED)),
+        failovers=Count("id", filter=Q(status=Job.Status.FAILED, generated_chars__gt=0)),
+    )
+    reported = host.qualifications.aggregate(best=Max("gen_tps"))["best"]
+    return Reputation(
+        status=status_of(host), canaries_passed=canaries["passed"], canaries_failed=canaries["failed"],
+        jobs_completed=jobs["completed"], jobs_failed=jobs["failed"], failovers_caused=jobs["failovers"],
+        measured_tps=host.measured_tps, reported_tps=reported,
+        overstated=overstated(reported_tps=reported, measured_tps=host.measured_tps), claim_cap=claim_cap(host),
+    )
+
+
+def pool_counts() -> dict[str, int]:
+    """Hosts in probation, trusted and banned (the pool page)."""
+    counts = Host.objects.aggregate(
+        banned=Count("id", filter=Q(banned_at__isnull=False)),
+        trusted=Count("id", filter=Q(banned_at__isnull=True, trusted_at__isnull=False)),
+        probation=Count("id", filter=Q(banned_at__isnull=True, trusted_at__isnull=True)),
+    )
+    return {key: int(value) for key, value in counts.items()}
