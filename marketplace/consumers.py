@@ -19,9 +19,10 @@ from django.conf import settings
 from core.db import db
 from core.errors import ApiError, DomainError, bad_request, validation_error
 from core.http import scope_bearer
+from core.secrets import secret_hash
 from hosts.models import Host
-from hosts.selectors import host_from_secret
-from hosts.services import host_socket_opened
+from hosts.selectors import host_for_socket, host_from_secret
+from hosts.services import host_socket_opened, host_token_group
 from marketplace import pushing, services
 from marketplace.apis import admit_generation
 from marketplace.host_apis import JobClaimApi, claim_when_offered
@@ -88,6 +89,10 @@ class HostSocketConsumer(AsyncJsonWebsocketConsumer):
     as soon as a job is offered to this host (`"job": null` after `wait` seconds), or an
     error frame carrying the same `id`. A claim still waiting when the socket closes is
     dropped. Anything else is answered `{"type": "pong"}`.
+
+    Revocation: the socket joins its token's group (`hosts.services.host_token_group`)
+    before it authenticates; a rotation or a ban closes it (4401, 4403). A claim frame
+    re-reads the host with the same refusals as HTTP (`host_for_socket`).
     """
 
     host_id: int | None = None
@@ -106,6 +111,9 @@ class HostSocketConsumer(AsyncJsonWebsocketConsumer):
         try:
             if token is None:
                 raise ApiError(401, "missing host token", code="missing_host_token")
+            self._token_hash = secret_hash(token)
+            self.groups = [host_token_group(self._token_hash)]  # channels leaves `self.groups` on disconnect
+            await self.channel_layer.group_add(self.groups[0], self.channel_name)
             host, self._opened = await db(_socket_host, token)
         except DomainError as error:
             await self.close(code=error.ws_close_code)
@@ -130,7 +138,7 @@ class HostSocketConsumer(AsyncJsonWebsocketConsumer):
         claim_id = frame.get("id")
         try:
             fingerprint, wait = claim_frame(frame)
-            host = await db(Host.objects.get, pk=self.host_id)  # paused or rested since the socket opened?
+            host = await db(host_for_socket, host_id=self.host_id, token_hash=self._token_hash)  # paused, rested, banned since?
             payload = await claim_when_offered(host, fingerprint=fingerprint, wait=wait)
             answer: dict = {"type": "job", "id": claim_id, "job": payload}
         except DomainError as error:
@@ -146,6 +154,12 @@ class HostSocketConsumer(AsyncJsonWebsocketConsumer):
         except DomainError as error:
             answer = {"type": "error", "job": job_id, "seq": seq, "status": error.status, "code": error.code, "message": error.message}
         await self.send_json(answer)
+
+    async def host_token_revoked(self, message: dict) -> None:
+        """The token this socket opened with was rotated or revoked (a ban): close at once
+        (a socket its connect refused is closed already)."""
+        if self.host_id is not None:
+            await self.close(code=message.get("code", 4401))
 
     async def disconnect(self, code: int) -> None:
         """A host that does not reopen its socket within HOST_RECONNECT_GRACE_SECONDS is dead.

@@ -7,7 +7,7 @@ from datetime import UTC, date, timedelta
 from typing import TYPE_CHECKING
 
 from django.conf import settings
-from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models import Count, Max, OuterRef, Q, QuerySet, Subquery, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
@@ -17,7 +17,9 @@ from catalog.models import CatalogModel
 from core.dates import day_bounds
 from hosts.models import Host, Qualification
 from hosts.selectors import warm_host_counts
-from marketplace.models import Job, Request
+from hosts.services import owner_may_resume
+from marketplace.canaries import canary_summary
+from marketplace.models import CanaryCheck, Job, Request
 from marketplace.selectors import host_status, with_running_job
 
 if TYPE_CHECKING:
@@ -92,14 +94,36 @@ def host_of(*, user: User, host_id: int) -> Host | None:
     return Host.objects.filter(owner=user, pk=host_id).first()
 
 
+# Who set a maintenance, as its owner reads it (`Host.maintenance_by`); others are shown as stored.
+MAINTENANCE_BY = {
+    "operator": "the operator",
+    "verification": "verification (an answer to a hidden test did not match the real model)",
+    "automatic": "the reliability rule (too many jobs dropped or failed)",
+}
+
+
+def maintenance_setter(host: Host) -> str:
+    return MAINTENANCE_BY.get(host.maintenance_by, host.maintenance_by or "unknown")
+
+
+def owner_status(host: Host) -> str:
+    """The status an owner reads: banned before anything else (a banned host may still look
+    connected until its heartbeats time out), then `marketplace.selectors.host_status`."""
+    return "banned" if host.banned_at is not None else host_status(host=host)
+
+
 def host_statuses(*, user: User) -> list[dict]:
-    """What the machines page polls: each of the user's hosts and its status right now."""
+    """What the machines page polls: each of the user's hosts and its status right now, with
+    who set its maintenance and whether the owner may lift it."""
     return [
         {
             "id": host.pk,
             "name": host.name,
-            "status": host_status(host=host),
+            "status": owner_status(host),
             "maintenance_reason": host.maintenance_reason or None,
+            "maintenance_by": maintenance_setter(host) if host.maintenance_since else None,
+            "may_resume": owner_may_resume(host),
+            "ban_reason": host.ban_reason if host.banned_at else None,
             "last_heartbeat_at": host.last_heartbeat_at.isoformat() if host.last_heartbeat_at else None,
         }
         for host in hosts_of(user=user)
@@ -114,7 +138,7 @@ def catalog_models() -> QuerySet[CatalogModel]:
     return CatalogModel.objects.filter(active=True).order_by("name")
 
 
-POOL_MAINTENANCE_LISTED = 50
+POOL_MAINTENANCE_LISTED = 50  # also the banned and failed-verification lists
 
 
 @dataclass(frozen=True)
@@ -141,6 +165,12 @@ class PoolOverview:
     requests_completed_last_hour: int
     models: list[ModelWarmth]
     in_maintenance: list[Host]
+    hosts_probation: int
+    hosts_trusted: int
+    hosts_banned: int
+    canaries: dict  # `marketplace.canaries.canary_summary`
+    banned: list[Host]
+    failed_verification: list[dict]
 
 
 def _model_warmth() -> list[ModelWarmth]:
@@ -190,4 +220,28 @@ def pool_overview() -> PoolOverview:
         requests_completed_last_hour=requests["completed"],
         models=_model_warmth(),
         in_maintenance=list(maintenance.select_related("owner").order_by("maintenance_since", "pk")[:POOL_MAINTENANCE_LISTED]),
+        **_trust_counts(),
+        canaries=canary_summary(),
+        banned=list(Host.objects.filter(banned_at__isnull=False).select_related("owner").order_by("-banned_at", "-pk")[:POOL_MAINTENANCE_LISTED]),
+        failed_verification=verification_failures(),
     )
+
+
+def _trust_counts() -> dict[str, int]:
+    """Hosts trusted (`Host.objects.trusted`, the one rule), banned, and in probation (the
+    rest: neither trusted nor banned)."""
+    trusted, banned = Host.objects.trusted().count(), Host.objects.filter(banned_at__isnull=False).count()
+    return {"hosts_probation": Host.objects.count() - trusted - banned, "hosts_trusted": trusted, "hosts_banned": banned}
+
+
+def verification_failures(*, limit: int = POOL_MAINTENANCE_LISTED) -> list[dict]:
+    """Hosts that failed a canary, latest failure first: how many times, when last and why,
+    and whether they are banned or held in maintenance now (what the operator decides on)."""
+    failed = CanaryCheck.objects.filter(verdict=CanaryCheck.Verdict.FAILED)
+    latest = failed.filter(host=OuterRef("host")).order_by("-decided_at", "-pk")
+    rows = (
+        failed.values("host_id", "host__name", "host__owner__username", "host__banned_at", "host__maintenance_since")
+        .annotate(failures=Count("pk"), last_at=Max("decided_at"), last_reason=Subquery(latest.values("reason")[:1]))
+        .order_by("-last_at", "-host_id")[:limit]
+    )
+    return [dict(row) for row in rows]

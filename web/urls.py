@@ -53,5 +53,6 @@ urlpatterns = [
     path("machines/<int:host_id>/", views.machine_detail, name="machine_detail"),
     path("machines/<int:host_id>/payout/", views.machine_payout, name="machine_payout"),
     path("machines/<int:host_id>/resume/", views.machine_resume, name="machine_resume"),
+    path("machines/<int:host_id>/token/", views.machine_token_rotate, name="machine_token_rotate"),
     path("pool/", views.pool, name="pool"),
 ]

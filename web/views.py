@@ -230,11 +230,15 @@ def machines(request: AuthedHttpRequest) -> HttpResponse:
             form.add_error("name", "You already have a machine with this name.")
         else:
             form = HostForm()
+    return _machines_page(request, form=form, new_host=new_host)
+
+
+def _machines_page(request: AuthedHttpRequest, *, form: HostForm, new_host: hosts.NewHost | None, rotated: bool = False) -> HttpResponse:
     return render_secret_once(
         request,
         "web/machines.html",
         {
-            "form": form, "new_host": new_host, "hosts": selectors.host_statuses(user=request.user),
+            "form": form, "new_host": new_host, "rotated": rotated, "hosts": selectors.host_statuses(user=request.user),
             "base_url": base_url(request), "under_redundant": host_selectors.under_redundant_models(),
         },
         secret_shown=new_host is not None,
@@ -266,7 +270,9 @@ def machine_detail(request: AuthedHttpRequest, host_id: int) -> HttpResponse:
         "web/machine_detail.html",
         {
             "host": host,
-            "status": selectors.host_status(host=host),
+            "status": selectors.owner_status(host),
+            "maintenance_by": selectors.maintenance_setter(host),
+            "may_resume": hosts.owner_may_resume(host),
             "qualifications": selectors.qualifications_of(host=host),
             "chart": bar_chart(
                 title="Earnings per day", points=[(row["day"].isoformat(), row["earned_ucents"]) for row in daily], fmt=usd
@@ -297,15 +303,35 @@ def machine_payout(request: AuthedHttpRequest, host_id: int) -> HttpResponse:
 @login_required
 @require_POST
 def machine_resume(request: AuthedHttpRequest, host_id: int) -> HttpResponse:
-    """The owner takes the machine out of maintenance; back to the page the form was on."""
+    """The owner takes the machine out of maintenance, unless an operator or verification
+    set it (or the machine is banned); back to the page the form was on."""
     host = _owned_host(request, host_id)
-    if hosts.host_maintenance_resume(host=host):
-        messages.success(request, f"{host.name} is out of maintenance and takes work again.")
+    try:
+        resumed = hosts.host_maintenance_resume_by_owner(host=host)
+    except (hosts.HostBanned, hosts.MaintenanceHeld) as error:
+        messages.error(request, error.message)
     else:
-        messages.info(request, f"{host.name} was not in maintenance.")
+        if resumed:
+            messages.success(request, f"{host.name} is out of maintenance and takes work again.")
+        else:
+            messages.info(request, f"{host.name} was not in maintenance.")
     if request.POST.get("next") == "machines":
         return redirect("machines")
     return redirect("machine_detail", host_id=host.pk)
+
+
+@login_required
+@require_POST
+def machine_token_rotate(request: AuthedHttpRequest, host_id: int) -> HttpResponse:
+    """A new token for the machine, shown on this response only; the old one stops working
+    at once (its open sockets are closed). Refused for a banned machine."""
+    host = _owned_host(request, host_id)
+    try:
+        rotated = hosts.host_token_rotate(host=host)
+    except hosts.HostBanned as error:
+        messages.error(request, error.message)
+        return redirect("machines")
+    return _machines_page(request, form=HostForm(), new_host=rotated, rotated=True)
 
 
 # --- operators ------------------------------------------------------------------------------

@@ -1,5 +1,10 @@
-// Elephant pages: copy buttons, and the machines table's status poll (status, maintenance reason). No framework.
+// Elephant pages: copy buttons, confirmations, and the machines table's status poll (status, ban, maintenance). No framework.
 "use strict";
+
+document.addEventListener("submit", (event) => {
+  const form = event.target.closest("form[data-confirm]");
+  if (form && !window.confirm(form.dataset.confirm)) event.preventDefault();
+});
 
 document.addEventListener("click", (event) => {
   const button = event.target.closest("[data-copy]");
@@ -23,11 +28,21 @@ function pollHosts(table) {
           const badge = row.querySelector("[data-status]");
           badge.textContent = host.status;
           badge.className = `badge ${host.status}`;
+          const ban = row.querySelector("[data-ban]");
+          if (ban) {
+            ban.hidden = !host.ban_reason;
+            ban.querySelector("[data-ban-reason]").textContent = host.ban_reason || "";
+          }
           const maintenance = row.querySelector("[data-maintenance]");
           if (maintenance) {
-            maintenance.hidden = !host.maintenance_reason;
+            maintenance.hidden = !host.maintenance_reason || Boolean(host.ban_reason);
             maintenance.querySelector("[data-reason]").textContent = host.maintenance_reason || "";
+            maintenance.querySelector("[data-by]").textContent = host.maintenance_by || "";
+            maintenance.querySelector("[data-resume]").hidden = !host.may_resume;
+            maintenance.querySelector("[data-held]").hidden = host.may_resume;
           }
+          const rotate = row.querySelector("[data-rotate]");
+          if (rotate) rotate.hidden = Boolean(host.ban_reason);
           row.querySelector("[data-seen]").textContent = host.last_heartbeat_at ? host.last_heartbeat_at.slice(0, 19) : "never";
         }
       })

@@ -7,3 +7,9 @@ from catalog.money import per_million, usd
 register = template.Library()
 register.filter("usd", usd)
 register.filter("per_million", per_million)
+
+
+@register.filter
+def pct(fraction: float | None) -> str:
+    """A share as a percentage with one decimal (0.925 → 92.5%); a dash when there is none yet."""
+    return "–" if fraction is None else f"{fraction:.1%}"

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from django.utils import timezone
 
 from billing import services as billing
-from marketplace.models import Job, Request
+from marketplace.models import CanaryCheck, CanaryReference, Job, Request
 
 if TYPE_CHECKING:
     from hosts.models import Host
@@ -43,3 +43,19 @@ def finished_request(
     )
     request.refresh_from_db()
     return request
+
+
+def canary_checked(*, host: Host, verdict: str, reason: str = "") -> CanaryCheck:
+    """A canary `host` answered and the gateway judged (`verdict`), paid like any request."""
+    from catalog.models import CatalogModel
+    from conftest import make_customer
+
+    model = CatalogModel.objects.get(name="gemma-3-270m")
+    reference = CanaryReference.objects.create(
+        model=model, kind="completion", prompt="The capital of France is", max_tokens=8, text=" Paris.", tokens=2, exact_chars=7,
+    )
+    request = finished_request(customer=make_customer(), host=host)
+    return CanaryCheck.objects.create(
+        host=host, reference=reference, request=request, verdict=verdict, reason=reason if verdict == "failed" else "",
+        decided_at=timezone.now(),
+    )

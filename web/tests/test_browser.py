@@ -165,9 +165,10 @@ class BrowserTests:
             assert not page.is_visible("tr[data-host] [data-maintenance]")
             off_loop(heartbeat)
             reason_set = "Fan failure reported; please check the cooling"
-            off_loop(lambda: host_maintenance_enter(host=host, reason=reason_set, by="operator"))
+            off_loop(lambda: host_maintenance_enter(host=host, reason=reason_set, by="automatic"))  # the owner's to lift
             page.wait_for_selector("tr[data-host] [data-status]:has-text('maintenance')", timeout=10_000)  # the 3 s poll
             reason = page.inner_text("tr[data-host] [data-maintenance] [data-reason]")
+            setter = page.inner_text("tr[data-host] [data-maintenance] [data-by]")
             assert page.is_visible("tr[data-host] [data-maintenance] button:has-text('Resume')")
             page.screenshot(path=shots / "machines-maintenance.png", full_page=True)
             page.click("tr[data-host] button:has-text('Resume')")
@@ -177,4 +178,5 @@ class BrowserTests:
             hidden = not page.is_visible("tr[data-host] [data-maintenance]")
             browser.close()
         assert reason == reason_set
+        assert setter.startswith("the reliability rule")
         assert "den is out of maintenance" in resumed and badge != "maintenance" and hidden

@@ -47,6 +47,26 @@ class PoolOverviewTests:
         assert (gemma.warm, gemma.qualified_online) == (1, 1)  # the paused and the maintained host do not count
 
 
+class PoolTrustTests:
+    def test_trust_counts_put_a_banned_host_apart_even_if_it_was_trusted(self, catalog, serving_host, outsider) -> None:
+        from hosts.services import host_ban
+
+        Host.objects.filter(pk__in=[serving_host.host.pk, outsider.host.pk]).update(trusted_at=timezone.now())
+        host_ban(host=outsider.host, reason="fraud", by="ops")
+        pool = selectors.pool_overview()
+        assert (pool.hosts_probation, pool.hosts_trusted, pool.hosts_banned) == (0, 1, 1)
+        assert [host.name for host in pool.banned] == ["outsider"]
+
+    def test_failed_verification_lists_each_host_once_with_its_latest_reason(self, catalog, serving_host, outsider) -> None:
+        from web.tests.factories import canary_checked
+
+        canary_checked(host=serving_host.host, verdict="failed", reason="older")
+        canary_checked(host=serving_host.host, verdict="failed", reason="newer")
+        canary_checked(host=outsider.host, verdict="passed")
+        (row,) = selectors.verification_failures()
+        assert (row["host__name"], row["failures"], row["last_reason"]) == ("rig", 2, "newer")
+
+
 class HostEarningsDailyTests:
     def test_it_has_a_row_for_every_day_and_only_this_hosts_jobs(self, catalog, serving_host, outsider) -> None:
         customer = make_customer()

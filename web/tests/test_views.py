@@ -13,7 +13,7 @@ from conftest import make_customer, make_host
 from core.secrets import secret_hash
 from hosts.models import Host
 from web.tests.conftest import signed_in
-from web.tests.factories import finished_request
+from web.tests.factories import canary_checked, finished_request
 
 pytestmark = pytest.mark.django_db
 
@@ -234,7 +234,7 @@ class MachineMaintenanceTests:
 
         host = serving_host.host
         Host.objects.filter(pk=host.pk).update(last_heartbeat_at=timezone.now())
-        host_maintenance_enter(host=host, reason="Your GPU reports ECC errors", by="operator")
+        host_maintenance_enter(host=host, reason="Your GPU reports ECC errors", by="automatic")
         page = host_client.get("/machines/").content.decode()
         assert '<span class="badge maintenance" data-status>maintenance</span>' in page
         assert "Your GPU reports ECC errors" in page
@@ -253,7 +253,7 @@ class MachineMaintenanceTests:
         from hosts.services import host_maintenance_enter
 
         host = serving_host.host
-        host_maintenance_enter(host=host, reason="disk full", by="operator")
+        host_maintenance_enter(host=host, reason="disk full", by="automatic")
         response = host_client.post(f"/machines/{host.pk}/resume/", {"next": "machines"}, follow=True)
         assert response.redirect_chain[-1][0] == "/machines/"
         assert "out of maintenance" in response.content.decode()
@@ -279,6 +279,100 @@ class MachineMaintenanceTests:
         assert Host.objects.get(pk=serving_host.host.pk).maintenance_since is not None
 
 
+class MachineHeldMaintenanceTests:
+    @pytest.mark.parametrize(("by", "shown"), [("operator", "the operator"), ("verification", "verification")])
+    def test_the_page_says_who_set_it_and_offers_no_resume(self, serving_host, host_client, by: str, shown: str) -> None:
+        from hosts.services import host_maintenance_enter
+
+        host = serving_host.host
+        host_maintenance_enter(host=host, reason="Replace the fan", by=by)
+        page = host_client.get("/machines/").content.decode()
+        assert f"Set by <span data-by>{shown}" in page and "Replace the fan" in page
+        assert f'action="/machines/{host.pk}/resume/" class="inline" data-resume hidden' in page
+        (row,) = host_client.get("/machines/status.json").json()["hosts"]
+        assert (row["may_resume"], row["maintenance_by"].startswith(shown)) == (False, True)
+        detail = host_client.get(f"/machines/{host.pk}/").content.decode()
+        assert "Only an operator can lift this maintenance" in detail and ">Resume</button>" not in detail
+
+    @pytest.mark.parametrize("by", ["operator", "verification"])
+    def test_a_resume_post_is_refused_and_changes_nothing(self, serving_host, host_client, by: str) -> None:
+        from hosts.services import host_maintenance_enter
+
+        host_maintenance_enter(host=serving_host.host, reason="Replace the fan", by=by)
+        response = host_client.post(f"/machines/{serving_host.host.pk}/resume/", follow=True)
+        assert "Only an operator can lift this maintenance" in response.content.decode()
+        assert Host.objects.get(pk=serving_host.host.pk).maintenance_by == by
+
+    def test_the_reliability_rule_is_the_owners_to_lift(self, serving_host, host_client) -> None:
+        from hosts.services import host_maintenance_enter
+
+        host_maintenance_enter(host=serving_host.host, reason="12 jobs failed", by="automatic")
+        page = host_client.get("/machines/").content.decode()
+        assert "Set by <span data-by>the reliability rule" in page and "data-resume>" in page
+
+
+class MachineBanTests:
+    def test_the_owner_sees_the_reason_and_no_resume_or_rotate(self, serving_host, host_client) -> None:
+        from hosts.services import host_ban, host_maintenance_enter
+
+        host = serving_host.host
+        host_maintenance_enter(host=host, reason="12 jobs failed", by="automatic")
+        host_ban(host=host, reason="Canary answers did not match the model", by="ops")
+        page = host_client.get("/machines/").content.decode()
+        assert '<span class="badge banned" data-status>banned</span>' in page
+        assert "Banned by the operator: <span data-ban-reason>Canary answers did not match the model</span>" in page
+        assert f'action="/machines/{host.pk}/token/" class="inline" data-rotate hidden' in page
+        assert "data-maintenance hidden" in page  # the ban is what the owner reads
+        (row,) = host_client.get("/machines/status.json").json()["hosts"]
+        assert (row["status"], row["ban_reason"], row["may_resume"]) == ("banned", "Canary answers did not match the model", False)
+        detail = host_client.get(f"/machines/{host.pk}/").content.decode()
+        assert "Banned by the operator: <strong data-ban-reason>Canary answers did not match the model</strong>" in detail
+        assert ">Resume</button>" not in detail and ">New token</button>" not in detail
+
+    def test_the_owner_cannot_lift_it_by_posting(self, serving_host, host_client) -> None:
+        from hosts.services import host_ban, host_maintenance_enter
+
+        host = serving_host.host
+        host_maintenance_enter(host=host, reason="12 jobs failed", by="automatic")
+        host_ban(host=host, reason="fraud", by="ops")
+        resumed = host_client.post(f"/machines/{host.pk}/resume/", follow=True).content.decode()
+        rotated = host_client.post(f"/machines/{host.pk}/token/", follow=True).content.decode()
+        assert "banned by the operator: fraud" in resumed and "banned by the operator: fraud" in rotated
+        row = Host.objects.get(pk=host.pk)
+        assert row.banned_at is not None and row.maintenance_since is not None
+        assert Host.objects.filter(token_hash=row.token_hash).count() == 1 and "has a new token" not in rotated
+
+
+class MachineTokenRotationTests:
+    def test_a_new_token_is_shown_once_and_the_old_one_stops_working(self, serving_host, host_client) -> None:
+        import json
+
+        def heartbeat(token: str) -> int:
+            return Client().post("/hosts/api/heartbeat", data=json.dumps({"fingerprint": serving_host.fingerprint}),
+                                 content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}").status_code
+
+        assert heartbeat(serving_host.token) == 200
+        response = host_client.post(f"/machines/{serving_host.host.pk}/token/")
+        page = response.content.decode()
+        assert response.status_code == 200 and response["Cache-Control"] == "no-store"
+        assert f"“{serving_host.host.name}” has a new token" in page
+        token = re.search(r"--token (host-[\w-]+)", page).group(1)
+        assert (heartbeat(serving_host.token), heartbeat(token)) == (401, 200)
+        again = host_client.get("/machines/").content.decode()
+        assert token not in again and token[:12] not in page.split("has a new token")[0]
+
+    def test_it_needs_a_post_with_the_csrf_token(self, serving_host) -> None:
+        client = Client(enforce_csrf_checks=True)
+        client.force_login(serving_host.host.owner)
+        assert client.get(f"/machines/{serving_host.host.pk}/token/").status_code == 405
+        assert client.post(f"/machines/{serving_host.host.pk}/token/").status_code == 403
+        assert Host.objects.get(pk=serving_host.host.pk).token_hash == secret_hash(serving_host.token)
+
+    def test_an_outsider_gets_404(self, serving_host, outsider_client) -> None:
+        assert outsider_client.post(f"/machines/{serving_host.host.pk}/token/").status_code == 404
+        assert Host.objects.get(pk=serving_host.host.pk).token_hash == secret_hash(serving_host.token)
+
+
 class PoolPageTests:
     def test_staff_see_the_pool(self, customer, serving_host, staff_client) -> None:
         from hosts.services import host_maintenance_enter
@@ -289,6 +383,23 @@ class PoolPageTests:
         assert "Pool overview" in page and "Failed attempts, last hour" in page
         assert "Jobs streaming" in page and "Warm hosts" in page and "gemma-3-270m" in page
         assert "Hosts in maintenance" in page and "thermal throttling" in page
+
+    def test_it_shows_trust_counts_canary_pass_rate_bans_and_failed_verification(self, catalog, staff_client) -> None:
+        from hosts.services import host_ban
+
+        trusted, probation, banned, cheat = (make_host(name=name).host for name in ("trusted", "probation", "banned", "cheat"))
+        Host.objects.filter(pk=trusted.pk).update(trusted_at=timezone.now())
+        host_ban(host=banned, reason="Sold stolen GPU time", by="ops")
+        for host, verdict in [(trusted, "passed"), (trusted, "passed"), (trusted, "passed"), (cheat, "failed")]:
+            canary_checked(host=host, verdict=verdict, reason="the answer differs from the real model's at character 3")
+        page = staff_client.get("/pool/").content.decode()
+        assert "<span class=\"value\">1 trusted</span>" in page
+        assert "<span data-probation>2</span> in probation · <span data-banned>1</span> banned" in page  # probation, cheat
+        assert '<span class="value">75.0%</span>' in page and "3 passed · 1 failed" in page
+        failed = page.split('id="pool-failed-verification"')[1].split("</table>")[0]
+        assert "cheat" in failed and "at character 3" in failed and "trusted<" not in failed
+        bans = page.split('id="pool-banned"')[1].split("</table>")[0]
+        assert "Sold stolen GPU time" in bans and "<td>ops</td>" in bans
 
     def test_it_is_forbidden_to_customers(self, customer_client) -> None:
         assert customer_client.get("/pool/").status_code == 403
