@@ -62,7 +62,7 @@ def farm(models: list, hosts: int, *, warm_for=None, slots: int = 4) -> list:  #
 
     made = []
     for i in range(hosts):
-        serving = make_host(qualified=False, name=f"bench-{uuid.uuid4().hex[:6]}")
+        serving = make_host(qualified=False, name=f"bench-{uuid.uuid4().hex[:6]}", trusted=True)
         for model in models:
             qualification_register(host=serving.host, model_name=model.name, fingerprint=serving.fingerprint,
                                    benchmark={"prompt_tps": 1, "gen_tps": 40, "ttft_ms": 1, "memory_mb": 1}, machine={})

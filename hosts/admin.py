@@ -144,6 +144,10 @@ class HostAdmin(admin.ModelAdmin):
         resumed = sum(services.host_maintenance_resume(host=host) for host in queryset)
         self.message_user(request, f"{resumed} host(s) resumed from maintenance.", messages.SUCCESS)
 
+    def host_ban(self, *, host: Host, reason: str, by: str) -> bool:
+        """The ban itself (the marketplace's admin adds what follows from it: jobs, earnings)."""
+        return services.host_ban(host=host, reason=reason, by=by)
+
     @admin.action(description="Ban…", permissions=["change"])
     def ban(self, request: HttpRequest, queryset: QuerySet[Host]) -> TemplateResponse | None:
         """First call: the reason form. Its POST comes back here with `apply`: each host is
@@ -152,7 +156,7 @@ class HostAdmin(admin.ModelAdmin):
         if not (form.is_bound and form.is_valid()):
             return self._reason_page(request, queryset, template="ban", title="Ban hosts", form=form)
         reason, by = form.cleaned_data["reason"], request.user.get_username()
-        banned = [host for host in queryset if services.host_ban(host=host, reason=reason, by=by)]
+        banned = [host for host in queryset if self.host_ban(host=host, reason=reason, by=by)]
         for host in banned:
             self.log_change(request, host, f"Banned: {reason}")
         self.message_user(request, f"{len(banned)} host(s) banned; their tokens no longer work.", messages.SUCCESS)

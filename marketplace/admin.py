@@ -13,7 +13,7 @@ from catalog.money import usd
 from hosts import selectors as hosts
 from hosts.admin import HostAdmin
 from hosts.models import Host
-from marketplace import selectors
+from marketplace import selectors, services
 from marketplace.canaries import canary_summary
 from marketplace.models import CanaryCheck, CanaryReference, Job, Request, TextChunk
 
@@ -28,6 +28,9 @@ class HostWithStatusAdmin(HostAdmin):
     @admin.display(description="status")
     def status(self, host: Host) -> str:
         return selectors.host_status(host=host)
+
+    def host_ban(self, *, host: Host, reason: str, by: str) -> bool:
+        return services.host_ban_with_consequences(host=host, reason=reason, by=by)
 
 
 @admin.register(CatalogModel)

@@ -119,6 +119,7 @@ async def admit_generation(*, secret: str, body: dict, kind: str) -> Admitted:
     except BaseException:
         await listener.close()
         raise
+    listener.stops = row.params.get("stop") or []
     return Admitted(row=row, listener=listener, include_usage=serializer.include_usage())
 
 
@@ -183,6 +184,7 @@ class StreamResumeApi(View):
         except DomainError as error:
             return error.response()
         listener = await RequestListener(public_id, resume_at=int(raw)).open()
+        listener.stops = row.params.get("stop") or []
         admitted = Admitted(row=row, listener=listener, include_usage=request.GET.get("include_usage") == "true")
         return sse_response(admitted.chunks(first=False))
 

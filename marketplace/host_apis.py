@@ -244,7 +244,9 @@ class HostEarningsApi(HostApi):
 
     def get(self, request: DrfRequest) -> Response:
         statement = selectors.host_statement(host=self.host(request))
-        return Response({"balance_ucents": statement.payouts.balance_ucents, "lines": [earning_line(job) for job in statement.jobs]})
+        money = statement.payouts
+        return Response({"balance_ucents": money.balance_ucents, "payable_ucents": money.available_ucents,
+                         "unvested_ucents": money.unvested_ucents, "lines": [earning_line(job) for job in statement.jobs]})
 
 
 def earning_line(job: dict) -> dict:
@@ -269,6 +271,9 @@ class HostStatementApi(HostApi):
                 "object": "host_statement",
                 "balance_ucents": statement.payouts.balance_ucents,
                 "available_ucents": statement.payouts.available_ucents,
+                "unvested_ucents": statement.payouts.unvested_ucents,
+                "forfeited_ucents": statement.payouts.forfeited_ucents,
+                "vest_seconds": settings.EARNINGS_VEST_SECONDS,
                 "pending_payout_ucents": statement.payouts.pending_payout_ucents,
                 "paid_out_ucents": statement.payouts.paid_out_ucents,
                 "payout_minimum_ucents": settings.PAYOUT_MINIMUM_UCENTS,

@@ -26,7 +26,7 @@ from core.errors import DomainError
 from core.events import announce_on_commit, host_group, queue_group, request_group
 from hosts.models import Host
 from hosts.selectors import qualified_model_ids, warm_model_ids
-from hosts.services import host_maintenance_enter
+from hosts.services import host_ban, host_maintenance_enter
 from marketplace import reputation, routing
 from marketplace.models import Job, Request, TextChunk
 from protocol.jobs import JobPayload, job_payload_build
@@ -521,7 +521,8 @@ def job_complete(*, host: Host, job_id: int, finish_reason: str, embeddings: lis
     else:
         if embeddings is not None:
             raise BadResult(f"Job {job_id} is a {request.kind} job; it completes with text, not embeddings.")
-        text = request.delivered_text
+        delivered = request.delivered_text
+        text, stopped = answer_of(request, delivered)
         counted = _count_output(request, text)
         max_tokens = int(request.params["max_tokens"])
         if counted > max_tokens + _count_slack(max_tokens):
@@ -529,8 +530,9 @@ def job_complete(*, host: Host, job_id: int, finish_reason: str, embeddings: lis
                 f"Job {job_id} delivered {counted} tokens; max_tokens is {max_tokens}. Nothing is settled for this attempt."
             )
         result, completion_tokens = None, min(counted, max_tokens)
-        finish_reason = finish_reason_checked(claimed=finish_reason, completion_tokens=completion_tokens, max_tokens=max_tokens)
-        share = _rescuer_share(request=request, job=job, text=text, completion_tokens=completion_tokens)
+        finish_reason = "stop" if stopped else finish_reason_checked(
+            claimed=finish_reason, completion_tokens=completion_tokens, max_tokens=max_tokens)
+        share = _rescuer_share(request=request, job=job, text=delivered, completion_tokens=completion_tokens)
     cost = min(price(model, prompt_tokens=request.prompt_tokens, completion_tokens=completion_tokens), request.hold.amount_ucents)
     earned = share if share is not None else billing.split_cost(cost).host_ucents
     now = timezone.now()
@@ -538,7 +540,7 @@ def job_complete(*, host: Host, job_id: int, finish_reason: str, embeddings: lis
         status=Job.Status.COMPLETED, finished_at=now, completion_tokens=completion_tokens, earned_ucents=earned
     )
     if request.kind != Request.Kind.EMBEDDINGS:  # only the host's own part of the answer says how fast it is
-        own = completion_tokens if job.attempt == 1 else _count_output(request, text[len(text) - job.generated_chars:])
+        own = completion_tokens if job.attempt == 1 else _count_output(request, delivered[len(delivered) - job.generated_chars:])
         reputation.speed_measured(job=job, completion_tokens=own, now=now)
     _request_settled(
         request=request, completion_tokens=completion_tokens, cost_ucents=cost, finish_reason=finish_reason, result=result
@@ -555,6 +557,20 @@ def job_complete(*, host: Host, job_id: int, finish_reason: str, embeddings: lis
     request.finish_reason, request.messages, request.prompt, request.inputs = finish_reason, None, None, None
     request.result = result
     return Completion(request=request, earned_ucents=split.host_ucents)
+
+
+def stop_at(text: str, stops: list[str] | None) -> int | None:
+    """Where the first of the customer's stop sequences starts in `text`, or None: the
+    gateway enforces them (the answer ends there) whatever the host did."""
+    found = [at for at in (text.find(stop) for stop in stops or [] if stop) if at >= 0]
+    return min(found) if found else None
+
+
+def answer_of(request: Request, text: str) -> tuple[str, bool]:
+    """The answer as the customer gets it: the delivered text up to the first stop
+    sequence, and whether one was found."""
+    cut = stop_at(text, request.params.get("stop"))
+    return (text, False) if cut is None else (text[:cut], True)
 
 
 def _count_slack(max_tokens: int) -> int:
@@ -692,9 +708,10 @@ def attempt_end_dead(*, job_id: int, reason: str) -> str:
             message="The host serving this request failed, and so did the host that took over; nothing was billed.",
         )
         return "failed"
-    delivered_tokens = 0 if request.kind == Request.Kind.EMBEDDINGS else _completion_tokens(request, request.delivered_text)
-    if request.kind != Request.Kind.EMBEDDINGS and delivered_tokens >= int(request.params["max_tokens"]):
-        _settle_without_host(request=request, completion_tokens=delivered_tokens)
+    answer, stopped = ("", False) if request.kind == Request.Kind.EMBEDDINGS else answer_of(request, request.delivered_text)
+    delivered_tokens = _completion_tokens(request, answer) if answer else 0
+    if request.kind != Request.Kind.EMBEDDINGS and (stopped or delivered_tokens >= int(request.params["max_tokens"])):
+        _settle_without_host(request=request, completion_tokens=delivered_tokens, finish_reason="stop" if stopped else "length")
         return "settled"
     Request.objects.filter(pk=request.pk).update(resumed=True)
     job_queue(request=request, model=request.model, attempt=job.attempt + 1, avoid_host_id=job.host_id, trusted_only=job.trusted_only)
@@ -718,13 +735,13 @@ def host_rest_if_unreliable(*, host_id: int | None) -> bool:
     return host_maintenance_enter(host=Host.objects.get(pk=host_id), reason=reason, by="automatic")
 
 
-def _settle_without_host(*, request: Request, completion_tokens: int) -> None:
-    """Every allowed token was delivered before the host died: the answer is
-    whole, the customer pays for it, and no host is paid (none finished)."""
+def _settle_without_host(*, request: Request, completion_tokens: int, finish_reason: str = "length") -> None:
+    """Every allowed token (or a stop sequence) was delivered before the host died: the
+    answer is whole, the customer pays for it, and no host is paid (none finished)."""
     model = request.model
     cost = min(price(model, prompt_tokens=request.prompt_tokens, completion_tokens=completion_tokens), request.hold.amount_ucents)
     billing.hold_settle(hold=request.hold, cost_ucents=cost, host=None, reference=request.public_id)
-    _request_settled(request=request, completion_tokens=completion_tokens, cost_ucents=cost, finish_reason="length")
+    _request_settled(request=request, completion_tokens=completion_tokens, cost_ucents=cost, finish_reason=finish_reason)
 
 
 @transaction.atomic
@@ -764,6 +781,20 @@ def host_connection_lost(*, host_id: int, opened_at: datetime | None = None) -> 
         return 0
     running = list(Job.objects.filter(host_id=host_id, status=Job.Status.RUNNING).values_list("pk", flat=True))
     return sum(1 for job_id in running if attempt_end_dead(job_id=job_id, reason="the host's connection dropped"))
+
+
+@transaction.atomic
+def host_ban_with_consequences(*, host: Host, reason: str, by: str) -> bool:
+    """An operator's ban (`hosts.services.host_ban`: refused everywhere, token revoked), and
+    what follows from it here: its running jobs are ended now and continued elsewhere, and
+    its earnings that have not vested are forfeited to the platform with the reason."""
+    if not host_ban(host=host, reason=reason, by=by):
+        return False
+    running = list(Job.objects.filter(host_id=host.pk, status=Job.Status.RUNNING).values_list("pk", flat=True))
+    for job_id in running:
+        attempt_end_dead(job_id=job_id, reason="its host was banned")
+    billing.earnings_forfeit(host=host, reason=f"Banned by {by}: {reason}")
+    return True
 
 
 def request_watch(*, request_id: int) -> None:

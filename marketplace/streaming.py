@@ -35,9 +35,14 @@ class Ended:
 
 class RequestListener:
     def __init__(self, public_id: str, *, resume_at: int | None = None) -> None:
-        """`resume_at`: a customer re-attaching from that character (it has the rest)."""
+        """`resume_at`: a customer re-attaching from that character (it has the rest).
+
+        `stops` (set once the request is admitted): the customer's stop sequences, which the
+        gateway enforces whatever the host does — text is held back while it could still
+        become a stop sequence, and nothing from the first one on is relayed."""
         self.public_id = public_id
-        self.sent = resume_at or 0
+        self.received = self.sent = resume_at or 0  # characters read from the request; relayed to the customer
+        self.stops: list[str] = []
         self._resumed = resume_at is not None
         self._layer = get_channel_layer()
         self._channel = ""
@@ -59,15 +64,38 @@ class RequestListener:
 
 
     def _unsent(self, offset: int, text: str) -> str:
-        """The part of `text` (which starts at `offset`) not yet sent, if contiguous."""
-        if offset > self.sent:
+        """The part of `text` (which starts at `offset`) not yet read, if contiguous."""
+        if offset > self.received:
             return ""
-        return text[self.sent - offset :]
+        return text[self.received - offset :]
 
     async def _catch_up(self) -> tuple[Request, str]:
-        return await db(selectors.request_catch_up, public_id=self.public_id, sent=self.sent)
+        return await db(selectors.request_catch_up, public_id=self.public_id, sent=self.received)
 
     async def events(self) -> AsyncIterator[Text | Ended]:
+        """Text as it arrives, cut at the first stop sequence, then one Ended."""
+        held, stopped = "", False
+        keep = max((len(stop) for stop in self.stops), default=1) - 1
+        async for event in self._arrivals():
+            if isinstance(event, Ended):
+                if held and not stopped:
+                    self.sent += len(held)
+                    yield Text(held)
+                yield event
+                return
+            if stopped:
+                continue  # the host went on past a stop sequence: nothing of it is relayed
+            held += event.text
+            cut = services.stop_at(held, self.stops)
+            if cut is not None:
+                out, held, stopped = held[:cut], "", True
+            else:
+                out, held = (held[: len(held) - keep], held[len(held) - keep:]) if keep else (held, "")
+            if out:
+                self.sent += len(out)
+                yield Text(out)
+
+    async def _arrivals(self) -> AsyncIterator[Text | Ended]:
         """Text as it arrives, then one Ended carrying the final request row.
 
         A quiet second (no message) triggers a re-read and this request's own
@@ -82,17 +110,17 @@ class RequestListener:
             else:
                 message = await self._inbox.next(POLL_SECONDS)
             kind = message["type"] if message else None
-            if kind == "job.tokens" and message["offset"] <= self.sent:
+            if kind == "job.tokens" and message["offset"] <= self.received:
                 fresh = self._unsent(message["offset"], message["text"])
                 if fresh:
-                    self.sent += len(fresh)
+                    self.received += len(fresh)
                     yield Text(fresh)
                 continue
             if kind in ("job.claimed", "job.resumed"):
                 continue
             request, missing = await self._catch_up()
             if missing:
-                self.sent += len(missing)
+                self.received += len(missing)
                 yield Text(missing)
             if request.status in (Request.Status.COMPLETED, Request.Status.FAILED):
                 yield Ended(request)

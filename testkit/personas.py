@@ -32,7 +32,11 @@ def make_customer(*, credit_ucents: int = 500_000_000, cap_ucents: int | None = 
     return Customer(user=user, key=new.key, secret=new.secret)
 
 
-def make_host(*, qualified: bool = True, name: str | None = None, fingerprint: str = "f" * 64) -> ServingHost:
+def make_host(*, qualified: bool = True, name: str | None = None, fingerprint: str = "f" * 64, trusted: bool = False) -> ServingHost:
+    """A host in probation, like every new stranger's (`trusted`: out of it already)."""
+    from django.utils import timezone
+
+    from hosts.models import Host
     from hosts.services import host_create, qualification_register
 
     new = host_create(email=f"h-{uuid.uuid4().hex[:8]}@example.com", name=name or "rig")
@@ -44,4 +48,7 @@ def make_host(*, qualified: bool = True, name: str | None = None, fingerprint: s
             benchmark={"prompt_tps": 500.0, "gen_tps": 40.0, "ttft_ms": 50.0, "memory_mb": 400.0, "threads": 2},
             machine={},
         )
+    if trusted:
+        Host.objects.filter(pk=new.host.pk).update(trusted_at=timezone.now())
+        new.host.refresh_from_db()
     return ServingHost(host=new.host, token=new.token, fingerprint=fingerprint)

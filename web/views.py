@@ -10,6 +10,7 @@ from datetime import date
 from functools import wraps
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
@@ -28,6 +29,7 @@ from core.http import AuthedHttpRequest
 from hosts import selectors as host_selectors
 from hosts import services as hosts
 from hosts.models import Host
+from marketplace import reputation
 from marketplace import selectors as marketplace_selectors
 from marketplace.usage_apis import usage_csv_response
 from web import selectors
@@ -278,6 +280,8 @@ def machine_detail(request: AuthedHttpRequest, host_id: int) -> HttpResponse:
                 title="Earnings per day", points=[(row["day"].isoformat(), row["earned_ucents"]) for row in daily], fmt=usd
             ),
             "statement": marketplace_selectors.host_statement(host=host),
+            "reputation": reputation.reputation_of(host),
+            "vest_days": settings.EARNINGS_VEST_SECONDS / 86400,
             "payout_form": PayoutForm(),
         },
     )

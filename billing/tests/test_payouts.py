@@ -17,6 +17,13 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture(autouse=True)
+def _vested_at_once(settings) -> None:
+    """These tests pay out earnings; vesting (payable only after a holding period) has its own
+    tests in marketplace/tests/test_reputation.py."""
+    settings.EARNINGS_VEST_SECONDS = 0
+
+
 def host_earning(ucents_cost: int, *, account_id: str = "acct_1Host") -> ServingHost:
     """A host with a payout account that earned 80% of `ucents_cost`."""
     serving = make_host()

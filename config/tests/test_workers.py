@@ -105,7 +105,7 @@ class TwoGatewaysTests:
     def test_streams_survive_a_gateway_killed_mid_stream(self, balanced, catalog, tmp_path) -> None:
         url, gateways, env = balanced
         customers = [make_customer() for _ in range(STREAMS)]
-        serving = make_host(qualified=False, name="pool")
+        serving = make_host(qualified=False, name="pool", trusted=True)
         sim = subprocess.Popen(
             [sys.executable, "-m", "testkit.simhost", "--server", url, "--token", serving.token, "--model", "gemma-3-270m",
              "--loaded", "gemma-3-270m", "--slots", str(STREAMS), "--stream-batches", str(BATCHES), "--interval", "0.05",

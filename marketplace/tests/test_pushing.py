@@ -18,9 +18,18 @@ from marketplace.tests.test_services import claimed, submit
 BATCH = " five words in a batch"
 
 
+def roomy(serving, slots: int = 16):
+    """A trusted host with room for many jobs at once (a new host runs one per slot, at most
+    HOST_PROBATION_MAX_JOBS)."""
+    Host.objects.filter(pk=serving.host.pk).update(slots=slots, trusted_at=timezone.now())
+    serving.host.refresh_from_db()
+    return serving
+
+
 @pytest.mark.django_db
 class PushManyTests:
     def test_each_batch_of_a_trip_gets_its_own_answer(self, customer, serving_host, outsider, catalog) -> None:
+        roomy(serving_host)
         first, job_a = claimed(customer, serving_host, catalog)
         second, job_b = claimed(customer, serving_host, catalog)
         host = serving_host.host
@@ -50,7 +59,7 @@ class PushManyTests:
         assert (after.next_seq, after.last_token_at, after.first_token_at) == (3, moved.last_token_at, moved.first_token_at)
 
     def test_a_trip_of_many_jobs_is_one_statement_on_postgresql_and_one_transaction_on_sqlite(self, customer, catalog) -> None:
-        serving = make_host(name="many")
+        serving = roomy(make_host(name="many"))
         jobs = [claimed(customer, serving, catalog)[1] for _ in range(10)]
         with CaptureQueriesContext(connection) as queries:
             results = services.job_push_many([services.Push(host=serving.host, job_id=job.pk, seq=0, text=BATCH) for job in jobs])
@@ -63,7 +72,7 @@ class PushManyTests:
 @pytest.mark.django_db(transaction=True)
 class PushWriterTests:
     def test_batches_pushed_at_once_share_a_trip_and_keep_their_answers(self, customer, catalog, monkeypatch) -> None:
-        serving = make_host(name="writer")
+        serving = roomy(make_host(name="writer"))
         jobs = [claimed(customer, serving, catalog)[1] for _ in range(12)]
         trips: list[int] = []
         many = services.job_push_many
@@ -91,7 +100,8 @@ class OfferWakeUpTests:
     def test_an_offer_to_a_host_wakes_one_of_its_waiting_claims(self, customer, catalog, settings, monkeypatch) -> None:
         settings.ROUTING_OFFER_SECONDS = 30  # no rechecks while the test counts
         serving = make_host(name="slots")
-        Host.objects.filter(pk=serving.host.pk).update(last_heartbeat_at=timezone.now(), slots=5)  # online: routing offers to it
+        Host.objects.filter(pk=serving.host.pk).update(last_heartbeat_at=timezone.now(), slots=5, trusted_at=timezone.now())  # online
+        serving.host.refresh_from_db()
         looks: list[int] = []
         payload = services.job_claim_payload
 

@@ -14,7 +14,7 @@ from billing import services as billing
 from billing.errors import PayoutRefused
 from billing.models import LedgerTransaction, PayoutProfile
 from catalog.models import CatalogModel
-from conftest import make_customer, make_host
+from conftest import make_customer
 from core.errors import ApiError
 from hosts.models import Host
 from marketplace import admission, canaries, host_apis, reputation, routing, services
@@ -255,3 +255,61 @@ class EmbeddingWidthTests:
         with pytest.raises(services.BadResult, match="model's width is 384"):
             services.embeddings_checked(request=request, vectors=[[0.5] * 383])
         assert len(services.embeddings_checked(request=request, vectors=[[0.5] * 384])[0]) == 384
+
+
+class StopSequenceTests:
+    def test_the_gateway_ends_the_answer_at_a_stop_sequence_the_host_ignored(self, customer, serving_host, catalog) -> None:
+        request = services.request_submit(
+            public_id=services.new_public_id("chat"), api_key=customer.key, model=catalog, kind="chat", messages=CHAT,
+            prompt=None, params={"max_tokens": 40, "temperature": 0.0, "top_p": 1.0, "stop": ["END"], "seed": None},
+            stream=True, prompt_tokens=5,
+        )
+        job = claim(serving_host)
+        services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text=" one two E")
+        services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=1, text="ND three four five")
+        done = services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="length")
+        assert done.request.finish_reason == "stop"
+        assert done.request.completion_tokens == services._count_output(request, " one two ")
+
+    def test_a_stream_never_relays_a_stop_sequence_split_across_batches(self) -> None:
+        from marketplace.streaming import Ended, RequestListener, Text
+
+        listener = RequestListener("chatcmpl-x")
+        listener.stops = ["STOP", "\n\n"]
+        batches = ["Hello S", "T", "OP and more", " after"]
+
+        async def arrivals():
+            for text in batches:
+                yield Text(text)
+            yield Ended(Request(public_id="chatcmpl-x"))
+
+        listener._arrivals = arrivals
+
+        async def relayed() -> list:
+            return [event.text if isinstance(event, Text) else "<end>" async for event in listener.events()]
+
+        out = asyncio.run(relayed())
+        assert "".join(out[:-1]) == "Hello " and out[-1] == "<end>"
+        assert listener.sent == len("Hello ")
+        listener.stops, batches[:] = [], ["a", "b"]
+        listener.sent = 0
+        assert asyncio.run(relayed()) == ["a", "b", "<end>"], "without stop sequences nothing is held back"
+
+
+class BanTests:
+    def test_a_ban_ends_running_jobs_and_forfeits_unvested_earnings(self, customer, serving_host, catalog) -> None:
+        host = online(serving_host, slots=2)
+        submit(customer, catalog)
+        done = claim(serving_host)
+        services.job_push_tokens(host=host, job_id=done.pk, seq=0, text=" earned")
+        earned = services.job_complete(host=host, job_id=done.pk, finish_reason="stop").earned_ucents
+        request = submit(customer, catalog)
+        running = claim(serving_host)
+        assert services.host_ban_with_consequences(host=host, reason="junk answers", by="op")
+        running.refresh_from_db()
+        assert running.status == Job.Status.FAILED and running.fail_reason == "its host was banned"
+        assert request.jobs.filter(status=Job.Status.QUEUED).exists(), "the request waits for another host"
+        forfeit = LedgerTransaction.objects.get(kind=LedgerTransaction.Kind.FORFEIT)
+        assert forfeit.memo == "Banned by op: junk answers"
+        assert ledger.host_payouts(host=host).forfeited_ucents == earned
+        assert not services.host_ban_with_consequences(host=host, reason="again", by="op"), "banned once"

@@ -130,6 +130,7 @@ class TestOffers:
         big, small = make_host(name="big"), make_host(name="small")
         for serving in (big, small):
             beat(serving, loaded=["gemma-3-270m"], slots=64)
+        Host.objects.filter(pk__in=[big.host.pk, small.host.pk]).update(trusted_at=timezone.now())  # all 64 slots usable
         Host.objects.filter(pk=big.host.pk).update(routing_weight=3.0)  # operators override the measured 40 tok/s
         Host.objects.filter(pk=small.host.pk).update(routing_weight=1.0)
         customer = make_customer(credit_ucents=10**11)
@@ -184,6 +185,7 @@ class TestEmbeddings:
     def test_a_host_completes_with_vectors_and_the_input_tokens_are_billed(self, minilm) -> None:
         customer = make_customer()
         serving = self.embed_host(minilm)
+        CatalogModel.objects.filter(pk=minilm.pk).update(embedding_dimensions=2)  # short vectors, for the test
         request = market.request_submit(
             public_id=market.new_public_id("embeddings"), api_key=customer.key, model=minilm, kind="embeddings",
             messages=None, prompt=None, params={"max_tokens": 0}, stream=False, prompt_tokens=7, inputs=["a", "b"],

@@ -221,6 +221,9 @@ class HostPagesTests:
         settings.PAYOUT_MINIMUM_UCENTS = 1_000_000
         PayoutProfile.objects.create(host=serving_host.host, stripe_account_id="acct_test")
         finished_request(customer=customer, host=serving_host.host, cost_ucents=10_000_000)  # host earns 8 cents
+        page = host_client.get(f"/machines/{serving_host.host.pk}/").content.decode()
+        assert "Not yet payable" in page and "$0.08" in page, "earnings vest before they are payable"
+        settings.EARNINGS_VEST_SECONDS = 0
         response = host_client.post(f"/machines/{serving_host.host.pk}/payout/", {"amount_usd": "0.05"}, follow=True)
         (payout,) = Payout.objects.filter(host=serving_host.host)
         assert payout.amount_ucents == 5_000_000 and payout.status == Payout.Status.REQUESTED

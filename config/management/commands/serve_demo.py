@@ -22,6 +22,7 @@ import httpx
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
 
 from accounts.services import api_key_create
 from billing.services import credit_grant
@@ -85,12 +86,17 @@ class Command(BaseCommand):
         return api_key_create(user=user, name=f"demo {time.strftime('%Y-%m-%d %H:%M')}").secret
 
     def _demo_host_token(self, name: str) -> str:
-        """The host's token is only stored hashed, so each start issues a fresh one."""
+        """The host's token is only stored hashed, so each start issues a fresh one. The
+        bundled host is the operator's own machine: trusted from the start (strangers' hosts
+        begin in probation)."""
         host = Host.objects.filter(owner__username=DEMO_HOST_OWNER, name=name).first()
         if host is None:
-            return host_create(email=DEMO_HOST_OWNER, name=name).token
-        token = secret_new("host")
-        Host.objects.filter(pk=host.pk).update(token_hash=secret_hash(token), token_prefix=secret_prefix(token))
+            new = host_create(email=DEMO_HOST_OWNER, name=name)
+            host, token = new.host, new.token
+        else:
+            token = secret_new("host")
+            Host.objects.filter(pk=host.pk).update(token_hash=secret_hash(token), token_prefix=secret_prefix(token))
+        Host.objects.filter(pk=host.pk, trusted_at__isnull=True, banned_at__isnull=True).update(trusted_at=timezone.now())
         return token
 
     def _gateways(self, python: str, port: int, workers: int, var: Path) -> list[tuple[str, subprocess.Popen]]:
