@@ -8,12 +8,14 @@
    feed-forward (`engine.moe.moe_ffn`: routing, the experts, the weighted sum) is timed for
    T = 1, 16, 64 rows, computed:
    - locally (the baseline, 1 torch thread; also 2 threads for reference),
-   - remotely: every expert on two real worker processes (8 experts each, 1 thread each),
+   - remotely: every expert on two real worker processes (8 experts each, 1 thread each;
+     each link admitted by the handshake with the worker's secret),
    - split: 8 experts here, 8 on one worker, in parallel.
 2. **Throughput under saturation** through the real control plane: a daphne gateway on a
-   temporary SQLite database, the expert market with `boost` 1, a coordinator (`MoeRunner`
-   + `CoordinatorAgent`, default probe and report intervals) with 4 requests in flight,
-   and 0, 1, 2 or 4 `python -m mahout moe volunteer` processes. Per round: the time from
+   temporary SQLite database (loopback workers allowed: MOE_ALLOW_PRIVATE_WORKERS), the
+   expert market with `boost` 1, a coordinator bound to the model (`MoeRunner` +
+   `CoordinatorAgent`, default probe and report intervals) with 4 requests in flight, and
+   0, 1, 2 or 4 `python -m mahout moe volunteer` processes on trusted hosts. Per round: the time from
    the load starting to the first remote dispatch, then generated tokens/s once every
    volunteer serves. The model: 2 layers, d_model 1024, expert ffn 768, 16 experts (8 per
    slice, so 4 slices), 4 per token.
@@ -42,8 +44,12 @@ import torch  # noqa: E402
 
 from engine.moe import LocalExperts, moe_ffn  # noqa: E402
 from engine.moe_loader import load_moe, make_tiny_moe  # noqa: E402
+from mahout.link import new_secret  # noqa: E402
 from mahout.moe.coordinator import Coordinator, WorkerSpec  # noqa: E402
 from mahout.moe.policy import DispatchPolicy, LoadMonitor, LoadState  # noqa: E402
+from mahout.moe.worker import SECRET_ENV  # noqa: E402
+
+SECRET = new_secret()  # the layer bench's workers' (the market hands each worker its own)
 
 LAYER_SHAPE = {"n_layers": 1, "d_model": 2048, "n_heads": 16, "n_kv_heads": 4, "head_dim": 128, "n_experts": 16,
                "n_experts_used": 8, "expert_ffn_dim": 768}
@@ -56,7 +62,7 @@ PROMPTS = ["The elephant", "A herd crossed the river", "Load rises at noon", "Ex
 def start_worker(model: Path, layer: int, first: int, count: int) -> tuple[subprocess.Popen, tuple[str, int]]:
     process = subprocess.Popen(
         [sys.executable, "-m", "mahout.moe.worker", "--model", str(model), "--layer", str(layer), "--first", str(first),
-         "--count", str(count)], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+         "--count", str(count)], cwd=ROOT, stdout=subprocess.PIPE, text=True, env={**os.environ, SECRET_ENV: SECRET},
     )
     assert process.stdout is not None
     host, port = process.stdout.readline().strip().rsplit(" ", 1)[1].split(":")
@@ -87,9 +93,9 @@ def bench_layer(tmp: Path, rounds: int) -> None:
     local = LocalExperts({0: layer.experts})
     workers = [start_worker(path, 0, 0, 8), start_worker(path, 0, 8, 8)]
     remote, split = under_load(local), under_load(local)
-    remote.attach(WorkerSpec("a", 0, 0, 8, workers[0][1]))
-    remote.attach(WorkerSpec("b", 0, 8, 8, workers[1][1]))
-    split.attach(WorkerSpec("b", 0, 8, 8, workers[1][1]))
+    remote.attach(WorkerSpec("a", 0, 0, 8, workers[0][1], secret=SECRET))
+    remote.attach(WorkerSpec("b", 0, 8, 8, workers[1][1], secret=SECRET))
+    split.attach(WorkerSpec("b", 0, 8, 8, workers[1][1], secret=SECRET))
     sides = {"local": (local, 1), "local 2 threads": (local, 2), "remote (2 workers)": (remote, 1),
              "split (here + 1 worker)": (split, 1)}
     print(f"\n1. One MoE layer: D={config.d_model}, F={config.expert_ffn_dim}, E={config.n_experts}, "
@@ -123,7 +129,7 @@ def bench_layer(tmp: Path, rounds: int) -> None:
 def setup_gateway(tmp: Path) -> tuple[subprocess.Popen, str]:
     os.environ.update({"SQLITE_PATH": str(tmp / "bench.sqlite3"), "ELEPHANT_VAR_DIR": str(tmp / "var"),
                        "DJANGO_SETTINGS_MODULE": "config.settings", "MOE_COORDINATOR_STALE_SECONDS": "5",
-                       "MOE_WORKER_STALE_SECONDS": "5", "MOE_COOLDOWN_SECONDS": "5"})
+                       "MOE_WORKER_STALE_SECONDS": "5", "MOE_COOLDOWN_SECONDS": "5", "MOE_ALLOW_PRIVATE_WORKERS": "1"})
     os.environ.pop("DATABASE_URL", None)
     import django
 
@@ -180,6 +186,9 @@ class Load:
 
 def saturation_round(path: Path, url: str, volunteers: int, window: float, tmp: Path) -> tuple[float, float | None]:
     """(tokens/s once every volunteer serves, seconds from the load starting to the first remote batch)."""
+    from django.utils import timezone
+
+    from hosts.models import Host
     from mahout.moe.control import CoordinatorAgent, MeshClient
     from mahout.moe.runner import MoeRunner
     from mesh.experts.models import ExpertModel
@@ -187,15 +196,20 @@ def saturation_round(path: Path, url: str, volunteers: int, window: float, tmp: 
     from testkit.personas import make_host
     from testkit.stack import wait_until
 
+    def trusted(name: str) -> str:  # only hosts out of probation may volunteer
+        host = make_host(qualified=False, name=name)
+        Host.objects.filter(pk=host.host.pk).update(trusted_at=timezone.now())
+        return host.token
+
     name = f"bench-moe-{volunteers}-{time.time_ns()}"
-    moe_model_publish(name=name, gguf_path=path, slice_size=8, base_target=0, boost=1)
     coordinator = make_host(qualified=False, name=f"coordinator-{name}")
+    moe_model_publish(name=name, gguf_path=path, slice_size=8, base_target=0, boost=1, coordinator=coordinator.host)
     runner = MoeRunner(path, n_slots=4).start()
     client = MeshClient(url, coordinator.token)
     agent = CoordinatorAgent(runner, client, name).start()
     processes = [
         subprocess.Popen([sys.executable, "-m", "mahout", "moe", "volunteer", "--server", url, "--token",
-                          make_host(qualified=False, name=f"v{i}-{name}").token, "--max-slices", "1"],
+                          trusted(f"v{i}-{name}"), "--max-slices", "1"],
                          cwd=ROOT, stdout=(tmp / f"volunteer-{name}-{i}.log").open("w"), stderr=subprocess.STDOUT)
         for i in range(volunteers)
     ]

@@ -12,18 +12,25 @@ Rings share the output head (head and tail each hold half of the vocabulary's ro
 compute their halves at once). Baseline in the same run: the same ring with the whole
 output head at the tail (`--whole-output`), as rings were built before.
 
+5. What the link handshake costs (every ring link and expert link is admitted with the
+   gateway's secret): connection setup on loopback, dial to the first frame the dialer can
+   use, with the handshake (challenge, hello with its HMAC proof, the listener's proof)
+   versus the old unauthenticated hello, interleaved, median and p99.
+
 Rounds alternate between the sides so machine noise hits both; medians are reported.
 OMP_WAIT_POLICY=PASSIVE (set here, for the engine and the stage processes alike) stops idle
 OpenMP workers from spinning on cores another stage needs.
 
-    .venv/bin/python bench/ring.py [--rounds 3] [--tokens 32]
+    .venv/bin/python bench/ring.py [--rounds 3] [--tokens 32] [--handshake-only]
 """
 from __future__ import annotations
 
 import argparse
 import os
+import socket
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -36,6 +43,7 @@ import torch  # noqa: E402
 from engine.generate import build_stages, generate  # noqa: E402
 from engine.gguf_loader import default_model_path  # noqa: E402
 from engine.tokenizer import Tokenizer  # noqa: E402
+from mahout.link import HEADERS_ONLY, Link, accept, connect, listen, new_secret  # noqa: E402
 from mahout.ring.local import ProcessRing, split_layers  # noqa: E402
 from mahout.ring.membership import Limits  # noqa: E402
 
@@ -104,11 +112,80 @@ def llama_decode_tps(llm, prompt_ids: list[int], tokens: int) -> float:  # type:
     return (produced - 1) / (end - first)
 
 
+def _listener(secret: str | None) -> tuple[socket.socket, threading.Thread]:
+    """A stage's accept side: admit (or, with no secret, take the bare hello), then welcome."""
+    server = listen()
+
+    def serve() -> None:
+        while True:
+            try:
+                sock, _ = server.accept()
+            except OSError:
+                return
+            if secret is None:
+                link = Link(sock, "plain", caps=HEADERS_ONLY)
+                link.recv()  # the hello
+            else:
+                link = accept(sock, secret=secret, caps=HEADERS_ONLY)
+            link.send({"type": "welcome", "stage": 0})
+            link.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return server, thread
+
+
+def _plain_dial(address: tuple[str, int]) -> None:
+    """The old way: connect, say hello, read the welcome."""
+    link = Link(socket.create_connection(address), "plain", caps=HEADERS_ONLY)
+    link.send({"type": "hello", "role": "bridge"})
+    link.recv()
+    link.close()
+
+
+def _secret_dial(address: tuple[str, int], secret: str) -> None:
+    link = connect(address, secret=secret, hello={"role": "bridge"}, caps=HEADERS_ONLY, timeout=5)
+    link.recv()
+    link.close()
+
+
+def handshake_cost(rounds: int) -> None:
+    """Connection setup with and without the handshake, interleaved (ms: median, p99)."""
+    secret = new_secret()
+    plain_server, _ = _listener(None)
+    auth_server, _ = _listener(secret)
+    plain_address, auth_address = plain_server.getsockname()[:2], auth_server.getsockname()[:2]
+    times: dict[str, list[float]] = {"plain": [], "handshake": []}
+    try:
+        for i in range(rounds + 20):  # the first 20 warm up
+            for side in ("plain", "handshake") if i % 2 else ("handshake", "plain"):
+                started = time.perf_counter()
+                if side == "plain":
+                    _plain_dial(plain_address)
+                else:
+                    _secret_dial(auth_address, secret)
+                if i >= 20:
+                    times[side].append((time.perf_counter() - started) * 1000)
+    finally:
+        plain_server.close()
+        auth_server.close()
+    stats = {side: (statistics.median(v), statistics.quantiles(v, n=100)[98]) for side, v in times.items()}
+    (pm, pp), (hm, hp) = stats["plain"], stats["handshake"]
+    print(f"5. link setup on loopback, {rounds} connections each: unauthenticated hello {pm:.3f} ms median "
+          f"({pp:.3f} p99); handshake with HMAC-SHA256 proofs both ways {hm:.3f} ms median ({hp:.3f} p99) "
+          f"-> +{hm - pm:.3f} ms per link, paid once per ring session")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--handshake-rounds", type=int, default=500)
+    parser.add_argument("--handshake-only", action="store_true", help="measure only the link handshake (5.)")
     args = parser.parse_args()
+    if args.handshake_only:
+        handshake_cost(args.handshake_rounds)
+        return 0
     path = default_model_path()
     tokenizer = Tokenizer(path)
     prompts = [tokenizer.encode(p) for p in PROMPTS]
@@ -167,6 +244,7 @@ def main() -> int:
     print("   shared output head, saturated (8 requests in flight, micro-batch 2): " + "; ".join(saturated))
     print("   whole output head at the tail, starved: " + "; ".join(w_starved))
     print("   whole output head at the tail, saturated: " + "; ".join(w_saturated))
+    handshake_cost(args.handshake_rounds)
     print("raw: " + ", ".join(f"{k}={[round(x, 2) for x in v]}" for k, v in m.items()))
     llm.close()
     return 0

@@ -1,5 +1,6 @@
 """Framed TCP links between host agents (ring stages, the ring's bridge, expert workers and
-their coordinator), and the `Heartbeat` thread their control loops tick on.
+their coordinator), the handshake that admits only peers holding the gateway's secret, and
+the `Heartbeat` thread their control loops tick on.
 
 A frame is ``>II`` (header length, payload length), the header as UTF-8 JSON, then the
 payload. A frame that carries a tensor names its ``dtype`` and ``shape`` in the header and
@@ -11,36 +12,82 @@ an agent never executes what a peer sends it).
   buffer the tensor then wraps, and returns ``(header, tensor)`` or raises `LinkClosed` at
   end of stream. Both ends set TCP_NODELAY: a frame is one write, so Nagle never holds
   back its tail waiting for a delayed ACK.
+* Every read is bounded by `FrameCaps` (the receiver's own: a ring stage's follow from its
+  plan's widths, an expert worker's from its slice): a frame announcing more is refused
+  from its 8-byte prefix, before anything is allocated for it, and so is a frame whose
+  tensor does not match its own header (`FrameRefused`, a `LinkClosed`).
 * `encode_frame` / `decode_frame` are the same frame as one bytes message (the relay's).
-* `connect` retries while the peer is not listening yet (ring stages start together);
-  `dial` makes one attempt (an expert worker that is not there must fail the batch at once).
+
+The handshake (both directions proven, HMAC-SHA256 over fresh nonces with the secret the
+gateway issued for this ring or worker): the listener speaks first with a ``challenge``
+nonce; the dialer answers ``hello`` with its identity, its own nonce and a proof over the
+challenge and that hello; the listener checks it with `hmac.compare_digest` and, only if it
+holds, answers ``admitted`` with a proof over the dialer's nonce, which the dialer checks
+before it sends anything else. A peer without the secret gets the challenge and nothing
+more; a dialer never sends a byte to something that did not greet it in this protocol.
+
+* `accept` is the listener's side; `connect` (retrying while the peer is not listening yet:
+  ring stages start together) and `dial` (one attempt: an expert worker that is not there
+  must fail the batch at once) the dialer's.
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import math
+import secrets
 import socket
 import struct
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 __all__ = [
-    "MAX_HEADER_BYTES", "MAX_PAYLOAD_BYTES", "Heartbeat", "Link", "LinkClosed", "connect", "decode_frame", "dial",
-    "encode_frame", "listen",
+    "HANDSHAKE_CAPS", "HEADERS_ONLY", "FrameCaps", "FrameRefused", "Heartbeat", "Link", "LinkClosed", "LinkRefused",
+    "accept", "connect", "decode_frame", "dial", "encode_frame", "listen", "new_secret",
 ]
 
 _PREFIX = struct.Struct(">II")  # header length, payload length
-MAX_HEADER_BYTES = 1 << 20
-MAX_PAYLOAD_BYTES = 1 << 30
 _DTYPES = {"float32": np.float32, "int64": np.int64}
+HANDSHAKE_TIMEOUT_S = 10.0  # a peer that does not finish the handshake in this time is dropped
+MIN_SECRET_CHARS = 32
+_NONCE_BYTES = 16
 
 
 class LinkClosed(ConnectionError):
     """The peer closed the connection (or it broke)."""
+
+
+class FrameRefused(LinkClosed, ValueError):
+    """A frame larger than the receiver's caps, or one that does not match its own header;
+    the link is dropped (nothing was allocated for an oversized payload)."""
+
+
+class LinkRefused(LinkClosed):
+    """The handshake failed: the peer does not hold the secret (or we do not hold its)."""
+
+
+@dataclass(frozen=True)
+class FrameCaps:
+    """The largest frame a receiver accepts: JSON header bytes and payload bytes."""
+
+    header_bytes: int
+    payload_bytes: int
+
+    def check(self, n_head: int, n_payload: int, name: str) -> None:
+        if n_head > self.header_bytes or n_payload > self.payload_bytes:
+            raise FrameRefused(f"link {name}: frame of {n_head} + {n_payload} bytes exceeds the caps of "
+                               f"{self.header_bytes} + {self.payload_bytes} bytes")
+
+
+HEADERS_ONLY = FrameCaps(header_bytes=1 << 20, payload_bytes=0)  # control messages, no tensors (the bridge's)
+HANDSHAKE_CAPS = FrameCaps(header_bytes=4096, payload_bytes=0)  # a challenge, a hello, an answer
 
 
 def _frame_parts(header: dict[str, Any], tensor: torch.Tensor | None) -> tuple[bytes, memoryview]:
@@ -57,6 +104,24 @@ def _frame_parts(header: dict[str, Any], tensor: torch.Tensor | None) -> tuple[b
     return _PREFIX.pack(len(head), payload.nbytes) + head, payload
 
 
+def _header(raw: bytes | bytearray, name: str) -> dict[str, Any]:
+    try:
+        header = json.loads(raw)
+    except ValueError as exc:
+        raise FrameRefused(f"link {name}: the frame's header is not JSON") from exc
+    if not isinstance(header, dict):
+        raise FrameRefused(f"link {name}: the frame's header is not an object")
+    return header
+
+
+def _payload_size(header: dict[str, Any], name: str) -> int:
+    """The payload size a tensor header announces (checked before the payload is read)."""
+    dtype, shape = header.get("dtype"), header.get("shape")
+    if dtype not in _DTYPES or not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in shape):
+        raise FrameRefused(f"link {name}: a payload without a valid dtype and shape")
+    return math.prod(shape) * np.dtype(_DTYPES[dtype]).itemsize
+
+
 def _tensor(header: dict[str, Any], payload: bytearray) -> torch.Tensor:
     """Wrap a received payload (writable, owned by the tensor from now on)."""
     return torch.from_numpy(np.frombuffer(payload, dtype=_DTYPES[header["dtype"]])).reshape(header["shape"])
@@ -68,26 +133,34 @@ def encode_frame(header: dict[str, Any], tensor: torch.Tensor | None = None) -> 
     return head + payload
 
 
-def decode_frame(frame: bytes) -> tuple[dict[str, Any], torch.Tensor | None]:
-    """The inverse of `encode_frame`; refuses a frame whose lengths do not match its size."""
+def decode_frame(frame: bytes, caps: FrameCaps | None = None) -> tuple[dict[str, Any], torch.Tensor | None]:
+    """The inverse of `encode_frame`; refuses (`FrameRefused`, a ValueError too) a frame whose
+    lengths do not match its size or its tensor header, or that exceeds `caps`."""
     if len(frame) < _PREFIX.size:
-        raise ValueError("frame too short")
+        raise FrameRefused("frame too short")
     n_head, n_payload = _PREFIX.unpack_from(frame)
+    if caps is not None:
+        caps.check(n_head, n_payload, "relay")
     if _PREFIX.size + n_head + n_payload != len(frame):
-        raise ValueError("frame lengths do not match its size")
-    header = json.loads(frame[_PREFIX.size : _PREFIX.size + n_head])
+        raise FrameRefused("frame lengths do not match its size")
+    header = _header(frame[_PREFIX.size : _PREFIX.size + n_head], "relay")
     if not n_payload:
         return header, None
+    if _payload_size(header, "relay") != n_payload:
+        raise FrameRefused("the frame's payload does not match its dtype and shape")
     return header, _tensor(header, bytearray(frame[_PREFIX.size + n_head :]))
 
 
 class Link:
-    """One framed TCP connection between two agents."""
+    """One framed TCP connection between two agents; `caps` bound every frame it reads
+    (a link starts with the handshake's: set the receiver's own once the peer is admitted)."""
 
-    def __init__(self, sock: socket.socket, name: str = "") -> None:
+    def __init__(self, sock: socket.socket, name: str = "", *, caps: FrameCaps = HANDSHAKE_CAPS) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock = sock
         self.name = name
+        self.caps = caps
+        self.peer: dict[str, Any] = {}  # the admitted peer's hello (its role and identity)
         self._send_lock = threading.Lock()
 
     def send(self, header: dict[str, Any], tensor: torch.Tensor | None = None) -> None:
@@ -98,13 +171,15 @@ class Link:
             except OSError as exc:
                 raise LinkClosed(f"link {self.name} broke: {exc}") from exc
 
-    def recv(self) -> tuple[dict[str, Any], torch.Tensor | None]:
+    def recv(self, caps: FrameCaps | None = None) -> tuple[dict[str, Any], torch.Tensor | None]:
+        """The next frame, within `caps` (default: the link's); `FrameRefused` otherwise."""
         n_head, n_payload = _PREFIX.unpack(self._into(bytearray(_PREFIX.size)))
-        if n_head > MAX_HEADER_BYTES or n_payload > MAX_PAYLOAD_BYTES:
-            raise LinkClosed(f"link {self.name}: frame too large ({n_head} + {n_payload} bytes)")
-        header = json.loads(self._into(bytearray(n_head)))
+        (caps or self.caps).check(n_head, n_payload, self.name)  # before any allocation
+        header = _header(self._into(bytearray(n_head)), self.name)
         if not n_payload:
             return header, None
+        if _payload_size(header, self.name) != n_payload:
+            raise FrameRefused(f"link {self.name}: the payload does not match its dtype and shape")
         return header, _tensor(header, self._into(bytearray(n_payload)))
 
     def _into(self, buffer: bytearray) -> bytearray:
@@ -141,7 +216,8 @@ def _send_all(sock: socket.socket, buffers: list[memoryview]) -> None:
 
 
 def listen(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
-    """A listening socket (port 0: any free port; read it from ``getsockname()``)."""
+    """A listening socket, on loopback unless told otherwise (port 0: any free port; read it
+    from ``getsockname()``)."""
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     server.bind((host, port))
@@ -149,8 +225,98 @@ def listen(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     return server
 
 
-def connect(address: tuple[str, int], *, hello: dict[str, Any], timeout: float = 60.0, name: str = "") -> Link:
-    """Connect to an agent, retrying while it is not listening yet, and say who we are."""
+# -- the handshake ---------------------------------------------------------------------
+
+
+def new_secret() -> str:
+    """A fresh shared secret (what the gateway issues; a local ring makes its own)."""
+    return secrets.token_hex(32)
+
+
+def _key(secret: str) -> bytes:
+    if len(secret or "") < MIN_SECRET_CHARS:
+        raise ValueError(f"a link secret must be at least {MIN_SECRET_CHARS} characters (the gateway issues it)")
+    return secret.encode()
+
+
+def _proof(key: bytes, *parts: str) -> str:
+    return hmac.new(key, "|".join(("elephant-link-1", *parts)).encode(), hashlib.sha256).hexdigest()
+
+
+def _canonical(hello: dict[str, Any]) -> str:
+    return json.dumps({k: v for k, v in hello.items() if k != "proof"}, sort_keys=True, separators=(",", ":"))
+
+
+def _nonce(message: dict[str, Any], kind: str) -> str | None:
+    nonce = message.get("nonce")
+    ok = message.get("type") == kind and isinstance(nonce, str) and len(nonce) == 2 * _NONCE_BYTES
+    return nonce if ok else None
+
+
+def accept(sock: socket.socket, *, secret: str, caps: FrameCaps, name: str = "",
+           timeout: float = HANDSHAKE_TIMEOUT_S) -> Link:
+    """The listener's side of the handshake on an accepted socket: the admitted peer's link
+    (its hello in ``link.peer``, its frames bounded by `caps` from now on), or `LinkRefused`
+    with the socket closed after nothing but the challenge was sent."""
+    key = _key(secret)
+    link = Link(sock, name or "inbound")
+    ours = secrets.token_hex(_NONCE_BYTES)
+    try:
+        sock.settimeout(timeout)
+        link.send({"type": "challenge", "nonce": ours})
+        hello, _ = link.recv(HANDSHAKE_CAPS)
+        theirs = _nonce(hello, "hello")
+        proof = hello.get("proof")
+        if theirs is None or not isinstance(proof, str) or \
+                not hmac.compare_digest(proof, _proof(key, "dial", ours, _canonical(hello))):
+            raise LinkRefused(f"link {link.name}: the peer did not prove it holds the secret")
+        link.send({"type": "admitted", "proof": _proof(key, "listen", theirs, ours)})
+        sock.settimeout(None)
+    except LinkRefused:
+        link.close()
+        raise
+    except (LinkClosed, OSError) as exc:
+        link.close()
+        raise LinkRefused(f"link {link.name}: handshake failed: {exc}") from exc
+    link.peer, link.caps = {k: v for k, v in hello.items() if k not in ("proof", "nonce")}, caps
+    return link
+
+
+def _greet(link: Link, key: bytes, hello: dict[str, Any], caps: FrameCaps, timeout: float) -> Link:
+    """The dialer's side of the handshake: answer the challenge, check the listener's proof."""
+    try:
+        link.sock.settimeout(timeout)
+        challenge, _ = link.recv(HANDSHAKE_CAPS)
+        theirs = _nonce(challenge, "challenge")
+        if theirs is None:
+            raise LinkRefused(f"link {link.name}: the peer does not speak the link protocol")
+        ours = secrets.token_hex(_NONCE_BYTES)
+        message = {**hello, "type": "hello", "nonce": ours}
+        link.send({**message, "proof": _proof(key, "dial", theirs, _canonical(message))})
+        try:
+            answer, _ = link.recv(HANDSHAKE_CAPS)
+        except LinkClosed as exc:
+            raise LinkRefused(f"link {link.name}: the peer refused our proof (a different secret?)") from exc
+        proof = answer.get("proof")
+        if answer.get("type") != "admitted" or not isinstance(proof, str) or \
+                not hmac.compare_digest(proof, _proof(key, "listen", ours, theirs)):
+            raise LinkRefused(f"link {link.name}: the peer did not prove it holds the secret")
+        link.sock.settimeout(None)
+    except LinkRefused:
+        link.close()
+        raise
+    except (LinkClosed, OSError) as exc:
+        link.close()
+        raise LinkRefused(f"link {link.name}: handshake failed: {exc}") from exc
+    link.caps = caps
+    return link
+
+
+def connect(address: tuple[str, int], *, secret: str, hello: dict[str, Any], caps: FrameCaps,
+            timeout: float = 60.0, name: str = "") -> Link:
+    """Connect to an agent, retrying while it is not listening yet, and pass the handshake
+    as `hello` (its role and identity); `LinkRefused` if either side's proof fails."""
+    key = _key(secret)
     deadline = time.monotonic() + timeout
     delay = 0.05
     while True:
@@ -162,21 +328,18 @@ def connect(address: tuple[str, int], *, hello: dict[str, Any], timeout: float =
                 raise LinkClosed(f"could not reach {address[0]}:{address[1]} within {timeout:.0f} s: {exc}") from exc
         time.sleep(delay)
         delay = min(delay * 2, 0.5)
-    sock.settimeout(None)
     link = Link(sock, name or f"{address[0]}:{address[1]}")
-    link.send({"type": "hello", **hello})
-    return link
+    return _greet(link, key, hello, caps, max(1.0, min(HANDSHAKE_TIMEOUT_S, deadline - time.monotonic())))
 
 
-def dial(address: tuple[str, int], *, hello: dict[str, Any], timeout: float) -> Link:
-    """Connect once (no retries) and say who we are."""
+def dial(address: tuple[str, int], *, secret: str, hello: dict[str, Any], caps: FrameCaps, timeout: float) -> Link:
+    """Connect once (no retries) and pass the handshake."""
+    key = _key(secret)
     try:
         sock = socket.create_connection(address, timeout=timeout)
     except OSError as exc:
         raise LinkClosed(f"could not reach {address[0]}:{address[1]}: {exc}") from exc
-    link = Link(sock, f"{address[0]}:{address[1]}")
-    link.send({"type": "hello", **hello})
-    return link
+    return _greet(Link(sock, f"{address[0]}:{address[1]}"), key, hello, caps, timeout)
 
 
 class Heartbeat:

@@ -4,9 +4,13 @@
   whole MoE model through the marketplace (qualify, claim, stream, complete), dispatching
   routed experts to the workers the control plane attaches when its slots are busy.
 
-* `volunteer --server URL --token TOKEN`: poll `/api/expert-volunteer`; when handed a
-  (layer, expert-range) slice, download only it, serve it, register, heartbeat until retired.
-* `worker --model PATH --layer L --first F --count C`: serve a slice from a local file.
+* `volunteer --server URL --token TOKEN`: poll `/api/expert-volunteer` (a trusted host only);
+  when handed a (layer, expert-range) slice and its secret, download only it, serve it,
+  register, heartbeat until retired. The coordinator dials ``--advertise``, which must be a
+  public address (the gateway refuses private ones unless its operator allows them); behind
+  NAT use ``--relay``.
+* `worker --model PATH --layer L --first F --count C`: serve a slice from a local file, with
+  its secret in ``MAHOUT_MOE_SECRET``.
 """
 from __future__ import annotations
 
@@ -24,7 +28,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     volunteer.add_argument("--token", required=True)
     volunteer.add_argument("--workdir", default=None, help="where the downloaded slice is kept (default: a temp dir)")
     volunteer.add_argument("--listen", default="127.0.0.1", help="address the expert server binds")
-    volunteer.add_argument("--advertise", default=None, help="address the coordinator should dial (default: --listen)")
+    volunteer.add_argument("--advertise", default=None,
+                           help="public address the coordinator should dial (default: --listen)")
     volunteer.add_argument("--relay", action="store_true", help="behind NAT: serve through the gateway's relay")
     volunteer.add_argument("--max-slices", type=int, default=None, help="exit after serving this many slices")
     volunteer.add_argument("--poll", type=float, default=1.0, help="seconds between volunteer polls")

@@ -6,7 +6,9 @@
   monitor's latest snapshot: the report never waits on a probe) and its workers'
   `last_serve_ms`, and makes the dispatch map the control plane answers with its own.
 * `Volunteer`: an idle node asks for a slice, downloads only that slice, serves it,
-  registers where it can be reached, heartbeats, and stops when told to retire.
+  registers where it can be reached, heartbeats, and stops when told to retire. Only a
+  trusted host is handed a slice (with its worker's secret: its server admits only the
+  coordinator, which the gateway hands the same secret in the dispatch map).
 """
 from __future__ import annotations
 
@@ -22,13 +24,17 @@ from mahout.link import Heartbeat
 from mahout.moe.coordinator import TcpTransport, Transport, WorkerSpec
 from mahout.moe.relay import RelayTransport, RelayWorkerLink
 from mahout.moe.runner import MoeRunner
-from mahout.moe.worker import ExpertServer
+from mahout.moe.worker import ExpertServer, worker_caps
 
-__all__ = ["CoordinatorAgent", "MeshClient", "MeshUnavailable", "Volunteer"]
+__all__ = ["CoordinatorAgent", "MeshClient", "MeshRefused", "MeshUnavailable", "Volunteer"]
 
 
 class MeshUnavailable(Exception):
     """The control plane could not be reached or refused the call."""
+
+
+class MeshRefused(MeshUnavailable):
+    """The control plane answered with a 4xx error (its message says why)."""
 
 
 class MeshClient:
@@ -44,7 +50,9 @@ class MeshClient:
             response = self._client.request(method, path, json=body)
         except httpx.HTTPError as exc:
             raise MeshUnavailable(f"{method} {path}: {exc}") from exc
-        if response.status_code >= 400:
+        if 400 <= response.status_code < 500:
+            raise MeshRefused(f"{method} {path}: HTTP {response.status_code}: {_error_message(response)}")
+        if response.status_code >= 500:
             raise MeshUnavailable(f"{method} {path}: HTTP {response.status_code} {response.text[:200]}")
         return response
 
@@ -84,13 +92,21 @@ class MeshClient:
         self._client.close()
 
 
+def _error_message(response: httpx.Response) -> str:
+    try:
+        return str(response.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return response.text[:200]
+
+
 def _spec(entry: dict) -> WorkerSpec:
     """A dispatch-map entry: dialled directly when it has an address, else through the relay."""
     address = None
     if entry.get("address"):
         host, port = entry["address"].rsplit(":", 1)
-        address = (host, int(port))
-    return WorkerSpec(str(entry["id"]), entry["layer"], entry["first"], entry["count"], address)
+        address = (host.strip("[]"), int(port))
+    return WorkerSpec(str(entry["id"]), entry["layer"], entry["first"], entry["count"], address,
+                      secret=str(entry.get("secret") or ""))
 
 
 class CoordinatorAgent:
@@ -103,7 +119,7 @@ class CoordinatorAgent:
     def transport_for(self, spec: WorkerSpec) -> Transport:
         """Direct TCP where the worker gave an address, else the gateway's relay."""
         if spec.address is not None:
-            return TcpTransport(spec.address)
+            return TcpTransport(spec.address, spec.secret)
         return RelayTransport(self.client.server, self.client.token, int(spec.key))
 
     def tick(self) -> dict | None:
@@ -142,6 +158,9 @@ class Volunteer:
         """Serve one slice until retired; False when nothing was wanted."""
         try:
             slice_ = self.client.volunteer()
+        except MeshRefused as exc:  # e.g. still in probation: asked again on the next poll
+            self.out(f"mahout moe: the gateway refused: {exc}")
+            return False
         except MeshUnavailable as exc:
             self.out(f"mahout moe: control plane unavailable: {exc}")
             return False
@@ -149,13 +168,18 @@ class Volunteer:
             return False
         worker_id = slice_["worker"]
         path = self.client.download_slice(worker_id, self.workdir / f"slice-{worker_id}.gguf")
-        _, bank = load_expert_slice(path, slice_["layer"], slice_["first"], slice_["count"])
-        server = ExpertServer(bank, host=self.host).start()
+        config, bank = load_expert_slice(path, slice_["layer"], slice_["first"], slice_["count"])
+        caps = worker_caps(d_model=config.d_model, count=slice_["count"], context_length=config.context_length)
+        server = ExpertServer(bank, secret=slice_["secret"], caps=caps, host=self.host).start()
         link = RelayWorkerLink(self.client.server, self.client.token, worker_id, server, out=self.out) if self.relay else None
         try:
             if link is not None:  # connect outward first: the coordinator may dial as soon as we register
                 link.start().connected.wait(self.heartbeat_s * 5)
-            self.client.register(worker_id, "" if link else f"{self.advertise}:{server.address[1]}")
+            try:
+                self.client.register(worker_id, "" if link else f"{self.advertise}:{server.address[1]}")
+            except MeshUnavailable as exc:  # e.g. an address the gateway will not hand a coordinator
+                self.out(f"mahout moe: could not register worker {worker_id}: {exc}")
+                return False
             where = "through the relay" if link else f"on port {server.address[1]}"
             self.out(f"mahout moe: serving {slice_['model']} layer {slice_['layer']} experts "
                      f"[{slice_['first']}, {slice_['first'] + slice_['count']}) {where}")

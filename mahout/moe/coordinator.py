@@ -9,7 +9,9 @@ locally in the same call, so a dying worker never corrupts an answer. The local 
 the reference: a remote worker runs the same float32 expert on the same rows.
 
 Workers are reached through a `Transport` (a direct TCP link here; the relay provides
-another), attached from the control plane's dispatch map (`sync`).
+another), attached from the control plane's dispatch map (`sync`). A direct link passes the
+handshake with the worker's own secret (the dispatch map carries it): rows go only to a
+listener that proved it holds it, and an answer is read only up to the size of the rows sent.
 """
 from __future__ import annotations
 
@@ -18,13 +20,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
 from engine.moe import ExpertCompute
-from mahout.link import Link, LinkClosed, dial
+from mahout.link import FrameCaps, Link, LinkClosed, dial
 from mahout.moe.policy import DispatchPolicy, LoadMonitor, WorkerState, dispatch_eligible
 from mahout.moe.worker import pack_rows, unpack_rows
 
@@ -41,24 +43,33 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-class TcpTransport:
-    """A direct framed TCP link to a worker (`mahout.link`), opened on first use and kept
-    open, one request at a time; a link that breaks is dropped and dialled again next time."""
+ANSWER_HEADER_BYTES = 64 * 1024  # a result or error frame's header
 
-    def __init__(self, address: tuple[str, int], *, connect_timeout: float = 2.0) -> None:
+
+class TcpTransport:
+    """A direct framed TCP link to a worker (`mahout.link`), admitted with the worker's
+    `secret`, opened on first use and kept open, one request at a time; a link that breaks
+    is dropped and dialled again next time."""
+
+    def __init__(self, address: tuple[str, int], secret: str, *, connect_timeout: float = 2.0) -> None:
         self.address = address
+        self.secret = secret
         self.connect_timeout = connect_timeout
         self._link: Link | None = None
         self._lock = threading.Lock()
 
     def request(self, header: dict, rows: torch.Tensor, timeout: float) -> tuple[dict, torch.Tensor | None]:
+        """Send one compute frame; the answer may be no larger than the rows sent."""
         with self._lock:
             try:
+                if not self.secret:
+                    raise LinkClosed("no secret for this worker in the dispatch map")
                 if self._link is None:
-                    self._link = dial(self.address, hello={"role": "coordinator"}, timeout=self.connect_timeout)
+                    self._link = dial(self.address, secret=self.secret, hello={"role": "coordinator"},
+                                      caps=FrameCaps(ANSWER_HEADER_BYTES, 0), timeout=self.connect_timeout)
                 self._link.sock.settimeout(timeout)
                 self._link.send(header, rows)
-                return self._link.recv()
+                return self._link.recv(FrameCaps(ANSWER_HEADER_BYTES, rows.nbytes))
             except (LinkClosed, OSError) as exc:
                 self._drop()
                 raise WorkerFailed(f"worker {self.address[0]}:{self.address[1]}: {exc}") from exc
@@ -75,13 +86,15 @@ class TcpTransport:
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """One entry of the dispatch map: a worker's slice and how to reach it."""
+    """One entry of the dispatch map: a worker's slice, how to reach it, and the secret its
+    link is admitted with (the relay needs none: the gateway authenticates both ends)."""
 
     key: str
     layer: int
     first: int
     count: int
     address: tuple[str, int] | None  # None: reachable only through the relay
+    secret: str = field(default="", repr=False)
 
     @property
     def relay(self) -> bool:
@@ -91,7 +104,7 @@ class WorkerSpec:
 def direct_transport(spec: WorkerSpec) -> Transport:
     if spec.address is None:
         raise WorkerFailed(f"worker {spec.key} is reachable only through a relay, and none is configured")
-    return TcpTransport(spec.address)
+    return TcpTransport(spec.address, spec.secret)
 
 
 @dataclass

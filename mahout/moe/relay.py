@@ -4,7 +4,10 @@ A frame on the relay is one `mahout.link` frame as a binary WebSocket message: t
 ``>II`` lengths, the JSON header, the raw tensor bytes. Nothing is pickled.
 
 * `RelayWorkerLink` (worker side): holds `…/api/moe/relay/worker/<id>` open (reconnecting
-  with bounded backoff) and answers each compute frame with the worker's `ExpertServer`.
+  with bounded backoff) and answers each compute frame with the worker's `ExpertServer`,
+  within the server's frame caps. The gateway authenticates both ends with their host
+  tokens and lets only the model's coordinator reach the worker, so no link handshake
+  runs over the relay.
 * `RelayTransport` (coordinator side): a `Transport` over `…/api/moe/relay/coordinator/<id>`;
   any failure or timeout raises `WorkerFailed`, so the coordinator computes locally.
 """
@@ -16,8 +19,8 @@ from typing import Any
 
 import torch
 
-from mahout.link import decode_frame, encode_frame
-from mahout.moe.coordinator import WorkerFailed
+from mahout.link import FrameCaps, decode_frame, encode_frame
+from mahout.moe.coordinator import ANSWER_HEADER_BYTES, WorkerFailed
 from mahout.moe.worker import ExpertServer
 
 __all__ = ["RelayTransport", "RelayWorkerLink", "decode_frame", "encode_frame", "relay_url"]
@@ -64,12 +67,14 @@ class RelayWorkerLink:
     def _serve(self) -> None:
         from websockets.sync.client import connect
 
-        with connect(self.url, additional_headers=self.headers, open_timeout=OPEN_TIMEOUT_S, max_size=None) as socket:
+        caps = self.server.caps
+        largest = 8 + caps.header_bytes + caps.payload_bytes  # the frame's prefix, header and payload
+        with connect(self.url, additional_headers=self.headers, open_timeout=OPEN_TIMEOUT_S, max_size=largest) as socket:
             self._socket = socket
             self.connected.set()
             for message in socket:
                 if isinstance(message, bytes):
-                    header, rows = decode_frame(message)
+                    header, rows = decode_frame(message, caps)
                     socket.send(encode_frame(*self.server.answer(header, rows)))
 
     def stop(self) -> None:
@@ -100,7 +105,7 @@ class RelayTransport:
                 message = self._socket.recv(timeout=timeout)
                 if not isinstance(message, bytes):
                     raise ValueError("the relay sent text, not a frame")
-                return decode_frame(message)
+                return decode_frame(message, FrameCaps(ANSWER_HEADER_BYTES, rows.nbytes))  # no larger than sent
             except (WebSocketException, OSError, TimeoutError, ValueError) as exc:
                 self._drop()
                 raise WorkerFailed(f"relay to {self.url}: {type(exc).__name__}: {exc}") from exc

@@ -3,17 +3,22 @@ the rows a coordinator sends.
 
 It loads only its slice (`engine.moe_loader.load_expert_slice`, from the model file or from
 the slice file the gateway serves) and listens on TCP. Frames are `mahout.link`'s (a JSON
-header plus raw float32 bytes; nothing is unpickled), sent and read without copies. After
-the coordinator's ``hello``, each ``compute`` frame carries ``layer``, ``experts`` and
-``counts`` (rows per expert, in order) and the rows (N, D) concatenated; the answer is a
-``result`` frame with the outputs (N, D) in the same order, or an ``error`` frame.
+header plus raw float32 bytes; nothing is unpickled), sent and read without copies. A
+connection is admitted only through the link handshake with the worker's secret (the
+gateway hands it to this worker's volunteer and to the model's coordinator, nobody else): a
+stranger gets the challenge and is dropped, and computes nothing. Then each ``compute``
+frame carries ``layer``, ``experts`` and ``counts`` (rows per expert, in order) and the rows
+(N, D) concatenated; the answer is a ``result`` frame with the outputs (N, D) in the same
+order, or an ``error`` frame. Frames are capped by what the slice can be asked
+(`worker_caps`: every expert of the slice over a whole context window), not 1 GiB.
 
-`python -m mahout.moe.worker --model PATH --layer L --first F --count C [--port P]` prints
-``expert worker listening on HOST:PORT`` once it serves.
+`python -m mahout.moe.worker --model PATH --layer L --first F --count C [--port P]`, with the
+secret in ``MAHOUT_MOE_SECRET``, prints ``expert worker listening on HOST:PORT`` once it serves.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import sys
 import threading
@@ -23,9 +28,20 @@ import torch
 
 from engine.moe import ExpertBank
 from engine.moe_loader import load_expert_slice
-from mahout.link import Link, LinkClosed, listen
+from mahout.link import FrameCaps, Link, LinkClosed, LinkRefused, accept, listen
 
-__all__ = ["ExpertServer", "main", "pack_rows", "unpack_rows"]
+__all__ = ["SECRET_ENV", "ExpertServer", "main", "pack_rows", "unpack_rows", "worker_caps"]
+
+SECRET_ENV = "MAHOUT_MOE_SECRET"
+HEADER_BYTES = 64 * 1024  # a compute frame's header: ids, the slice's experts and their row counts
+FLOAT32_BYTES = 4
+
+
+def worker_caps(*, d_model: int, count: int, context_length: int) -> FrameCaps:
+    """The largest compute frame a slice of `count` experts can be sent: every one of its
+    experts with a row for each token of a whole context window (a token picks an expert at
+    most once), float32 rows of `d_model`."""
+    return FrameCaps(header_bytes=HEADER_BYTES, payload_bytes=context_length * count * d_model * FLOAT32_BYTES)
 
 
 def pack_rows(inputs: dict[int, torch.Tensor]) -> tuple[list[int], list[int], torch.Tensor]:
@@ -42,13 +58,19 @@ def unpack_rows(experts: list[int], counts: list[int], rows: torch.Tensor) -> di
 
 
 class ExpertServer:
-    """Serves one bank on a listening socket, one thread per coordinator connection."""
+    """Serves one bank on a listening socket, one thread per coordinator connection; admits
+    only a peer that proves it holds `secret`, and reads frames within `caps`."""
 
-    def __init__(self, bank: ExpertBank, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, bank: ExpertBank, *, secret: str, caps: FrameCaps, host: str = "127.0.0.1", port: int = 0) -> None:
+        if not secret:
+            raise ValueError("an expert worker needs the secret the gateway issued for it")
         self.bank = bank
+        self.secret = secret
+        self.caps = caps
         self._server = listen(host, port)
         self.address: tuple[str, int] = self._server.getsockname()[:2]
         self.served = 0
+        self.refused = 0  # connections dropped at the handshake
         self._links: list[Link] = []
         self._closed = threading.Event()
 
@@ -62,11 +84,17 @@ class ExpertServer:
                 sock, peer = self._server.accept()
             except OSError:
                 return
-            link = Link(sock, f"coordinator {peer[0]}:{peer[1]}")
-            self._links.append(link)
-            threading.Thread(target=self._serve, args=(link,), name="moe-worker-link", daemon=True).start()
+            name = f"coordinator {peer[0]}:{peer[1]}"
+            threading.Thread(target=self._serve, args=(sock, name), name="moe-worker-link", daemon=True).start()
 
-    def _serve(self, link: Link) -> None:
+    def _serve(self, sock: socket.socket, name: str) -> None:
+        """The handshake on this connection's own thread, then compute frames until it closes."""
+        try:
+            link = accept(sock, secret=self.secret, caps=self.caps, name=name)
+        except LinkRefused:
+            self.refused += 1
+            return
+        self._links.append(link)
         try:
             while True:
                 header, rows = link.recv()
@@ -112,9 +140,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
+    secret = os.environ.get(SECRET_ENV, "")
+    if not secret:
+        print(f"expert worker: set {SECRET_ENV} to the worker's secret (its coordinator holds the same)",
+              file=sys.stderr, flush=True)
+        return 2
     torch.set_num_threads(args.threads)
-    _, bank = load_expert_slice(args.model, args.layer, args.first, args.count)
-    server = ExpertServer(bank, host=args.host, port=args.port).start()
+    config, bank = load_expert_slice(args.model, args.layer, args.first, args.count)
+    caps = worker_caps(d_model=config.d_model, count=args.count, context_length=config.context_length)
+    server = ExpertServer(bank, secret=secret, caps=caps, host=args.host, port=args.port).start()
     print(f"expert worker listening on {server.address[0]}:{server.address[1]}", flush=True)
     try:
         threading.Event().wait()

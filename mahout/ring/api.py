@@ -1,7 +1,8 @@
 """HTTP client for the gateway's ring API (``/api/rings/``): a host proposes a ring on its
 own machine; a stage host pulls its assignment and reports where its agent listens; stage
 hosts and the bridge read where the others listen (all outbound); a bridge reports the
-stages' hold/idle seconds and queue depth.
+stages' hold/idle seconds and queue depth. The ring's secret, which every link of the ring is
+admitted with, comes with a stage host's assignment and, for the bridge, from `secret`.
 
 It is `mahout.api.HostApi` (same host token, timeouts, bounded retries with backoff, typed
 4xx errors) pointed at the ring routes instead of the host routes.
@@ -34,8 +35,12 @@ class RingApi(HostApi):
         return self._json(self._request("GET", f"/{ring_id}/addresses")).get("stages", [])
 
     def assignment(self) -> list[dict]:
-        """The stages of active ring plans this host must serve."""
+        """The stages of active ring plans this host must serve (each with its ring's secret)."""
         return self._json(self._request("GET", "/assignment")).get("assignments", [])
+
+    def secret(self, ring_id: int) -> str:
+        """The ring's secret, for a host that takes part in it (its bridge or a stage host)."""
+        return str(self._json(self._request("GET", f"/{ring_id}/secret"))["secret"])
 
     def report_stats(self, ring_id: int, stages: list[dict]) -> dict:
         """Report stages' time use, as collected around the ring (`RingBridge.stats`)."""

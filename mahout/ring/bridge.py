@@ -14,9 +14,13 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from mahout.link import Link, LinkClosed, connect
+from mahout.link import HEADERS_ONLY, Link, LinkClosed, LinkRefused, connect
 
 __all__ = ["RingBridge", "RingBroken", "RingError", "RingRequest"]
+
+
+HELLO = {"role": "bridge"}
+CAPS = HEADERS_ONLY  # what the bridge reads: tokens, ends, errors and stats, never a tensor
 
 
 class RingError(RuntimeError):
@@ -56,12 +60,12 @@ class RingRequest:
 
 
 class RingBridge:
-    """Connects to the head and the tail of a running ring."""
+    """Connects to the head and the tail of a running ring that holds `secret`."""
 
-    def __init__(self, head: tuple[str, int], tail: tuple[str, int], *, timeout: float = 120.0) -> None:
-        tail_link = connect(tail, hello={"role": "bridge"}, timeout=timeout, name="tail")
+    def __init__(self, head: tuple[str, int], tail: tuple[str, int], *, secret: str, timeout: float = 120.0) -> None:
+        tail_link = connect(tail, secret=secret, hello=HELLO, caps=CAPS, timeout=timeout, name="tail")
         try:
-            head_link = connect(head, hello={"role": "bridge"}, timeout=timeout, name="head")
+            head_link = connect(head, secret=secret, hello=HELLO, caps=CAPS, timeout=timeout, name="head")
         except BaseException:
             tail_link.close()
             raise
@@ -69,7 +73,8 @@ class RingBridge:
 
     @classmethod
     def over(cls, head: Link, tail: Link) -> RingBridge:
-        """A bridge on links already dialled (and greeted with ``hello``) to the head and the tail."""
+        """A bridge on links already dialled (with ``hello=HELLO``, the handshake passed) to the head
+        and the tail."""
         bridge = cls.__new__(cls)
         bridge._start(head, tail)
         return bridge
@@ -79,7 +84,9 @@ class RingBridge:
         try:
             for link in (tail, head):  # welcome: the tail knows where to send tokens before any request exists
                 link.sock.settimeout(welcome_timeout)
-                link.recv()
+                welcome, _ = link.recv()
+                if welcome.get("type") != "welcome":  # e.g. refused: the session already has a bridge
+                    raise LinkRefused(f"the ring's {link.name} refused the bridge: {welcome.get('message', welcome)}")
                 link.sock.settimeout(None)
         except BaseException:
             head.close()

@@ -1,6 +1,8 @@
 """Start a whole ring on this machine: stage processes (the CLI, benchmarks) or stage threads
 (fast tests). Either way every stage is a `StageAgent` on its own loopback port and the
-stages talk to each other directly; the bridge connects only to the head and the tail."""
+stages talk to each other directly; the bridge connects only to the head and the tail.
+The ring makes its own secret (`mahout.link.new_secret`): its stages and its bridge admit
+nobody else, and stage processes receive it in their environment, not on a command line."""
 from __future__ import annotations
 
 import os
@@ -14,10 +16,10 @@ from pathlib import Path
 
 from engine.generate import build_stages, even_split
 from engine.model import Stage
-from mahout.link import listen
+from mahout.link import listen, new_secret
 from mahout.ring.bridge import RingBridge
 from mahout.ring.membership import Limits
-from mahout.ring.stage import StageAgent
+from mahout.ring.stage import SECRET_ENV, StageAgent
 
 __all__ = ["ProcessRing", "ThreadRing", "split_layers"]
 
@@ -43,16 +45,18 @@ class ThreadRing:
             raise ValueError("a pipeline needs at least two stages")
         if stages is None:
             stages = build_stages(model_path, ranges, n_rows=slots or 2 * limits.micro_batch, n_ctx=n_ctx, share_output=True)
+        self.secret = new_secret()
         servers = [listen() for _ in stages]
         addresses = [server.getsockname()[:2] for server in servers]
         self.agents = [
-            StageAgent(stage, limits=limits, next_address=addresses[(i + 1) % len(stages)], server=servers[i], index=i)
+            StageAgent(stage, limits=limits, secret=self.secret, next_address=addresses[(i + 1) % len(stages)],
+                       server=servers[i], index=i)
             for i, stage in enumerate(stages)
         ]
         self.threads = [threading.Thread(target=self._serve, args=(a,), name=f"stage{a.index}", daemon=True) for a in self.agents]
         for thread in self.threads:
             thread.start()
-        self.bridge = RingBridge(addresses[0], addresses[-1])
+        self.bridge = RingBridge(addresses[0], addresses[-1], secret=self.secret)
 
     @staticmethod
     def _serve(agent: StageAgent) -> None:
@@ -93,7 +97,9 @@ class ProcessRing:
         if len(ranges) < 2:
             raise ValueError("a pipeline needs at least two stages")
         ports = [_free_port() for _ in ranges]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        self.secret = new_secret()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               SECRET_ENV: self.secret}
         self.procs: list[subprocess.Popen[str]] = []
         for i, (start, end) in enumerate(ranges):
             command = [
@@ -107,7 +113,7 @@ class ProcessRing:
             self.procs.append(subprocess.Popen(command, cwd=ROOT, env=env, text=True, **pipes))
         try:
             self._wait_ready(ready_timeout)
-            self.bridge = RingBridge(("127.0.0.1", ports[0]), ("127.0.0.1", ports[-1]))
+            self.bridge = RingBridge(("127.0.0.1", ports[0]), ("127.0.0.1", ports[-1]), secret=self.secret)
         except BaseException:
             self.close()
             raise

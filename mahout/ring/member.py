@@ -2,7 +2,8 @@
 
 ``python -m mahout stage --server URL --token TOKEN --ring ID --stage I``:
 
-1. pull this host's assignment from the gateway (the layer range and the declared widths);
+1. pull this host's assignment from the gateway (the layer range, the declared widths and
+   the ring's secret, which every link of the ring is admitted with);
 2. load only that slice of the model;
 3. bind a listening socket (``--bind``), report the address neighbours can dial
    (``--advertise``, or worked out from the bound socket) to the control plane;
@@ -87,6 +88,7 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
             say(f"mahout: error: the plan is for {plan['n_layers']} layers, this model has {config.n_layers}")
             return 2
         limits = Limits(micro_batch=plan["micro_batch"], row_width=plan["row_width"])
+        secret, caps = plan["secret"], limits.frame_caps(d_model=config.d_model, n_ctx=args.n_ctx)
         bind = parse_address(args.bind, default_host="0.0.0.0")
         following = (args.stage + 1) % n_stages
         while True:
@@ -94,10 +96,11 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
             address = advertised_address(server, args.advertise, args.server)
             stage = Stage(config, weights, start, end, n_rows=args.slots or 2 * limits.micro_batch, n_ctx=args.n_ctx)
             agent = StageAgent(
-                stage, limits=limits, server=server, index=args.stage,
-                dial_next=lambda: dial_stage(api, args.ring, following, hello={"role": "upstream", "stage": args.stage},
-                                             timeout=args.wait, name="next", say=say),
+                stage, limits=limits, secret=secret, server=server, index=args.stage,
+                dial_next=lambda: dial_stage(api, args.ring, following, secret=secret, caps=caps, timeout=args.wait,
+                                             hello={"role": "upstream", "stage": args.stage}, name="next", say=say),
             )
+
             api.report_address(args.ring, args.stage, address)
             say(f"mahout: stage {args.stage} of ring {args.ring}, layers [{start}, {end}), "
                 f"listening on {server.getsockname()[0]}:{server.getsockname()[1]}, advertised as {address}")

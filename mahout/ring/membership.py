@@ -5,7 +5,8 @@ downstream stage, which uses exactly that membership and never re-decides it. `L
 are declared by the plan up front: at most `micro_batch` rows per pass and at most
 `row_width` tokens per row (a prefill longer than that is fed in chunks). They bound the
 largest hidden state a stage receives, (micro_batch * row_width, D), and the largest result
-the tail returns, (micro_batch, V).
+the tail returns, (micro_batch, V); `Limits.frame_caps` turns that bound into the largest
+frame a stage reads at all.
 """
 from __future__ import annotations
 
@@ -14,11 +15,16 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from engine.model import RowSpan
+from mahout.link import FrameCaps
 
 __all__ = ["BatchTooWide", "Limits", "Row", "rows_from_wire", "rows_to_wire"]
 
 PREFILL = "prefill"
 DECODE = "decode"
+FLOAT32_BYTES = 4
+HEADER_MARGIN_BYTES = 64 * 1024  # stats, errors, a pass's other fields
+ROW_HEADER_BYTES = 512  # one row of a membership in JSON (request id, positions, sampling)
+PROMPT_ID_BYTES = 12  # one prompt token id in a submit's JSON ("262143, " is 8)
 
 
 class BatchTooWide(ValueError):
@@ -63,6 +69,15 @@ class Limits:
     def __post_init__(self) -> None:
         if self.micro_batch <= 0 or self.row_width <= 0:
             raise ValueError("micro-batch and row width must be positive")
+
+    def frame_caps(self, *, d_model: int, n_ctx: int) -> FrameCaps:
+        """The largest frame a stage of this plan reads: a pass's hidden state, at most
+        micro_batch x row_width rows of `d_model` float32 (the shared output head's states
+        are micro_batch rows, fewer), and a header that may carry a whole prompt (a submit
+        within the `n_ctx` window) or a full membership. Anything larger is refused unread."""
+        payload = self.micro_batch * self.row_width * d_model * FLOAT32_BYTES
+        header = HEADER_MARGIN_BYTES + n_ctx * PROMPT_ID_BYTES + self.micro_batch * ROW_HEADER_BYTES
+        return FrameCaps(header_bytes=header, payload_bytes=payload)
 
     def check(self, rows: Sequence[Row], n_tokens: int) -> None:
         """Refuse a batch this stage was not planned for (before any compute)."""

@@ -7,7 +7,9 @@ addresses travel through the gateway; hidden states still go agent to agent.
 
 An address can be stale (a stage that died keeps its last report until it reports again):
 a dial that fails is retried with a freshly read address until the deadline, then
-`RendezvousTimeout` says which stage never answered and what it had reported.
+`RendezvousTimeout` says which stage never answered and what it had reported. A dial
+passes the ring's handshake (`mahout.link`): whatever listens at a stale address without
+the ring's secret is dialled again, never sent a hidden state or a prompt.
 """
 from __future__ import annotations
 
@@ -19,8 +21,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from mahout.api import ServerUnavailable
-from mahout.link import Link, LinkClosed, connect
+from mahout.link import FrameCaps, Link, LinkClosed, connect
 from mahout.ring.api import RingApi
+from mahout.ring.bridge import CAPS as BRIDGE_CAPS
+from mahout.ring.bridge import HELLO as BRIDGE_HELLO
 from mahout.ring.bridge import RingBridge
 
 __all__ = ["RendezvousTimeout", "advertised_address", "bridge_connect", "dial_stage", "parse_address"]
@@ -79,10 +83,11 @@ def advertised_address(server: socket.socket, advertise: str | None, server_url:
 
 
 def dial_stage(
-    api: RingApi, ring_id: int, index: int, *, hello: dict[str, Any], timeout: float, name: str = "",
-    say: Callable[[str], None] = print, poll: float = POLL_S, dial_timeout: float = DIAL_TIMEOUT_S,
+    api: RingApi, ring_id: int, index: int, *, secret: str, hello: dict[str, Any], caps: FrameCaps, timeout: float,
+    name: str = "", say: Callable[[str], None] = print, poll: float = POLL_S, dial_timeout: float = DIAL_TIMEOUT_S,
 ) -> Link:
-    """Connect to stage `index` of the ring once it has reported an address that answers."""
+    """Connect to stage `index` of the ring once it has reported an address that answers and
+    passes the handshake with `secret`."""
     deadline = time.monotonic() + timeout
     last, problem = "", "it has not reported an address"
     waiting_said = False
@@ -97,8 +102,8 @@ def dial_stage(
             last = address
             remaining = deadline - time.monotonic()
             try:
-                return connect(parse_address(address), hello=hello, timeout=max(0.1, min(dial_timeout, remaining)),
-                               name=name or f"stage{index}")
+                return connect(parse_address(address), secret=secret, hello=hello, caps=caps,
+                               timeout=max(0.1, min(dial_timeout, remaining)), name=name or f"stage{index}")
             except LinkClosed as exc:
                 problem = f"its reported address {address} does not answer ({exc})"
         elif not waiting_said:
@@ -120,7 +125,7 @@ def _address_of(api: RingApi, ring_id: int, index: int) -> str:
 
 
 def bridge_connect(
-    api: RingApi, ring_id: int, n_stages: int, *, timeout: float, say: Callable[[str], None] = print,
+    api: RingApi, ring_id: int, n_stages: int, *, secret: str, timeout: float, say: Callable[[str], None] = print,
 ) -> RingBridge:
     """The bridge of a control-plane ring: dial the tail, then the head, at their reported addresses.
 
@@ -128,13 +133,15 @@ def bridge_connect(
     is dialled again, until `timeout`.
     """
     deadline = time.monotonic() + timeout
-    hello = {"role": "bridge"}
+
+    def dial(index: int, name: str) -> Link:
+        return dial_stage(api, ring_id, index, secret=secret, hello=BRIDGE_HELLO, caps=BRIDGE_CAPS,
+                          timeout=max(0.1, deadline - time.monotonic()), name=name, say=say)
+
     while True:
-        left = max(0.1, deadline - time.monotonic())
-        tail = dial_stage(api, ring_id, n_stages - 1, hello=hello, timeout=left, name="tail", say=say)
+        tail = dial(n_stages - 1, "tail")
         try:
-            head = dial_stage(api, ring_id, 0, hello=hello, timeout=max(0.1, deadline - time.monotonic()),
-                              name="head", say=say)
+            head = dial(0, "head")
         except BaseException:
             tail.close()
             raise

@@ -24,7 +24,13 @@ time and sends its candidates on downstream (``partial``), and the tail merges t
 (`mahout.ring.vocab`). A lone request's largest matrix, the (V, D) output head, is then read
 by two stages at once instead of by the tail while the head waits.
 
-Messages (header ``type``): ``hello`` (first frame of a connection), ``submit`` and ``cancel``
+Every connection is admitted by `mahout.link`'s handshake with the ring's secret (the
+gateway issues it with the assignment; a local ring makes its own) before any other frame is
+read: a peer without it gets the challenge and is dropped. One bridge per ring session: a
+second ``hello`` as the bridge is refused, so nobody takes over the sampled tokens. Frames
+are capped by the plan's widths (`Limits.frame_caps`), not by what a peer announces.
+
+Messages (header ``type``): ``hello`` (the handshake's, naming the role), ``submit`` and ``cancel``
 (bridge -> head), ``batch`` (hidden state + membership, downstream), ``tokens`` (tail -> head and
 bridge), ``share`` (tail -> head: final-normed rows) and ``partial`` (head -> downstream to
 the tail: the first half's candidates), ``release`` (a request ended: every stage frees its
@@ -39,6 +45,7 @@ saturated one.
 from __future__ import annotations
 
 import argparse
+import os
 import queue
 import socket
 import sys
@@ -52,7 +59,7 @@ from typing import Any
 import torch
 
 from engine.model import Stage
-from mahout.link import Link, LinkClosed, connect, listen
+from mahout.link import FrameCaps, Link, LinkClosed, LinkRefused, accept, connect, listen
 from mahout.ring.membership import DECODE, PREFILL, Limits, Row, rows_from_wire, rows_to_wire
 from mahout.ring.vocab import Pick, Sampler, merge
 
@@ -71,6 +78,7 @@ class StageStats:
     rows: int = 0
     tokens: int = 0
     refused: int = 0  # batches refused (wider than the plan) or failed
+    peers_refused: int = 0  # connections dropped at the handshake (no secret) or a second bridge
     max_queue_depth: int = 0
     started: float = field(default_factory=time.perf_counter)
 
@@ -93,6 +101,7 @@ class _Request:
 class StageAgent:
     """Serve `stage` in a ring: receive on `server`, send to the next stage — at `next_address`,
     or over the link `dial_next()` returns (found through the control plane, `mahout.ring.member`).
+    Every link, both ways, is admitted with `secret`; frames are capped by `limits`.
 
     ``StageAgent(stage, …)`` builds the role the stage's layer range gives it: `HeadAgent`,
     `MiddleAgent` or `TailAgent`. This base holds what every role shares: the links, the inbox
@@ -111,6 +120,7 @@ class StageAgent:
         stage: Stage,
         *,
         limits: Limits,
+        secret: str,
         next_address: tuple[str, int] | None = None,
         dial_next: Callable[[], Link] | None = None,
         server: socket.socket | None = None,
@@ -120,6 +130,8 @@ class StageAgent:
             raise ValueError("give the next stage's address, or a way to dial it (not both)")
         self.stage = stage
         self.limits = limits
+        self.secret = secret
+        self.caps = limits.frame_caps(d_model=stage.config.d_model, n_ctx=stage.cache.n_ctx)
         self.next_address = next_address
         self._dial_next = dial_next or self._dial_address
         self.server = server or listen()
@@ -131,6 +143,8 @@ class StageAgent:
         self._inbox: queue.Queue[tuple[dict[str, Any], torch.Tensor | None]] = queue.Queue()
         self._next: Link | None = None
         self._bridge: Link | None = None
+        self._bridge_lock = threading.Lock()
+        self._bridge_seen = False  # a session has one bridge: once it came, no other is admitted
         self._links: list[Link] = []
         self._stopping = threading.Event()
         self.trace: list[list[Row]] | None = None  # set to a list to record every membership run here
@@ -154,7 +168,8 @@ class StageAgent:
 
     def _dial_address(self) -> Link:
         assert self.next_address is not None
-        return connect(self.next_address, hello={"role": "upstream", "stage": self.index}, name="next")
+        return connect(self.next_address, secret=self.secret, hello={"role": "upstream", "stage": self.index},
+                       caps=self.caps, name="next")
 
     def close(self) -> None:
         """Stop and close every connection: neighbours see the end of stream and stop too."""
@@ -170,20 +185,44 @@ class StageAgent:
     def _accept(self) -> None:
         while not self._stopping.is_set():
             try:
-                sock, _ = self.server.accept()
+                sock, peer = self.server.accept()
             except OSError:
                 return
-            link = Link(sock, "inbound")
-            self._links.append(link)
-            threading.Thread(target=self._read, args=(link,), name=f"stage{self.index}-read", daemon=True).start()
+            name = f"stage{self.index}-from-{peer[0]}:{peer[1]}"
+            threading.Thread(target=self._read, args=(sock, name), name=f"stage{self.index}-read", daemon=True).start()
 
-    def _read(self, link: Link) -> None:
-        role = "unknown"
+    def _admit_peer(self, sock: socket.socket, name: str) -> Link | None:
+        """The handshake (on this connection's own thread, so a slow stranger holds up no one);
+        None, the socket closed, for a peer without the secret or a second bridge."""
         try:
-            hello, _ = link.recv()
-            role = str(hello.get("role"))
-            if role == "bridge":
-                self._bridge = link
+            link = accept(sock, secret=self.secret, caps=self.caps, name=name)
+        except LinkRefused:
+            self.stats.peers_refused += 1
+            return None
+        if link.peer.get("role") == "bridge":
+            with self._bridge_lock:
+                taken, self._bridge_seen = self._bridge_seen, True
+                if not taken:
+                    self._bridge = link
+            if taken:  # the session's bridge is connected: nobody replaces it
+                self.stats.peers_refused += 1
+                try:
+                    link.send({"type": "refused", "message": f"{self.name} already has this session's bridge"})
+                except LinkClosed:
+                    pass
+                link.close()
+                return None
+            link.caps = FrameCaps(self.caps.header_bytes, 0)  # the bridge sends requests, never tensors
+        self._links.append(link)
+        return link
+
+    def _read(self, sock: socket.socket, name: str) -> None:
+        link = self._admit_peer(sock, name)
+        if link is None:
+            return
+        role = str(link.peer.get("role"))
+        try:
+            if link is self._bridge:
                 link.send({"type": "welcome", "stage": self.index, "start": self.stage.start, "end": self.stage.end})
             while True:
                 header, tensor = link.recv()
@@ -238,7 +277,8 @@ class StageAgent:
         return {
             "stage": self.index, "start": self.stage.start, "end": self.stage.end,
             "hold_s": round(s.hold_s, 6), "idle_s": round(s.idle_s, 6), "batches": s.batches, "rows": s.rows,
-            "tokens": s.tokens, "refused": s.refused, "queue_depth": self.queue_depth(), "max_queue_depth": s.max_queue_depth,
+            "tokens": s.tokens, "refused": s.refused, "peers_refused": s.peers_refused, "queue_depth": self.queue_depth(),
+            "max_queue_depth": s.max_queue_depth,
             "uptime_s": round(time.perf_counter() - s.started, 6),
         }
 
@@ -614,14 +654,20 @@ def _address(text: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
+SECRET_ENV = "MAHOUT_RING_SECRET"
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m mahout.ring.stage``: load one layer slice and serve it until a neighbour leaves."""
+    """``python -m mahout.ring.stage``: load one layer slice and serve it until a neighbour leaves.
+
+    The ring's secret comes from the environment (``MAHOUT_RING_SECRET``), never the command
+    line, where every user of the machine could read it."""
     parser = argparse.ArgumentParser(prog="python -m mahout.ring.stage")
     parser.add_argument("--model", required=True)
     parser.add_argument("--start", type=int, required=True)
     parser.add_argument("--end", type=int, required=True)
     parser.add_argument("--index", type=int, default=0)
-    parser.add_argument("--listen", required=True, help="HOST:PORT to accept the previous stage on")
+    parser.add_argument("--listen", required=True, help="HOST:PORT to accept the previous stage on (:PORT: loopback)")
     parser.add_argument("--next", required=True, help="HOST:PORT of the next stage (the tail's is the head)")
     parser.add_argument("--micro-batch", type=int, required=True)
     parser.add_argument("--row-width", type=int, required=True)
@@ -631,6 +677,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--whole-output", action="store_true",
                         help="the tail holds the whole output head (default: head and tail share it; every stage must agree)")
     args = parser.parse_args(argv)
+    secret = os.environ.get(SECRET_ENV, "")
+    if not secret:
+        print(f"stage {args.index}: set {SECRET_ENV} to the ring's secret (every stage and the bridge hold the same)",
+              file=sys.stderr, flush=True)
+        return 2
     torch.set_num_threads(args.threads)
     from engine.gguf_loader import load_stage
 
@@ -638,7 +689,8 @@ def main(argv: list[str] | None = None) -> int:
     server = listen(*_address(args.listen))
     config, weights = load_stage(args.model, args.start, args.end, share_output=not args.whole_output)
     stage = Stage(config, weights, args.start, args.end, n_rows=args.slots or 2 * args.micro_batch, n_ctx=args.n_ctx)
-    agent = StageAgent(stage, limits=limits, next_address=_address(args.next), server=server, index=args.index)
+    agent = StageAgent(stage, limits=limits, secret=secret, next_address=_address(args.next), server=server,
+                       index=args.index)
     threading.Thread(target=lambda: agent.ready.wait() and print("READY", flush=True), daemon=True).start()
     try:
         agent.serve()

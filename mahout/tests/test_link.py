@@ -1,13 +1,36 @@
-"""The expert dispatch's link (`mahout.link`, shared with the ring) sends and reads frames without
-copies: tensors of any layout arrive exact, and a large frame arrives whole."""
+"""The agents' link (`mahout.link`, shared by the ring and the expert market): frames travel
+without copies and arrive exact; a frame over the receiver's caps is refused from its prefix,
+before anything is allocated for it; the handshake admits only a peer holding the secret,
+both ways, and a stranger learns nothing but the challenge."""
 from __future__ import annotations
 
+import json
 import socket
+import struct
 import threading
+import time
+import tracemalloc
 
+import pytest
 import torch
 
-from mahout.link import Link, listen
+from mahout.link import (
+    HEADERS_ONLY,
+    FrameCaps,
+    FrameRefused,
+    Link,
+    LinkClosed,
+    LinkRefused,
+    accept,
+    connect,
+    decode_frame,
+    dial,
+    encode_frame,
+    listen,
+    new_secret,
+)
+
+ROOMY = FrameCaps(header_bytes=1 << 16, payload_bytes=8 << 20)
 
 
 def tcp_pair() -> tuple[socket.socket, socket.socket]:
@@ -18,10 +41,58 @@ def tcp_pair() -> tuple[socket.socket, socket.socket]:
     return client, accepted
 
 
+def read_frame(sock: socket.socket) -> dict:
+    """One frame's header off a raw socket, as a stranger would read it."""
+    n_head, n_payload = struct.unpack(">II", _exactly(sock, 8))
+    header = json.loads(_exactly(sock, n_head))
+    _exactly(sock, n_payload)
+    return header
+
+
+def _exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise EOFError(f"closed after {len(data)} of {n} bytes")
+        data += chunk
+    return data
+
+
+def raw_frame(header: dict) -> bytes:
+    head = json.dumps(header).encode()
+    return struct.pack(">II", len(head), 0) + head
+
+
+class Listener:
+    """A listening socket whose accepted connections go through `accept`; records the outcome."""
+
+    def __init__(self, secret: str, caps: FrameCaps = ROOMY) -> None:
+        self.server = listen()
+        self.address = self.server.getsockname()[:2]
+        self.links: list[Link] = []
+        self.refused: list[LinkRefused] = []
+        self.done = threading.Event()
+        threading.Thread(target=self._one, args=(secret, caps), daemon=True).start()
+
+    def _one(self, secret: str, caps: FrameCaps) -> None:
+        sock, _ = self.server.accept()
+        try:
+            self.links.append(accept(sock, secret=secret, caps=caps, timeout=5.0))
+        except LinkRefused as exc:
+            self.refused.append(exc)
+        self.done.set()
+
+    def close(self) -> None:
+        self.server.close()
+        for link in self.links:
+            link.close()
+
+
 class LinkTests:
     def test_it_carries_tensors_of_any_layout_and_bare_headers_both_ways(self) -> None:
         a, b = tcp_pair()
-        ours, theirs = Link(a, "ours"), Link(b, "theirs")
+        ours, theirs = Link(a, "ours", caps=ROOMY), Link(b, "theirs", caps=ROOMY)
         try:
             rows = torch.randn(3, 5)
             ours.send({"type": "compute", "id": 1}, rows)
@@ -40,7 +111,7 @@ class LinkTests:
     def test_a_large_frame_arrives_whole_through_a_socket_with_a_timeout(self) -> None:
         a, b = tcp_pair()
         a.settimeout(5.0)  # a timed socket may send only part of a buffer per call
-        ours, theirs = Link(a, "ours"), Link(b, "theirs")
+        ours, theirs = Link(a, "ours"), Link(b, "theirs", caps=ROOMY)
         rows = torch.randn(512, 2048)  # 4 MiB: far more than a socket buffer
         received: list = []
         reader = threading.Thread(target=lambda: received.append(theirs.recv()))
@@ -53,3 +124,127 @@ class LinkTests:
         finally:
             ours.close()
             theirs.close()
+
+
+class FrameCapsTests:
+    def test_an_oversized_frame_is_refused_from_its_prefix_without_allocating_it(self) -> None:
+        a, b = tcp_pair()
+        b.settimeout(5.0)  # were the payload awaited, the test would fail here, not hang
+        theirs = Link(b, "theirs", caps=ROOMY)
+        try:
+            a.sendall(struct.pack(">II", 20, 3 << 30))  # announces 3 GiB, sends nothing more
+            tracemalloc.start()
+            with pytest.raises(FrameRefused, match="exceeds the caps"):
+                theirs.recv()
+            _, peak = tracemalloc.get_traced_memory()
+            tracemalloc.stop()
+            assert peak < 1 << 20, f"{peak} bytes were allocated for a refused frame"
+            a.sendall(struct.pack(">II", 20, 0))
+            with pytest.raises(FrameRefused):
+                theirs.recv(FrameCaps(header_bytes=4, payload_bytes=0))  # a header over the caps is refused too
+        finally:
+            a.close()
+            theirs.close()
+
+    def test_a_payload_that_does_not_match_its_header_is_refused(self) -> None:
+        a, b = tcp_pair()
+        theirs = Link(b, "theirs", caps=ROOMY)
+        try:
+            head = json.dumps({"type": "batch", "dtype": "float32", "shape": [1000, 1000]}).encode()
+            a.sendall(struct.pack(">II", len(head), 16) + head + bytes(16))
+            with pytest.raises(FrameRefused, match="does not match its dtype and shape"):
+                theirs.recv()
+        finally:
+            a.close()
+            theirs.close()
+        frame = encode_frame({"type": "compute"}, torch.zeros(4, 4))
+        with pytest.raises(FrameRefused):
+            decode_frame(frame, FrameCaps(header_bytes=1 << 10, payload_bytes=32))
+        assert decode_frame(frame, FrameCaps(header_bytes=1 << 10, payload_bytes=64))[1] is not None
+
+
+class HandshakeTests:
+    def test_peers_holding_the_secret_are_admitted_with_their_identity(self) -> None:
+        secret = new_secret()
+        listener = Listener(secret)
+        try:
+            link = connect(listener.address, secret=secret, hello={"role": "upstream", "stage": 1}, caps=ROOMY, timeout=5)
+            assert listener.done.wait(5) and not listener.refused
+            (theirs,) = listener.links
+            assert theirs.peer == {"type": "hello", "role": "upstream", "stage": 1}
+            link.send({"type": "batch"}, torch.ones(2, 3))
+            header, rows = theirs.recv()
+            assert header["type"] == "batch" and rows is not None and torch.equal(rows, torch.ones(2, 3))
+            link.close()
+        finally:
+            listener.close()
+
+    def test_a_stranger_gets_the_challenge_and_nothing_more(self) -> None:
+        listener = Listener(new_secret())
+        stranger = socket.create_connection(listener.address, timeout=5)
+        try:
+            challenge = read_frame(stranger)
+            assert challenge["type"] == "challenge" and len(challenge["nonce"]) == 32
+            stranger.sendall(raw_frame({"type": "hello", "role": "bridge"}))  # the old, unauthenticated hello
+            assert listener.done.wait(5) and listener.refused and not listener.links
+            assert stranger.recv(1 << 16) == b"", "the listener closed the connection without another byte"
+        finally:
+            stranger.close()
+            listener.close()
+
+    def test_a_wrong_secret_is_refused_both_ways(self) -> None:
+        listener = Listener(new_secret())
+        try:
+            with pytest.raises(LinkRefused, match="refused our proof"):
+                dial(listener.address, secret=new_secret(), hello={"role": "coordinator"}, caps=ROOMY, timeout=5)
+            assert listener.done.wait(5) and listener.refused
+        finally:
+            listener.close()
+
+    def test_a_dialer_sends_nothing_to_an_impostor_listener(self) -> None:
+        """Whatever listens at a stale address without the secret is never sent the dialer's
+        data: the dialer checks the listener's proof before its first frame."""
+        server = listen()
+        got: list[bytes] = []
+
+        def impostor() -> None:
+            sock, _ = server.accept()
+            sock.sendall(raw_frame({"type": "challenge", "nonce": "0" * 32}))
+            hello = read_frame(sock)
+            sock.sendall(raw_frame({"type": "admitted", "proof": "f" * 64}))  # cannot prove: no secret
+            sock.settimeout(2)
+            try:
+                got.append(sock.recv(1 << 16))
+            except TimeoutError:
+                got.append(b"timeout")
+            got.append(json.dumps(hello).encode())
+            sock.close()
+
+        thread = threading.Thread(target=impostor, daemon=True)
+        thread.start()
+        try:
+            with pytest.raises(LinkRefused, match="did not prove"):
+                dial(server.getsockname()[:2], secret=new_secret(), hello={"role": "bridge"}, caps=HEADERS_ONLY, timeout=5)
+            thread.join(5)
+            assert got[0] == b"", "the dialer closed at once and sent nothing after its hello"
+        finally:
+            server.close()
+
+    def test_a_listener_that_never_greets_is_given_up_on(self) -> None:
+        server = listen()
+        try:
+            started = time.monotonic()
+            with pytest.raises(LinkClosed):
+                dial(server.getsockname()[:2], secret=new_secret(), hello={}, caps=HEADERS_ONLY, timeout=0.3)
+            assert time.monotonic() - started < 5
+        finally:
+            server.close()
+
+    def test_a_short_secret_is_refused(self) -> None:
+        a, b = tcp_pair()
+        try:
+            with pytest.raises(ValueError, match="at least 32 characters"):
+                accept(b, secret="short", caps=ROOMY)
+        finally:
+            a.close()
+            b.close()

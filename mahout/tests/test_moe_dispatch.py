@@ -1,7 +1,13 @@
 """Remote experts on loopback: real expert worker processes, a coordinator that dispatches to
-them, answers equal to local-only compute, and a worker dying mid-dispatch."""
+them, answers equal to local-only compute, and a worker dying mid-dispatch. A stranger's
+socket is refused and computes nothing; a coordinator without the worker's secret computes
+locally; a compute frame over the slice's caps is refused unread."""
 from __future__ import annotations
 
+import json
+import os
+import socket
+import struct
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -12,9 +18,11 @@ import torch
 
 from engine.moe import LocalExperts, MoeModel
 from engine.moe_loader import ByteTokenizer, load_moe, make_tiny_moe, write_expert_slice
-from mahout.moe.coordinator import Coordinator, WorkerSpec
+from mahout.link import LinkClosed, dial, new_secret
+from mahout.moe.coordinator import Coordinator, TcpTransport, WorkerFailed, WorkerSpec
 from mahout.moe.policy import DispatchPolicy, LoadMonitor, LoadState
 from mahout.moe.runner import MoeRunner
+from mahout.moe.worker import SECRET_ENV, worker_caps
 
 ROOT = Path(__file__).resolve().parents[2]
 SLICES = [(0, 0, 4), (0, 4, 4), (1, 0, 8)]  # (layer, first, count): every expert of the tiny model
@@ -30,11 +38,14 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 FLOAT32_RTOL = 1e-4
 
 
+SECRET = new_secret()  # what the gateway would hand the worker's volunteer and its coordinator
+
+
 def start_worker(model: Path, layer: int, first: int, count: int) -> tuple[subprocess.Popen, tuple[str, int]]:
     process = subprocess.Popen(
         [sys.executable, "-m", "mahout.moe.worker", "--model", str(model), "--layer", str(layer),
          "--first", str(first), "--count", str(count)],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        cwd=ROOT, stdout=subprocess.PIPE, text=True, env={**os.environ, SECRET_ENV: SECRET},
     )
     assert process.stdout is not None
     line = process.stdout.readline().strip()
@@ -48,7 +59,7 @@ def workers(tiny: Path) -> Iterator[list[tuple[subprocess.Popen, WorkerSpec]]]:
     started = []
     for index, (layer, first, count) in enumerate(SLICES):
         process, address = start_worker(tiny, layer, first, count)
-        started.append((process, WorkerSpec(f"w{index}", layer, first, count, address)))
+        started.append((process, WorkerSpec(f"w{index}", layer, first, count, address, secret=SECRET)))
     yield started
     for process, _ in started:
         process.kill()
@@ -91,7 +102,7 @@ class RemoteExpertTests:
         process, address = start_worker(slice_path, 1, 2, 4)
         coordinator = _loaded_coordinator(LocalExperts({layer.index: layer.experts for layer in weights.layers}))
         try:
-            coordinator.attach(WorkerSpec("slice", 1, 2, 4, address))
+            coordinator.attach(WorkerSpec("slice", 1, 2, 4, address, secret=SECRET))
             x = torch.randn(5, config.d_model, generator=torch.Generator().manual_seed(0))
             inputs = {e: x for e in range(2, 6)}
             remote = coordinator(1, inputs)
@@ -123,7 +134,7 @@ class RemoteExpertTests:
 
         try:
             for index, ((_, address), (layer, first, count)) in enumerate(zip(processes, SLICES, strict=True)):
-                coordinator.attach(WorkerSpec(f"w{index}", layer, first, count, address))
+                coordinator.attach(WorkerSpec(f"w{index}", layer, first, count, address, secret=SECRET))
             model = MoeModel(config, weights, experts=kill_after_some)
             assert model.generate(prompt, 10) == expected
             assert coordinator.stats.fallbacks >= 1 and coordinator.stats.remote_experts > 0
@@ -132,6 +143,61 @@ class RemoteExpertTests:
             coordinator.close()
             for process, _ in processes:
                 process.kill()
+
+
+def _frame(header: dict, payload: bytes = b"") -> bytes:
+    head = json.dumps(header).encode()
+    return struct.pack(">II", len(head), len(payload)) + head + payload
+
+
+class WorkerAdmissionTests:
+    def test_a_stranger_is_refused_and_computes_nothing(self, tiny: Path, workers: list[tuple[subprocess.Popen, WorkerSpec]]) -> None:
+        _, spec = workers[0]
+        assert spec.address is not None
+        stranger = socket.create_connection(spec.address, timeout=5)
+        try:
+            stranger.sendall(_frame({"type": "hello", "role": "coordinator"}))  # the old hello, no proof
+            rows = torch.zeros(1, 64).numpy().tobytes()
+            stranger.sendall(_frame({"type": "compute", "id": 1, "layer": 0, "experts": [0], "counts": [1],
+                                     "dtype": "float32", "shape": [1, 64]}, rows))
+            heard = b""
+            while chunk := stranger.recv(1 << 16):
+                heard += chunk
+        finally:
+            stranger.close()
+        n_head, n_payload = struct.unpack(">II", heard[:8])
+        assert json.loads(heard[8 : 8 + n_head])["type"] == "challenge" and len(heard) == 8 + n_head + n_payload, \
+            "the stranger got the challenge and nothing more: no result"
+
+    def test_a_coordinator_without_the_workers_secret_computes_locally(self, tiny: Path, workers: list[tuple[subprocess.Popen, WorkerSpec]]) -> None:
+        config, weights = load_moe(tiny)
+        coordinator = _loaded_coordinator(LocalExperts({layer.index: layer.experts for layer in weights.layers}))
+        _, spec = workers[0]
+        try:
+            coordinator.attach(WorkerSpec("wrong", spec.layer, spec.first, spec.count, spec.address, secret=new_secret()))
+            x = torch.randn(3, config.d_model, generator=torch.Generator().manual_seed(1))
+            out = coordinator(spec.layer, {spec.first: x})
+            assert torch.equal(out[spec.first], weights.layers[spec.layer].experts.compute(spec.first, x))
+            assert (coordinator.stats.remote_experts, coordinator.stats.fallbacks) == (0, 1)
+            with pytest.raises(WorkerFailed, match="refused our proof"):
+                TcpTransport(spec.address, new_secret()).request({"type": "compute"}, x, 2.0)
+            with pytest.raises(WorkerFailed, match="no secret"):
+                TcpTransport(spec.address, "").request({"type": "compute"}, x, 2.0)
+        finally:
+            coordinator.close()
+
+    def test_a_compute_frame_over_the_slices_caps_is_refused_unread(self, tiny: Path, workers: list[tuple[subprocess.Popen, WorkerSpec]]) -> None:
+        config, _ = load_moe(tiny)
+        _, spec = workers[0]
+        caps = worker_caps(d_model=config.d_model, count=spec.count, context_length=config.context_length)
+        assert caps.payload_bytes == config.context_length * spec.count * config.d_model * 4
+        link = dial(spec.address, secret=SECRET, hello={"role": "coordinator"}, caps=caps, timeout=5)
+        try:
+            link.sock.sendall(struct.pack(">II", 64, caps.payload_bytes + 4))  # announced, never sent
+            with pytest.raises(LinkClosed):
+                link.recv()  # the worker dropped the link at the prefix
+        finally:
+            link.close()
 
 
 class MoeRunnerTests:

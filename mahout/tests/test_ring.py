@@ -1,9 +1,14 @@
 """The ring: stages on loopback give the single-process engine's greedy tokens, alone and
 packed; the membership the head decides is exactly what the tail runs; plans' widths are
-enforced; stages report hold and idle time; a stage dying fails its requests honestly."""
+enforced; stages report hold and idle time; a stage dying fails its requests honestly.
+Strangers are refused at the handshake and learn nothing; the bridge cannot be replaced;
+a frame over the plan's caps is refused."""
 from __future__ import annotations
 
 import gc
+import json
+import socket
+import struct
 import time
 from pathlib import Path
 
@@ -11,8 +16,8 @@ import pytest
 import torch
 
 from engine.generate import build_stages, generate
-from mahout.link import connect
-from mahout.ring.bridge import RingBroken, RingError
+from mahout.link import HEADERS_ONLY, FrameCaps, LinkClosed, LinkRefused, connect, new_secret
+from mahout.ring.bridge import RingBridge, RingBroken, RingError
 from mahout.ring.local import ThreadRing, split_layers
 from mahout.ring.membership import BatchTooWide, Limits, Row, rows_to_wire
 from mahout.ring.stage import StageAgent
@@ -73,7 +78,7 @@ class RingTests:
         with _ring(model_path, 2) as ring:
             tail = ring.agents[-1]
             rows = [Row(f"x{i}", 0, 1, "prefill", True) for i in range(3)]
-            intruder = connect(tail.address, hello={"role": "upstream"})
+            intruder = connect(tail.address, secret=ring.secret, hello={"role": "upstream"}, caps=HEADERS_ONLY)
             intruder.send({"type": "batch", "rows": rows_to_wire(rows)}, torch.zeros(3, 640))
             wide = [Row("y", 0, 5, "prefill", True)]
             intruder.send({"type": "batch", "rows": rows_to_wire(wide)}, torch.zeros(5, 640))
@@ -123,10 +128,85 @@ class RingTests:
                 ring.bridge.submit(PROMPTS[1], 4).result()
 
 
+def _frame(header: dict) -> bytes:
+    head = json.dumps(header).encode()
+    return struct.pack(">II", len(head), 0) + head
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    """Everything the peer sends until it closes (or 5 s of silence)."""
+    sock.settimeout(5)
+    data = b""
+    while chunk := sock.recv(1 << 16):
+        data += chunk
+    return data
+
+
+def _challenge_only(data: bytes) -> bool:
+    n_head, n_payload = struct.unpack(">II", data[:8])
+    return json.loads(data[8 : 8 + n_head])["type"] == "challenge" and len(data) == 8 + n_head + n_payload
+
+
+class RingAdmissionTests:
+    def test_a_stranger_is_refused_at_every_stage_and_learns_nothing(self, model_path: Path, expected: list[list[int]]) -> None:
+        with _ring(model_path, 3) as ring:
+            heard = []
+            for agent in ring.agents:
+                for hello in ({"type": "hello", "role": "bridge"}, {"type": "hello", "role": "upstream", "stage": 0}):
+                    stranger = socket.create_connection(agent.address, timeout=5)
+                    stranger.sendall(_frame(hello))  # the unauthenticated hello that used to be enough
+                    stranger.sendall(_frame({"type": "submit", "request_id": "x", "prompt_ids": PROMPTS[0], "max_tokens": 4}))
+                    heard.append(_read_all(stranger))
+                    stranger.close()
+            tokens = ring.bridge.submit(PROMPTS[0], MAX_TOKENS).result()  # the ring serves on, untouched
+            refused = [agent.stats.peers_refused for agent in ring.agents]
+        assert all(_challenge_only(data) for data in heard), "a stranger got more than the challenge"
+        assert refused == [2, 2, 2]
+        assert tokens == expected[0]
+
+    def test_the_bridge_cannot_be_replaced(self, model_path: Path, expected: list[list[int]]) -> None:
+        with _ring(model_path, 2) as ring:
+            tail = ring.agents[-1]
+            stranger = socket.create_connection(tail.address, timeout=5)
+            stranger.sendall(_frame({"type": "hello", "role": "bridge"}))
+            with pytest.raises(LinkRefused, match="already has this session's bridge"):  # the secret is not enough either
+                RingBridge(ring.agents[0].address, tail.address, secret=ring.secret, timeout=5)
+            with pytest.raises(LinkRefused, match="refused our proof"):
+                RingBridge(ring.agents[0].address, tail.address, secret=new_secret(), timeout=5)
+            request = ring.bridge.submit(PROMPTS[0], MAX_TOKENS)
+            tokens = request.result()
+            stolen = _read_all(stranger)
+            stranger.close()
+            assert tail.stats.peers_refused >= 2
+        assert tokens == expected[0], "every token reached the real bridge"
+        assert _challenge_only(stolen), "the stranger that said it was the bridge got no token"
+
+    def test_a_frame_over_the_plans_caps_is_refused_unread(self, model_path: Path) -> None:
+        with _ring(model_path, 2) as ring:
+            tail = ring.agents[-1]
+            caps = tail.caps
+            assert caps == LIMITS.frame_caps(d_model=640, n_ctx=64)
+            assert caps.payload_bytes == LIMITS.micro_batch * LIMITS.row_width * 640 * 4  # one pass's hidden state
+            intruder = connect(tail.address, secret=ring.secret, hello={"role": "upstream"}, caps=HEADERS_ONLY)
+            intruder.sock.sendall(struct.pack(">II", 64, caps.payload_bytes + 1))  # one byte too many, never sent
+            with pytest.raises(LinkClosed):
+                intruder.recv()  # the tail dropped the link at the prefix
+            assert tail.stats.tokens == 0
+            intruder.close()
+
+
+class FrameCapsTests:
+    def test_the_caps_follow_the_plans_widths_and_window(self) -> None:
+        small, wide = Limits(micro_batch=2, row_width=4), Limits(micro_batch=8, row_width=64)
+        assert small.frame_caps(d_model=640, n_ctx=64) == FrameCaps(64 * 1024 + 64 * 12 + 2 * 512, 2 * 4 * 640 * 4)
+        assert wide.frame_caps(d_model=640, n_ctx=1024).payload_bytes == 8 * 64 * 640 * 4  # 1.3 MB, not 1 GiB
+        assert wide.frame_caps(d_model=640, n_ctx=4096).header_bytes > 4096 * 7  # a whole prompt fits a submit
+
+
 class HeadPackingTests:
     def test_it_packs_a_decode_and_a_prefill_chunk_into_one_pass(self, model_path: Path) -> None:
         (stage,) = build_stages(model_path, [(0, 1)], n_rows=4, n_ctx=64)
-        head = StageAgent(stage, limits=LIMITS, next_address=("127.0.0.1", 9))
+        head = StageAgent(stage, limits=LIMITS, secret=new_secret(), next_address=("127.0.0.1", 9))
         head._submit({"request_id": "a", "prompt_ids": PROMPTS[3], "max_tokens": 4})
         rows, ids = head._pack()
         assert rows == [Row("a", 0, 3, "prefill", True)] and ids == PROMPTS[3]

@@ -90,11 +90,15 @@ def _children(pid: int) -> list[int]:
 
 
 class RingGateway(FakeGateway):
-    """The fake gateway plus the ring API a host's own ring needs: propose, assignment,
-    addresses (reported and read) and stats reports, for one ring (id 1) all on this host."""
+    """The fake gateway plus the ring API a host's own ring needs: propose, assignment (with
+    the ring's secret), the secret for the bridge, addresses (reported and read) and stats
+    reports, for one ring (id 1) all on this host."""
 
     def __init__(self) -> None:
+        from mahout.link import new_secret
+
         super().__init__()
+        self.secret = new_secret()
         self.n_stages = 0
         self.addresses: dict[int, str] = {}
         self.ring_reports: list[list[dict]] = []
@@ -113,10 +117,12 @@ def _ring_handler(gateway: RingGateway) -> type:
         def do_GET(self) -> None:
             if self.path == "/api/rings/assignment" and self._authorized():
                 plan = {"ring": 1, "model": "gemma-3-270m", "row_width": 64, "micro_batch": 4, "n_layers": 18,
-                        "stages": gateway.stages()}
+                        "stages": gateway.stages(), "secret": gateway.secret}
                 self._send(200, {"assignments": [{**plan, **s} for s in gateway.stages()]})
             elif self.path == "/api/rings/1/addresses" and self._authorized():
                 self._send(200, {"ring": 1, "stages": gateway.stages()})
+            elif self.path == "/api/rings/1/secret" and self._authorized():
+                self._send(200, {"ring": 1, "secret": gateway.secret})
             else:
                 super().do_GET()
 

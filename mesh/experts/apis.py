@@ -3,12 +3,14 @@ service or selector, renders.
 
 * `GET  /api/moe/recruitment`: per model busy, saturation, base vs effective target, workers.
 * `GET  /api/expert-demand`: scarce slices and the `recruiting` flag.
-* `POST /api/expert-volunteer`: an idle host asks for a slice (200 with it, 204: none wanted).
+* `POST /api/expert-volunteer`: an idle trusted host asks for a slice (200 with it and its
+  link secret, 204: none wanted; 403 in probation or banned, 409 while it serves one).
 * `GET  /api/expert-workers/<id>/slice`: the GGUF of that slice's tensors only.
-* `POST /api/expert-workers/<id>/register`: the worker serves its slice (at `address`, or via relay).
+* `POST /api/expert-workers/<id>/register`: the worker serves its slice (at `address`, which
+  must be public unless the operator allows private ones, or via the relay).
 * `POST /api/expert-workers/<id>/heartbeat`: stay covered; the answer says whether to retire.
-* `POST /api/moe/coordinator-report`: a coordinator's busy slots and its workers'
-  `last_serve_ms`; the answer is its dispatch map.
+* `POST /api/moe/coordinator-report`: the bound coordinator's busy slots and its workers'
+  `last_serve_ms`; the answer is its dispatch map, each worker with its link secret.
 """
 from __future__ import annotations
 
@@ -36,9 +38,11 @@ class MoeHostApi(HostApi):
 
 
 def _slice(worker: ExpertWorker) -> dict:
+    """A worker as its own host sees it, with the secret its listener admits the coordinator with."""
     return {
         "worker": worker.pk, "model": worker.model.name, "layer": worker.layer, "first": worker.first,
         "count": worker.count, "status": worker.status, "slice_url": f"/api/expert-workers/{worker.pk}/slice",
+        "address": worker.address, "secret": worker.secret,
     }
 
 

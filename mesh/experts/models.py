@@ -6,12 +6,16 @@ GGUF metadata when it is registered, so demand exists before any worker does). E
 wants `effective_target` replicas: `base_target` while the coordinator is quiet,
 `base_target + boost` while it reports saturation. A worker row is handed out by the
 volunteer endpoint (ASSIGNED), becomes ACTIVE when the worker registers where it can be
-reached, and RETIRED when it stops heartbeating or is no longer needed.
+reached, and RETIRED when it stops heartbeating or is no longer needed. Each worker has its
+own `secret`, handed to its volunteer and to its model's coordinator (the one the operator
+bound, `coordinator`): the coordinator's link to it is admitted with it (`mahout.link`).
 """
 from __future__ import annotations
 
 from django.db import models
 from django.db.models import Q
+
+from mesh.linksecret import link_secret_new
 
 __all__ = ["ExpertModel", "ExpertWorker"]
 
@@ -29,6 +33,7 @@ class ExpertModel(models.Model):
     saturation_threshold = models.PositiveIntegerField(default=2, help_text="busy slots that mean saturated")
     coordinator = models.ForeignKey(
         "hosts.Host", on_delete=models.PROTECT, null=True, blank=True, related_name="coordinated_moe_models",
+        help_text="bound by the operator (moe_register --coordinator-host); no other host may report for the model",
     )
     busy = models.PositiveIntegerField(default=0, help_text="busy slots in the coordinator's last report")
     saturated = models.BooleanField(default=False)
@@ -65,6 +70,10 @@ class ExpertWorker(models.Model):
     registered_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     retired_at = models.DateTimeField(null=True, blank=True)
+    secret = models.CharField(
+        max_length=100, default=link_secret_new, editable=False,
+        help_text="what the coordinator's link to this worker is admitted with; its volunteer and the coordinator only",
+    )
 
     class Meta:
         ordering = ["model", "layer", "first", "id"]

@@ -15,6 +15,7 @@ from django.conf import settings
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from hosts.models import Host
 from mesh.experts.models import ExpertModel, ExpertWorker
 
 
@@ -48,12 +49,22 @@ def effective_target(model: ExpertModel, *, now: datetime | None = None) -> int:
     return model.base_target + (model.boost if is_saturated(model, now=now) else 0)
 
 
-def covering_workers(model: ExpertModel, *, now: datetime | None = None) -> QuerySet[ExpertWorker]:
-    """Workers that count as coverage now: active and heartbeating, or just assigned."""
-    now = now or timezone.now()
+def _live_q(now: datetime) -> Q:
+    """Active and heartbeating, or just assigned, on a host that is still trusted (a host
+    banned or back in probation covers nothing, so it is aged out and leaves the dispatch map)."""
     active = Q(status=ExpertWorker.Status.ACTIVE, heartbeat_at__gte=now - seconds("MOE_WORKER_STALE_SECONDS"))
     pending = Q(status=ExpertWorker.Status.ASSIGNED, assigned_at__gte=now - seconds("MOE_ASSIGN_TTL_SECONDS"))
-    return ExpertWorker.objects.filter(active | pending, model=model)
+    return (active | pending) & Q(host__in=Host.objects.trusted())
+
+
+def covering_workers(model: ExpertModel, *, now: datetime | None = None) -> QuerySet[ExpertWorker]:
+    """Workers that count as coverage now (`_live_q`)."""
+    return ExpertWorker.objects.filter(_live_q(now or timezone.now()), model=model)
+
+
+def live_worker_of_host(*, host: Host, now: datetime | None = None) -> ExpertWorker | None:
+    """The slice this host serves now, if any (a host serves one at a time)."""
+    return ExpertWorker.objects.select_related("model").filter(_live_q(now or timezone.now()), host=host).first()
 
 
 def model_slices(model: ExpertModel) -> list[tuple[int, int, int]]:
@@ -111,12 +122,13 @@ def recruitment(*, now: datetime | None = None) -> list[dict]:
 
 
 def dispatch_map(model: ExpertModel, *, now: datetime | None = None) -> list[dict]:
-    """The coordinator's workers: active, heartbeating, with how to reach them."""
+    """The coordinator's workers: active, heartbeating, with how to reach them and the
+    secret each one admits the coordinator's link with (for the model's coordinator only)."""
     now = now or timezone.now()
     workers = covering_workers(model, now=now).filter(status=ExpertWorker.Status.ACTIVE).order_by("id")
     return [
         {"id": w.pk, "layer": w.layer, "first": w.first, "count": w.count, "address": w.address,
-         "relay": not w.address, "last_serve_ms": w.last_serve_ms}
+         "relay": not w.address, "last_serve_ms": w.last_serve_ms, "secret": w.secret}
         for w in workers
     ]
 

@@ -2,7 +2,12 @@
 volunteers a slice, worker registration and heartbeats, and ageing workers out.
 
 Everything is pulled by hosts (coordinators report, volunteers ask, workers heartbeat), so
-machines behind NAT take part. Load-adaptive recruitment is the sum of small rules:
+machines behind NAT take part. Nothing is first come: a model's coordinator is bound by the
+operator when it is registered, only trusted hosts (out of probation, not banned) may
+volunteer, one slice per host at a time, and a worker's address must be public unless the
+operator allows private ones (`MOE_ALLOW_PRIVATE_WORKERS`, for a local swarm). Each worker
+gets its own link secret, handed to it and to the coordinator only.
+Load-adaptive recruitment is the sum of small rules:
 a saturated report raises the model's effective target (`mesh.moe_selectors`), slices
 covered below it are handed to volunteers, and once the coordinator has been quiet for
 `MOE_COOLDOWN_SECONDS` workers beyond the target are retired (their next heartbeat says so)
@@ -11,7 +16,9 @@ and stale ones are dropped.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
+import socket
 import tempfile
 from collections.abc import Sequence
 from datetime import datetime
@@ -39,6 +46,7 @@ __all__ = [
     "expert_worker_heartbeat",
     "expert_worker_register",
     "expert_workers_age_out",
+    "worker_address_check",
 ]
 
 
@@ -71,10 +79,15 @@ BYTES_TOKENIZER = "bytes"
 def moe_model_publish(
     *, name: str, gguf_path: str | Path, input_price_ucents: int = 10, output_price_ucents: int = 40,
     slice_size: int = 4, base_target: int = 0, boost: int = 1, saturation_threshold: int = 2,
+    coordinator: Host | None = None,
 ) -> tuple[ExpertModel, CatalogModel]:
     """Put an MoE GGUF on sale: create or update its expert-market record (layers and expert
     count from the file) and its marketplace catalog entry (kind chat, the file's context
     length, prices in µ¢ per token), so a coordinator can qualify it and customers can call it.
+
+    `coordinator` binds the host that coordinates the model (only it may report for it and is
+    handed its workers' secrets); a new model needs one, an update without one keeps the
+    bound host. A banned host is refused.
 
     The catalog entry counts tokens with the `bytes` tokenizer. The coordinator's runner speaks
     the model's byte vocabulary (ids 0..255 are the UTF-8 bytes, then BOS and EOS), so there
@@ -88,9 +101,15 @@ def moe_model_publish(
                               "can be served yet.", "unsupported_vocabulary")
     config = read_moe_config(reader)
     known = ExpertModel.objects.select_for_update().filter(name=name).first()
-    expert_model = expert_model_register(  # an update keeps the coordinator that claimed the model
+    coordinator = coordinator or (known.coordinator if known else None)
+    if coordinator is None:
+        raise MoeRefused(400, f"{name!r} has no coordinator yet: name the host that will coordinate it "
+                              "(moe_register --coordinator-host NAME).", "coordinator_required")
+    if coordinator.banned_at is not None:
+        raise MoeRefused(403, f"Host {coordinator.name!r} is banned and cannot coordinate {name!r}.", "host_banned")
+    expert_model = expert_model_register(
         name=name, gguf_path=gguf_path, slice_size=slice_size, base_target=base_target, boost=boost,
-        saturation_threshold=saturation_threshold, coordinator=known.coordinator if known else None,
+        saturation_threshold=saturation_threshold, coordinator=coordinator,
     )
     catalog, _ = CatalogModel.objects.update_or_create(name=name, defaults={
         "kind": CatalogModel.Kind.CHAT, "context_length": config.context_length, "tokenizer": BYTES_TOKENIZER,
@@ -104,16 +123,18 @@ def coordinator_report(
     *, host: Host, model_name: str, busy: int, workers: Sequence[dict] = (), now: datetime | None = None,
 ) -> ExpertModel:
     """Record a coordinator's busy slots (saturated when busy >= threshold) and the
-    `last_serve_ms` it saw per worker; the first coordinator to report claims the model."""
+    `last_serve_ms` it saw per worker. Only the host the operator bound to the model may
+    report: reporting first claims nothing."""
     now = now or timezone.now()
     model = ExpertModel.objects.select_for_update().filter(name=model_name).first()
     if model is None:
         raise MoeRefused(404, f"No MoE model {model_name!r}.", "moe_model_not_found")
     if model.coordinator_id is None:
-        claimed = ExpertModel.objects.filter(pk=model.pk, coordinator__isnull=True).update(coordinator=host)
-        model.coordinator_id = host.pk if claimed else ExpertModel.objects.get(pk=model.pk).coordinator_id
+        raise MoeRefused(403, f"No coordinator is bound to {model_name!r}; an operator binds one with "
+                              "manage.py moe_register PATH --name NAME --coordinator-host HOST.", "coordinator_not_bound")
     if model.coordinator_id != host.pk:
-        raise MoeRefused(403, f"This host does not coordinate {model_name!r}.", "not_the_coordinator")
+        raise MoeRefused(403, f"This host does not coordinate {model_name!r}: the operator bound another host to it.",
+                         "not_the_coordinator")
     model.busy = busy
     model.saturated = busy >= model.saturation_threshold
     model.reported_at = now
@@ -144,11 +165,31 @@ def _pick_slice(host: Host, now: datetime) -> tuple[ExpertModel, selectors.Slice
     return None if best is None else (best[1], best[2])
 
 
+def _volunteer_refusal(host: Host) -> MoeRefused | None:
+    """Why this host may not serve experts (it would receive customers' hidden states), or None."""
+    if host.banned_at is not None:
+        return MoeRefused(403, f"This host is banned ({host.ban_reason}); it cannot serve experts.", "host_banned")
+    if not Host.objects.trusted().filter(pk=host.pk).exists():
+        return MoeRefused(403, "This host is in probation: only trusted hosts serve experts. Serve jobs and pass "
+                               "verification first.", "host_on_probation")
+    return None
+
+
 @transaction.atomic
 def expert_volunteer(*, host: Host, now: datetime | None = None) -> ExpertWorker | None:
-    """Hand an idle host the scarcest (layer, expert-range) slice, or None when nothing is
-    scarce. The model rows are locked, so concurrent volunteers never fill the same gap twice."""
+    """Hand an idle, trusted host the scarcest (layer, expert-range) slice, or None when
+    nothing is scarce; a host in probation or banned is refused, and so is one that already
+    holds a slice (one at a time). The host's row lock serialises its own concurrent asks;
+    the model rows are locked, so concurrent volunteers never fill the same gap twice."""
     now = now or timezone.now()
+    host = Host.objects.select_for_update().get(pk=host.pk)
+    refusal = _volunteer_refusal(host)
+    if refusal is not None:
+        raise refusal
+    held = selectors.live_worker_of_host(host=host, now=now)
+    if held is not None:
+        raise MoeRefused(409, f"This host already serves expert worker {held.pk} ({held.model.name} layer {held.layer}); "
+                              "one slice at a time.", "host_already_serving")
     picked = _pick_slice(host, now)
     if picked is None:
         return None
@@ -156,11 +197,46 @@ def expert_volunteer(*, host: Host, now: datetime | None = None) -> ExpertWorker
     return ExpertWorker.objects.create(model=model, host=host, layer=demand.layer, first=demand.first, count=demand.count)
 
 
+def worker_address_check(address: str) -> str:
+    """The ``IP:PORT`` a coordinator may dial for a worker's reported ``HOST:PORT`` ("" stays
+    "": the relay). The name is resolved here, once, and the coordinator is handed the address
+    that was checked, so a name that resolves elsewhere later changes nothing. Loopback,
+    private, link-local, multicast and other non-public addresses are refused (a stranger
+    must not make the coordinator dial its own network) unless `MOE_ALLOW_PRIVATE_WORKERS`,
+    which keeps the address as reported."""
+    if not address:
+        return ""
+    name, _, port_text = address.rpartition(":")
+    name = name.strip("[]")
+    port = int(port_text) if port_text.isdigit() else 0
+    if not name or not 0 < port < 65536:
+        raise MoeRefused(400, f"{address!r} is not HOST:PORT.", "address_invalid")
+    if settings.MOE_ALLOW_PRIVATE_WORKERS:
+        return address
+    try:
+        found = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
+        ips = sorted({ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in found}, key=str)
+    except (OSError, UnicodeError, ValueError) as exc:
+        raise MoeRefused(400, f"The worker address {address!r} does not resolve ({exc}).", "address_unresolvable") from exc
+    for ip in ips:
+        plain = (ip.ipv4_mapped or ip) if isinstance(ip, ipaddress.IPv6Address) else ip
+        if not plain.is_global or plain.is_multicast:
+            raise MoeRefused(400, f"The worker address {address!r} is not public ({ip}): a coordinator dials only public "
+                                  "addresses; behind NAT, serve through the relay (--relay).", "address_not_public")
+    ip = ips[0]
+    return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
+
+
 @transaction.atomic
 def expert_worker_register(*, worker_id: int, host: Host, address: str = "", now: datetime | None = None) -> ExpertWorker:
     """ASSIGNED -> ACTIVE (compare-and-set): the worker holds its slice and is reachable at
-    `address` (blank: through the relay). Registering again just updates the address."""
+    `address` (checked by `worker_address_check`; blank: through the relay). Registering
+    again just updates the address. A host no longer trusted is refused."""
     now = now or timezone.now()
+    refusal = _volunteer_refusal(host)
+    if refusal is not None:
+        raise refusal
+    address = worker_address_check(address)
     rows = ExpertWorker.objects.filter(pk=worker_id, host=host)
     changed = rows.filter(status=ExpertWorker.Status.ASSIGNED).update(
         status=ExpertWorker.Status.ACTIVE, address=address, registered_at=now, heartbeat_at=now

@@ -1,6 +1,8 @@
 """The ring API for hosts: propose a ring on one's own machine, pull a stage assignment,
 report where a stage listens and read where the others do (the address exchange: every
-call is outbound from the host), report and read stage time use.
+call is outbound from the host), report and read stage time use. The ring's secret (what
+its links are admitted with) goes to its participants only: a stage host with its
+assignment, the bridge from ``GET rings/<id>/secret``.
 
 Host token auth is the host API's (`hosts.apis.HostApi`); each view parses, calls one service or
 selector, renders.
@@ -26,7 +28,7 @@ def _participant_ring(*, ring_id: int, host: Host) -> RingPlan:
 
 
 class RingAssignmentApi(HostApi):
-    """The stages this host serves: its layer range, the whole plan, the declared widths."""
+    """The stages this host serves: its layer range, the whole plan, the declared widths, the ring's secret."""
 
     def get(self, request: Request) -> Response:
         host = self.host(request)
@@ -34,7 +36,7 @@ class RingAssignmentApi(HostApi):
             {
                 "ring": stage.plan_id, "model": stage.plan.model.name, "stage": stage.index, "start": stage.start,
                 "end": stage.end, "row_width": stage.plan.row_width, "micro_batch": stage.plan.micro_batch,
-                "n_layers": stage.plan.n_layers,
+                "n_layers": stage.plan.n_layers, "secret": stage.plan.secret,
                 "stages": [
                     {"stage": s.index, "start": s.start, "end": s.end, "host": s.host_id} for s in stage.plan.stages.all()
                 ],
@@ -93,6 +95,16 @@ class RingAddressesApi(HostApi):
             "ring": plan.pk, "status": plan.status,
             "stages": [selectors.stage_address(stage) for stage in plan.stages.all()],
         })
+
+
+class RingSecretApi(HostApi):
+    """GET: the ring's secret, for its bridge and its stage hosts (anyone else: 404)."""
+
+    def get(self, request: Request, ring_id: int) -> Response:
+        plan = _participant_ring(ring_id=ring_id, host=self.host(request))
+        if plan.status != RingPlan.Status.ACTIVE:
+            raise ApiError(409, f"Ring {ring_id} is retired; its links are no longer admitted.", code="ring_retired")
+        return Response({"ring": plan.pk, "secret": plan.secret})
 
 
 class RingStatsApi(HostApi):

@@ -4,12 +4,15 @@ A plan names a catalog model, its stages (contiguous [start, end) layer ranges c
 every layer exactly once, in order), each stage's host (none: the bridge host runs it),
 and the row width and micro-batch every stage is built for, declared up front. Stages
 report where they listen (their upstream neighbour and the bridge dial them there) and
-where their time went; the plan shows both.
+where their time went; the plan shows both. The plan's `secret` admits its stages and its
+bridge to each other's links (`mahout.link`); only the ring's participants are handed it.
 """
 from __future__ import annotations
 
 from django.db import models
 from django.db.models import F, Q
+
+from mesh.linksecret import link_secret_new
 
 
 class ModelLayout(models.Model):
@@ -41,6 +44,10 @@ class RingPlan(models.Model):
     )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
     created_at = models.DateTimeField(auto_now_add=True)
+    secret = models.CharField(
+        max_length=100, default=link_secret_new, editable=False,
+        help_text="what the ring's links are admitted with; handed to its stage hosts and its bridge only",
+    )
 
     class Meta:
         constraints = [

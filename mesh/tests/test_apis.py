@@ -1,4 +1,5 @@
-"""The ring API: hosts pull their assignment and report / read stage time use."""
+"""The ring API: hosts pull their assignment and report / read stage time use; the ring's
+secret goes to its participants only."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -8,12 +9,11 @@ from django.test import Client
 
 from conftest import make_host
 from mesh.rings.layouts import layout_seed
-from mesh.rings.models import ModelLayout
+from mesh.rings.models import ModelLayout, RingPlan
 from mesh.rings.services import StageSpec, ring_plan_create
 
 if TYPE_CHECKING:
     from catalog.models import CatalogModel
-    from mesh.rings.models import RingPlan
     from testkit.personas import ServingHost
 
 pytestmark = pytest.mark.django_db
@@ -97,3 +97,26 @@ class RingAddressApiTests:
         assert Client().get(f"/api/rings/{plan.pk}/addresses", **_auth(outsider.token)).status_code == 404
         assert Client().post(url, {"address": "10.9.9.9:1"}, content_type="application/json",
                              **_auth(outsider.token)).status_code == 404
+
+
+class RingSecretApiTests:
+    def test_only_the_rings_participants_are_handed_its_secret(self, plan_and_hosts: tuple[RingPlan, ServingHost, ServingHost, ServingHost]) -> None:
+        plan, head, tail, bridge = plan_and_hosts
+        url = f"/api/rings/{plan.pk}/secret"
+        shown = {Client().get(url, **_auth(who.token)).json()["secret"] for who in (head, tail, bridge)}
+        assert shown == {plan.secret} and len(plan.secret) >= 32
+        (assignment,) = Client().get("/api/rings/assignment", **_auth(tail.token)).json()["assignments"]
+        assert assignment["secret"] == plan.secret
+        outsider = make_host(name="outsider")
+        refused = Client().get(url, **_auth(outsider.token))
+        assert refused.status_code == 404 and plan.secret not in refused.content.decode()
+        assert Client().get(url).status_code == 401
+
+    def test_every_plan_has_its_own_and_a_retired_one_hands_out_none(self, plan_and_hosts: tuple[RingPlan, ServingHost, ServingHost, ServingHost]) -> None:
+        plan, head, tail, bridge = plan_and_hosts
+        other = ring_plan_create(model_name="gemma-3-270m", stages=[StageSpec(0, 9, head.host), StageSpec(9, 18, tail.host)],
+                                 row_width=64, micro_batch=4, bridge_host=bridge.host)
+        assert other.secret != plan.secret
+        RingPlan.objects.filter(pk=plan.pk).update(status=RingPlan.Status.RETIRED)
+        answer = Client().get(f"/api/rings/{plan.pk}/secret", **_auth(bridge.token))
+        assert (answer.status_code, answer.json()["error"]["code"]) == (409, "ring_retired")

@@ -93,7 +93,9 @@ class RingApiClientTests:
 
 class AddressExchangeTests:
     def test_stages_and_the_bridge_find_each_other_through_the_control_plane(self, live_server: LiveServer, catalog: CatalogModel) -> None:
-        from mahout.link import listen
+        import threading
+
+        from mahout.link import HEADERS_ONLY, accept, listen
         from mahout.ring.rendezvous import advertised_address, dial_stage
 
         plan, head, tail, bridge = _two_stage_ring()
@@ -110,10 +112,18 @@ class AddressExchangeTests:
             with pytest.raises(HostApiError) as wildcard:
                 apis["head"].report_address(plan.pk, 0, "0.0.0.0:4000")
             assert (wildcard.value.status, wildcard.value.code) == (400, "address_invalid")
-            link = dial_stage(apis["head"], plan.pk, 1, hello={"role": "upstream", "stage": 0}, timeout=5, say=lambda _l: None)
-            peer, _ = server.accept()
-            with peer:
-                link.close()
+            (secret,) = {a["secret"] for a in apis["head"].assignment() + apis["tail"].assignment()}
+            assert apis["bridge"].secret(plan.pk) == secret == RingPlan.objects.get(pk=plan.pk).secret
+            admitted: list = []
+            listener = threading.Thread(
+                target=lambda: admitted.append(accept(server.accept()[0], secret=secret, caps=HEADERS_ONLY)), daemon=True)
+            listener.start()
+            link = dial_stage(apis["head"], plan.pk, 1, secret=secret, hello={"role": "upstream", "stage": 0},
+                              caps=HEADERS_ONLY, timeout=5, say=lambda _l: None)
+            listener.join(5)
+            link.close()
+            assert admitted and admitted[0].peer["role"] == "upstream"
+            admitted[0].close()
             assert [(s["stage"], s["address"]) for s in apis["bridge"].addresses(plan.pk)] == [(0, ""), (1, address)]
         finally:
             server.close()

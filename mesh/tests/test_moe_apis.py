@@ -1,5 +1,6 @@
 """The expert market API: recruitment, demand, volunteering, slice download, registration,
-heartbeat and coordinator reports, with host token auth."""
+heartbeat and coordinator reports, with host token auth; who may volunteer and report, and
+where the link secrets go."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,14 +13,16 @@ from conftest import make_host
 from engine.gguf_loader import open_gguf
 from engine.moe_loader import expert_tensor_names, make_tiny_moe
 from mesh.experts import services
+from mesh.tests.market import trusted_host
 
 if TYPE_CHECKING:
     from django.test.client import _MonkeyPatchedWSGIResponse as TestResponse
+    from pytest_django import Settings
 
     from catalog.models import CatalogModel
     from testkit.personas import ServingHost
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("local_swarm")]
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +58,7 @@ class MoeAuthTests:
 
 class RecruitmentFlowTests:
     def test_a_saturated_coordinator_recruits_a_volunteer_downloading_only_its_slice(self, coordinator: ServingHost, tmp_path: Path) -> None:
-        volunteer = make_host(name="volunteer")
+        volunteer = trusted_host("volunteer")
         assert _post("/api/expert-volunteer", volunteer.token).status_code == 204
         demand = Client().get("/api/expert-demand", **_auth(volunteer.token)).json()
         assert demand == {"recruiting": False, "slices": []}
@@ -69,6 +72,8 @@ class RecruitmentFlowTests:
         assert handed.status_code == 200
         slice_ = handed.json()
         assert (slice_["model"], slice_["layer"], slice_["first"], slice_["count"]) == ("tiny-moe", 0, 0, 4)
+        secret = slice_["secret"]
+        assert len(secret) >= 32
 
         assert Client().get(slice_["slice_url"], **_auth(coordinator.token)).status_code == 404  # not its worker
         download = Client().get(slice_["slice_url"], **_auth(volunteer.token))
@@ -86,15 +91,41 @@ class RecruitmentFlowTests:
         }).json()
         assert report["dispatch_map"] == [{
             "id": slice_["worker"], "layer": 0, "first": 0, "count": 4, "address": "127.0.0.1:7001", "relay": False,
-            "last_serve_ms": 42,
+            "last_serve_ms": 42, "secret": secret,
         }]
-        (model,) = Client().get("/api/moe/recruitment", **_auth(volunteer.token)).json()["models"]
+        recruitment = Client().get("/api/moe/recruitment", **_auth(volunteer.token))
+        assert secret not in recruitment.content.decode()  # the secret goes to the worker and the coordinator only
+        (model,) = recruitment.json()["models"]
         assert (model["busy"], model["saturated"], model["base_target"], model["effective_target"]) == (3, True, 0, 1)
         assert [(w["id"], w["last_serve_ms"]) for w in model["workers"]] == [(slice_["worker"], 42)]
 
     def test_it_rejects_a_malformed_registration(self, coordinator: ServingHost) -> None:
         _post("/api/moe/coordinator-report", coordinator.token, {"model": "tiny-moe", "busy": 2})
-        volunteer = make_host(name="volunteer")
+        volunteer = trusted_host("volunteer")
         worker = _post("/api/expert-volunteer", volunteer.token).json()["worker"]
         answer = _post(f"/api/expert-workers/{worker}/register", volunteer.token, {"address": "not an address"})
         assert answer.status_code == 400
+
+
+class WhoMayTakePartTests:
+    def test_a_host_in_probation_gets_a_clear_403_and_no_slice(self, coordinator: ServingHost) -> None:
+        _post("/api/moe/coordinator-report", coordinator.token, {"model": "tiny-moe", "busy": 2})
+        answer = _post("/api/expert-volunteer", make_host(name="newcomer").token)
+        assert answer.status_code == 403
+        error = answer.json()["error"]
+        assert error["code"] == "host_on_probation" and "only trusted hosts serve experts" in error["message"]
+
+    def test_a_second_slice_for_the_same_host_is_a_409(self, coordinator: ServingHost) -> None:
+        _post("/api/moe/coordinator-report", coordinator.token, {"model": "tiny-moe", "busy": 2})
+        volunteer = trusted_host("volunteer")
+        assert _post("/api/expert-volunteer", volunteer.token).status_code == 200
+        again = _post("/api/expert-volunteer", volunteer.token)
+        assert (again.status_code, again.json()["error"]["code"]) == (409, "host_already_serving")
+
+    def test_a_private_address_is_refused_when_the_operator_has_not_allowed_it(self, coordinator: ServingHost, settings: Settings) -> None:
+        settings.MOE_ALLOW_PRIVATE_WORKERS = False
+        _post("/api/moe/coordinator-report", coordinator.token, {"model": "tiny-moe", "busy": 2})
+        volunteer = trusted_host("volunteer")
+        worker = _post("/api/expert-volunteer", volunteer.token).json()["worker"]
+        answer = _post(f"/api/expert-workers/{worker}/register", volunteer.token, {"address": "127.0.0.1:7001"})
+        assert (answer.status_code, answer.json()["error"]["code"]) == (400, "address_not_public")

@@ -4,6 +4,8 @@ mahout processes, and an MoE coordinator reporting to the gateway.
 idle coordinator serves locally -> concurrent requests saturate it -> demand appears ->
 volunteers are recruited, download their slices, register and get dispatched -> outputs
 equal the local-only outputs -> load stops -> workers age out, the target returns to base.
+The coordinator is bound by the operator, the volunteers are trusted hosts, and every
+coordinator-to-worker link passes the handshake with that worker's own secret.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from engine.moe_loader import ByteTokenizer, load_moe, make_tiny_moe
 from mahout.moe.control import CoordinatorAgent, MeshClient
 from mahout.moe.policy import DispatchPolicy
 from mahout.moe.runner import MoeRunner
+from mesh.tests.market import LOCAL_SWARM_ENV, trusted_host
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -37,7 +40,7 @@ N_TOKENS = 24
 @pytest.fixture
 def moe_gateway(transactional_db: None, e2e_dirs: Path) -> Iterator[Gateway]:
     gateway = Gateway(stack_env({"MOE_COOLDOWN_SECONDS": "2", "MOE_COORDINATOR_STALE_SECONDS": "5",
-                                 "MOE_WORKER_STALE_SECONDS": "5"}), e2e_dirs / "logs")
+                                 "MOE_WORKER_STALE_SECONDS": "5", **LOCAL_SWARM_ENV}), e2e_dirs / "logs")
     yield gateway
     gateway.stop()
 
@@ -56,7 +59,8 @@ class LoadRampTests:
 
         tiny = make_tiny_moe(tmp_path / "tiny-moe.gguf", seed=5)
         coordinator_host = make_host(name="coordinator")
-        moe_services.expert_model_register(name="tiny-moe", gguf_path=tiny, slice_size=4, base_target=0, boost=1)
+        moe_services.expert_model_register(name="tiny-moe", gguf_path=tiny, slice_size=4, base_target=0, boost=1,
+                                           coordinator=coordinator_host.host)
         config, weights = load_moe(tiny)
         tokenizer = ByteTokenizer()
         expected = {p: MoeModel(config, weights).generate(tokenizer.encode(p), N_TOKENS) for p in PROMPTS}
@@ -65,7 +69,7 @@ class LoadRampTests:
         runner = MoeRunner(tiny, policy=policy, n_slots=4).start()
         client = MeshClient(moe_gateway.url, coordinator_host.token)
         agent = CoordinatorAgent(runner, client, "tiny-moe", interval_s=0.3).start()
-        volunteers = [_volunteer(moe_gateway.url, make_host(name=f"v{i}").token, e2e_dirs / "logs" / f"volunteer-{i}.log")
+        volunteers = [_volunteer(moe_gateway.url, trusted_host(f"v{i}").token, e2e_dirs / "logs" / f"volunteer-{i}.log")
                       for i in range(4)]
         try:
             # idle: one request at a time is served locally, nothing is scarce

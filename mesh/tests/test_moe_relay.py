@@ -20,6 +20,7 @@ from mahout.moe.coordinator import WorkerFailed
 from mahout.moe.policy import DispatchPolicy, LoadState
 from mahout.moe.relay import RelayTransport, decode_frame, encode_frame
 from mahout.moe.runner import MoeRunner
+from mesh.tests.market import trusted_host
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -67,8 +68,9 @@ class ExpertRelayTests:
         from mesh.experts import services as moe_services
 
         tiny = make_tiny_moe(tmp_path / "tiny-moe.gguf", seed=9)
-        coordinator_host, volunteer_host = make_host(name="coordinator"), make_host(name="behind-nat")
-        moe_services.expert_model_register(name="tiny-moe", gguf_path=tiny, slice_size=8, boost=1)
+        coordinator_host, volunteer_host = make_host(name="coordinator"), trusted_host("behind-nat")
+        moe_services.expert_model_register(name="tiny-moe", gguf_path=tiny, slice_size=8, boost=1,
+                                           coordinator=coordinator_host.host)
         config, weights = load_moe(tiny)
         prompt = ByteTokenizer().encode("Through the relay")
         expected = MoeModel(config, weights).generate(prompt, 10)

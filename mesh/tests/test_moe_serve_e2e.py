@@ -1,6 +1,6 @@
 """The MoE coordinator serves through the marketplace, with real processes on loopback: an
-operator registers the tiny MoE GGUF (`manage.py moe_register`), a real `python -m mahout moe
-coordinator` process benchmarks and qualifies it, claims the job through the host API and
+operator registers the tiny MoE GGUF and binds its coordinator (`manage.py moe_register
+--coordinator-host`), a real `python -m mahout moe coordinator` process benchmarks and qualifies it, claims the job through the host API and
 streams its tokens back; the customer's `openai` client sees the local model's exact text,
 and the request settles like any other (billed, the host paid 80%)."""
 from __future__ import annotations
@@ -47,10 +47,11 @@ class CoordinatorServesTests:
         from mesh.experts.models import ExpertModel
 
         tiny = make_tiny_moe(tmp_path / "tiny-moe.gguf", seed=5)
-        call_command("moe_register", str(tiny), "--name", "tiny-moe", stdout=io.StringIO())
+        host = make_host(qualified=False, name="moe-coordinator")
+        call_command("moe_register", str(tiny), "--name", "tiny-moe", "--coordinator-host", "moe-coordinator",
+                     stdout=io.StringIO())
         entry = CatalogModel.objects.get(name="tiny-moe")
         assert (entry.kind, entry.tokenizer, entry.context_length) == ("chat", "bytes", 256)
-        host = make_host(qualified=False, name="moe-coordinator")
         log_path = e2e_dirs / "logs" / f"moe-coordinator-{time.time_ns()}.log"
         process = subprocess.Popen(
             [sys.executable, "-m", "mahout", "moe", "coordinator", "--server", gateway.url, "--token", host.token,

@@ -1,5 +1,7 @@
 """The expert market's rules: targets follow saturation, demand is seeded from GGUF metadata,
-volunteers get the scarcest slice, workers register, heartbeat and age out."""
+volunteers get the scarcest slice, workers register, heartbeat and age out. Nothing is first
+come: the operator binds the coordinator, only trusted hosts volunteer (one slice at a time),
+a worker's address must be public unless the operator allows private ones."""
 from __future__ import annotations
 
 import os
@@ -14,17 +16,21 @@ from django.utils import timezone
 from conftest import make_host
 from engine.gguf_loader import open_gguf
 from engine.moe_loader import expert_tensor_names, make_tiny_moe
+from hosts.models import Host
 from mesh.experts import selectors, services
 from mesh.experts.models import ExpertWorker
+from mesh.tests.market import trusted_host
 
 if TYPE_CHECKING:
     from datetime import datetime
+
+    from pytest_django import Settings
 
     from catalog.models import CatalogModel
     from mesh.experts.models import ExpertModel
     from testkit.personas import ServingHost
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("local_swarm")]
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +41,8 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def market(catalog: CatalogModel, tiny: Path) -> tuple[ExpertModel, ServingHost]:
     coordinator = make_host(name="coordinator")
-    model = services.expert_model_register(name="tiny-moe", gguf_path=tiny, slice_size=4, base_target=0, boost=1)
+    model = services.expert_model_register(name="tiny-moe", gguf_path=tiny, slice_size=4, base_target=0, boost=1,
+                                           coordinator=coordinator.host)
     return model, coordinator
 
 
@@ -76,7 +83,7 @@ class TargetTests:
         model.base_target = 1
         model.save()
         for _ in range(4):
-            _serve(model, make_host(name="base"))
+            _serve(model, trusted_host("base"))
         assert selectors.expert_demand() == (False, [])
         services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=3)
         recruiting, scarce = selectors.expert_demand()
@@ -96,27 +103,143 @@ class TargetTests:
         assert refused.value.status == 403
 
 
+class CoordinatorBindingTests:
+    def test_reporting_first_claims_nothing(self, catalog: CatalogModel, tiny: Path) -> None:
+        model = services.expert_model_register(name="unbound", gguf_path=tiny)  # as rows made before binding were
+        first = make_host(name="first-comer")
+        with pytest.raises(services.MoeRefused, match="No coordinator is bound to 'unbound'") as refused:
+            services.coordinator_report(host=first.host, model_name="unbound", busy=5)
+        assert (refused.value.status, refused.value.code) == (403, "coordinator_not_bound")
+        model.refresh_from_db()
+        assert model.coordinator_id is None and model.busy == 0
+
+    def test_the_operator_binds_the_coordinator_and_another_hosts_report_is_refused(self, catalog: CatalogModel, tiny: Path) -> None:
+        import io
+
+        from django.core.management import CommandError, call_command
+
+        bound, other = make_host(name="moe-rig"), make_host(name="squatter")
+        with pytest.raises(CommandError, match="--coordinator-host"):
+            call_command("moe_register", str(tiny), "--name", "tiny-moe", stdout=io.StringIO())
+        with pytest.raises(CommandError, match="no host 'nobody'"):
+            call_command("moe_register", str(tiny), "--name", "tiny-moe", "--coordinator-host", "nobody")
+        call_command("moe_register", str(tiny), "--name", "tiny-moe", "--coordinator-host", "moe-rig", stdout=io.StringIO())
+        with pytest.raises(services.MoeRefused, match="the operator bound another host") as refused:
+            services.coordinator_report(host=other.host, model_name="tiny-moe", busy=5)
+        assert refused.value.code == "not_the_coordinator"
+        assert services.coordinator_report(host=bound.host, model_name="tiny-moe", busy=5).saturated
+
+    def test_a_banned_host_cannot_be_bound(self, catalog: CatalogModel, tiny: Path) -> None:
+        banned = make_host(name="banned")
+        Host.objects.filter(pk=banned.host.pk).update(banned_at=timezone.now(), ban_reason="cheated canaries")
+        with pytest.raises(services.MoeRefused) as refused:
+            services.moe_model_publish(name="tiny-moe", gguf_path=tiny, coordinator=Host.objects.get(pk=banned.host.pk))
+        assert refused.value.code == "host_banned"
+
+
 class VolunteerTests:
     def test_nothing_is_handed_out_without_demand(self, market: tuple[ExpertModel, ServingHost]) -> None:
-        assert services.expert_volunteer(host=make_host(name="idle").host) is None
+        assert services.expert_volunteer(host=trusted_host("idle").host) is None
+
+    def test_a_host_in_probation_or_banned_is_refused(self, market: tuple[ExpertModel, ServingHost]) -> None:
+        _, coordinator = market
+        services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2)  # demand exists
+        with pytest.raises(services.MoeRefused, match="in probation: only trusted hosts serve experts") as probation:
+            services.expert_volunteer(host=make_host(name="newcomer").host)
+        assert (probation.value.status, probation.value.code) == (403, "host_on_probation")
+        banned = trusted_host("banned")
+        Host.objects.filter(pk=banned.host.pk).update(banned_at=timezone.now(), ban_reason="cheated canaries")
+        with pytest.raises(services.MoeRefused, match=r"banned \(cheated canaries\)") as refused:
+            services.expert_volunteer(host=banned.host)
+        assert (refused.value.status, refused.value.code) == (403, "host_banned")
+        assert not ExpertWorker.objects.exists()
+
+    def test_a_host_serves_one_slice_at_a_time(self, market: tuple[ExpertModel, ServingHost]) -> None:
+        _, coordinator = market
+        services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2)
+        volunteer = trusted_host("greedy")
+        first = services.expert_volunteer(host=volunteer.host)
+        assert first is not None
+        with pytest.raises(services.MoeRefused, match=f"already serves expert worker {first.pk}") as refused:
+            services.expert_volunteer(host=volunteer.host)
+        assert (refused.value.status, refused.value.code) == (409, "host_already_serving")
+        ExpertWorker.objects.filter(pk=first.pk).update(status=ExpertWorker.Status.RETIRED)
+        assert services.expert_volunteer(host=volunteer.host) is not None  # once retired, it may take another
+
+    def test_each_worker_has_its_own_secret_and_only_the_dispatch_map_carries_it(self, market: tuple[ExpertModel, ServingHost]) -> None:
+        model, coordinator = market
+        services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2)
+        workers = [_serve(model, trusted_host(f"v{i}")) for i in range(2)]
+        assert len({w.secret for w in workers}) == 2 and all(len(w.secret) >= 32 for w in workers)
+        assert [entry["secret"] for entry in selectors.dispatch_map(model)] == [w.secret for w in workers]
+        assert all("secret" not in w for m in selectors.recruitment() for w in m["workers"])
+
+    def test_a_worker_whose_host_is_banned_leaves_the_dispatch_map(self, market: tuple[ExpertModel, ServingHost]) -> None:
+        model, coordinator = market
+        services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2)
+        worker = _serve(model, trusted_host("soon-banned"))
+        assert selectors.dispatch_map(model)
+        Host.objects.filter(pk=worker.host_id).update(banned_at=timezone.now(), ban_reason="cheated canaries")
+        assert selectors.dispatch_map(model) == []
+        services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2)
+        assert ExpertWorker.objects.get(pk=worker.pk).status == ExpertWorker.Status.RETIRED
 
     def test_volunteers_fill_each_scarce_slice_once(self, market: tuple[ExpertModel, ServingHost]) -> None:
         _, coordinator = market
         services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2)
-        handed = [services.expert_volunteer(host=make_host(name=f"v{i}").host) for i in range(5)]
+        handed = [services.expert_volunteer(host=trusted_host(f"v{i}").host) for i in range(5)]
         assert [(w.layer, w.first, w.count) for w in handed[:4]] == [(0, 0, 4), (0, 4, 4), (1, 0, 4), (1, 4, 4)]
         assert handed[4] is None
 
     def test_register_is_a_compare_and_set_and_a_stranger_cannot_register(self, market: tuple[ExpertModel, ServingHost]) -> None:
         _, coordinator = market
         services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2)
-        volunteer = make_host(name="v")
+        volunteer = trusted_host("v")
         worker = services.expert_volunteer(host=volunteer.host)
         with pytest.raises(services.MoeRefused):
-            services.expert_worker_register(worker_id=worker.pk, host=make_host(name="x").host, address="1.2.3.4:5")
+            services.expert_worker_register(worker_id=worker.pk, host=trusted_host("x").host, address="1.2.3.4:5")
         active = services.expert_worker_register(worker_id=worker.pk, host=volunteer.host, address="127.0.0.1:7000")
         assert active.status == ExpertWorker.Status.ACTIVE
         assert selectors.dispatch_map(active.model)[0]["address"] == "127.0.0.1:7000"
+
+
+class WorkerAddressTests:
+    @pytest.mark.parametrize("address", [
+        "127.0.0.1:7000", "localhost:7000", "10.1.2.3:7000", "192.168.1.5:7000", "172.16.0.9:7000", "169.254.169.254:80",
+        "100.64.0.1:7000", "[::1]:7000", "[fd00::1]:7000", "[::ffff:127.0.0.1]:7000", "0.0.0.0:7000", "224.0.0.1:7000",
+    ])
+    def test_a_private_address_is_refused_unless_the_operator_allows_it(self, settings: Settings, address: str) -> None:
+        settings.MOE_ALLOW_PRIVATE_WORKERS = False
+        with pytest.raises(services.MoeRefused, match="is not public") as refused:
+            services.worker_address_check(address)
+        assert (refused.value.status, refused.value.code) == (400, "address_not_public")
+        settings.MOE_ALLOW_PRIVATE_WORKERS = True
+        assert services.worker_address_check(address) == address
+
+    def test_a_public_address_is_kept_and_the_relay_needs_none(self, settings: Settings) -> None:
+        settings.MOE_ALLOW_PRIVATE_WORKERS = False
+        assert services.worker_address_check("8.8.8.8:7000") == "8.8.8.8:7000"
+        assert services.worker_address_check("[2606:4700:4700::1111]:7000") == "[2606:4700:4700::1111]:7000"
+        assert services.worker_address_check("") == ""
+        for bad in ("8.8.8.8:0", "8.8.8.8:70000", ":7000", "no-port"):
+            with pytest.raises(services.MoeRefused):
+                services.worker_address_check(bad)
+        with pytest.raises(services.MoeRefused) as unresolvable:
+            services.worker_address_check("no-such-host.invalid:7000")
+        assert unresolvable.value.code == "address_unresolvable"
+
+    def test_registering_a_loopback_address_is_refused_by_default(self, market: tuple[ExpertModel, ServingHost], settings: Settings) -> None:
+        model, coordinator = market
+        settings.MOE_ALLOW_PRIVATE_WORKERS = False
+        services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2)
+        volunteer = trusted_host("v")
+        worker = services.expert_volunteer(host=volunteer.host)
+        with pytest.raises(services.MoeRefused, match="a coordinator dials only public addresses"):
+            services.expert_worker_register(worker_id=worker.pk, host=volunteer.host, address="127.0.0.1:7000")
+        assert ExpertWorker.objects.get(pk=worker.pk).status == ExpertWorker.Status.ASSIGNED
+        assert selectors.dispatch_map(model) == []
+        relayed = services.expert_worker_register(worker_id=worker.pk, host=volunteer.host, address="")
+        assert relayed.status == ExpertWorker.Status.ACTIVE and selectors.dispatch_map(model)[0]["relay"]
 
 
 class AgeOutTests:
@@ -125,7 +248,7 @@ class AgeOutTests:
         model, coordinator = market
         start = timezone.now()
         services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2, now=start)
-        workers = [_serve(model, make_host(name=f"v{i}"), now=start) for i in range(4)]
+        workers = [_serve(model, trusted_host(f"v{i}"), now=start) for i in range(4)]
         services.coordinator_report(
             host=coordinator.host, model_name="tiny-moe", busy=0, now=start + timedelta(seconds=5),
             workers=[{"id": workers[0].pk, "last_serve_ms": 1234}],
@@ -143,7 +266,7 @@ class AgeOutTests:
         model, coordinator = market
         start = timezone.now()
         services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2, now=start)
-        worker = _serve(model, make_host(name="v"), now=start)
+        worker = _serve(model, trusted_host("v"), now=start)
         later = start + timedelta(seconds=31)
         services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2, now=later)
         worker.refresh_from_db()
@@ -155,7 +278,7 @@ class SliceFileTests:
     def test_it_serves_only_the_slice_tensors(self, market: tuple[ExpertModel, ServingHost]) -> None:
         _, coordinator = market
         services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2)
-        worker = services.expert_volunteer(host=make_host(name="v").host)
+        worker = services.expert_volunteer(host=trusted_host("v").host)
         path = services.expert_slice_file(worker=worker)
         assert {t.name for t in open_gguf(path).tensors} == set(expert_tensor_names(worker.layer))
 
@@ -164,7 +287,7 @@ class SliceFileTests:
         coordinator = make_host(name="coordinator")
         services.expert_model_register(name="replaced", gguf_path=model_path, slice_size=8, coordinator=coordinator.host)
         services.coordinator_report(host=coordinator.host, model_name="replaced", busy=2)
-        worker = services.expert_volunteer(host=make_host(name="v").host)
+        worker = services.expert_volunteer(host=trusted_host("v").host)
         before = services.expert_slice_file(worker=worker).read_bytes()
         os.replace(make_tiny_moe(tmp_path / "new.gguf", seed=12), model_path)
         assert services.expert_slice_file(worker=worker).read_bytes() != before
@@ -194,16 +317,19 @@ class MoeModelPublishTests:
         from mesh.experts.models import ExpertModel
 
         out = io.StringIO()
-        call_command("moe_register", str(tiny), "--name", "tiny-moe", "--output-price", "50", "--slice-size", "2", stdout=out)
+        coordinator = make_host(name="moe-rig")
+        call_command("moe_register", str(tiny), "--name", "tiny-moe", "--output-price", "50", "--slice-size", "2",
+                     "--coordinator-host", str(coordinator.host.pk), stdout=out)
         entry = CatalogModel.objects.get(name="tiny-moe")
         assert (entry.kind, entry.tokenizer, entry.context_length, entry.input_price_ucents, entry.output_price_ucents) == (
             "chat", "bytes", 256, 10, 50)
         assert ExpertModel.objects.get(name="tiny-moe").slice_size == 2
-        assert "python -m mahout moe coordinator" in out.getvalue()
+        assert ExpertModel.objects.get(name="tiny-moe").coordinator_id == coordinator.host.pk
+        assert "python -m mahout moe coordinator" in out.getvalue() and "coordinated by host" in out.getvalue()
 
     def test_registering_again_updates_and_keeps_the_coordinator(self, catalog: CatalogModel, tiny: Path) -> None:
         coordinator = make_host(name="coordinator")
-        services.moe_model_publish(name="tiny-moe", gguf_path=tiny)
+        services.moe_model_publish(name="tiny-moe", gguf_path=tiny, coordinator=coordinator.host)
         services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=0)
         model, entry = services.moe_model_publish(name="tiny-moe", gguf_path=tiny, boost=3, output_price_ucents=7)
         assert model.coordinator_id == coordinator.host.pk and model.boost == 3 and entry.output_price_ucents == 7
@@ -214,5 +340,6 @@ class MoeModelPublishTests:
         from catalog.models import CatalogModel
 
         with pytest.raises(CommandError, match="byte vocabulary"):
-            call_command("moe_register", str(_bpe_moe(tmp_path / "bpe.gguf")), "--name", "real-moe")
+            call_command("moe_register", str(_bpe_moe(tmp_path / "bpe.gguf")), "--name", "real-moe", "--coordinator-host",
+                         str(make_host(name="rig").host.pk))
         assert not CatalogModel.objects.filter(name="real-moe").exists()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from hosts.models import Host
+from mesh.management.hostref import host_by_ref
 from mesh.rings.services import PlanInvalid, ring_plan_propose
 
 
@@ -20,8 +20,8 @@ class Command(BaseCommand):
         parser.add_argument("--micro-batch", type=int, default=4)
 
     def handle(self, *args: object, **options: object) -> None:
-        hosts = [self._host(name) for name in str(options["hosts"]).split(",") if name]
-        bridge = self._host(str(options["bridge"])) if options["bridge"] else None
+        hosts = [host_by_ref(name) for name in str(options["hosts"]).split(",") if name]
+        bridge = host_by_ref(str(options["bridge"])) if options["bridge"] else None
         try:
             plan = ring_plan_propose(
                 model_name=str(options["model"]), hosts=hosts, bridge_host=bridge, layer_mb=float(options["layer_mb"]),
@@ -32,10 +32,3 @@ class Command(BaseCommand):
         for stage in plan.stages.order_by("index"):
             self.stdout.write(f"stage {stage.index}: layers [{stage.start}, {stage.end}) on {stage.host}")
         self.stdout.write(str(plan.pk))
-
-    def _host(self, ref: str) -> Host:
-        """A host by id, or by name when the name is unique."""
-        matches = list(Host.objects.filter(pk=int(ref)) if ref.isdigit() else Host.objects.filter(name=ref))
-        if len(matches) != 1:
-            raise CommandError(f"{'no' if not matches else 'more than one'} host {ref!r}; name it by id")
-        return matches[0]
