@@ -19,13 +19,15 @@ class NewKey:
     secret: str
 
 
-def api_key_create(*, user: User, name: str = "", spend_cap_ucents: int | None = None) -> NewKey:
-    """Create a key; the secret is returned here once and never stored."""
+def api_key_create(*, user: User, name: str = "", spend_cap_ucents: int | None = None, trusted_only: bool = False) -> NewKey:
+    """Create a key; the secret is returned here once and never stored. `trusted_only`: its
+    requests are served by trusted hosts only."""
     if spend_cap_ucents is not None and spend_cap_ucents < 0:
         raise ValueError("a spend cap cannot be negative")
     secret = secret_new("el")
     key = ApiKey.objects.create(
-        user=user, name=name, prefix=secret_prefix(secret), key_hash=secret_hash(secret), spend_cap_ucents=spend_cap_ucents
+        user=user, name=name, prefix=secret_prefix(secret), key_hash=secret_hash(secret), spend_cap_ucents=spend_cap_ucents,
+        trusted_only=trusted_only,
     )
     return NewKey(key=key, secret=secret)
 

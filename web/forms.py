@@ -49,6 +49,9 @@ class ApiKeyForm(forms.Form):
     cap_usd = forms.DecimalField(
         label="Spend cap (USD, optional)", required=False, min_value=Decimal("0"), max_digits=12, decimal_places=8
     )
+    trusted_only = forms.BooleanField(
+        label="Trusted hosts only (hosts out of probation; requests may wait longer)", required=False
+    )
 
     @property
     def spend_cap_ucents(self) -> int | None:

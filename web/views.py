@@ -130,7 +130,8 @@ def keys(request: AuthedHttpRequest) -> HttpResponse:
     new_key = None
     if request.method == "POST" and form.is_valid():
         new_key = accounts.api_key_create(
-            user=request.user, name=form.cleaned_data["name"], spend_cap_ucents=form.spend_cap_ucents
+            user=request.user, name=form.cleaned_data["name"], spend_cap_ucents=form.spend_cap_ucents,
+            trusted_only=form.cleaned_data["trusted_only"],
         )
         form = ApiKeyForm()
     return render_secret_once(

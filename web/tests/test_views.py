@@ -118,6 +118,13 @@ class ApiKeyPagesTests:
         secret = re.search(r'id="new-secret">([^<]+)<', response.content.decode()).group(1)
         assert Client().get("/v1/usage", HTTP_AUTHORIZATION=f"Bearer {secret}").status_code == 200
 
+    def test_a_key_can_ask_for_trusted_hosts_only(self, customer, customer_client) -> None:
+        customer_client.post("/keys/", {"name": "careful", "trusted_only": "on"})
+        customer_client.post("/keys/", {"name": "any"})
+        assert ApiKey.objects.get(user=customer.user, name="careful").trusted_only
+        assert not ApiKey.objects.get(user=customer.user, name="any").trusted_only
+        assert "trusted only" in customer_client.get("/keys/").content.decode()
+
     def test_the_owner_revokes_a_key(self, customer, customer_client) -> None:
         response = customer_client.post(f"/keys/{customer.key.pk}/revoke/")
         assert response.status_code == 302
