@@ -54,7 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="serve jobs for the gateway")
     run.add_argument("--server", required=True, help="gateway base URL, e.g. http://127.0.0.1:8000")
     run.add_argument("--token", required=True, help="host token from `manage.py create_host`")
-    run.add_argument("--idle-detect", action="store_true", help="pause while the owner uses the machine")
+    run.add_argument("--idle-detect", action=argparse.BooleanOptionalAction, default=True,
+                     help="pause while the owner uses the machine (keyboard/mouse input, another GPU program); "
+                          "on by default, --no-idle-detect for a dedicated server")
     run.add_argument("--idle-threshold", type=float, default=120.0, help="seconds of no input before working")
     run.add_argument("--max-jobs", type=int, default=None, help="exit after this many jobs")
     run.add_argument("--once", action="store_true", help="make one claim attempt, then exit")

@@ -86,7 +86,8 @@ class Mahout:
         self.log_path = log_dir / f"mahout-{uuid.uuid4().hex[:6]}.log"
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mahout", "run", "--server", server, "--token", token, "--home", str(home), "--threads", "1", *(extra or [])],
+            [sys.executable, "-m", "mahout", "run", "--server", server, "--token", token, "--home", str(home), "--threads", "1",
+             "--no-idle-detect", *(extra or [])],
             cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
         )
 

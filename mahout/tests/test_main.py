@@ -33,3 +33,12 @@ class CommandLineTests:
         code = f"import sys, {modules}; print(sorted(m for m in sys.modules if m.startswith('django')))"
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
         assert result.stdout.strip() == "[]"
+
+
+class IdleDetectDefaultTests:
+    def test_owner_detection_is_on_unless_turned_off(self):
+        from mahout.__main__ import build_parser
+
+        base = ["run", "--server", "http://gateway", "--token", "host-x"]
+        assert build_parser().parse_args(base).idle_detect is True, "seed 000: a machine its owner uses pauses"
+        assert build_parser().parse_args([*base, "--no-idle-detect"]).idle_detect is False

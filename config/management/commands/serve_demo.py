@@ -70,10 +70,13 @@ class Command(BaseCommand):
             "watchdogs", [python, "-m", "celery", "-A", "config", "worker", "-B", "--concurrency", "1", "--loglevel", "WARNING"]
         ))
         self._wait_for(server)
+        # the demo's hosts run on the operator's own machine, which the operator is using: they
+        # must not pause for it (a stranger's mahout pauses while its owner is active, by default)
         host_argv = [python, "-m", "mahout", "run", "--server", server, "--token", host_token,
-                     "--home", str(var / "mahout"), "--threads", str(threads)]
+                     "--home", str(var / "mahout"), "--threads", str(threads), "--no-idle-detect"]
         embeddings_argv = [python, "-m", "mahout", "run", "--server", server, "--token", embeddings_token,
-                           "--home", str(var / "mahout-embeddings"), "--threads", "1", "--models", "all-minilm-l6-v2"]
+                           "--home", str(var / "mahout-embeddings"), "--threads", "1", "--models", "all-minilm-l6-v2",
+                           "--no-idle-detect"]
         procs.append(self._spawn("mahout", host_argv))
         procs.append(self._spawn("mahout-embeddings", embeddings_argv))
         self._print_welcome(server, api_key)
