@@ -173,7 +173,8 @@ def handshake_cost(rounds: int) -> None:
     (pm, pp), (hm, hp) = stats["plain"], stats["handshake"]
     print(f"5. link setup on loopback, {rounds} connections each: unauthenticated hello {pm:.3f} ms median "
           f"({pp:.3f} p99); handshake with HMAC-SHA256 proofs both ways {hm:.3f} ms median ({hp:.3f} p99) "
-          f"-> +{hm - pm:.3f} ms per link, paid once per ring session")
+          f"-> +{hm - pm:.3f} ms per link, paid once per link (a ring session opens stages + 2; "
+          f"a coordinator keeps its worker links open)")
 
 
 def main() -> int:
