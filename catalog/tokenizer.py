@@ -19,6 +19,8 @@ from django.conf import settings
 
 
 class Tokenizer(Protocol):
+    exact: bool  # False: `count` is an upper bound, not the model's own count
+
     def count(self, text: str, *, special: bool) -> int: ...
 
     def longest_token_chars(self) -> int:
@@ -28,6 +30,7 @@ class Tokenizer(Protocol):
 
 class ByteBoundTokenizer:
     LONGEST = 64  # the model's own tokenizer is unknown here: a generous bound
+    exact = False  # its count is an upper bound (a host's honest answer may count above max_tokens)
 
     def count(self, text: str, *, special: bool) -> int:
         return len(text.encode()) + (1 if special else 0)
@@ -38,6 +41,8 @@ class ByteBoundTokenizer:
 
 class GgufTokenizer:
     """llama.cpp's tokenizer for a GGUF, loaded without weights."""
+
+    exact = True
 
     def __init__(self, path: str) -> None:
         from llama_cpp import Llama
@@ -59,6 +64,8 @@ class GgufTokenizer:
 
 class WordPieceTokenizer:
     """A Hugging Face `tokenizers` file (the embeddings model's), never truncating."""
+
+    exact = True
 
     def __init__(self, path: str) -> None:
         from tokenizers import Tokenizer as HfTokenizer
