@@ -141,4 +141,4 @@ class HostMeTests:
         assert body["name"] == serving_host.host.name and body["active_jobs"] == []
         assert [q["model"] for q in body["qualifications"]] == ["gemma-3-270m"]
         earnings = Client().get("/hosts/api/earnings", HTTP_AUTHORIZATION=f"Bearer {serving_host.token}").json()
-        assert earnings == {"balance_ucents": 0, "lines": []}
+        assert earnings == {"balance_ucents": 0, "payable_ucents": 0, "unvested_ucents": 0, "lines": []}
