@@ -68,17 +68,21 @@ def speed_measured(*, job: Job, completion_tokens: int, now: datetime) -> None:
     )
 
 
+def _canary_counts(host_id: int) -> dict[str, int]:
+    return CanaryCheck.objects.filter(host_id=host_id).aggregate(
+        passed=Count("id", filter=Q(verdict=CanaryCheck.Verdict.PASSED)),
+        failed=Count("id", filter=Q(verdict=CanaryCheck.Verdict.FAILED)),
+    )
+
+
 def trust_review(*, host_id: int, now: datetime | None = None) -> bool:
-    """Promote a probation host that has earned it; True if it was promoted now. Costs
-    nothing for a trusted host (one indexed UPDATE that matches no row is not run)."""
+    """Promote a probation host that has earned it; True if it was promoted now. One query
+    for a host already trusted."""
     now = now or timezone.now()
     host = Host.objects.filter(pk=host_id, trusted_at__isnull=True, banned_at__isnull=True).only("pk", "created_at").first()
     if host is None or now - host.created_at < timedelta(seconds=settings.TRUST_AFTER_SECONDS):
         return False
-    canaries = CanaryCheck.objects.filter(host_id=host_id).aggregate(
-        passed=Count("id", filter=Q(verdict=CanaryCheck.Verdict.PASSED)),
-        failed=Count("id", filter=Q(verdict=CanaryCheck.Verdict.FAILED)),
-    )
+    canaries = _canary_counts(host_id)
     if canaries["failed"] or canaries["passed"] < settings.CANARY_TRUST_AFTER:
         return False
     if Job.objects.filter(host_id=host_id, status=Job.Status.COMPLETED).count() < settings.TRUST_AFTER_JOBS:
@@ -118,10 +122,7 @@ def status_of(host: Host) -> str:
 
 def reputation_of(host: Host) -> Reputation:
     """Everything the reputation counts, for the host's pages and the operator's."""
-    canaries = CanaryCheck.objects.filter(host=host).aggregate(
-        passed=Count("id", filter=Q(verdict=CanaryCheck.Verdict.PASSED)),
-        failed=Count("id", filter=Q(verdict=CanaryCheck.Verdict.FAILED)),
-    )
+    canaries = _canary_counts(host.pk)
     jobs = Job.objects.filter(host=host).aggregate(
         completed=Count("id", filter=Q(status=Job.Status.COMPLETED)),
         failed=Count("id", filter=Q(status=Job.Status.FAILED)),
@@ -134,13 +135,3 @@ def reputation_of(host: Host) -> Reputation:
         measured_tps=host.measured_tps, reported_tps=reported,
         overstated=overstated(reported_tps=reported, measured_tps=host.measured_tps), claim_cap=claim_cap(host),
     )
-
-
-def pool_counts() -> dict[str, int]:
-    """Hosts in probation, trusted and banned (the pool page)."""
-    counts = Host.objects.aggregate(
-        banned=Count("id", filter=Q(banned_at__isnull=False)),
-        trusted=Count("id", filter=Q(banned_at__isnull=True, trusted_at__isnull=False)),
-        probation=Count("id", filter=Q(banned_at__isnull=True, trusted_at__isnull=True)),
-    )
-    return {key: int(value) for key, value in counts.items()}
