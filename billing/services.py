@@ -37,6 +37,7 @@ from billing.models import (
     TopUp,
 )
 from catalog.money import UCENTS_PER_CENT, usd
+from core.db import Step, insert_step
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -126,6 +127,34 @@ def hold_place(*, user: User, api_key: ApiKey, amount_ucents: int) -> Hold:
     Account.objects.filter(pk=account.pk).update(held_ucents=F("held_ucents") + amount_ucents)
     ApiKey.objects.filter(pk=key.pk).update(held_ucents=F("held_ucents") + amount_ucents)
     return Hold.objects.create(account=account, api_key=key, amount_ucents=amount_ucents)
+
+
+def hold_steps(*, user_id: int, api_key: ApiKey, amount_ucents: int) -> list[Step] | None:
+    """`hold_place` as compare-and-set steps of a statement chain (`core.db.chain_run`),
+    for a key with no concurrency or rate limit (those are counted under the key's lock:
+    `hold_place`); None for a key that has one. The steps are named `account`, `api_key`
+    and `hold`; the account and key rows are locked in the usual order by their UPDATEs,
+    each of which refuses (no row) where `hold_place` would raise. On a miss the caller
+    rolls back and asks `hold_place`, which says why."""
+    if api_key.max_concurrent is not None or api_key.rate_limit_per_minute is not None:
+        return None
+    quote = connection.ops.quote_name
+    account_table, key_table = quote(Account._meta.db_table), quote(ApiKey._meta.db_table)
+    account = Step(
+        "account",
+        f"UPDATE {account_table} SET held_ucents = held_ucents + %s"
+        " WHERE kind = %s AND user_id = %s AND balance_ucents - held_ucents >= %s RETURNING id",
+        [amount_ucents, Account.Kind.CUSTOMER, user_id, amount_ucents],
+    )
+    key = Step(
+        "api_key",
+        f"UPDATE {key_table} SET held_ucents = held_ucents + %s WHERE id = %s AND max_concurrent IS NULL"
+        " AND rate_limit_per_minute IS NULL"
+        " AND (spend_cap_ucents IS NULL OR spent_ucents + held_ucents + %s <= spend_cap_ucents) RETURNING id",
+        [amount_ucents, api_key.pk, amount_ucents],
+    )
+    hold = insert_step("hold", Hold(amount_ucents=amount_ucents), refs={"account_id": "account", "api_key_id": "api_key"})
+    return [account, key, hold]
 
 
 def _key_limits_check(*, key: ApiKey) -> None:

@@ -29,7 +29,8 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Count, Max, Q
+from django.db.models import Count, Max, OuterRef, Q, Subquery
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from catalog.models import CatalogModel
@@ -85,35 +86,38 @@ class Candidate:
 
 def candidates(*, model: CatalogModel, now: datetime, trusted_only: bool = False) -> list[Candidate]:
     """Online, unpaused, unbanned hosts out of maintenance, qualified for the model and warm
-    (or possibly warm), each with its load. Three queries whatever the pool size."""
+    (or possibly warm), each with its load (running jobs and live offers). One query
+    whatever the pool size: it runs on every admission."""
     online = Host.objects.online(now)
     if trusted_only:
         online = online.filter(trusted_at__isnull=False)
-    hosts = list(
+    running = (  # grouped by the one host it is filtered to: one count
+        Job.objects.filter(status=Job.Status.RUNNING, host_id=OuterRef("pk")).order_by().values("host_id")
+        .annotate(n=Count("id")).values("n")
+    )
+    offered = (
+        Job.objects.filter(status=Job.Status.QUEUED, offered_host_id=OuterRef("pk"), offer_until__gte=now).order_by()
+        .values("offered_host_id").annotate(n=Count("id")).values("n")
+    )
+    hosts = (
         online.qualified_for(model)
-        .annotate(best_tps=Max("qualifications__gen_tps", filter=Q(qualifications__model=model)))
+        .annotate(
+            best_tps=Max("qualifications__gen_tps", filter=Q(qualifications__model=model)),
+            running=Coalesce(Subquery(running), 0),
+            offered=Coalesce(Subquery(offered), 0),
+        )
         .only("pk", "catalog", "catalog_at", "slots", "routing_weight", "trusted_at", "banned_at", "measured_tps")
     )
-    warm = [host for host in hosts if host.warm_for(model.name, now)]
-    if not warm:
-        return []
-    ids = [host.pk for host in warm]
-    load: dict[int, int] = dict.fromkeys(ids, 0)
-    busy = Job.objects.filter(
-        Q(status=Job.Status.RUNNING, host_id__in=ids) | Q(status=Job.Status.QUEUED, offered_host_id__in=ids, offer_until__gte=now)
-    ).values_list("status", "host_id", "offered_host_id")
-    for status, host_id, offered_id in busy:
-        holder = host_id if status == Job.Status.RUNNING else offered_id
-        load[holder] = load.get(holder, 0) + 1
     return [
         Candidate(
-            host_id=host.pk, active=load[host.pk], slots=reputation.claim_cap(host),
+            host_id=host.pk, active=host.running + host.offered, slots=reputation.claim_cap(host),
             weight=host.routing_weight if host.routing_weight is not None
             else reputation.routing_speed(reported_tps=host.best_tps, measured_tps=host.measured_tps),
             trusted=reputation.is_trusted(host),
             overstated=reputation.overstated(reported_tps=host.best_tps, measured_tps=host.measured_tps),
         )
-        for host in warm
+        for host in hosts
+        if host.warm_for(model.name, now)
     ]
 
 

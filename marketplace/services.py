@@ -22,6 +22,7 @@ from billing.models import Hold
 from catalog.models import CatalogModel
 from catalog.pricing import price
 from catalog.tokenizer import tokenizer_for
+from core.db import ChainMissed, Step, chain_run, insert_step
 from core.errors import DomainError
 from core.events import announce_on_commit, host_group, queue_group, request_group
 from hosts.models import Host
@@ -44,7 +45,6 @@ def new_public_id(kind: str) -> str:
     return prefix + secrets.token_hex(12)
 
 
-@transaction.atomic
 def request_submit(
     *,
     public_id: str,
@@ -64,29 +64,53 @@ def request_submit(
     `only_host_id`, for its host alone; `trusted_only`: for trusted hosts only).
 
     Raises InsufficientCredit / KeyLimitExceeded (→ 402) before anything is
-    queued; the hold, request and job commit together or not at all.
+    queued; the hold, request and job commit together or not at all. The usual
+    admission is one statement chain (`_request_admit_chained`: one round trip on
+    PostgreSQL); a key with limits, a refusal and a customer's first request take the
+    locked path (`billing.hold_place`), which counts the limits and says why.
     """
     estimate = estimate_ucents(model=model, prompt_tokens=prompt_tokens, max_tokens=params["max_tokens"])
-    # Routing reads before the account's row lock is taken: a customer's admissions queue on
+    # Routing reads before the account's row is locked: a customer's admissions queue on
     # that lock, so it is held for the writes only.
     placement = _placement(model=model, only_host_id=only_host_id, avoid_host_id=None, trusted_only=trusted_only)
-    hold = billing.hold_place(user=api_key.user, api_key=api_key, amount_ucents=estimate)
-    request = Request.objects.create(
-        public_id=public_id,
-        user=api_key.user,
-        api_key=api_key,
-        model=model,
-        kind=kind,
-        stream=stream,
-        messages=messages,
-        prompt=prompt,
-        inputs=inputs,
-        params=params,
-        hold=hold,
-        prompt_tokens=prompt_tokens,
-        estimate_ucents=estimate,
+    request = Request(
+        public_id=public_id, user=api_key.user, api_key=api_key, model=model, kind=kind, stream=stream, messages=messages,
+        prompt=prompt, inputs=inputs, params=params, prompt_tokens=prompt_tokens, estimate_ucents=estimate,
     )
-    job_queue(request=request, model=model, placement=placement, only_host_id=only_host_id, trusted_only=trusted_only)
+    job = Job(request=request, model=model, trusted_only=trusted_only, only_host_id=only_host_id, **placement)
+    hold = billing.hold_steps(user_id=api_key.user_id, api_key=api_key, amount_ucents=estimate)
+    if hold is not None and _request_admit_chained(request=request, job=job, hold=hold):
+        return request
+    return _request_admit_locked(request=request, job=job)
+
+
+def _request_admit_chained(*, request: Request, job: Job, hold: list[Step]) -> bool:
+    """The hold, the request and its job as one chain of compare-and-sets and inserts;
+    False (nothing written) when a step refused."""
+    now = timezone.now()
+    request.created_at = job.created_at = now
+    for field, value in job_limits(request=request, model=job.model, now=now).items():
+        setattr(job, field, value)
+    steps = [*hold, insert_step("request", request, refs={"hold_id": "hold"}), insert_step("job", job, refs={"request_id": "request"})]
+    try:
+        with transaction.atomic():
+            ids = chain_run(steps)
+            request.pk, request.hold_id, job.pk = ids["request"], ids["hold"], ids["job"]
+            job.request = request
+            _job_announce(job)
+    except ChainMissed:
+        return False
+    return True
+
+
+@transaction.atomic
+def _request_admit_locked(*, request: Request, job: Job) -> Request:
+    request.hold = billing.hold_place(user=request.user, api_key=request.api_key, amount_ucents=request.estimate_ucents)
+    request.save(force_insert=True)
+    for field, value in job_limits(request=request, model=job.model, now=timezone.now()).items():
+        setattr(job, field, value)
+    job.save(force_insert=True)
+    _job_announce(job)
     return request
 
 
@@ -121,12 +145,17 @@ def job_queue(
                                avoid_host_id=avoid if isinstance(avoid, int) else None, trusted_only=trusted_only)
     limits = job_limits(request=request, model=model, now=timezone.now())
     job = Job.objects.create(request=request, model=model, trusted_only=trusted_only, **fields, **placement, **limits)
+    _job_announce(job)
+    return job
+
+
+def _job_announce(job: Job) -> None:
+    """Wake whoever may take a queued job, after the commit."""
     offered = job.offered_host_id
     if offered is not None:  # one host's long-polls: one of them per gateway process need look
         announce_on_commit(host_group(offered), {"type": "job.queued", "offer": f"{job.pk}.{job.requeue}"})
     else:
-        announce_on_commit(queue_group(model.pk), {"type": "job.queued"})
-    return job
+        announce_on_commit(queue_group(job.model_id), {"type": "job.queued"})
 
 
 # --- claiming ---------------------------------------------------------------

@@ -4,10 +4,12 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from billing import selectors as ledger
-from billing.errors import InsufficientCredit, KeyLimitExceeded
+from billing.errors import InsufficientCredit, KeyLimitExceeded, TooManyStreams
 from billing.models import Hold
 from conftest import make_customer, make_host
 from hosts.models import Host
@@ -55,6 +57,45 @@ class AdmissionTests:
         with pytest.raises(KeyLimitExceeded):
             submit(capped, catalog)
         assert Job.objects.count() == 0
+
+    def test_it_holds_nothing_on_the_account_when_the_key_refuses_after_it(self, catalog) -> None:
+        """The account's compare-and-set passes and the key's refuses (its cap): the chain's
+        account update must be rolled back with the rest."""
+        capped = make_customer(cap_ucents=100)
+        with pytest.raises(KeyLimitExceeded):
+            submit(capped, catalog)
+        account = ledger.customer_account(user=capped.user)
+        capped.key.refresh_from_db()
+        assert (account.held_ucents, capped.key.held_ucents, Hold.objects.count(), Request.objects.count()) == (0, 0, 0, 0)
+
+    def test_it_writes_the_hold_request_and_job_in_one_statement_on_postgresql(self, customer, catalog) -> None:
+        """Admission is a chain of compare-and-sets and inserts: one round trip on PostgreSQL,
+        five plain statements in one transaction elsewhere."""
+        with CaptureQueriesContext(connection) as queries:
+            request = submit(customer, catalog)
+        writes = [q["sql"] for q in queries.captured_queries if q["sql"].split(" ", 1)[0] in ("WITH", "INSERT", "UPDATE")]
+        if connection.vendor == "postgresql":
+            assert len(writes) == 1 and writes[0].startswith("WITH account AS (UPDATE")
+        else:
+            assert [w.split(" ", 1)[0] for w in writes] == ["UPDATE", "UPDATE", "INSERT", "INSERT", "INSERT"]
+        customer.key.refresh_from_db()
+        account = ledger.customer_account(user=customer.user)
+        assert account.held_ucents == customer.key.held_ucents == request.estimate_ucents
+        stored = Request.objects.select_related("hold").get(pk=request.pk)
+        assert (stored.public_id, stored.params, stored.hold.amount_ucents, stored.hold.status) == (
+            request.public_id, request.params, request.estimate_ucents, Hold.Status.ACTIVE
+        )
+        job = Job.objects.get(request=request)
+        assert job.status == Job.Status.QUEUED and job.max_chars is not None and job.deadline_at is not None
+
+    def test_it_takes_the_locked_path_for_a_key_with_limits(self, catalog) -> None:
+        limited = make_customer()
+        limited.key.max_concurrent = 1
+        limited.key.save(update_fields=["max_concurrent"])
+        submit(limited, catalog)
+        with pytest.raises(TooManyStreams):
+            submit(limited, catalog)
+        assert Request.objects.filter(api_key=limited.key).count() == 1
 
 
 class ClaimTests:
