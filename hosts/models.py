@@ -4,7 +4,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import models
+from django.db import connection, models
 from django.utils import timezone
 
 
@@ -98,6 +98,18 @@ class Host(models.Model):
 
 def connected_since(now: datetime) -> datetime:
     return now - timedelta(seconds=settings.HOST_OFFLINE_AFTER_SECONDS)
+
+
+def online_sql(*, alias: str, now: datetime) -> tuple[str, list]:
+    """`HostQuerySet.online` as SQL conditions on the host table under `alias` (with their
+    parameters), for the plain statement routing runs on every admission; a test holds the
+    two forms to the same hosts."""
+    at = connection.ops.adapt_datetimefield_value(connected_since(now))
+    return (
+        f"{alias}.last_heartbeat_at >= %s AND {alias}.paused = %s AND {alias}.maintenance_since IS NULL"
+        f" AND {alias}.banned_at IS NULL",
+        [at, False],
+    )
 
 
 def catalog_fresh(catalog_at: datetime | None, now: datetime) -> bool:

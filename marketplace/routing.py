@@ -25,16 +25,16 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Count, Max, OuterRef, Q, Subquery
-from django.db.models.functions import Coalesce
+from django.db.models import Count
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from catalog.models import CatalogModel
-from hosts.models import Host
+from hosts.models import Host, Qualification, online_sql
 from marketplace import reputation
 from marketplace.models import Job
 
@@ -86,39 +86,51 @@ class Candidate:
 
 def candidates(*, model: CatalogModel, now: datetime, trusted_only: bool = False) -> list[Candidate]:
     """Online, unpaused, unbanned hosts out of maintenance, qualified for the model and warm
-    (or possibly warm), each with its load (running jobs and live offers). One query
-    whatever the pool size: it runs on every admission."""
-    online = Host.objects.online(now)
-    if trusted_only:
-        online = online.filter(trusted_at__isnull=False)
-    running = (  # grouped by the one host it is filtered to: one count
-        Job.objects.filter(status=Job.Status.RUNNING, host_id=OuterRef("pk")).order_by().values("host_id")
-        .annotate(n=Count("id")).values("n")
+    (or possibly warm), each with its load (running jobs and live offers). One plain
+    statement whatever the pool size: it runs on every admission, where the ORM's building
+    and reading back cost several times the query."""
+    quote = connection.ops.quote_name
+    host_table, qualification_table, job_table = (quote(m._meta.db_table) for m in (Host, Qualification, Job))
+    online, online_params = online_sql(alias="h", now=now)
+    trusted = " AND h.trusted_at IS NOT NULL" if trusted_only else ""
+    at = connection.ops.adapt_datetimefield_value(now)
+    sql = (
+        "SELECT h.id, h.catalog, h.catalog_at, h.slots, h.routing_weight, h.trusted_at, h.measured_tps,"
+        f" (SELECT MAX(q.gen_tps) FROM {qualification_table} q WHERE q.host_id = h.id AND q.model_id = %s),"
+        f" (SELECT COUNT(*) FROM {job_table} j WHERE j.host_id = h.id AND j.status = %s)"
+        f" + (SELECT COUNT(*) FROM {job_table} j WHERE j.offered_host_id = h.id AND j.status = %s AND j.offer_until >= %s)"
+        f" FROM {host_table} h WHERE {online}{trusted}"
+        f" AND EXISTS (SELECT 1 FROM {qualification_table} q WHERE q.host_id = h.id AND q.model_id = %s)"
     )
-    offered = (
-        Job.objects.filter(status=Job.Status.QUEUED, offered_host_id=OuterRef("pk"), offer_until__gte=now).order_by()
-        .values("offered_host_id").annotate(n=Count("id")).values("n")
-    )
-    hosts = (
-        online.qualified_for(model)
-        .annotate(
-            best_tps=Max("qualifications__gen_tps", filter=Q(qualifications__model=model)),
-            running=Coalesce(Subquery(running), 0),
-            offered=Coalesce(Subquery(offered), 0),
+    params = [model.pk, Job.Status.RUNNING, Job.Status.QUEUED, at, *online_params, model.pk]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    catalog_field = Host._meta.get_field("catalog")
+    found = []
+    for host_id, catalog, catalog_at, slots, routing_weight, trusted_at, measured_tps, best_tps, active in rows:
+        host = Host(
+            pk=host_id, catalog=catalog_field.from_db_value(catalog, None, connection), slots=slots,
+            catalog_at=_aware(catalog_at), trusted_at=_aware(trusted_at), routing_weight=routing_weight, measured_tps=measured_tps,
         )
-        .only("pk", "catalog", "catalog_at", "slots", "routing_weight", "trusted_at", "banned_at", "measured_tps")
-    )
-    return [
-        Candidate(
-            host_id=host.pk, active=host.running + host.offered, slots=reputation.claim_cap(host),
+        if not host.warm_for(model.name, now):
+            continue
+        found.append(Candidate(
+            host_id=host.pk, active=active, slots=reputation.claim_cap(host),
             weight=host.routing_weight if host.routing_weight is not None
-            else reputation.routing_speed(reported_tps=host.best_tps, measured_tps=host.measured_tps),
+            else reputation.routing_speed(reported_tps=best_tps, measured_tps=host.measured_tps),
             trusted=reputation.is_trusted(host),
-            overstated=reputation.overstated(reported_tps=host.best_tps, measured_tps=host.measured_tps),
-        )
-        for host in hosts
-        if host.warm_for(model.name, now)
-    ]
+            overstated=reputation.overstated(reported_tps=best_tps, measured_tps=host.measured_tps),
+        ))
+    return found
+
+
+def _aware(value: datetime | str | None) -> datetime | None:
+    """A datetime column read by plain SQL, as the ORM would read it (SQLite gives naive UTC)."""
+    if value is None:
+        return None
+    parsed = value if isinstance(value, datetime) else parse_datetime(value)
+    return parsed if parsed is None or timezone.is_aware(parsed) else parsed.replace(tzinfo=UTC)
 
 
 def pick(*, model: CatalogModel, pool: list[Candidate], now: datetime) -> Candidate | None:

@@ -70,14 +70,15 @@ def request_submit(
     locked path (`billing.hold_place`), which counts the limits and says why.
     """
     estimate = estimate_ucents(model=model, prompt_tokens=prompt_tokens, max_tokens=params["max_tokens"])
-    # Routing reads before the account's row is locked: a customer's admissions queue on
-    # that lock, so it is held for the writes only.
-    placement = _placement(model=model, only_host_id=only_host_id, avoid_host_id=None, trusted_only=trusted_only)
     request = Request(
         public_id=public_id, user=api_key.user, api_key=api_key, model=model, kind=kind, stream=stream, messages=messages,
         prompt=prompt, inputs=inputs, params=params, prompt_tokens=prompt_tokens, estimate_ucents=estimate,
     )
-    job = Job(request=request, model=model, trusted_only=trusted_only, only_host_id=only_host_id, **placement)
+    limits = job_limits(request=request, model=model, now=timezone.now())  # (a process's first reads the vocabulary)
+    # Routing reads before the account's row is locked: a customer's admissions queue on
+    # that lock, so it is held for the writes only. The offer's clock starts here.
+    placement = _placement(model=model, only_host_id=only_host_id, avoid_host_id=None, trusted_only=trusted_only)
+    job = Job(request=request, model=model, trusted_only=trusted_only, only_host_id=only_host_id, **placement, **limits)
     hold = billing.hold_steps(user_id=api_key.user_id, api_key=api_key, amount_ucents=estimate)
     if hold is not None and _request_admit_chained(request=request, job=job, hold=hold):
         return request
@@ -87,10 +88,6 @@ def request_submit(
 def _request_admit_chained(*, request: Request, job: Job, hold: list[Step]) -> bool:
     """The hold, the request and its job as one chain of compare-and-sets and inserts;
     False (nothing written) when a step refused."""
-    now = timezone.now()
-    request.created_at = job.created_at = now
-    for field, value in job_limits(request=request, model=job.model, now=now).items():
-        setattr(job, field, value)
     steps = [*hold, insert_step("request", request, refs={"hold_id": "hold"}), insert_step("job", job, refs={"request_id": "request"})]
     try:
         with transaction.atomic():
@@ -107,8 +104,6 @@ def _request_admit_chained(*, request: Request, job: Job, hold: list[Step]) -> b
 def _request_admit_locked(*, request: Request, job: Job) -> Request:
     request.hold = billing.hold_place(user=request.user, api_key=request.api_key, amount_ucents=request.estimate_ucents)
     request.save(force_insert=True)
-    for field, value in job_limits(request=request, model=job.model, now=timezone.now()).items():
-        setattr(job, field, value)
     job.save(force_insert=True)
     _job_announce(job)
     return request
