@@ -28,6 +28,7 @@ class QualificationRegisterApi(HostApi):
             prompt_tps = serializers.FloatField(min_value=0)
             gen_tps = serializers.FloatField(min_value=0.001)
             ttft_ms = serializers.FloatField(min_value=0)
+            load_ms = serializers.FloatField(min_value=0, required=False, default=0)
             memory_mb = serializers.FloatField(min_value=0)
             threads = serializers.IntegerField(min_value=0, required=False, default=0)
 

@@ -134,6 +134,7 @@ class Qualification(models.Model):
     prompt_tps = models.FloatField()
     gen_tps = models.FloatField()
     ttft_ms = models.FloatField()
+    load_ms = models.FloatField(default=0, help_text="how long loading the model took in the benchmark (0: not reported)")
     memory_mb = models.FloatField()
     threads = models.PositiveIntegerField(default=0)
     machine = models.JSONField(default=dict, blank=True)

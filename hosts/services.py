@@ -50,6 +50,7 @@ def qualification_register(
         "prompt_tps": float(benchmark["prompt_tps"]),
         "gen_tps": float(benchmark["gen_tps"]),
         "ttft_ms": float(benchmark["ttft_ms"]),
+        "load_ms": float(benchmark.get("load_ms") or 0),
         "memory_mb": float(benchmark["memory_mb"]),
         "threads": int(benchmark.get("threads") or 0),
         "machine": machine,

@@ -210,6 +210,10 @@ class HostApi:
         body = {"finish_reason": "stop", "embeddings": embeddings}
         return self._json(self._request("POST", f"/jobs/{job_id}/complete", body))
 
+    def progress(self, job_id: Any, *, stage: str) -> dict:
+        """Still loading (``stage="loading"``) or prefilling (``"prefill"``) the job, no token yet."""
+        return self._json(self._request("POST", f"/jobs/{job_id}/progress", {"stage": stage}))
+
     def fail(self, job_id: Any, *, reason: str) -> dict:
         """Report the job failed on this host, so the gateway can fail over at once."""
         return self._json(self._request("POST", f"/jobs/{job_id}/fail", {"reason": reason}))

@@ -28,6 +28,7 @@ from mahout.api import HostApi, HostApiError, ServerUnavailable
 from mahout.home import is_paused
 from mahout.idle import IdleDetector
 from mahout.loader import ModelLoader, UnknownModel
+from mahout.progress import PROGRESS_INTERVAL_S, ProgressReporter
 from mahout.pusher import FLUSH_INTERVAL_S, BatchPusher
 from mahout.runners import Embedder, Runner
 from protocol.jobs import EMBEDDINGS
@@ -110,6 +111,7 @@ class HostLoop:
         claim_wait: float = CLAIM_WAIT_S,
         heartbeat_interval: float = HEARTBEAT_INTERVAL_S,
         flush_interval: float = FLUSH_INTERVAL_S,
+        progress_interval: float = PROGRESS_INTERVAL_S,
         pause_poll: float = PAUSE_POLL_S,
         error_backoff: float = ERROR_BACKOFF_S,
         out: Callable[[str], None] = print,
@@ -120,6 +122,7 @@ class HostLoop:
         self.idle = idle
         self.claim_wait, self.heartbeat_interval = claim_wait, heartbeat_interval
         self.flush_interval, self.pause_poll, self.error_backoff = flush_interval, pause_poll, error_backoff
+        self.progress_interval = progress_interval
         self.out = out
         self.state = LoopState.CAN_WORK
         self._active: dict[object, JobRecord] = {}
@@ -231,9 +234,11 @@ class HostLoop:
             self._active.pop(record.id, None)
 
     def _run(self, record: JobRecord) -> None:
-        """Get the job's model (loading it if cold) and run the job; sets the record's final state."""
+        """Get the job's model (loading it if cold) and run the job; sets the record's final state.
+        Until its first token the gateway hears progress (loading, then prefill)."""
         model = str(record.job.get("model"))
         with contextlib.ExitStack() as stack:
+            progress = stack.enter_context(ProgressReporter(self.api, record.id, interval=self.progress_interval))
             try:
                 runner = stack.enter_context(self.models.acquire(model))
             except UnknownModel:
@@ -242,6 +247,7 @@ class HostLoop:
             except Exception as exc:  # noqa: BLE001 - a model that cannot be loaded fails this job only
                 record.advance(JobState.FAILED, f"could not load {model}: {type(exc).__name__}: {exc}")
                 return
+            progress.stage = "prefill"
             problem = _kind_problem(record.job, runner)
             if problem:
                 record.advance(JobState.FAILED, f"model {model!r} {problem}")
@@ -250,7 +256,7 @@ class HostLoop:
                 self._embed(record, runner)
             else:
                 record.advance(JobState.RUNNING)
-                self._generate(record, runner)
+                self._generate(record, runner, progress)
 
     def _embed(self, record: JobRecord, runner: Embedder) -> None:
         """Compute one vector per input; sets the record's final state."""
@@ -266,12 +272,14 @@ class HostLoop:
             record.finish_reason = "stop"
             record.advance(JobState.COMPLETED)
 
-    def _generate(self, record: JobRecord, runner: Runner) -> None:
+    def _generate(self, record: JobRecord, runner: Runner, progress: ProgressReporter) -> None:
         """Stream the runner's text to the server; sets the record's final state."""
         try:
             with BatchPusher(self.api, record.id, self.flush_interval) as pusher, \
                     contextlib.closing(runner.stream(record.job)) as pieces:
                 for piece in pieces:
+                    if piece:
+                        progress.stop()
                     pusher.add(piece)
                 pusher.flush()
         except (HostApiError, ServerUnavailable) as exc:

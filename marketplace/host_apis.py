@@ -170,6 +170,18 @@ class JobTokensApi(AsyncHostApi):
         return JsonResponse({"accepted": result.accepted, "next_seq": result.next_seq})
 
 
+class JobProgressApi(AsyncHostApi):
+    """Still loading the model or prefilling the prompt, no token yet: a sign of life that
+    keeps the job alive past its start bound (`services.job_start_overdue`)."""
+
+    class InputSerializer(serializers.Serializer):
+        stage = serializers.ChoiceField(choices=["loading", "prefill"], required=False, default="prefill")
+
+    async def handle(self, host: Host, data: dict, **kwargs: object) -> HttpResponse:
+        await db(market.job_progress, host=host, job_id=kwargs["job_id"])
+        return JsonResponse({"ok": True})
+
+
 class JobCompleteApi(AsyncHostApi):
     class InputSerializer(serializers.Serializer):
         finish_reason = serializers.ChoiceField(choices=["stop", "length"])

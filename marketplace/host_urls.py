@@ -9,6 +9,7 @@ urlpatterns = [
     path("heartbeat", apis.HeartbeatApi.as_view()),
     path("claim", apis.JobClaimApi.as_view()),
     path("jobs/<int:job_id>/tokens", apis.JobTokensApi.as_view()),
+    path("jobs/<int:job_id>/progress", apis.JobProgressApi.as_view()),
     path("jobs/<int:job_id>/complete", apis.JobCompleteApi.as_view()),
     path("jobs/<int:job_id>/fail", apis.JobFailApi.as_view()),
     path("me", apis.HostMeApi.as_view()),

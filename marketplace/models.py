@@ -113,6 +113,9 @@ class Job(models.Model):
     claimed_at = models.DateTimeField(null=True, blank=True)
     first_token_at = models.DateTimeField(null=True, blank=True)
     last_token_at = models.DateTimeField(null=True, blank=True)
+    progress_at = models.DateTimeField(
+        null=True, blank=True, help_text="the host's last progress report before its first token (loading, prefill)"
+    )
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

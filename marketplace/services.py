@@ -25,7 +25,7 @@ from catalog.tokenizer import tokenizer_for
 from core.db import ChainMissed, Step, chain_run, insert_step
 from core.errors import DomainError
 from core.events import announce_on_commit, host_group, queue_group, request_group
-from hosts.models import Host
+from hosts.models import Host, Qualification
 from hosts.selectors import qualified_model_ids, warm_model_ids
 from hosts.services import host_ban, host_maintenance_enter
 from marketplace import reputation, routing
@@ -791,6 +791,54 @@ def job_stalled_end(*, job_id: int) -> str:
     return attempt_end_dead(job_id=job_id, reason=f"no token for {settings.STALL_SECONDS:g} seconds")
 
 
+def job_progress(*, host: Host, job_id: int) -> None:
+    """The host is still loading or prefilling this job (no token yet): a sign of life that
+    keeps the attempt alive past its start bound (`job_start_overdue`). A job that is not
+    this host's, or not running, is refused as a batch would be (the host must stop)."""
+    if Job.objects.filter(pk=job_id, host_id=host.pk, status=Job.Status.RUNNING).update(progress_at=timezone.now()):
+        return
+    _check_running(Job.objects.filter(pk=job_id).first(), host=host, job_id=job_id)
+
+
+def job_start_bound_seconds(*, job: Job) -> float:
+    """How long the host may take to its first token before silence counts: its own
+    benchmark's load time and the prompt at its prompt tokens/s, plus
+    JOB_START_SLACK_SECONDS, at most JOB_START_ALLOWANCE_SECONDS. (The benchmark is the
+    host's word: the allowance bounds what a lie can buy.)"""
+    seconds = settings.JOB_START_SLACK_SECONDS
+    figures = (
+        Qualification.objects.filter(host_id=job.host_id, model_id=job.model_id).order_by("-updated_at")
+        .values_list("load_ms", "prompt_tps").first()
+    )
+    if figures is not None:
+        load_ms, prompt_tps = figures
+        prompt_tokens = Request.objects.filter(pk=job.request_id).values_list("prompt_tokens", flat=True).first() or 0
+        seconds += load_ms / 1000 + (prompt_tokens / prompt_tps if prompt_tps > 0 else 0)
+    return min(seconds, settings.JOB_START_ALLOWANCE_SECONDS)
+
+
+def job_start_overdue(*, job: Job, now: datetime) -> bool:
+    """Whether a running attempt that has sent no token yet is dead (seed 001: before the
+    first token a loading or prefilling host has a bounded deadline, not the stall clock):
+    past its start bound and silent (no progress report) for STALL_SECONDS, or past
+    JOB_START_ALLOWANCE_SECONDS from its claim whatever it reports."""
+    if job.claimed_at is None or job.first_token_at is not None:
+        return False
+    since_claim = (now - job.claimed_at).total_seconds()
+    if since_claim > settings.JOB_START_ALLOWANCE_SECONDS:
+        return True
+    silent = (now - (job.progress_at or job.claimed_at)).total_seconds()
+    if silent <= settings.STALL_SECONDS or since_claim <= settings.JOB_START_SLACK_SECONDS:
+        return False
+    return since_claim > job_start_bound_seconds(job=job)
+
+
+def job_unstarted_end(*, job_id: int) -> str:
+    """A running attempt overran its start bound with no token (`job_start_overdue`): it
+    goes back to the queue (it delivered nothing)."""
+    return attempt_end_dead(job_id=job_id, reason="no first token within its start bound")
+
+
 def job_overdue_end(*, job_id: int) -> str:
     """A running attempt outlived its deadline (`job_limits`): however it trickles, it ends."""
     return attempt_end_dead(job_id=job_id, reason="still running at its deadline")
@@ -829,6 +877,9 @@ def request_watch(*, request_id: int) -> None:
     now = timezone.now()
     if job.status == Job.Status.QUEUED and job.created_at < now - timedelta(seconds=settings.QUEUE_TIMEOUT_SECONDS):
         request_expire_unclaimed(request_id=request_id)
+    elif job.status == Job.Status.RUNNING and job.first_token_at is None:
+        if job_start_overdue(job=job, now=now):
+            job_unstarted_end(job_id=job.pk)
     elif job.status == Job.Status.RUNNING and job.last_token_at < now - timedelta(seconds=settings.STALL_SECONDS):
         job_stalled_end(job_id=job.pk)
     elif job.status == Job.Status.RUNNING and job.deadline_at is not None and job.deadline_at < now:
@@ -856,9 +907,27 @@ def unclaimed_request_expire_one() -> bool:
 
 
 def stalled_job_end_one() -> bool:
+    """A stream that stopped: no token for STALL_SECONDS after its first."""
     cutoff = timezone.now() - timedelta(seconds=settings.STALL_SECONDS)
-    job = Job.objects.filter(status=Job.Status.RUNNING, last_token_at__lt=cutoff).order_by("last_token_at").first()
+    job = (
+        Job.objects.filter(status=Job.Status.RUNNING, first_token_at__isnull=False, last_token_at__lt=cutoff)
+        .order_by("last_token_at").first()
+    )
     return job is not None and bool(job_stalled_end(job_id=job.pk))
+
+
+def unstarted_job_end_one() -> bool:
+    """An attempt that overran its start bound with no token (`job_start_overdue`), oldest
+    claims first."""
+    now = timezone.now()
+    earliest = min(max(settings.STALL_SECONDS, settings.JOB_START_SLACK_SECONDS), settings.JOB_START_ALLOWANCE_SECONDS)
+    waiting = Job.objects.filter(
+        status=Job.Status.RUNNING, first_token_at__isnull=True, claimed_at__lt=now - timedelta(seconds=earliest)
+    ).order_by("claimed_at")
+    for job in waiting[:20]:
+        if job_start_overdue(job=job, now=now):
+            return bool(job_unstarted_end(job_id=job.pk))
+    return False
 
 
 def ended_output_forget_one() -> bool:
@@ -878,7 +947,9 @@ def overdue_job_end_one() -> bool:
     return job is not None and bool(job_overdue_end(job_id=job.pk))
 
 
-WATCHDOG_STEPS = (unclaimed_request_expire_one, stalled_job_end_one, overdue_job_end_one, ended_output_forget_one)
+WATCHDOG_STEPS = (
+    unclaimed_request_expire_one, stalled_job_end_one, unstarted_job_end_one, overdue_job_end_one, ended_output_forget_one,
+)
 
 
 def watchdog_tick(*, max_steps: int = 200) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 TOKEN = "host-token"
@@ -25,6 +26,7 @@ class GatewayState:
         self.pushes: list[tuple[str, int, str, int]] = []  # (job, seq, text, http status)
         self.completions: dict[str, dict] = {}
         self.failures: dict[str, str] = {}
+        self.progress: list[tuple[str, str, float]] = []  # (job, stage, when) before the first token
         self.heartbeats: list[dict] = []
         self.qualifications: list[dict] = []
         self.claims = 0
@@ -150,6 +152,14 @@ class _Handler(BaseHTTPRequestHandler):
             state.status[job_id] = "completed"
             state.completions[job_id] = {**body, "earned_ucents": 80 * body["completion_tokens"]}
         self._send(200, {"earned_ucents": 80 * body["completion_tokens"]})
+
+    def _job_progress(self, state: GatewayState, job_id: str, body: dict) -> None:
+        with state.cond:
+            if state.status.get(job_id) != "running":
+                self._error(409, "job is not running", "job_not_running")
+                return
+            state.progress.append((job_id, body.get("stage", ""), time.monotonic()))
+        self._send(200, {"ok": True})
 
     def _job_fail(self, state: GatewayState, job_id: str, body: dict) -> None:
         with state.cond:

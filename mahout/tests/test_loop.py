@@ -20,8 +20,8 @@ MODEL = "gemma-3-270m"
 class FakeRunner:
     """Yields fixed pieces (optionally slowly), then raises ``error`` if given."""
 
-    def __init__(self, pieces: list[str], delay: float = 0.0, error: Exception | None = None) -> None:
-        self.pieces, self.delay, self.error = pieces, delay, error
+    def __init__(self, pieces: list[str], delay: float = 0.0, error: Exception | None = None, first_delay: float = 0.0) -> None:
+        self.pieces, self.delay, self.error, self.first_delay = pieces, delay, error, first_delay
         self.pulled = 0
         self.closed = False
         self.finish_reason = "stop"
@@ -29,6 +29,7 @@ class FakeRunner:
 
     def stream(self, job: dict) -> Generator[str, None, None]:
         try:
+            time.sleep(self.first_delay)  # a long prefill: no piece yet
             for piece in self.pieces:
                 time.sleep(self.delay)
                 self.pulled += 1
@@ -66,6 +67,22 @@ class HostLoopTests:
         assert gateway.state.completions["job-1"]["finish_reason"] == "length"
         assert "mahout: claimed job job-1 (gemma-3-270m)" in lines
         assert any(line.startswith("mahout: completed job-1: 20 tokens in") for line in lines)
+
+    def test_it_reports_progress_until_the_first_piece_and_not_after(self, gateway, api, tmp_path):
+        gateway.state.add_job("job-1")
+        loop = make_loop(api, FakeRunner(pieces(10), delay=0.05, first_delay=0.5), tmp_path, [])
+        loop.progress_interval = 0.1
+        started = time.monotonic()
+        loop.run(max_jobs=1)
+        assert "job-1" in gateway.state.completions
+        reports = gateway.state.progress
+        assert 3 <= len(reports) <= 6 and {stage for _, stage, _ in reports} == {"prefill"}
+        assert all(when - started < 0.65 for _, _, when in reports), "nothing after the first piece (0.5 s in)"
+
+    def test_a_job_that_starts_at_once_sends_no_progress(self, gateway, api, tmp_path):
+        gateway.state.add_job("job-1")
+        make_loop(api, FakeRunner(pieces(3)), tmp_path, []).run(max_jobs=1)
+        assert "job-1" in gateway.state.completions and gateway.state.progress == []
 
     def test_it_resends_a_batch_under_the_same_seq_when_the_answer_is_lost(self, gateway, api, tmp_path):
         gateway.state.lose_push_answers = 1

@@ -1,0 +1,119 @@
+"""Liveness before the first token (seed 001, issue 16): the stall clock is a stream's; a
+host loading a model or prefilling has its benchmark's bound, and longer while it reports
+progress, never past the start allowance."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from conftest import make_host
+from hosts.models import Qualification
+from marketplace import services
+from marketplace.models import Job, Request
+from marketplace.tests.test_services import submit
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _clocks(settings) -> None:
+    settings.STALL_SECONDS = 20
+    settings.JOB_START_SLACK_SECONDS = 20
+    settings.JOB_START_ALLOWANCE_SECONDS = 120
+    settings.CONTINUATION_GRACE_SECONDS = 0
+
+
+def claimed(customer, catalog, serving_host, *, seconds_ago: float, progress_ago: float | None = None) -> tuple[Request, Job]:
+    request = submit(customer, catalog)
+    job = services.job_claim_next(host=serving_host.host, fingerprint=serving_host.fingerprint)
+    now = timezone.now()
+    progress = None if progress_ago is None else now - timedelta(seconds=progress_ago)
+    Job.objects.filter(pk=job.pk).update(claimed_at=now - timedelta(seconds=seconds_ago), last_token_at=now - timedelta(seconds=seconds_ago),
+                                         progress_at=progress)
+    return request, Job.objects.get(pk=job.pk)
+
+
+class StartBoundTests:
+    def test_a_host_loading_for_30_seconds_while_reporting_progress_is_not_failed_over(self, customer, catalog, serving_host) -> None:
+        request, job = claimed(customer, catalog, serving_host, seconds_ago=30, progress_ago=3)
+        assert services.watchdog_tick() == 0
+        services.request_watch(request_id=request.pk)
+        assert Job.objects.get(pk=job.pk).status == "running"
+        services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="Once")  # loaded: the stream begins
+        assert Job.objects.get(pk=job.pk).first_token_at is not None
+        assert Job.objects.filter(host=serving_host.host, status="failed").count() == 0, "no failure strike"
+
+    def test_a_host_that_goes_silent_while_loading_is_requeued_after_its_bound(self, customer, catalog, serving_host) -> None:
+        request, job = claimed(customer, catalog, serving_host, seconds_ago=19)
+        assert services.watchdog_tick() == 0, "inside the bound: silence is allowed"
+        Job.objects.filter(pk=job.pk).update(claimed_at=timezone.now() - timedelta(seconds=21))
+        assert services.unstarted_job_end_one() is True
+        request.refresh_from_db()
+        assert (request.status, request.resumed) == ("running", False), "requeued silently, the continuation unspent"
+        assert Job.objects.filter(request=request, status="queued", requeue=1, attempt=1).exists()
+        assert "start bound" in Job.objects.get(pk=job.pk).fail_reason
+
+    def test_the_bound_includes_the_hosts_own_load_time_and_prefill(self, customer, catalog, serving_host) -> None:
+        Qualification.objects.filter(host=serving_host.host).update(load_ms=60_000, prompt_tps=1.0)
+        request, job = claimed(customer, catalog, serving_host, seconds_ago=85)  # 20 s + 60 s load + 10 prompt tokens at 1/s = 90 s
+        assert services.job_start_bound_seconds(job=job) == pytest.approx(90.0)
+        services.request_watch(request_id=request.pk)
+        assert Job.objects.get(pk=job.pk).status == "running"
+        Job.objects.filter(pk=job.pk).update(claimed_at=timezone.now() - timedelta(seconds=91))
+        services.request_watch(request_id=request.pk)
+        assert Job.objects.get(pk=job.pk).status == "failed"
+
+    def test_progress_never_outlives_the_start_allowance(self, customer, catalog, serving_host) -> None:
+        Qualification.objects.filter(host=serving_host.host).update(load_ms=10**9)  # a host's own word buys at most the allowance
+        _, job = claimed(customer, catalog, serving_host, seconds_ago=119, progress_ago=1)
+        assert services.job_start_bound_seconds(job=job) == 120
+        assert services.unstarted_job_end_one() is False
+        Job.objects.filter(pk=job.pk).update(claimed_at=timezone.now() - timedelta(seconds=121))
+        assert services.unstarted_job_end_one() is True
+
+    def test_the_stall_clock_runs_from_the_first_token(self, customer, catalog, serving_host) -> None:
+        request, job = claimed(customer, catalog, serving_host, seconds_ago=5)
+        services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="Once upon")
+        Job.objects.filter(pk=job.pk).update(last_token_at=timezone.now() - timedelta(seconds=21))
+        assert services.unstarted_job_end_one() is False
+        assert services.stalled_job_end_one() is True
+        request.refresh_from_db()
+        assert request.resumed, "after the first token a death spends the continuation"
+
+
+class ProgressTests:
+    def test_a_report_is_a_sign_of_life_for_the_hosts_own_running_job_only(self, customer, catalog, serving_host) -> None:
+        _, job = claimed(customer, catalog, serving_host, seconds_ago=1)
+        services.job_progress(host=serving_host.host, job_id=job.pk)
+        assert Job.objects.get(pk=job.pk).progress_at is not None
+        with pytest.raises(services.HostRefused):
+            services.job_progress(host=make_host(name="stranger").host, job_id=job.pk)
+        services.job_fail(host=serving_host.host, job_id=job.pk, reason="out of memory")
+        with pytest.raises(services.JobNotRunning):
+            services.job_progress(host=serving_host.host, job_id=job.pk)
+
+
+@pytest.mark.django_db(transaction=True)  # the async view reads through db()'s own threads
+class ProgressApiTests:
+    def test_the_host_reports_progress_over_http_and_strangers_and_ended_jobs_are_refused(self, customer, catalog, serving_host) -> None:
+        import json
+
+        from django.test import Client
+
+        _, job = claimed(customer, catalog, serving_host, seconds_ago=1)
+        client, url = Client(), f"/hosts/api/jobs/{job.pk}/progress"
+
+        def report(token: str, body: object) -> object:
+            return client.post(url, data=json.dumps(body), content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
+
+        answer = report(serving_host.token, {"stage": "loading"})
+        assert (answer.status_code, answer.json()) == (200, {"ok": True})
+        assert Job.objects.get(pk=job.pk).progress_at is not None
+        assert report(serving_host.token, {"stage": "napping"}).status_code == 400
+        stranger = make_host(name="stranger")
+        assert report(stranger.token, {}).json()["error"]["code"] == "not_your_job"
+        services.job_fail(host=serving_host.host, job_id=job.pk, reason="gone")
+        refused = report(serving_host.token, {})
+        assert (refused.status_code, refused.json()["error"]["code"]) == (409, "job_not_running")
