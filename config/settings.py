@@ -245,12 +245,16 @@ CONTINUATION_GRACE_SECONDS = env_float("CONTINUATION_GRACE_SECONDS", 2.0, minimu
 # a host whose catalog is missing, stale or unreadable counts as possibly warm. Within the
 # warm set ROUTING_STRATEGY (least-connections | weighted; per model in the catalog) picks
 # the host a new job is offered to; the offer lapses after ROUTING_OFFER_SECONDS and
-# then any warm host may take it; hosts without the model wait ROUTING_COLD_GRACE_SECONDS.
+# then any warm host may take it; hosts without the model wait ROUTING_COLD_GRACE_SECONDS
+# when a warm host was offered it, none when no warm host is online.
 ROUTING_STRATEGY = env_str("ROUTING_STRATEGY", "least-connections")
 if ROUTING_STRATEGY not in ("least-connections", "weighted"):
     raise ImproperlyConfigured("ROUTING_STRATEGY must be 'least-connections' or 'weighted'")
 ROUTING_OFFER_SECONDS = env_float("ROUTING_OFFER_SECONDS", 1.0, minimum=0)
 ROUTING_COLD_GRACE_SECONDS = env_float("ROUTING_COLD_GRACE_SECONDS", 2.0, minimum=0)
+# When every warm host is busy, cold hosts wait until the soonest is expected to free a slot
+# (plus the grace above), but never longer than this (routing.cold_wait_seconds).
+ROUTING_COLD_MAX_WAIT_SECONDS = env_float("ROUTING_COLD_MAX_WAIT_SECONDS", 30.0, minimum=0)
 ROUTING_WEIGHT_WINDOW_SECONDS = env_int("ROUTING_WEIGHT_WINDOW_SECONDS", 3600, minimum=1)
 CATALOG_STALE_SECONDS = env_float("CATALOG_STALE_SECONDS", 15.0, minimum=1)  # three missed 5 s heartbeats
 MODEL_LIST_CACHE_SECONDS = env_float("MODEL_LIST_CACHE_SECONDS", 5.0, minimum=0)  # the heartbeat cadence

@@ -7,8 +7,10 @@ model it qualified, so routing never does worse than first-come-first-served.
 When a job is queued, `placement` picks one warm host with a free slot by the
 model's strategy and offers the job to it for `ROUTING_OFFER_SECONDS`; until then
 only that host may claim it. After that any warm host may. Hosts that are not warm
-(they would have to load the model) may claim it only after
-`ROUTING_COLD_GRACE_SECONDS`: the last resort. The claim query applies these rules
+(they would have to load the model) are the last resort: they may claim it at once when no
+warm host is online, after `ROUTING_COLD_GRACE_SECONDS` when a free warm host was offered it,
+and otherwise only once the soonest busy warm host was expected to be free
+(`cold_wait_seconds`). The claim query applies these rules
 (`claim_sql`), so every decision is a row in the database, not a process's memory.
 
 Strategies within the warm set, after reputation (`marketplace.reputation`): trusted
@@ -74,6 +76,7 @@ class Candidate:
     active: int
     slots: int  # its claim cap: slots bounded by reputation
     weight: float
+    speed: float = 1.0  # tokens/s routing believes (`reputation.routing_speed`)
     trusted: bool = False
     overstated: bool = False
     routed: int = 0
@@ -119,6 +122,7 @@ def candidates(*, model: CatalogModel, now: datetime, trusted_only: bool = False
             host_id=host.pk, active=active, slots=reputation.claim_cap(host),
             weight=host.routing_weight if host.routing_weight is not None
             else reputation.routing_speed(reported_tps=best_tps, measured_tps=host.measured_tps),
+            speed=reputation.routing_speed(reported_tps=best_tps, measured_tps=host.measured_tps),
             trusted=reputation.is_trusted(host),
             overstated=reputation.overstated(reported_tps=best_tps, measured_tps=host.measured_tps),
         ))
@@ -157,12 +161,41 @@ def pick(*, model: CatalogModel, pool: list[Candidate], now: datetime) -> Candid
 
 def placement(*, model: CatalogModel, avoid_host_id: int | None = None, trusted_only: bool = False) -> dict:
     """A new job's placement, as the job row's fields: the host it is offered to (if any)
-    and until when, and the cold grace. The host whose attempt died is never offered it."""
+    and until when, and how long cold hosts wait (`cold_wait_seconds`). The host whose
+    attempt died is never offered it."""
     now = timezone.now()
     pool = [c for c in candidates(model=model, now=now, trusted_only=trusted_only) if c.host_id != avoid_host_id]
     chosen = pick(model=model, pool=pool, now=now)
+    wait = cold_wait_seconds(pool=pool, offered=chosen is not None, now=now)
     return {
-        "warm_until": now + timedelta(seconds=settings.ROUTING_COLD_GRACE_SECONDS),
+        "warm_until": None if wait is None else now + timedelta(seconds=wait),
         "offered_host_id": chosen.host_id if chosen else None,
         "offer_until": now + timedelta(seconds=settings.ROUTING_OFFER_SECONDS) if chosen else None,
     }
+
+
+def cold_wait_seconds(*, pool: list[Candidate], offered: bool, now: datetime) -> float | None:
+    """How long a job is for warm hosts only before a cold host (one that must load the model)
+    may take it: cold is the last resort (seed 002), not a fixed delay.
+
+    None when no warm host is online (nothing warm will ever start it: a cold host may take it
+    at once); the grace (ROUTING_COLD_GRACE_SECONDS) when a warm host with a free slot was
+    offered it; otherwise until the soonest busy warm host is expected to free a slot — each
+    running job's `max_tokens` left at the speed routing believes of its host — plus the
+    grace, at most ROUTING_COLD_MAX_WAIT_SECONDS."""
+    if not pool:
+        return None
+    grace = settings.ROUTING_COLD_GRACE_SECONDS
+    if offered:
+        return grace
+    speeds = {c.host_id: max(c.speed, 1e-3) for c in pool}
+    running = Job.objects.filter(status=Job.Status.RUNNING, host_id__in=list(speeds)).values_list(
+        "host_id", "first_token_at", "request__params"
+    )
+    soonest = None
+    for host_id, first_token_at, params in running:
+        left = int((params or {}).get("max_tokens") or 0) / speeds[host_id]
+        if first_token_at is not None:
+            left -= (now - first_token_at).total_seconds()
+        soonest = max(left, 0.0) if soonest is None else min(soonest, max(left, 0.0))
+    return min((soonest or 0.0) + grace, settings.ROUTING_COLD_MAX_WAIT_SECONDS)

@@ -85,6 +85,42 @@ class TestOffers:
         Job.objects.filter(pk=job.pk).update(warm_until=timezone.now() - timedelta(seconds=1))
         assert market.job_claim_next(host=other.host, fingerprint=other.fingerprint).pk == job.pk
 
+    def test_a_warm_host_busy_for_a_second_gets_the_job_before_an_idle_cold_host(self, catalog, settings) -> None:
+        """Cold is the last resort: it waits until the busy warm host is expected to be free."""
+        settings.ROUTING_COLD_GRACE_SECONDS = 2
+        warm, cold = make_host(name="warm"), make_host(name="cold")
+        beat(warm, loaded=["gemma-3-270m"])
+        beat(cold, loaded=[])
+        Host.objects.filter(pk=warm.host.pk).update(measured_tps=8.0)  # its running job: 8 tokens at 8/s = 1 s
+        submit(make_customer(), catalog)
+        busy = market.job_claim_next(host=warm.host, fingerprint=warm.fingerprint)
+        market.job_push_tokens(host=warm.host, job_id=busy.pk, seq=0, text="Hi")
+        request = submit(make_customer(), catalog)
+        job = Job.objects.get(request=request)
+        assert job.offered_host_id is None, "no warm host had a free slot"
+        wait = (job.warm_until - job.created_at).total_seconds()
+        assert 2.5 < wait < 3.1, wait  # about 1 s left on the warm host, plus the grace
+        assert market.job_claim_next(host=cold.host, fingerprint=cold.fingerprint) is None
+        market.job_complete(host=warm.host, job_id=busy.pk, finish_reason="stop")
+        assert market.job_claim_next(host=warm.host, fingerprint=warm.fingerprint).pk == job.pk
+
+    def test_a_cold_host_takes_a_job_at_once_when_no_warm_host_is_online(self, catalog) -> None:
+        cold = make_host(name="cold")
+        beat(cold, loaded=[])
+        job = Job.objects.get(request=submit(make_customer(), catalog))
+        assert job.warm_until is None and job.offered_host_id is None
+        assert market.job_claim_next(host=cold.host, fingerprint=cold.fingerprint).pk == job.pk
+
+    def test_cold_hosts_wait_no_longer_than_the_bound_for_a_long_busy_warm_host(self, catalog, settings) -> None:
+        settings.ROUTING_COLD_MAX_WAIT_SECONDS = 30
+        warm = make_host(name="warm")
+        beat(warm, loaded=["gemma-3-270m"])
+        Host.objects.filter(pk=warm.host.pk).update(measured_tps=0.01)  # its job would take 800 s
+        submit(make_customer(), catalog)
+        market.job_claim_next(host=warm.host, fingerprint=warm.fingerprint)
+        job = Job.objects.get(request=submit(make_customer(), catalog))
+        assert (job.warm_until - job.created_at).total_seconds() == pytest.approx(30, abs=0.5)
+
     def test_no_offer_goes_to_a_full_paused_offline_or_resting_host(self, catalog) -> None:
         pool = [make_host(name=f"h{i}") for i in range(4)]
         for serving in pool:
