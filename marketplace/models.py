@@ -132,6 +132,7 @@ class Job(models.Model):
             models.Index(fields=["status", "model", "created_at"]),
             models.Index(fields=["host", "status"]),
             models.Index(fields=["offered_host", "created_at"]),
+            models.Index(fields=["offered_host", "status"]),  # a host's live offers (routing's load), not its history
             models.Index(fields=["status", "deadline_at"]),
         ]
 

@@ -97,6 +97,8 @@ def candidates(*, model: CatalogModel, now: datetime, trusted_only: bool = False
     online, online_params = online_sql(alias="h", now=now)
     trusted = " AND h.trusted_at IS NOT NULL" if trusted_only else ""
     at = connection.ops.adapt_datetimefield_value(now)
+    # Each host's load is read through the (host, status) and (offered_host, status) indexes:
+    # its jobs running or offered now, never its history of jobs.
     sql = (
         "SELECT h.id, h.catalog, h.catalog_at, h.slots, h.routing_weight, h.trusted_at, h.measured_tps,"
         f" (SELECT MAX(q.gen_tps) FROM {qualification_table} q WHERE q.host_id = h.id AND q.model_id = %s),"
