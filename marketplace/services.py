@@ -768,6 +768,30 @@ def _settle_without_host(*, request: Request, completion_tokens: int, finish_rea
     _request_settled(request=request, completion_tokens=completion_tokens, cost_ucents=cost, finish_reason=finish_reason)
 
 
+def job_reoffer(*, job_id: int) -> int | None:
+    """Offer a queued job whose offer lapsed (or that had none) to a warm host with a free
+    slot, chosen by the model's strategy, so the strategy orders every warm claim and not
+    only the first offer (seed 002). The host that let the offer lapse and a continuation's
+    dead host are passed over; a canary stays its host's. A compare-and-set on the lapsed
+    offer: a claim or another re-offer that got there first wins. Returns the host offered."""
+    now = timezone.now()
+    job = Job.objects.select_related("model").filter(pk=job_id, status=Job.Status.QUEUED).first()
+    if job is None or job.only_host_id is not None or (job.offer_until is not None and job.offer_until >= now):
+        return None
+    passed_over = {job.offered_host_id, job.avoid_host_id}
+    pool = [c for c in routing.candidates(model=job.model, now=now, trusted_only=job.trusted_only) if c.host_id not in passed_over]
+    chosen = routing.pick(model=job.model, pool=pool, now=now)
+    if chosen is None:
+        return None
+    if not Job.objects.filter(
+        pk=job.pk, status=Job.Status.QUEUED, offered_host_id=job.offered_host_id, offer_until=job.offer_until
+    ).update(offered_host_id=chosen.host_id, offer_until=now + timedelta(seconds=settings.ROUTING_OFFER_SECONDS)):
+        return None
+    job.offered_host_id = chosen.host_id
+    _job_announce(job)
+    return chosen.host_id
+
+
 @transaction.atomic
 def request_expire_unclaimed(*, request_id: int) -> bool:
     """No host claimed the request (or its continuation) in time: fail it, release the hold."""
@@ -877,6 +901,8 @@ def request_watch(*, request_id: int) -> None:
     now = timezone.now()
     if job.status == Job.Status.QUEUED and job.created_at < now - timedelta(seconds=settings.QUEUE_TIMEOUT_SECONDS):
         request_expire_unclaimed(request_id=request_id)
+    elif job.status == Job.Status.QUEUED and (job.offer_until is None or job.offer_until < now):
+        job_reoffer(job_id=job.pk)
     elif job.status == Job.Status.RUNNING and job.first_token_at is None:
         if job_start_overdue(job=job, now=now):
             job_unstarted_end(job_id=job.pk)

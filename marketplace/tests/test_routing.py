@@ -104,6 +104,37 @@ class TestOffers:
         market.job_complete(host=warm.host, job_id=busy.pk, finish_reason="stop")
         assert market.job_claim_next(host=warm.host, fingerprint=warm.fingerprint).pk == job.pk
 
+    def test_a_lapsed_offer_goes_to_the_next_host_by_the_strategy(self, catalog) -> None:
+        """The strategy orders every warm claim: a job whose offer lapsed is offered again, to
+        the least busy free warm host other than the one that let it lapse."""
+        hosts = [make_host(name=f"w{i}") for i in range(3)]
+        for serving in hosts:
+            beat(serving, loaded=["gemma-3-270m"], slots=2)
+        request = submit(make_customer(), catalog)
+        job = Job.objects.get(request=request)
+        first = job.offered_host_id
+        busy = next(h for h in hosts if h.host.pk != first)  # one of the other two is running a job
+        Job.objects.filter(pk=job.pk).update(offer_until=timezone.now() - timedelta(seconds=1))
+        submit(make_customer(), catalog)
+        other = Job.objects.exclude(pk=job.pk).get()
+        Job.objects.filter(pk=other.pk).update(offered_host=busy.host, offer_until=timezone.now() + timedelta(seconds=60))
+        market.job_claim_next(host=busy.host, fingerprint=busy.fingerprint)
+        market.request_watch(request_id=request.pk)
+        job.refresh_from_db()
+        idle = next(h for h in hosts if h.host.pk not in (first, busy.host.pk))
+        assert job.offered_host_id == idle.host.pk and job.offer_until > timezone.now()
+        lapsed = next(h for h in hosts if h.host.pk == first)
+        assert market.job_claim_next(host=lapsed.host, fingerprint=lapsed.fingerprint) is None, "the new offer holds"
+        assert market.job_claim_next(host=idle.host, fingerprint=idle.fingerprint).pk == job.pk
+
+    def test_a_live_offer_or_a_canary_is_never_reoffered(self, catalog) -> None:
+        warm = make_host(name="w")
+        beat(warm, loaded=["gemma-3-270m"])
+        job = Job.objects.get(request=submit(make_customer(), catalog))
+        assert market.job_reoffer(job_id=job.pk) is None
+        Job.objects.filter(pk=job.pk).update(offer_until=timezone.now() - timedelta(seconds=1), only_host=warm.host)
+        assert market.job_reoffer(job_id=job.pk) is None
+
     def test_a_cold_host_takes_a_job_at_once_when_no_warm_host_is_online(self, catalog) -> None:
         cold = make_host(name="cold")
         beat(cold, loaded=[])
