@@ -10,9 +10,12 @@
    capacity), a submitter queueing jobs of every model at random while the hosts claim,
    hold each job for a few ms and complete it. Share of jobs that ran on a host warm
    for its model.
+4. Mixed speeds: two fast and two slow warm hosts of one model (by the tokens/s the
+   gateway measured) and two idle cold hosts, under a load that often keeps every warm
+   host busy: the share on warm hosts, and how the jobs split between fast and slow.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/elephant_routing_bench \\
-        .venv/bin/python bench/routing.py [--hosts 50] [--jobs 2000] [--processes 2]
+        .venv/bin/python bench/routing.py [--hosts 50] [--jobs 2000] [--processes 2] [--only-mixed]
 
 Prints figures; asserts nothing.
 """
@@ -268,21 +271,87 @@ def bench_warm_share(hosts_n: int, models_n: int, jobs_n: int, hold_ms: float) -
           f"p95 {pct(waits, 0.95) * 1000:.0f} ms")
 
 
+def bench_mixed_speed(jobs_n: int) -> None:
+    """Mixed speeds: 4 warm hosts of one model, two fast (80 tokens/s measured: a job holds them
+    10 ms) and two slow (20 tokens/s: 40 ms), and 2 idle cold hosts (qualified, not loaded).
+    Jobs arrive every ~8 ms on average, so the warm hosts are often all busy: cold hosts should
+    still take (almost) nothing, and the fast hosts should take more of the jobs."""
+    from django.db import connection
+
+    from hosts import selectors as host_selectors
+    from hosts.models import Host
+    from hosts.services import host_heartbeat
+    from marketplace import services as market
+    from marketplace.models import Job
+    from testkit.personas import make_customer
+
+    model = catalog_model("speeds")
+    hosts = farm([model], 6, slots=1)
+    speeds = [80.0, 80.0, 20.0, 20.0, None, None]
+    for serving, speed in zip(hosts, speeds, strict=True):
+        if speed is None:  # cold: it would have to load the model
+            host_heartbeat(host=serving.host, fingerprint=serving.fingerprint, paused=False, models_loaded=[], version="b",
+                           catalog={"installed": [model.name], "qualified": [model.name], "loaded": [], "slots": 1,
+                                    "active_jobs": 0})
+        else:
+            Host.objects.filter(pk=serving.host.pk).update(measured_tps=speed)
+    customer = make_customer(credit_ucents=10**13)
+    done = threading.Event()
+
+    def host_thread(serving, speed) -> None:  # type: ignore[no-untyped-def]
+        host = Host.objects.get(pk=serving.host.pk)
+        warm = host_selectors.warm_model_ids(host=host, model_ids=[model.pk])
+        hold = 0.8 / (speed or 20.0)  # 0.8 s of work at 1 token/s: 10 ms fast, 40 ms slow (a cold host as slow)
+        try:
+            while not done.is_set() or Job.objects.filter(model=model, status=Job.Status.QUEUED).exists():
+                payload = gateway_call(market.job_claim_payload, host=host, model_ids=[model.pk], warm_ids=warm)
+                if payload is None:
+                    time.sleep(0.005)
+                    continue
+                time.sleep(hold)
+                gateway_call(market.job_push_tokens, host=host, job_id=payload["id"], seq=0, text="x")
+                gateway_call(market.job_complete, host=host, job_id=payload["id"], finish_reason="stop")
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=host_thread, args=(h, s)) for h, s in zip(hosts, speeds, strict=True)]
+    for t in threads:
+        t.start()
+    rng = random.Random(11)
+    for _ in range(jobs_n):
+        gateway_call(submit, customer, model)
+        time.sleep(rng.expovariate(1 / 0.008))
+    done.set()
+    for t in threads:
+        t.join()
+    connection.close()
+    kind = {h.host.pk: ("fast" if s == 80.0 else "slow" if s == 20.0 else "cold") for h, s in zip(hosts, speeds, strict=True)}
+    jobs = list(Job.objects.filter(model=model).values_list("host_id", "claimed_at", "created_at"))
+    counts = {k: sum(1 for host_id, _, _ in jobs if kind.get(host_id) == k) for k in ("fast", "slow", "cold")}
+    waits = [(c - q).total_seconds() for _, c, q in jobs if c]
+    print(f"mixed speeds, 2 fast + 2 slow warm hosts and 2 idle cold ones, {len(jobs)} jobs: "
+          f"{(counts['fast'] + counts['slow']) / len(jobs):.1%} on a warm host (fast {counts['fast']}, slow {counts['slow']}, "
+          f"cold {counts['cold']}); queue wait p50 {pct(waits, 0.5) * 1000:.0f} ms, p95 {pct(waits, 0.95) * 1000:.0f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hosts", type=int, default=50)
     parser.add_argument("--jobs", type=int, default=2000)
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--mixed-jobs", type=int, default=600)
+    parser.add_argument("--only-mixed", action="store_true", help="only the warm-share and mixed-speed cases")
     args = parser.parse_args()
     setup_django()
     from django.db import connection
 
     print(f"database: {connection.vendor}; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f}")
-    bench_claims(args.hosts, args.jobs, args.processes, routed=False)
-    bench_claims(args.hosts, args.jobs, args.processes, routed=True)
-    bench_claim_latency(args.hosts)
+    if not args.only_mixed:
+        bench_claims(args.hosts, args.jobs, args.processes, routed=False)
+        bench_claims(args.hosts, args.jobs, args.processes, routed=True)
+        bench_claim_latency(args.hosts)
     bench_warm_share(hosts_n=10, models_n=2, jobs_n=args.mixed_jobs, hold_ms=20)
+    bench_mixed_speed(jobs_n=args.mixed_jobs)
 
 
 if __name__ == "__main__":
