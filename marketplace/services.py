@@ -250,8 +250,9 @@ def job_claim_selected(*, host: Host, selection: tuple[str, list], now: datetime
 
     The UPDATE re-checks `status`, so two hosts can never both win a job; on PostgreSQL
     the pick is FOR UPDATE SKIP LOCKED, so many hosts claim at once without queueing
-    behind each other (SQLite serialises writers). On PostgreSQL it is one statement (the
-    request's update reads the job's in a CTE): one round trip, atomic on its own.
+    behind each other (SQLite serialises writers), while one host's own claims queue on its
+    row (its claim cap holds under races). On PostgreSQL it is one round trip: the host's
+    row lock, then one statement (the request's update reads the job's in a CTE).
     Elsewhere, two statements in one transaction. Plain SQL: this runs for every job,
     and the ORM's statement building and reading back cost more than the work.
     """
@@ -295,11 +296,16 @@ def job_claim_selected(*, host: Host, selection: tuple[str, list], now: datetime
     )
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
+            # The host's row is locked first, in the same trip (two statements of one simple query
+            # run as one transaction, each with its own snapshot): a host's claims queue on it, so
+            # two claims at the same instant cannot both count one slot as free.
             cursor.execute(
-                f"WITH claimed AS ({claim_job}) {start_request} FROM claimed WHERE {request_table}.id = claimed.request_id"
+                f"SELECT id FROM {host_table} WHERE id = %s FOR UPDATE;"
+                f" WITH claimed AS ({claim_job}) {start_request} FROM claimed WHERE {request_table}.id = claimed.request_id"
                 f" RETURNING claimed.id, claimed.attempt, claimed.request_id, {returning}",
-                [*claim_params, *start_params],
+                [host.pk, *claim_params, *start_params],
             )
+            cursor.nextset()
             row = cursor.fetchone()
         else:
             with transaction.atomic():

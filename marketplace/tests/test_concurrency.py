@@ -58,3 +58,29 @@ class ConcurrentAdmissionTests:
         assert outcomes.count("admitted") == 5 and outcomes.count("key_limit_exceeded") == 55
         customer.key.refresh_from_db()
         assert customer.key.held_ucents == estimate * 5
+
+
+class ConcurrentClaimTests:
+    def test_one_hosts_racing_claims_never_pass_its_cap(self, catalog, settings) -> None:
+        """A host in probation runs at most HOST_PROBATION_MAX_JOBS jobs, however many of its
+        claims race (each claim counts the host's running jobs; its row serialises them)."""
+        from conftest import make_host
+        from hosts.models import Host
+
+        settings.HOST_PROBATION_MAX_JOBS = 3
+        customer = make_customer()
+        admit_all(customer, catalog, 24)
+        serving = make_host()
+        Host.objects.filter(pk=serving.host.pk).update(slots=50)
+        host = Host.objects.get(pk=serving.host.pk)
+
+        def claim(_: int) -> bool:
+            try:
+                return services.job_claim_next(host=host, fingerprint=serving.fingerprint) is not None
+            finally:
+                connection.close()
+
+        with ThreadPoolExecutor(max_workers=24) as pool:
+            won = sum(pool.map(claim, range(24)))
+        assert won == 3
+        assert Job.objects.filter(host=host, status=Job.Status.RUNNING).count() == 3
