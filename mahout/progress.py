@@ -24,7 +24,6 @@ class ProgressReporter:
         self._api, self._job_id, self._interval = api, job_id, interval
         self._stopped = threading.Event()
         self.stage = "loading"
-        self.sent = 0
         self._thread = threading.Thread(target=self._loop, name=f"mahout-progress-{job_id}", daemon=True)
 
     def __enter__(self) -> ProgressReporter:
@@ -42,7 +41,6 @@ class ProgressReporter:
         while not self._stopped.wait(self._interval):
             try:
                 self._api.progress(self._job_id, stage=self.stage)
-                self.sent += 1
             except HostApiError:  # the job ended or is not ours: the pusher will hear the same
                 return
             except ServerUnavailable:  # the next report may get through

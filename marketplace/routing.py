@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection
 from django.db.models import Count
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
 from catalog.models import CatalogModel
 from hosts.models import Host, Qualification, online_sql
@@ -87,11 +86,13 @@ class Candidate:
         return (not self.trusted, self.overstated)
 
 
-def candidates(*, model: CatalogModel, now: datetime, trusted_only: bool = False) -> list[Candidate]:
+def candidates(
+    *, model: CatalogModel, now: datetime, trusted_only: bool = False, passed_over: frozenset[int | None] = frozenset()
+) -> list[Candidate]:
     """Online, unpaused, unbanned hosts out of maintenance, qualified for the model and warm
-    (or possibly warm), each with its load (running jobs and live offers). One plain
-    statement whatever the pool size: it runs on every admission, where the ORM's building
-    and reading back cost several times the query."""
+    (or possibly warm), but for those `passed_over`, each with its load (running jobs and live offers). One plain
+    statement whatever the pool size (a raw queryset: the fields' own converters read it back):
+    it runs on every admission, where the ORM's statement building cost several times the query."""
     quote = connection.ops.quote_name
     host_table, qualification_table, job_table = (quote(m._meta.db_table) for m in (Host, Qualification, Job))
     online, online_params = online_sql(alias="h", now=now)
@@ -100,43 +101,26 @@ def candidates(*, model: CatalogModel, now: datetime, trusted_only: bool = False
     # Each host's load is read through the (host, status) and (offered_host, status) indexes:
     # its jobs running or offered now, never its history of jobs.
     sql = (
-        "SELECT h.id, h.catalog, h.catalog_at, h.slots, h.routing_weight, h.trusted_at, h.measured_tps,"
-        f" (SELECT MAX(q.gen_tps) FROM {qualification_table} q WHERE q.host_id = h.id AND q.model_id = %s),"
+        "SELECT h.id, h.catalog, h.catalog_at, h.slots, h.routing_weight, h.trusted_at, h.banned_at, h.measured_tps,"
+        f" (SELECT MAX(q.gen_tps) FROM {qualification_table} q WHERE q.host_id = h.id AND q.model_id = %s) AS best_tps,"
         f" (SELECT COUNT(*) FROM {job_table} j WHERE j.host_id = h.id AND j.status = %s)"
-        f" + (SELECT COUNT(*) FROM {job_table} j WHERE j.offered_host_id = h.id AND j.status = %s AND j.offer_until >= %s)"
+        f" + (SELECT COUNT(*) FROM {job_table} j WHERE j.offered_host_id = h.id AND j.status = %s AND j.offer_until >= %s) AS active"
         f" FROM {host_table} h WHERE {online}{trusted}"
         f" AND EXISTS (SELECT 1 FROM {qualification_table} q WHERE q.host_id = h.id AND q.model_id = %s)"
     )
     params = [model.pk, Job.Status.RUNNING, Job.Status.QUEUED, at, *online_params, model.pk]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
-    catalog_field = Host._meta.get_field("catalog")
     found = []
-    for host_id, catalog, catalog_at, slots, routing_weight, trusted_at, measured_tps, best_tps, active in rows:
-        host = Host(
-            pk=host_id, catalog=catalog_field.from_db_value(catalog, None, connection), slots=slots,
-            catalog_at=_aware(catalog_at), trusted_at=_aware(trusted_at), routing_weight=routing_weight, measured_tps=measured_tps,
-        )
-        if not host.warm_for(model.name, now):
+    for host in Host.objects.raw(sql, params):
+        if host.pk in passed_over or not host.warm_for(model.name, now):
             continue
+        speed = reputation.routing_speed(reported_tps=host.best_tps, measured_tps=host.measured_tps)
         found.append(Candidate(
-            host_id=host.pk, active=active, slots=reputation.claim_cap(host),
-            weight=host.routing_weight if host.routing_weight is not None
-            else reputation.routing_speed(reported_tps=best_tps, measured_tps=host.measured_tps),
-            speed=reputation.routing_speed(reported_tps=best_tps, measured_tps=host.measured_tps),
+            host_id=host.pk, active=host.active, slots=reputation.claim_cap(host),
+            weight=host.routing_weight if host.routing_weight is not None else speed, speed=speed,
             trusted=reputation.is_trusted(host),
-            overstated=reputation.overstated(reported_tps=best_tps, measured_tps=host.measured_tps),
+            overstated=reputation.overstated(reported_tps=host.best_tps, measured_tps=host.measured_tps),
         ))
     return found
-
-
-def _aware(value: datetime | str | None) -> datetime | None:
-    """A datetime column read by plain SQL, as the ORM would read it (SQLite gives naive UTC)."""
-    if value is None:
-        return None
-    parsed = value if isinstance(value, datetime) else parse_datetime(value)
-    return parsed if parsed is None or timezone.is_aware(parsed) else parsed.replace(tzinfo=UTC)
 
 
 def pick(*, model: CatalogModel, pool: list[Candidate], now: datetime) -> Candidate | None:
@@ -166,7 +150,7 @@ def placement(*, model: CatalogModel, avoid_host_id: int | None = None, trusted_
     and until when, and how long cold hosts wait (`cold_wait_seconds`). The host whose
     attempt died is never offered it."""
     now = timezone.now()
-    pool = [c for c in candidates(model=model, now=now, trusted_only=trusted_only) if c.host_id != avoid_host_id]
+    pool = candidates(model=model, now=now, trusted_only=trusted_only, passed_over=frozenset({avoid_host_id}))
     chosen = pick(model=model, pool=pool, now=now)
     wait = cold_wait_seconds(pool=pool, offered=chosen is not None, now=now)
     return {

@@ -784,8 +784,8 @@ def job_reoffer(*, job_id: int) -> int | None:
     job = Job.objects.select_related("model").filter(pk=job_id, status=Job.Status.QUEUED).first()
     if job is None or job.only_host_id is not None or (job.offer_until is not None and job.offer_until >= now):
         return None
-    passed_over = {job.offered_host_id, job.avoid_host_id}
-    pool = [c for c in routing.candidates(model=job.model, now=now, trusted_only=job.trusted_only) if c.host_id not in passed_over]
+    passed_over = frozenset({job.offered_host_id, job.avoid_host_id})
+    pool = routing.candidates(model=job.model, now=now, trusted_only=job.trusted_only, passed_over=passed_over)
     chosen = routing.pick(model=job.model, pool=pool, now=now)
     if chosen is None:
         return None
