@@ -37,6 +37,8 @@ def setup_django() -> None:
     if not os.environ.get("DATABASE_URL"):
         os.environ["SQLITE_PATH"] = str(Path(tempfile.mkdtemp()) / "bench.sqlite3")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    # The bench's one host runs every prepared job at once: a trusted host whose cap is its slots.
+    os.environ.setdefault("HOST_TRUSTED_MAX_JOBS", "1000000")
     import django
 
     django.setup()
@@ -64,7 +66,11 @@ class World:
             name=f"bench-{uuid.uuid4().hex[:6]}", context_length=100_000, input_price_ucents=10,
             output_price_ucents=40, tokenizer="bytes",
         )
-        self.serving = make_host(qualified=False, name=f"bench-{uuid.uuid4().hex[:6]}")
+        from hosts.models import Host
+
+        self.serving = make_host(qualified=False, name=f"bench-{uuid.uuid4().hex[:6]}", trusted=True)
+        Host.objects.filter(pk=self.serving.host.pk).update(slots=30000)
+        self.serving.host.refresh_from_db()
         qualification_register(host=self.serving.host, model_name=self.model.name, fingerprint=self.serving.fingerprint,
                                benchmark={"prompt_tps": 1, "gen_tps": 1, "ttft_ms": 1, "memory_mb": 1}, machine={})
 
