@@ -3,6 +3,7 @@ takes row locks in a fixed order — customer account, then API key — so
 concurrent admissions and settlements serialise instead of overspending."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -38,11 +39,10 @@ from billing.models import (
 )
 from catalog.money import UCENTS_PER_CENT, usd
 from core.db import Step, insert_step
+from hosts.models import Host
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
-
-    from hosts.models import Host
 
 
 def account_for_customer(*, user: User) -> Account:
@@ -204,53 +204,72 @@ def split_cost(cost_ucents: int) -> Settlement:
     return Settlement(cost_ucents=cost_ucents, host_ucents=host, platform_ucents=cost_ucents - host)
 
 
+def split_by_layers(host_ucents: int, layers: Mapping[int, int]) -> dict[int, int]:
+    """A ring's host share among its hosts (host id → layers it ran): floor(share × layers /
+    all layers) each; what the floors leave is the platform's (so no µ¢ is invented)."""
+    total = sum(layers.values())
+    if total <= 0:
+        raise ValueError("a ring runs at least one layer")
+    return {host_id: host_ucents * count // total for host_id, count in layers.items()}
+
+
 @transaction.atomic(savepoint=False)  # always inside the caller's transaction; one fewer round trip pair
 def hold_settle(
-    *, hold: Hold, cost_ucents: int, host: Host | None, reference: str, host_ucents: int | None = None
+    *, hold: Hold, cost_ucents: int, host: Host | None, reference: str, host_ucents: int | None = None,
+    others: Mapping[int, int] | None = None, memo: str = "",
 ) -> Settlement | None:
     """Charge the actual cost against a hold, exactly once.
 
     The host earns `host_ucents` (default floor(80%) of the cost; never more);
     with no host (nobody finished the work) the platform keeps everything.
-    Returns None when the hold was already settled or released (someone else
-    got there first). The cost can never exceed what was held.
+    `others` (host id → µ¢: a ring's stage hosts, `split_by_layers`) are paid out
+    of the same share: `host_ucents` and theirs together never exceed it, and the
+    platform keeps the rest. Returns None when the hold was already settled or
+    released (someone else got there first). The cost can never exceed what was held.
 
     Hot rows (the customer's account, their key, the platform account) are
     updated last, one statement each and in the global lock order (account,
-    key, host, platform), so their row locks are held only until the commit
-    that follows: that is what lets one busy customer settle hundreds of
+    key, hosts by account, platform), so their row locks are held only until the
+    commit that follows: that is what lets one busy customer settle hundreds of
     requests a second.
     """
     if not 0 <= cost_ucents <= hold.amount_ucents:
         raise ValueError(f"cost {cost_ucents} outside the hold of {hold.amount_ucents}")
-    split = split_cost(cost_ucents)
-    if host is None:
-        split = Settlement(cost_ucents=cost_ucents, host_ucents=0, platform_ucents=cost_ucents)
-    elif host_ucents is not None:
-        if not 0 <= host_ucents <= split.host_ucents:
-            raise ValueError(f"host share {host_ucents} above {settings.HOST_SHARE_PERCENT}% of {cost_ucents}")
-        split = Settlement(cost_ucents=cost_ucents, host_ucents=host_ucents, platform_ucents=cost_ucents - host_ucents)
-    platform_id, host_account_id = _settlement_account_ids(host=host)
+    others = {host_id: amount for host_id, amount in (others or {}).items() if host is None or host_id != host.pk}
+    ceiling = split_cost(cost_ucents).host_ucents
+    own = 0 if host is None else ceiling if host_ucents is None else host_ucents
+    if own < 0 or any(amount < 0 for amount in others.values()) or own + sum(others.values()) > ceiling:
+        raise ValueError(f"host shares {own} and {sorted(others.values())} above {settings.HOST_SHARE_PERCENT}% of {cost_ucents}")
+    split = Settlement(cost_ucents=cost_ucents, host_ucents=own, platform_ucents=cost_ucents - own - sum(others.values()))
+    payees = {**({} if host is None else {host.pk: own}), **others}
+    platform_id, accounts = _settlement_account_ids(host_ids=list(payees))
+    host_legs = sorted((accounts[host_id], amount) for host_id, amount in payees.items())
     if not _settlement_write(
-        hold=hold, split=split, reference=reference, platform_id=platform_id, host_account_id=host_account_id
+        hold=hold, split=split, reference=reference, platform_id=platform_id, host_legs=host_legs, memo=memo
     ):
         return None
     return split
 
 
-def _settlement_account_ids(*, host: Host | None) -> tuple[int, int | None]:
-    """The platform's and the host's account ids in one SELECT (created the first time)."""
+def _settlement_account_ids(*, host_ids: list[int]) -> tuple[int, dict[int, int]]:
+    """The platform's and the hosts' account ids in one SELECT (each created the first time)."""
     wanted = Q(kind=Account.Kind.PLATFORM)
-    if host is not None:
-        wanted |= Q(kind=Account.Kind.HOST, host_id=host.pk)
-    found = {kind: pk for pk, kind in Account.objects.filter(wanted).values_list("pk", "kind")}
-    platform_id = found.get(Account.Kind.PLATFORM) or system_account(Account.Kind.PLATFORM).pk
-    if host is None:
-        return platform_id, None
-    return platform_id, found.get(Account.Kind.HOST) or account_for_host(host=host).pk
+    if host_ids:
+        wanted |= Q(kind=Account.Kind.HOST, host_id__in=host_ids)
+    platform_id, accounts = None, {}
+    for pk, kind, host_id in Account.objects.filter(wanted).values_list("pk", "kind", "host_id"):
+        if kind == Account.Kind.PLATFORM:
+            platform_id = pk
+        else:
+            accounts[host_id] = pk
+    for missing in set(host_ids) - set(accounts):
+        accounts[missing] = account_for_host(host=Host.objects.get(pk=missing)).pk
+    return platform_id or system_account(Account.Kind.PLATFORM).pk, accounts
 
 
-def _settlement_write(*, hold: Hold, split: Settlement, reference: str, platform_id: int, host_account_id: int | None) -> bool:
+def _settlement_write(
+    *, hold: Hold, split: Settlement, reference: str, platform_id: int, host_legs: list[tuple[int, int]], memo: str = "",
+) -> bool:
     """The settlement's writes as plain SQL, one statement per row (the ORM's statement
     building costs more than the database's work here, and this runs for every request).
 
@@ -259,9 +278,7 @@ def _settlement_write(*, hold: Hold, split: Settlement, reference: str, platform
     """
     table = {model: connection.ops.quote_name(model._meta.db_table) for model in (Hold, LedgerTransaction, LedgerEntry, Account, ApiKey)}
     now = connection.ops.adapt_datetimefield_value(timezone.now())
-    legs = [(hold.account_id, -split.cost_ucents), (platform_id, split.platform_ucents)]
-    if host_account_id is not None:
-        legs.append((host_account_id, split.host_ucents))
+    legs = [(hold.account_id, -split.cost_ucents), (platform_id, split.platform_ucents), *host_legs]
     legs = [(account_id, amount) for account_id, amount in legs if amount]
     with connection.cursor() as cursor:
         cursor.execute(
@@ -271,8 +288,8 @@ def _settlement_write(*, hold: Hold, split: Settlement, reference: str, platform
         if cursor.rowcount != 1:
             return False
         cursor.execute(
-            f"INSERT INTO {table[LedgerTransaction]} (kind, reference, memo, created_at) VALUES (%s, %s, '', %s) RETURNING id",
-            [LedgerTransaction.Kind.SETTLEMENT, reference, now],
+            f"INSERT INTO {table[LedgerTransaction]} (kind, reference, memo, created_at) VALUES (%s, %s, %s, %s) RETURNING id",
+            [LedgerTransaction.Kind.SETTLEMENT, reference, memo, now],
         )
         transaction_id = cursor.fetchone()[0]
         if legs:
@@ -289,8 +306,8 @@ def _settlement_write(*, hold: Hold, split: Settlement, reference: str, platform
             f"UPDATE {table[ApiKey]} SET held_ucents = held_ucents - %s, spent_ucents = spent_ucents + %s WHERE id = %s",
             [hold.amount_ucents, split.cost_ucents, hold.api_key_id],
         )
-        for account_id, amount in ((host_account_id, split.host_ucents), (platform_id, split.platform_ucents)):
-            if account_id is not None and amount:
+        for account_id, amount in (*host_legs, (platform_id, split.platform_ucents)):
+            if amount:
                 cursor.execute(
                     f"UPDATE {table[Account]} SET balance_ucents = balance_ucents + %s WHERE id = %s", [amount, account_id]
                 )

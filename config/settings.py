@@ -255,6 +255,9 @@ ROUTING_COLD_GRACE_SECONDS = env_float("ROUTING_COLD_GRACE_SECONDS", 2.0, minimu
 # When every warm host is busy, cold hosts wait until the soonest is expected to free a slot
 # (plus the grace above), but never longer than this (routing.cold_wait_seconds).
 ROUTING_COLD_MAX_WAIT_SECONDS = env_float("ROUTING_COLD_MAX_WAIT_SECONDS", 30.0, minimum=0)
+# Deliberate redundancy (marketplace.redundancy): how long an idle host asked to load a
+# latency-critical model has to report it loaded before another host is asked instead.
+WARM_ASK_SECONDS = env_float("WARM_ASK_SECONDS", 180.0, minimum=1)
 ROUTING_WEIGHT_WINDOW_SECONDS = env_int("ROUTING_WEIGHT_WINDOW_SECONDS", 3600, minimum=1)
 CATALOG_STALE_SECONDS = env_float("CATALOG_STALE_SECONDS", 15.0, minimum=1)  # three missed 5 s heartbeats
 MODEL_LIST_CACHE_SECONDS = env_float("MODEL_LIST_CACHE_SECONDS", 5.0, minimum=0)  # the heartbeat cadence

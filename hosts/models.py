@@ -64,6 +64,11 @@ class Host(models.Model):
     banned_at = models.DateTimeField(null=True, blank=True, help_text="operator ban: refused everywhere; only an operator lifts it")
     ban_reason = models.CharField(max_length=300, blank=True)
     banned_by = models.CharField(max_length=100, blank=True)
+    warm_asked = models.ForeignKey(
+        "catalog.CatalogModel", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+        help_text="a latency-critical model the gateway asked this idle host to keep loaded (deliberate redundancy)",
+    )
+    warm_asked_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = HostQuerySet.as_manager()

@@ -109,6 +109,16 @@ class ModelLoader:
                 done.append(name)
         return done
 
+    def unload(self, name: str) -> bool:
+        """Unload ``name`` now if it is loaded and serves no job; True if it was unloaded."""
+        with self._loading:
+            with self._lock:
+                if name not in self._runners or self._busy.get(name):
+                    return False
+                runner = self._runners.pop(name)
+            _close(runner)
+        return True
+
     def _ensure(self, name: str) -> object:
         """Mark ``name`` busy and most recently used, loading it first if it is cold."""
         with self._lock:

@@ -131,6 +131,7 @@ class HostLoop:
         self._server_paused = False
         self._pause_reason: str | None = None
         self._maintenance_said = ""  # the last maintenance reason printed, so it is printed once
+        self._warming: set[str] = set()  # models loading because the gateway asked (deliberate redundancy)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -352,6 +353,28 @@ class HostLoop:
             return
         if not paused_here:
             self._server_paused = bool(answer.get("paused"))
+        self._answer_asks(answer)
+
+    def _answer_asks(self, answer: dict) -> None:
+        """Deliberate redundancy: the gateway asks an idle host to keep a latency-critical
+        model loaded (``load``: loaded in the background, the next heartbeat reports it) and
+        to let it go once enough other hosts have it (``unload``; never while it serves a job)."""
+        for name in answer.get("unload") or []:
+            if name in self.models.qualified and self.models.unload(name):
+                self.out(f"mahout: unloaded {name}: the gateway no longer needs it kept warm here")
+        for name in answer.get("load") or []:
+            if name in self.models.qualified and name not in self.models.loaded() and name not in self._warming:
+                self._warming.add(name)
+                threading.Thread(target=self._warm, args=(name,), name=f"mahout-warm-{name}", daemon=True).start()
+
+    def _warm(self, name: str) -> None:
+        try:
+            with self.models.acquire(name):
+                self.out(f"mahout: loaded {name}: the gateway asked this machine to keep it warm (deliberate redundancy)")
+        except Exception as exc:  # noqa: BLE001 - no room (busy models) or a broken file: the ask lapses, another host is asked
+            self.out(f"mahout: could not load {name} to keep it warm: {exc}")
+        finally:
+            self._warming.discard(name)
 
     @contextlib.contextmanager
     def _heartbeats(self) -> Iterator[None]:

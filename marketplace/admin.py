@@ -15,7 +15,7 @@ from hosts.admin import HostAdmin
 from hosts.models import Host
 from marketplace import selectors, services
 from marketplace.canaries import canary_summary
-from marketplace.models import CanaryCheck, CanaryReference, Job, Request, TextChunk
+from marketplace.models import CanaryCheck, CanaryReference, Job, Request, StageShare, TextChunk
 
 
 @admin.register(Host)
@@ -107,6 +107,22 @@ class TextChunkAdmin(admin.ModelAdmin):
     @admin.display(description="characters")
     def length(self, chunk: TextChunk) -> int:
         return len(chunk.text)
+
+
+@admin.register(StageShare)
+class StageShareAdmin(admin.ModelAdmin):
+    """What ring stage hosts earned for the layers they ran (written at settlement, never edited)."""
+
+    list_display = ("finished_at", "job", "host", "plan", "layers", "n_layers", "earned_ucents")
+    list_filter = ("plan",)
+    search_fields = ("host__name",)
+    readonly_fields = list_display
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: StageShare | None = None) -> bool:
+        return False
 
 
 @admin.register(CanaryCheck)

@@ -12,6 +12,7 @@ from collections import OrderedDict
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils import timezone
 from django.utils.decorators import method_decorator
 from django.views import View
 from django.views.decorators.csrf import csrf_exempt
@@ -29,7 +30,7 @@ from hosts import services as host_services
 from hosts.apis import HostApi
 from hosts.models import Host
 from hosts.selectors import host_from_secret
-from marketplace import canaries, pushing, reputation, selectors
+from marketplace import canaries, pushing, redundancy, reputation, selectors
 from marketplace import services as market
 
 
@@ -224,8 +225,10 @@ class HeartbeatApi(HostApi):
             catalog=data["catalog"],
         )
         canaries.canary_send_if_due(host=host)  # verification needs no customer traffic
+        asks = redundancy.heartbeat_asks(host=host, now=timezone.now())  # `load` / `unload`: deliberate redundancy
         return Response(
-            {"status": selectors.host_status(host=host), "paused": host.paused, "maintenance": host.maintenance_reason or None}
+            {"status": selectors.host_status(host=host), "paused": host.paused, "maintenance": host.maintenance_reason or None,
+             **asks}
         )
 
 
@@ -269,6 +272,8 @@ def earning_line(job: dict) -> dict:
         "completion_tokens": job["completion_tokens"],
         "earned_ucents": job["earned_ucents"],
         "finished_at": job["finished_at"],
+        "ring": job["ring"],  # a ring stage's share: the ring, and the layers this host ran of it ("6/18")
+        "layers": job["layers"],
     }
 
 

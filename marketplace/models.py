@@ -202,3 +202,23 @@ class CanaryCheck(models.Model):
 
     def __str__(self) -> str:
         return f"canary check {self.pk} ({self.verdict})"
+
+
+class StageShare(models.Model):
+    """What a ring's stage host earned for the layers it ran of one job (the job's own host,
+    the bridge, earns `Job.earned_ucents` for its layers): on that host's statement."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="stage_shares")
+    host = models.ForeignKey("hosts.Host", on_delete=models.PROTECT, related_name="stage_shares")
+    plan = models.ForeignKey("mesh.RingPlan", on_delete=models.PROTECT, related_name="+")
+    layers = models.PositiveIntegerField()
+    n_layers = models.PositiveIntegerField(help_text="the ring's layers in all")
+    earned_ucents = models.BigIntegerField()
+    finished_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "host"], name="one_stage_share_per_job_and_host")]
+        indexes = [models.Index(fields=["host", "finished_at"])]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} · host {self.host_id} · {self.layers}/{self.n_layers} layers"

@@ -17,7 +17,7 @@ from catalog.models import CatalogModel
 from core.dates import day_bounds
 from hosts import selectors as hosts
 from hosts.models import Host
-from marketplace.models import Job, Request
+from marketplace.models import Job, Request, StageShare
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -110,7 +110,8 @@ def host_active_jobs(*, host: Host) -> list[Job]:
 
 @dataclass(frozen=True)
 class HostStatement:
-    """A host's earnings: its money side (billing's) and its latest completed jobs."""
+    """A host's earnings: its money side (billing's) and its latest completed jobs (with
+    `ring` and `layers` set on a line that is a ring stage's share of a job)."""
 
     payouts: billing.HostPayouts
     jobs: list[dict]
@@ -118,12 +119,22 @@ class HostStatement:
 
 def host_statement(*, host: Host, limit: int = 100) -> HostStatement:
     """The one read behind both earnings endpoints (never who asked)."""
-    jobs = (
-        Job.objects.filter(host=host, status=Job.Status.COMPLETED)
+    jobs = [
+        {**job, "ring": None, "layers": None}
+        for job in Job.objects.filter(host=host, status=Job.Status.COMPLETED)
         .order_by("-finished_at", "-pk")
         .values("pk", "model__name", "completion_tokens", "earned_ucents", "finished_at")[:limit]
-    )
-    return HostStatement(payouts=billing.host_payouts(host=host, limit=limit), jobs=list(jobs))
+    ]
+    stages = [  # a ring's stage host: its share of each job for the layers it ran
+        {"pk": share["job_id"], "model__name": share["job__model__name"], "completion_tokens": share["job__completion_tokens"],
+         "earned_ucents": share["earned_ucents"], "finished_at": share["finished_at"], "ring": share["plan_id"],
+         "layers": f"{share['layers']}/{share['n_layers']}"}
+        for share in StageShare.objects.filter(host=host).order_by("-finished_at", "-pk").values(
+            "job_id", "job__model__name", "job__completion_tokens", "earned_ucents", "finished_at", "plan_id", "layers", "n_layers",
+        )[:limit]
+    ]
+    lines = sorted(jobs + stages, key=lambda line: (line["finished_at"], line["pk"]), reverse=True)[:limit]
+    return HostStatement(payouts=billing.host_payouts(host=host, limit=limit), jobs=lines)
 
 
 # --- customer usage ---------------------------------------------------------------------

@@ -29,7 +29,9 @@ from hosts.models import Host, Qualification
 from hosts.selectors import qualified_model_ids, warm_model_ids
 from hosts.services import host_ban, host_maintenance_enter
 from marketplace import reputation, routing
-from marketplace.models import Job, Request, TextChunk
+from marketplace.models import Job, Request, StageShare, TextChunk
+from mesh.rings.models import RingPlan
+from mesh.rings.selectors import ring_layers
 from protocol.jobs import JobPayload, job_payload_build
 
 # --- admission ----------------------------------------------------------------
@@ -519,6 +521,12 @@ def _rescuer_share(*, request: Request, job: Job, text: str, completion_tokens: 
     return billing.split_cost(price(request.model, prompt_tokens=0, completion_tokens=own_tokens)).host_ucents
 
 
+def ring_memo(ring: tuple[RingPlan, dict[int, int]]) -> str:
+    """A ring settlement's ledger memo: who ran how many of the ring's layers."""
+    plan, layers = ring
+    return f"ring {plan.pk}: " + ", ".join(f"host {host_id} {count}/{plan.n_layers} layers" for host_id, count in layers.items())
+
+
 @dataclass(frozen=True)
 class Completion:
     request: Request
@@ -564,7 +572,10 @@ def job_complete(*, host: Host, job_id: int, finish_reason: str, embeddings: lis
             claimed=finish_reason, completion_tokens=completion_tokens, max_tokens=max_tokens)
         share = _rescuer_share(request=request, job=job, text=delivered, completion_tokens=completion_tokens)
     cost = min(price(model, prompt_tokens=request.prompt_tokens, completion_tokens=completion_tokens), request.hold.amount_ucents)
-    earned = share if share is not None else billing.split_cost(cost).host_ucents
+    hosts_share = share if share is not None else billing.split_cost(cost).host_ucents
+    ring = ring_layers(bridge_host_id=host.pk, model_id=model.pk)
+    paid = billing.split_by_layers(hosts_share, ring[1]) if ring is not None else {host.pk: hosts_share}
+    earned = paid.pop(host.pk)
     now = timezone.now()
     Job.objects.filter(pk=job.pk).update(
         status=Job.Status.COMPLETED, finished_at=now, completion_tokens=completion_tokens, earned_ucents=earned
@@ -575,9 +586,18 @@ def job_complete(*, host: Host, job_id: int, finish_reason: str, embeddings: lis
     _request_settled(
         request=request, completion_tokens=completion_tokens, cost_ucents=cost, finish_reason=finish_reason, result=result
     )
-    split = billing.hold_settle(hold=request.hold, cost_ucents=cost, host=host, host_ucents=share, reference=request.public_id)
+    split = billing.hold_settle(
+        hold=request.hold, cost_ucents=cost, host=host, host_ucents=earned, others=paid, reference=request.public_id,
+        memo="" if ring is None else ring_memo(ring),
+    )
     if split is None:  # the hold closed under us (expired): roll all of this back, the job ends anyway
         raise JobNotRunning(f"Request {request.public_id} already ended.")
+    if ring is not None:
+        StageShare.objects.bulk_create(
+            StageShare(job_id=job.pk, host_id=host_id, plan=ring[0], layers=ring[1][host_id], n_layers=ring[0].n_layers,
+                       earned_ucents=amount, finished_at=now)
+            for host_id, amount in paid.items()
+        )
     if request.kind != Request.Kind.EMBEDDINGS:
         from marketplace.canaries import canary_judge  # (canaries queue through this module)
 

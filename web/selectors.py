@@ -19,7 +19,8 @@ from hosts.models import Host, Qualification
 from hosts.selectors import warm_host_counts
 from hosts.services import owner_may_resume
 from marketplace.canaries import canary_summary
-from marketplace.models import CanaryCheck, Job, Request
+from marketplace.models import CanaryCheck, Job, Request, StageShare
+from marketplace.redundancy import warming_hosts
 from marketplace.selectors import host_status, with_running_job
 
 if TYPE_CHECKING:
@@ -78,11 +79,18 @@ def host_earnings_daily(*, host: Host, start: date, end: date) -> list[dict]:
         .values("day")
         .annotate(jobs=Count("pk"), earned_ucents=Sum("earned_ucents"))
     )
-    by_day = {row["day"]: row for row in rows}
-    return [
-        {"day": day, "jobs": by_day.get(day, {}).get("jobs", 0), "earned_ucents": by_day.get(day, {}).get("earned_ucents") or 0}
-        for day in days_between(start, end)
-    ]
+    stages = (  # a ring stage's shares of the jobs it ran layers of
+        StageShare.objects.filter(host=host, finished_at__gte=lower, finished_at__lt=upper)
+        .annotate(day=TruncDate("finished_at", tzinfo=UTC))
+        .values("day")
+        .annotate(jobs=Count("pk"), earned_ucents=Sum("earned_ucents"))
+    )
+    totals: dict[date, dict[str, int]] = {}
+    for row in [*rows, *stages]:
+        day = totals.setdefault(row["day"], {"jobs": 0, "earned_ucents": 0})
+        day["jobs"] += row["jobs"]
+        day["earned_ucents"] += row["earned_ucents"] or 0
+    return [{"day": day, **totals.get(day, {"jobs": 0, "earned_ucents": 0})} for day in days_between(start, end)]
 
 
 def hosts_of(*, user: User) -> list[Host]:
@@ -171,6 +179,7 @@ class PoolOverview:
     canaries: dict  # `marketplace.canaries.canary_summary`
     banned: list[Host]
     failed_verification: list[dict]
+    warming: list[dict]  # `marketplace.redundancy.warming_hosts`: hosts asked to keep a latency-critical model warm
 
 
 def _model_warmth() -> list[ModelWarmth]:
@@ -224,6 +233,7 @@ def pool_overview() -> PoolOverview:
         canaries=canary_summary(),
         banned=list(Host.objects.filter(banned_at__isnull=False).select_related("owner").order_by("-banned_at", "-pk")[:POOL_MAINTENANCE_LISTED]),
         failed_verification=verification_failures(),
+        warming=warming_hosts(now=now),
     )
 
 

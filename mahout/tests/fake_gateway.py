@@ -36,6 +36,7 @@ class GatewayState:
         self.cancel_after_batches: dict[str, int] = {}
         self.server_paused = False
         self.maintenance = ""  # a reason: claims are refused with 403 host_maintenance
+        self.asks: dict[str, list[str]] = {"load": [], "unload": []}  # the heartbeat answer's redundancy asks
 
     def add_job(self, job_id: str, *, kind: str = "chat", model: str = "gemma-3-270m", **params: object) -> None:
         """Queue a job as the gateway would hand it to a host."""
@@ -89,7 +90,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif parts == ["heartbeat"]:
             with state.cond:
                 state.heartbeats.append(body)
-            self._send(200, {"status": "ok", "paused": body["paused"] or state.server_paused})
+            self._send(200, {"status": "ok", "paused": body["paused"] or state.server_paused, **state.asks})
         elif parts == ["qualifications"]:
             state.qualifications.append(body)
             self._send(201, {"model": body["model"], "fingerprint": body["fingerprint"]})

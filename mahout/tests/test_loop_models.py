@@ -151,3 +151,37 @@ class ColdLoadTests:
         farm.add_embeddings_job("job-1", ["x"])
         make_loop(api, ModelLoader(broken, {EMBED: 200.0}, 400, out=lambda _l: None), tmp_path).run(max_jobs=1)
         assert farm.state.failures["job-1"] == f"could not load {EMBED}: OSError: weights missing"
+
+
+class RedundancyAskTests:
+    """The gateway's heartbeat answer asks an idle host to keep a model warm, or to let it go."""
+
+    def test_a_load_ask_loads_the_model_in_the_background_and_the_next_heartbeat_reports_it(self, farm, api, tmp_path):
+        loads, lines = [], []
+        models = one_model_budget({CHAT: FakeChat(), EMBED: FakeEmbedder()}, loads)
+        loop = make_loop(api, models, tmp_path, lines)
+        farm.state.asks = {"load": [CHAT, "not-qualified-here"], "unload": []}
+        loop.heartbeat()
+        deadline = time.monotonic() + 5
+        while CHAT not in models.loaded() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert loads == [CHAT], "only a model this host qualified is loaded, once"
+        farm.state.asks = {"load": [CHAT], "unload": []}
+        loop.heartbeat()
+        assert farm.state.heartbeats[-1]["catalog"]["loaded"] == [CHAT] and loads == [CHAT], "an ask already met loads nothing"
+        assert any("keep it warm" in line for line in lines)
+
+    def test_an_unload_ask_frees_an_idle_model_but_never_one_serving_a_job(self, farm, api, tmp_path):
+        chat = FakeChat()
+        models = one_model_budget({CHAT: chat, EMBED: FakeEmbedder()}, [])
+        models.preload([CHAT])
+        loop = make_loop(api, models, tmp_path)
+        farm.state.asks = {"load": [], "unload": [CHAT]}
+        with models.acquire(CHAT):  # a job is using it
+            loop.heartbeat()
+            assert models.loaded() == [CHAT] and not chat.closed
+        loop.heartbeat()
+        assert models.loaded() == [] and chat.closed
+        assert farm.state.heartbeats[-1]["catalog"]["loaded"] == [CHAT], "the beat reported what was loaded when it was sent"
+        loop.heartbeat()
+        assert farm.state.heartbeats[-1]["catalog"]["loaded"] == []

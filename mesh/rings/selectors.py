@@ -49,3 +49,20 @@ def stage_address(stage: RingStage) -> dict:
         "stage": stage.index, "start": stage.start, "end": stage.end, "host": stage.host_id,
         "address": stage.address, "reported_at": stage.address_reported_at,
     }
+
+
+def ring_layers(*, bridge_host_id: int, model_id: int) -> tuple[RingPlan, dict[int, int]] | None:
+    """The ring this host serves `model_id` through, if it bridges an active one, and the
+    layers each of its hosts runs (a host-less stage is the bridge's): what a ring's tokens
+    are paid by. None for a host serving the model on its own machine."""
+    plan = (
+        RingPlan.objects.filter(bridge_host_id=bridge_host_id, model_id=model_id, status=RingPlan.Status.ACTIVE)
+        .order_by("-created_at", "-pk").first()
+    )
+    if plan is None:
+        return None
+    layers: dict[int, int] = {bridge_host_id: 0}
+    for host_id, start, end in plan.stages.values_list("host_id", "start", "end"):
+        runner = host_id if host_id is not None else bridge_host_id
+        layers[runner] = layers.get(runner, 0) + end - start
+    return plan, layers
