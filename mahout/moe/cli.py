@@ -6,9 +6,11 @@
 
 * `volunteer --server URL --token TOKEN`: poll `/api/expert-volunteer` (a trusted host only);
   when handed a (layer, expert-range) slice and its secret, download only it, serve it,
-  register, heartbeat until retired. The coordinator dials ``--advertise``, which must be a
-  public address (the gateway refuses private ones unless its operator allows them); behind
-  NAT use ``--relay``.
+  register, heartbeat until retired. Everything is pulled (seed 004): by default the slice is
+  served through the gateway's relay, over a connection the volunteer opens, so a machine
+  behind NAT needs no inbound port and no flag. ``--direct`` (or ``--advertise``) has the
+  coordinator dial ``--advertise`` instead, which must be a public address (the gateway
+  refuses private ones unless its operator allows them).
 * `worker --model PATH --layer L --first F --count C`: serve a slice from a local file, with
   its secret in ``MAHOUT_MOE_SECRET``.
 """
@@ -28,9 +30,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     volunteer.add_argument("--token", required=True)
     volunteer.add_argument("--workdir", default=None, help="where the downloaded slice is kept (default: a temp dir)")
     volunteer.add_argument("--listen", default="127.0.0.1", help="address the expert server binds")
+    volunteer.add_argument("--direct", action="store_true",
+                           help="let the coordinator dial this machine (needs an inbound port) instead of the relay")
     volunteer.add_argument("--advertise", default=None,
-                           help="public address the coordinator should dial (default: --listen)")
-    volunteer.add_argument("--relay", action="store_true", help="behind NAT: serve through the gateway's relay")
+                           help="with --direct: public address the coordinator should dial (default: --listen); implies --direct")
+    volunteer.add_argument("--relay", action="store_true", help=argparse.SUPPRESS)  # the default since issue 16; still accepted
     volunteer.add_argument("--max-slices", type=int, default=None, help="exit after serving this many slices")
     volunteer.add_argument("--poll", type=float, default=1.0, help="seconds between volunteer polls")
     volunteer.add_argument("--heartbeat", type=float, default=2.0, help="seconds between heartbeats")
@@ -75,7 +79,7 @@ def cmd_moe(args: argparse.Namespace, *, say: Callable[[str], None]) -> int:
     client = MeshClient(args.server, args.token)
     with tempfile.TemporaryDirectory(prefix="mahout-moe-") as scratch:
         volunteer = Volunteer(client, Path(args.workdir or scratch), host=args.listen, advertise=args.advertise,
-                              relay=args.relay, poll_s=args.poll, heartbeat_s=args.heartbeat, out=say)
+                              relay=not (args.direct or args.advertise), poll_s=args.poll, heartbeat_s=args.heartbeat, out=say)
         try:
             served = volunteer.run(max_slices=args.max_slices)
         except KeyboardInterrupt:

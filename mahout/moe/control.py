@@ -147,7 +147,7 @@ class Volunteer:
 
     def __init__(
         self, client: MeshClient, workdir: Path, *, host: str = "127.0.0.1", advertise: str | None = None,
-        relay: bool = False, poll_s: float = 1.0, heartbeat_s: float = 2.0, out: Callable[[str], None] = print,
+        relay: bool = True, poll_s: float = 1.0, heartbeat_s: float = 2.0, out: Callable[[str], None] = print,
     ) -> None:
         self.client, self.workdir, self.host, self.advertise = client, workdir, host, advertise or host
         self.relay = relay

@@ -222,7 +222,7 @@ def worker_address_check(address: str) -> str:
         plain = (ip.ipv4_mapped or ip) if isinstance(ip, ipaddress.IPv6Address) else ip
         if not plain.is_global or plain.is_multicast:
             raise MoeRefused(400, f"The worker address {address!r} is not public ({ip}): a coordinator dials only public "
-                                  "addresses; behind NAT, serve through the relay (--relay).", "address_not_public")
+                                  "addresses; behind NAT, serve through the relay (the default: without --direct or --advertise).", "address_not_public")
     ip = ips[0]
     return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
 

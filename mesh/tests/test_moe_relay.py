@@ -64,7 +64,7 @@ class FrameTests:
 
 
 class ExpertRelayTests:
-    def test_a_natted_volunteer_serves_through_the_relay(self, catalog: CatalogModel, relay_gateway: str, tmp_path: Path, e2e_dirs: Path) -> None:
+    def test_a_natted_volunteer_serves_through_the_relay_with_no_flags(self, catalog: CatalogModel, relay_gateway: str, tmp_path: Path, e2e_dirs: Path) -> None:
         from mesh.experts import services as moe_services
 
         tiny = make_tiny_moe(tmp_path / "tiny-moe.gguf", seed=9)
@@ -82,7 +82,7 @@ class ExpertRelayTests:
         log = (e2e_dirs / "logs" / "relay-volunteer.log").open("w")
         volunteer = subprocess.Popen(
             [sys.executable, "-m", "mahout", "moe", "volunteer", "--server", relay_gateway, "--token", volunteer_host.token,
-             "--relay", "--poll", "0.3", "--heartbeat", "0.5"],
+             "--poll", "0.3", "--heartbeat", "0.5"],  # no flag: behind NAT is the default
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
         )
         try:
