@@ -19,6 +19,9 @@
    the load starting to the first remote dispatch, then generated tokens/s once every
    volunteer serves. The model: 2 layers, d_model 1024, expert ffn 768, 16 experts (8 per
    slice, so 4 slices), 4 per token.
+3. **Packed decode steps** (`--only-packing` runs only this): the same control plane and
+   model, 1, 2 and 4 requests in flight, with 0 and 2 volunteers; tokens/s with decode steps
+   packed across requests, against one request's step per pass in the same run.
 
 Rounds alternate between the sides so machine noise hits both; medians are reported.
 Nothing is asserted: the figures go into BENCHMARKS.md.
@@ -184,7 +187,9 @@ class Load:
             thread.join(timeout=60)
 
 
-def saturation_round(path: Path, url: str, volunteers: int, window: float, tmp: Path) -> tuple[float, float | None]:
+def saturation_round(
+    path: Path, url: str, volunteers: int, window: float, tmp: Path, *, concurrency: int = 4, pack: bool = True,
+) -> tuple[float, float | None]:
     """(tokens/s once every volunteer serves, seconds from the load starting to the first remote batch)."""
     from django.utils import timezone
 
@@ -204,7 +209,7 @@ def saturation_round(path: Path, url: str, volunteers: int, window: float, tmp: 
     name = f"bench-moe-{volunteers}-{time.time_ns()}"
     coordinator = make_host(qualified=False, name=f"coordinator-{name}")
     moe_model_publish(name=name, gguf_path=path, slice_size=8, base_target=0, boost=1, coordinator=coordinator.host)
-    runner = MoeRunner(path, n_slots=4).start()
+    runner = MoeRunner(path, n_slots=4, pack=pack).start()
     client = MeshClient(url, coordinator.token)
     agent = CoordinatorAgent(runner, client, name).start()
     processes = [
@@ -216,10 +221,10 @@ def saturation_round(path: Path, url: str, volunteers: int, window: float, tmp: 
     load = None
     try:
         wait_until(lambda: agent.reports >= 1, timeout=30, what="a first coordinator report")
-        load = Load(runner, 4).start()
+        load = Load(runner, concurrency).start()
         began = time.monotonic()
         first_remote = None
-        if volunteers:
+        if volunteers and concurrency >= runner.policy.saturation_threshold:  # below it the coordinator recruits nobody
             def serving() -> bool:
                 proven = [w for w in list(runner.coordinator.workers.values()) if w.last_serve_ms > 0]
                 return len(proven) >= volunteers
@@ -261,17 +266,39 @@ def bench_saturation(tmp: Path, window: float) -> None:
         gateway.wait(timeout=10)
 
 
+def bench_packing(tmp: Path, window: float) -> None:
+    """Decode steps packed across requests (`MoeRunner(pack=True)`) against one request's
+    step per pass (`pack=False`, the baseline), at 1, 2 and 4 requests in flight, with no
+    volunteer and with 2 (recruited only under load: 2 or more requests in flight)."""
+    path = make_tiny_moe(tmp / "model-packing.gguf", seed=12, **MODEL_SHAPE)
+    gateway, url = setup_gateway(tmp)
+    print(f"\n3. Packed decode steps: tokens/s, {window:.0f} s window, 32 tokens per request, greedy; model {MODEL_SHAPE}")
+    print(f"{'volunteers':>10} {'in flight':>9} {'one row/pass':>13} {'packed':>8} {'packed ÷ one':>13}")
+    try:
+        for volunteers in (0, 2):
+            for concurrency in (1, 2, 4):
+                one, _ = saturation_round(path, url, volunteers, window, tmp, concurrency=concurrency, pack=False)
+                packed, _ = saturation_round(path, url, volunteers, window, tmp, concurrency=concurrency, pack=True)
+                print(f"{volunteers:>10} {concurrency:>9} {one:>13.1f} {packed:>8.1f} {packed / one:>13.2f}", flush=True)
+    finally:
+        gateway.terminate()
+        gateway.wait(timeout=10)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--window", type=float, default=10.0)
+    parser.add_argument("--only-packing", action="store_true", help="run only section 3 (packed decode steps)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"load average at start: {Path('/proc/loadavg').read_text().strip()}")
     with tempfile.TemporaryDirectory(prefix="bench-moe-") as scratch:
         tmp = Path(scratch)
-        bench_layer(tmp, args.rounds)
-        bench_saturation(tmp, args.window)
+        if not args.only_packing:
+            bench_layer(tmp, args.rounds)
+            bench_saturation(tmp, args.window)
+        bench_packing(tmp, args.window)
     print(f"\nload average at end: {Path('/proc/loadavg').read_text().strip()}")
 
 

@@ -3,9 +3,12 @@ sends routed experts to remote workers when the slots are busy.
 
 `MoeRunner` holds the full model (so it can always compute every expert itself), a
 `LoadMonitor` that probes its own slots (`busy_slots`), and a `Coordinator` the model asks
-for experts. Requests run concurrently, one slot (and one KV cache row) each; their passes
-take turns on the model, one token step at a time, so several requests are in flight and
-the slots read busy. `slot()` gives a `MoeSlot`: the mahout runner interface for one job
+for experts. Requests run concurrently, one slot (and one KV cache row) each. Their decode
+steps are packed (seed 004: aggregate throughput under load): a request's next token joins
+a list of pending steps, and whichever request takes the model next runs every pending step
+as the rows of one pass, so each layer's experts — local or on remote workers — compute
+for all of them at once and a remote worker sees a batch, not one row per round trip. A
+prompt's prefill is a pass of its own. `slot()` gives a `MoeSlot`: the mahout runner interface for one job
 at a time (`stream(job)` yields text pieces, then `finish_reason` and `completion_tokens`),
 so one host loop per slot can share the runner. The vocabulary is the model's bytes
 (`engine.moe_loader.ByteTokenizer`): this runner serves byte-vocabulary GGUFs only.
@@ -28,6 +31,8 @@ from protocol.turns import render_job
 
 __all__ = ["MoeRunner", "MoeSlot", "SlotsFull"]
 
+GATHER_S = 0.005  # how long a pass waits for the other decoding requests' steps (a pass here takes ~10 ms)
+
 
 class SlotsFull(RuntimeError):
     """Every inference slot is taken."""
@@ -42,6 +47,7 @@ class MoeRunner:
         n_slots: int = 4,
         n_ctx: int | None = None,
         probe: Callable[[], int] | None = None,
+        pack: bool = True,
     ) -> None:
         self.policy = policy or DispatchPolicy()
         self.config, weights = load_moe(model_path)
@@ -56,6 +62,13 @@ class MoeRunner:
         self._slots = threading.Lock()
         self._model = threading.Lock()
         self._ids = itertools.count()
+        self._pending: list[_Step] = []  # decode steps waiting for the next pass
+        self._gather = threading.Condition()  # guards _pending, _decoding and _stepping
+        self._decoding = 0  # requests past their prefill: the steps a full pass would carry
+        self._stepping = False  # a decode pass is being gathered or run
+        self.pack = pack  # False: one request's step per pass (the measured baseline, bench/moe.py)
+        self.passes = 0  # decode passes run, and the rows they carried: rows ÷ passes is the mean batch
+        self.rows = 0
 
     def start(self) -> MoeRunner:
         self.monitor.start()
@@ -79,18 +92,77 @@ class MoeRunner:
             with self._model:
                 row = self.model.cache.assign(request)
                 logits = self._step(torch.tensor(prompt_ids), 0, row)
-            for step in range(max_tokens):
-                token = int(logits.argmax())
-                yield token
-                if token == self.tokenizer.eos_id or step == max_tokens - 1:
-                    return
-                with self._model:
-                    logits = self._step(torch.tensor([token]), len(prompt_ids) + step, row)
+            with self._gather:
+                self._decoding += 1
+            try:
+                for step in range(max_tokens):
+                    token = int(logits.argmax())
+                    yield token
+                    if token == self.tokenizer.eos_id or step == max_tokens - 1:
+                        return
+                    logits = self._decode(token, len(prompt_ids) + step, row)
+            finally:
+                with self._gather:
+                    self._decoding -= 1
+                    self._gather.notify_all()
         finally:
             with self._model:
                 self.model.cache.release(request)
             with self._slots:
                 self._busy -= 1
+
+    def _decode(self, token: int, position: int, row: int) -> torch.Tensor:
+        """One decode step, packed with every other request's pending step: the logits (V,).
+        When no pass is running, this request runs the next one: it waits (at most GATHER_S)
+        until every decoding request has its step pending, then runs them all as the rows of
+        one pass. Otherwise it waits for the running pass to end (its step may be in it)."""
+        step = _Step(token, position, row)
+        with self._gather:
+            self._pending.append(step)
+            self._gather.notify_all()
+            while not step.done.is_set():
+                if self._stepping:
+                    self._gather.wait()
+                    continue
+                self._stepping = True
+                try:
+                    if self.pack:
+                        self._gather.wait_for(lambda: len(self._pending) >= self._decoding, timeout=GATHER_S)
+                        batch, self._pending = self._pending, []
+                    else:
+                        batch = [step]
+                        self._pending = [s for s in self._pending if s is not step]
+                    self._gather.release()
+                    try:
+                        with self._model:
+                            self._run(batch)
+                    finally:
+                        self._gather.acquire()
+                finally:
+                    self._stepping = False
+                    self._gather.notify_all()
+        if step.error is not None:
+            raise step.error
+        assert step.logits is not None
+        return step.logits
+
+    def _run(self, batch: list[_Step]) -> None:
+        """Under the model lock: one pass for `batch` (one token per row), each step handed its logits."""
+        try:
+            logits = self.model(
+                torch.tensor([s.token for s in batch]), torch.tensor([s.position for s in batch]),
+                torch.tensor([s.row for s in batch]),
+            )  # (B, V)
+            for index, s in enumerate(batch):
+                s.logits = logits[index]
+            self.passes += 1
+            self.rows += len(batch)
+        except Exception as exc:  # noqa: BLE001 - every request of the pass gets the error, not only the one that ran it
+            for s in batch:
+                s.error = exc
+        finally:
+            for s in batch:
+                s.done.set()
 
     def _step(self, tokens: torch.Tensor, start: int, row: int) -> torch.Tensor:
         # tokens: (T,) -> logits of the last token (V,)
@@ -105,6 +177,18 @@ class MoeRunner:
     def close(self) -> None:
         self.monitor.stop()
         self.coordinator.close()
+
+
+class _Step:
+    """One request's pending decode step and, once a pass ran it, its logits (or the error)."""
+
+    __slots__ = ("done", "error", "logits", "position", "row", "token")
+
+    def __init__(self, token: int, position: int, row: int) -> None:
+        self.token, self.position, self.row = token, position, row
+        self.logits: torch.Tensor | None = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
 
 
 class MoeSlot:

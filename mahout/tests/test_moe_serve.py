@@ -37,3 +37,52 @@ class MoeHostLoopTests:
             assert loop.catalog()["active_jobs"] == 0
         finally:
             runner.close()
+
+
+class PackedStepsTests:
+    """Decode steps of concurrent requests run as the rows of one pass (seed 004)."""
+
+    def test_concurrent_requests_share_passes_and_answer_as_each_would_alone(self, tiny: Path) -> None:
+        import threading
+
+        from engine.moe import MoeModel
+        from engine.moe_loader import load_moe
+
+        prompts = [[1, 2, 3], [40, 41], [7, 8, 9, 10], [100]]
+        config, weights = load_moe(tiny)
+        alone = {i: MoeModel(config, weights, n_rows=1).generate(p, 24) for i, p in enumerate(prompts)}
+        runner = MoeRunner(tiny, n_slots=4)
+        got: dict[int, list[int]] = {}
+        start = threading.Barrier(len(prompts))
+
+        def serve(i: int) -> None:
+            start.wait()
+            got[i] = runner.generate(prompts[i], 24)
+
+        try:
+            threads = [threading.Thread(target=serve, args=(i,)) for i in range(len(prompts))]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=60)
+            assert got == alone
+            assert runner.rows == sum(len(tokens) - 1 for tokens in got.values()), "every decode step ran once"
+            assert runner.rows > runner.passes, f"{runner.rows} rows in {runner.passes} passes: nothing was packed"
+        finally:
+            runner.close()
+
+    def test_a_pass_that_fails_raises_in_its_request_and_frees_the_slot(self, tiny: Path) -> None:
+        runner = MoeRunner(tiny, n_slots=2)
+        try:
+            stream = runner.generate_stream([1, 2, 3], 8)
+            next(stream)
+
+            def broken(layer: int, inputs: dict) -> dict:
+                raise RuntimeError("a worker vanished mid-pass")
+
+            runner.model.experts = broken
+            with pytest.raises(RuntimeError, match="vanished"):
+                next(stream)
+            assert runner.busy_slots() == 0 and runner._pending == []
+        finally:
+            runner.close()
