@@ -25,6 +25,8 @@ defaults
 
 frontend elephant
     bind 127.0.0.1:{port}
+    # a declared body over the gateway's limit is refused here, before a gateway buffers it
+    http-request return status 413 content-type application/json string '{too_large}' if {{ req.hdr_val(content-length) gt {max_body} }}
     default_backend gateways
 
 backend gateways
@@ -36,7 +38,13 @@ backend gateways
 """
 
 
-def haproxy_config(*, port: int, backends: list[int]) -> str:
-    """HAProxy's configuration for gateways on 127.0.0.1:`backends`, listening on `port`."""
+def haproxy_config(*, port: int, backends: list[int], max_body: int | None = None) -> str:
+    """HAProxy's configuration for gateways on 127.0.0.1:`backends`, listening on `port`;
+    bodies declared over `max_body` (default: the gateway's MAX_BODY_BYTES) get a 413."""
+    from django.conf import settings
+
+    from core.bodylimit import too_large
+
+    limit = max_body if max_body is not None else settings.DATA_UPLOAD_MAX_MEMORY_SIZE
     servers = "\n".join(f"    server gateway{index} 127.0.0.1:{backend} check" for index, backend in enumerate(backends, 1))
-    return TEMPLATE.format(port=port, servers=servers)
+    return TEMPLATE.format(port=port, servers=servers, max_body=limit, too_large=too_large(limit).decode())

@@ -1,4 +1,4 @@
-"""Command line: ``python -m mahout run|benchmark|pause|resume|status|ring|stage``."""
+"""Command line: ``python -m mahout login|run|benchmark|pause|resume|status|ring|stage|moe``."""
 from __future__ import annotations
 
 import argparse
@@ -6,12 +6,17 @@ import json
 import sys
 from collections.abc import Sequence
 
+from mahout.credentials import NoCredentials, credentials_resolve, credentials_save
 from mahout.home import is_paused, resolve_home, set_paused
 
 
 def say(line: str) -> None:
     """Print a status line at once (stdout may be a pipe to a supervisor)."""
     print(line, flush=True)
+
+
+def warn(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _add_home(parser: argparse.ArgumentParser) -> None:
@@ -52,8 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mahout", description="Elephant host client")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="serve jobs for the gateway")
-    run.add_argument("--server", required=True, help="gateway base URL, e.g. http://127.0.0.1:8000")
-    run.add_argument("--token", required=True, help="host token from `manage.py create_host`")
+    run.add_argument("--server", help="gateway base URL, e.g. http://127.0.0.1:8000 (default: from `mahout login`, or $MAHOUT_SERVER)")
+    run.add_argument("--token", help="host token (visible in ps: prefer `mahout login` or $MAHOUT_TOKEN)")
     run.add_argument("--idle-detect", action=argparse.BooleanOptionalAction, default=True,
                      help="pause while the owner uses the machine (keyboard/mouse input, another GPU program); "
                           "on by default, --no-idle-detect for a dedicated server")
@@ -65,9 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="memory for loaded models; the least recently used is unloaded to fit (default: half the RAM)")
     bench = commands.add_parser("benchmark", help="find and benchmark the models (default: the shipped chat model)")
     bench.add_argument("--rebenchmark", action="store_true", help="ignore the cached benchmark")
-    status = commands.add_parser("status", help="show local state (and the server's, given --server/--token)")
+    status = commands.add_parser("status", help="show local state (and the server's, when logged in)")
     status.add_argument("--server")
     status.add_argument("--token")
+    login = commands.add_parser("login", help="check a host token with the gateway and keep it in the home (mode 0600)")
+    login.add_argument("--server", required=True, help="gateway base URL")
+    login.add_argument("--token-stdin", action="store_true", help="read the token from standard input (no prompt)")
     for sub in (run, bench):
         _add_threads(sub)
         _add_models(sub)
@@ -79,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     from mahout.moe.cli import add_parser as add_moe_parser  # the MoE expert market
 
     add_moe_parser(commands)
-    for sub in (run, bench, status, commands.add_parser("pause", help="stop claiming new jobs"),
+    for sub in (run, bench, status, login, commands.add_parser("pause", help="stop claiming new jobs"),
                 commands.add_parser("resume", help="claim jobs again")):
         _add_home(sub)
     return parser
@@ -94,14 +102,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     from mahout.presence import presence
 
     home = resolve_home(args.home)
+    login = credentials_resolve(server=args.server, token=args.token, home=home, warn=warn)
     idle = IdleDetector(args.idle_threshold) if args.idle_detect else None
-    api = HostApi(args.server, args.token)
+    api = HostApi(login.server, login.token)
     try:
         loop = start_host(api, home, args.threads or default_threads(), models=args.models,
                           memory_budget_mb=args.memory_budget_mb, idle=idle, rebenchmark=args.rebenchmark, out=say)
-        say(f"mahout: serving {', '.join(loop.models.qualified)} for {args.server} "
+        say(f"mahout: serving {', '.join(loop.models.qualified)} for {login.server} "
             f"(loaded: {', '.join(loop.models.loaded()) or 'none'}; memory budget {loop.models.budget_mb} MB)")
-        with presence(args.server, args.token, out=say) as socket:
+        with presence(login.server, login.token, out=say) as socket:
             api.use_socket(socket)
             handled = loop.run(max_jobs=args.max_jobs, once=args.once)
     except BudgetError as exc:
@@ -125,6 +134,27 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_login(args: argparse.Namespace) -> int:
+    """Check the token with the gateway (GET /hosts/api/me), then keep it where `run` finds it."""
+    import getpass
+
+    from mahout.api import HostApi
+
+    token = sys.stdin.readline().strip() if args.token_stdin else getpass.getpass("Host token (from My machines): ").strip()
+    if not token:
+        print("mahout: error: no token given", file=sys.stderr, flush=True)
+        return 2
+    api = HostApi(args.server.rstrip("/"), token, retries=1)
+    try:
+        me = api.me()  # a refused token raises HostApiError: main says why, nothing is saved
+    finally:
+        api.close()
+    path = credentials_save(resolve_home(args.home), args.server, token)
+    say(f"mahout: logged in as host {me.get('name')!r} (id {me.get('id')}) at {args.server.rstrip('/')}; "
+        f"token kept in {path} (readable by you only). Start serving with: python -m mahout run")
+    return 0
+
+
 def cmd_pause(args: argparse.Namespace) -> int:
     set_paused(resolve_home(args.home), True)
     say("mahout: paused (no new jobs will be claimed)")
@@ -138,7 +168,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """Print local state; with ``--server`` and ``--token`` also the server's view."""
+    """Print local state; when logged in (or given the gateway and token) also the server's view."""
     from mahout.models import SHIPPED_MODEL, model_path, recorded_sha256
 
     home = resolve_home(args.home)
@@ -149,14 +179,17 @@ def cmd_status(args: argparse.Namespace) -> int:
         "model_assembled": recorded_sha256(home) is not None,
     }
     say(json.dumps(local))
-    if args.server and args.token:
-        from mahout.api import HostApi
+    try:
+        login = credentials_resolve(server=args.server, token=args.token, home=home, warn=warn)
+    except NoCredentials:
+        return 0  # not logged in: the local state is all there is
+    from mahout.api import HostApi
 
-        api = HostApi(args.server, args.token, retries=1)
-        try:
-            say(json.dumps({"me": api.me(), "earnings": api.earnings()}))
-        finally:
-            api.close()
+    api = HostApi(login.server, login.token, retries=1)
+    try:
+        say(json.dumps({"me": api.me(), "earnings": api.earnings()}))
+    finally:
+        api.close()
     return 0
 
 
@@ -183,6 +216,7 @@ def cmd_moe(args: argparse.Namespace) -> int:
 
 COMMANDS = {
     "run": cmd_run,
+    "login": cmd_login,
     "benchmark": cmd_benchmark,
     "pause": cmd_pause,
     "resume": cmd_resume,
@@ -200,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except (HostApiError, ServerUnavailable) as exc:
+    except (HostApiError, ServerUnavailable, NoCredentials) as exc:
         print(f"mahout: error: {exc}", file=sys.stderr, flush=True)
         return 2
 

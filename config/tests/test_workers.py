@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -103,6 +104,15 @@ def whole(text: str) -> bool:
 
 
 class TwoGatewaysTests:
+    def test_the_balancer_refuses_a_declared_body_over_the_limit_before_a_gateway_buffers_it(self, balanced) -> None:
+        url, _, _ = balanced
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as raw:  # headers only: the body never comes
+            raw.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Length: 10000000000\r\n\r\n".encode())
+            answer = raw.recv(65536).decode()
+        head, _, body = answer.partition("\r\n\r\n")
+        assert head.startswith("HTTP/1.1 413") and json.loads(body)["error"]["code"] == "body_too_large"
+
     def test_streams_survive_a_gateway_killed_mid_stream(self, balanced, catalog, tmp_path) -> None:
         url, gateways, env = balanced
         customers = [make_customer() for _ in range(STREAMS)]

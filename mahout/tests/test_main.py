@@ -1,11 +1,17 @@
-"""The command line's local commands: pause, resume, status."""
+"""The command line's local commands: pause, resume, status, login."""
 from __future__ import annotations
 
+import io
 import json
+import os
+import stat
 import subprocess
 import sys
 
+import pytest
+
 from mahout.__main__ import main
+from mahout.credentials import CREDENTIALS_FILE, NoCredentials, credentials_resolve
 from mahout.home import is_paused
 from mahout.tests.fake_gateway import TOKEN
 
@@ -26,7 +32,7 @@ class CommandLineTests:
 
     def test_it_exits_2_with_one_line_on_a_refused_token(self, tmp_path, capsys, gateway):
         assert main(["status", "--home", str(tmp_path), "--server", gateway.url, "--token", "wrong"]) == 2
-        assert capsys.readouterr().err == "mahout: error: HTTP 401: bad host token\n"
+        assert capsys.readouterr().err.splitlines()[-1] == "mahout: error: HTTP 401: bad host token"
 
     def test_it_never_imports_django(self):
         modules = "mahout.__main__, mahout.host, mahout.loop, mahout.runners.llama, protocol.turns, mahout.models"
@@ -42,3 +48,44 @@ class IdleDetectDefaultTests:
         base = ["run", "--server", "http://gateway", "--token", "host-x"]
         assert build_parser().parse_args(base).idle_detect is True, "seed 000: a machine its owner uses pauses"
         assert build_parser().parse_args([*base, "--no-idle-detect"]).idle_detect is False
+
+
+class LoginTests:
+    """The token stays off the command line (issue 17): `login` keeps it in the home, 0600."""
+
+    def test_login_checks_the_token_and_keeps_it_for_status_and_run(self, tmp_path, capsys, gateway, monkeypatch):
+        monkeypatch.setattr(sys, "stdin", io.StringIO(TOKEN + "\n"))
+        assert main(["login", "--home", str(tmp_path), "--server", gateway.url + "/", "--token-stdin"]) == 0
+        saved = tmp_path / CREDENTIALS_FILE
+        assert stat.S_IMODE(saved.stat().st_mode) == 0o600
+        assert json.loads(saved.read_text()) == {"server": gateway.url, "token": TOKEN}
+        assert "logged in as host 'test-host'" in capsys.readouterr().out
+        assert main(["status", "--home", str(tmp_path)]) == 0  # no flags: the kept login
+        out, err = capsys.readouterr()
+        assert json.loads(out.splitlines()[-1])["me"] == {"name": "test-host"} and "warning" not in err
+
+    def test_a_refused_token_is_not_kept(self, tmp_path, capsys, gateway, monkeypatch):
+        monkeypatch.setattr(sys, "stdin", io.StringIO("wrong\n"))
+        assert main(["login", "--home", str(tmp_path), "--server", gateway.url, "--token-stdin"]) == 2
+        assert capsys.readouterr().err.splitlines()[-1] == "mahout: error: HTTP 401: bad host token"
+        assert not (tmp_path / CREDENTIALS_FILE).exists()
+
+    def test_run_without_a_login_says_how_to_log_in(self, tmp_path, capsys, monkeypatch):
+        monkeypatch.delenv("MAHOUT_TOKEN", raising=False)
+        monkeypatch.delenv("MAHOUT_SERVER", raising=False)
+        assert main(["run", "--home", str(tmp_path)]) == 2
+        assert "python -m mahout login --server URL" in capsys.readouterr().err
+
+    def test_the_environment_comes_before_the_file_and_a_flag_before_both_with_a_warning(self, tmp_path, monkeypatch):
+        (tmp_path / CREDENTIALS_FILE).write_text(json.dumps({"server": "http://file", "token": "from-file"}))
+        warnings: list[str] = []
+        monkeypatch.setenv("MAHOUT_TOKEN", "from-env")
+        monkeypatch.delenv("MAHOUT_SERVER", raising=False)
+        found = credentials_resolve(server=None, token=None, home=tmp_path, warn=warnings.append)
+        assert (found.server, found.token, warnings) == ("http://file", "from-env", [])
+        found = credentials_resolve(server="http://flag/", token="from-flag", home=tmp_path, warn=warnings.append)
+        assert (found.server, found.token) == ("http://flag", "from-flag") and "visible" in warnings[0]
+        os.remove(tmp_path / CREDENTIALS_FILE)
+        monkeypatch.delenv("MAHOUT_TOKEN")
+        with pytest.raises(NoCredentials, match="no gateway and host token"):
+            credentials_resolve(server=None, token=None, home=tmp_path, warn=warnings.append)

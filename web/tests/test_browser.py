@@ -62,12 +62,13 @@ class BrowserTests:
             page.fill("input[name=name]", "desk")
             page.click("button:has-text('Register machine')")
             command = page.inner_text("#host-command").strip()
+            token = page.inner_text("#host-token").strip()
             page.wait_for_selector("tr[data-host] [data-status]:has-text('offline')")
             page.screenshot(path=shots / "machines-new-host.png", full_page=True)
             page.goto(f"{gateway.url}/usage/")
             page.screenshot(path=shots / "usage.png", full_page=True)
             browser.close()
-        assert command.startswith(f"python -m mahout run --server {gateway.url} --token host-")
+        assert command == f"python -m mahout login --server {gateway.url}\npython -m mahout run" and token.startswith("host-")
         assert secret not in listing and secret[:12] in listing and "$5.00" in listing
         assert httpx.get(f"{gateway.url}/v1/usage", headers={"Authorization": f"Bearer {secret}"}, timeout=5).status_code == 200
 
@@ -99,13 +100,17 @@ class BrowserTests:
             page.goto(f"{gateway.url}/machines/")
             page.fill("input[name=name]", "rig")
             page.click("button:has-text('Register machine')")
-            command = shlex.split(page.inner_text("#host-command").strip())
-            assert command[:4] == ["python", "-m", "mahout", "run"]
+            login, run = (shlex.split(line) for line in page.inner_text("#host-command").strip().splitlines())
+            token = page.inner_text("#host-token").strip()
+            assert login[:4] == ["python", "-m", "mahout", "login"] and run == ["python", "-m", "mahout", "run"]
+            home = str(tmp_path / "mahout")
+            subprocess.run([sys.executable, *login[1:], "--home", home, "--token-stdin"], input=token + "\n", text=True,
+                           cwd=ROOT, env=env, check=True, capture_output=True, timeout=60)  # the owner pastes the token
             grant = threading.Thread(target=lambda: credit_grant(  # an operator's grant; the ORM may not run on Playwright's loop
                 user=get_user_model().objects.get(email="flow@example.com"), amount_ucents=100_000_000, reference=f"op-{uuid.uuid4()}"))
             grant.start()
             grant.join()
-            host = subprocess.Popen([sys.executable, *command[1:], "--home", str(tmp_path / "mahout"), "--threads", "1"],
+            host = subprocess.Popen([sys.executable, *run[1:], "--home", home, "--threads", "1"],
                                     cwd=ROOT, env=env, stdout=open(tmp_path / "mahout.log", "w"), stderr=subprocess.STDOUT)
             try:
                 page.goto(f"{gateway.url}/machines/")

@@ -71,7 +71,7 @@ class TokenRevocationTests:
             page = http.post(f"/machines/{serving.host.pk}/token/", data={"csrfmiddlewaretoken": http.cookies["csrftoken"]})
             assert page.status_code == 200 and "“den” has a new token" in page.text
             assert close_code(socket) == 4401
-        token = re.search(r"--token (host-[\w-]+)", page.text).group(1)
+        token = re.search(r'id="host-token" class="wrap"><code>(host-[\w-]+)</code>', page.text).group(1)
         assert heartbeat(gateway, serving.token, serving.fingerprint) == 401
         assert heartbeat(gateway, token, serving.fingerprint) == 200
         assert refused_status(gateway, serving.token) == 403  # a refused handshake is a 403 whatever the reason

@@ -195,9 +195,10 @@ class HostPagesTests:
         page = response.content.decode()
         host = Host.objects.get(name="desk")
         assert host.owner == customer.user
-        token = re.search(r"--token (\S+)</code>", page).group(1)
+        token = re.search(r'id="host-token" class="wrap"><code>(\S+)</code>', page).group(1)
         assert host.token_hash == secret_hash(token)
-        assert f"python -m mahout run --server http://localhost --token {token}" in page
+        assert "python -m mahout login --server http://localhost\npython -m mahout run" in page
+        assert f"--token {token}" not in page, "the token stays off the command line (ps, shell history)"
         assert token not in customer_client.get("/machines/").content.decode()
 
     def test_a_second_machine_with_the_same_name_is_refused_politely(self, serving_host, host_client) -> None:
@@ -366,7 +367,7 @@ class MachineTokenRotationTests:
         page = response.content.decode()
         assert response.status_code == 200 and response["Cache-Control"] == "no-store"
         assert f"“{serving_host.host.name}” has a new token" in page
-        token = re.search(r"--token (host-[\w-]+)", page).group(1)
+        token = re.search(r'id="host-token" class="wrap"><code>(host-[\w-]+)</code>', page).group(1)
         assert (heartbeat(serving_host.token), heartbeat(token)) == (401, 200)
         again = host_client.get("/machines/").content.decode()
         assert token not in again and token[:12] not in page.split("has a new token")[0]
