@@ -26,8 +26,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     moe = commands.add_parser("moe", help="MoE expert market: volunteer a slice, or serve one")
     roles = moe.add_subparsers(dest="moe_command", required=True)
     volunteer = roles.add_parser("volunteer", help="ask the gateway for a slice of experts and serve it")
-    volunteer.add_argument("--server", required=True)
-    volunteer.add_argument("--token", required=True)
+    volunteer.add_argument("--server", help="gateway URL (default: from `mahout login`, or $MAHOUT_SERVER)")
+    volunteer.add_argument("--token", help="host token (visible in ps: prefer `mahout login` or $MAHOUT_TOKEN)")
     volunteer.add_argument("--workdir", default=None, help="where the downloaded slice is kept (default: a temp dir)")
     volunteer.add_argument("--listen", default="127.0.0.1", help="address the expert server binds")
     volunteer.add_argument("--direct", action="store_true",
@@ -39,8 +39,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     volunteer.add_argument("--poll", type=float, default=1.0, help="seconds between volunteer polls")
     volunteer.add_argument("--heartbeat", type=float, default=2.0, help="seconds between heartbeats")
     coordinator = roles.add_parser("coordinator", help="serve a whole MoE model through the marketplace")
-    coordinator.add_argument("--server", required=True)
-    coordinator.add_argument("--token", required=True)
+    coordinator.add_argument("--server", help="gateway URL (default: from `mahout login`, or $MAHOUT_SERVER)")
+    coordinator.add_argument("--token", help="host token (visible in ps: prefer `mahout login` or $MAHOUT_TOKEN)")
     coordinator.add_argument("--model", required=True, help="the MoE GGUF (byte vocabulary)")
     coordinator.add_argument("--name", required=True, help="its name in the gateway's catalog (see manage.py moe_register)")
     coordinator.add_argument("--slots", type=int, default=4, help="requests served at once")
@@ -57,6 +57,15 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def cmd_moe(args: argparse.Namespace, *, say: Callable[[str], None]) -> int:
+    if args.moe_command in ("coordinator", "volunteer"):
+        import sys
+
+        from mahout.credentials import credentials_resolve
+        from mahout.home import resolve_home
+
+        login = credentials_resolve(server=args.server, token=args.token, home=resolve_home(getattr(args, "home", None)),
+                                    warn=lambda line: print(line, file=sys.stderr, flush=True))
+        args.server, args.token = login.server, login.token
     if args.moe_command == "coordinator":
         from mahout.home import resolve_home
         from mahout.moe.serve import serve_coordinator

@@ -57,19 +57,28 @@ def _refuse(message: str) -> int:
 
 
 def cmd_ring(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
-    if bool(args.server) != bool(args.token):
-        return _refuse("--server and --token go together")
+    if args.token and not args.server:
+        return _refuse("--token needs --server")
     if args.ring is not None and not args.server:
-        return _refuse("--ring needs --server and --token")
+        return _refuse("--ring needs --server (and the host's token: `mahout login`, $MAHOUT_TOKEN or --token)")
     if args.stages is None and args.ring is None:
         return _refuse("give --stages N (or --ring ID with --server)")
     if args.stages is not None and args.stages < 2:
         return _refuse("a pipeline needs at least two stages")
     if args.server is None and args.prompt is None:
-        return _refuse("give --prompt TEXT, or --server URL --token TOKEN")
+        return _refuse("give --prompt TEXT, or --server URL (logged in with `mahout login`)")
     args.parallel = max(1, args.parallel or args.micro_batch)
     if args.server:
+        from mahout.credentials import NoCredentials, credentials_resolve
+        from mahout.home import resolve_home
         from mahout.ring.runner import serve_ring
+
+        try:
+            login = credentials_resolve(server=args.server, token=args.token, home=resolve_home(args.home),
+                                        warn=lambda line: print(line, file=sys.stderr, flush=True))
+        except NoCredentials as exc:
+            return _refuse(str(exc))
+        args.server, args.token = login.server, login.token
 
         return serve_ring(args, say=say)
     from engine.gguf_loader import default_model_path, open_gguf, read_config

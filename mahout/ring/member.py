@@ -25,6 +25,9 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from mahout.credentials import TOKEN_ENV, credentials_resolve
+from mahout.home import resolve_home
+
 __all__ = ["LocalStages", "StageNotAssigned", "add_parser", "cmd_stage", "find_assignment"]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,8 +39,8 @@ class StageNotAssigned(LookupError):
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     stage = commands.add_parser("stage", help="run one stage of a ring plan (on this machine) for the gateway")
-    stage.add_argument("--server", required=True, help="gateway URL (the control plane)")
-    stage.add_argument("--token", required=True, help="this host's token")
+    stage.add_argument("--server", help="gateway URL, the control plane (default: from `mahout login`, or $MAHOUT_SERVER)")
+    stage.add_argument("--token", help="this host's token (visible in ps: prefer `mahout login` or $MAHOUT_TOKEN)")
     stage.add_argument("--ring", type=int, required=True, help="the ring plan's id")
     stage.add_argument("--stage", type=int, required=True, help="the stage's index in the plan")
     stage.add_argument("--bind", default="0.0.0.0:0",
@@ -74,7 +77,10 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
     from mahout.ring.rendezvous import RendezvousTimeout, advertised_address, dial_stage, parse_address
     from mahout.ring.stage import StageAgent
 
-    api = RingApi(args.server, args.token)
+    login = credentials_resolve(server=args.server, token=args.token, home=resolve_home(None),
+                                warn=lambda line: print(line, file=sys.stderr, flush=True))
+    args.server = login.server
+    api = RingApi(login.server, login.token)
     try:
         try:
             plan = find_assignment(api.assignment(), args.ring, args.stage)
@@ -137,12 +143,13 @@ class LocalStages:
     def _start(self, index: int) -> None:
         a = self.args
         command = [
-            sys.executable, "-m", "mahout", "stage", "--server", a.server, "--token", a.token, "--ring",
+            sys.executable, "-m", "mahout", "stage", "--server", a.server, "--ring",
             str(self.ring_id), "--stage", str(index), "--bind", f"{self.bind_host}:0", "--threads", str(a.threads),
             "--n-ctx", str(a.n_ctx), "--wait", str(a.wait), *(["--model", str(a.model)] if a.model else []),
             *(["--advertise", a.advertise] if a.advertise else []),
         ]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               TOKEN_ENV: a.token}  # the token in the environment, not on a command line every user can read
         self.procs[index] = subprocess.Popen(command, cwd=ROOT, env=env)
 
     def revive(self) -> None:
