@@ -20,7 +20,8 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("ELEPHANT_VAR_DIR", str(BASE_DIR / "var")))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
-SECRET_KEY = env_str("DJANGO_SECRET_KEY", "dev-only-insecure-key-change-me-in-production")
+DEVELOPMENT_SECRET_KEY = "dev-only-insecure-key-change-me-in-production"  # refused when DJANGO_ENV=production
+SECRET_KEY = env_str("DJANGO_SECRET_KEY", DEVELOPMENT_SECRET_KEY)
 DEBUG = env_bool("DJANGO_DEBUG", False)
 ALLOWED_HOSTS = [h for h in env_str("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1],testserver").split(",") if h]
 
@@ -281,3 +282,35 @@ EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.Emai
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "Elephant <noreply@localhost>")
 # Requests a customer sees in the recent-requests table.
 WEB_RECENT_REQUESTS = env_int("WEB_RECENT_REQUESTS", 50, minimum=1)
+
+# Production (issue 17): `DJANGO_ENV=production` refuses to start — every manage.py command
+# and every server process — without a real secret key and an explicit ALLOWED_HOSTS, never
+# runs with DEBUG, and turns on what `manage.py check --deploy` asks for: secure cookies, HSTS,
+# the redirect to HTTPS, and trusting the TLS proxy's X-Forwarded-Proto (so links are https).
+DJANGO_ENV = env_str("DJANGO_ENV", "development")
+if DJANGO_ENV not in ("development", "production"):
+    raise ImproperlyConfigured(f"DJANGO_ENV={DJANGO_ENV!r}: use 'development' (the default) or 'production'")
+if DJANGO_ENV == "production":
+    if SECRET_KEY == DEVELOPMENT_SECRET_KEY or len(SECRET_KEY) < 50 or len(set(SECRET_KEY)) < 5:
+        raise ImproperlyConfigured(
+            "DJANGO_ENV=production needs DJANGO_SECRET_KEY: at least 50 random characters, e.g. "
+            "`python -c 'import secrets; print(secrets.token_urlsafe(50))'`"
+        )
+    if not env_str("ALLOWED_HOSTS"):
+        raise ImproperlyConfigured("DJANGO_ENV=production needs ALLOWED_HOSTS: the gateway's public host names, comma-separated")
+    if DEBUG:
+        raise ImproperlyConfigured("DJANGO_ENV=production never runs with DJANGO_DEBUG")
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")  # TLS ends at the proxy in front
+    SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
+    SECURE_REDIRECT_EXEMPT = [r"^v1/models$"]  # a load balancer's health check speaks plain HTTP to the backends
+    SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31_536_000, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", True)
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
+    CSRF_TRUSTED_ORIGINS = [f"https://{host}" for host in ALLOWED_HOSTS if not host.startswith(".")]
+    if EMAIL_BACKEND.endswith(("console.EmailBackend", "locmem.EmailBackend")):
+        import sys
+
+        print(f"WARNING: DJANGO_ENV=production but EMAIL_BACKEND is {EMAIL_BACKEND}: password-reset e-mails go "
+              "nowhere a user can read them. Set EMAIL_BACKEND (and EMAIL_HOST, ...) to a real SMTP server.",
+              file=sys.stderr, flush=True)

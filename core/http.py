@@ -49,12 +49,22 @@ def bearer_secret(request: HttpRequest | Request) -> str:
     return secret
 
 
+class NotFinite(ValueError):
+    """NaN or ±Infinity: Python's JSON reader takes them, JSON does not, and a runner breaks on them."""
+
+
+def reject_non_finite(constant: str) -> object:
+    raise NotFinite(constant)
+
+
 def json_body(request: HttpRequest) -> dict:
     length = int(request.headers.get("Content-Length") or 0)
     if length > settings.DATA_UPLOAD_MAX_MEMORY_SIZE:
         raise ApiError(413, f"Request body too large ({length} bytes; the limit is {settings.DATA_UPLOAD_MAX_MEMORY_SIZE}).", code="body_too_large")
     try:
-        body = json.loads(request.body or b"")
+        body = json.loads(request.body or b"", parse_constant=reject_non_finite)
+    except NotFinite as exc:
+        raise bad_request(f"The body holds {exc}, which is not JSON: numbers must be finite.", code="invalid_json") from None
     except (ValueError, UnicodeDecodeError):
         raise bad_request("The body is not valid JSON.", code="invalid_json") from None
     if not isinstance(body, dict):

@@ -72,6 +72,14 @@ class BadInputTests:
         assert_error(post(client, secret, None, raw=b"{not json"), 400, "invalid_json")
         assert_error(post(client, secret, [1, 2]), 400, "invalid_json")
 
+    @pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+    def test_a_number_that_is_not_finite_is_a_400_before_any_host_sees_it(self, api, constant) -> None:
+        client, secret = api  # Python's JSON reader accepts these; a runner given one fails (and was its host's strike)
+        raw = json.dumps({**GOOD, "temperature": 0.5}).replace("0.5", constant).encode()
+        error = assert_error(post(client, secret, None, raw=raw), 400, "invalid_json")
+        assert constant in error["message"]
+        assert not Job.objects.exists()
+
     def test_an_unknown_model_is_a_404(self, api) -> None:
         client, secret = api
         assert_error(post(client, secret, {**GOOD, "model": "gpt-9"}), 404, "model_not_found")
