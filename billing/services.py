@@ -500,7 +500,8 @@ def payout_approve(*, payout_id: int, operator: User | None = None) -> Payout:
             destination=payout.destination,
         )
     except (stripe.InvalidRequestError, stripe.CardError, stripe.PermissionError) as refusal:
-        payout_void(payout_id=payout.pk, reason=f"Stripe refused the transfer: {refusal.user_message or refusal}")
+        payout_void(payout_id=payout.pk, reason=f"Stripe refused the transfer: {refusal.user_message or refusal}",
+                    refused_by_stripe=True)
     except stripe.StripeError as error:
         raise PaymentProviderError(
             f"Payout {payout.pk} outcome unknown, still sending; approve again to retry: {error}"
@@ -532,10 +533,16 @@ def payout_post(*, payout_id: int, transfer_id: str) -> bool:
 
 
 @transaction.atomic
-def payout_void(*, payout_id: int, reason: str) -> bool:
-    """The payout will not be sent (Stripe refused, or an operator rejected it):
-    a reverse entry gives the earnings back. False if already decided."""
-    if not Payout.objects.filter(pk=payout_id, status__in=[Payout.Status.REQUESTED, Payout.Status.SENDING]).update(
+def payout_void(*, payout_id: int, reason: str, refused_by_stripe: bool = False) -> bool:
+    """The payout will not be sent: a reverse entry gives the earnings back. False if
+    already decided, or if it may be on its way.
+
+    An operator rejects only a payout still `requested`: once approval has moved it to
+    `sending`, a transfer may be in flight (or sent, its answer lost), so voiding it then
+    could pay the host twice; it stays `sending` until approving again learns the outcome.
+    Only Stripe's definite refusal of the transfer (`refused_by_stripe`) voids a `sending` one."""
+    voidable = Payout.Status.SENDING if refused_by_stripe else Payout.Status.REQUESTED
+    if not Payout.objects.filter(pk=payout_id, status=voidable).update(
         status=Payout.Status.FAILED, failure_reason=reason[:500], decided_at=timezone.now()
     ):
         return False

@@ -939,14 +939,24 @@ def request_watch(*, request_id: int) -> None:
 
 
 def request_forget_output(*, request_id: int) -> bool:
-    """Delete the delivered text (or vectors) of an ended request once it has been handed over."""
+    """Delete the delivered text (or vectors) of an ended request once it has been handed
+    over, and with it the customer's stop strings (the last text of theirs a request
+    keeps: they cut that text when it is re-read, so they live exactly as long)."""
     with transaction.atomic():
-        forgotten = Request.objects.filter(
-            pk=request_id, status__in=[Request.Status.COMPLETED, Request.Status.FAILED], output_forgotten=False
-        ).update(result=None, output_forgotten=True)
-        if forgotten:
-            TextChunk.objects.filter(request_id=request_id).delete()
-    return bool(forgotten)
+        row = (
+            Request.objects.select_for_update()
+            .filter(pk=request_id, status__in=[Request.Status.COMPLETED, Request.Status.FAILED], output_forgotten=False)
+            .values("params").first()
+        )
+        if row is None:
+            return False
+        params = {name: value for name, value in (row["params"] or {}).items() if name not in CUSTOMER_TEXT_PARAMS}
+        Request.objects.filter(pk=request_id).update(result=None, output_forgotten=True, params=params)
+        TextChunk.objects.filter(request_id=request_id).delete()
+    return True
+
+
+CUSTOMER_TEXT_PARAMS = ("stop",)  # the request parameters that are the customer's own text
 
 
 # --- watchdog steps (Celery beat calls the tick; tests call the steps) ----------------

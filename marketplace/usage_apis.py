@@ -4,16 +4,18 @@ from __future__ import annotations
 import csv
 import io
 import re
+from collections.abc import AsyncIterator
 from datetime import date
 from typing import TYPE_CHECKING
 
 from django.conf import settings
-from django.http import HttpResponse, QueryDict
+from django.http import HttpResponse, QueryDict, StreamingHttpResponse
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from accounts.apis import KeyApi
 from core.dates import day_range
+from core.db import db
 from core.errors import bad_request
 from marketplace import selectors
 
@@ -112,13 +114,34 @@ class UsageCsvApi(KeyApi):
         return usage_csv_response(user=key.user, start=start, end=end)
 
 
-def usage_csv_response(*, user: User, start: date, end: date) -> HttpResponse:
-    """One CSV line per request of `user` in [start, end]; the API and the web page both serve this."""
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    for row in selectors.usage_requests(user=user, start=start, end=end).iterator(chunk_size=2000):
-        writer.writerow(usage_row(row))
-    response = HttpResponse(out.getvalue(), content_type="text/csv; charset=utf-8")
+CSV_PAGE = 2000  # requests read (and sent) per page of the CSV
+
+
+def usage_csv_response(*, user: User, start: date, end: date) -> StreamingHttpResponse:
+    """One CSV line per request of `user` in [start, end]; the API and the web page both
+    serve this. Streamed a page at a time (an asynchronous iterator, so the ASGI server
+    sends each page as it is read): a year of requests is never held in memory."""
+    response = StreamingHttpResponse(_csv_pages(user=user, start=start, end=end), content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="usage-{start.isoformat()}-{end.isoformat()}.csv"'
     return response
+
+
+def _csv_page(*, user: User, start: date, end: date, after: str | None) -> list[dict]:
+    return list(selectors.usage_requests(user=user, start=start, end=end, after=after)[:CSV_PAGE])
+
+
+async def _csv_pages(*, user: User, start: date, end: date) -> AsyncIterator[str]:
+    yield ",".join(CSV_COLUMNS) + "\n"
+    after = None
+    while True:
+        rows = await db(_csv_page, user=user, start=start, end=end, after=after)
+        if not rows:
+            return
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
+        for row in rows:
+            writer.writerow(usage_row(row))
+        yield out.getvalue()
+        if len(rows) < CSV_PAGE:
+            return
+        after = rows[-1]["public_id"]

@@ -16,7 +16,7 @@ from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
@@ -195,7 +195,7 @@ def usage(request: AuthedHttpRequest) -> HttpResponse:
 
 @login_required
 @require_GET
-def usage_csv(request: AuthedHttpRequest) -> HttpResponse:
+def usage_csv(request: AuthedHttpRequest) -> StreamingHttpResponse:
     """The same CSV as GET /v1/usage.csv, for the signed-in customer."""
     start, end = DateRangeForm(request.GET).range()
     return usage_csv_response(user=request.user, start=start, end=end)

@@ -110,6 +110,18 @@ class PayoutApproveTests:
         assert services.payout_void(payout_id=payout.pk, reason="rejected") is False
         assert selectors.host_account(host=serving.host).balance_ucents == 1_600_000_000
 
+    def test_a_rejection_cannot_void_a_payout_whose_transfer_may_be_in_flight(self, catalog, fake_stripe, settings) -> None:
+        serving = host_earning(2_000_000_000)
+        payout = services.payout_request(host=serving.host)
+        settings.STRIPE_API_BASE = "http://127.0.0.1:9"  # approved; Stripe's answer is lost: the transfer may be out
+        with pytest.raises(PaymentProviderError):
+            services.payout_approve(payout_id=payout.pk)
+        assert services.payout_void(payout_id=payout.pk, reason="rejected after approval") is False
+        assert selectors.host_account(host=serving.host).balance_ucents == 0, "the earnings are not given back twice"
+        settings.STRIPE_API_BASE = fake_stripe.url
+        assert services.payout_approve(payout_id=payout.pk).status == Payout.Status.PAID
+        assert selectors.reconcile_report() == []
+
 
 class HostBillingApiTests:
     def test_the_statement_lists_jobs_and_payouts_without_customer_identity(self, catalog) -> None:

@@ -76,13 +76,26 @@ class UsageApiTests:
             response = Client().get(f"/v1/usage?{q}", HTTP_AUTHORIZATION=f"Bearer {customer.secret}")
             assert response.status_code == 400 and response.json()["error"]["code"] == code, response.content
 
+    @pytest.mark.django_db(transaction=True)  # the CSV is read by the async server's database threads
     def test_it_exports_the_same_rows_as_csv(self, catalog) -> None:
         customer = make_customer()
         a = request_on(customer, catalog, "2026-03-01", cost=440, completion_tokens=10)
         response = Client().get("/v1/usage.csv?from=2026-03-01&to=2026-03-01", HTTP_AUTHORIZATION=f"Bearer {customer.secret}")
         assert response.status_code == 200 and response["Content-Type"].startswith("text/csv")
-        rows = list(csv.DictReader(io.StringIO(response.content.decode())))
+        rows = list(csv.DictReader(io.StringIO(b"".join(response).decode())))
         assert [(r["id"], r["cost_ucents"], r["completion_tokens"]) for r in rows] == [(a.public_id, "440", "10")]
+
+    @pytest.mark.django_db(transaction=True)  # the CSV is read by the async server's database threads
+    def test_the_csv_is_streamed_a_page_at_a_time_and_loses_no_row(self, catalog, monkeypatch) -> None:
+        from marketplace import usage_apis
+
+        monkeypatch.setattr(usage_apis, "CSV_PAGE", 2)
+        customer = make_customer()
+        made = [request_on(customer, catalog, "2026-03-01", cost=1, completion_tokens=1).public_id for _ in range(5)]
+        response = Client().get("/v1/usage.csv?from=2026-03-01&to=2026-03-01", HTTP_AUTHORIZATION=f"Bearer {customer.secret}")
+        pieces = [piece.decode() for piece in response]
+        assert len(pieces) == 1 + 3, "the header, then three pages of at most two requests"
+        assert [row["id"] for row in csv.DictReader(io.StringIO("".join(pieces)))] == made
 
     @pytest.mark.parametrize(
         "query", ["from=2026-3-1", "from=20260301", "to=2026-02-30", "from=2026-03-05&to=2026-03-01", "from=yesterday"]

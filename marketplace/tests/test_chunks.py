@@ -8,7 +8,7 @@ from django.test.utils import CaptureQueriesContext
 
 from hosts.models import Host
 from marketplace import selectors, services
-from marketplace.models import TextChunk
+from marketplace.models import Request, TextChunk
 from marketplace.tests.test_services import claimed
 
 pytestmark = pytest.mark.django_db
@@ -51,6 +51,10 @@ class AppendOnlyTests:
         request, job = claimed(customer, serving_host, catalog)
         services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="Hi")
         services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop")
+        Request.objects.filter(pk=request.pk).update(params={**request.params, "stop": ["secret ending"]})
         assert services.request_forget_output(request_id=request.pk) is True
         assert services.request_forget_output(request_id=request.pk) is False
         assert not TextChunk.objects.filter(request=request).exists()
+        request.refresh_from_db()
+        assert "stop" not in request.params and request.params["max_tokens"] == 20, "the customer's text goes with the answer"
+        assert (request.messages, request.prompt) == (None, None)
