@@ -214,9 +214,10 @@ class HostApi:
         """Still loading (``stage="loading"``) or prefilling (``"prefill"``) the job, no token yet."""
         return self._json(self._request("POST", f"/jobs/{job_id}/progress", {"stage": stage}))
 
-    def fail(self, job_id: Any, *, reason: str) -> dict:
-        """Report the job failed on this host, so the gateway can fail over at once."""
-        return self._json(self._request("POST", f"/jobs/{job_id}/fail", {"reason": reason}))
+    def fail(self, job_id: Any, *, reason: str, cause: str = "host") -> dict:
+        """Report the job failed on this host, so the gateway can fail over at once; ``cause``
+        "request" says the job's own content cannot be run (no strike against this host)."""
+        return self._json(self._request("POST", f"/jobs/{job_id}/fail", {"reason": reason, "cause": cause}))
 
     def me(self) -> dict:
         """This host's record as the server sees it."""

@@ -30,7 +30,7 @@ from mahout.idle import IdleDetector
 from mahout.loader import ModelLoader, UnknownModel
 from mahout.progress import PROGRESS_INTERVAL_S, ProgressReporter
 from mahout.pusher import FLUSH_INTERVAL_S, BatchPusher
-from mahout.runners import Embedder, Runner
+from mahout.runners import Embedder, RequestRejected, Runner
 from protocol.jobs import EMBEDDINGS
 
 HEARTBEAT_INTERVAL_S = 5.0
@@ -79,6 +79,7 @@ class JobRecord:
     completion_tokens: int = 0
     embeddings: list[list[float]] | None = None
     prompt_tokens: int = 0
+    cause: str = "host"  # whose fault a failure is: "request" when the job's own content cannot be run
 
     @property
     def id(self) -> object:
@@ -268,6 +269,7 @@ class HostLoop:
             record.embeddings = runner.embed(texts)
             record.prompt_tokens = runner.prompt_tokens
         except Exception as exc:  # noqa: BLE001 - any runner error becomes a job failure
+            record.cause = "request" if isinstance(exc, RequestRejected) else "host"
             record.advance(JobState.FAILED, f"{type(exc).__name__}: {exc}")
         else:
             record.finish_reason = "stop"
@@ -286,6 +288,7 @@ class HostLoop:
         except (HostApiError, ServerUnavailable) as exc:
             record.advance(JobState.LOST, str(exc))
         except Exception as exc:  # noqa: BLE001 - any runner error becomes a job failure
+            record.cause = "request" if isinstance(exc, RequestRejected) else "host"
             record.advance(JobState.FAILED, f"{type(exc).__name__}: {exc}")
         else:
             record.finish_reason, record.completion_tokens = runner.finish_reason, runner.completion_tokens
@@ -297,7 +300,7 @@ class HostLoop:
             if record.state is JobState.COMPLETED:
                 self._report_completed(record)
             elif record.state is JobState.FAILED:
-                self.api.fail(record.id, reason=record.detail)
+                self.api.fail(record.id, reason=record.detail, cause=record.cause)
                 self.out(f"mahout: failed {record.id}: {record.detail}")
             else:
                 self.out(f"mahout: stopped {record.id}: no longer ours ({record.detail})")

@@ -200,9 +200,11 @@ class JobCompleteApi(AsyncHostApi):
 class JobFailApi(AsyncHostApi):
     class InputSerializer(serializers.Serializer):
         reason = serializers.CharField(max_length=500)
+        # "request": the job's own content cannot be run (no strike; another host gets a second opinion)
+        cause = serializers.ChoiceField(choices=["host", "request"], default="host")
 
     async def handle(self, host: Host, data: dict, **kwargs: object) -> HttpResponse:
-        await db(market.job_fail, host=host, job_id=kwargs["job_id"], reason=data["reason"])
+        await db(market.job_fail, host=host, job_id=kwargs["job_id"], reason=data["reason"], cause=data["cause"])
         return JsonResponse({"failed": True})
 
 

@@ -109,6 +109,10 @@ class Job(models.Model):
     completion_tokens = models.PositiveIntegerField(default=0)
     earned_ucents = models.BigIntegerField(default=0)
     fail_reason = models.CharField(max_length=500, blank=True)
+    fail_cause = models.CharField(
+        max_length=8, blank=True, choices=[("host", "the host"), ("request", "the request's content")],
+        help_text="whose fault a failure was: a host that says 'request' gets no strike, unless another host then served it",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     claimed_at = models.DateTimeField(null=True, blank=True)
     first_token_at = models.DateTimeField(null=True, blank=True)

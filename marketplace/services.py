@@ -603,6 +603,8 @@ def job_complete(*, host: Host, job_id: int, finish_reason: str, embeddings: lis
 
         canary_judge(request=request, host=host, text=text, completion_tokens=completion_tokens)
     reputation.trust_review(host_id=host.pk, now=now)
+    if job.requeue or job.attempt > 1:  # earlier attempts of this request exist: was one blamed on it wrongly?
+        _blame_corrected(request=request, host=host)
     request.status, request.completion_tokens, request.cost_ucents = Request.Status.COMPLETED, completion_tokens, cost
     request.finish_reason, request.messages, request.prompt, request.inputs = finish_reason, None, None, None
     request.result = result
@@ -712,14 +714,27 @@ MAX_REQUEUES = 3  # deaths before the first token that put an attempt back in th
 
 
 @transaction.atomic
-def job_fail(*, host: Host, job_id: int, reason: str) -> str:
-    """The host gave up on a job: continue it elsewhere once, else fail honestly."""
+def job_fail(*, host: Host, job_id: int, reason: str, cause: str = "host") -> str:
+    """The host gave up on a job: continue it elsewhere once, else fail honestly (`cause`:
+    see `attempt_end_dead`)."""
     _locked_job_of(host=host, job_id=job_id)
-    return attempt_end_dead(job_id=job_id, reason=reason)
+    return attempt_end_dead(job_id=job_id, reason=reason, cause=cause)
+
+
+def _blame_corrected(*, request: Request, host: Host) -> int:
+    """`host` served a request an earlier host said could not be run: that host's failure
+    was its own after all (it counts toward its maintenance). Returns how many were."""
+    blamed = list(Job.objects.filter(request_id=request.pk, fail_cause="request").exclude(host_id=host.pk)
+                  .values_list("pk", "host_id"))
+    if blamed:
+        Job.objects.filter(pk__in=[pk for pk, _ in blamed]).update(fail_cause="host")
+        for host_id in {host_id for _, host_id in blamed}:
+            host_rest_if_unreliable(host_id=host_id)
+    return len(blamed)
 
 
 @transaction.atomic
-def attempt_end_dead(*, job_id: int, reason: str) -> str:
+def attempt_end_dead(*, job_id: int, reason: str, cause: str = "host") -> str:
     """Fence a dead attempt and decide what happens to its request.
 
     The attempt is marked failed first (compare-and-set), so anything it still
@@ -732,16 +747,27 @@ def attempt_end_dead(*, job_id: int, reason: str) -> str:
     death fails the request unbilled. Returns "requeued", "continued", "settled"
     (the output budget was already used up), "failed", or "" when the attempt had
     already ended (someone else got there first).
+
+    `cause` "request": the host says the job's own content cannot be run. That is no
+    strike against it; the request gets a second opinion from another host (the same
+    rules as a death), and fails honestly ("request_not_runnable", unbilled) when a
+    second host says so too. A host that blames a request another host then serves is
+    counted as having failed (`_blame_corrected`, at completion).
     """
     if not Job.objects.filter(pk=job_id, status=Job.Status.RUNNING).update(
-        status=Job.Status.FAILED, finished_at=timezone.now(), fail_reason=reason[:500]
+        status=Job.Status.FAILED, finished_at=timezone.now(), fail_reason=reason[:500], fail_cause=cause
     ):
         return ""
     job = Job.objects.get(pk=job_id)
-    host_rest_if_unreliable(host_id=job.host_id)
+    if cause != "request":
+        host_rest_if_unreliable(host_id=job.host_id)
     request = Request.objects.select_for_update().select_related("model", "hold").get(pk=job.request_id)
     if request.status != Request.Status.RUNNING:
         return ""
+    if cause == "request" and Job.objects.filter(request_id=request.pk, fail_cause="request").exclude(host_id=job.host_id).exists():
+        _request_fail(request=request, code="request_not_runnable",
+                      message=f"Two hosts could not run this request ({reason[:300]}); nothing was billed.")
+        return "failed"
     from marketplace.canaries import canary_void, is_canary  # (canaries queue through this module)
 
     if is_canary(request):  # a canary tests one host: it is never handed to another
@@ -775,7 +801,9 @@ def host_rest_if_unreliable(*, host_id: int | None) -> bool:
     if host_id is None:
         return False
     since = timezone.now() - timedelta(hours=1)
-    failures = Job.objects.filter(host_id=host_id, status=Job.Status.FAILED, finished_at__gte=since).count()
+    failures = (
+        Job.objects.filter(host_id=host_id, status=Job.Status.FAILED, finished_at__gte=since).exclude(fail_cause="request").count()
+    )
     if failures <= settings.HOST_MAX_FAILURES_PER_HOUR:
         return False
     reason = (

@@ -11,6 +11,12 @@ from collections.abc import Generator
 from typing import Protocol
 
 
+class RequestRejected(ValueError):
+    """The job's own content cannot be run (a parameter out of range, a prompt past the
+    context): the customer's request is at fault, not this machine. mahout reports it as
+    such, so it is no strike against the host."""
+
+
 class Runner(Protocol):
     """What the host loop needs from a text runner (llama.cpp, ring stages)."""
 

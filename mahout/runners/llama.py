@@ -7,11 +7,13 @@ before any compute and makes BOS explicit.
 """
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from mahout.runners import RequestRejected
 from protocol.jobs import CHAT
 from protocol.turns import job_stop_strings, render_job
 
@@ -65,10 +67,24 @@ def load_llama(model_path: str | Path, *, n_ctx: int, threads: int, logits_all: 
             llama_module.llama_cpp.llama_model_default_params = original
 
 
+SAMPLING_RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0)}
+
+
 def _number(params: dict, key: str, default: float) -> float:
-    """``params[key]`` as a float, or ``default`` when absent or null (OpenAI's defaults are 1)."""
+    """``params[key]`` as a float, or ``default`` when absent or null (OpenAI's defaults are 1);
+    RequestRejected when it is not a finite number in its range (the gateway checks this
+    too: a request that reaches a host with one is the request's fault, not the host's)."""
     value = params.get(key)
-    return default if value is None else float(value)
+    if value is None:
+        return default
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise RequestRejected(f"{key} {value!r} is not a number") from None
+    low, high = SAMPLING_RANGES.get(key, (-math.inf, math.inf))
+    if not math.isfinite(number) or not low <= number <= high:
+        raise RequestRejected(f"{key} {value!r} is outside [{low:g}, {high:g}]")
+    return number
 
 
 def resumes_text(job: dict) -> bool:
@@ -158,7 +174,7 @@ class Vocab:
         return count
 
 
-class ContextOverflowError(ValueError):
+class ContextOverflowError(RequestRejected):
     """The rendered prompt does not fit in the model's context window."""
 
 

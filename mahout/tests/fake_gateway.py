@@ -28,6 +28,7 @@ class GatewayState:
         self.failures: dict[str, str] = {}
         self.progress: list[tuple[str, str, float]] = []  # (job, stage, when) before the first token
         self.heartbeats: list[dict] = []
+        self.causes: dict[str, str] = {}  # job id -> whose fault its failure was, as the host said
         self.qualifications: list[dict] = []
         self.claims = 0
         self.claimed = threading.Event()
@@ -166,6 +167,7 @@ class _Handler(BaseHTTPRequestHandler):
         with state.cond:
             state.status[job_id] = "failed"
             state.failures[job_id] = body["reason"]
+            state.causes[job_id] = body.get("cause", "host")
         self._send(200, {"status": "failed"})
 
 
