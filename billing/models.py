@@ -40,8 +40,8 @@ class Account(models.Model):
                 name="singleton_system_accounts",
             ),
             models.CheckConstraint(condition=Q(held_ucents__gte=0), name="held_not_negative"),
-            models.CheckConstraint(
-                condition=Q(kind="funding") | Q(balance_ucents__gte=models.F("held_ucents")),
+            models.CheckConstraint(  # a customer may owe after a refund or a chargeback of credit already spent
+                condition=Q(kind__in=["funding", "customer"]) | Q(balance_ucents__gte=models.F("held_ucents")),
                 name="available_not_negative",
             ),
         ]
@@ -64,6 +64,9 @@ class LedgerTransaction(models.Model):
         PAYOUT_SENT = "payout_sent", "Host payout sent (pending → outside)"
         PAYOUT_VOID = "payout_void", "Host payout failed (pending → earnings)"
         FORFEIT = "forfeit", "Unvested host earnings forfeited (earnings → platform), with the reason"
+        REFUND = "refund", "Top-up refunded by Stripe (customer credit → outside)"
+        CHARGEBACK = "chargeback", "Top-up disputed (customer credit → outside until the dispute is decided)"
+        CHARGEBACK_WON = "chargeback_won", "Dispute won (the disputed credit comes back)"
 
     kind = models.CharField(max_length=16, choices=Kind.choices)
     reference = models.CharField(max_length=128)
@@ -142,6 +145,11 @@ class TopUp(models.Model):
     )
     created_at = models.DateTimeField(auto_now_add=True)
     paid_at = models.DateTimeField(null=True, blank=True)
+    stripe_payment_intent = models.CharField(
+        max_length=255, blank=True, db_index=True, help_text="the paid session's payment: refunds and disputes name it"
+    )
+    refunded_cents = models.PositiveIntegerField(default=0, help_text="taken back for refunds so far")
+    disputed_cents = models.PositiveIntegerField(default=0, help_text="taken back for disputes not won")
 
     class Meta:
         constraints = [
@@ -164,6 +172,8 @@ class StripeEvent(models.Model):
 
     class Outcome(models.TextChoices):
         CREDITED = "credited", "Credited a top-up"
+        DEBITED = "debited", "Took credit back (a refund or a dispute)"
+        RESTORED = "restored", "Gave disputed credit back (a dispute won)"
         IGNORED = "ignored", "Nothing to do"
         REJECTED = "rejected", "Did not match a top-up we created"
 

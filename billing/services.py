@@ -358,35 +358,129 @@ def stripe_webhook_receive(*, payload: bytes, signature: str) -> StripeEvent:
         event = stripe_api.webhook_event(payload=payload, signature=signature)
     except (ValueError, stripe.SignatureVerificationError) as error:
         raise InvalidWebhook(f"Webhook rejected: {error}") from None
-    session = event.data.object.to_dict() if event.type.startswith("checkout.session.") else None
-    return stripe_event_apply(event_id=event.id, event_type=event.type, session=session)
+    obj = event.data.object.to_dict() if event.data and event.data.object else None
+    return stripe_event_apply(event_id=event.id, event_type=event.type, obj=obj)
 
 
 @transaction.atomic
-def stripe_event_apply(*, event_id: str, event_type: str, session: dict | None) -> StripeEvent:
-    """Record a verified event once and credit the top-up it pays, in one transaction.
+def stripe_event_apply(*, event_id: str, event_type: str, obj: dict | None) -> StripeEvent:
+    """Record a verified event once and apply it, in one transaction: a paid checkout
+    session credits its top-up; a refund or a dispute of that payment takes the credit
+    back (`_topup_refund`, `_topup_dispute`); a dispute won gives it back.
 
     The event row is inserted first: a concurrent delivery of the same event
-    blocks on the unique id and then finds it, so a replay credits nothing.
+    blocks on the unique id and then finds it, so a replay applies nothing.
     The top-up row lock plus its status compare-and-set (and the ledger's unique
     reference, the session id) make two *different* events for one session
-    credit it once.
+    credit it once; refunds and disputes count what was already taken back.
     """
     try:
         with transaction.atomic():
             record = StripeEvent.objects.create(event_id=event_id, type=event_type, outcome=StripeEvent.Outcome.IGNORED)
     except IntegrityError:
         return StripeEvent.objects.get(event_id=event_id)
-    if event_type in CREDITING_EVENTS and session is not None and session.get("payment_status") == "paid":
-        outcome, topup, detail = _topup_credit(session=session)
+    applied: tuple[str, TopUp | None, str] | None = None
+    if obj is None:
+        pass
+    elif event_type in CREDITING_EVENTS and obj.get("payment_status") == "paid":
+        applied = _topup_credit(session=obj)
+    elif event_type == "charge.refunded":
+        applied = _topup_refund(charge=obj)
+    elif event_type in ("charge.dispute.created", "charge.dispute.closed"):
+        applied = _topup_dispute(dispute=obj, closed=event_type == "charge.dispute.closed")
+    if applied is not None:
+        outcome, topup, detail = applied
         StripeEvent.objects.filter(pk=record.pk).update(outcome=outcome, topup=topup, detail=detail[:500])
         record.refresh_from_db()
     return record
 
 
+def _paid_topup(payment_intent: object) -> TopUp | None:
+    """The paid top-up of a payment, locked (refunds and disputes name the payment)."""
+    if not isinstance(payment_intent, str) or not payment_intent:
+        return None
+    return TopUp.objects.select_for_update().filter(stripe_payment_intent=payment_intent, status=TopUp.Status.PAID).first()
+
+
+def _take_back(*, topup: TopUp, cents: int, kind: str, reference: str, memo: str) -> None:
+    """Debit the customer (through the ledger) what Stripe gave back to the card: the balance
+    may go negative, and admission then refuses with 402 until it is covered."""
+    _post(kind=kind, reference=reference, memo=memo[:255], legs=[  # the customer's account first, the global lock order
+        (account_for_customer(user=topup.user), -cents * UCENTS_PER_CENT),
+        (system_account(Account.Kind.FUNDING), cents * UCENTS_PER_CENT),
+    ])
+
+
+def _topup_refund(*, charge: dict) -> tuple[str, TopUp | None, str]:
+    """A refund of a top-up's payment (Stripe's `amount_refunded` is cumulative): take back
+    what was refunded and not yet taken back, never more than the top-up less its disputes."""
+    topup = _paid_topup(charge.get("payment_intent"))
+    if topup is None:
+        return StripeEvent.Outcome.REJECTED, None, f"no paid top-up for payment {charge.get('payment_intent')}"
+    refunded = charge.get("amount_refunded")
+    if not isinstance(refunded, int) or refunded < 0:
+        return StripeEvent.Outcome.REJECTED, topup, f"amount_refunded {refunded!r} is not a number of cents"
+    new = min(refunded, topup.amount_cents - topup.disputed_cents) - topup.refunded_cents
+    if new <= 0:
+        return StripeEvent.Outcome.IGNORED, topup, f"{topup.refunded_cents} cents already taken back for refunds"
+    _take_back(topup=topup, cents=new, kind=LedgerTransaction.Kind.REFUND, reference=f"refund-{charge.get('id')}-{refunded}",
+               memo=f"Stripe refund of top-up {topup.pk}: {new / 100:.2f} {topup.currency.upper()}")
+    TopUp.objects.filter(pk=topup.pk).update(refunded_cents=topup.refunded_cents + new)
+    return StripeEvent.Outcome.DEBITED, topup, f"refunded {new} cents"
+
+
+def _topup_dispute(*, dispute: dict, closed: bool) -> tuple[str, TopUp | None, str]:
+    """A chargeback: opened, the disputed amount is taken back at once (Stripe takes it from
+    us then); closed and won, it is given back; closed and lost, it stays taken."""
+    topup = _paid_topup(dispute.get("payment_intent"))
+    if topup is None:
+        return StripeEvent.Outcome.REJECTED, None, f"no paid top-up for payment {dispute.get('payment_intent')}"
+    opened = LedgerTransaction.objects.filter(kind=LedgerTransaction.Kind.CHARGEBACK, reference=f"dispute-{dispute.get('id')}").first()
+    taken = -sum(opened.entries.filter(account__kind=Account.Kind.CUSTOMER).values_list("amount_ucents", flat=True)) // UCENTS_PER_CENT if opened else 0
+    if not closed:
+        if opened is not None:
+            return StripeEvent.Outcome.IGNORED, topup, f"dispute {dispute.get('id')} already taken back"
+        amount = dispute.get("amount")
+        if not isinstance(amount, int) or amount <= 0:
+            return StripeEvent.Outcome.REJECTED, topup, f"dispute amount {amount!r} is not a number of cents"
+        cents = min(amount, topup.amount_cents - topup.refunded_cents - topup.disputed_cents)
+        if cents <= 0:
+            return StripeEvent.Outcome.IGNORED, topup, "nothing of this top-up is left to take back"
+        _take_back(topup=topup, cents=cents, kind=LedgerTransaction.Kind.CHARGEBACK, reference=f"dispute-{dispute.get('id')}",
+                   memo=f"Stripe dispute of top-up {topup.pk} ({dispute.get('reason') or 'no reason given'})")
+        TopUp.objects.filter(pk=topup.pk).update(disputed_cents=topup.disputed_cents + cents)
+        return StripeEvent.Outcome.DEBITED, topup, f"disputed {cents} cents"
+    if dispute.get("status") != "won" or taken <= 0:
+        return StripeEvent.Outcome.IGNORED, topup, f"dispute {dispute.get('id')} closed {dispute.get('status')}"
+    try:
+        with transaction.atomic():
+            _post(kind=LedgerTransaction.Kind.CHARGEBACK_WON, reference=f"dispute-won-{dispute.get('id')}",
+                  memo=f"Stripe dispute of top-up {topup.pk} won", legs=[
+                      (account_for_customer(user=topup.user), taken * UCENTS_PER_CENT),
+                      (system_account(Account.Kind.FUNDING), -taken * UCENTS_PER_CENT),
+                  ])
+    except IntegrityError:  # (the ledger's unique reference: a second "won" for the same dispute)
+        return StripeEvent.Outcome.IGNORED, topup, f"dispute {dispute.get('id')} already given back"
+    TopUp.objects.filter(pk=topup.pk).update(disputed_cents=max(0, topup.disputed_cents - taken))
+    return StripeEvent.Outcome.RESTORED, topup, f"dispute won: {taken} cents given back"
+
+
 def _topup_credit(*, session: dict) -> tuple[str, TopUp | None, str]:
-    """Credit the TopUp a paid session belongs to, if it is ours and the amount matches."""
+    """Credit the TopUp a paid session belongs to, if it is ours and the amount matches.
+
+    A session we never stored (Stripe created it, but its answer to us was lost: the
+    top-up is still `creating`, or `failed` when the call timed out) is found by its
+    `client_reference_id`, our top-up's id, and reconciled here: the signed event is
+    Stripe's own account of the session."""
     topup = TopUp.objects.select_for_update().filter(stripe_session_id=session.get("id")).first()
+    reference = session.get("client_reference_id")
+    if topup is None and isinstance(reference, str) and reference.isdigit():
+        topup = TopUp.objects.select_for_update().filter(
+            pk=int(reference), stripe_session_id__isnull=True, status__in=[TopUp.Status.CREATING, TopUp.Status.FAILED]
+        ).first()
+        if topup is not None:
+            TopUp.objects.filter(pk=topup.pk).update(stripe_session_id=session.get("id"), status=TopUp.Status.OPEN)
+            topup.refresh_from_db()
     if topup is None:
         return StripeEvent.Outcome.REJECTED, None, f"no top-up for session {session.get('id')}"
     paid = (session.get("amount_total"), (session.get("currency") or "").lower(), session.get("client_reference_id"))
@@ -405,7 +499,8 @@ def _topup_credit(*, session: dict) -> tuple[str, TopUp | None, str]:
         ],
     )
     TopUp.objects.filter(pk=topup.pk, status=TopUp.Status.OPEN).update(
-        status=TopUp.Status.PAID, transaction=txn, paid_at=timezone.now()
+        status=TopUp.Status.PAID, transaction=txn, paid_at=timezone.now(),
+        stripe_payment_intent=session.get("payment_intent") if isinstance(session.get("payment_intent"), str) else "",
     )
     return StripeEvent.Outcome.CREDITED, topup, ""
 

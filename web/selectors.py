@@ -12,6 +12,7 @@ from django.db.models.functions import TruncDate
 from django.utils import timezone
 
 from accounts.models import ApiKey
+from billing.models import Account
 from billing.selectors import customer_account
 from catalog.models import CatalogModel
 from core.dates import day_bounds
@@ -180,6 +181,8 @@ class PoolOverview:
     banned: list[Host]
     failed_verification: list[dict]
     warming: list[dict]  # `marketplace.redundancy.warming_hosts`: hosts asked to keep a latency-critical model warm
+    customers_owing: int  # customers whose balance a refund or chargeback took below zero
+    owed_ucents: int
 
 
 def _model_warmth() -> list[ModelWarmth]:
@@ -234,7 +237,13 @@ def pool_overview() -> PoolOverview:
         banned=list(Host.objects.filter(banned_at__isnull=False).select_related("owner").order_by("-banned_at", "-pk")[:POOL_MAINTENANCE_LISTED]),
         failed_verification=verification_failures(),
         warming=warming_hosts(now=now),
+        **_debts(),
     )
+
+
+def _debts() -> dict[str, int]:
+    owing = Account.objects.filter(kind=Account.Kind.CUSTOMER, balance_ucents__lt=0).aggregate(n=Count("pk"), total=Sum("balance_ucents"))
+    return {"customers_owing": owing["n"] or 0, "owed_ucents": -(owing["total"] or 0)}
 
 
 def _trust_counts() -> dict[str, int]:

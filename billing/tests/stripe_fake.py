@@ -46,6 +46,7 @@ class FakeStripe:
                 "metadata": {"topup_id": form.get("metadata[topup_id]")},
                 "mode": form["mode"],
                 "payment_status": "unpaid",
+                "payment_intent": f"pi_test_{uuid.uuid4().hex[:24]}",
                 "status": "open",
                 "url": f"https://checkout.stripe.test/c/pay/{session_id}",
             }
@@ -126,3 +127,29 @@ def checkout_completed_event(session: dict, *, event_id: str | None = None, paym
         "data": {"object": obj},
     }
     return json.dumps(event, indent=2)
+
+
+def _event(event_type: str, obj: dict) -> str:
+    return json.dumps({
+        "id": f"evt_{uuid.uuid4().hex[:24]}", "object": "event", "api_version": "2025-01-27.acacia",
+        "created": int(time.time()), "type": event_type, "livemode": False, "pending_webhooks": 1,
+        "request": {"id": None, "idempotency_key": None}, "data": {"object": obj},
+    }, indent=2)
+
+
+def charge_refunded_event(session: dict, *, amount_refunded: int) -> str:
+    """`charge.refunded` for the payment of `session` (Stripe's `amount_refunded` is the total so far)."""
+    return _event("charge.refunded", {
+        "id": f"ch_{session['payment_intent'][8:]}", "object": "charge", "amount": session["amount_total"],
+        "amount_refunded": amount_refunded, "currency": session["currency"], "payment_intent": session["payment_intent"],
+        "refunded": amount_refunded >= session["amount_total"], "status": "succeeded",
+    })
+
+
+def dispute_event(session: dict, *, amount: int, closed: str | None = None, dispute_id: str = "dp_test_1") -> str:
+    """`charge.dispute.created`, or `charge.dispute.closed` with status `closed` ("won", "lost")."""
+    return _event("charge.dispute.closed" if closed else "charge.dispute.created", {
+        "id": dispute_id, "object": "dispute", "amount": amount, "currency": session["currency"],
+        "charge": f"ch_{session['payment_intent'][8:]}", "payment_intent": session["payment_intent"],
+        "reason": "fraudulent", "status": closed or "needs_response",
+    })

@@ -11,7 +11,7 @@ from django.test import Client
 from billing import selectors, services
 from billing.models import Account, LedgerTransaction, StripeEvent, TopUp
 from billing.tests.conftest import WEBHOOK_SECRET
-from billing.tests.stripe_fake import checkout_completed_event, sign
+from billing.tests.stripe_fake import charge_refunded_event, checkout_completed_event, dispute_event, sign
 from conftest import make_customer
 
 if TYPE_CHECKING:
@@ -114,3 +114,75 @@ class WebhookSignatureTests:
     def test_it_rejects_deliveries_when_stripe_is_not_configured(self, catalog, no_stripe) -> None:
         payload = checkout_completed_event({"id": "cs_x", "amount_total": 1, "currency": "usd"})
         assert deliver(payload, sign(payload, "")).status_code == 400
+
+
+class MoneyBackOutTests:
+    """Refunds and chargebacks after the credit was spent take it back through the ledger
+    (issue 17): the balance may go negative, admission refuses until it is covered."""
+
+    def paid(self, fake_stripe, cents: int = 1_000):  # noqa: ANN001, ANN201
+        customer = make_customer(credit_ucents=0)
+        topup, session = open_topup(fake_stripe, customer.user, cents)
+        assert deliver(checkout_completed_event(session)).json()["outcome"] == "credited"
+        return customer, topup, session
+
+    def test_a_refund_after_spending_debits_the_customer_into_debt_once(self, catalog, fake_stripe) -> None:
+        customer, topup, session = self.paid(fake_stripe)
+        spent = 800_000_000  # $8 of the $10 spent: the refund comes after
+        services._post(kind=LedgerTransaction.Kind.GRANT, reference="test-spend", memo="spent", legs=[
+            (services.account_for_customer(user=customer.user), -spent), (services.system_account(Account.Kind.PLATFORM), spent)])
+        partial = charge_refunded_event(session, amount_refunded=400)
+        assert deliver(partial).json()["outcome"] == "debited"
+        assert deliver(partial).json()["outcome"] == "debited", "a replay of the same event gets the same answer, once"
+        assert balance(customer.user) == 1_000_000_000 - spent - 400_000_000
+        assert deliver(charge_refunded_event(session, amount_refunded=1_000)).json()["outcome"] == "debited"
+        assert deliver(charge_refunded_event(session, amount_refunded=1_000)).json()["outcome"] == "ignored"
+        assert balance(customer.user) == 1_000_000_000 - spent - 1_000_000_000 < 0
+        topup.refresh_from_db()
+        assert topup.refunded_cents == 1_000
+        assert LedgerTransaction.objects.filter(kind="refund").count() == 2
+        assert selectors.reconcile_report() == []
+
+    @pytest.mark.django_db(transaction=True)  # the API is an async view: its database threads must see the rows
+    def test_a_customer_in_debt_gets_402_until_it_is_covered(self, catalog, fake_stripe) -> None:
+        customer, _, session = self.paid(fake_stripe)
+        deliver(charge_refunded_event(session, amount_refunded=1_000))
+        response = Client().post("/v1/chat/completions", data=json.dumps(
+            {"model": "gemma-3-270m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}),
+            content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {customer.secret}")
+        assert response.status_code == 402 and response.json()["error"]["code"] == "insufficient_credit"
+
+    def test_a_dispute_takes_the_credit_back_and_a_won_dispute_gives_it_back(self, catalog, fake_stripe) -> None:
+        customer, topup, session = self.paid(fake_stripe)
+        assert deliver(dispute_event(session, amount=1_000)).json()["outcome"] == "debited"
+        assert deliver(dispute_event(session, amount=1_000)).json()["outcome"] == "ignored", "one dispute, taken once"
+        assert balance(customer.user) == 0
+        assert deliver(charge_refunded_event(session, amount_refunded=1_000)).json()["outcome"] == "ignored", "nothing left"
+        assert deliver(dispute_event(session, amount=1_000, closed="won")).json()["outcome"] == "restored"
+        assert deliver(dispute_event(session, amount=1_000, closed="won")).json()["outcome"] == "ignored"
+        assert balance(customer.user) == 1_000_000_000
+        topup.refresh_from_db()
+        assert topup.disputed_cents == 0
+        assert selectors.reconcile_report() == []
+
+    def test_a_lost_dispute_keeps_the_credit_taken(self, catalog, fake_stripe) -> None:
+        customer, _, session = self.paid(fake_stripe)
+        deliver(dispute_event(session, amount=600, dispute_id="dp_lost"))
+        assert deliver(dispute_event(session, amount=600, closed="lost", dispute_id="dp_lost")).json()["outcome"] == "ignored"
+        assert balance(customer.user) == 400_000_000
+        assert selectors.reconcile_report() == []
+
+    def test_a_refund_of_a_payment_we_never_credited_is_rejected(self, catalog, fake_stripe) -> None:
+        customer = make_customer(credit_ucents=0)
+        _, session = open_topup(fake_stripe, customer.user, 1_000)  # never paid
+        assert deliver(charge_refunded_event(session, amount_refunded=1_000)).json()["outcome"] == "rejected"
+        assert balance(customer.user) == 0
+
+    def test_a_session_we_never_stored_is_reconciled_from_the_signed_event(self, catalog, fake_stripe) -> None:
+        customer = make_customer(credit_ucents=0)
+        topup, session = open_topup(fake_stripe, customer.user, 2_500)
+        TopUp.objects.filter(pk=topup.pk).update(stripe_session_id=None, status=TopUp.Status.FAILED)  # Stripe's answer was lost
+        assert deliver(checkout_completed_event(session)).json()["outcome"] == "credited"
+        topup.refresh_from_db()
+        assert (topup.status, topup.stripe_session_id) == (TopUp.Status.PAID, session["id"])
+        assert balance(customer.user) == 2_500_000_000 and selectors.reconcile_report() == []

@@ -35,13 +35,13 @@ def me(serving_host: ServingHost) -> dict:
 class HostMaintenanceApiTests:
     def test_the_host_reads_its_maintenance_reason_in_me_and_in_the_heartbeat(self, serving_host) -> None:
         services.host_maintenance_enter(host=serving_host.host, reason="fan replacement", by="operator")
-        assert heartbeat(serving_host) == {"status": "maintenance", "paused": False, "maintenance": "fan replacement"}
+        assert heartbeat(serving_host) == {"status": "maintenance", "paused": False, "maintenance": "fan replacement", "load": [], "unload": []}
         body = me(serving_host)
         assert body["status"] == "maintenance" and body["maintenance_reason"] == "fan replacement"
         assert body["maintenance_since"] is not None
 
     def test_out_of_maintenance_both_say_null(self, serving_host) -> None:
-        assert heartbeat(serving_host) == {"status": "online", "paused": False, "maintenance": None}
+        assert heartbeat(serving_host) == {"status": "online", "paused": False, "maintenance": None, "load": [], "unload": []}
         body = me(serving_host)
         assert (body["maintenance_reason"], body["maintenance_since"]) == (None, None)
 
