@@ -106,6 +106,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     idle = IdleDetector(args.idle_threshold) if args.idle_detect else None
     api = HostApi(login.server, login.token)
     try:
+        _token_checked(api)  # before minutes of assembling and benchmarking: a rotated or revoked token says so at once
         loop = start_host(api, home, args.threads or default_threads(), models=args.models,
                           memory_budget_mb=args.memory_budget_mb, idle=idle, rebenchmark=args.rebenchmark, out=say)
         say(f"mahout: serving {', '.join(loop.models.qualified)} for {login.server} "
@@ -120,6 +121,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         api.close()
     say(f"mahout: stopped after {handled} job(s)")
     return 0
+
+
+def _token_checked(api: object) -> None:
+    """Ask the gateway who this token is; a refusal becomes one line that says what to do."""
+    from mahout.api import HostApiError
+
+    try:
+        api.me()  # type: ignore[attr-defined]
+    except HostApiError as refused:
+        if refused.status in (401, 403):
+            raise HostApiError(refused.status, f"{refused.message} (this token may have been rotated, revoked or "
+                               "banned: see My machines, then `python -m mahout login`)", refused.type, refused.code) from None
+        raise
 
 
 def cmd_benchmark(args: argparse.Namespace) -> int:

@@ -89,3 +89,11 @@ class LoginTests:
         monkeypatch.delenv("MAHOUT_TOKEN")
         with pytest.raises(NoCredentials, match="no gateway and host token"):
             credentials_resolve(server=None, token=None, home=tmp_path, warn=warnings.append)
+
+
+class RefusedTokenTests:
+    def test_run_checks_the_token_before_assembling_or_benchmarking_anything(self, tmp_path, capsys, gateway):
+        assert main(["run", "--home", str(tmp_path), "--server", gateway.url, "--token", "wrong"]) == 2
+        error = capsys.readouterr().err.splitlines()[-1]
+        assert error.startswith("mahout: error: HTTP 401: bad host token") and "mahout login" in error
+        assert not (tmp_path / "models").exists() and not (tmp_path / "qualifications.json").exists()
