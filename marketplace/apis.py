@@ -96,6 +96,8 @@ class Admitted:
         try:
             if self.handed_over:
                 await asyncio.shield(db(services.request_forget_output, request_id=self.row.pk))
+            else:  # the customer went away mid-answer: unless it re-attaches in time, the job is cancelled
+                await asyncio.shield(db(services.request_listener_left, request_id=self.row.pk))
         finally:
             await self.listener.close()
 
@@ -185,6 +187,7 @@ class StreamResumeApi(View):
             return error.response()
         listener = await RequestListener(public_id, resume_at=int(raw)).open()
         listener.stops = row.params.get("stop") or []
+        await db(services.request_listener_here, request_id=row.pk)  # back in time: the request is not abandoned
         admitted = Admitted(row=row, listener=listener, include_usage=request.GET.get("include_usage") == "true")
         return sse_response(admitted.chunks(first=False))
 

@@ -47,6 +47,9 @@ class Request(models.Model):
     error_code = models.CharField(max_length=64, blank=True)
     error_message = models.CharField(max_length=500, blank=True)
     resumed = models.BooleanField(default=False)
+    left_at = models.DateTimeField(
+        null=True, blank=True, help_text="when its customer's connection went away while it ran (cleared when one re-attaches)",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -966,6 +966,58 @@ def request_watch(*, request_id: int) -> None:
         job_overdue_end(job_id=job.pk)
 
 
+def request_listener_left(*, request_id: int) -> bool:
+    """The customer's connection to a request that is still running went away (the stream
+    dropped, or a client waiting for the whole answer hung up). Unless one re-attaches
+    within ABANDON_GRACE_SECONDS (a dropped stream resumes), the request is abandoned."""
+    return bool(Request.objects.filter(pk=request_id, status__in=[Request.Status.QUEUED, Request.Status.RUNNING])
+                .update(left_at=timezone.now()))
+
+
+def request_listener_here(*, request_id: int) -> bool:
+    """A customer is listening again (a re-attach, or another open stream of the request)."""
+    return bool(Request.objects.filter(pk=request_id, left_at__isnull=False).update(left_at=None))
+
+
+@transaction.atomic
+def request_abandon(*, request_id: int) -> str:
+    """Nobody has listened to this request for ABANDON_GRACE_SECONDS: stop paying for it.
+
+    A queued job is withdrawn and the request ends unbilled. A running job ends now: its
+    host's next batch is refused (it stops), the tokens delivered so far are billed and its
+    host is paid for them as for any answer, and the request ends with finish_reason
+    "cancelled". Nothing is a strike against the host. Returns "cancelled", "settled", or ""
+    (it ended meanwhile, or someone re-attached)."""
+    cutoff = timezone.now() - timedelta(seconds=settings.ABANDON_GRACE_SECONDS)
+    request = (
+        Request.objects.select_for_update().select_related("model", "hold")
+        .filter(pk=request_id, status__in=[Request.Status.QUEUED, Request.Status.RUNNING], left_at__lt=cutoff).first()
+    )
+    if request is None:
+        return ""
+    job = Job.objects.filter(request=request, status__in=[Job.Status.QUEUED, Job.Status.RUNNING]).first()
+    answer = "" if request.kind == Request.Kind.EMBEDDINGS else answer_of(request, request.delivered_text)[0]
+    tokens = min(_completion_tokens(request, answer), int(request.params.get("max_tokens") or 0)) if answer else 0
+    if job is None or job.status == Job.Status.QUEUED or tokens == 0:
+        if job is not None:
+            Job.objects.filter(pk=job.pk, status__in=[Job.Status.QUEUED, Job.Status.RUNNING]).update(
+                status=Job.Status.FAILED, finished_at=timezone.now(), fail_reason="the customer went away", fail_cause="request")
+        _request_fail(request=request, code="cancelled", message="The customer went away before any text; nothing was billed.")
+        return "cancelled"
+    host = Host.objects.get(pk=job.host_id)
+    cost = min(price(request.model, prompt_tokens=request.prompt_tokens, completion_tokens=tokens), request.hold.amount_ucents)
+    share = _rescuer_share(request=request, job=job, text=answer, completion_tokens=tokens)
+    earned = share if share is not None else billing.split_cost(cost).host_ucents
+    if not Job.objects.filter(pk=job.pk, status=Job.Status.RUNNING).update(
+        status=Job.Status.COMPLETED, finished_at=timezone.now(), completion_tokens=tokens, earned_ucents=earned,
+        fail_reason="the customer went away: the answer so far was settled",
+    ):
+        return ""
+    _request_settled(request=request, completion_tokens=tokens, cost_ucents=cost, finish_reason="cancelled")
+    billing.hold_settle(hold=request.hold, cost_ucents=cost, host=host, host_ucents=earned, reference=request.public_id)
+    return "settled"
+
+
 def request_forget_output(*, request_id: int) -> bool:
     """Delete the delivered text (or vectors) of an ended request once it has been handed
     over, and with it the customer's stop strings (the last text of theirs a request
@@ -1020,6 +1072,16 @@ def unstarted_job_end_one() -> bool:
     return False
 
 
+def abandoned_request_end_one() -> bool:
+    """A request whose customer went away and did not come back within the grace."""
+    cutoff = timezone.now() - timedelta(seconds=settings.ABANDON_GRACE_SECONDS)
+    request_id = (
+        Request.objects.filter(status__in=[Request.Status.QUEUED, Request.Status.RUNNING], left_at__lt=cutoff)
+        .order_by("left_at").values_list("pk", flat=True).first()
+    )
+    return request_id is not None and bool(request_abandon(request_id=request_id))
+
+
 def ended_output_forget_one() -> bool:
     cutoff = timezone.now() - timedelta(seconds=settings.OUTPUT_RETENTION_SECONDS)
     request = (
@@ -1038,7 +1100,8 @@ def overdue_job_end_one() -> bool:
 
 
 WATCHDOG_STEPS = (
-    unclaimed_request_expire_one, stalled_job_end_one, unstarted_job_end_one, overdue_job_end_one, ended_output_forget_one,
+    unclaimed_request_expire_one, stalled_job_end_one, unstarted_job_end_one, overdue_job_end_one, abandoned_request_end_one,
+    ended_output_forget_one,
 )
 
 

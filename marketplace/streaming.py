@@ -125,6 +125,8 @@ class RequestListener:
             if request.status in (Request.Status.COMPLETED, Request.Status.FAILED):
                 yield Ended(request)
                 return
+            if request.left_at is not None:  # another of its connections went away: this one is still here
+                await db(services.request_listener_here, request_id=request.pk)
             if message is None:
                 await db(services.request_watch, request_id=request.pk)
 
