@@ -7,6 +7,7 @@ from datetime import datetime
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from catalog.models import CatalogModel
@@ -174,6 +175,15 @@ def host_token_group(token_hash: str) -> str:
 
 def _sockets_close_on_commit(token_hash: str, *, code: int) -> None:
     announce_on_commit(host_token_group(token_hash), {"type": "host.token_revoked", "code": code})
+
+
+def owner_sockets_close(*, hosts: QuerySet[Host]) -> int:
+    """Close every open socket of `hosts` (their owner was deactivated), after the commit.
+    Returns how many hosts."""
+    hashes = list(hosts.values_list("token_hash", flat=True))
+    for token_hash in hashes:
+        _sockets_close_on_commit(token_hash, code=4403)
+    return len(hashes)
 
 
 def revoked_token_hash() -> str:

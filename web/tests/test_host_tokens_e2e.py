@@ -95,3 +95,20 @@ class TokenRevocationTests:
         with signed_in(gateway, owner.username) as http:
             page = http.get("/machines/").text
         assert "Banned by the operator: <span data-ban-reason>Resold customer prompts</span>" in page
+
+    def test_deactivating_an_owner_in_the_admin_closes_its_hosts_sockets(self, gateway, catalog) -> None:
+        serving = make_host(name="owned")
+        owner = serving.host.owner
+        operator = get_user_model().objects.create_superuser("ops-deactivate", "ops2@example.com", PASSWORD)
+        with open_socket(gateway, serving.token) as socket, signed_in(gateway, operator.username, login="/admin/login/") as http:
+            joined = owner.date_joined
+            done = http.post(f"/admin/auth/user/{owner.pk}/change/", data={  # the change form with "active" unticked
+                "username": owner.username, "email": owner.email, "first_name": "", "last_name": "",
+                "date_joined_0": joined.strftime("%Y-%m-%d"), "date_joined_1": joined.strftime("%H:%M:%S"),
+                "initial-date_joined_0": joined.strftime("%Y-%m-%d"), "initial-date_joined_1": joined.strftime("%H:%M:%S"),
+                "_save": "Save", "csrfmiddlewaretoken": http.cookies["csrftoken"],
+            })
+            assert done.status_code == 302, done.text[-2000:]
+            assert close_code(socket) == 4403
+        assert get_user_model().objects.get(pk=owner.pk).is_active is False
+        assert refused_status(gateway, serving.token) == 403
