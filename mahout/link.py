@@ -32,6 +32,7 @@ more; a dialer never sends a byte to something that did not greet it in this pro
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -49,13 +50,15 @@ import numpy as np
 import torch
 
 __all__ = [
-    "HANDSHAKE_CAPS", "HEADERS_ONLY", "FrameCaps", "FrameRefused", "Heartbeat", "Link", "LinkClosed", "LinkRefused",
+    "HANDSHAKE_CAPS", "HEADERS_ONLY", "FrameCaps", "FrameRefused", "HandshakeSlots", "Heartbeat", "Link", "LinkClosed",
+    "LinkRefused",
     "accept", "connect", "decode_frame", "dial", "encode_frame", "listen", "new_secret",
 ]
 
 _PREFIX = struct.Struct(">II")  # header length, payload length
 _DTYPES = {"float32": np.float32, "int64": np.int64}
 HANDSHAKE_TIMEOUT_S = 10.0  # a peer that does not finish the handshake in this time is dropped
+MAX_PENDING_HANDSHAKES = 16  # connections in the handshake at once, per listener; more are closed at once
 MIN_SECRET_CHARS = 32
 _NONCE_BYTES = 16
 
@@ -251,6 +254,27 @@ def _nonce(message: dict[str, Any], kind: str) -> str | None:
     nonce = message.get("nonce")
     ok = message.get("type") == kind and isinstance(nonce, str) and len(nonce) == 2 * _NONCE_BYTES
     return nonce if ok else None
+
+
+class HandshakeSlots:
+    """A listener's bound on connections still in the handshake: a stranger who opens many
+    (and never answers the challenge) cannot pile up threads and sockets for the handshake
+    timeout each; past the bound a new connection is closed at once. Peers that passed the
+    handshake do not count."""
+
+    def __init__(self, limit: int = MAX_PENDING_HANDSHAKES) -> None:
+        self._free = threading.BoundedSemaphore(limit)
+
+    def take(self, sock: socket.socket) -> bool:
+        """A slot for this connection, or False with the socket closed."""
+        if self._free.acquire(blocking=False):
+            return True
+        with contextlib.suppress(OSError):
+            sock.close()
+        return False
+
+    def give_back(self) -> None:
+        self._free.release()
 
 
 def accept(sock: socket.socket, *, secret: str, caps: FrameCaps, name: str = "",

@@ -28,7 +28,7 @@ import torch
 
 from engine.moe import ExpertBank
 from engine.moe_loader import load_expert_slice
-from mahout.link import FrameCaps, Link, LinkClosed, LinkRefused, accept, listen
+from mahout.link import FrameCaps, HandshakeSlots, Link, LinkClosed, LinkRefused, accept, listen
 
 __all__ = ["SECRET_ENV", "ExpertServer", "main", "pack_rows", "unpack_rows", "worker_caps"]
 
@@ -73,6 +73,7 @@ class ExpertServer:
         self.refused = 0  # connections dropped at the handshake
         self._links: list[Link] = []
         self._closed = threading.Event()
+        self._handshakes = HandshakeSlots()
 
     def start(self) -> ExpertServer:
         threading.Thread(target=self._accept, name="moe-worker-accept", daemon=True).start()
@@ -84,6 +85,9 @@ class ExpertServer:
                 sock, peer = self._server.accept()
             except OSError:
                 return
+            if not self._handshakes.take(sock):  # too many strangers mid-handshake: this one is closed
+                self.refused += 1
+                continue
             name = f"coordinator {peer[0]}:{peer[1]}"
             threading.Thread(target=self._serve, args=(sock, name), name="moe-worker-link", daemon=True).start()
 
@@ -94,6 +98,8 @@ class ExpertServer:
         except LinkRefused:
             self.refused += 1
             return
+        finally:
+            self._handshakes.give_back()
         self._links.append(link)
         try:
             while True:

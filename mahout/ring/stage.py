@@ -59,7 +59,7 @@ from typing import Any
 import torch
 
 from engine.model import Stage
-from mahout.link import FrameCaps, Link, LinkClosed, LinkRefused, accept, connect, listen
+from mahout.link import FrameCaps, HandshakeSlots, Link, LinkClosed, LinkRefused, accept, connect, listen
 from mahout.ring.membership import DECODE, PREFILL, Limits, Row, rows_from_wire, rows_to_wire
 from mahout.ring.vocab import Pick, Sampler, merge
 
@@ -147,6 +147,7 @@ class StageAgent:
         self._bridge_seen = False  # a session has one bridge: once it came, no other is admitted
         self._links: list[Link] = []
         self._stopping = threading.Event()
+        self._handshakes = HandshakeSlots()
         self.trace: list[list[Row]] | None = None  # set to a list to record every membership run here
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -188,6 +189,9 @@ class StageAgent:
                 sock, peer = self.server.accept()
             except OSError:
                 return
+            if not self._handshakes.take(sock):  # too many strangers mid-handshake: this one is closed
+                self.stats.peers_refused += 1
+                continue
             name = f"stage{self.index}-from-{peer[0]}:{peer[1]}"
             threading.Thread(target=self._read, args=(sock, name), name=f"stage{self.index}-read", daemon=True).start()
 
@@ -199,6 +203,8 @@ class StageAgent:
         except LinkRefused:
             self.stats.peers_refused += 1
             return None
+        finally:
+            self._handshakes.give_back()
         if link.peer.get("role") == "bridge":
             with self._bridge_lock:
                 taken, self._bridge_seen = self._bridge_seen, True

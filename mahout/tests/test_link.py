@@ -248,3 +248,46 @@ class HandshakeTests:
         finally:
             a.close()
             b.close()
+
+
+class PendingHandshakeTests:
+    """A stranger who opens connections and never answers the challenge holds at most
+    MAX_PENDING_HANDSHAKES of them; past that a listener closes new ones at once (issue 15)."""
+
+    def test_an_expert_worker_closes_connections_past_its_pending_handshakes(self, tmp_path, monkeypatch) -> None:
+        from engine.moe_loader import load_expert_slice, make_tiny_moe
+        from mahout import link as link_module
+        from mahout.moe.worker import ExpertServer, worker_caps
+
+        monkeypatch.setattr(link_module, "MAX_PENDING_HANDSHAKES", 2)
+        monkeypatch.setattr(link_module.HandshakeSlots.__init__, "__defaults__", (2,))
+        path = make_tiny_moe(tmp_path / "tiny.gguf", seed=3)
+        config, bank = load_expert_slice(path, 0, 0, 4)
+        secret = new_secret()
+        server = ExpertServer(bank, secret=secret, caps=worker_caps(d_model=config.d_model, count=4,
+                                                                      context_length=config.context_length)).start()
+        strangers = [socket.create_connection(server.address, timeout=5) for _ in range(3)]
+        try:
+            challenged = [s.recv(4096) for s in strangers[:2]]
+            assert all(challenged), "the first two are in the handshake: each got the challenge"
+            assert strangers[2].recv(4096) == b"", "the third is closed at once, before any challenge"
+            deadline = time.monotonic() + 2
+            while server.refused < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert server.refused >= 1
+            for stranger in strangers[:2]:
+                stranger.close()
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:  # their slots come back once the worker sees them go
+                try:
+                    coordinator = dial(server.address, secret=secret, hello={"role": "coordinator"}, caps=HEADERS_ONLY, timeout=5)
+                    break
+                except (LinkRefused, LinkClosed):
+                    time.sleep(0.1)
+            else:
+                pytest.fail("an honest coordinator could not connect once the strangers left")
+            coordinator.close()
+        finally:
+            for stranger in strangers:
+                stranger.close()
+            server.close()
