@@ -40,3 +40,16 @@ class ApiKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.name or self.user})"
+
+
+class EmailVerification(models.Model):
+    """A signed-up account's e-mail address until its owner proves it (the link we sent):
+    until then the account's keys cannot spend. Accounts an operator creates have none
+    (whoever made them vouched for the address)."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="email_verification")
+    sent_at = models.DateTimeField(auto_now_add=True)
+    verified_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.user} ({'verified' if self.verified_at else 'unverified'})"

@@ -282,6 +282,12 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"
 EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+EMAIL_FILE_PATH = env_str("EMAIL_FILE_PATH", str(VAR_DIR / "mail"))  # the file backend's folder (tests read it)
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "Elephant <noreply@localhost>")
 # Requests a customer sees in the recent-requests table.
 WEB_RECENT_REQUESTS = env_int("WEB_RECENT_REQUESTS", 50, minimum=1)
@@ -314,6 +320,6 @@ if DJANGO_ENV == "production":
     if EMAIL_BACKEND.endswith(("console.EmailBackend", "locmem.EmailBackend")):
         import sys
 
-        print(f"WARNING: DJANGO_ENV=production but EMAIL_BACKEND is {EMAIL_BACKEND}: password-reset e-mails go "
-              "nowhere a user can read them. Set EMAIL_BACKEND (and EMAIL_HOST, ...) to a real SMTP server.",
+        print(f"WARNING: DJANGO_ENV=production but EMAIL_BACKEND is {EMAIL_BACKEND}: password-reset and sign-up e-mails "
+              "go nowhere a user can read them. Set EMAIL_BACKEND (and EMAIL_HOST, ...) to a real SMTP server.",
               file=sys.stderr, flush=True)

@@ -21,7 +21,7 @@ from rest_framework.request import Request as DrfRequest
 from rest_framework.response import Response
 
 from accounts.apis import KeyApi
-from accounts.selectors import key_from_secret
+from accounts.selectors import key_for_spending, key_from_secret
 from billing import selectors as billing_selectors
 from catalog.money import usd_decimal
 from core.db import db
@@ -38,7 +38,7 @@ def _authenticated(admit: Callable[..., Request]) -> Callable[..., Request]:
     """`admit` with the key looked up from the bearer secret first, in the same trip to the
     database thread pool."""
     def call(*, secret: str, **kwargs: object) -> Request:
-        return admit(api_key=key_from_secret(secret), **kwargs)
+        return admit(api_key=key_for_spending(secret), **kwargs)
 
     return call
 

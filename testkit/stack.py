@@ -3,9 +3,11 @@ database, mahout hosts running the shipped model)."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -35,8 +37,29 @@ def stack_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     else:
         env.pop("DATABASE_URL", None)
         env["SQLITE_PATH"] = str(name)
+    env["EMAIL_BACKEND"] = "django.core.mail.backends.filebased.EmailBackend"  # what a child sends, tests read
+    env["EMAIL_FILE_PATH"] = str(MAIL_DIR)
     env.update(extra or {})
     return env
+
+
+MAIL_DIR = Path(tempfile.gettempdir()) / f"elephant-mail-{os.getpid()}"
+
+
+def mail_link(*, to: str, pattern: str, timeout: float = 10.0) -> str:
+    """The first match of `pattern` (a URL, group 1) in the latest e-mail a child process
+    sent to `to` (through the file backend `stack_env` sets)."""
+    def found() -> str | None:
+        for path in sorted(MAIL_DIR.glob("*.log"), key=lambda p: p.stat().st_mtime, reverse=True):
+            text = path.read_text(errors="replace")
+            for message in reversed(text.split("-" * 79)):
+                if f"To: {to}" in message:
+                    match = re.search(pattern, message)
+                    if match:
+                        return match.group(1)
+        return None
+
+    return wait_until(found, timeout=timeout, what=f"an e-mail to {to}")
 
 
 def wait_until(predicate: Callable[[], T], *, timeout: float, what: str, interval: float = 0.1) -> T:

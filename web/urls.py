@@ -9,6 +9,7 @@ from web.forms import LoginForm
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
     path("signup/", views.signup, name="signup"),
+    path("verify/<str:token>/", views.verify_email, name="verify_email"),
     path(
         "login/",
         auth_views.LoginView.as_view(

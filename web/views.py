@@ -18,6 +18,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from accounts import services as accounts
@@ -35,7 +36,7 @@ from marketplace.usage_apis import usage_csv_response
 from web import selectors
 from web.charts import BarChart, bar_chart
 from web.forms import ApiKeyForm, DateRangeForm, HostForm, PayoutForm, SignupForm, TopupForm
-from web.services import EmailTaken, user_signup
+from web.services import email_unverified, email_verify, signup_request
 
 
 def staff_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
@@ -73,15 +74,23 @@ def signup(request: HttpRequest) -> HttpResponse:
         return redirect("dashboard")
     form = SignupForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
-        try:
-            user = user_signup(email=form.cleaned_data["email"], password=form.cleaned_data["password"])
-        except EmailTaken as error:
-            form.add_error("email", str(error))
-        else:
-            login(request, user, backend="django.contrib.auth.backends.ModelBackend")
-            messages.success(request, "Welcome to Elephant. Create an API key to start.")
-            return redirect("keys")
+        email = form.cleaned_data["email"].strip().lower()
+        signup_request(email=email, password=form.cleaned_data["password"],
+                       link_for=lambda token: request.build_absolute_uri(reverse("verify_email", args=[token])))
+        return render(request, "web/signup_sent.html", {"email": email})  # the same page whether or not it had an account
     return render(request, "web/signup.html", {"form": form})
+
+
+@require_GET
+def verify_email(request: HttpRequest, token: str) -> HttpResponse:
+    """The link from the sign-up e-mail: the address is confirmed, its keys may spend, and
+    its owner is signed in."""
+    user = email_verify(token=token)
+    if user is None:
+        return render(request, "web/verify_failed.html", status=400)
+    login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+    messages.success(request, f"{user.email} is confirmed. Welcome to Elephant: create an API key to start.")
+    return redirect("keys")
 
 
 # --- customer ------------------------------------------------------------------------------
@@ -137,7 +146,8 @@ def keys(request: AuthedHttpRequest) -> HttpResponse:
     return render_secret_once(
         request,
         "web/keys.html",
-        {"form": form, "new_key": new_key, "keys": selectors.api_keys_of(user=request.user), "base_url": base_url(request)},
+        {"form": form, "new_key": new_key, "keys": selectors.api_keys_of(user=request.user), "base_url": base_url(request),
+         "unverified": email_unverified(request.user)},
         secret_shown=new_key is not None,
     )
 

@@ -150,3 +150,21 @@ class HostMeTests:
         assert [q["model"] for q in body["qualifications"]] == ["gemma-3-270m"]
         earnings = Client().get("/hosts/api/earnings", HTTP_AUTHORIZATION=f"Bearer {serving_host.token}").json()
         assert earnings == {"balance_ucents": 0, "payable_ucents": 0, "unvested_ucents": 0, "lines": []}
+
+
+@pytest.mark.django_db(transaction=True)
+class UnconfirmedEmailTests:
+    def test_a_key_of_an_account_whose_address_is_not_confirmed_cannot_spend(self, catalog) -> None:
+        from django.utils import timezone
+
+        from accounts.models import EmailVerification
+
+        customer = make_customer()
+        EmailVerification.objects.create(user=customer.user)  # signed up, link not opened yet
+        client = Client()
+        error = assert_error(post(client, customer.secret, {**GOOD, "model": "gpt-9"}), 403, "email_unverified")
+        assert customer.user.email in error["message"]
+        assert client.get("/v1/credits", HTTP_AUTHORIZATION=f"Bearer {customer.secret}").status_code == 200, "reading is allowed"
+        assert not Request.objects.exists() and not Hold.objects.exists()
+        EmailVerification.objects.filter(user=customer.user).update(verified_at=timezone.now())
+        assert_error(post(client, customer.secret, {**GOOD, "model": "gpt-9"}), 404, "model_not_found")  # past the check now

@@ -131,7 +131,11 @@ class RingBehindTheGatewayTests:
         assert row.status == "completed" and row.prompt is None and row.messages is None
         cost = row.prompt_tokens * row.model.input_price_ucents + row.completion_tokens * row.model.output_price_ucents
         assert row.cost_ucents == cost and (row.prompt_tokens, row.completion_tokens) == (usage.prompt_tokens, usage.completion_tokens)
-        assert ledger.host_account(host=ring.bridge_host).balance_ucents == cost * 80 // 100
+        share = cost * 80 // 100  # split by the layers each host ran: the stage hosts 9 of 18 each, the bridge none
+        for stage in ring.plan.stages.select_related("host"):
+            assert ledger.host_account(host=stage.host).balance_ucents == share * (stage.end - stage.start) // ring.plan.n_layers
+        bridge_account = ledger.host_account(host=ring.bridge_host)
+        assert bridge_account is None or bridge_account.balance_ucents == 0
         assert ledger.customer_account(user=customer.user).balance_ucents == 500_000_000 - cost
         assert ledger.ledger_total() == 0 and ledger.cache_drift() == []
         record = httpx.get(f"{gateway.url}/v1/generation", params={"id": row.public_id},

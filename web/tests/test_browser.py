@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
+from testkit.stack import mail_link
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -47,6 +49,8 @@ class BrowserTests:
             page.fill("input[name=password]", "a long enough password")
             page.screenshot(path=shots / "signup.png", full_page=True)
             page.click("button:has-text('Sign up')")
+            page.wait_for_selector("#signup-sent")
+            page.goto(mail_link(to="browser@example.com", pattern=r"(http://\S+/verify/\S+/)"))  # the link in the e-mail
             page.wait_for_url(f"{gateway.url}/keys/")
             page.fill("input[name=name]", "laptop")
             page.fill("input[name=cap_usd]", "5")
@@ -93,6 +97,8 @@ class BrowserTests:
             page.fill("input[name=email]", "flow@example.com")
             page.fill("input[name=password]", "a long enough password")
             page.click("button:has-text('Sign up')")
+            page.wait_for_selector("#signup-sent")
+            page.goto(mail_link(to="flow@example.com", pattern=r"(http://\S+/verify/\S+/)"))
             page.wait_for_url(f"{gateway.url}/keys/")
             page.fill("input[name=name]", "script")
             page.click("button:has-text('Create key')")
