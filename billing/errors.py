@@ -23,6 +23,7 @@ class RateLimited(BillingError):
 
     code = "rate_limited"
     status = 429
+    retry_after = 60  # the window is a rolling minute: by then every admission counted now has left it
 
 
 class TooManyStreams(BillingError):
@@ -30,6 +31,7 @@ class TooManyStreams(BillingError):
 
     code = "too_many_streams"
     status = 429
+    retry_after = 1  # a slot frees when any of the key's requests ends
 
 
 class TopupsNotConfigured(BillingError):

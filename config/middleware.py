@@ -1,4 +1,6 @@
-"""WhiteNoise as an async-capable middleware.
+"""The gateway's own middleware: WhiteNoise made async-capable, and request ids.
+
+WhiteNoise as an async-capable middleware.
 
 WhiteNoise's middleware is sync-only, so Django ran every request of the async
 gateway (every host batch, every customer stream) through a sync/async thread hop
@@ -8,6 +10,8 @@ the async handler.
 """
 from __future__ import annotations
 
+import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -36,3 +40,37 @@ class AsyncWhiteNoiseMiddleware(WhiteNoiseMiddleware):
         if static_file is not None:
             return self.serve(static_file, request)
         return await self.get_response(request)
+
+
+class RequestIdMiddleware:
+    """Every response carries `x-request-id` (quote it to support), the client's own
+    `X-Client-Request-Id` echoed back, and `openai-processing-ms` (the gateway's time to
+    the response's headers), as OpenAI's API does. Async-capable: no thread hop."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+        self._async = iscoroutinefunction(get_response)
+        if self._async:
+            markcoroutinefunction(self)
+
+    def __call__(self, request: HttpRequest) -> HttpResponseBase | Awaitable[HttpResponseBase]:
+        if self._async:
+            return self._acall(request)
+        started = time.perf_counter()
+        return self._stamp(request, self.get_response(request), started)
+
+    async def _acall(self, request: HttpRequest) -> HttpResponseBase:
+        started = time.perf_counter()
+        return self._stamp(request, await self.get_response(request), started)
+
+    @staticmethod
+    def _stamp(request: HttpRequest, response: HttpResponseBase, started: float) -> HttpResponseBase:
+        response["x-request-id"] = f"req_{uuid.uuid4().hex}"
+        client = request.headers.get("X-Client-Request-Id", "")
+        if client and len(client) <= 512 and client.isprintable():
+            response["x-client-request-id"] = client
+        response["openai-processing-ms"] = str(round((time.perf_counter() - started) * 1000))
+        return response

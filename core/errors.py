@@ -57,8 +57,13 @@ class DomainError(Exception):
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
+    retry_after: int | None = None  # seconds after which trying again can succeed (429, 503, 504)
+
     def response(self) -> JsonResponse:
-        return JsonResponse(self.body(), status=self.status)
+        response = JsonResponse(self.body(), status=self.status)
+        if self.retry_after is not None:
+            response["Retry-After"] = str(self.retry_after)
+        return response
 
     @property
     def ws_close_code(self) -> int:

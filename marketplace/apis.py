@@ -30,7 +30,13 @@ from core.http import bearer_secret, json_body
 from marketplace import admission, selectors, services
 from marketplace.models import Request
 from marketplace.render import chunk_body, response_body, usage_of
-from marketplace.serializers import ChatInputSerializer, CompletionInputSerializer, EmbeddingsInputSerializer
+from marketplace.serializers import (
+    SUPPORTED_PARAMETERS,
+    ChatInputSerializer,
+    CompletionInputSerializer,
+    EmbeddingsInputSerializer,
+    UnsupportedParameter,
+)
 from marketplace.streaming import Ended, RequestListener, Text, ended_error
 
 
@@ -109,7 +115,11 @@ async def admit_generation(*, secret: str, body: dict, kind: str) -> Admitted:
     can be announced before someone is listening.
     """
     serializer = (ChatInputSerializer if kind == Request.Kind.CHAT else CompletionInputSerializer)(data=body)
-    if not serializer.is_valid():
+    try:
+        valid = serializer.is_valid()
+    except UnsupportedParameter as refused:  # accepted and ignored would be worse than a refusal
+        raise ApiError(400, str(refused), code="unsupported_parameter", param=refused.param) from None
+    if not valid:
         raise validation_error(serializer.errors)
     public_id = services.new_public_id(kind)
     listener = await RequestListener(public_id).open()
@@ -276,6 +286,7 @@ def model_body(served: selectors.ServedModel) -> dict:
         "hosts_online": served.hosts_online,
         "hosts_warm": served.hosts_warm,
         "latency_critical": model.latency_critical,
+        "supported_parameters": SUPPORTED_PARAMETERS if model.kind != "embeddings" else ["encoding_format", "user"],
     }
 
 

@@ -5,6 +5,17 @@ from django.conf import settings
 from rest_framework import serializers
 
 
+class UnsupportedParameter(Exception):
+    """A parameter that would change the answer, which no host honours yet."""
+
+    def __init__(self, name: str, feature: str) -> None:
+        super().__init__(
+            f"'{name}' is not supported by this gateway yet ({feature}); the answer would ignore it, so the request is "
+            f"refused. Remove '{name}' (supported: {', '.join(SUPPORTED_PARAMETERS)})."
+        )
+        self.param = name
+
+
 class ContentField(serializers.Field):
     """OpenAI message content: a string, or a list of {"type": "text", "text": ...} parts."""
 
@@ -61,6 +72,41 @@ class ProviderSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
+# Parameters that would change the answer but that no host honours yet: refused by name
+# (400 `unsupported_parameter`) rather than accepted and silently ignored. Each is allowed
+# at the value that changes nothing. Parameters that change no output (`user`, `metadata`,
+# `store`, `service_tier`, ...) are accepted.
+def _absent(value: object) -> bool:
+    return value is None or value is False or value == [] or value == {}
+
+
+def _zero(value: object) -> bool:
+    return value is None or value == 0
+
+
+UNSUPPORTED: dict[str, tuple[object, str]] = {  # name -> (the value that changes nothing, what to send instead)
+    "response_format": (lambda v: v is None or (isinstance(v, dict) and v.get("type") == "text"), "structured output"),
+    "tools": (_absent, "tool calling"),
+    "tool_choice": (lambda v: v is None or v == "none", "tool calling"),
+    "parallel_tool_calls": (lambda v: True, ""),  # meaningless without tools, which are refused
+    "functions": (_absent, "function calling"),
+    "function_call": (lambda v: v is None or v == "none", "function calling"),
+    "logprobs": (lambda v: v is None or v is False or v == 0, "log-probabilities"),
+    "top_logprobs": (_zero, "log-probabilities"),
+    "logit_bias": (_absent, "logit bias"),
+    "presence_penalty": (_zero, "presence penalty"),
+    "frequency_penalty": (_zero, "frequency penalty"),
+    "best_of": (lambda v: v is None or v == 1, "best_of"),
+    "echo": (lambda v: v is None or v is False, "echo"),
+    "suffix": (lambda v: v is None or v == "", "suffix (insertion)"),
+    "modalities": (lambda v: v is None or v == ["text"], "modalities other than text"),
+    "audio": (lambda v: v is None, "audio output"),
+    "prediction": (lambda v: v is None, "predicted outputs"),
+}
+SUPPORTED_PARAMETERS = ["max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed", "stream",
+                        "stream_options", "provider"]
+
+
 class SamplingSerializer(serializers.Serializer):
     model = serializers.CharField(max_length=100)
     provider = ProviderSerializer(required=False, allow_null=True)
@@ -69,11 +115,20 @@ class SamplingSerializer(serializers.Serializer):
     top_p = serializers.FloatField(required=False, allow_null=True, min_value=0.0, max_value=1.0)
     stop = StopField(required=False, allow_null=True)
     seed = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=2**31 - 1)
-    n = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=1)
+    n = serializers.IntegerField(required=False, allow_null=True, min_value=1)
     stream = serializers.BooleanField(required=False, default=False)
     stream_options = serializers.DictField(required=False, allow_null=True)
 
     default_max_tokens = settings.DEFAULT_MAX_TOKENS
+
+    def to_internal_value(self, data: object) -> dict:
+        if isinstance(data, dict):
+            for name, (harmless, feature) in UNSUPPORTED.items():
+                if name in data and not harmless(data[name]):  # type: ignore[operator]
+                    raise UnsupportedParameter(name, feature)
+            if data.get("n") not in (None, 1) and isinstance(data.get("n"), int) and data["n"] > 1:
+                raise UnsupportedParameter("n", "several choices per request")
+        return super().to_internal_value(data)
 
     def params(self) -> dict:
         data = self.validated_data

@@ -133,5 +133,9 @@ class RequestListener:
 
 def ended_error(request: Request) -> ApiError:
     """The honest error for a request that ended without a whole answer."""
-    status = 504 if request.error_code == "queue_timeout" else 502
-    return ApiError(status, request.error_message or "The request failed.", code=request.error_code or "failed", type="server_error")
+    status = {"queue_timeout": 504, "request_not_runnable": 400}.get(request.error_code, 502)
+    error = ApiError(status, request.error_message or "The request failed.", code=request.error_code or "failed",
+                     type="invalid_request_error" if status == 400 else "server_error")
+    if status == 504:  # no host was free: hosts come and go within the heartbeat's seconds
+        error.retry_after = 5
+    return error

@@ -1,0 +1,84 @@
+"""What an OpenAI client sends means what it says (issue 18, first part): a parameter that
+would change the answer and that no host honours is refused by name instead of silently
+ignored; harmless ones are accepted; every response carries a request id; a 429 says when
+to retry."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.test import Client
+
+from accounts.models import ApiKey
+from marketplace.models import Request
+from marketplace.tests.test_apis import GOOD, assert_error, post
+
+pytestmark = pytest.mark.django_db(transaction=True)  # the API views are async: their database threads must see the rows
+
+
+
+@pytest.fixture
+def api(customer) -> tuple[Client, str]:  # noqa: ANN001
+    return Client(), customer.secret
+
+
+REFUSED = [
+    ("response_format", {"type": "json_object"}), ("tools", [{"type": "function", "function": {"name": "f"}}]),
+    ("tool_choice", "required"), ("logprobs", True), ("top_logprobs", 2), ("logit_bias", {"50256": -100}),
+    ("presence_penalty", 0.5), ("frequency_penalty", 1.0), ("n", 2), ("functions", [{"name": "f"}]),
+]
+HARMLESS = [
+    ("response_format", {"type": "text"}), ("tools", []), ("tool_choice", "none"), ("logprobs", False), ("n", 1),
+    ("presence_penalty", 0), ("user", "u-42"), ("metadata", {"team": "a"}), ("store", False), ("service_tier", "auto"),
+]
+
+
+class UnsupportedParameterTests:
+    @pytest.mark.parametrize(("name", "value"), REFUSED)
+    def test_a_parameter_that_would_be_ignored_is_refused_by_name(self, api, name, value) -> None:
+        client, secret = api
+        error = assert_error(post(client, secret, {**GOOD, name: value}), 400, "unsupported_parameter")
+        assert error["param"] == name and f"'{name}'" in error["message"]
+        assert not Request.objects.exists()
+
+    @pytest.mark.parametrize(("name", "value"), HARMLESS)
+    def test_a_value_that_changes_nothing_is_accepted(self, api, name, value) -> None:
+        client, secret = api
+        response = post(client, secret, {**GOOD, "model": "gpt-9", name: value})  # past validation: the unknown model answers
+        assert_error(response, 404, "model_not_found")
+
+    def test_completions_refuse_echo_suffix_and_best_of(self, api) -> None:
+        client, secret = api
+        body = {"model": "gemma-3-270m", "prompt": "Once", "max_tokens": 4}
+        for name, value in (("echo", True), ("suffix", "end."), ("best_of", 3), ("logprobs", 2)):
+            assert_error(post(client, secret, {**body, name: value}, path="/v1/completions"), 400, "unsupported_parameter")
+
+    def test_a_models_entry_names_its_supported_parameters(self, catalog) -> None:
+        from marketplace.apis import model_body
+        from marketplace.selectors import ServedModel
+
+        entry = model_body(ServedModel(model=catalog, hosts_online=1, hosts_warm=1))
+        assert "temperature" in entry["supported_parameters"] and "tools" not in entry["supported_parameters"]
+
+
+class HeaderTests:
+    def test_every_response_has_a_request_id_and_echoes_the_clients(self, api) -> None:
+        client, secret = api
+        response = client.post("/v1/chat/completions", data=json.dumps({**GOOD, "n": 2}), content_type="application/json",
+                               HTTP_AUTHORIZATION=f"Bearer {secret}", HTTP_X_CLIENT_REQUEST_ID="my-trace-7")
+        assert response["x-request-id"].startswith("req_") and response["x-client-request-id"] == "my-trace-7"
+        assert int(response["openai-processing-ms"]) >= 0
+        other = Client().get("/v1/models")
+        assert other["x-request-id"] != response["x-request-id"] and "x-client-request-id" not in other
+
+    @pytest.mark.django_db(transaction=True)
+    def test_a_rate_limited_key_is_told_when_to_retry(self, customer, catalog) -> None:
+        ApiKey.objects.filter(pk=customer.key.pk).update(rate_limit_per_minute=1)
+        client = Client()
+        body = {**GOOD, "model": "gemma-3-270m", "max_tokens": 1, "stream": True}
+        first = client.post("/v1/chat/completions", data=json.dumps(body), content_type="application/json",
+                            HTTP_AUTHORIZATION=f"Bearer {customer.secret}")
+        assert first.status_code == 200
+        second = post(client, customer.secret, body)
+        assert_error(second, 429, "rate_limited")
+        assert second["Retry-After"] == "60"
