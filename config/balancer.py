@@ -15,6 +15,7 @@ global
 defaults
     mode http
     option http-server-close
+    option forwardfor
     option redispatch
     retries 3
     timeout connect 5s

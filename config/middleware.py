@@ -74,3 +74,16 @@ class RequestIdMiddleware:
             response["x-client-request-id"] = client
         response["openai-processing-ms"] = str(round((time.perf_counter() - started) * 1000))
         return response
+
+
+def client_ip(request: HttpRequest) -> str:
+    """The customer's address for rate limits: REMOTE_ADDR, or behind TRUSTED_PROXY_COUNT
+    proxies (HAProxy, a TLS proxy) the address the outermost trusted one saw, from the
+    right of X-Forwarded-For (entries to its left are the client's own word)."""
+    from django.conf import settings
+
+    hops = settings.AXES_IPWARE_PROXY_COUNT
+    forwarded = [part.strip() for part in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",") if part.strip()]
+    if hops and len(forwarded) >= hops:
+        return forwarded[-hops]
+    return request.META.get("REMOTE_ADDR", "") or "unknown"

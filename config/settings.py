@@ -35,6 +35,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "channels",
+    "axes",
     "accounts",
     "catalog",
     "billing",
@@ -55,7 +56,23 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # a locked-out login answers 429 (after the others, as django-axes asks)
 ]
+
+# Login attempts (django-axes): after LOGIN_FAILURE_LIMIT failures for one e-mail from one
+# address, that pair is locked out for LOGIN_COOLOFF_MINUTES (one attacker cannot lock every
+# account, nor one forgetful user everyone behind their address). Sign-up is limited per
+# address too (django-ratelimit, SIGNUP_RATE).
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = env_float("LOGIN_COOLOFF_MINUTES", 15.0, minimum=0.1) / 60  # hours
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "web/locked_out.html"
+AXES_IPWARE_PROXY_COUNT = env_int("TRUSTED_PROXY_COUNT", 0, minimum=0)  # behind HAProxy / a TLS proxy: 1
+AXES_VERBOSE = False
+SIGNUP_RATE = env_str("SIGNUP_RATE", "10/h")
+RATELIMIT_IP_META_KEY = "config.middleware.client_ip"
 
 ROOT_URLCONF = "config.urls"
 ASGI_APPLICATION = "config.asgi.application"

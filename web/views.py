@@ -20,6 +20,7 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, Stream
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django_ratelimit.decorators import ratelimit
 
 from accounts import services as accounts
 from billing import services as billing
@@ -69,10 +70,14 @@ def render_secret_once(request: HttpRequest, template: str, context: dict, *, se
 
 
 @require_http_methods(["GET", "POST"])
+@ratelimit(key="ip", rate=lambda group, request: settings.SIGNUP_RATE, method="POST", block=False)
 def signup(request: HttpRequest) -> HttpResponse:
     if request.user.is_authenticated:
         return redirect("dashboard")
     form = SignupForm(request.POST or None)
+    if getattr(request, "limited", False):  # many sign-ups from one address: told, not served
+        form.add_error(None, "Too many sign-ups from your address; try again in an hour.")
+        return render(request, "web/signup.html", {"form": form}, status=429)
     if request.method == "POST" and form.is_valid():
         email = form.cleaned_data["email"].strip().lower()
         signup_request(email=email, password=form.cleaned_data["password"],

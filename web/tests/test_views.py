@@ -112,7 +112,8 @@ class SignupTests:
         new = {"new_password1": "another long secret", "new_password2": "another long secret"}
         done = client.post(form.redirect_chain[-1][0], new)
         assert done.status_code == 302
-        assert Client().login(username="c@example.com", password="another long secret")
+        signed_in = Client().post("/login/", {"username": "c@example.com", "password": "another long secret"})
+        assert signed_in.status_code == 302 and signed_in["Location"] == "/"
 
 
 class ApiKeyPagesTests:
@@ -440,3 +441,32 @@ def test_an_outsider_sees_none_of_a_hosts_pages_even_as_a_host_owner(serving_hos
     make_host(name="third")
     assert client.get(f"/machines/{serving_host.host.pk}/").status_code == 404
     assert client.get(f"/machines/{outsider.host.pk}/").status_code == 200
+
+
+class BruteForceTests:
+    """Login and sign-up are rate-limited (issue 17): django-axes locks an e-mail out from one
+    address after LOGIN_FAILURE_LIMIT wrong passwords; sign-ups per address are limited."""
+
+    def test_wrong_passwords_lock_that_email_out_from_that_address_only(self, customer, settings) -> None:
+        settings.AXES_FAILURE_LIMIT = 3
+        customer.user.set_password("the right password")
+        customer.user.save()
+        attacker = Client(REMOTE_ADDR="203.0.113.9")
+        for _ in range(3):
+            attacker.post("/login/", {"username": customer.user.username, "password": "guess"})
+        locked = attacker.post("/login/", {"username": customer.user.username, "password": "the right password"})
+        assert locked.status_code == 429 and "Too many failed attempts" in locked.content.decode()
+        elsewhere = Client(REMOTE_ADDR="198.51.100.7").post("/login/", {"username": customer.user.username, "password": "the right password"})
+        assert elsewhere.status_code == 302, "the owner, from their own address, is not locked out"
+
+    def test_sign_ups_from_one_address_are_limited(self, db, settings) -> None:
+        from django.core.cache import cache
+
+        cache.clear()
+        settings.SIGNUP_RATE = "2/h"
+        client = Client(REMOTE_ADDR="203.0.113.10")
+        answers = [client.post("/signup/", {"email": f"s{i}@example.com", "password": "correct horse battery"}).status_code
+                   for i in range(3)]
+        assert answers == [200, 200, 429]
+        assert Client(REMOTE_ADDR="203.0.113.11").post(
+            "/signup/", {"email": "other@example.com", "password": "correct horse battery"}).status_code == 200

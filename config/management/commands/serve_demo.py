@@ -112,13 +112,14 @@ class Command(BaseCommand):
         backends = [port + index for index in range(1, workers + 1)]
         config = var / "haproxy.cfg"
         config.write_text(haproxy_config(port=port, backends=backends))
-        procs = [self._spawn(f"gateway-{backend}", daphne(backend)) for backend in backends]
+        behind = {**os.environ, "TRUSTED_PROXY_COUNT": os.environ.get("TRUSTED_PROXY_COUNT", "1")}  # HAProxy adds X-Forwarded-For
+        procs = [self._spawn(f"gateway-{backend}", daphne(backend), env=behind) for backend in backends]
         procs.append(self._spawn("haproxy", ["haproxy", "-db", "-f", str(config)]))
         return procs
 
-    def _spawn(self, name: str, argv: list[str]) -> tuple[str, subprocess.Popen]:
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> tuple[str, subprocess.Popen]:
         self.stdout.write(f"starting {name}: {' '.join(argv[1:4])} …")
-        return name, subprocess.Popen(argv, cwd=settings.BASE_DIR)
+        return name, subprocess.Popen(argv, cwd=settings.BASE_DIR, env=env)
 
     def _wait_for(self, server: str, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
