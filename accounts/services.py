@@ -34,3 +34,8 @@ def api_key_create(*, user: User, name: str = "", spend_cap_ucents: int | None =
 
 def api_key_revoke(*, key: ApiKey) -> bool:
     return bool(ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now()))
+
+
+def api_key_revoke_all(*, user: User) -> int:
+    """Revoke every live key of `user` (a password reset that asked to); returns how many."""
+    return ApiKey.objects.filter(user=user, revoked_at__isnull=True).update(revoked_at=timezone.now())

@@ -7,9 +7,10 @@ from typing import Any
 
 from django import forms
 from django.contrib.auth import password_validation
-from django.contrib.auth.forms import AuthenticationForm
+from django.contrib.auth.forms import AuthenticationForm, SetPasswordForm
 from django.http import QueryDict
 
+from accounts.services import api_key_revoke_all
 from catalog.money import UCENTS_PER_USD
 from core.dates import DateRangeInvalid, day_range
 
@@ -22,6 +23,23 @@ class SignupForm(forms.Form):
         password = self.cleaned_data["password"]
         password_validation.validate_password(password)
         return password
+
+
+class NewPasswordForm(SetPasswordForm):
+    """The password reset's last step; it also asks whether the account's API keys go too
+    (someone who could sign in before the reset may have made keys; every other session
+    ends with the old password anyway)."""
+
+    revoke_keys = forms.BooleanField(
+        label="Also revoke every API key of this account (recommended if you did not make them all)",
+        required=False, initial=True,
+    )
+
+    def save(self, commit: bool = True) -> Any:
+        user = super().save(commit=commit)
+        if commit and self.cleaned_data.get("revoke_keys"):
+            api_key_revoke_all(user=user)
+        return user
 
 
 class LoginForm(AuthenticationForm):

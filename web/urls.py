@@ -4,7 +4,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from web import views
-from web.forms import LoginForm
+from web.forms import LoginForm, NewPasswordForm
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
@@ -34,7 +34,7 @@ urlpatterns = [
     ),
     path(
         "password-reset/<uidb64>/<token>/",
-        auth_views.PasswordResetConfirmView.as_view(template_name="web/password_reset_confirm.html"),
+        auth_views.PasswordResetConfirmView.as_view(template_name="web/password_reset_confirm.html", form_class=NewPasswordForm),
         name="password_reset_confirm",
     ),
     path(

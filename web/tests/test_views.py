@@ -109,9 +109,17 @@ class SignupTests:
         link = re.search(r"http://testserver(/password-reset/\S+/)", message.body).group(1)
         form = client.get(link, follow=True)
         assert form.status_code == 200
-        new = {"new_password1": "another long secret", "new_password2": "another long secret"}
+        from django.contrib.auth import get_user_model
+
+        from accounts.models import ApiKey
+        from accounts.services import api_key_create
+
+        planted = api_key_create(user=get_user_model().objects.get(username="c@example.com"), name="made by someone else")
+        assert "Also revoke every API key" in form.content.decode()
+        new = {"new_password1": "another long secret", "new_password2": "another long secret", "revoke_keys": "on"}
         done = client.post(form.redirect_chain[-1][0], new)
         assert done.status_code == 302
+        assert ApiKey.objects.get(pk=planted.key.pk).revoked_at is not None, "the reset asked, and the keys went"
         signed_in = Client().post("/login/", {"username": "c@example.com", "password": "another long secret"})
         assert signed_in.status_code == 302 and signed_in["Location"] == "/"
 
