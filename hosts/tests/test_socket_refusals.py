@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from conftest import make_host
@@ -43,6 +43,11 @@ class InactiveOwnerSocketTests:
             socket.send(json.dumps({**claim, "id": 1}))
             assert json.loads(socket.recv(timeout=10)) == {"type": "job", "id": 1, "job": None}  # nothing queued, but allowed
             set_active(serving.host.owner, False)
-            socket.send(json.dumps({**claim, "id": 2}))
-            answer = json.loads(socket.recv(timeout=10))
+            try:
+                socket.send(json.dumps({**claim, "id": 2}))
+                answer = json.loads(socket.recv(timeout=10))
+            except ConnectionClosed as closed:  # with a shared channel layer (Redis) the deactivation closes it at once
+                assert closed.rcvd is not None and closed.rcvd.code == 4403
+                return
+        # the test process's deactivation reaches the gateway's in-process layer only through the row: the claim re-reads it
         assert (answer["type"], answer["id"], answer["status"], answer["code"]) == ("error", 2, 403, "owner_inactive")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING
 
+from django.db import transaction
 from django.utils import timezone
 
 from billing import services as billing
@@ -14,6 +15,7 @@ if TYPE_CHECKING:
     from testkit.personas import Customer
 
 
+@transaction.atomic  # as the request path does (a hold locks its account)
 def finished_request(
     *, customer: Customer, host: Host | None = None, cost_ucents: int = 1_000, resumed: bool = False, failed: bool = False
 ) -> Request:
