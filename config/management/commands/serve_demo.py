@@ -72,15 +72,18 @@ class Command(BaseCommand):
         self._wait_for(server)
         # the demo's hosts run on the operator's own machine, which the operator is using: they
         # must not pause for it (a stranger's mahout pauses while its owner is active, by default)
-        host_argv = [python, "-m", "mahout", "run", "--server", server, "--token", host_token,
+        # (their tokens travel in the environment, never on a command line `ps` shows)
+        host_argv = [python, "-m", "mahout", "run", "--server", server,
                      "--home", str(var / "mahout"), "--threads", str(threads), "--no-idle-detect"]
-        embeddings_argv = [python, "-m", "mahout", "run", "--server", server, "--token", embeddings_token,
+        embeddings_argv = [python, "-m", "mahout", "run", "--server", server,
                            "--home", str(var / "mahout-embeddings"), "--threads", "1", "--models", "all-minilm-l6-v2",
                            "--no-idle-detect"]
-        procs.append(self._spawn("mahout", host_argv))
-        procs.append(self._spawn("mahout-embeddings", embeddings_argv))
+        envs = {"mahout": {**os.environ, "MAHOUT_TOKEN": host_token},
+                "mahout-embeddings": {**os.environ, "MAHOUT_TOKEN": embeddings_token}}
+        procs.append(self._spawn("mahout", host_argv, env=envs["mahout"]))
+        procs.append(self._spawn("mahout-embeddings", embeddings_argv, env=envs["mahout-embeddings"]))
         self._print_welcome(server, api_key)
-        self._supervise(procs, restartable={"mahout": host_argv, "mahout-embeddings": embeddings_argv})
+        self._supervise(procs, restartable={"mahout": host_argv, "mahout-embeddings": embeddings_argv}, envs=envs)
 
     def _demo_key(self) -> str:
         user, created = get_user_model().objects.get_or_create(username=DEMO_CUSTOMER, defaults={"email": DEMO_CUSTOMER})
@@ -149,7 +152,10 @@ print(len(client.embeddings.create(model="all-minilm-l6-v2", input="a grey giant
 """
         )
 
-    def _supervise(self, procs: list[tuple[str, subprocess.Popen]], restartable: dict[str, list[str]]) -> None:
+    def _supervise(
+        self, procs: list[tuple[str, subprocess.Popen]], restartable: dict[str, list[str]],
+        envs: dict[str, dict[str, str]] | None = None,
+    ) -> None:
         """Wait for Ctrl-C. A host that dies (try `kill -9` on it mid-stream) is
         restarted, like an owner's machine coming back; anything else stops all."""
         stopping = False
@@ -166,7 +172,7 @@ print(len(client.embeddings.create(model="all-minilm-l6-v2", input="a grey giant
                     continue
                 if name in restartable:
                     self.stderr.write(f"{name} exited with {proc.returncode}; restarting it")
-                    procs[index] = self._spawn(name, restartable[name])
+                    procs[index] = self._spawn(name, restartable[name], env=(envs or {}).get(name))
                 else:
                     self.stderr.write(f"{name} exited with {proc.returncode}; stopping the rest")
                     stopping = True
