@@ -20,15 +20,24 @@ from django.http import HttpRequest, HttpResponseBase
 from whitenoise.middleware import WhiteNoiseMiddleware
 
 
-class AsyncWhiteNoiseMiddleware(WhiteNoiseMiddleware):
+class AsyncCapable:
+    """Django's async-capable middleware contract in one place: serve the async chain
+    without a thread hop (`_async`: whether `get_response` is a coroutine function)."""
+
     sync_capable = True
     async_capable = True
+    _async = False
 
-    def __init__(self, get_response: Callable[[HttpRequest], Any] | None = None, **kwargs: Any) -> None:
-        super().__init__(get_response, **kwargs)
+    def _adopt(self, get_response: Callable[[HttpRequest], Any] | None) -> None:
         self._async = iscoroutinefunction(get_response)
         if self._async:
             markcoroutinefunction(self)
+
+
+class AsyncWhiteNoiseMiddleware(AsyncCapable, WhiteNoiseMiddleware):
+    def __init__(self, get_response: Callable[[HttpRequest], Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(get_response, **kwargs)
+        self._adopt(get_response)
 
     def __call__(self, request: HttpRequest) -> HttpResponseBase | Awaitable[HttpResponseBase]:
         if self._async:
@@ -42,19 +51,14 @@ class AsyncWhiteNoiseMiddleware(WhiteNoiseMiddleware):
         return await self.get_response(request)
 
 
-class RequestIdMiddleware:
+class RequestIdMiddleware(AsyncCapable):
     """Every response carries `x-request-id` (quote it to support), the client's own
     `X-Client-Request-Id` echoed back, and `openai-processing-ms` (the gateway's time to
     the response's headers), as OpenAI's API does. Async-capable: no thread hop."""
 
-    sync_capable = True
-    async_capable = True
-
     def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
         self.get_response = get_response
-        self._async = iscoroutinefunction(get_response)
-        if self._async:
-            markcoroutinefunction(self)
+        self._adopt(get_response)
 
     def __call__(self, request: HttpRequest) -> HttpResponseBase | Awaitable[HttpResponseBase]:
         if self._async:

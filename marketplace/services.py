@@ -996,7 +996,8 @@ def request_abandon(*, request_id: int) -> str:
     if request is None:
         return ""
     job = Job.objects.filter(request=request, status__in=[Job.Status.QUEUED, Job.Status.RUNNING]).first()
-    answer = "" if request.kind == Request.Kind.EMBEDDINGS else answer_of(request, request.delivered_text)[0]
+    running = job is not None and job.status == Job.Status.RUNNING and request.kind != Request.Kind.EMBEDDINGS
+    answer = answer_of(request, request.delivered_text)[0] if running else ""  # (a queued job delivered nothing)
     tokens = min(_completion_tokens(request, answer), int(request.params.get("max_tokens") or 0)) if answer else 0
     if job is None or job.status == Job.Status.QUEUED or tokens == 0:
         if job is not None:
