@@ -12,6 +12,10 @@ canary and the verdict is counted:
   model* — the engine (PyTorch Gemma 3) running the shipped weights with two layers
   skipped, greedy.
 
+Each answer is judged twice: by the reference alone (the answer may part from it only at a
+near-tie, and nothing after the parting is checked) and as the gateway judges it, where an
+answer that parted is then read under the real model token by token (`score_reason`).
+
 A host in probation answers CANARY_TRUST_AFTER canaries drawn at random; it is caught when
 one of them fails, so per host the detection rate is 1 − (1 − p)^k for a per-canary rate p.
 
@@ -78,7 +82,7 @@ def main() -> None:
 
     from catalog.tokenizer import shipped_model_path
     from mahout.runners.llama import load_llama
-    from marketplace.canaries import REFERENCE_CTX, corpus, informative, reference_of, verdict_reason
+    from marketplace.canaries import REFERENCE_CTX, corpus, informative, reference_of, score_reason, verdict_reason
     from marketplace.models import CanaryReference
 
     path = str(shipped_model_path())
@@ -88,17 +92,36 @@ def main() -> None:
     for item in corpus()[: args.count]:
         reference = reference_of(reference_llm, item, max_tokens=args.max_tokens, tie_gap=settings.CANARY_TIE_GAP)
         if informative(item, reference):
-            row = CanaryReference(kind=item["kind"], prompt="", max_tokens=args.max_tokens, text=reference.text,
+            prompt = item.get("messages") if item["kind"] == "chat" else item["prompt"]
+            row = CanaryReference(kind=item["kind"], prompt=prompt, max_tokens=args.max_tokens, text=reference.text,
                                   tokens=reference.tokens, exact_chars=reference.exact_chars, gaps=reference.gaps)
             kept.append((item, reference, row))
     references_s = time.monotonic() - started
 
+    k = settings.CANARY_TRUST_AFTER
+    scored_s: list[float] = []
+
+    def scored(row, text: str, tokens: int) -> str | None:  # type: ignore[no-untyped-def]
+        began = time.monotonic()
+        reason = score_reason(reference_llm, row, text=text, completion_tokens=tokens)
+        scored_s.append(time.monotonic() - began)
+        return reason
+
     def rate(answers: list[tuple[str, int]]) -> dict:
-        failed = [verdict_reason(row, text=text, completion_tokens=tokens) for (_, _, row), (text, tokens) in zip(kept, answers, strict=True)]
-        caught = sum(1 for reason in failed if reason)
-        p = caught / len(kept)
-        k = settings.CANARY_TRUST_AFTER
-        return {"canaries": len(kept), "failed": caught, "per_canary": p, f"per_host_over_{k}": 1 - (1 - p) ** k}
+        pairs = list(zip(kept, answers, strict=True))
+        by_reference = [verdict_reason(row, text=text, completion_tokens=tokens) for (_, _, row), (text, tokens) in pairs]
+        # the gateway scores an answer that parted from the reference at a near-tie (`canary_score_pending`)
+        full = [reason or (scored(row, text, tokens) if text != row.text else None)
+                for reason, ((_, _, row), (text, tokens)) in zip(by_reference, pairs, strict=True)]
+        result = {"canaries": len(kept)}
+        for name, reasons in (("reference_only", by_reference), ("scored", full)):
+            caught = sum(1 for reason in reasons if reason)
+            p = caught / len(kept)
+            result[name] = {"failed": caught, "per_canary": p, f"per_host_over_{k}": 1 - (1 - p) ** k}
+        result["scored_answers"] = sum(1 for reason, ((_, _, row), (text, _)) in zip(by_reference, pairs, strict=True)
+                                       if reason is None and text != row.text)
+        result["reasons"] = [reason for reason in full if reason][:3]
+        return result
 
     results: dict[str, dict] = {}
     for threads in (1, 2, 3):
@@ -127,11 +150,15 @@ def main() -> None:
     stages = build_stages(path, ranges, n_rows=1, n_ctx=512)
     results[f"smaller model (layers {args.skip} of {n_layers} skipped)"] = rate(
         [smaller_model_answer(stages, reference_llm, item, args.max_tokens) for item, _, _ in kept])
+    scoring = {"scored": len(scored_s), "median_s": sorted(scored_s)[len(scored_s) // 2] if scored_s else None,
+               "max_s": max(scored_s, default=None)}
     print(json.dumps({"tie_gap": settings.CANARY_TIE_GAP, "kept": len(kept), "of": args.count, "references_s": references_s,
-                      "results": results}, indent=2))
+                      "scoring": scoring, "results": results}, indent=2))
     for name, r in results.items():
-        print(f"{name:<44} failed {r['failed']:>2}/{r['canaries']} canaries ({r['per_canary']:.0%}); "
-              f"per host in probation: {r[f'per_host_over_{settings.CANARY_TRUST_AFTER}']:.1%}")
+        for judge in ("reference_only", "scored"):
+            j = r[judge]
+            print(f"{name:<44} {judge:<15} failed {j['failed']:>2}/{r['canaries']} canaries ({j['per_canary']:.0%}); "
+                  f"per host in probation: {j[f'per_host_over_{k}']:.1%}")
 
 
 if __name__ == "__main__":

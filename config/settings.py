@@ -216,6 +216,7 @@ CANARY_PROBATION_SECONDS = env_float("CANARY_PROBATION_SECONDS", 20.0, minimum=0
 CANARY_TRUSTED_SECONDS = env_float("CANARY_TRUSTED_SECONDS", 3600.0, minimum=0.0)  # a trusted one: one an hour
 CANARY_TRUST_AFTER = env_int("CANARY_TRUST_AFTER", 5, minimum=1)  # passed canaries (none failed) to leave probation
 CANARY_TIE_GAP = env_float("CANARY_TIE_GAP", 1.0, minimum=0.0)  # top-2 log-prob gap below which honest machines may part
+CANARY_SCORER_THREADS = env_int("CANARY_SCORER_THREADS", 2, minimum=1)  # a worker reading answers under the real model
 CANARY_MIN_EXACT_CHARS = env_int("CANARY_MIN_EXACT_CHARS", 12, minimum=1)  # references with less to check are dropped
 
 # Reputation (marketplace/reputation.py): a new host is in probation until it has passed

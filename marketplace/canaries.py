@@ -8,8 +8,11 @@ llama-cpp-python on the gateway's side, kept per model in `CanaryReference`).
 
 Honest hardware may part from the reference where the model's two best tokens are nearly
 tied (`CANARY_TIE_GAP`, in log-probability): the answer must follow the reference until the
-two part, and they may part only at a near-tie (each reference token's gap is kept). A host that fails is put in maintenance with a reason naming
-verification; its owner sees why.
+two part, and they may part only at a near-tie (each reference token's gap is kept). After
+such a parting the reference can say nothing, so the answer is then read under the real model
+on a Celery worker (`canary_score_pending`): each of its tokens must be the model's best
+choice or within the tie gap of it, and it may end only where ending was. A host that fails
+is put in maintenance with a reason naming verification; its owner sees why.
 
 Schedule (`canary_send_if_due`, on every heartbeat, so no customer traffic is needed): a
 host in probation (fewer than `CANARY_TRUST_AFTER` passed canaries) gets one every
@@ -124,13 +127,14 @@ def decisive_chars(text: str, gaps: list, *, since: int = 0) -> int:
                if i + 1 < len(starts) and gap >= settings.CANARY_TIE_GAP)
 
 
-def references_compute(*, model: CatalogModel, model_path: str, count: int, max_tokens: int, threads: int = 2,
+def references_compute(*, model: CatalogModel, gguf: str, count: int, max_tokens: int, threads: int = 2,
                        out: object = print) -> int:
     """Compute and store references for the first `count` corpus prompts (replacing the
     model's old ones); prompts that check too little (`informative`) are skipped. Returns how many were kept."""
+    from catalog.tokenizer import shipped_model_path
     from mahout.runners.llama import load_llama  # the same loader hosts use (it avoids AMX where a VM lies about it)
 
-    llm = load_llama(model_path, n_ctx=REFERENCE_CTX, threads=threads, logits_all=True)
+    llm = load_llama(gguf or shipped_model_path(), n_ctx=REFERENCE_CTX, threads=threads, logits_all=True)
     kept: list[CanaryReference] = []
     for index, item in enumerate(corpus()[:count]):
         reference = reference_of(llm, item, max_tokens=max_tokens, tie_gap=settings.CANARY_TIE_GAP)
@@ -140,7 +144,7 @@ def references_compute(*, model: CatalogModel, model_path: str, count: int, max_
         kept.append(CanaryReference(
             model=model, kind=item["kind"], prompt=item.get("messages") if item["kind"] == "chat" else item["prompt"],
             max_tokens=max_tokens, text=reference.text, tokens=reference.tokens, exact_chars=reference.exact_chars,
-            gaps=[list(gap) for gap in reference.gaps],
+            gaps=[list(gap) for gap in reference.gaps], gguf=gguf,
         ))
     llm.close()
     with transaction.atomic():
@@ -188,22 +192,122 @@ def _near_tie_at(reference: CanaryReference, char: int) -> bool:
     return covering is None or covering < settings.CANARY_TIE_GAP
 
 
-def canary_judge(*, request: Request, host: Host, text: str, completion_tokens: int) -> bool | None:
-    """Judge a completed canary (None when the request is not one); a failure puts the host
-    in maintenance. Runs in the completion's transaction."""
+def score_reason(llm: object, reference: CanaryReference, *, text: str, completion_tokens: int) -> str | None:
+    """Why the host's answer cannot be the real model's greedy answer, judged token by token
+    under the real model (`llm`, loaded with all logits): the answer is re-read after the
+    prompt and each of its tokens must be the model's best choice there or within
+    `CANARY_TIE_GAP` of it; an answer that ended before `max_tokens` must end where ending
+    was (nearly) the model's best choice. This judges what follows a parting at a near-tie,
+    where the reference can say nothing."""
+    import numpy as np
+
+    tie_gap = settings.CANARY_TIE_GAP
+    job = reference_job(reference)
+    prompt = llm.tokenize(render_job(job).encode("utf-8"), add_bos=True, special=True)  # type: ignore[attr-defined]
+    answer = llm.tokenize(text.encode("utf-8"), add_bos=False, special=False) if text else []  # type: ignore[attr-defined]
+    room = REFERENCE_CTX - len(prompt) - 1
+    if len(answer) > room:
+        return f"more text than asked ({len(answer)} tokens for max_tokens {reference.max_tokens})"
+    llm.reset()  # type: ignore[attr-defined]
+    llm.eval(prompt + answer)  # type: ignore[attr-defined]
+    for index, token in enumerate(answer):
+        logits = np.asarray(llm.scores[len(prompt) - 1 + index])  # type: ignore[attr-defined]
+        gap = float(logits.max() - logits[token])
+        if gap >= tie_gap:
+            piece = llm.detokenize([token]).decode("utf-8", errors="replace")  # type: ignore[attr-defined]
+            return f"the answer's token {index + 1} ({piece!r}) is not the real model's choice (log-probability {gap:.1f} below)"
+    ended = completion_tokens < reference.max_tokens or len(answer) + 2 < reference.max_tokens
+    if ended:
+        logits = np.asarray(llm.scores[len(prompt) + len(answer) - 1])  # type: ignore[attr-defined]
+        enders = {llm.token_eos()} | {  # type: ignore[attr-defined]
+            ids[0] for stop in job_stop_strings(job)
+            if (ids := llm.tokenize(stop.encode("utf-8"), add_bos=False, special=True))  # type: ignore[attr-defined]
+        }
+        gap = float(logits.max() - max(logits[t] for t in enders))
+        if gap >= tie_gap:
+            return f"the answer stopped after {len(text)} characters where the real model writes on"
+    return None
+
+
+def answer_reason(llm: object, reference: CanaryReference, *, text: str, completion_tokens: int) -> str | None:
+    """Both steps of the verdict at once (the gateway takes them in two processes:
+    `canary_judge` on completion, `canary_score_pending` on a worker): for the benchmark."""
+    reason = verdict_reason(reference, text=text, completion_tokens=completion_tokens)
+    if reason is None and text != reference.text:
+        return score_reason(llm, reference, text=text, completion_tokens=completion_tokens)
+    return reason
+
+
+def reference_job(reference: CanaryReference) -> dict:
+    """The job a canary of `reference` is (what a host receives, less its parameters)."""
+    chat = reference.kind == Request.Kind.CHAT
+    return {"kind": reference.kind, "messages": reference.prompt if chat else None,
+            "prompt": None if chat else reference.prompt, "params": {}}
+
+
+def canary_judge(*, request: Request, host: Host, text: str, completion_tokens: int) -> str | None:
+    """Judge a completed canary against its reference (None when the request is not one):
+    passed, failed (the host is in maintenance) or scoring — it parted from the reference at
+    a near-tie, so the real model reads it next (`canary_score_pending`, on the workers).
+    Runs in the completion's transaction."""
     check = CanaryCheck.objects.select_related("reference").filter(request=request, verdict=CanaryCheck.Verdict.PENDING).first()
     if check is None:
         return None
-    reason = verdict_reason(check.reference, text=text, completion_tokens=completion_tokens)
-    verdict = CanaryCheck.Verdict.PASSED if reason is None else CanaryCheck.Verdict.FAILED
-    CanaryCheck.objects.filter(pk=check.pk).update(verdict=verdict, reason=reason or "", decided_at=timezone.now())
     TextChunk.objects.filter(request=request).delete()  # nobody reads a canary's answer
+    reason = verdict_reason(check.reference, text=text, completion_tokens=completion_tokens)
+    if reason is None and text != check.reference.text:
+        CanaryCheck.objects.filter(pk=check.pk).update(verdict=CanaryCheck.Verdict.SCORING, answer=text,
+                                                       answer_tokens=completion_tokens)
+        return CanaryCheck.Verdict.SCORING
+    return canary_decide(check=check, host=host, reason=reason, was=CanaryCheck.Verdict.PENDING)
+
+
+def canary_decide(*, check: CanaryCheck, host: Host, reason: str | None, was: str) -> str | None:
+    """Record a verdict (once: compare-and-set from `was`); a failure puts the host in
+    maintenance, revokes its trust and forfeits its unvested earnings, with the reason."""
+    verdict = CanaryCheck.Verdict.PASSED if reason is None else CanaryCheck.Verdict.FAILED
+    if not CanaryCheck.objects.filter(pk=check.pk, verdict=was).update(verdict=verdict, reason=reason or "", answer="",
+                                                                     decided_at=timezone.now()):
+        return None  # decided elsewhere
     if reason is not None:
         why = f"Failed verification: {reason} (canary {check.pk})."
         host_maintenance_enter(host=host, reason=why, by="verification")
         reputation.trust_revoke(host_id=host.pk)
         billing.earnings_forfeit(host=host, reason=why)
-    return reason is None
+    return verdict
+
+
+_scorer_cache: dict[str, object] = {}
+
+
+def _scorer(gguf: str) -> object:
+    """The real model with all logits, loaded once per worker process and file."""
+    from catalog.tokenizer import shipped_model_path
+    from mahout.runners.llama import load_llama  # the same loader hosts use
+
+    path = gguf or str(shipped_model_path())
+    if path not in _scorer_cache:
+        _scorer_cache.clear()  # one model at a time: its logits take REFERENCE_CTX × vocabulary floats
+        _scorer_cache[path] = load_llama(path, n_ctx=REFERENCE_CTX, threads=settings.CANARY_SCORER_THREADS, logits_all=True)
+    return _scorer_cache[path]
+
+
+def canary_score_pending(*, limit: int = 20) -> int:
+    """Score answers that parted from their reference at a near-tie under the real model
+    (`score_reason`) and decide them; on the Celery workers, every WATCHDOG_INTERVAL. Returns
+    how many were decided."""
+    decided = 0
+    for check_id in list(CanaryCheck.objects.filter(verdict=CanaryCheck.Verdict.SCORING)
+                         .order_by("created_at").values_list("pk", flat=True)[:limit]):
+        check = CanaryCheck.objects.select_related("reference", "host").filter(
+            pk=check_id, verdict=CanaryCheck.Verdict.SCORING).first()
+        if check is None:
+            continue
+        reason = score_reason(_scorer(check.reference.gguf), check.reference, text=check.answer,
+                              completion_tokens=check.answer_tokens or 0)
+        with transaction.atomic():
+            decided += canary_decide(check=check, host=check.host, reason=reason, was=CanaryCheck.Verdict.SCORING) is not None
+    return decided
 
 
 def canary_void(*, request: Request) -> bool:
@@ -236,7 +340,7 @@ def canary_due(*, host: Host, now: datetime) -> bool:
     ended = (Request.Status.COMPLETED, Request.Status.FAILED)
     checks.filter(verdict=CanaryCheck.Verdict.PENDING, request__status__in=ended).update(
         verdict=CanaryCheck.Verdict.VOID, decided_at=now)  # ended unanswered (expired, failed)
-    if checks.filter(verdict=CanaryCheck.Verdict.PENDING).exists():
+    if checks.filter(verdict__in=(CanaryCheck.Verdict.PENDING, CanaryCheck.Verdict.SCORING)).exists():
         return False
     last = checks.order_by("-created_at").values_list("created_at", flat=True).first()
     every = settings.CANARY_TRUSTED_SECONDS if host_vetted(host=host) else settings.CANARY_PROBATION_SECONDS

@@ -181,6 +181,8 @@ class CanaryReference(models.Model):
     tokens = models.PositiveIntegerField(help_text="tokens in the reference answer")
     exact_chars = models.PositiveIntegerField(help_text="characters before the first near-tie")
     gaps = models.JSONField(default=list, help_text="per generated token: [its first character, its top-2 log-prob gap]")
+    gguf = models.CharField(max_length=500, blank=True,
+                            help_text="the model file the reference was computed from, which also scores answers (blank: the shipped model)")
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:
@@ -192,6 +194,7 @@ class CanaryCheck(models.Model):
 
     class Verdict(models.TextChoices):
         PENDING = "pending"
+        SCORING = "scoring", "scoring (it parted from the reference at a near-tie: the real model reads it next)"
         PASSED = "passed"
         FAILED = "failed"
         VOID = "void", "void (not answered: the host died, failed or never claimed it)"
@@ -201,6 +204,8 @@ class CanaryCheck(models.Model):
     request = models.OneToOneField(Request, on_delete=models.CASCADE, related_name="canary")
     verdict = models.CharField(max_length=16, choices=Verdict.choices, default=Verdict.PENDING)
     reason = models.CharField(max_length=300, blank=True)
+    answer = models.TextField(blank=True, help_text="the host's answer, kept only while it is being scored")
+    answer_tokens = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     decided_at = models.DateTimeField(null=True, blank=True)
 

@@ -3,10 +3,16 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from marketplace import services
+from marketplace import canaries, services
 
 
 @shared_task(name="marketplace.tasks.watchdog_tick", ignore_result=True)
 def watchdog_tick() -> int:
     """Expire unclaimed requests, fail stalled jobs, forget delivered output."""
     return services.watchdog_tick()
+
+
+@shared_task(name="marketplace.tasks.canary_scoring", ignore_result=True)
+def canary_scoring() -> int:
+    """Score canary answers that parted from their reference at a near-tie."""
+    return canaries.canary_score_pending()

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 from django.conf import settings
+from django.utils import timezone
 
 from catalog.models import CatalogModel
 from catalog.tokenizer import shipped_model_path
@@ -51,9 +52,10 @@ def generate(llm, item: dict, **sampling: object) -> str:  # type: ignore[no-unt
     return llm.create_completion(prompt=tokens, max_tokens=MAX_TOKENS, stop=job_stop_strings(job), **sampling)["choices"][0]["text"]
 
 
-def reference_row(text: str, gaps: list, max_tokens: int = MAX_TOKENS, exact: int = 0) -> CanaryReference:
-    return CanaryReference(kind="completion", prompt="p", max_tokens=max_tokens, text=text, tokens=4, exact_chars=exact,
-                           gaps=[list(g) for g in gaps])
+def reference_row(text: str, gaps: list, max_tokens: int = MAX_TOKENS, exact: int = 0, item: dict | None = None) -> CanaryReference:
+    item = item or {"kind": "completion", "prompt": "p"}
+    return CanaryReference(kind=item["kind"], prompt=item.get("messages") or item.get("prompt"), max_tokens=max_tokens,
+                           text=text, tokens=4, exact_chars=exact, gaps=[list(g) for g in gaps])
 
 
 CAT = "The cat sat on the mat."
@@ -80,32 +82,45 @@ class RealModelTests:
     def test_references_have_something_to_check(self, computed) -> None:
         assert sum(1 for item, ref in computed if canaries.informative(item, ref)) >= 3, computed
 
-    def test_honest_greedy_with_another_thread_count_passes_every_canary(self, computed) -> None:
+    def test_honest_greedy_with_another_thread_count_passes_every_canary(self, llm, computed) -> None:
         one_thread = load_llama(shipped_model_path(), n_ctx=2048, threads=1)
         try:
             for item, ref in computed:
                 text = generate(one_thread, item, temperature=0.0, top_p=1.0)
-                row = reference_row(ref.text, ref.gaps)
-                assert canaries.verdict_reason(row, text=text, completion_tokens=ref.tokens) is None, (item, text, ref)
+                row = reference_row(ref.text, ref.gaps, item=item)
+                assert canaries.answer_reason(llm, row, text=text, completion_tokens=ref.tokens) is None, (item, text, ref)
         finally:
             one_thread.close()
 
     def test_cheats_fail(self, llm, computed) -> None:
         usable = [(item, ref) for item, ref in computed if canaries.informative(item, ref)]
-        rows = [reference_row(ref.text, ref.gaps) for _, ref in usable]
+        rows = [reference_row(ref.text, ref.gaps, item=item) for item, ref in usable]
         for (item, ref), row in zip(usable, rows, strict=True):
             echo = item.get("prompt") or item["messages"][-1]["content"]
-            assert canaries.verdict_reason(row, text=echo, completion_tokens=ref.tokens), "an echo of the prompt"
-            assert canaries.verdict_reason(row, text="lorem ipsum dolor sit amet", completion_tokens=5), "random text"
-            assert canaries.verdict_reason(row, text=ref.text + " and more", completion_tokens=MAX_TOKENS + 3), "more than asked"
-        # cut short: caught within a probation's canaries (where the cut falls on a near-tie it cannot be told)
-        cut = [canaries.verdict_reason(row, text=ref.text[: len(ref.text) * 3 // 4], completion_tokens=ref.tokens * 3 // 4)
-               for (_, ref), row in zip(usable, rows, strict=True)]
-        assert sum(1 for reason in cut if reason) >= 1, cut
-        # temperature 1 when 0 was asked: caught within a probation's canaries (each is a fresh draw)
-        caught = [canaries.verdict_reason(row, text=generate(llm, item, temperature=1.0, seed=1000 + i), completion_tokens=ref.tokens)
-                  for i, ((item, ref), row) in enumerate(zip(usable, rows, strict=True))]
-        assert sum(1 for reason in caught if reason) >= 1, caught
+            assert canaries.answer_reason(llm, row, text=echo, completion_tokens=ref.tokens), "an echo of the prompt"
+            assert canaries.answer_reason(llm, row, text="lorem ipsum dolor sit amet", completion_tokens=5), "random text"
+            assert canaries.answer_reason(llm, row, text=ref.text + " and more", completion_tokens=MAX_TOKENS + 3), "more than asked"
+            # cut short, even where the cut falls on a near-tie: the real model would not have ended there
+            cut = ref.text[: len(ref.text) * 3 // 4]
+            assert canaries.answer_reason(llm, row, text=cut, completion_tokens=ref.tokens * 3 // 4), ("cut short", cut)
+        # temperature 1 when 0 was asked. A draw that strayed only where the model hesitates
+        # (each token within CANARY_TIE_GAP of the best) is one honest hardware could write:
+        # such draws are rare (bench/trust.py), so nearly every canary catches this cheat.
+        hot = [(row, generate(llm, item, temperature=1.0, seed=1000 + i))
+               for i, ((item, ref), row) in enumerate(zip(usable, rows, strict=True))]
+        strayed = [(row, text) for row, text in hot if text != row.text]
+        caught = [text for row, text in strayed if canaries.answer_reason(llm, row, text=text, completion_tokens=row.max_tokens)]
+        assert len(caught) >= 0.8 * len(strayed) and strayed, (len(caught), len(strayed))
+
+    def test_an_answer_parting_at_a_near_tie_is_scored_under_the_real_model(self, llm, computed) -> None:
+        """What the reference alone cannot judge: the answer follows it to a near-tie and then
+        goes its own way. Honest runner-up choices pass; junk after the tie fails."""
+        item, ref = next((item, ref) for item, ref in computed
+                         if canaries.informative(item, ref) and ref.exact_chars < len(ref.text))
+        row = reference_row(ref.text, ref.gaps, item=item)
+        junk = ref.text[: ref.exact_chars] + " zebra quantum zebra"
+        assert canaries.verdict_reason(row, text=junk, completion_tokens=ref.tokens) is None  # the reference says nothing
+        assert "not the real model's choice" in canaries.score_reason(llm, row, text=junk, completion_tokens=ref.tokens)
 
 
 def simhost(server: str, token: str, *extra: str) -> subprocess.Popen:
@@ -139,11 +154,42 @@ class CanaryEndToEndTests:
         stored(catalog, computed)
         honest = make_host(name="honest")
         start_mahout(honest.token, extra=["--threads", "1"])
-        wait_until(lambda: CanaryCheck.objects.filter(host=honest.host, verdict=CanaryCheck.Verdict.PASSED).count() >= 2,
-                   timeout=120, what="two canaries passed")
+
+        def passed() -> bool:
+            canaries.canary_score_pending()  # the workers' part (Celery beat runs it under make run)
+            return CanaryCheck.objects.filter(host=honest.host, verdict=CanaryCheck.Verdict.PASSED).count() >= 2
+
+        wait_until(passed, timeout=120, what="two canaries passed")
         host = Host.objects.get(pk=honest.host.pk)
         assert host.maintenance_since is None
         assert not CanaryCheck.objects.filter(host=host, verdict=CanaryCheck.Verdict.FAILED).exists()
+
+
+@pytest.mark.django_db
+class ScoringTests:
+    def test_the_workers_score_what_parted_at_a_near_tie_and_a_failure_sends_the_host_to_maintenance(self, catalog, computed) -> None:
+        from conftest import make_customer
+        from marketplace.tests.test_services import submit
+
+        item, ref = next((item, ref) for item, ref in computed
+                         if canaries.informative(item, ref) and ref.exact_chars < len(ref.text))
+        reference, = stored(catalog, [(item, ref)])
+        cheat, honest = make_host(name="cheat", fingerprint="c" * 64).host, make_host(name="honest", fingerprint="h" * 64).host
+        junk = CanaryCheck.objects.create(host=cheat, reference=reference, request=submit(make_customer(), catalog))
+        same = CanaryCheck.objects.create(host=honest, reference=reference, request=submit(make_customer(), catalog))
+        verdict = canaries.canary_judge(request=junk.request, host=cheat, text=ref.text[: ref.exact_chars] + " zebra quantum zebra",
+                                        completion_tokens=ref.tokens)
+        assert verdict == CanaryCheck.Verdict.SCORING
+        assert canaries.canary_judge(request=same.request, host=honest, text=ref.text, completion_tokens=ref.tokens) == "passed"
+        assert CanaryCheck.objects.get(pk=junk.pk).answer  # kept for the workers, and only until they decide
+        assert not canaries.canary_due(host=cheat, now=timezone.now())  # one at a time, scoring included
+
+        assert canaries.canary_score_pending() == 1
+        junk.refresh_from_db()
+        assert junk.verdict == CanaryCheck.Verdict.FAILED and "not the real model's choice" in junk.reason and junk.answer == ""
+        cheat.refresh_from_db()
+        assert cheat.maintenance_by == "verification" and cheat.maintenance_reason.startswith("Failed verification")
+        assert canaries.canary_score_pending() == 0  # decided once
 
 
 @pytest.mark.django_db

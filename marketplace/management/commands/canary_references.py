@@ -7,7 +7,6 @@ import time
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from catalog.models import CatalogModel
-from catalog.tokenizer import shipped_model_path
 from marketplace.canaries import corpus, references_compute
 
 
@@ -16,7 +15,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--model", default="gemma-3-270m", help="the catalog model's name")
-        parser.add_argument("--gguf", default="", help="its GGUF file (default: the shipped model's)")
+        parser.add_argument("--gguf", default="", help="its GGUF file (default: the shipped model's); the workers score answers with it too")
         parser.add_argument("--count", type=int, default=len(corpus()), help="corpus prompts to use")
         parser.add_argument("--max-tokens", type=int, default=24)
         parser.add_argument("--threads", type=int, default=2)
@@ -29,6 +28,6 @@ class Command(BaseCommand):
             raise CommandError("--count and --max-tokens must be at least 1.")
         started = time.monotonic()
         self.stdout.write(f"Computing {count} canary references for {model} ({max_tokens} tokens each)…")
-        kept = references_compute(model=entry, model_path=gguf or str(shipped_model_path()), count=count,
+        kept = references_compute(model=entry, gguf=gguf, count=count,
                                   max_tokens=max_tokens, threads=threads, out=self.stdout.write)
         self.stdout.write(f"Kept {kept} references in {time.monotonic() - started:.1f} s.")
