@@ -294,6 +294,7 @@ MOE_COORDINATOR_STALE_SECONDS = env_float("MOE_COORDINATOR_STALE_SECONDS", 30.0,
 MOE_WORKER_STALE_SECONDS = env_float("MOE_WORKER_STALE_SECONDS", 30.0, minimum=1)
 MOE_ASSIGN_TTL_SECONDS = env_float("MOE_ASSIGN_TTL_SECONDS", 120.0, minimum=1)
 MOE_COOLDOWN_SECONDS = env_float("MOE_COOLDOWN_SECONDS", 30.0, minimum=0)
+RING_ALLOW_PRIVATE_STAGES = env_bool("RING_ALLOW_PRIVATE_STAGES", False)  # strangers' ring stages at private addresses (local tests)
 MOE_ALLOW_PRIVATE_WORKERS = env_bool("MOE_ALLOW_PRIVATE_WORKERS", False)  # workers at private addresses (local swarms)
 
 # Web pages (issue 6): session login for people; e-mail goes to the console unless configured.

@@ -16,9 +16,7 @@ and stale ones are dropped.
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import os
-import socket
 import tempfile
 from collections.abc import Sequence
 from datetime import datetime
@@ -30,6 +28,7 @@ from django.utils import timezone
 
 from catalog.models import CatalogModel
 from core.errors import DomainError
+from core.net import AddressNotPublic, AddressUnresolvable, public_address
 from engine.gguf_meta import open_gguf
 from engine.moe_gguf import has_byte_vocabulary, read_moe_config, write_expert_slice
 from hosts.models import Host
@@ -214,17 +213,13 @@ def worker_address_check(address: str) -> str:
     if settings.MOE_ALLOW_PRIVATE_WORKERS:
         return address
     try:
-        found = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
-        ips = sorted({ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in found}, key=str)
-    except (OSError, UnicodeError, ValueError) as exc:
+        return public_address(name, port)
+    except AddressUnresolvable as exc:
         raise MoeRefused(400, f"The worker address {address!r} does not resolve ({exc}).", "address_unresolvable") from exc
-    for ip in ips:
-        plain = (ip.ipv4_mapped or ip) if isinstance(ip, ipaddress.IPv6Address) else ip
-        if not plain.is_global or plain.is_multicast:
-            raise MoeRefused(400, f"The worker address {address!r} is not public ({ip}): a coordinator dials only public "
-                                  "addresses; behind NAT, serve through the relay (the default: without --direct or --advertise).", "address_not_public")
-    ip = ips[0]
-    return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
+    except AddressNotPublic as exc:
+        raise MoeRefused(400, f"The worker address {address!r} is not public ({exc.ip}): a coordinator dials only public "
+                              "addresses; behind NAT, serve through the relay (the default: without --direct or --advertise).",
+                         "address_not_public") from exc
 
 
 @transaction.atomic

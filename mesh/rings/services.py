@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from catalog.models import CatalogModel
 from core.errors import DomainError
+from core.net import AddressNotPublic, AddressUnresolvable, public_address
 from hosts.models import Host
 from mesh.rings.models import ModelLayout, RingPlan, RingStage
 from mesh.rings.selectors import stage_runner_q
@@ -224,6 +226,26 @@ def address_check(address: str) -> str:
     return address
 
 
+def _owners(plan: RingPlan) -> int:
+    """How many people own the ring's machines (its stages' hosts and its bridge)."""
+    hosts = (set(plan.stages.exclude(host=None).values_list("host_id", flat=True)) | {plan.bridge_host_id}) - {None}
+    return Host.objects.filter(pk__in=hosts).values("owner_id").distinct().count()
+
+
+def _public(address: str) -> str:
+    """The checked public IP:PORT a stranger's stage may be dialled at (`core.net`): a ring
+    of one owner's machines may use their own network; a ring of strangers may not make
+    each other dial theirs (`RING_ALLOW_PRIVATE_STAGES` allows it, for local tests)."""
+    name, _, port = address.rpartition(":")
+    try:
+        return public_address(name, int(port))
+    except AddressUnresolvable as exc:
+        raise AddressInvalid(f"{address!r} does not resolve ({exc})") from exc
+    except AddressNotPublic as exc:
+        raise AddressInvalid(f"{address!r} is not public ({exc.ip}): the stages of a ring of several owners' machines "
+                             "dial only public addresses") from exc
+
+
 @transaction.atomic
 def ring_stage_address_report(*, plan_id: int, index: int, host: Host, address: str) -> RingStage:
     """Record where a stage of an active ring listens; only the host that runs the stage may say."""
@@ -240,6 +262,8 @@ def ring_stage_address_report(*, plan_id: int, index: int, host: Host, address: 
         raise NotAParticipant(f"host {host.pk} takes no part in ring {plan_id}")
     if not RingStage.objects.filter(stage_runner_q(host), pk=stage.pk).exists():
         raise NotYourStage(f"host {host.pk} does not run stage {index} of ring {plan_id}")
+    if not settings.RING_ALLOW_PRIVATE_STAGES and _owners(stage.plan) > 1:
+        address = _public(address)
     stage.address, stage.address_reported_at = address, timezone.now()
     stage.save(update_fields=["address", "address_reported_at"])
     return stage

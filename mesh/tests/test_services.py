@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from conftest import make_host
+from hosts.models import Host
 from mesh.rings.layouts import layout_seed
 from mesh.rings.models import ModelLayout, RingPlan, RingStage
 from mesh.rings.services import (
@@ -95,7 +96,8 @@ class RingStatsReportTests:
 
 
 class RingStageAddressReportTests:
-    def test_it_records_where_a_stage_listens_for_the_host_that_runs_it(self, layouts: CatalogModel) -> None:
+    def test_it_records_where_a_stage_listens_for_the_host_that_runs_it(self, layouts: CatalogModel, settings) -> None:
+        settings.RING_ALLOW_PRIVATE_STAGES = True  # strangers on one network: the operator's local test rings
         a, b, bridge = make_host(name="a").host, make_host(name="b").host, make_host(name="bridge").host
         plan = ring_plan_create(model_name="gemma-3-270m", stages=[StageSpec(0, 9, a), StageSpec(9, 18)], row_width=8,
                                 micro_batch=2, bridge_host=bridge)
@@ -114,6 +116,22 @@ class RingStageAddressReportTests:
         plan = ring_plan_create(model_name="gemma-3-270m", stages=[StageSpec(0, 9, a), StageSpec(9, 18, a)], row_width=8, micro_batch=2)
         with pytest.raises(AddressInvalid):
             ring_stage_address_report(plan_id=plan.pk, index=0, host=a, address=address)
+
+    def test_a_ring_of_strangers_dials_only_public_addresses_and_an_owners_own_ring_its_network(self, layouts: CatalogModel) -> None:
+        a, b = make_host(name="a").host, make_host(name="b").host  # two owners
+        strangers = ring_plan_create(model_name="gemma-3-270m", stages=[StageSpec(0, 9, a), StageSpec(9, 18, b)],
+                                     row_width=8, micro_batch=2)
+        for address in ("127.0.0.1:7000", "10.0.0.1:7000", "192.168.1.20:7000", "[::1]:7000", "169.254.169.254:80",
+                        "[::ffff:127.0.0.1]:7000", "localhost:7000", "no-such-host.invalid:7000"):
+            with pytest.raises(AddressInvalid, match="is not public|does not resolve"):
+                ring_stage_address_report(plan_id=strangers.pk, index=0, host=a, address=address)
+        assert ring_stage_address_report(plan_id=strangers.pk, index=0, host=a, address="8.8.8.8:7000").address == "8.8.8.8:7000"
+        assert RingStage.objects.get(plan=strangers, index=1).address == ""
+        mine = make_host(name="a2").host
+        Host.objects.filter(pk=mine.pk).update(owner=a.owner)
+        own = ring_plan_create(model_name="gemma-3-270m", stages=[StageSpec(0, 9, a), StageSpec(9, 18, mine)],
+                               row_width=8, micro_batch=2)
+        assert ring_stage_address_report(plan_id=own.pk, index=1, host=mine, address="192.168.1.21:7001").address == "192.168.1.21:7001"
 
     def test_a_retired_ring_takes_no_address(self, layouts: CatalogModel) -> None:
         a = make_host(name="a").host
