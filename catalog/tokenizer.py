@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import atexit
 import threading
-from functools import cache
 from typing import Protocol
 
 from django.conf import settings
@@ -49,17 +48,22 @@ class GgufTokenizer:
 
         self._llama = Llama(model_path=path, vocab_only=True, verbose=False)
         self._lock = threading.Lock()
+        self._longest: int | None = None
         atexit.register(self._llama.close)  # before interpreter teardown, or llama.cpp complains
 
     def count(self, text: str, *, special: bool) -> int:
         with self._lock:
             return len(self._llama.tokenize(text.encode(), add_bos=special, special=special))
 
-    @cache  # noqa: B019 (one tokenizer per model for the process' life)
     def longest_token_chars(self) -> int:
-        """Read from the vocabulary once (about a second for Gemma's 262,144 tokens: 31)."""
-        with self._lock:
-            return max(len(self._llama.detokenize([token]).decode("utf-8", "replace")) for token in range(self._llama.n_vocab()))
+        """Read from the vocabulary once (about a second for Gemma's 262,144 tokens: 31);
+        threads asking meanwhile wait for that one reading."""
+        if self._longest is None:
+            with self._lock:
+                if self._longest is None:
+                    self._longest = max(len(self._llama.detokenize([token]).decode("utf-8", "replace"))
+                                        for token in range(self._llama.n_vocab()))
+        return self._longest
 
 
 class WordPieceTokenizer:
@@ -90,8 +94,24 @@ def shipped_model_path() -> str:
     return str(assemble_whole(settings.VAR_DIR / "models" / shipped.MODEL_NAME))
 
 
-@cache
+_LOADED: dict[str, Tokenizer] = {}
+_LOADING = threading.Lock()
+
+
 def tokenizer_for(spec: str) -> Tokenizer:
+    """One tokenizer per spec for the process' life. The first requests of a cold gateway
+    arrive together: one thread loads it (for the shipped model, perhaps assembling the
+    file first) while the others wait for it, instead of each loading its own."""
+    found = _LOADED.get(spec)
+    if found is None:
+        with _LOADING:
+            found = _LOADED.get(spec)
+            if found is None:
+                found = _LOADED[spec] = _tokenizer_load(spec)
+    return found
+
+
+def _tokenizer_load(spec: str) -> Tokenizer:
     if spec == "bytes":
         return ByteBoundTokenizer()
     if spec == "shipped:gemma-3-270m":
