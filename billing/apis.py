@@ -3,6 +3,7 @@ calls one service, renders; refusals are DomainErrors rendered by core's mapping
 """
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -11,9 +12,22 @@ from accounts.apis import KeyApi
 from billing import services
 from billing.models import Payout, TopUp
 from catalog.money import UCENTS_PER_CENT
+from core.openapi import ERROR
 from hosts.apis import HostApi
 
 # --- top-ups ---------------------------------------------------------------------------
+
+
+class TopupSerializer(serializers.Serializer):
+    """A top-up as `topup_body` renders it."""
+
+    id = serializers.IntegerField()
+    object = serializers.CharField(help_text="topup")
+    amount_cents = serializers.IntegerField()
+    amount_ucents = serializers.IntegerField()
+    currency = serializers.CharField()
+    status = serializers.CharField(help_text="creating, open, paid or failed")
+    checkout_url = serializers.CharField(allow_blank=True, help_text="where to send the customer to pay")
 
 
 def topup_body(topup: TopUp) -> dict:
@@ -35,6 +49,8 @@ class TopupCreateApi(KeyApi):
     class InputSerializer(serializers.Serializer):
         amount_usd = serializers.DecimalField(max_digits=9, decimal_places=2, min_value=0)
 
+    # 502: Stripe refused or could not be reached; 503: top-ups are not configured here
+    @extend_schema(responses={201: TopupSerializer, 502: ERROR, 503: ERROR})
     def post(self, request: Request) -> Response:
         key = self.key(request)
         serializer = self.InputSerializer(data=request.data)
@@ -45,6 +61,18 @@ class TopupCreateApi(KeyApi):
 
 
 # --- hosts: payouts ------------------------------------------------------------
+
+
+class PayoutSerializer(serializers.Serializer):
+    """A payout as `payout_body` renders it."""
+
+    id = serializers.IntegerField()
+    object = serializers.CharField(help_text="payout")
+    amount_ucents = serializers.IntegerField()
+    status = serializers.CharField(help_text="requested, sending, paid or failed")
+    failure_reason = serializers.CharField(allow_null=True)
+    created_at = serializers.DateTimeField()
+    decided_at = serializers.DateTimeField(allow_null=True)
 
 
 def payout_body(payout: Payout) -> dict:
@@ -65,6 +93,7 @@ class HostPayoutCreateApi(HostApi):
     class InputSerializer(serializers.Serializer):
         amount_ucents = serializers.IntegerField(min_value=UCENTS_PER_CENT, required=False)
 
+    @extend_schema(responses={201: PayoutSerializer, 409: ERROR})
     def post(self, request: Request) -> Response:
         host = self.host(request)
         serializer = self.InputSerializer(data=request.data)

@@ -34,6 +34,8 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "drf_spectacular",  # the OpenAPI schema at /api/schema/ (core/openapi.py)
+    "drf_spectacular_sidecar",  # the docs page's assets, served from here: no CDN
     "channels",
     "axes",
     "accounts",
@@ -181,6 +183,22 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "core.errors.api_exception_handler",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_SCHEMA_CLASS": "core.openapi.ApiSchema",
+}
+
+# The OpenAPI schema (drf-spectacular): generated from the views, served at /api/schema/,
+# browsed at /api/docs/ with Swagger UI's files from drf-spectacular-sidecar.
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Elephant API",
+    "DESCRIPTION": "The OpenAI-compatible customer API (`/v1/`), the host API (`/hosts/api/`, `/billing/api/host/`) and the "
+                   "mesh API (`/api/`). Errors are OpenAI's: `{\"error\": {\"message\", \"type\", \"param\", \"code\"}}`.",
+    "VERSION": "1",
+    "OAS_VERSION": "3.1.0",  # JSON Schema 2020-12: an event stream's `data` is documented as JSON (contentSchema)
+    "SERVE_INCLUDE_SCHEMA": False,
+    "PATH_CONVERTER_OVERRIDES": {"id": {"type": "integer", "minimum": 0, "maximum": 10**18 - 1}},  # core.http.IdConverter
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},  # no badge fetched from swagger.io
 }
 
 # Largest request body the API accepts (bytes); larger gets a 413.

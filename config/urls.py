@@ -1,9 +1,14 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.http import HttpRequest, HttpResponse
 from django.urls import include, path, re_path
+from django.views.defaults import page_not_found
 from django.views.generic import RedirectView
+from drf_spectacular.renderers import OpenApiJsonRenderer, OpenApiJsonRenderer2, OpenApiYamlRenderer, OpenApiYamlRenderer2
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from core.errors import ApiError
 from marketplace import host_apis, usage_apis
 
 urlpatterns = [
@@ -16,8 +21,25 @@ urlpatterns = [
     path("v1/", include("marketplace.urls")),
     path("hosts/api/", include("hosts.urls")),
     path("hosts/api/", include("marketplace.host_urls")),
+    # the OpenAPI schema: JSON, or YAML with ?format=yaml
+    path("api/schema/", SpectacularAPIView.as_view(
+        renderer_classes=[OpenApiJsonRenderer, OpenApiJsonRenderer2, OpenApiYamlRenderer, OpenApiYamlRenderer2]), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api_docs"),
     path("api/", include("mesh.urls")),
     path("billing/api/host/statement", host_apis.HostStatementApi.as_view()),
     path("billing/", include("billing.urls")),
     path("", include("web.urls")),  # last: the site's pages own the root
 ]
+
+API_PATHS = ("/v1/", "/hosts/api/", "/api/", "/billing/api/")
+
+
+def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """An API path that names nothing (or an id of the wrong shape, `jobs/abc/tokens`) is
+    answered in the API's error format, like every other refusal; a page, with the site's page."""
+    if request.path.startswith(API_PATHS):
+        return ApiError(404, f"Nothing at {request.path}: see /api/schema/ for the API's paths.", code="not_found").response()
+    return page_not_found(request, exception)
+
+
+handler404 = not_found

@@ -1,4 +1,4 @@
-"""What every door reads from a request: the bearer secret and the JSON body.
+"""What every door reads from a request: the bearer secret, the JSON body, an id in the path.
 
 HTTP views pass the `HttpRequest`; WebSocket consumers pass their ASGI scope. A
 missing or malformed value is a `DomainError` in the API's own format.
@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.http import HttpRequest
+from django.urls import register_converter
 from rest_framework.request import Request
 
 from core.errors import ApiError, bad_request
@@ -70,3 +71,40 @@ def json_body(request: HttpRequest) -> dict:
     if not isinstance(body, dict):
         raise bad_request("The body must be a JSON object.", code="invalid_json")
     return body
+
+
+def holds_nul(value: object) -> bool:
+    """Whether a value read from JSON or a URL holds a NUL character (in a string or a key).
+    PostgreSQL's text and jsonb cannot store one, nor compare with one: such input is
+    refused (or names nothing) rather than failing in the database."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(holds_nul(key) or holds_nul(item) for key, item in value.items())
+    if isinstance(value, list):
+        return any(holds_nul(item) for item in value)
+    return False
+
+
+# The largest values the database's integer columns hold (PostgreSQL's integer and bigint):
+# a number from a request bound for one is refused past these with a 400, not a 500.
+INT_MAX = 2**31 - 1
+BIGINT_MAX = 2**63 - 1
+
+
+class IdConverter:
+    """`<id:job_id>`: a row's id in a path. Django's `int` takes any number of digits, and a
+    number past 64 bits overflows the query (a 500); such a number names no row, so the path
+    does not match: a 404, like any other id that names nothing."""
+
+    regex = "[0-9]{1,18}"
+    limit = 10**18 - 1  # the largest id the path takes (documented in the schema: config/settings.py)
+
+    def to_python(self, value: str) -> int:
+        return int(value)
+
+    def to_url(self, value: int) -> str:
+        return str(value)
+
+
+register_converter(IdConverter, "id")  # once, on import: every URL configuration with an id imports its views first

@@ -5,19 +5,23 @@ the marketplace's (`marketplace/host_apis.py`): they read and write jobs.
 """
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.errors import ApiError
-from core.http import bearer_secret
+from core.http import INT_MAX, bearer_secret, holds_nul
+from core.openapi import HOST_TOKEN
 from hosts import services
 from hosts.models import Host
 from hosts.selectors import host_from_secret
 
 
 class HostApi(APIView):
+    security_scheme = HOST_TOKEN
+
     def host(self, request: Request) -> Host:
         return host_from_secret(bearer_secret(request))
 
@@ -30,13 +34,23 @@ class QualificationRegisterApi(HostApi):
             ttft_ms = serializers.FloatField(min_value=0)
             load_ms = serializers.FloatField(min_value=0, required=False, default=0)
             memory_mb = serializers.FloatField(min_value=0)
-            threads = serializers.IntegerField(min_value=0, required=False, default=0)
+            threads = serializers.IntegerField(min_value=0, max_value=INT_MAX, required=False, default=0)
 
         model = serializers.CharField(max_length=100)
         fingerprint = serializers.CharField(max_length=64)
         benchmark = BenchmarkSerializer()
         machine = serializers.DictField(required=False, default=dict)
 
+        def validate_machine(self, machine: dict) -> dict:
+            if holds_nul(machine):  # stored as JSON, which the database cannot hold with one
+                raise serializers.ValidationError("Null characters are not allowed.")
+            return machine
+
+    class OutputSerializer(serializers.Serializer):
+        model = serializers.CharField()
+        fingerprint = serializers.CharField()
+
+    @extend_schema(responses={201: OutputSerializer})
     def post(self, request: Request) -> Response:
         host = self.host(request)
         serializer = self.InputSerializer(data=request.data)

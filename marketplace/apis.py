@@ -17,6 +17,8 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.utils.decorators import method_decorator
 from django.views import View
 from django.views.decorators.csrf import csrf_exempt
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
 from rest_framework.request import Request as DrfRequest
 from rest_framework.response import Response
 
@@ -27,7 +29,8 @@ from catalog.money import usd_decimal
 from core.db import db
 from core.errors import ApiError, DomainError, bad_request, validation_error
 from core.http import bearer_secret, json_body
-from marketplace import admission, selectors, services
+from core.openapi import API_KEY, ERROR
+from marketplace import admission, outputs, selectors, services
 from marketplace.models import Request
 from marketplace.render import chunk_body, response_body, usage_of
 from marketplace.serializers import (
@@ -139,6 +142,8 @@ async def admit_generation(*, secret: str, body: dict, kind: str) -> Admitted:
 class AsyncApi(View):
     """An async POST endpoint whose refusals are ApiErrors, answered in OpenAI's format."""
 
+    security_scheme = API_KEY
+
     async def post(self, request: HttpRequest) -> HttpResponse:
         try:
             return await self._post(request)
@@ -185,6 +190,16 @@ class StreamResumeApi(View):
     rest of its stream from character N — the `x_elephant.offset` of the last text chunk
     received — exactly once, in the same chunk format. Reading bills nothing."""
 
+    security_scheme = API_KEY
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("stream", OpenApiTypes.STR, enum=["true"], required=True, description="only streams resume"),
+            OpenApiParameter("starting_after", OpenApiTypes.INT, description="the `x_elephant.offset` of the last chunk received"),
+            OpenApiParameter("include_usage", OpenApiTypes.STR, enum=["true", "false"], description="usage in the last chunk"),
+        ],
+        responses={(200, "text/event-stream"): outputs.RESUMED, 410: ERROR},
+    )
     async def get(self, request: HttpRequest, public_id: str) -> HttpResponse:
         try:
             if request.GET.get("stream") != "true":
@@ -214,14 +229,52 @@ def _resumable(*, secret: str, public_id: str, starting_after: int) -> Request:
     return row
 
 
+# What a generation can answer besides its own shape: 402 before anything is queued (credit, the
+# key's cap), 403 (an unconfirmed account), 429 (the key's rate or streams), 502 (failed on its
+# hosts), 504 (no host took it in time).
+GENERATION_ERRORS = {402: ERROR, 403: ERROR, 429: ERROR, 502: ERROR, 504: ERROR}
+SAY_HI = [{"role": "user", "content": "Say hi"}]
+
+
+@extend_schema(
+    request=ChatInputSerializer,
+    responses={
+        **outputs.generation_responses(outputs.ChatCompletionSerializer, outputs.ChatCompletionChunkSerializer, "chat.completion"), **GENERATION_ERRORS,
+    },
+    examples=[
+        OpenApiExample("whole", value={"model": "gemma-3-270m", "messages": SAY_HI, "max_tokens": 8}, request_only=True),
+        OpenApiExample("streamed", value={"model": "gemma-3-270m", "messages": SAY_HI, "max_tokens": 8, "stream": True,
+                                          "stream_options": {"include_usage": True}}, request_only=True),
+    ],
+)
 class ChatCompletionsApi(GenerationApi):
+    """POST a chat: the answer as one JSON body, or streamed as Server-Sent Events (`stream: true`)."""
+
     kind = Request.Kind.CHAT
 
 
+@extend_schema(
+    request=CompletionInputSerializer,
+    responses={
+        **outputs.generation_responses(outputs.TextCompletionSerializer, outputs.TextCompletionChunkSerializer, "text_completion"), **GENERATION_ERRORS,
+    },
+    examples=[
+        OpenApiExample("whole", value={"model": "gemma-3-270m", "prompt": "Once upon", "max_tokens": 8}, request_only=True),
+        OpenApiExample("streamed", value={"model": "gemma-3-270m", "prompt": "Once upon", "max_tokens": 8, "stream": True},
+                       request_only=True),
+    ],
+)
 class CompletionsApi(GenerationApi):
+    """POST a prompt to continue: the text as one JSON body, or streamed as Server-Sent Events (`stream: true`)."""
+
     kind = Request.Kind.COMPLETION
 
 
+@extend_schema(
+    request=EmbeddingsInputSerializer,
+    responses={200: outputs.EmbeddingListSerializer, **GENERATION_ERRORS},
+    examples=[OpenApiExample("two texts", value={"model": "all-minilm-l6-v2", "input": ["a cat", "a dog"]}, request_only=True)],
+)
 class EmbeddingsApi(AsyncApi):
     """POST /v1/embeddings: queued like any job, answered once a host returns the vectors."""
 
@@ -268,6 +321,7 @@ def embeddings_body(row: Request, *, encoding: str) -> dict:
 
 
 class ModelListApi(KeyApi):
+    @extend_schema(responses={200: outputs.ModelListSerializer})
     def get(self, request: DrfRequest) -> Response:
         self.key(request)
         return Response({"object": "list", "data": [model_body(served) for served in selectors.served_models()]})
@@ -291,6 +345,7 @@ def model_body(served: selectors.ServedModel) -> dict:
 
 
 class CreditsApi(KeyApi):
+    @extend_schema(responses={200: outputs.CreditsSerializer})
     def get(self, request: DrfRequest) -> Response:
         key = self.key(request)
         account = billing_selectors.customer_account(user=key.user)
@@ -314,6 +369,10 @@ class CreditsApi(KeyApi):
 
 
 class GenerationStatsApi(KeyApi):
+    @extend_schema(
+        parameters=[OpenApiParameter("id", OpenApiTypes.STR, required=True, description="the request's id (chatcmpl-…)")],
+        responses={200: outputs.GenerationSerializer},
+    )
     def get(self, request: DrfRequest) -> Response:
         key = self.key(request)
         public_id = request.query_params.get("id", "")

@@ -16,15 +16,17 @@ from django.utils import timezone
 from django.utils.decorators import method_decorator
 from django.views import View
 from django.views.decorators.csrf import csrf_exempt
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request as DrfRequest
 from rest_framework.response import Response
 
-from billing.apis import payout_body
+from billing.apis import PayoutSerializer, payout_body
 from core.db import db
 from core.errors import ApiError, DomainError, validation_error
 from core.events import Inbox, host_group, queue_group
-from core.http import bearer_secret, json_body
+from core.http import INT_MAX, bearer_secret, json_body
+from core.openapi import ERROR, HOST_TOKEN
 from hosts import selectors as hosts
 from hosts import services as host_services
 from hosts.apis import HostApi
@@ -38,6 +40,7 @@ from marketplace import services as market
 class AsyncHostApi(View):
     """Parse, authenticate, validate, then `handle`; errors in the API's format."""
 
+    security_scheme = HOST_TOKEN
     InputSerializer: type[serializers.Serializer]
 
     async def post(self, request: HttpRequest, **kwargs: object) -> HttpResponse:
@@ -56,6 +59,48 @@ class AsyncHostApi(View):
         raise NotImplementedError
 
 
+class ClaimedJobSerializer(serializers.Serializer):
+    """The work and nothing about the customer (`protocol.jobs.JobPayload`)."""
+
+    id = serializers.IntegerField()
+    model = serializers.CharField()
+    kind = serializers.CharField(help_text="chat, completion or embeddings")
+    messages = serializers.ListField(child=serializers.DictField(), required=False, allow_null=True, help_text="chat")
+    prompt = serializers.CharField(required=False, allow_null=True, allow_blank=True, help_text="completion")
+    input = serializers.ListField(child=serializers.CharField(), required=False, allow_null=True, help_text="embeddings")
+    params = serializers.DictField(required=False, help_text="max_tokens, temperature, top_p, stop, seed")
+    continuation = serializers.BooleanField(help_text="a second attempt, continuing the text already delivered")
+
+
+class ClaimSerializer(serializers.Serializer):
+    job = ClaimedJobSerializer()
+
+
+class TokensAcceptedSerializer(serializers.Serializer):
+    accepted = serializers.BooleanField(help_text="false: a retry of a batch already applied")
+    next_seq = serializers.IntegerField()
+
+
+class ProgressSerializer(serializers.Serializer):
+    ok = serializers.BooleanField()
+
+
+class CompletedSerializer(serializers.Serializer):
+    earned_ucents = serializers.IntegerField()
+    completion_tokens = serializers.IntegerField()
+
+
+class FailedSerializer(serializers.Serializer):
+    failed = serializers.BooleanField()
+
+
+# A job that is not this host's is a 403; one that is no longer running, or a batch from the future, a 409.
+JOB_ERRORS = {409: ERROR}
+
+
+@extend_schema(responses={
+    200: ClaimSerializer, 204: OpenApiResponse(description="No job within `wait` seconds: claim again."), 429: ERROR,
+})
 class JobClaimApi(AsyncHostApi):
     """Long-poll: answer with a job as soon as one is queued for a model this
     host qualified on this machine, or 204 after `wait` seconds. Waiting hosts
@@ -161,9 +206,12 @@ def _first_to_hear(message: dict) -> bool:
     return True
 
 
+@extend_schema(responses={200: TokensAcceptedSerializer, **JOB_ERRORS})
 class JobTokensApi(AsyncHostApi):
+    """A batch of generated text, numbered from 0 (`seq`): applied once, in order."""
+
     class InputSerializer(serializers.Serializer):
-        seq = serializers.IntegerField(min_value=0)
+        seq = serializers.IntegerField(min_value=0, max_value=INT_MAX)
         text = serializers.CharField(allow_blank=True, trim_whitespace=False, max_length=market.MAX_BATCH_CHARS)
 
     async def handle(self, host: Host, data: dict, **kwargs: object) -> HttpResponse:
@@ -171,6 +219,7 @@ class JobTokensApi(AsyncHostApi):
         return JsonResponse({"accepted": result.accepted, "next_seq": result.next_seq})
 
 
+@extend_schema(responses={200: ProgressSerializer, **JOB_ERRORS})
 class JobProgressApi(AsyncHostApi):
     """Still loading the model or prefilling the prompt, no token yet: a sign of life that
     keeps the job alive past its start bound (`services.job_start_overdue`)."""
@@ -183,7 +232,10 @@ class JobProgressApi(AsyncHostApi):
         return JsonResponse({"ok": True})
 
 
+@extend_schema(responses={200: CompletedSerializer, **JOB_ERRORS})
 class JobCompleteApi(AsyncHostApi):
+    """The job is done: the gateway counts the tokens, bills the customer, pays the host."""
+
     class InputSerializer(serializers.Serializer):
         finish_reason = serializers.ChoiceField(choices=["stop", "length"])
         completion_tokens = serializers.IntegerField(min_value=0, required=False)
@@ -197,7 +249,10 @@ class JobCompleteApi(AsyncHostApi):
         return JsonResponse({"earned_ucents": done.earned_ucents, "completion_tokens": done.request.completion_tokens})
 
 
+@extend_schema(responses={200: FailedSerializer, **JOB_ERRORS})
 class JobFailApi(AsyncHostApi):
+    """The host gives the job up: it continues elsewhere once, or fails honestly."""
+
     class InputSerializer(serializers.Serializer):
         reason = serializers.CharField(max_length=500)
         # "request": the job's own content cannot be run (no strike; another host gets a second opinion)
@@ -217,6 +272,14 @@ class HeartbeatApi(HostApi):
         version = serializers.CharField(max_length=32, required=False, default="")
         catalog = serializers.JSONField(required=False, default=None)  # read leniently: see host_heartbeat
 
+    class OutputSerializer(serializers.Serializer):
+        status = serializers.CharField(help_text="offline, maintenance, paused, busy or online")
+        paused = serializers.BooleanField()
+        maintenance = serializers.CharField(allow_null=True, help_text="why the host is in maintenance, if it is")
+        load = serializers.ListField(child=serializers.CharField(), help_text="models the gateway asks this host to load")
+        unload = serializers.ListField(child=serializers.CharField(), help_text="models it may unload")
+
+    @extend_schema(responses={200: OutputSerializer})
     def post(self, request: DrfRequest) -> Response:
         host = self.host(request)
         serializer = self.InputSerializer(data=request.data)
@@ -235,6 +298,30 @@ class HeartbeatApi(HostApi):
 
 
 class HostMeApi(HostApi):
+    class OutputSerializer(serializers.Serializer):
+        class ActiveJobSerializer(serializers.Serializer):
+            id = serializers.IntegerField()
+            model = serializers.CharField()
+            claimed_at = serializers.DateTimeField(allow_null=True)
+
+        class QualificationSerializer(serializers.Serializer):
+            model = serializers.CharField()
+            fingerprint = serializers.CharField()
+            gen_tps = serializers.FloatField()
+            prompt_tps = serializers.FloatField()
+            ttft_ms = serializers.FloatField()
+
+        id = serializers.IntegerField()
+        name = serializers.CharField()
+        status = serializers.CharField(help_text="offline, maintenance, paused, busy or online")
+        paused = serializers.BooleanField()
+        maintenance_reason = serializers.CharField(allow_null=True)
+        maintenance_since = serializers.DateTimeField(allow_null=True)
+        last_heartbeat_at = serializers.DateTimeField(allow_null=True)
+        active_jobs = ActiveJobSerializer(many=True)
+        qualifications = QualificationSerializer(many=True)
+
+    @extend_schema(responses={200: OutputSerializer})
     def get(self, request: DrfRequest) -> Response:
         host = self.host(request)
         active = selectors.host_active_jobs(host=host)
@@ -256,9 +343,28 @@ class HostMeApi(HostApi):
         )
 
 
+class EarningLineSerializer(serializers.Serializer):
+    """One completed job as its host sees it (`earning_line`)."""
+
+    job_id = serializers.IntegerField()
+    model = serializers.CharField()
+    completion_tokens = serializers.IntegerField()
+    earned_ucents = serializers.IntegerField()
+    finished_at = serializers.DateTimeField(allow_null=True)
+    ring = serializers.IntegerField(allow_null=True, help_text="a ring stage's share: the ring")
+    layers = serializers.CharField(allow_null=True, help_text='the layers this host ran of it ("6/18")')
+
+
 class HostEarningsApi(HostApi):
     """GET /hosts/api/earnings: the balance and the latest completed jobs."""
 
+    class OutputSerializer(serializers.Serializer):
+        balance_ucents = serializers.IntegerField()
+        payable_ucents = serializers.IntegerField()
+        unvested_ucents = serializers.IntegerField()
+        lines = EarningLineSerializer(many=True)
+
+    @extend_schema(responses={200: OutputSerializer})
     def get(self, request: DrfRequest) -> Response:
         statement = selectors.host_statement(host=self.host(request))
         money = statement.payouts
@@ -283,6 +389,20 @@ class HostStatementApi(HostApi):
     """GET /billing/api/host/statement: balance, available, payouts, and the latest completed
     jobs (tokens and earnings only: nothing about the customer)."""
 
+    class OutputSerializer(serializers.Serializer):
+        object = serializers.CharField(help_text="host_statement")
+        balance_ucents = serializers.IntegerField()
+        available_ucents = serializers.IntegerField()
+        unvested_ucents = serializers.IntegerField()
+        forfeited_ucents = serializers.IntegerField()
+        vest_seconds = serializers.FloatField()
+        pending_payout_ucents = serializers.IntegerField()
+        paid_out_ucents = serializers.IntegerField()
+        payout_minimum_ucents = serializers.IntegerField()
+        jobs = EarningLineSerializer(many=True)
+        payouts = PayoutSerializer(many=True)
+
+    @extend_schema(responses={200: OutputSerializer})
     def get(self, request: DrfRequest) -> Response:
         statement = selectors.host_statement(host=self.host(request))
         return Response(

@@ -3,15 +3,16 @@ from __future__ import annotations
 
 from django.urls import path
 
+from core.openapi import documented
 from marketplace import host_apis as apis
 
 urlpatterns = [
     path("heartbeat", apis.HeartbeatApi.as_view()),
-    path("claim", apis.JobClaimApi.as_view()),
-    path("jobs/<int:job_id>/tokens", apis.JobTokensApi.as_view()),
-    path("jobs/<int:job_id>/progress", apis.JobProgressApi.as_view()),
-    path("jobs/<int:job_id>/complete", apis.JobCompleteApi.as_view()),
-    path("jobs/<int:job_id>/fail", apis.JobFailApi.as_view()),
+    path("claim", documented(apis.JobClaimApi)),
+    path("jobs/<id:job_id>/tokens", documented(apis.JobTokensApi)),
+    path("jobs/<id:job_id>/progress", documented(apis.JobProgressApi)),
+    path("jobs/<id:job_id>/complete", documented(apis.JobCompleteApi)),
+    path("jobs/<id:job_id>/fail", documented(apis.JobFailApi)),
     path("me", apis.HostMeApi.as_view()),
     path("earnings", apis.HostEarningsApi.as_view()),
 ]

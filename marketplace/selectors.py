@@ -15,6 +15,7 @@ from django.utils import timezone
 from billing import selectors as billing
 from catalog.models import CatalogModel
 from core.dates import day_bounds
+from core.http import holds_nul
 from hosts import selectors as hosts
 from hosts.models import Host
 from marketplace.models import Job, Request, StageShare
@@ -50,6 +51,8 @@ SERVED_MODELS_CACHE_KEY = "marketplace.served_models"
 
 
 def request_for_user(*, user: User, public_id: str) -> Request | None:
+    if holds_nul(public_id):  # names no request (and the database cannot compare with it)
+        return None
     return Request.objects.select_related("model").filter(user=user, public_id=public_id).first()
 
 
@@ -150,6 +153,8 @@ def usage_requests(*, user: User, start: date, end: date, after: str | None = No
     lower, upper = day_bounds(start, end)
     rows = Request.objects.filter(user=user, created_at__gte=lower, created_at__lt=upper)
     if after:
+        if holds_nul(after):
+            raise UnknownCursor(after)
         cursor = Request.objects.filter(user=user, public_id=after).values("created_at", "pk").first()
         if cursor is None:
             raise UnknownCursor(after)

@@ -2,7 +2,13 @@
 from __future__ import annotations
 
 from django.conf import settings
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.fields import empty
+
+from core.http import holds_nul
+
+NON_EMPTY = {"type": "string", "minLength": 1}
 
 
 class UnsupportedParameter(Exception):
@@ -16,7 +22,25 @@ class UnsupportedParameter(Exception):
         self.param = name
 
 
-class ContentField(serializers.Field):
+class StoredField(serializers.Field):
+    """A free-form input the request stores (messages, prompt, stop, texts to embed): like
+    DRF's CharField, it refuses NUL characters, which the database cannot hold."""
+
+    default_error_messages = {"null_characters": "Null characters are not allowed."}
+
+    def run_validation(self, data: object = empty) -> object:
+        value = super().run_validation(data)
+        if holds_nul(value):
+            self.fail("null_characters")
+        return value
+
+
+@extend_schema_field({"oneOf": [
+    {"type": "string"},
+    {"type": "array", "items": {"type": "object", "required": ["type", "text"],
+                                "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}}},
+]})
+class ContentField(StoredField):
     """OpenAI message content: a string, or a list of {"type": "text", "text": ...} parts."""
 
     default_error_messages = {"invalid": "must be a string or a list of text parts"}
@@ -34,7 +58,8 @@ class ContentField(serializers.Field):
         return value
 
 
-class StopField(serializers.Field):
+@extend_schema_field({"oneOf": [NON_EMPTY, {"type": "array", "maxItems": 4, "items": NON_EMPTY}]})  # null: allow_null
+class StopField(StoredField):
     default_error_messages = {"invalid": "must be a string or a list of up to 4 non-empty strings"}
 
     def to_internal_value(self, data: object) -> list[str] | None:
@@ -57,6 +82,46 @@ class MessageSerializer(serializers.Serializer):
     def to_internal_value(self, data: object) -> dict:
         value = super().to_internal_value(data)
         return {"role": "system" if value["role"] == "developer" else value["role"], "content": value["content"]}
+
+
+@extend_schema_field({"type": "object", "required": ["type"], "properties": {
+    "type": {"type": "string", "enum": ["text", "json_object", "json_schema"]},
+    "json_schema": {"type": "object", "required": ["name"], "properties": {
+        "name": {"type": "string"}, "description": {"type": "string"}, "schema": {"type": "object"},
+        "strict": {"type": ["boolean", "null"]}}},
+}})
+class ResponseFormatField(StoredField):
+    """OpenAI `response_format`: free text, any JSON object, or JSON matching a schema. The
+    host samples under a grammar made from it (llama.cpp's JSON-schema converter, checked
+    here so a schema it cannot take is a 400, not a host's failure); the gateway validates
+    the answer before calling it complete. Internally: None, {"type": "json_object"} or
+    {"type": "json_schema", "name", "schema"}."""
+
+    default_error_messages = {"invalid": "must be {{\"type\": \"text\"}}, {{\"type\": \"json_object\"}} or "
+                                         "{{\"type\": \"json_schema\", \"json_schema\": {{\"name\": ..., \"schema\": {{...}}}}}}",
+                              "schema": "json_schema.schema is not a usable JSON Schema: {why}"}
+
+    def to_internal_value(self, data: object) -> dict | None:
+        kind = data.get("type") if isinstance(data, dict) else None
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return {"type": "json_object"}
+        spec = data.get("json_schema") if kind == "json_schema" else None  # type: ignore[union-attr]
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+            self.fail("invalid")
+        schema = spec.get("schema", {})
+        if not isinstance(schema, dict):
+            self.fail("invalid")
+        from marketplace.structured import schema_problem
+
+        why = schema_problem(schema)
+        if why:
+            self.fail("schema", why=why)
+        return {"type": "json_schema", "name": spec["name"][:64], "schema": schema}
+
+    def to_representation(self, value: dict | None) -> dict | None:
+        return value
 
 
 class ProviderSerializer(serializers.Serializer):
@@ -85,7 +150,6 @@ def _zero(value: object) -> bool:
 
 
 UNSUPPORTED: dict[str, tuple[object, str]] = {  # name -> (the value that changes nothing, what to send instead)
-    "response_format": (lambda v: v is None or (isinstance(v, dict) and v.get("type") == "text"), "structured output"),
     "tools": (_absent, "tool calling"),
     "tool_choice": (lambda v: v is None or v == "none", "tool calling"),
     "parallel_tool_calls": (lambda v: True, ""),  # meaningless without tools, which are refused
@@ -104,7 +168,7 @@ UNSUPPORTED: dict[str, tuple[object, str]] = {  # name -> (the value that change
     "prediction": (lambda v: v is None, "predicted outputs"),
 }
 SUPPORTED_PARAMETERS = ["max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed", "stream",
-                        "stream_options", "provider"]
+                        "stream_options", "provider", "response_format"]
 
 
 class SamplingSerializer(serializers.Serializer):
@@ -118,6 +182,7 @@ class SamplingSerializer(serializers.Serializer):
     n = serializers.IntegerField(required=False, allow_null=True, min_value=1)
     stream = serializers.BooleanField(required=False, default=False)
     stream_options = serializers.DictField(required=False, allow_null=True)
+    response_format = ResponseFormatField(required=False, allow_null=True)
 
     default_max_tokens = settings.DEFAULT_MAX_TOKENS
 
@@ -138,6 +203,7 @@ class SamplingSerializer(serializers.Serializer):
             "top_p": 1.0 if data.get("top_p") is None else data["top_p"],
             "stop": data.get("stop"),
             "seed": data.get("seed"),
+            "response_format": data.get("response_format"),
         }
 
     def include_usage(self) -> bool:
@@ -162,7 +228,8 @@ class ChatInputSerializer(SamplingSerializer):
         return params
 
 
-class PromptField(serializers.Field):
+@extend_schema_field({"oneOf": [NON_EMPTY, {"type": "array", "minItems": 1, "maxItems": 1, "items": NON_EMPTY}]})
+class PromptField(StoredField):
     default_error_messages = {"invalid": "must be a non-empty string (or a list holding one string)"}
 
     def to_internal_value(self, data: object) -> str:
@@ -184,7 +251,8 @@ class CompletionInputSerializer(SamplingSerializer):
 MAX_EMBEDDING_INPUTS = 128  # per request: the vectors must fit a host API body (MAX_BODY_BYTES), and embed well inside the stall watchdog
 
 
-class EmbeddingInputField(serializers.Field):
+@extend_schema_field({"oneOf": [NON_EMPTY, {"type": "array", "minItems": 1, "maxItems": MAX_EMBEDDING_INPUTS, "items": NON_EMPTY}]})
+class EmbeddingInputField(StoredField):
     """OpenAI `input`: one string or a list of strings (token arrays are not accepted)."""
 
     default_error_messages = {

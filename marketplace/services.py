@@ -30,6 +30,7 @@ from hosts.selectors import qualified_model_ids, warm_model_ids
 from hosts.services import host_ban, host_maintenance_enter
 from marketplace import reputation, routing
 from marketplace.models import Job, Request, StageShare, TextChunk
+from marketplace.structured import answer_problem
 from mesh.rings.models import RingPlan
 from mesh.rings.selectors import ring_layers
 from protocol.jobs import JobPayload, job_payload_build
@@ -570,6 +571,9 @@ def job_complete(*, host: Host, job_id: int, finish_reason: str, embeddings: lis
         result, completion_tokens = None, min(counted, max_tokens)
         finish_reason = "stop" if stopped else finish_reason_checked(
             claimed=finish_reason, completion_tokens=completion_tokens, max_tokens=max_tokens)
+        problem = answer_problem(request.params.get("response_format"), text) if finish_reason == "stop" else None
+        if problem is not None:
+            return _structured_answer_refused(job=job, request=request, problem=problem)
         share = _rescuer_share(request=request, job=job, text=delivered, completion_tokens=completion_tokens)
     cost = min(price(model, prompt_tokens=request.prompt_tokens, completion_tokens=completion_tokens), request.hold.amount_ucents)
     hosts_share = share if share is not None else billing.split_cost(cost).host_ucents
@@ -609,6 +613,18 @@ def job_complete(*, host: Host, job_id: int, finish_reason: str, embeddings: lis
     request.finish_reason, request.messages, request.prompt, request.inputs = finish_reason, None, None, None
     request.result = result
     return Completion(request=request, earned_ucents=split.host_ucents)
+
+
+def _structured_answer_refused(*, job: Job, request: Request, problem: str) -> Completion:
+    """A finished answer that does not meet the request's `response_format` is never passed
+    on as a success: the attempt is the host's failure (it counts toward its rest) and the
+    request fails unbilled. No continuation: it would have to resume from that very text."""
+    Job.objects.filter(pk=job.pk, status=Job.Status.RUNNING).update(
+        status=Job.Status.FAILED, finished_at=timezone.now(), fail_reason=f"structured output: {problem}"[:500])
+    host_rest_if_unreliable(host_id=job.host_id)
+    _request_fail(request=request, code="invalid_structured_output",
+                  message=f"The host's answer did not meet response_format ({problem}); nothing was billed.")
+    return Completion(request=request, earned_ucents=0)
 
 
 def stop_at(text: str, stops: list[str] | None) -> int | None:
@@ -1037,7 +1053,7 @@ def request_forget_output(*, request_id: int) -> bool:
     return True
 
 
-CUSTOMER_TEXT_PARAMS = ("stop",)  # the request parameters that are the customer's own text
+CUSTOMER_TEXT_PARAMS = ("stop", "response_format")  # the request parameters that are the customer's own text
 
 
 # --- watchdog steps (Celery beat calls the tick; tests call the steps) ----------------

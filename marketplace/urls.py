@@ -2,14 +2,15 @@ from __future__ import annotations
 
 from django.urls import path
 
+from core.openapi import documented
 from marketplace import apis
 
 urlpatterns = [
-    path("chat/completions", apis.ChatCompletionsApi.as_view()),
-    path("chat/completions/<str:public_id>", apis.StreamResumeApi.as_view()),
-    path("completions", apis.CompletionsApi.as_view()),
-    path("completions/<str:public_id>", apis.StreamResumeApi.as_view()),
-    path("embeddings", apis.EmbeddingsApi.as_view()),
+    path("chat/completions", documented(apis.ChatCompletionsApi)),
+    path("chat/completions/<str:public_id>", documented(apis.StreamResumeApi)),
+    path("completions", documented(apis.CompletionsApi)),
+    path("completions/<str:public_id>", documented(apis.StreamResumeApi)),
+    path("embeddings", documented(apis.EmbeddingsApi)),
     path("models", apis.ModelListApi.as_view()),
     path("credits", apis.CreditsApi.as_view()),
     path("generation", apis.GenerationStatsApi.as_view()),

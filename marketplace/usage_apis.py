@@ -10,6 +10,9 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.http import HttpResponse, QueryDict, StreamingHttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -70,10 +73,55 @@ def usage_page(query: QueryDict, *, user: User, start: date, end: date) -> tuple
     return [usage_row(row) for row in rows[:limit]], len(rows) > limit
 
 
+RANGE = [
+    OpenApiParameter("from", OpenApiTypes.DATE, description="first UTC day (default: 30 days before `to`)"),
+    OpenApiParameter("to", OpenApiTypes.DATE, description="last UTC day, inclusive (default: today)"),
+]
+
+
 class UsageApi(KeyApi):
     """GET /v1/usage?from=YYYY-MM-DD&to=YYYY-MM-DD[&limit=N&after=ID] → daily totals, and the
     requests one page at a time (`has_more`; the next page starts `after` the last id)."""
 
+    class OutputSerializer(serializers.Serializer):
+        class DaySerializer(serializers.Serializer):
+            date = serializers.DateField()
+            requests = serializers.IntegerField()
+            prompt_tokens = serializers.IntegerField()
+            completion_tokens = serializers.IntegerField()
+            cost_ucents = serializers.IntegerField()
+
+        class RowSerializer(serializers.Serializer):
+            """One request (`usage_row`); the CSV has the same columns."""
+
+            id = serializers.CharField()
+            created = serializers.IntegerField(help_text="Unix seconds")
+            model = serializers.CharField()
+            key_prefix = serializers.CharField()
+            status = serializers.CharField()
+            prompt_tokens = serializers.IntegerField()
+            completion_tokens = serializers.IntegerField()
+            cost_ucents = serializers.IntegerField()
+
+        object = serializers.CharField(help_text="usage")
+        to = serializers.DateField()
+        has_more = serializers.BooleanField()
+        last_id = serializers.CharField(allow_null=True)
+        total_cost_ucents = serializers.IntegerField()
+        daily = DaySerializer(many=True)
+        data = RowSerializer(many=True)
+
+        def get_fields(self) -> dict:
+            return {"from": serializers.DateField(), **super().get_fields()}  # a Python keyword: no class attribute
+
+    @extend_schema(
+        parameters=[
+            *RANGE,
+            OpenApiParameter("limit", OpenApiTypes.INT, description=f"requests per page, 1 to {settings.USAGE_PAGE_MAX}"),
+            OpenApiParameter("after", OpenApiTypes.STR, description="the `last_id` of the previous page"),
+        ],
+        responses={200: OutputSerializer},
+    )
     def get(self, request: Request) -> Response:
         key = self.key(request)
         start, end = usage_range(request.query_params)
@@ -108,6 +156,7 @@ CSV_COLUMNS = ["id", "created", "model", "key_prefix", "status", "prompt_tokens"
 class UsageCsvApi(KeyApi):
     """GET /v1/usage.csv?from=…&to=… → one line per request (same columns as /v1/usage's data)."""
 
+    @extend_schema(parameters=RANGE, responses={(200, "text/csv"): OpenApiTypes.STR})
     def get(self, request: Request) -> HttpResponse:
         key = self.key(request)
         start, end = usage_range(request.query_params)

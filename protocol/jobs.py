@@ -4,7 +4,8 @@
 A job carries the work and nothing about the customer. A continuation (the second
 attempt after a host died mid-answer) carries the original prompt plus the exact text
 already delivered — as an unfinished assistant turn for a chat, appended to the prompt
-for a completion — and only the output budget that is left.
+for a completion — and only the output budget that is left. Under structured output the
+delivered text travels apart (`rewrite`): the host's grammar must read it from the start.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ CHAT = "chat"
 COMPLETION = "completion"
 EMBEDDINGS = "embeddings"
 
-SAMPLING_PARAMS = ("max_tokens", "temperature", "top_p", "stop", "seed")
+SAMPLING_PARAMS = ("max_tokens", "temperature", "top_p", "stop", "seed", "response_format")
 
 
 class JobPayload(TypedDict, total=False):
@@ -26,6 +27,7 @@ class JobPayload(TypedDict, total=False):
     input: list[str] | None  # embeddings: the texts to embed
     params: dict[str, Any]  # SAMPLING_PARAMS
     continuation: bool
+    rewrite: str  # a continuation under a grammar: the text to write again first (see below)
 
 
 def job_payload_build(
@@ -42,6 +44,11 @@ def job_payload_build(
     sampling = {key: params.get(key) for key in SAMPLING_PARAMS}
     if continuation:
         sampling["max_tokens"] = max(1, sampling["max_tokens"] - delivered_tokens)
+        if sampling.get("response_format"):
+            # A grammar starts at the start of the answer: the host writes the delivered text
+            # again under it (constrained to exactly that text, and not streamed), then goes on.
+            return {"id": job_id, "model": model, "kind": kind, "messages": messages, "prompt": prompt,
+                    "params": sampling, "continuation": continuation, "rewrite": delivered}
         if kind == CHAT:
             messages = [*(messages or []), {"role": "assistant", "content": delivered}]
         else:

@@ -7,6 +7,7 @@ before any compute and makes BOS explicit.
 """
 from __future__ import annotations
 
+import json
 import math
 import threading
 from collections.abc import Generator, Iterator
@@ -85,6 +86,132 @@ def _number(params: dict, key: str, default: float) -> float:
     if not math.isfinite(number) or not low <= number <= high:
         raise RequestRejected(f"{key} {value!r} is outside [{low:g}, {high:g}]")
     return number
+
+
+def grammar_for(response_format: dict | None) -> object | None:
+    """llama.cpp's grammar for a `response_format` (None: free text). The gateway checked
+    that the schema converts; a host whose llama.cpp still refuses it rejects the request
+    (the customer's, not a failure of the host)."""
+    if not response_format:
+        return None
+    from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar
+
+    try:
+        if response_format.get("type") == "json_object":
+            return LlamaGrammar.from_string(JSON_GBNF, verbose=False)
+        return LlamaGrammar.from_json_schema(json.dumps(response_format.get("schema") or {}), verbose=False)
+    except Exception as exc:  # noqa: BLE001 (the converter raises whatever it meets)
+        raise RequestRejected(f"response_format cannot be made into a grammar here: {exc}") from exc
+
+
+class LazyGrammar:
+    """Grammar-constrained sampling that checks the grammar against one token, not all.
+
+    llama.cpp's grammar sampler tests every token of the vocabulary at every step (262,144
+    for Gemma 3: most of a step's time). As llama.cpp's own common sampler does, this draws
+    the likely tokens first (greedily the 16 best; otherwise 16 draws from the
+    temperature/top-p distribution with its own seeded generator) and asks the grammar about
+    those alone, taking the best (or first drawn) it allows; only when it allows none of them
+    are all tokens tested and the draw made among those it allows. The result is the
+    grammar-masked choice exactly (greedy: the best allowed token; sampled: rejection
+    sampling, then the masked distribution itself). The chosen token is then the only one left
+    for llama.cpp's own sampler, which picks it. A logits processor: it sees the tokens
+    generated so far and feeds them to the grammar before each draw."""
+
+    CANDIDATES = 16
+
+    def __init__(self, llm: Llama, grammar: object, *, prompt_len: int, temperature: float, top_p: float,
+                 seed: int | None) -> None:
+        import llama_cpp
+        import numpy as np
+
+        self._lib = llama_cpp
+        self._sampler = llama_cpp.llama_sampler_init_grammar(
+            llama_cpp.llama_model_get_vocab(llm.model), grammar._grammar.encode("utf-8"),  # type: ignore[attr-defined]
+            grammar._root.encode("utf-8"),  # type: ignore[attr-defined]
+        )
+        self._seen = prompt_len
+        self._temperature, self._top_p = temperature, top_p
+        self._rng = np.random.default_rng(seed)
+        self._some = (llama_cpp.llama_token_data * self.CANDIDATES)()
+        n_vocab = llm.n_vocab()
+        self._all = np.zeros(n_vocab, dtype=np.dtype([("id", np.intc), ("logit", np.single), ("p", np.single)], align=True))
+        self._all["id"] = np.arange(n_vocab, dtype=np.intc)
+
+    def close(self) -> None:
+        if self._sampler is not None:
+            self._lib.llama_sampler_free(self._sampler)
+            self._sampler = None
+
+    def __call__(self, input_ids: npt.NDArray[np.intc], scores: npt.NDArray[np.single]) -> npt.NDArray[np.single]:
+        import numpy as np
+
+        for token in input_ids[self._seen :]:
+            self._lib.llama_sampler_accept(self._sampler, int(token))
+        self._seen = len(input_ids)
+        probs = None if self._temperature <= 0 else self._probabilities(scores)
+        choice = self._first_allowed(self._candidates(scores, probs))
+        if choice is None:  # none of the likely tokens: ask the grammar about every token
+            allowed = self._allowed(scores)
+            if probs is None:
+                choice = int(np.argmax(np.where(allowed, scores, -np.inf)))
+            else:
+                masked = np.where(allowed, probs, 0.0)
+                choice = int(self._rng.choice(len(masked), p=masked / masked.sum())) if masked.sum() > 0 else \
+                    int(np.argmax(np.where(allowed, scores, -np.inf)))
+        only = np.full_like(scores, -np.inf)
+        only[choice] = scores[choice] if np.isfinite(scores[choice]) else 0.0
+        return only
+
+    def _candidates(self, scores: npt.NDArray[np.single], probs: npt.NDArray[np.float64] | None) -> list[int]:
+        """Tokens to ask the grammar about first, in order: greedily, the CANDIDATES best;
+        otherwise CANDIDATES independent draws (taking the first the grammar allows is exact
+        rejection sampling from the masked distribution)."""
+        import numpy as np
+
+        if probs is None:
+            best = np.argpartition(-scores, self.CANDIDATES)[: self.CANDIDATES]
+            return [int(t) for t in best[np.argsort(-scores[best])]]
+        return [int(t) for t in self._rng.choice(len(probs), size=self.CANDIDATES, p=probs)]
+
+    def _probabilities(self, scores: npt.NDArray[np.single]) -> npt.NDArray[np.float64]:
+        """The temperature/top-p distribution llama.cpp would sample from."""
+        import numpy as np
+
+        probs = np.exp((scores - scores.max()) / np.float32(self._temperature), dtype=np.float64)
+        probs /= probs.sum()
+        if self._top_p < 1.0:
+            order = np.argsort(-probs)
+            keep = order[: int(np.searchsorted(np.cumsum(probs[order]), self._top_p)) + 1]
+            kept = np.zeros_like(probs)
+            kept[keep] = probs[keep]
+            probs = kept / kept.sum()
+        return probs
+
+    def _first_allowed(self, tokens: list[int]) -> int | None:
+        import math
+
+        unique = list(dict.fromkeys(tokens))
+        for i, token in enumerate(unique):
+            self._some[i].id, self._some[i].logit, self._some[i].p = token, 0.0, 0.0
+        self._apply(self._some, len(unique))
+        allowed = {self._some[i].id for i in range(len(unique)) if not math.isinf(self._some[i].logit)}
+        return next((token for token in tokens if token in allowed), None)
+
+    def _apply(self, data: object, size: int) -> None:
+        """Let the grammar mark the tokens it refuses (logit −inf) in `size` token data at `data`."""
+        import ctypes
+
+        pointer = ctypes.cast(data, ctypes.POINTER(self._lib.llama_token_data))
+        array = self._lib.llama_token_data_array(data=pointer, size=size, selected=-1, sorted=False)
+        self._lib.llama_sampler_apply(self._sampler, ctypes.byref(array))
+
+    def _allowed(self, scores: npt.NDArray[np.single]) -> npt.NDArray[np.bool_]:
+        import numpy as np
+
+        self._all["logit"] = 0.0
+        self._apply(self._all.ctypes.data, len(self._all))
+        return np.isfinite(self._all["logit"])
 
 
 def resumes_text(job: dict) -> bool:
@@ -211,6 +338,12 @@ class LlamaRunner:
         dropped = b"".join(self._vocab.pieces[t] for t in tokens[-back:])
         return tokens[:-back], TokenHealer(prompt_len=len(tokens) - back, dropped=dropped, vocab=self._vocab)
 
+    def _rewriter(self, *, prompt_len: int, text: str) -> TokenHealer:
+        """A healer that re-writes all of `text` (not just a cut word) before the model runs free."""
+        self._vocab_ready.join()
+        assert self._vocab is not None
+        return TokenHealer(prompt_len=prompt_len, dropped=text.encode("utf-8"), vocab=self._vocab)
+
     def prompt_tokens(self, job: dict) -> list[int]:
         """Token ids of the rendered job, BOS first; raises if they leave no room to generate."""
         tokens = self._llm.tokenize(render_job(job).encode("utf-8"), add_bos=True, special=True)
@@ -241,26 +374,45 @@ class LlamaRunner:
         tokens = self.prompt_tokens(job)
         budget = self.n_ctx - len(tokens)
         max_tokens = min(int(params.get("max_tokens") or budget), budget)
-        tokens, healer = self._heal(tokens) if resumes_text(job) else (tokens, None)
+        grammar = grammar_for(params.get("response_format"))
+        rewrite = job.get("rewrite") or ""
+        if rewrite:  # a continuation under a grammar: write the delivered text again, unseen, then go on
+            tokens, healer = tokens, self._rewriter(prompt_len=len(tokens), text=rewrite)
+            max_tokens = min(max_tokens + self._count(rewrite) + 4, budget)
+        else:
+            tokens, healer = self._heal(tokens) if resumes_text(job) else (tokens, None)
         self.finish_reason, self.completion_tokens = "stop", 0
         pieces: list[str] = []
+        from llama_cpp import LogitsProcessorList
+
+        temperature, top_p = _number(params, "temperature", 1.0), _number(params, "top_p", 1.0)
+        processors = list(healer.processors()) if healer else []
+        lazy = None
+        if grammar is not None:
+            lazy = LazyGrammar(self._llm, grammar, prompt_len=len(tokens), temperature=temperature, top_p=top_p,
+                               seed=params.get("seed"))
+            processors.append(lazy)
         chunks = self._llm.create_completion(
             prompt=tokens,
             stream=True,
             max_tokens=max_tokens,
-            temperature=_number(params, "temperature", 1.0),
-            top_p=_number(params, "top_p", 1.0),
+            temperature=temperature,
+            top_p=top_p,
             stop=self.stop_strings(job),
             seed=params.get("seed"),
-            logits_processor=healer.processors() if healer else None,
+            logits_processor=LogitsProcessorList(processors) if processors else None,
         )
-        for chunk in cast(Iterator[dict], chunks):  # stream=True returns an iterator of chunks
-            choice = chunk["choices"][0]
-            text = healer.strip(choice["text"]) if healer else choice["text"]
-            if text:
-                pieces.append(text)
-                yield text
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
+        try:
+            for chunk in cast(Iterator[dict], chunks):  # stream=True returns an iterator of chunks
+                choice = chunk["choices"][0]
+                text = healer.strip(choice["text"]) if healer else choice["text"]
+                if text:
+                    pieces.append(text)
+                    yield text
+                if choice.get("finish_reason"):
+                    self.finish_reason = choice["finish_reason"]
+        finally:
+            if lazy is not None:
+                lazy.close()
         text = "".join(pieces)
-        self.completion_tokens = max_tokens if self.finish_reason == "length" else self._count(text)
+        self.completion_tokens = max_tokens if self.finish_reason == "length" and not rewrite else self._count(text)

@@ -4,6 +4,8 @@ Kept small (1 thread, a few tokens) so it runs in seconds on a 2-core machine.
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from mahout.models import assemble_shipped
@@ -78,3 +80,50 @@ class TokenHealerStripTests:
 
         healer = TokenHealer(prompt_len=3, dropped=b" paragr", vocab=None)  # type: ignore[arg-type]
         assert [healer.strip(p) for p in (" par", "agraph", " two")] == ["", "aph", " two"]
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"]}
+ASK = [{"role": "user", "content": "Describe a person as JSON."}]
+
+
+class StructuredOutputTests:
+    def test_the_lazy_grammar_chooses_what_llama_cpps_own_grammar_sampler_chooses(self, runner):
+        """Greedy under a grammar: the lazy check (the likely tokens first) must pick exactly
+        the token llama.cpp's sampler picks after masking the whole vocabulary."""
+        from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar
+
+        from protocol.turns import render_job
+
+        for response_format in ({"type": "json_object"}, {"type": "json_schema", "name": "p", "schema": PERSON}):
+            job = {**chat_job(ASK, max_tokens=40), "params": {"max_tokens": 40, "temperature": 0.0,
+                                                              "response_format": response_format}}
+            runner._llm.reset()  # both from a cold cache: the same arithmetic, so the same near-ties
+            lazy = "".join(runner.stream(job))
+            grammar = (LlamaGrammar.from_string(JSON_GBNF, verbose=False)
+                       if response_format["type"] == "json_object" else LlamaGrammar.from_json_schema(json.dumps(PERSON), verbose=False))
+            tokens = runner._llm.tokenize(render_job(job).encode(), add_bos=True, special=True)
+            runner._llm.reset()
+            full = runner._llm.create_completion(prompt=tokens, max_tokens=40, temperature=0.0, grammar=grammar,
+                                                 stop=runner.stop_strings(job))["choices"][0]["text"]
+            assert lazy == full, (response_format, lazy, full)
+
+    def test_sampled_answers_under_a_schema_parse_and_match_it(self, runner):
+        import jsonschema
+
+        for seed in (1, 2, 3):
+            job = {**chat_job(ASK, max_tokens=80), "params": {
+                "max_tokens": 80, "temperature": 1.0, "seed": seed,
+                "response_format": {"type": "json_schema", "name": "p", "schema": {**PERSON, "additionalProperties": False}}}}
+            text = "".join(runner.stream(job))
+            if runner.finish_reason == "stop":
+                jsonschema.validate(json.loads(text), PERSON)
+            else:
+                assert text.lstrip().startswith("{")
+
+    def test_a_continuation_writes_the_delivered_text_again_and_streams_only_what_follows(self, runner):
+        whole = "".join(runner.stream({**chat_job(ASK), "params": {
+            "max_tokens": 40, "temperature": 0.0, "response_format": {"type": "json_schema", "name": "p", "schema": PERSON}}}))
+        cut = len(whole) // 2
+        rest = "".join(runner.stream({**chat_job(ASK), "continuation": True, "rewrite": whole[:cut], "params": {
+            "max_tokens": 40, "temperature": 0.0, "response_format": {"type": "json_schema", "name": "p", "schema": PERSON}}}))
+        assert whole[:cut] + rest == whole

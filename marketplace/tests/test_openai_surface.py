@@ -23,7 +23,7 @@ def api(customer) -> tuple[Client, str]:  # noqa: ANN001
 
 
 REFUSED = [
-    ("response_format", {"type": "json_object"}), ("tools", [{"type": "function", "function": {"name": "f"}}]),
+    ("tools", [{"type": "function", "function": {"name": "f"}}]),
     ("tool_choice", "required"), ("logprobs", True), ("top_logprobs", 2), ("logit_bias", {"50256": -100}),
     ("presence_penalty", 0.5), ("frequency_penalty", 1.0), ("n", 2), ("functions", [{"name": "f"}]),
 ]

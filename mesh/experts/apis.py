@@ -15,11 +15,15 @@ service or selector, renders.
 from __future__ import annotations
 
 from django.http import FileResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from core.errors import ApiError
+from core.http import BIGINT_MAX, INT_MAX
+from core.openapi import ERROR
 from hosts.apis import HostApi
 from hosts.models import Host
 from mesh.experts import selectors, services
@@ -37,6 +41,20 @@ class MoeHostApi(HostApi):
         return host, worker
 
 
+class SliceSerializer(serializers.Serializer):
+    """A worker as its own host sees it (`_slice`)."""
+
+    worker = serializers.IntegerField()
+    model = serializers.CharField()
+    layer = serializers.IntegerField()
+    first = serializers.IntegerField()
+    count = serializers.IntegerField()
+    status = serializers.CharField(help_text="assigned, active or retired")
+    slice_url = serializers.CharField()
+    address = serializers.CharField(allow_blank=True, help_text="HOST:PORT, or blank: reached through the relay")
+    secret = serializers.CharField()
+
+
 def _slice(worker: ExpertWorker) -> dict:
     """A worker as its own host sees it, with the secret its listener admits the coordinator with."""
     return {
@@ -47,12 +65,53 @@ def _slice(worker: ExpertWorker) -> dict:
 
 
 class MoeRecruitmentApi(MoeHostApi):
+    class OutputSerializer(serializers.Serializer):
+        class ModelSerializer(serializers.Serializer):
+            class WorkerSerializer(serializers.Serializer):
+                id = serializers.IntegerField()
+                host = serializers.IntegerField()
+                layer = serializers.IntegerField()
+                first = serializers.IntegerField()
+                count = serializers.IntegerField()
+                status = serializers.CharField()
+                last_serve_ms = serializers.IntegerField()
+                heartbeat_at = serializers.DateTimeField(allow_null=True)
+
+            model = serializers.CharField()
+            busy = serializers.IntegerField()
+            saturation_threshold = serializers.IntegerField()
+            saturated = serializers.BooleanField()
+            base_target = serializers.IntegerField()
+            boost = serializers.IntegerField()
+            effective_target = serializers.IntegerField()
+            reported_at = serializers.DateTimeField(allow_null=True)
+            n_layers = serializers.IntegerField()
+            n_experts = serializers.IntegerField()
+            slice_size = serializers.IntegerField()
+            workers = WorkerSerializer(many=True)
+
+        models = ModelSerializer(many=True)
+
+    @extend_schema(responses={200: OutputSerializer})
     def get(self, request: Request) -> Response:
         self.host(request)
         return Response({"models": selectors.recruitment()})
 
 
 class ExpertDemandApi(MoeHostApi):
+    class OutputSerializer(serializers.Serializer):
+        class ScarceSerializer(serializers.Serializer):
+            model = serializers.CharField()
+            layer = serializers.IntegerField()
+            first = serializers.IntegerField()
+            count = serializers.IntegerField()
+            covered = serializers.IntegerField()
+            target = serializers.IntegerField()
+
+        recruiting = serializers.BooleanField()
+        slices = ScarceSerializer(many=True)
+
+    @extend_schema(responses={200: OutputSerializer})
     def get(self, request: Request) -> Response:
         self.host(request)
         recruiting, scarce = selectors.expert_demand()
@@ -64,6 +123,9 @@ class ExpertDemandApi(MoeHostApi):
 
 
 class ExpertVolunteerApi(MoeHostApi):
+    @extend_schema(request=None, responses={
+        200: SliceSerializer, 204: OpenApiResponse(description="No slice is wanted now."), 409: ERROR,
+    })
     def post(self, request: Request) -> Response:
         worker = services.expert_volunteer(host=self.host(request))
         if worker is None:
@@ -74,6 +136,7 @@ class ExpertVolunteerApi(MoeHostApi):
 class ExpertSliceApi(MoeHostApi):
     """Only the tensors of the worker's own slice, as a GGUF file."""
 
+    @extend_schema(responses={(200, "application/octet-stream"): OpenApiTypes.BINARY, 409: ERROR})
     def get(self, request: Request, worker_id: int) -> FileResponse:
         _, worker = self.own_worker(request, worker_id)
         path = services.expert_slice_file(worker=worker)
@@ -84,6 +147,7 @@ class ExpertWorkerRegisterApi(MoeHostApi):
     class InputSerializer(serializers.Serializer):
         address = serializers.RegexField(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$", required=False, allow_blank=True, default="")
 
+    @extend_schema(responses={200: SliceSerializer, 409: ERROR})
     def post(self, request: Request, worker_id: int) -> Response:
         host = self.host(request)
         serializer = self.InputSerializer(data=request.data)
@@ -93,6 +157,10 @@ class ExpertWorkerRegisterApi(MoeHostApi):
 
 
 class ExpertWorkerHeartbeatApi(MoeHostApi):
+    class OutputSerializer(serializers.Serializer):
+        retire = serializers.BooleanField(help_text="true: stop serving this slice")
+
+    @extend_schema(request=None, responses={200: OutputSerializer, 409: ERROR})
     def post(self, request: Request, worker_id: int) -> Response:
         host = self.host(request)
         retire = services.expert_worker_heartbeat(worker_id=worker_id, host=host)
@@ -102,13 +170,30 @@ class ExpertWorkerHeartbeatApi(MoeHostApi):
 class CoordinatorReportApi(MoeHostApi):
     class InputSerializer(serializers.Serializer):
         class WorkerSerializer(serializers.Serializer):
-            id = serializers.IntegerField(min_value=1)
-            last_serve_ms = serializers.IntegerField(min_value=0)
+            id = serializers.IntegerField(min_value=1, max_value=BIGINT_MAX)
+            last_serve_ms = serializers.IntegerField(min_value=0, max_value=BIGINT_MAX)
 
         model = serializers.CharField(max_length=200)
-        busy = serializers.IntegerField(min_value=0)
+        busy = serializers.IntegerField(min_value=0, max_value=INT_MAX)
         workers = WorkerSerializer(many=True, required=False, default=list)
 
+    class OutputSerializer(serializers.Serializer):
+        class DispatchSerializer(serializers.Serializer):
+            id = serializers.IntegerField()
+            layer = serializers.IntegerField()
+            first = serializers.IntegerField()
+            count = serializers.IntegerField()
+            address = serializers.CharField(allow_blank=True)
+            relay = serializers.BooleanField()
+            last_serve_ms = serializers.IntegerField()
+            secret = serializers.CharField()
+
+        model = serializers.CharField()
+        saturated = serializers.BooleanField()
+        effective_target = serializers.IntegerField()
+        dispatch_map = DispatchSerializer(many=True)
+
+    @extend_schema(responses={200: OutputSerializer})
     def post(self, request: Request) -> Response:
         host = self.host(request)
         serializer = self.InputSerializer(data=request.data)

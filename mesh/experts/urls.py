@@ -9,7 +9,7 @@ urlpatterns = [
     path("moe/coordinator-report", apis.CoordinatorReportApi.as_view()),
     path("expert-demand", apis.ExpertDemandApi.as_view()),
     path("expert-volunteer", apis.ExpertVolunteerApi.as_view()),
-    path("expert-workers/<int:worker_id>/slice", apis.ExpertSliceApi.as_view()),
-    path("expert-workers/<int:worker_id>/register", apis.ExpertWorkerRegisterApi.as_view()),
-    path("expert-workers/<int:worker_id>/heartbeat", apis.ExpertWorkerHeartbeatApi.as_view()),
+    path("expert-workers/<id:worker_id>/slice", apis.ExpertSliceApi.as_view()),
+    path("expert-workers/<id:worker_id>/register", apis.ExpertWorkerRegisterApi.as_view()),
+    path("expert-workers/<id:worker_id>/heartbeat", apis.ExpertWorkerHeartbeatApi.as_view()),
 ]

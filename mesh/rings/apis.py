@@ -9,15 +9,44 @@ selector, renders.
 """
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from core.errors import ApiError
+from core.http import BIGINT_MAX, INT_MAX
+from core.openapi import ERROR
 from hosts.apis import HostApi
 from hosts.models import Host
 from mesh.rings import selectors, services
 from mesh.rings.models import RingPlan
+
+
+class StageAddressSerializer(serializers.Serializer):
+    """Where a stage listens (`selectors.stage_address`): "" until it has said."""
+
+    stage = serializers.IntegerField()
+    start = serializers.IntegerField()
+    end = serializers.IntegerField()
+    host = serializers.IntegerField(allow_null=True, help_text="null: the bridge's own stage")
+    address = serializers.CharField(allow_blank=True)
+    reported_at = serializers.DateTimeField(allow_null=True)
+
+
+class StageSharesSerializer(serializers.Serializer):
+    """A stage's reported time use (`selectors.stage_shares`)."""
+
+    stage = serializers.IntegerField()
+    start = serializers.IntegerField()
+    end = serializers.IntegerField()
+    host = serializers.IntegerField(allow_null=True)
+    hold_s = serializers.FloatField()
+    idle_s = serializers.FloatField()
+    queue_depth = serializers.IntegerField()
+    batches = serializers.IntegerField()
+    hold_share = serializers.FloatField(allow_null=True, help_text="near 1: saturated; near 0: starved")
+    reported_at = serializers.DateTimeField(allow_null=True)
 
 
 def _participant_ring(*, ring_id: int, host: Host) -> RingPlan:
@@ -30,6 +59,28 @@ def _participant_ring(*, ring_id: int, host: Host) -> RingPlan:
 class RingAssignmentApi(HostApi):
     """The stages this host serves: its layer range, the whole plan, the declared widths, the ring's secret."""
 
+    class OutputSerializer(serializers.Serializer):
+        class AssignmentSerializer(serializers.Serializer):
+            class StageSerializer(serializers.Serializer):
+                stage = serializers.IntegerField()
+                start = serializers.IntegerField()
+                end = serializers.IntegerField()
+                host = serializers.IntegerField(allow_null=True)
+
+            ring = serializers.IntegerField()
+            model = serializers.CharField()
+            stage = serializers.IntegerField()
+            start = serializers.IntegerField()
+            end = serializers.IntegerField()
+            row_width = serializers.IntegerField()
+            micro_batch = serializers.IntegerField()
+            n_layers = serializers.IntegerField()
+            secret = serializers.CharField()
+            stages = StageSerializer(many=True)
+
+        assignments = AssignmentSerializer(many=True)
+
+    @extend_schema(responses={200: OutputSerializer})
     def get(self, request: Request) -> Response:
         host = self.host(request)
         return Response({"assignments": [
@@ -50,10 +101,18 @@ class RingProposeApi(HostApi):
 
     class InputSerializer(serializers.Serializer):
         model = serializers.CharField(max_length=200)
-        stages = serializers.IntegerField()
+        stages = serializers.IntegerField(max_value=INT_MAX)
+        row_width = serializers.IntegerField(max_value=INT_MAX)
+        micro_batch = serializers.IntegerField(max_value=INT_MAX)
+
+    class OutputSerializer(serializers.Serializer):
+        ring = serializers.IntegerField()
+        model = serializers.CharField()
         row_width = serializers.IntegerField()
         micro_batch = serializers.IntegerField()
+        stages = StageAddressSerializer(many=True)
 
+    @extend_schema(responses={201: OutputSerializer})
     def post(self, request: Request) -> Response:
         host = self.host(request)
         serializer = self.InputSerializer(data=request.data)
@@ -75,6 +134,7 @@ class RingStageAddressApi(HostApi):
     class InputSerializer(serializers.Serializer):
         address = serializers.CharField(max_length=300)
 
+    @extend_schema(responses={200: StageAddressSerializer})
     def post(self, request: Request, ring_id: int, index: int) -> Response:
         host = self.host(request)
         serializer = self.InputSerializer(data=request.data)
@@ -89,6 +149,12 @@ class RingAddressesApi(HostApi):
     """GET: where every stage of a ring listens, for its participants only (stage hosts dial
     their next stage, the bridge dials the head and the tail)."""
 
+    class OutputSerializer(serializers.Serializer):
+        ring = serializers.IntegerField()
+        status = serializers.CharField(help_text="active or retired")
+        stages = StageAddressSerializer(many=True)
+
+    @extend_schema(responses={200: OutputSerializer})
     def get(self, request: Request, ring_id: int) -> Response:
         plan = _participant_ring(ring_id=ring_id, host=self.host(request))
         return Response({
@@ -100,6 +166,11 @@ class RingAddressesApi(HostApi):
 class RingSecretApi(HostApi):
     """GET: the ring's secret, for its bridge and its stage hosts (anyone else: 404)."""
 
+    class OutputSerializer(serializers.Serializer):
+        ring = serializers.IntegerField()
+        secret = serializers.CharField()
+
+    @extend_schema(responses={200: OutputSerializer, 409: ERROR})
     def get(self, request: Request, ring_id: int) -> Response:
         plan = _participant_ring(ring_id=ring_id, host=self.host(request))
         if plan.status != RingPlan.Status.ACTIVE:
@@ -112,14 +183,25 @@ class RingStatsApi(HostApi):
 
     class InputSerializer(serializers.Serializer):
         class StageSerializer(serializers.Serializer):
-            stage = serializers.IntegerField(min_value=0)
+            stage = serializers.IntegerField(min_value=0, max_value=INT_MAX)
             hold_s = serializers.FloatField(min_value=0)
             idle_s = serializers.FloatField(min_value=0)
-            queue_depth = serializers.IntegerField(min_value=0)
-            batches = serializers.IntegerField(min_value=0, required=False, default=0)
+            queue_depth = serializers.IntegerField(min_value=0, max_value=INT_MAX)
+            batches = serializers.IntegerField(min_value=0, max_value=BIGINT_MAX, required=False, default=0)
 
         stages = StageSerializer(many=True, allow_empty=False)
 
+    class OutputSerializer(serializers.Serializer):
+        ring = serializers.IntegerField()
+        model = serializers.CharField()
+        row_width = serializers.IntegerField()
+        micro_batch = serializers.IntegerField()
+        stages = StageSharesSerializer(many=True)
+
+    class ReportedSerializer(serializers.Serializer):
+        updated = serializers.IntegerField(help_text="stages whose figures were recorded")
+
+    @extend_schema(responses={200: OutputSerializer})
     def get(self, request: Request, ring_id: int) -> Response:
         plan = _participant_ring(ring_id=ring_id, host=self.host(request))
         return Response({
@@ -127,6 +209,7 @@ class RingStatsApi(HostApi):
             "stages": [selectors.stage_shares(stage) for stage in plan.stages.all()],
         })
 
+    @extend_schema(responses={200: ReportedSerializer})
     def post(self, request: Request, ring_id: int) -> Response:
         host = self.host(request)
         serializer = self.InputSerializer(data=request.data)

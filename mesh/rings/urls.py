@@ -7,8 +7,8 @@ from mesh.rings import apis
 urlpatterns = [
     path("rings/own", apis.RingProposeApi.as_view()),
     path("rings/assignment", apis.RingAssignmentApi.as_view()),
-    path("rings/<int:ring_id>/addresses", apis.RingAddressesApi.as_view()),
-    path("rings/<int:ring_id>/secret", apis.RingSecretApi.as_view()),
-    path("rings/<int:ring_id>/stages/<int:index>/address", apis.RingStageAddressApi.as_view()),
-    path("rings/<int:ring_id>/stats", apis.RingStatsApi.as_view()),
+    path("rings/<id:ring_id>/addresses", apis.RingAddressesApi.as_view()),
+    path("rings/<id:ring_id>/secret", apis.RingSecretApi.as_view()),
+    path("rings/<id:ring_id>/stages/<id:index>/address", apis.RingStageAddressApi.as_view()),
+    path("rings/<id:ring_id>/stats", apis.RingStatsApi.as_view()),
 ]

@@ -9,8 +9,16 @@ class JobPayloadTests:
     def test_it_sends_only_the_sampling_params(self) -> None:
         payload = job_payload_build(job_id=1, model="m", kind=CHAT, messages=[{"role": "user", "content": "hi"}], prompt=None,
                                     inputs=None, params=PARAMS)
-        assert payload["params"] == {"max_tokens": 20, "temperature": 0.5, "top_p": 1.0, "stop": None, "seed": 3}
+        assert payload["params"] == {"max_tokens": 20, "temperature": 0.5, "top_p": 1.0, "stop": None, "seed": 3,
+                                     "response_format": None}
         assert payload["continuation"] is False
+
+    def test_a_continuation_under_a_grammar_carries_the_delivered_text_apart_to_be_written_again(self) -> None:
+        structured = {**PARAMS, "response_format": {"type": "json_object"}}
+        payload = job_payload_build(job_id=5, model="m", kind=CHAT, messages=[{"role": "user", "content": "hi"}], prompt=None,
+                                    inputs=None, params=structured, continuation=True, delivered='{"a": ', delivered_tokens=3)
+        assert payload["messages"] == [{"role": "user", "content": "hi"}] and payload["rewrite"] == '{"a": '
+        assert payload["params"]["response_format"] == {"type": "json_object"} and payload["params"]["max_tokens"] == 17
 
     def test_it_continues_a_chat_from_an_unfinished_assistant_turn_with_the_budget_left(self) -> None:
         payload = job_payload_build(job_id=2, model="m", kind=CHAT, messages=[{"role": "user", "content": "hi"}], prompt=None,

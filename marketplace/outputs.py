@@ -1,0 +1,220 @@
+"""Output shapes of the OpenAI-compatible API, for its OpenAPI schema: what `render.py` and
+`apis.py` return, described field by field. The views build their bodies as dicts; these
+serializers only document them, and the schema fuzz test (config/tests/test_schema_fuzz.py)
+holds every live answer to them.
+"""
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiResponse, extend_schema_field
+from rest_framework import serializers
+
+from core.openapi import ErrorSerializer, EventStream
+
+
+@extend_schema_field({"type": "null", "description": "always null: log-probabilities are not offered"})
+class NoLogprobsField(serializers.JSONField):
+    pass
+
+
+class UsageSerializer(serializers.Serializer):
+    prompt_tokens = serializers.IntegerField()
+    completion_tokens = serializers.IntegerField()
+    total_tokens = serializers.IntegerField()
+
+
+class AssistantMessageSerializer(serializers.Serializer):
+    role = serializers.CharField(help_text="assistant")
+    content = serializers.CharField(allow_blank=True)
+
+
+class ChatChoiceSerializer(serializers.Serializer):
+    index = serializers.IntegerField()
+    message = AssistantMessageSerializer()
+    logprobs = NoLogprobsField()
+    finish_reason = serializers.CharField(help_text="stop or length")
+
+
+class ChatCompletionSerializer(serializers.Serializer):
+    """A whole chat answer (`stream` false)."""
+
+    id = serializers.CharField()
+    object = serializers.CharField(help_text="chat.completion")
+    created = serializers.IntegerField(help_text="Unix seconds")
+    model = serializers.CharField()
+    choices = ChatChoiceSerializer(many=True)
+    usage = UsageSerializer()
+
+
+class TextChoiceSerializer(serializers.Serializer):
+    index = serializers.IntegerField()
+    text = serializers.CharField(allow_blank=True)
+    logprobs = NoLogprobsField()
+    finish_reason = serializers.CharField(help_text="stop or length")
+
+
+class TextCompletionSerializer(serializers.Serializer):
+    """A whole text completion (`stream` false)."""
+
+    id = serializers.CharField()
+    object = serializers.CharField(help_text="text_completion")
+    created = serializers.IntegerField(help_text="Unix seconds")
+    model = serializers.CharField()
+    choices = TextChoiceSerializer(many=True)
+    usage = UsageSerializer()
+
+
+class ChunkExtrasSerializer(serializers.Serializer):
+    offset = serializers.IntegerField(required=False, help_text="characters delivered so far: where a dropped stream resumes")
+    resumed = serializers.BooleanField(required=False, help_text="true on the last chunk of an answer continued on another host")
+
+
+class ChatDeltaSerializer(serializers.Serializer):
+    role = serializers.CharField(required=False, help_text="assistant, on the first chunk")
+    content = serializers.CharField(required=False, allow_blank=True)
+
+
+class ChatChunkChoiceSerializer(serializers.Serializer):
+    index = serializers.IntegerField()
+    delta = ChatDeltaSerializer()
+    logprobs = NoLogprobsField()
+    finish_reason = serializers.CharField(allow_null=True, help_text="null until the last chunk: stop or length")
+
+
+class ChatCompletionChunkSerializer(serializers.Serializer):
+    """One event of a streamed chat (`chunk_body`)."""
+
+    id = serializers.CharField()
+    object = serializers.CharField(help_text="chat.completion.chunk")
+    created = serializers.IntegerField()
+    model = serializers.CharField()
+    choices = ChatChunkChoiceSerializer(many=True)
+    usage = UsageSerializer(required=False, help_text="on the last chunk, with stream_options.include_usage")
+    x_elephant = ChunkExtrasSerializer(required=False)
+
+
+class TextChunkChoiceSerializer(serializers.Serializer):
+    index = serializers.IntegerField()
+    text = serializers.CharField(allow_blank=True)
+    logprobs = NoLogprobsField()
+    finish_reason = serializers.CharField(allow_null=True, help_text="null until the last chunk: stop or length")
+
+
+class TextCompletionChunkSerializer(serializers.Serializer):
+    """One event of a streamed text completion (`chunk_body`)."""
+
+    id = serializers.CharField()
+    object = serializers.CharField(help_text="text_completion")
+    created = serializers.IntegerField()
+    model = serializers.CharField()
+    choices = TextChunkChoiceSerializer(many=True)
+    usage = UsageSerializer(required=False, help_text="on the last chunk, with stream_options.include_usage")
+    x_elephant = ChunkExtrasSerializer(required=False)
+
+
+STREAM = (
+    "`stream: true`: Server-Sent Events. Each event is `data: <{kind} chunk as JSON>`; a text chunk carries "
+    "`x_elephant.offset`, the characters delivered so far, where a dropped stream resumes "
+    "(`GET …/<id>?stream=true&starting_after=N`). The stream ends with `data: [DONE]`, or with one "
+    "`data: {{\"error\": …}}` event when the request failed after it started."
+)
+
+
+def stream(*chunks: type[serializers.Serializer], kind: str) -> EventStream:
+    return EventStream((*chunks, ErrorSerializer), description=STREAM.format(kind=kind))
+
+
+def generation_responses(whole: type[serializers.Serializer], chunk: type[serializers.Serializer], kind: str) -> dict:
+    """200 as one JSON body (`stream` false) or as Server-Sent Events (`stream: true`)."""
+    description = f"`stream` false: the whole {kind} as JSON. {STREAM.format(kind=kind)}"
+    return {
+        (200, "application/json"): OpenApiResponse(whole, description=description),
+        (200, "text/event-stream"): stream(chunk, kind=kind),
+    }
+
+
+RESUMED = stream(ChatCompletionChunkSerializer, TextCompletionChunkSerializer, kind="chat.completion or text_completion")
+
+
+class EmbeddingSerializer(serializers.Serializer):
+    object = serializers.CharField(help_text="embedding")
+    index = serializers.IntegerField()
+    embedding = serializers.JSONField(help_text="a list of floats, or base64 of little-endian float32 (`encoding_format`)")
+
+
+class EmbeddingUsageSerializer(serializers.Serializer):
+    prompt_tokens = serializers.IntegerField()
+    total_tokens = serializers.IntegerField()
+
+
+class EmbeddingListSerializer(serializers.Serializer):
+    object = serializers.CharField(help_text="list")
+    data = EmbeddingSerializer(many=True)
+    model = serializers.CharField()
+    usage = EmbeddingUsageSerializer()
+    id = serializers.CharField()
+
+
+class ModelPricingSerializer(serializers.Serializer):
+    input_ucents_per_token = serializers.IntegerField()
+    output_ucents_per_token = serializers.IntegerField()
+
+
+class ModelSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    object = serializers.CharField(help_text="model")
+    created = serializers.IntegerField(help_text="Unix seconds")
+    owned_by = serializers.CharField()
+    kind = serializers.CharField(help_text="chat or embedding")
+    context_length = serializers.IntegerField()
+    pricing = ModelPricingSerializer()
+    hosts_online = serializers.IntegerField()
+    hosts_warm = serializers.IntegerField()
+    latency_critical = serializers.BooleanField()
+    supported_parameters = serializers.ListField(child=serializers.CharField())
+
+
+class ModelListSerializer(serializers.Serializer):
+    object = serializers.CharField(help_text="list")
+    data = ModelSerializer(many=True)
+
+
+class CreditsKeySerializer(serializers.Serializer):
+    prefix = serializers.CharField()
+    spend_cap_ucents = serializers.IntegerField(allow_null=True)
+    spent_ucents = serializers.IntegerField()
+    held_ucents = serializers.IntegerField()
+
+
+class CreditsSerializer(serializers.Serializer):
+    """Amounts in µ¢ (1 USD = 100,000,000 µ¢)."""
+
+    object = serializers.CharField(help_text="credits")
+    balance_ucents = serializers.IntegerField()
+    held_ucents = serializers.IntegerField()
+    available_ucents = serializers.IntegerField()
+    available_usd = serializers.CharField(help_text='dollars, as a decimal string with 8 places ("4.99000000")')
+    key = CreditsKeySerializer()
+
+
+class GenerationErrorSerializer(serializers.Serializer):
+    code = serializers.CharField()
+    message = serializers.CharField(allow_blank=True)
+
+
+class GenerationSerializer(serializers.Serializer):
+    """Status, counts and cost of a request: never its prompt or its text."""
+
+    id = serializers.CharField()
+    object = serializers.CharField(help_text="generation")
+    model = serializers.CharField()
+    kind = serializers.CharField(help_text="chat, completion or embeddings")
+    status = serializers.CharField(help_text="queued, running, completed or failed")
+    created = serializers.IntegerField(help_text="Unix seconds")
+    finished = serializers.IntegerField(allow_null=True)
+    prompt_tokens = serializers.IntegerField()
+    completion_tokens = serializers.IntegerField()
+    estimate_ucents = serializers.IntegerField()
+    cost_ucents = serializers.IntegerField()
+    finish_reason = serializers.CharField(allow_null=True)
+    resumed = serializers.BooleanField()
+    error = GenerationErrorSerializer(allow_null=True)

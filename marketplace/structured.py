@@ -1,0 +1,48 @@
+"""Structured output (`response_format`): what the gateway checks before and after a host
+samples under a grammar.
+
+Before: the schema is a valid JSON Schema and llama.cpp's JSON-schema-to-grammar converter
+(the one every host runs) accepts it, so a schema no host can follow is the customer's 400,
+never a host's failure. After: the delivered answer is JSON and, for `json_schema`, valid
+against it (`jsonschema`); otherwise the answer is the host's failure, never passed on as
+a success. An answer cut by `max_tokens` (finish_reason "length") is left as it is, as
+OpenAI leaves it."""
+from __future__ import annotations
+
+import json
+
+
+def schema_problem(schema: dict) -> str | None:
+    """Why `schema` cannot constrain an answer, or None."""
+    from jsonschema import exceptions, validators
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    try:
+        validators.validator_for(schema).check_schema(schema)
+    except exceptions.SchemaError as exc:
+        return exc.message
+    try:
+        json_schema_to_gbnf(json.dumps(schema))
+    except Exception as exc:  # noqa: BLE001 (the converter raises whatever it meets: its message is the answer)
+        return f"it cannot be made into a sampling grammar ({type(exc).__name__}: {exc})"[:300]
+    return None
+
+
+def answer_problem(response_format: dict | None, text: str) -> str | None:
+    """Why a finished answer does not meet `response_format`, or None."""
+    if not response_format:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        return f"the answer is not JSON ({exc})"
+    if response_format["type"] == "json_object":
+        return None if isinstance(value, dict) else "the answer is JSON but not an object"
+    from jsonschema import exceptions, validators
+
+    schema = response_format.get("schema") or {}
+    try:
+        validators.validator_for(schema)(schema).validate(value)
+    except exceptions.ValidationError as exc:
+        return f"the answer does not match the schema: {exc.message}"[:300]
+    return None

@@ -1,0 +1,135 @@
+"""Structured output (`response_format`): the host samples under a grammar; the gateway
+refuses a schema no host can follow and never passes on an answer that does not meet it."""
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+import jsonschema
+import openai
+import pytest
+
+from billing.models import Hold
+from conftest import make_customer, make_host
+from marketplace import services
+from marketplace.models import Job, Request
+from marketplace.structured import answer_problem, schema_problem
+from marketplace.tests.test_apis import GOOD, assert_error, post
+from marketplace.tests.test_reputation import claim, online
+from marketplace.tests.test_services import CHAT
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from testkit.stack import Gateway, Mahout
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+AS_SCHEMA = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+
+
+class SchemaTests:
+    def test_what_can_and_cannot_constrain_an_answer(self) -> None:
+        assert schema_problem(PERSON) is None
+        assert "not valid" in schema_problem({"type": "nonsense"})
+        assert "grammar" in schema_problem({"type": "string", "pattern": "(?<=a)b"})  # llama.cpp's converter refuses it
+
+    def test_an_answer_is_checked_against_the_format(self) -> None:
+        person = {"type": "json_schema", "name": "person", "schema": PERSON}
+        assert answer_problem(None, "free text") is None
+        assert answer_problem(person, '{"name": "Ada", "age": 36}') is None
+        assert "not JSON" in answer_problem(person, "Ada, 36")
+        assert "'age' is a required property" in answer_problem(person, '{"name": "Ada"}')
+        assert answer_problem({"type": "json_object"}, '{"a": [1, 2]}') is None
+        assert "not an object" in answer_problem({"type": "json_object"}, "[1, 2]")
+
+
+@pytest.mark.django_db(transaction=True)  # the API views are async: their database threads must see the rows
+class ValidationTests:
+    @pytest.mark.parametrize("value", [
+        {"type": "xml"}, {"type": "json_schema"}, {"type": "json_schema", "json_schema": {"schema": PERSON}},
+        {"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "nonsense"}}}, "json",
+        {"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "string", "pattern": "(?<=a)b"}}},
+    ])
+    def test_a_format_no_host_could_follow_is_a_400_naming_it(self, customer, value) -> None:
+        from django.test import Client
+
+        error = assert_error(post(Client(), customer.secret, {**GOOD, "response_format": value}), 400, "invalid_value")
+        assert error["param"] == "response_format", error
+
+    @pytest.mark.parametrize("value", [{"type": "text"}, {"type": "json_object"}, AS_SCHEMA, None])
+    def test_a_followable_format_passes_validation(self, customer, value) -> None:
+        from django.test import Client
+
+        response = post(Client(), customer.secret, {**GOOD, "model": "gpt-9", "response_format": value})
+        assert_error(response, 404, "model_not_found")  # past validation: the unknown model answers
+
+
+@pytest.mark.django_db
+class HostAnswerTests:
+    def submit(self, catalog, response_format: dict) -> Request:  # noqa: ANN001
+        return services.request_submit(
+            public_id=services.new_public_id("chat"), api_key=make_customer().key, model=catalog, kind="chat",
+            messages=CHAT, prompt=None, stream=True, prompt_tokens=10,
+            params={"max_tokens": 40, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None,
+                    "response_format": response_format},
+        )
+
+    def test_an_answer_that_breaks_the_schema_is_the_hosts_failure_and_nobody_pays(self, serving_host, catalog) -> None:
+        online(serving_host)
+        request = self.submit(catalog, {"type": "json_schema", "name": "person", "schema": PERSON})
+        job = claim(serving_host)
+        assert job.request_id == request.pk and services.job_payload(job)["params"]["response_format"]["schema"] == PERSON
+        services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text='{"name": "Ada"}')
+        done = services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop")
+        assert done.earned_ucents == 0
+        request.refresh_from_db()
+        assert (request.status, request.error_code, request.cost_ucents) == (Request.Status.FAILED, "invalid_structured_output", 0)
+        assert "'age' is a required property" in request.error_message
+        assert Job.objects.get(pk=job.pk).status == Job.Status.FAILED
+        assert Hold.objects.get(pk=request.hold_id).status == Hold.Status.RELEASED
+        assert not Request.objects.filter(status=Request.Status.RUNNING).exists()
+
+    def test_an_answer_that_meets_it_settles_and_its_format_is_forgotten(self, serving_host, catalog) -> None:
+        online(serving_host)
+        request = self.submit(catalog, {"type": "json_object"})
+        job = claim(serving_host)
+        services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text='{"name": "Ada", "age": 36}')
+        assert services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop").earned_ucents > 0
+        request.refresh_from_db()
+        assert request.status == Request.Status.COMPLETED and request.cost_ucents > 0
+
+    def test_an_answer_cut_by_max_tokens_is_left_as_it_is(self, serving_host, catalog) -> None:
+        online(serving_host)
+        request = self.submit(catalog, {"type": "json_object"})
+        job = claim(serving_host)
+        text = '{"name": "' + "a " * 30
+        services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text=text)
+        services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="length")
+        request.refresh_from_db()
+        assert (request.status, request.finish_reason) == (Request.Status.COMPLETED, "length")
+
+
+@pytest.mark.e2e
+@pytest.mark.django_db(transaction=True)
+class RealHostTests:
+    def test_the_shipped_model_answers_json_that_parses_and_validates_whole_and_streamed(
+        self, gateway: Gateway, catalog, start_mahout: Callable[..., Mahout],  # noqa: ANN001
+    ) -> None:
+        start_mahout(make_host(qualified=False, name="json-rig").token)
+        api = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=make_customer().secret, max_retries=0, timeout=90)
+        ask = [{"role": "user", "content": "Describe a person as JSON with a name and an age."}]
+        whole = api.chat.completions.create(model="gemma-3-270m", messages=ask, max_tokens=60, temperature=0,
+                                            response_format=AS_SCHEMA)
+        assert whole.choices[0].finish_reason == "stop", whole
+        jsonschema.validate(json.loads(whole.choices[0].message.content), PERSON)
+        streamed = "".join(chunk.choices[0].delta.content or "" for chunk in api.chat.completions.create(
+            model="gemma-3-270m", messages=ask, max_tokens=60, temperature=0, response_format=AS_SCHEMA, stream=True)
+            if chunk.choices)
+        assert streamed == whole.choices[0].message.content, "greedy under one grammar on one host"
+        anything = api.chat.completions.create(model="gemma-3-270m", messages=ask, max_tokens=200, temperature=0,
+                                               response_format={"type": "json_object"})
+        if anything.choices[0].finish_reason == "stop":
+            assert isinstance(json.loads(anything.choices[0].message.content), dict)
+        else:  # cut by max_tokens: a JSON object's start, as OpenAI leaves it
+            assert anything.choices[0].message.content.lstrip().startswith("{")
