@@ -34,6 +34,7 @@ from hosts.models import Host
 from hosts.selectors import host_from_secret
 from marketplace import canaries, pushing, redundancy, reputation, selectors
 from marketplace import services as market
+from marketplace.waiting import WAITING
 
 
 @method_decorator(csrf_exempt, name="dispatch")
@@ -134,22 +135,17 @@ async def claim_when_offered(host: Host, *, fingerprint: str, wait: float) -> di
             code="not_qualified", type="permission_error",
         )
     cap = reputation.claim_cap(host)
-    if _WAITING.get(host.pk, 0) >= cap:
+    ticket = await WAITING.enter(host.pk, cap=cap, wait=wait)
+    if ticket is None:
         raise ApiError(
-            429, f"This host already has {cap} claims waiting here; it may run at most {cap} jobs at once "
+            429, f"This host already has {cap} claims waiting; it may run at most {cap} jobs at once "
             f"({host.slots} slots, {reputation.status_of(host)}). Wait for one to return before claiming again.",
             code="too_many_claims", type="rate_limit_error",
         )
-    _WAITING[host.pk] = _WAITING.get(host.pk, 0) + 1
     try:
         return await _claim_when_woken(host, model_ids=model_ids, wait=wait)
     finally:
-        _WAITING[host.pk] -= 1
-        if not _WAITING[host.pk]:
-            del _WAITING[host.pk]
-
-
-_WAITING: dict[int, int] = {}  # long-polls waiting in this process, by host: at most its claim cap
+        await WAITING.leave(host.pk, ticket)
 
 
 async def _claim_when_woken(host: Host, *, model_ids: list[int], wait: float) -> dict | None:

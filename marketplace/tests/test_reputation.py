@@ -17,9 +17,10 @@ from catalog.models import CatalogModel
 from conftest import make_customer
 from core.errors import ApiError
 from hosts.models import Host
-from marketplace import admission, canaries, host_apis, reputation, routing, services
+from marketplace import admission, canaries, host_apis, reputation, routing, services, waiting
 from marketplace.models import CanaryCheck, CanaryReference, Job, Request
 from marketplace.tests.test_services import CHAT, submit
+from marketplace.waiting import WAITING, WaitingClaims
 
 pytestmark = pytest.mark.django_db
 
@@ -79,7 +80,37 @@ class ClaimCapTests:
         answers, third = asyncio.run(polls())
         assert answers == [None, None]
         assert third.status == 429 and third.code == "too_many_claims" and "at most 2 jobs" in third.message
-        assert host_apis._WAITING == {}, "a finished long-poll gives its place back"
+        assert asyncio.run(WAITING.held(host.pk)) == 0, "a finished long-poll gives its place back"
+
+    @pytest.mark.django_db(transaction=True)
+    def test_the_cap_holds_across_gateway_processes_and_a_dead_processs_polls_lapse(self, serving_host, catalog, settings) -> None:
+        """Several gateway processes share Redis: another process's waiting long-polls count
+        (a fresh `WaitingClaims` is another process's count), and those of a process that
+        died lapse with their wait."""
+        if not settings.REDIS_URL:
+            pytest.skip("one gateway process on the embedded default: its own count is everyone's")
+        settings.HOST_PROBATION_MAX_JOBS = 2
+        host = online(serving_host, slots=8)
+        elsewhere = WaitingClaims()
+
+        async def scenario() -> tuple:
+            tickets = [await elsewhere.enter(host.pk, cap=2, wait=20) for _ in range(2)]
+            try:
+                await host_apis.claim_when_offered(host, fingerprint=serving_host.fingerprint, wait=0.1)
+            except ApiError as refusal:
+                refused = refusal
+            await elsewhere.leave(host.pk, tickets[0])
+            here = await host_apis.claim_when_offered(host, fingerprint=serving_host.fingerprint, wait=0.1)
+            dead = await elsewhere.enter(host.pk, cap=2, wait=-waiting.MARGIN_S)  # its process died long ago
+            held = await WAITING.held(host.pk)
+            await elsewhere.leave(host.pk, tickets[1])
+            return refused, here, bool(dead), held
+
+        refused, here, dead_entered, held = asyncio.run(scenario())
+        assert refused.status == 429 and refused.code == "too_many_claims"
+        assert here is None, "a place came free: the long-poll waited and found nothing"
+        assert dead_entered and held == 1, "a lapsed entry is not counted"
+        assert asyncio.run(WAITING.held(host.pk)) == 0
 
 
 class TrustedOnlyTests:
