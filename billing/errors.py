@@ -23,7 +23,7 @@ class RateLimited(BillingError):
 
     code = "rate_limited"
     status = 429
-    retry_after = 60  # the window is a rolling minute: by then every admission counted now has left it
+    retry_after = 60  # the most it can be (a rolling minute); the refusal says exactly when the oldest admission leaves it
 
 
 class TooManyStreams(BillingError):

@@ -1,12 +1,13 @@
 """Reads of the ledger."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from django.conf import settings
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, Min, Q, Sum
 from django.utils import timezone
 
 from billing.models import Account, Hold, LedgerEntry, LedgerTransaction, Payout, StripeEvent, TopUp
@@ -15,7 +16,27 @@ from catalog.money import UCENTS_PER_CENT
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
 
+    from accounts.models import ApiKey
     from hosts.models import Host
+
+
+RATE_WINDOW = timedelta(seconds=60)  # `ApiKey.rate_limit_per_minute` counts admissions in a rolling minute
+
+
+def rate_headers(*, key: ApiKey, now: datetime | None = None) -> dict[str, str]:
+    """OpenAI's rate-limit headers for a key with a per-minute limit (none without one):
+    the limit, what is left of it now, and when the next place frees (the oldest admission
+    in the window leaves it), as OpenAI writes durations ("12s")."""
+    if key.rate_limit_per_minute is None:
+        return {}
+    now = now or timezone.now()
+    window = Hold.objects.filter(api_key=key, created_at__gte=now - RATE_WINDOW).aggregate(count=Count("id"), oldest=Min("created_at"))
+    reset = (window["oldest"] + RATE_WINDOW - now).total_seconds() if window["oldest"] else 0.0
+    return {
+        "x-ratelimit-limit-requests": str(key.rate_limit_per_minute),
+        "x-ratelimit-remaining-requests": str(max(key.rate_limit_per_minute - window["count"], 0)),
+        "x-ratelimit-reset-requests": f"{max(math.ceil(reset), 0)}s",
+    }
 
 
 def customer_account(*, user: User) -> Account | None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import stripe
@@ -168,12 +167,15 @@ def _key_limits_check(*, key: ApiKey) -> None:
                 "Wait for one to finish."
             )
     if key.rate_limit_per_minute is not None:
-        since = timezone.now() - timedelta(seconds=60)
-        recent = Hold.objects.filter(api_key=key, created_at__gte=since).count()
-        if recent >= key.rate_limit_per_minute:
-            raise RateLimited(
-                f"This API key is limited to {key.rate_limit_per_minute} requests per minute. Retry in a few seconds."
+        headers = selectors.rate_headers(key=key)
+        if headers["x-ratelimit-remaining-requests"] == "0":
+            refusal = RateLimited(
+                f"This API key is limited to {key.rate_limit_per_minute} requests per minute. "
+                f"Retry in {headers['x-ratelimit-reset-requests']}."
             )
+            refusal.retry_after = max(int(headers["x-ratelimit-reset-requests"][:-1]), 1)
+            refusal.headers = headers
+            raise refusal
 
 
 @transaction.atomic

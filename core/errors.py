@@ -58,11 +58,14 @@ class DomainError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     retry_after: int | None = None  # seconds after which trying again can succeed (429, 503, 504)
+    headers: dict[str, str] | None = None  # more for the client to read (the rate-limit headers of a 429)
 
     def response(self) -> JsonResponse:
         response = JsonResponse(self.body(), status=self.status)
         if self.retry_after is not None:
             response["Retry-After"] = str(self.retry_after)
+        for name, value in (self.headers or {}).items():
+            response[name] = value
         return response
 
     @property

@@ -52,6 +52,20 @@ def _authenticated(admit: Callable[..., Request]) -> Callable[..., Request]:
     return call
 
 
+async def rate_limit_headers(row: Request) -> dict[str, str]:
+    """OpenAI's x-ratelimit-* headers after an admission, for a key with a per-minute limit
+    (one more query then; none for a key without one). `row.api_key` is the key admission
+    loaded."""
+    key = row.api_key
+    return await db(billing_selectors.rate_headers, key=key) if key.rate_limit_per_minute is not None else {}
+
+
+def with_headers(response: HttpResponse, headers: dict[str, str]) -> HttpResponse:
+    for name, value in headers.items():
+        response[name] = value
+    return response
+
+
 def sse_response(chunks: AsyncIterator[dict | str]) -> StreamingHttpResponse:
     """An SSE stream of OpenAI chunks, never cached or buffered on the way."""
     response = StreamingHttpResponse((sse(chunk) async for chunk in chunks), content_type="text/event-stream")
@@ -161,9 +175,9 @@ class GenerationApi(AsyncApi):
 
     async def _post(self, request: HttpRequest) -> HttpResponse:
         admitted = await admit_generation(secret=bearer_secret(request), body=json_body(request), kind=self.kind)
-        if admitted.row.stream:
-            return sse_response(admitted.chunks())
-        return await self._whole(admitted)
+        rate = await rate_limit_headers(admitted.row)
+        response = sse_response(admitted.chunks()) if admitted.row.stream else await self._whole(admitted)
+        return with_headers(response, rate)
 
     async def _whole(self, admitted: Admitted) -> HttpResponse:
         parts: list[str] = []
@@ -291,13 +305,14 @@ class EmbeddingsApi(AsyncApi):
         except BaseException:
             await listener.close()
             raise
+        rate = await rate_limit_headers(row)
         try:
             async for event in listener.events():
                 if isinstance(event, Ended):
                     ended = event.request
                     if ended.status == Request.Status.FAILED:
-                        return ended_error(ended).response()
-                    return JsonResponse(embeddings_body(ended, encoding=data["encoding_format"]))
+                        return with_headers(ended_error(ended).response(), rate)
+                    return with_headers(JsonResponse(embeddings_body(ended, encoding=data["encoding_format"])), rate)
         finally:
             await listener.close()
             await db(services.request_forget_output, request_id=row.pk)  # the vectors are not kept

@@ -72,13 +72,24 @@ class HeaderTests:
         assert other["x-request-id"] != response["x-request-id"] and "x-client-request-id" not in other
 
     @pytest.mark.django_db(transaction=True)
-    def test_a_rate_limited_key_is_told_when_to_retry(self, customer, catalog) -> None:
-        ApiKey.objects.filter(pk=customer.key.pk).update(rate_limit_per_minute=1)
+    def test_a_rate_limited_key_reads_its_limit_and_is_told_when_to_retry(self, customer, catalog) -> None:
+        ApiKey.objects.filter(pk=customer.key.pk).update(rate_limit_per_minute=2)
         client = Client()
         body = {**GOOD, "model": "gemma-3-270m", "max_tokens": 1, "stream": True}
-        first = client.post("/v1/chat/completions", data=json.dumps(body), content_type="application/json",
-                            HTTP_AUTHORIZATION=f"Bearer {customer.secret}")
-        assert first.status_code == 200
-        second = post(client, customer.secret, body)
-        assert_error(second, 429, "rate_limited")
-        assert second["Retry-After"] == "60"
+        answers = [client.post("/v1/chat/completions", data=json.dumps(body), content_type="application/json",
+                               HTTP_AUTHORIZATION=f"Bearer {customer.secret}") for _ in range(2)]
+        assert [a.status_code for a in answers] == [200, 200]
+        assert [a["x-ratelimit-remaining-requests"] for a in answers] == ["1", "0"]
+        assert {a["x-ratelimit-limit-requests"] for a in answers} == {"2"}
+        assert 58 <= int(answers[0]["x-ratelimit-reset-requests"].removesuffix("s")) <= 60
+        refused = post(client, customer.secret, body)
+        assert_error(refused, 429, "rate_limited")
+        assert refused["x-ratelimit-remaining-requests"] == "0" and refused["x-ratelimit-limit-requests"] == "2"
+        assert 1 <= int(refused["Retry-After"]) <= 60  # when the oldest admission leaves the minute
+        assert refused["Retry-After"] + "s" == refused["x-ratelimit-reset-requests"]
+
+    def test_a_key_without_a_limit_gets_no_rate_limit_headers(self, customer, catalog) -> None:
+        response = Client().post("/v1/chat/completions", data=json.dumps({**GOOD, "model": "gemma-3-270m", "max_tokens": 1,
+                                                                          "stream": True}),
+                                 content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {customer.secret}")
+        assert response.status_code == 200 and "x-ratelimit-limit-requests" not in response
