@@ -66,6 +66,14 @@ def _send_link(user: User, link_for: Callable[[str], str]) -> None:
     )
 
 
+def verification_resend(*, user: User, link_for: Callable[[str], str]) -> bool:
+    """A new confirmation link for a signed-in account not yet confirmed; False when it is."""
+    if not email_unverified(user):
+        return False
+    _send_link(user, link_for)
+    return True
+
+
 def email_verify(*, token: str) -> User | None:
     """The account a valid, unexpired token confirms (now marked confirmed), or None."""
     try:

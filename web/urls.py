@@ -9,6 +9,7 @@ from web.forms import LoginForm, NewPasswordForm
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
     path("signup/", views.signup, name="signup"),
+    path("verify/resend/", views.verify_resend, name="verify_resend"),
     path("verify/<str:token>/", views.verify_email, name="verify_email"),
     path(
         "login/",

@@ -37,7 +37,7 @@ from marketplace.usage_apis import usage_csv_response
 from web import selectors
 from web.charts import BarChart, bar_chart
 from web.forms import ApiKeyForm, DateRangeForm, HostForm, PayoutForm, SignupForm, TopupForm
-from web.services import email_unverified, email_verify, signup_request
+from web.services import email_unverified, email_verify, signup_request, verification_resend
 
 
 def staff_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
@@ -95,6 +95,19 @@ def verify_email(request: HttpRequest, token: str) -> HttpResponse:
         return render(request, "web/verify_failed.html", status=400)
     login(request, user, backend="django.contrib.auth.backends.ModelBackend")
     messages.success(request, f"{user.email} is confirmed. Welcome to Elephant: create an API key to start.")
+    return redirect("keys")
+
+
+@login_required
+@require_POST
+@ratelimit(key="user", rate="3/h", method="POST", block=False)
+def verify_resend(request: AuthedHttpRequest) -> HttpResponse:
+    """The keys page's "send the link again" for an account not yet confirmed (three an hour)."""
+    if getattr(request, "limited", False):
+        messages.error(request, "Three links were sent in the last hour; use the latest, or try again later.")
+    elif verification_resend(user=request.user,
+                             link_for=lambda token: request.build_absolute_uri(reverse("verify_email", args=[token]))):
+        messages.success(request, f"A new confirmation link is on its way to {request.user.email}.")
     return redirect("keys")
 
 

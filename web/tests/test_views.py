@@ -89,6 +89,23 @@ class SignupTests:
         customer.user.refresh_from_db()
         assert not customer.user.check_password("correct horse battery"), "a second sign-up changes nothing"
 
+    def test_a_signed_in_unconfirmed_user_can_have_the_link_sent_again_three_times_an_hour(self, db) -> None:
+        Client().post("/signup/", {"email": "c@example.com", "password": "correct horse battery"})
+        client = Client()
+        client.post("/login/", {"username": "c@example.com", "password": "correct horse battery"})
+        keys = client.get("/keys/").content.decode()
+        assert 'action="/verify/resend/"' in keys
+        for _ in range(3):
+            assert client.post("/verify/resend/", follow=True).content.decode().count("A new confirmation link") == 1
+        refused = client.post("/verify/resend/", follow=True).content.decode()
+        assert "Three links were sent" in refused
+        links = [m for m in mail.outbox if m.to == ["c@example.com"]]
+        assert len(links) == 4  # the sign-up's and three again
+        fresh = re.search(r"http://testserver(/verify/\S+/)", links[-1].body).group(1)
+        assert client.get(fresh).status_code == 302
+        assert "Send the link again" not in client.get("/keys/").content.decode()
+        assert client.post("/verify/resend/", follow=True).content.decode().count("A new confirmation link") == 0
+
     def test_it_refuses_a_short_password(self, db) -> None:
         response = Client().post("/signup/", {"email": "a@example.com", "password": "short"})
         assert response.status_code == 200 and "too short" in response.content.decode()
