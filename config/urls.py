@@ -9,13 +9,14 @@ from drf_spectacular.renderers import OpenApiJsonRenderer, OpenApiJsonRenderer2,
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from core.errors import ApiError
-from marketplace import host_apis, usage_apis
+from marketplace import host_apis, metrics, usage_apis
 
 urlpatterns = [
     # the catalog and API keys left the marketplace app: old admin bookmarks still land
     re_path(r"^admin/marketplace/catalogmodel/(?P<rest>.*)$", RedirectView.as_view(url="/admin/catalog/catalogmodel/%(rest)s", query_string=True, permanent=True)),
     re_path(r"^admin/marketplace/apikey/(?P<rest>.*)$", RedirectView.as_view(url="/admin/accounts/apikey/%(rest)s", query_string=True, permanent=True)),
     path("admin/", admin.site.urls),
+    path("metrics", metrics.metrics_view),
     path("v1/usage", usage_apis.UsageApi.as_view()),
     path("v1/usage.csv", usage_apis.UsageCsvApi.as_view()),
     path("v1/", include("marketplace.urls")),

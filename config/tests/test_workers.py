@@ -29,6 +29,7 @@ from marketplace.services import watchdog_tick
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
 STREAMS, BATCHES = 20, 60
+METRICS_TOKEN = "metrics-test-token"
 MARK = re.compile(r" @(\d+):\d+\.\d+ a b c d")
 
 
@@ -38,7 +39,7 @@ def balanced(tmp_path: Path) -> Iterator[tuple[str, list[Gateway], dict[str, str
         pytest.skip("several gateway processes share PostgreSQL and Redis; the embedded default is one process")
     if shutil.which("haproxy") is None:
         pytest.fail("haproxy is not installed (.ci/run installs it from Debian)")
-    env = stack_env({"QUEUE_TIMEOUT_SECONDS": "30", "OUTPUT_RETENTION_SECONDS": "120"})
+    env = stack_env({"QUEUE_TIMEOUT_SECONDS": "30", "OUTPUT_RETENTION_SECONDS": "120", "METRICS_TOKEN": METRICS_TOKEN})
     gateways: list[Gateway] = []
     balancer = None
     try:
@@ -112,6 +113,30 @@ class TwoGatewaysTests:
             answer = raw.recv(65536).decode()
         head, _, body = answer.partition("\r\n\r\n")
         assert head.startswith("HTTP/1.1 413") and json.loads(body)["error"]["code"] == "body_too_large"
+
+    def test_either_process_reports_every_request_made_through_the_balancer(self, balanced, catalog) -> None:
+        """The metrics are read from the shared database: each process answers for both."""
+        url, gateways, _ = balanced
+        made = 6
+
+        async def start_and_leave(secret: str) -> None:
+            body = {"model": "gemma-3-270m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True}
+            async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {secret}"}, timeout=30) as http:
+                async with http.stream("POST", "/v1/chat/completions", json=body) as response:
+                    assert response.status_code == 200
+                    async for _ in response.aiter_bytes():
+                        return
+
+        async def burst(secrets: list[str]) -> None:
+            await asyncio.gather(*(start_and_leave(secret) for secret in secrets))
+
+        asyncio.run(burst([make_customer().secret for _ in range(made)]))
+        totals = []
+        for gateway in gateways:
+            text = httpx.get(f"{gateway.url}/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}, timeout=10).text
+            totals.append(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                              if line.startswith("elephant_requests_total{")))
+        assert totals == [made, made], totals
 
     def test_streams_survive_a_gateway_killed_mid_stream(self, balanced, catalog, tmp_path) -> None:
         url, gateways, env = balanced
