@@ -1,4 +1,5 @@
 # Elephant: `make run` starts the whole system; `make test` runs every test.
+SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
@@ -10,7 +11,8 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
+	@echo "Installing into $(VENV). The first time, pip compiles llama-cpp-python from source: about 5 minutes on 2 cores, shown as 'Building wheel for llama-cpp-python'; later installs reuse the wheel."
+	$(BIN)/pip install --disable-pip-version-check --progress-bar on -r requirements.txt 2>&1 | grep -v -E "^(WARNING: Location|Requirement already satisfied)" ; test $${PIPESTATUS[0]} -eq 0
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import httpx
 from django.conf import settings
+from django.db import close_old_connections
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
@@ -37,6 +38,19 @@ DEMO_HOST_OWNER = "demo@host.local"
 DEMO_HOST_NAME = "demo-host"
 DEMO_EMBEDDINGS_HOST_NAME = "demo-embeddings-host"
 DEMO_CREDIT_USD = "5"
+
+
+STATUS_EVERY_S = 60.0
+
+
+def status_line() -> str:
+    """One line a minute on the terminal: hosts, the queue, streams."""
+    from marketplace.models import Job
+
+    online = Host.objects.online(timezone.now())
+    running = Job.objects.filter(status=Job.Status.RUNNING)
+    return (f"[{time.strftime('%H:%M')}] hosts: {online.count()} online, {running.values('host').distinct().count()} busy; "
+            f"queue: {Job.objects.filter(status=Job.Status.QUEUED).count()} waiting; streams: {running.count()} running")
 
 
 class Command(BaseCommand):
@@ -108,7 +122,8 @@ class Command(BaseCommand):
     def _gateways(self, python: str, port: int, workers: int, var: Path) -> list[tuple[str, subprocess.Popen]]:
         """One daphne on `port`; or `workers` of them on the ports above it, behind HAProxy on `port`."""
         def daphne(listen: int) -> list[str]:
-            return [python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(listen), "config.asgi:application"]
+            # (daphne, with the hosts' heartbeats and long-polls left out of its access log)
+            return [python, "-m", "config.daphne_quiet", "-b", "127.0.0.1", "-p", str(listen), "config.asgi:application"]
 
         if workers <= 1:
             return [self._spawn("gateway", daphne(port))]
@@ -166,7 +181,12 @@ print(len(client.embeddings.create(model="all-minilm-l6-v2", input="a grey giant
 
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGTERM, stop)
+        next_status = time.monotonic() + STATUS_EVERY_S
         while not stopping:
+            if time.monotonic() >= next_status:
+                close_old_connections()  # (a minute apart: the database may have closed it)
+                self.stdout.write(status_line())
+                next_status += STATUS_EVERY_S
             for index, (name, proc) in enumerate(procs):
                 if proc.poll() is None:
                     continue
