@@ -20,9 +20,9 @@ from pathlib import Path
 
 import httpx
 from django.conf import settings
-from django.db import close_old_connections
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import close_old_connections
 from django.utils import timezone
 
 from accounts.services import api_key_create
