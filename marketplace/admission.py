@@ -13,6 +13,7 @@ from catalog.selectors import catalog_model_by_name
 from catalog.tokenizer import tokenizer_for
 from core.errors import DomainError, bad_request
 from marketplace.models import Request
+from marketplace.selectors import served_models
 from marketplace.services import request_submit
 from protocol.turns import render_chat
 
@@ -30,13 +31,17 @@ def rendered_prompt(kind: str, data: dict) -> tuple[str, list | None, str | None
 
 
 def request_admit(*, api_key: ApiKey, data: dict, params: dict, kind: str, public_id: str) -> Request:
-    """Admit a chat or completion request: model, prompt tokens, context, then the hold and the job."""
-    model = catalog_model_by_name(name=data["model"])
-    if model is None or model.kind != CatalogModel.Kind.CHAT:
-        raise DomainError(
-            f"The model '{data['model']}' does not exist; GET /v1/models lists them.", status=404, code="model_not_found",
-            param="model",
-        )
+    """Admit a chat or completion request: model, prompt tokens, context, then the hold and the job.
+
+    With fallbacks (`models`, OpenRouter's convention), the first model that has a host
+    online serves (the first of all when none has); the rest stay in `params["fallbacks"]`,
+    tried in order when the queue times out (`services.request_reroute`)."""
+    names = list(dict.fromkeys([data["model"], *(data.get("models") or [])]))
+    chosen = [chat_model(name, param="model" if index == 0 else "models") for index, name in enumerate(names)]
+    online = {served.model.pk for served in served_models() if served.hosts_online}
+    first = next((index for index, model in enumerate(chosen) if model.pk in online), 0)
+    model = chosen[first]
+    params = {**params, "fallbacks": [m.name for m in chosen[first + 1:]]} if len(chosen) > 1 else params
     text, messages, prompt = rendered_prompt(kind, data)
     prompt_tokens = tokenizer_for(model.tokenizer).count(text, special=True)
     if prompt_tokens + params["max_tokens"] > model.context_length:
@@ -50,6 +55,16 @@ def request_admit(*, api_key: ApiKey, data: dict, params: dict, kind: str, publi
         public_id=public_id, api_key=api_key, model=model, kind=kind, messages=messages, prompt=prompt, params=params,
         stream=data["stream"], prompt_tokens=prompt_tokens, trusted_only=trusted_only(api_key=api_key, data=data),
     )
+
+
+def chat_model(name: str, *, param: str = "model") -> CatalogModel:
+    """The active chat model of that name, or a 404 naming it."""
+    model = catalog_model_by_name(name=name)
+    if model is None or model.kind != CatalogModel.Kind.CHAT:
+        raise DomainError(
+            f"The model '{name}' does not exist; GET /v1/models lists them.", status=404, code="model_not_found", param=param,
+        )
+    return model
 
 
 def embeddings_admit(*, api_key: ApiKey, data: dict, public_id: str) -> Request:

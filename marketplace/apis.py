@@ -98,6 +98,8 @@ class Admitted:
                 yield chunk_body(row, text="", first=True)
             async for event in self.listener.events():
                 if isinstance(event, Text):
+                    if self.listener.model is not None:  # (read with the request: a fallback model may serve it)
+                        row.model = self.listener.model
                     yield chunk_body(row, text=event.text, offset=self.listener.sent)
                     continue
                 ended = event.request

@@ -168,7 +168,10 @@ UNSUPPORTED: dict[str, tuple[object, str]] = {  # name -> (the value that change
     "prediction": (lambda v: v is None, "predicted outputs"),
 }
 SUPPORTED_PARAMETERS = ["max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed", "stream",
-                        "stream_options", "provider", "response_format"]
+                        "stream_options", "provider", "response_format", "models"]
+
+
+MAX_FALLBACK_MODELS = 4
 
 
 class SamplingSerializer(serializers.Serializer):
@@ -183,6 +186,10 @@ class SamplingSerializer(serializers.Serializer):
     stream = serializers.BooleanField(required=False, default=False)
     stream_options = serializers.DictField(required=False, allow_null=True)
     response_format = ResponseFormatField(required=False, allow_null=True)
+    models = serializers.ListField(
+        child=serializers.CharField(max_length=100), required=False, allow_null=True, max_length=MAX_FALLBACK_MODELS,
+        help_text="fallbacks (OpenRouter's convention): tried in order when `model` has no host online, or its queue times out",
+    )
 
     default_max_tokens = settings.DEFAULT_MAX_TOKENS
 

@@ -34,6 +34,7 @@ from marketplace.structured import answer_problem
 from mesh.rings.models import RingPlan
 from mesh.rings.selectors import ring_layers
 from protocol.jobs import JobPayload, job_payload_build
+from protocol.turns import render_job
 
 # --- admission ----------------------------------------------------------------
 
@@ -872,12 +873,52 @@ def request_expire_unclaimed(*, request_id: int) -> bool:
         status=Job.Status.FAILED, finished_at=timezone.now(), fail_reason="not claimed in time"
     ):
         return False
+    if job.attempt == 1 and request_reroute(request_id=request_id, requeue=job.requeue + 1, trusted_only=job.trusted_only):
+        return True
     wait = f"{settings.QUEUE_TIMEOUT_SECONDS:g} seconds"
-    if job.attempt > 1 or job.requeue > 0:
+    before = Job.objects.filter(request_id=request_id, attempt=job.attempt, requeue=job.requeue - 1).values_list(
+        "fail_reason", flat=True).first()
+    if job.attempt > 1 or (job.requeue > 0 and before != "not claimed in time"):  # (a fallback's queue is a queue)
         code, message = "host_failed", f"The host serving this request failed and no other host took over within {wait}; nothing was billed."
     else:
         code, message = "queue_timeout", f"No host claimed this request within {wait}; nothing was billed."
     return _request_fail(request=Request.objects.get(pk=request_id), code=code, message=message)
+
+
+def request_reroute(*, request_id: int, requeue: int, trusted_only: bool = False) -> bool:
+    """A request whose model's queue timed out goes to its next fallback model (`models`,
+    `params["fallbacks"]`), as the first attempt again (its `requeue` counts on): nothing
+    was delivered yet. Its hold
+    stays when it covers the new model's worst case, and is placed again otherwise (a
+    refusal then ends the request with it). Fallbacks that no longer exist, or whose
+    context the request does not fit, are skipped. False when none is left."""
+    request = Request.objects.select_for_update().select_related("model", "hold", "api_key", "user").filter(
+        pk=request_id, status=Request.Status.QUEUED).first()
+    fallbacks = list((request.params or {}).get("fallbacks") or []) if request is not None else []
+    while fallbacks:
+        model = CatalogModel.objects.filter(name=fallbacks.pop(0), active=True, kind=CatalogModel.Kind.CHAT).first()
+        if model is None:
+            continue
+        rendered = render_job({"kind": request.kind, "messages": request.messages, "prompt": request.prompt})
+        prompt_tokens = tokenizer_for(model.tokenizer).count(rendered, special=True)
+        max_tokens = int(request.params["max_tokens"])
+        if prompt_tokens + max_tokens > model.context_length:
+            continue
+        estimate = estimate_ucents(model=model, prompt_tokens=prompt_tokens, max_tokens=max_tokens)
+        if estimate > request.hold.amount_ucents:
+            billing.hold_release(hold=request.hold)
+            try:
+                request.hold = billing.hold_place(user=request.user, api_key=request.api_key, amount_ucents=estimate)
+            except DomainError as refused:
+                _request_fail(request=request, code=refused.code, message=f"Falling back to {model.name}: {refused.message}")
+                return True
+        request.model, request.prompt_tokens, request.estimate_ucents = model, prompt_tokens, estimate
+        request.params = {**request.params, "fallbacks": fallbacks}
+        request.save(update_fields=["model", "prompt_tokens", "estimate_ucents", "params", "hold"])
+        job_queue(request=request, model=model, trusted_only=trusted_only, requeue=requeue)
+        announce_on_commit(request_group(request.public_id), {"type": "request.rerouted", "model": model.name})
+        return True
+    return False
 
 
 def job_stalled_end(*, job_id: int) -> str:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from channels.layers import get_channel_layer
 
+from catalog.models import CatalogModel
 from core.db import db
 from core.errors import ApiError
 from core.events import Inbox, request_group
@@ -44,6 +45,7 @@ class RequestListener:
         self.received = self.sent = resume_at or 0  # characters read from the request; relayed to the customer
         self.stops: list[str] = []
         self._resumed = resume_at is not None
+        self.model: CatalogModel | None = None  # the request's model as last read: a fallback may change it
         self._layer = get_channel_layer()
         self._channel = ""
         self._inbox: Inbox | None = None
@@ -119,6 +121,7 @@ class RequestListener:
             if kind in ("job.claimed", "job.resumed"):
                 continue
             request, missing = await self._catch_up()
+            self.model = request.model
             if missing:
                 self.received += len(missing)
                 yield Text(missing)
