@@ -26,6 +26,7 @@ from accounts.apis import KeyApi
 from accounts.selectors import key_for_spending, key_from_secret
 from billing import selectors as billing_selectors
 from catalog.money import usd_decimal
+from catalog.tokenizer import tokenizer_for
 from core.db import db
 from core.errors import ApiError, DomainError, bad_request, validation_error
 from core.http import bearer_secret, json_body
@@ -151,6 +152,8 @@ async def admit_generation(*, secret: str, body: dict, kind: str) -> Admitted:
         await listener.close()
         raise
     listener.stops = row.params.get("stop") or []
+    listener.token_limit = services.relay_token_limit(row)
+    listener.tokenizer = tokenizer_for(row.model.tokenizer)
     return Admitted(row=row, listener=listener, include_usage=serializer.include_usage())
 
 

@@ -642,6 +642,13 @@ def answer_of(request: Request, text: str) -> tuple[str, bool]:
     return (text, False) if cut is None else (text[:cut], True)
 
 
+def relay_token_limit(request: Request) -> int:
+    """The most tokens relayed to a customer: `max_tokens` and the slack completion allows
+    for counting the text apart from the host (`_count_slack`)."""
+    max_tokens = int(request.params["max_tokens"])
+    return max_tokens + _count_slack(max_tokens)
+
+
 def _count_slack(max_tokens: int) -> int:
     """How far the gateway's count of a text may exceed the tokens that generated it: an
     honest host's tokens, counted again, can merge or split at a few places."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from channels.layers import get_channel_layer
 
 from catalog.models import CatalogModel
+from catalog.tokenizer import Tokenizer
 from core.db import db
 from core.errors import ApiError
 from core.events import Inbox, request_group
@@ -46,6 +47,9 @@ class RequestListener:
         self.stops: list[str] = []
         self._resumed = resume_at is not None
         self.model: CatalogModel | None = None  # the request's model as last read: a fallback may change it
+        self.token_limit: int | None = None  # at most this many tokens are relayed (max_tokens and the count's slack)
+        self.tokenizer: Tokenizer | None = None
+        self._relayed, self._piece_tokens = "", 0
         self._layer = get_channel_layer()
         self._channel = ""
         self._inbox: Inbox | None = None
@@ -93,9 +97,39 @@ class RequestListener:
                 out, held, stopped = held[:cut], "", True
             else:
                 out, held = (held[: len(held) - keep], held[len(held) - keep:]) if keep else (held, "")
+            if out and self.token_limit is not None:
+                out, over = self._within_token_limit(out)
+                stopped = stopped or over
             if out:
                 self.sent += len(out)
                 yield Text(out)
+
+    def _within_token_limit(self, out: str) -> tuple[str, bool]:
+        """`out`, cut where the text relayed so far would pass `token_limit` tokens (a host
+        pushing past `max_tokens`: completion then refuses its answer), and whether it was
+        cut. Nothing is counted while the text has fewer characters than the limit (a token
+        is at least one); then the text so far once and each new piece alone (about as many
+        tokens as together, so cheaply), and once that estimate passes three quarters of
+        the limit the whole text is counted each time, and the cut found by bisection."""
+        assert self.token_limit is not None and self.tokenizer is not None
+        limit, before = self.token_limit, self._relayed
+        self._relayed += out
+        if len(self._relayed) <= limit:
+            return out, False
+        counted = self._piece_tokens  # the pieces' tokens counted apart (0: not counting yet)
+        self._piece_tokens = (counted + self.tokenizer.count(out, special=False) if counted
+                              else self.tokenizer.count(self._relayed, special=False))
+        if self._piece_tokens <= limit * 3 // 4 or self.tokenizer.count(self._relayed, special=False) <= limit:
+            return out, False
+        low, high = 0, len(out)  # the longest prefix of `out` that keeps the text within the limit
+        while low < high:
+            middle = (low + high + 1) // 2
+            if self.tokenizer.count(before + out[:middle], special=False) <= limit:
+                low = middle
+            else:
+                high = middle - 1
+        self._relayed = before + out[:low]
+        return out[:low], True
 
     async def _arrivals(self) -> AsyncIterator[Text | Ended]:
         """Text as it arrives, then one Ended carrying the final request row.
