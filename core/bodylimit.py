@@ -9,9 +9,10 @@ nothing) and refused. Either way the answer is a 413 in the API's error format, 
 authentication or parsing.
 
 What it cannot bound: daphne (Twisted) receives a request's whole body into a temporary
-file before it calls the application at all. In front of several processes, the shipped
-HAProxy configuration refuses a declared length over the limit at the edge
-(`config.balancer`); a chunked body is bounded only here.
+file before it calls the application at all. So the gateway runs daphne through
+`config.gateway`, which refuses a body while it arrives; in front of several processes the
+shipped HAProxy configuration also refuses a declared length over the limit at the edge
+(`config.balancer`).
 """
 from __future__ import annotations
 

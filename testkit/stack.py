@@ -39,6 +39,7 @@ def stack_env(extra: dict[str, str] | None = None) -> dict[str, str]:
         env["SQLITE_PATH"] = str(name)
     env["EMAIL_BACKEND"] = "django.core.mail.backends.filebased.EmailBackend"  # what a child sends, tests read
     env["EMAIL_FILE_PATH"] = str(MAIL_DIR)
+    env.setdefault("ACCESS_LOG_HOSTS", "1")  # the tests' gateway logs keep every line
     env.update(extra or {})
     return env
 
@@ -78,7 +79,7 @@ class Gateway:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(log_dir / f"gateway-{self.port}.log", "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "config.asgi:application"],
+            [sys.executable, "-m", "config.gateway", "-b", "127.0.0.1", "-p", str(self.port), "config.asgi:application"],
             cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
         )
         import httpx

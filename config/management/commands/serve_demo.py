@@ -123,7 +123,7 @@ class Command(BaseCommand):
         """One daphne on `port`; or `workers` of them on the ports above it, behind HAProxy on `port`."""
         def daphne(listen: int) -> list[str]:
             # (daphne, with the hosts' heartbeats and long-polls left out of its access log)
-            return [python, "-m", "config.daphne_quiet", "-b", "127.0.0.1", "-p", str(listen), "config.asgi:application"]
+            return [python, "-m", "config.gateway", "-b", "127.0.0.1", "-p", str(listen), "config.asgi:application"]
 
         if workers <= 1:
             return [self._spawn("gateway", daphne(port))]

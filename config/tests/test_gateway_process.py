@@ -1,16 +1,19 @@
-"""`make run`'s terminal stays readable: the hosts' routine calls are not access-logged (a
-setting brings them back), and a status line says what the system is doing."""
+"""How `make run` runs the gateway (`config.gateway`): the hosts' routine calls are not
+access-logged (a setting brings them back), a status line says what the system is doing,
+and a body is refused while it grows past the limit."""
 from __future__ import annotations
 
 import io
+import json
 import os
+import socket
 import subprocess
 import sys
 
 import httpx
 import pytest
 
-from config.daphne_quiet import HostQuietAccessLog, quiet
+from config.gateway import HostQuietAccessLog, quiet
 from config.management.commands.serve_demo import status_line
 from conftest import ROOT, free_port, make_host, stack_env, wait_until
 from marketplace.tests.test_reputation import online
@@ -42,10 +45,10 @@ def test_the_status_line_counts_hosts_queue_and_streams(serving_host, customer, 
 def test_the_quiet_daphne_serves_and_logs_as_set(catalog, tmp_path, hosts_logged: bool) -> None:
     port = free_port()
     log = tmp_path / "daphne.log"
-    env = stack_env({"ACCESS_LOG_HOSTS": "1"} if hosts_logged else {})
+    env = stack_env({"MAX_BODY_BYTES": "4096", **({"ACCESS_LOG_HOSTS": "1"} if hosts_logged else {})})
     if not hosts_logged:
         env.pop("ACCESS_LOG_HOSTS", None)
-    proc = subprocess.Popen([sys.executable, "-m", "config.daphne_quiet", "-b", "127.0.0.1", "-p", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "config.gateway", "-b", "127.0.0.1", "-p", str(port),
                              "config.asgi:application"], cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -61,6 +64,21 @@ def test_the_quiet_daphne_serves_and_logs_as_set(catalog, tmp_path, hosts_logged
         assert httpx.post(f"{url}/hosts/api/heartbeat", json={}, headers={"Authorization": f"Bearer {token}"},
                           timeout=10).status_code < 500
         wait_until(lambda: "/v1/models" in log.read_text(), timeout=10, what="the access log line")
+        # a chunked body (no Content-Length) is refused as it grows past the limit, not after it all arrived
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as raw:
+            raw.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                        b"Content-Type: application/json\r\n\r\n")
+            answer = b""
+            try:
+                for _ in range(1000):  # 1000 × 1 KiB offered; the answer comes after about 4
+                    raw.sendall(b"400\r\n" + b"x" * 1024 + b"\r\n")
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            while chunk := raw.recv(65536):
+                answer += chunk
+        head, _, body = answer.decode().partition("\r\n\r\n")
+        assert head.startswith("HTTP/1.1 413") and json.loads(body)["error"]["code"] == "body_too_large"
+        assert httpx.get(f"{url}/v1/models", timeout=5).status_code == 401  # and it serves on
     finally:
         proc.terminate()
         proc.wait(timeout=10)

@@ -1,0 +1,80 @@
+"""`python -m config.gateway …`: how the gateway runs daphne (every argument is daphne's).
+
+Two things plain `daphne` does not do:
+
+* **Bodies are bounded while they arrive.** Twisted receives a request's whole body (into a
+  temporary file when it is large or chunked) before daphne calls the application, so the
+  ASGI limit (`core.bodylimit`) would come after the disk was filled. Here the connection
+  answers 413 in the API's error format and closes as soon as the received bytes pass
+  `DATA_UPLOAD_MAX_MEMORY_SIZE`, whatever the request declared.
+* **The access log leaves out the hosts' own traffic** (heartbeats, long-polls, token
+  batches, their sockets), which would otherwise be most of the lines `make run` prints.
+  `ACCESS_LOG_HOSTS=1` prints them again.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from daphne import cli
+from daphne.access import AccessLogGenerator
+from daphne.http_protocol import WebRequest
+
+from core.bodylimit import too_large
+
+QUIET_PREFIXES = ("/hosts/api/", "/hosts/ws", "/api/rings/", "/api/moe/", "/api/expert-")
+
+
+def quiet(request: str) -> bool:
+    """Whether an access-log request ("POST /hosts/api/claim") is a host's routine call."""
+    path = request.split(" ", 1)[-1]
+    return path.startswith(QUIET_PREFIXES)
+
+
+class HostQuietAccessLog(AccessLogGenerator):
+    def write_entry(self, host, date, request, status=None, length=None, ident=None, user=None):  # noqa: ANN001, ANN201, PLR0913
+        if quiet(request):
+            return
+        super().write_entry(host, date, request, status=status, length=length, ident=ident, user=user)
+
+
+class BoundedRequest(WebRequest):
+    """daphne's request, refusing a body that grows past the limit while it arrives."""
+
+    limit: int = 0
+    received = 0
+    refused = False
+
+    def handleContentChunk(self, data: bytes) -> None:  # noqa: N802 (Twisted's name)
+        if self.refused:
+            return
+        self.received += len(data)
+        if self.received > self.limit:
+            self.refused = True
+            body = too_large(self.limit)
+            self.channel.transport.write(
+                b"HTTP/1.1 413 Payload Too Large\r\nContent-Type: application/json\r\n"
+                b"Content-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+            self.channel.transport.loseConnection()
+            return
+        super().handleContentChunk(data)
+
+
+def main() -> None:
+    import django
+    from django.conf import settings
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    django.setup()
+    BoundedRequest.limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    from daphne import http_protocol
+
+    http_protocol.WebRequest = BoundedRequest  # (daphne's factory gives each connection this name's requests)
+    if os.environ.get("ACCESS_LOG_HOSTS") != "1":
+        cli.AccessLogGenerator = HostQuietAccessLog  # daphne's CLI builds its access log from this name
+    sys.argv[0] = "daphne"
+    cli.CommandLineInterface.entrypoint()
+
+
+if __name__ == "__main__":
+    main()
