@@ -7,7 +7,7 @@ PORT ?= 8000
 PYTEST_ARGS ?=
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint bench
+.PHONY: install run test lint bench mahout-wheel
 
 $(STAMP): requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,3 +32,10 @@ lint: install
 
 bench: install
 	$(BIN)/python bench/request_path.py
+
+# The host client alone, for GPU owners: dist/elephant_mahout-<version>-py3-none-any.whl
+# (`pip install` it into any Python 3.11+ environment; `[ring]` adds the engine's torch).
+mahout-wheel: install
+	$(BIN)/pip wheel --no-deps --no-build-isolation --disable-pip-version-check -w dist . 2>&1 | grep -v "^WARNING: Location"
+	rm -rf build elephant_mahout.egg-info
+	@ls dist/elephant_mahout-*.whl

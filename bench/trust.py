@@ -16,6 +16,9 @@ Each answer is judged twice: by the reference alone (the answer may part from it
 near-tie, and nothing after the parting is checked) and as the gateway judges it, where an
 answer that parted is then read under the real model token by token (`score_reason`).
 
+Canary volume and cost per host are in BENCHMARKS.md (worked out from the settings); the
+expected time from a host's first canary to its detection is printed per cheat.
+
 A host in probation answers CANARY_TRUST_AFTER canaries drawn at random; it is caught when
 one of them fails, so per host the detection rate is 1 − (1 − p)^k for a per-canary rate p.
 
@@ -118,6 +121,11 @@ def main() -> None:
             caught = sum(1 for reason in reasons if reason)
             p = caught / len(kept)
             result[name] = {"failed": caught, "per_canary": p, f"per_host_over_{k}": 1 - (1 - p) ** k}
+        p_scored = result["scored"]["per_canary"]
+        # canaries go one at a time, every CANARY_PROBATION_SECONDS, the first at the host's first heartbeat:
+        # caught on average at canary 1/p, then the worker's next tick reads it
+        result["expected_detection_s"] = (round((1 / p_scored - 1) * settings.CANARY_PROBATION_SECONDS
+                                                + settings.WATCHDOG_INTERVAL_SECONDS, 1) if p_scored else None)
         result["scored_answers"] = sum(1 for reason, ((_, _, row), (text, _)) in zip(by_reference, pairs, strict=True)
                                        if reason is None and text != row.text)
         result["reasons"] = [reason for reason in full if reason][:3]
@@ -159,6 +167,8 @@ def main() -> None:
             j = r[judge]
             print(f"{name:<44} {judge:<15} failed {j['failed']:>2}/{r['canaries']} canaries ({j['per_canary']:.0%}); "
                   f"per host in probation: {j[f'per_host_over_{k}']:.1%}")
+        print(f"{name:<44} expected time from first canary to detection: {r['expected_detection_s']} s "
+              "(+ the answer's own time)")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ urlpatterns = [
     path("", views.dashboard, name="dashboard"),
     path("signup/", views.signup, name="signup"),
     path("verify/resend/", views.verify_resend, name="verify_resend"),
+    path("downloads/<str:filename>", views.mahout_download, name="mahout_download"),
     path("verify/<str:token>/", views.verify_email, name="verify_email"),
     path(
         "login/",

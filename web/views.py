@@ -16,7 +16,7 @@ from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -31,6 +31,7 @@ from core.http import AuthedHttpRequest
 from hosts import selectors as host_selectors
 from hosts import services as hosts
 from hosts.models import Host
+from mahout import __version__ as mahout_version
 from marketplace import reputation
 from marketplace import selectors as marketplace_selectors
 from marketplace.usage_apis import usage_csv_response
@@ -271,9 +272,23 @@ def _machines_page(request: AuthedHttpRequest, *, form: HostForm, new_host: host
         {
             "form": form, "new_host": new_host, "rotated": rotated, "hosts": selectors.host_statuses(user=request.user),
             "base_url": base_url(request), "under_redundant": host_selectors.under_redundant_models(),
+            "wheel_name": MAHOUT_WHEEL, "wheel_built": (settings.BASE_DIR / "dist" / MAHOUT_WHEEL).is_file(),
         },
         secret_shown=new_host is not None,
     )
+
+
+MAHOUT_WHEEL = f"elephant_mahout-{mahout_version}-py3-none-any.whl"
+
+
+@require_GET
+def mahout_download(request: HttpRequest, filename: str) -> HttpResponse:
+    """The host client's wheel (`make mahout-wheel` builds it into dist/), for `pip install <url>`."""
+    path = settings.BASE_DIR / "dist" / MAHOUT_WHEEL
+    if filename != MAHOUT_WHEEL or not path.is_file():
+        return HttpResponse(f"No such download. This gateway offers {MAHOUT_WHEEL} once its operator has run "
+                            "`make mahout-wheel`.\n", status=404, content_type="text/plain")
+    return FileResponse(path.open("rb"), as_attachment=True, filename=MAHOUT_WHEEL, content_type="application/zip")
 
 
 @login_required

@@ -238,9 +238,25 @@ class HostPagesTests:
         assert host.owner == customer.user
         token = re.search(r'id="host-token" class="wrap"><code>(\S+)</code>', page).group(1)
         assert host.token_hash == secret_hash(token)
-        assert "python -m mahout login --server http://localhost\npython -m mahout run" in page
+        assert "mahout login --server http://localhost\nmahout run" in page
         assert f"--token {token}" not in page, "the token stays off the command line (ps, shell history)"
         assert token not in customer_client.get("/machines/").content.decode()
+
+    def test_the_page_offers_the_wheel_once_the_operator_built_it(self, customer_client, settings, tmp_path) -> None:
+        from web.views import MAHOUT_WHEEL
+
+        settings.BASE_DIR = tmp_path
+        page = customer_client.post("/machines/", {"name": "desk"}, HTTP_HOST="localhost").content.decode()
+        assert "make mahout-wheel" in page and "pip install" not in page
+        assert Client().get(f"/downloads/{MAHOUT_WHEEL}").status_code == 404
+        (tmp_path / "dist").mkdir()
+        (tmp_path / "dist" / MAHOUT_WHEEL).write_bytes(b"PK wheel bytes")
+        page = customer_client.post("/machines/", {"name": "desk2"}, HTTP_HOST="localhost").content.decode()
+        assert f"pip install http://localhost/downloads/{MAHOUT_WHEEL}\nmahout login" in page
+        download = Client().get(f"/downloads/{MAHOUT_WHEEL}")
+        assert download.status_code == 200 and b"".join(download.streaming_content) == b"PK wheel bytes"
+        assert Client().get("/downloads/..%2Fsettings.py").status_code == 404
+        assert Client().get("/downloads/other.whl").status_code == 404
 
     def test_a_second_machine_with_the_same_name_is_refused_politely(self, serving_host, host_client) -> None:
         response = host_client.post("/machines/", {"name": serving_host.host.name})
