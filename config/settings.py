@@ -229,6 +229,7 @@ ABANDON_GRACE_SECONDS = env_float("ABANDON_GRACE_SECONDS", 15.0, minimum=0.0)
 
 # Verification (marketplace/canaries.py): hidden jobs with known answers. Only models with
 # references (`manage.py canary_references`) get canaries.
+MAHOUT_MIN_VERSION = env_str("MAHOUT_MIN_VERSION", "0.1.0")  # older mahout clients are refused (426) at their heartbeat
 METRICS_TOKEN = env_str("METRICS_TOKEN")  # Prometheus' bearer token for GET /metrics (staff may also sign in)
 CANARY_ENABLED = env_bool("CANARY_ENABLED", True)
 CANARY_PROBATION_SECONDS = env_float("CANARY_PROBATION_SECONDS", 20.0, minimum=0.0)  # a new host: one every 20 s

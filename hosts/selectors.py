@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from django.conf import settings
 from django.utils import timezone
 
 from catalog.models import CatalogModel
@@ -116,3 +117,18 @@ def under_redundant_models(*, counts: dict[int, dict[str, int]] | None = None) -
         for model in CatalogModel.objects.filter(latency_critical=True, active=True).order_by("name")
         if counts.get(model.pk, {}).get("warm", 0) < REDUNDANT_WARM_HOSTS
     ]
+
+
+def client_too_old(version: str) -> str | None:
+    """Why a mahout reporting `version` may not serve here (older than
+    `MAHOUT_MIN_VERSION`), or None. A version that does not parse says nothing (a test's
+    synthetic host says "sim")."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        reported = Version(version)
+    except InvalidVersion:
+        return None
+    if reported >= Version(settings.MAHOUT_MIN_VERSION):
+        return None
+    return f"mahout {version} is older than {settings.MAHOUT_MIN_VERSION}, the oldest this gateway serves with"

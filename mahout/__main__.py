@@ -119,6 +119,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     finally:
         api.close()
+    if loop.upgrade_required:
+        print(f"mahout: error: {loop.upgrade_required}", file=sys.stderr, flush=True)
+        return 3
     say(f"mahout: stopped after {handled} job(s)")
     return 0
 

@@ -128,6 +128,7 @@ class HostLoop:
         self.state = LoopState.CAN_WORK
         self._active: dict[object, JobRecord] = {}
         self._stop = threading.Event()
+        self.upgrade_required: str | None = None  # the gateway refused this version: the loop stops
         self._signals = 0
         self._server_paused = False
         self._pause_reason: str | None = None
@@ -352,6 +353,11 @@ class HostLoop:
                 catalog=catalog,
             )
         except (HostApiError, ServerUnavailable) as exc:
+            if isinstance(exc, HostApiError) and exc.code == "upgrade_required":  # it will not serve this version again
+                self.out(f"mahout: {exc.message}")
+                self.upgrade_required = exc.message
+                self._stop.set()
+                return
             self.out(f"mahout: heartbeat failed: {exc}")
             return
         if not paused_here:

@@ -281,6 +281,11 @@ class HeartbeatApi(HostApi):
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
+        too_old = hosts.client_too_old(data["version"])
+        if too_old is not None:
+            wheel = request.build_absolute_uri(f"/downloads/elephant_mahout-{settings.MAHOUT_MIN_VERSION}-py3-none-any.whl")
+            raise ApiError(426, f"{too_old}. Upgrade it: pip install --upgrade {wheel} (or, in a checkout: git pull && make install), "
+                                "then start it again.", code="upgrade_required")
         host = host_services.host_heartbeat(
             host=host, fingerprint=data["fingerprint"], paused=data["paused"], models_loaded=data["models_loaded"], version=data["version"],
             catalog=data["catalog"],

@@ -181,6 +181,7 @@ class PoolOverview:
     banned: list[Host]
     failed_verification: list[dict]
     warming: list[dict]  # `marketplace.redundancy.warming_hosts`: hosts asked to keep a latency-critical model warm
+    versions: list[tuple[str, int]]  # mahout versions of the connected hosts, most used first
     customers_owing: int  # customers whose balance a refund or chargeback took below zero
     owed_ucents: int
 
@@ -237,6 +238,8 @@ def pool_overview() -> PoolOverview:
         banned=list(Host.objects.filter(banned_at__isnull=False).select_related("owner").order_by("-banned_at", "-pk")[:POOL_MAINTENANCE_LISTED]),
         failed_verification=verification_failures(),
         warming=warming_hosts(now=now),
+        versions=[(row["version"] or "unknown", row["n"]) for row in
+                  alive.values("version").annotate(n=Count("pk")).order_by("-n", "version")],
         **_debts(),
     )
 

@@ -388,4 +388,4 @@ def machine_token_rotate(request: AuthedHttpRequest, host_id: int) -> HttpRespon
 @staff_required
 @require_GET
 def pool(request: AuthedHttpRequest) -> HttpResponse:
-    return render(request, "web/pool.html", {"pool": selectors.pool_overview()})
+    return render(request, "web/pool.html", {"pool": selectors.pool_overview(), "min_version": settings.MAHOUT_MIN_VERSION})

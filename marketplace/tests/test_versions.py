@@ -1,0 +1,63 @@
+"""Versions: mahout sends its version with every heartbeat; a client older than
+MAHOUT_MIN_VERSION is refused (426) with how to upgrade, and stops; the pool page shows the
+versions in use."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from django.test import Client
+
+from conftest import ROOT, Gateway, make_host, stack_env
+from hosts.models import Host
+from mahout import __version__
+from testkit.simhost import FINGERPRINT
+
+
+def beat(token: str, version: str):  # noqa: ANN201
+    return Client().post("/hosts/api/heartbeat", {"fingerprint": FINGERPRINT, "version": version},
+                         content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
+
+
+@pytest.mark.django_db
+def test_an_older_client_is_refused_with_how_to_upgrade(serving_host, settings) -> None:
+    settings.MAHOUT_MIN_VERSION = "0.2.0"
+    refused = beat(serving_host.token, "0.1.9")
+    assert refused.status_code == 426 and refused.json()["error"]["code"] == "upgrade_required"
+    message = refused.json()["error"]["message"]
+    assert "0.1.9 is older than 0.2.0" in message and "pip install --upgrade http://testserver/downloads/" in message
+    assert Host.objects.get(pk=serving_host.host.pk).last_heartbeat_at is None, "a refused heartbeat is no sign of life"
+    assert beat(serving_host.token, "0.2.0").status_code == 200
+    assert beat(serving_host.token, "1.0").status_code == 200
+    assert Host.objects.get(pk=serving_host.host.pk).version == "1.0"
+
+
+@pytest.mark.django_db
+def test_the_pool_page_shows_the_versions_in_use(serving_host, outsider, settings) -> None:
+    from django.contrib.auth import get_user_model
+
+    beat(serving_host.token, "0.1.0")
+    beat(outsider.token, "0.1.0")
+    staff = get_user_model().objects.create_user(username="ops@example.com", password="x" * 12, is_staff=True)
+    client = Client()
+    client.force_login(staff)
+    page = client.get("/pool/").content.decode()
+    assert "0.1.0 × 2" in page and f"oldest served: {settings.MAHOUT_MIN_VERSION}" in page
+
+
+@pytest.mark.e2e
+@pytest.mark.django_db(transaction=True)
+def test_a_real_mahout_older_than_the_gateway_wants_says_so_and_stops(catalog, tmp_path) -> None:
+    gateway = Gateway(stack_env({"MAHOUT_MIN_VERSION": "99.0"}), tmp_path)
+    try:
+        host = make_host(qualified=False, name="old")
+        done = subprocess.run(
+            [sys.executable, "-m", "mahout", "run", "--server", gateway.url, "--home", str(tmp_path / "home"), "--threads", "1",
+             "--no-idle-detect"],
+            cwd=ROOT, env={**stack_env(), "MAHOUT_TOKEN": host.token}, capture_output=True, text=True, timeout=240,
+        )
+    finally:
+        gateway.stop()
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert f"mahout {__version__} is older than 99.0" in done.stderr and "pip install --upgrade" in done.stderr
