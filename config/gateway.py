@@ -45,19 +45,31 @@ class BoundedRequest(WebRequest):
     received = 0
     refused = False
 
+    def gotLength(self, length: int | None) -> None:  # noqa: N802 (Twisted's name)
+        if length is not None and length > self.limit:  # declared over the limit: refused before a byte of it is read
+            self._refuse()
+        super().gotLength(length)
+
     def handleContentChunk(self, data: bytes) -> None:  # noqa: N802 (Twisted's name)
         if self.refused:
             return
         self.received += len(data)
         if self.received > self.limit:
-            self.refused = True
-            body = too_large(self.limit)
-            self.channel.transport.write(
-                b"HTTP/1.1 413 Payload Too Large\r\nContent-Type: application/json\r\n"
-                b"Content-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
-            self.channel.transport.loseConnection()
+            self._refuse()
             return
         super().handleContentChunk(data)
+
+    def process(self) -> None:
+        if not self.refused:  # (a refused request never reaches the application)
+            super().process()
+
+    def _refuse(self) -> None:
+        self.refused = True
+        body = too_large(self.limit)
+        self.channel.transport.write(
+            b"HTTP/1.1 413 Payload Too Large\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+        self.channel.transport.loseConnection()
 
 
 def main() -> None:
