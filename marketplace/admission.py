@@ -38,8 +38,10 @@ def request_admit(*, api_key: ApiKey, data: dict, params: dict, kind: str, publi
     tried in order when the queue times out (`services.request_reroute`)."""
     names = list(dict.fromkeys([data["model"], *(data.get("models") or [])]))
     chosen = [chat_model(name, param="model" if index == 0 else "models") for index, name in enumerate(names)]
-    online = {served.model.pk for served in served_models() if served.hosts_online}
-    first = next((index for index, model in enumerate(chosen) if model.pk in online), 0)
+    first = 0
+    if len(chosen) > 1:  # (only fallbacks read who is online: admission's usual path stays as it was)
+        online = {served.model.pk for served in served_models() if served.hosts_online}
+        first = next((index for index, model in enumerate(chosen) if model.pk in online), 0)
     model = chosen[first]
     params = {**params, "fallbacks": [m.name for m in chosen[first + 1:]]} if len(chosen) > 1 else params
     text, messages, prompt = rendered_prompt(kind, data)
