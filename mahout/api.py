@@ -67,7 +67,7 @@ def _error_from(response: httpx.Response) -> HostApiError:
 class TokenSocket(Protocol):
     """A faster path for token batches (``mahout.presence.Presence``): an answer, or None."""
 
-    def push_tokens(self, job_id: Any, *, seq: int, text: str) -> dict | None: ...
+    def push_tokens(self, job_id: Any, *, seq: int, text: str, logprobs: list[dict] | None = None) -> dict | None: ...
 
     def claim(self, *, fingerprint: str, wait: float) -> object:
         """The job, None (nothing came), or anything else when the socket gave no answer."""
@@ -189,16 +189,20 @@ class HostApi:
         """Claim jobs and send token batches on this host's WebSocket when it is up (HTTP otherwise)."""
         self._socket = socket
 
-    def push_tokens(self, job_id: Any, *, seq: int, text: str) -> dict:
-        """Append batch ``seq`` of generated text; raises :class:`JobGoneError` on 409.
+    def push_tokens(self, job_id: Any, *, seq: int, text: str, logprobs: list[dict] | None = None) -> dict:
+        """Append batch ``seq`` of generated text (with its tokens' log-probability entries
+        when the job asked for them); raises :class:`JobGoneError` on 409.
 
         On the host's WebSocket when it is up (authenticated once per connection); over
         HTTP when it is not, or gave no answer (the same ``seq``, so never applied twice)."""
         if self._socket is not None:
-            answer = self._socket.push_tokens(job_id, seq=seq, text=text)
+            answer = self._socket.push_tokens(job_id, seq=seq, text=text, logprobs=logprobs)
             if answer is not None:
                 return answer
-        return self._json(self._request("POST", f"/jobs/{job_id}/tokens", {"seq": seq, "text": text}))
+        body: dict = {"seq": seq, "text": text}
+        if logprobs is not None:
+            body["logprobs"] = logprobs
+        return self._json(self._request("POST", f"/jobs/{job_id}/tokens", body))
 
     def complete(self, job_id: Any, *, finish_reason: str, completion_tokens: int) -> dict:
         """Report the job finished; the answer carries what we earned."""

@@ -157,11 +157,15 @@ class Presence:
             return answer.get("job")
         raise _refusal(answer)
 
-    def push_tokens(self, job_id: int, *, seq: int, text: str, timeout: float = PUSH_TIMEOUT_S) -> dict | None:
+    def push_tokens(self, job_id: int, *, seq: int, text: str, logprobs: list[dict] | None = None,
+                    timeout: float = PUSH_TIMEOUT_S) -> dict | None:
         """Send batch ``seq`` of a job on the socket and return the gateway's ack; raise
         :class:`JobGoneError` (409) or :class:`HostApiError` as the HTTP API would; None when
         the socket is down or no answer came in ``timeout`` (send it over HTTP instead)."""
-        answer = self._ask({"type": "tokens", "job": job_id, "seq": seq, "text": text}, (job_id, seq), timeout)
+        frame = {"type": "tokens", "job": job_id, "seq": seq, "text": text}
+        if logprobs is not None:
+            frame["logprobs"] = logprobs
+        answer = self._ask(frame, (job_id, seq), timeout)
         if answer is None:
             return None
         if answer["type"] == "ack":

@@ -30,6 +30,7 @@ class BatchPusher:
         self._api, self._job_id, self._interval = api, job_id, interval
         self._cond = threading.Condition()
         self._pending: list[str] = []
+        self._logprobs: list[dict] | None = None  # the pending text's tokens' entries, when the job asked for them
         self._closing = False
         self._abandoned = False
         self._error: BaseException | None = None
@@ -48,10 +49,14 @@ class BatchPusher:
                 self._cond.notify_all()
 
     def add(self, piece: str) -> None:
-        """Queue ``piece`` for the next batch; raises the sender's error if pushing failed."""
+        """Queue ``piece`` for the next batch (a :class:`~mahout.runners.Piece` brings its
+        log-probability entries along); raises the sender's error if pushing failed."""
         self._raise_if_failed()
+        entries = getattr(piece, "logprobs", None)
         with self._cond:
-            self._pending.append(piece)
+            self._pending.append(str(piece))
+            if entries is not None:
+                self._logprobs = [*(self._logprobs or []), *entries]
             self._cond.notify_all()
 
     def flush(self) -> None:
@@ -66,15 +71,16 @@ class BatchPusher:
         if self._error is not None:
             raise self._error
 
-    def _next_batch(self) -> str | None:
+    def _next_batch(self) -> tuple[str, list[dict] | None] | None:
         """Block until there is text to send (or the end); ``None`` means stop."""
         with self._cond:
             self._cond.wait_for(lambda: self._pending or self._closing)
             if self._abandoned or not self._pending:
                 return None
-            text = "".join(self._pending)
+            text, entries = "".join(self._pending), self._logprobs
             self._pending.clear()
-            return text
+            self._logprobs = None
+            return text, entries
 
     def _pace(self, sent_at: float) -> None:
         """Let pieces accumulate until ``interval`` after the last send (cut short by flush)."""
@@ -82,10 +88,14 @@ class BatchPusher:
             self._cond.wait_for(lambda: self._closing, timeout=max(0.0, sent_at + self._interval - time.monotonic()))
 
     def _send_loop(self) -> None:
-        while (text := self._next_batch()) is not None:
+        while (batch := self._next_batch()) is not None:
+            text, entries = batch
             sent_at = time.monotonic()
             try:
-                self._api.push_tokens(self._job_id, seq=self.seq, text=text)
+                if entries is None:
+                    self._api.push_tokens(self._job_id, seq=self.seq, text=text)
+                else:
+                    self._api.push_tokens(self._job_id, seq=self.seq, text=text, logprobs=entries)
             except Exception as exc:  # noqa: BLE001 - handed to the generating thread
                 self._error = exc
                 return

@@ -28,7 +28,7 @@ from hosts.models import Host
 from hosts.selectors import host_for_socket, host_from_secret
 from hosts.services import host_socket_opened, host_token_group
 from marketplace import pushing, services
-from marketplace.apis import admit_generation
+from marketplace.apis import admit_choices, stream_chunks
 from marketplace.host_apis import JobClaimApi, claim_when_offered
 from marketplace.models import Request
 
@@ -66,12 +66,12 @@ class ChatStreamConsumer(AsyncJsonWebsocketConsumer):
             if not isinstance(content, dict):
                 raise bad_request("Send one JSON object: a chat completion request.", code="invalid_json")
             body = {**content, "stream": True}
-            admitted = await admit_generation(secret=self.secret, body=body, kind=Request.Kind.CHAT)
+            choices = await admit_choices(secret=self.secret, body=body, kind=Request.Kind.CHAT)
         except DomainError as error:
             await self.send_json(error.body())
             await self.close()
             return
-        async for chunk in admitted.chunks():
+        async for chunk in stream_chunks(choices):
             await self.send_json({"done": True} if chunk == "[DONE]" else chunk)
         await self.close()
 
@@ -217,4 +217,7 @@ def tokens_frame(frame: dict) -> dict:
             raise bad_request(f"'{name}' must be a whole number of 0 or more.", code="invalid_value", param=name)
     if not isinstance(text, str) or len(text) > services.MAX_BATCH_CHARS:
         raise bad_request(f"'text' must be a string of at most {services.MAX_BATCH_CHARS} characters.", code="invalid_value", param="text")
-    return {"job_id": job_id, "seq": seq, "text": text}
+    batch = {"job_id": job_id, "seq": seq, "text": text}
+    if frame.get("logprobs") is not None:  # (checked with the text, where every door's batches are applied)
+        batch["logprobs"] = frame["logprobs"]
+    return batch

@@ -209,9 +209,14 @@ class JobTokensApi(AsyncHostApi):
     class InputSerializer(serializers.Serializer):
         seq = serializers.IntegerField(min_value=0, max_value=INT_MAX)
         text = serializers.CharField(allow_blank=True, trim_whitespace=False, max_length=market.MAX_BATCH_CHARS)
+        logprobs = serializers.ListField(
+            child=serializers.DictField(), required=False, allow_null=True, max_length=market.MAX_BATCH_CHARS,
+            help_text="the text's tokens' log-probability entries, when the job asked for them (their tokens spell the text)",
+        )
 
     async def handle(self, host: Host, data: dict, **kwargs: object) -> HttpResponse:
-        result = await pushing.push_tokens(host=host, job_id=kwargs["job_id"], seq=data["seq"], text=data["text"])
+        result = await pushing.push_tokens(host=host, job_id=kwargs["job_id"], seq=data["seq"], text=data["text"],
+                                           logprobs=data.get("logprobs"))
         return JsonResponse({"accepted": result.accepted, "next_seq": result.next_seq})
 
 

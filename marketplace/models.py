@@ -157,6 +157,7 @@ class TextChunk(models.Model):
     seq = models.PositiveIntegerField(help_text="the job's batch number")
     char_offset = models.PositiveIntegerField(help_text="where the text starts in the request's delivered text")
     text = models.TextField()
+    logprobs = models.JSONField(null=True, blank=True, help_text="the text's tokens' log-probability entries, when asked for")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["request", "char_offset"], name="one_chunk_per_offset")]

@@ -65,10 +65,12 @@ class PushWriter:
 _writers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, PushWriter] = weakref.WeakKeyDictionary()
 
 
-async def push_tokens(*, host: Host, job_id: int, seq: int, text: str) -> services.PushResult:
+async def push_tokens(
+    *, host: Host, job_id: int, seq: int, text: str, logprobs: list[dict] | None = None,
+) -> services.PushResult:
     """Apply one batch through this event loop's writer; raises the batch's refusal."""
     loop = asyncio.get_running_loop()
     writer = _writers.get(loop)
     if writer is None:
         writer = _writers[loop] = PushWriter()
-    return await writer.push(services.Push(host=host, job_id=job_id, seq=seq, text=text))
+    return await writer.push(services.Push(host=host, job_id=job_id, seq=seq, text=text, logprobs=logprobs))

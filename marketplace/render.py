@@ -1,6 +1,7 @@
 """OpenAI response shapes for chat and text completions."""
 from __future__ import annotations
 
+from marketplace.logprobs import completion_logprobs
 from marketplace.models import Request
 from marketplace.selectors import unix
 
@@ -13,16 +14,44 @@ def usage_of(row: Request) -> dict:
     }
 
 
+def usage_sum(usages: list[dict]) -> dict:
+    """The usage of several choices: one prompt (OpenAI counts it once), every completion."""
+    completion = sum(u["completion_tokens"] for u in usages)
+    prompt = usages[0]["prompt_tokens"] if usages else 0
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def usage_chunk(rows: list[Request]) -> dict:
+    """The last chunk of a stream of several choices, when usage is asked for: no choices."""
+    row = rows[0]
+    return {"id": row.public_id, "object": "chat.completion.chunk" if row.kind == Request.Kind.CHAT else "text_completion",
+            "created": unix(row.created_at), "model": row.model.name, "choices": [],
+            "usage": usage_sum([usage_of(r) for r in rows])}
+
+
+def failed_choice(row: Request, *, index: int) -> dict:
+    """A choice that failed while its siblings succeeded (OpenRouter's finish_reason "error")."""
+    if row.kind == Request.Kind.CHAT:
+        return {"index": index, "message": {"role": "assistant", "content": None}, "logprobs": None, "finish_reason": "error"}
+    return {"index": index, "text": "", "logprobs": None, "finish_reason": "error"}
+
+
 def chunk_body(
     row: Request, *, text: str, first: bool = False, finish_reason: str | None = None, usage: dict | None = None,
-    offset: int | None = None,
+    offset: int | None = None, calls: list[dict] | None = None, index: int = 0, logprobs: list[dict] | None = None,
 ) -> dict:
+    """One stream chunk. `offset`: the characters relayed once this chunk's text is (its
+    tokens' `text_offset`s count from the chunk's start: `offset` less the text)."""
     if row.kind == Request.Kind.CHAT:
         delta: dict = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
-        choice: dict = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        if calls:
+            delta = {"tool_calls": calls}
+        choice: dict = {"index": index, "delta": delta, "logprobs": chat_logprobs(logprobs), "finish_reason": finish_reason}
         body = {"id": row.public_id, "object": "chat.completion.chunk", "created": unix(row.created_at), "model": row.model.name, "choices": [choice]}
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        start = (offset or 0) - len(text)
+        choice = {"index": index, "text": text, "finish_reason": finish_reason,
+                  "logprobs": None if logprobs is None else completion_logprobs(logprobs, start=start)}
         body = {"id": row.public_id, "object": "text_completion", "created": unix(row.created_at), "model": row.model.name, "choices": [choice]}
     if usage is not None:
         body["usage"] = usage
@@ -33,12 +62,30 @@ def chunk_body(
     return body
 
 
-def response_body(row: Request, *, text: str) -> dict:
-    finish = row.finish_reason or "stop"
+def call_deltas(calls: list[dict]) -> list[list[dict]]:
+    """Streamed tool calls as OpenAI sends them: per call, one delta with its id and name (and
+    empty arguments), then one with the arguments."""
+    deltas = []
+    for index, call in enumerate(calls):
+        named = {"index": index, "id": call["id"], "type": "function",
+                 "function": {"name": call["function"]["name"], "arguments": ""}}
+        deltas += [[named], [{"index": index, "function": {"arguments": call["function"]["arguments"]}}]]
+    return deltas
+
+
+def chat_logprobs(entries: list[dict] | None) -> dict | None:
+    return None if entries is None else {"content": entries, "refusal": None}
+
+
+def response_body(row: Request, *, text: str, calls: list[dict] | None = None, logprobs: list[dict] | None = None) -> dict:
+    finish = "tool_calls" if calls else row.finish_reason or "stop"
     if row.kind == Request.Kind.CHAT:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
+        message = {"role": "assistant", "content": None, "tool_calls": calls} if calls else \
+            {"role": "assistant", "content": text}
+        choice = {"index": 0, "message": message, "logprobs": chat_logprobs(logprobs), "finish_reason": finish}
         obj = "chat.completion"
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        choice = {"index": 0, "text": text, "finish_reason": finish,
+                  "logprobs": None if logprobs is None else completion_logprobs(logprobs)}
         obj = "text_completion"
     return {"id": row.public_id, "object": obj, "created": unix(row.created_at), "model": row.model.name, "choices": [choice], "usage": usage_of(row)}

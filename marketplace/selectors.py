@@ -18,6 +18,7 @@ from core.dates import day_bounds
 from core.http import holds_nul
 from hosts import selectors as hosts
 from hosts.models import Host
+from marketplace.logprobs import located
 from marketplace.models import Job, Request, StageShare
 
 if TYPE_CHECKING:
@@ -65,15 +66,26 @@ def request_catch_up(*, public_id: str, sent: int) -> tuple[Request, str]:
     """The request's state and the delivered text from character `sent` on: the chunks
     that end after it (the first one cut), so a listener that missed messages gets
     exactly what it has not sent."""
+    request, text, _ = request_catch_up_entries(public_id=public_id, sent=sent, logprobs=False)
+    return request, text
+
+
+def request_catch_up_entries(*, public_id: str, sent: int, logprobs: bool) -> tuple[Request, str, list[tuple[int, dict]]]:
+    """`request_catch_up`, and (when `logprobs`) the entries of the tokens that start at
+    character `sent` or after, each with its offset."""
     request = request_state(public_id=public_id)
     if request.delivered_chars <= sent:
-        return request, ""
-    chunks = request.chunks.order_by("char_offset").values_list("char_offset", "text")
-    tail = [text for offset, text in chunks.filter(char_offset__gte=sent)]
+        return request, "", []
+    columns = ("char_offset", "text", "logprobs") if logprobs else ("char_offset", "text")
+    chunks = request.chunks.order_by("char_offset").values_list(*columns)
+    later = list(chunks.filter(char_offset__gte=sent))
     head = chunks.filter(char_offset__lt=sent).last()
     if head is not None and head[0] + len(head[1]) > sent:
-        tail.insert(0, head[1][sent - head[0]:])
-    return request, "".join(tail)
+        later.insert(0, head)
+    text = "".join(chunk[1] for chunk in later)[max(0, sent - later[0][0]):] if later else ""
+    entries = [(at, entry) for chunk in later if len(chunk) > 2 and chunk[2] for at, entry in located(chunk[0], chunk[2])
+               if at >= sent] if logprobs else []
+    return request, text, entries
 
 
 def unix(ts: datetime | None) -> int:

@@ -75,13 +75,54 @@ class StopField(StoredField):
         return value
 
 
+@extend_schema_field({"type": "array", "items": {"type": "object", "required": ["id", "type", "function"], "properties": {
+    "id": {"type": "string"}, "type": {"type": "string", "enum": ["function"]},
+    "function": {"type": "object", "required": ["name", "arguments"],
+                 "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}}}}}})
+class ToolCallsField(StoredField):
+    """An assistant turn's earlier `tool_calls`, as OpenAI returned them."""
+
+    default_error_messages = {"invalid": "must be a list of {\"id\", \"type\": \"function\", \"function\": "
+                                         "{\"name\", \"arguments\"}} (arguments a JSON string)"}
+
+    def to_internal_value(self, data: object) -> list[dict]:
+        def valid(call: object) -> bool:
+            function = call.get("function") if isinstance(call, dict) else None
+            return (isinstance(call.get("id"), str) and call.get("type", "function") == "function"  # type: ignore[union-attr]
+                    and isinstance(function, dict) and isinstance(function.get("name"), str)
+                    and isinstance(function.get("arguments"), str))
+
+        if not isinstance(data, list) or not all(valid(call) for call in data):
+            self.fail("invalid")
+        return [{"id": c["id"], "type": "function",
+                 "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}} for c in data]
+
+    def to_representation(self, value: list[dict]) -> list[dict]:
+        return value
+
+
 class MessageSerializer(serializers.Serializer):
-    role = serializers.ChoiceField(choices=["system", "developer", "user", "assistant"])
-    content = ContentField()
+    role = serializers.ChoiceField(choices=["system", "developer", "user", "assistant", "tool"])
+    content = ContentField(allow_null=True, required=False)
+    tool_calls = ToolCallsField(required=False, allow_null=True, help_text="an assistant turn's calls")
+    tool_call_id = serializers.CharField(required=False, max_length=200, help_text="a tool message: the call it answers")
+
+    def validate(self, value: dict) -> dict:
+        if value.get("content") is None and not (value["role"] == "assistant" and value.get("tool_calls")):
+            raise serializers.ValidationError({"content": "This field is required (null only for an assistant turn "
+                                                          "with tool_calls)."})
+        if value["role"] == "tool" and not value.get("tool_call_id"):
+            raise serializers.ValidationError({"tool_call_id": "A tool message names the call it answers."})
+        return value
 
     def to_internal_value(self, data: object) -> dict:
         value = super().to_internal_value(data)
-        return {"role": "system" if value["role"] == "developer" else value["role"], "content": value["content"]}
+        plain = {"role": "system" if value["role"] == "developer" else value["role"], "content": value.get("content")}
+        if value.get("tool_calls"):
+            plain["tool_calls"] = value["tool_calls"]
+        if value["role"] == "tool":
+            plain["tool_call_id"] = value["tool_call_id"]
+        return plain
 
 
 @extend_schema_field({"type": "object", "required": ["type"], "properties": {
@@ -149,14 +190,13 @@ def _zero(value: object) -> bool:
     return value is None or value == 0
 
 
+TOOL_PARAMETERS = ("tools", "tool_choice", "parallel_tool_calls")
 UNSUPPORTED: dict[str, tuple[object, str]] = {  # name -> (the value that changes nothing, what to send instead)
-    "tools": (_absent, "tool calling"),
-    "tool_choice": (lambda v: v is None or v == "none", "tool calling"),
+    "tools": (_absent, "tool calling, on /v1/chat/completions only"),
+    "tool_choice": (lambda v: v is None or v == "none", "tool calling, on /v1/chat/completions only"),
     "parallel_tool_calls": (lambda v: True, ""),  # meaningless without tools, which are refused
     "functions": (_absent, "function calling"),
     "function_call": (lambda v: v is None or v == "none", "function calling"),
-    "logprobs": (lambda v: v is None or v is False or v == 0, "log-probabilities"),
-    "top_logprobs": (_zero, "log-probabilities"),
     "logit_bias": (_absent, "logit bias"),
     "presence_penalty": (_zero, "presence penalty"),
     "frequency_penalty": (_zero, "frequency penalty"),
@@ -168,10 +208,13 @@ UNSUPPORTED: dict[str, tuple[object, str]] = {  # name -> (the value that change
     "prediction": (lambda v: v is None, "predicted outputs"),
 }
 SUPPORTED_PARAMETERS = ["max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed", "stream",
-                        "stream_options", "provider", "response_format", "models"]
+                        "stream_options", "provider", "response_format", "models", "n", "logprobs", "top_logprobs", *TOOL_PARAMETERS]
 
 
 MAX_FALLBACK_MODELS = 4
+MAX_CHOICES = 4  # `n`
+MAX_TOP_LOGPROBS = 20  # chat's `top_logprobs`, as OpenAI
+MAX_COMPLETION_LOGPROBS = 5  # completions' `logprobs`, as OpenAI
 
 
 class SamplingSerializer(serializers.Serializer):
@@ -182,7 +225,8 @@ class SamplingSerializer(serializers.Serializer):
     top_p = serializers.FloatField(required=False, allow_null=True, min_value=0.0, max_value=1.0)
     stop = StopField(required=False, allow_null=True)
     seed = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=2**31 - 1)
-    n = serializers.IntegerField(required=False, allow_null=True, min_value=1)
+    n = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=MAX_CHOICES,
+                                 help_text=f"choices: each a request of its own, billed as such (at most {MAX_CHOICES})")
     stream = serializers.BooleanField(required=False, default=False)
     stream_options = serializers.DictField(required=False, allow_null=True)
     response_format = ResponseFormatField(required=False, allow_null=True)
@@ -192,14 +236,13 @@ class SamplingSerializer(serializers.Serializer):
     )
 
     default_max_tokens = settings.DEFAULT_MAX_TOKENS
+    unsupported = UNSUPPORTED
 
     def to_internal_value(self, data: object) -> dict:
         if isinstance(data, dict):
-            for name, (harmless, feature) in UNSUPPORTED.items():
+            for name, (harmless, feature) in self.unsupported.items():
                 if name in data and not harmless(data[name]):  # type: ignore[operator]
                     raise UnsupportedParameter(name, feature)
-            if data.get("n") not in (None, 1) and isinstance(data.get("n"), int) and data["n"] > 1:
-                raise UnsupportedParameter("n", "several choices per request")
         return super().to_internal_value(data)
 
     def params(self) -> dict:
@@ -217,21 +260,77 @@ class SamplingSerializer(serializers.Serializer):
         return bool((self.validated_data.get("stream_options") or {}).get("include_usage"))
 
 
+@extend_schema_field({"type": "array", "items": {"type": "object", "required": ["type", "function"], "properties": {
+    "type": {"type": "string", "enum": ["function"]},
+    "function": {"type": "object", "required": ["name"], "properties": {
+        "name": {"type": "string"}, "description": {"type": "string"}, "parameters": {"type": "object"},
+        "strict": {"type": ["boolean", "null"]}}}}}})
+class ToolsField(StoredField):
+    """OpenAI `tools`: functions the model may call (checked with `tool_choice` in validate)."""
+
+    def to_internal_value(self, data: object) -> object:
+        return data
+
+    def to_representation(self, value: object) -> object:
+        return value
+
+
+@extend_schema_field({"oneOf": [{"type": "string", "enum": ["none", "auto", "required"]}, {
+    "type": "object", "required": ["type", "function"], "properties": {
+        "type": {"type": "string", "enum": ["function"]},
+        "function": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}}}]})
+class ToolChoiceField(ToolsField):
+    """OpenAI `tool_choice`."""
+
+
 class ChatInputSerializer(SamplingSerializer):
     messages = MessageSerializer(many=True, allow_empty=False, max_length=1000)
     max_completion_tokens = serializers.IntegerField(
         required=False, allow_null=True, min_value=1, max_value=settings.MAX_TOKENS_LIMIT
     )
+    logprobs = serializers.BooleanField(required=False, allow_null=True,
+                                        help_text="each token's log-probability, from the host's own sampler")
+    top_logprobs = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_TOP_LOGPROBS,
+                                            help_text="with logprobs: the likeliest alternatives at each token")
+    tools = ToolsField(required=False, allow_null=True)
+    tool_choice = ToolChoiceField(required=False, allow_null=True)
+    parallel_tool_calls = serializers.BooleanField(required=False, allow_null=True)
+    unsupported = {name: rule for name, rule in UNSUPPORTED.items() if name not in TOOL_PARAMETERS}
 
     def validate_messages(self, messages: list[dict]) -> list[dict]:
         if not any(m["role"] == "user" for m in messages):
             raise serializers.ValidationError("needs at least one message with role 'user'")
         return messages
 
+    def validate(self, data: dict) -> dict:
+        if data.get("top_logprobs") and not data.get("logprobs"):
+            raise serializers.ValidationError({"top_logprobs": "top_logprobs needs logprobs: true."})
+        return self._with_tools(data)
+
+    def _with_tools(self, data: dict) -> dict:
+        """Tools are checked, and the messages become the plain turns the host renders (see
+        marketplace.tools)."""
+        from marketplace.tools import ToolsRefused, prompt_messages, tools_spec
+
+        try:
+            spec = tools_spec(tools=data.get("tools"), tool_choice=data.get("tool_choice"),
+                              parallel=data.get("parallel_tool_calls"))
+        except ToolsRefused as refused:
+            raise serializers.ValidationError({refused.param: str(refused)}) from None
+        return {**data, "tool_spec": spec, "messages": prompt_messages(data["messages"], spec)}
+
     def params(self) -> dict:
+        from marketplace.tools import required_format
+
         params = super().params()
         if self.validated_data.get("max_completion_tokens"):
             params["max_tokens"] = self.validated_data["max_completion_tokens"]
+        if self.validated_data.get("logprobs"):
+            params["logprobs"] = self.validated_data.get("top_logprobs") or 0
+        spec = self.validated_data.get("tool_spec")
+        if spec is not None:
+            params["tools"] = spec
+            params["response_format"] = required_format(spec) or params["response_format"]
         return params
 
 
@@ -252,7 +351,15 @@ class PromptField(StoredField):
 
 class CompletionInputSerializer(SamplingSerializer):
     prompt = PromptField()
+    logprobs = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_COMPLETION_LOGPROBS,
+                                        help_text="each token's log-probability, with this many likeliest alternatives")
     default_max_tokens = 16  # OpenAI's default for /v1/completions
+
+    def params(self) -> dict:
+        params = super().params()
+        if self.validated_data.get("logprobs") is not None:
+            params["logprobs"] = self.validated_data["logprobs"]
+        return params
 
 
 MAX_EMBEDDING_INPUTS = 128  # per request: the vectors must fit a host API body (MAX_BODY_BYTES), and embed well inside the stall watchdog

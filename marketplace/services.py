@@ -7,6 +7,7 @@ of a race gets a typed refusal, never a half-applied change.
 """
 from __future__ import annotations
 
+import json
 import math
 import secrets
 from dataclasses import dataclass
@@ -23,12 +24,13 @@ from catalog.models import CatalogModel
 from catalog.pricing import price
 from catalog.tokenizer import tokenizer_for
 from core.db import ChainMissed, Step, chain_run, insert_step
-from core.errors import DomainError
+from core.errors import DomainError, bad_request
 from core.events import announce_on_commit, host_group, queue_group, request_group
 from hosts.models import Host, Qualification
 from hosts.selectors import qualified_model_ids, warm_model_ids
 from hosts.services import host_ban, host_maintenance_enter
 from marketplace import reputation, routing
+from marketplace.logprobs import entries_problem
 from marketplace.models import Job, Request, StageShare, TextChunk
 from marketplace.structured import answer_problem
 from mesh.rings.models import RingPlan
@@ -364,11 +366,12 @@ class Push:
     job_id: int
     seq: int
     text: str
+    logprobs: list[dict] | None = None  # its tokens' entries, when the request asked for log-probabilities
 
 
-def job_push_tokens(*, host: Host, job_id: int, seq: int, text: str) -> PushResult:
+def job_push_tokens(*, host: Host, job_id: int, seq: int, text: str, logprobs: list[dict] | None = None) -> PushResult:
     """Apply one ordered batch of text (see `job_push_many`); raises its refusal."""
-    result = job_push_many([Push(host=host, job_id=job_id, seq=seq, text=text)])[0]
+    result = job_push_many([Push(host=host, job_id=job_id, seq=seq, text=text, logprobs=logprobs)])[0]
     if isinstance(result, DomainError):
         raise result
     return result
@@ -390,11 +393,17 @@ def job_push_many(pushes: list[Push]) -> list[PushResult | DomainError]:
     retry, a gap, a job that ended or is not this host's) is told apart afterwards.
     """
     now = timezone.now()
-    pushes = [Push(host=p.host, job_id=p.job_id, seq=p.seq, text=p.text.replace("\x00", "")) for p in pushes]
+    pushes = [Push(host=p.host, job_id=p.job_id, seq=p.seq, text=p.text.replace("\x00", ""), logprobs=p.logprobs)
+              for p in pushes]
     # (a byte-level model can emit NUL; no text column, nor client, wants it)
     results: list[PushResult | DomainError | None] = [None] * len(pushes)
-    for batch in _rounds(pushes):
-        applied = _push_applied(batch, now=now)
+    for index, push in enumerate(pushes):
+        why = None if push.logprobs is None else entries_problem(push.logprobs, push.text)
+        if why is not None:  # refused before anything applies: the host sends the batch right, or stops
+            results[index] = bad_request(f"Batch {push.seq}: {why}.", code="invalid_logprobs", param="logprobs")
+    for round_ in _rounds(pushes):
+        batch = [(index, push) for index, push in round_ if results[index] is None]
+        applied = _push_applied(batch, now=now) if batch else {}
         for index, push in batch:
             if index not in applied:
                 try:
@@ -404,7 +413,10 @@ def job_push_many(pushes: list[Push]) -> list[PushResult | DomainError]:
                 continue
             public_id, start = applied[index]
             if push.text:
-                announce_on_commit(request_group(public_id), {"type": "job.tokens", "offset": start, "text": push.text})
+                message = {"type": "job.tokens", "offset": start, "text": push.text}
+                if push.logprobs is not None:
+                    message["logprobs"] = push.logprobs
+                announce_on_commit(request_group(public_id), message)
             results[index] = PushResult(accepted=True, next_seq=push.seq + 1)
     assert all(result is not None for result in results)
     return [result for result in results if result is not None]
@@ -431,16 +443,17 @@ def _push_applied(batch: list[tuple[int, Push]], *, now: datetime) -> dict[int, 
     missing was not its host's running job at its `seq`."""
     job_table, request_table, chunk_table = (connection.ops.quote_name(m._meta.db_table) for m in (Job, Request, TextChunk))
     at = connection.ops.adapt_datetimefield_value(now)
-    store = f"INSERT INTO {chunk_table} (request_id, job_id, seq, char_offset, text)"
+    store = f"INSERT INTO {chunk_table} (request_id, job_id, seq, char_offset, text, logprobs)"
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             # One statement for the whole round: the pushes as a VALUES list, joined to their
             # jobs (the compare-and-set), then to their requests (one live job per request, so
             # no request is advanced twice), then stored as chunks.
-            rows = ", ".join(["(%s::bigint, %s::bigint, %s::integer, %s::integer, %s::text, %s::integer)"] * len(batch))
-            params: list = [value for index, push in batch for value in (push.job_id, push.host.pk, push.seq, len(push.text), push.text, index)]
+            rows = ", ".join(["(%s::bigint, %s::bigint, %s::integer, %s::integer, %s::text, %s::jsonb, %s::integer)"] * len(batch))
+            params: list = [value for index, push in batch for value in (
+                push.job_id, push.host.pk, push.seq, len(push.text), push.text, _json_or_null(push.logprobs), index)]
             cursor.execute(
-                f"WITH batch (job_id, host_id, seq, size, text, ord) AS (VALUES {rows}),"
+                f"WITH batch (job_id, host_id, seq, size, text, logprobs, ord) AS (VALUES {rows}),"
                 f" pushed AS (UPDATE {job_table} SET next_seq = next_seq + 1, generated_chars = generated_chars + batch.size,"
                 " last_token_at = CASE WHEN batch.size > 0 THEN %s ELSE last_token_at END,"
                 " first_token_at = CASE WHEN batch.size > 0 THEN COALESCE(first_token_at, %s) ELSE first_token_at END FROM batch"
@@ -449,8 +462,9 @@ def _push_applied(batch: list[tuple[int, Push]], *, now: datetime) -> dict[int, 
                 f" RETURNING {job_table}.request_id, batch.*),"
                 f" advanced AS (UPDATE {request_table} SET delivered_chars = delivered_chars + pushed.size FROM pushed"
                 f" WHERE {request_table}.id = pushed.request_id RETURNING {request_table}.id, public_id,"
-                " delivered_chars - pushed.size AS start, pushed.job_id, pushed.seq, pushed.size, pushed.text, pushed.ord),"
-                f" stored AS ({store} SELECT id, job_id, seq, start, text FROM advanced WHERE size > 0)"
+                " delivered_chars - pushed.size AS start, pushed.job_id, pushed.seq, pushed.size, pushed.text, pushed.logprobs,"
+                " pushed.ord),"
+                f" stored AS ({store} SELECT id, job_id, seq, start, text, logprobs FROM advanced WHERE size > 0)"
                 " SELECT ord, public_id, start FROM advanced",
                 [*params, at, at, Job.Status.RUNNING],
             )
@@ -476,9 +490,14 @@ def _push_applied(batch: list[tuple[int, Push]], *, now: datetime) -> dict[int, 
                 )
                 public_id, start = cursor.fetchone()
                 if size:
-                    cursor.execute(f"{store} VALUES (%s, %s, %s, %s, %s)", [pushed[0], push.job_id, push.seq, start, push.text])
+                    cursor.execute(f"{store} VALUES (%s, %s, %s, %s, %s, %s)",
+                                   [pushed[0], push.job_id, push.seq, start, push.text, _json_or_null(push.logprobs)])
                 applied[index] = (public_id, start)
     return applied
+
+
+def _json_or_null(value: object) -> str | None:
+    return None if value is None else json.dumps(value, separators=(",", ":"))
 
 
 def _push_refused(*, host: Host, job_id: int, seq: int, size: int) -> PushResult:
@@ -574,7 +593,12 @@ def job_complete(*, host: Host, job_id: int, finish_reason: str, embeddings: lis
             claimed=finish_reason, completion_tokens=completion_tokens, max_tokens=max_tokens)
         problem = answer_problem(request.params.get("response_format"), text) if finish_reason == "stop" else None
         if problem is not None:
-            return _structured_answer_refused(job=job, request=request, problem=problem)
+            return _answer_refused(job=job, request=request, why=f"structured output: {problem}", code="invalid_structured_output",
+                                   message=f"The host's answer did not meet response_format ({problem}); nothing was billed.")
+        if request.params.get("logprobs") is not None and TextChunk.objects.filter(job=job, logprobs__isnull=True).exists():
+            return _answer_refused(job=job, request=request, why="sent text without the log-probabilities asked for",
+                                   code="logprobs_missing", message="The host did not report the log-probabilities asked "
+                                   "for (a ring or an expert mesh cannot, nor mahout before 0.2.0); nothing was billed.")
         share = _rescuer_share(request=request, job=job, text=delivered, completion_tokens=completion_tokens)
     cost = min(price(model, prompt_tokens=request.prompt_tokens, completion_tokens=completion_tokens), request.hold.amount_ucents)
     hosts_share = share if share is not None else billing.split_cost(cost).host_ucents
@@ -616,15 +640,15 @@ def job_complete(*, host: Host, job_id: int, finish_reason: str, embeddings: lis
     return Completion(request=request, earned_ucents=split.host_ucents)
 
 
-def _structured_answer_refused(*, job: Job, request: Request, problem: str) -> Completion:
-    """A finished answer that does not meet the request's `response_format` is never passed
-    on as a success: the attempt is the host's failure (it counts toward its rest) and the
-    request fails unbilled. No continuation: it would have to resume from that very text."""
+def _answer_refused(*, job: Job, request: Request, why: str, code: str, message: str) -> Completion:
+    """A finished answer that is not what the request asked for (it breaks its
+    `response_format`, it lacks the log-probabilities asked for) is never passed on as a
+    success: the attempt is the host's failure (it counts toward its rest) and the request
+    fails unbilled. No continuation: it would have to resume from that very text."""
     Job.objects.filter(pk=job.pk, status=Job.Status.RUNNING).update(
-        status=Job.Status.FAILED, finished_at=timezone.now(), fail_reason=f"structured output: {problem}"[:500])
+        status=Job.Status.FAILED, finished_at=timezone.now(), fail_reason=why[:500])
     host_rest_if_unreliable(host_id=job.host_id)
-    _request_fail(request=request, code="invalid_structured_output",
-                  message=f"The host's answer did not meet response_format ({problem}); nothing was billed.")
+    _request_fail(request=request, code=code, message=message)
     return Completion(request=request, earned_ucents=0)
 
 
@@ -1043,6 +1067,14 @@ def request_listener_here(*, request_id: int) -> bool:
     return bool(Request.objects.filter(pk=request_id, left_at__isnull=False).update(left_at=None))
 
 
+def request_withdraw(*, request_id: int) -> str:
+    """End a request now as if abandoned long ago (a sibling choice of `n` was refused at
+    admission): queued, it ends unbilled. Returns what request_abandon returns."""
+    Request.objects.filter(pk=request_id, status__in=[Request.Status.QUEUED, Request.Status.RUNNING]).update(
+        left_at=timezone.now() - timedelta(seconds=settings.ABANDON_GRACE_SECONDS + 1))
+    return request_abandon(request_id=request_id)
+
+
 @transaction.atomic
 def request_abandon(*, request_id: int) -> str:
     """Nobody has listened to this request for ABANDON_GRACE_SECONDS: stop paying for it.
@@ -1101,7 +1133,7 @@ def request_forget_output(*, request_id: int) -> bool:
     return True
 
 
-CUSTOMER_TEXT_PARAMS = ("stop", "response_format")  # the request parameters that are the customer's own text
+CUSTOMER_TEXT_PARAMS = ("stop", "response_format", "tools")  # the request parameters that are the customer's own text
 
 
 # --- watchdog steps (Celery beat calls the tick; tests call the steps) ----------------

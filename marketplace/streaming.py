@@ -20,6 +20,7 @@ from core.db import db
 from core.errors import ApiError
 from core.events import Inbox, request_group
 from marketplace import selectors, services
+from marketplace.logprobs import entries_starting, located
 from marketplace.models import Request
 
 POLL_SECONDS = 1.0
@@ -28,6 +29,7 @@ POLL_SECONDS = 1.0
 @dataclass(frozen=True)
 class Text:
     text: str
+    logprobs: list[dict] | None = None  # the entries of the tokens that start in it, when asked for
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,8 @@ class RequestListener:
         self.model: CatalogModel | None = None  # the request's model as last read: a fallback may change it
         self.token_limit: int | None = None  # at most this many tokens are relayed (max_tokens and the count's slack)
         self.tokenizer: Tokenizer | None = None
+        self.logprobs = False  # the request asked for log-probabilities: Text carries its tokens' entries
+        self._entries: list[tuple[int, dict]] = []  # received entries not handed out yet, with their offsets
         self._relayed, self._piece_tokens = "", 0
         self._layer = get_channel_layer()
         self._channel = ""
@@ -76,7 +80,19 @@ class RequestListener:
         return text[self.received - offset :]
 
     async def _catch_up(self) -> tuple[Request, str]:
-        return await db(selectors.request_catch_up, public_id=self.public_id, sent=self.received)
+        request, text, entries = await db(selectors.request_catch_up_entries, public_id=self.public_id, sent=self.received,
+                                          logprobs=self.logprobs)
+        self._entries += entries
+        return request, text
+
+    def _text(self, out: str) -> Text:
+        """`out`, the next characters relayed (from `sent`), with its tokens' entries when asked for."""
+        if not self.logprobs:
+            return Text(out)
+        start, end = self.sent, self.sent + len(out)
+        entries = entries_starting(self._entries, start, end)
+        self._entries = [(at, entry) for at, entry in self._entries if at >= end]
+        return Text(out, entries)
 
     async def events(self) -> AsyncIterator[Text | Ended]:
         """Text as it arrives, cut at the first stop sequence, then one Ended."""
@@ -85,8 +101,9 @@ class RequestListener:
         async for event in self._arrivals():
             if isinstance(event, Ended):
                 if held and not stopped:
+                    text = self._text(held)
                     self.sent += len(held)
-                    yield Text(held)
+                    yield text
                 yield event
                 return
             if stopped:
@@ -101,8 +118,9 @@ class RequestListener:
                 out, over = self._within_token_limit(out)
                 stopped = stopped or over
             if out:
+                text = self._text(out)
                 self.sent += len(out)
-                yield Text(out)
+                yield text
 
     def _within_token_limit(self, out: str) -> tuple[str, bool]:
         """`out`, cut where the text relayed so far would pass `token_limit` tokens (a host
@@ -148,6 +166,9 @@ class RequestListener:
             kind = message["type"] if message else None
             if kind == "job.tokens" and message["offset"] <= self.received:
                 fresh = self._unsent(message["offset"], message["text"])
+                if fresh and self.logprobs and message.get("logprobs"):
+                    self._entries += [(at, entry) for at, entry in located(message["offset"], message["logprobs"])
+                                      if at >= self.received]
                 if fresh:
                     self.received += len(fresh)
                     yield Text(fresh)

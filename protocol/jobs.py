@@ -15,7 +15,9 @@ CHAT = "chat"
 COMPLETION = "completion"
 EMBEDDINGS = "embeddings"
 
-SAMPLING_PARAMS = ("max_tokens", "temperature", "top_p", "stop", "seed", "response_format")
+SAMPLING_PARAMS = ("max_tokens", "temperature", "top_p", "stop", "seed", "response_format", "logprobs")
+# "logprobs": None, or report each token's log-probability with that many alternatives (0-20)
+MAX_TOP_LOGPROBS = 20
 
 
 class JobPayload(TypedDict, total=False):

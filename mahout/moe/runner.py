@@ -27,6 +27,7 @@ from engine.moe import LocalExperts, MoeModel
 from engine.moe_loader import ByteTokenizer, load_moe
 from mahout.moe.coordinator import Coordinator
 from mahout.moe.policy import DispatchPolicy, LoadMonitor
+from mahout.runners import LogprobsUnsupported
 from protocol.turns import render_job
 
 __all__ = ["MoeRunner", "MoeSlot", "SlotsFull"]
@@ -206,6 +207,8 @@ class MoeSlot:
         from its last byte, which needs no token healing in a byte vocabulary."""
         runner = self.runner
         params = job.get("params") or {}
+        if params.get("logprobs") is not None:
+            raise LogprobsUnsupported("this host cannot report log-probabilities; a single-machine host can")
         prompt = runner.tokenizer.encode(render_job(job))
         budget = runner.model.cache.n_ctx - len(prompt)
         max_tokens = min(int(params.get("max_tokens") or budget), budget)

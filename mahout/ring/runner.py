@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from mahout.link import Heartbeat
 from mahout.ring.bridge import RingBridge, RingError, RingRequest
+from mahout.runners import LogprobsUnsupported
 from protocol.turns import STOP_STRINGS, render_job
 
 if TYPE_CHECKING:
@@ -62,6 +63,8 @@ class RingRunner:
 
     def stream(self, job: dict) -> Generator[str, None, None]:
         params = job.get("params") or {}
+        if params.get("logprobs") is not None:
+            raise LogprobsUnsupported("this host cannot report log-probabilities; a single-machine host can")
         prompt = self._vocab.tokenize(render_job(job).encode("utf-8"), add_bos=True, special=True)
         budget = self.n_ctx - len(prompt)
         if budget <= 0:

@@ -14,7 +14,8 @@ from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from mahout.runners import RequestRejected
+from mahout.runners import Piece, RequestRejected
+from mahout.runners.logprobs import LogprobRecorder, TokenAligner
 from protocol.jobs import CHAT
 from protocol.turns import job_stop_strings, render_job
 
@@ -386,7 +387,14 @@ class LlamaRunner:
         from llama_cpp import LogitsProcessorList
 
         temperature, top_p = _number(params, "temperature", 1.0), _number(params, "top_p", 1.0)
-        processors = list(healer.processors()) if healer else []
+        recorder = aligner = None
+        if params.get("logprobs") is not None:  # first: it reads the model's own scores
+            self._vocab_ready.join()
+            assert self._vocab is not None
+            recorder = LogprobRecorder(prompt_len=len(tokens), top=int(params["logprobs"]))
+            aligner = TokenAligner(recorder, self._vocab.pieces, skip=len(healer.pending) if healer else 0)
+        processors = [recorder] if recorder else []
+        processors += list(healer.processors()) if healer else []
         lazy = None
         if grammar is not None:
             lazy = LazyGrammar(self._llm, grammar, prompt_len=len(tokens), temperature=temperature, top_p=top_p,
@@ -405,12 +413,23 @@ class LlamaRunner:
         try:
             for chunk in cast(Iterator[dict], chunks):  # stream=True returns an iterator of chunks
                 choice = chunk["choices"][0]
-                text = healer.strip(choice["text"]) if healer else choice["text"]
-                if text:
-                    pieces.append(text)
-                    yield text
+                if aligner is not None:  # text cut on token boundaries, with its tokens' entries
+                    text, entries = aligner.feed(choice["text"])
+                    if text or entries:
+                        pieces.append(text)
+                        yield Piece(text, entries)
+                else:
+                    text = healer.strip(choice["text"]) if healer else choice["text"]
+                    if text:
+                        pieces.append(text)
+                        yield text
                 if choice.get("finish_reason"):
                     self.finish_reason = choice["finish_reason"]
+            if aligner is not None:
+                text, entries = aligner.finish()
+                if text or entries:
+                    pieces.append(text)
+                    yield Piece(text, entries)
         finally:
             if lazy is not None:
                 lazy.close()

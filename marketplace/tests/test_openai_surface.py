@@ -23,9 +23,8 @@ def api(customer) -> tuple[Client, str]:  # noqa: ANN001
 
 
 REFUSED = [
-    ("tools", [{"type": "function", "function": {"name": "f"}}]),
-    ("tool_choice", "required"), ("logprobs", True), ("top_logprobs", 2), ("logit_bias", {"50256": -100}),
-    ("presence_penalty", 0.5), ("frequency_penalty", 1.0), ("n", 2), ("functions", [{"name": "f"}]),
+    ("logit_bias", {"50256": -100}), ("presence_penalty", 0.5), ("frequency_penalty", 1.0),
+    ("functions", [{"name": "f"}]), ("function_call", "auto"),
 ]
 HARMLESS = [
     ("response_format", {"type": "text"}), ("tools", []), ("tool_choice", "none"), ("logprobs", False), ("n", 1),
@@ -50,7 +49,8 @@ class UnsupportedParameterTests:
     def test_completions_refuse_echo_suffix_and_best_of(self, api) -> None:
         client, secret = api
         body = {"model": "gemma-3-270m", "prompt": "Once", "max_tokens": 4}
-        for name, value in (("echo", True), ("suffix", "end."), ("best_of", 3), ("logprobs", 2)):
+        for name, value in (("echo", True), ("suffix", "end."), ("best_of", 3),
+                            ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "required")):
             assert_error(post(client, secret, {**body, name: value}, path="/v1/completions"), 400, "unsupported_parameter")
 
     def test_a_models_entry_names_its_supported_parameters(self, catalog) -> None:
@@ -58,7 +58,8 @@ class UnsupportedParameterTests:
         from marketplace.selectors import ServedModel
 
         entry = model_body(ServedModel(model=catalog, hosts_online=1, hosts_warm=1))
-        assert "temperature" in entry["supported_parameters"] and "tools" not in entry["supported_parameters"]
+        assert {"temperature", "tools", "logprobs", "n"} <= set(entry["supported_parameters"])
+        assert "logit_bias" not in entry["supported_parameters"]
 
 
 class HeaderTests:

@@ -10,7 +10,7 @@ class JobPayloadTests:
         payload = job_payload_build(job_id=1, model="m", kind=CHAT, messages=[{"role": "user", "content": "hi"}], prompt=None,
                                     inputs=None, params=PARAMS)
         assert payload["params"] == {"max_tokens": 20, "temperature": 0.5, "top_p": 1.0, "stop": None, "seed": 3,
-                                     "response_format": None}
+                                     "response_format": None, "logprobs": None}
         assert payload["continuation"] is False
 
     def test_a_continuation_under_a_grammar_carries_the_delivered_text_apart_to_be_written_again(self) -> None:

@@ -1,0 +1,143 @@
+"""Per-token log-probabilities from the host's own sampler (OpenAI's `logprobs`).
+
+`LogprobRecorder` is a logits processor placed first, so it sees the model's own scores
+(before a grammar or token healing narrows them): at each step it keeps the step's
+log-softmax and its best `top` tokens, and learns the token chosen at the step before
+from the tokens generated so far. The last token chosen is never seen that way (no step
+follows it); `TokenAligner.finish` recovers it from the text.
+
+`TokenAligner` turns the text llama.cpp streams (held back for stop strings, cut at one,
+its healed start stripped) into pieces that end on token boundaries, each with the
+entries of exactly its tokens: the entries' `token` strings, concatenated, are the text.
+A token split by the healed start or by a stop string keeps only the characters that
+were delivered.
+"""
+from __future__ import annotations
+
+import codecs
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+MAX_TOP = 20
+
+
+@dataclass
+class Step:
+    """One sampled token: its id and bytes, filled in when known, and the distribution it came from."""
+
+    logprobs: npt.NDArray[np.float32]
+    top: list[int]
+    token: int | None = None
+
+
+class LogprobRecorder:
+    def __init__(self, *, prompt_len: int, top: int) -> None:
+        self.prompt_len = prompt_len
+        self.top = min(max(top, 0), MAX_TOP)
+        self.steps: list[Step] = []
+
+    def __call__(self, input_ids: npt.NDArray[np.intc], scores: npt.NDArray[np.single]) -> npt.NDArray[np.single]:
+        import numpy as np
+
+        generated = input_ids[self.prompt_len:]
+        for step, token in zip(self.steps, generated, strict=False):
+            if step.token is None:
+                step.token = int(token)
+        shifted = scores.astype(np.float32) - np.max(scores)
+        logprobs = shifted - np.log(np.sum(np.exp(shifted)))
+        top: list[int] = []
+        if self.top:
+            best = np.argpartition(-logprobs, self.top)[: self.top]
+            top = [int(t) for t in best[np.argsort(-logprobs[best])]]
+        self.steps.append(Step(logprobs=logprobs, top=top))
+        return scores
+
+
+class TokenAligner:
+    """Text pieces cut on token boundaries, each with its tokens' entries."""
+
+    def __init__(self, recorder: LogprobRecorder, pieces: list[bytes], *, skip: int) -> None:
+        """`pieces`: every token's bytes; `skip`: characters at the start that are not
+        delivered (a healed or re-written start)."""
+        self.recorder, self.pieces, self.skip = recorder, pieces, skip
+        self.raw = ""  # llama.cpp's text so far (the skipped start included)
+        self.done = 0  # characters of `raw` handed out (with the skipped start)
+        self.spans: list[tuple[int, int]] = []  # each step's characters in `raw`, once its token is known
+        self.handed = 0  # steps handed out
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._decoded = 0
+
+    def feed(self, raw: str) -> tuple[str, list[dict]]:
+        """Take llama.cpp's next text; return what can be delivered now and its entries."""
+        self.raw += raw
+        self._span_known_steps()
+        end, count = self.done, 0
+        for start, stop in self.spans[self.handed:]:
+            if stop > len(self.raw) or start == len(self.raw):
+                break
+            end, count = stop, count + 1
+        return self._hand_out(end, count)
+
+    def finish(self) -> tuple[str, list[dict]]:
+        """The rest of the text, once generation ended, with its entries (the last token
+        recovered from the text when no step followed it)."""
+        self._span_known_steps()
+        covered = self.spans[-1][1] if self.spans else 0
+        if covered < len(self.raw) and len(self.spans) < len(self.recorder.steps):
+            step = self.recorder.steps[len(self.spans)]
+            step.token = self._token_spelling(step, self.raw[covered:])
+            self.spans.append((covered, len(self.raw)))
+        return self._hand_out(len(self.raw), len(self.spans) - self.handed)
+
+    def _span_known_steps(self) -> None:
+        steps = self.recorder.steps
+        while len(self.spans) < len(steps) and steps[len(self.spans)].token is not None:
+            text = self._decoder.decode(self.pieces[steps[len(self.spans)].token])  # type: ignore[index]
+            self.spans.append((self._decoded, self._decoded + len(text)))
+            self._decoded += len(text)
+
+    def _hand_out(self, end: int, count: int) -> tuple[str, list[dict]]:
+        """The text up to `end` not handed out yet, with the next `count` steps' entries (a
+        step wholly skipped, or wholly past the end, a stop string having cut it, has none)."""
+        end = min(end, len(self.raw))
+        text = self.raw[max(self.done, self.skip):end]
+        entries = []
+        for index in range(self.handed, self.handed + count):
+            start, stop = self.spans[index]
+            if stop > self.skip and start < end:
+                entries.append(self._entry(self.recorder.steps[index], self.raw[max(start, self.skip):min(stop, end)]))
+        self.handed += count
+        self.done = max(self.done, end)
+        return text, entries
+
+    def _token_spelling(self, step: Step, text: str) -> int:
+        """The likeliest token that spells `text` (or starts with it, a stop string having cut it)."""
+        import numpy as np
+
+        wanted = text.encode("utf-8")
+        fits = np.fromiter((p.startswith(wanted) for p in self.pieces), dtype=bool, count=len(self.pieces))
+        if not fits.any():
+            return int(np.argmax(step.logprobs))
+        return int(np.argmax(np.where(fits, step.logprobs, -np.inf)))
+
+    def _entry(self, step: Step, text: str) -> dict:
+        assert step.token is not None
+        top = [{"token": self._spelled(t), "logprob": _finite(step.logprobs[t]), "bytes": list(self.pieces[t])}
+               for t in step.top]
+        return {"token": text, "logprob": _finite(step.logprobs[step.token]), "bytes": list(text.encode("utf-8")),
+                "top_logprobs": top}
+
+    def _spelled(self, token: int) -> str:
+        return self.pieces[token].decode("utf-8", errors="replace")
+
+
+def _finite(logprob: float) -> float:
+    """A log-probability JSON can carry: OpenAI's -9999.0 for one too small to be a number."""
+    import math
+
+    value = float(logprob)
+    return value if math.isfinite(value) else -9999.0
