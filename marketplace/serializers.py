@@ -107,16 +107,13 @@ class MessageSerializer(serializers.Serializer):
     tool_calls = ToolCallsField(required=False, allow_null=True, help_text="an assistant turn's calls")
     tool_call_id = serializers.CharField(required=False, max_length=200, help_text="a tool message: the call it answers")
 
-    def validate(self, value: dict) -> dict:
+    def to_internal_value(self, data: object) -> dict:
+        value = super().to_internal_value(data)
         if value.get("content") is None and not (value["role"] == "assistant" and value.get("tool_calls")):
             raise serializers.ValidationError({"content": "This field is required (null only for an assistant turn "
                                                           "with tool_calls)."})
         if value["role"] == "tool" and not value.get("tool_call_id"):
             raise serializers.ValidationError({"tool_call_id": "A tool message names the call it answers."})
-        return value
-
-    def to_internal_value(self, data: object) -> dict:
-        value = super().to_internal_value(data)
         plain = {"role": "system" if value["role"] == "developer" else value["role"], "content": value.get("content")}
         if value.get("tool_calls"):
             plain["tool_calls"] = value["tool_calls"]

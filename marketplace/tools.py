@@ -19,6 +19,7 @@ import hashlib
 import json
 
 MAX_TOOLS = 64
+MAX_PARALLEL_CALLS = 8  # calls in one answer (a small model may repeat a call until max_tokens otherwise)
 CALLS = "tool_calls"
 
 
@@ -56,7 +57,8 @@ def tools_spec(*, tools: list | None, tool_choice: object, parallel: bool | None
                            "'function': {'name': ...}}", "tool_choice")
     called = [f for f in functions if not isinstance(choice, dict) or f["name"] == choice["name"]]
     single = isinstance(choice, dict) or parallel is False
-    spec = {"functions": functions, "choice": choice, "schema": calls_schema(called, most=1 if single else None)}
+    most = 1 if single else MAX_PARALLEL_CALLS
+    spec = {"functions": functions, "choice": choice, "schema": calls_schema(called, most=most)}
     from marketplace.structured import schema_problem
 
     why = schema_problem(spec["schema"])
@@ -77,13 +79,11 @@ def _function(tool: object) -> dict:
             "parameters": parameters}
 
 
-def calls_schema(functions: list[dict], *, most: int | None) -> dict:
+def calls_schema(functions: list[dict], *, most: int) -> dict:
     """The JSON Schema of an answer that calls some of `functions` (at most `most` calls)."""
     one = [{"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": f["parameters"]},
             "required": ["name", "arguments"], "additionalProperties": False} for f in functions]
-    calls: dict = {"type": "array", "minItems": 1, "items": one[0] if len(one) == 1 else {"anyOf": one}}
-    if most is not None:
-        calls["maxItems"] = most
+    calls = {"type": "array", "minItems": 1, "maxItems": most, "items": one[0] if len(one) == 1 else {"anyOf": one}}
     return {"type": "object", "properties": {CALLS: calls}, "required": [CALLS], "additionalProperties": False}
 
 

@@ -127,3 +127,48 @@ class StructuredOutputTests:
         rest = "".join(runner.stream({**chat_job(ASK), "continuation": True, "rewrite": whole[:cut], "params": {
             "max_tokens": 40, "temperature": 0.0, "response_format": {"type": "json_schema", "name": "p", "schema": PERSON}}}))
         assert whole[:cut] + rest == whole
+
+
+class LogprobTests:
+    """Each piece carries the entries of exactly its tokens: their strings spell it, even where
+    a healed or re-written start, or a stop string, cuts a token."""
+
+    def pieces(self, runner, job: dict) -> tuple[str, list[dict]]:  # noqa: ANN001
+        text, entries = "", []
+        for piece in runner.stream(job):
+            assert "".join(entry["token"] for entry in piece.logprobs) == piece, (piece, piece.logprobs)
+            text += piece
+            entries += piece.logprobs
+        return text, entries
+
+    def test_a_completion_reports_the_likeliest_alternatives_at_each_token(self, runner):
+        job = {"id": "job-3", "model": "gemma-3-270m", "kind": "completion", "messages": None,
+               "prompt": "The capital of France is",
+               "params": {"max_tokens": 8, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None, "logprobs": 3}}
+        plain = "".join(runner.stream({**job, "params": {**job["params"], "logprobs": None}}))
+        text, entries = self.pieces(runner, job)
+        assert text == plain, "reporting log-probabilities changes nothing sampled"
+        assert len(entries) == runner.completion_tokens
+        for entry in entries:
+            assert [top["logprob"] for top in entry["top_logprobs"]] == sorted(
+                (top["logprob"] for top in entry["top_logprobs"]), reverse=True)
+            assert len(entry["top_logprobs"]) == 3 and entry["logprob"] == entry["top_logprobs"][0]["logprob"]  # greedy
+
+    def test_a_healed_start_and_a_stop_string_keep_only_delivered_characters(self, runner):
+        job = {"id": "job-4", "model": "gemma-3-270m", "kind": "completion", "messages": None, "continuation": True,
+               "prompt": "The elephant is a large mam",
+               "params": {"max_tokens": 12, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None, "logprobs": 0}}
+        text, entries = self.pieces(runner, job)
+        assert text.startswith("mal") and entries[0]["token"].startswith("mal"), entries[0]
+        cut = text[len(text) // 2:][:3]
+        stopped, _ = self.pieces(runner, {**job, "params": {**job["params"], "stop": [cut]}})
+        assert stopped == text[: text.index(cut)]
+
+    def test_a_rewritten_start_under_a_grammar_is_not_reported(self, runner):
+        params = {"max_tokens": 40, "temperature": 0.0, "logprobs": 1,
+                  "response_format": {"type": "json_schema", "name": "p", "schema": PERSON}}
+        whole, entries = self.pieces(runner, {**chat_job(ASK), "params": params})
+        cut = len(whole) // 2
+        rest, later = self.pieces(runner, {**chat_job(ASK), "continuation": True, "rewrite": whole[:cut], "params": params})
+        assert whole[:cut] + rest == whole
+        assert "".join(entry["token"] for entry in later) == rest
