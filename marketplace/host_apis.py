@@ -32,6 +32,7 @@ from hosts import services as host_services
 from hosts.apis import HostApi
 from hosts.models import Host
 from hosts.selectors import host_from_secret
+from mahout import __version__ as mahout_version
 from marketplace import canaries, pushing, redundancy, reputation, selectors
 from marketplace import services as market
 from marketplace.waiting import WAITING
@@ -288,7 +289,7 @@ class HeartbeatApi(HostApi):
         data = serializer.validated_data
         too_old = hosts.client_too_old(data["version"])
         if too_old is not None:
-            wheel = request.build_absolute_uri(f"/downloads/elephant_mahout-{settings.MAHOUT_MIN_VERSION}-py3-none-any.whl")
+            wheel = request.build_absolute_uri(f"/downloads/elephant_mahout-{mahout_version}-py3-none-any.whl")  # (the one served)
             raise ApiError(426, f"{too_old}. Upgrade it: pip install --upgrade {wheel} (or, in a checkout: git pull && make install), "
                                 "then start it again.", code="upgrade_required")
         host = host_services.host_heartbeat(

@@ -104,7 +104,7 @@ class ClaimTests:
         job = services.job_claim_next(host=serving_host.host, fingerprint=serving_host.fingerprint)
         payload = services.job_payload(job)
         assert set(payload) == {"id", "model", "kind", "messages", "prompt", "params", "continuation"}
-        assert set(payload["params"]) == {"max_tokens", "temperature", "top_p", "stop", "seed", "response_format"}
+        assert set(payload["params"]) == {"max_tokens", "temperature", "top_p", "stop", "seed", "response_format", "logprobs"}
         assert payload["messages"] == CHAT and payload["model"] == "gemma-3-270m"
         flat = repr(payload)
         for secret in (customer.user.username, customer.key.prefix, request.public_id):
