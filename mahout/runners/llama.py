@@ -120,6 +120,7 @@ class LazyGrammar:
     generated so far and feeds them to the grammar before each draw."""
 
     CANDIDATES = 16
+    BLOCK = 512  # tokens per block when drawing (Gemma 3's 262,144 are 512 blocks)
 
     def __init__(self, llm: Llama, grammar: object, *, prompt_len: int, temperature: float, top_p: float,
                  seed: int | None) -> None:
@@ -150,44 +151,66 @@ class LazyGrammar:
         for token in input_ids[self._seen :]:
             self._lib.llama_sampler_accept(self._sampler, int(token))
         self._seen = len(input_ids)
-        probs = None if self._temperature <= 0 else self._probabilities(scores)
-        choice = self._first_allowed(self._candidates(scores, probs))
+        weights = None if self._temperature <= 0 else self._weights(scores)
+        choice = self._first_allowed(self._candidates(scores, weights))
         if choice is None:  # none of the likely tokens: ask the grammar about every token
             allowed = self._allowed(scores)
-            if probs is None:
+            if weights is None:
                 choice = int(np.argmax(np.where(allowed, scores, -np.inf)))
             else:
-                masked = np.where(allowed, probs, 0.0)
-                choice = int(self._rng.choice(len(masked), p=masked / masked.sum())) if masked.sum() > 0 else \
-                    int(np.argmax(np.where(allowed, scores, -np.inf)))
+                masked = np.where(allowed, weights, np.float32(0.0))
+                choice = self._draws(masked, 1)[0] if masked.sum() > 0 else int(np.argmax(np.where(allowed, scores, -np.inf)))
         only = np.full_like(scores, -np.inf)
         only[choice] = scores[choice] if np.isfinite(scores[choice]) else 0.0
         return only
 
-    def _candidates(self, scores: npt.NDArray[np.single], probs: npt.NDArray[np.float64] | None) -> list[int]:
+    def _candidates(self, scores: npt.NDArray[np.single], weights: npt.NDArray[np.single] | None) -> list[int]:
         """Tokens to ask the grammar about first, in order: greedily, the CANDIDATES best;
         otherwise CANDIDATES independent draws (taking the first the grammar allows is exact
         rejection sampling from the masked distribution)."""
         import numpy as np
 
-        if probs is None:
+        if weights is None:
             best = np.argpartition(-scores, self.CANDIDATES)[: self.CANDIDATES]
             return [int(t) for t in best[np.argsort(-scores[best])]]
-        return [int(t) for t in self._rng.choice(len(probs), size=self.CANDIDATES, p=probs)]
+        return self._draws(weights, self.CANDIDATES)
 
-    def _probabilities(self, scores: npt.NDArray[np.single]) -> npt.NDArray[np.float64]:
-        """The temperature/top-p distribution llama.cpp would sample from."""
+    def _draws(self, weights: npt.NDArray[np.single], count: int) -> list[int]:
+        """`count` independent draws from unnormalised `weights`, by inverse CDF in two
+        levels: the sums of blocks of BLOCK tokens, then the cumulative sum within the block
+        each draw falls in (a cumulative sum over the whole vocabulary costs milliseconds a
+        token; NumPy's `choice` does one, after checking and normalising `p`)."""
         import numpy as np
 
-        probs = np.exp((scores - scores.max()) / np.float32(self._temperature), dtype=np.float64)
-        probs /= probs.sum()
+        size = len(weights)
+        if size % self.BLOCK:
+            weights = np.concatenate([weights, np.zeros(self.BLOCK - size % self.BLOCK, dtype=weights.dtype)])
+        blocks = weights.reshape(-1, self.BLOCK)
+        ends = np.cumsum(blocks.sum(axis=1, dtype=np.float64))
+        targets = self._rng.random(count) * ends[-1]
+        drawn = []
+        for target in targets:
+            block = min(int(np.searchsorted(ends, target, side="right")), len(ends) - 1)
+            within = np.cumsum(blocks[block], dtype=np.float64) + (ends[block - 1] if block else 0.0)
+            token = block * self.BLOCK + min(int(np.searchsorted(within, target, side="right")), self.BLOCK - 1)
+            if token >= size or weights[token] <= 0:  # (rounding at a block's edge)
+                token = block * self.BLOCK + int(np.argmax(blocks[block]))
+            drawn.append(token)
+        return drawn
+
+    def _weights(self, scores: npt.NDArray[np.single]) -> npt.NDArray[np.single]:
+        """The temperature/top-p distribution llama.cpp would sample from, unnormalised (float32)."""
+        import numpy as np
+
+        weights = np.exp((scores - scores.max()) / np.float32(self._temperature))
         if self._top_p < 1.0:
-            order = np.argsort(-probs)
-            keep = order[: int(np.searchsorted(np.cumsum(probs[order]), self._top_p)) + 1]
-            kept = np.zeros_like(probs)
-            kept[keep] = probs[keep]
-            probs = kept / kept.sum()
-        return probs
+            order = np.argsort(-weights)
+            cumulative = np.cumsum(weights[order], dtype=np.float64)
+            keep = order[: int(np.searchsorted(cumulative, self._top_p * cumulative[-1])) + 1]
+            kept = np.zeros_like(weights)
+            kept[keep] = weights[keep]
+            weights = kept
+        return weights
 
     def _first_allowed(self, tokens: list[int]) -> int | None:
         import math
