@@ -3,8 +3,9 @@ model: tokens per second of each, on the same host runner, interleaved, and thei
 
     .venv/bin/python bench/structured.py [--rounds 3] [--max-tokens 64] [--threads 2] [--temperature 0]
 
-Each round runs every prompt free, under `json_object` (llama.cpp's JSON grammar) and under
-a `json_schema` (a person: name, age, hobbies), greedily (or sampled). Speed is completion tokens ÷
+Each round runs every prompt free, under `json_object` (llama.cpp's JSON grammar), under
+a `json_schema` (a person: name, age, hobbies), and free again reporting log-probabilities
+(top 5), greedily (or sampled). Speed is completion tokens ÷
 wall time of the whole generation (the prompt is short, so this is decode speed).
 """
 from __future__ import annotations
@@ -24,7 +25,8 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"
                                            "hobbies": {"type": "array", "items": {"type": "string"}}},
           "required": ["name", "age", "hobbies"]}
 FORMATS = {"free": None, "json_object": {"type": "json_object"},
-           "json_schema": {"type": "json_schema", "name": "person", "schema": SCHEMA}}
+           "json_schema": {"type": "json_schema", "name": "person", "schema": SCHEMA},
+           "free_logprobs": None}  # free decoding reporting log-probabilities (top 5): what recording them costs
 PROMPTS = ["Describe a person as JSON.", "Give me a made-up customer record in JSON.", "Who is your favourite author? Answer in JSON."]
 
 
@@ -50,7 +52,7 @@ def main() -> None:
             for name, response_format in FORMATS.items():
                 job = {"kind": "chat", "messages": [{"role": "user", "content": prompt}],
                        "params": {"max_tokens": args.max_tokens, "temperature": args.temperature, "seed": 7,
-                                  "response_format": response_format}}
+                                  "response_format": response_format, "logprobs": 5 if name == "free_logprobs" else None}}
                 began = time.perf_counter()
                 text = "".join(runner.stream(job))
                 elapsed = time.perf_counter() - began
