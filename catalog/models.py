@@ -21,6 +21,8 @@ class CatalogModel(models.Model):
         null=True, blank=True, help_text="an embeddings model's vector width: a host's vectors must have it"
     )
     tokenizer = models.CharField(max_length=100, help_text="how the gateway counts tokens, e.g. shipped:gemma-3-270m")
+    sha256 = models.CharField(max_length=64, blank=True, help_text="the weights file every host must serve (blank: not pinned)")
+    quantization = models.CharField(max_length=32, blank=True, help_text="e.g. Q4_K_M")
     active = models.BooleanField(default=True)
     routing_strategy = models.CharField(
         max_length=24, blank=True, choices=[("least-connections", "least-connections"), ("weighted", "weighted")],

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from protocol.catalog import MODEL_FILES
+
 if TYPE_CHECKING:
     from catalog import models
 
@@ -29,6 +31,8 @@ SHIPPED_MODELS = [
         "embedding_dimensions": 384,
     },
 ]
+for _entry in SHIPPED_MODELS:  # the exact files hosts must serve
+    _entry.update(MODEL_FILES[_entry["name"]])
 
 
 def catalog_seed(CatalogModel: type[models.CatalogModel]) -> None:

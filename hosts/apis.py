@@ -40,6 +40,8 @@ class QualificationRegisterApi(HostApi):
         fingerprint = serializers.CharField(max_length=64)
         benchmark = BenchmarkSerializer()
         machine = serializers.DictField(required=False, default=dict)
+        sha256 = serializers.RegexField(r"^[0-9a-fA-F]{64}$", required=False, default="",
+                                        help_text="the sha256 of the weights file benchmarked")
 
         def validate_machine(self, machine: dict) -> dict:
             if holds_nul(machine):  # stored as JSON, which the database cannot hold with one
@@ -58,8 +60,11 @@ class QualificationRegisterApi(HostApi):
         data = serializer.validated_data
         try:
             services.qualification_register(
-                host=host, model_name=data["model"], fingerprint=data["fingerprint"], benchmark=data["benchmark"], machine=data["machine"]
+                host=host, model_name=data["model"], fingerprint=data["fingerprint"], benchmark=data["benchmark"], machine=data["machine"],
+                sha256=data["sha256"],
             )
         except services.UnknownModel as error:
             raise ApiError(404, str(error), code="model_not_found", param="model") from None
+        except services.WrongModelFile as error:
+            raise ApiError(409, str(error), code="model_file_mismatch", param="sha256") from None
         return Response({"model": data["model"], "fingerprint": data["fingerprint"]}, status=201)

@@ -143,6 +143,7 @@ class Qualification(models.Model):
     memory_mb = models.FloatField()
     threads = models.PositiveIntegerField(default=0)
     machine = models.JSONField(default=dict, blank=True)
+    sha256 = models.CharField(max_length=64, blank=True, help_text="the file benchmarked (the catalog's pin)")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -35,18 +35,29 @@ def host_create(*, email: str, name: str) -> NewHost:
     return NewHost(host=host, token=token)
 
 
+class WrongModelFile(Exception):
+    """A qualification of another file than the one the catalog pins."""
+
+
 class UnknownModel(Exception):
     pass
 
 
 @transaction.atomic
 def qualification_register(
-    *, host: Host, model_name: str, fingerprint: str, benchmark: dict, machine: dict
+    *, host: Host, model_name: str, fingerprint: str, benchmark: dict, machine: dict, sha256: str = "",
 ) -> Qualification:
-    """Record (or refresh) a host's benchmark of a model on one machine."""
+    """Record (or refresh) a host's benchmark of a model on one machine. A catalog model that
+    pins its file (`CatalogModel.sha256`) takes only a benchmark of that very file."""
     model = CatalogModel.objects.filter(name=model_name, active=True).first()
     if model is None:
         raise UnknownModel(f"The model '{model_name}' is not in the catalog.")
+    if model.sha256 and sha256.lower() != model.sha256:
+        said = f"a file with sha256 {sha256}" if sha256 else "a file it did not name (mahout before 0.2.0)"
+        raise WrongModelFile(
+            f"The catalog's {model_name} is one file ({model.quantization or 'its quantisation'}, sha256 {model.sha256}); "
+            f"this host benchmarked {said}. Serve that exact file (mahout add PATH.gguf checks one), or upgrade mahout."
+        )
     figures = {
         "prompt_tps": float(benchmark["prompt_tps"]),
         "gen_tps": float(benchmark["gen_tps"]),
@@ -55,6 +66,7 @@ def qualification_register(
         "memory_mb": float(benchmark["memory_mb"]),
         "threads": int(benchmark.get("threads") or 0),
         "machine": machine,
+        "sha256": sha256.lower(),
     }
     qualification, _ = Qualification.objects.update_or_create(
         host=host, model=model, fingerprint=fingerprint, defaults=figures

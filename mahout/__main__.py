@@ -5,6 +5,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from mahout.credentials import NoCredentials, credentials_resolve, credentials_save
 from mahout.home import is_paused, resolve_home, set_paused
@@ -73,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help="show local state (and the server's, when logged in)")
     status.add_argument("--server")
     status.add_argument("--token")
+    add = commands.add_parser("add", help="serve your own copy of a catalog model (checked by its sha256)")
+    add.add_argument("path", type=Path, help="a model file, e.g. ~/models/gemma-3-270m-Q4_K_M.gguf")
     login = commands.add_parser("login", help="check a host token with the gateway and keep it in the home (mode 0600)")
     login.add_argument("--server", required=True, help="gateway base URL")
     login.add_argument("--token-stdin", action="store_true", help="read the token from standard input (no prompt)")
@@ -87,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     from mahout.moe.cli import add_parser as add_moe_parser  # the MoE expert market
 
     add_moe_parser(commands)
-    for sub in (run, bench, status, login, commands.add_parser("pause", help="stop claiming new jobs"),
+    for sub in (run, bench, status, login, add, commands.add_parser("pause", help="stop claiming new jobs"),
                 commands.add_parser("resume", help="claim jobs again")):
         _add_home(sub)
     return parser
@@ -148,6 +151,30 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
         model = benchmark_model(name, home, args.threads or default_threads(), rebenchmark=args.rebenchmark, out=say)
         say(f"mahout: model {model.path} sha256 {model.sha256}")
         say(json.dumps({"model": name, "fingerprint": model.fingerprint, **model.benchmark}))
+    return 0
+
+
+def cmd_add(args: argparse.Namespace) -> int:
+    """Hash a model file; when it is a catalog model's pinned file, serve it from where it is."""
+    from mahout.catalog import catalog_match, file_sha256
+    from mahout.models import model_add
+    from protocol.catalog import MODEL_FILES
+
+    path = args.path.expanduser()
+    if not path.is_file():
+        print(f"mahout: error: {path} is not a file", file=sys.stderr, flush=True)
+        return 2
+    say(f"mahout: hashing {path} ({path.stat().st_size / 1e6:.0f} MB)")
+    sha256 = file_sha256(path)
+    name = catalog_match(sha256)
+    if name is None:
+        known = "; ".join(f"{n}: {pin['quantization']}, sha256 {pin['sha256']}" for n, pin in MODEL_FILES.items())
+        print(f"mahout: error: {path} (sha256 {sha256}) is no catalog model's file, so it cannot be served "
+              f"(another quantisation or another model, perhaps). The catalog's files: {known}", file=sys.stderr, flush=True)
+        return 2
+    model_add(resolve_home(args.home), name, path, sha256)
+    say(f"mahout: {path} is the catalog's {name} ({MODEL_FILES[name]['quantization']}, sha256 {sha256[:16]}…); "
+        f"`mahout run` serves it from there.")
     return 0
 
 
@@ -234,6 +261,7 @@ def cmd_moe(args: argparse.Namespace) -> int:
 COMMANDS = {
     "run": cmd_run,
     "login": cmd_login,
+    "add": cmd_add,
     "benchmark": cmd_benchmark,
     "pause": cmd_pause,
     "resume": cmd_resume,

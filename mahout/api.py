@@ -145,9 +145,14 @@ class HostApi:
         """Decode a JSON body; an empty body is ``{}``."""
         return response.json() if response.content else {}
 
-    def register_qualification(self, *, model: str, fingerprint: str, benchmark: dict, machine: dict) -> dict:
-        """Record that ``model`` was benchmarked on this machine; the server lets us claim it."""
+    def register_qualification(
+        self, *, model: str, fingerprint: str, benchmark: dict, machine: dict, sha256: str = "",
+    ) -> dict:
+        """Record that ``model`` (the file with that sha256) was benchmarked on this machine; the
+        server lets us claim it."""
         body = {"model": model, "fingerprint": fingerprint, "benchmark": benchmark, "machine": machine}
+        if sha256:
+            body["sha256"] = sha256
         return self._json(self._request("POST", "/qualifications", body))
 
     def heartbeat(

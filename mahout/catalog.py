@@ -13,8 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mahout.models import SHIPPED_MODEL, assemble_shipped, recorded_sha256
+from mahout.models import SHIPPED_MODEL, added_model, assemble_shipped, recorded_sha256
 from mahout.runners.embeddings import MODEL_NAME as EMBEDDINGS_MODEL
+from protocol.catalog import MODEL_FILES
 
 RUNNER_N_CTX = 4096
 _BLOCK = 1024 * 1024
@@ -40,8 +41,30 @@ class ModelSpec:
         """True when every package this model needs can be imported here."""
         return all(importlib.util.find_spec(module) is not None for module in self.modules)
 
+    @property
+    def pinned_sha256(self) -> str:
+        """The sha256 of the one file the catalog means by this model ("" where none is pinned)."""
+        return MODEL_FILES.get(self.name, {}).get("sha256", "")
+
+
+class WrongFile(ValueError):
+    """A model's file is not the one the catalog pins."""
+
+
+def checked_file(spec: ModelSpec, path: Path, sha256: str) -> None:
+    """Raise WrongFile unless `sha256` (the file's, as located) is the catalog's pin: checked
+    before a benchmark, so no other file (another quantisation, another model renamed) is
+    ever measured or served under the model's name."""
+    if spec.pinned_sha256 and sha256 != spec.pinned_sha256:
+        pin = MODEL_FILES[spec.name]
+        raise WrongFile(f"{path} has sha256 {sha256 or '(unknown)'}; the catalog's {spec.name} is the "
+                        f"{pin['quantization']} file with sha256 {pin['sha256']}")
+
 
 def _locate_chat(home: Path) -> tuple[Path, str]:
+    added = added_model(home, SHIPPED_MODEL, hash_file=file_sha256)  # the owner's own copy (`mahout add`)
+    if added is not None:
+        return added
     path = assemble_shipped(home)
     return path, recorded_sha256(home) or ""
 
@@ -97,6 +120,11 @@ CATALOG: dict[str, ModelSpec] = {
     ),
 }
 DEFAULT_MODELS = (SHIPPED_MODEL,)
+
+
+def catalog_match(sha256: str) -> str | None:
+    """The catalog model whose pinned file has this sha256, or None."""
+    return next((name for name, pin in MODEL_FILES.items() if pin["sha256"] == sha256 and name in CATALOG), None)
 
 
 def installed_models() -> list[str]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from mahout.api import HostApi, HostApiError, ServerUnavailable
 from mahout.benchmark import qualify
-from mahout.catalog import CATALOG, DEFAULT_MODELS, ModelSpec, installed_models
+from mahout.catalog import CATALOG, DEFAULT_MODELS, ModelSpec, checked_file, installed_models
 from mahout.fingerprint import machine_fingerprint, total_memory_mb
 from mahout.idle import IdleDetector
 from mahout.loader import ModelLoader, check_fits
@@ -76,6 +76,7 @@ def benchmark_model(
     """Find model ``name`` and benchmark it on this machine (or reuse the cached result)."""
     spec = CATALOG[name]
     path, sha256 = spec.locate(home)
+    checked_file(spec, path, sha256)
     fingerprint, facts = machine_fingerprint()
     result, cached = qualify(home, name, path, sha256, fingerprint, threads, rebenchmark=rebenchmark, measure=spec.measure)
     out(f"mahout: benchmark of {name} ({'cached' if cached else 'measured'}): {describe(spec, result)}")
@@ -101,7 +102,8 @@ def register_when_reachable(
     while True:
         try:
             return api.register_qualification(
-                model=model.model, fingerprint=model.fingerprint, benchmark=model.benchmark, machine=model.machine
+                model=model.model, fingerprint=model.fingerprint, benchmark=model.benchmark, machine=model.machine,
+                sha256=model.sha256,
             )
         except ServerUnavailable as exc:
             problem = str(exc)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from tqdm import tqdm
@@ -50,14 +51,52 @@ def _record_path(home: Path, name: str) -> Path:
 
 
 def recorded_sha256(home: Path, name: str = SHIPPED_MODEL) -> str | None:
-    """The verified sha256 of an assembled model, or ``None`` if it is missing or stale."""
+    """The verified sha256 of an assembled model, or ``None`` if it is missing or stale (the
+    file's size or modification time changed: another file put in its place)."""
     target, record = model_path(home, name), _record_path(home, name)
     try:
         data = json.loads(record.read_text())
-        size = target.stat().st_size
+        stat = target.stat()
     except (OSError, ValueError):
         return None
-    return data.get("sha256") if data.get("size") == size else None
+    return data.get("sha256") if _same_file(data, stat) else None
+
+
+def _same_file(record: dict, stat: os.stat_result) -> bool:
+    return record.get("size") == stat.st_size and record.get("mtime_ns", stat.st_mtime_ns) == stat.st_mtime_ns
+
+
+def _stamp(path: Path, sha256: str) -> dict:
+    stat = path.stat()
+    return {"sha256": sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def _added_record(home: Path, name: str) -> Path:
+    return home / "models" / f"{name}.added.json"
+
+
+def model_add(home: Path, name: str, path: Path, sha256: str) -> None:
+    """Serve the owner's own copy of catalog model `name` (its sha256 checked by the caller)
+    from where it is, instead of the shipped one."""
+    record = _added_record(home, name)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps({"path": str(path.resolve()), **_stamp(path, sha256)}))
+
+
+def added_model(home: Path, name: str, *, hash_file: Callable[[Path], str]) -> tuple[Path, str] | None:
+    """The owner's copy of model `name` and its sha256, when one was added; a copy changed
+    since is hashed again (the caller checks the hash against the catalog)."""
+    try:
+        data = json.loads(_added_record(home, name).read_text())
+        path = Path(data["path"])
+        stat = path.stat()
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if _same_file(data, stat):
+        return path, data["sha256"]
+    sha256 = hash_file(path)
+    model_add(home, name, path, sha256)
+    return path, sha256
 
 
 def _concatenate(chunks: list[Path], target: Path, progress: bool) -> str:
@@ -95,7 +134,7 @@ def assemble_shipped(home: Path, *, progress: bool = True) -> Path:
         os.replace(partial, target)
     finally:
         partial.unlink(missing_ok=True)
-    _record_path(home, SHIPPED_MODEL).write_text(json.dumps({"sha256": actual, "size": target.stat().st_size}))
+    _record_path(home, SHIPPED_MODEL).write_text(json.dumps(_stamp(target, actual)))
     return target
 
 

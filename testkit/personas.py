@@ -38,6 +38,7 @@ def make_host(*, qualified: bool = True, name: str | None = None, fingerprint: s
 
     from hosts.models import Host
     from hosts.services import host_create, qualification_register
+    from protocol.catalog import MODEL_FILES
 
     new = host_create(email=f"h-{uuid.uuid4().hex[:8]}@example.com", name=name or "rig")
     if qualified:
@@ -46,7 +47,7 @@ def make_host(*, qualified: bool = True, name: str | None = None, fingerprint: s
             model_name="gemma-3-270m",
             fingerprint=fingerprint,
             benchmark={"prompt_tps": 500.0, "gen_tps": 40.0, "ttft_ms": 50.0, "memory_mb": 400.0, "threads": 2},
-            machine={},
+            machine={}, sha256=MODEL_FILES["gemma-3-270m"]["sha256"],  # the catalog's file
         )
     if trusted:
         Host.objects.filter(pk=new.host.pk).update(trusted_at=timezone.now())

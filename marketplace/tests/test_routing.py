@@ -246,7 +246,8 @@ class TestEmbeddings:
 
         serving = make_host(qualified=False, name="embedder")
         qualification_register(host=serving.host, model_name=model.name, fingerprint=serving.fingerprint,
-                               benchmark={"prompt_tps": 900, "gen_tps": 900, "ttft_ms": 5, "memory_mb": 90}, machine={})
+                               benchmark={"prompt_tps": 900, "gen_tps": 900, "ttft_ms": 5, "memory_mb": 90}, machine={},
+                               sha256=model.sha256)
         return serving
 
     def test_a_host_completes_with_vectors_and_the_input_tokens_are_billed(self, minilm) -> None:
