@@ -38,6 +38,15 @@ def _models(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _schedule(text: str) -> object:
+    from mahout.schedule import Schedule
+
+    try:
+        return Schedule.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value <= 0:
@@ -64,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="pause while the owner uses the machine (keyboard/mouse input, another GPU program); "
                           "on by default, --no-idle-detect for a dedicated server")
     run.add_argument("--idle-threshold", type=float, default=120.0, help="seconds of no input before working")
+    run.add_argument("--schedule", type=_schedule, default=None,
+                     help="serve only in these local hours, e.g. 22:00-08:00 (several: 22:00-08:00,12:00-13:00)")
     run.add_argument("--max-jobs", type=int, default=None, help="exit after this many jobs")
     run.add_argument("--once", action="store_true", help="make one claim attempt, then exit")
     run.add_argument("--rebenchmark", action="store_true", help="ignore the cached benchmark")
@@ -112,6 +123,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         _token_checked(api)  # before minutes of assembling and benchmarking: a rotated or revoked token says so at once
         loop = start_host(api, home, args.threads or default_threads(), models=args.models,
                           memory_budget_mb=args.memory_budget_mb, idle=idle, rebenchmark=args.rebenchmark, out=say)
+        loop.schedule = args.schedule
         say(f"mahout: serving {', '.join(loop.models.qualified)} for {login.server} "
             f"(loaded: {', '.join(loop.models.loaded()) or 'none'}; memory budget {loop.models.budget_mb} MB)")
         with presence(login.server, login.token, out=say) as socket:

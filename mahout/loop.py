@@ -27,6 +27,7 @@ from mahout import __version__
 from mahout.api import HostApi, HostApiError, ServerUnavailable
 from mahout.home import is_paused
 from mahout.idle import IdleDetector
+from mahout.schedule import Schedule
 from mahout.loader import ModelLoader, UnknownModel
 from mahout.progress import PROGRESS_INTERVAL_S, ProgressReporter
 from mahout.pusher import FLUSH_INTERVAL_S, BatchPusher
@@ -109,6 +110,7 @@ class HostLoop:
         home: Path,
         installed: list[str] | None = None,
         idle: IdleDetector | None = None,
+        schedule: Schedule | None = None,
         claim_wait: float = CLAIM_WAIT_S,
         heartbeat_interval: float = HEARTBEAT_INTERVAL_S,
         flush_interval: float = FLUSH_INTERVAL_S,
@@ -121,6 +123,7 @@ class HostLoop:
         self.models = models if isinstance(models, ModelLoader) else ModelLoader.fixed(dict(models), out=out)
         self.installed = sorted(installed) if installed is not None else self.models.qualified
         self.idle = idle
+        self.schedule = schedule
         self.claim_wait, self.heartbeat_interval = claim_wait, heartbeat_interval
         self.flush_interval, self.pause_poll, self.error_backoff = flush_interval, pause_poll, error_backoff
         self.progress_interval = progress_interval
@@ -171,9 +174,12 @@ class HostLoop:
     # -- can_work ----------------------------------------------------------------------
 
     def local_pause_reason(self) -> str | None:
-        """Why this machine must not claim (pause flag, owner activity), or ``None``."""
+        """Why this machine must not claim (pause flag, serving hours, owner activity), or ``None``."""
         if is_paused(self.home):
             return "pause flag set"
+        outside = self.schedule.pause_reason() if self.schedule is not None else None
+        if outside:
+            return outside
         activity = self.idle.activity() if self.idle is not None else None
         return f"owner active ({activity})" if activity else None
 
