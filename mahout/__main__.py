@@ -82,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="memory for loaded models; the least recently used is unloaded to fit (default: half the RAM)")
     bench = commands.add_parser("benchmark", help="find and benchmark the models (default: the shipped chat model)")
     bench.add_argument("--rebenchmark", action="store_true", help="ignore the cached benchmark")
-    status = commands.add_parser("status", help="show local state (and the server's, when logged in)")
+    status = commands.add_parser("status", help="show this host's state, its current job and its earnings (when logged in)")
+    status.add_argument("--json", action="store_true", help="print the local state and the gateway's answers as JSON")
     status.add_argument("--server")
     status.add_argument("--token")
     add = commands.add_parser("add", help="serve your own copy of a catalog model (checked by its sha256)")
@@ -234,19 +235,47 @@ def cmd_status(args: argparse.Namespace) -> int:
         "model": str(model_path(home, SHIPPED_MODEL)),
         "model_assembled": recorded_sha256(home) is not None,
     }
-    say(json.dumps(local))
+    say(json.dumps(local) if args.json else f"mahout: home {home}; pause flag {'set' if local['paused'] else 'off'}; "
+        f"model {'assembled' if local['model_assembled'] else 'not assembled yet'}")
     try:
         login = credentials_resolve(server=args.server, token=args.token, home=home, warn=warn)
     except NoCredentials:
+        if not args.json:
+            say("mahout: not logged in (mahout login --server URL), so no state from the gateway")
         return 0  # not logged in: the local state is all there is
     from mahout.api import HostApi
 
     api = HostApi(login.server, login.token, retries=1)
     try:
-        say(json.dumps({"me": api.me(), "earnings": api.earnings()}))
+        me, earnings = api.me(), api.earnings()
     finally:
         api.close()
+    if args.json:
+        say(json.dumps({"me": me, "earnings": earnings}))
+        return 0
+    for line in status_lines(login.server, me, earnings):
+        say(line)
     return 0
+
+
+def status_lines(server: str, me: dict, earnings: dict) -> list[str]:
+    """The gateway's view of this host, for a person: state, current jobs, earnings."""
+    state = me.get("status", "unknown")
+    if me.get("maintenance_reason"):
+        state += f" ({me['maintenance_reason']})"
+    lines = [f"mahout: host {me.get('name')!r} (id {me.get('id')}) at {server}: {state}"]
+    jobs = me.get("active_jobs") or []
+    lines += [f"mahout: running job {job['id']} ({job['model']}) since {job.get('claimed_at') or '?'}" for job in jobs] or \
+        ["mahout: no job running"]
+    pending = int(earnings.get("balance_ucents") or 0)
+    lines.append(f"mahout: earned today {_usd(earnings.get('today_ucents'))}; pending {_usd(pending)} "
+                 f"(payable now {_usd(earnings.get('payable_ucents'))}, still vesting {_usd(earnings.get('unvested_ucents'))})")
+    return lines
+
+
+def _usd(ucents: object) -> str:
+    """µ¢ as dollars (1 USD = 100,000,000 µ¢), to the micro-cent."""
+    return f"${int(ucents or 0) / 100_000_000:.8f}"
 
 
 def cmd_ring(args: argparse.Namespace) -> int:

@@ -369,14 +369,19 @@ class HostEarningsApi(HostApi):
         balance_ucents = serializers.IntegerField()
         payable_ucents = serializers.IntegerField()
         unvested_ucents = serializers.IntegerField()
+        today_ucents = serializers.IntegerField(help_text="earned from work finished since midnight UTC")
         lines = EarningLineSerializer(many=True)
 
     @extend_schema(responses={200: OutputSerializer})
     def get(self, request: DrfRequest) -> Response:
-        statement = selectors.host_statement(host=self.host(request))
+        host = self.host(request)
+        statement = selectors.host_statement(host=host)
         money = statement.payouts
+        midnight = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
         return Response({"balance_ucents": money.balance_ucents, "payable_ucents": money.available_ucents,
-                         "unvested_ucents": money.unvested_ucents, "lines": [earning_line(job) for job in statement.jobs]})
+                         "unvested_ucents": money.unvested_ucents,
+                         "today_ucents": selectors.host_earned_since(host=host, since=midnight),
+                         "lines": [earning_line(job) for job in statement.jobs]})
 
 
 def earning_line(job: dict) -> dict:

@@ -152,6 +152,14 @@ def host_statement(*, host: Host, limit: int = 100) -> HostStatement:
     return HostStatement(payouts=billing.host_payouts(host=host, limit=limit), jobs=lines)
 
 
+def host_earned_since(*, host: Host, since: datetime) -> int:
+    """µ¢ this host earned from work finished since `since`: its own jobs and its ring stages' shares."""
+    own = Job.objects.filter(host=host, status=Job.Status.COMPLETED, finished_at__gte=since).aggregate(
+        total=Sum("earned_ucents"))["total"] or 0
+    stages = StageShare.objects.filter(host=host, finished_at__gte=since).aggregate(total=Sum("earned_ucents"))["total"] or 0
+    return int(own) + int(stages)
+
+
 # --- customer usage ---------------------------------------------------------------------
 
 

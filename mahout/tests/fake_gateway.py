@@ -74,9 +74,12 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._authorized():
             return
         if self.path == "/hosts/api/me":
-            self._send(200, {"name": "test-host"})
+            self._send(200, {"id": 7, "name": "test-host", "status": "online", "paused": False, "maintenance_reason": None,
+                             "active_jobs": [{"id": 42, "model": "gemma-3-270m", "claimed_at": "2026-12-02T14:00:00Z"}]})
         elif self.path == "/hosts/api/earnings":
-            self._send(200, {"total_ucents": sum(c["earned_ucents"] for c in self.server.state.completions.values())})
+            earned = sum(c.get("earned_ucents", 0) for c in self.server.state.completions.values())
+            self._send(200, {"balance_ucents": 2_500_000 + earned, "payable_ucents": 2_000_000, "unvested_ucents": 500_000 + earned,
+                             "today_ucents": 1_234_567 + earned, "lines": []})
         else:
             self._error(404, "not found", "not_found")
 

@@ -20,15 +20,21 @@ class CommandLineTests:
     def test_it_pauses_and_resumes_through_a_flag_file(self, tmp_path, capsys):
         assert main(["pause", "--home", str(tmp_path)]) == 0
         assert is_paused(tmp_path)
-        main(["status", "--home", str(tmp_path)])
+        main(["status", "--json", "--home", str(tmp_path)])
         assert json.loads(capsys.readouterr().out.splitlines()[-1])["paused"] is True
         assert main(["resume", "--home", str(tmp_path)]) == 0
         assert not is_paused(tmp_path)
 
-    def test_it_shows_the_servers_view_with_a_token(self, tmp_path, capsys, gateway):
+    def test_it_shows_the_state_the_current_job_and_the_earnings(self, tmp_path, capsys, gateway):
         assert main(["status", "--home", str(tmp_path), "--server", gateway.url, "--token", TOKEN]) == 0
-        assert json.loads(capsys.readouterr().out.splitlines()[-1]) == {
-            "me": {"name": "test-host"}, "earnings": {"total_ucents": 0}}
+        assert capsys.readouterr().out.splitlines() == [
+            f"mahout: home {tmp_path}; pause flag off; model not assembled yet",
+            f"mahout: host 'test-host' (id 7) at {gateway.url}: online",
+            "mahout: running job 42 (gemma-3-270m) since 2026-12-02T14:00:00Z",
+            "mahout: earned today $0.01234567; pending $0.02500000 (payable now $0.02000000, still vesting $0.00500000)",
+        ]
+        assert main(["status", "--json", "--home", str(tmp_path), "--server", gateway.url, "--token", TOKEN]) == 0
+        assert json.loads(capsys.readouterr().out.splitlines()[-1])["earnings"]["today_ucents"] == 1_234_567
 
     def test_it_exits_2_with_one_line_on_a_refused_token(self, tmp_path, capsys, gateway):
         assert main(["status", "--home", str(tmp_path), "--server", gateway.url, "--token", "wrong"]) == 2
@@ -60,9 +66,9 @@ class LoginTests:
         assert stat.S_IMODE(saved.stat().st_mode) == 0o600
         assert json.loads(saved.read_text()) == {"server": gateway.url, "token": TOKEN}
         assert "logged in as host 'test-host'" in capsys.readouterr().out
-        assert main(["status", "--home", str(tmp_path)]) == 0  # no flags: the kept login
+        assert main(["status", "--json", "--home", str(tmp_path)]) == 0  # no flags: the kept login
         out, err = capsys.readouterr()
-        assert json.loads(out.splitlines()[-1])["me"] == {"name": "test-host"} and "warning" not in err
+        assert json.loads(out.splitlines()[-1])["me"]["name"] == "test-host" and "warning" not in err
 
     def test_a_refused_token_is_not_kept(self, tmp_path, capsys, gateway, monkeypatch):
         monkeypatch.setattr(sys, "stdin", io.StringIO("wrong\n"))

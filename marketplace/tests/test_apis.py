@@ -149,7 +149,7 @@ class HostMeTests:
         assert body["name"] == serving_host.host.name and body["active_jobs"] == []
         assert [q["model"] for q in body["qualifications"]] == ["gemma-3-270m"]
         earnings = Client().get("/hosts/api/earnings", HTTP_AUTHORIZATION=f"Bearer {serving_host.token}").json()
-        assert earnings == {"balance_ucents": 0, "payable_ucents": 0, "unvested_ucents": 0, "lines": []}
+        assert earnings == {"balance_ucents": 0, "payable_ucents": 0, "unvested_ucents": 0, "today_ucents": 0, "lines": []}
 
 
 @pytest.mark.django_db(transaction=True)
@@ -168,3 +168,33 @@ class UnconfirmedEmailTests:
         assert not Request.objects.exists() and not Hold.objects.exists()
         EmailVerification.objects.filter(user=customer.user).update(verified_at=timezone.now())
         assert_error(post(client, customer.secret, {**GOOD, "model": "gpt-9"}), 404, "model_not_found")  # past the check now
+
+
+@pytest.mark.django_db
+class HostEarningsTodayTests:
+    def test_today_counts_the_work_finished_since_midnight_utc(self, customer, serving_host, catalog) -> None:
+        from datetime import timedelta
+
+        from django.utils import timezone
+
+        from marketplace import services
+        from marketplace.models import Job
+        from marketplace.tests.test_reputation import claim, online
+        from marketplace.tests.test_services import CHAT
+
+        online(serving_host)
+        done = []
+        for _ in range(2):
+            services.request_submit(
+                public_id=services.new_public_id("chat"), api_key=customer.key, model=catalog, kind="chat", messages=CHAT,
+                prompt=None, stream=True, prompt_tokens=10,
+                params={"max_tokens": 8, "temperature": 1.0, "top_p": 1.0, "stop": None, "seed": None, "response_format": None},
+            )
+            job = claim(serving_host)
+            services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="Hello there")
+            done.append(services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop").earned_ucents)
+        yesterday = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(seconds=1)
+        Job.objects.filter(pk=job.pk).update(finished_at=yesterday)
+        earnings = Client().get("/hosts/api/earnings", HTTP_AUTHORIZATION=f"Bearer {serving_host.token}").json()
+        assert done[0] > 0 and earnings["today_ucents"] == done[0]
+        assert earnings["balance_ucents"] == sum(done)
