@@ -27,11 +27,11 @@ from mahout import __version__
 from mahout.api import HostApi, HostApiError, ServerUnavailable
 from mahout.home import is_paused
 from mahout.idle import IdleDetector
-from mahout.schedule import Schedule
 from mahout.loader import ModelLoader, UnknownModel
 from mahout.progress import PROGRESS_INTERVAL_S, ProgressReporter
 from mahout.pusher import FLUSH_INTERVAL_S, BatchPusher
 from mahout.runners import Embedder, RequestRejected, Runner
+from mahout.schedule import Schedule
 from protocol.jobs import EMBEDDINGS
 
 HEARTBEAT_INTERVAL_S = 5.0
