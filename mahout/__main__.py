@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -10,14 +11,40 @@ from pathlib import Path
 from mahout.credentials import NoCredentials, credentials_resolve, credentials_save
 from mahout.home import is_paused, resolve_home, set_paused
 
+LOG_FILE = "logs/mahout.log"  # in the home; rotated at LOG_BYTES, LOG_BACKUPS kept
+LOG_BYTES = 5 * 1024 * 1024
+LOG_BACKUPS = 5
+LOGGED_COMMANDS = ("run", "ring", "stage", "moe", "benchmark", "add", "install-service")
+_log = logging.getLogger("mahout.cli")
+_log.propagate = False
+
 
 def say(line: str) -> None:
-    """Print a status line at once (stdout may be a pipe to a supervisor)."""
+    """Print a status line at once (stdout may be a pipe to a supervisor), and log it."""
     print(line, flush=True)
+    _log.info(line)
 
 
 def warn(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
+    _log.warning(line)
+
+
+def open_log(home: Path) -> Path:
+    """Keep what a long-running command says in the home too, rotated (a service's output
+    otherwise goes nowhere an owner looks)."""
+    from logging.handlers import RotatingFileHandler
+
+    path = home / LOG_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for old in list(_log.handlers):
+        _log.removeHandler(old)
+        old.close()
+    handler = RotatingFileHandler(path, maxBytes=LOG_BYTES, backupCount=LOG_BACKUPS, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    _log.addHandler(handler)
+    _log.setLevel(logging.INFO)
+    return path
 
 
 def _add_home(parser: argparse.ArgumentParser) -> None:
@@ -86,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print the local state and the gateway's answers as JSON")
     status.add_argument("--server")
     status.add_argument("--token")
+    service = commands.add_parser("install-service", help="start mahout with the machine (systemd user unit / launchd agent)")
+    service.add_argument("--no-enable", action="store_true", help="write the unit only; enable it yourself")
+    service.add_argument("run_args", nargs=argparse.REMAINDER,
+                         help="options for `mahout run` after --, e.g. -- --schedule 22:00-08:00 --threads 4")
     add = commands.add_parser("add", help="serve your own copy of a catalog model (checked by its sha256)")
     add.add_argument("path", type=Path, help="a model file, e.g. ~/models/gemma-3-270m-Q4_K_M.gguf")
     login = commands.add_parser("login", help="check a host token with the gateway and keep it in the home (mode 0600)")
@@ -102,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     from mahout.moe.cli import add_parser as add_moe_parser  # the MoE expert market
 
     add_moe_parser(commands)
-    for sub in (run, bench, status, login, add, commands.add_parser("pause", help="stop claiming new jobs"),
+    for sub in (run, bench, status, login, add, service, commands.add_parser("pause", help="stop claiming new jobs"),
                 commands.add_parser("resume", help="claim jobs again")):
         _add_home(sub)
     return parser
@@ -131,12 +162,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             api.use_socket(socket)
             handled = loop.run(max_jobs=args.max_jobs, once=args.once)
     except BudgetError as exc:
-        print(f"mahout: error: {exc}", file=sys.stderr, flush=True)
+        warn(f"mahout: error: {exc}")
         return 2
     finally:
         api.close()
     if loop.upgrade_required:
-        print(f"mahout: error: {loop.upgrade_required}", file=sys.stderr, flush=True)
+        warn(f"mahout: error: {loop.upgrade_required}")
         return 3
     say(f"mahout: stopped after {handled} job(s)")
     return 0
@@ -167,6 +198,29 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_install_service(args: argparse.Namespace) -> int:
+    """Write the service that runs `mahout run` at startup; needs `mahout login` first (the token is not in the unit)."""
+    from mahout.credentials import credentials_path
+    from mahout.service import install_service
+
+    home = resolve_home(args.home)
+    if not credentials_path(home).is_file():
+        warn("mahout: error: log in first (mahout login --server URL): the service reads the token from the home, "
+              "never from its unit file")
+        return 2
+    run_args = [arg for arg in args.run_args if arg != "--"]
+    try:
+        build_parser().parse_args(["run", *run_args])  # a bad option fails now, not at the next boot
+        installed = install_service(home, run_args, enable=not args.no_enable)
+    except RuntimeError as exc:
+        warn(f"mahout: error: {exc}")
+        return 2
+    say(f"mahout: wrote {installed.path}" + ("; enabled and started" if installed.started else ""))
+    for line in installed.next:
+        say(f"mahout: next: {line}")
+    return 0
+
+
 def cmd_add(args: argparse.Namespace) -> int:
     """Hash a model file; when it is a catalog model's pinned file, serve it from where it is."""
     from mahout.catalog import catalog_match, file_sha256
@@ -175,15 +229,15 @@ def cmd_add(args: argparse.Namespace) -> int:
 
     path = args.path.expanduser()
     if not path.is_file():
-        print(f"mahout: error: {path} is not a file", file=sys.stderr, flush=True)
+        warn(f"mahout: error: {path} is not a file")
         return 2
     say(f"mahout: hashing {path} ({path.stat().st_size / 1e6:.0f} MB)")
     sha256 = file_sha256(path)
     name = catalog_match(sha256)
     if name is None:
         known = "; ".join(f"{n}: {pin['quantization']}, sha256 {pin['sha256']}" for n, pin in MODEL_FILES.items())
-        print(f"mahout: error: {path} (sha256 {sha256}) is no catalog model's file, so it cannot be served "
-              f"(another quantisation or another model, perhaps). The catalog's files: {known}", file=sys.stderr, flush=True)
+        warn(f"mahout: error: {path} (sha256 {sha256}) is no catalog model's file, so it cannot be served "
+              f"(another quantisation or another model, perhaps). The catalog's files: {known}")
         return 2
     model_add(resolve_home(args.home), name, path, sha256)
     say(f"mahout: {path} is the catalog's {name} ({MODEL_FILES[name]['quantization']}, sha256 {sha256[:16]}…); "
@@ -199,7 +253,7 @@ def cmd_login(args: argparse.Namespace) -> int:
 
     token = sys.stdin.readline().strip() if args.token_stdin else getpass.getpass("Host token (from My machines): ").strip()
     if not token:
-        print("mahout: error: no token given", file=sys.stderr, flush=True)
+        warn("mahout: error: no token given")
         return 2
     api = HostApi(args.server.rstrip("/"), token, retries=1)
     try:
@@ -303,6 +357,7 @@ COMMANDS = {
     "run": cmd_run,
     "login": cmd_login,
     "add": cmd_add,
+    "install-service": cmd_install_service,
     "benchmark": cmd_benchmark,
     "pause": cmd_pause,
     "resume": cmd_resume,
@@ -318,10 +373,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from mahout.api import HostApiError, ServerUnavailable
 
     args = build_parser().parse_args(argv)
+    if args.command in LOGGED_COMMANDS:
+        open_log(resolve_home(getattr(args, "home", None)))
     try:
         return COMMANDS[args.command](args)
     except (HostApiError, ServerUnavailable, NoCredentials) as exc:
-        print(f"mahout: error: {exc}", file=sys.stderr, flush=True)
+        warn(f"mahout: error: {exc}")
         return 2
 
 
