@@ -35,6 +35,9 @@ class QualificationRegisterApi(HostApi):
             load_ms = serializers.FloatField(min_value=0, required=False, default=0)
             memory_mb = serializers.FloatField(min_value=0)
             threads = serializers.IntegerField(min_value=0, max_value=INT_MAX, required=False, default=0)
+            device = serializers.CharField(max_length=100, required=False, default="cpu", help_text='"cpu" or the GPU\'s name')
+            gpu_layers = serializers.IntegerField(min_value=0, max_value=10_000, required=False, default=0)
+            vram_mb = serializers.FloatField(min_value=0, required=False, default=0)
 
         model = serializers.CharField(max_length=100)
         fingerprint = serializers.CharField(max_length=64)

@@ -144,6 +144,9 @@ class Qualification(models.Model):
     threads = models.PositiveIntegerField(default=0)
     machine = models.JSONField(default=dict, blank=True)
     sha256 = models.CharField(max_length=64, blank=True, help_text="the file benchmarked (the catalog's pin)")
+    device = models.CharField(max_length=100, default="cpu", help_text='where it ran: "cpu" or the GPU\'s name')
+    gpu_layers = models.PositiveIntegerField(default=0, help_text="layers offloaded to the GPU")
+    vram_mb = models.FloatField(default=0, help_text="GPU memory its layers take")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

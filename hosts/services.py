@@ -65,6 +65,9 @@ def qualification_register(
         "load_ms": float(benchmark.get("load_ms") or 0),
         "memory_mb": float(benchmark["memory_mb"]),
         "threads": int(benchmark.get("threads") or 0),
+        "device": str(benchmark.get("device") or "cpu")[:100],
+        "gpu_layers": int(benchmark.get("gpu_layers") or 0),
+        "vram_mb": float(benchmark.get("vram_mb") or 0),
         "machine": machine,
         "sha256": sha256.lower(),
     }

@@ -65,6 +65,15 @@ def _models(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _gpu_layers(text: str) -> str | int:
+    from mahout.gpu import parse_gpu_layers
+
+    try:
+        return parse_gpu_layers(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be auto or a number of layers (0: none)") from exc
+
+
 def _schedule(text: str) -> object:
     from mahout.schedule import Schedule
 
@@ -125,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     for sub in (run, bench):
         _add_threads(sub)
         _add_models(sub)
+        sub.add_argument("--gpu-layers", type=_gpu_layers, default="auto",
+                         help="model layers on the GPU: auto (default: every layer that fits its free memory), "
+                              "a number, or 0 for none")
     from mahout.ring.cli import add_parser as add_ring_parser
     from mahout.ring.member import add_parser as add_stage_parser
 
@@ -142,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_run(args: argparse.Namespace) -> int:
     """Qualify the chosen models and serve until stopped; exit 2 when one cannot fit the budget."""
     from mahout.api import HostApi
-    from mahout.host import default_threads, start_host
+    from mahout.host import default_threads, gpu_setup, start_host
     from mahout.idle import IdleDetector
     from mahout.loader import BudgetError
     from mahout.presence import presence
@@ -154,7 +166,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         _token_checked(api)  # before minutes of assembling and benchmarking: a rotated or revoked token says so at once
         loop = start_host(api, home, args.threads or default_threads(), models=args.models,
-                          memory_budget_mb=args.memory_budget_mb, idle=idle, rebenchmark=args.rebenchmark, out=say)
+                          memory_budget_mb=args.memory_budget_mb, idle=idle, rebenchmark=args.rebenchmark, out=say,
+                          gpu=gpu_setup(args.gpu_layers, out=say))
         loop.schedule = args.schedule
         say(f"mahout: serving {', '.join(loop.models.qualified)} for {login.server} "
             f"(loaded: {', '.join(loop.models.loaded()) or 'none'}; memory budget {loop.models.budget_mb} MB)")
@@ -188,11 +201,12 @@ def _token_checked(api: object) -> None:
 
 def cmd_benchmark(args: argparse.Namespace) -> int:
     """Benchmark the chosen models; per model a line naming the weights, then the result as JSON."""
-    from mahout.host import benchmark_model, default_threads
+    from mahout.host import benchmark_model, default_threads, gpu_setup
 
     home = resolve_home(args.home)
+    gpu = gpu_setup(args.gpu_layers, out=say)
     for name in args.models:
-        model = benchmark_model(name, home, args.threads or default_threads(), rebenchmark=args.rebenchmark, out=say)
+        model = benchmark_model(name, home, args.threads or default_threads(), rebenchmark=args.rebenchmark, out=say, gpu=gpu)
         say(f"mahout: model {model.path} sha256 {model.sha256}")
         say(json.dumps({"model": name, "fingerprint": model.fingerprint, **model.benchmark}))
     return 0

@@ -18,6 +18,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from mahout.gpu import Offload
+
 N_CTX = 2048
 PROMPT_TOKENS = 200
 GEN_TOKENS = 32
@@ -74,14 +76,16 @@ def _measure_generation(llm, tokens: list[int], count: int) -> tuple[float, floa
     return (first - start) * 1000, (produced - 1) / max(end - first, 1e-9)
 
 
-def run_benchmark(model_path: Path, threads: int, *, progress: bool = True) -> dict:
-    """Load the model with ``threads`` threads and measure it; returns the result dict."""
+def run_benchmark(model_path: Path, threads: int, *, progress: bool = True, offload: Offload | None = None) -> dict:
+    """Load the model with ``threads`` threads (and `offload`'s layers on the GPU) and measure
+    it; returns the result dict, which says where it ran."""
     from mahout.runners.llama import load_llama
 
+    offload = offload or Offload(0, 0, 0.0, "cpu")
     with tqdm(total=3, desc="benchmark", unit="phase", disable=not progress) as bar:
         bar.set_postfix_str("loading")
         loading = time.perf_counter()
-        llm = load_llama(model_path, n_ctx=N_CTX, threads=threads)
+        llm = load_llama(model_path, n_ctx=N_CTX, threads=threads, gpu_layers=offload.layers)
         load_ms = (time.perf_counter() - loading) * 1000
         bar.update(1)
         tokens = _prompt_tokens(llm, PROMPT_TOKENS)
@@ -100,6 +104,9 @@ def run_benchmark(model_path: Path, threads: int, *, progress: bool = True) -> d
         "memory_mb": round(memory_mb, 1),
         "threads": threads,
         "load_ms": round(load_ms, 1),  # the gateway's start bound for a job on a cold host
+        "device": offload.device,
+        "gpu_layers": offload.layers,
+        "vram_mb": offload.vram_mb,
     }
 
 
@@ -143,7 +150,7 @@ def _measure_throughput(runner, texts: list[str], bar: tqdm) -> tuple[float, flo
     return len(texts) / elapsed, tokens / elapsed
 
 
-def run_embeddings_benchmark(model_dir: Path, threads: int, *, progress: bool = True) -> dict:
+def run_embeddings_benchmark(model_dir: Path, threads: int, *, progress: bool = True, offload: Offload | None = None) -> dict:
     """Load the embeddings model with ``threads`` threads and measure it.
 
     The gateway's qualification body has one shape for every model: embedded input tokens
@@ -182,14 +189,15 @@ def _cache_key(model: str, fingerprint: str, sha256: str) -> str:
     return f"{model}|{fingerprint}|{sha256}"
 
 
-def load_cached(home: Path, model: str, fingerprint: str, sha256: str, threads: int) -> dict | None:
-    """The cached result for this model, machine, file and thread count, or ``None``."""
+def load_cached(home: Path, model: str, fingerprint: str, sha256: str, threads: int, gpu_layers: int = 0) -> dict | None:
+    """The cached result for this model, machine, file, thread count and GPU offload, or ``None``."""
     try:
         cache = json.loads((home / QUALIFICATIONS_FILE).read_text())
     except (OSError, ValueError):
         return None
     result = cache.get(_cache_key(model, fingerprint, sha256))
-    return result if isinstance(result, dict) and result.get("threads") == threads else None
+    fits = isinstance(result, dict) and result.get("threads") == threads and result.get("gpu_layers", 0) == gpu_layers
+    return result if fits else None
 
 
 def store_cached(home: Path, model: str, fingerprint: str, sha256: str, result: dict) -> None:
@@ -206,14 +214,16 @@ def store_cached(home: Path, model: str, fingerprint: str, sha256: str, result: 
 def qualify(
     home: Path, model: str, model_path: Path, sha256: str, fingerprint: str, threads: int,
     *, rebenchmark: bool = False, progress: bool = True, measure: Callable[..., dict] | None = None,
+    offload: Offload | None = None,
 ) -> tuple[dict, bool]:
     """Return ``(result, from_cache)``: the cached benchmark, or a fresh one (then cached).
 
-    ``measure(model_path, threads, progress=…)`` runs the benchmark; the llama.cpp one by default.
+    ``measure(model_path, threads, progress=…, offload=…)`` runs the benchmark; the llama.cpp one by default.
     """
-    cached = None if rebenchmark else load_cached(home, model, fingerprint, sha256, threads)
+    cached = None if rebenchmark else load_cached(home, model, fingerprint, sha256, threads,
+                                                   offload.layers if offload else 0)
     if cached is not None:
         return cached, True
-    result = (measure or run_benchmark)(model_path, threads, progress=progress)
+    result = (measure or run_benchmark)(model_path, threads, progress=progress, offload=offload)
     store_cached(home, model, fingerprint, sha256, result)
     return result, False

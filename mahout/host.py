@@ -16,6 +16,7 @@ from mahout.api import HostApi, HostApiError, ServerUnavailable
 from mahout.benchmark import qualify
 from mahout.catalog import CATALOG, DEFAULT_MODELS, ModelSpec, checked_file, installed_models
 from mahout.fingerprint import machine_fingerprint, total_memory_mb
+from mahout.gpu import AUTO, Gpu, Offload, plan_offload
 from mahout.idle import IdleDetector
 from mahout.loader import ModelLoader, check_fits
 from mahout.loop import HostLoop
@@ -54,11 +55,51 @@ class Qualified:
     fingerprint: str
     machine: dict
     model: str = SHIPPED_MODEL
+    offload: Offload | None = None  # its layers on the GPU, when any
 
     @property
     def footprint_mb(self) -> float:
         """The memory the loading policy accounts for this model (its measured ``memory_mb``)."""
         return float(self.benchmark.get("memory_mb") or 0.0)
+
+    @property
+    def vram_mb(self) -> float:
+        """The GPU memory its weights take (0 on the CPU)."""
+        return float(self.benchmark.get("vram_mb") or 0.0)
+
+
+@dataclass(frozen=True)
+class GpuSetup:
+    """This machine's GPU as the host uses it: what `--gpu-layers` asked, the GPU found, and
+    whether llama.cpp can offload to it."""
+
+    requested: str | int = AUTO
+    gpu: Gpu | None = None
+    supported: bool = False
+
+    @property
+    def active(self) -> bool:
+        return self.gpu is not None and self.supported and self.requested != 0
+
+
+def gpu_setup(requested: str | int = AUTO, *, out: Callable[[str], None] = print) -> GpuSetup:
+    """Find the GPU once at start and say what will be used (or why not, and the fix)."""
+    from mahout.gpu import gpus_present, llama_backends, offload_supported, startup_report
+
+    gpus, supported = gpus_present(), offload_supported()
+    for line in startup_report(gpus, supported, llama_backends()):
+        out(line)
+    return GpuSetup(requested, gpus[0] if gpus else None, supported)
+
+
+def offload_for(spec: ModelSpec, path: Path, gpu: GpuSetup | None) -> Offload | None:
+    """How much of this model goes on the GPU (None: no GPU in use, or a model that runs on the CPU)."""
+    if gpu is None or not gpu.active or not spec.offloads:
+        return None
+    from mahout.gpu import model_layers
+
+    return plan_offload(gpu.requested, gpu=gpu.gpu, supported=gpu.supported, model_mb=path.stat().st_size / 2**20,
+                        n_layers=model_layers(path))
 
 
 def describe(spec: ModelSpec, result: dict) -> str:
@@ -66,21 +107,28 @@ def describe(spec: ModelSpec, result: dict) -> str:
     if spec.kind == "embeddings":
         return (f"{result['prompt_tps']} tok/s embedded ({result.get('inputs_per_s', '?')} inputs/s), "
                 f"{result['ttft_ms']} ms for one input, {result['memory_mb']} MB")
+    where = ""
+    if result.get("gpu_layers"):
+        where = f", {result['gpu_layers']} layers on {result.get('device')} (~{result.get('vram_mb', 0):.0f} MB of GPU memory)"
     return (f"{result['gen_tps']} tok/s generation, {result['prompt_tps']} tok/s prompt, "
-            f"{result['ttft_ms']} ms to first token, {result['memory_mb']} MB")
+            f"{result['ttft_ms']} ms to first token, {result['memory_mb']} MB{where}")
 
 
 def benchmark_model(
     name: str, home: Path, threads: int, *, rebenchmark: bool = False, out: Callable[[str], None] = print,
+    gpu: GpuSetup | None = None,
 ) -> Qualified:
-    """Find model ``name`` and benchmark it on this machine (or reuse the cached result)."""
+    """Find model ``name`` and benchmark it on this machine (or reuse the cached result), with
+    as many of its layers on the GPU as `gpu` plans."""
     spec = CATALOG[name]
     path, sha256 = spec.locate(home)
     checked_file(spec, path, sha256)
     fingerprint, facts = machine_fingerprint()
-    result, cached = qualify(home, name, path, sha256, fingerprint, threads, rebenchmark=rebenchmark, measure=spec.measure)
+    offload = offload_for(spec, path, gpu)
+    result, cached = qualify(home, name, path, sha256, fingerprint, threads, rebenchmark=rebenchmark, measure=spec.measure,
+                             offload=offload)
     out(f"mahout: benchmark of {name} ({'cached' if cached else 'measured'}): {describe(spec, result)}")
-    return Qualified(path, sha256, result, fingerprint, facts, name)
+    return Qualified(path, sha256, result, fingerprint, facts, name, offload)
 
 
 def benchmark_shipped(
@@ -141,7 +189,7 @@ def qualify_with_server(
 def start_host(
     api: HostApi, home: Path, threads: int, *, models: list[str] | tuple[str, ...] = DEFAULT_MODELS,
     memory_budget_mb: int | None = None, idle: IdleDetector | None = None,
-    rebenchmark: bool = False, out: Callable[[str], None] = print,
+    rebenchmark: bool = False, out: Callable[[str], None] = print, gpu: GpuSetup | None = None,
 ) -> HostLoop:
     """Qualify ``models`` with the server, load what fits in the budget (in the order
     given), and return a loop ready to :meth:`run`; the rest load when a job needs them.
@@ -150,13 +198,17 @@ def start_host(
     model alone does not fit in the budget.
     """
     budget = default_budget_mb() if memory_budget_mb is None else memory_budget_mb
-    measured = [benchmark_model(name, home, threads, rebenchmark=rebenchmark, out=out) for name in models]
-    check_fits({model.model: model.footprint_mb for model in measured}, budget)
+    measured = [benchmark_model(name, home, threads, rebenchmark=rebenchmark, out=out, gpu=gpu) for name in models]
+    vram_budget = gpu.gpu.free_mb if gpu is not None and gpu.active and gpu.gpu is not None else None
+    check_fits({model.model: model.footprint_mb for model in measured}, budget,
+               vram_mb={model.model: model.vram_mb for model in measured}, vram_budget_mb=vram_budget)
     accepted = qualify_with_server(api, measured, out=out)
     paths = {model.model: model.path for model in accepted}
+    offloads = {model.model: model.offload for model in accepted}
     loader = ModelLoader(
-        lambda name: CATALOG[name].open(paths[name], threads),
+        lambda name: CATALOG[name].open(paths[name], threads, offloads[name]),
         {model.model: model.footprint_mb for model in accepted}, budget, out=out,
+        vram_mb={model.model: model.vram_mb for model in accepted}, vram_budget_mb=vram_budget,
     )
     loader.preload([model.model for model in accepted])
     return HostLoop(api, loader, fingerprint=accepted[0].fingerprint, home=home, idle=idle,

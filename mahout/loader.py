@@ -34,12 +34,19 @@ def _close(runner: object) -> None:
         close()
 
 
-def check_fits(footprints_mb: dict[str, float], budget_mb: int) -> None:
-    """Raise :class:`BudgetError` naming every model that alone exceeds the budget."""
+def check_fits(footprints_mb: dict[str, float], budget_mb: int, *, vram_mb: dict[str, float] | None = None,
+               vram_budget_mb: float | None = None) -> None:
+    """Raise :class:`BudgetError` naming every model that alone exceeds the memory budget (or
+    the GPU's free memory, for the part of it planned there)."""
     too_big = {name: mb for name, mb in footprints_mb.items() if mb > budget_mb}
     if too_big:
         names = ", ".join(f"{name} (~{mb:.0f} MB)" for name, mb in too_big.items())
         raise BudgetError(f"{names} cannot fit in a memory budget of {budget_mb} MB; raise --memory-budget-mb")
+    if vram_budget_mb is not None:
+        too_big = {name: mb for name, mb in (vram_mb or {}).items() if mb > vram_budget_mb}
+        if too_big:
+            names = ", ".join(f"{name} (~{mb:.0f} MB)" for name, mb in too_big.items())
+            raise BudgetError(f"{names} cannot fit in the GPU's {vram_budget_mb:.0f} MB free; lower --gpu-layers")
 
 
 class ModelLoader:
@@ -52,10 +59,12 @@ class ModelLoader:
 
     def __init__(
         self, load: Callable[[str], object], footprints_mb: dict[str, float], budget_mb: int,
-        *, out: Callable[[str], None] = print,
+        *, out: Callable[[str], None] = print, vram_mb: dict[str, float] | None = None, vram_budget_mb: float | None = None,
     ) -> None:
-        check_fits(footprints_mb, budget_mb)
+        check_fits(footprints_mb, budget_mb, vram_mb=vram_mb, vram_budget_mb=vram_budget_mb)
         self._load, self.footprints_mb, self.budget_mb, self.out = load, dict(footprints_mb), budget_mb, out
+        self.vram_mb = {name: (vram_mb or {}).get(name, 0.0) for name in footprints_mb}  # GPU memory, counted apart
+        self.vram_budget_mb = vram_budget_mb
         self._runners: OrderedDict[str, object] = OrderedDict()  # least recently used first
         self._busy: dict[str, int] = {}
         self._lock = threading.Lock()  # guards _runners and _busy; never held while loading
@@ -103,7 +112,9 @@ class ModelLoader:
         """Load ``names`` in order while they fit without unloading anything; return those loaded."""
         done = []
         for name in names:
-            if self.used_mb() + self.footprints_mb[name] > self.budget_mb:
+            with self._lock:
+                fits = self._fits(list(self._runners), name)
+            if not fits:
                 continue
             with self.acquire(name):
                 done.append(name)
@@ -135,6 +146,12 @@ class ModelLoader:
                 self._runners[name] = runner
                 return self._use(name)
 
+    def _fits(self, loaded: list[str], name: str) -> bool:
+        """Whether `name` fits beside `loaded`: in the memory budget, and its GPU part in the GPU's."""
+        if sum(self.footprints_mb[n] for n in loaded) + self.footprints_mb[name] > self.budget_mb:
+            return False
+        return self.vram_budget_mb is None or sum(self.vram_mb[n] for n in loaded) + self.vram_mb[name] <= self.vram_budget_mb
+
     def _use(self, name: str) -> object:
         """Under the lock: count a user and move ``name`` to the most recently used end."""
         self._busy[name] = self._busy.get(name, 0) + 1
@@ -143,10 +160,9 @@ class ModelLoader:
 
     def _make_room(self, name: str) -> None:
         """Unload idle models, least recently used first, until ``name`` fits in the budget."""
-        need = self.footprints_mb[name]
         while True:
             with self._lock:
-                if sum(self.footprints_mb[n] for n in self._runners) + need <= self.budget_mb:
+                if self._fits(list(self._runners), name):
                     return
                 victim = next((n for n in self._runners if not self._busy.get(n)), None)
                 if victim is None:

@@ -37,10 +37,12 @@ def cpu_advertises_amx(cpuinfo: str | None = None) -> bool:
     return any(line.startswith("flags") and " amx_tile" in line for line in cpuinfo.splitlines())
 
 
-def load_llama(model_path: str | Path, *, n_ctx: int, threads: int, logits_all: bool = False) -> Llama:
+def load_llama(
+    model_path: str | Path, *, n_ctx: int, threads: int, logits_all: bool = False, gpu_layers: int = 0,
+) -> Llama:
     """Load a GGUF with llama-cpp-python, quietly, with ``threads`` for prompt and generation
     (``logits_all`` keeps every position's logits, for log-probabilities: the gateway's canary
-    references).
+    references) and ``gpu_layers`` of its layers on the GPU (llama.cpp's n_gpu_layers).
 
     On CPUs that advertise AMX, ggml's extra (AMX/repack) weight buffers are turned off:
     virtual machines often advertise AMX without enabling its tile state, and the first
@@ -63,7 +65,7 @@ def load_llama(model_path: str | Path, *, n_ctx: int, threads: int, logits_all: 
         try:
             return llama_module.Llama(
                 model_path=str(model_path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False,
-                logits_all=logits_all,
+                logits_all=logits_all, n_gpu_layers=gpu_layers,
             )
         finally:
             llama_module.llama_cpp.llama_model_default_params = original
@@ -332,10 +334,10 @@ class ContextOverflowError(RequestRejected):
 class LlamaRunner:
     """Streams completions for jobs from a GGUF model loaded once and reused."""
 
-    def __init__(self, model_path: str | Path, threads: int, n_ctx: int = 4096) -> None:
+    def __init__(self, model_path: str | Path, threads: int, n_ctx: int = 4096, gpu_layers: int = 0) -> None:
         self.model_path = Path(model_path)
         self.n_ctx = n_ctx
-        self._llm = load_llama(self.model_path, n_ctx=n_ctx, threads=threads)
+        self._llm = load_llama(self.model_path, n_ctx=n_ctx, threads=threads, gpu_layers=gpu_layers)
         self.finish_reason = "stop"
         self.completion_tokens = 0
         self._vocab: Vocab | None = None
