@@ -12,6 +12,7 @@ import sys
 
 import torch
 
+from engine.device import add_device_argument
 from engine.generate import build_stages, even_split, generate
 from engine.gguf_loader import default_model_path, read_config
 from engine.gguf_meta import open_gguf
@@ -30,6 +31,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=0.0, help="0 means greedy")
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--n-ctx", type=int, default=1024)
+    add_device_argument(gen)
     tiny = commands.add_parser("make-tiny-moe", help="write a small MoE GGUF with seeded random weights")
     tiny.add_argument("path")
     tiny.add_argument("--seed", type=int, default=0)
@@ -49,7 +51,8 @@ def _generate(args: argparse.Namespace) -> int:
     model_path = args.model or default_model_path()
     tokenizer = Tokenizer(model_path)
     config = read_config(open_gguf(model_path))
-    stages = build_stages(model_path, even_split(config.n_layers, args.stages), n_rows=1, n_ctx=args.n_ctx)
+    stages = build_stages(model_path, even_split(config.n_layers, args.stages), n_rows=1, n_ctx=args.n_ctx,
+                          device=args.device)
     prompt_ids = tokenizer.encode(args.prompt)
     result = generate(
         stages,
@@ -63,7 +66,7 @@ def _generate(args: argparse.Namespace) -> int:
     print(
         f"prompt {len(prompt_ids)} tokens in {result.prefill_s:.3f} s; "
         f"{len(result.token_ids)} generated, decode {result.decode_tokens_per_s:.1f} tokens/s "
-        f"({torch.get_num_threads()} threads, {len(stages)} stage(s))",
+        f"({torch.get_num_threads()} threads, {len(stages)} stage(s), on {args.device})",
         file=sys.stderr,
     )
     return 0

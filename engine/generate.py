@@ -26,14 +26,14 @@ def even_split(n_layers: int, n_stages: int) -> list[tuple[int, int]]:
 
 def build_stages(
     model_path: str | Path, ranges: Sequence[tuple[int, int]], *, n_rows: int = 4, n_ctx: int = 1024,
-    share_output: bool = False,
+    share_output: bool = False, device: torch.device | str = "cpu",
 ) -> list[Stage]:
     """One Stage per range, each loading only its own tensors (`share_output`: as a ring's
-    stages do, the head and the tail each hold half of the output head)."""
+    stages do, the head and the tail each hold half of the output head) on `device`."""
     stages = []
     for start, end in ranges:
         config, weights = load_stage(model_path, start, end, share_output=share_output)
-        stages.append(Stage(config, weights, start, end, n_rows=n_rows, n_ctx=n_ctx))
+        stages.append(Stage(config, weights, start, end, n_rows=n_rows, n_ctx=n_ctx, device=device))
     return stages
 
 

@@ -146,7 +146,7 @@ class QuantizedEmbedding:
     qtype: GGMLQuantizationType
 
     def rows(self, token_ids: torch.Tensor) -> torch.Tensor:
-        picked = self.data[token_ids.numpy()]  # (T, bytes_per_row)
+        picked = self.data[token_ids.cpu().numpy()]  # (T, bytes_per_row)
         return dequantize_rows(picked, self.qtype).to(WEIGHT_DTYPE).float()  # (T, D), as a dense table gives them
 
 

@@ -169,6 +169,20 @@ class StageWeights:
     vocab_lo: int = 0  # first vocabulary row of `output` (0 unless the output head is shared)
     names: frozenset[str] = field(default_factory=frozenset)  # GGUF tensors this stage read
 
+    def to_device(self, device: torch.device) -> None:
+        """Move every tensor to `device` (a quantised embedding table stays in host memory:
+        its rows are dequantised there and sent over)."""
+        for layer in self.layers:
+            for name, value in vars(layer).items():
+                if isinstance(value, torch.Tensor):
+                    setattr(layer, name, value.to(device))
+        if isinstance(self.embedding, DenseEmbedding):
+            self.embedding.table = self.embedding.table.to(device)
+        if self.output_norm is not None:
+            self.output_norm = self.output_norm.to(device)
+        if self.output is not None:
+            self.output = self.output.to(device)
+
 
 def output_share(vocab_size: int, start: int, end: int, n_layers: int) -> tuple[int, int] | None:
     """The vocabulary rows [lo, hi) of the output head a ring stage over [start, end) holds
@@ -200,12 +214,12 @@ class KVCache:
     row's new owner has written itself.
     """
 
-    def __init__(self, config: Config, n_layers: int, n_rows: int, n_ctx: int) -> None:
+    def __init__(self, config: Config, n_layers: int, n_rows: int, n_ctx: int, *, device: torch.device | None = None) -> None:
         if n_ctx > config.context_length:
             raise ValueError(f"n_ctx {n_ctx} exceeds the model's context length {config.context_length}")
         shape = (n_layers, n_rows, n_ctx, config.n_kv_heads, config.head_dim)
-        self.k = torch.zeros(shape)  # (L, R, C, KV, Hd)
-        self.v = torch.zeros(shape)  # (L, R, C, KV, Hd)
+        self.k = torch.zeros(shape, device=device)  # (L, R, C, KV, Hd)
+        self.v = torch.zeros(shape, device=device)  # (L, R, C, KV, Hd)
         self.n_rows = n_rows
         self.n_ctx = n_ctx
         self._row_of: dict[str, int] = {}
@@ -258,7 +272,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, base: float, scale: float) ->
     """NEOX rotary embedding: rotate the two halves of each head by position * base^(-2i/Hd)."""
     # x: (T, heads, Hd); positions: (T,)
     half = x.shape[-1] // 2
-    inv_freq = base ** (-torch.arange(half, dtype=torch.float64) * 2 / x.shape[-1])  # (Hd/2,)
+    inv_freq = base ** (-torch.arange(half, dtype=torch.float64, device=x.device) * 2 / x.shape[-1])  # (Hd/2,)
     angles = (positions.to(torch.float64) * scale)[:, None] * inv_freq[None, :]  # (T, Hd/2)
     cos = angles.cos().to(x.dtype)[:, None, :]  # (T, 1, Hd/2)
     sin = angles.sin().to(x.dtype)[:, None, :]  # (T, 1, Hd/2)
@@ -315,7 +329,7 @@ def cached_attention(
     (also limited to the last `window` positions when given)."""
     # q: (T, H, Hd); k, v: (T, KV, Hd); positions, rows: (T,) -> (T, H, Hd)
     cache.write(layer, rows, positions, k, v)
-    out = torch.empty(q.shape, dtype=q.dtype)  # (T, H, Hd)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # (T, H, Hd)
     for row in rows.unique().tolist():
         mine = (rows == row).nonzero().squeeze(1)  # (Tr,) token indices of this request
         q_pos = positions[mine]  # (Tr,)
@@ -344,7 +358,7 @@ def _attend(
     scores = torch.einsum("tkgd,skd->kgts", qg, keys) * scale  # (KV, G, Tr, S)
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
-    k_pos = torch.arange(s)  # (S,)
+    k_pos = torch.arange(s, device=keys.device)  # (S,)
     visible = k_pos[None, :] <= q_pos[:, None]  # (Tr, S)
     if window is not None:
         visible &= (q_pos[:, None] - k_pos[None, :]) < window
@@ -372,7 +386,10 @@ class Stage:
         *,
         n_rows: int = 4,
         n_ctx: int = 1024,
+        device: torch.device | str = "cpu",
     ) -> None:
+        """`device`: where the weights and the cache live (see `engine.device`); inputs are
+        taken from, and results handed back on, the CPU."""
         if not 0 <= start < end <= config.n_layers:
             raise ValueError(f"bad layer range [{start}, {end}) for {config.n_layers} layers")
         if (weights.start, weights.end) != (start, end):
@@ -391,7 +408,10 @@ class Stage:
         if not self.is_tail and weights.output is not None and (not self.is_head or weights.output.shape[0] >= config.vocab_size):
             raise ValueError("the output head belongs to the tail stage; the head may hold only a share of it")
         self.shares_output = has_output and weights.output.shape[0] < config.vocab_size  # type: ignore[union-attr]
-        self.cache = KVCache(config, end - start, n_rows, n_ctx)
+        self.device = torch.device(device)
+        if self.device.type != "cpu":
+            weights.to_device(self.device)
+        self.cache = KVCache(config, end - start, n_rows, n_ctx, device=self.device)
 
     @property
     def vocab_slice(self) -> tuple[int, int] | None:
@@ -409,9 +429,13 @@ class Stage:
         """Logits of this stage's vocabulary rows for final-normed hidden states (soft-capped)."""
         # normed: (R, D) -> (R, V_s)
         assert self.weights.output is not None, "this stage holds no output head"
-        logits = linear(normed, self.weights.output)  # (R, V_s)
+        logits = linear(normed.to(self.device), self.weights.output)  # (R, V_s)
         cap = self.config.final_logit_softcap
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+        return self._host(logits if cap is None else torch.tanh(logits / cap) * cap)
+
+    def _host(self, t: torch.Tensor) -> torch.Tensor:
+        """A result, on the CPU (where the wire and the callers take it)."""
+        return t if self.device.type == "cpu" else t.cpu()
 
     def forward_rows(self, x: torch.Tensor, membership: Sequence[RowSpan], *, normed: bool = False) -> torch.Tensor:
         """Run one packed pass described by its batch membership, as the ring forwards it.
@@ -446,18 +470,21 @@ class Stage:
         if logits_for is not None and not self.is_tail:
             raise ValueError("logits_for only applies to the tail stage")
         self.cache.check(positions, cache_rows)
+        if self.device.type != "cpu":
+            x, positions, cache_rows = x.to(self.device), positions.to(self.device), cache_rows.to(self.device)
+            logits_for = None if logits_for is None else logits_for.to(self.device)
         embedding = self.weights.embedding  # present exactly at the head (checked in __init__)
-        h = x if embedding is None else embedding.rows(x) * self.config.embed_scale  # (T, D)
+        h = x if embedding is None else embedding.rows(x).to(self.device) * self.config.embed_scale  # (T, D)
         for local_index, layer in enumerate(self.weights.layers):
             h = self._block(layer, local_index, h, positions, cache_rows)  # (T, D)
             if capture is not None:
-                capture[layer.index] = h
+                capture[layer.index] = self._host(h)
         if not self.is_tail:
-            return h
+            return self._host(h)
         if logits_for is not None:
             h = h[logits_for]  # (T', D)
         normed = self.final_norm(h)  # (T', D)
-        return normed if normed_only else self.logits(normed)  # (T', D) or (T', V_s)
+        return self._host(normed) if normed_only else self.logits(normed)  # (T', D) or (T', V_s)
 
     __call__ = forward
 

@@ -61,14 +61,23 @@ class ExpertBank:
     def holds(self, expert: int) -> bool:
         return self.first <= expert < self.first + self.count
 
+    def to_device(self, device: torch.device) -> ExpertBank:
+        """Keep the experts' matrices on `device` (a worker's GPU, see `engine.device`);
+        inputs and results stay on the CPU, where the wire takes them."""
+        self.gate, self.up, self.down = self.gate.to(device), self.up.to(device), self.down.to(device)
+        return self
+
     def compute(self, expert: int, x: torch.Tensor) -> torch.Tensor:
         """SwiGLU expert: down(silu(gate x) * up x)."""
         # x: (N, D) -> (N, D)
         if not self.holds(expert):
             raise KeyError(f"expert {expert} of layer {self.layer} is not in [{self.first}, {self.first + self.count})")
         i = expert - self.first
-        hidden = torch.nn.functional.silu(x @ self.gate[i].T) * (x @ self.up[i].T)  # (N, F)
-        return hidden @ self.down[i].T  # (N, D)
+        device = self.gate.device
+        on = x if x.device == device else x.to(device)
+        hidden = torch.nn.functional.silu(on @ self.gate[i].T) * (on @ self.up[i].T)  # (N, F)
+        out = hidden @ self.down[i].T  # (N, D)
+        return out if out.device == x.device else out.to(x.device)
 
     def compute_many(self, inputs: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
         return {expert: self.compute(expert, x) for expert, x in inputs.items()}

@@ -38,6 +38,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     volunteer.add_argument("--max-slices", type=int, default=None, help="exit after serving this many slices")
     volunteer.add_argument("--poll", type=float, default=1.0, help="seconds between volunteer polls")
     volunteer.add_argument("--heartbeat", type=float, default=2.0, help="seconds between heartbeats")
+    from engine.device import add_device_argument
+
+    add_device_argument(volunteer)
     coordinator = roles.add_parser("coordinator", help="serve a whole MoE model through the marketplace")
     coordinator.add_argument("--server", help="gateway URL (default: from `mahout login`, or $MAHOUT_SERVER)")
     coordinator.add_argument("--token", help="host token (visible in ps: prefer `mahout login` or $MAHOUT_TOKEN)")
@@ -88,7 +91,8 @@ def cmd_moe(args: argparse.Namespace, *, say: Callable[[str], None]) -> int:
     client = MeshClient(args.server, args.token)
     with tempfile.TemporaryDirectory(prefix="mahout-moe-") as scratch:
         volunteer = Volunteer(client, Path(args.workdir or scratch), host=args.listen, advertise=args.advertise,
-                              relay=not (args.direct or args.advertise), poll_s=args.poll, heartbeat_s=args.heartbeat, out=say)
+                              relay=not (args.direct or args.advertise), poll_s=args.poll, heartbeat_s=args.heartbeat, out=say,
+                              device=args.device)
         try:
             served = volunteer.run(max_slices=args.max_slices)
         except KeyboardInterrupt:

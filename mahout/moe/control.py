@@ -148,8 +148,10 @@ class Volunteer:
     def __init__(
         self, client: MeshClient, workdir: Path, *, host: str = "127.0.0.1", advertise: str | None = None,
         relay: bool = True, poll_s: float = 1.0, heartbeat_s: float = 2.0, out: Callable[[str], None] = print,
+        device: object = None,
     ) -> None:
         self.client, self.workdir, self.host, self.advertise = client, workdir, host, advertise or host
+        self.device = device  # a torch device for the experts (None: the CPU)
         self.relay = relay
         self.poll_s, self.heartbeat_s, self.out = poll_s, heartbeat_s, out
         self._stop = threading.Event()
@@ -169,6 +171,8 @@ class Volunteer:
         worker_id = slice_["worker"]
         path = self.client.download_slice(worker_id, self.workdir / f"slice-{worker_id}.gguf")
         config, bank = load_expert_slice(path, slice_["layer"], slice_["first"], slice_["count"])
+        if self.device is not None and getattr(self.device, "type", "cpu") != "cpu":
+            bank.to_device(self.device)
         caps = worker_caps(d_model=config.d_model, count=slice_["count"], context_length=config.context_length)
         server = ExpertServer(bank, secret=slice_["secret"], caps=caps, host=self.host).start()
         link = RelayWorkerLink(self.client.server, self.client.token, worker_id, server, out=self.out) if self.relay else None

@@ -26,6 +26,7 @@ import time
 
 import torch
 
+from engine.device import add_device_argument
 from engine.moe import ExpertBank
 from engine.moe_loader import load_expert_slice
 from mahout.link import FrameCaps, HandshakeSlots, Link, LinkClosed, LinkRefused, accept, listen
@@ -145,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
+    add_device_argument(parser)
     args = parser.parse_args(argv)
     secret = os.environ.get(SECRET_ENV, "")
     if not secret:
@@ -153,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     torch.set_num_threads(args.threads)
     config, bank = load_expert_slice(args.model, args.layer, args.first, args.count)
+    if args.device.type != "cpu":
+        bank.to_device(args.device)
     caps = worker_caps(d_model=config.d_model, count=args.count, context_length=config.context_length)
     server = ExpertServer(bank, secret=secret, caps=caps, host=args.host, port=args.port).start()
     print(f"expert worker listening on {server.address[0]}:{server.address[1]}", flush=True)

@@ -52,6 +52,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     stage.add_argument("--threads", type=int, default=1, help="torch threads")
     stage.add_argument("--slots", type=int, default=None, help="requests in flight at once (default: 2 x micro-batch)")
     stage.add_argument("--n-ctx", type=int, default=1024)
+    from engine.device import add_device_argument
+
+    add_device_argument(stage)
     stage.add_argument("--model", default=None, help="GGUF path (default: the shipped Gemma 3 270M)")
     stage.add_argument("--once", action="store_true", help="exit when the ring session ends instead of rejoining")
 
@@ -100,7 +103,8 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
         while True:
             server = listen(*bind)
             address = advertised_address(server, args.advertise, args.server)
-            stage = Stage(config, weights, start, end, n_rows=args.slots or 2 * limits.micro_batch, n_ctx=args.n_ctx)
+            stage = Stage(config, weights, start, end, n_rows=args.slots or 2 * limits.micro_batch, n_ctx=args.n_ctx,
+                          device=args.device)
             agent = StageAgent(
                 stage, limits=limits, secret=secret, server=server, index=args.stage,
                 dial_next=lambda: dial_stage(api, args.ring, following, secret=secret, caps=caps, timeout=args.wait,

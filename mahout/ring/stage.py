@@ -679,6 +679,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--row-width", type=int, required=True)
     parser.add_argument("--slots", type=int, default=None, help="requests in flight at once (default: 2 x micro-batch)")
     parser.add_argument("--n-ctx", type=int, default=512)
+    from engine.device import add_device_argument
+
+    add_device_argument(parser)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--whole-output", action="store_true",
                         help="the tail holds the whole output head (default: head and tail share it; every stage must agree)")
@@ -694,7 +697,8 @@ def main(argv: list[str] | None = None) -> int:
     limits = Limits(micro_batch=args.micro_batch, row_width=args.row_width)
     server = listen(*_address(args.listen))
     config, weights = load_stage(args.model, args.start, args.end, share_output=not args.whole_output)
-    stage = Stage(config, weights, args.start, args.end, n_rows=args.slots or 2 * args.micro_batch, n_ctx=args.n_ctx)
+    stage = Stage(config, weights, args.start, args.end, n_rows=args.slots or 2 * args.micro_batch, n_ctx=args.n_ctx,
+                  device=args.device)
     agent = StageAgent(stage, limits=limits, secret=secret, next_address=_address(args.next), server=server,
                        index=args.index)
     threading.Thread(target=lambda: agent.ready.wait() and print("READY", flush=True), daemon=True).start()

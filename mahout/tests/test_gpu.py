@@ -143,11 +143,11 @@ class LoaderTests:
 class RealBuildTests:
     def test_asking_for_layers_on_a_cpu_only_build_still_serves(self) -> None:
         """llama.cpp keeps every layer on the CPU when its build has no GPU backend."""
-        from catalog.tokenizer import shipped_model_path  # (the gateway's assembled copy)
         from mahout.gpu import model_layers, offload_supported
+        from mahout.models import shipped_model_source_path
         from mahout.runners.llama import load_llama
 
-        path = Path(shipped_model_path())
+        path = shipped_model_source_path()
         assert model_layers(path) == 18 and offload_supported() is False
         llm = load_llama(path, n_ctx=128, threads=1, gpu_layers=19)
         try:
