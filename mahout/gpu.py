@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import platform
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from mahout.idle import run_command
 
 COMMAND_TIMEOUT_S = 5.0
 RESERVE_MB = 768.0  # left free on the GPU: the context's KV cache and llama.cpp's compute buffers
@@ -48,11 +49,7 @@ class Offload:
 
 
 def _run(argv: list[str]) -> str | None:
-    try:
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return result.stdout if result.returncode == 0 else None
+    return run_command(argv, timeout=COMMAND_TIMEOUT_S)
 
 
 def gpus_present(run: Callable[[list[str]], str | None] = _run, which: Callable[[str], str | None] = shutil.which,

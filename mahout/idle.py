@@ -18,10 +18,10 @@ COMMAND_TIMEOUT_S = 2.0
 DEFAULT_THRESHOLD_S = 120.0
 
 
-def _run(argv: list[str]) -> str | None:
+def run_command(argv: list[str], timeout: float = COMMAND_TIMEOUT_S) -> str | None:
     """Run a command with a timeout; its stdout, or ``None`` if it failed in any way."""
     try:
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False)
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return result.stdout if result.returncode == 0 else None
@@ -31,7 +31,7 @@ def xprintidle_seconds() -> float | None:
     """Seconds since the last X11 input, or ``None`` without xprintidle or a display."""
     if shutil.which("xprintidle") is None:
         return None
-    out = _run(["xprintidle"])
+    out = run_command(["xprintidle"])
     try:
         return int(out.strip()) / 1000.0 if out else None
     except ValueError:
@@ -59,7 +59,7 @@ def gpu_compute_pids() -> list[int]:
     """PIDs of processes computing on an NVIDIA GPU; [] without nvidia-smi."""
     if shutil.which("nvidia-smi") is None:
         return []
-    out = _run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"]) or ""
+    out = run_command(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"]) or ""
     return [int(line) for line in (s.strip() for s in out.splitlines()) if line.isdigit()]
 
 
