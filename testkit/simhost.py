@@ -24,6 +24,7 @@ import httpx
 
 from mahout.api import HostApiError
 from mahout.presence import Presence
+from protocol.catalog import MODEL_FILES
 
 FINGERPRINT = "s" * 64
 
@@ -66,10 +67,11 @@ class SimHost:
 
     def register(self, client: httpx.Client) -> None:
         for model in self.args.model:
-            response = self.call(client, "POST", "qualifications", {
-                "model": model, "fingerprint": FINGERPRINT, "machine": {"simulated": True},
-                "benchmark": {"prompt_tps": 100.0, "gen_tps": self.args.gen_tps, "ttft_ms": 10.0, "memory_mb": 1.0},
-            })
+            body = {"model": model, "fingerprint": FINGERPRINT, "machine": {"simulated": True},
+                    "benchmark": {"prompt_tps": 100.0, "gen_tps": self.args.gen_tps, "ttft_ms": 10.0, "memory_mb": 1.0}}
+            if model in MODEL_FILES:  # it says it has the catalog's file, as a cheat would (canaries catch those)
+                body["sha256"] = MODEL_FILES[model]["sha256"]
+            response = self.call(client, "POST", "qualifications", body)
             response.raise_for_status()
 
     def heartbeat(self, client: httpx.Client) -> None:
