@@ -224,6 +224,7 @@ def qualify(
                                                    offload.layers if offload else 0)
     if cached is not None:
         return cached, True
-    result = (measure or run_benchmark)(model_path, threads, progress=progress, offload=offload)
+    placed = {"offload": offload} if offload is not None else {}  # (a model that runs on the CPU is measured as before)
+    result = (measure or run_benchmark)(model_path, threads, progress=progress, **placed)
     store_cached(home, model, fingerprint, sha256, result)
     return result, False

@@ -41,13 +41,15 @@ def fake_models(monkeypatch) -> list[str]:
     """Benchmarks and loads that cost nothing; returns the names loaded, in order."""
     loads: list[str] = []
 
-    def benchmark_model(name: str, home: Path, threads: int, *, rebenchmark: bool = False, out: Callable[[str], None] = print) -> host.Qualified:
+    def benchmark_model(name: str, home: Path, threads: int, *, rebenchmark: bool = False, out: Callable[[str], None] = print,
+                        gpu: object = None) -> host.Qualified:
         result = {"prompt_tps": 1.0, "gen_tps": 1.0, "ttft_ms": 1.0, "memory_mb": FOOTPRINTS[name], "threads": threads}
         return host.Qualified(Path(name), "sha", result, "fp", {"hostname": "box"}, name)
 
     def spec(name: str) -> ModelSpec:
         real = CATALOG[name]
-        return ModelSpec(name, real.kind, (), real.locate, real.measure, lambda path, threads: loads.append(name) or name)
+        return ModelSpec(name, real.kind, (), real.locate, real.measure,
+                         lambda path, threads, offload=None: loads.append(name) or name)
 
     monkeypatch.setattr(host, "benchmark_model", benchmark_model)
     monkeypatch.setattr(host, "CATALOG", {name: spec(name) for name in (CHAT, EMBED)})
