@@ -234,16 +234,19 @@ def run_loops(loops: list[HostLoop], *, max_jobs: int | None = None, until: thre
 def _qualify(bridge: RingBridge, model_path: Path, api: HostApi, args: argparse.Namespace, pids: list[int],
              n_stages: int, say: Callable[[str], None]) -> str:
     """Benchmark the ring as it is and register the qualification; returns the fingerprint."""
+    from mahout.catalog import CATALOG, checked_file, file_sha256
     from mahout.fingerprint import machine_fingerprint
     from mahout.host import Qualified, register_when_reachable
     from mahout.models import SHIPPED_MODEL
 
+    sha256 = file_sha256(model_path)  # the catalog pins the file: the ring must run that very one
+    checked_file(CATALOG[SHIPPED_MODEL], model_path, sha256)
     runner = RingRunner(bridge, model_path, n_ctx=args.n_ctx)
     result = ring_benchmark(bridge, runner, threads=n_stages * args.threads, pids=pids, gen_tokens=args.bench_tokens)
     say(f"mahout: ring benchmark of {SHIPPED_MODEL}: {result['gen_tps']} tok/s generation, "
         f"{result['prompt_tps']} tok/s prompt, {result['ttft_ms']} ms to first token, {result['memory_mb']} MB")
     fingerprint, facts = machine_fingerprint()
-    register_when_reachable(api, Qualified(model_path, "", result, fingerprint, facts), out=say)
+    register_when_reachable(api, Qualified(model_path, sha256, result, fingerprint, facts), out=say)
     return fingerprint
 
 
