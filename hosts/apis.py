@@ -13,7 +13,7 @@ from rest_framework.views import APIView
 
 from core.errors import ApiError
 from core.http import INT_MAX, bearer_secret, holds_nul
-from core.openapi import HOST_TOKEN
+from core.openapi import ERROR, HOST_TOKEN
 from hosts import services
 from hosts.models import Host
 from hosts.selectors import host_from_secret
@@ -55,7 +55,7 @@ class QualificationRegisterApi(HostApi):
         model = serializers.CharField()
         fingerprint = serializers.CharField()
 
-    @extend_schema(responses={201: OutputSerializer})
+    @extend_schema(responses={201: OutputSerializer, 404: ERROR, 409: ERROR})
     def post(self, request: Request) -> Response:
         host = self.host(request)
         serializer = self.InputSerializer(data=request.data)

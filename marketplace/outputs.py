@@ -10,10 +10,45 @@ from rest_framework import serializers
 
 from core.openapi import ErrorSerializer, EventStream
 
+TOKEN = {"type": "object", "required": ["token", "logprob", "bytes"], "properties": {
+    "token": {"type": "string"}, "logprob": {"type": "number"}, "bytes": {"type": "array", "items": {"type": "integer"}}}}
+TOKEN_ENTRY = {**TOKEN, "required": [*TOKEN["required"], "top_logprobs"],
+               "properties": {**TOKEN["properties"], "top_logprobs": {"type": "array", "items": TOKEN}}}
+FINISH = "stop, length, tool_calls (the answer is a call), cancelled, or error (a failed choice among several)"
 
-@extend_schema_field({"type": "null", "description": "always null: log-probabilities are not offered"})
-class NoLogprobsField(serializers.JSONField):
+
+@extend_schema_field({"oneOf": [{"type": "null"}, {"type": "object", "required": ["content"], "properties": {
+    "content": {"type": "array", "items": TOKEN_ENTRY}, "refusal": {"type": "null"}}}],
+    "description": "with logprobs: each token of the text with its log-probability and the likeliest alternatives"})
+class ChatLogprobsField(serializers.JSONField):
     pass
+
+
+@extend_schema_field({"oneOf": [{"type": "null"}, {"type": "object", "required": ["tokens", "token_logprobs"], "properties": {
+    "tokens": {"type": "array", "items": {"type": "string"}},
+    "token_logprobs": {"type": "array", "items": {"type": "number"}},
+    "top_logprobs": {"type": "array", "items": {"type": "object", "additionalProperties": {"type": "number"}}},
+    "text_offset": {"type": "array", "items": {"type": "integer"}}}}],
+    "description": "with logprobs: the legacy completions shape"})
+class TextLogprobsField(serializers.JSONField):
+    pass
+
+
+TOOL_CALL = {"type": "object", "properties": {
+    "index": {"type": "integer"}, "id": {"type": "string"}, "type": {"type": "string", "enum": ["function"]},
+    "function": {"type": "object", "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}}}}}
+
+
+@extend_schema_field({"type": "array", "items": TOOL_CALL})
+class ToolCallsOutField(serializers.JSONField):
+    pass
+
+
+class ChoiceErrorSerializer(serializers.Serializer):
+    message = serializers.CharField()
+    type = serializers.CharField()
+    param = serializers.CharField(allow_null=True)
+    code = serializers.CharField(allow_null=True)
 
 
 class UsageSerializer(serializers.Serializer):
@@ -24,14 +59,16 @@ class UsageSerializer(serializers.Serializer):
 
 class AssistantMessageSerializer(serializers.Serializer):
     role = serializers.CharField(help_text="assistant")
-    content = serializers.CharField(allow_blank=True)
+    content = serializers.CharField(allow_blank=True, allow_null=True, help_text="null when the answer is tool calls")
+    tool_calls = ToolCallsOutField(required=False, help_text="the calls, with JSON arguments")
 
 
 class ChatChoiceSerializer(serializers.Serializer):
     index = serializers.IntegerField()
     message = AssistantMessageSerializer()
-    logprobs = NoLogprobsField()
-    finish_reason = serializers.CharField(help_text="stop or length")
+    logprobs = ChatLogprobsField()
+    finish_reason = serializers.CharField(help_text=FINISH)
+    error = ChoiceErrorSerializer(required=False, help_text="a failed choice among several (n > 1)")
 
 
 class ChatCompletionSerializer(serializers.Serializer):
@@ -48,8 +85,9 @@ class ChatCompletionSerializer(serializers.Serializer):
 class TextChoiceSerializer(serializers.Serializer):
     index = serializers.IntegerField()
     text = serializers.CharField(allow_blank=True)
-    logprobs = NoLogprobsField()
-    finish_reason = serializers.CharField(help_text="stop or length")
+    logprobs = TextLogprobsField()
+    finish_reason = serializers.CharField(help_text=FINISH)
+    error = ChoiceErrorSerializer(required=False, help_text="a failed choice among several (n > 1)")
 
 
 class TextCompletionSerializer(serializers.Serializer):
@@ -71,13 +109,14 @@ class ChunkExtrasSerializer(serializers.Serializer):
 class ChatDeltaSerializer(serializers.Serializer):
     role = serializers.CharField(required=False, help_text="assistant, on the first chunk")
     content = serializers.CharField(required=False, allow_blank=True)
+    tool_calls = ToolCallsOutField(required=False, help_text="a call's id and name, then its arguments")
 
 
 class ChatChunkChoiceSerializer(serializers.Serializer):
     index = serializers.IntegerField()
     delta = ChatDeltaSerializer()
-    logprobs = NoLogprobsField()
-    finish_reason = serializers.CharField(allow_null=True, help_text="null until the last chunk: stop or length")
+    logprobs = ChatLogprobsField()
+    finish_reason = serializers.CharField(allow_null=True, help_text=f"null until the choice's last chunk: {FINISH}")
 
 
 class ChatCompletionChunkSerializer(serializers.Serializer):
@@ -95,8 +134,8 @@ class ChatCompletionChunkSerializer(serializers.Serializer):
 class TextChunkChoiceSerializer(serializers.Serializer):
     index = serializers.IntegerField()
     text = serializers.CharField(allow_blank=True)
-    logprobs = NoLogprobsField()
-    finish_reason = serializers.CharField(allow_null=True, help_text="null until the last chunk: stop or length")
+    logprobs = TextLogprobsField()
+    finish_reason = serializers.CharField(allow_null=True, help_text=f"null until the choice's last chunk: {FINISH}")
 
 
 class TextCompletionChunkSerializer(serializers.Serializer):

@@ -82,12 +82,14 @@ class StopField(StoredField):
 class ToolCallsField(StoredField):
     """An assistant turn's earlier `tool_calls`, as OpenAI returned them."""
 
-    default_error_messages = {"invalid": "must be a list of {\"id\", \"type\": \"function\", \"function\": "
-                                         "{\"name\", \"arguments\"}} (arguments a JSON string)"}
+    default_error_messages = {"invalid": "must be a list of calls, each with an id, type \"function\" and a function "
+                                         "with a name and its arguments as a JSON string"}
 
     def to_internal_value(self, data: object) -> list[dict]:
         def valid(call: object) -> bool:
-            function = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(call, dict):
+                return False
+            function = call.get("function")
             return (isinstance(call.get("id"), str) and call.get("type", "function") == "function"  # type: ignore[union-attr]
                     and isinstance(function, dict) and isinstance(function.get("name"), str)
                     and isinstance(function.get("arguments"), str))

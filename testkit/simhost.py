@@ -139,7 +139,10 @@ class SimHost:
                 self.stream(client, job)
                 self.call_retrying(client, f"jobs/{job['id']}/complete", {"finish_reason": "stop"})
                 return
-            self.call(client, "POST", f"jobs/{job['id']}/tokens", {"seq": 0, "text": " sim"})
+            batch: dict = {"seq": 0, "text": " sim"}
+            if (job.get("params") or {}).get("logprobs") is not None:  # one token, as sure as can be
+                batch["logprobs"] = [{"token": " sim", "logprob": 0.0, "bytes": list(b" sim"), "top_logprobs": []}]
+            self.call(client, "POST", f"jobs/{job['id']}/tokens", batch)
             self.call(client, "POST", f"jobs/{job['id']}/complete", {"finish_reason": "stop"})
         except httpx.HTTPError:
             pass

@@ -91,10 +91,13 @@ def serving(fuzz_gateway: Gateway, catalog: CatalogModel) -> Iterator[Sim]:
 @schemathesis.check
 def no_server_error(ctx: schemathesis.CheckContext, response: schemathesis.Response, case: schemathesis.Case) -> bool | None:
     """Schemathesis's `not_a_server_error`, but for the 502 the simulated host earns on purpose: it
-    runs no model, so its answer to a request with a `response_format` is not the JSON asked for,
-    and the gateway refuses to pass it off as an answer (invalid_structured_output, nothing billed).
-    A host that honours `response_format` is marketplace/tests/test_structured_output.py's."""
-    if response.status_code == 502 and isinstance(case.body, dict) and case.body.get("response_format"):
+    runs no model, so its answer to a request with a `response_format` (or a required tool call,
+    which is one) is not the JSON asked for, and the gateway refuses to pass it off as an answer
+    (invalid_structured_output, nothing billed). A host that honours them is
+    marketplace/tests/test_structured_output.py's and test_tools_logprobs_choices.py's."""
+    body = case.body if isinstance(case.body, dict) else {}
+    asks_json = body.get("response_format") or (body.get("tools") and body.get("tool_choice") not in (None, "auto", "none"))
+    if response.status_code == 502 and asks_json:
         if response.json().get("error", {}).get("code") == "invalid_structured_output":
             return True
     return not_a_server_error(ctx, response, case)
