@@ -91,18 +91,31 @@ def _number(params: dict, key: str, default: float) -> float:
     return number
 
 
+LOOSE_CHAR = 'char ::= [^"\\\\]'  # llama-cpp-python's converter: any character but " and \\ in a string...
+STRICT_CHAR = 'char ::= [^"\\\\\\x7F\\x00-\\x1F]'  # ...JSON forbids control characters there too
+
+
+def strict_json_strings(gbnf: str) -> str:
+    """The converter's grammar with JSON's own string rule: llama-cpp-python's JSON-schema
+    converter lets a raw newline (or any control character) into a string, which no JSON
+    parser takes, so a host sampling under it could be failed for an answer its grammar
+    allowed (seen: a newline inside a hobby). llama.cpp's own JSON grammar already forbids them."""
+    return gbnf.replace(LOOSE_CHAR, STRICT_CHAR)
+
+
 def grammar_for(response_format: dict | None) -> object | None:
     """llama.cpp's grammar for a `response_format` (None: free text). The gateway checked
     that the schema converts; a host whose llama.cpp still refuses it rejects the request
     (the customer's, not a failure of the host)."""
     if not response_format:
         return None
-    from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar
+    from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar, json_schema_to_gbnf
 
     try:
         if response_format.get("type") == "json_object":
             return LlamaGrammar.from_string(JSON_GBNF, verbose=False)
-        return LlamaGrammar.from_json_schema(json.dumps(response_format.get("schema") or {}), verbose=False)
+        gbnf = json_schema_to_gbnf(json.dumps(response_format.get("schema") or {}))
+        return LlamaGrammar.from_string(strict_json_strings(gbnf), verbose=False)
     except Exception as exc:  # noqa: BLE001 (the converter raises whatever it meets)
         raise RequestRejected(f"response_format cannot be made into a grammar here: {exc}") from exc
 
@@ -122,6 +135,7 @@ class LazyGrammar:
     generated so far and feeds them to the grammar before each draw."""
 
     CANDIDATES = 16
+    DRAWS = 64  # when sampling: draws are cheap (see `_draws`), a miss costs a whole-vocabulary check
     BLOCK = 512  # tokens per block when drawing (Gemma 3's 262,144 are 512 blocks)
 
     def __init__(self, llm: Llama, grammar: object, *, prompt_len: int, temperature: float, top_p: float,
@@ -137,7 +151,7 @@ class LazyGrammar:
         self._seen = prompt_len
         self._temperature, self._top_p = temperature, top_p
         self._rng = np.random.default_rng(seed)
-        self._some = (llama_cpp.llama_token_data * self.CANDIDATES)()
+        self._some = (llama_cpp.llama_token_data * max(self.CANDIDATES, self.DRAWS))()
         n_vocab = llm.n_vocab()
         self._all = np.zeros(n_vocab, dtype=np.dtype([("id", np.intc), ("logit", np.single), ("p", np.single)], align=True))
         self._all["id"] = np.arange(n_vocab, dtype=np.intc)
@@ -168,14 +182,14 @@ class LazyGrammar:
 
     def _candidates(self, scores: npt.NDArray[np.single], weights: npt.NDArray[np.single] | None) -> list[int]:
         """Tokens to ask the grammar about first, in order: greedily, the CANDIDATES best;
-        otherwise CANDIDATES independent draws (taking the first the grammar allows is exact
+        otherwise DRAWS independent draws (taking the first the grammar allows is exact
         rejection sampling from the masked distribution)."""
         import numpy as np
 
         if weights is None:
             best = np.argpartition(-scores, self.CANDIDATES)[: self.CANDIDATES]
             return [int(t) for t in best[np.argsort(-scores[best])]]
-        return self._draws(weights, self.CANDIDATES)
+        return self._draws(weights, self.DRAWS)
 
     def _draws(self, weights: npt.NDArray[np.single], count: int) -> list[int]:
         """`count` independent draws from unnormalised `weights`, by inverse CDF in two

@@ -172,3 +172,34 @@ class LogprobTests:
         rest, later = self.pieces(runner, {**chat_job(ASK), "continuation": True, "rewrite": whole[:cut], "params": params})
         assert whole[:cut] + rest == whole
         assert "".join(entry["token"] for entry in later) == rest
+
+
+class StrictJsonStringTests:
+    def test_a_schemas_grammar_refuses_a_raw_newline_inside_a_string(self, runner):
+        """llama-cpp-python's converter lets control characters into strings; JSON does not
+        (a sampled answer once held a newline in a hobby, and no parser took it)."""
+        import ctypes
+        import math
+
+        import llama_cpp
+
+        from mahout.runners.llama import grammar_for
+
+        llm = runner._llm
+        grammar = grammar_for({"type": "json_schema", "name": "p",
+                               "schema": {"type": "object", "properties": {"name": {"type": "string"}}}})
+        sampler = llama_cpp.llama_sampler_init_grammar(
+            llama_cpp.llama_model_get_vocab(llm.model), grammar._grammar.encode(), grammar._root.encode())
+        try:
+            for token in llm.tokenize(b'{"name": "ab', add_bos=False):
+                llama_cpp.llama_sampler_accept(sampler, token)
+            newline, letter = llm.tokenize(b"\n", add_bos=False)[0], llm.tokenize(b"c", add_bos=False)[0]
+            data = (llama_cpp.llama_token_data * 2)()
+            for index, token in enumerate((newline, letter)):
+                data[index].id, data[index].logit, data[index].p = token, 0.0, 0.0
+            array = llama_cpp.llama_token_data_array(data=ctypes.cast(data, ctypes.POINTER(llama_cpp.llama_token_data)),
+                                                     size=2, selected=-1, sorted=False)
+            llama_cpp.llama_sampler_apply(sampler, ctypes.byref(array))
+            assert math.isinf(data[0].logit) and not math.isinf(data[1].logit)
+        finally:
+            llama_cpp.llama_sampler_free(sampler)
