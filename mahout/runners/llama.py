@@ -136,6 +136,7 @@ class LazyGrammar:
 
     CANDIDATES = 16
     DRAWS = 64  # when sampling: draws are cheap (see `_draws`), a miss costs a whole-vocabulary check
+    WIDE = 1024  # the second round, before the whole vocabulary (forced literals are often unlikely tokens)
     BLOCK = 512  # tokens per block when drawing (Gemma 3's 262,144 are 512 blocks)
 
     def __init__(self, llm: Llama, grammar: object, *, prompt_len: int, temperature: float, top_p: float,
@@ -151,7 +152,7 @@ class LazyGrammar:
         self._seen = prompt_len
         self._temperature, self._top_p = temperature, top_p
         self._rng = np.random.default_rng(seed)
-        self._some = (llama_cpp.llama_token_data * max(self.CANDIDATES, self.DRAWS))()
+        self._some = (llama_cpp.llama_token_data * self.WIDE)()
         n_vocab = llm.n_vocab()
         self._all = np.zeros(n_vocab, dtype=np.dtype([("id", np.intc), ("logit", np.single), ("p", np.single)], align=True))
         self._all["id"] = np.arange(n_vocab, dtype=np.intc)
@@ -168,8 +169,12 @@ class LazyGrammar:
             self._lib.llama_sampler_accept(self._sampler, int(token))
         self._seen = len(input_ids)
         weights = None if self._temperature <= 0 else self._weights(scores)
-        choice = self._first_allowed(self._candidates(scores, weights))
-        if choice is None:  # none of the likely tokens: ask the grammar about every token
+        choice = None
+        for wide in (False, True):  # the likely tokens, then many more, before the whole vocabulary
+            choice = self._first_allowed(self._candidates(scores, weights, wide=wide))
+            if choice is not None:
+                break
+        if choice is None:  # none of them: ask the grammar about every token
             allowed = self._allowed(scores)
             if weights is None:
                 choice = int(np.argmax(np.where(allowed, scores, -np.inf)))
@@ -180,21 +185,24 @@ class LazyGrammar:
         only[choice] = scores[choice] if np.isfinite(scores[choice]) else 0.0
         return only
 
-    def _candidates(self, scores: npt.NDArray[np.single], weights: npt.NDArray[np.single] | None) -> list[int]:
-        """Tokens to ask the grammar about first, in order: greedily, the CANDIDATES best;
-        otherwise DRAWS independent draws (taking the first the grammar allows is exact
-        rejection sampling from the masked distribution)."""
+    def _candidates(self, scores: npt.NDArray[np.single], weights: npt.NDArray[np.single] | None, *, wide: bool) -> list[int]:
+        """Tokens to ask the grammar about, in order: greedily, the CANDIDATES (`wide`: WIDE)
+        best, best first; otherwise DRAWS (`wide`: WIDE) more independent draws. Taking the
+        first the grammar allows is exact either way: the best allowed token, or rejection
+        sampling from the masked distribution (a wide round continues the same sequence of
+        draws)."""
         import numpy as np
 
+        count = self.WIDE if wide else (self.CANDIDATES if weights is None else self.DRAWS)
         if weights is None:
-            best = np.argpartition(-scores, self.CANDIDATES)[: self.CANDIDATES]
-            return [int(t) for t in best[np.argsort(-scores[best])]]
-        return self._draws(weights, self.DRAWS)
+            best = np.argpartition(-scores, count)[:count]
+            return [int(t) for t in best[np.argsort(-scores[best], kind="stable")]]
+        return self._draws(weights, count)
 
     def _draws(self, weights: npt.NDArray[np.single], count: int) -> list[int]:
         """`count` independent draws from unnormalised `weights`, by inverse CDF in two
-        levels: the sums of blocks of BLOCK tokens, then the cumulative sum within the block
-        each draw falls in (a cumulative sum over the whole vocabulary costs milliseconds a
+        levels: the sums of blocks of BLOCK tokens, then the cumulative sums within the blocks
+        the draws fall in (a cumulative sum over the whole vocabulary costs milliseconds a
         token; NumPy's `choice` does one, after checking and normalising `p`)."""
         import numpy as np
 
@@ -204,15 +212,13 @@ class LazyGrammar:
         blocks = weights.reshape(-1, self.BLOCK)
         ends = np.cumsum(blocks.sum(axis=1, dtype=np.float64))
         targets = self._rng.random(count) * ends[-1]
-        drawn = []
-        for target in targets:
-            block = min(int(np.searchsorted(ends, target, side="right")), len(ends) - 1)
-            within = np.cumsum(blocks[block], dtype=np.float64) + (ends[block - 1] if block else 0.0)
-            token = block * self.BLOCK + min(int(np.searchsorted(within, target, side="right")), self.BLOCK - 1)
-            if token >= size or weights[token] <= 0:  # (rounding at a block's edge)
-                token = block * self.BLOCK + int(np.argmax(blocks[block]))
-            drawn.append(token)
-        return drawn
+        which = np.minimum(np.searchsorted(ends, targets, side="right"), len(ends) - 1)  # (count,) the blocks
+        before = np.where(which > 0, ends[which - 1], 0.0)
+        within = np.cumsum(blocks[which], axis=1, dtype=np.float64) + before[:, None]  # (count, BLOCK)
+        tokens = which * self.BLOCK + np.minimum((within <= targets[:, None]).sum(axis=1), self.BLOCK - 1)
+        edge = (tokens >= size) | (weights[np.minimum(tokens, len(weights) - 1)] <= 0)  # (rounding at a block's edge)
+        tokens[edge] = which[edge] * self.BLOCK + np.argmax(blocks[which[edge]], axis=1)
+        return [int(t) for t in tokens]
 
     def _weights(self, scores: npt.NDArray[np.single]) -> npt.NDArray[np.single]:
         """The temperature/top-p distribution llama.cpp would sample from, unnormalised (float32)."""
