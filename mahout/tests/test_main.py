@@ -47,6 +47,14 @@ class CommandLineTests:
         assert result.stdout.strip() == "[]"
 
 
+    def test_its_command_line_needs_no_torch(self):
+        """A host installed without the [ring] extra has no torch: `mahout --help` and `run` must not need it."""
+        code = ("import sys; from mahout.__main__ import build_parser; build_parser().parse_args(['run']); "
+                "print('torch' in sys.modules)")
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+        assert result.stdout.strip() == "False"
+
+
 class IdleDetectDefaultTests:
     def test_owner_detection_is_on_unless_turned_off(self):
         from mahout.__main__ import build_parser
