@@ -116,12 +116,12 @@ class Admitted:
                     return
                 finish = ended.finish_reason or "stop"
                 if holder is not None:
-                    held, logprobs, calls = holder.finish(request_id=row.public_id)
+                    held, logprobs, calls = holder.finish(request_id=row.public_id, cut=finish == "length")
                     if held:
                         yield chunk_body(row, text=held, offset=self.listener.sent, index=self.index, logprobs=logprobs)
                     for delta in call_deltas(calls or []):
                         yield chunk_body(row, text="", calls=delta, index=self.index)
-                    finish = "tool_calls" if calls else finish
+                    finish = "tool_calls" if calls and finish != "length" else finish
                 usage = usage_of(ended) if self.include_usage else None
                 yield chunk_body(ended, text="", finish_reason=finish, usage=usage, index=self.index)
                 yield "[DONE]"
@@ -303,7 +303,8 @@ class GenerationApi(AsyncApi):
                 if ended.status == Request.Status.FAILED:
                     return ended_error(ended)
                 text = "".join(parts)
-                calls = tool_calls_in(admitted.row.params.get("tools"), text, request_id=ended.public_id)
+                calls = tool_calls_in(admitted.row.params.get("tools"), text, request_id=ended.public_id,
+                                      cut=ended.finish_reason == "length")
                 return response_body(ended, text=text, calls=calls,
                                      logprobs=entries if admitted.listener.logprobs and not calls else None)
         finally:

@@ -78,7 +78,7 @@ def chat_logprobs(entries: list[dict] | None) -> dict | None:
 
 
 def response_body(row: Request, *, text: str, calls: list[dict] | None = None, logprobs: list[dict] | None = None) -> dict:
-    finish = "tool_calls" if calls else row.finish_reason or "stop"
+    finish = "tool_calls" if calls and row.finish_reason != "length" else row.finish_reason or "stop"
     if row.kind == Request.Kind.CHAT:
         message = {"role": "assistant", "content": None, "tool_calls": calls} if calls else \
             {"role": "assistant", "content": text}

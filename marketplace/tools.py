@@ -132,8 +132,10 @@ def _instructions(spec: dict) -> str:
             f'{{"{CALLS}": [{{"name": "<function name>", "arguments": {{<arguments>}}}}]}}')
 
 
-def tool_calls_in(spec: dict | None, text: str, *, request_id: str) -> list[dict] | None:
-    """The answer's calls in OpenAI's shape when it is exactly a valid call, else None."""
+def tool_calls_in(spec: dict | None, text: str, *, request_id: str, cut: bool = False) -> list[dict] | None:
+    """The answer's calls in OpenAI's shape when it is exactly a valid call, else None. An
+    answer `cut` by max_tokens keeps the calls it completed (a small model may list calls
+    until its budget runs out; the finish_reason still says "length")."""
     if spec is None or not text.lstrip().startswith("{"):
         return None
     from jsonschema import exceptions, validators
@@ -141,11 +143,37 @@ def tool_calls_in(spec: dict | None, text: str, *, request_id: str) -> list[dict
     try:
         value = json.loads(text)
         validators.validator_for(spec["schema"])(spec["schema"]).validate(value)
+        made = value[CALLS]
     except (ValueError, exceptions.ValidationError):
+        made = _completed_calls(spec, text) if cut else []
+    if not made:
         return None
     return [{"id": call_id(request_id, index), "type": "function",
              "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])}}
-            for index, call in enumerate(value[CALLS])]
+            for index, call in enumerate(made)]
+
+
+def _completed_calls(spec: dict, text: str) -> list[dict]:
+    """The calls a cut answer finished, in order: each a whole, valid item of its list."""
+    from jsonschema import validators
+
+    opening = text.find("[", text.find(f'"{CALLS}"'))
+    if text.find(f'"{CALLS}"') < 0 or opening < 0:
+        return []
+    calls_schema_ = spec["schema"]["properties"][CALLS]
+    valid = validators.validator_for(calls_schema_["items"])(calls_schema_["items"])
+    decoder, at, done = json.JSONDecoder(), opening + 1, []
+    while len(done) < calls_schema_["maxItems"]:
+        while at < len(text) and text[at] in " \t\r\n,":
+            at += 1
+        try:
+            item, at = decoder.raw_decode(text, at)
+        except ValueError:
+            break
+        if not valid.is_valid(item):
+            break
+        done.append(item)
+    return done
 
 
 def call_id(request_id: str, index: int) -> str:
@@ -178,8 +206,8 @@ class CallHolder:
                     return joined, entries
         return "", []
 
-    def finish(self, *, request_id: str) -> tuple[str, list[dict], list[dict] | None]:
-        """At the end: (content still to relay, its entries, the calls or None)."""
+    def finish(self, *, request_id: str, cut: bool = False) -> tuple[str, list[dict], list[dict] | None]:
+        """At the end: (content still to relay, its entries, the calls or None); `cut`: by max_tokens."""
         text = "".join(self.held)
-        calls = tool_calls_in(self.spec, text, request_id=request_id)
+        calls = tool_calls_in(self.spec, text, request_id=request_id, cut=cut)
         return ("", [], calls) if calls else (text, self.held_logprobs, None)

@@ -49,6 +49,17 @@ class ToolSpecTests:
                              request_id="x") is None  # a required argument missing: not a call
         assert tool_calls_in(spec, "It is sunny.", request_id="x") is None
 
+    def test_an_answer_cut_by_max_tokens_keeps_the_calls_it_completed(self) -> None:
+        spec = tools_spec(tools=TOOLS, tool_choice="required", parallel=None)
+        one = {"name": "get_time", "arguments": {"city": "Rome"}}
+        cut = '{"tool_calls": [' + json.dumps(one) + ', ' + json.dumps(one) + ', {"name": "get_weather", "argu'
+        calls = tool_calls_in(spec, cut, request_id="x", cut=True)
+        assert [json.loads(c["function"]["arguments"]) for c in calls] == [{"city": "Rome"}, {"city": "Rome"}]
+        assert tool_calls_in(spec, cut, request_id="x") is None, "an answer that ended is a call only when whole"
+        assert tool_calls_in(spec, '{"tool_calls": [{"name": "get_time", "argu', request_id="x", cut=True) is None
+        bad = '{"tool_calls": [{"name": "get_time", "arguments": {"town": "Rome"}}, ' + json.dumps(one)
+        assert tool_calls_in(spec, bad, request_id="x", cut=True) is None, "calls are kept up to the first invalid one"
+
     def test_a_named_choice_allows_that_function_once(self) -> None:
         spec = tools_spec(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_time"}}, parallel=None)
         one = {"name": "get_time", "arguments": {"city": "Oslo"}}
@@ -206,6 +217,15 @@ class RealHostTests:
         assert finish == "tool_calls"
         assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [
             (c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls], "greedy: the same call"
+
+        # Parallel calls (the default) cut by max_tokens: the calls completed are kept, finish_reason says "length".
+        cut = api.chat.completions.create(model="gemma-3-270m", messages=ASK, tools=TOOLS, tool_choice="required",
+                                          max_tokens=60, temperature=0)
+        if cut.choices[0].finish_reason == "length":
+            assert cut.choices[0].message.tool_calls, cut
+        for call in cut.choices[0].message.tool_calls or []:
+            schema = next(t["function"]["parameters"] for t in TOOLS if t["function"]["name"] == call.function.name)
+            jsonschema.validate(json.loads(call.function.arguments), schema)
 
         # A named function, then its result sent back: the model answers (text or another call), billed as usual.
         named = api.chat.completions.create(
