@@ -45,6 +45,7 @@ from hosts.models import Host
 from hosts.selectors import qualified_model_ids
 from hosts.services import host_maintenance_enter
 from marketplace import reputation
+from marketplace.lifecycle.queueing import new_public_id, request_submit
 from marketplace.models import CanaryCheck, CanaryReference, Request, TextChunk
 from protocol.turns import job_stop_strings, render_job
 
@@ -365,8 +366,6 @@ def _canary_key() -> ApiKey:
 @transaction.atomic
 def canary_send(*, host: Host) -> CanaryCheck | None:
     """Queue one canary for `host` (a model it qualified that has references), or None."""
-    from marketplace.services import new_public_id, request_submit
-
     model_ids = qualified_model_ids(host=host, fingerprint=host.fingerprint) if host.fingerprint else []
     references = list(CanaryReference.objects.filter(model_id__in=model_ids).values_list("pk", flat=True))
     if not references:

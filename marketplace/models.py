@@ -1,6 +1,8 @@
 """Customer requests and the jobs hosts claim."""
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
@@ -145,6 +147,42 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.pk} ({self.status})"
+
+
+class Liveness:
+    """The liveness rules of a job, each written once as a `Q` at the instant `now`: the
+    watchdog sweeps every job by them, and a quiet stream asks them of its own job
+    (`marketplace.lifecycle.watchdog`)."""
+
+    @staticmethod
+    def queue_expired(now: datetime) -> Q:
+        """Queued for longer than QUEUE_TIMEOUT_SECONDS: no host claimed it in time."""
+        return Q(status=Job.Status.QUEUED, created_at__lt=now - timedelta(seconds=settings.QUEUE_TIMEOUT_SECONDS))
+
+    @staticmethod
+    def offer_lapsed(now: datetime) -> Q:
+        """Queued with no live offer: routing may offer it to another warm host."""
+        return Q(status=Job.Status.QUEUED) & (Q(offer_until__isnull=True) | Q(offer_until__lt=now))
+
+    @staticmethod
+    def stalled(now: datetime) -> Q:
+        """A stream that stopped: no token for STALL_SECONDS after its first."""
+        return Q(status=Job.Status.RUNNING, first_token_at__isnull=False,
+                 last_token_at__lt=now - timedelta(seconds=settings.STALL_SECONDS))
+
+    @staticmethod
+    def unstarted_since(now: datetime) -> Q:
+        """Running with no token yet, claimed longer ago than any start bound can be short
+        (the least of STALL_SECONDS and the slack, at most the allowance): the jobs whose
+        start bound (`watchdog.job_start_overdue`, which reads each host's benchmark) is
+        worth checking."""
+        earliest = min(max(settings.STALL_SECONDS, settings.JOB_START_SLACK_SECONDS), settings.JOB_START_ALLOWANCE_SECONDS)
+        return Q(status=Job.Status.RUNNING, first_token_at__isnull=True, claimed_at__lt=now - timedelta(seconds=earliest))
+
+    @staticmethod
+    def past_deadline(now: datetime) -> Q:
+        """Running past its deadline (`queueing.job_limits`), however it trickles."""
+        return Q(status=Job.Status.RUNNING, deadline_at__lt=now)
 
 
 class TextChunk(models.Model):

@@ -27,7 +27,8 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from hosts.models import Host
-from marketplace.models import CanaryCheck, Job
+from hosts.services import host_maintenance_enter
+from marketplace.models import CanaryCheck, Job, Request
 
 SPEED_WEIGHT = 0.3  # each measured job moves the average this far towards itself
 MIN_MEASURED_TOKENS = 8  # shorter answers say more about the first token than the speed
@@ -135,3 +136,36 @@ def reputation_of(host: Host) -> Reputation:
         measured_tps=host.measured_tps, reported_tps=reported,
         overstated=overstated(reported_tps=reported, measured_tps=host.measured_tps), claim_cap=claim_cap(host),
     )
+
+
+# --- discipline: failures that rest a host ---------------------------------------
+
+
+def blame_corrected(*, request: Request, host: Host) -> int:
+    """`host` served a request an earlier host said could not be run: that host's failure
+    was its own after all (it counts toward its maintenance). Returns how many were."""
+    blamed = list(Job.objects.filter(request_id=request.pk, fail_cause="request").exclude(host_id=host.pk)
+                  .values_list("pk", "host_id"))
+    if blamed:
+        Job.objects.filter(pk__in=[pk for pk, _ in blamed]).update(fail_cause="host")
+        for host_id in {host_id for _, host_id in blamed}:
+            host_rest_if_unreliable(host_id=host_id)
+    return len(blamed)
+
+
+def host_rest_if_unreliable(*, host_id: int | None) -> bool:
+    """Put a host in maintenance once it has dropped or failed more than
+    HOST_MAX_FAILURES_PER_HOUR jobs in the last hour; its owner sees why."""
+    if host_id is None:
+        return False
+    since = timezone.now() - timedelta(hours=1)
+    failures = (
+        Job.objects.filter(host_id=host_id, status=Job.Status.FAILED, finished_at__gte=since).exclude(fail_cause="request").count()
+    )
+    if failures <= settings.HOST_MAX_FAILURES_PER_HOUR:
+        return False
+    reason = (
+        f"{failures} jobs dropped or failed in the last hour (the limit is {settings.HOST_MAX_FAILURES_PER_HOUR}). "
+        "Check the machine, then resume it."
+    )
+    return host_maintenance_enter(host=Host.objects.get(pk=host_id), reason=reason, by="automatic")

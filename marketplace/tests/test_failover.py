@@ -42,7 +42,7 @@ class ContinuationTests:
         assert payload == services.job_payload(continuation), "the long-poll's payload is the stored job's"
         assert payload["continuation"] and continuation.attempt == 2
         assert payload["messages"] == [*CHAT, {"role": "assistant", "content": "The elephant wal"}]
-        assert payload["params"]["max_tokens"] == 50 - services._count_output(request, "The elephant wal")
+        assert payload["params"]["max_tokens"] == 50 - services.count_output(request, "The elephant wal")
         resumed = Request.objects.get(pk=request.pk)
         assert (resumed.status, resumed.started_at) == ("running", started_at), "a continuation keeps the start"
 
@@ -75,8 +75,8 @@ class ContinuationTests:
         services.job_push_tokens(host=rescuer.host, job_id=continuation.pk, seq=0, text="ked slowly to the river.")
         done = services.job_complete(host=rescuer.host, job_id=continuation.pk, finish_reason="stop")
         row = done.request
-        whole = services._count_output(row, "The elephant walked slowly to the river.")
-        own = services._count_output(row, "ked slowly to the river.")
+        whole = services.count_output(row, "The elephant walked slowly to the river.")
+        own = services.count_output(row, "ked slowly to the river.")
         assert row.completion_tokens == whole and row.resumed
         assert row.cost_ucents == 12 * catalog.input_price_ucents + whole * catalog.output_price_ucents
         assert done.earned_ucents == own * catalog.output_price_ucents * 80 // 100

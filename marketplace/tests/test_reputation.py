@@ -300,7 +300,7 @@ class StopSequenceTests:
         services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=1, text="ND three four five")
         done = services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="length")
         assert done.request.finish_reason == "stop"
-        assert done.request.completion_tokens == services._count_output(request, " one two ")
+        assert done.request.completion_tokens == services.count_output(request, " one two ")
 
     def test_a_stream_never_relays_a_stop_sequence_split_across_batches(self) -> None:
         from marketplace.streaming import Ended, RequestListener, Text

@@ -3,15 +3,18 @@ stage hosts by the layers each ran, in integer µ¢, the floors' remainder to th
 each share on its host's statement and in its ledger account."""
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.db.models import Sum
+from django.utils import timezone
 
 from billing import selectors as ledger
 from billing.models import LedgerEntry, LedgerTransaction
 from billing.services import split_by_layers, split_cost
 from conftest import make_host
 from marketplace import selectors, services
-from marketplace.models import Job, StageShare
+from marketplace.models import Job, Request, StageShare
 from marketplace.tests.test_services import submit
 from mesh.rings.models import ModelLayout
 from mesh.rings.services import StageSpec, ring_plan_create
@@ -81,6 +84,23 @@ class RingPayTests:
             assert sum(line["earned_ucents"] for line in lines) == host_earned(serving.host)
         assert StageShare.objects.filter(host=bridge.host).count() == 0, "the bridge is paid on its job line"
         assert [line["ring"] for line in selectors.host_statement(host=bridge.host).jobs] == [None, None]
+
+    def test_an_abandoned_ring_request_pays_its_stage_hosts_as_a_completed_one_does(self, customer, catalog, ring) -> None:
+        plan, bridge, first, last, layers = ring
+        request = submit(customer, catalog, max_tokens=200, prompt_tokens=37)
+        job = services.job_claim_next(host=bridge.host, fingerprint=bridge.fingerprint)
+        services.job_push_tokens(host=bridge.host, job_id=job.pk, seq=0, text="The ring had said this much when")
+        Request.objects.filter(pk=request.pk).update(left_at=timezone.now() - timedelta(seconds=3600))
+        assert services.abandoned_request_end_one() is True
+        request.refresh_from_db()
+        assert (request.status, request.finish_reason) == ("completed", "cancelled") and request.cost_ucents > 0
+        share = split_cost(request.cost_ucents).host_ucents
+        expected = {host_id: share * count // plan.n_layers for host_id, count in layers.items()}
+        assert {h.host.pk: host_earned(h.host) for h in (bridge, first, last)} == expected
+        assert Job.objects.get(pk=job.pk).earned_ucents == expected[bridge.host.pk]
+        shares = dict(StageShare.objects.filter(job_id=job.pk).values_list("host_id", "earned_ucents"))
+        assert shares == {first.host.pk: expected[first.host.pk], last.host.pk: expected[last.host.pk]}
+        assert ledger.reconcile_report() == []
 
     def test_a_host_serving_on_its_own_machine_keeps_the_whole_share(self, customer, catalog) -> None:
         alone = make_host(name="alone")

@@ -1,0 +1,194 @@
+"""Money at the end of a request, written once (`settle`): the gateway's token count billed
+at most the hold, the host share split 80% (a continuation's host paid for its own part, a
+ring's share split by layers among its stage hosts), the hold settled, the prompt deleted.
+A host's completion, an answer whole before its host died, and a request whose customer
+left all settle through it. An answer that breaks what the request asked for is refused
+here, unbilled.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import transaction
+from django.utils import timezone
+
+from billing import services as billing
+from catalog.pricing import price
+from catalog.tokenizer import tokenizer_for
+from hosts.models import Host
+from marketplace import reputation
+from marketplace.canaries import canary_judge
+from marketplace.lifecycle.answers import (
+    answer_of,
+    count_output,
+    count_slack,
+    embeddings_checked,
+    finish_reason_checked,
+)
+from marketplace.lifecycle.claims import check_running
+from marketplace.lifecycle.errors import BadResult, JobNotRunning
+from marketplace.lifecycle.transitions import request_fail, request_settled
+from marketplace.models import Job, Request, StageShare, TextChunk
+from marketplace.reputation import blame_corrected, host_rest_if_unreliable
+from marketplace.structured import answer_problem
+from mesh.rings.models import RingPlan
+from mesh.rings.selectors import ring_layers
+
+
+@dataclass(frozen=True)
+class Completion:
+    request: Request
+    earned_ucents: int
+
+
+@transaction.atomic
+def job_complete(*, host: Host, job_id: int, finish_reason: str, embeddings: list | None = None) -> Completion:
+    """Settle the request: bill the counted tokens, pay the host 80%, delete the prompt.
+
+    An embeddings job completes with its vectors (one per input, checked here) and is
+    billed for its input tokens. Repeating the call for a job this host already
+    completed (its answer was lost) returns the same result and changes nothing. The
+    ledger posting comes last so the customer's hot balance row is locked only until
+    the commit.
+    """
+    job = (  # the job and its request locked in one statement, with what settling reads
+        Job.objects.select_for_update(of=("self", "request"))
+        .select_related("request", "request__model", "request__hold")
+        .filter(pk=job_id)
+        .first()
+    )
+    if job is not None and job.host_id == host.pk and job.status == Job.Status.COMPLETED:
+        return Completion(request=job.request, earned_ucents=job.earned_ucents)
+    check_running(job, host=host, job_id=job_id)
+    request = job.request
+    model = request.model
+    if request.kind == Request.Kind.EMBEDDINGS:  # all or nothing: whoever completes did all the work
+        result, completion_tokens, share = embeddings_checked(request=request, vectors=embeddings), 0, None
+    else:
+        if embeddings is not None:
+            raise BadResult(f"Job {job_id} is a {request.kind} job; it completes with text, not embeddings.")
+        delivered = request.delivered_text
+        text, stopped = answer_of(request, delivered)
+        counted = count_output(request, text)
+        max_tokens = int(request.params["max_tokens"])
+        if tokenizer_for(model.tokenizer).exact and counted > max_tokens + count_slack(max_tokens):
+            raise BadResult(
+                f"Job {job_id} delivered {counted} tokens; max_tokens is {max_tokens}. Nothing is settled for this attempt."
+            )
+        result, completion_tokens = None, min(counted, max_tokens)
+        finish_reason = "stop" if stopped else finish_reason_checked(
+            claimed=finish_reason, completion_tokens=completion_tokens, max_tokens=max_tokens)
+        problem = answer_problem(request.params.get("response_format"), text) if finish_reason == "stop" else None
+        if problem is not None:
+            return _answer_refused(job=job, request=request, why=f"structured output: {problem}", code="invalid_structured_output",
+                                   message=f"The host's answer did not meet response_format ({problem}); nothing was billed.")
+        if request.params.get("logprobs") is not None and TextChunk.objects.filter(job=job, logprobs__isnull=True).exists():
+            return _answer_refused(job=job, request=request, why="sent text without the log-probabilities asked for",
+                                   code="logprobs_missing", message="The host did not report the log-probabilities asked "
+                                   "for (a ring or an expert mesh cannot, nor mahout before 0.2.0); nothing was billed.")
+        share = rescuer_share(request=request, job=job, text=delivered, completion_tokens=completion_tokens)
+    now = timezone.now()
+    settled = settle(request=request, completion_tokens=completion_tokens, finish_reason=finish_reason, job=job, host=host,
+                     share=share, result=result, now=now)
+    if settled is None:  # the hold closed under us (expired): roll all of this back, the job ends anyway
+        raise JobNotRunning(f"Request {request.public_id} already ended.")
+    if request.kind != Request.Kind.EMBEDDINGS:  # only the host's own part of the answer says how fast it is
+        own = completion_tokens if job.attempt == 1 else count_output(request, delivered[len(delivered) - job.generated_chars:])
+        reputation.speed_measured(job=job, completion_tokens=own, now=now)
+    if request.kind != Request.Kind.EMBEDDINGS:
+        canary_judge(request=request, host=host, text=text, completion_tokens=completion_tokens)
+    reputation.trust_review(host_id=host.pk, now=now)
+    if job.requeue or job.attempt > 1:  # earlier attempts of this request exist: was one blamed on it wrongly?
+        blame_corrected(request=request, host=host)
+    request.status, request.completion_tokens, request.cost_ucents = Request.Status.COMPLETED, completion_tokens, settled.cost_ucents
+    request.finish_reason, request.messages, request.prompt, request.inputs = finish_reason, None, None, None
+    request.result = result
+    return Completion(request=request, earned_ucents=settled.earned_ucents)
+
+
+def _answer_refused(*, job: Job, request: Request, why: str, code: str, message: str) -> Completion:
+    """A finished answer that is not what the request asked for (it breaks its
+    `response_format`, it lacks the log-probabilities asked for) is never passed on as a
+    success: the attempt is the host's failure (it counts toward its rest) and the request
+    fails unbilled. No continuation: it would have to resume from that very text."""
+    Job.objects.filter(pk=job.pk, status=Job.Status.RUNNING).update(
+        status=Job.Status.FAILED, finished_at=timezone.now(), fail_reason=why[:500])
+    host_rest_if_unreliable(host_id=job.host_id)
+    request_fail(request=request, code=code, message=message)
+    return Completion(request=request, earned_ucents=0)
+
+
+def rescuer_share(*, request: Request, job: Job, text: str, completion_tokens: int) -> int | None:
+    """A continuation host earns 80% of the output it generated itself; the
+    first attempt's host (None here) earns the usual 80% of the whole cost."""
+    if job.attempt == 1:
+        return None
+    own = text[len(text) - job.generated_chars :] if job.generated_chars else ""
+    own_tokens = min(count_output(request, own), completion_tokens)
+    return billing.split_cost(price(request.model, prompt_tokens=0, completion_tokens=own_tokens)).host_ucents
+
+
+def ring_memo(ring: tuple[RingPlan, dict[int, int]]) -> str:
+    """A ring settlement's ledger memo: who ran how many of the ring's layers."""
+    plan, layers = ring
+    return f"ring {plan.pk}: " + ", ".join(f"host {host_id} {count}/{plan.n_layers} layers" for host_id, count in layers.items())
+
+
+def settle_without_host(*, request: Request, completion_tokens: int, finish_reason: str = "length") -> None:
+    """Every allowed token (or a stop sequence) was delivered before the host died: the
+    answer is whole, the customer pays for it, and no host is paid (none finished)."""
+    settle(request=request, completion_tokens=completion_tokens, finish_reason=finish_reason)
+
+
+@dataclass(frozen=True)
+class Settlement:
+    cost_ucents: int
+    earned_ucents: int  # what the host that finished the job (a ring's bridge) was paid
+
+
+def settle(
+    *, request: Request, completion_tokens: int, finish_reason: str, job: Job | None = None, host: Host | None = None,
+    share: int | None = None, result: list | None = None, note: str = "", now: datetime | None = None,
+) -> Settlement | None:
+    """Bill `completion_tokens` (at most the hold), end the request with `finish_reason` and
+    post the ledger: the one settlement every ending that bills goes through.
+
+    With a `host` (it finished `job`, a running attempt of `request`): the host share is
+    `share` (a continuation's own part, `rescuer_share`) or 80% of the cost; a host that
+    bridges a ring splits it by layers with its stage hosts, each paid and recorded as a
+    `StageShare`. The job is completed by a compare-and-set (`note` becomes its
+    `fail_reason`: why a job ended early still settled). Without a host, nobody is paid.
+    Returns None when the job was no longer running or the hold had already closed
+    (someone else got there first). The ledger posting comes last, so the customer's hot
+    balance row is locked only until the commit.
+    """
+    now = now or timezone.now()
+    cost = min(price(request.model, prompt_tokens=request.prompt_tokens, completion_tokens=completion_tokens),
+               request.hold.amount_ucents)
+    ring, paid, earned = None, {}, 0
+    if host is not None and job is not None:
+        hosts_share = share if share is not None else billing.split_cost(cost).host_ucents
+        ring = ring_layers(bridge_host_id=host.pk, model_id=request.model_id)
+        paid = billing.split_by_layers(hosts_share, ring[1]) if ring is not None else {host.pk: hosts_share}
+        earned = paid.pop(host.pk)
+        ended = {"fail_reason": note} if note else {}
+        if not Job.objects.filter(pk=job.pk, status=Job.Status.RUNNING).update(
+            status=Job.Status.COMPLETED, finished_at=now, completion_tokens=completion_tokens, earned_ucents=earned, **ended,
+        ):
+            return None
+    request_settled(request=request, completion_tokens=completion_tokens, cost_ucents=cost, finish_reason=finish_reason,
+                    result=result)
+    split = billing.hold_settle(
+        hold=request.hold, cost_ucents=cost, host=host, host_ucents=earned if host is not None else None, others=paid,
+        reference=request.public_id, memo="" if ring is None else ring_memo(ring),
+    )
+    if split is None:
+        return None
+    if ring is not None:
+        StageShare.objects.bulk_create(
+            StageShare(job_id=job.pk, host_id=host_id, plan=ring[0], layers=ring[1][host_id], n_layers=ring[0].n_layers,
+                       earned_ucents=amount, finished_at=now)
+            for host_id, amount in paid.items()
+        )
+    return Settlement(cost_ucents=cost, earned_ucents=split.host_ucents)

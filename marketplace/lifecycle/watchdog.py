@@ -1,0 +1,155 @@
+"""Liveness: the rules that say a queued job waited too long, a stream stopped, an attempt
+never started or outlived its deadline, and the small steps Celery beat runs over every
+job (`watchdog_tick`) and a quiet stream runs over its own request (`request_watch`).
+Each rule is one `Q` in `marketplace.models.Liveness`; the verdicts end attempts through
+`failover`.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db.models import BooleanField, ExpressionWrapper
+from django.utils import timezone
+
+from hosts.models import Qualification
+from marketplace.lifecycle.failover import attempt_end_dead
+from marketplace.lifecycle.presence import request_abandon, request_forget_output
+from marketplace.lifecycle.queueing import job_reoffer, request_expire_unclaimed
+from marketplace.models import Job, Liveness, Request
+
+
+def job_start_bound_seconds(*, job: Job) -> float:
+    """How long the host may take to its first token before silence counts: its own
+    benchmark's load time and the prompt at its prompt tokens/s, plus
+    JOB_START_SLACK_SECONDS, at most JOB_START_ALLOWANCE_SECONDS. (The benchmark is the
+    host's word: the allowance bounds what a lie can buy.)"""
+    seconds = settings.JOB_START_SLACK_SECONDS
+    figures = (
+        Qualification.objects.filter(host_id=job.host_id, model_id=job.model_id).order_by("-updated_at")
+        .values_list("load_ms", "prompt_tps").first()
+    )
+    if figures is not None:
+        load_ms, prompt_tps = figures
+        prompt_tokens = Request.objects.filter(pk=job.request_id).values_list("prompt_tokens", flat=True).first() or 0
+        seconds += load_ms / 1000 + (prompt_tokens / prompt_tps if prompt_tps > 0 else 0)
+    return min(seconds, settings.JOB_START_ALLOWANCE_SECONDS)
+
+
+def job_start_overdue(*, job: Job, now: datetime) -> bool:
+    """Whether a running attempt that has sent no token yet is dead (seed 001: before the
+    first token a loading or prefilling host has a bounded deadline, not the stall clock):
+    past its start bound and silent (no progress report) for STALL_SECONDS, or past
+    JOB_START_ALLOWANCE_SECONDS from its claim whatever it reports."""
+    if job.claimed_at is None or job.first_token_at is not None:
+        return False
+    since_claim = (now - job.claimed_at).total_seconds()
+    if since_claim > settings.JOB_START_ALLOWANCE_SECONDS:
+        return True
+    silent = (now - (job.progress_at or job.claimed_at)).total_seconds()
+    if silent <= settings.STALL_SECONDS or since_claim <= settings.JOB_START_SLACK_SECONDS:
+        return False
+    return since_claim > job_start_bound_seconds(job=job)
+
+
+def job_stalled_end(*, job_id: int) -> str:
+    """A running attempt produced nothing for STALL_SECONDS: its host is presumed dead."""
+    return attempt_end_dead(job_id=job_id, reason=f"no token for {settings.STALL_SECONDS:g} seconds")
+
+
+def job_unstarted_end(*, job_id: int) -> str:
+    """A running attempt overran its start bound with no token (`job_start_overdue`): it
+    goes back to the queue (it delivered nothing)."""
+    return attempt_end_dead(job_id=job_id, reason="no first token within its start bound")
+
+
+def job_overdue_end(*, job_id: int) -> str:
+    """A running attempt outlived its deadline (`job_limits`): however it trickles, it ends."""
+    return attempt_end_dead(job_id=job_id, reason="still running at its deadline")
+
+
+def request_watch(*, request_id: int) -> None:
+    """Apply the watchdog rules to one request (its stream calls this while quiet): the
+    `Liveness` rules asked of its live job in one query, in the order the sweeps apply them."""
+    now = timezone.now()
+    verdicts = {name: ExpressionWrapper(rule(now), output_field=BooleanField()) for name, rule in (
+        ("expired", Liveness.queue_expired), ("lapsed", Liveness.offer_lapsed), ("stalled", Liveness.stalled),
+        ("overdue", Liveness.past_deadline))}
+    job = Job.objects.filter(request_id=request_id, status__in=[Job.Status.QUEUED, Job.Status.RUNNING]).annotate(
+        **verdicts).first()
+    if job is None:
+        return
+    if job.expired:
+        request_expire_unclaimed(request_id=request_id)
+    elif job.lapsed:
+        job_reoffer(job_id=job.pk)
+    elif job.status == Job.Status.RUNNING and job.first_token_at is None:
+        if job_start_overdue(job=job, now=now):
+            job_unstarted_end(job_id=job.pk)
+    elif job.stalled:
+        job_stalled_end(job_id=job.pk)
+    elif job.overdue:
+        job_overdue_end(job_id=job.pk)
+
+
+def unclaimed_request_expire_one() -> bool:
+    job = Job.objects.filter(Liveness.queue_expired(timezone.now())).order_by("created_at").first()
+    return job is not None and request_expire_unclaimed(request_id=job.request_id)
+
+
+def stalled_job_end_one() -> bool:
+    """A stream that stopped: no token for STALL_SECONDS after its first."""
+    job = Job.objects.filter(Liveness.stalled(timezone.now())).order_by("last_token_at").first()
+    return job is not None and bool(job_stalled_end(job_id=job.pk))
+
+
+def unstarted_job_end_one() -> bool:
+    """An attempt that overran its start bound with no token (`job_start_overdue`), oldest
+    claims first."""
+    now = timezone.now()
+    for job in Job.objects.filter(Liveness.unstarted_since(now)).order_by("claimed_at")[:20]:
+        if job_start_overdue(job=job, now=now):
+            return bool(job_unstarted_end(job_id=job.pk))
+    return False
+
+
+def overdue_job_end_one() -> bool:
+    job = Job.objects.filter(Liveness.past_deadline(timezone.now())).order_by("deadline_at").first()
+    return job is not None and bool(job_overdue_end(job_id=job.pk))
+
+
+def abandoned_request_end_one() -> bool:
+    """A request whose customer went away and did not come back within the grace."""
+    cutoff = timezone.now() - timedelta(seconds=settings.ABANDON_GRACE_SECONDS)
+    request_id = (
+        Request.objects.filter(status__in=[Request.Status.QUEUED, Request.Status.RUNNING], left_at__lt=cutoff)
+        .order_by("left_at").values_list("pk", flat=True).first()
+    )
+    return request_id is not None and bool(request_abandon(request_id=request_id))
+
+
+def ended_output_forget_one() -> bool:
+    cutoff = timezone.now() - timedelta(seconds=settings.OUTPUT_RETENTION_SECONDS)
+    request = (
+        Request.objects.filter(
+            status__in=[Request.Status.COMPLETED, Request.Status.FAILED], output_forgotten=False, finished_at__lt=cutoff
+        )
+        .only("pk")
+        .first()
+    )
+    return request is not None and request_forget_output(request_id=request.pk)
+
+
+WATCHDOG_STEPS = (
+    unclaimed_request_expire_one, stalled_job_end_one, unstarted_job_end_one, overdue_job_end_one, abandoned_request_end_one,
+    ended_output_forget_one,
+)
+
+
+def watchdog_tick(*, max_steps: int = 200) -> int:
+    """Run every step until none has work left (bounded). Returns steps taken."""
+    taken = 0
+    for step in WATCHDOG_STEPS:
+        while taken < max_steps and step():
+            taken += 1
+    return taken
