@@ -5,13 +5,14 @@ Every refusal a caller can act on is a `DomainError`: a subclass names its HTTP
 `status` and its `code` as class attributes (`InsufficientCredit`, `JobNotRunning`),
 or an instance names them (`DomainError("…", status=404, code="model_not_found")`).
 Services raise them without knowing about HTTP; the three doors (DRF views, async
-views, WebSockets) render them here, by data, never by a list of classes.
+views, WebSockets) render them here, by data, never by a list of classes: `response()`
+for HTTP (with `Retry-After` and any other headers), `frame()` for a socket's error
+frame, `ws_close_code` for a socket refused at its handshake.
 """
 from __future__ import annotations
 
-from django.http import JsonResponse
+from django.http import HttpResponse, JsonResponse
 from rest_framework import exceptions
-from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
 # OpenAI's `type` for each status; a subclass or an instance may name its own.
@@ -68,6 +69,11 @@ class DomainError(Exception):
             response[name] = value
         return response
 
+    def frame(self, **extra: object) -> dict:
+        """The error as a WebSocket frame, `extra` naming what it answers (a claim's `id`, a
+        batch's `job` and `seq`): `{"type": "error", **extra, "status", "code", "message"}`."""
+        return {"type": "error", **extra, "status": self.status, "code": self.code, "message": self.message}
+
     @property
     def ws_close_code(self) -> int:
         return WS_CLOSE_OFFSET + self.status
@@ -110,13 +116,14 @@ def validation_error(errors: dict) -> DomainError:
     return bad_request(f"{prefix}{detail}", code="invalid_value", param=param)
 
 
-def api_exception_handler(exc: Exception, context: dict) -> Response | None:
-    """DRF's handler, re-shaped into OpenAI's error format."""
+def api_exception_handler(exc: Exception, context: dict) -> HttpResponse | None:
+    """DRF's handler, re-shaped into OpenAI's error format. A DomainError answers as at every
+    other door, by `response()` (DRF takes any Django response here), so its `Retry-After`
+    and headers reach the client."""
     if isinstance(exc, DomainError):
-        return Response(exc.body(), status=exc.status)
+        return exc.response()
     if isinstance(exc, exceptions.ValidationError) and isinstance(exc.detail, dict):
-        error = validation_error(exc.detail)
-        return Response(error.body(), status=400)
+        return validation_error(exc.detail).response()
     response = exception_handler(exc, context)
     if response is None:
         return None

@@ -28,8 +28,8 @@ from hosts.models import Host
 from hosts.selectors import host_for_socket, host_from_secret
 from hosts.services import host_socket_opened, host_token_group
 from marketplace import pushing, services
-from marketplace.apis import admit_choices, stream_chunks
-from marketplace.host_apis import JobClaimApi, claim_when_offered
+from marketplace.choices import admit_choices, stream_chunks
+from marketplace.claiming import JobClaimInputSerializer, claim_when_offered
 from marketplace.models import Request
 
 KEY_SUBPROTOCOL = "elephant-key."
@@ -160,7 +160,7 @@ class HostSocketConsumer(AsyncJsonWebsocketConsumer):
             payload = await claim_when_offered(host, fingerprint=fingerprint, wait=wait)
             answer: dict = {"type": "job", "id": claim_id, "job": payload}
         except DomainError as error:
-            answer = {"type": "error", "id": claim_id, "status": error.status, "code": error.code, "message": error.message}
+            answer = error.frame(id=claim_id)
         await self.send_json(answer)
 
     async def _push(self, frame: dict) -> None:
@@ -170,7 +170,7 @@ class HostSocketConsumer(AsyncJsonWebsocketConsumer):
             result = await pushing.push_tokens(host=self._host, **batch)
             answer = {"type": "ack", "job": job_id, "seq": seq, "accepted": result.accepted, "next_seq": result.next_seq}
         except DomainError as error:
-            answer = {"type": "error", "job": job_id, "seq": seq, "status": error.status, "code": error.code, "message": error.message}
+            answer = error.frame(job=job_id, seq=seq)
         await self.send_json(answer)
 
     async def host_token_revoked(self, message: dict) -> None:
@@ -202,8 +202,8 @@ def _socket_host(token: str) -> tuple[Host, datetime]:
 
 
 def claim_frame(frame: dict) -> tuple[str, float]:
-    """A claim frame's fingerprint and wait, checked by the HTTP door's own serializer."""
-    serializer = JobClaimApi.InputSerializer(data={k: v for k, v in frame.items() if k in ("fingerprint", "wait")})
+    """A claim frame's fingerprint and wait, checked by the HTTP door's serializer."""
+    serializer = JobClaimInputSerializer(data={k: v for k, v in frame.items() if k in ("fingerprint", "wait")})
     if not serializer.is_valid():
         raise validation_error(serializer.errors)
     return serializer.validated_data["fingerprint"], serializer.validated_data["wait"]

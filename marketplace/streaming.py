@@ -17,9 +17,9 @@ from channels.layers import get_channel_layer
 from catalog.models import CatalogModel
 from catalog.tokenizer import Tokenizer
 from core.db import db
-from core.errors import ApiError
 from core.events import Inbox, request_group
 from marketplace import selectors, services
+from marketplace.lifecycle.errors import RequestEnded, request_ended
 from marketplace.logprobs import entries_starting, located
 from marketplace.models import Request
 
@@ -189,11 +189,7 @@ class RequestListener:
                 await db(services.request_watch, request_id=request.pk)
 
 
-def ended_error(request: Request) -> ApiError:
-    """The honest error for a request that ended without a whole answer."""
-    status = {"queue_timeout": 504, "request_not_runnable": 400}.get(request.error_code, 502)
-    error = ApiError(status, request.error_message or "The request failed.", code=request.error_code or "failed",
-                     type="invalid_request_error" if status == 400 else "server_error")
-    if status == 504:  # no host was free: hosts come and go within the heartbeat's seconds
-        error.retry_after = 5
-    return error
+def ended_error(request: Request) -> RequestEnded:
+    """The honest error for a request that ended without a whole answer (its code's status
+    and type: `marketplace.lifecycle.errors`)."""
+    return request_ended(request.error_code, request.error_message)

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from conftest import make_host
 from hosts.models import Host
-from marketplace import host_apis, pushing, services
+from marketplace import claiming, pushing, services
 from marketplace.models import Job, Request
 from marketplace.tests.test_services import claimed, submit
 
@@ -113,7 +113,7 @@ class OfferWakeUpTests:
         monkeypatch.setattr(services, "job_claim_payload", counted)
 
         async def five_waiters_and_an_offer() -> tuple[list, list[int]]:
-            waiters = [asyncio.ensure_future(host_apis.claim_when_offered(serving.host, fingerprint=serving.fingerprint, wait=3))
+            waiters = [asyncio.ensure_future(claiming.claim_when_offered(serving.host, fingerprint=serving.fingerprint, wait=3))
                        for _ in range(5)]
             while len(looks) < 5:
                 await asyncio.sleep(0.05)
@@ -130,8 +130,8 @@ class OfferWakeUpTests:
         assert seen[:5] == [0] * 5 and len(seen) == 6 and seen[5] > 0  # one claim answered the offer, and got it
 
     def test_other_wake_ups_wake_everyone(self) -> None:
-        assert host_apis._first_to_hear({"type": "job.queued", "offer": "7.0"}) is True
-        assert host_apis._first_to_hear({"type": "job.queued", "offer": "7.0"}) is False
-        assert host_apis._first_to_hear({"type": "job.queued", "offer": "7.1"}) is True  # the same job requeued
-        assert host_apis._first_to_hear({"type": "job.queued"}) is True
-        assert host_apis._first_to_hear({"type": "job.queued"}) is True
+        assert claiming._first_to_hear({"type": "job.queued", "offer": "7.0"}) is True
+        assert claiming._first_to_hear({"type": "job.queued", "offer": "7.0"}) is False
+        assert claiming._first_to_hear({"type": "job.queued", "offer": "7.1"}) is True  # the same job requeued
+        assert claiming._first_to_hear({"type": "job.queued"}) is True
+        assert claiming._first_to_hear({"type": "job.queued"}) is True

@@ -17,10 +17,10 @@ from catalog.models import CatalogModel
 from conftest import make_customer
 from core.errors import ApiError
 from hosts.models import Host
-from marketplace import admission, canaries, host_apis, reputation, routing, services, waiting
+from marketplace import admission, canaries, claim_slots, claiming, reputation, routing, services
+from marketplace.claim_slots import WAITING, WaitingClaims
 from marketplace.models import CanaryCheck, CanaryReference, Job, Request
 from marketplace.tests.test_services import CHAT, submit
-from marketplace.waiting import WAITING, WaitingClaims
 
 pytestmark = pytest.mark.django_db
 
@@ -68,11 +68,11 @@ class ClaimCapTests:
         host = online(serving_host, slots=8)
 
         async def polls() -> list:
-            waiting = [asyncio.ensure_future(host_apis.claim_when_offered(host, fingerprint=serving_host.fingerprint, wait=1.0))
+            waiting = [asyncio.ensure_future(claiming.claim_when_offered(host, fingerprint=serving_host.fingerprint, wait=1.0))
                        for _ in range(2)]
             await asyncio.sleep(0.3)
             try:
-                await host_apis.claim_when_offered(host, fingerprint=serving_host.fingerprint, wait=0.1)
+                await claiming.claim_when_offered(host, fingerprint=serving_host.fingerprint, wait=0.1)
             except ApiError as refusal:
                 third = refusal
             return [await asyncio.gather(*waiting), third]
@@ -96,12 +96,12 @@ class ClaimCapTests:
         async def scenario() -> tuple:
             tickets = [await elsewhere.enter(host.pk, cap=2, wait=20) for _ in range(2)]
             try:
-                await host_apis.claim_when_offered(host, fingerprint=serving_host.fingerprint, wait=0.1)
+                await claiming.claim_when_offered(host, fingerprint=serving_host.fingerprint, wait=0.1)
             except ApiError as refusal:
                 refused = refusal
             await elsewhere.leave(host.pk, tickets[0])
-            here = await host_apis.claim_when_offered(host, fingerprint=serving_host.fingerprint, wait=0.1)
-            dead = await elsewhere.enter(host.pk, cap=2, wait=-waiting.MARGIN_S)  # its process died long ago
+            here = await claiming.claim_when_offered(host, fingerprint=serving_host.fingerprint, wait=0.1)
+            dead = await elsewhere.enter(host.pk, cap=2, wait=-claim_slots.MARGIN_S)  # its process died long ago
             held = await WAITING.held(host.pk)
             await elsewhere.leave(host.pk, tickets[1])
             return refused, here, bool(dead), held

@@ -1,0 +1,118 @@
+"""A host's claim long-poll: the one behind both doors, `POST /hosts/api/claim` and a
+`claim` frame on the host's WebSocket.
+
+The long-poll answers with a job's payload as soon as one is queued for a model the host
+qualified on its machine, or None after `wait` seconds. It holds one of the host's claim
+slots while it waits (`marketplace.claim_slots`), and sleeps on the channel layer until a
+job is queued or offered, rather than polling the database.
+"""
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+
+from channels.layers import get_channel_layer
+from django.conf import settings
+from rest_framework import serializers
+
+from core.db import db
+from core.errors import ApiError
+from core.events import Inbox, host_group, queue_group
+from hosts import selectors as hosts
+from hosts.models import Host
+from marketplace import reputation
+from marketplace import services as market
+from marketplace.claim_slots import WAITING
+
+
+class JobClaimInputSerializer(serializers.Serializer):
+    """A claim's input, at either door (`JobClaimApi.InputSerializer`, a claim frame)."""
+
+    fingerprint = serializers.CharField(max_length=64)
+    wait = serializers.FloatField(min_value=0, max_value=settings.CLAIM_MAX_WAIT_SECONDS, default=20)
+
+
+async def claim_when_offered(host: Host, *, fingerprint: str, wait: float) -> dict | None:
+    """A job's payload as soon as one is queued for a model this host qualified on this
+    machine, or None after `wait` seconds. Refusals (paused, in maintenance, nothing
+    qualified, every claim slot waiting already) are DomainErrors."""
+    if host.paused:
+        raise ApiError(403, "This host is paused; resume it to claim work.", code="host_paused", type="permission_error")
+    if host.maintenance_since is not None:
+        raise ApiError(
+            403, f"This host is in maintenance: {host.maintenance_reason} Its owner or an operator can resume it.",
+            code="host_maintenance", type="permission_error",
+        )
+    model_ids = await db(hosts.qualified_model_ids, host=host, fingerprint=fingerprint)
+    if not model_ids:
+        raise ApiError(
+            403, "This host has not qualified any model on this machine; run the benchmark and register it first.",
+            code="not_qualified", type="permission_error",
+        )
+    cap = reputation.claim_cap(host)
+    ticket = await WAITING.enter(host.pk, cap=cap, wait=wait)
+    if ticket is None:
+        raise ApiError(
+            429, f"This host already has {cap} claims waiting; it may run at most {cap} jobs at once "
+            f"({host.slots} slots, {reputation.status_of(host)}). Wait for one to return before claiming again.",
+            code="too_many_claims", type="rate_limit_error",
+        )
+    try:
+        return await _claim_when_woken(host, model_ids=model_ids, wait=wait)
+    finally:
+        await WAITING.leave(host.pk, ticket)
+
+
+async def _claim_when_woken(host: Host, *, model_ids: list[int], wait: float) -> dict | None:
+    warm_ids = await db(hosts.warm_model_ids, host=host, model_ids=model_ids)
+    layer = get_channel_layer()
+    channel = await layer.new_channel()
+    groups = [queue_group(model_id) for model_id in model_ids] + [host_group(host.pk)]
+    for group in groups:
+        await layer.group_add(group, channel)
+    inbox = Inbox(layer, channel)
+    try:
+        return await _claim_until(host, wait, model_ids, warm_ids, inbox)
+    finally:
+        inbox.close()
+        for group in groups:
+            await layer.group_discard(group, channel)
+
+
+async def _claim_until(host: Host, wait: float, model_ids: list[int], warm_ids: list[int], inbox: Inbox) -> dict | None:
+    """Claim, or sleep until woken. Offers to other hosts and the cold grace lapse
+    without a wake-up, so a waiting host also looks again every ROUTING_OFFER_SECONDS."""
+    deadline = time.monotonic() + wait
+    recheck = max(settings.ROUTING_OFFER_SECONDS, 0.2)
+    look = True
+    while True:  # a host paused while it waits simply gets nothing
+        if look:
+            payload = await db(market.job_claim_payload, host=host, model_ids=model_ids, warm_ids=warm_ids)
+            if payload is not None:
+                return payload
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        message = await inbox.next(min(remaining, recheck))
+        look = message is None or _first_to_hear(message)
+
+
+_HEARD_OFFERS: OrderedDict[str, None] = OrderedDict()  # jobs offered to a host, that one of its waiters here took up
+_HEARD_KEPT = 10_000
+
+
+def _first_to_hear(message: dict) -> bool:
+    """An offer to a host wakes all of its long-polls in this process (a host with 25 slots
+    has 25); one of them claims, the others keep waiting, instead of 25 claims racing for
+    one job. Other wake-ups (a job any host may take) wake everyone, as before. A missed
+    offer is still found by the next recheck."""
+    offer = message.get("offer")
+    if not isinstance(offer, str):
+        return True
+    if offer in _HEARD_OFFERS:
+        return False
+    _HEARD_OFFERS[offer] = None
+    if len(_HEARD_OFFERS) > _HEARD_KEPT:
+        _HEARD_OFFERS.popitem(last=False)
+    return True
+
