@@ -32,11 +32,10 @@ from mahout.progress import PROGRESS_INTERVAL_S, ProgressReporter
 from mahout.pusher import FLUSH_INTERVAL_S, BatchPusher
 from mahout.runners import Embedder, RequestRejected, Runner
 from mahout.schedule import Schedule
-from protocol.jobs import EMBEDDINGS
+from protocol.jobs import CLAIM_WAIT_SECONDS, EMBEDDINGS
 
 HEARTBEAT_INTERVAL_S = 5.0
 MAINTENANCE_POLL_S = 10.0  # how often a host in maintenance asks again
-CLAIM_WAIT_S = 20.0
 PAUSE_POLL_S = 1.0
 ERROR_BACKOFF_S = 5.0
 SLOTS = 1  # jobs this loop runs at once
@@ -111,7 +110,7 @@ class HostLoop:
         installed: list[str] | None = None,
         idle: IdleDetector | None = None,
         schedule: Schedule | None = None,
-        claim_wait: float = CLAIM_WAIT_S,
+        claim_wait: float = CLAIM_WAIT_SECONDS,
         heartbeat_interval: float = HEARTBEAT_INTERVAL_S,
         flush_interval: float = FLUSH_INTERVAL_S,
         progress_interval: float = PROGRESS_INTERVAL_S,

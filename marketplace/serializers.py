@@ -7,6 +7,7 @@ from rest_framework import serializers
 from rest_framework.fields import empty
 
 from core.http import holds_nul
+from protocol.jobs import MAX_TOP_LOGPROBS  # chat's `top_logprobs`, as OpenAI
 
 NON_EMPTY = {"type": "string", "minLength": 1}
 
@@ -212,7 +213,6 @@ SUPPORTED_PARAMETERS = ["max_tokens", "max_completion_tokens", "temperature", "t
 
 MAX_FALLBACK_MODELS = 4
 MAX_CHOICES = 4  # `n`
-MAX_TOP_LOGPROBS = 20  # chat's `top_logprobs`, as OpenAI
 MAX_COMPLETION_LOGPROBS = 5  # completions' `logprobs`, as OpenAI
 
 

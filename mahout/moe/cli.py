@@ -21,6 +21,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from protocol.jobs import CLAIM_WAIT_SECONDS
+
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     moe = commands.add_parser("moe", help="MoE expert market: volunteer a slice, or serve one")
@@ -49,7 +51,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     coordinator.add_argument("--slots", type=int, default=4, help="requests served at once")
     coordinator.add_argument("--threads", type=int, default=1, help="torch threads (default 1: workers share the CPUs)")
     coordinator.add_argument("--report", type=float, default=2.0, help="seconds between load reports to the control plane")
-    coordinator.add_argument("--claim-wait", type=float, default=20.0, help="seconds each claim long-polls")
+    coordinator.add_argument("--claim-wait", type=float, default=CLAIM_WAIT_SECONDS, help="seconds each claim long-polls")
     coordinator.add_argument("--home", help="state directory (default: $MAHOUT_HOME or ~/.mahout)")
     coordinator.add_argument("--rebenchmark", action="store_true", help="ignore the cached benchmark")
     worker = roles.add_parser("worker", help="serve one slice of a local MoE GGUF")

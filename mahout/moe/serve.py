@@ -28,6 +28,7 @@ from mahout.fingerprint import machine_fingerprint
 from mahout.host import Qualified, qualify_with_server
 from mahout.loop import HostLoop
 from mahout.moe.runner import MoeRunner
+from protocol.jobs import CLAIM_WAIT_SECONDS
 
 __all__ = ["MoeHostLoop", "measure_moe", "serve_coordinator"]
 
@@ -80,7 +81,7 @@ class MoeHostLoop(HostLoop):
 
 def serve_coordinator(
     *, server: str, token: str, model_path: Path, name: str, home: Path, slots: int = 4, threads: int = 1,
-    agent_interval_s: float = 2.0, claim_wait: float = 20.0, rebenchmark: bool = False,
+    agent_interval_s: float = 2.0, claim_wait: float = CLAIM_WAIT_SECONDS, rebenchmark: bool = False,
     out: Callable[[str], None] = print,
 ) -> int:
     """Qualify, then serve `name` until SIGTERM/SIGINT (the first finishes the running jobs and

@@ -18,11 +18,11 @@ import codecs
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from protocol.jobs import MAX_TOP_LOGPROBS
+
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
-
-MAX_TOP = 20
 
 
 @dataclass
@@ -46,7 +46,7 @@ class LogprobRecorder:
 
     def __init__(self, *, prompt_len: int, top: int) -> None:
         self.prompt_len = prompt_len
-        self.top = min(max(top, 0), MAX_TOP)
+        self.top = min(max(top, 0), MAX_TOP_LOGPROBS)
         self.steps: list[Step] = []
 
     def __call__(self, input_ids: npt.NDArray[np.intc], scores: npt.NDArray[np.single]) -> npt.NDArray[np.single]:
