@@ -25,7 +25,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 
-from engine.gguf_meta import gguf_field, gguf_required, open_gguf
+from engine.gguf_meta import BLOCK_TENSORS, gguf_field, gguf_required, open_gguf
 from engine.model import WEIGHT_DTYPE, Config, DenseEmbedding, LayerWeights, StageWeights, output_share
 from engine.shipped import assemble_whole
 
@@ -46,15 +46,8 @@ GEMMA3_SWA_PERIOD = 6  # five sliding-window layers, then one global layer
 GEMMA3_ROPE_BASE_LOCAL = 10_000.0
 
 _LAYER_TENSORS = {  # LayerWeights field -> GGUF tensor name inside blk.N.
-    "attn_norm": "attn_norm",
-    "wq": "attn_q",
-    "wk": "attn_k",
-    "wv": "attn_v",
-    "q_norm": "attn_q_norm",
-    "k_norm": "attn_k_norm",
-    "wo": "attn_output",
+    **BLOCK_TENSORS,
     "post_attn_norm": "post_attention_norm",
-    "ffn_norm": "ffn_norm",
     "w_gate": "ffn_gate",
     "w_up": "ffn_up",
     "w_down": "ffn_down",

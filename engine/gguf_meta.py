@@ -2,7 +2,8 @@
 
 Nothing here imports torch: the gateway reads a model's blueprint (layers, experts, context
 length) through this module without paying for torch. `engine.gguf_loader` and
-`engine.moe_loader` turn the same readers' tensors into torch weights.
+`engine.moe_loader` turn the same readers' tensors into torch weights; the tensors every
+block holds in both layouts are named once, in `BLOCK_TENSORS`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,22 @@ from typing import Any
 import numpy as np
 from gguf import GGUFReader, ReaderTensor
 
-__all__ = ["gguf_field", "gguf_required", "gguf_tensors", "open_gguf"]
+__all__ = ["BLOCK_TENSORS", "gguf_field", "gguf_required", "gguf_tensors", "open_gguf"]
+
+# What every transformer block holds in both layouts (dense and MoE), as llama.cpp names it:
+# weight field (`engine.model.LayerWeights`, `engine.moe.MoeLayerWeights`) -> tensor name
+# inside blk.N. The dense loader (`engine.gguf_loader`) and the MoE layout (`engine.moe_gguf`)
+# add their own feed-forward tensors.
+BLOCK_TENSORS = {
+    "attn_norm": "attn_norm",
+    "wq": "attn_q",
+    "wk": "attn_k",
+    "wv": "attn_v",
+    "q_norm": "attn_q_norm",
+    "k_norm": "attn_k_norm",
+    "wo": "attn_output",
+    "ffn_norm": "ffn_norm",
+}
 
 
 class _PlainArrayReader(GGUFReader):

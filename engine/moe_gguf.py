@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter, TokenType
 
-from engine.gguf_meta import gguf_field, gguf_required, gguf_tensors
+from engine.gguf_meta import BLOCK_TENSORS, gguf_field, gguf_required, gguf_tensors
 
 __all__ = [
     "BYTE_BOS",
@@ -49,6 +49,7 @@ MOE_ARCHES = ("qwen3moe",)
 SLICE_LAYER_KEY = "elephant.expert_slice.layer"
 SLICE_FIRST_KEY = "elephant.expert_slice.first"
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+LAYER_TENSORS = {**BLOCK_TENSORS, "router": "ffn_gate_inp"}  # MoeLayerWeights field -> name inside blk.N.
 BYTE_BOS, BYTE_EOS = 256, 257
 
 
@@ -208,19 +209,24 @@ def make_tiny_moe(
     writer.add_tensor("output_norm.weight", norm(d_model))
     writer.add_tensor("output.weight", rand(vocab, d_model))
     for i in range(n_layers):
-        blk = f"blk.{i}."
-        writer.add_tensor(blk + "attn_norm.weight", norm(d_model))
-        writer.add_tensor(blk + "attn_q.weight", rand(n_heads * head_dim, d_model))
-        writer.add_tensor(blk + "attn_k.weight", rand(n_kv_heads * head_dim, d_model))
-        writer.add_tensor(blk + "attn_v.weight", rand(n_kv_heads * head_dim, d_model))
-        writer.add_tensor(blk + "attn_q_norm.weight", norm(head_dim))
-        writer.add_tensor(blk + "attn_k_norm.weight", norm(head_dim))
-        writer.add_tensor(blk + "attn_output.weight", rand(d_model, n_heads * head_dim))
-        writer.add_tensor(blk + "ffn_norm.weight", norm(d_model))
-        writer.add_tensor(blk + "ffn_gate_inp.weight", rand(n_experts, d_model, scale=0.5))
-        writer.add_tensor(blk + "ffn_gate_exps.weight", rand(n_experts, expert_ffn_dim, d_model, scale=0.3))
-        writer.add_tensor(blk + "ffn_up_exps.weight", rand(n_experts, expert_ffn_dim, d_model, scale=0.3))
-        writer.add_tensor(blk + "ffn_down_exps.weight", rand(n_experts, d_model, expert_ffn_dim, scale=0.3))
+        layer = {  # by LAYER_TENSORS field, drawn in this order (the seeded weights depend on it)
+            "attn_norm": norm(d_model),
+            "wq": rand(n_heads * head_dim, d_model),
+            "wk": rand(n_kv_heads * head_dim, d_model),
+            "wv": rand(n_kv_heads * head_dim, d_model),
+            "q_norm": norm(head_dim),
+            "k_norm": norm(head_dim),
+            "wo": rand(d_model, n_heads * head_dim),
+            "ffn_norm": norm(d_model),
+            "router": rand(n_experts, d_model, scale=0.5),
+        }
+        for field, name in LAYER_TENSORS.items():
+            writer.add_tensor(f"blk.{i}.{name}.weight", layer[field])
+        gate = rand(n_experts, expert_ffn_dim, d_model, scale=0.3)  # (E, F, D)
+        up = rand(n_experts, expert_ffn_dim, d_model, scale=0.3)  # (E, F, D)
+        down = rand(n_experts, d_model, expert_ffn_dim, scale=0.3)  # (E, D, F)
+        for name, stacked in zip(expert_tensor_names(i), (gate, up, down), strict=True):
+            writer.add_tensor(name, stacked)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -23,6 +23,7 @@ from engine.moe import ExpertBank, MoeLayerWeights, MoeWeights
 from engine.moe_gguf import (
     BYTE_BOS,
     BYTE_EOS,
+    LAYER_TENSORS,
     SLICE_FIRST_KEY,
     SLICE_LAYER_KEY,
     ByteTokenizer,
@@ -46,18 +47,6 @@ __all__ = [
     "read_moe_config",
     "write_expert_slice",
 ]
-
-_ATTENTION = {  # MoeLayerWeights field -> tensor name inside blk.N.
-    "attn_norm": "attn_norm",
-    "wq": "attn_q",
-    "wk": "attn_k",
-    "wv": "attn_v",
-    "q_norm": "attn_q_norm",
-    "k_norm": "attn_k_norm",
-    "wo": "attn_output",
-    "ffn_norm": "ffn_norm",
-    "router": "ffn_gate_inp",
-}
 
 
 def _dense(tensor: ReaderTensor) -> torch.Tensor:
@@ -102,8 +91,8 @@ def load_moe(path: str | Path, *, with_experts: bool = True) -> tuple[MoeConfig,
     layers = []
     names = {"token_embd.weight", "output_norm.weight"}
     for i in range(config.n_layers):
-        loaded = {f: _dense(tensors[f"blk.{i}.{n}.weight"]) for f, n in _ATTENTION.items()}
-        names.update(f"blk.{i}.{n}.weight" for n in _ATTENTION.values())
+        loaded = {f: _dense(tensors[f"blk.{i}.{n}.weight"]) for f, n in LAYER_TENSORS.items()}
+        names.update(f"blk.{i}.{n}.weight" for n in LAYER_TENSORS.values())
         bank = _bank(tensors, i, 0, config.n_experts, 0) if with_experts else None
         if with_experts:
             names.update(expert_tensor_names(i))
