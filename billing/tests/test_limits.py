@@ -50,8 +50,10 @@ class RateLimitTests:
 
     def test_it_leaves_unlimited_keys_alone(self, catalog) -> None:
         customer = make_customer(credit_ucents=1_000_000)
-        for _ in range(20):
+        assert (customer.key.max_concurrent, customer.key.rate_limit_per_minute) == (None, None)
+        for _ in range(20):  # within one minute, none released: past any rate or concurrency limit
             services.hold_place(user=customer.user, api_key=customer.key, amount_ucents=10)
+        assert Hold.objects.filter(api_key=customer.key, status=Hold.Status.ACTIVE).count() == 20
 
 
 class ErrorStatusTests:

@@ -20,8 +20,8 @@ MODEL = "gemma-3-270m"
 class FakeRunner:
     """Yields fixed pieces (optionally slowly), then raises ``error`` if given."""
 
-    def __init__(self, pieces: list[str], delay: float = 0.0, error: Exception | None = None, first_delay: float = 0.0) -> None:
-        self.pieces, self.delay, self.error, self.first_delay = pieces, delay, error, first_delay
+    def __init__(self, pieces: list[str], delay: float = 0.0, error: Exception | None = None) -> None:
+        self.pieces, self.delay, self.error = pieces, delay, error
         self.pulled = 0
         self.closed = False
         self.finish_reason = "stop"
@@ -29,7 +29,6 @@ class FakeRunner:
 
     def stream(self, job: dict) -> Generator[str, None, None]:
         try:
-            time.sleep(self.first_delay)  # a long prefill: no piece yet
             for piece in self.pieces:
                 time.sleep(self.delay)
                 self.pulled += 1
@@ -68,16 +67,43 @@ class HostLoopTests:
         assert "mahout: claimed job job-1 (gemma-3-270m)" in lines
         assert any(line.startswith("mahout: completed job-1: 20 tokens in") for line in lines)
 
-    def test_it_reports_progress_until_the_first_piece_and_not_after(self, gateway, api, tmp_path):
+    def test_it_reports_progress_until_the_first_piece_and_not_after(self, gateway, api, tmp_path, monkeypatch):
+        stages: list[str] = []
+        heard = threading.Condition()
+        send = api.progress
+
+        def progress(job_id: object, *, stage: str) -> dict:
+            answer = send(job_id, stage=stage)
+            with heard:
+                stages.append(stage)
+                heard.notify_all()
+            return answer
+
+        monkeypatch.setattr(api, "progress", progress)
+        after_first: dict[str, object] = {}
+
+        class LongPrefill(FakeRunner):
+            """No piece until the gateway has heard of the prefill twice; then the reporter must stop."""
+
+            def stream(self, job: dict) -> Generator[str, None, None]:
+                with heard:
+                    after_first["prefill_heard"] = heard.wait_for(lambda: stages.count("prefill") >= 2, timeout=10)
+                yield "w0 "
+                reporters = [t for t in threading.enumerate() if t.name == "mahout-progress-job-1"]
+                for reporter in reporters:
+                    reporter.join(10)  # a report under way may land; none starts after the first piece
+                after_first["reporting"] = any(reporter.is_alive() for reporter in reporters)
+                after_first["reports"] = len(gateway.state.progress)
+                yield from pieces(10)[1:]
+
         gateway.state.add_job("job-1")
-        loop = make_loop(api, FakeRunner(pieces(10), delay=0.05, first_delay=0.5), tmp_path, [])
-        loop.progress_interval = 0.1
-        started = time.monotonic()
+        loop = make_loop(api, LongPrefill([]), tmp_path, [])
+        loop.progress_interval = 0.05
         loop.run(max_jobs=1)
-        assert "job-1" in gateway.state.completions
-        reports = gateway.state.progress
-        assert 3 <= len(reports) <= 6 and {stage for _, stage, _ in reports} == {"prefill"}
-        assert all(when - started < 0.65 for _, _, when in reports), "nothing after the first piece (0.5 s in)"
+        assert gateway.state.text["job-1"] == "".join(pieces(10))
+        assert after_first["prefill_heard"] is True and after_first["reporting"] is False
+        assert len(gateway.state.progress) == after_first["reports"], "nothing after the first piece"
+        assert stages[-1] == "prefill" and set(stages) <= {"loading", "prefill"}
 
     def test_a_job_that_starts_at_once_sends_no_progress(self, gateway, api, tmp_path):
         gateway.state.add_job("job-1")
@@ -167,21 +193,28 @@ class HostLoopTests:
         assert loop.state is LoopState.STOPPED
 
     def test_it_exits_at_once_on_a_second_signal(self, gateway, api, tmp_path):
+        class TerminatedTwice(FakeRunner):
+            """Signals itself while generating (the handlers run on this, the main, thread):
+            SIGTERM before piece 2, again before piece 4."""
+
+            def stream(self, job: dict) -> Generator[str, None, None]:
+                try:
+                    for index, piece in enumerate(self.pieces):
+                        if index in (2, 4):
+                            os.kill(os.getpid(), signal.SIGTERM)
+                        self.pulled += 1
+                        yield piece
+                finally:
+                    self.closed = True
+
         gateway.state.add_job("job-1")
-        runner = FakeRunner(pieces(100), delay=0.05)
-
-        def terminate_twice() -> None:
-            gateway.state.claimed.wait(5)
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(0.1)
-            os.kill(os.getpid(), signal.SIGTERM)
-
-        threading.Thread(target=terminate_twice, daemon=True).start()
-        started = time.monotonic()
+        runner = TerminatedTwice(pieces(100))
+        lines: list[str] = []
         with pytest.raises(SystemExit) as exit_info:
-            make_loop(api, runner, tmp_path, []).run(max_jobs=1)
-        assert exit_info.value.code == 1
-        assert time.monotonic() - started < 2.0 and runner.pulled < 100 and runner.closed
+            make_loop(api, runner, tmp_path, lines).run(max_jobs=1)
+        assert exit_info.value.code == 1 and "mahout: second signal, exiting now" in lines
+        assert runner.pulled <= 5 and runner.closed, "it stopped within the piece that got the second signal"
+        assert "job-1" not in gateway.state.completions
 
     def test_it_reports_a_runner_error_as_a_job_failure(self, gateway, api, tmp_path):
         gateway.state.add_job("job-1")

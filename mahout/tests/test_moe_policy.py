@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import torch
 
@@ -69,34 +68,43 @@ class DispatchEligibleTests:
 
 class SelfProbeTests:
     def test_a_stuck_probe_does_not_block_and_keeps_the_last_state(self) -> None:
-        release = threading.Event()
+        release, finished = threading.Event(), threading.Event()
         answers = iter([3])
 
         def probe() -> int:
             value = next(answers, None)
             if value is None:
                 release.wait(10)
+                finished.set()
                 return 0
             return value
 
         monitor = LoadMonitor(probe, POLICY)
         assert monitor.tick().under_load
-        started = time.monotonic()
         state = monitor.tick()  # this probe hangs
-        assert time.monotonic() - started < POLICY.probe_timeout_s + 0.3
+        assert not finished.is_set(), "the tick returned while its probe was still stuck"
         assert state.under_load and state.busy == 3 and state.probe_timeouts == 1
         assert monitor.tick().probe_timeouts == 2  # still stuck: no second probe piles up
         release.set()
 
     def test_dispatch_goes_on_while_the_probe_is_stuck(self) -> None:
-        release = threading.Event()
-        monitor = LoadMonitor(lambda: int(release.wait(10)), DispatchPolicy(probe_interval_s=0.05, probe_timeout_s=0.05))
+        probing, release, finished = threading.Event(), threading.Event(), threading.Event()
+
+        def probe() -> int:
+            probing.set()
+            release.wait(30)
+            finished.set()
+            return 0
+
+        # A probe timeout longer than the test: anything that waited on the probe would
+        # return only once the probe had finished.
+        monitor = LoadMonitor(probe, DispatchPolicy(probe_interval_s=0.05, probe_timeout_s=30.0))
         monitor.start()
         coordinator = Coordinator(lambda layer, inputs: {e: x * 2 for e, x in inputs.items()}, monitor=monitor)
         try:
-            started = time.monotonic()
+            assert probing.wait(10), "the monitor's first probe is under way"
             out = coordinator(0, {1: torch.ones(2, 3)})
-            assert time.monotonic() - started < 0.05
+            assert not finished.is_set(), "dispatch answered while the probe was still stuck"
             assert torch.equal(out[1], torch.full((2, 3), 2.0))
         finally:
             release.set()

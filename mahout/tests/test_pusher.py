@@ -1,6 +1,7 @@
 """BatchPusher: ordered batches sent off the generating thread, errors surfaced to it."""
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -24,20 +25,32 @@ class SlowApi:
         return {"accepted": True, "next_seq": seq + 1}
 
 
+class GatedApi:
+    """Records pushes; each stays in flight until the test opens ``gate``."""
+
+    def __init__(self) -> None:
+        self.gate, self.in_flight = threading.Event(), threading.Event()
+        self.pushes: list[tuple[int, str]] = []
+
+    def push_tokens(self, job_id: object, *, seq: int, text: str) -> dict:
+        self.in_flight.set()
+        self.gate.wait(10)
+        self.pushes.append((seq, text))
+        return {"accepted": True, "next_seq": seq + 1}
+
+
 class BatchPusherTests:
     def test_it_batches_pieces_in_order_while_a_push_is_in_flight(self):
-        api = SlowApi(latency=0.1)
-        started = time.monotonic()
+        api = GatedApi()
         with BatchPusher(api, "job", interval=0.05) as pusher:
-            for index in range(20):
+            pusher.add("0,")
+            assert api.in_flight.wait(10)
+            for index in range(1, 20):
                 pusher.add(f"{index},")
-                time.sleep(0.01)
-            adding_took = time.monotonic() - started
+            assert api.pushes == [], "generation never waited on the push in flight"
+            api.gate.set()
             pusher.flush()
-        assert adding_took < 0.5  # generation never waited on the 100 ms pushes
-        assert [seq for seq, _ in api.pushes] == list(range(len(api.pushes)))
-        assert "".join(text for _, text in api.pushes) == "".join(f"{i}," for i in range(20))
-        assert api.pushes[0] == (0, "0,") and 2 <= len(api.pushes) <= 8
+        assert api.pushes == [(0, "0,"), (1, "".join(f"{i}," for i in range(1, 20)))]
 
     def test_it_sends_nothing_for_an_empty_job(self):
         api = SlowApi()
