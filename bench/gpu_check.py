@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 def llama_figures(threads: int) -> dict:
     from mahout.benchmark import run_benchmark
     from mahout.gpu import gpus_present, model_layers, offload_supported, plan_offload
-    from mahout.models import assemble_shipped
+    from mahout.model_files import assemble_shipped
 
     path = assemble_shipped(Path(tempfile.mkdtemp(prefix="gpu-check-")), progress=False)
     gpus, supported = gpus_present(), offload_supported()

@@ -214,8 +214,8 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
 
 def cmd_install_service(args: argparse.Namespace) -> int:
     """Write the service that runs `mahout run` at startup; needs `mahout login` first (the token is not in the unit)."""
+    from mahout.autostart import install_service
     from mahout.credentials import credentials_path
-    from mahout.service import install_service
 
     home = resolve_home(args.home)
     if not credentials_path(home).is_file():
@@ -238,7 +238,7 @@ def cmd_install_service(args: argparse.Namespace) -> int:
 def cmd_add(args: argparse.Namespace) -> int:
     """Hash a model file; when it is a catalog model's pinned file, serve it from where it is."""
     from mahout.catalog import catalog_match, file_sha256
-    from mahout.models import model_add
+    from mahout.model_files import model_add
     from protocol.catalog import MODEL_FILES
 
     path = args.path.expanduser()
@@ -294,7 +294,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Print local state; when logged in (or given the gateway and token) also the server's view."""
-    from mahout.models import SHIPPED_MODEL, model_path, recorded_sha256
+    from mahout.model_files import SHIPPED_MODEL, model_path, recorded_sha256
 
     home = resolve_home(args.home)
     local = {

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mahout.gpu import Offload
-from mahout.models import SHIPPED_MODEL, added_model, assemble_shipped, recorded_sha256
+from mahout.model_files import SHIPPED_MODEL, added_model, assemble_shipped, recorded_sha256
 from mahout.runners.embeddings import MODEL_NAME as EMBEDDINGS_MODEL
 from protocol.catalog import MODEL_FILES
 

@@ -20,7 +20,7 @@ from mahout.gpu import AUTO, Gpu, Offload, plan_offload
 from mahout.idle import IdleDetector
 from mahout.loader import ModelLoader, check_fits
 from mahout.loop import HostLoop
-from mahout.models import SHIPPED_MODEL
+from mahout.model_files import SHIPPED_MODEL
 
 UNREACHABLE_RETRY_S = 5.0
 

@@ -177,7 +177,7 @@ def ring_loops(
     streams one job at a time through the normal host API, so up to `parallel` requests are
     in flight in the ring together (the gateway lets a host run several jobs at once)."""
     from mahout.loop import HostLoop
-    from mahout.models import SHIPPED_MODEL
+    from mahout.model_files import SHIPPED_MODEL
 
     return [
         HostLoop(api, {SHIPPED_MODEL: RingRunner(bridge, model_path, n_ctx=n_ctx)}, fingerprint=fingerprint, home=home,
@@ -237,7 +237,7 @@ def _qualify(bridge: RingBridge, model_path: Path, api: HostApi, args: argparse.
     from mahout.catalog import CATALOG, checked_file, file_sha256
     from mahout.fingerprint import machine_fingerprint
     from mahout.host import Qualified, register_when_reachable
-    from mahout.models import SHIPPED_MODEL
+    from mahout.model_files import SHIPPED_MODEL
 
     sha256 = file_sha256(model_path)  # the catalog pins the file: the ring must run that very one
     checked_file(CATALOG[SHIPPED_MODEL], model_path, sha256)
@@ -273,7 +273,7 @@ def serve_ring(args: argparse.Namespace, *, say: Callable[[str], None] = print) 
     from engine.gguf_loader import default_model_path
     from mahout.api import HostApi
     from mahout.home import resolve_home
-    from mahout.models import SHIPPED_MODEL
+    from mahout.model_files import SHIPPED_MODEL
     from mahout.presence import presence
     from mahout.ring.api import RingApi
     from mahout.ring.member import LocalStages

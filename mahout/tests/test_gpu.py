@@ -144,7 +144,7 @@ class RealBuildTests:
     def test_asking_for_layers_on_a_cpu_only_build_still_serves(self) -> None:
         """llama.cpp keeps every layer on the CPU when its build has no GPU backend."""
         from mahout.gpu import model_layers, offload_supported
-        from mahout.models import shipped_model_source_path
+        from mahout.model_files import shipped_model_source_path
         from mahout.runners.llama import load_llama
 
         path = shipped_model_source_path()

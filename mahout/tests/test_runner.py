@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from mahout.models import assemble_shipped
+from mahout.model_files import assemble_shipped
 from mahout.runners.llama import ContextOverflowError, LlamaRunner, cpu_advertises_amx
 
 

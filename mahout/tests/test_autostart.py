@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from mahout import __main__ as cli
+from mahout.autostart import install_service
 from mahout.credentials import credentials_save
-from mahout.service import install_service
 
 
 @pytest.fixture
