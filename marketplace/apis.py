@@ -40,7 +40,7 @@ from marketplace.serializers import (
     EmbeddingsInputSerializer,
 )
 from marketplace.streaming import Ended, RequestListener, Text, ended_error
-from marketplace.tools import tool_calls_in
+from marketplace.tool_calls import tool_calls_in
 
 
 async def rate_limit_headers(row: Request) -> dict[str, str]:

@@ -20,7 +20,7 @@ from marketplace.models import Request
 from marketplace.render import call_deltas, chunk_body, usage_chunk, usage_of
 from marketplace.serializers import ChatInputSerializer, CompletionInputSerializer, UnsupportedParameter
 from marketplace.streaming import RequestListener, Text, ended_error
-from marketplace.tools import CallHolder
+from marketplace.tool_calls import CallHolder
 
 
 def authenticated(admit: Callable[..., Request]) -> Callable[..., Request]:

@@ -18,7 +18,7 @@ from marketplace.models import Job, Request, TextChunk
 from marketplace.tests.test_apis import GOOD, assert_error, post
 from marketplace.tests.test_reputation import claim, online
 from marketplace.tests.test_services import CHAT
-from marketplace.tools import CallHolder, prompt_messages, tool_calls_in, tools_spec
+from marketplace.tool_calls import CallHolder, prompt_messages, tool_calls_in, tools_spec
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -76,7 +76,7 @@ class ToolSpecTests:
         (None, "required", "tool_choice"),
     ])
     def test_what_cannot_be_served_names_its_parameter(self, tools, choice, param) -> None:  # noqa: ANN001
-        from marketplace.tools import ToolsRefused
+        from marketplace.tool_calls import ToolsRefused
 
         with pytest.raises(ToolsRefused) as refused:
             tools_spec(tools=tools, tool_choice=choice, parallel=None)
