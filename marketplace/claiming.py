@@ -23,13 +23,14 @@ from hosts.models import Host
 from marketplace import reputation
 from marketplace import services as market
 from marketplace.claim_slots import WAITING
+from protocol.jobs import CLAIM_WAIT_SECONDS
 
 
 class JobClaimInputSerializer(serializers.Serializer):
     """A claim's input, at either door (`JobClaimApi.InputSerializer`, a claim frame)."""
 
     fingerprint = serializers.CharField(max_length=64)
-    wait = serializers.FloatField(min_value=0, max_value=settings.CLAIM_MAX_WAIT_SECONDS, default=20)
+    wait = serializers.FloatField(min_value=0, max_value=settings.CLAIM_MAX_WAIT_SECONDS, default=CLAIM_WAIT_SECONDS)
 
 
 async def claim_when_offered(host: Host, *, fingerprint: str, wait: float) -> dict | None:
