@@ -308,8 +308,8 @@ class ChatInputSerializer(SamplingSerializer):
 
     def _with_tools(self, data: dict) -> dict:
         """Tools are checked, and the messages become the plain turns the host renders (see
-        marketplace.tools)."""
-        from marketplace.tools import ToolsRefused, prompt_messages, tools_spec
+        marketplace.tool_calls)."""
+        from marketplace.tool_calls import ToolsRefused, prompt_messages, tools_spec
 
         try:
             spec = tools_spec(tools=data.get("tools"), tool_choice=data.get("tool_choice"),
@@ -319,7 +319,7 @@ class ChatInputSerializer(SamplingSerializer):
         return {**data, "tool_spec": spec, "messages": prompt_messages(data["messages"], spec)}
 
     def params(self) -> dict:
-        from marketplace.tools import required_format
+        from marketplace.tool_calls import required_format
 
         params = super().params()
         if self.validated_data.get("max_completion_tokens"):
