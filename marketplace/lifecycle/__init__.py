@@ -1,6 +1,7 @@
 """The request and job lifecycle, one room per stage, in the order a request meets them.
 
-    errors       the refusals a host can get (each with its HTTP status)
+    errors       the refusals a host can get and the ways a request can end, each with
+                 its HTTP status
     answers      pure rules on delivered text: stops, counts, finish_reason, vectors
     transitions  a request's two ends: settled or failed
     queueing     admission, a job's limits and offers, the queue timeout and fallbacks

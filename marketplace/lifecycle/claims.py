@@ -7,13 +7,12 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
 from catalog.models import CatalogModel
 from core.events import announce_on_commit, request_group
-from hosts.models import Host
+from hosts.models import ACCEPTING, TRUSTED, Host, claim_cap_sql
 from hosts.selectors import qualified_model_ids, warm_model_ids
 from marketplace import routing
 from marketplace.lifecycle.answers import count_output
@@ -98,17 +97,20 @@ def job_claim_selected(*, host: Host, selection: tuple[str, list], now: datetime
     )
     skip_locked = " FOR UPDATE SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
     at = connection.ops.adapt_datetimefield_value(now)
-    # The host, read in the statement (never from a stale copy): not paused, in maintenance or
-    # banned; below its cap (`reputation.claim_cap`: slots, bounded by probation or trust);
-    # trusted, or the job did not ask for trusted hosts.
+    # The host, read in the statement (never from a stale copy), by the rules in `hosts.models`:
+    # accepting work (not banned, in maintenance or paused); below its claim cap (slots, bounded
+    # by probation or trust); trusted, or the job did not ask for trusted hosts.
+    accepting, accepting_params = ACCEPTING.sql(alias="h")
+    cap, cap_params = claim_cap_sql(alias="h")
+    trusted, trusted_params = TRUSTED.sql(alias="t")
     host_ok = (
-        f"NOT EXISTS (SELECT 1 FROM {host_table} h WHERE h.id = %s AND (h.paused = %s OR h.maintenance_since IS NOT NULL"
-        " OR h.banned_at IS NOT NULL OR (SELECT COUNT(*) FROM {job} r WHERE r.host_id = h.id AND r.status = %s)"
-        " >= CASE WHEN h.slots < (CASE WHEN h.trusted_at IS NULL THEN %s ELSE %s END) THEN h.slots"
-        " ELSE (CASE WHEN h.trusted_at IS NULL THEN %s ELSE %s END) END))"
-        f" AND (trusted_only = %s OR EXISTS (SELECT 1 FROM {host_table} t WHERE t.id = %s AND t.trusted_at IS NOT NULL))"
-    ).replace("{job}", job_table)
-    caps = [settings.HOST_PROBATION_MAX_JOBS, settings.HOST_TRUSTED_MAX_JOBS] * 2
+        f"EXISTS (SELECT 1 FROM {host_table} h WHERE h.id = %s AND {accepting}"
+        f" AND (SELECT COUNT(*) FROM {job_table} r WHERE r.host_id = h.id AND r.status = %s) < {cap})"
+        f" AND (trusted_only = %s OR EXISTS (SELECT 1 FROM {host_table} t WHERE t.id = %s AND {trusted}))"
+    )
+    host_ok_params = [
+        host.pk, *accepting_params, Job.Status.RUNNING, *cap_params, False, host.pk, *trusted_params,
+    ]
     claim_job = (
         f"UPDATE {job_table} SET status = %s, host_id = %s, claimed_at = %s, last_token_at = %s"
         f" WHERE status = %s AND id = (SELECT id FROM {job_table} WHERE {host_ok}"
@@ -117,7 +119,7 @@ def job_claim_selected(*, host: Host, selection: tuple[str, list], now: datetime
     )
     claim_params = [
         Job.Status.RUNNING, host.pk, at, at, Job.Status.QUEUED,
-        host.pk, True, Job.Status.RUNNING, *caps, False, host.pk, *params,
+        *host_ok_params, *params,
     ]
     # a continuation's request is already running: it keeps its status and start time
     start_request = (

@@ -17,6 +17,7 @@ from hosts.models import Host
 from hosts.services import host_ban
 from marketplace.lifecycle.answers import answer_of, completion_tokens_counted
 from marketplace.lifecycle.claims import locked_job_of
+from marketplace.lifecycle.errors import HostFailed, RequestNotRunnable
 from marketplace.lifecycle.queueing import job_queue
 from marketplace.lifecycle.settlement import settle_without_host
 from marketplace.lifecycle.transitions import request_fail
@@ -69,13 +70,13 @@ def attempt_end_dead(*, job_id: int, reason: str, cause: str = "host") -> str:
     if request.status != Request.Status.RUNNING:
         return ""
     if cause == "request" and Job.objects.filter(request_id=request.pk, fail_cause="request").exclude(host_id=job.host_id).exists():
-        request_fail(request=request, code="request_not_runnable",
+        request_fail(request=request, code=RequestNotRunnable.code,
                       message=f"Two hosts could not run this request ({reason[:300]}); nothing was billed.")
         return "failed"
     from marketplace.canaries import canary_void, is_canary  # (canaries queue through this module)
 
     if is_canary(request):  # a canary tests one host: it is never handed to another
-        request_fail(request=request, code="host_failed", message="The host did not answer this canary.")
+        request_fail(request=request, code=HostFailed.code, message="The host did not answer this canary.")
         canary_void(request=request)
         return "failed"
     if job.generated_chars == 0 and job.requeue < MAX_REQUEUES:  # nothing of this attempt reached the customer
@@ -84,7 +85,7 @@ def attempt_end_dead(*, job_id: int, reason: str, cause: str = "host") -> str:
         return "requeued"
     if job.attempt >= MAX_ATTEMPTS:
         request_fail(
-            request=request, code="host_failed",
+            request=request, code=HostFailed.code,
             message="The host serving this request failed, and so did the host that took over; nothing was billed.",
         )
         return "failed"

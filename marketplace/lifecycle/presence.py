@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from hosts.models import Host
 from marketplace.lifecycle.answers import CUSTOMER_TEXT_PARAMS, answer_of, completion_tokens_counted
+from marketplace.lifecycle.errors import Cancelled
 from marketplace.lifecycle.settlement import rescuer_share, settle
 from marketplace.lifecycle.transitions import request_fail
 from marketplace.models import Job, Request, TextChunk
@@ -62,7 +63,7 @@ def request_abandon(*, request_id: int) -> str:
         if job is not None:
             Job.objects.filter(pk=job.pk, status__in=[Job.Status.QUEUED, Job.Status.RUNNING]).update(
                 status=Job.Status.FAILED, finished_at=timezone.now(), fail_reason="the customer went away", fail_cause="request")
-        request_fail(request=request, code="cancelled", message="The customer went away before any text; nothing was billed.")
+        request_fail(request=request, code=Cancelled.code, message="The customer went away before any text; nothing was billed.")
         return "cancelled"
     share = rescuer_share(request=request, job=job, text=answer, completion_tokens=tokens)
     if settle(request=request, completion_tokens=tokens, finish_reason="cancelled", job=job, host=Host.objects.get(pk=job.host_id),

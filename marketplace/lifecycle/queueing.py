@@ -22,6 +22,7 @@ from core.db import ChainMissed, Step, chain_run, insert_step
 from core.errors import DomainError
 from core.events import announce_on_commit, host_group, queue_group, request_group
 from marketplace import routing
+from marketplace.lifecycle.errors import HostFailed, QueueTimeout
 from marketplace.lifecycle.transitions import request_fail
 from marketplace.models import Job, Request
 from protocol.turns import render_job
@@ -185,9 +186,9 @@ def request_expire_unclaimed(*, request_id: int) -> bool:
     before = Job.objects.filter(request_id=request_id, attempt=job.attempt, requeue=job.requeue - 1).values_list(
         "fail_reason", flat=True).first()
     if job.attempt > 1 or (job.requeue > 0 and before != "not claimed in time"):  # (a fallback's queue is a queue)
-        code, message = "host_failed", f"The host serving this request failed and no other host took over within {wait}; nothing was billed."
+        code, message = HostFailed.code, f"The host serving this request failed and no other host took over within {wait}; nothing was billed."
     else:
-        code, message = "queue_timeout", f"No host claimed this request within {wait}; nothing was billed."
+        code, message = QueueTimeout.code, f"No host claimed this request within {wait}; nothing was billed."
     return request_fail(request=Request.objects.get(pk=request_id), code=code, message=message)
 
 

@@ -27,7 +27,7 @@ from marketplace.lifecycle.answers import (
     finish_reason_checked,
 )
 from marketplace.lifecycle.claims import check_running
-from marketplace.lifecycle.errors import BadResult, JobNotRunning
+from marketplace.lifecycle.errors import BadResult, InvalidStructuredOutput, JobNotRunning, LogprobsMissing
 from marketplace.lifecycle.transitions import request_fail, request_settled
 from marketplace.models import Job, Request, StageShare, TextChunk
 from marketplace.reputation import blame_corrected, host_rest_if_unreliable
@@ -81,11 +81,11 @@ def job_complete(*, host: Host, job_id: int, finish_reason: str, embeddings: lis
             claimed=finish_reason, completion_tokens=completion_tokens, max_tokens=max_tokens)
         problem = answer_problem(request.params.get("response_format"), text) if finish_reason == "stop" else None
         if problem is not None:
-            return _answer_refused(job=job, request=request, why=f"structured output: {problem}", code="invalid_structured_output",
+            return _answer_refused(job=job, request=request, why=f"structured output: {problem}", code=InvalidStructuredOutput.code,
                                    message=f"The host's answer did not meet response_format ({problem}); nothing was billed.")
         if request.params.get("logprobs") is not None and TextChunk.objects.filter(job=job, logprobs__isnull=True).exists():
             return _answer_refused(job=job, request=request, why="sent text without the log-probabilities asked for",
-                                   code="logprobs_missing", message="The host did not report the log-probabilities asked "
+                                   code=LogprobsMissing.code, message="The host did not report the log-probabilities asked "
                                    "for (a ring or an expert mesh cannot, nor mahout before 0.2.0); nothing was billed.")
         share = rescuer_share(request=request, job=job, text=delivered, completion_tokens=completion_tokens)
     now = timezone.now()
