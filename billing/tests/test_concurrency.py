@@ -14,6 +14,7 @@ from billing.models import Account, LedgerTransaction
 from conftest import make_customer, make_host
 from marketplace import services as market
 from marketplace.models import Request
+from testkit.requests import submit_request
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -22,8 +23,6 @@ if TYPE_CHECKING:
     from testkit.personas import Customer
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-PARAMS = {"max_tokens": 100, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None}
 
 
 def race(fn: Callable[[int], str], attempts: int) -> list[str]:
@@ -43,10 +42,7 @@ def race(fn: Callable[[int], str], attempts: int) -> list[str]:
 
 def admit(customer: Customer, catalog: CatalogModel) -> Callable[[int], str]:
     def submit(index: int) -> str:
-        market.request_submit(
-            public_id=f"chatcmpl-bill-{index}", api_key=customer.key, model=catalog, kind="chat",
-            messages=[{"role": "user", "content": "hi"}], prompt=None, params=PARAMS, stream=False, prompt_tokens=10,
-        )
+        submit_request(customer, catalog, public_id=f"chatcmpl-bill-{index}", max_tokens=100)
         return "admitted"
 
     return submit

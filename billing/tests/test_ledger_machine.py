@@ -23,6 +23,7 @@ from catalog.models import CatalogModel
 from conftest import make_customer, make_host
 from marketplace import services as market
 from marketplace.models import Job, Request
+from testkit.requests import submit_request
 
 if TYPE_CHECKING:
     from hypothesis.strategies import DataObject
@@ -99,12 +100,7 @@ class LedgerMachine(RuleBasedStateMachine):
           claim_by=st.sampled_from([None, 0, 1]))
     def admit(self, max_tokens: int, prompt_tokens: int, claim_by: int | None) -> None:
         try:
-            market.request_submit(
-                public_id=market.new_public_id("chat"), api_key=self.customer.key, model=self.model, kind="chat",
-                messages=[{"role": "user", "content": "hi"}], prompt=None,
-                params={"max_tokens": max_tokens, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None},
-                stream=True, prompt_tokens=prompt_tokens,
-            )
+            submit_request(self.customer, self.model, stream=True, max_tokens=max_tokens, prompt_tokens=prompt_tokens)
         except BillingError:
             return
         if claim_by is not None:

@@ -126,14 +126,11 @@ class PayoutApproveTests:
 class HostBillingApiTests:
     def test_the_statement_lists_jobs_and_payouts_without_customer_identity(self, catalog) -> None:
         from marketplace import services as market
+        from testkit.requests import submit_request
 
         customer = make_customer()
         serving = make_host()
-        request = market.request_submit(
-            public_id=market.new_public_id("chat"), api_key=customer.key, model=catalog, kind="chat",
-            messages=[{"role": "user", "content": "hi"}], prompt=None,
-            params={"max_tokens": 5, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None}, stream=False, prompt_tokens=3,
-        )
+        request = submit_request(customer, catalog, max_tokens=5, prompt_tokens=3)
         job = market.job_claim_next(host=serving.host, fingerprint=serving.fingerprint)
         market.job_push_tokens(host=serving.host, job_id=job.pk, seq=0, text="Hello there")
         done = market.job_complete(host=serving.host, job_id=job.pk, finish_reason="stop")

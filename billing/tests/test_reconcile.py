@@ -9,8 +9,8 @@ from django.core.management.base import CommandError
 from billing import selectors, services, tasks
 from billing.models import Account, Hold
 from conftest import make_customer
-from marketplace import services as market
 from marketplace.models import Request
+from testkit.requests import submit_request
 
 if TYPE_CHECKING:
     from catalog.models import CatalogModel
@@ -18,14 +18,9 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.django_db
 
-PARAMS = {"max_tokens": 10, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None}
-
 
 def submit(customer: Customer, catalog: CatalogModel) -> Request:
-    return market.request_submit(
-        public_id=market.new_public_id("chat"), api_key=customer.key, model=catalog, kind="chat",
-        messages=[{"role": "user", "content": "hi"}], prompt=None, params=PARAMS, stream=False, prompt_tokens=4,
-    )
+    return submit_request(customer, catalog, max_tokens=10, prompt_tokens=4)
 
 
 class ReconcileCommandTests:

@@ -9,8 +9,8 @@ import pytest
 from django.test import Client
 
 from conftest import make_customer
-from marketplace import services as market
 from marketplace.models import Request
+from testkit.requests import submit_request
 
 if TYPE_CHECKING:
     from catalog.models import CatalogModel
@@ -20,11 +20,7 @@ pytestmark = pytest.mark.django_db
 
 
 def request_on(customer: Customer, catalog: CatalogModel, day: str, *, cost: int, completion_tokens: int) -> Request:
-    request = market.request_submit(
-        public_id=market.new_public_id("chat"), api_key=customer.key, model=catalog, kind="chat",
-        messages=[{"role": "user", "content": "hi"}], prompt=None,
-        params={"max_tokens": 10, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None}, stream=False, prompt_tokens=4,
-    )
+    request = submit_request(customer, catalog, max_tokens=10, prompt_tokens=4)
     created = datetime.fromisoformat(day).replace(hour=12, tzinfo=UTC)
     Request.objects.filter(pk=request.pk).update(
         created_at=created, status="completed", cost_ucents=cost, completion_tokens=completion_tokens

@@ -58,13 +58,9 @@ def call(method: str, path: str, token: str, body: dict | None = None) -> tuple[
 
 def queued_request(customer: Customer) -> Request:
     from catalog.models import CatalogModel
-    from marketplace import services as market
+    from testkit.requests import submit_request
 
-    return market.request_submit(
-        public_id=market.new_public_id("chat"), api_key=customer.key, model=CatalogModel.objects.get(name="gemma-3-270m"),
-        kind="chat", messages=[{"role": "user", "content": "hi"}], prompt=None, stream=True, prompt_tokens=5,
-        params={"max_tokens": 20, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": 1},
-    )
+    return submit_request(customer, CatalogModel.objects.get(name="gemma-3-270m"), stream=True, seed=1, prompt_tokens=5)
 
 
 @pytest.mark.django_db(transaction=True)  # the async host views run their ORM calls on their own threads

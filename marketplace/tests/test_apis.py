@@ -180,16 +180,12 @@ class HostEarningsTodayTests:
         from marketplace import services
         from marketplace.models import Job
         from marketplace.tests.test_reputation import claim, online
-        from marketplace.tests.test_services import CHAT
+        from testkit.requests import CHAT, submit_request
 
         online(serving_host)
         done = []
         for _ in range(2):
-            services.request_submit(
-                public_id=services.new_public_id("chat"), api_key=customer.key, model=catalog, kind="chat", messages=CHAT,
-                prompt=None, stream=True, prompt_tokens=10,
-                params={"max_tokens": 8, "temperature": 1.0, "top_p": 1.0, "stop": None, "seed": None, "response_format": None},
-            )
+            submit_request(customer, catalog, messages=CHAT, stream=True, max_tokens=8, temperature=1.0, response_format=None)
             job = claim(serving_host)
             services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="Hello there")
             done.append(services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop").earned_ucents)

@@ -12,6 +12,7 @@ from billing.errors import BillingError
 from conftest import make_customer
 from marketplace import services
 from marketplace.models import Job, Request
+from testkit.requests import submit_request
 
 if TYPE_CHECKING:
     from catalog.models import CatalogModel
@@ -19,16 +20,11 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-PARAMS = {"max_tokens": 100, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None}
-
 
 def admit_all(customer: Customer, catalog: CatalogModel, attempts: int) -> list[str]:
     def one(index: int) -> str:
         try:
-            services.request_submit(
-                public_id=f"chatcmpl-race-{index}", api_key=customer.key, model=catalog, kind="chat",
-                messages=[{"role": "user", "content": "hi"}], prompt=None, params=PARAMS, stream=False, prompt_tokens=10,
-            )
+            submit_request(customer, catalog, public_id=f"chatcmpl-race-{index}", max_tokens=100)
             return "admitted"
         except BillingError as refusal:
             return refusal.code

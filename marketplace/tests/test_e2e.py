@@ -17,6 +17,7 @@ from billing.models import Account, Hold
 from conftest import ROOT, make_customer, make_host, wait_until
 from hosts.models import Host
 from marketplace.models import Job, Request
+from testkit.requests import submit_request
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -168,13 +169,9 @@ class QualificationTests:
 
 class HostIsolationTests:
     def test_a_host_cannot_touch_another_hosts_job(self, gateway, catalog) -> None:
-        from marketplace import services
-
         customer = make_customer()
         owner, intruder = make_host(name="owner"), make_host(name="intruder")
-        services.request_submit(public_id="chatcmpl-iso", api_key=customer.key, model=catalog, kind="chat", messages=HAIKU,
-                                prompt=None, params={"max_tokens": 8, "temperature": 0, "top_p": 1, "stop": None, "seed": None},
-                                stream=False, prompt_tokens=10)
+        submit_request(customer, catalog, public_id="chatcmpl-iso", messages=HAIKU, max_tokens=8, temperature=0, top_p=1)
         claimed = httpx.post(f"{gateway.url}/hosts/api/claim", json={"fingerprint": owner.fingerprint, "wait": 1},
                              headers={"Authorization": f"Bearer {owner.token}"}).json()["job"]
         intruding = {"Authorization": f"Bearer {intruder.token}"}

@@ -20,6 +20,7 @@ from marketplace.models import Job, Request
 from marketplace.selectors import SERVED_MODELS_CACHE_KEY
 from marketplace.tests.test_apis import assert_error, post
 from marketplace.tests.test_reputation import claim, online
+from testkit.requests import submit_request
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -77,11 +78,7 @@ def test_a_queue_timeout_falls_back_to_the_next_model_and_then_ends_honestly(cus
 
 
 def test_the_fallback_is_served_and_billed_at_its_own_price(customer, serving_host, catalog, spare) -> None:
-    request = services.request_submit(
-        public_id=services.new_public_id("chat"), api_key=customer.key, model=spare, kind="chat", messages=ASK, prompt=None,
-        stream=True, prompt_tokens=10, params={"max_tokens": 4, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None,
-                                               "fallbacks": [catalog.name]},
-    )
+    request = submit_request(customer, spare, messages=ASK, stream=True, max_tokens=4, fallbacks=[catalog.name])
     Job.objects.filter(request=request).update(created_at=timezone.now() - timedelta(hours=1))
     services.request_expire_unclaimed(request_id=request.pk)
     online(serving_host)

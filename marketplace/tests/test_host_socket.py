@@ -14,9 +14,9 @@ from conftest import make_customer, make_host, wait_until
 from hosts.models import Host
 from mahout.api import HostApiError, JobGoneError
 from mahout.presence import Presence
-from marketplace import services
 from marketplace.models import Job, Request
 from testkit.personas import Customer
+from testkit.requests import submit_request
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
@@ -24,11 +24,7 @@ BATCHES = ["Hello", ", wor", "ld! ", "", "Good to see you."]
 
 
 def queued(customer: Customer, catalog: CatalogModel) -> Request:
-    return services.request_submit(
-        public_id=services.new_public_id("chat"), api_key=customer.key, model=catalog, kind="chat",
-        messages=[{"role": "user", "content": "hi"}], prompt=None, stream=True, prompt_tokens=5,
-        params={"max_tokens": 50, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": 1},
-    )
+    return submit_request(customer, catalog, stream=True, max_tokens=50, seed=1, prompt_tokens=5)
 
 
 def claimed(http: httpx.Client, fingerprint: str) -> int:

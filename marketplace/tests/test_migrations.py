@@ -18,6 +18,7 @@ from conftest import make_host
 from core.secrets import secret_hash, secret_new, secret_prefix
 from marketplace import services
 from marketplace.models import Request
+from testkit.requests import submit_request
 
 # The leaf migrations of every app at the commit before the move.
 BEFORE_THE_MOVE = [
@@ -54,11 +55,7 @@ class CatalogAndKeysMoveTests:
         key = api_key_by_secret(secret=secret)
         assert key is not None and key.pk == old_key.pk and key.user_id == user.pk
         assert ContentType.objects.get(pk=key_type).natural_key() == ("accounts", "apikey")
-        request = services.request_submit(
-            public_id=services.new_public_id("chat"), api_key=key, model=CatalogModel.objects.get(pk=model_id),
-            kind="chat", messages=[{"role": "user", "content": "hi"}], prompt=None, stream=False, prompt_tokens=5,
-            params={"max_tokens": 8, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": 1},
-        )
+        request = submit_request(key, CatalogModel.objects.get(pk=model_id), max_tokens=8, seed=1, prompt_tokens=5)
         serving = make_host()
         job = services.job_claim_next(host=serving.host, fingerprint=serving.fingerprint)
         services.job_push_tokens(host=serving.host, job_id=job.pk, seq=0, text="Hello there")

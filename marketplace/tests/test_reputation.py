@@ -20,7 +20,8 @@ from hosts.models import Host
 from marketplace import admission, canaries, claim_slots, claiming, reputation, routing, services
 from marketplace.claim_slots import WAITING, WaitingClaims
 from marketplace.models import CanaryCheck, CanaryReference, Job, Request
-from marketplace.tests.test_services import CHAT, submit
+from marketplace.tests.test_services import submit
+from testkit.requests import CHAT, submit_request
 
 pytestmark = pytest.mark.django_db
 
@@ -117,11 +118,7 @@ class TrustedOnlyTests:
     def test_a_request_for_trusted_hosts_only_waits_for_one(self, customer, serving_host, outsider, catalog) -> None:
         online(serving_host)
         online(outsider, trusted=True)
-        request = services.request_submit(
-            public_id=services.new_public_id("chat"), api_key=customer.key, model=catalog, kind="chat", messages=CHAT,
-            prompt=None, params={"max_tokens": 8, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None},
-            stream=False, prompt_tokens=5, trusted_only=True,
-        )
+        request = submit_request(customer, catalog, messages=CHAT, max_tokens=8, prompt_tokens=5, trusted_only=True)
         job = request.jobs.get()
         assert job.trusted_only and job.offered_host_id == outsider.host.pk
         Job.objects.filter(pk=job.pk).update(offer_until=timezone.now() - timedelta(seconds=1))  # the offer lapsed
@@ -290,11 +287,7 @@ class EmbeddingWidthTests:
 
 class StopSequenceTests:
     def test_the_gateway_ends_the_answer_at_a_stop_sequence_the_host_ignored(self, customer, serving_host, catalog) -> None:
-        request = services.request_submit(
-            public_id=services.new_public_id("chat"), api_key=customer.key, model=catalog, kind="chat", messages=CHAT,
-            prompt=None, params={"max_tokens": 40, "temperature": 0.0, "top_p": 1.0, "stop": ["END"], "seed": None},
-            stream=True, prompt_tokens=5,
-        )
+        request = submit_request(customer, catalog, messages=CHAT, stream=True, max_tokens=40, stop=["END"], prompt_tokens=5)
         job = claim(serving_host)
         services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text=" one two E")
         services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=1, text="ND three four five")

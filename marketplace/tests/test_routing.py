@@ -19,6 +19,7 @@ from hosts.models import Host
 from marketplace import routing
 from marketplace import services as market
 from marketplace.models import Job, Request
+from testkit.requests import submit_request
 
 if TYPE_CHECKING:
     from testkit.personas import Customer, ServingHost
@@ -27,11 +28,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def submit(customer: Customer, model: CatalogModel) -> Request:
-    return market.request_submit(
-        public_id=market.new_public_id("chat"), api_key=customer.key, model=model, kind="chat",
-        messages=[{"role": "user", "content": "hi"}], prompt=None, stream=False, prompt_tokens=3,
-        params={"max_tokens": 8, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None},
-    )
+    return submit_request(customer, model, max_tokens=8, prompt_tokens=3)
 
 
 def beat(serving: ServingHost, *, loaded: list[str] | None, catalog: object = None, slots: int = 1) -> None:
@@ -254,10 +251,7 @@ class TestEmbeddings:
         customer = make_customer()
         serving = self.embed_host(minilm)
         CatalogModel.objects.filter(pk=minilm.pk).update(embedding_dimensions=2)  # short vectors, for the test
-        request = market.request_submit(
-            public_id=market.new_public_id("embeddings"), api_key=customer.key, model=minilm, kind="embeddings",
-            messages=None, prompt=None, params={"max_tokens": 0}, stream=False, prompt_tokens=7, inputs=["a", "b"],
-        )
+        request = submit_request(customer, minilm, kind="embeddings", max_tokens=0, prompt_tokens=7, inputs=["a", "b"])
         payload = market.job_claim_payload(host=serving.host, model_ids=[minilm.pk])
         job = Job.objects.select_related("request", "model").get(pk=payload["id"])
         assert payload == market.job_payload(job), "the long-poll's payload is the stored job's"

@@ -15,6 +15,7 @@ from conftest import make_customer, make_host
 from hosts.models import Host
 from marketplace import services
 from marketplace.models import Job, Request
+from testkit.requests import CHAT, submit_request
 
 if TYPE_CHECKING:
     from catalog.models import CatalogModel
@@ -22,20 +23,11 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.django_db
 
-CHAT = [{"role": "user", "content": "Say hello"}]
-
 
 def submit(customer: Customer, catalog: CatalogModel, *, max_tokens: int = 20, prompt_tokens: int = 10) -> Request:
-    return services.request_submit(
-        public_id=services.new_public_id("chat"),
-        api_key=customer.key,
-        model=catalog,
-        kind="chat",
-        messages=CHAT,
-        prompt=None,
-        params={"max_tokens": max_tokens, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": 7},
-        stream=True,
-        prompt_tokens=prompt_tokens,
+    """The streamed chat request these tests (and their importers) share."""
+    return submit_request(
+        customer, catalog, messages=CHAT, stream=True, seed=7, max_tokens=max_tokens, prompt_tokens=prompt_tokens,
     )
 
 
@@ -114,11 +106,10 @@ class ClaimTests:
 
     @pytest.mark.parametrize("kind", ["chat", "completion"])
     def test_the_long_poll_payload_is_the_stored_jobs_and_the_request_starts(self, customer, serving_host, catalog, kind) -> None:
-        request = services.request_submit(
-            public_id=services.new_public_id(kind), api_key=customer.key, model=catalog, kind=kind,
-            messages=CHAT if kind == "chat" else None, prompt="Once upon" if kind == "completion" else None,
-            params={"max_tokens": 9, "temperature": 0.5, "top_p": 0.9, "stop": ["\n"], "seed": 3}, stream=False,
-            prompt_tokens=4,
+        request = submit_request(
+            customer, catalog, kind=kind, messages=CHAT if kind == "chat" else None,
+            prompt="Once upon" if kind == "completion" else None,
+            max_tokens=9, temperature=0.5, top_p=0.9, stop=["\n"], seed=3, prompt_tokens=4,
         )
         payload = services.job_claim_payload(host=serving_host.host, model_ids=[catalog.pk])
         job = Job.objects.select_related("request", "model").get(pk=payload["id"])

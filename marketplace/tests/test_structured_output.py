@@ -16,7 +16,7 @@ from marketplace.models import Job, Request
 from marketplace.structured import answer_problem, schema_problem
 from marketplace.tests.test_apis import GOOD, assert_error, post
 from marketplace.tests.test_reputation import claim, online
-from marketplace.tests.test_services import CHAT
+from testkit.requests import CHAT, submit_request
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -68,12 +68,7 @@ class ValidationTests:
 @pytest.mark.django_db
 class HostAnswerTests:
     def submit(self, catalog, response_format: dict) -> Request:  # noqa: ANN001
-        return services.request_submit(
-            public_id=services.new_public_id("chat"), api_key=make_customer().key, model=catalog, kind="chat",
-            messages=CHAT, prompt=None, stream=True, prompt_tokens=10,
-            params={"max_tokens": 40, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None,
-                    "response_format": response_format},
-        )
+        return submit_request(make_customer(), catalog, messages=CHAT, stream=True, max_tokens=40, response_format=response_format)
 
     def test_an_answer_that_breaks_the_schema_is_the_hosts_failure_and_nobody_pays(self, serving_host, catalog) -> None:
         online(serving_host)

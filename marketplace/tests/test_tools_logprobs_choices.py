@@ -17,8 +17,8 @@ from marketplace import services
 from marketplace.models import Job, Request, TextChunk
 from marketplace.tests.test_apis import GOOD, assert_error, post
 from marketplace.tests.test_reputation import claim, online
-from marketplace.tests.test_services import CHAT
 from marketplace.tool_calls import CallHolder, prompt_messages, tool_calls_in, tools_spec
+from testkit.requests import CHAT, submit_request
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -132,11 +132,8 @@ class ValidationTests:
 @pytest.mark.django_db
 class HostReportTests:
     def submit(self, catalog, logprobs: int | None) -> Request:  # noqa: ANN001
-        return services.request_submit(
-            public_id=services.new_public_id("chat"), api_key=make_customer().key, model=catalog, kind="chat",
-            messages=CHAT, prompt=None, stream=True, prompt_tokens=10,
-            params={"max_tokens": 40, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None,
-                    "response_format": None, "logprobs": logprobs},
+        return submit_request(
+            make_customer(), catalog, messages=CHAT, stream=True, max_tokens=40, response_format=None, logprobs=logprobs,
         )
 
     def entry(self, token: str) -> dict:
