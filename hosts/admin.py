@@ -61,7 +61,7 @@ class TrustFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Host]) -> QuerySet[Host]:
         if self.value() == "probation":
-            return queryset.filter(trusted_at__isnull=True, banned_at__isnull=True)
+            return queryset.filter(pk__in=Host.objects.in_probation())
         if self.value() == "trusted":
             return queryset.filter(pk__in=Host.objects.trusted())
         if self.value() == "banned":
@@ -109,9 +109,8 @@ class HostAdmin(admin.ModelAdmin):
 
     @admin.display(description="trust")
     def trust(self, host: Host) -> str:
-        if host.banned_at is not None:
-            return f"banned: {host.ban_reason}"
-        return "trusted" if host.trusted_at is not None else "probation"
+        """`Host.standing`, with the reason of a ban."""
+        return f"banned: {host.ban_reason}" if host.standing == "banned" else host.standing
 
     def _reason_page(self, request: HttpRequest, queryset: QuerySet[Host], *, template: str, title: str,
                      form: forms.Form) -> TemplateResponse:

@@ -1,27 +1,157 @@
-"""Host machines, their tokens, and the models they qualified on their hardware."""
+"""Host machines, their tokens, and the models they qualified on their hardware.
+
+The rules on a host's state are written here once each, as a `Rule` (a list of
+`Condition`s on its columns) that renders itself in every form a caller needs: a `Q` for
+querysets, SQL on an aliased host table for the plain statements routing and claims run,
+and a test of a loaded row. `hosts/tests/test_predicates.py` holds the forms to the same
+hosts in every state.
+
+    connected   heard from within HOST_OFFLINE_AFTER_SECONDS
+    accepting   not banned, in maintenance or paused: takes work when asked (a claim is
+                its own sign of life, so the claim checks this and not the heartbeat)
+    online      connected and accepting: may be offered work
+    trusted     out of probation (`marketplace.reputation`) and not banned
+    claim cap   the jobs it may run at once: its slots, bounded by probation or trust
+"""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import reduce
+from operator import and_
 
 from django.conf import settings
 from django.db import connection, models
+from django.db.models.functions import Greatest, Least
 from django.utils import timezone
+
+SQL_OPERATORS = {"exact": "=", "gte": ">="}
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One condition on one host field, the unit the host rules are written in; `fails_as`
+    names a host that fails it (`Rule.unmet`: a host's status, its standing)."""
+
+    field: str
+    lookup: str  # "exact", "gte" or "isnull" (the lookups the rules need)
+    value: object
+    fails_as: str
+
+    def q(self) -> models.Q:
+        return models.Q(**{f"{self.field}__{self.lookup}": self.value})
+
+    def sql(self, alias: str) -> tuple[str, list]:
+        column = f"{alias}.{self.field}"  # (the rules' fields are plain columns of their own name)
+        if self.lookup == "isnull":
+            return f"{column} IS {'' if self.value else 'NOT '}NULL", []
+        value = connection.ops.adapt_datetimefield_value(self.value) if isinstance(self.value, datetime) else self.value
+        return f"{column} {SQL_OPERATORS[self.lookup]} %s", [value]
+
+    def holds(self, host: Host) -> bool:
+        value = getattr(host, self.field)
+        if self.lookup == "isnull":
+            return (value is None) is self.value
+        if self.lookup == "gte":
+            return value is not None and value >= self.value
+        return value == self.value
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Conditions that must all hold, in the order a host that fails them is named by."""
+
+    conditions: tuple[Condition, ...]
+
+    def __add__(self, other: Rule) -> Rule:
+        return Rule(self.conditions + other.conditions)
+
+    def q(self) -> models.Q:
+        return reduce(and_, (condition.q() for condition in self.conditions), models.Q())
+
+    def sql(self, *, alias: str) -> tuple[str, list]:
+        """The rule as SQL conditions on the host table under `alias`, with their parameters."""
+        parts = [condition.sql(alias) for condition in self.conditions]
+        return " AND ".join(sql for sql, _ in parts), [param for _, params in parts for param in params]
+
+    def unmet(self, host: Host) -> str | None:
+        """What the first condition `host` fails calls it, or None when it meets them all."""
+        return next((condition.fails_as for condition in self.conditions if not condition.holds(host)), None)
+
+    def holds(self, host: Host) -> bool:
+        return self.unmet(host) is None
+
+
+def connected_since(now: datetime) -> datetime:
+    return now - timedelta(seconds=settings.HOST_OFFLINE_AFTER_SECONDS)
+
+
+def connected_rule(now: datetime) -> Rule:
+    return Rule((Condition("last_heartbeat_at", "gte", connected_since(now), "offline"),))
+
+
+NOT_BANNED = Condition("banned_at", "isnull", True, "banned")
+ACCEPTING = Rule((
+    NOT_BANNED, Condition("maintenance_since", "isnull", True, "maintenance"), Condition("paused", "exact", False, "paused"),
+))
+TRUSTED = Rule((NOT_BANNED, Condition("trusted_at", "isnull", False, "probation")))
+
+
+def online_rule(now: datetime) -> Rule:
+    return connected_rule(now) + ACCEPTING
+
+
+def online_sql(*, alias: str, now: datetime) -> tuple[str, list]:
+    """`HostQuerySet.online` as SQL on the host table under `alias` (routing's plain statement)."""
+    return online_rule(now).sql(alias=alias)
+
+
+def claim_cap_bounds() -> tuple[int, int]:
+    """The most jobs at once a host in probation, and a trusted one, may run whatever its slots."""
+    return settings.HOST_PROBATION_MAX_JOBS, settings.HOST_TRUSTED_MAX_JOBS
+
+
+def claim_cap_expression() -> models.Func:
+    """`Host.claim_cap` as an ORM expression (to annotate a queryset with)."""
+    probation, trusted = claim_cap_bounds()
+    integer = models.IntegerField()
+    bound = models.Case(models.When(TRUSTED.q(), then=models.Value(trusted)), default=models.Value(probation),
+                        output_field=integer)
+    return Greatest(models.Value(1), Least(models.F("slots"), bound, output_field=integer), output_field=integer)
+
+
+def claim_cap_sql(*, alias: str) -> tuple[str, list]:
+    """`Host.claim_cap` as an SQL expression on the host table under `alias` (the claim's
+    statement), with its parameters."""
+    least, greatest = ("MIN", "MAX") if connection.vendor == "sqlite" else ("LEAST", "GREATEST")
+    trusted, params = TRUSTED.sql(alias=alias)
+    probation_bound, trusted_bound = claim_cap_bounds()
+    return (
+        f"{greatest}(1, {least}({alias}.slots, CASE WHEN {trusted} THEN %s ELSE %s END))",
+        [*params, trusted_bound, probation_bound],
+    )
 
 
 class HostQuerySet(models.QuerySet):
-    """The one place that says which hosts count as connected and online."""
+    """The rules above as querysets: which hosts are connected, online and trusted."""
 
     def connected(self, now: datetime | None = None) -> HostQuerySet:
-        """Heard from within HOST_OFFLINE_AFTER_SECONDS."""
-        return self.filter(last_heartbeat_at__gte=connected_since(now or timezone.now()))
+        return self.filter(connected_rule(now or timezone.now()).q())
+
+    def accepting(self) -> HostQuerySet:
+        return self.filter(ACCEPTING.q())
 
     def online(self, now: datetime | None = None) -> HostQuerySet:
-        """Connected, not paused, not in maintenance, not banned: may be offered work."""
-        return self.connected(now).filter(paused=False, maintenance_since__isnull=True, banned_at__isnull=True)
+        """Connected, not banned, in maintenance or paused: may be offered work."""
+        return self.connected(now).accepting()
 
     def trusted(self) -> HostQuerySet:
         """Out of probation (see `marketplace.reputation`) and not banned."""
-        return self.filter(trusted_at__isnull=False, banned_at__isnull=True)
+        return self.filter(TRUSTED.q())
+
+    def in_probation(self) -> HostQuerySet:
+        """Neither trusted nor banned."""
+        return self.exclude(TRUSTED.q()).filter(NOT_BANNED.q())
 
     def qualified_for(self, model: object) -> HostQuerySet:
         return self.filter(qualifications__model=model)
@@ -89,7 +219,29 @@ class Host(models.Model):
         return self.name
 
     def is_connected(self, now: datetime) -> bool:
-        return self.last_heartbeat_at is not None and self.last_heartbeat_at >= connected_since(now)
+        return connected_rule(now).holds(self)
+
+    def is_online(self, now: datetime) -> bool:
+        return online_rule(now).holds(self)
+
+    def not_online_because(self, now: datetime) -> str | None:
+        """offline, banned, maintenance or paused: the first that applies; None when online."""
+        return online_rule(now).unmet(self)
+
+    @property
+    def is_trusted(self) -> bool:
+        return TRUSTED.holds(self)
+
+    @property
+    def standing(self) -> str:
+        """banned, probation or trusted."""
+        return TRUSTED.unmet(self) or "trusted"
+
+    @property
+    def claim_cap(self) -> int:
+        """Jobs the host may run at once: its slots, bounded by its reputation (at least one)."""
+        probation, trusted = claim_cap_bounds()
+        return max(1, min(self.slots, trusted if self.is_trusted else probation))
 
     def catalog_fresh(self, now: datetime) -> bool:
         """Whether the host's catalog can be trusted to say what is loaded."""
@@ -99,22 +251,6 @@ class Host(models.Model):
         """Warm (its fresh catalog says the model is loaded) or possibly warm (no fresh
         catalog): a host whose catalog cannot be read never counts as cold."""
         return is_warm(catalog=self.catalog, catalog_at=self.catalog_at, model_name=model_name, now=now)
-
-
-def connected_since(now: datetime) -> datetime:
-    return now - timedelta(seconds=settings.HOST_OFFLINE_AFTER_SECONDS)
-
-
-def online_sql(*, alias: str, now: datetime) -> tuple[str, list]:
-    """`HostQuerySet.online` as SQL conditions on the host table under `alias` (with their
-    parameters), for the plain statement routing runs on every admission; a test holds the
-    two forms to the same hosts."""
-    at = connection.ops.adapt_datetimefield_value(connected_since(now))
-    return (
-        f"{alias}.last_heartbeat_at >= %s AND {alias}.paused = %s AND {alias}.maintenance_since IS NULL"
-        f" AND {alias}.banned_at IS NULL",
-        [at, False],
-    )
 
 
 def catalog_fresh(catalog_at: datetime | None, now: datetime) -> bool:

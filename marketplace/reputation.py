@@ -5,7 +5,7 @@ passed `CANARY_TRUST_AFTER` canaries with none failed, completed `TRUST_AFTER_JO
 been a host for `TRUST_AFTER_SECONDS`; a failed canary puts it back (and in maintenance).
 What trust buys:
 - more work at once: a probation host runs at most `HOST_PROBATION_MAX_JOBS` jobs, a trusted
-  one its slots (at most `HOST_TRUSTED_MAX_JOBS`): `claim_cap`;
+  one its slots (at most `HOST_TRUSTED_MAX_JOBS`): `Host.claim_cap`;
 - offers first: routing orders the warm set trusted first, then by measured speed and load
   (`marketplace.routing`);
 - the requests whose customers asked for trusted hosts only (`Job.trusted_only`);
@@ -35,14 +35,10 @@ MIN_MEASURED_TOKENS = 8  # shorter answers say more about the first token than t
 OVERSTATED_RATIO = 2.0
 
 
-def is_trusted(host: Host) -> bool:
-    return host.trusted_at is not None and host.banned_at is None
-
-
 def claim_cap(host: Host) -> int:
-    """Jobs the host may run at once: its slots, bounded by its reputation."""
-    bound = settings.HOST_TRUSTED_MAX_JOBS if is_trusted(host) else settings.HOST_PROBATION_MAX_JOBS
-    return max(1, min(host.slots or 1, bound))
+    """Jobs the host may run at once: its slots, bounded by its reputation (`Host.claim_cap`,
+    the one rule, whose SQL form the claim applies)."""
+    return host.claim_cap
 
 
 def overstated(*, reported_tps: float | None, measured_tps: float | None) -> bool:
@@ -80,7 +76,7 @@ def trust_review(*, host_id: int, now: datetime | None = None) -> bool:
     """Promote a probation host that has earned it; True if it was promoted now. One query
     for a host already trusted."""
     now = now or timezone.now()
-    host = Host.objects.filter(pk=host_id, trusted_at__isnull=True, banned_at__isnull=True).only("pk", "created_at").first()
+    host = Host.objects.in_probation().filter(pk=host_id).only("pk", "created_at").first()
     if host is None or now - host.created_at < timedelta(seconds=settings.TRUST_AFTER_SECONDS):
         return False
     canaries = _canary_counts(host_id)
@@ -88,7 +84,7 @@ def trust_review(*, host_id: int, now: datetime | None = None) -> bool:
         return False
     if Job.objects.filter(host_id=host_id, status=Job.Status.COMPLETED).count() < settings.TRUST_AFTER_JOBS:
         return False
-    return bool(Host.objects.filter(pk=host_id, trusted_at__isnull=True, banned_at__isnull=True).update(trusted_at=now))
+    return bool(Host.objects.in_probation().filter(pk=host_id).update(trusted_at=now))
 
 
 def trust_revoke(*, host_id: int) -> bool:
@@ -116,9 +112,8 @@ class Reputation:
 
 
 def status_of(host: Host) -> str:
-    if host.banned_at is not None:
-        return "banned"
-    return "trusted" if is_trusted(host) else "probation"
+    """banned, probation or trusted (`Host.standing`)."""
+    return host.standing
 
 
 def reputation_of(host: Host) -> Reputation:

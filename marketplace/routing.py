@@ -35,7 +35,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from catalog.models import CatalogModel
-from hosts.models import Host, Qualification, online_sql
+from hosts.models import TRUSTED, Host, Qualification, online_rule
 from marketplace import reputation
 from marketplace.models import Job
 
@@ -89,14 +89,14 @@ class Candidate:
 def candidates(
     *, model: CatalogModel, now: datetime, trusted_only: bool = False, passed_over: frozenset[int | None] = frozenset()
 ) -> list[Candidate]:
-    """Online, unpaused, unbanned hosts out of maintenance, qualified for the model and warm
-    (or possibly warm), but for those `passed_over`, each with its load (running jobs and live offers). One plain
+    """Online hosts (`Host.objects.online`; trusted ones alone when `trusted_only`), qualified
+    for the model and warm (or possibly warm), but for those `passed_over`, each with its load
+    (running jobs and live offers) and its claim cap (`Host.claim_cap`). One plain
     statement whatever the pool size (a raw queryset: the fields' own converters read it back):
     it runs on every admission, where the ORM's statement building cost several times the query."""
     quote = connection.ops.quote_name
     host_table, qualification_table, job_table = (quote(m._meta.db_table) for m in (Host, Qualification, Job))
-    online, online_params = online_sql(alias="h", now=now)
-    trusted = " AND h.trusted_at IS NOT NULL" if trusted_only else ""
+    hosts, hosts_params = (online_rule(now) + TRUSTED if trusted_only else online_rule(now)).sql(alias="h")
     at = connection.ops.adapt_datetimefield_value(now)
     # Each host's load is read through the (host, status) and (offered_host, status) indexes:
     # its jobs running or offered now, never its history of jobs.
@@ -105,19 +105,19 @@ def candidates(
         f" (SELECT MAX(q.gen_tps) FROM {qualification_table} q WHERE q.host_id = h.id AND q.model_id = %s) AS best_tps,"
         f" (SELECT COUNT(*) FROM {job_table} j WHERE j.host_id = h.id AND j.status = %s)"
         f" + (SELECT COUNT(*) FROM {job_table} j WHERE j.offered_host_id = h.id AND j.status = %s AND j.offer_until >= %s) AS active"
-        f" FROM {host_table} h WHERE {online}{trusted}"
+        f" FROM {host_table} h WHERE {hosts}"
         f" AND EXISTS (SELECT 1 FROM {qualification_table} q WHERE q.host_id = h.id AND q.model_id = %s)"
     )
-    params = [model.pk, Job.Status.RUNNING, Job.Status.QUEUED, at, *online_params, model.pk]
+    params = [model.pk, Job.Status.RUNNING, Job.Status.QUEUED, at, *hosts_params, model.pk]
     found = []
     for host in Host.objects.raw(sql, params):
         if host.pk in passed_over or not host.warm_for(model.name, now):
             continue
         speed = reputation.routing_speed(reported_tps=host.best_tps, measured_tps=host.measured_tps)
         found.append(Candidate(
-            host_id=host.pk, active=host.active, slots=reputation.claim_cap(host),
+            host_id=host.pk, active=host.active, slots=host.claim_cap,
             weight=host.routing_weight if host.routing_weight is not None else speed, speed=speed,
-            trusted=reputation.is_trusted(host),
+            trusted=host.is_trusted,
             overstated=reputation.overstated(reported_tps=host.best_tps, measured_tps=host.measured_tps),
         ))
     return found

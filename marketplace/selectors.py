@@ -103,14 +103,13 @@ def with_running_job(queryset: QuerySet[Host]) -> QuerySet[Host]:
 
 
 def host_status(*, host: Host) -> str:
-    """offline, maintenance, paused, busy or online: the first that applies. A host from
-    `with_running_job` is busy by its annotation; any other costs a query."""
-    if not host.is_connected(timezone.now()):
-        return "offline"
-    if host.maintenance_since is not None:
-        return "maintenance"
-    if host.paused:
-        return "paused"
+    """offline, banned, maintenance, paused, busy or online: the first that applies. A host
+    online by the one rule (`Host.is_online`) is busy or online; any other is named by the
+    first part of the rule it fails. A host from `with_running_job` is busy by its
+    annotation; any other costs a query."""
+    not_online = host.not_online_because(timezone.now())
+    if not_online is not None:
+        return not_online
     running = getattr(host, "has_running_job", None)
     if running is None:
         running = Job.objects.filter(host=host, status=Job.Status.RUNNING).exists()
