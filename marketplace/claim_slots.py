@@ -1,6 +1,6 @@
 """A host's long-polls that wait for a job, counted where every gateway process sees them.
 
-A host may hold at most its claim cap of long-polls at once (`reputation.claim_cap`); more are
+A host may hold at most its claim cap of long-polls at once (`Host.claim_cap`); more are
 refused (429 `too_many_claims`). With several gateway processes (`WORKERS=N`, Redis configured),
 one process's count would let a host hold N × cap: so each waiting long-poll is an entry in a
 Redis sorted set per host, scored by when it lapses (its `wait` and a margin). A process that

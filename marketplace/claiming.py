@@ -20,7 +20,6 @@ from core.errors import ApiError
 from core.events import Inbox, host_group, queue_group
 from hosts import selectors as hosts
 from hosts.models import Host
-from marketplace import reputation
 from marketplace import services as market
 from marketplace.claim_slots import WAITING
 from protocol.jobs import CLAIM_WAIT_SECONDS
@@ -50,12 +49,12 @@ async def claim_when_offered(host: Host, *, fingerprint: str, wait: float) -> di
             403, "This host has not qualified any model on this machine; run the benchmark and register it first.",
             code="not_qualified", type="permission_error",
         )
-    cap = reputation.claim_cap(host)
+    cap = host.claim_cap
     ticket = await WAITING.enter(host.pk, cap=cap, wait=wait)
     if ticket is None:
         raise ApiError(
             429, f"This host already has {cap} claims waiting; it may run at most {cap} jobs at once "
-            f"({host.slots} slots, {reputation.status_of(host)}). Wait for one to return before claiming again.",
+            f"({host.slots} slots, {host.standing}). Wait for one to return before claiming again.",
             code="too_many_claims", type="rate_limit_error",
         )
     try:

@@ -35,12 +35,6 @@ MIN_MEASURED_TOKENS = 8  # shorter answers say more about the first token than t
 OVERSTATED_RATIO = 2.0
 
 
-def claim_cap(host: Host) -> int:
-    """Jobs the host may run at once: its slots, bounded by its reputation (`Host.claim_cap`,
-    the one rule, whose SQL form the claim applies)."""
-    return host.claim_cap
-
-
 def overstated(*, reported_tps: float | None, measured_tps: float | None) -> bool:
     return bool(reported_tps and measured_tps and reported_tps > OVERSTATED_RATIO * measured_tps)
 
@@ -84,7 +78,13 @@ def trust_review(*, host_id: int, now: datetime | None = None) -> bool:
         return False
     if Job.objects.filter(host_id=host_id, status=Job.Status.COMPLETED).count() < settings.TRUST_AFTER_JOBS:
         return False
-    return bool(Host.objects.in_probation().filter(pk=host_id).update(trusted_at=now))
+    return trust_grant(host_id=host_id, now=now)
+
+
+def trust_grant(*, host_id: int, now: datetime | None = None) -> bool:
+    """Out of probation now (it earned it, or it is the operator's own machine: the demo's
+    bundled host); False if it was not in probation (trusted already, or banned)."""
+    return bool(Host.objects.in_probation().filter(pk=host_id).update(trusted_at=now or timezone.now()))
 
 
 def trust_revoke(*, host_id: int) -> bool:
@@ -111,11 +111,6 @@ class Reputation:
         return self.jobs_completed / ended if ended else None
 
 
-def status_of(host: Host) -> str:
-    """banned, probation or trusted (`Host.standing`)."""
-    return host.standing
-
-
 def reputation_of(host: Host) -> Reputation:
     """Everything the reputation counts, for the host's pages and the operator's."""
     canaries = _canary_counts(host.pk)
@@ -126,10 +121,10 @@ def reputation_of(host: Host) -> Reputation:
     )
     reported = host.qualifications.aggregate(best=Max("gen_tps"))["best"]
     return Reputation(
-        status=status_of(host), canaries_passed=canaries["passed"], canaries_failed=canaries["failed"],
+        status=host.standing, canaries_passed=canaries["passed"], canaries_failed=canaries["failed"],
         jobs_completed=jobs["completed"], jobs_failed=jobs["failed"], failovers_caused=jobs["failovers"],
         measured_tps=host.measured_tps, reported_tps=reported,
-        overstated=overstated(reported_tps=reported, measured_tps=host.measured_tps), claim_cap=claim_cap(host),
+        overstated=overstated(reported_tps=reported, measured_tps=host.measured_tps), claim_cap=host.claim_cap,
     )
 
 

@@ -34,10 +34,8 @@ def make_customer(*, credit_ucents: int = 500_000_000, cap_ucents: int | None = 
 
 def make_host(*, qualified: bool = True, name: str | None = None, fingerprint: str = "f" * 64, trusted: bool = False) -> ServingHost:
     """A host in probation, like every new stranger's (`trusted`: out of it already)."""
-    from django.utils import timezone
-
-    from hosts.models import Host
     from hosts.services import host_create, qualification_register
+    from marketplace.reputation import trust_grant
     from protocol.catalog import MODEL_FILES
 
     new = host_create(email=f"h-{uuid.uuid4().hex[:8]}@example.com", name=name or "rig")
@@ -50,6 +48,6 @@ def make_host(*, qualified: bool = True, name: str | None = None, fingerprint: s
             machine={}, sha256=MODEL_FILES["gemma-3-270m"]["sha256"],  # the catalog's file
         )
     if trusted:
-        Host.objects.filter(pk=new.host.pk).update(trusted_at=timezone.now())
+        trust_grant(host_id=new.host.pk)
         new.host.refresh_from_db()
     return ServingHost(host=new.host, token=new.token, fingerprint=fingerprint)

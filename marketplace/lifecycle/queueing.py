@@ -24,7 +24,7 @@ from core.events import announce_on_commit, host_group, queue_group, request_gro
 from marketplace import routing
 from marketplace.lifecycle.errors import HostFailed, QueueTimeout
 from marketplace.lifecycle.transitions import request_fail
-from marketplace.models import Job, Request
+from marketplace.models import Job, Liveness, Request
 from protocol.turns import render_job
 
 
@@ -153,8 +153,8 @@ def job_reoffer(*, job_id: int) -> int | None:
     dead host are passed over; a canary stays its host's. A compare-and-set on the lapsed
     offer: a claim or another re-offer that got there first wins. Returns the host offered."""
     now = timezone.now()
-    job = Job.objects.select_related("model").filter(pk=job_id, status=Job.Status.QUEUED).first()
-    if job is None or job.only_host_id is not None or (job.offer_until is not None and job.offer_until >= now):
+    job = Job.objects.select_related("model").filter(Liveness.offer_lapsed(now), pk=job_id).first()
+    if job is None or job.only_host_id is not None:
         return None
     passed_over = frozenset({job.offered_host_id, job.avoid_host_id})
     pool = routing.candidates(model=job.model, now=now, trusted_only=job.trusted_only, passed_over=passed_over)

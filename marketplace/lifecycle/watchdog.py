@@ -83,9 +83,8 @@ def request_watch(*, request_id: int) -> None:
         request_expire_unclaimed(request_id=request_id)
     elif job.lapsed:
         job_reoffer(job_id=job.pk)
-    elif job.status == Job.Status.RUNNING and job.first_token_at is None:
-        if job_start_overdue(job=job, now=now):
-            job_unstarted_end(job_id=job.pk)
+    elif job.status == Job.Status.RUNNING and job.first_token_at is None and job_start_overdue(job=job, now=now):
+        job_unstarted_end(job_id=job.pk)
     elif job.stalled:
         job_stalled_end(job_id=job.pk)
     elif job.overdue:

@@ -136,15 +136,8 @@ def outcome(act: Callable[[], object], job_id: int) -> tuple[str, str]:
     return ended
 
 
-WATCH_MISSES_THE_DEADLINE = pytest.mark.xfail(strict=True, reason=(
-    "request_watch asks a running job without a first token only `job_start_overdue`, never "
-    "`Liveness.past_deadline`; the sweep's `overdue_job_end_one` ends it"))
-
-
 class VerdictTests:
-    @pytest.mark.parametrize("job_state", [
-        pytest.param(s, marks=WATCH_MISSES_THE_DEADLINE) if s.name == "loading, reporting progress, past its deadline" else s
-        for s in STATES], ids=str)
+    @pytest.mark.parametrize("job_state", STATES, ids=str)
     def test_the_sweeps_and_request_watch_reach_the_same_verdict(self, customer, catalog, serving_host,
                                                                 job_state: JobState) -> None:
         job = job_in(job_state, customer=customer, catalog=catalog, serving_host=serving_host, now=timezone.now())

@@ -29,9 +29,9 @@ from accounts.services import api_key_create
 from billing.services import credit_grant
 from catalog.money import usd_to_ucents
 from config.balancer import haproxy_config
-from core.secrets import secret_hash, secret_new, secret_prefix
 from hosts.models import Host
-from hosts.services import host_create
+from hosts.services import host_create, host_token_rotate
+from marketplace.reputation import trust_grant
 
 DEMO_CUSTOMER = "demo@customer.local"
 DEMO_HOST_OWNER = "demo@host.local"
@@ -114,9 +114,8 @@ class Command(BaseCommand):
             new = host_create(email=DEMO_HOST_OWNER, name=name)
             host, token = new.host, new.token
         else:
-            token = secret_new("host")
-            Host.objects.filter(pk=host.pk).update(token_hash=secret_hash(token), token_prefix=secret_prefix(token))
-        Host.objects.filter(pk=host.pk, trusted_at__isnull=True, banned_at__isnull=True).update(trusted_at=timezone.now())
+            token = host_token_rotate(host=host).token
+        trust_grant(host_id=host.pk)
         return token
 
     def _gateways(self, python: str, port: int, workers: int, var: Path) -> list[tuple[str, subprocess.Popen]]:
