@@ -23,6 +23,16 @@ class CatalogModel(models.Model):
     tokenizer = models.CharField(max_length=100, help_text="how the gateway counts tokens, e.g. shipped:gemma-3-270m")
     sha256 = models.CharField(max_length=64, blank=True, help_text="the weights file every host must serve (blank: not pinned)")
     quantization = models.CharField(max_length=32, blank=True, help_text="e.g. Q4_K_M")
+    # What `catalog_add` read from the model's own GGUF (blank / null on entries made otherwise).
+    architecture = models.CharField(max_length=64, blank=True, help_text="the GGUF's general.architecture, e.g. llama")
+    chat_template = models.TextField(blank=True, help_text="the model's own Jinja chat template")
+    bos_token_id = models.PositiveIntegerField(null=True, blank=True)
+    eos_token_id = models.PositiveIntegerField(null=True, blank=True)
+    eot_token_id = models.PositiveIntegerField(null=True, blank=True, help_text="end of turn, where the file names one")
+    vocab_size = models.PositiveIntegerField(null=True, blank=True)
+    n_layers = models.PositiveIntegerField(null=True, blank=True)
+    n_experts = models.PositiveIntegerField(null=True, blank=True, help_text="a mixture of experts' expert count")
+    file_size = models.BigIntegerField(null=True, blank=True, help_text="bytes of the weights file")
     active = models.BooleanField(default=True)
     routing_strategy = models.CharField(
         max_length=24, blank=True, choices=[("least-connections", "least-connections"), ("weighted", "weighted")],
@@ -38,7 +48,8 @@ class CatalogModel(models.Model):
         constraints = [
             models.CheckConstraint(
                 condition=Q(input_price_ucents__gte=0) & Q(output_price_ucents__gte=0), name="prices_not_negative"
-            )
+            ),
+            models.UniqueConstraint(fields=["sha256"], condition=~Q(sha256=""), name="catalog_file_once"),
         ]
 
     def __str__(self) -> str:

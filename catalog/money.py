@@ -42,3 +42,22 @@ def usd_to_ucents(amount: str | float | int | Decimal) -> int:
     if value != value.to_integral_value():
         raise ValueError(f"{amount!r} has more precision than a micro-cent")
     return int(value)
+
+
+def usd_per_million_to_ucents(amount: str) -> int:
+    """A price as a person types it, USD per million tokens, as the µ¢ per token the ledger
+    charges: "0.10" -> 10. Refuses (ValueError saying why) anything but a non-negative number
+    that is a whole number of µ¢ per token ("0.105" would be 10.5 µ¢)."""
+    try:
+        value = Decimal(amount.strip())
+    except InvalidOperation:
+        raise ValueError(f"{amount!r} is not a number of USD per million tokens") from None
+    if not value.is_finite() or value < 0:
+        raise ValueError(f"{amount!r} is not a non-negative number of USD per million tokens")
+    per_token = value * UCENTS_PER_USD / 1_000_000
+    if per_token != per_token.to_integral_value():
+        raise ValueError(f"{amount!r} USD per million tokens is {per_token.normalize():f} µ¢ per token, "
+                         f"not a whole number of µ¢ (1 µ¢ per token = $0.01 per million tokens)")
+    if per_token >= 2**63:
+        raise ValueError(f"{amount!r} USD per million tokens is too large")
+    return int(per_token)

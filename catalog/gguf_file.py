@@ -1,0 +1,121 @@
+"""What the catalog reads from a model's own GGUF file, and its vocabulary-only copy.
+
+The facts (architecture, context length, chat template, special token ids, sizes,
+quantisation) come from the file's metadata through `engine.gguf_meta` (the `gguf` package,
+no torch). The copy the gateway counts tokens with is the file's header and metadata,
+byte for byte, declaring no tensors: llama.cpp loads it with `vocab_only=True` exactly as
+it loads the whole file, and it weighs what the vocabulary weighs (a few MB), not the weights.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from gguf import GGUF_DEFAULT_ALIGNMENT, LlamaFileType
+
+from engine.gguf_meta import _PlainArrayReader, gguf_field
+
+GGUF_MAGIC = b"GGUF"
+_HEADER_BYTES = 24  # magic (4), version (4), tensor count (8), metadata count (8): GGUF v2 and v3
+_TENSOR_COUNT = slice(8, 16)
+_BLOCK = 1024 * 1024
+
+
+class GgufUnreadable(ValueError):
+    """The file is not a GGUF model this catalog can describe; the message says why."""
+
+
+@dataclass(frozen=True)
+class GgufFacts:
+    """A GGUF model's blueprint as the catalog stores it."""
+
+    architecture: str
+    context_length: int
+    chat_template: str  # "" when the file has none
+    bos_token_id: int | None
+    eos_token_id: int | None
+    eot_token_id: int | None
+    vocab_size: int
+    n_layers: int
+    n_experts: int | None  # None: a dense model
+    quantization: str  # "" when the file does not say
+    file_size: int
+    metadata_end: int  # where the header and metadata stop: the vocabulary-only copy is bytes [0, metadata_end)
+    alignment: int
+
+
+def gguf_facts(path: Path) -> GgufFacts:
+    """Read a GGUF's facts; a file that is not a GGUF model raises GgufUnreadable saying why."""
+    with path.open("rb") as file:
+        head = file.read(_HEADER_BYTES)
+    if len(head) < _HEADER_BYTES or head[:4] != GGUF_MAGIC:
+        raise GgufUnreadable(f"{path} is not a GGUF file (it does not start with the GGUF magic)")
+    try:  # parsed afresh, not through open_gguf's per-process cache: an add must see the file as it is now
+        reader = _PlainArrayReader(str(path))
+    except (ValueError, IndexError, OSError, EOFError) as error:
+        raise GgufUnreadable(f"{path} is not a readable GGUF file ({error})") from None
+    architecture = gguf_field(reader, "general.architecture")
+    if not architecture:
+        raise GgufUnreadable(f"{path} names no general.architecture: not a GGUF model")
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    if tokens is None:
+        raise GgufUnreadable(f"{path} holds no vocabulary (tokenizer.ggml.tokens): its tokens cannot be counted")
+    context_length = gguf_field(reader, f"{architecture}.context_length")
+    n_layers = gguf_field(reader, f"{architecture}.block_count")
+    if not context_length or not n_layers:
+        raise GgufUnreadable(f"{path} lacks {architecture}.context_length or {architecture}.block_count")
+    return GgufFacts(
+        architecture=architecture,
+        context_length=int(context_length),
+        chat_template=gguf_field(reader, "tokenizer.chat_template", ""),
+        bos_token_id=gguf_field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_id=gguf_field(reader, "tokenizer.ggml.eos_token_id"),
+        eot_token_id=gguf_field(reader, "tokenizer.ggml.eot_token_id"),
+        vocab_size=len(tokens.data),
+        n_layers=int(n_layers),
+        n_experts=gguf_field(reader, f"{architecture}.expert_count") or None,
+        quantization=_quantization(gguf_field(reader, "general.file_type")),
+        file_size=path.stat().st_size,
+        metadata_end=max(
+            field.offset + sum(part.nbytes for part in field.parts)
+            for key, field in reader.fields.items() if not key.startswith("GGUF.")
+        ),
+        alignment=int(gguf_field(reader, "general.alignment", GGUF_DEFAULT_ALIGNMENT)),
+    )
+
+
+def _quantization(file_type: int | None) -> str:
+    """llama.cpp's name of the file type: 15 -> "Q4_K_M", 0 -> "F32"; "" when unknown."""
+    if file_type is None:
+        return ""
+    try:
+        name = LlamaFileType(file_type).name
+    except ValueError:
+        return ""
+    return name.removeprefix("MOSTLY_").removeprefix("ALL_")
+
+
+def gguf_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while block := file.read(_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def gguf_vocab_copy(path: Path, facts: GgufFacts, dest: Path) -> None:
+    """Write `dest`: the file's header and metadata, byte for byte, declaring no tensors.
+
+    Written beside `dest` and renamed into place, so a reader never sees half a copy."""
+    with path.open("rb") as file:
+        metadata = bytearray(file.read(facts.metadata_end))
+    metadata[_TENSOR_COUNT] = bytes(8)  # zero tensors: the same 0 in either byte order
+    metadata += bytes(-len(metadata) % facts.alignment)  # the (empty) data section starts aligned
+    partial = dest.with_name(f".{dest.name}.partial")
+    try:
+        partial.write_bytes(metadata)
+        os.replace(partial, dest)
+    finally:
+        partial.unlink(missing_ok=True)

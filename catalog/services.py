@@ -1,0 +1,105 @@
+"""Writes to the catalog."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+
+from catalog.gguf_file import GgufFacts, GgufUnreadable, gguf_facts, gguf_sha256, gguf_vocab_copy
+from catalog.models import CatalogModel
+from catalog.money import usd_per_million_to_ucents
+from catalog.tokenizer import GGUF_SPEC
+from core.errors import DomainError
+
+VOCAB_DIR = "catalog"  # under VAR_DIR: the vocabulary-only copies the gateway counts tokens with
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/+-]{0,99}")
+
+
+class CatalogAddRefused(DomainError):
+    """A model that cannot enter the catalog as asked; the message says why, in one line."""
+
+    code = "catalog_add_refused"
+
+
+def catalog_model_add(
+    *, path: Path, name: str, input_price: str, output_price: str, template_path: Path | None = None
+) -> CatalogModel:
+    """Add a chat model from its own GGUF: its facts read from the file, the file pinned by
+    sha256, a vocabulary-only copy kept under VAR_DIR for counting. Prices are USD per million
+    tokens as typed. Refuses (CatalogAddRefused) with nothing written: a bad price or name, a
+    file that is not a GGUF model, no chat template, a name or file already in the catalog.
+    What the file alone decides is checked before the database is asked."""
+    prices = {"input_price_ucents": _price(input_price, "input"), "output_price_ucents": _price(output_price, "output")}
+    if not _NAME.fullmatch(name):
+        raise CatalogAddRefused(f"{name!r} is not a model name: 1-100 letters, digits and . _ : / + -, "
+                                "starting with a letter or digit")
+    template = _template_read(template_path)
+    facts = _facts(path)
+    template = template or facts.chat_template
+    if not template:
+        raise CatalogAddRefused(f"{path} has no chat template (tokenizer.chat_template); supply one with --template FILE")
+    if CatalogModel.objects.filter(name=name).exists():
+        raise CatalogAddRefused(f"{name} is already in the catalog")
+    sha256 = gguf_sha256(path)
+    already = CatalogModel.objects.filter(sha256=sha256).first()
+    if already is not None:
+        raise CatalogAddRefused(f"{path} is already in the catalog as {already.name} (sha256 {sha256})")
+    return _entry_create(path=path, name=name, facts=facts, template=template, sha256=sha256, prices=prices)
+
+
+def _price(amount: str, which: str) -> int:
+    try:
+        return usd_per_million_to_ucents(amount)
+    except ValueError as error:
+        raise CatalogAddRefused(f"bad {which} price: {error}") from None
+
+
+def _template_read(template_path: Path | None) -> str:
+    if template_path is None:
+        return ""
+    try:
+        template = template_path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise CatalogAddRefused(f"cannot read the template {template_path}: {error}") from None
+    if not template.strip():
+        raise CatalogAddRefused(f"the template {template_path} is empty")
+    return template
+
+
+def _facts(path: Path) -> GgufFacts:
+    if not path.is_file():
+        raise CatalogAddRefused(f"{path}: no such file")
+    try:
+        return gguf_facts(path)
+    except GgufUnreadable as error:
+        raise CatalogAddRefused(str(error)) from None
+    except OSError as error:
+        raise CatalogAddRefused(f"cannot read {path}: {error}") from None
+
+
+def _entry_create(
+    *, path: Path, name: str, facts: GgufFacts, template: str, sha256: str, prices: dict[str, int]
+) -> CatalogModel:
+    """The vocabulary copy first, then the row; if the row cannot be written (another add of the
+    same name or file got there first), the copy goes too, unless an entry of that file holds it."""
+    relative = Path(VOCAB_DIR) / f"{sha256}.gguf"
+    copy = settings.VAR_DIR / relative
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    gguf_vocab_copy(path, facts, copy)
+    try:
+        with transaction.atomic():
+            return CatalogModel.objects.create(
+                name=name, kind=CatalogModel.Kind.CHAT, context_length=facts.context_length, **prices,
+                tokenizer=f"{GGUF_SPEC}{relative}", sha256=sha256, quantization=facts.quantization,
+                architecture=facts.architecture, chat_template=template, bos_token_id=facts.bos_token_id,
+                eos_token_id=facts.eos_token_id, eot_token_id=facts.eot_token_id, vocab_size=facts.vocab_size,
+                n_layers=facts.n_layers, n_experts=facts.n_experts, file_size=facts.file_size,
+            )
+    except BaseException as error:
+        if not CatalogModel.objects.filter(sha256=sha256).exists():  # a concurrent add of the same file keeps its copy
+            copy.unlink(missing_ok=True)
+        if isinstance(error, IntegrityError):
+            raise CatalogAddRefused(f"{name} or its file was added to the catalog meanwhile") from None
+        raise

@@ -1,0 +1,225 @@
+"""`manage.py catalog_add`: a chat model enters the catalog from its own GGUF file.
+
+The inputs are real GGUFs: small files written with the `gguf` package's GGUFWriter that carry
+the shipped model's whole vocabulary (Gemma 3's 262,144 tokens, copied from its file's
+metadata) and a few MB of stand-in weights, so the vocabulary copy must be much smaller than
+the file and must count exactly as llama.cpp counts with the whole file.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.core.management import CommandError, call_command
+from gguf import GGUFValueType, GGUFWriter
+
+from catalog.models import CatalogModel
+from catalog.tokenizer import shipped_model_path, tokenizer_for
+from engine.gguf_meta import open_gguf
+
+pytestmark = pytest.mark.django_db
+
+TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<start_of_turn>{{ message['role'] }}\n"
+    "{{ message['content'] }}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+END_OF_TURN = 106  # Gemma 3's <end_of_turn>
+WEIGHT_FLOATS = 6 * 1024 * 1024  # 24 MB of stand-in weights
+TEXTS = [
+    "Hello, world!",
+    "Ünïcødé, 日本語のテキスト, 中文, emoji 🐘🎉 and   runs   of    spaces\n\n\ttabs",
+    "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n",  # special-token look-alikes
+    "def f(x):\n    return x ** 2  # code",
+    "",
+]
+
+
+def _tiny_gguf(dest: Path, *, template: str | None, general_name: str) -> Path:
+    """A GGUF with the shipped model's metadata (architecture, vocabulary), `template` as its
+    chat template, an end-of-turn id, file type F32 and one tensor of stand-in weights."""
+    reader = open_gguf(shipped_model_path())
+    writer = GGUFWriter(str(dest), "gemma3")
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key in ("general.architecture", "general.name", "general.file_type"):
+            continue
+        kind = field.types[0]
+        writer.add_key_value(key, field.contents(), kind, sub_type=field.types[-1] if kind == GGUFValueType.ARRAY else None)
+    writer.add_name(general_name)
+    writer.add_file_type(0)  # ALL_F32
+    writer.add_eot_token_id(END_OF_TURN)
+    if template is not None:
+        writer.add_chat_template(template)
+    import numpy as np
+
+    writer.add_tensor("token_embd.weight", np.zeros(WEIGHT_FLOATS, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dest
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The model files every test adds or is refused: built once (the vocabulary takes seconds)."""
+    folder = tmp_path_factory.mktemp("gguf")
+    (folder / "not-a-model.gguf").write_bytes(b"this is plain text, not a GGUF file\n" * 10)
+    (folder / "template.jinja").write_text(TEMPLATE)
+    return {
+        "chat": _tiny_gguf(folder / "chat.gguf", template=TEMPLATE, general_name="tiny chat"),
+        "base": _tiny_gguf(folder / "base.gguf", template=None, general_name="tiny base"),
+        "not_gguf": folder / "not-a-model.gguf",
+        "template": folder / "template.jinja",
+    }
+
+
+@pytest.fixture
+def var_dir(tmp_path: Path, settings) -> Path:  # noqa: ANN001 (pytest-django's settings fixture)
+    settings.VAR_DIR = tmp_path / "var"
+    settings.VAR_DIR.mkdir()
+    return settings.VAR_DIR
+
+
+def _add(path: Path, name: str = "tiny-chat", input_price: str = "0.10", output_price: str = "0.40",
+         *extra: str) -> None:
+    call_command("catalog_add", str(path), "--name", name, "--input-price", input_price,
+                 "--output-price", output_price, *extra)
+
+
+class CatalogAddTests:
+    def test_it_adds_a_chat_model_with_the_facts_of_its_own_file(self, files, var_dir) -> None:
+        _add(files["chat"])
+
+        entry = CatalogModel.objects.get(name="tiny-chat")
+        assert entry.kind == CatalogModel.Kind.CHAT and entry.active
+        assert (entry.architecture, entry.context_length, entry.n_layers, entry.n_experts) == ("gemma3", 32768, 18, None)
+        assert entry.chat_template == TEMPLATE
+        assert (entry.bos_token_id, entry.eos_token_id, entry.eot_token_id) == (2, 1, END_OF_TURN)
+        assert entry.vocab_size == 262_144
+        assert entry.quantization == "F32"
+        assert entry.file_size == files["chat"].stat().st_size
+        assert entry.sha256 == hashlib.sha256(files["chat"].read_bytes()).hexdigest()
+        assert (entry.input_price_ucents, entry.output_price_ucents) == (10, 40)  # $0.10 and $0.40 per million
+
+    def test_it_keeps_a_vocabulary_copy_much_smaller_than_the_file(self, files, var_dir) -> None:
+        _add(files["chat"])
+
+        entry = CatalogModel.objects.get(name="tiny-chat")
+        assert entry.tokenizer == f"gguf:catalog/{entry.sha256}.gguf"
+        copy = var_dir / "catalog" / f"{entry.sha256}.gguf"
+        assert copy.stat().st_size < 10_000_000 < 4 * copy.stat().st_size < entry.file_size
+        assert os.listdir(var_dir / "catalog") == [copy.name]  # nothing partial left beside it
+
+    def test_it_counts_with_the_copy_exactly_as_llama_cpp_counts_with_the_whole_file(self, files, var_dir) -> None:
+        from llama_cpp import Llama
+
+        _add(files["chat"])
+        counter = tokenizer_for(CatalogModel.objects.get(name="tiny-chat").tokenizer)
+        whole = Llama(model_path=str(files["chat"]), vocab_only=True, verbose=False)
+        try:
+            assert counter.exact
+            for text in TEXTS:
+                for special in (True, False):
+                    expected = len(whole.tokenize(text.encode(), add_bos=special, special=special))
+                    assert counter.count(text, special=special) == expected, (text, special)
+            assert counter.count(TEXTS[1], special=False) < len(TEXTS[1].encode())  # tokens, not bytes
+        finally:
+            whole.close()
+
+    def test_it_takes_the_template_from_a_file_when_the_model_has_none(self, files, var_dir) -> None:
+        _add(files["base"], "tiny-base", "0", "1.5", "--template", str(files["template"]))
+
+        entry = CatalogModel.objects.get(name="tiny-base")
+        assert entry.chat_template == TEMPLATE
+        assert (entry.input_price_ucents, entry.output_price_ucents) == (0, 150)
+
+    def test_it_leaves_the_shipped_entries_as_they_were(self, files, var_dir) -> None:
+        before = list(CatalogModel.objects.order_by("name").values())
+        _add(files["chat"])
+
+        assert list(CatalogModel.objects.exclude(name="tiny-chat").order_by("name").values()) == before
+        assert CatalogModel.objects.get(name="gemma-3-270m").tokenizer == "shipped:gemma-3-270m"
+
+
+class CatalogAddRefusalTests:
+    """Each refusal: exit code 2, one line that says why, and nothing written."""
+
+    def _refused(self, var_dir: Path, *args: object) -> str:
+        rows = CatalogModel.objects.count()
+        with pytest.raises(CommandError) as refused:
+            _add(*args)  # type: ignore[arg-type]
+        assert refused.value.returncode == 2
+        message = str(refused.value)
+        assert message and "\n" not in message
+        assert CatalogModel.objects.count() == rows
+        assert not (var_dir / "catalog").exists() or not any((var_dir / "catalog").iterdir())
+        return message
+
+    def test_it_refuses_a_missing_file(self, files, var_dir) -> None:
+        assert "no such file" in self._refused(var_dir, files["chat"].with_name("absent.gguf"))
+
+    def test_it_refuses_a_file_that_is_not_a_gguf(self, files, var_dir) -> None:
+        assert "not a GGUF file" in self._refused(var_dir, files["not_gguf"])
+
+    def test_it_refuses_a_model_without_a_chat_template_and_names_the_option(self, files, var_dir) -> None:
+        message = self._refused(var_dir, files["base"], "tiny-base")
+        assert "no chat template" in message and "--template FILE" in message
+
+    def test_it_refuses_a_name_already_in_the_catalog(self, files, var_dir) -> None:
+        assert "gemma-3-270m is already in the catalog" in self._refused(var_dir, files["chat"], "gemma-3-270m")
+
+    def test_it_refuses_a_file_already_in_the_catalog(self, files, var_dir) -> None:
+        _add(files["chat"])
+        copies = sorted((var_dir / "catalog").iterdir())
+        rows = CatalogModel.objects.count()
+
+        with pytest.raises(CommandError) as refused:
+            _add(files["chat"], "tiny-chat-again")
+        assert refused.value.returncode == 2 and "already in the catalog as tiny-chat" in str(refused.value)
+        assert CatalogModel.objects.count() == rows
+        assert sorted((var_dir / "catalog").iterdir()) == copies  # the first entry keeps its copy
+
+    @pytest.mark.parametrize(("input_price", "output_price", "says"), [
+        ("abc", "0.40", "is not a number"),
+        ("0.10", "-1", "not a non-negative number"),
+        ("0.10", "NaN", "not a non-negative number"),
+        ("0.105", "0.40", "not a whole number of µ¢"),
+    ])
+    def test_it_refuses_a_bad_price(self, files, var_dir, input_price, output_price, says) -> None:
+        assert says in self._refused(var_dir, files["chat"], "tiny-chat", input_price, output_price)
+
+    def test_it_refuses_a_bad_name(self, files, var_dir) -> None:
+        assert "is not a model name" in self._refused(var_dir, files["chat"], "two words")
+
+    def test_it_refuses_an_unreadable_template_file(self, files, var_dir) -> None:
+        message = self._refused(var_dir, files["base"], "tiny-base", "0.1", "0.4", "--template",
+                                str(files["template"].with_name("absent.jinja")))
+        assert "cannot read the template" in message
+
+
+class CatalogAddCommandLineTests:
+    """As an operator runs it: a real process, its exit code and its stderr."""
+
+    def _run(self, var_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "ELEPHANT_VAR_DIR": str(var_dir)}
+        return subprocess.run([sys.executable, "manage.py", "catalog_add", *args], cwd=settings.BASE_DIR, env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    def test_it_exits_2_with_one_line_for_a_file_that_is_not_a_gguf(self, files, tmp_path) -> None:
+        done = self._run(tmp_path, str(files["not_gguf"]), "--name", "x", "--input-price", "0.1", "--output-price", "0.4")
+
+        assert done.returncode == 2
+        assert len(done.stderr.splitlines()) == 1 and "not a GGUF file" in done.stderr
+        assert not (tmp_path / "catalog").exists()
+
+    def test_it_exits_2_with_one_line_for_a_missing_argument(self, files, tmp_path) -> None:
+        done = self._run(tmp_path, str(files["chat"]), "--name", "x", "--input-price", "0.1")
+
+        assert done.returncode == 2
+        assert len(done.stderr.splitlines()) == 1 and "--output-price" in done.stderr
