@@ -24,11 +24,13 @@ class CatalogAddRefused(DomainError):
 
 
 def catalog_model_add(
-    *, path: Path, name: str, input_price: str, output_price: str, template_path: Path | None = None
+    *, path: Path, name: str, input_price: str, output_price: str, template_path: Path | None = None,
+    context_length: int | None = None,
 ) -> CatalogModel:
     """Add a chat model from its own GGUF: its facts read from the file, the file pinned by
     sha256, a vocabulary-only copy kept under VAR_DIR for counting. Prices are USD per million
-    tokens as typed. Refuses (CatalogAddRefused) with nothing written: a bad price or name, a
+    tokens as typed; `context_length` caps the context sold below the file's own (as the shipped
+    Gemma entry sells 4,096 of its 32,768). Refuses (CatalogAddRefused) with nothing written: a bad price or name, a
     file that is not a GGUF model, no chat template, a name or file already in the catalog.
     What the file alone decides is checked before the database is asked."""
     prices = {"input_price_ucents": _price(input_price, "input"), "output_price_ucents": _price(output_price, "output")}
@@ -40,13 +42,17 @@ def catalog_model_add(
     template = template or facts.chat_template
     if not template:
         raise CatalogAddRefused(f"{path} has no chat template (tokenizer.chat_template); supply one with --template FILE")
+    if context_length is not None and not 0 < context_length <= facts.context_length:
+        raise CatalogAddRefused(f"--context-length {context_length} is not within 1 and the file's own context, "
+                                f"{facts.context_length} tokens")
     if CatalogModel.objects.filter(name=name).exists():
         raise CatalogAddRefused(f"{name} is already in the catalog")
     sha256 = gguf_sha256(path)
     already = CatalogModel.objects.filter(sha256=sha256).first()
     if already is not None:
         raise CatalogAddRefused(f"{path} is already in the catalog as {already.name} (sha256 {sha256})")
-    return _entry_create(path=path, name=name, facts=facts, template=template, sha256=sha256, prices=prices)
+    return _entry_create(path=path, name=name, facts=facts, template=template, sha256=sha256,
+                         fields={**prices, "context_length": context_length or facts.context_length})
 
 
 def _price(amount: str, which: str) -> int:
@@ -80,7 +86,7 @@ def _facts(path: Path) -> GgufFacts:
 
 
 def _entry_create(
-    *, path: Path, name: str, facts: GgufFacts, template: str, sha256: str, prices: dict[str, int]
+    *, path: Path, name: str, facts: GgufFacts, template: str, sha256: str, fields: dict[str, int]
 ) -> CatalogModel:
     """The vocabulary copy first, then the row; if the row cannot be written (another add of the
     same name or file got there first), the copy goes too, unless an entry of that file holds it."""
@@ -91,7 +97,7 @@ def _entry_create(
     try:
         with transaction.atomic():
             return CatalogModel.objects.create(
-                name=name, kind=CatalogModel.Kind.CHAT, context_length=facts.context_length, **prices,
+                name=name, kind=CatalogModel.Kind.CHAT, **fields,
                 tokenizer=f"{GGUF_SPEC}{relative}", sha256=sha256, quantization=facts.quantization,
                 architecture=facts.architecture, chat_template=template, bos_token_id=facts.bos_token_id,
                 eos_token_id=facts.eos_token_id, eot_token_id=facts.eot_token_id, vocab_size=facts.vocab_size,

@@ -1,9 +1,11 @@
 """`manage.py catalog_add`: a chat model enters the catalog from its own GGUF file.
 
 The inputs are real GGUFs: small files written with the `gguf` package's GGUFWriter that carry
-the shipped model's whole vocabulary (Gemma 3's 262,144 tokens, copied from its file's
-metadata) and a few MB of stand-in weights, so the vocabulary copy must be much smaller than
-the file and must count exactly as llama.cpp counts with the whole file.
+a real model's whole vocabulary (Gemma 3's 262,144 tokens, copied from the shipped file's
+metadata; Llama 3's and Qwen 2.5's from the vocabularies llama.cpp publishes in the
+llama-cpp-python sdist, fetched at test time) and a few MB of stand-in weights, so the
+vocabulary copy must be much smaller than the file and must count exactly as llama.cpp counts
+with the whole file.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -40,19 +43,23 @@ TEXTS = [
 ]
 
 
-def _tiny_gguf(dest: Path, *, template: str | None, general_name: str) -> Path:
-    """A GGUF with the shipped model's metadata (architecture, vocabulary), `template` as its
-    chat template, an end-of-turn id, file type F32 and one tensor of stand-in weights."""
-    reader = open_gguf(shipped_model_path())
-    writer = GGUFWriter(str(dest), "gemma3")
+def _tiny_gguf(dest: Path, *, template: str | None, general_name: str, source: Path | None = None,
+               eot: int | None = END_OF_TURN) -> Path:
+    """A GGUF with `source`'s metadata (architecture, vocabulary; the shipped model's by default),
+    `template` as its chat template (None: none at all), an end-of-turn id, file type F32 and
+    one tensor of stand-in weights."""
+    reader = open_gguf(source or shipped_model_path())
+    writer = GGUFWriter(str(dest), reader.fields["general.architecture"].contents())
+    skipped = ("general.architecture", "general.name", "general.file_type", "tokenizer.chat_template")
     for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key in ("general.architecture", "general.name", "general.file_type"):
+        if key.startswith("GGUF.") or key in skipped:
             continue
         kind = field.types[0]
         writer.add_key_value(key, field.contents(), kind, sub_type=field.types[-1] if kind == GGUFValueType.ARRAY else None)
     writer.add_name(general_name)
     writer.add_file_type(0)  # ALL_F32
-    writer.add_eot_token_id(END_OF_TURN)
+    if eot is not None:
+        writer.add_eot_token_id(eot)
     if template is not None:
         writer.add_chat_template(template)
     import numpy as np
@@ -77,6 +84,35 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "not_gguf": folder / "not-a-model.gguf",
         "template": folder / "template.jinja",
     }
+
+
+LLAMA_CPP_SDIST = "llama-cpp-python==0.3.36"
+SDIST_MODELS = "vendor/llama.cpp/models/"
+FAMILIES = {  # vocabulary file in the sdist -> the template file the family's instruct model ships (None: its own)
+    "ggml-vocab-llama-bpe.gguf": "templates/meta-llama-Llama-3.1-8B-Instruct.jinja",
+    "ggml-vocab-qwen2.gguf": None,
+}
+
+
+@pytest.fixture(scope="module")
+def sdist_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """llama.cpp's published vocabularies and templates, from the llama-cpp-python sdist (test
+    data fetched now, never committed); the tests that need them skip, saying why, without it."""
+    folder = tmp_path_factory.mktemp("sdist")
+    try:
+        subprocess.run([sys.executable, "-m", "pip", "download", LLAMA_CPP_SDIST, "--no-deps", "--no-binary", ":all:",
+                        "-d", str(folder), "-q"], check=True, capture_output=True, timeout=600)
+        (archive,) = folder.glob("*.tar.gz")
+        wanted = [*FAMILIES, *(template for template in FAMILIES.values() if template)]
+        with tarfile.open(archive) as sdist:
+            for member in sdist.getmembers():
+                inside = member.name.partition(SDIST_MODELS)[2]
+                if inside in wanted:
+                    member.name = inside
+                    sdist.extract(member, folder / "models", filter="data")
+    except (subprocess.SubprocessError, OSError, ValueError, tarfile.TarError) as error:
+        pytest.skip(f"the {LLAMA_CPP_SDIST} sdist (llama.cpp's vocabularies) is not available here: {error}")
+    return folder / "models"
 
 
 @pytest.fixture
@@ -139,12 +175,48 @@ class CatalogAddTests:
         assert entry.chat_template == TEMPLATE
         assert (entry.input_price_ucents, entry.output_price_ucents) == (0, 150)
 
+    def test_it_sells_less_context_than_the_file_when_told(self, files, var_dir) -> None:
+        _add(files["chat"], "tiny-chat", "0.10", "0.40", "--context-length", "8192")
+
+        assert CatalogModel.objects.get(name="tiny-chat").context_length == 8192
+
     def test_it_leaves_the_shipped_entries_as_they_were(self, files, var_dir) -> None:
         before = list(CatalogModel.objects.order_by("name").values())
         _add(files["chat"])
 
         assert list(CatalogModel.objects.exclude(name="tiny-chat").order_by("name").values()) == before
         assert CatalogModel.objects.get(name="gemma-3-270m").tokenizer == "shipped:gemma-3-270m"
+
+
+class CatalogAddFamilyTests:
+    """Other families' real vocabularies (byte-level BPE with merges): counted as llama.cpp counts them."""
+
+    @pytest.mark.parametrize("vocabulary", list(FAMILIES))
+    def test_it_counts_each_family_exactly_as_llama_cpp_does(self, sdist_models, tmp_path, var_dir, vocabulary) -> None:
+        from llama_cpp import Llama
+
+        template = FAMILIES[vocabulary]
+        source = open_gguf(sdist_models / vocabulary)
+        own = None if template else source.fields["tokenizer.chat_template"].contents()
+        model = _tiny_gguf(tmp_path / "model.gguf", template=own, general_name=vocabulary, source=sdist_models / vocabulary,
+                           eot=None)
+        extra = ("--template", str(sdist_models / template)) if template else ()
+        _add(model, "family-model", "0.10", "0.40", *extra)
+
+        entry = CatalogModel.objects.get(name="family-model")
+        assert entry.architecture == source.fields["general.architecture"].contents()
+        assert entry.vocab_size == len(source.fields["tokenizer.ggml.tokens"].data)
+        assert entry.bos_token_id == source.fields["tokenizer.ggml.bos_token_id"].contents()
+        assert entry.chat_template == ((sdist_models / template).read_text() if template else own)
+        counter = tokenizer_for(entry.tokenizer)
+        whole = Llama(model_path=str(model), vocab_only=True, verbose=False)
+        try:
+            for text in TEXTS:
+                for special in (True, False):
+                    expected = len(whole.tokenize(text.encode(), add_bos=special, special=special))
+                    assert counter.count(text, special=special) == expected, (vocabulary, text, special)
+        finally:
+            whole.close()
 
 
 class CatalogAddRefusalTests:
@@ -196,6 +268,10 @@ class CatalogAddRefusalTests:
 
     def test_it_refuses_a_bad_name(self, files, var_dir) -> None:
         assert "is not a model name" in self._refused(var_dir, files["chat"], "two words")
+
+    def test_it_refuses_more_context_than_the_file_has(self, files, var_dir) -> None:
+        message = self._refused(var_dir, files["chat"], "tiny-chat", "0.1", "0.4", "--context-length", "65536")
+        assert "the file's own context, 32768 tokens" in message
 
     def test_it_refuses_an_unreadable_template_file(self, files, var_dir) -> None:
         message = self._refused(var_dir, files["base"], "tiny-base", "0.1", "0.4", "--template",

@@ -1,5 +1,6 @@
 """`catalog_add PATH.gguf --name NAME --input-price USD_PER_MTOK --output-price USD_PER_MTOK [--template FILE]`:
-add a chat model to the catalog from its own file. Bad input: one line on stderr, exit 2."""
+add a chat model to the catalog from its own file (`--context-length N` sells less than the file's own
+context). Bad input: one line on stderr, exit 2."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,12 +28,14 @@ class Command(BaseCommand):
         parser.add_argument("--output-price", required=True, help="USD per million generated tokens, e.g. 0.40")
         parser.add_argument("--template", type=Path, default=None,
                             help="a Jinja chat template file, for a GGUF without tokenizer.chat_template")
+        parser.add_argument("--context-length", type=int, default=None,
+                            help="the context sold, in tokens (default: the file's own)")
 
     def handle(self, *args: object, path: Path, name: str, input_price: str, output_price: str,
-               template: Path | None, **options: object) -> None:
+               template: Path | None, context_length: int | None, **options: object) -> None:
         try:
             entry = catalog_model_add(path=path, name=name, input_price=input_price, output_price=output_price,
-                                      template_path=template)
+                                      template_path=template, context_length=context_length)
         except CatalogAddRefused as refused:
             raise CommandError(" ".join(refused.message.split()), returncode=2) from None
         self.stdout.write(
