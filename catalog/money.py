@@ -61,3 +61,8 @@ def usd_per_million_to_ucents(amount: str) -> int:
     if per_token >= 2**63:
         raise ValueError(f"{amount!r} USD per million tokens is too large")
     return int(per_token)
+
+
+def usd_per_token(ucents_per_token: int) -> str:
+    """A per-token price as OpenRouter's `pricing` writes it: plain USD per token, exact ("0.0000001" for 10 µ¢)."""
+    return format((Decimal(ucents_per_token) / UCENTS_PER_USD).normalize(), "f")
