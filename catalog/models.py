@@ -49,7 +49,6 @@ class CatalogModel(models.Model):
             models.CheckConstraint(
                 condition=Q(input_price_ucents__gte=0) & Q(output_price_ucents__gte=0), name="prices_not_negative"
             ),
-            models.UniqueConstraint(fields=["sha256"], condition=~Q(sha256=""), name="catalog_file_once"),
         ]
 
     def __str__(self) -> str:

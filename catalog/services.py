@@ -89,7 +89,7 @@ def _entry_create(
     *, path: Path, name: str, facts: GgufFacts, template: str, sha256: str, fields: dict[str, int]
 ) -> CatalogModel:
     """The vocabulary copy first, then the row; if the row cannot be written (another add of the
-    same name or file got there first), the copy goes too, unless an entry of that file holds it."""
+    same name got there first), the copy goes too, unless an entry of that file holds it."""
     relative = Path(VOCAB_DIR) / f"{sha256}.gguf"
     copy = settings.VAR_DIR / relative
     copy.parent.mkdir(parents=True, exist_ok=True)
@@ -107,5 +107,5 @@ def _entry_create(
         if not CatalogModel.objects.filter(sha256=sha256).exists():  # a concurrent add of the same file keeps its copy
             copy.unlink(missing_ok=True)
         if isinstance(error, IntegrityError):
-            raise CatalogAddRefused(f"{name} or its file was added to the catalog meanwhile") from None
+            raise CatalogAddRefused(f"{name} was added to the catalog meanwhile") from None
         raise
