@@ -526,9 +526,13 @@ def payout_request(*, host: Host, amount_ucents: int | None = None) -> Payout:
     """Phase 1: move earnings (all available whole cents by default) to payouts-pending.
 
     Under the host account's row lock, so two requests cannot withdraw the same
-    earnings. Refused below PAYOUT_MINIMUM_UCENTS, above what is available, in
-    fractions of a cent, or without a connected account to send to.
+    earnings. Refused for a banned host (what it earned waits for an operator), below
+    PAYOUT_MINIMUM_UCENTS, above what is available, in fractions of a cent, or without a
+    connected account to send to.
     """
+    if Host.objects.filter(pk=host.pk, banned_at__isnull=False).exists():  # (read now: the caller's row may be stale)
+        raise PayoutRefused("This machine is banned, so it cannot request payouts; an operator decides what happens "
+                            "to its earnings. Write to support if you think the ban is a mistake.")
     profile = PayoutProfile.objects.filter(host=host).first()
     if profile is None or not profile.stripe_account_id:
         raise PayoutRefused("This host has no payout account yet; ask an operator to connect one.")

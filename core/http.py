@@ -5,7 +5,6 @@ missing or malformed value is a `DomainError` in the API's own format.
 """
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
 from django.conf import settings
@@ -14,6 +13,7 @@ from django.urls import register_converter
 from rest_framework.request import Request
 
 from core.errors import ApiError, bad_request
+from core.parsers import NotFinite, TooDeep, json_loads
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -50,22 +50,16 @@ def bearer_secret(request: HttpRequest | Request) -> str:
     return secret
 
 
-class NotFinite(ValueError):
-    """NaN or ±Infinity: Python's JSON reader takes them, JSON does not, and a runner breaks on them."""
-
-
-def reject_non_finite(constant: str) -> object:
-    raise NotFinite(constant)
-
-
 def json_body(request: HttpRequest) -> dict:
     length = int(request.headers.get("Content-Length") or 0)
     if length > settings.DATA_UPLOAD_MAX_MEMORY_SIZE:
         raise ApiError(413, f"Request body too large ({length} bytes; the limit is {settings.DATA_UPLOAD_MAX_MEMORY_SIZE}).", code="body_too_large")
     try:
-        body = json.loads(request.body or b"", parse_constant=reject_non_finite)
+        body = json_loads(request.body or b"")
     except NotFinite as exc:
         raise bad_request(f"The body holds {exc}, which is not JSON: numbers must be finite.", code="invalid_json") from None
+    except TooDeep as exc:
+        raise bad_request(f"The body is refused: its {exc}.", code="invalid_json") from None
     except (ValueError, UnicodeDecodeError):
         raise bad_request("The body is not valid JSON.", code="invalid_json") from None
     if not isinstance(body, dict):

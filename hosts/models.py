@@ -98,7 +98,9 @@ TRUSTED = Rule((NOT_BANNED, Condition("trusted_at", "isnull", False, "probation"
 
 
 def online_rule(now: datetime) -> Rule:
-    return connected_rule(now) + ACCEPTING
+    """Accepting, then connected: a host that fails both is named by its own standing state
+    (banned, maintenance, paused), which outlasts a silence, rather than by "offline"."""
+    return ACCEPTING + connected_rule(now)
 
 
 def online_sql(*, alias: str, now: datetime) -> tuple[str, list]:
@@ -225,7 +227,7 @@ class Host(models.Model):
         return online_rule(now).holds(self)
 
     def not_online_because(self, now: datetime) -> str | None:
-        """offline, banned, maintenance or paused: the first that applies; None when online."""
+        """banned, maintenance, paused or offline: the first that applies; None when online."""
         return online_rule(now).unmet(self)
 
     @property

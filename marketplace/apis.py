@@ -22,7 +22,7 @@ from rest_framework.request import Request as DrfRequest
 from rest_framework.response import Response
 
 from accounts.apis import KeyApi
-from accounts.selectors import key_from_secret
+from accounts.selectors import key_for_spending, key_from_secret
 from billing import selectors as billing_selectors
 from catalog.money import usd_decimal
 from core.db import db
@@ -30,7 +30,7 @@ from core.errors import ApiError, DomainError, bad_request, validation_error
 from core.http import bearer_secret, json_body
 from core.openapi import API_KEY, ERROR
 from marketplace import admission, outputs, selectors, services
-from marketplace.choices import Admitted, admit_choices, authenticated, stream_chunks
+from marketplace.choices import Admitted, admit_choices, stream_chunks
 from marketplace.models import Request
 from marketplace.render import failed_choice, response_body, usage_sum
 from marketplace.serializers import (
@@ -236,14 +236,16 @@ class EmbeddingsApi(AsyncApi):
 
     async def _post(self, request: HttpRequest) -> HttpResponse:
         secret = bearer_secret(request)
-        serializer = EmbeddingsInputSerializer(data=json_body(request))
+        body = json_body(request)
+        api_key = await db(key_for_spending, secret)  # before any work on the body: a stranger gets a 401 alone
+        serializer = EmbeddingsInputSerializer(data=body)
         if not serializer.is_valid():
             raise validation_error(serializer.errors)
         data = serializer.validated_data
         public_id = services.new_public_id(Request.Kind.EMBEDDINGS)
         listener = await RequestListener(public_id).open()  # listening before the job exists
         try:
-            row = await db(authenticated(admission.embeddings_admit), secret=secret, data=data, public_id=public_id)
+            row = await db(admission.embeddings_admit, api_key=api_key, data=data, public_id=public_id)
         except BaseException:
             await listener.close()
             raise

@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+from accounts.models import ApiKey
 from accounts.selectors import key_for_spending
 from catalog.tokenizer import tokenizer_for
 from core.db import db
@@ -101,14 +102,19 @@ class Admitted:
 
 
 async def admit_choices(*, secret: str, body: dict, kind: str) -> list[Admitted]:
-    """Validate, price and queue a generation request, or raise a DomainError (402 before queueing):
-    one queued request per choice (`n`), each billed as its own, with its own seed when one
-    is given (seed + index: the same seed would make the same choice). When a later choice
-    is refused (credit, the key's rate), those already queued are withdrawn unbilled.
+    """Authenticate, validate, price and queue a generation request, or raise a DomainError
+    (402 before queueing): one queued request per choice (`n`), each billed as its own, with
+    its own seed when one is given (seed + index: the same seed would make the same choice).
+    When a later choice is refused (credit, the key's rate), those already queued are
+    withdrawn unbilled.
+
+    The key comes first: validating the body can build grammars from `response_format` and
+    `tools` schemas, work that a stranger (a 401) must never get done for them.
 
     Each listener joins its request's group before the job exists, so no token can be
     announced before someone is listening.
     """
+    api_key = await db(key_for_spending, secret)
     serializer = (ChatInputSerializer if kind == Request.Kind.CHAT else CompletionInputSerializer)(data=body)
     try:
         valid = serializer.is_valid()
@@ -121,7 +127,7 @@ async def admit_choices(*, secret: str, body: dict, kind: str) -> list[Admitted]
     try:
         for index in range(serializer.validated_data.get("n") or 1):
             seeded = {**params, "seed": params["seed"] + index} if params["seed"] is not None and index else params
-            choices.append(await _admit_one(secret=secret, data=serializer.validated_data, params=seeded, kind=kind,
+            choices.append(await _admit_one(api_key=api_key, data=serializer.validated_data, params=seeded, kind=kind,
                                             include_usage=serializer.include_usage(), index=index))
     except BaseException:
         for choice in choices:
@@ -130,13 +136,11 @@ async def admit_choices(*, secret: str, body: dict, kind: str) -> list[Admitted]
     return choices
 
 
-async def _admit_one(*, secret: str, data: dict, params: dict, kind: str, include_usage: bool, index: int) -> Admitted:
+async def _admit_one(*, api_key: ApiKey, data: dict, params: dict, kind: str, include_usage: bool, index: int) -> Admitted:
     public_id = services.new_public_id(kind)
     listener = await RequestListener(public_id).open()
     try:
-        row = await db(
-            authenticated(admission.request_admit), secret=secret, data=data, params=params, kind=kind, public_id=public_id,
-        )
+        row = await db(admission.request_admit, api_key=api_key, data=data, params=params, kind=kind, public_id=public_id)
     except BaseException:
         await listener.close()
         raise

@@ -12,7 +12,6 @@ one chat request body (at most MAX_BODY_BYTES) and receive chunk frames followed
 from __future__ import annotations
 
 import asyncio
-import json
 from datetime import datetime
 
 from channels.consumer import get_handler_name
@@ -22,7 +21,8 @@ from django.conf import settings
 from accounts.selectors import api_key_by_secret
 from core.db import db
 from core.errors import ApiError, DomainError, bad_request, validation_error
-from core.http import reject_non_finite, scope_bearer
+from core.http import scope_bearer
+from core.parsers import json_loads
 from core.secrets import secret_hash
 from hosts.models import Host
 from hosts.selectors import host_for_socket, host_from_secret
@@ -77,8 +77,8 @@ class ChatStreamConsumer(AsyncJsonWebsocketConsumer):
 
     async def decode_json(self, text_data: str) -> object:
         try:
-            return json.loads(text_data, parse_constant=reject_non_finite)
-        except ValueError:  # not JSON, or NaN / Infinity: refused as "not one JSON object"
+            return json_loads(text_data)
+        except ValueError:  # not JSON, NaN / Infinity, or nested too deep: refused as "not one JSON object"
             return None
 
 
@@ -190,8 +190,8 @@ class HostSocketConsumer(AsyncJsonWebsocketConsumer):
 
     async def decode_json(self, text_data: str) -> object:
         try:
-            return json.loads(text_data, parse_constant=reject_non_finite)
-        except ValueError:  # not JSON, or NaN / Infinity: refused as "not one JSON object"
+            return json_loads(text_data)
+        except ValueError:  # not JSON, NaN / Infinity, or nested too deep: refused as "not one JSON object"
             return None
 
 

@@ -44,10 +44,10 @@ class AsyncHostApi(View):
         try:
             secret = bearer_secret(request)
             body = json_body(request)
+            host = await db(host_from_secret, secret)  # a stranger's body is not validated
             serializer = self.InputSerializer(data=body)
             if not serializer.is_valid():
                 raise validation_error(serializer.errors)
-            host = await db(host_from_secret, secret)
             return await self.handle(host, serializer.validated_data, **kwargs)
         except DomainError as error:
             return error.response()
@@ -182,7 +182,7 @@ class HeartbeatApi(HostApi):
         catalog = serializers.JSONField(required=False, default=None)  # read leniently: see host_heartbeat
 
     class OutputSerializer(serializers.Serializer):
-        status = serializers.CharField(help_text="offline, maintenance, paused, busy or online")
+        status = serializers.CharField(help_text="maintenance, paused, offline, busy or online (a host's own state before a silence)")
         paused = serializers.BooleanField()
         maintenance = serializers.CharField(allow_null=True, help_text="why the host is in maintenance, if it is")
         load = serializers.ListField(child=serializers.CharField(), help_text="models the gateway asks this host to load")
@@ -227,7 +227,7 @@ class HostMeApi(HostApi):
 
         id = serializers.IntegerField()
         name = serializers.CharField()
-        status = serializers.CharField(help_text="offline, maintenance, paused, busy or online")
+        status = serializers.CharField(help_text="maintenance, paused, offline, busy or online (a host's own state before a silence)")
         paused = serializers.BooleanField()
         maintenance_reason = serializers.CharField(allow_null=True)
         maintenance_since = serializers.DateTimeField(allow_null=True)

@@ -103,7 +103,7 @@ def with_running_job(queryset: QuerySet[Host]) -> QuerySet[Host]:
 
 
 def host_status(*, host: Host) -> str:
-    """offline, banned, maintenance, paused, busy or online: the first that applies. A host
+    """banned, maintenance, paused, offline, busy or online: the first that applies. A host
     online by the one rule (`Host.is_online`) is busy or online; any other is named by the
     first part of the rule it fails. A host from `with_running_job` is busy by its
     annotation; any other costs a query."""

@@ -10,6 +10,10 @@ OpenAI leaves it."""
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from jsonschema.exceptions import ValidationError
 
 
 def schema_problem(schema: dict) -> str | None:
@@ -29,13 +33,21 @@ def schema_problem(schema: dict) -> str | None:
 
 
 def answer_problem(response_format: dict | None, text: str) -> str | None:
-    """Why a finished answer does not meet `response_format`, or None."""
+    """Why a finished answer does not meet `response_format`, or None.
+
+    In our words and the schema's, never quoting the answer: the reason outlives it (in
+    `Request.error_message` and `Job.fail_reason`), and jsonschema's own messages repeat
+    the offending value."""
     if not response_format:
         return None
     try:
         value = json.loads(text)
-    except ValueError as exc:
-        return f"the answer is not JSON ({exc})"
+    except json.JSONDecodeError as exc:
+        return f"the answer is not JSON ({exc.msg} at character {exc.pos})"
+    except ValueError:  # (a number past Python's digit limit)
+        return "the answer is not JSON that can be read"
+    except RecursionError:
+        return "the answer nests arrays and objects too deep to read"
     if response_format["type"] == "json_object":
         return None if isinstance(value, dict) else "the answer is JSON but not an object"
     from jsonschema import exceptions, validators
@@ -44,5 +56,18 @@ def answer_problem(response_format: dict | None, text: str) -> str | None:
     try:
         validators.validator_for(schema)(schema).validate(value)
     except exceptions.ValidationError as exc:
-        return f"the answer does not match the schema: {exc.message}"[:300]
+        return f"the answer does not match the schema: {_broken_rule(exc)}"[:300]
+    except RecursionError:
+        return "the answer nests arrays and objects too deep to check"
     return None
+
+
+def _broken_rule(error: ValidationError) -> str:
+    """The schema rule an answer breaks, named by the schema's keyword and path (the customer's
+    own words), with the property a `required` misses; nothing of the answer's."""
+    where = "/".join(str(part) for part in error.schema_path) or "the root"
+    if error.validator == "required" and isinstance(error.instance, dict):
+        missing = [name for name in error.validator_value if name not in error.instance]
+        if missing:
+            return f"the required property '{missing[0]}' is missing (at {where})"
+    return f"its '{error.validator}' rule is broken (at {where})"

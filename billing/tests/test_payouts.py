@@ -61,6 +61,16 @@ class PayoutRequestTests:
         with pytest.raises(PayoutRefused, match="payout account"):
             services.payout_request(host=make_host().host)
 
+    def test_it_refuses_a_banned_host_its_vested_earnings(self, catalog) -> None:
+        from hosts.services import host_ban
+
+        serving = host_earning(2_000_000_000)
+        host_ban(host=serving.host, reason="served made-up text", by="operator")
+        with pytest.raises(PayoutRefused, match="banned"):
+            services.payout_request(host=serving.host)  # (the caller's row, loaded before the ban)
+        assert Payout.objects.count() == 0
+        assert selectors.host_account(host=serving.host).balance_ucents == 1_600_000_000
+
     def test_it_cannot_withdraw_the_same_earnings_twice(self, catalog) -> None:
         serving = host_earning(2_000_000_000)
         services.payout_request(host=serving.host, amount_ucents=1_000_000_000)

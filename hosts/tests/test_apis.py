@@ -40,6 +40,14 @@ class HostMaintenanceApiTests:
         assert body["status"] == "maintenance" and body["maintenance_reason"] == "fan replacement"
         assert body["maintenance_since"] is not None
 
+    def test_me_says_maintenance_not_offline_for_a_silent_host_in_maintenance(self, serving_host) -> None:
+        """A machine taken out for repairs often stops its heartbeat: it is still in maintenance."""
+        services.host_maintenance_enter(host=serving_host.host, reason="fan replacement", by="operator")
+        Host.objects.filter(pk=serving_host.host.pk).update(last_heartbeat_at=timezone.now() - timezone.timedelta(hours=1))
+        assert me(serving_host)["status"] == "maintenance"
+        services.host_maintenance_resume(host=serving_host.host)
+        assert me(serving_host)["status"] == "offline"
+
     def test_out_of_maintenance_both_say_null(self, serving_host) -> None:
         assert heartbeat(serving_host) == {"status": "online", "paused": False, "maintenance": None, "load": [], "unload": []}
         body = me(serving_host)

@@ -48,7 +48,10 @@ STATES = [
     HostState("paused in maintenance", lambda now: {"last_heartbeat_at": now, "paused": True, **MAINTENANCE}, "maintenance",
               False, "probation"),
     HostState("banned", lambda now: {"last_heartbeat_at": now, **BAN}, "banned", False, "banned"),
-    HostState("banned and offline", lambda now: BAN, "offline", False, "banned"),
+    HostState("banned and offline", lambda now: BAN, "banned", False, "banned"),  # (its own state outlasts a silence)
+    HostState("in maintenance and offline", lambda now: MAINTENANCE, "maintenance", False, "probation"),
+    HostState("paused and offline", lambda now: {"last_heartbeat_at": offline_for(now, 60), "paused": True}, "paused", False,
+              "probation"),
     HostState("trusted", lambda now: {"last_heartbeat_at": now, **TRUST}, None, True, "trusted"),
     HostState("trusted and paused", lambda now: {"last_heartbeat_at": now, "paused": True, **TRUST}, "paused", False, "trusted"),
     HostState("trusted and offline", lambda now: {"last_heartbeat_at": offline_for(now, 60), **TRUST}, "offline", True, "trusted"),

@@ -38,6 +38,13 @@ def job_fail(*, host: Host, job_id: int, reason: str, cause: str = "host") -> st
     return attempt_end_dead(job_id=job_id, reason=reason, cause=cause)
 
 
+# Our words, not a host's: a host's own failure text (kept in Job.fail_reason for operators)
+# is never quoted to the customer.
+NOT_RUNNABLE = ("Two hosts could not run this request as sent; nothing was billed. Check what it asks for "
+                "(the prompt's length against the model's context, response_format, tools, the sampling parameters) "
+                "and send it again.")
+
+
 @transaction.atomic
 def attempt_end_dead(*, job_id: int, reason: str, cause: str = "host") -> str:
     """Fence a dead attempt and decide what happens to its request.
@@ -70,8 +77,7 @@ def attempt_end_dead(*, job_id: int, reason: str, cause: str = "host") -> str:
     if request.status != Request.Status.RUNNING:
         return ""
     if cause == "request" and Job.objects.filter(request_id=request.pk, fail_cause="request").exclude(host_id=job.host_id).exists():
-        request_fail(request=request, code=RequestNotRunnable.code,
-                      message=f"Two hosts could not run this request ({reason[:300]}); nothing was billed.")
+        request_fail(request=request, code=RequestNotRunnable.code, message=NOT_RUNNABLE)
         return "failed"
     from marketplace.canaries import canary_void, is_canary  # (canaries queue through this module)
 

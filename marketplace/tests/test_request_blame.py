@@ -51,6 +51,8 @@ class RequestBlameTests:
         request.refresh_from_db()
         assert (request.status, request.error_code, request.cost_ucents) == ("failed", "request_not_runnable", 0)
         assert "Two hosts could not run this request" in request.error_message
+        assert "prompt past the context" not in request.error_message, "our words, not a host's"
+        assert set(Job.objects.filter(request=request).values_list("fail_reason", flat=True)) == {"prompt past the context"}
         assert Hold.objects.get(pk=request.hold_id).status == Hold.Status.RELEASED
         assert ledger.reconcile_report() == []
 

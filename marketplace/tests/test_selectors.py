@@ -11,14 +11,19 @@ pytestmark = pytest.mark.django_db
 
 
 class HostStatusTests:
-    def test_maintenance_comes_after_offline_and_before_paused(self, serving_host) -> None:
+    def test_maintenance_comes_before_paused_and_paused_before_offline(self, serving_host) -> None:
+        """A host's own state outlasts a silence (issue 30: a silent host in maintenance was "offline")."""
         host = serving_host.host
         services.host_maintenance_enter(host=host, reason="disk full", by="operator")
         Host.objects.filter(pk=host.pk).update(paused=True)
         host.refresh_from_db()
-        assert selectors.host_status(host=host) == "offline"  # never heard from
+        assert selectors.host_status(host=host) == "maintenance"  # never heard from
+        services.host_maintenance_resume(host=host)
+        host.refresh_from_db()
+        assert selectors.host_status(host=host) == "paused"
+        Host.objects.filter(pk=host.pk).update(paused=False)
+        host.refresh_from_db()
+        assert selectors.host_status(host=host) == "offline"
         Host.objects.filter(pk=host.pk).update(last_heartbeat_at=timezone.now())
         host.refresh_from_db()
-        assert selectors.host_status(host=host) == "maintenance"
-        services.host_maintenance_resume(host=host)
-        assert selectors.host_status(host=host) == "paused"
+        assert selectors.host_status(host=host) == "online"

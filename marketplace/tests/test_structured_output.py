@@ -39,9 +39,22 @@ class SchemaTests:
         assert answer_problem(None, "free text") is None
         assert answer_problem(person, '{"name": "Ada", "age": 36}') is None
         assert "not JSON" in answer_problem(person, "Ada, 36")
-        assert "'age' is a required property" in answer_problem(person, '{"name": "Ada"}')
+        assert "the required property 'age' is missing" in answer_problem(person, '{"name": "Ada"}')
         assert answer_problem({"type": "json_object"}, '{"a": [1, 2]}') is None
         assert "not an object" in answer_problem({"type": "json_object"}, "[1, 2]")
+
+    @pytest.mark.parametrize(("response_format", "answer"), [
+        ({"type": "json_schema", "name": "person", "schema": PERSON}, '{"name": "my diary", "age": "my diary"}'),
+        ({"type": "json_schema", "name": "person", "schema": PERSON}, '{"name": "Ada", "age": 1, "my diary": 2}'),
+        ({"type": "json_schema", "name": "s", "schema": {"type": "string", "enum": ["a"]}}, '"my diary"'),
+        ({"type": "json_schema", "name": "person", "schema": PERSON}, "my diary"),
+        ({"type": "json_object"}, '"my diary"'),
+        ({"type": "json_schema", "name": "person", "schema": PERSON}, "[" * 100_000),
+    ])
+    def test_a_refusal_describes_the_answer_without_quoting_it(self, response_format, answer) -> None:
+        """The reason outlives the answer (Request.error_message, Job.fail_reason): none of the answer's words in it."""
+        problem = answer_problem(response_format, answer)
+        assert problem and "diary" not in problem
 
 
 @pytest.mark.django_db(transaction=True)  # the API views are async: their database threads must see the rows
@@ -80,10 +93,20 @@ class HostAnswerTests:
         assert done.earned_ucents == 0
         request.refresh_from_db()
         assert (request.status, request.error_code, request.cost_ucents) == (Request.Status.FAILED, "invalid_structured_output", 0)
-        assert "'age' is a required property" in request.error_message
+        assert "the required property 'age' is missing" in request.error_message
         assert Job.objects.get(pk=job.pk).status == Job.Status.FAILED
         assert Hold.objects.get(pk=request.hold_id).status == Hold.Status.RELEASED
         assert not Request.objects.filter(status=Request.Status.RUNNING).exists()
+
+    def test_a_refused_answer_leaves_no_quote_of_itself_behind(self, serving_host, catalog) -> None:
+        online(serving_host)
+        request = self.submit(catalog, {"type": "json_schema", "name": "person", "schema": PERSON})
+        job = claim(serving_host)
+        services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text='{"name": "Ada", "age": "secret diary"}')
+        services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop")
+        request.refresh_from_db()
+        assert request.error_code == "invalid_structured_output" and "'type' rule" in request.error_message
+        assert "secret diary" not in request.error_message and "secret diary" not in Job.objects.get(pk=job.pk).fail_reason
 
     def test_an_answer_that_meets_it_settles_and_its_format_is_forgotten(self, serving_host, catalog) -> None:
         online(serving_host)

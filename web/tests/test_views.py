@@ -282,6 +282,17 @@ class HostPagesTests:
         response = host_client.post(f"/machines/{serving_host.host.pk}/payout/", {}, follow=True)
         assert "no payout account" in response.content.decode() and Payout.objects.count() == 0
 
+    def test_a_banned_machines_owner_cannot_request_a_payout(self, customer, serving_host, host_client, settings) -> None:
+        from hosts.services import host_ban
+
+        settings.PAYOUT_MINIMUM_UCENTS, settings.EARNINGS_VEST_SECONDS = 1_000_000, 0
+        PayoutProfile.objects.create(host=serving_host.host, stripe_account_id="acct_test")
+        finished_request(customer=customer, host=serving_host.host, cost_ucents=10_000_000)
+        host_ban(host=serving_host.host, reason="served made-up text", by="operator")
+        response = host_client.post(f"/machines/{serving_host.host.pk}/payout/", {"amount_usd": "0.05"}, follow=True)
+        assert "This machine is banned, so it cannot request payouts" in response.content.decode()
+        assert Payout.objects.count() == 0
+
     def test_the_owner_requests_a_payout_and_sees_its_state(self, customer, serving_host, host_client, settings) -> None:
         settings.PAYOUT_MINIMUM_UCENTS = 1_000_000
         PayoutProfile.objects.create(host=serving_host.host, stripe_account_id="acct_test")
