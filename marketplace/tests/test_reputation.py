@@ -131,6 +131,7 @@ class TrustedOnlyTests:
         customer.key.trusted_only = True
         assert admission.trusted_only(api_key=customer.key, data={"provider": None})
 
+    @pytest.mark.django_db(transaction=True)  # the key is looked up first, on the views' database threads
     def test_the_api_refuses_an_unknown_provider_preference(self, client, customer, catalog) -> None:
         body = {"model": catalog.name, "messages": CHAT, "provider": {"order": ["x"]}}
         response = client.post("/v1/chat/completions", body, content_type="application/json",
