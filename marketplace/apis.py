@@ -24,6 +24,7 @@ from rest_framework.response import Response
 from accounts.apis import KeyApi
 from accounts.selectors import key_for_spending, key_from_secret
 from billing import selectors as billing_selectors
+from catalog.models import CatalogModel
 from catalog.money import usd_decimal
 from core.db import db
 from core.errors import ApiError, DomainError, bad_request, validation_error
@@ -299,7 +300,7 @@ def model_body(served: selectors.ServedModel) -> dict:
         "hosts_online": served.hosts_online,
         "hosts_warm": served.hosts_warm,
         "latency_critical": model.latency_critical,
-        "supported_parameters": SUPPORTED_PARAMETERS if model.kind != "embeddings" else ["encoding_format", "user"],
+        "supported_parameters": SUPPORTED_PARAMETERS if model.kind != CatalogModel.Kind.EMBEDDING else ["encoding_format", "user"],
     }
 
 

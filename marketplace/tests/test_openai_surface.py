@@ -61,6 +61,15 @@ class UnsupportedParameterTests:
         assert {"temperature", "tools", "logprobs", "n"} <= set(entry["supported_parameters"])
         assert "logit_bias" not in entry["supported_parameters"]
 
+    def test_an_embeddings_entry_names_only_what_embeddings_take(self, catalog) -> None:
+        from catalog.models import CatalogModel
+        from marketplace.apis import model_body
+        from marketplace.selectors import ServedModel
+
+        embeddings = CatalogModel.objects.get(name="all-minilm-l6-v2")
+        entry = model_body(ServedModel(model=embeddings, hosts_online=1, hosts_warm=1))
+        assert entry["supported_parameters"] == ["encoding_format", "user"]
+
 
 class HeaderTests:
     def test_every_response_has_a_request_id_and_echoes_the_clients(self, api) -> None:
