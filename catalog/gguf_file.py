@@ -8,7 +8,6 @@ it loads the whole file, and it weighs what the vocabulary weighs (a few MB), no
 """
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,6 @@ from engine.gguf_meta import _PlainArrayReader, gguf_field
 GGUF_MAGIC = b"GGUF"
 _HEADER_BYTES = 24  # magic (4), version (4), tensor count (8), metadata count (8): GGUF v2 and v3
 _TENSOR_COUNT = slice(8, 16)
-_BLOCK = 1024 * 1024
 
 
 class GgufUnreadable(ValueError):
@@ -95,14 +93,6 @@ def _quantization(file_type: int | None) -> str:
     except ValueError:
         return ""
     return name.removeprefix("MOSTLY_").removeprefix("ALL_")
-
-
-def gguf_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        while block := file.read(_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def gguf_vocab_copy(path: Path, facts: GgufFacts, dest: Path) -> None:

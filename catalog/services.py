@@ -7,11 +7,12 @@ from pathlib import Path
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from catalog.gguf_file import GgufFacts, GgufUnreadable, gguf_facts, gguf_sha256, gguf_vocab_copy
+from catalog.gguf_file import GgufFacts, GgufUnreadable, gguf_facts, gguf_vocab_copy
 from catalog.models import CatalogModel
 from catalog.money import usd_per_million_to_ucents
 from catalog.tokenizer import GGUF_SPEC
 from core.errors import DomainError
+from protocol.catalog import file_sha256
 
 VOCAB_DIR = "catalog"  # under VAR_DIR: the vocabulary-only copies the gateway counts tokens with
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/+-]{0,99}")
@@ -47,7 +48,7 @@ def catalog_model_add(
                                 f"{facts.context_length} tokens")
     if CatalogModel.objects.filter(name=name).exists():
         raise CatalogAddRefused(f"{name} is already in the catalog")
-    sha256 = gguf_sha256(path)
+    sha256 = file_sha256(path)
     already = CatalogModel.objects.filter(sha256=sha256).first()
     if already is not None:
         raise CatalogAddRefused(f"{path} is already in the catalog as {already.name} (sha256 {sha256})")

@@ -7,7 +7,6 @@ costs nothing.
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,10 +15,9 @@ from pathlib import Path
 from mahout.gpu import Offload
 from mahout.model_files import SHIPPED_MODEL, added_model, assemble_shipped, recorded_sha256
 from mahout.runners.embeddings import MODEL_NAME as EMBEDDINGS_MODEL
-from protocol.catalog import MODEL_FILES
+from protocol.catalog import MODEL_FILES, file_sha256
 
 RUNNER_N_CTX = 4096
-_BLOCK = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -82,15 +80,6 @@ def _open_chat(path: Path, threads: int, offload: Offload | None = None) -> obje
     from mahout.runners.llama import LlamaRunner
 
     return LlamaRunner(path, threads, n_ctx=RUNNER_N_CTX, gpu_layers=offload.layers if offload else 0)
-
-
-def file_sha256(path: Path) -> str:
-    """The sha256 of a file, read in blocks (models are hundreds of MB)."""
-    digest = hashlib.sha256()
-    with path.open("rb") as source:
-        while block := source.read(_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _locate_embeddings(_home: Path) -> tuple[Path, str]:

