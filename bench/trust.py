@@ -50,14 +50,18 @@ def setup() -> None:
 
 
 def job_of(item: dict) -> dict:
-    return {"kind": item["kind"], "messages": item.get("messages"), "prompt": item.get("prompt"), "params": {}}
+    from marketplace.canaries import canary_job
+    from testkit.formats import GEMMA
+
+    return canary_job(GEMMA, kind=item["kind"], messages=item.get("messages"), prompt=item.get("prompt"))
 
 
 def llama_answer(llm, item: dict, max_tokens: int, **sampling: object) -> tuple[str, int]:  # type: ignore[no-untyped-def]
-    from protocol.turns import job_stop_strings, render_job
+    from marketplace.canaries import job_tokens
+    from protocol.jobs import job_stop_strings
 
     job = job_of(item)
-    tokens = llm.tokenize(render_job(job).encode(), add_bos=True, special=True)
+    tokens = job_tokens(llm, job)
     out = llm.create_completion(prompt=tokens, max_tokens=max_tokens, stop=job_stop_strings(job), **sampling)
     return out["choices"][0]["text"], int(out["usage"]["completion_tokens"])
 
@@ -66,9 +70,9 @@ def smaller_model_answer(stages, llm, item: dict, max_tokens: int) -> tuple[str,
     """The engine's greedy answer with some layers skipped (what a cheat passing off a
     cheaper model would send); tokenized and detokenized as llama.cpp does."""
     from engine.generate import generate
-    from protocol.turns import render_job
+    from marketplace.canaries import job_tokens
 
-    prompt = llm.tokenize(render_job(job_of(item)).encode(), add_bos=True, special=True)
+    prompt = job_tokens(llm, job_of(item))
     ids = generate(stages, prompt, max_tokens, stop_ids=[llm.token_eos()]).token_ids
     ids = [i for i in ids if i != llm.token_eos()]
     return llm.detokenize(ids).decode("utf-8", errors="ignore"), len(ids)

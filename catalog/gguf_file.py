@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from gguf import GGUF_DEFAULT_ALIGNMENT, LlamaFileType
+from gguf import GGUF_DEFAULT_ALIGNMENT, LlamaFileType, TokenType
 
 from engine.gguf_meta import _PlainArrayReader, gguf_field
 
@@ -35,6 +35,9 @@ class GgufFacts:
     bos_token_id: int | None
     eos_token_id: int | None
     eot_token_id: int | None
+    bos_text: str  # "" when the file names no BOS
+    eos_text: str
+    controls: tuple[str, ...]  # the texts of the vocabulary's control tokens (`<|im_start|>`, `<end_of_turn>`)
     vocab_size: int
     n_layers: int
     n_experts: int | None  # None: a dense model
@@ -60,6 +63,9 @@ def gguf_facts(path: Path) -> GgufFacts:
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     if tokens is None:
         raise GgufUnreadable(f"{path} holds no vocabulary (tokenizer.ggml.tokens): its tokens cannot be counted")
+    texts = tokens.contents()
+    kinds = gguf_field(reader, "tokenizer.ggml.token_type") or []
+    bos, eos = gguf_field(reader, "tokenizer.ggml.bos_token_id"), gguf_field(reader, "tokenizer.ggml.eos_token_id")
     context_length = gguf_field(reader, f"{architecture}.context_length")
     n_layers = gguf_field(reader, f"{architecture}.block_count")
     if not context_length or not n_layers:
@@ -68,9 +74,12 @@ def gguf_facts(path: Path) -> GgufFacts:
         architecture=architecture,
         context_length=int(context_length),
         chat_template=gguf_field(reader, "tokenizer.chat_template", ""),
-        bos_token_id=gguf_field(reader, "tokenizer.ggml.bos_token_id"),
-        eos_token_id=gguf_field(reader, "tokenizer.ggml.eos_token_id"),
+        bos_token_id=bos,
+        eos_token_id=eos,
         eot_token_id=gguf_field(reader, "tokenizer.ggml.eot_token_id"),
+        bos_text=_token_text(texts, bos),
+        eos_text=_token_text(texts, eos),
+        controls=tuple(text for text, kind in zip(texts, kinds, strict=False) if kind == TokenType.CONTROL and text),
         vocab_size=len(tokens.data),
         n_layers=int(n_layers),
         n_experts=gguf_field(reader, f"{architecture}.expert_count") or None,
@@ -82,6 +91,10 @@ def gguf_facts(path: Path) -> GgufFacts:
         ),
         alignment=int(gguf_field(reader, "general.alignment", GGUF_DEFAULT_ALIGNMENT)),
     )
+
+
+def _token_text(texts: list[str], token: int | None) -> str:
+    return texts[token] if token is not None and 0 <= token < len(texts) else ""
 
 
 def _quantization(file_type: int | None) -> str:

@@ -29,6 +29,14 @@ class CatalogModel(models.Model):
     bos_token_id = models.PositiveIntegerField(null=True, blank=True)
     eos_token_id = models.PositiveIntegerField(null=True, blank=True)
     eot_token_id = models.PositiveIntegerField(null=True, blank=True, help_text="end of turn, where the file names one")
+    # How a job is rendered for the model (`protocol.rendering.ChatFormat`), read from its vocabulary.
+    bos_text = models.CharField(max_length=64, blank=True, help_text="the BOS token's text, the template's bos_token")
+    eos_text = models.CharField(max_length=64, blank=True, help_text="the EOS token's text, the template's eos_token")
+    adds_bos = models.BooleanField(default=False, help_text="the vocabulary starts every prompt with BOS")
+    control_tokens = models.JSONField(
+        default=list, blank=True, help_text="the control tokens the template writes: found in its markup only"
+    )
+    end_of_turn = models.JSONField(default=list, blank=True, help_text="where the model ends its turn: a chat's stops")
     vocab_size = models.PositiveIntegerField(null=True, blank=True)
     n_layers = models.PositiveIntegerField(null=True, blank=True)
     n_experts = models.PositiveIntegerField(null=True, blank=True, help_text="a mixture of experts' expert count")

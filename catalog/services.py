@@ -13,6 +13,7 @@ from catalog.money import usd_per_million_to_ucents
 from catalog.tokenizer import GGUF_SPEC
 from core.errors import DomainError
 from protocol.catalog import file_sha256
+from protocol.rendering import ChatFormat, TemplateRefused, chat_format_read
 
 VOCAB_DIR = "catalog"  # under VAR_DIR: the vocabulary-only copies the gateway counts tokens with
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/+-]{0,99}")
@@ -96,11 +97,14 @@ def _entry_create(
     copy.parent.mkdir(parents=True, exist_ok=True)
     gguf_vocab_copy(path, facts, copy)
     try:
+        fmt = _format(copy, facts, template)
         with transaction.atomic():
             return CatalogModel.objects.create(
                 name=name, kind=CatalogModel.Kind.CHAT, **fields,
                 tokenizer=f"{GGUF_SPEC}{relative}", sha256=sha256, quantization=facts.quantization,
-                architecture=facts.architecture, chat_template=template, bos_token_id=facts.bos_token_id,
+                architecture=facts.architecture, chat_template=template, bos_text=fmt.bos_token, eos_text=fmt.eos_token,
+                adds_bos=fmt.adds_bos, control_tokens=list(fmt.controls), end_of_turn=list(fmt.end_of_turn),
+                bos_token_id=facts.bos_token_id,
                 eos_token_id=facts.eos_token_id, eot_token_id=facts.eot_token_id, vocab_size=facts.vocab_size,
                 n_layers=facts.n_layers, n_experts=facts.n_experts, file_size=facts.file_size,
             )
@@ -109,4 +113,20 @@ def _entry_create(
             copy.unlink(missing_ok=True)
         if isinstance(error, IntegrityError):
             raise CatalogAddRefused(f"{name} was added to the catalog meanwhile") from None
+        if isinstance(error, TemplateRefused):
+            raise CatalogAddRefused(f"the chat template cannot be used: {error}") from None
         raise
+
+
+def _format(copy: Path, facts: GgufFacts, template: str) -> ChatFormat:
+    """How the model is fed a chat, from its vocabulary (whether it starts prompts with BOS:
+    llama.cpp's own answer, read from the copy) and its template."""
+    from llama_cpp import Llama
+
+    vocabulary = Llama(model_path=str(copy), vocab_only=True, verbose=False)
+    try:
+        adds_bos = bool(vocabulary.tokenize(b"", add_bos=True, special=False))
+    finally:
+        vocabulary.close()
+    return chat_format_read(template=template, bos_token=facts.bos_text, eos_token=facts.eos_text, adds_bos=adds_bos,
+                            vocabulary_controls=facts.controls)

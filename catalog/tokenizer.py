@@ -14,15 +14,22 @@ from __future__ import annotations
 
 import atexit
 import threading
+from collections.abc import Sequence
 from typing import Protocol
 
 from django.conf import settings
+
+from protocol.rendering import Fragment, fragments_tokens
 
 
 class Tokenizer(Protocol):
     exact: bool  # False: `count` is an upper bound, not the model's own count
 
     def count(self, text: str, *, special: bool) -> int: ...
+
+    def count_fragments(self, fragments: Sequence[Fragment]) -> int:
+        """A rendered prompt's tokens (`protocol.rendering`): text as text, each control token as one."""
+        ...
 
     def longest_token_chars(self) -> int:
         """The most characters one token can decode to: `max_tokens` of them bound a job's text."""
@@ -35,6 +42,9 @@ class ByteBoundTokenizer:
 
     def count(self, text: str, *, special: bool) -> int:
         return len(text.encode()) + (1 if special else 0)
+
+    def count_fragments(self, fragments: Sequence[Fragment]) -> int:
+        return sum(1 if control else len(text.encode()) for text, control in fragments)
 
     def longest_token_chars(self) -> int:
         return self.LONGEST
@@ -51,11 +61,29 @@ class GgufTokenizer:
         self._llama = Llama(model_path=path, vocab_only=True, verbose=False)
         self._lock = threading.Lock()
         self._longest: int | None = None
+        self._controls: dict[str, int] = {}
         atexit.register(self._llama.close)  # before interpreter teardown, or llama.cpp complains
 
     def count(self, text: str, *, special: bool) -> int:
         with self._lock:
             return len(self._llama.tokenize(text.encode(), add_bos=special, special=special))
+
+    def count_fragments(self, fragments: Sequence[Fragment]) -> int:
+        with self._lock:
+            return len(fragments_tokens(fragments, tokenize=self._plain, control=self._control))
+
+    def _plain(self, text: str) -> list[int]:
+        return self._llama.tokenize(text.encode(), add_bos=False, special=False)
+
+    def _control(self, text: str) -> int:
+        """A control token's id; a text that is not one token of this vocabulary is refused."""
+        found = self._controls.get(text)
+        if found is None:
+            ids = self._llama.tokenize(text.encode(), add_bos=False, special=True)
+            if len(ids) != 1:
+                raise ValueError(f"{text!r} is not one token of this vocabulary")
+            found = self._controls[text] = ids[0]
+        return found
 
     def longest_token_chars(self) -> int:
         """Read from the vocabulary once (about a second for Gemma's 262,144 tokens: 31);
@@ -82,6 +110,9 @@ class WordPieceTokenizer:
 
     def count(self, text: str, *, special: bool) -> int:
         return len(self._tokenizer.encode(text, add_special_tokens=special).ids)
+
+    def count_fragments(self, fragments: Sequence[Fragment]) -> int:
+        return sum(self.count(text, special=False) for text, _ in fragments)
 
     def longest_token_chars(self) -> int:
         return max(len(token) for token in self._tokenizer.get_vocab())

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from accounts.models import ApiKey
 from catalog.models import CatalogModel
+from catalog.rendering import prompt_count, prompt_fragments
 from catalog.selectors import catalog_model_by_name
 from catalog.tokenizer import tokenizer_for
 from core.errors import DomainError, bad_request
 from marketplace.models import Request
 from marketplace.selectors import served_models
 from marketplace.services import request_submit
-from protocol.turns import render_chat
+from protocol.rendering import Fragment, TemplateRefused
 
 
 def trusted_only(*, api_key: ApiKey, data: dict) -> bool:
@@ -23,11 +24,14 @@ def trusted_only(*, api_key: ApiKey, data: dict) -> bool:
     return api_key.trusted_only or bool((data.get("provider") or {}).get("trusted_only"))
 
 
-def rendered_prompt(kind: str, data: dict) -> tuple[str, list | None, str | None]:
-    """The exact text the host's model will see, plus what the request stores."""
-    if kind == Request.Kind.CHAT:
-        return render_chat(data["messages"]), data["messages"], None
-    return data["prompt"], None, data["prompt"]
+def rendered_prompt(model: CatalogModel, kind: str, data: dict) -> tuple[list[Fragment], list | None, str | None]:
+    """The prompt rendered exactly as the host's model will see it, plus what the request
+    stores. A conversation the model's template refuses is a 400 saying why."""
+    messages, prompt = (data["messages"], None) if kind == Request.Kind.CHAT else (None, data["prompt"])
+    try:
+        return prompt_fragments(model, kind=kind, messages=messages, prompt=prompt), messages, prompt
+    except TemplateRefused as refused:
+        raise bad_request(f"{model.name}: {refused}", code="unsupported_conversation", param="messages") from None
 
 
 def request_admit(*, api_key: ApiKey, data: dict, params: dict, kind: str, public_id: str) -> Request:
@@ -44,8 +48,8 @@ def request_admit(*, api_key: ApiKey, data: dict, params: dict, kind: str, publi
         first = next((index for index, model in enumerate(chosen) if model.pk in online), 0)
     model = chosen[first]
     params = {**params, "fallbacks": [m.name for m in chosen[first + 1:]]} if len(chosen) > 1 else params
-    text, messages, prompt = rendered_prompt(kind, data)
-    prompt_tokens = tokenizer_for(model.tokenizer).count(text, special=True)
+    fragments, messages, prompt = rendered_prompt(model, kind, data)
+    prompt_tokens = prompt_count(model, fragments)
     if prompt_tokens + params["max_tokens"] > model.context_length:
         raise bad_request(
             f"This model's context is {model.context_length} tokens; the prompt has {prompt_tokens} and max_tokens "

@@ -40,14 +40,15 @@ from accounts.services import api_key_create
 from billing import selectors as ledger
 from billing import services as billing
 from catalog.models import CatalogModel
-from catalog.tokenizer import tokenizer_for
+from catalog.rendering import chat_format, prompt_count, prompt_fragments
 from hosts.models import Host
 from hosts.selectors import qualified_model_ids
 from hosts.services import host_maintenance_enter
 from marketplace import reputation
 from marketplace.lifecycle.queueing import new_public_id, request_submit
 from marketplace.models import CanaryCheck, CanaryReference, Request, TextChunk
-from protocol.turns import job_stop_strings, render_job
+from protocol.jobs import job_stop_strings
+from protocol.rendering import ChatFormat, chat_stops, job_fragments
 
 CORPUS = Path(__file__).with_name("canary_prompts.json")
 CANARY_EMAIL = "canary@elephant.invalid"
@@ -73,15 +74,28 @@ class Reference:
     gaps: list[tuple[int, float]]  # per generated token: (its first character, its top-2 gap)
 
 
-def reference_of(llm: object, item: dict, *, max_tokens: int, tie_gap: float) -> Reference:
-    """What the real model writes for `item`, greedily, rendered and tokenized exactly as a
-    host renders it (`protocol.turns`), and where its first near-tie is: the first generated
+def canary_job(fmt: ChatFormat, *, kind: str, messages: list | None, prompt: str | None) -> dict:
+    """The job a canary is, rendered in its model's format (what a host receives, less its parameters)."""
+    job = {"kind": kind, "messages": messages, "prompt": prompt, "params": {}}
+    return {**job, "fragments": job_fragments(fmt, job), "end_of_turn": chat_stops(fmt) if kind == "chat" else []}
+
+
+def job_tokens(llm: object, job: dict) -> list[int]:
+    """A job's prompt as the real model's token ids, tokenized as every host tokenizes it."""
+    from mahout.runners.llama import PromptTokenizer
+
+    return PromptTokenizer(llm).tokens(job)  # type: ignore[arg-type]
+
+
+def reference_of(llm: object, item: dict, *, fmt: ChatFormat, max_tokens: int, tie_gap: float) -> Reference:
+    """What the real model writes for `item`, greedily, rendered in its model's format `fmt` and
+    tokenized exactly as a host does, and where its first near-tie is: the first generated
     token whose distribution's two best logits are closer than `tie_gap` (a log-probability
     gap, read from the logits that chose that very token; `llm` keeps all logits)."""
     import numpy as np
 
-    job = {"kind": item["kind"], "messages": item.get("messages"), "prompt": item.get("prompt"), "params": {}}
-    tokens = llm.tokenize(render_job(job).encode("utf-8"), add_bos=True, special=True)  # type: ignore[attr-defined]
+    job = canary_job(fmt, kind=item["kind"], messages=item.get("messages"), prompt=item.get("prompt"))
+    tokens = job_tokens(llm, job)
     llm.reset()  # type: ignore[attr-defined]  # no reuse of the previous prompt's cache: the same numbers every time
     out = llm.create_completion(  # type: ignore[attr-defined]
         prompt=tokens, max_tokens=max_tokens, temperature=0.0, top_p=1.0, stop=job_stop_strings(job),
@@ -138,7 +152,7 @@ def references_compute(*, model: CatalogModel, gguf: str, count: int, max_tokens
     llm = load_llama(gguf or shipped_model_path(), n_ctx=REFERENCE_CTX, threads=threads, logits_all=True)
     kept: list[CanaryReference] = []
     for index, item in enumerate(corpus()[:count]):
-        reference = reference_of(llm, item, max_tokens=max_tokens, tie_gap=settings.CANARY_TIE_GAP)
+        reference = reference_of(llm, item, fmt=chat_format(model), max_tokens=max_tokens, tie_gap=settings.CANARY_TIE_GAP)
         if not informative(item, reference):
             out(f"  prompt {index}: too little to check before a near-tie ({reference.exact_chars} characters); skipped")  # type: ignore[operator]
             continue
@@ -204,7 +218,7 @@ def score_reason(llm: object, reference: CanaryReference, *, text: str, completi
 
     tie_gap = settings.CANARY_TIE_GAP
     job = reference_job(reference)
-    prompt = llm.tokenize(render_job(job).encode("utf-8"), add_bos=True, special=True)  # type: ignore[attr-defined]
+    prompt = job_tokens(llm, job)
     answer = llm.tokenize(text.encode("utf-8"), add_bos=False, special=False) if text else []  # type: ignore[attr-defined]
     room = REFERENCE_CTX - len(prompt) - 1
     if len(answer) > room:
@@ -242,8 +256,8 @@ def answer_reason(llm: object, reference: CanaryReference, *, text: str, complet
 def reference_job(reference: CanaryReference) -> dict:
     """The job a canary of `reference` is (what a host receives, less its parameters)."""
     chat = reference.kind == Request.Kind.CHAT
-    return {"kind": reference.kind, "messages": reference.prompt if chat else None,
-            "prompt": None if chat else reference.prompt, "params": {}}
+    return canary_job(chat_format(reference.model), kind=reference.kind, messages=reference.prompt if chat else None,
+                      prompt=None if chat else reference.prompt)
 
 
 def canary_judge(*, request: Request, host: Host, text: str, completion_tokens: int) -> str | None:
@@ -374,10 +388,10 @@ def canary_send(*, host: Host) -> CanaryCheck | None:
     kind = reference.kind
     messages = reference.prompt if kind == Request.Kind.CHAT else None
     prompt = reference.prompt if kind == Request.Kind.COMPLETION else None
-    rendered = render_job({"kind": kind, "messages": messages, "prompt": prompt})
+    fragments = prompt_fragments(reference.model, kind=kind, messages=messages, prompt=prompt)
     request = request_submit(
         public_id=new_public_id(kind), api_key=_canary_key(), model=reference.model, kind=kind, messages=messages,
-        prompt=prompt, stream=True, prompt_tokens=tokenizer_for(reference.model.tokenizer).count(rendered, special=True),
+        prompt=prompt, stream=True, prompt_tokens=prompt_count(reference.model, fragments),
         params={"max_tokens": reference.max_tokens, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None},
         only_host_id=host.pk,
     )

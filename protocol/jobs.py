@@ -6,10 +6,17 @@ attempt after a host died mid-answer) carries the original prompt plus the exact
 already delivered — as an unfinished assistant turn for a chat, appended to the prompt
 for a completion — and only the output budget that is left. Under structured output the
 delivered text travels apart (`rewrite`): the host's grammar must read it from the start.
+
+The gateway renders the prompt for the model (`protocol.rendering`) and sends it as
+`fragments`, with the model's own end of turn: what a host feeds its model is exactly what
+the gateway counted and billed.
 """
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:
+    from protocol.rendering import ChatFormat
 
 CHAT = "chat"
 COMPLETION = "completion"
@@ -32,32 +39,52 @@ class JobPayload(TypedDict, total=False):
     params: dict[str, Any]  # SAMPLING_PARAMS
     continuation: bool
     rewrite: str  # a continuation under a grammar: the text to write again first (see below)
+    fragments: list[list]  # the rendered prompt: [text, is_control] pairs (`protocol.rendering`)
+    end_of_turn: list[str]  # a chat's stops besides the customer's: where the model ends its turn
 
 
 def job_payload_build(
     *, job_id: int, model: str, kind: str, messages: list | None, prompt: str | None, inputs: list[str] | None,
-    params: dict, continuation: bool = False, delivered: str = "", delivered_tokens: int = 0,
+    params: dict, fmt: ChatFormat | None = None, continuation: bool = False, delivered: str = "",
+    delivered_tokens: int = 0,
 ) -> JobPayload:
-    """The payload of a first attempt, or of a continuation of `delivered`.
+    """The payload of a first attempt, or of a continuation of `delivered`, rendered in the
+    model's format `fmt` (required but for embeddings).
 
     Embeddings are all or nothing: a second attempt starts over, so it is never a
     continuation. `delivered_tokens` is the gateway's count of `delivered`.
     """
     if kind == EMBEDDINGS:
         return {"id": job_id, "model": model, "kind": kind, "input": inputs, "continuation": False}
+    from protocol.rendering import chat_stops, job_fragments
+
+    assert fmt is not None, "a chat or completion job is rendered in its model's format"
     sampling = {key: params.get(key) for key in SAMPLING_PARAMS}
+    rewrite = ""
     if continuation:
         sampling["max_tokens"] = max(1, sampling["max_tokens"] - delivered_tokens)
         if sampling.get("response_format"):
             # A grammar starts at the start of the answer: the host writes the delivered text
             # again under it (constrained to exactly that text, and not streamed), then goes on.
-            return {"id": job_id, "model": model, "kind": kind, "messages": messages, "prompt": prompt,
-                    "params": sampling, "continuation": continuation, "rewrite": delivered}
-        if kind == CHAT:
+            rewrite = delivered
+        elif kind == CHAT:
             messages = [*(messages or []), {"role": "assistant", "content": delivered}]
         else:
             prompt = (prompt or "") + delivered
-    return {
+    payload: JobPayload = {
         "id": job_id, "model": model, "kind": kind, "messages": messages, "prompt": prompt, "params": sampling,
         "continuation": continuation,
+        "fragments": [list(fragment) for fragment in job_fragments(fmt, {"kind": kind, "messages": messages,
+                                                                         "prompt": prompt})],
+        "end_of_turn": chat_stops(fmt) if kind == CHAT else [],
     }
+    if rewrite:
+        payload["rewrite"] = rewrite
+    return payload
+
+
+def job_stop_strings(job: dict) -> list[str]:
+    """A job's stop strings: the customer's, then (for a chat) where its model ends a turn. What a
+    host stops at, and what the gateway's canary references stopped at."""
+    stop = list((job.get("params") or {}).get("stop") or [])
+    return stop + [text for text in job.get("end_of_turn") or [] if text not in stop]

@@ -28,7 +28,7 @@ from engine.moe_loader import ByteTokenizer, load_moe
 from mahout.moe.coordinator import Coordinator
 from mahout.moe.policy import DispatchPolicy, LoadMonitor
 from mahout.runners import LogprobsUnsupported
-from protocol.turns import render_job
+from protocol.rendering import fragments_text
 
 __all__ = ["MoeRunner", "MoeSlot", "SlotsFull"]
 
@@ -209,7 +209,7 @@ class MoeSlot:
         params = job.get("params") or {}
         if params.get("logprobs") is not None:
             raise LogprobsUnsupported("this host cannot report log-probabilities; a single-machine host can")
-        prompt = runner.tokenizer.encode(render_job(job))
+        prompt = runner.tokenizer.encode(fragments_text(job.get("fragments") or []))
         budget = runner.model.cache.n_ctx - len(prompt)
         max_tokens = min(int(params.get("max_tokens") or budget), budget)
         self.finish_reason, self.completion_tokens = "length", 0

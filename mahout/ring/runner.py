@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from mahout.link import Heartbeat
 from mahout.ring.bridge import RingBridge, RingError, RingRequest
 from mahout.runners import LogprobsUnsupported
-from protocol.turns import STOP_STRINGS, render_job
+from mahout.runners.llama import PromptTokenizer
 
 if TYPE_CHECKING:
     from mahout.api import HostApi
@@ -50,11 +50,9 @@ class RingRunner:
         self.bridge = bridge
         self.n_ctx = n_ctx
         self._vocab = Llama(model_path=str(model_path), vocab_only=True, verbose=False)
-        self._stop_ids = {self._vocab.token_eos()}
-        for text in STOP_STRINGS:
-            ids = self._vocab.tokenize(text.encode(), add_bos=False, special=True)
-            if len(ids) == 1:
-                self._stop_ids.add(ids[0])
+        self._prompt = PromptTokenizer(self._vocab)
+        self._eos = self._vocab.token_eos()
+        self._stop_ids = {self._eos}
         self.finish_reason = "stop"
         self.completion_tokens = 0
 
@@ -65,12 +63,13 @@ class RingRunner:
         params = job.get("params") or {}
         if params.get("logprobs") is not None:
             raise LogprobsUnsupported("this host cannot report log-probabilities; a single-machine host can")
-        prompt = self._vocab.tokenize(render_job(job).encode("utf-8"), add_bos=True, special=True)
+        prompt = self._prompt.tokens(job)
         budget = self.n_ctx - len(prompt)
         if budget <= 0:
             raise ValueError(f"prompt is {len(prompt)} tokens; the ring's context window is {self.n_ctx} tokens")
         max_tokens = min(int(params.get("max_tokens") or budget), budget)
         stops = [s for s in (params.get("stop") or []) if s]
+        self._stop_ids = {self._eos, *self._prompt.single_ids(job.get("end_of_turn") or [])}
         temperature = params.get("temperature")
         self.finish_reason, self.completion_tokens = "length", 0
         request = self.bridge.submit(

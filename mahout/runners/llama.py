@@ -1,9 +1,10 @@
 """llama.cpp runner: one GGUF model loaded once, streaming one job at a time.
 
-The prompt is rendered by :mod:`protocol.turns` (the same rendering the gateway counts),
-tokenized here with ``special=True`` so Gemma's turn markers become control tokens, and
-handed to llama-cpp-python as token ids. Passing ids lets us check the context window
-before any compute and makes BOS explicit.
+The prompt arrives rendered by the gateway in the model's own chat template (the job's
+`fragments`, :mod:`protocol.rendering`: the rendering the gateway counted), is tokenized
+here by :class:`PromptTokenizer` (text as text, each of the template's control tokens as
+itself: a customer's text never becomes one), and is handed to llama-cpp-python as token
+ids. Passing ids lets us check the context window before any compute.
 """
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from typing import TYPE_CHECKING, cast
 
 from mahout.runners import Piece, RequestRejected
 from mahout.runners.logprobs import LogprobRecorder, TokenAligner
-from protocol.jobs import CHAT
-from protocol.turns import job_stop_strings, render_job
+from protocol.jobs import CHAT, job_stop_strings
+from protocol.rendering import fragments_tokens
 
 if TYPE_CHECKING:
     import numpy as np
@@ -347,6 +348,41 @@ class Vocab:
         return count
 
 
+class PromptTokenizer:
+    """A job's rendered prompt as this model's token ids: the one tokenization the gateway
+    counts with (`protocol.rendering.fragments_tokens`), over llama.cpp's vocabulary."""
+
+    def __init__(self, llm: Llama) -> None:
+        self._llm = llm
+        self._controls: dict[str, int] = {}
+
+    def tokens(self, job: dict) -> list[int]:
+        fragments = job.get("fragments")
+        if not isinstance(fragments, list):
+            raise RequestRejected("the job carries no rendered prompt (`fragments`): the gateway is older than this host")
+        return fragments_tokens(fragments, tokenize=self._plain, control=self._control)
+
+    def single_ids(self, texts: list[str]) -> list[int]:
+        """The ids of those texts that are one token of this vocabulary (a model's end of turn)."""
+        found = []
+        for text in texts:
+            ids = self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+            found += ids if len(ids) == 1 else []
+        return found
+
+    def _plain(self, text: str) -> list[int]:
+        return self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+
+    def _control(self, text: str) -> int:
+        found = self._controls.get(text)
+        if found is None:
+            ids = self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+            if len(ids) != 1:  # the catalog's file has it: this host's file is not the catalog's
+                raise RequestRejected(f"{text!r} is not one token of this model's vocabulary")
+            found = self._controls[text] = ids[0]
+        return found
+
+
 class ContextOverflowError(RequestRejected):
     """The rendered prompt does not fit in the model's context window."""
 
@@ -358,6 +394,7 @@ class LlamaRunner:
         self.model_path = Path(model_path)
         self.n_ctx = n_ctx
         self._llm = load_llama(self.model_path, n_ctx=n_ctx, threads=threads, gpu_layers=gpu_layers)
+        self._prompt = PromptTokenizer(self._llm)
         self.finish_reason = "stop"
         self.completion_tokens = 0
         self._vocab: Vocab | None = None
@@ -391,8 +428,8 @@ class LlamaRunner:
         return TokenHealer(prompt_len=prompt_len, dropped=text.encode("utf-8"), vocab=self._vocab)
 
     def prompt_tokens(self, job: dict) -> list[int]:
-        """Token ids of the rendered job, BOS first; raises if they leave no room to generate."""
-        tokens = self._llm.tokenize(render_job(job).encode("utf-8"), add_bos=True, special=True)
+        """Token ids of the rendered job; raises if they leave no room to generate."""
+        tokens = self._prompt.tokens(job)
         if len(tokens) >= self.n_ctx:
             raise ContextOverflowError(
                 f"prompt is {len(tokens)} tokens; the context window is {self.n_ctx} tokens"
@@ -401,7 +438,7 @@ class LlamaRunner:
 
     @staticmethod
     def stop_strings(job: dict) -> list[str]:
-        """The job's stop strings, plus Gemma's end of turn for chats."""
+        """The job's stop strings, plus its model's end of turn for chats."""
         return job_stop_strings(job)
 
     def _count(self, text: str) -> int:

@@ -41,7 +41,7 @@ class CommandLineTests:
         assert capsys.readouterr().err.splitlines()[-1] == "mahout: error: HTTP 401: bad host token"
 
     def test_it_never_imports_django(self):
-        modules = "mahout.__main__, mahout.host, mahout.loop, mahout.runners.llama, protocol.turns, mahout.model_files"
+        modules = "mahout.__main__, mahout.host, mahout.loop, mahout.runners.llama, protocol.rendering, protocol.jobs, mahout.model_files"
         code = f"import sys, {modules}; print(sorted(m for m in sys.modules if m.startswith('django')))"
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
         assert result.stdout.strip() == "[]"

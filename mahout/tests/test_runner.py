@@ -10,6 +10,7 @@ import pytest
 
 from mahout.model_files import assemble_shipped
 from mahout.runners.llama import ContextOverflowError, LlamaRunner, cpu_advertises_amx
+from testkit.formats import rendered
 
 
 @pytest.fixture(scope="module")
@@ -19,17 +20,17 @@ def runner(tmp_path_factory: pytest.TempPathFactory) -> LlamaRunner:
 
 
 def chat_job(messages: list[dict], max_tokens: int = 8) -> dict:
-    return {
+    return rendered({
         "id": "job-1", "model": "gemma-3-270m", "kind": "chat", "messages": messages, "prompt": None,
         "params": {"max_tokens": max_tokens, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": 1},
-    }
+    })
 
 
 class LlamaRunnerTests:
     def test_it_streams_a_completion_from_the_shipped_model(self, runner):
-        job = {"id": "job-1", "model": "gemma-3-270m", "kind": "completion", "messages": None,
+        job = rendered({"id": "job-1", "model": "gemma-3-270m", "kind": "completion", "messages": None,
                "prompt": "The capital of France is",
-               "params": {"max_tokens": 8, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None}}
+               "params": {"max_tokens": 8, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None}})
         pieces = list(runner.stream(job))
         assert "".join(pieces).strip()
         assert runner.finish_reason in ("stop", "length")
@@ -63,9 +64,9 @@ class CpuAdvertisesAmxTests:
 
 class TokenHealingTests:
     def test_it_finishes_a_word_cut_mid_way_on_the_real_model(self, runner):
-        job = {"id": "job-2", "model": "gemma-3-270m", "kind": "completion", "messages": None, "continuation": True,
+        job = rendered({"id": "job-2", "model": "gemma-3-270m", "kind": "completion", "messages": None, "continuation": True,
                "prompt": "The elephant is a large mam",
-               "params": {"max_tokens": 6, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None}}
+               "params": {"max_tokens": 6, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None}})
         text = "".join(runner.stream(job))
         assert text.startswith("mal"), f"'mam' should become 'mammal', got {text!r}"
 
@@ -92,8 +93,6 @@ class StructuredOutputTests:
         the token llama.cpp's sampler picks after masking the whole vocabulary."""
         from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar
 
-        from protocol.turns import render_job
-
         for response_format in ({"type": "json_object"}, {"type": "json_schema", "name": "p", "schema": PERSON}):
             job = {**chat_job(ASK, max_tokens=40), "params": {"max_tokens": 40, "temperature": 0.0,
                                                               "response_format": response_format}}
@@ -101,7 +100,7 @@ class StructuredOutputTests:
             lazy = "".join(runner.stream(job))
             grammar = (LlamaGrammar.from_string(JSON_GBNF, verbose=False)
                        if response_format["type"] == "json_object" else LlamaGrammar.from_json_schema(json.dumps(PERSON), verbose=False))
-            tokens = runner._llm.tokenize(render_job(job).encode(), add_bos=True, special=True)
+            tokens = runner.prompt_tokens(job)
             runner._llm.reset()
             full = runner._llm.create_completion(prompt=tokens, max_tokens=40, temperature=0.0, grammar=grammar,
                                                  stop=runner.stop_strings(job))["choices"][0]["text"]
@@ -142,9 +141,9 @@ class LogprobTests:
         return text, entries
 
     def test_a_completion_reports_the_likeliest_alternatives_at_each_token(self, runner):
-        job = {"id": "job-3", "model": "gemma-3-270m", "kind": "completion", "messages": None,
+        job = rendered({"id": "job-3", "model": "gemma-3-270m", "kind": "completion", "messages": None,
                "prompt": "The capital of France is",
-               "params": {"max_tokens": 8, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None, "logprobs": 3}}
+               "params": {"max_tokens": 8, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None, "logprobs": 3}})
         plain = "".join(runner.stream({**job, "params": {**job["params"], "logprobs": None}}))
         text, entries = self.pieces(runner, job)
         assert text == plain, "reporting log-probabilities changes nothing sampled"
@@ -155,9 +154,9 @@ class LogprobTests:
             assert len(entry["top_logprobs"]) == 3 and entry["logprob"] == entry["top_logprobs"][0]["logprob"]  # greedy
 
     def test_a_healed_start_and_a_stop_string_keep_only_delivered_characters(self, runner):
-        job = {"id": "job-4", "model": "gemma-3-270m", "kind": "completion", "messages": None, "continuation": True,
+        job = rendered({"id": "job-4", "model": "gemma-3-270m", "kind": "completion", "messages": None, "continuation": True,
                "prompt": "The elephant is a large mam",
-               "params": {"max_tokens": 12, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None, "logprobs": 0}}
+               "params": {"max_tokens": 12, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None, "logprobs": 0}})
         text, entries = self.pieces(runner, job)
         assert text.startswith("mal") and entries[0]["token"].startswith("mal"), entries[0]
         cut = text[len(text) // 2:][:3]

@@ -11,6 +11,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from catalog.models import CatalogModel
+from catalog.rendering import chat_format_of
 from core.events import announce_on_commit, request_group
 from hosts.models import ACCEPTING, TRUSTED, Host, claim_cap_sql
 from hosts.selectors import qualified_model_ids, warm_model_ids
@@ -27,9 +28,10 @@ def job_payload(job: Job) -> JobPayload:
     request = job.request
     continuation = job.attempt > 1 and request.kind != Request.Kind.EMBEDDINGS
     delivered = request.delivered_text if continuation else ""
+    fmt = None if request.kind == Request.Kind.EMBEDDINGS else chat_format_of(job.model_id)
     return job_payload_build(
         job_id=job.pk, model=job.model.name, kind=request.kind, messages=request.messages, prompt=request.prompt,
-        inputs=request.inputs, params=request.params, continuation=continuation, delivered=delivered,
+        inputs=request.inputs, params=request.params, fmt=fmt, continuation=continuation, delivered=delivered,
         delivered_tokens=count_output(request, delivered),
     )
 

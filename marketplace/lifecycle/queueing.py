@@ -17,6 +17,7 @@ from accounts.models import ApiKey
 from billing import services as billing
 from catalog.models import CatalogModel
 from catalog.pricing import price
+from catalog.rendering import prompt_count, prompt_fragments
 from catalog.tokenizer import tokenizer_for
 from core.db import ChainMissed, Step, chain_run, insert_step
 from core.errors import DomainError
@@ -25,7 +26,7 @@ from marketplace import routing
 from marketplace.lifecycle.errors import HostFailed, QueueTimeout
 from marketplace.lifecycle.transitions import request_fail
 from marketplace.models import Job, Liveness, Request
-from protocol.turns import render_job
+from protocol.rendering import TemplateRefused
 
 
 def estimate_ucents(*, model: CatalogModel, prompt_tokens: int, max_tokens: int) -> int:
@@ -206,8 +207,11 @@ def request_reroute(*, request_id: int, requeue: int, trusted_only: bool = False
         model = CatalogModel.objects.filter(name=fallbacks.pop(0), active=True, kind=CatalogModel.Kind.CHAT).first()
         if model is None:
             continue
-        rendered = render_job({"kind": request.kind, "messages": request.messages, "prompt": request.prompt})
-        prompt_tokens = tokenizer_for(model.tokenizer).count(rendered, special=True)
+        try:
+            fragments = prompt_fragments(model, kind=request.kind, messages=request.messages, prompt=request.prompt)
+        except TemplateRefused:  # this fallback's template refuses the conversation: the next one may not
+            continue
+        prompt_tokens = prompt_count(model, fragments)
         max_tokens = int(request.params["max_tokens"])
         if prompt_tokens + max_tokens > model.context_length:
             continue

@@ -17,7 +17,8 @@ from hosts.models import Host
 from mahout.runners.llama import load_llama
 from marketplace import canaries
 from marketplace.models import CanaryCheck, CanaryReference, Job, Request
-from protocol.turns import job_stop_strings, render_job
+from protocol.jobs import job_stop_strings
+from testkit.formats import GEMMA
 from testkit.stack import ROOT
 
 COUNT = 32
@@ -34,7 +35,7 @@ def llm():  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="module")
 def computed(llm) -> list[tuple[dict, canaries.Reference]]:  # type: ignore[no-untyped-def]
     """References for the corpus' first prompts, from the real model."""
-    return [(item, canaries.reference_of(llm, item, max_tokens=MAX_TOKENS, tie_gap=settings.CANARY_TIE_GAP))
+    return [(item, canaries.reference_of(llm, item, fmt=GEMMA, max_tokens=MAX_TOKENS, tie_gap=settings.CANARY_TIE_GAP))
             for item in canaries.corpus()[:COUNT]]
 
 
@@ -47,8 +48,8 @@ def stored(catalog: CatalogModel, computed: list) -> list[CanaryReference]:
 
 
 def generate(llm, item: dict, **sampling: object) -> str:  # type: ignore[no-untyped-def]
-    job = {"kind": item["kind"], "messages": item.get("messages"), "prompt": item.get("prompt"), "params": {}}
-    tokens = llm.tokenize(render_job(job).encode(), add_bos=True, special=True)
+    job = canaries.canary_job(GEMMA, kind=item["kind"], messages=item.get("messages"), prompt=item.get("prompt"))
+    tokens = canaries.job_tokens(llm, job)
     return llm.create_completion(prompt=tokens, max_tokens=MAX_TOKENS, stop=job_stop_strings(job), **sampling)["choices"][0]["text"]
 
 

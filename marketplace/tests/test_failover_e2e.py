@@ -214,10 +214,10 @@ class HalfWordTests:
 class CreditTests:
     def test_credit_running_out_mid_stream_lets_the_running_job_finish(self, gateway, farm, catalog) -> None:
         farm.add("solo")
+        from catalog.rendering import prompt_count, prompt_fragments
         from marketplace.services import estimate_ucents
-        from protocol.turns import render_chat
 
-        prompt_tokens = tokenizer_for(catalog.tokenizer).count(render_chat(STORY), special=True)
+        prompt_tokens = prompt_count(catalog, prompt_fragments(catalog, kind="chat", messages=STORY, prompt=None))
         estimate = estimate_ucents(model=catalog, prompt_tokens=prompt_tokens, max_tokens=48)
         customer = make_customer(credit_ucents=estimate + estimate // 2)
         refused: list[int] = []

@@ -19,7 +19,8 @@ from django.core.management import call_command
 from conftest import ROOT, make_customer, make_host, stack_env, wait_until
 from engine.moe import MoeModel
 from engine.moe_loader import BYTE_EOS, ByteTokenizer, load_moe, make_tiny_moe
-from protocol.turns import render_chat
+from protocol.rendering import chat_fragments, fragments_text
+from testkit.formats import BYTES
 
 if TYPE_CHECKING:
     from catalog.models import CatalogModel
@@ -35,7 +36,7 @@ def _local_text(path: Path) -> str:
     """What the model answers with every expert computed here (greedy)."""
     config, weights = load_moe(path)
     tokenizer = ByteTokenizer()
-    return tokenizer.decode(MoeModel(config, weights).generate(tokenizer.encode(render_chat(MESSAGES)), N_TOKENS,
+    return tokenizer.decode(MoeModel(config, weights).generate(tokenizer.encode(fragments_text(chat_fragments(BYTES, MESSAGES))), N_TOKENS,
                                                                stop_ids=(BYTE_EOS,)))
 
 
@@ -80,7 +81,7 @@ class CoordinatorServesTests:
             assert row.status == Request.Status.COMPLETED
             assert row.cost_ucents > 0
             assert row.cost_ucents == row.prompt_tokens * 10 + row.completion_tokens * 40
-            assert row.prompt_tokens == len(render_chat(MESSAGES).encode()) + 1  # the bytes, and BOS
+            assert row.prompt_tokens == len(fragments_text(chat_fragments(BYTES, MESSAGES)).encode()) + 1  # the bytes, and BOS
             job = Job.objects.get(request=row)
             assert job.host_id == host.host.pk and job.earned_ucents == row.cost_ucents * 80 // 100
             wait_until(lambda: ExpertModel.objects.get(name="tiny-moe").coordinator_id == host.host.pk, timeout=10,

@@ -100,14 +100,15 @@ def engine_text(messages: list[dict], max_tokens: int) -> str:
     from engine.generate import build_stages, generate
     from engine.gguf_loader import default_model_path
     from mahout.ring.runner import RingRunner
-    from protocol.turns import render_job
+    from testkit.formats import rendered
 
     path = default_model_path()
     runner = RingRunner(None, path, n_ctx=int(N_CTX))  # type: ignore[arg-type]  # only its tokenizer is used
-    prompt = runner._vocab.tokenize(render_job({"kind": "chat", "messages": messages}).encode(), add_bos=True, special=True)
+    prompt = runner._prompt.tokens(rendered({"kind": "chat", "messages": messages}))
     (whole,) = build_stages(path, [(0, 18)], n_rows=1, n_ctx=int(N_CTX))
     tokens = generate([whole], prompt, max_tokens).token_ids
-    kept = next((i for i, t in enumerate(tokens) if t in runner._stop_ids), len(tokens))
+    ends = {runner._eos, *runner._prompt.single_ids(["<end_of_turn>"])}
+    kept = next((i for i, t in enumerate(tokens) if t in ends), len(tokens))
     return runner._decode(tokens[:kept])
 
 

@@ -1,0 +1,20 @@
+"""The shipped models' chat formats, for tests and benchmarks that build a host's jobs by hand
+(the gateway renders every job it sends: `protocol.jobs.job_payload_build`)."""
+from __future__ import annotations
+
+from catalog.seed import SHIPPED_MODELS
+from protocol.rendering import ChatFormat, chat_stops, job_fragments
+
+_GEMMA = SHIPPED_MODELS[0]
+GEMMA = ChatFormat(
+    template=_GEMMA["chat_template"], bos_token=_GEMMA["bos_text"], eos_token=_GEMMA["eos_text"],
+    adds_bos=_GEMMA["adds_bos"], controls=tuple(_GEMMA["control_tokens"]), end_of_turn=tuple(_GEMMA["end_of_turn"]),
+)
+# A byte-vocabulary model (the MoE test models): the catalog's default template, no control tokens.
+BYTES = ChatFormat(template=_GEMMA["chat_template"])
+
+
+def rendered(job: dict, fmt: ChatFormat = GEMMA) -> dict:
+    """`job` with its prompt rendered in `fmt`, as the gateway sends it to a host."""
+    stops = chat_stops(fmt) if job.get("kind") == "chat" else []
+    return {**job, "fragments": [list(fragment) for fragment in job_fragments(fmt, job)], "end_of_turn": stops}
