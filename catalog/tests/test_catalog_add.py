@@ -2,10 +2,10 @@
 
 The inputs are real GGUFs: small files written with the `gguf` package's GGUFWriter that carry
 a real model's whole vocabulary (Gemma 3's 262,144 tokens, copied from the shipped file's
-metadata; Llama 3's and Qwen 2.5's from the vocabularies llama.cpp publishes in the
-llama-cpp-python sdist, fetched at test time) and a few MB of stand-in weights, so the
-vocabulary copy must be much smaller than the file and must count exactly as llama.cpp counts
-with the whole file.
+metadata) and a few MB of stand-in weights, so the vocabulary copy must be much smaller than
+the file and must count exactly as llama.cpp counts with the whole file. Each family hosts run
+is a `testkit.families` tiny model: its real vocabulary and template from the llama-cpp-python
+sdist, fetched at test time.
 """
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import hashlib
 import os
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from gguf import GGUFValueType, GGUFWriter
 from catalog.models import CatalogModel
 from catalog.tokenizer import shipped_model_path, tokenizer_for
 from engine.gguf_meta import open_gguf
+from testkit.families import FAMILIES, SdistUnavailable, sdist_models, template_path, tiny_model
 
 pytestmark = pytest.mark.django_db
 
@@ -43,12 +43,11 @@ TEXTS = [
 ]
 
 
-def _tiny_gguf(dest: Path, *, template: str | None, general_name: str, source: Path | None = None,
-               eot: int | None = END_OF_TURN) -> Path:
-    """A GGUF with `source`'s metadata (architecture, vocabulary; the shipped model's by default),
-    `template` as its chat template (None: none at all), an end-of-turn id, file type F32 and
-    one tensor of stand-in weights."""
-    reader = open_gguf(source or shipped_model_path())
+def _tiny_gguf(dest: Path, *, template: str | None, general_name: str) -> Path:
+    """A GGUF with the shipped model's metadata (architecture, vocabulary), `template` as its
+    chat template (None: none at all), an end-of-turn id, file type F32 and one tensor of
+    stand-in weights."""
+    reader = open_gguf(shipped_model_path())
     writer = GGUFWriter(str(dest), reader.fields["general.architecture"].contents())
     skipped = ("general.architecture", "general.name", "general.file_type", "tokenizer.chat_template")
     for key, field in reader.fields.items():
@@ -58,8 +57,7 @@ def _tiny_gguf(dest: Path, *, template: str | None, general_name: str, source: P
         writer.add_key_value(key, field.contents(), kind, sub_type=field.types[-1] if kind == GGUFValueType.ARRAY else None)
     writer.add_name(general_name)
     writer.add_file_type(0)  # ALL_F32
-    if eot is not None:
-        writer.add_eot_token_id(eot)
+    writer.add_eot_token_id(END_OF_TURN)
     if template is not None:
         writer.add_chat_template(template)
     import numpy as np
@@ -86,33 +84,14 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
-LLAMA_CPP_SDIST = "llama-cpp-python==0.3.36"
-SDIST_MODELS = "vendor/llama.cpp/models/"
-FAMILIES = {  # vocabulary file in the sdist -> the template file the family's instruct model ships (None: its own)
-    "ggml-vocab-llama-bpe.gguf": "templates/meta-llama-Llama-3.1-8B-Instruct.jinja",
-    "ggml-vocab-qwen2.gguf": None,
-}
-
-
 @pytest.fixture(scope="module")
-def sdist_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """llama.cpp's published vocabularies and templates, from the llama-cpp-python sdist (test
-    data fetched now, never committed); the tests that need them skip, saying why, without it."""
-    folder = tmp_path_factory.mktemp("sdist")
+def sdist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """llama.cpp's published vocabularies and templates (test data fetched now, never committed);
+    the tests that need them skip, saying why, without them."""
     try:
-        subprocess.run([sys.executable, "-m", "pip", "download", LLAMA_CPP_SDIST, "--no-deps", "--no-binary", ":all:",
-                        "-d", str(folder), "-q"], check=True, capture_output=True, timeout=600)
-        (archive,) = folder.glob("*.tar.gz")
-        wanted = [*FAMILIES, *(template for template in FAMILIES.values() if template)]
-        with tarfile.open(archive) as sdist:
-            for member in sdist.getmembers():
-                inside = member.name.partition(SDIST_MODELS)[2]
-                if inside in wanted:
-                    member.name = inside
-                    sdist.extract(member, folder / "models", filter="data")
-    except (subprocess.SubprocessError, OSError, ValueError, tarfile.TarError) as error:
-        pytest.skip(f"the {LLAMA_CPP_SDIST} sdist (llama.cpp's vocabularies) is not available here: {error}")
-    return folder / "models"
+        return sdist_models(tmp_path_factory.mktemp("sdist"))
+    except SdistUnavailable as error:
+        pytest.skip(str(error))
 
 
 @pytest.fixture
@@ -189,32 +168,28 @@ class CatalogAddTests:
 
 
 class CatalogAddFamilyTests:
-    """Other families' real vocabularies (byte-level BPE with merges): counted as llama.cpp counts them."""
+    """Each family's tiny model (its real vocabulary, byte-level BPE or SentencePiece, and its
+    template): added with its own facts, counted as llama.cpp counts it. Gemma's vocabulary is
+    the shipped model's, counted above; Qwen 3's is Qwen 2.5's."""
 
-    @pytest.mark.parametrize("vocabulary", list(FAMILIES))
-    def test_it_counts_each_family_exactly_as_llama_cpp_does(self, sdist_models, tmp_path, var_dir, vocabulary) -> None:
+    @pytest.mark.parametrize("family", ["llama3", "qwen2.5", "phi3", "mistral"])
+    def test_it_counts_each_family_exactly_as_llama_cpp_does(self, sdist, tmp_path, var_dir, family) -> None:
         from llama_cpp import Llama
 
-        template = FAMILIES[vocabulary]
-        source = open_gguf(sdist_models / vocabulary)
-        own = None if template else source.fields["tokenizer.chat_template"].contents()
-        model = _tiny_gguf(tmp_path / "model.gguf", template=own, general_name=vocabulary, source=sdist_models / vocabulary,
-                           eot=None)
-        extra = ("--template", str(sdist_models / template)) if template else ()
-        _add(model, "family-model", "0.10", "0.40", *extra)
+        model = tiny_model(family, sdist, tmp_path / "model.gguf")
+        _add(model, "family-model")
 
         entry = CatalogModel.objects.get(name="family-model")
-        assert entry.architecture == source.fields["general.architecture"].contents()
-        assert entry.vocab_size == len(source.fields["tokenizer.ggml.tokens"].data)
-        assert entry.bos_token_id == source.fields["tokenizer.ggml.bos_token_id"].contents()
-        assert entry.chat_template == ((sdist_models / template).read_text() if template else own)
-        counter = tokenizer_for(entry.tokenizer)
         whole = Llama(model_path=str(model), vocab_only=True, verbose=False)
         try:
+            assert entry.architecture == FAMILIES[family].arch
+            assert (entry.vocab_size, entry.bos_token_id) == (whole.n_vocab(), whole.token_bos())
+            assert entry.chat_template == template_path(family, sdist).read_text(encoding="utf-8")
+            counter = tokenizer_for(entry.tokenizer)
             for text in TEXTS:
                 for special in (True, False):
                     expected = len(whole.tokenize(text.encode(), add_bos=special, special=special))
-                    assert counter.count(text, special=special) == expected, (vocabulary, text, special)
+                    assert counter.count(text, special=special) == expected, (family, text, special)
         finally:
             whole.close()
 
