@@ -1,15 +1,22 @@
 """The marketplace in the admin: the catalog with its warm hosts, requests and jobs.
-Prompts and delivered text stay out."""
+Prompts and delivered text stay out. A catalog model is added from its own GGUF file, as
+`manage.py catalog_add` adds one."""
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 
 from catalog.models import CatalogModel
 from catalog.money import usd
+from catalog.services import CatalogAddRefused, catalog_model_add
 from hosts import selectors as hosts
 from hosts.admin import HostAdmin
 from hosts.models import Host
@@ -33,6 +40,42 @@ class HostWithStatusAdmin(HostAdmin):
         return services.host_ban_with_consequences(host=host, reason=reason, by=by)
 
 
+class CatalogAddForm(forms.Form):
+    """`catalog_add`'s arguments. Prices stay text: the service reads them exactly and says what is wrong."""
+
+    path = forms.CharField(label="GGUF file", max_length=4096, help_text=(
+        "a path on the gateway's disk, e.g. /srv/models/Llama-3.1-8B-Instruct-Q4_K_M.gguf: models are gigabytes, "
+        "never uploaded through the browser"))
+    name = forms.CharField(max_length=100, help_text="the model's name in the API")
+    input_price = forms.CharField(label="Input price", max_length=40, help_text="USD per million prompt tokens, e.g. 0.10")
+    output_price = forms.CharField(label="Output price", max_length=40, help_text="USD per million generated tokens, e.g. 0.40")
+    template = forms.CharField(label="Chat template", required=False, widget=forms.Textarea(attrs={"rows": 6}),
+                               help_text="Jinja, for a file without tokenizer.chat_template (default: the file's own)")
+    template_path = forms.CharField(label="Chat template file", required=False, max_length=4096,
+                                    help_text="or the template as a path on the gateway's disk")
+    context_length = forms.IntegerField(required=False, help_text="the context sold, in tokens (default: the file's own)")
+
+    def clean(self) -> dict[str, Any]:
+        data = self.cleaned_data
+        if data.get("template") and data.get("template_path"):
+            raise forms.ValidationError("Give the chat template as text or as a file, not both.")
+        return data
+
+
+def catalog_add_from_form(data: dict[str, Any]) -> CatalogModel:
+    """`catalog_model_add` with a CatalogAddForm's fields; a template typed in the form reaches it
+    as a file, the way catalog_add's --template does."""
+    with tempfile.TemporaryDirectory() as folder:
+        template_path = Path(data["template_path"]) if data["template_path"] else None
+        if data["template"]:
+            template_path = Path(folder) / "chat_template.jinja"
+            template_path.write_text(data["template"], encoding="utf-8")
+        return catalog_model_add(
+            path=Path(data["path"]), name=data["name"], input_price=data["input_price"], output_price=data["output_price"],
+            template_path=template_path, context_length=data["context_length"],
+        )
+
+
 @admin.register(CatalogModel)
 class CatalogModelAdmin(admin.ModelAdmin):
     list_display = (
@@ -41,6 +84,29 @@ class CatalogModelAdmin(admin.ModelAdmin):
     )
     list_filter = ("kind", "active", "latency_critical", "routing_strategy")
     search_fields = ("name",)
+
+    def add_view(self, request: HttpRequest, form_url: str = "", extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        """"Add" is catalog_add: a model enters the catalog from its own GGUF file (its facts read
+        from the file, never typed in). A refusal is the form's error, with nothing written."""
+        if not self.has_add_permission(request):
+            raise PermissionDenied
+        form = CatalogAddForm(request.POST or None)
+        if request.method == "POST" and form.is_valid():
+            try:
+                entry = catalog_add_from_form(form.cleaned_data)
+            except CatalogAddRefused as refused:
+                form.add_error(None, " ".join(refused.message.split()))
+            else:
+                self.log_addition(request, entry, [{"added": {}}])
+                return self.response_add(request, entry)
+        adminform = helpers.AdminForm(form, [(None, {"fields": list(form.fields)})], {}, model_admin=self)
+        context = {
+            **self.admin_site.each_context(request), "title": "Add a catalog model from its GGUF file", "subtitle": None,
+            "adminform": adminform, "object_id": None, "original": None, "is_popup": False, "to_field": None,
+            "media": self.media + adminform.media, "inline_admin_formsets": [], "errors": helpers.AdminErrorList(form, []),
+            "preserved_filters": self.get_preserved_filters(request), **(extra_context or {}),
+        }
+        return self.render_change_form(request, context, add=True, form_url=form_url)
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         self._counts = hosts.warm_host_counts()

@@ -20,12 +20,14 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
 from rest_framework.request import Request as DrfRequest
 from rest_framework.response import Response
+from rest_framework.serializers import Serializer
 
 from accounts.apis import KeyApi
 from accounts.selectors import key_for_spending, key_from_secret
 from billing import selectors as billing_selectors
 from catalog.models import CatalogModel
 from catalog.money import usd_decimal
+from catalog.selectors import catalog_model_card
 from core.db import db
 from core.errors import ApiError, DomainError, bad_request, validation_error
 from core.http import bearer_secret, json_body
@@ -35,7 +37,6 @@ from marketplace.choices import Admitted, admit_choices, stream_chunks
 from marketplace.models import Request
 from marketplace.render import failed_choice, response_body, usage_sum
 from marketplace.serializers import (
-    SUPPORTED_PARAMETERS,
     ChatInputSerializer,
     CompletionInputSerializer,
     EmbeddingsInputSerializer,
@@ -288,6 +289,9 @@ class ModelListApi(KeyApi):
 
 
 def model_body(served: selectors.ServedModel) -> dict:
+    """A served model as /v1/models lists it: OpenAI's fields, the catalog's card (context, USD
+    per-token pricing, architecture: all from the entry), and what only the API knows (hosts, the
+    parameters its endpoint takes)."""
     model = served.model
     return {
         "id": model.name,
@@ -295,13 +299,24 @@ def model_body(served: selectors.ServedModel) -> dict:
         "created": selectors.unix(model.created_at),
         "owned_by": "elephant",
         "kind": model.kind,
-        "context_length": model.context_length,
-        "pricing": {"input_ucents_per_token": model.input_price_ucents, "output_ucents_per_token": model.output_price_ucents},
+        **catalog_model_card(model),
         "hosts_online": served.hosts_online,
         "hosts_warm": served.hosts_warm,
         "latency_critical": model.latency_critical,
-        "supported_parameters": SUPPORTED_PARAMETERS if model.kind != CatalogModel.Kind.EMBEDDING else ["encoding_format", "user"],
+        "supported_parameters": SUPPORTED_PARAMETERS_BY_KIND[model.kind],
     }
+
+
+def accepted_parameters(serializer: type[Serializer], *, refused: tuple[str, ...] = ()) -> list[str]:
+    """What an endpoint takes besides the request's subject (model, messages, input), read from its
+    input serializer so the list follows it; `refused` names fields declared only to answer a 400."""
+    return [name for name in serializer().fields.keys() if name not in ("model", "messages", "input", *refused)]
+
+
+SUPPORTED_PARAMETERS_BY_KIND: dict[str, list[str]] = {  # per kind, what its endpoint takes
+    CatalogModel.Kind.CHAT: accepted_parameters(ChatInputSerializer),
+    CatalogModel.Kind.EMBEDDING: accepted_parameters(EmbeddingsInputSerializer, refused=("dimensions",)),
+}
 
 
 class CreditsApi(KeyApi):

@@ -194,8 +194,18 @@ class EmbeddingListSerializer(serializers.Serializer):
 
 
 class ModelPricingSerializer(serializers.Serializer):
-    input_ucents_per_token = serializers.IntegerField()
-    output_ucents_per_token = serializers.IntegerField()
+    """OpenRouter's shape: exact USD per token, as decimal strings (1 µ¢ is "0.00000001")."""
+
+    prompt = serializers.CharField(help_text='USD per prompt token, e.g. "0.0000001"')
+    completion = serializers.CharField(help_text="USD per generated token")
+
+
+class ModelArchitectureSerializer(serializers.Serializer):
+    modality = serializers.CharField(help_text='"text->text" (chat) or "text->embeddings"')
+    input_modalities = serializers.ListField(child=serializers.CharField())
+    output_modalities = serializers.ListField(child=serializers.CharField())
+    tokenizer = serializers.CharField(allow_blank=True, help_text="the GGUF's general.architecture (blank: not read from a file)")
+    instruct_type = serializers.CharField(allow_null=True, help_text='"chat_template": rendered by the model\'s own template')
 
 
 class ModelSerializer(serializers.Serializer):
@@ -206,10 +216,11 @@ class ModelSerializer(serializers.Serializer):
     kind = serializers.CharField(help_text="chat or embedding")
     context_length = serializers.IntegerField()
     pricing = ModelPricingSerializer()
+    architecture = ModelArchitectureSerializer()
     hosts_online = serializers.IntegerField()
     hosts_warm = serializers.IntegerField()
     latency_critical = serializers.BooleanField()
-    supported_parameters = serializers.ListField(child=serializers.CharField())
+    supported_parameters = serializers.ListField(child=serializers.CharField(), help_text="what the model's endpoint takes")
 
 
 class ModelListSerializer(serializers.Serializer):

@@ -68,7 +68,7 @@ class UnsupportedParameterTests:
 
         embeddings = CatalogModel.objects.get(name="all-minilm-l6-v2")
         entry = model_body(ServedModel(model=embeddings, hosts_online=1, hosts_warm=1))
-        assert entry["supported_parameters"] == ["encoding_format", "user"]
+        assert entry["supported_parameters"] == ["encoding_format", "user", "provider"]
 
 
 class HeaderTests:
