@@ -1,4 +1,5 @@
-"""The host API's own part: a host registers the models it benchmarked on its machine.
+"""The host API's own part: a host reads the catalog's files and registers the models it
+benchmarked on its machine.
 
 The job endpoints (claim, tokens, complete, fail), heartbeat, `me` and earnings are
 the marketplace's (`marketplace/host_apis.py`): they read and write jobs.
@@ -11,6 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from catalog.selectors import catalog_models
 from core.errors import ApiError
 from core.http import INT_MAX, bearer_secret, holds_nul
 from core.openapi import ERROR, HOST_TOKEN
@@ -71,3 +73,25 @@ class QualificationRegisterApi(HostApi):
         except services.WrongModelFile as error:
             raise ApiError(409, str(error), code="model_file_mismatch", param="sha256") from None
         return Response({"model": data["model"], "fingerprint": data["fingerprint"]}, status=201)
+
+
+class CatalogListApi(HostApi):
+    """The files the catalog sells, for a host to tell whether one it holds is among them
+    (`mahout add` hashes the file and looks its sha256 up here)."""
+
+    class OutputSerializer(serializers.Serializer):
+        class EntrySerializer(serializers.Serializer):
+            name = serializers.CharField()
+            kind = serializers.CharField(help_text='"chat" or "embedding"')
+            sha256 = serializers.CharField(help_text="the one weights file the catalog means by this name (blank: any)")
+            quantization = serializers.CharField(help_text="e.g. Q4_K_M (blank where unknown)")
+            file_size = serializers.IntegerField(allow_null=True, help_text="bytes of the weights file")
+            context_length = serializers.IntegerField(help_text="the context sold, in tokens")
+            embedding_dimensions = serializers.IntegerField(allow_null=True, help_text="an embeddings model's vector width")
+
+        models = EntrySerializer(many=True)
+
+    @extend_schema(responses={200: OutputSerializer})
+    def get(self, request: Request) -> Response:
+        self.host(request)
+        return Response(self.OutputSerializer({"models": catalog_models()}).data)

@@ -7,9 +7,13 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mahout.credentials import NoCredentials, credentials_resolve, credentials_save
 from mahout.home import is_paused, resolve_home, set_paused
+
+if TYPE_CHECKING:
+    from mahout.catalog import CatalogFile
 
 LOG_FILE = "logs/mahout.log"  # in the home; rotated at LOG_BYTES, LOG_BACKUPS kept
 LOG_BYTES = 5 * 1024 * 1024
@@ -56,13 +60,23 @@ def _add_threads(parser: argparse.ArgumentParser) -> None:
 
 
 def _models(text: str) -> list[str]:
-    """``--models`` as a list of catalog names; argparse reports a bad one."""
-    from mahout.catalog import parse_models
+    """``--models`` as a list of names (checked against the home's models once it is known)."""
+    from mahout.catalog import split_models
 
     try:
-        return parse_models(text)
+        return split_models(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _served(names: list[str], home: Path) -> list[str]:
+    """`names` when this home can serve each (shipped, or added with `mahout add`); ModelUnavailable otherwise."""
+    from mahout.catalog import ModelUnavailable, known_models, parse_models
+
+    try:
+        return parse_models(",".join(names), known_models(home))
+    except ValueError as exc:
+        raise ModelUnavailable(str(exc)) from None
 
 
 def _gpu_layers(text: str) -> str | int:
@@ -95,7 +109,8 @@ def _add_models(parser: argparse.ArgumentParser) -> None:
 
     known, default = ", ".join(CATALOG), ", ".join(DEFAULT_MODELS)
     parser.add_argument("--models", type=_models, default=list(DEFAULT_MODELS),
-                        help=f"comma-separated models to serve (known: {known}; default: {default})")
+                        help=f"comma-separated models to serve: shipped ({known}) or any catalog model whose file "
+                             f"`mahout add` recorded (default: {default})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -126,8 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
     service.add_argument("--no-enable", action="store_true", help="write the unit only; enable it yourself")
     service.add_argument("run_args", nargs=argparse.REMAINDER,
                          help="options for `mahout run` after --, e.g. -- --schedule 22:00-08:00 --threads 4")
-    add = commands.add_parser("add", help="serve your own copy of a catalog model (checked by its sha256)")
+    add = commands.add_parser("add", help="serve a model file the gateway's catalog sells (matched by its sha256)")
     add.add_argument("path", type=Path, help="a model file, e.g. ~/models/gemma-3-270m-Q4_K_M.gguf")
+    add.add_argument("--server", help="gateway whose catalog to match (default: from `mahout login`, or $MAHOUT_SERVER; "
+                                      "none: the files mahout ships knowing)")
+    add.add_argument("--token", help="host token (prefer `mahout login` or $MAHOUT_TOKEN)")
     login = commands.add_parser("login", help="check a host token with the gateway and keep it in the home (mode 0600)")
     login.add_argument("--server", required=True, help="gateway base URL")
     login.add_argument("--token-stdin", action="store_true", help="read the token from standard input (no prompt)")
@@ -160,12 +178,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     from mahout.presence import presence
 
     home = resolve_home(args.home)
+    models = _served(args.models, home)
     login = credentials_resolve(server=args.server, token=args.token, home=home, warn=warn)
     idle = IdleDetector(args.idle_threshold) if args.idle_detect else None
     api = HostApi(login.server, login.token)
     try:
         _token_checked(api)  # before minutes of assembling and benchmarking: a rotated or revoked token says so at once
-        loop = start_host(api, home, args.threads or default_threads(), models=args.models,
+        loop = start_host(api, home, args.threads or default_threads(), models=models,
                           memory_budget_mb=args.memory_budget_mb, idle=idle, rebenchmark=args.rebenchmark, out=say,
                           gpu=gpu_setup(args.gpu_layers, out=say))
         loop.schedule = args.schedule
@@ -204,8 +223,9 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
     from mahout.host import benchmark_model, default_threads, gpu_setup
 
     home = resolve_home(args.home)
+    models = _served(args.models, home)
     gpu = gpu_setup(args.gpu_layers, out=say)
-    for name in args.models:
+    for name in models:
         model = benchmark_model(name, home, args.threads or default_threads(), rebenchmark=args.rebenchmark, out=say, gpu=gpu)
         say(f"mahout: model {model.path} sha256 {model.sha256}")
         say(json.dumps({"model": name, "fingerprint": model.fingerprint, **model.benchmark}))
@@ -236,27 +256,64 @@ def cmd_install_service(args: argparse.Namespace) -> int:
 
 
 def cmd_add(args: argparse.Namespace) -> int:
-    """Hash a model file; when it is a catalog model's pinned file, serve it from where it is."""
-    from mahout.catalog import catalog_match, file_sha256
+    """Hash a model file; when the catalog sells it, record it in the home under the catalog's
+    name, so `run --models NAME` serves it from where it is."""
+    from mahout.catalog import CATALOG, DEFAULT_MODELS, catalog_match, file_sha256
     from mahout.model_files import model_add
-    from protocol.catalog import MODEL_FILES
 
     path = args.path.expanduser()
     if not path.is_file():
         warn(f"mahout: error: {path} is not a file")
         return 2
+    home = resolve_home(args.home)
+    files, source = _catalog_for_add(args, home)
     say(f"mahout: hashing {path} ({path.stat().st_size / 1e6:.0f} MB)")
     sha256 = file_sha256(path)
-    name = catalog_match(sha256)
-    if name is None:
-        known = "; ".join(f"{n}: {pin['quantization']}, sha256 {pin['sha256']}" for n, pin in MODEL_FILES.items())
+    matches = catalog_match(sha256, files)
+    if not matches:
+        sold = "; ".join(entry.describe() for entry in files) or "nothing"
         warn(f"mahout: error: {path} (sha256 {sha256}) is no catalog model's file, so it cannot be served "
-              f"(another quantisation or another model, perhaps). The catalog's files: {known}")
+             f"(another quantisation or another model, perhaps). {source} sells: {sold}")
         return 2
-    model_add(resolve_home(args.home), name, path, sha256)
-    say(f"mahout: {path} is the catalog's {name} ({MODEL_FILES[name]['quantization']}, sha256 {sha256[:16]}…); "
-        f"`mahout run` serves it from there.")
+    servable = [entry for entry in matches if entry.kind == "chat" or entry.name in CATALOG]
+    if not servable:
+        names = ", ".join(entry.name for entry in matches)
+        warn(f"mahout: error: {path} is the catalog's {names}, an embeddings model; mahout serves embeddings only "
+             f"with the model it ships ({', '.join(n for n, spec in CATALOG.items() if spec.kind == 'embeddings')})")
+        return 2
+    for entry in servable:
+        model_add(home, entry.name, path, sha256, entry=entry.record())
+        serve = "python -m mahout run" + ("" if entry.name in DEFAULT_MODELS else f" --models {entry.name}")
+        say(f"mahout: {path} is the catalog's {entry.name} ({entry.quantization or 'quantisation unknown'}, "
+            f"sha256 {sha256[:16]}…); `{serve}` serves it from there.")
     return 0
+
+
+def _catalog_for_add(args: argparse.Namespace, home: Path) -> tuple[list[CatalogFile], str]:
+    """The catalog to match a file against, and who says so: the gateway's (logged in), or the
+    files mahout ships knowing when there is no login or no answer. A refused token raises."""
+    from mahout.api import HostApi, HostApiError, ServerUnavailable
+    from mahout.catalog import catalog_listing, offline_catalog
+
+    offline = "The catalog as mahout knows it offline"
+    try:
+        login = credentials_resolve(server=args.server, token=args.token, home=home, warn=warn)
+    except NoCredentials:
+        say("mahout: not logged in, so matching only the files mahout ships knowing; "
+            "`python -m mahout login --server URL` matches the gateway's whole catalog")
+        return offline_catalog(), offline
+    api = HostApi(login.server, login.token, retries=1)
+    try:
+        return catalog_listing(api.catalog()), f"The catalog at {login.server}"
+    except ServerUnavailable as exc:
+        say(f"mahout: {login.server} did not answer ({exc}); matching only the files mahout ships knowing")
+    except HostApiError as exc:
+        if exc.status != 404:  # 404: a gateway from before the catalog endpoint
+            raise
+        say(f"mahout: {login.server} lists no catalog to hosts; matching only the files mahout ships knowing")
+    finally:
+        api.close()
+    return offline_catalog(), offline
 
 
 def cmd_login(args: argparse.Namespace) -> int:
@@ -385,13 +442,14 @@ COMMANDS["moe"] = cmd_moe  # the MoE expert market (mahout.moe), kept as its own
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; API refusals and an unreachable server exit with code 2 and one line."""
     from mahout.api import HostApiError, ServerUnavailable
+    from mahout.catalog import ModelUnavailable
 
     args = build_parser().parse_args(argv)
     if args.command in LOGGED_COMMANDS:
         open_log(resolve_home(getattr(args, "home", None)))
     try:
         return COMMANDS[args.command](args)
-    except (HostApiError, ServerUnavailable, NoCredentials) as exc:
+    except (HostApiError, ServerUnavailable, NoCredentials, ModelUnavailable) as exc:
         warn(f"mahout: error: {exc}")
         return 2
 

@@ -228,6 +228,12 @@ class HostApi:
         "request" says the job's own content cannot be run (no strike against this host)."""
         return self._json(self._request("POST", f"/jobs/{job_id}/fail", {"reason": reason, "cause": cause}))
 
+    def catalog(self) -> list[dict]:
+        """What the gateway's catalog sells: per model its name, kind and the one file it means
+        (``sha256``, ``quantization``, ``file_size``), ``context_length``, ``embedding_dimensions``."""
+        models = self._json(self._request("GET", "/catalog")).get("models")
+        return [entry for entry in models if isinstance(entry, dict)] if isinstance(models, list) else []
+
     def me(self) -> dict:
         """This host's record as the server sees it."""
         return self._json(self._request("GET", "/me"))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from mahout.api import HostApi, HostApiError, ServerUnavailable
 from mahout.benchmark import qualify
-from mahout.catalog import CATALOG, DEFAULT_MODELS, ModelSpec, checked_file, installed_models
+from mahout.catalog import CATALOG, DEFAULT_MODELS, ModelSpec, checked_file, installed_models, model_spec
 from mahout.fingerprint import machine_fingerprint, total_memory_mb
 from mahout.gpu import AUTO, Gpu, Offload, plan_offload
 from mahout.idle import IdleDetector
@@ -56,11 +56,14 @@ class Qualified:
     machine: dict
     model: str = SHIPPED_MODEL
     offload: Offload | None = None  # its layers on the GPU, when any
+    weights_mb: float = 0.0  # its weights held in memory (not on the GPU), from its file's size
 
     @property
     def footprint_mb(self) -> float:
-        """The memory the loading policy accounts for this model (its measured ``memory_mb``)."""
-        return float(self.benchmark.get("memory_mb") or 0.0)
+        """The memory the loading policy accounts for this model: its measured ``memory_mb``,
+        never less than its file's weights that stay in memory (a benchmark cached on a lightly
+        loaded machine, or pages of the file not yet read, must not make a big model look small)."""
+        return max(float(self.benchmark.get("memory_mb") or 0.0), self.weights_mb)
 
     @property
     def vram_mb(self) -> float:
@@ -102,6 +105,14 @@ def offload_for(spec: ModelSpec, path: Path, gpu: GpuSetup | None) -> Offload | 
                         n_layers=model_layers(path))
 
 
+def weights_mb(spec: ModelSpec, path: Path, offload: Offload | None) -> float:
+    """MiB of a GGUF model's weights that stay in memory: its file's size less the part planned
+    on the GPU (0 for a model that is not one file)."""
+    if spec.kind != "chat" or not path.is_file():
+        return 0.0
+    return max(path.stat().st_size / 2**20 - (offload.vram_mb if offload else 0.0), 0.0)
+
+
 def describe(spec: ModelSpec, result: dict) -> str:
     """A benchmark result as one readable phrase."""
     if spec.kind == "embeddings":
@@ -116,19 +127,24 @@ def describe(spec: ModelSpec, result: dict) -> str:
 
 def benchmark_model(
     name: str, home: Path, threads: int, *, rebenchmark: bool = False, out: Callable[[str], None] = print,
-    gpu: GpuSetup | None = None,
+    gpu: GpuSetup | None = None, budget_mb: int | None = None,
 ) -> Qualified:
-    """Find model ``name`` and benchmark it on this machine (or reuse the cached result), with
-    as many of its layers on the GPU as `gpu` plans."""
-    spec = CATALOG[name]
+    """Find model ``name`` (shipped, or a catalog model whose file the owner added) and
+    benchmark it on this machine (or reuse the cached result), with as many of its layers on
+    the GPU as `gpu` plans. With `budget_mb`, a model whose file alone cannot fit in it raises
+    BudgetError before anything is loaded."""
+    spec = model_spec(name, home, CATALOG)
     path, sha256 = spec.locate(home)
     checked_file(spec, path, sha256)
     fingerprint, facts = machine_fingerprint()
     offload = offload_for(spec, path, gpu)
+    weights = weights_mb(spec, path, offload)
+    if budget_mb is not None:
+        check_fits({name: weights}, budget_mb)
     result, cached = qualify(home, name, path, sha256, fingerprint, threads, rebenchmark=rebenchmark, measure=spec.measure,
                              offload=offload)
     out(f"mahout: benchmark of {name} ({'cached' if cached else 'measured'}): {describe(spec, result)}")
-    return Qualified(path, sha256, result, fingerprint, facts, name, offload)
+    return Qualified(path, sha256, result, fingerprint, facts, name, offload, weights)
 
 
 def benchmark_shipped(
@@ -198,18 +214,20 @@ def start_host(
     model alone does not fit in the budget.
     """
     budget = default_budget_mb() if memory_budget_mb is None else memory_budget_mb
-    measured = [benchmark_model(name, home, threads, rebenchmark=rebenchmark, out=out, gpu=gpu) for name in models]
+    measured = [benchmark_model(name, home, threads, rebenchmark=rebenchmark, out=out, gpu=gpu, budget_mb=budget)
+                for name in models]
     vram_budget = gpu.gpu.free_mb if gpu is not None and gpu.active and gpu.gpu is not None else None
     check_fits({model.model: model.footprint_mb for model in measured}, budget,
                vram_mb={model.model: model.vram_mb for model in measured}, vram_budget_mb=vram_budget)
     accepted = qualify_with_server(api, measured, out=out)
     paths = {model.model: model.path for model in accepted}
     offloads = {model.model: model.offload for model in accepted}
+    specs = {model.model: model_spec(model.model, home, CATALOG) for model in accepted}
     loader = ModelLoader(
-        lambda name: CATALOG[name].open(paths[name], threads, offloads[name]),
+        lambda name: specs[name].open(paths[name], threads, offloads[name]),
         {model.model: model.footprint_mb for model in accepted}, budget, out=out,
         vram_mb={model.model: model.vram_mb for model in accepted}, vram_budget_mb=vram_budget,
     )
     loader.preload([model.model for model in accepted])
     return HostLoop(api, loader, fingerprint=accepted[0].fingerprint, home=home, idle=idle,
-                    installed=installed_models(), out=out)
+                    installed=installed_models(home), out=out)

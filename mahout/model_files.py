@@ -13,6 +13,7 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import quote, unquote
 
 from tqdm import tqdm
 
@@ -72,31 +73,58 @@ def _stamp(path: Path, sha256: str) -> dict:
 
 
 def _added_record(home: Path, name: str) -> Path:
-    return home / "models" / f"{name}.added.json"
+    """``<home>/models/<name>.added.json``, the name quoted where a file name cannot hold it (a
+    catalog name may be ``org/model:tag``)."""
+    return home / "models" / f"{quote(name, safe='')}.added.json"
 
 
-def model_add(home: Path, name: str, path: Path, sha256: str) -> None:
+def model_add(home: Path, name: str, path: Path, sha256: str, *, entry: dict | None = None) -> None:
     """Serve the owner's own copy of catalog model `name` (its sha256 checked by the caller)
-    from where it is, instead of the shipped one."""
+    from where it is, instead of the shipped one. `entry` is what the catalog says of the model
+    (`mahout.catalog.CatalogFile`): the file it pins, its kind, its context; kept with the record,
+    so a model the shipped list does not know can be served and checked."""
     record = _added_record(home, name)
     record.parent.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps({"path": str(path.resolve()), **_stamp(path, sha256)}))
+    data = {"path": str(path.resolve()), **_stamp(path, sha256)}
+    if entry is not None:
+        data["catalog"] = entry
+    record.write_text(json.dumps(data))
+
+
+def _added_data(record: Path) -> dict:
+    try:
+        data = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def added_model(home: Path, name: str, *, hash_file: Callable[[Path], str]) -> tuple[Path, str] | None:
     """The owner's copy of model `name` and its sha256, when one was added; a copy changed
     since is hashed again (the caller checks the hash against the catalog)."""
+    data = _added_data(_added_record(home, name))
     try:
-        data = json.loads(_added_record(home, name).read_text())
         path = Path(data["path"])
         stat = path.stat()
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, KeyError, TypeError):
         return None
     if _same_file(data, stat):
         return path, data["sha256"]
     sha256 = hash_file(path)
-    model_add(home, name, path, sha256)
+    model_add(home, name, path, sha256, entry=data.get("catalog"))
     return path, sha256
+
+
+def added_entry(home: Path, name: str) -> dict | None:
+    """What the catalog said of model `name` when its file was added (None: not added, or
+    added by a mahout that kept only the file)."""
+    entry = _added_data(_added_record(home, name)).get("catalog")
+    return entry if isinstance(entry, dict) else None
+
+
+def added_names(home: Path) -> list[str]:
+    """The catalog names of the models whose files the owner added."""
+    return sorted(unquote(record.name.removesuffix(".added.json")) for record in (home / "models").glob("*.added.json"))
 
 
 def _concatenate(chunks: list[Path], target: Path, progress: bool) -> str:

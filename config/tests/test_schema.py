@@ -21,7 +21,8 @@ CUSTOMER = {
     ("get", "/v1/generation"), ("get", "/v1/usage"), ("get", "/v1/usage.csv"), ("post", "/billing/api/topups"),
 }
 HOST = {
-    ("post", "/hosts/api/qualifications"), ("post", "/hosts/api/heartbeat"), ("post", "/hosts/api/claim"),
+    ("get", "/hosts/api/catalog"), ("post", "/hosts/api/qualifications"), ("post", "/hosts/api/heartbeat"),
+    ("post", "/hosts/api/claim"),
     ("post", "/hosts/api/jobs/{job_id}/tokens"), ("post", "/hosts/api/jobs/{job_id}/progress"),
     ("post", "/hosts/api/jobs/{job_id}/complete"), ("post", "/hosts/api/jobs/{job_id}/fail"), ("get", "/hosts/api/me"),
     ("get", "/hosts/api/earnings"), ("get", "/billing/api/host/statement"), ("post", "/billing/api/host/payouts"),

@@ -122,3 +122,52 @@ class InactiveOwnerApiTests:
         owner.is_active = True
         owner.save(update_fields=["is_active"])
         assert call("post", "/hosts/api/heartbeat", serving_host.token, {"fingerprint": serving_host.fingerprint})[0] == 200
+
+
+def catalog_entry(name: str, sha256: str, **fields: object) -> object:
+    """A catalog row pinning a file (what `catalog_add` writes, less what matching does not read)."""
+    from catalog.models import CatalogModel
+
+    return CatalogModel.objects.create(
+        name=name, kind=fields.pop("kind", "chat"), context_length=fields.pop("context_length", 2048),
+        input_price_ucents=10, output_price_ucents=40, tokenizer="bytes", sha256=sha256, **fields,
+    )
+
+
+class CatalogListApiTests:
+    """GET /hosts/api/catalog: the files the catalog sells, for a host to match its own."""
+
+    def test_it_lists_each_active_entry_with_the_file_it_pins(self, serving_host) -> None:
+        from protocol.catalog import MODEL_FILES
+
+        catalog_entry("tiny-chat", "ab" * 32, quantization="Q8_0", file_size=123_456, context_length=8192)
+        catalog_entry("retired-chat", "cd" * 32, active=False)
+        status, body = call("get", "/hosts/api/catalog", serving_host.token)
+        assert status == 200
+        assert [entry["name"] for entry in body["models"]] == ["all-minilm-l6-v2", "gemma-3-270m", "tiny-chat"]
+        listed = {entry["name"]: entry for entry in body["models"]}
+        assert listed["tiny-chat"] == {"name": "tiny-chat", "kind": "chat", "sha256": "ab" * 32, "quantization": "Q8_0",
+                                       "file_size": 123_456, "context_length": 8192, "embedding_dimensions": None}
+        assert (listed["gemma-3-270m"]["sha256"], listed["gemma-3-270m"]["quantization"]) == (
+            MODEL_FILES["gemma-3-270m"]["sha256"], "Q4_K_M")
+        embeddings = listed["all-minilm-l6-v2"]
+        assert embeddings["kind"] == "embedding" and embeddings["embedding_dimensions"] == 384
+
+    def test_it_answers_only_a_host_token(self, serving_host, customer) -> None:
+        assert call("get", "/hosts/api/catalog", "")[0] == 401
+        for token in ("not-a-token", customer.secret):
+            status, refused = call("get", "/hosts/api/catalog", token)
+            assert (status, refused["error"]["code"]) == (401, "invalid_host_token"), token
+        Host.objects.filter(pk=serving_host.host.pk).update(banned_at=timezone.now(), ban_reason="cheat", banned_by="ops")
+        assert call("get", "/hosts/api/catalog", serving_host.token)[0] == 403
+
+    def test_a_qualification_of_any_entry_is_held_to_that_rows_pin(self, serving_host) -> None:
+        """A model mahout never shipped: the row's sha256 decides, not the shipped list."""
+        catalog_entry("tiny-chat", "ab" * 32, quantization="Q8_0")
+        body = {"model": "tiny-chat", "fingerprint": serving_host.fingerprint,
+                "benchmark": {"prompt_tps": 1, "gen_tps": 1, "ttft_ms": 1, "memory_mb": 1}}
+        status, refused = call("post", "/hosts/api/qualifications", serving_host.token, {**body, "sha256": "ef" * 32})
+        assert (status, refused["error"]["code"]) == (409, "model_file_mismatch")
+        assert "ab" * 32 in refused["error"]["message"] and "Q8_0" in refused["error"]["message"]
+        assert call("post", "/hosts/api/qualifications", serving_host.token, {**body, "sha256": "ab" * 32})[0] == 201
+        assert serving_host.host.qualifications.filter(model__name="tiny-chat", sha256="ab" * 32).exists()

@@ -42,7 +42,7 @@ def fake_models(monkeypatch) -> list[str]:
     loads: list[str] = []
 
     def benchmark_model(name: str, home: Path, threads: int, *, rebenchmark: bool = False, out: Callable[[str], None] = print,
-                        gpu: object = None) -> host.Qualified:
+                        gpu: object = None, budget_mb: int | None = None) -> host.Qualified:
         result = {"prompt_tps": 1.0, "gen_tps": 1.0, "ttft_ms": 1.0, "memory_mb": FOOTPRINTS[name], "threads": threads}
         return host.Qualified(Path(name), "sha", result, "fp", {"hostname": "box"}, name)
 
