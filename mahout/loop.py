@@ -298,6 +298,7 @@ class HostLoop:
             record.advance(JobState.FAILED, f"{type(exc).__name__}: {exc}")
         else:
             record.finish_reason, record.completion_tokens = runner.finish_reason, runner.completion_tokens
+            record.prompt_tokens = getattr(runner, "prompt_count", 0)  # what this model was fed (logged)
             record.advance(JobState.COMPLETED)
 
     def _report(self, record: JobRecord) -> None:
@@ -324,7 +325,8 @@ class HostLoop:
         answer = self.api.complete(record.id, finish_reason=reason, completion_tokens=tokens)
         seconds = time.monotonic() - record.started
         earned = answer.get("earned_ucents")
-        self.out(f"mahout: completed {record.id}: {tokens} tokens in {seconds:.1f} s ({reason}, earned {earned} ucents)")
+        prompt = f" after a {record.prompt_tokens}-token prompt" if record.prompt_tokens else ""
+        self.out(f"mahout: completed {record.id}: {tokens} tokens{prompt} in {seconds:.1f} s ({reason}, earned {earned} ucents)")
 
     # -- heartbeats --------------------------------------------------------------------
 

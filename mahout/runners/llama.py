@@ -395,6 +395,7 @@ class LlamaRunner:
         self.n_ctx = n_ctx
         self._llm = load_llama(self.model_path, n_ctx=n_ctx, threads=threads, gpu_layers=gpu_layers)
         self._prompt = PromptTokenizer(self._llm)
+        self.prompt_count = 0  # the last job's prompt tokens
         self.finish_reason = "stop"
         self.completion_tokens = 0
         self._vocab: Vocab | None = None
@@ -430,6 +431,7 @@ class LlamaRunner:
     def prompt_tokens(self, job: dict) -> list[int]:
         """Token ids of the rendered job; raises if they leave no room to generate."""
         tokens = self._prompt.tokens(job)
+        self.prompt_count = len(tokens)
         if len(tokens) >= self.n_ctx:
             raise ContextOverflowError(
                 f"prompt is {len(tokens)} tokens; the context window is {self.n_ctx} tokens"

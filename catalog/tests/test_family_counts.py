@@ -1,0 +1,95 @@
+"""Billing and generation agree for every family: the gateway's prompt count (the vocabulary-only
+copy `catalog_add` keeps) equals the tokens a host feeds its model (the whole file, through the
+host's own `PromptTokenizer`), exactly, over a corpus per family; a customer's text never becomes
+one of the model's control tokens; a template that refuses a conversation says so.
+
+The models are tiny real-vocabulary GGUFs of six families (`testkit.families`), each with its
+family's real chat template, added to the catalog as an operator adds them. Processes and
+streams are tested in `marketplace/tests/test_families_e2e.py`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from catalog.models import CatalogModel
+from catalog.rendering import chat_format, prompt_count, prompt_fragments
+from catalog.services import catalog_model_add
+from mahout.runners.llama import PromptTokenizer, load_llama
+from protocol.jobs import CHAT, COMPLETION, job_payload_build
+from protocol.rendering import TemplateRefused
+from testkit.corpus import CHATS, COMPLETIONS
+from testkit.families import FAMILIES, SdistUnavailable, family_models
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    try:
+        return family_models(tmp_path_factory.mktemp("families"))
+    except SdistUnavailable as error:
+        pytest.skip(str(error))
+
+
+@pytest.fixture
+def var_dir(tmp_path: Path, settings) -> Path:  # noqa: ANN001 (pytest-django's settings fixture)
+    settings.VAR_DIR = tmp_path / "var"
+    settings.VAR_DIR.mkdir()
+    return settings.VAR_DIR
+
+
+def refuses_system(entry: CatalogModel) -> bool:
+    """Whether the family's template refuses a system message (Gemma 2's does)."""
+    try:
+        prompt_fragments(entry, kind=CHAT, messages=[{"role": "system", "content": "s"},
+                                                     {"role": "user", "content": "u"}], prompt=None)
+    except TemplateRefused:
+        return True
+    return False
+
+
+class FamilyCountTests:
+    @pytest.mark.parametrize("family", list(FAMILIES))
+    def test_the_gateways_count_is_the_hosts_tokens_exactly(self, models, var_dir, family) -> None:
+        entry = catalog_model_add(path=models[family], name=f"tiny-{family}", input_price="0.1", output_price="0.4")
+        host = load_llama(models[family], n_ctx=512, threads=1)
+        try:
+            tokenizer = PromptTokenizer(host)
+            controls = {host.tokenize(text.encode(), add_bos=False, special=True)[0] for text in entry.control_tokens}
+            system_refused = refuses_system(entry)
+            jobs = [(CHAT, messages, None) for messages in CHATS] + [(COMPLETION, None, prompt) for prompt in COMPLETIONS]
+            checked = 0
+            for kind, messages, prompt in jobs:
+                if system_refused and any(m["role"] == "system" for m in messages or []):
+                    with pytest.raises(TemplateRefused, match="[Ss]ystem"):
+                        prompt_fragments(entry, kind=kind, messages=messages, prompt=prompt)
+                    continue
+                fragments = prompt_fragments(entry, kind=kind, messages=messages, prompt=prompt)
+                payload = job_payload_build(job_id=1, model=entry.name, kind=kind, messages=messages, prompt=prompt,
+                                            inputs=None, params={"max_tokens": 8}, fmt=chat_format(entry))
+                fed = tokenizer.tokens(payload)
+                assert prompt_count(entry, fragments) == len(fed), (family, messages or prompt)
+                written = sum(1 for _, control in fragments if control)
+                assert sum(1 for token in fed if token in controls) == written, (family, messages or prompt, fragments)
+                checked += 1
+            assert checked >= len(jobs) - 3
+        finally:
+            host.close()
+
+    @pytest.mark.parametrize("family", list(FAMILIES))
+    def test_a_continuation_ends_on_the_delivered_texts_last_character(self, models, var_dir, family) -> None:
+        entry = catalog_model_add(path=models[family], name=f"tiny-{family}", input_price="0.1", output_price="0.4")
+        for delivered in ("One, two, th", "Ends in spaces   ", "象は大き"):
+            fragments = prompt_fragments(entry, kind=CHAT, prompt=None, messages=[
+                {"role": "user", "content": "Go on."}, {"role": "assistant", "content": delivered}])
+            assert fragments[-1][1] is False and fragments[-1][0].endswith(delivered), (family, fragments[-2:])
+
+    @pytest.mark.parametrize("family", list(FAMILIES))
+    def test_its_stops_and_format_come_from_its_own_file(self, models, var_dir, family) -> None:
+        entry = catalog_model_add(path=models[family], name=f"tiny-{family}", input_price="0.1", output_price="0.4")
+        expected = {"llama3": "<|eot_id|>", "qwen2.5": "<|im_end|>", "qwen3": "<|im_end|>", "phi3": "<|end|>",
+                    "mistral": "</s>", "gemma": "<end_of_turn>"}[family]
+        assert entry.end_of_turn == [expected]
+        assert entry.bos_text in ("", *entry.control_tokens)
