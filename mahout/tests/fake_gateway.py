@@ -11,6 +11,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from testkit.formats import BYTES, rendered
+
 TOKEN = "host-token"
 
 
@@ -47,6 +49,7 @@ class GatewayState:
             "prompt": "Once upon" if kind == "completion" else None,
             "params": {"max_tokens": 16, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None, **params},
         }
+        job = rendered(job) if model == "gemma-3-270m" else rendered(job, BYTES)  # the gateway renders what it sends
         with self.cond:
             self.queue.append(job)
             self.cond.notify_all()

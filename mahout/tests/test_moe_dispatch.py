@@ -23,6 +23,7 @@ from mahout.moe.coordinator import Coordinator, TcpTransport, WorkerFailed, Work
 from mahout.moe.policy import DispatchPolicy, LoadMonitor, LoadState
 from mahout.moe.runner import MoeRunner
 from mahout.moe.worker import SECRET_ENV, worker_caps
+from testkit.formats import BYTES, rendered
 
 ROOT = Path(__file__).resolve().parents[2]
 SLICES = [(0, 0, 4), (0, 4, 4), (1, 0, 8)]  # (layer, first, count): every expert of the tiny model
@@ -228,7 +229,7 @@ class MoeRunnerTests:
             prompt = ByteTokenizer().encode("Hi")
             expected = ByteTokenizer().decode(runner.generate(prompt, 5))
             first, second = runner.slot(), runner.slot()
-            pieces = list(first.stream({"kind": "completion", "prompt": "Hi", "params": {"max_tokens": 5}}))
+            pieces = list(first.stream(rendered({"kind": "completion", "prompt": "Hi", "params": {"max_tokens": 5}}, BYTES)))
             assert first.completion_tokens == 5 and first.finish_reason == "length"
             assert "".join(pieces) == expected
             assert second.completion_tokens == 0  # each slot keeps its own job's figures
