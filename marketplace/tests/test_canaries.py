@@ -11,6 +11,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from catalog.models import CatalogModel
+from catalog.seed import SHIPPED_MODELS
 from catalog.tokenizer import shipped_model_path
 from conftest import make_host, wait_until
 from hosts.models import Host
@@ -55,7 +56,7 @@ def generate(llm, item: dict, **sampling: object) -> str:  # type: ignore[no-unt
 
 def reference_row(text: str, gaps: list, max_tokens: int = MAX_TOKENS, exact: int = 0, item: dict | None = None) -> CanaryReference:
     item = item or {"kind": "completion", "prompt": "p"}
-    return CanaryReference(kind=item["kind"], prompt=item.get("messages") or item.get("prompt"), max_tokens=max_tokens,
+    return CanaryReference(model=CatalogModel(**SHIPPED_MODELS[0]), kind=item["kind"], prompt=item.get("messages") or item.get("prompt"), max_tokens=max_tokens,
                            text=text, tokens=4, exact_chars=exact, gaps=[list(g) for g in gaps])
 
 
