@@ -48,7 +48,7 @@ from marketplace import reputation
 from marketplace.lifecycle.queueing import new_public_id, request_submit
 from marketplace.models import CanaryCheck, CanaryReference, Request, TextChunk
 from protocol.jobs import job_stop_strings
-from protocol.rendering import ChatFormat, chat_stops, job_fragments
+from protocol.rendering import ChatFormat, TemplateRefused, chat_stops, job_fragments
 
 CORPUS = Path(__file__).with_name("canary_prompts.json")
 CANARY_EMAIL = "canary@elephant.invalid"
@@ -152,7 +152,11 @@ def references_compute(*, model: CatalogModel, gguf: str, count: int, max_tokens
     llm = load_llama(gguf or shipped_model_path(), n_ctx=REFERENCE_CTX, threads=threads, logits_all=True)
     kept: list[CanaryReference] = []
     for index, item in enumerate(corpus()[:count]):
-        reference = reference_of(llm, item, fmt=chat_format(model), max_tokens=max_tokens, tie_gap=settings.CANARY_TIE_GAP)
+        try:
+            reference = reference_of(llm, item, fmt=chat_format(model), max_tokens=max_tokens, tie_gap=settings.CANARY_TIE_GAP)
+        except TemplateRefused as refused:
+            out(f"  prompt {index}: {refused}; skipped")  # type: ignore[operator]
+            continue
         if not informative(item, reference):
             out(f"  prompt {index}: too little to check before a near-tie ({reference.exact_chars} characters); skipped")  # type: ignore[operator]
             continue
