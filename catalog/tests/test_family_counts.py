@@ -93,3 +93,31 @@ class FamilyCountTests:
                     "mistral": "</s>", "gemma": "<end_of_turn>"}[family]
         assert entry.end_of_turn == [expected]
         assert entry.bos_text in ("", *entry.control_tokens)
+
+
+class ShippedEntryTests:
+    """The shipped Gemma entry is an ordinary one: its facts are what catalog_add reads from the
+    shipped file with the shipped template (the seed writes them so a fresh database needs no file)."""
+
+    def test_its_facts_are_what_its_file_and_template_say(self) -> None:
+        from catalog.gguf_file import gguf_facts
+        from catalog.seed import SHIPPED_MODELS
+        from catalog.tokenizer import shipped_model_path, tokenizer_for
+        from protocol.rendering import chat_format_read
+
+        seed = SHIPPED_MODELS[0]
+        facts = gguf_facts(Path(shipped_model_path()))
+        adds_bos = tokenizer_for(seed["tokenizer"]).count("", special=True) == 1  # llama.cpp's own answer
+        fmt = chat_format_read(template=seed["chat_template"], bos_token=facts.bos_text, eos_token=facts.eos_text,
+                               adds_bos=adds_bos, vocabulary_controls=facts.controls)
+        assert fmt.adds_bos == seed["adds_bos"]
+        assert (set(fmt.controls), list(fmt.end_of_turn)) == (set(seed["control_tokens"]), seed["end_of_turn"])
+        assert (facts.bos_text, facts.eos_text, facts.bos_token_id, facts.eos_token_id) == (
+            seed["bos_text"], seed["eos_text"], seed["bos_token_id"], seed["eos_token_id"])
+        assert (facts.architecture, facts.vocab_size, facts.n_layers, facts.file_size) == (
+            seed["architecture"], seed["vocab_size"], seed["n_layers"], seed["file_size"])
+
+    def test_the_migrated_entry_carries_them(self, catalog) -> None:
+        from catalog.seed import FACTS, SHIPPED_MODELS
+
+        assert {key: getattr(catalog, key) for key in FACTS} == {key: SHIPPED_MODELS[0][key] for key in FACTS}
