@@ -15,7 +15,8 @@ from pathlib import Path
 
 from catalog.models import CatalogModel
 from catalog.tokenizer import tokenizer_for
-from protocol.rendering import ChatFormat, Fragment, job_fragments
+from protocol.jobs import job_fragments
+from protocol.rendering import ChatFormat, Fragment
 
 TEMPLATES = Path(__file__).resolve().parent / "chat_templates"
 DEFAULT_TEMPLATE = TEMPLATES / "gemma-turns.jinja"

@@ -44,7 +44,8 @@ class ByteBoundTokenizer:
         return len(text.encode()) + (1 if special else 0)
 
     def count_fragments(self, fragments: Sequence[Fragment]) -> int:
-        return sum(1 if control else len(text.encode()) for text, control in fragments)
+        """The bytes and a BOS (what a byte vocabulary's model is fed), each control token as one."""
+        return 1 + sum(1 if control else len(text.encode()) for text, control in fragments)
 
     def longest_token_chars(self) -> int:
         return self.LONGEST

@@ -7,12 +7,16 @@ Two things plain `daphne` does not do:
   ASGI limit (`core.bodylimit`) would come after the disk was filled. Here the connection
   answers 413 in the API's error format and closes as soon as the received bytes pass
   `DATA_UPLOAD_MAX_MEMORY_SIZE`, whatever the request declared.
+* **A request that is not valid HTTP** (a `Content-Length` that is not a number, headers past
+  Twisted's size limit) gets a 400 in the API's error format, where Twisted writes a bare
+  status line with no body (clients and fuzzers then read no error at all).
 * **The access log leaves out the hosts' own traffic** (heartbeats, long-polls, token
   batches, their sockets), which would otherwise be most of the lines `make run` prints.
   `ACCESS_LOG_HOSTS=1` prints them again.
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -72,6 +76,19 @@ class BoundedRequest(WebRequest):
         self.channel.transport.loseConnection()
 
 
+MALFORMED = json.dumps({"error": {
+    "message": "The request is not valid HTTP (a malformed header, or headers too large).",
+    "type": "invalid_request_error", "param": None, "code": "malformed_request"}}).encode()
+
+
+def refuse_malformed(channel: object) -> None:
+    """Twisted's answer to a request it cannot parse, in the API's error format, then close."""
+    channel.transport.write(  # type: ignore[attr-defined]
+        b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: "
+        + str(len(MALFORMED)).encode() + b"\r\nConnection: close\r\n\r\n" + MALFORMED)
+    channel.loseConnection()  # type: ignore[attr-defined]
+
+
 def main() -> None:
     import django
     from django.conf import settings
@@ -82,6 +99,9 @@ def main() -> None:
     from daphne import http_protocol
 
     http_protocol.WebRequest = BoundedRequest  # (daphne's factory gives each connection this name's requests)
+    from twisted.web import http
+
+    http.HTTPChannel._respondToBadRequestAndDisconnect = refuse_malformed  # (the one place Twisted refuses a request)
     if os.environ.get("ACCESS_LOG_HOSTS") != "1":
         cli.AccessLogGenerator = HostQuietAccessLog  # daphne's CLI builds its access log from this name
     sys.argv[0] = "daphne"

@@ -47,8 +47,8 @@ from hosts.services import host_maintenance_enter
 from marketplace import reputation
 from marketplace.lifecycle.queueing import new_public_id, request_submit
 from marketplace.models import CanaryCheck, CanaryReference, Request, TextChunk
-from protocol.jobs import job_stop_strings
-from protocol.rendering import ChatFormat, TemplateRefused, chat_stops, job_fragments
+from protocol.jobs import job_fragments, job_stop_strings
+from protocol.rendering import ChatFormat, TemplateRefused, chat_stops
 
 CORPUS = Path(__file__).with_name("canary_prompts.json")
 CANARY_EMAIL = "canary@elephant.invalid"

@@ -13,10 +13,9 @@ the gateway counted and billed.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import Any, TypedDict
 
-if TYPE_CHECKING:
-    from protocol.rendering import ChatFormat
+from protocol.rendering import ChatFormat, Fragment, chat_fragments, chat_stops, completion_fragments
 
 CHAT = "chat"
 COMPLETION = "completion"
@@ -56,8 +55,6 @@ def job_payload_build(
     """
     if kind == EMBEDDINGS:
         return {"id": job_id, "model": model, "kind": kind, "input": inputs, "continuation": False}
-    from protocol.rendering import chat_stops, job_fragments
-
     assert fmt is not None, "a chat or completion job is rendered in its model's format"
     sampling = {key: params.get(key) for key in SAMPLING_PARAMS}
     rewrite = ""
@@ -81,6 +78,16 @@ def job_payload_build(
     if rewrite:
         payload["rewrite"] = rewrite
     return payload
+
+
+def job_fragments(fmt: ChatFormat, job: dict) -> list[Fragment]:
+    """A job's prompt (`kind` chat or completion) rendered for its model (`protocol.rendering`)."""
+    kind = job.get("kind")
+    if kind == CHAT:
+        return chat_fragments(fmt, job.get("messages") or [])
+    if kind == COMPLETION:
+        return completion_fragments(fmt, job.get("prompt") or "")
+    raise ValueError(f"unsupported job kind: {kind!r}")
 
 
 def job_stop_strings(job: dict) -> list[str]:

@@ -33,8 +33,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from protocol.jobs import CHAT, COMPLETION
-
 Fragment = tuple[str, bool]  # (text, is_control): a control fragment is exactly one control token's text
 
 
@@ -68,16 +66,6 @@ def content_text(content: Any) -> str:
             str(part.get("text", "")) for part in content if isinstance(part, dict) and part.get("type") == "text"
         )
     raise ValueError(f"unsupported message content: {type(content).__name__}")
-
-
-def job_fragments(fmt: ChatFormat, job: dict) -> list[Fragment]:
-    """A job (`kind` chat or completion, as `protocol.jobs` shapes it) rendered for its model."""
-    kind = job.get("kind")
-    if kind == CHAT:
-        return chat_fragments(fmt, job.get("messages") or [])
-    if kind == COMPLETION:
-        return completion_fragments(fmt, job.get("prompt") or "")
-    raise ValueError(f"unsupported job kind: {kind!r}")
 
 
 def completion_fragments(fmt: ChatFormat, prompt: str) -> list[Fragment]:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from catalog.seed import SHIPPED_MODELS
-from protocol.rendering import ChatFormat, chat_stops, job_fragments
+from protocol.jobs import job_fragments
+from protocol.rendering import ChatFormat, chat_stops
 
 _GEMMA = SHIPPED_MODELS[0]
 GEMMA = ChatFormat(

@@ -78,6 +78,15 @@ def test_the_quiet_daphne_serves_and_logs_as_set(catalog, tmp_path, hosts_logged
                 answer += chunk
         head, _, body = answer.decode().partition("\r\n\r\n")
         assert head.startswith("HTTP/1.1 413") and json.loads(body)["error"]["code"] == "body_too_large"
+        # a header that is not HTTP (what a fuzzer sends) is answered in the API's format, not a bare status line
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as raw:
+            raw.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nContent-Length: ##$(5,\r\n\r\n")
+            answer = b""
+            while chunk := raw.recv(65536):
+                answer += chunk
+        head, _, body = answer.decode().partition("\r\n\r\n")
+        assert head.startswith("HTTP/1.1 400") and "Content-Type: application/json" in head, head
+        assert json.loads(body)["error"]["code"] == "malformed_request"
         assert httpx.get(f"{url}/v1/models", timeout=5).status_code == 401  # and it serves on
     finally:
         proc.terminate()

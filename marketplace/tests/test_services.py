@@ -95,7 +95,8 @@ class ClaimTests:
         request = submit(customer, catalog)
         job = services.job_claim_next(host=serving_host.host, fingerprint=serving_host.fingerprint)
         payload = services.job_payload(job)
-        assert set(payload) == {"id", "model", "kind", "messages", "prompt", "params", "continuation"}
+        assert set(payload) == {"id", "model", "kind", "messages", "prompt", "params", "continuation", "fragments",
+                                "end_of_turn"}
         assert set(payload["params"]) == {"max_tokens", "temperature", "top_p", "stop", "seed", "response_format", "logprobs"}
         assert payload["messages"] == CHAT and payload["model"] == "gemma-3-270m"
         flat = repr(payload)

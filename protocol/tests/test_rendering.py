@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from protocol.jobs import CHAT, job_payload_build, job_stop_strings
+from protocol.jobs import CHAT, job_fragments, job_payload_build, job_stop_strings
 from protocol.rendering import (
     ChatFormat,
     TemplateRefused,
@@ -20,7 +20,6 @@ from protocol.rendering import (
     completion_fragments,
     fragments_text,
     fragments_tokens,
-    job_fragments,
 )
 
 GEMMA_TEMPLATE = (Path(__file__).resolve().parents[2] / "catalog" / "chat_templates" / "gemma-turns.jinja").read_text()
