@@ -67,20 +67,35 @@ class GgufTokenizer:
 
     def count(self, text: str, *, special: bool) -> int:
         with self._lock:
-            return len(self._llama.tokenize(text.encode(), add_bos=special, special=special))
+            return len(self._tokens(text.encode(), add_bos=special, special=special))
+
+    def _tokens(self, data: bytes, *, add_bos: bool, special: bool) -> list[int]:
+        """llama.cpp's tokens of `data`, into a buffer sized for them: `Llama.tokenize` sizes its
+        buffer by the training context, which a vocabulary-only load does not have (0), so it
+        always tokenized twice. A token covers at least one byte; BOS and a space prefix are 2 more."""
+        import llama_cpp
+
+        size = len(data) + 3
+        buffer = (llama_cpp.llama_token * size)()
+        found = llama_cpp.llama_tokenize(self._llama._model.vocab, data, len(data), buffer, size, add_bos, special)
+        if found < 0:  # (never seen: more tokens than bytes)
+            size = -found
+            buffer = (llama_cpp.llama_token * size)()
+            found = llama_cpp.llama_tokenize(self._llama._model.vocab, data, len(data), buffer, size, add_bos, special)
+        return buffer[:found]
 
     def count_fragments(self, fragments: Sequence[Fragment]) -> int:
         with self._lock:
             return len(fragments_tokens(fragments, tokenize=self._plain, control=self._control))
 
     def _plain(self, text: str) -> list[int]:
-        return self._llama.tokenize(text.encode(), add_bos=False, special=False)
+        return self._tokens(text.encode(), add_bos=False, special=False)
 
     def _control(self, text: str) -> int:
         """A control token's id; a text that is not one token of this vocabulary is refused."""
         found = self._controls.get(text)
         if found is None:
-            ids = self._llama.tokenize(text.encode(), add_bos=False, special=True)
+            ids = self._tokens(text.encode(), add_bos=False, special=True)
             if len(ids) != 1:
                 raise ValueError(f"{text!r} is not one token of this vocabulary")
             found = self._controls[text] = ids[0]
