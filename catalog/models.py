@@ -37,6 +37,9 @@ class CatalogModel(models.Model):
         default=list, blank=True, help_text="the control tokens the template writes: found in its markup only"
     )
     end_of_turn = models.JSONField(default=list, blank=True, help_text="where the model ends its turn: a chat's stops")
+    longest_token_chars = models.PositiveIntegerField(
+        null=True, blank=True, help_text="the most characters one token decodes to (read once, when the model is added)"
+    )
     vocab_size = models.PositiveIntegerField(null=True, blank=True)
     n_layers = models.PositiveIntegerField(null=True, blank=True)
     n_experts = models.PositiveIntegerField(null=True, blank=True, help_text="a mixture of experts' expert count")

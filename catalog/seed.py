@@ -34,6 +34,7 @@ SHIPPED_MODELS = [
         "bos_token_id": 2,
         "eos_token_id": 1,
         "vocab_size": 262_144,
+        "longest_token_chars": 31,
         "n_layers": 18,
         "file_size": 253_113_024,
     },
@@ -66,12 +67,17 @@ def catalog_seed(CatalogModel: Any) -> None:
 
 
 FACTS = ("architecture", "chat_template", "bos_text", "eos_text", "adds_bos", "control_tokens", "end_of_turn",
-         "bos_token_id", "eos_token_id", "vocab_size", "n_layers", "file_size")
+         "bos_token_id", "eos_token_id", "vocab_size", "longest_token_chars", "n_layers", "file_size")
 
 
-def catalog_seed_facts(CatalogModel: Any) -> None:
+def catalog_seed_facts(CatalogModel: Any, *, missing: str = "architecture") -> None:
     """Give existing shipped entries the facts of their files (an entry made before the catalog
-    stored them); prices, contexts and everything an operator sets stay as they are."""
+    stored them: its `missing` field is still empty); prices, contexts and everything an operator
+    sets stay as they are. Takes the model class so migrations can pass their historical one."""
+    known = {field.name for field in CatalogModel._meta.get_fields()}
     for entry in SHIPPED_MODELS:
-        facts = {key: entry[key] for key in FACTS if key in entry}
-        CatalogModel.objects.filter(name=entry["name"], sha256=entry["sha256"], architecture="").update(**facts)
+        if missing not in entry:
+            continue
+        facts = {key: entry[key] for key in FACTS if key in entry and key in known}
+        empty = {missing: None} if CatalogModel._meta.get_field(missing).null else {missing: ""}
+        CatalogModel.objects.filter(name=entry["name"], sha256=entry["sha256"], **empty).update(**facts)

@@ -10,7 +10,7 @@ from django.db import IntegrityError, transaction
 from catalog.gguf_file import GgufFacts, GgufUnreadable, gguf_facts, gguf_vocab_copy
 from catalog.models import CatalogModel
 from catalog.money import usd_per_million_to_ucents
-from catalog.tokenizer import GGUF_SPEC
+from catalog.tokenizer import GGUF_SPEC, tokenizer_for
 from core.errors import DomainError
 from protocol.catalog import file_sha256
 from protocol.rendering import ChatFormat, TemplateRefused, chat_format_read
@@ -97,13 +97,14 @@ def _entry_create(
     copy.parent.mkdir(parents=True, exist_ok=True)
     gguf_vocab_copy(path, facts, copy)
     try:
-        fmt = _format(copy, facts, template)
+        fmt, longest = _format(f"{GGUF_SPEC}{relative}", facts, template)
         with transaction.atomic():
             return CatalogModel.objects.create(
                 name=name, kind=CatalogModel.Kind.CHAT, **fields,
                 tokenizer=f"{GGUF_SPEC}{relative}", sha256=sha256, quantization=facts.quantization,
                 architecture=facts.architecture, chat_template=template, bos_text=fmt.bos_token, eos_text=fmt.eos_token,
                 adds_bos=fmt.adds_bos, control_tokens=list(fmt.controls), end_of_turn=list(fmt.end_of_turn),
+                longest_token_chars=longest,
                 bos_token_id=facts.bos_token_id,
                 eos_token_id=facts.eos_token_id, eot_token_id=facts.eot_token_id, vocab_size=facts.vocab_size,
                 n_layers=facts.n_layers, n_experts=facts.n_experts, file_size=facts.file_size,
@@ -118,15 +119,13 @@ def _entry_create(
         raise
 
 
-def _format(copy: Path, facts: GgufFacts, template: str) -> ChatFormat:
+def _format(spec: str, facts: GgufFacts, template: str) -> tuple[ChatFormat, int]:
     """How the model is fed a chat, from its vocabulary (whether it starts prompts with BOS:
-    llama.cpp's own answer, read from the copy) and its template."""
-    from llama_cpp import Llama
-
-    vocabulary = Llama(model_path=str(copy), vocab_only=True, verbose=False)
-    try:
-        adds_bos = bool(vocabulary.tokenize(b"", add_bos=True, special=False))
-    finally:
-        vocabulary.close()
-    return chat_format_read(template=template, bos_token=facts.bos_text, eos_token=facts.eos_text, adds_bos=adds_bos,
-                            vocabulary_controls=facts.controls)
+    llama.cpp's own answer, read from the copy) and its template; and its longest token, read
+    once here rather than by each gateway process' first request. The copy's tokenizer is the
+    one this process will count with (`tokenizer_for`'s cache)."""
+    vocabulary = tokenizer_for(spec)
+    adds_bos = vocabulary.count("", special=True) == 1
+    fmt = chat_format_read(template=template, bos_token=facts.bos_text, eos_token=facts.eos_text, adds_bos=adds_bos,
+                           vocabulary_controls=facts.controls)
+    return fmt, vocabulary.longest_token_chars()

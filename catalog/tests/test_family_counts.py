@@ -93,6 +93,14 @@ class FamilyCountTests:
                     "mistral": "</s>", "gemma": "<end_of_turn>"}[family]
         assert entry.end_of_turn == [expected]
         assert entry.bos_text in ("", *entry.control_tokens)
+        from llama_cpp import Llama
+
+        whole = Llama(model_path=str(models[family]), vocab_only=True, verbose=False)
+        try:  # read once when added, as the whole file's vocabulary says
+            assert entry.longest_token_chars == max(len(whole.detokenize([t]).decode("utf-8", "replace"))
+                                                    for t in range(whole.n_vocab()))
+        finally:
+            whole.close()
 
 
 class ShippedEntryTests:

@@ -118,7 +118,7 @@ def job_limits(*, request: Request, model: CatalogModel, now: datetime) -> dict:
     seconds = settings.QUEUE_TIMEOUT_SECONDS + settings.JOB_START_ALLOWANCE_SECONDS + max_tokens / settings.JOB_MIN_TOKENS_PER_SECOND
     max_chars = None
     if request.kind != Request.Kind.EMBEDDINGS:
-        max_chars = max_tokens * tokenizer_for(model.tokenizer).longest_token_chars()
+        max_chars = max_tokens * (model.longest_token_chars or tokenizer_for(model.tokenizer).longest_token_chars())
     return {"max_chars": max_chars, "deadline_at": now + timedelta(seconds=seconds)}
 
 
