@@ -92,6 +92,13 @@ class LogprobsMissing(RequestEnded):
     code = "logprobs_missing"
 
 
+class AnswerTooLong(RequestEnded):
+    """The finished answer counts far more tokens than max_tokens (a cheat, or a degenerate
+    text whose tokens merge differently when counted again): never billed, never continued."""
+
+    code = "answer_too_long"
+
+
 class FallbackRefused(RequestEnded):
     """A fallback model's larger hold was refused: the request ends with the billing
     refusal's own code, as a 502 (it was admitted; the refusal came later)."""
@@ -99,7 +106,7 @@ class FallbackRefused(RequestEnded):
 
 REQUEST_ENDS: dict[str, type[RequestEnded]] = {
     **{end.code: end for end in (QueueTimeout, RequestNotRunnable, HostFailed, Cancelled, InvalidStructuredOutput,
-                                 LogprobsMissing)},
+                                 LogprobsMissing, AnswerTooLong)},
     **{refusal.code: FallbackRefused for refusal in (InsufficientCredit, KeyLimitExceeded, RateLimited, TooManyStreams)},
 }
 

@@ -27,7 +27,13 @@ from marketplace.lifecycle.answers import (
     finish_reason_checked,
 )
 from marketplace.lifecycle.claims import check_running
-from marketplace.lifecycle.errors import BadResult, InvalidStructuredOutput, JobNotRunning, LogprobsMissing
+from marketplace.lifecycle.errors import (
+    AnswerTooLong,
+    BadResult,
+    InvalidStructuredOutput,
+    JobNotRunning,
+    LogprobsMissing,
+)
 from marketplace.lifecycle.transitions import request_fail, request_settled
 from marketplace.models import Job, Request, StageShare, TextChunk
 from marketplace.reputation import blame_corrected, host_rest_if_unreliable
@@ -73,9 +79,10 @@ def job_complete(*, host: Host, job_id: int, finish_reason: str, embeddings: lis
         counted = count_output(request, text)
         max_tokens = int(request.params["max_tokens"])
         if tokenizer_for(model.tokenizer).exact and counted > max_tokens + count_slack(max_tokens):
-            raise BadResult(
-                f"Job {job_id} delivered {counted} tokens; max_tokens is {max_tokens}. Nothing is settled for this attempt."
-            )
+            # ended now, not left running until the stall rule (the customer would wait for nothing)
+            return _answer_refused(job=job, request=request, why=f"delivered {counted} tokens; max_tokens is {max_tokens}",
+                                   code=AnswerTooLong.code, message=f"The answer ran to {counted} tokens as the gateway "
+                                   f"counts them, past max_tokens ({max_tokens}); nothing was billed.")
         result, completion_tokens = None, min(counted, max_tokens)
         finish_reason = "stop" if stopped else finish_reason_checked(
             claimed=finish_reason, completion_tokens=completion_tokens, max_tokens=max_tokens)
