@@ -71,6 +71,26 @@ def outsider(catalog: CatalogModel) -> ServingHost:
     return make_host(name="outsider")
 
 
+@pytest.fixture
+def var_dir(tmp_path: Path, settings) -> Path:  # noqa: ANN001 (pytest-django's settings fixture)
+    """This test's own VAR_DIR (catalog_add's vocabulary copies land under it)."""
+    settings.VAR_DIR = tmp_path / "var"
+    settings.VAR_DIR.mkdir()
+    return settings.VAR_DIR
+
+
+@pytest.fixture(scope="session")
+def family_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tiny real-vocabulary models of six chat families (`testkit.families`), built once per
+    run; tests that need them skip, saying why, when the sdist cannot be fetched."""
+    from testkit.families import SdistUnavailable, family_models
+
+    try:
+        return family_models(tmp_path_factory.mktemp("families"))
+    except SdistUnavailable as error:
+        pytest.skip(str(error))
+
+
 @pytest.fixture(scope="session")
 def e2e_dirs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("e2e")

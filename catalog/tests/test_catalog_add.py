@@ -94,13 +94,6 @@ def sdist(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip(str(error))
 
 
-@pytest.fixture
-def var_dir(tmp_path: Path, settings) -> Path:  # noqa: ANN001 (pytest-django's settings fixture)
-    settings.VAR_DIR = tmp_path / "var"
-    settings.VAR_DIR.mkdir()
-    return settings.VAR_DIR
-
-
 def _add(path: Path, name: str = "tiny-chat", input_price: str = "0.10", output_price: str = "0.40",
          *extra: str) -> None:
     call_command("catalog_add", str(path), "--name", name, "--input-price", input_price,

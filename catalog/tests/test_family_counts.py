@@ -20,24 +20,9 @@ from mahout.runners.llama import PromptTokenizer, load_llama
 from protocol.jobs import CHAT, COMPLETION, job_payload_build
 from protocol.rendering import TemplateRefused
 from testkit.corpus import CHATS, COMPLETIONS
-from testkit.families import FAMILIES, SdistUnavailable, family_models
+from testkit.families import FAMILIES
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    try:
-        return family_models(tmp_path_factory.mktemp("families"))
-    except SdistUnavailable as error:
-        pytest.skip(str(error))
-
-
-@pytest.fixture
-def var_dir(tmp_path: Path, settings) -> Path:  # noqa: ANN001 (pytest-django's settings fixture)
-    settings.VAR_DIR = tmp_path / "var"
-    settings.VAR_DIR.mkdir()
-    return settings.VAR_DIR
 
 
 def refuses_system(entry: CatalogModel) -> bool:
@@ -52,9 +37,9 @@ def refuses_system(entry: CatalogModel) -> bool:
 
 class FamilyCountTests:
     @pytest.mark.parametrize("family", list(FAMILIES))
-    def test_the_gateways_count_is_the_hosts_tokens_exactly(self, models, var_dir, family) -> None:
-        entry = catalog_model_add(path=models[family], name=f"tiny-{family}", input_price="0.1", output_price="0.4")
-        host = load_llama(models[family], n_ctx=512, threads=1)
+    def test_the_gateways_count_is_the_hosts_tokens_exactly(self, family_files, var_dir, family) -> None:
+        entry = catalog_model_add(path=family_files[family], name=f"tiny-{family}", input_price="0.1", output_price="0.4")
+        host = load_llama(family_files[family], n_ctx=512, threads=1)
         try:
             tokenizer = PromptTokenizer(host)
             controls = {host.tokenize(text.encode(), add_bos=False, special=True)[0] for text in entry.control_tokens}
@@ -79,23 +64,23 @@ class FamilyCountTests:
             host.close()
 
     @pytest.mark.parametrize("family", list(FAMILIES))
-    def test_a_continuation_ends_on_the_delivered_texts_last_character(self, models, var_dir, family) -> None:
-        entry = catalog_model_add(path=models[family], name=f"tiny-{family}", input_price="0.1", output_price="0.4")
+    def test_a_continuation_ends_on_the_delivered_texts_last_character(self, family_files, var_dir, family) -> None:
+        entry = catalog_model_add(path=family_files[family], name=f"tiny-{family}", input_price="0.1", output_price="0.4")
         for delivered in ("One, two, th", "Ends in spaces   ", "象は大き"):
             fragments = prompt_fragments(entry, kind=CHAT, prompt=None, messages=[
                 {"role": "user", "content": "Go on."}, {"role": "assistant", "content": delivered}])
             assert fragments[-1][1] is False and fragments[-1][0].endswith(delivered), (family, fragments[-2:])
 
     @pytest.mark.parametrize("family", list(FAMILIES))
-    def test_its_stops_and_format_come_from_its_own_file(self, models, var_dir, family) -> None:
-        entry = catalog_model_add(path=models[family], name=f"tiny-{family}", input_price="0.1", output_price="0.4")
+    def test_its_stops_and_format_come_from_its_own_file(self, family_files, var_dir, family) -> None:
+        entry = catalog_model_add(path=family_files[family], name=f"tiny-{family}", input_price="0.1", output_price="0.4")
         expected = {"llama3": "<|eot_id|>", "qwen2.5": "<|im_end|>", "qwen3": "<|im_end|>", "phi3": "<|end|>",
                     "mistral": "</s>", "gemma": "<end_of_turn>"}[family]
         assert entry.end_of_turn == [expected]
         assert entry.bos_text in ("", *entry.control_tokens)
         from llama_cpp import Llama
 
-        whole = Llama(model_path=str(models[family]), vocab_only=True, verbose=False)
+        whole = Llama(model_path=str(family_files[family]), vocab_only=True, verbose=False)
         try:  # read once when added, as the whole file's vocabulary says
             assert entry.longest_token_chars == max(len(whole.detokenize([t]).decode("utf-8", "replace"))
                                                     for t in range(whole.n_vocab()))

@@ -29,13 +29,6 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture
-def var_dir(tmp_path: Path, settings) -> Path:  # noqa: ANN001 (pytest-django's settings fixture)
-    settings.VAR_DIR = tmp_path / "var"
-    settings.VAR_DIR.mkdir()
-    return settings.VAR_DIR
-
-
-@pytest.fixture
 def operator(catalog) -> Client:  # noqa: ANN001
     client = Client()
     client.force_login(get_user_model().objects.create_superuser("ops", "ops@example.com", "pw-long-enough"))

@@ -3,8 +3,6 @@ OpenRouter's USD-per-token pricing, architecture) and the parameters its endpoin
 added from its own GGUF file shows its own (issue 28)."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from django.core.cache import cache
 from django.test import Client
@@ -22,13 +20,6 @@ CHAT_ENDPOINT_TAKES = {
     "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed", "response_format", "logprobs",
     "top_logprobs", "n", "tools", "tool_choice", "parallel_tool_calls", "stream", "stream_options", "provider", "models",
 }
-
-
-@pytest.fixture
-def var_dir(tmp_path: Path, settings) -> Path:  # noqa: ANN001 (pytest-django's settings fixture)
-    settings.VAR_DIR = tmp_path / "var"
-    settings.VAR_DIR.mkdir()
-    return settings.VAR_DIR
 
 
 def serve(model: CatalogModel) -> None:
