@@ -80,9 +80,8 @@ class Command(BaseCommand):
         server = f"http://127.0.0.1:{port}"
         python = sys.executable
         procs = self._gateways(python, port, workers, var)
-        procs.append(self._spawn(
-            "watchdogs", [python, "-m", "celery", "-A", "config", "worker", "-B", "--concurrency", "1", "--loglevel", "WARNING"]
-        ))
+        watchdogs_argv = [python, "-m", "celery", "-A", "config", "worker", "-B", "--concurrency", "1", "--loglevel", "WARNING"]
+        procs.append(self._spawn("watchdogs", watchdogs_argv))
         self._wait_for(server)
         # the demo's hosts run on the operator's own machine, which the operator is using: they
         # must not pause for it (a stranger's mahout pauses while its owner is active, by default)
@@ -97,7 +96,10 @@ class Command(BaseCommand):
         procs.append(self._spawn("mahout", host_argv, env=envs["mahout"]))
         procs.append(self._spawn("mahout-embeddings", embeddings_argv, env=envs["mahout-embeddings"]))
         self._print_welcome(server, api_key)
-        self._supervise(procs, restartable={"mahout": host_argv, "mahout-embeddings": embeddings_argv}, envs=envs)
+        # the watchdogs too: a 16-minute soak saw the embedded broker's worker die on a message it
+        # read half-written (JSONDecodeError), and that stopped the whole system
+        self._supervise(procs, restartable={"mahout": host_argv, "mahout-embeddings": embeddings_argv,
+                                            "watchdogs": watchdogs_argv}, envs=envs)
 
     def _demo_key(self) -> str:
         user, created = get_user_model().objects.get_or_create(username=DEMO_CUSTOMER, defaults={"email": DEMO_CUSTOMER})
@@ -171,7 +173,8 @@ print(len(client.embeddings.create(model="all-minilm-l6-v2", input="a grey giant
         envs: dict[str, dict[str, str]] | None = None,
     ) -> None:
         """Wait for Ctrl-C. A host that dies (try `kill -9` on it mid-stream) is
-        restarted, like an owner's machine coming back; anything else stops all."""
+        restarted, like an owner's machine coming back, and so are the watchdogs; a gateway
+        that dies stops all."""
         stopping = False
 
         def stop(*_: object) -> None:
