@@ -5,6 +5,9 @@ import os
 
 from celery import Celery
 
+from core import broker
+
+broker.register()
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 app = Celery("elephant")

@@ -141,7 +141,8 @@ else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "core.layers.TidyInMemoryChannelLayer", "CONFIG": {"capacity": 1000}}}
 
 # Celery: Redis when configured; otherwise a broker on the local file system
-# that needs no server, so `make run` still runs the watchdogs.
+# that needs no server, so `make run` still runs the watchdogs (kombu's file-system
+# transport with atomic writes: core/broker.py).
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
     CELERY_BROKER_TRANSPORT_OPTIONS: dict = {}
@@ -149,7 +150,7 @@ else:
     _queue_dir = VAR_DIR / "celery-queue"
     _queue_dir.mkdir(exist_ok=True)
     (VAR_DIR / "celery-control").mkdir(exist_ok=True)
-    CELERY_BROKER_URL = "filesystem://"
+    CELERY_BROKER_URL = "elephant-files://"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_queue_dir),
         "data_folder_out": str(_queue_dir),
