@@ -22,6 +22,7 @@ class Account(models.Model):
         PLATFORM = "platform", "Platform revenue"
         FUNDING = "funding", "Money from outside (top-ups, grants) and back out (payouts)"
         PAYOUTS_PENDING = "payouts_pending", "Host payouts requested, not yet sent"
+        AUDIT_ESCROW = "audit_escrow", "Host earnings held until their job's audit passes"
 
     kind = models.CharField(max_length=16, choices=Kind.choices)
     user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT)
@@ -36,7 +37,7 @@ class Account(models.Model):
             models.UniqueConstraint(fields=["host"], condition=Q(kind="host"), name="one_earnings_account_per_host"),
             models.UniqueConstraint(
                 fields=["kind"],
-                condition=Q(kind__in=["platform", "funding", "payouts_pending"]),
+                condition=Q(kind__in=["platform", "funding", "payouts_pending", "audit_escrow"]),
                 name="singleton_system_accounts",
             ),
             models.CheckConstraint(condition=Q(held_ucents__gte=0), name="held_not_negative"),
@@ -67,6 +68,8 @@ class LedgerTransaction(models.Model):
         REFUND = "refund", "Top-up refunded by Stripe (customer credit → outside)"
         CHARGEBACK = "chargeback", "Top-up disputed (customer credit → outside until the dispute is decided)"
         CHARGEBACK_WON = "chargeback_won", "Dispute won (the disputed credit comes back)"
+        AUDIT_RELEASE = "audit_release", "An audit passed (held earnings → the host)"
+        AUDIT_REFUND = "audit_refund", "An audit failed (held earnings and the platform's share → the customer)"
 
     kind = models.CharField(max_length=16, choices=Kind.choices)
     reference = models.CharField(max_length=128)

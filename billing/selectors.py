@@ -48,7 +48,7 @@ def host_account(*, host: Host) -> Account | None:
 
 
 def host_unvested_ucents(*, account: Account, now: datetime | None = None) -> int:
-    """Earnings not yet payable: the settlements credited within the last
+    """Earnings not yet payable: the settlements (and audit releases) credited within the last
     EARNINGS_VEST_SECONDS, since the host's last forfeit (which took everything unvested)."""
     now = now or timezone.now()
     since = now - timedelta(seconds=settings.EARNINGS_VEST_SECONDS)
@@ -59,7 +59,8 @@ def host_unvested_ucents(*, account: Account, now: datetime | None = None) -> in
     if forfeited_at is not None and forfeited_at > since:
         since = forfeited_at
     recent = LedgerEntry.objects.filter(
-        account=account, transaction__kind=LedgerTransaction.Kind.SETTLEMENT, transaction__created_at__gt=since,
+        account=account, transaction__created_at__gt=since,
+        transaction__kind__in=(LedgerTransaction.Kind.SETTLEMENT, LedgerTransaction.Kind.AUDIT_RELEASE),
         amount_ucents__gt=0,
     ).aggregate(total=Sum("amount_ucents"))["total"] or 0
     return max(0, min(recent, account.available_ucents))

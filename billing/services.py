@@ -218,7 +218,7 @@ def split_by_layers(host_ucents: int, layers: Mapping[int, int]) -> dict[int, in
 @transaction.atomic(savepoint=False)  # always inside the caller's transaction; one fewer round trip pair
 def hold_settle(
     *, hold: Hold, cost_ucents: int, host: Host | None, reference: str, host_ucents: int | None = None,
-    others: Mapping[int, int] | None = None, memo: str = "",
+    others: Mapping[int, int] | None = None, memo: str = "", escrow: bool = False,
 ) -> Settlement | None:
     """Charge the actual cost against a hold, exactly once.
 
@@ -228,6 +228,9 @@ def hold_settle(
     of the same share: `host_ucents` and theirs together never exceed it, and the
     platform keeps the rest. Returns None when the hold was already settled or
     released (someone else got there first). The cost can never exceed what was held.
+    With `escrow`, the finishing host's own share goes to the audit escrow instead
+    (`audit_release` pays it to the host once its job's audit passes, `audit_refund`
+    gives it back to the customer if it fails).
 
     Hot rows (the customer's account, their key, the platform account) are
     updated last, one statement each and in the global lock order (account,
@@ -245,6 +248,8 @@ def hold_settle(
     split = Settlement(cost_ucents=cost_ucents, host_ucents=own, platform_ucents=cost_ucents - own - sum(others.values()))
     payees = {**({} if host is None else {host.pk: own}), **others}
     platform_id, accounts = _settlement_account_ids(host_ids=list(payees))
+    if escrow and host is not None:
+        accounts[host.pk] = system_account(Account.Kind.AUDIT_ESCROW).pk
     host_legs = sorted((accounts[host_id], amount) for host_id, amount in payees.items())
     if not _settlement_write(
         hold=hold, split=split, reference=reference, platform_id=platform_id, host_legs=host_legs, memo=memo
@@ -557,6 +562,40 @@ def payout_request(*, host: Host, amount_ucents: int | None = None) -> Payout:
         legs=[(account, -amount), (system_account(Account.Kind.PAYOUTS_PENDING), amount)],
     )
     return payout
+
+
+def audit_release(*, host: Host, amount_ucents: int, reference: str, memo: str = "") -> bool:
+    """An audit passed: the host's share of its job, held in escrow since settlement, is
+    paid to the host (it then vests like any earnings). Idempotent by `reference`;
+    False when it was already released."""
+    if amount_ucents < 0:
+        raise ValueError(f"negative release {amount_ucents}")
+    escrow = system_account(Account.Kind.AUDIT_ESCROW)
+    try:
+        with transaction.atomic():
+            _post(kind=LedgerTransaction.Kind.AUDIT_RELEASE, reference=reference, memo=memo,
+                  legs=[(escrow, -amount_ucents), (account_for_host(host=host), amount_ucents)])
+    except IntegrityError:
+        return False
+    return True
+
+
+def audit_refund(*, user: User, host_ucents: int, platform_ucents: int, reference: str, memo: str = "") -> bool:
+    """An audit failed: the customer gets back what the job cost, the host's share out of
+    the escrow and the platform's out of its revenue. Idempotent by `reference`; False
+    when it was already refunded."""
+    if host_ucents < 0 or platform_ucents < 0:
+        raise ValueError(f"negative refund {host_ucents} + {platform_ucents}")
+    try:
+        with transaction.atomic():
+            _post(kind=LedgerTransaction.Kind.AUDIT_REFUND, reference=reference, memo=memo, legs=[
+                (system_account(Account.Kind.AUDIT_ESCROW), -host_ucents),
+                (system_account(Account.Kind.PLATFORM), -platform_ucents),
+                (account_for_customer(user=user), host_ucents + platform_ucents),
+            ])
+    except IntegrityError:
+        return False
+    return True
 
 
 @transaction.atomic

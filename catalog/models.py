@@ -44,6 +44,10 @@ class CatalogModel(models.Model):
     n_layers = models.PositiveIntegerField(null=True, blank=True)
     n_experts = models.PositiveIntegerField(null=True, blank=True, help_text="a mixture of experts' expert count")
     file_size = models.BigIntegerField(null=True, blank=True, help_text="bytes of the weights file")
+    weights_path = models.CharField(
+        max_length=500, blank=True,
+        help_text="the weights file on the gateway's disk (where it was added from): what audits re-read answers with",
+    )
     active = models.BooleanField(default=True)
     routing_strategy = models.CharField(
         max_length=24, blank=True, choices=[("least-connections", "least-connections"), ("weighted", "weighted")],

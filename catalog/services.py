@@ -108,6 +108,7 @@ def _entry_create(
                 bos_token_id=facts.bos_token_id,
                 eos_token_id=facts.eos_token_id, eot_token_id=facts.eot_token_id, vocab_size=facts.vocab_size,
                 n_layers=facts.n_layers, n_experts=facts.n_experts, file_size=facts.file_size,
+                weights_path=str(path.resolve()),
             )
     except BaseException as error:
         if not CatalogModel.objects.filter(sha256=sha256).exists():  # a concurrent add of the same file keeps its copy

@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Protocol
 
 from django.conf import settings
@@ -141,6 +142,18 @@ def shipped_model_path() -> str:
     from engine.shipped import assemble_whole
 
     return str(assemble_whole(settings.VAR_DIR / "models" / shipped.MODEL_NAME))
+
+
+def weights_on_gateway(*, tokenizer: str, weights_path: str, assemble: bool = True) -> str | None:
+    """The model's weights file where the gateway can read it (audits re-read answers under
+    the real model), or None: the shipped chat model's file (assembled from its package on
+    first use; `assemble=False` only says it can be), or the file a catalog entry was added
+    from while it is still there."""
+    if tokenizer == "shipped:gemma-3-270m":
+        return shipped_model_path() if assemble else tokenizer
+    if weights_path and Path(weights_path).is_file():
+        return weights_path
+    return None
 
 
 GGUF_SPEC = "gguf:"  # + the vocabulary-only copy's path, relative to VAR_DIR (or absolute)

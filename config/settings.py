@@ -232,6 +232,11 @@ ABANDON_GRACE_SECONDS = env_float("ABANDON_GRACE_SECONDS", 15.0, minimum=0.0)
 # references (`manage.py canary_references`) get canaries.
 MAHOUT_MIN_VERSION = env_str("MAHOUT_MIN_VERSION", "0.1.0")  # older mahout clients are refused (426) at their heartbeat
 METRICS_TOKEN = env_str("METRICS_TOKEN")  # Prometheus' bearer token for GET /metrics (staff may also sign in)
+# Audits (marketplace/audits.py): the share of completed real jobs re-read under the real model
+# before their host is paid; every job of a host in probation by default.
+AUDIT_ENABLED = env_bool("AUDIT_ENABLED", True)
+AUDIT_RATE = env_float("AUDIT_RATE", 0.05, minimum=0.0)
+AUDIT_PROBATION_RATE = env_float("AUDIT_PROBATION_RATE", 1.0, minimum=0.0)
 CANARY_ENABLED = env_bool("CANARY_ENABLED", True)
 CANARY_PROBATION_SECONDS = env_float("CANARY_PROBATION_SECONDS", 20.0, minimum=0.0)  # a new host: one every 20 s
 CANARY_TRUSTED_SECONDS = env_float("CANARY_TRUSTED_SECONDS", 3600.0, minimum=0.0)  # a trusted one: one an hour

@@ -13,13 +13,14 @@ from collections import OrderedDict
 
 from channels.layers import get_channel_layer
 from django.conf import settings
+from django.utils import timezone
 from rest_framework import serializers
 
 from core.db import db
 from core.errors import ApiError
 from core.events import Inbox, host_group, queue_group
 from hosts import selectors as hosts
-from hosts.models import Host
+from hosts.models import Host, connected_since
 from marketplace import services as market
 from marketplace.claim_slots import WAITING
 from protocol.jobs import CLAIM_WAIT_SECONDS
@@ -34,7 +35,8 @@ class JobClaimInputSerializer(serializers.Serializer):
 
 async def claim_when_offered(host: Host, *, fingerprint: str, wait: float) -> dict | None:
     """A job's payload as soon as one is queued for a model this host qualified on this
-    machine, or None after `wait` seconds. Refusals (paused, in maintenance, nothing
+    machine, or None after `wait` seconds. Refusals (paused, in maintenance, no heartbeat
+    within HOST_OFFLINE_AFTER_SECONDS, a mahout older than MAHOUT_MIN_VERSION, nothing
     qualified, every claim slot waiting already) are DomainErrors."""
     if host.paused:
         raise ApiError(403, "This host is paused; resume it to claim work.", code="host_paused", type="permission_error")
@@ -43,6 +45,16 @@ async def claim_when_offered(host: Host, *, fingerprint: str, wait: float) -> di
             403, f"This host is in maintenance: {host.maintenance_reason} Its owner or an operator can resume it.",
             code="host_maintenance", type="permission_error",
         )
+    if host.last_heartbeat_at is None or host.last_heartbeat_at < connected_since(timezone.now()):
+        raise ApiError(  # a host that does not say it is there gets no work (nor canaries: they come with heartbeats)
+            409, f"This host has not sent a heartbeat in the last {settings.HOST_OFFLINE_AFTER_SECONDS} seconds; "
+            "send one (POST /hosts/api/heartbeat, as mahout does every few seconds) before claiming work.",
+            code="heartbeat_required", type="invalid_request_error",
+        )
+    too_old = hosts.client_too_old(host.version)
+    if too_old is not None:
+        raise ApiError(426, f"{too_old}; upgrade it before claiming work.", code="upgrade_required",
+                       type="invalid_request_error")
     model_ids = await db(hosts.qualified_model_ids, host=host, fingerprint=fingerprint)
     if not model_ids:
         raise ApiError(

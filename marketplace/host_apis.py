@@ -30,6 +30,7 @@ from hosts.selectors import host_from_secret
 from mahout import __version__ as mahout_version
 from marketplace import canaries, pushing, redundancy, selectors
 from marketplace import services as market
+from marketplace.audits import MAX_TOKENS_KEPT
 from marketplace.claiming import JobClaimInputSerializer, claim_when_offered
 
 
@@ -97,6 +98,8 @@ JOB_ERRORS = {409: ERROR}
 
 @extend_schema(responses={
     200: ClaimSerializer, 204: OpenApiResponse(description="No job within `wait` seconds: claim again."), 429: ERROR,
+    409: OpenApiResponse(ERROR, description="No heartbeat within HOST_OFFLINE_AFTER_SECONDS: send one first."),
+    426: OpenApiResponse(ERROR, description="This mahout is older than the gateway serves with."),
 })
 class JobClaimApi(AsyncHostApi):
     """Long-poll: answer with a job as soon as one is queued for a model this
@@ -149,11 +152,16 @@ class JobCompleteApi(AsyncHostApi):
         finish_reason = serializers.ChoiceField(choices=["stop", "length"])
         completion_tokens = serializers.IntegerField(min_value=0, required=False)
         embeddings = serializers.JSONField(required=False, default=None)  # checked by the service, not per float here
+        tokens = serializers.ListField(  # the token ids the host generated: what an audit re-reads (marketplace.audits)
+            child=serializers.IntegerField(min_value=0, max_value=2**31 - 1), required=False, allow_null=True,
+            default=None, max_length=MAX_TOKENS_KEPT,
+        )
+        seed = serializers.IntegerField(required=False, allow_null=True, default=None)  # the host's word; never used
 
     async def handle(self, host: Host, data: dict, **kwargs: object) -> HttpResponse:
         done = await db(
             market.job_complete, host=host, job_id=kwargs["job_id"], finish_reason=data["finish_reason"],
-            embeddings=data["embeddings"],
+            embeddings=data["embeddings"], token_ids=data["tokens"],
         )
         return JsonResponse({"earned_ucents": done.earned_ucents, "completion_tokens": done.request.completion_tokens})
 

@@ -255,6 +255,45 @@ class CanaryCheck(models.Model):
         return f"canary check {self.pk} ({self.verdict})"
 
 
+class Audit(models.Model):
+    """A real job chosen at random to be re-read under the real model before its host is
+    paid (`marketplace.audits`). Until decided, the host's share waits in the audit escrow
+    and the rendered prompt, the answer and its tokens are kept here (nowhere else: the
+    request's own copy is deleted at settlement as for any job); deciding deletes them."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        PASSED = "passed"
+        FAILED = "failed", "failed (the customer was refunded, the host put in maintenance)"
+
+    job = models.OneToOneField(Job, on_delete=models.CASCADE, related_name="audit")
+    host = models.ForeignKey("hosts.Host", on_delete=models.PROTECT, related_name="audits")
+    request = models.ForeignKey(Request, on_delete=models.PROTECT, related_name="audits")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    host_ucents = models.BigIntegerField(help_text="the host's share, in escrow until the audit passes")
+    platform_ucents = models.BigIntegerField(help_text="the platform's share, refunded too if the audit fails")
+    seed = models.BigIntegerField(help_text="the job's sampling seed (the gateway's, never the host's word)")
+    payload = models.JSONField(null=True, blank=True, help_text="the job as its host received it; deleted when decided")
+    text = models.TextField(blank=True, help_text="the text the host delivered; deleted when decided")
+    token_ids = models.JSONField(null=True, blank=True, help_text="the tokens the host says it generated; deleted when decided")
+    finish_reason = models.CharField(max_length=16, blank=True)
+    checked = models.PositiveIntegerField(default=0, help_text="tokens checked")
+    uncertain = models.PositiveIntegerField(default=0, help_text="tokens too close to call (never held against the host)")
+    misses = models.PositiveIntegerField(default=0, help_text="tokens the job's draw cannot have chosen")
+    reason = models.CharField(max_length=500, blank=True, help_text="why it failed, with the evidence")
+    created_at = models.DateTimeField(auto_now_add=True)
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["status", "created_at"]), models.Index(fields=["host", "status"])]
+        constraints = [
+            models.CheckConstraint(condition=Q(host_ucents__gte=0) & Q(platform_ucents__gte=0), name="audit_shares_not_negative"),
+        ]
+
+    def __str__(self) -> str:
+        return f"audit {self.pk} of job {self.job_id} ({self.status})"
+
+
 class StageShare(models.Model):
     """What a ring's stage host earned for the layers it ran of one job (the job's own host,
     the bridge, earns `Job.earned_ucents` for its layers): on that host's statement."""

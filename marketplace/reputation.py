@@ -63,6 +63,7 @@ def _canary_counts(host_id: int) -> dict[str, int]:
     return CanaryCheck.objects.filter(host_id=host_id).aggregate(
         passed=Count("id", filter=Q(verdict=CanaryCheck.Verdict.PASSED)),
         failed=Count("id", filter=Q(verdict=CanaryCheck.Verdict.FAILED)),
+        void=Count("id", filter=Q(verdict=CanaryCheck.Verdict.VOID)),
     )
 
 
@@ -74,7 +75,7 @@ def trust_review(*, host_id: int, now: datetime | None = None) -> bool:
     if host is None or now - host.created_at < timedelta(seconds=settings.TRUST_AFTER_SECONDS):
         return False
     canaries = _canary_counts(host_id)
-    if canaries["failed"] or canaries["passed"] < settings.CANARY_TRUST_AFTER:
+    if canaries["failed"] or canaries["passed"] - canaries["void"] < settings.CANARY_TRUST_AFTER:  # as `host_vetted`
         return False
     if Job.objects.filter(host_id=host_id, status=Job.Status.COMPLETED).count() < settings.TRUST_AFTER_JOBS:
         return False

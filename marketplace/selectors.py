@@ -19,7 +19,7 @@ from core.http import holds_nul
 from hosts import selectors as hosts
 from hosts.models import Host
 from marketplace.logprobs import located
-from marketplace.models import Job, Request, StageShare
+from marketplace.models import Audit, Job, Request, StageShare
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -129,6 +129,7 @@ class HostStatement:
 
     payouts: billing.HostPayouts
     jobs: list[dict]
+    verifying_ucents: int = 0  # earned on jobs whose audit is pending: paid when it passes (`marketplace.audits`)
 
 
 def host_statement(*, host: Host, limit: int = 100) -> HostStatement:
@@ -148,7 +149,8 @@ def host_statement(*, host: Host, limit: int = 100) -> HostStatement:
         )[:limit]
     ]
     lines = sorted(jobs + stages, key=lambda line: (line["finished_at"], line["pk"]), reverse=True)[:limit]
-    return HostStatement(payouts=billing.host_payouts(host=host, limit=limit), jobs=lines)
+    verifying = Audit.objects.filter(host=host, status=Audit.Status.PENDING).aggregate(total=Sum("host_ucents"))["total"] or 0
+    return HostStatement(payouts=billing.host_payouts(host=host, limit=limit), jobs=lines, verifying_ucents=int(verifying))
 
 
 def host_earned_since(*, host: Host, since: datetime) -> int:

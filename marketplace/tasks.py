@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from marketplace import canaries, services
+from marketplace import audits, canaries, services
 
 
 @shared_task(name="marketplace.tasks.watchdog_tick", ignore_result=True)
@@ -16,3 +16,9 @@ def watchdog_tick() -> int:
 def canary_scoring() -> int:
     """Score canary answers that parted from their reference at a near-tie."""
     return canaries.canary_score_pending()
+
+
+@shared_task(name="marketplace.tasks.audit_scoring", ignore_result=True)
+def audit_scoring() -> int:
+    """Re-read audited answers under the real model and pay or refund."""
+    return audits.audit_score_pending()

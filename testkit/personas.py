@@ -51,3 +51,14 @@ def make_host(*, qualified: bool = True, name: str | None = None, fingerprint: s
         trust_grant(host_id=new.host.pk)
         new.host.refresh_from_db()
     return ServingHost(host=new.host, token=new.token, fingerprint=fingerprint)
+
+
+def present(serving: ServingHost) -> ServingHost:
+    """The host as if it had just sent a heartbeat: only a present host may claim work."""
+    from django.utils import timezone
+
+    from hosts.models import Host
+
+    Host.objects.filter(pk=serving.host.pk).update(last_heartbeat_at=timezone.now())
+    serving.host.refresh_from_db()
+    return serving

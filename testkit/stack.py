@@ -40,6 +40,7 @@ def stack_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env["EMAIL_BACKEND"] = "django.core.mail.backends.filebased.EmailBackend"  # what a child sends, tests read
     env["EMAIL_FILE_PATH"] = str(MAIL_DIR)
     env.setdefault("ACCESS_LOG_HOSTS", "1")  # the tests' gateway logs keep every line
+    env.setdefault("AUDIT_ENABLED", "0")  # off but in the tests that are about audits (`@pytest.mark.audits`)
     env.update(extra or {})
     return env
 

@@ -76,6 +76,7 @@ class BannedHostApiTests:
     def test_a_banned_hosts_old_token_is_refused_on_every_call_and_claims_nothing(self, serving_host, customer) -> None:
         token, fingerprint = serving_host.token, serving_host.fingerprint
         first = queued_request(customer)
+        assert call("post", "/hosts/api/heartbeat", token, {"fingerprint": fingerprint})[0] == 200  # present, so it may claim
         status, body = call("post", "/hosts/api/claim", token, {"fingerprint": fingerprint, "wait": 0})
         assert status == 200 and body["job"]["id"] == Job.objects.get(request=first).pk  # the token worked before
         second = queued_request(customer)
@@ -171,3 +172,29 @@ class CatalogListApiTests:
         assert "ab" * 32 in refused["error"]["message"] and "Q8_0" in refused["error"]["message"]
         assert call("post", "/hosts/api/qualifications", serving_host.token, {**body, "sha256": "ab" * 32})[0] == 201
         assert serving_host.host.qualifications.filter(model__name="tiny-chat", sha256="ab" * 32).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+class PresenceBeforeClaimTests:
+    """A claim needs a present host (a heartbeat within HOST_OFFLINE_AFTER_SECONDS) running a
+    current mahout: a host that never says it is there gets no work (nor the canaries that
+    come with heartbeats)."""
+
+    def test_a_host_that_never_heartbeats_claims_nothing(self, serving_host, customer) -> None:
+        request = queued_request(customer)
+        status, refused = call("post", "/hosts/api/claim", serving_host.token, {"fingerprint": serving_host.fingerprint, "wait": 0})
+        assert (status, refused["error"]["code"]) == (409, "heartbeat_required")
+        assert Job.objects.get(request=request).status == Job.Status.QUEUED
+        assert call("post", "/hosts/api/heartbeat", serving_host.token, {"fingerprint": serving_host.fingerprint})[0] == 200
+        status, body = call("post", "/hosts/api/claim", serving_host.token, {"fingerprint": serving_host.fingerprint, "wait": 0})
+        assert status == 200 and body["job"]["id"] == Job.objects.get(request=request).pk
+
+    def test_a_stale_heartbeat_or_an_old_mahout_claims_nothing(self, serving_host, customer, settings) -> None:
+        queued_request(customer)
+        stale = timezone.now() - timezone.timedelta(seconds=settings.HOST_OFFLINE_AFTER_SECONDS + 5)
+        Host.objects.filter(pk=serving_host.host.pk).update(last_heartbeat_at=stale)
+        status, refused = call("post", "/hosts/api/claim", serving_host.token, {"fingerprint": serving_host.fingerprint, "wait": 0})
+        assert (status, refused["error"]["code"]) == (409, "heartbeat_required")
+        Host.objects.filter(pk=serving_host.host.pk).update(last_heartbeat_at=timezone.now(), version="0.0.1")
+        status, refused = call("post", "/hosts/api/claim", serving_host.token, {"fingerprint": serving_host.fingerprint, "wait": 0})
+        assert (status, refused["error"]["code"]) == (426, "upgrade_required")

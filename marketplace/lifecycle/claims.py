@@ -16,6 +16,7 @@ from core.events import announce_on_commit, request_group
 from hosts.models import ACCEPTING, TRUSTED, Host, claim_cap_sql
 from hosts.selectors import qualified_model_ids, warm_model_ids
 from marketplace import routing
+from marketplace.audits import job_seed
 from marketplace.lifecycle.answers import count_output
 from marketplace.lifecycle.errors import HostRefused, JobNotRunning
 from marketplace.models import Job, Request
@@ -24,14 +25,17 @@ from protocol.jobs import JobPayload, job_payload_build
 
 def job_payload(job: Job) -> JobPayload:
     """What a host receives (`protocol.jobs`): the work, and nothing about the customer.
-    A continuation carries what was already delivered, counted by the gateway."""
+    A continuation carries what was already delivered, counted by the gateway. Every chat
+    and completion job carries its sampling seed (`marketplace.audits.job_seed`)."""
     request = job.request
     continuation = job.attempt > 1 and request.kind != Request.Kind.EMBEDDINGS
     delivered = request.delivered_text if continuation else ""
     fmt = None if request.kind == Request.Kind.EMBEDDINGS else chat_format_of(job.model_id)
+    params = request.params if request.kind == Request.Kind.EMBEDDINGS else {
+        **request.params, "seed": job_seed(job_id=job.pk, params=request.params)}
     return job_payload_build(
         job_id=job.pk, model=job.model.name, kind=request.kind, messages=request.messages, prompt=request.prompt,
-        inputs=request.inputs, params=request.params, fmt=fmt, continuation=continuation, delivered=delivered,
+        inputs=request.inputs, params=params, fmt=fmt, continuation=continuation, delivered=delivered,
         delivered_tokens=count_output(request, delivered),
     )
 

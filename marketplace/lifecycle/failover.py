@@ -82,6 +82,9 @@ def attempt_end_dead(*, job_id: int, reason: str, cause: str = "host") -> str:
     from marketplace.canaries import canary_void, is_canary  # (canaries queue through this module)
 
     if is_canary(request):  # a canary tests one host: it is never handed to another
+        if cause == "request":  # its content is known to run: blaming it is the host's own failure (no free void)
+            Job.objects.filter(pk=job.pk).update(fail_cause="host")
+            host_rest_if_unreliable(host_id=job.host_id)
         request_fail(request=request, code=HostFailed.code, message="The host did not answer this canary.")
         canary_void(request=request)
         return "failed"

@@ -18,7 +18,8 @@ from catalog.pricing import price
 from catalog.tokenizer import tokenizer_for
 from hosts.models import Host
 from marketplace import reputation
-from marketplace.canaries import canary_judge
+from marketplace.audits import MAX_TOKENS_KEPT, audit_open, audit_wanted
+from marketplace.canaries import canary_judge, is_canary
 from marketplace.lifecycle.answers import (
     answer_of,
     count_output,
@@ -26,7 +27,7 @@ from marketplace.lifecycle.answers import (
     embeddings_checked,
     finish_reason_checked,
 )
-from marketplace.lifecycle.claims import check_running
+from marketplace.lifecycle.claims import check_running, job_payload
 from marketplace.lifecycle.errors import (
     AnswerTooLong,
     BadResult,
@@ -49,14 +50,17 @@ class Completion:
 
 
 @transaction.atomic
-def job_complete(*, host: Host, job_id: int, finish_reason: str, embeddings: list | None = None) -> Completion:
+def job_complete(
+    *, host: Host, job_id: int, finish_reason: str, embeddings: list | None = None, token_ids: list[int] | None = None,
+) -> Completion:
     """Settle the request: bill the counted tokens, pay the host 80%, delete the prompt.
 
     An embeddings job completes with its vectors (one per input, checked here) and is
     billed for its input tokens. Repeating the call for a job this host already
     completed (its answer was lost) returns the same result and changes nothing. The
     ledger posting comes last so the customer's hot balance row is locked only until
-    the commit.
+    the commit. A job chosen for an audit (`marketplace.audits`) pays its host's share into
+    the audit escrow and keeps `token_ids` (what the host says it generated) for the audit.
     """
     job = (  # the job and its request locked in one statement, with what settling reads
         Job.objects.select_for_update(of=("self", "request"))
@@ -95,11 +99,18 @@ def job_complete(*, host: Host, job_id: int, finish_reason: str, embeddings: lis
                                    code=LogprobsMissing.code, message="The host did not report the log-probabilities asked "
                                    "for (a ring or an expert mesh cannot, nor mahout before 0.2.0); nothing was billed.")
         share = rescuer_share(request=request, job=job, text=delivered, completion_tokens=completion_tokens)
+    audited = None if is_canary(request) else audit_wanted(
+        request=request, job=job, host=host, payload=lambda: job_payload(job),
+        ring=lambda: ring_layers(bridge_host_id=host.pk, model_id=request.model_id) is not None)
     now = timezone.now()
     settled = settle(request=request, completion_tokens=completion_tokens, finish_reason=finish_reason, job=job, host=host,
-                     share=share, result=result, now=now)
+                     share=share, result=result, now=now, escrow=audited is not None)
     if settled is None:  # the hold closed under us (expired): roll all of this back, the job ends anyway
         raise JobNotRunning(f"Request {request.public_id} already ended.")
+    if audited is not None:
+        audit_open(request=request, job=job, host=host, payload=audited, text=request.delivered_text,
+                   token_ids=token_ids[:MAX_TOKENS_KEPT] if token_ids is not None else None, finish_reason=finish_reason,
+                   host_ucents=settled.earned_ucents, platform_ucents=settled.cost_ucents - settled.earned_ucents)
     if request.kind != Request.Kind.EMBEDDINGS:  # only the host's own part of the answer says how fast it is
         own = completion_tokens if job.attempt == 1 else count_output(request, delivered[len(delivered) - job.generated_chars:])
         reputation.speed_measured(job=job, completion_tokens=own, now=now)
@@ -157,6 +168,7 @@ class Settlement:
 def settle(
     *, request: Request, completion_tokens: int, finish_reason: str, job: Job | None = None, host: Host | None = None,
     share: int | None = None, result: list | None = None, note: str = "", now: datetime | None = None,
+    escrow: bool = False,
 ) -> Settlement | None:
     """Bill `completion_tokens` (at most the hold), end the request with `finish_reason` and
     post the ledger: the one settlement every ending that bills goes through.
@@ -166,6 +178,7 @@ def settle(
     bridges a ring splits it by layers with its stage hosts, each paid and recorded as a
     `StageShare`. The job is completed by a compare-and-set (`note` becomes its
     `fail_reason`: why a job ended early still settled). Without a host, nobody is paid.
+    `escrow`: the host's share waits in the audit escrow (`marketplace.audits`).
     Returns None when the job was no longer running or the hold had already closed
     (someone else got there first). The ledger posting comes last, so the customer's hot
     balance row is locked only until the commit.
@@ -188,7 +201,7 @@ def settle(
                     result=result)
     split = billing.hold_settle(
         hold=request.hold, cost_ucents=cost, host=host, host_ucents=earned if host is not None else None, others=paid,
-        reference=request.public_id, memo="" if ring is None else ring_memo(ring),
+        reference=request.public_id, memo="" if ring is None else ring_memo(ring), escrow=escrow,
     )
     if split is None:
         return None

@@ -15,7 +15,7 @@ from hosts.models import Host
 from mahout.api import HostApiError, JobGoneError
 from mahout.presence import Presence
 from marketplace.models import Job, Request
-from testkit.personas import Customer
+from testkit.personas import Customer, present
 from testkit.requests import submit_request
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
@@ -35,7 +35,7 @@ def claimed(http: httpx.Client, fingerprint: str) -> int:
 
 class HostSocketTests:
     def test_http_and_the_socket_give_identical_text_and_billing(self, gateway, catalog) -> None:
-        customer, serving = make_customer(), make_host(name="two-doors")
+        customer, serving = make_customer(), present(make_host(name="two-doors"))
         headers = {"Authorization": f"Bearer {serving.token}"}
         socket = Presence(gateway.url, serving.token, out=lambda line: None).start()
         try:
@@ -69,7 +69,7 @@ class HostSocketTests:
         assert earned[0] == earned[1] > 0
 
     def test_a_batch_from_the_future_and_a_stranger_are_refused_on_the_socket(self, gateway, catalog) -> None:
-        customer, serving, stranger = make_customer(), make_host(name="owner"), make_host(name="stranger", fingerprint="e" * 64)
+        customer, serving, stranger = make_customer(), present(make_host(name="owner")), present(make_host(name="stranger", fingerprint="e" * 64))
         with httpx.Client(base_url=gateway.url, headers={"Authorization": f"Bearer {serving.token}"}, timeout=30) as http:
             queued(customer, catalog)
             job = claimed(http, serving.fingerprint)
@@ -91,7 +91,7 @@ class SocketClaimTests:
     """Job offers on the host's socket: the claim long-poll as one frame."""
 
     def test_a_claim_on_the_socket_gets_the_job_then_its_batches_settle(self, gateway, catalog) -> None:
-        customer, serving = make_customer(), make_host(name="socket-claims")
+        customer, serving = make_customer(), present(make_host(name="socket-claims"))
         socket = Presence(gateway.url, serving.token, out=lambda line: None).start()
         try:
             wait_until(socket.connected.is_set, timeout=20, what="the host socket to open")
@@ -110,7 +110,7 @@ class SocketClaimTests:
         assert (row.status, row.delivered_text) == ("completed", "".join(BATCHES))
 
     def test_a_job_offered_while_the_claim_waits_arrives_at_once(self, gateway, catalog) -> None:
-        customer, serving = make_customer(), make_host(name="socket-waits")
+        customer, serving = make_customer(), present(make_host(name="socket-waits"))
         socket = Presence(gateway.url, serving.token, out=lambda line: None).start()
         answers: list = []
         try:
@@ -126,7 +126,7 @@ class SocketClaimTests:
         assert answers[0]["id"] == Job.objects.get(request=request).pk
 
     def test_refusals_and_bad_frames_come_back_as_errors(self, gateway, catalog) -> None:
-        serving = make_host(name="socket-refused")
+        serving = present(make_host(name="socket-refused"))
         socket = Presence(gateway.url, serving.token, out=lambda line: None).start()
         try:
             wait_until(socket.connected.is_set, timeout=20, what="the host socket to open")

@@ -1,0 +1,124 @@
+"""Audits of real jobs (marketplace/audits.py): chosen at completion, the host's share held in
+escrow, the answer re-read under the real model, then the host paid or the customer refunded."""
+from __future__ import annotations
+
+import pytest
+
+from billing import selectors as ledger
+from billing.models import Account
+from marketplace import audits, services
+from marketplace.models import Audit, Job, Request
+from testkit.requests import submit_request
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.audits]
+
+
+def _escrow() -> int:
+    account = Account.objects.filter(kind=Account.Kind.AUDIT_ESCROW).first()
+    return account.balance_ucents if account else 0
+
+
+def _host_balance(host) -> int:  # noqa: ANN001
+    account = ledger.host_account(host=host)
+    return account.balance_ucents if account else 0
+
+
+def _served(customer, catalog, serving_host, *, text: str = "Hello there.", token_ids: list[int] | None = None, **params):  # noqa: ANN001, ANN003
+    request = submit_request(customer, catalog, **params)
+    job = services.job_claim_next(host=serving_host.host, fingerprint=serving_host.fingerprint)
+    assert job is not None and job.request_id == request.pk
+    services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text=text)
+    services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=token_ids)
+    request.refresh_from_db()
+    return request, job
+
+
+def test_every_job_carries_its_seed_the_customers_or_the_gateways(customer, catalog, serving_host) -> None:
+    payloads = []
+    for seed in (7, None, None):
+        submit_request(customer, catalog, seed=seed)
+        payload = services.job_claim_payload(host=serving_host.host, model_ids=[catalog.pk])
+        services.job_fail(host=serving_host.host, job_id=payload["id"], reason="only the payload was wanted", cause="request")
+        payloads.append(payload)
+    seeds = [payload["params"]["seed"] for payload in payloads]
+    assert seeds[0] == 7
+    assert seeds[1] != seeds[2]
+    assert all(0 <= seed < 2**63 for seed in seeds)
+    assert seeds[1] == audits.job_seed(job_id=payloads[1]["id"], params={"seed": None})  # fixed by the gateway, stable
+
+
+def test_a_probation_hosts_job_is_audited_and_its_share_waits_in_escrow(customer, catalog, serving_host, settings) -> None:
+    settings.AUDIT_PROBATION_RATE = 1.0
+    request, job = _served(customer, catalog, serving_host, token_ids=[1, 2, 3], temperature=0.8)
+    audit = Audit.objects.get(job=job)
+    assert audit.status == Audit.Status.PENDING and audit.host_id == serving_host.host.pk
+    assert request.cost_ucents > 0 and request.status == Request.Status.COMPLETED
+    assert audit.host_ucents + audit.platform_ucents == request.cost_ucents
+    assert audit.host_ucents == request.cost_ucents * settings.HOST_SHARE_PERCENT // 100
+    assert _escrow() == audit.host_ucents and _host_balance(serving_host.host) == 0
+    assert audit.payload["messages"] == [{"role": "user", "content": "hi"}] and audit.text == "Hello there."
+    assert audit.token_ids == [1, 2, 3] and audit.seed == audit.payload["params"]["seed"]
+    assert request.messages is None  # the request's own copy goes at settlement as always
+    assert Job.objects.get(pk=job.pk).earned_ucents == audit.host_ucents  # the owner's job list shows nothing else
+
+
+def test_a_passed_audit_pays_the_host_and_forgets_the_answer(customer, catalog, serving_host, settings) -> None:
+    settings.AUDIT_PROBATION_RATE = 1.0
+    _, job = _served(customer, catalog, serving_host, token_ids=[5])
+    audit = Audit.objects.get(job=job)
+    assert audits.audit_decide(audit=audit, reason=None, counts={"checked": 4, "uncertain": 0, "misses": 0})
+    assert not audits.audit_decide(audit=audit, reason=None, counts={})  # decided once
+    audit.refresh_from_db()
+    assert audit.status == Audit.Status.PASSED and audit.checked == 4
+    assert audit.payload is None and audit.text == "" and audit.token_ids is None
+    assert _escrow() == 0 and _host_balance(serving_host.host) == audit.host_ucents
+    assert ledger.reconcile_report() == []
+
+
+def test_a_failed_audit_refunds_the_customer_and_stops_the_host(customer, catalog, serving_host, settings) -> None:
+    settings.AUDIT_PROBATION_RATE = 1.0
+    before = ledger.customer_account(user=customer.user).balance_ucents
+    request, job = _served(customer, catalog, serving_host, token_ids=[5])
+    assert ledger.customer_account(user=customer.user).balance_ucents == before - request.cost_ucents
+    audit = Audit.objects.get(job=job)
+    assert audits.audit_decide(audit=audit, reason="token 3 is not the seed's draw (margin 0.41)", counts={"misses": 1})
+    audit.refresh_from_db()
+    serving_host.host.refresh_from_db()
+    assert audit.status == Audit.Status.FAILED and audit.misses == 1
+    assert ledger.customer_account(user=customer.user).balance_ucents == before  # every µ¢ back
+    assert _escrow() == 0 and _host_balance(serving_host.host) == 0
+    assert serving_host.host.maintenance_since is not None
+    assert "token 3 is not the seed's draw" in serving_host.host.maintenance_reason
+    assert request.public_id in serving_host.host.maintenance_reason
+    assert ledger.reconcile_report() == []
+
+
+def test_a_trusted_host_is_audited_at_the_audit_rate(customer, catalog, settings) -> None:
+    from testkit.personas import make_host
+
+    trusted = make_host(trusted=True)
+    settings.AUDIT_RATE = 0.0
+    _, job = _served(customer, catalog, trusted, token_ids=[1])
+    assert not Audit.objects.filter(job=job).exists()
+    assert _host_balance(trusted.host) > 0 and _escrow() == 0
+    settings.AUDIT_RATE = 1.0
+    _, job = _served(customer, catalog, trusted, token_ids=[1])
+    assert Audit.objects.filter(job=job).exists()
+
+
+def test_grammar_jobs_and_disabled_audits_are_not_audited(customer, catalog, serving_host, settings) -> None:
+    settings.AUDIT_PROBATION_RATE = 1.0
+    schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+    _, job = _served(customer, catalog, serving_host, text="{}", response_format=schema)
+    assert not Audit.objects.filter(job=job).exists()
+    settings.AUDIT_ENABLED = False
+    _, job = _served(customer, catalog, serving_host)
+    assert not Audit.objects.filter(job=job).exists()
+
+
+def test_an_answer_without_its_tokens_fails_its_audit(customer, catalog, serving_host, settings) -> None:
+    settings.AUDIT_PROBATION_RATE = 1.0
+    _, job = _served(customer, catalog, serving_host, token_ids=None)
+    assert audits.audit_score_pending() == 1
+    audit = Audit.objects.get(job=job)
+    assert audit.status == Audit.Status.FAILED and "did not report the tokens" in audit.reason
