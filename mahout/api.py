@@ -209,9 +209,16 @@ class HostApi:
             body["logprobs"] = logprobs
         return self._json(self._request("POST", f"/jobs/{job_id}/tokens", body))
 
-    def complete(self, job_id: Any, *, finish_reason: str, completion_tokens: int) -> dict:
-        """Report the job finished; the answer carries what we earned."""
-        body = {"finish_reason": finish_reason, "completion_tokens": completion_tokens}
+    def complete(self, job_id: Any, *, finish_reason: str, completion_tokens: int, tokens: list[int] | None = None,
+                 seed: int | None = None) -> dict:
+        """Report the job finished; the answer carries what we earned. ``tokens`` (every token id
+        sampled) and ``seed`` (the one sampled with) let the gateway audit the answer
+        (`mahout.verify`); a runner that has neither sends neither."""
+        body: dict[str, Any] = {"finish_reason": finish_reason, "completion_tokens": completion_tokens}
+        if tokens is not None:
+            body["tokens"] = tokens
+        if seed is not None:
+            body["seed"] = seed
         return self._json(self._request("POST", f"/jobs/{job_id}/complete", body))
 
     def complete_embeddings(self, job_id: Any, *, embeddings: list[list[float]]) -> dict:

@@ -79,6 +79,8 @@ class JobRecord:
     completion_tokens: int = 0
     embeddings: list[list[float]] | None = None
     prompt_tokens: int = 0
+    token_ids: list[int] | None = None  # every token sampled, when the runner reports them (for audits)
+    seed: int | None = None  # the seed they were sampled with
     cause: str = "host"  # whose fault a failure is: "request" when the job's own content cannot be run
 
     @property
@@ -299,6 +301,7 @@ class HostLoop:
         else:
             record.finish_reason, record.completion_tokens = runner.finish_reason, runner.completion_tokens
             record.prompt_tokens = getattr(runner, "prompt_count", 0)  # what this model was fed (logged)
+            record.token_ids, record.seed = getattr(runner, "token_ids", None), getattr(runner, "seed", None)
             record.advance(JobState.COMPLETED)
 
     def _report(self, record: JobRecord) -> None:
@@ -322,7 +325,8 @@ class HostLoop:
                      f"in {seconds:.1f} s (earned {answer.get('earned_ucents')} ucents)")
             return
         tokens, reason = record.completion_tokens, record.finish_reason
-        answer = self.api.complete(record.id, finish_reason=reason, completion_tokens=tokens)
+        answer = self.api.complete(record.id, finish_reason=reason, completion_tokens=tokens,
+                                   tokens=None if record.token_ids is None else list(record.token_ids), seed=record.seed)
         seconds = time.monotonic() - record.started
         earned = answer.get("earned_ucents")
         prompt = f" after a {record.prompt_tokens}-token prompt" if record.prompt_tokens else ""

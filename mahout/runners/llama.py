@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import threading
 from collections.abc import Generator, Iterator
 from pathlib import Path
@@ -19,8 +20,11 @@ from mahout.runners import Piece, RequestRejected
 from mahout.runners.logprobs import LogprobRecorder, TokenAligner
 from protocol.jobs import CHAT, job_stop_strings
 from protocol.rendering import fragments_tokens
+from protocol.sampling import select, uniform
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import numpy as np
     import numpy.typing as npt
     from llama_cpp import Llama, LogitsProcessorList
@@ -92,6 +96,16 @@ def _number(params: dict, key: str, default: float) -> float:
     return number
 
 
+def _seed(params: dict) -> int:
+    """The job's sampling seed; a random 63-bit one when it has none (an older gateway sends none)."""
+    value = params.get("seed")
+    if value is None:
+        return random.SystemRandom().getrandbits(63)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestRejected(f"seed {value!r} is not an integer")
+    return value
+
+
 LOOSE_CHAR = 'char ::= [^"\\\\]'  # llama-cpp-python's converter: any character but " and \\ in a string...
 STRICT_CHAR = 'char ::= [^"\\\\\\x7F\\x00-\\x1F]'  # ...JSON forbids control characters there too
 
@@ -152,7 +166,8 @@ class LazyGrammar:
         )
         self._seen = prompt_len
         self._temperature, self._top_p = temperature, top_p
-        self._rng = np.random.default_rng(seed)
+        self._rng = np.random.default_rng(None if seed is None else seed % 2**64)
+        self.token_ids: list[int] = []  # each token chosen, in order
         self._some = (llama_cpp.llama_token_data * self.WIDE)()
         n_vocab = llm.n_vocab()
         self._all = np.zeros(n_vocab, dtype=np.dtype([("id", np.intc), ("logit", np.single), ("p", np.single)], align=True))
@@ -182,6 +197,7 @@ class LazyGrammar:
             else:
                 masked = np.where(allowed, weights, np.float32(0.0))
                 choice = self._draws(masked, 1)[0] if masked.sum() > 0 else int(np.argmax(np.where(allowed, scores, -np.inf)))
+        self.token_ids.append(choice)
         only = np.full_like(scores, -np.inf)
         only[choice] = scores[choice] if np.isfinite(scores[choice]) else 0.0
         return only
@@ -259,6 +275,32 @@ class LazyGrammar:
         self._all["logit"] = 0.0
         self._apply(self._all.ctypes.data, len(self._all))
         return np.isfinite(self._all["logit"])
+
+
+class SpecifiedSampler:
+    """The specified sampler (:mod:`protocol.sampling`) as a logits processor: the token at
+    position ``len(input_ids)`` is ``select(scores, u=uniform(seed, position))``, and it is left
+    the only finite score, so llama.cpp's own sampler picks it (as :class:`LazyGrammar` does).
+    Placed last: after the log-probability recorder has read the model's own scores and after
+    a healer's mask. ``token_ids`` records each token chosen, the last one (an end of
+    generation, or the token that completed a stop string) included: what a verifier checks."""
+
+    def __init__(self, *, seed: int, temperature: float, top_p: float) -> None:
+        self.seed, self.temperature, self.top_p = seed, temperature, top_p
+        self.token_ids: list[int] = []
+        self._only: npt.NDArray[np.single] | None = None  # -inf but at the last choice (reused: no allocation a token)
+
+    def __call__(self, input_ids: npt.NDArray[np.intc], scores: npt.NDArray[np.single]) -> npt.NDArray[np.single]:
+        import numpy as np
+
+        token = select(scores, temperature=self.temperature, top_p=self.top_p, u=uniform(self.seed, len(input_ids)))
+        if self._only is None:
+            self._only = np.full(len(scores), -np.inf, dtype=np.single)
+        elif self.token_ids:
+            self._only[self.token_ids[-1]] = -np.inf
+        self.token_ids.append(token)
+        self._only[token] = scores[token] if np.isfinite(scores[token]) else 0.0
+        return self._only
 
 
 def resumes_text(job: dict) -> bool:
@@ -398,6 +440,8 @@ class LlamaRunner:
         self.prompt_count = 0  # the last job's prompt tokens
         self.finish_reason = "stop"
         self.completion_tokens = 0
+        self.seed: int | None = None  # the last job's sampling seed (its own, or drawn here when it had none)
+        self.token_ids: list[int] = []  # the last job's generated token ids, as sampled
         self._vocab: Vocab | None = None
         # Healing needs every token's text (seconds to compute): build it while the host idles.
         self._vocab_ready = threading.Thread(target=self._build_vocab, name="mahout-vocab", daemon=True)
@@ -448,12 +492,15 @@ class LlamaRunner:
         return len(self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)) if text else 0
 
     def stream(self, job: dict) -> Generator[str, None, None]:
-        """Yield generated text pieces; afterwards ``finish_reason`` and ``completion_tokens`` hold.
+        """Yield generated text pieces; afterwards ``finish_reason``, ``completion_tokens``,
+        ``token_ids`` (every token sampled, a final end of generation included) and ``seed`` hold.
 
         ``max_tokens`` is clamped to what the context window leaves, as llama.cpp does;
         a generation that hits that bound finishes with "length" and exactly that many tokens.
         A job that resumes text (see :func:`resumes_text`) is token-healed so it
-        continues from the exact character, even mid-word.
+        continues from the exact character, even mid-word. Every token is drawn by the
+        specified sampler (:class:`SpecifiedSampler`) with the job's seed (one drawn here when
+        the job has none: an older gateway's), or under a grammar by :class:`LazyGrammar`.
         """
         params = job.get("params") or {}
         tokens = self.prompt_tokens(job)
@@ -471,28 +518,32 @@ class LlamaRunner:
         from llama_cpp import LogitsProcessorList
 
         temperature, top_p = _number(params, "temperature", 1.0), _number(params, "top_p", 1.0)
+        self.seed = _seed(params)
         recorder = aligner = None
         if params.get("logprobs") is not None:  # first: it reads the model's own scores
             self._vocab_ready.join()
             assert self._vocab is not None
             recorder = LogprobRecorder(prompt_len=len(tokens), top=int(params["logprobs"]))
             aligner = TokenAligner(recorder, self._vocab.pieces, skip=len(healer.pending) if healer else 0)
+        processors: list[Callable[[npt.NDArray[np.intc], npt.NDArray[np.single]], npt.NDArray[np.single]]]
         processors = [recorder] if recorder else []
         processors += list(healer.processors()) if healer else []
         lazy = None
         if grammar is not None:
             lazy = LazyGrammar(self._llm, grammar, prompt_len=len(tokens), temperature=temperature, top_p=top_p,
-                               seed=params.get("seed"))
-            processors.append(lazy)
+                               seed=self.seed)
+            sampler: LazyGrammar | SpecifiedSampler = lazy
+        else:
+            sampler = SpecifiedSampler(seed=self.seed, temperature=temperature, top_p=top_p)
+        processors.append(sampler)  # last: it chooses the token
+        self.token_ids = sampler.token_ids
         chunks = self._llm.create_completion(
             prompt=tokens,
             stream=True,
             max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
+            temperature=0.0,  # llama.cpp's sampler takes the one token left finite: its greedy pick costs least
             stop=self.stop_strings(job),
-            seed=params.get("seed"),
-            logits_processor=LogitsProcessorList(processors) if processors else None,
+            logits_processor=LogitsProcessorList(processors),
         )
         try:
             for chunk in cast(Iterator[dict], chunks):  # stream=True returns an iterator of chunks

@@ -1,6 +1,8 @@
 """HostApi: timeouts, bounded retries with backoff, typed 4xx errors."""
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -39,6 +41,15 @@ class HostApiTests:
             api.fail("job-1", reason="boom")
         assert len(seen) == 4
         assert [0.5 <= sleeps[0] <= 1.0, 1.0 <= sleeps[1] <= 2.0, 1.5 <= sleeps[2] <= 3.0] == [True] * 3
+
+    def test_a_completion_carries_its_token_ids_and_seed_when_given(self):
+        seen, sleeps = [], []
+        api = make_api([httpx.Response(200, json={"earned_ucents": 7})] * 2, seen, sleeps)
+        api.complete("job-1", finish_reason="stop", completion_tokens=3, tokens=[5, 6, 1], seed=42)
+        api.complete("job-2", finish_reason="stop", completion_tokens=3)
+        bodies = [json.loads(request.content) for request in seen]
+        assert bodies[0] == {"finish_reason": "stop", "completion_tokens": 3, "tokens": [5, 6, 1], "seed": 42}
+        assert bodies[1] == {"finish_reason": "stop", "completion_tokens": 3}
 
     def test_it_retries_connection_errors(self):
         seen, sleeps = [], []

@@ -67,6 +67,14 @@ class HostLoopTests:
         assert "mahout: claimed job job-1 (gemma-3-270m)" in lines
         assert any(line.startswith("mahout: completed job-1: 20 tokens in") for line in lines)
 
+    def test_it_reports_the_sampled_token_ids_and_seed_for_audits(self, gateway, api, tmp_path):
+        runner = FakeRunner(pieces(3))
+        runner.token_ids, runner.seed = [7, 8, 9], 2**62 + 1  # type: ignore[attr-defined]
+        gateway.state.add_job("job-1")
+        make_loop(api, runner, tmp_path, []).run(max_jobs=1)
+        assert gateway.state.completions["job-1"]["tokens"] == [7, 8, 9]
+        assert gateway.state.completions["job-1"]["seed"] == 2**62 + 1
+
     def test_it_reports_progress_until_the_first_piece_and_not_after(self, gateway, api, tmp_path, monkeypatch):
         stages: list[str] = []
         heard = threading.Condition()
