@@ -1,0 +1,146 @@
+"""Audits on the real model: the shipped Gemma 3 270M generates with LlamaRunner on one thread,
+and a Verifier on two threads (one prefill pass against the host's one-token decode) checks
+the answers; honest ones pass, each cheat fails."""
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mahout.runners.llama import LlamaRunner
+from mahout.verify import Unauditable, Verifier, auditable
+from testkit.formats import rendered
+
+MAX_TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def runner(model_path: Path) -> Iterator[LlamaRunner]:
+    runner = LlamaRunner(model_path, threads=1, n_ctx=1024)
+    yield runner
+    runner.close()
+
+
+@pytest.fixture(scope="module")
+def verifier(model_path: Path) -> Iterator[Verifier]:
+    with Verifier(model_path, threads=2, n_ctx=1024) as verifier:
+        yield verifier
+
+
+def job(kind: str, text: str, *, temperature: float, top_p: float = 1.0, seed: int | None = 7, stop: list[str] | None = None,
+        max_tokens: int = MAX_TOKENS) -> dict:
+    chat = kind == "chat"
+    return rendered({
+        "id": "job-1", "model": "gemma-3-270m", "kind": kind, "prompt": None if chat else text,
+        "messages": [{"role": "user", "content": text}] if chat else None,
+        "params": {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "stop": stop, "seed": seed},
+    })
+
+
+def answer(runner: LlamaRunner, job: dict) -> dict:
+    text = "".join(runner.stream(job))
+    return {"token_ids": list(runner.token_ids), "text": text, "finish_reason": runner.finish_reason, "seed": runner.seed}
+
+
+class HonestAnswerTests:
+    @pytest.mark.parametrize(("kind", "text", "temperature", "top_p"), [
+        ("chat", "Write a haiku about elephants.", 0.7, 1.0),
+        ("completion", "The history of Rome begins", 0.7, 0.9),
+        ("chat", "What is the capital of France?", 1.2, 1.0),
+        ("completion", "Dear Sir or Madam,\n\nI am writing to", 1.2, 0.9),
+        ("completion", "The history of Rome begins", 0.0, 1.0),
+    ])
+    def test_it_passes_with_no_miss(self, runner, verifier, kind, text, temperature, top_p):
+        honest = job(kind, text, temperature=temperature, top_p=top_p, seed=int(temperature * 100 + top_p * 10))
+        audit = verifier.audit(honest, **answer(runner, honest))
+        assert audit.passed and not audit.misses, audit
+        assert audit.checked == len(runner.token_ids) > 0 and audit.matched + audit.uncertain == audit.checked
+
+    def test_a_job_without_a_seed_is_sampled_with_one_the_host_reports(self, runner, verifier):
+        honest = job("chat", "Tell me a joke about cats.", temperature=1.0, seed=None)
+        reported = answer(runner, honest)
+        assert isinstance(reported["seed"], int) and 0 <= reported["seed"] < 2**63
+        assert verifier.audit(honest, **reported).passed
+
+    def test_an_answer_cut_at_a_stop_string_passes(self, runner, verifier):
+        runner._llm.reset()  # both from a cold cache: the same arithmetic, so the same greedy answer
+        free = answer(runner, job("completion", "Once upon a time", temperature=0.0))
+        stop = free["text"][len(free["text"]) // 2:][:4]
+        stopped = job("completion", "Once upon a time", temperature=0.0, stop=[stop])
+        runner._llm.reset()
+        reported = answer(runner, stopped)
+        assert reported["finish_reason"] == "stop" and reported["text"] == free["text"][: free["text"].index(stop)]
+        assert verifier.audit(stopped, **reported).passed
+
+    def test_a_sample_of_the_tokens_checks_only_that_many(self, runner, verifier):
+        honest = job("completion", "The elephant is", temperature=0.7)
+        audit = verifier.audit(honest, **answer(runner, honest), sample=5)
+        assert audit.passed and audit.checked == 5
+
+
+@pytest.fixture(scope="module")
+def sampled(runner: LlamaRunner) -> tuple[dict, dict]:
+    """A sampled job and its honest answer."""
+    asked = job("chat", "Explain photosynthesis to a child.", temperature=1.0, seed=99)
+    return asked, answer(runner, asked)
+
+
+class CheatTests:
+    """Each cheat is caught on every answer here (bench/trust.py counts how often in general)."""
+
+    def test_junk_tokens_fail(self, runner, verifier, sampled):
+        asked, _ = sampled
+        words = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor incididunt ut labore".split()
+        rng = random.Random(3)
+        junk = runner._llm.tokenize(" ".join(rng.choice(words) for _ in range(MAX_TOKENS)).encode(), add_bos=False)[:MAX_TOKENS]
+        audit = verifier.audit(asked, token_ids=junk, text=runner._llm.detokenize(junk).decode(), finish_reason="length", seed=99)
+        assert not audit.passed and len(audit.misses) > MAX_TOKENS // 2
+
+    def test_a_greedy_answer_to_a_sampled_job_fails(self, runner, verifier, sampled):
+        asked, _ = sampled
+        greedy = answer(runner, {**asked, "params": {**asked["params"], "temperature": 0.0}})
+        audit = verifier.audit(asked, **greedy)
+        assert not audit.passed and audit.misses
+
+    def test_the_honest_tokens_with_another_seed_fail(self, runner, verifier, sampled):
+        asked, honest = sampled
+        audit = verifier.audit(asked, **{**honest, "seed": honest["seed"] + 1})
+        assert not audit.passed and audit.misses
+
+    def test_a_truncated_answer_claiming_stop_fails(self, runner, verifier, sampled):
+        asked, honest = sampled
+        half = honest["token_ids"][: len(honest["token_ids"]) // 2]
+        text = runner._llm.detokenize(half).decode("utf-8", errors="ignore")
+        audit = verifier.audit(asked, token_ids=half, text=text, finish_reason="stop", seed=honest["seed"])
+        assert not audit.passed and "cut short" in (audit.reason or "")
+
+    def test_tokens_that_do_not_spell_the_delivered_text_fail(self, runner, verifier, sampled):
+        asked, honest = sampled
+        audit = verifier.audit(asked, **{**honest, "text": "Something else entirely."})
+        assert audit.reason == "the token ids do not spell the delivered text"
+
+    def test_length_claimed_early_fails(self, runner, verifier, sampled):
+        asked, honest = sampled
+        half = [t for t in honest["token_ids"] if t != runner._llm.token_eos()][: MAX_TOKENS // 2]
+        audit = verifier.audit(asked, token_ids=half, text=runner._llm.detokenize(half).decode("utf-8", errors="ignore"),
+                               finish_reason="length", seed=honest["seed"])
+        assert audit.reason and audit.reason.startswith("'length' after")
+
+    def test_a_token_outside_the_vocabulary_fails(self, runner, verifier, sampled):
+        asked, honest = sampled
+        audit = verifier.audit(asked, **{**honest, "token_ids": [*honest["token_ids"][:3], 10**9]})
+        assert audit.reason == "a reported token id is not in the model's vocabulary"
+
+
+class AuditableTests:
+    def test_only_fresh_free_text_jobs_are_audited(self, verifier):
+        plain = job("chat", "Hello!", temperature=1.0)
+        assert auditable(plain) and auditable(job("completion", "Hi", temperature=0.0))
+        structured = {**plain, "params": {**plain["params"], "response_format": {"type": "json_object"}}}
+        prefilled = rendered({**plain, "messages": [{"role": "user", "content": "Count."}, {"role": "assistant", "content": "One, tw"}]})
+        for refused in (structured, {**plain, "continuation": True}, prefilled):
+            assert not auditable(refused)
+            with pytest.raises(Unauditable):
+                verifier.audit(refused, token_ids=[1], text="", finish_reason="stop", seed=1)
