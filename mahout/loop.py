@@ -218,6 +218,9 @@ class HostLoop:
             if exc.code == "too_many_claims":  # more long-polls than the gateway allows this host: one returns soon
                 self._stop.wait(self.error_backoff)
                 return None
+            if exc.code == "heartbeat_required":  # the gateway has not heard from us lately (or ever): say so, claim again
+                self.heartbeat()
+                return None
             if exc.code != "host_paused":
                 raise
             # The server still has us paused (our resume has not reached it yet): tell it now.

@@ -39,6 +39,7 @@ class GatewayState:
         self.cancel_after_batches: dict[str, int] = {}
         self.server_paused = False
         self.maintenance = ""  # a reason: claims are refused with 403 host_maintenance
+        self.unheard = False  # the next claim is refused with 409 heartbeat_required (the gateway has not heard from us)
         self.asks: dict[str, list[str]] = {"load": [], "unload": []}  # the heartbeat answer's redundancy asks
 
     def add_job(self, job_id: str, *, kind: str = "chat", model: str = "gemma-3-270m", **params: object) -> None:
@@ -113,6 +114,11 @@ class _Handler(BaseHTTPRequestHandler):
         return False
 
     def _claim(self, state: GatewayState, body: dict) -> None:
+        if state.unheard:
+            state.claims += 1
+            state.unheard = False
+            self._error(409, "This host has not sent a heartbeat in the last 30 seconds.", "heartbeat_required")
+            return
         if state.maintenance:
             state.claims += 1
             self._error(403, f"This host is in maintenance: {state.maintenance}", "host_maintenance")

@@ -249,6 +249,15 @@ class HostLoopTests:
         make_loop(api, FakeRunner(pieces(3)), tmp_path, []).run(max_jobs=1)
         assert gateway.state.failures["job-1"] == "model 'llama-70b' is not loaded on this host"
 
+    def test_a_claim_refused_for_want_of_a_heartbeat_sends_one_and_claims_again(self, gateway, api, tmp_path):
+        gateway.state.unheard = True
+        gateway.state.add_job("job-1")
+        loop = make_loop(api, FakeRunner(pieces(2)), tmp_path, [])
+        beats = len(gateway.state.heartbeats)
+        assert loop.run(max_jobs=1) == 1
+        assert gateway.state.claims == 2 and len(gateway.state.heartbeats) > beats
+        assert gateway.state.status["job-1"] == "completed"
+
     def test_it_returns_after_one_empty_claim_when_once(self, gateway, api, tmp_path):
         assert make_loop(api, FakeRunner([]), tmp_path, []).run(once=True) == 0
         assert gateway.state.claims == 1
