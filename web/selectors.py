@@ -19,6 +19,7 @@ from core.dates import day_bounds
 from hosts.models import Host, Qualification
 from hosts.selectors import warm_host_counts
 from hosts.services import owner_may_resume
+from marketplace.audits import audit_summary
 from marketplace.canaries import canary_summary
 from marketplace.models import CanaryCheck, Job, Request, StageShare
 from marketplace.redundancy import warming_hosts
@@ -178,6 +179,7 @@ class PoolOverview:
     hosts_trusted: int
     hosts_banned: int
     canaries: dict  # `marketplace.canaries.canary_summary`
+    audits: dict  # `marketplace.audits.audit_summary`: by status, and the models that cannot be audited here
     banned: list[Host]
     failed_verification: list[dict]
     warming: list[dict]  # `marketplace.redundancy.warming_hosts`: hosts asked to keep a latency-critical model warm
@@ -235,6 +237,7 @@ def pool_overview() -> PoolOverview:
         in_maintenance=list(maintenance.select_related("owner").order_by("maintenance_since", "pk")[:POOL_MAINTENANCE_LISTED]),
         **_trust_counts(),
         canaries=canary_summary(),
+        audits=audit_summary(),
         banned=list(Host.objects.filter(banned_at__isnull=False).select_related("owner").order_by("-banned_at", "-pk")[:POOL_MAINTENANCE_LISTED]),
         failed_verification=verification_failures(),
         warming=warming_hosts(now=now),

@@ -37,13 +37,13 @@ def test_an_older_client_is_refused_with_how_to_upgrade(serving_host, settings) 
 def test_the_pool_page_shows_the_versions_in_use(serving_host, outsider, settings) -> None:
     from django.contrib.auth import get_user_model
 
-    beat(serving_host.token, "0.1.0")
-    beat(outsider.token, "0.1.0")
+    beat(serving_host.token, "0.3.0")
+    beat(outsider.token, "0.3.0")
     staff = get_user_model().objects.create_user(username="ops@example.com", password="x" * 12, is_staff=True)
     client = Client()
     client.force_login(staff)
     page = client.get("/pool/").content.decode()
-    assert "0.1.0 × 2" in page and f"oldest served: {settings.MAHOUT_MIN_VERSION}" in page
+    assert "0.3.0 × 2" in page and f"oldest served: {settings.MAHOUT_MIN_VERSION}" in page
 
 
 @pytest.mark.e2e
@@ -61,3 +61,19 @@ def test_a_real_mahout_older_than_the_gateway_wants_says_so_and_stops(catalog, t
         gateway.stop()
     assert done.returncode == 3, done.stdout + done.stderr
     assert f"mahout {__version__} is older than 99.0" in done.stderr and "pip install --upgrade" in done.stderr
+
+
+@pytest.mark.django_db
+def test_the_pool_page_says_which_models_cannot_be_audited(catalog, settings) -> None:
+    from django.contrib.auth import get_user_model
+
+    from catalog.models import CatalogModel
+
+    CatalogModel.objects.create(name="llama-3.1-8b", context_length=8192, input_price_ucents=1, output_price_ucents=2,
+                                tokenizer="gguf:vocab/x.gguf", weights_path="/nowhere/llama.gguf")
+    staff = get_user_model().objects.create_user(username="ops@example.com", password="x" * 12, is_staff=True)
+    client = Client()
+    client.force_login(staff)
+    page = client.get("/pool/").content.decode()
+    assert "not verifiable here (no weights on the gateway): llama-3.1-8b" in page
+    assert "gemma-3-270m" not in page.split("not verifiable here")[1].split("</span>")[0]
