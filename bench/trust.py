@@ -1,6 +1,31 @@
 """Verification's error rates on the real model: honest hosts never flagged, cheats caught.
 
-For every prompt of the canary corpus, the reference is computed as `manage.py
+**1. Every job checkable (issue 29; the default).** Hosts draw every token by the specified
+sampler (`protocol.sampling`) and report the token ids and seed; a verifier recomputes the
+logits of prompt + answer in one prefill pass and checks each token (`mahout.verify`). On the
+shipped Gemma 3 270M, measured in one run:
+
+(a) decode speed with the specified sampler ÷ llama.cpp's own sampler (what hosts ran before:
+    its default chain at the job's temperature): the same prompts and max_tokens, temperature
+    0.8, the two taking turns prompt by prompt so the machine's drift hits both alike;
+(b) audit cost ÷ generation cost, per job (same model, same answer): a 1-thread verifier against
+    the 1-thread host that generated it, and a 2-thread verifier;
+(c) false positives: `--jobs` honest answers (LlamaRunner, 1 thread) over temperatures 0, 0.7,
+    1.2, 1.5 and top_p 1 and 0.9, each audited by a verifier on 1 thread and one on 2 (prefill
+    against the host's one-token decode: llama.cpp's batched and single-token kernels differ by
+    ~0.1 in a logit, up to ~1). Counted: failed audits, misses, uncertain tokens, and the largest
+    `tie_gap` any honest token needed not to miss (bisected; the margin against TIE_GAP);
+(d) cheats, simulated at the token level on the same jobs, audited as (c): random tokens
+    ("junk"), the greedy answer to a sampled job ("temperature ignored"), an answer sampled with
+    another seed than the one reported ("wrong seed"), and the first half of the honest answer
+    claiming "stop" ("truncated"). Per cheat: answers caught, misses per answer, and the first
+    token that misses.
+
+    .venv/bin/python bench/trust.py [--jobs 200] [--max-tokens 48] [--speed-prompts 8]
+
+No Django in part 1. Prints JSON, then a markdown table; asserts nothing.
+
+**2. Canaries (`--canaries`).** For every prompt of the canary corpus, the reference is computed as `manage.py
 canary_references` computes it (llama-cpp-python, 2 threads, greedy, log-probabilities);
 prompts that check too little are dropped, as there. Then each "host" answers every kept
 canary and the verdict is counted:
@@ -22,23 +47,255 @@ expected time from a host's first canary to its detection is printed per cheat.
 A host in probation answers CANARY_TRUST_AFTER canaries drawn at random; it is caught when
 one of them fails, so per host the detection rate is 1 − (1 − p)^k for a per-canary rate p.
 
-    .venv/bin/python bench/trust.py [--max-tokens 24] [--count 32]
+    .venv/bin/python bench/trust.py --canaries [--max-tokens 24] [--count 32]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mahout.verify import Audit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 WORDS = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor".split()
+
+# Part 1: prompts a chat customer and a completion customer send (Gemma's template takes no system turn).
+CHATS = ["Write a haiku about elephants.", "Explain photosynthesis to a child.", "What is the capital of France?",
+         "Tell me a joke about cats.", "List three uses of copper.", "How do I boil an egg?",
+         "🐘🎉 象は大きい。大象很大。코끼리는 크다.", "Summarise the plot of Hamlet in two sentences."]
+COMPLETIONS = ["The elephant is the largest land animal. It", "Once upon a time, in a village by the sea,",
+               "def fibonacci(n):\n", "The history of Rome begins", "Dear Sir or Madam,\n\nI am writing to",
+               "1. Preheat the oven to 180 °C.\n2."]
+SETTINGS = [(temperature, top_p) for temperature in (0.0, 0.7, 1.2, 1.5) for top_p in (1.0, 0.9)]
+CHEATS = ("junk", "temperature ignored", "wrong seed", "truncated")
+
+
+def job_for(index: int, *, max_tokens: int, temperature: float, top_p: float) -> dict:
+    """The index-th job: chats and completions in turn, rendered as the gateway sends them."""
+    from testkit.formats import rendered
+
+    chat = index % 2 == 0
+    body = {"id": f"job-{index}", "model": "gemma-3-270m", "kind": "chat" if chat else "completion",
+            "messages": [{"role": "user", "content": CHATS[index // 2 % len(CHATS)]}] if chat else None,
+            "prompt": None if chat else COMPLETIONS[index // 2 % len(COMPLETIONS)],
+            "params": {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "stop": None,
+                       "seed": 10_000 + index}}
+    return rendered(body)
+
+
+def answer_of(runner, job: dict) -> dict:  # type: ignore[no-untyped-def]
+    """What an honest host reports for `job`, and how long it took."""
+    began = time.perf_counter()
+    text = "".join(runner.stream(job))
+    return {"token_ids": list(runner.token_ids), "text": text, "finish_reason": runner.finish_reason,
+            "seed": runner.seed, "seconds": time.perf_counter() - began}
+
+
+def speed_phase(runner, *, prompts: int, max_tokens: int) -> dict:  # type: ignore[no-untyped-def]
+    """(a): ms per generated token, streamed from a cold cache (the same prefill for both): the
+    specified sampler as the runner installs it (a logits processor, llama.cpp then greedy)
+    against llama.cpp's own chain at the job's temperature (what hosts ran before), taking
+    turns prompt by prompt, the order alternating."""
+    from llama_cpp import LogitsProcessorList
+
+    from mahout.runners.llama import SpecifiedSampler
+
+    llm, timed = runner._llm, {"specified": [0.0, 0], "llama.cpp": [0.0, 0]}
+    for index in range(prompts):
+        prompt = runner.prompt_tokens(job_for(2 * index + 1, max_tokens=max_tokens, temperature=0.8, top_p=1.0))
+        for name in (("specified", "llama.cpp") if index % 2 else ("llama.cpp", "specified")):
+            llm.reset()
+            began = time.perf_counter()
+            if name == "specified":
+                sampler = SpecifiedSampler(seed=index, temperature=0.8, top_p=1.0)
+                chunks = llm.create_completion(prompt=prompt, stream=True, max_tokens=max_tokens, temperature=0.0,
+                                               logits_processor=LogitsProcessorList([sampler]))
+            else:
+                chunks = llm.create_completion(prompt=prompt, stream=True, max_tokens=max_tokens, temperature=0.8,
+                                               top_p=1.0, seed=index)
+            for _ in chunks:
+                pass
+            timed[name][0] += time.perf_counter() - began
+            timed[name][1] += llm.n_tokens - len(prompt) + 1  # the last token sampled is never evaluated
+    ms = {name: 1000 * seconds / tokens for name, (seconds, tokens) in timed.items()}
+    return {"ms_per_token": ms, "tokens": {name: tokens for name, (_, tokens) in timed.items()},
+            "ratio": ms["llama.cpp"] / ms["specified"]}
+
+
+class NeededGap:
+    """Wraps `mahout.verify.token_check` to record, for each honest token that is not a match,
+    the smallest tie_gap under which it would not miss (bisected): how close honest drift came."""
+
+    def __init__(self) -> None:
+        import mahout.verify as verify
+
+        self.module, self.original, self.needed = verify, verify.token_check, [0.0]
+        self.on = False
+
+    def __enter__(self) -> NeededGap:
+        self.module.token_check = self
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.module.token_check = self.original
+
+    def __call__(self, logits, token, **kwargs):  # type: ignore[no-untyped-def]
+        from protocol.sampling import MATCH, MISS
+
+        check = self.original(logits, token, **kwargs)
+        if self.on and check.verdict != MATCH:
+            low, high = 0.0, 8.0
+            if self.original(logits, token, **{**kwargs, "tie_gap": high}).verdict == MISS:
+                self.needed.append(high)
+                return check
+            for _ in range(10):
+                middle = (low + high) / 2
+                low, high = (middle, high) if self.original(logits, token, **{**kwargs, "tie_gap": middle}).verdict == MISS else (low, middle)
+            self.needed.append(high)
+        return check
+
+
+def cheat_answers(runner, job: dict, honest: dict, rng: random.Random) -> dict[str, dict]:  # type: ignore[no-untyped-def]
+    """Each cheat's report for `job` (those that differ from honesty for its parameters)."""
+    params, llm = job["params"], runner._llm
+    words = " ".join(rng.choice(WORDS) for _ in range(params["max_tokens"]))
+    junk = llm.tokenize(words.encode(), add_bos=False)[: params["max_tokens"]]
+    cheats = {"junk": {"token_ids": junk, "text": llm.detokenize(junk).decode("utf-8", errors="ignore"),
+                       "finish_reason": "length", "seed": params["seed"]}}
+    if len(honest["token_ids"]) >= 4:
+        half = honest["token_ids"][: len(honest["token_ids"]) // 2]
+        cheats["truncated"] = {"token_ids": half, "text": llm.detokenize(half).decode("utf-8", errors="ignore"),
+                               "finish_reason": "stop", "seed": params["seed"]}
+    if params["temperature"] > 0:
+        greedy = answer_of(runner, {**job, "params": {**params, "temperature": 0.0}})
+        cheats["temperature ignored"] = {**greedy, "seed": params["seed"]}
+        other = answer_of(runner, {**job, "params": {**params, "seed": params["seed"] + 7919}})
+        cheats["wrong seed"] = {**other, "seed": params["seed"]}
+    return cheats
+
+
+def audited(verifier, job: dict, answer: dict, sample: int | None = None) -> tuple[Audit, float]:  # type: ignore[no-untyped-def]
+    began = time.perf_counter()
+    audit = verifier.audit(job, token_ids=answer["token_ids"], text=answer["text"], finish_reason=answer["finish_reason"],
+                           seed=answer["seed"], sample=sample)
+    return audit, time.perf_counter() - began
+
+
+def caught_by_sample(checked: int, misses: int, sample: int) -> float:
+    """The chance that `sample` tokens drawn from `checked` include one of its `misses`."""
+    if checked <= sample:
+        return 1.0 if misses else 0.0
+    return 1.0 - math.comb(checked - misses, sample) / math.comb(checked, sample)
+
+
+def sampler_main(args: argparse.Namespace) -> None:
+    """Part 1 (see the module's docstring)."""
+    from engine.gguf_loader import default_model_path
+    from mahout.runners.llama import LlamaRunner
+    from mahout.verify import Verifier
+    from protocol.sampling import TOLERANCE
+
+    path = default_model_path()
+    started = time.monotonic()
+    runner = LlamaRunner(path, threads=1, n_ctx=2048)
+    verifiers = {threads: Verifier(path, threads=threads, n_ctx=2048, tie_gap=args.tie_gap) for threads in (1, 2)}
+    speed = speed_phase(runner, prompts=args.speed_prompts, max_tokens=64)
+    print(f"speed done ({time.monotonic() - started:.0f} s)", flush=True)
+    rng = random.Random(29)
+    honest: dict[int, dict[str, Any]] = {threads: {"audits": 0, "failed": 0, "tokens": 0, "misses": 0, "uncertain": 0, "reasons": []} for threads in (1, 2)}
+    by_setting: dict[str, dict[str, int]] = {}
+    cost = {"generation_s": 0.0, "audit_s": 0.0, "sampled_audit_s": 0.0}
+    cheats: dict[str, dict[str, Any]] = {name: {"answers": 0, "caught": 0, "misses": 0, "checked": 0, "first_miss": [], "by": {}, "sampled": 0.0}
+              for name in CHEATS}
+    with NeededGap() as needed:
+        for index in range(args.jobs):
+            temperature, top_p = SETTINGS[index % len(SETTINGS)]
+            job = job_for(index, max_tokens=args.max_tokens, temperature=temperature, top_p=top_p)
+            answer = answer_of(runner, job)
+            cost["generation_s"] += answer["seconds"]
+            cost["sampled_audit_s"] += audited(verifiers[1], job, answer, sample=args.sample)[1]
+            setting = by_setting.setdefault(f"T={temperature:g} top_p={top_p:g}",
+                                            {"tokens": 0, "matched": 0, "uncertain": 0, "misses": 0})
+            for threads, verifier in verifiers.items():
+                needed.on = threads == 2  # the bisection's extra checks would be timed on the 1-thread verifier
+                audit, seconds = audited(verifier, job, answer)
+                needed.on = False
+                if threads == 1:
+                    cost["audit_s"] += seconds
+                row = honest[threads]
+                row["audits"] += 1
+                row["failed"] += audit.reason is not None
+                row["tokens"] += audit.checked
+                row["misses"] += len(audit.misses)
+                row["uncertain"] += audit.uncertain
+                if audit.reason and len(row["reasons"]) < 3:
+                    row["reasons"].append(audit.reason)
+                for key, value in (("tokens", audit.checked), ("matched", audit.matched), ("uncertain", audit.uncertain),
+                                   ("misses", len(audit.misses))):
+                    setting[key] += value
+            for name, cheat in cheat_answers(runner, job, answer, rng).items():
+                audit, _ = audited(verifiers[1 + index % 2], job, cheat)
+                row = cheats[name]
+                row["answers"] += 1
+                row["caught"] += audit.reason is not None
+                row["misses"] += len(audit.misses)
+                row["checked"] += audit.checked
+                row["sampled"] += 1.0 if audit.reason and not audit.misses else caught_by_sample(
+                    audit.checked, len(audit.misses), args.sample)
+                if audit.misses:
+                    row["first_miss"].append(audit.misses[0][0])
+                by = "spelling" if audit.reason and not audit.misses else "draws" if audit.reason else "passed"
+                row["by"][by] = row["by"].get(by, 0) + 1
+            if (index + 1) % 10 == 0:
+                print(f"{index + 1} jobs ({time.monotonic() - started:.0f} s)", flush=True)
+    for row in cheats.values():
+        row["first_miss_median"] = statistics.median(row["first_miss"]) if row["first_miss"] else None
+        row["sampled"] = row["sampled"] / row["answers"] if row["answers"] else None
+        del row["first_miss"]
+    gaps = sorted(needed.needed)
+    result = {"jobs": args.jobs, "max_tokens": args.max_tokens, "tie_gap": args.tie_gap, "tolerance": TOLERANCE,
+              "sample": args.sample, "speed": speed, "cost": cost,
+              "audit_cost": cost["audit_s"] / cost["generation_s"], "sampled_audit_cost": cost["sampled_audit_s"] / cost["generation_s"],
+              "honest": honest, "by_setting": by_setting,
+              "honest_needed_tie_gap": {"tokens_not_matched": len(gaps) - 1, "max": gaps[-1],
+                                        "p99": gaps[int(0.99 * (len(gaps) - 1))]},
+              "cheats": cheats, "seconds": time.monotonic() - started}
+    print(json.dumps(result, indent=1))
+    print()
+    print(sampler_table(result))
+
+
+def sampler_table(result: dict) -> str:
+    speed, honest, cheats, needed = result["speed"], result["honest"], result["cheats"], result["honest_needed_tie_gap"]
+    k = result["sample"]
+    lines = ["| measure | result | floor | goal |", "|---|---|---|---|",
+             f"| decode speed, specified sampler ÷ llama.cpp's own (T 0.8; {speed['ms_per_token']['specified']:.1f} against "
+             f"{speed['ms_per_token']['llama.cpp']:.1f} ms/token, {speed['tokens']['specified']} tokens) | {speed['ratio']:.3f} | ≥ 0.9 | ≥ 0.97 |",
+             f"| audit cost ÷ generation cost ({result['max_tokens']} tokens, 1 thread each): every token / {k} tokens drawn "
+             f"| {result['audit_cost']:.3f} / {result['sampled_audit_cost']:.3f} | ≤ 0.15 | ≤ 0.05 |"]
+    for threads, row in honest.items():
+        lines.append(f"| false positives, verifier on {threads} thread(s): failed audits of {row['audits']} honest answers "
+                     f"({row['tokens']} tokens: {row['misses']} misses, {row['uncertain']} uncertain) | {row['failed']} | 0 | 0 |")
+    lines.append(f"| largest tie_gap an honest token needed (of {needed['tokens_not_matched']} not matched; p99 {needed['p99']:.3f}) "
+                 f"| {needed['max']:.3f} | < tie_gap {result['tie_gap']} | |")
+    for name, row in cheats.items():
+        first = "—" if row["first_miss_median"] is None else f"{row['first_miss_median']:g}"
+        sampled = "—" if row["sampled"] is None else f"{row['sampled']:.0%}"
+        lines.append(f"| cheat caught: {name} (by {row['by']}; {row['misses']} of {row['checked']} tokens miss; median first "
+                     f"miss at token {first}; with {k} tokens drawn: {sampled}) | {row['caught']}/{row['answers']} | every one | every one |")
+    return "\n".join(lines)
 
 
 def setup() -> None:
@@ -78,12 +335,8 @@ def smaller_model_answer(stages, llm, item: dict, max_tokens: int) -> tuple[str,
     return llm.detokenize(ids).decode("utf-8", errors="ignore"), len(ids)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--max-tokens", type=int, default=24)
-    parser.add_argument("--count", type=int, default=32)
-    parser.add_argument("--skip", default="8,9", help="layers the smaller-model cheat skips")
-    args = parser.parse_args()
+def canaries_main(args: argparse.Namespace) -> None:
+    """The canaries' error rates (see the module's docstring, part 2)."""
     setup()
     from django.conf import settings
 
@@ -91,13 +344,14 @@ def main() -> None:
     from mahout.runners.llama import load_llama
     from marketplace.canaries import REFERENCE_CTX, corpus, informative, reference_of, score_reason, verdict_reason
     from marketplace.models import CanaryReference
+    from testkit.formats import GEMMA
 
     path = str(shipped_model_path())
     started = time.monotonic()
     reference_llm = load_llama(path, n_ctx=REFERENCE_CTX, threads=2, logits_all=True)
     kept = []
     for item in corpus()[: args.count]:
-        reference = reference_of(reference_llm, item, max_tokens=args.max_tokens, tie_gap=settings.CANARY_TIE_GAP)
+        reference = reference_of(reference_llm, item, fmt=GEMMA, max_tokens=args.max_tokens, tie_gap=settings.CANARY_TIE_GAP)
         if informative(item, reference):
             prompt = item.get("messages") if item["kind"] == "chat" else item["prompt"]
             row = CanaryReference(kind=item["kind"], prompt=prompt, max_tokens=args.max_tokens, text=reference.text,
@@ -173,6 +427,28 @@ def main() -> None:
                   f"per host in probation: {j[f'per_host_over_{k}']:.1%}")
         print(f"{name:<44} expected time from first canary to detection: {r['expected_detection_s']} s "
               "(+ the answer's own time)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--canaries", action="store_true", help="part 2: the canaries' error rates (Django)")
+    parser.add_argument("--jobs", type=int, default=200, help="part 1: honest answers audited")
+    parser.add_argument("--max-tokens", type=int, default=None, help="part 1: 48; part 2: 24")
+    parser.add_argument("--speed-prompts", type=int, default=8, help="part 1: prompts timed by each sampler")
+    parser.add_argument("--tie-gap", type=float, default=None, help="part 1: the verifier's tie_gap (default TIE_GAP)")
+    parser.add_argument("--sample", type=int, default=8, help="part 1: tokens a sampled audit checks")
+    parser.add_argument("--count", type=int, default=32, help="part 2: canary prompts")
+    parser.add_argument("--skip", default="8,9", help="part 2: layers the smaller-model cheat skips")
+    args = parser.parse_args()
+    if args.canaries:
+        args.max_tokens = args.max_tokens or 24
+        canaries_main(args)
+    else:
+        from protocol.sampling import TIE_GAP
+
+        args.max_tokens = args.max_tokens or 48
+        args.tie_gap = TIE_GAP if args.tie_gap is None else args.tie_gap
+        sampler_main(args)
 
 
 if __name__ == "__main__":
