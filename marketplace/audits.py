@@ -77,7 +77,7 @@ def audit_wanted(*, request: Request, job: Job, host: Host, payload: Callable[[]
         return None
     if random.random() >= audit_rate(host=host) or audit_weights(request.model, assemble=False) is None:
         return None
-    from mahout.verify import auditable
+    from mahout.verify import auditable  # (imports llama_cpp's bindings: only when a job is drawn)
 
     job_as_sent = payload()
     return job_as_sent if auditable(job_as_sent) and not ring() else None
@@ -129,6 +129,8 @@ def audit_verdict(audit: Audit) -> tuple[str | None, dict]:
 
 def audit_score_pending(*, limit: int = 10) -> int:
     """Score pending audits, oldest first, and decide them. Returns how many were decided."""
+    from mahout.verify import Unauditable
+
     decided = 0
     for audit_id in list(Audit.objects.filter(status=Audit.Status.PENDING).order_by("created_at")
                          .values_list("pk", flat=True)[:limit]):
@@ -137,8 +139,8 @@ def audit_score_pending(*, limit: int = 10) -> int:
             continue
         try:
             reason, counts = audit_verdict(audit)
-        except LookupError as missing:  # the operator removed the file: nobody can check it now, the host is paid
-            logger.warning("audit %s: %s; released unchecked", audit.pk, missing)
+        except (LookupError, Unauditable) as cannot:  # the file is gone, or the answer outgrew the verifier's context
+            logger.warning("audit %s: %s; released unchecked", audit.pk, cannot)
             reason, counts = None, {}
         decided += audit_decide(audit=audit, reason=reason, counts=counts)
     return decided
