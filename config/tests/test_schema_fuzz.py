@@ -167,6 +167,8 @@ def running(fuzz_gateway: Gateway, tenants: Tenants) -> Iterator[tuple[str, int]
     qualified = httpx.post(f"{url}/hosts/api/qualifications", headers=bearer(host.token), timeout=10,
                            json={"model": model.name, "fingerprint": host.fingerprint, "benchmark": benchmark})
     assert qualified.status_code == 201, qualified.text
+    beat = httpx.post(f"{url}/hosts/api/heartbeat", headers=bearer(host.token), timeout=10, json={"fingerprint": host.fingerprint})
+    assert beat.status_code == 200, beat.text  # only a present host may claim
     answer: dict[str, httpx.Response] = {}
     asking = threading.Thread(target=lambda: answer.setdefault("response", httpx.post(
         f"{url}/v1/completions", headers=bearer(tenants.customer.secret), timeout=30,

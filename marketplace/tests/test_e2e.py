@@ -17,6 +17,7 @@ from billing.models import Account, Hold
 from conftest import ROOT, make_customer, make_host, wait_until
 from hosts.models import Host
 from marketplace.models import Job, Request
+from testkit.personas import present
 from testkit.requests import submit_request
 
 if TYPE_CHECKING:
@@ -159,8 +160,8 @@ class QueueTimeoutTests:
 
 class QualificationTests:
     def test_a_host_that_did_not_benchmark_here_cannot_claim(self, gateway, catalog) -> None:
-        fresh = make_host(qualified=False, name="fresh")
-        elsewhere = make_host(name="elsewhere", fingerprint="a" * 64)
+        fresh = present(make_host(qualified=False, name="fresh"))
+        elsewhere = present(make_host(name="elsewhere", fingerprint="a" * 64))
         for token, fingerprint in ((fresh.token, "b" * 64), (elsewhere.token, "b" * 64)):
             answer = httpx.post(f"{gateway.url}/hosts/api/claim", json={"fingerprint": fingerprint, "wait": 0},
                                 headers={"Authorization": f"Bearer {token}"})
@@ -170,7 +171,7 @@ class QualificationTests:
 class HostIsolationTests:
     def test_a_host_cannot_touch_another_hosts_job(self, gateway, catalog) -> None:
         customer = make_customer()
-        owner, intruder = make_host(name="owner"), make_host(name="intruder")
+        owner, intruder = present(make_host(name="owner")), make_host(name="intruder")
         submit_request(customer, catalog, public_id="chatcmpl-iso", messages=HAIKU, max_tokens=8, temperature=0, top_p=1)
         claimed = httpx.post(f"{gateway.url}/hosts/api/claim", json={"fingerprint": owner.fingerprint, "wait": 1},
                              headers={"Authorization": f"Bearer {owner.token}"}).json()["job"]

@@ -11,6 +11,7 @@ import pytest
 from billing import selectors as ledger
 from conftest import make_customer, make_host, wait_until
 from marketplace.models import Request
+from testkit.personas import present
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
@@ -25,7 +26,7 @@ def events(response: httpx.Response) -> Iterator[str]:
 
 class StreamResumeTests:
     def test_a_dropped_stream_resumes_from_its_offset_exactly_once(self, gateway, catalog) -> None:
-        customer, serving = make_customer(), make_host(name="resumer")
+        customer, serving = make_customer(), present(make_host(name="resumer"))
         key = {"Authorization": f"Bearer {customer.secret}"}
         with httpx.Client(base_url=gateway.url, timeout=30) as http:
             host = {"Authorization": f"Bearer {serving.token}"}
