@@ -7,7 +7,9 @@ then reads it). A consumer that comes between the two reads an empty message, an
 #1551): under `make run` that stopped the watchdogs after 11 to 15 minutes.
 
 Here a message is written under a name consumers ignore and renamed into place once whole
-(`os.replace` is atomic on one file system), and a message that still cannot be read (one
+(`os.replace` is atomic on one file system), an exchange's table of bindings is replaced the
+same way (kombu truncates it in place, and a publisher reading it then drops its message), and
+a message that still cannot be read (one
 left half-written by a process killed mid-write, or by an older kombu writer) is logged and
 dropped instead of killing the consumer. Watchdog and scoring tasks are periodic and
 idempotent, so a dropped tick is redone by the next one.
@@ -53,6 +55,28 @@ class Channel(filesystem.Channel):
                 return super()._get(queue)
             except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                 logger.warning("broker: dropped an unreadable message on queue %s (%s)", queue, exc)
+
+
+    def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
+        """Add a binding to the exchange's table, replacing the table file whole: kombu's own
+        truncates the file in place, and a publisher reading it meanwhile finds no queue and
+        drops its message. Binders queue on a lock file beside it."""
+        file = self._exchange_file(exchange)
+        self.control_folder.mkdir(exist_ok=True)
+        binding = filesystem.exchange_queue_t(routing_key or "", pattern or "", queue or "")
+        with open(file.with_suffix(".lock"), "wb") as lock_file:
+            filesystem.lock(lock_file, filesystem.LOCK_EX)
+            try:
+                queues = [filesystem.exchange_queue_t(*q) for q in json.loads(file.read_text())] if file.exists() else []
+                if binding in queues:
+                    return
+                partial = file.with_name(_PARTIAL + file.name)
+                partial.write_text(dumps([binding, *queues]))
+                os.replace(partial, file)
+            except OSError as exc:
+                raise filesystem.ChannelError(f"Cannot open {file}") from exc
+            finally:
+                filesystem.unlock(lock_file)
 
 
 class Transport(filesystem.Transport):

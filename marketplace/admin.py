@@ -22,7 +22,7 @@ from hosts.admin import HostAdmin
 from hosts.models import Host
 from marketplace import selectors, services
 from marketplace.canaries import canary_summary
-from marketplace.models import CanaryCheck, CanaryReference, Job, Request, StageShare, TextChunk
+from marketplace.models import Audit, CanaryCheck, CanaryReference, Job, Request, StageShare, TextChunk
 
 
 @admin.register(Host)
@@ -188,6 +188,27 @@ class StageShareAdmin(admin.ModelAdmin):
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: StageShare | None = None) -> bool:
+        return False
+
+
+@admin.register(Audit)
+class AuditAdmin(admin.ModelAdmin):
+    """Every audit of a real job, its verdict, counts and evidence (never the answer's text:
+    it is deleted when the audit is decided). Read-only: audits are decided by the workers."""
+
+    list_display = ("created_at", "host", "request", "status", "checked", "uncertain", "misses", "host_ucents", "reason")
+    list_filter = ("status",)
+    search_fields = ("host__name", "request__public_id", "reason")
+    fields = readonly_fields = ("job", "host", "request", "status", "host_ucents", "platform_ucents", "finish_reason", "checked",
+                                "uncertain", "misses", "reason", "created_at", "decided_at")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
 
 

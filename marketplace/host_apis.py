@@ -98,8 +98,7 @@ JOB_ERRORS = {409: ERROR}
 
 @extend_schema(responses={
     200: ClaimSerializer, 204: OpenApiResponse(description="No job within `wait` seconds: claim again."), 429: ERROR,
-    409: OpenApiResponse(ERROR, description="No heartbeat within HOST_OFFLINE_AFTER_SECONDS: send one first."),
-    426: OpenApiResponse(ERROR, description="This mahout is older than the gateway serves with."),
+    409: ERROR, 426: ERROR,  # no heartbeat within HOST_OFFLINE_AFTER_SECONDS; a mahout older than MAHOUT_MIN_VERSION
 })
 class JobClaimApi(AsyncHostApi):
     """Long-poll: answer with a job as soon as one is queued for a model this

@@ -36,10 +36,10 @@ def test_a_message_goes_through_whole(connection) -> None:
 def test_an_empty_message_file_is_dropped_and_the_next_one_read(connection) -> None:
     """What kombu's own writer leaves between creating a file and writing it; read then, it
     killed the worker (JSONDecodeError). Here it is dropped and the queue goes on."""
-    conn, folder = connection
+    conn, folder = connection  # names sort as text: "0_" comes before any put's "<monotonic ms>_"
     queue = conn.SimpleQueue("empty")
-    (folder / "1_00000000-0000-0000-0000-000000000000.empty.msg").write_bytes(b"")
-    (folder / "2_00000000-0000-0000-0000-000000000001.empty.msg").write_bytes(b'{"body": ')  # half-written
+    (folder / "0_00000000-0000-0000-0000-000000000000.empty.msg").write_bytes(b"")
+    (folder / "0_00000000-0000-0000-0000-000000000001.empty.msg").write_bytes(b'{"body": ')  # half-written
     queue.put({"n": 2})
     message = queue.get(timeout=2)
     assert message.payload == {"n": 2}
@@ -64,16 +64,15 @@ def test_messages_written_while_read_all_arrive_intact(connection) -> None:
     count = 300
     writer_conn = conn.clone()
 
-    def write() -> None:
+    def write() -> None:  # a publisher only (a SimpleQueue would consume too)
         with writer_conn:
-            out = writer_conn.SimpleQueue("busy")
+            producer = writer_conn.Producer()
             for n in range(count):
-                out.put({"n": n, "pad": "x" * 4096})
-            out.close()
+                producer.publish({"n": n, "pad": "x" * 4096}, exchange="busy", routing_key="busy")
 
+    queue = conn.SimpleQueue("busy")  # declared and bound first, as Celery's worker does at its start
     writer = threading.Thread(target=write)
     writer.start()
-    queue = conn.SimpleQueue("busy")
     seen = []
     while len(seen) < count:
         message = queue.get(timeout=10)

@@ -11,6 +11,7 @@ from websockets.sync.client import connect
 
 from conftest import make_host
 from mahout.presence import presence_url
+from testkit.personas import present
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
@@ -37,7 +38,7 @@ class InactiveOwnerSocketTests:
             assert json.loads(socket.recv(timeout=10)) == {"type": "pong"}
 
     def test_a_claim_on_an_open_socket_is_refused_once_the_owner_is_deactivated(self, gateway, catalog) -> None:
-        serving = make_host(name="closing")
+        serving = present(make_host(name="closing"))
         with host_socket(gateway, serving.token) as socket:
             claim = {"type": "claim", "fingerprint": serving.fingerprint, "wait": 0}
             socket.send(json.dumps({**claim, "id": 1}))

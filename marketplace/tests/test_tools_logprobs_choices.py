@@ -247,8 +247,9 @@ class RealHostTests:
             model="gemma-3-270m", messages=ASK, max_tokens=16, temperature=0, logprobs=True, top_logprobs=3, stream=True)
             if chunk.choices and chunk.choices[0].logprobs for t in chunk.choices[0].logprobs.content]
         assert [t.token for t in streamed] == [t.token for t in content]
-        for again, first in zip(streamed, content, strict=True):  # (llama.cpp reuses the cached prompt: float noise)
-            assert math.isclose(again.logprob, first.logprob, abs_tol=0.05), (again, first)
+        for again, first in zip(streamed, content, strict=True):  # llama.cpp reuses the cached prompt: its one-token
+            # decode and its batched prefill differ by ~0.1 logit (median), up to ~1 (measured: BENCHMARKS.md, issue 29)
+            assert math.isclose(again.logprob, first.logprob, abs_tol=0.3), (again, first)
         text = api.completions.create(model="gemma-3-270m", prompt="The capital of France is", max_tokens=8,
                                       temperature=0, logprobs=2)
         lp = text.choices[0].logprobs
