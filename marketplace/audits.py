@@ -70,9 +70,12 @@ def audit_weights(model: CatalogModel, *, assemble: bool = True) -> str | None:
     return weights_on_gateway(tokenizer=model.tokenizer, weights_path=model.weights_path, assemble=assemble)
 
 
-def audit_wanted(*, request: Request, job: Job, host: Host, payload: Callable[[], dict], ring: Callable[[], bool]) -> dict | None:
+def audit_wanted(
+    *, request: Request, job: Job, host: Host, payload: Callable[[], dict], excluded: Callable[[], bool],
+) -> dict | None:
     """The job as its host received it when this completed job is to be audited (the draw
-    says so and it can be), else None. `payload` and `ring` are asked only when needed."""
+    says so and it can be), else None. `payload` and `excluded` (a canary, a ring: checked
+    otherwise) cost queries, so they are asked only for a job the draw chose."""
     if request.kind not in (Request.Kind.CHAT, Request.Kind.COMPLETION) or job.attempt != 1:
         return None
     if random.random() >= audit_rate(host=host) or audit_weights(request.model, assemble=False) is None:
@@ -80,7 +83,7 @@ def audit_wanted(*, request: Request, job: Job, host: Host, payload: Callable[[]
     from mahout.verify import auditable  # (imports llama_cpp's bindings: only when a job is drawn)
 
     job_as_sent = payload()
-    return job_as_sent if auditable(job_as_sent) and not ring() else None
+    return job_as_sent if auditable(job_as_sent) and not excluded() else None
 
 
 def audit_open(*, request: Request, job: Job, host: Host, payload: dict, text: str, token_ids: list[int] | None,

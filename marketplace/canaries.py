@@ -343,14 +343,9 @@ def is_canary(request: Request) -> bool:
 
 
 def host_vetted(*, host: Host) -> bool:
-    """Enough canaries passed, none failed: canaries become rare (leaving probation also
-    takes completed jobs and time, `marketplace.reputation`). Each void (a canary the host
-    died on, declined or blamed) cancels a pass: voiding what looks like a check buys nothing."""
-    checks = CanaryCheck.objects.filter(host=host)
-    if checks.filter(verdict=CanaryCheck.Verdict.FAILED).exists():
-        return False
-    passed = checks.filter(verdict=CanaryCheck.Verdict.PASSED).count()
-    return passed - checks.filter(verdict=CanaryCheck.Verdict.VOID).count() >= settings.CANARY_TRUST_AFTER
+    """The canaries vouch for the host (`reputation.canaries_vouch`): they become rare (leaving
+    probation also takes completed jobs and time, `marketplace.reputation`)."""
+    return reputation.canaries_vouch(host_id=host.pk)
 
 
 def canary_due(*, host: Host, now: datetime) -> bool:

@@ -67,6 +67,13 @@ def _canary_counts(host_id: int) -> dict[str, int]:
     )
 
 
+def canaries_vouch(*, host_id: int) -> bool:
+    """Enough canaries passed, none failed; each void (a canary the host died on, declined
+    or blamed) cancels a pass, so voiding what looks like a check buys nothing."""
+    canaries = _canary_counts(host_id)
+    return not canaries["failed"] and canaries["passed"] - canaries["void"] >= settings.CANARY_TRUST_AFTER
+
+
 def trust_review(*, host_id: int, now: datetime | None = None) -> bool:
     """Promote a probation host that has earned it; True if it was promoted now. One query
     for a host already trusted."""
@@ -74,8 +81,7 @@ def trust_review(*, host_id: int, now: datetime | None = None) -> bool:
     host = Host.objects.in_probation().filter(pk=host_id).only("pk", "created_at").first()
     if host is None or now - host.created_at < timedelta(seconds=settings.TRUST_AFTER_SECONDS):
         return False
-    canaries = _canary_counts(host_id)
-    if canaries["failed"] or canaries["passed"] - canaries["void"] < settings.CANARY_TRUST_AFTER:  # as `host_vetted`
+    if not canaries_vouch(host_id=host_id):
         return False
     if Job.objects.filter(host_id=host_id, status=Job.Status.COMPLETED).count() < settings.TRUST_AFTER_JOBS:
         return False

@@ -99,9 +99,9 @@ def job_complete(
                                    code=LogprobsMissing.code, message="The host did not report the log-probabilities asked "
                                    "for (a ring or an expert mesh cannot, nor mahout before 0.2.0); nothing was billed.")
         share = rescuer_share(request=request, job=job, text=delivered, completion_tokens=completion_tokens)
-    audited = None if is_canary(request) else audit_wanted(
+    audited = audit_wanted(  # (a canary is judged against its reference; a ring's stages are not audited yet)
         request=request, job=job, host=host, payload=lambda: job_payload(job),
-        ring=lambda: ring_layers(bridge_host_id=host.pk, model_id=request.model_id) is not None)
+        excluded=lambda: is_canary(request) or ring_layers(bridge_host_id=host.pk, model_id=request.model_id) is not None)
     now = timezone.now()
     settled = settle(request=request, completion_tokens=completion_tokens, finish_reason=finish_reason, job=job, host=host,
                      share=share, result=result, now=now, escrow=audited is not None)
