@@ -68,12 +68,41 @@ def load_llama(
         if cpu_advertises_amx():
             llama_module.llama_cpp.llama_model_default_params = params
         try:
-            return llama_module.Llama(
+            llm = llama_module.Llama(
                 model_path=str(model_path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False,
                 logits_all=logits_all, n_gpu_layers=gpu_layers,
             )
         finally:
             llama_module.llama_cpp.llama_model_default_params = original
+    _pieces_whole(llm)
+    return llm
+
+
+def _pieces_whole(llm: Llama) -> None:
+    """Make `llm` write every token's whole text. llama-cpp-python writes each token into a
+    32-byte buffer and drops the text of a longer one: Llama 3 has tokens of up to 128
+    characters (runs of spaces and dashes in code), which a host would silently leave out of
+    an answer. Its model's `detokenize` (what streaming, `Llama.detokenize` and the verifier
+    read) is replaced by one that sizes the buffer to the token."""
+    import ctypes
+
+    import llama_cpp
+
+    model = llm._model
+    vocab, bos = model.vocab, model.token_bos()
+
+    def detokenize(tokens: list[int], special: bool = False) -> bytes:
+        output, buffer = bytearray(), ctypes.create_string_buffer(256)
+        for token in tokens:
+            written = llama_cpp.llama_token_to_piece(vocab, token, buffer, len(buffer), 0, special)
+            if written < 0:  # -written bytes are needed
+                buffer = ctypes.create_string_buffer(-written)
+                written = llama_cpp.llama_token_to_piece(vocab, token, buffer, len(buffer), 0, special)
+            output += buffer.raw[:written]
+        # as the library's own: a leading space after BOS (Llama 1's prompts) is dropped
+        return bytes(output[1:] if tokens and tokens[0] == bos and output[:1] == b" " else output)
+
+    model.detokenize = detokenize
 
 
 SAMPLING_RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0)}

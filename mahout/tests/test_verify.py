@@ -144,3 +144,32 @@ class AuditableTests:
             assert not auditable(refused)
             with pytest.raises(Unauditable):
                 verifier.audit(refused, token_ids=[1], text="", finish_reason="stop", seed=1)
+
+
+class SecondLookTests:
+    def test_a_miss_of_the_batched_replay_is_looked_at_again_as_the_host_decoded(self, runner, verifier, monkeypatch):
+        """Some CPUs' batched kernels move logits by about one (see `Verifier._second_look`): the
+        replay's miss of an honest token is simulated, and the one-token decode clears it."""
+        honest = job("chat", "Name three rivers.", temperature=1.0, seed=5)
+        reported = answer(runner, honest)
+        replay = Verifier._replay
+
+        def drifted(self, prompt, answer_ids, checked, **sampling):
+            audit = replay(self, prompt, answer_ids, checked, **sampling)
+            for index in (0, 3, len(answer_ids) - 1):  # as if the batch had moved these tokens' logits
+                if all(index != missed for missed, _, _ in audit.misses):
+                    audit.misses.append((index, answer_ids[index], 0.2))
+                    audit.matched -= 1  # (counted as matched or uncertain by the replay)
+            return audit
+
+        monkeypatch.setattr(Verifier, "_replay", drifted)
+        audit = verifier.audit(honest, **reported)
+        assert audit.passed and not audit.misses, audit
+        assert audit.matched + audit.uncertain >= audit.checked - 3
+
+    def test_a_cheats_misses_survive_the_second_look(self, runner, verifier, sampled):
+        asked, honest = sampled
+        other_seed = job("chat", "Explain photosynthesis to a child.", temperature=1.0, seed=12345)
+        cheat = answer(runner, other_seed)
+        audit = verifier.audit(asked, **{**cheat, "seed": 99})
+        assert not audit.passed and audit.misses and "not what the seeded draw selects" in audit.reason
