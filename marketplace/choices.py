@@ -11,6 +11,8 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+from asgiref.sync import sync_to_async
+
 from accounts.models import ApiKey
 from accounts.selectors import key_for_spending
 from catalog.tokenizer import tokenizer_for
@@ -109,15 +111,17 @@ async def admit_choices(*, secret: str, body: dict, kind: str) -> list[Admitted]
     withdrawn unbilled.
 
     The key comes first: validating the body can build grammars from `response_format` and
-    `tools` schemas, work that a stranger (a 401) must never get done for them.
+    `tools` schemas, work that a stranger (a 401) must never get done for them. That work is
+    bounded (`protocol.schema_limits`) and runs in a worker thread, so no request's schema
+    holds up the streams and host sockets this process relays.
 
     Each listener joins its request's group before the job exists, so no token can be
     announced before someone is listening.
     """
     api_key = await db(key_for_spending, secret)
     serializer = (ChatInputSerializer if kind == Request.Kind.CHAT else CompletionInputSerializer)(data=body)
-    try:
-        valid = serializer.is_valid()
+    try:  # off the event loop (a schema's checks and grammar), and off the database thread too
+        valid = await sync_to_async(serializer.is_valid, thread_sensitive=False)()
     except UnsupportedParameter as refused:  # accepted and ignored would be worse than a refusal
         raise ApiError(400, str(refused), code="unsupported_parameter", param=refused.param) from None
     if not valid:

@@ -138,11 +138,13 @@ def tool_calls_in(spec: dict | None, text: str, *, request_id: str, cut: bool = 
     until its budget runs out; the finish_reason still says "length")."""
     if spec is None or not text.lstrip().startswith("{"):
         return None
-    from jsonschema import exceptions, validators
+    from jsonschema import exceptions
+
+    from marketplace.structured import schema_validator
 
     try:
         value = json.loads(text)
-        validators.validator_for(spec["schema"])(spec["schema"]).validate(value)
+        schema_validator(spec["schema"]).validate(value)
         made = value[CALLS]
     except (ValueError, exceptions.ValidationError):
         made = _completed_calls(spec, text) if cut else []
@@ -155,13 +157,13 @@ def tool_calls_in(spec: dict | None, text: str, *, request_id: str, cut: bool = 
 
 def _completed_calls(spec: dict, text: str) -> list[dict]:
     """The calls a cut answer finished, in order: each a whole, valid item of its list."""
-    from jsonschema import validators
+    from marketplace.structured import schema_validator
 
     opening = text.find("[", text.find(f'"{CALLS}"'))
     if text.find(f'"{CALLS}"') < 0 or opening < 0:
         return []
     calls_schema_ = spec["schema"]["properties"][CALLS]
-    valid = validators.validator_for(calls_schema_["items"])(calls_schema_["items"])
+    valid = schema_validator(calls_schema_["items"])
     decoder, at, done = json.JSONDecoder(), opening + 1, []
     while len(done) < calls_schema_["maxItems"]:
         while at < len(text) and text[at] in " \t\r\n,":

@@ -155,6 +155,11 @@ def grammar_for(response_format: dict | None) -> object | None:
         return None
     from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar, json_schema_to_gbnf
 
+    from protocol.schema_limits import schema_limit_problem
+
+    too_much = schema_limit_problem(response_format.get("schema") or {}, patterns=False)
+    if too_much:  # past these llama.cpp's grammar parser gives up, and llama-cpp-python then crashes
+        raise RequestRejected(f"response_format's schema is over this host's limits: {too_much}")
     try:
         if response_format.get("type") == "json_object":
             return LlamaGrammar.from_string(JSON_GBNF, verbose=False)
