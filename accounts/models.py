@@ -44,12 +44,15 @@ class ApiKey(models.Model):
 
 class EmailVerification(models.Model):
     """A signed-up account's e-mail address until its owner proves it (the link we sent):
-    until then the account's keys cannot spend. Accounts an operator creates have none
-    (whoever made them vouched for the address)."""
+    until then the account can make no API key and register no machine. Accounts an operator
+    creates have none (whoever made them vouched for the address)."""
 
     user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="email_verification")
     sent_at = models.DateTimeField(auto_now_add=True)
     verified_at = models.DateTimeField(null=True, blank=True)
+    # the latest link's: each new link (a sign-up again, "send it again") replaces it, so only the
+    # latest link works, and confirming clears it, so no link works twice
+    nonce = models.CharField(max_length=32, blank=True, default="")
 
     def __str__(self) -> str:
         return f"{self.user} ({'verified' if self.verified_at else 'unverified'})"

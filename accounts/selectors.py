@@ -41,3 +41,11 @@ def key_from_secret(secret: str) -> ApiKey:
     if key is None:
         raise ApiError(401, "Invalid or revoked API key.", code="invalid_api_key", type="authentication_error")
     return key
+
+
+def account_unconfirmed(user: object) -> bool:
+    """Whether `user` signed up and has not confirmed its e-mail address yet: such an account
+    makes no API key and registers no machine."""
+    from accounts.models import EmailVerification
+
+    return EmailVerification.objects.filter(user=user, verified_at__isnull=True).exists()

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from django.utils import timezone
 
 from accounts.models import ApiKey
+from accounts.selectors import account_unconfirmed
 from core.secrets import secret_hash, secret_new, secret_prefix
 
 if TYPE_CHECKING:
@@ -19,9 +20,16 @@ class NewKey:
     secret: str
 
 
+class AccountUnconfirmed(Exception):
+    """The account has not confirmed its e-mail address: it makes no key and no machine (else
+    whoever signed up with someone else's address would hold keys once its owner confirms)."""
+
+
 def api_key_create(*, user: User, name: str = "", spend_cap_ucents: int | None = None, trusted_only: bool = False) -> NewKey:
     """Create a key; the secret is returned here once and never stored. `trusted_only`: its
-    requests are served by trusted hosts only."""
+    requests are served by trusted hosts only. An unconfirmed account raises AccountUnconfirmed."""
+    if account_unconfirmed(user):
+        raise AccountUnconfirmed(f"{user.email} is not confirmed yet")
     if spend_cap_ucents is not None and spend_cap_ucents < 0:
         raise ValueError("a spend cap cannot be negative")
     secret = secret_new("el")

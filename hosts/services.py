@@ -10,6 +10,8 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from accounts.selectors import account_unconfirmed
+from accounts.services import AccountUnconfirmed
 from catalog.models import CatalogModel
 from core.errors import DomainError
 from core.events import announce_on_commit
@@ -27,9 +29,12 @@ class NewHost:
 
 @transaction.atomic
 def host_create(*, email: str, name: str) -> NewHost:
-    """Create a host (and its owner's user if new). The token is returned once."""
+    """Create a host (and its owner's user if new). The token is returned once. An owner who
+    signed up and has not confirmed the address raises AccountUnconfirmed."""
     User = get_user_model()
     owner, _ = User.objects.get_or_create(username=email, defaults={"email": email})
+    if account_unconfirmed(owner):
+        raise AccountUnconfirmed(f"{email} is not confirmed yet")
     token = secret_new("host")
     host = Host.objects.create(owner=owner, name=name, token_prefix=secret_prefix(token), token_hash=secret_hash(token))
     return NewHost(host=host, token=token)

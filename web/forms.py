@@ -19,10 +19,18 @@ class SignupForm(forms.Form):
     email = forms.EmailField(label="E-mail", max_length=150)
     password = forms.CharField(label="Password", widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}))
 
-    def clean_password(self) -> str:
-        password = self.cleaned_data["password"]
-        password_validation.validate_password(password)
-        return password
+    def clean(self) -> dict:
+        """Django's password validators, the address among the attributes it must not resemble."""
+        cleaned = super().clean()
+        password, email = cleaned.get("password"), cleaned.get("email")
+        if password:
+            from django.contrib.auth.models import User
+
+            try:
+                password_validation.validate_password(password, User(username=email or "", email=email or ""))
+            except forms.ValidationError as error:
+                self.add_error("password", error)
+        return cleaned
 
 
 class NewPasswordForm(SetPasswordForm):

@@ -2,13 +2,20 @@
 Everything else a page changes goes through the owning app's services (billing,
 marketplace, hosts).
 
-Sign-up never says whether an address has an account: a new address gets an account (its
-keys cannot spend until the address is confirmed) and a link; an address that has one gets
-an e-mail saying someone tried (or, if it was never confirmed, a new link), and the page
-answers the same either way.
+Sign-up never says whether an address has an account: a new address gets an account and a
+link; an address that has one gets an e-mail saying someone tried, and the page answers the
+same either way.
+
+An account cannot be taken before it exists (someone signing up with another's address and
+waiting for its owner to confirm): until the address is confirmed the account makes no API
+key and registers no machine; signing up again with a pending address replaces its password
+(every session signed in with the old one ends) and its link; and the link confirms only
+with the password of the sign-up that sent it, once, within two hours. Whoever signed up
+first with someone else's address is left with nothing.
 """
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -19,17 +26,23 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from accounts.models import EmailVerification
+from accounts.selectors import account_unconfirmed
+from accounts.services import api_key_revoke_all
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
 
 VERIFY_SALT = "elephant.email-verification"
-VERIFY_MAX_AGE_SECONDS = 3 * 24 * 3600
+VERIFY_MAX_AGE_SECONDS = 2 * 3600
+VERIFY_HOURS = VERIFY_MAX_AGE_SECONDS // 3600
 
 
 def verification_token(user: User) -> str:
-    """A signed, expiring token naming the account and the address it confirms."""
-    return signing.dumps({"user": user.pk, "email": user.email}, salt=VERIFY_SALT)
+    """A new link's token: signed, expiring, naming the account, its address and a new nonce
+    (the link before it stops working)."""
+    nonce = secrets.token_hex(16)
+    EmailVerification.objects.filter(user=user, verified_at__isnull=True).update(nonce=nonce)
+    return signing.dumps({"user": user.pk, "email": user.email, "nonce": nonce}, salt=VERIFY_SALT)
 
 
 def signup_request(*, email: str, password: str, link_for: Callable[[str], str]) -> None:
@@ -43,8 +56,12 @@ def signup_request(*, email: str, password: str, link_for: Callable[[str], str])
             EmailVerification.objects.create(user=user)
     except IntegrityError:
         existing = User.objects.filter(username=email).first()
-        pending = existing is not None and EmailVerification.objects.filter(user=existing, verified_at__isnull=True).exists()
-        if pending:  # never confirmed: a new link (the password is not changed by a second sign-up)
+        if existing is not None and account_unconfirmed(existing):
+            # never confirmed: this sign-up's password and a new link replace the last ones (the
+            # sessions signed in with the old password end with it; keys it may hold go too)
+            existing.set_password(password)
+            existing.save(update_fields=["password"])
+            api_key_revoke_all(user=existing)
             _send_link(existing, link_for)
         elif existing is not None:
             send_mail(
@@ -60,8 +77,10 @@ def signup_request(*, email: str, password: str, link_for: Callable[[str], str])
 def _send_link(user: User, link_for: Callable[[str], str]) -> None:
     send_mail(
         "Confirm your e-mail address for Elephant",
-        f"Open this link to confirm {user.email} and sign in (it works for 3 days):\n\n{link_for(verification_token(user))}\n\n"
-        "Until then, API keys of this account cannot spend. If you did not sign up, ignore this e-mail.",
+        f"Open this link to confirm {user.email} and sign in, with the password you chose when you signed up "
+        f"(it works once, for {VERIFY_HOURS} hours):\n\n{link_for(verification_token(user))}\n\n"
+        "Until then, the account can make no API key and register no machine. If you did not sign up, ignore this "
+        "e-mail.",
         None, [user.email],
     )
 
@@ -74,18 +93,30 @@ def verification_resend(*, user: User, link_for: Callable[[str], str]) -> bool:
     return True
 
 
-def email_verify(*, token: str) -> User | None:
-    """The account a valid, unexpired token confirms (now marked confirmed), or None."""
+def email_verify(*, token: str, password: str) -> tuple[User | None, str]:
+    """Confirm the account a link names: the latest link (its nonce), unexpired, not used, and
+    the password its sign-up chose. Returns the account, now confirmed, or None and why in a
+    customer's words."""
     try:
         claim = signing.loads(token, salt=VERIFY_SALT, max_age=VERIFY_MAX_AGE_SECONDS)
+    except signing.SignatureExpired:
+        return None, f"This link has expired (links work for {VERIFY_HOURS} hours)."
     except signing.BadSignature:
-        return None
+        return None, "This link is not one we sent."
     user = get_user_model().objects.filter(pk=claim.get("user"), email=claim.get("email"), is_active=True).first()
-    if user is None:
-        return None
-    EmailVerification.objects.filter(user=user, verified_at__isnull=True).update(verified_at=timezone.now())
-    return user
+    if user is None or not claim.get("nonce"):
+        return None, "This link is not one we sent."
+    with transaction.atomic():
+        pending = EmailVerification.objects.select_for_update().filter(user=user, verified_at__isnull=True).first()
+        if pending is None or pending.nonce != claim["nonce"]:
+            return None, "This link was used already, or a newer one was sent since."
+        if not user.check_password(password):
+            return None, ("That is not the password chosen when this link was sent. If you signed up more than once, "
+                          "use the latest link, or sign up again.")
+        pending.verified_at, pending.nonce = timezone.now(), ""
+        pending.save(update_fields=["verified_at", "nonce"])
+    return user, ""
 
 
 def email_unverified(user: User) -> bool:
-    return EmailVerification.objects.filter(user=user, verified_at__isnull=True).exists()
+    return account_unconfirmed(user)

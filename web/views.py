@@ -23,6 +23,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django_ratelimit.decorators import ratelimit
 
 from accounts import services as accounts
+from accounts.services import AccountUnconfirmed
 from billing import services as billing
 from billing import stripe_api
 from billing.errors import BillingError
@@ -38,7 +39,7 @@ from marketplace.usage_apis import usage_csv_response
 from web import selectors
 from web.charts import BarChart, bar_chart
 from web.forms import ApiKeyForm, DateRangeForm, HostForm, PayoutForm, SignupForm, TopupForm
-from web.services import email_unverified, email_verify, signup_request, verification_resend
+from web.services import VERIFY_SALT, email_unverified, email_verify, signup_request, verification_resend
 
 
 def staff_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
@@ -87,16 +88,37 @@ def signup(request: HttpRequest) -> HttpResponse:
     return render(request, "web/signup.html", {"form": form})
 
 
-@require_GET
+@require_http_methods(["GET", "POST"])
+@ratelimit(key="ip", rate="10/h", method="POST", block=False)
 def verify_email(request: HttpRequest, token: str) -> HttpResponse:
-    """The link from the sign-up e-mail: the address is confirmed, its keys may spend, and
-    its owner is signed in."""
-    user = email_verify(token=token)
-    if user is None:
+    """The link from the sign-up e-mail asks for the password that sign-up chose; with it, the
+    address is confirmed (once: the link then stops working) and its owner is signed in."""
+    email = _token_email(token)
+    if email is None:
         return render(request, "web/verify_failed.html", status=400)
+    if request.method == "GET":
+        return render(request, "web/verify_email.html", {"email": email})
+    if getattr(request, "limited", False):
+        return render(request, "web/verify_email.html", {"email": email, "error": "Too many tries; wait an hour."},
+                      status=429)
+    user, why = email_verify(token=token, password=request.POST.get("password", ""))
+    if user is None:
+        wrong_password = why.startswith("That is not the password")
+        return render(request, "web/verify_email.html" if wrong_password else "web/verify_failed.html",
+                      {"email": email, "error": why, "reason": why}, status=400)
     login(request, user, backend="django.contrib.auth.backends.ModelBackend")
     messages.success(request, f"{user.email} is confirmed. Welcome to Elephant: create an API key to start.")
     return redirect("keys")
+
+
+def _token_email(token: str) -> str | None:
+    """The address a link's token names (its signature checked, not its age or use), or None."""
+    from django.core import signing
+
+    try:
+        return str(signing.loads(token, salt=VERIFY_SALT).get("email") or "") or None
+    except (signing.BadSignature, AttributeError):
+        return None
 
 
 @login_required
@@ -157,11 +179,15 @@ def keys(request: AuthedHttpRequest) -> HttpResponse:
     form = ApiKeyForm(request.POST or None)
     new_key = None
     if request.method == "POST" and form.is_valid():
-        new_key = accounts.api_key_create(
-            user=request.user, name=form.cleaned_data["name"], spend_cap_ucents=form.spend_cap_ucents,
-            trusted_only=form.cleaned_data["trusted_only"],
-        )
-        form = ApiKeyForm()
+        try:
+            new_key = accounts.api_key_create(
+                user=request.user, name=form.cleaned_data["name"], spend_cap_ucents=form.spend_cap_ucents,
+                trusted_only=form.cleaned_data["trusted_only"],
+            )
+        except accounts.AccountUnconfirmed:
+            messages.error(request, "Confirm your e-mail address first (the link we sent): until then no key can be made.")
+        else:
+            form = ApiKeyForm()
     return render_secret_once(
         request,
         "web/keys.html",
@@ -260,6 +286,9 @@ def machines(request: AuthedHttpRequest) -> HttpResponse:
             new_host = hosts.host_create(email=request.user.username, name=form.cleaned_data["name"])
         except IntegrityError:
             form.add_error("name", "You already have a machine with this name.")
+        except AccountUnconfirmed:
+            messages.error(request, "Confirm your e-mail address first (the link we sent): until then no machine can be "
+                                    "registered.")
         else:
             form = HostForm()
     return _machines_page(request, form=form, new_host=new_host)
@@ -272,6 +301,7 @@ def _machines_page(request: AuthedHttpRequest, *, form: HostForm, new_host: host
         {
             "form": form, "new_host": new_host, "rotated": rotated, "hosts": selectors.host_statuses(user=request.user),
             "base_url": base_url(request), "under_redundant": host_selectors.under_redundant_models(),
+            "unverified": email_unverified(request.user),
             "wheel_name": MAHOUT_WHEEL, "wheel_built": (settings.BASE_DIR / "dist" / MAHOUT_WHEEL).is_file(),
         },
         secret_shown=new_host is not None,

@@ -51,6 +51,8 @@ class BrowserTests:
             page.click("button:has-text('Sign up')")
             page.wait_for_selector("#signup-sent")
             page.goto(mail_link(to="browser@example.com", pattern=r"(http://\S+/verify/\S+/)"))  # the link in the e-mail
+            page.fill("input[name=password]", "a long enough password")  # the link confirms only with the sign-up's password
+            page.click("button:has-text('Confirm and sign in')")
             page.wait_for_url(f"{gateway.url}/keys/")
             page.fill("input[name=name]", "laptop")
             page.fill("input[name=cap_usd]", "5")
@@ -100,6 +102,8 @@ class BrowserTests:
             page.click("button:has-text('Sign up')")
             page.wait_for_selector("#signup-sent")
             page.goto(mail_link(to="flow@example.com", pattern=r"(http://\S+/verify/\S+/)"))
+            page.fill("input[name=password]", "a long enough password")
+            page.click("button:has-text('Confirm and sign in')")
             page.wait_for_url(f"{gateway.url}/keys/")
             page.fill("input[name=name]", "script")
             page.click("button:has-text('Create key')")

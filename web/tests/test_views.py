@@ -74,7 +74,8 @@ class SignupTests:
         assert client.get("/keys/").status_code == 302, "not signed in until the address is confirmed"
         (message,) = mail.outbox
         link = re.search(r"http://testserver(/verify/\S+/)", message.body).group(1)
-        assert client.get(link).status_code == 302 and not email_unverified(user)
+        assert "new@example.com" in client.get(link).content.decode() and email_unverified(user)  # a GET asks, changes nothing
+        assert client.post(link, {"password": "correct horse battery"}).status_code == 302 and not email_unverified(user)
         assert client.get("/keys/").status_code == 200
         assert Client().get(link.replace("/verify/", "/verify/x")).status_code == 400
 
@@ -87,7 +88,7 @@ class SignupTests:
         to_owner = [m for m in mail.outbox if m.to == [customer.user.username]]
         assert len(to_owner) == 1 and "tried to create an account" in to_owner[0].body
         customer.user.refresh_from_db()
-        assert not customer.user.check_password("correct horse battery"), "a second sign-up changes nothing"
+        assert not customer.user.check_password("correct horse battery"), "a sign-up of a confirmed address changes nothing"
 
     def test_a_signed_in_unconfirmed_user_can_have_the_link_sent_again_three_times_an_hour(self, db) -> None:
         Client().post("/signup/", {"email": "c@example.com", "password": "correct horse battery"})
@@ -102,13 +103,19 @@ class SignupTests:
         links = [m for m in mail.outbox if m.to == ["c@example.com"]]
         assert len(links) == 4  # the sign-up's and three again
         fresh = re.search(r"http://testserver(/verify/\S+/)", links[-1].body).group(1)
-        assert client.get(fresh).status_code == 302
+        stale = re.search(r"http://testserver(/verify/\S+/)", links[-2].body).group(1)
+        assert client.post(stale, {"password": "correct horse battery"}).status_code == 400, "only the latest link works"
+        assert client.post(fresh, {"password": "correct horse battery"}).status_code == 302
         assert "Send the link again" not in client.get("/keys/").content.decode()
         assert client.post("/verify/resend/", follow=True).content.decode().count("A new confirmation link") == 0
 
-    def test_it_refuses_a_short_password(self, db) -> None:
-        response = Client().post("/signup/", {"email": "a@example.com", "password": "short"})
-        assert response.status_code == 200 and "too short" in response.content.decode()
+    @pytest.mark.parametrize(("password", "said"), [
+        ("short", "too short"), ("password123", "too common"), ("83920174650", "entirely numeric"),
+        ("alice.liddell", "too similar to the"),
+    ])
+    def test_it_refuses_a_weak_password_with_djangos_validators(self, db, password, said) -> None:
+        response = Client().post("/signup/", {"email": "alice.liddell@example.com", "password": password})
+        assert response.status_code == 200 and said in response.content.decode()
 
     def test_a_user_logs_in_with_email_and_password_and_out_again(self, db) -> None:  # (before confirming: pages only)
         Client().post("/signup/", {"email": "b@example.com", "password": "correct horse battery"})
@@ -131,7 +138,11 @@ class SignupTests:
         from accounts.models import ApiKey
         from accounts.services import api_key_create
 
-        planted = api_key_create(user=get_user_model().objects.get(username="c@example.com"), name="made by someone else")
+        from accounts.models import EmailVerification
+
+        user = get_user_model().objects.get(username="c@example.com")
+        EmailVerification.objects.filter(user=user).update(verified_at=timezone.now())  # (no key before confirming)
+        planted = api_key_create(user=user, name="made by someone else")
         assert "Also revoke every API key" in form.content.decode()
         new = {"new_password1": "another long secret", "new_password2": "another long secret", "revoke_keys": "on"}
         done = client.post(form.redirect_chain[-1][0], new)
