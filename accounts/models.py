@@ -21,6 +21,10 @@ class ApiKey(models.Model):
         null=True, blank=True, help_text="requests in flight at once; empty = unlimited"
     )
     trusted_only = models.BooleanField(default=False, help_text="serve this key's requests on trusted hosts only")
+    account_wide = models.BooleanField(
+        default=False, help_text="lists and resumes every request of the account (usage, stream resumes, generation "
+        "stats); otherwise only its own. Keys made before scopes existed are account-wide, as they were",
+    )
     spent_ucents = models.BigIntegerField(default=0)
     held_ucents = models.BigIntegerField(default=0)
     revoked_at = models.DateTimeField(null=True, blank=True)

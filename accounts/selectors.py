@@ -49,3 +49,9 @@ def account_unconfirmed(user: object) -> bool:
     from accounts.models import EmailVerification
 
     return EmailVerification.objects.filter(user=user, verified_at__isnull=True).exists()
+
+
+def key_scope(key: ApiKey) -> ApiKey | None:
+    """Whose requests a key reads: None for an account-wide key (all of its account's), else
+    the key itself (only its own)."""
+    return None if key.account_wide else key

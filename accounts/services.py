@@ -25,9 +25,11 @@ class AccountUnconfirmed(Exception):
     whoever signed up with someone else's address would hold keys once its owner confirms)."""
 
 
-def api_key_create(*, user: User, name: str = "", spend_cap_ucents: int | None = None, trusted_only: bool = False) -> NewKey:
+def api_key_create(*, user: User, name: str = "", spend_cap_ucents: int | None = None, trusted_only: bool = False,
+                   account_wide: bool = False) -> NewKey:
     """Create a key; the secret is returned here once and never stored. `trusted_only`: its
-    requests are served by trusted hosts only. An unconfirmed account raises AccountUnconfirmed."""
+    requests are served by trusted hosts only; `account_wide`: it reads every request of the
+    account, not only its own. An unconfirmed account raises AccountUnconfirmed."""
     if account_unconfirmed(user):
         raise AccountUnconfirmed(f"{user.email} is not confirmed yet")
     if spend_cap_ucents is not None and spend_cap_ucents < 0:
@@ -35,7 +37,7 @@ def api_key_create(*, user: User, name: str = "", spend_cap_ucents: int | None =
     secret = secret_new("el")
     key = ApiKey.objects.create(
         user=user, name=name, prefix=secret_prefix(secret), key_hash=secret_hash(secret), spend_cap_ucents=spend_cap_ucents,
-        trusted_only=trusted_only,
+        trusted_only=trusted_only, account_wide=account_wide,
     )
     return NewKey(key=key, secret=secret)
 

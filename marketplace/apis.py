@@ -23,7 +23,8 @@ from rest_framework.response import Response
 from rest_framework.serializers import Serializer
 
 from accounts.apis import KeyApi
-from accounts.selectors import key_for_spending, key_from_secret
+from accounts.models import ApiKey
+from accounts.selectors import key_for_spending, key_from_secret, key_scope
 from billing import selectors as billing_selectors
 from catalog.models import CatalogModel
 from catalog.money import usd_decimal
@@ -177,9 +178,9 @@ class StreamResumeApi(View):
 
 def _resumable(*, secret: str, public_id: str, starting_after: int) -> Request:
     key = key_from_secret(secret)
-    row = selectors.request_for_user(user=key.user, public_id=public_id)
+    row = selectors.request_for_user(user=key.user, public_id=public_id, api_key=key_scope(key))
     if row is None or row.kind == Request.Kind.EMBEDDINGS:
-        raise ApiError(404, f"No streamed request '{public_id}' for this account.", code="not_found", param="id")
+        raise ApiError(404, f"No streamed request '{public_id}' for this {_reader(key)}.", code="not_found", param="id")
     if row.output_forgotten:
         raise ApiError(410, "This request's text was handed over and deleted; it cannot be streamed again.", code="output_gone")
     if starting_after > row.delivered_chars:
@@ -353,10 +354,15 @@ class GenerationStatsApi(KeyApi):
         public_id = request.query_params.get("id", "")
         if not public_id:
             raise bad_request("Pass the request id as ?id=…", code="missing_id", param="id")
-        row = selectors.request_for_user(user=key.user, public_id=public_id)
+        row = selectors.request_for_user(user=key.user, public_id=public_id, api_key=key_scope(key))
         if row is None:
-            raise ApiError(404, f"No request '{public_id}' for this account.", code="not_found", param="id")
+            raise ApiError(404, f"No request '{public_id}' for this {_reader(key)}.", code="not_found", param="id")
         return Response(generation_body(row))
+
+
+def _reader(key: ApiKey) -> str:
+    """Whose requests a 404 looked among: the account's, or this key's own."""
+    return "account" if key.account_wide else "key (it reads its own requests; an account-wide key reads them all)"
 
 
 def generation_body(row: Request) -> dict:

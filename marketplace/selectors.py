@@ -24,6 +24,8 @@ from marketplace.models import Audit, Job, Request, StageShare
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
 
+    from accounts.models import ApiKey
+
 
 @dataclass(frozen=True)
 class ServedModel:
@@ -51,10 +53,13 @@ def served_models() -> list[ServedModel]:
 SERVED_MODELS_CACHE_KEY = "marketplace.served_models"
 
 
-def request_for_user(*, user: User, public_id: str) -> Request | None:
+def request_for_user(*, user: User, public_id: str, api_key: ApiKey | None = None) -> Request | None:
+    """The user's request with that id; with `api_key`, only if that key made it (a key that
+    is not account-wide reads its own requests only)."""
     if holds_nul(public_id):  # names no request (and the database cannot compare with it)
         return None
-    return Request.objects.select_related("model").filter(user=user, public_id=public_id).first()
+    rows = Request.objects.select_related("model").filter(user=user, public_id=public_id)
+    return (rows.filter(api_key=api_key) if api_key is not None else rows).first()
 
 
 def request_state(*, public_id: str) -> Request:
@@ -168,11 +173,15 @@ class UnknownCursor(LookupError):
     """An `after` cursor that names none of this user's requests."""
 
 
-def usage_requests(*, user: User, start: date, end: date, after: str | None = None) -> QuerySet[Request, dict[str, Any]]:
-    """The user's requests created from `start` to `end` inclusive (UTC days), oldest first;
-    with `after` (a request id of theirs), only those that come after it in that order."""
+def usage_requests(*, user: User, start: date, end: date, after: str | None = None,
+                   api_key: ApiKey | None = None) -> QuerySet[Request, dict[str, Any]]:
+    """The user's requests created from `start` to `end` inclusive (UTC days), oldest first
+    (with `api_key`, that key's only); with `after` (a request id of theirs), only those that
+    come after it in that order."""
     lower, upper = day_bounds(start, end)
     rows = Request.objects.filter(user=user, created_at__gte=lower, created_at__lt=upper)
+    if api_key is not None:
+        rows = rows.filter(api_key=api_key)
     if after:
         if holds_nul(after):
             raise UnknownCursor(after)
@@ -189,11 +198,12 @@ def usage_requests(*, user: User, start: date, end: date, after: str | None = No
     )
 
 
-def usage_daily(*, user: User, start: date, end: date) -> list[dict]:
-    """Per UTC day: requests, tokens and cost (failed requests cost 0)."""
+def usage_daily(*, user: User, start: date, end: date, api_key: ApiKey | None = None) -> list[dict]:
+    """Per UTC day: requests, tokens and cost (failed requests cost 0); with `api_key`, that key's."""
     lower, upper = day_bounds(start, end)
+    scope = {"api_key": api_key} if api_key is not None else {}
     rows = (
-        Request.objects.filter(user=user, created_at__gte=lower, created_at__lt=upper)
+        Request.objects.filter(user=user, created_at__gte=lower, created_at__lt=upper, **scope)
         .annotate(day=TruncDate("created_at", tzinfo=UTC))
         .values("day")
         .annotate(

@@ -17,6 +17,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from accounts.apis import KeyApi
+from accounts.selectors import key_scope
 from core.dates import day_range
 from core.db import db
 from core.errors import bad_request
@@ -24,6 +25,8 @@ from marketplace import selectors
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
+
+    from accounts.models import ApiKey
 
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
@@ -58,7 +61,7 @@ def usage_row(row: dict) -> dict:
     }
 
 
-def usage_page(query: QueryDict, *, user: User, start: date, end: date) -> tuple[list[dict], bool]:
+def usage_page(query: QueryDict, *, user: User, start: date, end: date, api_key: ApiKey | None = None) -> tuple[list[dict], bool]:
     """One page of per-request rows: at most `limit` (1..USAGE_PAGE_MAX, default that) after
     the request id `after`; and whether more follow."""
     raw = query.get("limit") or str(settings.USAGE_PAGE_MAX)
@@ -67,7 +70,8 @@ def usage_page(query: QueryDict, *, user: User, start: date, end: date) -> tuple
                           code="invalid_limit", param="limit")
     limit = int(raw)
     try:
-        rows = list(selectors.usage_requests(user=user, start=start, end=end, after=query.get("after"))[: limit + 1])
+        rows = list(selectors.usage_requests(user=user, start=start, end=end, after=query.get("after"),
+                                             api_key=api_key)[: limit + 1])
     except selectors.UnknownCursor:
         raise bad_request(f"'after' names no request of yours: {query.get('after')!r}.", code="invalid_cursor", param="after") from None
     return [usage_row(row) for row in rows[:limit]], len(rows) > limit
@@ -125,8 +129,8 @@ class UsageApi(KeyApi):
     def get(self, request: Request) -> Response:
         key = self.key(request)
         start, end = usage_range(request.query_params)
-        data, has_more = usage_page(request.query_params, user=key.user, start=start, end=end)
-        daily = selectors.usage_daily(user=key.user, start=start, end=end)
+        data, has_more = usage_page(request.query_params, user=key.user, start=start, end=end, api_key=key_scope(key))
+        daily = selectors.usage_daily(user=key.user, start=start, end=end, api_key=key_scope(key))
         return Response(
             {
                 "object": "usage",
@@ -160,30 +164,31 @@ class UsageCsvApi(KeyApi):
     def get(self, request: Request) -> HttpResponse:
         key = self.key(request)
         start, end = usage_range(request.query_params)
-        return usage_csv_response(user=key.user, start=start, end=end)
+        return usage_csv_response(user=key.user, start=start, end=end, api_key=key_scope(key))
 
 
 CSV_PAGE = 2000  # requests read (and sent) per page of the CSV
 
 
-def usage_csv_response(*, user: User, start: date, end: date) -> StreamingHttpResponse:
+def usage_csv_response(*, user: User, start: date, end: date, api_key: ApiKey | None = None) -> StreamingHttpResponse:
     """One CSV line per request of `user` in [start, end]; the API and the web page both
     serve this. Streamed a page at a time (an asynchronous iterator, so the ASGI server
     sends each page as it is read): a year of requests is never held in memory."""
-    response = StreamingHttpResponse(_csv_pages(user=user, start=start, end=end), content_type="text/csv; charset=utf-8")
+    response = StreamingHttpResponse(_csv_pages(user=user, start=start, end=end, api_key=api_key),
+                                     content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="usage-{start.isoformat()}-{end.isoformat()}.csv"'
     return response
 
 
-def _csv_page(*, user: User, start: date, end: date, after: str | None) -> list[dict]:
-    return list(selectors.usage_requests(user=user, start=start, end=end, after=after)[:CSV_PAGE])
+def _csv_page(*, user: User, start: date, end: date, after: str | None, api_key: ApiKey | None) -> list[dict]:
+    return list(selectors.usage_requests(user=user, start=start, end=end, after=after, api_key=api_key)[:CSV_PAGE])
 
 
-async def _csv_pages(*, user: User, start: date, end: date) -> AsyncIterator[str]:
+async def _csv_pages(*, user: User, start: date, end: date, api_key: ApiKey | None = None) -> AsyncIterator[str]:
     yield ",".join(CSV_COLUMNS) + "\n"
     after = None
     while True:
-        rows = await db(_csv_page, user=user, start=start, end=end, after=after)
+        rows = await db(_csv_page, user=user, start=start, end=end, after=after, api_key=api_key)
         if not rows:
             return
         out = io.StringIO()

@@ -78,6 +78,10 @@ class ApiKeyForm(forms.Form):
     trusted_only = forms.BooleanField(
         label="Trusted hosts only (hosts out of probation; requests may wait longer)", required=False
     )
+    account_wide = forms.BooleanField(
+        label="Account-wide: it may list and resume every request of the account, not only its own "
+              "(for a dashboard or a server; leave it off for a key shipped inside a client)", required=False
+    )
 
     @property
     def spend_cap_ucents(self) -> int | None:

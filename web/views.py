@@ -182,7 +182,7 @@ def keys(request: AuthedHttpRequest) -> HttpResponse:
         try:
             new_key = accounts.api_key_create(
                 user=request.user, name=form.cleaned_data["name"], spend_cap_ucents=form.spend_cap_ucents,
-                trusted_only=form.cleaned_data["trusted_only"],
+                trusted_only=form.cleaned_data["trusted_only"], account_wide=form.cleaned_data["account_wide"],
             )
         except accounts.AccountUnconfirmed:
             messages.error(request, "Confirm your e-mail address first (the link we sent): until then no key can be made.")

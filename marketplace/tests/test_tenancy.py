@@ -97,3 +97,55 @@ class HostTenancyTests:
         theirs = call("POST", f"/hosts/api/jobs/{crossing.job.pk}/progress", crossing.other_host.token).json()
         none = call("POST", f"/hosts/api/jobs/{crossing.job.pk + 1000}/progress", crossing.other_host.token).json()
         assert theirs == none and theirs["error"]["code"] == "not_your_job"
+
+
+class KeyScopeTests:
+    """A key reads its own requests only, unless it was made account-wide (issue 30): a capped
+    key shipped inside a client must not list or resume what the account's other keys asked."""
+
+    @pytest.fixture
+    def keys(self, crossing) -> dict[str, str]:
+        from accounts.services import api_key_create
+
+        user = crossing.owner.user
+        return {"maker": crossing.owner.secret,
+                "capped sibling": api_key_create(user=user, name="client", spend_cap_ucents=1_000_000).secret,
+                "account-wide": api_key_create(user=user, name="dashboard", account_wide=True).secret}
+
+    def test_only_the_maker_and_an_account_wide_key_find_the_request(self, crossing, keys) -> None:
+        public_id = crossing.request.public_id
+        paths = {"generation": f"/v1/generation?id={public_id}",
+                 "resume": f"/v1/chat/completions/{public_id}?stream=true&starting_after=999"}
+        answered = {who: {name: call("GET", path, secret).status_code for name, path in paths.items()}
+                    for who, secret in keys.items()}
+        assert answered == {"maker": {"generation": 200, "resume": 400},  # (found: the offset is past the text)
+                            "capped sibling": {"generation": 404, "resume": 404},
+                            "account-wide": {"generation": 200, "resume": 400}}
+        said = call("GET", paths["generation"], keys["capped sibling"]).json()["error"]["message"]
+        assert "its own requests" in said
+
+    def test_usage_lists_a_keys_own_requests_unless_it_is_account_wide(self, crossing, keys) -> None:
+        def listed(secret: str) -> set[str]:
+            return {row["id"] for row in call("GET", "/v1/usage", secret).json()["data"]}
+
+        def csv_ids(secret: str) -> set[str]:
+            lines = b"".join(call("GET", "/v1/usage.csv", secret)).decode().splitlines()[1:]
+            return {line.split(",")[0] for line in lines}
+
+        mine = {crossing.request.public_id}
+        assert listed(keys["maker"]) == csv_ids(keys["maker"]) == mine
+        assert listed(keys["capped sibling"]) == csv_ids(keys["capped sibling"]) == set()
+        assert listed(keys["account-wide"]) == csv_ids(keys["account-wide"]) == mine
+        daily = call("GET", "/v1/usage", keys["capped sibling"]).json()["daily"]
+        assert sum(day["requests"] for day in daily) == 0
+
+    def test_a_new_key_reads_its_own_requests_and_the_page_says_so(self, crossing, keys) -> None:
+        from accounts.models import ApiKey
+
+        assert ApiKey.objects.get(name="client").account_wide is False
+        client = Client()
+        client.force_login(crossing.owner.user)
+        page = client.get("/keys/").content.decode()
+        assert "its own requests" in page and "every request of the account" in page
+        client.post("/keys/", {"name": "wide", "account_wide": "on"})
+        assert ApiKey.objects.get(name="wide").account_wide is True
