@@ -109,7 +109,9 @@ else:
             "OPTIONS": {
                 "transaction_mode": "IMMEDIATE",
                 "timeout": 30,
-                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+                # secure_delete: deleted rows (a handed-over answer's text) are overwritten with zeros,
+                # not left in the file's free pages
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA secure_delete=ON;",
             },
             # A file, not memory, so end-to-end tests can share it with the
             # gateway and host processes they start.
@@ -123,6 +125,7 @@ REDIS_URL = env_str("REDIS_URL")
 # or "lists" (its RedisChannelLayer: one BZPOPMIN round trip per message received, which
 # queued token batches for seconds at 25 streams); BENCHMARKS.md compares them.
 REDIS_CHANNEL_LAYER = env_str("REDIS_CHANNEL_LAYER", "pubsub")
+CHANNEL_EXPIRY_SECONDS = env_int("CHANNEL_EXPIRY_SECONDS", 10)  # a customer's text in the channel layer, at most
 if REDIS_URL and REDIS_CHANNEL_LAYER == "pubsub":
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}}
 elif REDIS_URL:
@@ -134,11 +137,15 @@ elif REDIS_URL:
             # channels-redis waits on a BZPOPMIN that Redis ends after 5 s, and redis-py's
             # default socket timeout is also 5 s: on a busy machine the client gave up
             # first and the waiting request died with a 500. The socket waits longer.
-            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}], "capacity": 1000, "expiry": 60},
+            # Token messages wait at most CHANNEL_EXPIRY_SECONDS for their listener (channels-redis's
+            # default is 60): a listener that misses one re-reads the text from the database.
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}], "capacity": 1000,
+                       "expiry": CHANNEL_EXPIRY_SECONDS},
         }
     }
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "core.layers.TidyInMemoryChannelLayer", "CONFIG": {"capacity": 1000}}}
+    CHANNEL_LAYERS = {"default": {"BACKEND": "core.layers.TidyInMemoryChannelLayer",
+                                  "CONFIG": {"capacity": 1000, "expiry": CHANNEL_EXPIRY_SECONDS}}}
 
 # Celery: Redis when configured; otherwise a broker on the local file system
 # that needs no server, so `make run` still runs the watchdogs (kombu's file-system

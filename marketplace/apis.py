@@ -130,6 +130,7 @@ class GenerationApi(AsyncApi):
                     entries += event.logprobs or []
                     continue
                 ended = admitted.ended = event.request
+                admitted.handed_over = True  # as a stream's end: the text is forgotten once this body is made
                 if ended.status == Request.Status.FAILED:
                     return ended_error(ended)
                 text = "".join(parts)

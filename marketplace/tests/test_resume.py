@@ -66,3 +66,32 @@ class StreamResumeTests:
         row = Request.objects.get(public_id=public_id)
         assert row.status == "completed" and row.cost_ucents > 0
         assert ledger.reconcile_report() == []
+
+    def test_a_whole_answer_is_forgotten_once_it_is_answered(self, gateway, catalog) -> None:
+        """A non-streamed answer hands over like a stream: its text and parameters are deleted as
+        soon as the body is made, not left for the watchdog's retention."""
+        import threading
+
+        customer, serving = make_customer(), present(make_host(name="whole"))
+        key = {"Authorization": f"Bearer {customer.secret}"}
+        body = {"model": "gemma-3-270m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50,
+                "stop": ["never said"]}
+        answered: dict = {}
+        with httpx.Client(base_url=gateway.url, timeout=30) as http:
+            asking = threading.Thread(target=lambda: answered.update(
+                response=http.post("/v1/chat/completions", json=body, headers=key)))
+            asking.start()
+            host = {"Authorization": f"Bearer {serving.token}"}
+            job = http.post("/hosts/api/claim", json={"fingerprint": serving.fingerprint, "wait": 10}, headers=host).json()["job"]["id"]
+            for seq, text in enumerate(BATCHES):
+                http.post(f"/hosts/api/jobs/{job}/tokens", json={"seq": seq, "text": text}, headers=host).raise_for_status()
+            http.post(f"/hosts/api/jobs/{job}/complete", json={"finish_reason": "stop"}, headers=host).raise_for_status()
+            asking.join(timeout=30)
+            response = answered["response"]
+            assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"] == "".join(BATCHES)
+            public_id = response.json()["id"]
+            wait_until(lambda: Request.objects.filter(public_id=public_id, output_forgotten=True).exists(), timeout=10,
+                       what="the answered text to be deleted")
+            again = http.get(f"/v1/chat/completions/{public_id}?stream=true&starting_after=0", headers=key)
+        assert (again.status_code, again.json()["error"]["code"]) == (410, "output_gone")
+        assert "stop" not in Request.objects.get(public_id=public_id).params, "the customer's stop strings went too"
