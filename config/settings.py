@@ -234,6 +234,9 @@ STALL_SECONDS = env_float("STALL_SECONDS", 20.0, minimum=0.1)
 # A host whose WebSocket drops is dead unless it reopens one within this (mahout retries after 1 s).
 HOST_RECONNECT_GRACE_SECONDS = env_float("HOST_RECONNECT_GRACE_SECONDS", 2.5, minimum=0.0)
 OUTPUT_RETENTION_SECONDS = env_int("OUTPUT_RETENTION_SECONDS", 300, minimum=0)
+# a customer schema's conversion to a grammar, in a child process (marketplace/grammar_check.py)
+GRAMMAR_CHECK_SECONDS = env_float("GRAMMAR_CHECK_SECONDS", 2.0, minimum=0.1)
+GRAMMAR_CHECK_MEMORY_MB = env_int("GRAMMAR_CHECK_MEMORY_MB", 1024, minimum=256)
 # A customer whose connection went away and did not re-attach within this is gone: the job is
 # cancelled (its host stops at its next batch) and only the text delivered so far is billed.
 ABANDON_GRACE_SECONDS = env_float("ABANDON_GRACE_SECONDS", 15.0, minimum=0.0)

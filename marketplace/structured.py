@@ -25,7 +25,8 @@ def schema_problem(schema: dict) -> str | None:
     (`protocol.schema_limits`: no work on a schema past them), then whether it is a JSON Schema
     and llama.cpp's converter takes it."""
     from jsonschema import exceptions, validators
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    from marketplace.grammar_check import grammar_problem
 
     too_much = schema_limit_problem(schema)
     if too_much:
@@ -34,14 +35,31 @@ def schema_problem(schema: dict) -> str | None:
         validators.validator_for(schema).check_schema(schema)
     except exceptions.SchemaError as exc:
         return exc.message
-    try:
-        json_schema_to_gbnf(json.dumps(schema))
-    except Exception as exc:  # noqa: BLE001 (the converter raises whatever it meets: its message is the answer)
-        return f"it cannot be made into a sampling grammar ({type(exc).__name__}: {exc})"[:300]
-    return None
+    return grammar_problem(json.dumps(schema, sort_keys=True))  # in a child process, with a time and memory bound
+
+
+def answer_problem_ahead(response_format: dict | None, text: str) -> None:
+    """Check an answer before settlement takes its locks: `answer_problem` then finds the
+    verdict for the same format and text here instead of validating inside the transaction
+    (which on SQLite holds the database's one write lock)."""
+    if response_format:
+        _verdict(json.dumps(response_format, sort_keys=True), text)
+
+
+@lru_cache(maxsize=16)
+def _verdict(response_format: str, text: str) -> str | None:
+    return _answer_problem(json.loads(response_format), text)
 
 
 def answer_problem(response_format: dict | None, text: str) -> str | None:
+    """Why a finished answer does not meet `response_format`, or None (a verdict made by
+    `answer_problem_ahead` for this very text is reused)."""
+    if not response_format:
+        return None
+    return _verdict(json.dumps(response_format, sort_keys=True), text)
+
+
+def _answer_problem(response_format: dict | None, text: str) -> str | None:
     """Why a finished answer does not meet `response_format`, or None.
 
     In our words and the schema's, never quoting the answer: the reason outlives it (in

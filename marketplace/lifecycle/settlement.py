@@ -38,7 +38,7 @@ from marketplace.lifecycle.errors import (
 from marketplace.lifecycle.transitions import request_fail, request_settled
 from marketplace.models import Job, Request, StageShare, TextChunk
 from marketplace.reputation import blame_corrected, host_rest_if_unreliable
-from marketplace.structured import answer_problem
+from marketplace.structured import answer_problem, answer_problem_ahead
 from mesh.rings.models import RingPlan
 from mesh.rings.selectors import ring_layers
 
@@ -49,8 +49,18 @@ class Completion:
     earned_ucents: int
 
 
-@transaction.atomic
 def job_complete(
+    *, host: Host, job_id: int, finish_reason: str, embeddings: list | None = None, token_ids: list[int] | None = None,
+) -> Completion:
+    """`job_settle`, with a structured answer checked first, before any lock is taken."""
+    request = Request.objects.filter(jobs__pk=job_id, jobs__host=host).only("pk", "params").first()
+    if request is not None and embeddings is None and request.params.get("response_format"):
+        answer_problem_ahead(request.params["response_format"], answer_of(request, request.delivered_text)[0])
+    return job_settle(host=host, job_id=job_id, finish_reason=finish_reason, embeddings=embeddings, token_ids=token_ids)
+
+
+@transaction.atomic
+def job_settle(
     *, host: Host, job_id: int, finish_reason: str, embeddings: list | None = None, token_ids: list[int] | None = None,
 ) -> Completion:
     """Settle the request: bill the counted tokens, pay the host 80%, delete the prompt.

@@ -9,8 +9,8 @@ import threading
 
 import pytest
 from django.test import Client
-from llama_cpp import llama_grammar
 
+from marketplace import grammar_check
 from marketplace.choices import admit_choices
 from marketplace.models import Request
 from marketplace.serializers import ChatInputSerializer
@@ -40,7 +40,7 @@ def no_grammar(monkeypatch: pytest.MonkeyPatch) -> None:
     def built(*args: object, **kwargs: object) -> None:
         raise AssertionError("a grammar was built for a schema past the limits")
 
-    monkeypatch.setattr(llama_grammar, "json_schema_to_gbnf", built)
+    monkeypatch.setattr(grammar_check, "grammar_problem", built)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -150,3 +150,21 @@ class LinearPatternTests:
         for _ in range(5):
             answer_problem(response_format, '"bbb"')
         assert schema_limits.linear_pattern.cache_info().misses == 1
+
+
+class ConverterHangTests:
+    """llama-cpp-python's converter loops forever on patterns RE2 accepts (`^}$`, any literal `]`
+    or `}` outside a class): the gateway converts in a child process with a time bound."""
+
+    @pytest.mark.django_db(transaction=True)
+    def test_a_pattern_that_hangs_the_converter_is_a_400_in_bounded_time(self, customer, settings) -> None:
+        settings.GRAMMAR_CHECK_SECONDS = 0.5
+        grammar_check._CHECKER._verdicts.clear()
+        error = assert_error(post(Client(), customer.secret, chat({"type": "string", "pattern": "^}$"})), 400, "invalid_value")
+        assert "within 0.5 s" in error["message"]
+        child = grammar_check._CHECKER._child
+        assert child is None, "the stuck child was killed"
+        again = assert_error(post(Client(), customer.secret, chat({"type": "string", "pattern": "^}$"})), 400, "invalid_value")
+        assert again["message"] == error["message"] and grammar_check._CHECKER._child is None, "answered from the cache"
+        assert schema_problem({"type": "string", "pattern": "^[a-c]+$"}) is None, "a new child converts the next schema"
+        assert grammar_check._CHECKER._child is not None and grammar_check._CHECKER._child.is_alive()

@@ -32,7 +32,8 @@ class SchemaTests:
     def test_what_can_and_cannot_constrain_an_answer(self) -> None:
         assert schema_problem(PERSON) is None
         assert "not valid" in schema_problem({"type": "nonsense"})
-        assert "grammar" in schema_problem({"type": "string", "pattern": "(?<=a)b"})  # llama.cpp's converter refuses it
+        assert "linear time" in schema_problem({"type": "string", "pattern": "(?<=a)b"})  # RE2 (and llama.cpp) refuse it
+        assert "grammar" in schema_problem({"type": "string", "pattern": "^a(?:b)$"})  # RE2 takes it, llama.cpp's converter not
 
     def test_an_answer_is_checked_against_the_format(self) -> None:
         person = {"type": "json_schema", "name": "person", "schema": PERSON}
@@ -107,6 +108,32 @@ class HostAnswerTests:
         request.refresh_from_db()
         assert request.error_code == "invalid_structured_output" and "'type' rule" in request.error_message
         assert "secret diary" not in request.error_message and "secret diary" not in Job.objects.get(pk=job.pk).fail_reason
+
+    def test_the_answer_is_checked_before_settlement_takes_its_locks(self, serving_host, catalog, monkeypatch) -> None:
+        from marketplace import structured
+        from marketplace.lifecycle import settlement
+
+        online(serving_host)
+        self.submit(catalog, {"type": "json_schema", "name": "person", "schema": PERSON})
+        job = claim(serving_host)
+        services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text='{"name": "Ada", "age": 36}')
+        checked, settle = structured._answer_problem, settlement.job_settle
+        settling: list[bool] = []
+        inside: list[bool] = []
+
+        def watched(response_format, text):  # noqa: ANN001, ANN202
+            inside.append(bool(settling))
+            return checked(response_format, text)
+
+        def settled(**kwargs):  # noqa: ANN003, ANN202 (the locks are taken in here)
+            settling.append(True)
+            return settle(**kwargs)
+
+        monkeypatch.setattr(structured, "_answer_problem", watched)
+        monkeypatch.setattr(settlement, "job_settle", settled)
+        structured._verdict.cache_clear()
+        assert services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop").earned_ucents > 0
+        assert inside == [False] and settling, "validated once, before the settlement's transaction"
 
     def test_an_answer_that_meets_it_settles_and_its_format_is_forgotten(self, serving_host, catalog) -> None:
         online(serving_host)
