@@ -10,6 +10,7 @@ code; the two alternate, `--rounds` times each, so the machine's noise hits both
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres .venv/bin/python bench/admission.py --baseline /tmp/base
 
 With DATABASE_URL, each round creates (and drops) its own database on that server.
+`--schema` admits structured-output requests (one `response_format` schema, sent every time).
 Prints per-admission p50 / p90 and statements, and the ratios; asserts nothing.
 """
 from __future__ import annotations
@@ -58,6 +59,10 @@ def measure(admissions: int) -> dict:
         )
     body = {"model": "gemma-3-270m", "messages": [{"role": "user", "content": "Tell me a story about a dog"}],
             "max_tokens": 64, "stream": True}
+    if os.environ.get("BENCH_SCHEMA"):  # (--schema) a structured-output request: its schema checked on each admission
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "person", "schema": {
+            "type": "object", "required": ["name", "age"], "additionalProperties": False, "properties": {
+                "name": {"type": "string", "pattern": "^[A-Z][a-z]+$"}, "age": {"type": "integer"}}}}}
 
     def once() -> None:
         serializer = ChatInputSerializer(data=body)
@@ -110,8 +115,11 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, help="a worktree of the commit to compare with")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--admissions", type=int, default=300)
+    parser.add_argument("--schema", action="store_true", help="admit structured-output requests (a response_format schema)")
     parser.add_argument("--measure", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.schema:
+        os.environ["BENCH_SCHEMA"] = "1"  # (read by each checkout's measuring process)
     if args.measure:
         print(json.dumps(measure(args.measure)))
         return
