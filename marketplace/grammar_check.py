@@ -22,6 +22,7 @@ from typing import Any
 from django.conf import settings
 
 _CACHE_SIZE = 512
+_START_SECONDS = 60.0
 
 
 def _serve(connection: Any, memory_mb: int) -> None:  # the child
@@ -30,6 +31,7 @@ def _serve(connection: Any, memory_mb: int) -> None:  # the child
     resource.setrlimit(resource.RLIMIT_AS, (memory_mb * 2**20, memory_mb * 2**20))
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
+    connection.send("ready")
     while True:
         schema = connection.recv()
         try:
@@ -49,7 +51,6 @@ class GrammarChecker:
         self._child: Any = None
         self._connection: Any = None
         self._verdicts: OrderedDict[str, str | None] = OrderedDict()
-        self._starting = 0.0
 
     def problem(self, schema: str) -> str | None:
         """Why the converter cannot turn `schema` (JSON text) into a grammar in time, or None."""
@@ -69,10 +70,9 @@ class GrammarChecker:
             self._start()
         try:
             self._connection.send(schema)
-            if self._connection.poll(seconds + self._starting):
-                self._starting = 0.0
+            if self._connection.poll(seconds):
                 return self._connection.recv()
-        except (EOFError, OSError, BrokenPipeError):  # the child died (its memory bound): replaced next time
+        except (EOFError, OSError):  # the child died (its memory bound): replaced next time
             self._stop()
             return f"its grammar needs more than {settings.GRAMMAR_CHECK_MEMORY_MB} MB"
         self._stop()
@@ -85,7 +85,10 @@ class GrammarChecker:
                                       name="elephant-grammar-check")
         self._child.start()
         theirs.close()
-        self._starting = 15.0  # its first answer waits for the import too
+        # the time bound is for converting, not for starting (importing llama-cpp takes about a second)
+        if not self._connection.poll(_START_SECONDS) or self._connection.recv() != "ready":
+            self._stop()
+            raise RuntimeError("the grammar checker's child process did not start")
 
     def _stop(self) -> None:
         if self._child is not None:
