@@ -21,6 +21,8 @@ from typing import Any
 
 from django.conf import settings
 
+from core.errors import ApiError
+
 _CACHE_SIZE = 512
 _START_SECONDS = 60.0
 
@@ -88,7 +90,8 @@ class GrammarChecker:
         # the time bound is for converting, not for starting (importing llama-cpp takes about a second)
         if not self._connection.poll(_START_SECONDS) or self._connection.recv() != "ready":
             self._stop()
-            raise RuntimeError("the grammar checker's child process did not start")
+            raise ApiError(503, "The gateway cannot check response_format schemas right now; try again shortly.",
+                           code="grammar_check_unavailable", type="server_error")
 
     def _stop(self) -> None:
         if self._child is not None:
