@@ -168,3 +168,12 @@ class ConverterHangTests:
         assert again["message"] == error["message"] and grammar_check._CHECKER._child is None, "answered from the cache"
         assert schema_problem({"type": "string", "pattern": "^[a-c]+$"}) is None, "a new child converts the next schema"
         assert grammar_check._CHECKER._child is not None and grammar_check._CHECKER._child.is_alive()
+
+    @pytest.mark.django_db(transaction=True)
+    def test_a_checker_that_cannot_start_is_a_503_in_the_api_format(self, customer, monkeypatch) -> None:
+        grammar_check._CHECKER._stop()
+        grammar_check._CHECKER._verdicts.clear()
+        monkeypatch.setattr(grammar_check, "_START_SECONDS", 0.0)  # (it never says "ready" in no time)
+        error = assert_error(post(Client(), customer.secret, chat({"type": "string", "pattern": "^[a-d]+$"})), 503,
+                             "grammar_check_unavailable")
+        assert "try again" in error["message"] and not Request.objects.exists()
