@@ -191,8 +191,8 @@ def _resumable(*, secret: str, public_id: str, starting_after: int) -> Request:
 
 # What a generation can answer besides its own shape: 402 before anything is queued (credit, the
 # key's cap), 403 (an unconfirmed account), 429 (the key's rate or streams), 502 (failed on its
-# hosts), 504 (no host took it in time).
-GENERATION_ERRORS = {402: ERROR, 403: ERROR, 429: ERROR, 502: ERROR, 504: ERROR}
+# hosts), 503 (a response_format schema could not be checked now), 504 (no host took it in time).
+GENERATION_ERRORS = {402: ERROR, 403: ERROR, 429: ERROR, 502: ERROR, 503: ERROR, 504: ERROR}
 SAY_HI = [{"role": "user", "content": "Say hi"}]
 
 
