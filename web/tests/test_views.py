@@ -135,10 +135,8 @@ class SignupTests:
         assert form.status_code == 200
         from django.contrib.auth import get_user_model
 
-        from accounts.models import ApiKey
+        from accounts.models import ApiKey, EmailVerification
         from accounts.services import api_key_create
-
-        from accounts.models import EmailVerification
 
         user = get_user_model().objects.get(username="c@example.com")
         EmailVerification.objects.filter(user=user).update(verified_at=timezone.now())  # (no key before confirming)
