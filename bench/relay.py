@@ -6,7 +6,10 @@ documented host API) streams timestamped 5-word batches every 50 ms into C concu
 every batch (push → customer) and checks the text: every batch exactly once, in order.
 
     .venv/bin/python bench/relay.py [--streams 25] [--batches 100] [--socket ws-claims|ws|http]
-        [--baseline DIR [--baseline-path http|ws|ws-claims]]
+        [--baseline DIR [--baseline-path http|ws|ws-claims]] [--heavy 20]
+
+`--heavy N` sends N requests with a `minItems: 1e7` schema (a good key) a second into each
+round, and reports their statuses and slowest answer beside the streams' chunk delays.
 
 Reports, per C: offered and relayed batches/s, chunk delay p50/p99/max, batches lost,
 duplicated or reordered, gateway CPU per 1,000 batches, and the load generator's CPU
@@ -156,7 +159,31 @@ async def one_stream(client, batches: int, delays: list[float], rates: list[floa
     return text, None
 
 
-async def pool_round(server: str, secret: str, streams: int, batches: int) -> dict:
+HEAVY = {"type": "json_schema", "json_schema": {  # issue 30's attack: 2.5 s and 170 MB of grammar before its limits
+    "name": "many", "schema": {"type": "array", "items": {"type": "string"}, "minItems": 10_000_000}}}
+
+
+async def heavy_schemas(server: str, secret: str, count: int, answers: list[tuple[int, float]]) -> None:
+    """`count` requests with the heavy schema at once, a second into the round (a good key)."""
+    import httpx
+
+    await asyncio.sleep(1.0)
+    body = {"model": "gemma-3-270m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1, "response_format": HEAVY}
+
+    async def one(http: httpx.AsyncClient) -> None:
+        started = time.monotonic()
+        try:
+            status = (await http.post(f"{server}/v1/chat/completions", json=body,
+                                      headers={"Authorization": f"Bearer {secret}"})).status_code
+        except httpx.HTTPError:
+            status = 0
+        answers.append((status, time.monotonic() - started))
+
+    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=count + 1), timeout=120) as http:
+        await asyncio.gather(*(one(http) for _ in range(count)))
+
+
+async def pool_round(server: str, secret: str, streams: int, batches: int, heavy: int = 0) -> dict:
     import httpx
     import openai
 
@@ -164,8 +191,11 @@ async def pool_round(server: str, secret: str, streams: int, batches: int) -> di
     client = openai.AsyncOpenAI(base_url=f"{server}/v1", api_key=secret, max_retries=0, http_client=http)
     delays: list[float] = []
     rates: list[float] = []
+    answers: list[tuple[int, float]] = []
     started = time.monotonic()
-    results = await asyncio.gather(*(one_stream(client, batches, delays, rates) for _ in range(streams)))
+    results = await asyncio.gather(*(one_stream(client, batches, delays, rates) for _ in range(streams)),
+                                   *([heavy_schemas(server, secret, heavy, answers)] if heavy else []))
+    results = results[:streams]
     elapsed = time.monotonic() - started
     await http.aclose()
     totals = {"lost": 0, "duplicated": 0, "reordered": 0}
@@ -175,7 +205,8 @@ async def pool_round(server: str, secret: str, streams: int, batches: int) -> di
         totals["lost"] += lost
         totals["duplicated"] += duplicated
         totals["reordered"] += reordered
-    return {"elapsed_s": elapsed, "relayed": len(delays), "delays": delays, "steady_per_s": sum(rates), "errors": errors, **totals}
+    return {"elapsed_s": elapsed, "relayed": len(delays), "delays": delays, "steady_per_s": sum(rates), "errors": errors,
+            "heavy": answers, **totals}
 
 
 def start_simhost(server: str, token: str, streams: int, args: argparse.Namespace, log: Path, *, socket: bool,
@@ -206,7 +237,7 @@ def measure(args: argparse.Namespace, target: Target, server: str, tmp: Path, st
         asyncio.run(pool_round(server, secret, 1, 2))  # warm-up, not measured: the gateway loads its tokenizer
         gateway_cpu, sim_cpu = target.cpu(), cpu_seconds(sim.pid)
         own_cpu = resource.getrusage(resource.RUSAGE_SELF)
-        rounds = [asyncio.run(pool_round(server, secret, streams, args.batches)) for _ in range(args.rounds)]
+        rounds = [asyncio.run(pool_round(server, secret, streams, args.batches, args.heavy)) for _ in range(args.rounds)]
         own_after = resource.getrusage(resource.RUSAGE_SELF)
         gateway_used, sim_used = target.cpu() - gateway_cpu, cpu_seconds(sim.pid) - sim_cpu
     finally:
@@ -235,6 +266,8 @@ def measure(args: argparse.Namespace, target: Target, server: str, tmp: Path, st
         "duplicated": sum(r["duplicated"] for r in rounds),
         "reordered": sum(r["reordered"] for r in rounds),
         "errors": [e for r in rounds for e in r["errors"]][:5],
+        **({"heavy_statuses": sorted({status for r in rounds for status, _ in r["heavy"]}),
+            "heavy_answer_s_max": max((t for r in rounds for _, t in r["heavy"]), default=0.0)} if args.heavy else {}),
         "gateway_cpu_ms_per_batch": gateway_used / max(relayed, 1) * 1000,
         "gateway_cpu_share": gateway_used / elapsed,
         "load_generator_cpu_share": (sim_used + own_after.ru_utime + own_after.ru_stime - own_cpu.ru_utime - own_cpu.ru_stime) / elapsed,
@@ -246,6 +279,8 @@ def main() -> None:
     parser.add_argument("--streams", type=int, action="append", help="concurrent streams (repeatable; default 1, 5, 25)")
     parser.add_argument("--batches", type=int, default=100, help="batches per stream")
     parser.add_argument("--interval", type=float, default=0.05)
+    parser.add_argument("--heavy", type=int, default=0,
+                        help="also send this many requests with issue 30's heavy schema (minItems 1e7) a second into each round")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--socket", choices=["http", "ws", "ws-claims"], default="ws-claims",
                         help="how the synthetic host reaches this checkout: batches over HTTP, batches on its WebSocket, "
@@ -279,6 +314,8 @@ def main() -> None:
             f"{r['delay_ms_max']:.0f} ms, lost/dup/reordered {r['lost']}/{r['duplicated']}/{r['reordered']}, gateway CPU "
             f"{r['gateway_cpu_ms_per_batch']:.2f} ms per batch ({r['gateway_cpu_share']:.0%} of a core), load generator "
             f"{r['load_generator_cpu_share']:.0%}"
+            + (f"; {args.heavy} heavy schemas answered {r['heavy_statuses']}, the slowest in {r['heavy_answer_s_max']:.2f} s"
+               if args.heavy else "")
         )
     by_workers = {(r["gateway"], r["streams"], r["workers"]): r for r in results}
     for (name, streams, workers), r in by_workers.items():
