@@ -197,16 +197,23 @@ class Verifier:
                 if index not in checked:
                     continue
                 logits = np.ctypeslib.as_array(lib.llama_get_logits_ith(ctx, i), shape=(self.n_vocab,))
-                check = token_check(logits, answer[index], temperature=temperature, top_p=top_p,
-                                    u=uniform(seed, position), tolerance=self.tolerance, tie_gap=self.tie_gap)
                 audit.checked += 1
-                if check.verdict == MATCH:
-                    audit.matched += 1
-                elif check.verdict == MISS:
-                    audit.misses.append((index, answer[index], check.margin))
-                else:
-                    audit.uncertain += 1
+                self._tally(audit, audit.misses, logits, answer, index, position, seed=seed, temperature=temperature,
+                            top_p=top_p)
         return audit
+
+    def _tally(self, audit: Audit, misses: list, logits: object, answer: list[int], index: int, position: int, *,
+               seed: int, temperature: float, top_p: float) -> None:
+        """Check answer[index] (drawn at `position`) against `logits`: a match or an uncertain
+        token is counted on `audit`, a miss appended to `misses`."""
+        check = token_check(logits, answer[index], temperature=temperature, top_p=top_p,
+                            u=uniform(seed, position), tolerance=self.tolerance, tie_gap=self.tie_gap)
+        if check.verdict == MATCH:
+            audit.matched += 1
+        elif check.verdict == MISS:
+            misses.append((index, answer[index], check.margin))
+        else:
+            audit.uncertain += 1
 
 
     def _second_look(self, prompt: list[int], answer: list[int], audit: Audit, *, seed: int, temperature: float,
@@ -241,14 +248,7 @@ class Verifier:
             if index not in missed:
                 continue
             logits = np.ctypeslib.as_array(lib.llama_get_logits_ith(ctx, len(chunk) - 1), shape=(self.n_vocab,))
-            check = token_check(logits, answer[index], temperature=temperature, top_p=top_p,
-                                u=uniform(seed, position), tolerance=self.tolerance, tie_gap=self.tie_gap)
-            if check.verdict == MISS:
-                kept.append((index, answer[index], check.margin))
-            elif check.verdict == MATCH:
-                audit.matched += 1
-            else:
-                audit.uncertain += 1
+            self._tally(audit, kept, logits, answer, index, position, seed=seed, temperature=temperature, top_p=top_p)
         audit.misses = kept
 
 
