@@ -2,3 +2,14 @@
 from __future__ import annotations
 
 __version__ = "0.3.0"
+
+
+def command_name() -> str:
+    """What the owner types to run mahout, for lines that tell them a command: ``mahout`` (the
+    command the wheel installs), or ``python -m mahout`` when this process was started so (a
+    checkout of the repository, `make run`)."""
+    import sys
+    from pathlib import Path
+
+    started_as_module = Path(sys.argv[0]).resolve() == Path(__file__).with_name("__main__.py").resolve()
+    return "python -m mahout" if started_as_module else "mahout"

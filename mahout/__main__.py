@@ -1,4 +1,4 @@
-"""Command line: ``python -m mahout login|run|benchmark|pause|resume|status|ring|stage|moe``."""
+"""Command line: ``mahout login|run|logs|benchmark|pause|resume|status|ring|stage|moe`` (``python -m mahout …`` in a checkout)."""
 from __future__ import annotations
 
 import argparse
@@ -9,18 +9,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mahout import command_name
 from mahout.credentials import NoCredentials, credentials_resolve, credentials_save
 from mahout.home import is_paused, resolve_home, set_paused
+from mahout.logfile import log_path, open_log
 
 if TYPE_CHECKING:
     from mahout.catalog import CatalogFile
 
-LOG_FILE = "logs/mahout.log"  # in the home; rotated at LOG_BYTES, LOG_BACKUPS kept
-LOG_BYTES = 5 * 1024 * 1024
-LOG_BACKUPS = 5
-LOGGED_COMMANDS = ("run", "ring", "stage", "moe", "benchmark", "add", "install-service")
+LOGGED_COMMANDS = ("run", "ring", "stage", "moe", "benchmark", "add", "install-service")  # to the home's log file too
 _log = logging.getLogger("mahout.cli")
 _log.propagate = False
+# Until a command opens the log file, its lines go nowhere but the terminal: without a handler,
+# logging's last resort would print each warning to stderr a second time.
+_log.addHandler(logging.NullHandler())
 
 
 def say(line: str) -> None:
@@ -32,23 +34,6 @@ def say(line: str) -> None:
 def warn(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
     _log.warning(line)
-
-
-def open_log(home: Path) -> Path:
-    """Keep what a long-running command says in the home too, rotated (a service's output
-    otherwise goes nowhere an owner looks)."""
-    from logging.handlers import RotatingFileHandler
-
-    path = home / LOG_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for old in list(_log.handlers):
-        _log.removeHandler(old)
-        old.close()
-    handler = RotatingFileHandler(path, maxBytes=LOG_BYTES, backupCount=LOG_BACKUPS, encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    _log.addHandler(handler)
-    _log.setLevel(logging.INFO)
-    return path
 
 
 def _add_home(parser: argparse.ArgumentParser) -> None:
@@ -146,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--server", help="gateway whose catalog to match (default: from `mahout login`, or $MAHOUT_SERVER; "
                                       "none: the files mahout ships knowing)")
     add.add_argument("--token", help="host token (prefer `mahout login` or $MAHOUT_TOKEN)")
+    logs = commands.add_parser("logs", help="print the end of what `run` said (the home's log file); -f: and follow it")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing lines as they are written (Ctrl-C stops)")
+    logs.add_argument("-n", "--lines", type=int, default=50, help="how many of the last lines to print (default: 50)")
     login = commands.add_parser("login", help="check a host token with the gateway and keep it in the home (mode 0600)")
     login.add_argument("--server", required=True, help="gateway base URL")
     login.add_argument("--token-stdin", action="store_true", help="read the token from standard input (no prompt)")
@@ -163,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     from mahout.moe.cli import add_parser as add_moe_parser  # the MoE expert market
 
     add_moe_parser(commands)
-    for sub in (run, bench, status, login, add, service, commands.add_parser("pause", help="stop claiming new jobs"),
+    for sub in (run, bench, status, login, logs, add, service, commands.add_parser("pause", help="stop claiming new jobs"),
                 commands.add_parser("resume", help="claim jobs again")):
         _add_home(sub)
     return parser
@@ -183,7 +171,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     idle = IdleDetector(args.idle_threshold) if args.idle_detect else None
     api = HostApi(login.server, login.token)
     try:
-        _token_checked(api)  # before minutes of assembling and benchmarking: a rotated or revoked token says so at once
+        api.me()  # before minutes of assembling and benchmarking: a rotated or revoked token is refused at once
         loop = start_host(api, home, args.threads or default_threads(), models=models,
                           memory_budget_mb=args.memory_budget_mb, idle=idle, rebenchmark=args.rebenchmark, out=say,
                           gpu=gpu_setup(args.gpu_layers, out=say))
@@ -203,19 +191,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 3
     say(f"mahout: stopped after {handled} job(s)")
     return 0
-
-
-def _token_checked(api: object) -> None:
-    """Ask the gateway who this token is; a refusal becomes one line that says what to do."""
-    from mahout.api import HostApiError
-
-    try:
-        api.me()  # type: ignore[attr-defined]
-    except HostApiError as refused:
-        if refused.status in (401, 403):
-            raise HostApiError(refused.status, f"{refused.message} (this token may have been rotated, revoked or "
-                               "banned: see My machines, then `python -m mahout login`)", refused.type, refused.code) from None
-        raise
 
 
 def cmd_benchmark(args: argparse.Namespace) -> int:
@@ -283,7 +258,7 @@ def cmd_add(args: argparse.Namespace) -> int:
         return 2
     for entry in servable:
         model_add(home, entry.name, path, sha256, entry=entry.record())
-        serve = "python -m mahout run" + ("" if entry.name in DEFAULT_MODELS else f" --models {entry.name}")
+        serve = f"{command_name()} run" + ("" if entry.name in DEFAULT_MODELS else f" --models {entry.name}")
         say(f"mahout: {path} is the catalog's {entry.name} ({entry.quantization or 'quantisation unknown'}, "
             f"sha256 {sha256[:16]}…); `{serve}` serves it from there.")
     return 0
@@ -300,7 +275,7 @@ def _catalog_for_add(args: argparse.Namespace, home: Path) -> tuple[list[Catalog
         login = credentials_resolve(server=args.server, token=args.token, home=home, warn=warn)
     except NoCredentials:
         say("mahout: not logged in, so matching only the files mahout ships knowing; "
-            "`python -m mahout login --server URL` matches the gateway's whole catalog")
+            f"`{command_name()} login --server URL` matches the gateway's whole catalog")
         return offline_catalog(), offline
     api = HostApi(login.server, login.token, retries=1)
     try:
@@ -333,7 +308,28 @@ def cmd_login(args: argparse.Namespace) -> int:
         api.close()
     path = credentials_save(resolve_home(args.home), args.server, token)
     say(f"mahout: logged in as host {me.get('name')!r} (id {me.get('id')}) at {args.server.rstrip('/')}; "
-        f"token kept in {path} (readable by you only). Start serving with: python -m mahout run")
+        f"token kept in {path} (readable by you only). Start serving with: {command_name()} run")
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    """Print the last lines of the home's log file; with --follow, then every line written to it
+    until Ctrl-C. Exit 1 when there is no log and nothing to follow."""
+    import threading
+
+    from mahout.logfile import follow, tail
+
+    path = log_path(resolve_home(args.home))
+    if not path.is_file() and not args.follow:
+        warn(f"mahout: no log at {path} yet: `{command_name()} run` writes one")
+        return 1
+    for line in tail(path, args.lines):
+        print(line, flush=True)
+    if args.follow:
+        try:
+            follow(path, lambda line: print(line, flush=True), stop=threading.Event())
+        except KeyboardInterrupt:
+            pass
     return 0
 
 
@@ -427,6 +423,7 @@ def cmd_moe(args: argparse.Namespace) -> int:
 COMMANDS = {
     "run": cmd_run,
     "login": cmd_login,
+    "logs": cmd_logs,
     "add": cmd_add,
     "install-service": cmd_install_service,
     "benchmark": cmd_benchmark,
@@ -446,12 +443,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     if args.command in LOGGED_COMMANDS:
-        open_log(resolve_home(getattr(args, "home", None)))
+        open_log(resolve_home(getattr(args, "home", None)), _log)
     try:
         return COMMANDS[args.command](args)
     except (HostApiError, ServerUnavailable, NoCredentials, ModelUnavailable) as exc:
-        warn(f"mahout: error: {exc}")
+        warn(f"mahout: error: {exc}{refusal_hint(exc, args.command)}")
         return 2
+
+
+def refusal_hint(exc: Exception, command: str) -> str:
+    """What to do about a refused token (401: unknown, rotated or revoked; 403: the host banned or
+    its owner's account deactivated), appended to the error line; "" for any other error."""
+    from mahout.api import HostApiError
+
+    if not isinstance(exc, HostApiError) or exc.status not in (401, 403):
+        return ""
+    if command == "login":
+        return " (copy the token again from My machines: a rotated or revoked one is refused)"
+    return (f" (this token may have been rotated, revoked or banned: see My machines, then "
+            f"`{command_name()} login --server URL`)")
 
 
 if __name__ == "__main__":

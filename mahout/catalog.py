@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from mahout import command_name
 from mahout.gpu import Offload
 from mahout.model_files import SHIPPED_MODEL, added_entry, added_model, added_names, assemble_shipped, recorded_sha256
 from mahout.runners.embeddings import MODEL_NAME as EMBEDDINGS_MODEL
@@ -218,7 +219,7 @@ def added_spec(home: Path, name: str) -> ModelSpec | None:
 def _locate_added(home: Path, *, name: str) -> tuple[Path, str]:
     found = added_model(home, name, hash_file=file_sha256)
     if found is None:
-        raise ModelUnavailable(f"the file added for {name} is gone; add it again with `python -m mahout add PATH`")
+        raise ModelUnavailable(f"the file added for {name} is gone; add it again with `{command_name()} add PATH`")
     return found
 
 
@@ -234,7 +235,7 @@ def model_spec(name: str, home: Path, builtin: dict[str, ModelSpec] | None = Non
     added = added_spec(home, name)
     if added is None:
         raise ModelUnavailable(f"{name} is neither shipped with mahout nor added here; "
-                               f"add its file with `python -m mahout add PATH` (served: {', '.join(known_models(home))})")
+                               f"add its file with `{command_name()} add PATH` (served: {', '.join(known_models(home))})")
     return added
 
 
@@ -268,5 +269,5 @@ def parse_models(text: str, known: Iterable[str] | None = None) -> list[str]:
     unknown = [name for name in names if name not in known]
     if unknown:
         raise ValueError(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(known)} "
-                         "(another catalog model is served once its file is added: python -m mahout add PATH)")
+                         f"(another catalog model is served once its file is added: {command_name()} add PATH)")
     return names

@@ -4,7 +4,7 @@ history).
 
 In order: ``--server`` / ``--token`` (still accepted, with a warning about the token),
 the ``MAHOUT_SERVER`` / ``MAHOUT_TOKEN`` environment variables, then the file
-``python -m mahout login`` writes in the home directory (``credentials.json``, mode 0600).
+``mahout login`` writes in the home directory (``credentials.json``, mode 0600).
 """
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from mahout import command_name
 
 CREDENTIALS_FILE = "credentials.json"
 SERVER_ENV, TOKEN_ENV = "MAHOUT_SERVER", "MAHOUT_TOKEN"
@@ -57,14 +59,14 @@ def credentials_resolve(*, server: str | None, token: str | None, home: Path, wa
     """The gateway and token to use (see the module's order), or NoCredentials saying how to log in."""
     if token:
         warn("mahout: warning: a token on the command line is visible to every user of this machine (ps) and kept in "
-             "your shell history; run `python -m mahout login` once instead, or set MAHOUT_TOKEN")
+             f"your shell history; run `{command_name()} login` once instead, or set MAHOUT_TOKEN")
     saved = credentials_load(home)
     server = server or os.environ.get(SERVER_ENV) or (saved.server if saved else None)
     token = token or os.environ.get(TOKEN_ENV) or (saved.token if saved else None)
     if not server or not token:
         missing = " and ".join(name for name, value in (("gateway", server), ("host token", token)) if not value)
         raise NoCredentials(
-            f"no {missing}: run `python -m mahout login --server URL` (it asks for the token from My machines), "
+            f"no {missing}: run `{command_name()} login --server URL` (it asks for the token from My machines), "
             f"or set {SERVER_ENV} and {TOKEN_ENV}"
         )
     return Credentials(server.rstrip("/"), token)

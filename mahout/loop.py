@@ -9,6 +9,10 @@ text goes through :class:`~mahout.pusher.BatchPusher` (ordered ~50 ms batches, s
 generation stops at once. An embeddings job pushes nothing: its vectors travel with
 "complete".
 
+An outage (the gateway unreachable, or answering 5xx past every retry) is said as it
+happens, and its end too: "reconnected" once the gateway answers again, so the last line an
+owner reads after one is not an error that no longer holds.
+
 Signals: the first SIGTERM/SIGINT only sets a flag (so an in-flight HTTP call is never cut
 mid-way); the current job finishes, then the loop exits. The second exits at once.
 """
@@ -138,6 +142,8 @@ class HostLoop:
         self._pause_reason: str | None = None
         self._maintenance_said = ""  # the last maintenance reason printed, so it is printed once
         self._warming: set[str] = set()  # models loading because the gateway asked (deliberate redundancy)
+        self._unreachable_since: float | None = None  # when an outage began (claims and heartbeats both see it)
+        self._outage_lock = threading.Lock()
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -204,11 +210,13 @@ class HostLoop:
         problem = None
         try:
             job = self.api.claim(fingerprint=self.fingerprint, wait=self.claim_wait)
+            self._reachable()
             self._maintenance_said = ""
             return job
         except ServerUnavailable as exc:
             problem = str(exc)
         except HostApiError as exc:
+            self._reachable()
             if exc.code == "host_maintenance":  # rested by the gateway: wait for the owner or an operator
                 if exc.message != self._maintenance_said:
                     self.out(f"mahout: {exc.message}")
@@ -227,9 +235,22 @@ class HostLoop:
             self.heartbeat()
             self._stop.wait(self.pause_poll)
             return None
+        self._unreachable()
         self.out(f"mahout: server unavailable ({problem}); retrying in {self.error_backoff:.0f} s")
         self._stop.wait(self.error_backoff)
         return None
+
+    def _unreachable(self) -> None:
+        with self._outage_lock:
+            if self._unreachable_since is None:
+                self._unreachable_since = time.monotonic()
+
+    def _reachable(self) -> None:
+        """The gateway answered: after an outage, say so once."""
+        with self._outage_lock:
+            since, self._unreachable_since = self._unreachable_since, None
+        if since is not None:
+            self.out(f"mahout: reconnected: the gateway answers again (unreachable for {time.monotonic() - since:.0f} s)")
 
     # -- run and report ----------------------------------------------------------------
 
@@ -367,6 +388,10 @@ class HostLoop:
                 catalog=catalog,
             )
         except (HostApiError, ServerUnavailable) as exc:
+            if isinstance(exc, ServerUnavailable):
+                self._unreachable()
+            else:
+                self._reachable()
             if isinstance(exc, HostApiError) and exc.code == "upgrade_required":  # it will not serve this version again
                 self.out(f"mahout: {exc.message}")
                 self.upgrade_required = exc.message
@@ -374,6 +399,7 @@ class HostLoop:
                 return
             self.out(f"mahout: heartbeat failed: {exc}")
             return
+        self._reachable()
         if not paused_here:
             self._server_paused = bool(answer.get("paused"))
         self._answer_asks(answer)

@@ -4,7 +4,8 @@ Presence: the socket says "this host is alive" by merely being open. If the maho
 process is killed, its operating system closes the socket and the gateway learns within
 a moment that the host's running jobs are dead, so another host can continue them (the
 20 s stall rule remains for a host that freezes with its socket open). The connection is
-re-opened with bounded backoff if it drops, and carries a ping every few seconds.
+re-opened with bounded backoff if it drops (a line says it was lost, and one that it is back),
+and carries a ping every few seconds.
 
 Job offers: :meth:`Presence.claim` is the claim long-poll as one frame, answered with
 the job the moment one is offered to this host.
@@ -65,6 +66,7 @@ class Presence:
         self._answers: dict[tuple[int, int], dict] = {}
         self._answered = threading.Condition()
         self._claims = 0
+        self._lost = False  # a loss was printed: the next open says the socket is back
         self._thread = threading.Thread(target=self._run, name="mahout-presence", daemon=True)
 
     def start(self) -> Presence:
@@ -83,6 +85,7 @@ class Presence:
                 wait = RECONNECT_MIN_S
             except Exception as exc:  # noqa: BLE001 - any failure means: reconnect later
                 self.connected.clear()
+                self._lost = True
                 self._out(f"mahout: presence connection lost ({type(exc).__name__}); retrying in {wait:.0f} s")
             self._stop.wait(wait)
             wait = min(wait * 2, RECONNECT_MAX_S)
@@ -94,6 +97,9 @@ class Presence:
         with connect(self.url, additional_headers=self._headers, open_timeout=OPEN_TIMEOUT_S) as socket:
             self._socket = socket
             self.connected.set()
+            if self._lost:
+                self._lost = False
+                self._out("mahout: presence connection back")
             try:
                 heard, pinged = time.monotonic(), 0.0
                 while not self._stop.is_set():

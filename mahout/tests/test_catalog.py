@@ -94,7 +94,7 @@ class AddedModelTests:
         assert opened == [1024, host_catalog.RUNNER_N_CTX]
 
     def test_a_name_neither_shipped_nor_added_is_refused_saying_how_to_add_it(self, tmp_path: Path) -> None:
-        with pytest.raises(ModelUnavailable, match="python -m mahout add PATH"):
+        with pytest.raises(ModelUnavailable, match="mahout add PATH"):
             model_spec("llama-3.1-8b", tmp_path)
 
     def test_run_refuses_a_model_this_home_cannot_serve_in_one_line(self, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mahout.api import HostApi
+from mahout.api import HostApi, ServerUnavailable
 from mahout.home import set_paused
 from mahout.loop import HostLoop, JobRecord, JobState, LoopState
 
@@ -261,6 +261,47 @@ class HostLoopTests:
     def test_it_returns_after_one_empty_claim_when_once(self, gateway, api, tmp_path):
         assert make_loop(api, FakeRunner([]), tmp_path, []).run(once=True) == 0
         assert gateway.state.claims == 1
+
+
+class OutageApi:
+    """The real client, but the gateway is unreachable for the first `claims` claims (its
+    heartbeats fail meanwhile too), as after a router's restart."""
+
+    def __init__(self, api: HostApi, claims: int) -> None:
+        self.api, self.down = api, claims
+
+    def claim(self, **kwargs: object) -> dict | None:
+        if self.down:
+            self.down -= 1
+            raise ServerUnavailable("POST /claim failed after 5 attempts: ConnectError: [Errno 111] Connection refused")
+        return self.api.claim(**kwargs)
+
+    def heartbeat(self, **kwargs: object) -> dict:
+        if self.down:
+            raise ServerUnavailable("POST /heartbeat failed after 5 attempts: ConnectError: [Errno 111] Connection refused")
+        return self.api.heartbeat(**kwargs)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.api, name)
+
+
+class OutageTests:
+    def test_it_says_reconnected_once_when_the_gateway_answers_again(self, gateway, api, tmp_path):
+        lines: list[str] = []
+        gateway.state.add_job("job-1")
+        loop = make_loop(OutageApi(api, claims=3), FakeRunner(pieces(2)), tmp_path, lines)  # type: ignore[arg-type]
+        assert loop.run(max_jobs=1) == 1
+        reconnected = [index for index, line in enumerate(lines) if line.startswith("mahout: reconnected")]
+        failed = [index for index, line in enumerate(lines) if "unavailable" in line or "heartbeat failed" in line]
+        assert len(reconnected) == 1 and len(failed) >= 3 and reconnected[0] > max(failed), lines
+        assert lines[reconnected[0]].startswith("mahout: reconnected: the gateway answers again (unreachable for ")
+        assert lines[-1].startswith("mahout: completed job-1")
+
+    def test_without_an_outage_it_says_nothing_of_reconnecting(self, gateway, api, tmp_path):
+        lines: list[str] = []
+        gateway.state.add_job("job-1")
+        assert make_loop(api, FakeRunner(pieces(2)), tmp_path, lines).run(max_jobs=1) == 1
+        assert not [line for line in lines if "reconnected" in line]
 
 
 class JobRecordTests:
