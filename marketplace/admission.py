@@ -41,7 +41,7 @@ def request_admit(*, api_key: ApiKey, data: dict, params: dict, kind: str, publi
     online serves (the first of all when none has); the rest stay in `params["fallbacks"]`,
     tried in order when the queue times out (`services.request_reroute`)."""
     names = list(dict.fromkeys([data["model"], *(data.get("models") or [])]))
-    chosen = [chat_model(name, param="model" if index == 0 else "models") for index, name in enumerate(names)]
+    chosen = [model_for(name, kind=kind, param="model" if index == 0 else "models") for index, name in enumerate(names)]
     first = 0
     if len(chosen) > 1:  # (only fallbacks read who is online: admission's usual path stays as it was)
         online = {served.model.pk for served in served_models() if served.hosts_online}
@@ -63,24 +63,33 @@ def request_admit(*, api_key: ApiKey, data: dict, params: dict, kind: str, publi
     )
 
 
-def chat_model(name: str, *, param: str = "model") -> CatalogModel:
-    """The active chat model of that name, or a 404 naming it."""
+ENDPOINTS = {Request.Kind.CHAT: "/v1/chat/completions", Request.Kind.COMPLETION: "/v1/completions",
+             Request.Kind.EMBEDDINGS: "/v1/embeddings"}
+KIND_NAMES = {CatalogModel.Kind.CHAT: "a chat model", CatalogModel.Kind.EMBEDDING: "an embeddings model"}
+SERVED_AT = {CatalogModel.Kind.CHAT: "POST /v1/chat/completions (or /v1/completions)",
+             CatalogModel.Kind.EMBEDDING: "POST /v1/embeddings"}
+
+
+def model_for(name: str, *, kind: str, param: str = "model") -> CatalogModel:
+    """The active model of that name that a request of `kind` runs on. None of that name is a 404;
+    one of the other kind (listed by /v1/models all the same) is a 400 saying where it is served."""
     model = catalog_model_by_name(name=name)
-    if model is None or model.kind != CatalogModel.Kind.CHAT:
+    if model is None:
         raise DomainError(
             f"The model '{name}' does not exist; GET /v1/models lists them.", status=404, code="model_not_found", param=param,
+        )
+    wanted = CatalogModel.Kind.EMBEDDING if kind == Request.Kind.EMBEDDINGS else CatalogModel.Kind.CHAT
+    if model.kind != wanted:
+        raise bad_request(
+            f"The model '{name}' is {KIND_NAMES[model.kind]}: send it to {SERVED_AT[model.kind]}. {ENDPOINTS[kind]} takes "
+            f"{KIND_NAMES[wanted]} (GET /v1/models gives each model's kind).", code="wrong_model_kind", param=param,
         )
     return model
 
 
 def embeddings_admit(*, api_key: ApiKey, data: dict, public_id: str) -> Request:
     """Admit an embeddings request: every input fits the context; all their tokens are held."""
-    model = catalog_model_by_name(name=data["model"])
-    if model is None or model.kind != CatalogModel.Kind.EMBEDDING:
-        hint = " It is a chat model; use /v1/chat/completions." if model is not None else " GET /v1/models lists them."
-        raise DomainError(
-            f"The embeddings model '{data['model']}' does not exist.{hint}", status=404, code="model_not_found", param="model"
-        )
+    model = model_for(data["model"], kind=Request.Kind.EMBEDDINGS)
     tokenizer = tokenizer_for(model.tokenizer)
     prompt_tokens = 0
     for index, text in enumerate(data["input"]):

@@ -71,6 +71,38 @@ class UnsupportedParameterTests:
         assert entry["supported_parameters"] == ["encoding_format", "user", "provider"]
 
 
+class ModelKindTests:
+    """/v1/models lists chat and embeddings models side by side: a request sent to the wrong
+    endpoint for its model is told which endpoint serves it, not that the model does not exist."""
+
+    def test_a_chat_request_to_an_embeddings_model_is_sent_to_the_embeddings_endpoint(self, api, catalog) -> None:
+        client, secret = api
+        for path, body in (("/v1/chat/completions", {**GOOD, "model": "all-minilm-l6-v2"}),
+                           ("/v1/completions", {"model": "all-minilm-l6-v2", "prompt": "Once", "max_tokens": 4})):
+            error = assert_error(post(client, secret, body, path=path), 400, "wrong_model_kind")
+            assert error["type"] == "invalid_request_error" and error["param"] == "model"
+            assert "'all-minilm-l6-v2' is an embeddings model" in error["message"] and "POST /v1/embeddings" in error["message"]
+            assert "does not exist" not in error["message"]
+        assert not Request.objects.exists()
+
+    def test_an_embeddings_request_to_a_chat_model_is_sent_to_the_chat_endpoint(self, api, catalog) -> None:
+        client, secret = api
+        error = assert_error(post(client, secret, {"model": "gemma-3-270m", "input": "hi"}, path="/v1/embeddings"),
+                             400, "wrong_model_kind")
+        assert "'gemma-3-270m' is a chat model" in error["message"] and "POST /v1/chat/completions" in error["message"]
+        assert not Request.objects.exists()
+
+    def test_an_embeddings_model_among_the_fallbacks_names_the_fallbacks(self, api, catalog) -> None:
+        client, secret = api
+        error = assert_error(post(client, secret, {**GOOD, "models": ["all-minilm-l6-v2"]}), 400, "wrong_model_kind")
+        assert error["param"] == "models"
+
+    def test_a_model_nobody_lists_is_still_a_404(self, api, catalog) -> None:
+        client, secret = api
+        assert "does not exist" in assert_error(post(client, secret, {"model": "gpt-9", "input": "hi"}, path="/v1/embeddings"),
+                                                404, "model_not_found")["message"]
+
+
 class HeaderTests:
     def test_every_response_has_a_request_id_and_echoes_the_clients(self, api) -> None:
         client, secret = api

@@ -284,7 +284,7 @@ class TestEmbeddings:
             ({"model": "all-minilm-l6-v2", "input": "hi", "dimensions": 64}, 400, "invalid_value"),
             ({"model": "all-minilm-l6-v2", "input": "hi", "encoding_format": "hex"}, 400, "invalid_value"),
             ({"model": "all-minilm-l6-v2", "input": "word " * 300}, 400, "context_length_exceeded"),
-            ({"model": "gemma-3-270m", "input": "hi"}, 404, "model_not_found"),
+            ({"model": "gemma-3-270m", "input": "hi"}, 400, "wrong_model_kind"),
             ({"model": "nope", "input": "hi"}, 404, "model_not_found"),
         ],
     )
