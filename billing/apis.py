@@ -56,7 +56,9 @@ class TopupCreateApi(KeyApi):
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         amount_cents = int(serializer.validated_data["amount_usd"] * 100)
-        topup = services.topup_create(user=key.user, amount_cents=amount_cents)
+        back = request.build_absolute_uri("/")  # the dashboard, as the caller reached this gateway
+        topup = services.topup_create(user=key.user, amount_cents=amount_cents,
+                                      success_url=f"{back}?topup=success", cancel_url=f"{back}?topup=cancelled")
         return Response(topup_body(topup), status=201)
 
 

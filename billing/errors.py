@@ -39,6 +39,11 @@ class TopupsNotConfigured(BillingError):
     status = 503
 
 
+class PayoutsNotConfigured(BillingError):
+    code = "payouts_not_configured"
+    status = 503
+
+
 class InvalidAmount(BillingError):
     code = "invalid_amount"
     status = 400

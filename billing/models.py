@@ -199,10 +199,20 @@ class StripeEvent(models.Model):
 
 
 class PayoutProfile(models.Model):
-    """Where a host's payouts go: its Stripe Connect account."""
+    """Where a host's payouts go: its Stripe Connect account. onboarding → ready.
+
+    The owner's "Set up payouts" creates the account and the row (onboarding); it becomes
+    ready once Stripe says onboarding finished (`billing.services.payout_account_refresh`).
+    An operator who connects an account in the admin connects a finished one (ready).
+    """
+
+    class Status(models.TextChoices):
+        ONBOARDING = "onboarding", "Stripe onboarding not finished"
+        READY = "ready", "Ready for payouts"
 
     host = models.OneToOneField("hosts.Host", on_delete=models.PROTECT, related_name="payout_profile")
     stripe_account_id = models.CharField(max_length=255, help_text="acct_…, the host's connected account")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.READY)
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:

@@ -7,10 +7,10 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from django.conf import settings
-from django.db.models import Count, Min, Q, Sum
+from django.db.models import Count, Min, Q, QuerySet, Sum
 from django.utils import timezone
 
-from billing.models import Account, Hold, LedgerEntry, LedgerTransaction, Payout, StripeEvent, TopUp
+from billing.models import Account, Hold, LedgerEntry, LedgerTransaction, Payout, PayoutProfile, StripeEvent, TopUp
 from catalog.money import UCENTS_PER_CENT
 
 if TYPE_CHECKING:
@@ -47,10 +47,9 @@ def host_account(*, host: Host) -> Account | None:
     return Account.objects.filter(kind=Account.Kind.HOST, host=host).first()
 
 
-def host_unvested_ucents(*, account: Account, now: datetime | None = None) -> int:
-    """Earnings not yet payable: the settlements (and audit releases) credited within the last
-    EARNINGS_VEST_SECONDS, since the host's last forfeit (which took everything unvested)."""
-    now = now or timezone.now()
+def _vesting_entries(*, account: Account, now: datetime) -> QuerySet[LedgerEntry]:
+    """The earnings not yet vested: the settlements (and audit releases) credited within the
+    last EARNINGS_VEST_SECONDS, since the host's last forfeit (which took everything unvested)."""
     since = now - timedelta(seconds=settings.EARNINGS_VEST_SECONDS)
     forfeited_at = (
         LedgerEntry.objects.filter(account=account, transaction__kind=LedgerTransaction.Kind.FORFEIT)
@@ -58,12 +57,41 @@ def host_unvested_ucents(*, account: Account, now: datetime | None = None) -> in
     )
     if forfeited_at is not None and forfeited_at > since:
         since = forfeited_at
-    recent = LedgerEntry.objects.filter(
+    return LedgerEntry.objects.filter(
         account=account, transaction__created_at__gt=since,
         transaction__kind__in=(LedgerTransaction.Kind.SETTLEMENT, LedgerTransaction.Kind.AUDIT_RELEASE),
         amount_ucents__gt=0,
-    ).aggregate(total=Sum("amount_ucents"))["total"] or 0
+    )
+
+
+def payout_profile(*, host: Host) -> PayoutProfile | None:
+    return PayoutProfile.objects.filter(host=host).first()
+
+
+def host_unvested_ucents(*, account: Account, now: datetime | None = None) -> int:
+    """Earnings not yet payable (never more than the account holds)."""
+    recent = _vesting_entries(account=account, now=now or timezone.now()).aggregate(total=Sum("amount_ucents"))["total"] or 0
     return max(0, min(recent, account.available_ucents))
+
+
+def host_vesting_schedule(*, account: Account, now: datetime | None = None) -> list[tuple[datetime, int]]:
+    """When the unvested earnings become payable: (moment, µ¢) pairs, soonest first, that
+    add up to `host_unvested_ucents`. When the account holds less than it earned recently,
+    the soonest amounts are the ones left out (the answer never promises money early)."""
+    now = now or timezone.now()
+    vest = timedelta(seconds=settings.EARNINGS_VEST_SECONDS)
+    schedule = [
+        (credited_at + vest, amount)
+        for credited_at, amount in _vesting_entries(account=account, now=now)
+        .order_by("transaction__created_at", "pk").values_list("transaction__created_at", "amount_ucents")
+    ]
+    excess = sum(amount for _, amount in schedule) - host_unvested_ucents(account=account, now=now)
+    while excess > 0 and schedule:
+        moment, amount = schedule.pop(0)
+        if amount > excess:
+            schedule.insert(0, (moment, amount - excess))
+        excess -= amount
+    return schedule
 
 
 def host_payable_ucents(*, account: Account, now: datetime | None = None) -> int:

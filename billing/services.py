@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 import stripe
@@ -22,6 +23,7 @@ from billing.errors import (
     KeyLimitExceeded,
     PaymentProviderError,
     PayoutRefused,
+    PayoutsNotConfigured,
     RateLimited,
     TooManyStreams,
     TopupsNotConfigured,
@@ -324,8 +326,10 @@ def _settlement_write(
 # --- top-ups (Stripe Checkout; credit only from the webhook) ------------------------
 
 
-def topup_create(*, user: User, amount_cents: int) -> TopUp:
+def topup_create(*, user: User, amount_cents: int, success_url: str, cancel_url: str) -> TopUp:
     """Create a Checkout Session for `amount_cents` and return our TopUp (with its URL).
+    Stripe sends the customer back to `success_url` or `cancel_url` (the caller's own
+    address: the gateway as the customer reached it).
 
     Not one transaction on purpose: the row commits before Stripe is called (its
     id is the idempotency key and the session's client_reference_id), so no
@@ -335,11 +339,12 @@ def topup_create(*, user: User, amount_cents: int) -> TopUp:
         raise TopupsNotConfigured("Top-ups are not configured on this gateway; ask an operator to grant credit.")
     low, high = settings.TOPUP_MIN_CENTS, settings.TOPUP_MAX_CENTS
     if not low <= amount_cents <= high:
-        raise InvalidAmount(f"A top-up must be between ${low / 100:.2f} and ${high / 100:.2f}.")
+        raise InvalidAmount(topup_rule())
     topup = TopUp.objects.create(user=user, amount_cents=amount_cents, currency=settings.BILLING_CURRENCY)
     try:
         session = stripe_api.checkout_session_create(
-            topup_id=topup.pk, amount_cents=amount_cents, currency=topup.currency, email=user.email
+            topup_id=topup.pk, amount_cents=amount_cents, currency=topup.currency, email=user.email,
+            success_url=success_url, cancel_url=cancel_url,
         )
     except stripe.StripeError as error:
         TopUp.objects.filter(pk=topup.pk, status=TopUp.Status.CREATING).update(status=TopUp.Status.FAILED)
@@ -349,6 +354,11 @@ def topup_create(*, user: User, amount_cents: int) -> TopUp:
     )
     topup.refresh_from_db()
     return topup
+
+
+def topup_rule() -> str:
+    """The one sentence that states the top-up limits (the form and the API say it too)."""
+    return f"Top-ups are between {usd(settings.TOPUP_MIN_CENTS * UCENTS_PER_CENT)} and {usd(settings.TOPUP_MAX_CENTS * UCENTS_PER_CENT)}."
 
 
 CREDITING_EVENTS = ("checkout.session.completed", "checkout.session.async_payment_succeeded")
@@ -540,12 +550,18 @@ def payout_request(*, host: Host, amount_ucents: int | None = None) -> Payout:
                             "to its earnings. Write to support if you think the ban is a mistake.")
     profile = PayoutProfile.objects.filter(host=host).first()
     if profile is None or not profile.stripe_account_id:
-        raise PayoutRefused("This host has no payout account yet; ask an operator to connect one.")
+        raise PayoutRefused("This machine has no payout account yet: press \"Set up payouts\" on its page "
+                            "(My machines, then the machine) to connect one with Stripe.")
+    if profile.status != PayoutProfile.Status.READY:
+        raise PayoutRefused(f"This machine's payout account ({profile.stripe_account_id}) has not finished Stripe's "
+                            "onboarding: press \"Set up payouts\" on the machine's page to continue it.")
     account = Account.objects.select_for_update().get(pk=account_for_host(host=host).pk)
     available = selectors.host_payable_ucents(account=account)
     amount = available // UCENTS_PER_CENT * UCENTS_PER_CENT if amount_ucents is None else amount_ucents
     if amount % UCENTS_PER_CENT:
         raise InvalidAmount("A payout must be a whole number of cents (multiples of 1,000,000 µ¢).")
+    if amount_ucents is None and amount < settings.PAYOUT_MINIMUM_UCENTS:
+        raise PayoutRefused(_below_minimum(account=account, payable_ucents=amount))
     if amount < settings.PAYOUT_MINIMUM_UCENTS:
         raise PayoutRefused(
             f"The minimum payout is {usd(settings.PAYOUT_MINIMUM_UCENTS)}; this request is {usd(amount)}."
@@ -562,6 +578,118 @@ def payout_request(*, host: Host, amount_ucents: int | None = None) -> Payout:
         legs=[(account, -amount), (system_account(Account.Kind.PAYOUTS_PENDING), amount)],
     )
     return payout
+
+
+def _below_minimum(*, account: Account, payable_ucents: int) -> str:
+    """Why "withdraw everything" is refused: what is payable, what is still vesting, and
+    when the minimum payout becomes payable (or when all of it has vested)."""
+    minimum = settings.PAYOUT_MINIMUM_UCENTS
+    schedule = selectors.host_vesting_schedule(account=account)
+    if not schedule:
+        return f"There is {usd(payable_ucents)} to withdraw and the minimum payout is {usd(minimum)}; nothing more is vesting."
+    vesting = sum(amount for _, amount in schedule)
+    payable, reaches = payable_ucents, None
+    for moment, amount in schedule:
+        payable += amount
+        if payable // UCENTS_PER_CENT * UCENTS_PER_CENT >= minimum:
+            reaches = moment
+            break
+    when = (f"the minimum is payable from {_utc_minute(reaches)}" if reaches is not None else
+            f"all of it has vested by {_utc_minute(schedule[-1][0])}, {usd(payable)} in all, still below the minimum")
+    return (f"{usd(vesting)} of this machine's earnings is still vesting (earnings become payable "
+            f"{settings.EARNINGS_VEST_SECONDS / 86400:g} days after each job) and {usd(payable_ucents)} is payable now, "
+            f"below the minimum payout of {usd(minimum)}: {when}.")
+
+
+def _utc_minute(moment: datetime) -> str:
+    """A moment as "2026-12-10 14:03 UTC", rounded up to the minute (never before it happens)."""
+    rounded = (moment + timedelta(seconds=59, microseconds=999_999)).astimezone(UTC)
+    return rounded.strftime("%Y-%m-%d %H:%M UTC")
+
+
+# --- host payout accounts: onboarding → ready (Stripe Connect) -------------------------
+
+
+def payout_account_onboard(*, host: Host, return_url: str, refresh_url: str) -> str | None:
+    """The owner's "Set up payouts": the machine's Stripe Connect account (created the first
+    time) and a fresh onboarding link to send the owner to; None when the account is ready
+    (already, or its onboarding finished since).
+
+    Not one transaction: Stripe is called between the writes. Two clicks at once create one
+    account (the same idempotency key; the second insert loses to the unique host and reads
+    the winner's row). An account Stripe no longer knows (local test mode forgets its accounts
+    when it restarts) is replaced while the row is still onboarding.
+    """
+    if not stripe_api.payouts_configured():
+        raise PayoutsNotConfigured("Payouts are not configured on this gateway (no STRIPE_SECRET_KEY); ask an operator.")
+    if Host.objects.filter(pk=host.pk, banned_at__isnull=False).exists():
+        raise PayoutRefused("This machine is banned, so it cannot set up payouts.")
+    profile = PayoutProfile.objects.filter(host=host).first()
+    if profile is not None and profile.status == PayoutProfile.Status.READY:
+        return None
+    account = _connected_account(profile.stripe_account_id) if profile is not None else None
+    if account is not None and _payout_account_mark_ready(profile=profile, account=account):
+        return None
+    if account is None:
+        profile = _payout_account_create(host=host, replacing=profile)
+    try:
+        link = stripe_api.account_link_create(account_id=profile.stripe_account_id, return_url=return_url, refresh_url=refresh_url)
+    except stripe.StripeError as error:
+        raise PaymentProviderError(f"Stripe could not start the payout setup: {error.user_message or error}") from None
+    return link.url
+
+
+def payout_account_refresh(*, host: Host) -> PayoutProfile | None:
+    """Ask Stripe whether the machine's account finished onboarding and, if it did, mark it
+    ready. The return URL calls this: arriving there proves nothing, the account Stripe
+    describes does. None without an account."""
+    profile = PayoutProfile.objects.filter(host=host).first()
+    if profile is None or profile.status == PayoutProfile.Status.READY:
+        return profile
+    account = _connected_account(profile.stripe_account_id)
+    if account is not None:
+        _payout_account_mark_ready(profile=profile, account=account)
+        profile.refresh_from_db()
+    return profile
+
+
+def _connected_account(account_id: str) -> stripe.Account | None:
+    """The account as Stripe describes it; None when Stripe does not know it."""
+    try:
+        return stripe_api.connected_account_retrieve(account_id)
+    except stripe.InvalidRequestError:
+        return None
+    except stripe.StripeError as error:
+        raise PaymentProviderError(f"Stripe could not be asked about the payout account: {error.user_message or error}") from None
+
+
+def _payout_account_mark_ready(*, profile: PayoutProfile, account: stripe.Account) -> bool:
+    """onboarding → ready, a compare-and-set, when Stripe says the account can receive
+    transfers; True when the profile is ready (by this call or a concurrent one)."""
+    if not stripe_api.account_ready(account):
+        return False
+    PayoutProfile.objects.filter(
+        pk=profile.pk, status=PayoutProfile.Status.ONBOARDING, stripe_account_id=account.id
+    ).update(status=PayoutProfile.Status.READY)
+    return PayoutProfile.objects.filter(pk=profile.pk, status=PayoutProfile.Status.READY).exists()
+
+
+def _payout_account_create(*, host: Host, replacing: PayoutProfile | None) -> PayoutProfile:
+    attempt = replacing.stripe_account_id if replacing is not None else "first"
+    try:
+        account = stripe_api.connected_account_create(host_id=host.pk, email=host.owner.email, attempt=attempt)
+    except stripe.StripeError as error:
+        raise PaymentProviderError(f"Stripe could not create a payout account: {error.user_message or error}") from None
+    if replacing is not None:
+        PayoutProfile.objects.filter(
+            pk=replacing.pk, status=PayoutProfile.Status.ONBOARDING, stripe_account_id=replacing.stripe_account_id
+        ).update(stripe_account_id=account.id)
+        return PayoutProfile.objects.get(pk=replacing.pk)
+    try:
+        with transaction.atomic():
+            return PayoutProfile.objects.create(host=host, stripe_account_id=account.id, status=PayoutProfile.Status.ONBOARDING)
+    except IntegrityError:  # the other click's row (the same account: the same idempotency key)
+        return PayoutProfile.objects.get(host=host)
 
 
 def audit_release(*, host: Host, amount_ucents: int, reference: str, memo: str = "") -> bool:

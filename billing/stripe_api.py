@@ -1,9 +1,10 @@
-"""The two Stripe calls we make, behind one small client.
+"""The Stripe calls we make, behind one small client.
 
-Every call has a timeout, bounded retries, and an idempotency key, so a retry
-(ours or the SDK's) can never create a second session or a second transfer.
-`STRIPE_API_BASE` points the client elsewhere (tests run a local server that
-speaks Stripe's wire format).
+Every call has a timeout and bounded retries, and every create an idempotency key, so
+a retry (ours or the SDK's) can never create a second session, transfer or account.
+`STRIPE_API_BASE` points the client elsewhere: local test mode's stand-in
+(`billing/stripe_local.py`, which `make run` starts when no real key is set) or a
+test's.
 """
 from __future__ import annotations
 
@@ -19,6 +20,17 @@ def topups_configured() -> bool:
 
 def payouts_configured() -> bool:
     return bool(settings.STRIPE_SECRET_KEY)
+
+
+def mode() -> str:
+    """"local" when the client talks to a stand-in (STRIPE_API_BASE), "test" with Stripe's own
+    test keys, "live" with live keys, "" when Stripe is not configured: every page says which
+    unless it is live."""
+    if not settings.STRIPE_SECRET_KEY:
+        return ""
+    if settings.STRIPE_API_BASE:
+        return "local"
+    return "test" if settings.STRIPE_SECRET_KEY.startswith(("sk_test_", "rk_test_")) else "live"
 
 
 @lru_cache(maxsize=4)
@@ -37,8 +49,11 @@ def client() -> stripe.StripeClient:
     )
 
 
-def checkout_session_create(*, topup_id: int, amount_cents: int, currency: str, email: str) -> stripe.checkout.Session:
-    """A one-off Checkout Session for `amount_cents`; `client_reference_id` is our TopUp id."""
+def checkout_session_create(
+    *, topup_id: int, amount_cents: int, currency: str, email: str, success_url: str, cancel_url: str
+) -> stripe.checkout.Session:
+    """A one-off Checkout Session for `amount_cents`; `client_reference_id` is our TopUp id.
+    Stripe sends the customer's browser back to `success_url` or `cancel_url`."""
     params: dict = {
         "mode": "payment",
         "client_reference_id": str(topup_id),
@@ -53,8 +68,8 @@ def checkout_session_create(*, topup_id: int, amount_cents: int, currency: str, 
                 },
             }
         ],
-        "success_url": settings.TOPUP_SUCCESS_URL,
-        "cancel_url": settings.TOPUP_CANCEL_URL,
+        "success_url": success_url,
+        "cancel_url": cancel_url,
     }
     if email:
         params["customer_email"] = email
@@ -73,6 +88,37 @@ def transfer_create(*, payout_id: int, amount_cents: int, currency: str, destina
         },
         {"idempotency_key": f"payout-{payout_id}"},
     )
+
+
+def connected_account_create(*, host_id: int, email: str, attempt: str) -> stripe.Account:
+    """An Express connected account for a machine's payouts (transfers requested). `attempt`
+    names this creation in the idempotency key: a repeated click reuses the account."""
+    params: dict = {
+        "type": "express",
+        "capabilities": {"transfers": {"requested": True}},
+        "metadata": {"host_id": str(host_id)},
+    }
+    if email:
+        params["email"] = email
+    return client().v1.accounts.create(params, {"idempotency_key": f"payout-account-{host_id}-{attempt}"})
+
+
+def connected_account_retrieve(account_id: str) -> stripe.Account:
+    return client().v1.accounts.retrieve(account_id)
+
+
+def account_link_create(*, account_id: str, return_url: str, refresh_url: str) -> stripe.AccountLink:
+    """A one-time onboarding link (it expires within minutes): Stripe sends the owner to
+    `return_url` when they leave it, to `refresh_url` when the link is stale."""
+    return client().v1.account_links.create(
+        {"account": account_id, "type": "account_onboarding", "return_url": return_url, "refresh_url": refresh_url}
+    )
+
+
+def account_ready(account: stripe.Account) -> bool:
+    """Onboarding finished and the account can receive our transfers."""
+    fields = account.to_dict()
+    return bool(fields.get("details_submitted")) and (fields.get("capabilities") or {}).get("transfers") == "active"
 
 
 def webhook_event(*, payload: bytes, signature: str) -> stripe.Event:

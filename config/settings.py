@@ -89,6 +89,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "billing.context_processors.stripe_mode",
             ],
         },
     },
@@ -284,7 +285,11 @@ JOB_MIN_TOKENS_PER_SECOND = env_float("JOB_MIN_TOKENS_PER_SECOND", 2.0, minimum=
 
 # Billing: Stripe top-ups and host payouts (issue 3). Without STRIPE_SECRET_KEY and
 # STRIPE_WEBHOOK_SECRET, top-ups answer "not configured" and operators grant credit
-# from the admin. STRIPE_API_BASE is for tests (a local server speaking Stripe's format).
+# from the admin. STRIPE_API_BASE points the client at a server speaking Stripe's API
+# instead of Stripe: local test mode's stand-in (billing/stripe_local.py; `make run`
+# starts it and sets all three when STRIPE_SECRET_KEY is unset) or a test's. Every page
+# then carries a test-mode banner. Checkout returns to the gateway as the customer
+# reached it (the request's scheme, host and port).
 STRIPE_SECRET_KEY = env_str("STRIPE_SECRET_KEY")
 STRIPE_WEBHOOK_SECRET = env_str("STRIPE_WEBHOOK_SECRET")
 STRIPE_API_BASE = env_str("STRIPE_API_BASE")
@@ -294,8 +299,6 @@ STRIPE_MAX_RETRIES = env_int("STRIPE_MAX_RETRIES", 2, minimum=0)
 BILLING_CURRENCY = "usd"
 TOPUP_MIN_CENTS = env_int("TOPUP_MIN_CENTS", 500, minimum=50)
 TOPUP_MAX_CENTS = env_int("TOPUP_MAX_CENTS", 50_000, minimum=50)
-TOPUP_SUCCESS_URL = env_str("TOPUP_SUCCESS_URL", "http://127.0.0.1:8000/?topup=success")
-TOPUP_CANCEL_URL = env_str("TOPUP_CANCEL_URL", "http://127.0.0.1:8000/?topup=cancelled")
 PAYOUT_MINIMUM_UCENTS = env_int("PAYOUT_MINIMUM_UCENTS", 1_000_000_000, minimum=1_000_000)  # $10
 RECONCILE_INTERVAL_SECONDS = env_float("RECONCILE_INTERVAL_SECONDS", 300.0, minimum=1.0)
 USAGE_MAX_DAYS = env_int("USAGE_MAX_DAYS", 366, minimum=1)

@@ -6,11 +6,13 @@ from decimal import Decimal
 from typing import Any
 
 from django import forms
+from django.conf import settings
 from django.contrib.auth import password_validation
 from django.contrib.auth.forms import AuthenticationForm, SetPasswordForm
 from django.http import QueryDict
 
 from accounts.services import api_key_revoke_all
+from billing.services import topup_rule
 from catalog.money import UCENTS_PER_USD
 from core.dates import DateRangeInvalid, day_range
 
@@ -63,7 +65,21 @@ class LoginForm(AuthenticationForm):
 
 
 class TopupForm(forms.Form):
-    amount_usd = forms.DecimalField(label="Amount (USD)", min_value=Decimal("0.01"), max_digits=9, decimal_places=2)
+    """An amount in USD, in cents. The limits are the service's to decide (`topup_create`); the
+    input carries them (min, max) and every refusal of the form states them too."""
+
+    amount_usd = forms.DecimalField(label="Amount (USD)", max_digits=9, decimal_places=2)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        low, high = settings.TOPUP_MIN_CENTS, settings.TOPUP_MAX_CENTS
+        rule = topup_rule()
+        field = self.fields["amount_usd"]
+        field.widget.attrs.update(min=f"{low / 100:.2f}", max=f"{high / 100:.2f}", step="0.01", placeholder="20")
+        field.error_messages.update(
+            required=f"Enter an amount in USD. {rule}", invalid=f"Enter an amount in USD, e.g. 20. {rule}",
+            max_digits=rule, max_whole_digits=rule, max_decimal_places="Enter the amount in whole cents (at most two decimals).",
+        )
 
     @property
     def amount_cents(self) -> int:

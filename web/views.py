@@ -24,6 +24,7 @@ from django_ratelimit.decorators import ratelimit
 
 from accounts import services as accounts
 from accounts.services import AccountUnconfirmed
+from billing import selectors as billing_selectors
 from billing import services as billing
 from billing import stripe_api
 from billing.errors import BillingError
@@ -151,6 +152,7 @@ def dashboard(request: AuthedHttpRequest) -> HttpResponse:
         {
             "balance": selectors.customer_balance(user=request.user),
             "topup_form": TopupForm(),
+            "topup_rule": billing.topup_rule(),
             "topups_configured": stripe_api.topups_configured(),
             "keys_live": selectors.api_keys_of(user=request.user).filter(revoked_at__isnull=True).count(),
         },
@@ -162,10 +164,12 @@ def dashboard(request: AuthedHttpRequest) -> HttpResponse:
 def topup(request: AuthedHttpRequest) -> HttpResponse:
     form = TopupForm(request.POST)
     if not form.is_valid():
-        messages.error(request, "Enter an amount in USD, e.g. 20.")
+        messages.error(request, " ".join(form.errors["amount_usd"]))
         return redirect("dashboard")
+    back = request.build_absolute_uri(reverse("dashboard"))  # (Stripe returns to the gateway as this visitor reached it)
     try:
-        created = billing.topup_create(user=request.user, amount_cents=form.amount_cents)
+        created = billing.topup_create(user=request.user, amount_cents=form.amount_cents,
+                                       success_url=f"{back}?topup=success", cancel_url=f"{back}?topup=cancelled")
     except BillingError as error:
         messages.error(request, error.message)
         return redirect("dashboard")
@@ -339,6 +343,8 @@ def _owned_host(request: AuthedHttpRequest, host_id: int) -> Host:
 @require_GET
 def machine_detail(request: AuthedHttpRequest, host_id: int) -> HttpResponse:
     host = _owned_host(request, host_id)
+    if request.GET.get("payouts") == "expired":
+        messages.info(request, "The payout setup link expired: press \"Set up payouts\" again.")
     start, end = DateRangeForm(request.GET).range()
     daily = selectors.host_earnings_daily(host=host, start=start, end=end)
     return render(
@@ -357,8 +363,48 @@ def machine_detail(request: AuthedHttpRequest, host_id: int) -> HttpResponse:
             "reputation": reputation.reputation_of(host),
             "vest_days": settings.EARNINGS_VEST_SECONDS / 86400,
             "payout_form": PayoutForm(),
+            "payout_profile": billing_selectors.payout_profile(host=host),
+            "payouts_configured": stripe_api.payouts_configured(),
         },
     )
+
+
+@login_required
+@require_POST
+def machine_payout_setup(request: AuthedHttpRequest, host_id: int) -> HttpResponse:
+    """"Set up payouts": off to Stripe's onboarding for the machine's payout account (its
+    return URL is `machine_payout_return`), or back here when the account is ready."""
+    host = _owned_host(request, host_id)
+    page = request.build_absolute_uri(reverse("machine_detail", args=[host.pk]))
+    try:
+        link = billing.payout_account_onboard(
+            host=host, return_url=request.build_absolute_uri(reverse("machine_payout_return", args=[host.pk])),
+            refresh_url=f"{page}?payouts=expired",
+        )
+    except BillingError as error:
+        messages.error(request, error.message)
+        return redirect("machine_detail", host_id=host.pk)
+    if link is None:
+        messages.success(request, f"Payouts for {host.name} are set up: request one below.")
+        return redirect("machine_detail", host_id=host.pk)
+    return redirect(link)
+
+
+@login_required
+@require_GET
+def machine_payout_return(request: AuthedHttpRequest, host_id: int) -> HttpResponse:
+    """Where Stripe's onboarding sends the owner back: Stripe is asked whether it finished."""
+    host = _owned_host(request, host_id)
+    try:
+        profile = billing.payout_account_refresh(host=host)
+    except BillingError as error:
+        messages.error(request, error.message)
+    else:
+        if profile is not None and profile.status == profile.Status.READY:
+            messages.success(request, f"Payouts for {host.name} are set up: request one below.")
+        else:
+            messages.info(request, "Stripe's payout setup is not finished yet: press \"Set up payouts\" to continue it.")
+    return redirect("machine_detail", host_id=host.pk)
 
 
 @login_required

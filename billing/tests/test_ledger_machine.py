@@ -17,8 +17,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from billing import selectors, services
 from billing.errors import BillingError
 from billing.models import Account, Hold, LedgerEntry, LedgerTransaction, Payout, PayoutProfile
-from billing.tests.conftest import WEBHOOK_SECRET
-from billing.tests.stripe_fake import checkout_completed_event, sign
+from billing.stripe_local import checkout_completed_event, sign
+from billing.tests.conftest import BACK, WEBHOOK_SECRET
 from catalog.models import CatalogModel
 from conftest import make_customer, make_host
 from marketplace import services as market
@@ -77,7 +77,7 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @rule(cents=st.integers(min_value=500, max_value=5_000))
     def top_up(self, cents: int) -> None:
-        topup = services.topup_create(user=self.customer.user, amount_cents=cents)
+        topup = services.topup_create(user=self.customer.user, amount_cents=cents, **BACK)
         payload = checkout_completed_event(self.fake.sessions[topup.stripe_session_id])
         self.events.append(payload)
         self._deliver(payload)

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, timedelta
 from typing import TYPE_CHECKING
 
+import httpx
 import pytest
 from django.test import Client
 
@@ -12,6 +14,7 @@ from billing.models import Account, LedgerTransaction, Payout, PayoutProfile
 from conftest import make_customer, make_host
 
 if TYPE_CHECKING:
+    from hosts.models import Host
     from testkit.personas import ServingHost
 
 pytestmark = pytest.mark.django_db
@@ -163,3 +166,106 @@ class HostBillingApiTests:
                             HTTP_AUTHORIZATION=f"Bearer {serving.token}")
         assert again.status_code == 409 and again.json()["error"]["code"] == "payout_refused"
         assert client.get("/billing/api/host/statement", HTTP_AUTHORIZATION="Bearer host-nope").status_code == 401
+
+
+class WithdrawEverythingWhileVestingTests:
+    """"Withdraw everything" while the money is still vesting says what is vesting and when it
+    vests, not "the minimum payout is $10.00; this request is $0.00"."""
+
+    def test_it_says_what_is_vesting_and_when_the_minimum_becomes_payable(self, catalog, settings) -> None:
+        settings.EARNINGS_VEST_SECONDS = 7 * 86400
+        serving = host_earning(2_000_000_000)  # $16.00 earned just now, all of it vesting
+        earned_at = LedgerTransaction.objects.get(kind=LedgerTransaction.Kind.SETTLEMENT).created_at
+        vests = (earned_at + timedelta(days=7, seconds=59, microseconds=999_999)).astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+        with pytest.raises(PayoutRefused) as refusal:
+            services.payout_request(host=serving.host)
+        assert refusal.value.message == (
+            "$16.00 of this machine's earnings is still vesting (earnings become payable 7 days after each job) and $0.00 is "
+            f"payable now, below the minimum payout of $10.00: the minimum is payable from {vests}."
+        )
+        assert Payout.objects.count() == 0
+
+    def test_it_names_when_everything_has_vested_when_that_is_still_below_the_minimum(self, catalog, settings) -> None:
+        settings.EARNINGS_VEST_SECONDS = 86400
+        serving = host_earning(500_000_000)  # $4.00, vesting for a day
+        with pytest.raises(PayoutRefused, match=r"\$4\.00 of this machine's earnings is still vesting .* all of it has vested "
+                                                r"by \d{4}-\d\d-\d\d \d\d:\d\d UTC, \$4\.00 in all, still below the minimum\.$"):
+            services.payout_request(host=serving.host)
+
+    def test_with_nothing_vesting_it_says_so(self, catalog) -> None:
+        serving = host_earning(500_000_000)  # $4.00, vested at once (this module's setting)
+        with pytest.raises(PayoutRefused, match=r"^There is \$4\.00 to withdraw and the minimum payout is \$10\.00; nothing more is vesting\.$"):
+            services.payout_request(host=serving.host)
+
+    def test_the_schedule_adds_up_to_what_is_unvested(self, catalog, settings) -> None:
+        settings.EARNINGS_VEST_SECONDS = 7 * 86400
+        serving = host_earning(500_000_000)
+        account = selectors.host_account(host=serving.host)
+        ((moment, amount),) = selectors.host_vesting_schedule(account=account)
+        assert amount == selectors.host_unvested_ucents(account=account) == 400_000_000
+        assert moment == LedgerTransaction.objects.get(kind=LedgerTransaction.Kind.SETTLEMENT).created_at + timedelta(days=7)
+
+
+class PayoutAccountOnboardTests:
+    """The owner sets up their own payout account: a Stripe Connect account, its onboarding
+    on Stripe's pages (local test mode's stand-in here), and the return URL's check."""
+
+    RETURN, REFRESH = "http://testserver/machines/1/payout/return/", "http://testserver/machines/1/?payouts=expired"
+
+    def onboard(self, host: Host) -> str | None:
+        return services.payout_account_onboard(host=host, return_url=self.RETURN, refresh_url=self.REFRESH)
+
+    def test_it_creates_an_express_account_and_sends_the_owner_to_its_onboarding(self, catalog, fake_stripe) -> None:
+        host = make_host().host
+        link = self.onboard(host)
+        profile = PayoutProfile.objects.get(host=host)
+        assert profile.status == PayoutProfile.Status.ONBOARDING and profile.stripe_account_id.startswith("acct_")
+        assert link.startswith(f"{fake_stripe.url}/connect/onboarding/")
+        create, linked = (call for call in fake_stripe.received if call.method == "POST")
+        assert create.path == "/v1/accounts" and create.form["type"] == "express"
+        assert create.form["capabilities[transfers][requested]"] == "true" and create.form["metadata[host_id]"] == str(host.pk)
+        assert create.idempotency_key == f"payout-account-{host.pk}-first"
+        assert linked.path == "/v1/account_links" and linked.form == {
+            "account": profile.stripe_account_id, "type": "account_onboarding", "return_url": self.RETURN, "refresh_url": self.REFRESH,
+        }
+        with pytest.raises(PayoutRefused, match="has not finished Stripe's onboarding"):
+            services.payout_request(host=host)
+
+    def test_returning_proves_nothing_until_stripe_says_onboarding_finished(self, catalog, fake_stripe) -> None:
+        host = make_host().host
+        link = self.onboard(host)
+        assert services.payout_account_refresh(host=host).status == PayoutProfile.Status.ONBOARDING  # came back early
+        completed = httpx.post(link, timeout=5)
+        assert completed.status_code == 303 and completed.headers["Location"] == self.RETURN
+        assert services.payout_account_refresh(host=host).status == PayoutProfile.Status.READY
+        assert self.onboard(host) is None, "nothing more to set up"
+        assert httpx.post(link, timeout=5).headers["Location"] == self.REFRESH, "a link works once"
+
+    def test_a_second_click_reuses_the_account_and_a_forgotten_one_is_replaced(self, catalog, fake_stripe) -> None:
+        host = make_host().host
+        self.onboard(host)
+        first = PayoutProfile.objects.get(host=host).stripe_account_id
+        self.onboard(host)
+        assert PayoutProfile.objects.get(host=host).stripe_account_id == first
+        fake_stripe.accounts.pop(first)  # the stand-in restarted: it forgot the account
+        self.onboard(host)
+        assert PayoutProfile.objects.get(host=host).stripe_account_id not in (first, "")
+
+    def test_once_ready_the_owner_is_paid_without_an_operator_connecting_anything(self, catalog, fake_stripe) -> None:
+        serving = make_host()
+        customer = make_customer(credit_ucents=2_000_000_000)
+        hold = services.hold_place(user=customer.user, api_key=customer.key, amount_ucents=2_000_000_000)
+        services.hold_settle(hold=hold, cost_ucents=2_000_000_000, host=serving.host, reference=f"r-{uuid.uuid4()}")
+        httpx.post(self.onboard(serving.host), timeout=5)
+        services.payout_account_refresh(host=serving.host)
+        paid = services.payout_approve(payout_id=services.payout_request(host=serving.host).pk)
+        assert paid.status == Payout.Status.PAID and paid.destination == PayoutProfile.objects.get(host=serving.host).stripe_account_id
+
+    def test_a_banned_machine_cannot_set_up_payouts(self, catalog, fake_stripe) -> None:
+        from hosts.services import host_ban
+
+        host = make_host().host
+        host_ban(host=host, reason="served made-up text", by="operator")
+        with pytest.raises(PayoutRefused, match="banned"):
+            self.onboard(host)
+        assert fake_stripe.received == []

@@ -10,15 +10,15 @@ from django.test import Client
 
 from billing import selectors, services
 from billing.models import Account, LedgerTransaction, StripeEvent, TopUp
-from billing.tests.conftest import WEBHOOK_SECRET
-from billing.tests.stripe_fake import charge_refunded_event, checkout_completed_event, dispute_event, sign
+from billing.stripe_local import charge_refunded_event, checkout_completed_event, dispute_event, sign
+from billing.tests.conftest import BACK, WEBHOOK_SECRET
 from conftest import make_customer
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
     from django.test.client import _MonkeyPatchedWSGIResponse as TestResponse
 
-    from billing.tests.stripe_fake import FakeStripe
+    from billing.stripe_local import LocalStripe
 
 pytestmark = pytest.mark.django_db
 
@@ -30,8 +30,8 @@ def deliver(payload: str, signature: str | None = None) -> TestResponse:
     return Client().post(URL, data=payload.encode(), content_type="application/json", HTTP_STRIPE_SIGNATURE=header)
 
 
-def open_topup(fake_stripe: FakeStripe, user: User, cents: int) -> tuple[TopUp, dict]:
-    topup = services.topup_create(user=user, amount_cents=cents)
+def open_topup(fake_stripe: LocalStripe, user: User, cents: int) -> tuple[TopUp, dict]:
+    topup = services.topup_create(user=user, amount_cents=cents, **BACK)
     return topup, fake_stripe.sessions[topup.stripe_session_id]
 
 

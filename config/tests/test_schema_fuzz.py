@@ -26,7 +26,7 @@ import schemathesis
 from schemathesis.checks import not_a_server_error
 from schemathesis.engine import events, from_schema
 
-from billing.tests.stripe_fake import FakeStripe
+from billing.stripe_local import LocalStripe
 from conftest import Customer, Gateway, ServingHost, make_customer, make_host, stack_env, wait_until
 from marketplace.tests.test_routing_sim import Sim
 
@@ -47,7 +47,7 @@ EMBEDDER = "all-minilm-l6-v2"
 
 @pytest.fixture(scope="module")
 def fuzz_gateway(django_db_setup: None, django_db_blocker: DjangoDbBlocker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    stripe = FakeStripe().start()
+    stripe = LocalStripe().start()
     with django_db_blocker.unblock():
         env = stack_env({
             "STRIPE_SECRET_KEY": "sk_test_local", "STRIPE_WEBHOOK_SECRET": "whsec_test_fuzz", "STRIPE_API_BASE": stripe.url,

@@ -10,8 +10,10 @@ on Ctrl-C.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -79,7 +81,10 @@ class Command(BaseCommand):
         (var / "demo-api-key").write_text(api_key + "\n")
         server = f"http://127.0.0.1:{port}"
         python = sys.executable
+        stripe_argv = self._stripe_test_mode(python, server)  # (before any child starts: they inherit its keys)
         procs = self._gateways(python, port, workers, var)
+        if stripe_argv:
+            procs.append(self._spawn("stripe-local", stripe_argv))
         watchdogs_argv = [python, "-m", "celery", "-A", "config", "worker", "-B", "--concurrency", "1", "--loglevel", "WARNING"]
         procs.append(self._spawn("watchdogs", watchdogs_argv))
         self._wait_for(server)
@@ -99,7 +104,8 @@ class Command(BaseCommand):
         # the watchdogs too: a 16-minute soak saw the embedded broker's worker die on a message it
         # read half-written (JSONDecodeError), and that stopped the whole system
         self._supervise(procs, restartable={"mahout": host_argv, "mahout-embeddings": embeddings_argv,
-                                            "watchdogs": watchdogs_argv}, envs=envs)
+                                            "watchdogs": watchdogs_argv, **({"stripe-local": stripe_argv} if stripe_argv else {})},
+                       envs=envs)
 
     def _demo_key(self) -> str:
         user, created = get_user_model().objects.get_or_create(username=DEMO_CUSTOMER, defaults={"email": DEMO_CUSTOMER})
@@ -119,6 +125,21 @@ class Command(BaseCommand):
             token = host_token_rotate(host=host).token
         trust_grant(host_id=host.pk)
         return token
+
+    def _stripe_test_mode(self, python: str, server: str) -> list[str] | None:
+        """Local test mode unless the operator set a real STRIPE_SECRET_KEY: the command line of
+        the Stripe stand-in (billing/stripe_local.py) on a free port of its own, and its fresh
+        test keys put in the environment every child inherits (the gateway's STRIPE_API_BASE
+        points at it; its "Pay" posts signed events to the gateway's webhook)."""
+        if os.environ.get("STRIPE_SECRET_KEY"):
+            return None
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            stripe_port = probe.getsockname()[1]
+        os.environ.update(STRIPE_SECRET_KEY=f"sk_test_local_{secrets.token_hex(12)}",
+                          STRIPE_WEBHOOK_SECRET=f"whsec_local_{secrets.token_hex(16)}",
+                          STRIPE_API_BASE=f"http://127.0.0.1:{stripe_port}")
+        return [python, "manage.py", "stripe_local", "--port", str(stripe_port), "--webhook-url", f"{server}/billing/stripe/webhook/"]
 
     def _gateways(self, python: str, port: int, workers: int, var: Path) -> list[tuple[str, subprocess.Popen]]:
         """One daphne on `port`; or `workers` of them on the ports above it, behind HAProxy on `port`."""
