@@ -235,7 +235,7 @@ STALL_SECONDS = env_float("STALL_SECONDS", 20.0, minimum=0.1)
 # A host whose WebSocket drops is dead unless it reopens one within this (mahout retries after 1 s).
 HOST_RECONNECT_GRACE_SECONDS = env_float("HOST_RECONNECT_GRACE_SECONDS", 2.5, minimum=0.0)
 OUTPUT_RETENTION_SECONDS = env_int("OUTPUT_RETENTION_SECONDS", 300, minimum=0)
-# a customer schema's conversion to a grammar, in a child process (marketplace/grammar_check.py)
+# a customer schema's conversion to a grammar, in a child process (protocol/grammar_fence.py)
 GRAMMAR_CHECK_SECONDS = env_float("GRAMMAR_CHECK_SECONDS", 2.0, minimum=0.1)
 GRAMMAR_CHECK_MEMORY_MB = env_int("GRAMMAR_CHECK_MEMORY_MB", 1024, minimum=256)
 # A customer whose connection went away and did not re-attach within this is gone: the job is
@@ -267,6 +267,9 @@ TRUST_AFTER_JOBS = env_int("TRUST_AFTER_JOBS", 10, minimum=0)
 TRUST_AFTER_SECONDS = env_float("TRUST_AFTER_SECONDS", 3600.0, minimum=0.0)
 HOST_PROBATION_MAX_JOBS = env_int("HOST_PROBATION_MAX_JOBS", 4, minimum=1)
 HOST_TRUSTED_MAX_JOBS = env_int("HOST_TRUSTED_MAX_JOBS", 64, minimum=1)
+# Machines one account may register (Sybils are not free); an operator raises it for one owner
+# in the admin ("Host allowances").
+HOSTS_PER_ACCOUNT = env_int("HOSTS_PER_ACCOUNT", 10, minimum=1)
 # Speed routing trusts only what the gateway measured: a reported tokens/s counts at most this
 # much until the host's own jobs measured it, and a host whose report is over twice what it
 # delivers is "overstated" (its report ignored, its offers after honest hosts').
@@ -373,7 +376,7 @@ if DJANGO_ENV == "production":
         raise ImproperlyConfigured("DJANGO_ENV=production never runs with DJANGO_DEBUG")
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")  # TLS ends at the proxy in front
     SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
-    SECURE_REDIRECT_EXEMPT = [r"^v1/models$"]  # a load balancer's health check speaks plain HTTP to the backends
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^v1/models$"]  # a load balancer's health check speaks plain HTTP to the backends
     SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31_536_000, minimum=0)
     SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
     SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", True)

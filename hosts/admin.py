@@ -13,7 +13,7 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
 from hosts import services
-from hosts.models import Host, Qualification
+from hosts.models import Host, HostAllowance, Qualification
 
 
 class QualificationInline(admin.TabularInline):
@@ -182,3 +182,12 @@ class QualificationAdmin(admin.ModelAdmin):
         "host", "model", "fingerprint", "prompt_tps", "gen_tps", "ttft_ms", "memory_mb", "threads", "machine",
         "created_at", "updated_at",
     )
+
+
+@admin.register(HostAllowance)
+class HostAllowanceAdmin(admin.ModelAdmin):
+    """An owner who runs more machines than HOSTS_PER_ACCOUNT: the operator raises their limit here."""
+
+    list_display = ("owner", "machines", "reason", "updated_at")
+    search_fields = ("owner__username", "owner__email")
+    raw_id_fields = ("owner",)

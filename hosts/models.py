@@ -296,3 +296,16 @@ class Qualification(models.Model):
 
     def __str__(self) -> str:
         return f"{self.host} · {self.model} · {self.fingerprint[:8]}"
+
+
+class HostAllowance(models.Model):
+    """An operator's exception to HOSTS_PER_ACCOUNT for one owner: how many machines their
+    account may register, and why."""
+
+    owner = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="host_allowance")
+    machines = models.PositiveIntegerField(help_text="machines this owner may register (replaces HOSTS_PER_ACCOUNT)")
+    reason = models.CharField(max_length=300, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.owner} · {self.machines} machines"

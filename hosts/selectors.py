@@ -9,11 +9,17 @@ from django.utils import timezone
 from catalog.models import CatalogModel
 from core.errors import ApiError
 from core.secrets import secret_hash
-from hosts.models import Host, Qualification, is_warm
+from hosts.models import Host, HostAllowance, Qualification, is_warm
 
 
 def host_by_token(*, token: str) -> Host | None:
     return Host.objects.filter(token_hash=secret_hash(token)).select_related("owner").first()
+
+
+def machines_allowed(owner: object) -> int:
+    """How many machines the owner's account may register: an operator's allowance, else HOSTS_PER_ACCOUNT."""
+    allowance = HostAllowance.objects.filter(owner=owner).values_list("machines", flat=True).first()
+    return settings.HOSTS_PER_ACCOUNT if allowance is None else allowance
 
 
 def invalid_host_token() -> ApiError:

@@ -17,6 +17,7 @@ from core.errors import DomainError
 from core.events import announce_on_commit
 from core.secrets import secret_hash, secret_new, secret_prefix
 from hosts.models import Host, Qualification
+from hosts.selectors import machines_allowed
 
 logger = logging.getLogger(__name__)
 
@@ -30,14 +31,27 @@ class NewHost:
 @transaction.atomic
 def host_create(*, email: str, name: str) -> NewHost:
     """Create a host (and its owner's user if new). The token is returned once. An owner who
-    signed up and has not confirmed the address raises AccountUnconfirmed."""
+    signed up and has not confirmed the address raises AccountUnconfirmed; one who has all the
+    machines their account may register raises MachineLimitReached (the owner's row is locked,
+    so two registrations at once cannot both take the last place)."""
     User = get_user_model()
     owner, _ = User.objects.get_or_create(username=email, defaults={"email": email})
     if account_unconfirmed(owner):
         raise AccountUnconfirmed(f"{email} is not confirmed yet")
+    User.objects.select_for_update().filter(pk=owner.pk).first()
+    allowed = machines_allowed(owner)
+    if Host.objects.filter(owner=owner).count() >= allowed:
+        raise MachineLimitReached(
+            f"{email} already has {allowed} machines, the most one account may register; an operator can raise "
+            "the limit for this account"
+        )
     token = secret_new("host")
     host = Host.objects.create(owner=owner, name=name, token_prefix=secret_prefix(token), token_hash=secret_hash(token))
     return NewHost(host=host, token=token)
+
+
+class MachineLimitReached(Exception):
+    """The owner already has as many machines as their account may register."""
 
 
 class WrongModelFile(Exception):

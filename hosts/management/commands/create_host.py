@@ -4,7 +4,8 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import IntegrityError
 
-from hosts.services import host_create
+from accounts.services import AccountUnconfirmed
+from hosts.services import MachineLimitReached, host_create
 
 
 class Command(BaseCommand):
@@ -19,5 +20,7 @@ class Command(BaseCommand):
             new = host_create(email=email, name=name)
         except IntegrityError:
             raise CommandError(f"{email} already has a host named {name!r}") from None
-        self.stdout.write(f"Created host {name!r} for {email}. Run it with: python -m mahout run --server URL --token TOKEN")
+        except (AccountUnconfirmed, MachineLimitReached) as refusal:
+            raise CommandError(str(refusal)) from None
+        self.stdout.write(f"Created host {name!r} for {email}. Run it with: mahout run --server URL --token TOKEN")
         self.stdout.write(new.token)
