@@ -6,7 +6,10 @@ rows each chosen expert must process. Experts held by an eligible worker are gro
 one request per worker and sent concurrently while the rest are computed here. A worker
 that breaks, times out or answers badly is marked dead and its experts are computed
 locally in the same call, so a dying worker never corrupts an answer. The local result is
-the reference: a remote worker runs the same float32 expert on the same rows.
+the reference: a remote worker runs the same float32 expert on the same rows. An answer with
+a non-finite value is a failed batch; a random share of good-looking answers
+(`DispatchPolicy.check_share`) is recomputed here, and a worker whose values disagree is
+blamed: its answer is replaced by the local one and it is never sent rows again.
 
 Workers are reached through a `Transport` (a direct TCP link here; the relay provides
 another), attached from the control plane's dispatch map (`sync`). A direct link passes the
@@ -16,6 +19,8 @@ listener that proved it holds it, and an answer is read only up to the size of t
 from __future__ import annotations
 
 import itertools
+import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -29,6 +34,8 @@ from engine.moe import ExpertCompute
 from mahout.link import FrameCaps, Link, LinkClosed, dial
 from mahout.moe.policy import DispatchPolicy, LoadMonitor, WorkerState, dispatch_eligible
 from mahout.moe.worker import pack_rows, unpack_rows
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["Coordinator", "DispatchStats", "TcpTransport", "Transport", "WorkerFailed", "WorkerSpec"]
 
@@ -112,6 +119,8 @@ class DispatchStats:
     local_experts: int = 0
     remote_experts: int = 0
     fallbacks: int = 0  # expert batches recomputed locally after a worker failed
+    checks: int = 0  # remote batches recomputed locally to check them
+    mismatches: int = 0  # checked batches whose values disagreed (their workers are blamed)
     first_remote_at: float | None = None  # monotonic time of the first successful remote batch
 
 
@@ -125,6 +134,7 @@ class Coordinator:
         clock: Callable[[], float] = time.monotonic,
         wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
         transport_for: Callable[[WorkerSpec], Transport] | None = None,
+        draw: Callable[[], float] = random.random,
     ) -> None:
         self.local = local
         self.monitor = monitor
@@ -132,6 +142,7 @@ class Coordinator:
         self.clock = clock
         self.wall_ms = wall_ms
         self.transport_for = transport_for or direct_transport
+        self.draw = draw
         self.workers: dict[str, WorkerState] = {}
         self.stats = DispatchStats()
         self._transports: dict[str, Transport] = {}
@@ -148,6 +159,8 @@ class Coordinator:
         with self._lock:
             known = self.workers.get(spec.key)
             if known is not None and self._specs[spec.key] == spec:
+                if known.blamed:
+                    return known
                 if known.alive or known.died_at is None or self.clock() - known.died_at < self.policy.retry_dead_s:
                     return known
             state = WorkerState(spec.key, spec.layer, spec.first, spec.count, connected_at=self.clock())
@@ -201,14 +214,33 @@ class Coordinator:
         outputs = self.local(layer, {e: inputs[e] for e in local}) if local else {}
         self.stats.local_experts += len(local)
         for key, future in sent.items():
+            experts = plan[key]
             try:
-                outputs.update(future.result())
+                remote = future.result()
             except WorkerFailed:
-                experts = plan[key]
                 outputs.update(self.local(layer, {e: inputs[e] for e in experts}))
                 self.stats.fallbacks += 1
                 self.stats.local_experts += len(experts)
+                continue
+            outputs.update(remote if self.draw() >= self.policy.check_share else self._checked(key, layer, inputs, remote))
         return outputs
+
+    def _checked(self, key: str, layer: int, inputs: dict[int, torch.Tensor], remote: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        """Recompute a remote batch here; on a disagreement blame its worker and keep ours."""
+        reference = self.local(layer, {e: inputs[e] for e in remote})
+        self.stats.checks += 1
+        rtol, atol = self.policy.check_rtol, self.policy.check_atol
+        wrong = [e for e in sorted(remote) if not torch.allclose(remote[e], reference[e], rtol=rtol, atol=atol)]
+        if not wrong:
+            return remote
+        gap = max(float((remote[e] - reference[e]).abs().max()) for e in wrong)
+        self.stats.mismatches += 1
+        state = self.workers.get(key)
+        if state is not None:
+            state.blamed = f"layer {layer} experts {wrong}: values off by up to {gap:.3g}"
+        logger.warning("expert worker %s blamed: layer %s experts %s differ from the local recompute by up to %.3g",
+                       key, layer, wrong, gap)
+        return reference
 
     def _remote(self, key: str, layer: int, inputs: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
         state, transport = self.workers.get(key), self._transports.get(key)
@@ -224,6 +256,8 @@ class Coordinator:
             outputs = unpack_rows(answer["experts"], answer["counts"], out)
             if sorted(outputs) != experts or any(outputs[e].shape != inputs[e].shape for e in experts):
                 raise WorkerFailed(f"worker {key} answered for other experts or shapes")
+            if not all(bool(torch.isfinite(outputs[e]).all()) for e in experts):
+                raise WorkerFailed(f"worker {key} answered non-finite values")
         except WorkerFailed:
             state.alive, state.died_at = False, self.clock()
             raise

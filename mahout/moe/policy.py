@@ -32,6 +32,11 @@ class DispatchPolicy:
     probe_timeout_s: float = 0.5
     dispatch_timeout_s: float = 5.0  # a remote batch slower than this is computed locally
     retry_dead_s: float = 30.0  # a failed worker still in the dispatch map is tried again after this
+    # A share of remote batches is recomputed here and compared: a worker whose values differ
+    # by more than float32's reordering (seen: 1e-4 relative) is blamed and never used again.
+    check_share: float = 0.05
+    check_rtol: float = 1e-3
+    check_atol: float = 1e-3
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,7 @@ class WorkerState:
     served: int = 0  # batches computed
     alive: bool = True
     died_at: float | None = None  # monotonic time it failed a batch
+    blamed: str = ""  # why its answers are not trusted (a recomputed batch disagreed): never used again
 
     def holds(self, layer: int, expert: int) -> bool:
         return layer == self.layer and self.first <= expert < self.first + self.count
@@ -70,7 +76,7 @@ class WorkerState:
 def dispatch_eligible(worker: WorkerState, *, now: float, load: LoadState, policy: DispatchPolicy) -> bool:
     """May the coordinator send experts to `worker` now?
 
-    * a dead worker (its link broke, or it failed a batch): never;
+    * a dead worker (its link broke, or it failed a batch) or a blamed one: never;
     * never served (connected but not proven): only within `grace_s` of connecting, its one
       first try; outside it, it is not recruited, under load least of all (it would replace
       the fast local path with a slow fallback);
@@ -78,7 +84,7 @@ def dispatch_eligible(worker: WorkerState, *, now: float, load: LoadState, polic
     * proven, quiet: only within `idle_timeout_s` of the last time the coordinator was
       under load; after that the coordinator serves locally and the worker ages out.
     """
-    if not worker.alive:
+    if not worker.alive or worker.blamed:
         return False
     if not worker.proven:
         return now - worker.connected_at < policy.grace_s

@@ -8,7 +8,9 @@ import torch
 from mahout.moe.coordinator import Coordinator, WorkerSpec
 from mahout.moe.policy import DispatchPolicy, LoadMonitor, LoadState, WorkerState, dispatch_eligible
 
-POLICY = DispatchPolicy(saturation_threshold=2, idle_timeout_s=30.0, grace_s=5.0, probe_timeout_s=0.2)
+# check_share 0: these tests tell who computed a batch by its value (a worker's x * 3, the
+# coordinator's own x * 2), which a random check would correct; ExpertCheckTests checks.
+POLICY = DispatchPolicy(saturation_threshold=2, idle_timeout_s=30.0, grace_s=5.0, probe_timeout_s=0.2, check_share=0.0)
 QUIET = LoadState(busy=0, under_load=False, last_load_at=None)
 
 
@@ -199,3 +201,58 @@ class DeadWorkerTests:
         coordinator.sync([spec])
         assert coordinator.workers["w"].alive
         coordinator.close()
+
+
+class _Answers:
+    """A worker's transport answering `answer(rows)`: an honest one, a poisoned one."""
+
+    def __init__(self, answer) -> None:
+        self.answer, self.calls = answer, 0
+
+    def request(self, header: dict, rows: torch.Tensor, timeout: float) -> tuple[dict, torch.Tensor]:
+        self.calls += 1
+        return {"type": "result", "id": header["id"], "experts": header["experts"], "counts": header["counts"]}, self.answer(rows)
+
+    def close(self) -> None:
+        pass
+
+
+class ExpertCheckTests:
+    """Expert results are checked for values, not only shape (issue 29)."""
+
+    def _coordinator(self, answer, *, draw: float) -> tuple[Coordinator, _Answers]:
+        monitor = LoadMonitor(lambda: 0, POLICY, clock=lambda: 100.0)
+        monitor.state = LoadState(busy=3, under_load=True, last_load_at=100.0)
+        coordinator = Coordinator(lambda layer, inputs: {e: x * 2 for e, x in inputs.items()}, monitor=monitor,
+                                  policy=DispatchPolicy(check_share=0.05), clock=lambda: 100.0, draw=lambda: draw)
+        transport = _Answers(answer)
+        coordinator.attach(WorkerSpec("w", 0, 0, 4, ("127.0.0.1", 1)), transport).last_serve_ms = 1
+        return coordinator, transport
+
+    def test_a_non_finite_answer_is_refused_and_computed_here(self) -> None:
+        coordinator, _ = self._coordinator(lambda rows: torch.full_like(rows, float("nan")), draw=0.99)
+        out = coordinator(0, {1: torch.ones(2, 3)})
+        assert torch.equal(out[1], torch.full((2, 3), 2.0))
+        assert coordinator.stats.fallbacks == 1 and not coordinator.workers["w"].alive
+
+    def test_an_honest_worker_passes_its_checks(self) -> None:
+        coordinator, transport = self._coordinator(lambda rows: rows * 2 * (1 + 1e-5), draw=0.0)
+        for _ in range(3):
+            assert torch.allclose(coordinator(0, {1: torch.ones(2, 3)})[1], torch.full((2, 3), 2.0), rtol=1e-4)
+        assert coordinator.stats.checks == 3 and coordinator.stats.mismatches == 0
+        assert transport.calls == 3 and not coordinator.workers["w"].blamed
+
+    def test_a_poisoned_expert_is_caught_replaced_and_never_used_again(self) -> None:
+        coordinator, transport = self._coordinator(lambda rows: rows * 2 + 0.5, draw=0.0)
+        out = coordinator(0, {1: torch.ones(2, 3), 2: torch.ones(1, 3)})
+        assert torch.equal(out[1], torch.full((2, 3), 2.0)) and torch.equal(out[2], torch.full((1, 3), 2.0))
+        assert coordinator.stats.mismatches == 1
+        assert "experts [1, 2]" in coordinator.workers["w"].blamed
+        coordinator.attach(WorkerSpec("w", 0, 0, 4, ("127.0.0.1", 1)))  # the control plane's map still lists it
+        coordinator(0, {1: torch.ones(2, 3)})
+        assert transport.calls == 1, "a blamed worker was sent rows again"
+
+    def test_unchecked_batches_are_the_sampled_share(self) -> None:
+        coordinator, transport = self._coordinator(lambda rows: rows * 2 + 0.5, draw=0.5)
+        out = coordinator(0, {1: torch.ones(2, 3)})
+        assert torch.equal(out[1], torch.full((2, 3), 2.5)) and coordinator.stats.checks == 0
