@@ -400,7 +400,7 @@ def canary_send(*, host: Host) -> CanaryCheck | None:
 
 
 def canary_send_if_due(*, host: Host) -> CanaryCheck | None:
-    """On every heartbeat: one query when no model has references (the default)."""
+    """On every claim (`marketplace.claiming`): one query when no model has references."""
     if not settings.CANARY_ENABLED or not CanaryReference.objects.exists():
         return None
     return canary_send(host=host) if canary_due(host=host, now=timezone.now()) else None

@@ -2,7 +2,9 @@
 `claim` frame on the host's WebSocket.
 
 The long-poll answers with a job's payload as soon as one is queued for a model the host
-qualified on its machine, or None after `wait` seconds. It holds one of the host's claim
+qualified on its machine, or None after `wait` seconds. A canary that is due for the host
+is queued here, so it arrives the way customers' jobs do (not with a heartbeat, which would
+mark it). It holds one of the host's claim
 slots while it waits (`marketplace.claim_slots`), and sleeps on the channel layer until a
 job is queued or offered, rather than polling the database.
 """
@@ -21,6 +23,7 @@ from core.errors import ApiError
 from core.events import Inbox, host_group, queue_group
 from hosts import selectors as hosts
 from hosts.models import Host, connected_since
+from marketplace import canaries
 from marketplace import services as market
 from marketplace.claim_slots import WAITING
 from protocol.jobs import CLAIM_WAIT_SECONDS
@@ -46,7 +49,7 @@ async def claim_when_offered(host: Host, *, fingerprint: str, wait: float) -> di
             code="host_maintenance", type="permission_error",
         )
     if host.last_heartbeat_at is None or host.last_heartbeat_at < connected_since(timezone.now()):
-        raise ApiError(  # a host that does not say it is there gets no work (nor canaries: they come with heartbeats)
+        raise ApiError(  # a host that does not say it is there gets no work
             409, f"This host has not sent a heartbeat in the last {settings.HOST_OFFLINE_AFTER_SECONDS} seconds; "
             "send one (POST /hosts/api/heartbeat, as mahout does every few seconds) before claiming work.",
             code="heartbeat_required", type="invalid_request_error",
@@ -61,6 +64,7 @@ async def claim_when_offered(host: Host, *, fingerprint: str, wait: float) -> di
             403, "This host has not qualified any model on this machine; run the benchmark and register it first.",
             code="not_qualified", type="permission_error",
         )
+    await db(canaries.canary_send_if_due, host=host)  # verification needs no customer traffic
     cap = host.claim_cap
     ticket = await WAITING.enter(host.pk, cap=cap, wait=wait)
     if ticket is None:

@@ -28,7 +28,7 @@ from hosts.apis import HostApi
 from hosts.models import Host
 from hosts.selectors import host_from_secret
 from mahout import __version__ as mahout_version
-from marketplace import canaries, pushing, redundancy, selectors
+from marketplace import pushing, redundancy, selectors
 from marketplace import services as market
 from marketplace.audits import MAX_TOKENS_KEPT
 from marketplace.claiming import JobClaimInputSerializer, claim_when_offered
@@ -210,7 +210,6 @@ class HeartbeatApi(HostApi):
             host=host, fingerprint=data["fingerprint"], paused=data["paused"], models_loaded=data["models_loaded"], version=data["version"],
             catalog=data["catalog"],
         )
-        canaries.canary_send_if_due(host=host)  # verification needs no customer traffic
         asks = redundancy.heartbeat_asks(host=host, now=timezone.now())  # `load` / `unload`: deliberate redundancy
         return Response(
             {"status": selectors.host_status(host=host), "paused": host.paused, "maintenance": host.maintenance_reason or None,

@@ -177,8 +177,8 @@ class CatalogListApiTests:
 @pytest.mark.django_db(transaction=True)
 class PresenceBeforeClaimTests:
     """A claim needs a present host (a heartbeat within HOST_OFFLINE_AFTER_SECONDS) running a
-    current mahout: a host that never says it is there gets no work (nor the canaries that
-    come with heartbeats)."""
+    current mahout: a host that never says it is there gets no work (canaries included: they
+    come through the claim)."""
 
     def test_a_host_that_never_heartbeats_claims_nothing(self, serving_host, customer) -> None:
         request = queued_request(customer)
@@ -188,6 +188,18 @@ class PresenceBeforeClaimTests:
         assert call("post", "/hosts/api/heartbeat", serving_host.token, {"fingerprint": serving_host.fingerprint})[0] == 200
         status, body = call("post", "/hosts/api/claim", serving_host.token, {"fingerprint": serving_host.fingerprint, "wait": 0})
         assert status == 200 and body["job"]["id"] == Job.objects.get(request=request).pk
+
+    def test_a_canary_comes_through_the_claim_not_with_the_heartbeat(self, serving_host, catalog) -> None:
+        from marketplace.models import CanaryCheck, CanaryReference
+
+        CanaryReference.objects.create(model=catalog, kind="completion", prompt="Once upon a time", max_tokens=16,
+                                       text=" there was a cat.", tokens=5, exact_chars=17, gaps=[])
+        beat = {"fingerprint": serving_host.fingerprint}
+        assert call("post", "/hosts/api/heartbeat", serving_host.token, beat)[0] == 200
+        assert not CanaryCheck.objects.exists(), "a canary arrived with the heartbeat: its timing marks it"
+        status, body = call("post", "/hosts/api/claim", serving_host.token, {"fingerprint": serving_host.fingerprint, "wait": 0})
+        check = CanaryCheck.objects.get(host=serving_host.host)
+        assert status == 200 and body["job"]["id"] == Job.objects.get(request=check.request).pk
 
     def test_a_stale_heartbeat_or_an_old_mahout_claims_nothing(self, serving_host, customer, settings) -> None:
         queued_request(customer)
