@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import threading
 from collections.abc import Generator, Iterator
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, cast
 
 from mahout.runners import Piece, RequestRejected
 from mahout.runners.logprobs import LogprobRecorder, TokenAligner
+from protocol.grammar_fence import FenceUnavailable, GrammarFence
 from protocol.jobs import CHAT, job_stop_strings
 from protocol.rendering import fragments_tokens
 from protocol.sampling import select, uniform
@@ -147,13 +149,20 @@ def strict_json_strings(gbnf: str) -> str:
     return gbnf.replace(LOOSE_CHAR, STRICT_CHAR)
 
 
+# The host converts schemas behind the same fence as the gateway (`protocol.grammar_fence`), a
+# little more generously in time (a host's CPU may be slower than the gateway's): a gateway
+# that did not check, or checked with another converter, cannot hang or exhaust a host.
+GRAMMAR_SECONDS = float(os.environ.get("MAHOUT_GRAMMAR_SECONDS") or 10.0)
+_FENCE = GrammarFence(memory_mb=int(os.environ.get("MAHOUT_GRAMMAR_MEMORY_MB") or 1024))
+
+
 def grammar_for(response_format: dict | None) -> object | None:
     """llama.cpp's grammar for a `response_format` (None: free text). The gateway checked
-    that the schema converts; a host whose llama.cpp still refuses it rejects the request
-    (the customer's, not a failure of the host)."""
+    that the schema converts; a host whose llama.cpp still refuses it (or cannot convert it
+    within GRAMMAR_SECONDS) rejects the request (the customer's, not a failure of the host)."""
     if not response_format:
         return None
-    from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar, json_schema_to_gbnf
+    from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar
 
     from protocol.schema_limits import schema_limit_problem
 
@@ -163,8 +172,10 @@ def grammar_for(response_format: dict | None) -> object | None:
     try:
         if response_format.get("type") == "json_object":
             return LlamaGrammar.from_string(JSON_GBNF, verbose=False)
-        gbnf = json_schema_to_gbnf(json.dumps(response_format.get("schema") or {}))
+        gbnf = _FENCE.convert(json.dumps(response_format.get("schema") or {}), seconds=GRAMMAR_SECONDS)
         return LlamaGrammar.from_string(strict_json_strings(gbnf), verbose=False)
+    except FenceUnavailable:
+        raise  # this host's trouble, not the request's
     except Exception as exc:  # noqa: BLE001 (the converter raises whatever it meets)
         raise RequestRejected(f"response_format cannot be made into a grammar here: {exc}") from exc
 

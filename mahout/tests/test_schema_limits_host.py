@@ -40,3 +40,17 @@ class HostLimitTests:
         finally:
             llm.close()
         assert made["choices"][0]["text"].startswith("{")
+
+
+class HostConverterFenceTests:
+    """A host does not rely on its gateway's checks: llama-cpp-python's converter hangs on `^}$`
+    (a literal `}` outside a class), so the host converts behind the same fence, in a child
+    process with a time bound, and the hanging schema is the request's refusal."""
+
+    def test_a_pattern_that_hangs_the_converter_is_rejected_in_bounded_time(self, monkeypatch) -> None:
+        from mahout.runners import llama
+
+        monkeypatch.setattr(llama, "GRAMMAR_SECONDS", 0.5)
+        with pytest.raises(RequestRejected, match="within 0.5 s"):  # (without the fence: never returns)
+            grammar_for(json_schema({"type": "string", "pattern": "^}$"}))
+        assert grammar_for(json_schema({"type": "string", "pattern": "^[a-c]+$"})) is not None, "a new child converts the next"

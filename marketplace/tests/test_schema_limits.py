@@ -173,7 +173,7 @@ class ConverterHangTests:
     def test_a_checker_that_cannot_start_is_a_503_in_the_api_format(self, customer, monkeypatch) -> None:
         grammar_check._CHECKER._stop()
         grammar_check._CHECKER._verdicts.clear()
-        monkeypatch.setattr(grammar_check, "_START_SECONDS", 0.0)  # (it never says "ready" in no time)
+        monkeypatch.setattr(grammar_check._CHECKER, "start_seconds", 0.0)  # (it never says "ready" in no time)
         error = assert_error(post(Client(), customer.secret, chat({"type": "string", "pattern": "^[a-d]+$"})), 503,
                              "grammar_check_unavailable")
         assert "try again" in error["message"] and not Request.objects.exists()
