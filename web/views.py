@@ -293,6 +293,9 @@ def machines(request: AuthedHttpRequest) -> HttpResponse:
         except AccountUnconfirmed:
             messages.error(request, "Confirm your e-mail address first (the link we sent): until then no machine can be "
                                     "registered.")
+        except hosts.MachineLimitReached:
+            form.add_error(None, f"Your account has the most machines it may register ({host_selectors.machines_allowed(request.user)}). "
+                                 "Ask an operator to raise the limit if you run more.")
         else:
             form = HostForm()
     return _machines_page(request, form=form, new_host=new_host)
