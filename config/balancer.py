@@ -2,9 +2,9 @@
 
 HTTP mode, so SSE streams pass through unbuffered and WebSockets (a host's socket, a
 customer's chat stream) are tunnelled; `leastconn` because streams are long-lived; a
-backend that stops answering is taken out by the health check (any answer of the
-gateway's, even a 401, says it is up) within about two seconds, and a connection refused
-meanwhile is retried on another backend (`redispatch`).
+backend that stops answering is taken out by the health check (`GET /healthz`, which needs
+no key: `config.health`) within about two seconds, and a connection refused meanwhile is
+retried on another backend (`redispatch`).
 """
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ frontend elephant
 
 backend gateways
     balance leastconn
-    option httpchk GET /v1/models
-    http-check expect rstatus ^(200|401)$
+    option httpchk GET {health}
+    http-check expect status 200
     default-server inter 1s fall 2 rise 1
 {servers}
 """
@@ -44,8 +44,9 @@ def haproxy_config(*, port: int, backends: list[int], max_body: int | None = Non
     bodies declared over `max_body` (default: the gateway's MAX_BODY_BYTES) get a 413."""
     from django.conf import settings
 
+    from config.health import HEALTH_PATH
     from core.bodylimit import too_large
 
     limit = max_body if max_body is not None else settings.DATA_UPLOAD_MAX_MEMORY_SIZE
     servers = "\n".join(f"    server gateway{index} 127.0.0.1:{backend} check" for index, backend in enumerate(backends, 1))
-    return TEMPLATE.format(port=port, servers=servers, max_body=limit, too_large=too_large(limit).decode())
+    return TEMPLATE.format(port=port, servers=servers, max_body=limit, too_large=too_large(limit).decode(), health=HEALTH_PATH)

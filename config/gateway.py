@@ -12,7 +12,8 @@ Two things plain `daphne` does not do:
   status line with no body (clients and fuzzers then read no error at all).
 * **The access log leaves out the hosts' own traffic** (heartbeats, long-polls, token
   batches, their sockets), which would otherwise be most of the lines `make run` prints.
-  `ACCESS_LOG_HOSTS=1` prints them again.
+  `ACCESS_LOG_HOSTS=1` prints them again. The load balancer's health checks
+  (`GET /healthz`, once a second per backend) are left out always.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from daphne import cli
 from daphne.access import AccessLogGenerator
 from daphne.http_protocol import WebRequest
 
+from config.health import HEALTH_PATH
 from core.bodylimit import too_large
 
 QUIET_PREFIXES = ("/hosts/api/", "/hosts/ws", "/api/rings/", "/api/moe/", "/api/expert-")
@@ -35,11 +37,28 @@ def quiet(request: str) -> bool:
     return path.startswith(QUIET_PREFIXES)
 
 
-class HostQuietAccessLog(AccessLogGenerator):
+def health_check(request: str) -> bool:
+    """Whether an access-log request is the load balancer's health check ("GET /healthz")."""
+    return request.split(" ", 1)[-1] == HEALTH_PATH
+
+
+class QuietAccessLog(AccessLogGenerator):
+    """daphne's access log without the load balancer's health checks."""
+
     def write_entry(self, host, date, request, status=None, length=None, ident=None, user=None):  # noqa: ANN001, ANN201, PLR0913
-        if quiet(request):
+        if health_check(request) or self.left_out(request):
             return
         super().write_entry(host, date, request, status=status, length=length, ident=ident, user=user)
+
+    def left_out(self, request: str) -> bool:
+        return False
+
+
+class HostQuietAccessLog(QuietAccessLog):
+    """… and without the hosts' routine calls."""
+
+    def left_out(self, request: str) -> bool:
+        return quiet(request)
 
 
 class BoundedRequest(WebRequest):
@@ -102,8 +121,8 @@ def main() -> None:
     from twisted.web import http
 
     http.HTTPChannel._respondToBadRequestAndDisconnect = refuse_malformed  # (the one place Twisted refuses a request)
-    if os.environ.get("ACCESS_LOG_HOSTS") != "1":
-        cli.AccessLogGenerator = HostQuietAccessLog  # daphne's CLI builds its access log from this name
+    # daphne's CLI builds its access log from this name
+    cli.AccessLogGenerator = QuietAccessLog if os.environ.get("ACCESS_LOG_HOSTS") == "1" else HostQuietAccessLog
     sys.argv[0] = "daphne"
     cli.CommandLineInterface.entrypoint()
 

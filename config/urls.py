@@ -8,6 +8,7 @@ from django.views.generic import RedirectView
 from drf_spectacular.renderers import OpenApiJsonRenderer, OpenApiJsonRenderer2, OpenApiYamlRenderer, OpenApiYamlRenderer2
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from config.health import healthz
 from core.errors import ApiError
 from marketplace import host_apis, metrics, usage_apis
 
@@ -16,6 +17,7 @@ urlpatterns = [
     re_path(r"^admin/marketplace/catalogmodel/(?P<rest>.*)$", RedirectView.as_view(url="/admin/catalog/catalogmodel/%(rest)s", query_string=True, permanent=True)),
     re_path(r"^admin/marketplace/apikey/(?P<rest>.*)$", RedirectView.as_view(url="/admin/accounts/apikey/%(rest)s", query_string=True, permanent=True)),
     path("admin/", admin.site.urls),
+    path("healthz", healthz),  # the load balancer's health check: no key, no database
     path("metrics", metrics.metrics_view),
     path("v1/usage", usage_apis.UsageApi.as_view()),
     path("v1/usage.csv", usage_apis.UsageCsvApi.as_view()),

@@ -13,7 +13,7 @@ import sys
 import httpx
 import pytest
 
-from config.gateway import HostQuietAccessLog, quiet
+from config.gateway import HostQuietAccessLog, QuietAccessLog, quiet
 from config.management.commands.serve_demo import status_line
 from conftest import ROOT, free_port, make_host, stack_env, wait_until
 from marketplace.tests.test_reputation import online
@@ -29,6 +29,15 @@ def test_the_hosts_routine_calls_are_left_out_and_the_customers_kept() -> None:
     log("http", "complete", {"client": ["127.0.0.1", 1], "method": "POST", "path": "/hosts/api/heartbeat", "status": 200, "size": 9})
     log("http", "complete", {"client": ["127.0.0.1", 1], "method": "POST", "path": "/v1/chat/completions", "status": 200, "size": 9})
     assert "/v1/chat/completions" in stream.getvalue() and "heartbeat" not in stream.getvalue()
+
+
+@pytest.mark.parametrize("log_class", [HostQuietAccessLog, QuietAccessLog])  # (QuietAccessLog: ACCESS_LOG_HOSTS=1)
+def test_the_balancers_health_checks_are_left_out_whatever_is_set(log_class) -> None:
+    stream = io.StringIO()
+    log = log_class(stream)
+    for path in ("/healthz", "/healthz", "/v1/models"):
+        log("http", "complete", {"client": ["127.0.0.1", 1], "method": "GET", "path": path, "status": 200, "size": 9})
+    assert stream.getvalue().count("\n") == 1 and "/v1/models" in stream.getvalue()
 
 
 @pytest.mark.django_db

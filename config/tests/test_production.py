@@ -50,12 +50,14 @@ class ProductionSettingsTests:
             "plain = c.get('/login/', HTTP_HOST='gateway.example'); "
             "proxied = c.get('/login/', HTTP_HOST='gateway.example', HTTP_X_FORWARDED_PROTO='https'); "
             "health = c.get('/v1/models', HTTP_HOST='gateway.example'); "
+            "healthz = c.get('/healthz', HTTP_HOST='gateway.example'); "
             "print('|'.join(map(str, [plain.status_code, plain.get('Location'), proxied.status_code, "
-            "proxied.get('Strict-Transport-Security'), health.status_code])))"
+            "proxied.get('Strict-Transport-Security'), health.status_code, healthz.status_code])))"
         )
         result = manage("shell", "-c", script, **production)
         assert result.returncode == 0, result.stderr
-        plain, location, proxied, hsts, health = result.stdout.strip().splitlines()[-1].split("|")
+        plain, location, proxied, hsts, health, healthz = result.stdout.strip().splitlines()[-1].split("|")
         assert (plain, location) == ("301", "https://gateway.example/login/")
         assert proxied == "200" and hsts == "max-age=31536000; includeSubDomains; preload"
-        assert health == "401", "the balancer's health check is answered over plain HTTP"
+        assert health == "401", "a balancer's health check on /v1/models is answered over plain HTTP"
+        assert healthz == "200", "and so is HAProxy's, on /healthz"

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -114,6 +115,20 @@ def whole(text: str) -> bool:
 
 
 class TwoGatewaysTests:
+    def test_the_health_checks_pass_without_a_key_and_stay_out_of_the_gateways_logs(self, balanced) -> None:
+        """They asked /v1/models and took its 401 for a pass: an "Unauthorized" line and an access
+        line per check, four a second, on `make run`'s terminal."""
+        url, gateways, _ = balanced
+        logs = [Path(gateway.log.name) for gateway in gateways]
+        before = [log.stat().st_size for log in logs]  # (what the start-up probes logged)
+        time.sleep(3)  # HAProxy asks each backend once a second
+        assert httpx.get(f"{url}/healthz", timeout=10).status_code == 200  # (both backends down would be a 503)
+        for log, offset in zip(logs, before, strict=True):
+            with log.open() as text:
+                text.seek(offset)
+                logged = text.read()
+            assert "healthz" not in logged and "Unauthorized" not in logged, logged[-2000:]
+
     def test_the_balancer_refuses_a_declared_body_over_the_limit_before_a_gateway_buffers_it(self, balanced) -> None:
         url, _, _ = balanced
         host, port = url.removeprefix("http://").split(":")

@@ -31,6 +31,7 @@ from accounts.services import api_key_create
 from billing.services import credit_grant
 from catalog.money import usd_to_ucents
 from config.balancer import haproxy_config
+from config.health import HEALTH_PATH
 from hosts.models import Host
 from hosts.services import host_create, host_token_rotate
 from marketplace.reputation import trust_grant
@@ -53,6 +54,11 @@ def status_line() -> str:
     running = Job.objects.filter(status=Job.Status.RUNNING)
     return (f"[{time.strftime('%H:%M')}] hosts: {online.count()} online, {running.values('host').distinct().count()} busy; "
             f"queue: {Job.objects.filter(status=Job.Status.QUEUED).count()} waiting; streams: {running.count()} running")
+
+
+def backend_ports(port: int, workers: int) -> list[int]:
+    """The gateways' own ports behind the balancer on `port` (none: one gateway on `port` itself)."""
+    return [port + index for index in range(1, workers + 1)] if workers > 1 else []
 
 
 class Command(BaseCommand):
@@ -83,11 +89,18 @@ class Command(BaseCommand):
         python = sys.executable
         stripe_argv = self._stripe_test_mode(python, server)  # (before any child starts: they inherit its keys)
         procs = self._gateways(python, port, workers, var)
+        gateways = list(procs)
         if stripe_argv:
             procs.append(self._spawn("stripe-local", stripe_argv))
         watchdogs_argv = [python, "-m", "celery", "-A", "config", "worker", "-B", "--concurrency", "1", "--loglevel", "WARNING"]
         procs.append(self._spawn("watchdogs", watchdogs_argv))
-        self._wait_for(server)
+        # the hosts only once the gateway answers through the balancer: a host that meets its 503
+        # at start gives up (and was restarted, over and over)
+        try:
+            self._wait_for([server], gateways)
+        except SystemExit:
+            stop_all(procs)
+            raise
         # the demo's hosts run on the operator's own machine, which the operator is using: they
         # must not pause for it (a stranger's mahout pauses while its owner is active, by default)
         # (their tokens travel in the environment, never on a command line `ps` shows)
@@ -142,18 +155,24 @@ class Command(BaseCommand):
         return [python, "manage.py", "stripe_local", "--port", str(stripe_port), "--webhook-url", f"{server}/billing/stripe/webhook/"]
 
     def _gateways(self, python: str, port: int, workers: int, var: Path) -> list[tuple[str, subprocess.Popen]]:
-        """One daphne on `port`; or `workers` of them on the ports above it, behind HAProxy on `port`."""
+        """One daphne on `port`; or `workers` of them on the ports above it, behind HAProxy on `port`,
+        started once they answer (its first health checks then pass: no "server is DOWN" alerts)."""
         def daphne(listen: int) -> list[str]:
             # (daphne, with the hosts' heartbeats and long-polls left out of its access log)
             return [python, "-m", "config.gateway", "-b", "127.0.0.1", "-p", str(listen), "config.asgi:application"]
 
         if workers <= 1:
             return [self._spawn("gateway", daphne(port))]
-        backends = [port + index for index in range(1, workers + 1)]
+        backends = backend_ports(port, workers)
         config = var / "haproxy.cfg"
         config.write_text(haproxy_config(port=port, backends=backends))
         behind = {**os.environ, "TRUSTED_PROXY_COUNT": os.environ.get("TRUSTED_PROXY_COUNT", "1")}  # HAProxy adds X-Forwarded-For
         procs = [self._spawn(f"gateway-{backend}", daphne(backend), env=behind) for backend in backends]
+        try:
+            self._wait_for([f"http://127.0.0.1:{backend}" for backend in backends], procs)
+        except SystemExit:
+            stop_all(procs)
+            raise
         procs.append(self._spawn("haproxy", ["haproxy", "-db", "-f", str(config)]))
         return procs
 
@@ -161,15 +180,24 @@ class Command(BaseCommand):
         self.stdout.write(f"starting {name}: {' '.join(argv[1:4])} …")
         return name, subprocess.Popen(argv, cwd=settings.BASE_DIR, env=env)
 
-    def _wait_for(self, server: str, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+    def _wait_for(self, urls: list[str], procs: list[tuple[str, subprocess.Popen]], timeout: float = 60) -> None:
+        """Return once every one of `urls` passes the health check (a 200 from /healthz: the
+        balancer's own 503 while its backends start is not one); a gateway that exits meanwhile,
+        or the timeout, stops the command."""
+        waiting, deadline = list(urls), time.monotonic() + timeout
+        while waiting and time.monotonic() < deadline:
+            for name, proc in procs:
+                if proc.poll() is not None:
+                    raise SystemExit(f"{name} exited with {proc.returncode} before the gateway answered")
             try:
-                httpx.get(f"{server}/v1/models", timeout=1)
-                return
+                if httpx.get(f"{waiting[0]}{HEALTH_PATH}", timeout=1).status_code == 200:
+                    waiting.pop(0)
+                    continue
             except httpx.HTTPError:
-                time.sleep(0.2)
-        raise SystemExit(f"the gateway did not answer on {server} within {timeout:.0f} s")
+                pass
+            time.sleep(0.2)
+        if waiting:
+            raise SystemExit(f"the gateway did not answer on {waiting[0]} within {timeout:.0f} s")
 
     def _print_welcome(self, server: str, api_key: str) -> None:
         self.stdout.write(
@@ -220,11 +248,16 @@ print(len(client.embeddings.create(model="all-minilm-l6-v2", input="a grey giant
                     self.stderr.write(f"{name} exited with {proc.returncode}; stopping the rest")
                     stopping = True
             time.sleep(0.5)
-        for _, proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for _, proc in procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all(procs)
+
+
+def stop_all(procs: list[tuple[str, subprocess.Popen]]) -> None:
+    """SIGTERM to every child still running, then SIGKILL to any not gone within 20 s."""
+    for _, proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for _, proc in procs:
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
