@@ -427,14 +427,15 @@ class HostLoop:
 
     @contextlib.contextmanager
     def _heartbeats(self) -> Iterator[None]:
-        """Run :meth:`heartbeat` every ``heartbeat_interval`` seconds in a daemon thread."""
+        """Send one heartbeat, then one every ``heartbeat_interval`` seconds from a daemon thread.
+        The first is sent before the first claim: the gateway refuses a claim from a host it has
+        not heard from (409 ``heartbeat_required``, a "Conflict" line on its terminal)."""
         done = threading.Event()
+        self.heartbeat()
 
         def beat() -> None:
-            while True:
+            while not done.wait(self.heartbeat_interval):
                 self.heartbeat()
-                if done.wait(self.heartbeat_interval):
-                    return
 
         thread = threading.Thread(target=beat, name="mahout-heartbeat", daemon=True)
         thread.start()

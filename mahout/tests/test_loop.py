@@ -285,6 +285,31 @@ class OutageApi:
         return getattr(self.api, name)
 
 
+class FirstHeartbeatTests:
+    def test_the_first_claim_waits_for_the_first_heartbeat(self, gateway, api, tmp_path):
+        """A claim from a host the gateway has not heard from is refused (409 heartbeat_required)."""
+        calls: list[str] = []
+
+        class Recording:
+            def heartbeat(self, **kwargs: object) -> dict:
+                time.sleep(0.2)  # a slow answer: the claim must not overtake it
+                answer = api.heartbeat(**kwargs)
+                calls.append("heartbeat")
+                return answer
+
+            def claim(self, **kwargs: object) -> dict | None:
+                calls.append("claim")
+                return api.claim(**kwargs)
+
+            def __getattr__(self, name: str) -> object:
+                return getattr(api, name)
+
+        loop = make_loop(Recording(), FakeRunner([]), tmp_path, [])  # type: ignore[arg-type]
+        loop.heartbeat_interval = 60.0
+        loop.run(once=True)
+        assert calls[:2] == ["heartbeat", "claim"], calls
+
+
 class OutageTests:
     def test_it_says_reconnected_once_when_the_gateway_answers_again(self, gateway, api, tmp_path):
         lines: list[str] = []
