@@ -9,6 +9,7 @@ from django.http import HttpRequest
 from accounts import services
 from accounts.models import ApiKey
 from catalog.money import usd
+from catalog.money_admin import MoneyAdmin
 
 
 class RevokedFilter(admin.SimpleListFilter):
@@ -25,7 +26,7 @@ class RevokedFilter(admin.SimpleListFilter):
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):
+class ApiKeyAdmin(MoneyAdmin, admin.ModelAdmin):
     list_display = (
         "prefix", "name", "user", "cap", "spent", "held", "rate_limit_per_minute", "max_concurrent",
         "revoked", "last_used_at", "created_at",

@@ -19,10 +19,11 @@ from billing import services
 from billing.errors import BillingError
 from billing.models import Account, Hold, LedgerEntry, LedgerTransaction, Payout, PayoutProfile, StripeEvent, TopUp
 from catalog.money import usd, usd_to_ucents
+from catalog.money_admin import MoneyAdmin
 from core.http import AuthedHttpRequest
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+class ReadOnlyAdmin(MoneyAdmin, admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
@@ -79,7 +80,7 @@ class AccountAdmin(ReadOnlyAdmin):
         return TemplateResponse(request, "admin/billing/grant.html", context)
 
 
-class EntryInline(admin.TabularInline):
+class EntryInline(MoneyAdmin, admin.TabularInline):
     model = LedgerEntry
     extra = 0
     can_delete = False

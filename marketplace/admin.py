@@ -16,6 +16,7 @@ from django.http import HttpRequest, HttpResponse
 
 from catalog.models import CatalogModel
 from catalog.money import usd
+from catalog.money_admin import MoneyAdmin
 from catalog.services import CatalogAddRefused, catalog_model_add
 from hosts import selectors as hosts
 from hosts.admin import HostAdmin
@@ -77,7 +78,7 @@ def catalog_add_from_form(data: dict[str, Any]) -> CatalogModel:
 
 
 @admin.register(CatalogModel)
-class CatalogModelAdmin(admin.ModelAdmin):
+class CatalogModelAdmin(MoneyAdmin, admin.ModelAdmin):
     list_display = (
         "name", "kind", "context_length", "input_price_ucents", "output_price_ucents", "routing_strategy",
         "latency_critical", "warm_hosts", "active",
@@ -124,7 +125,7 @@ class CatalogModelAdmin(admin.ModelAdmin):
         return f"{entry['warm']} / {entry['online']}{flag}"
 
 
-class JobInline(admin.TabularInline):
+class JobInline(MoneyAdmin, admin.TabularInline):
     model = Job
     extra = 0
     can_delete = False
@@ -135,7 +136,7 @@ class JobInline(admin.TabularInline):
 
 
 @admin.register(Request)
-class RequestAdmin(admin.ModelAdmin):
+class RequestAdmin(MoneyAdmin, admin.ModelAdmin):
     list_display = (
         "public_id", "user", "model", "kind", "status", "prompt_tokens", "completion_tokens", "cost_ucents", "resumed",
         "error_code", "created_at",
@@ -150,7 +151,7 @@ class RequestAdmin(admin.ModelAdmin):
 
 
 @admin.register(Job)
-class JobAdmin(admin.ModelAdmin):
+class JobAdmin(MoneyAdmin, admin.ModelAdmin):
     list_display = (
         "pk", "request", "attempt", "host", "model", "status", "completion_tokens", "earned_ucents", "fail_reason",
         "claimed_at", "finished_at",
@@ -176,7 +177,7 @@ class TextChunkAdmin(admin.ModelAdmin):
 
 
 @admin.register(StageShare)
-class StageShareAdmin(admin.ModelAdmin):
+class StageShareAdmin(MoneyAdmin, admin.ModelAdmin):
     """What ring stage hosts earned for the layers they ran (written at settlement, never edited)."""
 
     list_display = ("finished_at", "job", "host", "plan", "layers", "n_layers", "earned_ucents")
@@ -192,7 +193,7 @@ class StageShareAdmin(admin.ModelAdmin):
 
 
 @admin.register(Audit)
-class AuditAdmin(admin.ModelAdmin):
+class AuditAdmin(MoneyAdmin, admin.ModelAdmin):
     """Every audit of a real job, its verdict, counts and evidence (never the answer's text:
     it is deleted when the audit is decided). Read-only: audits are decided by the workers."""
 
