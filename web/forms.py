@@ -86,10 +86,19 @@ class TopupForm(forms.Form):
         return int(self.cleaned_data["amount_usd"] * 100)
 
 
+CAP_RULE = "from $0 to $9,999.99999999, exact to the micro-cent (at most 8 decimal places), or empty for no cap"
+
+
 class ApiKeyForm(forms.Form):
-    name = forms.CharField(label="Name", max_length=100, required=False)
+    """Each error states the rule it enforces (not just "Enter a number")."""
+
+    name = forms.CharField(label="Name", max_length=100, required=False, help_text="optional, up to 100 characters",
+                           error_messages={"max_length": "A key's name is at most 100 characters."})
     cap_usd = forms.DecimalField(
-        label="Spend cap (USD, optional)", required=False, min_value=Decimal("0"), max_digits=12, decimal_places=8
+        label="Spend cap (USD, optional)", required=False, min_value=Decimal("0"), max_digits=12, decimal_places=8,
+        help_text=f"what this key may spend in all: {CAP_RULE}",
+        error_messages={key: f"A spend cap is an amount in US dollars {CAP_RULE}, e.g. 5 or 12.50." for key in
+                        ("invalid", "min_value", "max_digits", "max_decimal_places", "max_whole_digits")},
     )
     trusted_only = forms.BooleanField(
         label="Trusted hosts only (hosts out of probation; requests may wait longer)", required=False
@@ -106,7 +115,10 @@ class ApiKeyForm(forms.Form):
 
 
 class HostForm(forms.Form):
-    name = forms.CharField(label="Machine name", max_length=100)
+    name = forms.CharField(label="Machine name", max_length=100, help_text="up to 100 characters, e.g. desk", error_messages={
+        "required": "Give the machine a name (up to 100 characters), e.g. desk.",
+        "max_length": "A machine's name is at most 100 characters.",
+    })
 
 
 class PayoutForm(forms.Form):
@@ -124,8 +136,8 @@ class PayoutForm(forms.Form):
 class DateRangeForm(forms.Form):
     """`from` / `to` (inclusive UTC days); the last 30 days when absent."""
 
-    start = forms.DateField(required=False, label="From")
-    end = forms.DateField(required=False, label="To")
+    start = forms.DateField(required=False, label="From", error_messages={"invalid": "Enter a date as YYYY-MM-DD."})
+    end = forms.DateField(required=False, label="To", error_messages={"invalid": "Enter a date as YYYY-MM-DD."})
 
     def __init__(self, query: QueryDict, *args: Any, **kwargs: Any) -> None:
         super().__init__({"start": query.get("from", ""), "end": query.get("to", "")}, *args, **kwargs)

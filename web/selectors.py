@@ -12,9 +12,10 @@ from django.db.models.functions import TruncDate
 from django.utils import timezone
 
 from accounts.models import ApiKey
-from billing.models import Account
+from billing.models import Account, TopUp
 from billing.selectors import customer_account
 from catalog.models import CatalogModel
+from catalog.money import UCENTS_PER_CENT
 from core.dates import day_bounds
 from hosts.models import Host, Qualification
 from hosts.selectors import warm_host_counts
@@ -66,6 +67,35 @@ def recent_requests(*, user: User, limit: int | None = None) -> list[dict]:
             "prompt_tokens", "completion_tokens", "cost_ucents", "error_code",
         )[: limit or settings.WEB_RECENT_REQUESTS]
     )
+
+
+def usage_breakdown(*, user: User, start: date, end: date, by: str) -> list[dict]:
+    """The user's requests created from `start` to `end` (UTC days) split by "model" or "key":
+    per group its requests, tokens in and out, and cost, the costliest first."""
+    group = {"model": ["model__name"], "key": ["api_key_id", "api_key__prefix", "api_key__name"]}[by]
+    lower, upper = day_bounds(start, end)
+    rows = (
+        Request.objects.filter(user=user, created_at__gte=lower, created_at__lt=upper)
+        .values(*group)
+        .annotate(requests=Count("pk"), prompt_tokens=Sum("prompt_tokens"), completion_tokens=Sum("completion_tokens"),
+                  cost_ucents=Sum("cost_ucents"))
+        .order_by("-cost_ucents", *group)
+    )
+    return [{**row, "prompt_tokens": row["prompt_tokens"] or 0, "completion_tokens": row["completion_tokens"] or 0,
+             "cost_ucents": row["cost_ucents"] or 0} for row in rows]
+
+
+TOPUPS_LISTED = 50
+
+
+def topups_of(*, user: User, limit: int = TOPUPS_LISTED) -> list[dict]:
+    """The user's top-ups, newest first, amounts in µ¢ (Stripe counts cents; the site shows µ¢
+    through one formatter): what was asked, and what refunds and lost disputes took back."""
+    rows = TopUp.objects.filter(user=user).order_by("-created_at", "-pk").values(
+        "created_at", "paid_at", "status", "amount_cents", "refunded_cents", "disputed_cents")[:limit]
+    return [{"created_at": row["created_at"], "paid_at": row["paid_at"], "status": row["status"],
+             "amount_ucents": row["amount_cents"] * UCENTS_PER_CENT,
+             "taken_back_ucents": (row["refunded_cents"] + row["disputed_cents"]) * UCENTS_PER_CENT} for row in rows]
 
 
 def days_between(start: date, end: date) -> list[date]:
@@ -146,6 +176,15 @@ def qualifications_of(*, host: Host) -> QuerySet[Qualification]:
 
 def catalog_models() -> QuerySet[CatalogModel]:
     return CatalogModel.objects.filter(active=True).order_by("name")
+
+
+def quickstart_model(*, kind: str) -> CatalogModel | None:
+    """The model a snippet of this kind names: of the active models of `kind`, the one the
+    most online hosts serve now (a snippet run now is answered), then by name; None if the
+    catalog sells none of that kind."""
+    models = list(catalog_models().filter(kind=kind))
+    counts = warm_host_counts()
+    return min(models, key=lambda model: (-counts.get(model.pk, {}).get("online", 0), model.name), default=None)
 
 
 POOL_MAINTENANCE_LISTED = 50  # also the banned and failed-verification lists

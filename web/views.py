@@ -28,6 +28,7 @@ from billing import selectors as billing_selectors
 from billing import services as billing
 from billing import stripe_api
 from billing.errors import BillingError
+from catalog.models import CatalogModel
 from catalog.money import usd
 from core.http import AuthedHttpRequest
 from hosts import selectors as host_selectors
@@ -247,6 +248,12 @@ def usage(request: AuthedHttpRequest) -> HttpResponse:
             "charts": _usage_charts(daily, start, end),
             "total_cost_ucents": sum(row["cost_ucents"] or 0 for row in daily),
             "total_requests": sum(row["requests"] for row in daily),
+            "total_tokens": sum((row["prompt_tokens"] or 0) + (row["completion_tokens"] or 0) for row in daily),
+            "breakdowns": [
+                ("By model", selectors.usage_breakdown(user=request.user, start=start, end=end, by="model"), "model"),
+                ("By key", selectors.usage_breakdown(user=request.user, start=start, end=end, by="key"), "key"),
+            ],
+            "topups": selectors.topups_of(user=request.user),
             "recent": selectors.recent_requests(user=request.user),
         },
     )
@@ -269,10 +276,12 @@ def catalog(request: AuthedHttpRequest) -> HttpResponse:
 @login_required
 @require_GET
 def quickstart(request: AuthedHttpRequest) -> HttpResponse:
-    first = selectors.catalog_models().first()
-    return render(
-        request, "web/quickstart.html", {"base_url": base_url(request), "model_name": first.name if first else "MODEL"}
-    )
+    """Snippets to copy and run: chat with a chat model, embeddings with an embeddings model."""
+    return render(request, "web/quickstart.html", {
+        "base_url": base_url(request),
+        "chat_model": selectors.quickstart_model(kind=CatalogModel.Kind.CHAT),
+        "embedding_model": selectors.quickstart_model(kind=CatalogModel.Kind.EMBEDDING),
+    })
 
 
 # --- hosts ----------------------------------------------------------------------------------

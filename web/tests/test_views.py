@@ -12,6 +12,7 @@ from billing.models import Payout, PayoutProfile, TopUp
 from conftest import make_customer, make_host
 from core.secrets import secret_hash
 from hosts.models import Host
+from marketplace.models import Request
 from web.tests.conftest import signed_in
 from web.tests.factories import canary_checked, finished_request
 
@@ -237,6 +238,82 @@ class UsagePageTests:
     def test_a_malformed_range_falls_back_to_the_last_30_days(self, customer_client) -> None:
         response = customer_client.get("/usage/?from=yesterday&to=2020-13-01")
         assert response.status_code == 200 and response.content.decode().count("<rect ") == 90
+
+
+class QuickstartPageTests:
+    def test_the_quickstart_chat_snippet_names_a_chat_model_and_the_embeddings_one_an_embeddings_model(self, customer) -> None:
+        from web.tests.test_quickstart_e2e import snippet
+
+        page = signed_in(customer.user).get("/quickstart/").content.decode()
+        assert 'model="gemma-3-270m"' in snippet(page, "chat")  # not the first model by name, an embeddings model
+        assert 'model="all-minilm-l6-v2"' in snippet(page, "embeddings")
+
+    def test_the_quickstart_prefers_the_chat_model_that_hosts_serve_now(self, customer) -> None:
+        from catalog.models import CatalogModel
+        from testkit.personas import present
+        from web.tests.test_quickstart_e2e import snippet
+
+        CatalogModel.objects.create(name="aaa-chat", kind="chat", context_length=2048, input_price_ucents=1,
+                                    output_price_ucents=1)  # first by name, served by nobody
+        present(make_host())  # serves gemma-3-270m
+        page = signed_in(customer.user).get("/quickstart/").content.decode()
+        assert 'model="gemma-3-270m"' in snippet(page, "chat")
+
+
+class ReadableMoneyTests:
+    """Usage split by model and by key, top-ups listed, charts with values on their axes."""
+
+    def test_the_usage_page_splits_tokens_and_cost_by_model_and_by_key(self, customer, customer_client) -> None:
+        from accounts.services import api_key_create
+        from catalog.models import CatalogModel
+
+        finished_request(customer=customer, cost_ucents=1_000)
+        finished_request(customer=customer, cost_ucents=2_000)
+        customer.key = api_key_create(user=customer.user, name="server").key
+        embedded = finished_request(customer=customer, cost_ucents=40)
+        Request.objects.filter(pk=embedded.pk).update(model=CatalogModel.objects.get(name="all-minilm-l6-v2"))
+        finished_request(customer=make_customer(), cost_ucents=777_777)  # someone else's
+        page = customer_client.get("/usage/").content.decode()
+        by_model = page[page.index('id="by-model"'):page.index('id="by-key"')]
+        by_key = page[page.index('id="by-key"'):page.index('id="recent"')]
+        assert re.search(r"gemma-3-270m</code></td>\s*<td class=\"num\">2</td><td class=\"num\">14</td><td class=\"num\">10</td>"
+                         r"<td class=\"num\">\$0.00003</td>", by_model)
+        assert re.search(r"all-minilm-l6-v2</code></td>\s*<td class=\"num\">1</td>.*\$0.0000004<", by_model)
+        assert "server" in by_key and "$0.0000004" in by_key and "$0.00003<" in by_key and "$0.00777777" not in page
+
+    def test_the_usage_page_lists_the_customers_top_ups(self, customer, customer_client) -> None:
+        from billing.services import credit_grant
+
+        paid = credit_grant(user=customer.user, amount_ucents=2_500_000_000, reference="topup-test")
+        TopUp.objects.create(user=customer.user, amount_cents=2_500, status="paid", transaction=paid, refunded_cents=500,
+                             paid_at=timezone.now(), stripe_session_id="cs_1")
+        TopUp.objects.create(user=make_customer().user, amount_cents=9_900, status="open", stripe_session_id="cs_2")
+        topups = customer_client.get("/usage/").content.decode().split('id="topups"')[1]
+        assert "$25.00" in topups and "$5.00" in topups and "paid" in topups and "$99.00" not in topups
+
+    def test_charts_label_their_value_axis(self, customer, customer_client) -> None:
+        finished_request(customer=customer, cost_ucents=250_000_000)  # $2.50 today
+        page = customer_client.get("/usage/").content.decode()
+        assert re.findall(r'<text class="y"[^>]*>([^<]+)</text>', page)[-5:] == ["$0.00", "$1.00", "$2.00", "$3.00", "$4.00"]
+        assert len(re.findall(r'<text class="x"', page)) >= 3 * 3
+
+
+class FormRuleTests:
+    """A refused form says what the rule is, not only that the input was wrong."""
+
+    @pytest.mark.parametrize("cap", ["abc", "-1", "0.000000001", "123456"])
+    def test_a_bad_spend_cap_is_answered_with_the_rule(self, customer_client, cap: str) -> None:
+        page = customer_client.post("/keys/", {"name": "x", "cap_usd": cap}).content.decode()
+        assert "A spend cap is an amount in US dollars from $0 to $9,999.99999999" in page
+        assert ApiKey.objects.filter(name="x").count() == 0
+
+    def test_a_machine_without_a_name_is_answered_with_the_rule(self, customer_client) -> None:
+        page = customer_client.post("/machines/", {"name": ""}).content.decode()
+        assert "Give the machine a name (up to 100 characters)" in page
+
+    def test_a_malformed_date_is_named_with_its_format(self, customer_client) -> None:
+        page = customer_client.get("/usage/?from=yesterday").content.decode()
+        assert "Enter a date as YYYY-MM-DD." in page
 
 
 class HostPagesTests:
