@@ -225,7 +225,7 @@ def cmd_install_service(args: argparse.Namespace) -> int:
         warn(f"mahout: error: {exc}")
         return 2
     say(f"mahout: wrote {installed.path}" + ("; enabled and started" if installed.started else ""))
-    for line in installed.next:
+    for line in [*installed.next, f"{command_name()} logs -f  # what it says, as it says it"]:
         say(f"mahout: next: {line}")
     return 0
 

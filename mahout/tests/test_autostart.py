@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from mahout import __main__ as cli
+from mahout import logfile
 from mahout.autostart import install_service
 from mahout.credentials import credentials_save
 
@@ -47,6 +48,7 @@ class InstallServiceTests:
                                                     "systemctl --user enable --now mahout.service"]
         out = capsys.readouterr().out
         assert "enabled and started" in out and "loginctl enable-linger" in out
+        assert out.splitlines()[-1] == "mahout: next: mahout logs -f  # what it says, as it says it"
 
     def test_macos_writes_a_launch_agent_and_loads_it(self, manager: Path, tmp_path: Path) -> None:
         home = tmp_path / "mahout-home"
@@ -76,12 +78,12 @@ class InstallServiceTests:
 class LogTests:
     def test_what_a_command_says_is_kept_in_the_home_and_rotated(self, tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setattr(cli, "LOG_BYTES", 2000)
-        path = cli.open_log(tmp_path)
+        monkeypatch.setattr(logfile, "LOG_BYTES", 2000)
+        path = logfile.open_log(tmp_path, cli._log)
         for index in range(200):
             cli.say(f"mahout: line {index} " + "x" * 40)
         logs = sorted(p.name for p in path.parent.iterdir())
-        assert logs == ["mahout.log", *(f"mahout.log.{n}" for n in range(1, cli.LOG_BACKUPS + 1))]
+        assert logs == ["mahout.log", *(f"mahout.log.{n}" for n in range(1, logfile.LOG_BACKUPS + 1))]
         assert "mahout: line 199" in path.read_text() and all(p.stat().st_size <= 2100 for p in path.parent.iterdir())
 
     def test_run_like_commands_open_the_log(self, tmp_path: Path, capsys) -> None:  # noqa: ANN001
