@@ -628,9 +628,9 @@ def payout_account_onboard(*, host: Host, return_url: str, refresh_url: str) -> 
     if profile is not None and profile.status == PayoutProfile.Status.READY:
         return None
     account = _connected_account(profile.stripe_account_id) if profile is not None else None
-    if account is not None and _payout_account_mark_ready(profile=profile, account=account):
+    if profile is not None and account is not None and _payout_account_mark_ready(profile=profile, account=account):
         return None
-    if account is None:
+    if profile is None or account is None:
         profile = _payout_account_create(host=host, replacing=profile)
     try:
         link = stripe_api.account_link_create(account_id=profile.stripe_account_id, return_url=return_url, refresh_url=refresh_url)
