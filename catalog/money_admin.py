@@ -69,5 +69,6 @@ class MoneyAdmin(admin.options.BaseModelAdmin):
         return _swap(super().get_fields(request, obj), self._money_shown(request, obj))
 
     def get_list_display(self, request: HttpRequest) -> list[Any]:
-        names = super().get_list_display(request)  # type: ignore[misc]  (ModelAdmin's; an inline has no list)
+        # (ModelAdmin's: MoneyAdmin comes before it in a ModelAdmin's bases; an inline has no list)
+        names = super().get_list_display(request)  # type: ignore[misc]
         return [usd_column(name) if is_money(name) else name for name in names]
