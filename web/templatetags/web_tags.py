@@ -13,3 +13,9 @@ register.filter("per_million", per_million)
 def pct(fraction: float | None) -> str:
     """A share as a percentage with one decimal (0.925 → 92.5%); a dash when there is none yet."""
     return "–" if fraction is None else f"{fraction:.1%}"
+
+
+@register.filter
+def thousands(count: int | None) -> str:
+    """A count with thousands separators (1234567 → 1,234,567)."""
+    return f"{count or 0:,}"
