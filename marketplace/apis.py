@@ -10,14 +10,15 @@ import asyncio
 import base64
 import json
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.utils.decorators import method_decorator
 from django.views import View
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.request import Request as DrfRequest
 from rest_framework.response import Response
 from rest_framework.serializers import Serializer
@@ -33,7 +34,7 @@ from core.db import db
 from core.errors import ApiError, DomainError, bad_request, validation_error
 from core.http import bearer_secret, json_body
 from core.openapi import API_KEY, ERROR
-from marketplace import admission, outputs, selectors, services
+from marketplace import admission, outputs, responses, selectors, services
 from marketplace.choices import Admitted, admit_choices, stream_chunks
 from marketplace.models import Request
 from marketplace.render import failed_choice, response_body, usage_sum
@@ -41,6 +42,7 @@ from marketplace.serializers import (
     ChatInputSerializer,
     CompletionInputSerializer,
     EmbeddingsInputSerializer,
+    ResponsesInputSerializer,
 )
 from marketplace.streaming import Ended, RequestListener, Text, ended_error
 from marketplace.tool_calls import tool_calls_in
@@ -60,9 +62,11 @@ def with_headers(response: HttpResponse, headers: dict[str, str]) -> HttpRespons
     return response
 
 
-def sse_response(chunks: AsyncIterator[dict | str]) -> StreamingHttpResponse:
-    """An SSE stream of OpenAI chunks, never cached or buffered on the way."""
-    response = StreamingHttpResponse((sse(chunk) async for chunk in chunks), content_type="text/event-stream")
+def sse_response(chunks: AsyncIterator, encode: Callable[[Any], bytes] | None = None) -> StreamingHttpResponse:
+    """An SSE stream of OpenAI chunks (each one event, `encode`d: `sse` unless told), never
+    cached or buffered on the way."""
+    encode = encode or sse
+    response = StreamingHttpResponse((encode(chunk) async for chunk in chunks), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response
@@ -231,6 +235,43 @@ class CompletionsApi(GenerationApi):
 
 
 @extend_schema(
+    request=ResponsesInputSerializer,
+    responses={
+        (200, "application/json"): OpenApiResponse(outputs.ResponseSerializer, description=outputs.RESPONSE_WHOLE),
+        (200, "text/event-stream"): outputs.RESPONSE_EVENTS, **GENERATION_ERRORS,
+    },
+    examples=[
+        OpenApiExample("whole", value={"model": "gemma-3-270m", "input": "Say hi", "max_output_tokens": 8}, request_only=True),
+        OpenApiExample("streamed", value={"model": "gemma-3-270m", "instructions": "Be brief.", "input": SAY_HI,
+                                          "max_output_tokens": 8, "stream": True}, request_only=True),
+    ],
+)
+class ResponsesApi(GenerationApi):
+    """POST /v1/responses (OpenAI's Responses API, text only): admitted and run as a chat
+    (`marketplace.responses` translates both ways); the Response object as one JSON body, or
+    its semantic events streamed (`stream: true`)."""
+
+    async def _post(self, request: HttpRequest) -> HttpResponse:
+        secret, body = bearer_secret(request), json_body(request)  # (in that order: no key is a 401 whatever the body)
+        try:
+            choices = await admit_choices(secret=secret, body=body, kind=Request.Kind.CHAT,
+                                          translate=responses.chat_body, new_id=responses.new_response_id)
+        except DomainError as error:
+            raise responses.door_error(error) from None
+        admitted, echo = choices[0], responses.echoed(body)
+        rate = await rate_limit_headers(admitted.row)
+        if admitted.row.stream:
+            return with_headers(sse_response(responses.response_events(admitted, echo=echo), responses.sse_event), rate)
+        answer = await self._answer(admitted)
+        if isinstance(answer, DomainError):
+            return with_headers(answer.response(), rate)
+        response = JsonResponse(responses.response_from_chat(answer, params=admitted.row.params, echo=echo))
+        if admitted.ended is not None and admitted.ended.resumed:
+            response["x-elephant-resumed"] = "true"
+        return with_headers(response, rate)
+
+
+@extend_schema(
     request=EmbeddingsInputSerializer,
     responses={200: outputs.EmbeddingListSerializer, **GENERATION_ERRORS},
     examples=[OpenApiExample("two texts", value={"model": "all-minilm-l6-v2", "input": ["a cat", "a dog"]}, request_only=True)],
@@ -288,6 +329,18 @@ class ModelListApi(KeyApi):
     def get(self, request: DrfRequest) -> Response:
         self.key(request)
         return Response({"object": "list", "data": [model_body(served) for served in selectors.served_models()]})
+
+
+class ModelApi(KeyApi):
+    @extend_schema(operation_id="v1_model_retrieve", responses={200: outputs.ModelSerializer})
+    def get(self, request: DrfRequest, model_id: str) -> Response:
+        """GET /v1/models/{id}: the entry /v1/models lists for that model; a 404 when it lists none."""
+        self.key(request)
+        served = next((served for served in selectors.served_models() if served.model.name == model_id), None)
+        if served is None:
+            raise ApiError(404, f"The model '{model_id[:100]}' does not exist or no host serves it now; GET /v1/models lists "
+                           "them.", code="model_not_found", param="model")
+        return Response(model_body(served))
 
 
 def model_body(served: selectors.ServedModel) -> dict:

@@ -103,7 +103,10 @@ class Admitted:
             await self.listener.close()
 
 
-async def admit_choices(*, secret: str, body: dict, kind: str) -> list[Admitted]:
+async def admit_choices(
+    *, secret: str, body: dict, kind: str, translate: Callable[[dict], dict] | None = None,
+    new_id: Callable[[str], str] = services.new_public_id,
+) -> list[Admitted]:
     """Authenticate, validate, price and queue a generation request, or raise a DomainError
     (402 before queueing): one queued request per choice (`n`), each billed as its own, with
     its own seed when one is given (seed + index: the same seed would make the same choice).
@@ -117,8 +120,14 @@ async def admit_choices(*, secret: str, body: dict, kind: str) -> list[Admitted]
 
     Each listener joins its request's group before the job exists, so no token can be
     announced before someone is listening.
+
+    Another door (`marketplace.responses`) comes in through here too: `translate` turns its
+    body into a chat body once the key is known (a DomainError when it is bad), and `new_id`
+    names its requests; admission and everything after it stay the same.
     """
     api_key = await db(key_for_spending, secret)
+    if translate is not None:
+        body = translate(body)
     serializer = (ChatInputSerializer if kind == Request.Kind.CHAT else CompletionInputSerializer)(data=body)
     try:  # off the event loop (a schema's checks and grammar), and off the database thread too
         valid = await sync_to_async(serializer.is_valid, thread_sensitive=False)()
@@ -132,7 +141,7 @@ async def admit_choices(*, secret: str, body: dict, kind: str) -> list[Admitted]
         for index in range(serializer.validated_data.get("n") or 1):
             seeded = {**params, "seed": params["seed"] + index} if params["seed"] is not None and index else params
             choices.append(await _admit_one(api_key=api_key, data=serializer.validated_data, params=seeded, kind=kind,
-                                            include_usage=serializer.include_usage(), index=index))
+                                            include_usage=serializer.include_usage(), index=index, new_id=new_id))
     except BaseException:
         for choice in choices:
             await asyncio.shield(choice.withdraw())
@@ -140,8 +149,9 @@ async def admit_choices(*, secret: str, body: dict, kind: str) -> list[Admitted]
     return choices
 
 
-async def _admit_one(*, api_key: ApiKey, data: dict, params: dict, kind: str, include_usage: bool, index: int) -> Admitted:
-    public_id = services.new_public_id(kind)
+async def _admit_one(*, api_key: ApiKey, data: dict, params: dict, kind: str, include_usage: bool, index: int,
+                     new_id: Callable[[str], str]) -> Admitted:
+    public_id = new_id(kind)
     listener = await RequestListener(public_id).open()
     try:
         row = await db(admission.request_admit, api_key=api_key, data=data, params=params, kind=kind, public_id=public_id)

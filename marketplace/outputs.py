@@ -268,3 +268,88 @@ class GenerationSerializer(serializers.Serializer):
     finish_reason = serializers.CharField(allow_null=True)
     resumed = serializers.BooleanField()
     error = GenerationErrorSerializer(allow_null=True)
+
+
+# --- POST /v1/responses (marketplace.responses) ---
+
+
+class ResponseTextPartSerializer(serializers.Serializer):
+    type = serializers.CharField(help_text="output_text")
+    text = serializers.CharField(allow_blank=True)
+    annotations = serializers.ListField(child=serializers.JSONField(), help_text="always empty")
+    logprobs = serializers.ListField(child=serializers.JSONField(), help_text="always empty")
+
+
+class ResponseMessageSerializer(serializers.Serializer):
+    id = serializers.CharField(help_text="msg_…")
+    type = serializers.CharField(help_text="message")
+    status = serializers.CharField(help_text="in_progress, completed or incomplete")
+    role = serializers.CharField(help_text="assistant")
+    content = ResponseTextPartSerializer(many=True)
+
+
+class ResponseUsageSerializer(serializers.Serializer):
+    input_tokens = serializers.IntegerField()
+    input_tokens_details = serializers.DictField(child=serializers.IntegerField(), help_text="cached_tokens: 0")
+    output_tokens = serializers.IntegerField()
+    output_tokens_details = serializers.DictField(child=serializers.IntegerField(), help_text="reasoning_tokens: 0")
+    total_tokens = serializers.IntegerField()
+
+
+class ResponseErrorSerializer(serializers.Serializer):
+    code = serializers.CharField()
+    message = serializers.CharField(allow_blank=True)
+
+
+class ResponseSerializer(serializers.Serializer):
+    """A Response object (OpenAI's Responses API): one assistant message with the text."""
+
+    id = serializers.CharField(help_text="resp_…: also the id GET /v1/generation reads")
+    object = serializers.CharField(help_text="response")
+    created_at = serializers.IntegerField(help_text="Unix seconds")
+    status = serializers.CharField(help_text="in_progress, completed, incomplete (cut by max_output_tokens) or failed")
+    error = ResponseErrorSerializer(allow_null=True)
+    incomplete_details = serializers.DictField(allow_null=True, help_text='{"reason": "max_output_tokens"} when incomplete')
+    instructions = serializers.CharField(allow_null=True, allow_blank=True)
+    max_output_tokens = serializers.IntegerField(allow_null=True)
+    model = serializers.CharField()
+    output = ResponseMessageSerializer(many=True, help_text="the message; empty until there is text")
+    parallel_tool_calls = serializers.BooleanField()
+    previous_response_id = serializers.CharField(allow_null=True)
+    reasoning = serializers.DictField(allow_null=True)
+    store = serializers.BooleanField()
+    temperature = serializers.FloatField(allow_null=True)
+    text = serializers.DictField()
+    tool_choice = serializers.CharField()
+    tools = serializers.ListField(child=serializers.JSONField())
+    top_p = serializers.FloatField(allow_null=True)
+    truncation = serializers.CharField()
+    usage = ResponseUsageSerializer(allow_null=True, help_text="null until the response ends")
+    user = serializers.CharField(allow_null=True, allow_blank=True)
+    metadata = serializers.DictField()
+
+
+class ResponseEventSerializer(serializers.Serializer):
+    """One semantic event of a streamed response; which fields it has depends on its `type`."""
+
+    type = serializers.CharField(help_text=(
+        "response.created, response.in_progress, response.output_item.added, response.content_part.added, "
+        "response.output_text.delta (one per piece of text), response.output_text.done, response.content_part.done, "
+        "response.output_item.done, then response.completed or response.incomplete; or response.failed"))
+    sequence_number = serializers.IntegerField(help_text="0, 1, 2, … in the order sent")
+    response = ResponseSerializer(required=False, help_text="response.created, .in_progress, .completed, .incomplete, .failed")
+    output_index = serializers.IntegerField(required=False)
+    item_id = serializers.CharField(required=False)
+    content_index = serializers.IntegerField(required=False)
+    item = ResponseMessageSerializer(required=False)
+    part = ResponseTextPartSerializer(required=False)
+    delta = serializers.CharField(required=False, allow_blank=True)
+    text = serializers.CharField(required=False, allow_blank=True)
+    logprobs = serializers.ListField(child=serializers.JSONField(), required=False)
+    x_elephant = ChunkExtrasSerializer(required=False, help_text="on the last event: resumed on another host")
+
+
+RESPONSE_WHOLE = "`stream` false: the Response object as JSON."
+RESPONSE_EVENTS = EventStream((ResponseEventSerializer,), done=None, description=(
+    "`stream: true`: Server-Sent Events as OpenAI sends them, `event: <type>` and `data: <the event as JSON>`. "
+    "The stream ends after response.completed, response.incomplete or response.failed (no [DONE])."))

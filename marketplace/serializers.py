@@ -400,3 +400,142 @@ class EmbeddingsInputSerializer(serializers.Serializer):
         if value is not None:
             raise serializers.ValidationError("choosing the number of dimensions is not supported; omit it")
         return value
+
+
+# --- POST /v1/responses (OpenAI's Responses API, text only for now: marketplace.responses) ---
+
+
+class NotOfferedYet(Exception):
+    """A part of OpenAI's Responses API this gateway does not offer yet: refused by name (400
+    `unsupported_parameter`) rather than accepted and silently ignored."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def _text_format_only(value: object) -> bool:
+    return value is None or value == {} or value == {"format": {"type": "text"}}
+
+
+def _none_only(value: object) -> bool:
+    return value is None or (isinstance(value, dict) and all(v is None for v in value.values()))
+
+
+# name -> (the value that changes nothing, what is not offered yet). `parallel_tool_calls` means
+# nothing without tools, `stream_options` only shapes the stream, and `user`, `metadata`,
+# `service_tier`, `prompt_cache_key`, `safety_identifier` change no answer: all accepted.
+RESPONSES_NOT_OFFERED: dict[str, tuple[object, str]] = {
+    "tools": (_absent, "tools and function calling on /v1/responses; /v1/chat/completions has function tools"),
+    "tool_choice": (lambda v: v in (None, "none", "auto"), "tool choice on /v1/responses"),
+    "text": (_text_format_only, "text.format (structured output) on /v1/responses; /v1/chat/completions has "
+                                "response_format"),
+    "reasoning": (_none_only, "reasoning settings: the served models do not reason"),
+    "include": (_absent, "extra output to include (log-probabilities, reasoning)"),
+    "top_logprobs": (_zero, "log-probabilities on /v1/responses; /v1/chat/completions has logprobs"),
+    "truncation": (lambda v: v in (None, "disabled"), "truncation: a prompt over the context is a 400"),
+    "background": (lambda v: v in (None, False), "background responses"),
+    "prompt": (lambda v: v is None, "prompt templates"),
+    "conversation": (lambda v: v is None, "conversations (stored state)"),
+    "max_tool_calls": (lambda v: v is None, "tool calls"),
+    "context_management": (lambda v: v is None, "context management"),
+}
+STORED = ("Stored responses are not offered yet: every response is stateless here ({what}). Send the whole "
+          "conversation in 'input' and leave out 'store' (or send store: false).")
+RESPONSE_ROLES = ("user", "system", "developer", "assistant")
+CONTENT_TYPES = {"user": "input_text", "system": "input_text", "developer": "input_text", "assistant": "output_text"}
+
+
+@extend_schema_field({"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {
+    "type": "object", "required": ["role", "content"], "properties": {
+        "type": {"type": "string", "enum": ["message"]},
+        "role": {"type": "string", "enum": list(RESPONSE_ROLES)},
+        "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": {
+            "type": "object", "required": ["type", "text"], "properties": {
+                "type": {"type": "string", "enum": ["input_text", "output_text"]}, "text": {"type": "string"}}}}]}}}}]})
+class ResponsesInputField(StoredField):
+    """The Responses API's `input`: a string (one user turn) or message items, each text given
+    as a string or `input_text` / `output_text` parts. Internally: chat turns ({"role",
+    "content"}, a developer turn as a system one). Other item and part types (images, files,
+    function calls and their outputs) are not offered yet: NotOfferedYet, naming where."""
+
+    default_error_messages = {"invalid": "must be a string or a non-empty list of message items"}
+
+    def to_internal_value(self, data: object) -> list[dict]:
+        if isinstance(data, str):
+            return [{"role": "user", "content": data}]
+        if not isinstance(data, list) or not data:
+            self.fail("invalid")
+        return [self._turn(item, index) for index, item in enumerate(data)]
+
+    def _turn(self, item: object, index: int) -> dict:
+        if not isinstance(item, dict):
+            raise serializers.ValidationError({index: ["must be a message item: {\"role\": ..., \"content\": ...}"]})
+        kind = item.get("type", "message")
+        if kind != "message":
+            raise NotOfferedYet(f"input[{index}].type", f"Input items of type {str(kind)[:40]!r} are not offered yet on "
+                                "/v1/responses (only messages: text in, text out).")
+        role = item.get("role")
+        if role not in RESPONSE_ROLES:
+            raise serializers.ValidationError({index: {"role": [f"must be one of {', '.join(RESPONSE_ROLES)}"]}})
+        return {"role": "system" if role == "developer" else role, "content": self._text(item.get("content"), index, role)}
+
+    def _text(self, content: object, index: int, role: str) -> str:
+        if isinstance(content, str):
+            return content
+        if not isinstance(content, list):
+            raise serializers.ValidationError({index: {"content": ["must be a string or a list of text parts"]}})
+        texts = []
+        for at, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in ("input_text", "output_text") and isinstance(part.get("text"), str):  # type: ignore[union-attr]
+                texts.append(part["text"])  # type: ignore[index]
+            elif isinstance(kind, str) and kind not in ("input_text", "output_text"):
+                raise NotOfferedYet(f"input[{index}].content[{at}].type", f"Content of type {kind[:40]!r} is not offered "
+                                    f"yet on /v1/responses: text only ({CONTENT_TYPES[role]} parts, or a string).")
+            else:
+                raise serializers.ValidationError({index: {"content": {at: [
+                    "must be a text part: {\"type\": \"input_text\" or \"output_text\", \"text\": \"...\"}"]}}})
+        return "".join(texts)
+
+    def to_representation(self, value: list[dict]) -> list[dict]:
+        return value
+
+
+class ResponsesInputSerializer(serializers.Serializer):
+    """POST /v1/responses, text only: what it takes is validated here, what it does not take
+    yet is refused by name (`RESPONSES_NOT_OFFERED`, stored responses)."""
+
+    model = serializers.CharField(max_length=100)
+    input = ResponsesInputField()
+    instructions = serializers.CharField(required=False, allow_null=True, allow_blank=True, trim_whitespace=False,
+                                         help_text="a system turn before the input")
+    max_output_tokens = serializers.IntegerField(required=False, allow_null=True, min_value=1,
+                                                 max_value=settings.MAX_TOKENS_LIMIT)
+    temperature = serializers.FloatField(required=False, allow_null=True, min_value=0.0, max_value=2.0)
+    top_p = serializers.FloatField(required=False, allow_null=True, min_value=0.0, max_value=1.0)
+    stream = serializers.BooleanField(required=False, default=False)
+    store = serializers.BooleanField(required=False, allow_null=True, help_text="false: responses are not stored (yet)")
+    previous_response_id = serializers.CharField(required=False, allow_null=True, max_length=200,
+                                                 help_text="not offered yet: responses are not stored")
+    metadata = serializers.DictField(child=serializers.CharField(max_length=512, allow_blank=True), required=False,
+                                     allow_null=True)
+    user = serializers.CharField(required=False, allow_blank=True, allow_null=True, max_length=256)
+
+    def to_internal_value(self, data: object) -> dict:
+        if isinstance(data, dict):
+            for name, (harmless, feature) in RESPONSES_NOT_OFFERED.items():
+                if name in data and not harmless(data[name]):  # type: ignore[operator]
+                    param = "text.format" if name == "text" and isinstance(data[name], dict) and "format" in data[name] else name
+                    raise NotOfferedYet(param, f"'{param}' is not offered yet on /v1/responses ({feature}); the answer "
+                                        f"would ignore it, so the request is refused. Remove '{param}'.")
+            if data.get("store"):
+                raise NotOfferedYet("store", STORED.format(what="store: true"))
+            if data.get("previous_response_id") is not None:
+                raise NotOfferedYet("previous_response_id", STORED.format(what="no previous response to continue from"))
+        return super().to_internal_value(data)
+
+    def validate_input(self, turns: list[dict]) -> list[dict]:
+        if not any(turn["role"] == "user" for turn in turns):
+            raise serializers.ValidationError("needs at least one message with role 'user'")
+        return turns

@@ -12,6 +12,8 @@ urlpatterns = [
     path("completions/<str:public_id>", documented(apis.StreamResumeApi)),
     path("embeddings", documented(apis.EmbeddingsApi)),
     path("models", apis.ModelListApi.as_view()),
+    path("models/<path:model_id>", apis.ModelApi.as_view()),
+    path("responses", documented(apis.ResponsesApi)),
     path("credits", apis.CreditsApi.as_view()),
     path("generation", apis.GenerationStatsApi.as_view()),
 ]
