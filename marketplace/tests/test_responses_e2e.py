@@ -102,3 +102,21 @@ class ResponsesTests:
         with pytest.raises(openai.NotFoundError) as refused:
             api.models.retrieve("gpt-9")
         assert refused.value.code == "model_not_found"
+
+
+class UnservedTests:
+    def test_nobody_claims_so_a_whole_response_is_a_504_and_a_stream_ends_with_response_failed(self, gateway, catalog) -> None:
+        import openai
+
+        customer = make_customer()
+        api = client(gateway, customer)
+        with pytest.raises(openai.APIStatusError) as refused:
+            api.responses.create(model="gemma-3-270m", input="Say hi", max_output_tokens=8)
+        assert refused.value.status_code == 504 and refused.value.body["code"] == "queue_timeout"  # type: ignore[index]
+        events = list(api.responses.create(model="gemma-3-270m", input="Say hi", max_output_tokens=8, stream=True))
+        assert [event.type for event in events][:2] == ["response.created", "response.in_progress"]
+        assert events[-1].type == "response.failed" and "response.completed" not in [event.type for event in events]
+        failed = events[-1].response
+        assert failed.status == "failed" and failed.error.code == "queue_timeout" and failed.output == []
+        assert set(Request.objects.values_list("status", "cost_ucents")) == {("failed", 0)}
+        assert ledger.customer_account(user=customer.user).held_ucents == 0
