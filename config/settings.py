@@ -258,6 +258,9 @@ CANARY_TRUST_AFTER = env_int("CANARY_TRUST_AFTER", 5, minimum=1)  # passed canar
 CANARY_TIE_GAP = env_float("CANARY_TIE_GAP", 1.0, minimum=0.0)  # top-2 log-prob gap below which honest machines may part
 CANARY_SCORER_THREADS = env_int("CANARY_SCORER_THREADS", 2, minimum=1)  # a worker reading answers under the real model
 CANARY_MIN_EXACT_CHARS = env_int("CANARY_MIN_EXACT_CHARS", 12, minimum=1)  # references with less to check are dropped
+# A canary of a model the gateway can audit is sampled like customers' jobs (their temperature,
+# top_p and max_tokens, drawn from recent requests; at most this many tokens) and judged by an audit.
+CANARY_MAX_TOKENS = env_int("CANARY_MAX_TOKENS", 128, minimum=1)
 
 # Reputation (marketplace/reputation.py): a new host is in probation until it has passed
 # CANARY_TRUST_AFTER canaries (none failed), completed TRUST_AFTER_JOBS jobs and been a host for

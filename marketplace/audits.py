@@ -72,13 +72,15 @@ def audit_weights(model: CatalogModel, *, assemble: bool = True) -> str | None:
 
 def audit_wanted(
     *, request: Request, job: Job, host: Host, payload: Callable[[], dict], excluded: Callable[[], bool],
+    always: bool = False,
 ) -> dict | None:
     """The job as its host received it when this completed job is to be audited (the draw
-    says so and it can be), else None. `payload` and `excluded` (a canary, a ring: checked
-    otherwise) cost queries, so they are asked only for a job the draw chose."""
+    says so, or `always`: a canary judged by its audit; and it can be), else None. `payload`
+    and `excluded` (a canary judged by its reference, a ring: checked otherwise) cost queries,
+    so they are asked only for a job the draw chose."""
     if request.kind not in (Request.Kind.CHAT, Request.Kind.COMPLETION) or job.attempt != 1:
         return None
-    if random.random() >= audit_rate(host=host) or audit_weights(request.model, assemble=False) is None:
+    if (not always and random.random() >= audit_rate(host=host)) or audit_weights(request.model, assemble=False) is None:
         return None
     from mahout.verify import auditable  # (imports llama_cpp's bindings: only when a job is drawn)
 

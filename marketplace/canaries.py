@@ -45,8 +45,9 @@ from hosts.models import Host
 from hosts.selectors import qualified_model_ids
 from hosts.services import host_maintenance_enter
 from marketplace import reputation
+from marketplace.audits import audit_weights
 from marketplace.lifecycle.queueing import new_public_id, request_submit
-from marketplace.models import CanaryCheck, CanaryReference, Request, TextChunk
+from marketplace.models import Audit, CanaryCheck, CanaryReference, Request, TextChunk
 from protocol.jobs import job_fragments, job_stop_strings
 from protocol.rendering import ChatFormat, TemplateRefused, chat_stops
 
@@ -264,15 +265,26 @@ def reference_job(reference: CanaryReference) -> dict:
                       prompt=None if chat else reference.prompt)
 
 
-def canary_judge(*, request: Request, host: Host, text: str, completion_tokens: int) -> str | None:
-    """Judge a completed canary against its reference (None when the request is not one):
-    passed, failed (the host is in maintenance) or scoring — it parted from the reference at
-    a near-tie, so the real model reads it next (`canary_score_pending`, on the workers).
-    Runs in the completion's transaction."""
-    check = CanaryCheck.objects.select_related("reference").filter(request=request, verdict=CanaryCheck.Verdict.PENDING).first()
-    if check is None:
+def canary_check(*, request: Request) -> CanaryCheck | None:
+    """The canary check a request is, if it is one (one query, at each completion)."""
+    return CanaryCheck.objects.select_related("reference").filter(request=request).first()
+
+
+def canary_judge(*, check: CanaryCheck, host: Host, text: str, completion_tokens: int, audited: bool) -> str | None:
+    """Judge a completed canary (None when it was decided already). One sampled like
+    customers' jobs waits for its audit (`audited`: the settlement opened one; else it is
+    void: nothing can check it). A greedy one is judged against its reference: passed,
+    failed (the host is in maintenance) or scoring — it parted from the reference at a
+    near-tie, so the real model reads it next. Both end in `canary_score_pending`, on the
+    workers. Runs in the completion's transaction."""
+    if check.verdict != CanaryCheck.Verdict.PENDING:
         return None
-    TextChunk.objects.filter(request=request).delete()  # nobody reads a canary's answer
+    TextChunk.objects.filter(request_id=check.request_id).delete()  # nobody reads a canary's answer
+    if check.by_audit:
+        verdict = CanaryCheck.Verdict.SCORING if audited else CanaryCheck.Verdict.VOID
+        CanaryCheck.objects.filter(pk=check.pk, verdict=CanaryCheck.Verdict.PENDING).update(
+            verdict=verdict, decided_at=None if audited else timezone.now())
+        return verdict
     reason = verdict_reason(check.reference, text=text, completion_tokens=completion_tokens)
     if reason is None and text != check.reference.text:
         CanaryCheck.objects.filter(pk=check.pk).update(verdict=CanaryCheck.Verdict.SCORING, answer=text,
@@ -315,8 +327,8 @@ def canary_score_pending(*, limit: int = 20) -> int:
     """Score answers that parted from their reference at a near-tie under the real model
     (`score_reason`) and decide them; on the Celery workers, every WATCHDOG_INTERVAL. Returns
     how many were decided."""
-    decided = 0
-    for check_id in list(CanaryCheck.objects.filter(verdict=CanaryCheck.Verdict.SCORING)
+    decided = _audited_decide()
+    for check_id in list(CanaryCheck.objects.filter(verdict=CanaryCheck.Verdict.SCORING, by_audit=False)
                          .order_by("created_at").values_list("pk", flat=True)[:limit]):
         check = CanaryCheck.objects.select_related("reference", "host").filter(
             pk=check_id, verdict=CanaryCheck.Verdict.SCORING).first()
@@ -324,6 +336,21 @@ def canary_score_pending(*, limit: int = 20) -> int:
             continue
         reason = score_reason(_scorer(check.reference.gguf), check.reference, text=check.answer,
                               completion_tokens=check.answer_tokens or 0)
+        with transaction.atomic():
+            decided += canary_decide(check=check, host=check.host, reason=reason, was=CanaryCheck.Verdict.SCORING) is not None
+    return decided
+
+
+def _audited_decide() -> int:
+    """Canaries judged by an audit take its verdict once the audit is decided
+    (`audits.audit_score_pending`: the host is in maintenance already if it failed)."""
+    decided = 0
+    waiting = CanaryCheck.objects.filter(verdict=CanaryCheck.Verdict.SCORING, by_audit=True).select_related("host")
+    for check in waiting:
+        audit = Audit.objects.filter(request_id=check.request_id).exclude(status=Audit.Status.PENDING).first()
+        if audit is None:
+            continue
+        reason = None if audit.status == Audit.Status.PASSED else f"its audit failed: {audit.reason}"
         with transaction.atomic():
             decided += canary_decide(check=check, host=check.host, reason=reason, was=CanaryCheck.Verdict.SCORING) is not None
     return decided
@@ -386,17 +413,50 @@ def canary_send(*, host: Host) -> CanaryCheck | None:
     if not references:
         return None
     reference = CanaryReference.objects.select_related("model").get(pk=random.choice(references))
-    kind = reference.kind
+    kind, model = reference.kind, reference.model
+    by_audit = settings.AUDIT_ENABLED and audit_weights(model, assemble=False) is not None
     messages = reference.prompt if kind == Request.Kind.CHAT else None
     prompt = reference.prompt if kind == Request.Kind.COMPLETION else None
-    fragments = prompt_fragments(reference.model, kind=kind, messages=messages, prompt=prompt)
+    if by_audit:  # judged by its audit, so it may look like customers' jobs
+        params = live_params(model=model, kind=kind)
+        if messages is not None and random.random() < 0.5:
+            messages = [{"role": "system", "content": random.choice(SYSTEM_PROMPTS)}, *messages]
+    else:  # judged against its reference: greedy, as long as the reference
+        params = {"max_tokens": reference.max_tokens, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None}
+    try:
+        fragments = prompt_fragments(model, kind=kind, messages=messages, prompt=prompt)
+    except TemplateRefused:  # a template without a system role
+        messages = reference.prompt
+        fragments = prompt_fragments(model, kind=kind, messages=messages, prompt=prompt)
     request = request_submit(
-        public_id=new_public_id(kind), api_key=_canary_key(), model=reference.model, kind=kind, messages=messages,
-        prompt=prompt, stream=True, prompt_tokens=prompt_count(reference.model, fragments),
-        params={"max_tokens": reference.max_tokens, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None},
-        only_host_id=host.pk,
+        public_id=new_public_id(kind), api_key=_canary_key(), model=model, kind=kind, messages=messages,
+        prompt=prompt, stream=True, prompt_tokens=prompt_count(model, fragments), params=params, only_host_id=host.pk,
     )
-    return CanaryCheck.objects.create(host=host, reference=reference, request=request)
+    return CanaryCheck.objects.create(host=host, reference=reference, request=request, by_audit=by_audit)
+
+
+# Never a customer's words: a canary's system turn is one of these, as often as not.
+SYSTEM_PROMPTS = [
+    "You are a helpful assistant.",
+    "You are a helpful assistant. Answer briefly.",
+    "Answer the user's question clearly and concisely.",
+    "You are a friendly assistant who explains things simply.",
+    "Keep answers short and to the point.",
+]
+LIVE_SAMPLE = 200  # recent customer requests the parameters are drawn from
+CUSTOMER_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 256}  # what a client that sets nothing sends
+
+
+def live_params(*, model: CatalogModel, kind: str) -> dict:
+    """A canary's sampling, drawn from recent customer requests of this model and kind (their
+    temperature, top_p and max_tokens, capped at CANARY_MAX_TOKENS; never their content), or
+    a client's defaults when there are none. The seed is the gateway's, as for any job."""
+    recent = list(Request.objects.filter(model=model, kind=kind, canary__isnull=True)
+                  .order_by("-created_at").values_list("params", flat=True)[:LIVE_SAMPLE])
+    drawn = random.choice(recent) if recent else {}
+    picked = {key: drawn.get(key) if drawn.get(key) is not None else default for key, default in CUSTOMER_DEFAULTS.items()}
+    picked["max_tokens"] = min(int(picked["max_tokens"]), settings.CANARY_MAX_TOKENS)
+    return {**picked, "stop": None, "seed": None}
 
 
 def canary_send_if_due(*, host: Host) -> CanaryCheck | None:

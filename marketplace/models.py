@@ -233,7 +233,7 @@ class CanaryCheck(models.Model):
 
     class Verdict(models.TextChoices):
         PENDING = "pending"
-        SCORING = "scoring", "scoring (it parted from the reference at a near-tie: the real model reads it next)"
+        SCORING = "scoring", "scoring (the real model reads it next: it parted from the reference at a near-tie, or its audit is pending)"
         PASSED = "passed"
         FAILED = "failed"
         VOID = "void", "void (not answered: the host died, failed or never claimed it)"
@@ -245,6 +245,9 @@ class CanaryCheck(models.Model):
     reason = models.CharField(max_length=300, blank=True)
     answer = models.TextField(blank=True, help_text="the host's answer, kept only while it is being scored")
     answer_tokens = models.PositiveIntegerField(null=True, blank=True)
+    by_audit = models.BooleanField(
+        default=False, help_text="sampled with parameters drawn from customers' and judged by an audit of the real model "
+                                 "(its reference gives only the prompt); else greedy, against the reference's text")
     created_at = models.DateTimeField(auto_now_add=True)
     decided_at = models.DateTimeField(null=True, blank=True)
 

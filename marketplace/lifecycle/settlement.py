@@ -19,7 +19,7 @@ from catalog.tokenizer import tokenizer_for
 from hosts.models import Host
 from marketplace import reputation
 from marketplace.audits import MAX_TOKENS_KEPT, audit_open, audit_wanted
-from marketplace.canaries import canary_judge, is_canary
+from marketplace.canaries import canary_check, canary_judge
 from marketplace.lifecycle.answers import (
     answer_of,
     count_output,
@@ -109,9 +109,11 @@ def job_settle(
                                    code=LogprobsMissing.code, message="The host did not report the log-probabilities asked "
                                    "for (a ring or an expert mesh cannot, nor mahout before 0.2.0); nothing was billed.")
         share = rescuer_share(request=request, job=job, text=delivered, completion_tokens=completion_tokens)
-    audited = audit_wanted(  # (a canary is judged against its reference; a ring's stages are not audited yet)
-        request=request, job=job, host=host, payload=lambda: job_payload(job),
-        excluded=lambda: is_canary(request) or ring_layers(bridge_host_id=host.pk, model_id=request.model_id) is not None)
+    check = canary_check(request=request) if request.kind != Request.Kind.EMBEDDINGS else None
+    audited = audit_wanted(  # (a greedy canary is judged against its reference; a ring's stages are not audited yet)
+        request=request, job=job, host=host, payload=lambda: job_payload(job), always=check is not None and check.by_audit,
+        excluded=lambda: (check is not None and not check.by_audit)
+        or ring_layers(bridge_host_id=host.pk, model_id=request.model_id) is not None)
     now = timezone.now()
     settled = settle(request=request, completion_tokens=completion_tokens, finish_reason=finish_reason, job=job, host=host,
                      share=share, result=result, now=now, escrow=audited is not None)
@@ -124,8 +126,8 @@ def job_settle(
     if request.kind != Request.Kind.EMBEDDINGS:  # only the host's own part of the answer says how fast it is
         own = completion_tokens if job.attempt == 1 else count_output(request, delivered[len(delivered) - job.generated_chars:])
         reputation.speed_measured(job=job, completion_tokens=own, now=now)
-    if request.kind != Request.Kind.EMBEDDINGS:
-        canary_judge(request=request, host=host, text=text, completion_tokens=completion_tokens)
+    if check is not None:
+        canary_judge(check=check, host=host, text=text, completion_tokens=completion_tokens, audited=audited is not None)
     reputation.trust_review(host_id=host.pk, now=now)
     if job.requeue or job.attempt > 1:  # earlier attempts of this request exist: was one blamed on it wrongly?
         blame_corrected(request=request, host=host)

@@ -179,10 +179,10 @@ class ScoringTests:
         cheat, honest = make_host(name="cheat", fingerprint="c" * 64).host, make_host(name="honest", fingerprint="h" * 64).host
         junk = CanaryCheck.objects.create(host=cheat, reference=reference, request=submit(make_customer(), catalog))
         same = CanaryCheck.objects.create(host=honest, reference=reference, request=submit(make_customer(), catalog))
-        verdict = canaries.canary_judge(request=junk.request, host=cheat, text=ref.text[: ref.exact_chars] + " zebra quantum zebra",
-                                        completion_tokens=ref.tokens)
+        verdict = canaries.canary_judge(check=junk, host=cheat, text=ref.text[: ref.exact_chars] + " zebra quantum zebra",
+                                        completion_tokens=ref.tokens, audited=False)
         assert verdict == CanaryCheck.Verdict.SCORING
-        assert canaries.canary_judge(request=same.request, host=honest, text=ref.text, completion_tokens=ref.tokens) == "passed"
+        assert canaries.canary_judge(check=same, host=honest, text=ref.text, completion_tokens=ref.tokens, audited=False) == "passed"
         assert CanaryCheck.objects.get(pk=junk.pk).answer  # kept for the workers, and only until they decide
         assert not canaries.canary_due(host=cheat, now=timezone.now())  # one at a time, scoring included
 

@@ -204,7 +204,7 @@ class TrustTests:
         reference = CanaryReference.objects.create(model=catalog, kind="completion", prompt="Once upon", max_tokens=8,
                                                    text=" a time there was a", tokens=5, exact_chars=19)
         check = CanaryCheck.objects.create(host=host, reference=reference, request=submit(make_customer(), catalog))
-        assert canaries.canary_judge(request=check.request, host=host, text="junk junk junk", completion_tokens=3) == CanaryCheck.Verdict.FAILED
+        assert canaries.canary_judge(check=check, host=host, text="junk junk junk", completion_tokens=3, audited=False) == CanaryCheck.Verdict.FAILED
         host.refresh_from_db()
         assert host.trusted_at is None and host.maintenance_by == "verification"
         forfeit = LedgerTransaction.objects.get(kind=LedgerTransaction.Kind.FORFEIT)
