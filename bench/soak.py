@@ -109,8 +109,10 @@ def chat_customer(client: openai.OpenAI, model: str, tally: Tally, stop: threadi
         except openai.APIStatusError as error:
             body = error.body if isinstance(error.body, dict) else {}
             tally.add(f"chat {error.status_code} {body.get('code') or body.get('error', {}).get('code', '')}".strip())
-        except openai.APIError as error:  # a stream cut mid-way: it must not happen, resumption exists
+        except openai.APIConnectionError as error:  # a stream cut mid-way: it must not happen, resumption exists
             tally.unexplained.append(f"chat: {type(error).__name__}: {error}")
+        except openai.APIError as error:  # an error event in the stream, in the API's format (e.g. no host in time)
+            tally.add(f"chat stream-error {error.message[:60]}")
         stop.wait(rng.uniform(0.5, 1.5) * pause)
 
 
@@ -123,7 +125,7 @@ def embeddings_customer(client: openai.OpenAI, model: str, tally: Tally, stop: t
             tally.add("embeddings ok")
         except openai.APIStatusError as error:
             tally.add(f"embeddings {error.status_code}")
-        except openai.APIError as error:
+        except openai.APIConnectionError as error:
             tally.unexplained.append(f"embeddings: {type(error).__name__}: {error}")
         stop.wait(3.0)
 
