@@ -178,7 +178,9 @@ class Command(BaseCommand):
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> tuple[str, subprocess.Popen]:
         self.stdout.write(f"starting {name}: {' '.join(argv[1:4])} …")
-        return name, subprocess.Popen(argv, cwd=settings.BASE_DIR, env=env)
+        # its own process group: when it dies, what it started dies with it (`reap`), and Ctrl-C
+        # reaches it once, through `stop_all`, not twice (the terminal's and ours)
+        return name, subprocess.Popen(argv, cwd=settings.BASE_DIR, env=env, start_new_session=True)
 
     def _wait_for(self, urls: list[str], procs: list[tuple[str, subprocess.Popen]], timeout: float = 60) -> None:
         """Return once every one of `urls` passes the health check (a 200 from /healthz: the
@@ -232,6 +234,7 @@ print(len(client.embeddings.create(model="all-minilm-l6-v2", input="a grey giant
 
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGHUP, stop)  # the terminal closed: its hangup no longer reaches the children
         next_status = time.monotonic() + STATUS_EVERY_S
         while not stopping:
             if time.monotonic() >= next_status:
@@ -241,6 +244,7 @@ print(len(client.embeddings.create(model="all-minilm-l6-v2", input="a grey giant
             for index, (name, proc) in enumerate(procs):
                 if proc.poll() is None:
                     continue
+                reap(proc)
                 if name in restartable:
                     self.stderr.write(f"{name} exited with {proc.returncode}; restarting it")
                     procs[index] = self._spawn(name, restartable[name], env=(envs or {}).get(name))
@@ -251,8 +255,18 @@ print(len(client.embeddings.create(model="all-minilm-l6-v2", input="a grey giant
         stop_all(procs)
 
 
+def reap(proc: subprocess.Popen) -> None:
+    """SIGKILL what is left of a dead child's process group: a Celery worker killed with -9
+    leaves its pool process running (the soak found one alive 50 minutes later)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # nothing left
+
+
 def stop_all(procs: list[tuple[str, subprocess.Popen]]) -> None:
-    """SIGTERM to every child still running, then SIGKILL to any not gone within 20 s."""
+    """SIGTERM to every child still running, then SIGKILL to any not gone within 20 s, and to
+    whatever each one started."""
     for _, proc in procs:
         if proc.poll() is None:
             proc.terminate()
@@ -261,3 +275,5 @@ def stop_all(procs: list[tuple[str, subprocess.Popen]]) -> None:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait(timeout=5)
+        reap(proc)
