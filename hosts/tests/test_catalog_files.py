@@ -93,7 +93,8 @@ class CatalogMatchTests:
         model.write_bytes(b"GGUF")
         refused = mahout_add(model, tmp_path / "home", server=gateway.url, token="not-a-token")
         assert refused.returncode == 2 and "hashing" not in refused.stdout
-        assert refused.stderr.strip().splitlines()[-1] == "mahout: error: HTTP 401: Invalid host token."
+        last = refused.stderr.strip().splitlines()[-1]
+        assert last.startswith("mahout: error: HTTP 401: Invalid host token.") and "mahout login" in last  # (the hint, issue 31)
 
 
 class ServedTests:
