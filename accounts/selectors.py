@@ -1,6 +1,7 @@
 """Reads of API keys, and the customer API's authentication."""
 from __future__ import annotations
 
+from accounts.key_use import api_key_used
 from accounts.models import ApiKey
 from core.errors import ApiError
 from core.secrets import secret_hash
@@ -38,9 +39,7 @@ def key_for_spending(secret: str) -> ApiKey:
 def key_from_secret(secret: str) -> ApiKey:
     """The live key for a bearer secret, or a 401 in the API's format. Every /v1 call with a
     key comes through here, so this is where its "last used" is recorded (coalesced to one
-    write a minute: `accounts.services.api_key_used`)."""
-    from accounts.services import api_key_used  # (services import this module)
-
+    write a minute: `accounts.key_use.api_key_used`)."""
     key = api_key_by_secret(secret=secret)
     if key is None:
         raise ApiError(401, "Invalid or revoked API key.", code="invalid_api_key", type="authentication_error")

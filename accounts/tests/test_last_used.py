@@ -9,8 +9,8 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from accounts.key_use import LAST_USED_RESOLUTION, api_key_used
 from accounts.models import ApiKey
-from accounts.services import LAST_USED_RESOLUTION, api_key_used
 
 pytestmark = pytest.mark.django_db
 
