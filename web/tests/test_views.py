@@ -50,6 +50,11 @@ class CustomerPagesTests:
         assert "$5.00" in page  # the persona's balance
         assert "$0.25" in page and "$4.75" in page  # on hold, available
 
+    def test_the_dashboard_links_to_the_top_up_history_on_the_usage_page(self, customer_client) -> None:
+        page = customer_client.get("/").content.decode()
+        assert re.search(r'<a href="/usage/#topups">Top-up history</a>', page)
+        assert 'id="topups"' in customer_client.get("/usage/").content.decode()
+
     def test_the_catalog_lists_prices_per_million_tokens_and_context(self, customer_client) -> None:
         page = customer_client.get("/models/").content.decode()
         assert "gemma-3-270m" in page and "4096 tokens" in page
