@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -48,3 +49,57 @@ def test_a_child_killed_with_minus_9_leaves_nothing_running_once_reaped(tmp_path
         assert not _alive(grandchild)
     finally:
         stop_all([("parent", proc)])
+
+
+class _FakeChild:
+    """Records what `stop_all` does to it, into a log shared by all the children."""
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name, self.log, self.pid, self.returncode = name, log, -1, None
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def terminate(self) -> None:
+        self.log.append(f"terminate {self.name}")
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.log.append(f"wait {self.name}")
+        self.returncode = 0
+        return 0
+
+    def kill(self) -> None:
+        self.log.append(f"kill {self.name}")
+
+
+def test_stop_all_stops_the_hosts_before_the_gateway_they_talk_to(monkeypatch) -> None:
+    import config.management.commands.serve_demo as serve_demo
+
+    log: list[str] = []
+    monkeypatch.setattr(serve_demo, "reap", lambda proc: log.append(f"reap {proc.name}"))
+    names = ["gateway", "stripe-local", "watchdogs", "mahout", "mahout-embeddings"]
+    stop_all([(name, _FakeChild(name, log)) for name in names])
+    assert log.index("reap mahout-embeddings") < log.index("terminate gateway")
+    assert log[:6] == ["terminate mahout", "terminate mahout-embeddings", "wait mahout", "reap mahout",
+                       "wait mahout-embeddings", "reap mahout-embeddings"]
+    assert set(log[6:]) == {f"{verb} {name}" for verb in ("terminate", "wait", "reap") for name in names[:3]}
+
+
+def test_the_hosts_wait_is_bounded_and_a_host_that_hangs_is_killed(monkeypatch) -> None:
+    import config.management.commands.serve_demo as serve_demo
+
+    log: list[str] = []
+    monkeypatch.setattr(serve_demo, "reap", lambda proc: log.append(f"reap {proc.name}"))
+    hung = _FakeChild("mahout", log)
+    waits: list[float | None] = []
+
+    def wait(timeout: float | None = None) -> int:
+        waits.append(timeout)
+        if len(waits) == 1:
+            raise subprocess.TimeoutExpired("mahout", timeout or 0)
+        return 0
+
+    hung.wait = wait
+    stop_all([("gateway", _FakeChild("gateway", log)), ("mahout", hung)])
+    assert waits[0] is not None and waits[0] <= serve_demo.HOSTS_STOP_S
+    assert log[:3] == ["terminate mahout", "kill mahout", "reap mahout"] and log[3] == "terminate gateway"

@@ -44,6 +44,9 @@ DEMO_CREDIT_USD = "5"
 
 
 STATUS_EVERY_S = 60.0
+HOST_CHILDREN = ("mahout", "mahout-embeddings")  # the demo's hosts, as `_spawn` names them
+HOSTS_STOP_S = 10.0  # a host finishes its current job before it exits
+REST_STOP_S = 20.0
 
 
 def status_line() -> str:
@@ -264,16 +267,27 @@ def reap(proc: subprocess.Popen) -> None:
         pass  # nothing left
 
 
+def stop_waves(procs: list[tuple[str, subprocess.Popen]]) -> list[tuple[list[tuple[str, subprocess.Popen]], float]]:
+    """The order `stop_all` stops the children in, each wave with its bound in seconds: the
+    demo's hosts first, so they finish their job against a gateway still up (stopped together,
+    they printed "server unavailable" as the gateway died under them), then the rest."""
+    hosts = [child for child in procs if child[0] in HOST_CHILDREN]
+    rest = [child for child in procs if child[0] not in HOST_CHILDREN]
+    return [(wave, bound) for wave, bound in ((hosts, HOSTS_STOP_S), (rest, REST_STOP_S)) if wave]
+
+
 def stop_all(procs: list[tuple[str, subprocess.Popen]]) -> None:
-    """SIGTERM to every child still running, then SIGKILL to any not gone within 20 s, and to
-    whatever each one started."""
-    for _, proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-    for _, proc in procs:
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-        reap(proc)
+    """Stop the children wave by wave (`stop_waves`): SIGTERM to each one still running, then
+    SIGKILL to any not gone within the wave's bound, and to whatever each one started."""
+    for wave, bound in stop_waves(procs):
+        for _, proc in wave:
+            if proc.poll() is None:
+                proc.terminate()
+        deadline = time.monotonic() + bound
+        for _, proc in wave:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+            reap(proc)
