@@ -22,11 +22,16 @@ def usage_sum(usages: list[dict]) -> dict:
 
 
 def usage_chunk(rows: list[Request]) -> dict:
-    """The last chunk of a stream of several choices, when usage is asked for: no choices."""
+    """The last chunk of a stream of several choices, when usage is asked for: no choices.
+    Like one choice's last chunk, it says `x_elephant.resumed` when any choice was continued
+    on another host (the whole body's `x-elephant-resumed` header says the same)."""
     row = rows[0]
-    return {"id": row.public_id, "object": "chat.completion.chunk" if row.kind == Request.Kind.CHAT else "text_completion",
+    body = {"id": row.public_id, "object": "chat.completion.chunk" if row.kind == Request.Kind.CHAT else "text_completion",
             "created": unix(row.created_at), "model": row.model.name, "choices": [],
             "usage": usage_sum([usage_of(r) for r in rows])}
+    if any(r.resumed for r in rows):
+        body["x_elephant"] = {"resumed": True}
+    return body
 
 
 def failed_choice(row: Request, *, index: int) -> dict:

@@ -3,8 +3,10 @@ real mahout running the shipped model; the gateway's checks on what hosts report
 turns rendered into the prompt."""
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import jsonschema
@@ -14,14 +16,16 @@ from django.test import Client
 
 from conftest import make_customer, make_host
 from marketplace import services
+from marketplace.choices import stream_chunks
 from marketplace.models import Job, Request, TextChunk
+from marketplace.render import chunk_body, usage_of
 from marketplace.tests.test_apis import GOOD, assert_error, post
 from marketplace.tests.test_reputation import claim, online
 from marketplace.tool_calls import CallHolder, prompt_messages, tool_calls_in, tools_spec
 from testkit.requests import CHAT, submit_request
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import AsyncIterator, Callable
 
     from testkit.stack import Gateway, Mahout
 
@@ -101,6 +105,41 @@ class ToolSpecTests:
         assert [call.feed(part)[0] for part in (text[:5], text[5:])] == ["", ""]
         held, _, calls = call.finish(request_id="x")
         assert held == "" and calls[0]["function"]["name"] == "get_time"
+
+
+def ended_choice(index: int, *, resumed: bool) -> SimpleNamespace:
+    """A choice (`Admitted`'s shape) whose request ends at once, continued on another host or not."""
+    row = SimpleNamespace(public_id=f"chatcmpl-{index}", kind=Request.Kind.CHAT, created_at=None,
+                          model=SimpleNamespace(name="gemma-3-270m"), prompt_tokens=9, completion_tokens=2, resumed=resumed)
+    choice = SimpleNamespace(row=row, include_usage=True, index=index, ended=None)
+
+    async def chunks() -> AsyncIterator[dict | str]:
+        choice.ended = row
+        yield chunk_body(row, text="", finish_reason="stop", usage=usage_of(row) if choice.include_usage else None, index=index)
+        yield "[DONE]"
+
+    choice.chunks = chunks
+    return choice
+
+
+def streamed(choices: list[SimpleNamespace]) -> list[dict | str]:
+    async def collect() -> list[dict | str]:
+        return [chunk async for chunk in stream_chunks(choices)]  # type: ignore[arg-type]
+
+    return asyncio.run(collect())
+
+
+class ChoiceStreamTests:
+    def test_the_usage_chunk_of_several_choices_says_resumed_as_one_choices_last_chunk_does(self) -> None:
+        one = streamed([ended_choice(0, resumed=True)])
+        assert one[-1] == "[DONE]" and one[-2]["usage"] and one[-2]["x_elephant"] == {"resumed": True}
+        for resumed in ([False, True], [True, False], [True, True]):
+            chunks = streamed([ended_choice(i, resumed=r) for i, r in enumerate(resumed)])
+            usage = chunks[-2]
+            assert chunks[-1] == "[DONE]" and usage["choices"] == [] and usage["usage"]["completion_tokens"] == 4
+            assert usage["x_elephant"] == {"resumed": True}, (resumed, usage)
+        usage = streamed([ended_choice(i, resumed=False) for i in range(2)])[-2]
+        assert usage["choices"] == [] and "x_elephant" not in usage
 
 
 @pytest.mark.django_db(transaction=True)
