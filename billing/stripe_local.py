@@ -17,20 +17,26 @@ Besides the API it serves the two pages a browser is sent to:
   redirects to the link's `return_url`, where the gateway retrieves the account.
 
 No money moves and nothing leaves the machine. `python manage.py stripe_local` runs it
-(`make run` starts it when no real Stripe key is set).
+(`make run` starts it when no real Stripe key is set). Given a `state_path`, its sessions,
+accounts, links and replays survive a restart: written there atomically after each change,
+read back at `start`.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import html
 import json
+import os
 import re
 import secrets
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
 import httpx
@@ -106,7 +112,8 @@ def _error(status: int, message: str, *, code: str | None = None, kind: str = "i
 class LocalStripe:
     """The stand-in. `secret_key` is the one API key it accepts (empty: any test key,
     `sk_test_…`); `webhook_url` and `webhook_secret` are where "Pay" delivers, and the
-    secret it signs with (the gateway's STRIPE_WEBHOOK_SECRET)."""
+    secret it signs with (the gateway's STRIPE_WEBHOOK_SECRET); `state_path` is the JSON file
+    its state lives in across restarts (None: in memory only)."""
 
     secret_key: str = ""
     webhook_url: str = ""
@@ -119,6 +126,7 @@ class LocalStripe:
     events: dict[str, str] = field(default_factory=dict)  # a paid session's event, resent as is when paid again
     replays: dict[str, tuple[int, dict]] = field(default_factory=dict)
     refuse_transfers: bool = False
+    state_path: Path | None = None
     server: ThreadingHTTPServer | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -136,6 +144,8 @@ class LocalStripe:
             answer = self._route(method, path, form)
             if method == "POST" and idempotency_key and answer[0] < 500:
                 self.replays[idempotency_key] = answer
+            if method == "POST":
+                self._save()
             return answer
 
     def _route(self, method: str, path: str, form: dict[str, str]) -> tuple[int, dict]:
@@ -230,6 +240,7 @@ class LocalStripe:
             session = self.sessions[session_id]
             session.update(status="complete", payment_status="paid")
             event = self.events.setdefault(session_id, checkout_completed_event(session))
+            self._save()
         failure = self.deliver(event)
         return ("", failure) if failure else (session["success_url"], "")
 
@@ -259,12 +270,50 @@ class LocalStripe:
                 details_submitted=True, charges_enabled=True, payouts_enabled=True, capabilities={"transfers": "active"},
                 requirements={"currently_due": [], "disabled_reason": None},
             )
+            self._save()
             return link["return_url"]
+
+    # --- the state across restarts ---------------------------------------------------------
+
+    def _save(self) -> None:
+        """Write the state to `state_path` (under the lock): a temporary file beside it, then
+        `os.replace`, so a restart mid-write finds the previous state, never half of one."""
+        if self.state_path is None:
+            return
+        state = {"sessions": self.sessions, "accounts": self.accounts, "links": self.links, "events": self.events,
+                 "replays": {key: list(answer) for key, answer in self.replays.items()}}
+        fd, temporary = tempfile.mkstemp(dir=self.state_path.parent, prefix=f".{self.state_path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as out:
+                json.dump(state, out)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temporary, self.state_path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
+
+    def _load(self) -> None:
+        """Read back what `_save` wrote, if anything (a file that is not its JSON fails loudly)."""
+        if self.state_path is None or not self.state_path.exists():
+            return
+        try:
+            state = json.loads(self.state_path.read_text())
+        except ValueError as error:
+            raise ValueError(f"{self.state_path} is not the stand-in's saved state ({error}); move it aside to start afresh") from error
+        with self.lock:
+            self.sessions.update(state["sessions"])
+            self.accounts.update(state["accounts"])
+            self.links.update(state["links"])
+            self.events.update(state["events"])
+            self.replays.update({key: (status, body) for key, (status, body) in state["replays"].items()})
 
     # --- the server --------------------------------------------------------------------
 
     def start(self, host: str = "127.0.0.1", port: int = 0) -> LocalStripe:
-        """Listen on `host:port` (0: any free port) in a background thread."""
+        """Read the saved state back, then listen on `host:port` (0: any free port) in a background thread."""
+        self._load()
         self.server = ThreadingHTTPServer((host, port), _handler(self))
         self.url = f"http://{host}:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True, name="stripe-local").start()

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
@@ -116,13 +117,71 @@ class CheckoutPageTests:
         assert [call.authorization for call in fake_stripe.received] == ["Bearer sk_test_someone_else"]
 
 
+class RestartTests:
+    """`make run`'s supervisor restarts a stand-in that died: what the gateway and the browser
+    hold (a Checkout session, an account, an onboarding link) must still be there."""
+
+    def test_open_sessions_accounts_and_links_survive_a_restart(self, catalog, tmp_path: Path) -> None:
+        from billing.stripe_local import LocalStripe
+
+        state = tmp_path / "stripe-local.json"
+        first = LocalStripe(secret_key="sk_test_local", state_path=state).start()
+        client = stripe.StripeClient("sk_test_local", base_addresses={"api": first.url}, max_network_retries=0)
+        try:
+            session = client.v1.checkout.sessions.create({
+                "mode": "payment", "success_url": "http://gateway/ok",
+                "line_items": [{"quantity": 1, "price_data": {"currency": "usd", "unit_amount": 700, "product_data": {"name": "Credit"}}}],
+            }, {"idempotency_key": "topup-1"})
+            account = client.v1.accounts.create({"type": "express"})
+            link = client.v1.account_links.create({"account": account.id, "type": "account_onboarding",
+                                                   "return_url": "http://gateway/back", "refresh_url": "http://gateway/again"})
+        finally:
+            first.stop()
+        assert [path.name for path in tmp_path.iterdir()] == ["stripe-local.json"]  # (no temporary file left behind)
+
+        second = LocalStripe(secret_key="sk_test_local", state_path=state).start(port=int(first.url.rsplit(":", 1)[1]))
+        client = stripe.StripeClient("sk_test_local", base_addresses={"api": second.url}, max_network_retries=0)
+        try:
+            assert client.v1.checkout.sessions.retrieve(session.id).amount_total == 700
+            assert httpx.get(session.url, timeout=5).status_code == 200  # the Checkout page the browser was sent to
+            again = client.v1.checkout.sessions.create({"mode": "payment", "success_url": "http://gateway/ok", "line_items": [
+                {"quantity": 1, "price_data": {"currency": "usd", "unit_amount": 700, "product_data": {"name": "Credit"}}}]},
+                {"idempotency_key": "topup-1"})
+            assert again.id == session.id  # the idempotency replay survived too
+            assert httpx.post(link.url, timeout=5).headers["Location"] == "http://gateway/back"
+            assert client.v1.accounts.retrieve(account.id).payouts_enabled is True
+        finally:
+            second.stop()
+        third = LocalStripe(state_path=state).start()
+        third.stop()
+        assert third.accounts[account.id]["payouts_enabled"] is True  # onboarding, done after the restart, was saved
+
+    def test_a_failed_write_leaves_the_previous_state_whole(self, tmp_path: Path, monkeypatch) -> None:
+        from billing.stripe_local import LocalStripe
+
+        state = tmp_path / "stripe-local.json"
+        stand_in = LocalStripe(state_path=state)
+        stand_in.api("POST", "/v1/accounts", {"type": "express"}, None)
+        before = state.read_text()
+
+        def crash(*_: object) -> None:
+            raise OSError("disk full")
+
+        monkeypatch.setattr(os, "replace", crash)
+        with pytest.raises(OSError, match="disk full"):
+            stand_in.api("POST", "/v1/accounts", {"type": "express"}, None)
+        assert state.read_text() == before and len(json.loads(before)["accounts"]) == 1
+        assert [path.name for path in tmp_path.iterdir()] == ["stripe-local.json"]
+
+
 class CommandTests:
     @pytest.mark.e2e
-    def test_the_command_serves_stripes_api_to_its_key_only(self) -> None:
+    def test_the_command_serves_stripes_api_to_its_key_only(self, tmp_path: Path) -> None:
         port = free_port()
         env = {**os.environ, "STRIPE_SECRET_KEY": "sk_test_local_cmd", "STRIPE_WEBHOOK_SECRET": "whsec_local_cmd"}
         proc = subprocess.Popen([sys.executable, "manage.py", "stripe_local", "--port", str(port), "--webhook-url",
-                                 "http://127.0.0.1:9/billing/stripe/webhook/"], cwd=ROOT, env=env,
+                                 "http://127.0.0.1:9/billing/stripe/webhook/", "--state", str(tmp_path / "state.json")],
+                                cwd=ROOT, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             base = f"http://127.0.0.1:{port}"
