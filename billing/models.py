@@ -177,6 +177,7 @@ class StripeEvent(models.Model):
         CREDITED = "credited", "Credited a top-up"
         DEBITED = "debited", "Took credit back (a refund or a dispute)"
         RESTORED = "restored", "Gave disputed credit back (a dispute won)"
+        PAYOUT_READY = "payout_ready", "Marked a payout account ready (onboarding finished)"
         IGNORED = "ignored", "Nothing to do"
         REJECTED = "rejected", "Did not match a top-up we created"
 
@@ -202,7 +203,8 @@ class PayoutProfile(models.Model):
     """Where a host's payouts go: its Stripe Connect account. onboarding → ready.
 
     The owner's "Set up payouts" creates the account and the row (onboarding); it becomes
-    ready once Stripe says onboarding finished (`billing.services.payout_account_refresh`).
+    ready once Stripe says onboarding finished: asked at the return URL
+    (`billing.services.payout_account_refresh`) or told by Connect's `account.updated` webhook.
     An operator who connects an account in the admin connects a finished one (ready).
     """
 

@@ -383,7 +383,8 @@ def stripe_webhook_receive(*, payload: bytes, signature: str) -> StripeEvent:
 def stripe_event_apply(*, event_id: str, event_type: str, obj: dict | None) -> StripeEvent:
     """Record a verified event once and apply it, in one transaction: a paid checkout
     session credits its top-up; a refund or a dispute of that payment takes the credit
-    back (`_topup_refund`, `_topup_dispute`); a dispute won gives it back.
+    back (`_topup_refund`, `_topup_dispute`); a dispute won gives it back; Connect's
+    `account.updated` marks a payout account ready once its onboarding finished.
 
     The event row is inserted first: a concurrent delivery of the same event
     blocks on the unique id and then finds it, so a replay applies nothing.
@@ -405,6 +406,8 @@ def stripe_event_apply(*, event_id: str, event_type: str, obj: dict | None) -> S
         applied = _topup_refund(charge=obj)
     elif event_type in ("charge.dispute.created", "charge.dispute.closed"):
         applied = _topup_dispute(dispute=obj, closed=event_type == "charge.dispute.closed")
+    elif event_type == "account.updated":
+        applied = _payout_account_updated(account=obj)
     if applied is not None:
         outcome, topup, detail = applied
         StripeEvent.objects.filter(pk=record.pk).update(outcome=outcome, topup=topup, detail=detail[:500])
@@ -628,7 +631,7 @@ def payout_account_onboard(*, host: Host, return_url: str, refresh_url: str) -> 
     if profile is not None and profile.status == PayoutProfile.Status.READY:
         return None
     account = _connected_account(profile.stripe_account_id) if profile is not None else None
-    if profile is not None and account is not None and _payout_account_mark_ready(profile=profile, account=account):
+    if profile is not None and account is not None and _payout_account_mark_ready(profile=profile, account=account.to_dict()):
         return None
     if profile is None or account is None:
         profile = _payout_account_create(host=host, replacing=profile)
@@ -648,7 +651,7 @@ def payout_account_refresh(*, host: Host) -> PayoutProfile | None:
         return profile
     account = _connected_account(profile.stripe_account_id)
     if account is not None:
-        _payout_account_mark_ready(profile=profile, account=account)
+        _payout_account_mark_ready(profile=profile, account=account.to_dict())
         profile.refresh_from_db()
     return profile
 
@@ -663,15 +666,30 @@ def _connected_account(account_id: str) -> stripe.Account | None:
         raise PaymentProviderError(f"Stripe could not be asked about the payout account: {error.user_message or error}") from None
 
 
-def _payout_account_mark_ready(*, profile: PayoutProfile, account: stripe.Account) -> bool:
-    """onboarding → ready, a compare-and-set, when Stripe says the account can receive
-    transfers; True when the profile is ready (by this call or a concurrent one)."""
+def _payout_account_mark_ready(*, profile: PayoutProfile, account: dict) -> bool:
+    """onboarding → ready, a compare-and-set, when Stripe says the account (its fields) can
+    receive transfers; True when the profile is ready (by this call or a concurrent one)."""
     if not stripe_api.account_ready(account):
         return False
     PayoutProfile.objects.filter(
-        pk=profile.pk, status=PayoutProfile.Status.ONBOARDING, stripe_account_id=account.id
+        pk=profile.pk, status=PayoutProfile.Status.ONBOARDING, stripe_account_id=account.get("id")
     ).update(status=PayoutProfile.Status.READY)
     return PayoutProfile.objects.filter(pk=profile.pk, status=PayoutProfile.Status.READY).exists()
+
+
+def _payout_account_updated(*, account: dict) -> tuple[str, None, str]:
+    """Connect's `account.updated`: an account whose onboarding finished is marked ready by
+    the same rule as the return URL's check (an owner who closed Stripe's tab before being
+    sent back is ready too). The event's account is signed by Stripe, so it is not asked again."""
+    account_id = account.get("id")
+    profile = PayoutProfile.objects.filter(stripe_account_id=account_id).first() if isinstance(account_id, str) else None
+    if profile is None:
+        return StripeEvent.Outcome.IGNORED, None, f"no machine's payout account is {account_id!r}"
+    if profile.status == PayoutProfile.Status.READY:
+        return StripeEvent.Outcome.IGNORED, None, f"payout account {account_id} was already ready"
+    if not _payout_account_mark_ready(profile=profile, account=account):
+        return StripeEvent.Outcome.IGNORED, None, f"payout account {account_id} has not finished onboarding"
+    return StripeEvent.Outcome.PAYOUT_READY, None, f"payout account {account_id} of host {profile.host_id} is ready"
 
 
 def _payout_account_create(*, host: Host, replacing: PayoutProfile | None) -> PayoutProfile:

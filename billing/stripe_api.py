@@ -115,9 +115,9 @@ def account_link_create(*, account_id: str, return_url: str, refresh_url: str) -
     )
 
 
-def account_ready(account: stripe.Account) -> bool:
-    """Onboarding finished and the account can receive our transfers."""
-    fields = account.to_dict()
+def account_ready(fields: dict) -> bool:
+    """Onboarding finished and the account can receive our transfers (`fields`: the account as
+    Stripe describes it, retrieved or carried by `account.updated`)."""
     return bool(fields.get("details_submitted")) and (fields.get("capabilities") or {}).get("transfers") == "active"
 
 

@@ -13,8 +13,9 @@ Besides the API it serves the two pages a browser is sent to:
   t=<unix>,v1=<HMAC-SHA256>`), then redirects to the session's `success_url`;
   "Cancel" redirects to its `cancel_url`.
 - `/connect/onboarding/<link>`: Connect onboarding. "Complete" marks the account
-  as Stripe does once its owner finished (details submitted, payouts enabled) and
-  redirects to the link's `return_url`, where the gateway retrieves the account.
+  as Stripe does once its owner finished (details submitted, payouts enabled), sends
+  Connect's signed `account.updated` to the webhook URL, and redirects to the link's
+  `return_url`, where the gateway retrieves the account.
 
 No money moves and nothing leaves the machine. `python manage.py stripe_local` runs it
 (`make run` starts it when no real Stripe key is set). Given a `state_path`, its sessions,
@@ -259,19 +260,25 @@ class LocalStripe:
         return ""
 
     def onboarding_complete(self, link_id: str) -> str:
-        """"Complete" on the onboarding page: the account can now receive transfers. Returns the
-        link's return_url (its refresh_url when the link expired or was used, as Stripe does)."""
+        """"Complete" on the onboarding page: the account can now receive transfers, and
+        `account.updated` says so to the webhook URL (a failed delivery is not retried: the
+        return URL asks again). Returns the link's return_url (its refresh_url when the link
+        expired or was used, as Stripe does)."""
         with self.lock:
             link = self.links[link_id]
             if link["used"] or link["expires_at"] < time.time():
                 return link["refresh_url"]
             link["used"] = True
-            self.accounts[link["account"]].update(
+            account = self.accounts[link["account"]]
+            account.update(
                 details_submitted=True, charges_enabled=True, payouts_enabled=True, capabilities={"transfers": "active"},
                 requirements={"currently_due": [], "disabled_reason": None},
             )
             self._save()
-            return link["return_url"]
+            event = event_body("account.updated", account)
+        if self.webhook_url:
+            self.deliver(event)
+        return link["return_url"]
 
     # --- the state across restarts ---------------------------------------------------------
 

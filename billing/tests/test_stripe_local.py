@@ -117,6 +117,26 @@ class CheckoutPageTests:
         assert [call.authorization for call in fake_stripe.received] == ["Bearer sk_test_someone_else"]
 
 
+class OnboardingPageTests:
+    def test_completing_onboarding_sends_connects_signed_account_updated(self, catalog, fake_stripe, webhooks) -> None:
+        from django.test import Client
+
+        from billing.models import PayoutProfile
+        from conftest import make_host
+
+        host = make_host().host
+        link = services.payout_account_onboard(host=host, return_url="http://testserver/back", refresh_url="http://testserver/again")
+        assert httpx.post(link, timeout=5).headers["Location"] == "http://testserver/back"
+        ((body, headers),) = webhooks.deliveries
+        event = json.loads(body)
+        assert event["type"] == "account.updated" and event["data"]["object"]["id"] == PayoutProfile.objects.get(host=host).stripe_account_id
+        # the gateway's endpoint accepts it as Stripe's and marks the account ready, no return URL needed
+        answer = Client().post("/billing/stripe/webhook/", data=body, content_type="application/json",
+                               HTTP_STRIPE_SIGNATURE=headers["Stripe-Signature"])
+        assert answer.status_code == 200 and answer.json()["outcome"] == "payout_ready"
+        assert PayoutProfile.objects.get(host=host).status == PayoutProfile.Status.READY
+
+
 class RestartTests:
     """`make run`'s supervisor restarts a stand-in that died: what the gateway and the browser
     hold (a Checkout session, an account, an onboarding link) must still be there."""

@@ -9,10 +9,10 @@ import pytest
 from django.test import Client
 
 from billing import selectors, services
-from billing.models import Account, LedgerTransaction, StripeEvent, TopUp
-from billing.stripe_local import charge_refunded_event, checkout_completed_event, dispute_event, sign
+from billing.models import Account, LedgerTransaction, PayoutProfile, StripeEvent, TopUp
+from billing.stripe_local import charge_refunded_event, checkout_completed_event, dispute_event, event_body, sign
 from billing.tests.conftest import BACK, WEBHOOK_SECRET
-from conftest import make_customer
+from conftest import make_customer, make_host
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -186,3 +186,42 @@ class MoneyBackOutTests:
         topup.refresh_from_db()
         assert (topup.status, topup.stripe_session_id) == (TopUp.Status.PAID, session["id"])
         assert balance(customer.user) == 2_500_000_000 and selectors.reconcile_report() == []
+
+
+class PayoutAccountUpdatedTests:
+    """Connect's `account.updated`: the owner who finished Stripe's onboarding but never came
+    back through the return URL (closed the tab) is ready all the same."""
+
+    def onboarding(self, fake_stripe: LocalStripe) -> PayoutProfile:
+        host = make_host().host
+        services.payout_account_onboard(host=host, return_url="http://testserver/back", refresh_url="http://testserver/again")
+        return PayoutProfile.objects.get(host=host)
+
+    def test_a_finished_onboarding_marks_the_account_ready_once(self, catalog, fake_stripe) -> None:
+        profile = self.onboarding(fake_stripe)
+        account = fake_stripe.accounts[profile.stripe_account_id]
+        assert deliver(event_body("account.updated", account)).json()["outcome"] == "ignored"  # not finished yet
+        profile.refresh_from_db()
+        assert profile.status == PayoutProfile.Status.ONBOARDING
+        finished = {**account, "details_submitted": True, "payouts_enabled": True, "capabilities": {"transfers": "active"}}
+        payload = event_body("account.updated", finished)
+        assert deliver(payload).json()["outcome"] == "payout_ready"
+        profile.refresh_from_db()
+        assert profile.status == PayoutProfile.Status.READY
+        assert deliver(payload).json()["outcome"] == "payout_ready"  # a replay: recorded once
+        assert deliver(event_body("account.updated", finished)).json()["outcome"] == "ignored"  # already ready
+        assert StripeEvent.objects.filter(type="account.updated").count() == 3
+
+    def test_a_forged_account_updated_marks_nothing(self, catalog, fake_stripe) -> None:
+        profile = self.onboarding(fake_stripe)
+        finished = {**fake_stripe.accounts[profile.stripe_account_id], "details_submitted": True,
+                    "payouts_enabled": True, "capabilities": {"transfers": "active"}}
+        payload = event_body("account.updated", finished)
+        assert deliver(payload, signature=sign(payload, "whsec_someone_else")).status_code == 400
+        profile.refresh_from_db()
+        assert profile.status == PayoutProfile.Status.ONBOARDING and StripeEvent.objects.count() == 0
+
+    def test_an_account_that_is_not_a_machines_is_ignored(self, catalog, fake_stripe) -> None:
+        payload = event_body("account.updated", {"id": "acct_stranger", "object": "account", "details_submitted": True,
+                                                 "capabilities": {"transfers": "active"}})
+        assert deliver(payload).json()["outcome"] == "ignored"
