@@ -620,8 +620,8 @@ def payout_account_onboard(*, host: Host, return_url: str, refresh_url: str) -> 
 
     Not one transaction: Stripe is called between the writes. Two clicks at once create one
     account (the same idempotency key; the second insert loses to the unique host and reads
-    the winner's row). An account Stripe no longer knows (local test mode forgets its accounts
-    when it restarts) is replaced while the row is still onboarding.
+    the winner's row). An account Stripe no longer knows (local test mode's, once its
+    var/stripe-local.json is deleted) is replaced while the row is still onboarding.
     """
     if not stripe_api.payouts_configured():
         raise PayoutsNotConfigured("Payouts are not configured on this gateway (no STRIPE_SECRET_KEY); ask an operator.")
