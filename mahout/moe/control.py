@@ -3,8 +3,10 @@
 * `MeshClient`: the `/api/` calls (every one with a timeout; a failed call raises
   `MeshUnavailable` and the loops simply try again on their next tick).
 * `CoordinatorAgent`: every `interval_s` reports the coordinator's busy slots (the load
-  monitor's latest snapshot: the report never waits on a probe) and its workers'
-  `last_serve_ms`, and makes the dispatch map the control plane answers with its own.
+  monitor's latest snapshot: the report never waits on a probe), its workers'
+  `last_serve_ms` and the workers it blamed (a recomputed batch disagreed: the control plane
+  retires them, so no coordinator uses them again), and makes the dispatch map the control
+  plane answers with its own. A blame is sent on every report until the map drops the worker.
 * `Volunteer`: an idle node asks for a slice, downloads only that slice, serves it,
   registers where it can be reached, heartbeats, and stops when told to retire. Only a
   trusted host is handed a slice (with its worker's secret: its server admits only the
@@ -79,8 +81,9 @@ class MeshClient:
         """True when the control plane says this worker must retire."""
         return bool(self._call("POST", f"/expert-workers/{worker_id}/heartbeat").json()["retire"])
 
-    def coordinator_report(self, model: str, busy: int, workers: list[dict]) -> dict:
-        return self._call("POST", "/moe/coordinator-report", {"model": model, "busy": busy, "workers": workers}).json()
+    def coordinator_report(self, model: str, busy: int, workers: list[dict], blamed: list[dict] | None = None) -> dict:
+        body = {"model": model, "busy": busy, "workers": workers, "blamed": blamed or []}
+        return self._call("POST", "/moe/coordinator-report", body).json()
 
     def recruitment(self) -> list[dict]:
         return self._call("GET", "/moe/recruitment").json()["models"]
@@ -109,6 +112,9 @@ def _spec(entry: dict) -> WorkerSpec:
                       secret=str(entry.get("secret") or ""))
 
 
+BLAME_REASON_MAX = 500  # what the control plane keeps of a blame's reason
+
+
 class CoordinatorAgent:
     def __init__(self, runner: MoeRunner, client: MeshClient, model: str, *, interval_s: float = 2.0) -> None:
         self.runner, self.client, self.model, self.interval_s = runner, client, model, interval_s
@@ -124,10 +130,11 @@ class CoordinatorAgent:
 
     def tick(self) -> dict | None:
         coordinator = self.runner.coordinator
-        workers = [{"id": int(w.key), "last_serve_ms": w.last_serve_ms} for w in list(coordinator.workers.values())
-                   if w.key.isdigit() and w.last_serve_ms > 0]
+        known = [w for w in list(coordinator.workers.values()) if w.key.isdigit()]
+        workers = [{"id": int(w.key), "last_serve_ms": w.last_serve_ms} for w in known if w.last_serve_ms > 0]
+        blamed = [{"id": int(w.key), "reason": w.blamed[:BLAME_REASON_MAX]} for w in known if w.blamed]
         try:
-            answer = self.client.coordinator_report(self.model, self.runner.monitor.state.busy, workers)
+            answer = self.client.coordinator_report(self.model, self.runner.monitor.state.busy, workers, blamed)
         except MeshUnavailable:
             return None
         coordinator.sync(map(_spec, answer["dispatch_map"]))

@@ -37,10 +37,11 @@ class ExpertModelAdmin(admin.ModelAdmin):
 
 @admin.register(ExpertWorker)
 class ExpertWorkerAdmin(admin.ModelAdmin):
-    list_display = ("id", "model", "host", "layer", "first", "count", "status", "address", "last_serve_ms", "heartbeat_at")
+    list_display = ("id", "model", "host", "layer", "first", "count", "status", "address", "last_serve_ms", "heartbeat_at",
+                    "blamed_at")
     list_filter = ("status", "model")
     readonly_fields = ("model", "host", "layer", "first", "count", "status", "address", "last_serve_ms", "assigned_at",
-                       "registered_at", "heartbeat_at", "retired_at")
+                       "registered_at", "heartbeat_at", "retired_at", "blamed_at", "blame_reason")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # workers are handed out by the volunteer endpoint

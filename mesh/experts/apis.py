@@ -9,8 +9,9 @@ service or selector, renders.
 * `POST /api/expert-workers/<id>/register`: the worker serves its slice (at `address`, which
   must be public unless the operator allows private ones, or via the relay).
 * `POST /api/expert-workers/<id>/heartbeat`: stay covered; the answer says whether to retire.
-* `POST /api/moe/coordinator-report`: the bound coordinator's busy slots and its workers'
-  `last_serve_ms`; the answer is its dispatch map, each worker with its link secret.
+* `POST /api/moe/coordinator-report`: the bound coordinator's busy slots, its workers'
+  `last_serve_ms` and the workers it blames (retired at once; 403 for another model's); the
+  answer is its dispatch map, each worker with its link secret.
 """
 from __future__ import annotations
 
@@ -173,9 +174,17 @@ class CoordinatorReportApi(MoeHostApi):
             id = serializers.IntegerField(min_value=1, max_value=BIGINT_MAX)
             last_serve_ms = serializers.IntegerField(min_value=0, max_value=BIGINT_MAX)
 
+        class BlameSerializer(serializers.Serializer):
+            id = serializers.IntegerField(min_value=1, max_value=BIGINT_MAX)
+            reason = serializers.CharField(max_length=500, help_text="what disagreed, e.g. the layer, experts and gap")
+
         model = serializers.CharField(max_length=200)
         busy = serializers.IntegerField(min_value=0, max_value=INT_MAX)
         workers = WorkerSerializer(many=True, required=False, default=list)
+        blamed = BlameSerializer(
+            many=True, required=False, default=list,
+            help_text="workers of this model whose recomputed batch disagreed: retired and never handed out again",
+        )
 
     class OutputSerializer(serializers.Serializer):
         class DispatchSerializer(serializers.Serializer):
@@ -199,7 +208,9 @@ class CoordinatorReportApi(MoeHostApi):
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        model = services.coordinator_report(host=host, model_name=data["model"], busy=data["busy"], workers=data["workers"])
+        model = services.coordinator_report(
+            host=host, model_name=data["model"], busy=data["busy"], workers=data["workers"], blamed=data["blamed"],
+        )
         return Response({
             "model": model.name, "saturated": selectors.is_saturated(model),
             "effective_target": selectors.effective_target(model), "dispatch_map": selectors.dispatch_map(model),

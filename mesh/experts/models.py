@@ -6,7 +6,8 @@ GGUF metadata when it is registered, so demand exists before any worker does). E
 wants `effective_target` replicas: `base_target` while the coordinator is quiet,
 `base_target + boost` while it reports saturation. A worker row is handed out by the
 volunteer endpoint (ASSIGNED), becomes ACTIVE when the worker registers where it can be
-reached, and RETIRED when it stops heartbeating or is no longer needed. Each worker has its
+reached, and RETIRED when it stops heartbeating or is no longer needed, or when its model's
+coordinator blames it (a recomputed batch disagreed: `blamed_at`, `blame_reason`). Each worker has its
 own `secret`, handed to its volunteer and to its model's coordinator (the one the operator
 bound, `coordinator`): the coordinator's link to it is admitted with it (`mahout.link`).
 """
@@ -74,6 +75,10 @@ class ExpertWorker(models.Model):
         max_length=100, default=link_secret_new, editable=False,
         help_text="what the coordinator's link to this worker is admitted with; its volunteer and the coordinator only",
     )
+    blamed_at = models.DateTimeField(
+        null=True, blank=True, help_text="when its model's coordinator reported that its values disagreed with a recompute",
+    )
+    blame_reason = models.CharField(max_length=500, blank=True, help_text="the coordinator's account of the disagreement")
 
     class Meta:
         ordering = ["model", "layer", "first", "id"]

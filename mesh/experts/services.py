@@ -11,7 +11,8 @@ Load-adaptive recruitment is the sum of small rules:
 a saturated report raises the model's effective target (`mesh.moe_selectors`), slices
 covered below it are handed to volunteers, and once the coordinator has been quiet for
 `MOE_COOLDOWN_SECONDS` workers beyond the target are retired (their next heartbeat says so)
-and stale ones are dropped.
+and stale ones are dropped. A worker its coordinator blames (a recomputed batch disagreed) is
+retired at once with the reason, and its host may not volunteer again.
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from catalog.models import CatalogModel
@@ -45,6 +48,7 @@ __all__ = [
     "expert_worker_heartbeat",
     "expert_worker_register",
     "expert_workers_age_out",
+    "expert_workers_blame",
     "worker_address_check",
 ]
 
@@ -119,11 +123,12 @@ def moe_model_publish(
 
 @transaction.atomic
 def coordinator_report(
-    *, host: Host, model_name: str, busy: int, workers: Sequence[dict] = (), now: datetime | None = None,
+    *, host: Host, model_name: str, busy: int, workers: Sequence[dict] = (), blamed: Sequence[dict] = (),
+    now: datetime | None = None,
 ) -> ExpertModel:
-    """Record a coordinator's busy slots (saturated when busy >= threshold) and the
-    `last_serve_ms` it saw per worker. Only the host the operator bound to the model may
-    report: reporting first claims nothing."""
+    """Record a coordinator's busy slots (saturated when busy >= threshold), the
+    `last_serve_ms` it saw per worker, and the workers it blames (`expert_workers_blame`).
+    Only the host the operator bound to the model may report: reporting first claims nothing."""
     now = now or timezone.now()
     model = ExpertModel.objects.select_for_update().filter(name=model_name).first()
     if model is None:
@@ -144,8 +149,38 @@ def coordinator_report(
         ExpertWorker.objects.filter(pk=report["id"], model=model, last_serve_ms__lt=report["last_serve_ms"]).update(
             last_serve_ms=report["last_serve_ms"]
         )
+    if blamed:
+        expert_workers_blame(model=model, blamed=blamed, now=now)
     expert_workers_age_out(model=model, now=now)
     return model
+
+
+BLAME_REASON_MAX = ExpertWorker._meta.get_field("blame_reason").max_length
+
+
+@transaction.atomic
+def expert_workers_blame(*, model: ExpertModel, blamed: Sequence[dict], now: datetime | None = None) -> int:
+    """Take the workers `model`'s coordinator blames (each ``{"id", "reason"}``: a batch it
+    recomputed disagreed) out of the market: retired now, so no coordinator is handed them and
+    their next heartbeat tells them to stop, and marked with when and why. A worker of another
+    model is refused whole (a coordinator judges only its own workers). Blaming again changes
+    nothing: the first reason stands. Returns how many were newly blamed.
+
+    Expert workers are not paid per batch (no ledger entry follows `last_serve_ms`), so there is
+    no earning to withhold here."""
+    now = now or timezone.now()
+    ids = {int(entry["id"]) for entry in blamed}
+    own = set(ExpertWorker.objects.filter(pk__in=ids, model=model).values_list("pk", flat=True))
+    if ids - own:
+        raise MoeRefused(403, f"Expert workers {sorted(ids - own)} do not serve {model.name!r}: a coordinator may "
+                              "blame only its own model's workers.", "worker_not_in_model")
+    newly = 0
+    for entry in blamed:
+        newly += ExpertWorker.objects.filter(pk=entry["id"], model=model, blamed_at__isnull=True).update(
+            status=ExpertWorker.Status.RETIRED, retired_at=Coalesce(F("retired_at"), Value(now)), blamed_at=now,
+            blame_reason=str(entry.get("reason") or "")[:BLAME_REASON_MAX],
+        )
+    return newly
 
 
 def _pick_slice(host: Host, now: datetime) -> tuple[ExpertModel, selectors.SliceDemand] | None:
@@ -168,6 +203,10 @@ def _volunteer_refusal(host: Host) -> MoeRefused | None:
     """Why this host may not serve experts (it would receive customers' hidden states), or None."""
     if host.banned_at is not None:
         return MoeRefused(403, f"This host is banned ({host.ban_reason}); it cannot serve experts.", "host_banned")
+    blamed = ExpertWorker.objects.filter(host=host, blamed_at__isnull=False).first()
+    if blamed is not None:
+        return MoeRefused(403, f"A coordinator found this host's expert worker {blamed.pk} answering wrong values "
+                               f"({blamed.blame_reason}); it cannot serve experts.", "host_blamed")
     if not Host.objects.trusted().filter(pk=host.pk).exists():
         return MoeRefused(403, "This host is in probation: only trusted hosts serve experts. Serve jobs and pass "
                                "verification first.", "host_on_probation")

@@ -4,15 +4,21 @@ where the link secrets go."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
+import httpx
 import pytest
 from django.test import Client
 
 from conftest import make_host
 from engine.gguf_loader import open_gguf
 from engine.moe_loader import expert_tensor_names, make_tiny_moe
+from mahout.moe.control import CoordinatorAgent, MeshClient
+from mahout.moe.coordinator import Coordinator
+from mahout.moe.policy import DispatchPolicy, LoadMonitor
 from mesh.experts import services
+from mesh.experts.models import ExpertWorker
 from mesh.tests.market import trusted_host
 
 if TYPE_CHECKING:
@@ -129,3 +135,70 @@ class WhoMayTakePartTests:
         worker = _post("/api/expert-volunteer", volunteer.token).json()["worker"]
         answer = _post(f"/api/expert-workers/{worker}/register", volunteer.token, {"address": "127.0.0.1:7001"})
         assert (answer.status_code, answer.json()["error"]["code"]) == (400, "address_not_public")
+
+
+def _gateway() -> httpx.MockTransport:
+    """`MeshClient`'s HTTP calls answered by this test's Django (the real views, the real auth)."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        response = Client().generic(request.method, request.url.path, request.content, content_type="application/json",
+                                    HTTP_AUTHORIZATION=request.headers["authorization"])
+        return httpx.Response(response.status_code, content=response.content, headers={"content-type": response["Content-Type"]})
+
+    return httpx.MockTransport(answer)
+
+
+def _active_worker(coordinator: ServingHost, name: str) -> tuple[ServingHost, int]:
+    _post("/api/moe/coordinator-report", coordinator.token, {"model": "tiny-moe", "busy": 2})
+    volunteer = trusted_host(name)
+    worker = _post("/api/expert-volunteer", volunteer.token).json()["worker"]
+    assert _post(f"/api/expert-workers/{worker}/register", volunteer.token, {"address": "127.0.0.1:7001"}).status_code == 200
+    return volunteer, worker
+
+
+class BlameTests:
+    def test_a_coordinators_blame_reaches_the_control_plane_and_the_worker_leaves_every_map(self, coordinator: ServingHost) -> None:
+        volunteer, worker = _active_worker(coordinator, "cheat")
+        policy = DispatchPolicy()
+        engine = Coordinator(lambda layer, inputs: inputs, monitor=LoadMonitor(lambda: 0, policy))
+        agent = CoordinatorAgent(SimpleNamespace(coordinator=engine, monitor=engine.monitor),  # type: ignore[arg-type]
+                                 MeshClient("http://gateway", coordinator.token, transport=_gateway()), "tiny-moe")
+        assert [entry["id"] for entry in agent.tick()["dispatch_map"]] == [worker]
+        engine.workers[str(worker)].blamed = "layer 0 experts [1]: values off by up to 3"  # as `_checked` sets it
+
+        answer = agent.tick()
+
+        assert answer is not None and answer["dispatch_map"] == [] and str(worker) not in engine.workers
+        row = ExpertWorker.objects.get(pk=worker)
+        assert (row.status, row.blame_reason) == (ExpertWorker.Status.RETIRED, "layer 0 experts [1]: values off by up to 3")
+        assert row.blamed_at is not None
+        assert _post(f"/api/expert-workers/{worker}/heartbeat", volunteer.token).json() == {"retire": True}
+        again = _post("/api/expert-volunteer", volunteer.token)  # its host is not handed another slice
+        assert (again.status_code, again.json()["error"]["code"]) == (403, "host_blamed")
+
+    def test_blaming_again_keeps_the_first_reason(self, coordinator: ServingHost) -> None:
+        _, worker = _active_worker(coordinator, "cheat")
+        for reason in ("first", "second"):
+            answer = _post("/api/moe/coordinator-report", coordinator.token, {
+                "model": "tiny-moe", "busy": 0, "blamed": [{"id": worker, "reason": reason}],
+            })
+            assert answer.status_code == 200 and answer.json()["dispatch_map"] == []
+        assert ExpertWorker.objects.get(pk=worker).blame_reason == "first"
+
+    def test_a_coordinator_of_another_model_cannot_blame_the_worker(self, coordinator: ServingHost, tiny: Path) -> None:
+        _, worker = _active_worker(coordinator, "honest")
+        stranger = make_host(name="other-coordinator")
+        services.expert_model_register(name="other-moe", gguf_path=tiny, slice_size=4, coordinator=stranger.host)
+        answer = _post("/api/moe/coordinator-report", stranger.token, {
+            "model": "other-moe", "busy": 0, "blamed": [{"id": worker, "reason": "spite"}],
+        })
+        assert (answer.status_code, answer.json()["error"]["code"]) == (403, "worker_not_in_model")
+        row = ExpertWorker.objects.get(pk=worker)
+        assert (row.status, row.blamed_at, row.blame_reason) == (ExpertWorker.Status.ACTIVE, None, "")
+        report = _post("/api/moe/coordinator-report", coordinator.token, {"model": "tiny-moe", "busy": 2}).json()
+        assert [entry["id"] for entry in report["dispatch_map"]] == [worker]
+
+    @pytest.mark.parametrize("blamed", [[{"id": "x", "reason": "r"}], [{"id": 1}], "nope", [{"id": 1, "reason": "r" * 501}]])
+    def test_a_malformed_blame_is_a_400(self, coordinator: ServingHost, blamed: object) -> None:
+        answer = _post("/api/moe/coordinator-report", coordinator.token, {"model": "tiny-moe", "busy": 0, "blamed": blamed})
+        assert answer.status_code == 400 and answer.json()["error"]["type"] == "invalid_request_error"
