@@ -9,7 +9,7 @@ every batch (push → customer) and checks the text: every batch exactly once, i
         [--baseline DIR [--baseline-path http|ws|ws-claims]] [--heavy 20]
 
 `--heavy N` sends N requests with a `minItems: 1e7` schema (a good key) a second into each
-round, and reports their statuses and slowest answer beside the streams' chunk delays.
+round, from a child process, and reports their statuses and slowest answer beside the streams' chunk delays.
 
 Reports, per C: offered and relayed batches/s, chunk delay p50/p99/max, batches lost,
 duplicated or reordered, gateway CPU per 1,000 batches, and the load generator's CPU
@@ -163,12 +163,31 @@ HEAVY = {"type": "json_schema", "json_schema": {  # issue 30's attack: 2.5 s and
     "name": "many", "schema": {"type": "array", "items": {"type": "string"}, "minItems": 10_000_000}}}
 
 
-async def heavy_schemas(server: str, secret: str, count: int, answers: list[tuple[int, float]]) -> None:
-    """`count` requests with the heavy schema at once, a second into the round (a good key)."""
+async def heavy_child_start(server: str, secret: str, count: int) -> asyncio.subprocess.Process:
+    """A child process that will send the heavy requests: made in this one, they would hold up
+    its own reading of the streams and count as the gateway's delay. It is started, and has
+    imported and connected, before the round begins."""
+    child = await asyncio.create_subprocess_exec(sys.executable, __file__, "--heavy-child", server, secret, str(count),
+                                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert child.stdout is not None
+    await child.stdout.readline()  # "ready"
+    return child
+
+
+async def heavy_schemas(child: asyncio.subprocess.Process, answers: list[tuple[int, float]]) -> None:
+    """A second into the round, the child sends its `count` heavy requests at once (a good key)."""
+    await asyncio.sleep(1.0)
+    out, _ = await child.communicate(b"go\n")
+    answers.extend((status, seconds) for status, seconds in json.loads(out))
+
+
+def heavy_child(server: str, secret: str, count: int) -> None:
+    """The child's part: connect, say ready, wait for "go", send `count` heavy requests at once,
+    print [[status, seconds], ...]."""
     import httpx
 
-    await asyncio.sleep(1.0)
     body = {"model": "gemma-3-270m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1, "response_format": HEAVY}
+    answers: list[tuple[int, float]] = []
 
     async def one(http: httpx.AsyncClient) -> None:
         started = time.monotonic()
@@ -179,8 +198,15 @@ async def heavy_schemas(server: str, secret: str, count: int, answers: list[tupl
             status = 0
         answers.append((status, time.monotonic() - started))
 
-    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=count + 1), timeout=120) as http:
-        await asyncio.gather(*(one(http) for _ in range(count)))
+    async def fire() -> None:
+        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=count + 1), timeout=120) as http:
+            await http.get(f"{server}/healthz")
+            print("ready", flush=True)
+            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+            await asyncio.gather(*(one(http) for _ in range(count)))
+
+    asyncio.run(fire())
+    print(json.dumps(answers))
 
 
 async def pool_round(server: str, secret: str, streams: int, batches: int, heavy: int = 0) -> dict:
@@ -192,9 +218,10 @@ async def pool_round(server: str, secret: str, streams: int, batches: int, heavy
     delays: list[float] = []
     rates: list[float] = []
     answers: list[tuple[int, float]] = []
+    child = await heavy_child_start(server, secret, heavy) if heavy else None
     started = time.monotonic()
     results = await asyncio.gather(*(one_stream(client, batches, delays, rates) for _ in range(streams)),
-                                   *([heavy_schemas(server, secret, heavy, answers)] if heavy else []))
+                                   *([heavy_schemas(child, answers)] if child else []))
     results = results[:streams]
     elapsed = time.monotonic() - started
     await http.aclose()
@@ -236,9 +263,9 @@ def measure(args: argparse.Namespace, target: Target, server: str, tmp: Path, st
         time.sleep(1.5)  # its long-polls are waiting
         asyncio.run(pool_round(server, secret, 1, 2))  # warm-up, not measured: the gateway loads its tokenizer
         gateway_cpu, sim_cpu = target.cpu(), cpu_seconds(sim.pid)
-        own_cpu = resource.getrusage(resource.RUSAGE_SELF)
+        own_cpu, children_cpu = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
         rounds = [asyncio.run(pool_round(server, secret, streams, args.batches, args.heavy)) for _ in range(args.rounds)]
-        own_after = resource.getrusage(resource.RUSAGE_SELF)
+        own_after, children_after = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
         gateway_used, sim_used = target.cpu() - gateway_cpu, cpu_seconds(sim.pid) - sim_cpu
     finally:
         sim.terminate()
@@ -270,11 +297,16 @@ def measure(args: argparse.Namespace, target: Target, server: str, tmp: Path, st
             "heavy_answer_s_max": max((t for r in rounds for _, t in r["heavy"]), default=0.0)} if args.heavy else {}),
         "gateway_cpu_ms_per_batch": gateway_used / max(relayed, 1) * 1000,
         "gateway_cpu_share": gateway_used / elapsed,
-        "load_generator_cpu_share": (sim_used + own_after.ru_utime + own_after.ru_stime - own_cpu.ru_utime - own_cpu.ru_stime) / elapsed,
+        "load_generator_cpu_share": (sim_used + own_after.ru_utime + own_after.ru_stime - own_cpu.ru_utime - own_cpu.ru_stime
+                                     + children_after.ru_utime + children_after.ru_stime
+                                     - children_cpu.ru_utime - children_cpu.ru_stime) / elapsed,
     }
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--heavy-child"]:
+        heavy_child(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--streams", type=int, action="append", help="concurrent streams (repeatable; default 1, 5, 25)")
     parser.add_argument("--batches", type=int, default=100, help="batches per stream")

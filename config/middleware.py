@@ -1,4 +1,5 @@
-"""The gateway's own middleware: WhiteNoise made async-capable, and request ids.
+"""The gateway's own middleware: WhiteNoise made async-capable, request ids, and Django's
+own middleware kept off the API's paths or run without a thread hop.
 
 WhiteNoise as an async-capable middleware.
 
@@ -16,8 +17,18 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.contrib.auth.middleware import AuthenticationMiddleware
+from django.contrib.messages.middleware import MessageMiddleware
+from django.contrib.sessions.middleware import SessionMiddleware
 from django.http import HttpRequest, HttpResponseBase
+from django.middleware.clickjacking import XFrameOptionsMiddleware
+from django.middleware.common import CommonMiddleware
+from django.middleware.csrf import CsrfViewMiddleware
+from django.middleware.security import SecurityMiddleware
 from whitenoise.middleware import WhiteNoiseMiddleware
+
+# The API's paths: a key or a host token authenticates them, and they render no page.
+API_PATHS = ("/v1/", "/hosts/api/", "/api/", "/billing/api/", "/healthz", "/metrics")
 
 
 class AsyncCapable:
@@ -91,3 +102,79 @@ def client_ip(request: HttpRequest) -> str:
     if hops and len(forwarded) >= hops:
         return forwarded[-hops]
     return request.META.get("REMOTE_ADDR", "") or "unknown"
+
+
+# Django's own middleware, in an async gateway.
+#
+# Django runs a sync middleware's hooks through `sync_to_async(thread_sensitive=True)`: one
+# shared thread, one hop per hook. Its seven stock middleware made 13 hops on every request,
+# an API call's included, and each hop costs the event loop (py-spy: about 12 ms of it per
+# refused request; twenty refusals at once held every stream on the process for 100+ ms).
+# Two remedies, each a subclass so that Django's checks still find the middleware they need:
+# - `Inline`: hooks that only compute (headers, redirects) run in the event loop itself;
+# - `PagesOnly`: what only pages need (sessions, CSRF, sign-in, messages) is skipped on the
+#   API's paths. The API authenticates by key or host token and its views are CSRF-exempt.
+
+
+class Inline:
+    """A middleware whose `process_request`/`process_response` do no I/O, run without a hop."""
+
+    get_response: Callable[[HttpRequest], Awaitable[HttpResponseBase]]
+
+    async def __acall__(self, request: HttpRequest) -> HttpResponseBase:
+        before = getattr(self, "process_request", None)
+        response = before(request) if before else None
+        response = response or await self.get_response(request)
+        after = getattr(self, "process_response", None)
+        return after(request, response) if after else response
+
+
+class PagesOnly:
+    """A middleware that the API's paths go past (no hop, no session, no CSRF check)."""
+
+    get_response: Callable[[HttpRequest], Any]
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        super().__init__(get_response)  # type: ignore[call-arg]
+        if iscoroutinefunction(get_response) and hasattr(self, "process_view"):
+            self.process_view = self._process_view_async  # Django would hop for a sync one
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if request.path.startswith(API_PATHS):
+            return self.get_response(request)
+        return super().__call__(request)  # type: ignore[misc]
+
+    async def _process_view_async(self, request: HttpRequest, *view: Any) -> HttpResponseBase | None:
+        if request.path.startswith(API_PATHS):
+            return None
+        from asgiref.sync import sync_to_async
+
+        return await sync_to_async(type(self).process_view, thread_sensitive=True)(self, request, *view)  # type: ignore[attr-defined]
+
+
+class Security(Inline, SecurityMiddleware):
+    pass
+
+
+class Common(Inline, CommonMiddleware):
+    pass
+
+
+class XFrameOptions(Inline, XFrameOptionsMiddleware):
+    pass
+
+
+class Sessions(PagesOnly, SessionMiddleware):
+    pass
+
+
+class Csrf(PagesOnly, CsrfViewMiddleware):
+    pass
+
+
+class Authentication(PagesOnly, AuthenticationMiddleware):
+    pass
+
+
+class Messages(PagesOnly, MessageMiddleware):
+    pass

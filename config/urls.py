@@ -9,6 +9,7 @@ from drf_spectacular.renderers import OpenApiJsonRenderer, OpenApiJsonRenderer2,
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from config.health import healthz
+from config.middleware import API_PATHS
 from core.errors import ApiError
 from marketplace import host_apis, metrics, usage_apis
 
@@ -34,7 +35,6 @@ urlpatterns = [
     path("", include("web.urls")),  # last: the site's pages own the root
 ]
 
-API_PATHS = ("/v1/", "/hosts/api/", "/api/", "/billing/api/")
 
 
 def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
