@@ -28,7 +28,7 @@ from django.middleware.security import SecurityMiddleware
 from whitenoise.middleware import WhiteNoiseMiddleware
 
 # The API's paths: a key or a host token authenticates them, and they render no page.
-API_PATHS = ("/v1/", "/hosts/api/", "/api/", "/billing/api/", "/healthz", "/metrics")
+API_PATHS = ("/v1/", "/hosts/api/", "/api/", "/billing/api/", "/healthz")  # not /metrics: staff may sign in to read it
 
 
 class AsyncCapable:
