@@ -139,12 +139,15 @@ class LocalStripe:
 
     def api(self, method: str, path: str, form: dict[str, str], idempotency_key: str | None) -> tuple[int, dict]:
         """Answer one API call; a repeated `Idempotency-Key` gets the first answer again, as Stripe does."""
+        # keys are scoped to the account (here: the secret key) as Stripe scopes them, so a run
+        # of `make run` with fresh keys never replays an answer saved by an earlier run
+        scoped = f"{self.secret_key}|{idempotency_key}" if idempotency_key else None
         with self.lock:
-            if method == "POST" and idempotency_key and idempotency_key in self.replays:
-                return self.replays[idempotency_key]
+            if method == "POST" and scoped and scoped in self.replays:
+                return self.replays[scoped]
             answer = self._route(method, path, form)
-            if method == "POST" and idempotency_key and answer[0] < 500:
-                self.replays[idempotency_key] = answer
+            if method == "POST" and scoped and answer[0] < 500:
+                self.replays[scoped] = answer
             if method == "POST":
                 self._save()
             return answer

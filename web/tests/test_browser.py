@@ -50,7 +50,8 @@ def gateway(django_db_setup: None, django_db_blocker: DjangoDbBlocker, e2e_dirs:
     gw = TestModeGateway(env, e2e_dirs / "logs")
     gw.stripe_url = f"http://127.0.0.1:{stripe_port}"
     stand_in = subprocess.Popen(
-        [sys.executable, "manage.py", "stripe_local", "--port", str(stripe_port), "--webhook-url", f"{gw.url}/billing/stripe/webhook/"],
+        [sys.executable, "manage.py", "stripe_local", "--port", str(stripe_port), "--webhook-url", f"{gw.url}/billing/stripe/webhook/",
+         "--state", str(e2e_dirs / "stripe-local.json")],  # not the checkout's var/: a second run would replay this one's answers
         cwd=ROOT, env={**os.environ, **keys}, stdout=open(e2e_dirs / "logs" / "stripe-local.log", "w"), stderr=subprocess.STDOUT,
     )
 
