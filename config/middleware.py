@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.contrib.auth.middleware import AuthenticationMiddleware
 from django.contrib.messages.middleware import MessageMiddleware
 from django.contrib.sessions.middleware import SessionMiddleware
@@ -147,8 +147,6 @@ class PagesOnly:
     async def _process_view_async(self, request: HttpRequest, *view: Any) -> HttpResponseBase | None:
         if request.path.startswith(API_PATHS):
             return None
-        from asgiref.sync import sync_to_async
-
         return await sync_to_async(type(self).process_view, thread_sensitive=True)(self, request, *view)  # type: ignore[attr-defined]
 
 
