@@ -292,9 +292,12 @@ EARNINGS_VEST_SECONDS = env_float("EARNINGS_VEST_SECONDS", 7 * 24 * 3600.0, mini
 # max_tokens at the slowest acceptable speed.
 JOB_START_ALLOWANCE_SECONDS = env_float("JOB_START_ALLOWANCE_SECONDS", 120.0, minimum=1.0)
 # Before its first token a host may be loading or prefilling (seed 001: the stall clock is a
-# stream's): it may take its own benchmark's load and prefill time plus this slack, and longer
-# while it reports progress (each report within STALL_SECONDS), never past the allowance above.
-JOB_START_SLACK_SECONDS = env_float("JOB_START_SLACK_SECONDS", 20.0, minimum=0.1)
+# stream's): it may take what its own benchmark says (load, first-token latency, the prompt at
+# its prompt tokens/s) plus this small floor, and up to three times its figures while it reports
+# progress (each report within JOB_PROGRESS_SILENCE_SECONDS; mahout reports every 5 s), never past
+# the allowance above (marketplace/lifecycle/watchdog.py).
+JOB_START_FLOOR_SECONDS = env_float("JOB_START_FLOOR_SECONDS", 5.0, minimum=0.1)
+JOB_PROGRESS_SILENCE_SECONDS = env_float("JOB_PROGRESS_SILENCE_SECONDS", 10.0, minimum=0.1)
 JOB_MIN_TOKENS_PER_SECOND = env_float("JOB_MIN_TOKENS_PER_SECOND", 2.0, minimum=0.01)
 
 # Billing: Stripe top-ups and host payouts (issue 3). Without STRIPE_SECRET_KEY and

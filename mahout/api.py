@@ -6,10 +6,16 @@ and slept in the loop, never in the handler. A 4xx answer is not retried: it rai
 :class:`HostApiError` carrying the server's ``{"error": {"message", "type", "code"}}``.
 
 Retrying a token push resends the same body, hence the same ``seq``: the server dedupes.
+
+Every heartbeat and claim carries :data:`BOOT_ID`, drawn at random when this process
+starts: a gateway that sees a new one for this host ends the jobs its earlier process
+was running at once (they would otherwise fill its claim slots until the stall rule),
+and continues them elsewhere.
 """
 from __future__ import annotations
 
 import random
+import secrets
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -19,6 +25,7 @@ import httpx
 DEFAULT_TIMEOUT_S = 10.0
 CONNECT_TIMEOUT_S = 5.0
 CLAIM_TIMEOUT_MARGIN_S = 10.0
+BOOT_ID = secrets.token_hex(8)  # this process's start; every HostApi and socket of the process shares it
 
 
 class HostApiError(Exception):
@@ -67,7 +74,9 @@ def _error_from(response: httpx.Response) -> HostApiError:
 class TokenSocket(Protocol):
     """A faster path for token batches (``mahout.presence.Presence``): an answer, or None."""
 
-    def push_tokens(self, job_id: Any, *, seq: int, text: str, logprobs: list[dict] | None = None) -> dict | None: ...
+    def push_tokens(
+        self, job_id: Any, *, seq: int, text: str, logprobs: list[dict] | None = None, finish_reason: str = "",
+    ) -> dict | None: ...
 
     def claim(self, *, fingerprint: str, wait: float) -> object:
         """The job, None (nothing came), or anything else when the socket gave no answer."""
@@ -170,6 +179,7 @@ class HostApi:
             "active_jobs": active_jobs,
             "models_loaded": models_loaded,
             "version": version,
+            "boot": BOOT_ID,
         }
         if catalog is not None:
             body["catalog"] = catalog
@@ -184,7 +194,7 @@ class HostApi:
             answer = self._socket.claim(fingerprint=fingerprint, wait=wait)
             if answer is None or isinstance(answer, dict):
                 return answer
-        body = {"fingerprint": fingerprint, "wait": wait}
+        body = {"fingerprint": fingerprint, "wait": wait, "boot": BOOT_ID}
         response = self._request("POST", "/claim", body, timeout=wait + CLAIM_TIMEOUT_MARGIN_S)
         if response.status_code == 204 or not response.content:
             return None
@@ -194,19 +204,25 @@ class HostApi:
         """Claim jobs and send token batches on this host's WebSocket when it is up (HTTP otherwise)."""
         self._socket = socket
 
-    def push_tokens(self, job_id: Any, *, seq: int, text: str, logprobs: list[dict] | None = None) -> dict:
+    def push_tokens(
+        self, job_id: Any, *, seq: int, text: str, logprobs: list[dict] | None = None, finish_reason: str = "",
+    ) -> dict:
         """Append batch ``seq`` of generated text (with its tokens' log-probability entries
-        when the job asked for them); raises :class:`JobGoneError` on 409.
+        when the job asked for them); raises :class:`JobGoneError` on 409. ``finish_reason``
+        marks the answer's last batch: should this process die before "complete", the
+        gateway settles the answer instead of having another host continue it.
 
         On the host's WebSocket when it is up (authenticated once per connection); over
         HTTP when it is not, or gave no answer (the same ``seq``, so never applied twice)."""
         if self._socket is not None:
-            answer = self._socket.push_tokens(job_id, seq=seq, text=text, logprobs=logprobs)
+            answer = self._socket.push_tokens(job_id, seq=seq, text=text, logprobs=logprobs, finish_reason=finish_reason)
             if answer is not None:
                 return answer
         body: dict = {"seq": seq, "text": text}
         if logprobs is not None:
             body["logprobs"] = logprobs
+        if finish_reason:
+            body["finish_reason"] = finish_reason
         return self._json(self._request("POST", f"/jobs/{job_id}/tokens", body))
 
     def complete(self, job_id: Any, *, finish_reason: str, completion_tokens: int, tokens: list[int] | None = None,

@@ -316,7 +316,7 @@ class HostLoop:
                     if piece:
                         progress.stop()
                     pusher.add(piece)
-                pusher.flush()
+                pusher.flush(finish_reason=getattr(runner, "finish_reason", ""))
         except (HostApiError, ServerUnavailable) as exc:
             record.advance(JobState.LOST, str(exc))
         except Exception as exc:  # noqa: BLE001 - any runner error becomes a job failure

@@ -5,7 +5,9 @@ process is killed, its operating system closes the socket and the gateway learns
 a moment that the host's running jobs are dead, so another host can continue them (the
 20 s stall rule remains for a host that freezes with its socket open). The connection is
 re-opened with bounded backoff if it drops (a line says it was lost, and one that it is back),
-and carries a ping every few seconds.
+and carries a ping every few seconds. Its handshake carries this process's boot id
+(``X-Mahout-Boot``, :data:`mahout.api.BOOT_ID`): a restarted host's jobs from its earlier
+process end at its new start, not at the stall rule.
 
 Job offers: :meth:`Presence.claim` is the claim long-poll as one frame, answered with
 the job the moment one is offered to this host.
@@ -26,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from mahout.api import HostApiError, JobGoneError
+from mahout.api import BOOT_ID, HostApiError, JobGoneError
 
 PING_INTERVAL_S = 5.0
 PUSH_TIMEOUT_S = 10.0
@@ -58,7 +60,7 @@ class Presence:
 
     def __init__(self, server: str, token: str, *, out: Callable[[str], None] = print) -> None:
         self.url = presence_url(server)
-        self._headers = {"Authorization": f"Bearer {token}"}
+        self._headers = {"Authorization": f"Bearer {token}", "X-Mahout-Boot": BOOT_ID}  # the hello: this process's start
         self._out = out
         self._stop = threading.Event()
         self.connected = threading.Event()
@@ -163,7 +165,7 @@ class Presence:
             return answer.get("job")
         raise _refusal(answer)
 
-    def push_tokens(self, job_id: int, *, seq: int, text: str, logprobs: list[dict] | None = None,
+    def push_tokens(self, job_id: int, *, seq: int, text: str, logprobs: list[dict] | None = None, finish_reason: str = "",
                     timeout: float = PUSH_TIMEOUT_S) -> dict | None:
         """Send batch ``seq`` of a job on the socket and return the gateway's ack; raise
         :class:`JobGoneError` (409) or :class:`HostApiError` as the HTTP API would; None when
@@ -171,6 +173,8 @@ class Presence:
         frame = {"type": "tokens", "job": job_id, "seq": seq, "text": text}
         if logprobs is not None:
             frame["logprobs"] = logprobs
+        if finish_reason:
+            frame["finish_reason"] = finish_reason
         answer = self._ask(frame, (job_id, seq), timeout)
         if answer is None:
             return None

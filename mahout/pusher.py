@@ -10,6 +10,10 @@ the HTTP client retries a batch with the same body, hence the same ``seq`` (the 
 dedupes). When a push fails for good (409: the job is no longer ours; 403; the server is
 unreachable), the error is raised from the next :meth:`add` or from :meth:`flush`, which
 is how the loop stops generating at once.
+
+The last batch carries the answer's ``finish_reason`` (:meth:`BatchPusher.flush`), sent
+even when it has no text left: a process that dies before "complete" then leaves the
+gateway an answer it knows is whole, which it settles instead of continuing.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from typing import Any
 from mahout.api import HostApi
 
 FLUSH_INTERVAL_S = 0.05
+FINISH_REASONS = ("stop", "length")  # what a batch may say (the gateway refuses anything else)
 JOIN_TIMEOUT_S = 60.0
 
 
@@ -32,6 +37,7 @@ class BatchPusher:
         self._pending: list[str] = []
         self._logprobs: list[dict] | None = None  # the pending text's tokens' entries, when the job asked for them
         self._closing = False
+        self._finish = ""  # the answer's finish_reason, for its last batch
         self._abandoned = False
         self._error: BaseException | None = None
         self.seq = 0
@@ -59,9 +65,12 @@ class BatchPusher:
                 self._logprobs = [*(self._logprobs or []), *entries]
             self._cond.notify_all()
 
-    def flush(self) -> None:
-        """Send everything still buffered, wait for the sender to finish, raise its error if any."""
+    def flush(self, finish_reason: str = "") -> None:
+        """Send everything still buffered, wait for the sender to finish, raise its error if any.
+        A ``finish_reason`` ("stop" or "length") goes with the last batch, an empty one if
+        nothing is left to send."""
         with self._cond:
+            self._finish = finish_reason if finish_reason in FINISH_REASONS else ""
             self._closing = True
             self._cond.notify_all()
         self._thread.join(JOIN_TIMEOUT_S)
@@ -71,16 +80,17 @@ class BatchPusher:
         if self._error is not None:
             raise self._error
 
-    def _next_batch(self) -> tuple[str, list[dict] | None] | None:
-        """Block until there is text to send (or the end); ``None`` means stop."""
+    def _next_batch(self) -> tuple[str, list[dict] | None, str] | None:
+        """Block until there is text to send (or the end); the batch, with the finish_reason
+        when it is the last one; ``None`` means stop."""
         with self._cond:
             self._cond.wait_for(lambda: self._pending or self._closing)
-            if self._abandoned or not self._pending:
+            if self._abandoned or not (self._pending or self._finish):
                 return None
-            text, entries = "".join(self._pending), self._logprobs
+            batch = "".join(self._pending), self._logprobs, self._finish  # (a finish_reason is set only by flush)
             self._pending.clear()
-            self._logprobs = None
-            return text, entries
+            self._logprobs, self._finish = None, ""
+            return batch
 
     def _pace(self, sent_at: float) -> None:
         """Let pieces accumulate until ``interval`` after the last send (cut short by flush)."""
@@ -89,13 +99,13 @@ class BatchPusher:
 
     def _send_loop(self) -> None:
         while (batch := self._next_batch()) is not None:
-            text, entries = batch
+            text, entries, finish = batch
             sent_at = time.monotonic()
+            extra: dict[str, Any] = {} if entries is None else {"logprobs": entries}
+            if finish:
+                extra["finish_reason"] = finish
             try:
-                if entries is None:
-                    self._api.push_tokens(self._job_id, seq=self.seq, text=text)
-                else:
-                    self._api.push_tokens(self._job_id, seq=self.seq, text=text, logprobs=entries)
+                self._api.push_tokens(self._job_id, seq=self.seq, text=text, **extra)
             except Exception as exc:  # noqa: BLE001 - handed to the generating thread
                 self._error = exc
                 return

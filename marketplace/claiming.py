@@ -28,17 +28,29 @@ from marketplace import services as market
 from marketplace.claim_slots import WAITING
 from protocol.jobs import CLAIM_WAIT_SECONDS
 
+BOOT_PATTERN = r"^[A-Za-z0-9_-]*$"
+
+
+def boot_field() -> serializers.RegexField:
+    """A mahout process's boot id, as its heartbeat and its claims carry it (optional: older
+    clients send none)."""
+    return serializers.RegexField(BOOT_PATTERN, max_length=64, required=False, default="", allow_blank=True,
+                                  help_text="the claiming process's boot id, drawn at random when it starts")
+
 
 class JobClaimInputSerializer(serializers.Serializer):
     """A claim's input, at either door (`JobClaimApi.InputSerializer`, a claim frame)."""
 
     fingerprint = serializers.CharField(max_length=64)
     wait = serializers.FloatField(min_value=0, max_value=settings.CLAIM_MAX_WAIT_SECONDS, default=CLAIM_WAIT_SECONDS)
+    boot = boot_field()
 
 
-async def claim_when_offered(host: Host, *, fingerprint: str, wait: float) -> dict | None:
+async def claim_when_offered(host: Host, *, fingerprint: str, wait: float, boot: str = "") -> dict | None:
     """A job's payload as soon as one is queued for a model this host qualified on this
-    machine, or None after `wait` seconds. Refusals (paused, in maintenance, no heartbeat
+    machine, or None after `wait` seconds. A `boot` id (the claiming process's) ends the
+    host's attempts of an earlier process first (`services.host_boot_seen`), so they no
+    longer fill its claim slots, and is kept on the job it claims. Refusals (paused, in maintenance, no heartbeat
     within HOST_OFFLINE_AFTER_SECONDS, a mahout older than MAHOUT_MIN_VERSION, nothing
     qualified, every claim slot waiting already) are DomainErrors."""
     if host.paused:
@@ -64,6 +76,8 @@ async def claim_when_offered(host: Host, *, fingerprint: str, wait: float) -> di
             403, "This host has not qualified any model on this machine; run the benchmark and register it first.",
             code="not_qualified", type="permission_error",
         )
+    if boot:
+        await db(market.host_boot_seen, host_id=host.pk, boot=boot)
     await db(canaries.canary_send_if_due, host=host)  # verification needs no customer traffic
     cap = host.claim_cap
     ticket = await WAITING.enter(host.pk, cap=cap, wait=wait)
@@ -74,12 +88,12 @@ async def claim_when_offered(host: Host, *, fingerprint: str, wait: float) -> di
             code="too_many_claims", type="rate_limit_error",
         )
     try:
-        return await _claim_when_woken(host, model_ids=model_ids, wait=wait)
+        return await _claim_when_woken(host, model_ids=model_ids, wait=wait, boot=boot)
     finally:
         await WAITING.leave(host.pk, ticket)
 
 
-async def _claim_when_woken(host: Host, *, model_ids: list[int], wait: float) -> dict | None:
+async def _claim_when_woken(host: Host, *, model_ids: list[int], wait: float, boot: str) -> dict | None:
     warm_ids = await db(hosts.warm_model_ids, host=host, model_ids=model_ids)
     layer = get_channel_layer()
     channel = await layer.new_channel()
@@ -88,14 +102,16 @@ async def _claim_when_woken(host: Host, *, model_ids: list[int], wait: float) ->
         await layer.group_add(group, channel)
     inbox = Inbox(layer, channel)
     try:
-        return await _claim_until(host, wait, model_ids, warm_ids, inbox)
+        return await _claim_until(host, wait, model_ids, warm_ids, inbox, boot)
     finally:
         inbox.close()
         for group in groups:
             await layer.group_discard(group, channel)
 
 
-async def _claim_until(host: Host, wait: float, model_ids: list[int], warm_ids: list[int], inbox: Inbox) -> dict | None:
+async def _claim_until(
+    host: Host, wait: float, model_ids: list[int], warm_ids: list[int], inbox: Inbox, boot: str,
+) -> dict | None:
     """Claim, or sleep until woken. Offers to other hosts and the cold grace lapse
     without a wake-up, so a waiting host also looks again every ROUTING_OFFER_SECONDS."""
     deadline = time.monotonic() + wait
@@ -103,7 +119,7 @@ async def _claim_until(host: Host, wait: float, model_ids: list[int], warm_ids: 
     look = True
     while True:  # a host paused while it waits simply gets nothing
         if look:
-            payload = await db(market.job_claim_payload, host=host, model_ids=model_ids, warm_ids=warm_ids)
+            payload = await db(market.job_claim_payload, host=host, model_ids=model_ids, warm_ids=warm_ids, boot=boot)
             if payload is not None:
                 return payload
         remaining = deadline - time.monotonic()

@@ -12,6 +12,7 @@ one chat request body (at most MAX_BODY_BYTES) and receive chunk frames followed
 from __future__ import annotations
 
 import asyncio
+import re
 from datetime import datetime
 
 from channels.consumer import get_handler_name
@@ -29,7 +30,7 @@ from hosts.selectors import host_for_socket, host_from_secret
 from hosts.services import host_socket_opened, host_token_group
 from marketplace import pushing, services
 from marketplace.choices import admit_choices, stream_chunks
-from marketplace.claiming import JobClaimInputSerializer, claim_when_offered
+from marketplace.claiming import BOOT_PATTERN, JobClaimInputSerializer, claim_when_offered
 from marketplace.models import Request
 
 KEY_SUBPROTOCOL = "elephant-key."
@@ -96,7 +97,7 @@ class HostSocketConsumer(AsyncJsonWebsocketConsumer):
 
     Token batches: the host is authenticated once, when the socket opens; then each
     `{"type": "tokens", "job", "seq", "text"}` frame is applied by the same service as
-    `POST /hosts/api/jobs/<id>/tokens` and answered with `{"type": "ack", "job", "seq",
+    `POST /hosts/api/jobs/<id>/tokens` (with its optional `logprobs` and `finish_reason`) and answered with `{"type": "ack", "job", "seq",
     "accepted", "next_seq"}` or `{"type": "error", "job", "seq", "status", "code",
     "message"}`. Frames are handled concurrently (a host's jobs do not wait for each
     other); a host sends a job's next batch only after the previous one's answer, so
@@ -107,6 +108,10 @@ class HostSocketConsumer(AsyncJsonWebsocketConsumer):
     as soon as a job is offered to this host (`"job": null` after `wait` seconds), or an
     error frame carrying the same `id`. A claim still waiting when the socket closes is
     dropped. Anything else is answered `{"type": "pong"}`.
+
+    Restarts: the handshake may carry the process's boot id (`X-Mahout-Boot`); the host's
+    attempts claimed under another one end at once (`services.host_boot_seen`), and claims
+    on this socket are recorded under it.
 
     Revocation: the socket joins its token's group (`hosts.services.host_token_group`)
     before it authenticates; a rotation or a ban closes it (4401, 4403). A claim frame
@@ -132,12 +137,14 @@ class HostSocketConsumer(AsyncJsonWebsocketConsumer):
             self._token_hash = secret_hash(token)
             self.groups = [host_token_group(self._token_hash)]  # channels leaves `self.groups` on disconnect
             await self.channel_layer.group_add(self.groups[0], self.channel_name)
-            host, self._opened = await db(_socket_host, token)
+            boot = scope_boot(self.scope)
+            host, self._opened = await db(_socket_host, token, boot)
         except DomainError as error:
             await self.close(code=error.ws_close_code)
             return
         self.host_id = host.pk
         self._host = host
+        self._boot = boot
         self._tasks: set[asyncio.Task] = set()
         await self.accept()
 
@@ -157,7 +164,7 @@ class HostSocketConsumer(AsyncJsonWebsocketConsumer):
         try:
             fingerprint, wait = claim_frame(frame)
             host = await db(host_for_socket, host_id=self.host_id, token_hash=self._token_hash)  # paused, rested, banned since?
-            payload = await claim_when_offered(host, fingerprint=fingerprint, wait=wait)
+            payload = await claim_when_offered(host, fingerprint=fingerprint, wait=wait, boot=self._boot)
             answer: dict = {"type": "job", "id": claim_id, "job": payload}
         except DomainError as error:
             answer = error.frame(id=claim_id)
@@ -195,10 +202,22 @@ class HostSocketConsumer(AsyncJsonWebsocketConsumer):
             return None
 
 
-def _socket_host(token: str) -> tuple[Host, datetime]:
-    """The host a socket's token belongs to, and when this socket opened (one trip to the pool)."""
+def _socket_host(token: str, boot: str) -> tuple[Host, datetime]:
+    """The host a socket's token belongs to, and when this socket opened (one trip to the
+    pool); a new boot id ends its earlier process's attempts first."""
     host = host_from_secret(token)
+    services.host_boot_seen(host_id=host.pk, boot=boot)
     return host, host_socket_opened(host_id=host.pk)
+
+
+def scope_boot(scope: dict) -> str:
+    """The boot id a host's handshake carries (`X-Mahout-Boot`), "" without one; a malformed
+    one refuses the socket, as the HTTP doors refuse it."""
+    raw = dict(scope.get("headers") or []).get(b"x-mahout-boot", b"")
+    boot = raw.decode("latin-1")
+    if len(boot) > 64 or not re.fullmatch(BOOT_PATTERN, boot):
+        raise bad_request("X-Mahout-Boot must be at most 64 letters, digits, '-' or '_'.", code="invalid_value", param="boot")
+    return boot
 
 
 def claim_frame(frame: dict) -> tuple[str, float]:
@@ -220,4 +239,8 @@ def tokens_frame(frame: dict) -> dict:
     batch = {"job_id": job_id, "seq": seq, "text": text}
     if frame.get("logprobs") is not None:  # (checked with the text, where every door's batches are applied)
         batch["logprobs"] = frame["logprobs"]
+    if frame.get("finish_reason") is not None:
+        if frame["finish_reason"] not in ("stop", "length"):
+            raise bad_request("'finish_reason' must be \"stop\" or \"length\".", code="invalid_value", param="finish_reason")
+        batch["finish_reason"] = frame["finish_reason"]
     return batch

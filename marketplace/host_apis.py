@@ -31,7 +31,7 @@ from mahout import __version__ as mahout_version
 from marketplace import pushing, redundancy, selectors
 from marketplace import services as market
 from marketplace.audits import MAX_TOKENS_KEPT
-from marketplace.claiming import JobClaimInputSerializer, claim_when_offered
+from marketplace.claiming import JobClaimInputSerializer, boot_field, claim_when_offered
 
 
 @method_decorator(csrf_exempt, name="dispatch")
@@ -108,7 +108,7 @@ class JobClaimApi(AsyncHostApi):
     InputSerializer = JobClaimInputSerializer
 
     async def handle(self, host: Host, data: dict, **kwargs: object) -> HttpResponse:
-        payload = await claim_when_offered(host, fingerprint=data["fingerprint"], wait=data["wait"])
+        payload = await claim_when_offered(host, fingerprint=data["fingerprint"], wait=data["wait"], boot=data["boot"])
         return HttpResponse(status=204) if payload is None else JsonResponse({"job": payload})
 
 
@@ -123,10 +123,15 @@ class JobTokensApi(AsyncHostApi):
             child=serializers.DictField(), required=False, allow_null=True, max_length=market.MAX_BATCH_CHARS,
             help_text="the text's tokens' log-probability entries, when the job asked for them (their tokens spell the text)",
         )
+        finish_reason = serializers.ChoiceField(
+            choices=["stop", "length"], required=False, default="",
+            help_text="on the answer's last batch: generation ended (EOS, or max_tokens); a death before `complete` then "
+                      "settles the answer instead of continuing it",
+        )
 
     async def handle(self, host: Host, data: dict, **kwargs: object) -> HttpResponse:
         result = await pushing.push_tokens(host=host, job_id=kwargs["job_id"], seq=data["seq"], text=data["text"],
-                                           logprobs=data.get("logprobs"))
+                                           logprobs=data.get("logprobs"), finish_reason=data["finish_reason"])
         return JsonResponse({"accepted": result.accepted, "next_seq": result.next_seq})
 
 
@@ -187,6 +192,7 @@ class HeartbeatApi(HostApi):
         models_loaded = serializers.ListField(child=serializers.CharField(max_length=100), required=False, default=list)
         version = serializers.CharField(max_length=32, required=False, default="")
         catalog = serializers.JSONField(required=False, default=None)  # read leniently: see host_heartbeat
+        boot = boot_field()  # a new one ends the host's attempts of its earlier process (services.host_boot_seen)
 
     class OutputSerializer(serializers.Serializer):
         status = serializers.CharField(help_text="maintenance, paused, offline, busy or online (a host's own state before a silence)")
@@ -210,6 +216,7 @@ class HeartbeatApi(HostApi):
             host=host, fingerprint=data["fingerprint"], paused=data["paused"], models_loaded=data["models_loaded"], version=data["version"],
             catalog=data["catalog"],
         )
+        market.host_boot_seen(host_id=host.pk, boot=data["boot"])
         asks = redundancy.heartbeat_asks(host=host, now=timezone.now())  # `load` / `unload`: deliberate redundancy
         return Response(
             {"status": selectors.host_status(host=host), "paused": host.paused, "maintenance": host.maintenance_reason or None,

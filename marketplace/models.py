@@ -118,6 +118,14 @@ class Job(models.Model):
         max_length=8, blank=True, choices=[("host", "the host"), ("request", "the request's content")],
         help_text="whose fault a failure was: a host that says 'request' gets no strike, unless another host then served it",
     )
+    text_end = models.CharField(
+        max_length=8, blank=True, default="",
+        help_text="the finish_reason its host sent with a batch (its text ended the answer): its death then settles the answer",
+    )
+    boot = models.CharField(
+        max_length=64, blank=True, default="",
+        help_text="the boot id of the mahout process that claimed it (blank: a client that sends none); a new one from its host ends it",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     claimed_at = models.DateTimeField(null=True, blank=True)
     first_token_at = models.DateTimeField(null=True, blank=True)
@@ -173,10 +181,9 @@ class Liveness:
     @staticmethod
     def unstarted_since(now: datetime) -> Q:
         """Running with no token yet, claimed longer ago than any start bound can be short
-        (the least of STALL_SECONDS and the slack, at most the allowance): the jobs whose
-        start bound (`watchdog.job_start_overdue`, which reads each host's benchmark) is
-        worth checking."""
-        earliest = min(max(settings.STALL_SECONDS, settings.JOB_START_SLACK_SECONDS), settings.JOB_START_ALLOWANCE_SECONDS)
+        (its floor, at most the allowance): the jobs whose start bound
+        (`watchdog.job_start_overdue`, which reads each host's benchmark) is worth checking."""
+        earliest = min(settings.JOB_START_FLOOR_SECONDS, settings.JOB_START_ALLOWANCE_SECONDS)
         return Q(status=Job.Status.RUNNING, first_token_at__isnull=True, claimed_at__lt=now - timedelta(seconds=earliest))
 
     @staticmethod

@@ -66,11 +66,12 @@ _writers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, PushWriter] = wea
 
 
 async def push_tokens(
-    *, host: Host, job_id: int, seq: int, text: str, logprobs: list[dict] | None = None,
+    *, host: Host, job_id: int, seq: int, text: str, logprobs: list[dict] | None = None, finish_reason: str = "",
 ) -> services.PushResult:
     """Apply one batch through this event loop's writer; raises the batch's refusal."""
     loop = asyncio.get_running_loop()
     writer = _writers.get(loop)
     if writer is None:
         writer = _writers[loop] = PushWriter()
-    return await writer.push(services.Push(host=host, job_id=job_id, seq=seq, text=text, logprobs=logprobs))
+    return await writer.push(services.Push(host=host, job_id=job_id, seq=seq, text=text, logprobs=logprobs,
+                                           finish_reason=finish_reason))

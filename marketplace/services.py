@@ -20,6 +20,7 @@ from marketplace.lifecycle.failover import (
     MAX_REQUEUES,
     attempt_end_dead,
     host_ban_with_consequences,
+    host_boot_seen,
     host_connection_lost,
     job_fail,
 )
@@ -44,7 +45,7 @@ from marketplace.lifecycle.settlement import Completion, job_complete, settle
 from marketplace.lifecycle.watchdog import (
     abandoned_request_end_one,
     ended_output_forget_one,
-    job_start_bound_seconds,
+    job_start_bounds,
     job_start_overdue,
     overdue_job_end_one,
     request_watch,
@@ -58,8 +59,8 @@ __all__ = [
     "MAX_ATTEMPTS", "MAX_BATCH_CHARS", "MAX_REQUEUES", "BadResult", "Completion", "HostRefused", "JobNotRunning", "Push",
     "PushResult", "SequenceGap", "TextBoundExceeded", "abandoned_request_end_one", "attempt_end_dead", "count_output",
     "embeddings_checked", "ended_output_forget_one", "estimate_ucents", "finish_reason_checked", "host_ban_with_consequences",
-    "host_connection_lost", "job_claim_next", "job_claim_payload", "job_claim_selected", "job_complete", "job_fail",
-    "job_payload", "job_progress", "job_push_many", "job_push_tokens", "job_queue", "job_reoffer", "job_start_bound_seconds",
+    "host_boot_seen", "host_connection_lost", "job_claim_next", "job_claim_payload", "job_claim_selected", "job_complete", "job_fail",
+    "job_payload", "job_progress", "job_push_many", "job_push_tokens", "job_queue", "job_reoffer", "job_start_bounds",
     "job_start_overdue", "new_public_id", "overdue_job_end_one", "relay_token_limit", "request_abandon",
     "request_expire_unclaimed", "request_forget_output", "request_listener_here", "request_listener_left", "request_reroute",
     "request_submit", "request_watch", "request_withdraw", "settle", "stalled_job_end_one", "stop_at",

@@ -6,7 +6,7 @@ import json
 import httpx
 import pytest
 
-from mahout.api import HostApi, HostApiError, JobGoneError, ServerUnavailable
+from mahout.api import BOOT_ID, HostApi, HostApiError, JobGoneError, ServerUnavailable
 from mahout.tests.fake_gateway import TOKEN
 
 
@@ -92,6 +92,14 @@ class HostApiTests:
         seen = []
         make_api([httpx.Response(200, json={"total": 1})], seen, []).earnings()
         assert seen[0].headers["Authorization"] == f"Bearer {TOKEN}"
+
+    def test_its_heartbeats_and_claims_carry_this_process_boot_id(self):
+        seen = []
+        api = make_api([httpx.Response(200, json={}), httpx.Response(204)], seen, [])
+        api.heartbeat(fingerprint="f", paused=False, active_jobs=[], models_loaded=[], version="0")
+        api.claim(fingerprint="f", wait=1)
+        assert [json.loads(request.content)["boot"] for request in seen] == [BOOT_ID, BOOT_ID]
+        assert len(BOOT_ID) == 16 and BOOT_ID.isalnum()
 
     def test_it_returns_a_claimed_job(self, api, gateway):
         gateway.state.add_job("job-9")

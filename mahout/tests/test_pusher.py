@@ -77,3 +77,40 @@ class BatchPusherTests:
                 raise RuntimeError("runner broke")
         time.sleep(0.1)
         assert api.pushes == [(0, "sent")]
+
+
+class FinishApi:
+    """Records pushes with the finish_reason each carried."""
+
+    def __init__(self) -> None:
+        self.pushes: list[tuple[int, str, str]] = []
+
+    def push_tokens(self, job_id: object, *, seq: int, text: str, finish_reason: str = "") -> dict:
+        self.pushes.append((seq, text, finish_reason))
+        return {"accepted": True, "next_seq": seq + 1}
+
+
+class FinishReasonTests:
+    def test_the_last_batch_carries_the_finish_reason(self):
+        api = FinishApi()
+        with BatchPusher(api, "job", interval=10) as pusher:
+            pusher.add("Hello")
+            pusher.flush(finish_reason="stop")
+        assert api.pushes[-1][1:] == ("Hello", "stop") and all(not finish for _, _, finish in api.pushes[:-1])
+
+    def test_an_answer_already_sent_ends_with_an_empty_batch_that_says_so(self):
+        api = FinishApi()
+        with BatchPusher(api, "job", interval=0.01) as pusher:
+            pusher.add("Hello")
+            deadline = time.monotonic() + 10
+            while not api.pushes and time.monotonic() < deadline:
+                time.sleep(0.01)
+            pusher.flush(finish_reason="length")
+        assert api.pushes == [(0, "Hello", ""), (1, "", "length")]
+
+    def test_a_reason_the_gateway_would_refuse_is_not_sent(self):
+        api = FinishApi()
+        with BatchPusher(api, "job") as pusher:
+            pusher.add("Hi")
+            pusher.flush(finish_reason="tool_calls")
+        assert api.pushes == [(0, "Hi", "")]

@@ -47,7 +47,7 @@ _JSON_COLUMNS = ("messages", "inputs", "params")
 
 
 def job_claim_next(
-    *, host: Host, fingerprint: str = "", model_ids: list[int] | None = None, warm_ids: list[int] | None = None
+    *, host: Host, fingerprint: str = "", model_ids: list[int] | None = None, warm_ids: list[int] | None = None, boot: str = "",
 ) -> Job | None:
     """Give the host the next queued job routing lets it take, if any.
 
@@ -56,21 +56,22 @@ def job_claim_next(
     the fingerprint. Jobs offered to this host come first; jobs offered to another host
     wait for that offer to lapse; a host without the model loaded waits out the cold
     grace; a continuation skips the host whose attempt died until its grace is over
-    (`routing.claim_sql`).
+    (`routing.claim_sql`). `boot`: the claiming process's boot id, kept on the job
+    (`failover.host_boot_seen`).
     """
-    job = _claim_routed(host=host, fingerprint=fingerprint, model_ids=model_ids, warm_ids=warm_ids)
+    job = _claim_routed(host=host, fingerprint=fingerprint, model_ids=model_ids, warm_ids=warm_ids, boot=boot)
     return None if job is None else Job.objects.select_related("request", "model").get(pk=job.pk)
 
 
-def job_claim_payload(*, host: Host, model_ids: list[int], warm_ids: list[int] | None = None) -> dict | None:
+def job_claim_payload(*, host: Host, model_ids: list[int], warm_ids: list[int] | None = None, boot: str = "") -> dict | None:
     """`job_claim_next`, rendered as what the host receives (the long-poll's path: no
     query after the claim)."""
-    job = _claim_routed(host=host, model_ids=model_ids, warm_ids=warm_ids)
+    job = _claim_routed(host=host, model_ids=model_ids, warm_ids=warm_ids, boot=boot)
     return None if job is None else job_payload(job)
 
 
 def _claim_routed(
-    *, host: Host, fingerprint: str = "", model_ids: list[int] | None, warm_ids: list[int] | None
+    *, host: Host, fingerprint: str = "", model_ids: list[int] | None, warm_ids: list[int] | None, boot: str = "",
 ) -> Job | None:
     if model_ids is None:
         model_ids = qualified_model_ids(host=host, fingerprint=fingerprint)
@@ -80,10 +81,10 @@ def _claim_routed(
     if warm_ids is None:
         warm_ids = warm_model_ids(host=host, model_ids=model_ids, now=now)
     selection = routing.claim_sql(host_id=host.pk, model_ids=model_ids, warm_ids=warm_ids, now=now)
-    return job_claim_selected(host=host, selection=selection, now=now)
+    return job_claim_selected(host=host, selection=selection, now=now, boot=boot)
 
 
-def job_claim_selected(*, host: Host, selection: tuple[str, list], now: datetime) -> Job | None:
+def job_claim_selected(*, host: Host, selection: tuple[str, list], now: datetime, boot: str = "") -> Job | None:
     """Claim the first job of `selection` (SQL conditions on the job table and an ORDER BY,
     with their parameters) unless the host is paused or in maintenance: mark it running
     and its request started. Returns the job as far as `job_payload` reads it (built
@@ -118,13 +119,13 @@ def job_claim_selected(*, host: Host, selection: tuple[str, list], now: datetime
         host.pk, *accepting_params, Job.Status.RUNNING, *cap_params, False, host.pk, *trusted_params,
     ]
     claim_job = (
-        f"UPDATE {job_table} SET status = %s, host_id = %s, claimed_at = %s, last_token_at = %s"
+        f"UPDATE {job_table} SET status = %s, host_id = %s, claimed_at = %s, last_token_at = %s, boot = %s"
         f" WHERE status = %s AND id = (SELECT id FROM {job_table} WHERE {host_ok}"
         f" AND {conditions} LIMIT 1{skip_locked})"
         " RETURNING id, attempt, request_id"
     )
     claim_params = [
-        Job.Status.RUNNING, host.pk, at, at, Job.Status.QUEUED,
+        Job.Status.RUNNING, host.pk, at, at, boot, Job.Status.QUEUED,
         *host_ok_params, *params,
     ]
     # a continuation's request is already running: it keeps its status and start time

@@ -15,7 +15,7 @@ from billing import services as billing
 from core.events import announce_on_commit, request_group
 from hosts.models import Host
 from hosts.services import host_ban
-from marketplace.lifecycle.answers import answer_of, completion_tokens_counted
+from marketplace.lifecycle.answers import answer_of, completion_tokens_counted, finish_reason_checked
 from marketplace.lifecycle.claims import locked_job_of
 from marketplace.lifecycle.errors import HostFailed, RequestNotRunnable
 from marketplace.lifecycle.queueing import job_queue
@@ -24,10 +24,10 @@ from marketplace.lifecycle.transitions import request_fail
 from marketplace.models import Job, Request
 from marketplace.reputation import host_rest_if_unreliable
 
-MAX_ATTEMPTS = 2  # the first host, and once per request another one that continues
+MAX_ATTEMPTS = 2  # the first attempt, and once per request a continuation (never requeued)
 
 
-MAX_REQUEUES = 3  # deaths before the first token that put an attempt back in the queue
+MAX_REQUEUES = 3  # deaths before any text that put the first attempt back in the queue
 
 
 @transaction.atomic
@@ -50,15 +50,23 @@ def attempt_end_dead(*, job_id: int, reason: str, cause: str = "host") -> str:
     """Fence a dead attempt and decide what happens to its request.
 
     The attempt is marked failed first (compare-and-set), so anything it still
-    sends is refused. An attempt that died before its first token is simply put
-    back in the queue (seed 001): the same attempt again, silently — no `resumed`,
-    the request's one continuation still unspent, the dead host skipped for the
-    grace — at most MAX_REQUEUES times, and the queue timeout still ends it
-    honestly. After the first token, once per request, a continuation job is queued
-    that resumes from exactly the delivered text, preferring another host; a second
-    death fails the request unbilled. Returns "requeued", "continued", "settled"
-    (the output budget was already used up), "failed", or "" when the attempt had
-    already ended (someone else got there first).
+    sends is refused. Then seed 001's rule, "one continuation, then an honest error":
+
+    - Nothing of the request reached the customer yet (its first attempt died before
+      its first token): the same attempt is put back in the queue, silently — no
+      `resumed`, the continuation unspent, the dead host skipped for the grace — at
+      most MAX_REQUEUES times. One more such death fails the request honestly
+      (`host_failed`, unbilled, not resumed): a continuation of nothing would resume
+      nothing, and yet another host would only hide a sick pool.
+    - Text reached the customer: the request's one continuation is queued, resuming
+      from exactly the delivered text, preferring another host.
+    - The continuation's host dies, before or after its first token: the request
+      fails honestly and unbilled. A continuation is never requeued, so one request
+      meets at most MAX_REQUEUES + 2 hosts.
+
+    Before any of these, an answer the delivered text already ended settles as complete
+    (`_settled_if_whole`). Returns "requeued", "continued", "settled", "failed", or ""
+    when the attempt had already ended (someone else got there first).
 
     `cause` "request": the host says the job's own content cannot be run. That is no
     strike against it; the request gets a second opinion from another host (the same
@@ -88,25 +96,50 @@ def attempt_end_dead(*, job_id: int, reason: str, cause: str = "host") -> str:
         request_fail(request=request, code=HostFailed.code, message="The host did not answer this canary.")
         canary_void(request=request)
         return "failed"
-    if job.generated_chars == 0 and job.requeue < MAX_REQUEUES:  # nothing of this attempt reached the customer
-        job_queue(request=request, model=request.model, attempt=job.attempt, requeue=job.requeue + 1, avoid_host_id=job.host_id,
-                  trusted_only=job.trusted_only)
-        return "requeued"
+    if _settled_if_whole(request=request, job=job):
+        return "settled"
+    if job.attempt == 1 and job.generated_chars == 0:  # nothing of this request reached the customer
+        return _requeue_or_fail(request=request, job=job)
     if job.attempt >= MAX_ATTEMPTS:
         request_fail(
             request=request, code=HostFailed.code,
             message="The host serving this request failed, and so did the host that took over; nothing was billed.",
         )
         return "failed"
-    answer, stopped = ("", False) if request.kind == Request.Kind.EMBEDDINGS else answer_of(request, request.delivered_text)
-    delivered_tokens = completion_tokens_counted(request, answer) if answer else 0
-    if request.kind != Request.Kind.EMBEDDINGS and (stopped or delivered_tokens >= int(request.params["max_tokens"])):
-        settle_without_host(request=request, completion_tokens=delivered_tokens, finish_reason="stop" if stopped else "length")
-        return "settled"
     Request.objects.filter(pk=request.pk).update(resumed=True)
     job_queue(request=request, model=request.model, attempt=job.attempt + 1, avoid_host_id=job.host_id, trusted_only=job.trusted_only)
     announce_on_commit(request_group(request.public_id), {"type": "job.resumed"})
     return "continued"
+
+
+def _settled_if_whole(*, request: Request, job: Job) -> bool:
+    """Settle the request if the delivered text already ended the answer: a stop sequence of
+    the customer's is in it, it used the whole output budget, or the host's last batch said
+    its generation ended (EOS or its max_tokens: `Job.text_end`) before it died unreported.
+    A continuation would add nothing, so the answer settles as complete: billed for the
+    delivered text as the gateway counts it (the prompt once), not resumed, and no host
+    paid (seed 001: a payout needs a completed job)."""
+    if request.kind == Request.Kind.EMBEDDINGS or (request.delivered_chars == 0 and not job.text_end):
+        return False
+    answer, stopped = answer_of(request, request.delivered_text)
+    tokens, max_tokens = (completion_tokens_counted(request, answer) if answer else 0), int(request.params["max_tokens"])
+    if not (stopped or tokens >= max_tokens or job.text_end):
+        return False
+    reason = "stop" if stopped else finish_reason_checked(claimed=job.text_end or "length", completion_tokens=tokens,
+                                                          max_tokens=max_tokens)
+    settle_without_host(request=request, completion_tokens=tokens, finish_reason=reason)
+    return True
+
+
+def _requeue_or_fail(*, request: Request, job: Job) -> str:
+    """A first attempt that delivered nothing: back in the queue while requeues are left."""
+    if job.requeue < MAX_REQUEUES:
+        job_queue(request=request, model=request.model, attempt=job.attempt, requeue=job.requeue + 1, avoid_host_id=job.host_id,
+                  trusted_only=job.trusted_only)
+        return "requeued"
+    request_fail(request=request, code=HostFailed.code, message=f"{MAX_REQUEUES + 1} hosts in a row failed before writing "
+                 "anything for this request; nothing was billed.")
+    return "failed"
 
 
 def host_connection_lost(*, host_id: int, opened_at: datetime | None = None) -> int:
@@ -118,6 +151,21 @@ def host_connection_lost(*, host_id: int, opened_at: datetime | None = None) -> 
         return 0
     running = list(Job.objects.filter(host_id=host_id, status=Job.Status.RUNNING).values_list("pk", flat=True))
     return sum(1 for job_id in running if attempt_end_dead(job_id=job_id, reason="the host's connection dropped"))
+
+
+def host_boot_seen(*, host_id: int, boot: str) -> int:
+    """The host spoke with boot id `boot` (its heartbeat, its claim, its socket's hello;
+    mahout draws one at random each time its process starts). Its running attempts claimed
+    under another boot id belong to a process that no longer runs (one mahout process per
+    host token, as for its socket): they are dead now, continued or requeued as for any
+    death, and no longer fill the host's claim cap while the stall rule would wait them
+    out. Without a boot id (an older client) nothing happens, and attempts claimed without
+    one are never ended this way. Returns how many ended."""
+    if not boot:
+        return 0
+    stale = list(Job.objects.filter(host_id=host_id, status=Job.Status.RUNNING).exclude(boot__in=("", boot))
+                 .values_list("pk", flat=True))
+    return sum(1 for job_id in stale if attempt_end_dead(job_id=job_id, reason="its host restarted"))
 
 
 @transaction.atomic

@@ -40,11 +40,14 @@ class Push:
     seq: int
     text: str
     logprobs: list[dict] | None = None  # its tokens' entries, when the request asked for log-probabilities
+    finish_reason: str = ""  # "stop" or "length" on the answer's last batch: the host's generation ended (`Job.text_end`)
 
 
-def job_push_tokens(*, host: Host, job_id: int, seq: int, text: str, logprobs: list[dict] | None = None) -> PushResult:
+def job_push_tokens(
+    *, host: Host, job_id: int, seq: int, text: str, logprobs: list[dict] | None = None, finish_reason: str = "",
+) -> PushResult:
     """Apply one ordered batch of text (see `job_push_many`); raises its refusal."""
-    result = job_push_many([Push(host=host, job_id=job_id, seq=seq, text=text, logprobs=logprobs)])[0]
+    result = job_push_many([Push(host=host, job_id=job_id, seq=seq, text=text, logprobs=logprobs, finish_reason=finish_reason)])[0]
     if isinstance(result, DomainError):
         raise result
     return result
@@ -61,13 +64,15 @@ def job_push_many(pushes: list[Push]) -> list[PushResult | DomainError]:
     batch costs O(batch). The common case is one compare-and-set on each job (this host's,
     running, at this `seq`) that advances the request's character count and stores the
     chunk. An empty batch advances `seq` but is not progress (the stall clock ignores it).
+    A batch's `finish_reason` is kept on the job (`text_end`): if its host dies before
+    completing, the answer is whole and settles (`failover`).
     Batches that arrived together share one trip to the database: on PostgreSQL one
     statement for all of them, on SQLite one transaction (one commit). Anything else (a
     retry, a gap, a job that ended or is not this host's) is told apart afterwards.
     """
     now = timezone.now()
-    pushes = [Push(host=p.host, job_id=p.job_id, seq=p.seq, text=p.text.replace("\x00", ""), logprobs=p.logprobs)
-              for p in pushes]
+    pushes = [Push(host=p.host, job_id=p.job_id, seq=p.seq, text=p.text.replace("\x00", ""), logprobs=p.logprobs,
+                   finish_reason=p.finish_reason) for p in pushes]
     # (a byte-level model can emit NUL; no text column, nor client, wants it)
     results: list[PushResult | DomainError | None] = [None] * len(pushes)
     for index, push in enumerate(pushes):
@@ -122,12 +127,15 @@ def _push_applied(batch: list[tuple[int, Push]], *, now: datetime) -> dict[int, 
             # One statement for the whole round: the pushes as a VALUES list, joined to their
             # jobs (the compare-and-set), then to their requests (one live job per request, so
             # no request is advanced twice), then stored as chunks.
-            rows = ", ".join(["(%s::bigint, %s::bigint, %s::integer, %s::integer, %s::text, %s::jsonb, %s::integer)"] * len(batch))
+            rows = ", ".join(["(%s::bigint, %s::bigint, %s::integer, %s::integer, %s::text, %s::jsonb, %s::text, %s::integer)"]
+                             * len(batch))
             params: list = [value for index, push in batch for value in (
-                push.job_id, push.host.pk, push.seq, len(push.text), push.text, _json_or_null(push.logprobs), index)]
+                push.job_id, push.host.pk, push.seq, len(push.text), push.text, _json_or_null(push.logprobs), push.finish_reason,
+                index)]
             cursor.execute(
-                f"WITH batch (job_id, host_id, seq, size, text, logprobs, ord) AS (VALUES {rows}),"
+                f"WITH batch (job_id, host_id, seq, size, text, logprobs, finish, ord) AS (VALUES {rows}),"
                 f" pushed AS (UPDATE {job_table} SET next_seq = next_seq + 1, generated_chars = generated_chars + batch.size,"
+                " text_end = COALESCE(NULLIF(batch.finish, ''), text_end),"
                 " last_token_at = CASE WHEN batch.size > 0 THEN %s ELSE last_token_at END,"
                 " first_token_at = CASE WHEN batch.size > 0 THEN COALESCE(first_token_at, %s) ELSE first_token_at END FROM batch"
                 f" WHERE {job_table}.id = batch.job_id AND {job_table}.host_id = batch.host_id AND status = %s"
@@ -148,11 +156,12 @@ def _push_applied(batch: list[tuple[int, Push]], *, now: datetime) -> dict[int, 
                 size = len(push.text)
                 cursor.execute(
                     f"UPDATE {job_table} SET next_seq = next_seq + 1, generated_chars = generated_chars + %s,"
+                    " text_end = COALESCE(NULLIF(%s, ''), text_end),"
                     " last_token_at = CASE WHEN %s > 0 THEN %s ELSE last_token_at END,"
                     " first_token_at = CASE WHEN %s > 0 THEN COALESCE(first_token_at, %s) ELSE first_token_at END"
                     " WHERE id = %s AND host_id = %s AND status = %s AND next_seq = %s"
                     " AND (max_chars IS NULL OR generated_chars + %s <= max_chars) RETURNING request_id",
-                    [size, size, at, size, at, push.job_id, push.host.pk, Job.Status.RUNNING, push.seq, size],
+                    [size, push.finish_reason, size, at, size, at, push.job_id, push.host.pk, Job.Status.RUNNING, push.seq, size],
                 )
                 pushed = cursor.fetchone()
                 if pushed is None:

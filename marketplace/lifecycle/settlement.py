@@ -166,8 +166,9 @@ def ring_memo(ring: tuple[RingPlan, dict[int, int]]) -> str:
 
 
 def settle_without_host(*, request: Request, completion_tokens: int, finish_reason: str = "length") -> None:
-    """Every allowed token (or a stop sequence) was delivered before the host died: the
-    answer is whole, the customer pays for it, and no host is paid (none finished)."""
+    """Every allowed token, a stop sequence, or the host's word that its generation ended was
+    delivered before the host died: the answer is whole, the customer pays for it, and no
+    host is paid (none finished)."""
     settle(request=request, completion_tokens=completion_tokens, finish_reason=finish_reason)
 
 

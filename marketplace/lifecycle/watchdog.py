@@ -18,38 +18,50 @@ from marketplace.lifecycle.presence import request_abandon, request_forget_outpu
 from marketplace.lifecycle.queueing import job_reoffer, request_expire_unclaimed
 from marketplace.models import Job, Liveness, Request
 
+PROGRESS_STRETCH = 3  # progress reports buy at most this many times what the host's own figures say a start takes
 
-def job_start_bound_seconds(*, job: Job) -> float:
-    """How long the host may take to its first token before silence counts: its own
-    benchmark's load time and the prompt at its prompt tokens/s, plus
-    JOB_START_SLACK_SECONDS, at most JOB_START_ALLOWANCE_SECONDS. (The benchmark is the
-    host's word: the allowance bounds what a lie can buy.)"""
-    seconds = settings.JOB_START_SLACK_SECONDS
+
+def job_start_figures_seconds(*, job: Job) -> float:
+    """What the host's own benchmark says this job needs before its first token: loading
+    the model, its first-token latency, and the prompt (a continuation's delivered text
+    too, a character counted as a token at most) at its prompt tokens/s. 0 without figures."""
     figures = (
         Qualification.objects.filter(host_id=job.host_id, model_id=job.model_id).order_by("-updated_at")
-        .values_list("load_ms", "prompt_tps").first()
+        .values_list("load_ms", "ttft_ms", "prompt_tps").first()
     )
-    if figures is not None:
-        load_ms, prompt_tps = figures
-        prompt_tokens = Request.objects.filter(pk=job.request_id).values_list("prompt_tokens", flat=True).first() or 0
-        seconds += load_ms / 1000 + (prompt_tokens / prompt_tps if prompt_tps > 0 else 0)
-    return min(seconds, settings.JOB_START_ALLOWANCE_SECONDS)
+    if figures is None:
+        return 0.0
+    load_ms, ttft_ms, prompt_tps = figures
+    prompt_tokens, delivered = Request.objects.filter(pk=job.request_id).values_list("prompt_tokens", "delivered_chars").get()
+    fed = prompt_tokens + (delivered if job.attempt > 1 else 0)
+    return (load_ms + ttft_ms) / 1000 + (fed / prompt_tps if prompt_tps > 0 else 0)
+
+
+def job_start_bounds(*, job: Job) -> tuple[float, float]:
+    """How long the host may take to its first token: (without a word, while it reports
+    progress). Without a word: its own figures (`job_start_figures_seconds`) plus the small
+    JOB_START_FLOOR_SECONDS. Reporting progress: the floor plus PROGRESS_STRETCH times its
+    figures (a cold disk, a busy machine), so a host whose figures say it starts at once
+    cannot buy a blank minute with progress reports. Both at most
+    JOB_START_ALLOWANCE_SECONDS: the benchmark is the host's word, and the allowance
+    bounds what a lie can buy."""
+    figures, floor, cap = job_start_figures_seconds(job=job), settings.JOB_START_FLOOR_SECONDS, settings.JOB_START_ALLOWANCE_SECONDS
+    return min(floor + figures, cap), min(floor + PROGRESS_STRETCH * figures, cap)
 
 
 def job_start_overdue(*, job: Job, now: datetime) -> bool:
     """Whether a running attempt that has sent no token yet is dead (seed 001: before the
     first token a loading or prefilling host has a bounded deadline, not the stall clock):
-    past its start bound and silent (no progress report) for STALL_SECONDS, or past
-    JOB_START_ALLOWANCE_SECONDS from its claim whatever it reports."""
+    past its quiet bound with no progress report for JOB_PROGRESS_SILENCE_SECONDS, or past
+    its stretched bound whatever it reports (`job_start_bounds`)."""
     if job.claimed_at is None or job.first_token_at is not None:
         return False
     since_claim = (now - job.claimed_at).total_seconds()
-    if since_claim > settings.JOB_START_ALLOWANCE_SECONDS:
-        return True
-    silent = (now - (job.progress_at or job.claimed_at)).total_seconds()
-    if silent <= settings.STALL_SECONDS or since_claim <= settings.JOB_START_SLACK_SECONDS:
+    if since_claim <= settings.JOB_START_FLOOR_SECONDS:  # (no bound is shorter: spare the queries)
         return False
-    return since_claim > job_start_bound_seconds(job=job)
+    quiet, stretched = job_start_bounds(job=job)
+    silent = (now - (job.progress_at or job.claimed_at)).total_seconds()
+    return since_claim > stretched or (since_claim > quiet and silent > settings.JOB_PROGRESS_SILENCE_SECONDS)
 
 
 def job_stalled_end(*, job_id: int) -> str:

@@ -1,6 +1,6 @@
-"""Liveness before the first token (seed 001, issue 16): the stall clock is a stream's; a
-host loading a model or prefilling has its benchmark's bound, and longer while it reports
-progress, never past the start allowance."""
+"""Liveness before the first token (seed 001, issues 16 and 33): the stall clock is a
+stream's; a host loading a model or prefilling has its benchmark's bound plus a small floor,
+and up to three times its figures while it reports progress, never past the start allowance."""
 from __future__ import annotations
 
 from datetime import timedelta
@@ -20,7 +20,8 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture(autouse=True)
 def _clocks(settings) -> None:
     settings.STALL_SECONDS = 20
-    settings.JOB_START_SLACK_SECONDS = 20
+    settings.JOB_START_FLOOR_SECONDS = 5
+    settings.JOB_PROGRESS_SILENCE_SECONDS = 10
     settings.JOB_START_ALLOWANCE_SECONDS = 120
     settings.CONTINUATION_GRACE_SECONDS = 0
 
@@ -37,6 +38,7 @@ def claimed(customer, catalog, serving_host, *, seconds_ago: float, progress_ago
 
 class StartBoundTests:
     def test_a_host_loading_for_30_seconds_while_reporting_progress_is_not_failed_over(self, customer, catalog, serving_host) -> None:
+        Qualification.objects.filter(host=serving_host.host).update(load_ms=20_000)  # its benchmark's load took 20 s
         request, job = claimed(customer, catalog, serving_host, seconds_ago=30, progress_ago=3)
         assert services.watchdog_tick() == 0
         services.request_watch(request_id=request.pk)
@@ -46,9 +48,9 @@ class StartBoundTests:
         assert Job.objects.filter(host=serving_host.host, status="failed").count() == 0, "no failure strike"
 
     def test_a_host_that_goes_silent_while_loading_is_requeued_after_its_bound(self, customer, catalog, serving_host) -> None:
-        request, job = claimed(customer, catalog, serving_host, seconds_ago=19)
+        request, job = claimed(customer, catalog, serving_host, seconds_ago=4)
         assert services.watchdog_tick() == 0, "inside the bound: silence is allowed"
-        Job.objects.filter(pk=job.pk).update(claimed_at=timezone.now() - timedelta(seconds=21))
+        Job.objects.filter(pk=job.pk).update(claimed_at=timezone.now() - timedelta(seconds=6))
         assert services.unstarted_job_end_one() is True
         request.refresh_from_db()
         assert (request.status, request.resumed) == ("running", False), "requeued silently, the continuation unspent"
@@ -57,18 +59,18 @@ class StartBoundTests:
 
     def test_the_bound_includes_the_hosts_own_load_time_and_prefill(self, customer, catalog, serving_host) -> None:
         Qualification.objects.filter(host=serving_host.host).update(load_ms=60_000, prompt_tps=1.0)
-        request, job = claimed(customer, catalog, serving_host, seconds_ago=85)  # 20 s + 60 s load + 10 prompt tokens at 1/s = 90 s
-        assert services.job_start_bound_seconds(job=job) == pytest.approx(90.0)
+        request, job = claimed(customer, catalog, serving_host, seconds_ago=74)  # 5 s + 60 s load + 50 ms + 10 prompt tokens at 1/s
+        assert services.job_start_bounds(job=job) == (pytest.approx(75.05), 120)
         services.request_watch(request_id=request.pk)
         assert Job.objects.get(pk=job.pk).status == "running"
-        Job.objects.filter(pk=job.pk).update(claimed_at=timezone.now() - timedelta(seconds=91))
+        Job.objects.filter(pk=job.pk).update(claimed_at=timezone.now() - timedelta(seconds=76))
         services.request_watch(request_id=request.pk)
         assert Job.objects.get(pk=job.pk).status == "failed"
 
     def test_progress_never_outlives_the_start_allowance(self, customer, catalog, serving_host) -> None:
         Qualification.objects.filter(host=serving_host.host).update(load_ms=10**9)  # a host's own word buys at most the allowance
         _, job = claimed(customer, catalog, serving_host, seconds_ago=119, progress_ago=1)
-        assert services.job_start_bound_seconds(job=job) == 120
+        assert services.job_start_bounds(job=job) == (120, 120)
         assert services.unstarted_job_end_one() is False
         Job.objects.filter(pk=job.pk).update(claimed_at=timezone.now() - timedelta(seconds=121))
         assert services.unstarted_job_end_one() is True
@@ -117,3 +119,35 @@ class ProgressApiTests:
         services.job_fail(host=serving_host.host, job_id=job.pk, reason="gone")
         refused = report(serving_host.token, {})
         assert (refused.status_code, refused.json()["error"]["code"]) == (409, "job_not_running")
+
+
+class FrozenBeforeTheFirstTokenTests:
+    """Issue 33: progress buys time only within the host's own figures, above a small floor."""
+
+    def test_a_frozen_host_reporting_progress_cannot_hold_a_blank_stream(self, customer, catalog, serving_host) -> None:
+        request, job = claimed(customer, catalog, serving_host, seconds_ago=4, progress_ago=1)
+        quiet, stretched = services.job_start_bounds(job=job)  # its figures: 50 ms to first token, 10 tokens at 500/s
+        assert (quiet, stretched) == (pytest.approx(5.07), pytest.approx(5.21))
+        assert services.unstarted_job_end_one() is False
+        Job.objects.filter(pk=job.pk).update(claimed_at=timezone.now() - timedelta(seconds=6), progress_at=timezone.now())
+        assert services.unstarted_job_end_one() is True, "reporting progress, yet past three times its own figures"
+        request.refresh_from_db()
+        assert (request.status, request.resumed) == ("running", False)
+        assert Job.objects.filter(request=request, status="queued", requeue=1).exists()
+
+    def test_a_silent_host_with_no_load_and_a_tiny_prompt_is_found_at_the_floor(self, customer, catalog, serving_host) -> None:
+        Qualification.objects.filter(host=serving_host.host).update(load_ms=0, ttft_ms=0)
+        _, job = claimed(customer, catalog, serving_host, seconds_ago=6)
+        assert services.unstarted_job_end_one() is True, "not the old flat 20 s"
+
+    def test_a_continuation_counts_the_delivered_text_as_prompt(self, customer, catalog, serving_host) -> None:
+        Qualification.objects.filter(host=serving_host.host).update(prompt_tps=10.0, ttft_ms=0)
+        request, job = claimed(customer, catalog, serving_host, seconds_ago=1)
+        services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="x" * 30)
+        services.host_connection_lost(host_id=serving_host.host.pk)
+        rescuer = make_host(name="rescuer")
+        Qualification.objects.filter(host=rescuer.host).update(prompt_tps=10.0, ttft_ms=0)
+        continuation = services.job_claim_next(host=rescuer.host, fingerprint=rescuer.fingerprint)
+        assert continuation.attempt == 2
+        quiet, _ = services.job_start_bounds(job=continuation)
+        assert quiet == pytest.approx(5 + (10 + 30) / 10.0)  # the floor, then 10 prompt tokens and 30 delivered characters at 10/s

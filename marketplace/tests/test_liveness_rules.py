@@ -12,7 +12,7 @@ from django.db import transaction
 from django.db.models import BooleanField, ExpressionWrapper
 from django.utils import timezone
 
-from hosts.models import Host
+from hosts.models import Host, Qualification
 from marketplace import services
 from marketplace.models import Job, Liveness
 from marketplace.tests.test_services import submit
@@ -29,12 +29,15 @@ EXPIRED, STALLED, UNSTARTED, OVERDUE = (
 
 
 @pytest.fixture(autouse=True)
-def _clocks(settings) -> None:
+def _clocks(settings, serving_host) -> None:
     settings.QUEUE_TIMEOUT_SECONDS = 60
     settings.STALL_SECONDS = 20
-    settings.JOB_START_SLACK_SECONDS = 20
+    settings.JOB_START_FLOOR_SECONDS = 20
+    settings.JOB_PROGRESS_SILENCE_SECONDS = 20
     settings.JOB_START_ALLOWANCE_SECONDS = 120
     settings.CONTINUATION_GRACE_SECONDS = 0
+    # its figures: a 5 s load, so its start bound is about 25 s quiet and 35 s reporting progress
+    Qualification.objects.filter(host=serving_host.host).update(load_ms=5_000)
 
 
 @dataclass(frozen=True)
