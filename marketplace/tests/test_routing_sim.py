@@ -40,6 +40,9 @@ def routing_gateway(django_db_setup: None, django_db_blocker: DjangoDbBlocker, t
             "ROUTING_OFFER_SECONDS": str(OFFER_SECONDS), "ROUTING_COLD_GRACE_SECONDS": str(COLD_GRACE_SECONDS),
             "HOST_MAX_FAILURES_PER_HOUR": str(MAX_FAILURES), "MODEL_LIST_CACHE_SECONDS": "0",
             "QUEUE_TIMEOUT_SECONDS": "30", "CONTINUATION_GRACE_SECONDS": "0.5",
+            # its simulated hosts hold jobs (`--delay`, `hold:`) before their first token on purpose, with
+            # benchmark figures that say they start at once: a real host doing so would be found frozen
+            "JOB_START_FLOOR_SECONDS": "30",
         })
     gateway = Gateway(env, logs)
     yield gateway
