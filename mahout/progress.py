@@ -14,7 +14,7 @@ from typing import Any
 
 from mahout.api import HostApi, HostApiError, ServerUnavailable
 
-PROGRESS_INTERVAL_S = 5.0  # well inside the gateway's STALL_SECONDS (20 s)
+PROGRESS_INTERVAL_S = 5.0  # well inside the gateway's JOB_PROGRESS_SILENCE_SECONDS (10 s): one lost report is not a death
 
 
 class ProgressReporter:
