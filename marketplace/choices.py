@@ -18,12 +18,12 @@ from accounts.selectors import key_for_spending
 from catalog.tokenizer import tokenizer_for
 from core.db import db
 from core.errors import ApiError, validation_error
-from marketplace import admission, services
+from marketplace import admission, selectors, services
 from marketplace.models import Request
-from marketplace.render import call_deltas, chunk_body, usage_chunk, usage_of
+from marketplace.render import chunk_body, usage_chunk, usage_of
 from marketplace.serializers import ChatInputSerializer, CompletionInputSerializer, UnsupportedParameter
 from marketplace.streaming import RequestListener, Text, ended_error
-from marketplace.tool_calls import CallHolder
+from marketplace.tool_calls import CallStream
 
 
 def authenticated(admit: Callable[..., Request]) -> Callable[..., Request]:
@@ -51,17 +51,21 @@ class Admitted:
         carries `x_elephant.offset`: the characters delivered so far, where a dropped
         stream resumes (`starting_after`)."""
         row = self.row
-        holder = CallHolder(row.params["tools"]) if row.params.get("tools") else None
+        holder = CallStream(row.params["tools"], request_id=row.public_id) if row.params.get("tools") else None
         try:
             if first:
                 yield chunk_body(row, text="", first=True, index=self.index)
+            elif holder is not None and self.listener.sent:
+                holder.prime(await self._delivered_before(self.listener.sent))
             async for event in self.listener.events():
                 if isinstance(event, Text):
                     if self.listener.model is not None:  # (read with the request: a fallback model may serve it)
                         row.model = self.listener.model
-                    text, logprobs = holder.feed(event.text, event.logprobs) if holder else (event.text, event.logprobs)
+                    text, logprobs, deltas = holder.feed(event.text, event.logprobs) if holder else (event.text, event.logprobs, [])
                     if text:
                         yield chunk_body(row, text=text, offset=self.listener.sent, index=self.index, logprobs=logprobs)
+                    for delta in deltas:  # a call's arguments as they are generated (each chunk says where to resume)
+                        yield chunk_body(row, text="", calls=[delta], offset=self.listener.sent, index=self.index)
                     continue
                 ended = self.ended = event.request
                 self.handed_over = True
@@ -70,17 +74,22 @@ class Admitted:
                     return
                 finish = ended.finish_reason or "stop"
                 if holder is not None:
-                    held, logprobs, calls = holder.finish(request_id=row.public_id, cut=finish == "length")
+                    held, logprobs, deltas, calls = holder.finish(cut=finish == "length")
                     if held:
                         yield chunk_body(row, text=held, offset=self.listener.sent, index=self.index, logprobs=logprobs)
-                    for delta in call_deltas(calls or []):
-                        yield chunk_body(row, text="", calls=delta, index=self.index)
+                    for delta in deltas:
+                        yield chunk_body(row, text="", calls=[delta], index=self.index)
                     finish = "tool_calls" if calls and finish != "length" else finish
                 usage = usage_of(ended) if self.include_usage else None
                 yield chunk_body(ended, text="", finish_reason=finish, usage=usage, index=self.index)
                 yield "[DONE]"
         finally:
             await self.close()
+
+    async def _delivered_before(self, offset: int) -> str:
+        """The answer's first `offset` characters (a resumed stream's customer has them)."""
+        _, text, _ = await db(selectors.request_catch_up_entries, public_id=self.row.public_id, sent=0, logprobs=False)
+        return text[:offset]
 
     async def withdraw(self) -> None:
         """End this queued request now, unbilled (a sibling choice was refused)."""

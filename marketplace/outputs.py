@@ -280,12 +280,19 @@ class ResponseTextPartSerializer(serializers.Serializer):
     logprobs = serializers.ListField(child=serializers.JSONField(), help_text="always empty")
 
 
-class ResponseMessageSerializer(serializers.Serializer):
-    id = serializers.CharField(help_text="msg_…")
-    type = serializers.CharField(help_text="message")
+class ResponseOutputItemSerializer(serializers.Serializer):
+    """An output item: an assistant message with its text, or a function call to run."""
+
+    id = serializers.CharField(help_text="msg_… (a message) or fc_… (a function call)")
+    type = serializers.CharField(help_text="message or function_call")
     status = serializers.CharField(help_text="in_progress, completed or incomplete")
-    role = serializers.CharField(help_text="assistant")
-    content = ResponseTextPartSerializer(many=True)
+    role = serializers.CharField(required=False, help_text="a message: assistant")
+    content = ResponseTextPartSerializer(many=True, required=False, help_text="a message: its text")
+    call_id = serializers.CharField(required=False, help_text="a function call: its id, named by the function_call_output "
+                                                              "item that answers it")
+    name = serializers.CharField(required=False, help_text="a function call: the function")
+    arguments = serializers.CharField(required=False, allow_blank=True,
+                                      help_text="a function call: its arguments, a JSON object as text")
 
 
 class ResponseUsageSerializer(serializers.Serializer):
@@ -302,7 +309,7 @@ class ResponseErrorSerializer(serializers.Serializer):
 
 
 class ResponseSerializer(serializers.Serializer):
-    """A Response object (OpenAI's Responses API): one assistant message with the text."""
+    """A Response object (OpenAI's Responses API): an assistant message with the text, or the function calls."""
 
     id = serializers.CharField(help_text="resp_…: also the id GET /v1/generation reads")
     object = serializers.CharField(help_text="response")
@@ -313,15 +320,15 @@ class ResponseSerializer(serializers.Serializer):
     instructions = serializers.CharField(allow_null=True, allow_blank=True)
     max_output_tokens = serializers.IntegerField(allow_null=True)
     model = serializers.CharField()
-    output = ResponseMessageSerializer(many=True, help_text="the message; empty until there is text")
+    output = ResponseOutputItemSerializer(many=True, help_text="the message, or the function calls; empty while in progress")
     parallel_tool_calls = serializers.BooleanField()
     previous_response_id = serializers.CharField(allow_null=True)
     reasoning = serializers.DictField(allow_null=True)
     store = serializers.BooleanField()
     temperature = serializers.FloatField(allow_null=True)
-    text = serializers.DictField()
-    tool_choice = serializers.CharField()
-    tools = serializers.ListField(child=serializers.JSONField())
+    text = serializers.DictField(help_text="format: as asked (text, json_object or json_schema)")
+    tool_choice = serializers.JSONField(help_text="as asked: auto (the default), none, required, or an object")
+    tools = serializers.ListField(child=serializers.JSONField(), help_text="the function tools, as asked")
     top_p = serializers.FloatField(allow_null=True)
     truncation = serializers.CharField()
     usage = ResponseUsageSerializer(allow_null=True, help_text="null until the response ends")
@@ -335,16 +342,22 @@ class ResponseEventSerializer(serializers.Serializer):
     type = serializers.CharField(help_text=(
         "response.created, response.in_progress, response.output_item.added, response.content_part.added, "
         "response.output_text.delta (one per piece of text), response.output_text.done, response.content_part.done, "
-        "response.output_item.done, then response.completed or response.incomplete; or response.failed"))
+        "response.output_item.done; for a function call response.output_item.added, "
+        "response.function_call_arguments.delta (its arguments as they are generated), "
+        "response.function_call_arguments.done, response.output_item.done; then response.completed or "
+        "response.incomplete; or response.failed"))
     sequence_number = serializers.IntegerField(help_text="0, 1, 2, … in the order sent")
     response = ResponseSerializer(required=False, help_text="response.created, .in_progress, .completed, .incomplete, .failed")
     output_index = serializers.IntegerField(required=False)
     item_id = serializers.CharField(required=False)
     content_index = serializers.IntegerField(required=False)
-    item = ResponseMessageSerializer(required=False)
+    item = ResponseOutputItemSerializer(required=False)
     part = ResponseTextPartSerializer(required=False)
     delta = serializers.CharField(required=False, allow_blank=True)
     text = serializers.CharField(required=False, allow_blank=True)
+    name = serializers.CharField(required=False, help_text="response.function_call_arguments.done: the function")
+    arguments = serializers.CharField(required=False, allow_blank=True,
+                                      help_text="response.function_call_arguments.done: the whole arguments")
     logprobs = serializers.ListField(child=serializers.JSONField(), required=False)
     x_elephant = ChunkExtrasSerializer(required=False, help_text="on the last event: resumed on another host")
 

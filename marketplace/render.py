@@ -67,17 +67,6 @@ def chunk_body(
     return body
 
 
-def call_deltas(calls: list[dict]) -> list[list[dict]]:
-    """Streamed tool calls as OpenAI sends them: per call, one delta with its id and name (and
-    empty arguments), then one with the arguments."""
-    deltas = []
-    for index, call in enumerate(calls):
-        named = {"index": index, "id": call["id"], "type": "function",
-                 "function": {"name": call["function"]["name"], "arguments": ""}}
-        deltas += [[named], [{"index": index, "function": {"arguments": call["function"]["arguments"]}}]]
-    return deltas
-
-
 def chat_logprobs(entries: list[dict] | None) -> dict | None:
     return None if entries is None else {"content": entries, "refusal": None}
 

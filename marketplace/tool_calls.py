@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 
 MAX_TOOLS = 64
 MAX_PARALLEL_CALLS = 8  # calls in one answer (a small model may repeat a call until max_tokens otherwise)
@@ -135,7 +136,8 @@ def _instructions(spec: dict) -> str:
 def tool_calls_in(spec: dict | None, text: str, *, request_id: str, cut: bool = False) -> list[dict] | None:
     """The answer's calls in OpenAI's shape when it is exactly a valid call, else None. An
     answer `cut` by max_tokens keeps the calls it completed (a small model may list calls
-    until its budget runs out; the finish_reason still says "length")."""
+    until its budget runs out; the finish_reason still says "length"). Each call's
+    `arguments` is the JSON text the model wrote, as it was streamed (`CallStream`)."""
     if spec is None or not text.lstrip().startswith("{"):
         return None
     from jsonschema import exceptions
@@ -150,8 +152,10 @@ def tool_calls_in(spec: dict | None, text: str, *, request_id: str, cut: bool = 
         made = _completed_calls(spec, text) if cut else []
     if not made:
         return None
+    scanned = CallScanner()
+    scanned.feed(text)
     return [{"id": call_id(request_id, index), "type": "function",
-             "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])}}
+             "function": {"name": call["name"], "arguments": scanned.arguments(index) or json.dumps(call["arguments"])}}
             for index, call in enumerate(made)]
 
 
@@ -182,34 +186,257 @@ def call_id(request_id: str, index: int) -> str:
     return "call_" + hashlib.sha256(f"{request_id}/{index}".encode()).hexdigest()[:24]
 
 
-class CallHolder:
-    """Splits a streamed answer into content, relayed as it comes, and a call, held to the
-    end: a required call is held whole; under "auto" the first visible character decides
-    (a call starts with "{")."""
+@dataclass
+class ScannedCall:
+    """Where one call of the answer stands: its name once read whole, its arguments' span."""
 
-    def __init__(self, spec: dict) -> None:
-        self.spec = spec
+    name: str | None = None
+    start: int | None = None  # the arguments' first character
+    end: int | None = None  # just past their last, once they are whole
+
+
+@dataclass
+class _Container:
+    kind: str  # "object" or "array"
+    path: tuple  # the keys and indexes that lead to it from the answer's root
+    state: str  # what it expects next: "key", "key_or_end", "colon", "value", "value_or_end", "comma"
+    key: str | None = None
+    index: int = 0
+
+
+LITERAL = frozenset("0123456789+-.eEtrufalsn")
+
+
+class CallScanner:
+    """Follows an answer in the call shape (`{"tool_calls": [{"name": ..., "arguments": ...}]}`)
+    character by character as it arrives, each character read once: which calls have begun,
+    each one's name once it is whole, and where its arguments start and end in the text. That
+    is what lets the arguments be relayed as they are generated, before the answer is whole.
+
+    It follows JSON's grammar only as far as locating these takes; a character JSON does not
+    allow where it stands stops it (`broken`), and whether the answer is a valid call is still
+    decided on the whole answer (`tool_calls_in`)."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.calls: list[ScannedCall] = []
+        self.broken = False
+        self._containers: list[_Container] = []
+        self._string: tuple[int, tuple | None] | None = None  # (where the string opened, its path; None: a key)
+        self._escaped = False
+        self._literal: tuple[int, tuple] | None = None  # a number, true, false or null being read: (start, path)
+        self._root_read = False
+
+    def feed(self, text: str) -> None:
+        at = len(self.text)
+        self.text += text
+        for offset, char in enumerate(text, start=at):
+            if self.broken:
+                return
+            self._step(offset, char)
+
+    def arguments(self, index: int) -> str | None:
+        """Call `index`'s arguments as written, once they are whole."""
+        call = self.calls[index] if index < len(self.calls) else None
+        if call is None or call.start is None or call.end is None:
+            return None
+        return self.text[call.start:call.end]
+
+    def arguments_so_far(self, index: int) -> str:
+        """As much of call `index`'s arguments as has arrived."""
+        call = self.calls[index]
+        if call.start is None:
+            return ""
+        return self.text[call.start:len(self.text) if call.end is None else call.end]
+
+    def _step(self, at: int, char: str) -> None:
+        if self._string is not None:
+            self._in_string(at, char)
+            return
+        if self._literal is not None:
+            if char in LITERAL:
+                return
+            start, path = self._literal
+            self._literal = None
+            self._ended(path, start, at)
+        if char in " \t\r\n":
+            return
+        top = self._containers[-1] if self._containers else None
+        if top is None:
+            if self._root_read:
+                self.broken = True  # something after the answer's one value
+            else:
+                self._root_read = True
+                self._value(at, char, ())
+            return
+        if top.state in ("key", "key_or_end") and char == '"':
+            self._string = (at, None)
+        elif top.state == "colon" and char == ":":
+            top.state = "value"
+        elif top.state in ("value", "value_or_end") and not (top.state == "value_or_end" and char == "]"):
+            path = (*top.path, top.key if top.kind == "object" else top.index)
+            top.state = "comma"
+            self._value(at, char, path)
+        elif top.state == "comma" and char == ",":
+            top.state = "key" if top.kind == "object" else "value"
+            if top.kind == "array":
+                top.index += 1
+        elif char == ("}" if top.kind == "object" else "]") and top.state in ("comma", "key_or_end", "value_or_end"):
+            self._containers.pop()
+            self._ended(top.path, None, at + 1)
+        else:
+            self.broken = True
+
+    def _in_string(self, at: int, char: str) -> None:
+        if self._escaped:
+            self._escaped = False
+            return
+        if char == "\\":
+            self._escaped = True
+            return
+        if char != '"':
+            return
+        assert self._string is not None
+        start, path = self._string
+        self._string = None
+        if path is None:  # a key: the container's value goes under it
+            top = self._containers[-1]
+            try:
+                top.key = json.loads(self.text[start:at + 1])
+            except ValueError:
+                self.broken = True
+            top.state = "colon"
+            return
+        self._ended(path, start, at + 1)
+
+    def _value(self, at: int, char: str, path: tuple) -> None:
+        """A value starts at `at` with `char`, at `path`."""
+        if _is_call(path):
+            if path[1] != len(self.calls):
+                self.broken = True  # a second list of calls: which is meant is the whole answer's to say
+                return
+            self.calls.append(ScannedCall())
+        elif _is_arguments(path):
+            call = self.calls[path[1]]
+            if call.start is not None:
+                self.broken = True  # "arguments" twice: which is meant is the whole answer's to say
+                return
+            call.start = at
+        if char in "{[":
+            self._containers.append(_Container("object" if char == "{" else "array", path,
+                                               "key_or_end" if char == "{" else "value_or_end"))
+        elif char == '"':
+            self._string = (at, path)
+        elif char in LITERAL:
+            self._literal = (at, path)
+        else:
+            self.broken = True
+
+    def _ended(self, path: tuple, start: int | None, end: int) -> None:
+        """The value at `path` ends just before `end` (`start`: where a string began)."""
+        if _is_arguments(path):
+            self.calls[path[1]].end = end
+        elif len(path) == 3 and _is_call(path[:2]) and path[2] == "name" and start is not None:
+            try:
+                name = json.loads(self.text[start:end])
+            except ValueError:
+                return
+            self.calls[path[1]].name = name if isinstance(name, str) else None
+
+
+def _is_call(path: tuple) -> bool:
+    return len(path) == 2 and path[0] == CALLS and isinstance(path[1], int)
+
+
+def _is_arguments(path: tuple) -> bool:
+    return len(path) == 3 and _is_call(path[:2]) and path[2] == "arguments"
+
+
+class CallStream:
+    """Splits a streamed answer into content, relayed as it comes, and calls, relayed as
+    OpenAI streams them: per call, a first delta with its id, type and name, then its
+    arguments piece by piece as they are generated.
+
+    When a call is required (`tool_choice` "required" or a named function) the host samples
+    under the call's grammar, so the answer is a call from its first character and its
+    arguments go out as they arrive (`CallScanner` finds them). Under "auto" the first visible
+    character decides: "{" holds the answer to the end, because only the whole answer says
+    whether it is a valid call (no grammar held the model to one); then the calls go out
+    whole, or the held text goes out as content after all."""
+
+    def __init__(self, spec: dict, *, request_id: str) -> None:
+        self.spec, self.request_id = spec, request_id
+        self.streams_calls = spec["choice"] != "auto"
+        self.calling: bool | None = True if self.streams_calls else None  # None: undecided
+        self.scanner = CallScanner()
         self.held: list[str] = []
         self.held_logprobs: list[dict] = []  # (held with their text)
-        self.holding: bool | None = None if spec["choice"] == "auto" else True
+        self._named = 0  # calls whose first delta went out
+        self._sent: list[int] = []  # per call: characters of its arguments that went out
 
-    def feed(self, text: str, logprobs: list[dict] | None = None) -> tuple[str, list[dict]]:
-        """The text to relay now ("" while it is held), with its log-probability entries."""
-        if self.holding is False:
-            return text, logprobs or []
+    def feed(self, text: str, logprobs: list[dict] | None = None) -> tuple[str, list[dict], list[dict]]:
+        """(the content to relay now, its log-probability entries, the call deltas to send now)."""
+        if self.calling is False:
+            return text, logprobs or [], []
         self.held.append(text)
         self.held_logprobs += logprobs or []
-        if self.holding is None:
+        if self.calling is None:
             joined = "".join(self.held)
-            if joined.strip():
-                self.holding = joined.lstrip().startswith("{")
-                if not self.holding:
-                    entries, self.held, self.held_logprobs = self.held_logprobs, [], []
-                    return joined, entries
-        return "", []
+            if not joined.strip():
+                return "", [], []
+            self.calling = joined.lstrip().startswith("{")
+            if not self.calling:
+                entries, self.held, self.held_logprobs = self.held_logprobs, [], []
+                return joined, entries, []
+        if not self.streams_calls:
+            return "", [], []
+        self.scanner.feed(text)
+        return "", [], self._deltas()
 
-    def finish(self, *, request_id: str, cut: bool = False) -> tuple[str, list[dict], list[dict] | None]:
-        """At the end: (content still to relay, its entries, the calls or None); `cut`: by max_tokens."""
+    def prime(self, text: str) -> None:
+        """Read `text`, the start of the answer a resumed stream's customer already has, sending
+        nothing for it: the stream goes on from its end."""
+        self.feed(text)
+        self.held_logprobs = []
+
+    def finish(self, *, cut: bool = False) -> tuple[str, list[dict], list[dict], list[dict] | None]:
+        """At the end: (content still to relay, its entries, the call deltas still to send, the
+        calls or None); `cut`: by max_tokens."""
         text = "".join(self.held)
-        calls = tool_calls_in(self.spec, text, request_id=request_id, cut=cut)
-        return ("", [], calls) if calls else (text, self.held_logprobs, None)
+        calls = tool_calls_in(self.spec, text, request_id=self.request_id, cut=cut)
+        if self.streams_calls and (calls or self._named):
+            return "", [], self._deltas(), calls
+        if calls:
+            return "", [], [delta for index, call in enumerate(calls) for delta in call_deltas(index, call)], calls
+        return text, self.held_logprobs, [], None
+
+    def _deltas(self) -> list[dict]:
+        """The deltas the answer so far allows that have not gone out: calls in order, each
+        named before any of its arguments."""
+        out: list[dict] = []
+        for index, call in enumerate(self.scanner.calls):
+            if index == self._named:
+                if call.name is None:
+                    break
+                out.append(_named_delta(index, call_id(self.request_id, index), call.name))
+                self._named += 1
+                self._sent.append(0)
+            written = self.scanner.arguments_so_far(index)
+            if len(written) > self._sent[index]:
+                out.append(_arguments_delta(index, written[self._sent[index]:]))
+                self._sent[index] = len(written)
+        return out
+
+
+def _named_delta(index: int, identifier: str, name: str) -> dict:
+    return {"index": index, "id": identifier, "type": "function", "function": {"name": name, "arguments": ""}}
+
+
+def _arguments_delta(index: int, piece: str) -> dict:
+    return {"index": index, "function": {"arguments": piece}}
+
+
+def call_deltas(index: int, call: dict) -> list[dict]:
+    """A whole call as OpenAI streams one: its id and name, then its arguments."""
+    return [_named_delta(index, call["id"], call["function"]["name"]),
+            _arguments_delta(index, call["function"]["arguments"])]

@@ -21,7 +21,7 @@ from marketplace.models import Job, Request, TextChunk
 from marketplace.render import chunk_body, usage_of
 from marketplace.tests.test_apis import GOOD, assert_error, post
 from marketplace.tests.test_reputation import claim, online
-from marketplace.tool_calls import CallHolder, prompt_messages, tool_calls_in, tools_spec
+from marketplace.tool_calls import CallStream, prompt_messages, tool_calls_in, tools_spec
 from testkit.requests import CHAT, submit_request
 
 if TYPE_CHECKING:
@@ -98,13 +98,15 @@ class ToolSpecTests:
 
     def test_auto_relays_content_as_it_comes_and_holds_a_call(self) -> None:
         spec = tools_spec(tools=TOOLS, tool_choice="auto", parallel=None)
-        prose = CallHolder(spec)
-        assert prose.feed(" ") == ("", []) and prose.feed(" It") == ("  It", []) and prose.feed(" is") == (" is", [])
-        call = CallHolder(spec)
+        prose = CallStream(spec, request_id="x")
+        assert prose.feed(" ") == ("", [], []) and prose.feed(" It") == ("  It", [], []) and prose.feed(" is") == (" is", [], [])
+        call = CallStream(spec, request_id="x")
         text = '{"tool_calls": [{"name": "get_time", "arguments": {"city": "Rome"}}]}'
-        assert [call.feed(part)[0] for part in (text[:5], text[5:])] == ["", ""]
-        held, _, calls = call.finish(request_id="x")
+        assert [call.feed(part) for part in (text[:5], text[5:])] == [("", [], []), ("", [], [])]
+        held, _, deltas, calls = call.finish()
         assert held == "" and calls[0]["function"]["name"] == "get_time"
+        assert deltas == [{"index": 0, "id": calls[0]["id"], "type": "function", "function": {"name": "get_time", "arguments": ""}},
+                          {"index": 0, "function": {"arguments": '{"city": "Rome"}'}}], "under auto a call goes out whole"
 
 
 def ended_choice(index: int, *, resumed: bool) -> SimpleNamespace:
