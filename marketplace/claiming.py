@@ -48,9 +48,8 @@ class JobClaimInputSerializer(serializers.Serializer):
 
 async def claim_when_offered(host: Host, *, fingerprint: str, wait: float, boot: str = "") -> dict | None:
     """A job's payload as soon as one is queued for a model this host qualified on this
-    machine, or None after `wait` seconds. A `boot` id (the claiming process's) ends the
-    host's attempts of an earlier process first (`services.host_boot_seen`), so they no
-    longer fill its claim slots, and is kept on the job it claims. Refusals (paused, in maintenance, no heartbeat
+    machine, or None after `wait` seconds. `boot` (the claiming process's boot id, seen by
+    the door first: `services.host_boot_seen`) is kept on the job it claims. Refusals (paused, in maintenance, no heartbeat
     within HOST_OFFLINE_AFTER_SECONDS, a mahout older than MAHOUT_MIN_VERSION, nothing
     qualified, every claim slot waiting already) are DomainErrors."""
     if host.paused:
@@ -76,8 +75,6 @@ async def claim_when_offered(host: Host, *, fingerprint: str, wait: float, boot:
             403, "This host has not qualified any model on this machine; run the benchmark and register it first.",
             code="not_qualified", type="permission_error",
         )
-    if boot:
-        await db(market.host_boot_seen, host_id=host.pk, boot=boot)
     await db(canaries.canary_send_if_due, host=host)  # verification needs no customer traffic
     cap = host.claim_cap
     ticket = await WAITING.enter(host.pk, cap=cap, wait=wait)

@@ -108,6 +108,8 @@ class JobClaimApi(AsyncHostApi):
     InputSerializer = JobClaimInputSerializer
 
     async def handle(self, host: Host, data: dict, **kwargs: object) -> HttpResponse:
+        if data["boot"]:  # a new one ends the attempts of the host's earlier process first (a socket's: at its handshake)
+            await db(market.host_boot_seen, host_id=host.pk, boot=data["boot"])
         payload = await claim_when_offered(host, fingerprint=data["fingerprint"], wait=data["wait"], boot=data["boot"])
         return HttpResponse(status=204) if payload is None else JsonResponse({"job": payload})
 

@@ -110,3 +110,15 @@ class RestartTests:
         finally:
             socket.stop()
         assert BOOT_ID != FIRST_BOOT
+
+    def test_a_claim_with_a_new_boot_ends_the_old_job_and_may_take_it_again(self, gateway, catalog) -> None:
+        customer, serving = make_customer(), present(make_host(name="restarted-claim"))
+        request = queued(customer, catalog)
+        with httpx.Client(base_url=gateway.url, headers={"Authorization": f"Bearer {serving.token}"}, timeout=30) as http:
+            claim = {"fingerprint": serving.fingerprint, "wait": 10}
+            old = http.post("/hosts/api/claim", json={**claim, "boot": FIRST_BOOT}).json()["job"]["id"]
+            again = http.post("/hosts/api/claim", json={**claim, "boot": "its-next-start"})  # after the dead host's grace
+            assert again.status_code == 200, again.text
+        assert Job.objects.get(pk=old).fail_reason == "its host restarted"
+        taken = Job.objects.get(pk=again.json()["job"]["id"])
+        assert (taken.request_id, taken.requeue, taken.boot, taken.status) == (request.pk, 1, "its-next-start", "running")
