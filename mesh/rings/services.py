@@ -12,6 +12,8 @@ from django.utils import timezone
 from catalog.models import CatalogModel
 from core.errors import DomainError
 from core.net import AddressNotPublic, AddressUnresolvable, public_address
+from engine.arch import ARCHITECTURES, layer_bytes
+from engine.gguf_meta import open_gguf
 from hosts.models import Host
 from mesh.rings.models import ModelLayout, RingPlan, RingStage
 from mesh.rings.selectors import stage_runner_q
@@ -74,20 +76,48 @@ def plan_check(*, n_layers: int, stages: Sequence[StageSpec], row_width: int, mi
         raise PlanInvalid(f"layers [{expected}, {n_layers}) are in no stage (the last stage ends early)")
 
 
+def ring_model(model_name: str) -> tuple[CatalogModel, int]:
+    """The catalog entry a ring may serve and its layer count: a recorded `ModelLayout`, else
+    the block count `catalog_add` read from the entry's own file. Refused (PlanInvalid): an
+    unknown model, an embedding model, a mixture of experts (the expert market serves those),
+    an architecture the ring's engine does not run, a model whose layer count is not known."""
+    model = CatalogModel.objects.filter(name=model_name).first()
+    if model is None:
+        raise PlanInvalid(f"unknown model {model_name!r}")
+    if model.kind != CatalogModel.Kind.CHAT:
+        raise PlanInvalid(f"{model_name!r} is not a chat model ({model.kind}); a ring serves chat models")
+    if model.n_experts:
+        raise PlanInvalid(f"{model_name!r} is a mixture of experts: the expert market serves it (moe_register), not a ring")
+    if model.architecture and model.architecture not in ARCHITECTURES:
+        raise PlanInvalid(f"{model_name!r} is a {model.architecture} model; a ring's engine runs "
+                          f"{', '.join(sorted(ARCHITECTURES))}")
+    layout = ModelLayout.objects.filter(model=model).first()
+    n_layers = layout.n_layers if layout is not None else model.n_layers
+    if not n_layers:
+        raise PlanInvalid(f"the layer count of {model_name!r} is not known; record its layout first")
+    return model, n_layers
+
+
+def layer_mb_read(model: CatalogModel) -> float:
+    """MB one layer takes on a stage, read from the entry's weights file (`engine.arch.layer_bytes`:
+    float16 matrices, as the engine holds them). Refused when the gateway has no readable file."""
+    if not model.weights_path:
+        raise PlanInvalid(f"the gateway holds no weights file for {model.name!r}: give the memory one layer takes")
+    try:
+        return layer_bytes(open_gguf(model.weights_path)) / 2**20
+    except (OSError, ValueError) as error:
+        raise PlanInvalid(f"cannot read {model.name!r}'s layers from {model.weights_path}: {error}") from None
+
+
 @transaction.atomic
 def ring_plan_create(
     *, model_name: str, stages: Sequence[StageSpec], row_width: int, micro_batch: int, bridge_host: Host | None = None,
 ) -> RingPlan:
     """Validate and store a plan; refuses one stage, gaps, overlaps, ranges past the model, widths <= 0."""
-    model = CatalogModel.objects.filter(name=model_name).first()
-    if model is None:
-        raise PlanInvalid(f"unknown model {model_name!r}")
-    layout = ModelLayout.objects.filter(model=model).first()
-    if layout is None:
-        raise PlanInvalid(f"the layer count of {model_name!r} is not known; record its layout first")
-    plan_check(n_layers=layout.n_layers, stages=stages, row_width=row_width, micro_batch=micro_batch)
+    model, n_layers = ring_model(model_name)
+    plan_check(n_layers=n_layers, stages=stages, row_width=row_width, micro_batch=micro_batch)
     plan = RingPlan.objects.create(
-        model=model, n_layers=layout.n_layers, row_width=row_width, micro_batch=micro_batch, bridge_host=bridge_host
+        model=model, n_layers=n_layers, row_width=row_width, micro_batch=micro_batch, bridge_host=bridge_host
     )
     RingStage.objects.bulk_create(
         RingStage(plan=plan, index=i, start=s.start, end=s.end, host=s.host) for i, s in enumerate(stages)
@@ -151,10 +181,8 @@ def ring_plan_propose_local(*, host: Host, model_name: str, n_stages: int, row_w
     for plan in candidates:
         if plan.stages.count() == n_stages and not plan.stages.exclude(host=host).exists():
             return plan
-    layout = ModelLayout.objects.filter(model__name=model_name).first()
-    if layout is None:
-        raise PlanInvalid(f"unknown model {model_name!r}, or its layer count is not known")
-    stages = [StageSpec(start, end, host) for start, end in even_ranges(layout.n_layers, n_stages)]
+    _, n_layers = ring_model(model_name)
+    stages = [StageSpec(start, end, host) for start, end in even_ranges(n_layers, n_stages)]
     return ring_plan_create(
         model_name=model_name, stages=stages, row_width=row_width, micro_batch=micro_batch, bridge_host=host
     )
@@ -178,16 +206,18 @@ def memory_split(*, n_layers: int, capacities: Sequence[int]) -> list[int]:
 
 @transaction.atomic
 def ring_plan_propose(
-    *, model_name: str, hosts: Sequence[Host], bridge_host: Host | None, layer_mb: float, row_width: int, micro_batch: int,
+    *, model_name: str, hosts: Sequence[Host], bridge_host: Host | None, layer_mb: float | None = None, row_width: int,
+    micro_batch: int,
 ) -> RingPlan:
     """A plan from the hosts' advertised memory (the `memory_budget_mb` of their heartbeat
     catalogs): stages in the order given, each holding layers in proportion to what its
-    host can hold at `layer_mb` per layer. Refused when a host has not advertised its
-    memory, when together they cannot hold the model, or when fewer than two stages result.
+    host can hold at `layer_mb` per layer (default: read from the model's file, `layer_mb_read`).
+    Refused when a host has not advertised its memory, when together they cannot hold the
+    model, or when fewer than two stages result.
     """
-    layout = ModelLayout.objects.filter(model__name=model_name).first()
-    if layout is None:
-        raise PlanInvalid(f"unknown model {model_name!r}, or its layer count is not known")
+    model, n_layers = ring_model(model_name)
+    if layer_mb is None:
+        layer_mb = layer_mb_read(model)
     if layer_mb <= 0:
         raise PlanInvalid("layer_mb must be positive")
     capacities = []
@@ -196,7 +226,7 @@ def ring_plan_propose(
         if not isinstance(budget, int) or budget <= 0:
             raise PlanInvalid(f"host {host.name!r} has not advertised its memory (no memory budget in its heartbeat)")
         capacities.append(int(budget // layer_mb))
-    layers = memory_split(n_layers=layout.n_layers, capacities=capacities)
+    layers = memory_split(n_layers=n_layers, capacities=capacities)
     stages, start = [], 0
     for host, count in zip(hosts, layers, strict=True):
         if count:

@@ -77,6 +77,7 @@ class RingPlanCreateTests:
 
     def test_it_refuses_a_model_whose_layer_count_is_unknown(self, catalog: CatalogModel) -> None:
         ModelLayout.objects.all().delete()
+        type(catalog).objects.filter(pk=catalog.pk).update(n_layers=None)
         with pytest.raises(PlanInvalid, match="layer count"):
             _create((0, 9), (9, 18))
 
