@@ -240,6 +240,9 @@ LOGGING = {
     "loggers": {"django.request": {"level": env_str("LOG_LEVEL_REQUESTS", "ERROR")}},
 }
 STALL_SECONDS = env_float("STALL_SECONDS", 20.0, minimum=0.1)
+# A host whose batch said its text ended (finish_reason) completes at once; one that has not
+# within this is dead, and its whole answer settles (marketplace/lifecycle/failover.py).
+COMPLETE_GRACE_SECONDS = env_float("COMPLETE_GRACE_SECONDS", 10.0, minimum=0.1)
 # A host whose WebSocket drops is dead unless it reopens one within this (mahout retries after 1 s).
 HOST_RECONNECT_GRACE_SECONDS = env_float("HOST_RECONNECT_GRACE_SECONDS", 2.5, minimum=0.0)
 OUTPUT_RETENTION_SECONDS = env_int("OUTPUT_RETENTION_SECONDS", 300, minimum=0)

@@ -174,9 +174,12 @@ class Liveness:
 
     @staticmethod
     def stalled(now: datetime) -> Q:
-        """A stream that stopped: no token for STALL_SECONDS after its first."""
-        return Q(status=Job.Status.RUNNING, first_token_at__isnull=False,
-                 last_token_at__lt=now - timedelta(seconds=settings.STALL_SECONDS))
+        """A stream that stopped: no token for STALL_SECONDS after its first, or no "complete"
+        within COMPLETE_GRACE_SECONDS of a batch that said its text ended (`text_end`: a
+        host that is alive completes at once, and waiting longer buys the customer nothing)."""
+        return Q(status=Job.Status.RUNNING, first_token_at__isnull=False) & (
+            Q(last_token_at__lt=now - timedelta(seconds=settings.STALL_SECONDS))
+            | (~Q(text_end="") & Q(last_token_at__lt=now - timedelta(seconds=settings.COMPLETE_GRACE_SECONDS))))
 
     @staticmethod
     def unstarted_since(now: datetime) -> Q:

@@ -64,8 +64,12 @@ def job_start_overdue(*, job: Job, now: datetime) -> bool:
     return since_claim > stretched or (since_claim > quiet and silent > settings.JOB_PROGRESS_SILENCE_SECONDS)
 
 
-def job_stalled_end(*, job_id: int) -> str:
-    """A running attempt produced nothing for STALL_SECONDS: its host is presumed dead."""
+def job_stalled_end(*, job_id: int, ended: bool = False) -> str:
+    """A running attempt produced nothing for STALL_SECONDS, or (`ended`: its text said the
+    answer ended) no "complete" for COMPLETE_GRACE_SECONDS: its host is presumed dead."""
+    if ended:
+        return attempt_end_dead(job_id=job_id, reason=f"no complete within {settings.COMPLETE_GRACE_SECONDS:g} seconds "
+                                "of its last batch")
     return attempt_end_dead(job_id=job_id, reason=f"no token for {settings.STALL_SECONDS:g} seconds")
 
 
@@ -98,7 +102,7 @@ def request_watch(*, request_id: int) -> None:
     elif job.status == Job.Status.RUNNING and job.first_token_at is None and job_start_overdue(job=job, now=now):
         job_unstarted_end(job_id=job.pk)
     elif job.stalled:
-        job_stalled_end(job_id=job.pk)
+        job_stalled_end(job_id=job.pk, ended=bool(job.text_end))
     elif job.overdue:
         job_overdue_end(job_id=job.pk)
 
@@ -109,9 +113,9 @@ def unclaimed_request_expire_one() -> bool:
 
 
 def stalled_job_end_one() -> bool:
-    """A stream that stopped: no token for STALL_SECONDS after its first."""
+    """A stream that stopped (`Liveness.stalled`)."""
     job = Job.objects.filter(Liveness.stalled(timezone.now())).order_by("last_token_at").first()
-    return job is not None and bool(job_stalled_end(job_id=job.pk))
+    return job is not None and bool(job_stalled_end(job_id=job.pk, ended=bool(job.text_end)))
 
 
 def unstarted_job_end_one() -> bool:

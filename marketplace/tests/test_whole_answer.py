@@ -5,8 +5,10 @@ last batch's `finish_reason`, through either door."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from billing import selectors as ledger
 from conftest import make_host
@@ -77,6 +79,29 @@ class WholeAnswerTests:
         assert services.job_fail(host=serving_host.host, job_id=job.pk, reason="killed") == "continued"
         request.refresh_from_db()
         assert request.resumed and Job.objects.filter(request=request, attempt=2, status="queued").exists()
+
+
+class CompleteGraceTests:
+    def test_a_host_silent_after_its_text_ended_is_dead_at_the_grace_not_the_stall_rule(self, customer, serving_host, catalog,
+                                                                                          settings) -> None:
+        settings.STALL_SECONDS, settings.COMPLETE_GRACE_SECONDS = 20, 10
+        request = submit(customer, catalog, max_tokens=50)
+        job = services.job_claim_next(host=serving_host.host, fingerprint=serving_host.fingerprint)
+        services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text=ANSWER, finish_reason="stop")
+        Job.objects.filter(pk=job.pk).update(last_token_at=timezone.now() - timedelta(seconds=9))
+        assert services.stalled_job_end_one() is False, "inside the grace: its complete may be on the way"
+        Job.objects.filter(pk=job.pk).update(last_token_at=timezone.now() - timedelta(seconds=11))
+        services.request_watch(request_id=request.pk)
+        assert Job.objects.get(pk=job.pk).fail_reason == "no complete within 10 seconds of its last batch"
+        assert_settled_whole(request, customer, catalog, text=ANSWER, finish_reason="stop", hosts=[serving_host.host])
+
+    def test_a_stream_that_did_not_say_it_ended_keeps_the_stall_rule(self, customer, serving_host, catalog, settings) -> None:
+        settings.STALL_SECONDS, settings.COMPLETE_GRACE_SECONDS = 20, 10
+        submit(customer, catalog, max_tokens=50)
+        job = services.job_claim_next(host=serving_host.host, fingerprint=serving_host.fingerprint)
+        services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text=ANSWER)
+        Job.objects.filter(pk=job.pk).update(last_token_at=timezone.now() - timedelta(seconds=11))
+        assert services.stalled_job_end_one() is False
 
 
 class FinishReasonDoorTests:
