@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+import httpx
 import jsonschema
 import openai
 import pydantic
@@ -27,11 +28,13 @@ from openai.types.responses import (
 
 from billing import selectors as ledger
 from billing.models import Hold
-from conftest import make_customer
+from conftest import make_customer, make_host
 from marketplace.models import Request
 from marketplace.tests.test_e2e import client
 from marketplace.tests.test_failover_e2e import Farm, serving_host
 from marketplace.tests.test_responses_e2e import customer_served, generation  # noqa: F401 (a fixture)
+from marketplace.tests.test_resume import events
+from testkit.personas import present
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -243,3 +246,43 @@ class FailoverTests:
         assert done.arguments == "".join(deltas) == final.response.output[0].arguments  # type: ignore[union-attr]
         assert_each_character_once(final.response.id, done.arguments, victim[0])
 
+
+
+CALL_BATCHES = ['{"tool_calls": [{"name": "get_weather", "arguments": {"ci', 'ty": "Par', 'is"}}]}']
+
+
+class ResumeTests:
+    def test_a_dropped_chat_stream_resumes_a_calls_arguments_where_its_customer_left_them(self, gateway, catalog) -> None:
+        customer, serving = make_customer(), present(make_host(name="resumer"))
+        key, host = {"Authorization": f"Bearer {customer.secret}"}, {"Authorization": f"Bearer {serving.token}"}
+        chat_tool = [{"type": "function", "function": {k: TOOL[k] for k in ("name", "description", "parameters")}}]
+        body = {"model": "gemma-3-270m", "messages": [{"role": "user", "content": ASK}], "max_tokens": 50, "stream": True,
+                "tools": chat_tool, "tool_choice": "required", "parallel_tool_calls": False}
+        with httpx.Client(base_url=gateway.url, timeout=30) as http:
+            before: list[dict] = []
+            with http.stream("POST", "/v1/chat/completions", json=body, headers=key) as stream:
+                lines = events(stream)
+                public_id = json.loads(next(lines))["id"]
+                job = http.post("/hosts/api/claim", json={"fingerprint": serving.fingerprint, "wait": 10},
+                                headers=host).json()["job"]["id"]
+                http.post(f"/hosts/api/jobs/{job}/tokens", json={"seq": 0, "text": CALL_BATCHES[0]}, headers=host).raise_for_status()
+                while len(before) < 2:  # the call named, then the first piece of its arguments
+                    chunk = json.loads(next(lines))
+                    before += chunk["choices"][0]["delta"].get("tool_calls") or []
+                    offset = chunk["x_elephant"]["offset"]
+            for seq, text in enumerate(CALL_BATCHES[1:], start=1):  # the connection dropped; the host goes on
+                http.post(f"/hosts/api/jobs/{job}/tokens", json={"seq": seq, "text": text}, headers=host).raise_for_status()
+            http.post(f"/hosts/api/jobs/{job}/complete", json={"finish_reason": "stop"}, headers=host).raise_for_status()
+            after, finish = [], None
+            with http.stream("GET", f"/v1/chat/completions/{public_id}?stream=true&starting_after={offset}",
+                             headers=key) as resumed:
+                for data in events(resumed):
+                    if data == "[DONE]":
+                        break
+                    choice = json.loads(data)["choices"][0]
+                    after += choice["delta"].get("tool_calls") or []
+                    finish = choice["finish_reason"] or finish
+        assert before[0]["function"] == {"name": "get_weather", "arguments": ""} and before[0]["id"].startswith("call_")
+        assert before[1]["function"]["arguments"] == '{"ci' and offset == len(CALL_BATCHES[0])
+        assert all("id" not in delta for delta in after), "the call was named before the drop: not again"
+        assert "".join(d["function"]["arguments"] for d in before + after) == '{"city": "Paris"}' and finish == "tool_calls"
