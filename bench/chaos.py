@@ -22,6 +22,7 @@ errors, resumed, TTFT and longest-silence p50/p99, both phases, as JSON.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -36,6 +37,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+import netsim  # noqa: E402 - bench/ is on the path as the script's own folder
 
 MODEL = "gemma-3-270m"
 PIECE_CHARS = 3  # a counting host pushes its answer in pieces this long: kills land mid-word
@@ -120,7 +123,7 @@ def pct(values: list[float], q: float) -> float | None:
 class Pool:
     """The hosts, by id: how to start each, its process, and whether it counts."""
 
-    def __init__(self, server: str, tmp: Path, counting: int, mahout: int, threads: int) -> None:
+    def __init__(self, server: str, tmp: Path, counting: int, mahout: int, threads: int, homes: bool) -> None:
         from testkit.personas import make_host
 
         self.server, self.tmp, self.threads = server, tmp, threads
@@ -138,6 +141,8 @@ class Pool:
             else:
                 self.argv[host_id] = [sys.executable, "-m", "mahout", "run", "--server", server, "--token", serving.token,
                                       "--home", str(tmp / f"mahout-{index}"), "--threads", str(threads)]
+            if homes:  # each host in its own home, behind its own NAT (bench/netsim.py)
+                self.argv[host_id] = ["ip", "netns", "exec", netsim.home_ns(index + 1), *self.argv[host_id]]
             self.start(host_id)
 
     def start(self, host_id: int) -> None:
@@ -204,7 +209,7 @@ def customer(client, k: int) -> dict:  # type: ignore[no-untyped-def]
         result["error"] = str(exc)[:200]
     result["text"] = "".join(pieces)
     marks = [started, *arrivals]
-    result["silence"] = max((b - a for a, b in zip(marks, marks[1:])), default=time.monotonic() - started)
+    result["silence"] = max((b - a for a, b in itertools.pairwise(marks)), default=time.monotonic() - started)
     return result
 
 
@@ -241,7 +246,8 @@ def check(result: dict, counting: set[int]) -> dict:
 
     row = Request.objects.filter(public_id=result["public_id"]).first() if result["public_id"] else None
     if row is None:
-        return {"status": "unknown", "exact": False, "char_error": 0, "billing_error": result["error"] is None}
+        return {"status": "unknown", "exact": None, "char_error": 0, "billing_error": result["error"] is None,
+                "attempts": 0}
     jobs = list(row.jobs.all())
     only_counting = all(job.host_id in counting for job in jobs if job.host_id)
     text = result["text"]
@@ -258,27 +264,29 @@ def check(result: dict, counting: set[int]) -> dict:
 
 
 def summary(results: list[dict], counting: set[int]) -> dict:
-    checks = [check(result, counting) for result in results]
-    completed = [c for c, r in zip(checks, results) if c["status"] == "completed" and r["error"] is None]
-    judged = [c for c in completed if c["exact"] is not None]
+    rows = [{**result, **check(result, counting)} for result in results]
+    completed = [r for r in rows if r["status"] == "completed" and r["error"] is None]
+    judged = [r for r in completed if r["exact"] is not None]
+    honest = [r["error"] for r in rows if r["error"] and r["status"] == "failed"]
     return {
-        "requests": len(results),
-        "completed_pct": round(100 * len(completed) / max(len(results), 1), 2),
-        "exact_text_pct": round(100 * sum(c["exact"] for c in judged) / max(len(judged), 1), 2),
+        "requests": len(rows),
+        "completed_pct": round(100 * len(completed) / max(len(rows), 1), 2),
+        "exact_text_pct": round(100 * sum(r["exact"] for r in judged) / max(len(judged), 1), 2),
         "judged_exact": len(judged),
-        "honest_errors": sum(1 for r, c in zip(results, checks) if r["error"] and c["status"] == "failed"),
-        "honest_error_examples": [r["error"] for r, c in zip(results, checks) if r["error"] and c["status"] == "failed"][:3],
-        "other_errors": [r["error"] for r, c in zip(results, checks) if r["error"] and c["status"] != "failed"][:5],
-        "resumed": sum(r["resumed"] for r in results),
-        "chars_lost_or_doubled": sum(abs(c["char_error"]) for c in checks),
-        "billing_errors": sum(c["billing_error"] for c in checks),
-        "ttft_p50_s": pct([r["ttft"] for r in results if "ttft" in r], 0.5),
-        "ttft_p99_s": pct([r["ttft"] for r in results if "ttft" in r], 0.99),
-        "silence_p50_s": pct([r["silence"] for r in results], 0.5),
-        "silence_p99_s": pct([r["silence"] for r in results], 0.99),
-        "silence_max_s": pct([r["silence"] for r in results], 1.0),
-        "bad_examples": [{"k": r["k"], "text": r["text"][-80:], **c} for r, c in zip(results, checks)
-                         if c["exact"] is False or c["char_error"] or c["billing_error"]][:3],
+        "honest_errors": len(honest),
+        "honest_error_examples": honest[:3],
+        "other_errors": [r["error"] for r in rows if r["error"] and r["status"] != "failed"][:5],
+        "resumed": sum(r["resumed"] for r in rows),
+        "chars_lost_or_doubled": sum(abs(r["char_error"]) for r in rows),
+        "billing_errors": sum(r["billing_error"] for r in rows),
+        "ttft_p50_s": pct([r["ttft"] for r in rows if "ttft" in r], 0.5),
+        "ttft_p99_s": pct([r["ttft"] for r in rows if "ttft" in r], 0.99),
+        "silence_p50_s": pct([r["silence"] for r in rows], 0.5),
+        "silence_p99_s": pct([r["silence"] for r in rows], 0.99),
+        "silence_max_s": pct([r["silence"] for r in rows], 1.0),
+        "bad_examples": [{key: r[key] for key in ("k", "status", "exact", "char_error", "billing_error", "attempts")}
+                         | {"text_end": r["text"][-80:]} for r in rows
+                         if r["exact"] is False or r["char_error"] or r["billing_error"]][:3],
     }
 
 
@@ -289,7 +297,8 @@ def setup_django(tmp: Path) -> None:
         "DJANGO_SETTINGS_MODULE": "config.settings",
         "HOST_MAX_FAILURES_PER_HOUR": "1000000",  # hosts die on purpose here: they must not be rested
         "CANARY_ENABLED": "0", "AUDIT_ENABLED": "0",  # counting hosts would fail them: this is about leaving
-        "ELEPHANT_VAR_DIR": str(tmp / "var"),  # its own file broker and beat schedule, not make run's
+        "ELEPHANT_VAR_DIR": str(tmp / "var"),
+        "ALLOWED_HOSTS": f"127.0.0.1,localhost,{netsim.GATEWAY_IP}",  # its own file broker and beat schedule, not make run's
     })
     import django
 
@@ -313,8 +322,16 @@ def main() -> None:
     parser.add_argument("--kill-every", type=float, default=12.0)
     parser.add_argument("--pause-share", type=float, default=0.3, help="share of the events that are owner pauses")
     parser.add_argument("--port", type=int, default=8771)
+    parser.add_argument("--netsim", action="store_true",
+                        help="hosts behind home NATs over home links (bench/netsim.py; Linux, root)")
+    parser.add_argument("--rtt-ms", default="20-80", help="with --netsim: each home's round trip, drawn from this range")
+    parser.add_argument("--loss", type=float, default=0.5, help="with --netsim: percent lost, each direction")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="elephant-chaos-"))
+    homes = []
+    if args.netsim:
+        low, _, high = args.rtt_ms.partition("-")
+        homes = netsim.up(args.hosts + args.mahout, (float(low), float(high or low)), 5.0, args.loss, seed=7)
     setup_django(tmp)
     import httpx
     import openai
@@ -326,10 +343,11 @@ def main() -> None:
     from testkit.personas import make_customer
 
     catalog_seed(CatalogModel)
-    server = f"http://127.0.0.1:{args.port}"
+    address = netsim.GATEWAY_IP if args.netsim else "127.0.0.1"
+    server = f"http://{address}:{args.port}"
     env = dict(os.environ)
     daemons = [
-        subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(args.port), "config.asgi:application"],
+        subprocess.Popen([sys.executable, "-m", "daphne", "-b", address, "-p", str(args.port), "config.asgi:application"],
                          cwd=ROOT, env=env, stdout=open(tmp / "gateway.log", "w"), stderr=subprocess.STDOUT),
         subprocess.Popen([sys.executable, "-m", "celery", "-A", "config", "worker", "-B", "--concurrency", "1",
                           "--loglevel", "WARNING"], cwd=ROOT, env=env, stdout=open(tmp / "celery.log", "w"),
@@ -343,7 +361,7 @@ def main() -> None:
                 break
             except httpx.HTTPError:
                 time.sleep(0.2)
-        pool = Pool(server, tmp, args.hosts, args.mahout, args.threads)
+        pool = Pool(server, tmp, args.hosts, args.mahout, args.threads, args.netsim)
         client = openai.OpenAI(base_url=f"{server}/v1", api_key=make_customer(credit_ucents=10**12).secret,
                                max_retries=0, timeout=180)
         for _ in range(600):  # until a host serves
@@ -375,6 +393,11 @@ def main() -> None:
             pool.stop_all()
         for daemon in daemons:
             daemon.kill()
+        if args.netsim:
+            netsim.down()
+    if homes:
+        report["setup"]["homes"] = {"rtt_ms": sorted(home["rtt_ms"] for home in homes), "loss_pct": args.loss,
+                                    "link": homes[0]["link"]}
     print(json.dumps(report, indent=2))
 
 
