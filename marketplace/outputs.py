@@ -109,7 +109,9 @@ class ChunkExtrasSerializer(serializers.Serializer):
 class ChatDeltaSerializer(serializers.Serializer):
     role = serializers.CharField(required=False, help_text="assistant, on the first chunk")
     content = serializers.CharField(required=False, allow_blank=True)
-    tool_calls = ToolCallsOutField(required=False, help_text="a call's id and name, then its arguments")
+    tool_calls = ToolCallsOutField(required=False, help_text=(
+        "a call's index, id, type and name (arguments empty), then its arguments in pieces: as they are generated "
+        "when a call is required or named, in one piece at the end under auto"))
 
 
 class ChatChunkChoiceSerializer(serializers.Serializer):
