@@ -96,10 +96,10 @@ class HostSocketConsumer(AsyncJsonWebsocketConsumer):
     a second connection's end would count as the host's death.
 
     Token batches: the host is authenticated once, when the socket opens; then each
-    `{"type": "tokens", "job", "seq", "text"}` frame is applied by the same service as
-    `POST /hosts/api/jobs/<id>/tokens` (with its optional `logprobs` and `finish_reason`) and answered with `{"type": "ack", "job", "seq",
-    "accepted", "next_seq"}` or `{"type": "error", "job", "seq", "status", "code",
-    "message"}`. Frames are handled concurrently (a host's jobs do not wait for each
+    `{"type": "tokens", "job", "seq", "text"}` frame (with `logprobs` and `finish_reason`
+    when it has them) is applied by the same service as `POST /hosts/api/jobs/<id>/tokens`
+    and answered with `{"type": "ack", "job", "seq", "accepted", "next_seq"}` or
+    `{"type": "error", "job", "seq", "status", "code", "message"}`. Frames are handled concurrently (a host's jobs do not wait for each
     other); a host sends a job's next batch only after the previous one's answer, so
     each job's batches stay in order.
 

@@ -122,3 +122,16 @@ class RestartTests:
         assert Job.objects.get(pk=old).fail_reason == "its host restarted"
         taken = Job.objects.get(pk=again.json()["job"]["id"])
         assert (taken.request_id, taken.requeue, taken.boot, taken.status) == (request.pk, 1, "its-next-start", "running")
+
+    def test_a_malformed_boot_id_refuses_the_socket_at_its_handshake(self, gateway, catalog) -> None:
+        from websockets.exceptions import InvalidStatus
+        from websockets.sync.client import connect
+
+        serving = make_host(name="bad-boot")
+        url = gateway.url.replace("http://", "ws://") + "/hosts/ws"
+        with pytest.raises(InvalidStatus), connect(url, additional_headers={
+                "Authorization": f"Bearer {serving.token}", "X-Mahout-Boot": "not a boot id!"}, open_timeout=10):
+            pass
+        with connect(url, additional_headers={"Authorization": f"Bearer {serving.token}", "X-Mahout-Boot": "fine-1"},
+                     open_timeout=10):
+            pass
