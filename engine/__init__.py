@@ -1,5 +1,6 @@
-"""Elephant's inference engine: a Gemma 3 transformer read from GGUF that can run
-any contiguous slice of layers (a ring *stage*) with its own KV cache.
+"""Elephant's inference engine: a dense transformer read from GGUF (Gemma 3, Llama 3.x and
+Mistral, Qwen 2.5, Qwen 3: `engine.arch`) that can run any contiguous slice of layers (a ring
+*stage*) with its own KV cache.
 
 `engine` never imports Django: a host installs it without the gateway.
 """

@@ -28,16 +28,17 @@ from typing import Literal
 
 from gguf import GGUFReader
 
-from engine.gguf_meta import gguf_tensors
+from engine.gguf_meta import BLOCK_TENSORS, gguf_tensors
 
 __all__ = ["ARCHITECTURES", "Architecture", "architecture", "layer_bytes"]
 
 Activation = Literal["gelu_tanh", "silu"]
 
-# `engine.model.LayerWeights` field -> tensor name inside blk.N (".weight" for weights, ".bias" for biases).
-_ATTENTION = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output"}
-_FEED_FORWARD = {"ffn_norm": "ffn_norm", "w_gate": "ffn_gate", "w_up": "ffn_up", "w_down": "ffn_down"}
-_QK_NORMS = {"q_norm": "attn_q_norm", "k_norm": "attn_k_norm"}
+# `engine.model.LayerWeights` field -> tensor name inside blk.N (".weight" for weights, ".bias" for
+# biases). The names every block holds in the dense and the MoE layouts are `BLOCK_TENSORS`'.
+_QK_NORMS = {field: BLOCK_TENSORS[field] for field in ("q_norm", "k_norm")}
+_SHARED = {field: name for field, name in BLOCK_TENSORS.items() if field not in _QK_NORMS}  # attention, ffn_norm
+_FEED_FORWARD = {"w_gate": "ffn_gate", "w_up": "ffn_up", "w_down": "ffn_down"}
 _POST_NORMS = {"post_attn_norm": "post_attention_norm", "post_ffn_norm": "post_ffw_norm"}
 _QKV_BIASES = {"bq": "attn_q", "bk": "attn_k", "bv": "attn_v"}
 
@@ -59,7 +60,7 @@ class Architecture:
     def weight_tensors(self) -> dict[str, str]:
         """Block weights: field -> tensor name inside blk.N (without ".weight")."""
         return {
-            **_ATTENTION,
+            **_SHARED,
             **(_QK_NORMS if self.qk_norm else {}),
             **_FEED_FORWARD,
             **(_POST_NORMS if self.post_norms else {}),

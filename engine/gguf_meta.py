@@ -17,10 +17,10 @@ from gguf import GGUFReader, ReaderTensor
 
 __all__ = ["BLOCK_TENSORS", "gguf_field", "gguf_required", "gguf_tensors", "open_gguf"]
 
-# What every transformer block holds in both layouts (dense and MoE), as llama.cpp names it:
+# What transformer blocks hold in both layouts (dense and MoE), as llama.cpp names it:
 # weight field (`engine.model.LayerWeights`, `engine.moe.MoeLayerWeights`) -> tensor name
-# inside blk.N. The dense loader (`engine.gguf_loader`) and the MoE layout (`engine.moe_gguf`)
-# add their own feed-forward tensors.
+# inside blk.N. The dense architectures (`engine.arch`: q/k norms only where the architecture
+# has them) and the MoE layout (`engine.moe_gguf`) add their own feed-forward tensors.
 BLOCK_TENSORS = {
     "attn_norm": "attn_norm",
     "wq": "attn_q",
