@@ -53,6 +53,10 @@ def fuzz_gateway(django_db_setup: None, django_db_blocker: DjangoDbBlocker, tmp_
             "STRIPE_SECRET_KEY": "sk_test_local", "STRIPE_WEBHOOK_SECRET": "whsec_test_fuzz", "STRIPE_API_BASE": stripe.url,
             "STRIPE_MAX_RETRIES": "0", "QUEUE_TIMEOUT_SECONDS": "10", "MODEL_LIST_CACHE_SECONDS": "0",
             "ROUTING_COLD_GRACE_SECONDS": "0",
+            # The simulated host fails every structured answer asked of it (it runs no model: see
+            # no_server_error), more than the 5 an hour after which a host is rested as unreliable;
+            # rested, it would leave every later generation to time out (504).
+            "HOST_MAX_FAILURES_PER_HOUR": "100000",
         })
     gateway = Gateway(env, tmp_path_factory.mktemp("fuzz-logs"))
     yield gateway
