@@ -120,6 +120,16 @@ class ToolRoundTripTests:
         jsonschema.validate(json.loads(arguments), WEATHER)
         assert_billed_as_reported(gateway, customer_served, final.id, final.usage)
 
+        call = final.output[0]
+        answered = list(api.responses.create(model="gemma-3-270m", tools=[TOOL], max_output_tokens=12, temperature=0,
+                                             stream=True, input=[
+            {"role": "user", "content": ASK}, call.model_dump(exclude_none=True),
+            {"type": "function_call_output", "call_id": call.call_id, "output": "18 C and sunny"}]))  # type: ignore[union-attr]
+        then = answered[-1].response  # type: ignore[union-attr]  # (incomplete when cut by max_output_tokens)
+        assert answered[-1].type in ("response.completed", "response.incomplete") and then.output
+        assert then.usage.input_tokens > final.usage.input_tokens, "the call and its output were in the prompt"
+        assert_billed_as_reported(gateway, customer_served, then.id, then.usage)
+
     def test_chat_streams_a_calls_arguments_delta_by_delta_too(self, gateway, customer_served) -> None:  # noqa: F811
         api = client(gateway, customer_served)
         chat_tool = [{"type": "function", "function": {k: TOOL[k] for k in ("name", "description", "parameters")}}]
