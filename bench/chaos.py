@@ -61,7 +61,9 @@ def counting_rest(job: dict) -> str:
 
 def host_main(argv: list[str]) -> None:
     """A counting host (`python bench/chaos.py host --server URL --token T [--socket]`):
-    testkit's simulated host with `serve` answering counts; SIGUSR1 toggles the owner's pause."""
+    testkit's simulated host with `serve` answering counts and mahout's boot id on its
+    heartbeats and claims; SIGUSR1 toggles the owner's pause."""
+    from mahout.api import BOOT_ID
     from testkit.simhost import SimHost
 
     parser = argparse.ArgumentParser()
@@ -78,6 +80,11 @@ def host_main(argv: list[str]) -> None:
 
     class CountingHost(SimHost):
         paused = threading.Event()
+
+        def call(self, client, method: str, path: str, body: dict):  # type: ignore[no-untyped-def]
+            if path in ("heartbeat", "claim"):  # this process's boot id, as mahout sends it
+                body = {**body, "boot": BOOT_ID}
+            return super().call(client, method, path, body)
 
         def heartbeat(self, client) -> None:  # type: ignore[no-untyped-def]
             body = {"fingerprint": "s" * 64, "paused": self.paused.is_set(), "version": "sim", "catalog": self.catalog()}
