@@ -12,7 +12,10 @@ Sizes: `tiny` is the test models' blueprint (d_model 64, two layers: the output 
 1 KV head), so every architecture is compared at the shipped model's shape. The random
 models are float16; the shipped one is Q4_K_M, which llama.cpp reads quantised.
 
-    .venv/bin/python bench/engine_families.py [--size mid|tiny] [--rounds 3] [--tokens 32] [--no-shipped]
+`--device cuda` runs the engine's stage on a GPU (llama.cpp stays on one CPU thread): each
+architecture's engine on CUDA, for `bench/gpu_check.sh` when a GPU is lent.
+
+    .venv/bin/python bench/engine_families.py [--size mid|tiny] [--rounds 3] [--tokens 32] [--no-shipped] [--device cpu]
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts its O
 
 import torch  # noqa: E402
 
+from engine.device import add_device_argument  # noqa: E402
 from engine.generate import build_stages, generate  # noqa: E402
 from engine.gguf_loader import default_model_path, read_config  # noqa: E402
 from engine.gguf_meta import open_gguf  # noqa: E402
@@ -43,9 +47,9 @@ SIZES = {
 PROMPT = "Once upon a time, in a village at the edge of a great forest, there lived"
 
 
-def engine_tps(path: Path, prompt_ids: list[int], tokens: int) -> float:
+def engine_tps(path: Path, prompt_ids: list[int], tokens: int, device: torch.device) -> float:
     config = read_config(open_gguf(path))
-    (stage,) = build_stages(path, [(0, config.n_layers)], n_rows=1, n_ctx=256)
+    (stage,) = build_stages(path, [(0, config.n_layers)], n_rows=1, n_ctx=256, device=device)
     return generate([stage], prompt_ids, tokens).decode_tokens_per_s
 
 
@@ -64,24 +68,24 @@ def llama_tps(llm, prompt_ids: list[int], tokens: int) -> float:  # type: ignore
     return (produced - 1) / (end - first)
 
 
-def measure(name: str, path: Path, rounds: int, tokens: int) -> tuple[float, float]:
+def measure(name: str, path: Path, rounds: int, tokens: int, device: torch.device) -> tuple[float, float]:
     """Median engine and llama.cpp decode tokens/s on one file, rounds alternating."""
     from mahout.runners.llama import load_llama
 
     prompt_ids = Tokenizer(path).encode(PROMPT)
     llm = load_llama(path, n_ctx=256, threads=1)
-    engine_tps(path, prompt_ids, 4)  # warm-up: the file's pages, torch's kernels
+    engine_tps(path, prompt_ids, 4, device)  # warm-up: the file's pages, torch's kernels
     llama_tps(llm, prompt_ids, 4)
     engine, llama = [], []
     for i in range(rounds):
         for side in ("engine", "llama") if i % 2 == 0 else ("llama", "engine"):
             if side == "engine":
-                engine.append(engine_tps(path, prompt_ids, tokens))
+                engine.append(engine_tps(path, prompt_ids, tokens, device))
             else:
                 llama.append(llama_tps(llm, prompt_ids, tokens))
     llm.close()
     e, l_ = statistics.median(engine), statistics.median(llama)
-    print(f"{name}: engine {e:.2f} tok/s, llama-cpp-python {l_:.2f} tok/s -> ratio {e / l_:.2f} "
+    print(f"{name}: engine ({device}) {e:.2f} tok/s, llama-cpp-python {l_:.2f} tok/s -> ratio {e / l_:.2f} "
           f"(raw engine {[round(x, 2) for x in engine]}, llama {[round(x, 2) for x in llama]})", flush=True)
     return e, l_
 
@@ -92,6 +96,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--no-shipped", action="store_true", help="skip the shipped Gemma 3 270M")
+    add_device_argument(parser, default="cpu")
     args = parser.parse_args()
     torch.set_num_threads(1)
     from testkit.families import sdist_models, tiny_model
@@ -103,11 +108,12 @@ def main() -> int:
     ratios = {}
     for arch, family in FAMILIES.items():
         path = tiny_model(family, sdist, folder / f"{family}.gguf", **SIZES[args.size])
-        engine, llama = measure(f"{arch} ({family}, random float16)", path, args.rounds, args.tokens)
+        engine, llama = measure(f"{arch} ({family}, random float16)", path, args.rounds, args.tokens, args.device)
         ratios[arch] = engine / llama
         path.unlink()
     if not args.no_shipped:
-        engine, llama = measure("gemma3 (shipped Gemma 3 270M, Q4_K_M)", default_model_path(), args.rounds, args.tokens)
+        engine, llama = measure("gemma3 (shipped Gemma 3 270M, Q4_K_M)", default_model_path(), args.rounds, args.tokens,
+                                args.device)
         ratios["shipped gemma3"] = engine / llama
     print("engine ÷ llama.cpp decode tokens/s: " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items())
           + " (floor 0.33)")
