@@ -84,11 +84,12 @@ class Host:
 
 def rescue(host: Host, done: threading.Event) -> None:
     """Answer every job claimed at once, until `done`."""
-    while not done.is_set():  # (`done` is set before the gateway stops)
-        job = host.claim(wait=1)
-        if job is not None:
-            host.http.post(f"/jobs/{job['id']}/tokens", json={"seq": 0, "text": ANSWER})
-            host.http.post(f"/jobs/{job['id']}/complete", json={"finish_reason": "stop"})
+    with contextlib.suppress(httpx.HTTPError):  # (a claim still waiting when the last round's gateway stops)
+        while not done.is_set():
+            job = host.claim(wait=1)
+            if job is not None:
+                host.http.post(f"/jobs/{job['id']}/tokens", json={"seq": 0, "text": ANSWER})
+                host.http.post(f"/jobs/{job['id']}/complete", json={"finish_reason": "stop"})
 
 
 def doom(host: Host, scenario: str, last_word: list[float]) -> None:
