@@ -5,20 +5,17 @@ checks the protocol's round trip, not the answer's sense: the first turn calls t
 the call's grammar (tool_choice "required"), the SDK runs the tool and sends its output back,
 and the second turn (the SDK resets the choice to "auto") answers in the agent's output type,
 sampled under that type's JSON Schema (`text.format`): a final answer, settled like any chat.
-
-The SDK is not in requirements.txt yet: openai-agents 0.24.0 requires websockets<17, and the
-project pins websockets 17.4 (mahout's socket). Without it installed this file is skipped."""
+(openai-agents 0.24.0 requires websockets<17: mahout's socket runs on 16.1.1 for it.)"""
 from __future__ import annotations
 
 from typing import Annotated
 
+import agents
 import pydantic
 import pytest
 
 from marketplace.models import Request
 from marketplace.tests.test_responses_e2e import customer_served, generation  # noqa: F401 (a fixture)
-
-agents = pytest.importorskip("agents")
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
