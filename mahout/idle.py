@@ -1,21 +1,24 @@
 """Owner-activity detector: a machine whose owner is using it stops claiming work.
 
 The owner counts as active when there was keyboard or mouse input within ``threshold_s``
-(X11 idle time via ``xprintidle`` when installed, else the newest mtime among
-``/dev/input/event*``), or when another process is computing on the GPU. Probes are
+(on macOS the HID system's ``HIDIdleTime`` from ``ioreg``; elsewhere X11 idle time via
+``xprintidle`` when installed, else the newest mtime among ``/dev/input/event*``), or when another process is computing on the GPU. Probes are
 injectable so tests need neither X11 nor a GPU; every external command is time-bounded.
 """
 from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 
 COMMAND_TIMEOUT_S = 2.0
 DEFAULT_THRESHOLD_S = 120.0
+HID_IDLE_TIME = re.compile(r'"HIDIdleTime"\s*=\s*(\d+)')
 
 
 def run_command(argv: list[str], timeout: float = COMMAND_TIMEOUT_S) -> str | None:
@@ -49,8 +52,26 @@ def input_device_idle_seconds(pattern: str = "/dev/input/event*") -> float | Non
     return time.time() - max(mtimes) if mtimes else None
 
 
+def parse_hid_idle_time(ioreg_output: str) -> float | None:
+    """Seconds from the first ``"HIDIdleTime" = <nanoseconds>`` in ``ioreg -c IOHIDSystem``'s
+    output, or ``None`` when it has none."""
+    match = HID_IDLE_TIME.search(ioreg_output)
+    return int(match.group(1)) / 1e9 if match else None
+
+
+def macos_idle_seconds() -> float | None:
+    """Seconds since the last keyboard, mouse or trackpad input on macOS (IOKit's HID system,
+    readable without any permission), or ``None`` without ``ioreg``."""
+    if shutil.which("ioreg") is None:
+        return None
+    out = run_command(["ioreg", "-c", "IOHIDSystem"])
+    return parse_hid_idle_time(out) if out else None
+
+
 def input_idle_seconds() -> float | None:
     """Seconds since the owner last touched keyboard or mouse, by the best probe available."""
+    if sys.platform == "darwin":
+        return macos_idle_seconds()
     seconds = xprintidle_seconds()
     return seconds if seconds is not None else input_device_idle_seconds()
 

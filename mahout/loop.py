@@ -29,9 +29,9 @@ from pathlib import Path
 
 from mahout import __version__
 from mahout.api import HostApi, HostApiError, ServerUnavailable
-from mahout.home import is_paused
 from mahout.idle import IdleDetector
 from mahout.loader import ModelLoader, UnknownModel
+from mahout.owner import OwnerGuard
 from mahout.progress import PROGRESS_INTERVAL_S, ProgressReporter
 from mahout.pusher import FLUSH_INTERVAL_S, BatchPusher
 from mahout.runners import Embedder, RequestRejected, Runner
@@ -182,13 +182,7 @@ class HostLoop:
 
     def local_pause_reason(self) -> str | None:
         """Why this machine must not claim (pause flag, serving hours, owner activity), or ``None``."""
-        if is_paused(self.home):
-            return "pause flag set"
-        outside = self.schedule.pause_reason() if self.schedule is not None else None
-        if outside:
-            return outside
-        activity = self.idle.activity() if self.idle is not None else None
-        return f"owner active ({activity})" if activity else None
+        return OwnerGuard(self.home, self.schedule, self.idle).reason()
 
     def pause_reason(self) -> str | None:
         """Why the host must not claim now (local reasons or the server's word), or ``None``."""

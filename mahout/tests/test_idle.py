@@ -4,7 +4,9 @@ from __future__ import annotations
 import os
 import time
 
-from mahout.idle import IdleDetector, input_device_idle_seconds
+import pytest
+
+from mahout.idle import IdleDetector, input_device_idle_seconds, parse_hid_idle_time
 
 
 class IdleDetectorTests:
@@ -35,3 +37,26 @@ class IdleDetectorTests:
         idle = input_device_idle_seconds(str(tmp_path / "event*"))
         assert 29 <= idle <= 35
         assert input_device_idle_seconds(str(tmp_path / "none*")) is None
+
+
+# `ioreg -c IOHIDSystem` on macOS 14 (abridged): the idle time is in nanoseconds.
+IOREG_OUTPUT = """\
++-o Root  <class IORegistryEntry, id 0x100000100, retain 30>
+  +-o IOResources  <class IOResources, id 0x100000113, registered, matched, active, busy 0 (0 ms), retain 58>
+    +-o IOHIDSystem  <class IOHIDSystem, id 0x100000420, registered, matched, active, busy 0 (0 ms), retain 16>
+    | {
+    |   "IOClass" = "IOHIDSystem"
+    |   "HIDParameters" = {"HIDClickTime"=500000000,"HIDKeyRepeat"=83333333}
+    |   "HIDIdleTime" = 187654321098
+    |   "IOProviderClass" = "IOResources"
+    | }
+"""
+
+
+class MacosProbeTests:
+    def test_it_reads_the_hid_idle_time_in_seconds(self):
+        assert parse_hid_idle_time(IOREG_OUTPUT) == pytest.approx(187.654321098)
+
+    def test_it_does_not_mistake_the_click_time_for_the_idle_time(self):
+        without = IOREG_OUTPUT.replace('"HIDIdleTime" = 187654321098\n', "")
+        assert parse_hid_idle_time(without) is None
