@@ -222,6 +222,6 @@ def load_stage(path: str | Path, start: int, end: int, *, share_output: bool = F
 def _layer(tensors: dict[str, ReaderTensor], arch: Architecture, index: int) -> LayerWeights:
     """Block `index` as `arch` names its tensors: matrices in float16, norms and biases float32."""
     loaded = {field: _dequantize(tensors[f"blk.{index}.{name}.weight"]) for field, name in arch.weight_tensors().items()}
-    matrices = {field: tensor.to(WEIGHT_DTYPE) for field, tensor in loaded.items() if tensor.ndim == 2}
-    biases = {field: _dequantize(tensors[f"blk.{index}.{name}.bias"]) for field, name in arch.bias_tensors().items()}
-    return LayerWeights(index=index, **{"q_norm": None, "k_norm": None, **loaded, **matrices, **biases})
+    loaded |= {field: tensor.to(WEIGHT_DTYPE) for field, tensor in loaded.items() if tensor.ndim == 2}
+    loaded |= {field: _dequantize(tensors[f"blk.{index}.{name}.bias"]) for field, name in arch.bias_tensors().items()}
+    return LayerWeights(index=index, q_norm=loaded.pop("q_norm", None), k_norm=loaded.pop("k_norm", None), **loaded)

@@ -29,7 +29,7 @@ logits at once instead of the tail reading the whole (V, D) table while the head
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -306,7 +306,10 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.gelu(x, approximate="tanh")
 
 
-ACTIVATIONS = {"gelu_tanh": gelu_tanh, "silu": torch.nn.functional.silu}  # engine.arch.Activation -> function
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {  # engine.arch.Activation -> function
+    "gelu_tanh": gelu_tanh,
+    "silu": torch.nn.functional.silu,
+}
 
 
 class HeadShape(Protocol):
