@@ -20,7 +20,7 @@ from mahout.home import is_paused
 from mahout.idle import DEFAULT_THRESHOLD_S, IdleDetector
 from mahout.schedule import Schedule
 
-__all__ = ["OwnerGuard", "OwnerWatch", "add_owner_arguments", "owner_guard"]
+__all__ = ["OwnerGuard", "OwnerWatch", "add_owner_arguments", "announce", "owner_guard"]
 
 
 @dataclass(frozen=True)
@@ -43,30 +43,44 @@ class OwnerGuard:
 
 
 class OwnerWatch:
-    """Asks `guard` every `poll_s` seconds on a daemon thread and calls `on_change(reason)`
-    each time the answer changes (``None``: free again), the first answer included."""
+    """Asks `guard` at `start` and then every `poll_s` seconds on a daemon thread; calls
+    `on_change(reason)` each time the answer changes (``None``: free again), counting from
+    free. `reason` is the latest answer, cheap to read on every request."""
 
-    def __init__(self, guard: OwnerGuard, on_change: Callable[[str | None], object], *, poll_s: float = 1.0) -> None:
+    def __init__(self, guard: OwnerGuard, on_change: Callable[[str | None], object] = lambda _reason: None, *,
+                 poll_s: float = 1.0) -> None:
         self.guard, self.on_change, self.poll_s = guard, on_change, poll_s
         self.reason: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="owner-watch", daemon=True)
 
     def start(self) -> OwnerWatch:
-        self.reason = self.guard.reason()
-        self.on_change(self.reason)
+        self._check()
         self._thread.start()
         return self
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll_s):
-            reason = self.guard.reason()
-            if reason != self.reason:
-                self.reason = reason
-                self.on_change(reason)
+            self._check()
+
+    def _check(self) -> None:
+        reason = self.guard.reason()
+        if reason != self.reason:
+            self.reason = reason
+            self.on_change(reason)
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def announce(out: Callable[[str], None], name: str, *, paused: str, resumed: str) -> Callable[[str | None], None]:
+    """An `OwnerWatch` callback printing one line per change, e.g. ``mahout stage 1: paused
+    (pause flag set): leaving the ring`` and ``mahout stage 1: resumed: rejoining``."""
+
+    def on_change(reason: str | None) -> None:
+        out(f"{name}: paused ({reason}): {paused}" if reason else f"{name}: resumed: {resumed}")
+
+    return on_change
 
 
 def _schedule(text: str) -> Schedule:

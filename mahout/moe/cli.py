@@ -13,6 +13,11 @@
   refuses private ones unless its operator allows them).
 * `worker --model PATH --layer L --first F --count C`: serve a slice from a local file, with
   its secret in ``MAHOUT_MOE_SECRET``.
+
+Every role leaves the machine to its owner as `mahout run` does (`mahout.owner`: `mahout
+pause`, ``--schedule``, the idle detector unless ``--no-idle-detect``): the coordinator stops
+claiming and finishes the jobs in hand; the volunteer asks for no slice and gives up the one it
+serves; the worker refuses batches, which its coordinator then computes itself.
 """
 from __future__ import annotations
 
@@ -40,7 +45,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     volunteer.add_argument("--max-slices", type=int, default=None, help="exit after serving this many slices")
     volunteer.add_argument("--poll", type=float, default=1.0, help="seconds between volunteer polls")
     volunteer.add_argument("--heartbeat", type=float, default=2.0, help="seconds between heartbeats")
+    volunteer.add_argument("--home", help="state directory whose pause flag counts (default: $MAHOUT_HOME or ~/.mahout)")
     from engine.device import add_device_argument
+    from mahout.owner import add_owner_arguments
 
     add_device_argument(volunteer)
     coordinator = roles.add_parser("coordinator", help="serve a whole MoE model through the marketplace")
@@ -59,32 +66,38 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         worker.add_argument(name, type=int, required=True)
     worker.add_argument("--model", required=True)
     worker.add_argument("--port", type=int, default=0)
+    worker.add_argument("--home", help="state directory whose pause flag counts (default: $MAHOUT_HOME or ~/.mahout)")
+    for role in (volunteer, coordinator, worker):
+        add_owner_arguments(role)
 
 
 def cmd_moe(args: argparse.Namespace, *, say: Callable[[str], None]) -> int:
+    from mahout.home import resolve_home
+    from mahout.owner import owner_guard
+
     if args.moe_command in ("coordinator", "volunteer"):
         import sys
 
         from mahout.credentials import credentials_resolve
-        from mahout.home import resolve_home
 
         login = credentials_resolve(server=args.server, token=args.token, home=resolve_home(getattr(args, "home", None)),
                                     warn=lambda line: print(line, file=sys.stderr, flush=True))
         args.server, args.token = login.server, login.token
     if args.moe_command == "coordinator":
-        from mahout.home import resolve_home
         from mahout.moe.serve import serve_coordinator
 
+        home = resolve_home(args.home)
         handled = serve_coordinator(server=args.server, token=args.token, model_path=Path(args.model), name=args.name,
-                                    home=resolve_home(args.home), slots=args.slots, threads=args.threads,
-                                    agent_interval_s=args.report, claim_wait=args.claim_wait, rebenchmark=args.rebenchmark, out=say)
+                                    home=home, slots=args.slots, threads=args.threads, agent_interval_s=args.report,
+                                    claim_wait=args.claim_wait, rebenchmark=args.rebenchmark,
+                                    owner=owner_guard(args, home), out=say)
         say(f"mahout moe: stopped after {handled} job(s)")
         return 0
     if args.moe_command == "worker":
         from mahout.moe.worker import main as worker_main
 
         return worker_main(["--model", args.model, "--layer", str(args.layer), "--first", str(args.first),
-                            "--count", str(args.count), "--port", str(args.port)])
+                            "--count", str(args.count), "--port", str(args.port), *_owner_argv(args)])
     import torch
 
     from mahout.moe.control import MeshClient, Volunteer
@@ -94,7 +107,7 @@ def cmd_moe(args: argparse.Namespace, *, say: Callable[[str], None]) -> int:
     with tempfile.TemporaryDirectory(prefix="mahout-moe-") as scratch:
         volunteer = Volunteer(client, Path(args.workdir or scratch), host=args.listen, advertise=args.advertise,
                               relay=not (args.direct or args.advertise), poll_s=args.poll, heartbeat_s=args.heartbeat, out=say,
-                              device=args.device)
+                              device=args.device, owner=owner_guard(args, resolve_home(args.home)))
         try:
             served = volunteer.run(max_slices=args.max_slices)
         except KeyboardInterrupt:
@@ -103,3 +116,11 @@ def cmd_moe(args: argparse.Namespace, *, say: Callable[[str], None]) -> int:
             client.close()
     say(f"mahout moe: served {served} slice(s)")
     return 0
+
+
+def _owner_argv(args: argparse.Namespace) -> list[str]:
+    """The owner options and home, handed on to `python -m mahout.moe.worker`'s own parser."""
+    argv = ["--idle-detect" if args.idle_detect else "--no-idle-detect", "--idle-threshold", str(args.idle_threshold)]
+    if args.schedule is not None:
+        argv += ["--schedule", args.schedule.text]
+    return argv + (["--home", args.home] if args.home else [])

@@ -10,7 +10,11 @@
 * `Volunteer`: an idle node asks for a slice, downloads only that slice, serves it,
   registers where it can be reached, heartbeats, and stops when told to retire. Only a
   trusted host is handed a slice (with its worker's secret: its server admits only the
-  coordinator, which the gateway hands the same secret in the dispatch map).
+  coordinator, which the gateway hands the same secret in the dispatch map). While its
+  owner wants the machine (`mahout.owner`) it asks for nothing; when the owner comes back
+  mid-slice its server refuses batches at once (the coordinator computes them itself) and
+  it leaves within a heartbeat: it closes the slice and stops heartbeating, so the control
+  plane ages the worker out (there is no "leaving" call to make it sooner).
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ from mahout.moe.coordinator import TcpTransport, Transport, WorkerSpec
 from mahout.moe.relay import RelayTransport, RelayWorkerLink
 from mahout.moe.runner import MoeRunner
 from mahout.moe.worker import ExpertServer, worker_caps
+from mahout.owner import OwnerGuard, OwnerWatch
 
 __all__ = ["CoordinatorAgent", "MeshClient", "MeshRefused", "MeshUnavailable", "Volunteer"]
 
@@ -155,16 +160,18 @@ class Volunteer:
     def __init__(
         self, client: MeshClient, workdir: Path, *, host: str = "127.0.0.1", advertise: str | None = None,
         relay: bool = True, poll_s: float = 1.0, heartbeat_s: float = 2.0, out: Callable[[str], None] = print,
-        device: object = None,
+        device: object = None, owner: OwnerGuard | None = None,
     ) -> None:
         self.client, self.workdir, self.host, self.advertise = client, workdir, host, advertise or host
         self.device = device  # a torch device for the experts (None: the CPU)
         self.relay = relay
         self.poll_s, self.heartbeat_s, self.out = poll_s, heartbeat_s, out
+        self.owner = owner  # None: a dedicated machine, always free
         self._stop = threading.Event()
+        self._paused_said: str | None = None
 
     def serve_one(self) -> bool:
-        """Serve one slice until retired; False when nothing was wanted."""
+        """Serve one slice until retired or the owner wants the machine; False when nothing was wanted."""
         try:
             slice_ = self.client.volunteer()
         except MeshRefused as exc:  # e.g. still in probation: asked again on the next poll
@@ -181,7 +188,9 @@ class Volunteer:
         if self.device is not None and getattr(self.device, "type", "cpu") != "cpu":
             bank.to_device(self.device)
         caps = worker_caps(d_model=config.d_model, count=slice_["count"], context_length=config.context_length)
-        server = ExpertServer(bank, secret=slice_["secret"], caps=caps, host=self.host).start()
+        watch = OwnerWatch(self.owner, poll_s=min(1.0, self.heartbeat_s)).start() if self.owner is not None else None
+        away = (lambda: watch.reason) if watch is not None else None
+        server = ExpertServer(bank, secret=slice_["secret"], caps=caps, host=self.host, refusal=away).start()
         link = RelayWorkerLink(self.client.server, self.client.token, worker_id, server, out=self.out) if self.relay else None
         try:
             if link is not None:  # connect outward first: the coordinator may dial as soon as we register
@@ -195,6 +204,9 @@ class Volunteer:
             self.out(f"mahout moe: serving {slice_['model']} layer {slice_['layer']} experts "
                      f"[{slice_['first']}, {slice_['first'] + slice_['count']}) {where}")
             while not self._stop.wait(self.heartbeat_s):
+                if watch is not None and watch.reason:
+                    self.out(f"mahout moe: paused ({watch.reason}): leaving worker {worker_id} after {server.served} batches")
+                    break
                 try:
                     if self.client.heartbeat(worker_id):
                         self.out(f"mahout moe: worker {worker_id} retired after {server.served} batches")
@@ -202,6 +214,8 @@ class Volunteer:
                 except MeshUnavailable as exc:
                     self.out(f"mahout moe: heartbeat failed: {exc}")
         finally:
+            if watch is not None:
+                watch.stop()
             if link is not None:
                 link.stop()
             server.close()
@@ -211,11 +225,19 @@ class Volunteer:
     def run(self, *, max_slices: int | None = None) -> int:
         served = 0
         while not self._stop.is_set() and (max_slices is None or served < max_slices):
-            if self.serve_one():
+            if not self._owner_away() and self.serve_one():
                 served += 1
             else:
                 self._stop.wait(self.poll_s)
         return served
+
+    def _owner_away(self) -> bool:
+        """Ask the owner guard before volunteering; a line when the answer changes."""
+        reason = self.owner.reason() if self.owner is not None else None
+        if reason != self._paused_said:
+            self.out(f"mahout moe: paused ({reason}): asking for no slice" if reason else "mahout moe: resumed: volunteering")
+            self._paused_said = reason
+        return reason is not None
 
     def stop(self) -> None:
         self._stop.set()

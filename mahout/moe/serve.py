@@ -28,6 +28,7 @@ from mahout.fingerprint import machine_fingerprint
 from mahout.host import Qualified, qualify_with_server
 from mahout.loop import HostLoop
 from mahout.moe.runner import MoeRunner
+from mahout.owner import OwnerGuard
 from protocol.jobs import CLAIM_WAIT_SECONDS
 
 __all__ = ["MoeHostLoop", "measure_moe", "serve_coordinator"]
@@ -82,11 +83,12 @@ class MoeHostLoop(HostLoop):
 def serve_coordinator(
     *, server: str, token: str, model_path: Path, name: str, home: Path, slots: int = 4, threads: int = 1,
     agent_interval_s: float = 2.0, claim_wait: float = CLAIM_WAIT_SECONDS, rebenchmark: bool = False,
-    out: Callable[[str], None] = print,
+    owner: OwnerGuard | None = None, out: Callable[[str], None] = print,
 ) -> int:
     """Qualify, then serve `name` until SIGTERM/SIGINT (the first finishes the running jobs and
     lets each slot's long-poll end, within `claim_wait`; the second exits at once); returns
-    the number of jobs handled."""
+    the number of jobs handled. Each slot asks `owner` (default: the pause flag of `home`
+    only) before every claim, as `mahout run` does, and finishes the job it holds."""
     import torch
 
     from mahout.moe.control import CoordinatorAgent, MeshClient
@@ -108,9 +110,11 @@ def serve_coordinator(
     runner = MoeRunner(model_path, n_slots=slots).start()
     client = MeshClient(server, token)
     agent = CoordinatorAgent(runner, client, name, interval_s=agent_interval_s).start()
+    owner = owner or OwnerGuard(home)
     loops = [
-        MoeHostLoop(HostApi(server, token), {name: runner.slot()}, fingerprint=fingerprint, home=home, installed=[name],
-                    slots=slots, busy=runner.busy_slots, claim_wait=claim_wait, out=out)
+        MoeHostLoop(HostApi(server, token), {name: runner.slot()}, fingerprint=fingerprint, home=owner.home, installed=[name],
+                    slots=slots, busy=runner.busy_slots, claim_wait=claim_wait, idle=owner.idle, schedule=owner.schedule,
+                    out=out)
         for _ in range(slots)
     ]
     try:

@@ -12,6 +12,10 @@ frame carries ``layer``, ``experts`` and ``counts`` (rows per expert, in order) 
 order, or an ``error`` frame. Frames are capped by what the slice can be asked
 (`worker_caps`: every expert of the slice over a whole context window), not 1 GiB.
 
+While its owner wants the machine back (`mahout.owner`: the pause flag, serving hours, input)
+the server answers every compute frame with an error frame: the coordinator takes it as a
+failed worker and computes those experts itself, so no request breaks.
+
 `python -m mahout.moe.worker --model PATH --layer L --first F --count C [--port P]`, with the
 secret in ``MAHOUT_MOE_SECRET``, prints ``expert worker listening on HOST:PORT`` once it serves.
 """
@@ -23,13 +27,16 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import torch
 
 from engine.device import add_device_argument
 from engine.moe import ExpertBank
 from engine.moe_loader import load_expert_slice
+from mahout.home import resolve_home
 from mahout.link import FrameCaps, HandshakeSlots, Link, LinkClosed, LinkRefused, accept, listen
+from mahout.owner import OwnerWatch, add_owner_arguments, announce, owner_guard
 
 __all__ = ["SECRET_ENV", "ExpertServer", "main", "pack_rows", "unpack_rows", "worker_caps"]
 
@@ -62,11 +69,13 @@ class ExpertServer:
     """Serves one bank on a listening socket, one thread per coordinator connection; admits
     only a peer that proves it holds `secret`, and reads frames within `caps`."""
 
-    def __init__(self, bank: ExpertBank, *, secret: str, caps: FrameCaps, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, bank: ExpertBank, *, secret: str, caps: FrameCaps, host: str = "127.0.0.1", port: int = 0,
+                 refusal: Callable[[], str | None] | None = None) -> None:
         if not secret:
             raise ValueError("an expert worker needs the secret the gateway issued for it")
         self.bank = bank
         self.secret = secret
+        self.refusal = refusal  # why not to compute now (the owner wants the machine), read on every batch
         self.caps = caps
         self._server = listen(host, port)
         self.address: tuple[str, int] = self._server.getsockname()[:2]
@@ -113,6 +122,9 @@ class ExpertServer:
     def answer(self, header: dict, rows: torch.Tensor | None) -> tuple[dict, torch.Tensor | None]:
         """One compute frame -> its result frame (or an error frame)."""
         started = time.perf_counter()
+        owner = self.refusal() if self.refusal is not None else None
+        if owner:  # the coordinator takes an error as a failed worker and computes these experts itself
+            return {"type": "error", "id": header.get("id"), "message": f"this machine is its owner's now ({owner})"}, None
         try:
             if rows is None or header.get("layer") != self.bank.layer:
                 raise ValueError(f"this worker holds layer {self.bank.layer}, not {header.get('layer')}")
@@ -146,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--home", help="state directory whose pause flag counts (default: $MAHOUT_HOME or ~/.mahout)")
+    add_owner_arguments(parser)
     add_device_argument(parser)
     args = parser.parse_args(argv)
     secret = os.environ.get(SECRET_ENV, "")
@@ -158,12 +172,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.device.type != "cpu":
         bank.to_device(args.device)
     caps = worker_caps(d_model=config.d_model, count=args.count, context_length=config.context_length)
-    server = ExpertServer(bank, secret=secret, caps=caps, host=args.host, port=args.port).start()
+    watch = OwnerWatch(owner_guard(args, resolve_home(args.home)),
+                       announce(lambda line: print(line, flush=True), "expert worker",
+                                paused="refusing batches (its coordinator computes them)", resumed="computing batches"))
+    server = ExpertServer(bank, secret=secret, caps=caps, host=args.host, port=args.port,
+                          refusal=lambda: watch.reason).start()
     print(f"expert worker listening on {server.address[0]}:{server.address[1]}", flush=True)
+    watch.start()
     try:
         threading.Event().wait()
     except KeyboardInterrupt:
         pass
+    watch.stop()
     server.close()
     return 0
 

@@ -45,7 +45,7 @@ SECRET = new_secret()  # what the gateway would hand the worker's volunteer and 
 def start_worker(model: Path, layer: int, first: int, count: int) -> tuple[subprocess.Popen, tuple[str, int]]:
     process = subprocess.Popen(
         [sys.executable, "-m", "mahout.moe.worker", "--model", str(model), "--layer", str(layer),
-         "--first", str(first), "--count", str(count)],
+         "--first", str(first), "--count", str(count), "--no-idle-detect"],
         cwd=ROOT, stdout=subprocess.PIPE, text=True, env={**os.environ, SECRET_ENV: SECRET},
     )
     assert process.stdout is not None

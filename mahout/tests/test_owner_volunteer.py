@@ -1,0 +1,145 @@
+"""An expert volunteer leaves the machine to its owner: with the pause flag set it refuses
+batches at once, gives its slice up and asks for no other; cleared, it volunteers again.
+The volunteer's loop runs in-process against a stand-in control plane; the coordinator's
+side is a real `TcpTransport` over loopback."""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.moe_loader import load_moe, make_tiny_moe, write_expert_slice
+from mahout.home import set_paused
+from mahout.link import new_secret
+from mahout.moe.control import Volunteer
+from mahout.moe.coordinator import TcpTransport, WorkerFailed
+from mahout.moe.worker import pack_rows
+from mahout.owner import OwnerGuard
+
+LAYER, FIRST, COUNT = 1, 0, 4
+SECRET = new_secret()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_moe(tmp_path_factory.mktemp("moe") / "tiny-moe.gguf", seed=3)
+
+
+class ControlPlane:
+    """What the volunteer asks of the gateway: a slice per ask, its file, registration, heartbeats."""
+
+    server, token = "http://127.0.0.1:9", "host-token"
+
+    def __init__(self, model: Path) -> None:
+        self.model = model
+        self.asked = 0
+        self.registered: list[tuple[int, str]] = []
+
+    def volunteer(self) -> dict:
+        self.asked += 1
+        return {"worker": self.asked, "model": "tiny-moe", "layer": LAYER, "first": FIRST, "count": COUNT,
+                "secret": SECRET}
+
+    def download_slice(self, worker_id: int, dest: Path) -> Path:
+        write_expert_slice(self.model, LAYER, FIRST, COUNT, dest)
+        return dest
+
+    def register(self, worker_id: int, address: str) -> dict:
+        self.registered.append((worker_id, address))
+        return {}
+
+    def heartbeat(self, worker_id: int) -> bool:
+        return False
+
+
+def _eventually(check: Callable[[], object], what: str, deadline_s: float = 30.0) -> object:
+    ends = time.monotonic() + deadline_s
+    while time.monotonic() < ends:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"never happened: {what}")
+
+
+def _compute(address: str, d_model: int) -> dict:
+    """One compute frame to the worker at `address`, as its coordinator sends it."""
+    host, port = address.rsplit(":", 1)
+    rows = torch.randn(3, d_model, generator=torch.Generator().manual_seed(0))
+    experts, counts, packed = pack_rows({e: rows for e in range(FIRST, FIRST + COUNT)})
+    transport = TcpTransport((host, int(port)), SECRET)
+    try:
+        answer, _ = transport.request({"type": "compute", "id": 1, "layer": LAYER, "experts": experts, "counts": counts},
+                                      packed, timeout=30)
+        return answer
+    finally:
+        transport.close()
+
+
+class VolunteerOwnerTests:
+    def test_the_pause_flag_makes_it_give_its_slice_up_and_clearing_it_volunteers_again(self, tiny: Path, tmp_path: Path) -> None:
+        d_model = load_moe(tiny)[0].d_model
+        plane, said = ControlPlane(tiny), []
+        volunteer = Volunteer(plane, tmp_path / "work", relay=False, poll_s=0.05, heartbeat_s=0.2,  # type: ignore[arg-type]
+                              out=said.append, owner=OwnerGuard(tmp_path))
+        (tmp_path / "work").mkdir()
+        served: list[int] = []
+        thread = threading.Thread(target=lambda: served.append(volunteer.run(max_slices=2)), daemon=True)
+        thread.start()
+        try:
+            _eventually(lambda: plane.registered, "the first slice registered")
+            first_address = plane.registered[0][1]
+            assert _compute(first_address, d_model)["type"] == "result"
+
+            set_paused(tmp_path, True)
+            _eventually(lambda: _compute_or_gone(first_address, d_model) in ("error", "gone"), "a refused batch")
+            _eventually(lambda: any("leaving worker 1" in line for line in said), "the volunteer leaving its slice")
+            _eventually(lambda: any("asking for no slice" in line for line in said), "the volunteer pausing")
+            asked = plane.asked
+            time.sleep(0.5)  # ten polls: a paused volunteer asks for nothing
+            assert plane.asked == asked == 1 and len(plane.registered) == 1
+
+            set_paused(tmp_path, False)
+            _eventually(lambda: len(plane.registered) == 2, "a second slice registered after the flag was cleared")
+            assert _compute(plane.registered[1][1], d_model)["type"] == "result"
+        finally:
+            set_paused(tmp_path, False)
+            volunteer.stop()
+            thread.join(30)
+        assert served == [2]
+        assert "mahout moe: resumed: volunteering" in said
+
+    def test_a_paused_worker_answers_an_error_naming_its_owner(self, tiny: Path, tmp_path: Path) -> None:
+        d_model = load_moe(tiny)[0].d_model
+        plane, said = ControlPlane(tiny), []
+        volunteer = Volunteer(plane, tmp_path / "work", relay=False, poll_s=0.05, heartbeat_s=5.0,  # type: ignore[arg-type]
+                              out=said.append, owner=OwnerGuard(tmp_path))
+        (tmp_path / "work").mkdir()
+        thread = threading.Thread(target=lambda: volunteer.run(max_slices=1), daemon=True)
+        thread.start()
+        try:
+            _eventually(lambda: plane.registered, "the slice registered")
+            set_paused(tmp_path, True)
+            host, port = plane.registered[0][1].rsplit(":", 1)
+            answer = _eventually(lambda: _error_answer((host, int(port)), d_model), "an error frame")
+            assert answer["message"] == "this machine is its owner's now (pause flag set)"
+        finally:
+            set_paused(tmp_path, False)
+            volunteer.stop()
+            thread.join(30)
+
+
+def _compute_or_gone(address: str, d_model: int) -> str:
+    try:
+        return str(_compute(address, d_model)["type"])
+    except WorkerFailed:
+        return "gone"
+
+
+def _error_answer(address: tuple[str, int], d_model: int) -> dict | None:
+    answer = _compute(f"{address[0]}:{address[1]}", d_model)
+    return answer if answer["type"] == "error" else None
