@@ -246,6 +246,12 @@ COMPLETE_GRACE_SECONDS = env_float("COMPLETE_GRACE_SECONDS", 10.0, minimum=0.1)
 # A host whose WebSocket drops is dead unless it reopens one within this (mahout retries after 1 s).
 HOST_RECONNECT_GRACE_SECONDS = env_float("HOST_RECONNECT_GRACE_SECONDS", 2.5, minimum=0.0)
 OUTPUT_RETENTION_SECONDS = env_int("OUTPUT_RETENTION_SECONDS", 300, minimum=0)
+# A response stored on request (`store: true` on /v1/responses) is kept this long, so that a
+# later turn can continue it (`previous_response_id`), then deleted by the watchdog's sweep. An
+# hour, not OpenAI's 30 days: every other prompt here is deleted once its answer is handed over,
+# so a conversation kept by choice should outlive only the session that continues it (an agent's
+# turns and tool round trips come seconds to minutes apart).
+RESPONSE_STORE_SECONDS = env_int("RESPONSE_STORE_SECONDS", 3600, minimum=1)
 # a customer schema's conversion to a grammar, in a child process (protocol/grammar_fence.py)
 GRAMMAR_CHECK_SECONDS = env_float("GRAMMAR_CHECK_SECONDS", 2.0, minimum=0.1)
 GRAMMAR_CHECK_MEMORY_MB = env_int("GRAMMAR_CHECK_MEMORY_MB", 1024, minimum=256)

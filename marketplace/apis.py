@@ -21,7 +21,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.request import Request as DrfRequest
 from rest_framework.response import Response
-from rest_framework.serializers import Serializer
+from rest_framework.serializers import BooleanField, CharField, Serializer
 
 from accounts.apis import KeyApi
 from accounts.models import ApiKey
@@ -34,7 +34,7 @@ from core.db import db
 from core.errors import ApiError, DomainError, bad_request, validation_error
 from core.http import bearer_secret, json_body
 from core.openapi import API_KEY, ERROR
-from marketplace import admission, outputs, responses, selectors, services
+from marketplace import admission, outputs, responses, selectors, services, stored_responses
 from marketplace.choices import Admitted, admit_choices, stream_chunks
 from marketplace.models import Request
 from marketplace.render import failed_choice, response_body, usage_sum
@@ -249,10 +249,15 @@ class CompletionsApi(GenerationApi):
 class ResponsesApi(GenerationApi):
     """POST /v1/responses (OpenAI's Responses API, text only): admitted and run as a chat
     (`marketplace.responses` translates both ways); the Response object as one JSON body, or
-    its semantic events streamed (`stream: true`)."""
+    its semantic events streamed (`stream: true`). With `store: true` the whole response is
+    kept (`marketplace.stored_responses`); `previous_response_id` continues a kept one."""
 
     async def _post(self, request: HttpRequest) -> HttpResponse:
         secret, body = bearer_secret(request), json_body(request)  # (in that order: no key is a 401 whatever the body)
+        previous = body.get("previous_response_id")
+        if previous is not None:  # (a 401 for a bad key first, then a 404 for an id it cannot read)
+            body = responses.continued(body, await db(stored_responses.stored_conversation, secret=secret,
+                                                       response_id=previous))
         try:
             choices = await admit_choices(secret=secret, body=body, kind=Request.Kind.CHAT,
                                           translate=responses.chat_body, new_id=responses.new_response_id)
@@ -260,15 +265,45 @@ class ResponsesApi(GenerationApi):
             raise responses.door_error(error) from None
         admitted, echo = choices[0], responses.echoed(body)
         rate = await rate_limit_headers(admitted.row)
+
+        async def save(response: dict) -> None:
+            await db(stored_responses.stored_response_save, request_id=admitted.row.pk,
+                     conversation=responses.conversation_after(body, response), body=response)
+
         if admitted.row.stream:
-            return with_headers(sse_response(responses.response_events(admitted, echo=echo), responses.sse_event), rate)
+            events = responses.response_events(admitted, echo=echo)
+            events = responses.stored_on_end(events, save) if echo["store"] else events
+            return with_headers(sse_response(events, responses.sse_event), rate)
         answer = await self._answer(admitted)
         if isinstance(answer, DomainError):
             return with_headers(answer.response(), rate)
-        response = JsonResponse(responses.response_from_chat(answer, params=admitted.row.params, echo=echo))
+        whole = responses.response_from_chat(answer, params=admitted.row.params, echo=echo)
+        if echo["store"]:
+            await save(whole)
+        response = JsonResponse(whole)
         if admitted.ended is not None and admitted.ended.resumed:
             response["x-elephant-resumed"] = "true"
         return with_headers(response, rate)
+
+
+class StoredResponseApi(KeyApi):
+    """GET /v1/responses/{id} reads a stored response back; DELETE /v1/responses/{id} deletes it
+    now. Either is a 404 for anything this key did not store (another account's, expired, never
+    stored): an id tells a stranger nothing."""
+
+    class DeletedSerializer(Serializer):
+        id = CharField()
+        object = CharField(help_text="response")
+        deleted = BooleanField()
+
+    @extend_schema(operation_id="v1_responses_retrieve", responses={200: outputs.ResponseSerializer, 404: ERROR})
+    def get(self, request: DrfRequest, response_id: str) -> Response:
+        return Response(stored_responses.stored_response_body(key=self.key(request), response_id=response_id))
+
+    @extend_schema(operation_id="v1_responses_destroy", responses={200: DeletedSerializer, 404: ERROR})
+    def delete(self, request: DrfRequest, response_id: str) -> Response:
+        stored_responses.stored_response_delete(key=self.key(request), response_id=response_id)
+        return Response({"id": response_id, "object": "response", "deleted": True})
 
 
 @extend_schema(

@@ -325,3 +325,21 @@ class StageShare(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id} · host {self.host_id} · {self.layers}/{self.n_layers} layers"
+
+
+class StoredResponse(models.Model):
+    """A Responses API answer its customer asked to keep (`store: true`), so that a later turn
+    can continue it (`previous_response_id`) and GET /v1/responses/{id} can read it back.
+
+    Kept only until `expires_at` (`RESPONSE_STORE_SECONDS` after it was answered), then deleted
+    by the watchdog's sweep, or earlier by DELETE /v1/responses/{id}. Its request's row keeps the
+    bill, as every request's does; the prompt on that row is forgotten as any other."""
+
+    request = models.OneToOneField(Request, on_delete=models.CASCADE, related_name="stored_response")
+    conversation = models.JSONField(help_text="the input items (earlier turns first) then the output items, "
+                                              "in the Responses API's shape; instructions are not carried over")
+    body = models.JSONField(help_text="the Response object as it was returned")
+    expires_at = models.DateTimeField(db_index=True)
+
+    def __str__(self) -> str:
+        return f"stored {self.request_id} until {self.expires_at:%Y-%m-%d %H:%M}"

@@ -9,14 +9,19 @@ queued, relayed, failed over and settled the same way), under a `resp_…` id so
 a Response object (`response_from_chat`: a message, or the function calls), a stream of chat
 chunks into the Responses API's semantic events (`response_events`: a call's arguments as they
 are generated). What the Responses API defines and this door does not offer is a 400 naming it
-(`serializers.RESPONSES_NOT_OFFERED`, built-in tools, stored responses).
+(`serializers.RESPONSES_NOT_OFFERED`, built-in tools).
+
+A response asked to be kept (`store: true`) is saved by the door once whole
+(`marketplace.stored_responses`): its conversation in this API's own item shape, so a later
+turn's `previous_response_id` puts it before that turn's input (`continued`) and the whole
+passes the same validation as any input (a function_call_output answers a stored call).
 """
 from __future__ import annotations
 
 import itertools
 import json
 import secrets
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 
 from core.errors import ApiError, DomainError, validation_error
@@ -51,6 +56,35 @@ def validated(body: dict) -> dict:
     if not valid:
         raise validation_error(serializer.errors)
     return serializer.validated_data
+
+
+def input_items(given: object) -> list:
+    """The input as items: a string is one user message."""
+    return [{"type": "message", "role": "user", "content": given}] if isinstance(given, str) else list(given)  # type: ignore[call-overload]
+
+
+def continued(body: dict, conversation: list[dict]) -> dict:
+    """The body continuing a stored conversation: its items first, then this turn's input (an
+    input that is neither a string nor a list is left to validation's 400). `instructions` are
+    this request's alone, as OpenAI's are: the stored ones are not carried over."""
+    given = body.get("input")
+    return {**body, "input": [*conversation, *input_items(given)]} if isinstance(given, (str, list)) else body
+
+
+def conversation_after(body: dict, response: dict) -> list[dict]:
+    """What a stored response keeps for the next turn: the (continued) input, then its output."""
+    return [*input_items(body["input"]), *response["output"]]
+
+
+async def stored_on_end(events: AsyncIterator[dict], save: Callable[[dict], Awaitable[object]]) -> AsyncIterator[dict]:
+    """The events of a stream whose response is to be kept: the ending Response is saved before
+    its `response.completed` (or `.incomplete`) is sent, so a client that continues it at once
+    finds it. A failed response is not kept: nothing to continue."""
+    async with aclosing(events) as inner:
+        async for event in inner:
+            if event["type"] in ("response.completed", "response.incomplete"):
+                await save(event["response"])
+            yield event
 
 
 def chat_body(body: dict) -> dict:
@@ -114,7 +148,8 @@ def echoed(body: dict) -> dict:
     form = data.get("text")
     return {"instructions": data.get("instructions"), "max_output_tokens": data.get("max_output_tokens"),
             "metadata": data.get("metadata") or {}, "user": data.get("user"), "tools": data.get("tools") or [],
-            "tool_choice": data.get("tool_choice") or "auto",
+            "tool_choice": data.get("tool_choice") or "auto", "store": bool(data.get("store")),
+            "previous_response_id": data.get("previous_response_id"),
             "parallel_tool_calls": data.get("parallel_tool_calls") is not False,
             "text": {"format": {k: v for k, v in form.items() if v is not None} if form else {"type": "text"}}}
 
@@ -160,7 +195,8 @@ def response_object(
         "id": response_id, "object": "response", "created_at": created, "status": status, "error": error,
         "incomplete_details": incomplete, "instructions": echo["instructions"], "max_output_tokens": echo["max_output_tokens"],
         "model": model, "output": output or [], "parallel_tool_calls": echo["parallel_tool_calls"],
-        "previous_response_id": None, "reasoning": {"effort": None, "summary": None}, "store": False,
+        "previous_response_id": echo["previous_response_id"], "reasoning": {"effort": None, "summary": None},
+        "store": echo["store"],
         "temperature": params.get("temperature"), "text": echo["text"], "tool_choice": echo["tool_choice"],
         "tools": echo["tools"], "top_p": params.get("top_p"), "truncation": "disabled",
         "usage": None if chat_usage is None else usage(chat_usage), "user": echo["user"], "metadata": echo["metadata"],

@@ -423,7 +423,7 @@ def _none_only(value: object) -> bool:
 # name -> (the value that changes nothing, what is not offered yet). `stream_options` only shapes
 # the stream, and `user`, `metadata`, `service_tier`, `prompt_cache_key`, `safety_identifier`
 # change no answer: all accepted. Built-in tools (web search, files, computers, MCP...) are
-# refused by `ResponsesToolsField`, stored responses by `ResponsesInputSerializer`.
+# refused by `ResponsesToolsField`.
 RESPONSES_NOT_OFFERED: dict[str, tuple[object, str]] = {
     "reasoning": (_none_only, "reasoning settings: the served models do not reason"),
     "include": (_absent, "extra output to include (log-probabilities, reasoning)"),
@@ -431,12 +431,10 @@ RESPONSES_NOT_OFFERED: dict[str, tuple[object, str]] = {
     "truncation": (lambda v: v in (None, "disabled"), "truncation: a prompt over the context is a 400"),
     "background": (lambda v: v in (None, False), "background responses"),
     "prompt": (lambda v: v is None, "prompt templates"),
-    "conversation": (lambda v: v is None, "conversations (stored state)"),
+    "conversation": (lambda v: v is None, "the Conversations API; previous_response_id continues a stored response"),
     "max_tool_calls": (lambda v: v is None, "a cap on built-in tool calls: only function tools are offered"),
     "context_management": (lambda v: v is None, "context management"),
 }
-STORED = ("Stored responses are not offered yet: every response is stateless here ({what}). Send the whole "
-          "conversation in 'input' and leave out 'store' (or send store: false).")
 RESPONSE_ROLES = ("user", "system", "developer", "assistant")
 CONTENT_TYPES = {"user": "input_text", "system": "input_text", "developer": "input_text", "assistant": "output_text"}
 FUNCTION_NAME = r"^[A-Za-z0-9_-]{1,64}$"  # OpenAI's rule for function and format names
@@ -524,8 +522,8 @@ class ResponsesInputField(StoredField):
             raise serializers.ValidationError({index: {"call_id": ["must name the function_call it answers"]}})
         if call not in calls:
             raise serializers.ValidationError({index: {"call_id": [
-                f"no function_call with call_id {call[:200]!r} comes before this output in 'input' (responses are not "
-                "stored: send the call too)"]}})
+                f"no function_call with call_id {call[:200]!r} comes before this output in 'input' (send the call too, "
+                "or continue the stored response that made it with 'previous_response_id')"]}})
         output = item.get("output")
         if isinstance(output, list):
             output = self._text(output, index, "user", field="output")
@@ -701,7 +699,7 @@ class ResponsesTextField(StoredField):
 
 class ResponsesInputSerializer(serializers.Serializer):
     """POST /v1/responses: what it takes is validated here, what it does not take is refused by
-    name (`RESPONSES_NOT_OFFERED`, built-in tools, stored responses). Schemas (a function's
+    name (`RESPONSES_NOT_OFFERED`, built-in tools). Schemas (a function's
     parameters, `text.format`'s) are checked as the chat's are, once translated."""
 
     model = serializers.CharField(max_length=100)
@@ -719,9 +717,10 @@ class ResponsesInputSerializer(serializers.Serializer):
     parallel_tool_calls = serializers.BooleanField(required=False, allow_null=True,
                                                    help_text="false: at most one call per answer")
     text = ResponsesTextField(required=False, allow_null=True, help_text="format: text, json_object or json_schema")
-    store = serializers.BooleanField(required=False, allow_null=True, help_text="false: responses are not stored (yet)")
+    store = serializers.BooleanField(required=False, allow_null=True,
+                                     help_text="true: kept for RESPONSE_STORE_SECONDS (an hour), to continue or read back")
     previous_response_id = serializers.CharField(required=False, allow_null=True, max_length=200,
-                                                 help_text="not offered yet: responses are not stored")
+                                                 help_text="a stored response whose conversation this one continues")
     metadata = serializers.DictField(child=serializers.CharField(max_length=512, allow_blank=True), required=False,
                                      allow_null=True)
     user = serializers.CharField(required=False, allow_blank=True, allow_null=True, max_length=256)
@@ -732,10 +731,6 @@ class ResponsesInputSerializer(serializers.Serializer):
                 if name in data and not harmless(data[name]):  # type: ignore[operator]
                     raise NotOfferedYet(name, f"'{name}' is not offered yet on /v1/responses ({feature}); the answer "
                                         f"would ignore it, so the request is refused. Remove '{name}'.")
-            if data.get("store"):
-                raise NotOfferedYet("store", STORED.format(what="store: true"))
-            if data.get("previous_response_id") is not None:
-                raise NotOfferedYet("previous_response_id", STORED.format(what="no previous response to continue from"))
         return super().to_internal_value(data)
 
     def validate_input(self, turns: list[dict]) -> list[dict]:

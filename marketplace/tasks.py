@@ -3,13 +3,14 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from marketplace import audits, canaries, services
+from marketplace import audits, canaries, services, stored_responses
 
 
 @shared_task(name="marketplace.tasks.watchdog_tick", ignore_result=True)
 def watchdog_tick() -> int:
-    """Expire unclaimed requests, fail stalled jobs, forget delivered output."""
-    return services.watchdog_tick()
+    """Expire unclaimed requests, fail stalled jobs, forget delivered output and delete stored
+    responses past their time."""
+    return services.watchdog_tick() + stored_responses.stored_responses_expire()
 
 
 @shared_task(name="marketplace.tasks.canary_scoring", ignore_result=True)

@@ -14,6 +14,7 @@ urlpatterns = [
     path("models", apis.ModelListApi.as_view()),
     path("models/<path:model_id>", apis.ModelApi.as_view()),
     path("responses", documented(apis.ResponsesApi)),
+    path("responses/<str:response_id>", apis.StoredResponseApi.as_view()),
     path("credits", apis.CreditsApi.as_view()),
     path("generation", apis.GenerationStatsApi.as_view()),
 ]

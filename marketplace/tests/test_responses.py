@@ -75,7 +75,8 @@ class TranslationTests:
     def test_it_repeats_the_fields_as_validated(self) -> None:
         assert echoed({**GOOD, "user": 0, "metadata": {"n": 1}}) == {
             "instructions": None, "max_output_tokens": 8, "metadata": {"n": "1"}, "user": "0", "tools": [],
-            "tool_choice": "auto", "parallel_tool_calls": True, "text": {"format": {"type": "text"}}}
+            "tool_choice": "auto", "parallel_tool_calls": True, "text": {"format": {"type": "text"}}, "store": False,
+            "previous_response_id": None}
 
     def test_an_answer_cut_by_max_output_tokens_is_incomplete_as_openai_says(self) -> None:
         chat = {"id": "resp_1", "created": 1, "model": "m", "usage": {"prompt_tokens": 1, "completion_tokens": 8, "total_tokens": 9},
@@ -184,12 +185,6 @@ class RefusalTests:
         assert error["param"] == param and "not offered" in error["message"]
         assert error["type"] == "invalid_request_error"
         assert not Request.objects.exists()
-
-    @pytest.mark.parametrize(("body", "param"), [({**GOOD, "store": True}, "store"),
-                                                 ({**GOOD, "previous_response_id": "resp_1"}, "previous_response_id")])
-    def test_stored_responses_are_refused_saying_they_are_not_offered_yet(self, customer, body, param) -> None:
-        error = assert_error(respond(customer.secret, body), 400, "unsupported_parameter")
-        assert error["param"] == param and "Stored responses are not offered yet" in error["message"]
 
     @pytest.mark.parametrize(("item", "param"), [
         ({"type": "reasoning", "summary": []}, "input[0].type"),

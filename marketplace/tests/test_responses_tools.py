@@ -291,7 +291,6 @@ class RefusalTests:
         ({**GOOD, "tools": [TOOL, {"type": "file_search", "vector_store_ids": ["vs_1"]}]}, "tools[1].type"),
         ({**GOOD, "tools": [{"type": "mcp", "server_label": "x"}]}, "tools[0].type"),
         ({**GOOD, "tool_choice": {"type": "file_search"}}, "tool_choice"),
-        ({**GOOD, "store": True}, "store"),
         ({**GOOD, "input": [{"type": "item_reference", "id": "fc_1"}]}, "input[0].type"),
     ])
     def test_built_in_tools_and_stored_state_are_refused_as_not_offered(self, customer, body, param) -> None:  # noqa: ANN001
