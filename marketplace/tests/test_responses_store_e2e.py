@@ -1,0 +1,85 @@
+"""End to end (issue 34): stored responses through the `openai` package against a real daphne
+gateway and a real mahout host running the shipped model. A conversation stored with
+`store=True` is continued with `previous_response_id`: the second turn's prompt is the first
+turn's input and answer and then its own (the same tokens, billed, as the whole conversation
+sent by hand); retrieved and deleted by its account, a 404 for another's and once deleted;
+nothing is stored without `store`."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+from conftest import make_customer
+from marketplace.models import Request, StoredResponse
+from marketplace.tests.test_e2e import client
+from marketplace.tests.test_responses_e2e import customer_served  # noqa: F401  (the fixture)
+
+if TYPE_CHECKING:
+    from testkit.personas import Customer
+    from testkit.stack import Gateway
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
+
+ASK = dict(model="gemma-3-270m", max_output_tokens=8, temperature=0)
+FIRST = "My name is Ada. Say hello."
+SECOND = "What is my name?"
+
+
+class StoredConversationTests:
+    def test_a_stored_turn_is_continued_read_back_and_deleted(self, gateway: Gateway, customer_served: Customer) -> None:  # noqa: F811
+        import openai
+
+        api = client(gateway, customer_served)
+        first = api.responses.create(input=FIRST, store=True, instructions="Be brief.", **ASK)  # type: ignore[arg-type]
+        assert first.store is True and first.output_text
+        second = api.responses.create(input=SECOND, previous_response_id=first.id, store=True, **ASK)  # type: ignore[arg-type]
+        assert second.previous_response_id == first.id and second.instructions is None
+
+        by_hand = api.responses.create(input=[  # the same conversation sent whole, stateless
+            {"role": "user", "content": FIRST}, {"role": "assistant", "content": first.output_text},
+            {"role": "user", "content": SECOND}], **ASK)  # type: ignore[arg-type]
+        assert second.usage.input_tokens == by_hand.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+        assert second.output_text == by_hand.output_text  # greedy on one host: the same prompt, the same answer
+        billed = Request.objects.get(public_id=second.id)
+        assert billed.prompt_tokens == second.usage.input_tokens and billed.messages is None  # the row forgets as any
+
+        assert api.responses.retrieve(second.id).model_dump() == second.model_dump()
+        third = api.responses.create(input="And again?", previous_response_id=second.id, **ASK)  # type: ignore[arg-type]
+        assert third.usage.input_tokens > second.usage.input_tokens + second.usage.output_tokens  # the chain holds
+
+        api.responses.delete(second.id)
+        for attempt in (lambda: api.responses.retrieve(second.id), lambda: api.responses.delete(second.id)):
+            with pytest.raises(openai.NotFoundError):
+                attempt()
+        with pytest.raises(openai.NotFoundError) as refused:
+            api.responses.create(input=SECOND, previous_response_id=second.id, **ASK)  # type: ignore[arg-type]
+        assert refused.value.code == "previous_response_not_found"
+        assert list(StoredResponse.objects.values_list("request__public_id", flat=True)) == [first.id]
+
+    def test_another_account_can_neither_read_continue_nor_delete_it(self, gateway: Gateway, customer_served: Customer) -> None:  # noqa: F811
+        import openai
+
+        first = client(gateway, customer_served).responses.create(input=FIRST, store=True, **ASK)  # type: ignore[arg-type]
+        outsider = client(gateway, make_customer())
+        for attempt in (lambda: outsider.responses.retrieve(first.id), lambda: outsider.responses.delete(first.id),
+                        lambda: outsider.responses.create(input=SECOND, previous_response_id=first.id, **ASK)):  # type: ignore[arg-type]
+            with pytest.raises(openai.NotFoundError):
+                attempt()
+        assert StoredResponse.objects.count() == 1 and Request.objects.count() == 1
+
+    def test_a_streamed_stored_response_is_kept_before_its_last_event(self, gateway: Gateway, customer_served: Customer) -> None:  # noqa: F811
+        api = client(gateway, customer_served)
+        events = list(api.responses.create(input=FIRST, store=True, stream=True, **ASK))  # type: ignore[arg-type]
+        final = events[-1].response
+        assert final.store is True and api.responses.retrieve(final.id).model_dump() == final.model_dump()
+
+    def test_without_store_nothing_is_kept(self, gateway: Gateway, customer_served: Customer) -> None:  # noqa: F811
+        import openai
+
+        api = client(gateway, customer_served)
+        answer = api.responses.create(input=FIRST, **ASK)  # type: ignore[arg-type]
+        streamed = list(api.responses.create(input=FIRST, stream=True, **ASK))[-1].response  # type: ignore[arg-type]
+        assert answer.store is False and streamed.store is False and not StoredResponse.objects.exists()
+        with pytest.raises(openai.NotFoundError):
+            api.responses.retrieve(answer.id)
