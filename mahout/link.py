@@ -16,7 +16,8 @@ an agent never executes what a peer sends it).
   plan's widths, an expert worker's from its slice): a frame announcing more is refused
   from its 8-byte prefix, before anything is allocated for it, and so is a frame whose
   tensor does not match its own header (`FrameRefused`, a `LinkClosed`).
-* `encode_frame` / `decode_frame` are the same frame as one bytes message (the relay's).
+* `encode_frame` / `decode_frame` are the same frame as one bytes message (the relay's; it
+  travels inside the relay's own TLS WebSocket, not sealed by this module).
 
 The handshake (both directions proven, HMAC-SHA256 over fresh nonces with the secret the
 gateway issued for this ring or worker): the listener speaks first with a ``challenge``
@@ -25,6 +26,14 @@ challenge and that hello; the listener checks it with `hmac.compare_digest` and,
 holds, answers ``admitted`` with a proof over the dialer's nonce, which the dialer checks
 before it sends anything else. A peer without the secret gets the challenge and nothing
 more; a dialer never sends a byte to something that did not greet it in this protocol.
+
+Once a peer is admitted, every frame is sealed (AES-GCM, from `cryptography`): each side
+derives one key per direction with HKDF-SHA256 from the secret, salted with both handshake
+nonces (so a session's keys are fresh even though the secret is not), and seals the JSON
+header and the payload under nonces counted per direction, with the clear ``>II`` prefix
+as associated data. The prefix stays readable so the caps still refuse a frame before
+anything is allocated; a frame that was altered, replayed, reordered or dropped fails its
+tag and drops the link (`FrameRefused`). Frame sizes and timing stay visible on the wire.
 
 * `accept` is the listener's side; `connect` (retrying while the peer is not listening yet:
   ring stages start together) and `dial` (one attempt: an expert worker that is not there
@@ -39,6 +48,7 @@ import json
 import math
 import secrets
 import socket
+import string
 import struct
 import threading
 import time
@@ -48,6 +58,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 __all__ = [
     "HANDSHAKE_CAPS", "HEADERS_ONLY", "FrameCaps", "FrameRefused", "HandshakeSlots", "Heartbeat", "Link", "LinkClosed",
@@ -61,6 +75,7 @@ HANDSHAKE_TIMEOUT_S = 10.0  # a peer that does not finish the handshake in this 
 MAX_PENDING_HANDSHAKES = 16  # connections in the handshake at once, per listener; more are closed at once
 MIN_SECRET_CHARS = 32
 _NONCE_BYTES = 16
+_TAG_BYTES = 16  # AES-GCM's tag, after each sealed header and payload
 
 
 class LinkClosed(ConnectionError):
@@ -154,9 +169,39 @@ def decode_frame(frame: bytes, caps: FrameCaps | None = None) -> tuple[dict[str,
     return header, _tensor(header, bytearray(frame[_PREFIX.size + n_head :]))
 
 
+class _Seal:
+    """One direction of a sealed link: its AES-GCM key and the count of parts sealed so far,
+    which is each part's nonce (a key is used for one session and one direction only, so a
+    nonce never repeats under it; a receiver that expects the next count refuses a replay)."""
+
+    def __init__(self, key: bytes) -> None:
+        self._aead = AESGCM(key)
+        self._count = 0
+
+    def _next_nonce(self) -> bytes:
+        nonce = self._count.to_bytes(12, "big")
+        self._count += 1
+        return nonce
+
+    def seal(self, data: memoryview, prefix: bytes) -> bytes:
+        return self._aead.encrypt(self._next_nonce(), data, prefix)
+
+    def open(self, sealed: bytearray, prefix: bytes, name: str) -> bytearray:
+        """The plaintext of the next part, in a buffer of its own (a tensor may wrap it)."""
+        plain = bytearray(len(sealed) - _TAG_BYTES)
+        try:
+            self._aead.decrypt_into(self._next_nonce(), sealed, prefix, plain)
+        except InvalidTag as exc:
+            raise FrameRefused(f"link {name}: a frame failed its authentication (altered, replayed or out of order)") from exc
+        return plain
+
+
 class Link:
     """One framed TCP connection between two agents; `caps` bound every frame it reads
-    (a link starts with the handshake's: set the receiver's own once the peer is admitted)."""
+    (a link starts with the handshake's: set the receiver's own once the peer is admitted).
+    A link the handshake admitted seals its frames (`_secure`); a bare `Link` over a socket
+    does not (tests and the benchmark's baseline only: `accept`, `connect` and `dial` are
+    the agents' only way to a peer)."""
 
     def __init__(self, sock: socket.socket, name: str = "", *, caps: FrameCaps = HANDSHAKE_CAPS) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -165,25 +210,48 @@ class Link:
         self.caps = caps
         self.peer: dict[str, Any] = {}  # the admitted peer's hello (its role and identity)
         self._send_lock = threading.Lock()
+        self._outbound: _Seal | None = None
+        self._inbound: _Seal | None = None
+
+    def _secure(self, send_key: bytes, recv_key: bytes) -> None:
+        """Seal every frame from now on (both ends switch after the handshake's last frame)."""
+        self._outbound, self._inbound = _Seal(send_key), _Seal(recv_key)
 
     def send(self, header: dict[str, Any], tensor: torch.Tensor | None = None) -> None:
         head, payload = _frame_parts(header, tensor)
-        with self._send_lock:
+        with self._send_lock:  # nonces are counted in the order frames go on the wire
+            parts = [memoryview(head), payload] if self._outbound is None else self._sealed(head, payload)
             try:
-                _send_all(self.sock, [memoryview(head), payload])
+                _send_all(self.sock, parts)
             except OSError as exc:
                 raise LinkClosed(f"link {self.name} broke: {exc}") from exc
 
+    def _sealed(self, head: bytes, payload: memoryview) -> list[memoryview]:
+        """The clear prefix, then the sealed header and (if any) the sealed payload."""
+        assert self._outbound is not None
+        prefix, body = head[: _PREFIX.size], memoryview(head)[_PREFIX.size :]
+        parts = [memoryview(prefix), memoryview(self._outbound.seal(body, prefix))]
+        if payload.nbytes:
+            parts.append(memoryview(self._outbound.seal(payload, prefix)))
+        return parts
+
     def recv(self, caps: FrameCaps | None = None) -> tuple[dict[str, Any], torch.Tensor | None]:
         """The next frame, within `caps` (default: the link's); `FrameRefused` otherwise."""
-        n_head, n_payload = _PREFIX.unpack(self._into(bytearray(_PREFIX.size)))
+        prefix = bytes(self._into(bytearray(_PREFIX.size)))
+        n_head, n_payload = _PREFIX.unpack(prefix)
         (caps or self.caps).check(n_head, n_payload, self.name)  # before any allocation
-        header = _header(self._into(bytearray(n_head)), self.name)
+        header = _header(self._part(n_head, prefix), self.name)
         if not n_payload:
             return header, None
         if _payload_size(header, self.name) != n_payload:
             raise FrameRefused(f"link {self.name}: the payload does not match its dtype and shape")
-        return header, _tensor(header, self._into(bytearray(n_payload)))
+        return header, _tensor(header, self._part(n_payload, prefix))
+
+    def _part(self, size: int, prefix: bytes) -> bytearray:
+        """The next `size` bytes of the frame (a header or a payload), opened if sealed."""
+        if self._inbound is None:
+            return self._into(bytearray(size))
+        return self._inbound.open(self._into(bytearray(size + _TAG_BYTES)), prefix, self.name)
 
     def _into(self, buffer: bytearray) -> bytearray:
         """Fill `buffer` from the socket (the tensor then wraps it as it is)."""
@@ -246,13 +314,25 @@ def _proof(key: bytes, *parts: str) -> str:
     return hmac.new(key, "|".join(("elephant-link-1", *parts)).encode(), hashlib.sha256).hexdigest()
 
 
+def _session_keys(key: bytes, challenge: str, hello: str) -> tuple[bytes, bytes]:
+    """This session's keys, (dialer to listener, listener to dialer): HKDF over the secret,
+    salted with both sides' fresh nonces, one `info` per direction."""
+    salt = bytes.fromhex(challenge) + bytes.fromhex(hello)
+
+    def derive(direction: str) -> bytes:
+        return HKDF(algorithm=hashes.SHA256(), length=32, salt=salt, info=f"elephant-link-1 {direction}".encode()).derive(key)
+
+    return derive("dial->listen"), derive("listen->dial")
+
+
 def _canonical(hello: dict[str, Any]) -> str:
     return json.dumps({k: v for k, v in hello.items() if k != "proof"}, sort_keys=True, separators=(",", ":"))
 
 
 def _nonce(message: dict[str, Any], kind: str) -> str | None:
     nonce = message.get("nonce")
-    ok = message.get("type") == kind and isinstance(nonce, str) and len(nonce) == 2 * _NONCE_BYTES
+    ok = message.get("type") == kind and isinstance(nonce, str) and len(nonce) == 2 * _NONCE_BYTES \
+        and all(c in string.hexdigits for c in nonce)  # it salts the session keys as bytes
     return nonce if ok else None
 
 
@@ -295,6 +375,8 @@ def accept(sock: socket.socket, *, secret: str, caps: FrameCaps, name: str = "",
                 not hmac.compare_digest(proof, _proof(key, "dial", ours, _canonical(hello))):
             raise LinkRefused(f"link {link.name}: the peer did not prove it holds the secret")
         link.send({"type": "admitted", "proof": _proof(key, "listen", theirs, ours)})
+        inbound, outbound = _session_keys(key, ours, theirs)
+        link._secure(outbound, inbound)
         sock.settimeout(None)
     except LinkRefused:
         link.close()
@@ -325,6 +407,8 @@ def _greet(link: Link, key: bytes, hello: dict[str, Any], caps: FrameCaps, timeo
         if answer.get("type") != "admitted" or not isinstance(proof, str) or \
                 not hmac.compare_digest(proof, _proof(key, "listen", ours, theirs)):
             raise LinkRefused(f"link {link.name}: the peer did not prove it holds the secret")
+        outbound, inbound = _session_keys(key, theirs, ours)
+        link._secure(outbound, inbound)
         link.sock.settimeout(None)
     except LinkRefused:
         link.close()
