@@ -19,7 +19,8 @@ CUSTOMER = {
     ("post", "/v1/chat/completions"), ("get", "/v1/chat/completions/{public_id}"), ("post", "/v1/completions"),
     ("get", "/v1/completions/{public_id}"), ("post", "/v1/embeddings"), ("get", "/v1/models"), ("get", "/v1/credits"),
     ("get", "/v1/generation"), ("get", "/v1/usage"), ("get", "/v1/usage.csv"), ("post", "/billing/api/topups"),
-    ("get", "/v1/models/{model_id}"), ("post", "/v1/responses"),
+    ("get", "/v1/models/{model_id}"), ("post", "/v1/responses"), ("get", "/v1/responses/{response_id}"),
+    ("delete", "/v1/responses/{response_id}"),
 }
 HOST = {
     ("get", "/hosts/api/catalog"), ("post", "/hosts/api/qualifications"), ("post", "/hosts/api/heartbeat"),
