@@ -83,3 +83,20 @@ class StoredConversationTests:
         assert answer.store is False and streamed.store is False and not StoredResponse.objects.exists()
         with pytest.raises(openai.NotFoundError):
             api.responses.retrieve(answer.id)
+
+    def test_a_function_calls_output_continues_the_stored_response_that_made_the_call(
+            self, gateway: Gateway, customer_served: Customer) -> None:  # noqa: F811
+        from marketplace.tests.test_responses_tools_e2e import ASK as WEATHER_ASK
+        from marketplace.tests.test_responses_tools_e2e import TOOL
+
+        api = client(gateway, customer_served)
+        first = api.responses.create(model="gemma-3-270m", input=WEATHER_ASK, tools=[TOOL], tool_choice="required",  # type: ignore[list-item]
+                                     max_output_tokens=60, temperature=0, parallel_tool_calls=False, store=True)
+        call = first.output[0]
+        assert call.type == "function_call"
+        result = {"type": "function_call_output", "call_id": call.call_id, "output": "18 C and sunny"}
+        then = api.responses.create(model="gemma-3-270m", tools=[TOOL], max_output_tokens=12, temperature=0,  # type: ignore[list-item]
+                                    previous_response_id=first.id, input=[result])  # type: ignore[list-item]
+        by_hand = api.responses.create(model="gemma-3-270m", tools=[TOOL], max_output_tokens=12, temperature=0, input=[  # type: ignore[list-item]
+            {"role": "user", "content": WEATHER_ASK}, call.model_dump(exclude_none=True), result])  # type: ignore[list-item]
+        assert then.usage.input_tokens == by_hand.usage.input_tokens and then.output_text == by_hand.output_text
