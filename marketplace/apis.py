@@ -254,15 +254,15 @@ class ResponsesApi(GenerationApi):
 
     async def _post(self, request: HttpRequest) -> HttpResponse:
         secret, body = bearer_secret(request), json_body(request)  # (in that order: no key is a 401 whatever the body)
-        previous = body.get("previous_response_id")
+        previous, conversation = body.get("previous_response_id"), list[dict]()
         if previous is not None:  # (a 401 for a bad key first, then a 404 for an id it cannot read)
-            body = responses.continued(body, await db(stored_responses.stored_conversation, secret=secret,
-                                                       response_id=previous))
+            conversation = await db(stored_responses.stored_conversation, secret=secret, response_id=previous)
+            body = responses.continued(body, conversation)
         try:
             choices = await admit_choices(secret=secret, body=body, kind=Request.Kind.CHAT,
                                           translate=responses.chat_body, new_id=responses.new_response_id)
         except DomainError as error:
-            raise responses.door_error(error) from None
+            raise responses.own_items(responses.door_error(error), stored=len(conversation)) from None
         admitted, echo = choices[0], responses.echoed(body)
         rate = await rate_limit_headers(admitted.row)
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 
 from core.errors import ApiError, DomainError, validation_error
@@ -76,7 +77,8 @@ def conversation_after(body: dict, response: dict) -> list[dict]:
     return [*input_items(body["input"]), *response["output"]]
 
 
-async def stored_on_end(events: AsyncIterator[dict], save: Callable[[dict], Awaitable[object]]) -> AsyncIterator[dict]:
+async def stored_on_end(events: AsyncGenerator[dict, None],
+                        save: Callable[[dict], Awaitable[object]]) -> AsyncGenerator[dict, None]:
     """The events of a stream whose response is to be kept: the ending Response is saved before
     its `response.completed` (or `.incomplete`) is sent, so a client that continues it at once
     finds it. A failed response is not kept: nothing to continue."""
@@ -137,6 +139,22 @@ def door_error(error: DomainError) -> DomainError:
             error.param = ours if chat == "messages" else ours + param[len(chat):]
     for chat, ours in DOOR_WORDS:
         error.message = error.message.replace(chat, ours)
+    return error
+
+
+INPUT_ITEM = re.compile(r"input\[(\d+)\]")
+
+
+def own_items(error: DomainError, *, stored: int) -> DomainError:
+    """A refusal of a continued body naming an item by its place in this request's own `input`:
+    the `stored` items validated before it are not the customer's to count."""
+    def shifted(match: re.Match) -> str:
+        index = int(match.group(1))
+        return f"input[{index - stored}]" if index >= stored else match.group(0)
+
+    if stored:
+        error.param = INPUT_ITEM.sub(shifted, error.param) if error.param else error.param
+        error.message = INPUT_ITEM.sub(shifted, error.message)
     return error
 
 
@@ -275,7 +293,7 @@ class _Output:
         return [*events, self.event("response.output_item.done", output_index=index, item=self.items[-1])]
 
 
-async def response_events(admitted: Admitted, *, echo: dict) -> AsyncIterator[dict]:
+async def response_events(admitted: Admitted, *, echo: dict) -> AsyncGenerator[dict, None]:
     """The Responses API's semantic events for one streamed chat: created, in_progress, then
     per output item its added event, its deltas (`response.output_text.delta` for text,
     `response.function_call_arguments.delta` for a call's arguments, as they are generated)

@@ -128,6 +128,12 @@ class PreviousResponseTests:
         assert_error(post(Client(), "sk-nobody", {**GOOD, "previous_response_id": previous}, path="/v1/responses"),
                      401, "invalid_api_key")
 
+    def test_a_bad_item_is_named_by_its_place_in_this_requests_own_input(self, customer, catalog) -> None:
+        stored(customer, catalog, "resp_mine")  # two stored items come first
+        body = {**GOOD, "previous_response_id": "resp_mine", "input": [{"role": "user", "content": "x"}, {"role": "bogus"}]}
+        error = assert_error(post(Client(), customer.secret, body, path="/v1/responses"), 400, "invalid_value")
+        assert error["param"] == "input[1].role" and "'input[1].role'" in error["message"]
+
     def test_a_previous_response_id_that_is_not_a_string_is_a_400(self, customer) -> None:
         error = assert_error(post(Client(), customer.secret, {**GOOD, "previous_response_id": 7}, path="/v1/responses"),
                              400, "invalid_value")
