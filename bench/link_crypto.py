@@ -4,8 +4,9 @@ versus a plain one (a bare `Link` over a socket, as links were before; the basel
 only here and in tests), in the same run.
 
 Frames: micro-batches of 1, 4 and 16 rows of the shipped model's 640-float hidden state,
-and a 16 MiB frame. A receiver thread takes the frames as a stage would (each arrives as
-its own tensor); a round is the time from the first send to the last frame received.
+and a 16 MiB frame. A receiving process takes the frames as a next stage would (each
+arrives as its own tensor); a round is the time from the first send to the receiver's
+answer that it has them all.
 Rounds alternate between the plain and the encrypted link (and which goes first) so
 machine noise hits both; medians are reported, with encrypted / plain for frames/s and
 MB/s (the same ratio: the same frames cross both).
@@ -23,6 +24,8 @@ import statistics
 import sys
 import threading
 import time
+from multiprocessing import get_context
+from multiprocessing.queues import Queue
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,73 +40,71 @@ SIZES = {"1 row": (1, HIDDEN), "4 rows": (4, HIDDEN), "16 rows": (16, HIDDEN), "
 CAPS = FrameCaps(header_bytes=1 << 16, payload_bytes=16 << 20)
 
 
-def plain_pair() -> tuple[Link, Link]:
+def receiver(secret: str, port: Queue) -> None:
+    """The receiving agent, in a process of its own as a next stage is: it takes the plain
+    link's connection, then the encrypted one's, and on each answers every round's frames
+    with ``done``."""
     server = listen()
-    sender = Link(socket.create_connection(server.getsockname()[:2]), "plain", caps=CAPS)
-    receiver = Link(server.accept()[0], "plain", caps=CAPS)
+    port.put(server.getsockname()[1])
+    plain = Link(server.accept()[0], "plain", caps=CAPS)
+    sealed = accept(server.accept()[0], secret=secret, caps=CAPS)
     server.close()
-    return sender, receiver
+    threading.Thread(target=serve_rounds, args=(plain,), daemon=True).start()
+    serve_rounds(sealed)
 
 
-def sealed_pair() -> tuple[Link, Link]:
-    secret, server, accepted = new_secret(), listen(), []
-    thread = threading.Thread(target=lambda: accepted.append(accept(server.accept()[0], secret=secret, caps=CAPS)))
-    thread.start()
-    sender = connect(server.getsockname()[:2], secret=secret, hello={"role": "upstream"}, caps=CAPS, timeout=5)
-    thread.join(5)
-    server.close()
-    return sender, accepted[0]
+def serve_rounds(link: Link) -> None:
+    while (header := link.recv()[0])["type"] == "round":
+        for _ in range(header["frames"]):
+            link.recv()
+        link.send({"type": "done"})
 
 
-def stream_seconds(sender: Link, receiver: Link, rows: torch.Tensor, frames: int) -> float:
-    """Seconds to send `frames` frames of `rows` and receive them all on another thread."""
-    done = threading.Event()
-
-    def receive() -> None:
-        for _ in range(frames):
-            receiver.recv()
-        done.set()
-
-    reader = threading.Thread(target=receive)
+def stream_seconds(link: Link, rows: torch.Tensor, frames: int) -> float:
+    """Seconds from the start of a round of `frames` frames to the receiver's ``done``."""
     start = time.perf_counter()
-    reader.start()
+    link.send({"type": "round", "frames": frames})
     for i in range(frames):
-        sender.send({"type": "batch", "id": i}, rows)
-    done.wait()
-    elapsed = time.perf_counter() - start
-    reader.join()
-    return elapsed
+        link.send({"type": "batch", "id": i}, rows)
+    link.recv()
+    return time.perf_counter() - start
 
 
-def frames_per_round(pair: tuple[Link, Link], rows: torch.Tensor, seconds: float) -> int:
+def frames_per_round(link: Link, rows: torch.Tensor, seconds: float) -> int:
     """Enough frames for a round of about `seconds` on the plain link (measured once)."""
     probe = 8
-    elapsed = stream_seconds(*pair, rows, probe)
+    elapsed = stream_seconds(link, rows, probe)
     return max(probe, int(probe * seconds / elapsed))
 
 
 def measure(rounds: int, seconds: float) -> None:
-    links = {"plain": plain_pair(), "encrypted": sealed_pair()}
+    secret, port = new_secret(), get_context("spawn").Queue()
+    agent = get_context("spawn").Process(target=receiver, args=(secret, port), daemon=True)
+    agent.start()
+    address = ("127.0.0.1", port.get(timeout=60))
+    links = {"plain": Link(socket.create_connection(address), "plain", caps=CAPS),
+             "encrypted": connect(address, secret=secret, hello={"role": "upstream"}, caps=CAPS, timeout=10)}
     print(f"{'frame':>8} {'bytes':>10} {'plain frames/s':>15} {'encrypted frames/s':>19} "
           f"{'plain MB/s':>11} {'encrypted MB/s':>15} {'encrypted / plain':>18}")
     try:
         for label, shape in SIZES.items():
             rows = torch.randn(*shape)
             frames = frames_per_round(links["plain"], rows, seconds)
-            for pair in links.values():  # warm both up
-                stream_seconds(*pair, rows, max(2, frames // 4))
+            for link in links.values():  # warm both up
+                stream_seconds(link, rows, max(2, frames // 4))
             rates: dict[str, list[float]] = {"plain": [], "encrypted": []}
             for r in range(rounds):
                 for kind in (("plain", "encrypted") if r % 2 == 0 else ("encrypted", "plain")):
-                    rates[kind].append(frames / stream_seconds(*links[kind], rows, frames))
+                    rates[kind].append(frames / stream_seconds(links[kind], rows, frames))
             plain, sealed = statistics.median(rates["plain"]), statistics.median(rates["encrypted"])
             mb = rows.nbytes / 1e6
             print(f"{label:>8} {rows.nbytes:>10} {plain:>15.0f} {sealed:>19.0f} "
                   f"{plain * mb:>11.0f} {sealed * mb:>15.0f} {sealed / plain:>18.2f}")
     finally:
-        for sender, receiver in links.values():
-            sender.close()
-            receiver.close()
+        for link in links.values():
+            link.send({"type": "stop"})
+            link.close()
+        agent.join(10)
 
 
 def main() -> None:

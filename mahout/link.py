@@ -54,7 +54,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -76,6 +76,7 @@ MAX_PENDING_HANDSHAKES = 16  # connections in the handshake at once, per listene
 MIN_SECRET_CHARS = 32
 _NONCE_BYTES = 16
 _TAG_BYTES = 16  # AES-GCM's tag, after each sealed header and payload
+_Buffer = TypeVar("_Buffer", bytearray, memoryview)
 
 
 class LinkClosed(ConnectionError):
@@ -172,11 +173,19 @@ def decode_frame(frame: bytes, caps: FrameCaps | None = None) -> tuple[dict[str,
 class _Seal:
     """One direction of a sealed link: its AES-GCM key and the count of parts sealed so far,
     which is each part's nonce (a key is used for one session and one direction only, so a
-    nonce never repeats under it; a receiver that expects the next count refuses a replay)."""
+    nonce never repeats under it; a receiver that expects the next count refuses a replay).
+    Sealed payloads pass through one scratch buffer, kept at the largest seen (within the
+    caps): a fresh one per frame would cost its page faults on every hidden state."""
 
     def __init__(self, key: bytes) -> None:
         self._aead = AESGCM(key)
         self._count = 0
+        self._scratch = bytearray()
+
+    def scratch(self, size: int) -> memoryview:
+        if len(self._scratch) < size:
+            self._scratch = bytearray(size)
+        return memoryview(self._scratch)[:size]
 
     def _next_nonce(self) -> bytes:
         nonce = self._count.to_bytes(12, "big")
@@ -184,9 +193,17 @@ class _Seal:
         return nonce
 
     def seal(self, data: memoryview, prefix: bytes) -> bytes:
+        """A header, sealed into bytes of its own."""
         return self._aead.encrypt(self._next_nonce(), data, prefix)
 
-    def open(self, sealed: bytearray, prefix: bytes, name: str) -> bytearray:
+    def seal_payload(self, data: memoryview, prefix: bytes) -> memoryview:
+        """A payload, sealed into the scratch buffer (valid until the next one: a sender
+        holds its lock until the kernel has taken it)."""
+        sealed = self.scratch(data.nbytes + _TAG_BYTES)
+        self._aead.encrypt_into(self._next_nonce(), data, prefix, sealed)
+        return sealed
+
+    def open(self, sealed: memoryview, prefix: bytes, name: str) -> bytearray:
         """The plaintext of the next part, in a buffer of its own (a tensor may wrap it)."""
         plain = bytearray(len(sealed) - _TAG_BYTES)
         try:
@@ -232,7 +249,7 @@ class Link:
         prefix, body = head[: _PREFIX.size], memoryview(head)[_PREFIX.size :]
         parts = [memoryview(prefix), memoryview(self._outbound.seal(body, prefix))]
         if payload.nbytes:
-            parts.append(memoryview(self._outbound.seal(payload, prefix)))
+            parts.append(self._outbound.seal_payload(payload, prefix))
         return parts
 
     def recv(self, caps: FrameCaps | None = None) -> tuple[dict[str, Any], torch.Tensor | None]:
@@ -251,9 +268,9 @@ class Link:
         """The next `size` bytes of the frame (a header or a payload), opened if sealed."""
         if self._inbound is None:
             return self._into(bytearray(size))
-        return self._inbound.open(self._into(bytearray(size + _TAG_BYTES)), prefix, self.name)
+        return self._inbound.open(self._into(self._inbound.scratch(size + _TAG_BYTES)), prefix, self.name)
 
-    def _into(self, buffer: bytearray) -> bytearray:
+    def _into(self, buffer: _Buffer) -> _Buffer:
         """Fill `buffer` from the socket (the tensor then wraps it as it is)."""
         view, got = memoryview(buffer), 0
         while got < len(buffer):
