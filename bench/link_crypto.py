@@ -9,10 +9,11 @@ arrives as its own tensor); a round is the time from the first send to the recei
 answer that it has them all.
 Rounds alternate between the plain and the encrypted link (and which goes first) so
 machine noise hits both; medians are reported, with encrypted / plain for frames/s and
-MB/s (the same ratio: the same frames cross both).
+MB/s (the same ratio: the same frames cross both), and the time sealing adds per frame.
 
 Loopback is the worst case for the ratio: nothing but copies and the cipher cost time
-here, where a real network adds its own transfer time to both sides.
+here, where a real network adds its own transfer time to both sides (the added time per
+frame is what to set against a real link's time per frame).
 
     .venv/bin/python bench/link_crypto.py [--rounds 7] [--seconds 0.3]
 """
@@ -85,7 +86,7 @@ def measure(rounds: int, seconds: float) -> None:
     links = {"plain": Link(socket.create_connection(address), "plain", caps=CAPS),
              "encrypted": connect(address, secret=secret, hello={"role": "upstream"}, caps=CAPS, timeout=10)}
     print(f"{'frame':>8} {'bytes':>10} {'plain frames/s':>15} {'encrypted frames/s':>19} "
-          f"{'plain MB/s':>11} {'encrypted MB/s':>15} {'encrypted / plain':>18}")
+          f"{'plain MB/s':>11} {'encrypted MB/s':>15} {'encrypted / plain':>18} {'added µs/frame':>15}")
     try:
         for label, shape in SIZES.items():
             rows = torch.randn(*shape)
@@ -99,7 +100,7 @@ def measure(rounds: int, seconds: float) -> None:
             plain, sealed = statistics.median(rates["plain"]), statistics.median(rates["encrypted"])
             mb = rows.nbytes / 1e6
             print(f"{label:>8} {rows.nbytes:>10} {plain:>15.0f} {sealed:>19.0f} "
-                  f"{plain * mb:>11.0f} {sealed * mb:>15.0f} {sealed / plain:>18.2f}")
+                  f"{plain * mb:>11.0f} {sealed * mb:>15.0f} {sealed / plain:>18.2f} {1e6 / sealed - 1e6 / plain:>15.0f}")
     finally:
         for link in links.values():
             link.send({"type": "stop"})
