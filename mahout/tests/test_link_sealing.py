@@ -122,7 +122,8 @@ class SealedLinkTests:
         assert tap is not None
         try:
             dialer.send({"type": "batch", "secret_prompt": "elephants never forget"}, rows)
-            assert torch.equal(listener.recv()[1], rows)
+            _, got = listener.recv()
+            assert got is not None and torch.equal(got, rows)
             assert pattern not in tap.sent and b"elephants never forget" not in tap.sent
         finally:
             close_all(dialer, listener, tap)
