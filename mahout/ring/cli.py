@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mahout.owner import add_owner_arguments
+
 if TYPE_CHECKING:
     from mahout.ring.local import ProcessRing
 
@@ -49,6 +51,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     ring.add_argument("--wait", type=float, default=300.0,
                       help="with --server: seconds to wait for the stages to report reachable addresses")
     ring.add_argument("--bench-tokens", type=int, default=32, help="with --server: tokens of the qualifying benchmark")
+    add_owner_arguments(ring)
 
 
 def _refuse(message: str) -> int:

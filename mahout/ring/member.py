@@ -13,6 +13,15 @@
 When a ring session ends (a neighbour or the bridge left) the stage binds again, reports
 its new address and rejoins, keeping its weights; ``--once`` exits instead.
 
+The machine stays its owner's (`mahout.owner`: `mahout pause`, ``--schedule``, the idle
+detector unless ``--no-idle-detect``): a paused stage joins no ring, and a stage whose owner
+comes back leaves its ring at once. It cannot finish or hand back the requests in flight
+(each holds a cache row in every stage, and a middle stage cannot refuse a pass without
+failing it), so they fail with the ring: the bridge reports their jobs failed and the
+gateway continues each on another host from the text already streamed (seed 001). The
+stages a bridge runs on its own machine (`LocalStages`) leave this to the bridge, which
+stops claiming and lets the jobs in hand finish.
+
 `LocalStages` runs the stages a host serves itself as such processes (``mahout ring``).
 """
 from __future__ import annotations
@@ -22,15 +31,22 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mahout.credentials import TOKEN_ENV, credentials_resolve
 from mahout.home import resolve_home
+from mahout.owner import OwnerGuard, OwnerWatch, add_owner_arguments, owner_guard
+
+if TYPE_CHECKING:
+    from mahout.ring.stage import StageAgent
 
 __all__ = ["LocalStages", "StageNotAssigned", "add_parser", "cmd_stage", "find_assignment"]
 
 ROOT = Path(__file__).resolve().parents[2]
+OWNER_POLL_S = 1.0  # how often a stage asks whether its owner wants the machine
 
 
 class StageNotAssigned(LookupError):
@@ -57,6 +73,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     add_device_argument(stage)
     stage.add_argument("--model", default=None, help="GGUF path (default: the shipped Gemma 3 270M)")
     stage.add_argument("--once", action="store_true", help="exit when the ring session ends instead of rejoining")
+    stage.add_argument("--home", help="state directory whose pause flag counts (default: $MAHOUT_HOME or ~/.mahout)")
+    stage.add_argument("--bridged", action="store_true", help=argparse.SUPPRESS)  # the bridge here watches the owner
+    add_owner_arguments(stage)
 
 
 def find_assignment(assignments: list[dict], ring_id: int, index: int) -> dict:
@@ -80,8 +99,10 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
     from mahout.ring.rendezvous import RendezvousTimeout, advertised_address, dial_stage, parse_address
     from mahout.ring.stage import StageAgent
 
-    login = credentials_resolve(server=args.server, token=args.token, home=resolve_home(None),
+    home = resolve_home(args.home)
+    login = credentials_resolve(server=args.server, token=args.token, home=home,
                                 warn=lambda line: print(line, file=sys.stderr, flush=True))
+    guard = None if args.bridged else owner_guard(args, home)
     args.server = login.server
     api = RingApi(login.server, login.token)
     try:
@@ -101,6 +122,8 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
         bind = parse_address(args.bind, default_host="0.0.0.0")
         following = (args.stage + 1) % n_stages
         while True:
+            if guard is not None:
+                _wait_until_free(guard, args.stage, say)
             server = listen(*bind)
             address = advertised_address(server, args.advertise, args.server)
             stage = Stage(config, weights, start, end, n_rows=args.slots or 2 * limits.micro_batch, n_ctx=args.n_ctx,
@@ -116,6 +139,7 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
                 f"listening on {server.getsockname()[0]}:{server.getsockname()[1]}, advertised as {address}")
             threading.Thread(target=lambda a=agent: a.ready.wait() and say(f"mahout: stage {args.stage} READY"),
                              daemon=True).start()
+            watch = _leave_when_the_owner_returns(guard, agent, args.stage, say) if guard is not None else None
             try:
                 agent.serve()
             except RendezvousTimeout as exc:
@@ -123,11 +147,38 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
                 return 1
             except LinkClosed as exc:
                 say(f"mahout: stage {args.stage}: {exc}")
+            finally:
+                if watch is not None:
+                    watch.stop()
             say(f"mahout: stage {args.stage}: the ring session ended" + ("" if args.once else "; rejoining"))
             if args.once:
                 return 0
     finally:
         api.close()
+
+
+def _wait_until_free(guard: OwnerGuard, index: int, say: Callable[[str], None]) -> None:
+    """Block while the owner wants the machine: a paused stage joins no ring."""
+    said = None
+    while (reason := guard.reason()) is not None:
+        if reason != said:
+            say(f"mahout: stage {index}: paused ({reason}): not joining the ring until free")
+            said = reason
+        time.sleep(OWNER_POLL_S)
+    if said is not None:
+        say(f"mahout: stage {index}: resumed: joining the ring")
+
+
+def _leave_when_the_owner_returns(guard: OwnerGuard, agent: StageAgent, index: int,
+                                  say: Callable[[str], None]) -> OwnerWatch:
+    """Close `agent` (ending the ring session) as soon as the owner wants the machine back."""
+
+    def on_change(reason: str | None) -> None:
+        if reason:
+            say(f"mahout: stage {index}: paused ({reason}): leaving the ring; its requests in flight fail over")
+            agent.close()
+
+    return OwnerWatch(guard, on_change, poll_s=OWNER_POLL_S).start()
 
 
 class LocalStages:
@@ -150,7 +201,7 @@ class LocalStages:
             sys.executable, "-m", "mahout", "stage", "--server", a.server, "--ring",
             str(self.ring_id), "--stage", str(index), "--bind", f"{self.bind_host}:0", "--threads", str(a.threads),
             "--n-ctx", str(a.n_ctx), "--wait", str(a.wait), *(["--model", str(a.model)] if a.model else []),
-            *(["--advertise", a.advertise] if a.advertise else []),
+            *(["--advertise", a.advertise] if a.advertise else []), "--bridged",
         ]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                TOKEN_ENV: a.token}  # the token in the environment, not on a command line every user can read

@@ -5,6 +5,11 @@ Claiming, token pushes, completion and failure all go through the normal host AP
 engine. It qualifies with a measured run of the ring itself. A stage dying raises
 `RingBroken` out of ``stream``, which the loop reports as the job's failure; `serve_ring`
 then stops claiming until the ring is whole again.
+
+While the owner of the bridge's machine wants it (`mahout.owner`: `mahout pause`,
+``--schedule``, the idle detector unless ``--no-idle-detect``), the host loops claim nothing
+and finish the jobs in hand, as `mahout run`'s do; the ring stays formed, idle, so work resumes
+without reloading. A stage on another host watches its own owner (`mahout.ring.member`).
 """
 from __future__ import annotations
 
@@ -273,12 +278,14 @@ def serve_ring(args: argparse.Namespace, *, say: Callable[[str], None] = print) 
     from mahout.api import HostApi
     from mahout.home import resolve_home
     from mahout.model_files import SHIPPED_MODEL
+    from mahout.owner import owner_guard
     from mahout.presence import presence
     from mahout.ring.api import RingApi
     from mahout.ring.member import LocalStages
     from mahout.ring.rendezvous import RendezvousTimeout, bridge_connect
 
     model_path = Path(args.model) if args.model else default_model_path()
+    owner = owner_guard(args, resolve_home(args.home))
     api, ring_api = HostApi(args.server, args.token), RingApi(args.server, args.token)
     local: LocalStages | None = None
     handled, fingerprint = 0, ""
@@ -303,8 +310,8 @@ def serve_ring(args: argparse.Namespace, *, say: Callable[[str], None] = print) 
                 if not fingerprint:
                     fingerprint = _qualify(bridge, model_path, api, args, local.pids, n_stages, say)
                 loops = ring_loops(api, bridge, model_path, parallel=args.parallel, n_ctx=args.n_ctx,
-                                   fingerprint=fingerprint, home=resolve_home(args.home), out=say,
-                                   claim_wait=RING_CLAIM_WAIT_S)
+                                   fingerprint=fingerprint, home=owner.home, out=say, claim_wait=RING_CLAIM_WAIT_S,
+                                   idle=owner.idle, schedule=owner.schedule)
                 say(f"mahout: serving {SHIPPED_MODEL} from ring {args.ring} ({n_stages} stages) for {args.server} "
                     f"({args.parallel} job(s) at once)")
                 left = None if args.max_jobs is None else args.max_jobs - handled
