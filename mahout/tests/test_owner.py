@@ -66,7 +66,7 @@ class OwnerArgumentsTests:
 
 
 class OwnerWatchTests:
-    def test_it_reports_the_first_answer_and_each_change(self, tmp_path: Path) -> None:
+    def test_it_reports_each_change_counting_from_free(self, tmp_path: Path) -> None:
         seen: list[str | None] = []
         changed = threading.Event()
 
@@ -76,12 +76,19 @@ class OwnerWatchTests:
 
         watch = OwnerWatch(OwnerGuard(tmp_path), on_change, poll_s=0.01).start()
         try:
-            assert seen == [None]
+            assert seen == [] and watch.reason is None
             for paused, expected in ((True, "pause flag set"), (False, None)):
                 changed.clear()
                 set_paused(tmp_path, paused)
                 assert changed.wait(5)
-                assert seen[-1] == expected
+                assert seen[-1] == expected and watch.reason == expected
         finally:
             watch.stop()
-        assert seen == [None, "pause flag set", None]
+        assert seen == ["pause flag set", None]
+
+    def test_a_machine_paused_at_start_is_reported_at_once(self, tmp_path: Path) -> None:
+        set_paused(tmp_path, True)
+        seen: list[str | None] = []
+        watch = OwnerWatch(OwnerGuard(tmp_path), seen.append, poll_s=60).start()
+        watch.stop()
+        assert seen == ["pause flag set"] and watch.reason == "pause flag set"
