@@ -24,7 +24,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts its OpenMP runtime
 
 import torch  # noqa: E402
+from ring import llama_decode_tps  # noqa: E402 - bench/ring.py, beside this script: decode tokens/s timed one way
 
 from engine.device import add_device_argument  # noqa: E402
 from engine.generate import build_stages, generate  # noqa: E402
@@ -53,21 +53,6 @@ def engine_tps(path: Path, prompt_ids: list[int], tokens: int, device: torch.dev
     return generate([stage], prompt_ids, tokens).decode_tokens_per_s
 
 
-def llama_tps(llm, prompt_ids: list[int], tokens: int) -> float:  # type: ignore[no-untyped-def]
-    """Decode tokens/s: tokens after the first over the time after the first (as the engine's)."""
-    llm.reset()
-    first = end = None
-    produced = 0
-    for _ in llm.generate(prompt_ids, temp=0.0, top_k=1, reset=True):
-        produced += 1
-        end = time.perf_counter()
-        first = first or end
-        if produced >= tokens:
-            break
-    assert first is not None and end is not None
-    return (produced - 1) / (end - first)
-
-
 def measure(name: str, path: Path, rounds: int, tokens: int, device: torch.device) -> tuple[float, float]:
     """Median engine and llama.cpp decode tokens/s on one file, rounds alternating."""
     from mahout.runners.llama import load_llama
@@ -75,14 +60,14 @@ def measure(name: str, path: Path, rounds: int, tokens: int, device: torch.devic
     prompt_ids = Tokenizer(path).encode(PROMPT)
     llm = load_llama(path, n_ctx=256, threads=1)
     engine_tps(path, prompt_ids, 4, device)  # warm-up: the file's pages, torch's kernels
-    llama_tps(llm, prompt_ids, 4)
+    llama_decode_tps(llm, prompt_ids, 4)
     engine, llama = [], []
     for i in range(rounds):
         for side in ("engine", "llama") if i % 2 == 0 else ("llama", "engine"):
             if side == "engine":
                 engine.append(engine_tps(path, prompt_ids, tokens, device))
             else:
-                llama.append(llama_tps(llm, prompt_ids, tokens))
+                llama.append(llama_decode_tps(llm, prompt_ids, tokens))
     llm.close()
     e, l_ = statistics.median(engine), statistics.median(llama)
     print(f"{name}: engine ({device}) {e:.2f} tok/s, llama-cpp-python {l_:.2f} tok/s -> ratio {e / l_:.2f} "
