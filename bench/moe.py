@@ -214,7 +214,7 @@ def saturation_round(
     agent = CoordinatorAgent(runner, client, name).start()
     processes = [
         subprocess.Popen([sys.executable, "-m", "mahout", "moe", "volunteer", "--server", url, "--token",
-                          trusted(f"v{i}-{name}"), "--max-slices", "1"],
+                          trusted(f"v{i}-{name}"), "--max-slices", "1", "--no-idle-detect", "--home", str(tmp / f"home-{i}")],
                          cwd=ROOT, stdout=(tmp / f"volunteer-{name}-{i}.log").open("w"), stderr=subprocess.STDOUT)
         for i in range(volunteers)
     ]

@@ -48,7 +48,7 @@ def moe_gateway(transactional_db: None, e2e_dirs: Path) -> Iterator[Gateway]:
 def _volunteer(url: str, token: str, log: Path) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "mahout", "moe", "volunteer", "--server", url, "--token", token, "--poll", "0.3",
-         "--heartbeat", "0.5"],
+         "--heartbeat", "0.5", "--no-idle-detect", "--home", str(log.parent / "volunteer-home")],  # not this machine's owner
         cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT,
     )
 

@@ -82,7 +82,8 @@ class ExpertRelayTests:
         log = (e2e_dirs / "logs" / "relay-volunteer.log").open("w")
         volunteer = subprocess.Popen(
             [sys.executable, "-m", "mahout", "moe", "volunteer", "--server", relay_gateway, "--token", volunteer_host.token,
-             "--poll", "0.3", "--heartbeat", "0.5"],  # no flag: behind NAT is the default
+             "--poll", "0.3", "--heartbeat", "0.5", "--no-idle-detect", "--home", str(e2e_dirs / "volunteer-home")],
+            # (no --direct: behind NAT is the default)
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
         )
         try:

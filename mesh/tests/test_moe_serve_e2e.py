@@ -56,7 +56,7 @@ class CoordinatorServesTests:
         log_path = e2e_dirs / "logs" / f"moe-coordinator-{time.time_ns()}.log"
         process = subprocess.Popen(
             [sys.executable, "-m", "mahout", "moe", "coordinator", "--server", gateway.url, "--token", host.token,
-             "--model", str(tiny), "--name", "tiny-moe", "--slots", "2", "--report", "0.5", "--claim-wait", "2", "--home", str(tmp_path / "home")],
+             "--model", str(tiny), "--name", "tiny-moe", "--slots", "2", "--report", "0.5", "--claim-wait", "2", "--home", str(tmp_path / "home"), "--no-idle-detect"],
             cwd=ROOT, env=stack_env(), stdout=log_path.open("w"), stderr=subprocess.STDOUT,
         )
         try:
