@@ -70,11 +70,12 @@ def ring(gateway: Gateway, catalog: CatalogModel, e2e_dirs: Path, tmp_path: Path
     logs = e2e_dirs / "logs"
     stages = [
         MahoutProcess(f"stage{i}", ["stage", *common, "--token", host.token, "--stage", str(i),
-                                    "--bind", "127.0.0.1:0", "--once"], logs)
+                                    "--bind", "127.0.0.1:0", "--once", "--no-idle-detect",
+                                    "--home", str(tmp_path / f"stage{i}")], logs)
         for i, host in enumerate((head, tail))
     ]
     bridge_process = MahoutProcess("bridge", ["ring", *common, "--token", bridge.token, "--parallel", "2",
-                                              "--bench-tokens", "8", "--home", str(tmp_path)], logs)
+                                              "--bench-tokens", "8", "--home", str(tmp_path), "--no-idle-detect"], logs)
     processes = [*stages, bridge_process]
     try:
         def qualified() -> bool:
