@@ -23,7 +23,7 @@ from hosts.admin import HostAdmin
 from hosts.models import Host
 from marketplace import selectors, services
 from marketplace.canaries import canary_summary
-from marketplace.models import Audit, CanaryCheck, CanaryReference, Job, Request, StageShare, TextChunk
+from marketplace.models import Audit, CanaryCheck, CanaryReference, Job, Request, StageShare, StoredResponse, TextChunk
 
 
 @admin.register(Host)
@@ -174,6 +174,21 @@ class TextChunkAdmin(admin.ModelAdmin):
     @admin.display(description="characters")
     def length(self, chunk: TextChunk) -> int:
         return len(chunk.text)
+
+
+@admin.register(StoredResponse)
+class StoredResponseAdmin(admin.ModelAdmin):
+    """Which Responses API answers are kept (`store: true`) and until when; never the conversation
+    or the answer itself. An operator may delete one early (a customer's request to forget it)."""
+
+    list_display = ("request", "expires_at")
+    list_select_related = ("request",)
+    search_fields = ("request__public_id",)
+    exclude = ("conversation", "body")
+    readonly_fields = ("request", "expires_at")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
 
 
 @admin.register(StageShare)

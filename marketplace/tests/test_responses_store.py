@@ -156,3 +156,19 @@ class SweepTests:
         before = timezone.now()
         row = stored(customer, catalog, "resp_short")
         assert before + timedelta(seconds=5) <= row.expires_at <= timezone.now() + timedelta(seconds=5)
+
+
+class StoredResponseAdminTests:
+    def test_the_operator_sees_which_are_kept_and_until_when_never_the_conversation(self, customer, catalog) -> None:
+        from django.contrib.auth import get_user_model
+
+        row = stored(customer, catalog, "resp_admin")
+        operator = Client()
+        operator.force_login(get_user_model().objects.create_superuser("ops", "ops@example.com", "pw-long-enough"))
+        pages = [operator.get("/admin/marketplace/storedresponse/?q=resp_admin"),
+                 operator.get(f"/admin/marketplace/storedresponse/{row.pk}/change/")]
+        for page in pages:
+            assert page.status_code == 200
+            text = page.content.decode()
+            assert "resp_admin" in text or str(row.request_id) in text
+            assert "Weather in Oslo" not in text and "Oslo" not in text  # the customer's words stay out of the admin
