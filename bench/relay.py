@@ -134,20 +134,32 @@ def check_text(text: str, batches: int) -> tuple[list[int], int, int, int]:
     return seqs, lost, duplicated, reordered
 
 
-async def one_stream(client, batches: int, delays: list[float], rates: list[float]) -> tuple[str, str | None]:  # type: ignore[no-untyped-def]
+async def text_pieces(client, door: str):  # type: ignore[no-untyped-def]
+    """A stream's text as it arrives, through the chat door or the Responses API's."""
+    if door == "responses":
+        events = await client.responses.create(model="gemma-3-270m", input="relay", max_output_tokens=3000, stream=True)
+        async for event in events:
+            if event.type == "response.output_text.delta" and event.delta:
+                yield event.delta
+        return
+    chunks = await client.chat.completions.create(
+        model="gemma-3-270m", messages=[{"role": "user", "content": "relay"}], max_tokens=3000, stream=True,
+    )
+    async for chunk in chunks:
+        if chunk.choices and chunk.choices[0].delta.content:
+            yield chunk.choices[0].delta.content
+
+
+async def one_stream(client, batches: int, delays: list[float], rates: list[float],  # type: ignore[no-untyped-def]
+                     door: str = "chat") -> tuple[str, str | None]:
     """Read one stream; each batch's delay is the time its mark arrived minus when it was sent;
     its steady rate is the batches after the first over the time from the first to the last."""
     text, seen, first, last = "", 0, 0.0, 0.0
     try:
-        stream = await client.chat.completions.create(
-            model="gemma-3-270m", messages=[{"role": "user", "content": "relay"}], max_tokens=3000, stream=True,
-        )
-        async for chunk in stream:
-            if not chunk.choices or not chunk.choices[0].delta.content:
-                continue
+        async for piece in text_pieces(client, door):
             now = time.time()
             first, last = first or now, now
-            text += chunk.choices[0].delta.content
+            text += piece
             marks = list(MARK.finditer(text))
             for mark in marks[seen:]:
                 delays.append(now - float(mark.group(2)))
@@ -209,7 +221,7 @@ def heavy_child(server: str, secret: str, count: int) -> None:
     print(json.dumps(answers))
 
 
-async def pool_round(server: str, secret: str, streams: int, batches: int, heavy: int = 0) -> dict:
+async def pool_round(server: str, secret: str, streams: int, batches: int, heavy: int = 0, door: str = "chat") -> dict:
     import httpx
     import openai
 
@@ -220,7 +232,7 @@ async def pool_round(server: str, secret: str, streams: int, batches: int, heavy
     answers: list[tuple[int, float]] = []
     child = await heavy_child_start(server, secret, heavy) if heavy else None
     started = time.monotonic()
-    results = await asyncio.gather(*(one_stream(client, batches, delays, rates) for _ in range(streams)),
+    results = await asyncio.gather(*(one_stream(client, batches, delays, rates, door) for _ in range(streams)),
                                    *([heavy_schemas(child, answers)] if child else []))
     results = results[:streams]
     elapsed = time.monotonic() - started
@@ -261,10 +273,11 @@ def measure(args: argparse.Namespace, target: Target, server: str, tmp: Path, st
     sim = start_simhost(server, token, streams, args, tmp / f"simhost-{tag}.log", socket=socket, socket_claims=path == "ws-claims")
     try:
         time.sleep(1.5)  # its long-polls are waiting
-        asyncio.run(pool_round(server, secret, 1, 2))  # warm-up, not measured: the gateway loads its tokenizer
+        asyncio.run(pool_round(server, secret, 1, 2, door=args.current_door))  # warm-up, not measured: the gateway loads its tokenizer
         gateway_cpu, sim_cpu = target.cpu(), cpu_seconds(sim.pid)
         own_cpu, children_cpu = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-        rounds = [asyncio.run(pool_round(server, secret, streams, args.batches, args.heavy)) for _ in range(args.rounds)]
+        rounds = [asyncio.run(pool_round(server, secret, streams, args.batches, args.heavy, args.current_door))
+                  for _ in range(args.rounds)]
         own_after, children_after = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
         gateway_used, sim_used = target.cpu() - gateway_cpu, cpu_seconds(sim.pid) - sim_cpu
     finally:
@@ -314,6 +327,8 @@ def main() -> None:
     parser.add_argument("--heavy", type=int, default=0,
                         help="also send this many requests with issue 30's heavy schema (minItems 1e7) a second into each round")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--door", choices=["chat", "responses"], action="append",
+                        help="the customers' API (repeatable: each measured in turn, same gateway; default chat)")
     parser.add_argument("--socket", choices=["http", "ws", "ws-claims"], default="ws-claims",
                         help="how the synthetic host reaches this checkout: batches over HTTP, batches on its WebSocket, "
                              "or batches and claims on its WebSocket (mahout's path)")
@@ -332,14 +347,16 @@ def main() -> None:
             for target in targets if streams % 2 else list(reversed(targets)):  # alternate who goes first
                 server = target.start(args.port, tmp / f"gateway-{target.name}.log", workers)
                 try:
-                    results.append(measure(args, target, server, tmp, streams))
+                    for door in args.door or ["chat"]:
+                        args.current_door = door
+                        results.append({**measure(args, target, server, tmp, streams), "door": door})
                 finally:
                     target.stop()
     print(json.dumps({"database": "postgresql" if os.environ.get("DATABASE_URL") else "sqlite", "batches": args.batches,
                       "interval": args.interval, "host_path": args.socket, "results": results}, indent=2))
     for r in results:
         print(
-            f"{r['gateway']:>4}/{r['host_path']:<9} W={r['workers']} C={r['streams']:>3}: offered {r['offered_batches_per_s']:.0f}/s, relayed "
+            f"{r['gateway']:>4}/{r['host_path']:<9} {r['door']:<9} W={r['workers']} C={r['streams']:>3}: offered {r['offered_batches_per_s']:.0f}/s, relayed "
             f"{r['steady_batches_per_s']:.0f}/s steady ({r['steady_batches_per_s'] / r['offered_batches_per_s']:.0%} of offered), "
             f"{r['relayed_batches_per_s']:.0f}/s over the round ({r['relayed_share']:.0%} arrived), round {r['round_s']:.1f} s (ideal "
             f"{r['stream_s_ideal']:.1f}), delay p50/p99/max {r['delay_ms_p50']:.0f}/{r['delay_ms_p99']:.0f}/"
