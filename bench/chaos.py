@@ -122,6 +122,16 @@ def host_main(argv: list[str]) -> None:
     host.run()
 
 
+def answers(url: str) -> bool:
+    import httpx
+
+    try:
+        httpx.get(url, timeout=1)
+    except httpx.HTTPError:
+        return False
+    return True
+
+
 def pct(values: list[float], q: float) -> float | None:
     ordered = sorted(values)
     return round(ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))], 3) if ordered else None
@@ -340,7 +350,6 @@ def main() -> None:
         low, _, high = args.rtt_ms.partition("-")
         homes = netsim.up(args.hosts + args.mahout, (float(low), float(high or low)), 5.0, args.loss, seed=7)
     setup_django(tmp)
-    import httpx
     import openai
 
     from billing.models import Hold
@@ -348,6 +357,7 @@ def main() -> None:
     from catalog.models import CatalogModel
     from catalog.seed import catalog_seed
     from testkit.personas import make_customer
+    from testkit.stack import wait_until
 
     catalog_seed(CatalogModel)
     address = netsim.GATEWAY_IP if args.netsim else "127.0.0.1"
@@ -362,12 +372,7 @@ def main() -> None:
     ]
     pool = chaos = None
     try:
-        for _ in range(300):
-            try:
-                httpx.get(f"{server}/healthz", timeout=1)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        wait_until(lambda: answers(f"{server}/healthz"), timeout=60, what="the gateway", interval=0.2)
         pool = Pool(server, tmp, args.hosts, args.mahout, args.threads, args.netsim)
         client = openai.OpenAI(base_url=f"{server}/v1", api_key=make_customer(credit_ucents=10**12).secret,
                                max_retries=0, timeout=180)
