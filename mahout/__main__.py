@@ -13,6 +13,7 @@ from mahout import command_name
 from mahout.credentials import NoCredentials, credentials_resolve, credentials_save
 from mahout.home import is_paused, resolve_home, set_paused
 from mahout.logfile import log_path, open_log
+from mahout.owner import add_owner_arguments
 
 if TYPE_CHECKING:
     from mahout.catalog import CatalogFile
@@ -73,15 +74,6 @@ def _gpu_layers(text: str) -> str | int:
         raise argparse.ArgumentTypeError(f"{text!r}: must be auto or a number of layers (0: none)") from exc
 
 
-def _schedule(text: str) -> object:
-    from mahout.schedule import Schedule
-
-    try:
-        return Schedule.parse(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def _positive(text: str) -> int:
     value = int(text)
     if value <= 0:
@@ -105,12 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="serve jobs for the gateway")
     run.add_argument("--server", help="gateway base URL, e.g. http://127.0.0.1:8000 (default: from `mahout login`, or $MAHOUT_SERVER)")
     run.add_argument("--token", help="host token (visible in ps: prefer `mahout login` or $MAHOUT_TOKEN)")
-    run.add_argument("--idle-detect", action=argparse.BooleanOptionalAction, default=True,
-                     help="pause while the owner uses the machine (keyboard/mouse input, another GPU program); "
-                          "on by default, --no-idle-detect for a dedicated server")
-    run.add_argument("--idle-threshold", type=float, default=120.0, help="seconds of no input before working")
-    run.add_argument("--schedule", type=_schedule, default=None,
-                     help="serve only in these local hours, e.g. 22:00-08:00 (several: 22:00-08:00,12:00-13:00)")
+    add_owner_arguments(run)  # --idle-detect, --idle-threshold, --schedule: as every command that serves others' work
     run.add_argument("--max-jobs", type=int, default=None, help="exit after this many jobs")
     run.add_argument("--once", action="store_true", help="make one claim attempt, then exit")
     run.add_argument("--rebenchmark", action="store_true", help="ignore the cached benchmark")
