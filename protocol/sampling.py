@@ -14,7 +14,12 @@ before it (the prompt's tokens plus the tokens generated so far). The job's ``se
 by the gateway (the customer's own when given).
 
 **The distribution** at that position, from the model's logits ``l`` over the vocabulary (a
-masked token, ``-inf``, has weight 0):
+masked token, ``-inf``, has weight 0). A constraint masks tokens first: under structured
+output (a ``response_format``'s grammar) every token the grammar refuses in its state after the
+tokens generated so far; while a host re-writes text it resumes (a cut last word, a
+``rewrite``) every token that neither starts with the text still to write nor is a prefix of it.
+The draw is then made over the masked logits by the same rule (:func:`select_masked` makes it
+asking the grammar about as few tokens as it can):
 
 1. ``temperature <= 0`` is greedy: the token is the argmax of ``l``, the lowest id on a tie;
    ``u`` is not used.
@@ -55,6 +60,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import numpy as np
     import numpy.typing as npt
 
@@ -78,6 +85,8 @@ TOLERANCE = 1e-6
 BLOCK = 512  # tokens per block when summing (Gemma 3's 262,144 are 512 blocks)
 THRESHOLDS = (1e-4, 1e-8)  # weights (relative to the best, 1) above which the top-p set is sought first
 SORT_AT_MOST = 2048  # tokens near the top-p cut sorted by weight (the heavier ones are kept unsorted)
+LIKELY = (64, 1024)  # under a mask: the likeliest tokens asked about first, before every token
+SETTLED_BY = 1e-9  # under a mask: the mass by which a draw settled lazily must be clear of rounding
 
 
 @dataclass(frozen=True)
@@ -113,6 +122,77 @@ def select(logits: npt.ArrayLike, *, temperature: float, top_p: float, u: float)
         return _Whole(weights).select(u)
     kept, cumulative = _kept(weights, top_p)
     return int(kept[_first_above(cumulative, _target(u, cumulative[-1]))])
+
+
+def select_masked(
+    logits: npt.ArrayLike, allowed: Callable[[npt.NDArray[np.intp]], npt.NDArray[np.bool_]], *, temperature: float,
+    top_p: float, u: float,
+) -> int:
+    """:func:`select` over ``logits`` with the tokens ``allowed`` refuses masked (``allowed``
+    answers, for an array of ids, whether each may be drawn: a grammar in its current state).
+
+    A grammar's answer costs far more a token than anything here, so the likeliest tokens are
+    asked about first (``LIKELY``) and the draw is settled among those it allows when no answer
+    about the others could change it: greedy, when the best allowed token outranks every token
+    not asked about; sampled (top_p 1), when the target ``u * W`` and the chosen interval stay
+    apart whatever the others' answers (their whole weight could only widen ``W`` and shift the
+    interval). Otherwise, and always under top_p < 1 (its cut depends on every allowed token's
+    weight), every token is asked about and the draw is :func:`select`'s over the masked logits.
+    Raises ValueError when ``allowed`` refuses every token with any weight."""
+    import numpy as np
+
+    scores = np.ascontiguousarray(logits, dtype=np.float32)
+    if temperature <= 0 or top_p >= 1:
+        weights = None if temperature <= 0 else _weights(scores, temperature)
+        for count in (c for c in LIKELY if c < len(scores)):
+            settled = (_greedy_settled(scores, allowed, count) if weights is None
+                       else _draw_settled(weights, allowed, count, u))
+            if settled is not None:
+                return settled
+    masked = np.where(allowed(np.arange(len(scores))), scores, np.float32(-np.inf))
+    if not np.isfinite(masked.max()):
+        raise ValueError("the mask refuses every token")
+    return select(masked, temperature=temperature, top_p=top_p, u=u)
+
+
+def _greedy_settled(
+    scores: npt.NDArray[np.float32], allowed: Callable[[npt.NDArray[np.intp]], npt.NDArray[np.bool_]], count: int,
+) -> int | None:
+    """The best allowed token among the ``count`` best, when it outranks every other (None: it may not)."""
+    import numpy as np
+
+    part = np.argpartition(-scores, count)
+    best, unseen = part[:count], float(scores[part[count]])  # every token not asked about scores at most `unseen`
+    ranked = best[np.lexsort((best, -scores[best]))]  # best first, a tie by lower id
+    ok = allowed(ranked)
+    if not ok.any():
+        return None
+    token = int(ranked[int(np.argmax(ok))])
+    return token if float(scores[token]) > unseen else None
+
+
+def _draw_settled(
+    weights: npt.NDArray[np.float32], allowed: Callable[[npt.NDArray[np.intp]], npt.NDArray[np.bool_]], count: int,
+    u: float,
+) -> int | None:
+    """The draw (top_p 1) among the ``count`` heaviest tokens, when the weight of those not
+    asked about (``unknown``, ``below`` of it at lower ids than the token) cannot move it."""
+    import numpy as np
+
+    asked = np.sort(np.argpartition(-weights, count)[:count])
+    kept = asked[allowed(asked)]
+    kept_weights = weights[kept].astype(np.float64)
+    cumulative = np.cumsum(kept_weights)
+    if not len(kept) or cumulative[-1] <= 0:
+        return None
+    known, total = float(cumulative[-1]), float(weights.sum(dtype=np.float64))
+    unknown = max(total - float(weights[asked].sum(dtype=np.float64)), 0.0)
+    target = _target(u, known)
+    at = _first_above(cumulative, target)
+    token, lo, hi = int(kept[at]), float(cumulative[at] - kept_weights[at]), float(cumulative[at])
+    below = max(float(weights[:token].sum(dtype=np.float64)) - float(weights[asked[asked < token]].sum(dtype=np.float64)), 0.0)
+    clear = SETTLED_BY * total
+    return token if lo + below + clear <= target and u * (known + unknown) + clear < hi else None
 
 
 def token_check(

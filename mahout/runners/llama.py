@@ -22,7 +22,7 @@ from mahout.runners.logprobs import LogprobRecorder, TokenAligner
 from protocol.grammar_fence import FenceUnavailable, GrammarFence
 from protocol.jobs import CHAT, job_stop_strings
 from protocol.rendering import fragments_tokens
-from protocol.sampling import select, uniform
+from protocol.sampling import select, select_masked, uniform
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -180,27 +180,15 @@ def grammar_for(response_format: dict | None) -> object | None:
         raise RequestRejected(f"response_format cannot be made into a grammar here: {exc}") from exc
 
 
-class LazyGrammar:
-    """Grammar-constrained sampling that checks the grammar against one token, not all.
+class Grammar:
+    """llama.cpp's grammar matcher for one answer: which tokens it allows in its current state
+    (:meth:`allowed`, the ``allowed`` of :func:`protocol.sampling.select_masked`) and the
+    tokens drawn, fed to it in order (:meth:`accept`). A host samples under it; a verifier
+    replays it over the delivered tokens. Asking about every token of Gemma 3's 262,144 costs
+    milliseconds (``bench/trust.py --grammar`` measures it), which is why ``select_masked`` asks
+    about the likeliest first."""
 
-    llama.cpp's grammar sampler tests every token of the vocabulary at every step (262,144
-    for Gemma 3: most of a step's time). As llama.cpp's own common sampler does, this draws
-    the likely tokens first (greedily the 16 best; otherwise 16 draws from the
-    temperature/top-p distribution with its own seeded generator) and asks the grammar about
-    those alone, taking the best (or first drawn) it allows; only when it allows none of them
-    are all tokens tested and the draw made among those it allows. The result is the
-    grammar-masked choice exactly (greedy: the best allowed token; sampled: rejection
-    sampling, then the masked distribution itself). The chosen token is then the only one left
-    for llama.cpp's own sampler, which picks it. A logits processor: it sees the tokens
-    generated so far and feeds them to the grammar before each draw."""
-
-    CANDIDATES = 16
-    DRAWS = 64  # when sampling: draws are cheap (see `_draws`), a miss costs a whole-vocabulary check
-    WIDE = 1024  # the second round, before the whole vocabulary (forced literals are often unlikely tokens)
-    BLOCK = 512  # tokens per block when drawing (Gemma 3's 262,144 are 512 blocks)
-
-    def __init__(self, llm: Llama, grammar: object, *, prompt_len: int, temperature: float, top_p: float,
-                 seed: int | None) -> None:
+    def __init__(self, llm: Llama, grammar: object) -> None:
         import llama_cpp
         import numpy as np
 
@@ -209,123 +197,76 @@ class LazyGrammar:
             llama_cpp.llama_model_get_vocab(llm.model), grammar._grammar.encode("utf-8"),  # type: ignore[attr-defined]
             grammar._root.encode("utf-8"),  # type: ignore[attr-defined]
         )
-        self._seen = prompt_len
-        self._temperature, self._top_p = temperature, top_p
-        self._rng = np.random.default_rng(None if seed is None else seed % 2**64)
-        self.token_ids: list[int] = []  # each token chosen, in order
-        self._some = (llama_cpp.llama_token_data * self.WIDE)()
-        n_vocab = llm.n_vocab()
-        self._all = np.zeros(n_vocab, dtype=np.dtype([("id", np.intc), ("logit", np.single), ("p", np.single)], align=True))
-        self._all["id"] = np.arange(n_vocab, dtype=np.intc)
+        if not self._sampler:
+            raise RequestRejected("llama.cpp could not build the response_format's grammar")
+        self._dtype = np.dtype([("id", np.intc), ("logit", np.single), ("p", np.single)], align=True)
+        self._all = np.zeros(llm.n_vocab(), dtype=self._dtype)
+        self._all["id"] = np.arange(llm.n_vocab(), dtype=np.intc)
 
     def close(self) -> None:
         if self._sampler is not None:
             self._lib.llama_sampler_free(self._sampler)
             self._sampler = None
 
+    def accept(self, token: int) -> None:
+        """Advance past ``token``, which :meth:`allowed` must allow (llama.cpp aborts the
+        process on one it refuses)."""
+        self._lib.llama_sampler_accept(self._sampler, int(token))
+
+    def allowed(self, ids: npt.NDArray[np.intp]) -> npt.NDArray[np.bool_]:
+        """For each of ``ids``, whether the grammar allows it next."""
+        import numpy as np
+
+        if len(ids) == len(self._all):  # every token, in order: the array kept for it
+            data = self._all
+        else:
+            data = np.zeros(len(ids), dtype=self._dtype)
+            data["id"] = ids
+        data["logit"] = 0.0
+        self._apply(data)
+        return np.isfinite(data["logit"])
+
+    def _apply(self, data: npt.NDArray[np.void]) -> None:
+        """Let the grammar mark the tokens it refuses (logit −inf) in the token data ``data``."""
+        import ctypes
+
+        pointer = ctypes.cast(data.ctypes.data, ctypes.POINTER(self._lib.llama_token_data))
+        array = self._lib.llama_token_data_array(data=pointer, size=len(data), selected=-1, sorted=False)
+        self._lib.llama_sampler_apply(self._sampler, ctypes.byref(array))
+
+
+class GrammarSampler:
+    """The specified sampler under a grammar, as a logits processor: the token at position
+    ``len(input_ids)`` is :func:`protocol.sampling.select_masked`'s draw with
+    ``uniform(seed, position)`` over the tokens the grammar allows (after the tokens generated
+    so far, fed to it before each draw), then left the only finite score, as
+    :class:`SpecifiedSampler` does. Exactly the draw over the masked logits, so a verifier
+    replaying the grammar checks it like any other."""
+
+    def __init__(self, grammar: Grammar, *, prompt_len: int, seed: int, temperature: float, top_p: float) -> None:
+        self.grammar = grammar
+        self._seen = prompt_len
+        self.seed, self.temperature, self.top_p = seed, temperature, top_p
+        self.token_ids: list[int] = []  # each token chosen, in order
+
     def __call__(self, input_ids: npt.NDArray[np.intc], scores: npt.NDArray[np.single]) -> npt.NDArray[np.single]:
         import numpy as np
 
         for token in input_ids[self._seen :]:
-            self._lib.llama_sampler_accept(self._sampler, int(token))
+            self.grammar.accept(int(token))
         self._seen = len(input_ids)
-        weights = None if self._temperature <= 0 else self._weights(scores)
-        choice = None
-        for wide in (False, True):  # the likely tokens, then many more, before the whole vocabulary
-            choice = self._first_allowed(self._candidates(scores, weights, wide=wide))
-            if choice is not None:
-                break
-        if choice is None:  # none of them: ask the grammar about every token
-            allowed = self._allowed(scores)
-            if weights is None:
-                choice = int(np.argmax(np.where(allowed, scores, -np.inf)))
-            else:
-                masked = np.where(allowed, weights, np.float32(0.0))
-                choice = self._draws(masked, 1)[0] if masked.sum() > 0 else int(np.argmax(np.where(allowed, scores, -np.inf)))
+        choice = select_masked(scores, self.grammar.allowed, temperature=self.temperature, top_p=self.top_p,
+                               u=uniform(self.seed, len(input_ids)))
         self.token_ids.append(choice)
         only = np.full_like(scores, -np.inf)
         only[choice] = scores[choice] if np.isfinite(scores[choice]) else 0.0
         return only
 
-    def _candidates(self, scores: npt.NDArray[np.single], weights: npt.NDArray[np.single] | None, *, wide: bool) -> list[int]:
-        """Tokens to ask the grammar about, in order: greedily, the CANDIDATES (`wide`: WIDE)
-        best, best first; otherwise DRAWS (`wide`: WIDE) more independent draws. Taking the
-        first the grammar allows is exact either way: the best allowed token, or rejection
-        sampling from the masked distribution (a wide round continues the same sequence of
-        draws)."""
-        import numpy as np
-
-        count = self.WIDE if wide else (self.CANDIDATES if weights is None else self.DRAWS)
-        if weights is None:
-            best = np.argpartition(-scores, count)[:count]
-            return [int(t) for t in best[np.argsort(-scores[best], kind="stable")]]
-        return self._draws(weights, count)
-
-    def _draws(self, weights: npt.NDArray[np.single], count: int) -> list[int]:
-        """`count` independent draws from unnormalised `weights`, by inverse CDF in two
-        levels: the sums of blocks of BLOCK tokens, then the cumulative sums within the blocks
-        the draws fall in (a cumulative sum over the whole vocabulary costs milliseconds a
-        token; NumPy's `choice` does one, after checking and normalising `p`)."""
-        import numpy as np
-
-        size = len(weights)
-        if size % self.BLOCK:
-            weights = np.concatenate([weights, np.zeros(self.BLOCK - size % self.BLOCK, dtype=weights.dtype)])
-        blocks = weights.reshape(-1, self.BLOCK)
-        ends = np.cumsum(blocks.sum(axis=1, dtype=np.float64))
-        targets = self._rng.random(count) * ends[-1]
-        which = np.minimum(np.searchsorted(ends, targets, side="right"), len(ends) - 1)  # (count,) the blocks
-        before = np.where(which > 0, ends[which - 1], 0.0)
-        within = np.cumsum(blocks[which], axis=1, dtype=np.float64) + before[:, None]  # (count, BLOCK)
-        tokens = which * self.BLOCK + np.minimum((within <= targets[:, None]).sum(axis=1), self.BLOCK - 1)
-        edge = (tokens >= size) | (weights[np.minimum(tokens, len(weights) - 1)] <= 0)  # (rounding at a block's edge)
-        tokens[edge] = which[edge] * self.BLOCK + np.argmax(blocks[which[edge]], axis=1)
-        return [int(t) for t in tokens]
-
-    def _weights(self, scores: npt.NDArray[np.single]) -> npt.NDArray[np.single]:
-        """The temperature/top-p distribution llama.cpp would sample from, unnormalised (float32)."""
-        import numpy as np
-
-        weights = np.exp((scores - scores.max()) / np.float32(self._temperature))
-        if self._top_p < 1.0:
-            order = np.argsort(-weights)
-            cumulative = np.cumsum(weights[order], dtype=np.float64)
-            keep = order[: int(np.searchsorted(cumulative, self._top_p * cumulative[-1])) + 1]
-            kept = np.zeros_like(weights)
-            kept[keep] = weights[keep]
-            weights = kept
-        return weights
-
-    def _first_allowed(self, tokens: list[int]) -> int | None:
-        import math
-
-        unique = list(dict.fromkeys(tokens))
-        for i, token in enumerate(unique):
-            self._some[i].id, self._some[i].logit, self._some[i].p = token, 0.0, 0.0
-        self._apply(self._some, len(unique))
-        allowed = {self._some[i].id for i in range(len(unique)) if not math.isinf(self._some[i].logit)}
-        return next((token for token in tokens if token in allowed), None)
-
-    def _apply(self, data: object, size: int) -> None:
-        """Let the grammar mark the tokens it refuses (logit −inf) in `size` token data at `data`."""
-        import ctypes
-
-        pointer = ctypes.cast(data, ctypes.POINTER(self._lib.llama_token_data))
-        array = self._lib.llama_token_data_array(data=pointer, size=size, selected=-1, sorted=False)
-        self._lib.llama_sampler_apply(self._sampler, ctypes.byref(array))
-
-    def _allowed(self, scores: npt.NDArray[np.single]) -> npt.NDArray[np.bool_]:
-        import numpy as np
-
-        self._all["logit"] = 0.0
-        self._apply(self._all.ctypes.data, len(self._all))
-        return np.isfinite(self._all["logit"])
-
 
 class SpecifiedSampler:
     """The specified sampler (:mod:`protocol.sampling`) as a logits processor: the token at
     position ``len(input_ids)`` is ``select(scores, u=uniform(seed, position))``, and it is left
-    the only finite score, so llama.cpp's own sampler picks it (as :class:`LazyGrammar` does).
+    the only finite score, so llama.cpp's own sampler picks it.
     Placed last: after the log-probability recorder has read the model's own scores and after
     a healer's mask. ``token_ids`` records each token chosen, the last one (an end of
     generation, or the token that completed a stop string) included: what a verifier checks."""
@@ -377,15 +318,20 @@ class TokenHealer:
         self.vocab = vocab
         self.pending = dropped.decode("utf-8", errors="ignore")
 
+    def mask(self, produced: bytes) -> npt.NDArray[np.bool_] | None:
+        """The tokens allowed next once ``produced`` (the bytes generated so far) is written:
+        those compatible with the text still to re-write (None: it is all written, any token is)."""
+        if len(produced) >= len(self.dropped):
+            return None
+        return self.vocab.compatible(self.dropped[len(produced) :])
+
     def processors(self) -> LogitsProcessorList:
         import numpy as np
         from llama_cpp import LogitsProcessorList
 
         def rewrite_dropped_text(input_ids: npt.NDArray[np.intc], scores: npt.NDArray[np.single]) -> npt.NDArray[np.single]:
-            produced = b"".join(self.vocab.pieces[t] for t in input_ids[self.prompt_len :])
-            if len(produced) >= len(self.dropped):
-                return scores
-            return np.where(self.vocab.compatible(self.dropped[len(produced) :]), scores, -np.inf)
+            allowed = self.mask(b"".join(self.vocab.pieces[t] for t in input_ids[self.prompt_len :]))
+            return scores if allowed is None else np.where(allowed, scores, -np.inf)
 
         return LogitsProcessorList([rewrite_dropped_text])
 
@@ -433,6 +379,29 @@ class Vocab:
             if piece[:1].isspace():
                 break
         return count
+
+
+def healing(job: dict, tokens: list[int], vocab: Vocab) -> tuple[list[int], TokenHealer | None]:
+    """What a host feeds for ``job`` whose prompt is ``tokens``, and the healer that re-writes
+    text before the model runs free (None: nothing to re-write). A ``rewrite`` (a continuation
+    under a grammar) is written again whole after the prompt; text a job resumes (see
+    :func:`resumes_text`) loses the tokens of its unfinished last word, which are written again."""
+    rewrite = job.get("rewrite") or ""
+    if rewrite:
+        return tokens, TokenHealer(prompt_len=len(tokens), dropped=rewrite.encode("utf-8"), vocab=vocab)
+    back = vocab.unfinished_word(tokens) if resumes_text(job) else 0
+    if back == 0:
+        return tokens, None
+    dropped = b"".join(vocab.pieces[t] for t in tokens[-back:])
+    return tokens[:-back], TokenHealer(prompt_len=len(tokens) - back, dropped=dropped, vocab=vocab)
+
+
+def rewrite_budget(job: dict, max_tokens: int, count: Callable[[str], int]) -> int:
+    """The tokens a host may generate for ``job`` given its ``max_tokens`` (clamped to the
+    context): a ``rewrite`` is written again first, so its tokens (by ``count``) and a few
+    more (a token may split differently when written again) are added."""
+    rewrite = job.get("rewrite") or ""
+    return max_tokens + count(rewrite) + 4 if rewrite else max_tokens
 
 
 class PromptTokenizer:
@@ -501,21 +470,13 @@ class LlamaRunner:
         self._vocab_ready.join()
         self._llm.close()
 
-    def _heal(self, tokens: list[int]) -> tuple[list[int], TokenHealer | None]:
-        """Drop the tokens of the unfinished last word; the healer re-writes them."""
-        self._vocab_ready.join()
-        assert self._vocab is not None
-        back = self._vocab.unfinished_word(tokens)
-        if back == 0:
+    def _healing(self, job: dict, tokens: list[int]) -> tuple[list[int], TokenHealer | None]:
+        """:func:`healing`, waiting for the vocabulary only for a job that re-writes text."""
+        if not (job.get("rewrite") or resumes_text(job)):
             return tokens, None
-        dropped = b"".join(self._vocab.pieces[t] for t in tokens[-back:])
-        return tokens[:-back], TokenHealer(prompt_len=len(tokens) - back, dropped=dropped, vocab=self._vocab)
-
-    def _rewriter(self, *, prompt_len: int, text: str) -> TokenHealer:
-        """A healer that re-writes all of `text` (not just a cut word) before the model runs free."""
         self._vocab_ready.join()
         assert self._vocab is not None
-        return TokenHealer(prompt_len=prompt_len, dropped=text.encode("utf-8"), vocab=self._vocab)
+        return healing(job, tokens, self._vocab)
 
     def prompt_tokens(self, job: dict) -> list[int]:
         """Token ids of the rendered job; raises if they leave no room to generate."""
@@ -544,20 +505,17 @@ class LlamaRunner:
         a generation that hits that bound finishes with "length" and exactly that many tokens.
         A job that resumes text (see :func:`resumes_text`) is token-healed so it
         continues from the exact character, even mid-word. Every token is drawn by the
-        specified sampler (:class:`SpecifiedSampler`) with the job's seed (one drawn here when
-        the job has none: an older gateway's), or under a grammar by :class:`LazyGrammar`.
+        specified sampler with the job's seed (one drawn here when the job has none: an older
+        gateway's): :class:`SpecifiedSampler`, or under a grammar :class:`GrammarSampler`.
         """
         params = job.get("params") or {}
         tokens = self.prompt_tokens(job)
         budget = self.n_ctx - len(tokens)
         max_tokens = min(int(params.get("max_tokens") or budget), budget)
         grammar = grammar_for(params.get("response_format"))
-        rewrite = job.get("rewrite") or ""
-        if rewrite:  # a continuation under a grammar: write the delivered text again, unseen, then go on
-            tokens, healer = tokens, self._rewriter(prompt_len=len(tokens), text=rewrite)
-            max_tokens = min(max_tokens + self._count(rewrite) + 4, budget)
-        else:
-            tokens, healer = self._heal(tokens) if resumes_text(job) else (tokens, None)
+        rewrite = job.get("rewrite") or ""  # a continuation under a grammar: the delivered text, written again unseen
+        max_tokens = min(rewrite_budget(job, max_tokens, self._count), budget)
+        tokens, healer = self._healing(job, tokens)
         self.finish_reason, self.completion_tokens = "stop", 0
         pieces: list[str] = []
         from llama_cpp import LogitsProcessorList
@@ -573,11 +531,11 @@ class LlamaRunner:
         processors: list[Callable[[npt.NDArray[np.intc], npt.NDArray[np.single]], npt.NDArray[np.single]]]
         processors = [recorder] if recorder else []
         processors += list(healer.processors()) if healer else []
-        lazy = None
+        matcher = None
         if grammar is not None:
-            lazy = LazyGrammar(self._llm, grammar, prompt_len=len(tokens), temperature=temperature, top_p=top_p,
-                               seed=self.seed)
-            sampler: LazyGrammar | SpecifiedSampler = lazy
+            matcher = Grammar(self._llm, grammar)
+            sampler: GrammarSampler | SpecifiedSampler = GrammarSampler(
+                matcher, prompt_len=len(tokens), seed=self.seed, temperature=temperature, top_p=top_p)
         else:
             sampler = SpecifiedSampler(seed=self.seed, temperature=temperature, top_p=top_p)
         processors.append(sampler)  # last: it chooses the token
@@ -611,7 +569,7 @@ class LlamaRunner:
                     pieces.append(text)
                     yield Piece(text, entries)
         finally:
-            if lazy is not None:
-                lazy.close()
+            if matcher is not None:
+                matcher.close()
         text = "".join(pieces)
         self.completion_tokens = max_tokens if self.finish_reason == "length" and not rewrite else self._count(text)

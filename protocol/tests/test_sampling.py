@@ -7,7 +7,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from protocol.sampling import MATCH, MISS, TIE_GAP, UNCERTAIN, select, token_check, uniform
+from protocol.sampling import LIKELY, MATCH, MISS, TIE_GAP, UNCERTAIN, select, select_masked, token_check, uniform
 
 
 def reference_select(logits: np.ndarray, *, temperature: float, top_p: float, u: float) -> int:
@@ -92,6 +92,54 @@ class SelectTests:
     def test_a_masked_token_is_never_drawn(self):
         logits = np.array([-np.inf, 0.0, -np.inf, 0.0], dtype=np.float32)
         assert {select(logits, temperature=1.5, top_p=1.0, u=u) for u in np.linspace(0, 0.999, 100)} == {1, 3}
+
+
+class Asked:
+    """A mask as a grammar answers it: for an array of ids, whether each is allowed; counts the ids asked about."""
+
+    def __init__(self, mask: np.ndarray) -> None:
+        self.mask, self.asked = mask, 0
+
+    def __call__(self, ids: np.ndarray) -> np.ndarray:
+        self.asked += len(ids)
+        return self.mask[ids]
+
+
+class SelectMaskedTests:
+    @pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0, 1.5])
+    @pytest.mark.parametrize("top_p", [1.0, 0.9])
+    @pytest.mark.parametrize("allowed_share", [0.9, 0.3, 0.01])
+    def test_it_draws_what_select_draws_over_the_masked_logits(self, temperature, top_p, allowed_share):
+        rng = np.random.default_rng(int(temperature * 10 + top_p * 100 + allowed_share * 1000))
+        for position in range(30):
+            logits = logits_like_a_model(rng, int(rng.integers(2000, 20_000)))
+            mask = rng.random(len(logits)) < allowed_share
+            mask[rng.integers(len(logits))] = True
+            u = uniform(11, position)
+            expected = select(np.where(mask, logits, -np.inf), temperature=temperature, top_p=top_p, u=u)
+            assert select_masked(logits, Asked(mask), temperature=temperature, top_p=top_p, u=u) == expected
+
+    def test_a_likely_allowed_token_is_settled_without_asking_about_every_token(self):
+        rng = np.random.default_rng(4)
+        asked_in_all = []
+        for position in range(40):
+            logits = logits_like_a_model(rng, 262_144)
+            logits[rng.integers(len(logits))] += 30.0  # one token far ahead, as in most steps of a JSON answer
+            asked = Asked(np.ones(len(logits), dtype=bool))
+            u = uniform(2, position)
+            assert select_masked(logits, asked, temperature=0.8, top_p=1.0, u=u) == select(logits, temperature=0.8, top_p=1.0, u=u)
+            asked_in_all.append(asked.asked)
+        assert max(asked_in_all) <= sum(LIKELY), asked_in_all
+
+    def test_greedy_breaks_a_tie_past_the_likely_tokens_by_the_lower_id(self):
+        logits = np.zeros(5000, dtype=np.float32)  # all tied: only the whole vocabulary settles it
+        mask = np.zeros(5000, dtype=bool)
+        mask[[4000, 17]] = True
+        assert select_masked(logits, Asked(mask), temperature=0.0, top_p=1.0, u=0.5) == 17
+
+    def test_a_mask_that_refuses_every_token_is_an_error(self):
+        with pytest.raises(ValueError, match="refuses every token"):
+            select_masked(np.zeros(3000, dtype=np.float32), Asked(np.zeros(3000, dtype=bool)), temperature=1.0, top_p=1.0, u=0.3)
 
 
 class TokenCheckTests:
