@@ -70,6 +70,7 @@ class LedgerTransaction(models.Model):
         CHARGEBACK_WON = "chargeback_won", "Dispute won (the disputed credit comes back)"
         AUDIT_RELEASE = "audit_release", "An audit passed (held earnings → the host)"
         AUDIT_REFUND = "audit_refund", "An audit failed (held earnings and the platform's share → the customer)"
+        AUDIT_SCORE = "audit_score", "A trusted host scored an audit (platform → the scorer, its prefill's fee)"
 
     kind = models.CharField(max_length=16, choices=Kind.choices)
     reference = models.CharField(max_length=128)

@@ -48,7 +48,7 @@ def host_account(*, host: Host) -> Account | None:
 
 
 def _vesting_entries(*, account: Account, now: datetime) -> QuerySet[LedgerEntry]:
-    """The earnings not yet vested: the settlements (and audit releases) credited within the
+    """The earnings not yet vested: the settlements (audit releases, scorers' fees) credited within the
     last EARNINGS_VEST_SECONDS, since the host's last forfeit (which took everything unvested)."""
     since = now - timedelta(seconds=settings.EARNINGS_VEST_SECONDS)
     forfeited_at = (
@@ -59,7 +59,8 @@ def _vesting_entries(*, account: Account, now: datetime) -> QuerySet[LedgerEntry
         since = forfeited_at
     return LedgerEntry.objects.filter(
         account=account, transaction__created_at__gt=since,
-        transaction__kind__in=(LedgerTransaction.Kind.SETTLEMENT, LedgerTransaction.Kind.AUDIT_RELEASE),
+        transaction__kind__in=(LedgerTransaction.Kind.SETTLEMENT, LedgerTransaction.Kind.AUDIT_RELEASE,
+                               LedgerTransaction.Kind.AUDIT_SCORE),
         amount_ucents__gt=0,
     )
 

@@ -745,6 +745,27 @@ def audit_refund(*, user: User, host_ucents: int, platform_ucents: int, referenc
 
 
 @transaction.atomic
+def audit_score_pay(*, host: Host, amount_ucents: int, reference: str, memo: str = "") -> int:
+    """A trusted host scored an audit: its fee for the prefill, out of the platform's revenue
+    (the caller bounds it by the audited job's platform share). Never more than the platform
+    holds, so a failed audit whose refund took the platform's share back cannot drive its
+    balance negative. Idempotent by `reference`. Returns what was paid."""
+    if amount_ucents < 0:
+        raise ValueError(f"negative fee {amount_ucents}")
+    platform = Account.objects.select_for_update().get(pk=system_account(Account.Kind.PLATFORM).pk)
+    amount = min(amount_ucents, max(platform.available_ucents, 0))
+    if amount <= 0:
+        return 0
+    try:
+        with transaction.atomic():
+            _post(kind=LedgerTransaction.Kind.AUDIT_SCORE, reference=reference, memo=memo,
+                  legs=[(platform, -amount), (account_for_host(host=host), amount)])
+    except IntegrityError:
+        return 0
+    return amount
+
+
+@transaction.atomic
 def earnings_forfeit(*, host: Host, reason: str) -> int:
     """A host caught cheating forfeits what has not vested to the platform: one ledger
     transaction whose memo is the reason. Returns the amount (0: nothing unvested)."""

@@ -268,6 +268,12 @@ METRICS_TOKEN = env_str("METRICS_TOKEN")  # Prometheus' bearer token for GET /me
 AUDIT_ENABLED = env_bool("AUDIT_ENABLED", True)
 AUDIT_RATE = env_float("AUDIT_RATE", 0.05, minimum=0.0)
 AUDIT_PROBATION_RATE = env_float("AUDIT_PROBATION_RATE", 1.0, minimum=0.0)
+# A model whose weights the gateway lacks is scored by trusted hosts paid to score it: an audit
+# no scorer took within this long is released unchecked (logged); a scorer silent this long
+# is replaced; a scorer overruled by confirmations this often in a day loses its trust.
+AUDIT_SCORER_WAIT_SECONDS = env_float("AUDIT_SCORER_WAIT_SECONDS", 1800.0, minimum=0.0)
+AUDIT_SCORE_TIMEOUT_SECONDS = env_float("AUDIT_SCORE_TIMEOUT_SECONDS", 300.0, minimum=1.0)
+AUDIT_SCORER_MAX_OVERRULED = env_int("AUDIT_SCORER_MAX_OVERRULED", 2, minimum=1)
 CANARY_ENABLED = env_bool("CANARY_ENABLED", True)
 CANARY_PROBATION_SECONDS = env_float("CANARY_PROBATION_SECONDS", 20.0, minimum=0.0)  # a new host: one every 20 s
 CANARY_TRUSTED_SECONDS = env_float("CANARY_TRUSTED_SECONDS", 3600.0, minimum=0.0)  # a trusted one: one an hour

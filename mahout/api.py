@@ -251,6 +251,11 @@ class HostApi:
         "request" says the job's own content cannot be run (no strike against this host)."""
         return self._json(self._request("POST", f"/jobs/{job_id}/fail", {"reason": reason, "cause": cause}))
 
+    def audit_verdict(self, audit_id: Any, verdict: dict) -> dict:
+        """Report the verdict on an audit this trusted host scored (`protocol.jobs.AuditVerdict`);
+        the answer says the audit's status after it."""
+        return self._json(self._request("POST", f"/audits/{audit_id}/verdict", verdict))
+
     def catalog(self) -> list[dict]:
         """What the gateway's catalog sells: per model its name, kind and the one file it means
         (``sha256``, ``quantization``, ``file_size``), ``context_length``, ``embedding_dimensions``."""

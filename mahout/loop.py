@@ -36,7 +36,8 @@ from mahout.progress import PROGRESS_INTERVAL_S, ProgressReporter
 from mahout.pusher import FLUSH_INTERVAL_S, BatchPusher
 from mahout.runners import Embedder, RequestRejected, Runner
 from mahout.schedule import Schedule
-from protocol.jobs import CLAIM_WAIT_SECONDS, EMBEDDINGS
+from mahout.scoring import audit_score, declined
+from protocol.jobs import AUDIT, CLAIM_WAIT_SECONDS, EMBEDDINGS
 
 HEARTBEAT_INTERVAL_S = 5.0
 MAINTENANCE_POLL_S = 10.0  # how often a host in maintenance asks again
@@ -249,7 +250,10 @@ class HostLoop:
     # -- run and report ----------------------------------------------------------------
 
     def _handle(self, job: dict) -> None:
-        """Run a claimed job to a final state and report it."""
+        """Run a claimed job to a final state and report it (an audit: score it and report the verdict)."""
+        if job.get("kind") == AUDIT:
+            self._score(job)
+            return
         record = JobRecord(job)
         self._active[record.id] = record
         self.out(f"mahout: claimed job {record.id} ({job.get('model')})")
@@ -260,6 +264,26 @@ class HostLoop:
             self._report(record)
         finally:
             self._active.pop(record.id, None)
+
+    def _score(self, audit: dict) -> None:
+        """Read another host's answer under the model this host serves (`mahout.scoring`) and
+        report the verdict; a model that cannot be loaded here declines it (another scorer is asked)."""
+        model = str(audit.get("model"))
+        self.out(f"mahout: scoring audit {audit.get('id')} ({model})")
+        self.state = LoopState.RUN
+        try:
+            with self.models.acquire(model) as runner:
+                verdict = audit_score(audit, runner)
+        except Exception as exc:  # noqa: BLE001 - not loadable here: declined, never left hanging
+            verdict = declined(f"could not load {model}: {type(exc).__name__}: {exc}")
+        self.state = LoopState.REPORT
+        try:
+            answer = self.api.audit_verdict(audit.get("id"), dict(verdict))
+        except (HostApiError, ServerUnavailable) as exc:
+            self.out(f"mahout: could not report audit {audit.get('id')}: {exc}")
+            return
+        counts = f"{verdict.get('checked', 0)} tokens checked, {verdict.get('misses', 0)} missed"
+        self.out(f"mahout: scored audit {audit.get('id')}: {verdict['verdict']} ({counts}; audit {answer.get('status')})")
 
     def _run(self, record: JobRecord) -> None:
         """Get the job's model (loading it if cold) and run the job; sets the record's final state.

@@ -20,8 +20,30 @@ its unvested earnings. Either way the prompt, text and tokens are deleted then.
 
 What is auditable (`mahout.verify.auditable`): first attempts of chats and completions
 without a grammar (`response_format`, tools), not a ring, on a model whose weights the
-gateway has (`catalog.tokenizer.weights_on_gateway`). A chosen job whose host reported no
-tokens fails: a current mahout always reports them.
+gateway has (`catalog.tokenizer.weights_on_gateway`) or that a trusted host other than the
+job's own could score. A chosen job whose host reported no tokens fails: a current mahout
+always reports them.
+
+Scored by hosts (`by_hosts`: the gateway lacks the model's weights, the normal case for a big
+model an operator does not hold). The audit becomes work a trusted host claims through the
+ordinary claim path (`audit_claim_payload`, after customers' jobs: kind "audit",
+`protocol.jobs.AuditPayload`), a host that is present, accepting, qualified for the model on
+its machine, never the audited host, and of another owner for the first half of
+AUDIT_SCORER_WAIT_SECONDS. The audited host sees nothing: its own traffic is unchanged, and
+the scorer is not told whose answer it reads. The scorer answers with a verdict
+(`audit_verdict_report`):
+- a pass decides the audit: the escrow is released to the audited host;
+- a failure is only believed once a second, different trusted scorer confirms it: then the
+  customer is refunded and the host punished as above; a confirmation that passes decides
+  the audit passed and the first scorer, overruled, gets a strike (AUDIT_SCORER_MAX_OVERRULED
+  strikes in a day and it loses its trust, so it scores no more);
+- a decline (it cannot score it there) or a silence past AUDIT_SCORE_TIMEOUT_SECONDS hands
+  the audit to another scorer; an audit no scorer decided within AUDIT_SCORER_WAIT_SECONDS is
+  released unchecked and logged, as the gateway does when a file vanished.
+Each scorer whose verdict stands is paid its prefill's fee when the audit is decided
+(`scorer_fee`: the model's prompt price for prompt + answer tokens, the host's share of it),
+out of the platform's revenue and never more, in all, than the audited job's platform share.
+The prompt, text and tokens are deleted when the audit is decided, as for every audit.
 """
 from __future__ import annotations
 
@@ -30,18 +52,24 @@ import hmac
 import logging
 import random
 from collections.abc import Callable
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from billing import services as billing
 from catalog.models import CatalogModel
+from catalog.pricing import price
 from catalog.tokenizer import weights_on_gateway
-from hosts.models import Host
+from core.errors import ApiError
+from core.events import announce_on_commit, queue_group
+from hosts.models import TRUSTED, Host
 from hosts.services import host_maintenance_enter
 from marketplace import reputation
-from marketplace.models import Audit, Job, Request
+from marketplace.models import Audit, AuditScore, Job, Request
+from protocol.jobs import AUDIT, AuditPayload
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +108,9 @@ def audit_wanted(
     so they are asked only for a job the draw chose."""
     if request.kind not in (Request.Kind.CHAT, Request.Kind.COMPLETION) or job.attempt != 1:
         return None
-    if (not always and random.random() >= audit_rate(host=host)) or audit_weights(request.model, assemble=False) is None:
+    if not always and random.random() >= audit_rate(host=host):
+        return None
+    if audit_weights(request.model, assemble=False) is None and not scorers_exist(model_id=request.model_id, besides=host):
         return None
     from mahout.verify import auditable  # (imports llama_cpp's bindings: only when a job is drawn)
 
@@ -92,10 +122,21 @@ def audit_open(*, request: Request, job: Job, host: Host, payload: dict, text: s
                finish_reason: str, host_ucents: int, platform_ucents: int) -> Audit:
     """Keep what the audit needs (the job, its answer and tokens) beside the escrowed shares.
     In the settlement's transaction."""
-    return Audit.objects.create(
+    by_hosts = audit_weights(request.model, assemble=False) is None
+    audit = Audit.objects.create(
         job=job, host=host, request=request, host_ucents=host_ucents, platform_ucents=platform_ucents,
         seed=int(payload["params"]["seed"]), payload=payload, text=text, token_ids=token_ids, finish_reason=finish_reason,
+        by_hosts=by_hosts,
     )
+    if by_hosts:
+        announce_on_commit(queue_group(request.model_id), {"type": "audit.queued"})  # waiting scorers look now
+    return audit
+
+
+def scorers_exist(*, model_id: int, besides: Host) -> bool:
+    """Whether a trusted host other than `besides` has qualified `model_id`: one that could
+    score an audit of it when the gateway cannot."""
+    return Host.objects.filter(TRUSTED.q(), qualifications__model_id=model_id).exclude(pk=besides.pk).exists()
 
 
 # --- scoring (on the Celery workers) --------------------------------------------------------
@@ -136,8 +177,8 @@ def audit_score_pending(*, limit: int = 10) -> int:
     """Score pending audits, oldest first, and decide them. Returns how many were decided."""
     from mahout.verify import Unauditable
 
-    decided = 0
-    for audit_id in list(Audit.objects.filter(status=Audit.Status.PENDING).order_by("created_at")
+    decided = audit_scorers_watch()
+    for audit_id in list(Audit.objects.filter(status=Audit.Status.PENDING, by_hosts=False).order_by("created_at")
                          .values_list("pk", flat=True)[:limit]):
         audit = Audit.objects.select_related("request__model", "host").filter(pk=audit_id, status=Audit.Status.PENDING).first()
         if audit is None:
@@ -160,7 +201,7 @@ def audit_decide(*, audit: Audit, reason: str | None, counts: dict) -> bool:
     status = Audit.Status.PASSED if reason is None else Audit.Status.FAILED
     if not Audit.objects.filter(pk=audit.pk, status=Audit.Status.PENDING).update(
         status=status, reason=(reason or "")[:500], payload=None, text="", token_ids=None, decided_at=timezone.now(),
-        **counts,
+        scorer=None, scorer_since=None, **counts,
     ):
         return False
     request = audit.request
@@ -179,8 +220,160 @@ def audit_decide(*, audit: Audit, reason: str | None, counts: dict) -> bool:
 
 
 def audit_summary() -> dict:
-    """Audits by status, and the models the gateway cannot audit (no weights on its disk)."""
+    """Audits by status, the models trusted hosts verify (the gateway lacks their weights) and
+    those nobody can verify (no weights on the gateway and no trusted host qualified)."""
     counts = {status: Audit.objects.filter(status=status).count() for status in Audit.Status.values}
-    unverifiable = [model.name for model in CatalogModel.objects.filter(active=True, kind=CatalogModel.Kind.CHAT)
-                    if audit_weights(model, assemble=False) is None]
-    return {**counts, "unverifiable_models": unverifiable}
+    by_hosts, unverifiable = [], []
+    for model in CatalogModel.objects.filter(active=True, kind=CatalogModel.Kind.CHAT):
+        if audit_weights(model, assemble=False) is None:
+            scored = Host.objects.filter(TRUSTED.q(), qualifications__model_id=model.pk).exists()
+            (by_hosts if scored else unverifiable).append(model.name)
+    return {**counts, "verified_by_hosts_models": by_hosts, "unverifiable_models": unverifiable}
+
+
+# --- scoring by trusted hosts (claimed through the host claim path) --------------------------
+
+CLAIM_CANDIDATES = 5  # audits a claim tries before giving up to a race
+
+
+def audit_claim_payload(*, host: Host, model_ids: list[int]) -> AuditPayload | None:
+    """An audit of one of `model_ids` (the models `host` qualified on its machine) for this
+    trusted host to score, claimed with a compare-and-set, or None. Oldest first; never its
+    own answer, nor one it read before; another owner's host first (one of the audited host's
+    own owner only after half of AUDIT_SCORER_WAIT_SECONDS). The claim path asks only when no
+    customer's job was there for it."""
+    if host.trusted_at is None or host.banned_at is not None or not model_ids:
+        return None
+    if Audit.objects.filter(scorer_id=host.pk, status=Audit.Status.PENDING).exists():
+        return None  # one at a time: a scorer is not a queue of audits nobody else may take
+    now = timezone.now()
+    own_owner_after = now - timedelta(seconds=settings.AUDIT_SCORER_WAIT_SECONDS / 2)
+    candidates = list(
+        Audit.objects.filter(status=Audit.Status.PENDING, by_hosts=True, scorer__isnull=True,
+                             request__model_id__in=model_ids)
+        .exclude(host_id=host.pk).exclude(scores__scorer_id=host.pk)
+        .exclude(Q(host__owner_id=host.owner_id) & Q(created_at__gt=own_owner_after))
+        .order_by("created_at").values_list("pk", flat=True)[:CLAIM_CANDIDATES]
+    )
+    for audit_id in candidates:
+        if Audit.objects.filter(pk=audit_id, status=Audit.Status.PENDING, scorer__isnull=True).update(
+                scorer=host, scorer_since=now):
+            return _audit_payload(Audit.objects.select_related("request__model").get(pk=audit_id))
+    return None
+
+
+def _audit_payload(audit: Audit) -> AuditPayload:
+    """What the scorer receives: the audited job as its host received it (without its id) and
+    that host's answer; nothing names that host."""
+    job = {key: value for key, value in (audit.payload or {}).items() if key != "id"}
+    return {"id": audit.pk, "model": audit.request.model.name, "kind": AUDIT, "job": job,  # type: ignore[typeddict-item]
+            "tokens": [int(t) for t in audit.token_ids or []], "text": audit.text, "finish_reason": audit.finish_reason,
+            "seed": audit.seed}
+
+
+@transaction.atomic
+def audit_verdict_report(*, host: Host, audit_id: int, verdict: str, reason: str = "", counts: dict | None = None) -> str:
+    """A scorer's verdict on the audit it claimed (`protocol.jobs.AuditVerdict`); decides the
+    audit when the rules say so (see the module's docstring). Returns the audit's status
+    after it. An audit that is not this host's to score (any more) is a 409."""
+    audit = Audit.objects.select_for_update().select_related("request__model", "host").filter(pk=audit_id).first()
+    if audit is None or audit.scorer_id != host.pk or audit.status != Audit.Status.PENDING:
+        raise ApiError(409, f"Audit {audit_id} is not this host's to score (decided, reassigned or never claimed).",
+                       code="audit_not_yours", type="invalid_request_error")
+    counts = {key: max(int((counts or {}).get(key) or 0), 0) for key in ("checked", "uncertain", "misses")}
+    AuditScore.objects.create(audit=audit, scorer=host, verdict=verdict, reason=reason[:500], **counts)
+    Audit.objects.filter(pk=audit.pk).update(scorer=None, scorer_since=None)
+    if verdict == AuditScore.Verdict.DECLINED:
+        logger.info("audit %s: host %s declined to score it (%s)", audit.pk, host.pk, reason)
+    _audit_settle_scores(audit)
+    audit.refresh_from_db(fields=["status"])
+    return audit.status
+
+
+def _audit_settle_scores(audit: Audit) -> None:
+    """Decide from the verdicts so far: the first pass, or a failure confirmed by a second
+    scorer; a confirmation that disagrees overrules the first (a strike). Otherwise the audit
+    goes back to the scorers (announced, so a waiting one claims it now)."""
+    scores = list(audit.scores.filter(verdict__in=(AuditScore.Verdict.PASSED, AuditScore.Verdict.FAILED))
+                  .order_by("created_at", "pk"))
+    if scores and scores[-1].verdict == AuditScore.Verdict.PASSED:
+        for earlier in scores[:-1]:  # (at most the failure it overrules)
+            _scorer_overruled(earlier)
+        decided = audit_decide(audit=audit, reason=None, counts=_counts(scores[-1]))
+        standing = [scores[-1]]
+    elif len(scores) >= 2:
+        decided = audit_decide(audit=audit, reason=scores[0].reason or "failed under two scorers", counts=_counts(scores[0]))
+        standing = scores
+    else:
+        announce_on_commit(queue_group(audit.request.model_id), {"type": "audit.queued"})
+        return
+    if decided:
+        _scorers_pay(audit, standing)
+
+
+def _counts(score: AuditScore) -> dict:
+    return {"checked": score.checked, "uncertain": score.uncertain, "misses": score.misses}
+
+
+def _scorer_overruled(score: AuditScore) -> None:
+    """A strike: the scorer's failure was not confirmed. AUDIT_SCORER_MAX_OVERRULED strikes in a
+    day and it goes back to probation (it no longer scores, and must earn trust again)."""
+    AuditScore.objects.filter(pk=score.pk).update(overruled=True)
+    strikes = AuditScore.objects.filter(scorer_id=score.scorer_id, overruled=True,
+                                        created_at__gte=timezone.now() - timedelta(days=1)).count()
+    logger.warning("audit %s: host %s's failure was overruled by a second scorer (%s strike(s) today)",
+                   score.audit_id, score.scorer_id, strikes)
+    if strikes >= settings.AUDIT_SCORER_MAX_OVERRULED:
+        reputation.trust_revoke(host_id=score.scorer_id)
+
+
+def scorer_fee(request: Request) -> int:
+    """A scorer's fee for one audit: what a host earns for a prefill of the prompt and the
+    answer at the model's prompt price (its share, `billing.split_cost`)."""
+    tokens = request.prompt_tokens + request.completion_tokens
+    return billing.split_cost(price(request.model, prompt_tokens=tokens, completion_tokens=0)).host_ucents
+
+
+def _scorers_pay(audit: Audit, scores: list[AuditScore]) -> None:
+    """Pay the scorers whose verdicts stand, from the platform's revenue, in all never more
+    than the audited job's platform share (so a passing audit never costs the platform)."""
+    left = audit.platform_ucents
+    for score in scores:
+        fee = min(scorer_fee(audit.request), left)
+        paid = billing.audit_score_pay(host=score.scorer, amount_ucents=fee, reference=f"audit-{audit.pk}-score-{score.pk}",
+                                       memo=f"scored audit {audit.pk}") if fee > 0 else 0
+        AuditScore.objects.filter(pk=score.pk).update(paid_ucents=paid)
+        left -= paid
+
+
+def audit_scorers_watch(*, now: object = None) -> int:
+    """The periodic part (with the Celery workers' scoring): a scorer silent past
+    AUDIT_SCORE_TIMEOUT_SECONDS loses its audit to another; an audit scored by hosts that no
+    scorer decided within AUDIT_SCORER_WAIT_SECONDS is released unchecked (logged). Returns
+    how many were decided."""
+    now = now or timezone.now()
+    silent = now - timedelta(seconds=settings.AUDIT_SCORE_TIMEOUT_SECONDS)
+    for audit_id, scorer_id in list(Audit.objects.filter(status=Audit.Status.PENDING, by_hosts=True,
+                                                         scorer_since__lt=silent).values_list("pk", "scorer_id")):
+        _scorer_abandoned(audit_id=audit_id, scorer_id=scorer_id)
+    decided = 0
+    waited = now - timedelta(seconds=settings.AUDIT_SCORER_WAIT_SECONDS)
+    for audit in Audit.objects.select_related("request", "host").filter(
+            status=Audit.Status.PENDING, by_hosts=True, scorer__isnull=True, created_at__lt=waited):
+        logger.warning("audit %s: no trusted host scored it within %.0f s; released unchecked", audit.pk,
+                       settings.AUDIT_SCORER_WAIT_SECONDS)
+        decided += audit_decide(audit=audit, reason=None, counts={})
+    return decided
+
+
+@transaction.atomic
+def _scorer_abandoned(*, audit_id: int, scorer_id: int | None) -> None:
+    """Take the audit back from a silent scorer (it died, or never answers) for another."""
+    if scorer_id is None or not Audit.objects.filter(pk=audit_id, status=Audit.Status.PENDING,
+                                                     scorer_id=scorer_id).update(scorer=None, scorer_since=None):
+        return
+    AuditScore.objects.create(audit_id=audit_id, scorer_id=scorer_id, verdict=AuditScore.Verdict.ABANDONED)
+    logger.warning("audit %s: host %s gave no verdict within %.0f s; another scorer is asked", audit_id, scorer_id,
+                   settings.AUDIT_SCORE_TIMEOUT_SECONDS)
+    model_id = Audit.objects.filter(pk=audit_id).values_list("request__model_id", flat=True).first()
+    announce_on_commit(queue_group(model_id), {"type": "audit.queued"})

@@ -4,7 +4,8 @@
 The long-poll answers with a job's payload as soon as one is queued for a model the host
 qualified on its machine, or None after `wait` seconds. A canary that is due for the host
 is queued here, so it arrives the way customers' jobs do (not with a heartbeat, which would
-mark it). It holds one of the host's claim
+mark it). A trusted host with no customer's job to take may get an audit to score instead
+(`marketplace.audits.audit_claim_payload`, kind "audit"). It holds one of the host's claim
 slots while it waits (`marketplace.claim_slots`), and sleeps on the channel layer until a
 job is queued or offered, rather than polling the database.
 """
@@ -25,6 +26,7 @@ from hosts import selectors as hosts
 from hosts.models import Host, connected_since
 from marketplace import canaries
 from marketplace import services as market
+from marketplace.audits import audit_claim_payload
 from marketplace.claim_slots import WAITING
 from protocol.jobs import CLAIM_WAIT_SECONDS
 
@@ -117,6 +119,8 @@ async def _claim_until(
     while True:  # a host paused while it waits simply gets nothing
         if look:
             payload = await db(market.job_claim_payload, host=host, model_ids=model_ids, warm_ids=warm_ids, boot=boot)
+            if payload is None and host.trusted_at is not None:  # no customer waits on it: an audit to score, if any
+                payload = await db(audit_claim_payload, host=host, model_ids=model_ids)
             if payload is not None:
                 return payload
         remaining = deadline - time.monotonic()

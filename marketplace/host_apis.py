@@ -30,8 +30,9 @@ from hosts.selectors import host_from_secret
 from mahout import __version__ as mahout_version
 from marketplace import pushing, redundancy, selectors
 from marketplace import services as market
-from marketplace.audits import MAX_TOKENS_KEPT
+from marketplace.audits import MAX_TOKENS_KEPT, audit_verdict_report
 from marketplace.claiming import JobClaimInputSerializer, boot_field, claim_when_offered
+from protocol.jobs import AUDIT_VERDICTS
 
 
 @method_decorator(csrf_exempt, name="dispatch")
@@ -62,7 +63,8 @@ class ClaimedJobSerializer(serializers.Serializer):
 
     id = serializers.IntegerField()
     model = serializers.CharField()
-    kind = serializers.CharField(help_text="chat, completion or embeddings")
+    kind = serializers.CharField(help_text="chat, completion or embeddings; or audit, for a trusted host "
+                                           "(protocol.jobs.AuditPayload: job, tokens, text, finish_reason, seed)")
     messages = serializers.ListField(child=serializers.DictField(), required=False, allow_null=True, help_text="chat")
     prompt = serializers.CharField(required=False, allow_null=True, allow_blank=True, help_text="completion")
     input = serializers.ListField(child=serializers.CharField(), required=False, allow_null=True, help_text="embeddings")
@@ -184,6 +186,30 @@ class JobFailApi(AsyncHostApi):
     async def handle(self, host: Host, data: dict, **kwargs: object) -> HttpResponse:
         await db(market.job_fail, host=host, job_id=kwargs["job_id"], reason=data["reason"], cause=data["cause"])
         return JsonResponse({"failed": True})
+
+
+class AuditVerdictSerializer(serializers.Serializer):
+    status = serializers.CharField(help_text="the audit's status after this verdict: pending (another scorer reads it next), "
+                                             "passed or failed")
+
+
+@extend_schema(responses={200: AuditVerdictSerializer, 409: ERROR})
+class AuditVerdictApi(AsyncHostApi):
+    """A trusted host's verdict on the audit it claimed (a claim answered with kind "audit",
+    `protocol.jobs.AuditPayload`); it is paid its prefill's fee when the audit is decided."""
+
+    class InputSerializer(serializers.Serializer):
+        verdict = serializers.ChoiceField(choices=list(AUDIT_VERDICTS),
+                                          help_text="passed, failed, or declined (it cannot score it here)")
+        reason = serializers.CharField(max_length=500, required=False, default="", allow_blank=True)
+        checked = serializers.IntegerField(min_value=0, max_value=INT_MAX, required=False, default=0)
+        uncertain = serializers.IntegerField(min_value=0, max_value=INT_MAX, required=False, default=0)
+        misses = serializers.IntegerField(min_value=0, max_value=INT_MAX, required=False, default=0)
+
+    async def handle(self, host: Host, data: dict, **kwargs: object) -> HttpResponse:
+        status = await db(audit_verdict_report, host=host, audit_id=kwargs["audit_id"], verdict=data["verdict"],
+                          reason=data["reason"], counts=data)
+        return JsonResponse({"status": status})
 
 
 class HeartbeatApi(HostApi):

@@ -13,6 +13,7 @@ urlpatterns = [
     path("jobs/<id:job_id>/progress", documented(apis.JobProgressApi)),
     path("jobs/<id:job_id>/complete", documented(apis.JobCompleteApi)),
     path("jobs/<id:job_id>/fail", documented(apis.JobFailApi)),
+    path("audits/<id:audit_id>/verdict", documented(apis.AuditVerdictApi)),
     path("me", apis.HostMeApi.as_view()),
     path("earnings", apis.HostEarningsApi.as_view()),
 ]

@@ -296,6 +296,11 @@ class Audit(models.Model):
     reason = models.CharField(max_length=500, blank=True, help_text="why it failed, with the evidence")
     created_at = models.DateTimeField(auto_now_add=True)
     decided_at = models.DateTimeField(null=True, blank=True)
+    by_hosts = models.BooleanField(
+        default=False, help_text="scored by trusted hosts paid to score (the gateway lacks the model's weights)")
+    scorer = models.ForeignKey("hosts.Host", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+                               help_text="the trusted host scoring it now (never its own host)")
+    scorer_since = models.DateTimeField(null=True, blank=True, help_text="when that scorer claimed it")
 
     class Meta:
         indexes = [models.Index(fields=["status", "created_at"]), models.Index(fields=["host", "status"])]
@@ -305,6 +310,34 @@ class Audit(models.Model):
 
     def __str__(self) -> str:
         return f"audit {self.pk} of job {self.job_id} ({self.status})"
+
+
+class AuditScore(models.Model):
+    """One trusted host's reading of an audit scored by hosts (`marketplace.audits`): its
+    verdict and counts, whether a confirmation overruled it (a strike), and what it was paid."""
+
+    class Verdict(models.TextChoices):
+        PASSED = "passed"
+        FAILED = "failed"
+        DECLINED = "declined", "declined (it could not score it: another scorer is asked)"
+        ABANDONED = "abandoned", "abandoned (no verdict within AUDIT_SCORE_TIMEOUT_SECONDS: another scorer is asked)"
+
+    audit = models.ForeignKey(Audit, on_delete=models.CASCADE, related_name="scores")
+    scorer = models.ForeignKey("hosts.Host", on_delete=models.PROTECT, related_name="audit_scores")
+    verdict = models.CharField(max_length=16, choices=Verdict.choices)
+    reason = models.CharField(max_length=500, blank=True)
+    checked = models.PositiveIntegerField(default=0)
+    uncertain = models.PositiveIntegerField(default=0)
+    misses = models.PositiveIntegerField(default=0)
+    overruled = models.BooleanField(default=False, help_text="a second scorer's confirmation disagreed (a strike)")
+    paid_ucents = models.BigIntegerField(default=0, help_text="its fee for the prefill, paid when the audit was decided")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["scorer", "overruled", "created_at"])]
+
+    def __str__(self) -> str:
+        return f"audit {self.audit_id} scored by host {self.scorer_id}: {self.verdict}"
 
 
 class StageShare(models.Model):

@@ -10,6 +10,17 @@ delivered text travels apart (`rewrite`): the host's grammar must read it from t
 The gateway renders the prompt for the model (`protocol.rendering`) and sends it as
 `fragments`, with the model's own end of turn: what a host feeds its model is exactly what
 the gateway counted and billed.
+
+An **audit** (kind `"audit"`, `AuditPayload`) is work only a trusted host claims, for a model
+whose weights the gateway lacks: re-read another host's delivered answer under the model in
+one prefill pass (`mahout.verify.Verifier`) and say whether every token is the seed's draw.
+It carries the audited job as that host received it (`job`, a `JobPayload` without its id),
+the token ids it reported (`tokens`), the text the customer received (`text`), its
+`finish_reason` and the gateway's `seed`; its `id` numbers the audit, not a job, and nothing
+in it names the audited host. The scorer answers `POST /hosts/api/audits/{id}/verdict` with
+`AuditVerdict`: `passed` or `failed` with the counts (tokens `checked`, `uncertain`, `misses`)
+and the `reason` of a failure, or `declined` (it cannot score it here: another scorer is
+asked). It is paid a fee for the prefill when the audit is decided (`marketplace.audits`).
 """
 from __future__ import annotations
 
@@ -20,6 +31,8 @@ from protocol.rendering import ChatFormat, Fragment, chat_fragments, chat_stops,
 CHAT = "chat"
 COMPLETION = "completion"
 EMBEDDINGS = "embeddings"
+AUDIT = "audit"  # a trusted host scores another host's answer (AuditPayload)
+AUDIT_VERDICTS = ("passed", "failed", "declined")
 
 SAMPLING_PARAMS = ("max_tokens", "temperature", "top_p", "stop", "seed", "response_format", "logprobs")
 # "logprobs": None, or report each token's log-probability with that many alternatives (0 to MAX_TOP_LOGPROBS)
@@ -40,6 +53,25 @@ class JobPayload(TypedDict, total=False):
     rewrite: str  # a continuation under a grammar: the text to write again first (see below)
     fragments: list[list]  # the rendered prompt: [text, is_control] pairs (`protocol.rendering`)
     end_of_turn: list[str]  # a chat's stops besides the customer's: where the model ends its turn
+
+
+class AuditPayload(TypedDict):
+    id: int  # the audit's (`POST /hosts/api/audits/{id}/verdict`), not a job's
+    model: str
+    kind: str  # AUDIT
+    job: JobPayload  # the audited job as its host received it, without its id
+    tokens: list[int]  # the token ids that host reported
+    text: str  # the text the customer received
+    finish_reason: str  # "stop" or "length"
+    seed: int  # the gateway's sampling seed for that job
+
+
+class AuditVerdict(TypedDict, total=False):
+    verdict: str  # one of AUDIT_VERDICTS
+    reason: str  # why it failed (with the evidence), or why it was declined
+    checked: int
+    uncertain: int
+    misses: int
 
 
 def job_payload_build(

@@ -1,0 +1,215 @@
+"""Audits of a model whose weights the gateway lacks, scored by trusted hosts paid to score
+(marketplace/audits.py, "scoring by trusted hosts"): who may claim one, how verdicts decide
+it (a failure needs a second scorer's confirmation), the fees, strikes, requeues and the
+release after AUDIT_SCORER_WAIT_SECONDS."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from billing import selectors as ledger
+from billing.models import Account, LedgerTransaction
+from catalog.models import CatalogModel
+from hosts.models import Host
+from marketplace import audits, services
+from marketplace.models import Audit, AuditScore
+from protocol.jobs import AUDIT
+from testkit.personas import make_host, present
+from testkit.requests import submit_request
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.audits]
+
+TOKENS = [5, 6, 7]
+
+
+@pytest.fixture
+def remote_model(catalog: CatalogModel) -> CatalogModel:
+    """The catalog's model as if added from a file no longer on the gateway: only hosts hold it."""
+    CatalogModel.objects.filter(pk=catalog.pk).update(tokenizer="bytes", weights_path="/nowhere/gone.gguf")
+    catalog.refresh_from_db()
+    return catalog
+
+
+@pytest.fixture
+def scorers(remote_model: CatalogModel) -> list:
+    """Trusted hosts of the model, silent until they claim (routing offers customers' jobs to
+    present trusted hosts first, and these jobs are for the host in probation)."""
+    return [make_host(name=f"scorer-{n}", trusted=True) for n in range(3)]
+
+
+def _audited(customer, serving_host, settings):  # noqa: ANN001, ANN202
+    """One job of a host in probation, served and settled: its audit, waiting for a scorer."""
+    settings.AUDIT_PROBATION_RATE = 1.0
+    Host.objects.exclude(pk=serving_host.host.pk).update(last_heartbeat_at=None)  # the job goes to the one in probation
+    submit_request(customer, serving_host_model(), temperature=0.8)
+    job = services.job_claim_next(host=serving_host.host, fingerprint=serving_host.fingerprint)
+    services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="Hello there.")
+    services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=TOKENS)
+    return Audit.objects.select_related("request").get(job=job)
+
+
+def serving_host_model() -> CatalogModel:
+    return CatalogModel.objects.get(name="gemma-3-270m")
+
+
+def _claim(scorer):  # noqa: ANN001, ANN202
+    present(scorer)
+    return audits.audit_claim_payload(host=scorer.host, model_ids=[serving_host_model().pk])
+
+
+def _verdict(scorer, audit_id: int, verdict: str, reason: str = "") -> str:  # noqa: ANN001
+    return audits.audit_verdict_report(host=scorer.host, audit_id=audit_id, verdict=verdict, reason=reason,
+                                       counts={"checked": 3, "uncertain": 0, "misses": 2 if verdict == "failed" else 0})
+
+
+def _balance(host: Host) -> int:
+    account = ledger.host_account(host=host)
+    return account.balance_ucents if account else 0
+
+
+def _escrow() -> int:
+    account = Account.objects.filter(kind=Account.Kind.AUDIT_ESCROW).first()
+    return account.balance_ucents if account else 0
+
+
+def test_an_audit_the_gateway_cannot_read_is_claimed_by_a_trusted_host_never_the_audited_one(
+        customer, serving_host, scorers, settings) -> None:
+    audit = _audited(customer, serving_host, settings)
+    assert audit.by_hosts and audit.status == Audit.Status.PENDING
+    assert audits.audit_score_pending() == 0  # the gateway's workers leave it to the hosts
+    assert audits.audit_claim_payload(host=serving_host.host, model_ids=[audit.request.model_id]) is None  # in probation
+    Host.objects.filter(pk=serving_host.host.pk).update(trusted_at=timezone.now())  # even trusted: never its own answer
+    assert _claim(serving_host) is None
+    payload = _claim(scorers[0])
+    assert payload["kind"] == AUDIT and payload["id"] == audit.pk and payload["model"] == "gemma-3-270m"
+    assert payload["tokens"] == TOKENS and payload["text"] == "Hello there." and payload["seed"] == audit.seed
+    assert payload["job"]["messages"] == [{"role": "user", "content": "hi"}] and "id" not in payload["job"]
+    assert set(payload) == {"id", "model", "kind", "job", "tokens", "text", "finish_reason", "seed"}  # nothing names its host
+    assert _claim(scorers[1]) is None  # one scorer at a time
+
+
+def test_one_trusted_pass_releases_the_escrow_and_pays_the_scorer_from_the_platforms_share(
+        customer, serving_host, scorers, settings) -> None:
+    audit = _audited(customer, serving_host, settings)
+    assert _claim(scorers[0])["id"] == audit.pk
+    assert _verdict(scorers[0], audit.pk, "passed") == Audit.Status.PASSED
+    audit.refresh_from_db()
+    assert audit.checked == 3 and audit.payload is None and audit.text == "" and audit.token_ids is None
+    assert _escrow() == 0 and _balance(serving_host.host) == audit.host_ucents
+    fee = audits.scorer_fee(audit.request)
+    assert 0 < fee and _balance(scorers[0].host) == min(fee, audit.platform_ucents)
+    assert AuditScore.objects.get(audit=audit).paid_ucents == _balance(scorers[0].host)
+    assert LedgerTransaction.objects.filter(kind=LedgerTransaction.Kind.AUDIT_SCORE).count() == 1
+    assert ledger.reconcile_report() == []
+
+
+def test_a_failure_is_believed_only_once_a_second_scorer_confirms_it(customer, serving_host, scorers, settings) -> None:
+    before = ledger.customer_account(user=customer.user).balance_ucents
+    audit = _audited(customer, serving_host, settings)
+    _claim(scorers[0])
+    assert _verdict(scorers[0], audit.pk, "failed", "2 of 3 tokens are not what the seeded draw selects") == "pending"
+    serving_host.host.refresh_from_db()
+    assert serving_host.host.maintenance_since is None and _escrow() == audit.host_ucents  # one word is not enough
+    assert _claim(scorers[0]) is None  # never the same scorer twice
+    assert _claim(scorers[1])["id"] == audit.pk
+    assert _verdict(scorers[1], audit.pk, "failed", "2 of 3 tokens miss") == Audit.Status.FAILED
+    audit.refresh_from_db()
+    serving_host.host.refresh_from_db()
+    assert audit.misses == 2 and "seeded draw" in audit.reason and audit.payload is None
+    assert serving_host.host.maintenance_since is not None and "Failed verification" in serving_host.host.maintenance_reason
+    assert ledger.customer_account(user=customer.user).balance_ucents == before  # refunded to the µ¢
+    assert _escrow() == 0 and _balance(serving_host.host) == 0
+    paid = [s.paid_ucents for s in AuditScore.objects.filter(audit=audit).order_by("pk")]
+    assert paid == [_balance(scorers[0].host), _balance(scorers[1].host)]  # both paid what the platform could
+    assert ledger.reconcile_report() == []
+
+
+def test_a_failure_the_confirmation_overrules_is_a_strike_and_two_cost_the_scorers_trust(
+        customer, serving_host, scorers, settings) -> None:
+    settings.AUDIT_SCORER_MAX_OVERRULED = 2
+    for strike in (1, 2):
+        audit = _audited(customer, serving_host, settings)
+        _claim(scorers[0])
+        _verdict(scorers[0], audit.pk, "failed", "made up")
+        _claim(scorers[strike])
+        assert _verdict(scorers[strike], audit.pk, "passed") == Audit.Status.PASSED
+        assert AuditScore.objects.get(audit=audit, scorer=scorers[0].host).overruled
+        assert AuditScore.objects.get(audit=audit, scorer=scorers[0].host).paid_ucents == 0  # a verdict that fell: unpaid
+        scorers[0].host.refresh_from_db()
+        assert (scorers[0].host.trusted_at is None) == (strike == 2)
+    serving_host.host.refresh_from_db()
+    assert serving_host.host.maintenance_since is None and _balance(serving_host.host) > 0
+    assert _claim(scorers[0]) is None  # back in probation: it scores no more
+    assert ledger.reconcile_report() == []
+
+
+def test_a_decline_or_a_silent_scorer_hands_the_audit_to_another(customer, serving_host, scorers, settings) -> None:
+    audit = _audited(customer, serving_host, settings)
+    _claim(scorers[0])
+    assert _verdict(scorers[0], audit.pk, "declined", "not auditable here") == "pending"
+    assert _claim(scorers[1])["id"] == audit.pk
+    Audit.objects.filter(pk=audit.pk).update(scorer_since=timezone.now() - timedelta(seconds=settings.AUDIT_SCORE_TIMEOUT_SECONDS + 1))
+    assert audits.audit_scorers_watch() == 0
+    assert AuditScore.objects.get(audit=audit, scorer=scorers[1].host).verdict == AuditScore.Verdict.ABANDONED
+    with pytest.raises(Exception, match="not this host's to score"):  # a verdict after it was taken back
+        _verdict(scorers[1], audit.pk, "passed")
+    assert _claim(scorers[2])["id"] == audit.pk
+    assert _verdict(scorers[2], audit.pk, "passed") == Audit.Status.PASSED
+
+
+def test_an_audit_no_scorer_decides_in_time_is_released_unchecked(customer, serving_host, scorers, settings) -> None:
+    audit = _audited(customer, serving_host, settings)
+    _claim(scorers[0])
+    _verdict(scorers[0], audit.pk, "failed", "unconfirmed")
+    assert audits.audit_scorers_watch() == 0  # not yet
+    Audit.objects.filter(pk=audit.pk).update(created_at=timezone.now() - timedelta(seconds=settings.AUDIT_SCORER_WAIT_SECONDS + 1))
+    assert audits.audit_scorers_watch() == 1
+    audit.refresh_from_db()
+    assert audit.status == Audit.Status.PASSED and audit.payload is None and audit.text == ""
+    assert _balance(serving_host.host) == audit.host_ucents and _balance(scorers[0].host) == 0
+    assert ledger.reconcile_report() == []
+
+
+def test_a_scorer_of_the_audited_hosts_own_owner_waits_its_turn(customer, serving_host, scorers, settings) -> None:
+    audit = _audited(customer, serving_host, settings)
+    Host.objects.filter(pk__in=[s.host.pk for s in scorers]).update(owner=serving_host.host.owner)
+    assert _claim(scorers[0]) is None
+    Audit.objects.filter(pk=audit.pk).update(created_at=timezone.now() - timedelta(seconds=settings.AUDIT_SCORER_WAIT_SECONDS / 2 + 1))
+    assert _claim(scorers[0])["id"] == audit.pk
+
+
+def test_without_any_trusted_scorer_the_model_is_unverifiable_and_its_jobs_are_not_held(
+        customer, serving_host, remote_model, settings) -> None:
+    audit_count = Audit.objects.count()
+    settings.AUDIT_PROBATION_RATE = 1.0
+    submit_request(customer, remote_model)
+    job = services.job_claim_next(host=serving_host.host, fingerprint=serving_host.fingerprint)
+    services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="Hi.")
+    services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=TOKENS)
+    assert Audit.objects.count() == audit_count and _balance(serving_host.host) > 0
+    summary = audits.audit_summary()
+    assert "gemma-3-270m" in summary["unverifiable_models"] and summary["verified_by_hosts_models"] == []
+    make_host(name="scorer", trusted=True)
+    summary = audits.audit_summary()
+    assert summary["verified_by_hosts_models"] == ["gemma-3-270m"] and "gemma-3-270m" not in summary["unverifiable_models"]
+
+
+def test_the_verdict_door_checks_who_is_asking_and_what_it_says(customer, serving_host, scorers, settings) -> None:
+    audit = _audited(customer, serving_host, settings)
+    _claim(scorers[0])
+    http = Client()
+
+    def post(scorer, body: dict):  # noqa: ANN001, ANN202
+        return http.post(f"/hosts/api/audits/{audit.pk}/verdict", body, content_type="application/json",
+                         headers={"Authorization": f"Bearer {scorer.token}"})
+
+    assert post(scorers[0], {"verdict": "maybe"}).status_code == 400
+    assert post(scorers[0], {"verdict": "passed", "checked": -1}).status_code == 400
+    refused = post(scorers[1], {"verdict": "passed"})
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "audit_not_yours"
+    answer = post(scorers[0], {"verdict": "passed", "checked": 3})
+    assert answer.status_code == 200 and answer.json() == {"status": "passed"}
+    assert post(scorers[0], {"verdict": "passed"}).status_code == 409  # decided once
