@@ -29,5 +29,8 @@ def _schedule_watchdogs(sender: Celery, **_: object) -> None:
         settings.WATCHDOG_INTERVAL_SECONDS, sender.signature("marketplace.tasks.audit_scoring"), name="audit scoring"
     )
     sender.add_periodic_task(
+        settings.WATCHDOG_INTERVAL_SECONDS, sender.signature("mesh.tasks.expert_market_tick"), name="expert market"
+    )
+    sender.add_periodic_task(
         settings.RECONCILE_INTERVAL_SECONDS, sender.signature("billing.tasks.reconcile_tick"), name="reconcile"
     )

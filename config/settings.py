@@ -368,6 +368,11 @@ MOE_COORDINATOR_STALE_SECONDS = env_float("MOE_COORDINATOR_STALE_SECONDS", 30.0,
 MOE_WORKER_STALE_SECONDS = env_float("MOE_WORKER_STALE_SECONDS", 30.0, minimum=1)
 MOE_ASSIGN_TTL_SECONDS = env_float("MOE_ASSIGN_TTL_SECONDS", 120.0, minimum=1)
 MOE_COOLDOWN_SECONDS = env_float("MOE_COOLDOWN_SECONDS", 30.0, minimum=0)
+# A volunteer host that is not trusted serves experts on probation (mesh/experts/services.py):
+# its coordinator recomputes this share of its batches (1 or more: every one) until its
+# workers have passed MOE_PROBATION_CHECKS recomputes, then the coordinator's usual share.
+MOE_PROBATION_CHECK_SHARE = env_float("MOE_PROBATION_CHECK_SHARE", 0.5, minimum=0.0)
+MOE_PROBATION_CHECKS = env_int("MOE_PROBATION_CHECKS", 500, minimum=0)
 RING_ALLOW_PRIVATE_STAGES = env_bool("RING_ALLOW_PRIVATE_STAGES", False)  # strangers' ring stages at private addresses (local tests)
 MOE_ALLOW_PRIVATE_WORKERS = env_bool("MOE_ALLOW_PRIVATE_WORKERS", False)  # workers at private addresses (local swarms)
 

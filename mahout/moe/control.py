@@ -4,17 +4,21 @@
   `MeshUnavailable` and the loops simply try again on their next tick).
 * `CoordinatorAgent`: every `interval_s` reports the coordinator's busy slots (the load
   monitor's latest snapshot: the report never waits on a probe), its workers'
-  `last_serve_ms` and the workers it blamed (a recomputed batch disagreed: the control plane
-  retires them, so no coordinator uses them again), and makes the dispatch map the control
-  plane answers with its own. A blame is sent on every report until the map drops the worker.
+  `last_serve_ms` and passed checks, and the workers it blamed (a recomputed batch
+  disagreed: the control plane retires them, so no coordinator uses them again), and makes
+  the dispatch map the control plane answers with its own (with each worker's check share:
+  a volunteer on probation is checked more often). A blame is sent on every report until
+  the map drops the worker.
 * `Volunteer`: an idle node asks for a slice, downloads only that slice, serves it,
-  registers where it can be reached, heartbeats, and stops when told to retire. Only a
-  trusted host is handed a slice (with its worker's secret: its server admits only the
-  coordinator, which the gateway hands the same secret in the dispatch map). While its
-  owner wants the machine (`mahout.owner`) it asks for nothing; when the owner comes back
+  registers where it can be reached, heartbeats, and stops when told to retire. A host that
+  is not trusted is handed one too, on probation (its coordinator recomputes more of its
+  batches). Its worker's secret comes with the slice: its server admits only the
+  coordinator, which the gateway hands the same secret in the dispatch map. While its owner
+  wants the machine (`mahout.owner`) it asks for nothing; when the owner comes back
   mid-slice its server refuses batches at once (the coordinator computes them itself) and
-  it leaves within a heartbeat: it closes the slice and stops heartbeating, so the control
-  plane ages the worker out (there is no "leaving" call to make it sooner).
+  it leaves within a second: it tells the control plane it is leaving (`MeshClient.leave`),
+  so the slice is handed to another volunteer at once, and closes the slice. It says so
+  whenever it stops serving a slice it was not told to retire from.
 """
 from __future__ import annotations
 
@@ -82,6 +86,10 @@ class MeshClient:
     def register(self, worker_id: int, address: str) -> dict:
         return self._call("POST", f"/expert-workers/{worker_id}/register", {"address": address}).json()
 
+    def leave(self, worker_id: int, reason: str = "") -> bool:
+        """Say this worker is leaving; False when the control plane had already retired it."""
+        return bool(self._call("POST", f"/expert-workers/{worker_id}/leave", {"reason": reason[:150]}).json()["left"])
+
     def heartbeat(self, worker_id: int) -> bool:
         """True when the control plane says this worker must retire."""
         return bool(self._call("POST", f"/expert-workers/{worker_id}/heartbeat").json()["retire"])
@@ -113,8 +121,9 @@ def _spec(entry: dict) -> WorkerSpec:
     if entry.get("address"):
         host, port = entry["address"].rsplit(":", 1)
         address = (host.strip("[]"), int(port))
+    share = entry.get("check_share")
     return WorkerSpec(str(entry["id"]), entry["layer"], entry["first"], entry["count"], address,
-                      secret=str(entry.get("secret") or ""))
+                      secret=str(entry.get("secret") or ""), check_share=None if share is None else float(share))
 
 
 BLAME_REASON_MAX = 500  # what the control plane keeps of a blame's reason
@@ -136,7 +145,8 @@ class CoordinatorAgent:
     def tick(self) -> dict | None:
         coordinator = self.runner.coordinator
         known = [w for w in list(coordinator.workers.values()) if w.key.isdigit()]
-        workers = [{"id": int(w.key), "last_serve_ms": w.last_serve_ms} for w in known if w.last_serve_ms > 0]
+        workers = [{"id": int(w.key), "last_serve_ms": w.last_serve_ms, "checks_passed": w.checks_passed}
+                   for w in known if w.last_serve_ms > 0]
         blamed = [{"id": int(w.key), "reason": w.blamed[:BLAME_REASON_MAX]} for w in known if w.blamed]
         try:
             answer = self.client.coordinator_report(self.model, self.runner.monitor.state.busy, workers, blamed)
@@ -168,18 +178,13 @@ class Volunteer:
         self.poll_s, self.heartbeat_s, self.out = poll_s, heartbeat_s, out
         self.owner = owner  # None: a dedicated machine, always free
         self._stop = threading.Event()
+        self._leave_now = threading.Event()  # the slice being served: set to leave it at once
         self._paused_said: str | None = None
 
     def serve_one(self) -> bool:
-        """Serve one slice until retired or the owner wants the machine; False when nothing was wanted."""
-        try:
-            slice_ = self.client.volunteer()
-        except MeshRefused as exc:  # e.g. still in probation: asked again on the next poll
-            self.out(f"mahout moe: the gateway refused: {exc}")
-            return False
-        except MeshUnavailable as exc:
-            self.out(f"mahout moe: control plane unavailable: {exc}")
-            return False
+        """Serve one slice until retired, the owner wants the machine or `stop()`; False when
+        nothing was wanted (or the slice could not be registered)."""
+        slice_ = self._ask()
         if slice_ is None:
             return False
         worker_id = slice_["worker"]
@@ -188,10 +193,15 @@ class Volunteer:
         if self.device is not None and getattr(self.device, "type", "cpu") != "cpu":
             bank.to_device(self.device)
         caps = worker_caps(d_model=config.d_model, count=slice_["count"], context_length=config.context_length)
-        watch = OwnerWatch(self.owner, poll_s=min(1.0, self.heartbeat_s)).start() if self.owner is not None else None
+        leave = self._leave_now = threading.Event()  # set by the owner's return or stop(): leave now, not at a heartbeat
+        if self._stop.is_set():
+            leave.set()
+        watch = (OwnerWatch(self.owner, lambda reason: reason and leave.set(), poll_s=min(1.0, self.heartbeat_s)).start()
+                 if self.owner is not None else None)
         away = (lambda: watch.reason) if watch is not None else None
         server = ExpertServer(bank, secret=slice_["secret"], caps=caps, host=self.host, refusal=away).start()
         link = RelayWorkerLink(self.client.server, self.client.token, worker_id, server, out=self.out) if self.relay else None
+        why: str | None = "it could not register"
         try:
             if link is not None:  # connect outward first: the coordinator may dial as soon as we register
                 link.start().connected.wait(self.heartbeat_s * 5)
@@ -203,17 +213,10 @@ class Volunteer:
             where = "through the relay" if link else f"on port {server.address[1]}"
             self.out(f"mahout moe: serving {slice_['model']} layer {slice_['layer']} experts "
                      f"[{slice_['first']}, {slice_['first'] + slice_['count']}) {where}")
-            while not self._stop.wait(self.heartbeat_s):
-                if watch is not None and watch.reason:
-                    self.out(f"mahout moe: paused ({watch.reason}): leaving worker {worker_id} after {server.served} batches")
-                    break
-                try:
-                    if self.client.heartbeat(worker_id):
-                        self.out(f"mahout moe: worker {worker_id} retired after {server.served} batches")
-                        break
-                except MeshUnavailable as exc:
-                    self.out(f"mahout moe: heartbeat failed: {exc}")
+            why = self._serve_until_done(worker_id, server, watch, leave)
         finally:
+            if why is not None:
+                self._say_leaving(worker_id, why)
             if watch is not None:
                 watch.stop()
             if link is not None:
@@ -221,6 +224,40 @@ class Volunteer:
             server.close()
             path.unlink(missing_ok=True)
         return True
+
+    def _ask(self) -> dict | None:
+        """A slice from the control plane, or None (nothing wanted, refused, unreachable)."""
+        try:
+            return self.client.volunteer()
+        except MeshRefused as exc:  # e.g. paused or in maintenance: asked again on the next poll
+            self.out(f"mahout moe: the gateway refused: {exc}")
+        except MeshUnavailable as exc:
+            self.out(f"mahout moe: control plane unavailable: {exc}")
+        return None
+
+    def _serve_until_done(self, worker_id: int, server: ExpertServer, watch: OwnerWatch | None,
+                          leave: threading.Event) -> str | None:
+        """Heartbeat until the control plane retires the worker (None) or `leave` is set: then
+        the reason to tell the control plane (the owner came back, or this volunteer stops)."""
+        while not leave.wait(self.heartbeat_s):
+            try:
+                if self.client.heartbeat(worker_id):
+                    self.out(f"mahout moe: worker {worker_id} retired after {server.served} batches")
+                    return None
+            except MeshUnavailable as exc:
+                self.out(f"mahout moe: heartbeat failed: {exc}")
+        if watch is not None and watch.reason:
+            self.out(f"mahout moe: paused ({watch.reason}): leaving worker {worker_id} after {server.served} batches")
+            return f"the owner wants the machine ({watch.reason})"
+        return "the volunteer is stopping"
+
+    def _say_leaving(self, worker_id: int, why: str) -> None:
+        """Tell the control plane this worker leaves, so its slice is handed out again now;
+        if it cannot be told, the worker ages out after its heartbeat goes stale."""
+        try:
+            self.client.leave(worker_id, why)
+        except MeshUnavailable as exc:
+            self.out(f"mahout moe: could not say worker {worker_id} is leaving ({exc}); it ages out instead")
 
     def run(self, *, max_slices: int | None = None) -> int:
         served = 0
@@ -241,4 +278,5 @@ class Volunteer:
 
     def stop(self) -> None:
         self._stop.set()
+        self._leave_now.set()
 

@@ -8,8 +8,11 @@ that breaks, times out or answers badly is marked dead and its experts are compu
 locally in the same call, so a dying worker never corrupts an answer. The local result is
 the reference: a remote worker runs the same float32 expert on the same rows. An answer with
 a non-finite value is a failed batch; a random share of good-looking answers
-(`DispatchPolicy.check_share`) is recomputed here, and a worker whose values disagree is
-blamed: its answer is replaced by the local one and it is never sent rows again.
+(`DispatchPolicy.check_share`, or the worker's own `WorkerSpec.check_share`: the control plane
+asks for more of a volunteer on probation) is recomputed here, and a worker whose values
+disagree is blamed: its answer is replaced by the local one and it is never sent rows again.
+The checks a worker passed are counted (`WorkerState.checks_passed`) and reported, which is
+how a volunteer leaves probation.
 
 Workers are reached through a `Transport` (a direct TCP link here; the relay provides
 another), attached from the control plane's dispatch map (`sync`). A direct link passes the
@@ -25,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch
@@ -102,6 +105,11 @@ class WorkerSpec:
     count: int
     address: tuple[str, int] | None  # None: reachable only through the relay
     secret: str = field(default="", repr=False)
+    check_share: float | None = None  # share of its batches to recompute; None: the policy's
+
+    def same_worker(self, other: WorkerSpec) -> bool:
+        """The same worker reached the same way (its check share may change: probation ends)."""
+        return replace(self, check_share=other.check_share) == other
 
     @property
     def relay(self) -> bool:
@@ -158,14 +166,15 @@ class Coordinator:
         keeps its record; one that failed is given a fresh start only after `retry_dead_s`."""
         with self._lock:
             known = self.workers.get(spec.key)
-            if known is not None and self._specs[spec.key] == spec:
+            if known is not None and self._specs[spec.key].same_worker(spec):
+                self._specs[spec.key] = spec
                 if known.blamed:
                     return known
                 if known.alive or known.died_at is None or self.clock() - known.died_at < self.policy.retry_dead_s:
                     return known
             state = WorkerState(spec.key, spec.layer, spec.first, spec.count, connected_at=self.clock())
             if known is not None:
-                state.last_serve_ms, state.served = known.last_serve_ms, known.served
+                state.last_serve_ms, state.served, state.checks_passed = known.last_serve_ms, known.served, known.checks_passed
                 self._transports.pop(spec.key).close()
             self.workers[spec.key] = state
             self._specs[spec.key] = spec
@@ -222,8 +231,14 @@ class Coordinator:
                 self.stats.fallbacks += 1
                 self.stats.local_experts += len(experts)
                 continue
-            outputs.update(remote if self.draw() >= self.policy.check_share else self._checked(key, layer, inputs, remote))
+            outputs.update(remote if self.draw() >= self._check_share(key) else self._checked(key, layer, inputs, remote))
         return outputs
+
+    def _check_share(self, key: str) -> float:
+        """The share of this worker's batches to recompute: its own (probation), else the policy's."""
+        spec = self._specs.get(key)
+        share = spec.check_share if spec is not None else None
+        return self.policy.check_share if share is None else share
 
     def _checked(self, key: str, layer: int, inputs: dict[int, torch.Tensor], remote: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
         """Recompute a remote batch here; on a disagreement blame its worker and keep ours."""
@@ -231,11 +246,14 @@ class Coordinator:
         self.stats.checks += 1
         rtol, atol = self.policy.check_rtol, self.policy.check_atol
         wrong = [e for e in sorted(remote) if not torch.allclose(remote[e], reference[e], rtol=rtol, atol=atol)]
+        state = self.workers.get(key)
         if not wrong:
+            if state is not None:
+                with self._lock:
+                    state.checks_passed += 1
             return remote
         gap = max(float((remote[e] - reference[e]).abs().max()) for e in wrong)
         self.stats.mismatches += 1
-        state = self.workers.get(key)
         if state is not None:
             state.blamed = f"layer {layer} experts {wrong}: values off by up to {gap:.3g}"
         logger.warning("expert worker %s blamed: layer %s experts %s differ from the local recompute by up to %.3g",

@@ -61,6 +61,7 @@ class WorkerState:
     connected_at: float  # monotonic
     last_serve_ms: int = 0  # epoch ms of the last batch it computed; 0 = never served
     served: int = 0  # batches computed
+    checks_passed: int = 0  # of those, recomputed here and found equal
     alive: bool = True
     died_at: float | None = None  # monotonic time it failed a batch
     blamed: str = ""  # why its answers are not trusted (a recomputed batch disagreed): never used again

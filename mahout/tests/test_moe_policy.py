@@ -256,3 +256,20 @@ class ExpertCheckTests:
         coordinator, transport = self._coordinator(lambda rows: rows * 2 + 0.5, draw=0.5)
         out = coordinator(0, {1: torch.ones(2, 3)})
         assert torch.equal(out[1], torch.full((2, 3), 2.5)) and coordinator.stats.checks == 0
+
+    def test_a_worker_on_probation_is_checked_at_its_own_share_and_its_passes_counted(self) -> None:
+        coordinator, transport = self._coordinator(lambda rows: rows * 2, draw=0.5)  # above the policy's 5%
+        coordinator.sync([WorkerSpec("w", 0, 0, 4, ("127.0.0.1", 1), check_share=0.6)])  # the control plane's probation
+        assert coordinator._transports["w"] is transport, "a new share keeps the worker and its link"
+        for _ in range(2):
+            coordinator(0, {1: torch.ones(2, 3)})
+        assert coordinator.stats.checks == 2 and coordinator.workers["w"].checks_passed == 2
+        coordinator.sync([WorkerSpec("w", 0, 0, 4, ("127.0.0.1", 1))])  # probation over: the policy's share
+        coordinator(0, {1: torch.ones(2, 3)})
+        assert coordinator.stats.checks == 2 and coordinator.workers["w"].checks_passed == 2
+
+    def test_a_poisoned_worker_on_probation_is_caught_on_its_first_checked_batch(self) -> None:
+        coordinator, _ = self._coordinator(lambda rows: rows * 2 + 0.5, draw=0.5)
+        coordinator.sync([WorkerSpec("w", 0, 0, 4, ("127.0.0.1", 1), check_share=1.0)])
+        assert torch.equal(coordinator(0, {1: torch.ones(2, 3)})[1], torch.full((2, 3), 2.0))
+        assert coordinator.workers["w"].blamed and coordinator.workers["w"].checks_passed == 0

@@ -1,5 +1,7 @@
 """An expert volunteer leaves the machine to its owner: with the pause flag set it refuses
-batches at once, gives its slice up and asks for no other; cleared, it volunteers again.
+batches at once, tells the control plane it leaves (so the slice is handed out again at once)
+and asks for no other; cleared, it volunteers again. Stopping says it leaves too; a worker the
+control plane retired says nothing.
 The volunteer's loop runs in-process against a stand-in control plane; the coordinator's
 side is a real `TcpTransport` over loopback."""
 from __future__ import annotations
@@ -34,10 +36,14 @@ class ControlPlane:
 
     server, token = "http://127.0.0.1:9", "host-token"
 
-    def __init__(self, model: Path) -> None:
+    def __init__(self, model: Path, *, retire: bool = False) -> None:
         self.model = model
         self.asked = 0
+        self.retire = retire
         self.registered: list[tuple[int, str]] = []
+        self.left: list[tuple[int, str]] = []
+        self.leave_gate = threading.Event()  # a leave call returns once this is set
+        self.leave_gate.set()
 
     def volunteer(self) -> dict:
         self.asked += 1
@@ -53,7 +59,11 @@ class ControlPlane:
         return {}
 
     def heartbeat(self, worker_id: int) -> bool:
-        return False
+        return self.retire
+
+    def leave(self, worker_id: int, reason: str = "") -> bool:
+        self.left.append((worker_id, reason))
+        return self.leave_gate.wait(30)
 
 
 def _eventually(check: Callable[[], object], what: str, deadline_s: float = 30.0) -> object:
@@ -98,6 +108,8 @@ class VolunteerOwnerTests:
             set_paused(tmp_path, True)
             _eventually(lambda: _compute_or_gone(first_address, d_model) in ("error", "gone"), "a refused batch")
             _eventually(lambda: any("leaving worker 1" in line for line in said), "the volunteer leaving its slice")
+            _eventually(lambda: plane.left, "the volunteer telling the control plane it leaves")
+            assert plane.left == [(1, "the owner wants the machine (pause flag set)")]
             _eventually(lambda: any("asking for no slice" in line for line in said), "the volunteer pausing")
             asked = plane.asked
             time.sleep(0.5)  # ten polls: a paused volunteer asks for nothing
@@ -112,11 +124,21 @@ class VolunteerOwnerTests:
             thread.join(30)
         assert served == [2]
         assert "mahout moe: resumed: volunteering" in said
+        assert plane.left[1:] == [(2, "the volunteer is stopping")]
 
-    def test_a_paused_worker_answers_an_error_naming_its_owner(self, tiny: Path, tmp_path: Path) -> None:
+    def test_a_retired_worker_does_not_say_it_leaves(self, tiny: Path, tmp_path: Path) -> None:
+        plane = ControlPlane(tiny, retire=True)
+        volunteer = Volunteer(plane, tmp_path / "work", relay=False, poll_s=0.05, heartbeat_s=0.05,  # type: ignore[arg-type]
+                              out=lambda _line: None)
+        (tmp_path / "work").mkdir()
+        assert volunteer.run(max_slices=1) == 1
+        assert plane.registered and plane.left == []
+
+    def test_while_it_leaves_a_batch_gets_an_error_naming_its_owner(self, tiny: Path, tmp_path: Path) -> None:
         d_model = load_moe(tiny)[0].d_model
         plane, said = ControlPlane(tiny), []
-        volunteer = Volunteer(plane, tmp_path / "work", relay=False, poll_s=0.05, heartbeat_s=5.0,  # type: ignore[arg-type]
+        plane.leave_gate.clear()  # the control plane is slow to answer the leave: the server is still up
+        volunteer = Volunteer(plane, tmp_path / "work", relay=False, poll_s=0.05, heartbeat_s=60.0,  # type: ignore[arg-type]
                               out=said.append, owner=OwnerGuard(tmp_path))
         (tmp_path / "work").mkdir()
         thread = threading.Thread(target=lambda: volunteer.run(max_slices=1), daemon=True)
@@ -124,10 +146,12 @@ class VolunteerOwnerTests:
         try:
             _eventually(lambda: plane.registered, "the slice registered")
             set_paused(tmp_path, True)
+            _eventually(lambda: plane.left, "the leave said at once, not at the 60 s heartbeat")
             host, port = plane.registered[0][1].rsplit(":", 1)
             answer = _eventually(lambda: _error_answer((host, int(port)), d_model), "an error frame")
             assert answer["message"] == "this machine is its owner's now (pause flag set)"
         finally:
+            plane.leave_gate.set()
             set_paused(tmp_path, False)
             volunteer.stop()
             thread.join(30)

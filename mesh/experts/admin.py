@@ -13,7 +13,8 @@ from mesh.experts.models import ExpertModel, ExpertWorker
 class ExpertWorkerInline(admin.TabularInline):
     model = ExpertWorker
     extra = 0
-    fields = ("host", "layer", "first", "count", "status", "address", "last_serve_ms", "heartbeat_at")
+    fields = ("host", "layer", "first", "count", "status", "address", "last_serve_ms", "checks_passed", "heartbeat_at",
+              "retired_reason")
     readonly_fields = fields
     can_delete = False
 
@@ -24,11 +25,11 @@ class ExpertWorkerInline(admin.TabularInline):
 @admin.register(ExpertModel)
 class ExpertModelAdmin(admin.ModelAdmin):
     list_display = ("name", "arch", "n_layers", "n_experts", "slice_size", "base_target", "boost", "coordinator", "busy",
-                    "saturated", "reported_at")
+                    "saturated", "reported_at", "silent_since")
     list_filter = ("saturated", "arch")
     search_fields = ("name",)
     readonly_fields = ("name", "gguf_path", "arch", "n_layers", "n_experts", "n_experts_used", "coordinator", "busy", "saturated",
-                       "reported_at", "last_saturated_at")
+                       "reported_at", "last_saturated_at", "silent_since")
     inlines = [ExpertWorkerInline]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -38,10 +39,11 @@ class ExpertModelAdmin(admin.ModelAdmin):
 @admin.register(ExpertWorker)
 class ExpertWorkerAdmin(admin.ModelAdmin):
     list_display = ("id", "model", "host", "layer", "first", "count", "status", "address", "last_serve_ms", "heartbeat_at",
-                    "blamed_at")
+                    "retired_reason", "blamed_at")
     list_filter = ("status", "model")
     readonly_fields = ("model", "host", "layer", "first", "count", "status", "address", "last_serve_ms", "assigned_at",
-                       "registered_at", "heartbeat_at", "retired_at", "blamed_at", "blame_reason")
+                       "registered_at", "heartbeat_at", "retired_at", "retired_reason", "checks_passed", "blamed_at",
+                       "blame_reason")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # workers are handed out by the volunteer endpoint

@@ -3,15 +3,19 @@ service or selector, renders.
 
 * `GET  /api/moe/recruitment`: per model busy, saturation, base vs effective target, workers.
 * `GET  /api/expert-demand`: scarce slices and the `recruiting` flag.
-* `POST /api/expert-volunteer`: an idle trusted host asks for a slice (200 with it and its
-  link secret, 204: none wanted; 403 in probation or banned, 409 while it serves one).
+* `POST /api/expert-volunteer`: an idle host asks for a slice (200 with it and its link
+  secret, 204: none wanted; 403 banned, in maintenance or blamed, 409 paused or while it
+  serves one). A host that is not trusted serves on probation (checked more often).
 * `GET  /api/expert-workers/<id>/slice`: the GGUF of that slice's tensors only.
 * `POST /api/expert-workers/<id>/register`: the worker serves its slice (at `address`, which
   must be public unless the operator allows private ones, or via the relay).
 * `POST /api/expert-workers/<id>/heartbeat`: stay covered; the answer says whether to retire.
+* `POST /api/expert-workers/<id>/leave`: the volunteer is leaving (its owner came back): the
+  worker retires now and its slice is handed out again.
 * `POST /api/moe/coordinator-report`: the bound coordinator's busy slots, its workers'
-  `last_serve_ms` and the workers it blames (retired at once; 403 for another model's); the
-  answer is its dispatch map, each worker with its link secret.
+  `last_serve_ms` and passed checks, and the workers it blames (retired at once; 403 for
+  another model's); the answer is its dispatch map, each worker with its link secret and the
+  share of its batches to recompute.
 """
 from __future__ import annotations
 
@@ -77,6 +81,8 @@ class MoeRecruitmentApi(MoeHostApi):
                 status = serializers.CharField()
                 last_serve_ms = serializers.IntegerField()
                 heartbeat_at = serializers.DateTimeField(allow_null=True)
+                checks_passed = serializers.IntegerField()
+                probation = serializers.BooleanField(help_text="its host is on expert probation: checked more often")
 
             model = serializers.CharField()
             busy = serializers.IntegerField()
@@ -86,6 +92,8 @@ class MoeRecruitmentApi(MoeHostApi):
             boost = serializers.IntegerField()
             effective_target = serializers.IntegerField()
             reported_at = serializers.DateTimeField(allow_null=True)
+            coordinator = serializers.ChoiceField(["reporting", "silent", "never"])
+            silent_since = serializers.DateTimeField(allow_null=True)
             n_layers = serializers.IntegerField()
             n_experts = serializers.IntegerField()
             slice_size = serializers.IntegerField()
@@ -168,11 +176,30 @@ class ExpertWorkerHeartbeatApi(MoeHostApi):
         return Response({"retire": retire})
 
 
+class ExpertWorkerLeaveApi(MoeHostApi):
+    class InputSerializer(serializers.Serializer):
+        reason = serializers.CharField(max_length=150, required=False, allow_blank=True, default="",
+                                       help_text="why, in a few words (e.g. the owner came back)")
+
+    class OutputSerializer(serializers.Serializer):
+        left = serializers.BooleanField(help_text="false: it had already retired")
+
+    @extend_schema(responses={200: OutputSerializer, 404: ERROR})
+    def post(self, request: Request, worker_id: int) -> Response:
+        host = self.host(request)
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        left = services.expert_worker_leave(worker_id=worker_id, host=host, reason=serializer.validated_data["reason"])
+        return Response({"left": left})
+
+
 class CoordinatorReportApi(MoeHostApi):
     class InputSerializer(serializers.Serializer):
         class WorkerSerializer(serializers.Serializer):
             id = serializers.IntegerField(min_value=1, max_value=BIGINT_MAX)
             last_serve_ms = serializers.IntegerField(min_value=0, max_value=BIGINT_MAX)
+            checks_passed = serializers.IntegerField(min_value=0, max_value=INT_MAX, required=False, default=0,
+                                                     help_text="its batches recomputed here and found equal")
 
         class BlameSerializer(serializers.Serializer):
             id = serializers.IntegerField(min_value=1, max_value=BIGINT_MAX)
@@ -196,6 +223,9 @@ class CoordinatorReportApi(MoeHostApi):
             relay = serializers.BooleanField()
             last_serve_ms = serializers.IntegerField()
             secret = serializers.CharField()
+            check_share = serializers.FloatField(
+                allow_null=True, help_text="share of its batches to recompute (probation); null: the coordinator's own",
+            )
 
         model = serializers.CharField()
         saturated = serializers.BooleanField()

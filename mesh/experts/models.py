@@ -6,10 +6,14 @@ GGUF metadata when it is registered, so demand exists before any worker does). E
 wants `effective_target` replicas: `base_target` while the coordinator is quiet,
 `base_target + boost` while it reports saturation. A worker row is handed out by the
 volunteer endpoint (ASSIGNED), becomes ACTIVE when the worker registers where it can be
-reached, and RETIRED when it stops heartbeating or is no longer needed, or when its model's
-coordinator blames it (a recomputed batch disagreed: `blamed_at`, `blame_reason`). Each worker has its
-own `secret`, handed to its volunteer and to its model's coordinator (the one the operator
-bound, `coordinator`): the coordinator's link to it is admitted with it (`mahout.link`).
+reached, and RETIRED when it stops heartbeating, is no longer needed, leaves (its owner came
+back), when its model's coordinator went silent, or when that coordinator blames it (a
+recomputed batch disagreed: `blamed_at`, `blame_reason`); `retired_reason` says which. Each
+worker has its own `secret`, handed to its volunteer and to its model's coordinator (the one
+the operator bound, `coordinator`): the coordinator's link to it is admitted with it
+(`mahout.link`). `checks_passed` counts its batches the coordinator recomputed and found
+equal: a volunteer host that is not trusted is checked at the probation share until its
+workers have passed `MOE_PROBATION_CHECKS` (`mesh.experts.selectors.dispatch_map`).
 """
 from __future__ import annotations
 
@@ -40,6 +44,10 @@ class ExpertModel(models.Model):
     saturated = models.BooleanField(default=False)
     reported_at = models.DateTimeField(null=True, blank=True)
     last_saturated_at = models.DateTimeField(null=True, blank=True)
+    silent_since = models.DateTimeField(
+        null=True, blank=True,
+        help_text="when the control plane's loop found no fresh report from its coordinator; cleared by its next report",
+    )
 
     class Meta:
         constraints = [
@@ -79,6 +87,10 @@ class ExpertWorker(models.Model):
         null=True, blank=True, help_text="when its model's coordinator reported that its values disagreed with a recompute",
     )
     blame_reason = models.CharField(max_length=500, blank=True, help_text="the coordinator's account of the disagreement")
+    retired_reason = models.CharField(max_length=200, blank=True, help_text="why it retired, in a few words")
+    checks_passed = models.PositiveIntegerField(
+        default=0, help_text="its batches the coordinator recomputed and found equal (as the coordinator last reported)",
+    )
 
     class Meta:
         ordering = ["model", "layer", "first", "id"]

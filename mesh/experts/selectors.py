@@ -1,10 +1,17 @@
 """Reads for the expert market: targets, coverage, demand, recruitment, dispatch maps.
 
 Freshness decides everything here: a coordinator report older than
-`MOE_COORDINATOR_STALE_SECONDS` no longer counts as saturation (a silent coordinator cannot keep
-a swarm recruited), an ACTIVE worker whose heartbeat is older than `MOE_WORKER_STALE_SECONDS`
-covers nothing, and an ASSIGNED slice counts as covered for `MOE_ASSIGN_TTL_SECONDS` while its
-volunteer downloads it (so two volunteers are not handed the same gap).
+`MOE_COORDINATOR_STALE_SECONDS` no longer counts, so a silent coordinator (or one that never
+reported) is neither saturated nor wants any replica (nobody would dispatch to them), an
+ACTIVE worker whose heartbeat is older than `MOE_WORKER_STALE_SECONDS` covers nothing, and an
+ASSIGNED slice counts as covered for `MOE_ASSIGN_TTL_SECONDS` while its volunteer downloads it
+(so two volunteers are not handed the same gap).
+
+Volunteers need not be trusted (a pure volunteer serves no jobs, so it could never earn
+trust): a host that is not trusted serves on *expert probation*, and the dispatch map asks
+its model's coordinator to recompute `MOE_PROBATION_CHECK_SHARE` of its batches (instead of
+the coordinator's usual few per cent) until the host's workers have passed
+`MOE_PROBATION_CHECKS` of them (`probation_hosts`).
 """
 from __future__ import annotations
 
@@ -12,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Q, QuerySet
+from django.db.models import Q, QuerySet, Sum
 from django.utils import timezone
 
 from hosts.models import Host
@@ -38,23 +45,39 @@ class SliceDemand:
         return self.target - self.covered
 
 
+def coordinator_reporting(model: ExpertModel, *, now: datetime | None = None) -> bool:
+    """Has the model's coordinator reported within `MOE_COORDINATOR_STALE_SECONDS`?"""
+    now = now or timezone.now()
+    return model.reported_at is not None and now - model.reported_at <= seconds("MOE_COORDINATOR_STALE_SECONDS")
+
+
+def coordinator_state(model: ExpertModel, *, now: datetime | None = None) -> str:
+    """"reporting", "silent" (it reported once, not lately) or "never" (it has not reported yet)."""
+    if coordinator_reporting(model, now=now):
+        return "reporting"
+    return "never" if model.reported_at is None else "silent"
+
+
 def is_saturated(model: ExpertModel, *, now: datetime | None = None) -> bool:
     """Saturated per the coordinator's last report, if that report is fresh."""
-    now = now or timezone.now()
-    fresh = model.reported_at is not None and now - model.reported_at <= seconds("MOE_COORDINATOR_STALE_SECONDS")
-    return model.saturated and fresh
+    return model.saturated and coordinator_reporting(model, now=now)
 
 
 def effective_target(model: ExpertModel, *, now: datetime | None = None) -> int:
+    """Replicas each slice wants: none while the coordinator is not reporting (nobody would
+    dispatch to them), the base while it is quiet, base + boost while it is saturated."""
+    if not coordinator_reporting(model, now=now):
+        return 0
     return model.base_target + (model.boost if is_saturated(model, now=now) else 0)
 
 
 def _live_q(now: datetime) -> Q:
-    """Active and heartbeating, or just assigned, on a host that is still trusted (a host
-    banned or back in probation covers nothing, so it is aged out and leaves the dispatch map)."""
+    """Active and heartbeating, or just assigned, on a host that still accepts work (a host
+    banned, in maintenance, e.g. after a failed canary, or paused by its owner covers nothing,
+    so it is aged out and leaves the dispatch map)."""
     active = Q(status=ExpertWorker.Status.ACTIVE, heartbeat_at__gte=now - seconds("MOE_WORKER_STALE_SECONDS"))
     pending = Q(status=ExpertWorker.Status.ASSIGNED, assigned_at__gte=now - seconds("MOE_ASSIGN_TTL_SECONDS"))
-    return (active | pending) & Q(host__in=Host.objects.trusted())
+    return (active | pending) & Q(host__in=Host.objects.accepting())
 
 
 def covering_workers(model: ExpertModel, *, now: datetime | None = None) -> QuerySet[ExpertWorker]:
@@ -111,24 +134,48 @@ def recruitment(*, now: datetime | None = None) -> list[dict]:
             "model": model.name, "busy": model.busy, "saturation_threshold": model.saturation_threshold,
             "saturated": is_saturated(model, now=now), "base_target": model.base_target, "boost": model.boost,
             "effective_target": effective_target(model, now=now), "reported_at": model.reported_at,
+            "coordinator": coordinator_state(model, now=now), "silent_since": model.silent_since,
             "n_layers": model.n_layers, "n_experts": model.n_experts, "slice_size": model.slice_size,
-            "workers": [
-                {"id": w.pk, "host": w.host_id, "layer": w.layer, "first": w.first, "count": w.count,
-                 "status": w.status, "last_serve_ms": w.last_serve_ms, "heartbeat_at": w.heartbeat_at}
-                for w in model.workers.all() if w.status != ExpertWorker.Status.RETIRED
-            ],
+            "workers": _recruitment_workers(model),
         })
     return rows
 
 
+def _recruitment_workers(model: ExpertModel) -> list[dict]:
+    """A model's workers that have not retired, each with whether its host is on probation."""
+    workers = [w for w in model.workers.all() if w.status != ExpertWorker.Status.RETIRED]
+    probation = probation_hosts({w.host_id for w in workers})
+    return [
+        {"id": w.pk, "host": w.host_id, "layer": w.layer, "first": w.first, "count": w.count, "status": w.status,
+         "last_serve_ms": w.last_serve_ms, "heartbeat_at": w.heartbeat_at, "checks_passed": w.checks_passed,
+         "probation": w.host_id in probation}
+        for w in workers
+    ]
+
+
+def probation_hosts(host_ids: set[int]) -> set[int]:
+    """Those of `host_ids` on expert probation: not trusted, and their expert workers (all of
+    them, ever) have passed fewer than `MOE_PROBATION_CHECKS` recomputed batches."""
+    untrusted = set(Host.objects.filter(pk__in=host_ids).exclude(pk__in=Host.objects.trusted()).values_list("pk", flat=True))
+    passed = dict(
+        ExpertWorker.objects.filter(host_id__in=untrusted).values("host_id").annotate(total=Sum("checks_passed"))
+        .values_list("host_id", "total")
+    )
+    return {host_id for host_id in untrusted if (passed.get(host_id) or 0) < settings.MOE_PROBATION_CHECKS}
+
+
 def dispatch_map(model: ExpertModel, *, now: datetime | None = None) -> list[dict]:
-    """The coordinator's workers: active, heartbeating, with how to reach them and the
-    secret each one admits the coordinator's link with (for the model's coordinator only)."""
+    """The coordinator's workers: active, heartbeating, with how to reach them, the secret
+    each one admits the coordinator's link with (for the model's coordinator only) and the
+    share of its batches to recompute (`check_share`: the probation share for a host on
+    probation, null for the coordinator's own)."""
     now = now or timezone.now()
-    workers = covering_workers(model, now=now).filter(status=ExpertWorker.Status.ACTIVE).order_by("id")
+    workers = list(covering_workers(model, now=now).filter(status=ExpertWorker.Status.ACTIVE).order_by("id"))
+    probation = probation_hosts({w.host_id for w in workers})
     return [
         {"id": w.pk, "layer": w.layer, "first": w.first, "count": w.count, "address": w.address,
-         "relay": not w.address, "last_serve_ms": w.last_serve_ms, "secret": w.secret}
+         "relay": not w.address, "last_serve_ms": w.last_serve_ms, "secret": w.secret,
+         "check_share": settings.MOE_PROBATION_CHECK_SHARE if w.host_id in probation else None}
         for w in workers
     ]
 

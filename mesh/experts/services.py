@@ -3,16 +3,30 @@ volunteers a slice, worker registration and heartbeats, and ageing workers out.
 
 Everything is pulled by hosts (coordinators report, volunteers ask, workers heartbeat), so
 machines behind NAT take part. Nothing is first come: a model's coordinator is bound by the
-operator when it is registered, only trusted hosts (out of probation, not banned) may
-volunteer, one slice per host at a time, and a worker's address must be public unless the
-operator allows private ones (`MOE_ALLOW_PRIVATE_WORKERS`, for a local swarm). Each worker
-gets its own link secret, handed to it and to the coordinator only.
-Load-adaptive recruitment is the sum of small rules:
-a saturated report raises the model's effective target (`mesh.moe_selectors`), slices
-covered below it are handed to volunteers, and once the coordinator has been quiet for
-`MOE_COOLDOWN_SECONDS` workers beyond the target are retired (their next heartbeat says so)
-and stale ones are dropped. A worker its coordinator blames (a recomputed batch disagreed) is
-retired at once with the reason, and its host may not volunteer again.
+operator when it is registered, a host that accepts work (not banned, in maintenance or
+paused) may volunteer, one slice per host at a time, and a worker's address must be public
+unless the operator allows private ones (`MOE_ALLOW_PRIVATE_WORKERS`, for a local swarm). Each
+worker gets its own link secret, handed to it and to the coordinator only.
+
+Volunteering needs no trust, or a pure volunteer (a machine that serves no jobs, so never
+earns it) could never be recruited. It needs none because the coordinator holds the whole
+model and recomputes a share of every worker's batches: a host that is not trusted is on
+*expert probation* (`selectors.probation_hosts`), checked at `MOE_PROBATION_CHECK_SHARE`
+(default half its batches) until its workers have passed `MOE_PROBATION_CHECKS`, then at the
+coordinator's usual share like a trusted host. A worker whose recomputed batch disagrees is
+blamed and retired at once, its answer replaced by the coordinator's, and no machine of its
+host's owner may volunteer again. What a volunteer sees (hidden states of one layer's routed
+rows) is less than what a host in probation already sees when it serves a job (the prompt).
+
+Load-adaptive recruitment is the sum of small rules: a saturated report raises the model's
+effective target (`mesh.experts.selectors`), slices covered below it are handed to
+volunteers, and once the coordinator has been quiet for `MOE_COOLDOWN_SECONDS` workers
+beyond the target are retired (their next heartbeat says so) and stale ones are dropped. The
+control plane's own loop (`expert_market_tick`, a Celery beat task) reviews every model
+whether or not anyone reports: a coordinator that stopped reporting is marked silent
+(`silent_since`: not saturated, busy 0, no replica wanted) and its workers are released. A
+volunteer that leaves (its owner came back) says so (`expert_worker_leave`), and its slice
+is scarce again at once.
 """
 from __future__ import annotations
 
@@ -47,6 +61,9 @@ __all__ = [
     "expert_volunteer",
     "expert_worker_heartbeat",
     "expert_worker_register",
+    "expert_market_tick",
+    "expert_model_review_one",
+    "expert_worker_leave",
     "expert_workers_age_out",
     "expert_workers_blame",
     "worker_address_check",
@@ -127,8 +144,10 @@ def coordinator_report(
     now: datetime | None = None,
 ) -> ExpertModel:
     """Record a coordinator's busy slots (saturated when busy >= threshold), the
-    `last_serve_ms` it saw per worker, and the workers it blames (`expert_workers_blame`).
-    Only the host the operator bound to the model may report: reporting first claims nothing."""
+    `last_serve_ms` and `checks_passed` it saw per worker (each only ever grows: a restarted
+    coordinator counts from zero again), and the workers it blames (`expert_workers_blame`).
+    A report ends the model's silence. Only the host the operator bound to the model may
+    report: reporting first claims nothing."""
     now = now or timezone.now()
     model = ExpertModel.objects.select_for_update().filter(name=model_name).first()
     if model is None:
@@ -142,13 +161,15 @@ def coordinator_report(
     model.busy = busy
     model.saturated = busy >= model.saturation_threshold
     model.reported_at = now
+    model.silent_since = None
     if model.saturated:
         model.last_saturated_at = now
-    model.save(update_fields=["busy", "saturated", "reported_at", "last_saturated_at"])
+    model.save(update_fields=["busy", "saturated", "reported_at", "last_saturated_at", "silent_since"])
     for report in workers:
-        ExpertWorker.objects.filter(pk=report["id"], model=model, last_serve_ms__lt=report["last_serve_ms"]).update(
-            last_serve_ms=report["last_serve_ms"]
-        )
+        own = ExpertWorker.objects.filter(pk=report["id"], model=model)
+        own.filter(last_serve_ms__lt=report["last_serve_ms"]).update(last_serve_ms=report["last_serve_ms"])
+        checks = report.get("checks_passed", 0)
+        own.filter(checks_passed__lt=checks).update(checks_passed=checks)
     if blamed:
         expert_workers_blame(model=model, blamed=blamed, now=now)
     expert_workers_age_out(model=model, now=now)
@@ -178,7 +199,7 @@ def expert_workers_blame(*, model: ExpertModel, blamed: Sequence[dict], now: dat
     for entry in blamed:
         newly += ExpertWorker.objects.filter(pk=entry["id"], model=model, blamed_at__isnull=True).update(
             status=ExpertWorker.Status.RETIRED, retired_at=Coalesce(F("retired_at"), Value(now)), blamed_at=now,
-            blame_reason=str(entry.get("reason") or "")[:BLAME_REASON_MAX],
+            blame_reason=str(entry.get("reason") or "")[:BLAME_REASON_MAX], retired_reason="blamed by its coordinator",
         )
     return newly
 
@@ -200,24 +221,28 @@ def _pick_slice(host: Host, now: datetime) -> tuple[ExpertModel, selectors.Slice
 
 
 def _volunteer_refusal(host: Host) -> MoeRefused | None:
-    """Why this host may not serve experts (it would receive customers' hidden states), or None."""
+    """Why this host may not serve experts now, or None. Trust is not asked (see the module's
+    docstring: an untrusted host serves on probation); a machine whose owner had a worker
+    blamed, on any of their machines, never serves again."""
     if host.banned_at is not None:
         return MoeRefused(403, f"This host is banned ({host.ban_reason}); it cannot serve experts.", "host_banned")
-    blamed = ExpertWorker.objects.filter(host=host, blamed_at__isnull=False).first()
+    blamed = ExpertWorker.objects.filter(host__owner_id=host.owner_id, blamed_at__isnull=False).first()
     if blamed is not None:
-        return MoeRefused(403, f"A coordinator found this host's expert worker {blamed.pk} answering wrong values "
-                               f"({blamed.blame_reason}); it cannot serve experts.", "host_blamed")
-    if not Host.objects.trusted().filter(pk=host.pk).exists():
-        return MoeRefused(403, "This host is in probation: only trusted hosts serve experts. Serve jobs and pass "
-                               "verification first.", "host_on_probation")
+        return MoeRefused(403, f"A coordinator found expert worker {blamed.pk} of this host's owner answering wrong "
+                               f"values ({blamed.blame_reason}); their machines cannot serve experts.", "host_blamed")
+    if host.maintenance_since is not None:
+        return MoeRefused(403, f"This host is in maintenance ({host.maintenance_reason}); it cannot serve experts.",
+                          "host_in_maintenance")
+    if host.paused:
+        return MoeRefused(409, "This host is paused by its owner; resume it to serve experts.", "host_paused")
     return None
 
 
 @transaction.atomic
 def expert_volunteer(*, host: Host, now: datetime | None = None) -> ExpertWorker | None:
-    """Hand an idle, trusted host the scarcest (layer, expert-range) slice, or None when
-    nothing is scarce; a host in probation or banned is refused, and so is one that already
-    holds a slice (one at a time). The host's row lock serialises its own concurrent asks;
+    """Hand an idle host the scarcest (layer, expert-range) slice, or None when nothing is
+    scarce (an untrusted one serves it on probation); a host refused by `_volunteer_refusal`
+    is refused, and so is one that already holds a slice (one at a time). The host's row lock serialises its own concurrent asks;
     the model rows are locked, so concurrent volunteers never fill the same gap twice."""
     now = now or timezone.now()
     host = Host.objects.select_for_update().get(pk=host.pk)
@@ -265,7 +290,7 @@ def worker_address_check(address: str) -> str:
 def expert_worker_register(*, worker_id: int, host: Host, address: str = "", now: datetime | None = None) -> ExpertWorker:
     """ASSIGNED -> ACTIVE (compare-and-set): the worker holds its slice and is reachable at
     `address` (checked by `worker_address_check`; blank: through the relay). Registering
-    again just updates the address. A host no longer trusted is refused."""
+    again just updates the address. A host `_volunteer_refusal` refuses is refused."""
     now = now or timezone.now()
     refusal = _volunteer_refusal(host)
     if refusal is not None:
@@ -294,14 +319,34 @@ def expert_worker_heartbeat(*, worker_id: int, host: Host, now: datetime | None 
     return ExpertWorker.objects.get(pk=worker.pk).status == ExpertWorker.Status.RETIRED
 
 
+def expert_worker_leave(*, worker_id: int, host: Host, reason: str = "", now: datetime | None = None) -> bool:
+    """The worker's volunteer is leaving (its owner came back, or it is stopping): retire it
+    now (compare-and-set), so it leaves the dispatch map at its coordinator's next report and
+    its slice reads scarce again at once, rather than after `MOE_WORKER_STALE_SECONDS`.
+    Returns False when it had already retired; another host's worker is refused."""
+    now = now or timezone.now()
+    rows = ExpertWorker.objects.filter(pk=worker_id, host=host)
+    if not rows.exists():
+        raise MoeRefused(404, f"No expert worker {worker_id} of this host.", "worker_not_found")
+    said = f"left: {reason}" if reason else "left"
+    return bool(rows.exclude(status=ExpertWorker.Status.RETIRED).update(
+        status=ExpertWorker.Status.RETIRED, retired_at=now, retired_reason=said[:RETIRED_REASON_MAX],
+    ))
+
+
+RETIRED_REASON_MAX = ExpertWorker._meta.get_field("retired_reason").max_length
+
+
 def expert_workers_age_out(*, model: ExpertModel, now: datetime | None = None) -> int:
     """Retire workers that stopped heartbeating, assignments never registered, and, once the
     coordinator has been quiet for the cooldown, workers beyond the effective target (the
-    longest-serving and proven are kept). Returns how many were retired."""
+    longest-serving and proven are kept; while the coordinator is silent the target is 0, so
+    all of them). Returns how many were retired."""
     now = now or timezone.now()
     covering = set(selectors.covering_workers(model, now=now).values_list("pk", flat=True))
     live = ExpertWorker.objects.filter(model=model).exclude(status=ExpertWorker.Status.RETIRED)
-    retire = set(live.exclude(pk__in=covering).values_list("pk", flat=True))
+    stale = set(live.exclude(pk__in=covering).values_list("pk", flat=True))
+    extra: set[int] = set()
     quiet_since = model.last_saturated_at
     if quiet_since is None or now - quiet_since >= selectors.seconds("MOE_COOLDOWN_SECONDS"):
         target = selectors.effective_target(model, now=now)
@@ -309,8 +354,35 @@ def expert_workers_age_out(*, model: ExpertModel, now: datetime | None = None) -
         for worker in live.filter(pk__in=covering).order_by("-last_serve_ms", "id"):
             by_slice.setdefault((worker.layer, worker.first), []).append(worker)
         for workers in by_slice.values():
-            retire.update(w.pk for w in workers[target:])
-    return live.filter(pk__in=retire).update(status=ExpertWorker.Status.RETIRED, retired_at=now)
+            extra.update(w.pk for w in workers[target:])
+    unneeded = "no longer needed" if selectors.coordinator_reporting(model, now=now) else "its coordinator went silent"
+    retire = ExpertWorker.Status.RETIRED
+    return (live.filter(pk__in=stale).update(status=retire, retired_at=now, retired_reason="stopped heartbeating")
+            + live.filter(pk__in=extra).update(status=retire, retired_at=now, retired_reason=unneeded))
+
+
+@transaction.atomic
+def expert_model_review_one(*, model_id: int, now: datetime | None = None) -> int:
+    """The control plane's own look at one model, whether or not its coordinator reports: a
+    coordinator without a fresh report is marked silent (not saturated, busy 0: a silent
+    coordinator keeps no swarm recruited) and the model's workers are aged out (the silent
+    model's all of them, once the cooldown since its last saturation has passed). Under the
+    model's row lock, so a report arriving meanwhile wins whole. Returns the changes made."""
+    now = now or timezone.now()
+    model = ExpertModel.objects.select_for_update().filter(pk=model_id).first()
+    if model is None:
+        return 0
+    changed = 0
+    if model.silent_since is None and not selectors.coordinator_reporting(model, now=now):
+        model.silent_since, model.saturated, model.busy = now, False, 0
+        model.save(update_fields=["silent_since", "saturated", "busy"])
+        changed = 1
+    return changed + expert_workers_age_out(model=model, now=now)
+
+
+def expert_market_tick(*, now: datetime | None = None) -> int:
+    """Review every MoE model (`expert_model_review_one`); the Celery beat task's body."""
+    return sum(expert_model_review_one(model_id=pk, now=now) for pk in ExpertModel.objects.values_list("pk", flat=True))
 
 
 def expert_slice_file(*, worker: ExpertWorker) -> Path:

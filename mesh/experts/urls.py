@@ -12,4 +12,5 @@ urlpatterns = [
     path("expert-workers/<id:worker_id>/slice", apis.ExpertSliceApi.as_view()),
     path("expert-workers/<id:worker_id>/register", apis.ExpertWorkerRegisterApi.as_view()),
     path("expert-workers/<id:worker_id>/heartbeat", apis.ExpertWorkerHeartbeatApi.as_view()),
+    path("expert-workers/<id:worker_id>/leave", apis.ExpertWorkerLeaveApi.as_view()),
 ]

@@ -1,5 +1,6 @@
-"""What the expert market's tests share: a host out of probation (only trusted hosts may
-volunteer), and the environment a gateway process needs to accept loopback workers."""
+"""What the expert market's tests share: a host out of probation (whose workers the
+coordinator checks at its usual share, not the probation one), and the environment a gateway
+process needs to accept loopback workers."""
 from __future__ import annotations
 
 from django.utils import timezone

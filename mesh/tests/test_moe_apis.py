@@ -1,6 +1,6 @@
 """The expert market API: recruitment, demand, volunteering, slice download, registration,
-heartbeat and coordinator reports, with host token auth; who may volunteer and report, and
-where the link secrets go."""
+heartbeat, leaving and coordinator reports, with host token auth; who may volunteer (on
+probation or not) and report, and where the link secrets go."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -97,7 +97,7 @@ class RecruitmentFlowTests:
         }).json()
         assert report["dispatch_map"] == [{
             "id": slice_["worker"], "layer": 0, "first": 0, "count": 4, "address": "127.0.0.1:7001", "relay": False,
-            "last_serve_ms": 42, "secret": secret,
+            "last_serve_ms": 42, "secret": secret, "check_share": None,
         }]
         recruitment = Client().get("/api/moe/recruitment", **_auth(volunteer.token))
         assert secret not in recruitment.content.decode()  # the secret goes to the worker and the coordinator only
@@ -114,12 +114,26 @@ class RecruitmentFlowTests:
 
 
 class WhoMayTakePartTests:
-    def test_a_host_in_probation_gets_a_clear_403_and_no_slice(self, coordinator: ServingHost) -> None:
+    def test_a_host_in_probation_serves_on_probation_and_its_coordinator_checks_it_more(self, coordinator: ServingHost, settings: Settings) -> None:
+        settings.MOE_PROBATION_CHECKS = 3
         _post("/api/moe/coordinator-report", coordinator.token, {"model": "tiny-moe", "busy": 2})
-        answer = _post("/api/expert-volunteer", make_host(name="newcomer").token)
-        assert answer.status_code == 403
-        error = answer.json()["error"]
-        assert error["code"] == "host_on_probation" and "only trusted hosts serve experts" in error["message"]
+        newcomer = make_host(name="newcomer", qualified=False)  # a pure volunteer: no job, no canary, no trust
+        handed = _post("/api/expert-volunteer", newcomer.token)
+        assert handed.status_code == 200
+        worker = handed.json()["worker"]
+        assert _post(f"/api/expert-workers/{worker}/register", newcomer.token, {"address": "127.0.0.1:7001"}).status_code == 200
+        policy = DispatchPolicy(check_share=0.0)
+        engine = Coordinator(lambda layer, inputs: inputs, monitor=LoadMonitor(lambda: 0, policy))
+        agent = CoordinatorAgent(SimpleNamespace(coordinator=engine, monitor=engine.monitor),  # type: ignore[arg-type]
+                                 MeshClient("http://gateway", coordinator.token, transport=_gateway()), "tiny-moe")
+        assert [entry["check_share"] for entry in agent.tick()["dispatch_map"]] == [0.5]
+        assert engine._check_share(str(worker)) == 0.5
+
+        engine.workers[str(worker)].last_serve_ms, engine.workers[str(worker)].checks_passed = 7, 3  # as `_checked` counts
+        assert [entry["check_share"] for entry in agent.tick()["dispatch_map"]] == [None]
+        assert engine._check_share(str(worker)) == 0.0 and engine.workers[str(worker)].checks_passed == 3
+        (model,) = Client().get("/api/moe/recruitment", **_auth(newcomer.token)).json()["models"]
+        assert [(w["checks_passed"], w["probation"]) for w in model["workers"]] == [(3, False)]
 
     def test_a_second_slice_for_the_same_host_is_a_409(self, coordinator: ServingHost) -> None:
         _post("/api/moe/coordinator-report", coordinator.token, {"model": "tiny-moe", "busy": 2})
@@ -154,6 +168,25 @@ def _active_worker(coordinator: ServingHost, name: str) -> tuple[ServingHost, in
     worker = _post("/api/expert-volunteer", volunteer.token).json()["worker"]
     assert _post(f"/api/expert-workers/{worker}/register", volunteer.token, {"address": "127.0.0.1:7001"}).status_code == 200
     return volunteer, worker
+
+
+class LeaveApiTests:
+    def test_a_volunteer_says_it_leaves_and_its_slice_is_wanted_again(self, coordinator: ServingHost) -> None:
+        volunteer, worker = _active_worker(coordinator, "leaving")
+        assert _post(f"/api/expert-workers/{worker}/leave", coordinator.token).status_code == 404  # not its worker
+        answer = _post(f"/api/expert-workers/{worker}/leave", volunteer.token, {"reason": "the owner came back"})
+        assert answer.status_code == 200 and answer.json() == {"left": True}
+        report = _post("/api/moe/coordinator-report", coordinator.token, {"model": "tiny-moe", "busy": 2}).json()
+        assert report["dispatch_map"] == []
+        demand = Client().get("/api/expert-demand", **_auth(volunteer.token)).json()
+        assert (0, 0, 0) in {(s["layer"], s["first"], s["covered"]) for s in demand["slices"]}
+        assert _post(f"/api/expert-workers/{worker}/leave", volunteer.token).json() == {"left": False}
+
+    def test_a_reason_too_long_is_a_400(self, coordinator: ServingHost) -> None:
+        volunteer, worker = _active_worker(coordinator, "wordy")
+        answer = _post(f"/api/expert-workers/{worker}/leave", volunteer.token, {"reason": "x" * 151})
+        assert answer.status_code == 400 and answer.json()["error"]["type"] == "invalid_request_error"
+        assert ExpertWorker.objects.get(pk=worker).status == ExpertWorker.Status.ACTIVE
 
 
 class BlameTests:

@@ -1,7 +1,8 @@
 """The expert market's rules: targets follow saturation, demand is seeded from GGUF metadata,
-volunteers get the scarcest slice, workers register, heartbeat and age out. Nothing is first
-come: the operator binds the coordinator, only trusted hosts volunteer (one slice at a time),
-a worker's address must be public unless the operator allows private ones."""
+volunteers get the scarcest slice, workers register, heartbeat, leave and age out, and the
+control plane's own loop marks a silent coordinator and releases its workers. Nothing is first
+come: the operator binds the coordinator, a host that is not trusted volunteers on probation
+(one slice at a time), a worker's address must be public unless the operator allows private ones."""
 from __future__ import annotations
 
 import os
@@ -18,7 +19,7 @@ from engine.gguf_loader import open_gguf
 from engine.moe_loader import expert_tensor_names, make_tiny_moe
 from hosts.models import Host
 from mesh.experts import selectors, services
-from mesh.experts.models import ExpertWorker
+from mesh.experts.models import ExpertModel, ExpertWorker
 from mesh.tests.market import trusted_host
 
 if TYPE_CHECKING:
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
     from pytest_django import Settings
 
     from catalog.models import CatalogModel
-    from mesh.experts.models import ExpertModel
     from testkit.personas import ServingHost
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("local_swarm")]
@@ -82,6 +82,7 @@ class TargetTests:
         model, coordinator = market
         model.base_target = 1
         model.save()
+        services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=0)  # quiet: the base only
         for _ in range(4):
             _serve(model, trusted_host("base"))
         assert selectors.expert_demand() == (False, [])
@@ -141,12 +142,19 @@ class VolunteerTests:
     def test_nothing_is_handed_out_without_demand(self, market: tuple[ExpertModel, ServingHost]) -> None:
         assert services.expert_volunteer(host=trusted_host("idle").host) is None
 
-    def test_a_host_in_probation_or_banned_is_refused(self, market: tuple[ExpertModel, ServingHost]) -> None:
+    def test_a_banned_host_in_maintenance_or_paused_is_refused(self, market: tuple[ExpertModel, ServingHost]) -> None:
         _, coordinator = market
         services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2)  # demand exists
-        with pytest.raises(services.MoeRefused, match="in probation: only trusted hosts serve experts") as probation:
-            services.expert_volunteer(host=make_host(name="newcomer").host)
-        assert (probation.value.status, probation.value.code) == (403, "host_on_probation")
+        resting = make_host(name="resting").host
+        Host.objects.filter(pk=resting.pk).update(maintenance_since=timezone.now(), maintenance_reason="failed a canary")
+        with pytest.raises(services.MoeRefused, match=r"in maintenance \(failed a canary\)") as maintenance:
+            services.expert_volunteer(host=resting)
+        assert (maintenance.value.status, maintenance.value.code) == (403, "host_in_maintenance")
+        paused = make_host(name="paused").host
+        Host.objects.filter(pk=paused.pk).update(paused=True)
+        with pytest.raises(services.MoeRefused, match="paused by its owner") as owner_paused:
+            services.expert_volunteer(host=paused)
+        assert (owner_paused.value.status, owner_paused.value.code) == (409, "host_paused")
         banned = trusted_host("banned")
         Host.objects.filter(pk=banned.host.pk).update(banned_at=timezone.now(), ban_reason="cheated canaries")
         with pytest.raises(services.MoeRefused, match=r"banned \(cheated canaries\)") as refused:
@@ -343,3 +351,139 @@ class MoeModelPublishTests:
             call_command("moe_register", str(_bpe_moe(tmp_path / "bpe.gguf")), "--name", "real-moe", "--coordinator-host",
                          str(make_host(name="rig").host.pk))
         assert not CatalogModel.objects.filter(name="real-moe").exists()
+
+
+class ProbationTests:
+    """Seed 004's recruitment from zero in a default deployment: a pure volunteer (no jobs, so
+    never trusted) is recruited, on probation, and its coordinator checks it more often."""
+
+    def test_a_stranger_is_recruited_from_zero_on_probation(self, market: tuple[ExpertModel, ServingHost]) -> None:
+        model, coordinator = market
+        services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2)
+        stranger = make_host(name="stranger", qualified=False)
+        assert not stranger.host.is_trusted
+        worker = _serve(model, stranger)
+        veteran = _serve(model, trusted_host("veteran"))
+        shares = {entry["id"]: entry["check_share"] for entry in selectors.dispatch_map(model)}
+        assert shares == {worker.pk: 0.5, veteran.pk: None}
+        (view,) = selectors.recruitment()
+        assert {w["id"]: w["probation"] for w in view["workers"]} == {worker.pk: True, veteran.pk: False}
+
+    def test_probation_ends_once_its_workers_passed_enough_checks(self, market: tuple[ExpertModel, ServingHost], settings: Settings) -> None:
+        model, coordinator = market
+        settings.MOE_PROBATION_CHECKS = 30
+        settings.MOE_PROBATION_CHECK_SHARE = 1.0
+        services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2)
+        stranger = make_host(name="stranger")
+        first = _serve(model, stranger)
+        services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2,
+                                    workers=[{"id": first.pk, "last_serve_ms": 5, "checks_passed": 20}])
+        assert selectors.dispatch_map(model)[0]["check_share"] == 1.0
+        services.expert_worker_leave(worker_id=first.pk, host=stranger.host)
+        second = _serve(model, stranger)  # the count is the host's, over all its workers
+        report = [{"id": second.pk, "last_serve_ms": 9, "checks_passed": 10}]
+        services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2, workers=report)
+        assert selectors.dispatch_map(model)[0]["check_share"] is None
+        services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2,
+                                    workers=[{"id": second.pk, "last_serve_ms": 9, "checks_passed": 0}])
+        assert ExpertWorker.objects.get(pk=second.pk).checks_passed == 10  # a restarted coordinator lowers nothing
+
+    def test_a_blamed_owner_volunteers_from_none_of_their_machines(self, market: tuple[ExpertModel, ServingHost]) -> None:
+        from hosts.services import host_create
+
+        model, coordinator = market
+        services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2)
+        cheat = make_host(name="cheat")
+        worker = _serve(model, cheat)
+        services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2,
+                                    blamed=[{"id": worker.pk, "reason": "layer 0 experts [1]: off by 3"}])
+        assert ExpertWorker.objects.get(pk=worker.pk).retired_reason == "blamed by its coordinator"
+        sibling = host_create(email=cheat.host.owner.email, name="cheat-2").host
+        with pytest.raises(services.MoeRefused, match="their machines cannot serve experts") as refused:
+            services.expert_volunteer(host=sibling)
+        assert (refused.value.status, refused.value.code) == (403, "host_blamed")
+
+
+class LeaveTests:
+    def test_a_leaving_worker_retires_at_once_and_its_slice_is_handed_out_again(self, market: tuple[ExpertModel, ServingHost]) -> None:
+        model, coordinator = market
+        services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2)
+        workers = [_serve(model, trusted_host(f"v{i}")) for i in range(4)]
+        assert services.expert_volunteer(host=trusted_host("late").host) is None  # every slice covered
+        leaving = workers[1]
+        assert services.expert_worker_leave(worker_id=leaving.pk, host=leaving.host, reason="the owner came back")
+        leaving.refresh_from_db()
+        assert (leaving.status, leaving.retired_reason) == (ExpertWorker.Status.RETIRED, "left: the owner came back")
+        assert leaving.pk not in {entry["id"] for entry in selectors.dispatch_map(model)}
+        again = services.expert_volunteer(host=trusted_host("next").host)
+        assert again is not None and (again.layer, again.first) == (leaving.layer, leaving.first)
+        assert not services.expert_worker_leave(worker_id=leaving.pk, host=leaving.host)  # already gone: nothing changes
+
+    def test_only_its_own_host_may_say_a_worker_leaves(self, market: tuple[ExpertModel, ServingHost]) -> None:
+        model, coordinator = market
+        services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2)
+        worker = _serve(model, trusted_host("v"))
+        with pytest.raises(services.MoeRefused) as refused:
+            services.expert_worker_leave(worker_id=worker.pk, host=trusted_host("stranger").host)
+        assert (refused.value.status, refused.value.code) == (404, "worker_not_found")
+        assert ExpertWorker.objects.get(pk=worker.pk).status == ExpertWorker.Status.ACTIVE
+
+
+class MarketLoopTests:
+    """The control plane's own loop (`expert_market_tick`, run by Celery beat) reviews every
+    model whether or not its coordinator reports."""
+
+    def test_a_silent_coordinator_is_marked_and_its_workers_released(self, market: tuple[ExpertModel, ServingHost]) -> None:
+        model, coordinator = market
+        start = timezone.now()
+        services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2, now=start)
+        workers = [_serve(model, trusted_host(f"v{i}"), now=start) for i in range(4)]
+        for worker in workers:  # the volunteers are alive: only the coordinator went quiet
+            services.expert_worker_heartbeat(worker_id=worker.pk, host=worker.host, now=start + timedelta(seconds=25))
+        assert services.expert_market_tick(now=start + timedelta(seconds=20)) == 0
+        silent = start + timedelta(seconds=31)
+        assert services.expert_market_tick(now=silent) == 1 + 4
+        model.refresh_from_db()
+        assert (model.silent_since, model.saturated, model.busy) == (silent, False, 0)
+        assert set(ExpertWorker.objects.values_list("status", "retired_reason")) == {
+            (ExpertWorker.Status.RETIRED, "its coordinator went silent")
+        }
+        assert selectors.expert_demand(now=silent) == (False, [])
+        assert services.expert_volunteer(host=trusted_host("late").host, now=silent) is None
+        (view,) = selectors.recruitment(now=silent)
+        assert (view["coordinator"], view["saturated"], view["effective_target"]) == ("silent", False, 0)
+        assert services.expert_market_tick(now=silent + timedelta(seconds=5)) == 0  # marked once
+
+        back = silent + timedelta(seconds=10)
+        services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2, now=back)
+        model.refresh_from_db()
+        assert model.silent_since is None and selectors.expert_demand(now=back)[0]
+
+    def test_a_model_whose_coordinator_never_reported_wants_no_worker(self, market: tuple[ExpertModel, ServingHost]) -> None:
+        model, _ = market
+        model.base_target = 2
+        model.save()
+        assert selectors.effective_target(model) == 0 and selectors.expert_demand() == (False, [])
+        assert services.expert_market_tick() == 1
+        (view,) = selectors.recruitment()
+        assert view["coordinator"] == "never" and view["silent_since"] is not None
+
+    def test_it_retires_workers_that_stopped_heartbeating_though_nobody_calls(self, market: tuple[ExpertModel, ServingHost]) -> None:
+        model, coordinator = market
+        start = timezone.now()
+        services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2, now=start)
+        worker = _serve(model, trusted_host("v"), now=start)
+        services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2, now=start + timedelta(seconds=29))
+        services.expert_market_tick(now=start + timedelta(seconds=31))
+        worker.refresh_from_db()
+        assert (worker.status, worker.retired_reason) == (ExpertWorker.Status.RETIRED, "stopped heartbeating")
+
+    def test_the_celery_task_runs_the_tick_and_beat_schedules_it(self, market: tuple[ExpertModel, ServingHost]) -> None:
+        from config.celery import app
+        from mesh import tasks
+
+        assert tasks.expert_market_tick() == 1  # the never-reporting model is marked silent
+        assert ExpertModel.objects.get().silent_since is not None
+        app.loader.import_default_modules()
+        app.finalize()
+        assert app.conf.beat_schedule["expert market"]["task"] == "mesh.tasks.expert_market_tick"
