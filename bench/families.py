@@ -278,9 +278,10 @@ def _hwm_mb() -> float:
     return 0.0
 
 
-def memory_measure(name: str) -> dict:
-    """In a fresh process: the RSS a model's tokenizer, format and first count add to a gateway
-    that has the libraries imported and the entry read."""
+def memory_measure(names: str) -> dict:
+    """In a fresh process: the RSS the models' tokenizers, formats and first counts add to a
+    gateway that has the libraries imported and the entries read (`names`: comma-separated;
+    entries sharing a vocabulary share one tokenizer)."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     import gc
 
@@ -295,15 +296,16 @@ def memory_measure(name: str) -> dict:
     from catalog.tokenizer import tokenizer_for
     from marketplace import admission  # noqa: F401 (the rest of the gateway's admission code)
 
-    entry = CatalogModel.objects.get(name=name)
+    entries = [CatalogModel.objects.get(name=name) for name in names.split(",")]
     gc.collect()
     before, hwm_before = _statm_rss_mb(), _hwm_mb()
     started = time.perf_counter()
-    tokenizer = tokenizer_for(entry.tokenizer)
+    tokenizers = [tokenizer_for(entry.tokenizer) for entry in entries]
     loaded, load_s = _statm_rss_mb(), time.perf_counter() - started
-    chat_format(entry)
-    prompt_count(entry, prompt_fragments(entry, kind="chat", messages=MULTI, prompt=None))
-    tokenizer.longest_token_chars()  # what a process's first admission of the model reads (`job_limits`)
+    for entry, tokenizer in zip(entries, tokenizers, strict=True):
+        chat_format(entry)
+        prompt_count(entry, prompt_fragments(entry, kind="chat", messages=MULTI, prompt=None))
+        tokenizer.longest_token_chars()  # what a process's first admission of the model reads (`job_limits`)
     cold_s = time.perf_counter() - started
     gc.collect()
     after = _statm_rss_mb()
@@ -326,6 +328,27 @@ def memory_phase(entries: dict) -> dict[str, dict]:
             if spec.startswith(GGUF_SPEC) else None
         out[label] = row
     return out
+
+
+def shared_vocabulary_phase(files: dict[str, Path], tmp: Path) -> dict:
+    """Two catalog entries of one vocabulary (Llama 3's tiny model, and another file with other
+    weights and layers standing for a larger Llama 3): their memory together in a fresh process
+    against the first alone. Copies are named by vocabulary, so the second should cost nothing."""
+    from catalog.services import catalog_model_add
+    from testkit.families import sdist_models, tiny_model
+
+    models = sdist_models(tmp / "families" / "sdist")  # fetched already by catalog_build
+    second = tiny_model("llama3", models, tmp / "families" / "llama3-larger.gguf", seed=1, n_layer=3)
+    entry = catalog_model_add(path=second, name="tiny-llama3-larger", input_price="0.1", output_price="0.4")
+    rows = {}
+    for label, names in (("alone", "tiny-llama3"), ("both", "tiny-llama3,tiny-llama3-larger")):
+        answer = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--memory", names], cwd=ROOT,
+                                env=dict(os.environ), capture_output=True, text=True, check=True).stdout
+        rows[label] = json.loads(answer.strip().splitlines()[-1])
+    from catalog.models import CatalogModel
+
+    return {**rows, "shared": entry.tokenizer == CatalogModel.objects.get(name="tiny-llama3").tokenizer,
+            "files": [str(files["llama3"]), str(second)]}
 
 
 # -- 4. first token through a real gateway --------------------------------------------------------
@@ -479,6 +502,7 @@ def main() -> None:
         counts[label]["vocab"] = entry.vocab_size
     print(f"counts done ({time.monotonic() - started:.0f} s)", flush=True)
     memory = memory_phase(entries)
+    shared = shared_vocabulary_phase(files, tmp)
     print(f"memory done ({time.monotonic() - started:.0f} s)", flush=True)
     ttft = None
     if args.ttft_rounds:  # before admission's, whose jobs stay queued
@@ -498,6 +522,8 @@ def main() -> None:
         print(f"\n-- profile of {step} for {label} (top functions by own time)\n{text}")
     print(f"\n{connection.vendor}, {args.rounds} rounds, {time.monotonic() - started:.0f} s in all\n")
     print(table(counts, admission, memory))
+    print(f"\nllama3 entries of one vocabulary (copy shared: {shared['shared']}): one entry {shared['alone']['rss_mb']:.1f} MB, "
+          f"two entries {shared['both']['rss_mb']:.1f} MB, so {shared['both']['rss_mb'] / 2:.1f} MB per entry")
     if ttft:
         print()
         for name, row in ttft.items():

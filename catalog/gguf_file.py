@@ -8,6 +8,7 @@ it loads the whole file, and it weighs what the vocabulary weighs (a few MB), no
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,7 @@ class GgufFacts:
     file_size: int
     metadata_end: int  # where the header and metadata stop: the vocabulary-only copy is bytes [0, metadata_end)
     alignment: int
+    vocabulary_sha256: str  # what tokenizing depends on (see `_vocabulary_sha256`): files that share it count alike
 
 
 def gguf_facts(path: Path) -> GgufFacts:
@@ -90,7 +92,23 @@ def gguf_facts(path: Path) -> GgufFacts:
             for key, field in reader.fields.items() if not key.startswith("GGUF.")
         ),
         alignment=int(gguf_field(reader, "general.alignment", GGUF_DEFAULT_ALIGNMENT)),
+        vocabulary_sha256=_vocabulary_sha256(reader),
     )
+
+
+def _vocabulary_sha256(reader: _PlainArrayReader) -> str:
+    """A digest of everything llama.cpp's tokenizer is built from: the architecture and every
+    `tokenizer.*` entry (model, pre-tokenizer, tokens, types, scores, merges, special ids and
+    flags) as their bytes in the file; chat templates left out (they render, they do not count).
+    Two quantisations of one model, or Llama 3.1 8B and 70B, share it, so the gateway keeps one
+    vocabulary for all of them instead of one per file."""
+    digest = hashlib.sha256()
+    for key in sorted(reader.fields):
+        if key == "general.architecture" or (key.startswith("tokenizer.") and not key.startswith("tokenizer.chat_template")):
+            field = reader.fields[key]
+            end = field.offset + sum(part.nbytes for part in field.parts)
+            digest.update(key.encode() + b"\0" + reader.data[field.offset:end].tobytes())
+    return digest.hexdigest()
 
 
 def _token_text(texts: list[str], token: int | None) -> str:

@@ -91,17 +91,23 @@ def _entry_create(
     *, path: Path, name: str, facts: GgufFacts, template: str, sha256: str, fields: dict[str, int]
 ) -> CatalogModel:
     """The vocabulary copy first, then the row; if the row cannot be written (another add of the
-    same name got there first), the copy goes too, unless an entry of that file holds it."""
-    relative = Path(VOCAB_DIR) / f"{sha256}.gguf"
+    same name got there first), the copy goes too, unless an entry holds it.
+
+    Copies are named by the vocabulary, not the file: entries whose files tokenize alike (two
+    quantisations of one model, Llama 3.1 8B and 70B) share one copy, so a gateway process loads
+    that vocabulary once for all of them (Llama 3's costs about 55 MB in llama.cpp)."""
+    relative = Path(VOCAB_DIR) / f"vocab-{facts.vocabulary_sha256}.gguf"
+    spec = f"{GGUF_SPEC}{relative}"
     copy = settings.VAR_DIR / relative
     copy.parent.mkdir(parents=True, exist_ok=True)
-    gguf_vocab_copy(path, facts, copy)
+    if not copy.is_file():  # written whole or not at all (a rename), so one that is there is complete
+        gguf_vocab_copy(path, facts, copy)
     try:
-        fmt, longest = _format(f"{GGUF_SPEC}{relative}", facts, template)
+        fmt, longest = _format(spec, facts, template)
         with transaction.atomic():
             return CatalogModel.objects.create(
                 name=name, kind=CatalogModel.Kind.CHAT, **fields,
-                tokenizer=f"{GGUF_SPEC}{relative}", sha256=sha256, quantization=facts.quantization,
+                tokenizer=spec, sha256=sha256, quantization=facts.quantization,
                 architecture=facts.architecture, chat_template=template, bos_text=fmt.bos_token, eos_text=fmt.eos_token,
                 adds_bos=fmt.adds_bos, control_tokens=list(fmt.controls), end_of_turn=list(fmt.end_of_turn),
                 longest_token_chars=longest,
@@ -111,7 +117,7 @@ def _entry_create(
                 weights_path=str(path.resolve()),
             )
     except BaseException as error:
-        if not CatalogModel.objects.filter(sha256=sha256).exists():  # a concurrent add of the same file keeps its copy
+        if not CatalogModel.objects.filter(tokenizer=spec).exists():  # an entry sharing the vocabulary keeps its copy
             copy.unlink(missing_ok=True)
         if isinstance(error, IntegrityError):
             raise CatalogAddRefused(f"{name} was added to the catalog meanwhile") from None

@@ -119,10 +119,30 @@ class CatalogAddTests:
         _add(files["chat"])
 
         entry = CatalogModel.objects.get(name="tiny-chat")
-        assert entry.tokenizer == f"gguf:catalog/{entry.sha256}.gguf"
-        copy = var_dir / "catalog" / f"{entry.sha256}.gguf"
+        assert entry.tokenizer.startswith("gguf:catalog/vocab-") and entry.tokenizer.endswith(".gguf")
+        copy = var_dir / entry.tokenizer.removeprefix("gguf:")
         assert copy.stat().st_size < 10_000_000 < 4 * copy.stat().st_size < entry.file_size
         assert os.listdir(var_dir / "catalog") == [copy.name]  # nothing partial left beside it
+
+    def test_files_that_tokenize_alike_share_one_vocabulary_copy(self, files, var_dir) -> None:
+        _add(files["chat"])
+        _add(files["base"], "tiny-base", "0.10", "0.40", "--template", str(files["template"]))
+
+        chat, base = CatalogModel.objects.get(name="tiny-chat"), CatalogModel.objects.get(name="tiny-base")
+        assert chat.sha256 != base.sha256  # other files (another name, no template inside)...
+        assert chat.tokenizer == base.tokenizer  # ...the same vocabulary: one copy, loaded once per gateway process
+        assert tokenizer_for(chat.tokenizer) is tokenizer_for(base.tokenizer)
+        assert os.listdir(var_dir / "catalog") == [chat.tokenizer.removeprefix("gguf:catalog/")]
+
+    def test_another_vocabulary_gets_its_own_copy(self, files, sdist, tmp_path, var_dir) -> None:
+        _add(files["chat"])
+        family = tiny_model("qwen3", sdist, tmp_path / "qwen3.gguf")
+        _add(family, "tiny-qwen3", "0.10", "0.40", "--template", str(template_path("qwen3", sdist)))
+
+        chat, qwen = CatalogModel.objects.get(name="tiny-chat"), CatalogModel.objects.get(name="tiny-qwen3")
+        assert chat.tokenizer != qwen.tokenizer
+        assert len(os.listdir(var_dir / "catalog")) == 2
+        assert tokenizer_for(qwen.tokenizer) is not tokenizer_for(chat.tokenizer)
 
     def test_it_counts_with_the_copy_exactly_as_llama_cpp_counts_with_the_whole_file(self, files, var_dir) -> None:
         from llama_cpp import Llama

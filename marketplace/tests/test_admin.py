@@ -56,7 +56,7 @@ class CatalogAddAdminTests:
         entry = CatalogModel.objects.get(name="tiny-chat")
         assert (entry.architecture, entry.context_length, entry.chat_template) == ("gemma3", 8192, TEMPLATE)
         assert (entry.input_price_ucents, entry.output_price_ucents) == (10, 40)
-        assert (var_dir / "catalog" / f"{entry.sha256}.gguf").is_file()
+        assert (var_dir / entry.tokenizer.removeprefix("gguf:")).is_file()
         assert LogEntry.objects.get(object_id=str(entry.pk)).action_flag == ADDITION
 
     def test_a_file_without_a_template_takes_one_typed_in_the_form(self, operator, files, var_dir) -> None:
