@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter, TokenType
 
-from engine.gguf_meta import BLOCK_TENSORS, gguf_field, gguf_required, gguf_tensors
+from engine.gguf_meta import BLOCK_TENSORS, _PlainArrayReader, gguf_field, gguf_required, gguf_tensors
 
 __all__ = [
     "BYTE_BOS",
@@ -140,8 +140,10 @@ def _copy_metadata(reader: GGUFReader, writer: GGUFWriter, arch: str) -> None:
 def write_expert_slice(path: str | Path, layer: int, first: int, count: int, dest: str | Path) -> list[str]:
     """Write a GGUF holding only experts [first, first + count) of `layer` (in their stored
     encoding) plus the architecture metadata; returns the tensor names written. The file is
-    parsed afresh (not through `open_gguf`'s cache): a one-off cut must see the file as it is now."""
-    reader = GGUFReader(str(path))
+    parsed afresh (not through `open_gguf`'s cache): a one-off cut must see the file as it is now
+    (with `open_gguf`'s faster reader: a real vocabulary, Qwen 3's 151,936 tokens, takes 16 s to
+    parse with gguf's own, 5.5 s with it)."""
+    reader = _PlainArrayReader(str(path))
     config = read_moe_config(reader)
     load_check = 0 <= layer < config.n_layers and 0 <= first and count > 0 and first + count <= config.n_experts
     if not load_check:

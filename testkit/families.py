@@ -2,12 +2,14 @@
 
 Each file carries its family's real vocabulary and real chat template, and a few MB of seeded
 random weights that llama.cpp loads and runs on a CPU: Llama 3, Qwen 2.5, Qwen 3, Phi-3,
-Mistral and Gemma 3. The vocabularies and templates are the ones llama.cpp publishes in the
-llama-cpp-python sdist (`vendor/llama.cpp/models/`), fetched with pip when a test runs and never
-committed; Gemma 3's vocabulary is the shipped Gemma 3 270M file's (the sdist has none).
+Mistral and Gemma 3; and a Qwen 3 mixture of experts (`qwen3moe`, in `MOE_FAMILIES`: the
+families above are the dense ones other tests go through one by one). The vocabularies and
+templates are the ones llama.cpp publishes in the llama-cpp-python sdist
+(`vendor/llama.cpp/models/`), fetched with pip when a test runs and never committed; Gemma 3's vocabulary is the shipped Gemma 3 270M file's (the sdist has none).
 
     models = sdist_models(folder / "sdist")      # SdistUnavailable: a test skips, saying why
     path = tiny_model("qwen3", models, folder / "qwen3.gguf")
+    moe = tiny_model("qwen3moe", models, folder / "qwen3moe.gguf")   # 8 experts, 2 per token
     paths = family_models(folder)                # all six, in seconds
 
 The weights are meaningless, so the text is too; two things are fixed on purpose. The output
@@ -51,6 +53,10 @@ class Family:
     n_ff: int = 128
     rope_linear_factor: float | None = None  # positions divided by this (rope.scaling.type linear)
     rope_freqs: tuple[float, ...] | None = None  # (head_dim / 2,) divisors of RoPE's frequencies, as Llama 3.1's
+    n_expert: int = 0  # a mixture of experts: experts per layer (0: a dense feed-forward)
+    n_expert_used: int = 0  # experts each token is routed to
+    n_ff_exp: int = 0  # one expert's feed-forward width
+    expert_std: float = 0.02  # the router's and the experts' weights (larger: the routed experts matter)
 
     @property
     def head_dim(self) -> int:
@@ -69,6 +75,15 @@ FAMILIES: dict[str, Family] = {
     "mistral": Family("llama", "ggml-vocab-llama-spm.gguf", "mistralai-Mistral-Nemo-Instruct-2407.jinja", rope_freq_base=1e6),
     # Gemma 3's template is Gemma 2's turns (<start_of_turn>…<end_of_turn>); the sdist has Gemma 2's.
     "gemma": Family("gemma3", None, "google-gemma-2-2b-it.jinja", rope_freq_base=1e6, rms_eps=1e-6, sliding_window=512),
+}
+
+# Qwen 3's mixture of experts (Qwen3-30B-A3B's layout: 128 experts, 8 per token, here 8 and 2):
+# Qwen 3's vocabulary and template. Its router and experts are drawn wider than the rest
+# (std 0.3): at 0.02 the routed feed-forward would add ~1e-3 to a residual stream the embedding
+# dominates, and a wrong router or expert would not show in the logits.
+MOE_FAMILIES: dict[str, Family] = {
+    "qwen3moe": Family("qwen3moe", "ggml-vocab-qwen2.gguf", "Qwen-Qwen3-0.6B.jinja", rope_freq_base=1e6, rms_eps=1e-6,
+                       n_expert=8, n_expert_used=2, n_ff_exp=64, expert_std=0.3),
 }
 
 
@@ -109,7 +124,13 @@ def sdist_models(folder: Path) -> Path:
 
 def _sdist_files() -> set[str]:
     """What FAMILIES needs from the sdist's models folder, as paths inside it."""
-    return {name for family in FAMILIES.values() for name in (family.vocab, f"templates/{family.template}") if name}
+    every = (*FAMILIES.values(), *MOE_FAMILIES.values())
+    return {name for family in every for name in (family.vocab, f"templates/{family.template}") if name}
+
+
+def _family(name: str) -> Family:
+    """A dense family or a mixture of experts, by name."""
+    return FAMILIES[name] if name in FAMILIES else MOE_FAMILIES[name]
 
 
 def _sdist_download(folder: Path) -> Path:
@@ -131,12 +152,12 @@ def _sdist_download(folder: Path) -> Path:
 def vocab_path(family: str, models: Path) -> Path:
     """The vocabulary-only GGUF (or, for Gemma, the whole shipped model) a family's tokenizer
     metadata is copied from: llama.cpp tokenizes with it exactly as with the tiny model."""
-    name = FAMILIES[family].vocab
+    name = _family(family).vocab
     return models / name if name else _shipped_gemma()
 
 
 def template_path(family: str, models: Path) -> Path:
-    return models / "templates" / FAMILIES[family].template
+    return models / "templates" / _family(family).template
 
 
 def _shipped_gemma() -> Path:
@@ -154,7 +175,7 @@ def tiny_model(family: str, models: Path, dest: Path, *, seed: int = 0, **bluepr
     weights (F16 matrices, F32 norms and biases; the output head tied to the token embedding).
     The same seed writes the same bytes. `blueprint` overrides the family's fields (`n_layer=3`:
     a 3-stage ring needs 3 layers; a benchmark wants wider layers; RoPE scaling)."""
-    spec = replace(FAMILIES[family], **blueprint)
+    spec = replace(_family(family), **blueprint)
     tokenizer = _tokenizer_fields(vocab_path(family, models))
     writer = _BulkArrayWriter(str(dest), spec.arch)
     writer.add_name(f"tiny {family}")
@@ -198,11 +219,16 @@ def _blueprint_add(writer: GGUFWriter, spec: Family) -> None:
     if spec.rope_linear_factor is not None:
         writer.add_rope_scaling_type(RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(spec.rope_linear_factor)
+    if spec.n_expert:
+        writer.add_expert_count(spec.n_expert)
+        writer.add_expert_used_count(spec.n_expert_used)
+        writer.add_expert_feed_forward_length(spec.n_ff_exp)
 
 
 def _weights(spec: Family, tokenizer: dict[str, tuple], seed: int) -> dict[str, np.ndarray]:
     """Every tensor, by name, in numpy's order (ggml's shape reversed: a {n_embd, n_vocab} matrix
-    is n_vocab rows of n_embd). Norm weights are 1; matrices and biases are N(0, 0.02²)."""
+    is n_vocab rows of n_embd). Norm weights are 1; matrices and biases are N(0, 0.02²), a router
+    and its experts N(0, expert_std²); matrices and stacked experts are float16."""
     rng = np.random.default_rng(seed)
     token_types = tokenizer["tokenizer.ggml.token_type"][1]
     embedding = rng.standard_normal((len(token_types), spec.n_embd), dtype=np.float32)  # [n_vocab, n_embd]
@@ -217,9 +243,13 @@ def _weights(spec: Family, tokenizer: dict[str, tuple], seed: int) -> dict[str, 
             if name.endswith("norm.weight"):
                 tensor = np.ones(shape, np.float32)
             else:
-                tensor = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
-            weights[f"blk.{block}.{name}"] = tensor.astype(np.float16) if tensor.ndim == 2 else tensor
+                std = spec.expert_std if name.startswith(_ROUTED) else 0.02
+                tensor = rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
+            weights[f"blk.{block}.{name}"] = tensor.astype(np.float16) if tensor.ndim >= 2 else tensor
     return weights
+
+
+_ROUTED = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")  # a mixture of experts' feed-forward
 
 
 def _block_shapes(spec: Family) -> dict[str, tuple[int, ...]]:
@@ -230,8 +260,17 @@ def _block_shapes(spec: Family) -> dict[str, tuple[int, ...]]:
         "attn_norm.weight": (embd,),  # [n_embd]
         "attn_output.weight": (embd, q),  # [n_embd, n_head*head_dim]
         "ffn_norm.weight": (embd,),  # [n_embd]
-        "ffn_down.weight": (embd, ff),  # [n_embd, n_ff]
     }
+    if spec.n_expert:  # routed experts instead of one gated feed-forward, stacked per layer
+        n, ff_exp = spec.n_expert, spec.n_ff_exp
+        shapes |= {
+            "ffn_gate_inp.weight": (n, embd),  # [n_embd, n_expert]: the router
+            "ffn_gate_exps.weight": (n, ff_exp, embd),  # [n_embd, n_ff_exp, n_expert]
+            "ffn_up_exps.weight": (n, ff_exp, embd),  # [n_embd, n_ff_exp, n_expert]
+            "ffn_down_exps.weight": (n, embd, ff_exp),  # [n_ff_exp, n_embd, n_expert]
+        }
+    else:
+        shapes["ffn_down.weight"] = (embd, ff)  # [n_embd, n_ff]
     if spec.arch == "phi3":  # one fused QKV projection; ffn_up holds gate and up, side by side
         shapes["attn_qkv.weight"] = (q + 2 * kv, embd)  # [q + k + v, n_embd]
         shapes["ffn_up.weight"] = (2 * ff, embd)  # [2*n_ff, n_embd]
@@ -240,12 +279,12 @@ def _block_shapes(spec: Family) -> dict[str, tuple[int, ...]]:
             "attn_q.weight": (q, embd),  # [n_head*head_dim, n_embd]
             "attn_k.weight": (kv, embd),  # [n_head_kv*head_dim, n_embd]
             "attn_v.weight": (kv, embd),  # [n_head_kv*head_dim, n_embd]
-            "ffn_gate.weight": (ff, embd),  # [n_ff, n_embd]
-            "ffn_up.weight": (ff, embd),  # [n_ff, n_embd]
         }
+    if spec.arch != "phi3" and not spec.n_expert:
+        shapes |= {"ffn_gate.weight": (ff, embd), "ffn_up.weight": (ff, embd)}  # [n_ff, n_embd] each
     if spec.arch == "qwen2":  # Qwen 2 and 2.5 project Q, K and V with biases
         shapes |= {"attn_q.bias": (q,), "attn_k.bias": (kv,), "attn_v.bias": (kv,)}
-    if spec.arch in ("qwen3", "gemma3"):  # RMS norms of each head's queries and keys
+    if spec.arch in ("qwen3", "qwen3moe", "gemma3"):  # RMS norms of each head's queries and keys
         shapes |= {"attn_q_norm.weight": (head,), "attn_k_norm.weight": (head,)}
     if spec.arch == "gemma3":  # norms after attention and after the feed-forward, too
         shapes |= {"post_attention_norm.weight": (embd,), "post_ffw_norm.weight": (embd,)}

@@ -1,0 +1,109 @@
+"""The MoE engine on a real mixture-of-experts architecture, against llama.cpp on the same file.
+
+The model is `testkit.families`' tiny `qwen3moe`: Qwen 3's real vocabulary (151,936 tokens)
+and template, three layers of 8 float16 experts with 2 routed per token, seeded random weights.
+llama.cpp decodes it greedily; the engine's logits after each prompt must lie within
+LOGITS_ATOL of llama.cpp's, and its tokens must be llama.cpp's until the two part at a
+near-tie (`engine.tests.test_families.Reference`). The same holds when every layer's
+experts come from slice files, as volunteers download them.
+
+The experts matter to these logits (their weights are drawn wider than the rest, see
+`testkit.families.MOE_FAMILIES`): the engine lies 1.0-1.9e-3 off llama.cpp on these prompts
+(llama.cpp rounds activations to float16, the engine's experts compute in float32); keeping the top-2 weights without
+renormalising them, as llama.cpp's qwen3moe does, would put them 0.065-0.11 off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from engine.gguf_meta import open_gguf
+from engine.moe import LocalExperts, MoeConfig, MoeModel, MoeWeights
+from engine.moe_loader import has_byte_vocabulary, load_expert_slice, load_moe, read_moe_config, write_expert_slice
+from engine.tests.test_families import N_TOKENS, Reference
+from testkit.families import SdistUnavailable, sdist_models, tiny_model
+
+N_LAYERS = 3
+LOGITS_ATOL = 0.005
+
+
+@pytest.fixture(scope="module")
+def moe_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    try:
+        sdist = sdist_models(tmp_path_factory.mktemp("sdist"))
+    except SdistUnavailable as unavailable:
+        pytest.skip(str(unavailable))
+    return tiny_model("qwen3moe", sdist, tmp_path_factory.mktemp("moe") / "qwen3moe.gguf", n_layer=N_LAYERS)
+
+
+@pytest.fixture(scope="module")
+def loaded(moe_path: Path) -> tuple[MoeConfig, MoeWeights]:
+    return load_moe(moe_path)
+
+
+@pytest.fixture(scope="module")
+def reference(moe_path: Path) -> Iterator[Reference]:
+    ref = Reference(moe_path)
+    yield ref
+    ref.llama.close()
+
+
+def _first_logits(model: MoeModel, prompt_ids: list[int]) -> np.ndarray:
+    """The logits after the prompt (V,), prefilled into cache row 0."""
+    n = len(prompt_ids)
+    logits = model(torch.tensor(prompt_ids), torch.arange(n), torch.zeros(n, dtype=torch.long), torch.tensor([n - 1]))
+    return logits[0].numpy()
+
+
+class Qwen3MoeFileTests:
+    def test_it_is_a_real_vocabulary_qwen3moe_file(self, moe_path: Path) -> None:
+        reader = open_gguf(moe_path)
+        config = read_moe_config(reader)
+        assert (config.arch, config.n_layers, config.n_experts, config.n_experts_used) == ("qwen3moe", N_LAYERS, 8, 2)
+        assert config.vocab_size > 150_000 and not has_byte_vocabulary(reader)
+        assert "blk.2.ffn_gate_exps.weight" in {t.name for t in reader.tensors}
+
+
+class Qwen3MoeGoldenTests:
+    def test_its_logits_and_greedy_tokens_are_llama_cpps(self, loaded: tuple, reference: Reference) -> None:
+        config, weights = loaded
+        for index, prompt_ids in enumerate(reference.prompts):
+            model = MoeModel(config, weights, n_rows=1, n_ctx=64)
+            _, want_logits = reference.greedy[index]
+            off = float(np.abs(_first_logits(model, prompt_ids) - want_logits).max())
+            assert off < LOGITS_ATOL, f"prompt {index}: logits {off:.5f} off llama.cpp's"
+            reference.assert_agrees(index, MoeModel(config, weights, n_rows=1, n_ctx=64).generate(prompt_ids, N_TOKENS))
+
+    def test_unnormalised_top_k_weights_would_show(self, loaded: tuple, reference: Reference) -> None:
+        """The golden test can fail: llama.cpp's qwen3moe renormalises the kept weights, and
+        leaving that out moves these logits well past LOGITS_ATOL."""
+        config, weights = loaded
+        wrong = MoeModel(replace(config, norm_topk=False), weights, n_rows=1, n_ctx=64)
+        off = float(np.abs(_first_logits(wrong, reference.prompts[0]) - reference.greedy[0][1]).max())
+        assert off > 4 * LOGITS_ATOL
+
+    def test_experts_from_slice_files_give_the_same_tokens(
+        self, moe_path: Path, loaded: tuple, reference: Reference, tmp_path: Path,
+    ) -> None:
+        """Layer 1's experts from two slice files, as two volunteers hold them (cut from the
+        float16 file as the gateway cuts them), the other layers' here: the same tokens."""
+        config, weights = loaded
+        whole = MoeModel(config, weights, n_rows=1, n_ctx=64).generate(reference.prompts[1], N_TOKENS)
+        slices = []
+        for first in (0, 4):
+            write_expert_slice(moe_path, 1, first, 4, tmp_path / f"slice-{first}.gguf")
+            slices.append(load_expert_slice(tmp_path / f"slice-{first}.gguf", 1, first, 4)[1])
+        local = LocalExperts({layer.index: layer.experts for layer in weights.layers})
+
+        def sliced(layer: int, inputs: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+            if layer != 1:
+                return local(layer, inputs)
+            return {e: next(bank for bank in slices if bank.holds(e)).compute(e, rows) for e, rows in inputs.items()}
+
+        assert MoeModel(config, weights, experts=sliced, n_rows=1, n_ctx=64).generate(reference.prompts[1], N_TOKENS) == whole
