@@ -3,7 +3,7 @@ host already serves (`protocol.jobs.AuditPayload`, kind "audit").
 
 The gateway hands an audit to a trusted host when it lacks the model's weights itself. The
 host reads it with :class:`mahout.verify.Verifier` over the llama.cpp model its runner has
-loaded already (:class:`BorrowedVerifier`): no second copy of the weights, only the
+loaded already (the verifier's ``llm``, borrowed): no second copy of the weights, only the
 verifier's own batch of ``n_batch`` token slots. The runner is held for the audit (the
 loader's ``acquire``), so no job generates on it meanwhile; the verifier clears the model's
 KV memory, so the runner's prefix cache is reset afterwards and its next job prefills afresh.
@@ -17,35 +17,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mahout.runners.llama import PromptTokenizer
 from mahout.verify import Unauditable, Verifier
 from protocol.jobs import AuditVerdict
-from protocol.sampling import TIE_GAP, TOLERANCE
 
 if TYPE_CHECKING:
     from llama_cpp import Llama
-
-
-class BorrowedVerifier(Verifier):
-    """A :class:`Verifier` over a model a runner has loaded: it allocates only its batch, and
-    closing it frees that batch and resets the model's prefix cache (never the model)."""
-
-    def __init__(self, llm: Llama, *, tolerance: float = TOLERANCE, tie_gap: float = TIE_GAP) -> None:  # noqa: D107
-        import llama_cpp
-
-        self._lib = llama_cpp
-        self._llm = llm
-        self._prompt = PromptTokenizer(llm)
-        self.n_ctx, self.n_vocab = int(llm.n_ctx()), llm.n_vocab()
-        self.n_batch = int(llama_cpp.llama_n_batch(llm.ctx))
-        self.tolerance, self.tie_gap = tolerance, tie_gap
-        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
-
-    def close(self) -> None:
-        if self._batch is not None:
-            self._lib.llama_batch_free(self._batch)
-            self._batch = None
-        self._llm.reset()  # its KV memory was cleared under it: the next job must not reuse a "cached" prefix
 
 
 def runner_llama(runner: object) -> Llama | None:
@@ -70,12 +46,14 @@ def audit_score(audit: dict, runner: object) -> AuditVerdict:
     if not isinstance(job, dict) or not isinstance(tokens, list) or not isinstance(audit.get("text"), str):
         return declined("the audit lacks its job, tokens or text")
     try:
-        with BorrowedVerifier(llm) as verifier:
+        with Verifier(None, threads=1, n_ctx=int(llm.n_ctx()), llm=llm) as verifier:
             result = verifier.audit(job, token_ids=tokens, text=audit["text"],
                                     finish_reason=str(audit.get("finish_reason") or ""), seed=int(audit["seed"]))
     except Unauditable as exc:
         return declined(f"not auditable here: {exc}")
     except Exception as exc:  # noqa: BLE001 - a reading that breaks is handed to another scorer, not lost
         return declined(f"{type(exc).__name__}: {exc}")
+    finally:
+        llm.reset()  # the verifier cleared its KV memory: the runner's next job must not reuse a "cached" prefix
     return {"verdict": "passed" if result.passed else "failed", "reason": result.reason or "",
             "checked": result.checked, "uncertain": result.uncertain, "misses": len(result.misses)}

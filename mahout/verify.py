@@ -74,14 +74,16 @@ def _sampling(params: dict, key: str) -> float:
 
 
 class Verifier:
-    """The shipped model (or any GGUF) loaded once, as hosts load it, to audit answers."""
+    """The shipped model (or any GGUF) loaded once, as hosts load it, to audit answers; or
+    (``llm``) a model a runner loaded already, borrowed and never closed here (`mahout.scoring`)."""
 
-    def __init__(self, model_path: str | Path, *, threads: int, n_ctx: int = 4096,
+    def __init__(self, model_path: str | Path | None, *, threads: int, n_ctx: int = 4096, llm: Llama | None = None,
                  tolerance: float = TOLERANCE, tie_gap: float = TIE_GAP) -> None:
         import llama_cpp
 
         self._lib = llama_cpp
-        self._llm: Llama = load_llama(model_path, n_ctx=n_ctx, threads=threads)
+        self._llm: Llama = llm if llm is not None else load_llama(model_path, n_ctx=n_ctx, threads=threads)
+        self._owns_llm = llm is None
         self._prompt = PromptTokenizer(self._llm)
         self.n_ctx, self.n_vocab = n_ctx, self._llm.n_vocab()
         self.n_batch = int(llama_cpp.llama_n_batch(self._llm.ctx))
@@ -92,7 +94,8 @@ class Verifier:
         if self._batch is not None:
             self._lib.llama_batch_free(self._batch)
             self._batch = None
-        self._llm.close()
+        if self._owns_llm:
+            self._llm.close()
 
     def __enter__(self) -> Verifier:
         return self

@@ -42,7 +42,9 @@ the scorer is not told whose answer it reads. The scorer answers with a verdict
   released unchecked and logged, as the gateway does when a file vanished.
 Each scorer whose verdict stands is paid its prefill's fee when the audit is decided
 (`scorer_fee`: the model's prompt price for prompt + answer tokens, the host's share of it),
-out of the platform's revenue and never more, in all, than the audited job's platform share.
+out of the platform's revenue, at most half the audited job's platform share each (10% of
+what the customer paid, at the default 80/20 split) and never more than the platform holds.
+A scorer whose verdict falls (overruled, or a lone failure released unchecked) is not paid.
 The prompt, text and tokens are deleted when the audit is decided, as for every audit.
 """
 from __future__ import annotations
@@ -335,15 +337,15 @@ def scorer_fee(request: Request) -> int:
 
 
 def _scorers_pay(audit: Audit, scores: list[AuditScore]) -> None:
-    """Pay the scorers whose verdicts stand, from the platform's revenue, in all never more
-    than the audited job's platform share (so a passing audit never costs the platform)."""
-    left = audit.platform_ucents
+    """Pay the scorers whose verdicts stand (one, or the two of a confirmed failure), from the
+    platform's revenue: each at most half the audited job's platform share, so a passing
+    audit never costs the platform more than that job brought it (a confirmed failure's fees
+    come on top of the refund: the platform bears them, never beyond what it holds)."""
     for score in scores:
-        fee = min(scorer_fee(audit.request), left)
+        fee = min(scorer_fee(audit.request), audit.platform_ucents // 2)
         paid = billing.audit_score_pay(host=score.scorer, amount_ucents=fee, reference=f"audit-{audit.pk}-score-{score.pk}",
                                        memo=f"scored audit {audit.pk}") if fee > 0 else 0
         AuditScore.objects.filter(pk=score.pk).update(paid_ucents=paid)
-        left -= paid
 
 
 def audit_scorers_watch(*, now: object = None) -> int:
