@@ -28,6 +28,7 @@ HOST = {
     ("post", "/hosts/api/jobs/{job_id}/tokens"), ("post", "/hosts/api/jobs/{job_id}/progress"),
     ("post", "/hosts/api/jobs/{job_id}/complete"), ("post", "/hosts/api/jobs/{job_id}/fail"), ("get", "/hosts/api/me"),
     ("get", "/hosts/api/earnings"), ("get", "/billing/api/host/statement"), ("post", "/billing/api/host/payouts"),
+    ("post", "/hosts/api/audits/{audit_id}/verdict"),
 }
 MESH = {
     ("post", "/api/rings/own"), ("get", "/api/rings/assignment"), ("get", "/api/rings/{ring_id}/addresses"),
@@ -35,7 +36,8 @@ MESH = {
     ("get", "/api/rings/{ring_id}/stats"), ("post", "/api/rings/{ring_id}/stats"), ("get", "/api/moe/recruitment"),
     ("post", "/api/moe/coordinator-report"), ("get", "/api/expert-demand"), ("post", "/api/expert-volunteer"),
     ("get", "/api/expert-workers/{worker_id}/slice"), ("post", "/api/expert-workers/{worker_id}/register"),
-    ("post", "/api/expert-workers/{worker_id}/heartbeat"),
+    ("post", "/api/expert-workers/{worker_id}/heartbeat"), ("post", "/api/expert-workers/{worker_id}/leave"),
+    ("post", "/api/rings/{ring_id}/stages/{index}/leave"),
 }
 STREAMED = ["/v1/chat/completions", "/v1/completions"]
 RESUMED = ["/v1/chat/completions/{public_id}", "/v1/completions/{public_id}"]

@@ -30,6 +30,12 @@ class RingApi(HostApi):
         """Say where this host's agent for `stage` listens (``HOST:PORT``)."""
         return self._json(self._request("POST", f"/{ring_id}/stages/{stage}/address", {"address": address}))
 
+    def leave(self, ring_id: int, stage: int, address: str) -> bool:
+        """Say this host's agent for `stage` no longer listens at `address` (as the gateway
+        answered `report_address`): the gateway forgets it unless a newer one was reported."""
+        body = {"address": address}
+        return bool(self._json(self._request("POST", f"/{ring_id}/stages/{stage}/leave", body)).get("cleared"))
+
     def addresses(self, ring_id: int) -> list[dict]:
         """Every stage of the ring with the address it last reported ("" until it has)."""
         return self._json(self._request("GET", f"/{ring_id}/addresses")).get("stages", [])

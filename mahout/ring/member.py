@@ -10,8 +10,11 @@
 4. dial the next stage at the address it reported (polling until it has; a clear error
    after ``--wait`` seconds), and serve: hidden states go agent to agent.
 
-When a ring session ends (a neighbour or the bridge left) the stage binds again, reports
-its new address and rejoins, keeping its weights; ``--once`` exits instead.
+When a ring session ends (a neighbour or the bridge left) the stage tells the control plane
+it left its address (`RingApi.leave`: its upstream and the bridge then wait for the next
+report instead of dialling a socket that is gone), binds again, reports its new address and
+rejoins, keeping its weights; ``--once`` exits instead. It clears its address on every way
+out: the session ending, the owner coming back, a timeout, Ctrl-C and SIGTERM.
 
 The machine stays its owner's (`mahout.owner`: `mahout pause`, ``--schedule``, the idle
 detector unless ``--no-idle-detect``): a paused stage joins no ring, and a stage whose owner
@@ -41,6 +44,7 @@ from mahout.home import resolve_home
 from mahout.owner import OwnerGuard, OwnerWatch, add_owner_arguments, owner_guard
 
 if TYPE_CHECKING:
+    from mahout.ring.api import RingApi
     from mahout.ring.stage import StageAgent
 
 __all__ = ["LocalStages", "StageNotAssigned", "add_parser", "cmd_stage", "find_assignment"]
@@ -97,8 +101,10 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
     from mahout.ring.api import RingApi
     from mahout.ring.membership import Limits
     from mahout.ring.rendezvous import RendezvousTimeout, advertised_address, dial_stage, parse_address
+    from mahout.ring.runner import _exit_on_sigterm
     from mahout.ring.stage import StageAgent
 
+    _exit_on_sigterm()  # so the `finally` that clears the stage's address runs
     home = resolve_home(args.home)
     login = credentials_resolve(server=args.server, token=args.token, home=home,
                                 warn=lambda line: print(line, file=sys.stderr, flush=True))
@@ -134,7 +140,7 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
                                              hello={"role": "upstream", "stage": args.stage}, name="next", say=say),
             )
 
-            api.report_address(args.ring, args.stage, address)
+            reported = str(api.report_address(args.ring, args.stage, address).get("address") or address)
             say(f"mahout: stage {args.stage} of ring {args.ring}, layers [{start}, {end}), "
                 f"listening on {server.getsockname()[0]}:{server.getsockname()[1]}, advertised as {address}")
             threading.Thread(target=lambda a=agent: a.ready.wait() and say(f"mahout: stage {args.stage} READY"),
@@ -150,11 +156,23 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
             finally:
                 if watch is not None:
                     watch.stop()
+                _leave_address(api, args.ring, args.stage, reported, say)
             say(f"mahout: stage {args.stage}: the ring session ended" + ("" if args.once else "; rejoining"))
             if args.once:
                 return 0
     finally:
         api.close()
+
+
+def _leave_address(api: RingApi, ring_id: int, index: int, address: str, say: Callable[[str], None]) -> None:
+    """Tell the control plane this stage no longer listens at `address`; if it cannot be
+    told, neighbours find the address dead when they dial it (they read it again, then time out)."""
+    from mahout.api import HostApiError, ServerUnavailable
+
+    try:
+        api.leave(ring_id, index, address)
+    except (HostApiError, ServerUnavailable) as exc:
+        say(f"mahout: stage {index}: could not clear its address {address} ({exc})")
 
 
 def _wait_until_free(guard: OwnerGuard, index: int, say: Callable[[str], None]) -> None:

@@ -1,7 +1,8 @@
 """`mahout stage` leaves the machine to its owner: two real stage processes form a ring through
 a fake control plane; the pause flag in one stage's home makes it leave the ring (the bridge
-sees the ring break) and join none while set; cleared, it binds again and reports its new
-address to rejoin."""
+sees the ring break), clear the address it listened at (nobody dials a stale one) and join
+none while set; cleared, it binds again and reports its new address to rejoin. A stage stopped
+by SIGTERM clears its address too."""
 from __future__ import annotations
 
 import os
@@ -86,8 +87,11 @@ class StageOwnerTests:
             bridge = bridge_connect(api, 1, 2, secret=gateway.secret, timeout=180, say=lambda _line: None)
             assert bridge.submit(prompt, 4).result() == ENGINE_TOKENS[:4]
 
+            left_from = gateway.addresses[1]
             set_paused(homes[1], True)
             _eventually(lambda: bridge.down.is_set(), "the bridge seeing the ring break", stages)
+            _eventually(lambda: (1, left_from) in gateway.left, "the paused stage clearing its address", stages)
+            assert 1 not in gateway.addresses
             _eventually(lambda: stages[1].said("stage 1: paused (pause flag set): not joining the ring until free"),
                         "the paused stage refusing to rejoin", stages)
             assert stages[1].said("stage 1: paused (pause flag set): leaving the ring")
@@ -95,10 +99,16 @@ class StageOwnerTests:
             with pytest.raises(RendezvousTimeout):  # no ring forms while the owner has the machine
                 bridge_connect(api, 1, 2, secret=gateway.secret, timeout=3, say=lambda _line: None)
 
-            left_from = gateway.addresses[1]
             set_paused(homes[1], False)
             _eventually(lambda: stages[1].said("stage 1: resumed: joining the ring"), "the stage resuming", stages)
-            _eventually(lambda: gateway.addresses[1] != left_from, "the stage reporting its new address", stages)
+            _eventually(lambda: gateway.addresses.get(1, left_from) != left_from, "the stage reporting its new address",
+                        stages)
+
+            _eventually(lambda: 0 in gateway.addresses, "stage 0 listening again", stages)
+            listening = gateway.addresses[0]
+            stages[0].process.terminate()
+            assert stages[0].process.wait(30) != 0
+            assert (0, listening) in gateway.left and 0 not in gateway.addresses, "SIGTERM cleared its address"
         finally:
             api.close()
         assert not stages[0].said("paused"), "only the paused machine's stage paused"

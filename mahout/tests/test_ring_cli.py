@@ -91,8 +91,8 @@ def _children(pid: int) -> list[int]:
 
 class RingGateway(FakeGateway):
     """The fake gateway plus the ring API a host's own ring needs: propose, assignment (with
-    the ring's secret), the secret for the bridge, addresses (reported and read) and stats
-    reports, for one ring (id 1) all on this host."""
+    the ring's secret), the secret for the bridge, addresses (reported, read and left) and
+    stats reports, for one ring (id 1) all on this host."""
 
     def __init__(self) -> None:
         from mahout.link import new_secret
@@ -101,6 +101,7 @@ class RingGateway(FakeGateway):
         self.secret = new_secret()
         self.n_stages = 0
         self.addresses: dict[int, str] = {}
+        self.left: list[tuple[int, str]] = []  # (stage, address) each leave cleared
         self.ring_reports: list[list[dict]] = []
         self._server.RequestHandlerClass = _ring_handler(self)
 
@@ -140,6 +141,12 @@ def _ring_handler(gateway: RingGateway) -> type:
             elif parts[:2] == ["1", "stages"] and parts[3:] == ["address"]:
                 gateway.addresses[int(parts[2])] = body["address"]
                 self._send(200, {"stage": int(parts[2]), "address": body["address"]})
+            elif parts[:2] == ["1", "stages"] and parts[3:] == ["leave"]:
+                cleared = gateway.addresses.get(int(parts[2])) == body["address"]
+                if cleared:
+                    gateway.addresses.pop(int(parts[2]))
+                    gateway.left.append((int(parts[2]), body["address"]))
+                self._send(200, {"cleared": cleared})
             elif parts == ["1", "stats"]:
                 gateway.ring_reports.append(body["stages"])
                 self._send(200, {"updated": len(body["stages"])})

@@ -145,6 +145,26 @@ class RingStageAddressApi(HostApi):
         return Response(selectors.stage_address(stage))
 
 
+class RingStageLeaveApi(HostApi):
+    """POST: the host running a stage says it left the address it reported (cleared if still that one)."""
+
+    class InputSerializer(serializers.Serializer):
+        address = serializers.CharField(max_length=300, help_text="the address the stage reported (as the gateway answered it)")
+
+    class OutputSerializer(serializers.Serializer):
+        cleared = serializers.BooleanField(help_text="false: the stage had reported another address since")
+
+    @extend_schema(responses={200: OutputSerializer, 403: ERROR, 404: ERROR})
+    def post(self, request: Request, ring_id: int, index: int) -> Response:
+        host = self.host(request)
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        cleared = services.ring_stage_leave(
+            plan_id=ring_id, index=index, host=host, address=serializer.validated_data["address"]
+        )
+        return Response({"cleared": cleared})
+
+
 class RingAddressesApi(HostApi):
     """GET: where every stage of a ring listens, for its participants only (stage hosts dial
     their next stage, the bridge dials the head and the tail)."""

@@ -1,5 +1,6 @@
 """Writes for ring plans: creating a valid plan (by an operator, or a host's own ring on its
-own machine), recording where stages listen and what they report."""
+own machine), recording where stages listen (and forgetting it when a stage leaves, so
+nobody dials a stale address) and what they report."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -276,24 +277,44 @@ def _public(address: str) -> str:
                              "dial only public addresses") from exc
 
 
-@transaction.atomic
-def ring_stage_address_report(*, plan_id: int, index: int, host: Host, address: str) -> RingStage:
-    """Record where a stage of an active ring listens; only the host that runs the stage may say."""
-    address = address_check(address)
-    stage = (
-        RingStage.objects.select_for_update()
-        .filter(plan_id=plan_id, index=index, plan__status=RingPlan.Status.ACTIVE)
-        .select_related("plan")
-        .first()
-    )
+def _own_stage(*, plan_id: int, index: int, host: Host, active: bool = True) -> RingStage:
+    """The stage (locked) that `host` runs, of a ring (an active one unless `active` is False);
+    refused for a host outside the ring (404) and for another participant's stage (403)."""
+    stages = RingStage.objects.select_for_update().filter(plan_id=plan_id, index=index)
+    if active:
+        stages = stages.filter(plan__status=RingPlan.Status.ACTIVE)
+    stage = stages.select_related("plan").first()
     if stage is None:
-        raise NotAParticipant(f"no stage {index} in an active ring {plan_id}")
+        raise NotAParticipant(f"no stage {index} in an {'active ' if active else ''}ring {plan_id}")
     if stage.plan.bridge_host_id != host.pk and not stage.plan.stages.filter(host=host).exists():
         raise NotAParticipant(f"host {host.pk} takes no part in ring {plan_id}")
     if not RingStage.objects.filter(stage_runner_q(host), pk=stage.pk).exists():
         raise NotYourStage(f"host {host.pk} does not run stage {index} of ring {plan_id}")
+    return stage
+
+
+@transaction.atomic
+def ring_stage_address_report(*, plan_id: int, index: int, host: Host, address: str) -> RingStage:
+    """Record where a stage of an active ring listens; only the host that runs the stage may say."""
+    address = address_check(address)
+    stage = _own_stage(plan_id=plan_id, index=index, host=host)
     if not settings.RING_ALLOW_PRIVATE_STAGES and _owners(stage.plan) > 1:
         address = _public(address)
     stage.address, stage.address_reported_at = address, timezone.now()
     stage.save(update_fields=["address", "address_reported_at"])
     return stage
+
+
+@transaction.atomic
+def ring_stage_leave(*, plan_id: int, index: int, host: Host, address: str) -> bool:
+    """The stage that listened at `address` has left: forget the address, so its upstream and
+    the bridge wait for its next report instead of dialling a socket that is gone (or, worse,
+    one another program took since). A compare-and-set on the address: a leave that arrives
+    after the stage reported a new one changes nothing (False). Only the host that runs the
+    stage may say; a retired ring's stages may still clear theirs."""
+    stage = _own_stage(plan_id=plan_id, index=index, host=host, active=False)
+    if not address or stage.address != address:
+        return False
+    stage.address, stage.address_reported_at = "", timezone.now()
+    stage.save(update_fields=["address", "address_reported_at"])
+    return True

@@ -10,5 +10,6 @@ urlpatterns = [
     path("rings/<id:ring_id>/addresses", apis.RingAddressesApi.as_view()),
     path("rings/<id:ring_id>/secret", apis.RingSecretApi.as_view()),
     path("rings/<id:ring_id>/stages/<id:index>/address", apis.RingStageAddressApi.as_view()),
+    path("rings/<id:ring_id>/stages/<id:index>/leave", apis.RingStageLeaveApi.as_view()),
     path("rings/<id:ring_id>/stats", apis.RingStatsApi.as_view()),
 ]

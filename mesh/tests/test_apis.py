@@ -100,6 +100,22 @@ class RingAddressApiTests:
                              **_auth(outsider.token)).status_code == 404
 
 
+class RingStageLeaveApiTests:
+    def test_a_stage_host_clears_the_address_it_left_and_nobody_else_can(self, plan_and_hosts: tuple[RingPlan, ServingHost, ServingHost, ServingHost], settings) -> None:
+        settings.RING_ALLOW_PRIVATE_STAGES = True
+        plan, head, tail, bridge = plan_and_hosts
+        Client().post(f"/api/rings/{plan.pk}/stages/1/address", {"address": "10.1.2.3:7001"}, content_type="application/json",
+                      **_auth(tail.token))
+        url = f"/api/rings/{plan.pk}/stages/1/leave"
+        refused = Client().post(url, {"address": "10.1.2.3:7001"}, content_type="application/json", **_auth(head.token))
+        assert (refused.status_code, refused.json()["error"]["code"]) == (403, "not_your_stage")
+        assert Client().post(url, {}, content_type="application/json", **_auth(tail.token)).status_code == 400
+        left = Client().post(url, {"address": "10.1.2.3:7001"}, content_type="application/json", **_auth(tail.token))
+        assert left.status_code == 200 and left.json() == {"cleared": True}
+        shown = Client().get(f"/api/rings/{plan.pk}/addresses", **_auth(bridge.token)).json()
+        assert [(s["stage"], s["address"]) for s in shown["stages"]] == [(0, ""), (1, "")]
+
+
 class RingSecretApiTests:
     def test_only_the_rings_participants_are_handed_its_secret(self, plan_and_hosts: tuple[RingPlan, ServingHost, ServingHost, ServingHost]) -> None:
         plan, head, tail, bridge = plan_and_hosts

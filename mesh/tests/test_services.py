@@ -18,6 +18,7 @@ from mesh.rings.services import (
     ring_plan_create,
     ring_plan_propose_local,
     ring_stage_address_report,
+    ring_stage_leave,
     ring_stats_report,
 )
 
@@ -140,6 +141,34 @@ class RingStageAddressReportTests:
         RingPlan.objects.filter(pk=plan.pk).update(status=RingPlan.Status.RETIRED)
         with pytest.raises(NotAParticipant):
             ring_stage_address_report(plan_id=plan.pk, index=0, host=a, address="10.0.0.1:7000")
+
+
+class RingStageLeaveTests:
+    def test_a_stage_that_leaves_clears_its_address_unless_it_reported_another_since(self, layouts: CatalogModel, settings) -> None:
+        settings.RING_ALLOW_PRIVATE_STAGES = True
+        a, bridge = make_host(name="a").host, make_host(name="bridge").host
+        plan = ring_plan_create(model_name="gemma-3-270m", stages=[StageSpec(0, 9, a), StageSpec(9, 18)], row_width=8,
+                                micro_batch=2, bridge_host=bridge)
+        ring_stage_address_report(plan_id=plan.pk, index=0, host=a, address="10.0.0.1:7000")
+        ring_stage_address_report(plan_id=plan.pk, index=0, host=a, address="10.0.0.1:7001")  # it rejoined elsewhere
+        assert not ring_stage_leave(plan_id=plan.pk, index=0, host=a, address="10.0.0.1:7000")  # a late leave
+        assert RingStage.objects.get(plan=plan, index=0).address == "10.0.0.1:7001"
+        assert ring_stage_leave(plan_id=plan.pk, index=0, host=a, address="10.0.0.1:7001")
+        assert RingStage.objects.get(plan=plan, index=0).address == ""
+        assert not ring_stage_leave(plan_id=plan.pk, index=0, host=a, address="")
+
+    def test_only_the_host_running_the_stage_may_clear_it_even_in_a_retired_ring(self, layouts: CatalogModel, settings) -> None:
+        settings.RING_ALLOW_PRIVATE_STAGES = True
+        a, b = make_host(name="a").host, make_host(name="b").host
+        plan = ring_plan_create(model_name="gemma-3-270m", stages=[StageSpec(0, 9, a), StageSpec(9, 18, b)], row_width=8,
+                                micro_batch=2)
+        ring_stage_address_report(plan_id=plan.pk, index=1, host=b, address="10.0.0.2:7000")
+        with pytest.raises(NotYourStage):
+            ring_stage_leave(plan_id=plan.pk, index=1, host=a, address="10.0.0.2:7000")
+        with pytest.raises(NotAParticipant):
+            ring_stage_leave(plan_id=plan.pk, index=1, host=make_host(name="outsider").host, address="10.0.0.2:7000")
+        RingPlan.objects.filter(pk=plan.pk).update(status=RingPlan.Status.RETIRED)
+        assert ring_stage_leave(plan_id=plan.pk, index=1, host=b, address="10.0.0.2:7000")
 
 
 class RingPlanProposeLocalTests:
