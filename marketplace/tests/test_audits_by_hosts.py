@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
 
@@ -195,6 +196,11 @@ def test_without_any_trusted_scorer_the_model_is_unverifiable_and_its_jobs_are_n
     make_host(name="scorer", trusted=True)
     summary = audits.audit_summary()
     assert summary["verified_by_hosts_models"] == ["gemma-3-270m"] and "gemma-3-270m" not in summary["unverifiable_models"]
+    staff = get_user_model().objects.create_user(username="ops@example.com", password="x" * 12, is_staff=True)
+    http = Client()
+    http.force_login(staff)
+    page = http.get("/pool/").content.decode()
+    assert "scored by trusted hosts (no weights on the gateway): gemma-3-270m" in page and "not verifiable" not in page
 
 
 def test_the_verdict_door_checks_who_is_asking_and_what_it_says(customer, serving_host, scorers, settings) -> None:
