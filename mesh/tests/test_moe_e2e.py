@@ -4,8 +4,10 @@ mahout processes, and an MoE coordinator reporting to the gateway.
 idle coordinator serves locally -> concurrent requests saturate it -> demand appears ->
 volunteers are recruited, download their slices, register and get dispatched -> outputs
 equal the local-only outputs -> load stops -> workers age out, the target returns to base.
-The coordinator is bound by the operator, the volunteers are trusted hosts, and every
-coordinator-to-worker link passes the handshake with that worker's own secret.
+The coordinator is bound by the operator, two volunteers are trusted hosts and two are
+strangers on probation (a default deployment's pure volunteers: their batches are checked at
+the probation share), and every coordinator-to-worker link passes the handshake with that
+worker's own secret.
 """
 from __future__ import annotations
 
@@ -69,8 +71,10 @@ class LoadRampTests:
         runner = MoeRunner(tiny, policy=policy, n_slots=4).start()
         client = MeshClient(moe_gateway.url, coordinator_host.token)
         agent = CoordinatorAgent(runner, client, "tiny-moe", interval_s=0.3).start()
-        volunteers = [_volunteer(moe_gateway.url, trusted_host(f"v{i}").token, e2e_dirs / "logs" / f"volunteer-{i}.log")
-                      for i in range(4)]
+        hosts = [trusted_host("v0"), make_host(name="stranger1", qualified=False), trusted_host("v2"),
+                 make_host(name="stranger3", qualified=False)]
+        volunteers = [_volunteer(moe_gateway.url, host.token, e2e_dirs / "logs" / f"volunteer-{i}.log")
+                      for i, host in enumerate(hosts)]
         try:
             # idle: one request at a time is served locally, nothing is scarce
             assert runner.generate(tokenizer.encode(PROMPTS[0]), N_TOKENS) == expected[PROMPTS[0]]
@@ -100,6 +104,9 @@ class LoadRampTests:
             wait_until(lambda: len([w for w in client.recruitment()[0]["workers"] if w["last_serve_ms"] > 0]) >= 2,
                        timeout=60, what="proven workers in the recruitment view")
             served_remote = runner.coordinator.stats.remote_experts
+            wait_until(lambda: {w["probation"] for w in client.recruitment()[0]["workers"]} == {True, False},
+                       timeout=30, what="workers on probation and trusted ones in the recruitment view")
+            assert runner.coordinator.stats.checks > 0 and runner.coordinator.stats.mismatches == 0
             time.sleep(1.0)
             stop.set()
             for thread in threads:
