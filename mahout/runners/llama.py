@@ -325,6 +325,10 @@ class TokenHealer:
             return None
         return self.vocab.compatible(self.dropped[len(produced) :])
 
+    def allows(self, produced: bytes, token: int) -> bool:
+        """Whether :meth:`mask` after ``produced`` allows ``token``."""
+        return len(produced) >= len(self.dropped) or self.vocab.fits(token, self.dropped[len(produced):])
+
     def processors(self) -> LogitsProcessorList:
         import numpy as np
         from llama_cpp import LogitsProcessorList
@@ -367,6 +371,12 @@ class Vocab:
             for token in self._by_piece.get(missing[:end], ()):
                 mask[token] = True
         return mask
+
+    def fits(self, token: int, missing: bytes) -> bool:
+        """``compatible(missing)[token]``, for one token (a verifier replaying a healer asks
+        about the token drawn, not the vocabulary)."""
+        piece = self.pieces[token]
+        return bool(piece) and (piece.startswith(missing) or missing.startswith(piece))
 
     def unfinished_word(self, tokens: list[int]) -> int:
         """How many trailing tokens spell the last (possibly cut) word, 0 if none."""
@@ -439,6 +449,11 @@ class PromptTokenizer:
         return found
 
 
+def count_tokens(llm: Llama, text: str) -> int:
+    """Tokens in generated text, counted as the gateway counts them (re-tokenized)."""
+    return len(llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)) if text else 0
+
+
 class ContextOverflowError(RequestRejected):
     """The rendered prompt does not fit in the model's context window."""
 
@@ -493,10 +508,6 @@ class LlamaRunner:
         """The job's stop strings, plus its model's end of turn for chats."""
         return job_stop_strings(job)
 
-    def _count(self, text: str) -> int:
-        """Tokens in generated text, counted as the gateway counts them (re-tokenized)."""
-        return len(self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)) if text else 0
-
     def stream(self, job: dict) -> Generator[str, None, None]:
         """Yield generated text pieces; afterwards ``finish_reason``, ``completion_tokens``,
         ``token_ids`` (every token sampled, a final end of generation included) and ``seed`` hold.
@@ -514,7 +525,7 @@ class LlamaRunner:
         max_tokens = min(int(params.get("max_tokens") or budget), budget)
         grammar = grammar_for(params.get("response_format"))
         rewrite = job.get("rewrite") or ""  # a continuation under a grammar: the delivered text, written again unseen
-        max_tokens = min(rewrite_budget(job, max_tokens, self._count), budget)
+        max_tokens = min(rewrite_budget(job, max_tokens, lambda text: count_tokens(self._llm, text)), budget)
         tokens, healer = self._healing(job, tokens)
         self.finish_reason, self.completion_tokens = "stop", 0
         pieces: list[str] = []
@@ -572,4 +583,4 @@ class LlamaRunner:
             if matcher is not None:
                 matcher.close()
         text = "".join(pieces)
-        self.completion_tokens = max_tokens if self.finish_reason == "length" and not rewrite else self._count(text)
+        self.completion_tokens = max_tokens if self.finish_reason == "length" and not rewrite else count_tokens(self._llm, text)

@@ -135,15 +135,23 @@ class CheatTests:
 
 
 class AuditableTests:
-    def test_only_fresh_free_text_jobs_are_audited(self, verifier):
+    def test_every_chat_and_completion_job_is_audited(self, verifier):
         plain = job("chat", "Hello!", temperature=1.0)
-        assert auditable(plain) and auditable(job("completion", "Hi", temperature=0.0))
         structured = {**plain, "params": {**plain["params"], "response_format": {"type": "json_object"}}}
         prefilled = rendered({**plain, "messages": [{"role": "user", "content": "Count."}, {"role": "assistant", "content": "One, tw"}]})
-        for refused in (structured, {**plain, "continuation": True}, prefilled):
-            assert not auditable(refused)
-            with pytest.raises(Unauditable):
-                verifier.audit(refused, token_ids=[1], text="", finish_reason="stop", seed=1)
+        for audited in (plain, job("completion", "Hi", temperature=0.0), structured, {**plain, "continuation": True}, prefilled):
+            assert auditable(audited)
+        embeddings = {"id": 1, "model": "gemma-3-270m", "kind": "embeddings", "input": ["Hi"], "continuation": False}
+        assert not auditable(embeddings)
+        with pytest.raises(Unauditable):
+            verifier.audit(embeddings, token_ids=[1], text="", finish_reason="stop", seed=1)
+
+    def test_a_grammar_this_machine_cannot_build_is_unauditable(self, verifier):
+        plain = job("chat", "Hello!", temperature=1.0)
+        unbuildable = {**plain, "params": {**plain["params"], "response_format": {
+            "type": "json_schema", "name": "x", "schema": {"type": "string", "maxLength": 10**6}}}}
+        with pytest.raises(Unauditable, match="grammar cannot be built here"):
+            verifier.audit(unbuildable, token_ids=[1], text="", finish_reason="stop", seed=1)
 
 
 class SecondLookTests:
