@@ -246,8 +246,6 @@ def audit_claim_payload(*, host: Host, model_ids: list[int]) -> AuditPayload | N
     customer's job was there for it."""
     if host.trusted_at is None or host.banned_at is not None or not model_ids:
         return None
-    if Audit.objects.filter(scorer_id=host.pk, status=Audit.Status.PENDING).exists():
-        return None  # one at a time: a scorer is not a queue of audits nobody else may take
     now = timezone.now()
     own_owner_after = now - timedelta(seconds=settings.AUDIT_SCORER_WAIT_SECONDS / 2)
     candidates = list(
@@ -256,7 +254,9 @@ def audit_claim_payload(*, host: Host, model_ids: list[int]) -> AuditPayload | N
         .exclude(host_id=host.pk).exclude(scores__scorer_id=host.pk)
         .exclude(Q(host__owner_id=host.owner_id) & Q(created_at__gt=own_owner_after))
         .order_by("created_at").values_list("pk", flat=True)[:CLAIM_CANDIDATES]
-    )
+    )  # (idle, this one query is all an audit costs a trusted host's claim)
+    if candidates and Audit.objects.filter(scorer_id=host.pk, status=Audit.Status.PENDING).exists():
+        return None  # one at a time: a scorer is not a queue of audits nobody else may take
     for audit_id in candidates:
         if Audit.objects.filter(pk=audit_id, status=Audit.Status.PENDING, scorer__isnull=True).update(
                 scorer=host, scorer_since=now):
