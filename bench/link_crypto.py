@@ -3,13 +3,18 @@ through an encrypted link (admitted by the handshake: AES-GCM under its session 
 versus a plain one (a bare `Link` over a socket, as links were before; the baseline exists
 only here and in tests), in the same run.
 
-Frames: micro-batches of 1, 4 and 16 rows of the shipped model's 640-float hidden state,
+Frames: micro-batches of 1, 4 and 16 rows of the shipped model's 640-float hidden state
+(a ring's decode steps), a prefill pass of 4 rows of 64 tokens, an expert batch (8 rows of
+Qwen 3 30B-A3B's 2048-float state: 4 decoding requests with 2 experts each on one worker)
 and a 16 MiB frame. A receiving process takes the frames as a next stage would (each
 arrives as its own tensor); a round is the time from the first send to the receiver's
 answer that it has them all.
 Rounds alternate between the plain and the encrypted link (and which goes first) so
 machine noise hits both; medians are reported, with encrypted / plain for frames/s and
 MB/s (the same ratio: the same frames cross both), and the time sealing adds per frame.
+Wall time on a shared machine is noisy, so each side's CPU time per frame (its thread's,
+the sender's and the receiver's) is reported too: what sealing costs each end, whatever
+else the machine was doing.
 
 Loopback is the worst case for the ratio: nothing but copies and the cipher cost time
 here, where a real network adds its own transfer time to both sides (the added time per
@@ -25,6 +30,7 @@ import statistics
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from multiprocessing import get_context
 from multiprocessing.queues import Queue
 from pathlib import Path
@@ -37,7 +43,8 @@ import torch  # noqa: E402
 from mahout.link import FrameCaps, Link, accept, connect, listen, new_secret  # noqa: E402
 
 HIDDEN = 640  # the shipped Gemma 3 270M's hidden width
-SIZES = {"1 row": (1, HIDDEN), "4 rows": (4, HIDDEN), "16 rows": (16, HIDDEN), "16 MiB": (4096, 1024)}
+SIZES = {"1 row": (1, HIDDEN), "4 rows": (4, HIDDEN), "16 rows": (16, HIDDEN), "prefill": (4 * 64, HIDDEN),
+         "experts": (8, 2048), "16 MiB": (4096, 1024)}
 CAPS = FrameCaps(header_bytes=1 << 16, payload_bytes=16 << 20)
 
 
@@ -56,26 +63,42 @@ def receiver(secret: str, port: Queue) -> None:
 
 def serve_rounds(link: Link) -> None:
     while (header := link.recv()[0])["type"] == "round":
+        cpu = time.thread_time()
         for _ in range(header["frames"]):
             link.recv()
-        link.send({"type": "done"})
+        link.send({"type": "done", "cpu_s": time.thread_time() - cpu})
 
 
-def stream_seconds(link: Link, rows: torch.Tensor, frames: int) -> float:
-    """Seconds from the start of a round of `frames` frames to the receiver's ``done``."""
-    start = time.perf_counter()
+@dataclass
+class Round:
+    """One round: its wall seconds, and the CPU seconds of the sending and the receiving thread."""
+
+    seconds: float
+    sender_cpu_s: float
+    receiver_cpu_s: float
+
+
+def stream(link: Link, rows: torch.Tensor, frames: int) -> Round:
+    """A round of `frames` frames, timed from its start to the receiver's ``done``."""
+    start, cpu = time.perf_counter(), time.thread_time()
     link.send({"type": "round", "frames": frames})
     for i in range(frames):
         link.send({"type": "batch", "id": i}, rows)
-    link.recv()
-    return time.perf_counter() - start
+    sender_cpu = time.thread_time() - cpu
+    done, _ = link.recv()
+    return Round(time.perf_counter() - start, sender_cpu, done["cpu_s"])
 
 
 def frames_per_round(link: Link, rows: torch.Tensor, seconds: float) -> int:
     """Enough frames for a round of about `seconds` on the plain link (measured once)."""
     probe = 8
-    elapsed = stream_seconds(link, rows, probe)
+    elapsed = stream(link, rows, probe).seconds
     return max(probe, int(probe * seconds / elapsed))
+
+
+def per_frame_us(rounds: list[Round], frames: int, side: str) -> float:
+    """The median CPU µs one frame cost a side ("sender" or "receiver")."""
+    return statistics.median(getattr(r, f"{side}_cpu_s") for r in rounds) * 1e6 / frames
 
 
 def measure(rounds: int, seconds: float) -> None:
@@ -86,21 +109,25 @@ def measure(rounds: int, seconds: float) -> None:
     links = {"plain": Link(socket.create_connection(address), "plain", caps=CAPS),
              "encrypted": connect(address, secret=secret, hello={"role": "upstream"}, caps=CAPS, timeout=10)}
     print(f"{'frame':>8} {'bytes':>10} {'plain frames/s':>15} {'encrypted frames/s':>19} "
-          f"{'plain MB/s':>11} {'encrypted MB/s':>15} {'encrypted / plain':>18} {'added µs/frame':>15}")
+          f"{'plain MB/s':>11} {'encrypted MB/s':>15} {'encrypted / plain':>18} {'added µs/frame':>15}"
+          f" {'CPU µs/frame send plain/enc':>28} {'recv plain/enc':>15}")
     try:
         for label, shape in SIZES.items():
             rows = torch.randn(*shape)
             frames = frames_per_round(links["plain"], rows, seconds)
             for link in links.values():  # warm both up
-                stream_seconds(link, rows, max(2, frames // 4))
-            rates: dict[str, list[float]] = {"plain": [], "encrypted": []}
+                stream(link, rows, max(2, frames // 4))
+            measured: dict[str, list[Round]] = {"plain": [], "encrypted": []}
             for r in range(rounds):
                 for kind in (("plain", "encrypted") if r % 2 == 0 else ("encrypted", "plain")):
-                    rates[kind].append(frames / stream_seconds(links[kind], rows, frames))
-            plain, sealed = statistics.median(rates["plain"]), statistics.median(rates["encrypted"])
+                    measured[kind].append(stream(links[kind], rows, frames))
+            plain, sealed = (statistics.median(frames / r.seconds for r in measured[kind]) for kind in ("plain", "encrypted"))
+            cpu = {side: [per_frame_us(measured[kind], frames, side) for kind in ("plain", "encrypted")]
+                   for side in ("sender", "receiver")}
             mb = rows.nbytes / 1e6
             print(f"{label:>8} {rows.nbytes:>10} {plain:>15.0f} {sealed:>19.0f} "
-                  f"{plain * mb:>11.0f} {sealed * mb:>15.0f} {sealed / plain:>18.2f} {1e6 / sealed - 1e6 / plain:>15.0f}")
+                  f"{plain * mb:>11.0f} {sealed * mb:>15.0f} {sealed / plain:>18.2f} {1e6 / sealed - 1e6 / plain:>15.0f}"
+                  f" {cpu['sender'][0]:>19.1f} / {cpu['sender'][1]:<6.1f} {cpu['receiver'][0]:>7.1f} / {cpu['receiver'][1]:<6.1f}")
     finally:
         for link in links.values():
             link.send({"type": "stop"})

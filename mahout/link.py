@@ -29,11 +29,17 @@ more; a dialer never sends a byte to something that did not greet it in this pro
 
 Once a peer is admitted, every frame is sealed (AES-GCM, from `cryptography`): each side
 derives one key per direction with HKDF-SHA256 from the secret, salted with both handshake
-nonces (so a session's keys are fresh even though the secret is not), and seals the JSON
-header and the payload under nonces counted per direction, with the clear ``>II`` prefix
-as associated data. The prefix stays readable so the caps still refuse a frame before
-anything is allocated; a frame that was altered, replayed, reordered or dropped fails its
-tag and drops the link (`FrameRefused`). Frame sizes and timing stay visible on the wire.
+nonces (so a session's keys are fresh even though the secret is not). A sealed frame's body
+is its JSON header (padded with spaces to 8 bytes when a payload follows, so the payload
+lands aligned in the receiver's buffer), then its payload, sealed in records (TLS's shape),
+each with its tag, under nonces counted per direction and with the clear ``>II`` prefix as
+associated data. A frame of up to `GATHER_BYTES` (a hidden state of a few rows) is one
+record, one AEAD call on each side; a larger one is its header, then its payload in records
+of at most `RECORD_BYTES`, sealed straight from the tensor's memory and opened straight into
+the receiver's, a cache-sized record at a time as it goes to and comes off the socket. The
+prefix stays readable so the caps still refuse a frame before anything is allocated; a frame
+that was altered, replayed, reordered, dropped or cut short fails a tag and drops the link
+(`FrameRefused`). Frame sizes (to 8 bytes) and timing stay visible on the wire.
 
 * `accept` is the listener's side; `connect` (retrying while the peer is not listening yet:
   ring stages start together) and `dial` (one attempt: an expert worker that is not there
@@ -52,7 +58,7 @@ import string
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -64,7 +70,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 __all__ = [
-    "HANDSHAKE_CAPS", "HEADERS_ONLY", "FrameCaps", "FrameRefused", "HandshakeSlots", "Heartbeat", "Link", "LinkClosed",
+    "HANDSHAKE_CAPS", "HEADERS_ONLY", "RECORD_BYTES", "FrameCaps", "FrameRefused", "HandshakeSlots", "Heartbeat", "Link", "LinkClosed",
     "LinkRefused",
     "accept", "connect", "decode_frame", "dial", "encode_frame", "listen", "new_secret",
 ]
@@ -75,7 +81,11 @@ HANDSHAKE_TIMEOUT_S = 10.0  # a peer that does not finish the handshake in this 
 MAX_PENDING_HANDSHAKES = 16  # connections in the handshake at once, per listener; more are closed at once
 MIN_SECRET_CHARS = 32
 _NONCE_BYTES = 16
-_TAG_BYTES = 16  # AES-GCM's tag, after each sealed header and payload
+_TAG_BYTES = 16  # AES-GCM's tag, after each sealed record
+RECORD_BYTES = 1 << 18  # plaintext bytes per sealed record: small enough to stay in cache between the cipher and the socket
+GATHER_BYTES = 1 << 14  # a body up to this size is sealed as one record, its header and payload gathered (one AEAD call)
+FLUSH_RECORDS = 4  # sealed records handed to the kernel at once (1 MiB: still in cache)
+_ALIGN = 8  # a sealed frame's payload starts at a multiple of this in its body (int64 and float32 rows)
 _Buffer = TypeVar("_Buffer", bytearray, memoryview)
 
 
@@ -110,7 +120,7 @@ HANDSHAKE_CAPS = FrameCaps(header_bytes=4096, payload_bytes=0)  # a challenge, a
 
 
 def _frame_parts(header: dict[str, Any], tensor: torch.Tensor | None) -> tuple[bytes, memoryview]:
-    """A frame as (prefix + JSON header, payload); the payload is the tensor's own memory."""
+    """A frame as (JSON header, payload); the payload is the tensor's own memory."""
     payload = memoryview(b"")
     if tensor is not None:
         tensor = tensor.detach().contiguous()
@@ -119,8 +129,7 @@ def _frame_parts(header: dict[str, Any], tensor: torch.Tensor | None) -> tuple[b
             raise ValueError(f"cannot send a {dtype} tensor")
         header = {**header, "dtype": dtype, "shape": list(tensor.shape)}
         payload = memoryview(tensor.numpy().reshape(-1).view(np.uint8))  # no copy
-    head = json.dumps(header, separators=(",", ":")).encode()
-    return _PREFIX.pack(len(head), payload.nbytes) + head, payload
+    return json.dumps(header, separators=(",", ":")).encode(), payload
 
 
 def _header(raw: bytes | bytearray, name: str) -> dict[str, Any]:
@@ -141,15 +150,16 @@ def _payload_size(header: dict[str, Any], name: str) -> int:
     return math.prod(shape) * np.dtype(_DTYPES[dtype]).itemsize
 
 
-def _tensor(header: dict[str, Any], payload: bytearray) -> torch.Tensor:
-    """Wrap a received payload (writable, owned by the tensor from now on)."""
-    return torch.from_numpy(np.frombuffer(payload, dtype=_DTYPES[header["dtype"]])).reshape(header["shape"])
+def _tensor(header: dict[str, Any], payload: bytearray, offset: int = 0) -> torch.Tensor:
+    """Wrap a received payload, from `offset` of its buffer on (writable, owned by the tensor
+    from now on)."""
+    return torch.from_numpy(np.frombuffer(payload, dtype=_DTYPES[header["dtype"]], offset=offset)).reshape(header["shape"])
 
 
 def encode_frame(header: dict[str, Any], tensor: torch.Tensor | None = None) -> bytes:
     """One whole frame as bytes (the relay carries it as one WebSocket message)."""
     head, payload = _frame_parts(header, tensor)
-    return head + payload
+    return _PREFIX.pack(len(head), payload.nbytes) + head + payload
 
 
 def decode_frame(frame: bytes, caps: FrameCaps | None = None) -> tuple[dict[str, Any], torch.Tensor | None]:
@@ -171,11 +181,12 @@ def decode_frame(frame: bytes, caps: FrameCaps | None = None) -> tuple[dict[str,
 
 
 class _Seal:
-    """One direction of a sealed link: its AES-GCM key and the count of parts sealed so far,
-    which is each part's nonce (a key is used for one session and one direction only, so a
+    """One direction of a sealed link: its AES-GCM key and the count of records sealed so far,
+    which is each record's nonce (a key is used for one session and one direction only, so a
     nonce never repeats under it; a receiver that expects the next count refuses a replay).
-    Sealed payloads pass through one scratch buffer, kept at the largest seen (within the
-    caps): a fresh one per frame would cost its page faults on every hidden state."""
+    Sealed records pass through one scratch buffer (a record and its tag at most), on their
+    way to the socket or off it into the frame's own buffer: a fresh one per record would
+    cost its page faults."""
 
     def __init__(self, key: bytes) -> None:
         self._aead = AESGCM(key)
@@ -192,25 +203,48 @@ class _Seal:
         self._count += 1
         return nonce
 
-    def seal(self, data: memoryview, prefix: bytes) -> bytes:
-        """A header, sealed into bytes of its own."""
-        return self._aead.encrypt(self._next_nonce(), data, prefix)
+    def seal_one(self, prefix: bytes, body: bytes) -> bytes:
+        """A small frame's whole body (a hidden state of a few rows) as one record: one AEAD call."""
+        return self._aead.encrypt(self._next_nonce(), body, prefix)
 
-    def seal_payload(self, data: memoryview, prefix: bytes) -> memoryview:
-        """A payload, sealed into the scratch buffer (valid until the next one: a sender
-        holds its lock until the kernel has taken it)."""
-        sealed = self.scratch(data.nbytes + _TAG_BYTES)
-        self._aead.encrypt_into(self._next_nonce(), data, prefix, sealed)
-        return sealed
+    def seal(self, prefix: bytes, head: bytes, payload: memoryview) -> Iterator[memoryview]:
+        """A larger frame's body (`head`, then `payload`) as sealed records, in order, gathered
+        in the scratch buffer up to `FLUSH_RECORDS` at a time: each view yielded is valid until
+        the next is asked for (a sender holds its lock until the kernel has taken each)."""
+        spans = _records(len(head), payload.nbytes)
+        total = len(head) + payload.nbytes + len(spans) * _TAG_BYTES
+        room = self.scratch(min(total, max(FLUSH_RECORDS * (RECORD_BYTES + _TAG_BYTES), len(head) + _TAG_BYTES)))
+        used = 0
+        for start, end in spans:
+            size = end - start + _TAG_BYTES
+            if used + size > len(room):
+                yield room[:used]
+                used = 0
+            self._aead.encrypt_into(self._next_nonce(), _span(head, payload, start, end), prefix, room[used : used + size])
+            used += size
+        yield room[:used]
 
-    def open(self, sealed: memoryview, prefix: bytes, name: str) -> bytearray:
-        """The plaintext of the next part, in a buffer of its own (a tensor may wrap it)."""
-        plain = bytearray(len(sealed) - _TAG_BYTES)
+    def open_into(self, sealed: memoryview, prefix: bytes, plain: bytearray | memoryview, name: str) -> None:
+        """Open the next record into `plain` (its place in the frame's body)."""
         try:
             self._aead.decrypt_into(self._next_nonce(), sealed, prefix, plain)
         except InvalidTag as exc:
             raise FrameRefused(f"link {name}: a frame failed its authentication (altered, replayed or out of order)") from exc
-        return plain
+
+
+def _records(n_head: int, n_payload: int) -> list[tuple[int, int]]:
+    """The [start, end) spans of a body (header, then payload) that are sealed one record each:
+    a small frame (a hidden state of a few rows) as one; else the header, then the payload in
+    records of at most RECORD_BYTES, each sealed straight from the tensor's memory."""
+    size = n_head + n_payload
+    if size <= GATHER_BYTES:
+        return [(0, size)]
+    return [(0, n_head), *((start, min(start + RECORD_BYTES, size)) for start in range(n_head, size, RECORD_BYTES))]
+
+
+def _span(head: bytes, payload: memoryview, start: int, end: int) -> bytes | memoryview:
+    """The plaintext of the record [start, end) of a larger frame's body: its header, or a view of its payload."""
+    return head if end == len(head) else payload[start - len(head) : end - len(head)]
 
 
 class Link:
@@ -236,39 +270,59 @@ class Link:
 
     def send(self, header: dict[str, Any], tensor: torch.Tensor | None = None) -> None:
         head, payload = _frame_parts(header, tensor)
-        with self._send_lock:  # nonces are counted in the order frames go on the wire
-            parts = [memoryview(head), payload] if self._outbound is None else self._sealed(head, payload)
+        with self._send_lock:  # nonces are counted in the order records go on the wire
             try:
-                _send_all(self.sock, parts)
+                if self._outbound is None:
+                    _send_all(self.sock, [memoryview(_PREFIX.pack(len(head), payload.nbytes) + head), payload])
+                else:
+                    self._send_sealed(head, payload)
             except OSError as exc:
                 raise LinkClosed(f"link {self.name} broke: {exc}") from exc
 
-    def _sealed(self, head: bytes, payload: memoryview) -> list[memoryview]:
-        """The clear prefix, then the sealed header and (if any) the sealed payload."""
+    def _send_sealed(self, head: bytes, payload: memoryview) -> None:
+        """The clear prefix, then the body's sealed records, handed to the kernel as they are sealed."""
         assert self._outbound is not None
-        prefix, body = head[: _PREFIX.size], memoryview(head)[_PREFIX.size :]
-        parts = [memoryview(prefix), memoryview(self._outbound.seal(body, prefix))]
         if payload.nbytes:
-            parts.append(self._outbound.seal_payload(payload, prefix))
-        return parts
+            head += b" " * (-len(head) % _ALIGN)  # JSON allows the trailing spaces
+        prefix = _PREFIX.pack(len(head), payload.nbytes)
+        if len(head) + payload.nbytes <= GATHER_BYTES:  # one record, one sendmsg, as unsealed
+            _send_all(self.sock, [memoryview(prefix), memoryview(self._outbound.seal_one(prefix, head + payload))])
+            return
+        parts = [memoryview(prefix)]
+        for records in self._outbound.seal(prefix, head, payload):
+            parts.append(records)
+            _send_all(self.sock, parts)
+            parts = []
 
     def recv(self, caps: FrameCaps | None = None) -> tuple[dict[str, Any], torch.Tensor | None]:
         """The next frame, within `caps` (default: the link's); `FrameRefused` otherwise."""
         prefix = bytes(self._into(bytearray(_PREFIX.size)))
         n_head, n_payload = _PREFIX.unpack(prefix)
         (caps or self.caps).check(n_head, n_payload, self.name)  # before any allocation
-        header = _header(self._part(n_head, prefix), self.name)
+        if self._inbound is None:
+            header = _header(self._into(bytearray(n_head)), self.name)
+            body, offset = None, 0
+        else:
+            if n_payload and n_head % _ALIGN:
+                raise FrameRefused(f"link {self.name}: a sealed frame's payload is not aligned")
+            body, offset = self._opened(n_head, n_payload, prefix), n_head
+            header = _header(body[:n_head], self.name)
         if not n_payload:
             return header, None
         if _payload_size(header, self.name) != n_payload:
             raise FrameRefused(f"link {self.name}: the payload does not match its dtype and shape")
-        return header, _tensor(header, self._part(n_payload, prefix))
+        return header, _tensor(header, self._into(bytearray(n_payload)) if body is None else body, offset)
 
-    def _part(self, size: int, prefix: bytes) -> bytearray:
-        """The next `size` bytes of the frame (a header or a payload), opened if sealed."""
-        if self._inbound is None:
-            return self._into(bytearray(size))
-        return self._inbound.open(self._into(self._inbound.scratch(size + _TAG_BYTES)), prefix, self.name)
+    def _opened(self, n_head: int, n_payload: int, prefix: bytes) -> bytearray:
+        """A sealed frame's body (header, then payload), read and opened record by record into
+        a buffer of its own (the payload's tensor wraps it)."""
+        assert self._inbound is not None
+        body = bytearray(n_head + n_payload)
+        view = memoryview(body)
+        for start, end in _records(n_head, n_payload):
+            sealed = self._into(self._inbound.scratch(end - start + _TAG_BYTES))
+            self._inbound.open_into(sealed, prefix, view[start:end], self.name)
+        return body
 
     def _into(self, buffer: _Buffer) -> _Buffer:
         """Fill `buffer` from the socket (the tensor then wraps it as it is)."""

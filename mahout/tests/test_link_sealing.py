@@ -14,11 +14,13 @@ import time
 import pytest
 import torch
 
-from mahout.link import FrameCaps, Link, LinkClosed, accept, connect, listen, new_secret
+from mahout.link import GATHER_BYTES, RECORD_BYTES, FrameCaps, Link, LinkClosed, accept, connect, listen, new_secret
 
 ROOMY = FrameCaps(header_bytes=1 << 16, payload_bytes=8 << 20)
 HIDDEN = 640  # the shipped model's hidden width
 PREFIX_AND_TAG = 8 + 16  # a sealed headers-only frame: the clear >II prefix, then the header and its tag
+TAG = 16
+LARGE = (2 * RECORD_BYTES + 1000) // (4 * HIDDEN) + 1  # rows of a frame whose payload takes three records
 
 
 class Wiretap:
@@ -90,6 +92,16 @@ def headers_only_size(header: dict) -> int:
     return PREFIX_AND_TAG + len(json.dumps(header, separators=(",", ":")))
 
 
+def record_sizes(wire: bytes) -> list[int]:
+    """The sizes on the wire of the sealed records of the frame `wire` starts with (each with
+    its tag): one when the body is small, else the header's, then the payload's."""
+    n_head, n_payload = struct.unpack(">II", wire[:8])
+    if n_head + n_payload <= GATHER_BYTES:
+        return [n_head + n_payload + TAG]
+    full, rest = divmod(n_payload, RECORD_BYTES)
+    return [n_head + TAG, *[RECORD_BYTES + TAG] * full, *([rest + TAG] if rest else [])]
+
+
 def close_all(*things: Link | Wiretap | None) -> None:
     for thing in things:
         if thing is not None:
@@ -142,6 +154,27 @@ class SealedLinkTests:
             server.close()
             close_all(ours, theirs, tap)
 
+    @pytest.mark.parametrize("rows", [1, 16, LARGE], ids=["one_record", "header_and_payload", "payload_in_records"])
+    def test_a_frame_is_sealed_in_records_and_arrives_exact(self, rows: int) -> None:
+        """A hidden state of a few rows is one record (one AEAD call each side); a larger frame
+        its header, then its payload in records of at most RECORD_BYTES; the payload starts
+        8-aligned in the body (the header padded), and the wire holds nothing else."""
+        dialer, listener, tap = admitted_pair(new_secret())
+        assert tap is not None
+        try:
+            start, sent = len(tap.sent), torch.randn(rows, HIDDEN)
+            dialer.send({"type": "batch", "n": rows}, sent)
+            header, got = listener.recv()
+            assert header == {"type": "batch", "n": rows, "dtype": "float32", "shape": [rows, HIDDEN]}
+            assert got is not None and torch.equal(got, sent)
+            n_head, n_payload = struct.unpack(">II", tap.sent[start : start + 8])
+            assert n_head % 8 == 0 and n_payload == sent.nbytes
+            sizes = record_sizes(bytes(tap.sent[start:]))
+            assert len(sizes) == {1: 1, 16: 2, LARGE: 4}[rows]
+            assert tap.wait_for(start + 8 + sum(sizes)) and len(tap.sent) == start + 8 + sum(sizes)
+        finally:
+            close_all(dialer, listener, tap)
+
     def test_two_sessions_over_the_same_secret_seal_the_same_frame_differently(self) -> None:
         """Fresh keys per session: the nonce counter restarts, so reusing a key would be fatal."""
         secret, frame, seen = new_secret(), {"type": "batch"}, []
@@ -188,6 +221,35 @@ class TamperingTests:
                 tap.to_listener.sendall(sealed[n])
             if order[0] == 0:  # the genuine first frame still arrives, its replay does not
                 assert listener.recv() == (frames[0], None)
+            with pytest.raises(LinkClosed, match="failed its authentication"):
+                listener.recv()
+        finally:
+            close_all(dialer, listener, tap)
+
+    @pytest.mark.parametrize("change", ["flipped_in_the_last_record", "records_swapped", "record_dropped"])
+    def test_a_large_frame_with_a_record_out_of_its_place_drops_the_link(self, change: str) -> None:
+        """Each record has its own tag and nonce: a record of a large frame altered, moved within
+        the frame or missing fails its authentication (the next frame's first record then stands
+        in for the missing one)."""
+        dialer, listener, tap = admitted_pair(new_secret())
+        assert tap is not None
+        try:
+            start, tap.hold = len(tap.sent), True
+            dialer.send({"type": "batch"}, torch.randn(LARGE, HIDDEN))
+            dialer.send({"type": "next"}, torch.randn(1, HIDDEN))
+            prefix = tap.wait_for(start + 8)[start:]
+            sizes = record_sizes(prefix)
+            ends = [start + 8 + sum(sizes[: i + 1]) for i in range(len(sizes))]
+            wire = bytearray(tap.wait_for(ends[-1] + 8 + TAG + 2 * 1024))[start:]
+            records = [wire[8 + sum(sizes[:i]) : 8 + sum(sizes[: i + 1])] for i in range(len(sizes))]
+            after = wire[8 + sum(sizes) :]
+            if change == "flipped_in_the_last_record":
+                records[-1][-TAG - 1] ^= 0x01
+            elif change == "records_swapped":
+                records[1], records[2] = records[2], records[1]
+            else:
+                del records[1]
+            tap.to_listener.sendall(bytes(wire[:8] + b"".join(records) + after))
             with pytest.raises(LinkClosed, match="failed its authentication"):
                 listener.recv()
         finally:
