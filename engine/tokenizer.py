@@ -12,12 +12,12 @@ class Tokenizer:
     def __init__(self, model_path: str | Path) -> None:
         from llama_cpp import Llama
 
-        self._llama = Llama(model_path=str(model_path), vocab_only=True, verbose=False)
-        self.eos_id: int = self._llama.token_eos()
-        self.bos_id: int = self._llama.token_bos()
+        self.llama = Llama(model_path=str(model_path), vocab_only=True, verbose=False)  # the vocabulary only
+        self.eos_id: int = self.llama.token_eos()
+        self.bos_id: int = self.llama.token_bos()
 
     def encode(self, text: str, *, add_bos: bool = True) -> list[int]:
-        return self._llama.tokenize(text.encode("utf-8"), add_bos=add_bos)
+        return self.llama.tokenize(text.encode("utf-8"), add_bos=add_bos)
 
     def decode(self, token_ids: list[int]) -> str:
-        return self._llama.detokenize(token_ids).decode("utf-8", errors="replace")
+        return self.llama.detokenize(token_ids).decode("utf-8", errors="replace")

@@ -5,7 +5,8 @@ random weights that llama.cpp loads and runs on a CPU: Llama 3, Qwen 2.5, Qwen 3
 Mistral and Gemma 3; and a Qwen 3 mixture of experts (`qwen3moe`, in `MOE_FAMILIES`: the
 families above are the dense ones other tests go through one by one). The vocabularies and
 templates are the ones llama.cpp publishes in the llama-cpp-python sdist
-(`vendor/llama.cpp/models/`), fetched with pip when a test runs and never committed; Gemma 3's vocabulary is the shipped Gemma 3 270M file's (the sdist has none).
+(`vendor/llama.cpp/models/`), fetched with pip when a test runs and never committed; Gemma 3's
+vocabulary is the shipped Gemma 3 270M file's (the sdist has none).
 
     models = sdist_models(folder / "sdist")      # SdistUnavailable: a test skips, saying why
     path = tiny_model("qwen3", models, folder / "qwen3.gguf")

@@ -53,7 +53,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     coordinator = roles.add_parser("coordinator", help="serve a whole MoE model through the marketplace")
     coordinator.add_argument("--server", help="gateway URL (default: from `mahout login`, or $MAHOUT_SERVER)")
     coordinator.add_argument("--token", help="host token (visible in ps: prefer `mahout login` or $MAHOUT_TOKEN)")
-    coordinator.add_argument("--model", required=True, help="the MoE GGUF (byte vocabulary)")
+    coordinator.add_argument("--model", required=True, help="the MoE GGUF (qwen3moe), the file the catalog entry was registered from")
     coordinator.add_argument("--name", required=True, help="its name in the gateway's catalog (see manage.py moe_register)")
     coordinator.add_argument("--slots", type=int, default=4, help="requests served at once")
     coordinator.add_argument("--threads", type=int, default=1, help="torch threads (default 1: workers share the CPUs)")

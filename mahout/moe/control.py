@@ -72,6 +72,8 @@ class MeshClient:
         return None if response.status_code == 204 else response.json()
 
     def download_slice(self, worker_id: int, dest: Path) -> Path:
+        """The worker's slice file, written to `dest` (its folder made: `--workdir` may name a new one)."""
+        dest.parent.mkdir(parents=True, exist_ok=True)
         try:
             with self._client.stream("GET", f"/expert-workers/{worker_id}/slice") as response:
                 if response.status_code != 200:

@@ -10,12 +10,16 @@ as the rows of one pass, so each layer's experts — local or on remote workers 
 for all of them at once and a remote worker sees a batch, not one row per round trip. A
 prompt's prefill is a pass of its own. `slot()` gives a `MoeSlot`: the mahout runner interface for one job
 at a time (`stream(job)` yields text pieces, then `finish_reason` and `completion_tokens`),
-so one host loop per slot can share the runner. The vocabulary is the model's bytes
-(`engine.moe_loader.ByteTokenizer`): this runner serves byte-vocabulary GGUFs only.
+so one host loop per slot can share the runner.
+
+Text and tokens go through the model's own vocabulary (`Vocabulary`), counted as the gateway
+counts them: a real one (Qwen 3 MoE's BPE) through llama.cpp's reader of the same file, each
+rendered fragment tokenized as text or as its one control token
+(`protocol.rendering.fragments_tokens`, `mahout.runners.llama.PromptTokenizer`); the generated
+test model's byte vocabulary as its UTF-8 bytes (`engine.moe_loader.ByteTokenizer`).
 """
 from __future__ import annotations
 
-import codecs
 import itertools
 import threading
 from collections.abc import Callable, Generator
@@ -23,20 +27,54 @@ from pathlib import Path
 
 import torch
 
+from engine.gguf_meta import open_gguf
 from engine.moe import LocalExperts, MoeModel
-from engine.moe_loader import ByteTokenizer, load_moe
+from engine.moe_loader import ByteTokenizer, has_byte_vocabulary, load_moe
+from engine.tokenizer import Tokenizer
 from mahout.moe.coordinator import Coordinator
 from mahout.moe.policy import DispatchPolicy, LoadMonitor
 from mahout.runners import LogprobsUnsupported
 from protocol.rendering import fragments_text
 
-__all__ = ["MoeRunner", "MoeSlot", "SlotsFull"]
+__all__ = ["MoeRunner", "MoeSlot", "SlotsFull", "Vocabulary"]
 
 GATHER_S = 0.005  # how long a pass waits for the other decoding requests' steps (a pass here takes ~10 ms)
 
 
 class SlotsFull(RuntimeError):
     """Every inference slot is taken."""
+
+
+class Vocabulary:
+    """The model's own vocabulary: a job's prompt as ids, ids as text, the ids that end a turn."""
+
+    def __init__(self, model_path: str | Path) -> None:
+        self.bytes = has_byte_vocabulary(open_gguf(model_path))
+        self.tokenizer: ByteTokenizer | Tokenizer = ByteTokenizer() if self.bytes else Tokenizer(model_path)
+        self.eos_id = self.tokenizer.eos_id
+        self._prompt = None
+        if not self.bytes:
+            from mahout.runners.llama import PromptTokenizer
+
+            self._prompt = PromptTokenizer(self.tokenizer.llama)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    def prompt(self, job: dict) -> list[int]:
+        """The job's rendered prompt as the gateway counted it: fragments through the model's
+        own vocabulary, or the text as bytes (and BOS) for a byte vocabulary."""
+        if self._prompt is None:
+            return self.tokenizer.encode(fragments_text(job.get("fragments") or []))
+        return self._prompt.tokens(job)
+
+    def stop_ids(self, job: dict) -> set[int]:
+        """EOS and the model's end of turn (one token each, as the catalog names them)."""
+        ends = self._prompt.single_ids(job.get("end_of_turn") or []) if self._prompt is not None else []
+        return {self.eos_id, *ends}
 
 
 class MoeRunner:
@@ -57,7 +95,7 @@ class MoeRunner:
         self.coordinator = Coordinator(local, monitor=self.monitor)
         n_ctx = n_ctx or self.config.context_length  # what the gateway's catalog entry promises
         self.model = MoeModel(self.config, weights, experts=self.coordinator, n_rows=n_slots, n_ctx=n_ctx)
-        self.tokenizer = ByteTokenizer()
+        self.tokenizer = Vocabulary(model_path)
         self.n_slots = n_slots
         self._busy = 0
         self._slots = threading.Lock()
@@ -203,25 +241,31 @@ class MoeSlot:
 
     def stream(self, job: dict) -> Generator[str, None, None]:
         """Greedy text for a chat or completion job (sampling parameters other than
-        `max_tokens` are ignored); a continuation job's open assistant turn is continued
-        from its last byte, which needs no token healing in a byte vocabulary."""
+        `max_tokens` are ignored), ended by EOS or the model's end of turn. A continuation
+        job's open assistant turn is continued from its last token as the gateway counted it
+        (no token healing)."""
         runner = self.runner
         params = job.get("params") or {}
         if params.get("logprobs") is not None:
             raise LogprobsUnsupported("this host cannot report log-probabilities; a single-machine host can")
-        prompt = runner.tokenizer.encode(fragments_text(job.get("fragments") or []))
+        prompt = runner.tokenizer.prompt(job)
+        stops = runner.tokenizer.stop_ids(job)
         budget = runner.model.cache.n_ctx - len(prompt)
         max_tokens = min(int(params.get("max_tokens") or budget), budget)
         self.finish_reason, self.completion_tokens = "length", 0
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span tokens
+        ids: list[int] = []
+        sent = ""
         for token in runner.generate_stream(prompt, max_tokens):
             self.completion_tokens += 1
-            if token == runner.tokenizer.eos_id:
+            if token in stops:
                 self.finish_reason = "stop"
                 break
-            text = decoder.decode(bytes([token]) if token < 256 else b"")
-            if text:
-                yield text
-        tail = decoder.decode(b"", final=True)  # an unfinished character at the end
-        if tail:
-            yield tail
+            ids.append(token)
+            text = runner.tokenizer.decode(ids)
+            if text.endswith("\ufffd") or len(text) <= len(sent):  # a character split over tokens: wait for the rest
+                continue
+            yield text[len(sent):]
+            sent = text
+        text = runner.tokenizer.decode(ids)
+        if len(text) > len(sent):  # an unfinished character at the end
+            yield text[len(sent):]

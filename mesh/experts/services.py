@@ -44,6 +44,8 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from catalog.models import CatalogModel
+from catalog.money import usd_decimal
+from catalog.services import CatalogAddRefused, catalog_model_add
 from core.errors import DomainError
 from core.net import AddressNotPublic, AddressUnresolvable, public_address
 from engine.gguf_meta import open_gguf
@@ -109,16 +111,15 @@ def moe_model_publish(
     handed its workers' secrets); a new model needs one, an update without one keeps the
     bound host. A banned host is refused.
 
-    The catalog entry counts tokens with the `bytes` tokenizer. The coordinator's runner speaks
-    the model's byte vocabulary (ids 0..255 are the UTF-8 bytes, then BOS and EOS), so there
-    the gateway's byte count is exactly the model's token count (plus one for BOS). A GGUF
-    with another vocabulary (a real BPE one) is refused: neither the runner nor the gateway
-    can count its tokens yet.
+    Tokens are counted with the model's own vocabulary, as its coordinator's runner
+    (`mahout.moe.runner`) tokenizes: a real one (Qwen 3 MoE's BPE) enters the catalog as any
+    chat model does (`catalog.services.catalog_model_add`: a vocabulary-only copy the gateway
+    counts with, the file's chat template, the file pinned by sha256); the byte vocabulary of
+    the generated test model counts with the `bytes` tokenizer, which is exactly its count
+    (ids 0..255 are the UTF-8 bytes, plus BOS). A file the catalog cannot take (no chat
+    template, already on sale under another name) is refused with the catalog's reason.
     """
     reader = open_gguf(gguf_path)
-    if not has_byte_vocabulary(reader):
-        raise MoeRefused(400, f"{gguf_path} does not have a byte vocabulary; only byte-vocabulary MoE models "
-                              "can be served yet.", "unsupported_vocabulary")
     config = read_moe_config(reader)
     known = ExpertModel.objects.select_for_update().filter(name=name).first()
     coordinator = coordinator or (known.coordinator if known else None)
@@ -127,15 +128,38 @@ def moe_model_publish(
                               "(moe_register --coordinator-host NAME).", "coordinator_required")
     if coordinator.banned_at is not None:
         raise MoeRefused(403, f"Host {coordinator.name!r} is banned and cannot coordinate {name!r}.", "host_banned")
+    prices = {"input_price_ucents": input_price_ucents, "output_price_ucents": output_price_ucents}
+    if has_byte_vocabulary(reader):
+        catalog, _ = CatalogModel.objects.update_or_create(name=name, defaults={
+            "kind": CatalogModel.Kind.CHAT, "context_length": config.context_length, "tokenizer": BYTES_TOKENIZER,
+            "active": True, **prices,
+        })
+    else:
+        catalog = _vocabulary_entry(name, Path(gguf_path), prices)
     expert_model = expert_model_register(
         name=name, gguf_path=gguf_path, slice_size=slice_size, base_target=base_target, boost=boost,
         saturation_threshold=saturation_threshold, coordinator=coordinator,
     )
-    catalog, _ = CatalogModel.objects.update_or_create(name=name, defaults={
-        "kind": CatalogModel.Kind.CHAT, "context_length": config.context_length, "tokenizer": BYTES_TOKENIZER,
-        "input_price_ucents": input_price_ucents, "output_price_ucents": output_price_ucents, "active": True,
-    })
     return expert_model, catalog
+
+
+def _vocabulary_entry(name: str, path: Path, prices: dict[str, int]) -> CatalogModel:
+    """The catalog entry of an MoE file with its own vocabulary: added from the file the first
+    time (refused with the catalog's reason), its prices updated afterwards."""
+    entry = CatalogModel.objects.filter(name=name).first()
+    if entry is not None and entry.tokenizer == BYTES_TOKENIZER:
+        raise MoeRefused(409, f"{name!r} is on sale with a byte vocabulary; publish this file under another name.",
+                         "vocabulary_changed")
+    if entry is None:
+        as_typed = {which: usd_decimal(ucents * 1_000_000) for which, ucents in  # USD per million, exactly
+                    (("input_price", prices["input_price_ucents"]), ("output_price", prices["output_price_ucents"]))}
+        try:
+            entry = catalog_model_add(path=path, name=name, **as_typed)
+        except CatalogAddRefused as refused:
+            raise MoeRefused(400, f"{path} cannot enter the catalog: {refused}", "catalog_add_refused") from None
+    CatalogModel.objects.filter(pk=entry.pk).update(active=True, **prices)
+    entry.refresh_from_db()
+    return entry
 
 
 @transaction.atomic

@@ -302,12 +302,21 @@ class SliceFileTests:
 
 
 def _bpe_moe(path: Path) -> Path:
-    """A GGUF whose vocabulary is not bytes (as a real MoE model's is)."""
+    """A qwen3moe blueprint whose vocabulary is not bytes (as a real MoE model's is) and that
+    has no chat template (no tensors either: what is refused is refused before they are read)."""
     from gguf import GGUFWriter
 
     writer = GGUFWriter(str(path), "qwen3moe")
     writer.add_tokenizer_model("gpt2")
     writer.add_token_list(["a", "b", "ab"])
+    writer.add_block_count(2)
+    writer.add_context_length(256)
+    writer.add_embedding_length(64)
+    writer.add_head_count(4)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_expert_count(8)
+    writer.add_expert_used_count(2)
+    writer.add_expert_feed_forward_length(32)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -342,15 +351,20 @@ class MoeModelPublishTests:
         model, entry = services.moe_model_publish(name="tiny-moe", gguf_path=tiny, boost=3, output_price_ucents=7)
         assert model.coordinator_id == coordinator.host.pk and model.boost == 3 and entry.output_price_ucents == 7
 
-    def test_a_gguf_without_a_byte_vocabulary_is_refused(self, catalog: CatalogModel, tmp_path: Path) -> None:
+    def test_a_real_vocabulary_the_catalog_cannot_take_is_refused_with_its_reason(
+        self, catalog: CatalogModel, tmp_path: Path,
+    ) -> None:
+        """A real vocabulary enters the catalog as `catalog_add` takes a model (see
+        mesh/tests/test_moe_vocab_e2e.py); a file without a chat template cannot."""
         from django.core.management import CommandError, call_command
 
         from catalog.models import CatalogModel
 
-        with pytest.raises(CommandError, match="byte vocabulary"):
+        with pytest.raises(CommandError, match="cannot enter the catalog: .* has no chat template"):
             call_command("moe_register", str(_bpe_moe(tmp_path / "bpe.gguf")), "--name", "real-moe", "--coordinator-host",
                          str(make_host(name="rig").host.pk))
         assert not CatalogModel.objects.filter(name="real-moe").exists()
+        assert not ExpertModel.objects.filter(name="real-moe").exists()
 
 
 class ProbationTests:

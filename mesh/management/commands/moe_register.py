@@ -2,9 +2,11 @@
 expert market, coordinated by HOST (a name or an id).
 
 Creates or updates the mesh `ExpertModel` (layers and expert count from the file, how it is
-cut into slices, its replica targets) and the marketplace `CatalogModel` (kind chat, tokenizer
-`bytes`: the coordinator's runner speaks the model's byte vocabulary, ids 0..255 being the
-UTF-8 bytes, so the gateway's byte count is its exact token count). The coordinator is bound
+cut into slices, its replica targets) and the marketplace `CatalogModel` (kind chat), whose
+tokens are counted with the model's own vocabulary, as its coordinator tokenizes: a real one
+(Qwen 3 MoE's) enters the catalog as `catalog_add` takes any chat model (a vocabulary-only
+copy, the file's chat template, the file pinned by sha256); the generated test model's byte
+vocabulary is counted as bytes (tokenizer `bytes`, its exact count). The coordinator is bound
 here, by the operator: only that host may report for the model and be handed its workers'
 link secrets (a report from any other host is refused). It then serves the model with
 `python -m mahout moe coordinator --model PATH --name NAME`. Run the command again to change
@@ -21,7 +23,7 @@ from mesh.management.hostref import host_by_ref
 
 
 class Command(BaseCommand):
-    help = "Register a byte-vocabulary MoE GGUF as a chat model of the catalog and of the expert market."
+    help = "Register an MoE GGUF (qwen3moe) as a chat model of the catalog and of the expert market."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("path", help="the MoE GGUF the gateway cuts expert slices from (keep it in place)")
