@@ -38,6 +38,7 @@ from django.urls import path  # noqa: E402
 from core.bodylimit import BodyLimit  # noqa: E402
 from marketplace.consumers import ChatStreamConsumer, HostSocketConsumer  # noqa: E402
 from mesh.experts.routing import websocket_urlpatterns as moe_relay_routes  # noqa: E402
+from mesh.rings.routing import websocket_urlpatterns as ring_relay_routes  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
@@ -47,6 +48,7 @@ application = ProtocolTypeRouter(
                 path("v1/ws/chat/completions", ChatStreamConsumer.as_asgi()),
                 path("hosts/ws", HostSocketConsumer.as_asgi()),
                 *moe_relay_routes,  # expert workers behind NAT, reached through the gateway
+                *ring_relay_routes,  # ring stages behind NAT, likewise
             ]
         ),
     }

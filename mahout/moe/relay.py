@@ -23,15 +23,19 @@ from mahout.link import FrameCaps, decode_frame, encode_frame
 from mahout.moe.coordinator import ANSWER_HEADER_BYTES, WorkerFailed
 from mahout.moe.worker import ExpertServer
 
-__all__ = ["RelayTransport", "RelayWorkerLink", "decode_frame", "encode_frame", "relay_url"]
+__all__ = ["RelayTransport", "RelayWorkerLink", "decode_frame", "encode_frame", "relay_url", "websocket_base"]
 
 OPEN_TIMEOUT_S = 5.0
 RECONNECT_MIN_S, RECONNECT_MAX_S = 0.5, 10.0
 
 
+def websocket_base(server: str) -> str:
+    """The gateway's WebSocket origin for its HTTP(S) URL (``ws://`` or ``wss://``)."""
+    return server.rstrip("/").replace("https://", "wss://", 1).replace("http://", "ws://", 1)
+
+
 def relay_url(server: str, role: str, worker_id: int) -> str:
-    base = server.rstrip("/").replace("https://", "wss://", 1).replace("http://", "ws://", 1)
-    return f"{base}/api/moe/relay/{role}/{worker_id}"
+    return f"{websocket_base(server)}/api/moe/relay/{role}/{worker_id}"
 
 
 class RelayWorkerLink:

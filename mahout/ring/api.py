@@ -19,6 +19,7 @@ __all__ = ["RingApi"]
 class RingApi(HostApi):
     def __init__(self, server: str, token: str, **kwargs: Any) -> None:
         super().__init__(server, token, **kwargs)
+        self.server, self.token = server, token  # for the ring relay's WebSockets (`mahout.ring.relay`)
         self._client.base_url = server.rstrip("/") + "/api/rings"
 
     def propose(self, *, model: str, stages: int, row_width: int, micro_batch: int) -> dict:

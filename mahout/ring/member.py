@@ -6,7 +6,9 @@
    the ring's secret, which every link of the ring is admitted with);
 2. load only that slice of the model;
 3. bind a listening socket (``--bind``), report the address neighbours can dial
-   (``--advertise``, or worked out from the bound socket) to the control plane;
+   (``--advertise``, or worked out from the bound socket) to the control plane; behind NAT,
+   ``--relay`` reports the relay instead and holds a socket open to the gateway's ring relay,
+   which carries every connection dialled to this stage (`mahout.ring.relay`);
 4. dial the next stage at the address it reported (polling until it has; a clear error
    after ``--wait`` seconds), and serve: hidden states go agent to agent.
 
@@ -45,12 +47,14 @@ from mahout.owner import OwnerGuard, OwnerWatch, add_owner_arguments, owner_guar
 
 if TYPE_CHECKING:
     from mahout.ring.api import RingApi
+    from mahout.ring.relay import StageRelay
     from mahout.ring.stage import StageAgent
 
 __all__ = ["LocalStages", "StageNotAssigned", "add_parser", "cmd_stage", "find_assignment"]
 
 ROOT = Path(__file__).resolve().parents[2]
 OWNER_POLL_S = 1.0  # how often a stage asks whether its owner wants the machine
+RELAY_WAIT_S = 10.0  # how long a relayed stage waits for its relay socket before reporting
 
 
 class StageNotAssigned(LookupError):
@@ -68,6 +72,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     stage.add_argument("--advertise", default=None,
                        help="HOST[:PORT] neighbours should dial (default: the bound address, or for a wildcard "
                             "bind this machine's address on the route to the gateway)")
+    stage.add_argument("--relay", action="store_true",
+                       help="behind NAT: be reached through the gateway's ring relay (every connection outbound)")
     stage.add_argument("--wait", type=float, default=300.0, help="seconds to wait for the next stage to be reachable")
     stage.add_argument("--threads", type=int, default=1, help="torch threads")
     stage.add_argument("--slots", type=int, default=None, help="requests in flight at once (default: 2 x micro-batch)")
@@ -100,6 +106,7 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
     from mahout.link import LinkClosed, listen
     from mahout.ring.api import RingApi
     from mahout.ring.membership import Limits
+    from mahout.ring.relay import RELAY_ADDRESS
     from mahout.ring.rendezvous import RendezvousTimeout, advertised_address, dial_stage, parse_address
     from mahout.ring.runner import _exit_on_sigterm
     from mahout.ring.stage import StageAgent
@@ -131,7 +138,8 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
             if guard is not None:
                 _wait_until_free(guard, args.stage, say)
             server = listen(*bind)
-            address = advertised_address(server, args.advertise, args.server)
+            address = RELAY_ADDRESS if args.relay else advertised_address(server, args.advertise, args.server)
+            relay = _relay_for(login.server, login.token, args, server.getsockname()[:2], say) if args.relay else None
             stage = Stage(config, weights, start, end, n_rows=args.slots or 2 * limits.micro_batch, n_ctx=args.n_ctx,
                           device=args.device)
             agent = StageAgent(
@@ -157,11 +165,25 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
                 if watch is not None:
                     watch.stop()
                 _leave_address(api, args.ring, args.stage, reported, say)
+                if relay is not None:
+                    relay.stop()
             say(f"mahout: stage {args.stage}: the ring session ended" + ("" if args.once else "; rejoining"))
             if args.once:
                 return 0
     finally:
         api.close()
+
+
+def _relay_for(server: str, token: str, args: argparse.Namespace, local: tuple[str, int],
+               say: Callable[[str], None]) -> StageRelay:
+    """This stage's end of the gateway's ring relay, carrying connections to `local`; waited
+    for a little, so its first neighbours are not dialling into nothing."""
+    from mahout.ring.relay import StageRelay
+
+    relay = StageRelay(server, token, args.ring, args.stage, local, out=say).start()
+    if not relay.connected.wait(RELAY_WAIT_S):
+        say(f"mahout: stage {args.stage}: the ring relay is not connected yet; retrying in the background")
+    return relay
 
 
 def _leave_address(api: RingApi, ring_id: int, index: int, address: str, say: Callable[[str], None]) -> None:

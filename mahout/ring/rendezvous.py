@@ -5,7 +5,10 @@ A stage binds its listening socket, reports the address it can be reached at
 reported one that answers. The bridge does the same for the head and the tail. Only
 addresses travel through the gateway; hidden states still go agent to agent.
 
-An address can be stale (a stage that died keeps its last report until it reports again):
+A stage behind NAT reports `RELAY_ADDRESS` instead: it is dialled through the gateway's ring
+relay (`mahout.ring.relay.relay_portal`, a loopback port standing for it), the handshake the same.
+
+An address can be stale (a stage that died without saying so keeps its last report):
 a dial that fails is retried with a freshly read address until the deadline, then
 `RendezvousTimeout` says which stage never answered and what it had reported. A dial
 passes the ring's handshake (`mahout.link`): whatever listens at a stale address without
@@ -26,6 +29,7 @@ from mahout.ring.api import RingApi
 from mahout.ring.bridge import CAPS as BRIDGE_CAPS
 from mahout.ring.bridge import HELLO as BRIDGE_HELLO
 from mahout.ring.bridge import RingBridge
+from mahout.ring.relay import RELAY_ADDRESS, relay_portal
 
 __all__ = ["RendezvousTimeout", "advertised_address", "bridge_connect", "dial_stage", "parse_address"]
 
@@ -101,8 +105,10 @@ def dial_stage(
                 say(f"mahout: stage {index} of ring {ring_id} reported {address}; connecting")
             last = address
             remaining = deadline - time.monotonic()
+            target = (relay_portal(api.server, api.token, ring_id, index) if address == RELAY_ADDRESS
+                      else parse_address(address))
             try:
-                return connect(parse_address(address), secret=secret, hello=hello, caps=caps,
+                return connect(target, secret=secret, hello=hello, caps=caps,
                                timeout=max(0.1, min(dial_timeout, remaining)), name=name or f"stage{index}")
             except LinkClosed as exc:
                 problem = f"its reported address {address} does not answer ({exc})"

@@ -66,3 +66,18 @@ def ring_layers(*, bridge_host_id: int, model_id: int) -> tuple[RingPlan, dict[i
         runner = host_id if host_id is not None else bridge_host_id
         layers[runner] = layers.get(runner, 0) + end - start
     return plan, layers
+
+
+def relay_stage_allowed(*, plan_id: int, index: int, host_id: int) -> bool:
+    """May this host hold the relay socket of stage `index`? It runs that stage of an active ring."""
+    host = Host(pk=host_id)
+    return RingStage.objects.filter(
+        stage_runner_q(host), plan_id=plan_id, index=index, plan__status=RingPlan.Status.ACTIVE
+    ).exists()
+
+
+def relay_dial_allowed(*, plan_id: int, index: int, host_id: int) -> bool:
+    """May this host dial stage `index` through the relay? It takes part in the active ring
+    (a stage host dials its next stage, the bridge the head and the tail)."""
+    plan = ring_for_participant(plan_id=plan_id, host=Host(pk=host_id))
+    return plan is not None and plan.status == RingPlan.Status.ACTIVE and plan.stages.filter(index=index).exists()

@@ -18,6 +18,7 @@ from engine.gguf_meta import open_gguf
 from hosts.models import Host
 from mesh.rings.models import ModelLayout, RingPlan, RingStage
 from mesh.rings.selectors import stage_runner_q
+from protocol.ring import RELAY_ADDRESS
 
 
 class PlanInvalid(DomainError, ValueError):
@@ -295,10 +296,13 @@ def _own_stage(*, plan_id: int, index: int, host: Host, active: bool = True) -> 
 
 @transaction.atomic
 def ring_stage_address_report(*, plan_id: int, index: int, host: Host, address: str) -> RingStage:
-    """Record where a stage of an active ring listens; only the host that runs the stage may say."""
-    address = address_check(address)
+    """Record where a stage of an active ring listens; only the host that runs the stage may
+    say. `RELAY_ADDRESS` means a stage behind NAT: it is reached through the gateway's ring
+    relay (`mesh.rings.consumers`), so it has no address to check."""
+    relayed = address.strip() == RELAY_ADDRESS
+    address = RELAY_ADDRESS if relayed else address_check(address)
     stage = _own_stage(plan_id=plan_id, index=index, host=host)
-    if not settings.RING_ALLOW_PRIVATE_STAGES and _owners(stage.plan) > 1:
+    if not relayed and not settings.RING_ALLOW_PRIVATE_STAGES and _owners(stage.plan) > 1:
         address = _public(address)
     stage.address, stage.address_reported_at = address, timezone.now()
     stage.save(update_fields=["address", "address_reported_at"])

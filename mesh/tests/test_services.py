@@ -135,6 +135,14 @@ class RingStageAddressReportTests:
                                row_width=8, micro_batch=2)
         assert ring_stage_address_report(plan_id=own.pk, index=1, host=mine, address="192.168.1.21:7001").address == "192.168.1.21:7001"
 
+    def test_a_stage_behind_nat_reports_the_relay_which_needs_no_public_address(self, layouts: CatalogModel) -> None:
+        a, b = make_host(name="a").host, make_host(name="b").host  # two owners: their stages dial only public addresses
+        plan = ring_plan_create(model_name="gemma-3-270m", stages=[StageSpec(0, 9, a), StageSpec(9, 18, b)],
+                                row_width=8, micro_batch=2)
+        assert ring_stage_address_report(plan_id=plan.pk, index=0, host=a, address=" relay ").address == "relay"
+        with pytest.raises(AddressInvalid):
+            ring_stage_address_report(plan_id=plan.pk, index=1, host=b, address="relay:1")
+
     def test_a_retired_ring_takes_no_address(self, layouts: CatalogModel) -> None:
         a = make_host(name="a").host
         plan = ring_plan_create(model_name="gemma-3-270m", stages=[StageSpec(0, 9, a), StageSpec(9, 18, a)], row_width=8, micro_batch=2)
