@@ -18,8 +18,9 @@ out of the escrow; a failure refunds the customer (the host's share from the esc
 platform's from its revenue), puts the host in maintenance with the evidence and forfeits
 its unvested earnings. Either way the prompt, text and tokens are deleted then.
 
-What is auditable (`mahout.verify.auditable`): first attempts of chats and completions
-without a grammar (`response_format`, tools), not a ring, on a model whose weights the
+What is auditable (`mahout.verify.auditable`): chats and completions, under a grammar
+(`response_format`, tools) or not, first attempts and continuations (the continuation's own
+text, against the payload it was sent), not a ring, on a model whose weights the
 gateway has (`catalog.tokenizer.weights_on_gateway`) or that a trusted host other than the
 job's own could score. A chosen job whose host reported no tokens fails: a current mahout
 always reports them.
@@ -108,7 +109,7 @@ def audit_wanted(
     says so, or `always`: a canary judged by its audit; and it can be), else None. `payload`
     and `excluded` (a canary judged by its reference, a ring: checked otherwise) cost queries,
     so they are asked only for a job the draw chose."""
-    if request.kind not in (Request.Kind.CHAT, Request.Kind.COMPLETION) or job.attempt != 1:
+    if request.kind not in (Request.Kind.CHAT, Request.Kind.COMPLETION):
         return None
     if not always and random.random() >= audit_rate(host=host):
         return None

@@ -25,11 +25,14 @@ from protocol.jobs import JobPayload, job_payload_build
 
 def job_payload(job: Job) -> JobPayload:
     """What a host receives (`protocol.jobs`): the work, and nothing about the customer.
-    A continuation carries what was already delivered, counted by the gateway. Every chat
-    and completion job carries its sampling seed (`marketplace.audits.job_seed`)."""
+    A continuation carries what was already delivered before it, counted by the gateway (the
+    same payload at its claim and at its settlement, when its audit rebuilds it: its own text
+    is left out). Every chat and completion job carries its sampling seed
+    (`marketplace.audits.job_seed`)."""
     request = job.request
     continuation = job.attempt > 1 and request.kind != Request.Kind.EMBEDDINGS
     delivered = request.delivered_text if continuation else ""
+    delivered = delivered[: len(delivered) - job.generated_chars]
     fmt = None if request.kind == Request.Kind.EMBEDDINGS else chat_format_of(job.model_id)
     params = request.params if request.kind == Request.Kind.EMBEDDINGS else {
         **request.params, "seed": job_seed(job_id=job.pk, params=request.params)}

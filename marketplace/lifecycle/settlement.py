@@ -120,11 +120,11 @@ def job_settle(
     if settled is None:  # the hold closed under us (expired): roll all of this back, the job ends anyway
         raise JobNotRunning(f"Request {request.public_id} already ended.")
     if audited is not None:
-        audit_open(request=request, job=job, host=host, payload=audited, text=request.delivered_text,
+        audit_open(request=request, job=job, host=host, payload=audited, text=own_text(request.delivered_text, job=job),
                    token_ids=token_ids[:MAX_TOKENS_KEPT] if token_ids is not None else None, finish_reason=finish_reason,
                    host_ucents=settled.earned_ucents, platform_ucents=settled.cost_ucents - settled.earned_ucents)
     if request.kind != Request.Kind.EMBEDDINGS:  # only the host's own part of the answer says how fast it is
-        own = completion_tokens if job.attempt == 1 else count_output(request, delivered[len(delivered) - job.generated_chars:])
+        own = completion_tokens if job.attempt == 1 else count_output(request, own_text(delivered, job=job))
         reputation.speed_measured(job=job, completion_tokens=own, now=now)
     if check is not None:
         canary_judge(check=check, host=host, text=text, completion_tokens=completion_tokens, audited=audited is not None)
@@ -149,12 +149,18 @@ def _answer_refused(*, job: Job, request: Request, why: str, code: str, message:
     return Completion(request=request, earned_ucents=0)
 
 
+def own_text(delivered: str, *, job: Job) -> str:
+    """The part of the request's `delivered` text that `job`'s host generated (a continuation's
+    host, only what follows the text it was sent)."""
+    return delivered[len(delivered) - job.generated_chars :] if job.generated_chars else ""
+
+
 def rescuer_share(*, request: Request, job: Job, text: str, completion_tokens: int) -> int | None:
     """A continuation host earns 80% of the output it generated itself; the
     first attempt's host (None here) earns the usual 80% of the whole cost."""
     if job.attempt == 1:
         return None
-    own = text[len(text) - job.generated_chars :] if job.generated_chars else ""
+    own = own_text(text, job=job)
     own_tokens = min(count_output(request, own), completion_tokens)
     return billing.split_cost(price(request.model, prompt_tokens=0, completion_tokens=own_tokens)).host_ucents
 

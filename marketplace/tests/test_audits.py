@@ -106,14 +106,33 @@ def test_a_trusted_host_is_audited_at_the_audit_rate(customer, catalog, settings
     assert Audit.objects.filter(job=job).exists()
 
 
-def test_grammar_jobs_and_disabled_audits_are_not_audited(customer, catalog, serving_host, settings) -> None:
+def test_grammar_jobs_are_audited_and_disabled_audits_audit_nothing(customer, catalog, serving_host, settings) -> None:
     settings.AUDIT_PROBATION_RATE = 1.0
     schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
-    _, job = _served(customer, catalog, serving_host, text="{}", response_format=schema)
-    assert not Audit.objects.filter(job=job).exists()
+    _, job = _served(customer, catalog, serving_host, text="{}", token_ids=[1, 2], response_format=schema)
+    assert Audit.objects.get(job=job).payload["params"]["response_format"]["type"] == "json_schema"
     settings.AUDIT_ENABLED = False
     _, job = _served(customer, catalog, serving_host)
     assert not Audit.objects.filter(job=job).exists()
+
+
+def test_a_continuation_is_audited_on_its_own_text_against_the_payload_it_was_sent(
+        customer, catalog, serving_host, settings) -> None:
+    from testkit.personas import make_host
+
+    settings.AUDIT_PROBATION_RATE = 1.0
+    submit_request(customer, catalog)
+    first = services.job_claim_next(host=serving_host.host, fingerprint=serving_host.fingerprint)
+    services.job_push_tokens(host=serving_host.host, job_id=first.pk, seq=0, text="The elephant wal")
+    assert services.host_connection_lost(host_id=serving_host.host.pk) == 1
+    rescuer = make_host(name="rescuer")
+    sent = services.job_claim_payload(host=rescuer.host, model_ids=[catalog.pk])
+    assert sent["continuation"] and sent["messages"][-1] == {"role": "assistant", "content": "The elephant wal"}
+    services.job_push_tokens(host=rescuer.host, job_id=sent["id"], seq=0, text="ked to the river.")
+    services.job_complete(host=rescuer.host, job_id=sent["id"], finish_reason="stop", token_ids=[4, 5, 6])
+    audit = Audit.objects.get(job_id=sent["id"])
+    assert audit.host_id == rescuer.host.pk and audit.text == "ked to the river." and audit.token_ids == [4, 5, 6]
+    assert audit.payload == sent, "rebuilt at settlement as it was sent: without the continuation's own text"
 
 
 def test_an_answer_without_its_tokens_fails_its_audit(customer, catalog, serving_host, settings) -> None:
