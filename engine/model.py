@@ -167,6 +167,13 @@ class DenseEmbedding:
         return self.table[token_ids].float()  # (T, D)
 
 
+def tensors_to_device(holder: object, device: torch.device) -> None:
+    """Move the tensors among `holder`'s attributes (a layer's weights) to `device`, in place."""
+    for name, value in vars(holder).items():
+        if isinstance(value, torch.Tensor):
+            setattr(holder, name, value.to(device))
+
+
 @dataclass
 class StageWeights:
     """The tensors of layers [start, end): embeddings only at the head (start == 0),
@@ -185,9 +192,7 @@ class StageWeights:
         """Move every tensor to `device` (a quantised embedding table stays in host memory:
         its rows are dequantised there and sent over)."""
         for layer in self.layers:
-            for name, value in vars(layer).items():
-                if isinstance(value, torch.Tensor):
-                    setattr(layer, name, value.to(device))
+            tensors_to_device(layer, device)
         if isinstance(self.embedding, DenseEmbedding):
             self.embedding.table = self.embedding.table.to(device)
         if self.output_norm is not None:

@@ -1,8 +1,9 @@
 """`python -m mahout moe coordinator|volunteer|worker`: take part in the expert market.
 
-* `coordinator --server URL --token TOKEN --model PATH --name NAME [--slots 4]`: serve the
-  whole MoE model through the marketplace (qualify, claim, stream, complete), dispatching
-  routed experts to the workers the control plane attaches when its slots are busy.
+* `coordinator --server URL --token TOKEN --model PATH --name NAME [--slots 4] [--device auto|cpu|cuda[:N]]`:
+  serve the whole MoE model through the marketplace (qualify, claim, stream, complete),
+  dispatching routed experts to the workers the control plane attaches when its slots are
+  busy; the model and the experts it computes itself on a CUDA GPU when torch sees one.
 
 * `volunteer --server URL --token TOKEN`: poll `/api/expert-volunteer` (a trusted host only);
   when handed a (layer, expert-range) slice and its secret, download only it, serve it,
@@ -61,6 +62,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     coordinator.add_argument("--claim-wait", type=float, default=CLAIM_WAIT_SECONDS, help="seconds each claim long-polls")
     coordinator.add_argument("--home", help="state directory (default: $MAHOUT_HOME or ~/.mahout)")
     coordinator.add_argument("--rebenchmark", action="store_true", help="ignore the cached benchmark")
+    add_device_argument(coordinator)
     worker = roles.add_parser("worker", help="serve one slice of a local MoE GGUF")
     for name in ("--layer", "--first", "--count"):
         worker.add_argument(name, type=int, required=True)
@@ -90,7 +92,7 @@ def cmd_moe(args: argparse.Namespace, *, say: Callable[[str], None]) -> int:
         handled = serve_coordinator(server=args.server, token=args.token, model_path=Path(args.model), name=args.name,
                                     home=home, slots=args.slots, threads=args.threads, agent_interval_s=args.report,
                                     claim_wait=args.claim_wait, rebenchmark=args.rebenchmark,
-                                    owner=owner_guard(args, home), out=say)
+                                    owner=owner_guard(args, home), device=args.device, out=say)
         say(f"mahout moe: stopped after {handled} job(s)")
         return 0
     if args.moe_command == "worker":

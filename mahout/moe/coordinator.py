@@ -267,11 +267,11 @@ class Coordinator:
         experts, counts, rows = pack_rows(inputs)
         request_id = next(self._ids)
         header = {"type": "compute", "id": request_id, "layer": layer, "experts": experts, "counts": counts}
-        try:
-            answer, out = transport.request(header, rows, self.policy.dispatch_timeout_s)
+        try:  # the wire carries CPU tensors: a model on a GPU sends its rows from, and takes the answer to, the CPU
+            answer, out = transport.request(header, rows.cpu(), self.policy.dispatch_timeout_s)
             if answer.get("type") != "result" or answer.get("id") != request_id or out is None:
                 raise WorkerFailed(f"worker {key} answered {answer.get('type')}: {answer.get('message', '')}")
-            outputs = unpack_rows(answer["experts"], answer["counts"], out)
+            outputs = unpack_rows(answer["experts"], answer["counts"], out.to(rows.device))
             if sorted(outputs) != experts or any(outputs[e].shape != inputs[e].shape for e in experts):
                 raise WorkerFailed(f"worker {key} answered for other experts or shapes")
             if not all(bool(torch.isfinite(outputs[e]).all()) for e in experts):

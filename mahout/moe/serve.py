@@ -14,12 +14,13 @@ The model must be in the gateway's catalog under the name given here (an operato
 """
 from __future__ import annotations
 
+import functools
 import signal
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mahout.api import HostApi
 from mahout.benchmark import qualify, rss_mb
@@ -31,20 +32,33 @@ from mahout.moe.runner import MoeRunner
 from mahout.owner import OwnerGuard
 from protocol.jobs import CLAIM_WAIT_SECONDS
 
-__all__ = ["MoeHostLoop", "measure_moe", "serve_coordinator"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["MoeHostLoop", "coordinator_runner", "measure_moe", "serve_coordinator"]
 
 BENCH_PROMPT = "The history of the elephant is long and varied. Elephants live in families. "
 BENCH_TOKENS = 16
 
 
-def measure_moe(path: Path, threads: int, *, progress: bool = True) -> dict:
-    """The qualification figures of the MoE model on this machine, all experts local:
-    prompt tokens/s (one prefill), time to first token, generation tokens/s, memory."""
+def coordinator_runner(path: Path, *, slots: int, device: torch.device | None = None) -> MoeRunner:
+    """The coordinator's runner, its model on `device` (default: the CPU; `mahout.moe.device`)."""
+    runner = MoeRunner(path, n_slots=slots)
+    if device is not None:
+        from mahout.moe.device import on_device
+
+        runner.model = on_device(runner.model, device)  # type: ignore[assignment]  # called and cached as the model is
+    return runner
+
+
+def measure_moe(path: Path, threads: int, *, progress: bool = True, device: torch.device | None = None) -> dict:
+    """The qualification figures of the MoE model on this machine (on `device`), all experts
+    local: prompt tokens/s (one prefill), time to first token, generation tokens/s, memory."""
     import torch
 
     torch.set_num_threads(threads)
     before = rss_mb()
-    runner = MoeRunner(path, n_slots=1)
+    runner = coordinator_runner(path, slots=1, device=device)
     try:
         prompt = runner.tokenizer.encode(BENCH_PROMPT)
         started = time.perf_counter()
@@ -83,12 +97,13 @@ class MoeHostLoop(HostLoop):
 def serve_coordinator(
     *, server: str, token: str, model_path: Path, name: str, home: Path, slots: int = 4, threads: int = 1,
     agent_interval_s: float = 2.0, claim_wait: float = CLAIM_WAIT_SECONDS, rebenchmark: bool = False,
-    owner: OwnerGuard | None = None, out: Callable[[str], None] = print,
+    owner: OwnerGuard | None = None, device: torch.device | None = None, out: Callable[[str], None] = print,
 ) -> int:
     """Qualify, then serve `name` until SIGTERM/SIGINT (the first finishes the running jobs and
     lets each slot's long-poll end, within `claim_wait`; the second exits at once); returns
     the number of jobs handled. Each slot asks `owner` (default: the pause flag of `home`
-    only) before every claim, as `mahout run` does, and finishes the job it holds."""
+    only) before every claim, as `mahout run` does, and finishes the job it holds. The model
+    runs on `device` (default: the CPU), benchmark included."""
     import torch
 
     from mahout.moe.control import CoordinatorAgent, MeshClient
@@ -99,7 +114,7 @@ def serve_coordinator(
     sha256 = file_sha256(model_path)
     fingerprint, facts = machine_fingerprint()
     result, cached = qualify(home, name, model_path, sha256, fingerprint, threads, rebenchmark=rebenchmark,
-                             measure=measure_moe)
+                             measure=functools.partial(measure_moe, device=device))
     out(f"mahout moe: benchmark of {name} ({'cached' if cached else 'measured'}): {result['gen_tps']} tok/s "
         f"generation, {result['ttft_ms']} ms to first token")
     api = HostApi(server, token)
@@ -107,7 +122,7 @@ def serve_coordinator(
         qualify_with_server(api, [Qualified(model_path, sha256, result, fingerprint, facts, name)], out=out)
     finally:
         api.close()
-    runner = MoeRunner(model_path, n_slots=slots).start()
+    runner = coordinator_runner(model_path, slots=slots, device=device).start()
     client = MeshClient(server, token)
     agent = CoordinatorAgent(runner, client, name, interval_s=agent_interval_s).start()
     owner = owner or OwnerGuard(home)
