@@ -69,7 +69,13 @@ class ClaimedJobSerializer(serializers.Serializer):
     prompt = serializers.CharField(required=False, allow_null=True, allow_blank=True, help_text="completion")
     input = serializers.ListField(child=serializers.CharField(), required=False, allow_null=True, help_text="embeddings")
     params = serializers.DictField(required=False, help_text="max_tokens, temperature, top_p, stop, seed")
-    continuation = serializers.BooleanField(help_text="a second attempt, continuing the text already delivered")
+    continuation = serializers.BooleanField(required=False, help_text="a second attempt, continuing the text already "
+                                            "delivered (every job but an audit carries it)")
+    job = serializers.DictField(required=False, help_text="an audit: the audited job as its host received it, without its id")
+    tokens = serializers.ListField(child=serializers.IntegerField(), required=False, help_text="an audit: the token ids reported")
+    text = serializers.CharField(required=False, allow_blank=True, help_text="an audit: the text the customer received")
+    finish_reason = serializers.CharField(required=False, help_text="an audit: the answer's finish reason")
+    seed = serializers.IntegerField(required=False, help_text="an audit: the job's sampling seed")
 
 
 class ClaimSerializer(serializers.Serializer):
