@@ -1,4 +1,6 @@
-"""``python -m mahout ring``: serve the shipped model as a ring of layer-sliced stages.
+"""``python -m mahout ring``: serve a model as a ring of layer-sliced stages (the shipped
+Gemma 3 270M, or with ``--name`` any chat model of the catalog whose file `mahout add` registered
+and whose architecture the engine runs).
 
 Without ``--server`` it starts N stage processes on loopback (neighbours' addresses given
 by hand), completes one prompt greedily and prints the text (and, on stderr, each stage's
@@ -17,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mahout.model_files import SHIPPED_MODEL
 from mahout.owner import add_owner_arguments
 
 if TYPE_CHECKING:
@@ -26,7 +29,7 @@ __all__ = ["add_parser", "cmd_ring"]
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    ring = commands.add_parser("ring", help="serve the shipped model as a pipeline of layer-sliced stages")
+    ring = commands.add_parser("ring", help="serve a model as a pipeline of layer-sliced stages")
     ring.add_argument("--stages", type=int, default=None, help="stage processes (at least two); with --ring, the plan's")
     ring.add_argument("--prompt", help="complete this text and exit")
     ring.add_argument("--max-tokens", type=int, default=32)
@@ -34,7 +37,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     ring.add_argument("--micro-batch", type=int, default=4, help="rows per pass")
     ring.add_argument("--row-width", type=int, default=64, help="tokens per row (longer prompts are fed in chunks)")
     ring.add_argument("--n-ctx", type=int, default=1024)
-    ring.add_argument("--model", default=None, help="GGUF path (default: the shipped Gemma 3 270M)")
+    ring.add_argument("--name", default=SHIPPED_MODEL,
+                      help="the catalog model to serve (default: %(default)s); its file is the one `mahout add` registered")
+    ring.add_argument("--model", default=None, help="GGUF path of that model (default: the file of --name)")
     ring.add_argument("--server", help="gateway URL: serve jobs as a mahout host")
     ring.add_argument("--token", help="host token (with --server)")
     ring.add_argument("--max-jobs", type=int, default=None, help="with --server: exit after this many jobs")
@@ -84,11 +89,17 @@ def cmd_ring(args: argparse.Namespace, say: Callable[[str], None] = print) -> in
         args.server, args.token = login.server, login.token
 
         return serve_ring(args, say=say)
-    from engine.gguf_loader import default_model_path, open_gguf, read_config
+    from engine.gguf_loader import open_gguf, read_config
+    from mahout.catalog import ModelUnavailable
+    from mahout.home import resolve_home
     from mahout.ring.local import ProcessRing, split_layers
     from mahout.ring.membership import Limits
+    from mahout.ring.runner import ring_model
 
-    model_path = args.model or default_model_path()
+    try:
+        model_path = ring_model(args.name, resolve_home(args.home), args.model).path
+    except ModelUnavailable as exc:
+        return _refuse(str(exc))
     ranges = split_layers(read_config(open_gguf(model_path)).n_layers, args.stages)
     limits = Limits(micro_batch=args.micro_batch, row_width=args.row_width)
     started = time.perf_counter()

@@ -6,6 +6,12 @@ engine. It qualifies with a measured run of the ring itself. A stage dying raise
 `RingBroken` out of ``stream``, which the loop reports as the job's failure; `serve_ring`
 then stops claiming until the ring is whole again.
 
+The ring serves one catalog model (``--name``, the shipped Gemma 3 270M by default): its file
+is the one `mahout add` registered for that name (`ring_model`), or ``--model PATH``, checked
+against the catalog's pin before the qualifying run; its stages load that file, and the
+runner counts and detokenises with that file's own vocabulary (the gateway renders the
+prompt with the entry's template and sends the fragments).
+
 While the owner of the bridge's machine wants it (`mahout.owner`: `mahout pause`,
 ``--schedule``, the idle detector unless ``--no-idle-detect``), the host loops claim nothing
 and finish the jobs in hand, as `mahout run`'s do; the ring stays formed, idle, so work resumes
@@ -21,6 +27,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,9 +38,10 @@ from mahout.runners.llama import PromptTokenizer
 
 if TYPE_CHECKING:
     from mahout.api import HostApi
+    from mahout.catalog import ModelSpec
     from mahout.loop import HostLoop
 
-__all__ = ["RingRunner", "ring_benchmark", "ring_loops", "run_loops", "serve_ring"]
+__all__ = ["RingModel", "RingRunner", "ring_benchmark", "ring_loops", "ring_model", "run_loops", "serve_ring"]
 
 # Ring loops long-poll briefly: once the ring breaks they must stop claiming before the
 # gateway offers this host the continuation of the job that just failed here (it skips the
@@ -44,6 +52,42 @@ _BENCH_PROMPT = (
     "The history of the elephant is long and varied. Elephants live in families led by the "
     "oldest female, travel great distances in search of water, and remember the routes for decades."
 )
+
+
+@dataclass(frozen=True)
+class RingModel:
+    """The catalog model a ring serves, and the file its stages load."""
+
+    name: str
+    path: Path
+    spec: ModelSpec  # what the catalog pins for `name` (checked before the ring qualifies)
+    sha256: str = ""  # the file's, when `mahout add` recorded it ("": hashed when checked)
+
+
+def ring_model(name: str, home: Path, path: str | Path | None = None) -> RingModel:
+    """Catalog model `name` as a ring serves it: from `path` when given, else from the file
+    `mahout add` registered for it (the shipped Gemma from the package's own copy unless the
+    owner added one). `ModelUnavailable` for a name neither shipped nor added, an embeddings
+    model, or a file the engine cannot slice into stages (its architecture, or experts)."""
+    from engine.gguf_loader import default_model_path, open_gguf, read_config
+    from mahout.catalog import ModelUnavailable, file_sha256, model_spec
+    from mahout.model_files import SHIPPED_MODEL, added_model
+
+    spec = model_spec(name, home)
+    if spec.kind != "chat":
+        raise ModelUnavailable(f"{name} is a {spec.kind} model: a ring serves chat models")
+    sha256 = ""
+    if path is not None:
+        path = Path(path)
+    elif name == SHIPPED_MODEL:
+        path, sha256 = added_model(home, name, hash_file=file_sha256) or (default_model_path(), "")
+    else:
+        path, sha256 = spec.locate(home)
+    try:
+        read_config(open_gguf(path))
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelUnavailable(f"{name} ({path}) cannot be served as a ring: {exc}") from exc
+    return RingModel(name, Path(path), spec, sha256)
 
 
 class RingRunner:
@@ -175,17 +219,18 @@ def _reporting(bridge: RingBridge, args: argparse.Namespace, say: Callable[[str]
 
 def ring_loops(
     api: HostApi, bridge: RingBridge, model_path: str | Path, *, parallel: int, n_ctx: int, fingerprint: str,
-    home: Path, out: Callable[[str], None] = print, **loop_options: Any,
+    home: Path, name: str | None = None, out: Callable[[str], None] = print, **loop_options: Any,
 ) -> list[HostLoop]:
     """`parallel` host loops sharing one ring, each with its own runner: each claims and
     streams one job at a time through the normal host API, so up to `parallel` requests are
-    in flight in the ring together (the gateway lets a host run several jobs at once)."""
+    in flight in the ring together (the gateway lets a host run several jobs at once). They
+    claim jobs for catalog model `name` (default: the shipped one)."""
     from mahout.loop import HostLoop
     from mahout.model_files import SHIPPED_MODEL
 
     return [
-        HostLoop(api, {SHIPPED_MODEL: RingRunner(bridge, model_path, n_ctx=n_ctx)}, fingerprint=fingerprint, home=home,
-                 out=out, **loop_options)
+        HostLoop(api, {name or SHIPPED_MODEL: RingRunner(bridge, model_path, n_ctx=n_ctx)}, fingerprint=fingerprint,
+                 home=home, out=out, **loop_options)
         for _ in range(parallel)
     ]
 
@@ -235,22 +280,21 @@ def run_loops(loops: list[HostLoop], *, max_jobs: int | None = None, until: thre
     return handled[0]
 
 
-def _qualify(bridge: RingBridge, model_path: Path, api: HostApi, args: argparse.Namespace, pids: list[int],
+def _qualify(bridge: RingBridge, model: RingModel, api: HostApi, args: argparse.Namespace, pids: list[int],
              n_stages: int, say: Callable[[str], None]) -> str:
     """Benchmark the ring as it is and register the qualification; returns the fingerprint."""
-    from mahout.catalog import CATALOG, checked_file, file_sha256
+    from mahout.catalog import checked_file, file_sha256
     from mahout.fingerprint import machine_fingerprint
     from mahout.host import Qualified, register_when_reachable
-    from mahout.model_files import SHIPPED_MODEL
 
-    sha256 = file_sha256(model_path)  # the catalog pins the file: the ring must run that very one
-    checked_file(CATALOG[SHIPPED_MODEL], model_path, sha256)
-    runner = RingRunner(bridge, model_path, n_ctx=args.n_ctx)
+    sha256 = model.sha256 or file_sha256(model.path)  # the catalog pins the file: the ring must run that very one
+    checked_file(model.spec, model.path, sha256)
+    runner = RingRunner(bridge, model.path, n_ctx=args.n_ctx)
     result = ring_benchmark(bridge, runner, threads=n_stages * args.threads, pids=pids, gen_tokens=args.bench_tokens)
-    say(f"mahout: ring benchmark of {SHIPPED_MODEL}: {result['gen_tps']} tok/s generation, "
+    say(f"mahout: ring benchmark of {model.name}: {result['gen_tps']} tok/s generation, "
         f"{result['prompt_tps']} tok/s prompt, {result['ttft_ms']} ms to first token, {result['memory_mb']} MB")
     fingerprint, facts = machine_fingerprint()
-    register_when_reachable(api, Qualified(model_path, sha256, result, fingerprint, facts), out=say)
+    register_when_reachable(api, Qualified(model.path, sha256, result, fingerprint, facts, model.name), out=say)
     return fingerprint
 
 
@@ -274,25 +318,30 @@ def serve_ring(args: argparse.Namespace, *, say: Callable[[str], None] = print) 
     open jobs fail (the gateway continues or ends them honestly), claiming stops, local
     stages that died are restarted, and the bridge waits for every stage to report again.
     """
-    from engine.gguf_loader import default_model_path
     from mahout.api import HostApi
+    from mahout.catalog import ModelUnavailable
     from mahout.home import resolve_home
-    from mahout.model_files import SHIPPED_MODEL
     from mahout.owner import owner_guard
     from mahout.presence import presence
     from mahout.ring.api import RingApi
     from mahout.ring.member import LocalStages
     from mahout.ring.rendezvous import RendezvousTimeout, bridge_connect
 
-    model_path = Path(args.model) if args.model else default_model_path()
-    owner = owner_guard(args, resolve_home(args.home))
+    home = resolve_home(args.home)
+    try:
+        model = ring_model(args.name, home, args.model)
+    except ModelUnavailable as exc:
+        say(f"mahout: error: {exc}")
+        return 2
+    args.model = str(model.path)  # the local stages load the very file the bridge checked
+    owner = owner_guard(args, home)
     api, ring_api = HostApi(args.server, args.token), RingApi(args.server, args.token)
     local: LocalStages | None = None
     handled, fingerprint = 0, ""
     previous = _exit_on_sigterm()  # between sessions too, so that the local stages are stopped
     try:
         if args.ring is None:
-            args.ring = ring_api.propose(model=SHIPPED_MODEL, stages=args.stages, row_width=args.row_width,
+            args.ring = ring_api.propose(model=model.name, stages=args.stages, row_width=args.row_width,
                                          micro_batch=args.micro_batch)["ring"]
         n_stages = len(ring_api.addresses(args.ring))
         secret = ring_api.secret(args.ring)
@@ -308,11 +357,11 @@ def serve_ring(args: argparse.Namespace, *, say: Callable[[str], None] = print) 
                     say(f"mahout: error: {exc}")
                     return 1
                 if not fingerprint:
-                    fingerprint = _qualify(bridge, model_path, api, args, local.pids, n_stages, say)
-                loops = ring_loops(api, bridge, model_path, parallel=args.parallel, n_ctx=args.n_ctx,
-                                   fingerprint=fingerprint, home=owner.home, out=say, claim_wait=RING_CLAIM_WAIT_S,
-                                   idle=owner.idle, schedule=owner.schedule)
-                say(f"mahout: serving {SHIPPED_MODEL} from ring {args.ring} ({n_stages} stages) for {args.server} "
+                    fingerprint = _qualify(bridge, model, api, args, local.pids, n_stages, say)
+                loops = ring_loops(api, bridge, model.path, parallel=args.parallel, n_ctx=args.n_ctx,
+                                   fingerprint=fingerprint, home=owner.home, name=model.name, out=say,
+                                   claim_wait=RING_CLAIM_WAIT_S, idle=owner.idle, schedule=owner.schedule)
+                say(f"mahout: serving {model.name} from ring {args.ring} ({n_stages} stages) for {args.server} "
                     f"({args.parallel} job(s) at once)")
                 left = None if args.max_jobs is None else args.max_jobs - handled
                 with _reporting(bridge, args, say):

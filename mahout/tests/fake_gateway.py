@@ -11,7 +11,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from testkit.formats import BYTES, rendered
+from protocol.rendering import ChatFormat
+from testkit.formats import BYTES, GEMMA, rendered
 
 TOKEN = "host-token"
 
@@ -42,15 +43,17 @@ class GatewayState:
         self.unheard = False  # the next claim is refused with 409 heartbeat_required (the gateway has not heard from us)
         self.asks: dict[str, list[str]] = {"load": [], "unload": []}  # the heartbeat answer's redundancy asks
 
-    def add_job(self, job_id: str, *, kind: str = "chat", model: str = "gemma-3-270m", **params: object) -> None:
-        """Queue a job as the gateway would hand it to a host."""
+    def add_job(self, job_id: str, *, kind: str = "chat", model: str = "gemma-3-270m", fmt: ChatFormat | None = None,
+                **params: object) -> None:
+        """Queue a job as the gateway would hand it to a host, rendered in `fmt` (default: the
+        shipped Gemma's format for it, a byte vocabulary's for any other model)."""
         job = {
             "id": job_id, "model": model, "kind": kind,
             "messages": [{"role": "user", "content": "hi"}] if kind == "chat" else None,
             "prompt": "Once upon" if kind == "completion" else None,
             "params": {"max_tokens": 16, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None, **params},
         }
-        job = rendered(job) if model == "gemma-3-270m" else rendered(job, BYTES)  # the gateway renders what it sends
+        job = rendered(job, fmt or (GEMMA if model == "gemma-3-270m" else BYTES))  # the gateway renders what it sends
         with self.cond:
             self.queue.append(job)
             self.cond.notify_all()
