@@ -18,6 +18,7 @@ from mahout.tests.fake_gateway import TOKEN
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this torch sees a CUDA GPU")
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here (run where one is lent)")
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +84,22 @@ class DeviceModelTests:
             moved.model = DeviceMoeModel(moved.model, torch.device("cpu"))  # type: ignore[assignment]
             prompt = plain.tokenizer.encode("The elephant")
             assert moved.generate(prompt, 8) == plain.generate(prompt, 8)
+        finally:
+            plain.close()
+            moved.close()
+
+    @CUDA
+    def test_on_a_gpu_the_coordinator_computes_there_and_answers_on_the_cpu(self, tiny: Path) -> None:
+        plain, moved = coordinator_runner(tiny, slots=1), coordinator_runner(tiny, slots=1, device=torch.device("cuda"))
+        try:
+            assert isinstance(moved.model, DeviceMoeModel) and moved.model.cache.k.device.type == "cuda"
+            assert {bank.gate.device.type for bank in moved.coordinator.local.banks.values()} == {"cuda"}
+            prompt = plain.tokenizer.encode("The elephant")
+            logits = moved.model(torch.tensor(prompt), torch.arange(len(prompt)), torch.zeros(len(prompt), dtype=torch.long),
+                                 torch.tensor([len(prompt) - 1]))
+            want = plain.model(torch.tensor(prompt), torch.arange(len(prompt)), torch.zeros(len(prompt), dtype=torch.long),
+                               torch.tensor([len(prompt) - 1]))
+            assert logits.device.type == "cpu" and torch.allclose(logits, want, rtol=1e-3, atol=1e-3)
         finally:
             plain.close()
             moved.close()
