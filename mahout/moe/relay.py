@@ -23,10 +23,28 @@ from mahout.link import FrameCaps, decode_frame, encode_frame
 from mahout.moe.coordinator import ANSWER_HEADER_BYTES, WorkerFailed
 from mahout.moe.worker import ExpertServer
 
-__all__ = ["RelayTransport", "RelayWorkerLink", "decode_frame", "encode_frame", "relay_url", "websocket_base"]
+__all__ = ["RelayTransport", "RelayWorkerLink", "decode_frame", "encode_frame", "relay_url", "serve_reconnecting",
+           "websocket_base"]
 
 OPEN_TIMEOUT_S = 5.0
 RECONNECT_MIN_S, RECONNECT_MAX_S = 0.5, 10.0
+
+
+def serve_reconnecting(serve: Callable[[], None], stop: threading.Event, *, ended: Callable[[], object],
+                       lost: Callable[[Exception, float], None]) -> None:
+    """Run `serve` (one connection's life) until `stop` is set: `ended()` after each, and
+    after a failure `lost(error, seconds)` and a wait that doubles up to `RECONNECT_MAX_S`."""
+    wait = RECONNECT_MIN_S
+    while not stop.is_set():
+        try:
+            serve()
+            wait = RECONNECT_MIN_S
+        except Exception as exc:  # noqa: BLE001 - any failure means: reconnect later
+            if not stop.is_set():
+                lost(exc, wait)
+        ended()
+        stop.wait(wait)
+        wait = min(wait * 2, RECONNECT_MAX_S)
 
 
 def websocket_base(server: str) -> str:
@@ -56,17 +74,8 @@ class RelayWorkerLink:
         return self
 
     def _run(self) -> None:
-        wait = RECONNECT_MIN_S
-        while not self._stop.is_set():
-            try:
-                self._serve()
-                wait = RECONNECT_MIN_S
-            except Exception as exc:  # noqa: BLE001 - any failure means: reconnect later
-                self.connected.clear()
-                if not self._stop.is_set():
-                    self.out(f"mahout moe: relay connection lost ({type(exc).__name__}); retrying in {wait:.1f} s")
-            self._stop.wait(wait)
-            wait = min(wait * 2, RECONNECT_MAX_S)
+        serve_reconnecting(self._serve, self._stop, ended=self.connected.clear, lost=lambda exc, wait: self.out(
+            f"mahout moe: relay connection lost ({type(exc).__name__}); retrying in {wait:.1f} s"))
 
     def _serve(self) -> None:
         from websockets.sync.client import connect

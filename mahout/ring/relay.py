@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from mahout.moe.relay import RECONNECT_MAX_S, RECONNECT_MIN_S, websocket_base
+from mahout.moe.relay import serve_reconnecting, websocket_base
 from protocol.ring import RELAY_ADDRESS
 
 __all__ = ["RELAY_ADDRESS", "StageRelay", "relay_portal"]
@@ -71,18 +71,13 @@ class StageRelay:
         return self
 
     def _run(self) -> None:
-        wait = RECONNECT_MIN_S
-        while not self._stop.is_set():
-            try:
-                self._serve()
-                wait = RECONNECT_MIN_S
-            except Exception as exc:  # noqa: BLE001 - any failure means: reconnect later
-                if not self._stop.is_set():
-                    self.out(f"mahout: ring relay connection lost ({type(exc).__name__}); retrying in {wait:.1f} s")
-            self.connected.clear()
-            self._close_all()
-            self._stop.wait(wait)
-            wait = min(wait * 2, RECONNECT_MAX_S)
+        serve_reconnecting(self._serve, self._stop, ended=self._ended, lost=lambda exc, wait: self.out(
+            f"mahout: ring relay connection lost ({type(exc).__name__}); retrying in {wait:.1f} s"))
+
+    def _ended(self) -> None:
+        """The relay socket closed: every connection it carried ends with it."""
+        self.connected.clear()
+        self._close_all()
 
     def _serve(self) -> None:
         with _open(self.url, self.token) as ws:
