@@ -141,13 +141,13 @@ def structured(runner, verifier, counted: Counted, args: argparse.Namespace) -> 
             row["misses"] += len(result.misses)
             row["uncertain"] += result.uncertain
             row["checked"] += result.checked
-            cheats = {"wrong seed": {**honest, "seed": honest["seed"] + 1}, "free text": {**free, "seed": honest["seed"]}}
-            if temperature > 0:
+            cheats = {"free text": {**free, "seed": honest["seed"]}}
+            if temperature > 0:  # (greedy answers do not depend on the seed)
                 greedy, _, _ = answer(runner, {**asked, "params": {**asked["params"], "temperature": 0.0}})
-                cheats["greedy"] = {**greedy, "seed": honest["seed"]}
+                cheats.update({"wrong seed": {**honest, "seed": honest["seed"] + 1}, "greedy": {**greedy, "seed": honest["seed"]}})
             for name, cheat in cheats.items():
-                if cheat["token_ids"] == honest["token_ids"]:
-                    continue  # (greedy: the same answer; nothing to catch)
+                if name != "wrong seed" and cheat["token_ids"] == honest["token_ids"]:
+                    continue  # (the greedy answer is the honest one: nothing to catch)
                 row["cheated"][name] += 1
                 row["caught"][name] += not verifier.audit(asked, **cheat).passed
         row.update({

@@ -162,11 +162,11 @@ class SecondLookTests:
         reported = answer(runner, honest)
         replay = Verifier._replay
 
-        def drifted(self, prompt, answer_ids, checked, **sampling):
-            audit = replay(self, prompt, answer_ids, checked, **sampling)
-            for index in (0, 3, len(answer_ids) - 1):  # as if the batch had moved these tokens' logits
+        def drifted(self, prompt, answer, checked, far):
+            audit = replay(self, prompt, answer, checked, far)
+            for index in (0, 3, len(answer.tokens) - 1):  # as if the batch had moved these tokens' logits
                 if all(index != missed for missed, _, _ in audit.misses):
-                    audit.misses.append((index, answer_ids[index], 0.2))
+                    audit.misses.append((index, answer.tokens[index], 0.2))
                     audit.matched -= 1  # (counted as matched or uncertain by the replay)
             return audit
 

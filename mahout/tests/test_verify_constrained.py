@@ -96,10 +96,10 @@ class StructuredOutputAuditTests:
 @pytest.fixture(scope="module")
 def continued(runner: LlamaRunner) -> tuple[dict, dict]:
     """A sampled chat answer cut mid-word, continued by another attempt as the gateway sends it."""
-    first, _ = answer(runner, job("Write a short story about a fox.", temperature=0.9, seed=5, max_tokens=40))
+    first, _ = answer(runner, job("Write a short story about a fox.", temperature=0.9, seed=5, max_tokens=32))
     delivered = first["text"][: len(first["text"]) // 2].rstrip()[:-1]
     asked = job("Write a short story about a fox.", temperature=0.9, seed=6, delivered=delivered,
-                delivered_tokens=count_tokens(runner._llm, delivered), max_tokens=40)
+                delivered_tokens=count_tokens(runner._llm, delivered), max_tokens=24)
     return asked, answer(runner, asked)[0]
 
 
