@@ -36,6 +36,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy; above: sampled (seed 7)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="below 1: the nucleus cut, which asks the grammar about every token")
     args = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     import django
@@ -43,6 +44,7 @@ def main() -> None:
     django.setup()
     from catalog.tokenizer import shipped_model_path
     from mahout.runners.llama import LlamaRunner
+    from testkit.formats import rendered
 
     runner = LlamaRunner(shipped_model_path(), threads=args.threads, n_ctx=1024)
     speeds: dict[str, list[float]] = {name: [] for name in FORMATS}
@@ -50,9 +52,10 @@ def main() -> None:
     for _ in range(args.rounds):
         for prompt in PROMPTS:
             for name, response_format in FORMATS.items():
-                job = {"kind": "chat", "messages": [{"role": "user", "content": prompt}],
-                       "params": {"max_tokens": args.max_tokens, "temperature": args.temperature, "seed": 7,
-                                  "response_format": response_format, "logprobs": 5 if name == "free_logprobs" else None}}
+                job = rendered({"model": "gemma-3-270m", "kind": "chat", "messages": [{"role": "user", "content": prompt}],
+                                "params": {"max_tokens": args.max_tokens, "temperature": args.temperature,
+                                           "top_p": args.top_p, "seed": 7, "response_format": response_format,
+                                           "logprobs": 5 if name == "free_logprobs" else None}})
                 began = time.perf_counter()
                 text = "".join(runner.stream(job))
                 elapsed = time.perf_counter() - began
@@ -65,7 +68,7 @@ def main() -> None:
     result = {name: {"median_tokens_per_s": round(statistics.median(values), 1), "tokens": tokens[name],
                      "ratio_to_free": round(statistics.median(values) / free, 3)} for name, values in speeds.items()}
     print(json.dumps({"rounds": args.rounds, "max_tokens": args.max_tokens, "threads": args.threads,
-                      "temperature": args.temperature, "results": result}, indent=2))
+                      "temperature": args.temperature, "top_p": args.top_p, "results": result}, indent=2))
 
 
 if __name__ == "__main__":
