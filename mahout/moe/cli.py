@@ -5,7 +5,7 @@
   dispatching routed experts to the workers the control plane attaches when its slots are
   busy; the model and the experts it computes itself on a CUDA GPU when torch sees one.
 
-* `volunteer --server URL --token TOKEN`: poll `/api/expert-volunteer` (a trusted host only);
+* `volunteer --server URL --token TOKEN`: poll `/api/expert-volunteer` (an untrusted host serves on probation);
   when handed a (layer, expert-range) slice and its secret, download only it, serve it,
   register, heartbeat until retired. Everything is pulled (seed 004): by default the slice is
   served through the gateway's relay, over a connection the volunteer opens, so a machine
