@@ -33,8 +33,8 @@ nonces (so a session's keys are fresh even though the secret is not). A sealed f
 is its JSON header (padded with spaces to 8 bytes when a payload follows, so the payload
 lands aligned in the receiver's buffer), then its payload, sealed in records (TLS's shape),
 each with its tag, under nonces counted per direction and with the clear ``>II`` prefix as
-associated data. A frame of up to `GATHER_BYTES` (a hidden state of a few rows) is one
-record, one AEAD call on each side; a larger one is its header, then its payload in records
+associated data. A frame of up to `GATHER_BYTES` (a ring's decode step or an expert batch)
+is one record, one AEAD call on each side; a larger one is its header, then its payload in records
 of at most `RECORD_BYTES`, sealed straight from the tensor's memory and opened straight into
 the receiver's, a cache-sized record at a time as it goes to and comes off the socket. The
 prefix stays readable so the caps still refuse a frame before anything is allocated; a frame
@@ -83,7 +83,7 @@ MIN_SECRET_CHARS = 32
 _NONCE_BYTES = 16
 _TAG_BYTES = 16  # AES-GCM's tag, after each sealed record
 RECORD_BYTES = 1 << 18  # plaintext bytes per sealed record: small enough to stay in cache between the cipher and the socket
-GATHER_BYTES = 1 << 14  # a body up to this size is sealed as one record, its header and payload gathered (one AEAD call)
+GATHER_BYTES = 1 << 17  # a body up to this size is one record, header and payload gathered: one AEAD call, one recv
 FLUSH_RECORDS = 4  # sealed records handed to the kernel at once (1 MiB: still in cache)
 _ALIGN = 8  # a sealed frame's payload starts at a multiple of this in its body (int64 and float32 rows)
 _Buffer = TypeVar("_Buffer", bytearray, memoryview)
@@ -204,7 +204,7 @@ class _Seal:
         return nonce
 
     def seal_one(self, prefix: bytes, body: bytes) -> bytes:
-        """A small frame's whole body (a hidden state of a few rows) as one record: one AEAD call."""
+        """A small frame's whole body (up to GATHER_BYTES) as one record: one AEAD call."""
         return self._aead.encrypt(self._next_nonce(), body, prefix)
 
     def seal(self, prefix: bytes, head: bytes, payload: memoryview) -> Iterator[memoryview]:
@@ -234,7 +234,7 @@ class _Seal:
 
 def _records(n_head: int, n_payload: int) -> list[tuple[int, int]]:
     """The [start, end) spans of a body (header, then payload) that are sealed one record each:
-    a small frame (a hidden state of a few rows) as one; else the header, then the payload in
+    a small frame (up to GATHER_BYTES) as one; else the header, then the payload in
     records of at most RECORD_BYTES, each sealed straight from the tensor's memory."""
     size = n_head + n_payload
     if size <= GATHER_BYTES:

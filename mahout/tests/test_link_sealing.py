@@ -20,6 +20,7 @@ ROOMY = FrameCaps(header_bytes=1 << 16, payload_bytes=8 << 20)
 HIDDEN = 640  # the shipped model's hidden width
 PREFIX_AND_TAG = 8 + 16  # a sealed headers-only frame: the clear >II prefix, then the header and its tag
 TAG = 16
+MIDDLE = GATHER_BYTES // (4 * HIDDEN) + 1  # rows of a frame too large to gather: its header, then its payload
 LARGE = (2 * RECORD_BYTES + 1000) // (4 * HIDDEN) + 1  # rows of a frame whose payload takes three records
 
 
@@ -154,7 +155,8 @@ class SealedLinkTests:
             server.close()
             close_all(ours, theirs, tap)
 
-    @pytest.mark.parametrize("rows", [1, 16, LARGE], ids=["one_record", "header_and_payload", "payload_in_records"])
+    @pytest.mark.parametrize("rows", [1, 16, MIDDLE, LARGE], ids=["one_record", "gathered", "header_and_payload",
+                                                              "payload_in_records"])
     def test_a_frame_is_sealed_in_records_and_arrives_exact(self, rows: int) -> None:
         """A hidden state of a few rows is one record (one AEAD call each side); a larger frame
         its header, then its payload in records of at most RECORD_BYTES; the payload starts
@@ -170,7 +172,7 @@ class SealedLinkTests:
             n_head, n_payload = struct.unpack(">II", tap.sent[start : start + 8])
             assert n_head % 8 == 0 and n_payload == sent.nbytes
             sizes = record_sizes(bytes(tap.sent[start:]))
-            assert len(sizes) == {1: 1, 16: 2, LARGE: 4}[rows]
+            assert len(sizes) == {1: 1, 16: 1, MIDDLE: 2, LARGE: 4}[rows]
             assert tap.wait_for(start + 8 + sum(sizes)) and len(tap.sent) == start + 8 + sum(sizes)
         finally:
             close_all(dialer, listener, tap)
