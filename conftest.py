@@ -100,6 +100,19 @@ def family_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def qwen3moe_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny real-vocabulary Qwen 3 mixture of experts (`testkit.families.MOE_FAMILIES`: three
+    layers of 8 experts, 2 per token), built once per run; skips, saying why, without the sdist."""
+    from testkit.families import SdistUnavailable, sdist_models, tiny_model
+
+    folder = tmp_path_factory.mktemp("qwen3moe")
+    try:
+        return tiny_model("qwen3moe", sdist_models(folder / "sdist"), folder / "qwen3moe.gguf", n_layer=3)
+    except SdistUnavailable as error:
+        pytest.skip(str(error))
+
+
+@pytest.fixture(scope="session")
 def e2e_dirs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("e2e")
     (base / "logs").mkdir()

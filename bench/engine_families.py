@@ -1,7 +1,7 @@
 """The engine against llama.cpp per architecture, side by side in one run: decode tokens/s.
 
-For each dense architecture the engine runs (gemma3, llama, qwen2, qwen3) a random-weight
-model of that family (`testkit.families`: its real vocabulary and a blueprint of the size asked
+For each architecture the engine runs (gemma3, llama, qwen2, qwen3 and the mixture of
+experts qwen3moe, `engine.moe`) a random-weight model of that family (`testkit.families`: its real vocabulary and a blueprint of the size asked
 for), and the shipped Gemma 3 270M (Q4_K_M): greedy decode tokens/s of the engine (one stage,
 one torch thread) and of llama-cpp-python (one thread) on the same file and prompt, rounds
 alternating between the two so that machine noise hits both; medians and their ratio.
@@ -9,13 +9,16 @@ alternating between the two so that machine noise hits both; medians and their r
 Sizes: `tiny` is the test models' blueprint (d_model 64, two layers: the output head over a
 128-262k vocabulary is most of the work, and per-layer Python overhead the rest); `mid`
 (default) is a Gemma-270M-sized blueprint (d_model 640, 18 layers, ffn 2048, 4 heads of 160,
-1 KV head), so every architecture is compared at the shipped model's shape. The random
-models are float16; the shipped one is Q4_K_M, which llama.cpp reads quantised.
+1 KV head), so every architecture is compared at the shipped model's shape; qwen3moe's 8
+experts per layer are 512 wide there (2 routed per token: half the dense feed-forward's
+work per token, four times its weights). The random models are float16; the shipped one is
+Q4_K_M, which llama.cpp reads quantised.
 
 `--device cuda` runs the engine's stage on a GPU (llama.cpp stays on one CPU thread): each
 architecture's engine on CUDA, for `bench/gpu_check.sh` when a GPU is lent.
 
     .venv/bin/python bench/engine_families.py [--size mid|tiny] [--rounds 3] [--tokens 32] [--no-shipped] [--device cpu]
+        [--only qwen3moe ...]
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,21 +40,51 @@ from ring import llama_decode_tps  # noqa: E402 - bench/ring.py, beside this scr
 from engine.device import add_device_argument  # noqa: E402
 from engine.generate import build_stages, generate  # noqa: E402
 from engine.gguf_loader import default_model_path, read_config  # noqa: E402
-from engine.gguf_meta import open_gguf  # noqa: E402
+from engine.gguf_meta import gguf_required, open_gguf  # noqa: E402
+from engine.moe_gguf import MOE_ARCHES  # noqa: E402
 from engine.tokenizer import Tokenizer  # noqa: E402
 
-FAMILIES = {"gemma3": "gemma", "llama": "llama3", "qwen2": "qwen2.5", "qwen3": "qwen3"}  # architecture -> family
+FAMILIES = {"gemma3": "gemma", "llama": "llama3", "qwen2": "qwen2.5", "qwen3": "qwen3", "qwen3moe": "qwen3moe"}  # arch -> family
 SIZES = {
     "tiny": {},
     "mid": {"n_layer": 18, "n_embd": 640, "n_head": 4, "n_head_kv": 1, "n_ff": 2048},  # Gemma 3 270M's shape
 }
+MOE_SIZES = {"tiny": {}, "mid": {**SIZES["mid"], "n_ff_exp": 512}}
 PROMPT = "Once upon a time, in a village at the edge of a great forest, there lived"
 
 
 def engine_tps(path: Path, prompt_ids: list[int], tokens: int, device: torch.device) -> float:
+    if read_config_arch(path) in MOE_ARCHES:
+        return moe_tps(path, prompt_ids, tokens)
     config = read_config(open_gguf(path))
     (stage,) = build_stages(path, [(0, config.n_layers)], n_rows=1, n_ctx=256, device=device)
     return generate([stage], prompt_ids, tokens).decode_tokens_per_s
+
+
+def read_config_arch(path: Path) -> str:
+    return gguf_required(open_gguf(path), "general.architecture")
+
+
+def moe_tps(path: Path, prompt_ids: list[int], tokens: int) -> float:
+    """Greedy decode tokens/s of `engine.moe` with every expert local (on the CPU: the MoE
+    engine's weights stay there), timed as `llama_decode_tps` times llama.cpp: first token
+    to last."""
+    from engine.moe import MoeModel
+    from engine.moe_loader import load_moe
+
+    config, weights = load_moe(path)
+    model = MoeModel(config, weights, n_rows=1, n_ctx=256)
+    stamps: list[float] = []
+    original = model.forward
+
+    def timed(*args: torch.Tensor) -> torch.Tensor:
+        out = original(*args)
+        stamps.append(time.perf_counter())
+        return out
+
+    model.forward = timed  # type: ignore[method-assign]
+    model.generate(prompt_ids, tokens)
+    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
 
 
 def measure(name: str, path: Path, rounds: int, tokens: int, device: torch.device) -> tuple[float, float]:
@@ -81,6 +115,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--no-shipped", action="store_true", help="skip the shipped Gemma 3 270M")
+    parser.add_argument("--only", nargs="+", choices=sorted(FAMILIES), help="these architectures only")
     add_device_argument(parser, default="cpu")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -92,7 +127,10 @@ def main() -> int:
           "1 thread each", flush=True)
     ratios = {}
     for arch, family in FAMILIES.items():
-        path = tiny_model(family, sdist, folder / f"{family}.gguf", **SIZES[args.size])
+        if args.only and arch not in args.only:
+            continue
+        size = (MOE_SIZES if arch in MOE_ARCHES else SIZES)[args.size]
+        path = tiny_model(family, sdist, folder / f"{family}.gguf", **size)
         engine, llama = measure(f"{arch} ({family}, random float16)", path, args.rounds, args.tokens, args.device)
         ratios[arch] = engine / llama
         path.unlink()

@@ -24,7 +24,7 @@ from typing import Protocol
 
 import torch
 
-from engine.model import AttentionWeights, KVCache, cached_attention, qkv, rms_norm
+from engine.model import AttentionWeights, KVCache, cached_attention, linear, qkv, rms_norm
 from engine.moe_gguf import Gating, MoeConfig
 
 __all__ = [
@@ -42,7 +42,9 @@ __all__ = [
 
 
 class ExpertBank:
-    """Experts [first, first + count) of one layer, as stacked matrices (out, in)."""
+    """Experts [first, first + count) of one layer, as stacked matrices (out, in), kept in
+    `engine.model.WEIGHT_DTYPE` by the loader and multiplied by `engine.model.linear`, as the
+    dense engine's are (half the bytes a decode reads; the same numerics wherever a row runs)."""
 
     def __init__(self, layer: int, first: int, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> None:
         if not gate.shape == up.shape or gate.shape[0] != down.shape[0] or gate.shape[1:] != down.shape[:0:-1]:
@@ -75,8 +77,8 @@ class ExpertBank:
         i = expert - self.first
         device = self.gate.device
         on = x if x.device == device else x.to(device)
-        hidden = torch.nn.functional.silu(on @ self.gate[i].T) * (on @ self.up[i].T)  # (N, F)
-        out = hidden @ self.down[i].T  # (N, D)
+        hidden = torch.nn.functional.silu(linear(on, self.gate[i])) * linear(on, self.up[i])  # (N, F)
+        out = linear(hidden, self.down[i])  # (N, D)
         return out if out.device == x.device else out.to(x.device)
 
     def compute_many(self, inputs: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
@@ -165,13 +167,13 @@ class MoeModel:
         # tokens, positions, cache_rows: (T,) int64 -> logits (T', V)
         self.cache.check(positions, cache_rows)
         c = self.config
-        h = self.weights.embedding[tokens]  # (T, D)
+        h = self.weights.embedding[tokens].float()  # (T, D)
         for layer in self.weights.layers:
             h = h + self._attention(layer, rms_norm(h, layer.attn_norm, c.rms_eps), positions, cache_rows)  # (T, D)
             h = h + moe_ffn(rms_norm(h, layer.ffn_norm, c.rms_eps), layer, c, self.experts)  # (T, D)
         if logits_for is not None:
             h = h[logits_for]  # (T', D)
-        return rms_norm(h, self.weights.output_norm, c.rms_eps) @ self.weights.output.T  # (T', V)
+        return linear(rms_norm(h, self.weights.output_norm, c.rms_eps), self.weights.output)  # (T', V)
 
     __call__ = forward
 
@@ -180,7 +182,7 @@ class MoeModel:
         c = self.config
         q, k, v = qkv(w, x, positions, c, rope_base=c.rope_base, rope_scale=1.0)
         out = cached_attention(self.cache, w.index, q, k, v, positions, rows, scale=c.attn_scale)  # (T, H, Hd)
-        return out.view(x.shape[0], c.n_heads * c.head_dim) @ w.wo.T  # (T, D)
+        return linear(out.view(x.shape[0], c.n_heads * c.head_dim), w.wo)  # (T, D)
 
     def generate(self, prompt_ids: list[int], max_tokens: int, *, row: int = 0, stop_ids: tuple[int, ...] = ()) -> list[int]:
         """Greedy: prefill into cache row `row`, then one token per pass."""

@@ -1,5 +1,8 @@
 """Load an MoE GGUF (`engine.moe_gguf`'s `qwen3moe` layout) into torch weights.
 
+Matrices are kept in float16 (`engine.model.WEIGHT_DTYPE`, as the dense engine keeps them: a
+Qwen 3 30B-A3B coordinator holds 61 GB, not 122), norms and the router in float32.
+
 An expert worker reads only experts [first, first + count) of one layer
 (`load_expert_slice`): from the whole model file, or from a slice file
 (`engine.moe_gguf.write_expert_slice`). `load_moe` reads the whole model, or everything but
@@ -19,6 +22,7 @@ from gguf import ReaderTensor
 
 from engine.gguf_loader import dequantize_rows
 from engine.gguf_meta import gguf_field, gguf_required, gguf_tensors, open_gguf
+from engine.model import WEIGHT_DTYPE
 from engine.moe import ExpertBank, MoeLayerWeights, MoeWeights
 from engine.moe_gguf import (
     BYTE_BOS,
@@ -50,8 +54,10 @@ __all__ = [
 
 
 def _dense(tensor: ReaderTensor) -> torch.Tensor:
-    """Any stored encoding -> a private float32 tensor in numpy order (rows = out)."""
-    return dequantize_rows(tensor.data, tensor.tensor_type)
+    """Any stored encoding -> a private tensor in numpy order (rows = out): matrices in
+    `WEIGHT_DTYPE` as the dense engine keeps them, norms in float32."""
+    found = dequantize_rows(tensor.data, tensor.tensor_type)
+    return found.to(WEIGHT_DTYPE) if found.ndim >= 2 else found
 
 
 def _bank(tensors: dict[str, ReaderTensor], layer: int, start: int, count: int, first: int) -> ExpertBank:
@@ -62,7 +68,7 @@ def _bank(tensors: dict[str, ReaderTensor], layer: int, start: int, count: int, 
         tensor = tensors[name]
         if start < 0 or start + count > tensor.data.shape[0]:
             raise ValueError(f"{name} has no experts [{start}, {start + count})")
-        picked.append(dequantize_rows(tensor.data[start : start + count], tensor.tensor_type))  # only these experts
+        picked.append(dequantize_rows(tensor.data[start : start + count], tensor.tensor_type).to(WEIGHT_DTYPE))  # only these
     gate, up, down = picked  # (n, F, D), (n, F, D), (n, D, F)
     return ExpertBank(layer, first, gate, up, down)
 
@@ -92,6 +98,7 @@ def load_moe(path: str | Path, *, with_experts: bool = True) -> tuple[MoeConfig,
     names = {"token_embd.weight", "output_norm.weight"}
     for i in range(config.n_layers):
         loaded = {f: _dense(tensors[f"blk.{i}.{n}.weight"]) for f, n in LAYER_TENSORS.items()}
+        loaded["router"] = loaded["router"].float()  # routing decides which experts run: scored in float32
         names.update(f"blk.{i}.{n}.weight" for n in LAYER_TENSORS.values())
         bank = _bank(tensors, i, 0, config.n_experts, 0) if with_experts else None
         if with_experts:

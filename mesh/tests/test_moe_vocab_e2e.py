@@ -34,7 +34,6 @@ from mahout.moe.policy import DispatchPolicy, LoadState
 from mahout.moe.runner import MoeRunner, Vocabulary
 from mesh.tests.market import trusted_host
 from protocol.rendering import fragments_text
-from testkit.families import SdistUnavailable, sdist_models, tiny_model
 
 if TYPE_CHECKING:
     from catalog.models import CatalogModel
@@ -46,13 +45,9 @@ MESSAGES = [{"role": "user", "content": "Tell me about elephants."}]
 N_TOKENS = 16
 
 
-@pytest.fixture(scope="module")
-def qwen3moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    try:
-        sdist = sdist_models(tmp_path_factory.mktemp("sdist"))
-    except SdistUnavailable as unavailable:
-        pytest.skip(str(unavailable))
-    return tiny_model("qwen3moe", sdist, tmp_path_factory.mktemp("moe") / "qwen3moe.gguf", n_layer=3)
+@pytest.fixture
+def qwen3moe(qwen3moe_file: Path) -> Path:
+    return qwen3moe_file
 
 
 def _local_answer(path: Path, job: dict) -> tuple[list[int], str]:
