@@ -121,7 +121,7 @@ class ContinuationAuditTests:
         _, healer = healing(asked, verifier._prompt.tokens(asked), verifier.vocab)
         rewritten = healer.dropped if healer else b""
         junk_text = " lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor"
-        junk = runner._llm.tokenize(rewritten + junk_text.encode(), add_bos=False)
+        junk = runner._llm.tokenize(rewritten + junk_text.encode(), add_bos=False)[: asked["params"]["max_tokens"]]
         text = runner._llm.detokenize(junk)[len(rewritten):].decode()
         audit = verifier.audit(asked, token_ids=[*junk, runner._llm.token_eos()], text=text, finish_reason="stop",
                                seed=honest["seed"])
@@ -144,7 +144,6 @@ class ContinuationAuditTests:
         audit = verifier.audit(again, **reported)
         assert audit.passed and not audit.misses, audit
         assert audit.checked < len(reported["token_ids"])
-        assert not verifier.audit(again, **{**reported, "seed": 9}).passed
 
 
 @pytest.fixture(scope="module")
