@@ -178,9 +178,9 @@ class MoeModel:
     __call__ = forward
 
     def _attention(self, w: MoeLayerWeights, x: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """Gemma's attention without its sliding window, softcap or rope scaling."""
+        """Qwen 3's attention (q/k norms, NEOX RoPE, linearly scaled where the file says so)."""
         c = self.config
-        q, k, v = qkv(w, x, positions, c, rope_base=c.rope_base, rope_scale=1.0)
+        q, k, v = qkv(w, x, positions, c, rope_base=c.rope_base, rope_scale=c.rope_scale)
         out = cached_attention(self.cache, w.index, q, k, v, positions, rows, scale=c.attn_scale)  # (T, H, Hd)
         return linear(out.view(x.shape[0], c.n_heads * c.head_dim), w.wo)  # (T, D)
 

@@ -79,6 +79,7 @@ class MoeConfig:
     expert_ffn_dim: int  # F
     gating: Gating = Gating.SOFTMAX
     norm_topk: bool = True  # renormalise the K kept weights to sum to one (qwen3moe does)
+    rope_scale: float = 1.0  # positions are multiplied by this (linear RoPE scaling: 1 / factor)
 
     @property
     def attn_scale(self) -> float:
@@ -96,6 +97,8 @@ def read_moe_config(reader: GGUFReader) -> MoeConfig:
     head_dim = int(gguf_field(reader, f"{arch}.attention.key_length", d_model // n_heads))
     if int(gguf_field(reader, f"{arch}.attention.value_length", head_dim)) != head_dim:
         raise ValueError("keys and values of different head sizes are not supported")
+    if int(gguf_field(reader, f"{arch}.rope.dimension_count", head_dim)) != head_dim:
+        raise ValueError("RoPE over part of a head is not supported")
     embd = gguf_tensors(reader).get("token_embd.weight")
     vocab = int(embd.shape[1]) if embd is not None else int(gguf_field(reader, f"{arch}.vocab_size", 0))
     return MoeConfig(
@@ -113,7 +116,19 @@ def read_moe_config(reader: GGUFReader) -> MoeConfig:
         n_experts_used=int(gguf_required(reader, f"{arch}.expert_used_count")),
         expert_ffn_dim=int(gguf_required(reader, f"{arch}.expert_feed_forward_length")),
         gating=Gating(int(gguf_field(reader, f"{arch}.expert_gating_func", Gating.SOFTMAX))),
+        rope_scale=_rope_scale(reader, arch),
     )
+
+
+def _rope_scale(reader: GGUFReader, arch: str) -> float:
+    """What positions are multiplied by: 1 / factor for linear scaling, 1 for none; a scaling
+    the engine does not compute (YaRN, which a Qwen 3 MoE file may carry for long contexts)
+    raises ValueError rather than computing other logits than llama.cpp's."""
+    kind = gguf_field(reader, f"{arch}.rope.scaling.type", "none")
+    if kind not in ("none", "linear"):
+        raise ValueError(f"RoPE scaling {kind!r} is not supported (only none, linear)")
+    factor = float(gguf_field(reader, f"{arch}.rope.scaling.factor", 1.0) or 1.0)
+    return 1.0 / factor if kind == "linear" else 1.0
 
 
 def expert_tensor_names(layer: int) -> list[str]:

@@ -28,6 +28,7 @@ from engine.gguf_meta import open_gguf
 from engine.moe import LocalExperts, MoeConfig, MoeModel, MoeWeights
 from engine.moe_loader import has_byte_vocabulary, load_expert_slice, load_moe, read_moe_config, write_expert_slice
 from engine.tests.test_families import N_TOKENS, Reference
+from testkit.families import sdist_models, tiny_model
 
 N_LAYERS = 3
 LOGITS_ATOL = 0.005
@@ -103,3 +104,36 @@ class Qwen3MoeGoldenTests:
             return {e: next(bank for bank in slices if bank.holds(e)).compute(e, rows) for e, rows in inputs.items()}
 
         assert MoeModel(config, weights, experts=sliced, n_rows=1, n_ctx=64).generate(reference.prompts[1], N_TOKENS) == whole
+
+
+class Qwen3MoeRopeTests:
+    def test_linear_rope_scaling_is_llama_cpps(self, tmp_path: Path) -> None:
+        """Positions divided by the file's factor, as llama.cpp does: scaled, the logits after
+        a 10-token prompt lie 2.2e-3 off llama.cpp's; computed unscaled, 0.48."""
+        path = tiny_model("qwen3moe", sdist_models(tmp_path / "sdist"), tmp_path / "scaled.gguf", n_layer=N_LAYERS,
+                          rope_linear_factor=4.0)
+        reference = Reference(path)
+        try:
+            config, weights = load_moe(path)
+            assert config.rope_scale == 0.25
+            prompt_ids, (_, want) = reference.prompts[2], reference.greedy[2]
+            off = float(np.abs(_first_logits(MoeModel(config, weights, n_rows=1, n_ctx=64), prompt_ids) - want).max())
+            unscaled = MoeModel(replace(config, rope_scale=1.0), weights, n_rows=1, n_ctx=64)
+            assert off < LOGITS_ATOL < float(np.abs(_first_logits(unscaled, prompt_ids) - want).max())
+        finally:
+            reference.llama.close()
+
+    def test_a_scaling_it_does_not_compute_is_refused(self, tmp_path: Path) -> None:
+        from gguf import GGUFWriter
+
+        writer = GGUFWriter(str(tmp_path / "yarn.gguf"), "qwen3moe")
+        for key, value in (("block_count", 1), ("context_length", 64), ("embedding_length", 64), ("attention.head_count", 4),
+                           ("expert_count", 8), ("expert_used_count", 2), ("expert_feed_forward_length", 32)):
+            writer.add_uint32(f"qwen3moe.{key}", value)
+        writer.add_float32("qwen3moe.attention.layer_norm_rms_epsilon", 1e-6)
+        writer.add_string("qwen3moe.rope.scaling.type", "yarn")
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.close()
+        with pytest.raises(ValueError, match="RoPE scaling 'yarn' is not supported"):
+            read_moe_config(open_gguf(tmp_path / "yarn.gguf"))
