@@ -8,5 +8,6 @@
 * `cli` — ``python -m mahout ring``; `runner` — the bridge as a mahout host (HostLoop runner);
   `api` — the gateway's ring API (assignments, addresses, stage stats).
 * `member` — ``python -m mahout stage``: one stage of a plan on its assigned host;
-  `rendezvous` — stages and the bridge find each other's addresses through the gateway.
+  `rendezvous` — stages and the bridge find each other's addresses through the gateway;
+  `relay` — a stage behind NAT reached through the gateway's ring relay (``stage --relay``).
 """
