@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGUFValueType, GGUFWriter, LlamaFileType, RopeScalingType, TokenType
+from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, LlamaFileType, RopeScalingType, TokenType
+from gguf.quants import quantize
 
 LLAMA_CPP_SDIST = "llama-cpp-python==0.3.36"
 SDIST_MODELS = "vendor/llama.cpp/models/"  # inside the sdist: ggml-vocab-*.gguf, templates/*.jinja
@@ -58,6 +59,7 @@ class Family:
     n_expert_used: int = 0  # experts each token is routed to
     n_ff_exp: int = 0  # one expert's feed-forward width
     expert_std: float = 0.02  # the router's and the experts' weights (larger: the routed experts matter)
+    expert_type: GGMLQuantizationType | None = None  # the stacked experts' encoding (None: float16), e.g. Q8_0
 
     @property
     def head_dim(self) -> int:
@@ -186,7 +188,10 @@ def tiny_model(family: str, models: Path, dest: Path, *, seed: int = 0, **bluepr
         writer.add_key_value(key, value, kind, sub_type=sub_type)
     writer.add_chat_template(template_path(family, models).read_text(encoding="utf-8"))
     for name, tensor in _weights(spec, tokenizer, seed).items():
-        writer.add_tensor(name, tensor)
+        if spec.expert_type is not None and "_exps." in name:  # stored quantised, as a real MoE file's experts are
+            writer.add_tensor(name, quantize(tensor.astype(np.float32), spec.expert_type), raw_dtype=spec.expert_type)
+        else:
+            writer.add_tensor(name, tensor)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

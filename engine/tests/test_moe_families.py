@@ -137,3 +137,28 @@ class Qwen3MoeRopeTests:
         writer.close()
         with pytest.raises(ValueError, match="RoPE scaling 'yarn' is not supported"):
             read_moe_config(open_gguf(tmp_path / "yarn.gguf"))
+
+
+class Qwen3MoeQuantizedTests:
+    """Experts stored in Q8_0, as a real MoE file stores them quantised: the engine dequantises
+    them (llama.cpp quantises its activations to 8 bits against Q8_0 weights, so the two lie
+    0.011-0.021 apart here, not 2e-3), and a slice file keeps them in their stored encoding."""
+
+    def test_quantised_experts_load_slice_and_agree_with_llama_cpp(self, tmp_path: Path) -> None:
+        from gguf import GGMLQuantizationType, GGUFReader
+
+        path = tiny_model("qwen3moe", sdist_models(tmp_path / "sdist"), tmp_path / "q8.gguf", n_layer=N_LAYERS,
+                          expert_type=GGMLQuantizationType.Q8_0)
+        reference = Reference(path)
+        try:
+            config, weights = load_moe(path)
+            off = float(np.abs(_first_logits(MoeModel(config, weights, n_rows=1, n_ctx=64), reference.prompts[0])
+                               - reference.greedy[0][1]).max())
+            assert off < 0.05, f"logits {off:.4f} off llama.cpp's"
+        finally:
+            reference.llama.close()
+        write_expert_slice(path, 2, 4, 4, tmp_path / "slice.gguf")
+        assert {t.tensor_type for t in GGUFReader(str(tmp_path / "slice.gguf")).tensors} == {GGMLQuantizationType.Q8_0}
+        _, bank = load_expert_slice(tmp_path / "slice.gguf", 2, 4, 4)
+        whole = weights.layers[2].experts
+        assert torch.equal(bank.gate, whole.gate[4:8]) and torch.equal(bank.down, whole.down[4:8])
