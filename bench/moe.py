@@ -23,10 +23,17 @@
    model, 1, 2 and 4 requests in flight, with 0 and 2 volunteers; tokens/s with decode steps
    packed across requests, against one request's step per pass in the same run.
 
+4. **Volunteers behind NAT** (`--netsim`, root on Linux; runs only this): section 2 with the
+   gateway on the simulated internet's public side (bench/netsim.py) and each volunteer in its
+   own home namespace behind its own NAT on a home link, reached only through the expert
+   relay: 0 volunteers, 2 strangers on probation (a default deployment's volunteers, their
+   batches checked at `MOE_PROBATION_CHECK_SHARE`), 2 trusted hosts.
+
 Rounds alternate between the sides so machine noise hits both; medians are reported.
 Nothing is asserted: the figures go into BENCHMARKS.md.
 
     .venv/bin/python bench/moe.py [--rounds 20] [--window 10]
+    sudo .venv/bin/python bench/moe.py --netsim [--rtt-ms 20-80] [--loss 0.5]
 """
 from __future__ import annotations
 
@@ -43,6 +50,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import netsim  # noqa: E402 - bench/ is on the path as the script's own folder
 import torch  # noqa: E402
 
 from engine.moe import LocalExperts, moe_ffn  # noqa: E402
@@ -129,8 +137,8 @@ def bench_layer(tmp: Path, rounds: int) -> None:
 # --- 2. saturation through the control plane ---------------------------------------------
 
 
-def setup_gateway(tmp: Path) -> tuple[subprocess.Popen, str]:
-    os.environ.update({"SQLITE_PATH": str(tmp / "bench.sqlite3"), "ELEPHANT_VAR_DIR": str(tmp / "var"),
+def setup_gateway(tmp: Path, address: str = "127.0.0.1") -> tuple[subprocess.Popen, str]:
+    os.environ.update({"ALLOWED_HOSTS": f"127.0.0.1,localhost,{address}","SQLITE_PATH": str(tmp / "bench.sqlite3"), "ELEPHANT_VAR_DIR": str(tmp / "var"),
                        "DJANGO_SETTINGS_MODULE": "config.settings", "MOE_COORDINATOR_STALE_SECONDS": "5",
                        "MOE_WORKER_STALE_SECONDS": "5", "MOE_COOLDOWN_SECONDS": "5", "MOE_ALLOW_PRIVATE_WORKERS": "1"})
     os.environ.pop("DATABASE_URL", None)
@@ -143,9 +151,9 @@ def setup_gateway(tmp: Path) -> tuple[subprocess.Popen, str]:
     from testkit.stack import free_port, wait_until
 
     port = free_port()
-    gateway = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
+    gateway = subprocess.Popen([sys.executable, "-m", "daphne", "-b", address, "-p", str(port), "config.asgi:application"],
                                cwd=ROOT, env=dict(os.environ), stdout=(tmp / "gateway.log").open("w"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://{address}:{port}"
     import httpx
 
     def up() -> bool:
@@ -189,8 +197,10 @@ class Load:
 
 def saturation_round(
     path: Path, url: str, volunteers: int, window: float, tmp: Path, *, concurrency: int = 4, pack: bool = True,
+    homes: bool = False, probation: bool = False,
 ) -> tuple[float, float | None]:
-    """(tokens/s once every volunteer serves, seconds from the load starting to the first remote batch)."""
+    """(tokens/s once every volunteer serves, seconds from the load starting to the first remote batch).
+    `homes`: volunteer i runs in netsim's home i + 1 (behind NAT); `probation`: strangers, not trusted hosts."""
     from django.utils import timezone
 
     from hosts.models import Host
@@ -201,10 +211,14 @@ def saturation_round(
     from testkit.personas import make_host
     from testkit.stack import wait_until
 
-    def trusted(name: str) -> str:  # only hosts out of probation may volunteer
+    def volunteer_token(name: str) -> str:  # a trusted host's workers are checked at 5%, a stranger's on probation
         host = make_host(qualified=False, name=name)
-        Host.objects.filter(pk=host.host.pk).update(trusted_at=timezone.now())
+        if not probation:
+            Host.objects.filter(pk=host.host.pk).update(trusted_at=timezone.now())
         return host.token
+
+    def at_home(i: int) -> list[str]:
+        return ["ip", "netns", "exec", netsim.home_ns(i + 1)] if homes else []
 
     name = f"bench-moe-{volunteers}-{time.time_ns()}"
     coordinator = make_host(qualified=False, name=f"coordinator-{name}")
@@ -213,8 +227,8 @@ def saturation_round(
     client = MeshClient(url, coordinator.token)
     agent = CoordinatorAgent(runner, client, name).start()
     processes = [
-        subprocess.Popen([sys.executable, "-m", "mahout", "moe", "volunteer", "--server", url, "--token",
-                          trusted(f"v{i}-{name}"), "--max-slices", "1", "--no-idle-detect", "--home", str(tmp / f"home-{i}")],
+        subprocess.Popen([*at_home(i), sys.executable, "-m", "mahout", "moe", "volunteer", "--server", url, "--token",
+                          volunteer_token(f"v{i}-{name}"), "--max-slices", "1", "--no-idle-detect", "--home", str(tmp / f"home-{i}")],
                          cwd=ROOT, stdout=(tmp / f"volunteer-{name}-{i}.log").open("w"), stderr=subprocess.STDOUT)
         for i in range(volunteers)
     ]
@@ -266,6 +280,30 @@ def bench_saturation(tmp: Path, window: float) -> None:
         gateway.wait(timeout=10)
 
 
+def bench_netsim(tmp: Path, window: float, rtt: str, loss: float) -> None:
+    """Section 2 with every volunteer behind its own NAT, reached only through the relay."""
+    low, _, high = rtt.partition("-")
+    homes = netsim.up(2, (float(low), float(high or low)), 5.0, loss, seed=7)
+    path = make_tiny_moe(tmp / "model.gguf", seed=12, **MODEL_SHAPE)
+    gateway = None
+    try:
+        gateway, url = setup_gateway(tmp, netsim.GATEWAY_IP)
+        print(f"\n4. Volunteers behind NAT (homes' RTT {sorted(h['rtt_ms'] for h in homes)} ms, {loss}% loss, link "
+              f"{homes[0]['link']}): 4 requests in flight, {window:.0f} s window once every volunteer serves")
+        print(f"{'volunteers':>22} {'tokens/s':>9} {'vs 0':>6} {'load -> first remote dispatch':>30}")
+        baseline = None
+        for label, count, probation in (("none", 0, False), ("2 on probation", 2, True), ("2 trusted", 2, False)):
+            tps, first = saturation_round(path, url, count, window, tmp, homes=True, probation=probation)
+            baseline = baseline or tps
+            first_text = "-" if first is None else f"{first:.2f} s"
+            print(f"{label:>22} {tps:>9.1f} {tps / baseline:>6.2f} {first_text:>30}", flush=True)
+    finally:
+        if gateway is not None:
+            gateway.terminate()
+            gateway.wait(timeout=10)
+        netsim.down()
+
+
 def bench_packing(tmp: Path, window: float) -> None:
     """Decode steps packed across requests (`MoeRunner(pack=True)`) against one request's
     step per pass (`pack=False`, the baseline), at 1, 2 and 4 requests in flight, with no
@@ -290,15 +328,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--window", type=float, default=10.0)
     parser.add_argument("--only-packing", action="store_true", help="run only section 3 (packed decode steps)")
+    parser.add_argument("--netsim", action="store_true", help="run only section 4: volunteers behind NAT (Linux, root)")
+    parser.add_argument("--rtt-ms", default="20-80", help="with --netsim: each home's round trip, drawn from this range")
+    parser.add_argument("--loss", type=float, default=0.5, help="with --netsim: percent lost, each direction")
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"load average at start: {Path('/proc/loadavg').read_text().strip()}")
     with tempfile.TemporaryDirectory(prefix="bench-moe-") as scratch:
         tmp = Path(scratch)
-        if not args.only_packing:
-            bench_layer(tmp, args.rounds)
-            bench_saturation(tmp, args.window)
-        bench_packing(tmp, args.window)
+        if args.netsim:
+            bench_netsim(tmp, args.window, args.rtt_ms, args.loss)
+        else:
+            if not args.only_packing:
+                bench_layer(tmp, args.rounds)
+                bench_saturation(tmp, args.window)
+            bench_packing(tmp, args.window)
     print(f"\nload average at end: {Path('/proc/loadavg').read_text().strip()}")
 
 
