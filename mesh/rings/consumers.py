@@ -31,7 +31,9 @@ CLOSE_UNAUTHORIZED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_GONE = 4410  # the stage's end of this connection closed
 CLOSE_REPLACED = 4409  # the stage opened a newer relay socket
+CLOSE_TOO_EARLY = 4413  # a dialler sent more than EARLY_MAX_BYTES before the stage's end answered
 CONN = struct.Struct(">I")
+EARLY_MAX_BYTES = 1 << 20  # what a dialler may send before the stage answers (the link's listener speaks first)
 
 
 def ring_relay_group(plan_id: int, index: int) -> str:
@@ -142,6 +144,8 @@ class RingRelayDialConsumer(_RingRelayConsumer):
             return
         if self.listener is None:
             self.early.append(bytes_data)
+            if sum(map(len, self.early)) > EARLY_MAX_BYTES:
+                await self.close(code=CLOSE_TOO_EARLY)
         else:
             await self._forward(bytes_data)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from conftest import ROOT, Gateway, make_host, stack_env, wait_until
@@ -111,3 +111,15 @@ class RingRelayTests:
         assert status("stage", 0, tail.token) == 403, "only the host running stage 0 holds its relay socket"
         assert status("stage", 0, head.token) == 101 and status("dial", 0, bridge.token) == 101
         assert status("dial", 1, head.token) == 101  # the head dials nothing, but takes part: it may
+
+    def test_a_dialler_may_not_pile_bytes_up_before_the_stage_answers(
+        self, relay_gateway: Gateway, plan: tuple[RingPlan, list[ServingHost], ServingHost],
+    ) -> None:
+        ring, _, bridge = plan  # stage 1 holds no relay socket: nobody answers
+        with connect(stage_relay_url(relay_gateway.url, ring.pk, "dial", 1), open_timeout=10,
+                     additional_headers={"Authorization": f"Bearer {bridge.token}"}) as ws:
+            ws.send(b"x" * 600_000)
+            ws.send(b"x" * 600_000)
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=30)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4413
