@@ -268,9 +268,14 @@ class Verifier:
         return audit
 
     def _grammar(self, response_format: dict | None) -> object | None:
-        """The host's grammar for ``response_format`` (None: free text)."""
+        """The host's grammar for ``response_format`` (None: free text), converted behind the
+        fence unless this process may not start its child (a Celery prefork worker is
+        daemonic: multiprocessing refuses it children): the gateway's own fence converted the
+        schema already when it took the request, so it is known to convert, and in bounds."""
+        import multiprocessing
+
         try:
-            return grammar_for(response_format)
+            return grammar_for(response_format, fenced=not multiprocessing.current_process().daemon)
         except (RequestRejected, FenceUnavailable) as cannot:
             raise Unauditable(f"the response_format's grammar cannot be built here: {cannot}") from cannot
 

@@ -156,13 +156,15 @@ GRAMMAR_SECONDS = float(os.environ.get("MAHOUT_GRAMMAR_SECONDS") or 10.0)
 _FENCE = GrammarFence(memory_mb=int(os.environ.get("MAHOUT_GRAMMAR_MEMORY_MB") or 1024))
 
 
-def grammar_for(response_format: dict | None) -> object | None:
+def grammar_for(response_format: dict | None, *, fenced: bool = True) -> object | None:
     """llama.cpp's grammar for a `response_format` (None: free text). The gateway checked
     that the schema converts; a host whose llama.cpp still refuses it (or cannot convert it
-    within GRAMMAR_SECONDS) rejects the request (the customer's, not a failure of the host)."""
+    within GRAMMAR_SECONDS) rejects the request (the customer's, not a failure of the host).
+    ``fenced`` False converts in this process: for a process that may not start the fence's
+    child (a Celery worker's is daemonic) and reads only schemas the gateway's fence converted."""
     if not response_format:
         return None
-    from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar
+    from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar, json_schema_to_gbnf
 
     from protocol.schema_limits import schema_limit_problem
 
@@ -172,7 +174,8 @@ def grammar_for(response_format: dict | None) -> object | None:
     try:
         if response_format.get("type") == "json_object":
             return LlamaGrammar.from_string(JSON_GBNF, verbose=False)
-        gbnf = _FENCE.convert(json.dumps(response_format.get("schema") or {}), seconds=GRAMMAR_SECONDS)
+        schema = json.dumps(response_format.get("schema") or {})
+        gbnf = _FENCE.convert(schema, seconds=GRAMMAR_SECONDS) if fenced else json_schema_to_gbnf(schema)
         return LlamaGrammar.from_string(strict_json_strings(gbnf), verbose=False)
     except FenceUnavailable:
         raise  # this host's trouble, not the request's

@@ -77,6 +77,17 @@ class StructuredOutputAuditTests:
         audit = verifier.audit(asked, **{**honest, "seed": honest["seed"] + 1})
         assert not audit.passed and audit.misses and "not what the seeded draw selects" in audit.reason
 
+    def test_a_daemonic_process_builds_the_grammar_without_the_fence(self, verifier, structured, monkeypatch):
+        """A Celery prefork worker is daemonic: multiprocessing refuses it the fence's child."""
+        import multiprocessing
+
+        from mahout.runners import llama
+
+        monkeypatch.setattr(llama._FENCE, "convert", lambda *_args, **_kwargs: pytest.fail("the fence was asked"))
+        monkeypatch.setattr(multiprocessing.current_process(), "daemon", True)
+        asked, honest = structured
+        assert verifier.audit(asked, **honest).passed
+
     def test_an_answer_that_ignores_the_grammar_fails_at_its_first_forbidden_token(self, runner, verifier, structured):
         asked, honest = structured
         free, _ = answer(runner, {**asked, "params": {**asked["params"], "response_format": None}})  # the model's own prose
