@@ -81,7 +81,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     from engine.device import add_device_argument
 
     add_device_argument(stage)
-    stage.add_argument("--model", default=None, help="GGUF path (default: the shipped Gemma 3 270M)")
+    stage.add_argument("--model", default=None,
+                       help="GGUF path (default: the file `mahout add` registered for the plan's model)")
     stage.add_argument("--once", action="store_true", help="exit when the ring session ends instead of rejoining")
     stage.add_argument("--home", help="state directory whose pause flag counts (default: $MAHOUT_HOME or ~/.mahout)")
     stage.add_argument("--bridged", action="store_true", help=argparse.SUPPRESS)  # the bridge here watches the owner
@@ -101,14 +102,15 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
     """Serve one stage of a ring plan until stopped (or, with ``--once``, one ring session)."""
     import torch
 
-    from engine.gguf_loader import default_model_path, load_stage
+    from engine.gguf_loader import load_stage
     from engine.model import Stage
+    from mahout.catalog import ModelUnavailable
     from mahout.link import LinkClosed, listen
     from mahout.ring.api import RingApi
     from mahout.ring.membership import Limits
     from mahout.ring.relay import RELAY_ADDRESS
     from mahout.ring.rendezvous import RendezvousTimeout, advertised_address, dial_stage, parse_address
-    from mahout.ring.runner import _exit_on_sigterm
+    from mahout.ring.runner import _exit_on_sigterm, ring_model
     from mahout.ring.stage import StageAgent
 
     _exit_on_sigterm()  # so the `finally` that clears the stage's address runs
@@ -126,7 +128,12 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
             return 2
         torch.set_num_threads(args.threads)
         start, end, n_stages = plan["start"], plan["end"], len(plan["stages"])
-        config, weights = load_stage(args.model or default_model_path(), start, end, share_output=True)
+        try:
+            path = args.model or ring_model(plan["model"], home).path
+        except ModelUnavailable as exc:
+            say(f"mahout: error: stage {args.stage} of ring {args.ring}: {exc}")
+            return 2
+        config, weights = load_stage(path, start, end, share_output=True)
         if config.n_layers != plan["n_layers"]:
             say(f"mahout: error: the plan is for {plan['n_layers']} layers, this model has {config.n_layers}")
             return 2

@@ -99,6 +99,7 @@ class RingGateway(FakeGateway):
 
         super().__init__()
         self.secret = new_secret()
+        self.model = "gemma-3-270m"  # the plan's model
         self.n_stages = 0
         self.addresses: dict[int, str] = {}
         self.left: list[tuple[int, str]] = []  # (stage, address) each leave cleared
@@ -117,7 +118,7 @@ def _ring_handler(gateway: RingGateway) -> type:
     class Handler(_Handler):
         def do_GET(self) -> None:
             if self.path == "/api/rings/assignment" and self._authorized():
-                plan = {"ring": 1, "model": "gemma-3-270m", "row_width": 64, "micro_batch": 4, "n_layers": 18,
+                plan = {"ring": 1, "model": gateway.model, "row_width": 64, "micro_batch": 4, "n_layers": 18,
                         "stages": gateway.stages(), "secret": gateway.secret}
                 self._send(200, {"assignments": [{**plan, **s} for s in gateway.stages()]})
             elif self.path == "/api/rings/1/addresses" and self._authorized():

@@ -1,6 +1,6 @@
 """A ring serves any chat model of the catalog by name (`mahout.ring.runner.ring_model`): the
-file `mahout add` registered for it, refused with a clear error when there is none or the
-engine cannot slice it; and a ring of a model other than the shipped Gemma (a tiny Qwen 3 with
+file `mahout add` registered for it (at the bridge and at each stage, from its plan's model),
+refused with a clear error when there is none or the engine cannot slice it; and a ring of a model other than the shipped Gemma (a tiny Qwen 3 with
 its real vocabulary and chat template, `testkit.families`) serves a chat job through the host
 loop, counted and detokenised with that model's own vocabulary: token for token the engine's
 single-process greedy text."""
@@ -80,6 +80,18 @@ class RingModelTests:
         assert (served, local) == (2, 2)
         assert "qwen3-72b is neither shipped with mahout nor added here" in said.out
         assert "qwen3-72b is neither shipped with mahout nor added here" in said.err
+
+    def test_a_stage_refuses_a_plan_for_a_model_it_has_no_file_for(self, tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+        """`mahout stage` loads the file added for its plan's model; none: a clear refusal."""
+        from mahout.tests.test_ring_cli import RingGateway
+
+        with RingGateway() as gateway:
+            gateway.model, gateway.n_stages = "qwen3-72b", 2
+            code = main(["stage", "--ring", "1", "--stage", "0", "--server", gateway.url, "--token", TOKEN,
+                         "--home", str(tmp_path), "--once"])
+        assert code == 2
+        assert "stage 0 of ring 1: qwen3-72b is neither shipped with mahout nor added here" in capsys.readouterr().out
 
 
 class RingOfAnotherFamilyTests:
