@@ -23,7 +23,17 @@ from hosts.admin import HostAdmin
 from hosts.models import Host
 from marketplace import selectors, services
 from marketplace.canaries import canary_summary
-from marketplace.models import Audit, CanaryCheck, CanaryReference, Job, Request, StageShare, StoredResponse, TextChunk
+from marketplace.models import (
+    Audit,
+    AuditScore,
+    CanaryCheck,
+    CanaryReference,
+    Job,
+    Request,
+    StageShare,
+    StoredResponse,
+    TextChunk,
+)
 
 
 @admin.register(Host)
@@ -212,11 +222,34 @@ class AuditAdmin(MoneyAdmin, admin.ModelAdmin):
     """Every audit of a real job, its verdict, counts and evidence (never the answer's text:
     it is deleted when the audit is decided). Read-only: audits are decided by the workers."""
 
-    list_display = ("created_at", "host", "request", "status", "checked", "uncertain", "misses", "host_ucents", "reason")
-    list_filter = ("status",)
+    list_display = ("created_at", "host", "request", "status", "by_hosts", "checked", "uncertain", "misses", "host_ucents",
+                    "reason")
+    list_filter = ("status", "by_hosts")
     search_fields = ("host__name", "request__public_id", "reason")
-    fields = readonly_fields = ("job", "host", "request", "status", "host_ucents", "platform_ucents", "finish_reason", "checked",
-                                "uncertain", "misses", "reason", "created_at", "decided_at")
+    fields = readonly_fields = ("job", "host", "request", "status", "by_hosts", "scorer", "scorer_since", "host_ucents",
+                                "platform_ucents", "finish_reason", "checked", "uncertain", "misses", "reason", "created_at",
+                                "decided_at")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(AuditScore)
+class AuditScoreAdmin(MoneyAdmin, admin.ModelAdmin):
+    """Each trusted host's reading of an audit scored by hosts: verdict, counts, whether a
+    confirmation overruled it (a strike) and its fee. Read-only: scorers' verdicts decide them."""
+
+    list_display = ("created_at", "audit", "scorer", "verdict", "overruled", "checked", "misses", "paid_ucents")
+    list_filter = ("verdict", "overruled")
+    search_fields = ("scorer__name", "reason")
+    fields = readonly_fields = ("audit", "scorer", "verdict", "reason", "checked", "uncertain", "misses", "overruled",
+                                "paid_ucents", "created_at")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
