@@ -2,8 +2,10 @@
 send them to remote expert workers, whichever `mahout.moe.policy` allows.
 
 `Coordinator` is an `engine.moe.ExpertCompute`: the model calls it once per layer with the
-rows each chosen expert must process. Experts held by an eligible worker are grouped into
-one request per worker and sent concurrently while the rest are computed here. A worker
+rows each chosen expert must process. Experts held by an engaged worker are grouped into
+one request per worker and sent concurrently while the rest are computed here. Which
+eligible workers are engaged is weighed by time (`mahout.moe.policy.choose_workers`): the
+coordinator times its own experts and each worker's round trips as it goes. A worker
 that breaks, times out or answers badly is marked dead and its experts are computed
 locally in the same call, so a dying worker never corrupts an answer. The local result is
 the reference: a remote worker runs the same float32 expert on the same rows. An answer with
@@ -35,7 +37,16 @@ import torch
 
 from engine.moe import ExpertCompute
 from mahout.link import FrameCaps, Link, LinkClosed, dial
-from mahout.moe.policy import DispatchPolicy, LoadMonitor, WorkerState, dispatch_eligible
+from mahout.moe.policy import (
+    DispatchPolicy,
+    Estimate,
+    LoadMonitor,
+    Offer,
+    WorkerState,
+    choose_workers,
+    dispatch_eligible,
+    size_class,
+)
 from mahout.moe.worker import pack_rows, unpack_rows
 
 logger = logging.getLogger(__name__)
@@ -153,6 +164,7 @@ class Coordinator:
         self.draw = draw
         self.workers: dict[str, WorkerState] = {}
         self.stats = DispatchStats()
+        self.local_cost = Estimate()  # seconds per expert computed here, by size class
         self._transports: dict[str, Transport] = {}
         self._specs: dict[str, WorkerSpec] = {}
         self._ids = itertools.count(1)
@@ -175,6 +187,7 @@ class Coordinator:
             state = WorkerState(spec.key, spec.layer, spec.first, spec.count, connected_at=self.clock())
             if known is not None:
                 state.last_serve_ms, state.served, state.checks_passed = known.last_serve_ms, known.served, known.checks_passed
+                state.round_trip = known.round_trip
                 self._transports.pop(spec.key).close()
             self.workers[spec.key] = state
             self._specs[spec.key] = spec
@@ -203,9 +216,18 @@ class Coordinator:
 
     # --- ExpertCompute ----------------------------------------------------------------
 
-    def plan(self, layer: int, experts: Iterable[int]) -> dict[str | None, list[int]]:
-        """Which worker computes each expert (None: locally); the least used eligible one."""
-        eligible = self.eligible()
+    def plan(self, layer: int, experts: Iterable[int], *, size: int = 0) -> dict[str | None, list[int]]:
+        """Which worker computes each expert (None: locally). Latency-aware (the default): the
+        engaged workers `choose_workers` picks for a call of size class `size`; otherwise
+        (seed 004's rule as first written) the least used eligible holder of each expert."""
+        experts, eligible = list(experts), self.eligible()
+        if self.policy.latency_aware:
+            engaged: dict[str | None, list[int]] = dict(choose_workers(
+                [self._offer(w, layer, experts, size) for w in eligible], experts=len(experts),
+                per_expert=self.local_cost.get(size)))
+            remote = {e for chosen in engaged.values() for e in chosen}
+            local = [e for e in experts if e not in remote]
+            return {**engaged, None: local} if local else engaged
         plan: dict[str | None, list[int]] = {}
         for expert in experts:
             holders = [w for w in eligible if w.holds(layer, expert)]
@@ -213,25 +235,39 @@ class Coordinator:
             plan.setdefault(key, []).append(expert)
         return plan
 
+    def _offer(self, worker: WorkerState, layer: int, experts: list[int], size: int) -> Offer:
+        """An eligible worker as `choose_workers` weighs it for this call."""
+        skipped = worker.sent_at is not None and self.clock() - worker.sent_at >= self.policy.latency_probe_s
+        return Offer(worker.key, tuple(e for e in experts if worker.holds(layer, e)), worker.round_trip.get(size),
+                     self._check_share(worker.key), probe_due=skipped)
+
     def __call__(self, layer: int, inputs: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
-        plan = self.plan(layer, sorted(inputs))
+        size = size_class(sum(x.shape[0] for x in inputs.values()))
+        plan = self.plan(layer, sorted(inputs), size=size)
         sent: dict[str, Future] = {
-            key: self._pool.submit(self._remote, key, layer, {e: inputs[e] for e in experts})
+            key: self._pool.submit(self._remote, key, layer, {e: inputs[e] for e in experts}, size)
             for key, experts in plan.items() if key is not None
         }
         local = plan.get(None, [])
-        outputs = self.local(layer, {e: inputs[e] for e in local}) if local else {}
+        outputs = self._here(layer, {e: inputs[e] for e in local}, size) if local else {}
         self.stats.local_experts += len(local)
         for key, future in sent.items():
             experts = plan[key]
             try:
                 remote = future.result()
             except WorkerFailed:
-                outputs.update(self.local(layer, {e: inputs[e] for e in experts}))
+                outputs.update(self._here(layer, {e: inputs[e] for e in experts}, size))
                 self.stats.fallbacks += 1
                 self.stats.local_experts += len(experts)
                 continue
-            outputs.update(remote if self.draw() >= self._check_share(key) else self._checked(key, layer, inputs, remote))
+            outputs.update(remote if self.draw() >= self._check_share(key) else self._checked(key, layer, inputs, remote, size))
+        return outputs
+
+    def _here(self, layer: int, inputs: dict[int, torch.Tensor], size: int) -> dict[int, torch.Tensor]:
+        """Compute experts locally, timing them: the cost a worker's round trip is weighed against."""
+        started = self.clock()
+        outputs = self.local(layer, inputs)
+        self.local_cost.add(size, (self.clock() - started) / len(inputs))
         return outputs
 
     def _check_share(self, key: str) -> float:
@@ -240,9 +276,10 @@ class Coordinator:
         share = spec.check_share if spec is not None else None
         return self.policy.check_share if share is None else share
 
-    def _checked(self, key: str, layer: int, inputs: dict[int, torch.Tensor], remote: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+    def _checked(self, key: str, layer: int, inputs: dict[int, torch.Tensor], remote: dict[int, torch.Tensor],
+                 size: int) -> dict[int, torch.Tensor]:
         """Recompute a remote batch here; on a disagreement blame its worker and keep ours."""
-        reference = self.local(layer, {e: inputs[e] for e in remote})
+        reference = self._here(layer, {e: inputs[e] for e in remote}, size)
         self.stats.checks += 1
         rtol, atol = self.policy.check_rtol, self.policy.check_atol
         wrong = [e for e in sorted(remote) if not torch.allclose(remote[e], reference[e], rtol=rtol, atol=atol)]
@@ -260,10 +297,11 @@ class Coordinator:
                        key, layer, wrong, gap)
         return reference
 
-    def _remote(self, key: str, layer: int, inputs: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+    def _remote(self, key: str, layer: int, inputs: dict[int, torch.Tensor], size: int) -> dict[int, torch.Tensor]:
         state, transport = self.workers.get(key), self._transports.get(key)
         if state is None or transport is None:
             raise WorkerFailed(f"worker {key} left the dispatch map")
+        state.sent_at = started = self.clock()
         experts, counts, rows = pack_rows(inputs)
         request_id = next(self._ids)
         header = {"type": "compute", "id": request_id, "layer": layer, "experts": experts, "counts": counts}
@@ -282,6 +320,7 @@ class Coordinator:
         except (ValueError, KeyError) as exc:
             state.alive, state.died_at = False, self.clock()
             raise WorkerFailed(f"worker {key} sent a malformed answer: {exc}") from exc
+        state.round_trip.add(size, self.clock() - started)
         with self._lock:  # batches to different workers finish on different threads
             state.last_serve_ms = self.wall_ms()
             state.served += 1

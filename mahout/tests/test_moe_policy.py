@@ -2,11 +2,22 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import torch
 
 from mahout.moe.coordinator import Coordinator, WorkerSpec
-from mahout.moe.policy import DispatchPolicy, LoadMonitor, LoadState, WorkerState, dispatch_eligible
+from mahout.moe.policy import (
+    DispatchPolicy,
+    Estimate,
+    LoadMonitor,
+    LoadState,
+    Offer,
+    WorkerState,
+    choose_workers,
+    dispatch_eligible,
+    size_class,
+)
 
 # check_share 0: these tests tell who computed a batch by its value (a worker's x * 3, the
 # coordinator's own x * 2), which a random check would correct; ExpertCheckTests checks.
@@ -217,14 +228,47 @@ class _Answers:
         pass
 
 
+class _Clock:
+    """A fake monotonic clock: the test moves `now`, and a thread `spend`s time only on its own
+    reading, so a remote batch in flight and the coordinator's own experts are timed apart as
+    they would be in parallel. `advance` moves every thread to the new `now`."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+        self._spent: dict[int, float] = {}
+
+    def __call__(self) -> float:
+        return self.now + self._spent.get(threading.get_ident(), 0.0)
+
+    def spend(self, seconds: float) -> None:
+        ident = threading.get_ident()
+        self._spent[ident] = self._spent.get(ident, 0.0) + seconds
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        self._spent.clear()
+
+
+def _timed_local(clock: _Clock, per_expert: float):  # type: ignore[no-untyped-def]
+    """The coordinator's own experts (x * 2), taking `per_expert` fake seconds each."""
+
+    def compute(layer: int, inputs: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        clock.spend(per_expert * len(inputs))
+        return {e: x * 2 for e, x in inputs.items()}
+
+    return compute
+
+
 class ExpertCheckTests:
     """Expert results are checked for values, not only shape (issue 29)."""
 
     def _coordinator(self, answer, *, draw: float) -> tuple[Coordinator, _Answers]:
-        monitor = LoadMonitor(lambda: 0, POLICY, clock=lambda: 100.0)
+        clock = _Clock(100.0)
+        monitor = LoadMonitor(lambda: 0, POLICY, clock=clock)
         monitor.state = LoadState(busy=3, under_load=True, last_load_at=100.0)
-        coordinator = Coordinator(lambda layer, inputs: {e: x * 2 for e, x in inputs.items()}, monitor=monitor,
-                                  policy=DispatchPolicy(check_share=0.05), clock=lambda: 100.0, draw=lambda: draw)
+        # Computing here takes 1 s an expert (fake), the worker's answer no time: it is always worth engaging.
+        coordinator = Coordinator(_timed_local(clock, 1.0), monitor=monitor, policy=DispatchPolicy(check_share=0.05),
+                                  clock=clock, draw=lambda: draw)
         transport = _Answers(answer)
         coordinator.attach(WorkerSpec("w", 0, 0, 4, ("127.0.0.1", 1)), transport).last_serve_ms = 1
         return coordinator, transport
@@ -273,3 +317,140 @@ class ExpertCheckTests:
         coordinator.sync([WorkerSpec("w", 0, 0, 4, ("127.0.0.1", 1), check_share=1.0)])
         assert torch.equal(coordinator(0, {1: torch.ones(2, 3)})[1], torch.full((2, 3), 2.0))
         assert coordinator.workers["w"].blamed and coordinator.workers["w"].checks_passed == 0
+
+
+class EstimateTests:
+    def test_size_classes_are_powers_of_two(self) -> None:
+        assert [size_class(rows) for rows in (1, 2, 3, 4, 5, 8, 9, 64)] == [0, 1, 2, 2, 3, 3, 4, 6]
+
+    def test_a_running_average_read_from_the_nearest_class(self) -> None:
+        estimate = Estimate(weight=0.5)
+        assert estimate.get(3) is None
+        estimate.add(2, 10.0)
+        estimate.add(2, 20.0)
+        assert estimate.get(2) == 15.0
+        assert estimate.get(9) == 15.0  # nothing nearer
+        estimate.add(4, 40.0)
+        assert estimate.get(3) == 40.0  # a tie goes to the larger (costlier) class
+        assert estimate.get(1) == 15.0
+
+
+def _offer(key: str, experts: tuple[int, ...], round_trip: float | None, *, share: float = 0.0, probe: bool = False) -> Offer:
+    return Offer(key, experts, round_trip, share, probe_due=probe)
+
+
+class ChooseWorkersTests:
+    """The rule weighed in fake seconds: 4 experts in the call, 1 s each here, so 4 s alone."""
+
+    def test_a_round_trip_hidden_behind_the_rest_of_the_call_is_worth_it(self) -> None:
+        # 2 experts remote in 3 s while the other 2 take 2 s here: 3 s < 4 s, though 3 s > its own experts' 2 s.
+        assert choose_workers([_offer("w", (0, 1), 3.0)], experts=4, per_expert=1.0) == {"w": [0, 1]}
+
+    def test_a_round_trip_longer_than_the_whole_call_here_is_not(self) -> None:
+        assert choose_workers([_offer("w", (0, 1), 4.5)], experts=4, per_expert=1.0) == {}
+        assert choose_workers([_offer("w", (0, 1), 4.0)], experts=4, per_expert=1.0) == {}  # no gain: stay local
+
+    def test_the_checks_a_worker_costs_count(self) -> None:
+        assert choose_workers([_offer("w", (0, 1), 3.0, share=0.25)], experts=4, per_expert=1.0) == {"w": [0, 1]}
+        assert choose_workers([_offer("w", (0, 1), 3.0, share=1.0)], experts=4, per_expert=1.0) == {}
+
+    def test_fast_workers_are_engaged_and_a_slow_one_that_would_hold_them_up_is_not(self) -> None:
+        offers = [_offer("slow", (2, 3), 3.5), _offer("fast", (0, 1), 0.5)]
+        # fast alone: max(2, 0.5) = 2 s; with slow too: max(0, 3.5) = 3.5 s
+        assert choose_workers(offers, experts=4, per_expert=1.0) == {"fast": [0, 1]}
+        offers = [_offer("b", (2, 3), 1.0), _offer("a", (0, 1), 0.5)]
+        assert choose_workers(offers, experts=4, per_expert=1.0) == {"a": [0, 1], "b": [2, 3]}
+
+    def test_an_expert_two_workers_hold_goes_to_the_faster(self) -> None:
+        offers = [_offer("replica", (0, 1), 1.0), _offer("quick", (0, 1), 0.5)]
+        assert choose_workers(offers, experts=4, per_expert=1.0) == {"quick": [0, 1]}
+
+    def test_a_worker_never_measured_and_a_probe_due_are_sent_their_batch(self) -> None:
+        offers = [_offer("new", (0, 1), None), _offer("slow", (2, 3), 9.0, probe=True)]
+        assert choose_workers(offers, experts=4, per_expert=1.0) == {"new": [0, 1], "slow": [2, 3]}
+
+    def test_before_the_coordinator_timed_itself_only_measurements_are_sent(self) -> None:
+        offers = [_offer("measured", (0, 1), 0.1), _offer("new", (2, 3), None)]
+        assert choose_workers(offers, experts=4, per_expert=None) == {"new": [2, 3]}
+
+
+class LatencyAwareCoordinatorTests:
+    """A worker 50 ms away against experts that take 2 ms each here (fake clocks, no timing)."""
+
+    PER_EXPERT, ROUND_TRIP = 0.002, 0.05
+
+    def _coordinator(self, *, latency_aware: bool = True, answer=lambda rows: rows * 3, share: float | None = None):  # type: ignore[no-untyped-def]
+        clock = _Clock(100.0)
+        policy = replace(POLICY, latency_aware=latency_aware, latency_probe_s=5.0)
+        monitor = LoadMonitor(lambda: 0, policy, clock=clock)
+        monitor.state = LoadState(busy=4, under_load=True, last_load_at=1e9)  # under load throughout
+        coordinator = Coordinator(_timed_local(clock, self.PER_EXPERT), monitor=monitor, policy=policy, clock=clock,
+                                  draw=lambda: 0.5)
+        link = _Slow(clock, self.ROUND_TRIP, answer)
+        coordinator.attach(WorkerSpec("w", 0, 0, 2, None, check_share=share), link)
+        return coordinator, link, clock
+
+    def _call(self, coordinator: Coordinator) -> dict[int, torch.Tensor]:
+        return coordinator(0, {e: torch.ones(2, 3) for e in range(4)})
+
+    def test_a_slow_worker_is_measured_once_then_skipped_and_probed_every_so_often(self) -> None:
+        coordinator, link, clock = self._coordinator()
+        self._call(coordinator)  # its first try measures it
+        assert link.calls == 1 and coordinator.workers["w"].proven
+        for _ in range(5):
+            out = self._call(coordinator)
+            assert torch.equal(out[0], torch.full((2, 3), 2.0)), "computed here"
+        assert link.calls == 1
+        clock.advance(5.0)
+        self._call(coordinator)  # skipped for the probe interval: one probe batch
+        self._call(coordinator)
+        assert link.calls == 2
+
+    def test_a_probed_worker_whose_link_got_faster_is_engaged_again(self) -> None:
+        coordinator, link, clock = self._coordinator()
+        self._call(coordinator)
+        link.round_trip = 0.001  # the home link got faster: below the 8 ms the call takes here
+        probes = 0
+        while True:
+            clock.advance(5.0)
+            before = link.calls
+            self._call(coordinator)  # a probe
+            self._call(coordinator)  # engaged on its own merit, or not
+            probes += 1
+            if link.calls - before == 2:
+                break
+            assert probes < 10, "the estimate never caught up with the faster link"
+        assert probes > 1, "one fast answer does not outweigh the slow history at once"
+
+    def test_seed_004s_rule_as_first_written_engages_it_every_call(self) -> None:
+        coordinator, link, _ = self._coordinator(latency_aware=False)
+        for _ in range(4):
+            self._call(coordinator)
+        assert link.calls == 4
+
+    def test_a_poisoned_worker_on_probation_is_caught_on_its_measuring_batch(self) -> None:
+        coordinator, link, _ = self._coordinator(answer=lambda rows: rows * 2 + 0.5, share=1.0)
+        out = self._call(coordinator)
+        assert torch.equal(out[0], torch.full((2, 3), 2.0)) and coordinator.workers["w"].blamed
+
+    def test_a_skipped_worker_on_probation_still_earns_its_passes_on_probes(self) -> None:
+        coordinator, link, clock = self._coordinator(answer=lambda rows: rows * 2, share=0.6)
+        for _ in range(3):
+            self._call(coordinator)
+            clock.advance(5.0)
+        assert link.calls == 3 and coordinator.workers["w"].checks_passed == 3 and coordinator.stats.mismatches == 0
+
+
+class _Slow:
+    """A worker `round_trip` fake seconds away, answering `answer(rows)`."""
+
+    def __init__(self, clock: _Clock, round_trip: float, answer) -> None:  # type: ignore[no-untyped-def]
+        self.clock, self.round_trip, self.answer, self.calls = clock, round_trip, answer, 0
+
+    def request(self, header: dict, rows: torch.Tensor, timeout: float) -> tuple[dict, torch.Tensor]:
+        self.calls += 1
+        self.clock.spend(self.round_trip)
+        return {"type": "result", "id": header["id"], "experts": header["experts"], "counts": header["counts"]}, self.answer(rows)
+
+    def close(self) -> None:
+        pass
