@@ -1,16 +1,16 @@
 """The engine against llama.cpp per architecture, side by side in one run: decode tokens/s.
 
-For each architecture the engine runs (gemma3, llama, qwen2, qwen3 and the mixture of
-experts qwen3moe, `engine.moe`) a random-weight model of that family (`testkit.families`: its real vocabulary and a blueprint of the size asked
-for), and the shipped Gemma 3 270M (Q4_K_M): greedy decode tokens/s of the engine (one stage,
+For each architecture the engine runs (gemma3, llama, qwen2, qwen3, and the mixtures of
+experts qwen3moe and Mixtral, `engine.moe`) a random-weight model of that family
+(`testkit.families`: its real vocabulary and a blueprint of the size asked for), and the shipped Gemma 3 270M (Q4_K_M): greedy decode tokens/s of the engine (one stage,
 one torch thread) and of llama-cpp-python (one thread) on the same file and prompt, rounds
 alternating between the two so that machine noise hits both; medians and their ratio.
 
 Sizes: `tiny` is the test models' blueprint (d_model 64, two layers: the output head over a
 128-262k vocabulary is most of the work, and per-layer Python overhead the rest); `mid`
 (default) is a Gemma-270M-sized blueprint (d_model 640, 18 layers, ffn 2048, 4 heads of 160,
-1 KV head), so every architecture is compared at the shipped model's shape; qwen3moe's 8
-experts per layer are 512 wide there (2 routed per token: half the dense feed-forward's
+1 KV head), so every architecture is compared at the shipped model's shape; the MoE models'
+8 experts per layer are 512 wide there (2 routed per token: half the dense feed-forward's
 work per token, four times its weights). The random models are float16; the shipped one is
 Q4_K_M, which llama.cpp reads quantised.
 
@@ -40,11 +40,11 @@ from ring import llama_decode_tps  # noqa: E402 - bench/ring.py, beside this scr
 from engine.device import add_device_argument  # noqa: E402
 from engine.generate import build_stages, generate  # noqa: E402
 from engine.gguf_loader import default_model_path, read_config  # noqa: E402
-from engine.gguf_meta import gguf_required, open_gguf  # noqa: E402
-from engine.moe_gguf import MOE_ARCHES  # noqa: E402
+from engine.gguf_meta import gguf_field, open_gguf  # noqa: E402
 from engine.tokenizer import Tokenizer  # noqa: E402
 
-FAMILIES = {"gemma3": "gemma", "llama": "llama3", "qwen2": "qwen2.5", "qwen3": "qwen3", "qwen3moe": "qwen3moe"}  # arch -> family
+FAMILIES = {"gemma3": "gemma", "llama": "llama3", "qwen2": "qwen2.5", "qwen3": "qwen3", "qwen3moe": "qwen3moe",
+            "mixtral": "mixtral"}  # what is measured (the architecture, or Mixtral's llama with experts) -> family
 SIZES = {
     "tiny": {},
     "mid": {"n_layer": 18, "n_embd": 640, "n_head": 4, "n_head_kv": 1, "n_ff": 2048},  # Gemma 3 270M's shape
@@ -54,15 +54,16 @@ PROMPT = "Once upon a time, in a village at the edge of a great forest, there li
 
 
 def engine_tps(path: Path, prompt_ids: list[int], tokens: int, device: torch.device) -> float:
-    if read_config_arch(path) in MOE_ARCHES:
+    if has_experts(path):
         return moe_tps(path, prompt_ids, tokens)
     config = read_config(open_gguf(path))
     (stage,) = build_stages(path, [(0, config.n_layers)], n_rows=1, n_ctx=256, device=device)
     return generate([stage], prompt_ids, tokens).decode_tokens_per_s
 
 
-def read_config_arch(path: Path) -> str:
-    return gguf_required(open_gguf(path), "general.architecture")
+def has_experts(path: Path) -> bool:
+    reader = open_gguf(path)
+    return bool(gguf_field(reader, f"{gguf_field(reader, 'general.architecture')}.expert_count"))
 
 
 def moe_tps(path: Path, prompt_ids: list[int], tokens: int) -> float:
@@ -119,7 +120,7 @@ def main() -> int:
     add_device_argument(parser, default="cpu")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    from testkit.families import sdist_models, tiny_model
+    from testkit.families import MOE_FAMILIES, sdist_models, tiny_model
 
     folder = Path(tempfile.mkdtemp(prefix="engine-families-"))
     sdist = sdist_models(folder / "sdist")
@@ -129,7 +130,7 @@ def main() -> int:
     for arch, family in FAMILIES.items():
         if args.only and arch not in args.only:
             continue
-        size = (MOE_SIZES if arch in MOE_ARCHES else SIZES)[args.size]
+        size = (MOE_SIZES if family in MOE_FAMILIES else SIZES)[args.size]
         path = tiny_model(family, sdist, folder / f"{family}.gguf", **size)
         engine, llama = measure(f"{arch} ({family}, random float16)", path, args.rounds, args.tokens, args.device)
         ratios[arch] = engine / llama

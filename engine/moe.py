@@ -1,5 +1,6 @@
-"""A mixture-of-experts transformer (llama.cpp's `qwen3moe` layout) whose routed experts can
-be computed anywhere: locally, or by remote expert workers that hold a slice of them.
+"""A mixture-of-experts transformer (llama.cpp's `qwen3moe` layout, and Mixtral's: `llama`
+blocks with routed experts) whose routed experts can be computed anywhere: locally, or by
+remote expert workers that hold a slice of them.
 
 Three plain things, as in `engine.model`: `MoeConfig` (the blueprint from GGUF metadata,
 defined with its reader in the torch-free `engine.moe_gguf` and re-exported here),
@@ -178,9 +179,10 @@ class MoeModel:
     __call__ = forward
 
     def _attention(self, w: MoeLayerWeights, x: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """Qwen 3's attention (q/k norms, NEOX RoPE, linearly scaled where the file says so)."""
+        """`engine.model`'s attention: q/k norms where the block has them, RoPE in the
+        architecture's form (linearly scaled where the file says so)."""
         c = self.config
-        q, k, v = qkv(w, x, positions, c, rope_base=c.rope_base, rope_scale=c.rope_scale)
+        q, k, v = qkv(w, x, positions, c, rope_base=c.rope_base, rope_scale=c.rope_scale, neox=c.rope_neox)
         out = cached_attention(self.cache, w.index, q, k, v, positions, rows, scale=c.attn_scale)  # (T, H, Hd)
         return linear(out.view(x.shape[0], c.n_heads * c.head_dim), w.wo)  # (T, D)
 

@@ -1,5 +1,6 @@
-"""MoE GGUF files in llama.cpp's `qwen3moe` layout, with `gguf` and numpy only: the
-blueprint (`MoeConfig`), the byte vocabulary, expert slice files and the tiny test model.
+"""MoE GGUF files in llama.cpp's `qwen3moe` layout (and Mixtral's, `llama` with experts: the
+same without q/k norms, see `MOE_ARCHES`), with `gguf` and numpy only: the blueprint
+(`MoeConfig`), the byte vocabulary, expert slice files and the tiny test model.
 
 Per layer N the file holds attention (`blk.N.attn_{norm,q,k,v,output,q_norm,k_norm}`), the
 feed-forward norm `blk.N.ffn_norm`, the router `blk.N.ffn_gate_inp` (E, D) and the experts
@@ -45,11 +46,18 @@ __all__ = [
     "write_expert_slice",
 ]
 
-MOE_ARCHES = ("qwen3moe",)
+# What is fixed per MoE architecture, as llama.cpp builds its graph (src/models/<arch>.cpp):
+# whether heads' queries and keys are RMS-normed, and the RoPE form (NEOX halves, or llama's
+# adjacent pairs). Both route with softmax over every expert, keep the top K and renormalise.
+MOE_ARCHES = {
+    "qwen3moe": {"qk_norm": True, "rope_neox": True},  # Qwen 3 MoE (Qwen3-30B-A3B, 235B-A22B)
+    "llama": {"qk_norm": False, "rope_neox": False},  # Mixtral: llama blocks with routed experts
+}
 SLICE_LAYER_KEY = "elephant.expert_slice.layer"
 SLICE_FIRST_KEY = "elephant.expert_slice.first"
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 LAYER_TENSORS = {**BLOCK_TENSORS, "router": "ffn_gate_inp"}  # MoeLayerWeights field -> name inside blk.N.
+QK_NORMS = ("q_norm", "k_norm")
 BYTE_BOS, BYTE_EOS = 256, 257
 
 
@@ -78,12 +86,18 @@ class MoeConfig:
     n_experts_used: int  # K
     expert_ffn_dim: int  # F
     gating: Gating = Gating.SOFTMAX
-    norm_topk: bool = True  # renormalise the K kept weights to sum to one (qwen3moe does)
+    norm_topk: bool = True  # renormalise the K kept weights to sum to one (qwen3moe and Mixtral do)
     rope_scale: float = 1.0  # positions are multiplied by this (linear RoPE scaling: 1 / factor)
+    qk_norm: bool = True  # see MOE_ARCHES
+    rope_neox: bool = True
 
     @property
     def attn_scale(self) -> float:
         return self.head_dim**-0.5
+
+    def layer_tensors(self) -> dict[str, str]:
+        """A block's tensors but its experts: `MoeLayerWeights` field -> name inside blk.N."""
+        return {f: n for f, n in LAYER_TENSORS.items() if self.qk_norm or f not in QK_NORMS}
 
 
 def read_moe_config(reader: GGUFReader) -> MoeConfig:
@@ -114,9 +128,11 @@ def read_moe_config(reader: GGUFReader) -> MoeConfig:
         rope_base=float(gguf_field(reader, f"{arch}.rope.freq_base", 10_000.0)),
         n_experts=int(gguf_required(reader, f"{arch}.expert_count")),
         n_experts_used=int(gguf_required(reader, f"{arch}.expert_used_count")),
-        expert_ffn_dim=int(gguf_required(reader, f"{arch}.expert_feed_forward_length")),
+        expert_ffn_dim=int(gguf_field(reader, f"{arch}.expert_feed_forward_length")  # Mixtral's: the dense key
+                           or gguf_required(reader, f"{arch}.feed_forward_length")),
         gating=Gating(int(gguf_field(reader, f"{arch}.expert_gating_func", Gating.SOFTMAX))),
         rope_scale=_rope_scale(reader, arch),
+        **MOE_ARCHES[arch],
     )
 
 

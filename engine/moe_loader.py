@@ -27,7 +27,6 @@ from engine.moe import ExpertBank, MoeLayerWeights, MoeWeights
 from engine.moe_gguf import (
     BYTE_BOS,
     BYTE_EOS,
-    LAYER_TENSORS,
     SLICE_FIRST_KEY,
     SLICE_LAYER_KEY,
     ByteTokenizer,
@@ -97,9 +96,10 @@ def load_moe(path: str | Path, *, with_experts: bool = True) -> tuple[MoeConfig,
     layers = []
     names = {"token_embd.weight", "output_norm.weight"}
     for i in range(config.n_layers):
-        loaded = {f: _dense(tensors[f"blk.{i}.{n}.weight"]) for f, n in LAYER_TENSORS.items()}
+        wanted = config.layer_tensors()
+        loaded = {"q_norm": None, "k_norm": None, **{f: _dense(tensors[f"blk.{i}.{n}.weight"]) for f, n in wanted.items()}}
         loaded["router"] = loaded["router"].float()  # routing decides which experts run: scored in float32
-        names.update(f"blk.{i}.{n}.weight" for n in LAYER_TENSORS.values())
+        names.update(f"blk.{i}.{n}.weight" for n in wanted.values())
         bank = _bank(tensors, i, 0, config.n_experts, 0) if with_experts else None
         if with_experts:
             names.update(expert_tensor_names(i))

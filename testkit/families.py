@@ -2,7 +2,7 @@
 
 Each file carries its family's real vocabulary and real chat template, and a few MB of seeded
 random weights that llama.cpp loads and runs on a CPU: Llama 3, Qwen 2.5, Qwen 3, Phi-3,
-Mistral and Gemma 3; and a Qwen 3 mixture of experts (`qwen3moe`, in `MOE_FAMILIES`: the
+Mistral and Gemma 3; and two mixtures of experts, Qwen 3 MoE and Mixtral (in `MOE_FAMILIES`: the
 families above are the dense ones other tests go through one by one). The vocabularies and
 templates are the ones llama.cpp publishes in the llama-cpp-python sdist
 (`vendor/llama.cpp/models/`), fetched with pip when a test runs and never committed; Gemma 3's
@@ -81,12 +81,17 @@ FAMILIES: dict[str, Family] = {
 }
 
 # Qwen 3's mixture of experts (Qwen3-30B-A3B's layout: 128 experts, 8 per token, here 8 and 2):
-# Qwen 3's vocabulary and template. Its router and experts are drawn wider than the rest
+# Qwen 3's vocabulary and template. Their routers and experts are drawn wider than the rest
 # (std 0.3): at 0.02 the routed feed-forward would add ~1e-3 to a residual stream the embedding
 # dominates, and a wrong router or expert would not show in the logits.
 MOE_FAMILIES: dict[str, Family] = {
     "qwen3moe": Family("qwen3moe", "ggml-vocab-qwen2.gguf", "Qwen-Qwen3-0.6B.jinja", rope_freq_base=1e6, rms_eps=1e-6,
                        n_expert=8, n_expert_used=2, n_ff_exp=64, expert_std=0.3),
+    # Mixtral 8x7B: llama blocks with 8 experts, 2 per token; Mistral's vocabulary (Llama 2's
+    # kind, as the dense "mistral" family's) and template.
+    # llama.cpp reads a llama expert's width from feed_forward_length, as Mixtral's files give it.
+    "mixtral": Family("llama", "ggml-vocab-llama-spm.gguf", "mistralai-Mistral-Nemo-Instruct-2407.jinja",
+                      rope_freq_base=1e6, n_ff=64, n_expert=8, n_expert_used=2, n_ff_exp=64, expert_std=0.3),
 }
 
 
@@ -228,7 +233,8 @@ def _blueprint_add(writer: GGUFWriter, spec: Family) -> None:
     if spec.n_expert:
         writer.add_expert_count(spec.n_expert)
         writer.add_expert_used_count(spec.n_expert_used)
-        writer.add_expert_feed_forward_length(spec.n_ff_exp)
+        if spec.arch != "llama":  # Mixtral's files have no such key: an expert is feed_forward_length wide
+            writer.add_expert_feed_forward_length(spec.n_ff_exp)
 
 
 def _weights(spec: Family, tokenizer: dict[str, tuple], seed: int) -> dict[str, np.ndarray]:

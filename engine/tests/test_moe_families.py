@@ -1,4 +1,4 @@
-"""The MoE engine on a real mixture-of-experts architecture, against llama.cpp on the same file.
+"""The MoE engine on real mixture-of-experts architectures, against llama.cpp on the same file.
 
 The model is `testkit.families`' tiny `qwen3moe`: Qwen 3's real vocabulary (151,936 tokens)
 and template, three layers of 8 float16 experts with 2 routed per token, seeded random weights.
@@ -162,3 +162,26 @@ class Qwen3MoeQuantizedTests:
         _, bank = load_expert_slice(tmp_path / "slice.gguf", 2, 4, 4)
         whole = weights.layers[2].experts
         assert torch.equal(bank.gate, whole.gate[4:8]) and torch.equal(bank.down, whole.down[4:8])
+
+
+class MixtralGoldenTests:
+    """Mixtral's layout (`llama` blocks with routed experts: no q/k norms, llama's pairwise
+    RoPE, the expert width in feed_forward_length) on Mistral's vocabulary: logits 0.6-1.5e-3
+    off llama.cpp's; rotating NEOX halves instead of pairs would put them 0.011-0.038 off."""
+
+    def test_its_logits_and_greedy_tokens_are_llama_cpps(self, tmp_path: Path) -> None:
+        path = tiny_model("mixtral", sdist_models(tmp_path / "sdist"), tmp_path / "mixtral.gguf", n_layer=N_LAYERS)
+        reference = Reference(path)
+        try:
+            config, weights = load_moe(path)
+            assert (config.arch, config.qk_norm, config.rope_neox, config.n_experts) == ("llama", False, False, 8)
+            assert weights.layers[0].q_norm is None
+            for index, prompt_ids in enumerate(reference.prompts):
+                off = float(np.abs(_first_logits(MoeModel(config, weights, n_rows=1, n_ctx=64), prompt_ids)
+                                   - reference.greedy[index][1]).max())
+                assert off < LOGITS_ATOL, f"prompt {index}: logits {off:.5f} off llama.cpp's"
+                reference.assert_agrees(index, MoeModel(config, weights, n_rows=1, n_ctx=64).generate(prompt_ids, N_TOKENS))
+            neox = MoeModel(replace(config, rope_neox=True), weights, n_rows=1, n_ctx=64)  # the wrong RoPE form shows
+            assert float(np.abs(_first_logits(neox, reference.prompts[2]) - reference.greedy[2][1]).max()) > LOGITS_ATOL
+        finally:
+            reference.llama.close()
