@@ -38,8 +38,9 @@ the scorer is not told whose answer it reads. The scorer answers with a verdict
   customer is refunded and the host punished as above; a confirmation that passes decides
   the audit passed and the first scorer, overruled, gets a strike (AUDIT_SCORER_MAX_OVERRULED
   strikes in a day and it loses its trust, so it scores no more);
-- a decline (it cannot score it there) or a silence past AUDIT_SCORE_TIMEOUT_SECONDS hands
-  the audit to another scorer; an audit no scorer decided within AUDIT_SCORER_WAIT_SECONDS is
+- a decline (it cannot score it there), a silence past AUDIT_SCORE_TIMEOUT_SECONDS or the
+  scorer's restart (a new boot id from it, `audit_scorer_restarted`) hands the audit to
+  another scorer; an audit no scorer decided within AUDIT_SCORER_WAIT_SECONDS is
   released unchecked and logged, as the gateway does when a file vanished.
 Each scorer whose verdict stands is paid its prefill's fee when the audit is decided
 (`scorer_fee`: the model's prompt price for prompt + answer tokens, the host's share of it),
@@ -113,7 +114,7 @@ def audit_wanted(
         return None
     if not always and random.random() >= audit_rate(host=host):
         return None
-    if audit_weights(request.model, assemble=False) is None and not scorers_exist(model_id=request.model_id, besides=host):
+    if not audit_possible(request.model, besides=host):
         return None
     from mahout.verify import auditable  # (imports llama_cpp's bindings: only when a job is drawn)
 
@@ -134,6 +135,12 @@ def audit_open(*, request: Request, job: Job, host: Host, payload: dict, text: s
     if by_hosts:
         announce_on_commit(queue_group(request.model_id), {"type": "audit.queued"})  # waiting scorers look now
     return audit
+
+
+def audit_possible(model: CatalogModel, *, besides: Host) -> bool:
+    """Whether a job of `model` that `besides` served could be audited: the gateway has the
+    weights, or a trusted host other than `besides` could score it."""
+    return audit_weights(model, assemble=False) is not None or scorers_exist(model_id=model.pk, besides=besides)
 
 
 def scorers_exist(*, model_id: int, besides: Host) -> bool:
@@ -204,7 +211,7 @@ def audit_decide(*, audit: Audit, reason: str | None, counts: dict) -> bool:
     status = Audit.Status.PASSED if reason is None else Audit.Status.FAILED
     if not Audit.objects.filter(pk=audit.pk, status=Audit.Status.PENDING).update(
         status=status, reason=(reason or "")[:500], payload=None, text="", token_ids=None, decided_at=timezone.now(),
-        scorer=None, scorer_since=None, **counts,
+        scorer=None, scorer_since=None, scorer_boot="", **counts,
     ):
         return False
     request = audit.request
@@ -239,12 +246,13 @@ def audit_summary() -> dict:
 CLAIM_CANDIDATES = 5  # audits a claim tries before giving up to a race
 
 
-def audit_claim_payload(*, host: Host, model_ids: list[int]) -> AuditPayload | None:
+def audit_claim_payload(*, host: Host, model_ids: list[int], boot: str = "") -> AuditPayload | None:
     """An audit of one of `model_ids` (the models `host` qualified on its machine) for this
     trusted host to score, claimed with a compare-and-set, or None. Oldest first; never its
     own answer, nor one it read before; another owner's host first (one of the audited host's
     own owner only after half of AUDIT_SCORER_WAIT_SECONDS). The claim path asks only when no
-    customer's job was there for it."""
+    customer's job was there for it. `boot` (the claiming process's boot id) is kept: a new
+    one from this host frees the audit at once (`audit_scorer_restarted`)."""
     if host.trusted_at is None or host.banned_at is not None or not model_ids:
         return None
     now = timezone.now()
@@ -260,7 +268,7 @@ def audit_claim_payload(*, host: Host, model_ids: list[int]) -> AuditPayload | N
         return None  # one at a time: a scorer is not a queue of audits nobody else may take
     for audit_id in candidates:
         if Audit.objects.filter(pk=audit_id, status=Audit.Status.PENDING, scorer__isnull=True).update(
-                scorer=host, scorer_since=now):
+                scorer=host, scorer_since=now, scorer_boot=boot):
             return _audit_payload(Audit.objects.select_related("request__model").get(pk=audit_id))
     return None
 
@@ -285,7 +293,7 @@ def audit_verdict_report(*, host: Host, audit_id: int, verdict: str, reason: str
                        code="audit_not_yours", type="invalid_request_error")
     counts = {key: max(int((counts or {}).get(key) or 0), 0) for key in ("checked", "uncertain", "misses")}
     AuditScore.objects.create(audit=audit, scorer=host, verdict=verdict, reason=reason[:500], **counts)
-    Audit.objects.filter(pk=audit.pk).update(scorer=None, scorer_since=None)
+    Audit.objects.filter(pk=audit.pk).update(scorer=None, scorer_since=None, scorer_boot="")
     if verdict == AuditScore.Verdict.DECLINED:
         logger.info("audit %s: host %s declined to score it (%s)", audit.pk, host.pk, reason)
     _audit_settle_scores(audit)
@@ -358,7 +366,8 @@ def audit_scorers_watch(*, now: object = None) -> int:
     silent = now - timedelta(seconds=settings.AUDIT_SCORE_TIMEOUT_SECONDS)
     for audit_id, scorer_id in list(Audit.objects.filter(status=Audit.Status.PENDING, by_hosts=True,
                                                          scorer_since__lt=silent).values_list("pk", "scorer_id")):
-        _scorer_abandoned(audit_id=audit_id, scorer_id=scorer_id)
+        _scorer_abandoned(audit_id=audit_id, scorer_id=scorer_id,
+                          why=f"gave no verdict within {settings.AUDIT_SCORE_TIMEOUT_SECONDS:.0f} s")
     decided = 0
     waited = now - timedelta(seconds=settings.AUDIT_SCORER_WAIT_SECONDS)
     for audit in Audit.objects.select_related("request", "host").filter(
@@ -369,14 +378,30 @@ def audit_scorers_watch(*, now: object = None) -> int:
     return decided
 
 
+def audit_scorer_restarted(*, host_id: int, boot: str) -> int:
+    """The host spoke with boot id `boot` (`lifecycle.failover.host_boot_seen`): an audit it
+    claimed from another process is never answered (that process is gone), so it goes to
+    another scorer now, not after AUDIT_SCORE_TIMEOUT_SECONDS. Without a boot id nothing
+    happens, and an audit claimed without one waits out the timeout. Returns how many were freed."""
+    if not boot:
+        return 0
+    held = list(Audit.objects.filter(status=Audit.Status.PENDING, scorer_id=host_id).exclude(scorer_boot__in=("", boot))
+                .values_list("pk", "scorer_boot"))
+    return sum(_scorer_abandoned(audit_id=audit_id, scorer_id=host_id, boot=old, why="restarted before its verdict")
+               for audit_id, old in held)
+
+
 @transaction.atomic
-def _scorer_abandoned(*, audit_id: int, scorer_id: int | None) -> None:
-    """Take the audit back from a silent scorer (it died, or never answers) for another."""
-    if scorer_id is None or not Audit.objects.filter(pk=audit_id, status=Audit.Status.PENDING,
-                                                     scorer_id=scorer_id).update(scorer=None, scorer_since=None):
-        return
+def _scorer_abandoned(*, audit_id: int, scorer_id: int | None, why: str, boot: str | None = None) -> bool:
+    """Take the audit back from a scorer that will not answer (silent, dead or restarted; the
+    claim of process `boot` only, when given) for another. False when it was not held so."""
+    held = Audit.objects.filter(pk=audit_id, status=Audit.Status.PENDING, scorer_id=scorer_id)
+    if boot is not None:
+        held = held.filter(scorer_boot=boot)
+    if scorer_id is None or not held.update(scorer=None, scorer_since=None, scorer_boot=""):
+        return False
     AuditScore.objects.create(audit_id=audit_id, scorer_id=scorer_id, verdict=AuditScore.Verdict.ABANDONED)
-    logger.warning("audit %s: host %s gave no verdict within %.0f s; another scorer is asked", audit_id, scorer_id,
-                   settings.AUDIT_SCORE_TIMEOUT_SECONDS)
+    logger.warning("audit %s: host %s %s; another scorer is asked", audit_id, scorer_id, why)
     model_id = Audit.objects.filter(pk=audit_id).values_list("request__model_id", flat=True).first()
     announce_on_commit(queue_group(model_id), {"type": "audit.queued"})
+    return True

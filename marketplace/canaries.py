@@ -17,7 +17,9 @@ is put in maintenance with a reason naming verification; its owner sees why.
 Schedule (`canary_send_if_due`, on every heartbeat, so no customer traffic is needed): a
 host in probation (fewer than `CANARY_TRUST_AFTER` passed canaries) gets one every
 `CANARY_PROBATION_SECONDS`, one at a time; a trusted host one every
-`CANARY_TRUSTED_SECONDS`. Models without references get no canaries.
+`CANARY_TRUSTED_SECONDS`. A model without references gets canaries only when trusted hosts
+score its audits (the gateway never held its weights): a corpus prompt, sampled as
+customers' jobs are and judged by its audit alone (`_canary_drawn`); otherwise none.
 """
 from __future__ import annotations
 
@@ -41,11 +43,11 @@ from billing import selectors as ledger
 from billing import services as billing
 from catalog.models import CatalogModel
 from catalog.rendering import chat_format, prompt_count, prompt_fragments
-from hosts.models import Host
+from hosts.models import TRUSTED, Host
 from hosts.selectors import qualified_model_ids
 from hosts.services import host_maintenance_enter
 from marketplace import reputation
-from marketplace.audits import audit_weights
+from marketplace.audits import audit_possible, audit_weights, scorers_exist
 from marketplace.lifecycle.queueing import new_public_id, request_submit
 from marketplace.models import Audit, CanaryCheck, CanaryReference, Request, TextChunk
 from protocol.jobs import job_fragments, job_stop_strings
@@ -343,12 +345,18 @@ def canary_score_pending(*, limit: int = 20) -> int:
 
 def _audited_decide() -> int:
     """Canaries judged by an audit take its verdict once the audit is decided
-    (`audits.audit_score_pending`: the host is in maintenance already if it failed)."""
+    (`audits.audit_score_pending`: the host is in maintenance already if it failed). One
+    whose audit passed having checked nothing (released unchecked: no scorer read it, or the
+    file vanished) is void: it vouches for nothing."""
     decided = 0
     waiting = CanaryCheck.objects.filter(verdict=CanaryCheck.Verdict.SCORING, by_audit=True).select_related("host")
     for check in waiting:
         audit = Audit.objects.filter(request_id=check.request_id).exclude(status=Audit.Status.PENDING).first()
         if audit is None:
+            continue
+        if audit.status == Audit.Status.PASSED and not audit.checked:
+            decided += CanaryCheck.objects.filter(pk=check.pk, verdict=CanaryCheck.Verdict.SCORING).update(
+                verdict=CanaryCheck.Verdict.VOID, decided_at=timezone.now())
             continue
         reason = None if audit.status == Audit.Status.PASSED else f"its audit failed: {audit.reason}"
         with transaction.atomic():
@@ -407,16 +415,16 @@ def _canary_key() -> ApiKey:
 
 @transaction.atomic
 def canary_send(*, host: Host) -> CanaryCheck | None:
-    """Queue one canary for `host` (a model it qualified that has references), or None."""
+    """Queue one canary for `host` (a model it qualified that can be checked, `_canary_drawn`), or None."""
     model_ids = qualified_model_ids(host=host, fingerprint=host.fingerprint) if host.fingerprint else []
-    references = list(CanaryReference.objects.filter(model_id__in=model_ids).values_list("pk", flat=True))
-    if not references:
+    drawn = _canary_drawn(host=host, model_ids=model_ids)
+    if drawn is None:
         return None
-    reference = CanaryReference.objects.select_related("model").get(pk=random.choice(references))
-    kind, model = reference.kind, reference.model
-    by_audit = settings.AUDIT_ENABLED and audit_weights(model, assemble=False) is not None
-    messages = reference.prompt if kind == Request.Kind.CHAT else None
-    prompt = reference.prompt if kind == Request.Kind.COMPLETION else None
+    model, item, reference = drawn
+    kind = item["kind"]
+    by_audit = reference is None or (settings.AUDIT_ENABLED and audit_possible(model, besides=host))
+    messages = item.get("messages") if kind == Request.Kind.CHAT else None
+    prompt = item.get("prompt") if kind == Request.Kind.COMPLETION else None
     if by_audit:  # judged by its audit, so it may look like customers' jobs
         params = live_params(model=model, kind=kind)
         if messages is not None and random.random() < 0.5:
@@ -426,13 +434,45 @@ def canary_send(*, host: Host) -> CanaryCheck | None:
     try:
         fragments = prompt_fragments(model, kind=kind, messages=messages, prompt=prompt)
     except TemplateRefused:  # a template without a system role
-        messages = reference.prompt
-        fragments = prompt_fragments(model, kind=kind, messages=messages, prompt=prompt)
+        messages = item.get("messages") if kind == Request.Kind.CHAT else None
+        try:
+            fragments = prompt_fragments(model, kind=kind, messages=messages, prompt=prompt)
+        except TemplateRefused:  # (a corpus prompt its template refuses: references skip those too)
+            return None
     request = request_submit(
         public_id=new_public_id(kind), api_key=_canary_key(), model=model, kind=kind, messages=messages,
         prompt=prompt, stream=True, prompt_tokens=prompt_count(model, fragments), params=params, only_host_id=host.pk,
     )
     return CanaryCheck.objects.create(host=host, reference=reference, request=request, by_audit=by_audit)
+
+
+def _canary_drawn(*, host: Host, model_ids: list[int]) -> tuple[CatalogModel, dict, CanaryReference | None] | None:
+    """A model for `host`'s canary, drawn at random among those it qualified that can check one,
+    and its prompt: one of the model's references, or (no reference: the gateway never held
+    the weights) a corpus prompt, for a model whose audit trusted hosts score
+    (`_scored_by_hosts`); such a canary is judged by its audit alone."""
+    referenced: dict[int, list[int]] = {}
+    for pk, model_id in CanaryReference.objects.filter(model_id__in=model_ids).values_list("pk", "model_id"):
+        referenced.setdefault(model_id, []).append(pk)
+    choices = [*referenced, *_scored_by_hosts(host=host, model_ids=[m for m in model_ids if m not in referenced])]
+    if not choices:
+        return None
+    model_id = random.choice(choices)
+    if model_id in referenced:
+        reference = CanaryReference.objects.select_related("model").get(pk=random.choice(referenced[model_id]))
+        prompt_key = "messages" if reference.kind == Request.Kind.CHAT else "prompt"
+        return reference.model, {"kind": reference.kind, prompt_key: reference.prompt}, reference
+    return CatalogModel.objects.get(pk=model_id), random.choice(corpus()), None
+
+
+def _scored_by_hosts(*, host: Host, model_ids: list[int]) -> list[int]:
+    """Of `model_ids` (chat models without references), those the gateway cannot read but a
+    trusted host other than `host` scores audits of: a canary of one is judged by its audit."""
+    if not settings.AUDIT_ENABLED or not model_ids:
+        return []
+    models = CatalogModel.objects.filter(pk__in=model_ids, kind=CatalogModel.Kind.CHAT)
+    return [model.pk for model in models
+            if audit_weights(model, assemble=False) is None and scorers_exist(model_id=model.pk, besides=host)]
 
 
 # Never a customer's words: a canary's system turn is one of these, as often as not.
@@ -460,8 +500,11 @@ def live_params(*, model: CatalogModel, kind: str) -> dict:
 
 
 def canary_send_if_due(*, host: Host) -> CanaryCheck | None:
-    """On every claim (`marketplace.claiming`): one query when no model has references."""
-    if not settings.CANARY_ENABLED or not CanaryReference.objects.exists():
+    """On every claim (`marketplace.claiming`): two queries when no model has references and
+    no trusted host could score a canary's audit."""
+    if not settings.CANARY_ENABLED:
+        return None
+    if not CanaryReference.objects.exists() and not (settings.AUDIT_ENABLED and Host.objects.filter(TRUSTED.q()).exists()):
         return None
     return canary_send(host=host) if canary_due(host=host, now=timezone.now()) else None
 

@@ -120,7 +120,7 @@ async def _claim_until(
         if look:
             payload = await db(market.job_claim_payload, host=host, model_ids=model_ids, warm_ids=warm_ids, boot=boot)
             if payload is None and host.trusted_at is not None:  # no customer waits on it: an audit to score, if any
-                payload = await db(audit_claim_payload, host=host, model_ids=model_ids)
+                payload = await db(audit_claim_payload, host=host, model_ids=model_ids, boot=boot)
             if payload is not None:
                 return payload
         remaining = deadline - time.monotonic()

@@ -249,7 +249,9 @@ class CanaryCheck(models.Model):
         VOID = "void", "void (not answered: the host died, failed or never claimed it)"
 
     host = models.ForeignKey("hosts.Host", on_delete=models.CASCADE, related_name="canary_checks")
-    reference = models.ForeignKey(CanaryReference, on_delete=models.CASCADE, related_name="checks")
+    reference = models.ForeignKey(
+        CanaryReference, null=True, blank=True, on_delete=models.CASCADE, related_name="checks",
+        help_text="its reference (blank: a corpus prompt for a model without references, judged by its audit alone)")
     request = models.OneToOneField(Request, on_delete=models.CASCADE, related_name="canary")
     verdict = models.CharField(max_length=16, choices=Verdict.choices, default=Verdict.PENDING)
     reason = models.CharField(max_length=300, blank=True)
@@ -301,6 +303,9 @@ class Audit(models.Model):
     scorer = models.ForeignKey("hosts.Host", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
                                help_text="the trusted host scoring it now (never its own host)")
     scorer_since = models.DateTimeField(null=True, blank=True, help_text="when that scorer claimed it")
+    scorer_boot = models.CharField(
+        max_length=64, blank=True, default="",
+        help_text="the boot id of the scorer's process that claimed it (blank: none sent); a new one from that host frees it")
 
     class Meta:
         indexes = [models.Index(fields=["status", "created_at"]), models.Index(fields=["host", "status"])]

@@ -15,6 +15,7 @@ from billing import services as billing
 from core.events import announce_on_commit, request_group
 from hosts.models import Host
 from hosts.services import host_ban
+from marketplace.audits import audit_scorer_restarted
 from marketplace.lifecycle.answers import answer_of, completion_tokens_counted, finish_reason_checked
 from marketplace.lifecycle.claims import locked_job_of
 from marketplace.lifecycle.errors import HostFailed, RequestNotRunnable
@@ -159,13 +160,15 @@ def host_boot_seen(*, host_id: int, boot: str) -> int:
     under another boot id belong to a process that no longer runs (one mahout process per
     host token, as for its socket): they are dead now, continued or requeued as for any
     death, and no longer fill the host's claim cap while the stall rule would wait them
-    out. Without a boot id (an older client) nothing happens, and attempts claimed without
-    one are never ended this way. Returns how many ended."""
+    out; an audit it was scoring goes to another scorer (`audits.audit_scorer_restarted`).
+    Without a boot id (an older client) nothing happens, and attempts claimed without
+    one are never ended this way. Returns how many ended (attempts and audits)."""
     if not boot:
         return 0
     stale = list(Job.objects.filter(host_id=host_id, status=Job.Status.RUNNING).exclude(boot__in=("", boot))
                  .values_list("pk", flat=True))
-    return sum(1 for job_id in stale if attempt_end_dead(job_id=job_id, reason="its host restarted"))
+    ended = sum(1 for job_id in stale if attempt_end_dead(job_id=job_id, reason="its host restarted"))
+    return ended + audit_scorer_restarted(host_id=host_id, boot=boot)
 
 
 @transaction.atomic

@@ -62,8 +62,8 @@ def test_with_no_customer_traffic_a_canary_samples_as_a_client_that_sets_nothing
     assert check.request.params["max_tokens"] == 128
 
 
-def test_a_model_the_gateway_cannot_audit_keeps_greedy_canaries_against_the_reference(catalog, reference, monkeypatch) -> None:  # noqa: ANN001
-    monkeypatch.setattr(canaries, "audit_weights", lambda model, assemble=False: None)
+def test_a_model_nobody_can_audit_keeps_greedy_canaries_against_the_reference(catalog, reference, monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setattr(canaries, "audit_possible", lambda model, besides: False)  # no weights here, no trusted scorer
     check = canaries.canary_send(host=make_host(name="new").host)
     assert not check.by_audit
     assert (check.request.params["temperature"], check.request.params["max_tokens"]) == (0.0, 24)
@@ -77,7 +77,8 @@ def test_a_canary_is_audited_whatever_the_rate_and_takes_the_audits_verdict(cata
     audit = Audit.objects.get(request_id=check.request_id)
     assert check.verdict == CanaryCheck.Verdict.SCORING and audit.status == Audit.Status.PENDING
     assert canaries.canary_score_pending() == 0, "decided before its audit"
-    audits.audit_decide(audit=audit, reason=None if passed else "token 2 is not the seed's draw", counts={})
+    audits.audit_decide(audit=audit, reason=None if passed else "token 2 is not the seed's draw",
+                        counts={"checked": 3, "uncertain": 0, "misses": 0 if passed else 1})
     assert canaries.canary_score_pending() == 1
     check.refresh_from_db()
     serving.host.refresh_from_db()
