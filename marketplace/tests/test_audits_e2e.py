@@ -30,6 +30,7 @@ ASKS = [
     ({"temperature": 0.7}, [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Name three large animals."}]),
     ({"temperature": 1.2, "top_p": 0.9}, [{"role": "user", "content": "Write one line about rivers."}]),
     ({"temperature": 0.0}, [{"role": "user", "content": "Count from one to five."}]),
+    ({"temperature": 0.8, "response_format": {"type": "json_object"}}, [{"role": "user", "content": "Describe a cat as JSON."}]),
 ]
 
 
