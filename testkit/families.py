@@ -89,9 +89,8 @@ MOE_FAMILIES: dict[str, Family] = {
                        n_expert=8, n_expert_used=2, n_ff_exp=64, expert_std=0.3),
     # Mixtral 8x7B: llama blocks with 8 experts, 2 per token; Mistral's vocabulary (Llama 2's
     # kind, as the dense "mistral" family's) and template.
-    # llama.cpp reads a llama expert's width from feed_forward_length, as Mixtral's files give it.
     "mixtral": Family("llama", "ggml-vocab-llama-spm.gguf", "mistralai-Mistral-Nemo-Instruct-2407.jinja",
-                      rope_freq_base=1e6, n_ff=64, n_expert=8, n_expert_used=2, n_ff_exp=64, expert_std=0.3),
+                      rope_freq_base=1e6, n_expert=8, n_expert_used=2, n_ff_exp=64, expert_std=0.3),
 }
 
 
@@ -217,7 +216,8 @@ def _blueprint_add(writer: GGUFWriter, spec: Family) -> None:
     writer.add_context_length(spec.context_length)
     writer.add_block_count(spec.n_layer)
     writer.add_embedding_length(spec.n_embd)
-    writer.add_feed_forward_length(spec.n_ff)
+    mixtral = spec.n_expert and spec.arch == "llama"  # llama.cpp reads a llama expert's width from feed_forward_length
+    writer.add_feed_forward_length(spec.n_ff_exp if mixtral else spec.n_ff)
     writer.add_head_count(spec.n_head)
     writer.add_head_count_kv(spec.n_head_kv)
     writer.add_layer_norm_rms_eps(spec.rms_eps)
@@ -233,7 +233,7 @@ def _blueprint_add(writer: GGUFWriter, spec: Family) -> None:
     if spec.n_expert:
         writer.add_expert_count(spec.n_expert)
         writer.add_expert_used_count(spec.n_expert_used)
-        if spec.arch != "llama":  # Mixtral's files have no such key: an expert is feed_forward_length wide
+        if not mixtral:  # Mixtral's files have no such key
             writer.add_expert_feed_forward_length(spec.n_ff_exp)
 
 
