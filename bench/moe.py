@@ -17,8 +17,13 @@
    `CoordinatorAgent`, default probe and report intervals) with 4 requests in flight, and
    0, 1, 2 or 4 `python -m mahout moe volunteer` processes on trusted hosts. Per round: the time from
    the load starting to the first remote dispatch, then generated tokens/s once every
-   volunteer serves. The model: 2 layers, d_model 1024, expert ffn 768, 16 experts (8 per
-   slice, so 4 slices), 4 per token.
+   volunteer serves, and the share of routed experts computed remotely in that window. Each
+   round with volunteers runs twice: under seed 004's Layer-1 rule as first written
+   (`DispatchPolicy(latency_aware=False)`: every proven worker engaged under load) and under
+   the latency-aware rule (the default: a worker engaged only while its round trip beats
+   computing the call here; `mahout.moe.policy`). The model: 2 layers, d_model 1024, expert
+   ffn 768, 16 experts (8 per slice, so 4 slices), 4 per token. `--only-saturation` runs
+   only this section.
 3. **Packed decode steps** (`--only-packing` runs only this): the same control plane and
    model, 1, 2 and 4 requests in flight, with 0 and 2 volunteers; tokens/s with decode steps
    packed across requests, against one request's step per pass in the same run.
@@ -27,12 +32,12 @@
    gateway on the simulated internet's public side (bench/netsim.py) and each volunteer in its
    own home namespace behind its own NAT on a home link, reached only through the expert
    relay: 0 volunteers, 2 strangers on probation (a default deployment's volunteers, their
-   batches checked at `MOE_PROBATION_CHECK_SHARE`), 2 trusted hosts.
+   batches checked at `MOE_PROBATION_CHECK_SHARE`), 2 trusted hosts; each under both rules.
 
 Rounds alternate between the sides so machine noise hits both; medians are reported.
 Nothing is asserted: the figures go into BENCHMARKS.md.
 
-    .venv/bin/python bench/moe.py [--rounds 20] [--window 10]
+    .venv/bin/python bench/moe.py [--rounds 20] [--window 10] [--only-saturation | --only-packing]
     sudo .venv/bin/python bench/moe.py --netsim [--rtt-ms 20-80] [--loss 0.5]
 """
 from __future__ import annotations
@@ -58,6 +63,8 @@ from engine.moe_loader import load_moe, make_tiny_moe  # noqa: E402
 from mahout.link import new_secret  # noqa: E402
 from mahout.moe.coordinator import Coordinator, WorkerSpec  # noqa: E402
 from mahout.moe.policy import DispatchPolicy, LoadMonitor, LoadState  # noqa: E402
+
+RULES = {"seed 004": False, "latency-aware": True}  # label: DispatchPolicy.latency_aware
 from mahout.moe.worker import SECRET_ENV  # noqa: E402
 
 SECRET = new_secret()  # the layer bench's workers' (the market hands each worker its own)
@@ -81,7 +88,9 @@ def start_worker(model: Path, layer: int, first: int, count: int) -> tuple[subpr
 
 
 def under_load(local: LocalExperts) -> Coordinator:
-    monitor = LoadMonitor(lambda: 0, DispatchPolicy())
+    """A coordinator that engages every worker attached (seed 004's rule: this section times the
+    remote path itself, which the latency-aware rule would skip wherever it loses)."""
+    monitor = LoadMonitor(lambda: 0, DispatchPolicy(latency_aware=False))
     monitor.state = LoadState(busy=4, under_load=True, last_load_at=time.monotonic() + 3600)
     return Coordinator(local, monitor=monitor)
 
@@ -197,10 +206,11 @@ class Load:
 
 def saturation_round(
     path: Path, url: str, volunteers: int, window: float, tmp: Path, *, concurrency: int = 4, pack: bool = True,
-    homes: bool = False, probation: bool = False,
-) -> tuple[float, float | None]:
-    """(tokens/s once every volunteer serves, seconds from the load starting to the first remote batch).
-    `homes`: volunteer i runs in netsim's home i + 1 (behind NAT); `probation`: strangers, not trusted hosts."""
+    homes: bool = False, probation: bool = False, latency_aware: bool = True,
+) -> tuple[float, float | None, float]:
+    """(tokens/s once every volunteer serves, seconds from the load starting to the first remote batch,
+    share of routed experts computed remotely in the window). `homes`: volunteer i runs in netsim's
+    home i + 1 (behind NAT); `probation`: strangers, not trusted hosts; `latency_aware`: the dispatch rule."""
     from django.utils import timezone
 
     from hosts.models import Host
@@ -223,7 +233,7 @@ def saturation_round(
     name = f"bench-moe-{volunteers}-{time.time_ns()}"
     coordinator = make_host(qualified=False, name=f"coordinator-{name}")
     moe_model_publish(name=name, gguf_path=path, slice_size=8, base_target=0, boost=1, coordinator=coordinator.host)
-    runner = MoeRunner(path, n_slots=4, pack=pack).start()
+    runner = MoeRunner(path, n_slots=4, pack=pack, policy=DispatchPolicy(latency_aware=latency_aware)).start()
     client = MeshClient(url, coordinator.token)
     agent = CoordinatorAgent(runner, client, name).start()
     processes = [
@@ -247,9 +257,12 @@ def saturation_round(
             assert runner.coordinator.stats.first_remote_at is not None
             first_remote = runner.coordinator.stats.first_remote_at - began
         time.sleep(2.0)  # settle
-        start = time.monotonic()
+        stats = runner.coordinator.stats
+        start, remote, local = time.monotonic(), stats.remote_experts, stats.local_experts
         time.sleep(window)
-        return load.tps(start, time.monotonic()), first_remote
+        tps = load.tps(start, time.monotonic())
+        remote, local = stats.remote_experts - remote, stats.local_experts - local
+        return tps, first_remote, remote / max(remote + local, 1)
     finally:
         if load is not None:
             load.end()
@@ -267,17 +280,26 @@ def bench_saturation(tmp: Path, window: float) -> None:
     gateway, url = setup_gateway(tmp)
     print("\n2. Throughput under saturation (4 requests in flight, 32 tokens each, greedy), "
           f"{window:.0f} s window once every volunteer serves; model {MODEL_SHAPE}")
-    print(f"{'volunteers':>10} {'tokens/s':>9} {'vs 0':>6} {'load -> first remote dispatch':>30}")
+    print_header("volunteers")
     try:
         baseline = None
-        for volunteers in (0, 1, 2, 4):
-            tps, first = saturation_round(path, url, volunteers, window, tmp)
-            baseline = baseline or tps
-            first_text = "-" if first is None else f"{first:.2f} s"
-            print(f"{volunteers:>10} {tps:>9.1f} {tps / baseline:>6.2f} {first_text:>30}", flush=True)
+        for label, volunteers in (("0", 0), ("1", 1), ("2", 2), ("4", 4), ("0 (again, noise)", 0)):
+            for rule, latency_aware in RULES.items() if volunteers else [("-", True)]:
+                tps, first, remote = saturation_round(path, url, volunteers, window, tmp, latency_aware=latency_aware)
+                baseline = baseline or tps
+                print_row(label, rule, tps, baseline, first, remote)
     finally:
         gateway.terminate()
         gateway.wait(timeout=10)
+
+
+def print_header(first: str) -> None:
+    print(f"{first:>22} {'rule':>14} {'tokens/s':>9} {'vs 0':>6} {'load -> first remote dispatch':>30} {'remote experts':>15}")
+
+
+def print_row(label: str, rule: str, tps: float, baseline: float, first: float | None, remote: float) -> None:
+    first_text = "-" if first is None else f"{first:.2f} s"
+    print(f"{label:>22} {rule:>14} {tps:>9.1f} {tps / baseline:>6.2f} {first_text:>30} {remote:>15.0%}", flush=True)
 
 
 def bench_netsim(tmp: Path, window: float, rtt: str, loss: float) -> None:
@@ -290,13 +312,15 @@ def bench_netsim(tmp: Path, window: float, rtt: str, loss: float) -> None:
         gateway, url = setup_gateway(tmp, netsim.GATEWAY_IP)
         print(f"\n4. Volunteers behind NAT (homes' RTT {sorted(h['rtt_ms'] for h in homes)} ms, {loss}% loss, link "
               f"{homes[0]['link']}): 4 requests in flight, {window:.0f} s window once every volunteer serves")
-        print(f"{'volunteers':>22} {'tokens/s':>9} {'vs 0':>6} {'load -> first remote dispatch':>30}")
+        print_header("volunteers")
         baseline = None
-        for label, count, probation in (("none", 0, False), ("2 on probation", 2, True), ("2 trusted", 2, False)):
-            tps, first = saturation_round(path, url, count, window, tmp, homes=True, probation=probation)
-            baseline = baseline or tps
-            first_text = "-" if first is None else f"{first:.2f} s"
-            print(f"{label:>22} {tps:>9.1f} {tps / baseline:>6.2f} {first_text:>30}", flush=True)
+        for label, count, probation in (("none", 0, False), ("2 on probation", 2, True), ("2 trusted", 2, False),
+                                        ("none (again, noise)", 0, False)):
+            for rule, latency_aware in RULES.items() if count else [("-", True)]:
+                tps, first, remote = saturation_round(path, url, count, window, tmp, homes=True, probation=probation,
+                                                      latency_aware=latency_aware)
+                baseline = baseline or tps
+                print_row(label, rule, tps, baseline, first, remote)
     finally:
         if gateway is not None:
             gateway.terminate()
@@ -315,8 +339,8 @@ def bench_packing(tmp: Path, window: float) -> None:
     try:
         for volunteers in (0, 2):
             for concurrency in (1, 2, 4):
-                one, _ = saturation_round(path, url, volunteers, window, tmp, concurrency=concurrency, pack=False)
-                packed, _ = saturation_round(path, url, volunteers, window, tmp, concurrency=concurrency, pack=True)
+                one, _, _ = saturation_round(path, url, volunteers, window, tmp, concurrency=concurrency, pack=False)
+                packed, _, _ = saturation_round(path, url, volunteers, window, tmp, concurrency=concurrency, pack=True)
                 print(f"{volunteers:>10} {concurrency:>9} {one:>13.1f} {packed:>8.1f} {packed / one:>13.2f}", flush=True)
     finally:
         gateway.terminate()
@@ -328,6 +352,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--window", type=float, default=10.0)
     parser.add_argument("--only-packing", action="store_true", help="run only section 3 (packed decode steps)")
+    parser.add_argument("--only-saturation", action="store_true", help="run only section 2 (throughput, both dispatch rules)")
     parser.add_argument("--netsim", action="store_true", help="run only section 4: volunteers behind NAT (Linux, root)")
     parser.add_argument("--rtt-ms", default="20-80", help="with --netsim: each home's round trip, drawn from this range")
     parser.add_argument("--loss", type=float, default=0.5, help="with --netsim: percent lost, each direction")
@@ -338,6 +363,8 @@ def main() -> None:
         tmp = Path(scratch)
         if args.netsim:
             bench_netsim(tmp, args.window, args.rtt_ms, args.loss)
+        elif args.only_saturation:
+            bench_saturation(tmp, args.window)
         else:
             if not args.only_packing:
                 bench_layer(tmp, args.rounds)
