@@ -230,9 +230,9 @@ def hold_settle(
     of the same share: `host_ucents` and theirs together never exceed it, and the
     platform keeps the rest. Returns None when the hold was already settled or
     released (someone else got there first). The cost can never exceed what was held.
-    With `escrow`, the finishing host's own share goes to the audit escrow instead
-    (`audit_release` pays it to the host once its job's audit passes, `audit_refund`
-    gives it back to the customer if it fails).
+    With `escrow`, the hosts' shares go to the audit escrow instead, a ring's stage
+    hosts' with its bridge's (`audit_release` pays each once its job's audit passes,
+    `audit_refund` gives them back to the customer if it fails).
 
     Hot rows (the customer's account, their key, the platform account) are
     updated last, one statement each and in the global lock order (account,
@@ -251,8 +251,11 @@ def hold_settle(
     payees = {**({} if host is None else {host.pk: own}), **others}
     platform_id, accounts = _settlement_account_ids(host_ids=list(payees))
     if escrow and host is not None:
-        accounts[host.pk] = system_account(Account.Kind.AUDIT_ESCROW).pk
-    host_legs = sorted((accounts[host_id], amount) for host_id, amount in payees.items())
+        accounts = dict.fromkeys(accounts, system_account(Account.Kind.AUDIT_ESCROW).pk)
+    legs: dict[int, int] = {}
+    for host_id, amount in payees.items():  # (escrowed, a ring's shares are one leg)
+        legs[accounts[host_id]] = legs.get(accounts[host_id], 0) + amount
+    host_legs = sorted(legs.items())
     if not _settlement_write(
         hold=hold, split=split, reference=reference, platform_id=platform_id, host_legs=host_legs, memo=memo
     ):

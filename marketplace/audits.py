@@ -20,10 +20,13 @@ its unvested earnings. Either way the prompt, text and tokens are deleted then.
 
 What is auditable (`mahout.verify.auditable`): chats and completions, under a grammar
 (`response_format`, tools) or not, first attempts and continuations (the continuation's own
-text, against the payload it was sent), not a ring, on a model whose weights the
-gateway has (`catalog.tokenizer.weights_on_gateway`) or that a trusted host other than the
-job's own could score. A chosen job whose host reported no tokens fails: a current mahout
-always reports them.
+text, against the payload it was sent), on a model whose weights the gateway has
+(`catalog.tokenizer.weights_on_gateway`) or that a trusted host other than the job's own
+could score. A chosen job whose host reported no tokens fails: a current mahout always
+reports them. A ring's final text is audited as any job's (its stages draw by the specified
+sampler, `mahout.ring.vocab`) unless `ring_unauditable` (no tokens reported yet, or top_p < 1):
+every host's share of it waits in the escrow, its stage hosts' with its bridge's, and a
+failure refunds the customer all of it and blames the bridge, which delivered the text.
 
 Scored by hosts (`by_hosts`: the gateway lacks the model's weights, the normal case for a big
 model an operator does not hold). The audit becomes work a trusted host claims through the
@@ -72,7 +75,7 @@ from core.events import announce_on_commit, queue_group
 from hosts.models import TRUSTED, Host
 from hosts.services import host_maintenance_enter
 from marketplace import reputation
-from marketplace.models import Audit, AuditScore, Job, Request
+from marketplace.models import Audit, AuditScore, Job, Request, StageShare
 from protocol.jobs import AUDIT, AuditPayload
 
 logger = logging.getLogger(__name__)
@@ -216,8 +219,9 @@ def audit_decide(*, audit: Audit, reason: str | None, counts: dict) -> bool:
         return False
     request = audit.request
     if reason is None:
-        billing.audit_release(host=audit.host, amount_ucents=audit.host_ucents, reference=f"audit-{audit.pk}",
-                              memo=f"audit of request {request.public_id} passed")
+        for host, amount, reference in _audited_payees(audit):
+            billing.audit_release(host=host, amount_ucents=amount, reference=reference,
+                                  memo=f"audit of request {request.public_id} passed")
         return True
     billing.audit_refund(user=request.user, host_ucents=audit.host_ucents, platform_ucents=audit.platform_ucents,
                          reference=f"audit-{audit.pk}",
@@ -227,6 +231,25 @@ def audit_decide(*, audit: Audit, reason: str | None, counts: dict) -> bool:
     reputation.trust_revoke(host_id=audit.host_id)
     billing.earnings_forfeit(host=audit.host, reason=why)
     return True
+
+
+def _audited_payees(audit: Audit) -> list[tuple[Host, int, str]]:
+    """Who is paid what out of the escrow when the audit passes (with the ledger reference):
+    the audited host, and a ring's stage hosts their shares (`StageShare`), escrowed with its
+    bridge's since a ring's answer is audited whole."""
+    stages = list(StageShare.objects.filter(job_id=audit.job_id).select_related("host"))
+    own = audit.host_ucents - sum(stage.earned_ucents for stage in stages)
+    return [(audit.host, own, f"audit-{audit.pk}"),
+            *((stage.host, stage.earned_ucents, f"audit-{audit.pk}-stage-{stage.host_id}") for stage in stages)]
+
+
+def ring_unauditable(*, params: dict, token_ids: list[int] | None) -> bool:
+    """A ring's job its audit could not judge fairly (a ring's final text is audited as any
+    job's: its stages draw by the specified sampler, `mahout.ring.vocab`): its bridge reported
+    no tokens (a ring runner before it reported them), or it asked for top_p < 1 (a ring
+    draws at top_p 1)."""
+    top_p = params.get("top_p")
+    return token_ids is None or (top_p is not None and float(top_p) < 1)
 
 
 def audit_summary() -> dict:

@@ -36,6 +36,13 @@ digits (thread counts, batch sizes, CPU against GPU, quantised kernels), and in 
 a difference moves each interval's edges only a little, where in probability order near-equal
 tokens swap places and move whole intervals.
 
+**A vocabulary in parts.** A host whose output head is split (a ring: its head stage holds
+the first ids, its tail the rest) makes the same draw: each part reports its best logit and
+its total weight relative to it (:func:`part_mass`); from those, :func:`part_of_draw` says
+which part holds ``u * W`` and the draw to make within that part alone (its own ``u``), which
+:func:`select` over that part's logits then makes. The token is the one :func:`select` over
+the whole vocabulary gives, but for rounding (top_p < 1 is not drawn in parts).
+
 The rule is stated in exact arithmetic. This implementation takes the exponentials in float32
 and sums them in float64 (blocks of ``BLOCK`` tokens, then within one block: no cumulative sum
 over the whole vocabulary), which moves an edge by about 1e-7 of the mass at most; another
@@ -122,6 +129,31 @@ def select(logits: npt.ArrayLike, *, temperature: float, top_p: float, u: float)
         return _Whole(weights).select(u)
     kept, cumulative = _kept(weights, top_p)
     return int(kept[_first_above(cumulative, _target(u, cumulative[-1]))])
+
+
+def part_mass(logits: npt.ArrayLike, *, temperature: float) -> tuple[float, float]:
+    """A part of the vocabulary's best logit and its tokens' total weight relative to it (the
+    exponentials in float32, summed in float64, as :func:`select` weighs them): what a part
+    tells the others so that the draw is made over the whole (temperature > 0)."""
+    import numpy as np
+
+    scores = np.ascontiguousarray(logits, dtype=np.float32)
+    return float(scores.max()), float(_weights(scores, temperature).sum(dtype=np.float64))
+
+
+def part_of_draw(parts: list[tuple[float, float]], *, temperature: float, u: float) -> tuple[int, float]:
+    """Which of the vocabulary's `parts` (their :func:`part_mass`, in ascending id order) holds
+    the draw ``u`` over the whole, and the draw within that part (a ``u`` for :func:`select`
+    over its logits alone)."""
+    best = max(top for top, _ in parts)
+    totals = [total * math.exp((top - best) / temperature) for top, total in parts]  # each relative to the best
+    target = _target(u, sum(totals))
+    for index, total in enumerate(totals[:-1]):
+        if target < total:
+            return index, target / total
+        target -= total
+    last = totals[-1]  # (what rounding leaves past the other parts is the last part's)
+    return len(totals) - 1, min(max(target / last, 0.0), math.nextafter(1.0, 0.0)) if last > 0 else 0.0
 
 
 def select_masked(

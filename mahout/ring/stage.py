@@ -14,15 +14,18 @@ Roles follow from the layer range; ``StageAgent(stage, …)`` builds the role's 
   decodes ready; it finishes a request on a stop token, `max_tokens` or the context end.
 * a **middle** stage (`MiddleAgent`) runs exactly the membership it receives, after
   checking it against the plan's limits, and forwards it unchanged.
-* the **tail** (`TailAgent`) applies the final norm and output head, samples (greedy by
-  default), and sends the tokens to the head and to the bridge.
+* the **tail** (`TailAgent`) applies the final norm and output head, draws the token by the
+  specified sampler (`protocol.sampling`: greedy by default, else the job's seeded draw, so a
+  ring's answer is audited as any host's), and sends the tokens to the head and to the bridge.
 
 When the ring shares the output head (the head holds the vocabulary's first half, the tail
 the second: `engine.model.output_share`), the tail sends the final-normed rows to the head
-(``share``) before computing its own half, the head computes the first half at the same
-time and sends its candidates on downstream (``partial``), and the tail merges the two
-(`mahout.ring.vocab`). A lone request's largest matrix, the (V, D) output head, is then read
-by two stages at once instead of by the tail while the head waits.
+(``share``), the head computes the first half and sends its part of the pick on downstream
+(``partial``), and the tail makes the token of the two (`mahout.ring.vocab`). For greedy rows
+the tail computes its own half at the same time, so a lone request's largest matrix, the
+(V, D) output head, is read by two stages at once instead of by the tail while the head
+waits; for sampled rows it computes its half first and sends its mass with the states (the
+head needs it to place the draw).
 
 Every connection is admitted by `mahout.link`'s handshake with the ring's secret (the
 gateway issues it with the assignment; a local ring makes its own) before any other frame is
@@ -61,7 +64,7 @@ import torch
 from engine.model import Stage
 from mahout.link import FrameCaps, HandshakeSlots, Link, LinkClosed, LinkRefused, accept, connect, listen
 from mahout.ring.membership import DECODE, PREFILL, Limits, Row, rows_from_wire, rows_to_wire
-from mahout.ring.vocab import Pick, Sampler, merge
+from mahout.ring.vocab import Sampler
 
 __all__ = ["HeadAgent", "MiddleAgent", "StageAgent", "StageStats", "TailAgent", "main"]
 
@@ -373,7 +376,7 @@ class HeadAgent(StageAgent):
         self._active: dict[str, _Request] = {}
         self._ready_rows: deque[str] = deque()
         self._waiting: deque[dict[str, Any]] = deque()
-        self._sampler = Sampler(stage, stream=1)
+        self._sampler = Sampler(stage)
 
     def _loop(self) -> None:
         while True:
@@ -505,10 +508,6 @@ class HeadAgent(StageAgent):
         if request_id in self._ready_rows:
             self._ready_rows.remove(request_id)
 
-    def _forget(self, request_id: str) -> None:
-        super()._forget(request_id)
-        self._sampler.forget(request_id)
-
     def _error_onward(self, header: dict[str, Any]) -> None:
         """Drop the failed requests; a new error goes downstream, one back from the tail ends here."""
         for request_id in header["request_ids"]:
@@ -522,16 +521,19 @@ class HeadAgent(StageAgent):
     # -- a shared output head ----------------------------------------------------------
 
     def _share_picks(self, header: dict[str, Any], states: torch.Tensor) -> None:
-        """Candidates from the vocabulary's first half for the rows the tail shared."""
+        """The head's part of the pick for the rows the tail shared (`Sampler.head_pick`): a
+        greedy candidate, or for a sampled row the token or the draw the tail makes."""
         # states: (S, D)
         started = time.perf_counter()
         rows = rows_from_wire(header["rows"])
+        masses = header.get("masses") or {}
         message: dict[str, Any] = {"type": "partial", "seq": header["seq"]}
         try:
             if not self.stage.shares_output:
                 raise RuntimeError("this head holds no share of the output head, but the tail shares it")
-            picks = self._sampler.slice_picks(rows, states)
-            message["picks"] = {row.request_id: [pick.index, pick.value] for row, pick in zip(rows, picks, strict=True)}
+            logits = self._sampler.logits(states)  # (S, V_s)
+            message["picks"] = {row.request_id: self._sampler.head_pick(row, logits[i], masses.get(row.request_id))
+                                for i, row in enumerate(rows)}
         except Exception as exc:  # noqa: BLE001 - the tail fails these requests; the ring serves on
             message["failed"] = f"{self.name}: {exc}"
         self._send_next(message)
@@ -567,16 +569,17 @@ class TailAgent(MiddleAgent):
     """The tail: checks and runs the membership it receives like a middle stage, then applies
     the final norm and output head, samples, and sends the tokens to the head and the bridge.
 
-    Sharing the output head, it sends the final-normed rows to the head (``share``), picks
-    from its own half meanwhile, and merges the head's candidates (``partial``) with its own.
+    Sharing the output head, it sends the final-normed rows to the head (``share``) and
+    computes its own half's logits meanwhile (first, when a row is sampled: the head needs
+    their mass to place the draw), then takes the head's part (``partial``) into the token.
     It is the ring's end for the bridge: requests' ends, errors and stats go to it from here.
     """
 
     def __init__(self, stage: Stage, **options: Any) -> None:
         super().__init__(stage, **options)
-        self._sampler = Sampler(stage, stream=0)
+        self._sampler = Sampler(stage)
         self._share_seq = 0
-        self._awaiting: dict[int, list[tuple[Row, Pick]]] = {}  # shared batches waiting for the head's candidates
+        self._awaiting: dict[int, list[tuple[Row, torch.Tensor]]] = {}  # shared rows and our logits, for the head's part
 
     def _compute(self, rows: list[Row], x: torch.Tensor) -> torch.Tensor:
         self.limits.check(rows, x.shape[0])
@@ -591,7 +594,7 @@ class TailAgent(MiddleAgent):
 
     def _sample(self, rows: list[Row], logits: torch.Tensor) -> None:
         # logits: (R, V), one row per member, after that member's last token
-        self._emit([(row, self._sampler.pick(row, logits[i]).index) for i, row in enumerate(rows) if row.sample])
+        self._emit([(row, self._sampler.pick(row, logits[i])) for i, row in enumerate(rows) if row.sample])
 
     def _emit(self, tokens: list[tuple[Row, int]]) -> None:
         """The sampled tokens, to the bridge and round to the head."""
@@ -603,7 +606,9 @@ class TailAgent(MiddleAgent):
         self._send_next(message)
 
     def _share(self, rows: list[Row], normed: torch.Tensor) -> None:
-        """Send the sampled rows' final-normed states to the head, then pick from our half."""
+        """Send the sampled rows' final-normed states to the head and compute our half's
+        logits: after sending when every row is greedy (both halves at once), before when a
+        row is sampled (its mass goes with the states)."""
         # normed: (R, D), one row per member
         chosen = [i for i, row in enumerate(rows) if row.sample]
         if not chosen:
@@ -611,28 +616,30 @@ class TailAgent(MiddleAgent):
         sampled = [rows[i] for i in chosen]
         states = normed[chosen]  # (S, D)
         self._share_seq += 1
-        self._send_next({"type": "share", "seq": self._share_seq, "rows": rows_to_wire(sampled)}, states)
-        self._awaiting[self._share_seq] = list(zip(sampled, self._sampler.slice_picks(sampled, states), strict=True))
+        message: dict[str, Any] = {"type": "share", "seq": self._share_seq, "rows": rows_to_wire(sampled)}
+        if any(row.temperature > 0 for row in sampled):
+            logits = self._sampler.logits(states)  # (S, V_s)
+            message["masses"] = {row.request_id: self._sampler.mass(row, logits[i])
+                                 for i, row in enumerate(sampled) if row.temperature > 0}
+            self._send_next(message, states)
+        else:
+            self._send_next(message, states)
+            logits = self._sampler.logits(states)  # (S, V_s)
+        self._awaiting[self._share_seq] = list(zip(sampled, logits, strict=True))
 
     def _partial(self, header: dict[str, Any]) -> None:
-        """Merge the head's candidates with ours into the tokens."""
+        """The head's part of the pick and our half's logits into the tokens."""
         waiting = self._awaiting.pop(int(header["seq"]), [])
         if header.get("failed"):
             self._send_error([row.request_id for row, _ in waiting], str(header["failed"]))
             return
         theirs = header.get("picks") or {}
-        tokens = []
-        for row, mine in waiting:
-            index, value = theirs[row.request_id]
-            first = Pick(int(index), float(value))
-            tokens.append((row, merge(first, mine, temperature=row.temperature, generator=self._sampler.generator(row))))
-        self._emit(tokens)
+        self._emit([(row, self._sampler.tail_pick(row, mine, theirs[row.request_id])) for row, mine in waiting])
 
     def _forget(self, request_id: str) -> None:
         super()._forget(request_id)
-        self._sampler.forget(request_id)
         for seq, waiting in list(self._awaiting.items()):
-            self._awaiting[seq] = [(row, pick) for row, pick in waiting if row.request_id != request_id]
+            self._awaiting[seq] = [(row, mine) for row, mine in waiting if row.request_id != request_id]
 
     def _release(self, header: dict[str, Any]) -> None:
         request_id = str(header["request_id"])

@@ -1,90 +1,103 @@
-"""Picking the next token when the output head is split over two stages.
+"""Picking the next token by the specified sampler (`protocol.sampling`) when the output
+head may be split over two stages.
 
 A ring shares the output head (`engine.model.output_share`): the head stage holds the
-vocabulary's first rows, the tail the rest. Each side picks a candidate from its own slice
-and reduces the slice to one number; the tail merges the two candidates into the token.
+vocabulary's first rows, the tail the rest. Every token is the one the specified sampler
+draws over the whole vocabulary, so a verifier holding the model can audit a ring's answer
+as any host's (`mahout.verify`):
 
-* Greedy: the candidate is the slice's argmax and the number its logit; the larger logit
-  wins, the lower ids on a tie (as one argmax over the whole vocabulary would).
-* Sampling at temperature T: the candidate is drawn from the slice's own softmax and the
-  number is the slice's log-sum-exp of logits / T. Choosing the first slice with probability
-  e^a / (e^a + e^b) then gives each token exactly its probability under the full softmax.
+* Greedy: each side's candidate is its slice's argmax and its logit; the larger logit wins,
+  the lower id on a tie (as one argmax over the whole vocabulary would).
+* Sampled at temperature T: the draw is ``u = uniform(seed, position)`` over the whole
+  vocabulary. The tail computes its slice's logits first and sends their mass
+  (`protocol.sampling.part_mass`) with the states it shares; the head then knows which slice
+  the draw falls in (`protocol.sampling.part_of_draw`): in its own, it draws the token there;
+  in the tail's, it sends the tail the draw to make within its slice. top_p is not applied
+  (a ring draws every job at top_p 1).
+
+A tail holding the whole output head draws with `protocol.sampling.select` directly.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
 from engine.model import Stage
 from mahout.ring.membership import Row
+from protocol.sampling import part_mass, part_of_draw, select, uniform
 
-__all__ = ["Pick", "Sampler", "merge", "pick_in_slice"]
+__all__ = ["Pick", "Sampler", "merge"]
 
 
 @dataclass(frozen=True)
 class Pick:
-    """One slice's candidate for a row's next token."""
+    """One slice's greedy candidate for a row's next token."""
 
     index: int  # vocabulary id
-    value: float  # greedy: its logit; sampling: the slice's log-sum-exp of logits / T
+    value: float  # its logit
 
 
-def pick_in_slice(logits: torch.Tensor, *, lo: int, temperature: float, generator: torch.Generator | None) -> Pick:
-    """The candidate of vocabulary rows [lo, lo + V_s) from their logits."""
-    # logits: (V_s,)
-    if temperature <= 0:
-        best = int(logits.argmax())
-        return Pick(lo + best, float(logits[best]))
-    scaled = logits / temperature  # (V_s,)
-    drawn = int(torch.multinomial(torch.softmax(scaled, dim=-1), 1, generator=generator))
-    return Pick(lo + drawn, float(torch.logsumexp(scaled, dim=-1)))
+def merge(first: Pick, second: Pick) -> int:
+    """The greedy token from the candidates of the lower (`first`) and the upper slice."""
+    return first.index if first.value >= second.value else second.index
 
 
-def merge(first: Pick, second: Pick, *, temperature: float, generator: torch.Generator | None) -> int:
-    """The token from the candidates of the lower (`first`) and the upper slice."""
-    if temperature <= 0:
-        return first.index if first.value >= second.value else second.index
-    p_first = 1.0 / (1.0 + math.exp(min(second.value - first.value, 700.0)))
-    u = float(torch.rand((), generator=generator))
-    return first.index if u < p_first else second.index
+def row_draw(row: Row) -> float:
+    """The draw for the token after `row`: its position is the number of tokens before it."""
+    return uniform(row.seed or 0, row.start + row.n_tokens)
 
 
 class Sampler:
-    """A stage's candidates from its slice of the vocabulary, each request on its own random stream.
+    """A stage's part of the pick, over its slice of the vocabulary (all of it at a tail that
+    holds the whole output head)."""
 
-    `stream` offsets each request's seed: the tail draws from the request's seed (0), the
-    head's share of the output head from a stream of its own (1).
-    """
-
-    def __init__(self, stage: Stage, *, stream: int) -> None:
+    def __init__(self, stage: Stage) -> None:
         self.stage = stage
-        self.stream = stream
-        self._generators: dict[str, torch.Generator] = {}
 
-    def generator(self, row: Row) -> torch.Generator | None:
-        """The row's request's random stream (None when greedy)."""
+    def logits(self, states: torch.Tensor) -> torch.Tensor:
+        """This stage's slice of the logits for final-normed `states`."""
+        # states: (S, D) -> (S, V_s)
+        return self.stage.logits(states)
+
+    def pick(self, row: Row, logits: torch.Tensor) -> int:
+        """The token from the whole vocabulary's `logits` (a tail holding the whole output head)."""
+        # logits: (V,)
         if row.temperature <= 0:
-            return None
-        generator = self._generators.get(row.request_id)
-        if generator is None:
-            seed = (row.seed or 0) + self.stream
-            generator = self._generators[row.request_id] = torch.Generator().manual_seed(seed)
-        return generator
+            return int(logits.argmax())
+        return select(logits.float().numpy(), temperature=row.temperature, top_p=1.0, u=row_draw(row))
 
-    def pick(self, row: Row, logits: torch.Tensor) -> Pick:
-        """The row's candidate from this stage's logits."""
-        # logits: (V_s,) of vocabulary rows [vocab_lo, vocab_lo + V_s)
-        lo = self.stage.weights.vocab_lo
-        return pick_in_slice(logits, lo=lo, temperature=row.temperature, generator=self.generator(row))
+    def greedy(self, logits: torch.Tensor) -> Pick:
+        """This slice's greedy candidate."""
+        # logits: (V_s,)
+        best = int(logits.argmax())
+        return Pick(self.stage.weights.vocab_lo + best, float(logits[best]))
 
-    def slice_picks(self, rows: list[Row], states: torch.Tensor) -> list[Pick]:
-        """Each row's candidate from final-normed states, one per row."""
-        # states: (S, D)
-        logits = self.stage.logits(states)  # (S, V_s)
-        return [self.pick(row, logits[i]) for i, row in enumerate(rows)]
+    def mass(self, row: Row, logits: torch.Tensor) -> list[float]:
+        """This slice's best logit and weight (`part_mass`), for the other slice's stage."""
+        return list(part_mass(logits.float().numpy(), temperature=row.temperature))
 
-    def forget(self, request_id: str) -> None:
-        """Drop the random stream of a request that ended."""
-        self._generators.pop(request_id, None)
+    def draw(self, row: Row, logits: torch.Tensor, within: float) -> int:
+        """The token the draw `within` this slice selects."""
+        return self.stage.weights.vocab_lo + select(logits.float().numpy(), temperature=row.temperature, top_p=1.0, u=within)
+
+    def head_pick(self, row: Row, logits: torch.Tensor, tail_mass: list[float] | None) -> list | dict:
+        """The head's answer for one shared row: its greedy candidate; or, sampled, the token
+        when the draw falls in its slice, else the draw the tail makes within its own."""
+        if row.temperature <= 0:
+            pick = self.greedy(logits)
+            return [pick.index, pick.value]
+        if tail_mass is None:
+            raise ValueError(f"the tail sent no mass for sampled request {row.request_id}")
+        parts = [part_mass(logits.float().numpy(), temperature=row.temperature), (float(tail_mass[0]), float(tail_mass[1]))]
+        part, within = part_of_draw(parts, temperature=row.temperature, u=row_draw(row))
+        return {"token": self.draw(row, logits, within)} if part == 0 else {"within": within}
+
+    def tail_pick(self, row: Row, logits: torch.Tensor, theirs: list | dict) -> int:
+        """The token from the head's answer (`head_pick`) and this tail's slice of the logits."""
+        if row.temperature <= 0:
+            index, value = theirs  # type: ignore[misc]
+            return merge(Pick(int(index), float(value)), self.greedy(logits))
+        if "token" in theirs:
+            return int(theirs["token"])  # type: ignore[call-overload]
+        return self.draw(row, logits, float(theirs["within"]))  # type: ignore[call-overload]

@@ -103,8 +103,10 @@ class RingTests:
     def test_it_samples_reproducibly_for_a_seed_across_the_shared_output_head(self, model_path: Path) -> None:
         with _ring(model_path, 2) as ring:
             assert all(agent.stage.shares_output for agent in ring.agents)
-            runs = [ring.bridge.submit(PROMPTS[0], MAX_TOKENS, temperature=0.9, seed=seed) for seed in (5, 5, 6)]
-            first, again, other = (run.result() for run in runs)
+            # one at a time: the engine's arithmetic depends on how rows are packed (in the last
+            # digits of a logit), which may move a draw at the edge of a token's interval
+            first, again, other = (ring.bridge.submit(PROMPTS[0], MAX_TOKENS, temperature=0.9, seed=seed).result()
+                                   for seed in (5, 5, 6))
         assert first == again and len(first) == MAX_TOKENS
         assert all(0 <= token < 262144 for token in first + other)
 

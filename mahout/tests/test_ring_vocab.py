@@ -1,17 +1,35 @@
-"""A token picked from two halves of the vocabulary is the token one pick over the whole
-vocabulary gives: the same argmax, and samples with the full softmax's frequencies."""
+"""A token picked from two halves of the vocabulary is the token the specified sampler
+(`protocol.sampling.select`) picks over the whole vocabulary: the same argmax, and the same
+seeded draw, so a verifier audits a ring's answer as any host's."""
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import torch
 
-from mahout.ring.vocab import merge, pick_in_slice
+from mahout.ring.membership import Row
+from mahout.ring.vocab import Sampler, row_draw
+from protocol.sampling import select
 
 
-def split_pick(logits: torch.Tensor, temperature: float, first: torch.Generator | None, second: torch.Generator | None) -> int:
+def halves(size: int) -> tuple[Sampler, Sampler]:
+    """A head's and a tail's sampler over a vocabulary of `size` ids split in two (an odd size: unequal halves)."""
+    half = size // 2
+    return (Sampler(SimpleNamespace(weights=SimpleNamespace(vocab_lo=0))),  # type: ignore[arg-type]
+            Sampler(SimpleNamespace(weights=SimpleNamespace(vocab_lo=half))))  # type: ignore[arg-type]
+
+
+def split_pick(logits: torch.Tensor, row: Row) -> int:
+    """The ring's pick: the tail's mass, the head's part, the tail's token (`mahout.ring.stage`)."""
+    head, tail = halves(logits.shape[0])
     half = logits.shape[0] // 2
-    low = pick_in_slice(logits[:half], lo=0, temperature=temperature, generator=first)
-    high = pick_in_slice(logits[half:], lo=half, temperature=temperature, generator=second)
-    return merge(low, high, temperature=temperature, generator=second)
+    mass = tail.mass(row, logits[half:]) if row.temperature > 0 else None
+    theirs = head.head_pick(row, logits[:half], mass)
+    return tail.tail_pick(row, logits[half:], theirs)
+
+
+def row(temperature: float, *, seed: int = 7, start: int = 0) -> Row:
+    return Row("r", start, 1, "decode", True, temperature, seed)
 
 
 class VocabSplitTests:
@@ -19,27 +37,28 @@ class VocabSplitTests:
         generator = torch.Generator().manual_seed(7)
         for _ in range(200):
             logits = torch.randn(101, generator=generator) * 5  # (V,), an odd size: halves of 50 and 51
-            assert split_pick(logits, 0.0, None, None) == int(logits.argmax())
+            assert split_pick(logits, row(0.0)) == int(logits.argmax())
 
     def test_it_breaks_a_tie_towards_the_lower_id_like_one_argmax(self) -> None:
         logits = torch.zeros(8)
         logits[2] = logits[6] = 3.0
-        assert split_pick(logits, 0.0, None, None) == 2 == int(logits.argmax())
+        assert split_pick(logits, row(0.0)) == 2 == int(logits.argmax())
 
-    def test_it_samples_each_token_with_its_full_softmax_probability(self) -> None:
-        logits = torch.tensor([2.0, 0.5, -1.0, 1.0, 0.0, 3.0, -0.5, 1.5])  # (V,) = (8,)
-        temperature = 0.8
-        expected = torch.softmax(logits / temperature, dim=-1)
-        first, second = torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)
-        draws = 20_000
-        counts = torch.bincount(torch.tensor([split_pick(logits, temperature, first, second) for _ in range(draws)]), minlength=8)
-        assert torch.allclose(counts / draws, expected, atol=0.01), (counts / draws, expected)
+    def test_a_sampled_token_is_the_specified_samplers_draw_over_the_whole_vocabulary(self) -> None:
+        generator = torch.Generator().manual_seed(3)
+        seen_halves = set()
+        for position in range(400):
+            logits = torch.randn(1001, generator=generator) * 3  # (V,)
+            for temperature in (0.7, 1.2):
+                drawn = row(temperature, seed=11, start=position)
+                whole = select(logits.numpy(), temperature=temperature, top_p=1.0, u=row_draw(drawn))
+                assert split_pick(logits, drawn) == whole, (position, temperature)
+                seen_halves.add(whole >= 500)
+        assert seen_halves == {False, True}  # both halves' ways were taken
 
-    def test_it_is_reproducible_for_a_seed(self) -> None:
-        logits = torch.randn(64, generator=torch.Generator().manual_seed(3))
-
-        def run() -> list[int]:
-            first, second = torch.Generator().manual_seed(10), torch.Generator().manual_seed(11)
-            return [split_pick(logits, 1.0, first, second) for _ in range(50)]
-
-        assert run() == run()
+    def test_a_tail_with_the_whole_output_head_draws_the_same(self) -> None:
+        logits = torch.randn(300, generator=torch.Generator().manual_seed(5))
+        whole = Sampler(SimpleNamespace(weights=SimpleNamespace(vocab_lo=0)))  # type: ignore[arg-type]
+        for position in range(50):
+            drawn = row(0.9, seed=2, start=position)
+            assert whole.pick(drawn, logits) == split_pick(logits, drawn)

@@ -18,7 +18,7 @@ from catalog.pricing import price
 from catalog.tokenizer import tokenizer_for
 from hosts.models import Host
 from marketplace import reputation
-from marketplace.audits import MAX_TOKENS_KEPT, audit_open, audit_wanted
+from marketplace.audits import MAX_TOKENS_KEPT, audit_open, audit_wanted, ring_unauditable
 from marketplace.canaries import canary_check, canary_judge
 from marketplace.lifecycle.answers import (
     answer_of,
@@ -110,10 +110,11 @@ def job_settle(
                                    "for (a ring or an expert mesh cannot, nor mahout before 0.2.0); nothing was billed.")
         share = rescuer_share(request=request, job=job, text=delivered, completion_tokens=completion_tokens)
     check = canary_check(request=request) if request.kind != Request.Kind.EMBEDDINGS else None
-    audited = audit_wanted(  # (a greedy canary is judged against its reference; a ring's stages are not audited yet)
+    audited = audit_wanted(  # (a greedy canary is judged against its reference)
         request=request, job=job, host=host, payload=lambda: job_payload(job), always=check is not None and check.by_audit,
         excluded=lambda: (check is not None and not check.by_audit)
-        or ring_layers(bridge_host_id=host.pk, model_id=request.model_id) is not None)
+        or (ring_layers(bridge_host_id=host.pk, model_id=request.model_id) is not None
+            and ring_unauditable(params=request.params, token_ids=token_ids)))
     now = timezone.now()
     settled = settle(request=request, completion_tokens=completion_tokens, finish_reason=finish_reason, job=job, host=host,
                      share=share, result=result, now=now, escrow=audited is not None)
@@ -122,7 +123,7 @@ def job_settle(
     if audited is not None:
         audit_open(request=request, job=job, host=host, payload=audited, text=own_text(request.delivered_text, job=job),
                    token_ids=token_ids[:MAX_TOKENS_KEPT] if token_ids is not None else None, finish_reason=finish_reason,
-                   host_ucents=settled.earned_ucents, platform_ucents=settled.cost_ucents - settled.earned_ucents)
+                   host_ucents=settled.cost_ucents - settled.platform_ucents, platform_ucents=settled.platform_ucents)
     if request.kind != Request.Kind.EMBEDDINGS:  # only the host's own part of the answer says how fast it is
         own = completion_tokens if job.attempt == 1 else count_output(request, own_text(delivered, job=job))
         reputation.speed_measured(job=job, completion_tokens=own, now=now)
@@ -182,6 +183,7 @@ def settle_without_host(*, request: Request, completion_tokens: int, finish_reas
 class Settlement:
     cost_ucents: int
     earned_ucents: int  # what the host that finished the job (a ring's bridge) was paid
+    platform_ucents: int = 0  # the platform's share (less a ring's stage hosts' shares)
 
 
 def settle(
@@ -230,4 +232,4 @@ def settle(
                        earned_ucents=amount, finished_at=now)
             for host_id, amount in paid.items()
         )
-    return Settlement(cost_ucents=cost, earned_ucents=split.host_ucents)
+    return Settlement(cost_ucents=cost, earned_ucents=split.host_ucents, platform_ucents=split.platform_ucents)

@@ -7,7 +7,19 @@ import hashlib
 import numpy as np
 import pytest
 
-from protocol.sampling import LIKELY, MATCH, MISS, TIE_GAP, UNCERTAIN, select, select_masked, token_check, uniform
+from protocol.sampling import (
+    LIKELY,
+    MATCH,
+    MISS,
+    TIE_GAP,
+    UNCERTAIN,
+    part_mass,
+    part_of_draw,
+    select,
+    select_masked,
+    token_check,
+    uniform,
+)
 
 
 def reference_select(logits: np.ndarray, *, temperature: float, top_p: float, u: float) -> int:
@@ -92,6 +104,23 @@ class SelectTests:
     def test_a_masked_token_is_never_drawn(self):
         logits = np.array([-np.inf, 0.0, -np.inf, 0.0], dtype=np.float32)
         assert {select(logits, temperature=1.5, top_p=1.0, u=u) for u in np.linspace(0, 0.999, 100)} == {1, 3}
+
+
+class PartsTests:
+    def test_a_draw_made_in_parts_is_the_draw_over_the_whole_vocabulary(self) -> None:
+        """A vocabulary held in parts (a ring's head and tail, here three uneven parts, one far
+        less likely than the others): each part's mass, then the draw within the part that
+        holds it, gives select's token."""
+        rng = np.random.default_rng(4)
+        cuts = [0, 700, 1900, 3000]
+        for _ in range(300):
+            logits = (rng.standard_normal(3000) * 3).astype(np.float32)
+            logits[cuts[1]:cuts[2]] -= rng.uniform(0, 12)  # a part that is rarely drawn, or never
+            temperature, u = float(rng.uniform(0.3, 1.5)), float(rng.random())
+            parts = [logits[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
+            part, within = part_of_draw([part_mass(p, temperature=temperature) for p in parts], temperature=temperature, u=u)
+            token = cuts[part] + select(parts[part], temperature=temperature, top_p=1.0, u=within)
+            assert token == select(logits, temperature=temperature, top_p=1.0, u=u)
 
 
 class Asked:

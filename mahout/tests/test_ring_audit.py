@@ -1,0 +1,86 @@
+"""A ring's answer is audited as any host's (issue 29): a two-stage ring of the shipped model
+(the PyTorch engine, its output head shared by the head and the tail) draws every token by
+the specified sampler with the job's seed, and the llama.cpp verifier (`mahout.verify`, what
+the gateway's workers and trusted scorers run) passes its honest answers at temperature 0.7
+and 1.2 with no miss, and fails junk and an answer drawn with another seed."""
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mahout.ring.local import ThreadRing, split_layers
+from mahout.ring.membership import Limits
+from mahout.runners.llama import PromptTokenizer
+from mahout.verify import Verifier
+from testkit.formats import rendered
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def verifier(model_path: Path) -> Iterator[Verifier]:
+    with Verifier(model_path, threads=2, n_ctx=512) as verifier:
+        yield verifier
+
+
+@pytest.fixture(scope="module")
+def vocab(model_path: Path) -> object:
+    """The model's vocabulary, as a ring host's runner reads it (`mahout.ring.runner.RingRunner`)."""
+    from llama_cpp import Llama
+
+    return Llama(model_path=str(model_path), vocab_only=True, verbose=False)
+
+
+@pytest.fixture(scope="module")
+def ring(model_path: Path) -> Iterator[ThreadRing]:
+    with ThreadRing(model_path, split_layers(18, 2), limits=Limits(micro_batch=2, row_width=16), slots=2, n_ctx=256) as ring:
+        assert all(agent.stage.shares_output for agent in ring.agents)
+        yield ring
+
+
+def job(kind: str, text: str, *, temperature: float, seed: int) -> dict:
+    chat = kind == "chat"
+    return rendered({
+        "id": "job-1", "model": "gemma-3-270m", "kind": kind, "prompt": None if chat else text,
+        "messages": [{"role": "user", "content": text}] if chat else None,
+        "params": {"max_tokens": MAX_TOKENS, "temperature": temperature, "top_p": 1.0, "stop": None, "seed": seed},
+    })
+
+
+def ring_answer(ring: ThreadRing, vocab, payload: dict, *, seed: int) -> dict:  # noqa: ANN001
+    """What a ring host reports: the tokens the ring drew up to a stop, and their text."""
+    tokens = PromptTokenizer(vocab)
+    stops = {vocab.token_eos(), *tokens.single_ids(payload.get("end_of_turn") or [])}
+    drawn = ring.bridge.submit(tokens.tokens(payload), MAX_TOKENS, stop_ids=sorted(stops),
+                               temperature=payload["params"]["temperature"], seed=seed).result()
+    ids = [t for t in drawn if t not in stops]
+    return {"token_ids": ids, "text": vocab.detokenize(ids).decode("utf-8", errors="replace"),
+            "finish_reason": "stop" if len(ids) < len(drawn) else "length", "seed": payload["params"]["seed"]}
+
+
+@pytest.mark.parametrize(("kind", "text", "temperature"), [
+    ("chat", "Write a haiku about elephants.", 0.7),
+    ("completion", "The history of Rome begins", 0.7),
+    ("completion", "Dear Sir or Madam,\n\nI am writing to", 1.2),
+])
+def test_an_honest_rings_sampled_answer_passes_with_no_miss(ring, vocab, verifier, kind, text, temperature) -> None:  # noqa: ANN001
+    payload = job(kind, text, temperature=temperature, seed=4242)
+    audit = verifier.audit(payload, **ring_answer(ring, vocab, payload, seed=4242))
+    assert audit.passed and not audit.misses, audit
+    assert audit.checked > 0
+
+
+def test_junk_or_another_seeds_draw_from_a_ring_fails(ring, vocab, verifier) -> None:  # noqa: ANN001
+    payload = job("completion", "The history of Rome begins", temperature=0.7, seed=99)
+    other = ring_answer(ring, vocab, payload, seed=100)  # the ring's honest arithmetic, but not the job's draw
+    assert not verifier.audit(payload, **other).passed
+    junk_ids = random.Random(1).sample(range(1000, 200_000), MAX_TOKENS)
+    junk = {"token_ids": junk_ids, "text": vocab.detokenize(junk_ids).decode("utf-8", errors="replace"),
+            "finish_reason": "length", "seed": 99}
+    audit = verifier.audit(payload, **junk)
+    assert not audit.passed and len(audit.misses) > MAX_TOKENS // 2

@@ -1,0 +1,92 @@
+"""A ring's final text is audited like any job's (issue 29): its stages draw by the specified
+sampler (mahout/tests/test_ring_audit.py: the llama.cpp verifier passes an honest ring's
+answers), so the gateway draws ring jobs for audits too. Every host's share of an audited
+ring job waits in the escrow (its stage hosts' with its bridge's); a pass pays each its
+layers' share, a failure refunds the customer all of it and blames the bridge, which
+delivered the text. A ring that reports no tokens (a runner before it did) or a job at
+top_p < 1 (a ring draws at top_p 1) is not drawn."""
+from __future__ import annotations
+
+import pytest
+
+from billing import selectors as ledger
+from billing.models import Account
+from billing.services import split_cost
+from conftest import make_host
+from hosts.models import Host
+from marketplace import audits, services
+from marketplace.models import Audit, Job, StageShare
+from marketplace.tests.test_ring_pay import host_earned
+from mesh.rings.models import ModelLayout
+from mesh.rings.services import StageSpec, ring_plan_create
+from testkit.requests import submit_request
+
+pytestmark = [pytest.mark.django_db, pytest.mark.audits]
+
+TOKENS = [5, 6, 7, 8]
+
+
+@pytest.fixture
+def ring(catalog, settings):  # noqa: ANN001, ANN201
+    """A bridge in probation (every job of it drawn) with two stage hosts of other owners."""
+    settings.AUDIT_PROBATION_RATE = 1.0
+    n_layers = ModelLayout.objects.get(model=catalog).n_layers
+    bridge, first, last = make_host(name="bridge"), make_host(qualified=False, name="a"), make_host(qualified=False, name="b")
+    third = n_layers // 3
+    ring_plan_create(model_name=catalog.name, row_width=64, micro_batch=2, bridge_host=bridge.host,
+                     stages=[StageSpec(0, third, first.host), StageSpec(third, n_layers - 2, None),
+                             StageSpec(n_layers - 2, n_layers, last.host)])
+    return bridge, first, last
+
+
+def serve(customer, catalog, bridge, *, token_ids: list[int] | None = TOKENS, top_p: float = 1.0) -> Job:  # noqa: ANN001
+    submit_request(customer, catalog, stream=True, seed=7, max_tokens=40, prompt_tokens=37, temperature=0.7, top_p=top_p)
+    job = services.job_claim_next(host=bridge.host, fingerprint=bridge.fingerprint)
+    services.job_push_tokens(host=bridge.host, job_id=job.pk, seq=0, text="A ring of stages answered this.")
+    services.job_complete(host=bridge.host, job_id=job.pk, finish_reason="stop", token_ids=token_ids)
+    return Job.objects.select_related("request").get(pk=job.pk)
+
+
+def escrow() -> int:
+    account = Account.objects.filter(kind=Account.Kind.AUDIT_ESCROW).first()
+    return account.balance_ucents if account else 0
+
+
+def test_a_rings_job_is_audited_with_every_hosts_share_in_escrow_and_a_pass_pays_each(customer, catalog, ring) -> None:  # noqa: ANN001
+    bridge, first, last = ring
+    job = serve(customer, catalog, bridge)
+    audit = Audit.objects.get(job=job)
+    shares = dict(StageShare.objects.filter(job=job).values_list("host_id", "earned_ucents"))
+    hosts_share = split_cost(job.request.cost_ucents).host_ucents
+    assert audit.host_id == bridge.host.pk and audit.token_ids == TOKENS
+    assert set(shares) == {first.host.pk, last.host.pk}
+    assert escrow() == audit.host_ucents == job.earned_ucents + sum(shares.values()) <= hosts_share
+    assert audit.platform_ucents == job.request.cost_ucents - audit.host_ucents  # the platform's own, no stage share in it
+    assert all(host_earned(h.host) == 0 for h in ring), "nobody is paid before the audit"
+    assert audits.audit_decide(audit=audit, reason=None, counts={"checked": 4})
+    assert escrow() == 0
+    assert host_earned(bridge.host) == job.earned_ucents
+    assert {h.host.pk: host_earned(h.host) for h in (first, last)} == shares
+    assert ledger.reconcile_report() == []
+
+
+def test_a_failed_rings_audit_refunds_everything_and_blames_the_bridge(customer, catalog, ring) -> None:  # noqa: ANN001
+    bridge, first, last = ring
+    before = ledger.customer_account(user=customer.user).available_ucents
+    job = serve(customer, catalog, bridge)
+    audit = Audit.objects.get(job=job)
+    assert audits.audit_decide(audit=audit, reason="token 2 is not the seed's draw", counts={"checked": 4, "misses": 3})
+    assert ledger.customer_account(user=customer.user).available_ucents == before  # every µ¢ back
+    assert escrow() == 0 and all(host_earned(h.host) == 0 for h in ring)
+    hosts = {h.pk: h for h in Host.objects.filter(pk__in=[h.host.pk for h in ring])}
+    assert hosts[bridge.host.pk].maintenance_by == "verification"
+    assert hosts[first.host.pk].maintenance_since is None and hosts[last.host.pk].maintenance_since is None
+    assert ledger.reconcile_report() == []
+
+
+@pytest.mark.parametrize(("token_ids", "top_p"), [(None, 1.0), (TOKENS, 0.9)])
+def test_a_ring_without_tokens_or_a_job_at_top_p_below_1_is_not_drawn(customer, catalog, ring, token_ids, top_p) -> None:  # noqa: ANN001
+    bridge, first, _ = ring
+    job = serve(customer, catalog, bridge, token_ids=token_ids, top_p=top_p)
+    assert not Audit.objects.filter(job=job).exists()
+    assert host_earned(bridge.host) == job.earned_ucents > 0 and host_earned(first.host) > 0  # paid at once, as before
