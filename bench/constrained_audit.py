@@ -1,14 +1,15 @@
 """Audits of constrained answers on the real model (issue 29): structured output, resumed text,
 reported log-probabilities (`mahout.verify`; part 1 of `bench/trust.py` measures free text).
 
-On the shipped Gemma 3 270M, a 1-thread host (LlamaRunner) and a 2-thread verifier, one run:
+On the shipped Gemma 3 270M, a 1-thread host (LlamaRunner) and a 1-thread verifier (`--verifier-threads`), one run:
 
 (a) the grammar matcher's cost: llama.cpp asked about every token of the vocabulary, and about
     the 1,024 likeliest, per call, over the states of real answers (ms);
 (b) structured output (a JSON schema, and `json_object`), per temperature and top_p: the host's
     decode time a token under the grammar ÷ its free-text decode of the same prompts (taking
     turns), the share of draws settled without asking the grammar about every token, audit time
-    ÷ generation time, honest answers failed (false positives) and their misses; cheats caught:
+    ÷ generation time beside the same ratio for the free-text answers (the baseline), honest
+    answers failed (false positives) and their misses; cheats caught:
     the honest tokens with another seed, the greedy answer to a sampled job, and the model's
     free-text answer (it breaks the grammar);
 (c) continuations: a sampled chat answer cut mid-word, continued as the gateway sends it
@@ -17,7 +18,7 @@ On the shipped Gemma 3 270M, a 1-thread host (LlamaRunner) and a 2-thread verifi
     verifier's (against LOGPROB_TOLERANCE), and invented values (each token's own value set
     to -0.05) caught.
 
-    .venv/bin/python bench/constrained_audit.py [--jobs 6] [--max-tokens 48]
+    .venv/bin/python bench/constrained_audit.py [--jobs 6] [--max-tokens 48] [--verifier-threads 1]
 
 Prints JSON; asserts nothing.
 """
@@ -120,7 +121,7 @@ def structured(runner, verifier, counted: Counted, args: argparse.Namespace) -> 
     """(b)"""
     rows = {}
     for temperature, top_p in SETTINGS:
-        grammar_s = free_s = grammar_tokens = free_tokens = audit_s = 0.0
+        grammar_s = free_s = grammar_tokens = free_tokens = audit_s = free_audit_s = 0.0
         row = {"failed": 0, "misses": 0, "uncertain": 0, "checked": 0, "caught": {"wrong seed": 0, "greedy": 0, "free text": 0},
                "cheated": {"wrong seed": 0, "greedy": 0, "free text": 0}}
         steps = whole = 0
@@ -128,8 +129,10 @@ def structured(runner, verifier, counted: Counted, args: argparse.Namespace) -> 
             response_format = FORMATS[index % len(FORMATS)]
             asked = job(ASKS[index % len(ASKS)], temperature=temperature, top_p=top_p, seed=100 + index,
                         max_tokens=args.max_tokens, response_format=response_format)
-            free, _, seconds = answer(runner, {**asked, "params": {**asked["params"], "response_format": None}})
+            free_job = {**asked, "params": {**asked["params"], "response_format": None}}
+            free, _, seconds = answer(runner, free_job)
             free_s, free_tokens = free_s + seconds, free_tokens + len(free["token_ids"])
+            free_audit_s += audited(verifier, free_job, free)[1]
             counted.on, counted.steps, counted.whole = True, 0, 0
             honest, _, seconds = answer(runner, asked)
             counted.on = False
@@ -153,7 +156,10 @@ def structured(runner, verifier, counted: Counted, args: argparse.Namespace) -> 
         row.update({
             "decode_grammar_over_free": round((grammar_s / grammar_tokens) / (free_s / free_tokens), 2),
             "ms_per_token_grammar": round(grammar_s / grammar_tokens * 1000, 1), "ms_per_token_free": round(free_s / free_tokens * 1000, 1),
-            "draws_asking_every_token": f"{whole} of {steps}", "audit_over_generation": round(audit_s / grammar_s, 2)})
+            "draws_asking_every_token": f"{whole} of {steps}", "audit_over_generation": round(audit_s / grammar_s, 2),
+            "free_text_audit_over_generation": round(free_audit_s / free_s, 2),
+            "audit_ms_per_token_grammar": round(audit_s / grammar_tokens * 1000, 1),
+            "audit_ms_per_token_free": round(free_audit_s / free_tokens * 1000, 1)})
         rows[f"T {temperature} top_p {top_p}"] = row
     return rows
 
@@ -219,6 +225,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=6, help="answers per setting")
     parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--verifier-threads", type=int, default=1, help="the host runs on 1")
     args = parser.parse_args()
     from engine.gguf_loader import default_model_path
     from mahout.runners.llama import LlamaRunner
@@ -227,7 +234,8 @@ def main() -> None:
     path = default_model_path()
     counted = Counted()
     runner = LlamaRunner(path, threads=1, n_ctx=1024)
-    with Verifier(path, threads=2, n_ctx=1024) as verifier:
+    with Verifier(path, threads=args.verifier_threads, n_ctx=1024) as verifier:
+        _ = verifier.vocab  # built once (about 3 s), not charged to the first continuation's audit
         first = job(ASKS[0], temperature=0.7, top_p=1.0, seed=1, max_tokens=args.max_tokens, response_format=FORMATS[0])
         result: dict[str, Any] = {"matcher": matcher_cost(runner, answer(runner, first)[0], first)}
         result["structured"] = structured(runner, verifier, counted, args)
