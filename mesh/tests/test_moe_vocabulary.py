@@ -1,11 +1,13 @@
 """The coordinator's slot with a real vocabulary (the tiny Qwen 3 MoE's, 151,936 tokens): a
 job's prompt is the ids the gateway counts, the model's end of turn stops the answer, and a
 character split over tokens is delivered whole. The model's own answers are scripted here
-(its random weights never write a control token); mesh/tests/test_moe_vocab_e2e.py runs them."""
+(its random weights never write a control token); mesh/tests/test_moe_vocab_e2e.py runs them.
+Mixtral (llama with experts, Mistral's vocabulary) goes on sale the same way."""
 from __future__ import annotations
 
 from collections.abc import Generator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -13,6 +15,9 @@ from catalog.gguf_file import gguf_facts
 from catalog.tokenizer import GgufTokenizer
 from mahout.moe.runner import MoeRunner
 from protocol.rendering import ChatFormat, chat_format_read, chat_fragments
+
+if TYPE_CHECKING:
+    from catalog.models import CatalogModel
 
 MESSAGES = [{"role": "user", "content": "Tell me about elephants 🐘"}]
 
@@ -77,3 +82,31 @@ class RealVocabularySlotTests:
         pieces = list(slot.stream(_job(fmt)))
         assert "".join(pieces) == "big 🐘" and not any("\ufffd" in piece for piece in pieces)
         assert slot.finish_reason == "length"
+
+
+class MixtralPublishTests:
+    @pytest.mark.django_db
+    def test_mixtral_goes_on_sale_counted_with_its_own_vocabulary(self, catalog: CatalogModel, tmp_path: Path, var_dir: Path) -> None:
+        """Mixtral's layout (llama with experts) on Mistral's vocabulary: the market takes its
+        real expert counts, the catalog counts with its vocabulary, and the coordinator's
+        vocabulary feeds exactly that many ids."""
+        from catalog.rendering import chat_format, prompt_fragments
+        from catalog.tokenizer import tokenizer_for
+        from conftest import make_host
+        from mahout.moe.runner import Vocabulary
+        from mesh.experts.services import moe_model_publish
+        from testkit.families import SdistUnavailable, sdist_models, tiny_model
+
+        try:
+            sdist = sdist_models(tmp_path / "sdist")
+        except SdistUnavailable as unavailable:
+            pytest.skip(str(unavailable))
+        path = tiny_model("mixtral", sdist, tmp_path / "mixtral.gguf", n_layer=2)
+        model, entry = moe_model_publish(name="tiny-mixtral", gguf_path=path, slice_size=4,
+                                         coordinator=make_host(name="mixtral-rig").host)
+        assert (model.arch, model.n_layers, model.n_experts, model.n_experts_used) == ("llama", 2, 8, 2)
+        assert entry.tokenizer.startswith("gguf:catalog/") and "[INST]" in entry.chat_template
+        fragments = prompt_fragments(entry, kind="chat", messages=MESSAGES, prompt=None)
+        job = {"fragments": [list(f) for f in fragments], "end_of_turn": list(chat_format(entry).end_of_turn)}
+        counted = tokenizer_for(entry.tokenizer).count_fragments(fragments)
+        assert len(Vocabulary(path).prompt(job)) == counted < len("".join(text for text, _ in fragments).encode())
