@@ -68,7 +68,9 @@ def workers(tiny: Path) -> Iterator[list[tuple[subprocess.Popen, WorkerSpec]]]:
 
 
 def _loaded_coordinator(local: LocalExperts) -> Coordinator:
-    monitor = LoadMonitor(lambda: 0, DispatchPolicy())
+    """Under load, engaging every attached worker (seed 004's rule): these tests are about the
+    remote path itself, which the latency-aware default skips wherever it is slower."""
+    monitor = LoadMonitor(lambda: 0, DispatchPolicy(latency_aware=False))
     monitor.state = LoadState(busy=2, under_load=True, last_load_at=0.0)
     return Coordinator(local, monitor=monitor)
 

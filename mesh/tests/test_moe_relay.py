@@ -75,7 +75,9 @@ class ExpertRelayTests:
         prompt = ByteTokenizer().encode("Through the relay")
         expected = MoeModel(config, weights).generate(prompt, 10)
 
-        runner = MoeRunner(tiny, policy=DispatchPolicy(grace_s=30.0), n_slots=2)
+        # Every call engages the worker (seed 004's rule): this test follows batches through the relay and a
+        # vanished worker's fallback, which the latency-aware default would skip once it measured the relay slower.
+        runner = MoeRunner(tiny, policy=DispatchPolicy(grace_s=30.0, latency_aware=False), n_slots=2)
         runner.monitor.state = LoadState(busy=2, under_load=True, last_load_at=0.0)  # saturated, as reported below
         client = MeshClient(relay_gateway, coordinator_host.token)
         agent = CoordinatorAgent(runner, client, "tiny-moe", interval_s=0.3)
