@@ -187,7 +187,6 @@ class Coordinator:
             state = WorkerState(spec.key, spec.layer, spec.first, spec.count, connected_at=self.clock())
             if known is not None:
                 state.last_serve_ms, state.served, state.checks_passed = known.last_serve_ms, known.served, known.checks_passed
-                state.round_trip = known.round_trip
                 self._transports.pop(spec.key).close()
             self.workers[spec.key] = state
             self._specs[spec.key] = spec

@@ -18,8 +18,8 @@ Two steps decide each layer's call:
 
 **Step 2 deliberately changes seed 004's Layer 1.** The seed says "a proven worker, under
 load: dispatch", to favour aggregate throughput over per-token latency. That holds only if
-a remote batch adds capacity. Here it does not, and a volunteer behind NAT made the
-coordinator 2.5-3.5 times slower than it is alone (bench/moe.py --netsim): each layer's
+a remote batch adds capacity. Here it does not: two volunteers behind NAT made the
+coordinator 2.5 to 5 times slower than it is alone (bench/moe.py --netsim): each layer's
 call waits for its remote batch, a 30-40 ms round trip through the gateway's expert relay,
 while the coordinator's own experts for that call take a few ms. Passes are serialized
 under the runner's model lock, so a waiting pass is time in which no request advances.
@@ -47,10 +47,17 @@ call's routed rows, rounded to a power of two): the coordinator's seconds per ex
 computed here (its own experts, fallbacks and checks all count), and per worker the round
 trip of its batches. A worker never measured is engaged (its first try is its measurement);
 a skipped one is sent one probe batch every `latency_probe_s` so its estimate stays fresh
-(a home link that got faster is used again). Probes and first tries are checked at the
+(a home link that got faster is used again); a worker given a fresh start after a failure is
+measured afresh. What the rule still costs is those measurements: about one round trip per
+worker every `latency_probe_s` (40 ms every 5 s behind a home NAT: under 1%). Probes and
+first tries are checked at the
 worker's share like any batch, so a volunteer on probation still earns its passes, only
 slower while it is not worth engaging; with `check_share` 1 a worker can never win (every
 batch is computed twice) and serves probes only.
+
+Local experts are timed with the coordinator's clock around their call. On a GPU that times
+the kernels' launch more than their run (CUDA is asynchronous), so the local estimate is low
+there and volunteers are engaged less, never more: the safe side.
 
 `DispatchPolicy(latency_aware=False)` restores seed 004's rule as first written (every
 eligible worker engaged); bench/moe.py measures both in one run.

@@ -422,6 +422,20 @@ class LatencyAwareCoordinatorTests:
             assert probes < 10, "the estimate never caught up with the faster link"
         assert probes > 1, "one fast answer does not outweigh the slow history at once"
 
+    def test_a_worker_given_a_fresh_start_after_a_failure_is_measured_afresh(self) -> None:
+        coordinator, link, clock = self._coordinator()
+        self._call(coordinator)  # measured slow
+        clock.advance(5.0)
+        link.broken = True
+        out = self._call(coordinator)  # its probe fails: computed here, the worker is dead
+        assert torch.equal(out[0], torch.full((2, 3), 2.0)) and not coordinator.workers["w"].alive
+        clock.advance(POLICY.retry_dead_s + 1)
+        link.broken = False
+        coordinator.attach(WorkerSpec("w", 0, 0, 2, None), link)  # still in the control plane's map: a fresh start
+        assert coordinator.workers["w"].alive and coordinator.workers["w"].proven
+        self._call(coordinator)  # sent at once, not after the probe interval: its old estimate is gone
+        assert link.calls == 3
+
     def test_seed_004s_rule_as_first_written_engages_it_every_call(self) -> None:
         coordinator, link, _ = self._coordinator(latency_aware=False)
         for _ in range(4):
@@ -445,10 +459,14 @@ class _Slow:
     """A worker `round_trip` fake seconds away, answering `answer(rows)`."""
 
     def __init__(self, clock: _Clock, round_trip: float, answer) -> None:  # type: ignore[no-untyped-def]
-        self.clock, self.round_trip, self.answer, self.calls = clock, round_trip, answer, 0
+        self.clock, self.round_trip, self.answer, self.calls, self.broken = clock, round_trip, answer, 0, False
 
     def request(self, header: dict, rows: torch.Tensor, timeout: float) -> tuple[dict, torch.Tensor]:
+        from mahout.moe.coordinator import WorkerFailed
+
         self.calls += 1
+        if self.broken:
+            raise WorkerFailed("link broke")
         self.clock.spend(self.round_trip)
         return {"type": "result", "id": header["id"], "experts": header["experts"], "counts": header["counts"]}, self.answer(rows)
 
