@@ -21,11 +21,11 @@ Roles follow from the layer range; ``StageAgent(stage, …)`` builds the role's 
 When the ring shares the output head (the head holds the vocabulary's first half, the tail
 the second: `engine.model.output_share`), the tail sends the final-normed rows to the head
 (``share``), the head computes the first half and sends its part of the pick on downstream
-(``partial``), and the tail makes the token of the two (`mahout.ring.vocab`). For greedy rows
-the tail computes its own half at the same time, so a lone request's largest matrix, the
-(V, D) output head, is read by two stages at once instead of by the tail while the head
-waits; for sampled rows it computes its half first and sends its mass with the states (the
-head needs it to place the draw).
+(``partial``), and the tail makes the token of the two (`mahout.ring.vocab`). The tail
+computes its own half at the same time, so a lone request's largest matrix, the (V, D)
+output head, is read by two stages at once instead of by the tail while the head waits; for
+a sampled row the tail then sends its half's mass to the head (``mass``), which the head
+needs to place the draw over the whole vocabulary before it answers.
 
 Every connection is admitted by `mahout.link`'s handshake with the ring's secret (the
 gateway issues it with the assignment; a local ring makes its own) before any other frame is
@@ -35,8 +35,8 @@ are capped by the plan's widths (`Limits.frame_caps`), not by what a peer announ
 
 Messages (header ``type``): ``hello`` (the handshake's, naming the role), ``submit`` and ``cancel``
 (bridge -> head), ``batch`` (hidden state + membership, downstream), ``tokens`` (tail -> head and
-bridge), ``share`` (tail -> head: final-normed rows) and ``partial`` (head -> downstream to
-the tail: the first half's candidates), ``release`` (a request ended: every stage frees its
+bridge), ``share`` (tail -> head: final-normed rows), ``mass`` (tail -> head: its half's mass for
+sampled rows) and ``partial`` (head -> downstream to the tail: the head's part of the pick), ``release`` (a request ended: every stage frees its
 cache row; the tail tells the bridge ``done``), ``error`` (requests that failed, downstream to
 the tail, then to the head and the bridge), ``stats`` (collected hop by hop, the tail hands
 them to the bridge).
@@ -377,6 +377,7 @@ class HeadAgent(StageAgent):
         self._ready_rows: deque[str] = deque()
         self._waiting: deque[dict[str, Any]] = deque()
         self._sampler = Sampler(stage)
+        self._shared: dict[int, tuple[list[Row], torch.Tensor]] = {}  # shared sampled rows waiting for the tail's mass
 
     def _loop(self) -> None:
         while True:
@@ -398,6 +399,8 @@ class HeadAgent(StageAgent):
             self._cancel(str(header["request_id"]))
         elif kind == "share" and tensor is not None:
             self._share_picks(header, tensor)
+        elif kind == "mass":
+            self._mass(header)
         else:
             super()._on(kind, header, tensor)
 
@@ -521,23 +524,42 @@ class HeadAgent(StageAgent):
     # -- a shared output head ----------------------------------------------------------
 
     def _share_picks(self, header: dict[str, Any], states: torch.Tensor) -> None:
-        """The head's part of the pick for the rows the tail shared (`Sampler.head_pick`): a
-        greedy candidate, or for a sampled row the token or the draw the tail makes."""
+        """Our half's logits for the rows the tail shared; answered now when every row is
+        greedy, else once the tail's mass comes (`_mass`)."""
         # states: (S, D)
         started = time.perf_counter()
-        rows = rows_from_wire(header["rows"])
-        masses = header.get("masses") or {}
-        message: dict[str, Any] = {"type": "partial", "seq": header["seq"]}
+        rows, seq = rows_from_wire(header["rows"]), int(header["seq"])
         try:
             if not self.stage.shares_output:
                 raise RuntimeError("this head holds no share of the output head, but the tail shares it")
             logits = self._sampler.logits(states)  # (S, V_s)
+        except Exception as exc:  # noqa: BLE001 - the tail fails these requests; the ring serves on
+            self._send_next({"type": "partial", "seq": seq, "failed": f"{self.name}: {exc}"})
+        else:
+            if any(row.temperature > 0 for row in rows):
+                self._shared[seq] = (rows, logits)
+            else:
+                self._answer_share(seq, rows, logits, {})
+        self.stats.hold_s += time.perf_counter() - started
+
+    def _mass(self, header: dict[str, Any]) -> None:
+        """The tail's half's mass for the sampled rows it shared: the head's part of the pick now."""
+        started = time.perf_counter()
+        shared = self._shared.pop(int(header["seq"]), None)
+        if shared is not None:  # (None: this head failed those rows already)
+            self._answer_share(int(header["seq"]), *shared, header.get("masses") or {})
+        self.stats.hold_s += time.perf_counter() - started
+
+    def _answer_share(self, seq: int, rows: list[Row], logits: torch.Tensor, masses: dict[str, list[float]]) -> None:
+        """The head's part of the pick (`Sampler.head_pick`), downstream to the tail: a greedy
+        candidate, or for a sampled row the token or the draw the tail makes in its half."""
+        message: dict[str, Any] = {"type": "partial", "seq": seq}
+        try:
             message["picks"] = {row.request_id: self._sampler.head_pick(row, logits[i], masses.get(row.request_id))
                                 for i, row in enumerate(rows)}
         except Exception as exc:  # noqa: BLE001 - the tail fails these requests; the ring serves on
             message["failed"] = f"{self.name}: {exc}"
         self._send_next(message)
-        self.stats.hold_s += time.perf_counter() - started
 
 
 class MiddleAgent(StageAgent):
@@ -569,9 +591,10 @@ class TailAgent(MiddleAgent):
     """The tail: checks and runs the membership it receives like a middle stage, then applies
     the final norm and output head, samples, and sends the tokens to the head and the bridge.
 
-    Sharing the output head, it sends the final-normed rows to the head (``share``) and
-    computes its own half's logits meanwhile (first, when a row is sampled: the head needs
-    their mass to place the draw), then takes the head's part (``partial``) into the token.
+    Sharing the output head, it sends the final-normed rows to the head (``share``),
+    computes its own half's logits meanwhile and sends their mass for sampled rows
+    (``mass``: the head needs it to place the draw), then takes the head's part
+    (``partial``) into the token.
     It is the ring's end for the bridge: requests' ends, errors and stats go to it from here.
     """
 
@@ -606,9 +629,8 @@ class TailAgent(MiddleAgent):
         self._send_next(message)
 
     def _share(self, rows: list[Row], normed: torch.Tensor) -> None:
-        """Send the sampled rows' final-normed states to the head and compute our half's
-        logits: after sending when every row is greedy (both halves at once), before when a
-        row is sampled (its mass goes with the states)."""
+        """Send the sampled rows' final-normed states to the head, compute our half's logits
+        meanwhile (both halves at once), then send the head their mass for sampled rows."""
         # normed: (R, D), one row per member
         chosen = [i for i, row in enumerate(rows) if row.sample]
         if not chosen:
@@ -616,15 +638,11 @@ class TailAgent(MiddleAgent):
         sampled = [rows[i] for i in chosen]
         states = normed[chosen]  # (S, D)
         self._share_seq += 1
-        message: dict[str, Any] = {"type": "share", "seq": self._share_seq, "rows": rows_to_wire(sampled)}
-        if any(row.temperature > 0 for row in sampled):
-            logits = self._sampler.logits(states)  # (S, V_s)
-            message["masses"] = {row.request_id: self._sampler.mass(row, logits[i])
-                                 for i, row in enumerate(sampled) if row.temperature > 0}
-            self._send_next(message, states)
-        else:
-            self._send_next(message, states)
-            logits = self._sampler.logits(states)  # (S, V_s)
+        self._send_next({"type": "share", "seq": self._share_seq, "rows": rows_to_wire(sampled)}, states)
+        logits = self._sampler.logits(states)  # (S, V_s)
+        masses = {row.request_id: self._sampler.mass(row, logits[i]) for i, row in enumerate(sampled) if row.temperature > 0}
+        if masses:
+            self._send_next({"type": "mass", "seq": self._share_seq, "masses": masses})
         self._awaiting[self._share_seq] = list(zip(sampled, logits, strict=True))
 
     def _partial(self, header: dict[str, Any]) -> None:

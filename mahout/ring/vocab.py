@@ -9,11 +9,11 @@ as any host's (`mahout.verify`):
 * Greedy: each side's candidate is its slice's argmax and its logit; the larger logit wins,
   the lower id on a tie (as one argmax over the whole vocabulary would).
 * Sampled at temperature T: the draw is ``u = uniform(seed, position)`` over the whole
-  vocabulary. The tail computes its slice's logits first and sends their mass
-  (`protocol.sampling.part_mass`) with the states it shares; the head then knows which slice
-  the draw falls in (`protocol.sampling.part_of_draw`): in its own, it draws the token there;
-  in the tail's, it sends the tail the draw to make within its slice. top_p is not applied
-  (a ring draws every job at top_p 1).
+  vocabulary. Both compute their slice's logits at once; the tail sends the head its slice's
+  mass (`protocol.sampling.part_mass`), and the head then knows which slice the draw falls in
+  (`protocol.sampling.part_of_draw`): in its own, it draws the token there; in the tail's, it
+  sends the tail the draw to make within its slice. top_p is not applied (a ring draws every
+  job at top_p 1).
 
 A tail holding the whole output head draws with `protocol.sampling.select` directly.
 """
