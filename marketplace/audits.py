@@ -111,7 +111,7 @@ def audit_wanted(
 ) -> dict | None:
     """The job as its host received it when this completed job is to be audited (the draw
     says so, or `always`: a canary judged by its audit; and it can be), else None. `payload`
-    and `excluded` (a canary judged by its reference, a ring: checked otherwise) cost queries,
+    and `excluded` (a canary judged by its reference, a ring job `ring_unauditable`) cost queries,
     so they are asked only for a job the draw chose."""
     if request.kind not in (Request.Kind.CHAT, Request.Kind.COMPLETION):
         return None
