@@ -5,7 +5,9 @@ send them to remote expert workers, whichever `mahout.moe.policy` allows.
 rows each chosen expert must process. Experts held by an engaged worker are grouped into
 one request per worker and sent concurrently while the rest are computed here. Which
 eligible workers are engaged is weighed by time (`mahout.moe.policy.choose_workers`): the
-coordinator times its own experts and each worker's round trips as it goes. A worker
+coordinator times its own experts and each worker's round trips as it goes, and sends a
+skipped worker a shadow probe now and then (a copy of experts it computes itself, never
+waited for, its answer timed and checked). A worker
 that breaks, times out or answers badly is marked dead and its experts are computed
 locally in the same call, so a dying worker never corrupts an answer. The local result is
 the reference: a remote worker runs the same float32 expert on the same rows. An answer with
@@ -29,7 +31,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -138,7 +140,8 @@ class DispatchStats:
     local_experts: int = 0
     remote_experts: int = 0
     fallbacks: int = 0  # expert batches recomputed locally after a worker failed
-    checks: int = 0  # remote batches recomputed locally to check them
+    checks: int = 0  # remote batches recomputed locally to check them (shadow probes included)
+    probes: int = 0  # experts sent to a skipped worker as a shadow probe (computed here too; answer only compared)
     mismatches: int = 0  # checked batches whose values disagreed (their workers are blamed)
     first_remote_at: float | None = None  # monotonic time of the first successful remote batch
 
@@ -170,6 +173,7 @@ class Coordinator:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="moe-dispatch")
+        self._shadows: set[Future] = set()  # shadow probes in flight
 
     # --- the dispatch map -------------------------------------------------------------
 
@@ -215,24 +219,26 @@ class Coordinator:
 
     # --- ExpertCompute ----------------------------------------------------------------
 
-    def plan(self, layer: int, experts: Iterable[int], *, size: int = 0) -> dict[str | None, list[int]]:
-        """Which worker computes each expert (None: locally). Latency-aware (the default): the
-        engaged workers `choose_workers` picks for a call of size class `size`; otherwise
-        (seed 004's rule as first written) the least used eligible holder of each expert."""
+    def plan(self, layer: int, experts: Iterable[int], *, size: int = 0) -> tuple[dict[str | None, list[int]], dict[str, list[int]]]:
+        """(plan, probes): which worker computes each expert (None: locally), and the shadow
+        probes to send (experts computed here, also sent to a skipped worker to measure it).
+        Latency-aware (the default): what `choose_workers` picks for a call of size class
+        `size`; otherwise (seed 004's rule as first written) the least used eligible holder of
+        each expert, and no probes."""
         experts, eligible = list(experts), self.eligible()
         if self.policy.latency_aware:
-            engaged: dict[str | None, list[int]] = dict(choose_workers(
-                [self._offer(w, layer, experts, size) for w in eligible], experts=len(experts),
-                per_expert=self.local_cost.get(size)))
-            remote = {e for chosen in engaged.values() for e in chosen}
+            chosen, probes = choose_workers([self._offer(w, layer, experts, size) for w in eligible],
+                                            experts=len(experts), per_expert=self.local_cost.get(size))
+            engaged: dict[str | None, list[int]] = dict(chosen)
+            remote = {e for mine in chosen.values() for e in mine}
             local = [e for e in experts if e not in remote]
-            return {**engaged, None: local} if local else engaged
+            return ({**engaged, None: local} if local else engaged), probes
         plan: dict[str | None, list[int]] = {}
         for expert in experts:
             holders = [w for w in eligible if w.holds(layer, expert)]
             key = min(holders, key=lambda w: w.served).key if holders else None
             plan.setdefault(key, []).append(expert)
-        return plan
+        return plan, {}
 
     def _offer(self, worker: WorkerState, layer: int, experts: list[int], size: int) -> Offer:
         """An eligible worker as `choose_workers` weighs it for this call."""
@@ -242,14 +248,16 @@ class Coordinator:
 
     def __call__(self, layer: int, inputs: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
         size = size_class(sum(x.shape[0] for x in inputs.values()))
-        plan = self.plan(layer, sorted(inputs), size=size)
+        plan, probes = self.plan(layer, sorted(inputs), size=size)
         sent: dict[str, Future] = {
-            key: self._pool.submit(self._remote, key, layer, {e: inputs[e] for e in experts}, size)
+            key: self._send(key, self._remote, key, layer, {e: inputs[e] for e in experts}, size)
             for key, experts in plan.items() if key is not None
         }
         local = plan.get(None, [])
         outputs = self._here(layer, {e: inputs[e] for e in local}, size) if local else {}
         self.stats.local_experts += len(local)
+        for key, experts in probes.items():
+            self._shadow(key, layer, {e: inputs[e] for e in experts}, {e: outputs[e] for e in experts}, size)
         for key, future in sent.items():
             experts = plan[key]
             try:
@@ -261,6 +269,33 @@ class Coordinator:
                 continue
             outputs.update(remote if self.draw() >= self._check_share(key) else self._checked(key, layer, inputs, remote, size))
         return outputs
+
+    def _send(self, key: str, work: Callable[..., object], *args: object) -> Future:
+        """Run `work` for worker `key` on the dispatch pool; the worker counts as sent to from
+        now (not probed again before `latency_probe_s`)."""
+        state = self.workers.get(key)
+        if state is not None:
+            state.sent_at = self.clock()
+        return self._pool.submit(work, *args)
+
+    def _shadow(self, key: str, layer: int, inputs: dict[int, torch.Tensor], reference: dict[int, torch.Tensor],
+                size: int) -> None:
+        """Send a skipped worker experts computed here, without anyone waiting for it."""
+        future = self._send(key, self._probe, key, layer, inputs, reference, size)
+        self._shadows.add(future)
+        future.add_done_callback(self._shadows.discard)
+
+    def _probe(self, key: str, layer: int, inputs: dict[int, torch.Tensor], reference: dict[int, torch.Tensor],
+               size: int) -> None:
+        """A shadow probe: time the worker (`_remote` does) and check its answer against ours."""
+        try:
+            self._compare(key, layer, self._remote(key, layer, inputs, size, probe=True), reference)
+        except WorkerFailed:
+            pass  # `_remote` marked it dead: retried only after `retry_dead_s`, as for any failed batch
+
+    def settle(self, timeout: float | None = None) -> None:
+        """Wait for the shadow probes in flight (their measurements and checks)."""
+        wait(list(self._shadows), timeout=timeout)
 
     def _here(self, layer: int, inputs: dict[int, torch.Tensor], size: int) -> dict[int, torch.Tensor]:
         """Compute experts locally, timing them: the cost a worker's round trip is weighed against."""
@@ -278,8 +313,13 @@ class Coordinator:
     def _checked(self, key: str, layer: int, inputs: dict[int, torch.Tensor], remote: dict[int, torch.Tensor],
                  size: int) -> dict[int, torch.Tensor]:
         """Recompute a remote batch here; on a disagreement blame its worker and keep ours."""
-        reference = self._here(layer, {e: inputs[e] for e in remote}, size)
-        self.stats.checks += 1
+        return self._compare(key, layer, remote, self._here(layer, {e: inputs[e] for e in remote}, size))
+
+    def _compare(self, key: str, layer: int, remote: dict[int, torch.Tensor], reference: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        """Check a remote answer against the local one: the remote if equal (a pass counted),
+        else the local one, with the worker blamed."""
+        with self._lock:
+            self.stats.checks += 1
         rtol, atol = self.policy.check_rtol, self.policy.check_atol
         wrong = [e for e in sorted(remote) if not torch.allclose(remote[e], reference[e], rtol=rtol, atol=atol)]
         state = self.workers.get(key)
@@ -289,18 +329,19 @@ class Coordinator:
                     state.checks_passed += 1
             return remote
         gap = max(float((remote[e] - reference[e]).abs().max()) for e in wrong)
-        self.stats.mismatches += 1
+        with self._lock:
+            self.stats.mismatches += 1
         if state is not None:
             state.blamed = f"layer {layer} experts {wrong}: values off by up to {gap:.3g}"
         logger.warning("expert worker %s blamed: layer %s experts %s differ from the local recompute by up to %.3g",
                        key, layer, wrong, gap)
         return reference
 
-    def _remote(self, key: str, layer: int, inputs: dict[int, torch.Tensor], size: int) -> dict[int, torch.Tensor]:
+    def _remote(self, key: str, layer: int, inputs: dict[int, torch.Tensor], size: int, *, probe: bool = False) -> dict[int, torch.Tensor]:
         state, transport = self.workers.get(key), self._transports.get(key)
         if state is None or transport is None:
             raise WorkerFailed(f"worker {key} left the dispatch map")
-        state.sent_at = started = self.clock()
+        started = self.clock()
         experts, counts, rows = pack_rows(inputs)
         request_id = next(self._ids)
         header = {"type": "compute", "id": request_id, "layer": layer, "experts": experts, "counts": counts}
@@ -323,6 +364,9 @@ class Coordinator:
         with self._lock:  # batches to different workers finish on different threads
             state.last_serve_ms = self.wall_ms()
             state.served += 1
+            if probe:
+                self.stats.probes += len(experts)
+                return outputs
             self.stats.remote_experts += len(experts)
             if self.stats.first_remote_at is None:
                 self.stats.first_remote_at = self.clock()

