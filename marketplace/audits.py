@@ -24,7 +24,8 @@ text, against the payload it was sent), on a model whose weights the gateway has
 (`catalog.tokenizer.weights_on_gateway`) or that a trusted host other than the job's own
 could score. A chosen job whose host reported no tokens fails: a current mahout always
 reports them. A ring's final text is audited as any job's (its stages draw by the specified
-sampler, `mahout.ring.vocab`) unless `ring_unauditable` (no tokens reported yet, or top_p < 1):
+sampler, `mahout.ring.vocab`) unless `ring_unauditable` (top_p < 1; a ring that reports no
+tokens fails as any host):
 every host's share of it waits in the escrow, its stage hosts' with its bridge's, and a
 failure refunds the customer all of it and blames the bridge, which delivered the text.
 
@@ -243,13 +244,13 @@ def _audited_payees(audit: Audit) -> list[tuple[Host, int, str]]:
             *((stage.host, stage.earned_ucents, f"audit-{audit.pk}-stage-{stage.host_id}") for stage in stages)]
 
 
-def ring_unauditable(*, params: dict, token_ids: list[int] | None) -> bool:
+def ring_unauditable(*, params: dict) -> bool:
     """A ring's job its audit could not judge fairly (a ring's final text is audited as any
-    job's: its stages draw by the specified sampler, `mahout.ring.vocab`): its bridge reported
-    no tokens (a ring runner before it reported them), or it asked for top_p < 1 (a ring
-    draws at top_p 1)."""
+    job's: its stages draw by the specified sampler, `mahout.ring.vocab`): it asked for
+    top_p < 1, and a ring draws at top_p 1. A ring that reports no tokens is audited and fails,
+    as any host does (mahout 0.4.0's ring runner reports them)."""
     top_p = params.get("top_p")
-    return token_ids is None or (top_p is not None and float(top_p) < 1)
+    return top_p is not None and float(top_p) < 1
 
 
 def audit_summary() -> dict:

@@ -104,6 +104,8 @@ class RingRunner:
         self._stop_ids = {self._eos}
         self.finish_reason = "stop"
         self.completion_tokens = 0
+        self.token_ids: list[int] = []  # the last job's drawn tokens, reported for its audit (`mahout.loop`)
+        self.seed: int | None = None  # the seed they were drawn with (the gateway's, in the job)
 
     def _decode(self, ids: list[int]) -> str:
         return self._vocab.detokenize(ids).decode("utf-8", errors="replace")
@@ -121,6 +123,7 @@ class RingRunner:
         self._stop_ids = {self._eos, *self._prompt.single_ids(job.get("end_of_turn") or [])}
         temperature = params.get("temperature")
         self.finish_reason, self.completion_tokens = "length", 0
+        self.token_ids, self.seed = [], params.get("seed")
         request = self.bridge.submit(
             prompt, max_tokens, stop_ids=sorted(self._stop_ids),
             temperature=1.0 if temperature is None else float(temperature), seed=params.get("seed"),
@@ -132,7 +135,7 @@ class RingRunner:
                 self.bridge.cancel(request.id)
 
     def _pieces(self, request: RingRequest, stops: list[str]) -> Generator[str, None, None]:
-        ids: list[int] = []
+        ids = self.token_ids  # (filled as drawn: what an audit re-reads)
         sent = ""
         for token in request:
             if token in self._stop_ids:

@@ -41,6 +41,7 @@ class RingRunnerTests:
         (full,) = build_stages(model_path, [(0, 18)], n_rows=1, n_ctx=64)
         want = generate([full], prompt, 8).token_ids
         assert gateway.state.text["j1"] == runner._decode(want)
+        assert gateway.state.completions["j1"]["tokens"] == want  # reported for its audit
         assert gateway.state.status["j2"] == "failed"
         assert "ring" in gateway.state.failures["j2"]
 

@@ -114,7 +114,7 @@ def job_settle(
         request=request, job=job, host=host, payload=lambda: job_payload(job), always=check is not None and check.by_audit,
         excluded=lambda: (check is not None and not check.by_audit)
         or (ring_layers(bridge_host_id=host.pk, model_id=request.model_id) is not None
-            and ring_unauditable(params=request.params, token_ids=token_ids)))
+            and ring_unauditable(params=request.params)))
     now = timezone.now()
     settled = settle(request=request, completion_tokens=completion_tokens, finish_reason=finish_reason, job=job, host=host,
                      share=share, result=result, now=now, escrow=audited is not None)
