@@ -39,6 +39,7 @@ from marketplace.lifecycle.transitions import request_fail, request_settled
 from marketplace.models import Job, Request, StageShare, TextChunk
 from marketplace.reputation import blame_corrected, host_rest_if_unreliable
 from marketplace.structured import answer_problem, answer_problem_ahead
+from mesh.experts.selectors import coordinates as expert_coordinates
 from mesh.rings.models import RingPlan
 from mesh.rings.selectors import ring_layers
 
@@ -114,7 +115,8 @@ def job_settle(
         request=request, job=job, host=host, payload=lambda: job_payload(job), always=check is not None and check.by_audit,
         excluded=lambda: (check is not None and not check.by_audit)
         or (ring_layers(bridge_host_id=host.pk, model_id=request.model_id) is not None
-            and ring_unauditable(params=request.params)))
+            and ring_unauditable(params=request.params))
+        or expert_coordinates(host_id=host.pk, model_name=request.model.name))
     now = timezone.now()
     settled = settle(request=request, completion_tokens=completion_tokens, finish_reason=finish_reason, job=job, host=host,
                      share=share, result=result, now=now, escrow=audited is not None)

@@ -97,3 +97,17 @@ def test_a_ring_that_reports_no_tokens_is_drawn_and_fails_its_audit(customer, ca
     audit = Audit.objects.get(job=job)
     reason, _ = audits.audit_verdict(audit)
     assert reason is not None and "did not report the tokens" in reason  # withholding them dodges nothing
+
+
+def test_an_expert_meshs_coordinator_is_not_drawn(customer, catalog, settings) -> None:  # noqa: ANN001
+    """A MoE coordinator's answers are the expert mesh's, decoded greedily by the engine with no
+    token ids: an audit under the specified sampler would fail an honest coordinator."""
+    from mesh.experts.models import ExpertModel
+
+    settings.AUDIT_PROBATION_RATE = 1.0
+    coordinator = make_host(name="coordinator")
+    ExpertModel.objects.create(name=catalog.name, gguf_path="/models/moe.gguf", arch="qwen3moe", n_layers=2, n_experts=8,
+                               n_experts_used=2, coordinator=coordinator.host)
+    job = serve(customer, catalog, coordinator, token_ids=None)
+    assert not Audit.objects.filter(job=job).exists()
+    assert host_earned(coordinator.host) == job.earned_ucents > 0  # paid at once

@@ -180,6 +180,13 @@ def dispatch_map(model: ExpertModel, *, now: datetime | None = None) -> list[dic
     ]
 
 
+def coordinates(*, host_id: int, model_name: str) -> bool:
+    """Whether `host_id` is the coordinator the operator bound to the MoE model `model_name`:
+    its answers are the expert mesh's (decoded greedily by the engine, no token ids reported),
+    which an audit under the specified sampler cannot judge."""
+    return ExpertModel.objects.filter(name=model_name, coordinator_id=host_id).exists()
+
+
 def worker_of_host(*, worker_id: int, host_id: int) -> ExpertWorker | None:
     return ExpertWorker.objects.select_related("model").filter(pk=worker_id, host_id=host_id).first()
 
