@@ -16,8 +16,6 @@ an agent never executes what a peer sends it).
   plan's widths, an expert worker's from its slice): a frame announcing more is refused
   from its 8-byte prefix, before anything is allocated for it, and so is a frame whose
   tensor does not match its own header (`FrameRefused`, a `LinkClosed`).
-* `encode_frame` / `decode_frame` are the same frame as one bytes message (the relay's; it
-  travels inside the relay's own TLS WebSocket, not sealed by this module).
 
 The handshake (both directions proven, HMAC-SHA256 over fresh nonces with the secret the
 gateway issued for this ring or worker): the listener speaks first with a ``challenge``
@@ -72,7 +70,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 __all__ = [
     "HANDSHAKE_CAPS", "HEADERS_ONLY", "RECORD_BYTES", "FrameCaps", "FrameRefused", "HandshakeSlots", "Heartbeat", "Link", "LinkClosed",
     "LinkRefused",
-    "accept", "connect", "decode_frame", "dial", "encode_frame", "listen", "new_secret",
+    "accept", "connect", "dial", "listen", "new_secret",
 ]
 
 _PREFIX = struct.Struct(">II")  # header length, payload length
@@ -154,30 +152,6 @@ def _tensor(header: dict[str, Any], payload: bytearray, offset: int = 0) -> torc
     """Wrap a received payload, from `offset` of its buffer on (writable, owned by the tensor
     from now on)."""
     return torch.from_numpy(np.frombuffer(payload, dtype=_DTYPES[header["dtype"]], offset=offset)).reshape(header["shape"])
-
-
-def encode_frame(header: dict[str, Any], tensor: torch.Tensor | None = None) -> bytes:
-    """One whole frame as bytes (the relay carries it as one WebSocket message)."""
-    head, payload = _frame_parts(header, tensor)
-    return _PREFIX.pack(len(head), payload.nbytes) + head + payload
-
-
-def decode_frame(frame: bytes, caps: FrameCaps | None = None) -> tuple[dict[str, Any], torch.Tensor | None]:
-    """The inverse of `encode_frame`; refuses (`FrameRefused`, a ValueError too) a frame whose
-    lengths do not match its size or its tensor header, or that exceeds `caps`."""
-    if len(frame) < _PREFIX.size:
-        raise FrameRefused("frame too short")
-    n_head, n_payload = _PREFIX.unpack_from(frame)
-    if caps is not None:
-        caps.check(n_head, n_payload, "relay")
-    if _PREFIX.size + n_head + n_payload != len(frame):
-        raise FrameRefused("frame lengths do not match its size")
-    header = _header(frame[_PREFIX.size : _PREFIX.size + n_head], "relay")
-    if not n_payload:
-        return header, None
-    if _payload_size(header, "relay") != n_payload:
-        raise FrameRefused("the frame's payload does not match its dtype and shape")
-    return header, _tensor(header, bytearray(frame[_PREFIX.size + n_head :]))
 
 
 class _Seal:

@@ -142,7 +142,7 @@ class CoordinatorAgent:
         """Direct TCP where the worker gave an address, else the gateway's relay."""
         if spec.address is not None:
             return TcpTransport(spec.address, spec.secret)
-        return RelayTransport(self.client.server, self.client.token, int(spec.key))
+        return RelayTransport(self.client.server, self.client.token, int(spec.key), spec.secret)
 
     def tick(self) -> dict | None:
         coordinator = self.runner.coordinator

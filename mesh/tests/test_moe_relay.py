@@ -1,10 +1,16 @@
 """The expert relay, with real processes on loopback: a daphne gateway carrying the relay
 routes, a volunteer that registers no address (as if behind NAT) and serves through the
-relay, and a coordinator that reaches it only through the gateway."""
+relay, and a coordinator that reaches it only through the gateway. What the relay carries
+is the worker's sealed link: a hop in its path that flips a bit (as a tampering gateway
+could) drops the link, the worker computes nothing it sent, and the answers stay the same."""
 from __future__ import annotations
 
+import contextlib
+import socket
+import socketserver
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,12 +20,13 @@ import torch
 
 from conftest import ROOT, free_port, make_host, stack_env, wait_until
 from engine.moe import LocalExperts, MoeModel
-from engine.moe_loader import ByteTokenizer, load_moe, make_tiny_moe
+from engine.moe_loader import ByteTokenizer, load_expert_slice, load_moe, make_tiny_moe
 from mahout.moe.control import CoordinatorAgent, MeshClient
-from mahout.moe.coordinator import WorkerFailed
+from mahout.moe.coordinator import TcpTransport, WorkerFailed, WorkerSpec
 from mahout.moe.policy import DispatchPolicy, LoadState
-from mahout.moe.relay import RelayTransport, decode_frame, encode_frame
+from mahout.moe.relay import RelayTransport, RelayWorkerLink
 from mahout.moe.runner import MoeRunner
+from mahout.moe.worker import ExpertServer, pack_rows, worker_caps
 from mesh.tests.market import trusted_host
 
 if TYPE_CHECKING:
@@ -54,13 +61,53 @@ def relay_gateway(transactional_db: None, e2e_dirs: Path) -> Iterator[str]:
     log.close()
 
 
-class FrameTests:
-    def test_a_frame_round_trips_and_a_truncated_one_is_refused(self) -> None:
-        rows = torch.randn(3, 4)
-        header, back = decode_frame(encode_frame({"type": "compute", "id": 7}, rows))
-        assert header["id"] == 7 and torch.equal(back, rows)
-        with pytest.raises(ValueError):
-            decode_frame(encode_frame({"type": "compute"}, rows)[:-1])
+class Tamperer(socketserver.ThreadingTCPServer):
+    """A loopback hop in a relayed link's path, seeing the bytes the relay carries: it keeps a
+    copy of them and passes them on, except that, once `arm`ed for a direction ("out": to the
+    worker, "back": to the coordinator), it flips one bit of the next chunk going that way."""
+
+    daemon_threads = True
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        super().__init__(("127.0.0.1", 0), _Hop)
+        self.target = target
+        self.seen = bytearray()
+        self.armed = {"out": False, "back": False}
+        self.address = self.server_address[:2]
+        threading.Thread(target=self.serve_forever, args=(0.05,), daemon=True).start()
+
+    def arm(self, direction: str) -> None:
+        self.armed[direction] = True
+
+    def pipe(self, source: socket.socket, sink: socket.socket, direction: str) -> None:
+        try:
+            while data := source.recv(1 << 16):
+                self.seen += data
+                if self.armed[direction]:
+                    self.armed[direction] = False
+                    data = data[:-1] + bytes([data[-1] ^ 1])
+                sink.sendall(data)
+        except OSError:
+            pass
+        for sock in (source, sink):  # shut down, so the thread reading the other way ends too
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+class _Hop(socketserver.BaseRequestHandler):
+    server: Tamperer
+
+    def handle(self) -> None:
+        far = socket.create_connection(self.server.target)
+        back = threading.Thread(target=self.server.pipe, args=(far, self.request, "back"), daemon=True)
+        back.start()
+        self.server.pipe(self.request, far, "out")
+        back.join()
+        far.close()
 
 
 class ExpertRelayTests:
@@ -104,10 +151,11 @@ class ExpertRelayTests:
             assert stats.remote_experts > 0 and stats.fallbacks == 0
             assert runner.coordinator.workers[str(entry["id"])].last_serve_ms > 0
 
-            stranger = RelayTransport(relay_gateway, volunteer_host.token, entry["id"])  # not the coordinator
+            stranger = RelayTransport(relay_gateway, volunteer_host.token, entry["id"], entry["secret"])  # not the coordinator
             with pytest.raises(WorkerFailed):
                 stranger.request({"type": "compute", "id": 1, "layer": 0, "experts": [0], "counts": [1]},
                                  torch.zeros(1, config.d_model), 2.0)
+            stranger.close()
 
             volunteer.kill()  # the worker vanishes: its experts are computed locally, answers unchanged
             volunteer.wait()
@@ -119,6 +167,65 @@ class ExpertRelayTests:
             volunteer.kill()
             volunteer.wait()
             log.close()
+
+    def test_a_bit_flipped_on_the_relay_drops_the_link_and_the_answers_stay_the_same(
+        self, catalog: CatalogModel, relay_gateway: str, tmp_path: Path,
+    ) -> None:
+        from mesh.experts import services as moe_services
+        from mesh.experts.models import ExpertWorker
+
+        tiny = make_tiny_moe(tmp_path / "tiny-moe.gguf", seed=9)
+        coordinator_host, volunteer_host = make_host(name="coordinator"), make_host(name="behind-nat")
+        model = moe_services.expert_model_register(name="tiny-moe", gguf_path=tiny, slice_size=8, boost=1,
+                                                   coordinator=coordinator_host.host)
+        worker = ExpertWorker.objects.create(model=model, host=volunteer_host.host, layer=0, first=0, count=8)
+        config, bank = load_expert_slice(tiny, 0, 0, 8)
+        server = ExpertServer(bank, secret=worker.secret,
+                              caps=worker_caps(d_model=config.d_model, count=8, context_length=config.context_length)).start()
+        link = RelayWorkerLink(relay_gateway, volunteer_host.token, worker.pk, server, out=lambda line: None).start()
+        relayed = RelayTransport(relay_gateway, coordinator_host.token, worker.pk, worker.secret)
+        tamperer = Tamperer(relayed.portal.address)  # between the coordinator and its portal to the relay
+        transport = TcpTransport(tamperer.address, worker.secret, connect_timeout=5.0)
+        inputs = {1: torch.randn(3, config.d_model), 5: torch.randn(2, config.d_model)}
+        experts, counts, rows = pack_rows(inputs)
+        answer = pack_rows(bank.compute_many(inputs))[2]
+
+        def ask() -> torch.Tensor:
+            header, out = transport.request({"type": "compute", "id": 1, "layer": 0, "experts": experts, "counts": counts},
+                                            rows, 10.0)
+            assert header["type"] == "result" and out is not None
+            return out
+
+        runner = MoeRunner(tiny, policy=DispatchPolicy(grace_s=30.0, latency_aware=False), n_slots=2)
+        try:
+            assert link.connected.wait(10)
+            assert torch.equal(ask(), answer)
+            seen = bytes(tamperer.seen)  # what the relay carried: the handshake, then ciphertext only
+            assert rows.numpy().tobytes() not in seen and answer.numpy().tobytes() not in seen
+            for direction in ("out", "back"):
+                served = server.served
+                tamperer.arm(direction)
+                with pytest.raises(WorkerFailed, match="closed|authentication"):
+                    ask()
+                assert server.served == served + (direction == "back")  # an altered request is never computed
+                assert torch.equal(ask(), answer)  # dialled again: a fresh sealed link
+
+            # Through the coordinator: the altered answer is refused and computed here instead.
+            full_config, weights = load_moe(tiny)
+            prompt = ByteTokenizer().encode("Sealed end to end")
+            expected = MoeModel(full_config, weights).generate(prompt, 6)
+            runner.monitor.state = LoadState(busy=2, under_load=True, last_load_at=0.0)
+            runner.coordinator.attach(WorkerSpec(str(worker.pk), 0, 0, 8, None, secret=worker.secret), transport)
+            tamperer.arm("back")
+            assert runner.generate(prompt, 6) == expected
+            stats = runner.coordinator.stats
+            assert stats.fallbacks >= 1 and stats.mismatches == 0
+        finally:
+            runner.close()
+            relayed.close()
+            tamperer.close()
+            link.stop()
+            server.close()
 
     def test_local_experts_are_the_reference(self, tmp_path: Path) -> None:
         tiny = make_tiny_moe(tmp_path / "tiny.gguf", seed=9)
