@@ -19,15 +19,21 @@ an agent never executes what a peer sends it).
 
 The handshake (both directions proven, HMAC-SHA256 over fresh nonces with the secret the
 gateway issued for this ring or worker): the listener speaks first with a ``challenge``
-nonce; the dialer answers ``hello`` with its identity, its own nonce and a proof over the
-challenge and that hello; the listener checks it with `hmac.compare_digest` and, only if it
-holds, answers ``admitted`` with a proof over the dialer's nonce, which the dialer checks
-before it sends anything else. A peer without the secret gets the challenge and nothing
-more; a dialer never sends a byte to something that did not greet it in this protocol.
+nonce and a fresh X25519 public key; the dialer answers ``hello`` with its identity, its
+own nonce and key and a proof over the challenge (its key included) and that hello; the
+listener checks it with `hmac.compare_digest` and, only if it holds, answers ``admitted``
+with a proof over both nonces and both keys, which the dialer checks before it sends
+anything else. A peer without the secret gets the challenge and nothing more; a dialer never
+sends a byte to something that did not greet it in this protocol.
 
 Once a peer is admitted, every frame is sealed (AES-GCM, from `cryptography`): each side
-derives one key per direction with HKDF-SHA256 from the secret, salted with both handshake
-nonces (so a session's keys are fresh even though the secret is not). A sealed frame's body
+derives one key per direction with HKDF-SHA256 from the secret and the X25519 exchange,
+salted with both handshake nonces. The exchange keeps the session's keys from anyone who
+holds the secret but only watched the handshake: the gateway that issued the secret, or the
+relay it runs for hosts behind NAT, sees ciphertext it cannot open, even from its database.
+(The gateway is still the one that vouches for both ends: one that actively put itself in
+the middle of a handshake, with the secret, could. Nothing here defends against that.)
+A sealed frame's body
 is its JSON header (padded with spaces to 8 bytes when a payload follows, so the payload
 lands aligned in the receiver's buffer), then its payload, sealed in records (TLS's shape),
 each with its tag, under nonces counted per direction and with the clear ``>II`` prefix as
@@ -64,6 +70,7 @@ import numpy as np
 import torch
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
@@ -79,6 +86,7 @@ HANDSHAKE_TIMEOUT_S = 10.0  # a peer that does not finish the handshake in this 
 MAX_PENDING_HANDSHAKES = 16  # connections in the handshake at once, per listener; more are closed at once
 MIN_SECRET_CHARS = 32
 _NONCE_BYTES = 16
+_KEY_BYTES = 32  # an X25519 public key
 _TAG_BYTES = 16  # AES-GCM's tag, after each sealed record
 RECORD_BYTES = 1 << 18  # plaintext bytes per sealed record: small enough to stay in cache between the cipher and the socket
 GATHER_BYTES = 1 << 17  # a body up to this size is one record, header and payload gathered: one AEAD call, one recv
@@ -356,16 +364,33 @@ def _key(secret: str) -> bytes:
 
 
 def _proof(key: bytes, *parts: str) -> str:
-    return hmac.new(key, "|".join(("elephant-link-1", *parts)).encode(), hashlib.sha256).hexdigest()
+    return hmac.new(key, "|".join(("elephant-link-2", *parts)).encode(), hashlib.sha256).hexdigest()
 
 
-def _session_keys(key: bytes, challenge: str, hello: str) -> tuple[bytes, bytes]:
-    """This session's keys, (dialer to listener, listener to dialer): HKDF over the secret,
-    salted with both sides' fresh nonces, one `info` per direction."""
+class _Ephemeral:
+    """One side's fresh X25519 key pair, for one handshake only: the session's keys need its
+    exchange, so whoever holds the secret but only watched the handshake (the gateway that
+    issued it, its relay) cannot derive them."""
+
+    def __init__(self) -> None:
+        self._private = X25519PrivateKey.generate()
+        self.public = self._private.public_key().public_bytes_raw().hex()
+
+    def shared(self, theirs: str, name: str) -> bytes:
+        try:
+            return self._private.exchange(X25519PublicKey.from_public_bytes(bytes.fromhex(theirs)))
+        except ValueError as exc:  # e.g. a low-order point, whose exchange is all zeros
+            raise LinkRefused(f"link {name}: the peer's key exchange is not usable") from exc
+
+
+def _session_keys(key: bytes, shared: bytes, challenge: str, hello: str) -> tuple[bytes, bytes]:
+    """This session's keys, (dialer to listener, listener to dialer): HKDF over the secret and
+    the X25519 exchange, salted with both sides' fresh nonces, one `info` per direction."""
     salt = bytes.fromhex(challenge) + bytes.fromhex(hello)
 
     def derive(direction: str) -> bytes:
-        return HKDF(algorithm=hashes.SHA256(), length=32, salt=salt, info=f"elephant-link-1 {direction}".encode()).derive(key)
+        return HKDF(algorithm=hashes.SHA256(), length=32, salt=salt,
+                    info=f"elephant-link-2 {direction}".encode()).derive(key + shared)
 
     return derive("dial->listen"), derive("listen->dial")
 
@@ -374,11 +399,17 @@ def _canonical(hello: dict[str, Any]) -> str:
     return json.dumps({k: v for k, v in hello.items() if k != "proof"}, sort_keys=True, separators=(",", ":"))
 
 
-def _nonce(message: dict[str, Any], kind: str) -> str | None:
-    nonce = message.get("nonce")
-    ok = message.get("type") == kind and isinstance(nonce, str) and len(nonce) == 2 * _NONCE_BYTES \
-        and all(c in string.hexdigits for c in nonce)  # it salts the session keys as bytes
-    return nonce if ok else None
+def _hex(message: dict[str, Any], kind: str, field: str, size: int) -> str | None:
+    """A `kind` message's `field` of `size` bytes in hex (a nonce or a public key), or None."""
+    value = message.get(field)
+    ok = message.get("type") == kind and isinstance(value, str) and len(value) == 2 * size \
+        and all(c in string.hexdigits for c in value)  # read as bytes: it salts or makes the session keys
+    return value if ok else None
+
+
+def _nonce_and_key(message: dict[str, Any], kind: str) -> tuple[str, str] | None:
+    nonce, public = _hex(message, kind, "nonce", _NONCE_BYTES), _hex(message, kind, "key", _KEY_BYTES)
+    return None if nonce is None or public is None else (nonce, public)
 
 
 class HandshakeSlots:
@@ -409,18 +440,19 @@ def accept(sock: socket.socket, *, secret: str, caps: FrameCaps, name: str = "",
     with the socket closed after nothing but the challenge was sent."""
     key = _key(secret)
     link = Link(sock, name or "inbound")
-    ours = secrets.token_hex(_NONCE_BYTES)
+    ours, ephemeral = secrets.token_hex(_NONCE_BYTES), _Ephemeral()
     try:
         sock.settimeout(timeout)
-        link.send({"type": "challenge", "nonce": ours})
+        link.send({"type": "challenge", "nonce": ours, "key": ephemeral.public})
         hello, _ = link.recv(HANDSHAKE_CAPS)
-        theirs = _nonce(hello, "hello")
+        fresh = _nonce_and_key(hello, "hello")
         proof = hello.get("proof")
-        if theirs is None or not isinstance(proof, str) or \
-                not hmac.compare_digest(proof, _proof(key, "dial", ours, _canonical(hello))):
+        if fresh is None or not isinstance(proof, str) or \
+                not hmac.compare_digest(proof, _proof(key, "dial", ours, ephemeral.public, _canonical(hello))):
             raise LinkRefused(f"link {link.name}: the peer did not prove it holds the secret")
-        link.send({"type": "admitted", "proof": _proof(key, "listen", theirs, ours)})
-        inbound, outbound = _session_keys(key, ours, theirs)
+        theirs, their_key = fresh
+        link.send({"type": "admitted", "proof": _proof(key, "listen", theirs, ours, their_key, ephemeral.public)})
+        inbound, outbound = _session_keys(key, ephemeral.shared(their_key, link.name), ours, theirs)
         link._secure(outbound, inbound)
         sock.settimeout(None)
     except LinkRefused:
@@ -429,7 +461,7 @@ def accept(sock: socket.socket, *, secret: str, caps: FrameCaps, name: str = "",
     except (LinkClosed, OSError) as exc:
         link.close()
         raise LinkRefused(f"link {link.name}: handshake failed: {exc}") from exc
-    link.peer, link.caps = {k: v for k, v in hello.items() if k not in ("proof", "nonce")}, caps
+    link.peer, link.caps = {k: v for k, v in hello.items() if k not in ("proof", "nonce", "key")}, caps
     return link
 
 
@@ -438,21 +470,22 @@ def _greet(link: Link, key: bytes, hello: dict[str, Any], caps: FrameCaps, timeo
     try:
         link.sock.settimeout(timeout)
         challenge, _ = link.recv(HANDSHAKE_CAPS)
-        theirs = _nonce(challenge, "challenge")
-        if theirs is None:
+        fresh = _nonce_and_key(challenge, "challenge")
+        if fresh is None:
             raise LinkRefused(f"link {link.name}: the peer does not speak the link protocol")
-        ours = secrets.token_hex(_NONCE_BYTES)
-        message = {**hello, "type": "hello", "nonce": ours}
-        link.send({**message, "proof": _proof(key, "dial", theirs, _canonical(message))})
+        theirs, their_key = fresh
+        ours, ephemeral = secrets.token_hex(_NONCE_BYTES), _Ephemeral()
+        message = {**hello, "type": "hello", "nonce": ours, "key": ephemeral.public}
+        link.send({**message, "proof": _proof(key, "dial", theirs, their_key, _canonical(message))})
         try:
             answer, _ = link.recv(HANDSHAKE_CAPS)
         except LinkClosed as exc:
             raise LinkRefused(f"link {link.name}: the peer refused our proof (a different secret?)") from exc
         proof = answer.get("proof")
         if answer.get("type") != "admitted" or not isinstance(proof, str) or \
-                not hmac.compare_digest(proof, _proof(key, "listen", ours, theirs)):
+                not hmac.compare_digest(proof, _proof(key, "listen", ours, theirs, ephemeral.public, their_key)):
             raise LinkRefused(f"link {link.name}: the peer did not prove it holds the secret")
-        outbound, inbound = _session_keys(key, theirs, ours)
+        outbound, inbound = _session_keys(key, ephemeral.shared(their_key, link.name), theirs, ours)
         link._secure(outbound, inbound)
         link.sock.settimeout(None)
     except LinkRefused:

@@ -4,6 +4,7 @@ before anything is allocated for it; the handshake admits only a peer holding th
 both ways, and a stranger learns nothing but the challenge."""
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import struct
@@ -13,6 +14,7 @@ import tracemalloc
 
 import pytest
 import torch
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from mahout.link import (
     HEADERS_ONLY,
@@ -186,6 +188,32 @@ class HandshakeTests:
             stranger.close()
             listener.close()
 
+    def test_a_key_swapped_into_the_challenge_is_refused(self) -> None:
+        """The key exchange is under the proofs: a man in the middle without the secret who
+        puts a key of his own into the challenge (to read the session) admits nobody."""
+        secret = new_secret()
+        listener, middle = Listener(secret), listen()
+
+        def swap() -> None:
+            dialer, _ = middle.accept()
+            with dialer, socket.create_connection(listener.address) as upstream:
+                challenge = read_frame(upstream)
+                dialer.sendall(raw_frame({**challenge, "key": X25519PrivateKey.generate().public_key().public_bytes_raw().hex()}))
+                upstream.sendall(raw_frame(read_frame(dialer)))  # the hello, as sent
+                with contextlib.suppress(EOFError):
+                    dialer.sendall(raw_frame(read_frame(upstream)))
+
+        thread = threading.Thread(target=swap, daemon=True)
+        thread.start()
+        try:
+            with pytest.raises(LinkRefused):
+                dial(middle.getsockname()[:2], secret=secret, hello={"role": "coordinator"}, caps=ROOMY, timeout=5)
+            assert listener.done.wait(5) and listener.refused and not listener.links
+            thread.join(5)
+        finally:
+            middle.close()
+            listener.close()
+
     def test_a_wrong_secret_is_refused_both_ways(self) -> None:
         listener = Listener(new_secret())
         try:
@@ -203,7 +231,7 @@ class HandshakeTests:
 
         def impostor() -> None:
             sock, _ = server.accept()
-            sock.sendall(raw_frame({"type": "challenge", "nonce": "0" * 32}))
+            sock.sendall(raw_frame({"type": "challenge", "nonce": "0" * 32, "key": "ab" * 32}))
             hello = read_frame(sock)
             sock.sendall(raw_frame({"type": "admitted", "proof": "f" * 64}))  # cannot prove: no secret
             sock.settimeout(2)
