@@ -205,15 +205,16 @@ def choose_workers(
     size (None: not measured yet, so nothing is worth engaging but a measurement). The
     measured offers are added fastest first while the expected call time `T(S)` (module
     docstring) falls; the best set is engaged only if it beats computing everything here.
-    Offers never measured are engaged on top (their first try), with the experts nobody took.
-    An expert two offers hold goes to the first engaged. A probe due is a shadow: the
+    Offers never measured are engaged first (their first try: a replica of a faster worker is
+    not crowded out, or it would never be proven). An expert two offers hold goes to the
+    first engaged. A probe due is a shadow: the
     worker's experts that are computed here anyway, whose answer the call never waits for.
     """
-    taken: dict[int, str] = {}
-    best: dict[int, str] = {}
+    first_tries = {e: offer.key for offer in offers if offer.round_trip is None for e in offer.experts}
+    taken: dict[int, str] = dict(first_tries)  # a replica's first try is not crowded out by a faster holder
+    best: dict[int, str] = dict(first_tries)
     if per_expert is not None:
-        local = per_expert * experts
-        best_time, slowest, checks = local, 0.0, 0.0
+        best_time, slowest, checks = per_expert * (experts - len(first_tries)), 0.0, 0.0
         measured = sorted(((o.round_trip, o) for o in offers if o.round_trip is not None), key=lambda pair: pair[0])
         for round_trip, offer in measured:
             mine = [e for e in offer.experts if e not in taken]
@@ -225,9 +226,6 @@ def choose_workers(
             expected = max(per_expert * (experts - len(taken)), slowest) + checks
             if expected < best_time:
                 best_time, best = expected, dict(taken)
-    for offer in offers:  # first tries: never measured
-        if offer.round_trip is None:
-            best.update({e: offer.key for e in offer.experts if e not in best})
     plan: dict[str, list[int]] = {}
     for expert, key in sorted(best.items()):
         plan.setdefault(key, []).append(expert)

@@ -369,6 +369,12 @@ class ChooseWorkersTests:
         offers = [_offer("new", (0, 1), None), _offer("slow", (2, 3), 9.0, probe=True)]
         assert choose_workers(offers, experts=4, per_expert=1.0) == ({"new": [0, 1]}, {"slow": [2, 3]})
 
+    def test_a_replicas_first_try_is_not_crowded_out_by_a_faster_holder(self) -> None:
+        offers = [_offer("fast", (0, 1), 0.5), _offer("replica", (0, 1), None)]
+        assert choose_workers(offers, experts=4, per_expert=1.0) == ({"replica": [0, 1]}, {})
+        offers = [_offer("fast", (2, 3), 0.5), _offer("new", (0, 1), None)]
+        assert choose_workers(offers, experts=4, per_expert=1.0) == ({"fast": [2, 3], "new": [0, 1]}, {})
+
     def test_a_probe_copies_only_experts_computed_here(self) -> None:
         offers = [_offer("fast", (0, 1), 0.5), _offer("slow", (0, 1, 2), 9.0, probe=True)]
         assert choose_workers(offers, experts=4, per_expert=1.0) == ({"fast": [0, 1]}, {"slow": [2]})
