@@ -26,7 +26,7 @@ from typing import Any
 __all__ = ["ListenerRelay", "Portal", "relay_portal", "serve_reconnecting", "websocket_base"]
 
 CONN = struct.Struct(">I")
-CHUNK = 64 * 1024  # bytes read from a socket per relayed message
+CHUNK = 256 * 1024  # bytes read from a socket per relayed message (daphne refuses a message over 1 MiB)
 OPEN_TIMEOUT_S = 10.0
 RECONNECT_MIN_S, RECONNECT_MAX_S = 0.5, 10.0
 
