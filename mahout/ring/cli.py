@@ -94,7 +94,7 @@ def cmd_ring(args: argparse.Namespace, say: Callable[[str], None] = print) -> in
     from mahout.home import resolve_home
     from mahout.ring.local import ProcessRing, split_layers
     from mahout.ring.membership import Limits
-    from mahout.ring.runner import ring_model
+    from mahout.ring.model import ring_model
 
     try:
         model_path = ring_model(args.name, resolve_home(args.home), args.model).path

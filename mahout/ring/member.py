@@ -33,13 +33,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mahout.credentials import TOKEN_ENV, credentials_resolve
 from mahout.home import resolve_home
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
     from mahout.ring.relay import StageRelay
     from mahout.ring.stage import StageAgent
 
-__all__ = ["LocalStages", "StageNotAssigned", "add_parser", "cmd_stage", "find_assignment"]
+__all__ = ["LocalStages", "StageNotAssigned", "add_parser", "cmd_stage", "exit_on_sigterm", "find_assignment"]
 
 ROOT = Path(__file__).resolve().parents[2]
 OWNER_POLL_S = 1.0  # how often a stage asks whether its owner wants the machine
@@ -98,6 +99,14 @@ def find_assignment(assignments: list[dict], ring_id: int, index: int) -> dict:
     raise StageNotAssigned(f"the gateway does not assign stage {index} of ring {ring_id} to this host (yours: {mine})")
 
 
+def exit_on_sigterm() -> Any:
+    """Make SIGTERM raise SystemExit (so ``finally`` blocks run); returns the previous handler,
+    or None off the main thread. While the host loops run they handle SIGTERM themselves."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
+
+
 def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
     """Serve one stage of a ring plan until stopped (or, with ``--once``, one ring session)."""
     import torch
@@ -108,12 +117,12 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
     from mahout.link import LinkClosed, listen
     from mahout.ring.api import RingApi
     from mahout.ring.membership import Limits
+    from mahout.ring.model import ring_model
     from mahout.ring.relay import RELAY_ADDRESS
     from mahout.ring.rendezvous import RendezvousTimeout, advertised_address, dial_stage, parse_address
-    from mahout.ring.runner import _exit_on_sigterm, ring_model
     from mahout.ring.stage import StageAgent
 
-    _exit_on_sigterm()  # so the `finally` that clears the stage's address runs
+    exit_on_sigterm()  # so the `finally` that clears the stage's address runs
     home = resolve_home(args.home)
     login = credentials_resolve(server=args.server, token=args.token, home=home,
                                 warn=lambda line: print(line, file=sys.stderr, flush=True))

@@ -7,9 +7,9 @@ engine. It qualifies with a measured run of the ring itself. A stage dying raise
 then stops claiming until the ring is whole again.
 
 The ring serves one catalog model (``--name``, the shipped Gemma 3 270M by default): its file
-is the one `mahout add` registered for that name (`ring_model`), or ``--model PATH``, checked
-against the catalog's pin before the qualifying run; its stages load that file, and the
-runner counts and detokenises with that file's own vocabulary (the gateway renders the
+is the one `mahout add` registered for that name (`mahout.ring.model.ring_model`), or
+``--model PATH``, checked against the catalog's pin before the qualifying run; its stages
+load that file, and the runner counts and detokenises with that file's own vocabulary (the gateway renders the
 prompt with the entry's template and sends the fragments).
 
 While the owner of the bridge's machine wants it (`mahout.owner`: `mahout pause`,
@@ -23,25 +23,23 @@ import argparse
 import contextlib
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mahout.link import Heartbeat
 from mahout.ring.bridge import RingBridge, RingError, RingRequest
+from mahout.ring.model import RingModel, ring_model
 from mahout.runners import LogprobsUnsupported
 from mahout.runners.llama import PromptTokenizer
 
 if TYPE_CHECKING:
     from mahout.api import HostApi
-    from mahout.catalog import ModelSpec
     from mahout.loop import HostLoop
 
-__all__ = ["RingModel", "RingRunner", "ring_benchmark", "ring_loops", "ring_model", "run_loops", "serve_ring"]
+__all__ = ["RingRunner", "ring_benchmark", "ring_loops", "run_loops", "serve_ring"]
 
 # Ring loops long-poll briefly: once the ring breaks they must stop claiming before the
 # gateway offers this host the continuation of the job that just failed here (it skips the
@@ -52,42 +50,6 @@ _BENCH_PROMPT = (
     "The history of the elephant is long and varied. Elephants live in families led by the "
     "oldest female, travel great distances in search of water, and remember the routes for decades."
 )
-
-
-@dataclass(frozen=True)
-class RingModel:
-    """The catalog model a ring serves, and the file its stages load."""
-
-    name: str
-    path: Path
-    spec: ModelSpec  # what the catalog pins for `name` (checked before the ring qualifies)
-    sha256: str = ""  # the file's, when `mahout add` recorded it ("": hashed when checked)
-
-
-def ring_model(name: str, home: Path, path: str | Path | None = None) -> RingModel:
-    """Catalog model `name` as a ring serves it: from `path` when given, else from the file
-    `mahout add` registered for it (the shipped Gemma from the package's own copy unless the
-    owner added one). `ModelUnavailable` for a name neither shipped nor added, an embeddings
-    model, or a file the engine cannot slice into stages (its architecture, or experts)."""
-    from engine.gguf_loader import default_model_path, open_gguf, read_config
-    from mahout.catalog import ModelUnavailable, file_sha256, model_spec
-    from mahout.model_files import SHIPPED_MODEL, added_model
-
-    spec = model_spec(name, home)
-    if spec.kind != "chat":
-        raise ModelUnavailable(f"{name} is a {spec.kind} model: a ring serves chat models")
-    sha256 = ""
-    if path is not None:
-        path = Path(path)
-    elif name == SHIPPED_MODEL:
-        path, sha256 = added_model(home, name, hash_file=file_sha256) or (default_model_path(), "")
-    else:
-        path, sha256 = spec.locate(home)
-    try:
-        read_config(open_gguf(path))
-    except (OSError, ValueError, KeyError) as exc:
-        raise ModelUnavailable(f"{name} ({path}) cannot be served as a ring: {exc}") from exc
-    return RingModel(name, Path(path), spec, sha256)
 
 
 class RingRunner:
@@ -301,14 +263,6 @@ def _qualify(bridge: RingBridge, model: RingModel, api: HostApi, args: argparse.
     return fingerprint
 
 
-def _exit_on_sigterm() -> Any:
-    """Make SIGTERM raise SystemExit (so ``finally`` blocks run); returns the previous handler,
-    or None off the main thread. While the host loops run they handle SIGTERM themselves."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
-
-
 def serve_ring(args: argparse.Namespace, *, say: Callable[[str], None] = print) -> int:
     """Serve the marketplace from a ring found through the control plane.
 
@@ -327,7 +281,7 @@ def serve_ring(args: argparse.Namespace, *, say: Callable[[str], None] = print) 
     from mahout.owner import owner_guard
     from mahout.presence import presence
     from mahout.ring.api import RingApi
-    from mahout.ring.member import LocalStages
+    from mahout.ring.member import LocalStages, exit_on_sigterm
     from mahout.ring.rendezvous import RendezvousTimeout, bridge_connect
 
     home = resolve_home(args.home)
@@ -341,7 +295,7 @@ def serve_ring(args: argparse.Namespace, *, say: Callable[[str], None] = print) 
     api, ring_api = HostApi(args.server, args.token), RingApi(args.server, args.token)
     local: LocalStages | None = None
     handled, fingerprint = 0, ""
-    previous = _exit_on_sigterm()  # between sessions too, so that the local stages are stopped
+    previous = exit_on_sigterm()  # between sessions too, so that the local stages are stopped
     try:
         if args.ring is None:
             args.ring = ring_api.propose(model=model.name, stages=args.stages, row_width=args.row_width,

@@ -1,4 +1,4 @@
-"""A ring serves any chat model of the catalog by name (`mahout.ring.runner.ring_model`): the
+"""A ring serves any chat model of the catalog by name (`mahout.ring.model.ring_model`): the
 file `mahout add` registered for it (at the bridge and at each stage, from its plan's model),
 refused with a clear error when there is none or the engine cannot slice it; and a ring of a model other than the shipped Gemma (a tiny Qwen 3 with
 its real vocabulary and chat template, `testkit.families`) serves a chat job through the host
@@ -17,7 +17,8 @@ from mahout.catalog import CatalogFile, ModelUnavailable, file_sha256
 from mahout.model_files import model_add
 from mahout.ring.local import ThreadRing, split_layers
 from mahout.ring.membership import Limits
-from mahout.ring.runner import ring_loops, ring_model, run_loops
+from mahout.ring.model import ring_model
+from mahout.ring.runner import ring_loops, run_loops
 from mahout.runners.embeddings import MODEL_NAME as EMBEDDINGS_MODEL
 from mahout.runners.llama import PromptTokenizer
 from mahout.tests.fake_gateway import TOKEN, FakeGateway
