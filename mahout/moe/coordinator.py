@@ -110,7 +110,7 @@ class TcpTransport:
 @dataclass(frozen=True)
 class WorkerSpec:
     """One entry of the dispatch map: a worker's slice, how to reach it, and the secret its
-    link is admitted with (the relay needs none: the gateway authenticates both ends)."""
+    link is admitted with (through the relay as well: the sealed link runs end to end)."""
 
     key: str
     layer: int
