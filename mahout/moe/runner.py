@@ -33,8 +33,9 @@ from engine.moe_loader import ByteTokenizer, has_byte_vocabulary, load_moe
 from engine.tokenizer import Tokenizer
 from mahout.moe.coordinator import Coordinator
 from mahout.moe.policy import DispatchPolicy, LoadMonitor
-from mahout.runners import LogprobsUnsupported
+from mahout.runners import LogprobsUnsupported, job_number, job_seed
 from protocol.rendering import fragments_text
+from protocol.sampling import select, uniform
 
 __all__ = ["MoeRunner", "MoeSlot", "SlotsFull", "Vocabulary"]
 
@@ -121,7 +122,11 @@ class MoeRunner:
         """Greedy completion in a slot of its own; steps interleave with other requests'."""
         return list(self.generate_stream(prompt_ids, max_tokens))
 
-    def generate_stream(self, prompt_ids: list[int], max_tokens: int) -> Generator[int, None, None]:
+    def generate_stream(self, prompt_ids: list[int], max_tokens: int, *, temperature: float = 0.0, top_p: float = 1.0,
+                        seed: int = 0) -> Generator[int, None, None]:
+        """The completion's tokens as they are drawn, each by the specified sampler
+        (`protocol.sampling`: ``select`` with the draw ``uniform(seed, position)``, position
+        the tokens before it), as a single-machine host draws them; temperature 0 is greedy."""
         request = f"r{next(self._ids)}"
         with self._slots:
             if self._busy >= self.n_slots:
@@ -135,7 +140,11 @@ class MoeRunner:
                 self._decoding += 1
             try:
                 for step in range(max_tokens):
-                    token = int(logits.argmax())
+                    if temperature <= 0:
+                        token = int(logits.argmax())
+                    else:
+                        token = select(logits.float().numpy(), temperature=temperature, top_p=top_p,
+                                       u=uniform(seed, len(prompt_ids) + step))
                     yield token
                     if token == self.tokenizer.eos_id or step == max_tokens - 1:
                         return
@@ -238,12 +247,15 @@ class MoeSlot:
         self.runner = runner
         self.finish_reason = "stop"
         self.completion_tokens = 0
+        self.token_ids: list[int] = []  # the last job's drawn tokens, its end of turn included (`mahout.loop` reports them)
+        self.seed: int | None = None  # the seed they were drawn with (the job's, or drawn here when it had none)
 
     def stream(self, job: dict) -> Generator[str, None, None]:
-        """Greedy text for a chat or completion job (sampling parameters other than
-        `max_tokens` are ignored), ended by EOS or the model's end of turn. A continuation
-        job's open assistant turn is continued from its last token as the gateway counted it
-        (no token healing)."""
+        """Text for a chat or completion job, drawn at the job's temperature and top_p with
+        its seed by the specified sampler (as a single-machine host draws; a grammar is not
+        applied here), ended by EOS or the model's end of turn. A continuation job's open
+        assistant turn is continued from its last token as the gateway counted it (no token
+        healing)."""
         runner = self.runner
         params = job.get("params") or {}
         if params.get("logprobs") is not None:
@@ -252,10 +264,13 @@ class MoeSlot:
         stops = runner.tokenizer.stop_ids(job)
         budget = runner.model.cache.n_ctx - len(prompt)
         max_tokens = min(int(params.get("max_tokens") or budget), budget)
+        temperature, top_p = job_number(params, "temperature", 1.0), job_number(params, "top_p", 1.0)
         self.finish_reason, self.completion_tokens = "length", 0
+        self.seed, self.token_ids = job_seed(params), []
         ids: list[int] = []
         sent = ""
-        for token in runner.generate_stream(prompt, max_tokens):
+        for token in runner.generate_stream(prompt, max_tokens, temperature=temperature, top_p=top_p, seed=self.seed):
+            self.token_ids.append(token)
             self.completion_tokens += 1
             if token in stops:
                 self.finish_reason = "stop"

@@ -8,6 +8,8 @@ embeddings runner exposes ``embed(texts) -> list[list[float]]`` and, after it,
 """
 from __future__ import annotations
 
+import math
+import random
 from collections.abc import Generator
 from typing import Protocol
 
@@ -54,3 +56,33 @@ class Embedder(Protocol):
     def embed(self, texts: list[str]) -> list[list[float]]:
         """One vector per text, in order; set ``prompt_tokens`` to the tokens embedded."""
         ...
+
+
+SAMPLING_RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0)}
+
+
+def job_number(params: dict, key: str, default: float) -> float:
+    """``params[key]`` as a float, or ``default`` when absent or null (OpenAI's defaults are 1);
+    RequestRejected when it is not a finite number in its range (the gateway checks this
+    too: a request that reaches a host with one is the request's fault, not the host's)."""
+    value = params.get(key)
+    if value is None:
+        return default
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise RequestRejected(f"{key} {value!r} is not a number") from None
+    low, high = SAMPLING_RANGES.get(key, (-math.inf, math.inf))
+    if not math.isfinite(number) or not low <= number <= high:
+        raise RequestRejected(f"{key} {value!r} is outside [{low:g}, {high:g}]")
+    return number
+
+
+def job_seed(params: dict) -> int:
+    """The job's sampling seed; a random 63-bit one when it has none (an older gateway sends none)."""
+    value = params.get("seed")
+    if value is None:
+        return random.SystemRandom().getrandbits(63)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestRejected(f"seed {value!r} is not an integer")
+    return value

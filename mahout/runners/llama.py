@@ -9,15 +9,13 @@ ids. Passing ids lets us check the context window before any compute.
 from __future__ import annotations
 
 import json
-import math
 import os
-import random
 import threading
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from mahout.runners import Piece, RequestRejected
+from mahout.runners import Piece, RequestRejected, job_number, job_seed
 from mahout.runners.logprobs import LogprobRecorder, TokenAligner
 from protocol.grammar_fence import FenceUnavailable, GrammarFence
 from protocol.jobs import CHAT, job_stop_strings
@@ -107,34 +105,6 @@ def _pieces_whole(llm: Llama) -> None:
     model.detokenize = detokenize
 
 
-SAMPLING_RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0)}
-
-
-def _number(params: dict, key: str, default: float) -> float:
-    """``params[key]`` as a float, or ``default`` when absent or null (OpenAI's defaults are 1);
-    RequestRejected when it is not a finite number in its range (the gateway checks this
-    too: a request that reaches a host with one is the request's fault, not the host's)."""
-    value = params.get(key)
-    if value is None:
-        return default
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise RequestRejected(f"{key} {value!r} is not a number") from None
-    low, high = SAMPLING_RANGES.get(key, (-math.inf, math.inf))
-    if not math.isfinite(number) or not low <= number <= high:
-        raise RequestRejected(f"{key} {value!r} is outside [{low:g}, {high:g}]")
-    return number
-
-
-def _seed(params: dict) -> int:
-    """The job's sampling seed; a random 63-bit one when it has none (an older gateway sends none)."""
-    value = params.get("seed")
-    if value is None:
-        return random.SystemRandom().getrandbits(63)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise RequestRejected(f"seed {value!r} is not an integer")
-    return value
 
 
 LOOSE_CHAR = 'char ::= [^"\\\\]'  # llama-cpp-python's converter: any character but " and \\ in a string...
@@ -534,8 +504,8 @@ class LlamaRunner:
         pieces: list[str] = []
         from llama_cpp import LogitsProcessorList
 
-        temperature, top_p = _number(params, "temperature", 1.0), _number(params, "top_p", 1.0)
-        self.seed = _seed(params)
+        temperature, top_p = job_number(params, "temperature", 1.0), job_number(params, "top_p", 1.0)
+        self.seed = job_seed(params)
         recorder = aligner = None
         if params.get("logprobs") is not None:  # first: it reads the model's own scores
             self._vocab_ready.join()

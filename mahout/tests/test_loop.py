@@ -233,16 +233,16 @@ class HostLoopTests:
         assert gateway.state.causes["job-1"] == "host", "an error the runner cannot pin on the request is the host's"
 
     def test_it_reports_a_request_it_cannot_run_as_the_requests_fault(self, gateway, api, tmp_path):
-        from mahout.runners import RequestRejected
-        from mahout.runners.llama import ContextOverflowError, _number
+        from mahout.runners import RequestRejected, job_number
+        from mahout.runners.llama import ContextOverflowError
 
         gateway.state.add_job("job-1")
         make_loop(api, FakeRunner([], error=ContextOverflowError("prompt is 5000 tokens")), tmp_path, []).run(max_jobs=1)
         assert gateway.state.causes["job-1"] == "request"
         for bad in (float("nan"), float("inf"), -0.5, 2.5, "warm"):
             with pytest.raises(RequestRejected):
-                _number({"temperature": bad}, "temperature", 1.0)
-        assert _number({"temperature": None}, "temperature", 1.0) == 1.0 and _number({"top_p": 0.9}, "top_p", 1.0) == 0.9
+                job_number({"temperature": bad}, "temperature", 1.0)
+        assert job_number({"temperature": None}, "temperature", 1.0) == 1.0 and job_number({"top_p": 0.9}, "top_p", 1.0) == 0.9
 
     def test_it_fails_a_job_for_a_model_it_does_not_serve(self, gateway, api, tmp_path):
         gateway.state.add_job("job-1", model="llama-70b")

@@ -231,9 +231,45 @@ class MoeRunnerTests:
             prompt = ByteTokenizer().encode("Hi")
             expected = ByteTokenizer().decode(runner.generate(prompt, 5))
             first, second = runner.slot(), runner.slot()
-            pieces = list(first.stream(rendered({"kind": "completion", "prompt": "Hi", "params": {"max_tokens": 5}}, BYTES)))
+            pieces = list(first.stream(rendered({"kind": "completion", "prompt": "Hi",
+                                                 "params": {"max_tokens": 5, "temperature": 0}}, BYTES)))
             assert first.completion_tokens == 5 and first.finish_reason == "length"
             assert "".join(pieces) == expected
             assert second.completion_tokens == 0  # each slot keeps its own job's figures
+        finally:
+            runner.close()
+
+    def test_a_slot_draws_at_the_jobs_temperature_with_its_seed_as_the_specified_sampler_does(self, tiny: Path) -> None:
+        """Each token is `select(logits, u=uniform(seed, position))` over the model's own logits,
+        replayed here one token at a time on a model of its own; the same seed draws the same
+        answer, a top_p that keeps one token draws the greedy one, and the slot reports the
+        tokens and the seed (the audit's input), as a single-machine host does."""
+        from protocol.sampling import select, uniform
+
+        config, weights = load_moe(tiny)
+        replay = MoeModel(config, weights)
+        runner = MoeRunner(tiny, n_slots=1)
+        slot = runner.slot()
+
+        def answer(**params: object) -> tuple[str, list[int]]:
+            job = rendered({"kind": "completion", "prompt": "Elephants", "params": {"max_tokens": 12, **params}}, BYTES)
+            return "".join(slot.stream(job)), list(slot.token_ids)
+
+        try:
+            prompt = ByteTokenizer().encode("Elephants")
+            greedy = runner.generate(prompt, 12)
+            text, drawn = answer(temperature=1.3, top_p=1.0, seed=7)
+            assert slot.seed == 7 and len(drawn) == slot.completion_tokens
+            assert answer(temperature=1.3, top_p=1.0, seed=7) == (text, drawn)
+            assert drawn != greedy, "at 1.3 the tiny model's flat distribution draws away from the greedy answer"
+            logits = replay.forward(torch.tensor(prompt), torch.arange(len(prompt)), torch.zeros(len(prompt), dtype=torch.long),
+                                    torch.tensor([len(prompt) - 1]))[0]
+            for step, token in enumerate(drawn):
+                position = len(prompt) + step
+                assert token == select(logits.float().numpy(), temperature=1.3, top_p=1.0, u=uniform(7, position)), step
+                logits = replay.forward(torch.tensor([token]), torch.tensor([position]), torch.tensor([0]))[0]
+            assert answer(temperature=1.3, top_p=1e-9, seed=8)[1] == greedy
+            assert answer(temperature=0, seed=9)[1] == greedy
+            assert answer(temperature=1.3, seed=8)[1] != drawn
         finally:
             runner.close()

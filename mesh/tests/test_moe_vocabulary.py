@@ -47,7 +47,7 @@ def _scripted(monkeypatch: pytest.MonkeyPatch, runner: MoeRunner, ids: list[int]
     """The model answers `ids`; returns the prompts it was asked with."""
     asked: list[list[int]] = []
 
-    def answer(prompt_ids: list[int], max_tokens: int) -> Generator[int, None, None]:
+    def answer(prompt_ids: list[int], max_tokens: int, **_sampling: object) -> Generator[int, None, None]:
         asked.append(prompt_ids)
         yield from ids[:max_tokens]
 
