@@ -47,8 +47,10 @@ def audit_score(audit: dict, runner: object) -> AuditVerdict:
         return declined("the audit lacks its job, tokens or text")
     try:
         with Verifier(None, threads=1, n_ctx=int(llm.n_ctx()), llm=llm) as verifier:
+            logprobs = audit.get("logprobs")  # an older gateway sends none: then they are not compared
             result = verifier.audit(job, token_ids=tokens, text=audit["text"],
-                                    finish_reason=str(audit.get("finish_reason") or ""), seed=int(audit["seed"]))
+                                    finish_reason=str(audit.get("finish_reason") or ""), seed=int(audit["seed"]),
+                                    logprobs=logprobs if isinstance(logprobs, list) else None)
     except Unauditable as exc:
         return declined(f"not auditable here: {exc}")
     except Exception as exc:  # noqa: BLE001 - a reading that breaks is handed to another scorer, not lost

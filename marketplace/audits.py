@@ -127,14 +127,14 @@ def audit_wanted(
 
 
 def audit_open(*, request: Request, job: Job, host: Host, payload: dict, text: str, token_ids: list[int] | None,
-               finish_reason: str, host_ucents: int, platform_ucents: int) -> Audit:
-    """Keep what the audit needs (the job, its answer and tokens) beside the escrowed shares.
-    In the settlement's transaction."""
+               finish_reason: str, host_ucents: int, platform_ucents: int, logprobs: list[dict] | None = None) -> Audit:
+    """Keep what the audit needs (the job, its answer, tokens and reported log-probabilities)
+    beside the escrowed shares. In the settlement's transaction."""
     by_hosts = audit_weights(request.model, assemble=False) is None
     audit = Audit.objects.create(
         job=job, host=host, request=request, host_ucents=host_ucents, platform_ucents=platform_ucents,
         seed=int(payload["params"]["seed"]), payload=payload, text=text, token_ids=token_ids, finish_reason=finish_reason,
-        by_hosts=by_hosts,
+        logprobs=logprobs, by_hosts=by_hosts,
     )
     if by_hosts:
         announce_on_commit(queue_group(request.model_id), {"type": "audit.queued"})  # waiting scorers look now
@@ -181,7 +181,7 @@ def audit_verdict(audit: Audit) -> tuple[str | None, dict]:
         raise LookupError(f"the weights of {audit.request.model.name} are no longer on this gateway")
     result = _verifier(path).audit(  # type: ignore[attr-defined]
         audit.payload, token_ids=[int(t) for t in audit.token_ids], text=audit.text, finish_reason=audit.finish_reason,
-        seed=audit.seed,
+        seed=audit.seed, logprobs=audit.logprobs,
     )
     counts = {"checked": result.checked, "uncertain": result.uncertain, "misses": len(result.misses)}
     return result.reason, counts
@@ -214,7 +214,7 @@ def audit_decide(*, audit: Audit, reason: str | None, counts: dict) -> bool:
     decided elsewhere."""
     status = Audit.Status.PASSED if reason is None else Audit.Status.FAILED
     if not Audit.objects.filter(pk=audit.pk, status=Audit.Status.PENDING).update(
-        status=status, reason=(reason or "")[:500], payload=None, text="", token_ids=None, decided_at=timezone.now(),
+        status=status, reason=(reason or "")[:500], payload=None, text="", token_ids=None, logprobs=None, decided_at=timezone.now(),
         scorer=None, scorer_since=None, scorer_boot="", **counts,
     ):
         return False
@@ -303,7 +303,7 @@ def _audit_payload(audit: Audit) -> AuditPayload:
     job = {key: value for key, value in (audit.payload or {}).items() if key != "id"}
     return {"id": audit.pk, "model": audit.request.model.name, "kind": AUDIT, "job": job,  # type: ignore[typeddict-item]
             "tokens": [int(t) for t in audit.token_ids or []], "text": audit.text, "finish_reason": audit.finish_reason,
-            "seed": audit.seed}
+            "seed": audit.seed, "logprobs": audit.logprobs}
 
 
 @transaction.atomic

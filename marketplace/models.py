@@ -291,6 +291,10 @@ class Audit(models.Model):
     payload = models.JSONField(null=True, blank=True, help_text="the job as its host received it; deleted when decided")
     text = models.TextField(blank=True, help_text="the text the host delivered; deleted when decided")
     token_ids = models.JSONField(null=True, blank=True, help_text="the tokens the host says it generated; deleted when decided")
+    logprobs = models.JSONField(
+        null=True, blank=True, help_text="the log-probability entries the host reported with its text, when the job asked "
+        "for them (compared with the model's); deleted when decided",
+    )
     finish_reason = models.CharField(max_length=16, blank=True)
     checked = models.PositiveIntegerField(default=0, help_text="tokens checked")
     uncertain = models.PositiveIntegerField(default=0, help_text="tokens too close to call (never held against the host)")

@@ -64,6 +64,7 @@ class AuditPayload(TypedDict):
     text: str  # the text the customer received
     finish_reason: str  # "stop" or "length"
     seed: int  # the gateway's sampling seed for that job
+    logprobs: list[dict] | None  # the log-probability entries reported with the text, when the job asked for them
 
 
 class AuditVerdict(TypedDict, total=False):

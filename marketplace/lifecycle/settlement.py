@@ -125,7 +125,8 @@ def job_settle(
     if audited is not None:
         audit_open(request=request, job=job, host=host, payload=audited, text=own_text(request.delivered_text, job=job),
                    token_ids=token_ids[:MAX_TOKENS_KEPT] if token_ids is not None else None, finish_reason=finish_reason,
-                   host_ucents=settled.cost_ucents - settled.platform_ucents, platform_ucents=settled.platform_ucents)
+                   host_ucents=settled.cost_ucents - settled.platform_ucents, platform_ucents=settled.platform_ucents,
+                   logprobs=own_logprobs(request, job=job))
     if request.kind != Request.Kind.EMBEDDINGS:  # only the host's own part of the answer says how fast it is
         own = completion_tokens if job.attempt == 1 else count_output(request, own_text(delivered, job=job))
         reputation.speed_measured(job=job, completion_tokens=own, now=now)
@@ -150,6 +151,17 @@ def _answer_refused(*, job: Job, request: Request, why: str, code: str, message:
     host_rest_if_unreliable(host_id=job.host_id)
     request_fail(request=request, code=code, message=message)
     return Completion(request=request, earned_ucents=0)
+
+
+def own_logprobs(request: Request, *, job: Job) -> list[dict] | None:
+    """The log-probability entries `job`'s host reported with its batches, in order, when the
+    request asked for them (None otherwise): what an audit compares with the model's."""
+    if request.params.get("logprobs") is None:
+        return None
+    entries: list[dict] = []
+    for batch in TextChunk.objects.filter(job=job).order_by("seq").values_list("logprobs", flat=True):
+        entries.extend(batch or [])
+    return entries[:MAX_TOKENS_KEPT]
 
 
 def own_text(delivered: str, *, job: Job) -> str:

@@ -88,7 +88,8 @@ def test_an_audit_the_gateway_cannot_read_is_claimed_by_a_trusted_host_never_the
     assert payload["kind"] == AUDIT and payload["id"] == audit.pk and payload["model"] == "gemma-3-270m"
     assert payload["tokens"] == TOKENS and payload["text"] == "Hello there." and payload["seed"] == audit.seed
     assert payload["job"]["messages"] == [{"role": "user", "content": "hi"}] and "id" not in payload["job"]
-    assert set(payload) == {"id", "model", "kind", "job", "tokens", "text", "finish_reason", "seed"}  # nothing names its host
+    assert set(payload) == {"id", "model", "kind", "job", "tokens", "text", "finish_reason", "seed", "logprobs"}  # nothing names its host
+    assert payload["logprobs"] is None  # the job asked for none
     assert _claim(scorers[1]) is None  # one scorer at a time
 
 

@@ -31,6 +31,7 @@ ASKS = [
     ({"temperature": 1.2, "top_p": 0.9}, [{"role": "user", "content": "Write one line about rivers."}]),
     ({"temperature": 0.0}, [{"role": "user", "content": "Count from one to five."}]),
     ({"temperature": 0.8, "response_format": {"type": "json_object"}}, [{"role": "user", "content": "Describe a cat as JSON."}]),
+    ({"temperature": 0.9, "logprobs": True, "top_logprobs": 2}, [{"role": "user", "content": "Say something about the sea."}]),
 ]
 
 
@@ -63,6 +64,13 @@ def test_an_honest_host_passes_its_audits_and_is_paid(audited_gateway: Gateway, 
         host.stop()
     pending = list(Audit.objects.filter(host=serving.host))
     assert len(pending) == len(ASKS) and all(a.status == Audit.Status.PENDING and a.token_ids for a in pending)
+    (reported,) = [a for a in pending if a.logprobs is not None]  # kept for the one job that asked for them
+    assert len(reported.logprobs) > 0 and all("logprob" in entry for entry in reported.logprobs)
+    altered = [dict(entry) for entry in reported.logprobs]
+    altered[0]["logprob"] -= 3.0  # a host that reports numbers its model did not compute
+    reported.logprobs = altered
+    reason, _ = audits.audit_verdict(reported)  # the verdict alone: nothing is decided or saved
+    assert reason is not None and "log-probabilities are not the model's" in reason
     assert ledger.host_account(host=serving.host) is None or ledger.host_account(host=serving.host).balance_ucents == 0
     assert audits.audit_score_pending() == len(ASKS)
     decided = list(Audit.objects.filter(host=serving.host))
