@@ -23,6 +23,13 @@ shipped Gemma 3 270M, measured in one run:
 
     .venv/bin/python bench/trust.py [--jobs 200] [--max-tokens 48] [--speed-prompts 8]
 
+(c) alone at scale (`--honest N`): N honest answers, each audited once, spread over
+`--workers` processes that differ in thread counts (worker k: the host on 1 + k % 2 threads,
+its verifier on 2 - k % 2), the settings of (c) in turn. Counted: failed audits, misses,
+uncertain tokens, and the reasons of any failure.
+
+    .venv/bin/python bench/trust.py --honest 2000 [--workers 2] [--max-tokens 48]
+
 No Django in part 1. Prints JSON, then a markdown table; asserts nothing.
 
 **2. Canaries (`--canaries`).** For every prompt of the canary corpus, the reference is computed as `manage.py
@@ -298,6 +305,68 @@ def sampler_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def honest_part(args: argparse.Namespace) -> dict:
+    """One worker's share of `--honest`: jobs part, part + workers, ... (see the docstring)."""
+    from engine.gguf_loader import default_model_path
+    from mahout.runners.llama import LlamaRunner
+    from mahout.verify import Verifier
+
+    path = default_model_path()
+    host_threads, verifier_threads = 1 + args.part % 2, 2 - args.part % 2
+    runner = LlamaRunner(path, threads=host_threads, n_ctx=2048)
+    verifier = Verifier(path, threads=verifier_threads, n_ctx=2048, tie_gap=args.tie_gap)
+    row: dict[str, Any] = {"host_threads": host_threads, "verifier_threads": verifier_threads, "audits": 0, "failed": 0,
+                           "tokens": 0, "matched": 0, "misses": 0, "uncertain": 0, "reasons": [],
+                           "generation_s": 0.0, "audit_s": 0.0}
+    started = time.monotonic()
+    for index in range(args.part, args.honest, args.workers):
+        temperature, top_p = SETTINGS[index % len(SETTINGS)]
+        job = job_for(index, max_tokens=args.max_tokens, temperature=temperature, top_p=top_p)
+        answer = answer_of(runner, job)
+        audit, seconds = audited(verifier, job, answer)
+        row["generation_s"] += answer["seconds"]
+        row["audit_s"] += seconds
+        row["audits"] += 1
+        row["failed"] += audit.reason is not None
+        row["tokens"] += audit.checked
+        row["matched"] += audit.matched
+        row["misses"] += len(audit.misses)
+        row["uncertain"] += audit.uncertain
+        if audit.reason and len(row["reasons"]) < 5:
+            row["reasons"].append(f"job {index} (T={temperature:g} top_p={top_p:g}): {audit.reason}")
+        if row["audits"] % 50 == 0:
+            print(f"worker {args.part}: {row['audits']} audited, {row['failed']} failed "
+                  f"({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
+    return row
+
+
+def honest_main(args: argparse.Namespace) -> None:
+    """`--honest N` (see the module's docstring): the workers in parallel, their counts summed."""
+    import subprocess
+
+    started = time.monotonic()
+    children = [subprocess.Popen([sys.executable, __file__, "--honest", str(args.honest), "--workers", str(args.workers),
+                                  "--part", str(part), "--max-tokens", str(args.max_tokens), "--tie-gap", str(args.tie_gap)],
+                                 stdout=subprocess.PIPE, text=True) for part in range(args.workers)]
+    rows = []
+    for child in children:
+        out, _ = child.communicate()
+        if child.returncode != 0:
+            raise SystemExit(f"a worker failed (exit {child.returncode})")
+        rows.append(json.loads(out.strip().splitlines()[-1]))
+    total = {key: sum(row[key] for row in rows) for key in ("audits", "failed", "tokens", "matched", "misses", "uncertain",
+                                                            "generation_s", "audit_s")}
+    result = {"honest": args.honest, "max_tokens": args.max_tokens, "tie_gap": args.tie_gap, "workers": rows, "total": total,
+              "audit_cost": total["audit_s"] / total["generation_s"], "seconds": time.monotonic() - started}
+    print(json.dumps(result, indent=1))
+    print()
+    print("| host threads | verifier threads | audited answers | failed | tokens checked | matched | uncertain | misses |")
+    print("|---|---|---|---|---|---|---|---|")
+    for row in [*rows, {**total, "host_threads": "all", "verifier_threads": ""}]:
+        print(f"| {row['host_threads']} | {row['verifier_threads']} | {row['audits']} | {row['failed']} | {row['tokens']} | "
+              f"{row['matched']} | {row['uncertain']} | {row['misses']} |")
+
+
 def setup() -> None:
     os.environ.setdefault("SQLITE_PATH", str(Path(tempfile.mkdtemp()) / "trust.sqlite3"))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
@@ -439,8 +508,20 @@ def main() -> None:
     parser.add_argument("--sample", type=int, default=8, help="part 1: tokens a sampled audit checks")
     parser.add_argument("--count", type=int, default=32, help="part 2: canary prompts")
     parser.add_argument("--skip", default="8,9", help="part 2: layers the smaller-model cheat skips")
+    parser.add_argument("--honest", type=int, default=0, help="part 1 (c) alone: this many honest answers audited")
+    parser.add_argument("--workers", type=int, default=2, help="with --honest: processes, thread counts differing")
+    parser.add_argument("--part", type=int, default=None, help=argparse.SUPPRESS)  # a worker's index
     args = parser.parse_args()
-    if args.canaries:
+    if args.honest:
+        from protocol.sampling import TIE_GAP
+
+        args.max_tokens = args.max_tokens or 48
+        args.tie_gap = TIE_GAP if args.tie_gap is None else args.tie_gap
+        if args.part is None:
+            honest_main(args)
+        else:
+            print(json.dumps(honest_part(args)))
+    elif args.canaries:
         args.max_tokens = args.max_tokens or 24
         canaries_main(args)
     else:
