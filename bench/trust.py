@@ -332,8 +332,11 @@ def honest_part(args: argparse.Namespace) -> dict:
         row["matched"] += audit.matched
         row["misses"] += len(audit.misses)
         row["uncertain"] += audit.uncertain
-        if audit.reason and len(row["reasons"]) < 5:
-            row["reasons"].append(f"job {index} (T={temperature:g} top_p={top_p:g}): {audit.reason}")
+        if audit.reason:
+            line = f"job {index} (T={temperature:g} top_p={top_p:g}): {audit.reason}"
+            print(f"worker {args.part}: failed {line}", file=sys.stderr, flush=True)
+            if len(row["reasons"]) < 5:
+                row["reasons"].append(line)
         if row["audits"] % 50 == 0:
             print(f"worker {args.part}: {row['audits']} audited, {row['failed']} failed "
                   f"({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)

@@ -330,7 +330,7 @@ class Verifier:
         max_tokens = rewrite_budget(job, asked, lambda rewrite: count_tokens(self._llm, rewrite))
         if len(sampled) > max_tokens:
             return f"{len(sampled)} tokens where max_tokens is {asked}"
-        spelled, delivered = self._llm.detokenize(sampled), rewritten + text.encode("utf-8")
+        spelled, delivered = _as_streamed(self._llm.detokenize(sampled)), rewritten + text.encode("utf-8")
         if not spelled.startswith(delivered):
             return ("the token ids do not spell the delivered text" if spelled.startswith(rewritten)
                     else "the token ids do not write again the text the job resumes")
@@ -483,6 +483,19 @@ def _logprob_gap(logits: npt.NDArray[np.float32], entry: dict, token: int | None
     expected = ([float(logprobs[token])] if token is not None else []) + [-float(v) for v in best]
     gaps = [abs(max(r, LOGPROB_FLOOR) - max(e, LOGPROB_FLOOR)) for r, e in zip(reported, expected, strict=True)]
     return max(gaps, default=0.0) if all(np.isfinite(gaps)) else float("inf")
+
+
+def _as_streamed(spelled: bytes) -> bytes:
+    """``spelled`` as a host's stream delivers it: bytes that are not UTF-8 (a lone byte token
+    drawn at a high temperature) are dropped, as llama.cpp's streams decode (``errors="ignore"``),
+    and an unfinished character at the end is kept, for `_held_back` to judge. Dropping them
+    adds no text, so an answer cannot differ from its tokens by more than bytes no one reads."""
+    import codecs
+
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
+    readable = decoder.decode(spelled, final=False)
+    pending, _ = decoder.getstate()
+    return readable.encode("utf-8") + pending
 
 
 def _held_back(rest: bytes) -> bool:

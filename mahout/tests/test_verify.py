@@ -121,6 +121,24 @@ class CheatTests:
         audit = verifier.audit(asked, **{**honest, "text": "Something else entirely."})
         assert audit.reason == "the token ids do not spell the delivered text"
 
+    def test_a_byte_that_is_not_utf8_is_read_as_the_stream_dropped_it(self, runner, verifier, sampled):
+        """At a high temperature an honest host can draw a lone byte token that is no UTF-8;
+        its stream drops it (llama.cpp decodes with errors="ignore"), so the delivered text
+        lacks it. That is not a spelling failure: the token is judged by its draw like any."""
+        from mahout.verify import _as_streamed
+
+        assert _as_streamed(" \U0001d453".encode() + b"\x8e gx") == " \U0001d453 gx".encode()
+        assert _as_streamed(b"ab\xe2\x86") == b"ab\xe2\x86"  # an unfinished character at the end is held back, not dropped
+        assert _as_streamed(b"\xe2 x\x8e\xe2\x86\x92") == " x\u2192".encode()
+        asked, honest = sampled
+        lone, ids, ended = verifier.vocab.pieces.index(b"\x8e"), honest["token_ids"], honest["finish_reason"] == "stop"
+        tokens = [*ids[:5], lone, *(ids[5:] if ended else ids[5:-1])]  # the byte drawn 6th; "length" keeps its length
+        text = runner._llm.detokenize(tokens[:-1] if ended else tokens).decode("utf-8", errors="ignore")
+        assert "\ufffd" not in text and len(text.encode()) < len(runner._llm.detokenize(tokens))
+        audit = verifier.audit(asked, token_ids=tokens, text=text, finish_reason=honest["finish_reason"], seed=honest["seed"])
+        assert audit.reason is not None and "not what the seeded draw selects" in audit.reason
+        assert audit.misses and audit.misses[0][:2] == (5, lone)
+
     def test_length_claimed_early_fails(self, runner, verifier, sampled):
         asked, honest = sampled
         half = [t for t in honest["token_ids"] if t != runner._llm.token_eos()][: MAX_TOKENS // 2]
