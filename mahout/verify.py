@@ -69,6 +69,8 @@ from protocol.jobs import CHAT, COMPLETION, job_stop_strings
 from protocol.sampling import MATCH, MISS, TIE_GAP, TOLERANCE, select_masked, token_check, uniform
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import numpy as np
     import numpy.typing as npt
     from llama_cpp import Llama
@@ -328,7 +330,7 @@ class Verifier:
         sampled = token_ids[:-1] if ended else token_ids
         asked = int((job.get("params") or {}).get("max_tokens") or self.n_ctx)
         max_tokens = rewrite_budget(job, asked, lambda rewrite: count_tokens(self._llm, rewrite))
-        if len(sampled) > max_tokens:
+        if len(sampled) > max_tokens and len(sampled) > _length_end(self._llm.detokenize, sampled, max_tokens):
             return f"{len(sampled)} tokens where max_tokens is {asked}"
         spelled, delivered = _as_streamed(self._llm.detokenize(sampled)), rewritten + text.encode("utf-8")
         if not spelled.startswith(delivered):
@@ -483,6 +485,27 @@ def _logprob_gap(logits: npt.NDArray[np.float32], entry: dict, token: int | None
     expected = ([float(logprobs[token])] if token is not None else []) + [-float(v) for v in best]
     gaps = [abs(max(r, LOGPROB_FLOOR) - max(e, LOGPROB_FLOOR)) for r, e in zip(reported, expected, strict=True)]
     return max(gaps, default=0.0) if all(np.isfinite(gaps)) else float("inf")
+
+
+def _length_end(detokenize: Callable[[list[int]], bytes], tokens: list[int], max_tokens: int) -> int:
+    """How many of ``tokens`` llama.cpp's stream generates before ``max_tokens`` stops it. It
+    skips that check (and every other) while the text's last three bytes hold what it takes for
+    the start of an unfinished character, and for as many tokens as that character seemed to
+    lack, so a character split over the budget's last token is finished first: up to three
+    tokens past ``max_tokens``. Its rule, replayed from a few tokens before the budget (what it
+    carries over lasts three tokens at most)."""
+    skip = 0
+    for n in range(max(1, max_tokens - 4), len(tokens) + 1):
+        for index, byte in enumerate(detokenize(tokens[:n])[-3:]):
+            for size, lead in ((2, 0xC0), (3, 0xE0), (4, 0xF0)):
+                if size > 3 - index and byte & lead == lead:
+                    skip = size - (3 - index)
+        if skip > 0:
+            skip -= 1
+            continue
+        if n >= max_tokens:
+            return n
+    return max(len(tokens), max_tokens)
 
 
 def _as_streamed(spelled: bytes) -> bytes:

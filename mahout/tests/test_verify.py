@@ -139,6 +139,21 @@ class CheatTests:
         assert audit.reason is not None and "not what the seeded draw selects" in audit.reason
         assert audit.misses and audit.misses[0][:2] == (5, lone)
 
+    def test_a_character_split_over_the_budget_is_finished_as_llamas_stream_finishes_it(self):
+        """llama.cpp's stream does not stop for max_tokens while the text ends in what looks
+        like an unfinished character (an honest host reported 49 tokens for max_tokens 48 at
+        T 1.5); the verifier allows exactly what that rule generates, not a token more."""
+        from mahout.verify import _length_end
+
+        def spelled(*tail: bytes):  # noqa: ANN202
+            pieces = [b"a"] * 47 + list(tail)
+            return lambda tokens: b"".join(pieces[t] for t in tokens)
+
+        assert _length_end(spelled(b"b", b"c"), list(range(49)), 48) == 48  # nothing split: the budget
+        assert _length_end(spelled(b"\xf0\x9d", b"\x91\x93", b"b", b"c"), list(range(51)), 48) == 50
+        assert _length_end(spelled(b"\xe2", b"\x86\x92", b"z", b"y"), list(range(51)), 48) == 50
+        assert _length_end(spelled(b"b"), list(range(48)), 48) == 48
+
     def test_length_claimed_early_fails(self, runner, verifier, sampled):
         asked, honest = sampled
         half = [t for t in honest["token_ids"] if t != runner._llm.token_eos()][: MAX_TOKENS // 2]
