@@ -140,11 +140,8 @@ class MoeRunner:
                 self._decoding += 1
             try:
                 for step in range(max_tokens):
-                    if temperature <= 0:
-                        token = int(logits.argmax())
-                    else:
-                        token = select(logits.float().numpy(), temperature=temperature, top_p=top_p,
-                                       u=uniform(seed, len(prompt_ids) + step))
+                    token = select(logits.float().numpy(), temperature=temperature, top_p=top_p,
+                                   u=uniform(seed, len(prompt_ids) + step))
                     yield token
                     if token == self.tokenizer.eos_id or step == max_tokens - 1:
                         return

@@ -9,8 +9,8 @@ then stops claiming until the ring is whole again.
 The ring serves one catalog model (``--name``, the shipped Gemma 3 270M by default): its file
 is the one `mahout add` registered for that name (`mahout.ring.model.ring_model`), or
 ``--model PATH``, checked against the catalog's pin before the qualifying run; its stages
-load that file, and the runner counts and detokenises with that file's own vocabulary (the gateway renders the
-prompt with the entry's template and sends the fragments).
+load that file, and the runner counts and detokenises with that file's own vocabulary (the
+gateway renders the prompt with the entry's template and sends the fragments).
 
 While the owner of the bridge's machine wants it (`mahout.owner`: `mahout pause`,
 ``--schedule``, the idle detector unless ``--no-idle-detect``), the host loops claim nothing
