@@ -508,7 +508,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=None, help="part 1: 48; part 2: 24")
     parser.add_argument("--speed-prompts", type=int, default=8, help="part 1: prompts timed by each sampler")
     parser.add_argument("--tie-gap", type=float, default=None, help="part 1: the verifier's tie_gap (default TIE_GAP)")
-    parser.add_argument("--sample", type=int, default=8, help="part 1: tokens a sampled audit checks")
+    parser.add_argument("--sample", type=int, default=16, help="part 1: tokens a sampled audit checks (AUDIT_TOKENS)")
     parser.add_argument("--count", type=int, default=32, help="part 2: canary prompts")
     parser.add_argument("--skip", default="8,9", help="part 2: layers the smaller-model cheat skips")
     parser.add_argument("--honest", type=int, default=0, help="part 1 (c) alone: this many honest answers audited")

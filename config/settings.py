@@ -268,6 +268,11 @@ METRICS_TOKEN = env_str("METRICS_TOKEN")  # Prometheus' bearer token for GET /me
 AUDIT_ENABLED = env_bool("AUDIT_ENABLED", True)
 AUDIT_RATE = env_float("AUDIT_RATE", 0.05, minimum=0.0)
 AUDIT_PROBATION_RATE = env_float("AUDIT_PROBATION_RATE", 1.0, minimum=0.0)
+# Tokens of an audited answer checked, drawn at random (0: every token). The prefill is read
+# up to the last one drawn, and only those rows of the output head are computed: the head of
+# a large vocabulary is most of an every-token audit's cost (bench/trust.py, BENCHMARKS.md).
+# A failure a trusted host reports is confirmed by a second one checking every token.
+AUDIT_TOKENS = env_int("AUDIT_TOKENS", 16, minimum=0)
 # A model whose weights the gateway lacks is scored by trusted hosts paid to score it: an audit
 # no scorer took within this long is released unchecked (logged); a scorer silent this long
 # is replaced; a scorer overruled by confirmations this often in a day loses its trust.
@@ -275,6 +280,12 @@ AUDIT_SCORER_WAIT_SECONDS = env_float("AUDIT_SCORER_WAIT_SECONDS", 1800.0, minim
 AUDIT_SCORE_TIMEOUT_SECONDS = env_float("AUDIT_SCORE_TIMEOUT_SECONDS", 300.0, minimum=1.0)
 AUDIT_SCORER_MAX_OVERRULED = env_int("AUDIT_SCORER_MAX_OVERRULED", 2, minimum=1)
 CANARY_ENABLED = env_bool("CANARY_ENABLED", True)
+# The operator's own canary prompts (JSON: a list of prompts, or {"prompts": [...],
+# "system_prompts": [...]}; marketplace/canaries.py), kept off the repository: the shipped
+# corpus is public, so a cheat that reads our code knows every canary built from it.
+CANARY_PROMPTS_FILE = env_str("CANARY_PROMPTS_FILE", "")
+if CANARY_PROMPTS_FILE and not Path(CANARY_PROMPTS_FILE).is_file():
+    raise ImproperlyConfigured(f"CANARY_PROMPTS_FILE={CANARY_PROMPTS_FILE!r}: no such file")
 CANARY_PROBATION_SECONDS = env_float("CANARY_PROBATION_SECONDS", 20.0, minimum=0.0)  # a new host: one every 20 s
 CANARY_TRUSTED_SECONDS = env_float("CANARY_TRUSTED_SECONDS", 3600.0, minimum=0.0)  # a trusted one: one an hour
 CANARY_TRUST_AFTER = env_int("CANARY_TRUST_AFTER", 5, minimum=1)  # passed canaries (none failed) to leave probation

@@ -48,9 +48,11 @@ def audit_score(audit: dict, runner: object) -> AuditVerdict:
     try:
         with Verifier(None, threads=1, n_ctx=int(llm.n_ctx()), llm=llm) as verifier:
             logprobs = audit.get("logprobs")  # an older gateway sends none: then they are not compared
+            draw = audit.get("draw")  # tokens to check, drawn here; none named: every token
             result = verifier.audit(job, token_ids=tokens, text=audit["text"],
                                     finish_reason=str(audit.get("finish_reason") or ""), seed=int(audit["seed"]),
-                                    logprobs=logprobs if isinstance(logprobs, list) else None)
+                                    logprobs=logprobs if isinstance(logprobs, list) else None,
+                                    sample=draw if isinstance(draw, int) and not isinstance(draw, bool) and draw > 0 else None)
     except Unauditable as exc:
         return declined(f"not auditable here: {exc}")
     except Exception as exc:  # noqa: BLE001 - a reading that breaks is handed to another scorer, not lost

@@ -222,7 +222,8 @@ class Verifier:
         new part only), and ``logprobs`` the entries reported with it when the job asked for
         them. Every newly generated token is checked, or with ``sample`` that many drawn at
         random (unpredictable to the host; the rest are prefilled without their logits, which
-        for a large vocabulary are most of an audit's cost). Raises :class:`Unauditable` for a
+        for a large vocabulary are most of an audit's cost, and nothing after the last one
+        drawn is prefilled at all). Raises :class:`Unauditable` for a
         job :func:`auditable` refuses, a grammar this machine cannot build, or a prompt +
         answer longer than the context."""
         if not auditable(job):
@@ -355,16 +356,18 @@ class Verifier:
         return None
 
     def _replay(self, prompt: list[int], answer: _Answer, checked: set[int], far: dict[int, float]) -> Audit:
-        """One prefill pass over prompt + answer (not its last token), checking each answer token
-        of ``checked`` (indices) at the position that predicts it, as soon as that position's
-        logits are computed (llama.cpp computes logits only there), the constraint fed every
-        token in order. Reported log-probabilities further off than the tolerance go in ``far``."""
+        """One prefill pass over prompt + answer, as far as the last token of ``checked``
+        (indices) and no further, checking each at the position that predicts it as soon as
+        that position's logits are computed (llama.cpp computes logits only there); the
+        constraint is fed every token in order, those past the last checked one too. Reported
+        log-probabilities further off than the tolerance go in ``far``."""
         import numpy as np
 
         lib, ctx, batch = self._lib, self._llm.ctx, self._batch
         lib.llama_memory_clear(lib.llama_get_memory(ctx), True)
         tokens = answer.tokens
-        sequence = prompt + tokens[:-1]
+        # up to the position that predicts the last checked token: nothing after it is read
+        sequence = prompt + tokens[:max(checked)] if checked else []
         first = len(prompt) - 1  # the position whose logits predict tokens[0]
         audit = Audit()
         for start in range(0, len(sequence), self.n_batch):
@@ -389,6 +392,13 @@ class Verifier:
                     audit.checked += 1
                     self._judge(audit, audit.misses, far, logits, answer, index, position)
                 answer.constraint.advance(tokens[index])
+        for index in range(len(sequence) + 1 - len(prompt) if checked else 0, len(tokens)):  # past the last checked
+            refused = answer.constraint.refusal(tokens[index])
+            if refused:
+                audit.misses.append((index, tokens[index], float("inf")))
+                audit.reason = f"token {index} (id {tokens[index]}) {refused}"
+                return audit
+            answer.constraint.advance(tokens[index])
         return audit
 
     def _judge(self, audit: Audit, misses: list, far: dict[int, float] | None, logits: npt.NDArray[np.float32],

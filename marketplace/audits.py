@@ -12,8 +12,10 @@ host's share goes to the audit escrow. The rendered prompt, the delivered text a
 tokens wait on the `Audit` row; the request's own copy is deleted as for every job.
 
 A Celery worker (`audit_score_pending`) loads the model and re-reads the answer in one
-prefill pass (`mahout.verify.Verifier`): every token must be the seed's draw under the
-model's logits, within a tolerance for honest machines' arithmetic. A pass pays the host
+prefill pass (`mahout.verify.Verifier`): every token checked must be the seed's draw under
+the model's logits, within a tolerance for honest machines' arithmetic. AUDIT_TOKENS tokens
+are checked, drawn at random (the host cannot know which), not every one: a large
+vocabulary's output head is most of an every-token audit's cost. A pass pays the host
 out of the escrow; a failure refunds the customer (the host's share from the escrow, the
 platform's from its revenue), puts the host in maintenance with the evidence and forfeits
 its unvested earnings. Either way the prompt, text and tokens are deleted then.
@@ -181,7 +183,7 @@ def audit_verdict(audit: Audit) -> tuple[str | None, dict]:
         raise LookupError(f"the weights of {audit.request.model.name} are no longer on this gateway")
     result = _verifier(path).audit(  # type: ignore[attr-defined]
         audit.payload, token_ids=[int(t) for t in audit.token_ids], text=audit.text, finish_reason=audit.finish_reason,
-        seed=audit.seed, logprobs=audit.logprobs,
+        seed=audit.seed, logprobs=audit.logprobs, sample=settings.AUDIT_TOKENS or None,
     )
     counts = {"checked": result.checked, "uncertain": result.uncertain, "misses": len(result.misses)}
     return result.reason, counts
@@ -299,11 +301,15 @@ def audit_claim_payload(*, host: Host, model_ids: list[int], boot: str = "") -> 
 
 def _audit_payload(audit: Audit) -> AuditPayload:
     """What the scorer receives: the audited job as its host received it (without its id) and
-    that host's answer; nothing names that host."""
+    that host's answer; nothing names that host. The first scorer checks AUDIT_TOKENS tokens
+    drawn at random; one confirming a failure checks every token, so that a miss the first
+    found cannot escape a second draw (and overrule an honest scorer)."""
     job = {key: value for key, value in (audit.payload or {}).items() if key != "id"}
+    confirming = audit.scores.filter(verdict=AuditScore.Verdict.FAILED).exists()
     return {"id": audit.pk, "model": audit.request.model.name, "kind": AUDIT, "job": job,  # type: ignore[typeddict-item]
             "tokens": [int(t) for t in audit.token_ids or []], "text": audit.text, "finish_reason": audit.finish_reason,
-            "seed": audit.seed, "logprobs": audit.logprobs}
+            "seed": audit.seed, "logprobs": audit.logprobs,
+            "draw": None if confirming or not settings.AUDIT_TOKENS else settings.AUDIT_TOKENS}
 
 
 @transaction.atomic

@@ -76,6 +76,8 @@ class ClaimedJobSerializer(serializers.Serializer):
     text = serializers.CharField(required=False, allow_blank=True, help_text="an audit: the text the customer received")
     finish_reason = serializers.CharField(required=False, help_text="an audit: the answer's finish reason")
     seed = serializers.IntegerField(required=False, help_text="an audit: the job's sampling seed")
+    draw = serializers.IntegerField(required=False, allow_null=True,
+                                    help_text="an audit: check this many tokens, drawn at random; null: every token")
 
 
 class ClaimSerializer(serializers.Serializer):

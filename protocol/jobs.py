@@ -65,6 +65,7 @@ class AuditPayload(TypedDict):
     finish_reason: str  # "stop" or "length"
     seed: int  # the gateway's sampling seed for that job
     logprobs: list[dict] | None  # the log-probability entries reported with the text, when the job asked for them
+    draw: int | None  # check this many tokens drawn at random; None (or absent: an older gateway): every token
 
 
 class AuditVerdict(TypedDict, total=False):

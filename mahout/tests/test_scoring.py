@@ -50,6 +50,8 @@ def test_an_honest_answer_passes_a_made_up_one_fails_and_the_runner_serves_as_be
     before = served(runner, first)  # the runner's cache now holds this job's prompt and answer
     verdict = audit_score(audit, runner)  # reads the other answer over the same model: its KV memory is rewritten
     assert verdict["verdict"] == "passed" and verdict["checked"] == len(audit["tokens"]) > 0 and verdict["misses"] == 0
+    drawn = audit_score({**audit, "draw": 3}, runner)  # the gateway names how many tokens to draw
+    assert drawn["verdict"] == "passed" and drawn["checked"] == 3 < len(audit["tokens"])
     assert served(runner, first)["tokens"] == before["tokens"]  # the prefix cache was reset, not trusted
     forged = {**audit, "tokens": [*before["tokens"]], "text": before["text"]}  # another job's answer, passed off as this one's
     failed = audit_score(forged, runner)

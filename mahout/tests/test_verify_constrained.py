@@ -103,6 +103,23 @@ class StructuredOutputAuditTests:
         audit = verifier.audit(asked, token_ids=cut, text=text, finish_reason="stop", seed=honest["seed"])
         assert not audit.passed and audit.reason.startswith("token 4 ") and "grammar forbids" in audit.reason
 
+    def test_a_forbidden_token_past_the_last_token_drawn_still_fails(self, runner, verifier, structured, monkeypatch):
+        """A sampled audit prefills only up to its last drawn token; the grammar still reads the rest."""
+        import mahout.verify
+
+        class FirstTokens:  # the draw, made predictable: the first tokens
+            def sample(self, population: list[int], k: int) -> list[int]:
+                return population[:k]
+
+        monkeypatch.setattr(mahout.verify.random, "SystemRandom", FirstTokens)
+        asked, honest = structured
+        cut = honest["token_ids"][:4] + [runner._llm.token_eos()]
+        text = runner._llm.detokenize(cut[:-1]).decode()
+        audit = verifier.audit(asked, token_ids=cut, text=text, finish_reason="stop", seed=honest["seed"], sample=1)
+        assert audit.checked == 1 and not audit.passed and audit.reason.startswith("token 4 ") and "grammar forbids" in audit.reason
+        sampled = verifier.audit(asked, **honest, sample=2)
+        assert sampled.passed and sampled.checked == 2, sampled
+
 
 @pytest.fixture(scope="module")
 def continued(runner: LlamaRunner) -> tuple[dict, dict]:
@@ -136,7 +153,8 @@ class ContinuationAuditTests:
         text = runner._llm.detokenize(junk)[len(rewritten):].decode()
         audit = verifier.audit(asked, token_ids=[*junk, runner._llm.token_eos()], text=text, finish_reason="stop",
                                seed=honest["seed"])
-        assert not audit.passed and len(audit.misses) > audit.checked // 2, audit
+        # (how many of its tokens miss depends on the CPU's drift: half of 10 on an AVX-512 Xeon)
+        assert not audit.passed and "seeded draw" in audit.reason and len(audit.misses) >= audit.checked // 3, audit
 
     def test_a_continuation_that_does_not_write_the_cut_word_again_fails(self, runner, verifier, continued):
         asked, honest = continued

@@ -88,8 +88,9 @@ def test_an_audit_the_gateway_cannot_read_is_claimed_by_a_trusted_host_never_the
     assert payload["kind"] == AUDIT and payload["id"] == audit.pk and payload["model"] == "gemma-3-270m"
     assert payload["tokens"] == TOKENS and payload["text"] == "Hello there." and payload["seed"] == audit.seed
     assert payload["job"]["messages"] == [{"role": "user", "content": "hi"}] and "id" not in payload["job"]
-    assert set(payload) == {"id", "model", "kind", "job", "tokens", "text", "finish_reason", "seed", "logprobs"}  # nothing names its host
+    assert set(payload) == {"id", "model", "kind", "job", "tokens", "text", "finish_reason", "seed", "logprobs", "draw"}  # nothing names its host
     assert payload["logprobs"] is None  # the job asked for none
+    assert payload["draw"] == settings.AUDIT_TOKENS > 0  # the first scorer checks tokens drawn at random
     assert _claim(scorers[1]) is None  # one scorer at a time
 
 
@@ -116,7 +117,9 @@ def test_a_failure_is_believed_only_once_a_second_scorer_confirms_it(customer, s
     serving_host.host.refresh_from_db()
     assert serving_host.host.maintenance_since is None and _escrow() == audit.host_ucents  # one word is not enough
     assert _claim(scorers[0]) is None  # never the same scorer twice
-    assert _claim(scorers[1])["id"] == audit.pk
+    confirming = _claim(scorers[1])
+    assert confirming["id"] == audit.pk
+    assert confirming["draw"] is None  # every token: a miss the first found cannot escape another draw
     assert _verdict(scorers[1], audit.pk, "failed", "2 of 3 tokens miss") == Audit.Status.FAILED
     audit.refresh_from_db()
     serving_host.host.refresh_from_db()
