@@ -33,6 +33,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
@@ -59,11 +60,74 @@ BUDGET_UCENTS = 10 * 100_000_000  # the canary customer's credit is topped up to
 REFERENCE_CTX = 256  # the corpus' prompts and answers fit; all logits of 2,048 positions would take 2 GB
 
 
-@lru_cache(maxsize=1)
+class CorpusInvalid(ImproperlyConfigured):
+    """The operator's canary prompts file is not what `corpus_read` accepts (one line says why)."""
+
+
 def corpus() -> list[dict]:
     """The prompts canaries are made of: `{"kind": "chat", "messages": [...]}` or
-    `{"kind": "completion", "prompt": "..."}`, realistic requests of both kinds."""
-    return json.loads(CORPUS.read_text())
+    `{"kind": "completion", "prompt": "..."}`, realistic requests of both kinds. The
+    operator's own (CANARY_PROMPTS_FILE) when set, else the shipped corpus, which is public:
+    a cheat that reads this repository can recognise every canary made of it."""
+    return corpus_read(settings.CANARY_PROMPTS_FILE or str(CORPUS))[0]
+
+
+def system_prompts() -> list[str]:
+    """The system turns a canary's chat may open with: the operator file's own when it names
+    some, else the shipped ones (`SYSTEM_PROMPTS`)."""
+    return corpus_read(settings.CANARY_PROMPTS_FILE or str(CORPUS))[1] or SYSTEM_PROMPTS
+
+
+def corpus_public() -> bool:
+    """Whether canaries are made of the shipped, public corpus (the pool page says so)."""
+    return not settings.CANARY_PROMPTS_FILE
+
+
+@lru_cache(maxsize=4)
+def corpus_read(path: str) -> tuple[list[dict], list[str]]:
+    """A prompts file's prompts and system prompts (none: the shipped ones), checked: a JSON list
+    of prompts, or an object with "prompts" and optionally "system_prompts". Raises
+    CorpusInvalid naming the file and the first thing wrong with it."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as unreadable:
+        raise CorpusInvalid(f"canary prompts {path}: {unreadable}") from unreadable
+    if isinstance(data, list):
+        data = {"prompts": data}
+    if not isinstance(data, dict) or set(data) - {"prompts", "system_prompts"}:
+        raise CorpusInvalid(f"canary prompts {path}: a JSON list of prompts, or an object with \"prompts\" "
+                            "and \"system_prompts\" only")
+    prompts, system = data.get("prompts"), data.get("system_prompts", [])
+    if not isinstance(prompts, list) or not prompts:
+        raise CorpusInvalid(f"canary prompts {path}: \"prompts\" must be a non-empty list")
+    for index, item in enumerate(prompts):
+        if (why := _prompt_invalid(item)) is not None:
+            raise CorpusInvalid(f"canary prompts {path}: prompt {index}: {why}")
+    if not isinstance(system, list) or not all(isinstance(text, str) and text.strip() for text in system):
+        raise CorpusInvalid(f"canary prompts {path}: \"system_prompts\" must be a list of non-empty strings")
+    return prompts, system
+
+
+def _prompt_invalid(item: object) -> str | None:
+    """Why `item` is not a canary prompt (None: it is)."""
+    if not isinstance(item, dict):
+        return "not an object"
+    if item.get("kind") == Request.Kind.COMPLETION:
+        prompt = item.get("prompt")
+        return None if isinstance(prompt, str) and prompt.strip() else '"prompt" must be a non-empty string'
+    if item.get("kind") != Request.Kind.CHAT:
+        return '"kind" must be "chat" or "completion"'
+    messages = item.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return '"messages" must be a non-empty list'
+    for message in messages:
+        if not isinstance(message, dict) or set(message) != {"role", "content"} \
+                or message["role"] not in ("system", "user", "assistant") \
+                or not isinstance(message["content"], str) or not message["content"].strip():
+            return 'each message is {"role": "system", "user" or "assistant", "content": a non-empty string}'
+    if messages[-1]["role"] != "user":
+        return "the last message must be the user's"
+    return None
 
 
 # --- references (the operator's trusted machinery) --------------------------------------
@@ -427,8 +491,8 @@ def canary_send(*, host: Host) -> CanaryCheck | None:
     prompt = item.get("prompt") if kind == Request.Kind.COMPLETION else None
     if by_audit:  # judged by its audit, so it may look like customers' jobs
         params = live_params(model=model, kind=kind)
-        if messages is not None and random.random() < 0.5:
-            messages = [{"role": "system", "content": random.choice(SYSTEM_PROMPTS)}, *messages]
+        if messages is not None and messages[0]["role"] != "system" and random.random() < 0.5:
+            messages = [{"role": "system", "content": random.choice(system_prompts())}, *messages]
     else:  # judged against its reference: greedy, as long as the reference
         params = {"max_tokens": reference.max_tokens, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None}
     try:
@@ -521,4 +585,4 @@ def canary_summary() -> dict:
     )
     decided = counts["passed"] + counts["failed"]
     return {**counts, "pass_rate": counts["passed"] / decided if decided else None, "spent_ucents": spent,
-            "failed_hosts": failed_hosts}
+            "failed_hosts": failed_hosts, "prompts_public": corpus_public(), "prompts": len(corpus())}
