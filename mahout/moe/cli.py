@@ -1,6 +1,6 @@
 """`python -m mahout moe coordinator|volunteer|worker`: take part in the expert market.
 
-* `coordinator --server URL --token TOKEN --model PATH --name NAME [--slots 4] [--device auto|cpu|cuda[:N]]`:
+* `coordinator --server URL --token TOKEN --model PATH --name NAME [--slots 4] [--device auto|cpu|cuda[:N]] [--ctx N]`:
   serve the whole MoE model through the marketplace (qualify, claim, stream, complete),
   dispatching routed experts to the workers the control plane attaches when its slots are
   busy; the model and the experts it computes itself on a CUDA GPU when torch sees one.
@@ -62,6 +62,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     coordinator.add_argument("--claim-wait", type=float, default=CLAIM_WAIT_SECONDS, help="seconds each claim long-polls")
     coordinator.add_argument("--home", help="state directory (default: $MAHOUT_HOME or ~/.mahout)")
     coordinator.add_argument("--rebenchmark", action="store_true", help="ignore the cached benchmark")
+    coordinator.add_argument("--ctx", type=int, default=None,
+                             help="tokens of context per slot (default: the model's whole context); the KV cache "
+                                  "holds this many for every slot, and a longer prompt is refused")
     add_device_argument(coordinator)
     worker = roles.add_parser("worker", help="serve one slice of a local MoE GGUF")
     for name in ("--layer", "--first", "--count"):
@@ -89,10 +92,13 @@ def cmd_moe(args: argparse.Namespace, *, say: Callable[[str], None]) -> int:
         from mahout.moe.serve import serve_coordinator
 
         home = resolve_home(args.home)
+        if args.ctx is not None and (refused := _ctx_refused(Path(args.model), args.ctx)):
+            print(f"mahout moe: {refused}", file=sys.stderr, flush=True)
+            return 2
         handled = serve_coordinator(server=args.server, token=args.token, model_path=Path(args.model), name=args.name,
                                     home=home, slots=args.slots, threads=args.threads, agent_interval_s=args.report,
                                     claim_wait=args.claim_wait, rebenchmark=args.rebenchmark,
-                                    owner=owner_guard(args, home), device=args.device, out=say)
+                                    owner=owner_guard(args, home), device=args.device, n_ctx=args.ctx, out=say)
         say(f"mahout moe: stopped after {handled} job(s)")
         return 0
     if args.moe_command == "worker":
@@ -126,3 +132,14 @@ def _owner_argv(args: argparse.Namespace) -> list[str]:
     if args.schedule is not None:
         argv += ["--schedule", args.schedule.text]
     return argv + (["--home", args.home] if args.home else [])
+
+
+def _ctx_refused(model: Path, ctx: int) -> str | None:
+    """Why `--ctx` cannot be this model's context per slot (None: it can)."""
+    from engine.gguf_meta import open_gguf
+    from engine.moe_gguf import read_moe_config
+
+    if ctx < 1:
+        return f"--ctx {ctx}: a context holds at least one token"
+    limit = read_moe_config(open_gguf(model)).context_length
+    return f"--ctx {ctx} is past {model.name}'s context length ({limit})" if ctx > limit else None

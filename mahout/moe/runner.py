@@ -33,7 +33,7 @@ from engine.moe_loader import ByteTokenizer, has_byte_vocabulary, load_moe
 from engine.tokenizer import Tokenizer
 from mahout.moe.coordinator import Coordinator
 from mahout.moe.policy import DispatchPolicy, LoadMonitor
-from mahout.runners import LogprobsUnsupported, job_number, job_seed
+from mahout.runners import LogprobsUnsupported, RequestRejected, job_number, job_seed
 from protocol.rendering import fragments_text
 from protocol.sampling import select, uniform
 
@@ -94,7 +94,9 @@ class MoeRunner:
         local = LocalExperts({layer.index: layer.experts for layer in weights.layers if layer.experts is not None})
         self.monitor = LoadMonitor(probe or self.busy_slots, self.policy)
         self.coordinator = Coordinator(local, monitor=self.monitor)
-        n_ctx = n_ctx or self.config.context_length  # what the gateway's catalog entry promises
+        n_ctx = n_ctx or self.config.context_length  # what the gateway's catalog entry promises (a host may cap it)
+        if not 0 < n_ctx <= self.config.context_length:
+            raise ValueError(f"a context of {n_ctx} tokens is not in 1..{self.config.context_length}, the model's context length")
         self.model = MoeModel(self.config, weights, experts=self.coordinator, n_rows=n_slots, n_ctx=n_ctx)
         self.tokenizer = Vocabulary(model_path)
         self.n_slots = n_slots
@@ -113,6 +115,11 @@ class MoeRunner:
     def start(self) -> MoeRunner:
         self.monitor.start()
         return self
+
+    def kv_cache_mib(self) -> float:
+        """The KV cache's memory: every slot holds keys and values for the whole context."""
+        cache = self.model.cache
+        return (cache.k.numel() * cache.k.element_size() + cache.v.numel() * cache.v.element_size()) / 2**20
 
     def busy_slots(self) -> int:
         """The self-probe: inference slots now holding a request."""
@@ -260,6 +267,8 @@ class MoeSlot:
         prompt = runner.tokenizer.prompt(job)
         stops = runner.tokenizer.stop_ids(job)
         budget = runner.model.cache.n_ctx - len(prompt)
+        if budget <= 0:  # (as a single-machine host says it: the customer gets the reason)
+            raise RequestRejected(f"prompt is {len(prompt)} tokens; the context window is {runner.model.cache.n_ctx} tokens")
         max_tokens = min(int(params.get("max_tokens") or budget), budget)
         temperature, top_p = job_number(params, "temperature", 1.0), job_number(params, "top_p", 1.0)
         self.finish_reason, self.completion_tokens = "length", 0

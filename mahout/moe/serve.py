@@ -41,9 +41,10 @@ BENCH_PROMPT = "The history of the elephant is long and varied. Elephants live i
 BENCH_TOKENS = 16
 
 
-def coordinator_runner(path: Path, *, slots: int, device: torch.device | None = None) -> MoeRunner:
-    """The coordinator's runner, its model on `device` (default: the CPU; `mahout.moe.device`)."""
-    runner = MoeRunner(path, n_slots=slots)
+def coordinator_runner(path: Path, *, slots: int, device: torch.device | None = None, n_ctx: int | None = None) -> MoeRunner:
+    """The coordinator's runner, its model on `device` (default: the CPU; `mahout.moe.device`),
+    each slot's KV cache sized for `n_ctx` tokens (default: the model's whole context)."""
+    runner = MoeRunner(path, n_slots=slots, n_ctx=n_ctx)
     if device is not None:
         from mahout.moe.device import on_device
 
@@ -51,14 +52,15 @@ def coordinator_runner(path: Path, *, slots: int, device: torch.device | None = 
     return runner
 
 
-def measure_moe(path: Path, threads: int, *, progress: bool = True, device: torch.device | None = None) -> dict:
+def measure_moe(path: Path, threads: int, *, progress: bool = True, device: torch.device | None = None,
+                n_ctx: int | None = None) -> dict:
     """The qualification figures of the MoE model on this machine (on `device`), all experts
     local: prompt tokens/s (one prefill), time to first token, generation tokens/s, memory."""
     import torch
 
     torch.set_num_threads(threads)
     before = rss_mb()
-    runner = coordinator_runner(path, slots=1, device=device)
+    runner = coordinator_runner(path, slots=1, device=device, n_ctx=n_ctx)
     try:
         prompt = runner.tokenizer.encode(BENCH_PROMPT)
         started = time.perf_counter()
@@ -97,13 +99,15 @@ class MoeHostLoop(HostLoop):
 def serve_coordinator(
     *, server: str, token: str, model_path: Path, name: str, home: Path, slots: int = 4, threads: int = 1,
     agent_interval_s: float = 2.0, claim_wait: float = CLAIM_WAIT_SECONDS, rebenchmark: bool = False,
-    owner: OwnerGuard | None = None, device: torch.device | None = None, out: Callable[[str], None] = print,
+    owner: OwnerGuard | None = None, device: torch.device | None = None, n_ctx: int | None = None,
+    out: Callable[[str], None] = print,
 ) -> int:
     """Qualify, then serve `name` until SIGTERM/SIGINT (the first finishes the running jobs and
     lets each slot's long-poll end, within `claim_wait`; the second exits at once); returns
     the number of jobs handled. Each slot asks `owner` (default: the pause flag of `home`
     only) before every claim, as `mahout run` does, and finishes the job it holds. The model
-    runs on `device` (default: the CPU), benchmark included."""
+    runs on `device` (default: the CPU), benchmark included, with `n_ctx` tokens of context per
+    slot (default: the model's whole context; a longer prompt is refused with the reason)."""
     import torch
 
     from mahout.moe.control import CoordinatorAgent, MeshClient
@@ -114,7 +118,7 @@ def serve_coordinator(
     sha256 = file_sha256(model_path)
     fingerprint, facts = machine_fingerprint()
     result, cached = qualify(home, name, model_path, sha256, fingerprint, threads, rebenchmark=rebenchmark,
-                             measure=functools.partial(measure_moe, device=device))
+                             measure=functools.partial(measure_moe, device=device, n_ctx=n_ctx))
     out(f"mahout moe: benchmark of {name} ({'cached' if cached else 'measured'}): {result['gen_tps']} tok/s "
         f"generation, {result['ttft_ms']} ms to first token")
     api = HostApi(server, token)
@@ -122,7 +126,9 @@ def serve_coordinator(
         qualify_with_server(api, [Qualified(model_path, sha256, result, fingerprint, facts, name)], out=out)
     finally:
         api.close()
-    runner = coordinator_runner(model_path, slots=slots, device=device).start()
+    runner = coordinator_runner(model_path, slots=slots, device=device, n_ctx=n_ctx).start()
+    out(f"mahout moe: KV cache {runner.kv_cache_mib():.0f} MiB: {slots} slots × {runner.model.cache.n_ctx} tokens of context"
+        + ("" if n_ctx else " (the model's whole context; --ctx caps it)"))
     client = MeshClient(server, token)
     agent = CoordinatorAgent(runner, client, name, interval_s=agent_interval_s).start()
     owner = owner or OwnerGuard(home)

@@ -9,6 +9,7 @@ import pytest
 from engine.moe_loader import make_tiny_moe
 from mahout.moe.runner import MoeRunner
 from mahout.moe.serve import MoeHostLoop, measure_moe
+from mahout.runners import RequestRejected
 
 
 @pytest.fixture(scope="module")
@@ -86,3 +87,39 @@ class PackedStepsTests:
             assert runner.busy_slots() == 0 and runner._pending == []
         finally:
             runner.close()
+
+
+class ContextCapTests:
+    """`mahout moe coordinator --ctx N`: the KV cache holds N tokens per slot, not the file's
+    whole context (Qwen3-30B-A3B's 40,960 would take ~30 GiB in float32 for four slots)."""
+
+    def test_a_capped_context_sizes_the_cache_and_refuses_a_longer_prompt_with_the_reason(self, tiny: Path) -> None:
+        whole, capped = MoeRunner(tiny, n_slots=2), MoeRunner(tiny, n_slots=2, n_ctx=48)
+        try:
+            assert capped.model.cache.n_ctx == 48 < whole.model.cache.n_ctx
+            assert capped.kv_cache_mib() == pytest.approx(whole.kv_cache_mib() * 48 / whole.model.cache.n_ctx)
+            slot = capped.slot()
+            long = {"kind": "completion", "fragments": [["x" * 60, False]], "params": {"max_tokens": 8, "temperature": 0}}
+            with pytest.raises(RequestRejected, match="prompt is 61 tokens; the context window is 48 tokens"):
+                list(slot.stream(long))
+            assert capped.busy_slots() == 0
+            short = {"kind": "completion", "fragments": [["elephants ", False]], "params": {"max_tokens": 100, "temperature": 0}}
+            "".join(slot.stream(short))
+            assert 0 < slot.completion_tokens <= 48 - 11  # what the context leaves after the prompt (and its BOS)
+        finally:
+            whole.close()
+            capped.close()
+
+    def test_a_cap_outside_the_files_context_is_refused(self, tiny: Path) -> None:
+        with pytest.raises(ValueError, match="not in 1..256"):
+            MoeRunner(tiny, n_slots=1, n_ctx=10_000)
+
+    def test_the_cli_refuses_a_cap_past_the_files_context_in_one_line(
+            self, tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+        from mahout.__main__ import main
+
+        for ctx, says in (("10000", "--ctx 10000 is past tiny-moe.gguf's context length (256)"),
+                          ("0", "--ctx 0: a context holds at least one token")):
+            assert main(["moe", "coordinator", "--server", "http://127.0.0.1:9", "--token", "t", "--model", str(tiny),
+                         "--name", "m", "--home", str(tmp_path), "--ctx", ctx]) == 2
+            assert says in capsys.readouterr().err
