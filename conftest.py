@@ -140,6 +140,20 @@ def qwen3moe_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def mixtral_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Mixtral-style mixture of experts (`testkit.families.MOE_FAMILIES`: llama blocks
+    of 8 experts, 2 per token, Mistral's vocabulary and template), built once per run; skips,
+    saying why, without the sdist."""
+    from testkit.families import SdistUnavailable, sdist_models, tiny_model
+
+    folder = tmp_path_factory.mktemp("mixtral")
+    try:
+        return tiny_model("mixtral", sdist_models(folder / "sdist"), folder / "mixtral.gguf", n_layer=3)
+    except SdistUnavailable as error:
+        pytest.skip(str(error))
+
+
+@pytest.fixture(scope="session")
 def e2e_dirs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("e2e")
     (base / "logs").mkdir()

@@ -1,6 +1,7 @@
-"""A real MoE architecture with its own vocabulary through the market, with real processes on
-loopback: `testkit.families`' tiny `qwen3moe` (Qwen 3's 151,936-token vocabulary and chat
-template, 3 layers of 8 experts, 2 per token).
+"""Real MoE architectures with their own vocabularies through the market, with real processes
+on loopback: `testkit.families`' tiny `qwen3moe` (Qwen 3's 151,936-token vocabulary and chat
+template, 3 layers of 8 experts, 2 per token) and tiny Mixtral (llama blocks with 8 experts,
+Mistral's vocabulary and template; the serving test only).
 
 - An operator publishes it (`manage.py moe_register`): its catalog entry counts tokens with
   the file's own vocabulary (a vocabulary-only copy, as `catalog_add` keeps one) and renders
@@ -50,6 +51,14 @@ def qwen3moe(qwen3moe_file: Path) -> Path:
     return qwen3moe_file
 
 
+@pytest.fixture(params=["qwen3moe", "mixtral"])
+def moe_family(request: pytest.FixtureRequest) -> tuple[str, Path, str]:
+    """Each real MoE layout with its own vocabulary: the family, its tiny file, and a marker of
+    its chat template (Qwen's ChatML; Mistral's [INST])."""
+    marker = {"qwen3moe": "<|im_start|>", "mixtral": "[INST]"}[request.param]
+    return request.param, request.getfixturevalue(f"{request.param}_file"), marker
+
+
 def _local_answer(path: Path, job: dict) -> tuple[list[int], str]:
     """The prompt's ids and the model's greedy text with every expert computed here."""
     config, weights = load_moe(path)
@@ -61,7 +70,7 @@ def _local_answer(path: Path, job: dict) -> tuple[list[int], str]:
 
 class RealVocabularyServesTests:
     def test_it_is_counted_with_its_own_vocabulary_and_streams_the_engines_text(
-        self, gateway: Gateway, catalog: CatalogModel, qwen3moe: Path, tmp_path: Path, e2e_dirs: Path,
+        self, gateway: Gateway, catalog: CatalogModel, moe_family: tuple[str, Path, str], tmp_path: Path, e2e_dirs: Path,
     ) -> None:
         from catalog.models import CatalogModel
         from catalog.rendering import chat_format, prompt_fragments
@@ -69,22 +78,24 @@ class RealVocabularyServesTests:
         from marketplace.models import Job, Request
         from mesh.experts.models import ExpertModel
 
-        host = make_host(qualified=False, name="qwen3moe-coordinator")
-        call_command("moe_register", str(qwen3moe), "--name", "tiny-qwen3moe", "--coordinator-host", host.host.name,
+        family, path, template_marker = moe_family
+        name = f"tiny-{family}"
+        host = make_host(qualified=False, name=f"{family}-coordinator")
+        call_command("moe_register", str(path), "--name", name, "--coordinator-host", host.host.name,
                      "--slice-size", "4", stdout=io.StringIO())
-        entry = CatalogModel.objects.get(name="tiny-qwen3moe")
-        assert entry.tokenizer.startswith("gguf:catalog/") and "<|im_start|>" in entry.chat_template
+        entry = CatalogModel.objects.get(name=name)
+        assert entry.tokenizer.startswith("gguf:catalog/") and template_marker in entry.chat_template
         assert (entry.n_experts, entry.context_length, entry.input_price_ucents) == (8, 2048, 10)
-        expert_model = ExpertModel.objects.get(name="tiny-qwen3moe")
+        expert_model = ExpertModel.objects.get(name=name)
         assert (expert_model.n_layers, expert_model.n_experts, expert_model.n_experts_used) == (3, 8, 2)
         fragments = [list(fragment) for fragment in prompt_fragments(entry, kind="chat", messages=MESSAGES, prompt=None)]
-        prompt, expected = _local_answer(qwen3moe, {"fragments": fragments, "end_of_turn": list(chat_format(entry).end_of_turn)})
+        prompt, expected = _local_answer(path, {"fragments": fragments, "end_of_turn": list(chat_format(entry).end_of_turn)})
 
-        log_path = e2e_dirs / "logs" / f"qwen3moe-coordinator-{time.time_ns()}.log"
+        log_path = e2e_dirs / "logs" / f"{family}-coordinator-{time.time_ns()}.log"
         process = subprocess.Popen(
             [sys.executable, "-m", "mahout", "moe", "coordinator", "--server", gateway.url, "--token", host.token,
-             "--model", str(qwen3moe), "--name", "tiny-qwen3moe", "--slots", "1", "--report", "0.5", "--claim-wait", "2",
-             "--home", str(tmp_path / "home"), "--no-idle-detect"],
+             "--model", str(path), "--name", name, "--slots", "1", "--report", "0.5", "--claim-wait", "2",
+             "--home", str(tmp_path / "home"), "--no-idle-detect", "--ctx", "512"],
             cwd=ROOT, env=stack_env(), stdout=log_path.open("w"), stderr=subprocess.STDOUT,
         )
         try:
@@ -93,10 +104,11 @@ class RealVocabularyServesTests:
                 row = Host.objects.get(pk=host.host.pk)
                 return bool(row.last_heartbeat_at and row.qualifications.filter(model=entry).exists())
 
-            wait_until(ready, timeout=120, what="the coordinator to qualify tiny-qwen3moe", interval=0.3)
+            wait_until(ready, timeout=120, what=f"the coordinator to qualify {name}", interval=0.3)
             time.sleep(0.3)  # its first long-poll is on the way
+            assert "KV cache" in log_path.read_text() and "× 512 tokens of context" in log_path.read_text()
             client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=make_customer().secret, max_retries=0, timeout=60)
-            answer = client.chat.completions.create(model="tiny-qwen3moe", messages=MESSAGES, max_tokens=N_TOKENS,
+            answer = client.chat.completions.create(model=name, messages=MESSAGES, max_tokens=N_TOKENS,
                                                     temperature=0)
             assert answer.choices[0].message.content == expected, log_path.read_text()
 
