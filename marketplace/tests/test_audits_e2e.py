@@ -48,7 +48,8 @@ def _customer_balance(customer) -> int:  # noqa: ANN001
     return ledger.customer_account(user=customer.user).balance_ucents
 
 
-def test_an_honest_host_passes_its_audits_and_is_paid(audited_gateway: Gateway, catalog: CatalogModel, e2e_dirs: Path) -> None:
+def test_an_honest_host_passes_its_audits_and_is_paid(audited_gateway: Gateway, catalog: CatalogModel, e2e_dirs: Path,
+                                                     settings) -> None:  # noqa: ANN001
     serving = make_host(qualified=False, name="honest")
     host = Mahout(server=audited_gateway.url, token=serving.token, home=e2e_dirs / "mahout-home", env=stack_env(),
                   log_dir=e2e_dirs / "logs")
@@ -69,7 +70,9 @@ def test_an_honest_host_passes_its_audits_and_is_paid(audited_gateway: Gateway, 
     altered = [dict(entry) for entry in reported.logprobs]
     altered[0]["logprob"] -= 3.0  # a host that reports numbers its model did not compute
     reported.logprobs = altered
+    settings.AUDIT_TOKENS = 0  # every token: the altered entry's among them (16 drawn could miss it)
     reason, _ = audits.audit_verdict(reported)  # the verdict alone: nothing is decided or saved
+    settings.AUDIT_TOKENS = 16
     assert reason is not None and "log-probabilities are not the model's" in reason
     assert ledger.host_account(host=serving.host) is None or ledger.host_account(host=serving.host).balance_ucents == 0
     assert audits.audit_score_pending() == len(ASKS)
