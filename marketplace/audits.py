@@ -109,13 +109,14 @@ def audit_weights(model: CatalogModel, *, assemble: bool = True) -> str | None:
 
 
 def audit_wanted(
-    *, request: Request, job: Job, host: Host, payload: Callable[[], dict], excluded: Callable[[], bool],
+    *, request: Request, job: Job, host: Host, payload: Callable[[], dict], excluded: Callable[[dict], bool],
     always: bool = False,
 ) -> dict | None:
     """The job as its host received it when this completed job is to be audited (the draw
     says so, or `always`: a canary judged by its audit; and it can be), else None. `payload`
-    and `excluded` (a canary judged by its reference, a ring job `ring_unauditable`) cost queries,
-    so they are asked only for a job the draw chose."""
+    and `excluded` (asked about that payload: a canary judged by its reference, a ring job
+    `ring_unauditable`, a coordinator's `coordinator_unauditable`) cost queries, so they are
+    asked only for a job the draw chose."""
     if request.kind not in (Request.Kind.CHAT, Request.Kind.COMPLETION):
         return None
     if not always and random.random() >= audit_rate(host=host):
@@ -125,7 +126,7 @@ def audit_wanted(
     from mahout.verify import auditable  # (imports llama_cpp's bindings: only when a job is drawn)
 
     job_as_sent = payload()
-    return job_as_sent if auditable(job_as_sent) and not excluded() else None
+    return job_as_sent if auditable(job_as_sent) and not excluded(job_as_sent) else None
 
 
 def audit_open(*, request: Request, job: Job, host: Host, payload: dict, text: str, token_ids: list[int] | None,
@@ -253,6 +254,18 @@ def ring_unauditable(*, params: dict) -> bool:
     as any host does (mahout 0.4.0's ring runner reports them)."""
     top_p = params.get("top_p")
     return top_p is not None and float(top_p) < 1
+
+
+def coordinator_unauditable(*, payload: dict) -> bool:
+    """An MoE coordinator's job its audit could not judge fairly (its other answers are audited
+    as any host's: it draws by the specified sampler and streams as llama.cpp does,
+    `mahout.moe.runner.MoeSlot`): one that resumes text (a continuation, a chat ending in an
+    assistant turn: the coordinator heals no cut word, where the verifier replays the healing a
+    single-machine host does), or asks for a response_format (it applies no grammar)."""
+    from mahout.runners.llama import resumes_text
+
+    params = payload.get("params") or {}
+    return bool(payload.get("rewrite") or resumes_text(payload) or params.get("response_format"))
 
 
 def audit_summary() -> dict:

@@ -20,6 +20,7 @@ test model's byte vocabulary as its UTF-8 bytes (`engine.moe_loader.ByteTokenize
 """
 from __future__ import annotations
 
+import codecs
 import itertools
 import threading
 from collections.abc import Callable, Generator
@@ -34,6 +35,7 @@ from engine.tokenizer import Tokenizer
 from mahout.moe.coordinator import Coordinator
 from mahout.moe.policy import DispatchPolicy, LoadMonitor
 from mahout.runners import LogprobsUnsupported, RequestRejected, job_number, job_seed
+from protocol.jobs import job_stop_strings
 from protocol.rendering import fragments_text
 from protocol.sampling import select, uniform
 
@@ -64,6 +66,12 @@ class Vocabulary:
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids)
+
+    def spell(self, ids: list[int]) -> bytes:
+        """The bytes `ids` write, as llama.cpp's detokenizer writes them (control tokens as nothing)."""
+        if isinstance(self.tokenizer, ByteTokenizer):
+            return bytes(t for t in ids if t < 256)
+        return self.tokenizer.llama.detokenize(ids)
 
     def prompt(self, job: dict) -> list[int]:
         """The job's rendered prompt as the gateway counted it: fragments through the model's
@@ -257,9 +265,12 @@ class MoeSlot:
     def stream(self, job: dict) -> Generator[str, None, None]:
         """Text for a chat or completion job, drawn at the job's temperature and top_p with
         its seed by the specified sampler (as a single-machine host draws; a grammar is not
-        applied here), ended by EOS or the model's end of turn. A continuation job's open
-        assistant turn is continued from its last token as the gateway counted it (no token
-        healing)."""
+        applied here), ended by EOS, the model's end of turn or a stop string (the text ends
+        where it starts; the token that completed it is the last reported). The text is what
+        llama.cpp's stream writes for those tokens (bytes that are no UTF-8 dropped, an
+        unfinished character at the end held back), so an audit reads it as a single-machine
+        host's. A continuation job's open assistant turn is continued from its last token as the
+        gateway counted it (no token healing)."""
         runner = self.runner
         params = job.get("params") or {}
         if params.get("logprobs") is not None:
@@ -273,8 +284,10 @@ class MoeSlot:
         temperature, top_p = job_number(params, "temperature", 1.0), job_number(params, "top_p", 1.0)
         self.finish_reason, self.completion_tokens = "length", 0
         self.seed, self.token_ids = job_seed(params), []
+        stop_strings = [stop for stop in job_stop_strings(job) if stop]
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
         ids: list[int] = []
-        sent = ""
+        spelled, text, sent = b"", "", 0
         for token in runner.generate_stream(prompt, max_tokens, temperature=temperature, top_p=top_p, seed=self.seed):
             self.token_ids.append(token)
             self.completion_tokens += 1
@@ -282,11 +295,24 @@ class MoeSlot:
                 self.finish_reason = "stop"
                 break
             ids.append(token)
-            text = runner.tokenizer.decode(ids)
-            if text.endswith("\ufffd") or len(text) <= len(sent):  # a character split over tokens: wait for the rest
-                continue
-            yield text[len(sent):]
-            sent = text
-        text = runner.tokenizer.decode(ids)
-        if len(text) > len(sent):  # an unfinished character at the end
-            yield text[len(sent):]
+            whole = runner.tokenizer.spell(ids)
+            text += decoder.decode(whole[len(spelled):])  # an unfinished character waits in the decoder
+            spelled = whole
+            at = min((found for stop in stop_strings if (found := text.find(stop)) >= 0), default=None)
+            if at is not None:  # the text ends where the stop string starts; the token that completed it is reported
+                if at > sent:
+                    yield text[sent:at]
+                self.finish_reason = "stop"
+                return
+            ready = len(text) - _stop_start(text, stop_strings)  # what could begin a stop string waits
+            if ready > sent:
+                yield text[sent:ready]
+                sent = ready
+        if len(text) > sent:  # held back for a stop string that did not come
+            yield text[sent:]
+
+
+def _stop_start(text: str, stops: list[str]) -> int:
+    """How many characters at the end of `text` could be the start of one of `stops`."""
+    return max((size for stop in stops for size in range(min(len(stop) - 1, len(text)), 0, -1)
+                if stop.startswith(text[-size:])), default=0)

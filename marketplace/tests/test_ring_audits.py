@@ -39,8 +39,9 @@ def ring(catalog, settings):  # noqa: ANN001, ANN201
     return bridge, first, last
 
 
-def serve(customer, catalog, bridge, *, token_ids: list[int] | None = TOKENS, top_p: float = 1.0) -> Job:  # noqa: ANN001
-    submit_request(customer, catalog, stream=True, seed=7, max_tokens=40, prompt_tokens=37, temperature=0.7, top_p=top_p)
+def serve(customer, catalog, bridge, *, token_ids: list[int] | None = TOKENS, top_p: float = 1.0, **asked: object) -> Job:  # noqa: ANN001
+    submit_request(customer, catalog, stream=True, seed=7, max_tokens=40, prompt_tokens=37, temperature=0.7, top_p=top_p,
+                   **asked)
     job = services.job_claim_next(host=bridge.host, fingerprint=bridge.fingerprint)
     services.job_push_tokens(host=bridge.host, job_id=job.pk, seq=0, text="A ring of stages answered this.")
     services.job_complete(host=bridge.host, job_id=job.pk, finish_reason="stop", token_ids=token_ids)
@@ -99,15 +100,22 @@ def test_a_ring_that_reports_no_tokens_is_drawn_and_fails_its_audit(customer, ca
     assert reason is not None and "did not report the tokens" in reason  # withholding them dodges nothing
 
 
-def test_an_expert_meshs_coordinator_is_not_drawn(customer, catalog, settings) -> None:  # noqa: ANN001
-    """A MoE coordinator's answers are the expert mesh's, decoded greedily by the engine with no
-    token ids: an audit under the specified sampler would fail an honest coordinator."""
+def test_an_expert_meshs_coordinator_is_drawn_but_not_for_what_it_cannot_do_as_a_host_does(customer, catalog, settings) -> None:  # noqa: ANN001
+    """A MoE coordinator draws by the specified sampler and streams as llama.cpp does, so its
+    answers are audited as any host's; not those that resume text (it heals no cut word) or ask
+    for a response_format (it applies no grammar): an honest coordinator would fail those."""
     from mesh.experts.models import ExpertModel
 
     settings.AUDIT_PROBATION_RATE = 1.0
     coordinator = make_host(name="coordinator")
     ExpertModel.objects.create(name=catalog.name, gguf_path="/models/moe.gguf", arch="qwen3moe", n_layers=2, n_experts=8,
                                n_experts_used=2, coordinator=coordinator.host)
-    job = serve(customer, catalog, coordinator, token_ids=None)
+    assert Audit.objects.get(job=serve(customer, catalog, coordinator)).host_id == coordinator.host.pk
+    resumed = [{"role": "user", "content": "Finish this."}, {"role": "assistant", "content": "Once upon a ti"}]
+    job = serve(customer, catalog, coordinator, messages=resumed)
     assert not Audit.objects.filter(job=job).exists()
-    assert host_earned(coordinator.host) == job.earned_ucents > 0  # paid at once
+    assert host_earned(coordinator.host) == job.earned_ucents > 0  # paid at once (the first job's share waits in escrow)
+    plain = {"kind": "chat", "messages": resumed[:1], "params": {"temperature": 0.7}}
+    assert not audits.coordinator_unauditable(payload=plain)
+    assert audits.coordinator_unauditable(payload={**plain, "params": {"response_format": {"type": "json_object"}}})
+    assert audits.coordinator_unauditable(payload={**plain, "continuation": True})

@@ -1,0 +1,88 @@
+"""An MoE coordinator's answers audited as any host's (issue 29): the coordinator draws every
+token by the specified sampler from the engine's logits and streams the text as llama.cpp's
+stream writes it, so the gateway's verifier (llama.cpp, one prefill pass over the same file)
+passes its honest answers and fails a cheat's. On the tiny Qwen 3 MoE with its real
+vocabulary: sampled answers, an answer cut at a stop string, junk and another seed's draws."""
+from __future__ import annotations
+
+import random
+from collections.abc import Generator
+from pathlib import Path
+
+import pytest
+
+from catalog.gguf_file import gguf_facts
+from mahout.moe.runner import MoeRunner, MoeSlot
+from mahout.verify import Verifier
+from protocol.rendering import ChatFormat, chat_format_read, chat_fragments
+
+N_CTX = 256
+
+
+@pytest.fixture(scope="module")
+def runner(qwen3moe_file: Path) -> Generator[MoeRunner, None, None]:
+    found = MoeRunner(qwen3moe_file, n_slots=1, n_ctx=N_CTX)
+    yield found
+    found.close()
+
+
+@pytest.fixture(scope="module")
+def verifier(qwen3moe_file: Path) -> Generator[Verifier, None, None]:
+    with Verifier(qwen3moe_file, threads=1, n_ctx=N_CTX) as found:
+        yield found
+
+
+@pytest.fixture(scope="module")
+def fmt(qwen3moe_file: Path) -> ChatFormat:
+    facts = gguf_facts(qwen3moe_file)
+    return chat_format_read(template=facts.chat_template, bos_token=facts.bos_text, eos_token=facts.eos_text,
+                            adds_bos=False, vocabulary_controls=facts.controls)
+
+
+def job(fmt: ChatFormat, ask: str, *, temperature: float, seed: int, stop: list[str] | None = None,
+        max_tokens: int = 24) -> dict:
+    """A chat job as the gateway sends it to a host."""
+    messages = [{"role": "user", "content": ask}]
+    return {"kind": "chat", "messages": messages, "fragments": [list(f) for f in chat_fragments(fmt, messages)],
+            "end_of_turn": list(fmt.end_of_turn), "continuation": False,
+            "params": {"max_tokens": max_tokens, "temperature": temperature, "top_p": 1.0, "stop": stop, "seed": seed}}
+
+
+def answer(slot: MoeSlot, asked: dict) -> dict:
+    """What the coordinator reports: the text it streamed, its tokens, finish reason and seed."""
+    text = "".join(slot.stream(asked))
+    return {"token_ids": list(slot.token_ids), "text": text, "finish_reason": slot.finish_reason, "seed": slot.seed}
+
+
+@pytest.mark.parametrize(("temperature", "seed"), [(0.0, 1), (0.8, 2), (1.2, 3)])
+def test_an_honest_coordinators_answer_passes_the_gateways_audit(runner, verifier, fmt, temperature, seed) -> None:  # noqa: ANN001
+    asked = job(fmt, "Tell me about elephants.", temperature=temperature, seed=seed)
+    reported = answer(runner.slot(), asked)
+    assert len(reported["token_ids"]) > 4
+    audit = verifier.audit(asked, **reported)
+    assert audit.passed and not audit.misses and audit.checked == len(reported["token_ids"]), audit
+
+
+def test_an_answer_cut_at_a_stop_string_ends_where_llama_cpp_ends_it_and_passes(runner, verifier, fmt) -> None:  # noqa: ANN001
+    free = answer(runner.slot(), job(fmt, "Name some animals.", temperature=0.0, seed=4, max_tokens=32))
+    stop = free["text"][len(free["text"]) // 2:][:3]
+    assert stop.strip(), free
+    asked = job(fmt, "Name some animals.", temperature=0.0, seed=4, stop=[stop], max_tokens=32)
+    cut = answer(runner.slot(), asked)
+    assert cut["finish_reason"] == "stop" and cut["text"] == free["text"][: free["text"].index(stop)]
+    assert len(cut["token_ids"]) < len(free["token_ids"])  # the token that completed the stop string is the last reported
+    assert verifier.audit(asked, **cut).passed
+
+
+def test_junk_and_another_seeds_draws_fail(runner, verifier, fmt) -> None:  # noqa: ANN001
+    asked = job(fmt, "Tell me about elephants.", temperature=0.8, seed=5)
+    honest = answer(runner.slot(), asked)
+    other = answer(runner.slot(), {**asked, "params": {**asked["params"], "seed": 6}})
+    audit = verifier.audit(asked, **{**other, "seed": 5})
+    assert not audit.passed and "seeded draw" in audit.reason, audit
+    rng = random.Random(7)
+    words = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor".split()
+    junk = runner.tokenizer.encode(" ".join(rng.choice(words) for _ in range(24)))[1:25]
+    audit = verifier.audit(asked, token_ids=junk, text=runner.tokenizer.decode(junk), finish_reason="length", seed=5)
+    assert not audit.passed and len(audit.misses) >= len(junk) // 3, audit
+    assert verifier.audit(asked, **honest).passed
