@@ -190,7 +190,12 @@ class Volunteer:
         if slice_ is None:
             return False
         worker_id = slice_["worker"]
-        path = self.client.download_slice(worker_id, self.workdir / f"slice-{worker_id}.gguf")
+        try:
+            path = self.client.download_slice(worker_id, self.workdir / f"slice-{worker_id}.gguf")
+        except MeshUnavailable as exc:  # a slow or broken download: give the slice back, ask again at the next poll
+            self.out(f"mahout moe: could not download slice {worker_id} ({exc}); giving it back")
+            self._say_leaving(worker_id, f"download failed: {exc}")
+            return False
         config, bank = load_expert_slice(path, slice_["layer"], slice_["first"], slice_["count"])
         if self.device is not None and getattr(self.device, "type", "cpu") != "cpu":
             bank.to_device(self.device)

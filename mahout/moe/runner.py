@@ -39,7 +39,7 @@ from protocol.jobs import job_stop_strings
 from protocol.rendering import fragments_text
 from protocol.sampling import select, uniform
 
-__all__ = ["MoeRunner", "MoeSlot", "SlotsFull", "Vocabulary"]
+__all__ = ["MoeRunner", "MoeSlot", "SlotsFull", "Vocabulary", "as_streamed"]
 
 GATHER_S = 0.005  # how long a pass waits for the other decoding requests' steps (a pass here takes ~10 ms)
 
@@ -310,6 +310,12 @@ class MoeSlot:
                 sent = ready
         if len(text) > sent:  # held back for a stop string that did not come
             yield text[sent:]
+
+
+def as_streamed(spelled: bytes) -> str:
+    """The text a stream delivers for `spelled` (no stop string met): as llama.cpp's stream
+    writes it, bytes that are no UTF-8 dropped and an unfinished character at the end held back."""
+    return codecs.getincrementaldecoder("utf-8")(errors="ignore").decode(spelled)
 
 
 def _stop_start(text: str, stops: list[str]) -> int:

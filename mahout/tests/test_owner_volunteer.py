@@ -167,3 +167,31 @@ def _compute_or_gone(address: str, d_model: int) -> str:
 def _error_answer(address: tuple[str, int], d_model: int) -> dict | None:
     answer = _compute(f"{address[0]}:{address[1]}", d_model)
     return answer if answer["type"] == "error" else None
+
+
+class SlowDownloadTests:
+    def test_a_slice_it_cannot_download_is_given_back_and_it_asks_again(self, tiny: Path, tmp_path: Path) -> None:
+        """A download that times out (a loaded gateway cutting the slice) is not the end of the
+        volunteer: it says it leaves that worker, so the slice is handed out again, and asks anew."""
+        from mahout.moe.control import MeshUnavailable
+
+        class SlowOnce(ControlPlane):
+            def download_slice(self, worker_id: int, dest: Path) -> Path:
+                if worker_id == 1:
+                    raise MeshUnavailable(f"slice {worker_id}: timed out")
+                return super().download_slice(worker_id, dest)
+
+        plane, said = SlowOnce(tiny), []
+        volunteer = Volunteer(plane, tmp_path / "work", relay=False, poll_s=0.05, heartbeat_s=0.2,  # type: ignore[arg-type]
+                              out=said.append)
+        (tmp_path / "work").mkdir()
+        thread = threading.Thread(target=lambda: volunteer.run(max_slices=1), daemon=True)
+        thread.start()
+        try:
+            _eventually(lambda: plane.registered, "the next slice registered")
+            assert plane.left[0][0] == 1 and "download failed" in plane.left[0][1]
+            assert plane.registered[0][0] == 2
+            assert any("could not download slice 1" in line for line in said)
+        finally:
+            volunteer.stop()
+            thread.join(timeout=30)

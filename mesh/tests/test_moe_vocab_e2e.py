@@ -32,7 +32,7 @@ from engine.moe import MoeModel
 from engine.moe_loader import expert_tensor_names, load_moe
 from mahout.moe.control import CoordinatorAgent, MeshClient
 from mahout.moe.policy import DispatchPolicy, LoadState
-from mahout.moe.runner import MoeRunner, Vocabulary
+from mahout.moe.runner import MoeRunner, Vocabulary, as_streamed
 from mesh.tests.market import trusted_host
 from protocol.rendering import fragments_text
 
@@ -65,7 +65,7 @@ def _local_answer(path: Path, job: dict) -> tuple[list[int], str]:
     vocabulary = Vocabulary(path)
     prompt = vocabulary.prompt(job)
     ids = MoeModel(config, weights, n_rows=1, n_ctx=256).generate(prompt, N_TOKENS, stop_ids=tuple(vocabulary.stop_ids(job)))
-    return prompt, vocabulary.decode(ids)
+    return prompt, as_streamed(vocabulary.spell(ids))  # as llama.cpp's stream writes it
 
 
 class RealVocabularyServesTests:
