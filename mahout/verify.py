@@ -334,6 +334,8 @@ class Verifier:
         if len(sampled) > max_tokens and len(sampled) > _length_end(self._llm.detokenize, sampled, max_tokens):
             return f"{len(sampled)} tokens where max_tokens is {asked}"
         spelled, delivered = _as_streamed(self._llm.detokenize(sampled)), rewritten + text.encode("utf-8")
+        if not spelled.startswith(delivered):  # llama-cpp-python's stream drops more after a byte that is no UTF-8
+            spelled = _llama_streamed([self.vocab.pieces[token] for token in sampled])
         if not spelled.startswith(delivered):
             return ("the token ids do not spell the delivered text" if spelled.startswith(rewritten)
                     else "the token ids do not write again the text the job resumes")
@@ -529,6 +531,37 @@ def _as_streamed(spelled: bytes) -> bytes:
     readable = decoder.decode(spelled, final=False)
     pending, _ = decoder.getstate()
     return readable.encode("utf-8") + pending
+
+
+def _llama_streamed(pieces: list[bytes]) -> bytes:
+    """The text llama-cpp-python's completion stream yields (no log-probabilities asked, no stop
+    string met) for tokens that write ``pieces``, its rule replayed. After each token it yields
+    the shortest run of pending tokens that decodes as UTF-8, strictly, as long as one does;
+    after a byte that is no UTF-8 none ever does again, so the rest waits for the end, when
+    each pending token is decoded on its own, dropping what is not UTF-8 in it: a character
+    split over two of those tokens is dropped whole. While the text's last bytes look like
+    the start of an unfinished character it yields nothing (`_length_end` replays the same)."""
+    out, returned, fix = b"", 0, 0
+    for n in range(1, len(pieces) + 1):
+        for index, byte in enumerate(b"".join(pieces[:n])[-3:]):
+            for size, lead in ((2, 0xC0), (3, 0xE0), (4, 0xF0)):
+                if size > 3 - index and byte & lead == lead:
+                    fix = size - (3 - index)
+        if fix > 0:
+            fix -= 1
+            continue
+        while returned < n:
+            for count in range(1, n - returned + 1):
+                chunk = b"".join(pieces[returned:returned + count])
+                try:
+                    chunk.decode("utf-8")
+                except UnicodeDecodeError:
+                    continue
+                out, returned = out + chunk, returned + count
+                break
+            else:
+                break
+    return out + b"".join(piece.decode("utf-8", errors="ignore").encode("utf-8") for piece in pieces[returned:])
 
 
 def _held_back(rest: bytes) -> bool:

@@ -82,6 +82,7 @@ class MeshClient:
                     for chunk in response.iter_bytes():
                         out.write(chunk)
         except httpx.HTTPError as exc:
+            dest.unlink(missing_ok=True)  # no half a file left behind
             raise MeshUnavailable(f"slice {worker_id}: {exc}") from exc
         return dest
 

@@ -139,6 +139,38 @@ class CheatTests:
         assert audit.reason is not None and "not what the seeded draw selects" in audit.reason
         assert audit.misses and audit.misses[0][:2] == (5, lone)
 
+    def test_after_a_byte_that_is_not_utf8_llamas_stream_drops_what_it_drops(self, runner, verifier):
+        """After a byte that is no UTF-8, llama-cpp-python's stream yields nothing more until
+        the end, then decodes each pending token alone: a character split over two of them is
+        dropped whole (an honest host's answer at T 1.5 failed its audit so, job 278 of
+        `bench/trust.py --honest`). The verifier's replay is checked against that stream itself,
+        made to write chosen tokens by a logits processor."""
+        import numpy as np
+
+        from mahout.verify import _as_streamed, _llama_streamed
+
+        pieces = verifier.vocab.pieces
+        chosen = [pieces.index(b"to"), pieces.index(b"\xee"), pieces.index(b"\x86"), pieces.index(b"ollow"),
+                  pieces.index(b" ha"), pieces.index(b"\xef"), pieces.index(b"\x80"), pieces.index(b"\xb0"), pieces.index(b"x")]
+        written = b"".join(pieces[t] for t in chosen)
+        assert _as_streamed(written) == "toollow ha\uf030x".encode()  # an incremental decoder keeps the private-use character
+        at = iter(chosen)
+
+        def forced(_ids, scores):  # noqa: ANN001, ANN202
+            out = np.full_like(scores, -np.inf)
+            out[next(at, runner._llm.token_eos())] = 0.0
+            return out
+
+        from llama_cpp import LogitsProcessorList
+
+        prompt = runner._llm.tokenize(b"Once upon a time", add_bos=True)
+        runner._llm.reset()
+        streamed = "".join(chunk["choices"][0]["text"] for chunk in runner._llm.create_completion(
+            prompt=prompt, max_tokens=len(chosen), stream=True, temperature=0.0,
+            logits_processor=LogitsProcessorList([forced])))
+        runner._llm.reset()
+        assert streamed.encode() == _llama_streamed([pieces[t] for t in chosen]) == b"toollow hax"
+
     def test_a_character_split_over_the_budget_is_finished_as_llamas_stream_finishes_it(self):
         """llama.cpp's stream does not stop for max_tokens while the text ends in what looks
         like an unfinished character (an honest host reported 49 tokens for max_tokens 48 at

@@ -164,7 +164,8 @@ class RealSliceVolunteerTests:
                 return len(runner.coordinator.workers) == 1
 
             wait_until(attached, timeout=90, what="the volunteer to serve its slice", interval=0.3)
-            worker = ExpertWorker.objects.get(host=volunteer_host.host)
+            # (a download that timed out on a loaded machine was given back: that worker retired)
+            worker = ExpertWorker.objects.exclude(status=ExpertWorker.Status.RETIRED).get(host=volunteer_host.host)
             (slice_file,) = workdir.glob("slice-*.gguf")
             held = GGUFReader(str(slice_file)).tensors
             assert {t.name for t in held} == set(expert_tensor_names(worker.layer))
