@@ -508,16 +508,24 @@ def _length_end(detokenize: Callable[[list[int]], bytes], tokens: list[int], max
     carries over lasts three tokens at most)."""
     skip = 0
     for n in range(max(1, max_tokens - 4), len(tokens) + 1):
-        for index, byte in enumerate(detokenize(tokens[:n])[-3:]):
-            for size, lead in ((2, 0xC0), (3, 0xE0), (4, 0xF0)):
-                if size > 3 - index and byte & lead == lead:
-                    skip = size - (3 - index)
+        skip = _unfinished(detokenize(tokens[:n]), skip)
         if skip > 0:
             skip -= 1
             continue
         if n >= max_tokens:
             return n
     return max(len(tokens), max_tokens)
+
+
+def _unfinished(text: bytes, carried: int) -> int:
+    """llama-cpp-python's count of tokens to wait while ``text`` may end in an unfinished
+    character (``carried``: the count before this token): a lead byte among its last three
+    bytes sets it to the bytes that character still lacks; otherwise it is kept."""
+    for index, byte in enumerate(text[-3:]):
+        for size, lead in ((2, 0xC0), (3, 0xE0), (4, 0xF0)):
+            if size > 3 - index and byte & lead == lead:
+                carried = size - (3 - index)
+    return carried
 
 
 def _as_streamed(spelled: bytes) -> bytes:
@@ -541,12 +549,10 @@ def _llama_streamed(pieces: list[bytes]) -> bytes:
     each pending token is decoded on its own, dropping what is not UTF-8 in it: a character
     split over two of those tokens is dropped whole. While the text's last bytes look like
     the start of an unfinished character it yields nothing (`_length_end` replays the same)."""
-    out, returned, fix = b"", 0, 0
+    out, written, returned, fix = b"", b"", 0, 0
     for n in range(1, len(pieces) + 1):
-        for index, byte in enumerate(b"".join(pieces[:n])[-3:]):
-            for size, lead in ((2, 0xC0), (3, 0xE0), (4, 0xF0)):
-                if size > 3 - index and byte & lead == lead:
-                    fix = size - (3 - index)
+        written += pieces[n - 1]
+        fix = _unfinished(written, fix)
         if fix > 0:
             fix -= 1
             continue

@@ -69,13 +69,17 @@ def corpus() -> list[dict]:
     `{"kind": "completion", "prompt": "..."}`, realistic requests of both kinds. The
     operator's own (CANARY_PROMPTS_FILE) when set, else the shipped corpus, which is public:
     a cheat that reads this repository can recognise every canary made of it."""
-    return corpus_read(settings.CANARY_PROMPTS_FILE or str(CORPUS))[0]
+    return corpus_read(_corpus_path())[0]
 
 
 def system_prompts() -> list[str]:
     """The system turns a canary's chat may open with: the operator file's own when it names
     some, else the shipped ones (`SYSTEM_PROMPTS`)."""
-    return corpus_read(settings.CANARY_PROMPTS_FILE or str(CORPUS))[1] or SYSTEM_PROMPTS
+    return corpus_read(_corpus_path())[1] or SYSTEM_PROMPTS
+
+
+def _corpus_path() -> str:
+    return settings.CANARY_PROMPTS_FILE or str(CORPUS)
 
 
 def corpus_public() -> bool:

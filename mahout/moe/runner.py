@@ -286,18 +286,14 @@ class MoeSlot:
         self.seed, self.token_ids = job_seed(params), []
         stop_strings = [stop for stop in job_stop_strings(job) if stop]
         decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
-        ids: list[int] = []
-        spelled, text, sent = b"", "", 0
+        text, sent = "", 0
         for token in runner.generate_stream(prompt, max_tokens, temperature=temperature, top_p=top_p, seed=self.seed):
             self.token_ids.append(token)
             self.completion_tokens += 1
             if token in stops:
                 self.finish_reason = "stop"
                 break
-            ids.append(token)
-            whole = runner.tokenizer.spell(ids)
-            text += decoder.decode(whole[len(spelled):])  # an unfinished character waits in the decoder
-            spelled = whole
+            text += decoder.decode(runner.tokenizer.spell([token]))  # an unfinished character waits in the decoder
             at = min((found for stop in stop_strings if (found := text.find(stop)) >= 0), default=None)
             if at is not None:  # the text ends where the stop string starts; the token that completed it is reported
                 if at > sent:
