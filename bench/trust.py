@@ -26,9 +26,11 @@ shipped Gemma 3 270M, measured in one run:
 (c) alone at scale (`--honest N`): N honest answers, each audited once, spread over
 `--workers` processes that differ in thread counts (worker k: the host on 1 + k % 2 threads,
 its verifier on 2 - k % 2), the settings of (c) in turn. Counted: failed audits, misses,
-uncertain tokens, and the reasons of any failure.
+uncertain tokens, and the reasons of any failure. `--first K` starts at job K of the same
+sequence (a later run adds jobs an earlier one did not cover). Each worker prints its running
+counts every 25 answers, so a run that is cut short still gives its figures.
 
-    .venv/bin/python bench/trust.py --honest 2000 [--workers 2] [--max-tokens 48]
+    .venv/bin/python bench/trust.py --honest 2000 [--first 0] [--workers 2] [--max-tokens 48]
 
 No Django in part 1. Prints JSON, then a markdown table; asserts nothing.
 
@@ -319,7 +321,7 @@ def honest_part(args: argparse.Namespace) -> dict:
                            "tokens": 0, "matched": 0, "misses": 0, "uncertain": 0, "reasons": [],
                            "generation_s": 0.0, "audit_s": 0.0}
     started = time.monotonic()
-    for index in range(args.part, args.honest, args.workers):
+    for index in range(args.first + args.part, args.first + args.honest, args.workers):
         temperature, top_p = SETTINGS[index % len(SETTINGS)]
         job = job_for(index, max_tokens=args.max_tokens, temperature=temperature, top_p=top_p)
         answer = answer_of(runner, job)
@@ -337,9 +339,10 @@ def honest_part(args: argparse.Namespace) -> dict:
             print(f"worker {args.part}: failed {line}", file=sys.stderr, flush=True)
             if len(row["reasons"]) < 5:
                 row["reasons"].append(line)
-        if row["audits"] % 50 == 0:
-            print(f"worker {args.part}: {row['audits']} audited, {row['failed']} failed "
-                  f"({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
+        if row["audits"] % 25 == 0:
+            print(f"worker {args.part}: {row['audits']} audited (up to job {index}), {row['failed']} failed, "
+                  f"{row['tokens']} tokens checked, {row['matched']} matched, {row['uncertain']} uncertain, "
+                  f"{row['misses']} misses ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
     return row
 
 
@@ -349,7 +352,7 @@ def honest_main(args: argparse.Namespace) -> None:
 
     started = time.monotonic()
     children = [subprocess.Popen([sys.executable, __file__, "--honest", str(args.honest), "--workers", str(args.workers),
-                                  "--part", str(part), "--max-tokens", str(args.max_tokens), "--tie-gap", str(args.tie_gap)],
+                                  "--first", str(args.first), "--part", str(part), "--max-tokens", str(args.max_tokens), "--tie-gap", str(args.tie_gap)],
                                  stdout=subprocess.PIPE, text=True) for part in range(args.workers)]
     rows = []
     for child in children:
@@ -359,7 +362,7 @@ def honest_main(args: argparse.Namespace) -> None:
         rows.append(json.loads(out.strip().splitlines()[-1]))
     total = {key: sum(row[key] for row in rows) for key in ("audits", "failed", "tokens", "matched", "misses", "uncertain",
                                                             "generation_s", "audit_s")}
-    result = {"honest": args.honest, "max_tokens": args.max_tokens, "tie_gap": args.tie_gap, "workers": rows, "total": total,
+    result = {"honest": args.honest, "first": args.first, "max_tokens": args.max_tokens, "tie_gap": args.tie_gap, "workers": rows, "total": total,
               "audit_cost": total["audit_s"] / total["generation_s"], "seconds": time.monotonic() - started}
     print(json.dumps(result, indent=1))
     print()
@@ -512,6 +515,7 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=32, help="part 2: canary prompts")
     parser.add_argument("--skip", default="8,9", help="part 2: layers the smaller-model cheat skips")
     parser.add_argument("--honest", type=int, default=0, help="part 1 (c) alone: this many honest answers audited")
+    parser.add_argument("--first", type=int, default=0, help="with --honest: the first job's index in the sequence")
     parser.add_argument("--workers", type=int, default=2, help="with --honest: processes, thread counts differing")
     parser.add_argument("--part", type=int, default=None, help=argparse.SUPPRESS)  # a worker's index
     args = parser.parse_args()
