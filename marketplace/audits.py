@@ -259,13 +259,13 @@ def ring_unauditable(*, params: dict) -> bool:
 def coordinator_unauditable(*, payload: dict) -> bool:
     """An MoE coordinator's job its audit could not judge fairly (its other answers are audited
     as any host's: it draws by the specified sampler and streams as llama.cpp does,
-    `mahout.moe.runner.MoeSlot`): one that resumes text (a continuation, a chat ending in an
-    assistant turn: the coordinator heals no cut word, where the verifier replays the healing a
-    single-machine host does), or asks for a response_format (it applies no grammar)."""
+    `mahout.moe.runner.MoeSlot`, under a response_format's grammar as a single-machine host
+    draws under one): one that resumes text (a continuation, a chat ending in an assistant turn:
+    the coordinator heals no cut word and reads a `rewrite` in without writing it again, where
+    the verifier replays what a single-machine host does)."""
     from mahout.runners.llama import resumes_text
 
-    params = payload.get("params") or {}
-    return bool(payload.get("rewrite") or resumes_text(payload) or params.get("response_format"))
+    return bool(payload.get("rewrite") or resumes_text(payload))
 
 
 def audit_summary() -> dict:

@@ -25,6 +25,7 @@ import itertools
 import threading
 from collections.abc import Callable, Generator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -37,7 +38,10 @@ from mahout.moe.policy import DispatchPolicy, LoadMonitor
 from mahout.runners import LogprobsUnsupported, RequestRejected, job_number, job_seed
 from protocol.jobs import job_stop_strings
 from protocol.rendering import fragments_text
-from protocol.sampling import select, uniform
+from protocol.sampling import select, select_masked, uniform
+
+if TYPE_CHECKING:
+    from mahout.runners.llama import Grammar
 
 __all__ = ["MoeRunner", "MoeSlot", "SlotsFull", "Vocabulary", "as_streamed"]
 
@@ -56,10 +60,12 @@ class Vocabulary:
         self.tokenizer: ByteTokenizer | Tokenizer = ByteTokenizer() if self.bytes else Tokenizer(model_path)
         self.eos_id = self.tokenizer.eos_id
         self._prompt = None
+        self._ends: frozenset[int] = frozenset()
         if not self.bytes:
-            from mahout.runners.llama import PromptTokenizer
+            from mahout.runners.llama import PromptTokenizer, end_of_generation_ids
 
             self._prompt = PromptTokenizer(self.tokenizer.llama)
+            self._ends = end_of_generation_ids(self.tokenizer.llama)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
@@ -80,10 +86,28 @@ class Vocabulary:
             return self.tokenizer.encode(fragments_text(job.get("fragments") or []))
         return self._prompt.tokens(job)
 
+    def ends(self, token: int) -> bool:
+        """Whether `token` ends a generation as it ends llama.cpp's: EOS or any token its
+        vocabulary marks as an end of generation (Qwen's `<|im_end|>`, `</s>`, ...)."""
+        return token == self.eos_id or token in self._ends
+
+    def grammar(self, response_format: dict | None) -> Grammar | None:
+        """The response_format's grammar over this vocabulary, in its starting state (None: free
+        text); refused for a byte vocabulary, which llama.cpp's grammar cannot read."""
+        from mahout.runners.llama import Grammar, grammar_for
+
+        spec = grammar_for(response_format)
+        if spec is None:
+            return None
+        if isinstance(self.tokenizer, ByteTokenizer):
+            raise RequestRejected("this model's byte vocabulary cannot follow a response_format's grammar")
+        return Grammar(self.tokenizer.llama, spec)
+
     def stop_ids(self, job: dict) -> set[int]:
-        """EOS and the model's end of turn (one token each, as the catalog names them)."""
+        """EOS, every token llama.cpp ends a generation at, and the model's end of turn (one
+        token each, as the catalog names them)."""
         ends = self._prompt.single_ids(job.get("end_of_turn") or []) if self._prompt is not None else []
-        return {self.eos_id, *ends}
+        return {self.eos_id, *self._ends, *ends}
 
 
 class MoeRunner:
@@ -138,10 +162,13 @@ class MoeRunner:
         return list(self.generate_stream(prompt_ids, max_tokens))
 
     def generate_stream(self, prompt_ids: list[int], max_tokens: int, *, temperature: float = 0.0, top_p: float = 1.0,
-                        seed: int = 0) -> Generator[int, None, None]:
+                        seed: int = 0, grammar: Grammar | None = None) -> Generator[int, None, None]:
         """The completion's tokens as they are drawn, each by the specified sampler
         (`protocol.sampling`: ``select`` with the draw ``uniform(seed, position)``, position
-        the tokens before it), as a single-machine host draws them; temperature 0 is greedy."""
+        the tokens before it), as a single-machine host draws them; temperature 0 is greedy.
+        Under a `grammar` (a response_format's, in the state after the prompt), the draw is
+        ``select_masked``'s over the tokens it allows, each token fed to it before the next draw:
+        `mahout.runners.llama.GrammarSampler`'s rule, so a verifier replays it alike."""
         request = f"r{next(self._ids)}"
         with self._slots:
             if self._busy >= self.n_slots:
@@ -155,11 +182,14 @@ class MoeRunner:
                 self._decoding += 1
             try:
                 for step in range(max_tokens):
-                    token = select(logits.float().numpy(), temperature=temperature, top_p=top_p,
-                                   u=uniform(seed, len(prompt_ids) + step))
+                    scores, u = logits.float().numpy(), uniform(seed, len(prompt_ids) + step)
+                    token = (select(scores, temperature=temperature, top_p=top_p, u=u) if grammar is None else
+                             select_masked(scores, grammar.allowed, temperature=temperature, top_p=top_p, u=u))
                     yield token
-                    if token == self.tokenizer.eos_id or step == max_tokens - 1:
+                    if self.tokenizer.ends(token) or step == max_tokens - 1:
                         return
+                    if grammar is not None:
+                        grammar.accept(token)
                     logits = self._decode(token, len(prompt_ids) + step, row)
             finally:
                 with self._gather:
@@ -264,19 +294,32 @@ class MoeSlot:
 
     def stream(self, job: dict) -> Generator[str, None, None]:
         """Text for a chat or completion job, drawn at the job's temperature and top_p with
-        its seed by the specified sampler (as a single-machine host draws; a grammar is not
-        applied here), ended by EOS, the model's end of turn or a stop string (the text ends
-        where it starts; the token that completed it is the last reported). The text is what
-        llama.cpp's stream writes for those tokens (bytes that are no UTF-8 dropped, an
-        unfinished character at the end held back), so an audit reads it as a single-machine
-        host's. A continuation job's open assistant turn is continued from its last token as the
-        gateway counted it (no token healing)."""
+        its seed by the specified sampler (as a single-machine host draws), under the
+        response_format's grammar when it has one, ended by EOS, the model's end of turn or a
+        stop string (the text ends where it starts; the token that completed it is the last
+        reported). The text is what llama.cpp's stream writes for those tokens (bytes that are
+        no UTF-8 dropped, an unfinished character at the end held back), so an audit reads it as
+        a single-machine host's. A continuation job's open assistant turn is continued from its
+        last token as the gateway counted it (no token healing); under a grammar its delivered
+        text (`rewrite`) is read into the prompt and the grammar, not written again."""
         runner = self.runner
         params = job.get("params") or {}
         if params.get("logprobs") is not None:
             raise LogprobsUnsupported("this host cannot report log-probabilities; a single-machine host can")
         prompt = runner.tokenizer.prompt(job)
         stops = runner.tokenizer.stop_ids(job)
+        grammar = runner.tokenizer.grammar(params.get("response_format"))
+        try:
+            if grammar is not None and job.get("rewrite"):
+                prompt = prompt + _read_into(grammar, runner.tokenizer.tokenizer.encode(job["rewrite"], add_bos=False))
+            yield from self._stream(job, prompt, stops, grammar)
+        finally:
+            if grammar is not None:
+                grammar.close()
+
+    def _stream(self, job: dict, prompt: list[int], stops: set[int], grammar: Grammar | None) -> Generator[str, None, None]:
+        runner = self.runner
+        params = job.get("params") or {}
         budget = runner.model.cache.n_ctx - len(prompt)
         if budget <= 0:  # (as a single-machine host says it: the customer gets the reason)
             raise RequestRejected(f"prompt is {len(prompt)} tokens; the context window is {runner.model.cache.n_ctx} tokens")
@@ -287,7 +330,8 @@ class MoeSlot:
         stop_strings = [stop for stop in job_stop_strings(job) if stop]
         decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
         text, sent = "", 0
-        for token in runner.generate_stream(prompt, max_tokens, temperature=temperature, top_p=top_p, seed=self.seed):
+        for token in runner.generate_stream(prompt, max_tokens, temperature=temperature, top_p=top_p, seed=self.seed,
+                                            grammar=grammar):
             self.token_ids.append(token)
             self.completion_tokens += 1
             if token in stops:
@@ -306,6 +350,18 @@ class MoeSlot:
                 sent = ready
         if len(text) > sent:  # held back for a stop string that did not come
             yield text[sent:]
+
+
+def _read_into(grammar: Grammar, ids: list[int]) -> list[int]:
+    """`ids` (text already delivered) fed to `grammar`; a RequestRejected when it refuses one
+    (llama.cpp would abort the process on it)."""
+    import numpy as np
+
+    for token in ids:
+        if not grammar.allowed(np.array([token], dtype=np.intp))[0]:
+            raise RequestRejected("the text already delivered does not follow the response_format's grammar")
+        grammar.accept(token)
+    return ids
 
 
 def as_streamed(spelled: bytes) -> str:

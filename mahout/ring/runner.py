@@ -33,7 +33,7 @@ from mahout.link import Heartbeat
 from mahout.ring.bridge import RingBridge, RingError, RingRequest
 from mahout.ring.model import RingModel, ring_model
 from mahout.runners import LogprobsUnsupported
-from mahout.runners.llama import PromptTokenizer
+from mahout.runners.llama import PromptTokenizer, end_of_generation_ids
 
 if TYPE_CHECKING:
     from mahout.api import HostApi
@@ -63,7 +63,8 @@ class RingRunner:
         self._vocab = Llama(model_path=str(model_path), vocab_only=True, verbose=False)
         self._prompt = PromptTokenizer(self._vocab)
         self._eos = self._vocab.token_eos()
-        self._stop_ids = {self._eos}
+        self._ends = {self._eos, *end_of_generation_ids(self._vocab)}  # where a single-machine host stops
+        self._stop_ids = set(self._ends)
         self.finish_reason = "stop"
         self.completion_tokens = 0
         self.token_ids: list[int] = []  # the last job's drawn tokens, reported for its audit (`mahout.loop`)
@@ -82,7 +83,7 @@ class RingRunner:
             raise ValueError(f"prompt is {len(prompt)} tokens; the ring's context window is {self.n_ctx} tokens")
         max_tokens = min(int(params.get("max_tokens") or budget), budget)
         stops = [s for s in (params.get("stop") or []) if s]
-        self._stop_ids = {self._eos, *self._prompt.single_ids(job.get("end_of_turn") or [])}
+        self._stop_ids = {*self._ends, *self._prompt.single_ids(job.get("end_of_turn") or [])}
         temperature = params.get("temperature")
         self.finish_reason, self.completion_tokens = "length", 0
         self.token_ids, self.seed = [], params.get("seed")

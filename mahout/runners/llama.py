@@ -422,6 +422,16 @@ class PromptTokenizer:
         return found
 
 
+def end_of_generation_ids(llm: Llama) -> frozenset[int]:
+    """Every token llama.cpp ends a generation at (`llama_vocab_is_eog`: EOS, EOT and the like,
+    e.g. Qwen's `<|im_end|>` and `</s>`), for a host that samples outside llama.cpp's loop (a
+    ring, an MoE coordinator) to stop where a single-machine host stops."""
+    import llama_cpp
+
+    vocab = llama_cpp.llama_model_get_vocab(llm.model)
+    return frozenset(token for token in range(llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, token))
+
+
 def count_tokens(llm: Llama, text: str) -> int:
     """Tokens in generated text, counted as the gateway counts them (re-tokenized)."""
     return len(llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)) if text else 0

@@ -204,3 +204,13 @@ class StrictJsonStringTests:
             assert math.isinf(data[0].logit) and not math.isinf(data[1].logit)
         finally:
             llama_cpp.llama_sampler_free(sampler)
+
+
+def test_the_ends_of_generation_are_every_token_llama_cpp_stops_at(runner) -> None:  # noqa: ANN001
+    """What a ring or an MoE coordinator stops at, sampling outside llama.cpp's loop: Gemma 3
+    marks `</s>` as an end of generation too, besides EOS and its end of turn."""
+    from mahout.runners.llama import end_of_generation_ids
+
+    ends = end_of_generation_ids(runner._llm)
+    spelled = {runner._llm.detokenize([token], special=True) for token in ends}
+    assert spelled == {b"<eos>", b"<end_of_turn>", b"</s>"} and runner._llm.token_eos() in ends

@@ -102,8 +102,9 @@ def test_a_ring_that_reports_no_tokens_is_drawn_and_fails_its_audit(customer, ca
 
 def test_an_expert_meshs_coordinator_is_drawn_but_not_for_what_it_cannot_do_as_a_host_does(customer, catalog, settings) -> None:  # noqa: ANN001
     """A MoE coordinator draws by the specified sampler and streams as llama.cpp does, so its
-    answers are audited as any host's; not those that resume text (it heals no cut word) or ask
-    for a response_format (it applies no grammar): an honest coordinator would fail those."""
+    answers are audited as any host's, under a response_format too (it draws under the grammar as
+    a host does); not those that resume text (it heals no cut word): an honest coordinator would
+    fail those."""
     from mesh.experts.models import ExpertModel
 
     settings.AUDIT_PROBATION_RATE = 1.0
@@ -117,5 +118,7 @@ def test_an_expert_meshs_coordinator_is_drawn_but_not_for_what_it_cannot_do_as_a
     assert host_earned(coordinator.host) == job.earned_ucents > 0  # paid at once (the first job's share waits in escrow)
     plain = {"kind": "chat", "messages": resumed[:1], "params": {"temperature": 0.7}}
     assert not audits.coordinator_unauditable(payload=plain)
-    assert audits.coordinator_unauditable(payload={**plain, "params": {"response_format": {"type": "json_object"}}})
+    assert not audits.coordinator_unauditable(payload={**plain, "params": {"response_format": {"type": "json_object"}}})
+    assert audits.coordinator_unauditable(payload={**plain, "params": {"response_format": {"type": "json_object"}},
+                                                   "continuation": True, "rewrite": '{"a": '})
     assert audits.coordinator_unauditable(payload={**plain, "continuation": True})

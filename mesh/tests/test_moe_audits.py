@@ -2,9 +2,11 @@
 token by the specified sampler from the engine's logits and streams the text as llama.cpp's
 stream writes it, so the gateway's verifier (llama.cpp, one prefill pass over the same file)
 passes its honest answers and fails a cheat's. On the tiny Qwen 3 MoE with its real
-vocabulary: sampled answers, an answer cut at a stop string, junk and another seed's draws."""
+vocabulary: sampled answers, an answer cut at a stop string, junk and another seed's draws, and
+answers under a response_format's grammar (drawn as a single-machine host draws under one)."""
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Generator
 from pathlib import Path
@@ -13,6 +15,7 @@ import pytest
 
 from catalog.gguf_file import gguf_facts
 from mahout.moe.runner import MoeRunner, MoeSlot
+from mahout.runners import RequestRejected
 from mahout.verify import Verifier
 from protocol.rendering import ChatFormat, chat_format_read, chat_fragments
 
@@ -86,3 +89,32 @@ def test_junk_and_another_seeds_draws_fail(runner, verifier, fmt) -> None:  # no
     audit = verifier.audit(asked, token_ids=junk, text=runner.tokenizer.decode(junk), finish_reason="length", seed=5)
     assert not audit.passed and len(audit.misses) >= len(junk) // 3, audit
     assert verifier.audit(asked, **honest).passed
+
+
+SCHEMA = {"type": "json_schema", "schema": {"type": "object", "properties": {"animal": {"enum": ["elephant", "mouse"]}},
+                                            "required": ["animal"], "additionalProperties": False}}
+
+
+@pytest.mark.parametrize(("response_format", "temperature", "seed"),
+                         [(SCHEMA, 0.0, 8), (SCHEMA, 0.9, 9), ({"type": "json_object"}, 0.7, 10)])
+def test_a_response_formats_grammar_is_followed_and_its_answer_passes_the_audit(
+        runner, verifier, fmt, response_format, temperature, seed) -> None:  # noqa: ANN001
+    asked = job(fmt, "Which animal is the largest? Answer in JSON.", temperature=temperature, seed=seed, max_tokens=64)
+    asked["params"]["response_format"] = response_format
+    reported = answer(runner.slot(), asked)
+    free = answer(runner.slot(), {**asked, "params": {**asked["params"], "response_format": None}})
+    assert reported["text"].lstrip().startswith("{") and not free["text"].lstrip().startswith("{"), (reported, free)
+    if response_format is SCHEMA:  # short enough to finish: the whole answer is the schema's
+        assert reported["finish_reason"] == "stop" and json.loads(reported["text"])["animal"] in ("elephant", "mouse")
+    audit = verifier.audit(asked, **reported)
+    assert audit.passed and not audit.misses and audit.checked == len(reported["token_ids"]), audit
+
+
+def test_a_continuation_under_a_grammar_reads_the_delivered_text_and_finishes_it(runner, fmt) -> None:  # noqa: ANN001
+    asked = job(fmt, "Which animal is the largest? Answer in JSON.", temperature=0.0, seed=11, max_tokens=64)
+    asked["params"]["response_format"] = SCHEMA
+    delivered = '{"animal": "ele'
+    text = "".join(runner.slot().stream({**asked, "continuation": True, "rewrite": delivered}))
+    assert json.loads(delivered + text) == {"animal": "elephant"}
+    with pytest.raises(RequestRejected):  # text no grammar of this schema allows: refused, not fed to llama.cpp
+        "".join(runner.slot().stream({**asked, "continuation": True, "rewrite": '{"plant": '}))

@@ -16,6 +16,7 @@ Mistral's vocabulary and template; the serving test only).
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import sys
 import time
@@ -118,6 +119,14 @@ class RealVocabularyServesTests:
             assert row.completion_tokens > 0
             assert row.cost_ucents == row.prompt_tokens * 10 + row.completion_tokens * 40
             assert Job.objects.get(request=row).host_id == host.host.pk
+
+            schema = {"type": "object", "properties": {"animal": {"enum": ["elephant", "mouse"]}}, "required": ["animal"],
+                      "additionalProperties": False}
+            shaped = client.chat.completions.create(model=name, messages=MESSAGES, max_tokens=64, temperature=0,
+                                                    response_format={"type": "json_schema", "json_schema": {  # type: ignore[typeddict-item]
+                                                        "name": "animal", "schema": schema, "strict": True}})
+            assert json.loads(shaped.choices[0].message.content or "")["animal"] in ("elephant", "mouse")  # its grammar held it
+            assert shaped.choices[0].finish_reason == "stop"
             process.terminate()
             assert process.wait(timeout=15) == 0, log_path.read_text()
         finally:
