@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from mahout.link import Heartbeat
 from mahout.ring.bridge import RingBridge, RingError, RingRequest
 from mahout.ring.model import RingModel, ring_model
-from mahout.runners import LogprobsUnsupported
+from mahout.runners import JobUnsupported, LogprobsUnsupported
 from mahout.runners.llama import PromptTokenizer, end_of_generation_ids
 
 if TYPE_CHECKING:
@@ -77,6 +77,8 @@ class RingRunner:
         params = job.get("params") or {}
         if params.get("logprobs") is not None:
             raise LogprobsUnsupported("this host cannot report log-probabilities; a single-machine host can")
+        if params.get("response_format"):  # its tail draws at top_p 1 under no grammar: the answer would be refused
+            raise JobUnsupported("a ring cannot follow a response_format's grammar; a single-machine host can")
         prompt = self._prompt.tokens(job)
         budget = self.n_ctx - len(prompt)
         if budget <= 0:

@@ -32,9 +32,13 @@ class Piece(str):
         return piece
 
 
-class LogprobsUnsupported(RuntimeError):
-    """This runner cannot report log-probabilities (a ring stage, an expert mesh): the job
-    is this host's failure, and continues on a host that can."""
+class JobUnsupported(RuntimeError):
+    """This runner cannot do what the job asks (a ring cannot follow a grammar): the job is
+    this host's failure, and continues on a host that can, before any token is spent on it."""
+
+
+class LogprobsUnsupported(JobUnsupported):
+    """This runner cannot report log-probabilities (a ring stage, an expert mesh)."""
 
 
 class Runner(Protocol):

@@ -32,6 +32,8 @@ class RingRunnerTests:
             runner = RingRunner(ring.bridge, model_path, n_ctx=128)
             gateway.state.add_job("j1", kind="completion", max_tokens=8, temperature=0.0)
             assert _loop(api, runner, tmp_path).run(max_jobs=1) == 1
+            gateway.state.add_job("shaped", kind="completion", max_tokens=8, response_format={"type": "json_object"})
+            assert _loop(api, runner, tmp_path).run(max_jobs=1) == 1
             prompt = runner._vocab.tokenize(b"Once upon", add_bos=True, special=True)
             ring.agents[1].close()  # the tail dies
             gateway.state.add_job("j2", kind="completion", max_tokens=8, temperature=0.0)
@@ -42,6 +44,8 @@ class RingRunnerTests:
         want = generate([full], prompt, 8).token_ids
         assert gateway.state.text["j1"] == runner._decode(want)
         assert gateway.state.completions["j1"]["tokens"] == want  # reported for its audit
+        assert gateway.state.status["shaped"] == "failed" and "grammar" in gateway.state.failures["shaped"]
+        assert gateway.state.text["shaped"] == ""  # refused before any token: another host follows the grammar
         assert gateway.state.status["j2"] == "failed"
         assert "ring" in gateway.state.failures["j2"]
 
