@@ -35,12 +35,16 @@ from engine.moe_loader import ByteTokenizer, has_byte_vocabulary, load_moe
 from engine.tokenizer import Tokenizer
 from mahout.moe.coordinator import Coordinator
 from mahout.moe.policy import DispatchPolicy, LoadMonitor
-from mahout.runners import LogprobsUnsupported, RequestRejected, job_number, job_seed
+from mahout.runners import Piece, RequestRejected, job_number, job_seed
+from mahout.runners.logprobs import LogprobRecorder, TokenAligner
 from protocol.jobs import job_stop_strings
 from protocol.rendering import fragments_text
 from protocol.sampling import select, select_masked, uniform
 
 if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
     from mahout.runners.llama import Grammar
 
 __all__ = ["MoeRunner", "MoeSlot", "SlotsFull", "Vocabulary", "as_streamed"]
@@ -61,9 +65,11 @@ class Vocabulary:
         self.eos_id = self.tokenizer.eos_id
         self._prompt = None
         self._ends: frozenset[int] = frozenset()
+        self._pieces: list[bytes] | None = None
         if not self.bytes:
-            from mahout.runners.llama import PromptTokenizer, end_of_generation_ids
+            from mahout.runners.llama import PromptTokenizer, end_of_generation_ids, pieces_whole
 
+            pieces_whole(self.tokenizer.llama)  # (a token longer than 32 bytes would be spelled as nothing)
             self._prompt = PromptTokenizer(self.tokenizer.llama)
             self._ends = end_of_generation_ids(self.tokenizer.llama)
 
@@ -78,6 +84,13 @@ class Vocabulary:
         if isinstance(self.tokenizer, ByteTokenizer):
             return bytes(t for t in ids if t < 256)
         return self.tokenizer.llama.detokenize(ids)
+
+    def pieces(self, n_vocab: int) -> list[bytes]:
+        """Every token's bytes as `spell` writes it (for log-probability entries): made once,
+        about a second for a 150k-token vocabulary."""
+        if self._pieces is None or len(self._pieces) != n_vocab:
+            self._pieces = [self.spell([token]) for token in range(n_vocab)]
+        return self._pieces
 
     def prompt(self, job: dict) -> list[int]:
         """The job's rendered prompt as the gateway counted it: fragments through the model's
@@ -162,13 +175,15 @@ class MoeRunner:
         return list(self.generate_stream(prompt_ids, max_tokens))
 
     def generate_stream(self, prompt_ids: list[int], max_tokens: int, *, temperature: float = 0.0, top_p: float = 1.0,
-                        seed: int = 0, grammar: Grammar | None = None) -> Generator[int, None, None]:
+                        seed: int = 0, grammar: Grammar | None = None,
+                        watch: Callable[[npt.NDArray[np.float32]], object] | None = None) -> Generator[int, None, None]:
         """The completion's tokens as they are drawn, each by the specified sampler
         (`protocol.sampling`: ``select`` with the draw ``uniform(seed, position)``, position
         the tokens before it), as a single-machine host draws them; temperature 0 is greedy.
         Under a `grammar` (a response_format's, in the state after the prompt), the draw is
         ``select_masked``'s over the tokens it allows, each token fed to it before the next draw:
-        `mahout.runners.llama.GrammarSampler`'s rule, so a verifier replays it alike."""
+        `mahout.runners.llama.GrammarSampler`'s rule, so a verifier replays it alike. `watch`
+        sees each step's own logits before the draw (a log-probability recorder)."""
         request = f"r{next(self._ids)}"
         with self._slots:
             if self._busy >= self.n_slots:
@@ -183,6 +198,8 @@ class MoeRunner:
             try:
                 for step in range(max_tokens):
                     scores, u = logits.float().numpy(), uniform(seed, len(prompt_ids) + step)
+                    if watch is not None:
+                        watch(scores)
                     token = (select(scores, temperature=temperature, top_p=top_p, u=u) if grammar is None else
                              select_masked(scores, grammar.allowed, temperature=temperature, top_p=top_p, u=u))
                     yield token
@@ -301,23 +318,48 @@ class MoeSlot:
         no UTF-8 dropped, an unfinished character at the end held back), so an audit reads it as
         a single-machine host's. A continuation job's open assistant turn is continued from its
         last token as the gateway counted it (no token healing); under a grammar its delivered
-        text (`rewrite`) is read into the prompt and the grammar, not written again."""
+        text (`rewrite`) is read into the prompt and the grammar, not written again. With
+        `logprobs`, each piece ends on a token boundary and carries its tokens' entries (`Piece`,
+        from the model's own logits before any grammar), as a single-machine host's does."""
         runner = self.runner
         params = job.get("params") or {}
-        if params.get("logprobs") is not None:
-            raise LogprobsUnsupported("this host cannot report log-probabilities; a single-machine host can")
         prompt = runner.tokenizer.prompt(job)
         stops = runner.tokenizer.stop_ids(job)
         grammar = runner.tokenizer.grammar(params.get("response_format"))
         try:
             if grammar is not None and job.get("rewrite"):
                 prompt = prompt + _read_into(grammar, runner.tokenizer.tokenizer.encode(job["rewrite"], add_bos=False))
-            yield from self._stream(job, prompt, stops, grammar)
+            if params.get("logprobs") is None:
+                yield from self._stream(job, prompt, stops, grammar)
+            else:
+                yield from self._with_logprobs(job, prompt, stops, grammar, top=int(params["logprobs"]))
         finally:
             if grammar is not None:
                 grammar.close()
 
-    def _stream(self, job: dict, prompt: list[int], stops: set[int], grammar: Grammar | None) -> Generator[str, None, None]:
+    def _with_logprobs(self, job: dict, prompt: list[int], stops: set[int], grammar: Grammar | None, *,
+                       top: int) -> Generator[str, None, None]:
+        """`_stream`'s text cut on token boundaries, each piece with its tokens' entries."""
+        import numpy as np
+
+        recorder = LogprobRecorder(prompt_len=len(prompt), top=top)
+
+        def watch(scores: npt.NDArray[np.float32]) -> None:
+            recorder(np.asarray([*prompt, *self.token_ids], dtype=np.intc), scores)  # it learns the last draw from these
+
+        aligner = TokenAligner(recorder, self.runner.tokenizer.pieces(self.runner.config.vocab_size), skip=0)
+        for raw in self._stream(job, prompt, stops, grammar, watch=watch):
+            text, entries = aligner.feed(raw)
+            if text or entries:
+                yield Piece(text, entries)
+        if recorder.steps and recorder.steps[-1].token is None and len(self.token_ids) == len(recorder.steps):
+            recorder.steps[-1].choose(self.token_ids[-1])  # the last draw: no step after it told the recorder
+        text, entries = aligner.finish()
+        if text or entries:
+            yield Piece(text, entries)
+
+    def _stream(self, job: dict, prompt: list[int], stops: set[int], grammar: Grammar | None, *,
+                watch: Callable[[npt.NDArray[np.float32]], object] | None = None) -> Generator[str, None, None]:
         runner = self.runner
         params = job.get("params") or {}
         budget = runner.model.cache.n_ctx - len(prompt)
@@ -331,7 +373,7 @@ class MoeSlot:
         decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
         text, sent = "", 0
         for token in runner.generate_stream(prompt, max_tokens, temperature=temperature, top_p=top_p, seed=self.seed,
-                                            grammar=grammar):
+                                            grammar=grammar, watch=watch):
             self.token_ids.append(token)
             self.completion_tokens += 1
             if token in stops:

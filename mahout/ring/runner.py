@@ -33,7 +33,7 @@ from mahout.link import Heartbeat
 from mahout.ring.bridge import RingBridge, RingError, RingRequest
 from mahout.ring.model import RingModel, ring_model
 from mahout.runners import JobUnsupported, LogprobsUnsupported
-from mahout.runners.llama import PromptTokenizer, end_of_generation_ids
+from mahout.runners.llama import PromptTokenizer, end_of_generation_ids, pieces_whole
 
 if TYPE_CHECKING:
     from mahout.api import HostApi
@@ -61,6 +61,7 @@ class RingRunner:
         self.bridge = bridge
         self.n_ctx = n_ctx
         self._vocab = Llama(model_path=str(model_path), vocab_only=True, verbose=False)
+        pieces_whole(self._vocab)  # (a token longer than 32 bytes would be spelled as nothing)
         self._prompt = PromptTokenizer(self._vocab)
         self._eos = self._vocab.token_eos()
         self._ends = {self._eos, *end_of_generation_ids(self._vocab)}  # where a single-machine host stops

@@ -74,16 +74,17 @@ def load_llama(
             )
         finally:
             llama_module.llama_cpp.llama_model_default_params = original
-    _pieces_whole(llm)
+    pieces_whole(llm)
     return llm
 
 
-def _pieces_whole(llm: Llama) -> None:
+def pieces_whole(llm: Llama) -> None:
     """Make `llm` write every token's whole text. llama-cpp-python writes each token into a
     32-byte buffer and drops the text of a longer one: Llama 3 has tokens of up to 128
     characters (runs of spaces and dashes in code), which a host would silently leave out of
     an answer. Its model's `detokenize` (what streaming, `Llama.detokenize` and the verifier
-    read) is replaced by one that sizes the buffer to the token."""
+    read) is replaced by one that sizes the buffer to the token. A vocabulary-only `Llama`
+    that spells a ring's or an MoE coordinator's tokens needs it as much."""
     import ctypes
 
     import llama_cpp

@@ -118,3 +118,25 @@ def test_a_continuation_under_a_grammar_reads_the_delivered_text_and_finishes_it
     assert json.loads(delivered + text) == {"animal": "elephant"}
     with pytest.raises(RequestRejected):  # text no grammar of this schema allows: refused, not fed to llama.cpp
         "".join(runner.slot().stream({**asked, "continuation": True, "rewrite": '{"plant": '}))
+
+
+@pytest.mark.parametrize(("temperature", "seed", "response_format"), [(0.0, 12, None), (0.8, 13, None), (0.7, 14, SCHEMA)])
+def test_log_probabilities_are_reported_per_token_and_pass_the_audits_comparison(
+        runner, verifier, fmt, temperature, seed, response_format) -> None:  # noqa: ANN001
+    asked = job(fmt, "Tell me about elephants.", temperature=temperature, seed=seed, max_tokens=24)
+    asked["params"].update(logprobs=3, response_format=response_format)
+    slot = runner.slot()
+    pieces = list(slot.stream(asked))
+    entries = [entry for piece in pieces for entry in piece.logprobs]
+    text = "".join(pieces)
+    assert text and "".join(entry["token"] for entry in entries) == text  # the entries spell the text, piece by piece
+    assert all("".join(e["token"] for e in piece.logprobs) == piece for piece in pieces)
+    assert all(len(entry["top_logprobs"]) == 3 and entry["logprob"] <= 0 for entry in entries)
+    assert entries[0]["logprob"] >= entries[0]["top_logprobs"][-1]["logprob"] or temperature > 0
+    reported = {"token_ids": list(slot.token_ids), "text": text, "finish_reason": slot.finish_reason, "seed": slot.seed}
+    assert reported == {**answer(runner.slot(), {**asked, "params": {**asked["params"], "logprobs": None}}),
+                        "text": text}  # the same draws with or without them
+    audit = verifier.audit(asked, **reported, logprobs=entries)
+    assert audit.passed and not audit.misses, audit
+    forged = [{**entry, "logprob": entry["logprob"] - 3.0} for entry in entries]
+    assert not verifier.audit(asked, **reported, logprobs=forged).passed  # altered ones fail it

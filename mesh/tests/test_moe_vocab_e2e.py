@@ -127,6 +127,11 @@ class RealVocabularyServesTests:
                                                         "name": "animal", "schema": schema, "strict": True}})
             assert json.loads(shaped.choices[0].message.content or "")["animal"] in ("elephant", "mouse")  # its grammar held it
             assert shaped.choices[0].finish_reason == "stop"
+            scored = client.chat.completions.create(model=name, messages=MESSAGES, max_tokens=N_TOKENS, temperature=0,
+                                                    logprobs=True, top_logprobs=2)
+            content = scored.choices[0].logprobs.content  # type: ignore[union-attr]
+            assert content and "".join(entry.token for entry in content) == scored.choices[0].message.content == expected
+            assert all(len(entry.top_logprobs) == 2 and entry.logprob <= 0 for entry in content)
             process.terminate()
             assert process.wait(timeout=15) == 0, log_path.read_text()
         finally:
