@@ -1,14 +1,15 @@
 """Real MoE architectures with their own vocabularies through the market, with real processes
 on loopback: `testkit.families`' tiny `qwen3moe` (Qwen 3's 151,936-token vocabulary and chat
 template, 3 layers of 8 experts, 2 per token) and tiny Mixtral (llama blocks with 8 experts,
-Mistral's vocabulary and template; the serving test only).
+Mistral's vocabulary and template), each through both tests.
 
 - An operator publishes it (`manage.py moe_register`): its catalog entry counts tokens with
   the file's own vocabulary (a vocabulary-only copy, as `catalog_add` keeps one) and renders
   chats with Qwen's template; its expert record has the file's 3 x 8 experts, cut into slices
   of 4. A real `python -m mahout moe coordinator` qualifies it, claims a customer's chat and
   streams the engine's greedy text; the request is billed for the tokens the model's own
-  vocabulary counts, not bytes.
+  vocabulary counts, not bytes. A `response_format` holds its answer to the schema's grammar,
+  and `logprobs` come with each token.
 - A volunteer process is handed a slice of its real experts, downloads that slice file from
   the gateway and serves it (through the relay); the coordinator sends it that slice's
   experts and the answer stays token for token what the model computes alone.
@@ -45,11 +46,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 MESSAGES = [{"role": "user", "content": "Tell me about elephants."}]
 N_TOKENS = 16
-
-
-@pytest.fixture
-def qwen3moe(qwen3moe_file: Path) -> Path:
-    return qwen3moe_file
 
 
 @pytest.fixture(params=["qwen3moe", "mixtral"])
@@ -142,27 +138,29 @@ class RealVocabularyServesTests:
 
 class RealSliceVolunteerTests:
     def test_a_volunteer_serving_a_real_slice_keeps_the_answer(
-        self, gateway: Gateway, catalog: CatalogModel, qwen3moe: Path, tmp_path: Path, e2e_dirs: Path,
+        self, gateway: Gateway, catalog: CatalogModel, moe_family: tuple[str, Path, str], tmp_path: Path, e2e_dirs: Path,
     ) -> None:
         from mesh.experts import services as moe_services
         from mesh.experts.models import ExpertWorker
 
-        coordinator_host, volunteer_host = make_host(name="qwen3moe-coord"), trusted_host("qwen3moe-volunteer")
-        moe_services.moe_model_publish(name="tiny-qwen3moe-market", gguf_path=qwen3moe, coordinator=coordinator_host.host)
-        _, entry = moe_services.moe_model_publish(name="tiny-qwen3moe-market", gguf_path=qwen3moe, slice_size=4, boost=1,
+        family, path, _ = moe_family
+        name = f"tiny-{family}-market"
+        coordinator_host, volunteer_host = make_host(name=f"{family}-coord"), trusted_host(f"{family}-volunteer")
+        moe_services.moe_model_publish(name=name, gguf_path=path, coordinator=coordinator_host.host)
+        _, entry = moe_services.moe_model_publish(name=name, gguf_path=path, slice_size=4, boost=1,
                                                   output_price_ucents=7)  # again: prices and targets updated
         assert entry.tokenizer.startswith("gguf:catalog/") and entry.output_price_ucents == 7
-        vocabulary = Vocabulary(qwen3moe)
+        vocabulary = Vocabulary(path)
         prompt = vocabulary.encode("The elephant never forgets")
-        config, weights = load_moe(qwen3moe)
+        config, weights = load_moe(path)
         expected = MoeModel(config, weights, n_rows=1, n_ctx=256).generate(prompt, N_TOKENS)
 
-        runner = MoeRunner(qwen3moe, policy=DispatchPolicy(grace_s=30.0), n_slots=2, n_ctx=256)
+        runner = MoeRunner(path, policy=DispatchPolicy(grace_s=30.0), n_slots=2, n_ctx=256)
         runner.monitor.state = LoadState(busy=2, under_load=True, last_load_at=0.0)  # saturated, as reported below
         client = MeshClient(gateway.url, coordinator_host.token)
-        agent = CoordinatorAgent(runner, client, "tiny-qwen3moe-market", interval_s=0.3)
+        agent = CoordinatorAgent(runner, client, name, interval_s=0.3)
         workdir = tmp_path / "volunteer"
-        log = (e2e_dirs / "logs" / "qwen3moe-volunteer.log").open("w")
+        log = (e2e_dirs / "logs" / f"{family}-volunteer.log").open("w")
         volunteer = subprocess.Popen(
             [sys.executable, "-m", "mahout", "moe", "volunteer", "--server", gateway.url, "--token", volunteer_host.token,
              "--poll", "0.3", "--heartbeat", "0.5", "--no-idle-detect", "--home", str(tmp_path / "volunteer-home"),
@@ -173,7 +171,7 @@ class RealSliceVolunteerTests:
             agent.tick()  # busy 2: saturated, one replica per slice wanted
 
             def attached() -> bool:
-                assert volunteer.poll() is None, "the volunteer exited: see qwen3moe-volunteer.log"
+                assert volunteer.poll() is None, f"the volunteer exited: see {family}-volunteer.log"
                 agent.tick()
                 return len(runner.coordinator.workers) == 1
 
