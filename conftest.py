@@ -80,6 +80,7 @@ def _audits_only_where_asked(request: pytest.FixtureRequest, settings) -> None: 
     reports no tokens, as the suite's synthetic hosts do: they stay on only in the tests
     marked `audits` (`testkit.stack.stack_env` does the same for child processes)."""
     settings.AUDIT_ENABLED = request.node.get_closest_marker("audits") is not None
+    settings.AUDIT_PASS_RECHECK_RATE = 0.0  # a scorer's pass decides, but in the tests of the re-check
 
 
 @pytest.fixture

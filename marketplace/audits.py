@@ -39,7 +39,12 @@ its machine, never the audited host, and of another owner for the first half of
 AUDIT_SCORER_WAIT_SECONDS. The audited host sees nothing: its own traffic is unchanged, and
 the scorer is not told whose answer it reads. The scorer answers with a verdict
 (`audit_verdict_report`):
-- a pass decides the audit: the escrow is released to the audited host;
+- a pass decides the audit: the escrow is released to the audited host; except that a share
+  of first passes (AUDIT_PASS_RECHECK_RATE, drawn when the pass comes in, so no scorer can
+  know) waits for a second scorer's look. A second pass decides it. A failure then needs its
+  own confirmation, as any failure: confirmed, the audit fails and the first scorer's pass is
+  overruled (a strike), so a trusted host that passes a cheat's answers is caught on a
+  share of them;
 - a failure is only believed once a second, different trusted scorer confirms it: then the
   customer is refunded and the host punished as above; a confirmation that passes decides
   the audit passed and the first scorer, overruled, gets a strike (AUDIT_SCORER_MAX_OVERRULED
@@ -283,13 +288,15 @@ def audit_summary() -> dict:
 # --- scoring by trusted hosts (claimed through the host claim path) --------------------------
 
 CLAIM_CANDIDATES = 5  # audits a claim tries before giving up to a race
+VERDICTS = (AuditScore.Verdict.PASSED, AuditScore.Verdict.FAILED)  # what a scorer says of the answer (not a decline)
 
 
 def audit_claim_payload(*, host: Host, model_ids: list[int], boot: str = "") -> AuditPayload | None:
     """An audit of one of `model_ids` (the models `host` qualified on its machine) for this
     trusted host to score, claimed with a compare-and-set, or None. Oldest first; never its
     own answer, nor one it read before; another owner's host first (one of the audited host's
-    own owner only after half of AUDIT_SCORER_WAIT_SECONDS). The claim path asks only when no
+    own owner, or of an owner whose host already gave a verdict on it, a second look, only after
+    half of AUDIT_SCORER_WAIT_SECONDS). The claim path asks only when no
     customer's job was there for it. `boot` (the claiming process's boot id) is kept: a new
     one from this host frees the audit at once (`audit_scorer_restarted`)."""
     if host.trusted_at is None or host.banned_at is not None or not model_ids:
@@ -301,6 +308,8 @@ def audit_claim_payload(*, host: Host, model_ids: list[int], boot: str = "") -> 
                              request__model_id__in=model_ids)
         .exclude(host_id=host.pk).exclude(scores__scorer_id=host.pk)
         .exclude(Q(host__owner_id=host.owner_id) & Q(created_at__gt=own_owner_after))
+        .exclude(Q(pk__in=AuditScore.objects.filter(scorer__owner_id=host.owner_id, verdict__in=VERDICTS).values("audit_id"))
+                 & Q(created_at__gt=own_owner_after))
         .order_by("created_at").values_list("pk", flat=True)[:CLAIM_CANDIDATES]
     )  # (idle, this one query is all an audit costs a trusted host's claim)
     if candidates and Audit.objects.filter(scorer_id=host.pk, status=Audit.Status.PENDING).exists():
@@ -345,22 +354,25 @@ def audit_verdict_report(*, host: Host, audit_id: int, verdict: str, reason: str
 
 
 def _audit_settle_scores(audit: Audit) -> None:
-    """Decide from the verdicts so far: the first pass, or a failure confirmed by a second
-    scorer; a confirmation that disagrees overrules the first (a strike). Otherwise the audit
-    goes back to the scorers (announced, so a waiting one claims it now)."""
-    scores = list(audit.scores.filter(verdict__in=(AuditScore.Verdict.PASSED, AuditScore.Verdict.FAILED))
-                  .order_by("created_at", "pk"))
-    if scores and scores[-1].verdict == AuditScore.Verdict.PASSED:
-        for earlier in scores[:-1]:  # (at most the failure it overrules)
-            _scorer_overruled(earlier)
-        decided = audit_decide(audit=audit, reason=None, counts=_counts(scores[-1]))
-        standing = [scores[-1]]
-    elif len(scores) >= 2:
-        decided = audit_decide(audit=audit, reason=scores[0].reason or "failed under two scorers", counts=_counts(scores[0]))
-        standing = scores
+    """Decide from the verdicts so far: a pass (a first one drawn for a re-check waits for a
+    second look), or a failure confirmed by another scorer; the verdicts the decision goes
+    against are overruled (a strike each). Otherwise the audit goes back to the scorers
+    (announced, so a waiting one claims it now)."""
+    scores = list(audit.scores.filter(verdict__in=VERDICTS).order_by("created_at", "pk"))
+    passes = [score for score in scores if score.verdict == AuditScore.Verdict.PASSED]
+    fails = [score for score in scores if score.verdict == AuditScore.Verdict.FAILED]
+    if scores and scores[-1].verdict == AuditScore.Verdict.PASSED and (
+            len(passes) > 1 or fails or random.random() >= settings.AUDIT_PASS_RECHECK_RATE):
+        decided, standing = audit_decide(audit=audit, reason=None, counts=_counts(scores[-1])), passes
+    elif len(fails) >= 2:
+        decided = audit_decide(audit=audit, reason=fails[0].reason or "failed under two scorers", counts=_counts(fails[0]))
+        standing = fails
     else:
         announce_on_commit(queue_group(audit.request.model_id), {"type": "audit.queued"})
         return
+    for score in scores:
+        if score not in standing:
+            _scorer_overruled(score)
     if decided:
         _scorers_pay(audit, standing)
 
@@ -370,13 +382,14 @@ def _counts(score: AuditScore) -> dict:
 
 
 def _scorer_overruled(score: AuditScore) -> None:
-    """A strike: the scorer's failure was not confirmed. AUDIT_SCORER_MAX_OVERRULED strikes in a
-    day and it goes back to probation (it no longer scores, and must earn trust again)."""
+    """A strike: the scorer's verdict was overruled (a failure not confirmed, a pass that a
+    confirmed failure went against). AUDIT_SCORER_MAX_OVERRULED strikes in a day and it goes
+    back to probation (it no longer scores, and must earn trust again)."""
     AuditScore.objects.filter(pk=score.pk).update(overruled=True)
     strikes = AuditScore.objects.filter(scorer_id=score.scorer_id, overruled=True,
                                         created_at__gte=timezone.now() - timedelta(days=1)).count()
-    logger.warning("audit %s: host %s's failure was overruled by a second scorer (%s strike(s) today)",
-                   score.audit_id, score.scorer_id, strikes)
+    logger.warning("audit %s: host %s's verdict (%s) was overruled by other scorers (%s strike(s) today)",
+                   score.audit_id, score.scorer_id, score.verdict, strikes)
     if strikes >= settings.AUDIT_SCORER_MAX_OVERRULED:
         reputation.trust_revoke(host_id=score.scorer_id)
 
@@ -415,6 +428,14 @@ def audit_scorers_watch(*, now: object = None) -> int:
     waited = now - timedelta(seconds=settings.AUDIT_SCORER_WAIT_SECONDS)
     for audit in Audit.objects.select_related("request", "host").filter(
             status=Audit.Status.PENDING, by_hosts=True, scorer__isnull=True, created_at__lt=waited):
+        passed = audit.scores.filter(verdict=AuditScore.Verdict.PASSED).order_by("created_at", "pk").first()
+        if passed is not None:  # a pass waiting for a second look nobody gave: the pass stands
+            logger.warning("audit %s: no second scorer looked within %.0f s; its pass stands", audit.pk,
+                           settings.AUDIT_SCORER_WAIT_SECONDS)
+            if audit_decide(audit=audit, reason=None, counts=_counts(passed)):
+                decided += 1
+                _scorers_pay(audit, [passed])
+            continue
         logger.warning("audit %s: no trusted host scored it within %.0f s; released unchecked", audit.pk,
                        settings.AUDIT_SCORER_WAIT_SECONDS)
         decided += audit_decide(audit=audit, reason=None, counts={})

@@ -41,6 +41,7 @@ def stack_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env["EMAIL_FILE_PATH"] = str(MAIL_DIR)
     env.setdefault("ACCESS_LOG_HOSTS", "1")  # the tests' gateway logs keep every line
     env.setdefault("AUDIT_ENABLED", "0")  # off but in the tests that are about audits (`@pytest.mark.audits`)
+    env.setdefault("AUDIT_PASS_RECHECK_RATE", "0")  # a scorer's pass decides (as in-process tests: conftest.py)
     env.update(extra or {})
     return env
 

@@ -223,3 +223,71 @@ def test_the_verdict_door_checks_who_is_asking_and_what_it_says(customer, servin
     answer = post(scorers[0], {"verdict": "passed", "checked": 3})
     assert answer.status_code == 200 and answer.json() == {"status": "passed"}
     assert post(scorers[0], {"verdict": "passed"}).status_code == 409  # decided once
+
+
+def test_a_pass_drawn_for_a_recheck_waits_for_another_owners_look_and_a_second_pass_decides(
+        customer, serving_host, scorers, settings) -> None:
+    settings.AUDIT_PASS_RECHECK_RATE = 1.0
+    audit = _audited(customer, serving_host, settings)
+    Host.objects.filter(pk=scorers[1].host.pk).update(owner=scorers[0].host.owner)  # the first scorer's own owner
+    _claim(scorers[0])
+    assert _verdict(scorers[0], audit.pk, "passed") == "pending"  # one word, drawn for a second look
+    assert _escrow() == audit.host_ucents and _balance(scorers[0].host) == 0
+    assert _claim(scorers[1]) is None  # not a host of the same owner: it could vouch for its own
+    second = _claim(scorers[2])
+    assert second["id"] == audit.pk and second["draw"] == settings.AUDIT_TOKENS  # a draw of its own
+    assert _verdict(scorers[2], audit.pk, "passed") == Audit.Status.PASSED
+    assert _escrow() == 0 and _balance(serving_host.host) == audit.host_ucents
+    assert _balance(scorers[0].host) > 0 and _balance(scorers[2].host) > 0  # both verdicts stand, both paid
+    assert not AuditScore.objects.filter(audit=audit, overruled=True).exists()
+    assert ledger.reconcile_report() == []
+
+
+def test_a_scorer_passing_a_cheat_is_overruled_once_two_others_find_it_failed(customer, serving_host, scorers, settings) -> None:
+    before = ledger.customer_account(user=customer.user).balance_ucents
+    settings.AUDIT_PASS_RECHECK_RATE = 1.0
+    settings.AUDIT_SCORER_MAX_OVERRULED = 1
+    audit = _audited(customer, serving_host, settings)
+    _claim(scorers[0])
+    assert _verdict(scorers[0], audit.pk, "passed") == "pending"  # the colluder's pass
+    _claim(scorers[1])
+    assert _verdict(scorers[1], audit.pk, "failed", "2 of 3 tokens miss") == "pending"  # a failure needs its confirmation
+    confirming = _claim(scorers[2])
+    assert confirming["draw"] is None  # every token
+    assert _verdict(scorers[2], audit.pk, "failed", "2 of 3 tokens miss") == Audit.Status.FAILED
+    serving_host.host.refresh_from_db()
+    scorers[0].host.refresh_from_db()
+    assert serving_host.host.maintenance_since is not None  # the cheat is caught
+    assert ledger.customer_account(user=customer.user).balance_ucents == before  # and its customer refunded
+    colluder = AuditScore.objects.get(audit=audit, scorer=scorers[0].host)
+    assert colluder.overruled and colluder.paid_ucents == 0 and scorers[0].host.trusted_at is None  # it scores no more
+    paid = {s.scorer_id: s.paid_ucents for s in AuditScore.objects.filter(audit=audit)}
+    assert paid == {scorers[0].host.pk: 0, scorers[1].host.pk: _balance(scorers[1].host),
+                    scorers[2].host.pk: _balance(scorers[2].host)}  # the two that stand: what the platform could
+    assert ledger.reconcile_report() == []
+
+
+def test_a_pass_no_second_scorer_looks_at_in_time_stands_and_is_paid(customer, serving_host, scorers, settings) -> None:
+    settings.AUDIT_PASS_RECHECK_RATE = 1.0
+    audit = _audited(customer, serving_host, settings)
+    _claim(scorers[0])
+    assert _verdict(scorers[0], audit.pk, "passed") == "pending"
+    Audit.objects.filter(pk=audit.pk).update(created_at=timezone.now() - timedelta(seconds=settings.AUDIT_SCORER_WAIT_SECONDS + 1))
+    assert audits.audit_scorers_watch() == 1
+    audit.refresh_from_db()
+    assert audit.status == Audit.Status.PASSED and audit.checked == 3
+    assert _balance(serving_host.host) == audit.host_ucents and _balance(scorers[0].host) > 0
+    assert ledger.reconcile_report() == []
+
+
+def test_with_the_default_share_a_pass_decides_most_audits_at_once(customer, serving_host, scorers, settings) -> None:
+    settings.AUDIT_PASS_RECHECK_RATE = 0.1
+    decided = 0
+    for _ in range(10):
+        audit = _audited(customer, serving_host, settings)
+        _claim(scorers[0])
+        decided += _verdict(scorers[0], audit.pk, "passed") == Audit.Status.PASSED
+        if Audit.objects.get(pk=audit.pk).status == Audit.Status.PENDING:
+            _claim(scorers[1])
+            assert _verdict(scorers[1], audit.pk, "passed") == Audit.Status.PASSED
+    assert decided >= 5  # 1 in 10 waits on average: that 6 or more of 10 wait is a chance under 2 in 10,000
