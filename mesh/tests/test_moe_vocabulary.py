@@ -62,7 +62,8 @@ class RealVocabularySlotTests:
         job = _job(fmt)
         vocabulary = runner.tokenizer
         words = vocabulary.encode("Elephants remember.")
-        (end,) = vocabulary.stop_ids(job) - {vocabulary.eos_id}
+        (end,) = vocabulary.tokenizer.llama.tokenize(job["end_of_turn"][0].encode(), add_bos=False, special=True)
+        assert end in vocabulary.stop_ids(job) and end != vocabulary.eos_id
         asked = _scripted(monkeypatch, runner, [*words, end, *words])
         slot = runner.slot()
         assert "".join(slot.stream(job)) == "Elephants remember."
