@@ -342,10 +342,10 @@ class MoeSlot:
         """`_stream`'s text cut on token boundaries, each piece with its tokens' entries."""
         import numpy as np
 
-        recorder = LogprobRecorder(prompt_len=len(prompt), top=top)
+        recorder = LogprobRecorder(prompt_len=0, top=top)  # (fed the drawn tokens alone: no prompt copied a step)
 
         def watch(scores: npt.NDArray[np.float32]) -> None:
-            recorder(np.asarray([*prompt, *self.token_ids], dtype=np.intc), scores)  # it learns the last draw from these
+            recorder(np.asarray(self.token_ids, dtype=np.intc), scores)  # it learns the last draw from these
 
         aligner = TokenAligner(recorder, self.runner.tokenizer.pieces(self.runner.config.vocab_size), skip=0)
         for raw in self._stream(job, prompt, stops, grammar, watch=watch):
