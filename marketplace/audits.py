@@ -26,8 +26,8 @@ text, against the payload it was sent), on a model whose weights the gateway has
 (`catalog.tokenizer.weights_on_gateway`) or that a trusted host other than the job's own
 could score. A chosen job whose host reported no tokens fails: a current mahout always
 reports them. A ring's final text is audited as any job's (its stages draw by the specified
-sampler, `mahout.ring.vocab`) unless `ring_unauditable` (top_p < 1; a ring that reports no
-tokens fails as any host):
+sampler, `mahout.ring.vocab`, top_p < 1 included; a ring that reports no tokens fails as any
+host):
 every host's share of it waits in the escrow, its stage hosts' with its bridge's, and a
 failure refunds the customer all of it and blames the bridge, which delivered the text.
 
@@ -119,8 +119,8 @@ def audit_wanted(
 ) -> dict | None:
     """The job as its host received it when this completed job is to be audited (the draw
     says so, or `always`: a canary judged by its audit; and it can be), else None. `payload`
-    and `excluded` (asked about that payload: a canary judged by its reference, a ring job
-    `ring_unauditable`, a coordinator's `coordinator_unauditable`) cost queries, so they are
+    and `excluded` (asked about that payload: a canary judged by its reference, a
+    coordinator's `coordinator_unauditable`) cost queries, so they are
     asked only for a job the draw chose."""
     if request.kind not in (Request.Kind.CHAT, Request.Kind.COMPLETION):
         return None
@@ -250,15 +250,6 @@ def _audited_payees(audit: Audit) -> list[tuple[Host, int, str]]:
     own = audit.host_ucents - sum(stage.earned_ucents for stage in stages)
     return [(audit.host, own, f"audit-{audit.pk}"),
             *((stage.host, stage.earned_ucents, f"audit-{audit.pk}-stage-{stage.host_id}") for stage in stages)]
-
-
-def ring_unauditable(*, params: dict) -> bool:
-    """A ring's job its audit could not judge fairly (a ring's final text is audited as any
-    job's: its stages draw by the specified sampler, `mahout.ring.vocab`): it asked for
-    top_p < 1, and a ring draws at top_p 1. A ring that reports no tokens is audited and fails,
-    as any host does (mahout 0.4.0's ring runner reports them)."""
-    top_p = params.get("top_p")
-    return top_p is not None and float(top_p) < 1
 
 
 def coordinator_unauditable(*, payload: dict) -> bool:

@@ -41,7 +41,9 @@ the first ids, its tail the rest) makes the same draw: each part reports its bes
 its total weight relative to it (:func:`part_mass`); from those, :func:`part_of_draw` says
 which part holds ``u * W`` and the draw to make within that part alone (its own ``u``), which
 :func:`select` over that part's logits then makes. The token is the one :func:`select` over
-the whole vocabulary gives, but for rounding (top_p < 1 is not drawn in parts).
+the whole vocabulary gives, but for rounding. top_p < 1 is not drawn in parts: the nucleus is
+cut over the whole vocabulary, so such a host gathers every part's logits and draws with
+:func:`select`.
 
 The rule is stated in exact arithmetic. This implementation takes the exponentials in float32
 and sums them in float64 (blocks of ``BLOCK`` tokens, then within one block: no cumulative sum

@@ -36,7 +36,8 @@ class Row:
     """One request's share of a pass: tokens at positions [start, start + n_tokens).
 
     `sample` is true when the tail must pick the next token after this row: a decode, or the
-    last chunk of a prefill. `temperature` 0 means greedy; `seed` seeds sampling otherwise.
+    last chunk of a prefill. `temperature` 0 means greedy; `seed` seeds sampling otherwise,
+    and `top_p` below 1 keeps only the nucleus (`protocol.sampling`).
     """
 
     request_id: str
@@ -46,6 +47,7 @@ class Row:
     sample: bool
     temperature: float = 0.0
     seed: int | None = None
+    top_p: float = 1.0
 
     def span(self) -> RowSpan:
         return RowSpan(self.request_id, self.start, self.n_tokens)
@@ -70,12 +72,14 @@ class Limits:
         if self.micro_batch <= 0 or self.row_width <= 0:
             raise ValueError("micro-batch and row width must be positive")
 
-    def frame_caps(self, *, d_model: int, n_ctx: int) -> FrameCaps:
+    def frame_caps(self, *, d_model: int, n_ctx: int, tail_vocab: int = 0) -> FrameCaps:
         """The largest frame a stage of this plan reads: a pass's hidden state, at most
         micro_batch x row_width rows of `d_model` float32 (the shared output head's states
         are micro_batch rows, fewer), and a header that may carry a whole prompt (a submit
-        within the `n_ctx` window) or a full membership. Anything larger is refused unread."""
-        payload = self.micro_batch * self.row_width * d_model * FLOAT32_BYTES
+        within the `n_ctx` window) or a full membership. A head sharing the output head also
+        reads the tail's logits for top-p rows: micro_batch rows of `tail_vocab` float32.
+        Anything larger is refused unread."""
+        payload = max(self.micro_batch * self.row_width * d_model, self.micro_batch * tail_vocab) * FLOAT32_BYTES
         header = HEADER_MARGIN_BYTES + n_ctx * PROMPT_ID_BYTES + self.micro_batch * ROW_HEADER_BYTES
         return FrameCaps(header_bytes=header, payload_bytes=payload)
 

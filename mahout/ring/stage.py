@@ -36,7 +36,7 @@ are capped by the plan's widths (`Limits.frame_caps`), not by what a peer announ
 Messages (header ``type``): ``hello`` (the handshake's, naming the role), ``submit`` and ``cancel``
 (bridge -> head), ``batch`` (hidden state + membership, downstream), ``tokens`` (tail -> head and
 bridge), ``share`` (tail -> head: final-normed rows), ``mass`` (tail -> head: its half's mass for
-sampled rows) and ``partial`` (head -> downstream to the tail: the head's part of the pick), ``release`` (a request ended: every stage frees its
+sampled rows, and its half's logits for top-p rows) and ``partial`` (head -> downstream to the tail: the head's part of the pick), ``release`` (a request ended: every stage frees its
 cache row; the tail tells the bridge ``done``), ``error`` (requests that failed, downstream to
 the tail, then to the head and the bridge), ``stats`` (collected hop by hop, the tail hands
 them to the bridge).
@@ -96,6 +96,7 @@ class _Request:
     stop_ids: frozenset[int]
     temperature: float
     seed: int | None
+    top_p: float = 1.0
     fed: int = 0  # prompt tokens already sent into the ring
     generated: int = 0
     next_token: int | None = None  # the last sampled token, not yet fed back
@@ -134,7 +135,9 @@ class StageAgent:
         self.stage = stage
         self.limits = limits
         self.secret = secret
-        self.caps = limits.frame_caps(d_model=stage.config.d_model, n_ctx=stage.cache.n_ctx)
+        vocab = stage.config.vocab_size
+        tail_vocab = vocab - vocab // 2 if stage.shares_output and stage.weights.start == 0 else 0  # (`Sampler.head_pick`)
+        self.caps = limits.frame_caps(d_model=stage.config.d_model, n_ctx=stage.cache.n_ctx, tail_vocab=tail_vocab)
         self.next_address = next_address
         self._dial_next = dial_next or self._dial_address
         self.server = server or listen()
@@ -400,7 +403,7 @@ class HeadAgent(StageAgent):
         elif kind == "share" and tensor is not None:
             self._share_picks(header, tensor)
         elif kind == "mass":
-            self._mass(header)
+            self._mass(header, tensor)
         else:
             super()._on(kind, header, tensor)
 
@@ -430,6 +433,8 @@ class HeadAgent(StageAgent):
             problem = f"prompt is {len(prompt)} tokens; the ring's context window is {self.stage.cache.n_ctx} tokens"
         elif int(header.get("max_tokens") or 0) < 1:
             problem = "max_tokens must be at least 1"
+        elif not 0.0 <= _top_p(header.get("top_p")) <= 1.0:
+            problem = f"top_p must be between 0 and 1, not {header.get('top_p')}"
         elif request_id in self._active or any(w.get("request_id") == request_id for w in self._waiting):
             problem = f"request {request_id} is already in the ring"
         if problem:
@@ -445,7 +450,7 @@ class HeadAgent(StageAgent):
             request = _Request(
                 id=h["request_id"], prompt=h["prompt_ids"], max_tokens=int(h["max_tokens"]),
                 stop_ids=frozenset(int(t) for t in h.get("stop_ids") or ()),
-                temperature=float(h.get("temperature") or 0.0), seed=h.get("seed"),
+                temperature=float(h.get("temperature") or 0.0), seed=h.get("seed"), top_p=_top_p(h.get("top_p")),
             )
             self._active[request.id] = request
             self._ready_rows.append(request.id)
@@ -462,13 +467,13 @@ class HeadAgent(StageAgent):
             r = self._active[rid]
             if r.next_token is not None:  # decode: the token the tail sampled, at its position
                 position = len(r.prompt) + r.generated - 1
-                rows.append(Row(rid, position, 1, DECODE, True, r.temperature, r.seed))
+                rows.append(Row(rid, position, 1, DECODE, True, r.temperature, r.seed, r.top_p))
                 ids.append(r.next_token)
                 r.next_token = None
                 continue
             chunk = r.prompt[r.fed : r.fed + self.limits.row_width]
             last = r.fed + len(chunk) == len(r.prompt)
-            rows.append(Row(rid, r.fed, len(chunk), PREFILL, last, r.temperature, r.seed))
+            rows.append(Row(rid, r.fed, len(chunk), PREFILL, last, r.temperature, r.seed, r.top_p))
             ids.extend(chunk)
             r.fed += len(chunk)
             if not last:  # the next chunk may follow at once: stages keep frames in order
@@ -542,21 +547,34 @@ class HeadAgent(StageAgent):
                 self._answer_share(seq, rows, logits, {})
         self.stats.hold_s += time.perf_counter() - started
 
-    def _mass(self, header: dict[str, Any]) -> None:
-        """The tail's half's mass for the sampled rows it shared: the head's part of the pick now."""
+    def _mass(self, header: dict[str, Any], tensor: torch.Tensor | None) -> None:
+        """The tail's half's mass for the sampled rows it shared (and its half's logits for the
+        top-p rows, `tensor`, one row each in the order `whole` names them): the head's part of
+        the pick now."""
         started = time.perf_counter()
         shared = self._shared.pop(int(header["seq"]), None)
+        named = [str(request_id) for request_id in header.get("whole") or []]
+        if tensor is not None and tensor.shape[0] != len(named):
+            shared = None
+            self._send_next({"type": "partial", "seq": int(header["seq"]),
+                             "failed": f"{self.name}: the tail sent {tensor.shape[0]} rows of logits for {len(named)} requests"})
         if shared is not None:  # (None: this head failed those rows already)
-            self._answer_share(int(header["seq"]), *shared, header.get("masses") or {})
+            theirs = {} if tensor is None else {request_id: tensor[i] for i, request_id in enumerate(named)}
+            self._answer_share(int(header["seq"]), *shared, header.get("masses") or {}, theirs)
         self.stats.hold_s += time.perf_counter() - started
 
-    def _answer_share(self, seq: int, rows: list[Row], logits: torch.Tensor, masses: dict[str, list[float]]) -> None:
+    def _answer_share(
+        self, seq: int, rows: list[Row], logits: torch.Tensor, masses: dict[str, list[float]],
+        tail_logits: dict[str, torch.Tensor] | None = None,
+    ) -> None:
         """The head's part of the pick (`Sampler.head_pick`), downstream to the tail: a greedy
         candidate, or for a sampled row the token or the draw the tail makes in its half."""
         message: dict[str, Any] = {"type": "partial", "seq": seq}
+        tail_logits = tail_logits or {}
         try:
-            message["picks"] = {row.request_id: self._sampler.head_pick(row, logits[i], masses.get(row.request_id))
-                                for i, row in enumerate(rows)}
+            message["picks"] = {
+                row.request_id: self._sampler.head_pick(row, logits[i], masses.get(row.request_id), tail_logits.get(row.request_id))
+                for i, row in enumerate(rows)}
         except Exception as exc:  # noqa: BLE001 - the tail fails these requests; the ring serves on
             message["failed"] = f"{self.name}: {exc}"
         self._send_next(message)
@@ -640,9 +658,13 @@ class TailAgent(MiddleAgent):
         self._share_seq += 1
         self._send_next({"type": "share", "seq": self._share_seq, "rows": rows_to_wire(sampled)}, states)
         logits = self._sampler.logits(states)  # (S, V_s)
-        masses = {row.request_id: self._sampler.mass(row, logits[i]) for i, row in enumerate(sampled) if row.temperature > 0}
-        if masses:
-            self._send_next({"type": "mass", "seq": self._share_seq, "masses": masses})
+        drawn = [i for i, row in enumerate(sampled) if row.temperature > 0]
+        masses = {sampled[i].request_id: self._sampler.mass(sampled[i], logits[i]) for i in drawn if sampled[i].top_p >= 1}
+        whole = [i for i in drawn if sampled[i].top_p < 1]  # the nucleus needs every logit: ours go to the head whole
+        if drawn:
+            header = {"type": "mass", "seq": self._share_seq, "masses": masses,
+                      "whole": [sampled[i].request_id for i in whole]}
+            self._send_next(header, logits[whole].float().contiguous() if whole else None)
         self._awaiting[self._share_seq] = list(zip(sampled, logits, strict=True))
 
     def _partial(self, header: dict[str, Any]) -> None:
@@ -678,6 +700,11 @@ class TailAgent(MiddleAgent):
                 self._bridge.send(header)
             except LinkClosed:
                 self._bridge = None
+
+
+def _top_p(value: Any) -> float:
+    """A submitted top_p (none: 1, every token kept)."""
+    return 1.0 if value is None else float(value)
 
 
 def _address(text: str) -> tuple[str, int]:

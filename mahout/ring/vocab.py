@@ -12,8 +12,11 @@ as any host's (`mahout.verify`):
   vocabulary. Both compute their slice's logits at once; the tail sends the head its slice's
   mass (`protocol.sampling.part_mass`), and the head then knows which slice the draw falls in
   (`protocol.sampling.part_of_draw`): in its own, it draws the token there; in the tail's, it
-  sends the tail the draw to make within its slice. top_p is not applied (a ring draws every
-  job at top_p 1).
+  sends the tail the draw to make within its slice.
+* Sampled with top_p < 1: the nucleus is cut over the whole vocabulary, so the tail sends the
+  head its slice's logits whole (one float32 row of half the vocabulary per token: 0.5 MB for
+  Gemma 3's 262,144 tokens), and the head draws with `protocol.sampling.select` over both
+  slices, exactly as over one output head, and sends the tail the token.
 
 A tail holding the whole output head draws with `protocol.sampling.select` directly.
 """
@@ -65,7 +68,7 @@ class Sampler:
         # logits: (V,)
         if row.temperature <= 0:
             return int(logits.argmax())
-        return select(logits.float().numpy(), temperature=row.temperature, top_p=1.0, u=row_draw(row))
+        return select(logits.float().numpy(), temperature=row.temperature, top_p=row.top_p, u=row_draw(row))
 
     def greedy(self, logits: torch.Tensor) -> Pick:
         """This slice's greedy candidate."""
@@ -81,12 +84,20 @@ class Sampler:
         """The token the draw `within` this slice selects."""
         return self.stage.weights.vocab_lo + select(logits.float().numpy(), temperature=row.temperature, top_p=1.0, u=within)
 
-    def head_pick(self, row: Row, logits: torch.Tensor, tail_mass: list[float] | None) -> list | dict:
+    def head_pick(
+        self, row: Row, logits: torch.Tensor, tail_mass: list[float] | None, tail_logits: torch.Tensor | None = None,
+    ) -> list | dict:
         """The head's answer for one shared row: its greedy candidate; or, sampled, the token
-        when the draw falls in its slice, else the draw the tail makes within its own."""
+        when the draw falls in its slice, else the draw the tail makes within its own; or, under
+        top_p < 1, the token drawn over both slices' logits (`tail_logits`, the tail's whole)."""
         if row.temperature <= 0:
             pick = self.greedy(logits)
             return [pick.index, pick.value]
+        if row.top_p < 1:
+            if tail_logits is None:
+                raise ValueError(f"the tail sent no logits for top-p request {row.request_id}")
+            whole = torch.cat([logits.float(), tail_logits.float()])  # (V,): the head's slice starts at id 0
+            return {"token": select(whole.numpy(), temperature=row.temperature, top_p=row.top_p, u=row_draw(row))}
         if tail_mass is None:
             raise ValueError(f"the tail sent no mass for sampled request {row.request_id}")
         parts = [part_mass(logits.float().numpy(), temperature=row.temperature), (float(tail_mass[0]), float(tail_mass[1]))]

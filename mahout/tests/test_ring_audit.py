@@ -2,7 +2,8 @@
 (the PyTorch engine, its output head shared by the head and the tail) draws every token by
 the specified sampler with the job's seed, and the llama.cpp verifier (`mahout.verify`, what
 the gateway's workers and trusted scorers run) passes its honest answers at temperature 0.7
-and 1.2 with no miss, and fails junk and an answer drawn with another seed."""
+and 1.2, top_p 1 and below (the tail's half of the logits goes to the head whole), with no
+miss, and fails junk and an answer drawn with another seed."""
 from __future__ import annotations
 
 import random
@@ -43,12 +44,12 @@ def ring(model_path: Path) -> Iterator[ThreadRing]:
         yield ring
 
 
-def job(kind: str, text: str, *, temperature: float, seed: int) -> dict:
+def job(kind: str, text: str, *, temperature: float, seed: int, top_p: float = 1.0) -> dict:
     chat = kind == "chat"
     return rendered({
         "id": "job-1", "model": "gemma-3-270m", "kind": kind, "prompt": None if chat else text,
         "messages": [{"role": "user", "content": text}] if chat else None,
-        "params": {"max_tokens": MAX_TOKENS, "temperature": temperature, "top_p": 1.0, "stop": None, "seed": seed},
+        "params": {"max_tokens": MAX_TOKENS, "temperature": temperature, "top_p": top_p, "stop": None, "seed": seed},
     })
 
 
@@ -57,19 +58,22 @@ def ring_answer(ring: ThreadRing, vocab, payload: dict, *, seed: int) -> dict:  
     tokens = PromptTokenizer(vocab)
     stops = {vocab.token_eos(), *tokens.single_ids(payload.get("end_of_turn") or [])}
     drawn = ring.bridge.submit(tokens.tokens(payload), MAX_TOKENS, stop_ids=sorted(stops),
-                               temperature=payload["params"]["temperature"], seed=seed).result()
+                               temperature=payload["params"]["temperature"], top_p=payload["params"]["top_p"],
+                               seed=seed).result()
     ids = [t for t in drawn if t not in stops]
     return {"token_ids": ids, "text": vocab.detokenize(ids).decode("utf-8", errors="replace"),
             "finish_reason": "stop" if len(ids) < len(drawn) else "length", "seed": payload["params"]["seed"]}
 
 
-@pytest.mark.parametrize(("kind", "text", "temperature"), [
-    ("chat", "Write a haiku about elephants.", 0.7),
-    ("completion", "The history of Rome begins", 0.7),
-    ("completion", "Dear Sir or Madam,\n\nI am writing to", 1.2),
+@pytest.mark.parametrize(("kind", "text", "temperature", "top_p"), [
+    ("chat", "Write a haiku about elephants.", 0.7, 1.0),
+    ("completion", "The history of Rome begins", 0.7, 1.0),
+    ("completion", "Dear Sir or Madam,\n\nI am writing to", 1.2, 1.0),
+    ("chat", "Write a haiku about elephants.", 1.2, 0.9),
+    ("completion", "The history of Rome begins", 1.0, 0.5),
 ])
-def test_an_honest_rings_sampled_answer_passes_with_no_miss(ring, vocab, verifier, kind, text, temperature) -> None:  # noqa: ANN001
-    payload = job(kind, text, temperature=temperature, seed=4242)
+def test_an_honest_rings_sampled_answer_passes_with_no_miss(ring, vocab, verifier, kind, text, temperature, top_p) -> None:  # noqa: ANN001
+    payload = job(kind, text, temperature=temperature, seed=4242, top_p=top_p)
     audit = verifier.audit(payload, **ring_answer(ring, vocab, payload, seed=4242))
     assert audit.passed and not audit.misses, audit
     assert audit.checked > 0
@@ -84,3 +88,12 @@ def test_junk_or_another_seeds_draw_from_a_ring_fails(ring, vocab, verifier) -> 
             "finish_reason": "length", "seed": 99}
     audit = verifier.audit(payload, **junk)
     assert not audit.passed and len(audit.misses) > MAX_TOKENS // 2
+
+
+def test_a_ring_drawing_top_p_at_1_fails_a_top_p_jobs_audit(ring, vocab, verifier) -> None:  # noqa: ANN001
+    """What a ring before mahout 0.5.0 did (it served top_p < 1 as 1): its answers miss."""
+    asked = job("completion", "Dear Sir or Madam,\n\nI am writing to", temperature=1.5, seed=77, top_p=0.3)
+    served = ring_answer(ring, vocab, job("completion", "Dear Sir or Madam,\n\nI am writing to", temperature=1.5, seed=77),
+                         seed=77)
+    assert served["token_ids"] != ring_answer(ring, vocab, asked, seed=77)["token_ids"]
+    assert not verifier.audit(asked, **served).passed

@@ -1,10 +1,11 @@
 """A token picked from two halves of the vocabulary is the token the specified sampler
 (`protocol.sampling.select`) picks over the whole vocabulary: the same argmax, and the same
-seeded draw, so a verifier audits a ring's answer as any host's."""
+seeded draw, top_p < 1 included, so a verifier audits a ring's answer as any host's."""
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from mahout.ring.membership import Row
@@ -23,13 +24,14 @@ def split_pick(logits: torch.Tensor, row: Row) -> int:
     """The ring's pick: the tail's mass, the head's part, the tail's token (`mahout.ring.stage`)."""
     head, tail = halves(logits.shape[0])
     half = logits.shape[0] // 2
-    mass = tail.mass(row, logits[half:]) if row.temperature > 0 else None
-    theirs = head.head_pick(row, logits[:half], mass)
+    mass = tail.mass(row, logits[half:]) if row.temperature > 0 and row.top_p >= 1 else None
+    whole = logits[half:] if row.temperature > 0 and row.top_p < 1 else None  # (the tail's `mass` frame carries them)
+    theirs = head.head_pick(row, logits[:half], mass, whole)
     return tail.tail_pick(row, logits[half:], theirs)
 
 
-def row(temperature: float, *, seed: int = 7, start: int = 0) -> Row:
-    return Row("r", start, 1, "decode", True, temperature, seed)
+def row(temperature: float, *, seed: int = 7, start: int = 0, top_p: float = 1.0) -> Row:
+    return Row("r", start, 1, "decode", True, temperature, seed, top_p)
 
 
 class VocabSplitTests:
@@ -62,3 +64,31 @@ class VocabSplitTests:
         for position in range(50):
             drawn = row(0.9, seed=2, start=position)
             assert whole.pick(drawn, logits) == split_pick(logits, drawn)
+
+    def test_under_top_p_the_token_is_the_nucleus_draw_over_the_whole_vocabulary(self) -> None:
+        generator = torch.Generator().manual_seed(9)
+        seen_halves, outside_nucleus = set(), 0
+        for position in range(300):
+            logits = torch.randn(1001, generator=generator) * 3  # (V,)
+            for temperature, top_p in ((0.7, 0.9), (1.2, 0.5), (1.0, 0.05)):
+                drawn = row(temperature, seed=13, start=position, top_p=top_p)
+                nucleus = select(logits.numpy(), temperature=temperature, top_p=top_p, u=row_draw(drawn))
+                assert split_pick(logits, drawn) == nucleus, (position, temperature, top_p)
+                seen_halves.add(nucleus >= 500)
+                everything = select(logits.numpy(), temperature=temperature, top_p=1.0, u=row_draw(drawn))
+                outside_nucleus += everything != nucleus
+        assert seen_halves == {False, True}
+        assert outside_nucleus > 100  # top_p changed the draw: a ring at top_p 1 would fail these audits
+
+    def test_a_tail_with_the_whole_output_head_applies_top_p(self) -> None:
+        logits = torch.randn(300, generator=torch.Generator().manual_seed(6)) * 3
+        whole = Sampler(SimpleNamespace(weights=SimpleNamespace(vocab_lo=0)))  # type: ignore[arg-type]
+        for position in range(50):
+            drawn = row(0.9, seed=2, start=position, top_p=0.3)
+            nucleus = select(logits.numpy(), temperature=0.9, top_p=0.3, u=row_draw(drawn))
+            assert whole.pick(drawn, logits) == nucleus == split_pick(logits, drawn)
+
+    def test_a_head_sent_no_logits_for_a_top_p_row_refuses_it(self) -> None:
+        head, _ = halves(10)
+        with pytest.raises(ValueError, match="no logits"):
+            head.head_pick(row(0.8, top_p=0.5), torch.zeros(5), None, None)

@@ -18,7 +18,7 @@ from catalog.pricing import price
 from catalog.tokenizer import tokenizer_for
 from hosts.models import Host
 from marketplace import reputation
-from marketplace.audits import MAX_TOKENS_KEPT, audit_open, audit_wanted, coordinator_unauditable, ring_unauditable
+from marketplace.audits import MAX_TOKENS_KEPT, audit_open, audit_wanted, coordinator_unauditable
 from marketplace.canaries import canary_check, canary_judge
 from marketplace.lifecycle.answers import (
     answer_of,
@@ -114,8 +114,6 @@ def job_settle(
     audited = audit_wanted(  # (a greedy canary is judged against its reference)
         request=request, job=job, host=host, payload=lambda: job_payload(job), always=check is not None and check.by_audit,
         excluded=lambda sent: (check is not None and not check.by_audit)
-        or (ring_layers(bridge_host_id=host.pk, model_id=request.model_id) is not None
-            and ring_unauditable(params=request.params))
         or (coordinator_unauditable(payload=sent) and expert_coordinates(host_id=host.pk, model_name=request.model.name)))
     now = timezone.now()
     settled = settle(request=request, completion_tokens=completion_tokens, finish_reason=finish_reason, job=job, host=host,
