@@ -28,6 +28,7 @@ from marketplace import canaries
 from marketplace import services as market
 from marketplace.audits import audit_claim_payload
 from marketplace.claim_slots import WAITING
+from mesh.rings.selectors import bridged_model_ids
 from protocol.jobs import CLAIM_WAIT_SECONDS
 
 BOOT_PATTERN = r"^[A-Za-z0-9_-]*$"
@@ -94,6 +95,7 @@ async def claim_when_offered(host: Host, *, fingerprint: str, wait: float, boot:
 
 async def _claim_when_woken(host: Host, *, model_ids: list[int], wait: float, boot: str) -> dict | None:
     warm_ids = await db(hosts.warm_model_ids, host=host, model_ids=model_ids)
+    ring_ids = await db(bridged_model_ids, host_id=host.pk)
     layer = get_channel_layer()
     channel = await layer.new_channel()
     groups = [queue_group(model_id) for model_id in model_ids] + [host_group(host.pk)]
@@ -101,7 +103,7 @@ async def _claim_when_woken(host: Host, *, model_ids: list[int], wait: float, bo
         await layer.group_add(group, channel)
     inbox = Inbox(layer, channel)
     try:
-        return await _claim_until(host, wait, model_ids, warm_ids, inbox, boot)
+        return await _claim_until(host, wait, model_ids, warm_ids, ring_ids, inbox, boot)
     finally:
         inbox.close()
         for group in groups:
@@ -109,18 +111,22 @@ async def _claim_when_woken(host: Host, *, model_ids: list[int], wait: float, bo
 
 
 async def _claim_until(
-    host: Host, wait: float, model_ids: list[int], warm_ids: list[int], inbox: Inbox, boot: str,
+    host: Host, wait: float, model_ids: list[int], warm_ids: list[int], ring_ids: list[int], inbox: Inbox, boot: str,
 ) -> dict | None:
     """Claim, or sleep until woken. Offers to other hosts and the cold grace lapse
-    without a wake-up, so a waiting host also looks again every ROUTING_OFFER_SECONDS."""
+    without a wake-up, so a waiting host also looks again every ROUTING_OFFER_SECONDS.
+    A model it serves through a ring (`ring_ids`) gets no job that needs a single machine
+    and no audit to score: a ring's bridge holds no llama.cpp model to read one with."""
+    scorable = [model_id for model_id in model_ids if model_id not in ring_ids]
     deadline = time.monotonic() + wait
     recheck = max(settings.ROUTING_OFFER_SECONDS, 0.2)
     look = True
     while True:  # a host paused while it waits simply gets nothing
         if look:
-            payload = await db(market.job_claim_payload, host=host, model_ids=model_ids, warm_ids=warm_ids, boot=boot)
+            payload = await db(market.job_claim_payload, host=host, model_ids=model_ids, warm_ids=warm_ids,
+                               ring_ids=ring_ids, boot=boot)
             if payload is None and host.trusted_at is not None:  # no customer waits on it: an audit to score, if any
-                payload = await db(audit_claim_payload, host=host, model_ids=model_ids, boot=boot)
+                payload = await db(audit_claim_payload, host=host, model_ids=scorable, boot=boot)
             if payload is not None:
                 return payload
         remaining = deadline - time.monotonic()

@@ -34,6 +34,7 @@ from mahout.ring.bridge import RingBridge, RingError, RingRequest
 from mahout.ring.model import RingModel, ring_model
 from mahout.runners import JobUnsupported, LogprobsUnsupported
 from mahout.runners.llama import PromptTokenizer, end_of_generation_ids, pieces_whole
+from protocol.jobs import needs_single_machine
 
 if TYPE_CHECKING:
     from mahout.api import HostApi
@@ -76,9 +77,9 @@ class RingRunner:
 
     def stream(self, job: dict) -> Generator[str, None, None]:
         params = job.get("params") or {}
-        if params.get("logprobs") is not None:
-            raise LogprobsUnsupported("this host cannot report log-probabilities; a single-machine host can")
-        if params.get("response_format"):  # its tail draws at top_p 1 under no grammar: the answer would be refused
+        if needs_single_machine(params):  # (the gateway routes these elsewhere: an older one may not)
+            if params.get("logprobs") is not None:
+                raise LogprobsUnsupported("this host cannot report log-probabilities; a single-machine host can")
             raise JobUnsupported("a ring cannot follow a response_format's grammar; a single-machine host can")
         prompt = self._prompt.tokens(job)
         budget = self.n_ctx - len(prompt)
@@ -92,7 +93,8 @@ class RingRunner:
         self.token_ids, self.seed = [], params.get("seed")
         request = self.bridge.submit(
             prompt, max_tokens, stop_ids=sorted(self._stop_ids),
-            temperature=1.0 if temperature is None else float(temperature), seed=params.get("seed"),
+            temperature=1.0 if temperature is None else float(temperature),
+            top_p=1.0 if params.get("top_p") is None else float(params["top_p"]), seed=params.get("seed"),
         )
         try:
             yield from self._pieces(request, stops)

@@ -51,6 +51,13 @@ def stage_address(stage: RingStage) -> dict:
     }
 
 
+def bridged_model_ids(*, host_id: int) -> list[int]:
+    """The models this host serves through a ring it bridges (active plans): their jobs that
+    need a single machine (`marketplace.models.Job.single_machine`) are not for it."""
+    return sorted(set(RingPlan.objects.filter(bridge_host_id=host_id, status=RingPlan.Status.ACTIVE)
+                      .values_list("model_id", flat=True)))
+
+
 def ring_layers(*, bridge_host_id: int, model_id: int) -> tuple[RingPlan, dict[int, int]] | None:
     """The ring this host serves `model_id` through, if it bridges an active one, and the
     layers each of its hosts runs (a host-less stage is the bridge's): what a ring's tokens
