@@ -52,7 +52,9 @@ the scorer is not told whose answer it reads. The scorer answers with a verdict
 - a decline (it cannot score it there), a silence past AUDIT_SCORE_TIMEOUT_SECONDS or the
   scorer's restart (a new boot id from it, `audit_scorer_restarted`) hands the audit to
   another scorer; an audit no scorer decided within AUDIT_SCORER_WAIT_SECONDS is
-  released unchecked and logged, as the gateway does when a file vanished.
+  released unchecked and logged, as the gateway does when a file vanished. A scorer that
+  declined AUDIT_SCORER_MAX_DECLINED audits in a day is handed no more that day: declining
+  is unpaid, and it must not let a scorer choose which answers it reads.
 Each scorer whose verdict stands is paid its prefill's fee when the audit is decided
 (`scorer_fee`: the model's prompt price for prompt + answer tokens, the host's share of it),
 out of the platform's revenue, at most half the audited job's platform share each (10% of
@@ -67,7 +69,7 @@ import hmac
 import logging
 import random
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -305,11 +307,19 @@ def audit_claim_payload(*, host: Host, model_ids: list[int], boot: str = "") -> 
     )  # (idle, this one query is all an audit costs a trusted host's claim)
     if candidates and Audit.objects.filter(scorer_id=host.pk, status=Audit.Status.PENDING).exists():
         return None  # one at a time: a scorer is not a queue of audits nobody else may take
+    if candidates and scorer_declined_today(host_id=host.pk, now=now) >= settings.AUDIT_SCORER_MAX_DECLINED:
+        return None  # it declines too often to be handed more today (a colluder's choosing)
     for audit_id in candidates:
         if Audit.objects.filter(pk=audit_id, status=Audit.Status.PENDING, scorer__isnull=True).update(
                 scorer=host, scorer_since=now, scorer_boot=boot):
             return _audit_payload(Audit.objects.select_related("request__model").get(pk=audit_id))
     return None
+
+
+def scorer_declined_today(*, host_id: int, now: datetime) -> int:
+    """How many audits this scorer declined in the last day."""
+    return AuditScore.objects.filter(scorer_id=host_id, verdict=AuditScore.Verdict.DECLINED,
+                                     created_at__gte=now - timedelta(days=1)).count()
 
 
 def _audit_payload(audit: Audit) -> AuditPayload:

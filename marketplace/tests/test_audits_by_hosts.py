@@ -165,6 +165,25 @@ def test_a_decline_or_a_silent_scorer_hands_the_audit_to_another(customer, servi
     assert _verdict(scorers[2], audit.pk, "passed") == Audit.Status.PASSED
 
 
+def test_a_scorer_that_declines_too_often_is_handed_no_more_audits_that_day(customer, serving_host, scorers, settings) -> None:
+    """Declining is unpaid, but free: without a cap a colluder would decline every answer but its
+    partner's and pass only those."""
+    settings.AUDIT_SCORER_MAX_DECLINED = 2
+    for _ in range(2):
+        audit = _audited(customer, serving_host, settings)
+        assert _claim(scorers[0])["id"] == audit.pk
+        assert _verdict(scorers[0], audit.pk, "declined", "not auditable here") == "pending"
+        assert _claim(scorers[1])["id"] == audit.pk
+        assert _verdict(scorers[1], audit.pk, "passed") == Audit.Status.PASSED
+    audit = _audited(customer, serving_host, settings)
+    assert _claim(scorers[0]) is None  # two declines today: no more for it
+    assert _claim(scorers[1])["id"] == audit.pk  # the audit goes to another scorer
+    assert _verdict(scorers[1], audit.pk, "passed") == Audit.Status.PASSED
+    AuditScore.objects.filter(scorer=scorers[0].host).update(created_at=timezone.now() - timedelta(days=1, seconds=1))
+    second = _audited(customer, serving_host, settings)
+    assert _claim(scorers[0])["id"] == second.pk  # a day later it scores again
+
+
 def test_an_audit_no_scorer_decides_in_time_is_released_unchecked(customer, serving_host, scorers, settings) -> None:
     audit = _audited(customer, serving_host, settings)
     _claim(scorers[0])
