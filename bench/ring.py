@@ -17,11 +17,16 @@ output head at the tail (`--whole-output`), as rings were built before.
    use, with the handshake (challenge, hello with its HMAC proof, the listener's proof)
    versus the old unauthenticated hello, interleaved, median and p99.
 
+6. (`--sampling-only`) What sampling costs a ring, one request: decode tokens/s at T 0.8
+   with top_p 1 (each half's mass crosses the ring: two floats a row) and top_p 0.9 (the
+   tail's half of the logits goes to the head whole), against greedy, with the output head
+   shared and whole at the tail (where top_p costs no transfer).
+
 Rounds alternate between the sides so machine noise hits both; medians are reported.
 OMP_WAIT_POLICY=PASSIVE (set here, for the engine and the stage processes alike) stops idle
 OpenMP workers from spinning on cores another stage needs.
 
-    .venv/bin/python bench/ring.py [--rounds 3] [--tokens 32] [--handshake-only]
+    .venv/bin/python bench/ring.py [--rounds 3] [--tokens 32] [--handshake-only] [--sampling-only]
 """
 from __future__ import annotations
 
@@ -55,9 +60,10 @@ PROMPTS = [
 ]
 
 
-def ring_decode_tps(ring: ProcessRing, prompt_ids: list[int], tokens: int) -> float:
-    """Decode tokens/s of one request alone: tokens after the first over the time after the first."""
-    request = ring.bridge.submit(prompt_ids, tokens)
+def ring_decode_tps(ring: ProcessRing, prompt_ids: list[int], tokens: int, **sampling: float) -> float:
+    """Decode tokens/s of one request alone: tokens after the first over the time after the first.
+    `sampling`: temperature, top_p (greedy when none)."""
+    request = ring.bridge.submit(prompt_ids, tokens, seed=1234, stop_ids=[], **sampling)
     first = end = None
     for _ in request:
         end = time.perf_counter()
@@ -177,12 +183,41 @@ def handshake_cost(rounds: int) -> None:
           f"a coordinator keeps its worker links open)")
 
 
+SAMPLINGS = {"greedy": {}, "T0.8": {"temperature": 0.8}, "T0.8 top_p 0.9": {"temperature": 0.8, "top_p": 0.9}}
+
+
+def sampling_cost(path: Path, prompt_ids: list[int], *, rounds: int, tokens: int) -> None:
+    """6.: one request's decode tokens/s per sampling, shared and whole output head, alternated."""
+    limits = Limits(micro_batch=2, row_width=64)
+    even = split_layers(18, 2)
+    rings = {"shared": dict(share_output=True), "whole at the tail": dict(share_output=False)}
+    m: dict[tuple[str, str], list[float]] = {(r, s): [] for r in rings for s in SAMPLINGS}
+    with ProcessRing(path, even, limits=limits, threads=1, n_ctx=256, **rings["shared"]) as shared, \
+            ProcessRing(path, even, limits=limits, threads=1, n_ctx=256, **rings["whole at the tail"]) as whole:
+        built = {"shared": shared, "whole at the tail": whole}
+        for ring in built.values():
+            ring_decode_tps(ring, prompt_ids, 4)  # warm-up
+        for i in range(rounds):
+            order = list(SAMPLINGS) if i % 2 == 0 else list(reversed(SAMPLINGS))
+            for name, ring in built.items():
+                for sampling in order:
+                    m[(name, sampling)].append(ring_decode_tps(ring, prompt_ids, tokens, **SAMPLINGS[sampling]))
+    print(f"6. sampling on a 2-stage ring (1 thread per stage), one request, {tokens} tokens, {rounds} rounds, medians:")
+    for name in rings:
+        greedy = statistics.median(m[(name, "greedy")])
+        cells = [f"{s} {statistics.median(m[(name, s)]):.2f} tok/s ({statistics.median(m[(name, s)]) / greedy:.2f})"
+                 for s in SAMPLINGS]
+        print(f"   output head {name}: " + "; ".join(cells))
+    print("raw: " + ", ".join(f"{k[0]}/{k[1]}={[round(x, 2) for x in v]}" for k, v in m.items()))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--handshake-rounds", type=int, default=500)
     parser.add_argument("--handshake-only", action="store_true", help="measure only the link handshake (5.)")
+    parser.add_argument("--sampling-only", action="store_true", help="measure only what sampling costs a ring (6.)")
     args = parser.parse_args()
     if args.handshake_only:
         handshake_cost(args.handshake_rounds)
@@ -190,6 +225,9 @@ def main() -> int:
     path = default_model_path()
     tokenizer = Tokenizer(path)
     prompts = [tokenizer.encode(p) for p in PROMPTS]
+    if args.sampling_only:
+        sampling_cost(path, prompts[0], rounds=args.rounds, tokens=args.tokens)
+        return 0
     # Micro-batch 2: four requests are two micro-batches, so both stages work at once (with one
     # micro-batch of 4 the pass bounces between the stages like a lone request).
     limits = Limits(micro_batch=2, row_width=64)

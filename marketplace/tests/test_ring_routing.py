@@ -19,6 +19,7 @@ from marketplace import services as market
 from marketplace.models import Job
 from marketplace.tests.test_routing import beat
 from mesh.rings.models import ModelLayout
+from mesh.rings.selectors import ring_only_model_ids
 from mesh.rings.services import StageSpec, ring_plan_create
 from testkit.requests import submit_request
 
@@ -133,3 +134,29 @@ def test_through_the_claim_door_the_bridge_gets_neither_such_a_job_nor_an_audit_
     scored = claim_door(bridge)
     assert scored["kind"] == "audit" and scored["id"] == audit.pk
     assert Audit.objects.get(pk=audit.pk).scorer_id == bridge.host.pk
+
+
+def chat(customer, body: dict):  # noqa: ANN001, ANN201
+    return Client().post("/v1/chat/completions", data=json.dumps({"messages": [{"role": "user", "content": "hi"}], **body}),
+                         content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {customer.secret}")
+
+
+def test_a_model_only_rings_serve_refuses_what_they_cannot_do_at_once_and_says_so(catalog, bridge) -> None:  # noqa: ANN001
+    customer = make_customer()
+    for asked, param in ((GRAMMAR, "response_format"), ({"logprobs": True, "top_logprobs": 2}, "logprobs")):
+        refused = chat(customer, {"model": catalog.name, "max_tokens": 8, **asked})
+        assert refused.status_code == 400, refused.content
+        error = refused.json()["error"]
+        assert error["code"] == "unsupported_parameter" and error["param"] == param
+        assert "only by rings" in error["message"]
+    assert not Job.objects.exists(), "nothing queued, nothing held"
+    listed = Client().get("/v1/models", HTTP_AUTHORIZATION=f"Bearer {customer.secret}").json()["data"]
+    (entry,) = [m for m in listed if m["id"] == catalog.name]
+    assert "response_format" not in entry["supported_parameters"] and "logprobs" not in entry["supported_parameters"]
+    assert "temperature" in entry["supported_parameters"]
+    whole = make_host(name="whole", fingerprint="e" * 64)  # a host of the whole model joins: it can
+    beat(whole, loaded=[catalog.name])
+    listed = Client().get("/v1/models", HTTP_AUTHORIZATION=f"Bearer {customer.secret}").json()["data"]
+    (entry,) = [m for m in listed if m["id"] == catalog.name]
+    assert "response_format" in entry["supported_parameters"]
+    assert catalog.pk not in ring_only_model_ids()  # (admission's rule: the request is queued for that host)
