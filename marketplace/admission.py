@@ -50,11 +50,10 @@ def request_admit(*, api_key: ApiKey, data: dict, params: dict, kind: str, publi
         first = next((index for index, model in enumerate(chosen) if model.pk in online), 0)
     model = chosen[first]
     if needs_single_machine(params) and model.pk in ring_only_model_ids():
-        asked = "response_format" if params.get("response_format") else "logprobs"
         raise bad_request(
             f"The model '{model.name}' is served here only by rings of machines, each holding a slice of its layers; a ring "
-            f"cannot follow a response_format's grammar nor report log-probabilities. Ask without {asked}, or choose "
-            "another model (GET /v1/models lists what each takes).", code="unsupported_parameter", param=asked,
+            "cannot follow a response_format's grammar. Ask without response_format, or choose another model "
+            "(GET /v1/models lists what each takes).", code="unsupported_parameter", param="response_format",
         )
     params = {**params, "fallbacks": [m.name for m in chosen[first + 1:]]} if len(chosen) > 1 else params
     fragments, messages, prompt = rendered_prompt(model, kind, data)

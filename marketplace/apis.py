@@ -381,7 +381,7 @@ class ModelApi(KeyApi):
         return Response(model_body(served, rings_only=served.model.pk in ring_only_model_ids()))
 
 
-SINGLE_MACHINE_PARAMETERS = ("response_format", "logprobs", "top_logprobs")  # (`protocol.jobs.needs_single_machine`)
+SINGLE_MACHINE_PARAMETERS = ("response_format",)  # (`protocol.jobs.needs_single_machine`)
 
 
 def model_body(served: selectors.ServedModel, *, rings_only: bool = False) -> dict:

@@ -103,7 +103,7 @@ class Job(models.Model):
     )
     trusted_only = models.BooleanField(default=False, help_text="the customer asked for trusted hosts only")
     single_machine = models.BooleanField(
-        default=False, help_text="it asks for what only a host holding the whole model does (a grammar, log-probabilities: "
+        default=False, help_text="it asks for what only a host holding the whole model does (a response_format's grammar: "
         "`protocol.jobs.needs_single_machine`): a host bridging a ring of its model never gets it",
     )
     max_chars = models.PositiveIntegerField(

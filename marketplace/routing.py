@@ -22,7 +22,7 @@ hosts before hosts in probation, honest reports before overstated ones:
   last `ROUTING_WEIGHT_WINDOW_SECONDS`.
 A host is offered a job only below its claim cap (slots, bounded by reputation); a job
 for trusted hosts only is offered to, and claimed by, trusted hosts alone. A job that needs a
-single machine (`Job.single_machine`: a grammar, log-probabilities) is never offered to, nor
+single machine (`Job.single_machine`: a response_format's grammar) is never offered to, nor
 claimed by, a host that serves its model through a ring it bridges.
 """
 from __future__ import annotations

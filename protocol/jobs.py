@@ -43,9 +43,10 @@ CLAIM_WAIT_SECONDS = 20.0
 
 def needs_single_machine(params: dict[str, Any]) -> bool:
     """Whether a job asks for what only a host holding the whole model does: a
-    ``response_format``'s grammar or log-probabilities. A ring's tail holds neither, so the
-    gateway never hands such a job to a ring's bridge and the bridge refuses one it gets."""
-    return bool(params.get("response_format")) or params.get("logprobs") is not None
+    ``response_format``'s grammar (a ring's stages hold none), so the gateway never hands such a
+    job to a ring's bridge and the bridge refuses one it gets. (A ring draws top_p < 1 and
+    reports log-probabilities as any host: `mahout.ring.vocab`.)"""
+    return bool(params.get("response_format"))
 
 
 class JobPayload(TypedDict, total=False):

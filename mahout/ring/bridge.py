@@ -32,11 +32,13 @@ class RingBroken(RingError):
 
 
 class RingRequest:
-    """One request's tokens as they arrive; iterate it to stream token ids."""
+    """One request's tokens as they arrive; iterate it to stream token ids. Asked for
+    log-probabilities, `logprobs` holds each token's (``{"logprob", "top": [[id, logprob], ...]}``)."""
 
     def __init__(self, request_id: str) -> None:
         self.id = request_id
         self.tokens: list[int] = []
+        self.logprobs: list[dict | None] = []
         self.finish_reason: str | None = None
         self._events: queue.Queue[tuple[str, Any]] = queue.Queue()
 
@@ -44,8 +46,10 @@ class RingRequest:
         while True:
             kind, value = self._events.get()
             if kind == "token":
-                self.tokens.append(value)
-                yield value
+                token, logprobs = value
+                self.tokens.append(token)
+                self.logprobs.append(logprobs)
+                yield token
             elif kind == "done":
                 self.finish_reason = value
                 return
@@ -110,6 +114,7 @@ class RingBridge:
     def submit(
         self, prompt_ids: Sequence[int], max_tokens: int, *, stop_ids: Sequence[int] = (),
         temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None, request_id: str | None = None,
+        logprobs: int | None = None,
     ) -> RingRequest:
         """Hand a prompt to the head; the request is in flight as soon as this returns."""
         request = RingRequest(request_id or f"r{next(self._ids)}-{uuid.uuid4().hex[:8]}")
@@ -120,6 +125,7 @@ class RingBridge:
         header = {
             "type": "submit", "request_id": request.id, "prompt_ids": list(prompt_ids), "max_tokens": max_tokens,
             "stop_ids": list(stop_ids), "temperature": temperature, "top_p": top_p, "seed": seed,
+            "logprobs": logprobs,
         }
         try:
             self._head.send(header)
@@ -168,7 +174,8 @@ class RingBridge:
             for row in header["rows"]:
                 request = self._open.get(row["request_id"])
                 if request is not None:
-                    request._events.put(("token", int(row["token"])))
+                    logprobs = {"logprob": row["logprob"], "top": row.get("top") or []} if "logprob" in row else None
+                    request._events.put(("token", (int(row["token"]), logprobs)))
         elif kind == "done":
             self._end(header["request_id"], "done", header.get("reason", "stop"))
         elif kind == "error":

@@ -37,7 +37,8 @@ class Row:
 
     `sample` is true when the tail must pick the next token after this row: a decode, or the
     last chunk of a prefill. `temperature` 0 means greedy; `seed` seeds sampling otherwise,
-    and `top_p` below 1 keeps only the nucleus (`protocol.sampling`).
+    and `top_p` below 1 keeps only the nucleus (`protocol.sampling`). `top_logprobs`: report
+    the token's log-probability and that many likeliest alternatives (None: none).
     """
 
     request_id: str
@@ -48,6 +49,13 @@ class Row:
     temperature: float = 0.0
     seed: int | None = None
     top_p: float = 1.0
+    top_logprobs: int | None = None
+
+    @property
+    def needs_whole(self) -> bool:
+        """Its pick needs the whole vocabulary's logits in one place: the nucleus of top_p < 1
+        is cut over all of them, and log-probabilities are normalised over all of them."""
+        return self.top_logprobs is not None or (self.temperature > 0 and self.top_p < 1)
 
     def span(self) -> RowSpan:
         return RowSpan(self.request_id, self.start, self.n_tokens)

@@ -32,8 +32,9 @@ from typing import TYPE_CHECKING, Any
 from mahout.link import Heartbeat
 from mahout.ring.bridge import RingBridge, RingError, RingRequest
 from mahout.ring.model import RingModel, ring_model
-from mahout.runners import JobUnsupported, LogprobsUnsupported
+from mahout.runners import JobUnsupported, Piece
 from mahout.runners.llama import PromptTokenizer, end_of_generation_ids, pieces_whole
+from mahout.runners.logprobs import LogprobRecorder, Step, TokenAligner
 from protocol.jobs import needs_single_machine
 
 if TYPE_CHECKING:
@@ -71,6 +72,7 @@ class RingRunner:
         self.completion_tokens = 0
         self.token_ids: list[int] = []  # the last job's drawn tokens, reported for its audit (`mahout.loop`)
         self.seed: int | None = None  # the seed they were drawn with (the gateway's, in the job)
+        self._pieces_bytes: list[bytes] | None = None  # every token's bytes, once a job asks for log-probabilities
 
     def _decode(self, ids: list[int]) -> str:
         return self._vocab.detokenize(ids).decode("utf-8", errors="replace")
@@ -78,8 +80,6 @@ class RingRunner:
     def stream(self, job: dict) -> Generator[str, None, None]:
         params = job.get("params") or {}
         if needs_single_machine(params):  # (the gateway routes these elsewhere: an older one may not)
-            if params.get("logprobs") is not None:
-                raise LogprobsUnsupported("this host cannot report log-probabilities; a single-machine host can")
             raise JobUnsupported("a ring cannot follow a response_format's grammar; a single-machine host can")
         prompt = self._prompt.tokens(job)
         budget = self.n_ctx - len(prompt)
@@ -88,19 +88,51 @@ class RingRunner:
         max_tokens = min(int(params.get("max_tokens") or budget), budget)
         stops = [s for s in (params.get("stop") or []) if s]
         self._stop_ids = {*self._ends, *self._prompt.single_ids(job.get("end_of_turn") or [])}
-        temperature = params.get("temperature")
+        temperature, logprobs = params.get("temperature"), params.get("logprobs")
         self.finish_reason, self.completion_tokens = "length", 0
         self.token_ids, self.seed = [], params.get("seed")
         request = self.bridge.submit(
             prompt, max_tokens, stop_ids=sorted(self._stop_ids),
             temperature=1.0 if temperature is None else float(temperature),
             top_p=1.0 if params.get("top_p") is None else float(params["top_p"]), seed=params.get("seed"),
+            logprobs=None if logprobs is None else int(logprobs),
         )
         try:
-            yield from self._pieces(request, stops)
+            if logprobs is None:
+                yield from self._pieces(request, stops)
+            else:
+                yield from self._logprob_pieces(request, stops)
         finally:
             if request.finish_reason is None:  # a stop string, or the loop let go: free the ring's rows
                 self.bridge.cancel(request.id)
+
+    def _logprob_pieces(self, request: RingRequest, stops: list[str]) -> Generator[Piece, None, None]:
+        """`_pieces`, each ending on a token boundary with its tokens' log-probabilities (the
+        tail's, `mahout.ring.vocab.report`), as a single-machine host streams them."""
+        recorder = LogprobRecorder(prompt_len=0, top=0)  # (its steps only: the tail computed them)
+        aligner = TokenAligner(recorder, self._token_bytes(), skip=0)
+
+        def known() -> None:  # a step for each token delivered so far (a stop token is not)
+            for entry in request.logprobs[len(recorder.steps):len(self.token_ids)]:
+                entry = entry or {"logprob": 0.0, "top": []}  # (a tail that sent none: an audit compares them)
+                recorder.steps.append(Step(top=[(int(t), float(lp)) for t, lp in entry["top"]], logprobs=None,
+                                           token=self.token_ids[len(recorder.steps)], logprob=float(entry["logprob"])))
+
+        for text in self._pieces(request, stops):
+            known()
+            out, entries = aligner.feed(text)
+            if out or entries:
+                yield Piece(out, entries)
+        known()
+        out, entries = aligner.finish()
+        if out or entries:
+            yield Piece(out, entries)
+
+    def _token_bytes(self) -> list[bytes]:
+        """Every token's bytes (computed on the first job that asks for log-probabilities)."""
+        if self._pieces_bytes is None:
+            self._pieces_bytes = [self._vocab.detokenize([i]) for i in range(self._vocab.n_vocab())]
+        return self._pieces_bytes
 
     def _pieces(self, request: RingRequest, stops: list[str]) -> Generator[str, None, None]:
         ids = self.token_ids  # (filled as drawn: what an audit re-reads)

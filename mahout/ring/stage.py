@@ -35,8 +35,8 @@ are capped by the plan's widths (`Limits.frame_caps`), not by what a peer announ
 
 Messages (header ``type``): ``hello`` (the handshake's, naming the role), ``submit`` and ``cancel``
 (bridge -> head), ``batch`` (hidden state + membership, downstream), ``tokens`` (tail -> head and
-bridge), ``share`` (tail -> head: final-normed rows), ``mass`` (tail -> head: its half's mass for
-sampled rows, and its half's logits for top-p rows) and ``partial`` (head -> downstream to the tail: the head's part of the pick), ``release`` (a request ended: every stage frees its
+bridge; with each token's log-probabilities where asked), ``share`` (tail -> head: final-normed rows), ``mass`` (tail -> head: its half's mass for
+sampled rows, and its half's logits for rows whose pick needs them whole: top_p < 1, log-probabilities) and ``partial`` (head -> downstream to the tail: the head's part of the pick), ``release`` (a request ended: every stage frees its
 cache row; the tail tells the bridge ``done``), ``error`` (requests that failed, downstream to
 the tail, then to the head and the bridge), ``stats`` (collected hop by hop, the tail hands
 them to the bridge).
@@ -64,7 +64,8 @@ import torch
 from engine.model import Stage
 from mahout.link import FrameCaps, HandshakeSlots, Link, LinkClosed, LinkRefused, accept, connect, listen
 from mahout.ring.membership import DECODE, PREFILL, Limits, Row, rows_from_wire, rows_to_wire
-from mahout.ring.vocab import Sampler
+from mahout.ring.vocab import Sampler, picked, report
+from protocol.jobs import MAX_TOP_LOGPROBS
 
 __all__ = ["HeadAgent", "MiddleAgent", "StageAgent", "StageStats", "TailAgent", "main"]
 
@@ -97,6 +98,7 @@ class _Request:
     temperature: float
     seed: int | None
     top_p: float = 1.0
+    top_logprobs: int | None = None  # report log-probabilities with that many alternatives (None: none)
     fed: int = 0  # prompt tokens already sent into the ring
     generated: int = 0
     next_token: int | None = None  # the last sampled token, not yet fed back
@@ -435,6 +437,8 @@ class HeadAgent(StageAgent):
             problem = "max_tokens must be at least 1"
         elif not 0.0 <= _top_p(header.get("top_p")) <= 1.0:
             problem = f"top_p must be between 0 and 1, not {header.get('top_p')}"
+        elif header.get("logprobs") is not None and not 0 <= int(header["logprobs"]) <= MAX_TOP_LOGPROBS:
+            problem = f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}, not {header.get('logprobs')}"
         elif request_id in self._active or any(w.get("request_id") == request_id for w in self._waiting):
             problem = f"request {request_id} is already in the ring"
         if problem:
@@ -451,6 +455,7 @@ class HeadAgent(StageAgent):
                 id=h["request_id"], prompt=h["prompt_ids"], max_tokens=int(h["max_tokens"]),
                 stop_ids=frozenset(int(t) for t in h.get("stop_ids") or ()),
                 temperature=float(h.get("temperature") or 0.0), seed=h.get("seed"), top_p=_top_p(h.get("top_p")),
+                top_logprobs=None if h.get("logprobs") is None else int(h["logprobs"]),
             )
             self._active[request.id] = request
             self._ready_rows.append(request.id)
@@ -467,13 +472,13 @@ class HeadAgent(StageAgent):
             r = self._active[rid]
             if r.next_token is not None:  # decode: the token the tail sampled, at its position
                 position = len(r.prompt) + r.generated - 1
-                rows.append(Row(rid, position, 1, DECODE, True, r.temperature, r.seed, r.top_p))
+                rows.append(Row(rid, position, 1, DECODE, True, r.temperature, r.seed, r.top_p, r.top_logprobs))
                 ids.append(r.next_token)
                 r.next_token = None
                 continue
             chunk = r.prompt[r.fed : r.fed + self.limits.row_width]
             last = r.fed + len(chunk) == len(r.prompt)
-            rows.append(Row(rid, r.fed, len(chunk), PREFILL, last, r.temperature, r.seed, r.top_p))
+            rows.append(Row(rid, r.fed, len(chunk), PREFILL, last, r.temperature, r.seed, r.top_p, r.top_logprobs))
             ids.extend(chunk)
             r.fed += len(chunk)
             if not last:  # the next chunk may follow at once: stages keep frames in order
@@ -530,7 +535,7 @@ class HeadAgent(StageAgent):
 
     def _share_picks(self, header: dict[str, Any], states: torch.Tensor) -> None:
         """Our half's logits for the rows the tail shared; answered now when every row is
-        greedy, else once the tail's mass comes (`_mass`)."""
+        greedy without log-probabilities, else once the tail's mass (and logits) come (`_mass`)."""
         # states: (S, D)
         started = time.perf_counter()
         rows, seq = rows_from_wire(header["rows"]), int(header["seq"])
@@ -541,7 +546,7 @@ class HeadAgent(StageAgent):
         except Exception as exc:  # noqa: BLE001 - the tail fails these requests; the ring serves on
             self._send_next({"type": "partial", "seq": seq, "failed": f"{self.name}: {exc}"})
         else:
-            if any(row.temperature > 0 for row in rows):
+            if any(row.temperature > 0 or row.needs_whole for row in rows):
                 self._shared[seq] = (rows, logits)
             else:
                 self._answer_share(seq, rows, logits, {})
@@ -635,14 +640,17 @@ class TailAgent(MiddleAgent):
 
     def _sample(self, rows: list[Row], logits: torch.Tensor) -> None:
         # logits: (R, V), one row per member, after that member's last token
-        self._emit([(row, self._sampler.pick(row, logits[i])) for i, row in enumerate(rows) if row.sample])
+        chosen = [(row, logits[i], self._sampler.pick(row, logits[i])) for i, row in enumerate(rows) if row.sample]
+        self._emit([(row, token, report(row, mine, token)) for row, mine, token in chosen])
 
-    def _emit(self, tokens: list[tuple[Row, int]]) -> None:
-        """The sampled tokens, to the bridge and round to the head."""
+    def _emit(self, tokens: list[tuple[Row, int, dict | None]]) -> None:
+        """The sampled tokens (with their log-probabilities where asked), to the bridge and
+        round to the head."""
         if not tokens:
             return
-        picked = [{"request_id": row.request_id, "token": token, "position": row.start + row.n_tokens} for row, token in tokens]
-        message = {"type": "tokens", "rows": picked}
+        rows = [{"request_id": row.request_id, "token": token, "position": row.start + row.n_tokens, **(logprobs or {})}
+                for row, token, logprobs in tokens]
+        message = {"type": "tokens", "rows": rows}
         self._to_bridge(message)
         self._send_next(message)
 
@@ -658,10 +666,10 @@ class TailAgent(MiddleAgent):
         self._share_seq += 1
         self._send_next({"type": "share", "seq": self._share_seq, "rows": rows_to_wire(sampled)}, states)
         logits = self._sampler.logits(states)  # (S, V_s)
-        drawn = [i for i, row in enumerate(sampled) if row.temperature > 0]
-        masses = {sampled[i].request_id: self._sampler.mass(sampled[i], logits[i]) for i in drawn if sampled[i].top_p >= 1}
-        whole = [i for i in drawn if sampled[i].top_p < 1]  # the nucleus needs every logit: ours go to the head whole
-        if drawn:
+        whole = [i for i, row in enumerate(sampled) if row.needs_whole]  # ours go to the head whole (`Sampler.head_pick`)
+        masses = {row.request_id: self._sampler.mass(row, logits[i])
+                  for i, row in enumerate(sampled) if row.temperature > 0 and not row.needs_whole}
+        if masses or whole:
             header = {"type": "mass", "seq": self._share_seq, "masses": masses,
                       "whole": [sampled[i].request_id for i in whole]}
             self._send_next(header, logits[whole].float().contiguous() if whole else None)
@@ -674,7 +682,8 @@ class TailAgent(MiddleAgent):
             self._send_error([row.request_id for row, _ in waiting], str(header["failed"]))
             return
         theirs = header.get("picks") or {}
-        self._emit([(row, self._sampler.tail_pick(row, mine, theirs[row.request_id])) for row, mine in waiting])
+        self._emit([(row, self._sampler.tail_pick(row, mine, theirs[row.request_id]), picked(theirs[row.request_id]))
+                    for row, mine in waiting])
 
     def _forget(self, request_id: str) -> None:
         super()._forget(request_id)

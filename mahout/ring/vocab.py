@@ -13,12 +13,17 @@ as any host's (`mahout.verify`):
   mass (`protocol.sampling.part_mass`), and the head then knows which slice the draw falls in
   (`protocol.sampling.part_of_draw`): in its own, it draws the token there; in the tail's, it
   sends the tail the draw to make within its slice.
-* Sampled with top_p < 1: the nucleus is cut over the whole vocabulary, so the tail sends the
+* Sampled with top_p < 1, or with log-probabilities asked for (`Row.needs_whole`): the nucleus
+  is cut, and log-probabilities are normalised, over the whole vocabulary, so the tail sends the
   head its slice's logits whole (one float32 row of half the vocabulary per token: 0.5 MB for
-  Gemma 3's 262,144 tokens), and the head draws with `protocol.sampling.select` over both
-  slices, exactly as over one output head, and sends the tail the token.
+  Gemma 3's 262,144 tokens), and the head picks with `protocol.sampling.select` (or the argmax)
+  over both slices, exactly as over one output head, and sends the tail the token (with its
+  log-probability and the likeliest alternatives, `report`).
 
 A tail holding the whole output head draws with `protocol.sampling.select` directly.
+
+Log-probabilities are the model's own (the log-softmax of the logits, before temperature or
+top_p), as a single-machine host reports them (`mahout.runners.logprobs`).
 """
 from __future__ import annotations
 
@@ -28,9 +33,10 @@ import torch
 
 from engine.model import Stage
 from mahout.ring.membership import Row
+from mahout.runners.logprobs import LogprobRecorder
 from protocol.sampling import part_mass, part_of_draw, select, uniform
 
-__all__ = ["Pick", "Sampler", "merge"]
+__all__ = ["Pick", "Sampler", "merge", "report"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,26 @@ def merge(first: Pick, second: Pick) -> int:
 def row_draw(row: Row) -> float:
     """The draw for the token after `row`: its position is the number of tokens before it."""
     return uniform(row.seed or 0, row.start + row.n_tokens)
+
+
+def report(row: Row, logits: torch.Tensor, token: int) -> dict | None:
+    """The log-probability of `token` and the row's `top_logprobs` likeliest tokens (best
+    first, as ``[id, logprob]``) over the whole vocabulary's `logits`; None when the row asked
+    for none."""
+    if row.top_logprobs is None:
+        return None
+    import numpy as np
+
+    scores = logits.float().numpy()
+    shifted = scores - np.max(scores)
+    logprobs = shifted - np.log(np.sum(np.exp(shifted)))  # as `LogprobRecorder` takes them
+    best = LogprobRecorder(prompt_len=0, top=row.top_logprobs).best(logprobs)
+    return {"logprob": float(logprobs[token]), "top": [[t, float(logprobs[t])] for t in best]}
+
+
+def picked(theirs: list | dict) -> dict | None:
+    """The log-probabilities the head's answer carries (`Sampler.head_pick`), if any."""
+    return {"logprob": theirs["logprob"], "top": theirs.get("top") or []} if isinstance(theirs, dict) and "logprob" in theirs else None
 
 
 class Sampler:
@@ -88,16 +114,19 @@ class Sampler:
         self, row: Row, logits: torch.Tensor, tail_mass: list[float] | None, tail_logits: torch.Tensor | None = None,
     ) -> list | dict:
         """The head's answer for one shared row: its greedy candidate; or, sampled, the token
-        when the draw falls in its slice, else the draw the tail makes within its own; or, under
-        top_p < 1, the token drawn over both slices' logits (`tail_logits`, the tail's whole)."""
+        when the draw falls in its slice, else the draw the tail makes within its own; or, when
+        the pick `needs_whole` (top_p < 1, log-probabilities), the token picked over both slices'
+        logits (`tail_logits`, the tail's whole), with its log-probabilities (`report`)."""
+        if row.needs_whole:
+            if tail_logits is None:
+                raise ValueError(f"the tail sent no logits for request {row.request_id} (top_p < 1 or logprobs)")
+            whole = torch.cat([logits.float(), tail_logits.float()])  # (V,): the head's slice starts at id 0
+            token = int(whole.argmax()) if row.temperature <= 0 else select(
+                whole.numpy(), temperature=row.temperature, top_p=row.top_p, u=row_draw(row))
+            return {"token": token, **(report(row, whole, token) or {})}
         if row.temperature <= 0:
             pick = self.greedy(logits)
             return [pick.index, pick.value]
-        if row.top_p < 1:
-            if tail_logits is None:
-                raise ValueError(f"the tail sent no logits for top-p request {row.request_id}")
-            whole = torch.cat([logits.float(), tail_logits.float()])  # (V,): the head's slice starts at id 0
-            return {"token": select(whole.numpy(), temperature=row.temperature, top_p=row.top_p, u=row_draw(row))}
         if tail_mass is None:
             raise ValueError(f"the tail sent no mass for sampled request {row.request_id}")
         parts = [part_mass(logits.float().numpy(), temperature=row.temperature), (float(tail_mass[0]), float(tail_mass[1]))]
@@ -106,9 +135,9 @@ class Sampler:
 
     def tail_pick(self, row: Row, logits: torch.Tensor, theirs: list | dict) -> int:
         """The token from the head's answer (`head_pick`) and this tail's slice of the logits."""
+        if isinstance(theirs, dict) and "token" in theirs:
+            return int(theirs["token"])
         if row.temperature <= 0:
             index, value = theirs  # type: ignore[misc]
             return merge(Pick(int(index), float(value)), self.greedy(logits))
-        if "token" in theirs:
-            return int(theirs["token"])  # type: ignore[call-overload]
         return self.draw(row, logits, float(theirs["within"]))  # type: ignore[call-overload]

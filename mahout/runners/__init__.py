@@ -37,10 +37,6 @@ class JobUnsupported(RuntimeError):
     this host's failure, and continues on a host that can, before any token is spent on it."""
 
 
-class LogprobsUnsupported(JobUnsupported):
-    """This runner cannot report log-probabilities (a ring stage, an expert mesh)."""
-
-
 class Runner(Protocol):
     """What the host loop needs from a text runner (llama.cpp, ring stages)."""
 

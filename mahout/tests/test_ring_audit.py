@@ -97,3 +97,26 @@ def test_a_ring_drawing_top_p_at_1_fails_a_top_p_jobs_audit(ring, vocab, verifie
                          seed=77)
     assert served["token_ids"] != ring_answer(ring, vocab, asked, seed=77)["token_ids"]
     assert not verifier.audit(asked, **served).passed
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(0.0, 1.0), (0.9, 1.0), (1.2, 0.9)])
+def test_a_rings_log_probabilities_pass_the_audit_and_spell_its_text(ring, model_path, verifier, temperature, top_p) -> None:  # noqa: ANN001
+    """The ring runner streams pieces with their tokens' log-probabilities (the tail's log-softmax
+    over the whole vocabulary, gathered at the head: the output head is shared here), as a
+    single-machine host does; the verifier compares them with its own prefill's and passes."""
+    from mahout.ring.runner import RingRunner
+
+    runner = RingRunner(ring.bridge, model_path, n_ctx=256)
+    payload = job("chat", "Write a haiku about elephants.", temperature=temperature, seed=31, top_p=top_p)
+    payload["params"]["logprobs"] = 2
+    pieces = list(runner.stream(payload))
+    entries = [entry for piece in pieces for entry in piece.logprobs]
+    text = "".join(pieces)
+    assert text and "".join(entry["token"] for entry in entries) == text
+    assert len(entries) == len(runner.token_ids) and all(len(entry["top_logprobs"]) == 2 for entry in entries)
+    assert all(entry["logprob"] <= entry["top_logprobs"][0]["logprob"] + 1e-6 for entry in entries)
+    answer = {"token_ids": runner.token_ids, "text": text, "finish_reason": runner.finish_reason, "seed": 31}
+    audit = verifier.audit(payload, **answer, logprobs=entries)
+    assert audit.passed and not audit.misses, audit
+    forged = [{**entry, "logprob": entry["logprob"] - 3.0} for entry in entries]  # numbers the model did not compute
+    assert not verifier.audit(payload, **answer, logprobs=forged).passed

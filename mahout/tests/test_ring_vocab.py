@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mahout.ring.membership import Row
-from mahout.ring.vocab import Sampler, row_draw
+from mahout.ring.vocab import Sampler, picked, report, row_draw
 from protocol.sampling import select
 
 
@@ -20,18 +20,23 @@ def halves(size: int) -> tuple[Sampler, Sampler]:
             Sampler(SimpleNamespace(weights=SimpleNamespace(vocab_lo=half))))  # type: ignore[arg-type]
 
 
-def split_pick(logits: torch.Tensor, row: Row) -> int:
-    """The ring's pick: the tail's mass, the head's part, the tail's token (`mahout.ring.stage`)."""
+def split_answer(logits: torch.Tensor, row: Row) -> tuple[int, dict | None]:
+    """The ring's pick and its log-probabilities: the tail's mass (or its half whole), the head's
+    part, the tail's token (`mahout.ring.stage`)."""
     head, tail = halves(logits.shape[0])
     half = logits.shape[0] // 2
-    mass = tail.mass(row, logits[half:]) if row.temperature > 0 and row.top_p >= 1 else None
-    whole = logits[half:] if row.temperature > 0 and row.top_p < 1 else None  # (the tail's `mass` frame carries them)
+    mass = tail.mass(row, logits[half:]) if row.temperature > 0 and not row.needs_whole else None
+    whole = logits[half:] if row.needs_whole else None  # (the tail's `mass` frame carries them)
     theirs = head.head_pick(row, logits[:half], mass, whole)
-    return tail.tail_pick(row, logits[half:], theirs)
+    return tail.tail_pick(row, logits[half:], theirs), picked(theirs)
 
 
-def row(temperature: float, *, seed: int = 7, start: int = 0, top_p: float = 1.0) -> Row:
-    return Row("r", start, 1, "decode", True, temperature, seed, top_p)
+def split_pick(logits: torch.Tensor, row: Row) -> int:
+    return split_answer(logits, row)[0]
+
+
+def row(temperature: float, *, seed: int = 7, start: int = 0, top_p: float = 1.0, top_logprobs: int | None = None) -> Row:
+    return Row("r", start, 1, "decode", True, temperature, seed, top_p, top_logprobs)
 
 
 class VocabSplitTests:
@@ -92,3 +97,21 @@ class VocabSplitTests:
         head, _ = halves(10)
         with pytest.raises(ValueError, match="no logits"):
             head.head_pick(row(0.8, top_p=0.5), torch.zeros(5), None, None)
+
+    def test_log_probabilities_are_the_whole_vocabularys_and_the_draw_is_unchanged(self) -> None:
+        generator = torch.Generator().manual_seed(4)
+        whole = Sampler(SimpleNamespace(weights=SimpleNamespace(vocab_lo=0)))  # type: ignore[arg-type]
+        for position in range(60):
+            logits = torch.randn(1001, generator=generator) * 3  # (V,)
+            expected = torch.log_softmax(logits.double(), dim=0)
+            for temperature, top_p in ((0.0, 1.0), (0.8, 1.0), (1.1, 0.9)):
+                asked = row(temperature, seed=5, start=position, top_p=top_p, top_logprobs=3)
+                token, logprobs = split_answer(logits, asked)
+                assert token == split_pick(logits, row(temperature, seed=5, start=position, top_p=top_p))
+                assert token == whole.pick(asked, logits)
+                assert logprobs == report(asked, logits, token)  # a tail holding the whole head reports the same
+                assert abs(logprobs["logprob"] - float(expected[token])) < 1e-4
+                best = torch.topk(expected, 3).indices.tolist()
+                assert [t for t, _ in logprobs["top"]] == best
+                assert all(abs(lp - float(expected[t])) < 1e-4 for t, lp in logprobs["top"])
+        assert report(row(0.8), logits, 3) is None  # none asked: none computed

@@ -108,7 +108,7 @@ def job_settle(
         if request.params.get("logprobs") is not None and TextChunk.objects.filter(job=job, logprobs__isnull=True).exists():
             return _answer_refused(job=job, request=request, why="sent text without the log-probabilities asked for",
                                    code=LogprobsMissing.code, message="The host did not report the log-probabilities asked "
-                                   "for (a ring cannot, nor mahout before 0.2.0); nothing was billed.")
+                                   "for (mahout before 0.2.0 could not); nothing was billed.")
         share = rescuer_share(request=request, job=job, text=delivered, completion_tokens=completion_tokens)
     check = canary_check(request=request) if request.kind != Request.Kind.EMBEDDINGS else None
     audited = audit_wanted(  # (a greedy canary is judged against its reference)

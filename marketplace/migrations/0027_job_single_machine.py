@@ -13,6 +13,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='job',
             name='single_machine',
-            field=models.BooleanField(default=False, help_text='it asks for what only a host holding the whole model does (a grammar, log-probabilities: `protocol.jobs.needs_single_machine`): a host bridging a ring of its model never gets it'),
+            field=models.BooleanField(default=False, help_text='it asks for what only a host holding the whole model does (a response_format\'s grammar: `protocol.jobs.needs_single_machine`): a host bridging a ring of its model never gets it'),
         ),
     ]

@@ -1,7 +1,7 @@
-"""A job that needs a single machine (a `response_format`'s grammar, log-probabilities) never
-goes to a host that serves its model through a ring it bridges: the ring's tail holds no
-grammar and reports no log-probabilities, and each refusal would count as the bridge's failure
-until it rested in maintenance. Such a job is offered to, and claimed by, a host holding the
+"""A job that needs a single machine (a `response_format`'s grammar) never goes to a host that
+serves its model through a ring it bridges: the ring's stages hold no grammar, and each refusal
+would count as the bridge's failure until it rested in maintenance (log-probabilities and
+top_p < 1 a ring serves). Such a job is offered to, and claimed by, a host holding the
 whole model; the bridge keeps every other job of the model, and the jobs of models it serves on
 its own machine. A bridge is never handed an audit of its ring's model to score either."""
 from __future__ import annotations
@@ -46,9 +46,8 @@ def lapse(job: Job) -> None:
     Job.objects.filter(pk=job.pk).update(offer_until=past, warm_until=past)
 
 
-@pytest.mark.parametrize("asked", [GRAMMAR, LOGPROBS], ids=["response_format", "logprobs"])
-def test_a_job_that_needs_a_single_machine_skips_the_bridge_and_goes_to_a_whole_model_host(catalog, bridge, asked) -> None:  # noqa: ANN001
-    request = submit_request(make_customer(), catalog, max_tokens=8, prompt_tokens=3, **asked)
+def test_a_job_that_needs_a_single_machine_skips_the_bridge_and_goes_to_a_whole_model_host(catalog, bridge) -> None:  # noqa: ANN001
+    request = submit_request(make_customer(), catalog, max_tokens=8, prompt_tokens=3, **GRAMMAR)
     job = Job.objects.get(request=request)
     assert job.single_machine and job.offered_host_id is None, "the bridge, the only warm host, is not offered it"
     lapse(job)
@@ -70,9 +69,10 @@ def test_the_offer_of_such_a_job_passes_over_a_free_bridge_for_a_whole_model_hos
     assert not plain.single_machine and plain.offered_host_id is not None
 
 
-def test_the_bridge_keeps_its_models_plain_jobs_and_a_lapsed_offer_is_never_moved_to_it(catalog, bridge) -> None:  # noqa: ANN001
-    plain = Job.objects.get(request=submit_request(make_customer(), catalog, max_tokens=8, prompt_tokens=3, top_p=0.9))
-    assert not plain.single_machine, "a ring draws top_p < 1 by the specified sampler"
+@pytest.mark.parametrize("asked", [{"top_p": 0.9}, LOGPROBS], ids=["top_p", "logprobs"])
+def test_the_bridge_keeps_its_models_other_jobs_and_a_lapsed_offer_is_never_moved_to_it(catalog, bridge, asked) -> None:  # noqa: ANN001
+    plain = Job.objects.get(request=submit_request(make_customer(), catalog, max_tokens=8, prompt_tokens=3, **asked))
+    assert not plain.single_machine, "a ring draws top_p < 1 by the specified sampler and reports log-probabilities"
     lapse(plain)
     assert market.job_claim_next(host=bridge.host, fingerprint=bridge.fingerprint).pk == plain.pk
     whole = make_host(name="whole", fingerprint="e" * 64)
@@ -86,7 +86,7 @@ def test_the_bridge_keeps_its_models_plain_jobs_and_a_lapsed_offer_is_never_move
 def test_a_continuation_of_such_a_job_keeps_the_rule(catalog, bridge) -> None:  # noqa: ANN001
     whole = make_host(name="whole", fingerprint="e" * 64)
     beat(whole, loaded=[catalog.name])
-    request = submit_request(make_customer(), catalog, max_tokens=8, prompt_tokens=3, stream=True, **LOGPROBS)
+    request = submit_request(make_customer(), catalog, max_tokens=8, prompt_tokens=3, stream=True, **GRAMMAR)
     job = Job.objects.get(request=request)
     lapse(job)
     claimed = market.job_claim_next(host=whole.host, fingerprint=whole.fingerprint)
@@ -143,17 +143,16 @@ def chat(customer, body: dict):  # noqa: ANN001, ANN201
 
 def test_a_model_only_rings_serve_refuses_what_they_cannot_do_at_once_and_says_so(catalog, bridge) -> None:  # noqa: ANN001
     customer = make_customer()
-    for asked, param in ((GRAMMAR, "response_format"), ({"logprobs": True, "top_logprobs": 2}, "logprobs")):
-        refused = chat(customer, {"model": catalog.name, "max_tokens": 8, **asked})
-        assert refused.status_code == 400, refused.content
-        error = refused.json()["error"]
-        assert error["code"] == "unsupported_parameter" and error["param"] == param
-        assert "only by rings" in error["message"]
+    refused = chat(customer, {"model": catalog.name, "max_tokens": 8, **GRAMMAR})
+    assert refused.status_code == 400, refused.content
+    error = refused.json()["error"]
+    assert error["code"] == "unsupported_parameter" and error["param"] == "response_format"
+    assert "only by rings" in error["message"]
     assert not Job.objects.exists(), "nothing queued, nothing held"
     listed = Client().get("/v1/models", HTTP_AUTHORIZATION=f"Bearer {customer.secret}").json()["data"]
     (entry,) = [m for m in listed if m["id"] == catalog.name]
-    assert "response_format" not in entry["supported_parameters"] and "logprobs" not in entry["supported_parameters"]
-    assert "temperature" in entry["supported_parameters"]
+    assert "response_format" not in entry["supported_parameters"]
+    assert {"temperature", "top_p", "logprobs", "top_logprobs"} <= set(entry["supported_parameters"])
     whole = make_host(name="whole", fingerprint="e" * 64)  # a host of the whole model joins: it can
     beat(whole, loaded=[catalog.name])
     listed = Client().get("/v1/models", HTTP_AUTHORIZATION=f"Bearer {customer.secret}").json()["data"]

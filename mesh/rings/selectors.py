@@ -60,7 +60,7 @@ def bridged_model_ids(*, host_id: int) -> list[int]:
 
 def ring_only_model_ids() -> set[int]:
     """The models only rings serve: each host qualified for one bridges an active ring of it.
-    A job of one that needs a single machine (a grammar, log-probabilities) has no host."""
+    A job of one that needs a single machine (a response_format's grammar) has no host."""
     bridges: dict[int, set[int]] = {}
     for model_id, host_id in RingPlan.objects.filter(status=RingPlan.Status.ACTIVE, bridge_host__isnull=False).values_list(
             "model_id", "bridge_host_id"):

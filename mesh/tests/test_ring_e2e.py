@@ -148,6 +148,21 @@ class RingBehindTheGatewayTests:
         assert all(address.startswith("127.0.0.1:") and at is not None for address, at in addresses), addresses
         assert text == engine_text(HAIKU, 8), "the ring's greedy text is the single-process engine's"
 
+    def test_a_sampled_chat_with_top_p_and_log_probabilities_is_served_by_the_ring(self, gateway: Gateway, ring: Ring) -> None:
+        """What a ring could not serve before mahout 0.5.0: a lower top_p (drawn at 1) and
+        log-probabilities (refused, a failure of the bridge's each time)."""
+        answer = client(gateway, make_customer()).chat.completions.create(
+            model="gemma-3-270m", messages=HAIKU, max_tokens=12, temperature=0.9, top_p=0.9, seed=5, logprobs=True,
+            top_logprobs=2,
+        )
+        choice = answer.choices[0]
+        entries = choice.logprobs.content
+        assert choice.message.content and "".join(entry.token for entry in entries) == choice.message.content
+        assert all(len(entry.top_logprobs) == 2 and entry.logprob <= 0 for entry in entries)
+        row = Request.objects.get()
+        assert row.status == "completed" and row.jobs.get().host_id == ring.bridge_host.pk
+        assert Host.objects.get(pk=ring.bridge_host.pk).maintenance_since is None
+
     def test_killing_a_stage_mid_request_ends_it_honestly_and_bills_nothing_twice(self, gateway: Gateway, ring: Ring) -> None:
         customer = make_customer()
         story = [{"role": "user", "content": "Tell me a long story about an elephant who learns to swim."}]
