@@ -41,8 +41,9 @@ the scorer is not told whose answer it reads. The scorer answers with a verdict
 (`audit_verdict_report`):
 - a pass decides the audit: the escrow is released to the audited host; except that a share
   of first passes (AUDIT_PASS_RECHECK_RATE, drawn when the pass comes in, so no scorer can
-  know) waits for a second scorer's look. A second pass decides it. A failure then needs its
-  own confirmation, as any failure: confirmed, the audit fails and the first scorer's pass is
+  know) waits for a second scorer's look, when a trusted host of a third owner holds the model
+  (with none, the pass decides: waiting would only delay the host's share). A second pass
+  decides it. A failure then needs its own confirmation, as any failure: confirmed, the audit fails and the first scorer's pass is
   overruled (a strike), so a trusted host that passes a cheat's answers is caught on a
   share of them;
 - a failure is only believed once a second, different trusted scorer confirms it: then the
@@ -363,7 +364,8 @@ def _audit_settle_scores(audit: Audit) -> None:
     passes = [score for score in scores if score.verdict == AuditScore.Verdict.PASSED]
     fails = [score for score in scores if score.verdict == AuditScore.Verdict.FAILED]
     if scores and scores[-1].verdict == AuditScore.Verdict.PASSED and (
-            len(passes) > 1 or fails or random.random() >= settings.AUDIT_PASS_RECHECK_RATE):
+            len(passes) > 1 or fails or random.random() >= settings.AUDIT_PASS_RECHECK_RATE
+            or not _second_look_possible(audit, scores[-1])):
         decided, standing = audit_decide(audit=audit, reason=None, counts=_counts(scores[-1])), passes
     elif len(fails) >= 2:
         decided = audit_decide(audit=audit, reason=fails[0].reason or "failed under two scorers", counts=_counts(fails[0]))
@@ -376,6 +378,15 @@ def _audit_settle_scores(audit: Audit) -> None:
             _scorer_overruled(score)
     if decided:
         _scorers_pay(audit, standing)
+
+
+def _second_look_possible(audit: Audit, score: AuditScore) -> bool:
+    """Whether a trusted host of a third owner (neither the scorer's nor the audited host's)
+    holds the model: with none, a pass drawn for a second look would only wait
+    AUDIT_SCORER_WAIT_SECONDS, the host's share with it, and then stand anyway."""
+    owners = set(Host.objects.filter(pk__in=[score.scorer_id, audit.host_id]).values_list("owner_id", flat=True))
+    return Host.objects.filter(TRUSTED.q(), qualifications__model_id=audit.request.model_id).exclude(
+        owner_id__in=owners).exists()
 
 
 def _counts(score: AuditScore) -> dict:

@@ -299,6 +299,23 @@ def test_a_pass_no_second_scorer_looks_at_in_time_stands_and_is_paid(customer, s
     assert ledger.reconcile_report() == []
 
 
+def test_a_pass_is_not_held_for_a_second_look_nobody_could_give(customer, serving_host, scorers, settings) -> None:
+    """With every other trusted host of the scorer's owner or the audited host's, a pass drawn
+    for a second look would only wait AUDIT_SCORER_WAIT_SECONDS and then stand: it decides at once."""
+    settings.AUDIT_PASS_RECHECK_RATE = 1.0
+    third_owner = scorers[2].host.owner
+    Host.objects.filter(pk=scorers[1].host.pk).update(owner=scorers[0].host.owner)
+    Host.objects.filter(pk=scorers[2].host.pk).update(owner=serving_host.host.owner)
+    audit = _audited(customer, serving_host, settings)
+    _claim(scorers[0])
+    assert _verdict(scorers[0], audit.pk, "passed") == Audit.Status.PASSED
+    assert _balance(serving_host.host) == audit.host_ucents
+    Host.objects.filter(pk=scorers[2].host.pk).update(owner=third_owner)  # a third owner's host: it can look
+    second = _audited(customer, serving_host, settings)
+    _claim(scorers[0])
+    assert _verdict(scorers[0], second.pk, "passed") == "pending"
+
+
 def test_with_the_default_share_a_pass_decides_most_audits_at_once(customer, serving_host, scorers, settings) -> None:
     settings.AUDIT_PASS_RECHECK_RATE = 0.1
     decided = 0
