@@ -16,8 +16,6 @@ from core.errors import DomainError, bad_request
 from marketplace.models import Request
 from marketplace.selectors import served_models
 from marketplace.services import request_submit
-from mesh.rings.selectors import ring_only_model_ids
-from protocol.jobs import needs_single_machine
 from protocol.rendering import Fragment, TemplateRefused
 
 
@@ -49,12 +47,6 @@ def request_admit(*, api_key: ApiKey, data: dict, params: dict, kind: str, publi
         online = {served.model.pk for served in served_models() if served.hosts_online}
         first = next((index for index, model in enumerate(chosen) if model.pk in online), 0)
     model = chosen[first]
-    if needs_single_machine(params) and model.pk in ring_only_model_ids():
-        raise bad_request(
-            f"The model '{model.name}' is served here only by rings of machines, each holding a slice of its layers; a ring "
-            "cannot follow a response_format's grammar. Ask without response_format, or choose another model "
-            "(GET /v1/models lists what each takes).", code="unsupported_parameter", param="response_format",
-        )
     params = {**params, "fallbacks": [m.name for m in chosen[first + 1:]]} if len(chosen) > 1 else params
     fragments, messages, prompt = rendered_prompt(model, kind, data)
     prompt_tokens = prompt_count(model, fragments)

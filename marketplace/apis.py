@@ -46,7 +46,6 @@ from marketplace.serializers import (
 )
 from marketplace.streaming import Ended, RequestListener, Text, ended_error
 from marketplace.tool_calls import tool_calls_in
-from mesh.rings.selectors import ring_only_model_ids
 
 
 async def rate_limit_headers(row: Request) -> dict[str, str]:
@@ -364,9 +363,7 @@ class ModelListApi(KeyApi):
     @extend_schema(responses={200: outputs.ModelListSerializer})
     def get(self, request: DrfRequest) -> Response:
         self.key(request)
-        rings_only = ring_only_model_ids()
-        return Response({"object": "list", "data": [model_body(served, rings_only=served.model.pk in rings_only)
-                                                    for served in selectors.served_models()]})
+        return Response({"object": "list", "data": [model_body(served) for served in selectors.served_models()]})
 
 
 class ModelApi(KeyApi):
@@ -378,18 +375,14 @@ class ModelApi(KeyApi):
         if served is None:
             raise ApiError(404, f"The model '{model_id[:100]}' does not exist or no host serves it now; GET /v1/models lists "
                            "them.", code="model_not_found", param="model")
-        return Response(model_body(served, rings_only=served.model.pk in ring_only_model_ids()))
+        return Response(model_body(served))
 
 
-SINGLE_MACHINE_PARAMETERS = ("response_format",)  # (`protocol.jobs.needs_single_machine`)
-
-
-def model_body(served: selectors.ServedModel, *, rings_only: bool = False) -> dict:
+def model_body(served: selectors.ServedModel) -> dict:
     """A served model as /v1/models lists it: OpenAI's fields, the catalog's card (context, USD
     per-token pricing, architecture: all from the entry), and what only the API knows (hosts, the
-    parameters its endpoint takes: without those a ring cannot do when only rings serve it)."""
+    parameters its endpoint takes)."""
     model = served.model
-    parameters = SUPPORTED_PARAMETERS_BY_KIND[model.kind]
     return {
         "id": model.name,
         "object": "model",
@@ -400,7 +393,7 @@ def model_body(served: selectors.ServedModel, *, rings_only: bool = False) -> di
         "hosts_online": served.hosts_online,
         "hosts_warm": served.hosts_warm,
         "latency_critical": model.latency_critical,
-        "supported_parameters": [p for p in parameters if p not in SINGLE_MACHINE_PARAMETERS] if rings_only else parameters,
+        "supported_parameters": SUPPORTED_PARAMETERS_BY_KIND[model.kind],
     }
 
 

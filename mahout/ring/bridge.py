@@ -114,7 +114,7 @@ class RingBridge:
     def submit(
         self, prompt_ids: Sequence[int], max_tokens: int, *, stop_ids: Sequence[int] = (),
         temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None, request_id: str | None = None,
-        logprobs: int | None = None,
+        logprobs: int | None = None, grammar: str | None = None, grammar_root: str = "root",
     ) -> RingRequest:
         """Hand a prompt to the head; the request is in flight as soon as this returns."""
         request = RingRequest(request_id or f"r{next(self._ids)}-{uuid.uuid4().hex[:8]}")
@@ -125,7 +125,7 @@ class RingBridge:
         header = {
             "type": "submit", "request_id": request.id, "prompt_ids": list(prompt_ids), "max_tokens": max_tokens,
             "stop_ids": list(stop_ids), "temperature": temperature, "top_p": top_p, "seed": seed,
-            "logprobs": logprobs,
+            "logprobs": logprobs, "grammar": grammar, "grammar_root": grammar_root,
         }
         try:
             self._head.send(header)

@@ -50,7 +50,7 @@ class ThreadRing:
         addresses = [server.getsockname()[:2] for server in servers]
         self.agents = [
             StageAgent(stage, limits=limits, secret=self.secret, next_address=addresses[(i + 1) % len(stages)],
-                       server=servers[i], index=i)
+                       server=servers[i], index=i, vocab_path=model_path)
             for i, stage in enumerate(stages)
         ]
         self.threads = [threading.Thread(target=self._serve, args=(a,), name=f"stage{a.index}", daemon=True) for a in self.agents]

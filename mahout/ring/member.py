@@ -159,7 +159,7 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
             stage = Stage(config, weights, start, end, n_rows=args.slots or 2 * limits.micro_batch, n_ctx=args.n_ctx,
                           device=args.device)
             agent = StageAgent(
-                stage, limits=limits, secret=secret, server=server, index=args.stage,
+                stage, limits=limits, secret=secret, server=server, index=args.stage, vocab_path=path,
                 dial_next=lambda: dial_stage(api, args.ring, following, secret=secret, caps=caps, timeout=args.wait,
                                              hello={"role": "upstream", "stage": args.stage}, name="next", say=say),
             )

@@ -25,6 +25,7 @@ FLOAT32_BYTES = 4
 HEADER_MARGIN_BYTES = 64 * 1024  # stats, errors, a pass's other fields
 ROW_HEADER_BYTES = 512  # one row of a membership in JSON (request id, positions, sampling)
 PROMPT_ID_BYTES = 12  # one prompt token id in a submit's JSON ("262143, " is 8)
+GRAMMAR_MAX_BYTES = 256 * 1024  # a response_format's grammar (GBNF) a submit may carry to the stage that picks
 
 
 class BatchTooWide(ValueError):
@@ -38,7 +39,9 @@ class Row:
     `sample` is true when the tail must pick the next token after this row: a decode, or the
     last chunk of a prefill. `temperature` 0 means greedy; `seed` seeds sampling otherwise,
     and `top_p` below 1 keeps only the nucleus (`protocol.sampling`). `top_logprobs`: report
-    the token's log-probability and that many likeliest alternatives (None: none).
+    the token's log-probability and that many likeliest alternatives (None: none). `grammar`:
+    the token is drawn under the request's grammar (a response_format's), held by the stage
+    that picks (`mahout.ring.stage`).
     """
 
     request_id: str
@@ -50,12 +53,14 @@ class Row:
     seed: int | None = None
     top_p: float = 1.0
     top_logprobs: int | None = None
+    grammar: bool = False
 
     @property
     def needs_whole(self) -> bool:
         """Its pick needs the whole vocabulary's logits in one place: the nucleus of top_p < 1
-        is cut over all of them, and log-probabilities are normalised over all of them."""
-        return self.top_logprobs is not None or (self.temperature > 0 and self.top_p < 1)
+        is cut over all of them, log-probabilities are normalised over all of them, and a
+        grammar's masked draw weighs all of them."""
+        return self.grammar or self.top_logprobs is not None or (self.temperature > 0 and self.top_p < 1)
 
     def span(self) -> RowSpan:
         return RowSpan(self.request_id, self.start, self.n_tokens)
@@ -84,11 +89,12 @@ class Limits:
         """The largest frame a stage of this plan reads: a pass's hidden state, at most
         micro_batch x row_width rows of `d_model` float32 (the shared output head's states
         are micro_batch rows, fewer), and a header that may carry a whole prompt (a submit
-        within the `n_ctx` window) or a full membership. A head sharing the output head also
+        within the `n_ctx` window, with a grammar of at most GRAMMAR_MAX_BYTES) or a full
+        membership. A head sharing the output head also
         reads the tail's logits for top-p rows: micro_batch rows of `tail_vocab` float32.
         Anything larger is refused unread."""
         payload = max(self.micro_batch * self.row_width * d_model, self.micro_batch * tail_vocab) * FLOAT32_BYTES
-        header = HEADER_MARGIN_BYTES + n_ctx * PROMPT_ID_BYTES + self.micro_batch * ROW_HEADER_BYTES
+        header = HEADER_MARGIN_BYTES + n_ctx * PROMPT_ID_BYTES + GRAMMAR_MAX_BYTES + self.micro_batch * ROW_HEADER_BYTES
         return FrameCaps(header_bytes=header, payload_bytes=payload)
 
     def check(self, rows: Sequence[Row], n_tokens: int) -> None:

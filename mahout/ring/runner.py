@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING, Any
 
 from mahout.link import Heartbeat
 from mahout.ring.bridge import RingBridge, RingError, RingRequest
+from mahout.ring.membership import GRAMMAR_MAX_BYTES
 from mahout.ring.model import RingModel, ring_model
-from mahout.runners import JobUnsupported, Piece
-from mahout.runners.llama import PromptTokenizer, end_of_generation_ids, pieces_whole
+from mahout.runners import JobUnsupported, Piece, RequestRejected
+from mahout.runners.llama import PromptTokenizer, end_of_generation_ids, grammar_for, pieces_whole
 from mahout.runners.logprobs import LogprobRecorder, Step, TokenAligner
 from protocol.jobs import needs_single_machine
 
@@ -79,8 +80,11 @@ class RingRunner:
 
     def stream(self, job: dict) -> Generator[str, None, None]:
         params = job.get("params") or {}
-        if needs_single_machine(params):  # (the gateway routes these elsewhere: an older one may not)
-            raise JobUnsupported("a ring cannot follow a response_format's grammar; a single-machine host can")
+        if needs_single_machine(params, continuation=bool(job.get("rewrite"))):  # (the gateway routes these elsewhere)
+            raise JobUnsupported("a ring does not resume text under a response_format's grammar; a single-machine host can")
+        grammar = grammar_for(params.get("response_format"))  # (a schema this host cannot follow: the request's fault)
+        if grammar is not None and len(grammar._grammar.encode("utf-8")) > GRAMMAR_MAX_BYTES:  # type: ignore[attr-defined]
+            raise RequestRejected(f"the response_format's grammar is over the {GRAMMAR_MAX_BYTES} bytes a ring carries")
         prompt = self._prompt.tokens(job)
         budget = self.n_ctx - len(prompt)
         if budget <= 0:
@@ -96,6 +100,8 @@ class RingRunner:
             temperature=1.0 if temperature is None else float(temperature),
             top_p=1.0 if params.get("top_p") is None else float(params["top_p"]), seed=params.get("seed"),
             logprobs=None if logprobs is None else int(logprobs),
+            grammar=None if grammar is None else grammar._grammar,  # type: ignore[attr-defined]
+            grammar_root="root" if grammar is None else grammar._root,  # type: ignore[attr-defined]
         )
         try:
             if logprobs is None:
@@ -136,10 +142,10 @@ class RingRunner:
 
     def _pieces(self, request: RingRequest, stops: list[str]) -> Generator[str, None, None]:
         ids = self.token_ids  # (filled as drawn: what an audit re-reads)
-        sent = ""
+        sent, ended = "", None
         for token in request:
             if token in self._stop_ids:
-                self.finish_reason = "stop"
+                self.finish_reason, ended = "stop", token
                 break
             ids.append(token)
             text = self._decode(ids)
@@ -159,6 +165,8 @@ class RingRunner:
         if len(text) > len(sent):
             yield text[len(sent):]
         self.completion_tokens = len(ids)
+        if ended is not None:  # reported with the answer, as a single-machine host reports its end of generation:
+            ids.append(ended)  # the audit reads an answer that ends on none as cut short
 
 
 def _rss_mb(pid: int) -> float:

@@ -34,7 +34,8 @@ second ``hello`` as the bridge is refused, so nobody takes over the sampled toke
 are capped by the plan's widths (`Limits.frame_caps`), not by what a peer announces.
 
 Messages (header ``type``): ``hello`` (the handshake's, naming the role), ``submit`` and ``cancel``
-(bridge -> head), ``batch`` (hidden state + membership, downstream), ``tokens`` (tail -> head and
+(bridge -> head), ``grammar`` (a request's response_format grammar, from the head to the stage
+that picks, ahead of the request's rows), ``batch`` (hidden state + membership, downstream), ``tokens`` (tail -> head and
 bridge; with each token's log-probabilities where asked), ``share`` (tail -> head: final-normed rows), ``mass`` (tail -> head: its half's mass for
 sampled rows, and its half's logits for rows whose pick needs them whole: top_p < 1, log-probabilities) and ``partial`` (head -> downstream to the tail: the head's part of the pick), ``release`` (a request ended: every stage frees its
 cache row; the tail tells the bridge ``done``), ``error`` (requests that failed, downstream to
@@ -57,7 +58,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -66,6 +67,9 @@ from mahout.link import FrameCaps, HandshakeSlots, Link, LinkClosed, LinkRefused
 from mahout.ring.membership import DECODE, PREFILL, Limits, Row, rows_from_wire, rows_to_wire
 from mahout.ring.vocab import Sampler, picked, report
 from protocol.jobs import MAX_TOP_LOGPROBS
+
+if TYPE_CHECKING:
+    from mahout.runners.llama import Grammar
 
 __all__ = ["HeadAgent", "MiddleAgent", "StageAgent", "StageStats", "TailAgent", "main"]
 
@@ -99,6 +103,7 @@ class _Request:
     seed: int | None
     top_p: float = 1.0
     top_logprobs: int | None = None  # report log-probabilities with that many alternatives (None: none)
+    grammar: bool = False  # drawn under a response_format's grammar (held by the stage that picks)
     fed: int = 0  # prompt tokens already sent into the ring
     generated: int = 0
     next_token: int | None = None  # the last sampled token, not yet fed back
@@ -131,6 +136,7 @@ class StageAgent:
         dial_next: Callable[[], Link] | None = None,
         server: socket.socket | None = None,
         index: int = 0,
+        vocab_path: str | os.PathLike[str] | None = None,
     ) -> None:
         if (next_address is None) == (dial_next is None):
             raise ValueError("give the next stage's address, or a way to dial it (not both)")
@@ -157,6 +163,15 @@ class StageAgent:
         self._stopping = threading.Event()
         self._handshakes = HandshakeSlots()
         self.trace: list[list[Row]] | None = None  # set to a list to record every membership run here
+        self.vocab_path = vocab_path  # the model's file: its vocabulary, for grammars (none: this stage follows none)
+        self._vocab: Any = None  # a vocabulary-only llama.cpp model, loaded for the first grammar
+        self._grammars: dict[str, Grammar] = {}  # requests under a response_format's grammar, where this stage picks
+
+    @property
+    def picks(self) -> bool:
+        """Whether this stage picks the tokens: the head when the output head is shared, the
+        tail when it holds it whole (`mahout.ring.vocab`)."""
+        return self.stage.shares_output if self.stage.is_head else self.stage.is_tail and not self.stage.shares_output
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -270,6 +285,8 @@ class StageAgent:
         """Act on a message every role understands; a role handles its own kinds first."""
         if kind == "release":
             self._release(header)
+        elif kind == "grammar":
+            self._grammar(header)
         elif kind == "error":
             self._error(header)
         elif kind == "stats":
@@ -342,6 +359,32 @@ class StageAgent:
     def _forget(self, request_id: str) -> None:
         """Free what this stage holds for a request that ended."""
         self.stage.cache.release(request_id)
+        grammar = self._grammars.pop(request_id, None)
+        if grammar is not None:
+            grammar.close()
+
+    def _grammar(self, header: dict[str, Any]) -> None:
+        """A request's grammar (GBNF text and its root rule), sent ahead of its rows: held here
+        when this stage picks, else handed on towards the one that does."""
+        if not self.picks:
+            self._send_next(header)
+            return
+        request_id = str(header["request_id"])
+        try:
+            if self.vocab_path is None:
+                raise RuntimeError("this stage was started without the model's vocabulary, so it follows no grammar")
+            from llama_cpp import Llama
+            from llama_cpp.llama_grammar import LlamaGrammar
+
+            from mahout.runners.llama import Grammar
+
+            if self._vocab is None:
+                self._vocab = Llama(model_path=str(self.vocab_path), vocab_only=True, verbose=False)
+            spec = LlamaGrammar.from_string(str(header["grammar"]), verbose=False)
+            spec._root = str(header.get("root") or "root")
+            self._grammars[request_id] = Grammar(self._vocab, spec)
+        except Exception as exc:  # noqa: BLE001 - the request fails, the ring serves on
+            self._send_error([request_id], f"{self.name}: cannot follow the response_format's grammar: {exc}")
 
     def _release(self, header: dict[str, Any]) -> None:
         self._forget(str(header["request_id"]))
@@ -439,6 +482,8 @@ class HeadAgent(StageAgent):
             problem = f"top_p must be between 0 and 1, not {header.get('top_p')}"
         elif header.get("logprobs") is not None and not 0 <= int(header["logprobs"]) <= MAX_TOP_LOGPROBS:
             problem = f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}, not {header.get('logprobs')}"
+        elif header.get("grammar") is not None and not isinstance(header["grammar"], str):
+            problem = "a grammar is GBNF text"
         elif request_id in self._active or any(w.get("request_id") == request_id for w in self._waiting):
             problem = f"request {request_id} is already in the ring"
         if problem:
@@ -455,10 +500,14 @@ class HeadAgent(StageAgent):
                 id=h["request_id"], prompt=h["prompt_ids"], max_tokens=int(h["max_tokens"]),
                 stop_ids=frozenset(int(t) for t in h.get("stop_ids") or ()),
                 temperature=float(h.get("temperature") or 0.0), seed=h.get("seed"), top_p=_top_p(h.get("top_p")),
-                top_logprobs=None if h.get("logprobs") is None else int(h["logprobs"]),
+                top_logprobs=None if h.get("logprobs") is None else int(h["logprobs"]), grammar=bool(h.get("grammar")),
             )
             self._active[request.id] = request
-            self._ready_rows.append(request.id)
+            if request.grammar:  # ahead of its rows, to the stage that picks (this one, sharing the output head)
+                self._grammar({"type": "grammar", "request_id": request.id, "grammar": h["grammar"],
+                               "root": h.get("grammar_root") or "root"})
+            if request.id in self._active:  # (a grammar this stage could not build failed the request)
+                self._ready_rows.append(request.id)
 
     def _pack(self) -> tuple[list[Row], list[int]]:
         """Up to `micro_batch` ready rows, decodes first; returns the membership and token ids."""
@@ -472,13 +521,13 @@ class HeadAgent(StageAgent):
             r = self._active[rid]
             if r.next_token is not None:  # decode: the token the tail sampled, at its position
                 position = len(r.prompt) + r.generated - 1
-                rows.append(Row(rid, position, 1, DECODE, True, r.temperature, r.seed, r.top_p, r.top_logprobs))
+                rows.append(Row(rid, position, 1, DECODE, True, r.temperature, r.seed, r.top_p, r.top_logprobs, r.grammar))
                 ids.append(r.next_token)
                 r.next_token = None
                 continue
             chunk = r.prompt[r.fed : r.fed + self.limits.row_width]
             last = r.fed + len(chunk) == len(r.prompt)
-            rows.append(Row(rid, r.fed, len(chunk), PREFILL, last, r.temperature, r.seed, r.top_p, r.top_logprobs))
+            rows.append(Row(rid, r.fed, len(chunk), PREFILL, last, r.temperature, r.seed, r.top_p, r.top_logprobs, r.grammar))
             ids.extend(chunk)
             r.fed += len(chunk)
             if not last:  # the next chunk may follow at once: stages keep frames in order
@@ -578,7 +627,8 @@ class HeadAgent(StageAgent):
         tail_logits = tail_logits or {}
         try:
             message["picks"] = {
-                row.request_id: self._sampler.head_pick(row, logits[i], masses.get(row.request_id), tail_logits.get(row.request_id))
+                row.request_id: self._sampler.head_pick(row, logits[i], masses.get(row.request_id), tail_logits.get(row.request_id),
+                                                        self._grammars.get(row.request_id))
                 for i, row in enumerate(rows)}
         except Exception as exc:  # noqa: BLE001 - the tail fails these requests; the ring serves on
             message["failed"] = f"{self.name}: {exc}"
@@ -640,8 +690,19 @@ class TailAgent(MiddleAgent):
 
     def _sample(self, rows: list[Row], logits: torch.Tensor) -> None:
         # logits: (R, V), one row per member, after that member's last token
-        chosen = [(row, logits[i], self._sampler.pick(row, logits[i])) for i, row in enumerate(rows) if row.sample]
-        self._emit([(row, token, report(row, mine, token)) for row, mine, token in chosen])
+        chosen, failed = [], []
+        for i, row in enumerate(rows):
+            if not row.sample:
+                continue
+            try:
+                token = self._sampler.pick(row, logits[i], self._grammars.get(row.request_id))
+            except Exception as exc:  # noqa: BLE001 - e.g. a grammar that allows nothing: the request fails, the ring serves on
+                failed.append((row.request_id, f"{self.name}: {exc}"))
+                continue
+            chosen.append((row, token, report(row, logits[i], token)))
+        self._emit(chosen)
+        for request_id, message in failed:
+            self._send_error([request_id], message)
 
     def _emit(self, tokens: list[tuple[Row, int, dict | None]]) -> None:
         """The sampled tokens (with their log-probabilities where asked), to the bridge and
@@ -761,7 +822,7 @@ def main(argv: list[str] | None = None) -> int:
     stage = Stage(config, weights, args.start, args.end, n_rows=args.slots or 2 * args.micro_batch, n_ctx=args.n_ctx,
                   device=args.device)
     agent = StageAgent(stage, limits=limits, secret=secret, next_address=_address(args.next), server=server,
-                       index=args.index)
+                       index=args.index, vocab_path=args.model)
     threading.Thread(target=lambda: agent.ready.wait() and print("READY", flush=True), daemon=True).start()
     try:
         agent.serve()

@@ -22,21 +22,30 @@ as any host's (`mahout.verify`):
 
 A tail holding the whole output head draws with `protocol.sampling.select` directly.
 
+Under a `response_format`'s grammar the stage that picks (the head when the output head is
+shared, the tail when it holds it whole) holds the request's grammar, draws with
+`protocol.sampling.select_masked` over the whole vocabulary, as a single-machine host does,
+and feeds the grammar each token it picks.
+
 Log-probabilities are the model's own (the log-softmax of the logits, before temperature or
 top_p), as a single-machine host reports them (`mahout.runners.logprobs`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.model import Stage
 from mahout.ring.membership import Row
 from mahout.runners.logprobs import LogprobRecorder
-from protocol.sampling import part_mass, part_of_draw, select, uniform
+from protocol.sampling import part_mass, part_of_draw, select, select_masked, uniform
 
-__all__ = ["Pick", "Sampler", "merge", "report"]
+if TYPE_CHECKING:
+    from mahout.runners.llama import Grammar
+
+__all__ = ["Pick", "Sampler", "merge", "report", "whole_pick"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,22 @@ def report(row: Row, logits: torch.Tensor, token: int) -> dict | None:
     return {"logprob": float(logprobs[token]), "top": [[t, float(logprobs[t])] for t in best]}
 
 
+def whole_pick(row: Row, logits: torch.Tensor, grammar: Grammar | None) -> int:
+    """The token the specified sampler picks from the whole vocabulary's `logits`: the argmax
+    (greedy) or the seeded draw, under `grammar` the masked draw (`select_masked`, as a
+    single-machine host draws), which the grammar then accepts."""
+    if grammar is None and row.grammar:
+        raise ValueError(f"request {row.request_id} has no grammar at the stage that picks its tokens")
+    if grammar is None:
+        if row.temperature <= 0:
+            return int(logits.argmax())
+        return select(logits.float().numpy(), temperature=row.temperature, top_p=row.top_p, u=row_draw(row))
+    token = select_masked(logits.float().numpy(), grammar.allowed, temperature=row.temperature, top_p=row.top_p,
+                          u=row_draw(row))
+    grammar.accept(token)
+    return token
+
+
 def picked(theirs: list | dict) -> dict | None:
     """The log-probabilities the head's answer carries (`Sampler.head_pick`), if any."""
     return {"logprob": theirs["logprob"], "top": theirs.get("top") or []} if isinstance(theirs, dict) and "logprob" in theirs else None
@@ -89,12 +114,11 @@ class Sampler:
         # states: (S, D) -> (S, V_s)
         return self.stage.logits(states)
 
-    def pick(self, row: Row, logits: torch.Tensor) -> int:
-        """The token from the whole vocabulary's `logits` (a tail holding the whole output head)."""
+    def pick(self, row: Row, logits: torch.Tensor, grammar: Grammar | None = None) -> int:
+        """The token from the whole vocabulary's `logits` (a tail holding the whole output head),
+        under the row's `grammar` when it has one (`whole_pick`)."""
         # logits: (V,)
-        if row.temperature <= 0:
-            return int(logits.argmax())
-        return select(logits.float().numpy(), temperature=row.temperature, top_p=row.top_p, u=row_draw(row))
+        return whole_pick(row, logits, grammar)
 
     def greedy(self, logits: torch.Tensor) -> Pick:
         """This slice's greedy candidate."""
@@ -112,6 +136,7 @@ class Sampler:
 
     def head_pick(
         self, row: Row, logits: torch.Tensor, tail_mass: list[float] | None, tail_logits: torch.Tensor | None = None,
+        grammar: Grammar | None = None,
     ) -> list | dict:
         """The head's answer for one shared row: its greedy candidate; or, sampled, the token
         when the draw falls in its slice, else the draw the tail makes within its own; or, when
@@ -121,8 +146,7 @@ class Sampler:
             if tail_logits is None:
                 raise ValueError(f"the tail sent no logits for request {row.request_id} (top_p < 1 or logprobs)")
             whole = torch.cat([logits.float(), tail_logits.float()])  # (V,): the head's slice starts at id 0
-            token = int(whole.argmax()) if row.temperature <= 0 else select(
-                whole.numpy(), temperature=row.temperature, top_p=row.top_p, u=row_draw(row))
+            token = whole_pick(row, whole, grammar)
             return {"token": token, **(report(row, whole, token) or {})}
         if row.temperature <= 0:
             pick = self.greedy(logits)

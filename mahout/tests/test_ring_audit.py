@@ -60,8 +60,8 @@ def ring_answer(ring: ThreadRing, vocab, payload: dict, *, seed: int) -> dict:  
     drawn = ring.bridge.submit(tokens.tokens(payload), MAX_TOKENS, stop_ids=sorted(stops),
                                temperature=payload["params"]["temperature"], top_p=payload["params"]["top_p"],
                                seed=seed).result()
-    ids = [t for t in drawn if t not in stops]
-    return {"token_ids": ids, "text": vocab.detokenize(ids).decode("utf-8", errors="replace"),
+    ids = [t for t in drawn if t not in stops]  # (the end of generation, if any, is reported too: `RingRunner`)
+    return {"token_ids": drawn, "text": vocab.detokenize(ids).decode("utf-8", errors="replace"),
             "finish_reason": "stop" if len(ids) < len(drawn) else "length", "seed": payload["params"]["seed"]}
 
 
@@ -120,3 +120,69 @@ def test_a_rings_log_probabilities_pass_the_audit_and_spell_its_text(ring, model
     assert audit.passed and not audit.misses, audit
     forged = [{**entry, "logprob": entry["logprob"] - 3.0} for entry in entries]  # numbers the model did not compute
     assert not verifier.audit(payload, **answer, logprobs=forged).passed
+
+
+SCHEMA = {"type": "json_schema", "json_schema": {"name": "animal", "strict": True, "schema": {
+    "type": "object", "properties": {"animal": {"type": "string"}, "legs": {"type": "integer"}},
+    "required": ["animal", "legs"], "additionalProperties": False}}}
+
+
+def structured(response_format: dict, *, temperature: float, seed: int) -> dict:
+    payload = job("chat", "Name an animal and its number of legs, as JSON.", temperature=temperature, seed=seed)
+    payload["params"]["max_tokens"] = 48
+    payload["params"]["response_format"] = response_format if response_format.get("type") == "json_object" else {
+        "type": "json_schema", "schema": response_format["json_schema"]["schema"]}
+    return payload
+
+
+def ring_structured(ring: ThreadRing, model_path: Path, verifier: Verifier, payload: dict) -> str:
+    """The ring runner's answer under the job's grammar, which the verifier must pass with every token checked."""
+    from mahout.ring.runner import RingRunner
+
+    runner = RingRunner(ring.bridge, model_path, n_ctx=256)
+    text = "".join(runner.stream(payload))
+    if runner.finish_reason == "stop":  # its end of generation is reported, as a single-machine host reports it
+        from mahout.runners.llama import end_of_generation_ids
+
+        assert runner.token_ids[-1] in {runner._vocab.token_eos(), *end_of_generation_ids(runner._vocab)}
+    audit = verifier.audit(payload, token_ids=runner.token_ids, text=text, finish_reason=runner.finish_reason,
+                           seed=payload["params"]["seed"])
+    assert audit.passed and not audit.misses and audit.checked == len(runner.token_ids), audit
+    return text if runner.finish_reason == "stop" else ""
+
+
+@pytest.mark.parametrize(("response_format", "temperature"), [
+    ({"type": "json_object"}, 0.0), ({"type": "json_object"}, 0.9), (SCHEMA, 0.0), (SCHEMA, 1.1),
+], ids=["object-greedy", "object-sampled", "schema-greedy", "schema-sampled"])
+def test_a_ring_draws_under_a_response_formats_grammar_and_passes_the_audit(
+        ring, model_path, verifier, response_format, temperature) -> None:  # noqa: ANN001
+    """The head picks (the output head is shared) under the grammar, by `select_masked` as a
+    single-machine host does: the answer follows the format, and every token is the draw."""
+    import json
+
+    text = ring_structured(ring, model_path, verifier, structured(response_format, temperature=temperature, seed=8))
+    if text:  # (ended by the grammar, not cut by max_tokens)
+        value = json.loads(text)
+        assert isinstance(value, dict)
+        if response_format is SCHEMA:
+            assert set(value) == {"animal", "legs"} and isinstance(value["legs"], int)
+
+
+def test_a_ring_whose_tail_holds_the_whole_output_head_follows_the_grammar_there(model_path, verifier) -> None:  # noqa: ANN001
+    from engine.generate import build_stages
+
+    stages = build_stages(model_path, split_layers(18, 2), n_rows=2, n_ctx=256, share_output=False)
+    with ThreadRing(model_path, split_layers(18, 2), limits=Limits(micro_batch=2, row_width=16), stages=stages) as whole:
+        assert not any(agent.stage.shares_output for agent in whole.agents) and whole.agents[1].picks
+        ring_structured(whole, model_path, verifier, structured(SCHEMA, temperature=0.8, seed=3))
+
+
+def test_a_stage_without_the_vocabulary_fails_a_grammar_request_and_serves_on(model_path) -> None:  # noqa: ANN001
+    from mahout.ring.bridge import RingError
+
+    with ThreadRing(model_path, split_layers(18, 2), limits=Limits(micro_batch=2, row_width=16), slots=2, n_ctx=128) as bare:
+        for agent in bare.agents:
+            agent.vocab_path = None
+        with pytest.raises(RingError, match="follows no grammar"):
+            bare.bridge.submit([2, 651, 3355], 4, grammar='root ::= "{}"').result()
+        assert len(bare.bridge.submit([2, 651, 3355], 4).result()) == 4  # the ring serves on

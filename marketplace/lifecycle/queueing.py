@@ -72,7 +72,7 @@ def request_submit(
     limits = job_limits(request=request, model=model, now=timezone.now())  # (a process's first reads the vocabulary)
     # Routing reads before the account's row is locked: a customer's admissions queue on
     # that lock, so it is held for the writes only. The offer's clock starts here.
-    single = needs_single_machine(params)
+    single = needs_single_machine(params, continuation=False)
     placement = _placement(model=model, only_host_id=only_host_id, avoid_host_id=None, trusted_only=trusted_only,
                            single_machine=single)
     job = Job(request=request, model=model, trusted_only=trusted_only, only_host_id=only_host_id, single_machine=single,
@@ -135,7 +135,7 @@ def job_queue(
     """Create a request's next job already routed (one INSERT carries the routing decision,
     `placement`, decided here unless given, and the job's limits), and wake whoever may
     take it (after the commit)."""
-    single = needs_single_machine(request.params or {})
+    single = needs_single_machine(request.params or {}, continuation=int(fields.get("attempt") or 1) > 1)
     if placement is None:
         avoid, only = fields.get("avoid_host_id"), fields.get("only_host_id")
         placement = _placement(model=model, only_host_id=only if isinstance(only, int) else None,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from django.db.models import Q, QuerySet
 
-from hosts.models import Host, Qualification
+from hosts.models import Host
 from mesh.rings.models import RingPlan, RingStage
 
 
@@ -56,19 +56,6 @@ def bridged_model_ids(*, host_id: int) -> list[int]:
     need a single machine (`marketplace.models.Job.single_machine`) are not for it."""
     return sorted(set(RingPlan.objects.filter(bridge_host_id=host_id, status=RingPlan.Status.ACTIVE)
                       .values_list("model_id", flat=True)))
-
-
-def ring_only_model_ids() -> set[int]:
-    """The models only rings serve: each host qualified for one bridges an active ring of it.
-    A job of one that needs a single machine (a response_format's grammar) has no host."""
-    bridges: dict[int, set[int]] = {}
-    for model_id, host_id in RingPlan.objects.filter(status=RingPlan.Status.ACTIVE, bridge_host__isnull=False).values_list(
-            "model_id", "bridge_host_id"):
-        bridges.setdefault(model_id, set()).add(host_id)
-    if not bridges:
-        return set()
-    others = Qualification.objects.filter(model_id__in=list(bridges)).values_list("model_id", "host_id")
-    return set(bridges) - {model_id for model_id, host_id in others if host_id not in bridges[model_id]}
 
 
 def ring_layers(*, bridge_host_id: int, model_id: int) -> tuple[RingPlan, dict[int, int]] | None:

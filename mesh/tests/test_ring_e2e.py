@@ -4,6 +4,7 @@ third host bridges them into the marketplace, and a customer streams from it wit
 `openai` client. Killing a stage mid-request ends the request honestly and bills nothing twice."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -148,10 +149,11 @@ class RingBehindTheGatewayTests:
         assert all(address.startswith("127.0.0.1:") and at is not None for address, at in addresses), addresses
         assert text == engine_text(HAIKU, 8), "the ring's greedy text is the single-process engine's"
 
-    def test_a_sampled_chat_with_top_p_and_log_probabilities_is_served_by_the_ring(self, gateway: Gateway, ring: Ring) -> None:
-        """What a ring could not serve before mahout 0.5.0: a lower top_p (drawn at 1) and
-        log-probabilities (refused, a failure of the bridge's each time)."""
-        answer = client(gateway, make_customer()).chat.completions.create(
+    def test_top_p_log_probabilities_and_structured_output_are_served_by_the_ring(self, gateway: Gateway, ring: Ring) -> None:
+        """What a ring could not serve before mahout 0.5.0: a lower top_p (drawn at 1),
+        log-probabilities and a response_format (refused, a failure of the bridge's each time)."""
+        customer = make_customer()
+        answer = client(gateway, customer).chat.completions.create(
             model="gemma-3-270m", messages=HAIKU, max_tokens=12, temperature=0.9, top_p=0.9, seed=5, logprobs=True,
             top_logprobs=2,
         )
@@ -161,6 +163,16 @@ class RingBehindTheGatewayTests:
         assert all(len(entry.top_logprobs) == 2 and entry.logprob <= 0 for entry in entries)
         row = Request.objects.get()
         assert row.status == "completed" and row.jobs.get().host_id == ring.bridge_host.pk
+        shaped = client(gateway, customer).chat.completions.create(
+            model="gemma-3-270m", messages=[{"role": "user", "content": "Name an animal and its legs, as JSON."}],
+            max_tokens=60, temperature=0.7, seed=3, response_format={"type": "json_object"},
+        )
+        row = Request.objects.exclude(pk=row.pk).get()
+        assert row.status == "completed" and row.jobs.get().host_id == ring.bridge_host.pk
+        if shaped.choices[0].finish_reason == "stop":  # (the gateway checked it: JSON, or the request failed)
+            assert isinstance(json.loads(shaped.choices[0].message.content), dict)
+        else:
+            assert shaped.choices[0].message.content.lstrip().startswith("{")
         assert Host.objects.get(pk=ring.bridge_host.pk).maintenance_since is None
 
     def test_killing_a_stage_mid_request_ends_it_honestly_and_bills_nothing_twice(self, gateway: Gateway, ring: Ring) -> None:
