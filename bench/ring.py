@@ -18,9 +18,11 @@ output head at the tail (`--whole-output`), as rings were built before.
    versus the old unauthenticated hello, interleaved, median and p99.
 
 6. (`--sampling-only`) What sampling costs a ring, one request: decode tokens/s at T 0.8
-   with top_p 1 (each half's mass crosses the ring: two floats a row), top_p 0.9 and with 5
-   log-probabilities (the tail's half of the logits goes to the head whole), against greedy,
-   with the output head shared and whole at the tail (where they cost no transfer).
+   with top_p 1 (each half's mass crosses the ring: two floats a row), top_p 0.9, with 5
+   log-probabilities and under JSON's grammar (the tail's half of the logits goes to the head
+   whole), against greedy, with the output head shared and whole at the tail (where they cost
+   no transfer). No stop token ends a request, so each runs its whole budget (under the
+   grammar, once the JSON is complete only an end of generation is allowed, drawn again).
 
 Rounds alternate between the sides so machine noise hits both; medians are reported.
 OMP_WAIT_POLICY=PASSIVE (set here, for the engine and the stage processes alike) stops idle
@@ -60,9 +62,11 @@ PROMPTS = [
 ]
 
 
-def ring_decode_tps(ring: ProcessRing, prompt_ids: list[int], tokens: int, **sampling: float) -> float:
+def ring_decode_tps(ring: ProcessRing, prompt_ids: list[int], tokens: int, **sampling: object) -> float:
     """Decode tokens/s of one request alone: tokens after the first over the time after the first.
     `sampling`: temperature, top_p, logprobs (greedy when none)."""
+    if sampling.get("grammar") == "json":
+        sampling = {**sampling, "grammar": _json_grammar()}
     request = ring.bridge.submit(prompt_ids, tokens, seed=1234, stop_ids=[], **sampling)
     first = end = None
     for _ in request:
@@ -183,8 +187,15 @@ def handshake_cost(rounds: int) -> None:
           f"a coordinator keeps its worker links open)")
 
 
+def _json_grammar() -> str:
+    from llama_cpp.llama_grammar import JSON_GBNF
+
+    return JSON_GBNF
+
+
 SAMPLINGS = {"greedy": {}, "T0.8": {"temperature": 0.8}, "T0.8 top_p 0.9": {"temperature": 0.8, "top_p": 0.9},
-             "T0.8 logprobs 5": {"temperature": 0.8, "logprobs": 5}}
+             "T0.8 logprobs 5": {"temperature": 0.8, "logprobs": 5},
+             "T0.8 json_object": {"temperature": 0.8, "grammar": "json"}}
 
 
 def sampling_cost(path: Path, prompt_ids: list[int], *, rounds: int, tokens: int) -> None:
