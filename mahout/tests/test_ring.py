@@ -200,9 +200,12 @@ class RingAdmissionTests:
 class FrameCapsTests:
     def test_the_caps_follow_the_plans_widths_and_window(self) -> None:
         small, wide = Limits(micro_batch=2, row_width=4), Limits(micro_batch=8, row_width=64)
-        assert small.frame_caps(d_model=640, n_ctx=64) == FrameCaps(64 * 1024 + 64 * 12 + 2 * 512, 2 * 4 * 640 * 4)
+        grammar = 256 * 1024  # a submit may carry a response_format's grammar
+        assert small.frame_caps(d_model=640, n_ctx=64) == FrameCaps(64 * 1024 + 64 * 12 + grammar + 2 * 512, 2 * 4 * 640 * 4)
         assert wide.frame_caps(d_model=640, n_ctx=1024).payload_bytes == 8 * 64 * 640 * 4  # 1.3 MB, not 1 GiB
-        assert wide.frame_caps(d_model=640, n_ctx=4096).header_bytes > 4096 * 7  # a whole prompt fits a submit
+        assert wide.frame_caps(d_model=640, n_ctx=4096).header_bytes > 4096 * 7 + grammar  # a whole prompt fits a submit
+        # a head sharing the output head reads the tail's half of the logits for a pass's top-p rows
+        assert small.frame_caps(d_model=640, n_ctx=64, tail_vocab=131_072).payload_bytes == 2 * 131_072 * 4
 
 
 class HeadPackingTests:

@@ -158,8 +158,12 @@ class ContinuationAuditTests:
 
     def test_a_continuation_that_does_not_write_the_cut_word_again_fails(self, runner, verifier, continued):
         asked, honest = continued
-        tokens = runner._llm.tokenize(b" And then the fox slept.", add_bos=False)
-        audit = verifier.audit(asked, token_ids=tokens, text=" And then the fox slept.", finish_reason="length", seed=honest["seed"])
+        _, healer = healing(asked, verifier._prompt.tokens(asked), verifier.vocab)
+        rewritten = healer.dropped if healer else b""
+        assert rewritten, "the delivered text ends mid-word: the continuation must write its last token again"
+        text = "And then the fox slept." if rewritten.startswith(b" ") else " And then the fox slept."  # (never the cut word's start)
+        tokens = runner._llm.tokenize(text.encode(), add_bos=False)
+        audit = verifier.audit(asked, token_ids=tokens, text=text, finish_reason="length", seed=honest["seed"])
         assert audit.reason == "the token ids do not write again the text the job resumes"
 
     def test_an_honest_continuation_under_a_grammar_passes_and_its_rewritten_start_is_not_checked(self, runner, verifier,
