@@ -90,8 +90,8 @@ class Limits:
         micro_batch x row_width rows of `d_model` float32 (the shared output head's states
         are micro_batch rows, fewer), and a header that may carry a whole prompt (a submit
         within the `n_ctx` window, with a grammar of at most GRAMMAR_MAX_BYTES) or a full
-        membership. A head sharing the output head also
-        reads the tail's logits for top-p rows: micro_batch rows of `tail_vocab` float32.
+        membership. A head sharing the output head also reads the tail's logits for the rows
+        whose pick needs them whole (`Row.needs_whole`): micro_batch rows of `tail_vocab` float32.
         Anything larger is refused unread."""
         payload = max(self.micro_batch * self.row_width * d_model, self.micro_batch * tail_vocab) * FLOAT32_BYTES
         header = HEADER_MARGIN_BYTES + n_ctx * PROMPT_ID_BYTES + GRAMMAR_MAX_BYTES + self.micro_batch * ROW_HEADER_BYTES

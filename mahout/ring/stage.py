@@ -37,7 +37,7 @@ Messages (header ``type``): ``hello`` (the handshake's, naming the role), ``subm
 (bridge -> head), ``grammar`` (a request's response_format grammar, from the head to the stage
 that picks, ahead of the request's rows), ``batch`` (hidden state + membership, downstream), ``tokens`` (tail -> head and
 bridge; with each token's log-probabilities where asked), ``share`` (tail -> head: final-normed rows), ``mass`` (tail -> head: its half's mass for
-sampled rows, and its half's logits for rows whose pick needs them whole: top_p < 1, log-probabilities) and ``partial`` (head -> downstream to the tail: the head's part of the pick), ``release`` (a request ended: every stage frees its
+sampled rows, and its half's logits for rows whose pick needs them whole: `Row.needs_whole`) and ``partial`` (head -> downstream to the tail: the head's part of the pick), ``release`` (a request ended: every stage frees its
 cache row; the tail tells the bridge ``done``), ``error`` (requests that failed, downstream to
 the tail, then to the head and the bridge), ``stats`` (collected hop by hop, the tail hands
 them to the bridge).
@@ -603,8 +603,8 @@ class HeadAgent(StageAgent):
 
     def _mass(self, header: dict[str, Any], tensor: torch.Tensor | None) -> None:
         """The tail's half's mass for the sampled rows it shared (and its half's logits for the
-        top-p rows, `tensor`, one row each in the order `whole` names them): the head's part of
-        the pick now."""
+        rows whose pick needs them whole, `tensor`, one row each in the order `whole` names them):
+        the head's part of the pick now."""
         started = time.perf_counter()
         shared = self._shared.pop(int(header["seq"]), None)
         named = [str(request_id) for request_id in header.get("whole") or []]

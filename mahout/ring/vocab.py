@@ -39,7 +39,7 @@ import torch
 
 from engine.model import Stage
 from mahout.ring.membership import Row
-from mahout.runners.logprobs import LogprobRecorder
+from mahout.runners.logprobs import LogprobRecorder, log_softmax
 from protocol.sampling import part_mass, part_of_draw, select, select_masked, uniform
 
 if TYPE_CHECKING:
@@ -72,11 +72,7 @@ def report(row: Row, logits: torch.Tensor, token: int) -> dict | None:
     for none."""
     if row.top_logprobs is None:
         return None
-    import numpy as np
-
-    scores = logits.float().numpy()
-    shifted = scores - np.max(scores)
-    logprobs = shifted - np.log(np.sum(np.exp(shifted)))  # as `LogprobRecorder` takes them
+    logprobs = log_softmax(logits.float().numpy())
     best = LogprobRecorder(prompt_len=0, top=row.top_logprobs).best(logprobs)
     return {"logprob": float(logprobs[token]), "top": [[t, float(logprobs[t])] for t in best]}
 
@@ -140,11 +136,11 @@ class Sampler:
     ) -> list | dict:
         """The head's answer for one shared row: its greedy candidate; or, sampled, the token
         when the draw falls in its slice, else the draw the tail makes within its own; or, when
-        the pick `needs_whole` (top_p < 1, log-probabilities), the token picked over both slices'
-        logits (`tail_logits`, the tail's whole), with its log-probabilities (`report`)."""
+        the pick `needs_whole` (top_p < 1, log-probabilities, a grammar), the token picked over both
+        slices' logits (`tail_logits`, the tail's whole), with its log-probabilities (`report`)."""
         if row.needs_whole:
             if tail_logits is None:
-                raise ValueError(f"the tail sent no logits for request {row.request_id} (top_p < 1 or logprobs)")
+                raise ValueError(f"the tail sent no logits for request {row.request_id} (top_p < 1, logprobs or a grammar)")
             whole = torch.cat([logits.float(), tail_logits.float()])  # (V,): the head's slice starts at id 0
             token = whole_pick(row, whole, grammar)
             return {"token": token, **(report(row, whole, token) or {})}

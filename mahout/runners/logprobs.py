@@ -50,14 +50,12 @@ class LogprobRecorder:
         self.steps: list[Step] = []
 
     def __call__(self, input_ids: npt.NDArray[np.intc], scores: npt.NDArray[np.single]) -> npt.NDArray[np.single]:
-        import numpy as np
 
         generated = input_ids[self.prompt_len:]
         for step, token in zip(self.steps, generated, strict=False):
             if step.token is None:
                 step.choose(int(token))
-        shifted = scores.astype(np.float32) - np.max(scores)
-        logprobs = shifted - np.log(np.sum(np.exp(shifted)))
+        logprobs = log_softmax(scores)
         self.steps.append(Step(top=[(t, float(logprobs[t])) for t in self.best(logprobs)], logprobs=logprobs))
         return scores
 
@@ -155,6 +153,14 @@ class TokenAligner:
 
     def _spelled(self, token: int) -> str:
         return self.pieces[token].decode("utf-8", errors="replace")
+
+
+def log_softmax(scores: npt.NDArray[np.floating]) -> npt.NDArray[np.float32]:
+    """The model's log-probabilities from one position's logits, in float32 (what every host reports)."""
+    import numpy as np
+
+    shifted = scores.astype(np.float32) - np.max(scores)
+    return shifted - np.log(np.sum(np.exp(shifted)))
 
 
 def _finite(logprob: float) -> float:
