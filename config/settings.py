@@ -279,7 +279,7 @@ AUDIT_TOKENS = env_int("AUDIT_TOKENS", 16, minimum=0)
 AUDIT_SCORER_WAIT_SECONDS = env_float("AUDIT_SCORER_WAIT_SECONDS", 1800.0, minimum=0.0)
 AUDIT_SCORE_TIMEOUT_SECONDS = env_float("AUDIT_SCORE_TIMEOUT_SECONDS", 300.0, minimum=1.0)
 AUDIT_SCORER_MAX_OVERRULED = env_int("AUDIT_SCORER_MAX_OVERRULED", 2, minimum=1)
-# A scorer that declined this many audits in a day is handed no more that day: it cannot choose
+# A scorer that declined (or went silent on) this many audits in a day is handed no more that day: it cannot choose
 # which answers it reads (a colluder declining all but its partner's would pass only those).
 AUDIT_SCORER_MAX_DECLINED = env_int("AUDIT_SCORER_MAX_DECLINED", 5, minimum=1)
 # The share of trusted hosts' first passes that wait for a second scorer's look (a pass that a

@@ -54,8 +54,8 @@ the scorer is not told whose answer it reads. The scorer answers with a verdict
   scorer's restart (a new boot id from it, `audit_scorer_restarted`) hands the audit to
   another scorer; an audit no scorer decided within AUDIT_SCORER_WAIT_SECONDS is
   released unchecked and logged, as the gateway does when a file vanished. A scorer that
-  declined AUDIT_SCORER_MAX_DECLINED audits in a day is handed no more that day: declining
-  is unpaid, and it must not let a scorer choose which answers it reads.
+  declined or abandoned AUDIT_SCORER_MAX_DECLINED audits in a day is handed no more that day:
+  letting one go is unpaid, and it must not let a scorer choose which answers it reads.
 Each scorer whose verdict stands is paid its prefill's fee when the audit is decided
 (`scorer_fee`: the model's prompt price for prompt + answer tokens, the host's share of it),
 out of the platform's revenue, at most half the audited job's platform share each (10% of
@@ -318,9 +318,12 @@ def audit_claim_payload(*, host: Host, model_ids: list[int], boot: str = "") -> 
 
 
 def scorer_declined_today(*, host_id: int, now: datetime) -> int:
-    """How many audits this scorer declined in the last day."""
-    return AuditScore.objects.filter(scorer_id=host_id, verdict=AuditScore.Verdict.DECLINED,
-                                     created_at__gte=now - timedelta(days=1)).count()
+    """How many audits this scorer let go in the last day: declined, or abandoned (silent past
+    AUDIT_SCORE_TIMEOUT_SECONDS, or restarted). Silence is a decline that takes longer: counted
+    alike, or a colluder would wait instead of declining."""
+    return AuditScore.objects.filter(
+        scorer_id=host_id, verdict__in=[AuditScore.Verdict.DECLINED, AuditScore.Verdict.ABANDONED],
+        created_at__gte=now - timedelta(days=1)).count()
 
 
 def _audit_payload(audit: Audit) -> AuditPayload:

@@ -182,6 +182,14 @@ def test_a_scorer_that_declines_too_often_is_handed_no_more_audits_that_day(cust
     AuditScore.objects.filter(scorer=scorers[0].host).update(created_at=timezone.now() - timedelta(days=1, seconds=1))
     second = _audited(customer, serving_host, settings)
     assert _claim(scorers[0])["id"] == second.pk  # a day later it scores again
+    for silent in (second, _audited(customer, serving_host, settings)):  # silence instead of a decline counts alike
+        if silent is not second:
+            assert _claim(scorers[0])["id"] == silent.pk
+        Audit.objects.filter(pk=silent.pk).update(
+            scorer_since=timezone.now() - timedelta(seconds=settings.AUDIT_SCORE_TIMEOUT_SECONDS + 1))
+        audits.audit_scorers_watch()
+    _audited(customer, serving_host, settings)
+    assert _claim(scorers[0]) is None
 
 
 def test_an_audit_no_scorer_decides_in_time_is_released_unchecked(customer, serving_host, scorers, settings) -> None:
