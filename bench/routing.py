@@ -93,16 +93,19 @@ def claim_loop(hosts: list, model_ids: list[int], routed: bool, latencies: list[
     from hosts import selectors as host_selectors
     from hosts.models import Host
     from marketplace import services as market
+    from mesh.rings.selectors import bridged_model_ids
 
     def host_thread(serving) -> None:  # type: ignore[no-untyped-def]
         host = Host.objects.get(pk=serving.host.pk)
         warm = host_selectors.warm_model_ids(host=host, model_ids=model_ids) if routed else model_ids
+        rings = bridged_model_ids(host_id=host.pk)  # once per long-poll, as `marketplace.claiming` looks them up
         mine = []
         try:
             while True:
                 t0 = time.perf_counter()
                 if routed:
-                    payload = gateway_call(market.job_claim_payload, host=host, model_ids=model_ids, warm_ids=warm)
+                    payload = gateway_call(market.job_claim_payload, host=host, model_ids=model_ids, warm_ids=warm,
+                                           ring_ids=rings)
                 else:
                     payload = gateway_call(plain_claim, host=host, model_ids=model_ids)
                 mine.append(time.perf_counter() - t0)
