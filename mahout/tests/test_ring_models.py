@@ -120,3 +120,37 @@ class RingOfAnotherFamilyTests:
         assert gateway.state.status["q1"] == "completed"
         assert gateway.state.completions["q1"]["completion_tokens"] == 8
         assert gateway.state.text["q1"] == vocab.detokenize(want).decode("utf-8", errors="replace")
+
+    def test_a_qwen3_ring_draws_top_p_log_probabilities_and_a_schema_that_its_audit_passes(
+        self, qwen3: tuple[Path, Path], tmp_path: Path
+    ) -> None:
+        """What rings gained in mahout 0.5.0 on a family other than Gemma: the nucleus, the
+        log-probabilities and a grammar over Qwen's own 151,936-token vocabulary, passed by the
+        llama.cpp verifier with every token checked."""
+        from mahout.ring.runner import RingRunner
+        from mahout.verify import Verifier
+
+        path, template = qwen3
+        fmt = chat_format_read(template=template.read_text(encoding="utf-8"), bos_token="", eos_token="<|endoftext|>",
+                               adds_bos=False, vocabulary_controls=QWEN_CONTROLS)
+        schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": False}
+        asks = [{"temperature": 0.9, "top_p": 0.9, "logprobs": 2},
+                {"temperature": 0.8, "response_format": {"type": "json_schema", "schema": schema}}]
+        with ThreadRing(path, split_layers(2, 2), limits=Limits(2, 16), slots=2, n_ctx=128) as ring, \
+                Verifier(path, threads=1, n_ctx=128) as verifier:
+            assert all(agent.stage.shares_output for agent in ring.agents)
+            runner = RingRunner(ring.bridge, path, n_ctx=128)
+            for asked in asks:
+                job = rendered({"id": "q", "model": QWEN, "kind": "chat", "prompt": None,
+                                "messages": [{"role": "user", "content": "A number, please."}],
+                                "params": {"max_tokens": 12, "stop": None, "seed": 21, **asked}}, fmt)
+                pieces = list(runner.stream(job))
+                text = "".join(pieces)
+                entries = [entry for piece in pieces for entry in getattr(piece, "logprobs", [])]
+                audit = verifier.audit(job, token_ids=runner.token_ids, text=text, finish_reason=runner.finish_reason,
+                                       seed=21, logprobs=entries if "logprobs" in asked else None)
+                assert audit.passed and not audit.misses and audit.checked > 0, (asked, audit)
+                if "logprobs" in asked:
+                    assert "".join(entry["token"] for entry in entries) == text and len(entries) >= 1
+                else:
+                    assert text.lstrip().startswith("{")
