@@ -215,7 +215,7 @@ def bench_claim_latency(hosts_n: int) -> None:
         side = "routed" if i % 2 == 0 else "plain"
         t0 = time.perf_counter()
         if side == "routed":
-            gateway_call(market.job_claim_payload, host=host, model_ids=[model.pk], warm_ids=warm)
+            gateway_call(market.job_claim_payload, host=host, model_ids=[model.pk], warm_ids=warm, ring_ids=[])  # (bridging no ring: looked up once per long-poll)
         else:
             gateway_call(plain_claim, host=host, model_ids=[model.pk])
         sides[side].append(time.perf_counter() - t0)
@@ -244,7 +244,7 @@ def bench_warm_share(hosts_n: int, models_n: int, jobs_n: int, hold_ms: float) -
         warm = host_selectors.warm_model_ids(host=host, model_ids=model_ids)
         try:
             while not done.is_set() or Job.objects.filter(model_id__in=model_ids, status=Job.Status.QUEUED).exists():
-                payload = gateway_call(market.job_claim_payload, host=host, model_ids=model_ids, warm_ids=warm)
+                payload = gateway_call(market.job_claim_payload, host=host, model_ids=model_ids, warm_ids=warm, ring_ids=[])
                 if payload is None:
                     time.sleep(0.01)
                     continue
@@ -307,7 +307,7 @@ def bench_mixed_speed(jobs_n: int) -> None:
         hold = 0.8 / (speed or 20.0)  # 0.8 s of work at 1 token/s: 10 ms fast, 40 ms slow (a cold host as slow)
         try:
             while not done.is_set() or Job.objects.filter(model=model, status=Job.Status.QUEUED).exists():
-                payload = gateway_call(market.job_claim_payload, host=host, model_ids=[model.pk], warm_ids=warm)
+                payload = gateway_call(market.job_claim_payload, host=host, model_ids=[model.pk], warm_ids=warm, ring_ids=[])
                 if payload is None:
                     time.sleep(0.005)
                     continue
