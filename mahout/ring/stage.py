@@ -64,6 +64,7 @@ import torch
 
 from engine.model import Stage
 from mahout.link import FrameCaps, HandshakeSlots, Link, LinkClosed, LinkRefused, accept, connect, listen
+from mahout.ring.evidence import DEFAULT_BUDGET_BYTES, EvidenceStore
 from mahout.ring.membership import DECODE, PREFILL, Limits, Row, rows_from_wire, rows_to_wire
 from mahout.ring.vocab import Sampler, picked, report
 from protocol.jobs import MAX_TOP_LOGPROBS
@@ -137,6 +138,7 @@ class StageAgent:
         server: socket.socket | None = None,
         index: int = 0,
         vocab_path: str | os.PathLike[str] | None = None,
+        evidence_bytes: int = DEFAULT_BUDGET_BYTES,
     ) -> None:
         if (next_address is None) == (dial_next is None):
             raise ValueError("give the next stage's address, or a way to dial it (not both)")
@@ -166,6 +168,7 @@ class StageAgent:
         self.vocab_path = vocab_path  # the model's file: its vocabulary, for grammars (none: this stage follows none)
         self._vocab: Any = None  # a vocabulary-only llama.cpp model, loaded for the first grammar
         self._grammars: dict[str, Grammar] = {}  # requests under a response_format's grammar, where this stage picks
+        self.evidence = EvidenceStore(evidence_bytes)  # what it received and sent per request, for a failed audit's blame
 
     @property
     def picks(self) -> bool:
@@ -322,6 +325,7 @@ class StageAgent:
         except Exception as exc:  # noqa: BLE001 - e.g. wider than the plan or a full cache: keep serving
             self._fail(rows, exc, started)
             return
+        self.evidence.record(rows, x, out, per_row_out=self.stage.is_tail)
         self._hand_on(rows, out)
         self._count(rows, started)
 
@@ -678,15 +682,17 @@ class TailAgent(MiddleAgent):
         self._awaiting: dict[int, list[tuple[Row, torch.Tensor]]] = {}  # shared rows and our logits, for the head's part
 
     def _compute(self, rows: list[Row], x: torch.Tensor) -> torch.Tensor:
+        """The final-normed state after each member's last token (R, D): what the output head
+        reads, and what this stage keeps as its evidence (`mahout.ring.evidence`)."""
         self.limits.check(rows, x.shape[0])
-        out = self.stage.forward_rows(x, [row.span() for row in rows], normed=self.stage.shares_output)  # (R, V | D)
+        normed = self.stage.forward_rows(x, [row.span() for row in rows], normed=True)  # (R, D)
         if self.stage.shares_output:
-            self._share(rows, out)
-        return out
+            self._share(rows, normed)
+        return normed
 
     def _hand_on(self, rows: list[Row], out: torch.Tensor) -> None:
         if not self.stage.shares_output:
-            self._sample(rows, out)
+            self._sample(rows, self.stage.logits(out))  # (R, V)
 
     def _sample(self, rows: list[Row], logits: torch.Tensor) -> None:
         # logits: (R, V), one row per member, after that member's last token
@@ -711,6 +717,7 @@ class TailAgent(MiddleAgent):
             return
         rows = [{"request_id": row.request_id, "token": token, "position": row.start + row.n_tokens, **(logprobs or {})}
                 for row, token, logprobs in tokens]
+        self.evidence.record_tokens([(row["request_id"], row["position"], row["token"]) for row in rows])
         message = {"type": "tokens", "rows": rows}
         self._to_bridge(message)
         self._send_next(message)

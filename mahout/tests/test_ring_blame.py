@@ -1,0 +1,140 @@
+"""A failed ring audit finds the stage (issue 29): every stage of a real three-stage ring of the
+shipped model keeps what it received and sent (`mahout.ring.evidence`), and `mahout.ring.blame`
+recomputes each stage's layers on its own inputs. An honest ring's stages all check out (the
+draw is left); a stage running the wrong weights is blamed alone, not the honest stage after
+it that computed faithfully on its bad states; a stage that lies about what crossed a link is
+blamed with its neighbour; a bridge that changes a delivered token is blamed; a stage that
+kept nothing is blamed."""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.generate import build_stages
+from mahout.ring.blame import BRIDGE, TOLERANCE, StageSlice, blame, stage_recompute
+from mahout.ring.evidence import EvidenceStore, StageRecord
+from mahout.ring.local import ThreadRing, split_layers
+from mahout.ring.membership import Limits, Row
+from mahout.runners.llama import PromptTokenizer
+from testkit.formats import rendered
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+MAX_TOKENS = 20
+LIMITS = Limits(micro_batch=2, row_width=16)  # the prompt goes in several chunks: evidence is pieced together
+RANGES = split_layers(18, 3)
+
+
+@pytest.fixture(scope="module")
+def vocab(model_path: Path) -> object:
+    from llama_cpp import Llama
+
+    return Llama(model_path=str(model_path), vocab_only=True, verbose=False)
+
+
+@pytest.fixture(scope="module")
+def recompute(model_path: Path):  # noqa: ANN201
+    return stage_recompute(str(model_path))
+
+
+def run(ring: ThreadRing, vocab, request_id: str) -> tuple[list[int], int]:  # noqa: ANN001
+    """One sampled request through the ring: (prompt + drawn tokens, the prompt's length)."""
+    payload = rendered({"id": request_id, "model": "gemma-3-270m", "kind": "chat", "prompt": None,
+                        "messages": [{"role": "user", "content": "Write a haiku about elephants."}],
+                        "params": {"max_tokens": MAX_TOKENS, "temperature": 0.9, "top_p": 1.0, "stop": None, "seed": 7}})
+    prompt = PromptTokenizer(vocab).tokens(payload)
+    drawn = ring.bridge.submit(prompt, MAX_TOKENS, temperature=0.9, seed=7, request_id=request_id).result()
+    return [*prompt, *drawn], len(prompt)
+
+
+def evidence(ring: ThreadRing, request_id: str) -> tuple[list[StageRecord | None], list[StageSlice]]:
+    return ([agent.evidence.export(request_id) for agent in ring.agents],
+            [StageSlice(agent.index, agent.stage.start, agent.stage.end) for agent in ring.agents])
+
+
+@pytest.fixture(scope="module")
+def honest(model_path: Path, vocab) -> Iterator[tuple[list[StageRecord | None], list[StageSlice], list[int], int]]:  # noqa: ANN001
+    with ThreadRing(model_path, RANGES, limits=LIMITS, slots=2, n_ctx=256) as ring:
+        sequence, prompt_len = run(ring, vocab, "job-1-a")
+        records, slices = evidence(ring, "job-1-a")
+        yield records, slices, sequence, prompt_len
+
+
+def test_an_honest_rings_stages_all_check_out_and_only_the_draw_is_left(honest, recompute) -> None:  # noqa: ANN001
+    records, slices, sequence, prompt_len = honest
+    assert all(record is not None for record in records)
+    assert len(sequence) - prompt_len == MAX_TOKENS
+    verdict = blame(records, slices, sequence=sequence, prompt_len=prompt_len, shared_output=True, recompute=recompute)
+    assert all(error is not None and error < TOLERANCE / 10 for error in verdict.errors.values()), verdict.errors
+    assert verdict.blamed == [0, 2], verdict  # nothing else is wrong: an audit's miss would be the pick's
+    assert all("draw was not the seed's" in reason for reason in verdict.reasons)
+
+
+def test_a_stage_running_the_wrong_weights_is_blamed_alone(model_path: Path, vocab, recompute) -> None:  # noqa: ANN001
+    stages = build_stages(model_path, RANGES, n_rows=2, n_ctx=256, share_output=True)
+    layers = stages[1].weights.layers  # the middle stage swaps two layers' feed-forward output matrices
+    layers[0], layers[1] = (dataclasses.replace(layers[0], w_down=layers[1].w_down),
+                            dataclasses.replace(layers[1], w_down=layers[0].w_down))
+    with ThreadRing(model_path, RANGES, limits=LIMITS, slots=2, n_ctx=256, stages=stages) as ring:
+        sequence, prompt_len = run(ring, vocab, "job-2-a")
+        records, slices = evidence(ring, "job-2-a")
+    verdict = blame(records, slices, sequence=sequence, prompt_len=prompt_len, shared_output=True, recompute=recompute)
+    assert verdict.blamed == [1], verdict
+    assert verdict.errors[1] > 10 * TOLERANCE
+    assert verdict.errors[0] < TOLERANCE / 10 and verdict.errors[2] < TOLERANCE / 10  # the tail ran honestly on bad states
+
+
+def test_a_stage_that_lies_about_its_inputs_is_blamed_with_its_neighbour(honest, recompute) -> None:  # noqa: ANN001
+    records, slices, sequence, prompt_len = honest
+    lying = dataclasses.replace(records[2], inputs=records[2].inputs * 1.01)  # type: ignore[arg-type]
+    verdict = blame([records[0], records[1], lying], slices, sequence=sequence, prompt_len=prompt_len,
+                    shared_output=True, recompute=recompute)
+    assert verdict.blamed == [1, 2], verdict
+    assert "says it received other states" in verdict.reasons[0]
+
+
+def test_a_bridge_that_changes_a_delivered_token_is_blamed(honest, recompute) -> None:  # noqa: ANN001
+    records, slices, sequence, prompt_len = honest
+    changed = [*sequence]
+    changed[prompt_len + 3] = (changed[prompt_len + 3] + 1) % 1000
+    verdict = blame(records, slices, sequence=changed, prompt_len=prompt_len, shared_output=True, recompute=recompute)
+    assert verdict.blamed == [BRIDGE], verdict
+    assert f"at position {prompt_len + 3}" in verdict.reasons[0]
+
+
+def test_a_bridge_that_submitted_another_prompt_is_blamed_with_the_head(honest, recompute) -> None:  # noqa: ANN001
+    records, slices, sequence, prompt_len = honest
+    changed = [*sequence]
+    changed[2] = (changed[2] + 1) % 1000  # the job's prompt differs from what the head ran
+    verdict = blame(records, slices, sequence=changed, prompt_len=prompt_len, shared_output=True, recompute=recompute)
+    assert verdict.blamed == [BRIDGE, 0], verdict
+
+
+def test_a_stage_that_kept_nothing_or_too_little_is_blamed(honest, recompute) -> None:  # noqa: ANN001
+    records, slices, sequence, prompt_len = honest
+    verdict = blame([records[0], None, records[2]], slices, sequence=sequence, prompt_len=prompt_len,
+                    shared_output=True, recompute=recompute)
+    assert verdict.blamed == [1] and verdict.errors[1] is None, verdict
+    cut = records[2]
+    short = dataclasses.replace(cut, positions=cut.positions[:-1], inputs=cut.inputs[:-1])  # type: ignore[arg-type]
+    verdict = blame([records[0], records[1], short], slices, sequence=sequence, prompt_len=prompt_len,
+                    shared_output=True, recompute=recompute)
+    assert verdict.blamed == [2], verdict
+    assert "kept no evidence of position" in verdict.reasons[0]
+
+
+def test_the_store_keeps_the_newest_requests_within_its_budget() -> None:
+    import torch
+
+    store = EvidenceStore(budget_bytes=3 * (4 * 8 * 4 * 2 + 16 * 4))  # three requests of 4 positions x 8 floats
+    for i in range(5):
+        rows = [Row(f"r{i}", 0, 4, "prefill", True)]
+        store.record(rows, torch.full((4, 8), float(i)), torch.full((4, 8), float(i) + 0.5), per_row_out=False)
+    assert store.request_ids() == ["r2", "r3", "r4"]
+    record = store.export("r3")
+    assert record is not None and np.array_equal(record.positions, np.arange(4))
+    assert float(record.outputs[0, 0]) == 3.5 and store.export("r0") is None
