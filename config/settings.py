@@ -285,6 +285,10 @@ AUDIT_SCORER_MAX_DECLINED = env_int("AUDIT_SCORER_MAX_DECLINED", 5, minimum=1)
 # The share of trusted hosts' first passes that wait for a second scorer's look (a pass that a
 # confirmed failure then goes against is a strike): a scorer passing a cheat is caught so.
 AUDIT_PASS_RECHECK_RATE = env_float("AUDIT_PASS_RECHECK_RATE", 0.1, minimum=0.0)
+# A ring's failed audit opens an inquiry (marketplace/ring_inquiries.py): its stages hand over what they kept of the
+# request within this long (a silent stage kept nothing), at most this many bytes each.
+RING_EVIDENCE_WAIT_SECONDS = env_float("RING_EVIDENCE_WAIT_SECONDS", 120.0, minimum=0.0)
+RING_EVIDENCE_MAX_BYTES = env_int("RING_EVIDENCE_MAX_BYTES", 256 * 2**20, minimum=512 * 1024)
 CANARY_ENABLED = env_bool("CANARY_ENABLED", True)
 # The operator's own canary prompts (JSON: a list of prompts, or {"prompts": [...],
 # "system_prompts": [...]}; marketplace/canaries.py), kept off the repository: the shipped

@@ -14,6 +14,7 @@ and continues them elsewhere.
 """
 from __future__ import annotations
 
+import base64
 import random
 import secrets
 import time
@@ -255,6 +256,26 @@ class HostApi:
         """Report the verdict on an audit this trusted host scored (`protocol.jobs.AuditVerdict`);
         the answer says the audit's status after it."""
         return self._json(self._request("POST", f"/audits/{audit_id}/verdict", verdict))
+
+    def ring_inquiries(self, ring_id: int, stage: int) -> list[dict]:
+        """The ring inquiries this host's stage owes its evidence to (`mahout.ring.evidence`):
+        each ``{"id", "job"}``."""
+        return self._json(self._request("GET", f"/ring-inquiries?ring={int(ring_id)}&stage={int(stage)}")).get("inquiries", [])
+
+    def ring_evidence_send(self, inquiry_id: int, *, stage: int, part: int, parts: int, data: bytes) -> dict:
+        """One part of this stage's evidence for an inquiry (``parts`` 0: it kept nothing)."""
+        body = {"stage": stage, "part": part, "parts": parts, "data": base64.b64encode(data).decode("ascii")}
+        return self._json(self._request("POST", f"/ring-inquiries/{int(inquiry_id)}/evidence", body))
+
+    def ring_evidence(self, inquiry_id: int, *, stage: int, part: int) -> bytes:
+        """One part of a stage's evidence, for the inquiry's checker (this host)."""
+        answer = self._json(self._request("GET", f"/ring-inquiries/{int(inquiry_id)}/evidence?stage={int(stage)}&part={int(part)}"))
+        return base64.b64decode(answer["data"])
+
+    def ring_check_verdict(self, inquiry_id: int, verdict: dict) -> dict:
+        """The verdict of a ring check this trusted host ran: ``{"verdict": "blamed", "blamed": [...],
+        "reasons": [...]}`` or ``{"verdict": "declined", "reasons": [why]}``."""
+        return self._json(self._request("POST", f"/ring-inquiries/{int(inquiry_id)}/verdict", verdict))
 
     def catalog(self) -> list[dict]:
         """What the gateway's catalog sells: per model its name, kind and the one file it means

@@ -37,7 +37,7 @@ from mahout.pusher import FLUSH_INTERVAL_S, BatchPusher
 from mahout.runners import Embedder, RequestRejected, Runner
 from mahout.schedule import Schedule
 from mahout.scoring import audit_score, declined
-from protocol.jobs import AUDIT, CLAIM_WAIT_SECONDS, EMBEDDINGS
+from protocol.jobs import AUDIT, CLAIM_WAIT_SECONDS, EMBEDDINGS, RING_CHECK
 
 HEARTBEAT_INTERVAL_S = 5.0
 MAINTENANCE_POLL_S = 10.0  # how often a host in maintenance asks again
@@ -254,6 +254,9 @@ class HostLoop:
         if job.get("kind") == AUDIT:
             self._score(job)
             return
+        if job.get("kind") == RING_CHECK:
+            self._ring_check(job)
+            return
         record = JobRecord(job)
         self._active[record.id] = record
         self.out(f"mahout: claimed job {record.id} ({job.get('model')})")
@@ -284,6 +287,29 @@ class HostLoop:
             return
         counts = f"{verdict.get('checked', 0)} tokens checked, {verdict.get('misses', 0)} missed"
         self.out(f"mahout: scored audit {audit.get('id')}: {verdict['verdict']} ({counts}; audit {answer.get('status')})")
+
+    def _ring_check(self, inquiry: dict) -> None:
+        """Find which of a ring's hosts made its audit fail (`mahout.ring.checking`), with the
+        model's file on this machine, and report it; a check it cannot run here is declined."""
+        from mahout.catalog import ModelUnavailable
+        from mahout.ring.checking import ring_check
+        from mahout.ring.model import ring_model
+
+        model = str(inquiry.get("model"))
+        self.out(f"mahout: checking ring inquiry {inquiry.get('id')} ({model})")
+        self.state = LoopState.RUN
+        try:
+            verdict = ring_check(inquiry, self.api, model_path=ring_model(model, self.home).path)
+        except ModelUnavailable as exc:
+            verdict = {"verdict": "declined", "reasons": [str(exc)[:900]]}
+        self.state = LoopState.REPORT
+        try:
+            answer = self.api.ring_check_verdict(inquiry.get("id"), verdict)
+        except (HostApiError, ServerUnavailable) as exc:
+            self.out(f"mahout: could not report ring inquiry {inquiry.get('id')}: {exc}")
+            return
+        self.out(f"mahout: checked ring inquiry {inquiry.get('id')}: {verdict['verdict']} {verdict.get('blamed', '')} "
+                 f"(inquiry {answer.get('status')})")
 
     def _run(self, record: JobRecord) -> None:
         """Get the job's model (loading it if cold) and run the job; sets the record's final state.

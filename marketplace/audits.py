@@ -29,7 +29,10 @@ reports them. A ring's final text is audited as any job's (its stages draw by th
 sampler, `mahout.ring.vocab`, top_p < 1 included; a ring that reports no tokens fails as any
 host):
 every host's share of it waits in the escrow, its stage hosts' with its bridge's, and a
-failure refunds the customer all of it and blames the bridge, which delivered the text.
+failure refunds the customer all of it. A ring of several hosts then opens an inquiry
+(`marketplace.ring_inquiries`): its stages hand over what they kept of the request and a
+trusted host outside the ring recomputes each stage, so the stage (or the bridge) at fault
+is blamed, not whoever delivered the text.
 
 Scored by hosts (`by_hosts`: the gateway lacks the model's weights, the normal case for a big
 model an operator does not hold). The audit becomes work a trusted host claims through the
@@ -84,8 +87,7 @@ from catalog.tokenizer import weights_on_gateway
 from core.errors import ApiError
 from core.events import announce_on_commit, queue_group
 from hosts.models import TRUSTED, Host
-from hosts.services import host_maintenance_enter
-from marketplace import reputation
+from marketplace import reputation, ring_inquiries
 from marketplace.models import Audit, AuditScore, Job, Request, StageShare
 from protocol.jobs import AUDIT, AuditPayload
 
@@ -238,10 +240,9 @@ def audit_decide(*, audit: Audit, reason: str | None, counts: dict) -> bool:
     billing.audit_refund(user=request.user, host_ucents=audit.host_ucents, platform_ucents=audit.platform_ucents,
                          reference=f"audit-{audit.pk}",
                          memo=f"request {request.public_id} refunded: its host failed verification")
-    why = f"Failed verification: {reason} (audit {audit.pk} of request {request.public_id})."
-    host_maintenance_enter(host=audit.host, reason=why, by="verification")
-    reputation.trust_revoke(host_id=audit.host_id)
-    billing.earnings_forfeit(host=audit.host, reason=why)
+    if not ring_inquiries.inquiry_open(audit=audit, reason=reason):  # a ring of several hosts: find whose fault first
+        ring_inquiries.host_blame(host=audit.host,
+                                  why=f"Failed verification: {reason} (audit {audit.pk} of request {request.public_id}).")
     return True
 
 

@@ -28,6 +28,7 @@ from marketplace import canaries
 from marketplace import services as market
 from marketplace.audits import audit_claim_payload
 from marketplace.claim_slots import WAITING
+from marketplace.ring_inquiries import inquiry_claim_payload
 from mesh.rings.selectors import bridged_model_ids
 from protocol.jobs import CLAIM_WAIT_SECONDS
 
@@ -127,6 +128,8 @@ async def _claim_until(
                                ring_ids=ring_ids, boot=boot)
             if payload is None and host.trusted_at is not None:  # no customer waits on it: an audit to score, if any
                 payload = await db(audit_claim_payload, host=host, model_ids=scorable, boot=boot)
+                if payload is None:  # or a ring's failed audit to look into
+                    payload = await db(inquiry_claim_payload, host=host, model_ids=scorable, boot=boot)
             if payload is not None:
                 return payload
         remaining = deadline - time.monotonic()

@@ -6,6 +6,9 @@ Each view parses input, calls one service, renders the result.
 """
 from __future__ import annotations
 
+import base64
+import binascii
+
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
@@ -28,11 +31,11 @@ from hosts.apis import HostApi
 from hosts.models import Host
 from hosts.selectors import host_from_secret
 from mahout import __version__ as mahout_version
-from marketplace import pushing, redundancy, selectors
+from marketplace import pushing, redundancy, ring_inquiries, selectors
 from marketplace import services as market
 from marketplace.audits import MAX_TOKENS_KEPT, audit_verdict_report
 from marketplace.claiming import JobClaimInputSerializer, boot_field, claim_when_offered
-from protocol.jobs import AUDIT_VERDICTS
+from protocol.jobs import AUDIT_VERDICTS, RING_CHECK_VERDICTS
 
 
 @method_decorator(csrf_exempt, name="dispatch")
@@ -64,7 +67,9 @@ class ClaimedJobSerializer(serializers.Serializer):
     id = serializers.IntegerField()
     model = serializers.CharField()
     kind = serializers.CharField(help_text="chat, completion or embeddings; or audit, for a trusted host "
-                                           "(protocol.jobs.AuditPayload: job, tokens, text, finish_reason, seed)")
+                                           "(protocol.jobs.AuditPayload: job, tokens, text, finish_reason, seed); or "
+                                           "ring_check, for a trusted host (protocol.jobs.RingCheckPayload: job, tokens, "
+                                           "stages, shared_output)")
     messages = serializers.ListField(child=serializers.DictField(), required=False, allow_null=True, help_text="chat")
     prompt = serializers.CharField(required=False, allow_null=True, allow_blank=True, help_text="completion")
     input = serializers.ListField(child=serializers.CharField(), required=False, allow_null=True, help_text="embeddings")
@@ -78,6 +83,9 @@ class ClaimedJobSerializer(serializers.Serializer):
     seed = serializers.IntegerField(required=False, help_text="an audit: the job's sampling seed")
     draw = serializers.IntegerField(required=False, allow_null=True,
                                     help_text="an audit: check this many tokens, drawn at random; null: every token")
+    stages = serializers.ListField(child=serializers.DictField(), required=False,
+                                   help_text="a ring check: each stage's index, layers [start, end) and parts of evidence")
+    shared_output = serializers.BooleanField(required=False, help_text="a ring check: the head and tail share the output head")
 
 
 class ClaimSerializer(serializers.Serializer):
@@ -388,3 +396,103 @@ class HostStatementApi(HostApi):
                 "payouts": [payout_body(payout) for payout in statement.payouts.payouts],
             }
         )
+
+
+# --- ring inquiries (marketplace.ring_inquiries): a ring's failed audit, its stages' evidence, a checker's verdict ---
+
+
+class RingInquiriesWantedApi(HostApi):
+    """The inquiries a stage host's stage owes its evidence to (a stage process asks every few seconds)."""
+
+    class QuerySerializer(serializers.Serializer):
+        ring = serializers.IntegerField(min_value=1, max_value=INT_MAX)
+        stage = serializers.IntegerField(min_value=0, max_value=INT_MAX)
+
+    class OutputSerializer(serializers.Serializer):
+        class WantedSerializer(serializers.Serializer):
+            id = serializers.IntegerField()
+            job = serializers.IntegerField(help_text="the job whose request the stage looks for (request id job-<job>-…)")
+
+        inquiries = WantedSerializer(many=True)
+
+    @extend_schema(parameters=[QuerySerializer], responses={200: OutputSerializer, 404: ERROR})
+    def get(self, request: DrfRequest) -> Response:
+        host = self.host(request)
+        query = self.QuerySerializer(data=request.query_params)
+        if not query.is_valid():
+            raise validation_error(query.errors)
+        return Response({"inquiries": ring_inquiries.inquiries_wanted(host=host, plan_id=query.validated_data["ring"],
+                                                                      stage=query.validated_data["stage"])})
+
+
+class RingEvidenceApi(HostApi):
+    """POST: a stage host's evidence, part by part (base64 of an npz file's bytes; `parts` 0:
+    it kept nothing). GET: one part, for the inquiry's checker only."""
+
+    class InputSerializer(serializers.Serializer):
+        stage = serializers.IntegerField(min_value=0, max_value=INT_MAX)
+        part = serializers.IntegerField(min_value=0, max_value=INT_MAX)
+        parts = serializers.IntegerField(min_value=0, max_value=INT_MAX)
+        data = serializers.CharField(allow_blank=True, required=False, default="",
+                                     max_length=4 * ring_inquiries.PART_BYTES // 3 + 8)
+
+    class QuerySerializer(serializers.Serializer):
+        stage = serializers.IntegerField(min_value=0, max_value=INT_MAX)
+        part = serializers.IntegerField(min_value=0, max_value=INT_MAX)
+
+    class StoredSerializer(serializers.Serializer):
+        complete = serializers.BooleanField(help_text="every part of this stage's evidence is in")
+        status = serializers.CharField(help_text="the inquiry's: collecting, or checking once every stage answered")
+
+    class PartSerializer(serializers.Serializer):
+        data = serializers.CharField(help_text="base64")
+
+    @extend_schema(request=InputSerializer, responses={200: StoredSerializer, 400: ERROR, 404: ERROR, 409: ERROR})
+    def post(self, request: DrfRequest, inquiry_id: int) -> Response:
+        host = self.host(request)
+        body = self.InputSerializer(data=request.data)
+        if not body.is_valid():
+            raise validation_error(body.errors)
+        data = body.validated_data
+        try:
+            raw = base64.b64decode(data["data"], validate=True)
+        except binascii.Error:
+            raise ApiError(400, "data is not base64.", code="invalid_data", type="invalid_request_error", param="data") from None
+        return Response(ring_inquiries.evidence_store(host=host, inquiry_id=inquiry_id, stage=data["stage"], part=data["part"],
+                                                      parts=data["parts"], data=raw))
+
+    @extend_schema(parameters=[QuerySerializer], responses={200: PartSerializer, 404: ERROR, 409: ERROR})
+    def get(self, request: DrfRequest, inquiry_id: int) -> Response:
+        host = self.host(request)
+        query = self.QuerySerializer(data=request.query_params)
+        if not query.is_valid():
+            raise validation_error(query.errors)
+        raw = ring_inquiries.evidence_read(host=host, inquiry_id=inquiry_id, stage=query.validated_data["stage"],
+                                           part=query.validated_data["part"])
+        return Response({"data": base64.b64encode(raw).decode("ascii")})
+
+
+class RingCheckVerdictApi(HostApi):
+    """The checker's verdict on a ring inquiry it claimed (kind "ring_check", `protocol.jobs.RingCheckPayload`):
+    the stages at fault (-1: the bridge) with why, or declined."""
+
+    class InputSerializer(serializers.Serializer):
+        verdict = serializers.ChoiceField(choices=list(RING_CHECK_VERDICTS))
+        blamed = serializers.ListField(child=serializers.IntegerField(min_value=-1, max_value=INT_MAX), required=False,
+                                       default=list, max_length=1000)
+        reasons = serializers.ListField(child=serializers.CharField(max_length=1000), required=False, default=list,
+                                        max_length=1000)
+
+    class OutputSerializer(serializers.Serializer):
+        status = serializers.CharField(help_text="the inquiry's status after this verdict: checking (another checker "
+                                                 "is asked) or decided")
+
+    @extend_schema(request=InputSerializer, responses={200: OutputSerializer, 400: ERROR, 409: ERROR})
+    def post(self, request: DrfRequest, inquiry_id: int) -> Response:
+        host = self.host(request)
+        body = self.InputSerializer(data=request.data)
+        if not body.is_valid():
+            raise validation_error(body.errors)
+        data = body.validated_data
+        return Response({"status": ring_inquiries.inquiry_verdict_report(
+            host=host, inquiry_id=inquiry_id, verdict=data["verdict"], blamed=data["blamed"], reasons=data["reasons"])})

@@ -14,6 +14,9 @@ urlpatterns = [
     path("jobs/<id:job_id>/complete", documented(apis.JobCompleteApi)),
     path("jobs/<id:job_id>/fail", documented(apis.JobFailApi)),
     path("audits/<id:audit_id>/verdict", documented(apis.AuditVerdictApi)),
+    path("ring-inquiries", apis.RingInquiriesWantedApi.as_view()),
+    path("ring-inquiries/<id:inquiry_id>/evidence", apis.RingEvidenceApi.as_view()),
+    path("ring-inquiries/<id:inquiry_id>/verdict", apis.RingCheckVerdictApi.as_view()),
     path("me", apis.HostMeApi.as_view()),
     path("earnings", apis.HostEarningsApi.as_view()),
 ]

@@ -325,6 +325,59 @@ class Audit(models.Model):
         return f"audit {self.pk} of job {self.job_id} ({self.status})"
 
 
+class RingInquiry(models.Model):
+    """Which of a ring's hosts made its audit fail (`marketplace.ring_inquiries`): the failed
+    audit's customer is refunded at once; here the ring's stages hand over what they kept of
+    the request (`RingEvidence`), a trusted host outside the ring recomputes each stage on its
+    own inputs (`mahout.ring.blame`), and only the hosts it finds at fault are put in
+    maintenance. The job, its answer and the evidence are deleted when it is decided."""
+
+    class Status(models.TextChoices):
+        COLLECTING = "collecting", "collecting (the stages hand over their evidence)"
+        CHECKING = "checking", "checking (a trusted host outside the ring recomputes the stages)"
+        DECIDED = "decided"
+
+    audit = models.OneToOneField(Audit, on_delete=models.CASCADE, related_name="ring_inquiry")
+    plan = models.ForeignKey("mesh.RingPlan", on_delete=models.PROTECT, related_name="+")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.COLLECTING)
+    audit_reason = models.CharField(max_length=500, blank=True, help_text="why the audit failed")
+    payload = models.JSONField(null=True, blank=True, help_text="the job as the bridge received it; deleted when decided")
+    token_ids = models.JSONField(null=True, blank=True, help_text="the answer's tokens as audited; deleted when decided")
+    shared_output = models.BooleanField(default=True, help_text="the head and the tail share the output head (both pick)")
+    created_at = models.DateTimeField(auto_now_add=True)
+    checking_since = models.DateTimeField(null=True, blank=True)
+    checker = models.ForeignKey("hosts.Host", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+                                help_text="the trusted host recomputing the stages now (never one of the ring's)")
+    checker_since = models.DateTimeField(null=True, blank=True)
+    declined_by = models.JSONField(default=list, blank=True, help_text="hosts that declined or abandoned the check")
+    blamed = models.JSONField(default=list, blank=True, help_text="the hosts blamed: [{host, stage, reason}]")
+    verdict = models.TextField(blank=True, help_text="the checker's reasons, or why the bridge was blamed without one")
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["status", "created_at"]), models.Index(fields=["plan", "status"])]
+
+    def __str__(self) -> str:
+        return f"ring inquiry {self.pk} into audit {self.audit_id} ({self.status})"
+
+
+class RingEvidence(models.Model):
+    """One part of what one stage kept of an inquired request (`mahout.ring.evidence`, as an
+    npz file split into parts that fit a request body), or its word that it kept nothing
+    (`parts` 0)."""
+
+    inquiry = models.ForeignKey(RingInquiry, on_delete=models.CASCADE, related_name="evidence")
+    stage = models.PositiveIntegerField()
+    host = models.ForeignKey("hosts.Host", on_delete=models.CASCADE, related_name="+")
+    part = models.PositiveIntegerField()
+    parts = models.PositiveIntegerField(help_text="0: the stage kept nothing of the request")
+    data = models.BinaryField(default=bytes)
+    received_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["inquiry", "stage", "part"], name="one_evidence_part")]
+
+
 class AuditScore(models.Model):
     """One trusted host's reading of an audit scored by hosts (`marketplace.audits`): its
     verdict and counts, whether a confirmation overruled it (a strike), and what it was paid."""

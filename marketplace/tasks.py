@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from marketplace import audits, canaries, services, stored_responses
+from marketplace import audits, canaries, ring_inquiries, services, stored_responses
 
 
 @shared_task(name="marketplace.tasks.watchdog_tick", ignore_result=True)
@@ -21,5 +21,5 @@ def canary_scoring() -> int:
 
 @shared_task(name="marketplace.tasks.audit_scoring", ignore_result=True)
 def audit_scoring() -> int:
-    """Re-read audited answers under the real model and pay or refund."""
-    return audits.audit_score_pending()
+    """Re-read audited answers under the real model and pay or refund; move ring inquiries on."""
+    return audits.audit_score_pending() + ring_inquiries.inquiries_watch()

@@ -33,6 +33,8 @@ COMPLETION = "completion"
 EMBEDDINGS = "embeddings"
 AUDIT = "audit"  # a trusted host scores another host's answer (AuditPayload)
 AUDIT_VERDICTS = ("passed", "failed", "declined")
+RING_CHECK = "ring_check"  # a trusted host finds which of a ring's hosts made its audit fail (RingCheckPayload)
+RING_CHECK_VERDICTS = ("blamed", "declined")
 
 SAMPLING_PARAMS = ("max_tokens", "temperature", "top_p", "stop", "seed", "response_format", "logprobs")
 # "logprobs": None, or report each token's log-probability with that many alternatives (0 to MAX_TOP_LOGPROBS)
@@ -75,6 +77,28 @@ class AuditPayload(TypedDict):
     seed: int  # the gateway's sampling seed for that job
     logprobs: list[dict] | None  # the log-probability entries reported with the text, when the job asked for them
     draw: int | None  # check this many tokens drawn at random; None (or absent: an older gateway): every token
+
+
+class RingCheckStage(TypedDict):
+    index: int
+    start: int  # its layers [start, end)
+    end: int
+    parts: int  # the parts of its evidence (`GET /hosts/api/ring-inquiries/{id}/evidence`); 0: it kept nothing
+
+
+class RingCheckPayload(TypedDict):
+    """A ring's failed audit to look into (`marketplace.ring_inquiries`, `mahout.ring.blame`):
+    the job as the ring's bridge received it (without its id), the answer's tokens as audited
+    (its end of generation included) and, per stage, its layers and how many parts of evidence
+    it handed over."""
+
+    id: int  # the inquiry's (`POST /hosts/api/ring-inquiries/{id}/verdict`)
+    kind: str  # RING_CHECK
+    model: str
+    job: JobPayload
+    tokens: list[int]
+    stages: list[RingCheckStage]
+    shared_output: bool  # the head and the tail share the output head (both pick)
 
 
 class AuditVerdict(TypedDict, total=False):

@@ -88,20 +88,24 @@ def link_error(sent: StageRecord, received: StageRecord) -> float:
 
 def blame(
     records: Sequence[StageRecord | None], slices: Sequence[StageSlice], *, sequence: Sequence[int], prompt_len: int,
-    shared_output: bool, recompute: Callable[[StageSlice, StageRecord], np.ndarray],
+    shared_output: bool, recompute: Callable[[StageSlice, StageRecord], np.ndarray], d_model: int,
 ) -> Blame:
     """Check the stages' evidence of one request (module docstring). `sequence`: the prompt's
     token ids and then the delivered answer's (its end of generation included, as audited);
     `recompute(slice, record)`: that stage's outputs at `record.out_positions`, recomputed on
-    `record.inputs`."""
+    `record.inputs`; `d_model`: the model's hidden width (evidence of another shape is malformed)."""
     verdict = Blame()
     n = len(slices)
     needed = np.arange(len(sequence) - 1, dtype=np.int64)  # every position whose state some draw read
     answer = range(prompt_len, len(sequence))
     complete: list[bool] = []
     for record, stage in zip(records, slices, strict=True):
+        malformed = None if record is None else _malformed(record, head=stage.start == 0, d_model=d_model)
         if record is None:
             verdict.add(stage.index, f"stage {stage.index} kept no evidence of the request")
+            complete.append(False)
+        elif malformed:
+            verdict.add(stage.index, f"stage {stage.index}'s evidence is malformed: {malformed}")
             complete.append(False)
         elif not np.isin(needed, record.positions).all():
             missing = int(np.setdiff1d(needed, record.positions)[0])
@@ -154,6 +158,26 @@ def blame(
             verdict.add(index, "every stage's states check out and the text is what the tail drew: "
                                "the draw was not the seed's")
     return verdict
+
+
+def _malformed(record: StageRecord, *, head: bool, d_model: int) -> str | None:
+    """Why a stage's evidence cannot be what a stage of this model kept (None: it can be)."""
+    n, m = len(record.positions), len(record.out_positions)
+    if record.positions.ndim != 1 or record.positions.dtype.kind not in "iu" or len(np.unique(record.positions)) != n:
+        return "its positions are not distinct integers"
+    if record.out_positions.ndim != 1 or record.out_positions.dtype.kind not in "iu" or not np.isin(
+            record.out_positions, record.positions).all():
+        return "its output positions are not positions it computed"
+    if n and (int(record.positions.min()) < 0 or not np.all(np.diff(record.positions) > 0)):
+        return "its positions are not in order"
+    inputs = (n,) if head else (n, d_model)
+    if record.inputs.shape != inputs or (head and record.inputs.dtype.kind not in "iu"):
+        return f"its inputs are {record.inputs.dtype}{list(record.inputs.shape)}, not {'token ids' if head else 'states'} {list(inputs)}"
+    if record.outputs.shape != (m, d_model) or record.outputs.dtype.kind != "f":
+        return f"its outputs are {record.outputs.dtype}{list(record.outputs.shape)}, not states {[m, d_model]}"
+    if record.tokens.shape != record.token_positions.shape or record.tokens.ndim != 1:
+        return "its drawn tokens and their positions differ in number"
+    return None
 
 
 def stage_recompute(path: str, *, device: str = "cpu") -> Callable[[StageSlice, StageRecord], np.ndarray]:

@@ -18,15 +18,16 @@ against the stage's layers recomputed on its own inputs.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
 from mahout.ring.membership import Row
 
-__all__ = ["DEFAULT_BUDGET_BYTES", "EvidenceStore", "StageRecord"]
+__all__ = ["DEFAULT_BUDGET_BYTES", "EvidenceStore", "EvidenceUploader", "StageRecord", "record_bytes", "record_from_bytes"]
 
 DEFAULT_BUDGET_BYTES = 256 * 2**20  # what one stage keeps in all; a request's evidence is positions x width x 8 bytes
 
@@ -141,3 +142,75 @@ class EvidenceStore:
         while self._bytes > self.budget_bytes and len(self._requests) > 1:
             _, oldest = self._requests.popitem(last=False)
             self._bytes -= oldest.nbytes
+
+
+def record_bytes(record: StageRecord) -> bytes:
+    """A record as an npz file's bytes (what a stage hands over)."""
+    import io
+
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **record.arrays())
+    return buffer.getvalue()
+
+
+def record_from_bytes(data: bytes) -> StageRecord:
+    """`record_bytes` read back; ValueError for anything that is not such a file (no pickles)."""
+    import io
+    import zipfile
+
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
+            return StageRecord.from_arrays({key: arrays[key] for key in arrays.files})
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
+        raise ValueError(f"not a stage's evidence: {exc}") from exc
+
+
+class EvidenceUploader:
+    """A stage process's thread that hands its evidence to the gateway's ring inquiries
+    (`marketplace.ring_inquiries`): every `poll_s` it asks which requests of this stage a
+    failed audit is looking into and sends what it kept of each, in parts of at most
+    `part_bytes`, or says it kept nothing."""
+
+    def __init__(self, api: Any, store: EvidenceStore, *, ring_id: int, stage: int, part_bytes: int = 512 * 1024,
+                 poll_s: float = 5.0, say: Callable[[str], None] = print) -> None:
+        import threading
+
+        self.api, self.store, self.ring_id, self.stage = api, store, ring_id, stage
+        self.part_bytes, self.poll_s, self.say = part_bytes, poll_s, say
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"stage{stage}-evidence", daemon=True)
+
+    def start(self) -> EvidenceUploader:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self.send_wanted()
+            except Exception as exc:  # noqa: BLE001 - the gateway is away or refused: asked again next time
+                self.say(f"mahout: stage {self.stage}: could not hand over evidence: {exc}")
+
+    def send_wanted(self) -> int:
+        """Answer every inquiry waiting for this stage; returns how many were answered."""
+        answered = 0
+        for inquiry in self.api.ring_inquiries(self.ring_id, self.stage):
+            prefix = f"job-{int(inquiry['job'])}-"
+            found = [request_id for request_id in self.store.request_ids() if request_id.startswith(prefix)]
+            record = self.store.export(found[-1]) if found else None
+            if record is None:
+                self.api.ring_evidence_send(inquiry["id"], stage=self.stage, part=0, parts=0, data=b"")
+                self.say(f"mahout: stage {self.stage}: kept nothing of job {inquiry['job']} for inquiry {inquiry['id']}")
+            else:
+                data = record_bytes(record)
+                chunks = [data[i:i + self.part_bytes] for i in range(0, len(data), self.part_bytes)]
+                for part, chunk in enumerate(chunks):
+                    self.api.ring_evidence_send(inquiry["id"], stage=self.stage, part=part, parts=len(chunks),
+                                                data=chunk)
+                self.say(f"mahout: stage {self.stage}: handed over {len(data)} bytes of evidence of job {inquiry['job']} "
+                         f"for inquiry {inquiry['id']}")
+            answered += 1
+        return answered

@@ -113,9 +113,11 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
 
     from engine.gguf_loader import load_stage
     from engine.model import Stage
+    from mahout.api import HostApi
     from mahout.catalog import ModelUnavailable
     from mahout.link import LinkClosed, listen
     from mahout.ring.api import RingApi
+    from mahout.ring.evidence import EvidenceStore, EvidenceUploader
     from mahout.ring.membership import Limits
     from mahout.ring.model import ring_model
     from mahout.ring.relay import RELAY_ADDRESS
@@ -129,6 +131,7 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
     guard = None if args.bridged else owner_guard(args, home)
     args.server = login.server
     api = RingApi(login.server, login.token)
+    uploader: EvidenceUploader | None = None
     try:
         try:
             plan = find_assignment(api.assignment(), args.ring, args.stage)
@@ -150,6 +153,9 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
         secret, caps = plan["secret"], limits.frame_caps(d_model=config.d_model, n_ctx=args.n_ctx)
         bind = parse_address(args.bind, default_host="0.0.0.0")
         following = (args.stage + 1) % n_stages
+        evidence = EvidenceStore()  # kept across ring sessions: a failed audit may ask after the ring re-formed
+        uploader = EvidenceUploader(HostApi(login.server, login.token), evidence, ring_id=args.ring, stage=args.stage,
+                                    say=say).start()
         while True:
             if guard is not None:
                 _wait_until_free(guard, args.stage, say)
@@ -159,7 +165,7 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
             stage = Stage(config, weights, start, end, n_rows=args.slots or 2 * limits.micro_batch, n_ctx=args.n_ctx,
                           device=args.device)
             agent = StageAgent(
-                stage, limits=limits, secret=secret, server=server, index=args.stage, vocab_path=path,
+                stage, limits=limits, secret=secret, server=server, index=args.stage, vocab_path=path, evidence=evidence,
                 dial_next=lambda: dial_stage(api, args.ring, following, secret=secret, caps=caps, timeout=args.wait,
                                              hello={"role": "upstream", "stage": args.stage}, name="next", say=say),
             )
@@ -187,6 +193,8 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
             if args.once:
                 return 0
     finally:
+        if uploader is not None:
+            uploader.stop()
         api.close()
 
 

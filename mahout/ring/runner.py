@@ -25,6 +25,7 @@ import os
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -102,6 +103,7 @@ class RingRunner:
             logprobs=None if logprobs is None else int(logprobs),
             grammar=None if grammar is None else grammar._grammar,  # type: ignore[attr-defined]
             grammar_root="root" if grammar is None else grammar._root,  # type: ignore[attr-defined]
+            request_id=f"job-{job.get('id')}-{uuid.uuid4().hex[:8]}",  # stages keep evidence under it (`mahout.ring.evidence`)
         )
         try:
             if logprobs is None:

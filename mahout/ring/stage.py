@@ -64,7 +64,7 @@ import torch
 
 from engine.model import Stage
 from mahout.link import FrameCaps, HandshakeSlots, Link, LinkClosed, LinkRefused, accept, connect, listen
-from mahout.ring.evidence import DEFAULT_BUDGET_BYTES, EvidenceStore
+from mahout.ring.evidence import EvidenceStore
 from mahout.ring.membership import DECODE, PREFILL, Limits, Row, rows_from_wire, rows_to_wire
 from mahout.ring.vocab import Sampler, picked, report
 from protocol.jobs import MAX_TOP_LOGPROBS
@@ -138,7 +138,7 @@ class StageAgent:
         server: socket.socket | None = None,
         index: int = 0,
         vocab_path: str | os.PathLike[str] | None = None,
-        evidence_bytes: int = DEFAULT_BUDGET_BYTES,
+        evidence: EvidenceStore | None = None,
     ) -> None:
         if (next_address is None) == (dial_next is None):
             raise ValueError("give the next stage's address, or a way to dial it (not both)")
@@ -168,7 +168,7 @@ class StageAgent:
         self.vocab_path = vocab_path  # the model's file: its vocabulary, for grammars (none: this stage follows none)
         self._vocab: Any = None  # a vocabulary-only llama.cpp model, loaded for the first grammar
         self._grammars: dict[str, Grammar] = {}  # requests under a response_format's grammar, where this stage picks
-        self.evidence = EvidenceStore(evidence_bytes)  # what it received and sent per request, for a failed audit's blame
+        self.evidence = evidence or EvidenceStore()  # what it received and sent per request, for a failed audit's blame
 
     @property
     def picks(self) -> bool:

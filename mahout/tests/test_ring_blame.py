@@ -68,7 +68,7 @@ def test_an_honest_rings_stages_all_check_out_and_only_the_draw_is_left(honest, 
     records, slices, sequence, prompt_len = honest
     assert all(record is not None for record in records)
     assert len(sequence) - prompt_len == MAX_TOKENS
-    verdict = blame(records, slices, sequence=sequence, prompt_len=prompt_len, shared_output=True, recompute=recompute)
+    verdict = blame(records, slices, sequence=sequence, prompt_len=prompt_len, shared_output=True, recompute=recompute, d_model=640)
     assert all(error is not None and error < TOLERANCE / 10 for error in verdict.errors.values()), verdict.errors
     assert verdict.blamed == [0, 2], verdict  # nothing else is wrong: an audit's miss would be the pick's
     assert all("draw was not the seed's" in reason for reason in verdict.reasons)
@@ -82,7 +82,7 @@ def test_a_stage_running_the_wrong_weights_is_blamed_alone(model_path: Path, voc
     with ThreadRing(model_path, RANGES, limits=LIMITS, slots=2, n_ctx=256, stages=stages) as ring:
         sequence, prompt_len = run(ring, vocab, "job-2-a")
         records, slices = evidence(ring, "job-2-a")
-    verdict = blame(records, slices, sequence=sequence, prompt_len=prompt_len, shared_output=True, recompute=recompute)
+    verdict = blame(records, slices, sequence=sequence, prompt_len=prompt_len, shared_output=True, recompute=recompute, d_model=640)
     assert verdict.blamed == [1], verdict
     assert verdict.errors[1] > 10 * TOLERANCE
     assert verdict.errors[0] < TOLERANCE / 10 and verdict.errors[2] < TOLERANCE / 10  # the tail ran honestly on bad states
@@ -92,7 +92,7 @@ def test_a_stage_that_lies_about_its_inputs_is_blamed_with_its_neighbour(honest,
     records, slices, sequence, prompt_len = honest
     lying = dataclasses.replace(records[2], inputs=records[2].inputs * 1.01)  # type: ignore[arg-type]
     verdict = blame([records[0], records[1], lying], slices, sequence=sequence, prompt_len=prompt_len,
-                    shared_output=True, recompute=recompute)
+                    shared_output=True, recompute=recompute, d_model=640)
     assert verdict.blamed == [1, 2], verdict
     assert "says it received other states" in verdict.reasons[0]
 
@@ -101,7 +101,7 @@ def test_a_bridge_that_changes_a_delivered_token_is_blamed(honest, recompute) ->
     records, slices, sequence, prompt_len = honest
     changed = [*sequence]
     changed[prompt_len + 3] = (changed[prompt_len + 3] + 1) % 1000
-    verdict = blame(records, slices, sequence=changed, prompt_len=prompt_len, shared_output=True, recompute=recompute)
+    verdict = blame(records, slices, sequence=changed, prompt_len=prompt_len, shared_output=True, recompute=recompute, d_model=640)
     assert verdict.blamed == [BRIDGE], verdict
     assert f"at position {prompt_len + 3}" in verdict.reasons[0]
 
@@ -110,21 +110,31 @@ def test_a_bridge_that_submitted_another_prompt_is_blamed_with_the_head(honest, 
     records, slices, sequence, prompt_len = honest
     changed = [*sequence]
     changed[2] = (changed[2] + 1) % 1000  # the job's prompt differs from what the head ran
-    verdict = blame(records, slices, sequence=changed, prompt_len=prompt_len, shared_output=True, recompute=recompute)
+    verdict = blame(records, slices, sequence=changed, prompt_len=prompt_len, shared_output=True, recompute=recompute, d_model=640)
     assert verdict.blamed == [BRIDGE, 0], verdict
 
 
 def test_a_stage_that_kept_nothing_or_too_little_is_blamed(honest, recompute) -> None:  # noqa: ANN001
     records, slices, sequence, prompt_len = honest
     verdict = blame([records[0], None, records[2]], slices, sequence=sequence, prompt_len=prompt_len,
-                    shared_output=True, recompute=recompute)
+                    shared_output=True, recompute=recompute, d_model=640)
     assert verdict.blamed == [1] and verdict.errors[1] is None, verdict
     cut = records[2]
-    short = dataclasses.replace(cut, positions=cut.positions[:-1], inputs=cut.inputs[:-1])  # type: ignore[arg-type]
+    short = dataclasses.replace(cut, positions=cut.positions[1:], inputs=cut.inputs[1:])  # type: ignore[arg-type]
     verdict = blame([records[0], records[1], short], slices, sequence=sequence, prompt_len=prompt_len,
-                    shared_output=True, recompute=recompute)
+                    shared_output=True, recompute=recompute, d_model=640)
     assert verdict.blamed == [2], verdict
-    assert "kept no evidence of position" in verdict.reasons[0]
+    assert "kept no evidence of position 0" in verdict.reasons[0]
+
+
+def test_evidence_that_no_stage_of_this_model_could_have_kept_is_malformed(honest, recompute) -> None:  # noqa: ANN001
+    records, slices, sequence, prompt_len = honest
+    narrow = dataclasses.replace(records[1], inputs=records[1].inputs[:, :320])  # type: ignore[arg-type,index]
+    floats = dataclasses.replace(records[0], inputs=records[0].inputs.astype(np.float32))  # type: ignore[union-attr]
+    verdict = blame([floats, narrow, records[2]], slices, sequence=sequence, prompt_len=prompt_len, shared_output=True,
+                    recompute=recompute, d_model=640)
+    assert verdict.blamed == [0, 1], verdict
+    assert all("evidence is malformed" in reason for reason in verdict.reasons)
 
 
 def test_the_store_keeps_the_newest_requests_within_its_budget() -> None:

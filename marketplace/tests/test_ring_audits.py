@@ -2,8 +2,8 @@
 sampler (mahout/tests/test_ring_audit.py: the llama.cpp verifier passes an honest ring's
 answers), so the gateway draws ring jobs for audits too. Every host's share of an audited
 ring job waits in the escrow (its stage hosts' with its bridge's); a pass pays each its
-layers' share, a failure refunds the customer all of it and blames the bridge, which
-delivered the text. A job at top_p < 1 is drawn too (mahout 0.5.0's rings draw the nucleus
+layers' share, a failure refunds the customer all of it and opens an inquiry into whose fault
+it was (test_ring_inquiries.py); a ring all on its bridge's host blames that host. A job at top_p < 1 is drawn too (mahout 0.5.0's rings draw the nucleus
 by the specified sampler); a ring that reports no tokens is drawn and fails, as any host does."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from billing.services import split_cost
 from conftest import make_host
 from hosts.models import Host
 from marketplace import audits, services
-from marketplace.models import Audit, Job, StageShare
+from marketplace.models import Audit, Job, RingInquiry, StageShare
 from marketplace.tests.test_ring_pay import host_earned
 from mesh.rings.models import ModelLayout
 from mesh.rings.services import StageSpec, ring_plan_create
@@ -71,7 +71,7 @@ def test_a_rings_job_is_audited_with_every_hosts_share_in_escrow_and_a_pass_pays
     assert ledger.reconcile_report() == []
 
 
-def test_a_failed_rings_audit_refunds_everything_and_blames_the_bridge(customer, catalog, ring) -> None:  # noqa: ANN001
+def test_a_failed_rings_audit_refunds_everything_and_opens_an_inquiry_before_blaming_anyone(customer, catalog, ring) -> None:  # noqa: ANN001
     bridge, first, last = ring
     before = ledger.customer_account(user=customer.user).available_ucents
     job = serve(customer, catalog, bridge)
@@ -79,10 +79,23 @@ def test_a_failed_rings_audit_refunds_everything_and_blames_the_bridge(customer,
     assert audits.audit_decide(audit=audit, reason="token 2 is not the seed's draw", counts={"checked": 4, "misses": 3})
     assert ledger.customer_account(user=customer.user).available_ucents == before  # every µ¢ back
     assert escrow() == 0 and all(host_earned(h.host) == 0 for h in ring)
-    hosts = {h.pk: h for h in Host.objects.filter(pk__in=[h.host.pk for h in ring])}
-    assert hosts[bridge.host.pk].maintenance_by == "verification"
-    assert hosts[first.host.pk].maintenance_since is None and hosts[last.host.pk].maintenance_since is None
+    assert not Host.objects.filter(pk__in=[h.host.pk for h in ring], maintenance_since__isnull=False).exists()
+    inquiry = RingInquiry.objects.get(audit=audit)  # whose fault it was is found first (test_ring_inquiries.py)
+    assert inquiry.status == RingInquiry.Status.COLLECTING and inquiry.token_ids == TOKENS and inquiry.payload
+    assert Audit.objects.get(pk=audit.pk).payload is None  # the audit's own copy is gone, as for every audit
     assert ledger.reconcile_report() == []
+
+
+def test_a_failed_audit_of_a_ring_all_on_its_bridge_blames_the_bridge(customer, catalog, settings) -> None:  # noqa: ANN001
+    settings.AUDIT_PROBATION_RATE = 1.0
+    n_layers = ModelLayout.objects.get(model=catalog).n_layers
+    bridge = make_host(name="alone")
+    ring_plan_create(model_name=catalog.name, row_width=64, micro_batch=2, bridge_host=bridge.host,
+                     stages=[StageSpec(0, 4, None), StageSpec(4, n_layers, bridge.host)])
+    audit = Audit.objects.get(job=serve(customer, catalog, bridge))
+    assert audits.audit_decide(audit=audit, reason="token 2 is not the seed's draw", counts={"misses": 3})
+    assert Host.objects.get(pk=bridge.host.pk).maintenance_by == "verification"
+    assert not RingInquiry.objects.exists()
 
 
 def test_a_job_at_top_p_below_1_is_drawn_like_any_other(customer, catalog, ring) -> None:  # noqa: ANN001
