@@ -415,7 +415,7 @@ class RingInquiriesWantedApi(HostApi):
 
         inquiries = WantedSerializer(many=True)
 
-    @extend_schema(parameters=[QuerySerializer], responses={200: OutputSerializer, 404: ERROR})
+    @extend_schema(parameters=[QuerySerializer], responses={200: OutputSerializer, 400: ERROR, 404: ERROR})
     def get(self, request: DrfRequest) -> Response:
         host = self.host(request)
         query = self.QuerySerializer(data=request.query_params)
@@ -461,7 +461,7 @@ class RingEvidenceApi(HostApi):
         return Response(ring_inquiries.evidence_store(host=host, inquiry_id=inquiry_id, stage=data["stage"], part=data["part"],
                                                       parts=data["parts"], data=raw))
 
-    @extend_schema(parameters=[QuerySerializer], responses={200: PartSerializer, 404: ERROR, 409: ERROR})
+    @extend_schema(parameters=[QuerySerializer], responses={200: PartSerializer, 400: ERROR, 404: ERROR, 409: ERROR})
     def get(self, request: DrfRequest, inquiry_id: int) -> Response:
         host = self.host(request)
         query = self.QuerySerializer(data=request.query_params)

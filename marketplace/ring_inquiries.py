@@ -201,14 +201,14 @@ def inquiry_verdict_report(*, host: Host, inquiry_id: int, verdict: str, blamed:
     bridge) and why, or "declined" (another checker is asked). Returns the inquiry's status."""
     inquiry = _checker_inquiry(host=host, inquiry_id=inquiry_id, lock=True)
     if verdict == "declined":
-        _let_go(inquiry, why=f"declined: {'; '.join(reasons)[:300]}")
+        _let_go(inquiry, why=f"declined: {'; '.join(reasons)[:300]!r}")
         return inquiry.status
     hosts = _stage_hosts(inquiry.plan)
     if not blamed or any(index != BRIDGE and index not in hosts for index in blamed):
         raise ApiError(400, f"blamed must name stages of the ring (0..{len(hosts) - 1}) or the bridge ({BRIDGE}).",
                        code="invalid_blame", type="invalid_request_error", param="blamed")
     _decide(inquiry, blamed=[(index, hosts.get(index, inquiry.plan.bridge_host_id)) for index in dict.fromkeys(blamed)],
-            verdict="; ".join(reasons)[:4000])
+            verdict="; ".join(reasons).replace("\x00", "")[:4000])
     _checker_pay(inquiry, host)
     return inquiry.status
 
