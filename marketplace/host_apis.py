@@ -456,7 +456,7 @@ class RingEvidenceApi(HostApi):
         data = body.validated_data
         try:
             raw = base64.b64decode(data["data"], validate=True)
-        except binascii.Error:
+        except (binascii.Error, ValueError):  # (a non-ASCII character is a ValueError before any decoding)
             raise ApiError(400, "data is not base64.", code="invalid_data", type="invalid_request_error", param="data") from None
         return Response(ring_inquiries.evidence_store(host=host, inquiry_id=inquiry_id, stage=data["stage"], part=data["part"],
                                                       parts=data["parts"], data=raw))

@@ -142,8 +142,9 @@ def test_strangers_other_stages_and_bad_parts_are_refused_in_the_apis_format(cus
     post = f"/ring-inquiries/{inquiry.pk}/evidence"
     refused = call("POST", post, last.token, {"stage": 0, "part": 0, "parts": 1, "data": ""})
     assert refused.status_code == 404 and refused.json()["error"]["code"] == "inquiry_not_found"
-    bad = call("POST", post, first.token, {"stage": 0, "part": 0, "parts": 1, "data": "not base64!"})
-    assert bad.status_code == 400 and bad.json()["error"]["param"] == "data"
+    for data in ("not base64!", "éé00"):
+        bad = call("POST", post, first.token, {"stage": 0, "part": 0, "parts": 1, "data": data})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "data"
     beyond = call("POST", post, first.token, {"stage": 0, "part": 3, "parts": 2, "data": ""})
     assert beyond.status_code == 400 and beyond.json()["error"]["code"] == "invalid_part"
     assert call("POST", post, first.token, {"stage": 0, "part": 0, "parts": 2, "data": "eHg="}).status_code == 200
