@@ -627,16 +627,17 @@ class HeadAgent(StageAgent):
     ) -> None:
         """The head's part of the pick (`Sampler.head_pick`), downstream to the tail: a greedy
         candidate, or for a sampled row the token or the draw the tail makes in its half."""
-        message: dict[str, Any] = {"type": "partial", "seq": seq}
         tail_logits = tail_logits or {}
-        try:
-            message["picks"] = {
-                row.request_id: self._sampler.head_pick(row, logits[i], masses.get(row.request_id), tail_logits.get(row.request_id),
-                                                        self._grammars.get(row.request_id))
-                for i, row in enumerate(rows)}
-        except Exception as exc:  # noqa: BLE001 - the tail fails these requests; the ring serves on
-            message["failed"] = f"{self.name}: {exc}"
-        self._send_next(message)
+        picks: dict[str, Any] = {}
+        refused: dict[str, str] = {}
+        for i, row in enumerate(rows):
+            try:
+                picks[row.request_id] = self._sampler.head_pick(
+                    row, logits[i], masses.get(row.request_id), tail_logits.get(row.request_id),
+                    self._grammars.get(row.request_id))
+            except Exception as exc:  # noqa: BLE001 - e.g. a grammar that allows nothing: that request fails, not its pass
+                refused[row.request_id] = f"{self.name}: {exc}"
+        self._send_next({"type": "partial", "seq": seq, "picks": picks, "refused": refused})
 
 
 class MiddleAgent(StageAgent):
@@ -749,9 +750,20 @@ class TailAgent(MiddleAgent):
         if header.get("failed"):
             self._send_error([row.request_id for row, _ in waiting], str(header["failed"]))
             return
-        theirs = header.get("picks") or {}
-        self._emit([(row, self._sampler.tail_pick(row, mine, theirs[row.request_id]), picked(theirs[row.request_id]))
-                    for row, mine in waiting])
+        theirs, refused = header.get("picks") or {}, dict(header.get("refused") or {})
+        chosen = []
+        for row, mine in waiting:
+            if row.request_id not in theirs:
+                refused.setdefault(row.request_id, f"{self.name}: the head sent no part of the pick")
+                continue
+            try:
+                chosen.append((row, self._sampler.tail_pick(row, mine, theirs[row.request_id]), picked(theirs[row.request_id])))
+            except Exception as exc:  # noqa: BLE001 - that request fails, the others of its pass go on
+                refused[row.request_id] = f"{self.name}: {exc}"
+        self._emit(chosen)
+        for request_id, message in refused.items():
+            if any(row.request_id == request_id for row, _ in waiting):
+                self._send_error([request_id], str(message))
 
     def _forget(self, request_id: str) -> None:
         super()._forget(request_id)
