@@ -350,6 +350,9 @@ class RingInquiry(models.Model):
                                 help_text="the trusted host recomputing the stages now (never one of the ring's)")
     checker_since = models.DateTimeField(null=True, blank=True)
     declined_by = models.JSONField(default=list, blank=True, help_text="hosts that declined or abandoned the check")
+    verdicts = models.JSONField(
+        default=list, blank=True,
+        help_text="each checker's verdict so far: [{checker, owner, blamed, reasons}]; two that agree decide")
     blamed = models.JSONField(default=list, blank=True, help_text="the hosts blamed: [{host, stage, reason}]")
     verdict = models.TextField(blank=True, help_text="the checker's reasons, or why the bridge was blamed without one")
     decided_at = models.DateTimeField(null=True, blank=True)

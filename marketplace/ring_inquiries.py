@@ -15,10 +15,15 @@ so before anyone is punished the gateway finds out whose fault it was:
    "ring_check"), reads the evidence (`evidence_read`), recomputes every stage on its own
    inputs (`mahout.ring.blame`: the gateway never imports torch) and reports which stages,
    or the bridge, are at fault (`inquiry_verdict_report`). A checker that declines, or is
-   silent for AUDIT_SCORE_TIMEOUT_SECONDS, hands it to another.
+   silent for AUDIT_SCORE_TIMEOUT_SECONDS, hands it to another. One checker's word is not
+   enough where a second could be had: a trusted host of yet another owner checks it again,
+   and two verdicts that agree decide (on a disagreement, a third; a checker outvoted loses
+   its trust: the check is a computation two honest machines agree on). With no such host,
+   or none within AUDIT_SCORER_WAIT_SECONDS, the first verdict stands.
 3. **Decided**. The hosts blamed go into maintenance with the evidence, lose their trust and
    forfeit their unvested earnings (`host_blame`, as for any failed audit); the checker is
-   paid a scorer's fee. The job, the answer and the evidence are deleted.
+   paid a scorer's fee (each checker whose verdict stands). The job, the answer and the
+   evidence are deleted.
 
 A ring whose stages all run on its bridge's own host needs no inquiry: that host is blamed
 as any host. When no checker took the inquiry within AUDIT_SCORER_WAIT_SECONDS, the bridge,
@@ -37,7 +42,7 @@ from django.utils import timezone
 from billing import services as billing
 from core.errors import ApiError
 from core.events import announce_on_commit, queue_group
-from hosts.models import Host
+from hosts.models import TRUSTED, Host
 from hosts.services import host_maintenance_enter
 from marketplace import reputation
 from marketplace.models import Audit, RingEvidence, RingInquiry, StageShare
@@ -157,7 +162,8 @@ def inquiry_claim_payload(*, host: Host, model_ids: list[int], boot: str = "") -
         return None
     for inquiry in RingInquiry.objects.filter(status=RingInquiry.Status.CHECKING, checker__isnull=True,
                                               plan__model_id__in=model_ids).select_related("plan__model").order_by("created_at")[:5]:
-        if host.owner_id in _participant_owners(inquiry.plan) or host.pk in (inquiry.declined_by or []):
+        checked = {verdict["owner"] for verdict in inquiry.verdicts or []}
+        if host.owner_id in _participant_owners(inquiry.plan) | checked or host.pk in (inquiry.declined_by or []):
             continue
         if RingInquiry.objects.filter(pk=inquiry.pk, status=RingInquiry.Status.CHECKING, checker__isnull=True).update(
                 checker=host, checker_since=timezone.now()):
@@ -207,10 +213,48 @@ def inquiry_verdict_report(*, host: Host, inquiry_id: int, verdict: str, blamed:
     if not blamed or any(index != BRIDGE and index not in hosts for index in blamed):
         raise ApiError(400, f"blamed must name stages of the ring (0..{len(hosts) - 1}) or the bridge ({BRIDGE}).",
                        code="invalid_blame", type="invalid_request_error", param="blamed")
-    _decide(inquiry, blamed=[(index, hosts.get(index, inquiry.plan.bridge_host_id)) for index in dict.fromkeys(blamed)],
-            verdict="; ".join(reasons).replace("\x00", "")[:4000])
-    _checker_pay(inquiry, host)
+    inquiry.verdicts = [*(inquiry.verdicts or []), {
+        "checker": host.pk, "owner": host.owner_id, "blamed": sorted(set(blamed)),
+        "reasons": "; ".join(reasons).replace("\x00", "")[:4000]}]
+    inquiry.checker, inquiry.checker_since = None, None
+    inquiry.save(update_fields=["verdicts", "checker", "checker_since"])
+    _settle_verdicts(inquiry)
     return inquiry.status
+
+
+def _settle_verdicts(inquiry: RingInquiry, *, waited: bool = False) -> None:
+    """Decide once two checkers agree on whom to blame, or on one checker's word when no
+    trusted host of another owner could give a second look (or none did in time: `waited`).
+    Checkers whose verdict the decision goes against lose their trust: a check is a
+    computation two honest machines agree on."""
+    verdicts = inquiry.verdicts or []
+    groups: dict[tuple[int, ...], list[dict]] = {}
+    for verdict in verdicts:
+        groups.setdefault(tuple(verdict["blamed"]), []).append(verdict)
+    agreed = next((group for group in groups.values() if len(group) >= 2), None)
+    if agreed is None and len(verdicts) == 1 and (waited or not _second_look_possible(inquiry)):
+        agreed = verdicts
+    if agreed is None:  # a second look (or, on a disagreement, a third) is wanted
+        announce_on_commit(queue_group(inquiry.plan.model_id), {"type": "audit.queued"})
+        return
+    hosts = _stage_hosts(inquiry.plan)
+    _decide(inquiry, blamed=[(index, hosts.get(index, inquiry.plan.bridge_host_id)) for index in agreed[0]["blamed"]],
+            verdict=agreed[0]["reasons"])
+    for verdict in verdicts:
+        if verdict in agreed:
+            _checker_pay(inquiry, Host.objects.get(pk=verdict["checker"]))
+        else:
+            logger.warning("ring inquiry %s: host %s's verdict %s was outvoted by %s; it loses its trust", inquiry.pk,
+                           verdict["checker"], verdict["blamed"], agreed[0]["blamed"])
+            reputation.trust_revoke(host_id=verdict["checker"])
+
+
+def _second_look_possible(inquiry: RingInquiry) -> bool:
+    """Whether a trusted host that holds the model, of an owner neither in the ring nor among
+    the checkers so far, could check it."""
+    owners = _participant_owners(inquiry.plan) | {verdict["owner"] for verdict in inquiry.verdicts or []}
+    return Host.objects.filter(TRUSTED.q(), qualifications__model_id=inquiry.plan.model_id).exclude(
+        owner_id__in=owners).exists()
 
 
 def _let_go(inquiry: RingInquiry, *, why: str) -> None:
@@ -273,6 +317,13 @@ def inquiries_watch(*, now: object = None) -> int:
         with transaction.atomic():
             if not RingInquiry.objects.select_for_update().filter(pk=inquiry.pk, status=RingInquiry.Status.CHECKING,
                                                                   checker__isnull=True).exists():
+                continue
+            if inquiry.verdicts:  # a verdict waiting for a second look nobody gave: it stands (or, split, the first)
+                logger.warning("ring inquiry %s: no second checker looked within %.0f s; the first verdict stands",
+                               inquiry.pk, settings.AUDIT_SCORER_WAIT_SECONDS)
+                inquiry.verdicts = inquiry.verdicts[:1]
+                _settle_verdicts(inquiry, waited=True)
+                decided += 1
                 continue
             logger.warning("ring inquiry %s: no trusted host outside the ring checked it within %.0f s; its bridge is blamed",
                            inquiry.pk, settings.AUDIT_SCORER_WAIT_SECONDS)

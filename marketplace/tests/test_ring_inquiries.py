@@ -163,3 +163,41 @@ def test_strangers_other_stages_and_bad_parts_are_refused_in_the_apis_format(cus
                     {"verdict": "declined", "reasons": ["the file is not here"]})
     assert declined.json() == {"status": "checking"}
     assert not Host.objects.filter(pk__in=[h.host.pk for h in ring], maintenance_since__isnull=False).exists()
+
+
+def test_where_a_second_checker_can_look_two_must_agree_and_one_outvoted_loses_its_trust(customer, catalog, ring) -> None:  # noqa: ANN001, F811
+    bridge, first, last = ring
+    inquiry = failed(customer, catalog, ring)
+    for stage, who in ((0, first), (1, bridge), (2, last)):
+        hand_over(inquiry, stage, who.token, b"x" * 12)
+    liar, honest, third = (make_host(name=name, trusted=True) for name in ("liar", "honest", "third"))
+    assert ring_inquiries.inquiry_claim_payload(host=liar.host, model_ids=[catalog.pk])["id"] == inquiry.pk
+    assert ring_inquiries.inquiry_verdict_report(host=liar.host, inquiry_id=inquiry.pk, verdict="blamed", blamed=[0],
+                                                 reasons=["framed"]) == "checking"  # others could look: it waits
+    assert ring_inquiries.inquiry_claim_payload(host=liar.host, model_ids=[catalog.pk]) is None  # not twice
+    assert ring_inquiries.inquiry_claim_payload(host=honest.host, model_ids=[catalog.pk])["id"] == inquiry.pk
+    assert ring_inquiries.inquiry_verdict_report(host=honest.host, inquiry_id=inquiry.pk, verdict="blamed", blamed=[2],
+                                                 reasons=["stage 2's layers differ"]) == "checking"  # split: a third
+    assert ring_inquiries.inquiry_claim_payload(host=third.host, model_ids=[catalog.pk])["id"] == inquiry.pk
+    assert ring_inquiries.inquiry_verdict_report(host=third.host, inquiry_id=inquiry.pk, verdict="blamed", blamed=[2],
+                                                 reasons=["stage 2's layers differ"]) == "decided"
+    hosts = {h.pk: h for h in Host.objects.filter(pk__in=[h.host.pk for h in (first, last, liar, honest, third)])}
+    assert hosts[last.host.pk].maintenance_by == "verification" and hosts[first.host.pk].maintenance_since is None
+    assert hosts[liar.host.pk].trusted_at is None  # outvoted: it checks no more
+    assert hosts[honest.host.pk].trusted_at is not None and hosts[third.host.pk].trusted_at is not None
+
+
+def test_a_lone_verdict_stands_when_no_second_look_comes_in_time(customer, catalog, ring, settings) -> None:  # noqa: ANN001, F811
+    bridge, first, last = ring
+    inquiry = failed(customer, catalog, ring)
+    for stage, who in ((0, first), (1, bridge), (2, last)):
+        hand_over(inquiry, stage, who.token, b"x" * 12)
+    one, _other = make_host(name="one", trusted=True), make_host(name="other", trusted=True)
+    ring_inquiries.inquiry_claim_payload(host=one.host, model_ids=[catalog.pk])
+    assert ring_inquiries.inquiry_verdict_report(host=one.host, inquiry_id=inquiry.pk, verdict="blamed", blamed=[0],
+                                                 reasons=["stage 0's layers differ"]) == "checking"
+    later = timezone.now() + timedelta(seconds=settings.AUDIT_SCORER_WAIT_SECONDS + 1)
+    assert ring_inquiries.inquiries_watch(now=later) == 1
+    inquiry.refresh_from_db()
+    assert inquiry.status == RingInquiry.Status.DECIDED and inquiry.blamed == [{"stage": 0, "host": first.host.pk}]
+    assert Host.objects.get(pk=first.host.pk).maintenance_by == "verification"
