@@ -30,6 +30,8 @@ from marketplace.models import (
     CanaryReference,
     Job,
     Request,
+    RingEvidence,
+    RingInquiry,
     StageShare,
     StoredResponse,
     TextChunk,
@@ -259,6 +261,38 @@ class AuditScoreAdmin(MoneyAdmin, admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
+
+
+class _ReadOnly:
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(RingInquiry)
+class RingInquiryAdmin(_ReadOnly, admin.ModelAdmin):
+    """Each ring's failed audit looked into: its status, the checkers' verdicts and whom they
+    blamed (never the job or the evidence: deleted when decided). Read-only: checkers decide."""
+
+    list_display = ("created_at", "plan", "status", "checker", "blamed", "decided_at")
+    list_filter = ("status",)
+    search_fields = ("verdict", "audit_reason")
+    fields = readonly_fields = ("audit", "plan", "status", "audit_reason", "checker", "checker_since", "declined_by",
+                                "verdicts", "blamed", "verdict", "created_at", "checking_since", "decided_at")
+
+
+@admin.register(RingEvidence)
+class RingEvidenceAdmin(_ReadOnly, admin.ModelAdmin):
+    """The parts of evidence stages handed over for inquiries still open (their contents are
+    hidden states of a customer's prompt: not shown)."""
+
+    list_display = ("received_at", "inquiry", "stage", "host", "part", "parts")
+    fields = readonly_fields = ("inquiry", "stage", "host", "part", "parts", "received_at")
 
 
 @admin.register(CanaryCheck)
