@@ -269,15 +269,18 @@ def coordinator_unauditable(*, payload: dict) -> bool:
 
 
 def audit_summary() -> dict:
-    """Audits by status, the models trusted hosts verify (the gateway lacks their weights) and
-    those nobody can verify (no weights on the gateway and no trusted host qualified)."""
+    """Audits by status, the models trusted hosts verify (the gateway lacks their weights),
+    those nobody can verify (no weights on the gateway and no trusted host qualified), and the
+    ring inquiries open and decided (`marketplace.ring_inquiries`)."""
     counts = {status: Audit.objects.filter(status=status).count() for status in Audit.Status.values}
     by_hosts, unverifiable = [], []
     for model in CatalogModel.objects.filter(active=True, kind=CatalogModel.Kind.CHAT):
         if audit_weights(model, assemble=False) is None:
             scored = Host.objects.filter(TRUSTED.q(), qualifications__model_id=model.pk).exists()
             (by_hosts if scored else unverifiable).append(model.name)
-    return {**counts, "verified_by_hosts_models": by_hosts, "unverifiable_models": unverifiable}
+    inquiries = ring_inquiries.inquiry_summary()
+    return {**counts, "verified_by_hosts_models": by_hosts, "unverifiable_models": unverifiable,
+            "ring_inquiries_open": inquiries["collecting"] + inquiries["checking"], "ring_inquiries_decided": inquiries["decided"]}
 
 
 # --- scoring by trusted hosts (claimed through the host claim path) --------------------------

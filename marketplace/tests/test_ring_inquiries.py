@@ -201,3 +201,19 @@ def test_a_lone_verdict_stands_when_no_second_look_comes_in_time(customer, catal
     inquiry.refresh_from_db()
     assert inquiry.status == RingInquiry.Status.DECIDED and inquiry.blamed == [{"stage": 0, "host": first.host.pk}]
     assert Host.objects.get(pk=first.host.pk).maintenance_by == "verification"
+
+
+def test_the_pool_page_counts_the_inquiries_open_and_decided(customer, catalog, ring, settings) -> None:  # noqa: ANN001, F811
+    from django.contrib.auth import get_user_model
+
+    staff = get_user_model().objects.create_user(username="ops@example.com", password="x" * 12, is_staff=True)
+    client = Client()
+    client.force_login(staff)
+    assert "data-ring-inquiries" not in client.get("/pool/").content.decode()
+    inquiry = failed(customer, catalog, ring)
+    assert "looked into: 1 open, 0 decided" in client.get("/pool/").content.decode()
+    later = timezone.now() + timedelta(seconds=settings.RING_EVIDENCE_WAIT_SECONDS + settings.AUDIT_SCORER_WAIT_SECONDS + 1)
+    ring_inquiries.inquiries_watch(now=later)
+    ring_inquiries.inquiries_watch(now=later + timedelta(seconds=settings.AUDIT_SCORER_WAIT_SECONDS + 1))
+    assert RingInquiry.objects.get(pk=inquiry.pk).status == RingInquiry.Status.DECIDED
+    assert "looked into: 0 open, 1 decided" in client.get("/pool/").content.decode()
