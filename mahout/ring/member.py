@@ -84,6 +84,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     add_device_argument(stage)
     stage.add_argument("--model", default=None,
                        help="GGUF path (default: the file `mahout add` registered for the plan's model)")
+    stage.add_argument("--evidence-mb", type=int, default=256,
+                       help="memory kept for the evidence of recent requests, for a failed audit's inquiry (default 256; "
+                            "a stage that kept none of an inquired request is blamed)")
     stage.add_argument("--once", action="store_true", help="exit when the ring session ends instead of rejoining")
     stage.add_argument("--home", help="state directory whose pause flag counts (default: $MAHOUT_HOME or ~/.mahout)")
     stage.add_argument("--bridged", action="store_true", help=argparse.SUPPRESS)  # the bridge here watches the owner
@@ -124,6 +127,9 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
     from mahout.ring.rendezvous import RendezvousTimeout, advertised_address, dial_stage, parse_address
     from mahout.ring.stage import StageAgent
 
+    if args.evidence_mb < 1:
+        say(f"mahout: error: --evidence-mb must be at least 1, not {args.evidence_mb}")
+        return 2
     exit_on_sigterm()  # so the `finally` that clears the stage's address runs
     home = resolve_home(args.home)
     login = credentials_resolve(server=args.server, token=args.token, home=home,
@@ -153,7 +159,7 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
         secret, caps = plan["secret"], limits.frame_caps(d_model=config.d_model, n_ctx=args.n_ctx)
         bind = parse_address(args.bind, default_host="0.0.0.0")
         following = (args.stage + 1) % n_stages
-        evidence = EvidenceStore()  # kept across ring sessions: a failed audit may ask after the ring re-formed
+        evidence = EvidenceStore(args.evidence_mb * 2**20)  # kept across ring sessions: an inquiry may come after the ring re-formed
         uploader = EvidenceUploader(HostApi(login.server, login.token), evidence, ring_id=args.ring, stage=args.stage,
                                     say=say).start()
         while True:

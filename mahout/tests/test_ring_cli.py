@@ -29,6 +29,11 @@ class RingCommandTests:
         assert main(["ring", "--stages", "1", "--prompt", "hi"]) == 2
         assert "a pipeline needs at least two stages" in capsys.readouterr().err
 
+    def test_a_stage_refuses_no_memory_for_its_evidence(self, capsys: pytest.CaptureFixture[str]) -> None:
+        assert main(["stage", "--server", "http://127.0.0.1:9", "--token", "t", "--ring", "1", "--stage", "0",
+                     "--evidence-mb", "0"]) == 2
+        assert "--evidence-mb must be at least 1, not 0" in capsys.readouterr().out
+
     def test_it_prints_the_engines_greedy_text_from_stage_processes(self) -> None:
         from engine.gguf_loader import default_model_path
         from engine.tokenizer import Tokenizer
