@@ -186,3 +186,17 @@ def test_a_stage_without_the_vocabulary_fails_a_grammar_request_and_serves_on(mo
         with pytest.raises(RingError, match="follows no grammar"):
             bare.bridge.submit([2, 651, 3355], 4, grammar='root ::= "{}"').result()
         assert len(bare.bridge.submit([2, 651, 3355], 4).result()) == 4  # the ring serves on
+
+
+def test_an_honest_rings_answer_to_text_it_resumes_fails_so_the_gateway_draws_none(ring, vocab, verifier) -> None:  # noqa: ANN001
+    """A chat ending in an assistant turn mid-word: a single-machine host heals the cut word (it
+    writes the word's tokens again under a mask), and the verifier replays that. A ring feeds the
+    prompt as it is, so even its honest answer fails; the gateway does not draw such ring jobs
+    (`marketplace.audits.coordinator_unauditable`, marketplace/tests/test_ring_audits.py)."""
+    payload = rendered({
+        "id": "job-2", "model": "gemma-3-270m", "kind": "chat", "prompt": None,
+        "messages": [{"role": "user", "content": "Describe elephants."}, {"role": "assistant", "content": "Elephants are the larg"}],
+        "params": {"max_tokens": MAX_TOKENS, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": 11},
+    })
+    audit = verifier.audit(payload, **ring_answer(ring, vocab, payload, seed=11))
+    assert not audit.passed and "do not write again the text the job resumes" in (audit.reason or "")
