@@ -22,8 +22,8 @@ its unvested earnings. Either way the prompt, text and tokens are deleted then.
 
 What is auditable (`mahout.verify.auditable`): chats and completions, under a grammar
 (`response_format`, tools) or not, first attempts and continuations (the continuation's own
-text, against the payload it was sent; not from an MoE coordinator or a ring, which heal no
-cut word: `coordinator_unauditable`), on a model whose weights the gateway has
+text, against the payload it was sent; not from an MoE coordinator, which heals no cut word:
+`coordinator_unauditable`), on a model whose weights the gateway has
 (`catalog.tokenizer.weights_on_gateway`) or that a trusted host other than the job's own
 could score. A chosen job whose host reported no tokens fails: a current mahout always
 reports them. A ring's final text is audited as any job's (its stages draw by the specified
@@ -258,13 +258,13 @@ def _audited_payees(audit: Audit) -> list[tuple[Host, int, str]]:
 
 
 def coordinator_unauditable(*, payload: dict) -> bool:
-    """A job of an MoE coordinator or of a ring's bridge that its audit could not judge fairly
-    (their other answers are audited as any host's: they draw by the specified sampler, under a
-    response_format's grammar as a single-machine host draws under one): one that resumes text
-    (a continuation, a chat ending in an assistant turn: neither heals a cut word, and the
-    coordinator reads a `rewrite` in without writing it again, where the verifier replays what a
-    single-machine host does; an honest ring's answer to such a chat fails the verifier, 'the
-    token ids do not write again the text the job resumes': mahout/tests/test_ring_audit.py)."""
+    """An MoE coordinator's job its audit could not judge fairly (its other answers are audited
+    as any host's: it draws by the specified sampler and streams as llama.cpp does,
+    `mahout.moe.runner.MoeSlot`, under a response_format's grammar as a single-machine host
+    draws under one): one that resumes text (a continuation, a chat ending in an assistant turn:
+    the coordinator heals no cut word and reads a `rewrite` in without writing it again, where
+    the verifier replays what a single-machine host does). A ring heals as a host does (mahout
+    0.6.0: `mahout.ring.vocab.Healing`), so its jobs that resume text are audited."""
     from mahout.runners.llama import resumes_text
 
     return bool(payload.get("rewrite") or resumes_text(payload))

@@ -114,9 +114,11 @@ class RingBridge:
     def submit(
         self, prompt_ids: Sequence[int], max_tokens: int, *, stop_ids: Sequence[int] = (),
         temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None, request_id: str | None = None,
-        logprobs: int | None = None, grammar: str | None = None, grammar_root: str = "root",
+        logprobs: int | None = None, grammar: str | None = None, grammar_root: str = "root", heal: bytes | None = None,
     ) -> RingRequest:
-        """Hand a prompt to the head; the request is in flight as soon as this returns."""
+        """Hand a prompt to the head; the request is in flight as soon as this returns. `heal`:
+        the bytes its first tokens must write again (a cut last word the prompt was cut before,
+        `mahout.runners.llama.healing`)."""
         request = RingRequest(request_id or f"r{next(self._ids)}-{uuid.uuid4().hex[:8]}")
         with self._lock:
             if self._broken:
@@ -125,7 +127,7 @@ class RingBridge:
         header = {
             "type": "submit", "request_id": request.id, "prompt_ids": list(prompt_ids), "max_tokens": max_tokens,
             "stop_ids": list(stop_ids), "temperature": temperature, "top_p": top_p, "seed": seed,
-            "logprobs": logprobs, "grammar": grammar, "grammar_root": grammar_root,
+            "logprobs": logprobs, "grammar": grammar, "grammar_root": grammar_root, "heal": heal.hex() if heal else None,
         }
         try:
             self._head.send(header)

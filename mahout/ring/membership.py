@@ -41,7 +41,9 @@ class Row:
     and `top_p` below 1 keeps only the nucleus (`protocol.sampling`). `top_logprobs`: report
     the token's log-probability and that many likeliest alternatives (None: none). `grammar`:
     the token is drawn under the request's grammar (a response_format's), held by the stage
-    that picks (`mahout.ring.stage`).
+    that picks (`mahout.ring.stage`). `heal`: the request resumes text, so its first tokens
+    write its cut last word again under a healer's mask (`mahout.runners.llama.TokenHealer`),
+    held there too.
     """
 
     request_id: str
@@ -54,13 +56,15 @@ class Row:
     top_p: float = 1.0
     top_logprobs: int | None = None
     grammar: bool = False
+    heal: bool = False
 
     @property
     def needs_whole(self) -> bool:
         """Its pick needs the whole vocabulary's logits in one place: the nucleus of top_p < 1
         is cut over all of them, log-probabilities are normalised over all of them, and a
-        grammar's masked draw weighs all of them."""
-        return self.grammar or self.top_logprobs is not None or (self.temperature > 0 and self.top_p < 1)
+        grammar's masked draw weighs all of them, and so does a healer's (a request that resumes text
+        writes its cut last word again under a mask over the whole vocabulary)."""
+        return self.grammar or self.heal or self.top_logprobs is not None or (self.temperature > 0 and self.top_p < 1)
 
     def span(self) -> RowSpan:
         return RowSpan(self.request_id, self.start, self.n_tokens)

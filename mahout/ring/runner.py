@@ -35,7 +35,15 @@ from mahout.ring.bridge import RingBridge, RingError, RingRequest
 from mahout.ring.membership import GRAMMAR_MAX_BYTES
 from mahout.ring.model import RingModel, ring_model
 from mahout.runners import JobUnsupported, Piece, RequestRejected
-from mahout.runners.llama import PromptTokenizer, end_of_generation_ids, grammar_for, pieces_whole
+from mahout.runners.llama import (
+    PromptTokenizer,
+    Vocab,
+    end_of_generation_ids,
+    grammar_for,
+    healing,
+    pieces_whole,
+    resumes_text,
+)
 from mahout.runners.logprobs import LogprobRecorder, Step, TokenAligner
 from protocol.jobs import needs_single_machine
 
@@ -75,6 +83,7 @@ class RingRunner:
         self.token_ids: list[int] = []  # the last job's drawn tokens, reported for its audit (`mahout.loop`)
         self.seed: int | None = None  # the seed they were drawn with (the gateway's, in the job)
         self._pieces_bytes: list[bytes] | None = None  # every token's bytes, once a job asks for log-probabilities
+        self._vocab_pieces: Vocab | None = None  # the same, for healing, once a job resumes text
 
     def _decode(self, ids: list[int]) -> str:
         return self._vocab.detokenize(ids).decode("utf-8", errors="replace")
@@ -91,6 +100,9 @@ class RingRunner:
         if budget <= 0:
             raise ValueError(f"prompt is {len(prompt)} tokens; the ring's context window is {self.n_ctx} tokens")
         max_tokens = min(int(params.get("max_tokens") or budget), budget)
+        healer = None
+        if resumes_text(job):  # its cut last word is written again first, as a single-machine host heals it
+            prompt, healer = healing(job, prompt, self._heal_vocab())
         stops = [s for s in (params.get("stop") or []) if s]
         self._stop_ids = {*self._ends, *self._prompt.single_ids(job.get("end_of_turn") or [])}
         temperature, logprobs = params.get("temperature"), params.get("logprobs")
@@ -104,21 +116,31 @@ class RingRunner:
             grammar=None if grammar is None else grammar._grammar,  # type: ignore[attr-defined]
             grammar_root="root" if grammar is None else grammar._root,  # type: ignore[attr-defined]
             request_id=f"job-{job.get('id')}-{uuid.uuid4().hex[:8]}",  # stages keep evidence under it (`mahout.ring.evidence`)
+            heal=healer.dropped if healer is not None else None,
         )
         try:
             if logprobs is None:
-                yield from self._pieces(request, stops)
+                for text in self._pieces(request, stops):
+                    text = healer.strip(text) if healer is not None else text  # (the customer has that word already)
+                    if text:
+                        yield text
             else:
-                yield from self._logprob_pieces(request, stops)
+                yield from self._logprob_pieces(request, stops, skip=len(healer.pending) if healer is not None else 0)
         finally:
             if request.finish_reason is None:  # a stop string, or the loop let go: free the ring's rows
                 self.bridge.cancel(request.id)
 
-    def _logprob_pieces(self, request: RingRequest, stops: list[str]) -> Generator[Piece, None, None]:
+    def _heal_vocab(self) -> Vocab:
+        """Every token's bytes, for healing (built on the first job that resumes text)."""
+        if self._vocab_pieces is None:
+            self._vocab_pieces = Vocab(self._vocab)
+        return self._vocab_pieces
+
+    def _logprob_pieces(self, request: RingRequest, stops: list[str], *, skip: int = 0) -> Generator[Piece, None, None]:
         """`_pieces`, each ending on a token boundary with its tokens' log-probabilities (the
         tail's, `mahout.ring.vocab.report`), as a single-machine host streams them."""
         recorder = LogprobRecorder(prompt_len=0, top=0)  # (its steps only: the tail computed them)
-        aligner = TokenAligner(recorder, self._token_bytes(), skip=0)
+        aligner = TokenAligner(recorder, self._token_bytes(), skip=skip)
 
         def known() -> None:  # a step for each token delivered so far (a stop token is not)
             for entry in request.logprobs[len(recorder.steps):len(self.token_ids)]:

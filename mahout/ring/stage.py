@@ -35,7 +35,8 @@ are capped by the plan's widths (`Limits.frame_caps`), not by what a peer announ
 
 Messages (header ``type``): ``hello`` (the handshake's, naming the role), ``submit`` and ``cancel``
 (bridge -> head), ``grammar`` (a request's response_format grammar, from the head to the stage
-that picks, ahead of the request's rows), ``batch`` (hidden state + membership, downstream), ``tokens`` (tail -> head and
+that picks, ahead of the request's rows), ``heal`` (likewise, the text a request that resumes
+text writes again first), ``batch`` (hidden state + membership, downstream), ``tokens`` (tail -> head and
 bridge; with each token's log-probabilities where asked), ``share`` (tail -> head: final-normed rows), ``mass`` (tail -> head: its half's mass for
 sampled rows, and its half's logits for rows whose pick needs them whole: `Row.needs_whole`) and ``partial`` (head -> downstream to the tail: the head's part of the pick), ``release`` (a request ended: every stage frees its
 cache row; the tail tells the bridge ``done``), ``error`` (requests that failed, downstream to
@@ -66,7 +67,7 @@ from engine.model import Stage
 from mahout.link import FrameCaps, HandshakeSlots, Link, LinkClosed, LinkRefused, accept, connect, listen
 from mahout.ring.evidence import EvidenceStore
 from mahout.ring.membership import DECODE, PREFILL, Limits, Row, rows_from_wire, rows_to_wire
-from mahout.ring.vocab import Sampler, picked, report
+from mahout.ring.vocab import Healing, Sampler, picked, report
 from protocol.jobs import MAX_TOP_LOGPROBS
 
 if TYPE_CHECKING:
@@ -105,6 +106,7 @@ class _Request:
     top_p: float = 1.0
     top_logprobs: int | None = None  # report log-probabilities with that many alternatives (None: none)
     grammar: bool = False  # drawn under a response_format's grammar (held by the stage that picks)
+    heal: bool = False  # resumes text: its cut last word is written again first (held by the stage that picks)
     fed: int = 0  # prompt tokens already sent into the ring
     generated: int = 0
     next_token: int | None = None  # the last sampled token, not yet fed back
@@ -168,6 +170,8 @@ class StageAgent:
         self.vocab_path = vocab_path  # the model's file: its vocabulary, for grammars (none: this stage follows none)
         self._vocab: Any = None  # a vocabulary-only llama.cpp model, loaded for the first grammar
         self._grammars: dict[str, Grammar] = {}  # requests under a response_format's grammar, where this stage picks
+        self._healing: dict[str, Healing] = {}  # requests that write resumed text again first, where this stage picks
+        self._heal_vocab: Any = None  # every token's bytes (`mahout.runners.llama.Vocab`), built for the first healer
         self.evidence = evidence or EvidenceStore()  # what it received and sent per request, for a failed audit's blame
 
     @property
@@ -290,6 +294,8 @@ class StageAgent:
             self._release(header)
         elif kind == "grammar":
             self._grammar(header)
+        elif kind == "heal":
+            self._heal(header)
         elif kind == "error":
             self._error(header)
         elif kind == "stats":
@@ -363,6 +369,7 @@ class StageAgent:
     def _forget(self, request_id: str) -> None:
         """Free what this stage holds for a request that ended."""
         self.stage.cache.release(request_id)
+        self._healing.pop(request_id, None)
         grammar = self._grammars.pop(request_id, None)
         if grammar is not None:
             grammar.close()
@@ -389,6 +396,30 @@ class StageAgent:
             self._grammars[request_id] = Grammar(self._vocab, spec)
         except Exception as exc:  # noqa: BLE001 - the request fails, the ring serves on
             self._send_error([request_id], f"{self.name}: cannot follow the response_format's grammar: {exc}")
+
+    def _heal(self, header: dict[str, Any]) -> None:
+        """A request that resumes text: the bytes its first tokens must write again (its cut
+        last word, `mahout.runners.llama.healing`), sent ahead of its rows: held here when this
+        stage picks, else handed on towards the one that does."""
+        if not self.picks:
+            self._send_next(header)
+            return
+        request_id = str(header["request_id"])
+        try:
+            if self.vocab_path is None:
+                raise RuntimeError("this stage was started without the model's vocabulary, so it heals no text")
+            from mahout.runners.llama import TokenHealer, Vocab
+
+            if self._heal_vocab is None:
+                if self._vocab is None:
+                    from llama_cpp import Llama
+
+                    self._vocab = Llama(model_path=str(self.vocab_path), vocab_only=True, verbose=False)
+                self._heal_vocab = Vocab(self._vocab)
+            dropped = bytes.fromhex(str(header["dropped"]))
+            self._healing[request_id] = Healing(TokenHealer(prompt_len=0, dropped=dropped, vocab=self._heal_vocab))
+        except Exception as exc:  # noqa: BLE001 - the request fails, the ring serves on
+            self._send_error([request_id], f"{self.name}: cannot write the resumed text again: {exc}")
 
     def _release(self, header: dict[str, Any]) -> None:
         self._forget(str(header["request_id"]))
@@ -488,6 +519,8 @@ class HeadAgent(StageAgent):
             problem = f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}, not {header.get('logprobs')}"
         elif header.get("grammar") is not None and not isinstance(header["grammar"], str):
             problem = "a grammar is GBNF text"
+        elif header.get("heal") is not None and not _hex_bytes(header["heal"]):
+            problem = "the text to write again is hex-encoded bytes"
         elif request_id in self._active or any(w.get("request_id") == request_id for w in self._waiting):
             problem = f"request {request_id} is already in the ring"
         if problem:
@@ -505,12 +538,15 @@ class HeadAgent(StageAgent):
                 stop_ids=frozenset(int(t) for t in h.get("stop_ids") or ()),
                 temperature=float(h.get("temperature") or 0.0), seed=h.get("seed"), top_p=_top_p(h.get("top_p")),
                 top_logprobs=None if h.get("logprobs") is None else int(h["logprobs"]), grammar=bool(h.get("grammar")),
+                heal=bool(h.get("heal")),
             )
             self._active[request.id] = request
             if request.grammar:  # ahead of its rows, to the stage that picks (this one, sharing the output head)
                 self._grammar({"type": "grammar", "request_id": request.id, "grammar": h["grammar"],
                                "root": h.get("grammar_root") or "root"})
-            if request.id in self._active:  # (a grammar this stage could not build failed the request)
+            if request.heal and request.id in self._active:  # ahead of its rows too, to the stage that picks
+                self._heal({"type": "heal", "request_id": request.id, "dropped": h["heal"]})
+            if request.id in self._active:  # (a grammar or healer this stage could not build failed the request)
                 self._ready_rows.append(request.id)
 
     def _pack(self) -> tuple[list[Row], list[int]]:
@@ -525,13 +561,15 @@ class HeadAgent(StageAgent):
             r = self._active[rid]
             if r.next_token is not None:  # decode: the token the tail sampled, at its position
                 position = len(r.prompt) + r.generated - 1
-                rows.append(Row(rid, position, 1, DECODE, True, r.temperature, r.seed, r.top_p, r.top_logprobs, r.grammar))
+                rows.append(Row(rid, position, 1, DECODE, True, r.temperature, r.seed, r.top_p, r.top_logprobs, r.grammar,
+                                r.heal))
                 ids.append(r.next_token)
                 r.next_token = None
                 continue
             chunk = r.prompt[r.fed : r.fed + self.limits.row_width]
             last = r.fed + len(chunk) == len(r.prompt)
-            rows.append(Row(rid, r.fed, len(chunk), PREFILL, last, r.temperature, r.seed, r.top_p, r.top_logprobs, r.grammar))
+            rows.append(Row(rid, r.fed, len(chunk), PREFILL, last, r.temperature, r.seed, r.top_p, r.top_logprobs, r.grammar,
+                            r.heal))
             ids.extend(chunk)
             r.fed += len(chunk)
             if not last:  # the next chunk may follow at once: stages keep frames in order
@@ -634,7 +672,7 @@ class HeadAgent(StageAgent):
             try:
                 picks[row.request_id] = self._sampler.head_pick(
                     row, logits[i], masses.get(row.request_id), tail_logits.get(row.request_id),
-                    self._grammars.get(row.request_id))
+                    self._grammars.get(row.request_id), self._healing.get(row.request_id))
             except Exception as exc:  # noqa: BLE001 - e.g. a grammar that allows nothing: that request fails, not its pass
                 refused[row.request_id] = f"{self.name}: {exc}"
         self._send_next({"type": "partial", "seq": seq, "picks": picks, "refused": refused})
@@ -702,7 +740,7 @@ class TailAgent(MiddleAgent):
             if not row.sample:
                 continue
             try:
-                token = self._sampler.pick(row, logits[i], self._grammars.get(row.request_id))
+                token = self._sampler.pick(row, logits[i], self._grammars.get(row.request_id), self._healing.get(row.request_id))
             except Exception as exc:  # noqa: BLE001 - e.g. a grammar that allows nothing: the request fails, the ring serves on
                 failed.append((row.request_id, f"{self.name}: {exc}"))
                 continue
@@ -789,6 +827,14 @@ class TailAgent(MiddleAgent):
                 self._bridge.send(header)
             except LinkClosed:
                 self._bridge = None
+
+
+def _hex_bytes(value: Any) -> bool:
+    """Whether `value` is bytes written as hex (a healer's text to write again)."""
+    try:
+        return isinstance(value, str) and bool(bytes.fromhex(value))
+    except ValueError:
+        return False
 
 
 def _top_p(value: Any) -> float:

@@ -32,7 +32,7 @@ top_p), as a single-machine host reports them (`mahout.runners.logprobs`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -43,9 +43,9 @@ from mahout.runners.logprobs import LogprobRecorder, log_softmax
 from protocol.sampling import part_mass, part_of_draw, select, select_masked, uniform
 
 if TYPE_CHECKING:
-    from mahout.runners.llama import Grammar
+    from mahout.runners.llama import Grammar, TokenHealer
 
-__all__ = ["Pick", "Sampler", "merge", "report", "whole_pick"]
+__all__ = ["Healing", "Pick", "Sampler", "merge", "report", "whole_pick"]
 
 
 @dataclass(frozen=True)
@@ -77,12 +77,40 @@ def report(row: Row, logits: torch.Tensor, token: int) -> dict | None:
     return {"logprob": float(logprobs[token]), "top": [[t, float(logprobs[t])] for t in best]}
 
 
-def whole_pick(row: Row, logits: torch.Tensor, grammar: Grammar | None) -> int:
+class Healing:
+    """A request that resumes text, at the stage that picks: the text its first tokens must
+    write again (`TokenHealer`) and what they have written so far."""
+
+    def __init__(self, healer: TokenHealer) -> None:
+        self.healer = healer
+        self.produced = b""
+
+    def masked(self, logits: torch.Tensor) -> torch.Tensor:
+        """`logits` as a single-machine host's sampler sees them: -inf where the text still to
+        write again does not allow the token (a copy; unchanged once it is all written)."""
+        allowed = self.healer.mask(self.produced)
+        if allowed is None:
+            return logits
+        return logits.float().masked_fill(~torch.from_numpy(allowed), float("-inf"))
+
+    def wrote(self, token: int) -> None:
+        if len(self.produced) < len(self.healer.dropped):
+            self.produced += self.healer.vocab.pieces[token]
+
+
+def whole_pick(row: Row, logits: torch.Tensor, grammar: Grammar | None, healing: Healing | None = None) -> int:
     """The token the specified sampler picks from the whole vocabulary's `logits`: the argmax
     (greedy) or the seeded draw, under `grammar` the masked draw (`select_masked`, as a
-    single-machine host draws), which the grammar then accepts."""
+    single-machine host draws), which the grammar then accepts; while `healing` writes text
+    again, only among the tokens it allows (as a single-machine host's healer masks them)."""
     if grammar is None and row.grammar:
         raise ValueError(f"request {row.request_id} has no grammar at the stage that picks its tokens")
+    if healing is None and row.heal:
+        raise ValueError(f"request {row.request_id} has no healer at the stage that picks its tokens")
+    if healing is not None:
+        token = whole_pick(replace(row, heal=False), healing.masked(logits), grammar)
+        healing.wrote(token)
+        return token
     if grammar is None:
         if row.temperature <= 0:
             return int(logits.argmax())
@@ -110,11 +138,11 @@ class Sampler:
         # states: (S, D) -> (S, V_s)
         return self.stage.logits(states)
 
-    def pick(self, row: Row, logits: torch.Tensor, grammar: Grammar | None = None) -> int:
+    def pick(self, row: Row, logits: torch.Tensor, grammar: Grammar | None = None, healing: Healing | None = None) -> int:
         """The token from the whole vocabulary's `logits` (a tail holding the whole output head),
-        under the row's `grammar` when it has one (`whole_pick`)."""
+        under the row's `grammar` and healer when it has them (`whole_pick`)."""
         # logits: (V,)
-        return whole_pick(row, logits, grammar)
+        return whole_pick(row, logits, grammar, healing)
 
     def greedy(self, logits: torch.Tensor) -> Pick:
         """This slice's greedy candidate."""
@@ -132,7 +160,7 @@ class Sampler:
 
     def head_pick(
         self, row: Row, logits: torch.Tensor, tail_mass: list[float] | None, tail_logits: torch.Tensor | None = None,
-        grammar: Grammar | None = None,
+        grammar: Grammar | None = None, healing: Healing | None = None,
     ) -> list | dict:
         """The head's answer for one shared row: its greedy candidate; or, sampled, the token
         when the draw falls in its slice, else the draw the tail makes within its own; or, when
@@ -142,7 +170,7 @@ class Sampler:
             if tail_logits is None:
                 raise ValueError(f"the tail sent no logits for request {row.request_id} (top_p < 1, logprobs or a grammar)")
             whole = torch.cat([logits.float(), tail_logits.float()])  # (V,): the head's slice starts at id 0
-            token = whole_pick(row, whole, grammar)
+            token = whole_pick(row, whole, grammar, healing)
             return {"token": token, **(report(row, whole, token) or {})}
         if row.temperature <= 0:
             pick = self.greedy(logits)

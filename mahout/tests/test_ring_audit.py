@@ -188,15 +188,28 @@ def test_a_stage_without_the_vocabulary_fails_a_grammar_request_and_serves_on(mo
         assert len(bare.bridge.submit([2, 651, 3355], 4).result()) == 4  # the ring serves on
 
 
-def test_an_honest_rings_answer_to_text_it_resumes_fails_so_the_gateway_draws_none(ring, vocab, verifier) -> None:  # noqa: ANN001
+@pytest.mark.parametrize(("temperature", "logprobs"), [(0.0, None), (0.8, None), (1.2, 3)])
+def test_an_honest_rings_answer_to_text_it_resumes_heals_the_cut_word_and_passes(ring, verifier, model_path, temperature,
+                                                                                 logprobs) -> None:  # noqa: ANN001
     """A chat ending in an assistant turn mid-word: a single-machine host heals the cut word (it
-    writes the word's tokens again under a mask), and the verifier replays that. A ring feeds the
-    prompt as it is, so even its honest answer fails; the gateway does not draw such ring jobs
-    (`marketplace.audits.coordinator_unauditable`, marketplace/tests/test_ring_audits.py)."""
+    writes the word's tokens again under a mask), and the verifier replays that. The ring's
+    runner cuts the word off the prompt as the host does and the stage that picks writes it again
+    under the same mask (over the whole vocabulary), so the honest ring's answer passes; the
+    customer does not get the word twice."""
+    from mahout.ring.runner import RingRunner
+
     payload = rendered({
         "id": "job-2", "model": "gemma-3-270m", "kind": "chat", "prompt": None,
         "messages": [{"role": "user", "content": "Describe elephants."}, {"role": "assistant", "content": "Elephants are the larg"}],
-        "params": {"max_tokens": MAX_TOKENS, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": 11},
+        "params": {"max_tokens": MAX_TOKENS, "temperature": temperature, "top_p": 1.0, "stop": None, "seed": 11,
+                   "logprobs": logprobs},
     })
-    audit = verifier.audit(payload, **ring_answer(ring, vocab, payload, seed=11))
-    assert not audit.passed and "do not write again the text the job resumes" in (audit.reason or "")
+    runner = RingRunner(ring.bridge, model_path, n_ctx=256)
+    pieces = list(runner.stream(payload))
+    text = "".join(pieces)
+    assert not text.startswith("larg") and not text.startswith("Elephants")
+    entries = [entry for piece in pieces for entry in getattr(piece, "logprobs", [])] if logprobs else None
+    audit = verifier.audit(payload, token_ids=runner.token_ids, text=text, finish_reason=runner.finish_reason, seed=11,
+                           logprobs=entries)
+    assert audit.passed and not audit.misses, audit
+    assert audit.checked > 0

@@ -114,8 +114,7 @@ def job_settle(
     audited = audit_wanted(  # (a greedy canary is judged against its reference)
         request=request, job=job, host=host, payload=lambda: job_payload(job), always=check is not None and check.by_audit,
         excluded=lambda sent: (check is not None and not check.by_audit)
-        or (coordinator_unauditable(payload=sent) and (expert_coordinates(host_id=host.pk, model_name=request.model.name)
-                                                        or ring_layers(bridge_host_id=host.pk, model_id=request.model_id) is not None)))
+        or (coordinator_unauditable(payload=sent) and expert_coordinates(host_id=host.pk, model_name=request.model.name)))
     now = timezone.now()
     settled = settle(request=request, completion_tokens=completion_tokens, finish_reason=finish_reason, job=job, host=host,
                      share=share, result=result, now=now, escrow=audited is not None)

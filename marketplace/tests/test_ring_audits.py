@@ -106,16 +106,15 @@ def test_a_job_at_top_p_below_1_is_drawn_like_any_other(customer, catalog, ring)
     assert host_earned(bridge.host) == 0 == host_earned(first.host)  # in escrow until the audit
 
 
-def test_a_rings_job_that_resumes_text_is_not_drawn(customer, catalog, ring) -> None:  # noqa: ANN001
-    """A ring heals no cut word, as the verifier replays a single-machine host doing: an honest
-    ring's answer to a chat ending in an assistant turn would fail (mahout/tests/test_ring_audit.py),
-    so such jobs are not drawn, and their hosts are paid at once."""
+def test_a_rings_job_that_resumes_text_is_drawn_as_any_hosts(customer, catalog, ring) -> None:  # noqa: ANN001
+    """A ring heals a cut word as a single-machine host does (mahout 0.6.0; its honest answers pass
+    the verifier: mahout/tests/test_ring_audit.py), so its jobs that resume text are drawn too,
+    unlike an MoE coordinator's."""
     bridge, first, _ = ring
     resumed = [{"role": "user", "content": "Finish this."}, {"role": "assistant", "content": "Once upon a ti"}]
     job = serve(customer, catalog, bridge, messages=resumed)
-    assert not Audit.objects.filter(job=job).exists()
-    assert host_earned(bridge.host) == job.earned_ucents > 0
-    assert host_earned(first.host) > 0
+    assert Audit.objects.get(job=job).host_id == bridge.host.pk
+    assert host_earned(bridge.host) == 0 == host_earned(first.host)  # in escrow until the audit
 
 
 def test_a_ring_that_reports_no_tokens_is_drawn_and_fails_its_audit(customer, catalog, ring) -> None:  # noqa: ANN001
