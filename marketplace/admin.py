@@ -219,8 +219,21 @@ class StageShareAdmin(MoneyAdmin, admin.ModelAdmin):
         return False
 
 
+class _ReadOnly:
+    """Rows the workers and the hosts write: nobody adds, edits or deletes them here."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
 @admin.register(Audit)
-class AuditAdmin(MoneyAdmin, admin.ModelAdmin):
+class AuditAdmin(_ReadOnly, MoneyAdmin, admin.ModelAdmin):
     """Every audit of a real job, its verdict, counts and evidence (never the answer's text:
     it is deleted when the audit is decided). Read-only: audits are decided by the workers."""
 
@@ -232,18 +245,9 @@ class AuditAdmin(MoneyAdmin, admin.ModelAdmin):
                                 "platform_ucents", "finish_reason", "checked", "uncertain", "misses", "reason", "created_at",
                                 "decided_at")
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
 
 @admin.register(AuditScore)
-class AuditScoreAdmin(MoneyAdmin, admin.ModelAdmin):
+class AuditScoreAdmin(_ReadOnly, MoneyAdmin, admin.ModelAdmin):
     """Each trusted host's reading of an audit scored by hosts: verdict, counts, whether a
     confirmation overruled it (a strike) and its fee. Read-only: scorers' verdicts decide them."""
 
@@ -252,26 +256,6 @@ class AuditScoreAdmin(MoneyAdmin, admin.ModelAdmin):
     search_fields = ("scorer__name", "reason")
     fields = readonly_fields = ("audit", "scorer", "verdict", "reason", "checked", "uncertain", "misses", "overruled",
                                 "paid_ucents", "created_at")
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
-
-class _ReadOnly:
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
 
 
 @admin.register(RingInquiry)

@@ -374,6 +374,17 @@ class StageAgent:
         if grammar is not None:
             grammar.close()
 
+    def _vocab_model(self, lacking: str) -> Any:
+        """The model's vocabulary as a vocabulary-only llama.cpp model, loaded on first use;
+        `lacking` says what a stage started without the model's file cannot do."""
+        if self.vocab_path is None:
+            raise RuntimeError(f"this stage was started without the model's vocabulary, so it {lacking}")
+        if self._vocab is None:
+            from llama_cpp import Llama
+
+            self._vocab = Llama(model_path=str(self.vocab_path), vocab_only=True, verbose=False)
+        return self._vocab
+
     def _grammar(self, header: dict[str, Any]) -> None:
         """A request's grammar (GBNF text and its root rule), sent ahead of its rows: held here
         when this stage picks, else handed on towards the one that does."""
@@ -382,18 +393,14 @@ class StageAgent:
             return
         request_id = str(header["request_id"])
         try:
-            if self.vocab_path is None:
-                raise RuntimeError("this stage was started without the model's vocabulary, so it follows no grammar")
-            from llama_cpp import Llama
             from llama_cpp.llama_grammar import LlamaGrammar
 
             from mahout.runners.llama import Grammar
 
-            if self._vocab is None:
-                self._vocab = Llama(model_path=str(self.vocab_path), vocab_only=True, verbose=False)
+            vocab = self._vocab_model("follows no grammar")
             spec = LlamaGrammar.from_string(str(header["grammar"]), verbose=False)
             spec._root = str(header.get("root") or "root")
-            self._grammars[request_id] = Grammar(self._vocab, spec)
+            self._grammars[request_id] = Grammar(vocab, spec)
         except Exception as exc:  # noqa: BLE001 - the request fails, the ring serves on
             self._send_error([request_id], f"{self.name}: cannot follow the response_format's grammar: {exc}")
 
@@ -406,16 +413,10 @@ class StageAgent:
             return
         request_id = str(header["request_id"])
         try:
-            if self.vocab_path is None:
-                raise RuntimeError("this stage was started without the model's vocabulary, so it heals no text")
             from mahout.runners.llama import TokenHealer, Vocab
 
             if self._heal_vocab is None:
-                if self._vocab is None:
-                    from llama_cpp import Llama
-
-                    self._vocab = Llama(model_path=str(self.vocab_path), vocab_only=True, verbose=False)
-                self._heal_vocab = Vocab(self._vocab)
+                self._heal_vocab = Vocab(self._vocab_model("heals no text"))
             dropped = bytes.fromhex(str(header["dropped"]))
             self._healing[request_id] = Healing(TokenHealer(prompt_len=0, dropped=dropped, vocab=self._heal_vocab))
         except Exception as exc:  # noqa: BLE001 - the request fails, the ring serves on
