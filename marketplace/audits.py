@@ -83,13 +83,13 @@ from django.utils import timezone
 
 from billing import services as billing
 from catalog.models import CatalogModel
-from catalog.pricing import price
 from catalog.tokenizer import weights_on_gateway
 from core.errors import ApiError
 from core.events import announce_on_commit, queue_group
 from hosts.models import TRUSTED, Host
 from marketplace import reputation, ring_inquiries
 from marketplace.models import Audit, AuditScore, Job, Request, StageShare
+from marketplace.scorer_fees import scorer_fee
 from protocol.jobs import AUDIT, AuditPayload
 
 logger = logging.getLogger(__name__)
@@ -413,13 +413,6 @@ def _scorer_overruled(score: AuditScore) -> None:
                    score.audit_id, score.scorer_id, score.verdict, strikes)
     if strikes >= settings.AUDIT_SCORER_MAX_OVERRULED:
         reputation.trust_revoke(host_id=score.scorer_id)
-
-
-def scorer_fee(request: Request) -> int:
-    """A scorer's fee for one audit: what a host earns for a prefill of the prompt and the
-    answer at the model's prompt price (its share, `billing.split_cost`)."""
-    tokens = request.prompt_tokens + request.completion_tokens
-    return billing.split_cost(price(request.model, prompt_tokens=tokens, completion_tokens=0)).host_ucents
 
 
 def _scorers_pay(audit: Audit, scores: list[AuditScore]) -> None:

@@ -46,6 +46,7 @@ from hosts.models import TRUSTED, Host
 from hosts.services import host_maintenance_enter
 from marketplace import reputation
 from marketplace.models import Audit, RingEvidence, RingInquiry, StageShare
+from marketplace.scorer_fees import scorer_fee
 from mesh.rings.models import RingPlan, RingStage
 from protocol.jobs import RING_CHECK, RingCheckPayload
 
@@ -285,9 +286,7 @@ def _decide(inquiry: RingInquiry, *, blamed: list[tuple[int, int | None]], verdi
 
 
 def _checker_pay(inquiry: RingInquiry, host: Host) -> None:
-    """A scorer's fee (`marketplace.audits.scorer_fee`), bounded as an audit's is."""
-    from marketplace.audits import scorer_fee
-
+    """A scorer's fee (`marketplace.scorer_fees.scorer_fee`), bounded as an audit's is."""
     fee = min(scorer_fee(inquiry.audit.request), inquiry.audit.platform_ucents // 2)
     if fee > 0:
         billing.audit_score_pay(host=host, amount_ucents=fee, reference=f"ring-inquiry-{inquiry.pk}",

@@ -29,6 +29,8 @@ HOST = {
     ("post", "/hosts/api/jobs/{job_id}/complete"), ("post", "/hosts/api/jobs/{job_id}/fail"), ("get", "/hosts/api/me"),
     ("get", "/hosts/api/earnings"), ("get", "/billing/api/host/statement"), ("post", "/billing/api/host/payouts"),
     ("post", "/hosts/api/audits/{audit_id}/verdict"),
+    ("get", "/hosts/api/ring-inquiries"), ("get", "/hosts/api/ring-inquiries/{inquiry_id}/evidence"),
+    ("post", "/hosts/api/ring-inquiries/{inquiry_id}/evidence"), ("post", "/hosts/api/ring-inquiries/{inquiry_id}/verdict"),
 }
 MESH = {
     ("post", "/api/rings/own"), ("get", "/api/rings/assignment"), ("get", "/api/rings/{ring_id}/addresses"),
