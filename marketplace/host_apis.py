@@ -401,6 +401,14 @@ class HostStatementApi(HostApi):
 # --- ring inquiries (marketplace.ring_inquiries): a ring's failed audit, its stages' evidence, a checker's verdict ---
 
 
+def _valid(serializer: type[serializers.Serializer], data: object) -> dict:
+    """`data` validated by `serializer`, or the API's 400 naming what is wrong."""
+    parsed = serializer(data=data)
+    if not parsed.is_valid():
+        raise validation_error(parsed.errors)
+    return parsed.validated_data
+
+
 class RingInquiriesWantedApi(HostApi):
     """The inquiries a stage host's stage owes its evidence to (a stage process asks every few seconds)."""
 
@@ -418,11 +426,8 @@ class RingInquiriesWantedApi(HostApi):
     @extend_schema(parameters=[QuerySerializer], responses={200: OutputSerializer, 400: ERROR, 404: ERROR})
     def get(self, request: DrfRequest) -> Response:
         host = self.host(request)
-        query = self.QuerySerializer(data=request.query_params)
-        if not query.is_valid():
-            raise validation_error(query.errors)
-        return Response({"inquiries": ring_inquiries.inquiries_wanted(host=host, plan_id=query.validated_data["ring"],
-                                                                      stage=query.validated_data["stage"])})
+        query = _valid(self.QuerySerializer, request.query_params)
+        return Response({"inquiries": ring_inquiries.inquiries_wanted(host=host, plan_id=query["ring"], stage=query["stage"])})
 
 
 class RingEvidenceApi(HostApi):
@@ -450,10 +455,7 @@ class RingEvidenceApi(HostApi):
     @extend_schema(request=InputSerializer, responses={200: StoredSerializer, 400: ERROR, 404: ERROR, 409: ERROR})
     def post(self, request: DrfRequest, inquiry_id: int) -> Response:
         host = self.host(request)
-        body = self.InputSerializer(data=request.data)
-        if not body.is_valid():
-            raise validation_error(body.errors)
-        data = body.validated_data
+        data = _valid(self.InputSerializer, request.data)
         try:
             raw = base64.b64decode(data["data"], validate=True)
         except (binascii.Error, ValueError):  # (a non-ASCII character is a ValueError before any decoding)
@@ -464,11 +466,8 @@ class RingEvidenceApi(HostApi):
     @extend_schema(parameters=[QuerySerializer], responses={200: PartSerializer, 400: ERROR, 404: ERROR, 409: ERROR})
     def get(self, request: DrfRequest, inquiry_id: int) -> Response:
         host = self.host(request)
-        query = self.QuerySerializer(data=request.query_params)
-        if not query.is_valid():
-            raise validation_error(query.errors)
-        raw = ring_inquiries.evidence_read(host=host, inquiry_id=inquiry_id, stage=query.validated_data["stage"],
-                                           part=query.validated_data["part"])
+        query = _valid(self.QuerySerializer, request.query_params)
+        raw = ring_inquiries.evidence_read(host=host, inquiry_id=inquiry_id, stage=query["stage"], part=query["part"])
         return Response({"data": base64.b64encode(raw).decode("ascii")})
 
 
@@ -490,9 +489,6 @@ class RingCheckVerdictApi(HostApi):
     @extend_schema(request=InputSerializer, responses={200: OutputSerializer, 400: ERROR, 409: ERROR})
     def post(self, request: DrfRequest, inquiry_id: int) -> Response:
         host = self.host(request)
-        body = self.InputSerializer(data=request.data)
-        if not body.is_valid():
-            raise validation_error(body.errors)
-        data = body.validated_data
+        data = _valid(self.InputSerializer, request.data)
         return Response({"status": ring_inquiries.inquiry_verdict_report(
             host=host, inquiry_id=inquiry_id, verdict=data["verdict"], blamed=data["blamed"], reasons=data["reasons"])})

@@ -22,7 +22,7 @@ from conftest import make_customer, make_host, stack_env, wait_until
 from hosts.models import Host
 from marketplace import audits
 from marketplace.models import Audit, RingInquiry
-from mesh.tests.test_ring_e2e import MahoutProcess
+from mesh.tests.test_ring_e2e import MahoutProcess, wait_for_ring
 from testkit.stack import Gateway, Mahout
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e, pytest.mark.audits]
@@ -85,13 +85,7 @@ def test_a_stage_running_an_imitation_of_the_model_is_found_and_only_its_host_is
                                            "--home", str(tmp_path / "bridge"), "--no-idle-detect"], logs)
     processes: list[MahoutProcess | Mahout] = [*stages, ring_bridge]
     try:
-        def qualified() -> bool:
-            for process in processes:
-                assert process.proc.poll() is None, f"a ring process exited:\n{process.output()}"
-            row = Host.objects.get(pk=bridge.host.pk)
-            return bool(row.last_heartbeat_at and row.qualifications.exists())
-
-        wait_until(qualified, timeout=240, what="the ring to assemble and qualify", interval=0.3)
+        wait_for_ring([*stages, ring_bridge], bridge.host)
         customer = make_customer()
         before = ledger.customer_account(user=customer.user).available_ucents
         client = openai.OpenAI(base_url=f"{audited_gateway.url}/v1", api_key=customer.secret, max_retries=0, timeout=120)

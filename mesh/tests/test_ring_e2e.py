@@ -52,6 +52,19 @@ class Ring:
         self.plan, self.stages, self.bridge, self.bridge_host = plan, stages, bridge, bridge_host
 
 
+def wait_for_ring(processes: list[MahoutProcess], bridge_host: Host) -> None:
+    """Until the ring's bridge has heartbeated and qualified its model; fails at once if any of
+    the ring's processes exits."""
+
+    def qualified() -> bool:
+        for process in processes:
+            assert process.proc.poll() is None, f"a ring process exited:\n{process.output()}"
+        row = Host.objects.get(pk=bridge_host.pk)
+        return bool(row.last_heartbeat_at and row.qualifications.exists())
+
+    wait_until(qualified, timeout=240, what="the ring to assemble and qualify", interval=0.3)
+
+
 @pytest.fixture
 def ring(gateway: Gateway, catalog: CatalogModel, e2e_dirs: Path, tmp_path: Path) -> Iterator[Ring]:
     """Ring plan: stage 0 (layers 0-8) on one host, stage 1 (9-17) on another, bridged by a third;
@@ -79,13 +92,7 @@ def ring(gateway: Gateway, catalog: CatalogModel, e2e_dirs: Path, tmp_path: Path
                                               "--bench-tokens", "8", "--home", str(tmp_path), "--no-idle-detect"], logs)
     processes = [*stages, bridge_process]
     try:
-        def qualified() -> bool:
-            for process in processes:
-                assert process.proc.poll() is None, f"a ring process exited:\n{process.output()}"
-            row = Host.objects.get(pk=bridge.host.pk)
-            return bool(row.last_heartbeat_at and row.qualifications.exists())
-
-        wait_until(qualified, timeout=240, what="the ring to assemble and qualify", interval=0.3)
+        wait_for_ring(processes, bridge.host)
         time.sleep(0.3)  # the bridge's first long-polls are on the way
         yield Ring(plan, stages, bridge_process, bridge.host)
     finally:
