@@ -7,7 +7,9 @@ a checker that holds the model's file runs the checks below. The stages are chec
 its **own** inputs, so one stage's fault never lands on the stage after it:
 
 1. **Kept**: a stage that kept no evidence of the request, or not of every position it must
-   have computed, cannot show its work: it is blamed.
+   have computed, cannot show its work: it is blamed. When the head kept nothing, the bridge
+   is blamed too: it names each request to the head, and a bridge that sent the job under
+   another name would otherwise leave only honest stages to blame.
 2. **Delivered = drawn**: every answer token the bridge delivered must be the token the tail
    drew at that position; otherwise the bridge changed the text on its way out.
 3. **Links**: what stage k says it received must be what stage k-1 says it sent (the head's
@@ -113,6 +115,8 @@ def blame(
             complete.append(False)
         else:
             complete.append(True)
+    if records[0] is None:  # the bridge names each request to the head: it, or the head, hid this one
+        verdict.add(BRIDGE, "the head kept nothing under this job's request id, which the bridge gives it")
     head, tail = records[0], records[-1]
     if complete[-1] and tail is not None:
         drawn = dict(zip(tail.token_positions.tolist(), tail.tokens.tolist(), strict=True))

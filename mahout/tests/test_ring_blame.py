@@ -119,6 +119,9 @@ def test_a_stage_that_kept_nothing_or_too_little_is_blamed(honest, recompute) ->
     verdict = blame([records[0], None, records[2]], slices, sequence=sequence, prompt_len=prompt_len,
                     shared_output=True, recompute=recompute, d_model=640)
     assert verdict.blamed == [1] and verdict.errors[1] is None, verdict
+    hidden = blame([None, records[1], records[2]], slices, sequence=sequence, prompt_len=prompt_len,
+                   shared_output=True, recompute=recompute, d_model=640)
+    assert hidden.blamed[:2] == [0, BRIDGE], hidden  # a bridge that named the job otherwise cannot hide behind the stages
     cut = records[2]
     short = dataclasses.replace(cut, positions=cut.positions[1:], inputs=cut.inputs[1:])  # type: ignore[arg-type]
     verdict = blame([records[0], records[1], short], slices, sequence=sequence, prompt_len=prompt_len,
