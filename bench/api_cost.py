@@ -40,7 +40,7 @@ def one_kind(http: httpx.Client, server: str, kind: str, secret: str, token: str
                          headers={"Authorization": f"Bearer {secret}"})
     if kind == "models":
         return http.get(f"{server}/v1/models", headers={"Authorization": f"Bearer {secret}"})
-    return http.post(f"{server}/hosts/api/heartbeat", json={"fingerprint": "bench-api-cost", "paused": False, "models_loaded": ["gemma-3-270m"], "version": "0.6.0"},
+    return http.post(f"{server}/hosts/api/heartbeat", json={"fingerprint": "bench-api-cost", "paused": False, "models_loaded": ["gemma-3-270m"], "version": "0.7.0"},
                      headers={"Authorization": f"Bearer {token}"})
 
 

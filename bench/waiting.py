@@ -65,7 +65,7 @@ class Host:
         threading.Thread(target=self._beat, daemon=True).start()
 
     def heartbeat(self) -> None:
-        self.http.post("/heartbeat", json={"fingerprint": self.fingerprint, "version": "0.6.0", "boot": self.boot}).raise_for_status()
+        self.http.post("/heartbeat", json={"fingerprint": self.fingerprint, "version": "0.7.0", "boot": self.boot}).raise_for_status()
 
     def _beat(self) -> None:
         while not self.stopped.wait(3):

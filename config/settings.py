@@ -261,7 +261,7 @@ ABANDON_GRACE_SECONDS = env_float("ABANDON_GRACE_SECONDS", 15.0, minimum=0.0)
 
 # Verification (marketplace/canaries.py): hidden jobs with known answers. Only models with
 # references (`manage.py canary_references`) get canaries.
-MAHOUT_MIN_VERSION = env_str("MAHOUT_MIN_VERSION", "0.6.0")  # older ones are refused (426): 0.4.0 draws under a grammar by the specified sampler too, so its structured answers can be audited; 0.5.0's rings draw top_p < 1 by it, so their answers are audited whatever the top_p; 0.6.0's ring stages keep and hand over their evidence (a 0.5.0 stage would be blamed by every inquiry into its ring) and its rings heal a cut word as a host does (a 0.5.0 ring's honest answers to text they resume fail their audits)
+MAHOUT_MIN_VERSION = env_str("MAHOUT_MIN_VERSION", "0.7.0")  # older ones are refused (426): 0.4.0 draws under a grammar by the specified sampler too, so its structured answers can be audited; 0.5.0's rings draw top_p < 1 by it, so their answers are audited whatever the top_p; 0.6.0's ring stages keep and hand over their evidence (a 0.5.0 stage would be blamed by every inquiry into its ring) and its rings heal a cut word as a host does (a 0.5.0 ring's honest answers to text they resume fail their audits); 0.7.0's rings continue an answer under a grammar (a 0.6.0 bridge refuses the continuation, which the gateway now routes to rings)
 METRICS_TOKEN = env_str("METRICS_TOKEN")  # Prometheus' bearer token for GET /metrics (staff may also sign in)
 # Audits (marketplace/audits.py): the share of completed real jobs re-read under the real model
 # before their host is paid; every job of a host in probation by default.

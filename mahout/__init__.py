@@ -1,7 +1,7 @@
 """mahout: the Elephant host client. Never imports Django: hosts install it alone."""
 from __future__ import annotations
 
-__version__ = "0.6.0"
+__version__ = "0.7.0"
 
 
 def command_name() -> str:

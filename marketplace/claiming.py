@@ -116,16 +116,15 @@ async def _claim_until(
 ) -> dict | None:
     """Claim, or sleep until woken. Offers to other hosts and the cold grace lapse
     without a wake-up, so a waiting host also looks again every ROUTING_OFFER_SECONDS.
-    A model it serves through a ring (`ring_ids`) gets no job that needs a single machine
-    and no audit to score: a ring's bridge holds no llama.cpp model to read one with."""
+    A model it serves through a ring (`ring_ids`) gets no audit to score: a ring's bridge
+    holds no llama.cpp model to read one with."""
     scorable = [model_id for model_id in model_ids if model_id not in ring_ids]
     deadline = time.monotonic() + wait
     recheck = max(settings.ROUTING_OFFER_SECONDS, 0.2)
     look = True
     while True:  # a host paused while it waits simply gets nothing
         if look:
-            payload = await db(market.job_claim_payload, host=host, model_ids=model_ids, warm_ids=warm_ids,
-                               ring_ids=ring_ids, boot=boot)
+            payload = await db(market.job_claim_payload, host=host, model_ids=model_ids, warm_ids=warm_ids, boot=boot)
             if payload is None and host.trusted_at is not None:  # no customer waits on it: an audit to score, if any
                 payload = await db(audit_claim_payload, host=host, model_ids=scorable, boot=boot)
                 if payload is None:  # or a ring's failed audit to look into

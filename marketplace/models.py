@@ -102,10 +102,6 @@ class Job(models.Model):
         null=True, blank=True, help_text="until then only hosts with the model loaded (or of unknown catalog) may take it"
     )
     trusted_only = models.BooleanField(default=False, help_text="the customer asked for trusted hosts only")
-    single_machine = models.BooleanField(
-        default=False, help_text="it asks for what only a host holding the whole model does (a response_format's grammar: "
-        "`protocol.jobs.needs_single_machine`): a host bridging a ring of its model never gets it",
-    )
     max_chars = models.PositiveIntegerField(
         null=True, blank=True, help_text="text its host may send: max_tokens at the tokenizer's longest token (None: embeddings)"
     )

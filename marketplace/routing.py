@@ -21,9 +21,7 @@ hosts before hosts in probation, honest reports before overstated ones:
   not measured yet counts its report, bounded), counted over the jobs routed in the
   last `ROUTING_WEIGHT_WINDOW_SECONDS`.
 A host is offered a job only below its claim cap (slots, bounded by reputation); a job
-for trusted hosts only is offered to, and claimed by, trusted hosts alone. A job that needs a
-single machine (`Job.single_machine`: a response_format's grammar) is never offered to, nor
-claimed by, a host that serves its model through a ring it bridges.
+for trusted hosts only is offered to, and claimed by, trusted hosts alone.
 """
 from __future__ import annotations
 
@@ -40,7 +38,6 @@ from catalog.models import CatalogModel
 from hosts.models import TRUSTED, Host, Qualification, online_rule
 from marketplace import reputation
 from marketplace.models import Job
-from mesh.rings.models import RingPlan
 
 LEAST_CONNECTIONS = "least-connections"
 WEIGHTED = "weighted"
@@ -51,31 +48,27 @@ def strategy_for(model: CatalogModel) -> str:
 
 
 def claim_sql(
-    *, host_id: int, model_ids: list[int], warm_ids: list[int], now: datetime, ring_ids: list[int] | tuple = (),
+    *, host_id: int, model_ids: list[int], warm_ids: list[int], now: datetime,
 ) -> tuple[str, list]:
     """The jobs this host may claim now, best first, as SQL conditions and an ORDER BY (with
     their parameters): queued, of a model it qualified; not offered to someone else (or
     the offer lapsed); warm here or past the cold grace; not a continuation within its
-    grace of the host that died; not a canary meant for another host; not a job that needs a
-    single machine of a model it serves through a ring (`ring_ids`: those it bridges); jobs
-    offered to this host first, then oldest first.
+    grace of the host that died; not a canary meant for another host; jobs offered to this
+    host first, then oldest first.
     Plain SQL because it runs on every claim (see `services.job_claim_selected`)."""
     adapt = connection.ops.adapt_datetimefield_value
     at, grace_over = adapt(now), adapt(now - timedelta(seconds=settings.CONTINUATION_GRACE_SECONDS))
     models_in = ", ".join(["%s"] * len(model_ids))
     warm_in = f"model_id IN ({', '.join(['%s'] * len(warm_ids))})" if warm_ids else "1 = 0"
-    rings = [model_id for model_id in ring_ids if model_id in model_ids]
-    ring_out = f" AND (single_machine = %s OR model_id NOT IN ({', '.join(['%s'] * len(rings))}))" if rings else ""
     sql = (
-        f"status = %s AND model_id IN ({models_in}){ring_out}"
+        f"status = %s AND model_id IN ({models_in})"
         " AND (avoid_host_id IS NULL OR avoid_host_id <> %s OR created_at < %s)"
         " AND (only_host_id IS NULL OR only_host_id = %s)"
         " AND (offered_host_id IS NULL OR offered_host_id = %s OR offer_until < %s)"
         f" AND (warm_until IS NULL OR warm_until < %s OR {warm_in})"
         " ORDER BY CASE WHEN offered_host_id = %s THEN 0 ELSE 1 END, created_at, id"
     )
-    params = [Job.Status.QUEUED, *model_ids, *([False, *rings] if rings else []), host_id, grace_over, host_id, host_id, at,
-              at, *warm_ids, host_id]
+    params = [Job.Status.QUEUED, *model_ids, host_id, grace_over, host_id, host_id, at, at, *warm_ids, host_id]
     return sql, params
 
 
@@ -98,20 +91,15 @@ class Candidate:
 
 def candidates(
     *, model: CatalogModel, now: datetime, trusted_only: bool = False, passed_over: frozenset[int | None] = frozenset(),
-    single_machine: bool = False,
 ) -> list[Candidate]:
     """Online hosts (`Host.objects.online`; trusted ones alone when `trusted_only`), qualified
-    for the model and warm (or possibly warm), but for those `passed_over` (and, for a job that
-    needs a `single_machine`, those bridging a ring of the model), each with its load
+    for the model and warm (or possibly warm), but for those `passed_over`, each with its load
     (running jobs and live offers) and its claim cap (`Host.claim_cap`). One plain
     statement whatever the pool size (a raw queryset: the fields' own converters read it back):
     it runs on every admission, where the ORM's statement building cost several times the query."""
     quote = connection.ops.quote_name
-    host_table, qualification_table, job_table, ring_table = (
-        quote(m._meta.db_table) for m in (Host, Qualification, Job, RingPlan))
+    host_table, qualification_table, job_table = (quote(m._meta.db_table) for m in (Host, Qualification, Job))
     hosts, hosts_params = (online_rule(now) + TRUSTED if trusted_only else online_rule(now)).sql(alias="h")
-    no_ring = (f" AND NOT EXISTS (SELECT 1 FROM {ring_table} r WHERE r.bridge_host_id = h.id AND r.model_id = %s"
-               " AND r.status = %s)") if single_machine else ""
     at = connection.ops.adapt_datetimefield_value(now)
     # Each host's load is read through the (host, status) and (offered_host, status) indexes:
     # its jobs running or offered now, never its history of jobs.
@@ -121,10 +109,9 @@ def candidates(
         f" (SELECT COUNT(*) FROM {job_table} j WHERE j.host_id = h.id AND j.status = %s)"
         f" + (SELECT COUNT(*) FROM {job_table} j WHERE j.offered_host_id = h.id AND j.status = %s AND j.offer_until >= %s) AS active"
         f" FROM {host_table} h WHERE {hosts}"
-        f" AND EXISTS (SELECT 1 FROM {qualification_table} q WHERE q.host_id = h.id AND q.model_id = %s){no_ring}"
+        f" AND EXISTS (SELECT 1 FROM {qualification_table} q WHERE q.host_id = h.id AND q.model_id = %s)"
     )
-    params = [model.pk, Job.Status.RUNNING, Job.Status.QUEUED, at, *hosts_params, model.pk,
-              *([model.pk, RingPlan.Status.ACTIVE] if single_machine else [])]
+    params = [model.pk, Job.Status.RUNNING, Job.Status.QUEUED, at, *hosts_params, model.pk]
     found = []
     for host in Host.objects.raw(sql, params):
         if host.pk in passed_over or not host.warm_for(model.name, now):
@@ -162,14 +149,13 @@ def pick(*, model: CatalogModel, pool: list[Candidate], now: datetime) -> Candid
 
 
 def placement(
-    *, model: CatalogModel, avoid_host_id: int | None = None, trusted_only: bool = False, single_machine: bool = False,
+    *, model: CatalogModel, avoid_host_id: int | None = None, trusted_only: bool = False,
 ) -> dict:
     """A new job's placement, as the job row's fields: the host it is offered to (if any)
     and until when, and how long cold hosts wait (`cold_wait_seconds`). The host whose
-    attempt died is never offered it, nor a ring's bridge a job that needs a `single_machine`."""
+    attempt died is never offered it."""
     now = timezone.now()
-    pool = candidates(model=model, now=now, trusted_only=trusted_only, passed_over=frozenset({avoid_host_id}),
-                      single_machine=single_machine)
+    pool = candidates(model=model, now=now, trusted_only=trusted_only, passed_over=frozenset({avoid_host_id}))
     chosen = pick(model=model, pool=pool, now=now)
     wait = cold_wait_seconds(pool=pool, offered=chosen is not None, now=now)
     return {

@@ -43,15 +43,6 @@ MAX_TOP_LOGPROBS = 20
 CLAIM_WAIT_SECONDS = 20.0
 
 
-def needs_single_machine(params: dict[str, Any], *, continuation: bool) -> bool:
-    """Whether a job asks for what only a host holding the whole model does: to resume text
-    under a ``response_format``'s grammar (a continuation's ``rewrite``: a ring's stage that
-    picks holds the grammar, but does not read delivered text into it), so the gateway never
-    hands such a job to a ring's bridge and the bridge refuses one it gets. (A ring draws under
-    a grammar, at top_p < 1 and with log-probabilities as any host: `mahout.ring.vocab`.)"""
-    return continuation and bool(params.get("response_format"))
-
-
 class JobPayload(TypedDict, total=False):
     id: int
     model: str

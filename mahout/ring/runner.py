@@ -34,7 +34,7 @@ from mahout.link import Heartbeat
 from mahout.ring.bridge import RingBridge, RingError, RingRequest
 from mahout.ring.membership import GRAMMAR_MAX_BYTES
 from mahout.ring.model import RingModel, ring_model
-from mahout.runners import JobUnsupported, Piece, RequestRejected
+from mahout.runners import Piece, RequestRejected
 from mahout.runners.llama import (
     PromptTokenizer,
     Vocab,
@@ -43,9 +43,9 @@ from mahout.runners.llama import (
     healing,
     pieces_whole,
     resumes_text,
+    rewrite_budget,
 )
 from mahout.runners.logprobs import LogprobRecorder, Step, TokenAligner
-from protocol.jobs import needs_single_machine
 
 if TYPE_CHECKING:
     from mahout.api import HostApi
@@ -90,8 +90,6 @@ class RingRunner:
 
     def stream(self, job: dict) -> Generator[str, None, None]:
         params = job.get("params") or {}
-        if needs_single_machine(params, continuation=bool(job.get("rewrite"))):  # (the gateway routes these elsewhere)
-            raise JobUnsupported("a ring does not resume text under a response_format's grammar; a single-machine host can")
         grammar = grammar_for(params.get("response_format"))  # (a schema this host cannot follow: the request's fault)
         if grammar is not None and len(grammar._grammar.encode("utf-8")) > GRAMMAR_MAX_BYTES:  # type: ignore[attr-defined]
             raise RequestRejected(f"the response_format's grammar is over the {GRAMMAR_MAX_BYTES} bytes a ring carries")
@@ -100,8 +98,10 @@ class RingRunner:
         if budget <= 0:
             raise ValueError(f"prompt is {len(prompt)} tokens; the ring's context window is {self.n_ctx} tokens")
         max_tokens = min(int(params.get("max_tokens") or budget), budget)
+        rewrite = job.get("rewrite") or ""  # a continuation under a grammar: the delivered text, written again unseen
+        max_tokens = min(rewrite_budget(job, max_tokens, self._count), budget)
         healer = None
-        if resumes_text(job):  # its cut last word is written again first, as a single-machine host heals it
+        if rewrite or resumes_text(job):  # written again first (its cut last word, or a rewrite), as a single-machine host does
             prompt, healer = healing(job, prompt, self._heal_vocab())
         stops = [s for s in (params.get("stop") or []) if s]
         self._stop_ids = {*self._ends, *self._prompt.single_ids(job.get("end_of_turn") or [])}
@@ -129,6 +129,11 @@ class RingRunner:
         finally:
             if request.finish_reason is None:  # a stop string, or the loop let go: free the ring's rows
                 self.bridge.cancel(request.id)
+        if rewrite:  # the tokens the customer gets from this host, not those that wrote the delivered text again
+            self.completion_tokens = self._count(self._decode(self.token_ids[:self.completion_tokens]).removeprefix(rewrite))
+
+    def _count(self, text: str) -> int:
+        return len(self._vocab.tokenize(text.encode("utf-8"), add_bos=False, special=True)) if text else 0
 
     def _heal_vocab(self) -> Vocab:
         """Every token's bytes, for healing (built on the first job that resumes text)."""

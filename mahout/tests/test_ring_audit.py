@@ -213,3 +213,31 @@ def test_an_honest_rings_answer_to_text_it_resumes_heals_the_cut_word_and_passes
                            logprobs=entries)
     assert audit.passed and not audit.misses, audit
     assert audit.checked > 0
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_a_ring_continues_an_answer_under_a_grammar_by_writing_the_delivered_text_again(
+        ring, model_path, verifier, temperature) -> None:  # noqa: ANN001
+    """A host died mid-answer under a `response_format`: the continuation carries the delivered
+    text apart (`rewrite`), since the grammar starts at the start of the answer. The ring's
+    picking stage writes it again under the grammar and the healer's mask together (unstreamed),
+    then goes on: the customer gets only the rest, the whole is valid JSON, and the audit (which
+    replays the same) passes."""
+    import json
+
+    from mahout.ring.runner import RingRunner
+
+    first = structured(SCHEMA, temperature=temperature, seed=21)
+    runner = RingRunner(ring.bridge, model_path, n_ctx=256)
+    whole = "".join(runner.stream(first))
+    assert runner.finish_reason == "stop", whole  # (48 tokens hold the object)
+    delivered = whole[:len(whole) // 2]  # where the first host died: mid-token, as likely as not
+    again = {**first, "id": "job-3", "continuation": True, "rewrite": delivered,
+             "params": {**first["params"], "max_tokens": 40}}
+    rest = "".join(runner.stream(again))
+    value = json.loads(delivered + rest)
+    assert set(value) == {"animal", "legs"} and isinstance(value["legs"], int)
+    assert runner.completion_tokens == len(runner._vocab.tokenize(rest.encode(), add_bos=False, special=True))
+    audit = verifier.audit(again, token_ids=runner.token_ids, text=rest, finish_reason=runner.finish_reason,
+                           seed=again["params"]["seed"])
+    assert audit.passed and not audit.misses and audit.checked > 0, audit

@@ -20,7 +20,6 @@ from marketplace.audits import job_seed
 from marketplace.lifecycle.answers import count_output
 from marketplace.lifecycle.errors import HostRefused, JobNotRunning
 from marketplace.models import Job, Request
-from mesh.rings.selectors import bridged_model_ids
 from protocol.jobs import JobPayload, job_payload_build
 
 
@@ -68,18 +67,16 @@ def job_claim_next(
 
 
 def job_claim_payload(
-    *, host: Host, model_ids: list[int], warm_ids: list[int] | None = None, ring_ids: list[int] | None = None, boot: str = "",
+    *, host: Host, model_ids: list[int], warm_ids: list[int] | None = None, boot: str = "",
 ) -> dict | None:
     """`job_claim_next`, rendered as what the host receives (the long-poll's path: no
-    query after the claim). `ring_ids` (the models it bridges a ring of,
-    `mesh.rings.selectors.bridged_model_ids`), like `warm_ids`, may be looked up once per long-poll."""
-    job = _claim_routed(host=host, model_ids=model_ids, warm_ids=warm_ids, ring_ids=ring_ids, boot=boot)
+    query after the claim). `warm_ids` may be looked up once per long-poll."""
+    job = _claim_routed(host=host, model_ids=model_ids, warm_ids=warm_ids, boot=boot)
     return None if job is None else job_payload(job)
 
 
 def _claim_routed(
-    *, host: Host, fingerprint: str = "", model_ids: list[int] | None, warm_ids: list[int] | None,
-    ring_ids: list[int] | None = None, boot: str = "",
+    *, host: Host, fingerprint: str = "", model_ids: list[int] | None, warm_ids: list[int] | None, boot: str = "",
 ) -> Job | None:
     if model_ids is None:
         model_ids = qualified_model_ids(host=host, fingerprint=fingerprint)
@@ -88,9 +85,7 @@ def _claim_routed(
     now = timezone.now()
     if warm_ids is None:
         warm_ids = warm_model_ids(host=host, model_ids=model_ids, now=now)
-    if ring_ids is None:
-        ring_ids = bridged_model_ids(host_id=host.pk)
-    selection = routing.claim_sql(host_id=host.pk, model_ids=model_ids, warm_ids=warm_ids, now=now, ring_ids=ring_ids)
+    selection = routing.claim_sql(host_id=host.pk, model_ids=model_ids, warm_ids=warm_ids, now=now)
     return job_claim_selected(host=host, selection=selection, now=now, boot=boot)
 
 

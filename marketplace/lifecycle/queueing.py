@@ -26,7 +26,6 @@ from marketplace import routing
 from marketplace.lifecycle.errors import HostFailed, QueueTimeout
 from marketplace.lifecycle.transitions import request_fail
 from marketplace.models import Job, Liveness, Request
-from protocol.jobs import needs_single_machine
 from protocol.rendering import TemplateRefused
 
 
@@ -72,11 +71,8 @@ def request_submit(
     limits = job_limits(request=request, model=model, now=timezone.now())  # (a process's first reads the vocabulary)
     # Routing reads before the account's row is locked: a customer's admissions queue on
     # that lock, so it is held for the writes only. The offer's clock starts here.
-    single = needs_single_machine(params, continuation=False)
-    placement = _placement(model=model, only_host_id=only_host_id, avoid_host_id=None, trusted_only=trusted_only,
-                           single_machine=single)
-    job = Job(request=request, model=model, trusted_only=trusted_only, only_host_id=only_host_id, single_machine=single,
-              **placement, **limits)
+    placement = _placement(model=model, only_host_id=only_host_id, avoid_host_id=None, trusted_only=trusted_only)
+    job = Job(request=request, model=model, trusted_only=trusted_only, only_host_id=only_host_id, **placement, **limits)
     hold = billing.hold_steps(user_id=api_key.user_id, api_key=api_key, amount_ucents=estimate)
     if hold is not None and _request_admit_chained(request=request, job=job, hold=hold):
         return request
@@ -108,12 +104,11 @@ def _request_admit_locked(*, request: Request, job: Job) -> Request:
 
 
 def _placement(
-    *, model: CatalogModel, only_host_id: int | None, avoid_host_id: int | None, trusted_only: bool, single_machine: bool,
+    *, model: CatalogModel, only_host_id: int | None, avoid_host_id: int | None, trusted_only: bool,
 ) -> dict:
     if only_host_id is not None:  # a canary: offered to its host alone, for as long as it waits
         return {"offered_host_id": only_host_id, "offer_until": None, "warm_until": None}
-    return routing.placement(model=model, avoid_host_id=avoid_host_id, trusted_only=trusted_only,
-                             single_machine=single_machine)
+    return routing.placement(model=model, avoid_host_id=avoid_host_id, trusted_only=trusted_only)
 
 
 def job_limits(*, request: Request, model: CatalogModel, now: datetime) -> dict:
@@ -135,15 +130,12 @@ def job_queue(
     """Create a request's next job already routed (one INSERT carries the routing decision,
     `placement`, decided here unless given, and the job's limits), and wake whoever may
     take it (after the commit)."""
-    single = needs_single_machine(request.params or {}, continuation=int(fields.get("attempt") or 1) > 1)
     if placement is None:
         avoid, only = fields.get("avoid_host_id"), fields.get("only_host_id")
         placement = _placement(model=model, only_host_id=only if isinstance(only, int) else None,
-                               avoid_host_id=avoid if isinstance(avoid, int) else None, trusted_only=trusted_only,
-                               single_machine=single)
+                               avoid_host_id=avoid if isinstance(avoid, int) else None, trusted_only=trusted_only)
     limits = job_limits(request=request, model=model, now=timezone.now())
-    job = Job.objects.create(request=request, model=model, trusted_only=trusted_only, single_machine=single, **fields,
-                             **placement, **limits)
+    job = Job.objects.create(request=request, model=model, trusted_only=trusted_only, **fields, **placement, **limits)
     job_announce(job)
     return job
 
@@ -168,8 +160,7 @@ def job_reoffer(*, job_id: int) -> int | None:
     if job is None or job.only_host_id is not None:
         return None
     passed_over = frozenset({job.offered_host_id, job.avoid_host_id})
-    pool = routing.candidates(model=job.model, now=now, trusted_only=job.trusted_only, passed_over=passed_over,
-                              single_machine=job.single_machine)
+    pool = routing.candidates(model=job.model, now=now, trusted_only=job.trusted_only, passed_over=passed_over)
     chosen = routing.pick(model=job.model, pool=pool, now=now)
     if chosen is None:
         return None

@@ -55,7 +55,7 @@ MAHOUT_PROCESS = """
 import json, sys, time
 from mahout.api import HostApi
 api = HostApi(sys.argv[1], sys.argv[2], retries=0)
-api.heartbeat(fingerprint=sys.argv[3], paused=False, active_jobs=[], models_loaded=[], version="0.6.0")
+api.heartbeat(fingerprint=sys.argv[3], paused=False, active_jobs=[], models_loaded=[], version="0.7.0")
 if sys.argv[4] == "claim":
     job = api.claim(fingerprint=sys.argv[3], wait=10)
     api.push_tokens(job["id"], seq=0, text="Hel")

@@ -1,11 +1,8 @@
-"""A ring serves what a single machine does (a `response_format`'s grammar, top_p < 1,
-log-probabilities), but for one thing: resuming text under a grammar (a continuation's
-`rewrite`: the ring's picking stage does not read delivered text into its grammar). Such a job
-(`Job.single_machine`) never goes to a host that serves its model through a ring it bridges:
-each refusal would count as the bridge's failure until it rested in maintenance. It is offered
-to, and claimed by, a host holding the whole model; the bridge keeps every other job of the
-model. A bridge is never handed an audit of its ring's model to score either (it holds no
-llama.cpp model to read one with)."""
+"""A ring serves what a single machine does: a `response_format`'s grammar, top_p < 1,
+log-probabilities, and (mahout 0.7.0) a continuation under a grammar, whose delivered text the
+ring's picking stage writes again under the grammar before it goes on (`rewrite`). So every job
+of the model is routed to a ring's bridge as to any warm host. A bridge is never handed an
+audit of its ring's model to score (it holds no llama.cpp model to read one with)."""
 from __future__ import annotations
 
 import json
@@ -69,27 +66,22 @@ def died_mid_answer(catalog, host, *, text: str) -> Job:  # noqa: ANN001
 @pytest.mark.parametrize("asked", [GRAMMAR, {"top_p": 0.9}, {"logprobs": 2}], ids=["response_format", "top_p", "logprobs"])
 def test_a_first_attempt_is_the_rings_whatever_it_asks(catalog, bridge, asked) -> None:  # noqa: ANN001
     job = Job.objects.get(request=submit_request(make_customer(), catalog, max_tokens=8, prompt_tokens=3, **asked))
-    assert not job.single_machine and job.offered_host_id == bridge.host.pk
+    assert job.offered_host_id == bridge.host.pk
     assert market.job_claim_next(host=bridge.host, fingerprint=bridge.fingerprint).pk == job.pk
 
 
-def test_a_continuation_under_a_grammar_skips_the_bridge_for_a_whole_model_host(catalog, bridge, whole) -> None:  # noqa: ANN001
+def test_a_continuation_under_a_grammar_goes_to_the_bridge_with_its_rewrite(catalog, bridge, whole) -> None:  # noqa: ANN001
     again = died_mid_answer(catalog, whole, text='{"animal": "ele')
-    assert again.attempt == 2 and again.single_machine
-    assert again.offered_host_id is None, "the bridge, the only live warm host, is not offered it"
-    lapse(again)
-    assert market.job_claim_next(host=bridge.host, fingerprint=bridge.fingerprint) is None
-    Job.objects.filter(pk=again.pk).update(offered_host_id=None, offer_until=None)
-    assert market.job_reoffer(job_id=again.pk) is None  # never moved to the bridge either
-    rescuer = make_host(name="rescuer", fingerprint="d" * 64)
-    beat(rescuer, loaded=[catalog.name])
-    lapse(again)
-    assert market.job_claim_next(host=rescuer.host, fingerprint=rescuer.fingerprint).pk == again.pk
+    assert again.attempt == 2 and again.avoid_host_id == whole.host.pk
+    assert again.offered_host_id == bridge.host.pk, "the bridge, the only live warm host, is offered it"
+    claimed = market.job_claim_next(host=bridge.host, fingerprint=bridge.fingerprint)
+    assert claimed.pk == again.pk
+    assert market.job_payload(claimed)["rewrite"] == '{"animal": "ele'  # the ring writes it again under the grammar
 
 
 def test_a_requeue_before_any_token_is_no_continuation_and_stays_the_rings(catalog, bridge, whole) -> None:  # noqa: ANN001
     again = died_mid_answer(catalog, whole, text="")
-    assert again.attempt == 1 and not again.single_machine
+    assert again.attempt == 1 and "rewrite" not in market.job_payload(again)
     lapse(again)
     assert market.job_claim_next(host=bridge.host, fingerprint=bridge.fingerprint).pk == again.pk
 
@@ -103,7 +95,7 @@ def claim_door(serving) -> dict | None:  # noqa: ANN001
 
 
 @pytest.mark.audits
-def test_through_the_claim_door_the_bridge_gets_neither_such_a_job_nor_an_audit_of_its_ring_model(
+def test_through_the_claim_door_the_bridge_gets_the_continuation_but_no_audit_of_its_ring_model(
         catalog, bridge, whole, settings) -> None:  # noqa: ANN001
     from catalog.models import CatalogModel
     from marketplace.models import Audit
@@ -124,10 +116,10 @@ def test_through_the_claim_door_the_bridge_gets_neither_such_a_job_nor_an_audit_
     market.job_complete(host=other.host, job_id=plain.pk, finish_reason="stop", token_ids=[5, 6, 7])
     audit = Audit.objects.get(job_id=plain.pk)
     assert audit.by_hosts and audit.scorer_id is None
-    assert claim_door(bridge) is None
-    assert Job.objects.get(pk=again.pk).status == Job.Status.QUEUED and Audit.objects.get(pk=audit.pk).scorer_id is None
+    continued = claim_door(bridge)
+    assert continued["id"] == again.pk and continued["rewrite"] == "{"
+    assert claim_door(bridge) is None and Audit.objects.get(pk=audit.pk).scorer_id is None
     RingPlan.objects.filter(bridge_host=bridge.host).update(status=RingPlan.Status.RETIRED)  # a host of the whole model now
-    assert claim_door(bridge)["id"] == again.pk
     scored = claim_door(bridge)
     assert scored["kind"] == "audit" and scored["id"] == audit.pk
     assert Audit.objects.get(pk=audit.pk).scorer_id == bridge.host.pk

@@ -37,13 +37,13 @@ def test_an_older_client_is_refused_with_how_to_upgrade(serving_host, settings) 
 def test_the_pool_page_shows_the_versions_in_use(serving_host, outsider, settings) -> None:
     from django.contrib.auth import get_user_model
 
-    beat(serving_host.token, "0.6.0")
-    beat(outsider.token, "0.6.0")
+    beat(serving_host.token, "0.7.0")
+    beat(outsider.token, "0.7.0")
     staff = get_user_model().objects.create_user(username="ops@example.com", password="x" * 12, is_staff=True)
     client = Client()
     client.force_login(staff)
     page = client.get("/pool/").content.decode()
-    assert "0.6.0 × 2" in page and f"oldest served: {settings.MAHOUT_MIN_VERSION}" in page
+    assert "0.7.0 × 2" in page and f"oldest served: {settings.MAHOUT_MIN_VERSION}" in page
 
 
 @pytest.mark.e2e

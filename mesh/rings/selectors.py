@@ -52,8 +52,8 @@ def stage_address(stage: RingStage) -> dict:
 
 
 def bridged_model_ids(*, host_id: int) -> list[int]:
-    """The models this host serves through a ring it bridges (active plans): their jobs that
-    need a single machine (`marketplace.models.Job.single_machine`) are not for it."""
+    """The models this host serves through a ring it bridges (active plans): it scores no
+    audit of them (a bridge holds no whole model to read one with)."""
     return sorted(set(RingPlan.objects.filter(bridge_host_id=host_id, status=RingPlan.Status.ACTIVE)
                       .values_list("model_id", flat=True)))
 

@@ -182,6 +182,47 @@ class RingBehindTheGatewayTests:
             assert shaped.choices[0].message.content.lstrip().startswith("{")
         assert Host.objects.get(pk=ring.bridge_host.pk).maintenance_since is None
 
+    def test_a_ring_finishes_a_structured_answer_whose_single_machine_host_died(
+            self, gateway: Gateway, ring: Ring, start_mahout) -> None:  # noqa: ANN001
+        """kill -9 of a whole-model host mid-answer under a `response_format`: the continuation
+        (its delivered text carried apart as `rewrite`) goes to the ring, the only host left,
+        which writes that text again under the grammar before it goes on (mahout 0.7.0; before,
+        such a continuation waited for a whole-model host that never came). The customer's one
+        stream is valid JSON, each token billed once."""
+        from django.utils import timezone
+
+        Host.objects.filter(pk=ring.bridge_host.pk).update(maintenance_since=timezone.now(), maintenance_by="test",
+                                                                 maintenance_reason="held back: the first attempt is the single host's")
+        single = make_host(qualified=False, name="single")
+        host = start_mahout(single.token, extra=["--no-idle-detect"])
+        customer = make_customer()
+        pieces, last = [], None
+        for chunk in client(gateway, customer).chat.completions.create(
+            model="gemma-3-270m", messages=[{"role": "user", "content": "Describe an elephant as JSON."}],
+            max_tokens=60, temperature=0.8, seed=9, stream=True, response_format={"type": "json_object"},
+        ):
+            last = chunk
+            if chunk.choices and chunk.choices[0].delta.content:
+                pieces.append(chunk.choices[0].delta.content)
+                if len(pieces) == 3:
+                    host.proc.kill()  # kill -9 the whole-model host mid-answer
+                    host.proc.wait(timeout=10)
+                    Host.objects.filter(pk=ring.bridge_host.pk).update(maintenance_since=None, maintenance_by="",
+                                                                             maintenance_reason="")
+        row = Request.objects.get()
+        first, second = row.jobs.order_by("attempt")
+        assert first.host_id == single.host.pk and first.status == "failed"
+        assert second.host_id == ring.bridge_host.pk and second.status == "completed"
+        assert row.status == "completed" and row.resumed and last.model_extra.get("x_elephant") == {"resumed": True}
+        text = "".join(pieces)
+        if last.choices[0].finish_reason == "stop":  # (the gateway checked it: JSON, or the request failed)
+            assert isinstance(json.loads(text), dict)
+        else:
+            assert text.lstrip().startswith("{")
+        assert not Hold.objects.filter(status="active").exists()
+        assert ledger.ledger_total() == 0 and ledger.cache_drift() == []
+        assert Host.objects.get(pk=ring.bridge_host.pk).maintenance_since is None, "the bridge served it honestly"
+
     def test_killing_a_stage_mid_request_ends_it_honestly_and_bills_nothing_twice(self, gateway: Gateway, ring: Ring) -> None:
         customer = make_customer()
         story = [{"role": "user", "content": "Tell me a long story about an elephant who learns to swim."}]
