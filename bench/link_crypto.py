@@ -20,13 +20,19 @@ Loopback is the worst case for the ratio: nothing but copies and the cipher cost
 here, where a real network adds its own transfer time to both sides (the added time per
 frame is what to set against a real link's time per frame).
 
-    .venv/bin/python bench/link_crypto.py [--rounds 7] [--seconds 0.3]
+`--rate` (root, Linux) measures over a link of that bandwidth instead: the same run inside a
+network namespace of its own whose loopback the kernel shapes with a token bucket (`tc qdisc
+… tbf rate RATE`), as a host's uplink limits a stage's sends; the namespace is removed after.
+
+    .venv/bin/python bench/link_crypto.py [--rounds 7] [--seconds 0.3] [--rate 1gbit]
 """
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -139,9 +145,36 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--seconds", type=float, default=0.3, help="about how long one round streams")
+    parser.add_argument("--rate", help="shape the link to this bandwidth (tc's units: 100mbit, 1gbit); needs root")
     args = parser.parse_args()
+    if args.rate and os.environ.get(_SHAPED) != args.rate:
+        shaped(args.rate)
+        return
     torch.set_num_threads(1)
+    if args.rate:
+        print(f"over loopback shaped to {args.rate} (tc tbf, namespace {_NETNS})")
     measure(args.rounds, args.seconds)
+
+
+_NETNS, _SHAPED = "eh-linkbench", "LINK_BENCH_SHAPED"
+
+
+def shaped(rate: str) -> None:
+    """Run this script again inside a namespace whose loopback sends at `rate`; remove it after."""
+    def ip(*words: str) -> None:
+        subprocess.run(["ip", *words], check=True)
+
+    subprocess.run(["ip", "netns", "del", _NETNS], capture_output=True)  # (one a killed run left)
+    ip("netns", "add", _NETNS)
+    try:
+        ip("-n", _NETNS, "link", "set", "lo", "up")
+        # burst: a few ms of the rate (at least 64 KiB); latency: how long a packet may queue
+        subprocess.run(["tc", "-n", _NETNS, "qdisc", "add", "dev", "lo", "root", "tbf", "rate", rate,
+                        "burst", "256kb", "latency", "50ms"], check=True)
+        subprocess.run(["ip", "netns", "exec", _NETNS, sys.executable, *sys.argv], check=True,
+                       env={**os.environ, _SHAPED: rate})
+    finally:
+        subprocess.run(["ip", "netns", "del", _NETNS], capture_output=True)
 
 
 if __name__ == "__main__":
