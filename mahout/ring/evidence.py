@@ -11,15 +11,27 @@ requests it computed lately, what it received and what it handed on, position by
 * at the tail, the **tokens** it drew, at the position each goes to.
 
 A stage cannot know which of its requests will be audited, so it keeps them all, up to a
-memory budget (the oldest requests go first). Asked about a request (`export`), it gives
-them as arrays ordered by position; `mahout.ring.blame` checks them against each other and
-against the stage's layers recomputed on its own inputs.
+budget (the oldest requests go first). Asked about a request (`export`), it gives them as
+arrays ordered by position; `mahout.ring.blame` checks them against each other and against the
+stage's layers recomputed on its own inputs.
+
+With a spool folder (`mahout stage` keeps one under its home, per ring and stage), a request's
+evidence goes to disk when the request ends there (`settle`, an npz file written by a thread of
+its own, off the stage's work), and the budget bounds the folder: an inquiry that comes after
+the stage process restarted (a crash, an upgrade, a reboot) still finds what it kept. Without
+one (tests, benches), it stays in memory within the budget.
 """
 from __future__ import annotations
 
+import os
+import queue
+import re
+import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -63,18 +75,34 @@ class _Pieces:
         self.nbytes = 0
 
 
+_SPOOLED_ID = re.compile(r"[A-Za-z0-9_.-]{1,200}")  # a request id that can name its file (`job-<id>-<hex>` does)
+
+
 class EvidenceStore:
     """Per request id, what this stage received and sent; the oldest requests are dropped past
     `budget_bytes`. Used from the stage's own work thread and, for `export`, from its uploader:
-    every method takes the lock."""
+    every method takes the lock. With `spool`, ended requests live in that folder instead of
+    memory (see the module's docstring), read back by `export` after a restart."""
 
-    def __init__(self, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> None:
-        import threading
-
+    def __init__(self, budget_bytes: int = DEFAULT_BUDGET_BYTES, *, spool: Path | None = None) -> None:
         self.budget_bytes = budget_bytes
         self._requests: OrderedDict[str, _Pieces] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        self.spool = spool
+        self._spooled: OrderedDict[str, int] = OrderedDict()  # request id -> its file's bytes, oldest first
+        self._spooled_bytes = 0
+        self._writes: queue.Queue[tuple[str, StageRecord] | threading.Event] = queue.Queue()
+        self._writer: threading.Thread | None = None
+        if spool is not None:
+            spool.mkdir(parents=True, exist_ok=True)
+            for path in sorted(spool.glob("*.npz"), key=lambda found: found.stat().st_mtime):  # what an earlier process kept
+                self._spooled[path.stem] = path.stat().st_size
+                self._spooled_bytes += path.stat().st_size
+            for partial in spool.glob(".*.partial"):  # cut short by a crash: never handed over
+                partial.unlink(missing_ok=True)
+            self._writer = threading.Thread(target=self._write_spooled, name="evidence-spool", daemon=True)
+            self._writer.start()
 
     def record(self, rows: Sequence[Row], x: torch.Tensor, out: torch.Tensor, *, per_row_out: bool) -> None:
         """One pass: `x` (T,) token ids or (T, D) states in membership order; `out` (T, D) for
@@ -106,27 +134,99 @@ class EvidenceStore:
             for request_id, position, token in drawn:
                 self._pieces(request_id).tokens[int(position)] = int(token)
 
+    def settle(self, request_id: str) -> None:
+        """The request ended at this stage: with a spool, its evidence goes to disk (in the
+        background) and leaves memory; without one, it stays in memory."""
+        if self.spool is None or not _SPOOLED_ID.fullmatch(request_id):
+            return
+        with self._lock:
+            record = self._export(request_id)
+            pieces = self._requests.pop(request_id, None)
+            if pieces is not None:
+                self._bytes -= pieces.nbytes
+            if record is not None:
+                self._spooled[request_id] = 0  # (listed at once; its size counts once written)
+        if record is not None:
+            self._writes.put((request_id, record))
+
+    def flush(self, timeout: float = 10.0) -> None:
+        """Until every settled request is on disk (a stage that stops waits for them)."""
+        if self._writer is None:
+            return
+        done = threading.Event()
+        self._writes.put(done)  # the writer reaches it after every write queued before
+        done.wait(timeout)
+
+    def _write_spooled(self) -> None:
+        assert self.spool is not None
+        while True:
+            item = self._writes.get()
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            request_id, record = item
+            target = self.spool / f"{request_id}.npz"
+            partial = self.spool / f".{request_id}.partial"
+            try:
+                with open(partial, "wb") as file:
+                    np.savez(file, **record.arrays())  # (uncompressed: hidden states hardly compress)
+                os.replace(partial, target)
+            except OSError:  # a full disk: this request's evidence is lost, the stage serves on
+                partial.unlink(missing_ok=True)
+                with self._lock:
+                    self._spooled.pop(request_id, None)
+                continue
+            with self._lock:
+                if request_id in self._spooled:
+                    self._spooled[request_id] = size = target.stat().st_size
+                    self._spooled_bytes += size
+                self._trim_spooled()
+
+    def _trim_spooled(self) -> None:
+        assert self.spool is not None
+        while self._spooled_bytes > self.budget_bytes and len(self._spooled) > 1:
+            oldest, size = self._spooled.popitem(last=False)
+            self._spooled_bytes -= size
+            (self.spool / f"{oldest}.npz").unlink(missing_ok=True)
+
     def export(self, request_id: str) -> StageRecord | None:
         """The request's evidence ordered by position (None: never seen here, or dropped)."""
         with self._lock:
-            pieces = self._requests.get(request_id)
-            if pieces is None or not pieces.positions:
+            found = self._export(request_id)
+            if found is not None or request_id not in self._spooled:
+                return found
+        for _ in range(50):  # settled a moment ago: its file is being written
+            path = self.spool / f"{request_id}.npz"  # type: ignore[operator]
+            if path.is_file():
+                try:
+                    return record_from_bytes(path.read_bytes())
+                except (OSError, ValueError):
+                    return None
+            if request_id not in self._spooled:
                 return None
-            positions = np.concatenate(pieces.positions)
-            order = np.argsort(positions, kind="stable")
-            out_positions = np.concatenate(pieces.out_positions)
-            out_order = np.argsort(out_positions, kind="stable")
-            token_positions = np.array(sorted(pieces.tokens), dtype=np.int64)
-            return StageRecord(
-                positions=positions[order], inputs=np.concatenate(pieces.inputs)[order],
-                out_positions=out_positions[out_order], outputs=np.concatenate(pieces.outputs)[out_order],
-                token_positions=token_positions,
-                tokens=np.array([pieces.tokens[int(p)] for p in token_positions], dtype=np.int64),
-            )
+            time.sleep(0.1)
+        return None
+
+    def _export(self, request_id: str) -> StageRecord | None:
+        pieces = self._requests.get(request_id)
+        if pieces is None or not pieces.positions:
+            return None
+        positions = np.concatenate(pieces.positions)
+        order = np.argsort(positions, kind="stable")
+        out_positions = np.concatenate(pieces.out_positions)
+        out_order = np.argsort(out_positions, kind="stable")
+        token_positions = np.array(sorted(pieces.tokens), dtype=np.int64)
+        return StageRecord(
+            positions=positions[order], inputs=np.concatenate(pieces.inputs)[order],
+            out_positions=out_positions[out_order], outputs=np.concatenate(pieces.outputs)[out_order],
+            token_positions=token_positions,
+            tokens=np.array([pieces.tokens[int(p)] for p in token_positions], dtype=np.int64),
+        )
 
     def request_ids(self) -> list[str]:
+        """Every request kept, oldest first (on disk, then in memory)."""
         with self._lock:
-            return list(self._requests)
+            return [*(found for found in self._spooled if found not in self._requests), *self._requests]
 
     @property
     def nbytes(self) -> int:

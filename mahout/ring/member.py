@@ -85,7 +85,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     stage.add_argument("--model", default=None,
                        help="GGUF path (default: the file `mahout add` registered for the plan's model)")
     stage.add_argument("--evidence-mb", type=int, default=256,
-                       help="memory kept for the evidence of recent requests, for a failed audit's inquiry (default 256; "
+                       help="MiB kept of recent requests' evidence, for a failed audit's inquiry: on disk under --home "
+                            "(it outlives a restart) and as much again in memory for requests in flight (default 256; "
                             "a stage that kept none of an inquired request is blamed)")
     stage.add_argument("--once", action="store_true", help="exit when the ring session ends instead of rejoining")
     stage.add_argument("--home", help="state directory whose pause flag counts (default: $MAHOUT_HOME or ~/.mahout)")
@@ -159,7 +160,8 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
         secret, caps = plan["secret"], limits.frame_caps(d_model=config.d_model, n_ctx=args.n_ctx)
         bind = parse_address(args.bind, default_host="0.0.0.0")
         following = (args.stage + 1) % n_stages
-        evidence = EvidenceStore(args.evidence_mb * 2**20)  # kept across ring sessions: an inquiry may come after the ring re-formed
+        # kept across ring sessions and restarts: an inquiry may come after the ring re-formed
+        evidence = EvidenceStore(args.evidence_mb * 2**20, spool=home / "evidence" / f"ring-{args.ring}-stage-{args.stage}")
         uploader = EvidenceUploader(HostApi(login.server, login.token), evidence, ring_id=args.ring, stage=args.stage,
                                     say=say).start()
         while True:
@@ -201,6 +203,7 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
     finally:
         if uploader is not None:
             uploader.stop()
+            uploader.store.flush()  # what ended here is on disk before the process goes
         api.close()
 
 

@@ -367,8 +367,10 @@ class StageAgent:
     # -- release, errors, stats --------------------------------------------------------
 
     def _forget(self, request_id: str) -> None:
-        """Free what this stage holds for a request that ended."""
+        """Free what this stage holds for a request that ended (its evidence is settled: kept
+        on disk where the store has a spool)."""
         self.stage.cache.release(request_id)
+        self.evidence.settle(request_id)
         self._healing.pop(request_id, None)
         grammar = self._grammars.pop(request_id, None)
         if grammar is not None:

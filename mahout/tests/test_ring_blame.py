@@ -151,3 +151,48 @@ def test_the_store_keeps_the_newest_requests_within_its_budget() -> None:
     record = store.export("r3")
     assert record is not None and np.array_equal(record.positions, np.arange(4))
     assert float(record.outputs[0, 0]) == 3.5 and store.export("r0") is None
+
+
+def test_a_spooled_store_keeps_ended_requests_on_disk_within_its_budget_across_a_restart(tmp_path: Path) -> None:
+    import torch
+
+    one = 4 * 8 * 4 * 2 + 16 * 4  # a request of 4 positions x 8 floats, in memory
+    store = EvidenceStore(spool=tmp_path)
+    for i in range(5):
+        store.record([Row(f"job-{i}-x", 0, 4, "prefill", True)], torch.full((4, 8), float(i)),
+                     torch.full((4, 8), float(i) + 0.5), per_row_out=False)
+        store.settle(f"job-{i}-x")
+        if i == 0:  # the budget: three such files (each adds its npz headers)
+            store.flush()
+            budget = store.budget_bytes = 3 * (tmp_path / "job-0-x.npz").stat().st_size + 100
+    store.record([Row("job-9-x", 0, 4, "prefill", True)], torch.zeros(4, 8), torch.zeros(4, 8), per_row_out=False)
+    store.flush()
+    assert store.nbytes == one, "ended requests left memory; the one in flight stays there"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["job-2-x.npz", "job-3-x.npz", "job-4-x.npz"]
+    (tmp_path / ".job-5-x.partial").write_bytes(b"cut short by a crash")
+
+    restarted = EvidenceStore(budget_bytes=budget, spool=tmp_path)  # a new process over the same folder
+    assert restarted.request_ids() == ["job-2-x", "job-3-x", "job-4-x"]
+    record = restarted.export("job-3-x")
+    assert record is not None and np.array_equal(record.positions, np.arange(4)) and float(record.outputs[0, 0]) == 3.5
+    assert restarted.export("job-0-x") is None and not (tmp_path / ".job-5-x.partial").exists()
+
+
+def test_a_stage_that_restarted_hands_over_what_it_kept_and_checks_out(model_path: Path, vocab, recompute,
+                                                                       tmp_path: Path) -> None:  # noqa: ANN001
+    """Each stage of a real ring spools its evidence when the request ends there; stores opened
+    afresh over the same folders (the processes restarted) give records on which the honest
+    stages all check out, as the live ones do."""
+    with ThreadRing(model_path, RANGES, limits=LIMITS, slots=2, n_ctx=256) as ring:
+        for agent in ring.agents:
+            agent.evidence = EvidenceStore(spool=tmp_path / f"stage-{agent.index}")
+        sequence, prompt_len = run(ring, vocab, "job-4-b")
+        slices = [StageSlice(agent.index, agent.stage.start, agent.stage.end) for agent in ring.agents]
+        for agent in ring.agents:
+            agent.evidence.flush()
+    records = [EvidenceStore(spool=tmp_path / f"stage-{k}").export("job-4-b") for k in range(len(RANGES))]
+    assert all(record is not None for record in records)
+    verdict = blame(records, slices, sequence=sequence, prompt_len=prompt_len, shared_output=True, recompute=recompute,
+                    d_model=640)
+    assert all(error is not None and error < TOLERANCE / 10 for error in verdict.errors.values()), verdict.errors
+    assert verdict.blamed == [0, 2] and all("draw was not the seed's" in reason for reason in verdict.reasons), verdict
