@@ -22,8 +22,8 @@ its unvested earnings. Either way the prompt, text and tokens are deleted then.
 
 What is auditable (`mahout.verify.auditable`): chats and completions, under a grammar
 (`response_format`, tools) or not, first attempts and continuations (the continuation's own
-text, against the payload it was sent; not from an MoE coordinator, which heals no cut word:
-`coordinator_unauditable`), on a model whose weights the gateway has
+text, against the payload it was sent; rings and MoE coordinators heal resumed text as a
+host does, mahout 0.7.0), on a model whose weights the gateway has
 (`catalog.tokenizer.weights_on_gateway`) or that a trusted host other than the job's own
 could score. A chosen job whose host reported no tokens fails: a current mahout always
 reports them. A ring's final text is audited as any job's (its stages draw by the specified
@@ -125,8 +125,7 @@ def audit_wanted(
 ) -> dict | None:
     """The job as its host received it when this completed job is to be audited (the draw
     says so, or `always`: a canary judged by its audit; and it can be), else None. `payload`
-    and `excluded` (asked about that payload: a canary judged by its reference, a
-    coordinator's `coordinator_unauditable`) cost queries, so they are
+    and `excluded` (asked about that payload: a canary judged by its reference) cost queries, so they are
     asked only for a job the draw chose."""
     if request.kind not in (Request.Kind.CHAT, Request.Kind.COMPLETION):
         return None
@@ -255,19 +254,6 @@ def _audited_payees(audit: Audit) -> list[tuple[Host, int, str]]:
     own = audit.host_ucents - sum(stage.earned_ucents for stage in stages)
     return [(audit.host, own, f"audit-{audit.pk}"),
             *((stage.host, stage.earned_ucents, f"audit-{audit.pk}-stage-{stage.host_id}") for stage in stages)]
-
-
-def coordinator_unauditable(*, payload: dict) -> bool:
-    """An MoE coordinator's job its audit could not judge fairly (its other answers are audited
-    as any host's: it draws by the specified sampler and streams as llama.cpp does,
-    `mahout.moe.runner.MoeSlot`, under a response_format's grammar as a single-machine host
-    draws under one): one that resumes text (a continuation, a chat ending in an assistant turn:
-    the coordinator heals no cut word and reads a `rewrite` in without writing it again, where
-    the verifier replays what a single-machine host does). A ring heals as a host does (mahout
-    0.6.0: `mahout.ring.vocab.Healing`), so its jobs that resume text are audited."""
-    from mahout.runners.llama import resumes_text
-
-    return bool(payload.get("rewrite") or resumes_text(payload))
 
 
 def audit_summary() -> dict:

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-    from mahout.runners.llama import Grammar
+    from mahout.runners.llama import Grammar, TokenHealer, Vocab
 
 __all__ = ["MoeRunner", "MoeSlot", "SlotsFull", "Vocabulary", "as_streamed"]
 
@@ -66,6 +66,7 @@ class Vocabulary:
         self._prompt = None
         self._ends: frozenset[int] = frozenset()
         self._pieces: list[bytes] | None = None
+        self._heal_vocab: Vocab | None = None  # every token's bytes for healing, built for the first job that resumes text
         if not self.bytes:
             from mahout.runners.llama import PromptTokenizer, end_of_generation_ids, pieces_whole
 
@@ -98,6 +99,23 @@ class Vocabulary:
         if self._prompt is None:
             return self.tokenizer.encode(fragments_text(job.get("fragments") or []))
         return self._prompt.tokens(job)
+
+    def healing(self, job: dict, prompt: list[int]) -> tuple[list[int], TokenHealer | None]:
+        """What to feed for `job` (prompt `prompt`) and the healer that writes text again first,
+        as a single-machine host does (`mahout.runners.llama.healing`): a continuation's cut last
+        word, or under a grammar its whole delivered text (`rewrite`). A byte vocabulary cuts no
+        word (a byte is a token) and follows no grammar: nothing to heal."""
+        from mahout.runners.llama import Vocab, healing, resumes_text
+
+        if self.bytes or not (job.get("rewrite") or resumes_text(job)):
+            return prompt, None
+        if self._heal_vocab is None:
+            self._heal_vocab = Vocab(self.tokenizer.llama)
+        return healing(job, prompt, self._heal_vocab)
+
+    def count(self, text: str) -> int:
+        """Tokens in generated text, as the gateway counts them."""
+        return len(self.tokenizer.encode(text)) if text else 0
 
     def ends(self, token: int) -> bool:
         """Whether `token` ends a generation as it ends llama.cpp's: EOS or any token its
@@ -175,15 +193,19 @@ class MoeRunner:
         return list(self.generate_stream(prompt_ids, max_tokens))
 
     def generate_stream(self, prompt_ids: list[int], max_tokens: int, *, temperature: float = 0.0, top_p: float = 1.0,
-                        seed: int = 0, grammar: Grammar | None = None,
+                        seed: int = 0, grammar: Grammar | None = None, healer: TokenHealer | None = None,
                         watch: Callable[[npt.NDArray[np.float32]], object] | None = None) -> Generator[int, None, None]:
         """The completion's tokens as they are drawn, each by the specified sampler
         (`protocol.sampling`: ``select`` with the draw ``uniform(seed, position)``, position
         the tokens before it), as a single-machine host draws them; temperature 0 is greedy.
         Under a `grammar` (a response_format's, in the state after the prompt), the draw is
         ``select_masked``'s over the tokens it allows, each token fed to it before the next draw:
-        `mahout.runners.llama.GrammarSampler`'s rule, so a verifier replays it alike. `watch`
-        sees each step's own logits before the draw (a log-probability recorder)."""
+        `mahout.runners.llama.GrammarSampler`'s rule, so a verifier replays it alike. While a
+        `healer` writes text again, only the tokens it allows are drawn from (the others' logits
+        -inf first, as a single-machine host's healer masks them). `watch` sees each step's own
+        logits before the draw (a log-probability recorder)."""
+        import numpy as np
+
         request = f"r{next(self._ids)}"
         with self._slots:
             if self._busy >= self.n_slots:
@@ -196,12 +218,25 @@ class MoeRunner:
             with self._gather:
                 self._decoding += 1
             try:
+                written = b""  # what the healer's text has been written again so far
                 for step in range(max_tokens):
                     scores, u = logits.float().numpy(), uniform(seed, len(prompt_ids) + step)
                     if watch is not None:
                         watch(scores)
-                    token = (select(scores, temperature=temperature, top_p=top_p, u=u) if grammar is None else
-                             select_masked(scores, grammar.allowed, temperature=temperature, top_p=top_p, u=u))
+                    allowed = healer.mask(written) if healer is not None else None
+                    if allowed is not None:  # (a vocabulary padded past llama.cpp's: the padding never allowed)
+                        allowed = np.pad(allowed, (0, max(len(scores) - len(allowed), 0)))[:len(scores)]
+                        scores = np.where(allowed, scores, np.float32(-np.inf))
+                    try:
+                        token = (select(scores, temperature=temperature, top_p=top_p, u=u) if grammar is None else
+                                 select_masked(scores, grammar.allowed, temperature=temperature, top_p=top_p, u=u))
+                    except ValueError as exc:  # the grammar refuses every token the healer allows
+                        if allowed is None:
+                            raise
+                        raise RequestRejected("the text already delivered does not follow the response_format's "
+                                              "grammar") from exc
+                    if healer is not None and len(written) < len(healer.dropped):
+                        written += healer.vocab.pieces[token]
                     yield token
                     if self.tokenizer.ends(token) or step == max_tokens - 1:
                         return
@@ -316,9 +351,11 @@ class MoeSlot:
         stop string (the text ends where it starts; the token that completed it is the last
         reported). The text is what llama.cpp's stream writes for those tokens (bytes that are
         no UTF-8 dropped, an unfinished character at the end held back), so an audit reads it as
-        a single-machine host's. A continuation job's open assistant turn is continued from its
-        last token as the gateway counted it (no token healing); under a grammar its delivered
-        text (`rewrite`) is read into the prompt and the grammar, not written again. With
+        a single-machine host's. Text a job resumes is healed as a single-machine host heals it
+        (`Vocabulary.healing`): a continuation's cut last word, or under a grammar its whole
+        delivered text (`rewrite`), is written again first under the healer's mask and not
+        streamed (mahout 0.7.0; before, the cut word was continued as counted and a rewrite
+        read into the prompt, which no verifier replays). With
         `logprobs`, each piece ends on a token boundary and carries its tokens' entries (`Piece`,
         from the model's own logits before any grammar), as a single-machine host's does."""
         runner = self.runner
@@ -326,19 +363,25 @@ class MoeSlot:
         prompt = runner.tokenizer.prompt(job)
         stops = runner.tokenizer.stop_ids(job)
         grammar = runner.tokenizer.grammar(params.get("response_format"))
+        prompt, healer = runner.tokenizer.healing(job, prompt)
         try:
-            if grammar is not None and job.get("rewrite"):
-                prompt = prompt + _read_into(grammar, runner.tokenizer.tokenizer.encode(job["rewrite"], add_bos=False))
             if params.get("logprobs") is None:
-                yield from self._stream(job, prompt, stops, grammar)
+                for text in self._stream(job, prompt, stops, grammar, healer):
+                    text = healer.strip(text) if healer is not None else text  # (the customer has that text already)
+                    if text:
+                        yield text
             else:
-                yield from self._with_logprobs(job, prompt, stops, grammar, top=int(params["logprobs"]))
+                yield from self._with_logprobs(job, prompt, stops, grammar, healer, top=int(params["logprobs"]))
         finally:
             if grammar is not None:
                 grammar.close()
+        rewrite = job.get("rewrite") or ""
+        if rewrite:  # the tokens the customer gets from this host, not those that wrote the delivered text again
+            spelled = runner.tokenizer.spell([t for t in self.token_ids if t not in stops]).decode("utf-8", errors="ignore")
+            self.completion_tokens = runner.tokenizer.count(spelled.removeprefix(rewrite))
 
-    def _with_logprobs(self, job: dict, prompt: list[int], stops: set[int], grammar: Grammar | None, *,
-                       top: int) -> Generator[str, None, None]:
+    def _with_logprobs(self, job: dict, prompt: list[int], stops: set[int], grammar: Grammar | None,
+                       healer: TokenHealer | None, *, top: int) -> Generator[str, None, None]:
         """`_stream`'s text cut on token boundaries, each piece with its tokens' entries."""
         import numpy as np
 
@@ -347,8 +390,9 @@ class MoeSlot:
         def watch(scores: npt.NDArray[np.float32]) -> None:
             recorder(np.asarray(self.token_ids, dtype=np.intc), scores)  # it learns the last draw from these
 
-        aligner = TokenAligner(recorder, self.runner.tokenizer.pieces(self.runner.config.vocab_size), skip=0)
-        for raw in self._stream(job, prompt, stops, grammar, watch=watch):
+        aligner = TokenAligner(recorder, self.runner.tokenizer.pieces(self.runner.config.vocab_size),
+                               skip=len(healer.pending) if healer is not None else 0)
+        for raw in self._stream(job, prompt, stops, grammar, healer, watch=watch):
             text, entries = aligner.feed(raw)
             if text or entries:
                 yield Piece(text, entries)
@@ -358,14 +402,18 @@ class MoeSlot:
         if text or entries:
             yield Piece(text, entries)
 
-    def _stream(self, job: dict, prompt: list[int], stops: set[int], grammar: Grammar | None, *,
+    def _stream(self, job: dict, prompt: list[int], stops: set[int], grammar: Grammar | None,
+                healer: TokenHealer | None = None, *,
                 watch: Callable[[npt.NDArray[np.float32]], object] | None = None) -> Generator[str, None, None]:
         runner = self.runner
         params = job.get("params") or {}
         budget = runner.model.cache.n_ctx - len(prompt)
         if budget <= 0:  # (as a single-machine host says it: the customer gets the reason)
             raise RequestRejected(f"prompt is {len(prompt)} tokens; the context window is {runner.model.cache.n_ctx} tokens")
-        max_tokens = min(int(params.get("max_tokens") or budget), budget)
+        from mahout.runners.llama import rewrite_budget
+
+        max_tokens = min(rewrite_budget(job, min(int(params.get("max_tokens") or budget), budget), runner.tokenizer.count),
+                         budget)
         temperature, top_p = job_number(params, "temperature", 1.0), job_number(params, "top_p", 1.0)
         self.finish_reason, self.completion_tokens = "length", 0
         self.seed, self.token_ids = job_seed(params), []
@@ -373,7 +421,7 @@ class MoeSlot:
         decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
         text, sent = "", 0
         for token in runner.generate_stream(prompt, max_tokens, temperature=temperature, top_p=top_p, seed=self.seed,
-                                            grammar=grammar, watch=watch):
+                                            grammar=grammar, healer=healer, watch=watch):
             self.token_ids.append(token)
             self.completion_tokens += 1
             if token in stops:
@@ -392,18 +440,6 @@ class MoeSlot:
                 sent = ready
         if len(text) > sent:  # held back for a stop string that did not come
             yield text[sent:]
-
-
-def _read_into(grammar: Grammar, ids: list[int]) -> list[int]:
-    """`ids` (text already delivered) fed to `grammar`; a RequestRejected when it refuses one
-    (llama.cpp would abort the process on it)."""
-    import numpy as np
-
-    for token in ids:
-        if not grammar.allowed(np.array([token], dtype=np.intp))[0]:
-            raise RequestRejected("the text already delivered does not follow the response_format's grammar")
-        grammar.accept(token)
-    return ids
 
 
 def as_streamed(spelled: bytes) -> str:

@@ -18,7 +18,7 @@ from catalog.pricing import price
 from catalog.tokenizer import tokenizer_for
 from hosts.models import Host
 from marketplace import reputation
-from marketplace.audits import MAX_TOKENS_KEPT, audit_open, audit_wanted, coordinator_unauditable
+from marketplace.audits import MAX_TOKENS_KEPT, audit_open, audit_wanted
 from marketplace.canaries import canary_check, canary_judge
 from marketplace.lifecycle.answers import (
     answer_of,
@@ -39,7 +39,6 @@ from marketplace.lifecycle.transitions import request_fail, request_settled
 from marketplace.models import Job, Request, StageShare, TextChunk
 from marketplace.reputation import blame_corrected, host_rest_if_unreliable
 from marketplace.structured import answer_problem, answer_problem_ahead
-from mesh.experts.selectors import coordinates as expert_coordinates
 from mesh.rings.models import RingPlan
 from mesh.rings.selectors import ring_layers
 
@@ -113,8 +112,7 @@ def job_settle(
     check = canary_check(request=request) if request.kind != Request.Kind.EMBEDDINGS else None
     audited = audit_wanted(  # (a greedy canary is judged against its reference)
         request=request, job=job, host=host, payload=lambda: job_payload(job), always=check is not None and check.by_audit,
-        excluded=lambda sent: (check is not None and not check.by_audit)
-        or (coordinator_unauditable(payload=sent) and expert_coordinates(host_id=host.pk, model_name=request.model.name)))
+        excluded=lambda sent: check is not None and not check.by_audit)
     now = timezone.now()
     settled = settle(request=request, completion_tokens=completion_tokens, finish_reason=finish_reason, job=job, host=host,
                      share=share, result=result, now=now, escrow=audited is not None)

@@ -125,11 +125,10 @@ def test_a_ring_that_reports_no_tokens_is_drawn_and_fails_its_audit(customer, ca
     assert reason is not None and "did not report the tokens" in reason  # withholding them dodges nothing
 
 
-def test_an_expert_meshs_coordinator_is_drawn_but_not_for_what_it_cannot_do_as_a_host_does(customer, catalog, settings) -> None:  # noqa: ANN001
-    """A MoE coordinator draws by the specified sampler and streams as llama.cpp does, so its
-    answers are audited as any host's, under a response_format too (it draws under the grammar as
-    a host does); not those that resume text (it heals no cut word): an honest coordinator would
-    fail those."""
+def test_an_expert_meshs_coordinator_is_drawn_as_any_host_text_it_resumes_included(customer, catalog, settings) -> None:  # noqa: ANN001
+    """A MoE coordinator draws by the specified sampler, streams as llama.cpp does and (mahout
+    0.7.0) heals the text a job resumes as a host does, so all its answers are audited as any
+    host's: a chat ending in a cut word too (before, those were left unaudited)."""
     from mesh.experts.models import ExpertModel
 
     settings.AUDIT_PROBATION_RATE = 1.0
@@ -139,11 +138,4 @@ def test_an_expert_meshs_coordinator_is_drawn_but_not_for_what_it_cannot_do_as_a
     assert Audit.objects.get(job=serve(customer, catalog, coordinator)).host_id == coordinator.host.pk
     resumed = [{"role": "user", "content": "Finish this."}, {"role": "assistant", "content": "Once upon a ti"}]
     job = serve(customer, catalog, coordinator, messages=resumed)
-    assert not Audit.objects.filter(job=job).exists()
-    assert host_earned(coordinator.host) == job.earned_ucents > 0  # paid at once (the first job's share waits in escrow)
-    plain = {"kind": "chat", "messages": resumed[:1], "params": {"temperature": 0.7}}
-    assert not audits.coordinator_unauditable(payload=plain)
-    assert not audits.coordinator_unauditable(payload={**plain, "params": {"response_format": {"type": "json_object"}}})
-    assert audits.coordinator_unauditable(payload={**plain, "params": {"response_format": {"type": "json_object"}},
-                                                   "continuation": True, "rewrite": '{"a": '})
-    assert audits.coordinator_unauditable(payload={**plain, "continuation": True})
+    assert Audit.objects.get(job=job).host_id == coordinator.host.pk

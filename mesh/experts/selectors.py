@@ -183,7 +183,7 @@ def dispatch_map(model: ExpertModel, *, now: datetime | None = None) -> list[dic
 def coordinates(*, host_id: int, model_name: str) -> bool:
     """Whether `host_id` is the coordinator the operator bound to the MoE model `model_name`:
     its answers are the expert mesh's, drawn from the engine's logits, and audited as any
-    host's except where `marketplace.audits.coordinator_unauditable` says."""
+    host's."""
     return ExpertModel.objects.filter(name=model_name, coordinator_id=host_id).exists()
 
 

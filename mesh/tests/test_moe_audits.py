@@ -2,8 +2,9 @@
 token by the specified sampler from the engine's logits and streams the text as llama.cpp's
 stream writes it, so the gateway's verifier (llama.cpp, one prefill pass over the same file)
 passes its honest answers and fails a cheat's. On the tiny Qwen 3 MoE with its real
-vocabulary: sampled answers, an answer cut at a stop string, junk and another seed's draws, and
-answers under a response_format's grammar (drawn as a single-machine host draws under one)."""
+vocabulary: sampled answers, an answer cut at a stop string, junk and another seed's draws,
+answers under a response_format's grammar (drawn as a single-machine host draws under one), and
+answers to text they resume (healed as a host heals it: a cut word, a grammar continuation)."""
 from __future__ import annotations
 
 import json
@@ -110,14 +111,46 @@ def test_a_response_formats_grammar_is_followed_and_its_answer_passes_the_audit(
     assert audit.passed and not audit.misses and audit.checked == len(reported["token_ids"]), audit
 
 
-def test_a_continuation_under_a_grammar_reads_the_delivered_text_and_finishes_it(runner, fmt) -> None:  # noqa: ANN001
-    asked = job(fmt, "Which animal is the largest? Answer in JSON.", temperature=0.0, seed=11, max_tokens=64)
+@pytest.mark.parametrize(("temperature", "seed"), [(0.0, 11), (0.9, 15)])
+def test_a_continuation_under_a_grammar_writes_the_delivered_text_again_and_passes_the_audit(
+        runner, verifier, fmt, temperature, seed) -> None:  # noqa: ANN001
+    """As a single-machine host does (mahout 0.7.0): the delivered text (`rewrite`) is written
+    again under the grammar and the healer's mask, not streamed, then the answer goes on; the
+    verifier replays exactly that. Text no grammar of the schema allows is refused, never fed on."""
+    asked = job(fmt, "Which animal is the largest? Answer in JSON.", temperature=temperature, seed=seed, max_tokens=64)
     asked["params"]["response_format"] = SCHEMA
     delivered = '{"animal": "ele'
-    text = "".join(runner.slot().stream({**asked, "continuation": True, "rewrite": delivered}))
-    assert json.loads(delivered + text) == {"animal": "elephant"}
-    with pytest.raises(RequestRejected):  # text no grammar of this schema allows: refused, not fed to llama.cpp
+    again = {**asked, "continuation": True, "rewrite": delivered}
+    slot = runner.slot()
+    reported = answer(slot, again)
+    assert json.loads(delivered + reported["text"]) == {"animal": "elephant"}
+    assert slot.completion_tokens == runner.tokenizer.count(reported["text"])  # the new text's tokens, not the rewrite's
+    audit = verifier.audit(again, **reported)
+    assert audit.passed and not audit.misses and audit.checked > 0, audit
+    with pytest.raises(RequestRejected):
         "".join(runner.slot().stream({**asked, "continuation": True, "rewrite": '{"plant": '}))
+
+
+@pytest.mark.parametrize(("temperature", "seed", "logprobs"), [(0.0, 16, None), (0.8, 17, None), (1.1, 18, 2)])
+def test_a_chat_ending_in_a_cut_word_is_healed_and_passes_the_audit(
+        runner, verifier, fmt, temperature, seed, logprobs) -> None:  # noqa: ANN001
+    """A chat ending in an assistant turn mid-word (a failover continuation, or a customer's
+    prefill): the coordinator drops the cut word's tokens and writes the word again under the
+    healer's mask, as a host does, so its honest answer passes the verifier (before 0.7.0 it
+    continued from the tokens as counted and was left unaudited)."""
+    messages = [{"role": "user", "content": "Tell me about elephants."}, {"role": "assistant", "content": "Elephants are the larg"}]
+    asked = {"kind": "chat", "messages": messages, "fragments": [list(f) for f in chat_fragments(fmt, messages)],
+             "end_of_turn": list(fmt.end_of_turn), "continuation": True,
+             "params": {"max_tokens": 24, "temperature": temperature, "top_p": 1.0, "stop": None, "seed": seed,
+                        "logprobs": logprobs}}
+    slot = runner.slot()
+    pieces = list(slot.stream(asked))
+    text = "".join(pieces)
+    assert not text.startswith("larg") and not text.startswith("Elephants")
+    entries = [entry for piece in pieces for entry in piece.logprobs] if logprobs else None
+    audit = verifier.audit(asked, token_ids=list(slot.token_ids), text=text, finish_reason=slot.finish_reason,
+                           seed=slot.seed, logprobs=entries)
+    assert audit.passed and not audit.misses and audit.checked > 0, audit
 
 
 @pytest.mark.parametrize(("temperature", "seed", "response_format"), [(0.0, 12, None), (0.8, 13, None), (0.7, 14, SCHEMA)])
