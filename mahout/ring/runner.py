@@ -103,6 +103,8 @@ class RingRunner:
         healer = None
         if rewrite or resumes_text(job):  # written again first (its cut last word, or a rewrite), as a single-machine host does
             prompt, healer = healing(job, prompt, self._heal_vocab())
+            if healer is not None and 2 * len(healer.dropped) > GRAMMAR_MAX_BYTES:  # (sent as hex ahead of the rows)
+                raise RequestRejected(f"the text to write again is over the {GRAMMAR_MAX_BYTES // 2} bytes a ring carries")
         stops = [s for s in (params.get("stop") or []) if s]
         self._stop_ids = {*self._ends, *self._prompt.single_ids(job.get("end_of_turn") or [])}
         temperature, logprobs = params.get("temperature"), params.get("logprobs")
