@@ -35,7 +35,7 @@ class RingRunnerTests:
             gateway.state.add_job("shaped", kind="completion", max_tokens=8, response_format={"type": "json_object"})
             assert _loop(api, runner, tmp_path).run(max_jobs=1) == 1
             gateway.state.add_job("resumed", kind="completion", max_tokens=8, response_format={"type": "json_object"})
-            with gateway.state.cond:  # a continuation under the grammar: the delivered text to read in again
+            with gateway.state.cond:  # a continuation under the grammar: the delivered text to write again first
                 gateway.state.queue[-1].update(continuation=True, rewrite='{"a": ')
             assert _loop(api, runner, tmp_path).run(max_jobs=1) == 1
             prompt = runner._vocab.tokenize(b"Once upon", add_bos=True, special=True)
@@ -49,8 +49,8 @@ class RingRunnerTests:
         assert gateway.state.text["j1"] == runner._decode(want)
         assert gateway.state.completions["j1"]["tokens"] == want  # reported for its audit
         assert gateway.state.status["shaped"] == "completed" and gateway.state.text["shaped"].startswith("{")
-        assert gateway.state.status["resumed"] == "failed" and "resume" in gateway.state.failures["resumed"]
-        assert gateway.state.text.get("resumed", "") == ""  # refused before any token: a single-machine host resumes it
+        assert gateway.state.status["resumed"] == "completed"  # (mahout 0.7.0: the ring writes the rewrite again first)
+        assert not gateway.state.text["resumed"].startswith('{"a": ')  # the customer has that text already
         assert gateway.state.status["j2"] == "failed"
         assert "ring" in gateway.state.failures["j2"]
 
