@@ -114,8 +114,10 @@ class Vocabulary:
         return healing(job, prompt, self._heal_vocab)
 
     def count(self, text: str) -> int:
-        """Tokens in generated text, as the gateway counts them."""
-        return len(self.tokenizer.encode(text)) if text else 0
+        """Tokens in generated text, as the gateway counts them (`mahout.runners.llama.count_tokens`)."""
+        from mahout.runners.llama import count_tokens
+
+        return len(text.encode()) if self.bytes else count_tokens(self.tokenizer.llama, text)
 
     def ends(self, token: int) -> bool:
         """Whether `token` ends a generation as it ends llama.cpp's: EOS or any token its
@@ -204,8 +206,9 @@ class MoeRunner:
         `healer` writes text again, only the tokens it allows are drawn from (the others' logits
         -inf first, as a single-machine host's healer masks them). `watch` sees each step's own
         logits before the draw (a log-probability recorder)."""
-        import numpy as np
+        from mahout.ring.vocab import Healing
 
+        healing = Healing(healer) if healer is not None else None
         request = f"r{next(self._ids)}"
         with self._slots:
             if self._busy >= self.n_slots:
@@ -218,25 +221,24 @@ class MoeRunner:
             with self._gather:
                 self._decoding += 1
             try:
-                written = b""  # what the healer's text has been written again so far
                 for step in range(max_tokens):
                     scores, u = logits.float().numpy(), uniform(seed, len(prompt_ids) + step)
                     if watch is not None:
                         watch(scores)
-                    allowed = healer.mask(written) if healer is not None else None
-                    if allowed is not None:  # (a vocabulary padded past llama.cpp's: the padding never allowed)
-                        allowed = np.pad(allowed, (0, max(len(scores) - len(allowed), 0)))[:len(scores)]
-                        scores = np.where(allowed, scores, np.float32(-np.inf))
+                    healed = healing.masked(logits) if healing is not None else logits
+                    masked = healed is not logits  # (the healer still writes text again)
+                    if masked:
+                        scores = healed.numpy()
                     try:
                         token = (select(scores, temperature=temperature, top_p=top_p, u=u) if grammar is None else
                                  select_masked(scores, grammar.allowed, temperature=temperature, top_p=top_p, u=u))
                     except ValueError as exc:  # the grammar refuses every token the healer allows
-                        if allowed is None:
+                        if not masked:
                             raise
                         raise RequestRejected("the text already delivered does not follow the response_format's "
                                               "grammar") from exc
-                    if healer is not None and len(written) < len(healer.dropped):
-                        written += healer.vocab.pieces[token]
+                    if healing is not None:
+                        healing.wrote(token)
                     yield token
                     if self.tokenizer.ends(token) or step == max_tokens - 1:
                         return

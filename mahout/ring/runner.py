@@ -38,6 +38,7 @@ from mahout.runners import Piece, RequestRejected
 from mahout.runners.llama import (
     PromptTokenizer,
     Vocab,
+    count_tokens,
     end_of_generation_ids,
     grammar_for,
     healing,
@@ -135,7 +136,7 @@ class RingRunner:
             self.completion_tokens = self._count(self._decode(self.token_ids[:self.completion_tokens]).removeprefix(rewrite))
 
     def _count(self, text: str) -> int:
-        return len(self._vocab.tokenize(text.encode("utf-8"), add_bos=False, special=True)) if text else 0
+        return count_tokens(self._vocab, text)
 
     def _heal_vocab(self) -> Vocab:
         """Every token's bytes, for healing (built on the first job that resumes text)."""

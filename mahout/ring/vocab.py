@@ -87,11 +87,15 @@ class Healing:
 
     def masked(self, logits: torch.Tensor) -> torch.Tensor:
         """`logits` as a single-machine host's sampler sees them: -inf where the text still to
-        write again does not allow the token (a copy; unchanged once it is all written)."""
+        write again does not allow the token (a copy; unchanged once it is all written). Rows
+        past the vocabulary's (a model's padded output head) are never allowed."""
         allowed = self.healer.mask(self.produced)
         if allowed is None:
             return logits
-        return logits.float().masked_fill(~torch.from_numpy(allowed), float("-inf"))
+        mask = torch.zeros(logits.shape[-1], dtype=torch.bool)
+        n = min(len(allowed), len(mask))
+        mask[:n] = torch.from_numpy(allowed[:n])
+        return logits.float().masked_fill(~mask, float("-inf"))
 
     def wrote(self, token: int) -> None:
         if len(self.produced) < len(self.healer.dropped):
