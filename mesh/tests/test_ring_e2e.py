@@ -20,7 +20,7 @@ from billing import selectors as ledger
 from billing.models import Hold
 from conftest import ROOT, Mahout, make_customer, make_host, stack_env, wait_until
 from hosts.models import Host
-from marketplace.models import Request
+from marketplace.models import Job, Request
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -197,18 +197,23 @@ class RingBehindTheGatewayTests:
         host = start_mahout(single.token, extra=["--no-idle-detect"])
         customer = make_customer()
         pieces, last = [], None
-        for chunk in client(gateway, customer).chat.completions.create(
-            model="gemma-3-270m", messages=[{"role": "user", "content": "Describe an elephant as JSON."}],
-            max_tokens=60, temperature=0.8, seed=9, stream=True, response_format={"type": "json_object"},
-        ):
-            last = chunk
-            if chunk.choices and chunk.choices[0].delta.content:
-                pieces.append(chunk.choices[0].delta.content)
-                if len(pieces) == 3:
-                    host.proc.kill()  # kill -9 the whole-model host mid-answer
-                    host.proc.wait(timeout=10)
-                    Host.objects.filter(pk=ring.bridge_host.pk).update(maintenance_since=None, maintenance_by="",
-                                                                             maintenance_reason="")
+        try:
+            for chunk in client(gateway, customer).chat.completions.create(
+                model="gemma-3-270m", messages=[{"role": "user", "content": "Describe an elephant as JSON."}],
+                max_tokens=60, temperature=0.8, seed=9, stream=True, response_format={"type": "json_object"},
+            ):
+                last = chunk
+                if chunk.choices and chunk.choices[0].delta.content:
+                    pieces.append(chunk.choices[0].delta.content)
+                    if len(pieces) == 3:
+                        host.proc.kill()  # kill -9 the whole-model host mid-answer
+                        host.proc.wait(timeout=10)
+                        Host.objects.filter(pk=ring.bridge_host.pk).update(maintenance_since=None, maintenance_by="",
+                                                                                 maintenance_reason="")
+        except openai.APIError as failed:  # (what the ring said, for whoever reads a red run)
+            reasons = list(Job.objects.values_list("attempt", "fail_reason"))
+            raise AssertionError(f"{failed} after {pieces!r}; jobs {reasons}; the bridge said:\n{ring.bridge.output()[-4000:]}") \
+                from failed
         row = Request.objects.get()
         first, second = row.jobs.order_by("attempt")
         assert first.host_id == single.host.pk and first.status == "failed"
