@@ -124,7 +124,8 @@ class RequestListener:
 
     def _within_token_limit(self, out: str) -> tuple[str, bool]:
         """`out`, cut where the text relayed so far would pass `token_limit` tokens (a host
-        pushing past `max_tokens`: completion then refuses its answer), and whether it was
+        past `max_tokens`, or an honest one whose tokens spell more when counted again: the answer
+        then settles cut there, `length`), and whether it was
         cut. Nothing is counted while the text has fewer characters than the limit (a token
         is at least one); then the text so far once and each new piece alone (about as many
         tokens as together, so cheaply), and once that estimate passes three quarters of

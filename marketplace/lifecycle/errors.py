@@ -93,8 +93,9 @@ class LogprobsMissing(RequestEnded):
 
 
 class AnswerTooLong(RequestEnded):
-    """The finished answer counts far more tokens than max_tokens (a cheat, or a degenerate
-    text whose tokens merge differently when counted again): never billed, never continued."""
+    """The finished answer counted far more tokens than max_tokens. Gateways before this
+    one failed such requests unbilled; they now settle cut at the limit (`settlement`). Kept
+    so that the requests that failed so still answer with their error."""
 
     code = "answer_too_long"
 

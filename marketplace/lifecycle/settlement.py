@@ -15,7 +15,6 @@ from django.utils import timezone
 
 from billing import services as billing
 from catalog.pricing import price
-from catalog.tokenizer import tokenizer_for
 from hosts.models import Host
 from marketplace import reputation
 from marketplace.audits import MAX_TOKENS_KEPT, audit_open, audit_wanted
@@ -23,13 +22,11 @@ from marketplace.canaries import canary_check, canary_judge
 from marketplace.lifecycle.answers import (
     answer_of,
     count_output,
-    count_slack,
     embeddings_checked,
     finish_reason_checked,
 )
 from marketplace.lifecycle.claims import check_running, job_payload
 from marketplace.lifecycle.errors import (
-    AnswerTooLong,
     BadResult,
     InvalidStructuredOutput,
     JobNotRunning,
@@ -82,7 +79,6 @@ def job_settle(
         return Completion(request=job.request, earned_ucents=job.earned_ucents)
     check_running(job, host=host, job_id=job_id)
     request = job.request
-    model = request.model
     if request.kind == Request.Kind.EMBEDDINGS:  # all or nothing: whoever completes did all the work
         result, completion_tokens, share = embeddings_checked(request=request, vectors=embeddings), 0, None
     else:
@@ -92,11 +88,11 @@ def job_settle(
         text, stopped = answer_of(request, delivered)
         counted = count_output(request, text)
         max_tokens = int(request.params["max_tokens"])
-        if tokenizer_for(model.tokenizer).exact and counted > max_tokens + count_slack(max_tokens):
-            # ended now, not left running until the stall rule (the customer would wait for nothing)
-            return _answer_refused(job=job, request=request, why=f"delivered {counted} tokens; max_tokens is {max_tokens}",
-                                   code=AnswerTooLong.code, message=f"The answer ran to {counted} tokens as the gateway "
-                                   f"counts them, past max_tokens ({max_tokens}); nothing was billed.")
+        # An answer counting past max_tokens (and the slack) is no refusal: an honest host's
+        # tokens can spell twice as many when counted again (a word token repeated at a
+        # failover's seam). The customer got it cut at that limit (`streaming`), it is billed
+        # max_tokens and ends "length"; a host generating past its budget gains nothing here,
+        # and its audits replay the budget (`mahout.verify`).
         result, completion_tokens = None, min(counted, max_tokens)
         finish_reason = "stop" if stopped else finish_reason_checked(
             claimed=finish_reason, completion_tokens=completion_tokens, max_tokens=max_tokens)

@@ -18,9 +18,9 @@ greedy and so the same on every run, that the vocabulary often spells in far few
 for an answer that counts well short of max_tokens, so the finish reason is read from the
 request's row, not assumed. Rarely, a continuation from an unlucky seam loops on a word
 token whose repeats the vocabulary spells in twice as many tokens ("selling" x 596 is 1,185
-tokens of "sellingselling…"); the gateway ends that over-long answer at once and the
-request fails unbilled (`answer_too_long`). A round that ends so is checked as that honest failure and the kill is
-tried again on another question (KILL_QUESTIONS).
+tokens of "sellingselling…"). The customer then gets the answer cut where it counts
+max_tokens and the gateway's slack, billed max_tokens, "length" (before, such an honest
+answer failed unbilled as `answer_too_long`).
 """
 from __future__ import annotations
 
@@ -63,7 +63,6 @@ SYSTEM = {"role": "system", "content": "You are a terse assistant."}
 REFUSES_SYSTEM = {"gemma"}  # Gemma 2's template raises on a system message
 QUESTION = "Name three rivers, then tell me about elephants."
 MAX_TOKENS = 24
-KILL_QUESTIONS = (QUESTION, "Tell me a long story about an elephant who learns to swim.", "Describe a river delta.")
 KILL_MAX_TOKENS = 600  # seconds of text; of a 2,048-token context, room for the continuation's re-counted prefix
 KILL_AFTER_CHUNKS = 3
 HOST_SHARE_PERCENT = 80
@@ -235,12 +234,8 @@ class FamilyServedTests:
         else:
             system = [SYSTEM]
         self._served_and_billed(gateway, customer, sold, owners, models[family], [*system, {"role": "user", "content": QUESTION}])
-        for question in KILL_QUESTIONS:
-            if self._killed_mid_stream_and_continued(gateway, customer, sold, owners, models[family],
-                                                     [*system, {"role": "user", "content": question}]):
-                break
-        else:
-            pytest.fail(f"every kill of {len(KILL_QUESTIONS)} ended in an over-long continuation")
+        self._killed_mid_stream_and_continued(gateway, customer, sold, owners, models[family],
+                                              [*system, {"role": "user", "content": QUESTION}])
         assert ledger.ledger_total() == 0 and ledger.cache_drift() == []
         assert not Hold.objects.filter(status="active").exists()
 
@@ -270,11 +265,11 @@ class FamilyServedTests:
         assert job.earned_ucents == row.cost_ucents * HOST_SHARE_PERCENT // 100
 
     def _killed_mid_stream_and_continued(self, gateway: Gateway, customer: Customer, sold: CatalogModel, owners: Owners,
-                                         path: Path, messages: list[dict]) -> bool:
+                                         path: Path, messages: list[dict]) -> None:
         """The serving host killed after KILL_AFTER_CHUNKS chunks; the other continues from the
         seam on the same stream; the prompt is billed once, each output token once, the dead
-        host earns nothing. False: the continuation was refused as over-long (see the module's
-        docstring), checked as that honest failure; the dead host is back for another round."""
+        host earns nothing. An answer counting past max_tokens and the slack (see the module's
+        docstring) reaches the customer cut there, billed max_tokens."""
         killed: list[int] = []
 
         def kill(public_id: str) -> None:
@@ -290,11 +285,13 @@ class FamilyServedTests:
         assert (dead.attempt, dead.host_id, dead.status, dead.earned_ucents) == (1, killed[0], "failed", 0)
         assert rescue.attempt == 2 and rescue.host_id != killed[0] and row.resumed
         assert len(answer.struck) <= dead.generated_chars < len(answer.text), "killed mid-stream"
-        if answer.error is not None:
-            self._refused_as_over_long(answer, row, dead, rescue, owners.hosts[rescue.host_id])
-            owners.restart(killed[0])
-            return False
-        assert dead.generated_chars + rescue.generated_chars == len(answer.text), "every character arrived exactly once"
+        assert answer.error is None, answer.error
+        whole = dead.generated_chars + rescue.generated_chars
+        cut = len(answer.text) < whole  # (relayed up to max_tokens and the slack)
+        assert len(answer.text) <= whole, "no character arrived twice"
+        if cut:
+            assert (row.finish_reason, row.completion_tokens) == ("length", KILL_MAX_TOKENS)
+            assert llama_count(path, answer.text) <= KILL_MAX_TOKENS + 2 + KILL_MAX_TOKENS // 8, "cut at the limit"
         assert answer.last.model_extra.get("x_elephant") == {"resumed": True}
         assert (row.status, rescue.status, answer.last.choices[0].finish_reason) == ("completed", "completed", row.finish_reason)
         delivered, own = answer.text[:dead.generated_chars], answer.text[dead.generated_chars:]
@@ -305,20 +302,9 @@ class FamilyServedTests:
         assert row.completion_tokens == completion
         assert row.prompt_tokens == gateway_count(sold, messages), "the continuation's prompt is not billed"
         assert row.cost_ucents == row.prompt_tokens * sold.input_price_ucents + completion * sold.output_price_ucents
-        own_cost = min(llama_count(path, own), completion) * sold.output_price_ucents
-        assert rescue.earned_ucents == own_cost * HOST_SHARE_PERCENT // 100 > 0
+        if not cut:  # (cut, its own text as the gateway saw it is longer than the customer's)
+            own_cost = min(llama_count(path, own), completion) * sold.output_price_ucents
+            assert rescue.earned_ucents == own_cost * HOST_SHARE_PERCENT // 100 > 0
+        assert 0 < rescue.earned_ucents <= completion * sold.output_price_ucents * HOST_SHARE_PERCENT // 100
         earned = sum(Job.objects.filter(host_id=killed[0], status="completed").values_list("earned_ucents", flat=True))
         assert host_balance(killed[0]) == earned, "the killed attempt earned its host nothing"
-        return True
-
-    def _refused_as_over_long(self, answer: Streamed, row: Request, dead: Job, rescue: Job, rescuer: Mahout) -> None:
-        """The whole answer counted past max_tokens and the gateway's slack: the rescuer's
-        completion ended its attempt at once as an over-long answer (nothing earned, its log
-        says so), and the request failed unbilled with `answer_too_long`. The customer got what
-        the gateway relays of such an answer (max_tokens and the slack), then the error."""
-        assert answer.error is not None and "past max_tokens" in str(answer.error), answer.error
-        said = re.search(rf"^mahout: completed {rescue.pk}: .*earned 0 ucents", rescuer.output(), re.MULTILINE)
-        assert said, rescuer.output()[-2000:]
-        assert len(answer.text) <= dead.generated_chars + rescue.generated_chars
-        assert (row.status, row.error_code, row.cost_ucents) == ("failed", "answer_too_long", 0)
-        assert (rescue.status, rescue.earned_ucents) == ("failed", 0) and "max_tokens is" in rescue.fail_reason
