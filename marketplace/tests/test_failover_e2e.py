@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
 STORY = [{"role": "user", "content": "Tell me a long story about an elephant who learns to swim."}]
-KILL_ROUNDS = int(os.environ.get("FAILOVER_ROUNDS", "20"))
+KILL_ROUNDS = int(os.environ.get("FAILOVER_ROUNDS", "10"))
 
 
 class Farm:

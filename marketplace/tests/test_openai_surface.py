@@ -106,7 +106,7 @@ class ModelKindTests:
 class HeaderTests:
     def test_every_response_has_a_request_id_and_echoes_the_clients(self, api) -> None:
         client, secret = api
-        response = client.post("/v1/chat/completions", data=json.dumps({**GOOD, "n": 2}), content_type="application/json",
+        response = client.post("/v1/chat/completions", data=json.dumps({**GOOD, "n": 2, "stream": True}), content_type="application/json",
                                HTTP_AUTHORIZATION=f"Bearer {secret}", HTTP_X_CLIENT_REQUEST_ID="my-trace-7")
         assert response["x-request-id"].startswith("req_") and response["x-client-request-id"] == "my-trace-7"
         assert int(response["openai-processing-ms"]) >= 0
