@@ -23,18 +23,24 @@ PROGRESS_STRETCH = 3  # progress reports buy at most this many times what the ho
 
 def job_start_figures_seconds(*, job: Job) -> float:
     """What the host's own benchmark says this job needs before its first token: loading
-    the model, its first-token latency, and the prompt (a continuation's delivered text
-    too, a character counted as a token at most) at its prompt tokens/s. 0 without figures."""
+    the model, its first-token latency, and the prompt at its prompt tokens/s. A
+    continuation's delivered text (a character counted as a token at most) is prompt too,
+    except under a `response_format`: then the host writes it again under the grammar
+    (`protocol.jobs`, `rewrite`), a token a step, unstreamed, at its generation tokens/s. 0
+    without figures."""
     figures = (
         Qualification.objects.filter(host_id=job.host_id, model_id=job.model_id).order_by("-updated_at")
-        .values_list("load_ms", "ttft_ms", "prompt_tps").first()
+        .values_list("load_ms", "ttft_ms", "prompt_tps", "gen_tps").first()
     )
     if figures is None:
         return 0.0
-    load_ms, ttft_ms, prompt_tps = figures
-    prompt_tokens, delivered = Request.objects.filter(pk=job.request_id).values_list("prompt_tokens", "delivered_chars").get()
-    fed = prompt_tokens + (delivered if job.attempt > 1 else 0)
-    return (load_ms + ttft_ms) / 1000 + (fed / prompt_tps if prompt_tps > 0 else 0)
+    load_ms, ttft_ms, prompt_tps, gen_tps = figures
+    prompt_tokens, delivered, params = (
+        Request.objects.filter(pk=job.request_id).values_list("prompt_tokens", "delivered_chars", "params").get())
+    rewritten = delivered if job.attempt > 1 and (params or {}).get("response_format") else 0
+    fed = prompt_tokens + (delivered if job.attempt > 1 and not rewritten else 0)
+    return ((load_ms + ttft_ms) / 1000 + (fed / prompt_tps if prompt_tps > 0 else 0)
+            + (rewritten / gen_tps if gen_tps > 0 else 0))
 
 
 def job_start_bounds(*, job: Job) -> tuple[float, float]:

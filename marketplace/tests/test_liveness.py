@@ -151,3 +151,23 @@ class FrozenBeforeTheFirstTokenTests:
         assert continuation.attempt == 2
         quiet, _ = services.job_start_bounds(job=continuation)
         assert quiet == pytest.approx(5 + (10 + 30) / 10.0)  # the floor, then 10 prompt tokens and 30 delivered characters at 10/s
+
+    def test_a_continuation_under_a_grammar_counts_the_delivered_text_at_generation_speed(
+            self, customer, catalog, serving_host) -> None:
+        """Under a `response_format` the delivered text is written again, a token a step and
+        unstreamed (`rewrite`), before the first new token: at the host's generation tokens/s,
+        not its prefill's. (A ring on a slow machine took longer than its prefill figures allow
+        and was failed over while writing it.)"""
+        Qualification.objects.filter(host=serving_host.host).update(prompt_tps=10.0, ttft_ms=0)
+        request, job = claimed(customer, catalog, serving_host, seconds_ago=1)
+        services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="x" * 30)
+        services.host_connection_lost(host_id=serving_host.host.pk)
+        rescuer = make_host(name="rescuer")
+        Qualification.objects.filter(host=rescuer.host).update(prompt_tps=100.0, gen_tps=2.0, ttft_ms=0)
+        continuation = services.job_claim_next(host=rescuer.host, fingerprint=rescuer.fingerprint)
+        assert continuation.attempt == 2
+        assert services.job_start_bounds(job=continuation)[0] == pytest.approx(5 + (10 + 30) / 100.0)  # without a grammar
+        Request.objects.filter(pk=request.pk).update(params={**request.params, "response_format": {"type": "json_object"}})
+        quiet, stretched = services.job_start_bounds(job=continuation)
+        assert quiet == pytest.approx(5 + 10 / 100.0 + 30 / 2.0)  # the floor, the prompt at 100/s, 30 characters at 2/s
+        assert stretched == pytest.approx(5 + 3 * (10 / 100.0 + 30 / 2.0))
