@@ -100,6 +100,13 @@ class AuditVerdict(TypedDict, total=False):
     misses: int
 
 
+def rewrites_delivered(params: dict) -> bool:
+    """Whether a continuation with these parameters carries its delivered text apart, to be
+    written again under the grammar (`rewrite`) rather than read as prompt: a grammar starts at
+    the start of the answer."""
+    return bool(params.get("response_format"))
+
+
 def job_payload_build(
     *, job_id: int, model: str, kind: str, messages: list | None, prompt: str | None, inputs: list[str] | None,
     params: dict, fmt: ChatFormat | None = None, continuation: bool = False, delivered: str = "",
@@ -118,9 +125,9 @@ def job_payload_build(
     rewrite = ""
     if continuation:
         sampling["max_tokens"] = max(1, sampling["max_tokens"] - delivered_tokens)
-        if sampling.get("response_format"):
-            # A grammar starts at the start of the answer: the host writes the delivered text
-            # again under it (constrained to exactly that text, and not streamed), then goes on.
+        if rewrites_delivered(sampling):
+            # the host writes the delivered text again under the grammar (constrained to
+            # exactly that text, and not streamed), then goes on
             rewrite = delivered
         elif kind == CHAT:
             messages = [*(messages or []), {"role": "assistant", "content": delivered}]

@@ -17,6 +17,7 @@ from marketplace.lifecycle.failover import attempt_end_dead
 from marketplace.lifecycle.presence import request_abandon, request_forget_output
 from marketplace.lifecycle.queueing import job_reoffer, request_expire_unclaimed
 from marketplace.models import Job, Liveness, Request
+from protocol.jobs import rewrites_delivered
 
 PROGRESS_STRETCH = 3  # progress reports buy at most this many times what the host's own figures say a start takes
 
@@ -35,10 +36,14 @@ def job_start_figures_seconds(*, job: Job) -> float:
     if figures is None:
         return 0.0
     load_ms, ttft_ms, prompt_tps, gen_tps = figures
-    prompt_tokens, delivered, params = (
+    fed, delivered, params = (
         Request.objects.filter(pk=job.request_id).values_list("prompt_tokens", "delivered_chars", "params").get())
-    rewritten = delivered if job.attempt > 1 and (params or {}).get("response_format") else 0
-    fed = prompt_tokens + (delivered if job.attempt > 1 and not rewritten else 0)
+    rewritten = 0
+    if job.attempt > 1:  # a continuation: its delivered text is prompt, or written again
+        if rewrites_delivered(params or {}):
+            rewritten = delivered
+        else:
+            fed += delivered
     return ((load_ms + ttft_ms) / 1000 + (fed / prompt_tps if prompt_tps > 0 else 0)
             + (rewritten / gen_tps if gen_tps > 0 else 0))
 
