@@ -34,6 +34,11 @@
    relay: 0 volunteers, 2 strangers on probation (a default deployment's volunteers, their
    batches checked at `MOE_PROBATION_CHECK_SHARE`), 2 trusted hosts; each under both rules.
 
+5. **What sealing costs expert links** (`--seal-only`, issue 32): section 1's remote layer
+   (every expert on two workers) over links sealed as agents run them (AES-GCM after the
+   handshake) and over the same links in the clear (the workers run from `bench/unsealed.py`),
+   T = 1, 16, 64 rows; sealed ÷ clear layer throughput.
+
 Rounds alternate between the sides so machine noise hits both; medians are reported.
 Nothing is asserted: the figures go into BENCHMARKS.md.
 
@@ -60,7 +65,7 @@ import torch  # noqa: E402
 
 from engine.moe import LocalExperts, moe_ffn  # noqa: E402
 from engine.moe_loader import load_moe, make_tiny_moe  # noqa: E402
-from mahout.link import new_secret  # noqa: E402
+from mahout.link import Link, new_secret  # noqa: E402
 from mahout.moe.coordinator import Coordinator, WorkerSpec  # noqa: E402
 from mahout.moe.policy import DispatchPolicy, LoadMonitor, LoadState  # noqa: E402
 
@@ -77,9 +82,10 @@ ROWS = (1, 16, 64)
 PROMPTS = ["The elephant", "A herd crossed the river", "Load rises at noon", "Experts, remote and local"]
 
 
-def start_worker(model: Path, layer: int, first: int, count: int) -> tuple[subprocess.Popen, tuple[str, int]]:
+def start_worker(model: Path, layer: int, first: int, count: int, *,
+                 module: tuple[str, ...] = ("mahout.moe.worker",)) -> tuple[subprocess.Popen, tuple[str, int]]:
     process = subprocess.Popen(
-        [sys.executable, "-m", "mahout.moe.worker", "--model", str(model), "--layer", str(layer), "--first", str(first),
+        [sys.executable, "-m", *module, "--model", str(model), "--layer", str(layer), "--first", str(first),
          "--count", str(count)], cwd=ROOT, stdout=subprocess.PIPE, text=True, env={**os.environ, SECRET_ENV: SECRET},
     )
     assert process.stdout is not None
@@ -87,10 +93,10 @@ def start_worker(model: Path, layer: int, first: int, count: int) -> tuple[subpr
     return process, (host, int(port))
 
 
-def under_load(local: LocalExperts) -> Coordinator:
+def under_load(local: LocalExperts, check_share: float = DispatchPolicy.check_share) -> Coordinator:
     """A coordinator that engages every worker attached (seed 004's rule: this section times the
     remote path itself, which the latency-aware rule would skip wherever it loses)."""
-    monitor = LoadMonitor(lambda: 0, DispatchPolicy(latency_aware=False))
+    monitor = LoadMonitor(lambda: 0, DispatchPolicy(latency_aware=False, check_share=check_share))
     monitor.state = LoadState(busy=4, under_load=True, last_load_at=time.monotonic() + 3600)
     return Coordinator(local, monitor=monitor)
 
@@ -139,6 +145,60 @@ def bench_layer(tmp: Path, rounds: int) -> None:
         remote.close()
         split.close()
         for process, _ in workers:
+            process.kill()
+            process.wait()
+
+
+def bench_seal(tmp: Path, rounds: int) -> None:
+    """5.: section 1's remote layer over sealed links and over links in the clear, alternated."""
+    path = make_tiny_moe(tmp / "layer.gguf", seed=11, **LAYER_SHAPE)
+    config, weights = load_moe(path)
+    layer = weights.layers[0]
+    assert layer.experts is not None
+    local = LocalExperts({0: layer.experts})
+    clear_module = ("bench.unsealed", "mahout.moe.worker")
+    sealed_workers = [start_worker(path, 0, 0, 8), start_worker(path, 0, 8, 8)]
+    clear_workers = [start_worker(path, 0, 0, 8, module=clear_module), start_worker(path, 0, 8, 8, module=clear_module)]
+    clear_ports = {address[1] for _, address in clear_workers}
+    secure = Link._secure
+    admitted = {"sealed": 0, "clear": 0}  # the coordinator's ends of the links, as they were opened
+
+    def secure_unless_clear(link: Link, send_key: bytes, recv_key: bytes) -> None:
+        if link.sock.getpeername()[1] in clear_ports:  # a clear worker's link
+            admitted["clear"] += 1
+        else:
+            admitted["sealed"] += 1
+            secure(link, send_key, recv_key)
+
+    Link._secure = secure_unless_clear  # type: ignore[method-assign]
+    # No batch recomputed here (check share 0): a check's local compute would land in one side's round.
+    sides = {"sealed": under_load(local, check_share=0.0), "clear": under_load(local, check_share=0.0)}
+    for (name, coordinator), workers in zip(sides.items(), (sealed_workers, clear_workers), strict=True):
+        coordinator.attach(WorkerSpec(f"{name}-a", 0, 0, 8, workers[0][1], secret=SECRET))
+        coordinator.attach(WorkerSpec(f"{name}-b", 0, 8, 8, workers[1][1], secret=SECRET))
+    print(f"\n5. Sealing on expert links: section 1's layer with every expert on 2 workers, links sealed "
+          f"(as agents run) and in the clear (workers from bench/unsealed.py); median ms of {rounds} alternated rounds")
+    print(f"{'T':>4} {'frame KB':>9} {'sealed ms':>10} {'clear ms':>9} {'sealed / clear throughput':>26}")
+    try:
+        for t in ROWS:
+            x = torch.randn(t, config.d_model, generator=torch.Generator().manual_seed(t))  # (T, D)
+            for compute in sides.values():
+                for _ in range(5):
+                    time_layer(compute, layer, config, x)
+            times: dict[str, list[float]] = {name: [] for name in sides}
+            for i in range(rounds):
+                for name in sides if i % 2 == 0 else reversed(sides):
+                    times[name].append(time_layer(sides[name], layer, config, x))
+            ms = {name: statistics.median(values) * 1000 for name, values in times.items()}
+            frame_kb = t * config.n_experts_used // 2 * config.d_model * 4 / 1024  # rows a worker gets, float32
+            print(f"{t:>4} {frame_kb:>9.0f} {ms['sealed']:>10.2f} {ms['clear']:>9.2f} {ms['clear'] / ms['sealed']:>26.3f}")
+        print(f"     links opened: {admitted}; dispatch stats (no fallbacks: every batch went remote as "
+              f"timed): " + "; ".join(f"{name} {coordinator.stats}" for name, coordinator in sides.items()))
+    finally:
+        Link._secure = secure  # type: ignore[method-assign]
+        for coordinator in sides.values():
+            coordinator.close()
+        for process, _ in sealed_workers + clear_workers:
             process.kill()
             process.wait()
 
@@ -354,6 +414,7 @@ def main() -> None:
     parser.add_argument("--only-packing", action="store_true", help="run only section 3 (packed decode steps)")
     parser.add_argument("--only-saturation", action="store_true", help="run only section 2 (throughput, both dispatch rules)")
     parser.add_argument("--netsim", action="store_true", help="run only section 4: volunteers behind NAT (Linux, root)")
+    parser.add_argument("--seal-only", action="store_true", help="run only section 5: what sealing costs expert links")
     parser.add_argument("--rtt-ms", default="20-80", help="with --netsim: each home's round trip, drawn from this range")
     parser.add_argument("--loss", type=float, default=0.5, help="with --netsim: percent lost, each direction")
     args = parser.parse_args()
@@ -361,7 +422,9 @@ def main() -> None:
     print(f"load average at start: {Path('/proc/loadavg').read_text().strip()}")
     with tempfile.TemporaryDirectory(prefix="bench-moe-") as scratch:
         tmp = Path(scratch)
-        if args.netsim:
+        if args.seal_only:
+            bench_seal(tmp, args.rounds)
+        elif args.netsim:
             bench_netsim(tmp, args.window, args.rtt_ms, args.loss)
         elif args.only_saturation:
             bench_saturation(tmp, args.window)

@@ -24,21 +24,28 @@ output head at the tail (`--whole-output`), as rings were built before.
    no transfer). No stop token ends a request, so each runs its whole budget (under the
    grammar, once the JSON is complete only an end of generation is allowed, drawn again).
 
+7. (`--seal-only`) What sealing costs a ring (issue 32): the same 2-stage ring with its links
+   sealed (AES-GCM after the handshake, as agents run) and with them in the clear (the stages
+   run from `bench/unsealed.py`, the bridge's links likewise), one request's decode
+   tokens/s and 4 requests in flight, sealed / clear.
+
 Rounds alternate between the sides so machine noise hits both; medians are reported.
 OMP_WAIT_POLICY=PASSIVE (set here, for the engine and the stage processes alike) stops idle
 OpenMP workers from spinning on cores another stage needs.
 
-    .venv/bin/python bench/ring.py [--rounds 3] [--tokens 32] [--handshake-only] [--sampling-only]
+    .venv/bin/python bench/ring.py [--rounds 3] [--tokens 32] [--handshake-only] [--sampling-only] [--seal-only]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import socket
 import statistics
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -223,6 +230,45 @@ def sampling_cost(path: Path, prompt_ids: list[int], *, rounds: int, tokens: int
     print("raw: " + ", ".join(f"{k[0]}/{k[1]}={[round(x, 2) for x in v]}" for k, v in m.items()))
 
 
+@contextlib.contextmanager
+def _unsealed_links() -> Iterator[None]:
+    """Links opened meanwhile in this process skip sealing (the bridge's, for 7.'s baseline)."""
+    secure = Link._secure
+    Link._secure = lambda self, send_key, recv_key: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Link._secure = secure  # type: ignore[method-assign]
+
+
+def seal_cost(path: Path, prompts: list[list[int]], *, rounds: int, tokens: int) -> None:
+    """7.: the same ring sealed and in the clear, one request and 4 in flight, alternated."""
+    limits = Limits(micro_batch=2, row_width=64)
+    even = split_layers(18, 2)
+    m: dict[tuple[str, str], list[float]] = {(side, load): [] for side in ("sealed", "clear") for load in ("one", "four")}
+    with contextlib.ExitStack() as stack:
+        sealed = stack.enter_context(ProcessRing(path, even, limits=limits, threads=1, n_ctx=256))
+        with _unsealed_links():
+            clear = stack.enter_context(ProcessRing(path, even, limits=limits, threads=1, n_ctx=256,
+                                                    stage_module=("bench.unsealed", "mahout.ring.stage")))
+        for ring, sealing in ((sealed, True), (clear, False)):  # what each side's bridge really sends
+            assert all((link._outbound is not None) == sealing for link in (ring.bridge._head, ring.bridge._tail))
+        rings = {"sealed": sealed, "clear": clear}
+        for ring in rings.values():
+            ring_decode_tps(ring, prompts[0], 4)  # warm-up
+        for i in range(rounds):
+            for side in ("sealed", "clear") if i % 2 == 0 else ("clear", "sealed"):
+                m[(side, "one")].append(ring_decode_tps(rings[side], prompts[0], tokens))
+                m[(side, "four")].append(ring_batch_tps(rings[side], prompts, tokens, in_flight=True))
+    med = {k: statistics.median(v) for k, v in m.items()}
+    print(f"7. sealing on a 2-stage ring (1 thread per stage), {tokens} tokens, {rounds} rounds, medians: "
+          f"one request {med[('sealed', 'one')]:.2f} tok/s sealed, {med[('clear', 'one')]:.2f} in the clear "
+          f"-> sealed / clear {med[('sealed', 'one')] / med[('clear', 'one')]:.3f}; 4 in flight "
+          f"{med[('sealed', 'four')]:.2f} vs {med[('clear', 'four')]:.2f} tok/s "
+          f"-> {med[('sealed', 'four')] / med[('clear', 'four')]:.3f} (floor 0.9)")
+    print("raw: " + ", ".join(f"{k[0]}/{k[1]}={[round(x, 2) for x in v]}" for k, v in m.items()))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
@@ -230,6 +276,7 @@ def main() -> int:
     parser.add_argument("--handshake-rounds", type=int, default=500)
     parser.add_argument("--handshake-only", action="store_true", help="measure only the link handshake (5.)")
     parser.add_argument("--sampling-only", action="store_true", help="measure only what sampling costs a ring (6.)")
+    parser.add_argument("--seal-only", action="store_true", help="measure only what sealing its links costs a ring (7.)")
     args = parser.parse_args()
     if args.handshake_only:
         handshake_cost(args.handshake_rounds)
@@ -239,6 +286,9 @@ def main() -> int:
     prompts = [tokenizer.encode(p) for p in PROMPTS]
     if args.sampling_only:
         sampling_cost(path, prompts[0], rounds=args.rounds, tokens=args.tokens)
+        return 0
+    if args.seal_only:
+        seal_cost(path, prompts, rounds=args.rounds, tokens=args.tokens)
         return 0
     # Micro-batch 2: four requests are two micro-batches, so both stages work at once (with one
     # micro-batch of 4 the pass bounces between the stages like a lone request).

@@ -91,9 +91,11 @@ class ProcessRing:
     def __init__(
         self, model_path: str | Path, ranges: Sequence[tuple[int, int]], *, limits: Limits,
         threads: int = 1, slots: int | None = None, n_ctx: int = 512, ready_timeout: float = 180.0,
-        share_output: bool = True,
+        share_output: bool = True, stage_module: Sequence[str] = ("mahout.ring.stage",),
     ) -> None:
-        """`share_output=False` keeps the whole output head at the tail (for comparisons)."""
+        """`share_output=False` keeps the whole output head at the tail (for comparisons);
+        `stage_module` runs the stages from another entry point (a benchmark's baseline:
+        ``("bench.unsealed", "mahout.ring.stage")``)."""
         if len(ranges) < 2:
             raise ValueError("a pipeline needs at least two stages")
         ports = [_free_port() for _ in ranges]
@@ -103,7 +105,7 @@ class ProcessRing:
         self.procs: list[subprocess.Popen[str]] = []
         for i, (start, end) in enumerate(ranges):
             command = [
-                sys.executable, "-m", "mahout.ring.stage", "--model", str(model_path), "--start", str(start),
+                sys.executable, "-m", *stage_module, "--model", str(model_path), "--start", str(start),
                 "--end", str(end), "--index", str(i), "--listen", f"127.0.0.1:{ports[i]}",
                 "--next", f"127.0.0.1:{ports[(i + 1) % len(ranges)]}", "--micro-batch", str(limits.micro_batch),
                 "--row-width", str(limits.row_width), "--n-ctx", str(n_ctx), "--threads", str(threads),
