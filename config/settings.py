@@ -389,6 +389,12 @@ MOE_COORDINATOR_STALE_SECONDS = env_float("MOE_COORDINATOR_STALE_SECONDS", 30.0,
 MOE_WORKER_STALE_SECONDS = env_float("MOE_WORKER_STALE_SECONDS", 30.0, minimum=1)
 MOE_ASSIGN_TTL_SECONDS = env_float("MOE_ASSIGN_TTL_SECONDS", 120.0, minimum=1)
 MOE_COOLDOWN_SECONDS = env_float("MOE_COOLDOWN_SECONDS", 30.0, minimum=0)
+# A saturated coordinator that measured its workers and engages none of them (its latency-aware
+# rule finds computing here faster than their round trips) gets no boost after this long: more
+# volunteers like them would only sit idle, and those beyond the base are released. After the
+# retry window the boost is offered again once (new volunteers may be closer or faster).
+MOE_UNUSED_GRACE_SECONDS = env_float("MOE_UNUSED_GRACE_SECONDS", 60.0, minimum=0)
+MOE_UNUSED_RETRY_SECONDS = env_float("MOE_UNUSED_RETRY_SECONDS", 900.0, minimum=1)
 # A volunteer host that is not trusted serves experts on probation (mesh/experts/services.py):
 # its coordinator recomputes this share of its batches (1 or more: every one) until its
 # workers have passed MOE_PROBATION_CHECKS recomputes, then the coordinator's usual share.

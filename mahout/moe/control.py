@@ -4,8 +4,11 @@
   `MeshUnavailable` and the loops simply try again on their next tick).
 * `CoordinatorAgent`: every `interval_s` reports the coordinator's busy slots (the load
   monitor's latest snapshot: the report never waits on a probe), its workers'
-  `last_serve_ms` and passed checks, and the workers it blamed (a recomputed batch
-  disagreed: the control plane retires them, so no coordinator uses them again), and makes
+  `last_serve_ms` and passed checks, the workers it blamed (a recomputed batch
+  disagreed: the control plane retires them, so no coordinator uses them again), and how
+  many experts since the last report it engaged measured workers for and how many it only
+  probed them with (a saturated coordinator that only probes gets no boost: more volunteers
+  like its own would sit idle), and makes
   the dispatch map the control plane answers with its own (with each worker's check share:
   a volunteer on probation is checked more often). A blame is sent on every report until
   the map drops the worker.
@@ -97,8 +100,10 @@ class MeshClient:
         """True when the control plane says this worker must retire."""
         return bool(self._call("POST", f"/expert-workers/{worker_id}/heartbeat").json()["retire"])
 
-    def coordinator_report(self, model: str, busy: int, workers: list[dict], blamed: list[dict] | None = None) -> dict:
-        body = {"model": model, "busy": busy, "workers": workers, "blamed": blamed or []}
+    def coordinator_report(self, model: str, busy: int, workers: list[dict], blamed: list[dict] | None = None,
+                           usage: dict[str, int] | None = None) -> dict:
+        """`usage`: experts engaged and only probed since the last report (`engaged_experts`, `probed_experts`)."""
+        body = {"model": model, "busy": busy, "workers": workers, "blamed": blamed or [], **(usage or {})}
         return self._call("POST", "/moe/coordinator-report", body).json()
 
     def recruitment(self) -> list[dict]:
@@ -138,6 +143,7 @@ class CoordinatorAgent:
         runner.coordinator.transport_for = self.transport_for
         self._heartbeat = Heartbeat(self.tick, interval_s, name="moe-coordinator-agent")
         self.reports = 0
+        self._reported = (0, 0)  # the coordinator's (engaged, probed) experts at the last report that went through
 
     def transport_for(self, spec: WorkerSpec) -> Transport:
         """Direct TCP where the worker gave an address, else the gateway's relay."""
@@ -151,10 +157,13 @@ class CoordinatorAgent:
         workers = [{"id": int(w.key), "last_serve_ms": w.last_serve_ms, "checks_passed": w.checks_passed}
                    for w in known if w.last_serve_ms > 0]
         blamed = [{"id": int(w.key), "reason": w.blamed[:BLAME_REASON_MAX]} for w in known if w.blamed]
+        counts = (coordinator.stats.engaged_experts, coordinator.stats.probes)
+        usage = {"engaged_experts": counts[0] - self._reported[0], "probed_experts": counts[1] - self._reported[1]}
         try:
-            answer = self.client.coordinator_report(self.model, self.runner.monitor.state.busy, workers, blamed)
+            answer = self.client.coordinator_report(self.model, self.runner.monitor.state.busy, workers, blamed, usage)
         except MeshUnavailable:
             return None
+        self._reported = counts
         coordinator.sync(map(_spec, answer["dispatch_map"]))
         self.reports += 1
         return answer

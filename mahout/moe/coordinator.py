@@ -139,6 +139,7 @@ def direct_transport(spec: WorkerSpec) -> Transport:
 class DispatchStats:
     local_experts: int = 0
     remote_experts: int = 0
+    engaged_experts: int = 0  # of remote_experts, those sent to a worker already measured (its round trip won, not a first try)
     fallbacks: int = 0  # expert batches recomputed locally after a worker failed
     checks: int = 0  # remote batches recomputed locally to check them (shadow probes included)
     probes: int = 0  # experts sent to a skipped worker as a shadow probe (computed here too; answer only compared)
@@ -363,11 +364,13 @@ class Coordinator:
         state.round_trip.add(size, self.clock() - started)
         with self._lock:  # batches to different workers finish on different threads
             state.last_serve_ms = self.wall_ms()
-            state.served += 1
+            first_try, state.served = state.served == 0, state.served + 1
             if probe:
                 self.stats.probes += len(experts)
                 return outputs
             self.stats.remote_experts += len(experts)
+            if not first_try:
+                self.stats.engaged_experts += len(experts)
             if self.stats.first_remote_at is None:
                 self.stats.first_remote_at = self.clock()
         return outputs

@@ -421,6 +421,17 @@ class LatencyAwareCoordinatorTests:
         self._call(coordinator)
         assert link.calls == 2 and coordinator.stats.probes == 2 and coordinator.stats.remote_experts == 2
 
+    def test_only_batches_a_measured_worker_won_count_as_engaged(self) -> None:
+        slow, _, clock = self._coordinator()  # measured by its first try, then only probed
+        self._call(slow)
+        clock.advance(6.0)
+        self._call(slow)
+        assert (slow.stats.remote_experts, slow.stats.engaged_experts, slow.stats.probes) == (2, 0, 2)
+        engaged, _, _ = self._coordinator(latency_aware=False)  # seed 004's rule: every proven worker engaged
+        for _ in range(3):
+            self._call(engaged)
+        assert (engaged.stats.remote_experts, engaged.stats.engaged_experts, engaged.stats.probes) == (6, 4, 0)
+
     def test_the_call_never_waits_for_a_shadow_probe(self) -> None:
         coordinator, link, clock = self._coordinator(answer=lambda rows: rows * 2)
         self._call(coordinator)

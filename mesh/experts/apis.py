@@ -13,9 +13,10 @@ service or selector, renders.
 * `POST /api/expert-workers/<id>/leave`: the volunteer is leaving (its owner came back): the
   worker retires now and its slice is handed out again.
 * `POST /api/moe/coordinator-report`: the bound coordinator's busy slots, its workers'
-  `last_serve_ms` and passed checks, and the workers it blames (retired at once; 403 for
-  another model's); the answer is its dispatch map, each worker with its link secret and the
-  share of its batches to recompute.
+  `last_serve_ms` and passed checks, the workers it blames (retired at once; 403 for
+  another model's), and how many experts it engaged its workers for or only probed them with
+  (saturated and only probing: the boost is held back); the answer is its dispatch map,
+  each worker with its link secret and the share of its batches to recompute.
 """
 from __future__ import annotations
 
@@ -90,6 +91,9 @@ class MoeRecruitmentApi(MoeHostApi):
             saturated = serializers.BooleanField()
             base_target = serializers.IntegerField()
             boost = serializers.IntegerField()
+            boost_held = serializers.BooleanField(
+                help_text="the boost is held back: the saturated coordinator sends its measured workers only probes",
+            )
             effective_target = serializers.IntegerField()
             reported_at = serializers.DateTimeField(allow_null=True)
             coordinator = serializers.ChoiceField(["reporting", "silent", "never"])
@@ -212,6 +216,15 @@ class CoordinatorReportApi(MoeHostApi):
             many=True, required=False, default=list,
             help_text="workers of this model whose recomputed batch disagreed: retired and never handed out again",
         )
+        engaged_experts = serializers.IntegerField(
+            min_value=0, max_value=BIGINT_MAX, required=False, default=None,
+            help_text="since the last report: experts sent to measured workers because their round trip beat "
+                      "computing them here",
+        )
+        probed_experts = serializers.IntegerField(
+            min_value=0, max_value=BIGINT_MAX, required=False, default=None,
+            help_text="since the last report: experts sent only as shadow probes (workers measured and skipped)",
+        )
 
     class OutputSerializer(serializers.Serializer):
         class DispatchSerializer(serializers.Serializer):
@@ -229,6 +242,7 @@ class CoordinatorReportApi(MoeHostApi):
 
         model = serializers.CharField()
         saturated = serializers.BooleanField()
+        boost_held = serializers.BooleanField(help_text="the boost is held back: the coordinator sends its workers only probes")
         effective_target = serializers.IntegerField()
         dispatch_map = DispatchSerializer(many=True)
 
@@ -240,8 +254,9 @@ class CoordinatorReportApi(MoeHostApi):
         data = serializer.validated_data
         model = services.coordinator_report(
             host=host, model_name=data["model"], busy=data["busy"], workers=data["workers"], blamed=data["blamed"],
+            engaged_experts=data["engaged_experts"], probed_experts=data["probed_experts"],
         )
         return Response({
-            "model": model.name, "saturated": selectors.is_saturated(model),
+            "model": model.name, "saturated": selectors.is_saturated(model), "boost_held": selectors.boost_held(model),
             "effective_target": selectors.effective_target(model), "dispatch_map": selectors.dispatch_map(model),
         })

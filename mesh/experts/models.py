@@ -48,6 +48,11 @@ class ExpertModel(models.Model):
         null=True, blank=True,
         help_text="when the control plane's loop found no fresh report from its coordinator; cleared by its next report",
     )
+    remote_unused_since = models.DateTimeField(
+        null=True, blank=True,
+        help_text="since when its coordinator, saturated, has measured its workers and sent them nothing but probes "
+                  "(computing here beat their round trips): the boost is held back; cleared once it engages one",
+    )
 
     class Meta:
         constraints = [

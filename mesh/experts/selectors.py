@@ -63,12 +63,25 @@ def is_saturated(model: ExpertModel, *, now: datetime | None = None) -> bool:
     return model.saturated and coordinator_reporting(model, now=now)
 
 
+def boost_held(model: ExpertModel, *, now: datetime | None = None) -> bool:
+    """Is the boost held back because the coordinator does not use the workers it has? True
+    from `MOE_UNUSED_GRACE_SECONDS` after it last started sending its measured workers only
+    probes, until `MOE_UNUSED_RETRY_SECONDS` after that (then it is offered once more)."""
+    since = model.remote_unused_since
+    if since is None:
+        return False
+    waited = (now or timezone.now()) - since
+    return seconds("MOE_UNUSED_GRACE_SECONDS") <= waited < seconds("MOE_UNUSED_RETRY_SECONDS")
+
+
 def effective_target(model: ExpertModel, *, now: datetime | None = None) -> int:
     """Replicas each slice wants: none while the coordinator is not reporting (nobody would
-    dispatch to them), the base while it is quiet, base + boost while it is saturated."""
+    dispatch to them), the base while it is quiet, base + boost while it is saturated, unless
+    the boost is held back because it does not use the workers it has (`boost_held`)."""
     if not coordinator_reporting(model, now=now):
         return 0
-    return model.base_target + (model.boost if is_saturated(model, now=now) else 0)
+    boosted = is_saturated(model, now=now) and not boost_held(model, now=now)
+    return model.base_target + (model.boost if boosted else 0)
 
 
 def _live_q(now: datetime) -> Q:
@@ -121,7 +134,7 @@ def expert_demand(*, now: datetime | None = None) -> tuple[bool, list[SliceDeman
     for model in ExpertModel.objects.order_by("name"):
         wanted = [s for s in slice_coverage(model, now=now) if s.missing > 0]
         scarce += wanted
-        recruiting |= bool(wanted) and is_saturated(model, now=now)
+        recruiting |= bool(wanted) and is_saturated(model, now=now) and not boost_held(model, now=now)
     return recruiting, scarce
 
 
@@ -133,6 +146,7 @@ def recruitment(*, now: datetime | None = None) -> list[dict]:
         rows.append({
             "model": model.name, "busy": model.busy, "saturation_threshold": model.saturation_threshold,
             "saturated": is_saturated(model, now=now), "base_target": model.base_target, "boost": model.boost,
+            "boost_held": boost_held(model, now=now),
             "effective_target": effective_target(model, now=now), "reported_at": model.reported_at,
             "coordinator": coordinator_state(model, now=now), "silent_since": model.silent_since,
             "n_layers": model.n_layers, "n_experts": model.n_experts, "slice_size": model.slice_size,

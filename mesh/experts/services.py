@@ -165,13 +165,19 @@ def _vocabulary_entry(name: str, path: Path, prices: dict[str, int]) -> CatalogM
 @transaction.atomic
 def coordinator_report(
     *, host: Host, model_name: str, busy: int, workers: Sequence[dict] = (), blamed: Sequence[dict] = (),
-    now: datetime | None = None,
+    engaged_experts: int | None = None, probed_experts: int | None = None, now: datetime | None = None,
 ) -> ExpertModel:
     """Record a coordinator's busy slots (saturated when busy >= threshold), the
     `last_serve_ms` and `checks_passed` it saw per worker (each only ever grows: a restarted
     coordinator counts from zero again), and the workers it blames (`expert_workers_blame`).
     A report ends the model's silence. Only the host the operator bound to the model may
-    report: reporting first claims nothing."""
+    report: reporting first claims nothing.
+
+    `engaged_experts` and `probed_experts` (since its previous report; None from a coordinator
+    that does not count them) say whether it uses its workers: experts it sent measured workers
+    because their round trips beat computing here, and experts it sent only as shadow probes.
+    Saturated, probing and engaging none, it starts `remote_unused_since` (the boost is then
+    held back: `selectors.boost_held`); engaging any clears it."""
     now = now or timezone.now()
     model = ExpertModel.objects.select_for_update().filter(name=model_name).first()
     if model is None:
@@ -188,7 +194,14 @@ def coordinator_report(
     model.silent_since = None
     if model.saturated:
         model.last_saturated_at = now
-    model.save(update_fields=["busy", "saturated", "reported_at", "last_saturated_at", "silent_since"])
+    if engaged_experts:
+        model.remote_unused_since = None
+    elif model.saturated and probed_experts and (
+        model.remote_unused_since is None or now - model.remote_unused_since >= selectors.seconds("MOE_UNUSED_RETRY_SECONDS")
+    ):
+        model.remote_unused_since = now
+    model.save(update_fields=["busy", "saturated", "reported_at", "last_saturated_at", "silent_since",
+                              "remote_unused_since"])
     for report in workers:
         own = ExpertWorker.objects.filter(pk=report["id"], model=model)
         own.filter(last_serve_ms__lt=report["last_serve_ms"]).update(last_serve_ms=report["last_serve_ms"])
@@ -363,23 +376,30 @@ RETIRED_REASON_MAX = ExpertWorker._meta.get_field("retired_reason").max_length
 
 def expert_workers_age_out(*, model: ExpertModel, now: datetime | None = None) -> int:
     """Retire workers that stopped heartbeating, assignments never registered, and, once the
-    coordinator has been quiet for the cooldown, workers beyond the effective target (the
-    longest-serving and proven are kept; while the coordinator is silent the target is 0, so
-    all of them). Returns how many were retired."""
+    coordinator has been quiet for the cooldown or while it holds back the boost because it
+    does not use its workers (`selectors.boost_held`), workers beyond the effective target
+    (the longest-serving and proven are kept; while the coordinator is silent the target is
+    0, so all of them). Returns how many were retired."""
     now = now or timezone.now()
     covering = set(selectors.covering_workers(model, now=now).values_list("pk", flat=True))
     live = ExpertWorker.objects.filter(model=model).exclude(status=ExpertWorker.Status.RETIRED)
     stale = set(live.exclude(pk__in=covering).values_list("pk", flat=True))
     extra: set[int] = set()
     quiet_since = model.last_saturated_at
-    if quiet_since is None or now - quiet_since >= selectors.seconds("MOE_COOLDOWN_SECONDS"):
+    held = selectors.boost_held(model, now=now)
+    if held or quiet_since is None or now - quiet_since >= selectors.seconds("MOE_COOLDOWN_SECONDS"):
         target = selectors.effective_target(model, now=now)
         by_slice: dict[tuple[int, int], list[ExpertWorker]] = {}
         for worker in live.filter(pk__in=covering).order_by("-last_serve_ms", "id"):
             by_slice.setdefault((worker.layer, worker.first), []).append(worker)
         for workers in by_slice.values():
             extra.update(w.pk for w in workers[target:])
-    unneeded = "no longer needed" if selectors.coordinator_reporting(model, now=now) else "its coordinator went silent"
+    if not selectors.coordinator_reporting(model, now=now):
+        unneeded = "its coordinator went silent"
+    elif held:
+        unneeded = "its coordinator computes faster than it answers (it sent only probes)"
+    else:
+        unneeded = "no longer needed"
     retire = ExpertWorker.Status.RETIRED
     return (live.filter(pk__in=stale).update(status=retire, retired_at=now, retired_reason="stopped heartbeating")
             + live.filter(pk__in=extra).update(status=retire, retired_at=now, retired_reason=unneeded))

@@ -16,7 +16,7 @@ from engine.gguf_loader import open_gguf
 from engine.moe_loader import expert_tensor_names, make_tiny_moe
 from mahout.moe.control import CoordinatorAgent, MeshClient
 from mahout.moe.coordinator import Coordinator
-from mahout.moe.policy import DispatchPolicy, LoadMonitor
+from mahout.moe.policy import DispatchPolicy, LoadMonitor, LoadState
 from mesh.experts import services
 from mesh.experts.models import ExpertWorker
 from mesh.tests.market import trusted_host
@@ -168,6 +168,52 @@ def _active_worker(coordinator: ServingHost, name: str) -> tuple[ServingHost, in
     worker = _post("/api/expert-volunteer", volunteer.token).json()["worker"]
     assert _post(f"/api/expert-workers/{worker}/register", volunteer.token, {"address": "127.0.0.1:7001"}).status_code == 200
     return volunteer, worker
+
+
+class UnusedWorkersTests:
+    """A saturated coordinator that sends its measured workers only probes holds the boost back."""
+
+    def _agent(self, coordinator: ServingHost, busy: int) -> tuple[Coordinator, CoordinatorAgent]:
+        engine = Coordinator(lambda layer, inputs: inputs, monitor=LoadMonitor(lambda: 0, DispatchPolicy()))
+        engine.monitor.state = LoadState(busy=busy, under_load=busy >= 2)
+        agent = CoordinatorAgent(SimpleNamespace(coordinator=engine, monitor=engine.monitor),  # type: ignore[arg-type]
+                                 MeshClient("http://gateway", coordinator.token, transport=_gateway()), "tiny-moe")
+        return engine, agent
+
+    def test_only_probes_while_saturated_hold_the_boost_and_release_the_extra_workers(
+        self, coordinator: ServingHost, settings: Settings,
+    ) -> None:
+        settings.MOE_UNUSED_GRACE_SECONDS = 0
+        _, worker = _active_worker(coordinator, "far-away")  # the boost recruited it (base 0)
+        engine, agent = self._agent(coordinator, busy=3)
+        assert agent.tick()["boost_held"] is False
+        engine.stats.remote_experts, engine.stats.probes = 2, 4  # its first try, then probes only: too slow to engage
+        answer = agent.tick()
+        assert (answer["saturated"], answer["boost_held"], answer["effective_target"]) == (True, True, 0)
+        assert answer["dispatch_map"] == []
+        row = ExpertWorker.objects.get(pk=worker)
+        assert row.status == ExpertWorker.Status.RETIRED and "sent only probes" in row.retired_reason
+        (model,) = Client().get("/api/moe/recruitment", **_auth(coordinator.token)).json()["models"]
+        assert (model["boost_held"], model["effective_target"]) == (True, 0)
+        assert Client().get("/api/expert-demand", **_auth(coordinator.token)).json()["slices"] == []
+
+        engine.stats.engaged_experts = 2  # it engages a worker again (a faster one came back): the boost returns
+        answer = agent.tick()
+        assert (answer["boost_held"], answer["effective_target"]) == (False, 1)
+
+    def test_probes_of_a_quiet_coordinator_and_reports_without_counts_hold_nothing(self, coordinator: ServingHost,
+                                                                                   settings: Settings) -> None:
+        settings.MOE_UNUSED_GRACE_SECONDS = 0
+        engine, agent = self._agent(coordinator, busy=0)
+        engine.stats.probes = 4
+        assert agent.tick()["boost_held"] is False  # not saturated: nothing to hold back
+        old = _post("/api/moe/coordinator-report", coordinator.token, {"model": "tiny-moe", "busy": 3}).json()
+        assert (old["boost_held"], old["effective_target"]) == (False, 1)  # a coordinator that does not count
+
+    def test_negative_counts_are_a_400(self, coordinator: ServingHost) -> None:
+        answer = _post("/api/moe/coordinator-report", coordinator.token,
+                       {"model": "tiny-moe", "busy": 3, "probed_experts": -1})
+        assert answer.status_code == 400 and answer.json()["error"]["type"] == "invalid_request_error"
 
 
 class LeaveApiTests:

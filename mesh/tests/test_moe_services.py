@@ -90,6 +90,30 @@ class TargetTests:
         recruiting, scarce = selectors.expert_demand()
         assert recruiting and {(s.covered, s.target) for s in scarce} == {(1, 2)}
 
+    @override_settings(MOE_UNUSED_GRACE_SECONDS=60, MOE_UNUSED_RETRY_SECONDS=900)
+    def test_a_coordinator_that_only_probes_its_workers_gets_no_boost_until_the_retry(
+        self, market: tuple[ExpertModel, ServingHost],
+    ) -> None:
+        model, coordinator = market
+        start = timezone.now()
+
+        def report(after: float, **counts: int) -> ExpertModel:
+            return services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=3,
+                                               now=start + timedelta(seconds=after), **counts)
+
+        model = report(0, engaged_experts=0, probed_experts=6)
+        assert model.remote_unused_since == start and selectors.effective_target(model, now=start) == 1  # its grace
+        model = report(61, engaged_experts=0, probed_experts=2)
+        assert model.remote_unused_since == start  # still the window it opened
+        assert selectors.boost_held(model, now=start + timedelta(seconds=61))
+        assert selectors.effective_target(model, now=start + timedelta(seconds=61)) == model.base_target == 0
+        model = report(901, engaged_experts=0, probed_experts=0)  # no probe in this window: nothing new learned
+        assert not selectors.boost_held(model, now=start + timedelta(seconds=901))  # the boost is offered again
+        model = report(902, engaged_experts=0, probed_experts=3)  # and still only probes: a new window
+        assert model.remote_unused_since == start + timedelta(seconds=902)
+        model = report(903, engaged_experts=4, probed_experts=0)
+        assert model.remote_unused_since is None
+
     def test_a_stale_report_is_not_saturation(self, market: tuple[ExpertModel, ServingHost]) -> None:
         model, coordinator = market
         services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=5)
