@@ -4,6 +4,9 @@ mahout processes, and an MoE coordinator reporting to the gateway.
 idle coordinator serves locally -> concurrent requests saturate it -> demand appears ->
 volunteers are recruited, download their slices, register and get dispatched -> outputs
 equal the local-only outputs -> load stops -> workers age out, the target returns to base.
+And the same ramp with volunteers too far away to be worth engaging (a delay on each batch's
+round trip): the coordinator only probes them, so it holds its boost back and releases them
+while it is still saturated.
 The coordinator is bound by the operator, two volunteers are trusted hosts and two are
 strangers on probation (a default deployment's pure volunteers: their batches are checked at
 the probation share), and every coordinator-to-worker link passes the handshake with that
@@ -24,12 +27,16 @@ from conftest import ROOT, Gateway, make_host, stack_env, wait_until
 from engine.moe import MoeModel
 from engine.moe_loader import ByteTokenizer, load_moe, make_tiny_moe
 from mahout.moe.control import CoordinatorAgent, MeshClient
+from mahout.moe.coordinator import Transport
 from mahout.moe.policy import DispatchPolicy
 from mahout.moe.runner import MoeRunner
+from mesh.experts.models import ExpertWorker
 from mesh.tests.market import LOCAL_SWARM_ENV, trusted_host
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+
+    import torch
 
     from catalog.models import CatalogModel
 
@@ -39,12 +46,38 @@ PROMPTS = ["The elephant", "A swarm of experts", "Load rises"]
 N_TOKENS = 24
 
 
+MARKET_ENV = {"MOE_COOLDOWN_SECONDS": "2", "MOE_COORDINATOR_STALE_SECONDS": "5", "MOE_WORKER_STALE_SECONDS": "5",
+              **LOCAL_SWARM_ENV}
+
+
 @pytest.fixture
 def moe_gateway(transactional_db: None, e2e_dirs: Path) -> Iterator[Gateway]:
-    gateway = Gateway(stack_env({"MOE_COOLDOWN_SECONDS": "2", "MOE_COORDINATOR_STALE_SECONDS": "5",
-                                 "MOE_WORKER_STALE_SECONDS": "5", **LOCAL_SWARM_ENV}), e2e_dirs / "logs")
+    # The ramp keeps its volunteers while saturated, though the coordinator mostly probes them
+    # (the next test releases such volunteers: here they must stay to be watched).
+    gateway = Gateway(stack_env({**MARKET_ENV, "MOE_UNUSED_GRACE_SECONDS": "3600"}), e2e_dirs / "logs")
     yield gateway
     gateway.stop()
+
+
+@pytest.fixture
+def impatient_gateway(transactional_db: None, e2e_dirs: Path) -> Iterator[Gateway]:
+    gateway = Gateway(stack_env({**MARKET_ENV, "MOE_UNUSED_GRACE_SECONDS": "2"}), e2e_dirs / "logs")
+    yield gateway
+    gateway.stop()
+
+
+class FarAway:
+    """A worker's transport with a home link's round trip added to each batch."""
+
+    def __init__(self, transport: Transport, delay_s: float) -> None:
+        self.transport, self.delay_s = transport, delay_s
+
+    def request(self, header: dict, rows: torch.Tensor, timeout: float) -> tuple[dict, torch.Tensor | None]:
+        time.sleep(self.delay_s)
+        return self.transport.request(header, rows, timeout)
+
+    def close(self) -> None:
+        self.transport.close()
 
 
 def _volunteer(url: str, token: str, log: Path) -> subprocess.Popen:
@@ -141,3 +174,70 @@ class LoadRampTests:
             for process in volunteers:
                 process.kill()
                 process.wait()
+
+    def test_volunteers_it_only_probes_are_released_while_it_stays_saturated(
+        self, catalog: CatalogModel, impatient_gateway: Gateway, tmp_path: Path, e2e_dirs: Path,
+    ) -> None:
+        from mesh.experts import services as moe_services
+
+        tiny = make_tiny_moe(tmp_path / "tiny-moe.gguf", seed=6)
+        coordinator_host = make_host(name="coordinator")
+        moe_services.expert_model_register(name="tiny-moe", gguf_path=tiny, slice_size=4, base_target=0, boost=1,
+                                           coordinator=coordinator_host.host)
+        config, weights = load_moe(tiny)
+        tokenizer = ByteTokenizer()
+        expected = {p: MoeModel(config, weights).generate(tokenizer.encode(p), N_TOKENS) for p in PROMPTS}
+        policy = DispatchPolicy(probe_interval_s=0.2, probe_timeout_s=0.2, grace_s=5.0, latency_probe_s=0.2)
+        runner = MoeRunner(tiny, policy=policy, n_slots=4).start()
+        client = MeshClient(impatient_gateway.url, coordinator_host.token)
+        agent = CoordinatorAgent(runner, client, "tiny-moe", interval_s=0.3)
+        direct = agent.transport_for
+        runner.coordinator.transport_for = lambda spec: FarAway(direct(spec), 0.2)  # 200 ms away: never worth it
+        agent.start()
+        hosts = [trusted_host("far0"), trusted_host("far1")]
+        volunteers = [_volunteer(impatient_gateway.url, host.token, e2e_dirs / "logs" / f"far-volunteer-{i}.log")
+                      for i, host in enumerate(hosts)]
+        results: list[tuple[str, list[int]]] = []
+        stop = threading.Event()
+
+        def client_loop(prompt: str) -> None:
+            while not stop.is_set():
+                results.append((prompt, runner.generate(tokenizer.encode(prompt), N_TOKENS)))
+
+        threads = [threading.Thread(target=client_loop, args=(p,), daemon=True) for p in PROMPTS]
+        try:
+            for thread in threads:
+                thread.start()
+            wait_until(lambda: client.recruitment()[0]["saturated"], timeout=20, what="the gateway to see saturation")
+
+            def tried() -> bool:
+                assert all(v.poll() is None for v in volunteers), "a volunteer exited: see its log"
+                return runner.coordinator.stats.remote_experts > 0
+
+            wait_until(tried, timeout=90, what="a volunteer's first try")
+
+            def released() -> bool:
+                (model,) = client.recruitment()
+                return model["saturated"] and model["boost_held"] and not model["workers"]
+
+            wait_until(released, timeout=60, what="the boost held back and the volunteers released, still saturated")
+            stats = runner.coordinator.stats
+            assert stats.engaged_experts == 0 and stats.probes > 0 and stats.mismatches == 0
+            assert client.demand() == {"recruiting": False, "slices": []}  # nobody else is recruited meanwhile
+            tried_workers = ExpertWorker.objects.filter(model__name="tiny-moe", last_serve_ms__gt=0)
+            assert tried_workers.exists() and {w.retired_reason for w in tried_workers} == {
+                "its coordinator computes faster than it answers (it sent only probes)"}
+            wait_until(lambda: not runner.coordinator.workers, timeout=10, what="the dispatch map to empty")
+            stop.set()
+            for thread in threads:
+                thread.join(timeout=60)
+            wrong = [(prompt, tokens) for prompt, tokens in results if tokens != expected[prompt]]
+            assert results and not wrong, (runner.coordinator.stats, len(results), wrong[:2])
+        finally:
+            stop.set()
+            agent.stop()
+            runner.close()
+            client.close()
+            for volunteer in volunteers:
+                volunteer.kill()
+                volunteer.wait()
