@@ -111,12 +111,17 @@ def time_layer(compute, layer, config, x: torch.Tensor, threads: int = 1) -> flo
     return elapsed
 
 
-def bench_layer(tmp: Path, rounds: int) -> None:
+def one_layer(tmp: Path):  # type: ignore[no-untyped-def]
+    """Section 1's layer: its file, config, weights and the experts computed here."""
     path = make_tiny_moe(tmp / "layer.gguf", seed=11, **LAYER_SHAPE)
     config, weights = load_moe(path)
     layer = weights.layers[0]
     assert layer.experts is not None
-    local = LocalExperts({0: layer.experts})
+    return path, config, layer, LocalExperts({0: layer.experts})
+
+
+def bench_layer(tmp: Path, rounds: int) -> None:
+    path, config, layer, local = one_layer(tmp)
     workers = [start_worker(path, 0, 0, 8), start_worker(path, 0, 8, 8)]
     remote, split = under_load(local), under_load(local)
     remote.attach(WorkerSpec("a", 0, 0, 8, workers[0][1], secret=SECRET))
@@ -151,11 +156,7 @@ def bench_layer(tmp: Path, rounds: int) -> None:
 
 def bench_seal(tmp: Path, rounds: int) -> None:
     """5.: section 1's remote layer over sealed links and over links in the clear, alternated."""
-    path = make_tiny_moe(tmp / "layer.gguf", seed=11, **LAYER_SHAPE)
-    config, weights = load_moe(path)
-    layer = weights.layers[0]
-    assert layer.experts is not None
-    local = LocalExperts({0: layer.experts})
+    path, config, layer, local = one_layer(tmp)
     clear_module = ("bench.unsealed", "mahout.moe.worker")
     sealed_workers = [start_worker(path, 0, 0, 8), start_worker(path, 0, 8, 8)]
     clear_workers = [start_worker(path, 0, 0, 8, module=clear_module), start_worker(path, 0, 8, 8, module=clear_module)]

@@ -39,11 +39,13 @@ if TYPE_CHECKING:
     import torch
 
     from catalog.models import CatalogModel
+    from testkit.personas import ServingHost
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 PROMPTS = ["The elephant", "A swarm of experts", "Load rises"]
 N_TOKENS = 24
+TOKENIZER = ByteTokenizer()
 
 
 MARKET_ENV = {"MOE_COOLDOWN_SECONDS": "2", "MOE_COORDINATOR_STALE_SECONDS": "5", "MOE_WORKER_STALE_SECONDS": "5",
@@ -88,17 +90,57 @@ def _volunteer(url: str, token: str, log: Path) -> subprocess.Popen:
     )
 
 
+def _market(tmp_path: Path, seed: int) -> tuple[Path, ServingHost, dict[str, list[int]]]:
+    """A tiny MoE model for sale (base 0, boost 1), its bound coordinator's host, and each
+    prompt's local-only answer."""
+    from mesh.experts import services as moe_services
+
+    tiny = make_tiny_moe(tmp_path / "tiny-moe.gguf", seed=seed)
+    coordinator_host = make_host(name="coordinator")
+    moe_services.expert_model_register(name="tiny-moe", gguf_path=tiny, slice_size=4, base_target=0, boost=1,
+                                       coordinator=coordinator_host.host)
+    config, weights = load_moe(tiny)
+    expected = {p: MoeModel(config, weights).generate(TOKENIZER.encode(p), N_TOKENS) for p in PROMPTS}
+    return tiny, coordinator_host, expected
+
+
+class Load:
+    """One client per prompt asking the coordinator without pause, from `start` to `stop`."""
+
+    def __init__(self, runner: MoeRunner) -> None:
+        self.results: list[tuple[str, list[int]]] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._ask, args=(runner, p), daemon=True) for p in PROMPTS]
+
+    def _ask(self, runner: MoeRunner, prompt: str) -> None:
+        while not self._stop.is_set():
+            self.results.append((prompt, runner.generate(TOKENIZER.encode(prompt), N_TOKENS)))
+
+    def start(self) -> Load:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=60)
+
+    def wrong(self, expected: dict[str, list[int]]) -> list[tuple[str, list[int]]]:
+        return [(prompt, tokens) for prompt, tokens in self.results if tokens != expected[prompt]]
+
+
+def _until_remote(runner: MoeRunner, volunteers: list[subprocess.Popen], what: str) -> None:
+    def sent() -> bool:
+        assert all(v.poll() is None for v in volunteers), "a volunteer exited: see its log"
+        return runner.coordinator.stats.remote_experts > 0
+
+    wait_until(sent, timeout=90, what=what)
+
+
 class LoadRampTests:
     def test_volunteers_join_under_load_answer_as_local_and_age_out(self, catalog: CatalogModel, moe_gateway: Gateway, tmp_path: Path, e2e_dirs: Path) -> None:
-        from mesh.experts import services as moe_services
-
-        tiny = make_tiny_moe(tmp_path / "tiny-moe.gguf", seed=5)
-        coordinator_host = make_host(name="coordinator")
-        moe_services.expert_model_register(name="tiny-moe", gguf_path=tiny, slice_size=4, base_target=0, boost=1,
-                                           coordinator=coordinator_host.host)
-        config, weights = load_moe(tiny)
-        tokenizer = ByteTokenizer()
-        expected = {p: MoeModel(config, weights).generate(tokenizer.encode(p), N_TOKENS) for p in PROMPTS}
+        tiny, coordinator_host, expected = _market(tmp_path, seed=5)
 
         # Loopback workers for a tiny model are slower than its local experts, so the latency-aware
         # rule mostly probes them on the side: every 0.2 s here, so they keep serving (and being checked).
@@ -113,29 +155,16 @@ class LoadRampTests:
                       for i, host in enumerate(hosts)]
         try:
             # idle: one request at a time is served locally, nothing is scarce
-            assert runner.generate(tokenizer.encode(PROMPTS[0]), N_TOKENS) == expected[PROMPTS[0]]
+            assert runner.generate(TOKENIZER.encode(PROMPTS[0]), N_TOKENS) == expected[PROMPTS[0]]
             assert runner.coordinator.stats.remote_experts == 0
             wait_until(lambda: agent.reports >= 2, timeout=10, what="coordinator reports")
             assert client.demand() == {"recruiting": False, "slices": []}
 
             # load: concurrent requests until remote experts have been dispatched
-            results: list[tuple[str, list[int]]] = []
-            stop = threading.Event()
-
-            def client_loop(prompt: str) -> None:
-                while not stop.is_set():
-                    results.append((prompt, runner.generate(tokenizer.encode(prompt), N_TOKENS)))
-
-            threads = [threading.Thread(target=client_loop, args=(p,), daemon=True) for p in PROMPTS]
             saturated_at = time.monotonic()
-            for thread in threads:
-                thread.start()
+            load = Load(runner).start()
             wait_until(lambda: client.recruitment()[0]["saturated"], timeout=20, what="the gateway to see saturation")
-            def dispatched() -> bool:
-                assert all(v.poll() is None for v in volunteers), "a volunteer exited: see its log"
-                return runner.coordinator.stats.remote_experts > 0
-
-            wait_until(dispatched, timeout=90, what="a first remote dispatch")
+            _until_remote(runner, volunteers, "a first remote dispatch")
             first_remote_s = runner.coordinator.stats.first_remote_at - saturated_at
             wait_until(lambda: len([w for w in client.recruitment()[0]["workers"] if w["last_serve_ms"] > 0]) >= 2,
                        timeout=60, what="proven workers in the recruitment view")
@@ -146,12 +175,10 @@ class LoadRampTests:
             wait_until(lambda: runner.coordinator.stats.checks > 0, timeout=30, what="a remote batch checked here")
             assert runner.coordinator.stats.mismatches == 0
             time.sleep(1.0)
-            stop.set()
-            for thread in threads:
-                thread.join(timeout=60)
+            load.stop()
             assert stats.remote_experts + stats.probes > served_remote  # kept sending under load (engaged or probed)
-            wrong = [(prompt, tokens) for prompt, tokens in results if tokens != expected[prompt]]
-            assert results and not wrong, (runner.coordinator.stats, len(results), wrong[:2], expected)
+            wrong = load.wrong(expected)
+            assert load.results and not wrong, (runner.coordinator.stats, len(load.results), wrong[:2], expected)
             (view,) = client.recruitment()
             assert view["effective_target"] == view["base_target"] + view["boost"] or not view["saturated"]
 
@@ -163,7 +190,7 @@ class LoadRampTests:
             wait_until(aged_out, timeout=30, what="workers to age out")
             wait_until(lambda: not runner.coordinator.workers, timeout=10, what="the dispatch map to empty")
             before = runner.coordinator.stats.remote_experts
-            assert runner.generate(tokenizer.encode(PROMPTS[1]), N_TOKENS) == expected[PROMPTS[1]]
+            assert runner.generate(TOKENIZER.encode(PROMPTS[1]), N_TOKENS) == expected[PROMPTS[1]]
             assert runner.coordinator.stats.remote_experts == before
             assert client.demand()["recruiting"] is False
             print(f"first remote dispatch {first_remote_s:.2f} s after saturation began")
@@ -178,15 +205,7 @@ class LoadRampTests:
     def test_volunteers_it_only_probes_are_released_while_it_stays_saturated(
         self, catalog: CatalogModel, impatient_gateway: Gateway, tmp_path: Path, e2e_dirs: Path,
     ) -> None:
-        from mesh.experts import services as moe_services
-
-        tiny = make_tiny_moe(tmp_path / "tiny-moe.gguf", seed=6)
-        coordinator_host = make_host(name="coordinator")
-        moe_services.expert_model_register(name="tiny-moe", gguf_path=tiny, slice_size=4, base_target=0, boost=1,
-                                           coordinator=coordinator_host.host)
-        config, weights = load_moe(tiny)
-        tokenizer = ByteTokenizer()
-        expected = {p: MoeModel(config, weights).generate(tokenizer.encode(p), N_TOKENS) for p in PROMPTS}
+        tiny, coordinator_host, expected = _market(tmp_path, seed=6)
         policy = DispatchPolicy(probe_interval_s=0.2, probe_timeout_s=0.2, grace_s=5.0, latency_probe_s=0.2)
         runner = MoeRunner(tiny, policy=policy, n_slots=4).start()
         client = MeshClient(impatient_gateway.url, coordinator_host.token)
@@ -197,24 +216,11 @@ class LoadRampTests:
         hosts = [trusted_host("far0"), trusted_host("far1")]
         volunteers = [_volunteer(impatient_gateway.url, host.token, e2e_dirs / "logs" / f"far-volunteer-{i}.log")
                       for i, host in enumerate(hosts)]
-        results: list[tuple[str, list[int]]] = []
-        stop = threading.Event()
-
-        def client_loop(prompt: str) -> None:
-            while not stop.is_set():
-                results.append((prompt, runner.generate(tokenizer.encode(prompt), N_TOKENS)))
-
-        threads = [threading.Thread(target=client_loop, args=(p,), daemon=True) for p in PROMPTS]
+        load = Load(runner)
         try:
-            for thread in threads:
-                thread.start()
+            load.start()
             wait_until(lambda: client.recruitment()[0]["saturated"], timeout=20, what="the gateway to see saturation")
-
-            def tried() -> bool:
-                assert all(v.poll() is None for v in volunteers), "a volunteer exited: see its log"
-                return runner.coordinator.stats.remote_experts > 0
-
-            wait_until(tried, timeout=90, what="a volunteer's first try")
+            _until_remote(runner, volunteers, "a volunteer's first try")
 
             def released() -> bool:
                 (model,) = client.recruitment()
@@ -228,13 +234,11 @@ class LoadRampTests:
             assert tried_workers.exists() and {w.retired_reason for w in tried_workers} == {
                 "its coordinator computes faster than it answers (it sent only probes)"}
             wait_until(lambda: not runner.coordinator.workers, timeout=10, what="the dispatch map to empty")
-            stop.set()
-            for thread in threads:
-                thread.join(timeout=60)
-            wrong = [(prompt, tokens) for prompt, tokens in results if tokens != expected[prompt]]
-            assert results and not wrong, (runner.coordinator.stats, len(results), wrong[:2])
+            load.stop()
+            wrong = load.wrong(expected)
+            assert load.results and not wrong, (runner.coordinator.stats, len(load.results), wrong[:2])
         finally:
-            stop.set()
+            load.stop()
             agent.stop()
             runner.close()
             client.close()
