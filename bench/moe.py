@@ -210,7 +210,10 @@ def bench_seal(tmp: Path, rounds: int) -> None:
 def setup_gateway(tmp: Path, address: str = "127.0.0.1") -> tuple[subprocess.Popen, str]:
     os.environ.update({"ALLOWED_HOSTS": f"127.0.0.1,localhost,{address}","SQLITE_PATH": str(tmp / "bench.sqlite3"), "ELEPHANT_VAR_DIR": str(tmp / "var"),
                        "DJANGO_SETTINGS_MODULE": "config.settings", "MOE_COORDINATOR_STALE_SECONDS": "5",
-                       "MOE_WORKER_STALE_SECONDS": "5", "MOE_COOLDOWN_SECONDS": "5", "MOE_ALLOW_PRIVATE_WORKERS": "1"})
+                       "MOE_WORKER_STALE_SECONDS": "5", "MOE_COOLDOWN_SECONDS": "5", "MOE_ALLOW_PRIVATE_WORKERS": "1",
+                       # each round times the rule it names with its volunteers serving: a coordinator that
+                       # only probes them must keep them (a deployment releases them: README, control plane)
+                       "MOE_UNUSED_GRACE_SECONDS": "3600"})
     os.environ.pop("DATABASE_URL", None)
     import django
 
