@@ -395,6 +395,12 @@ MOE_COOLDOWN_SECONDS = env_float("MOE_COOLDOWN_SECONDS", 30.0, minimum=0)
 # retry window the boost is offered again once (new volunteers may be closer or faster).
 MOE_UNUSED_GRACE_SECONDS = env_float("MOE_UNUSED_GRACE_SECONDS", 60.0, minimum=0)
 MOE_UNUSED_RETRY_SECONDS = env_float("MOE_UNUSED_RETRY_SECONDS", 900.0, minimum=1)
+# A failed audit of a coordinator's answer that its workers helped compute is excused once in
+# this window (the customer is refunded all the same): a volunteer's wrong experts must not put
+# the operator's coordinator in maintenance. For the window every batch of its workers is
+# recomputed (check share 1), so a worker that is wrong again is blamed by the coordinator, and
+# a second failure is the coordinator's own.
+MOE_EXCUSE_SECONDS = env_float("MOE_EXCUSE_SECONDS", 86400.0, minimum=1)
 # A volunteer host that is not trusted serves experts on probation (mesh/experts/services.py):
 # its coordinator recomputes this share of its batches (1 or more: every one) until its
 # workers have passed MOE_PROBATION_CHECKS recomputes, then the coordinator's usual share.

@@ -90,6 +90,7 @@ from hosts.models import TRUSTED, Host
 from marketplace import reputation, ring_inquiries
 from marketplace.models import Audit, AuditScore, Job, Request, StageShare
 from marketplace.scorer_fees import scorer_fee
+from mesh.experts import services as expert_services
 from protocol.jobs import AUDIT, AuditPayload
 
 logger = logging.getLogger(__name__)
@@ -240,9 +241,15 @@ def audit_decide(*, audit: Audit, reason: str | None, counts: dict) -> bool:
     billing.audit_refund(user=request.user, host_ucents=audit.host_ucents, platform_ucents=audit.platform_ucents,
                          reference=f"audit-{audit.pk}",
                          memo=f"request {request.public_id} refunded: its host failed verification")
-    if not ring_inquiries.inquiry_open(audit=audit, reason=reason):  # a ring of several hosts: find whose fault first
-        ring_inquiries.host_blame(host=audit.host,
-                                  why=f"Failed verification: {reason} (audit {audit.pk} of request {request.public_id}).")
+    if ring_inquiries.inquiry_open(audit=audit, reason=reason):  # a ring of several hosts: find whose fault first
+        return True
+    excuse = expert_services.coordinator_failure_excuse(host=audit.host, model_name=request.model.name,
+                                                        since=request.created_at)
+    if excuse is not None:  # an expert mesh's volunteers helped: the coordinator is given one excuse
+        logger.warning("audit %s of request %s failed (%s) and is excused: %s", audit.pk, request.public_id, reason, excuse)
+        return True
+    ring_inquiries.host_blame(host=audit.host,
+                              why=f"Failed verification: {reason} (audit {audit.pk} of request {request.public_id}).")
     return True
 
 

@@ -8,6 +8,9 @@ from billing import selectors as ledger
 from billing.models import Account
 from marketplace import audits, services
 from marketplace.models import Audit, Job, Request
+from mesh.experts import selectors as expert_selectors
+from mesh.experts import services as expert_services
+from mesh.experts.models import ExpertModel
 from testkit.requests import submit_request
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.audits]
@@ -91,6 +94,52 @@ def test_a_failed_audit_refunds_the_customer_and_stops_the_host(customer, catalo
     assert "token 3 is not the seed's draw" in serving_host.host.maintenance_reason
     assert request.public_id in serving_host.host.maintenance_reason
     assert ledger.reconcile_report() == []
+
+
+def _coordinates(catalog, host) -> ExpertModel:  # noqa: ANN001
+    """`host` becomes the bound coordinator of an expert mesh selling `catalog`'s model."""
+    return ExpertModel.objects.create(name=catalog.name, gguf_path="moe.gguf", arch="qwen3moe", n_layers=2, n_experts=8,
+                                      n_experts_used=2, coordinator=host)
+
+
+def _fail(audit: Audit) -> None:
+    assert audits.audit_decide(audit=audit, reason="token 3 is not the seed's draw (margin 0.41)", counts={"misses": 1})
+
+
+def test_a_coordinators_failed_audit_its_volunteers_helped_with_is_excused_once(customer, catalog, serving_host,  # noqa: ANN001
+                                                                                 settings) -> None:
+    settings.AUDIT_PROBATION_RATE = 1.0
+    mesh = _coordinates(catalog, serving_host.host)
+    before = ledger.customer_account(user=customer.user).balance_ucents
+    _, job = _served(customer, catalog, serving_host, token_ids=[5])
+    expert_services.coordinator_report(host=serving_host.host, model_name=catalog.name, busy=3, engaged_experts=4)
+    _fail(Audit.objects.get(job=job))
+    serving_host.host.refresh_from_db()
+    mesh.refresh_from_db()
+    assert serving_host.host.maintenance_since is None and expert_selectors.excused_lately(mesh)
+    assert ledger.customer_account(user=customer.user).balance_ucents == before  # refunded all the same
+    assert _host_balance(serving_host.host) == 0 and _escrow() == 0
+
+    _, again = _served(customer, catalog, serving_host, token_ids=[6])  # within the window: its own fault
+    expert_services.coordinator_report(host=serving_host.host, model_name=catalog.name, busy=3, engaged_experts=2)
+    _fail(Audit.objects.get(job=again))
+    serving_host.host.refresh_from_db()
+    assert serving_host.host.maintenance_since is not None
+    assert ledger.customer_account(user=customer.user).balance_ucents == before
+    assert ledger.reconcile_report() == []
+
+
+def test_a_coordinator_whose_workers_computed_nothing_of_the_answer_is_stopped(customer, catalog, serving_host,  # noqa: ANN001
+                                                                               settings) -> None:
+    settings.AUDIT_PROBATION_RATE = 1.0
+    _coordinates(catalog, serving_host.host)
+    expert_services.coordinator_report(host=serving_host.host, model_name=catalog.name, busy=3, engaged_experts=4)
+    _, job = _served(customer, catalog, serving_host, token_ids=[5])  # asked after the workers last computed
+    expert_services.coordinator_report(host=serving_host.host, model_name=catalog.name, busy=3, engaged_experts=0,
+                                       probed_experts=6)  # probes are checked, never in an answer
+    _fail(Audit.objects.get(job=job))
+    serving_host.host.refresh_from_db()
+    assert serving_host.host.maintenance_since is not None
 
 
 def test_a_trusted_host_is_audited_at_the_audit_rate(customer, catalog, settings) -> None:

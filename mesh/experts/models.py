@@ -48,6 +48,14 @@ class ExpertModel(models.Model):
         null=True, blank=True,
         help_text="when the control plane's loop found no fresh report from its coordinator; cleared by its next report",
     )
+    last_engaged_at = models.DateTimeField(
+        null=True, blank=True, help_text="when its coordinator last reported experts computed by its workers on merit",
+    )
+    excused_at = models.DateTimeField(
+        null=True, blank=True,
+        help_text="when a failed audit of its coordinator was excused because its workers computed part of that answer; "
+                  "every batch of its workers is then recomputed for MOE_EXCUSE_SECONDS",
+    )
     remote_unused_since = models.DateTimeField(
         null=True, blank=True,
         help_text="since when its coordinator, saturated, has measured its workers and sent them nothing but probes "

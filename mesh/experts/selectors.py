@@ -178,18 +178,27 @@ def probation_hosts(host_ids: set[int]) -> set[int]:
     return {host_id for host_id in untrusted if (passed.get(host_id) or 0) < settings.MOE_PROBATION_CHECKS}
 
 
+def excused_lately(model: ExpertModel, *, now: datetime | None = None) -> bool:
+    """Was a failed audit of the coordinator excused within `MOE_EXCUSE_SECONDS`
+    (`services.coordinator_failure_excuse`)?"""
+    excused = model.excused_at
+    return excused is not None and (now or timezone.now()) - excused < seconds("MOE_EXCUSE_SECONDS")
+
+
 def dispatch_map(model: ExpertModel, *, now: datetime | None = None) -> list[dict]:
     """The coordinator's workers: active, heartbeating, with how to reach them, the secret
     each one admits the coordinator's link with (for the model's coordinator only) and the
-    share of its batches to recompute (`check_share`: the probation share for a host on
+    share of its batches to recompute (`check_share`: 1, every batch, for every worker while
+    a failed audit of the coordinator stands excused; else the probation share for a host on
     probation, null for the coordinator's own)."""
     now = now or timezone.now()
     workers = list(covering_workers(model, now=now).filter(status=ExpertWorker.Status.ACTIVE).order_by("id"))
     probation = probation_hosts({w.host_id for w in workers})
+    every = excused_lately(model, now=now)
     return [
         {"id": w.pk, "layer": w.layer, "first": w.first, "count": w.count, "address": w.address,
          "relay": not w.address, "last_serve_ms": w.last_serve_ms, "secret": w.secret,
-         "check_share": settings.MOE_PROBATION_CHECK_SHARE if w.host_id in probation else None}
+         "check_share": 1.0 if every else settings.MOE_PROBATION_CHECK_SHARE if w.host_id in probation else None}
         for w in workers
     ]
 

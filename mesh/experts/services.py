@@ -56,6 +56,7 @@ from mesh.experts.models import ExpertModel, ExpertWorker
 
 __all__ = [
     "MoeRefused",
+    "coordinator_failure_excuse",
     "coordinator_report",
     "expert_model_register",
     "moe_model_publish",
@@ -195,13 +196,13 @@ def coordinator_report(
     if model.saturated:
         model.last_saturated_at = now
     if engaged_experts:
-        model.remote_unused_since = None
+        model.remote_unused_since, model.last_engaged_at = None, now
     elif model.saturated and probed_experts and (
         model.remote_unused_since is None or now - model.remote_unused_since >= selectors.seconds("MOE_UNUSED_RETRY_SECONDS")
     ):
         model.remote_unused_since = now
     model.save(update_fields=["busy", "saturated", "reported_at", "last_saturated_at", "silent_since",
-                              "remote_unused_since"])
+                              "remote_unused_since", "last_engaged_at"])
     for report in workers:
         own = ExpertWorker.objects.filter(pk=report["id"], model=model)
         own.filter(last_serve_ms__lt=report["last_serve_ms"]).update(last_serve_ms=report["last_serve_ms"])
@@ -211,6 +212,28 @@ def coordinator_report(
         expert_workers_blame(model=model, blamed=blamed, now=now)
     expert_workers_age_out(model=model, now=now)
     return model
+
+
+def coordinator_failure_excuse(*, host: Host, model_name: str, since: datetime, now: datetime | None = None) -> str | None:
+    """Why a failed audit of `host`'s answer for `model_name` (a request made at `since`) is
+    not the host's fault, or None. It is excused when `host` coordinates that MoE model, its
+    workers computed experts on merit since `since` (`last_engaged_at`: a volunteer's wrong
+    values may be in the answer; shadow probes never are, and every probe is checked), and no
+    failure was excused within `MOE_EXCUSE_SECONDS`. An excuse recomputes every batch of the
+    model's workers for that window (`selectors.dispatch_map`), so a worker wrong again is
+    blamed by the coordinator's own check, and the next failure is the coordinator's. The
+    customer is refunded either way (`marketplace.audits.audit_decide`)."""
+    now = now or timezone.now()
+    model = ExpertModel.objects.select_for_update().filter(name=model_name, coordinator=host).first()
+    if model is None or model.last_engaged_at is None or model.last_engaged_at < since:
+        return None
+    if selectors.excused_lately(model, now=now):
+        return None
+    model.excused_at = now
+    model.save(update_fields=["excused_at"])
+    return (f"its expert workers computed part of this answer; every batch of theirs is recomputed until "
+            f"{(now + selectors.seconds('MOE_EXCUSE_SECONDS')).isoformat(timespec='seconds')}, and a failure "
+            "in that time is the coordinator's own")
 
 
 BLAME_REASON_MAX = ExpertWorker._meta.get_field("blame_reason").max_length

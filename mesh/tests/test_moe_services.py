@@ -274,6 +274,37 @@ class WorkerAddressTests:
         assert relayed.status == ExpertWorker.Status.ACTIVE and selectors.dispatch_map(model)[0]["relay"]
 
 
+class ExcuseTests:
+    @override_settings(MOE_EXCUSE_SECONDS=3600)
+    def test_after_an_excused_failure_every_batch_of_every_worker_is_recomputed_for_the_window(
+        self, market: tuple[ExpertModel, ServingHost],
+    ) -> None:
+        model, coordinator = market
+        start = timezone.now()
+        services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2, now=start)
+        _serve(model, trusted_host("v"), now=start)
+        _serve(model, make_host(name="stranger", qualified=False), now=start)  # on probation: half its batches
+        assert sorted(str(w["check_share"]) for w in selectors.dispatch_map(model, now=start)) == ["0.5", "None"]
+        services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2, engaged_experts=3, now=start)
+        assert services.coordinator_failure_excuse(host=coordinator.host, model_name="tiny-moe",
+                                                   since=start - timedelta(seconds=1), now=start) is not None
+        model.refresh_from_db()
+        assert [w["check_share"] for w in selectors.dispatch_map(model, now=start)] == [1.0, 1.0]
+        assert services.coordinator_failure_excuse(host=coordinator.host, model_name="tiny-moe",
+                                                   since=start - timedelta(seconds=1), now=start) is None  # once
+        model.excused_at = start - timedelta(seconds=3601)  # the window has passed (the workers still heartbeating)
+        model.save(update_fields=["excused_at"])
+        assert sorted(str(w["check_share"]) for w in selectors.dispatch_map(model, now=start)) == ["0.5", "None"]
+
+    def test_another_hosts_failure_or_another_model_is_never_excused(self, market: tuple[ExpertModel, ServingHost]) -> None:
+        _, coordinator = market
+        start = timezone.now()
+        services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2, engaged_experts=3, now=start)
+        since = start - timedelta(seconds=1)
+        assert services.coordinator_failure_excuse(host=trusted_host("other").host, model_name="tiny-moe", since=since) is None
+        assert services.coordinator_failure_excuse(host=coordinator.host, model_name="another", since=since) is None
+
+
 class AgeOutTests:
     @override_settings(MOE_COOLDOWN_SECONDS=10)
     def test_extra_workers_retire_after_the_load_falls_and_the_cooldown_passes(self, market: tuple[ExpertModel, ServingHost]) -> None:
