@@ -139,6 +139,7 @@ class HostLoop:
         self._stop = threading.Event()
         self.upgrade_required: str | None = None  # the gateway refused this version: the loop stops
         self._signals = 0
+        self._waiting = False  # in a claim's long-poll, holding no job
         self._server_paused = False
         self._pause_reason: str | None = None
         self._maintenance_said = ""  # the last maintenance reason printed, so it is printed once
@@ -161,6 +162,11 @@ class HostLoop:
                     break
         self.state = LoopState.STOPPED
         return handled
+
+    @property
+    def waiting_for_work(self) -> bool:
+        """In a claim's long-poll, holding no job: stopping now leaves nothing unfinished."""
+        return self._waiting
 
     def request_stop(self) -> None:
         """Finish the current job (if any), then leave :meth:`run`."""
@@ -204,7 +210,11 @@ class HostLoop:
         """Long-poll for a job; on an unreachable server wait ``error_backoff`` and return None."""
         problem = None
         try:
-            job = self.api.claim(fingerprint=self.fingerprint, wait=self.claim_wait)
+            self._waiting = True  # a signal now finds no job to finish (`_on_signal`)
+            try:
+                job = self.api.claim(fingerprint=self.fingerprint, wait=self.claim_wait)
+            finally:
+                self._waiting = False
             self._reachable()
             self._maintenance_said = ""
             return job
@@ -492,13 +502,20 @@ class HostLoop:
     # -- signals -----------------------------------------------------------------------
 
     def _on_signal(self, signum: int, _frame: object) -> None:
-        """First signal: finish the current job then stop. Second: exit now (code 1)."""
+        """First signal: finish the current job then stop; waiting for work, with none to
+        finish, exit now (code 0) rather than sit out the claim's long-poll (up to
+        CLAIM_WAIT_SECONDS): the gateway drops a claim whose socket closed, and fails over a
+        job it handed out as the host left. Second signal: exit now (code 1)."""
         self._signals += 1
         if self._signals > 1:
             self.out("mahout: second signal, exiting now")
             raise SystemExit(1)
-        self.out(f"mahout: {signal.Signals(signum).name} received, finishing the current job then exiting")
+        name = signal.Signals(signum).name
         self.request_stop()
+        if self.waiting_for_work:
+            self.out(f"mahout: {name} received while waiting for work, exiting")
+            raise SystemExit(0)
+        self.out(f"mahout: {name} received, finishing the current job then exiting")
 
     @contextlib.contextmanager
     def _signal_handlers(self) -> Iterator[None]:

@@ -160,9 +160,12 @@ def _run_loops(loops: list[HostLoop], *, out: Callable[[str], None]) -> int:
         if signals[0] > 1:
             out("mahout moe: second signal, exiting now")
             raise SystemExit(1)
-        out(f"mahout moe: {signal.Signals(signum).name} received, finishing the running jobs then exiting")
         for loop in loops:
             loop.request_stop()
+        if all(loop.waiting_for_work for loop in loops):  # no job running: nothing to finish
+            out(f"mahout moe: {signal.Signals(signum).name} received while waiting for work, exiting")
+            raise SystemExit(0)
+        out(f"mahout moe: {signal.Signals(signum).name} received, finishing the running jobs then exiting")
 
     threads = [threading.Thread(target=lambda loop=loop: handled.append(loop.run()), name=f"moe-slot-{i}", daemon=True)
                for i, loop in enumerate(loops)]

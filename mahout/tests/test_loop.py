@@ -200,6 +200,27 @@ class HostLoopTests:
         assert "mahout: SIGTERM received, finishing the current job then exiting" in lines
         assert loop.state is LoopState.STOPPED
 
+    def test_waiting_for_work_it_exits_at_once_on_the_first_signal(self, gateway, api, tmp_path):
+        lines: list[str] = []
+        loop = HostLoop(api, {MODEL: FakeRunner(pieces(2))}, fingerprint="f" * 64, home=tmp_path, claim_wait=5.0,
+                        heartbeat_interval=0.05, out=lines.append)
+
+        def terminate_while_claiming() -> None:
+            deadline = time.monotonic() + 5
+            while gateway.state.claims == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.1)  # inside the claim's long-poll: the queue is empty
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=terminate_while_claiming, daemon=True).start()
+        started = time.monotonic()
+        with pytest.raises(SystemExit) as exit_info:
+            loop.run()
+        assert exit_info.value.code == 0 and time.monotonic() - started < 3, "it sat out the 5 s long-poll"
+        assert "mahout: SIGTERM received while waiting for work, exiting" in lines
+        gateway.state.add_job("job-1")  # nothing was taken on the way out
+        assert [job["id"] for job in gateway.state.queue] == ["job-1"]
+
     def test_it_exits_at_once_on_a_second_signal(self, gateway, api, tmp_path):
         class TerminatedTwice(FakeRunner):
             """Signals itself while generating (the handlers run on this, the main, thread):
