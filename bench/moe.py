@@ -48,6 +48,7 @@ Nothing is asserted: the figures go into BENCHMARKS.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -62,6 +63,7 @@ sys.path.insert(0, str(ROOT))
 
 import netsim  # noqa: E402 - bench/ is on the path as the script's own folder
 import torch  # noqa: E402
+from unsealed import unsealed  # noqa: E402 - bench/unsealed.py, beside this script
 
 from engine.moe import LocalExperts, moe_ffn  # noqa: E402
 from engine.moe_loader import load_moe, make_tiny_moe  # noqa: E402
@@ -161,17 +163,15 @@ def bench_seal(tmp: Path, rounds: int) -> None:
     sealed_workers = [start_worker(path, 0, 0, 8), start_worker(path, 0, 8, 8)]
     clear_workers = [start_worker(path, 0, 0, 8, module=clear_module), start_worker(path, 0, 8, 8, module=clear_module)]
     clear_ports = {address[1] for _, address in clear_workers}
-    secure = Link._secure
     admitted = {"sealed": 0, "clear": 0}  # the coordinator's ends of the links, as they were opened
 
-    def secure_unless_clear(link: Link, send_key: bytes, recv_key: bytes) -> None:
-        if link.sock.getpeername()[1] in clear_ports:  # a clear worker's link
-            admitted["clear"] += 1
-        else:
-            admitted["sealed"] += 1
-            secure(link, send_key, recv_key)
+    def clear_worker(link: Link) -> bool:
+        clear = link.sock.getpeername()[1] in clear_ports
+        admitted["clear" if clear else "sealed"] += 1
+        return clear
 
-    Link._secure = secure_unless_clear  # type: ignore[method-assign]
+    in_the_clear = contextlib.ExitStack()
+    in_the_clear.enter_context(unsealed(clear_worker))
     # No batch recomputed here (check share 0): a check's local compute would land in one side's round.
     sides = {"sealed": under_load(local, check_share=0.0), "clear": under_load(local, check_share=0.0)}
     for (name, coordinator), workers in zip(sides.items(), (sealed_workers, clear_workers), strict=True):
@@ -196,7 +196,7 @@ def bench_seal(tmp: Path, rounds: int) -> None:
         print(f"     links opened: {admitted}; dispatch stats (no fallbacks: every batch went remote as "
               f"timed): " + "; ".join(f"{name} {coordinator.stats}" for name, coordinator in sides.items()))
     finally:
-        Link._secure = secure  # type: ignore[method-assign]
+        in_the_clear.close()
         for coordinator in sides.values():
             coordinator.close()
         for process, _ in sealed_workers + clear_workers:

@@ -45,7 +45,6 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,6 +52,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts its OpenMP runtime
 
 import torch  # noqa: E402
+from unsealed import unsealed  # noqa: E402 - bench/unsealed.py, beside this script
 
 from engine.generate import build_stages, generate  # noqa: E402
 from engine.gguf_loader import default_model_path  # noqa: E402
@@ -230,17 +230,6 @@ def sampling_cost(path: Path, prompt_ids: list[int], *, rounds: int, tokens: int
     print("raw: " + ", ".join(f"{k[0]}/{k[1]}={[round(x, 2) for x in v]}" for k, v in m.items()))
 
 
-@contextlib.contextmanager
-def _unsealed_links() -> Iterator[None]:
-    """Links opened meanwhile in this process skip sealing (the bridge's, for 7.'s baseline)."""
-    secure = Link._secure
-    Link._secure = lambda self, send_key, recv_key: None  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        Link._secure = secure  # type: ignore[method-assign]
-
-
 def seal_cost(path: Path, prompts: list[list[int]], *, rounds: int, tokens: int) -> None:
     """7.: the same ring sealed and in the clear, one request and 4 in flight, alternated."""
     limits = Limits(micro_batch=2, row_width=64)
@@ -248,7 +237,7 @@ def seal_cost(path: Path, prompts: list[list[int]], *, rounds: int, tokens: int)
     m: dict[tuple[str, str], list[float]] = {(side, load): [] for side in ("sealed", "clear") for load in ("one", "four")}
     with contextlib.ExitStack() as stack:
         sealed = stack.enter_context(ProcessRing(path, even, limits=limits, threads=1, n_ctx=256))
-        with _unsealed_links():
+        with unsealed():  # the bridge's links too
             clear = stack.enter_context(ProcessRing(path, even, limits=limits, threads=1, n_ctx=256,
                                                     stage_module=("bench.unsealed", "mahout.ring.stage")))
         for ring, sealing in ((sealed, True), (clear, False)):  # what each side's bridge really sends

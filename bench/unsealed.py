@@ -1,24 +1,36 @@
-"""Run an agent's module with its links in the clear, as every link was before issue 32: the
-baseline the benchmarks set sealed links against (`bench/ring.py --seal-only`,
-`bench/moe.py --seal-only`). The handshake still admits each peer; only the frames after it
-go unsealed. Never an agent's entry point.
+"""Links in the clear, as every link was before issue 32: the baseline the benchmarks set
+sealed links against (`bench/ring.py --seal-only`, `bench/moe.py --seal-only`). The handshake
+still admits each peer; only the frames after it go unsealed. Never an agent's entry point.
 
-    python -m bench.unsealed mahout.ring.stage ARGS     # or mahout.moe.worker ARGS
+    python -m bench.unsealed mahout.ring.stage ARGS     # an agent's module, its links in the clear
 """
 from __future__ import annotations
 
+import contextlib
 import runpy
 import sys
+from collections.abc import Callable, Iterator
 
 from mahout import link
 
 
-def unseal() -> None:
-    """Links admitted from now on in this process skip sealing."""
-    link.Link._secure = lambda self, send_key, recv_key: None  # type: ignore[method-assign]
+@contextlib.contextmanager
+def unsealed(clear: Callable[[link.Link], bool] = lambda _link: True) -> Iterator[None]:
+    """Links admitted meanwhile in this process skip sealing where `clear(link)` says so."""
+    secure = link.Link._secure
+
+    def secure_unless_clear(self: link.Link, send_key: bytes, recv_key: bytes) -> None:
+        if not clear(self):
+            secure(self, send_key, recv_key)
+
+    link.Link._secure = secure_unless_clear  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        link.Link._secure = secure  # type: ignore[method-assign]
 
 
 if __name__ == "__main__":
-    unseal()
     module, sys.argv = sys.argv[1], sys.argv[1:]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    with unsealed():
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
