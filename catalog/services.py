@@ -95,7 +95,7 @@ def _entry_create(
 
     Copies are named by the vocabulary, not the file: entries whose files tokenize alike (two
     quantisations of one model, Llama 3.1 8B and 70B) share one copy, so a gateway process loads
-    that vocabulary once for all of them (Llama 3's costs about 55 MB in llama.cpp)."""
+    that vocabulary once for all of them (Llama 3's costs about 36 MB in llama.cpp)."""
     relative = Path(VOCAB_DIR) / f"vocab-{facts.vocabulary_sha256}.gguf"
     spec = f"{GGUF_SPEC}{relative}"
     copy = settings.VAR_DIR / relative
