@@ -84,3 +84,27 @@ def test_the_copy_tokenizes_every_text_as_the_whole_file(family_files: dict[str,
         for special in (False, True):
             assert counted.tokenize(data, add_bos=False, special=special) == \
                 whole.tokenize(data, add_bos=False, special=special), (family, text, special)
+
+
+@pytest.mark.django_db
+def test_copies_written_before_keep_every_merge_until_the_migration_rewrites_them(
+    family_files: dict[str, Path], var_dir: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib
+
+    from django.apps import apps
+
+    from catalog import gguf_file
+    from catalog.services import catalog_model_add
+    from catalog.tokenizer import GGUF_SPEC
+
+    with monkeypatch.context() as before:  # a copy as catalog_add wrote them before: every merge
+        before.setattr(gguf_file, "merges_applicable", list)
+        entry = catalog_model_add(path=family_files["llama3"], name="tiny-llama3", input_price="0.1", output_price="0.4")
+    copy = var_dir / entry.tokenizer.removeprefix(GGUF_SPEC)
+    merges = len(gguf_field(_PlainArrayReader(str(family_files["llama3"])), "tokenizer.ggml.merges"))
+    assert len(gguf_field(_PlainArrayReader(str(copy)), "tokenizer.ggml.merges")) == merges
+
+    migration = importlib.import_module("catalog.migrations.0009_vocabulary_copies_keep_applicable_merges")
+    migration.copies_rewrite(apps, None)
+    assert len(gguf_field(_PlainArrayReader(str(copy)), "tokenizer.ggml.merges")) < merges / 2
