@@ -75,15 +75,18 @@ def test_the_copy_tokenizes_every_text_as_the_whole_file(family_files: dict[str,
     else:  # a trained BPE: each merge made a token, and each one applies
         assert kept_merges == full_merges, (kept_merges, full_merges)
 
+    texts = _texts(gguf_field(_PlainArrayReader(str(path)), "tokenizer.ggml.tokens"), seed=len(family))
     whole = Llama(model_path=str(path), vocab_only=True, verbose=False)
     counted = Llama(model_path=str(copy), vocab_only=True, verbose=False)
-    vocabulary = gguf_field(_PlainArrayReader(str(path)), "tokenizer.ggml.tokens")
-    texts = _texts(vocabulary, seed=len(family))
-    for text in texts:
-        data = text.encode()
-        for special in (False, True):
-            assert counted.tokenize(data, add_bos=False, special=special) == \
-                whole.tokenize(data, add_bos=False, special=special), (family, text, special)
+    try:
+        for text in texts:
+            data = text.encode()
+            for special in (False, True):
+                assert counted.tokenize(data, add_bos=False, special=special) == \
+                    whole.tokenize(data, add_bos=False, special=special), (family, text, special)
+    finally:
+        whole.close()
+        counted.close()
 
 
 @pytest.mark.django_db
