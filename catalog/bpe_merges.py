@@ -55,7 +55,9 @@ def merges_applicable(merges: Sequence[bytes]) -> list[bytes]:
 
 
 def _pair(entry: bytes) -> tuple[bytes, bytes] | None:
-    """llama.cpp's reading of a merge: split at the first space after the first byte."""
+    """llama.cpp's reading of a merge: a C string (it ends at a NUL byte), split at the first
+    space after the first byte."""
+    entry = entry.split(b"\0", 1)[0]
     cut = entry.find(b" ", 1)
     return None if cut < 0 else (entry[:cut], entry[cut + 1:])
 

@@ -1,7 +1,8 @@
 """Rewrite the vocabulary copies entries added before copies kept only the BPE merges llama.cpp
 can apply (`catalog.bpe_merges`): the same counts, less memory in every gateway process (Llama 3's
 50 MB -> 36 MB). An entry whose weights file is no longer where it was added from keeps its copy
-(still exact, only larger). Rows are not touched."""
+(still exact, only larger), and so does one whose file cannot be read or written now: nothing
+on disk stops a migrate. Rows are not touched."""
 from pathlib import Path
 
 from django.conf import settings
@@ -11,7 +12,7 @@ GGUF_SPEC = "gguf:"
 
 
 def copies_rewrite(apps, schema_editor) -> None:  # noqa: ANN001 (Django's migration signature)
-    from catalog.gguf_file import GgufUnreadable, gguf_facts, gguf_vocab_copy
+    from catalog.gguf_file import gguf_facts, gguf_vocab_copy
 
     done: set[Path] = set()
     for tokenizer, weights in apps.get_model("catalog", "CatalogModel").objects.filter(
@@ -22,11 +23,11 @@ def copies_rewrite(apps, schema_editor) -> None:  # noqa: ANN001 (Django's migra
             continue
         try:
             facts = gguf_facts(Path(weights))
-        except (GgufUnreadable, OSError):
+            if copy.name == f"vocab-{facts.vocabulary_sha256}.gguf":  # the copy is this file's vocabulary
+                gguf_vocab_copy(Path(weights), facts, copy)
+                done.add(copy)
+        except Exception:  # noqa: BLE001 (the old copy counts exactly: no file on disk may stop a migrate)
             continue
-        if copy.name == f"vocab-{facts.vocabulary_sha256}.gguf":  # the copy is this file's vocabulary
-            gguf_vocab_copy(Path(weights), facts, copy)
-            done.add(copy)
 
 
 class Migration(migrations.Migration):

@@ -32,6 +32,10 @@ class MergeListTests:
     def test_an_entry_llama_cpp_reads_as_no_pair_is_kept_as_it_is(self) -> None:
         assert merges_applicable([b"nospace", b"a b"]) == [b"nospace", b"a b"]
 
+    def test_an_entry_ends_at_a_nul_byte_as_llama_cpp_reads_it(self) -> None:
+        # llama.cpp reads "a b\0z" as the pair (a, b) at rank 0: the later "a b" is its repeat.
+        assert merges_applicable([b"a b\0z", b"b c", b"a b", b"ab c"]) == [b"a b\0z", b"b c", b"ab c"]
+
     def test_multibyte_characters_are_single_symbols(self) -> None:
         # "é" is two bytes but one starting symbol: a merge inside it could never apply.
         e_acute = "é".encode()
