@@ -24,9 +24,11 @@ Mistral, Gemma; each with its family's real chat template), added as an operator
    host serving the shipped Gemma and one tiny family; streamed chats alternate between the two.
    The gateway's overhead is the customer's time to first token minus the host's own
    (`claimed_at` → `first_token_at` on the job row: the payload's trip, tokenizing, prefill and
-   the first push), i.e. queueing, admission, the claim and the relay.
+   the first push), i.e. queueing, admission, the claim and the relay. `--concurrent C` then sends
+   C customers at once per model (3 streamed chats each, usage included) through the same gateway
+   and host: answers, errors, usage = the billed row's prompt tokens, latency p50/p95.
 
-    .venv/bin/python bench/families.py [--rounds 24] [--ttft-rounds 20] [--ttft-family qwen3]
+    .venv/bin/python bench/families.py [--rounds 24] [--ttft-rounds 20] [--ttft-family qwen3] [--concurrent 20]
 
 Uses a fresh SQLite file (on /dev/shm where there is one) and a fresh VAR_DIR under /tmp (the
 shipped model linked, not copied), removed after a successful run; with DATABASE_URL, that
@@ -366,10 +368,12 @@ def _wait(predicate: Callable[[], object], *, timeout: float, what: str) -> None
     raise RuntimeError(f"timed out waiting for {what}")
 
 
-def ttft_phase(entries: dict, files: dict[str, Path], *, family: str, rounds: int, port: int, tmp: Path) -> dict:
+def ttft_phase(entries: dict, files: dict[str, Path], *, family: str, rounds: int, port: int, tmp: Path,
+               concurrent: int = 0) -> dict:
     """Alternating streamed chats to the shipped Gemma and one tiny family through a real gateway
     and one real mahout host serving both; per model the medians of the customer's time to first
-    token, the host's (claimed → first push) and their difference (the gateway's overhead)."""
+    token, the host's (claimed → first push) and their difference (the gateway's overhead). With
+    `concurrent`, then that many customers at once per model (`_crowd`), under "crowd"."""
     import httpx
 
     from hosts.models import Qualification
@@ -404,6 +408,7 @@ def ttft_phase(entries: dict, files: dict[str, Path], *, family: str, rounds: in
                 for name in names if n % 2 == 0 else reversed(names):
                     time.sleep(0.2)  # the host back in its long-poll
                     rows[name].append(_stream_chat(http, name, 100 + n))
+        crowd = {name: _crowd(server, customer.secret, name, concurrent) for name in names} if concurrent else {}
     finally:
         for proc in (host_proc, gateway):
             if proc is not None and proc.poll() is None:
@@ -412,7 +417,52 @@ def ttft_phase(entries: dict, files: dict[str, Path], *, family: str, rounds: in
                     proc.wait(timeout=15)
                 except subprocess.TimeoutExpired:
                     proc.kill()
-    return {name: _ttft_summary(runs) for name, runs in rows.items()}
+    return {name: {**_ttft_summary(runs), **({"crowd": crowd[name]} if crowd else {})} for name, runs in rows.items()}
+
+
+def _crowd(server: str, secret: str, name: str, customers: int, chats: int = 3) -> dict:
+    """`customers` clients at once, each streaming `chats` chats to `name` (with usage) on its
+    own connection: answers complete, errors, the usage's prompt tokens against the gateway's
+    billed rows, latency quantiles and the wall time."""
+    import concurrent.futures
+
+    import httpx
+
+    from marketplace.models import Request
+
+    def customer(index: int) -> list[tuple[str, float, int | None]]:
+        done = []
+        with httpx.Client(base_url=server, headers={"Authorization": f"Bearer {secret}"}, timeout=120) as http:
+            for n in range(chats):
+                body = {"model": name, "max_tokens": 8, "stream": True, "stream_options": {"include_usage": True},
+                        "messages": [{"role": "user", "content": f"Customer {index}, chat {n}: 象は大きい 🐘 tell me more"}]}
+                began, public_id, usage = time.perf_counter(), None, None
+                try:
+                    with http.stream("POST", "/v1/chat/completions", json=body) as answer:
+                        answer.raise_for_status()
+                        for line in answer.iter_lines():
+                            if line.startswith("data: {"):
+                                chunk = json.loads(line[6:])
+                                public_id = public_id or chunk.get("id")
+                                usage = chunk.get("usage") or usage
+                except httpx.HTTPError as error:
+                    done.append((f"error: {error}", time.perf_counter() - began, None))
+                    continue
+                done.append((public_id or "", time.perf_counter() - began, (usage or {}).get("prompt_tokens")))
+        return done
+
+    began = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(customers) as pool:
+        results = [item for batch in pool.map(customer, range(customers)) for item in batch]
+    wall = time.perf_counter() - began
+    answered = [(public_id, seconds, tokens) for public_id, seconds, tokens in results if not public_id.startswith("error")]
+    billed = dict(Request.objects.filter(public_id__in=[public_id for public_id, _, _ in answered])
+                  .values_list("public_id", "prompt_tokens"))
+    latencies = sorted(seconds for _, seconds, _ in answered)
+    return {"customers": customers, "sent": len(results), "answered": len(answered), "errors": len(results) - len(answered),
+            "usage_equals_billed": sum(1 for public_id, _, tokens in answered if billed.get(public_id) == tokens),
+            "p50_s": statistics.median(latencies) if latencies else None,
+            "p95_s": latencies[int(0.95 * (len(latencies) - 1))] if latencies else None, "wall_s": wall}
 
 
 def _answers(httpx, url: str) -> bool:  # type: ignore[no-untyped-def]
@@ -486,6 +536,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=24, help="interleaved admission rounds")
     parser.add_argument("--ttft-rounds", type=int, default=20, help="streamed chats per model through a real gateway (0: skip)")
     parser.add_argument("--ttft-family", default="qwen3", choices=list(LABELS.values()))
+    parser.add_argument("--concurrent", type=int, default=0,
+                        help="then this many customers at once per model through the same gateway (0: skip)")
     parser.add_argument("--port", type=int, default=8766)
     parser.add_argument("--memory", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -506,7 +558,8 @@ def main() -> None:
     print(f"memory done ({time.monotonic() - started:.0f} s)", flush=True)
     ttft = None
     if args.ttft_rounds:  # before admission's, whose jobs stay queued
-        ttft = ttft_phase(entries, files, family=args.ttft_family, rounds=args.ttft_rounds, port=args.port, tmp=tmp)
+        ttft = ttft_phase(entries, files, family=args.ttft_family, rounds=args.ttft_rounds, port=args.port, tmp=tmp,
+                           concurrent=args.concurrent)
         print(f"first token done ({time.monotonic() - started:.0f} s)", flush=True)
     admission, timed = admission_phase(entries, args.rounds)
     print(f"admission done ({time.monotonic() - started:.0f} s)", flush=True)
@@ -532,6 +585,12 @@ def main() -> None:
                   f"{row['samples']} chats")
         tiny, gemma = (ttft[name]["overhead_ms"] for name in ttft if name != SHIPPED), ttft[SHIPPED]["overhead_ms"]
         print(f"overhead difference, {args.ttft_family} − gemma: {next(tiny) - gemma:+.1f} ms")
+        for name, row in ttft.items():
+            if "crowd" in row:
+                c = row["crowd"]
+                print(f"{c['customers']} customers at once, {name}: {c['answered']}/{c['sent']} answered, {c['errors']} errors, "
+                      f"usage = billed prompt tokens on {c['usage_equals_billed']}, p50 {c['p50_s']:.2f} s, "
+                      f"p95 {c['p95_s']:.2f} s, wall {c['wall_s']:.1f} s")
     for folder in (tmp / "database", tmp):  # kept when the run failed, for its logs
         shutil.rmtree(folder.resolve(), ignore_errors=True)
 
