@@ -54,16 +54,6 @@ def llama_1b(folder: Path) -> Path:
     return quantised
 
 
-def chat_format_of(path: Path):  # type: ignore[no-untyped-def]
-    """The model's chat format, as `catalog_add` reads it from the file."""
-    from catalog.gguf_file import gguf_facts
-    from protocol.rendering import chat_format_read
-
-    facts = gguf_facts(path)
-    return chat_format_read(template=facts.chat_template, bos_token=facts.bos_text, eos_token=facts.eos_text,
-                            adds_bos=True, vocabulary_controls=facts.controls)
-
-
 def measured(path: Path, fmt, args: argparse.Namespace) -> dict:  # type: ignore[no-untyped-def]
     import trust
 
@@ -100,12 +90,12 @@ def main() -> None:
     args = parser.parse_args()
 
     from engine.gguf_loader import default_model_path
-    from testkit.formats import GEMMA
+    from testkit.formats import GEMMA, file_format
 
     started = time.monotonic()
     shapes = {"gemma-3-270m (shipped)": (default_model_path(), GEMMA)}
     one_b = llama_1b(args.folder)
-    shapes["Llama 3.2 1B shape, Q4_K_M"] = (one_b, chat_format_of(one_b))
+    shapes["Llama 3.2 1B shape, Q4_K_M"] = (one_b, file_format(one_b, adds_bos=True))
     print(f"| model | answers (tokens) | generation s | audit ÷ generation, {args.sample} drawn | every token "
           "| audits failed |")
     print("|---|---|---|---|---|---|")

@@ -23,7 +23,6 @@ import argparse
 import random
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -33,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from catalog.gguf_file import gguf_facts, gguf_vocab_copy  # noqa: E402
 from engine.gguf_meta import _PlainArrayReader, gguf_field  # noqa: E402
-from testkit.families import SDIST_MODELS, _sdist_download  # noqa: E402
+from testkit.families import sdist_extract  # noqa: E402
 
 _MEMORY = """
 import ctypes, gc, sys
@@ -53,14 +52,7 @@ print(rss() - before)
 
 def vocabularies(folder: Path) -> Path:
     """Every `ggml-vocab-*` file of the sdist, extracted into `folder / "models"`."""
-    models = folder / "models"
-    with tarfile.open(_sdist_download(folder)) as sdist:
-        for member in sdist.getmembers():
-            inside = member.name.partition(SDIST_MODELS)[2]
-            if inside.startswith("ggml-vocab-") and "/" not in inside:
-                member.name = inside
-                sdist.extract(member, models, filter="data")
-    return models
+    return sdist_extract(folder, lambda inside: inside.startswith("ggml-vocab-") and "/" not in inside)
 
 
 def memory_mb(path: Path, warm: Path) -> float:

@@ -48,7 +48,6 @@ Nothing is asserted: the figures go into BENCHMARKS.md.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import statistics
 import subprocess
@@ -170,38 +169,36 @@ def bench_seal(tmp: Path, rounds: int) -> None:
         admitted["clear" if clear else "sealed"] += 1
         return clear
 
-    in_the_clear = contextlib.ExitStack()
-    in_the_clear.enter_context(unsealed(clear_worker))
-    # No batch recomputed here (check share 0): a check's local compute would land in one side's round.
-    sides = {"sealed": under_load(local, check_share=0.0), "clear": under_load(local, check_share=0.0)}
-    for (name, coordinator), workers in zip(sides.items(), (sealed_workers, clear_workers), strict=True):
-        coordinator.attach(WorkerSpec(f"{name}-a", 0, 0, 8, workers[0][1], secret=SECRET))
-        coordinator.attach(WorkerSpec(f"{name}-b", 0, 8, 8, workers[1][1], secret=SECRET))
-    print(f"\n5. Sealing on expert links: section 1's layer with every expert on 2 workers, links sealed "
-          f"(as agents run) and in the clear (workers from bench/unsealed.py); median ms of {rounds} alternated rounds")
-    print(f"{'T':>4} {'frame KB':>9} {'sealed ms':>10} {'clear ms':>9} {'sealed / clear throughput':>26}")
-    try:
-        for t in ROWS:
-            x = torch.randn(t, config.d_model, generator=torch.Generator().manual_seed(t))  # (T, D)
-            for compute in sides.values():
-                for _ in range(5):
-                    time_layer(compute, layer, config, x)
-            times: dict[str, list[float]] = {name: [] for name in sides}
-            for i in range(rounds):
-                for name in sides if i % 2 == 0 else reversed(sides):
-                    times[name].append(time_layer(sides[name], layer, config, x))
-            ms = {name: statistics.median(values) * 1000 for name, values in times.items()}
-            frame_kb = t * config.n_experts_used // 2 * config.d_model * 4 / 1024  # rows a worker gets, float32
-            print(f"{t:>4} {frame_kb:>9.0f} {ms['sealed']:>10.2f} {ms['clear']:>9.2f} {ms['clear'] / ms['sealed']:>26.3f}")
-        print(f"     links opened: {admitted}; dispatch stats (no fallbacks: every batch went remote as "
-              f"timed): " + "; ".join(f"{name} {coordinator.stats}" for name, coordinator in sides.items()))
-    finally:
-        in_the_clear.close()
-        for coordinator in sides.values():
-            coordinator.close()
-        for process, _ in sealed_workers + clear_workers:
-            process.kill()
-            process.wait()
+    with unsealed(clear_worker):  # the coordinator's links to the clear workers
+        # No batch recomputed here (check share 0): a check's local compute would land in one side's round.
+        sides = {"sealed": under_load(local, check_share=0.0), "clear": under_load(local, check_share=0.0)}
+        for (name, coordinator), workers in zip(sides.items(), (sealed_workers, clear_workers), strict=True):
+            coordinator.attach(WorkerSpec(f"{name}-a", 0, 0, 8, workers[0][1], secret=SECRET))
+            coordinator.attach(WorkerSpec(f"{name}-b", 0, 8, 8, workers[1][1], secret=SECRET))
+        print(f"\n5. Sealing on expert links: section 1's layer with every expert on 2 workers, links sealed "
+              f"(as agents run) and in the clear (workers from bench/unsealed.py); median ms of {rounds} alternated rounds")
+        print(f"{'T':>4} {'frame KB':>9} {'sealed ms':>10} {'clear ms':>9} {'sealed / clear throughput':>26}")
+        try:
+            for t in ROWS:
+                x = torch.randn(t, config.d_model, generator=torch.Generator().manual_seed(t))  # (T, D)
+                for compute in sides.values():
+                    for _ in range(5):
+                        time_layer(compute, layer, config, x)
+                times: dict[str, list[float]] = {name: [] for name in sides}
+                for i in range(rounds):
+                    for name in sides if i % 2 == 0 else reversed(sides):
+                        times[name].append(time_layer(sides[name], layer, config, x))
+                ms = {name: statistics.median(values) * 1000 for name, values in times.items()}
+                frame_kb = t * config.n_experts_used // 2 * config.d_model * 4 / 1024  # rows a worker gets, float32
+                print(f"{t:>4} {frame_kb:>9.0f} {ms['sealed']:>10.2f} {ms['clear']:>9.2f} {ms['clear'] / ms['sealed']:>26.3f}")
+            print(f"     links opened: {admitted}; dispatch stats (no fallbacks: every batch went remote as "
+                  f"timed): " + "; ".join(f"{name} {coordinator.stats}" for name, coordinator in sides.items()))
+        finally:
+            for coordinator in sides.values():
+                coordinator.close()
+            for process, _ in sealed_workers + clear_workers:
+                process.kill()
+                process.wait()
 
 
 # --- 2. saturation through the control plane ---------------------------------------------

@@ -43,18 +43,16 @@ def main() -> None:
 
     import torch
 
-    from catalog.gguf_file import gguf_facts
     from mahout.moe.runner import MoeRunner
-    from protocol.rendering import chat_format_read, chat_fragments
+    from protocol.rendering import chat_fragments
     from testkit.families import sdist_models, tiny_model
+    from testkit.formats import file_format
 
     torch.set_num_threads(1)
     folder = Path(tempfile.mkdtemp(prefix="moe-sampling-"))
     print("building the tiny qwen3moe (the llama-cpp-python sdist's Qwen vocabulary)...", flush=True)
     path = tiny_model("qwen3moe", sdist_models(folder / "sdist"), folder / "qwen3moe.gguf", n_layer=3)
-    facts = gguf_facts(path)
-    fmt = chat_format_read(template=facts.chat_template, bos_token=facts.bos_text, eos_token=facts.eos_text,
-                           adds_bos=False, vocabulary_controls=facts.controls)
+    fmt = file_format(path, adds_bos=False)
     runner = MoeRunner(path, n_slots=1, n_ctx=512)
     messages = [{"role": "user", "content": "Describe an elephant in JSON."}]
     base = {"kind": "chat", "messages": messages, "fragments": [list(f) for f in chat_fragments(fmt, messages)],

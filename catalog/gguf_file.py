@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +29,16 @@ _MERGES = "tokenizer.ggml.merges"
 
 class GgufUnreadable(ValueError):
     """The file is not a GGUF model this catalog can describe; the message says why."""
+
+
+@dataclass(frozen=True)
+class Merges:
+    """A BPE vocabulary's `tokenizer.ggml.merges` entry, where the file holds it."""
+
+    count_at: int  # where the item count starts (the key and types before it stay as they are)
+    end: int  # where the entry ends
+    u64: str  # the count's and each item length's numpy type, in the file's byte order ("<u8")
+    items: tuple[bytes, ...]  # each merge, "left right", in rank order
 
 
 @dataclass(frozen=True)
@@ -52,6 +62,7 @@ class GgufFacts:
     metadata_end: int  # where the header and metadata stop: the vocabulary-only copy is bytes [0, metadata_end)
     alignment: int
     vocabulary_sha256: str  # what tokenizing depends on (see `_vocabulary_sha256`): files that share it count alike
+    merges: Merges | None = field(default=None, repr=False, compare=False)  # None: no BPE merges (SentencePiece, WordPiece)
 
 
 def gguf_facts(path: Path) -> GgufFacts:
@@ -98,6 +109,7 @@ def gguf_facts(path: Path) -> GgufFacts:
         ),
         alignment=int(gguf_field(reader, "general.alignment", GGUF_DEFAULT_ALIGNMENT)),
         vocabulary_sha256=_vocabulary_sha256(reader),
+        merges=_merges(reader.fields.get(_MERGES)),
     )
 
 
@@ -114,6 +126,17 @@ def _vocabulary_sha256(reader: _PlainArrayReader) -> str:
             end = field.offset + sum(part.nbytes for part in field.parts)
             digest.update(key.encode() + b"\0" + reader.data[field.offset:end].tobytes())
     return digest.hexdigest()
+
+
+def _merges(entry: ReaderField | None) -> Merges | None:
+    """An array's parts are: key length, key, value type, item type, item count, then each
+    item's length and bytes (`entry.data` indexes the items' bytes)."""
+    if entry is None:
+        return None
+    parts = entry.parts
+    return Merges(count_at=entry.offset + sum(part.nbytes for part in parts[:4]),
+                  end=entry.offset + sum(part.nbytes for part in parts), u64=parts[4].dtype.str,
+                  items=tuple(parts[index].tobytes() for index in entry.data))
 
 
 def _token_text(texts: list[str], token: int | None) -> str:
@@ -133,16 +156,14 @@ def _quantization(file_type: int | None) -> str:
 
 def gguf_vocab_copy(path: Path, facts: GgufFacts, dest: Path) -> None:
     """Write `dest`: the file's header and metadata, byte for byte, declaring no tensors, with
-    `tokenizer.ggml.merges` cut to the merges llama.cpp can apply (Llama 3's 280,147 to 128k,
+    `tokenizer.ggml.merges` cut to the merges llama.cpp can apply (Llama 3's 280,147 to 127,156,
     about a third of what its vocabulary costs a gateway process in memory).
 
     Written beside `dest` and renamed into place, so a reader never sees half a copy."""
     with path.open("rb") as file:
         metadata = bytearray(file.read(facts.metadata_end))
-    merges = _PlainArrayReader(str(path)).fields.get(_MERGES)
-    if merges is not None:
-        end = merges.offset + sum(part.nbytes for part in merges.parts)
-        metadata[merges.offset:end] = _merges_field(merges)
+    if facts.merges is not None:
+        metadata[facts.merges.count_at:facts.merges.end] = _merges_encoded(facts.merges)
     metadata[_TENSOR_COUNT] = bytes(8)  # zero tensors: the same 0 in either byte order
     metadata += bytes(-len(metadata) % facts.alignment)  # the (empty) data section starts aligned
     partial = dest.with_name(f".{dest.name}.partial")
@@ -153,13 +174,9 @@ def gguf_vocab_copy(path: Path, facts: GgufFacts, dest: Path) -> None:
         partial.unlink(missing_ok=True)
 
 
-def _merges_field(field: ReaderField) -> bytes:
-    """The merges' key/value entry as the file encodes it (its byte order), holding only the
-    merges llama.cpp can apply. An array's parts are: key length, key, value type, item type,
-    item count, then each item's length and bytes (`field.data` indexes the items' bytes)."""
-    parts = field.parts
-    kept = merges_applicable([parts[index].tobytes() for index in field.data])
-    length_type = parts[4].dtype  # each item's length is a u64 like the count, in the file's byte order
-    items = b"".join(np.array([len(item)], dtype=length_type).tobytes() + item for item in kept)
-    head = b"".join(part.tobytes() for part in parts[:4])
-    return head + np.array([len(kept)], dtype=parts[4].dtype).tobytes() + items
+def _merges_encoded(merges: Merges) -> bytes:
+    """The entry's item count and items as the file encodes them, holding only the merges
+    llama.cpp can apply."""
+    kept = merges_applicable(merges.items)
+    u64 = np.dtype(merges.u64)
+    return np.array([len(kept)], u64).tobytes() + b"".join(np.array([len(item)], u64).tobytes() + item for item in kept)

@@ -25,6 +25,7 @@ import struct
 import subprocess
 import sys
 import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -114,18 +115,25 @@ def sdist_models(folder: Path) -> Path:
     for filled in (models, *_FETCHED):
         if all((filled / name).is_file() for name in wanted):
             return filled
-    folder.mkdir(parents=True, exist_ok=True)
-    archive = _sdist_download(folder)
-    with tarfile.open(archive) as sdist:
-        for member in sdist.getmembers():
-            inside = member.name.partition(SDIST_MODELS)[2]
-            if inside in wanted:
-                member.name = inside
-                sdist.extract(member, models, filter="data")
+    sdist_extract(folder, wanted.__contains__)
     missing = sorted(name for name in wanted if not (models / name).is_file())
     if missing:
         raise FileNotFoundError(f"the {LLAMA_CPP_SDIST} sdist has no {', '.join(missing)} under {SDIST_MODELS}")
     _FETCHED.append(models)
+    return models
+
+
+def sdist_extract(folder: Path, keep: Callable[[str], bool]) -> Path:
+    """Fetch the sdist with pip into `folder` and extract the files of its models folder whose
+    paths inside it `keep` accepts, into `folder / "models"` (returned), in the sdist's layout."""
+    folder.mkdir(parents=True, exist_ok=True)
+    models = folder / "models"
+    with tarfile.open(_sdist_download(folder)) as sdist:
+        for member in sdist.getmembers():
+            inside = member.name.partition(SDIST_MODELS)[2]
+            if inside and keep(inside):
+                member.name = inside
+                sdist.extract(member, models, filter="data")
     return models
 
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from catalog.gguf_file import gguf_facts
 from mahout.moe.runner import MoeRunner, MoeSlot
 from mahout.runners import RequestRejected
 from mahout.verify import Verifier
-from protocol.rendering import ChatFormat, chat_format_read, chat_fragments
+from protocol.rendering import ChatFormat, chat_fragments
+from testkit.formats import file_format
 
 N_CTX = 256
 
@@ -38,9 +38,7 @@ def verifier(qwen3moe_file: Path) -> Generator[Verifier, None, None]:
 
 @pytest.fixture(scope="module")
 def fmt(qwen3moe_file: Path) -> ChatFormat:
-    facts = gguf_facts(qwen3moe_file)
-    return chat_format_read(template=facts.chat_template, bos_token=facts.bos_text, eos_token=facts.eos_text,
-                            adds_bos=False, vocabulary_controls=facts.controls)
+    return file_format(qwen3moe_file, adds_bos=False)
 
 
 def job(fmt: ChatFormat, ask: str, *, temperature: float, seed: int, stop: list[str] | None = None,

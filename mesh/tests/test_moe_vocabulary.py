@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from catalog.gguf_file import gguf_facts
 from catalog.tokenizer import GgufTokenizer
 from mahout.moe.runner import MoeRunner
-from protocol.rendering import ChatFormat, chat_format_read, chat_fragments
+from protocol.rendering import ChatFormat, chat_fragments
+from testkit.formats import file_format
 
 if TYPE_CHECKING:
     from catalog.models import CatalogModel
@@ -32,9 +32,7 @@ def runner(qwen3moe_file: Path) -> Generator[MoeRunner, None, None]:
 @pytest.fixture(scope="module")
 def fmt(qwen3moe_file: Path) -> ChatFormat:
     """How the gateway renders a chat for the file (Qwen's template and control tokens)."""
-    facts = gguf_facts(qwen3moe_file)
-    return chat_format_read(template=facts.chat_template, bos_token=facts.bos_text, eos_token=facts.eos_text,
-                            adds_bos=False, vocabulary_controls=facts.controls)
+    return file_format(qwen3moe_file, adds_bos=False)
 
 
 def _job(fmt: ChatFormat) -> dict:
