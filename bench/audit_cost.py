@@ -13,7 +13,14 @@ by a host's runner (`LlamaRunner`, the specified sampler); each is audited by th
 every token. Printed: the audit seconds ÷ the generation seconds, summed over the answers, and
 any audit that failed (an honest answer: 0 expected).
 
+On a machine with a GPU (`bench/gpu_check.sh` runs it so), `--gpu-layers N` offloads N layers
+of the host's runner and of the verifier alike (999: every layer), as a GPU host and a GPU
+scorer run; each answer is then also audited by a verifier on the CPU (every token), and its
+failures are printed apart: honest answers that a machine of the other kind would fail.
+`--models shipped` skips the 1B file (it needs the sdist's vocabulary, which pip fetches).
+
     .venv/bin/python bench/audit_cost.py [--answers 3] [--tokens 256] [--sample 16] [--folder /tmp/audit-cost]
+                                         [--gpu-layers 0] [--models shipped,1b]
 
 Fetches the llama-cpp-python sdist (the vocabulary and template) with pip, as the tests do.
 Asserts nothing.
@@ -61,10 +68,11 @@ def measured(path: Path, fmt, args: argparse.Namespace) -> dict:  # type: ignore
     from mahout.verify import Verifier
     from testkit.formats import rendered
 
-    runner = LlamaRunner(path, threads=1, n_ctx=2048)
-    verifier = Verifier(path, threads=1, n_ctx=2048)
+    runner = LlamaRunner(path, threads=1, n_ctx=2048, gpu_layers=args.gpu_layers)
+    verifier = Verifier(path, threads=1, n_ctx=2048, gpu_layers=args.gpu_layers)
+    on_cpu = Verifier(path, threads=1, n_ctx=2048) if args.gpu_layers else None  # the other kind of machine
     spent = {"generation": 0.0, "sampled": 0.0, "every": 0.0}
-    tokens = failed = 0
+    tokens = failed = failed_on_cpu = 0
     try:
         for index in range(args.answers):
             job = trust.job_for(index, max_tokens=args.tokens, temperature=0.7, top_p=1.0)
@@ -76,9 +84,13 @@ def measured(path: Path, fmt, args: argparse.Namespace) -> dict:  # type: ignore
                 audit, seconds = trust.audited(verifier, job, answer, sample=sample)
                 spent[name] += seconds
                 failed += bool(audit.reason)
+            if on_cpu is not None:
+                failed_on_cpu += bool(trust.audited(on_cpu, job, answer)[0].reason)
     finally:
         verifier.close()
-    return {**spent, "tokens": tokens, "failed": failed}
+        if on_cpu is not None:
+            on_cpu.close()
+    return {**spent, "tokens": tokens, "failed": failed, "failed_on_cpu": failed_on_cpu if on_cpu else None}
 
 
 def main() -> None:
@@ -87,23 +99,35 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256, help="max_tokens of each answer")
     parser.add_argument("--sample", type=int, default=16, help="tokens a sampled audit draws (AUDIT_TOKENS)")
     parser.add_argument("--folder", type=Path, default=Path("/tmp/audit-cost"), help="where the 1B-shaped file is kept")
+    parser.add_argument("--gpu-layers", type=int, default=0,
+                        help="layers the host's runner and the verifier offload to a GPU (999: all; 0: the CPU)")
+    parser.add_argument("--models", default="shipped,1b", help="which: shipped, 1b, or both (comma-separated)")
     args = parser.parse_args()
+    models = set(args.models.split(","))
+    if not models or models - {"shipped", "1b"}:
+        parser.error(f"--models takes shipped, 1b or both, not {args.models!r}")
 
-    from engine.gguf_loader import default_model_path
+    from mahout.model_files import shipped_model_source_path  # (not the engine's: a GPU check's venv may lack torch)
     from testkit.formats import GEMMA, file_format
 
     started = time.monotonic()
-    shapes = {"gemma-3-270m (shipped)": (default_model_path(), GEMMA)}
-    one_b = llama_1b(args.folder)
-    shapes["Llama 3.2 1B shape, Q4_K_M"] = (one_b, file_format(one_b, adds_bos=True))
+    shapes = {}
+    if "shipped" in models:
+        shapes["gemma-3-270m (shipped)"] = (shipped_model_source_path(), GEMMA)
+    if "1b" in models:
+        one_b = llama_1b(args.folder)
+        shapes["Llama 3.2 1B shape, Q4_K_M"] = (one_b, file_format(one_b, adds_bos=True))
+    where = f"{args.gpu_layers} layers on the GPU" if args.gpu_layers else "the CPU"
+    print(f"host and verifier on {where}, one thread each")
+    cross = " | failed by a CPU verifier, every token" if args.gpu_layers else ""
     print(f"| model | answers (tokens) | generation s | audit ÷ generation, {args.sample} drawn | every token "
-          "| audits failed |")
-    print("|---|---|---|---|---|---|")
+          f"| audits failed{cross} |")
+    print("|---|---|---|---|---|---|" + ("---|" if cross else ""))
     for name, (path, fmt) in shapes.items():
         row = measured(Path(path), fmt, args)
         print(f"| {name} | {args.answers} ({row['tokens']}) | {row['generation']:.1f} "
-              f"| {row['sampled'] / row['generation']:.3f} | {row['every'] / row['generation']:.3f} | {row['failed']} |",
-              flush=True)
+              f"| {row['sampled'] / row['generation']:.3f} | {row['every'] / row['generation']:.3f} | {row['failed']} |"
+              + (f" {row['failed_on_cpu']} |" if cross else ""), flush=True)
     print(f"\n{time.monotonic() - started:.0f} s")
 
 

@@ -6,8 +6,10 @@
 # CUDA, and prints the figures and their ratios as JSON (bench/gpu_check.py); then each
 # architecture's engine on CUDA against llama.cpp (bench/engine_families.py --device cuda:
 # gemma3, llama, qwen2, qwen3, qwen3moe and Mixtral at the shipped model's shape, their real
-# vocabularies from the llama-cpp-python sdist). About 5-7 minutes on 16 cores for the first
-# part: most of it is compiling llama.cpp's CUDA kernels for this GPU only.
+# vocabularies from the llama-cpp-python sdist). Between them, an audit's cost against the
+# generation it checks with host and verifier on the GPU (bench/audit_cost.py --gpu-layers),
+# each answer audited on the CPU too. About 5-7 minutes on 16 cores for the first part: most
+# of it is compiling llama.cpp's CUDA kernels for this GPU only.
 #
 # Offline machines: point pip at a wheelhouse, e.g. PIP_ARGS="--no-index --find-links /wheels"
 # (it must hold the llama-cpp-python sdist and, for the engine, a CUDA torch wheel); for the
@@ -36,6 +38,10 @@ echo "gpu_check: installing torch for the engine (a CUDA build: PyPI's default o
 "$VENV/bin/pip" install -q $PIP_ARGS torch || echo "gpu_check: no torch: the engine part is skipped"
 echo "gpu_check: set up in $((SECONDS - started)) s; measuring"
 "$VENV/bin/python" bench/gpu_check.py
+echo "gpu_check: an audit's cost on the GPU (issue 29), and the same answers audited on the CPU"
+# GPU_AUDIT_MODELS=shipped,1b adds the dense 1B shape: it fetches the sdist's vocabulary with pip.
+"$VENV/bin/python" bench/audit_cost.py --gpu-layers 999 --answers "${GPU_AUDIT_ANSWERS:-4}" \
+  --models "${GPU_AUDIT_MODELS:-shipped}" || echo "gpu_check: the audit-cost part failed"
 echo "gpu_check: each architecture's engine on CUDA against llama.cpp on one CPU thread"
 if "$VENV/bin/python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
   "$VENV/bin/python" bench/engine_families.py --device cuda --size mid --rounds "${GPU_ROUNDS:-3}" --no-shipped

@@ -179,15 +179,18 @@ class _Answer:
 
 
 class Verifier:
-    """The shipped model (or any GGUF) loaded once, as hosts load it, to audit answers; or
-    (``llm``) a model a runner loaded already, borrowed and never closed here (`mahout.scoring`)."""
+    """The shipped model (or any GGUF) loaded once, as hosts load it, to audit answers
+    (``gpu_layers`` of its layers on a GPU, as a host offloads them); or (``llm``) a model a
+    runner loaded already, borrowed and never closed here (`mahout.scoring`)."""
 
     def __init__(self, model_path: str | Path | None, *, threads: int, n_ctx: int = 4096, llm: Llama | None = None,
-                 tolerance: float = TOLERANCE, tie_gap: float = TIE_GAP, logprob_tolerance: float = LOGPROB_TOLERANCE) -> None:
+                 tolerance: float = TOLERANCE, tie_gap: float = TIE_GAP, logprob_tolerance: float = LOGPROB_TOLERANCE,
+                 gpu_layers: int = 0) -> None:
         import llama_cpp
 
         self._lib = llama_cpp
-        self._llm: Llama = llm if llm is not None else load_llama(model_path, n_ctx=n_ctx, threads=threads)
+        self._llm: Llama = (llm if llm is not None
+                            else load_llama(model_path, n_ctx=n_ctx, threads=threads, gpu_layers=gpu_layers))
         self._owns_llm = llm is None
         self._prompt = PromptTokenizer(self._llm)
         self.n_ctx, self.n_vocab = n_ctx, self._llm.n_vocab()
