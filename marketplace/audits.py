@@ -69,6 +69,7 @@ The prompt, text and tokens are deleted when the audit is decided, as for every 
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import hmac
 import logging
@@ -170,6 +171,15 @@ def scorers_exist(*, model_id: int, besides: Host) -> bool:
 # --- scoring (on the Celery workers) --------------------------------------------------------
 
 _verifiers: dict[str, object] = {}
+
+
+@atexit.register
+def _verifiers_close() -> None:
+    """Close the cached models before the interpreter tears llama.cpp's bindings down (else
+    each one's finaliser fails then, printing "Exception ignored")."""
+    for verifier in _verifiers.values():
+        verifier.close()  # type: ignore[attr-defined]
+    _verifiers.clear()
 
 
 def _verifier(path: str) -> object:

@@ -23,6 +23,7 @@ customers' jobs are and judged by its audit alone (`_canary_drawn`); otherwise n
 """
 from __future__ import annotations
 
+import atexit
 import json
 import random
 import secrets
@@ -379,6 +380,15 @@ def canary_decide(*, check: CanaryCheck, host: Host, reason: str | None, was: st
 
 
 _scorer_cache: dict[str, object] = {}
+
+
+@atexit.register
+def _scorers_close() -> None:
+    """Close the cached model before the interpreter tears llama.cpp's bindings down (else its
+    finaliser fails then, printing "Exception ignored")."""
+    for llm in _scorer_cache.values():
+        llm.close()  # type: ignore[attr-defined]
+    _scorer_cache.clear()
 
 
 def _scorer(gguf: str) -> object:
