@@ -22,6 +22,7 @@ from catalog.tokenizer import tokenizer_for
 from core.db import ChainMissed, Step, chain_run, insert_step
 from core.errors import DomainError
 from core.events import announce_on_commit, host_group, queue_group, request_group
+from hosts.selectors import warm_host_counts
 from marketplace import routing
 from marketplace.lifecycle.errors import HostFailed, QueueTimeout
 from marketplace.lifecycle.transitions import request_fail
@@ -188,11 +189,26 @@ def request_expire_unclaimed(*, request_id: int) -> bool:
     wait = f"{settings.QUEUE_TIMEOUT_SECONDS:g} seconds"
     before = Job.objects.filter(request_id=request_id, attempt=job.attempt, requeue=job.requeue - 1).values_list(
         "fail_reason", flat=True).first()
+    request = Request.objects.select_related("model").get(pk=request_id)
     if job.attempt > 1 or (job.requeue > 0 and before != "not claimed in time"):  # (a fallback's queue is a queue)
         code, message = HostFailed.code, f"The host serving this request failed and no other host took over within {wait}; nothing was billed."
     else:
-        code, message = QueueTimeout.code, f"No host claimed this request within {wait}; nothing was billed."
-    return request_fail(request=Request.objects.get(pk=request_id), code=code, message=message)
+        code = QueueTimeout.code
+        message = f"No host claimed this request within {wait}; nothing was billed. " + _nobody_claimed_why(
+            model=request.model, trusted_only=job.trusted_only)
+    return request_fail(request=request, code=code, message=message)
+
+
+def _nobody_claimed_why(*, model: CatalogModel, trusted_only: bool) -> str:
+    """Why a request of `model` was not claimed, as its caller reads it: no host serving the
+    model is online (waiting will not help), or those online were busy (trying again may)."""
+    online = warm_host_counts().get(model.pk, {}).get("online", 0)
+    if not online:
+        return f"No host that serves {model.name} is online now; GET /v1/models lists the models being served."
+    hosts_online = f"{online} host{'s' if online > 1 else ''} serving {model.name} {'are' if online > 1 else 'is'} online"
+    if trusted_only:
+        return f"{hosts_online}, but this request takes trusted hosts only and none of those was free; try again shortly."
+    return f"{hosts_online} and {'all were' if online > 1 else 'it was'} busy; try again shortly."
 
 
 def request_reroute(*, request_id: int, requeue: int, trusted_only: bool = False) -> bool:

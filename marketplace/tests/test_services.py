@@ -15,6 +15,7 @@ from conftest import make_customer, make_host
 from hosts.models import Host
 from marketplace import services
 from marketplace.models import Job, Request
+from testkit.personas import present
 from testkit.requests import CHAT, submit_request
 
 if TYPE_CHECKING:
@@ -242,6 +243,28 @@ class WatchdogTests:
         request.refresh_from_db()
         assert (request.status, request.error_code) == ("failed", "queue_timeout")
         assert ledger.customer_account(user=customer.user).held_ucents == 0
+        assert request.error_message == ("No host claimed this request within 5 seconds; nothing was billed. No host that "
+                                         "serves gemma-3-270m is online now; GET /v1/models lists the models being served.")
+
+    def test_a_queue_timeout_says_whether_hosts_were_online_but_busy(self, customer, serving_host, catalog, settings) -> None:
+        settings.QUEUE_TIMEOUT_SECONDS = 5
+        present(serving_host)  # online (a fresh heartbeat), and it claims nothing
+        request = submit(customer, catalog)
+        Job.objects.update(created_at=timezone.now() - timedelta(seconds=6))
+        assert services.unclaimed_request_expire_one() is True
+        request.refresh_from_db()
+        assert request.error_code == "queue_timeout"
+        assert request.error_message.endswith("1 host serving gemma-3-270m is online and it was busy; try again shortly.")
+
+    def test_a_trusted_only_queue_timeout_says_so(self, customer, serving_host, catalog, settings) -> None:
+        settings.QUEUE_TIMEOUT_SECONDS = 5
+        present(serving_host)  # online (a fresh heartbeat), and it claims nothing
+        request = submit(customer, catalog)
+        Job.objects.update(created_at=timezone.now() - timedelta(seconds=6), trusted_only=True)
+        assert services.unclaimed_request_expire_one() is True
+        request.refresh_from_db()
+        assert request.error_message.endswith("but this request takes trusted hosts only and none of those was free; "
+                                              "try again shortly.")
 
     def test_a_claim_that_wins_the_race_is_not_expired(self, customer, serving_host, catalog) -> None:
         request, _ = claimed(customer, serving_host, catalog)
