@@ -61,20 +61,12 @@ def write_q5_as_q8(source: Path, target: Path) -> int:
     from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 
     reader = GGUFReader(source)
-    arch = reader.fields["general.architecture"]
-    writer = GGUFWriter(target, arch=bytes(arch.parts[arch.data[0]]).decode(), endianess=reader.endianess)
+    writer = GGUFWriter(target, arch=reader.fields["general.architecture"].contents(), endianess=reader.endianess)
     for name, entry in reader.fields.items():
         if name.startswith("GGUF.") or name == "general.architecture":
             continue
         kind = entry.types[0]
-        if kind == GGUFValueType.ARRAY:
-            item = entry.types[-1]
-            values = [bytes(entry.parts[i]) if item == GGUFValueType.STRING else entry.parts[i].tolist()[0] for i in entry.data]
-            writer.add_key_value(name, values, kind, sub_type=item)
-        elif kind == GGUFValueType.STRING:
-            writer.add_key_value(name, bytes(entry.parts[entry.data[0]]), kind)
-        else:
-            writer.add_key_value(name, entry.parts[entry.data[0]].tolist()[0], kind)
+        writer.add_key_value(name, entry.contents(), kind, sub_type=entry.types[-1] if kind == GGUFValueType.ARRAY else None)
     recoded = 0
     for tensor in reader.tensors:
         data = np.asarray(tensor.data)

@@ -89,13 +89,14 @@ def warm_model_ids(*, host: Host, model_ids: list[int], now: datetime | None = N
     return [model_id for model_id in model_ids if host.warm_for(names.get(model_id, ""), now)]
 
 
-def warm_host_counts(*, now: datetime | None = None) -> dict[int, dict[str, int]]:
+def warm_host_counts(*, now: datetime | None = None, model_id: int | None = None) -> dict[int, dict[str, int]]:
     """Per catalog model id: hosts online and qualified, and how many of them are warm
-    (or possibly warm)."""
+    (or possibly warm); with `model_id`, that model's alone."""
     now = now or timezone.now()
     online = Host.objects.online(now)
+    qualified = Qualification.objects.filter(host__in=online, model__active=True)
     rows = (
-        Qualification.objects.filter(host__in=online, model__active=True)
+        (qualified if model_id is None else qualified.filter(model_id=model_id))
         .values_list("model_id", "model__name", "host_id", "host__catalog", "host__catalog_at")
         .distinct()
     )

@@ -202,7 +202,7 @@ def request_expire_unclaimed(*, request_id: int) -> bool:
 def _nobody_claimed_why(*, model: CatalogModel, trusted_only: bool) -> str:
     """Why a request of `model` was not claimed, as its caller reads it: no host serving the
     model is online (waiting will not help), or those online were busy (trying again may)."""
-    online = warm_host_counts().get(model.pk, {}).get("online", 0)
+    online = warm_host_counts(model_id=model.pk).get(model.pk, {}).get("online", 0)
     if not online:
         return f"No host that serves {model.name} is online now; GET /v1/models lists the models being served."
     hosts_online = f"{online} host{'s' if online > 1 else ''} serving {model.name} {'are' if online > 1 else 'is'} online"
