@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.urls import include, path, re_path
-from django.views.defaults import page_not_found
+from django.views.defaults import bad_request, page_not_found
 from django.views.generic import RedirectView
 from drf_spectacular.renderers import OpenApiJsonRenderer, OpenApiJsonRenderer2, OpenApiYamlRenderer, OpenApiYamlRenderer2
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
@@ -46,3 +46,16 @@ def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
 
 
 handler404 = not_found
+
+
+def refused(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """A request Django itself refuses before any view (a Host header it does not serve, or one
+    that is no host name at all): on an API path in the API's error format, like every other
+    refusal; on a page, with the site's page."""
+    if request.path.startswith(API_PATHS):
+        return ApiError(400, "The request was refused before any view read it (its Host header is not one this "
+                             "gateway serves, or is malformed).", code="bad_request").response()
+    return bad_request(request, exception)
+
+
+handler400 = refused

@@ -82,6 +82,14 @@ class BadInputTests:
         assert response.status_code == 404
         assert error_of(response)["code"] == "not_found"
 
+    @pytest.mark.parametrize("host", ["^?0", "evil.example.com"])
+    def test_a_host_header_django_refuses_is_a_400_in_the_api_format_on_an_api_path(self, host) -> None:
+        response = Client().get("/api/expert-demand", HTTP_HOST=host)  # the fuzzer's find: an HTML 400 before
+        assert response.status_code == 400
+        assert error_of(response)["code"] == "bad_request"
+        page = Client().get("/", HTTP_HOST=host)
+        assert page.status_code == 400 and page["Content-Type"].startswith("text/html")
+
     def test_a_page_that_names_nothing_is_still_the_sites_page(self) -> None:
         response = Client().get("/no-such-page/")
         assert response.status_code == 404 and response["Content-Type"].startswith("text/html")
