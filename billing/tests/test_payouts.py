@@ -12,6 +12,7 @@ from billing import selectors, services
 from billing.errors import InvalidAmount, PaymentProviderError, PayoutRefused
 from billing.models import Account, LedgerTransaction, Payout, PayoutProfile
 from conftest import make_customer, make_host
+from testkit.evidence import drawn
 
 if TYPE_CHECKING:
     from hosts.models import Host
@@ -146,7 +147,7 @@ class HostBillingApiTests:
         request = submit_request(customer, catalog, max_tokens=5, prompt_tokens=3)
         job = market.job_claim_next(host=serving.host, fingerprint=serving.fingerprint)
         market.job_push_tokens(host=serving.host, job_id=job.pk, seq=0, text="Hello there")
-        done = market.job_complete(host=serving.host, job_id=job.pk, finish_reason="stop")
+        done = market.job_complete(host=serving.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk))
         response = Client().get("/billing/api/host/statement", HTTP_AUTHORIZATION=f"Bearer {serving.token}")
         assert response.status_code == 200
         body = response.json()

@@ -18,6 +18,18 @@ class BadResult(DomainError):
     code = "invalid_result"
 
 
+class CompletionRefused(BadResult):
+    """The completion is no evidence of its answer (`marketplace.lifecycle.evidence`): the
+    attempt ends as the host's failure, nothing paid; `proven`: no honest draw could be it."""
+
+    status = 422
+    code = "completion_refused"
+
+    def __init__(self, message: str, *, proven: bool = False) -> None:
+        super().__init__(message)
+        self.proven = proven
+
+
 class HostRefused(DomainError):
     """The host may not do this (paused, not qualified, not its job)."""
 

@@ -16,14 +16,16 @@ from core.events import announce_on_commit, request_group
 from hosts.models import Host
 from hosts.services import host_ban
 from marketplace.audits import audit_scorer_restarted
+from marketplace.lifecycle import settlement
 from marketplace.lifecycle.answers import answer_of, completion_tokens_counted, finish_reason_checked
 from marketplace.lifecycle.claims import locked_job_of
-from marketplace.lifecycle.errors import HostFailed, RequestNotRunnable
+from marketplace.lifecycle.errors import CompletionRefused, HostFailed, RequestNotRunnable
 from marketplace.lifecycle.queueing import job_queue
-from marketplace.lifecycle.settlement import settle_without_host
+from marketplace.lifecycle.settlement import Completion, settle_without_host
 from marketplace.lifecycle.transitions import request_fail
 from marketplace.models import Job, Request
 from marketplace.reputation import host_rest_if_unreliable
+from marketplace.ring_inquiries import host_blame
 
 MAX_ATTEMPTS = 2  # the first attempt, and once per request a continuation (never requeued)
 
@@ -37,6 +39,24 @@ def job_fail(*, host: Host, job_id: int, reason: str, cause: str = "host") -> st
     see `attempt_end_dead`)."""
     locked_job_of(host=host, job_id=job_id)
     return attempt_end_dead(job_id=job_id, reason=reason, cause=cause)
+
+
+def job_complete(
+    *, host: Host, job_id: int, finish_reason: str, embeddings: list | None = None, token_ids: list[int] | None = None,
+) -> Completion:
+    """A host's completion (`settlement.job_complete`). One that is no evidence of its answer
+    (`marketplace.lifecycle.evidence`) ends the attempt as the host's failure, as if it had
+    given the job up: requeued before its first token, continued after it, nothing paid; one
+    no honest draw could be also puts its host in maintenance with the evidence. The host is
+    told why (`CompletionRefused`)."""
+    try:
+        return settlement.job_complete(host=host, job_id=job_id, finish_reason=finish_reason, embeddings=embeddings,
+                                       token_ids=token_ids)
+    except CompletionRefused as refused:
+        job_fail(host=host, job_id=job_id, reason=refused.message[:500], cause="host")
+        if refused.proven:
+            host_blame(host=host, why=f"Failed verification at completion: {refused.message}"[:500])
+        raise
 
 
 # Our words, not a host's: a host's own failure text (kept in Job.fail_reason for operators)

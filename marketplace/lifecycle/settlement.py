@@ -28,14 +28,15 @@ from marketplace.lifecycle.answers import (
 from marketplace.lifecycle.claims import check_running, job_payload
 from marketplace.lifecycle.errors import (
     BadResult,
-    InvalidStructuredOutput,
+    CompletionRefused,
     JobNotRunning,
     LogprobsMissing,
 )
+from marketplace.lifecycle.evidence import completion_checked
 from marketplace.lifecycle.transitions import request_fail, request_settled
 from marketplace.models import Job, Request, StageShare, TextChunk
 from marketplace.reputation import blame_corrected, host_rest_if_unreliable
-from marketplace.structured import answer_problem, answer_problem_ahead
+from marketplace.structured import answer_problem, answer_problem_ahead, answer_refusal
 from mesh.rings.models import RingPlan
 from mesh.rings.selectors import ring_layers
 
@@ -49,16 +50,32 @@ class Completion:
 def job_complete(
     *, host: Host, job_id: int, finish_reason: str, embeddings: list | None = None, token_ids: list[int] | None = None,
 ) -> Completion:
-    """`job_settle`, with a structured answer checked first, before any lock is taken."""
+    """`job_settle`, with a structured answer and the completion's evidence
+    (`marketplace.lifecycle.evidence`) checked first, before any lock is taken. Raises
+    `CompletionRefused` for a completion that is no evidence of its answer: the caller
+    (`failover.job_complete`) ends the attempt then."""
     request = Request.objects.filter(jobs__pk=job_id, jobs__host=host).only("pk", "params").first()
     if request is not None and embeddings is None and request.params.get("response_format"):
         answer_problem_ahead(request.params["response_format"], answer_of(request, request.delivered_text)[0])
-    return job_settle(host=host, job_id=job_id, finish_reason=finish_reason, embeddings=embeddings, token_ids=token_ids)
+    job = (Job.objects.select_related("request__model", "model").filter(pk=job_id, host=host, status=Job.Status.RUNNING).first()
+           if embeddings is None else None)
+    checked, audit = None, False
+    if job is not None and job.request.kind != Request.Kind.EMBEDDINGS:
+        checked = own_text(job.request.delivered_text, job=job)
+        verdict = completion_checked(request=job.request, job=job, own_text=checked, token_ids=token_ids,
+                                     finish_reason=finish_reason, payload=job_payload(job))
+        if verdict.refusal is not None:
+            raise CompletionRefused(f"Job {job_id}'s completion was refused: {verdict.refusal.reason}; nothing was paid.",
+                                    proven=verdict.refusal.proven)
+        audit = verdict.audit
+    return job_settle(host=host, job_id=job_id, finish_reason=finish_reason, embeddings=embeddings, token_ids=token_ids,
+                      checked_text=checked, audit=audit)
 
 
 @transaction.atomic
 def job_settle(
     *, host: Host, job_id: int, finish_reason: str, embeddings: list | None = None, token_ids: list[int] | None = None,
+    checked_text: str | None = None, audit: bool = False,
 ) -> Completion:
     """Settle the request: bill the counted tokens, pay the host 80%, delete the prompt.
 
@@ -67,7 +84,10 @@ def job_settle(
     completed (its answer was lost) returns the same result and changes nothing. The
     ledger posting comes last so the customer's hot balance row is locked only until
     the commit. A job chosen for an audit (`marketplace.audits`) pays its host's share into
-    the audit escrow and keeps `token_ids` (what the host says it generated) for the audit.
+    the audit escrow and keeps `token_ids` (what the host says it generated) for the audit;
+    `audit` chooses it always (its evidence needs weights the gateway lacks). `checked_text`:
+    the host's own text when its evidence was checked (`job_complete`); text that landed
+    since is refused.
     """
     job = (  # the job and its request locked in one statement, with what settling reads
         Job.objects.select_for_update(of=("self", "request"))
@@ -85,6 +105,8 @@ def job_settle(
         if embeddings is not None:
             raise BadResult(f"Job {job_id} is a {request.kind} job; it completes with text, not embeddings.")
         delivered = request.delivered_text
+        if checked_text is not None and own_text(delivered, job=job) != checked_text:
+            raise BadResult(f"Job {job_id} sent text after its completion was checked; complete it again.")
         text, stopped = answer_of(request, delivered)
         counted = count_output(request, text)
         max_tokens = int(request.params["max_tokens"])
@@ -97,9 +119,10 @@ def job_settle(
         finish_reason = "stop" if stopped else finish_reason_checked(
             claimed=finish_reason, completion_tokens=completion_tokens, max_tokens=max_tokens)
         problem = answer_problem(request.params.get("response_format"), text) if finish_reason == "stop" else None
-        if problem is not None:
-            return _answer_refused(job=job, request=request, why=f"structured output: {problem}", code=InvalidStructuredOutput.code,
-                                   message=f"The host's answer did not meet response_format ({problem}); nothing was billed.")
+        if problem is not None:  # the host's failure, or the request's where its grammar let the answer through
+            refused = answer_refusal(request.params, text, problem)
+            return _answer_refused(job=job, request=request, why=refused.why, code=refused.code, message=refused.message,
+                                   cause=refused.cause)
         if request.params.get("logprobs") is not None and TextChunk.objects.filter(job=job, logprobs__isnull=True).exists():
             return _answer_refused(job=job, request=request, why="sent text without the log-probabilities asked for",
                                    code=LogprobsMissing.code, message="The host did not report the log-probabilities asked "
@@ -107,7 +130,7 @@ def job_settle(
         share = rescuer_share(request=request, job=job, text=delivered, completion_tokens=completion_tokens)
     check = canary_check(request=request) if request.kind != Request.Kind.EMBEDDINGS else None
     audited = audit_wanted(  # (a greedy canary is judged against its reference)
-        request=request, job=job, host=host, payload=lambda: job_payload(job), always=check is not None and check.by_audit,
+        request=request, job=job, host=host, payload=lambda: job_payload(job), always=audit or (check is not None and check.by_audit),
         excluded=lambda sent: check is not None and not check.by_audit)
     now = timezone.now()
     settled = settle(request=request, completion_tokens=completion_tokens, finish_reason=finish_reason, job=job, host=host,
@@ -133,14 +156,17 @@ def job_settle(
     return Completion(request=request, earned_ucents=settled.earned_ucents)
 
 
-def _answer_refused(*, job: Job, request: Request, why: str, code: str, message: str) -> Completion:
+def _answer_refused(*, job: Job, request: Request, why: str, code: str, message: str, cause: str = "host") -> Completion:
     """A finished answer that is not what the request asked for (it breaks its
     `response_format`, it lacks the log-probabilities asked for) is never passed on as a
-    success: the attempt is the host's failure (it counts toward its rest) and the request
-    fails unbilled. No continuation: it would have to resume from that very text."""
+    success: the request fails unbilled, and the attempt is the host's failure (it counts
+    toward its rest), or with `cause` "request" the request's own (an answer its grammar let
+    through: `structured.answer_refusal`), which no host is blamed for. No continuation: it
+    would have to resume from that very text."""
     Job.objects.filter(pk=job.pk, status=Job.Status.RUNNING).update(
-        status=Job.Status.FAILED, finished_at=timezone.now(), fail_reason=why[:500])
-    host_rest_if_unreliable(host_id=job.host_id)
+        status=Job.Status.FAILED, finished_at=timezone.now(), fail_reason=why[:500], fail_cause=cause)
+    if cause != "request":
+        host_rest_if_unreliable(host_id=job.host_id)
     request_fail(request=request, code=code, message=message)
     return Completion(request=request, earned_ucents=0)
 

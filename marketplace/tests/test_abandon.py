@@ -20,6 +20,7 @@ from conftest import ROOT, make_customer, make_host, wait_until
 from marketplace import services
 from marketplace.models import Job, Request
 from marketplace.tests.test_services import submit
+from testkit.evidence import drawn
 
 pytestmark = pytest.mark.django_db
 
@@ -69,7 +70,7 @@ class AbandonTests:
         request = submit(customer, catalog)
         job = services.job_claim_next(host=serving_host.host, fingerprint=serving_host.fingerprint)
         services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="Done.")
-        services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop")
+        services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk))
         assert services.request_listener_left(request_id=request.pk) is False
         assert services.abandoned_request_end_one() is False
 

@@ -11,6 +11,7 @@ from accounts.services import api_key_revoke
 from billing.models import Hold
 from conftest import make_customer
 from marketplace.models import Job, Request
+from testkit.evidence import drawn
 
 if TYPE_CHECKING:
     from django.test.client import _MonkeyPatchedWSGIResponse as TestResponse
@@ -188,7 +189,7 @@ class HostEarningsTodayTests:
             submit_request(customer, catalog, messages=CHAT, stream=True, max_tokens=8, temperature=1.0, response_format=None)
             job = claim(serving_host)
             services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="Hello there")
-            done.append(services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop").earned_ucents)
+            done.append(services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk)).earned_ucents)
         yesterday = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(seconds=1)
         Job.objects.filter(pk=job.pk).update(finished_at=yesterday)
         earnings = Client().get("/hosts/api/earnings", HTTP_AUTHORIZATION=f"Bearer {serving_host.token}").json()

@@ -10,6 +10,7 @@ from hosts.models import Host
 from marketplace import selectors, services
 from marketplace.models import Request, TextChunk
 from marketplace.tests.test_services import claimed
+from testkit.evidence import drawn
 
 pytestmark = pytest.mark.django_db
 
@@ -50,7 +51,7 @@ class AppendOnlyTests:
     def test_the_text_is_deleted_once_handed_over(self, customer, serving_host, catalog) -> None:
         request, job = claimed(customer, serving_host, catalog)
         services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="Hi")
-        services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop")
+        services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk))
         Request.objects.filter(pk=request.pk).update(params={**request.params, "stop": ["secret ending"]})
         assert services.request_forget_output(request_id=request.pk) is True
         assert services.request_forget_output(request_id=request.pk) is False

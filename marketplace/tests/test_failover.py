@@ -12,6 +12,7 @@ from conftest import make_host
 from marketplace import services
 from marketplace.models import Job, Request
 from marketplace.tests.test_services import CHAT, submit
+from testkit.evidence import drawn
 
 if TYPE_CHECKING:
     from catalog.models import CatalogModel
@@ -34,7 +35,7 @@ class ContinuationTests:
         with pytest.raises(services.JobNotRunning):
             services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=1, text="ked")
         with pytest.raises(services.JobNotRunning):
-            services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop")
+            services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk))
         rescuer = make_host(name="rescuer")
         started_at = Request.objects.get(pk=request.pk).started_at
         payload = services.job_claim_payload(host=rescuer.host, model_ids=[catalog.pk])
@@ -73,7 +74,7 @@ class ContinuationTests:
         rescuer = make_host(name="rescuer")
         continuation = services.job_claim_next(host=rescuer.host, fingerprint=rescuer.fingerprint)
         services.job_push_tokens(host=rescuer.host, job_id=continuation.pk, seq=0, text="ked slowly to the river.")
-        done = services.job_complete(host=rescuer.host, job_id=continuation.pk, finish_reason="stop")
+        done = services.job_complete(host=rescuer.host, job_id=continuation.pk, finish_reason="stop", token_ids=drawn(continuation.pk))
         row = done.request
         whole = services.count_output(row, "The elephant walked slowly to the river.")
         own = services.count_output(row, "ked slowly to the river.")

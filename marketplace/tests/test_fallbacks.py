@@ -20,6 +20,7 @@ from marketplace.models import Job, Request
 from marketplace.selectors import SERVED_MODELS_CACHE_KEY
 from marketplace.tests.test_apis import assert_error, post
 from marketplace.tests.test_reputation import claim, online
+from testkit.evidence import drawn
 from testkit.requests import submit_request
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ def test_the_fallback_is_served_and_billed_at_its_own_price(customer, serving_ho
     job = claim(serving_host)
     assert job is not None and job.request_id == request.pk and job.model == catalog
     services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text=" hi")
-    services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop")
+    services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk))
     request.refresh_from_db()
     assert request.status == Request.Status.COMPLETED and request.model == catalog
     assert request.hold.amount_ucents >= request.cost_ucents > 0

@@ -15,6 +15,7 @@ from marketplace import services
 from marketplace.models import Job, Request
 from marketplace.tests.test_reputation import claim, online
 from marketplace.tests.test_services import submit
+from testkit.evidence import drawn
 
 pytestmark = pytest.mark.django_db
 
@@ -49,7 +50,7 @@ def test_they_count_what_happened(settings, serving_host, catalog) -> None:
     Job.objects.filter(pk=job.pk).update(claimed_at=served.created_at + timedelta(milliseconds=300))
     services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text=" Hello there, friend")
     Job.objects.filter(pk=job.pk).update(first_token_at=served.created_at + timedelta(seconds=2))
-    services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop")
+    services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk))
     submit(make_customer(), catalog)  # still queued
     expired = submit(make_customer(), catalog)
     services.request_expire_unclaimed(request_id=expired.pk) or Job.objects.filter(request=expired).update(

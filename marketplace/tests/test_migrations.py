@@ -18,6 +18,7 @@ from conftest import make_host
 from core.secrets import secret_hash, secret_new, secret_prefix
 from marketplace import services
 from marketplace.models import Request
+from testkit.evidence import drawn
 from testkit.requests import submit_request
 
 # The leaf migrations of every app at the commit before the move.
@@ -59,7 +60,7 @@ class CatalogAndKeysMoveTests:
         serving = make_host()
         job = services.job_claim_next(host=serving.host, fingerprint=serving.fingerprint)
         services.job_push_tokens(host=serving.host, job_id=job.pk, seq=0, text="Hello there")
-        services.job_complete(host=serving.host, job_id=job.pk, finish_reason="stop")
+        services.job_complete(host=serving.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk))
         settled = Request.objects.select_related("api_key", "model").get(pk=request.pk)
         assert (settled.status, settled.api_key.prefix, settled.model.name) == ("completed", key.prefix, "gemma-3-270m")
         assert settled.cost_ucents > 0

@@ -21,6 +21,7 @@ from marketplace import admission, canaries, claim_slots, claiming, reputation, 
 from marketplace.claim_slots import WAITING, WaitingClaims
 from marketplace.models import CanaryCheck, CanaryReference, Job, Request
 from marketplace.tests.test_services import submit
+from testkit.evidence import drawn
 from testkit.requests import CHAT, submit_request
 
 pytestmark = pytest.mark.django_db
@@ -169,7 +170,7 @@ class RoutingByReputationTests:
         job = claim(serving_host)
         services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text=" one two three four five six seven eight nine ten")
         Job.objects.filter(pk=job.pk).update(first_token_at=timezone.now() - timedelta(seconds=1))
-        services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop")
+        services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk))
         measured = Host.objects.get(pk=serving_host.host.pk).measured_tps
         assert measured is not None and 5 < measured < 15, measured
 
@@ -188,7 +189,7 @@ class TrustTests:
         self._passed_canaries(host, catalog, 2)
         submit(customer, catalog)
         job = claim(serving_host)
-        services.job_complete(host=host, job_id=job.pk, finish_reason="stop")
+        services.job_complete(host=host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk))
         assert Host.objects.get(pk=host.pk).trusted_at is None, "an hour has not passed"
         Host.objects.filter(pk=host.pk).update(created_at=timezone.now() - timedelta(hours=2))
         assert reputation.trust_review(host_id=host.pk)
@@ -199,7 +200,7 @@ class TrustTests:
         submit(customer, catalog)
         job = claim(serving_host)
         services.job_push_tokens(host=host, job_id=job.pk, seq=0, text=" Hello there")
-        earned = services.job_complete(host=host, job_id=job.pk, finish_reason="stop").earned_ucents
+        earned = services.job_complete(host=host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk)).earned_ucents
         assert earned > 0
         reference = CanaryReference.objects.create(model=catalog, kind="completion", prompt="Once upon", max_tokens=8,
                                                    text=" a time there was a", tokens=5, exact_chars=19)
@@ -254,7 +255,7 @@ class TextBoundTests:
         request = submit(customer, catalog, max_tokens=4)
         job = claim(serving_host)
         services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text=" one two three four five six seven eight")
-        done = services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="length")
+        done = services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="length", token_ids=drawn(job.pk, ended=False))
         job.refresh_from_db()
         request.refresh_from_db()
         assert (request.status, request.finish_reason, request.completion_tokens) == (Request.Status.COMPLETED, "length", 4)
@@ -301,7 +302,7 @@ class StopSequenceTests:
         job = claim(serving_host)
         services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text=" one two E")
         services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=1, text="ND three four five")
-        done = services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="length")
+        done = services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="length", token_ids=drawn(job.pk, ended=False))
         assert done.request.finish_reason == "stop"
         assert done.request.completion_tokens == services.count_output(request, " one two ")
 
@@ -336,7 +337,7 @@ class BanTests:
         submit(customer, catalog)
         done = claim(serving_host)
         services.job_push_tokens(host=host, job_id=done.pk, seq=0, text=" earned")
-        earned = services.job_complete(host=host, job_id=done.pk, finish_reason="stop").earned_ucents
+        earned = services.job_complete(host=host, job_id=done.pk, finish_reason="stop", token_ids=drawn(done.pk)).earned_ucents
         request = submit(customer, catalog)
         running = claim(serving_host)
         assert services.host_ban_with_consequences(host=host, reason="junk answers", by="op")

@@ -13,6 +13,7 @@ from hosts.models import Host
 from marketplace import services
 from marketplace.models import Job, Request
 from marketplace.tests.test_services import submit
+from testkit.evidence import drawn
 
 pytestmark = pytest.mark.django_db
 
@@ -63,7 +64,7 @@ class RequestBlameTests:
         services.job_fail(host=liar.host, job_id=blamed.pk, reason="cannot run this", cause="request")
         served = claim(honest, catalog)
         services.job_push_tokens(host=honest.host, job_id=served.pk, seq=0, text="Served just fine.")
-        services.job_complete(host=honest.host, job_id=served.pk, finish_reason="stop")
+        services.job_complete(host=honest.host, job_id=served.pk, finish_reason="stop", token_ids=drawn(served.pk))
         assert Request.objects.get(pk=request.pk).status == "completed"
         assert Job.objects.get(pk=blamed.pk).fail_cause == "host"
 

@@ -18,6 +18,7 @@ from marketplace.models import Job, Request, StageShare
 from marketplace.tests.test_services import submit
 from mesh.rings.models import ModelLayout
 from mesh.rings.services import StageSpec, ring_plan_create
+from testkit.evidence import drawn
 
 pytestmark = pytest.mark.django_db
 
@@ -31,7 +32,7 @@ def serve(customer, catalog, bridge, *, text: str, max_tokens: int = 40) -> Job:
     job = services.job_claim_next(host=bridge.host, fingerprint=bridge.fingerprint)
     assert job is not None and job.request_id == request.pk
     services.job_push_tokens(host=bridge.host, job_id=job.pk, seq=0, text=text)
-    services.job_complete(host=bridge.host, job_id=job.pk, finish_reason="stop")
+    services.job_complete(host=bridge.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk))
     return Job.objects.select_related("request").get(pk=job.pk)
 
 

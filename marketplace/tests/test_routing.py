@@ -19,6 +19,7 @@ from hosts.models import Host
 from marketplace import routing
 from marketplace import services as market
 from marketplace.models import Job, Request
+from testkit.evidence import drawn
 from testkit.requests import submit_request
 
 if TYPE_CHECKING:
@@ -98,7 +99,7 @@ class TestOffers:
         wait = (job.warm_until - job.created_at).total_seconds()
         assert 2.5 < wait < 3.1, wait  # about 1 s left on the warm host, plus the grace
         assert market.job_claim_next(host=cold.host, fingerprint=cold.fingerprint) is None
-        market.job_complete(host=warm.host, job_id=busy.pk, finish_reason="stop")
+        market.job_complete(host=warm.host, job_id=busy.pk, finish_reason="stop", token_ids=drawn(busy.pk))
         assert market.job_claim_next(host=warm.host, fingerprint=warm.fingerprint).pk == job.pk
 
     def test_a_lapsed_offer_goes_to_the_next_host_by_the_strategy(self, catalog) -> None:

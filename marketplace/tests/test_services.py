@@ -15,6 +15,7 @@ from conftest import make_customer, make_host
 from hosts.models import Host
 from marketplace import services
 from marketplace.models import Job, Request
+from testkit.evidence import drawn
 from testkit.personas import present
 from testkit.requests import CHAT, submit_request
 
@@ -176,7 +177,7 @@ class TokenPushTests:
         with pytest.raises(services.HostRefused):
             services.job_push_tokens(host=outsider.host, job_id=job.pk, seq=0, text="x")
         with pytest.raises(services.HostRefused):
-            services.job_complete(host=outsider.host, job_id=job.pk, finish_reason="stop")
+            services.job_complete(host=outsider.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk))
         with pytest.raises(services.HostRefused):
             services.job_fail(host=outsider.host, job_id=job.pk, reason="x")
 
@@ -185,7 +186,7 @@ class CompletionTests:
     def test_it_bills_counted_tokens_pays_80_percent_and_deletes_the_prompt(self, customer, serving_host, catalog) -> None:
         request, job = claimed(customer, serving_host, catalog, max_tokens=50, prompt_tokens=12)
         services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="Hello there, friend.")
-        done = services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop")
+        done = services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk))
         row = done.request
         assert row.status == "completed" and row.messages is None and row.prompt is None
         assert 1 <= row.completion_tokens <= 50
@@ -200,21 +201,21 @@ class CompletionTests:
         _, job = claimed(customer, serving_host, catalog, max_tokens=3)
         # a count a little over (the gateway's count of a text may differ from the host's); far over is refused
         services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="one two three four five")
-        done = services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="length")
+        done = services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="length", token_ids=drawn(job.pk, ended=False))
         assert done.request.completion_tokens == 3
         assert done.request.cost_ucents <= done.request.estimate_ucents
 
     def test_it_rejects_anything_after_the_end(self, customer, serving_host, catalog) -> None:
         _, job = claimed(customer, serving_host, catalog)
-        services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop")
+        services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk))
         with pytest.raises(services.JobNotRunning):
             services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="late")
 
     def test_a_repeated_complete_returns_the_same_result_and_bills_once(self, customer, serving_host, catalog) -> None:
         _, job = claimed(customer, serving_host, catalog)
         services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="Hello")
-        first = services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop")
-        again = services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop")
+        first = services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk))
+        again = services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk))
         assert again.earned_ucents == first.earned_ucents > 0
         assert ledger.host_account(host=serving_host.host).balance_ucents == first.earned_ucents
 

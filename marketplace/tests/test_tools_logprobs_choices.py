@@ -22,6 +22,7 @@ from marketplace.render import chunk_body, usage_of
 from marketplace.tests.test_apis import GOOD, assert_error, post
 from marketplace.tests.test_reputation import claim, online
 from marketplace.tool_calls import CallStream, prompt_messages, tool_calls_in, tools_spec
+from testkit.evidence import drawn
 from testkit.requests import CHAT, submit_request
 
 if TYPE_CHECKING:
@@ -199,7 +200,7 @@ class HostReportTests:
         request = self.submit(catalog, 2)
         job = claim(serving_host)
         services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="Hello")
-        services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop")
+        services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk))
         request.refresh_from_db()
         assert (request.status, request.error_code, request.cost_ucents) == (Request.Status.FAILED, "logprobs_missing", 0)
         assert Job.objects.get(pk=job.pk).status == Job.Status.FAILED
