@@ -142,7 +142,7 @@ class ResponseFormatField(StoredField):
 
     default_error_messages = {"invalid": "must be {{\"type\": \"text\"}}, {{\"type\": \"json_object\"}} or "
                                          "{{\"type\": \"json_schema\", \"json_schema\": {{\"name\": ..., \"schema\": {{...}}}}}}",
-                              "schema": "json_schema.schema is not a usable JSON Schema: {why}"}
+                              "schema": "json_schema.schema {why}"}
 
     def to_internal_value(self, data: object) -> dict | None:
         kind = data.get("type") if isinstance(data, dict) else None
@@ -156,15 +156,36 @@ class ResponseFormatField(StoredField):
         schema = spec.get("schema", {})
         if not isinstance(schema, dict):
             self.fail("invalid")
-        from marketplace.structured import schema_problem
+        from marketplace.structured import schema_refusal
 
-        why = schema_problem(schema)
+        why = schema_refusal(schema)
         if why:
             self.fail("schema", why=why)
         return {"type": "json_schema", "name": spec["name"][:64], "schema": schema}
 
     def to_representation(self, value: dict | None) -> dict | None:
         return value
+
+
+STOP_WITH_FORMAT = ("a stop sequence cannot be combined with a JSON response_format (json_schema, json_object) or a "
+                    "required tool call: the answer is sampled under the format's grammar, which already ends it where its "
+                    "JSON ends, so a stop sequence could only cut the JSON short. Remove 'stop'.")
+
+
+def stop_checked(data: dict, *, response_format: dict | None) -> dict:
+    """Refuse `stop` beside a structured format (400 on `stop`).
+
+    OpenAI delivers such an answer cut at the stop sequence, unchecked, with finish_reason
+    "stop"; this gateway refuses the pair up front instead. The host samples under the format's
+    grammar, which ends the answer where its JSON ends, so a stop sequence can only cut it
+    short; and a cut answer can neither be checked against the format nor told from a dishonest
+    host's junk cut at the same string, so accepting it would have to pay any text. Before this
+    refusal such an answer failed as its honest host's fault; refused at admission, it is never
+    anyone's failure (a request admitted earlier is not its host's either:
+    `structured.answer_refusal`)."""
+    if data.get("stop") and response_format:
+        raise serializers.ValidationError({"stop": STOP_WITH_FORMAT})
+    return data
 
 
 class ProviderSerializer(serializers.Serializer):
@@ -246,6 +267,9 @@ class SamplingSerializer(serializers.Serializer):
                     raise UnsupportedParameter(name, feature)
         return super().to_internal_value(data)
 
+    def validate(self, data: dict) -> dict:
+        return stop_checked(data, response_format=data.get("response_format"))
+
     def params(self) -> dict:
         data = self.validated_data
         return {
@@ -310,14 +334,15 @@ class ChatInputSerializer(SamplingSerializer):
 
     def _with_tools(self, data: dict) -> dict:
         """Tools are checked, and the messages become the plain turns the host renders (see
-        marketplace.tool_calls)."""
-        from marketplace.tool_calls import ToolsRefused, prompt_messages, tools_spec
+        marketplace.tool_calls); a required call is a structured format (`stop_checked`)."""
+        from marketplace.tool_calls import ToolsRefused, prompt_messages, required_format, tools_spec
 
         try:
             spec = tools_spec(tools=data.get("tools"), tool_choice=data.get("tool_choice"),
                               parallel=data.get("parallel_tool_calls"))
         except ToolsRefused as refused:
             raise serializers.ValidationError({refused.param: str(refused)}) from None
+        stop_checked(data, response_format=required_format(spec) or data.get("response_format"))
         return {**data, "tool_spec": spec, "messages": prompt_messages(data["messages"], spec)}
 
     def params(self) -> dict:

@@ -1,18 +1,23 @@
 """Structured output (`response_format`): what the gateway checks before and after a host
 samples under a grammar.
 
-Before: the schema is a valid JSON Schema and llama.cpp's JSON-schema-to-grammar converter
-(the one every host runs) accepts it, so a schema no host can follow is the customer's 400,
-never a host's failure. After: the delivered answer is JSON and, for `json_schema`, valid
-against it (`jsonschema`); otherwise the answer is the host's failure, never passed on as
-a success. An answer cut by `max_tokens` (finish_reason "length") is left as it is, as
-OpenAI leaves it."""
+Before: the schema is a valid JSON Schema, llama.cpp's JSON-schema-to-grammar converter (the
+one every host runs) accepts it, and the grammar it makes enforces every keyword `jsonschema`
+will hold the answer to (`marketplace.schema_reach`): a schema no host can follow, or one it
+could follow and still be refused, is the customer's 400 (`schema_refusal`), never a host's
+failure. After: the delivered answer is JSON and, for `json_schema`, valid against it
+(`jsonschema`). An answer that is not is the host's failure, unless the grammar it sampled
+under would have let it through (`answer_refusal`): then it is the request's. An answer cut
+by `max_tokens` (finish_reason "length") is left as it is, as OpenAI leaves it."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from marketplace.lifecycle.errors import InvalidStructuredOutput, RequestNotRunnable
+from marketplace.schema_reach import LOOSE, reach
 from protocol.schema_limits import linear_pattern, schema_limit_problem
 
 if TYPE_CHECKING:
@@ -38,6 +43,18 @@ def schema_problem(schema: dict) -> str | None:
     return grammar_problem(json.dumps(schema, sort_keys=True))  # in a child process, with a time and memory bound
 
 
+def schema_refusal(schema: dict) -> str | None:
+    """Why `schema` is refused, as the rest of a sentence whose subject is the schema ("... is
+    not a usable JSON Schema: ...", "... is refused: it uses 'minimum' at $.properties.age,
+    which this service cannot enforce ..."), or None. The one check every door that samples
+    under a schema's grammar makes (`response_format`, `text.format`, a forced tool call)."""
+    why = schema_problem(schema)
+    if why:
+        return f"is not a usable JSON Schema: {why}"
+    left_out = reach(schema).unenforced
+    return f"is refused: {left_out[0].sentence()}" if left_out else None
+
+
 def answer_problem_ahead(response_format: dict | None, text: str) -> None:
     """Check an answer before settlement takes its locks: `answer_problem` then finds the
     verdict for the same format and text here instead of validating inside the transaction
@@ -57,6 +74,75 @@ def answer_problem(response_format: dict | None, text: str) -> str | None:
     if not response_format:
         return None
     return _verdict(json.dumps(response_format, sort_keys=True), text)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """How a finished answer that breaks its `response_format` ends: whose failure it is
+    (`cause`, as `Job.fail_cause`), the request's error code and message, and the job's
+    `fail_reason`."""
+
+    cause: str  # "host" or "request"
+    code: str
+    message: str
+    why: str
+
+
+def answer_refusal(params: dict, text: str, problem: str) -> Refusal:
+    """Whose failure an answer that breaks its `response_format` (`problem`) is.
+
+    The host's, when the grammar it was sent would have kept the answer out: text that is not
+    JSON, or not an object for `json_object` (llama.cpp's JSON grammar), or JSON that breaks a
+    keyword the schema's grammar enforces. Nothing is paid and the failure counts toward the
+    host's rest (`host_rest_if_unreliable`).
+
+    The request's, when an honest host sampling under that grammar could have written it
+    (`grammar_let_through`): a stop sequence of the request's own cut the JSON, the schema uses
+    a keyword the grammar leaves out (admitted before `schema_refusal` refused such schemas), or
+    the answer fails where the grammar is known to be looser than the schema
+    (`schema_reach.LOOSE`). Nothing is billed, the customer is told why, and the host is not
+    blamed (`Job.fail_cause` "request": no step toward its rest)."""
+    excuse = grammar_let_through(params, text)
+    if excuse is None:
+        return Refusal(cause="host", code=InvalidStructuredOutput.code, why=f"structured output: {problem}",
+                       message=f"The host's answer did not meet response_format ({problem}); nothing was billed.")
+    return Refusal(
+        cause="request", code=RequestNotRunnable.code, why=f"structured output, not the host's doing: {problem}; {excuse}"[:500],
+        message=f"The answer did not meet response_format ({problem}), though it kept to the grammar hosts sample under: "
+                f"{excuse}. Nothing was billed, and no host is blamed.")
+
+
+def grammar_let_through(params: dict, text: str) -> str | None:
+    """Why a host sampling under the request's grammar could have written this failing answer,
+    or None when the grammar would have kept it out."""
+    response_format = params.get("response_format") or {}
+    if params.get("stop"):
+        return "a stop sequence of the request's own may have cut the JSON (send no 'stop' with a response_format)"
+    if response_format.get("type") != "json_schema":
+        return None  # (llama.cpp's JSON grammar: any object, nothing looser)
+    schema = response_format.get("schema") or {}
+    found = reach(schema)
+    loose = dict(reversed(found.loose))  # keyword -> its first place
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):  # only a pattern written raw into the JSON lets non-JSON through
+        return f"its 'pattern' at {loose['pattern']}: {LOOSE['pattern']}" if "pattern" in loose else None
+    if found.unenforced:  # (a schema admitted before `schema_refusal` refused it)
+        return found.unenforced[0].sentence("the schema")
+    if "oneOf" in loose and _grammar_view(schema).is_valid(value):
+        return f"its 'oneOf' at {loose['oneOf']}: {LOOSE['oneOf']}"
+    loose.pop("oneOf", None)
+    for keyword, where in loose.items():
+        return f"its '{keyword}' at {where}: {LOOSE[keyword]}"
+    return None
+
+
+def _grammar_view(schema: dict) -> Validator:
+    """A validator for `schema` that reads `oneOf` as the grammar does: as `anyOf`."""
+    from jsonschema import validators
+
+    cls = type(schema_validator(schema))
+    return validators.extend(cls, {"oneOf": cls.VALIDATORS["anyOf"]})(schema)
 
 
 def _answer_problem(response_format: dict | None, text: str) -> str | None:

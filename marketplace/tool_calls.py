@@ -60,11 +60,17 @@ def tools_spec(*, tools: list | None, tool_choice: object, parallel: bool | None
     single = isinstance(choice, dict) or parallel is False
     most = 1 if single else MAX_PARALLEL_CALLS
     spec = {"functions": functions, "choice": choice, "schema": calls_schema(called, most=most)}
+    from marketplace.schema_reach import unenforced
     from marketplace.structured import schema_problem
 
     why = schema_problem(spec["schema"])
     if why:
         raise ToolsRefused(f"a function's parameters cannot constrain an answer: {why}", "tools")
+    for function in called if choice != "auto" else ():  # (under "auto" no grammar holds the answer: a call that
+        left_out = unenforced(function["parameters"])  # breaks its parameters is handed over as text, nobody's failure)
+        if left_out:
+            raise ToolsRefused(f"function {function['name']!r}: its parameters are refused when tool_choice requires a "
+                               f"call (the host samples the call under their grammar): {left_out.sentence()}", "tools")
     return spec
 
 
@@ -136,8 +142,11 @@ def _instructions(spec: dict) -> str:
 def tool_calls_in(spec: dict | None, text: str, *, request_id: str, cut: bool = False) -> list[dict] | None:
     """The answer's calls in OpenAI's shape when it is exactly a valid call, else None. An
     answer `cut` by max_tokens keeps the calls it completed (a small model may list calls
-    until its budget runs out; the finish_reason still says "length"). Each call's
-    `arguments` is the JSON text the model wrote, as it was streamed (`CallStream`)."""
+    until its budget runs out; the finish_reason still says "length"); when a call was
+    required, it is a call whatever its length (`cut_calls`). Each call's `arguments` is the
+    JSON text the model wrote, as it was streamed (`CallStream`)."""
+    if spec is not None and cut and spec["choice"] != "auto":
+        return cut_calls(spec, text, request_id=request_id)
     if spec is None or not text.lstrip().startswith("{"):
         return None
     from jsonschema import exceptions
@@ -159,13 +168,46 @@ def tool_calls_in(spec: dict | None, text: str, *, request_id: str, cut: bool = 
             for index, call in enumerate(made)]
 
 
+def cut_calls(spec: dict, text: str, *, request_id: str) -> list[dict]:
+    """A required (or named) call cut by max_tokens, as OpenAI hands one over: the calls it
+    completed, then the one it was writing with its arguments as far as they go (possibly
+    ""), finish_reason "length". The host sampled under the call's grammar, so the answer is
+    a call from its first character and never content; a call is handed over once its name is
+    known: written whole, or the only offered function its first letters (or none) can begin.
+    Empty when the cut came before any name was known."""
+    choice = spec["choice"]
+    allowed = [f["name"] for f in spec["functions"] if not isinstance(choice, dict) or f["name"] == choice["name"]]
+    scanned = CallScanner()
+    scanned.feed(text)
+    done, stopped = _calls_read(spec, text)
+    calls = [{"id": call_id(request_id, index), "type": "function",
+              "function": {"name": call["name"], "arguments": scanned.arguments(index) or json.dumps(call["arguments"])}}
+             for index, call in enumerate(done)]
+    at = len(done)
+    begun = at < len(scanned.calls) and not stopped and not scanned.broken  # the call being written when cut
+    if not begun and (scanned.calls or stopped or scanned.broken):
+        return calls
+    whole, written = (scanned.calls[at].name, scanned.name_so_far(at)) if begun else (None, "")
+    named = [whole] if whole is not None else [] if written is None else [name for name in allowed if name.startswith(written)]
+    if len(named) == 1 and named[0] in allowed:
+        calls.append({"id": call_id(request_id, at), "type": "function",
+                      "function": {"name": named[0], "arguments": scanned.arguments_so_far(at) if begun else ""}})
+    return calls
+
+
 def _completed_calls(spec: dict, text: str) -> list[dict]:
     """The calls a cut answer finished, in order: each a whole, valid item of its list."""
+    return _calls_read(spec, text)[0]
+
+
+def _calls_read(spec: dict, text: str) -> tuple[list[dict], bool]:
+    """(the calls a cut answer finished, whether the reading stopped at a whole item that is
+    not a valid call or past the most calls allowed, rather than where the text was cut)."""
     from marketplace.structured import schema_validator
 
     opening = text.find("[", text.find(f'"{CALLS}"'))
     if text.find(f'"{CALLS}"') < 0 or opening < 0:
-        return []
+        return [], False
     calls_schema_ = spec["schema"]["properties"][CALLS]
     valid = schema_validator(calls_schema_["items"])
     decoder, at, done = json.JSONDecoder(), opening + 1, []
@@ -175,11 +217,11 @@ def _completed_calls(spec: dict, text: str) -> list[dict]:
         try:
             item, at = decoder.raw_decode(text, at)
         except ValueError:
-            break
+            return done, False
         if not valid.is_valid(item):
-            break
+            return done, True
         done.append(item)
-    return done
+    return done, True
 
 
 def call_id(request_id: str, index: int) -> str:
@@ -248,6 +290,17 @@ class CallScanner:
         if call.start is None:
             return ""
         return self.text[call.start:len(self.text) if call.end is None else call.end]
+
+    def name_so_far(self, index: int) -> str | None:
+        """Call `index`'s name: whole, or as much as has arrived while it is being written (""
+        before it starts); None when what arrived cannot be read as plain letters."""
+        call = self.calls[index]
+        if call.name is not None:
+            return call.name
+        if self._string is not None and self._string[1] == (CALLS, index, "name"):
+            partial = self.text[self._string[0] + 1:]
+            return None if "\\" in partial else partial
+        return ""
 
     def _step(self, at: int, char: str) -> None:
         if self._string is not None:
@@ -401,11 +454,18 @@ class CallStream:
 
     def finish(self, *, cut: bool = False) -> tuple[str, list[dict], list[dict], list[dict] | None]:
         """At the end: (content still to relay, its entries, the call deltas still to send, the
-        calls or None); `cut`: by max_tokens."""
+        calls or None); `cut`: by max_tokens. A required call cut before its name was written
+        whole goes out now, named by what the grammar allowed (`cut_calls`); its text is never
+        content."""
         text = "".join(self.held)
         calls = tool_calls_in(self.spec, text, request_id=self.request_id, cut=cut)
-        if self.streams_calls and (calls or self._named):
-            return "", [], self._deltas(), calls
+        if self.streams_calls and (calls or self._named or cut):
+            deltas = self._deltas()
+            for index, call in enumerate(calls or []):
+                if index >= self._named:
+                    deltas += call_deltas(index, call) if call["function"]["arguments"] else \
+                        [_named_delta(index, call["id"], call["function"]["name"])]
+            return "", [], deltas, calls
         if calls:
             return "", [], [delta for index, call in enumerate(calls) for delta in call_deltas(index, call)], calls
         return text, self.held_logprobs, [], None
