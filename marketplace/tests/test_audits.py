@@ -6,11 +6,14 @@ import pytest
 
 from billing import selectors as ledger
 from billing.models import Account
+from catalog.tokenizer import tokenizer_for
 from marketplace import audits, services
+from marketplace.lifecycle.errors import CompletionRefused
 from marketplace.models import Audit, Job, Request
 from mesh.experts import selectors as expert_selectors
 from mesh.experts import services as expert_services
 from mesh.experts.models import ExpertModel
+from testkit.evidence import drawn
 from testkit.requests import submit_request
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.audits]
@@ -26,12 +29,14 @@ def _host_balance(host) -> int:  # noqa: ANN001
     return account.balance_ucents if account else 0
 
 
-def _served(customer, catalog, serving_host, *, text: str = "Hello there.", token_ids: list[int] | None = None, **params):  # noqa: ANN001, ANN003
+def _served(customer, catalog, serving_host, *, text: str = "Hello there.", **params):  # noqa: ANN001, ANN003
+    """A job served with `text` and the token ids spelling it (evidence the completion must
+    carry; not the seed's draw, so an audit that reads them fails)."""
     request = submit_request(customer, catalog, **params)
     job = services.job_claim_next(host=serving_host.host, fingerprint=serving_host.fingerprint)
     assert job is not None and job.request_id == request.pk
     services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text=text)
-    services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=token_ids)
+    services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk))
     request.refresh_from_db()
     return request, job
 
@@ -52,7 +57,7 @@ def test_every_job_carries_its_seed_the_customers_or_the_gateways(customer, cata
 
 def test_a_probation_hosts_job_is_audited_and_its_share_waits_in_escrow(customer, catalog, serving_host, settings) -> None:
     settings.AUDIT_PROBATION_RATE = 1.0
-    request, job = _served(customer, catalog, serving_host, token_ids=[1, 2, 3], temperature=0.8)
+    request, job = _served(customer, catalog, serving_host, temperature=0.8)
     audit = Audit.objects.get(job=job)
     assert audit.status == Audit.Status.PENDING and audit.host_id == serving_host.host.pk
     assert request.cost_ucents > 0 and request.status == Request.Status.COMPLETED
@@ -60,14 +65,19 @@ def test_a_probation_hosts_job_is_audited_and_its_share_waits_in_escrow(customer
     assert audit.host_ucents == request.cost_ucents * settings.HOST_SHARE_PERCENT // 100
     assert _escrow() == audit.host_ucents and _host_balance(serving_host.host) == 0
     assert audit.payload["messages"] == [{"role": "user", "content": "hi"}] and audit.text == "Hello there."
-    assert audit.token_ids == [1, 2, 3] and audit.seed == audit.payload["params"]["seed"]
+    assert audit.token_ids == _spelled(catalog, "Hello there.") and audit.seed == audit.payload["params"]["seed"]
     assert request.messages is None  # the request's own copy goes at settlement as always
     assert Job.objects.get(pk=job.pk).earned_ucents == audit.host_ucents  # the owner's job list shows nothing else
 
 
+def _spelled(catalog, text: str) -> list[int]:  # noqa: ANN001
+    tokenizer = tokenizer_for(catalog.tokenizer)
+    return [*tokenizer.token_ids(text), tokenizer.end_of_generation()]
+
+
 def test_a_passed_audit_pays_the_host_and_forgets_the_answer(customer, catalog, serving_host, settings) -> None:
     settings.AUDIT_PROBATION_RATE = 1.0
-    _, job = _served(customer, catalog, serving_host, token_ids=[5])
+    _, job = _served(customer, catalog, serving_host)
     audit = Audit.objects.get(job=job)
     assert audits.audit_decide(audit=audit, reason=None, counts={"checked": 4, "uncertain": 0, "misses": 0})
     assert not audits.audit_decide(audit=audit, reason=None, counts={})  # decided once
@@ -81,7 +91,7 @@ def test_a_passed_audit_pays_the_host_and_forgets_the_answer(customer, catalog, 
 def test_a_failed_audit_refunds_the_customer_and_stops_the_host(customer, catalog, serving_host, settings) -> None:
     settings.AUDIT_PROBATION_RATE = 1.0
     before = ledger.customer_account(user=customer.user).balance_ucents
-    request, job = _served(customer, catalog, serving_host, token_ids=[5])
+    request, job = _served(customer, catalog, serving_host)
     assert ledger.customer_account(user=customer.user).balance_ucents == before - request.cost_ucents
     audit = Audit.objects.get(job=job)
     assert audits.audit_decide(audit=audit, reason="token 3 is not the seed's draw (margin 0.41)", counts={"misses": 1})
@@ -111,7 +121,7 @@ def test_a_coordinators_failed_audit_its_volunteers_helped_with_is_excused_once(
     settings.AUDIT_PROBATION_RATE = 1.0
     mesh = _coordinates(catalog, serving_host.host)
     before = ledger.customer_account(user=customer.user).balance_ucents
-    _, job = _served(customer, catalog, serving_host, token_ids=[5])
+    _, job = _served(customer, catalog, serving_host)
     expert_services.coordinator_report(host=serving_host.host, model_name=catalog.name, busy=3, engaged_experts=4)
     _fail(Audit.objects.get(job=job))
     serving_host.host.refresh_from_db()
@@ -120,7 +130,7 @@ def test_a_coordinators_failed_audit_its_volunteers_helped_with_is_excused_once(
     assert ledger.customer_account(user=customer.user).balance_ucents == before  # refunded all the same
     assert _host_balance(serving_host.host) == 0 and _escrow() == 0
 
-    _, again = _served(customer, catalog, serving_host, token_ids=[6])  # within the window: its own fault
+    _, again = _served(customer, catalog, serving_host)  # within the window: its own fault
     expert_services.coordinator_report(host=serving_host.host, model_name=catalog.name, busy=3, engaged_experts=2)
     _fail(Audit.objects.get(job=again))
     serving_host.host.refresh_from_db()
@@ -134,7 +144,7 @@ def test_a_coordinator_whose_workers_computed_nothing_of_the_answer_is_stopped(c
     settings.AUDIT_PROBATION_RATE = 1.0
     _coordinates(catalog, serving_host.host)
     expert_services.coordinator_report(host=serving_host.host, model_name=catalog.name, busy=3, engaged_experts=4)
-    _, job = _served(customer, catalog, serving_host, token_ids=[5])  # asked after the workers last computed
+    _, job = _served(customer, catalog, serving_host)  # asked after the workers last computed
     expert_services.coordinator_report(host=serving_host.host, model_name=catalog.name, busy=3, engaged_experts=0,
                                        probed_experts=6)  # probes are checked, never in an answer
     _fail(Audit.objects.get(job=job))
@@ -147,18 +157,18 @@ def test_a_trusted_host_is_audited_at_the_audit_rate(customer, catalog, settings
 
     trusted = make_host(trusted=True)
     settings.AUDIT_RATE = 0.0
-    _, job = _served(customer, catalog, trusted, token_ids=[1])
+    _, job = _served(customer, catalog, trusted)
     assert not Audit.objects.filter(job=job).exists()
     assert _host_balance(trusted.host) > 0 and _escrow() == 0
     settings.AUDIT_RATE = 1.0
-    _, job = _served(customer, catalog, trusted, token_ids=[1])
+    _, job = _served(customer, catalog, trusted)
     assert Audit.objects.filter(job=job).exists()
 
 
 def test_grammar_jobs_are_audited_and_disabled_audits_audit_nothing(customer, catalog, serving_host, settings) -> None:
     settings.AUDIT_PROBATION_RATE = 1.0
     schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
-    _, job = _served(customer, catalog, serving_host, text="{}", token_ids=[1, 2], response_format=schema)
+    _, job = _served(customer, catalog, serving_host, text="{}", response_format=schema)
     assert Audit.objects.get(job=job).payload["params"]["response_format"]["type"] == "json_schema"
     settings.AUDIT_ENABLED = False
     _, job = _served(customer, catalog, serving_host)
@@ -178,15 +188,20 @@ def test_a_continuation_is_audited_on_its_own_text_against_the_payload_it_was_se
     sent = services.job_claim_payload(host=rescuer.host, model_ids=[catalog.pk])
     assert sent["continuation"] and sent["messages"][-1] == {"role": "assistant", "content": "The elephant wal"}
     services.job_push_tokens(host=rescuer.host, job_id=sent["id"], seq=0, text="ked to the river.")
-    services.job_complete(host=rescuer.host, job_id=sent["id"], finish_reason="stop", token_ids=[4, 5, 6])
+    services.job_complete(host=rescuer.host, job_id=sent["id"], finish_reason="stop", token_ids=drawn(sent["id"]))
     audit = Audit.objects.get(job_id=sent["id"])
-    assert audit.host_id == rescuer.host.pk and audit.text == "ked to the river." and audit.token_ids == [4, 5, 6]
+    assert audit.host_id == rescuer.host.pk and audit.text == "ked to the river."
+    assert audit.token_ids == _spelled(catalog, "ked to the river.")
     assert audit.payload == sent, "rebuilt at settlement as it was sent: without the continuation's own text"
 
 
-def test_an_answer_without_its_tokens_fails_its_audit(customer, catalog, serving_host, settings) -> None:
+def test_an_answer_without_its_tokens_is_refused_before_any_audit(customer, catalog, serving_host, settings) -> None:
+    """It used to fail its audit (with its share in escrow); now it is refused at completion
+    (`marketplace.lifecycle.evidence`), so nothing reaches an audit or an escrow."""
     settings.AUDIT_PROBATION_RATE = 1.0
-    _, job = _served(customer, catalog, serving_host, token_ids=None)
-    assert audits.audit_score_pending() == 1
-    audit = Audit.objects.get(job=job)
-    assert audit.status == Audit.Status.FAILED and "did not report the tokens" in audit.reason
+    submit_request(customer, catalog)
+    job = services.job_claim_next(host=serving_host.host, fingerprint=serving_host.fingerprint)
+    services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="Hello there.")
+    with pytest.raises(CompletionRefused, match="no token ids"):
+        services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=None)
+    assert not Audit.objects.filter(job=job).exists() and _escrow() == 0

@@ -9,6 +9,7 @@ from conftest import make_customer
 from hosts.models import Host
 from marketplace import audits, canaries, services
 from marketplace.models import Audit, CanaryCheck, CanaryReference, Request
+from testkit.evidence import drawn
 from testkit.personas import make_host as _make_host
 from testkit.requests import submit_request
 
@@ -35,7 +36,7 @@ def _answered(check: CanaryCheck, serving, *, text: str = " Red, green and blue.
     job = services.job_claim_next(host=serving.host, fingerprint=serving.fingerprint)
     assert job is not None and job.request_id == check.request_id
     services.job_push_tokens(host=serving.host, job_id=job.pk, seq=0, text=text)
-    services.job_complete(host=serving.host, job_id=job.pk, finish_reason="stop", token_ids=[11, 12, 13])
+    services.job_complete(host=serving.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk))
     check.refresh_from_db()
     return check
 

@@ -189,6 +189,7 @@ class TrustTests:
         self._passed_canaries(host, catalog, 2)
         submit(customer, catalog)
         job = claim(serving_host)
+        services.job_push_tokens(host=host, job_id=job.pk, seq=0, text="Hello")
         services.job_complete(host=host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk))
         assert Host.objects.get(pk=host.pk).trusted_at is None, "an hour has not passed"
         Host.objects.filter(pk=host.pk).update(created_at=timezone.now() - timedelta(hours=2))

@@ -12,9 +12,11 @@ import pytest
 from billing import selectors as ledger
 from billing.models import Account
 from billing.services import split_cost
+from catalog.tokenizer import tokenizer_for
 from conftest import make_host
 from hosts.models import Host
 from marketplace import audits, services
+from marketplace.lifecycle.errors import CompletionRefused
 from marketplace.models import Audit, Job, RingInquiry, StageShare
 from marketplace.tests.test_ring_pay import host_earned
 from mesh.rings.models import ModelLayout
@@ -23,7 +25,14 @@ from testkit.requests import submit_request
 
 pytestmark = [pytest.mark.django_db, pytest.mark.audits]
 
-TOKENS = [5, 6, 7, 8]
+TEXT = "A ring of stages answered this."
+
+
+def _tokens(catalog) -> list[int]:  # noqa: ANN001
+    """What the bridge reports: the ids spelling its answer and an end of generation (evidence
+    a completion must carry; not the seed's draw, so an audit that reads them fails)."""
+    tokenizer = tokenizer_for(catalog.tokenizer)
+    return [*tokenizer.token_ids(TEXT), tokenizer.end_of_generation()]
 
 
 @pytest.fixture
@@ -39,12 +48,13 @@ def ring(catalog, settings):  # noqa: ANN001, ANN201
     return bridge, first, last
 
 
-def serve(customer, catalog, bridge, *, token_ids: list[int] | None = TOKENS, top_p: float = 1.0, **asked: object) -> Job:  # noqa: ANN001
+def serve(customer, catalog, bridge, *, token_ids: list[int] | None | bool = True, top_p: float = 1.0, **asked: object) -> Job:  # noqa: ANN001
     submit_request(customer, catalog, stream=True, seed=7, max_tokens=40, prompt_tokens=37, temperature=0.7, top_p=top_p,
                    **asked)
     job = services.job_claim_next(host=bridge.host, fingerprint=bridge.fingerprint)
-    services.job_push_tokens(host=bridge.host, job_id=job.pk, seq=0, text="A ring of stages answered this.")
-    services.job_complete(host=bridge.host, job_id=job.pk, finish_reason="stop", token_ids=token_ids)
+    services.job_push_tokens(host=bridge.host, job_id=job.pk, seq=0, text=TEXT)
+    services.job_complete(host=bridge.host, job_id=job.pk, finish_reason="stop",
+                          token_ids=_tokens(catalog) if token_ids is True else token_ids or None)
     return Job.objects.select_related("request").get(pk=job.pk)
 
 
@@ -59,7 +69,7 @@ def test_a_rings_job_is_audited_with_every_hosts_share_in_escrow_and_a_pass_pays
     audit = Audit.objects.get(job=job)
     shares = dict(StageShare.objects.filter(job=job).values_list("host_id", "earned_ucents"))
     hosts_share = split_cost(job.request.cost_ucents).host_ucents
-    assert audit.host_id == bridge.host.pk and audit.token_ids == TOKENS
+    assert audit.host_id == bridge.host.pk and audit.token_ids == _tokens(catalog)
     assert set(shares) == {first.host.pk, last.host.pk}
     assert escrow() == audit.host_ucents == job.earned_ucents + sum(shares.values()) <= hosts_share
     assert audit.platform_ucents == job.request.cost_ucents - audit.host_ucents  # the platform's own, no stage share in it
@@ -81,7 +91,7 @@ def test_a_failed_rings_audit_refunds_everything_and_opens_an_inquiry_before_bla
     assert escrow() == 0 and all(host_earned(h.host) == 0 for h in ring)
     assert not Host.objects.filter(pk__in=[h.host.pk for h in ring], maintenance_since__isnull=False).exists()
     inquiry = RingInquiry.objects.get(audit=audit)  # whose fault it was is found first (test_ring_inquiries.py)
-    assert inquiry.status == RingInquiry.Status.COLLECTING and inquiry.token_ids == TOKENS and inquiry.payload
+    assert inquiry.status == RingInquiry.Status.COLLECTING and inquiry.token_ids == _tokens(catalog) and inquiry.payload
     assert Audit.objects.get(pk=audit.pk).payload is None  # the audit's own copy is gone, as for every audit
     assert ledger.reconcile_report() == []
 
@@ -102,7 +112,7 @@ def test_a_job_at_top_p_below_1_is_drawn_like_any_other(customer, catalog, ring)
     bridge, first, _ = ring
     job = serve(customer, catalog, bridge, top_p=0.9)
     audit = Audit.objects.get(job=job)
-    assert audit.host_id == bridge.host.pk and audit.token_ids == TOKENS
+    assert audit.host_id == bridge.host.pk and audit.token_ids == _tokens(catalog)
     assert host_earned(bridge.host) == 0 == host_earned(first.host)  # in escrow until the audit
 
 
@@ -117,12 +127,12 @@ def test_a_rings_job_that_resumes_text_is_drawn_as_any_hosts(customer, catalog, 
     assert host_earned(bridge.host) == 0 == host_earned(first.host)  # in escrow until the audit
 
 
-def test_a_ring_that_reports_no_tokens_is_drawn_and_fails_its_audit(customer, catalog, ring) -> None:  # noqa: ANN001
+def test_a_ring_that_reports_no_tokens_is_refused_at_completion(customer, catalog, ring) -> None:  # noqa: ANN001
+    """Withholding the tokens dodges nothing: the completion is refused before any audit or pay."""
     bridge, _, _ = ring
-    job = serve(customer, catalog, bridge, token_ids=None)
-    audit = Audit.objects.get(job=job)
-    reason, _ = audits.audit_verdict(audit)
-    assert reason is not None and "did not report the tokens" in reason  # withholding them dodges nothing
+    with pytest.raises(CompletionRefused, match="no token ids"):
+        serve(customer, catalog, bridge, token_ids=None)
+    assert not Audit.objects.exists() and host_earned(bridge.host) == 0
 
 
 def test_an_expert_meshs_coordinator_is_drawn_as_any_host_text_it_resumes_included(customer, catalog, settings) -> None:  # noqa: ANN001

@@ -207,6 +207,7 @@ class CompletionTests:
 
     def test_it_rejects_anything_after_the_end(self, customer, serving_host, catalog) -> None:
         _, job = claimed(customer, serving_host, catalog)
+        services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="Hello")
         services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk))
         with pytest.raises(services.JobNotRunning):
             services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="late")
