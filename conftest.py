@@ -81,6 +81,15 @@ def _audits_only_where_asked(request: pytest.FixtureRequest, settings) -> None: 
     marked `audits` (`testkit.stack.stack_env` does the same for child processes)."""
     settings.AUDIT_ENABLED = request.node.get_closest_marker("audits") is not None
     settings.AUDIT_PASS_RECHECK_RATE = 0.0  # a scorer's pass decides, but in the tests of the re-check
+    settings.AUDIT_SCORER_OWNER_MIN_AGE_DAYS = 0.0  # a trusted host's owner scores without a history, but in the
+    settings.AUDIT_SCORER_OWNER_MIN_PASSED_AUDITS = 0  # tests of that history (test_audits_by_hosts.py)
+
+
+@pytest.fixture(autouse=True)
+def _synthetic_hosts_unversioned(settings) -> None:  # noqa: ANN001 (pytest-django's)
+    """The suite's synthetic hosts heartbeat with no version, or "sim" (refused in production:
+    `hosts.selectors.client_too_old`; `testkit.stack.stack_env` lets child processes' in too)."""
+    settings.MAHOUT_UNVERSIONED_ALLOWED = True
 
 
 @pytest.fixture

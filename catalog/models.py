@@ -4,6 +4,8 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
+from protocol.catalog import AUDITABLE_CONTEXT_TOKENS
+
 
 class CatalogModel(models.Model):
     """A model the marketplace sells, with its prices per token in micro-cents."""
@@ -68,3 +70,12 @@ class CatalogModel(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def context_sold(self) -> int:
+        """The context a request may fill (prompt + max_tokens): the entry's, and for a chat
+        model never more than its verifiers and runners take (`AUDITABLE_CONTEXT_TOKENS`), so
+        every job sold can be audited whatever the row says (an operator's edit included)."""
+        if self.kind == self.Kind.CHAT:
+            return min(self.context_length, AUDITABLE_CONTEXT_TOKENS)
+        return self.context_length

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
 
@@ -22,7 +23,7 @@ TEMPLATES = Path(__file__).resolve().parent / "chat_templates"
 DEFAULT_TEMPLATE = TEMPLATES / "gemma-turns.jinja"
 FORMAT_SECONDS = 30.0  # a claim reads a model's format from this cache: an admin's edit is seen within it
 
-_FIELDS = ("chat_template", "bos_text", "eos_text", "adds_bos", "control_tokens", "end_of_turn")
+_FIELDS = ("chat_template", "bos_text", "eos_text", "adds_bos", "control_tokens", "end_of_turn", "tokenizer")
 _FORMATS: dict[int, tuple[float, ChatFormat]] = {}
 _FORMATS_LOCK = threading.Lock()
 
@@ -33,10 +34,16 @@ def default_template() -> str:
 
 
 def chat_format(model: CatalogModel) -> ChatFormat:
-    """The format of a loaded entry (and this process' cache of it refreshed)."""
+    """The format of a loaded entry (and this process' cache of it refreshed). Which of its
+    control tokens strip the spaces beside them is its vocabulary's answer (llama.cpp's
+    attributes, read from the copy the gateway counts with), so entries made before it was
+    asked are rendered as their hosts' llama.cpp reads them too."""
+    controls = tuple(model.control_tokens or ())
+    lstrip, rstrip = tokenizer_for(model.tokenizer).control_strips(controls) if controls else ((), ())
     found = ChatFormat(
         template=model.chat_template or default_template(), bos_token=model.bos_text, eos_token=model.eos_text,
-        adds_bos=model.adds_bos, controls=tuple(model.control_tokens or ()), end_of_turn=tuple(model.end_of_turn or ()),
+        adds_bos=model.adds_bos, controls=controls, end_of_turn=tuple(model.end_of_turn or ()),
+        lstrip=lstrip, rstrip=rstrip,
     )
     if model.pk is not None:
         with _FORMATS_LOCK:
@@ -54,10 +61,30 @@ def chat_format_of(model_id: int) -> ChatFormat:
     return chat_format(CatalogModel.objects.only("pk", *_FIELDS).get(pk=model_id))
 
 
-def prompt_fragments(model: CatalogModel, *, kind: str, messages: list | None, prompt: str | None) -> list[Fragment]:
-    """A request's prompt rendered for its model, as a host will be fed it. Raises
-    `protocol.rendering.TemplateRefused` when the model's template refuses the conversation."""
-    return job_fragments(chat_format(model), {"kind": kind, "messages": messages, "prompt": prompt})
+def prompt_fragments(
+    model: CatalogModel, *, kind: str, messages: list | None, prompt: str | None, now: datetime | None = None,
+) -> list[Fragment]:
+    """A request's prompt rendered for its model, as a host will be fed it, its template told
+    it is `now` (the request's `rendered_at`). Raises `protocol.rendering.TemplateRefused` when
+    the model's template refuses the conversation or passes its sandbox's bounds."""
+    return job_fragments(chat_format(model), {"kind": kind, "messages": messages, "prompt": prompt}, now=now)
+
+
+RENDERED_AT = "rendered_at"  # a request's params: the instant (Unix seconds) its template is told it is
+
+
+def render_instant(params: dict | None) -> datetime | None:
+    """The instant a request's prompt is rendered at, every time (`RENDERED_AT` in its params,
+    fixed at admission); None for a request admitted before it was kept (rendered at the time)."""
+    stamp = (params or {}).get(RENDERED_AT)
+    return datetime.fromtimestamp(stamp, UTC) if isinstance(stamp, int | float) else None
+
+
+def render_instant_fixed(params: dict) -> tuple[dict, datetime]:
+    """`params` with this instant fixed as the one its prompt is rendered at, whole seconds (a
+    template may write the time), and that instant."""
+    stamp = int(time.time())
+    return {**params, RENDERED_AT: stamp}, datetime.fromtimestamp(stamp, UTC)
 
 
 def prompt_count(model: CatalogModel, fragments: Sequence[Fragment]) -> int:

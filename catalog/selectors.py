@@ -22,7 +22,7 @@ def catalog_model_card(model: CatalogModel) -> dict[str, Any]:
     not made from a file). The API adds what only it knows (hosts, supported parameters)."""
     output = "embeddings" if model.kind == CatalogModel.Kind.EMBEDDING else "text"
     return {
-        "context_length": model.context_length,
+        "context_length": model.context_sold,
         "pricing": {"prompt": usd_per_token(model.input_price_ucents), "completion": usd_per_token(model.output_price_ucents)},
         "architecture": {
             "modality": f"text->{output}", "input_modalities": ["text"], "output_modalities": [output],

@@ -12,7 +12,7 @@ from catalog.models import CatalogModel
 from catalog.money import usd_per_million_to_ucents
 from catalog.tokenizer import GGUF_SPEC, tokenizer_for
 from core.errors import DomainError
-from protocol.catalog import file_sha256
+from protocol.catalog import AUDITABLE_CONTEXT_TOKENS, file_sha256
 from protocol.rendering import ChatFormat, TemplateRefused, chat_format_read
 
 VOCAB_DIR = "catalog"  # under VAR_DIR: the vocabulary-only copies the gateway counts tokens with
@@ -31,10 +31,12 @@ def catalog_model_add(
 ) -> CatalogModel:
     """Add a chat model from its own GGUF: its facts read from the file, the file pinned by
     sha256, a vocabulary-only copy kept under VAR_DIR for counting. Prices are USD per million
-    tokens as typed; `context_length` caps the context sold below the file's own (as the shipped
-    Gemma entry sells 4,096 of its 32,768). Refuses (CatalogAddRefused) with nothing written: a bad price or name, a
-    file that is not a GGUF model, no chat template, a name or file already in the catalog.
-    What the file alone decides is checked before the database is asked."""
+    tokens as typed. The context sold is the file's own, at most AUDITABLE_CONTEXT_TOKENS (what
+    mahout's runner and every audit's verifier read: a longer job could not be audited, so it is
+    not sold); `context_length` caps it lower. Refuses (CatalogAddRefused) with nothing written: a
+    bad price or name, a file that is not a GGUF model, no chat template, a context past either
+    bound, a name or file already in the catalog. What the file alone decides is checked before
+    the database is asked."""
     prices = {"input_price_ucents": _price(input_price, "input"), "output_price_ucents": _price(output_price, "output")}
     if not _NAME.fullmatch(name):
         raise CatalogAddRefused(f"{name!r} is not a model name: 1-100 letters, digits and . _ : / + -, "
@@ -44,9 +46,10 @@ def catalog_model_add(
     template = template or facts.chat_template
     if not template:
         raise CatalogAddRefused(f"{path} has no chat template (tokenizer.chat_template); supply one with --template FILE")
-    if context_length is not None and not 0 < context_length <= facts.context_length:
-        raise CatalogAddRefused(f"--context-length {context_length} is not within 1 and the file's own context, "
-                                f"{facts.context_length} tokens")
+    most = min(facts.context_length, AUDITABLE_CONTEXT_TOKENS)
+    if context_length is not None and not 0 < context_length <= most:
+        raise CatalogAddRefused(f"--context-length {context_length} is not within 1 and {most} tokens (the file's own "
+                                f"context is {facts.context_length}; audits and hosts read at most {AUDITABLE_CONTEXT_TOKENS})")
     if CatalogModel.objects.filter(name=name).exists():
         raise CatalogAddRefused(f"{name} is already in the catalog")
     sha256 = file_sha256(path)
@@ -54,7 +57,7 @@ def catalog_model_add(
     if already is not None:
         raise CatalogAddRefused(f"{path} is already in the catalog as {already.name} (sha256 {sha256})")
     return _entry_create(path=path, name=name, facts=facts, template=template, sha256=sha256,
-                         fields={**prices, "context_length": context_length or facts.context_length})
+                         fields={**prices, "context_length": context_length or most})
 
 
 def _price(amount: str, which: str) -> int:

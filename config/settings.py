@@ -79,6 +79,11 @@ AXES_LOCKOUT_TEMPLATE = "web/locked_out.html"
 AXES_IPWARE_PROXY_COUNT = env_int("TRUSTED_PROXY_COUNT", 0, minimum=0)  # behind HAProxy / a TLS proxy: 1
 AXES_VERBOSE = False
 SIGNUP_RATE = env_str("SIGNUP_RATE", "10/h")
+# Password-reset e-mails (django-ratelimit): at most this many asked for one e-mail address
+# (whoever asks: nobody's inbox is flooded, and the limit says nothing of whether an account
+# has that address), and from one client address (whichever addresses it names).
+PASSWORD_RESET_EMAIL_RATE = env_str("PASSWORD_RESET_EMAIL_RATE", "3/h")
+PASSWORD_RESET_IP_RATE = env_str("PASSWORD_RESET_IP_RATE", "10/h")
 RATELIMIT_IP_META_KEY = "config.middleware.client_ip"
 
 ROOT_URLCONF = "config.urls"
@@ -252,6 +257,13 @@ OUTPUT_RETENTION_SECONDS = env_int("OUTPUT_RETENTION_SECONDS", 300, minimum=0)
 # so a conversation kept by choice should outlive only the session that continues it (an agent's
 # turns and tool round trips come seconds to minutes apart).
 RESPONSE_STORE_SECONDS = env_int("RESPONSE_STORE_SECONDS", 3600, minimum=1)
+# What stored responses may hold, in bytes of compact UTF-8 JSON (their normalised conversation and
+# the fields the Response repeats): per response, and for all of an account's live ones together.
+# Over either, a `store: true` request is a 400 before anything is queued or billed. One response's
+# limit is the largest request body's (MAX_BODY_BYTES) by default: a conversation is bounded by its
+# model's context anyway; the account's holds fifty such, or an agent's many short turns for an hour.
+RESPONSE_STORE_MAX_BYTES = env_int("RESPONSE_STORE_MAX_BYTES", 1_000_000, minimum=1024)
+RESPONSE_STORE_ACCOUNT_MAX_BYTES = env_int("RESPONSE_STORE_ACCOUNT_MAX_BYTES", 50_000_000, minimum=1024)
 # a customer schema's conversion to a grammar, in a child process (protocol/grammar_fence.py)
 GRAMMAR_CHECK_SECONDS = env_float("GRAMMAR_CHECK_SECONDS", 2.0, minimum=0.1)
 GRAMMAR_CHECK_MEMORY_MB = env_int("GRAMMAR_CHECK_MEMORY_MB", 1024, minimum=256)
@@ -262,6 +274,10 @@ ABANDON_GRACE_SECONDS = env_float("ABANDON_GRACE_SECONDS", 15.0, minimum=0.0)
 # Verification (marketplace/canaries.py): hidden jobs with known answers. Only models with
 # references (`manage.py canary_references`) get canaries.
 MAHOUT_MIN_VERSION = env_str("MAHOUT_MIN_VERSION", "0.7.0")  # older ones are refused (426): 0.4.0 draws under a grammar by the specified sampler too, so its structured answers can be audited; 0.5.0's rings draw top_p < 1 by it, so their answers are audited whatever the top_p; 0.6.0's ring stages keep and hand over their evidence (a 0.5.0 stage would be blamed by every inquiry into its ring) and its rings heal a cut word as a host does (a 0.5.0 ring's honest answers to text they resume fail their audits); 0.7.0's rings continue an answer under a grammar (a 0.6.0 bridge refuses the continuation, which the gateway now routes to rings)
+# A heartbeat or claim whose `version` is not a version (missing, or "sim") cannot be held to
+# MAHOUT_MIN_VERSION and is refused (426); the tests' synthetic hosts are let in with this on
+# (conftest.py, testkit.stack.stack_env). Never on in production.
+MAHOUT_UNVERSIONED_ALLOWED = env_bool("MAHOUT_UNVERSIONED_ALLOWED", False)
 METRICS_TOKEN = env_str("METRICS_TOKEN")  # Prometheus' bearer token for GET /metrics (staff may also sign in)
 # Audits (marketplace/audits.py): the share of completed real jobs re-read under the real model
 # before their host is paid; every job of a host in probation by default.
@@ -273,15 +289,21 @@ AUDIT_PROBATION_RATE = env_float("AUDIT_PROBATION_RATE", 1.0, minimum=0.0)
 # a large vocabulary is most of an every-token audit's cost (bench/trust.py, BENCHMARKS.md).
 # A failure a trusted host reports is confirmed by a second one checking every token.
 AUDIT_TOKENS = env_int("AUDIT_TOKENS", 16, minimum=0)
-# A model whose weights the gateway lacks is scored by trusted hosts paid to score it: an audit
-# no scorer took within this long is released unchecked (logged); a scorer silent this long
-# is replaced; a scorer overruled by confirmations this often in a day loses its trust.
+# A model whose weights the gateway lacks is scored by trusted hosts of other owners, paid to score it: an audit
+# no scorer decided within this long is read by the gateway where it holds the weights, else refunded to its customer
+# unscored (the host neither paid nor blamed; never released unchecked); a scorer silent this long is replaced; a
+# scorer in the minority of a decided split this often in a day loses its trust.
 AUDIT_SCORER_WAIT_SECONDS = env_float("AUDIT_SCORER_WAIT_SECONDS", 1800.0, minimum=0.0)
 AUDIT_SCORE_TIMEOUT_SECONDS = env_float("AUDIT_SCORE_TIMEOUT_SECONDS", 300.0, minimum=1.0)
 AUDIT_SCORER_MAX_OVERRULED = env_int("AUDIT_SCORER_MAX_OVERRULED", 2, minimum=1)
 # A scorer that declined (or went silent on) this many audits in a day is handed no more that day: it cannot choose
 # which answers it reads (a colluder declining all but its partner's would pass only those).
-AUDIT_SCORER_MAX_DECLINED = env_int("AUDIT_SCORER_MAX_DECLINED", 5, minimum=1)
+AUDIT_SCORER_MAX_DECLINED = env_int("AUDIT_SCORER_MAX_DECLINED", 5, minimum=1)  # per model, per cause
+# Only an owner with a history scores audits (marketplace/reputation.py: `scorer_owner_seasoned`): an account this
+# many days old whose own hosts' jobs passed this many audits that were read. An e-mail is free, and each owner is a
+# vote on an audit: a sybil must pay for its vote in time and in honest, checked work before it can cast one.
+AUDIT_SCORER_OWNER_MIN_AGE_DAYS = env_float("AUDIT_SCORER_OWNER_MIN_AGE_DAYS", 14.0, minimum=0.0)
+AUDIT_SCORER_OWNER_MIN_PASSED_AUDITS = env_int("AUDIT_SCORER_OWNER_MIN_PASSED_AUDITS", 20, minimum=0)
 # The share of trusted hosts' first passes that wait for a second scorer's look (a pass that a
 # confirmed failure then goes against is a strike): a scorer passing a cheat is caught so.
 AUDIT_PASS_RECHECK_RATE = env_float("AUDIT_PASS_RECHECK_RATE", 0.1, minimum=0.0)
@@ -328,10 +350,11 @@ EARNINGS_VEST_SECONDS = env_float("EARNINGS_VEST_SECONDS", 7 * 24 * 3600.0, mini
 # max_tokens at the slowest acceptable speed.
 JOB_START_ALLOWANCE_SECONDS = env_float("JOB_START_ALLOWANCE_SECONDS", 120.0, minimum=1.0)
 # Before its first token a host may be loading or prefilling (seed 001: the stall clock is a
-# stream's): it may take what its own benchmark says (load, first-token latency, the prompt at
-# its prompt tokens/s) plus this small floor, and up to three times its figures while it reports
-# progress (each report within JOB_PROGRESS_SILENCE_SECONDS; mahout reports every 5 s), never past
-# the allowance above (marketplace/lifecycle/watchdog.py).
+# stream's): it may take what its own benchmark says (load unless its catalog said the model was
+# loaded at its claim, first-token latency, the prompt at its prompt tokens/s) plus this small
+# floor, and up to three times its figures while it reports progress (each report within
+# JOB_PROGRESS_SILENCE_SECONDS; mahout reports every 5 s), never past the allowance above
+# (marketplace/lifecycle/watchdog.py).
 JOB_START_FLOOR_SECONDS = env_float("JOB_START_FLOOR_SECONDS", 5.0, minimum=0.1)
 JOB_PROGRESS_SILENCE_SECONDS = env_float("JOB_PROGRESS_SILENCE_SECONDS", 10.0, minimum=0.1)
 JOB_MIN_TOKENS_PER_SECOND = env_float("JOB_MIN_TOKENS_PER_SECOND", 2.0, minimum=0.01)

@@ -23,9 +23,9 @@ from mahout import command_name
 from mahout.gpu import Offload
 from mahout.model_files import SHIPPED_MODEL, added_entry, added_model, added_names, assemble_shipped, recorded_sha256
 from mahout.runners.embeddings import MODEL_NAME as EMBEDDINGS_MODEL
-from protocol.catalog import MODEL_FILES, file_sha256
+from protocol.catalog import AUDITABLE_CONTEXT_TOKENS, MODEL_FILES, file_sha256
 
-RUNNER_N_CTX = 4096
+RUNNER_N_CTX = AUDITABLE_CONTEXT_TOKENS  # no job the gateway sells is longer: its audit reads this much
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mahout.verify import Unauditable, Verifier
-from protocol.jobs import AuditVerdict
+from protocol.jobs import AUDIT_DECLINED_UNAUDITABLE, AuditVerdict
 
 if TYPE_CHECKING:
     from llama_cpp import Llama
@@ -54,7 +54,7 @@ def audit_score(audit: dict, runner: object) -> AuditVerdict:
                                     logprobs=logprobs if isinstance(logprobs, list) else None,
                                     sample=draw if isinstance(draw, int) and not isinstance(draw, bool) and draw > 0 else None)
     except Unauditable as exc:
-        return declined(f"not auditable here: {exc}")
+        return declined(f"{AUDIT_DECLINED_UNAUDITABLE}: {exc}")
     except Exception as exc:  # noqa: BLE001 - a reading that breaks is handed to another scorer, not lost
         return declined(f"{type(exc).__name__}: {exc}")
     finally:

@@ -64,6 +64,7 @@ from mahout.runners.llama import (
     resumes_text,
     rewrite_budget,
 )
+from protocol.catalog import AUDITABLE_CONTEXT_TOKENS
 from protocol.grammar_fence import FenceUnavailable
 from protocol.jobs import CHAT, COMPLETION, job_stop_strings
 from protocol.sampling import MATCH, MISS, TIE_GAP, TOLERANCE, select_masked, token_check, uniform
@@ -183,7 +184,8 @@ class Verifier:
     (``gpu_layers`` of its layers on a GPU, as a host offloads them); or (``llm``) a model a
     runner loaded already, borrowed and never closed here (`mahout.scoring`)."""
 
-    def __init__(self, model_path: str | Path | None, *, threads: int, n_ctx: int = 4096, llm: Llama | None = None,
+    def __init__(self, model_path: str | Path | None, *, threads: int, n_ctx: int = AUDITABLE_CONTEXT_TOKENS,
+                 llm: Llama | None = None,
                  tolerance: float = TOLERANCE, tie_gap: float = TIE_GAP, logprob_tolerance: float = LOGPROB_TOLERANCE,
                  gpu_layers: int = 0) -> None:
         import llama_cpp

@@ -1,15 +1,18 @@
 """Admission: every decision made before a request is queued, in one place.
 
 The model must exist and be of the right kind, the prompt is rendered exactly as the
-host will see it and counted with the gateway's own tokenizer, it must fit the
-model's context, and then `request_submit` holds the worst-case price (402 / 429
-before anything is queued). Refusals are DomainErrors; the views only render them.
+host will see it and counted with the gateway's own tokenizer, it and max_tokens must
+fit the context the model is sold with (`CatalogModel.context_sold`: for a chat model
+never more than its audits can read, so no job is sold that could not be audited),
+and then `request_submit` holds the worst-case price (402 / 429 before anything is queued). Refusals are DomainErrors; the views only render them.
 """
 from __future__ import annotations
 
+from datetime import datetime
+
 from accounts.models import ApiKey
 from catalog.models import CatalogModel
-from catalog.rendering import prompt_count, prompt_fragments
+from catalog.rendering import prompt_count, prompt_fragments, render_instant_fixed
 from catalog.selectors import catalog_model_by_name
 from catalog.tokenizer import tokenizer_for
 from core.errors import DomainError, bad_request
@@ -24,12 +27,15 @@ def trusted_only(*, api_key: ApiKey, data: dict) -> bool:
     return api_key.trusted_only or bool((data.get("provider") or {}).get("trusted_only"))
 
 
-def rendered_prompt(model: CatalogModel, kind: str, data: dict) -> tuple[list[Fragment], list | None, str | None]:
-    """The prompt rendered exactly as the host's model will see it, plus what the request
-    stores. A conversation the model's template refuses is a 400 saying why."""
+def rendered_prompt(
+    model: CatalogModel, kind: str, data: dict, *, now: datetime | None = None,
+) -> tuple[list[Fragment], list | None, str | None]:
+    """The prompt rendered exactly as the host's model will see it (its template told it is
+    `now`), plus what the request stores. A conversation the model's template refuses, or
+    one it cannot render within its bounds, is a 400 saying why."""
     messages, prompt = (data["messages"], None) if kind == Request.Kind.CHAT else (None, data["prompt"])
     try:
-        return prompt_fragments(model, kind=kind, messages=messages, prompt=prompt), messages, prompt
+        return prompt_fragments(model, kind=kind, messages=messages, prompt=prompt, now=now), messages, prompt
     except TemplateRefused as refused:
         raise bad_request(f"{model.name}: {refused}", code="unsupported_conversation", param="messages") from None
 
@@ -48,11 +54,12 @@ def request_admit(*, api_key: ApiKey, data: dict, params: dict, kind: str, publi
         first = next((index for index, model in enumerate(chosen) if model.pk in online), 0)
     model = chosen[first]
     params = {**params, "fallbacks": [m.name for m in chosen[first + 1:]]} if len(chosen) > 1 else params
-    fragments, messages, prompt = rendered_prompt(model, kind, data)
+    params, now = render_instant_fixed(params)  # every later rendering of this request's prompt is this one's
+    fragments, messages, prompt = rendered_prompt(model, kind, data, now=now)
     prompt_tokens = prompt_count(model, fragments)
-    if prompt_tokens + params["max_tokens"] > model.context_length:
+    if prompt_tokens + params["max_tokens"] > model.context_sold:
         raise bad_request(
-            f"This model's context is {model.context_length} tokens; the prompt has {prompt_tokens} and max_tokens "
+            f"This model's context is {model.context_sold} tokens; the prompt has {prompt_tokens} and max_tokens "
             f"asks for {params['max_tokens']}. Shorten the prompt or lower max_tokens.",
             code="context_length_exceeded",
             param="messages" if messages is not None else "prompt",

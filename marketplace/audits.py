@@ -24,8 +24,8 @@ What is auditable (`mahout.verify.auditable`): chats and completions, under a gr
 (`response_format`, tools) or not, first attempts and continuations (the continuation's own
 text, against the payload it was sent; rings and MoE coordinators heal resumed text as a
 host does, mahout 0.7.0), on a model whose weights the gateway has
-(`catalog.tokenizer.weights_on_gateway`) or that a trusted host other than the job's own
-could score. A chosen job whose host reported no tokens fails: a current mahout always
+(`catalog.tokenizer.weights_on_gateway`) or that an independent trusted host could score
+(`scorers_exist`). A chosen job whose host reported no tokens fails: a current mahout always
 reports them. A ring's final text is audited as any job's (its stages draw by the specified
 sampler, `mahout.ring.vocab`, top_p < 1 included; a ring that reports no tokens fails as any
 host):
@@ -39,32 +39,53 @@ Scored by hosts (`by_hosts`: the gateway lacks the model's weights, the normal c
 model an operator does not hold). The audit becomes work a trusted host claims through the
 ordinary claim path (`audit_claim_payload`, after customers' jobs: kind "audit",
 `protocol.jobs.AuditPayload`), a host that is present, accepting, qualified for the model on
-its machine, never the audited host, and of another owner for the first half of
-AUDIT_SCORER_WAIT_SECONDS. The audited host sees nothing: its own traffic is unchanged, and
-the scorer is not told whose answer it reads. The scorer answers with a verdict
-(`audit_verdict_report`):
-- a pass decides the audit: the escrow is released to the audited host; except that a share
-  of first passes (AUDIT_PASS_RECHECK_RATE, drawn when the pass comes in, so no scorer can
-  know) waits for a second scorer's look, when a trusted host of a third owner holds the model
-  (with none, the pass decides: waiting would only delay the host's share). A second pass
-  decides it. A failure then needs its own confirmation, as any failure: confirmed, the audit fails and the first scorer's pass is
-  overruled (a strike), so a trusted host that passes a cheat's answers is caught on a
-  share of them;
-- a failure is only believed once a second, different trusted scorer confirms it: then the
-  customer is refunded and the host punished as above; a confirmation that passes decides
-  the audit passed and the first scorer, overruled, gets a strike (AUDIT_SCORER_MAX_OVERRULED
-  strikes in a day and it loses its trust, so it scores no more);
+its machine, and independent: never of the audited host's owner (however long the audit
+waits), never of an owner whose host gave a verdict on it already (each verdict is another
+owner's vote), and of an owner with a history (`reputation.scorer_owner_seasoned`: an account
+AUDIT_SCORER_OWNER_MIN_AGE_DAYS old whose own hosts passed AUDIT_SCORER_OWNER_MIN_PASSED_AUDITS
+audits; an e-mail is free, a vote must not be). The audited host sees nothing: its own
+traffic is unchanged, and the scorer is not told whose answer it reads. The scorer answers
+with a verdict (`audit_verdict_report`), and the verdicts decide by majority:
+- a lone pass decides the audit: the escrow is released to the audited host; except that a
+  share of first passes (AUDIT_PASS_RECHECK_RATE, drawn when the pass comes in, so no scorer
+  can know) waits for a second scorer's look, when an independent host of a third owner holds
+  the model (with none, the pass decides: waiting would only delay the host's share);
+- a failure is only believed once a second scorer confirms it: then the customer is refunded
+  and the host punished as above;
+- two verdicts alike decide: two passes, or two failures; a third verdict after a split
+  decides 2-1, and the scorer in the minority is overruled (a strike:
+  AUDIT_SCORER_MAX_OVERRULED strikes in a day and it loses its trust, so it scores no more);
+- a pass/fail split is nobody's majority (no strike): the gateway's own verifier decides it
+  where it holds the weights (its verdict and the scorer it agrees with are the majority),
+  else a third scorer the gateway chooses (`_split_break`: a random owner among the
+  independent ones with a history, neither the audited host's nor either scorer's; only that
+  host may claim it), so a second account can neither overrule an honest scorer nor race to
+  be the third;
 - a decline (it cannot score it there), a silence past AUDIT_SCORE_TIMEOUT_SECONDS or the
   scorer's restart (a new boot id from it, `audit_scorer_restarted`) hands the audit to
-  another scorer; an audit no scorer decided within AUDIT_SCORER_WAIT_SECONDS is
-  released unchecked and logged, as the gateway does when a file vanished. A scorer that
-  declined or abandoned AUDIT_SCORER_MAX_DECLINED audits in a day is handed no more that day:
-  letting one go is unpaid, and it must not let a scorer choose which answers it reads.
+  another scorer. A scorer that declined or abandoned AUDIT_SCORER_MAX_DECLINED audits of one
+  model for one cause in a day (`decline_cause`: the answer cannot be audited anywhere, or the
+  scorer's own) is handed no more of that model that day: letting one go is unpaid, and it
+  must not let a scorer choose which answers it reads; one model's declines do not stop its
+  scoring of the others.
+An audit no verdict decided within AUDIT_SCORER_WAIT_SECONDS goes to the gateway's verifier
+where it holds the weights; a lone pass stands (a second look nobody gave); anything else
+is unscored (`audit_unscored`).
+
+No job is paid unchecked. An audit nobody independent could read (no such scorer in time, a
+split nobody broke, the gateway's verifier unable to read it) is unscored: the customer is
+refunded what the job cost and the host's share in escrow is voided with it, without a
+strike or maintenance. Paying it would pay a cheat for being unreadable (it could make
+itself so); blaming the host would punish an honest one for the want of scorers. What made
+most such audits before, an answer longer than the verifier's context, is refused at
+admission now (`CatalogModel.context_sold`), so an unscored audit is rare and costs an honest
+host one job's share, never its standing. The gateway's verifier hands an audit whose weights
+vanished to independent host scorers, where there are any (`audit_score_pending`).
 Each scorer whose verdict stands is paid its prefill's fee when the audit is decided
 (`scorer_fee`: the model's prompt price for prompt + answer tokens, the host's share of it),
 out of the platform's revenue, at most half the audited job's platform share each (10% of
 what the customer paid, at the default 80/20 split) and never more than the platform holds.
-A scorer whose verdict falls (overruled, or a lone failure released unchecked) is not paid.
+A scorer whose verdict falls (overruled, or any verdict of an unscored audit) is not paid.
 The prompt, text and tokens are deleted when the audit is decided, as for every audit.
 """
 from __future__ import annotations
@@ -74,12 +95,14 @@ import hashlib
 import hmac
 import logging
 import random
+import threading
+from collections import Counter
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from billing import services as billing
@@ -92,7 +115,7 @@ from marketplace import reputation, ring_inquiries
 from marketplace.models import Audit, AuditScore, Job, Request, StageShare
 from marketplace.scorer_fees import scorer_fee
 from mesh.experts import services as expert_services
-from protocol.jobs import AUDIT, AuditPayload
+from protocol.jobs import AUDIT, AUDIT_DECLINED_UNAUDITABLE, AuditPayload
 
 logger = logging.getLogger(__name__)
 
@@ -158,19 +181,28 @@ def audit_open(*, request: Request, job: Job, host: Host, payload: dict, text: s
 
 def audit_possible(model: CatalogModel, *, besides: Host) -> bool:
     """Whether a job of `model` that `besides` served could be audited: the gateway has the
-    weights, or a trusted host other than `besides` could score it."""
+    weights, or an independent host could score it (`scorers_exist`)."""
     return audit_weights(model, assemble=False) is not None or scorers_exist(model_id=model.pk, besides=besides)
 
 
 def scorers_exist(*, model_id: int, besides: Host) -> bool:
-    """Whether a trusted host other than `besides` has qualified `model_id`: one that could
-    score an audit of it when the gateway cannot."""
-    return Host.objects.filter(TRUSTED.q(), qualifications__model_id=model_id).exclude(pk=besides.pk).exists()
+    """Whether a host that may score an answer of `besides` has qualified `model_id`: one
+    that could score an audit of it when the gateway cannot (`independent_scorers`)."""
+    return independent_scorers(model_id=model_id, owners={besides.owner_id}).exists()
+
+
+def independent_scorers(*, model_id: int, owners: set[int], now: datetime | None = None) -> QuerySet[Host]:
+    """The hosts that may score an audit of `model_id` that none of `owners` (the audited
+    host's, and those of the scorers that gave a verdict on it) may: trusted, qualified for
+    the model, of another owner, and that owner with a history (`reputation.scorer_owner_seasoned`)."""
+    return Host.objects.filter(TRUSTED.q(), reputation.scorer_owner_seasoned(now=now),
+                               qualifications__model_id=model_id).exclude(owner_id__in=owners)
 
 
 # --- scoring (on the Celery workers) --------------------------------------------------------
 
 _verifiers: dict[str, object] = {}
+VERIFYING = threading.Lock()  # a process' verifier is one llama.cpp context: one reading at a time
 
 
 @atexit.register
@@ -196,23 +228,26 @@ def _verifier(path: str) -> object:
 
 def audit_verdict(audit: Audit) -> tuple[str | None, dict]:
     """Why the audited answer cannot be the real model's draw (None: it passed), and the counts."""
-    if not audit.token_ids:
-        if not audit.text:
-            return None, {"checked": 0, "uncertain": 0, "misses": 0}  # nothing generated: nothing to check
+    if not audit.token_ids:  # (an empty answer too: it is one draw, the end of generation, and must say so)
         return "its host did not report the tokens it generated, so its answer cannot be checked", {}
     path = audit_weights(audit.request.model)
     if path is None:
         raise LookupError(f"the weights of {audit.request.model.name} are no longer on this gateway")
-    result = _verifier(path).audit(  # type: ignore[attr-defined]
-        audit.payload, token_ids=[int(t) for t in audit.token_ids], text=audit.text, finish_reason=audit.finish_reason,
-        seed=audit.seed, logprobs=audit.logprobs, sample=settings.AUDIT_TOKENS or None,
-    )
+    with VERIFYING:
+        result = _verifier(path).audit(  # type: ignore[attr-defined]
+            audit.payload, token_ids=[int(t) for t in audit.token_ids], text=audit.text, finish_reason=audit.finish_reason,
+            seed=audit.seed, logprobs=audit.logprobs, sample=settings.AUDIT_TOKENS or None,
+        )
     counts = {"checked": result.checked, "uncertain": result.uncertain, "misses": len(result.misses)}
     return result.reason, counts
 
 
 def audit_score_pending(*, limit: int = 10) -> int:
-    """Score pending audits, oldest first, and decide them. Returns how many were decided."""
+    """Score pending audits, oldest first, and decide them. Returns how many were decided.
+    One the verifier cannot read is never released unchecked: weights that vanished hand it to
+    independent host scorers (unscored where there are none); an answer it cannot read
+    (`Unauditable`: admission refuses what outgrows its context, so a grammar it cannot build,
+    or a host's tokens past the job's bounds) is unscored (`audit_unscored`)."""
     from mahout.verify import Unauditable
 
     decided = audit_scorers_watch()
@@ -223,11 +258,62 @@ def audit_score_pending(*, limit: int = 10) -> int:
             continue
         try:
             reason, counts = audit_verdict(audit)
-        except (LookupError, Unauditable) as cannot:  # the file is gone, or the answer outgrew the verifier's context
-            logger.warning("audit %s: %s; released unchecked", audit.pk, cannot)
-            reason, counts = None, {}
-        decided += audit_decide(audit=audit, reason=reason, counts=counts)
+        except LookupError as gone:  # the file is gone: hosts that hold the model read it
+            decided += _audit_to_hosts(audit, why=str(gone))
+        except Unauditable as cannot:
+            decided += audit_unscored(audit=audit, why=f"the gateway's verifier cannot read it: {cannot}")
+        else:
+            decided += _gateway_decides(audit, reason=reason, counts=counts)
     return decided
+
+
+@transaction.atomic
+def _gateway_decides(audit: Audit, *, reason: str | None, counts: dict) -> bool:
+    """The gateway's verifier decides (an audit it holds the weights of, or a split of host
+    scorers handed to it, `_split_break`). Its verdict is one vote: with a host scorer's
+    alike, a majority, and the scorer against it is overruled (a strike); against a lone host
+    verdict nobody is struck (a 1-1). Host scorers whose verdict stands are paid."""
+    if not audit_decide(audit=audit, reason=reason, counts=counts):
+        return False
+    scores = list(audit.scores.filter(verdict__in=VERDICTS).select_related("scorer"))
+    standing = [score for score in scores if (score.verdict == AuditScore.Verdict.PASSED) == (reason is None)]
+    if len(standing) + 1 > len(scores) - len(standing) and standing:  # the gateway and one alike: a majority
+        for score in scores:
+            if score not in standing:
+                _scorer_overruled(score)
+    _scorers_pay(audit, standing)
+    return True
+
+
+def _audit_to_hosts(audit: Audit, *, why: str) -> bool:
+    """The gateway can no longer read the model: independent host scorers do, as for a model it
+    never held (`by_hosts`); with none, the audit is unscored now. True when decided so."""
+    if not scorers_exist(model_id=audit.request.model_id, besides=audit.host):
+        return audit_unscored(audit=audit, why=f"{why}, and no independent host could score it")
+    logger.warning("audit %s: %s; independent hosts score it", audit.pk, why)
+    Audit.objects.filter(pk=audit.pk, status=Audit.Status.PENDING).update(by_hosts=True)
+    announce_on_commit(queue_group(audit.request.model_id), {"type": "audit.queued"})
+    return False
+
+
+@transaction.atomic
+def audit_unscored(*, audit: Audit, why: str) -> bool:
+    """Nobody independent could read the answer (see the module's docstring): the customer is
+    refunded what the job cost, the host's escrowed share voided with it (a ring's stages'
+    too), with no strike, maintenance or inquiry, and no scorer paid. Deletes the prompt, text
+    and tokens. A compare-and-set from pending: False when decided elsewhere."""
+    if not Audit.objects.filter(pk=audit.pk, status=Audit.Status.PENDING).update(
+        status=Audit.Status.UNSCORED, reason=why[:500], payload=None, text="", token_ids=None, logprobs=None,
+        decided_at=timezone.now(), scorer=None, scorer_since=None, scorer_boot="", chosen=None, chosen_at=None,
+    ):
+        return False
+    request = audit.request
+    logger.warning("audit %s of request %s is unscored (%s): its customer is refunded, its host not paid", audit.pk,
+                   request.public_id, why)
+    billing.audit_refund(user=request.user, host_ucents=audit.host_ucents, platform_ucents=audit.platform_ucents,
+                         reference=f"audit-{audit.pk}",
+                         memo=f"request {request.public_id} refunded: no independent scorer could check its answer")
+    return True
 
 
 @transaction.atomic
@@ -239,7 +325,7 @@ def audit_decide(*, audit: Audit, reason: str | None, counts: dict) -> bool:
     status = Audit.Status.PASSED if reason is None else Audit.Status.FAILED
     if not Audit.objects.filter(pk=audit.pk, status=Audit.Status.PENDING).update(
         status=status, reason=(reason or "")[:500], payload=None, text="", token_ids=None, logprobs=None, decided_at=timezone.now(),
-        scorer=None, scorer_since=None, scorer_boot="", **counts,
+        scorer=None, scorer_since=None, scorer_boot="", chosen=None, chosen_at=None, **counts,
     ):
         return False
     request = audit.request
@@ -275,13 +361,14 @@ def _audited_payees(audit: Audit) -> list[tuple[Host, int, str]]:
 
 def audit_summary() -> dict:
     """Audits by status, the models trusted hosts verify (the gateway lacks their weights),
-    those nobody can verify (no weights on the gateway and no trusted host qualified), and the
+    those nobody can verify (no weights on the gateway and no trusted host with a history
+    qualified: `independent_scorers`), and the
     ring inquiries open and decided (`marketplace.ring_inquiries`)."""
     counts = {status: Audit.objects.filter(status=status).count() for status in Audit.Status.values}
     by_hosts, unverifiable = [], []
     for model in CatalogModel.objects.filter(active=True, kind=CatalogModel.Kind.CHAT):
         if audit_weights(model, assemble=False) is None:
-            scored = Host.objects.filter(TRUSTED.q(), qualifications__model_id=model.pk).exists()
+            scored = independent_scorers(model_id=model.pk, owners=set()).exists()
             (by_hosts if scored else unverifiable).append(model.name)
     inquiries = ring_inquiries.inquiry_summary()
     return {**counts, "verified_by_hosts_models": by_hosts, "unverifiable_models": unverifiable,
@@ -292,54 +379,91 @@ def audit_summary() -> dict:
 
 CLAIM_CANDIDATES = 5  # audits a claim tries before giving up to a race
 VERDICTS = (AuditScore.Verdict.PASSED, AuditScore.Verdict.FAILED)  # what a scorer says of the answer (not a decline)
+LET_GO = (AuditScore.Verdict.DECLINED, AuditScore.Verdict.ABANDONED)  # an audit a scorer took and gave back
 
 
 def audit_claim_payload(*, host: Host, model_ids: list[int], boot: str = "") -> AuditPayload | None:
     """An audit of one of `model_ids` (the models `host` qualified on its machine) for this
-    trusted host to score, claimed with a compare-and-set, or None. Oldest first; never its
-    own answer, nor one it read before; another owner's host first (one of the audited host's
-    own owner, or of an owner whose host already gave a verdict on it, a second look, only after
-    half of AUDIT_SCORER_WAIT_SECONDS). The claim path asks only when no
-    customer's job was there for it. `boot` (the claiming process's boot id) is kept: a new
-    one from this host frees the audit at once (`audit_scorer_restarted`)."""
+    trusted host to score, claimed with a compare-and-set, or None. Oldest first; only an
+    independent one (see the module's docstring): never an answer of its own owner's hosts,
+    nor one its owner's hosts gave a verdict on, nor one it let go before, nor one the gateway
+    chose another scorer for (a split); only while its owner has a history
+    (`reputation.scorer_owner_seasoned`), and not of a model it let too many audits of go
+    today (`scorer_declines_capped`). The claim path asks only when no customer's job was
+    there for it. `boot` (the claiming process's boot id) is kept: a new one from this host
+    frees the audit at once (`audit_scorer_restarted`)."""
     if host.trusted_at is None or host.banned_at is not None or not model_ids:
         return None
     now = timezone.now()
-    own_owner_after = now - timedelta(seconds=settings.AUDIT_SCORER_WAIT_SECONDS / 2)
-    candidates = list(
-        Audit.objects.filter(status=Audit.Status.PENDING, by_hosts=True, scorer__isnull=True,
-                             request__model_id__in=model_ids)
-        .exclude(host_id=host.pk).exclude(scores__scorer_id=host.pk)
-        .exclude(Q(host__owner_id=host.owner_id) & Q(created_at__gt=own_owner_after))
-        .exclude(Q(pk__in=AuditScore.objects.filter(scorer__owner_id=host.owner_id, verdict__in=VERDICTS).values("audit_id"))
-                 & Q(created_at__gt=own_owner_after))
-        .order_by("created_at").values_list("pk", flat=True)[:CLAIM_CANDIDATES]
-    )  # (idle, this one query is all an audit costs a trusted host's claim)
-    if candidates and Audit.objects.filter(scorer_id=host.pk, status=Audit.Status.PENDING).exists():
+    candidates = _claimable(host=host, model_ids=model_ids)  # (idle, this one query is all an audit costs a claim)
+    if not candidates:
+        return None
+    if Audit.objects.filter(scorer_id=host.pk, status=Audit.Status.PENDING).exists():
         return None  # one at a time: a scorer is not a queue of audits nobody else may take
-    if candidates and scorer_declined_today(host_id=host.pk, now=now) >= settings.AUDIT_SCORER_MAX_DECLINED:
-        return None  # it declines too often to be handed more today (a colluder's choosing)
-    for audit_id in candidates:
-        if Audit.objects.filter(pk=audit_id, status=Audit.Status.PENDING, scorer__isnull=True).update(
+    if not Host.objects.filter(reputation.scorer_owner_seasoned(now=now), pk=host.pk).exists():
+        return None  # a new account scores nothing until it has a history
+    capped = scorer_declines_capped(host_id=host.pk, now=now)
+    if capped & {model_id for _, model_id in candidates}:  # it lets too many of those go: the others' audits only
+        candidates = _claimable(host=host, model_ids=[model_id for model_id in model_ids if model_id not in capped])
+    for audit_id, _ in candidates:
+        if Audit.objects.filter(_open_to(host), pk=audit_id, status=Audit.Status.PENDING, scorer__isnull=True).update(
                 scorer=host, scorer_since=now, scorer_boot=boot):
             return _audit_payload(Audit.objects.select_related("request__model").get(pk=audit_id))
     return None
 
 
-def scorer_declined_today(*, host_id: int, now: datetime) -> int:
-    """How many audits this scorer let go in the last day: declined, or abandoned (silent past
-    AUDIT_SCORE_TIMEOUT_SECONDS, or restarted). Silence is a decline that takes longer: counted
-    alike, or a colluder would wait instead of declining."""
-    return AuditScore.objects.filter(
-        scorer_id=host_id, verdict__in=[AuditScore.Verdict.DECLINED, AuditScore.Verdict.ABANDONED],
-        created_at__gte=now - timedelta(days=1)).count()
+def _open_to(host: Host) -> Q:
+    """Audits `host` may take, as far as the gateway's choice goes: any, but a split's, whose
+    scorer the gateway chose (`_split_break`; `chosen_at` set, `chosen` None while it found none)."""
+    return Q(chosen_at__isnull=True) | Q(chosen_id=host.pk)
+
+
+def _claimable(*, host: Host, model_ids: list[int]) -> list[tuple[int, int]]:
+    """The oldest pending audits of `model_ids` that `host` may score, as (audit id, model id)."""
+    if not model_ids:
+        return []
+    return list(
+        Audit.objects.filter(_open_to(host), status=Audit.Status.PENDING, by_hosts=True, scorer__isnull=True,
+                             request__model_id__in=model_ids)
+        .exclude(host__owner_id=host.owner_id).exclude(scores__scorer_id=host.pk)
+        .exclude(pk__in=AuditScore.objects.filter(scorer__owner_id=host.owner_id, verdict__in=VERDICTS).values("audit_id"))
+        .order_by("created_at").values_list("pk", "request__model_id")[:CLAIM_CANDIDATES]
+    )
+
+
+def decline_cause(*, verdict: str, reason: str) -> str:
+    """Why a scorer let an audit go: "unauditable" (it says the answer cannot be audited
+    anywhere: `protocol.jobs.AUDIT_DECLINED_UNAUDITABLE`, the verifier's own refusal) or
+    "scorer" (its own means: a runner that cannot read it, an error, a silence, a restart)."""
+    if verdict == AuditScore.Verdict.DECLINED and reason.startswith(AUDIT_DECLINED_UNAUDITABLE):
+        return "unauditable"
+    return "scorer"
+
+
+def scorer_declines_today(*, host_id: int, now: datetime) -> Counter[tuple[int, str]]:
+    """How many audits this scorer let go in the last day, per (model id, `decline_cause`):
+    declined, or abandoned (silent past AUDIT_SCORE_TIMEOUT_SECONDS, or restarted). Silence is
+    a decline that takes longer: counted alike, or a colluder would wait instead of declining.
+    Per model, so that one model's answers no scorer can read (or a model its runner cannot
+    read) do not stop its scoring of the others; per cause, so that declines the answers
+    caused do not use up what the scorer's own may, nor the other way round."""
+    rows = AuditScore.objects.filter(scorer_id=host_id, verdict__in=LET_GO, created_at__gte=now - timedelta(days=1)
+                                     ).values_list("audit__request__model_id", "verdict", "reason")
+    return Counter((model_id, decline_cause(verdict=verdict, reason=reason)) for model_id, verdict, reason in rows)
+
+
+def scorer_declines_capped(*, host_id: int, now: datetime) -> set[int]:
+    """The models this scorer is handed no audits of today: for one cause, it let
+    AUDIT_SCORER_MAX_DECLINED of them go in the last day (`scorer_declines_today`)."""
+    return {model_id for (model_id, _), count in scorer_declines_today(host_id=host_id, now=now).items()
+            if count >= settings.AUDIT_SCORER_MAX_DECLINED}
 
 
 def _audit_payload(audit: Audit) -> AuditPayload:
     """What the scorer receives: the audited job as its host received it (without its id) and
     that host's answer; nothing names that host. The first scorer checks AUDIT_TOKENS tokens
-    drawn at random; one confirming a failure checks every token, so that a miss the first
-    found cannot escape a second draw (and overrule an honest scorer)."""
+    drawn at random; one reading an answer another scorer failed (a confirmation, or a split's
+    third) checks every token, so that a miss the first found cannot escape a second draw."""
     job = {key: value for key, value in (audit.payload or {}).items() if key != "id"}
     confirming = audit.scores.filter(verdict=AuditScore.Verdict.FAILED).exists()
     return {"id": audit.pk, "model": audit.request.model.name, "kind": AUDIT, "job": job,  # type: ignore[typeddict-item]
@@ -358,47 +482,76 @@ def audit_verdict_report(*, host: Host, audit_id: int, verdict: str, reason: str
         raise ApiError(409, f"Audit {audit_id} is not this host's to score (decided, reassigned or never claimed).",
                        code="audit_not_yours", type="invalid_request_error")
     counts = {key: max(int((counts or {}).get(key) or 0), 0) for key in ("checked", "uncertain", "misses")}
-    AuditScore.objects.create(audit=audit, scorer=host, verdict=verdict, reason=reason[:500], **counts)
+    score = AuditScore.objects.create(audit=audit, scorer=host, verdict=verdict, reason=reason[:500], **counts)
     Audit.objects.filter(pk=audit.pk).update(scorer=None, scorer_since=None, scorer_boot="")
     if verdict == AuditScore.Verdict.DECLINED:
         logger.info("audit %s: host %s declined to score it (%s)", audit.pk, host.pk, reason)
-    _audit_settle_scores(audit)
+    _audit_settle_scores(audit, newest=score)
     audit.refresh_from_db(fields=["status"])
     return audit.status
 
 
-def _audit_settle_scores(audit: Audit) -> None:
-    """Decide from the verdicts so far: a pass (a first one drawn for a re-check waits for a
-    second look), or a failure confirmed by another scorer; the verdicts the decision goes
-    against are overruled (a strike each). Otherwise the audit goes back to the scorers
-    (announced, so a waiting one claims it now)."""
-    scores = list(audit.scores.filter(verdict__in=VERDICTS).order_by("created_at", "pk"))
+def _audit_settle_scores(audit: Audit, *, newest: AuditScore) -> None:
+    """Decide from the verdicts so far (each another owner's), by majority: a lone pass
+    decides (but one drawn for a second look, drawn only as it comes in); two alike, more
+    than the other, decide, and the verdict against them is overruled (a strike); a lone
+    failure waits for its confirmation; a pass/fail split, nobody's majority and no strike,
+    goes to the gateway's verifier or a third scorer the gateway chooses (`_split_break`).
+    Otherwise the audit goes back to the scorers (announced, so a waiting one claims it now)."""
+    scores = list(audit.scores.filter(verdict__in=VERDICTS).select_related("scorer").order_by("created_at", "pk"))
     passes = [score for score in scores if score.verdict == AuditScore.Verdict.PASSED]
     fails = [score for score in scores if score.verdict == AuditScore.Verdict.FAILED]
-    if scores and scores[-1].verdict == AuditScore.Verdict.PASSED and (
-            len(passes) > 1 or fails or random.random() >= settings.AUDIT_PASS_RECHECK_RATE
-            or not _second_look_possible(audit, scores[-1])):
-        decided, standing = audit_decide(audit=audit, reason=None, counts=_counts(scores[-1])), passes
-    elif len(fails) >= 2:
+    lone_pass = len(passes) == 1 and not fails and newest.pk == passes[0].pk and (
+        random.random() >= settings.AUDIT_PASS_RECHECK_RATE or not _second_look_possible(audit, passes[0]))
+    if lone_pass or len(passes) >= 2 and len(passes) > len(fails):
+        decided, standing, fallen = audit_decide(audit=audit, reason=None, counts=_counts(passes[-1])), passes, fails
+    elif len(fails) >= 2 and len(fails) > len(passes):
         decided = audit_decide(audit=audit, reason=fails[0].reason or "failed under two scorers", counts=_counts(fails[0]))
-        standing = fails
+        standing, fallen = fails, passes
+    elif passes and fails:
+        _split_break(audit, owners={audit.host.owner_id, *(score.scorer.owner_id for score in scores)})
+        return
     else:
         announce_on_commit(queue_group(audit.request.model_id), {"type": "audit.queued"})
         return
-    for score in scores:
-        if score not in standing:
-            _scorer_overruled(score)
+    for score in fallen:  # the minority of a majority verdict
+        _scorer_overruled(score)
     if decided:
         _scorers_pay(audit, standing)
 
 
+def _split_break(audit: Audit, *, owners: set[int], now: datetime | None = None) -> None:
+    """A pass/fail split (`owners`: the audited host's and the scorers'): the gateway's own
+    verifier decides it where it holds the model's weights (`_gateway_decides`); else the
+    gateway chooses the third scorer, so that no second account can race to be it: an owner
+    drawn at random among the independent ones with a history that have a present host of
+    the model, then one of its hosts; only that host may claim the audit. With none, nobody may
+    claim it and `audit_scorers_watch` chooses again; one chosen that has not claimed it within
+    AUDIT_SCORE_TIMEOUT_SECONDS is replaced so too."""
+    now = now or timezone.now()
+    if audit_weights(audit.request.model, assemble=False) is not None:
+        logger.info("audit %s: its scorers disagree; the gateway's verifier decides", audit.pk)
+        Audit.objects.filter(pk=audit.pk, status=Audit.Status.PENDING).update(by_hosts=False, chosen=None, chosen_at=None)
+        return
+    pool = (independent_scorers(model_id=audit.request.model_id, owners=owners, now=now).online(now)
+            .exclude(audit_scores__audit_id=audit.pk))  # (not one that let it go)
+    draw = random.SystemRandom()
+    by_owner: dict[int, list[int]] = {}
+    for host_id, owner_id in pool.values_list("pk", "owner_id").distinct():
+        by_owner.setdefault(owner_id, []).append(host_id)
+    chosen = draw.choice(by_owner[draw.choice(sorted(by_owner))]) if by_owner else None
+    Audit.objects.filter(pk=audit.pk, status=Audit.Status.PENDING).update(chosen_id=chosen, chosen_at=now)
+    if chosen is not None:
+        logger.info("audit %s: its scorers disagree; host %s is chosen to break the split", audit.pk, chosen)
+        announce_on_commit(queue_group(audit.request.model_id), {"type": "audit.queued"})
+
+
 def _second_look_possible(audit: Audit, score: AuditScore) -> bool:
-    """Whether a trusted host of a third owner (neither the scorer's nor the audited host's)
-    holds the model: with none, a pass drawn for a second look would only wait
+    """Whether an independent host of a third owner (neither the scorer's nor the audited
+    host's) holds the model: with none, a pass drawn for a second look would only wait
     AUDIT_SCORER_WAIT_SECONDS, the host's share with it, and then stand anyway."""
     owners = set(Host.objects.filter(pk__in=[score.scorer_id, audit.host_id]).values_list("owner_id", flat=True))
-    return Host.objects.filter(TRUSTED.q(), qualifications__model_id=audit.request.model_id).exclude(
-        owner_id__in=owners).exists()
+    return independent_scorers(model_id=audit.request.model_id, owners=owners).exists()
 
 
 def _counts(score: AuditScore) -> dict:
@@ -406,9 +559,9 @@ def _counts(score: AuditScore) -> dict:
 
 
 def _scorer_overruled(score: AuditScore) -> None:
-    """A strike: the scorer's verdict was overruled (a failure not confirmed, a pass that a
-    confirmed failure went against). AUDIT_SCORER_MAX_OVERRULED strikes in a day and it goes
-    back to probation (it no longer scores, and must earn trust again)."""
+    """A strike: the scorer's verdict was in the minority of a majority verdict (a 2-1, the
+    gateway's verifier counting as one). AUDIT_SCORER_MAX_OVERRULED strikes in a day and it
+    goes back to probation (it no longer scores, and must earn trust again)."""
     AuditScore.objects.filter(pk=score.pk).update(overruled=True)
     strikes = AuditScore.objects.filter(scorer_id=score.scorer_id, overruled=True,
                                         created_at__gte=timezone.now() - timedelta(days=1)).count()
@@ -419,7 +572,7 @@ def _scorer_overruled(score: AuditScore) -> None:
 
 
 def _scorers_pay(audit: Audit, scores: list[AuditScore]) -> None:
-    """Pay the scorers whose verdicts stand (one, or the two of a confirmed failure), from the
+    """Pay the scorers whose verdicts stand (one, or the two of a majority), from the
     platform's revenue: each at most half the audited job's platform share, so a passing
     audit never costs the platform more than that job brought it (a confirmed failure's fees
     come on top of the refund: the platform bears them, never beyond what it holds)."""
@@ -430,33 +583,51 @@ def _scorers_pay(audit: Audit, scores: list[AuditScore]) -> None:
         AuditScore.objects.filter(pk=score.pk).update(paid_ucents=paid)
 
 
-def audit_scorers_watch(*, now: object = None) -> int:
+def audit_scorers_watch(*, now: datetime | None = None) -> int:
     """The periodic part (with the Celery workers' scoring): a scorer silent past
-    AUDIT_SCORE_TIMEOUT_SECONDS loses its audit to another; an audit scored by hosts that no
-    scorer decided within AUDIT_SCORER_WAIT_SECONDS is released unchecked (logged). Returns
-    how many were decided."""
+    AUDIT_SCORE_TIMEOUT_SECONDS loses its audit to another; a split whose chosen scorer has not
+    claimed it that long (or that found none) gets another; an audit scored by hosts that no
+    verdict decided within AUDIT_SCORER_WAIT_SECONDS is settled as the module's docstring says
+    (never released unchecked). Returns how many were decided."""
     now = now or timezone.now()
     silent = now - timedelta(seconds=settings.AUDIT_SCORE_TIMEOUT_SECONDS)
     for audit_id, scorer_id in list(Audit.objects.filter(status=Audit.Status.PENDING, by_hosts=True,
                                                          scorer_since__lt=silent).values_list("pk", "scorer_id")):
         _scorer_abandoned(audit_id=audit_id, scorer_id=scorer_id,
                           why=f"gave no verdict within {settings.AUDIT_SCORE_TIMEOUT_SECONDS:.0f} s")
+    for audit in Audit.objects.select_related("request__model", "host").filter(
+            Q(chosen__isnull=True) | Q(chosen_at__lt=silent), status=Audit.Status.PENDING, by_hosts=True,
+            scorer__isnull=True, chosen_at__isnull=False):
+        owners = {audit.host.owner_id, *audit.scores.filter(verdict__in=VERDICTS).values_list("scorer__owner_id", flat=True)}
+        with transaction.atomic():
+            _split_break(audit, owners=owners, now=now)
     decided = 0
     waited = now - timedelta(seconds=settings.AUDIT_SCORER_WAIT_SECONDS)
-    for audit in Audit.objects.select_related("request", "host").filter(
+    for audit in Audit.objects.select_related("request__model", "host").filter(
             status=Audit.Status.PENDING, by_hosts=True, scorer__isnull=True, created_at__lt=waited):
-        passed = audit.scores.filter(verdict=AuditScore.Verdict.PASSED).order_by("created_at", "pk").first()
-        if passed is not None:  # a pass waiting for a second look nobody gave: the pass stands
-            logger.warning("audit %s: no second scorer looked within %.0f s; its pass stands", audit.pk,
-                           settings.AUDIT_SCORER_WAIT_SECONDS)
-            if audit_decide(audit=audit, reason=None, counts=_counts(passed)):
-                decided += 1
-                _scorers_pay(audit, [passed])
-            continue
-        logger.warning("audit %s: no trusted host scored it within %.0f s; released unchecked", audit.pk,
-                       settings.AUDIT_SCORER_WAIT_SECONDS)
-        decided += audit_decide(audit=audit, reason=None, counts={})
+        decided += _audit_waited_out(audit)
     return decided
+
+
+def _audit_waited_out(audit: Audit) -> bool:
+    """No verdict decided the audit within AUDIT_SCORER_WAIT_SECONDS: a lone pass (a second
+    look nobody gave) stands; else the gateway's verifier reads it where it holds the weights;
+    else it is unscored. True when decided now."""
+    scores = list(audit.scores.filter(verdict__in=VERDICTS).order_by("created_at", "pk"))
+    if len(scores) == 1 and scores[0].verdict == AuditScore.Verdict.PASSED:
+        logger.warning("audit %s: no second scorer looked within %.0f s; its pass stands", audit.pk,
+                       settings.AUDIT_SCORER_WAIT_SECONDS)
+        with transaction.atomic():
+            if not audit_decide(audit=audit, reason=None, counts=_counts(scores[0])):
+                return False
+            _scorers_pay(audit, scores)
+        return True
+    if audit_weights(audit.request.model, assemble=False) is not None:
+        Audit.objects.filter(pk=audit.pk, status=Audit.Status.PENDING).update(by_hosts=False, chosen=None, chosen_at=None)
+        return False  # (`audit_score_pending` reads it next)
+    verdicts = ", ".join(score.verdict for score in scores) or "none"
+    return audit_unscored(audit=audit, why=f"no independent scorer decided it within "
+                          f"{settings.AUDIT_SCORER_WAIT_SECONDS:.0f} s (verdicts: {verdicts})")
 
 
 def audit_scorer_restarted(*, host_id: int, boot: str) -> int:
@@ -482,6 +653,7 @@ def _scorer_abandoned(*, audit_id: int, scorer_id: int | None, why: str, boot: s
     if scorer_id is None or not held.update(scorer=None, scorer_since=None, scorer_boot=""):
         return False
     AuditScore.objects.create(audit_id=audit_id, scorer_id=scorer_id, verdict=AuditScore.Verdict.ABANDONED)
+    Audit.objects.filter(pk=audit_id, chosen_id=scorer_id).update(chosen=None)  # a split's: the watch chooses another
     logger.warning("audit %s: host %s %s; another scorer is asked", audit_id, scorer_id, why)
     model_id = Audit.objects.filter(pk=audit_id).values_list("request__model_id", flat=True).first()
     announce_on_commit(queue_group(model_id), {"type": "audit.queued"})

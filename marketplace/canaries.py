@@ -44,7 +44,7 @@ from accounts.services import api_key_create
 from billing import selectors as ledger
 from billing import services as billing
 from catalog.models import CatalogModel
-from catalog.rendering import chat_format, prompt_count, prompt_fragments
+from catalog.rendering import RENDERED_AT, chat_format, prompt_count, prompt_fragments, render_instant, render_instant_fixed
 from hosts.models import TRUSTED, Host
 from hosts.selectors import qualified_model_ids
 from hosts.services import host_maintenance_enter
@@ -146,10 +146,12 @@ class Reference:
     gaps: list[tuple[int, float]]  # per generated token: (its first character, its top-2 gap)
 
 
-def canary_job(fmt: ChatFormat, *, kind: str, messages: list | None, prompt: str | None) -> dict:
-    """The job a canary is, rendered in its model's format (what a host receives, less its parameters)."""
+def canary_job(
+    fmt: ChatFormat, *, kind: str, messages: list | None, prompt: str | None, now: datetime | None = None,
+) -> dict:
+    """The job a canary is, rendered in its model's format at `now` (what a host receives, less its parameters)."""
     job = {"kind": kind, "messages": messages, "prompt": prompt, "params": {}}
-    return {**job, "fragments": job_fragments(fmt, job), "end_of_turn": chat_stops(fmt) if kind == "chat" else []}
+    return {**job, "fragments": job_fragments(fmt, job, now=now), "end_of_turn": chat_stops(fmt) if kind == "chat" else []}
 
 
 def job_tokens(llm: object, job: dict) -> list[int]:
@@ -333,7 +335,7 @@ def reference_job(reference: CanaryReference) -> dict:
     """The job a canary of `reference` is (what a host receives, less its parameters)."""
     chat = reference.kind == Request.Kind.CHAT
     return canary_job(chat_format(reference.model), kind=reference.kind, messages=reference.prompt if chat else None,
-                      prompt=None if chat else reference.prompt)
+                      prompt=None if chat else reference.prompt, now=reference.created_at)
 
 
 def canary_check(*, request: Request) -> CanaryCheck | None:
@@ -424,15 +426,15 @@ def canary_score_pending(*, limit: int = 20) -> int:
 def _audited_decide() -> int:
     """Canaries judged by an audit take its verdict once the audit is decided
     (`audits.audit_score_pending`: the host is in maintenance already if it failed). One
-    whose audit passed having checked nothing (released unchecked: no scorer read it, or the
-    file vanished) is void: it vouches for nothing."""
+    whose audit was unscored (nobody independent could read it), or passed having checked
+    nothing, is void: it vouches for nothing and blames nobody."""
     decided = 0
     waiting = CanaryCheck.objects.filter(verdict=CanaryCheck.Verdict.SCORING, by_audit=True).select_related("host")
     for check in waiting:
         audit = Audit.objects.filter(request_id=check.request_id).exclude(status=Audit.Status.PENDING).first()
         if audit is None:
             continue
-        if audit.status == Audit.Status.PASSED and not audit.checked:
+        if audit.status == Audit.Status.UNSCORED or (audit.status == Audit.Status.PASSED and not audit.checked):
             decided += CanaryCheck.objects.filter(pk=check.pk, verdict=CanaryCheck.Verdict.SCORING).update(
                 verdict=CanaryCheck.Verdict.VOID, decided_at=timezone.now())
             continue
@@ -504,17 +506,19 @@ def canary_send(*, host: Host) -> CanaryCheck | None:
     messages = item.get("messages") if kind == Request.Kind.CHAT else None
     prompt = item.get("prompt") if kind == Request.Kind.COMPLETION else None
     if by_audit:  # judged by its audit, so it may look like customers' jobs
-        params = live_params(model=model, kind=kind)
+        params, now = render_instant_fixed(live_params(model=model, kind=kind))
         if messages is not None and messages[0]["role"] != "system" and random.random() < 0.5:
             messages = [{"role": "system", "content": random.choice(system_prompts())}, *messages]
-    else:  # judged against its reference: greedy, as long as the reference
-        params = {"max_tokens": reference.max_tokens, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None}
+    else:  # judged against its reference: greedy, as long as the reference, rendered when it was (a template may write the date)
+        params = {"max_tokens": reference.max_tokens, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None,
+                  RENDERED_AT: int(reference.created_at.timestamp())}
+        now = render_instant(params)
     try:
-        fragments = prompt_fragments(model, kind=kind, messages=messages, prompt=prompt)
+        fragments = prompt_fragments(model, kind=kind, messages=messages, prompt=prompt, now=now)
     except TemplateRefused:  # a template without a system role
         messages = item.get("messages") if kind == Request.Kind.CHAT else None
         try:
-            fragments = prompt_fragments(model, kind=kind, messages=messages, prompt=prompt)
+            fragments = prompt_fragments(model, kind=kind, messages=messages, prompt=prompt, now=now)
         except TemplateRefused:  # (a corpus prompt its template refuses: references skip those too)
             return None
     request = request_submit(

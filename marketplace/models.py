@@ -133,6 +133,10 @@ class Job(models.Model):
     progress_at = models.DateTimeField(
         null=True, blank=True, help_text="the host's last progress report before its first token (loading, prefill)"
     )
+    loaded_at_claim = models.BooleanField(
+        default=False, help_text="its host's fresh catalog said the model was loaded when it claimed: its start bound is "
+        "a prefill, not a load (`watchdog.job_start_bounds`)",
+    )
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -280,6 +284,7 @@ class Audit(models.Model):
         PENDING = "pending"
         PASSED = "passed"
         FAILED = "failed", "failed (the customer was refunded, the host put in maintenance)"
+        UNSCORED = "unscored", "unscored (nobody independent could read it: the customer was refunded, the host not paid nor blamed)"
 
     job = models.OneToOneField(Job, on_delete=models.CASCADE, related_name="audit")
     host = models.ForeignKey("hosts.Host", on_delete=models.PROTECT, related_name="audits")
@@ -310,6 +315,9 @@ class Audit(models.Model):
     scorer_boot = models.CharField(
         max_length=64, blank=True, default="",
         help_text="the boot id of the scorer's process that claimed it (blank: none sent); a new one from that host frees it")
+    chosen = models.ForeignKey("hosts.Host", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+                               help_text="the scorer the gateway chose to break a pass/fail split: only it may claim the audit")
+    chosen_at = models.DateTimeField(null=True, blank=True, help_text="when it was chosen (another is chosen if it is silent)")
 
     class Meta:
         indexes = [models.Index(fields=["status", "created_at"]), models.Index(fields=["host", "status"])]
@@ -431,12 +439,16 @@ class StoredResponse(models.Model):
 
     Kept only until `expires_at` (`RESPONSE_STORE_SECONDS` after it was answered), then deleted
     by the watchdog's sweep, or earlier by DELETE /v1/responses/{id}. Its request's row keeps the
-    bill, as every request's does; the prompt on that row is forgotten as any other."""
+    bill, as every request's does; the prompt on that row is forgotten as any other. Bounded per
+    response and per account (`marketplace.stored_responses`)."""
 
     request = models.OneToOneField(Request, on_delete=models.CASCADE, related_name="stored_response")
     conversation = models.JSONField(help_text="the input items (earlier turns first) then the output items, "
-                                              "in the Responses API's shape; instructions are not carried over")
+                                              "in the Responses API's shape, normalised (only what a turn needs); "
+                                              "instructions are not carried over")
     body = models.JSONField(help_text="the Response object as it was returned")
+    size_bytes = models.PositiveBigIntegerField(default=0, help_text="conversation and body as compact UTF-8 JSON: what "
+                                                                     "RESPONSE_STORE_ACCOUNT_MAX_BYTES counts")
     expires_at = models.DateTimeField(db_index=True)
 
     def __str__(self) -> str:

@@ -28,7 +28,7 @@ from django.utils import timezone
 
 from hosts.models import Host
 from hosts.services import host_maintenance_enter
-from marketplace.models import CanaryCheck, Job, Request
+from marketplace.models import Audit, CanaryCheck, Job, Request
 
 SPEED_WEIGHT = 0.3  # each measured job moves the average this far towards itself
 MIN_MEASURED_TOKENS = 8  # shorter answers say more about the first token than the speed
@@ -95,8 +95,29 @@ def trust_grant(*, host_id: int, now: datetime | None = None) -> bool:
 
 
 def trust_revoke(*, host_id: int) -> bool:
-    """Back to probation (a failed canary)."""
+    """Back to probation (a failed canary, or a scorer too often in an audit's minority)."""
     return bool(Host.objects.filter(pk=host_id, trusted_at__isnull=False).update(trusted_at=None))
+
+
+def scorer_owner_seasoned(*, now: datetime | None = None) -> Q:
+    """Hosts whose owner has a history, as a condition on `Host`: who may score an audit
+    (`marketplace.audits`) besides being trusted. The owner's account is at least
+    AUDIT_SCORER_OWNER_MIN_AGE_DAYS old, and its own hosts' jobs passed at least
+    AUDIT_SCORER_OWNER_MIN_PASSED_AUDITS audits that were read (tokens checked: a pass nobody
+    read vouches for nothing).
+
+    Why: an audit is decided by owners' votes (a pass/fail split goes to a third owner, and
+    the minority of a decided split gets a strike), and an owner is only a confirmed e-mail,
+    which is free. Without a history a cheat opens a second account the same day and
+    outvotes the honest scorer of its own answers; with one, every extra vote costs weeks and
+    work the platform checked, the same currency trust is paid in."""
+    now = now or timezone.now()
+    seasoned = Q(owner__date_joined__lte=now - timedelta(days=settings.AUDIT_SCORER_OWNER_MIN_AGE_DAYS))
+    if settings.AUDIT_SCORER_OWNER_MIN_PASSED_AUDITS > 0:
+        seasoned &= Q(owner_id__in=Audit.objects.filter(status=Audit.Status.PASSED, checked__gt=0)
+                      .values("host__owner_id").annotate(passed=Count("pk"))
+                      .filter(passed__gte=settings.AUDIT_SCORER_OWNER_MIN_PASSED_AUDITS).values("host__owner_id"))
+    return seasoned
 
 
 @dataclass(frozen=True)

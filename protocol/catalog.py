@@ -16,6 +16,12 @@ MODEL_FILES: dict[str, dict[str, str]] = {
     "all-minilm-l6-v2": {"sha256": "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db", "quantization": "F32"},
 }
 
+# The most context (prompt + answer, in tokens) a chat job may fill: what mahout's llama.cpp runner
+# loads (`mahout.catalog.RUNNER_N_CTX`) and what an audit's `mahout.verify.Verifier` reads, on the
+# gateway and on a scoring host. A catalog entry sells no more (`CatalogModel.context_sold`), so
+# every job sold can be audited: a longer request is refused at admission, before the queue.
+AUDITABLE_CONTEXT_TOKENS = 4096
+
 
 def file_sha256(path: Path) -> str:
     """The sha256 that names a model file (what the catalog pins), read in 1 MB blocks: models

@@ -24,6 +24,7 @@ asked). It is paid a fee for the prefill when the audit is decided (`marketplace
 """
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, TypedDict
 
 from protocol.rendering import ChatFormat, Fragment, chat_fragments, chat_stops, completion_fragments
@@ -33,6 +34,10 @@ COMPLETION = "completion"
 EMBEDDINGS = "embeddings"
 AUDIT = "audit"  # a trusted host scores another host's answer (AuditPayload)
 AUDIT_VERDICTS = ("passed", "failed", "declined")
+# How a decline's reason starts when the answer cannot be audited anywhere (the verifier's
+# `Unauditable`: a grammar or a context it cannot read), not for want of this scorer's means.
+# The gateway counts a scorer's declines per model and per cause (`marketplace.audits`).
+AUDIT_DECLINED_UNAUDITABLE = "not auditable here"
 RING_CHECK = "ring_check"  # a trusted host finds which of a ring's hosts made its audit fail (RingCheckPayload)
 RING_CHECK_VERDICTS = ("blamed", "declined")
 
@@ -110,10 +115,11 @@ def rewrites_delivered(params: dict) -> bool:
 def job_payload_build(
     *, job_id: int, model: str, kind: str, messages: list | None, prompt: str | None, inputs: list[str] | None,
     params: dict, fmt: ChatFormat | None = None, continuation: bool = False, delivered: str = "",
-    delivered_tokens: int = 0,
+    delivered_tokens: int = 0, now: datetime | None = None,
 ) -> JobPayload:
     """The payload of a first attempt, or of a continuation of `delivered`, rendered in the
-    model's format `fmt` (required but for embeddings).
+    model's format `fmt` (required but for embeddings) at the instant `now` the job's request
+    fixed (what its template is told the time is: `protocol.rendering.chat_fragments`).
 
     Embeddings are all or nothing: a second attempt starts over, so it is never a
     continuation. `delivered_tokens` is the gateway's count of `delivered`.
@@ -137,7 +143,7 @@ def job_payload_build(
         "id": job_id, "model": model, "kind": kind, "messages": messages, "prompt": prompt, "params": sampling,
         "continuation": continuation,
         "fragments": [list(fragment) for fragment in job_fragments(fmt, {"kind": kind, "messages": messages,
-                                                                         "prompt": prompt})],
+                                                                         "prompt": prompt}, now=now)],
         "end_of_turn": chat_stops(fmt) if kind == CHAT else [],
     }
     if rewrite:
@@ -145,11 +151,12 @@ def job_payload_build(
     return payload
 
 
-def job_fragments(fmt: ChatFormat, job: dict) -> list[Fragment]:
-    """A job's prompt (`kind` chat or completion) rendered for its model (`protocol.rendering`)."""
+def job_fragments(fmt: ChatFormat, job: dict, *, now: datetime | None = None) -> list[Fragment]:
+    """A job's prompt (`kind` chat or completion) rendered for its model (`protocol.rendering`),
+    its template told it is `now` (default: this instant)."""
     kind = job.get("kind")
     if kind == CHAT:
-        return chat_fragments(fmt, job.get("messages") or [])
+        return chat_fragments(fmt, job.get("messages") or [], now=now)
     if kind == COMPLETION:
         return completion_fragments(fmt, job.get("prompt") or "")
     raise ValueError(f"unsupported job kind: {kind!r}")

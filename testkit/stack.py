@@ -41,7 +41,10 @@ def stack_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env["EMAIL_FILE_PATH"] = str(MAIL_DIR)
     env.setdefault("ACCESS_LOG_HOSTS", "1")  # the tests' gateway logs keep every line
     env.setdefault("AUDIT_ENABLED", "0")  # off but in the tests that are about audits (`@pytest.mark.audits`)
+    env.setdefault("MAHOUT_UNVERSIONED_ALLOWED", "1")  # the synthetic hosts say "sim" or nothing (as in-process: conftest.py)
     env.setdefault("AUDIT_PASS_RECHECK_RATE", "0")  # a scorer's pass decides (as in-process tests: conftest.py)
+    env.setdefault("AUDIT_SCORER_OWNER_MIN_AGE_DAYS", "0")  # a scorer's owner needs no history (as conftest.py)
+    env.setdefault("AUDIT_SCORER_OWNER_MIN_PASSED_AUDITS", "0")
     env.update(extra or {})
     return env
 

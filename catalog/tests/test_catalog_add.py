@@ -23,6 +23,7 @@ from gguf import GGUFValueType, GGUFWriter
 from catalog.models import CatalogModel
 from catalog.tokenizer import shipped_model_path, tokenizer_for
 from engine.gguf_meta import open_gguf
+from protocol.catalog import AUDITABLE_CONTEXT_TOKENS
 from testkit.families import FAMILIES, SdistUnavailable, sdist_models, template_path, tiny_model
 
 pytestmark = pytest.mark.django_db
@@ -106,7 +107,8 @@ class CatalogAddTests:
 
         entry = CatalogModel.objects.get(name="tiny-chat")
         assert entry.kind == CatalogModel.Kind.CHAT and entry.active
-        assert (entry.architecture, entry.context_length, entry.n_layers, entry.n_experts) == ("gemma3", 32768, 18, None)
+        assert (entry.architecture, entry.n_layers, entry.n_experts) == ("gemma3", 18, None)
+        assert entry.context_length == AUDITABLE_CONTEXT_TOKENS == 4096  # of the file's 32,768: what audits read
         assert entry.chat_template == TEMPLATE
         assert (entry.bos_token_id, entry.eos_token_id, entry.eot_token_id) == (2, 1, END_OF_TURN)
         assert entry.vocab_size == 262_144
@@ -168,9 +170,9 @@ class CatalogAddTests:
         assert (entry.input_price_ucents, entry.output_price_ucents) == (0, 150)
 
     def test_it_sells_less_context_than_the_file_when_told(self, files, var_dir) -> None:
-        _add(files["chat"], "tiny-chat", "0.10", "0.40", "--context-length", "8192")
+        _add(files["chat"], "tiny-chat", "0.10", "0.40", "--context-length", "2048")
 
-        assert CatalogModel.objects.get(name="tiny-chat").context_length == 8192
+        assert CatalogModel.objects.get(name="tiny-chat").context_length == 2048
 
     def test_it_leaves_the_shipped_entries_as_they_were(self, files, var_dir) -> None:
         before = list(CatalogModel.objects.order_by("name").values())
@@ -259,7 +261,14 @@ class CatalogAddRefusalTests:
 
     def test_it_refuses_more_context_than_the_file_has(self, files, var_dir) -> None:
         message = self._refused(var_dir, files["chat"], "tiny-chat", "0.1", "0.4", "--context-length", "65536")
-        assert "the file's own context, 32768 tokens" in message
+        assert "the file's own context is 32768" in message
+
+    def test_it_refuses_more_context_than_audits_read_though_the_file_has_it(self, files, var_dir) -> None:
+        """A job longer than the verifiers' context could not be audited (it was paid unchecked):
+        such a context is not sold, whatever the file's own."""
+        message = self._refused(var_dir, files["chat"], "tiny-chat", "0.1", "0.4", "--context-length", "8192")
+        assert "not within 1 and 4096 tokens" in message and "audits and hosts read at most 4096" in message
+        assert not CatalogModel.objects.filter(name="tiny-chat").exists()
 
     def test_it_refuses_an_unreadable_template_file(self, files, var_dir) -> None:
         message = self._refused(var_dir, files["base"], "tiny-base", "0.1", "0.4", "--template",

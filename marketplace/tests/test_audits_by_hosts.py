@@ -132,23 +132,94 @@ def test_a_failure_is_believed_only_once_a_second_scorer_confirms_it(customer, s
     assert ledger.reconcile_report() == []
 
 
-def test_a_failure_the_confirmation_overrules_is_a_strike_and_two_cost_the_scorers_trust(
+def test_a_failure_two_others_pass_is_a_strike_and_two_cost_the_scorers_trust(
         customer, serving_host, scorers, settings) -> None:
     settings.AUDIT_SCORER_MAX_OVERRULED = 2
     for strike in (1, 2):
         audit = _audited(customer, serving_host, settings)
         _claim(scorers[0])
         _verdict(scorers[0], audit.pk, "failed", "made up")
-        _claim(scorers[strike])
-        assert _verdict(scorers[strike], audit.pk, "passed") == Audit.Status.PASSED
+        _claim(scorers[1])
+        present(scorers[2])
+        assert _verdict(scorers[1], audit.pk, "passed") == "pending"  # 1-1: nobody's majority
+        assert not AuditScore.objects.filter(audit=audit, overruled=True).exists()  # a split alone strikes nobody
+        assert _claim(scorers[2])["id"] == audit.pk  # the third the gateway chose
+        assert _verdict(scorers[2], audit.pk, "passed") == Audit.Status.PASSED  # 2-1
         assert AuditScore.objects.get(audit=audit, scorer=scorers[0].host).overruled
         assert AuditScore.objects.get(audit=audit, scorer=scorers[0].host).paid_ucents == 0  # a verdict that fell: unpaid
+        assert [s.scorer_id for s in AuditScore.objects.filter(audit=audit, paid_ucents__gt=0)] == [
+            scorers[1].host.pk, scorers[2].host.pk]  # the majority's verdicts stand: both paid
         scorers[0].host.refresh_from_db()
         assert (scorers[0].host.trusted_at is None) == (strike == 2)
     serving_host.host.refresh_from_db()
     assert serving_host.host.maintenance_since is None and _balance(serving_host.host) > 0
     assert _claim(scorers[0]) is None  # back in probation: it scores no more
     assert ledger.reconcile_report() == []
+
+
+def test_two_colluding_accounts_cannot_overrule_an_honest_scorers_failure(customer, serving_host, scorers, settings) -> None:
+    """The cheat's host (account A) answers junk; an honest scorer fails it. A second account
+    (B) the cheat opened, with two trusted hosts of the model, passes it. Before: one pass beat
+    one failure, the honest scorer got the strike (two a day cost its trust), the cheat was
+    paid; and after half of AUDIT_SCORER_WAIT_SECONDS account A's own trusted host could score
+    it. Now the split goes to a third owner the gateway chooses, and the colluder is struck."""
+    before = ledger.customer_account(user=customer.user).balance_ucents
+    settings.AUDIT_SCORER_MAX_OVERRULED = 1
+    honest, colluder, third = scorers
+    sybil_twin = make_host(name="sybil-twin", trusted=True)  # account B's second host
+    Host.objects.filter(pk=sybil_twin.host.pk).update(owner=colluder.host.owner)
+    own_trusted = make_host(name="cheats-own", trusted=True)  # account A's own trusted host
+    Host.objects.filter(pk=own_trusted.host.pk).update(owner=serving_host.host.owner)
+    audit = _audited(customer, serving_host, settings)
+    Audit.objects.filter(pk=audit.pk).update(created_at=timezone.now() - timedelta(seconds=settings.AUDIT_SCORER_WAIT_SECONDS / 2 + 1))
+    assert _claim(own_trusted) is None  # never the audited owner's hosts, however long it waited
+    assert _claim(honest)["id"] == audit.pk
+    assert _verdict(honest, audit.pk, "failed", "2 of 3 tokens miss") == "pending"
+    assert _claim(colluder)["id"] == audit.pk
+    for host in (sybil_twin, own_trusted, third):
+        present(host)
+    assert _verdict(colluder, audit.pk, "passed") == "pending"  # a split: the pass does not decide
+    assert not AuditScore.objects.filter(audit=audit, overruled=True).exists()
+    assert Audit.objects.get(pk=audit.pk).chosen_id == third.host.pk  # the only further owner
+    assert _claim(sybil_twin) is None and _claim(own_trusted) is None  # account B voted already; A never votes
+    assert _claim(third)["draw"] is None  # a failure to check: every token
+    assert _verdict(third, audit.pk, "failed", "2 of 3 tokens miss") == Audit.Status.FAILED
+    serving_host.host.refresh_from_db()
+    honest.host.refresh_from_db()
+    colluder.host.refresh_from_db()
+    assert serving_host.host.maintenance_since is not None and _balance(serving_host.host) == 0  # the cheat is caught
+    assert ledger.customer_account(user=customer.user).balance_ucents == before  # its customer refunded
+    assert honest.host.trusted_at is not None and not AuditScore.objects.get(audit=audit, scorer=honest.host).overruled
+    assert colluder.host.trusted_at is None and AuditScore.objects.get(audit=audit, scorer=colluder.host).overruled
+    assert ledger.reconcile_report() == []
+
+
+def test_only_the_scorer_the_gateway_chose_breaks_a_split_and_another_is_chosen_if_it_is_silent(
+        customer, serving_host, scorers, settings) -> None:
+    extra = make_host(name="scorer-3", trusted=True)
+    audit = _audited(customer, serving_host, settings)
+    _claim(scorers[0])
+    _verdict(scorers[0], audit.pk, "passed")  # (drawn for no second look: conftest) ...
+    assert Audit.objects.get(pk=audit.pk).status == Audit.Status.PASSED
+    audit = _audited(customer, serving_host, settings)
+    _claim(scorers[0])
+    _verdict(scorers[0], audit.pk, "failed", "2 of 3 tokens miss")
+    _claim(scorers[1])
+    assert _verdict(scorers[1], audit.pk, "passed") == "pending"  # nobody present to choose: nobody may claim it
+    assert Audit.objects.get(pk=audit.pk).chosen_id is None
+    assert _claim(scorers[2]) is None and _claim(extra) is None
+    audits.audit_scorers_watch()  # both present now: the gateway chooses one
+    chosen = Audit.objects.get(pk=audit.pk).chosen_id
+    assert chosen in (scorers[2].host.pk, extra.host.pk)
+    first, other = (scorers[2], extra) if chosen == scorers[2].host.pk else (extra, scorers[2])
+    assert _claim(other) is None  # not the one chosen: no race to be the third
+    Audit.objects.filter(pk=audit.pk).update(chosen_at=timezone.now() - timedelta(seconds=settings.AUDIT_SCORE_TIMEOUT_SECONDS + 1))
+    Host.objects.filter(pk=first.host.pk).update(last_heartbeat_at=None)  # it went away without claiming
+    audits.audit_scorers_watch()
+    assert Audit.objects.get(pk=audit.pk).chosen_id == other.host.pk
+    assert _claim(other)["id"] == audit.pk
+    assert _verdict(other, audit.pk, "failed", "2 of 3 tokens miss") == Audit.Status.FAILED
+    assert AuditScore.objects.get(audit=audit, scorer=scorers[1].host).overruled
 
 
 def test_a_decline_or_a_silent_scorer_hands_the_audit_to_another(customer, serving_host, scorers, settings) -> None:
@@ -192,25 +263,59 @@ def test_a_scorer_that_declines_too_often_is_handed_no_more_audits_that_day(cust
     assert _claim(scorers[0]) is None
 
 
-def test_an_audit_no_scorer_decides_in_time_is_released_unchecked(customer, serving_host, scorers, settings) -> None:
+@pytest.mark.parametrize("verdicts", [[], ["failed"], ["failed", "passed"]], ids=["none", "a lone failure", "a split"])
+def test_an_audit_no_scorer_decides_in_time_is_unscored_never_paid_unchecked(
+        customer, serving_host, scorers, settings, verdicts) -> None:
+    """Before, it was released unchecked: the host paid for an answer nobody independent read
+    (a cheat's own scorer stalling, or no scorer at all). Now the customer gets back what the
+    job cost, the host's share is voided with it, and nobody is blamed or paid."""
+    before = ledger.customer_account(user=customer.user).balance_ucents
     audit = _audited(customer, serving_host, settings)
-    _claim(scorers[0])
-    _verdict(scorers[0], audit.pk, "failed", "unconfirmed")
+    for scorer, verdict in zip(scorers, verdicts, strict=False):
+        _claim(scorer)
+        _verdict(scorer, audit.pk, verdict, "2 of 3 tokens miss")
     assert audits.audit_scorers_watch() == 0  # not yet
     Audit.objects.filter(pk=audit.pk).update(created_at=timezone.now() - timedelta(seconds=settings.AUDIT_SCORER_WAIT_SECONDS + 1))
     assert audits.audit_scorers_watch() == 1
     audit.refresh_from_db()
-    assert audit.status == Audit.Status.PASSED and audit.payload is None and audit.text == ""
-    assert _balance(serving_host.host) == audit.host_ucents and _balance(scorers[0].host) == 0
+    serving_host.host.refresh_from_db()
+    assert audit.status == Audit.Status.UNSCORED and audit.payload is None and audit.text == "" and audit.token_ids is None
+    assert ledger.customer_account(user=customer.user).balance_ucents == before  # refunded to the µ¢
+    assert _escrow() == 0 and _balance(serving_host.host) == 0
+    assert serving_host.host.maintenance_since is None  # and not blamed
+    assert not AuditScore.objects.filter(audit=audit, overruled=True).exists()
+    assert not AuditScore.objects.filter(audit=audit, paid_ucents__gt=0).exists()
     assert ledger.reconcile_report() == []
 
 
-def test_a_scorer_of_the_audited_hosts_own_owner_waits_its_turn(customer, serving_host, scorers, settings) -> None:
+def test_a_scorer_of_the_audited_hosts_own_owner_never_scores_it(customer, serving_host, scorers, settings) -> None:
     audit = _audited(customer, serving_host, settings)
     Host.objects.filter(pk__in=[s.host.pk for s in scorers]).update(owner=serving_host.host.owner)
     assert _claim(scorers[0]) is None
     Audit.objects.filter(pk=audit.pk).update(created_at=timezone.now() - timedelta(seconds=settings.AUDIT_SCORER_WAIT_SECONDS / 2 + 1))
-    assert _claim(scorers[0])["id"] == audit.pk
+    assert _claim(scorers[0]) is None  # (before: after half of AUDIT_SCORER_WAIT_SECONDS it could)
+    assert not audits.scorers_exist(model_id=audit.request.model_id, besides=serving_host.host)  # its jobs are not held for one
+
+
+def test_a_new_account_does_not_score_until_it_has_a_history(customer, serving_host, scorers, settings) -> None:
+    """A confirmed e-mail is free: its hosts score nothing until the account is
+    AUDIT_SCORER_OWNER_MIN_AGE_DAYS old and its own hosts' jobs passed
+    AUDIT_SCORER_OWNER_MIN_PASSED_AUDITS audits that were read."""
+    scorer = scorers[0]
+    settings.AUDIT_RATE = 1.0
+    own = [_audited(customer, scorer, settings) for _ in range(3)]  # its own host's jobs, audited
+    audits.audit_decide(audit=own[0], reason=None, counts={})  # a pass that read nothing vouches for nothing
+    audits.audit_decide(audit=own[1], reason=None, counts={"checked": 3})
+    audit = _audited(customer, serving_host, settings)
+    settings.AUDIT_SCORER_OWNER_MIN_AGE_DAYS = 14
+    settings.AUDIT_SCORER_OWNER_MIN_PASSED_AUDITS = 2
+    assert _claim(scorer) is None  # a new account
+    assert not audits.scorers_exist(model_id=audit.request.model_id, besides=serving_host.host)  # nobody could score
+    get_user_model().objects.filter(pk=scorer.host.owner_id).update(date_joined=timezone.now() - timedelta(days=15))
+    assert _claim(scorer) is None  # old enough, but one audit of its hosts passed that was read
+    audits.audit_decide(audit=own[2], reason=None, counts={"checked": 3})
+    assert audits.scorers_exist(model_id=audit.request.model_id, besides=serving_host.host)
+    assert _claim(scorer)["id"] == audit.pk
 
 
 def test_without_any_trusted_scorer_the_model_is_unverifiable_and_its_jobs_are_not_held(
@@ -278,7 +383,9 @@ def test_a_scorer_passing_a_cheat_is_overruled_once_two_others_find_it_failed(cu
     _claim(scorers[0])
     assert _verdict(scorers[0], audit.pk, "passed") == "pending"  # the colluder's pass
     _claim(scorers[1])
-    assert _verdict(scorers[1], audit.pk, "failed", "2 of 3 tokens miss") == "pending"  # a failure needs its confirmation
+    present(scorers[2])
+    assert _verdict(scorers[1], audit.pk, "failed", "2 of 3 tokens miss") == "pending"  # a split: to a third the gateway chooses
+    assert not AuditScore.objects.filter(audit=audit, overruled=True).exists()  # (a 1-1 strikes nobody)
     confirming = _claim(scorers[2])
     assert confirming["draw"] is None  # every token
     assert _verdict(scorers[2], audit.pk, "failed", "2 of 3 tokens miss") == Audit.Status.FAILED

@@ -1,6 +1,7 @@
 """`catalog_add PATH.gguf --name NAME --input-price USD_PER_MTOK --output-price USD_PER_MTOK [--template FILE]`:
-add a chat model to the catalog from its own file (`--context-length N` sells less than the file's own
-context). Bad input: one line on stderr, exit 2."""
+add a chat model to the catalog from its own file. It sells the file's own context, at most what hosts and
+audits read (`protocol.catalog.AUDITABLE_CONTEXT_TOKENS`); `--context-length N` sells less. Bad input: one line
+on stderr, exit 2."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -29,7 +30,7 @@ class Command(BaseCommand):
         parser.add_argument("--template", type=Path, default=None,
                             help="a Jinja chat template file, for a GGUF without tokenizer.chat_template")
         parser.add_argument("--context-length", type=int, default=None,
-                            help="the context sold, in tokens (default: the file's own)")
+                            help="the context sold, in tokens (default: the file's own, at most what audits read)")
 
     def handle(self, *args: object, path: Path, name: str, input_price: str, output_price: str,
                template: Path | None, context_length: int | None, **options: object) -> None:
