@@ -5,13 +5,14 @@ host's makes that the job is still its own and running.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 from django.db import connection, transaction
 from django.utils import timezone
 
 from catalog.models import CatalogModel
-from catalog.rendering import chat_format_of
+from catalog.rendering import chat_format_of, render_instant
 from core.events import announce_on_commit, request_group
 from hosts.models import ACCEPTING, TRUSTED, Host, claim_cap_sql
 from hosts.selectors import qualified_model_ids, warm_model_ids
@@ -39,7 +40,7 @@ def job_payload(job: Job) -> JobPayload:
     return job_payload_build(
         job_id=job.pk, model=job.model.name, kind=request.kind, messages=request.messages, prompt=request.prompt,
         inputs=request.inputs, params=params, fmt=fmt, continuation=continuation, delivered=delivered,
-        delivered_tokens=count_output(request, delivered),
+        delivered_tokens=count_output(request, delivered), now=render_instant(request.params),
     )
 
 
@@ -86,14 +87,19 @@ def _claim_routed(
     if warm_ids is None:
         warm_ids = warm_model_ids(host=host, model_ids=model_ids, now=now)
     selection = routing.claim_sql(host_id=host.pk, model_ids=model_ids, warm_ids=warm_ids, now=now)
-    return job_claim_selected(host=host, selection=selection, now=now, boot=boot)
+    loaded_ids = warm_ids if host.catalog_fresh(now) else []  # said loaded, not merely possibly warm
+    return job_claim_selected(host=host, selection=selection, now=now, boot=boot, loaded_ids=loaded_ids)
 
 
-def job_claim_selected(*, host: Host, selection: tuple[str, list], now: datetime, boot: str = "") -> Job | None:
+def job_claim_selected(
+    *, host: Host, selection: tuple[str, list], now: datetime, boot: str = "", loaded_ids: Sequence[int] = (),
+) -> Job | None:
     """Claim the first job of `selection` (SQL conditions on the job table and an ORDER BY,
     with their parameters) unless the host is paused or in maintenance: mark it running
     and its request started. Returns the job as far as `job_payload` reads it (built
     from what the statement returned, not read again; `job_claim_next` reads the row).
+    `loaded_ids`: the models the host's fresh catalog says it has loaded; a job of one of
+    them is `loaded_at_claim` (its start bound is its prefill, `watchdog.job_start_bounds`).
 
     The UPDATE re-checks `status`, so two hosts can never both win a job; on PostgreSQL
     the pick is FOR UPDATE SKIP LOCKED, so many hosts claim at once without queueing
@@ -123,14 +129,16 @@ def job_claim_selected(*, host: Host, selection: tuple[str, list], now: datetime
     host_ok_params = [
         host.pk, *accepting_params, Job.Status.RUNNING, *cap_params, False, host.pk, *trusted_params,
     ]
+    loaded = f"model_id IN ({', '.join(['%s'] * len(loaded_ids))})" if loaded_ids else "%s"
     claim_job = (
-        f"UPDATE {job_table} SET status = %s, host_id = %s, claimed_at = %s, last_token_at = %s, boot = %s"
+        f"UPDATE {job_table} SET status = %s, host_id = %s, claimed_at = %s, last_token_at = %s, boot = %s,"
+        f" loaded_at_claim = {loaded}"
         f" WHERE status = %s AND id = (SELECT id FROM {job_table} WHERE {host_ok}"
         f" AND {conditions} LIMIT 1{skip_locked})"
         " RETURNING id, attempt, request_id"
     )
     claim_params = [
-        Job.Status.RUNNING, host.pk, at, at, boot, Job.Status.QUEUED,
+        Job.Status.RUNNING, host.pk, at, at, boot, *(list(loaded_ids) or [False]), Job.Status.QUEUED,
         *host_ok_params, *params,
     ]
     # a continuation's request is already running: it keeps its status and start time

@@ -28,7 +28,12 @@ def job_start_figures_seconds(*, job: Job) -> float:
     continuation's delivered text (a character counted as a token at most) is prompt too,
     except under a `response_format`: then the host writes it again under the grammar
     (`protocol.jobs`, `rewrite`), a token a step, unstreamed, at its generation tokens/s. 0
-    without figures."""
+    without figures.
+
+    A host whose fresh catalog said the model was loaded when it claimed (`loaded_at_claim`,
+    its heartbeat's word, at most CATALOG_STALE_SECONDS old) has nothing to load: its figures
+    are its prefill alone, so a frozen warm host cannot hold a blank stream for its load time
+    (issue 50). A host cold at its claim, or whose catalog could not be read, keeps its load."""
     figures = (
         Qualification.objects.filter(host_id=job.host_id, model_id=job.model_id).order_by("-updated_at")
         .values_list("load_ms", "ttft_ms", "prompt_tps", "gen_tps").first()
@@ -36,6 +41,8 @@ def job_start_figures_seconds(*, job: Job) -> float:
     if figures is None:
         return 0.0
     load_ms, ttft_ms, prompt_tps, gen_tps = figures
+    if job.loaded_at_claim:
+        load_ms = 0
     fed, delivered, params = (
         Request.objects.filter(pk=job.request_id).values_list("prompt_tokens", "delivered_chars", "params").get())
     rewritten = 0
@@ -50,10 +57,11 @@ def job_start_figures_seconds(*, job: Job) -> float:
 
 def job_start_bounds(*, job: Job) -> tuple[float, float]:
     """How long the host may take to its first token: (without a word, while it reports
-    progress). Without a word: its own figures (`job_start_figures_seconds`) plus the small
+    progress). Without a word: its own figures (`job_start_figures_seconds`: a warm host's
+    are its prefill for this prompt, a cold one's its load too) plus the small
     JOB_START_FLOOR_SECONDS. Reporting progress: the floor plus PROGRESS_STRETCH times its
-    figures (a cold disk, a busy machine), so a host whose figures say it starts at once
-    cannot buy a blank minute with progress reports. Both at most
+    figures (a cold disk, a busy machine, other slots prefilling), so a host whose figures say
+    it starts at once cannot buy a blank minute with progress reports. Both at most
     JOB_START_ALLOWANCE_SECONDS: the benchmark is the host's word, and the allowance
     bounds what a lie can buy."""
     figures, floor, cap = job_start_figures_seconds(job=job), settings.JOB_START_FLOOR_SECONDS, settings.JOB_START_ALLOWANCE_SECONDS
