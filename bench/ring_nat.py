@@ -89,7 +89,7 @@ def one_way(way: str, server: str, tmp: Path, args: argparse.Namespace) -> dict:
     api = RingApi(server, bridge.token)
     tokenizer = Tokenizer(default_model_path())
     try:
-        ring = bridge_connect(api, plan.pk, 2, secret=plan.secret, timeout=300, say=lambda _line: None)
+        ring = bridge_connect(api, plan.pk, 2, keys=api.bridge_keys(plan.pk), timeout=300, say=lambda _line: None)
         answers, decode_s, formed_s = [], 0.0, None
         for prompt in PROMPTS[:args.prompts]:
             begun = time.monotonic()

@@ -18,13 +18,19 @@ an agent never executes what a peer sends it).
   tensor does not match its own header (`FrameRefused`, a `LinkClosed`).
 
 The handshake (both directions proven, HMAC-SHA256 over fresh nonces with the secret the
-gateway issued for this ring or worker): the listener speaks first with a ``challenge``
-nonce and a fresh X25519 public key; the dialer answers ``hello`` with its identity, its
-own nonce and key and a proof over the challenge (its key included) and that hello; the
-listener checks it with `hmac.compare_digest` and, only if it holds, answers ``admitted``
-with a proof over both nonces and both keys, which the dialer checks before it sends
-anything else. A peer without the secret gets the challenge and nothing more; a dialer never
-sends a byte to something that did not greet it in this protocol.
+gateway issued for this link: a ring's links each have their own, known to its two ends
+only, `mahout.ring.keys`; an expert worker's is its own): the listener speaks first with a
+``challenge`` naming the protocol's `VERSION`, a nonce and a fresh X25519 public key; the
+dialer answers ``hello`` with its identity, its own nonce and key and a proof over the
+challenge (its key included) and that hello; the listener checks it with
+`hmac.compare_digest` and, only if it holds, answers ``admitted`` with a proof over both
+nonces and both keys, which the dialer checks before it sends anything else. A listener
+that admits several peers on one socket picks the secret by the identity the hello claims
+(`accept`'s ``secret_for``: a ring stage knows the one upstream neighbour and, at the head
+and the tail, the bridge it expects) and refuses any other identity before checking a proof.
+A peer without the secret gets the challenge and nothing more; a dialer never sends a byte
+to something that did not greet it in this protocol. A peer of another protocol version is
+told apart from one without the secret (`LinkRefused` says which).
 
 Once a peer is admitted, every frame is sealed (AES-GCM, from `cryptography`): each side
 derives one key per direction with HKDF-SHA256 from the secret and the X25519 exchange,
@@ -77,10 +83,12 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 __all__ = [
     "HANDSHAKE_CAPS", "HEADERS_ONLY", "RECORD_BYTES", "FrameCaps", "FrameRefused", "HandshakeSlots", "Heartbeat", "Link", "LinkClosed",
     "LinkRefused",
-    "accept", "connect", "dial", "listen", "new_secret",
+    "VERSION", "accept", "connect", "dial", "listen", "new_secret",
 ]
 
 _PREFIX = struct.Struct(">II")  # header length, payload length
+VERSION = 3  # the handshake's; 3: secrets per link, bound to its two ends (2 had one per ring)
+_TAG = f"elephant-link-{VERSION}"
 _DTYPES = {"float32": np.float32, "int64": np.int64}
 HANDSHAKE_TIMEOUT_S = 10.0  # a peer that does not finish the handshake in this time is dropped
 MAX_PENDING_HANDSHAKES = 16  # connections in the handshake at once, per listener; more are closed at once
@@ -364,7 +372,7 @@ def _key(secret: str) -> bytes:
 
 
 def _proof(key: bytes, *parts: str) -> str:
-    return hmac.new(key, "|".join(("elephant-link-2", *parts)).encode(), hashlib.sha256).hexdigest()
+    return hmac.new(key, "|".join((_TAG, *parts)).encode(), hashlib.sha256).hexdigest()
 
 
 class _Ephemeral:
@@ -390,7 +398,7 @@ def _session_keys(key: bytes, shared: bytes, challenge: str, hello: str) -> tupl
 
     def derive(direction: str) -> bytes:
         return HKDF(algorithm=hashes.SHA256(), length=32, salt=salt,
-                    info=f"elephant-link-2 {direction}".encode()).derive(key + shared)
+                    info=f"{_TAG} {direction}".encode()).derive(key + shared)
 
     return derive("dial->listen"), derive("listen->dial")
 
@@ -433,20 +441,33 @@ class HandshakeSlots:
         self._free.release()
 
 
-def accept(sock: socket.socket, *, secret: str, caps: FrameCaps, name: str = "",
-           timeout: float = HANDSHAKE_TIMEOUT_S) -> Link:
+def accept(sock: socket.socket, *, secret: str | None = None, secret_for: Callable[[dict[str, Any]], str | None] | None = None,
+           caps: FrameCaps, name: str = "", timeout: float = HANDSHAKE_TIMEOUT_S) -> Link:
     """The listener's side of the handshake on an accepted socket: the admitted peer's link
     (its hello in ``link.peer``, its frames bounded by `caps` from now on), or `LinkRefused`
-    with the socket closed after nothing but the challenge was sent."""
-    key = _key(secret)
+    with the socket closed after nothing but the challenge was sent.
+
+    The peer proves `secret`; or, with `secret_for`, the secret that function names for the
+    identity the peer's hello claims (its role, its stage): None refuses that identity, so a
+    peer holding some other link's secret is refused even where it could prove that one."""
+    if (secret is None) == (secret_for is None):
+        raise ValueError("give the link's secret, or how to find it from the peer's hello (not both)")
+    fixed = None if secret is None else _key(secret)
     link = Link(sock, name or "inbound")
     ours, ephemeral = secrets.token_hex(_NONCE_BYTES), _Ephemeral()
     try:
         sock.settimeout(timeout)
-        link.send({"type": "challenge", "nonce": ours, "key": ephemeral.public})
+        link.send({"type": "challenge", "version": VERSION, "nonce": ours, "key": ephemeral.public})
         hello, _ = link.recv(HANDSHAKE_CAPS)
+        if hello.get("version") != VERSION:
+            raise LinkRefused(f"link {link.name}: the peer speaks link protocol {hello.get('version', 2)}, not {VERSION} "
+                              "(update mahout on its machine)")
         fresh = _nonce_and_key(hello, "hello")
         proof = hello.get("proof")
+        claimed = {k: v for k, v in hello.items() if k not in ("proof", "nonce", "key", "type", "version")}
+        key = fixed if secret_for is None else _claimed_key(secret_for, claimed)
+        if key is None:
+            raise LinkRefused(f"link {link.name}: a peer claiming to be {claimed} is not one this end expects")
         if fresh is None or not isinstance(proof, str) or \
                 not hmac.compare_digest(proof, _proof(key, "dial", ours, ephemeral.public, _canonical(hello))):
             raise LinkRefused(f"link {link.name}: the peer did not prove it holds the secret")
@@ -461,8 +482,14 @@ def accept(sock: socket.socket, *, secret: str, caps: FrameCaps, name: str = "",
     except (LinkClosed, OSError) as exc:
         link.close()
         raise LinkRefused(f"link {link.name}: handshake failed: {exc}") from exc
-    link.peer, link.caps = {k: v for k, v in hello.items() if k not in ("proof", "nonce", "key")}, caps
+    link.peer, link.caps = {k: v for k, v in hello.items() if k not in ("proof", "nonce", "key", "version")}, caps
     return link
+
+
+def _claimed_key(secret_for: Callable[[dict[str, Any]], str | None], claimed: dict[str, Any]) -> bytes | None:
+    """The key for the identity a hello claims, or None where the listener expects no such peer."""
+    secret = secret_for(claimed)
+    return None if secret is None else _key(secret)
 
 
 def _greet(link: Link, key: bytes, hello: dict[str, Any], caps: FrameCaps, timeout: float) -> Link:
@@ -473,9 +500,12 @@ def _greet(link: Link, key: bytes, hello: dict[str, Any], caps: FrameCaps, timeo
         fresh = _nonce_and_key(challenge, "challenge")
         if fresh is None:
             raise LinkRefused(f"link {link.name}: the peer does not speak the link protocol")
+        if challenge.get("version") != VERSION:
+            raise LinkRefused(f"link {link.name}: the peer speaks link protocol {challenge.get('version', 2)}, not {VERSION} "
+                              "(update mahout on its machine)")
         theirs, their_key = fresh
         ours, ephemeral = secrets.token_hex(_NONCE_BYTES), _Ephemeral()
-        message = {**hello, "type": "hello", "nonce": ours, "key": ephemeral.public}
+        message = {**hello, "type": "hello", "version": VERSION, "nonce": ours, "key": ephemeral.public}
         link.send({**message, "proof": _proof(key, "dial", theirs, their_key, _canonical(message))})
         try:
             answer, _ = link.recv(HANDSHAKE_CAPS)

@@ -14,7 +14,7 @@ so before anyone is punished the gateway finds out whose fault it was:
    its owner) claims the check through the ordinary claim path (`inquiry_claim_payload`, kind
    "ring_check"), reads the evidence (`evidence_read`), recomputes every stage on its own
    inputs (`mahout.ring.blame`: the gateway never imports torch) and reports which stages,
-   or the bridge, are at fault (`inquiry_verdict_report`). A checker that declines, or is
+   or the bridge, are at fault, and which links are disputed (`inquiry_verdict_report`). A checker that declines, or is
    silent for AUDIT_SCORE_TIMEOUT_SECONDS, hands it to another. One checker's word is not
    enough where a second could be had: a trusted host of yet another owner checks it again,
    and two verdicts that agree decide (on a disagreement, a third; a checker outvoted loses
@@ -25,6 +25,27 @@ so before anyone is punished the gateway finds out whose fault it was:
    paid a scorer's fee (each checker whose verdict stands). The job, the answer and the
    evidence are deleted.
 
+**A link dispute alone forfeits nothing.** A disputed link is one whose two ends' evidence
+disagrees about what passed on it (stage k says it received other states than stage k-1 says
+it sent; the head ran other tokens than the bridge submitted or the tail drew). Each link has
+its own secret, known to its two ends only (`mesh.rings.selectors.link_secret`), and a stage
+admits only its expected neighbour, so no third machine put a frame on it: one of its two
+ends lies, and the evidence cannot say which. So, for each disputed link (`_dispute`):
+
+* two hosts of different owners: **neither is blamed**: no maintenance, no lost trust, no
+  forfeit. The pair is recorded (`mesh.rings.services.ring_link_dispute_record`), the ring is
+  retired, and no plan puts the two at the ends of one link again for
+  `mesh.rings.services.DISPUTE_AVOID_DAYS` days; the ring is planned again without them as
+  neighbours. (Blaming both, as before, let one dishonest stage cost an honest neighbour up
+  to seven days of earnings by lying about one frame.)
+* one host at both ends (it runs both stages, or bridges and runs the head or the tail): that
+  host is blamed: it lied either way.
+* two hosts of one owner: both are blamed: that owner lied either way.
+
+An end that fails a check of its own (it kept nothing, its layers do not recompute) is
+blamed for that, dispute or not. Repeated disputes are not added up against a host: two
+colluding neighbours could otherwise frame the honest stage between them.
+
 A ring whose stages all run on its bridge's own host needs no inquiry: that host is blamed
 as any host. When no checker took the inquiry within AUDIT_SCORER_WAIT_SECONDS, the bridge,
 which delivered the text, is blamed, as before inquiries existed, and the log says why.
@@ -32,6 +53,7 @@ which delivered the text, is blamed, as before inquiries existed, and the log sa
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import timedelta
 
 from django.conf import settings
@@ -48,6 +70,7 @@ from marketplace import reputation
 from marketplace.models import Audit, RingEvidence, RingInquiry, StageShare
 from marketplace.scorer_fees import scorer_fee
 from mesh.rings.models import RingPlan, RingStage
+from mesh.rings.services import ring_link_dispute_record
 from protocol.jobs import RING_CHECK, RingCheckPayload
 
 logger = logging.getLogger(__name__)
@@ -202,20 +225,34 @@ def evidence_read(*, host: Host, inquiry_id: int, stage: int, part: int) -> byte
     return bytes(row.data)
 
 
+def _ring_links(n_stages: int) -> set[tuple[int, int]]:
+    """A ring's links as (sender, receiver): stage i -> i+1 (the tail's to the head), and the
+    bridge's to the head and to the tail."""
+    return {*((i, (i + 1) % n_stages) for i in range(n_stages)), (BRIDGE, 0), (BRIDGE, n_stages - 1)}
+
+
 @transaction.atomic
-def inquiry_verdict_report(*, host: Host, inquiry_id: int, verdict: str, blamed: list[int], reasons: list[str]) -> str:
+def inquiry_verdict_report(*, host: Host, inquiry_id: int, verdict: str, blamed: list[int], reasons: list[str],
+                           disputed: list[list[int]] | None = None) -> str:
     """The checker's verdict: "blamed" with the stage indices at fault (`BRIDGE` for the
-    bridge) and why, or "declined" (another checker is asked). Returns the inquiry's status."""
+    bridge), the links disputed (``[sender, receiver]``: their ends disagree, neither shown at
+    fault) and why, or "declined" (another checker is asked). Returns the inquiry's status."""
     inquiry = _checker_inquiry(host=host, inquiry_id=inquiry_id, lock=True)
     if verdict == "declined":
         _let_go(inquiry, why=f"declined: {'; '.join(reasons)[:300]!r}")
         return inquiry.status
     hosts = _stage_hosts(inquiry.plan)
-    if not blamed or any(index != BRIDGE and index not in hosts for index in blamed):
-        raise ApiError(400, f"blamed must name stages of the ring (0..{len(hosts) - 1}) or the bridge ({BRIDGE}).",
+    if any(index != BRIDGE and index not in hosts for index in blamed) or not (blamed or disputed):
+        raise ApiError(400, f"blamed must name stages of the ring (0..{len(hosts) - 1}) or the bridge ({BRIDGE}), "
+                            "unless disputed names the links at issue.",
                        code="invalid_blame", type="invalid_request_error", param="blamed")
+    links = sorted({tuple(link) for link in disputed or []})
+    if any(link not in _ring_links(len(hosts)) for link in links):
+        raise ApiError(400, f"disputed must name links of the ring as [sender, receiver]: stage i to i+1 (the last to 0), "
+                            f"or the bridge ({BRIDGE}) to the head or the tail.",
+                       code="invalid_dispute", type="invalid_request_error", param="disputed")
     inquiry.verdicts = [*(inquiry.verdicts or []), {
-        "checker": host.pk, "owner": host.owner_id, "blamed": sorted(set(blamed)),
+        "checker": host.pk, "owner": host.owner_id, "blamed": sorted(set(blamed)), "disputed": [list(link) for link in links],
         "reasons": "; ".join(reasons).replace("\x00", "")[:4000]}]
     inquiry.checker, inquiry.checker_since = None, None
     inquiry.save(update_fields=["verdicts", "checker", "checker_since"])
@@ -229,9 +266,9 @@ def _settle_verdicts(inquiry: RingInquiry, *, waited: bool = False) -> None:
     Checkers whose verdict the decision goes against lose their trust: a check is a
     computation two honest machines agree on."""
     verdicts = inquiry.verdicts or []
-    groups: dict[tuple[int, ...], list[dict]] = {}
+    groups: dict[tuple, list[dict]] = {}
     for verdict in verdicts:
-        groups.setdefault(tuple(verdict["blamed"]), []).append(verdict)
+        groups.setdefault(_finding(verdict), []).append(verdict)
     agreed = next((group for group in groups.values() if len(group) >= 2), None)
     if agreed is None and len(verdicts) == 1 and (waited or not _second_look_possible(inquiry)):
         agreed = verdicts
@@ -240,14 +277,19 @@ def _settle_verdicts(inquiry: RingInquiry, *, waited: bool = False) -> None:
         return
     hosts = _stage_hosts(inquiry.plan)
     _decide(inquiry, blamed=[(index, hosts.get(index, inquiry.plan.bridge_host_id)) for index in agreed[0]["blamed"]],
-            verdict=agreed[0]["reasons"])
+            verdict=agreed[0]["reasons"], disputed=[(int(a), int(b)) for a, b in agreed[0].get("disputed") or []])
     for verdict in verdicts:
         if verdict in agreed:
             _checker_pay(inquiry, Host.objects.get(pk=verdict["checker"]))
         else:
             logger.warning("ring inquiry %s: host %s's verdict %s was outvoted by %s; it loses its trust", inquiry.pk,
-                           verdict["checker"], verdict["blamed"], agreed[0]["blamed"])
+                           verdict["checker"], _finding(verdict), _finding(agreed[0]))
             reputation.trust_revoke(host_id=verdict["checker"])
+
+
+def _finding(verdict: dict) -> tuple:
+    """What a verdict found (whom it blames, which links it disputes): two checkers agree when theirs are equal."""
+    return tuple(verdict["blamed"]), tuple(tuple(link) for link in verdict.get("disputed") or [])
 
 
 def _second_look_possible(inquiry: RingInquiry) -> bool:
@@ -266,9 +308,34 @@ def _let_go(inquiry: RingInquiry, *, why: str) -> None:
     announce_on_commit(queue_group(inquiry.plan.model_id), {"type": "audit.queued"})
 
 
-def _decide(inquiry: RingInquiry, *, blamed: list[tuple[int, int | None]], verdict: str) -> None:
-    """Blame the hosts found at fault (each once, with every reason) and delete what was kept."""
+def _dispute(inquiry: RingInquiry, *, link: tuple[int, int], verdict: str) -> list[tuple[int, int | None]]:
+    """A disputed link (the module's rule): the ends to blame where the dispute itself shows
+    who lied (one host, or one owner, at both ends), else none: the pair is recorded and the
+    ring retired, nobody forfeits."""
+    hosts = _stage_hosts(inquiry.plan)
+    sender, receiver = link
+    ends = [(index, inquiry.plan.bridge_host_id if index == BRIDGE else hosts.get(index)) for index in link]
+    (_, first), (_, second) = ends
+    if first is None or second is None:  # (no host at an end: nobody to blame or keep apart)
+        return []
+    if first == second:
+        return ends[:1]
+    owners = dict(Host.objects.filter(pk__in=[first, second]).values_list("pk", "owner_id"))
+    if owners.get(first) is not None and owners.get(first) == owners.get(second):
+        return ends
+    logger.warning("ring inquiry %s: link %s -> %s disputed and neither end shown at fault: no forfeit; ring %s retired "
+                   "and the pair kept apart", inquiry.pk, sender, receiver, inquiry.plan_id)
+    ring_link_dispute_record(plan_id=inquiry.plan_id, upstream=sender, downstream=receiver, reason=verdict)
+    return []
+
+
+def _decide(inquiry: RingInquiry, *, blamed: list[tuple[int, int | None]], verdict: str,
+            disputed: Sequence[tuple[int, int]] = ()) -> None:
+    """Blame the hosts found at fault (each once, with every reason), settle the disputed links
+    (`_dispute`: most blame nobody), and delete what was kept."""
     request = inquiry.audit.request
+    for link in disputed:
+        blamed = [*blamed, *(end for end in _dispute(inquiry, link=link, verdict=verdict) if end not in blamed)]
     by_host: dict[int, list[int]] = {}
     for index, host_id in blamed:
         if host_id is not None:

@@ -1,8 +1,9 @@
 """HTTP client for the gateway's ring API (``/api/rings/``): a host proposes a ring on its
 own machine; a stage host pulls its assignment and reports where its agent listens; stage
 hosts and the bridge read where the others listen (all outbound); a bridge reports the
-stages' hold/idle seconds and queue depth. The ring's secret, which every link of the ring is
-admitted with, comes with a stage host's assignment and, for the bridge, from `secret`.
+stages' hold/idle seconds and queue depth. Each link of the ring has its own secret
+(`mahout.ring.keys`): a stage host's assignment carries its stages' links' secrets, and the
+bridge reads its two links' from `bridge_keys`.
 
 It is `mahout.api.HostApi` (same host token, timeouts, bounded retries with backoff, typed
 4xx errors) pointed at the ring routes instead of the host routes.
@@ -12,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from mahout.api import HostApi
+from mahout.ring.keys import BridgeKeys
 
 __all__ = ["RingApi"]
 
@@ -42,12 +44,13 @@ class RingApi(HostApi):
         return self._json(self._request("GET", f"/{ring_id}/addresses")).get("stages", [])
 
     def assignment(self) -> list[dict]:
-        """The stages of active ring plans this host must serve (each with its ring's secret)."""
+        """The stages of active ring plans this host must serve (each with its links' secrets, ``links``)."""
         return self._json(self._request("GET", "/assignment")).get("assignments", [])
 
-    def secret(self, ring_id: int) -> str:
-        """The ring's secret, for a host that takes part in it (its bridge or a stage host)."""
-        return str(self._json(self._request("GET", f"/{ring_id}/secret"))["secret"])
+    def bridge_keys(self, ring_id: int) -> BridgeKeys:
+        """The secrets of the bridge's links to the ring's head and tail, for its bridge host only."""
+        answer = self._json(self._request("GET", f"/{ring_id}/secret"))
+        return BridgeKeys(head=str(answer["head"]), tail=str(answer["tail"]))
 
     def report_stats(self, ring_id: int, stages: list[dict]) -> dict:
         """Report stages' time use, as collected around the ring (`RingBridge.stats`)."""

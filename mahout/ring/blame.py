@@ -14,14 +14,18 @@ its **own** inputs, so one stage's fault never lands on the stage after it:
    drew at that position; otherwise the bridge changed the text on its way out.
 3. **Links**: what stage k says it received must be what stage k-1 says it sent (the head's
    inputs: the prompt as the job was rendered, then the tokens the tail drew). A mismatch is
-   a dispute between the two ends of one link: one of them lies, and both are blamed (an
-   honest stage is blamed only beside a neighbour that lied about it).
+   a dispute between the two ends of one link: one of them lies, and the evidence cannot say
+   which (each link has its own secret, known to its two ends only, `mahout.ring.keys`, so no
+   third machine could have put a frame on it; but either end can misreport what passed).
+   The link is reported **disputed** (`Blame.disputed`), and neither end is blamed for it:
+   the gateway takes no earnings for a dispute alone and keeps the pair apart instead
+   (`marketplace.ring_inquiries`). An end that fails another check is blamed for that.
 4. **Layers**: each stage's layers are recomputed on its own reported inputs in one prefill
    pass (`recompute`) and must give its reported outputs within `TOLERANCE` (relative L2 per
    position; honest machines differ by far less: BENCHMARKS.md).
-5. When all of that holds, every hidden state was right and the text is what the tail drew:
-   the draw itself was wrong. The stages that pick are blamed (the tail; the head too where
-   the output head is shared, `mahout.ring.vocab`).
+5. When all of that holds and no link is disputed, every hidden state was right and the text
+   is what the tail drew: the draw itself was wrong. The stages that pick are blamed (the
+   tail; the head too where the output head is shared, `mahout.ring.vocab`).
 
 `recompute` needs torch and the model's file: a stage host of the same model does it
 (`mahout.ring.member`); the gateway, which never imports torch, only orders the checks and
@@ -45,17 +49,26 @@ LINK_TOLERANCE = 1e-5  # a link carries float32 as it is: both ends must report 
 
 @dataclass
 class Blame:
-    """The verdict: the indices blamed (`BRIDGE` for the bridge) and why, and each stage's
-    largest recomputation error (None where it was not recomputed)."""
+    """The verdict: the indices blamed (`BRIDGE` for the bridge) and why, the links whose two
+    ends disagree about what passed (``(sender, receiver)``, neither end blamed for it), and
+    each stage's largest recomputation error (None where it was not recomputed)."""
 
     blamed: list[int] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
     errors: dict[int, float | None] = field(default_factory=dict)
+    disputed: list[tuple[int, int]] = field(default_factory=list)
 
     def add(self, index: int, reason: str) -> None:
         if index not in self.blamed:
             self.blamed.append(index)
         self.reasons.append(reason)
+
+    def dispute(self, sender: int, receiver: int, reason: str) -> None:
+        """The link from `sender` to `receiver` is disputed: one of its ends lies, the evidence
+        cannot say which."""
+        if (sender, receiver) not in self.disputed:
+            self.disputed.append((sender, receiver))
+        self.reasons.append(f"disputed link (neither end blamed for it): {reason}")
 
 
 @dataclass(frozen=True)
@@ -129,24 +142,20 @@ def blame(
         wrong_prompt = [p for p in range(prompt_len) if fed.get(p) != sequence[p]]
         if wrong_prompt:  # the bridge submits the prompt: it, or the head, lies
             p = wrong_prompt[0]
-            verdict.add(BRIDGE, f"the head ran token {fed.get(p)} at prompt position {p}, the job's prompt has {sequence[p]}")
-            verdict.add(0, f"the head ran token {fed.get(p)} at prompt position {p}, the job's prompt has {sequence[p]}")
+            verdict.dispute(BRIDGE, 0, f"the head ran token {fed.get(p)} at prompt position {p}, the job's prompt has {sequence[p]}")
         if complete[-1] and tail is not None:
             drawn = dict(zip(tail.token_positions.tolist(), tail.tokens.tolist(), strict=True))
             fed_wrong = [p for p in range(prompt_len, len(sequence) - 1) if fed.get(p) != drawn.get(p)]
             if fed_wrong:  # the tail sends the head and the bridge one message: one of the two lies
                 p = fed_wrong[0]
-                why = f"the head ran token {fed.get(p)} at position {p}, the tail says it drew {drawn.get(p)}"
-                verdict.add(0, why)
-                verdict.add(n - 1, why)
+                verdict.dispute(n - 1, 0, f"the head ran token {fed.get(p)} at position {p}, the tail says it drew {drawn.get(p)}")
     for k in range(1, n):
         sent, received = records[k - 1], records[k]
         if complete[k - 1] and complete[k] and sent is not None and received is not None:
             error = link_error(sent, received)
             if error > LINK_TOLERANCE:
-                why = f"stage {k} says it received other states than stage {k - 1} says it sent (error {error:.3g})"
-                verdict.add(k - 1, why)
-                verdict.add(k, why)
+                verdict.dispute(k - 1, k, f"stage {k} says it received other states than stage {k - 1} says it sent "
+                                          f"(error {error:.3g})")
     for record, stage, whole in zip(records, slices, complete, strict=True):
         if not whole or record is None:
             verdict.errors[stage.index] = None
@@ -156,7 +165,7 @@ def blame(
         if error > TOLERANCE:
             verdict.add(stage.index, f"stage {stage.index}'s layers [{stage.start}, {stage.end}) recomputed on its own "
                                      f"inputs differ from what it sent by {error:.3g} (tolerance {TOLERANCE})")
-    if not verdict.blamed:
+    if not verdict.blamed and not verdict.disputed:
         pickers = [0, n - 1] if shared_output else [n - 1]
         for index in pickers:
             verdict.add(index, "every stage's states check out and the text is what the tail drew: "

@@ -15,11 +15,12 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from mahout.link import HEADERS_ONLY, Link, LinkClosed, LinkRefused, connect
+from mahout.ring.keys import BRIDGE, BridgeKeys
 
 __all__ = ["RingBridge", "RingBroken", "RingError", "RingRequest"]
 
 
-HELLO = {"role": "bridge"}
+HELLO = {"role": BRIDGE}
 CAPS = HEADERS_ONLY  # what the bridge reads: tokens, ends, errors and stats, never a tensor
 
 
@@ -64,12 +65,12 @@ class RingRequest:
 
 
 class RingBridge:
-    """Connects to the head and the tail of a running ring that holds `secret`."""
+    """Connects to the head and the tail of a running ring, each link with its own secret (`keys`)."""
 
-    def __init__(self, head: tuple[str, int], tail: tuple[str, int], *, secret: str, timeout: float = 120.0) -> None:
-        tail_link = connect(tail, secret=secret, hello=HELLO, caps=CAPS, timeout=timeout, name="tail")
+    def __init__(self, head: tuple[str, int], tail: tuple[str, int], *, keys: BridgeKeys, timeout: float = 120.0) -> None:
+        tail_link = connect(tail, secret=keys.tail, hello=HELLO, caps=CAPS, timeout=timeout, name="tail")
         try:
-            head_link = connect(head, secret=secret, hello=HELLO, caps=CAPS, timeout=timeout, name="head")
+            head_link = connect(head, secret=keys.head, hello=HELLO, caps=CAPS, timeout=timeout, name="head")
         except BaseException:
             tail_link.close()
             raise

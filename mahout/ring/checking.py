@@ -6,7 +6,8 @@ The host fetches each stage's evidence (`mahout.ring.evidence`), renders the job
 with the model's own vocabulary as the ring's bridge did (`mahout.ring.runner.RingRunner`),
 and runs `mahout.ring.blame` with every stage's layers recomputed from the model's file on
 this machine (the file it serves the model from). What it reports is the stages at fault
-(-1: the bridge) and why. A check it cannot run here (the file is not here, an error
+(-1: the bridge), the links whose two ends disagree (``disputed``: neither end is at fault
+for that alone) and why. A check it cannot run here (the file is not here, an error
 recomputing) is declined, and another checker is asked.
 """
 from __future__ import annotations
@@ -21,8 +22,8 @@ __all__ = ["ring_check"]
 
 
 def ring_check(payload: dict, api: Any, *, model_path: str | Path) -> dict:
-    """The verdict on one ring inquiry: ``{"verdict": "blamed", "blamed", "reasons"}``, or
-    ``{"verdict": "declined", "reasons": [why]}``."""
+    """The verdict on one ring inquiry: ``{"verdict": "blamed", "blamed", "disputed", "reasons"}``
+    (``disputed``: ``[sender, receiver]`` links), or ``{"verdict": "declined", "reasons": [why]}``."""
     from llama_cpp import Llama
 
     from engine.gguf_loader import open_gguf, read_config
@@ -48,5 +49,5 @@ def ring_check(payload: dict, api: Any, *, model_path: str | Path) -> dict:
     except Exception as exc:  # noqa: BLE001 - a check that breaks here is handed to another checker, not lost
         return {"verdict": "declined", "reasons": [f"{type(exc).__name__}: {exc}"[:900]]}
     errors = ", ".join(f"stage {i}: {'-' if e is None else f'{e:.2g}'}" for i, e in sorted(verdict.errors.items()))
-    return {"verdict": "blamed", "blamed": verdict.blamed,
+    return {"verdict": "blamed", "blamed": verdict.blamed, "disputed": [list(link) for link in verdict.disputed],
             "reasons": [reason[:900] for reason in verdict.reasons] + [f"recomputation errors: {errors}"]}

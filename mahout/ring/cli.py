@@ -53,6 +53,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                       help="with --server: host the local stages listen on (default 127.0.0.1 when every stage runs "
                            "here, else 0.0.0.0)")
     ring.add_argument("--advertise", default=None, help="with --server: HOST the local stages advertise")
+    ring.add_argument("--relay", action="store_true",
+                      help="with --server: the local stages are reached through the gateway's ring relay (they fall back "
+                           "to it by themselves when the gateway refuses their address as not public)")
     ring.add_argument("--wait", type=float, default=300.0,
                       help="with --server: seconds to wait for the stages to report reachable addresses")
     ring.add_argument("--bench-tokens", type=int, default=32, help="with --server: tokens of the qualifying benchmark")

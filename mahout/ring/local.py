@@ -1,8 +1,9 @@
 """Start a whole ring on this machine: stage processes (the CLI, benchmarks) or stage threads
 (fast tests). Either way every stage is a `StageAgent` on its own loopback port and the
 stages talk to each other directly; the bridge connects only to the head and the tail.
-The ring makes its own secret (`mahout.link.new_secret`): its stages and its bridge admit
-nobody else, and stage processes receive it in their environment, not on a command line."""
+The ring makes its own link secrets (`mahout.ring.keys.ring_keys`: one per link, each stage
+handed its own links' only): its stages and its bridge admit nobody else, and stage processes
+receive theirs in their environment, not on a command line."""
 from __future__ import annotations
 
 import os
@@ -16,10 +17,11 @@ from pathlib import Path
 
 from engine.generate import build_stages, even_split
 from engine.model import Stage
-from mahout.link import listen, new_secret
+from mahout.link import listen
 from mahout.ring.bridge import RingBridge
+from mahout.ring.keys import ring_keys
 from mahout.ring.membership import Limits
-from mahout.ring.stage import SECRET_ENV, StageAgent
+from mahout.ring.stage import KEYS_ENV, StageAgent, keys_to_env
 
 __all__ = ["ProcessRing", "ThreadRing", "split_layers"]
 
@@ -45,18 +47,18 @@ class ThreadRing:
             raise ValueError("a pipeline needs at least two stages")
         if stages is None:
             stages = build_stages(model_path, ranges, n_rows=slots or 2 * limits.micro_batch, n_ctx=n_ctx, share_output=True)
-        self.secret = new_secret()
+        self.keys = ring_keys(len(stages))
         servers = [listen() for _ in stages]
         addresses = [server.getsockname()[:2] for server in servers]
         self.agents = [
-            StageAgent(stage, limits=limits, secret=self.secret, next_address=addresses[(i + 1) % len(stages)],
-                       server=servers[i], index=i, vocab_path=model_path)
+            StageAgent(stage, limits=limits, keys=self.keys[i], next_address=addresses[(i + 1) % len(stages)],
+                       server=servers[i], vocab_path=model_path)
             for i, stage in enumerate(stages)
         ]
         self.threads = [threading.Thread(target=self._serve, args=(a,), name=f"stage{a.index}", daemon=True) for a in self.agents]
         for thread in self.threads:
             thread.start()
-        self.bridge = RingBridge(addresses[0], addresses[-1], secret=self.secret)
+        self.bridge = RingBridge(addresses[0], addresses[-1], keys=self.keys.bridge)
 
     @staticmethod
     def _serve(agent: StageAgent) -> None:
@@ -99,23 +101,23 @@ class ProcessRing:
         if len(ranges) < 2:
             raise ValueError("a pipeline needs at least two stages")
         ports = [_free_port() for _ in ranges]
-        self.secret = new_secret()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-               SECRET_ENV: self.secret}
+        self.keys = ring_keys(len(ranges))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
         self.procs: list[subprocess.Popen[str]] = []
         for i, (start, end) in enumerate(ranges):
             command = [
                 sys.executable, "-m", *stage_module, "--model", str(model_path), "--start", str(start),
-                "--end", str(end), "--index", str(i), "--listen", f"127.0.0.1:{ports[i]}",
+                "--end", str(end), "--index", str(i), "--stages", str(len(ranges)), "--listen", f"127.0.0.1:{ports[i]}",
                 "--next", f"127.0.0.1:{ports[(i + 1) % len(ranges)]}", "--micro-batch", str(limits.micro_batch),
                 "--row-width", str(limits.row_width), "--n-ctx", str(n_ctx), "--threads", str(threads),
                 *(["--slots", str(slots)] if slots else []), *([] if share_output else ["--whole-output"]),
             ]
             pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
-            self.procs.append(subprocess.Popen(command, cwd=ROOT, env=env, text=True, **pipes))
+            stage_env = {**env, KEYS_ENV: keys_to_env(self.keys[i])}  # its own links' secrets only
+            self.procs.append(subprocess.Popen(command, cwd=ROOT, env=stage_env, text=True, **pipes))
         try:
             self._wait_ready(ready_timeout)
-            self.bridge = RingBridge(("127.0.0.1", ports[0]), ("127.0.0.1", ports[-1]), secret=self.secret)
+            self.bridge = RingBridge(("127.0.0.1", ports[0]), ("127.0.0.1", ports[-1]), keys=self.keys.bridge)
         except BaseException:
             self.close()
             raise

@@ -3,12 +3,14 @@
 ``python -m mahout stage --server URL --token TOKEN --ring ID --stage I``:
 
 1. pull this host's assignment from the gateway (the layer range, the declared widths and
-   the ring's secret, which every link of the ring is admitted with);
+   the secrets of this stage's own links, `mahout.ring.keys`: its upstream's, its
+   downstream's and, at the head and the tail, the bridge's);
 2. load only that slice of the model;
 3. bind a listening socket (``--bind``), report the address neighbours can dial
-   (``--advertise``, or worked out from the bound socket) to the control plane; behind NAT,
-   ``--relay`` reports the relay instead and holds a socket open to the gateway's ring relay,
-   which carries every connection dialled to this stage (`mahout.ring.relay`);
+   (``--advertise``, or worked out from the bound socket) to the control plane; behind NAT
+   (the gateway refuses that address as not public), or with ``--relay``, it reports the relay
+   instead and holds a socket open to the gateway's ring relay, which carries every connection
+   dialled to this stage (`mahout.ring.relay`, `stage_reach`);
 4. dial the next stage at the address it reported (polling until it has; a clear error
    after ``--wait`` seconds), and serve: hidden states go agent to agent.
 
@@ -47,11 +49,16 @@ from mahout.home import resolve_home
 from mahout.owner import OwnerGuard, OwnerWatch, add_owner_arguments, owner_guard
 
 if TYPE_CHECKING:
+    import socket
+
     from mahout.ring.api import RingApi
     from mahout.ring.relay import StageRelay
     from mahout.ring.stage import StageAgent
 
-__all__ = ["LocalStages", "StageNotAssigned", "add_parser", "cmd_stage", "exit_on_sigterm", "find_assignment"]
+__all__ = [
+    "LocalStages", "StageNotAssigned", "add_parser", "address_not_public", "cmd_stage", "exit_on_sigterm", "find_assignment",
+    "stage_reach",
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 OWNER_POLL_S = 1.0  # how often a stage asks whether its owner wants the machine
@@ -74,7 +81,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                        help="HOST[:PORT] neighbours should dial (default: the bound address, or for a wildcard "
                             "bind this machine's address on the route to the gateway)")
     stage.add_argument("--relay", action="store_true",
-                       help="behind NAT: be reached through the gateway's ring relay (every connection outbound)")
+                       help="be reached through the gateway's ring relay (every connection outbound); without it a "
+                            "stage whose address the gateway refuses as not public (behind NAT) uses the relay by itself")
     stage.add_argument("--wait", type=float, default=300.0, help="seconds to wait for the next stage to be reachable")
     stage.add_argument("--threads", type=int, default=1, help="torch threads")
     stage.add_argument("--slots", type=int, default=None, help="requests in flight at once (default: 2 x micro-batch)")
@@ -122,10 +130,10 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
     from mahout.link import LinkClosed, listen
     from mahout.ring.api import RingApi
     from mahout.ring.evidence import EvidenceStore, EvidenceUploader
+    from mahout.ring.keys import StageKeys
     from mahout.ring.membership import Limits
     from mahout.ring.model import ring_model
-    from mahout.ring.relay import RELAY_ADDRESS
-    from mahout.ring.rendezvous import RendezvousTimeout, advertised_address, dial_stage, parse_address
+    from mahout.ring.rendezvous import RendezvousTimeout, dial_stage, parse_address
     from mahout.ring.stage import StageAgent
 
     if args.evidence_mb < 1:
@@ -157,9 +165,9 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
             say(f"mahout: error: the plan is for {plan['n_layers']} layers, this model has {config.n_layers}")
             return 2
         limits = Limits(micro_batch=plan["micro_batch"], row_width=plan["row_width"])
-        secret, caps = plan["secret"], limits.frame_caps(d_model=config.d_model, n_ctx=args.n_ctx)
+        keys = StageKeys.from_wire(args.stage, n_stages, plan["links"])
+        caps = limits.frame_caps(d_model=config.d_model, n_ctx=args.n_ctx)
         bind = parse_address(args.bind, default_host="0.0.0.0")
-        following = (args.stage + 1) % n_stages
         # kept across ring sessions and restarts: an inquiry may come after the ring re-formed
         evidence = EvidenceStore(args.evidence_mb * 2**20, spool=home / "evidence" / f"ring-{args.ring}-stage-{args.stage}")
         uploader = EvidenceUploader(HostApi(login.server, login.token), evidence, ring_id=args.ring, stage=args.stage,
@@ -168,17 +176,20 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
             if guard is not None:
                 _wait_until_free(guard, args.stage, say)
             server = listen(*bind)
-            address = RELAY_ADDRESS if args.relay else advertised_address(server, args.advertise, args.server)
-            relay = _relay_for(login.server, login.token, args, server.getsockname()[:2], say) if args.relay else None
             stage = Stage(config, weights, start, end, n_rows=args.slots or 2 * limits.micro_batch, n_ctx=args.n_ctx,
                           device=args.device)
             agent = StageAgent(
-                stage, limits=limits, secret=secret, server=server, index=args.stage, vocab_path=path, evidence=evidence,
-                dial_next=lambda: dial_stage(api, args.ring, following, secret=secret, caps=caps, timeout=args.wait,
-                                             hello={"role": "upstream", "stage": args.stage}, name="next", say=say),
+                stage, limits=limits, keys=keys, server=server, vocab_path=path, evidence=evidence,
+                dial_next=lambda: dial_stage(api, args.ring, keys.downstream_index, secret=keys.downstream, caps=caps,
+                                             timeout=args.wait, hello=keys.hello(), name="next", say=say),
             )
 
-            reported = str(api.report_address(args.ring, args.stage, address).get("address") or address)
+            reach = stage_reach(api, args, server, say=say,
+                                start_relay=lambda local: _relay_for(login.server, login.token, args, local, say))
+            if reach is None:
+                agent.close()
+                return 2
+            address, relay, reported = reach
             say(f"mahout: stage {args.stage} of ring {args.ring}, layers [{start}, {end}), "
                 f"listening on {server.getsockname()[0]}:{server.getsockname()[1]}, advertised as {address}")
             threading.Thread(target=lambda a=agent: a.ready.wait() and say(f"mahout: stage {args.stage} READY"),
@@ -205,6 +216,51 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
             uploader.stop()
             uploader.store.flush()  # what ended here is on disk before the process goes
         api.close()
+
+
+def address_not_public(exc: Exception) -> bool:
+    """Whether the gateway refused a reported address as not public (a ring of several owners'
+    machines dials only public addresses, `mesh.rings.services`): the stage is behind NAT."""
+    from mahout.api import HostApiError
+
+    return isinstance(exc, HostApiError) and (exc.code == "address_not_public" or "is not public" in exc.message)
+
+
+def stage_reach(api: RingApi, args: argparse.Namespace, server: socket.socket, *,
+                start_relay: Callable[[tuple[str, int]], StageRelay],
+                say: Callable[[str], None] = print) -> tuple[str, StageRelay | None, str] | None:
+    """Report where neighbours reach this stage: (the address reported, its relay socket or
+    None, the address as the gateway answered it); None after saying why it cannot be reported.
+    `start_relay(local)` opens the relay socket carrying connections to `local`, the bound one.
+
+    ``--relay``: through the gateway's ring relay. Otherwise its own address (``--advertise``,
+    or worked out from the bound socket); when the gateway refuses that as not public, the
+    stage is behind NAT and falls back to the relay by itself, as expert workers use theirs
+    (`mahout.moe`), so a ring of strangers' machines behind home routers forms with no flag.
+    An address given with ``--advertise`` is not replaced: its refusal says what to do."""
+    from mahout.api import HostApiError
+    from mahout.ring.relay import RELAY_ADDRESS
+    from mahout.ring.rendezvous import advertised_address
+
+    if not args.relay:
+        address = advertised_address(server, args.advertise, args.server)
+        try:
+            return address, None, str(api.report_address(args.ring, args.stage, address).get("address") or address)
+        except HostApiError as exc:
+            if not address_not_public(exc):
+                raise
+            if args.advertise:
+                say(f"mahout: error: {exc.message} (behind NAT, leave out --advertise or give --relay: the stage is then "
+                    "reached through the gateway's ring relay)")
+                return None
+            say(f"mahout: stage {args.stage}: the gateway does not let neighbours dial {address} (not public: behind NAT); "
+                "reached through the gateway's ring relay instead")
+    relay = start_relay(server.getsockname()[:2])
+    try:
+        return RELAY_ADDRESS, relay, str(api.report_address(args.ring, args.stage, RELAY_ADDRESS).get("address") or RELAY_ADDRESS)
+    except BaseException:
+        relay.stop()
+        raise
 
 
 def _relay_for(server: str, token: str, args: argparse.Namespace, local: tuple[str, int],
@@ -274,7 +330,7 @@ class LocalStages:
             sys.executable, "-m", "mahout", "stage", "--server", a.server, "--ring",
             str(self.ring_id), "--stage", str(index), "--bind", f"{self.bind_host}:0", "--threads", str(a.threads),
             "--n-ctx", str(a.n_ctx), "--wait", str(a.wait), *(["--model", str(a.model)] if a.model else []),
-            *(["--advertise", a.advertise] if a.advertise else []), "--bridged",
+            *(["--advertise", a.advertise] if a.advertise else []), *(["--relay"] if a.relay else []), "--bridged",
         ]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                TOKEN_ENV: a.token}  # the token in the environment, not on a command line every user can read

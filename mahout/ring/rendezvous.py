@@ -11,8 +11,9 @@ relay (`mahout.ring.relay.relay_portal`, a loopback port standing for it), the h
 An address can be stale (a stage that died without saying so keeps its last report):
 a dial that fails is retried with a freshly read address until the deadline, then
 `RendezvousTimeout` says which stage never answered and what it had reported. A dial
-passes the ring's handshake (`mahout.link`): whatever listens at a stale address without
-the ring's secret is dialled again, never sent a hidden state or a prompt.
+passes the link's handshake (`mahout.link`) with that link's own secret (`mahout.ring.keys`):
+whatever listens at a stale address without it is dialled again, never sent a hidden state
+or a prompt.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from mahout.ring.api import RingApi
 from mahout.ring.bridge import CAPS as BRIDGE_CAPS
 from mahout.ring.bridge import HELLO as BRIDGE_HELLO
 from mahout.ring.bridge import RingBridge
+from mahout.ring.keys import BridgeKeys
 from mahout.ring.relay import RELAY_ADDRESS, relay_portal
 
 __all__ = ["RendezvousTimeout", "advertised_address", "bridge_connect", "dial_stage", "parse_address"]
@@ -131,7 +133,7 @@ def _address_of(api: RingApi, ring_id: int, index: int) -> str:
 
 
 def bridge_connect(
-    api: RingApi, ring_id: int, n_stages: int, *, secret: str, timeout: float, say: Callable[[str], None] = print,
+    api: RingApi, ring_id: int, n_stages: int, *, keys: BridgeKeys, timeout: float, say: Callable[[str], None] = print,
 ) -> RingBridge:
     """The bridge of a control-plane ring: dial the tail, then the head, at their reported addresses.
 
@@ -141,6 +143,7 @@ def bridge_connect(
     deadline = time.monotonic() + timeout
 
     def dial(index: int, name: str) -> Link:
+        secret = keys.tail if index == n_stages - 1 else keys.head
         return dial_stage(api, ring_id, index, secret=secret, hello=BRIDGE_HELLO, caps=BRIDGE_CAPS,
                           timeout=max(0.1, deadline - time.monotonic()), name=name, say=say)
 

@@ -347,8 +347,8 @@ def serve_ring(args: argparse.Namespace, *, say: Callable[[str], None] = print) 
     The ring is ``--ring ID`` (an operator's plan) or, with ``--stages N``, this host's own
     ring of N stages (proposed to the gateway, reused on restart). The stages the plan gives
     this host run here as ``mahout stage`` processes; the others run on their hosts. The
-    bridge reads the ring's secret and the head's and the tail's addresses from the gateway,
-    dials them (each link passes the ring's handshake), qualifies
+    bridge reads its two links' secrets and the head's and the tail's addresses from the gateway,
+    dials them (each link passes its handshake with its own secret), qualifies
     the ring once, and claims jobs through the normal host loop. When the ring breaks the
     open jobs fail (the gateway continues or ends them honestly), claiming stops, local
     stages that died are restarted, and the bridge waits for every stage to report again.
@@ -379,7 +379,7 @@ def serve_ring(args: argparse.Namespace, *, say: Callable[[str], None] = print) 
             args.ring = ring_api.propose(model=model.name, stages=args.stages, row_width=args.row_width,
                                          micro_batch=args.micro_batch)["ring"]
         n_stages = len(ring_api.addresses(args.ring))
-        secret = ring_api.secret(args.ring)
+        keys = ring_api.bridge_keys(args.ring)
         mine = sorted(a["stage"] for a in ring_api.assignment() if a["ring"] == args.ring)
         bind_host = args.bind or ("127.0.0.1" if len(mine) == n_stages else "0.0.0.0")
         local = LocalStages(args, args.ring, mine, bind_host=bind_host, say=say)
@@ -387,7 +387,7 @@ def serve_ring(args: argparse.Namespace, *, say: Callable[[str], None] = print) 
         with presence(args.server, args.token, out=say):
             while True:
                 try:
-                    bridge = bridge_connect(ring_api, args.ring, n_stages, secret=secret, timeout=args.wait, say=say)
+                    bridge = bridge_connect(ring_api, args.ring, n_stages, keys=keys, timeout=args.wait, say=say)
                 except RendezvousTimeout as exc:
                     say(f"mahout: error: {exc}")
                     return 1

@@ -27,11 +27,16 @@ output head, is read by two stages at once instead of by the tail while the head
 a sampled row the tail then sends its half's mass to the head (``mass``), which the head
 needs to place the draw over the whole vocabulary before it answers.
 
-Every connection is admitted by `mahout.link`'s handshake with the ring's secret (the
-gateway issues it with the assignment; a local ring makes its own) before any other frame is
-read: a peer without it gets the challenge and is dropped. One bridge per ring session: a
-second ``hello`` as the bridge is refused, so nobody takes over the sampled tokens. Frames
-are capped by the plan's widths (`Limits.frame_caps`), not by what a peer announces.
+Every connection is admitted by `mahout.link`'s handshake before any other frame is read,
+with the secret of the one link it may be (`mahout.ring.keys`: each link of the ring has its
+own, known to its two ends only; the gateway issues a stage its links' with the assignment, a
+local ring makes its own): a stage admits its upstream neighbour and, at the head and the
+tail, the bridge; anyone else, another stage of the same ring included, gets the challenge and
+is dropped, so nothing it sends reaches this stage's computation. A frame is acted on only
+where it may come from that peer (`_allowed`: requests from the bridge, the ring's own traffic
+from upstream); another drops the link. One bridge per ring session: a second ``hello`` as the
+bridge is refused, so nobody takes over the sampled tokens. Frames are capped by the plan's
+widths (`Limits.frame_caps`), not by what a peer announces.
 
 Messages (header ``type``): ``hello`` (the handshake's, naming the role), ``submit`` and ``cancel``
 (bridge -> head), ``grammar`` (a request's response_format grammar, from the head to the stage
@@ -50,6 +55,7 @@ saturated one.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import queue
 import socket
@@ -66,6 +72,7 @@ import torch
 from engine.model import Stage
 from mahout.link import FrameCaps, HandshakeSlots, Link, LinkClosed, LinkRefused, accept, connect, listen
 from mahout.ring.evidence import EvidenceStore
+from mahout.ring.keys import BRIDGE, StageKeys
 from mahout.ring.membership import DECODE, PREFILL, Limits, Row, rows_from_wire, rows_to_wire
 from mahout.ring.vocab import Healing, Sampler, picked, report
 from protocol.jobs import MAX_TOP_LOGPROBS
@@ -73,9 +80,11 @@ from protocol.jobs import MAX_TOP_LOGPROBS
 if TYPE_CHECKING:
     from mahout.runners.llama import Grammar
 
-__all__ = ["HeadAgent", "MiddleAgent", "StageAgent", "StageStats", "TailAgent", "main"]
+__all__ = ["KEYS_ENV", "HeadAgent", "MiddleAgent", "StageAgent", "StageStats", "TailAgent", "keys_to_env", "main"]
 
 _CLOSED = "_closed"
+FROM_BRIDGE = frozenset({"submit", "cancel", "stats"})  # what the bridge may send the head (the tail: nothing)
+BRIDGE_ONLY = frozenset({"submit", "cancel"})  # what only the bridge may send: a stage never submits
 
 
 @dataclass
@@ -88,7 +97,8 @@ class StageStats:
     rows: int = 0
     tokens: int = 0
     refused: int = 0  # batches refused (wider than the plan) or failed
-    peers_refused: int = 0  # connections dropped at the handshake (no secret) or a second bridge
+    peers_refused: int = 0  # connections dropped at the handshake (not an expected neighbour, no secret) or a second bridge
+    frames_refused: int = 0  # links dropped for a frame their peer may not send (`StageAgent._allowed`)
     max_queue_depth: int = 0
     started: float = field(default_factory=time.perf_counter)
 
@@ -113,9 +123,11 @@ class _Request:
 
 
 class StageAgent:
-    """Serve `stage` in a ring: receive on `server`, send to the next stage — at `next_address`,
-    or over the link `dial_next()` returns (found through the control plane, `mahout.ring.member`).
-    Every link, both ways, is admitted with `secret`; frames are capped by `limits`.
+    """Serve `stage` in a ring as stage ``keys.index`` of ``keys.n_stages``: receive on
+    `server`, send to the next stage — at `next_address`, or over the link `dial_next()`
+    returns (found through the control plane, `mahout.ring.member`). Each link is admitted
+    with its own secret (`keys`: the upstream's and, at the head and the tail, the bridge's
+    for the links it accepts, the downstream's for the one it dials); frames are capped by `limits`.
 
     ``StageAgent(stage, …)`` builds the role the stage's layer range gives it: `HeadAgent`,
     `MiddleAgent` or `TailAgent`. This base holds what every role shares: the links, the inbox
@@ -134,11 +146,10 @@ class StageAgent:
         stage: Stage,
         *,
         limits: Limits,
-        secret: str,
+        keys: StageKeys,
         next_address: tuple[str, int] | None = None,
         dial_next: Callable[[], Link] | None = None,
         server: socket.socket | None = None,
-        index: int = 0,
         vocab_path: str | os.PathLike[str] | None = None,
         evidence: EvidenceStore | None = None,
     ) -> None:
@@ -146,7 +157,7 @@ class StageAgent:
             raise ValueError("give the next stage's address, or a way to dial it (not both)")
         self.stage = stage
         self.limits = limits
-        self.secret = secret
+        self.keys = keys
         vocab = stage.config.vocab_size
         tail_vocab = vocab - vocab // 2 if stage.shares_output and stage.weights.start == 0 else 0  # (`Sampler.head_pick`)
         self.caps = limits.frame_caps(d_model=stage.config.d_model, n_ctx=stage.cache.n_ctx, tail_vocab=tail_vocab)
@@ -154,7 +165,7 @@ class StageAgent:
         self._dial_next = dial_next or self._dial_address
         self.server = server or listen()
         self.address: tuple[str, int] = self.server.getsockname()[:2]
-        self.index = index
+        self.index = keys.index
         self.stats = StageStats()
         self.ready = threading.Event()
         self.error: BaseException | None = None
@@ -199,8 +210,7 @@ class StageAgent:
 
     def _dial_address(self) -> Link:
         assert self.next_address is not None
-        return connect(self.next_address, secret=self.secret, hello={"role": "upstream", "stage": self.index},
-                       caps=self.caps, name="next")
+        return connect(self.next_address, secret=self.keys.downstream, hello=self.keys.hello(), caps=self.caps, name="next")
 
     def close(self) -> None:
         """Stop and close every connection: neighbours see the end of stream and stop too."""
@@ -226,16 +236,18 @@ class StageAgent:
             threading.Thread(target=self._read, args=(sock, name), name=f"stage{self.index}-read", daemon=True).start()
 
     def _admit_peer(self, sock: socket.socket, name: str) -> Link | None:
-        """The handshake (on this connection's own thread, so a slow stranger holds up no one);
-        None, the socket closed, for a peer without the secret or a second bridge."""
+        """The handshake (on this connection's own thread, so a slow stranger holds up no one):
+        the peer must be the upstream neighbour, or at the head and the tail the bridge, and
+        prove that link's secret (`StageKeys.secret_for`). None, the socket closed, for anyone
+        else (another stage of the ring included) or a second bridge."""
         try:
-            link = accept(sock, secret=self.secret, caps=self.caps, name=name)
+            link = accept(sock, secret_for=self.keys.secret_for, caps=self.caps, name=name)
         except LinkRefused:
             self.stats.peers_refused += 1
             return None
         finally:
             self._handshakes.give_back()
-        if link.peer.get("role") == "bridge":
+        if link.peer.get("role") == BRIDGE:
             with self._bridge_lock:
                 taken, self._bridge_seen = self._bridge_seen, True
                 if not taken:
@@ -262,9 +274,21 @@ class StageAgent:
                 link.send({"type": "welcome", "stage": self.index, "start": self.stage.start, "end": self.stage.end})
             while True:
                 header, tensor = link.recv()
+                if not self._allowed(link, header.get("type")):
+                    self.stats.frames_refused += 1
+                    link.close()
+                    raise LinkClosed(f"{self.name}: a {header.get('type')!r} frame from its {role}, which may not send it")
                 self._inbox.put((header, tensor))
         except LinkClosed:
             self._inbox.put(({"type": _CLOSED, "who": role}, None))
+
+    def _allowed(self, link: Link, kind: Any) -> bool:
+        """Whether `link`'s peer may send a `kind` frame: the bridge sends the head requests,
+        cancels and stats requests (and the tail nothing); the upstream neighbour sends the
+        ring's own traffic, never a request (only the bridge submits)."""
+        if link.peer.get("role") == BRIDGE:  # (proven: the bridge's link secret is asked of that role only)
+            return self.stage.is_head and kind in FROM_BRIDGE
+        return kind not in BRIDGE_ONLY
 
     # -- the work loop -----------------------------------------------------------------
 
@@ -317,7 +341,8 @@ class StageAgent:
         return {
             "stage": self.index, "start": self.stage.start, "end": self.stage.end,
             "hold_s": round(s.hold_s, 6), "idle_s": round(s.idle_s, 6), "batches": s.batches, "rows": s.rows,
-            "tokens": s.tokens, "refused": s.refused, "peers_refused": s.peers_refused, "queue_depth": self.queue_depth(),
+            "tokens": s.tokens, "refused": s.refused, "peers_refused": s.peers_refused, "frames_refused": s.frames_refused,
+            "queue_depth": self.queue_depth(),
             "max_queue_depth": s.max_queue_depth,
             "uptime_s": round(time.perf_counter() - s.started, 6),
         }
@@ -850,19 +875,31 @@ def _address(text: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
-SECRET_ENV = "MAHOUT_RING_SECRET"
+KEYS_ENV = "MAHOUT_RING_KEYS"
+
+
+def keys_to_env(keys: StageKeys) -> str:
+    """A stage's link secrets as its process reads them from ``MAHOUT_RING_KEYS``."""
+    return json.dumps({"upstream": keys.upstream, "downstream": keys.downstream, "bridge": keys.bridge})
+
+
+def _keys_from_env(index: int, n_stages: int) -> StageKeys:
+    links = json.loads(os.environ.get(KEYS_ENV) or "{}")
+    return StageKeys(index=index, n_stages=n_stages, upstream=str(links["upstream"]), downstream=str(links["downstream"]),
+                     bridge=links.get("bridge") or None)
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m mahout.ring.stage``: load one layer slice and serve it until a neighbour leaves.
 
-    The ring's secret comes from the environment (``MAHOUT_RING_SECRET``), never the command
-    line, where every user of the machine could read it."""
+    The stage's link secrets come from the environment (``MAHOUT_RING_KEYS``, `keys_to_env`),
+    never the command line, where every user of the machine could read them."""
     parser = argparse.ArgumentParser(prog="python -m mahout.ring.stage")
     parser.add_argument("--model", required=True)
     parser.add_argument("--start", type=int, required=True)
     parser.add_argument("--end", type=int, required=True)
     parser.add_argument("--index", type=int, default=0)
+    parser.add_argument("--stages", type=int, required=True, help="how many stages the ring has")
     parser.add_argument("--listen", required=True, help="HOST:PORT to accept the previous stage on (:PORT: loopback)")
     parser.add_argument("--next", required=True, help="HOST:PORT of the next stage (the tail's is the head)")
     parser.add_argument("--micro-batch", type=int, required=True)
@@ -876,10 +913,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--whole-output", action="store_true",
                         help="the tail holds the whole output head (default: head and tail share it; every stage must agree)")
     args = parser.parse_args(argv)
-    secret = os.environ.get(SECRET_ENV, "")
-    if not secret:
-        print(f"stage {args.index}: set {SECRET_ENV} to the ring's secret (every stage and the bridge hold the same)",
-              file=sys.stderr, flush=True)
+    try:
+        keys = _keys_from_env(args.index, args.stages)
+    except (KeyError, TypeError, ValueError) as exc:
+        print(f"stage {args.index}: set {KEYS_ENV} to this stage's link secrets "
+              f'({{"upstream": ..., "downstream": ..., "bridge": ...}}): {exc!r}', file=sys.stderr, flush=True)
         return 2
     torch.set_num_threads(args.threads)
     from engine.gguf_loader import load_stage
@@ -889,8 +927,8 @@ def main(argv: list[str] | None = None) -> int:
     config, weights = load_stage(args.model, args.start, args.end, share_output=not args.whole_output)
     stage = Stage(config, weights, args.start, args.end, n_rows=args.slots or 2 * args.micro_batch, n_ctx=args.n_ctx,
                   device=args.device)
-    agent = StageAgent(stage, limits=limits, secret=secret, next_address=_address(args.next), server=server,
-                       index=args.index, vocab_path=args.model)
+    agent = StageAgent(stage, limits=limits, keys=keys, next_address=_address(args.next), server=server,
+                       vocab_path=args.model)
     threading.Thread(target=lambda: agent.ready.wait() and print("READY", flush=True), daemon=True).start()
     try:
         agent.serve()

@@ -11,6 +11,7 @@ import struct
 import threading
 import time
 import tracemalloc
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from mahout.link import (
     HEADERS_ONLY,
+    VERSION,
     FrameCaps,
     FrameRefused,
     Link,
@@ -67,18 +69,18 @@ def raw_frame(header: dict) -> bytes:
 class Listener:
     """A listening socket whose accepted connections go through `accept`; records the outcome."""
 
-    def __init__(self, secret: str, caps: FrameCaps = ROOMY) -> None:
+    def __init__(self, secret: str | None, caps: FrameCaps = ROOMY, *, secret_for: Callable[[dict], str | None] | None = None) -> None:
         self.server = listen()
         self.address = self.server.getsockname()[:2]
         self.links: list[Link] = []
         self.refused: list[LinkRefused] = []
         self.done = threading.Event()
-        threading.Thread(target=self._one, args=(secret, caps), daemon=True).start()
+        threading.Thread(target=self._one, args=(secret, caps, secret_for), daemon=True).start()
 
-    def _one(self, secret: str, caps: FrameCaps) -> None:
+    def _one(self, secret: str | None, caps: FrameCaps, secret_for: Callable[[dict], str | None] | None) -> None:
         sock, _ = self.server.accept()
         try:
-            self.links.append(accept(sock, secret=secret, caps=caps, timeout=5.0))
+            self.links.append(accept(sock, secret=secret, secret_for=secret_for, caps=caps, timeout=5.0))
         except LinkRefused as exc:
             self.refused.append(exc)
         self.done.set()
@@ -231,7 +233,7 @@ class HandshakeTests:
 
         def impostor() -> None:
             sock, _ = server.accept()
-            sock.sendall(raw_frame({"type": "challenge", "nonce": "0" * 32, "key": "ab" * 32}))
+            sock.sendall(raw_frame({"type": "challenge", "version": VERSION, "nonce": "0" * 32, "key": "ab" * 32}))
             hello = read_frame(sock)
             sock.sendall(raw_frame({"type": "admitted", "proof": "f" * 64}))  # cannot prove: no secret
             sock.settimeout(2)
@@ -280,6 +282,69 @@ class HandshakeTests:
         finally:
             a.close()
             b.close()
+
+
+class LinkIdentityTests:
+    """Issue 50: a listener that admits several peers picks each one's secret by the identity
+    it claims (`accept(secret_for=...)`), and refuses an identity it does not expect."""
+
+    def test_the_secret_is_the_claimed_identitys_and_an_unexpected_identity_is_refused(self) -> None:
+        mine, theirs = new_secret(), new_secret()
+        expected = {("upstream", 1): mine}
+
+        def secret_for(claimed: dict) -> str | None:
+            return expected.get((claimed.get("role"), claimed.get("stage")))
+
+        admitted = Listener(None, secret_for=secret_for)
+        try:
+            link = dial(admitted.address, secret=mine, hello={"role": "upstream", "stage": 1}, caps=ROOMY, timeout=5)
+            assert admitted.done.wait(5) and admitted.links[0].peer == {"type": "hello", "role": "upstream", "stage": 1}
+            link.close()
+        finally:
+            admitted.close()
+        for secret, hello in ((theirs, {"role": "upstream", "stage": 2}),  # its own secret, but not a peer this end expects
+                              (theirs, {"role": "upstream", "stage": 1})):  # claims the expected peer without its secret
+            listener = Listener(None, secret_for=secret_for)
+            try:
+                with pytest.raises(LinkRefused, match="refused our proof"):
+                    dial(listener.address, secret=secret, hello=hello, caps=ROOMY, timeout=5)
+                assert listener.done.wait(5) and listener.refused and not listener.links
+            finally:
+                listener.close()
+        assert "is not one this end expects" in str(_refusal(secret_for, theirs, {"role": "upstream", "stage": 2}))
+        with pytest.raises(ValueError, match="not both"):
+            accept(socket.socket(), secret=mine, secret_for=secret_for, caps=ROOMY)
+
+    def test_a_peer_of_the_older_protocol_is_told_apart_from_one_without_the_secret(self) -> None:
+        server = listen()
+
+        def old_listener() -> None:
+            sock, _ = server.accept()
+            sock.sendall(raw_frame({"type": "challenge", "nonce": "0" * 32, "key": "ab" * 32}))  # version 2 named none
+            with contextlib.suppress(OSError, EOFError):
+                read_frame(sock)
+            sock.close()
+
+        thread = threading.Thread(target=old_listener, daemon=True)
+        thread.start()
+        try:
+            with pytest.raises(LinkRefused, match="speaks link protocol 2"):
+                dial(server.getsockname()[:2], secret=new_secret(), hello={"role": "bridge"}, caps=HEADERS_ONLY, timeout=5)
+            thread.join(5)
+        finally:
+            server.close()
+
+
+def _refusal(secret_for: Callable[[dict], str | None], secret: str, hello: dict) -> LinkRefused:
+    """The listener's own refusal of a dialler with `secret` saying `hello`."""
+    listener = Listener(None, secret_for=secret_for)
+    try:
+        with contextlib.suppress(LinkRefused):
+            dial(listener.address, secret=secret, hello=hello, caps=ROOMY, timeout=5)
+        assert listener.done.wait(5)
+        return listener.refused[0]
+    finally:
+        listener.close()
 
 
 class PendingHandshakeTests:

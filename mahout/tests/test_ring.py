@@ -18,6 +18,7 @@ import torch
 from engine.generate import build_stages, generate
 from mahout.link import HEADERS_ONLY, FrameCaps, LinkClosed, LinkRefused, connect, new_secret
 from mahout.ring.bridge import RingBridge, RingBroken, RingError
+from mahout.ring.keys import BridgeKeys, ring_keys
 from mahout.ring.local import ThreadRing, split_layers
 from mahout.ring.membership import BatchTooWide, Limits, Row, rows_to_wire
 from mahout.ring.stage import StageAgent
@@ -78,7 +79,7 @@ class RingTests:
         with _ring(model_path, 2) as ring:
             tail = ring.agents[-1]
             rows = [Row(f"x{i}", 0, 1, "prefill", True) for i in range(3)]
-            intruder = connect(tail.address, secret=ring.secret, hello={"role": "upstream"}, caps=HEADERS_ONLY)
+            intruder = connect(tail.address, secret=ring.keys[0].downstream, hello=ring.keys[0].hello(), caps=HEADERS_ONLY)
             intruder.send({"type": "batch", "rows": rows_to_wire(rows)}, torch.zeros(3, 640))
             wide = [Row("y", 0, 5, "prefill", True)]
             intruder.send({"type": "batch", "rows": rows_to_wire(wide)}, torch.zeros(5, 640))
@@ -172,9 +173,9 @@ class RingAdmissionTests:
             stranger = socket.create_connection(tail.address, timeout=5)
             stranger.sendall(_frame({"type": "hello", "role": "bridge"}))
             with pytest.raises(LinkRefused, match="already has this session's bridge"):  # the secret is not enough either
-                RingBridge(ring.agents[0].address, tail.address, secret=ring.secret, timeout=5)
+                RingBridge(ring.agents[0].address, tail.address, keys=ring.keys.bridge, timeout=5)
             with pytest.raises(LinkRefused, match="refused our proof"):
-                RingBridge(ring.agents[0].address, tail.address, secret=new_secret(), timeout=5)
+                RingBridge(ring.agents[0].address, tail.address, keys=BridgeKeys(new_secret(), new_secret()), timeout=5)
             request = ring.bridge.submit(PROMPTS[0], MAX_TOKENS)
             tokens = request.result()
             stolen = _read_all(stranger)
@@ -189,7 +190,7 @@ class RingAdmissionTests:
             caps = tail.caps
             assert caps == LIMITS.frame_caps(d_model=640, n_ctx=64)
             assert caps.payload_bytes == LIMITS.micro_batch * LIMITS.row_width * 640 * 4  # one pass's hidden state
-            intruder = connect(tail.address, secret=ring.secret, hello={"role": "upstream"}, caps=HEADERS_ONLY)
+            intruder = connect(tail.address, secret=ring.keys[0].downstream, hello=ring.keys[0].hello(), caps=HEADERS_ONLY)
             intruder.sock.sendall(struct.pack(">II", 64, caps.payload_bytes + 1))  # one byte too many, never sent
             with pytest.raises(LinkClosed):
                 intruder.recv()  # the tail dropped the link at the prefix
@@ -211,7 +212,7 @@ class FrameCapsTests:
 class HeadPackingTests:
     def test_it_packs_a_decode_and_a_prefill_chunk_into_one_pass(self, model_path: Path) -> None:
         (stage,) = build_stages(model_path, [(0, 1)], n_rows=4, n_ctx=64)
-        head = StageAgent(stage, limits=LIMITS, secret=new_secret(), next_address=("127.0.0.1", 9))
+        head = StageAgent(stage, limits=LIMITS, keys=ring_keys(2)[0], next_address=("127.0.0.1", 9))
         head._submit({"request_id": "a", "prompt_ids": PROMPTS[3], "max_tokens": 4})
         rows, ids = head._pack()
         assert rows == [Row("a", 0, 3, "prefill", True)] and ids == PROMPTS[3]

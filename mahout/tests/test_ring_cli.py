@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mahout.__main__ import main
 from mahout.tests.fake_gateway import FakeGateway
@@ -96,14 +96,14 @@ def _children(pid: int) -> list[int]:
 
 class RingGateway(FakeGateway):
     """The fake gateway plus the ring API a host's own ring needs: propose, assignment (with
-    the ring's secret), the secret for the bridge, addresses (reported, read and left) and
-    stats reports, for one ring (id 1) all on this host."""
+    each stage's links' secrets), the bridge's links' secrets, addresses (reported, read and
+    left) and stats reports, for one ring (id 1) of two stages, all on this host."""
 
     def __init__(self) -> None:
-        from mahout.link import new_secret
+        from mahout.ring.keys import ring_keys
 
         super().__init__()
-        self.secret = new_secret()
+        self.keys = ring_keys(2)
         self.model = "gemma-3-270m"  # the plan's model
         self.n_stages = 0
         self.addresses: dict[int, str] = {}
@@ -117,6 +117,11 @@ class RingGateway(FakeGateway):
                 for i, (a, b) in enumerate(ranges)]
 
 
+def _links(keys: Any) -> dict:  # noqa: ANN401 - a StageKeys, as the gateway's assignment carries it
+    return {"upstream": {"stage": keys.upstream_index, "secret": keys.upstream},
+            "downstream": {"stage": keys.downstream_index, "secret": keys.downstream}, "bridge": keys.bridge}
+
+
 def _ring_handler(gateway: RingGateway) -> type:
     from mahout.tests.fake_gateway import _Handler
 
@@ -124,12 +129,13 @@ def _ring_handler(gateway: RingGateway) -> type:
         def do_GET(self) -> None:
             if self.path == "/api/rings/assignment" and self._authorized():
                 plan = {"ring": 1, "model": gateway.model, "row_width": 64, "micro_batch": 4, "n_layers": 18,
-                        "stages": gateway.stages(), "secret": gateway.secret}
-                self._send(200, {"assignments": [{**plan, **s} for s in gateway.stages()]})
+                        "stages": gateway.stages()}
+                self._send(200, {"assignments": [{**plan, **s, "links": _links(gateway.keys[s["stage"]])}
+                                                 for s in gateway.stages()]})
             elif self.path == "/api/rings/1/addresses" and self._authorized():
                 self._send(200, {"ring": 1, "stages": gateway.stages()})
             elif self.path == "/api/rings/1/secret" and self._authorized():
-                self._send(200, {"ring": 1, "secret": gateway.secret})
+                self._send(200, {"ring": 1, "head": gateway.keys.bridge.head, "tail": gateway.keys.bridge.tail})
             else:
                 super().do_GET()
 

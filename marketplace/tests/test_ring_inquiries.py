@@ -19,7 +19,7 @@ from conftest import make_host
 from hosts.models import Host
 from marketplace import audits, ring_inquiries
 from marketplace.models import Audit, RingEvidence, RingInquiry
-from marketplace.tests.test_ring_audits import TOKENS, ring, serve  # noqa: F401 - `ring` is a fixture
+from marketplace.tests.test_ring_audits import _tokens, ring, serve  # noqa: F401 - `ring` is a fixture
 from marketplace.tests.test_ring_pay import host_earned
 from protocol.jobs import RING_CHECK
 
@@ -71,7 +71,7 @@ def test_every_stage_hands_over_its_evidence_a_checker_outside_the_ring_names_th
     assert ring_inquiries.inquiry_claim_payload(host=make_host(name="new").host, model_ids=[catalog.pk]) is None  # probation
     checker = make_host(name="checker", trusted=True)
     payload = ring_inquiries.inquiry_claim_payload(host=checker.host, model_ids=[catalog.pk])
-    assert payload is not None and payload["kind"] == RING_CHECK and payload["tokens"] == TOKENS
+    assert payload is not None and payload["kind"] == RING_CHECK and payload["tokens"] == _tokens(catalog)
     assert "id" not in payload["job"] and payload["job"]["params"]["seed"] == 7
     assert [(s["index"], s["parts"]) for s in payload["stages"]] == [(0, 5), (1, 5), (2, 0)]
     part = call("GET", f"/ring-inquiries/{inquiry.pk}/evidence?stage=0&part=1", checker.token)
@@ -217,3 +217,78 @@ def test_the_pool_page_counts_the_inquiries_open_and_decided(customer, catalog, 
     ring_inquiries.inquiries_watch(now=later + timedelta(seconds=settings.AUDIT_SCORER_WAIT_SECONDS + 1))
     assert RingInquiry.objects.get(pk=inquiry.pk).status == RingInquiry.Status.DECIDED
     assert "looked into: 0 open, 1 decided" in client.get("/pool/").content.decode()
+
+
+
+def _checked(customer, catalog, ring):  # noqa: ANN001, ANN202, F811
+    """A failed audit of a job the ring served after a passed one (so its stage hosts have
+    unvested earnings to lose), every stage's evidence handed over, a checker on it."""
+    bridge, first, last = ring
+    passed = Audit.objects.get(job=serve(customer, catalog, bridge))
+    assert audits.audit_decide(audit=passed, reason=None, counts={"checked": 4})
+    inquiry = failed(customer, catalog, ring)
+    for stage, who in ((0, first), (1, bridge), (2, last)):
+        hand_over(inquiry, stage, who.token, b"x" * 12)
+    checker = make_host(name="checker", trusted=True)
+    assert ring_inquiries.inquiry_claim_payload(host=checker.host, model_ids=[catalog.pk])["id"] == inquiry.pk
+    return inquiry, checker
+
+
+def test_a_link_dispute_alone_forfeits_nothing_retires_the_ring_and_keeps_the_pair_apart(customer, catalog, ring) -> None:  # noqa: ANN001, F811
+    """Issue 50: the tail says it sent the head other tokens than the head says it ran. One of
+    the two lies and nobody can tell which: neither is put in maintenance nor loses a micro-cent."""
+    from mesh.rings.models import RingLinkDispute, RingPlan
+    from mesh.rings.services import PlanInvalid, StageSpec, ring_plan_create
+
+    bridge, first, last = ring
+    inquiry, checker = _checked(customer, catalog, ring)
+    earned = {who.host.pk: host_earned(who.host) for who in ring}
+    assert earned[first.host.pk] > 0 and earned[last.host.pk] > 0  # something a forfeit would take
+    answer = call("POST", f"/ring-inquiries/{inquiry.pk}/verdict", checker.token,
+                  {"verdict": "blamed", "blamed": [], "disputed": [[2, 0]],
+                   "reasons": ["disputed link (neither end blamed for it): the head ran token 5 at position 40, "
+                               "the tail says it drew 6"]})
+    assert answer.status_code == 200 and answer.json() == {"status": "decided"}, answer.content
+    hosts = Host.objects.filter(pk__in=[h.host.pk for h in ring])
+    assert [h.maintenance_since for h in hosts] == [None, None, None]
+    assert {who.host.pk: host_earned(who.host) for who in ring} == earned  # nobody forfeited anything
+    inquiry.refresh_from_db()
+    assert inquiry.status == RingInquiry.Status.DECIDED and inquiry.blamed == []
+    assert host_earned(checker.host) > 0  # the check was done, and paid
+    (dispute,) = RingLinkDispute.objects.all()
+    assert (dispute.upstream_index, dispute.downstream_index) == (2, 0)
+    assert (dispute.upstream_host_id, dispute.downstream_host_id) == (last.host.pk, first.host.pk)
+    assert RingPlan.objects.get(pk=inquiry.plan_id).status == RingPlan.Status.RETIRED  # to be planned again
+    n_layers = inquiry.plan.n_layers
+    with pytest.raises(PlanInvalid, match="disagreed"):  # not neighbours again, either way round
+        ring_plan_create(model_name=catalog.name, row_width=64, micro_batch=2, bridge_host=bridge.host,
+                         stages=[StageSpec(0, 2, first.host), StageSpec(2, n_layers, last.host)])
+    q = n_layers // 4  # four stages: the head (first) and stage 2 (last) share no link (the bridge runs 1 and 3)
+    apart = ring_plan_create(model_name=catalog.name, row_width=64, micro_batch=2, bridge_host=bridge.host,
+                             stages=[StageSpec(0, q, first.host), StageSpec(q, 2 * q, None), StageSpec(2 * q, 3 * q, last.host),
+                                     StageSpec(3 * q, n_layers, None)])
+    assert apart.status == RingPlan.Status.ACTIVE
+    assert ledger.reconcile_report() == []
+
+
+def test_a_dispute_the_ends_owner_lied_in_either_way_blames_both_and_a_blamed_end_still_forfeits(customer, catalog, ring) -> None:  # noqa: ANN001, F811
+    bridge, first, last = ring
+    Host.objects.filter(pk=last.host.pk).update(owner=first.host.owner)  # one owner at both ends of link 2 -> 0
+    inquiry, checker = _checked(customer, catalog, ring)
+    assert ring_inquiries.inquiry_verdict_report(host=checker.host, inquiry_id=inquiry.pk, verdict="blamed", blamed=[],
+                                                 disputed=[[2, 0]], reasons=["disputed"]) == "decided"
+    assert set(Host.objects.filter(maintenance_by="verification").values_list("pk", flat=True)) == {first.host.pk, last.host.pk}
+    inquiry.refresh_from_db()
+    assert sorted(entry["stage"] for entry in inquiry.blamed) == [0, 2]
+
+
+def test_a_verdict_must_name_a_stage_or_a_link_of_the_ring(customer, catalog, ring) -> None:  # noqa: ANN001, F811
+    inquiry, checker = _checked(customer, catalog, ring)
+    url = f"/ring-inquiries/{inquiry.pk}/verdict"
+    for body, code in (({"verdict": "blamed"}, "invalid_blame"), ({"verdict": "blamed", "disputed": [[0, 2]]}, "invalid_dispute"),
+                       ({"verdict": "blamed", "disputed": [[-1, 1]]}, "invalid_dispute")):
+        refused = call("POST", url, checker.token, body)
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == code, refused.content
+    short = call("POST", url, checker.token, {"verdict": "blamed", "disputed": [[0]]})
+    assert short.status_code == 400 and short.json()["error"]["param"].startswith("disputed")
+    assert call("POST", url, checker.token, {"verdict": "blamed", "disputed": [[-1, 0]]}).json() == {"status": "decided"}

@@ -6,6 +6,6 @@ from django.urls import path
 from mesh.experts.consumers import ExpertRelayCoordinatorConsumer, ExpertRelayWorkerConsumer
 
 websocket_urlpatterns = [
-    path("api/moe/relay/worker/<int:worker_id>", ExpertRelayWorkerConsumer.as_asgi()),
-    path("api/moe/relay/coordinator/<int:worker_id>", ExpertRelayCoordinatorConsumer.as_asgi()),
+    path("api/moe/relay/worker/<id:worker_id>", ExpertRelayWorkerConsumer.as_asgi()),
+    path("api/moe/relay/coordinator/<id:worker_id>", ExpertRelayCoordinatorConsumer.as_asgi()),
 ]

@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.http import HttpRequest
 
-from mesh.rings.models import ModelLayout, RingPlan, RingStage
+from mesh.rings.models import ModelLayout, RingLinkDispute, RingPlan, RingStage
 
 
 class RingStageInline(admin.TabularInline):
@@ -39,3 +39,16 @@ class RingStageAdmin(admin.ModelAdmin):
 @admin.register(ModelLayout)
 class ModelLayoutAdmin(admin.ModelAdmin):
     list_display = ("model", "n_layers")
+
+
+@admin.register(RingLinkDispute)
+class RingLinkDisputeAdmin(admin.ModelAdmin):
+    """Disputed links (`mesh.services.ring_link_dispute_record`): the two hosts are not put
+    at the ends of one link again for a while; neither forfeited anything. Read-only: an
+    operator may delete one to let the pair be neighbours again."""
+
+    list_display = ("created_at", "plan", "upstream_index", "downstream_index", "upstream_host", "downstream_host")
+    readonly_fields = ("plan", "upstream_index", "downstream_index", "upstream_host", "downstream_host", "reason", "created_at")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False

@@ -1,8 +1,10 @@
 """The ring API for hosts: propose a ring on one's own machine, pull a stage assignment,
 report where a stage listens and read where the others do (the address exchange: every
-call is outbound from the host), report and read stage time use. The ring's secret (what
-its links are admitted with) goes to its participants only: a stage host with its
-assignment, the bridge from ``GET rings/<id>/secret``.
+call is outbound from the host), report and read stage time use. Each link of a ring has
+its own secret (`selectors.link_secret`), handed to that link's two ends only: a stage host
+gets its stages' links' with its assignment, the bridge host its links to the head and the
+tail from ``GET rings/<id>/secret``. The plan's own secret, which they are derived from,
+never leaves the gateway.
 
 Host token auth is the host API's (`hosts.apis.HostApi`); each view parses, calls one service or
 selector, renders.
@@ -57,7 +59,7 @@ def _participant_ring(*, ring_id: int, host: Host) -> RingPlan:
 
 
 class RingAssignmentApi(HostApi):
-    """The stages this host serves: its layer range, the whole plan, the declared widths, the ring's secret."""
+    """The stages this host serves: its layer range, the whole plan, the declared widths, its links' secrets."""
 
     class OutputSerializer(serializers.Serializer):
         class AssignmentSerializer(serializers.Serializer):
@@ -67,6 +69,15 @@ class RingAssignmentApi(HostApi):
                 end = serializers.IntegerField()
                 host = serializers.IntegerField(allow_null=True)
 
+            class LinksSerializer(serializers.Serializer):
+                class LinkSerializer(serializers.Serializer):
+                    stage = serializers.IntegerField(help_text="the neighbour at the link's other end")
+                    secret = serializers.CharField()
+
+                upstream = LinkSerializer(help_text="the link the previous stage dials this one on")
+                downstream = LinkSerializer(help_text="the link this stage dials the next one on")
+                bridge = serializers.CharField(allow_null=True, help_text="the bridge's link to the head or the tail; null elsewhere")
+
             ring = serializers.IntegerField()
             model = serializers.CharField()
             stage = serializers.IntegerField()
@@ -75,7 +86,7 @@ class RingAssignmentApi(HostApi):
             row_width = serializers.IntegerField()
             micro_batch = serializers.IntegerField()
             n_layers = serializers.IntegerField()
-            secret = serializers.CharField()
+            links = LinksSerializer()
             stages = StageSerializer(many=True)
 
         assignments = AssignmentSerializer(many=True)
@@ -87,7 +98,8 @@ class RingAssignmentApi(HostApi):
             {
                 "ring": stage.plan_id, "model": stage.plan.model.name, "stage": stage.index, "start": stage.start,
                 "end": stage.end, "row_width": stage.plan.row_width, "micro_batch": stage.plan.micro_batch,
-                "n_layers": stage.plan.n_layers, "secret": stage.plan.secret,
+                "n_layers": stage.plan.n_layers,
+                "links": selectors.stage_links(stage, len(stage.plan.stages.all())),
                 "stages": [
                     {"stage": s.index, "start": s.start, "end": s.end, "host": s.host_id} for s in stage.plan.stages.all()
                 ],
@@ -184,18 +196,23 @@ class RingAddressesApi(HostApi):
 
 
 class RingSecretApi(HostApi):
-    """GET: the ring's secret, for its bridge and its stage hosts (anyone else: 404)."""
+    """GET: the secrets of the bridge's links to the head and the tail, for the ring's bridge
+    host only (a stage host: 403; anyone else: 404)."""
 
     class OutputSerializer(serializers.Serializer):
         ring = serializers.IntegerField()
-        secret = serializers.CharField()
+        head = serializers.CharField(help_text="the bridge's link to the head (stage 0)")
+        tail = serializers.CharField(help_text="the bridge's link to the tail (the last stage)")
 
-    @extend_schema(responses={200: OutputSerializer, 409: ERROR})
+    @extend_schema(responses={200: OutputSerializer, 403: ERROR, 404: ERROR, 409: ERROR})
     def get(self, request: Request, ring_id: int) -> Response:
-        plan = _participant_ring(ring_id=ring_id, host=self.host(request))
+        host = self.host(request)
+        plan = _participant_ring(ring_id=ring_id, host=host)
+        if plan.bridge_host_id != host.pk:
+            raise ApiError(403, f"Only ring {ring_id}'s bridge host is handed its bridge's links.", code="not_the_bridge")
         if plan.status != RingPlan.Status.ACTIVE:
             raise ApiError(409, f"Ring {ring_id} is retired; its links are no longer admitted.", code="ring_retired")
-        return Response({"ring": plan.pk, "secret": plan.secret})
+        return Response({"ring": plan.pk, **selectors.bridge_links(plan)})
 
 
 class RingStatsApi(HostApi):

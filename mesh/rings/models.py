@@ -4,8 +4,14 @@ A plan names a catalog model, its stages (contiguous [start, end) layer ranges c
 every layer exactly once, in order), each stage's host (none: the bridge host runs it),
 and the row width and micro-batch every stage is built for, declared up front. Stages
 report where they listen (their upstream neighbour and the bridge dial them there) and
-where their time went; the plan shows both. The plan's `secret` admits its stages and its
-bridge to each other's links (`mahout.link`); only the ring's participants are handed it.
+where their time went; the plan shows both. The plan's `secret` never leaves the gateway:
+each link of the ring has its own secret derived from it (`selectors.link_secret`), handed to
+that link's two ends only (`mahout.link`, `mahout.ring.keys`).
+
+A `RingLinkDispute` records two hosts whose evidence of one link disagreed in a ring
+inquiry when the inquiry could not tell which of them lied: neither forfeits anything for
+it, the ring is retired, and no new plan puts the two next to each other for
+`DISPUTE_AVOID_DAYS` (`services.ring_link_dispute_record`).
 """
 from __future__ import annotations
 
@@ -46,7 +52,7 @@ class RingPlan(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     secret = models.CharField(
         max_length=100, default=link_secret_new, editable=False,
-        help_text="what the ring's links are admitted with; handed to its stage hosts and its bridge only",
+        help_text="what each of the ring's link secrets is derived from; never handed out",
     )
 
     class Meta:
@@ -86,3 +92,25 @@ class RingStage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.plan} · stage {self.index} [{self.start}, {self.end})"
+
+
+class RingLinkDispute(models.Model):
+    """Two hosts at the two ends of a ring's link whose evidence disagreed, where the inquiry
+    could not tell which lied (`marketplace.ring_inquiries`): no forfeit for it, the pair
+    kept apart. `upstream_host` sent on the link (a stage, or the bridge), `downstream_host`
+    received."""
+
+    plan = models.ForeignKey(RingPlan, on_delete=models.CASCADE, related_name="disputes")
+    upstream_index = models.IntegerField(help_text="the sending stage's index (-1: the bridge)")
+    downstream_index = models.PositiveIntegerField()
+    upstream_host = models.ForeignKey("hosts.Host", on_delete=models.CASCADE, related_name="+")
+    downstream_host = models.ForeignKey("hosts.Host", on_delete=models.CASCADE, related_name="+")
+    reason = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["upstream_host", "downstream_host", "created_at"], name="ring_dispute_pair")]
+
+    def __str__(self) -> str:
+        return f"{self.plan} · link {self.upstream_index} -> {self.downstream_index} disputed"

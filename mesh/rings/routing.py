@@ -6,6 +6,6 @@ from django.urls import path
 from mesh.rings.consumers import RingRelayDialConsumer, RingRelayStageConsumer
 
 websocket_urlpatterns = [
-    path("api/rings/<int:ring_id>/relay/stage/<int:index>", RingRelayStageConsumer.as_asgi()),
-    path("api/rings/<int:ring_id>/relay/dial/<int:index>", RingRelayDialConsumer.as_asgi()),
+    path("api/rings/<id:ring_id>/relay/stage/<id:index>", RingRelayStageConsumer.as_asgi()),
+    path("api/rings/<id:ring_id>/relay/dial/<id:index>", RingRelayDialConsumer.as_asgi()),
 ]

@@ -1,5 +1,8 @@
-"""Reads for ring plans."""
+"""Reads for ring plans, and the secrets of a ring's links (`stage_links`, `bridge_links`)."""
 from __future__ import annotations
+
+import hashlib
+import hmac
 
 from django.db.models import Q, QuerySet
 
@@ -21,6 +24,34 @@ def ring_assignments(*, host: Host) -> QuerySet[RingStage]:
         .prefetch_related("plan__stages")
         .order_by("plan_id", "index")
     )
+
+
+def link_secret(plan: RingPlan, *, upstream: int | None, downstream: int) -> str:
+    """The secret of one link of a ring: from stage `upstream` (None: the bridge) to stage
+    `downstream`. Derived from the plan's own secret, which never leaves the gateway, and
+    bound to the link's two ends: whoever holds it holds no other link's (`mahout.ring.keys`)."""
+    sender = "bridge" if upstream is None else f"stage-{upstream}"
+    label = f"elephant-ring-link|{plan.pk}|{sender}->stage-{downstream}"
+    return hmac.new(plan.secret.encode(), label.encode(), hashlib.sha256).hexdigest()
+
+
+def stage_links(stage: RingStage, n_stages: int) -> dict:
+    """The secrets of a stage's own links, for its host only: its upstream's (stage i-1
+    dials it), its downstream's (it dials stage i+1; the tail's next stage is the head) and,
+    at the head and the tail, the bridge's link to it (None elsewhere)."""
+    plan, i = stage.plan, stage.index
+    up, down = (i - 1) % n_stages, (i + 1) % n_stages
+    return {
+        "upstream": {"stage": up, "secret": link_secret(plan, upstream=up, downstream=i)},
+        "downstream": {"stage": down, "secret": link_secret(plan, upstream=i, downstream=down)},
+        "bridge": link_secret(plan, upstream=None, downstream=i) if i in (0, n_stages - 1) else None,
+    }
+
+
+def bridge_links(plan: RingPlan) -> dict:
+    """The secrets of the bridge's links to the head and the tail, for the bridge host only."""
+    last = plan.stages.count() - 1
+    return {"head": link_secret(plan, upstream=None, downstream=0), "tail": link_secret(plan, upstream=None, downstream=last)}
 
 
 def ring_for_participant(*, plan_id: int, host: Host) -> RingPlan | None:
@@ -84,7 +115,14 @@ def relay_stage_allowed(*, plan_id: int, index: int, host_id: int) -> bool:
 
 
 def relay_dial_allowed(*, plan_id: int, index: int, host_id: int) -> bool:
-    """May this host dial stage `index` through the relay? It takes part in the active ring
-    (a stage host dials its next stage, the bridge the head and the tail)."""
-    plan = ring_for_participant(plan_id=plan_id, host=Host(pk=host_id))
-    return plan is not None and plan.status == RingPlan.Status.ACTIVE and plan.stages.filter(index=index).exists()
+    """May this host dial stage `index` through the relay? Only a neighbour that dials it:
+    the host that runs its upstream stage (index - 1; the tail's for the head), or the ring's
+    bridge where `index` is the head or the tail. (The stage's handshake refuses anyone else
+    anyway, `mahout.ring.keys`; this keeps the others from even reaching it.)"""
+    plan = RingPlan.objects.filter(pk=plan_id, status=RingPlan.Status.ACTIVE).first()
+    n_stages = 0 if plan is None else plan.stages.count()
+    if plan is None or not 0 <= index < n_stages:
+        return False
+    if plan.bridge_host_id == host_id and index in (0, n_stages - 1):
+        return True
+    return RingStage.objects.filter(stage_runner_q(Host(pk=host_id)), plan=plan, index=(index - 1) % n_stages).exists()

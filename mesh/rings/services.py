@@ -1,13 +1,16 @@
 """Writes for ring plans: creating a valid plan (by an operator, or a host's own ring on its
 own machine), recording where stages listen (and forgetting it when a stage leaves, so
-nobody dials a stale address) and what they report."""
+nobody dials a stale address) and what they report; recording a disputed link (the ring is
+retired and the two hosts are kept apart, `ring_link_dispute_record`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from catalog.models import CatalogModel
@@ -16,9 +19,11 @@ from core.net import AddressNotPublic, AddressUnresolvable, public_address
 from engine.arch import ARCHITECTURES, layer_bytes
 from engine.gguf_meta import open_gguf
 from hosts.models import Host
-from mesh.rings.models import ModelLayout, RingPlan, RingStage
+from mesh.rings.models import ModelLayout, RingLinkDispute, RingPlan, RingStage
 from mesh.rings.selectors import stage_runner_q
 from protocol.ring import RELAY_ADDRESS
+
+DISPUTE_AVOID_DAYS = 30  # how long two hosts that disputed a link are kept from being neighbours again
 
 
 class PlanInvalid(DomainError, ValueError):
@@ -118,6 +123,7 @@ def ring_plan_create(
     """Validate and store a plan; refuses one stage, gaps, overlaps, ranges past the model, widths <= 0."""
     model, n_layers = ring_model(model_name)
     plan_check(n_layers=n_layers, stages=stages, row_width=row_width, micro_batch=micro_batch)
+    disputes_check(stages=stages, bridge_host=bridge_host)
     plan = RingPlan.objects.create(
         model=model, n_layers=n_layers, row_width=row_width, micro_batch=micro_batch, bridge_host=bridge_host
     )
@@ -125,6 +131,50 @@ def ring_plan_create(
         RingStage(plan=plan, index=i, start=s.start, end=s.end, host=s.host) for i, s in enumerate(stages)
     )
     return plan
+
+
+def _links(stages: Sequence[StageSpec], bridge_host: Host | None) -> list[tuple[Host | None, Host | None, str]]:
+    """Every link of a plan as (sender's host, receiver's host, which link): stage i -> i+1
+    (the tail's to the head) and the bridge's to the head and the tail. A host-less stage is
+    the bridge host's."""
+    hosts = [stage.host or bridge_host for stage in stages]
+    n = len(hosts)
+    return [*((hosts[i], hosts[(i + 1) % n], f"stage {i} -> stage {(i + 1) % n}") for i in range(n)),
+            (bridge_host, hosts[0], "the bridge -> the head"), (bridge_host, hosts[-1], "the bridge -> the tail")]
+
+
+def disputes_check(*, stages: Sequence[StageSpec], bridge_host: Host | None) -> None:
+    """Refuse (PlanInvalid) a plan whose link joins two hosts that disputed a link of a ring
+    in the last `DISPUTE_AVOID_DAYS` days, either way round: one of the two lied, nobody could
+    tell which, so they are not put at the two ends of a link again."""
+    since = timezone.now() - timedelta(days=DISPUTE_AVOID_DAYS)
+    for sender, receiver, link in _links(stages, bridge_host):
+        if sender is None or receiver is None or sender.pk == receiver.pk:
+            continue
+        pair = Q(upstream_host=sender, downstream_host=receiver) | Q(upstream_host=receiver, downstream_host=sender)
+        if RingLinkDispute.objects.filter(pair, created_at__gte=since).exists():
+            raise PlanInvalid(f"{link} would join hosts {sender.name!r} and {receiver.name!r}, whose evidence of a ring "
+                              f"link disagreed within the last {DISPUTE_AVOID_DAYS} days (neither could be shown at "
+                              "fault): put another stage between them, or leave one out")
+
+
+@transaction.atomic
+def ring_link_dispute_record(*, plan_id: int, upstream: int, downstream: int, reason: str) -> RingLinkDispute:
+    """A ring inquiry found the link from stage `upstream` (-1: the bridge) to stage
+    `downstream` disputed and could not tell which end lied: record the pair (no forfeit:
+    that is the inquiry's rule, `marketplace.ring_inquiries`), and retire the ring (a
+    compare-and-set: it may be retired already), so that it is planned again without the
+    two as neighbours (`disputes_check`)."""
+    plan = RingPlan.objects.select_for_update().get(pk=plan_id)
+    runners = {stage.index: stage.host_id or plan.bridge_host_id for stage in RingStage.objects.filter(plan=plan)}
+    sender = plan.bridge_host_id if upstream < 0 else runners.get(upstream)
+    receiver = runners.get(downstream)
+    if sender is None or receiver is None:
+        raise PlanInvalid(f"ring {plan_id} has no link from {upstream} to {downstream} with a host at each end")
+    dispute = RingLinkDispute.objects.create(plan=plan, upstream_index=upstream, downstream_index=downstream,
+                                             upstream_host_id=sender, downstream_host_id=receiver, reason=reason[:2000])
+    RingPlan.objects.filter(pk=plan.pk, status=RingPlan.Status.ACTIVE).update(status=RingPlan.Status.RETIRED)
+    return dispute
 
 
 @transaction.atomic
@@ -275,7 +325,8 @@ def _public(address: str) -> str:
         raise AddressInvalid(f"{address!r} does not resolve ({exc})") from exc
     except AddressNotPublic as exc:
         raise AddressInvalid(f"{address!r} is not public ({exc.ip}): the stages of a ring of several owners' machines "
-                             "dial only public addresses") from exc
+                             "dial only public addresses; behind NAT, a stage is reached through the gateway's ring relay "
+                             "(`mahout stage` falls back to it by itself, or give --relay)", code="address_not_public") from exc
 
 
 def _own_stage(*, plan_id: int, index: int, host: Host, active: bool = True) -> RingStage:

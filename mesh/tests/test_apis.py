@@ -1,5 +1,5 @@
-"""The ring API: hosts pull their assignment and report / read stage time use; the ring's
-secret goes to its participants only."""
+"""The ring API: hosts pull their assignment and report / read stage time use; each link's
+secret goes to its two ends only, and only a stage's neighbours may dial it through the relay."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -117,16 +117,26 @@ class RingStageLeaveApiTests:
 
 
 class RingSecretApiTests:
-    def test_only_the_rings_participants_are_handed_its_secret(self, plan_and_hosts: tuple[RingPlan, ServingHost, ServingHost, ServingHost]) -> None:
+    def test_each_link_has_its_own_secret_handed_to_its_two_ends_only(self, plan_and_hosts: tuple[RingPlan, ServingHost, ServingHost, ServingHost]) -> None:
         plan, head, tail, bridge = plan_and_hosts
         url = f"/api/rings/{plan.pk}/secret"
-        shown = {Client().get(url, **_auth(who.token)).json()["secret"] for who in (head, tail, bridge)}
-        assert shown == {plan.secret} and len(plan.secret) >= 32
-        (assignment,) = Client().get("/api/rings/assignment", **_auth(tail.token)).json()["assignments"]
-        assert assignment["secret"] == plan.secret
+        bridge_links = Client().get(url, **_auth(bridge.token)).json()
+        (head_links,) = [a["links"] for a in Client().get("/api/rings/assignment", **_auth(head.token)).json()["assignments"]]
+        (tail_links,) = [a["links"] for a in Client().get("/api/rings/assignment", **_auth(tail.token)).json()["assignments"]]
+        assert head_links["downstream"] == {"stage": 1, "secret": tail_links["upstream"]["secret"]}  # head -> tail
+        assert tail_links["downstream"] == {"stage": 0, "secret": head_links["upstream"]["secret"]}  # tail -> head
+        assert (head_links["bridge"], tail_links["bridge"]) == (bridge_links["head"], bridge_links["tail"])
+        secrets = [head_links["downstream"]["secret"], tail_links["downstream"]["secret"], bridge_links["head"], bridge_links["tail"]]
+        assert len(set(secrets)) == 4 and all(len(s) >= 32 for s in secrets)
+        everything = " ".join(Client().get(u, **_auth(who.token)).content.decode()
+                              for u in (url, "/api/rings/assignment") for who in (head, tail, bridge))
+        assert plan.secret not in everything  # what they are derived from never leaves the gateway
+        for stage_host in (head, tail):  # a stage host is not handed the bridge's links
+            refused = Client().get(url, **_auth(stage_host.token))
+            assert (refused.status_code, refused.json()["error"]["code"]) == (403, "not_the_bridge")
         outsider = make_host(name="outsider")
         refused = Client().get(url, **_auth(outsider.token))
-        assert refused.status_code == 404 and plan.secret not in refused.content.decode()
+        assert refused.status_code == 404 and bridge_links["head"] not in refused.content.decode()
         assert Client().get(url).status_code == 401
 
     def test_every_plan_has_its_own_and_a_retired_one_hands_out_none(self, plan_and_hosts: tuple[RingPlan, ServingHost, ServingHost, ServingHost]) -> None:
@@ -134,6 +144,30 @@ class RingSecretApiTests:
         other = ring_plan_create(model_name="gemma-3-270m", stages=[StageSpec(0, 9, head.host), StageSpec(9, 18, tail.host)],
                                  row_width=64, micro_batch=4, bridge_host=bridge.host)
         assert other.secret != plan.secret
+        mine, theirs = (Client().get(f"/api/rings/{p.pk}/secret", **_auth(bridge.token)).json() for p in (plan, other))
+        assert mine["head"] != theirs["head"] and mine["tail"] != theirs["tail"]
         RingPlan.objects.filter(pk=plan.pk).update(status=RingPlan.Status.RETIRED)
         answer = Client().get(f"/api/rings/{plan.pk}/secret", **_auth(bridge.token))
         assert (answer.status_code, answer.json()["error"]["code"]) == (409, "ring_retired")
+
+
+class RingRelayDialTests:
+    def test_only_a_stages_neighbours_may_dial_it_through_the_relay(self, catalog: CatalogModel) -> None:
+        from catalog.models import CatalogModel
+        from mesh.rings.selectors import relay_dial_allowed
+
+        layout_seed(CatalogModel, ModelLayout)
+        a, b, c, bridge = (make_host(name=name) for name in ("a", "b", "c", "bridge"))
+        plan = ring_plan_create(model_name="gemma-3-270m", row_width=64, micro_batch=4, bridge_host=bridge.host,
+                                stages=[StageSpec(0, 6, a.host), StageSpec(6, 12, b.host), StageSpec(12, 18, c.host)])
+
+        def allowed(index: int) -> set[str]:
+            return {who.host.name for who in (a, b, c, bridge)
+                    if relay_dial_allowed(plan_id=plan.pk, index=index, host_id=who.host.pk)}
+
+        assert allowed(0) == {"c", "bridge"}  # the tail closes the ring; the bridge feeds the head
+        assert allowed(1) == {"a"}  # never the bridge, nor stage 2
+        assert allowed(2) == {"b", "bridge"}
+        assert allowed(3) == set()
+        RingPlan.objects.filter(pk=plan.pk).update(status=RingPlan.Status.RETIRED)
+        assert allowed(0) == set()

@@ -115,8 +115,11 @@ class AddressExchangeTests:
             with pytest.raises(HostApiError) as wildcard:
                 apis["head"].report_address(plan.pk, 0, "0.0.0.0:4000")
             assert (wildcard.value.status, wildcard.value.code) == (400, "address_invalid")
-            (secret,) = {a["secret"] for a in apis["head"].assignment() + apis["tail"].assignment()}
-            assert apis["bridge"].secret(plan.pk) == secret == RingPlan.objects.get(pk=plan.pk).secret
+            (sent,) = [a["links"]["downstream"] for a in apis["head"].assignment()]
+            (received,) = [a["links"]["upstream"] for a in apis["tail"].assignment()]
+            assert sent == {"stage": 1, "secret": received["secret"]} and received["stage"] == 0
+            secret = sent["secret"]
+            assert secret not in {apis["bridge"].bridge_keys(plan.pk).head, apis["bridge"].bridge_keys(plan.pk).tail}
             admitted: list = []
             listener = threading.Thread(
                 target=lambda: admitted.append(accept(server.accept()[0], secret=secret, caps=HEADERS_ONLY)), daemon=True)

@@ -58,9 +58,13 @@ def _prompt() -> list[int]:
 
 
 class RingRelayTests:
+    @pytest.mark.parametrize("flags", [["--relay"], []], ids=["relay-flag", "no-flag"])
     def test_two_stages_nobody_can_dial_form_a_ring_through_the_relay(
         self, relay_gateway: Gateway, plan: tuple[RingPlan, list[ServingHost], ServingHost], e2e_dirs: Path, tmp_path: Path,
+        flags: list[str],
     ) -> None:
+        """With no flag (issue 50) each stage reports its own address, is refused as not
+        public, and falls back to the relay by itself."""
         from mesh.rings.models import RingStage
 
         ring, stage_hosts, bridge = plan
@@ -68,7 +72,7 @@ class RingRelayTests:
         stages = [
             subprocess.Popen(
                 [sys.executable, "-m", "mahout", "stage", "--server", relay_gateway.url, "--token", host.token,
-                 "--ring", str(ring.pk), "--stage", str(i), "--relay", "--bind", "127.0.0.1:0", "--n-ctx", "128",
+                 "--ring", str(ring.pk), "--stage", str(i), *flags, "--bind", "127.0.0.1:0", "--n-ctx", "128",
                  "--wait", "120", "--once", "--no-idle-detect", "--home", str(tmp_path / f"stage{i}")],
                 cwd=ROOT, env=stack_env(), stdout=logs[i].open("w"), stderr=subprocess.STDOUT,
             )
@@ -81,7 +85,7 @@ class RingRelayTests:
                 return list(RingStage.objects.filter(plan=ring).values_list("address", flat=True)) == [RELAY_ADDRESS] * 2
 
             wait_until(reported, timeout=120, what="both stages to report the relay")
-            link = bridge_connect(api, ring.pk, 2, secret=ring.secret, timeout=180, say=lambda _line: None)
+            link = bridge_connect(api, ring.pk, 2, keys=api.bridge_keys(ring.pk), timeout=180, say=lambda _line: None)
             try:
                 assert link.submit(_prompt(), 4).result() == ENGINE_TOKENS[:4]
             finally:

@@ -135,6 +135,15 @@ class RingStageAddressReportTests:
                                row_width=8, micro_batch=2)
         assert ring_stage_address_report(plan_id=own.pk, index=1, host=mine, address="192.168.1.21:7001").address == "192.168.1.21:7001"
 
+    def test_a_private_address_in_a_ring_of_strangers_is_refused_with_the_relay_named(self, layouts: CatalogModel) -> None:
+        """Issue 50: the refusal says the relay exists, under a code `mahout stage` falls back on."""
+        a, b = make_host(name="a").host, make_host(name="b").host
+        plan = ring_plan_create(model_name="gemma-3-270m", stages=[StageSpec(0, 9, a), StageSpec(9, 18, b)],
+                                row_width=8, micro_batch=2)
+        with pytest.raises(AddressInvalid, match="is not public") as refused:
+            ring_stage_address_report(plan_id=plan.pk, index=0, host=a, address="192.168.1.20:7000")
+        assert refused.value.code == "address_not_public" and "--relay" in refused.value.message
+
     def test_a_stage_behind_nat_reports_the_relay_which_needs_no_public_address(self, layouts: CatalogModel) -> None:
         a, b = make_host(name="a").host, make_host(name="b").host  # two owners: their stages dial only public addresses
         plan = ring_plan_create(model_name="gemma-3-270m", stages=[StageSpec(0, 9, a), StageSpec(9, 18, b)],
