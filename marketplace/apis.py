@@ -258,7 +258,8 @@ class ResponsesApi(GenerationApi):
         if previous is not None:  # (a 401 for a bad key first, then a 404 for an id it cannot read)
             conversation = await db(stored_responses.stored_conversation, secret=secret, response_id=previous)
             body = responses.continued(body, conversation)
-        try:
+        try:  # what a stored response keeps is bounded before anything is queued or billed
+            kept = await stored_responses.stored_turn_admit(secret=secret, body=body)
             choices = await admit_choices(secret=secret, body=body, kind=Request.Kind.CHAT,
                                           translate=responses.chat_body, new_id=responses.new_response_id)
         except DomainError as error:
@@ -267,8 +268,7 @@ class ResponsesApi(GenerationApi):
         rate = await rate_limit_headers(admitted.row)
 
         async def save(response: dict) -> None:
-            await db(stored_responses.stored_response_save, request_id=admitted.row.pk,
-                     conversation=responses.conversation_after(body, response), body=response)
+            await db(stored_responses.stored_response_save, request_id=admitted.row.pk, kept=kept or [], response=response)
 
         if admitted.row.stream:
             events = responses.response_events(admitted, echo=echo)
@@ -446,7 +446,7 @@ class GenerationStatsApi(KeyApi):
         row = selectors.request_for_user(user=key.user, public_id=public_id, api_key=key_scope(key))
         if row is None:
             raise ApiError(404, f"No request '{public_id}' for this {_reader(key)}.", code="not_found", param="id")
-        return Response(generation_body(row))
+        return Response(generation_body(row, later=selectors.later_choices(row)))
 
 
 def _reader(key: ApiKey) -> str:
@@ -454,8 +454,11 @@ def _reader(key: ApiKey) -> str:
     return "account" if key.account_wide else "key (it reads its own requests; an account-wide key reads them all)"
 
 
-def generation_body(row: Request) -> dict:
-    """Status, counts and cost of a request; never its prompt or its text."""
+def generation_body(row: Request, *, later: list[Request] = ()) -> dict:  # type: ignore[assignment]
+    """Status, counts and cost of a request; never its prompt or its text. An `n` request is
+    one generation: its later choices' tokens and cost are added to the first's (the prompt is
+    billed once, `Request.prompt_tokens_billed`), as its response's `usage` counts them."""
+    rows = [row, *later]
     return {
         "id": row.public_id,
         "object": "generation",
@@ -465,9 +468,10 @@ def generation_body(row: Request) -> dict:
         "created": selectors.unix(row.created_at),
         "finished": selectors.unix(row.finished_at) if row.finished_at else None,
         "prompt_tokens": row.prompt_tokens,
-        "completion_tokens": row.completion_tokens,
-        "estimate_ucents": row.estimate_ucents,
-        "cost_ucents": row.cost_ucents,
+        "completion_tokens": sum(each.completion_tokens for each in rows),
+        "estimate_ucents": sum(each.estimate_ucents for each in rows),
+        "cost_ucents": sum(each.cost_ucents for each in rows),
+        "choices": len(rows),
         "finish_reason": row.finish_reason or None,
         "resumed": row.resumed,
         "error": {"code": row.error_code, "message": row.error_message} if row.error_code else None,

@@ -8,7 +8,8 @@ chunks into the one stream OpenAI sends.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 
 from asgiref.sync import sync_to_async
@@ -19,8 +20,8 @@ from catalog.tokenizer import tokenizer_for
 from core.db import db
 from core.errors import ApiError, validation_error
 from marketplace import admission, selectors, services
-from marketplace.models import Request
-from marketplace.render import chunk_body, usage_chunk, usage_of
+from marketplace.models import CHOICE_OF, Request
+from marketplace.render import chunk_body, usage_chunk
 from marketplace.serializers import ChatInputSerializer, CompletionInputSerializer, UnsupportedParameter
 from marketplace.streaming import RequestListener, Text, ended_error
 from marketplace.tool_calls import CallStream
@@ -49,7 +50,16 @@ class Admitted:
     async def chunks(self, *, first: bool = True) -> AsyncIterator[dict | str]:
         """OpenAI stream chunks, ending with "[DONE]" or an error object. Each text chunk
         carries `x_elephant.offset`: the characters delivered so far, where a dropped
-        stream resumes (`starting_after`)."""
+        stream resumes (`starting_after`). With `include_usage`, as OpenAI sends it: every
+        chunk says `"usage": null`, and after the finish one more chunk with no choices
+        carries the usage (`usage_chunk`)."""
+        async with aclosing(self._chunks(first=first)) as chunks:  # (closed with this stream: its listener with it)
+            async for chunk in chunks:
+                if self.include_usage and isinstance(chunk, dict) and not {"error", "usage"} & chunk.keys():
+                    chunk = {**chunk, "usage": None}
+                yield chunk
+
+    async def _chunks(self, *, first: bool) -> AsyncGenerator[dict | str, None]:
         row = self.row
         holder = CallStream(row.params["tools"], request_id=row.public_id) if row.params.get("tools") else None
         try:
@@ -80,8 +90,9 @@ class Admitted:
                     for delta in deltas:
                         yield chunk_body(row, text="", calls=[delta], index=self.index)
                     finish = "tool_calls" if calls and finish != "length" else finish
-                usage = usage_of(ended) if self.include_usage else None
-                yield chunk_body(ended, text="", finish_reason=finish, usage=usage, index=self.index)
+                yield chunk_body(ended, text="", finish_reason=finish, index=self.index)
+                if self.include_usage:
+                    yield usage_chunk([ended])
                 yield "[DONE]"
         finally:
             await self.close()
@@ -149,6 +160,8 @@ async def admit_choices(
     try:
         for index in range(serializer.validated_data.get("n") or 1):
             seeded = {**params, "seed": params["seed"] + index} if params["seed"] is not None and index else params
+            if index:  # the prompt is billed once, to the first choice (`Request.prompt_tokens_billed`)
+                seeded = {**seeded, CHOICE_OF: choices[0].row.public_id}
             choices.append(await _admit_one(api_key=api_key, data=serializer.validated_data, params=seeded, kind=kind,
                                             include_usage=serializer.include_usage(), index=index, new_id=new_id))
     except BaseException:
@@ -178,7 +191,8 @@ async def stream_chunks(choices: list[Admitted]) -> AsyncIterator[dict | str]:
     """The stream of one choice, or of several interleaved as OpenAI interleaves them: chunks
     of every choice as they come (each with its `index`), one finish per choice (a failed
     choice finishes with "error" and its error), then the usage of them all when asked for
-    (a chunk with no choices), then one "[DONE]" — or the error alone when every choice failed."""
+    (a chunk with no choices; every other chunk then says `"usage": null`), then one "[DONE]" —
+    or the error alone when every choice failed."""
     if len(choices) == 1:
         async for chunk in choices[0].chunks():
             yield chunk
@@ -193,6 +207,7 @@ async def stream_chunks(choices: list[Admitted]) -> AsyncIterator[dict | str]:
             await queue.put((choice, None))
 
     include_usage = choices[0].include_usage
+    nulled = {"usage": None} if include_usage else {}  # every chunk but the usage one, as OpenAI sends them
     for choice in choices:
         choice.include_usage = False
     tasks = [asyncio.create_task(pump(choice)) for choice in choices]
@@ -206,9 +221,9 @@ async def stream_chunks(choices: list[Admitted]) -> AsyncIterator[dict | str]:
             elif isinstance(chunk, dict) and "error" in chunk:
                 errors.append(chunk)
                 if len(errors) < len(choices):
-                    yield {**chunk_body(choice.row, text="", finish_reason="error", index=choice.index), **chunk}
+                    yield {**chunk_body(choice.row, text="", finish_reason="error", index=choice.index), **chunk, **nulled}
             elif chunk != "[DONE]":
-                yield {**chunk, "id": choices[0].row.public_id}  # type: ignore[dict-item]  # (one response: one id)
+                yield {**chunk, "id": choices[0].row.public_id, **nulled}  # type: ignore[dict-item]  # (one response: one id)
         if len(errors) == len(choices):
             yield errors[0]
             return

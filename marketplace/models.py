@@ -7,6 +7,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+CHOICE_OF = "choice_of"  # in a later choice's params: the id of its request's first choice (`prompt_tokens_billed`)
+
 
 class Request(models.Model):
     """The customer's contract: what was asked, what was delivered, what it cost.
@@ -61,6 +63,13 @@ class Request(models.Model):
 
     def __str__(self) -> str:
         return self.public_id
+
+    @property
+    def prompt_tokens_billed(self) -> int:
+        """The prompt tokens this request pays for: none for the later choices of an `n` request
+        (`params["choice_of"]`: the first choice's id), whose first choice pays the one prompt, as
+        OpenAI bills it and as the response's `usage` counts it."""
+        return 0 if (self.params or {}).get(CHOICE_OF) else self.prompt_tokens
 
     @property
     def delivered_text(self) -> str:

@@ -60,7 +60,10 @@ class UsageSerializer(serializers.Serializer):
 class AssistantMessageSerializer(serializers.Serializer):
     role = serializers.CharField(help_text="assistant")
     content = serializers.CharField(allow_blank=True, allow_null=True, help_text="null when the answer is tool calls")
-    tool_calls = ToolCallsOutField(required=False, help_text="the calls, with JSON arguments")
+    refusal = serializers.CharField(allow_null=True, help_text="always null: the served models do not refuse through it")
+    tool_calls = ToolCallsOutField(required=False, help_text=(
+        "the calls, with JSON arguments; cut by max_tokens (finish_reason length) when a call was required, the last "
+        "one's arguments as far as they were written"))
 
 
 class ChatChoiceSerializer(serializers.Serializer):
@@ -101,6 +104,10 @@ class TextCompletionSerializer(serializers.Serializer):
     usage = UsageSerializer()
 
 
+USAGE_CHUNK = ("with stream_options.include_usage, as OpenAI sends it: null on every chunk but the last before [DONE], "
+               "which has no choices and carries the usage of them all")
+
+
 class ChunkExtrasSerializer(serializers.Serializer):
     offset = serializers.IntegerField(required=False, help_text="characters delivered so far: where a dropped stream resumes")
     resumed = serializers.BooleanField(required=False, help_text="true on the last chunk of an answer continued on another host")
@@ -109,6 +116,7 @@ class ChunkExtrasSerializer(serializers.Serializer):
 class ChatDeltaSerializer(serializers.Serializer):
     role = serializers.CharField(required=False, help_text="assistant, on the first chunk")
     content = serializers.CharField(required=False, allow_blank=True)
+    refusal = serializers.CharField(required=False, allow_null=True, help_text="null, on the first chunk")
     tool_calls = ToolCallsOutField(required=False, help_text=(
         "a call's index, id, type and name (arguments empty), then its arguments in pieces: as they are generated "
         "when a call is required or named, in one piece at the end under auto"))
@@ -128,8 +136,8 @@ class ChatCompletionChunkSerializer(serializers.Serializer):
     object = serializers.CharField(help_text="chat.completion.chunk")
     created = serializers.IntegerField()
     model = serializers.CharField()
-    choices = ChatChunkChoiceSerializer(many=True)
-    usage = UsageSerializer(required=False, help_text="on the last chunk, with stream_options.include_usage")
+    choices = ChatChunkChoiceSerializer(many=True, help_text="empty on the usage chunk")
+    usage = UsageSerializer(required=False, allow_null=True, help_text=USAGE_CHUNK)
     x_elephant = ChunkExtrasSerializer(required=False)
 
 
@@ -147,8 +155,8 @@ class TextCompletionChunkSerializer(serializers.Serializer):
     object = serializers.CharField(help_text="text_completion")
     created = serializers.IntegerField()
     model = serializers.CharField()
-    choices = TextChunkChoiceSerializer(many=True)
-    usage = UsageSerializer(required=False, help_text="on the last chunk, with stream_options.include_usage")
+    choices = TextChunkChoiceSerializer(many=True, help_text="empty on the usage chunk")
+    usage = UsageSerializer(required=False, allow_null=True, help_text=USAGE_CHUNK)
     x_elephant = ChunkExtrasSerializer(required=False)
 
 
@@ -264,9 +272,10 @@ class GenerationSerializer(serializers.Serializer):
     created = serializers.IntegerField(help_text="Unix seconds")
     finished = serializers.IntegerField(allow_null=True)
     prompt_tokens = serializers.IntegerField()
-    completion_tokens = serializers.IntegerField()
+    completion_tokens = serializers.IntegerField(help_text="of every choice (`n`)")
     estimate_ucents = serializers.IntegerField()
-    cost_ucents = serializers.IntegerField()
+    cost_ucents = serializers.IntegerField(help_text="of every choice (`n`), the prompt billed once")
+    choices = serializers.IntegerField(help_text="the request's `n`")
     finish_reason = serializers.CharField(allow_null=True)
     resumed = serializers.BooleanField()
     error = GenerationErrorSerializer(allow_null=True)

@@ -37,7 +37,8 @@ def usage_chunk(rows: list[Request]) -> dict:
 def failed_choice(row: Request, *, index: int) -> dict:
     """A choice that failed while its siblings succeeded (OpenRouter's finish_reason "error")."""
     if row.kind == Request.Kind.CHAT:
-        return {"index": index, "message": {"role": "assistant", "content": None}, "logprobs": None, "finish_reason": "error"}
+        return {"index": index, "message": {"role": "assistant", "content": None, "refusal": None}, "logprobs": None,
+                "finish_reason": "error"}
     return {"index": index, "text": "", "logprobs": None, "finish_reason": "error"}
 
 
@@ -48,7 +49,7 @@ def chunk_body(
     """One stream chunk. `offset`: the characters relayed once this chunk's text is (its
     tokens' `text_offset`s count from the chunk's start: `offset` less the text)."""
     if row.kind == Request.Kind.CHAT:
-        delta: dict = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
+        delta: dict = {"role": "assistant", "content": text, "refusal": None} if first else ({"content": text} if text else {})
         if calls:
             delta = {"tool_calls": calls}
         choice: dict = {"index": index, "delta": delta, "logprobs": chat_logprobs(logprobs), "finish_reason": finish_reason}
@@ -74,8 +75,10 @@ def chat_logprobs(entries: list[dict] | None) -> dict | None:
 def response_body(row: Request, *, text: str, calls: list[dict] | None = None, logprobs: list[dict] | None = None) -> dict:
     finish = "tool_calls" if calls and row.finish_reason != "length" else row.finish_reason or "stop"
     if row.kind == Request.Kind.CHAT:
-        message = {"role": "assistant", "content": None, "tool_calls": calls} if calls else \
-            {"role": "assistant", "content": text}
+        # `refusal` as OpenAI's schema requires it: null, the served models do not refuse through it. A
+        # required call cut before any name was known (`calls` empty) is no content either.
+        message = {"role": "assistant", "content": None, "refusal": None, **({"tool_calls": calls} if calls else {})} \
+            if calls is not None else {"role": "assistant", "content": text, "refusal": None}
         choice = {"index": 0, "message": message, "logprobs": chat_logprobs(logprobs), "finish_reason": finish}
         obj = "chat.completion"
     else:

@@ -12,9 +12,10 @@ are generated). What the Responses API defines and this door does not offer is a
 (`serializers.RESPONSES_NOT_OFFERED`, built-in tools).
 
 A response asked to be kept (`store: true`) is saved by the door once whole
-(`marketplace.stored_responses`): its conversation in this API's own item shape, so a later
-turn's `previous_response_id` puts it before that turn's input (`continued`) and the whole
-passes the same validation as any input (a function_call_output answers a stored call).
+(`marketplace.stored_responses`): its conversation in this API's own item shape, normalised
+(`stored_items`, `output_items`: only what a turn needs), so a later turn's
+`previous_response_id` puts it before that turn's input (`continued`) and the whole passes the
+same validation as any input (a function_call_output answers a stored call).
 """
 from __future__ import annotations
 
@@ -72,9 +73,42 @@ def continued(body: dict, conversation: list[dict]) -> dict:
     return {**body, "input": [*conversation, *input_items(given)]} if isinstance(given, (str, list)) else body
 
 
-def conversation_after(body: dict, response: dict) -> list[dict]:
-    """What a stored response keeps for the next turn: the (continued) input, then its output."""
-    return [*input_items(body["input"]), *response["output"]]
+def stored_items(turns: list[dict]) -> list[dict]:
+    """Validated input turns (`ResponsesInputField`'s chat turns) as the items a stored
+    response keeps: only what a later turn needs, in this API's own item shape (a message's
+    text joined, a developer turn as the system one it became); every other key a customer
+    sent (ids, statuses, annotations, keys of no meaning) is left behind. Validating them
+    again gives the same turns."""
+    items: list[dict] = []
+    for turn in turns:
+        if turn["role"] == "tool":
+            items.append({"type": "function_call_output", "call_id": turn["tool_call_id"], "output": turn["content"]})
+            continue
+        if turn["content"] is not None or not turn.get("tool_calls"):
+            items.append({"type": "message", "role": turn["role"], "content": turn["content"] or ""})
+        items += [{"type": "function_call", "call_id": call["id"], "name": call["function"]["name"],
+                   "arguments": call["function"]["arguments"]} for call in turn.get("tool_calls") or []]
+    return items
+
+
+def output_items(output: list[dict]) -> list[dict]:
+    """A Response's output items as a stored conversation keeps them: the message's text, the
+    calls (their ids, names and arguments); no ids, statuses or annotations."""
+    items: list[dict] = []
+    for item in output:
+        if item["type"] == "function_call":
+            items.append({"type": "function_call", "call_id": item["call_id"], "name": item["name"],
+                          "arguments": item["arguments"]})
+        else:
+            items.append({"type": "message", "role": "assistant",
+                          "content": "".join(part["text"] for part in item["content"])})
+    return items
+
+
+def conversation_after(kept: list[dict], response: dict) -> list[dict]:
+    """What a stored response keeps for the next turn: the (continued) input as `stored_items`
+    made it before admission, then its output."""
+    return [*kept, *output_items(response["output"])]
 
 
 async def stored_on_end(events: AsyncGenerator[dict, None],
@@ -223,14 +257,15 @@ def response_object(
 
 def response_from_chat(chat: dict, *, params: dict, echo: dict) -> dict:
     """A whole chat completion (`GenerationApi._answer`'s body) as a Response object: its
-    message, or its function calls."""
+    message, or its function calls. Cut by max_output_tokens, the last item is "incomplete"
+    (a call's arguments as far as they were written), as a stream's is."""
     choice = chat["choices"][0]
     status, incomplete = finished(choice["finish_reason"])
-    item_status = "incomplete" if status == "incomplete" else "completed"
+    last_status = "incomplete" if status == "incomplete" else "completed"
     calls = choice["message"].get("tool_calls")
-    output = ([call_item(call["id"], call["function"]["name"], status="completed", arguments=call["function"]["arguments"])
-               for call in calls] if calls
-              else [message_item(chat["id"], status=item_status, text=choice["message"]["content"] or "")])
+    output = ([call_item(call["id"], call["function"]["name"], status=last_status if at == len(calls) - 1 else "completed",
+                         arguments=call["function"]["arguments"]) for at, call in enumerate(calls)] if calls
+              else [message_item(chat["id"], status=last_status, text=choice["message"]["content"] or "")])
     return response_object(response_id=chat["id"], created=chat["created"], model=chat["model"], status=status,
                            params=params, echo=echo, output=output, chat_usage=chat["usage"], incomplete=incomplete)
 
@@ -314,6 +349,7 @@ async def response_events(admitted: Admitted, *, echo: dict) -> AsyncGenerator[d
         for opened in output.message():
             yield opened
     last: dict = {}
+    chat_usage: dict | None = None  # from the chat's last chunk, which has no choices (asked by `chat_body`)
     async with aclosing(admitted.chunks()) as chunks:  # closed with this stream: a client gone is a listener left
         async for chunk in chunks:
             if not isinstance(chunk, dict):
@@ -329,6 +365,7 @@ async def response_events(admitted: Admitted, *, echo: dict) -> AsyncGenerator[d
                 yield made
             if choice.get("finish_reason") is not None:
                 last = chunk
+            chat_usage = chunk.get("usage") or chat_usage
     if not last:
         return  # (a chat stream ends with its finish or an error: nothing else reaches here)
     status, incomplete = finished(last["choices"][0]["finish_reason"])
@@ -337,7 +374,7 @@ async def response_events(admitted: Admitted, *, echo: dict) -> AsyncGenerator[d
             yield opened
     for closed in output.close("incomplete" if status == "incomplete" else "completed"):
         yield closed
-    final = response_object(status=status, output=output.items, chat_usage=last.get("usage"), incomplete=incomplete, **common)
+    final = response_object(status=status, output=output.items, chat_usage=chat_usage, incomplete=incomplete, **common)
     ending = event(f"response.{status}", response=final)
     if (last.get("x_elephant") or {}).get("resumed"):
         ending["x_elephant"] = {"resumed": True}  # continued on another host after one died (DESIGN 1.2)

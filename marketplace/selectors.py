@@ -62,6 +62,11 @@ def request_for_user(*, user: User, public_id: str, api_key: ApiKey | None = Non
     return (rows.filter(api_key=api_key) if api_key is not None else rows).first()
 
 
+def later_choices(row: Request) -> list[Request]:
+    """The later choices of an `n` request whose first choice is `row` (none for most)."""
+    return list(Request.objects.filter(user_id=row.user_id, params__choice_of=row.public_id).order_by("pk"))
+
+
 def request_state(*, public_id: str) -> Request:
     """The fields a listener needs to reconcile what it streamed with the truth."""
     return Request.objects.select_related("model").get(public_id=public_id)

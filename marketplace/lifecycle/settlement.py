@@ -237,7 +237,7 @@ def settle(
     balance row is locked only until the commit.
     """
     now = now or timezone.now()
-    cost = min(price(request.model, prompt_tokens=request.prompt_tokens, completion_tokens=completion_tokens),
+    cost = min(price(request.model, prompt_tokens=request.prompt_tokens_billed, completion_tokens=completion_tokens),
                request.hold.amount_ucents)
     ring, paid, earned = None, {}, 0
     if host is not None and job is not None:

@@ -55,7 +55,7 @@ class ToolSpecTests:
         assert tool_calls_in(spec, "It is sunny.", request_id="x") is None
 
     def test_an_answer_cut_by_max_tokens_keeps_the_calls_it_completed(self) -> None:
-        spec = tools_spec(tools=TOOLS, tool_choice="required", parallel=None)
+        spec = tools_spec(tools=TOOLS, tool_choice="auto", parallel=None)
         one = {"name": "get_time", "arguments": {"city": "Rome"}}
         cut = '{"tool_calls": [' + json.dumps(one) + ', ' + json.dumps(one) + ', {"name": "get_weather", "argu'
         calls = tool_calls_in(spec, cut, request_id="x", cut=True)
@@ -64,6 +64,10 @@ class ToolSpecTests:
         assert tool_calls_in(spec, '{"tool_calls": [{"name": "get_time", "argu', request_id="x", cut=True) is None
         bad = '{"tool_calls": [{"name": "get_time", "arguments": {"town": "Rome"}}, ' + json.dumps(one)
         assert tool_calls_in(spec, bad, request_id="x", cut=True) is None, "calls are kept up to the first invalid one"
+        required = tools_spec(tools=TOOLS, tool_choice="required", parallel=None)  # a call by grammar: the one begun too
+        assert [c["function"]["arguments"] for c in tool_calls_in(required, cut, request_id="x", cut=True)] == [
+            '{"city": "Rome"}', '{"city": "Rome"}', ""]
+        assert tool_calls_in(required, bad, request_id="x", cut=True) == [], "calls are kept up to the first invalid one"
 
     def test_a_named_choice_allows_that_function_once(self) -> None:
         spec = tools_spec(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_time"}}, parallel=None)
@@ -299,7 +303,7 @@ class RealHostTests:
         assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
         assert all(len(top) <= 2 for top in lp.top_logprobs)
 
-        # n choices: each its own request, billed each; streamed interleaved with their indices.
+        # n choices: each its own request, the prompt billed once (to the first); streamed interleaved with their indices.
         both = api.chat.completions.create(model="gemma-3-270m", messages=ASK, max_tokens=12, n=2, seed=7)
         assert [c.index for c in both.choices] == [0, 1]
         assert both.usage.completion_tokens == sum(
