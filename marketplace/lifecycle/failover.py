@@ -19,7 +19,7 @@ from marketplace.audits import audit_scorer_restarted
 from marketplace.lifecycle import settlement
 from marketplace.lifecycle.answers import answer_of, completion_tokens_counted, finish_reason_checked
 from marketplace.lifecycle.claims import locked_job_of
-from marketplace.lifecycle.errors import CompletionRefused, HostFailed, RequestNotRunnable
+from marketplace.lifecycle.errors import CompletionRefused, HostFailed, JobNotRunning, RequestNotRunnable
 from marketplace.lifecycle.queueing import job_queue
 from marketplace.lifecycle.settlement import Completion, settle_without_host
 from marketplace.lifecycle.transitions import request_fail
@@ -53,9 +53,12 @@ def job_complete(
         return settlement.job_complete(host=host, job_id=job_id, finish_reason=finish_reason, embeddings=embeddings,
                                        token_ids=token_ids)
     except CompletionRefused as refused:
-        job_fail(host=host, job_id=job_id, reason=refused.message[:500], cause="host")
-        if refused.proven:
+        if refused.proven:  # (first: the attempt may have ended meanwhile, the evidence stands)
             host_blame(host=host, why=f"Failed verification at completion: {refused.message}"[:500])
+        try:
+            job_fail(host=host, job_id=job_id, reason=refused.message[:500], cause="host")
+        except JobNotRunning:  # the watchdog or a ban ended it while its evidence was read
+            pass
         raise
 
 
