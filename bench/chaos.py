@@ -314,6 +314,7 @@ def setup_django(tmp: Path) -> None:
         "DJANGO_SETTINGS_MODULE": "config.settings",
         "HOST_MAX_FAILURES_PER_HOUR": "1000000",  # hosts die on purpose here: they must not be rested
         "CANARY_ENABLED": "0", "AUDIT_ENABLED": "0",  # counting hosts would fail them: this is about leaving
+        "MAHOUT_UNVERSIONED_ALLOWED": "1",  # its synthetic hosts say "sim"
         "ELEPHANT_VAR_DIR": str(tmp / "var"),
         "ALLOWED_HOSTS": f"127.0.0.1,localhost,{netsim.GATEWAY_IP}",  # its own file broker and beat schedule, not make run's
     })

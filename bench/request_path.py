@@ -161,6 +161,7 @@ def claim_phase(args, server: str, secret: str, catalog) -> dict:  # type: ignor
     offers it each job) long-polls; each queued job is timed."""
     import httpx
 
+    from mahout import __version__ as mahout_version
     from marketplace.models import Job
     from testkit.personas import make_host
 
@@ -172,7 +173,7 @@ def claim_phase(args, server: str, secret: str, catalog) -> dict:  # type: ignor
     def host_loop() -> None:
         with httpx.Client(base_url=server, headers=auth, timeout=30) as http:
             catalog = {"installed": ["gemma-3-270m"], "qualified": ["gemma-3-270m"], "loaded": ["gemma-3-270m"], "slots": 1}
-            http.post("/hosts/api/heartbeat", json={"fingerprint": fake.fingerprint, "catalog": catalog}).raise_for_status()
+            http.post("/hosts/api/heartbeat", json={"fingerprint": fake.fingerprint, "catalog": catalog, "version": mahout_version}).raise_for_status()
             while not stop.is_set():
                 answer = http.post("/hosts/api/claim", json={"fingerprint": fake.fingerprint, "wait": 1})
                 if answer.status_code != 200:

@@ -11,6 +11,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from config.health import healthz
 from config.middleware import API_PATHS
 from core.errors import ApiError
+from core.openapi import CachedSchemaGenerator
 from marketplace import host_apis, metrics, usage_apis
 
 urlpatterns = [
@@ -25,9 +26,10 @@ urlpatterns = [
     path("v1/", include("marketplace.urls")),
     path("hosts/api/", include("hosts.urls")),
     path("hosts/api/", include("marketplace.host_urls")),
-    # the OpenAPI schema: JSON, or YAML with ?format=yaml
+    # the OpenAPI schema: JSON, or YAML with ?format=yaml (generated once per process)
     path("api/schema/", SpectacularAPIView.as_view(
-        renderer_classes=[OpenApiJsonRenderer, OpenApiJsonRenderer2, OpenApiYamlRenderer, OpenApiYamlRenderer2]), name="schema"),
+        renderer_classes=[OpenApiJsonRenderer, OpenApiJsonRenderer2, OpenApiYamlRenderer, OpenApiYamlRenderer2],
+        generator_class=CachedSchemaGenerator), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api_docs"),
     path("api/", include("mesh.urls")),
     path("billing/api/host/statement", host_apis.HostStatementApi.as_view()),

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
+from django.conf import settings
+from django.utils.translation import get_language
 from django.views import View
+from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.plumbing import ResolvedComponent
 from drf_spectacular.utils import OpenApiResponse
@@ -127,3 +130,24 @@ def documented(view: type[View]) -> Callable[..., Any]:
     callback.cls = twin  # type: ignore[attr-defined]
     callback.initkwargs = {}  # type: ignore[attr-defined]
     return callback
+
+
+class CachedSchemaGenerator(SchemaGenerator):
+    """`GET /api/schema/`'s generator, generating once per process: the schema is the views'
+    and the settings', the same for every caller (served public), and generating it costs far
+    more than serving it (hundreds of operations inspected). One per API version and language
+    asked for (`?version=`, `?lang=`): the plain one always, the first few others (a caller's
+    own values cannot grow it, nor crowd the plain one out)."""
+
+    kept: ClassVar[dict[tuple, dict]] = {}
+    KEEP = 8
+
+    def get_schema(self, request: Any = None, public: bool = False) -> dict:
+        key = (self.urlconf, self.api_version, get_language(), public)
+        schema = self.kept.get(key)
+        if schema is None:
+            schema = super().get_schema(request=request, public=public)
+            plain = self.api_version is None and get_language() == settings.LANGUAGE_CODE
+            if plain or len(self.kept) < self.KEEP:
+                self.kept[key] = schema
+        return schema

@@ -128,14 +128,18 @@ def under_redundant_models(*, counts: dict[int, dict[str, int]] | None = None) -
 
 def client_too_old(version: str) -> str | None:
     """Why a mahout reporting `version` may not serve here (older than
-    `MAHOUT_MIN_VERSION`), or None. A version that does not parse says nothing (a test's
-    synthetic host says "sim")."""
+    `MAHOUT_MIN_VERSION`, or no version at all), or None. A version that does not parse
+    (none, "sim") cannot be held to the minimum, so it is refused like an old one,
+    except where MAHOUT_UNVERSIONED_ALLOWED lets the tests' synthetic hosts in."""
     from packaging.version import InvalidVersion, Version
 
     try:
         reported = Version(version)
     except InvalidVersion:
-        return None
+        if settings.MAHOUT_UNVERSIONED_ALLOWED:
+            return None
+        return (f"mahout's version {version!r} is not a version (mahout sends its own, e.g. {settings.MAHOUT_MIN_VERSION}); "
+                f"only mahout {settings.MAHOUT_MIN_VERSION} or newer serves here")
     if reported >= Version(settings.MAHOUT_MIN_VERSION):
         return None
     return f"mahout {version} is older than {settings.MAHOUT_MIN_VERSION}, the oldest this gateway serves with"

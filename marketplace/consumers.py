@@ -229,18 +229,13 @@ def claim_frame(frame: dict) -> tuple[str, float]:
 
 
 def tokens_frame(frame: dict) -> dict:
-    """A tokens frame's job id, seq and text, checked as the HTTP API checks its body."""
-    job_id, seq, text = frame.get("job"), frame.get("seq"), frame.get("text")
-    for name, value in (("job", job_id), ("seq", seq)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise bad_request(f"'{name}' must be a whole number of 0 or more.", code="invalid_value", param=name)
-    if not isinstance(text, str) or len(text) > services.MAX_BATCH_CHARS:
-        raise bad_request(f"'text' must be a string of at most {services.MAX_BATCH_CHARS} characters.", code="invalid_value", param="text")
-    batch = {"job_id": job_id, "seq": seq, "text": text}
-    if frame.get("logprobs") is not None:  # (checked with the text, where every door's batches are applied)
-        batch["logprobs"] = frame["logprobs"]
-    if frame.get("finish_reason") is not None:
-        if frame["finish_reason"] not in ("stop", "length"):
-            raise bad_request("'finish_reason' must be \"stop\" or \"length\".", code="invalid_value", param="finish_reason")
-        batch["finish_reason"] = frame["finish_reason"]
+    """A tokens frame's job id, seq, text and the rest, checked by the HTTP door's serializer
+    (`TokensFrameSerializer`: the same bounds, the job's id bounded as the HTTP path's)."""
+    serializer = pushing.TokensFrameSerializer(data={k: v for k, v in frame.items() if k != "type"})
+    if not serializer.is_valid():
+        raise validation_error(serializer.errors)
+    data = serializer.validated_data
+    batch = {"job_id": data["job"], "seq": data["seq"], "text": data["text"], "finish_reason": data["finish_reason"]}
+    if data.get("logprobs") is not None:  # (checked with the text, where every door's batches are applied)
+        batch["logprobs"] = data["logprobs"]
     return batch

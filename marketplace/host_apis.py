@@ -136,18 +136,7 @@ class JobClaimApi(AsyncHostApi):
 class JobTokensApi(AsyncHostApi):
     """A batch of generated text, numbered from 0 (`seq`): applied once, in order."""
 
-    class InputSerializer(serializers.Serializer):
-        seq = serializers.IntegerField(min_value=0, max_value=INT_MAX)
-        text = serializers.CharField(allow_blank=True, trim_whitespace=False, max_length=market.MAX_BATCH_CHARS)
-        logprobs = serializers.ListField(
-            child=serializers.DictField(), required=False, allow_null=True, max_length=market.MAX_BATCH_CHARS,
-            help_text="the text's tokens' log-probability entries, when the job asked for them (their tokens spell the text)",
-        )
-        finish_reason = serializers.ChoiceField(
-            choices=["stop", "length"], required=False, default="",
-            help_text="on the answer's last batch: generation ended (EOS, or max_tokens); a death before `complete` then "
-                      "settles the answer instead of continuing it",
-        )
+    InputSerializer = pushing.TokenBatchSerializer
 
     async def handle(self, host: Host, data: dict, **kwargs: object) -> HttpResponse:
         result = await pushing.push_tokens(host=host, job_id=kwargs["job_id"], seq=data["seq"], text=data["text"],
@@ -479,6 +468,10 @@ class RingCheckVerdictApi(HostApi):
         verdict = serializers.ChoiceField(choices=list(RING_CHECK_VERDICTS))
         blamed = serializers.ListField(child=serializers.IntegerField(min_value=-1, max_value=INT_MAX), required=False,
                                        default=list, max_length=1000)
+        disputed = serializers.ListField(child=serializers.ListField(child=serializers.IntegerField(min_value=-1, max_value=INT_MAX),
+                                                                     min_length=2, max_length=2),
+                                         required=False, default=list, max_length=1000,
+                                         help_text="links [sender, receiver] whose two ends disagree (neither blamed for it)")
         reasons = serializers.ListField(child=serializers.CharField(max_length=1000), required=False, default=list,
                                         max_length=1000)
 
@@ -491,4 +484,5 @@ class RingCheckVerdictApi(HostApi):
         host = self.host(request)
         data = _valid(self.InputSerializer, request.data)
         return Response({"status": ring_inquiries.inquiry_verdict_report(
-            host=host, inquiry_id=inquiry_id, verdict=data["verdict"], blamed=data["blamed"], reasons=data["reasons"])})
+            host=host, inquiry_id=inquiry_id, verdict=data["verdict"], blamed=data["blamed"], reasons=data["reasons"],
+            disputed=data["disputed"])})

@@ -20,15 +20,7 @@ urlpatterns = [
         name="login",
     ),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
-    path(
-        "password-reset/",
-        auth_views.PasswordResetView.as_view(
-            template_name="web/password_reset.html",
-            email_template_name="web/password_reset_email.txt",
-            subject_template_name="web/password_reset_subject.txt",
-        ),
-        name="password_reset",
-    ),
+    path("password-reset/", views.password_reset, name="password_reset"),  # Django's, its e-mails rate-limited
     path(
         "password-reset/sent/",
         auth_views.PasswordResetDoneView.as_view(template_name="web/password_reset_done.html"),

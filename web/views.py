@@ -13,7 +13,9 @@ from typing import Any
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import login
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.forms import PasswordResetForm
 from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
@@ -121,6 +123,36 @@ def _token_email(token: str) -> str | None:
         return str(signing.loads(token, salt=VERIFY_SALT).get("email") or "") or None
     except (signing.BadSignature, AttributeError):
         return None
+
+
+_password_reset = auth_views.PasswordResetView.as_view(
+    template_name="web/password_reset.html",
+    email_template_name="web/password_reset_email.txt",
+    subject_template_name="web/password_reset_subject.txt",
+)
+
+
+def _reset_email(group: str, request: HttpRequest) -> str:
+    """The address a reset is asked for, as the limit counts it (whether or not an account has it)."""
+    return request.POST.get("email", "").strip().lower()[:254]
+
+
+@require_http_methods(["GET", "POST"])
+@ratelimit(group="password_reset.ip", key="ip", rate=lambda group, request: settings.PASSWORD_RESET_IP_RATE, method="POST",
+           block=False)
+@ratelimit(group="password_reset.email", key=_reset_email, rate=lambda group, request: settings.PASSWORD_RESET_EMAIL_RATE,
+           method="POST", block=False)
+def password_reset(request: HttpRequest) -> HttpResponse:
+    """Django's reset page, its e-mails limited per address asked for (PASSWORD_RESET_EMAIL_RATE:
+    nobody's inbox is flooded) and per client address (PASSWORD_RESET_IP_RATE). A limited
+    request sends nothing and is told so (429); the limit is the same for an address with no
+    account, so it reveals none."""
+    if getattr(request, "limited", False):
+        form = PasswordResetForm(request.POST)
+        form.add_error(None, "Too many reset links were asked for from your address or for this e-mail; use the latest "
+                             "one sent, or try again in an hour.")
+        return render(request, "web/password_reset.html", {"form": form}, status=429)
+    return _password_reset(request)
 
 
 @login_required

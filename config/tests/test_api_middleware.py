@@ -93,3 +93,76 @@ def test_the_stock_middleware_is_all_there_as_subclasses() -> None:
     classes = [import_string(path) for path in settings.MIDDLEWARE]
     for stock in (SecurityMiddleware, XFrameOptionsMiddleware, CsrfViewMiddleware):
         assert any(issubclass(cls, stock) for cls in classes), stock
+
+
+async def asgi_post(path: str, body: bytes, *, token: str) -> int:
+    from config.asgi import django_asgi as handler
+
+    scope = {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(), "query_string": b"",
+             "headers": [(b"content-type", b"application/json"), (b"authorization", f"Bearer {token}".encode())],
+             "server": ("testserver", 80), "client": ("127.0.0.1", 1), "scheme": "http", "root_path": "", "http_version": "1.1"}
+    app = ApplicationCommunicator(handler, scope)
+    await app.send_input({"type": "http.request", "body": body, "more_body": False})
+    start = await app.receive_output(20)
+    await app.receive_output(20)  # the body
+    await app.wait(20)
+    return start["status"]
+
+
+def test_a_slow_sync_api_view_holds_up_no_other(monkeypatch) -> None:
+    """Two sync API calls (DRF views) at once, the first waiting until the second has run: on
+    asgiref's one shared thread the second would wait behind the first."""
+    import asyncio
+    import threading
+
+    from core.errors import ApiError
+    from hosts.apis import HostApi
+
+    second_ran = threading.Event()
+    calls: list[int] = []
+    first_saw_it: list[bool] = []
+
+    def host(self: HostApi, request: object) -> None:
+        calls.append(len(calls))
+        if len(calls) == 1:
+            first_saw_it.append(second_ran.wait(10))  # the first call: a slow one (a row lock, say)
+        else:
+            second_ran.set()
+        raise ApiError(401, "no host here", code="invalid_host_token")
+
+    monkeypatch.setattr(HostApi, "host", host)
+
+    async def both() -> list[int]:
+        first = asyncio.ensure_future(asgi_post("/hosts/api/heartbeat", b"{}", token="host-a"))
+        await asyncio.sleep(0.2)  # the first is inside its view
+        return [await asgi_post("/hosts/api/heartbeat", b"{}", token="host-b"), await first]
+
+    assert async_to_sync(both)() == [401, 401]
+    assert first_saw_it == [True], "the second call ran while the first was still in its view"
+
+
+def test_the_schema_is_generated_once_per_process(monkeypatch) -> None:
+    from drf_spectacular.generators import SchemaGenerator
+
+    from core.openapi import CachedSchemaGenerator
+
+    monkeypatch.setattr(CachedSchemaGenerator, "kept", {})
+    generated: list[int] = []
+    real = SchemaGenerator.get_schema
+
+    def counted(self: SchemaGenerator, request: object = None, public: bool = False) -> dict:
+        generated.append(1)
+        return real(self, request=request, public=public)
+
+    monkeypatch.setattr(SchemaGenerator, "get_schema", counted)
+    client = AsyncClient()
+    first, second = (async_to_sync(client.get)("/api/schema/") for _ in range(2))
+    yaml = async_to_sync(client.get)("/api/schema/?format=yaml")
+    assert first.status_code == second.status_code == yaml.status_code == 200
+    assert first.content == second.content and b"openapi: 3.1.0" in yaml.content
+    assert generated == [1]
+    for version in range(20):  # a caller's own ?version= values each generate, but are not all kept
+        async_to_sync(client.get)(f"/api/schema/?version=v{version}")
+    assert len(CachedSchemaGenerator.kept) <= CachedSchemaGenerator.KEEP + 1  # (and the plain one)
+    async_to_sync(client.get)("/api/schema/")
+    assert len(generated) == 21, "the plain one is still kept"

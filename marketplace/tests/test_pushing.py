@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from conftest import make_host
+from core.errors import DomainError
 from hosts.models import Host
 from marketplace import claiming, pushing, services
 from marketplace.models import Job, Request
@@ -93,6 +94,57 @@ class PushWriterTests:
         assert isinstance(results[12], services.SequenceGap)  # one refusal does not spoil its trip
         assert sum(trips) == 13 and len(trips) <= 2  # the first goes alone at once, the rest wait for it together
         assert {Request.objects.get(pk=job.request_id).delivered_text for job in jobs} == {BATCH}
+
+
+    def test_a_batch_the_database_cannot_take_fails_alone_and_its_trip_mates_are_applied(self, customer, catalog,
+                                                                                        monkeypatch) -> None:
+        """One host's bad batch must not fail every host's batches of its trip (a seq past any
+        integer column fails the whole statement on PostgreSQL, the whole transaction on SQLite;
+        the doors refuse it first, so it is sent here directly)."""
+        honest, cheat = roomy(make_host(name="honest")), roomy(make_host(name="cheat"))
+        jobs = [claimed(customer, honest, catalog)[1] for _ in range(3)]
+        own = claimed(customer, cheat, catalog)[1]
+        trips: list[int] = []
+        many = services.job_push_many
+
+        def counted(pushes: list) -> list:
+            trips.append(len(pushes))
+            return many(pushes)
+
+        monkeypatch.setattr(services, "job_push_many", counted)
+
+        async def push_all() -> list:
+            return await asyncio.gather(
+                pushing.push_tokens(host=honest.host, job_id=jobs[0].pk, seq=0, text=BATCH),
+                pushing.push_tokens(host=cheat.host, job_id=own.pk, seq=2**63, text="x"),
+                *(pushing.push_tokens(host=honest.host, job_id=job.pk, seq=0, text=BATCH) for job in jobs[1:]),
+                return_exceptions=True)
+
+        results = asyncio.run(push_all())
+        assert trips[0] == 4, "all four shared the first trip"
+        assert results[0] == results[2] == results[3] == services.PushResult(True, 1)
+        assert isinstance(results[1], DomainError) and (results[1].status, results[1].code) == (400, "batch_unstorable")
+        assert {Request.objects.get(pk=job.request_id).delivered_text for job in jobs} == {BATCH}
+        assert Job.objects.get(pk=own.pk).next_seq == 0
+
+    def test_a_database_that_fails_everything_fails_the_whole_trip_once(self, customer, catalog, monkeypatch) -> None:
+        """A lost connection is no batch's fault: the trip is not split in search of one."""
+        serving = roomy(make_host(name="unlucky"))
+        jobs = [claimed(customer, serving, catalog)[1] for _ in range(4)]
+        trips: list[int] = []
+
+        def down(pushes: list) -> list:
+            trips.append(len(pushes))
+            raise OperationalError("server closed the connection unexpectedly")
+
+        monkeypatch.setattr(services, "job_push_many", down)
+
+        async def push_all() -> list:
+            return await asyncio.gather(*(pushing.push_tokens(host=serving.host, job_id=job.pk, seq=0, text=BATCH) for job in jobs),
+                                        return_exceptions=True)
+
+        results = asyncio.run(push_all())
+        assert trips == [4] and all(isinstance(result, OperationalError) for result in results)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -77,3 +77,18 @@ def test_the_pool_page_says_which_models_cannot_be_audited(catalog, settings) ->
     page = client.get("/pool/").content.decode()
     assert "not verifiable here (no weights on the gateway): llama-3.1-8b" in page
     assert "gemma-3-270m" not in page.split("not verifiable here")[1].split("</span>")[0]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("version", ["sim", None, "mahout"])  # ("": a 400, blank)
+def test_a_version_that_does_not_parse_is_refused_outside_the_tests(serving_host, settings, version: str | None) -> None:
+    """No version (or one that is not a version) cannot be held to the minimum: refused as an old
+    client is, or any host could skip the rule by not saying which mahout it runs."""
+    settings.MAHOUT_UNVERSIONED_ALLOWED = False  # as in production (the suite's synthetic hosts are let in: conftest.py)
+    body = {"fingerprint": FINGERPRINT} if version is None else {"fingerprint": FINGERPRINT, "version": version}
+    refused = Client().post("/hosts/api/heartbeat", body, content_type="application/json",
+                            HTTP_AUTHORIZATION=f"Bearer {serving_host.token}")
+    assert refused.status_code == 426 and refused.json()["error"]["code"] == "upgrade_required"
+    assert "is not a version" in refused.json()["error"]["message"]
+    assert Host.objects.get(pk=serving_host.host.pk).last_heartbeat_at is None, "a refused heartbeat is no sign of life"
+    assert beat(serving_host.token, __version__).status_code == 200

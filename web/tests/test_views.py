@@ -586,6 +586,13 @@ def test_an_outsider_sees_none_of_a_hosts_pages_even_as_a_host_owner(serving_hos
     assert client.get(f"/machines/{outsider.host.pk}/").status_code == 200
 
 
+def reset_user(email: str) -> str:
+    from django.contrib.auth import get_user_model
+
+    get_user_model().objects.create_user(username=email, email=email, password="correct horse battery")
+    return email
+
+
 class BruteForceTests:
     """Login and sign-up are rate-limited (issue 17): django-axes locks an e-mail out from one
     address after LOGIN_FAILURE_LIMIT wrong passwords; sign-ups per address are limited."""
@@ -601,6 +608,28 @@ class BruteForceTests:
         assert locked.status_code == 429 and "Too many failed attempts" in locked.content.decode()
         elsewhere = Client(REMOTE_ADDR="198.51.100.7").post("/login/", {"username": customer.user.username, "password": "the right password"})
         assert elsewhere.status_code == 302, "the owner, from their own address, is not locked out"
+
+    def test_reset_mails_for_one_address_are_limited_whoever_asks(self, db, settings) -> None:
+        settings.PASSWORD_RESET_EMAIL_RATE = "2/h"
+        email = reset_user("r@example.com")
+        answers = [Client(REMOTE_ADDR=f"203.0.113.{20 + i}").post("/password-reset/", {"email": email.upper() if i else email})
+                   for i in range(3)]
+        assert [answer.status_code for answer in answers] == [302, 302, 429]
+        assert "Too many reset links" in answers[2].content.decode()
+        assert len([m for m in mail.outbox if email in m.to]) == 2, "the limited one sends nothing"
+        nobody = [Client(REMOTE_ADDR=f"198.51.100.{i}").post("/password-reset/", {"email": "nobody@example.com"}).status_code
+                  for i in range(3)]
+        assert nobody == [302, 302, 429], "an address with no account is limited alike: the limit reveals nothing"
+
+    def test_reset_mails_from_one_client_address_are_limited(self, db, settings) -> None:
+        settings.PASSWORD_RESET_IP_RATE = "2/h"
+        email = reset_user("s@example.com")
+        client = Client(REMOTE_ADDR="203.0.113.30")
+        answers = [client.post("/password-reset/", {"email": f"r{i}@example.com"}).status_code for i in range(2)]
+        assert answers + [client.post("/password-reset/", {"email": email}).status_code] == [302, 302, 429]
+        assert not [m for m in mail.outbox if email in m.to]
+        assert Client(REMOTE_ADDR="203.0.113.31").post("/password-reset/", {"email": email}).status_code == 302
+        assert len([m for m in mail.outbox if email in m.to]) == 1
 
     def test_sign_ups_from_one_address_are_limited(self, db, settings) -> None:
         from django.core.cache import cache
