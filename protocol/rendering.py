@@ -5,9 +5,10 @@ the result in the job's payload; a host turns that result into token ids with
 `fragments_tokens`, the one tokenization both sides share, so billing and generation agree for
 every model.
 
-A chat is rendered by the model's own Jinja template, in a sandbox, with the semantics of
+A chat is rendered by the model's own Jinja template, in a bounded sandbox
+(`protocol.template_sandbox`: a template from a file is untrusted), with the semantics of
 Hugging Face's `apply_chat_template` (`messages`, `add_generation_prompt`, `bos_token`,
-`eos_token`, `raise_exception`, `tojson`). A chat that ends with an assistant message is
+`eos_token`, `raise_exception`, `tojson`, `strftime_now`). A chat that ends with an assistant message is
 *continued*: the rendering stops at that message's exact last character, mid-word included (the
 semantics of `continue_final_message`), which is how a second host finishes a dead host's answer.
 
@@ -16,29 +17,30 @@ What the template writes is markup, where the model's control tokens stand (`<|i
 carries — is content, and content never becomes a control token, whatever it looks like. The
 rendering is therefore *fragments*: runs of plain text between control tokens. A tokenizer
 tokenizes each run as text and each control token as itself, which is how llama.cpp splits a
-prompt, except that it never looks for control tokens in what a customer wrote.
+prompt, except that it never looks for control tokens in what a customer wrote. Where the
+vocabulary says a control token strips the spaces beside it (llama.cpp's `lstrip` / `rstrip`
+attributes, Hugging Face's added tokens' flags: every Phi-3 marker takes the newline after it),
+those spaces are taken from the runs beside it, as llama.cpp takes them from a whole rendering.
 
 How content is told apart from markup: the template is rendered once with each text replaced by
 a sentinel and once as it is. The sentinel rendering's markup, laid over the true rendering,
 gives what each text became in it (a template may trim a message, or drop an old answer's
 reasoning); where the two cannot be laid over each other, the exact texts go where the sentinels
-stood. No Django here, and Jinja2 is imported only by a gateway that renders.
+stood. No Django here, and Jinja2 is imported only by the sandbox's workers.
 """
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
+from protocol.template_sandbox import TemplateRefused, render_bounded  # (TemplateRefused: imported from here too)
+
 Fragment = tuple[str, bool]  # (text, is_control): a control fragment is exactly one control token's text
-
-
-class TemplateRefused(ValueError):
-    """The model's template cannot render this conversation (it raised, or it is broken); the
-    message says why in words a customer can act on."""
+SPACES = " \t\n\v\f\r"  # what a control token's lstrip / rstrip takes away beside it (C's isspace, as llama.cpp)
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,8 @@ class ChatFormat:
     adds_bos: bool = False  # its vocabulary starts every prompt with BOS (llama.cpp's add_bos)
     controls: tuple[str, ...] = ()  # the control tokens the template's markup may hold
     end_of_turn: tuple[str, ...] = ()  # where the model ends its turn: a chat's stop strings
+    lstrip: tuple[str, ...] = ()  # control tokens that take the spaces before them (their vocabulary says so)
+    rstrip: tuple[str, ...] = ()  # control tokens that take the spaces after them (Phi-3's `<|user|>`: its newline)
 
 
 def content_text(content: Any) -> str:
@@ -73,23 +77,30 @@ def completion_fragments(fmt: ChatFormat, prompt: str) -> list[Fragment]:
     return _with_bos(fmt, [(prompt, False)] if prompt else [])
 
 
-def chat_fragments(fmt: ChatFormat, messages: list[dict]) -> list[Fragment]:
+def chat_fragments(fmt: ChatFormat, messages: list[dict], *, now: datetime | None = None) -> list[Fragment]:
     """A chat rendered by the model's template, ready for the model to write its turn, or, when
-    the last message is the assistant's, ready to continue that message from its last character."""
+    the last message is the assistant's, ready to continue that message from its last character.
+
+    `now` is the instant the template is told it is (`strftime_now`, `date_string`): a job's
+    is fixed when it is admitted, so that its every rendering (counted, sent, audited) is the
+    same text. Raises TemplateRefused (`protocol.template_sandbox`)."""
     if not messages:
         raise TemplateRefused("a chat needs at least one message")
     texts = [content_text(message.get("content")) for message in messages]
     continuing = messages[-1].get("role") == "assistant"
     variables = {"bos_token": fmt.bos_token, "eos_token": fmt.eos_token, "add_generation_prompt": not continuing}
-    template = _compiled(fmt.template)
-    marked = _render(template, [{"role": m.get("role"), "content": _sentinel(i)} for i, m in enumerate(messages)],
-                     variables)
-    true = _render(template, [{"role": m.get("role"), "content": text} for m, text in zip(messages, texts, strict=True)], variables)
+    marked, true = render_bounded(fmt.template, [
+        {"messages": [{"role": m.get("role"), "content": _sentinel(i)} for i, m in enumerate(messages)],
+         "variables": variables},
+        {"messages": [{"role": m.get("role"), "content": text} for m, text in zip(messages, texts, strict=True)],
+         "variables": variables},
+    ], now=now)
     pieces = _pieces(marked)
     if continuing:
         pieces = _cut_after_last(pieces, len(messages) - 1)
     segments = _segments(pieces, texts, true, continuing=continuing)
-    return _with_bos(fmt, _fragments(segments, _control_pattern(fmt.controls)))
+    fragments = _stripped(_fragments(segments, _control_pattern(fmt.controls)), lstrip=fmt.lstrip, rstrip=fmt.rstrip)
+    return _with_bos(fmt, fragments)
 
 
 def chat_format_read(
@@ -98,12 +109,16 @@ def chat_format_read(
     """A model's format from its file's facts: of its vocabulary's control tokens, those its
     template writes (and BOS and EOS); its end of turn, the first control token the template
     writes after an assistant's message. Raises TemplateRefused for a template that does not
-    render a plain two-turn chat."""
-    controls = tuple(text for text in vocabulary_controls if text in template or text in (bos_token, eos_token) and text)
+    render a plain two-turn chat, within the sandbox's bounds (`protocol.template_sandbox`).
+    Which control tokens strip the spaces beside them is the vocabulary's to say: the caller
+    adds it (`dataclasses.replace(fmt, lstrip=..., rstrip=...)`)."""
     variables = {"bos_token": bos_token, "eos_token": eos_token, "add_generation_prompt": False}
     chat = [{"role": "user", "content": _sentinel(0)}, {"role": "assistant", "content": _sentinel(1)}]
-    pieces = _pieces(_render(_compiled(template), chat, variables))
-    _render(_compiled(template), chat[:1], {**variables, "add_generation_prompt": True})
+    marked, asking = render_bounded(template, [{"messages": chat, "variables": variables},
+                                               {"messages": chat[:1], "variables": {**variables, "add_generation_prompt": True}}])
+    written = template + marked + asking  # (a template may build a marker: '<|' + role + '|>')
+    controls = tuple(text for text in vocabulary_controls if text and (text in written or text in (bos_token, eos_token)))
+    pieces = _pieces(marked)
     if 1 not in pieces:
         raise TemplateRefused("the chat template does not write an assistant's message")
     after = str(pieces[pieces.index(1) + 1])
@@ -116,6 +131,11 @@ def chat_format_read(
 def fragments_text(fragments: Sequence[Fragment]) -> str:
     """The rendered text, markup and content together (what a model without control tokens reads)."""
     return "".join(text for text, _ in fragments)
+
+
+def template_check(template: str) -> None:
+    """Raise TemplateRefused when a template does not compile (in the sandbox, within its bounds)."""
+    render_bounded(template, [])
 
 
 def fragments_tokens(
@@ -132,51 +152,6 @@ def fragments_tokens(
 def chat_stops(fmt: ChatFormat) -> list[str]:
     """Where the model ends its turn, for a chat job: the template's end of turn, else EOS."""
     return list(fmt.end_of_turn) or ([fmt.eos_token] if fmt.eos_token else [])
-
-
-# -- the sandbox ------------------------------------------------------------------------------
-
-def _raise_exception(message: str) -> None:
-    raise TemplateRefused(str(message))
-
-
-def _tojson(value: Any, indent: int | None = None, separators: tuple | None = None, sort_keys: bool = False) -> str:
-    """Hugging Face's `tojson`: JSON as written, non-ASCII kept, with its indent and separators."""
-    return json.dumps(value, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-@lru_cache(maxsize=64)
-def _compiled(template: str):  # -> jinja2.Template
-    """A template compiled once per process in an immutable sandbox (HF's environment: blocks
-    trimmed, `loopcontrols`)."""
-    from jinja2 import TemplateError
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    environment.filters["tojson"] = _tojson
-    environment.globals["raise_exception"] = _raise_exception
-    try:
-        return environment.from_string(template)
-    except TemplateError as error:
-        raise TemplateRefused(f"this model's chat template does not compile: {error}") from None
-
-
-def template_check(template: str) -> None:
-    """Raise TemplateRefused when a template does not compile (what `catalog_add` checks first)."""
-    _compiled(template)
-
-
-def _render(template: Any, messages: list[dict], variables: dict) -> str:
-    from jinja2 import TemplateError
-    from jinja2.sandbox import SecurityError
-
-    try:
-        return template.render(messages=messages, **variables)
-    except TemplateRefused as refused:
-        raise TemplateRefused(f"this model's chat template refuses the conversation: {refused}") from None
-    except (TemplateError, SecurityError, TypeError, ValueError, KeyError, IndexError, AttributeError) as error:
-        raise TemplateRefused(f"this model's chat template cannot render the conversation: {error}") from None
 
 
 # -- telling content from markup ----------------------------------------------------------------
@@ -293,6 +268,25 @@ def _fragments(segments: list[tuple[str, bool]], pattern: re.Pattern[str] | None
         run.append(text[position:])
     flush()
     return fragments
+
+
+def _stripped(fragments: list[Fragment], *, lstrip: tuple[str, ...], rstrip: tuple[str, ...]) -> list[Fragment]:
+    """The spaces beside a control token that strips them taken away, as llama.cpp and Hugging
+    Face's tokenizers take them when they find the token in a text (an `rstrip` token's newline
+    is part of it: the model never saw it). Text beside it goes whether markup or content wrote
+    it, as it goes from the whole rendering; content never becomes a control token for it."""
+    if not lstrip and not rstrip:
+        return fragments
+    kept: list[Fragment] = []
+    for at, (text, control) in enumerate(fragments):
+        if not control:
+            if at > 0 and fragments[at - 1][1] and fragments[at - 1][0] in rstrip:
+                text = text.lstrip(SPACES)
+            if at + 1 < len(fragments) and fragments[at + 1][1] and fragments[at + 1][0] in lstrip:
+                text = text.rstrip(SPACES)
+        if text:
+            kept.append((text, control))
+    return kept
 
 
 def _with_bos(fmt: ChatFormat, fragments: list[Fragment]) -> list[Fragment]:

@@ -123,6 +123,17 @@ def sdist_models(folder: Path) -> Path:
     return models
 
 
+def sdist_vocabularies(folder: Path) -> Path:
+    """Every vocabulary-only GGUF (`ggml-vocab-*.gguf`) and every template (`templates/*.jinja`)
+    of the sdist's models folder, extracted into `folder / "models"` (returned) unless they are
+    there already. Raises SdistUnavailable as `sdist_models` does."""
+    models = folder / "models"
+    if not any(models.glob("ggml-vocab-*.gguf")):
+        sdist_extract(folder, lambda inside: (inside.startswith("ggml-vocab-") and inside.endswith(".gguf") and "/" not in inside)
+                      or (inside.startswith("templates/") and inside.endswith(".jinja")))
+    return models
+
+
 def sdist_extract(folder: Path, keep: Callable[[str], bool]) -> Path:
     """Fetch the sdist with pip into `folder` and extract the files of its models folder whose
     paths inside it `keep` accepts, into `folder / "models"` (returned), in the sdist's layout."""

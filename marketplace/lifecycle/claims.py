@@ -20,7 +20,7 @@ from marketplace import routing
 from marketplace.audits import job_seed
 from marketplace.lifecycle.answers import count_output
 from marketplace.lifecycle.errors import HostRefused, JobNotRunning
-from marketplace.models import Job, Request
+from marketplace.models import CHOICE_OF, Job, Request
 from protocol.jobs import JobPayload, job_payload_build
 
 
@@ -35,8 +35,8 @@ def job_payload(job: Job) -> JobPayload:
     delivered = request.delivered_text if continuation else ""
     delivered = delivered[: len(delivered) - job.generated_chars]
     fmt = None if request.kind == Request.Kind.EMBEDDINGS else chat_format_of(job.model_id)
-    params = request.params if request.kind == Request.Kind.EMBEDDINGS else {
-        **request.params, "seed": job_seed(job_id=job.pk, params=request.params)}
+    params = request.params if request.kind == Request.Kind.EMBEDDINGS else {  # (which choice it is is the gateway's)
+        **{k: v for k, v in request.params.items() if k != CHOICE_OF}, "seed": job_seed(job_id=job.pk, params=request.params)}
     return job_payload_build(
         job_id=job.pk, model=job.model.name, kind=request.kind, messages=request.messages, prompt=request.prompt,
         inputs=request.inputs, params=params, fmt=fmt, continuation=continuation, delivered=delivered,

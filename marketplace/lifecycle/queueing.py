@@ -17,7 +17,7 @@ from accounts.models import ApiKey
 from billing import services as billing
 from catalog.models import CatalogModel
 from catalog.pricing import price
-from catalog.rendering import prompt_count, prompt_fragments
+from catalog.rendering import prompt_count, prompt_fragments, render_instant
 from catalog.tokenizer import tokenizer_for
 from core.db import ChainMissed, Step, chain_run, insert_step
 from core.errors import DomainError
@@ -26,7 +26,7 @@ from hosts.selectors import warm_host_counts
 from marketplace import routing
 from marketplace.lifecycle.errors import HostFailed, QueueTimeout
 from marketplace.lifecycle.transitions import request_fail
-from marketplace.models import Job, Liveness, Request
+from marketplace.models import CHOICE_OF, Job, Liveness, Request
 from protocol.rendering import TemplateRefused
 
 
@@ -64,7 +64,8 @@ def request_submit(
     PostgreSQL); a key with limits, a refusal and a customer's first request take the
     locked path (`billing.hold_place`), which counts the limits and says why.
     """
-    estimate = estimate_ucents(model=model, prompt_tokens=prompt_tokens, max_tokens=params["max_tokens"])
+    billed = 0 if params.get(CHOICE_OF) else prompt_tokens  # (`Request.prompt_tokens_billed`)
+    estimate = estimate_ucents(model=model, prompt_tokens=billed, max_tokens=params["max_tokens"])
     request = Request(
         public_id=public_id, user=api_key.user, api_key=api_key, model=model, kind=kind, stream=stream, messages=messages,
         prompt=prompt, inputs=inputs, params=params, prompt_tokens=prompt_tokens, estimate_ucents=estimate,
@@ -226,14 +227,16 @@ def request_reroute(*, request_id: int, requeue: int, trusted_only: bool = False
         if model is None:
             continue
         try:
-            fragments = prompt_fragments(model, kind=request.kind, messages=request.messages, prompt=request.prompt)
+            fragments = prompt_fragments(model, kind=request.kind, messages=request.messages, prompt=request.prompt,
+                                         now=render_instant(request.params))
         except TemplateRefused:  # this fallback's template refuses the conversation: the next one may not
             continue
         prompt_tokens = prompt_count(model, fragments)
         max_tokens = int(request.params["max_tokens"])
         if prompt_tokens + max_tokens > model.context_length:
             continue
-        estimate = estimate_ucents(model=model, prompt_tokens=prompt_tokens, max_tokens=max_tokens)
+        estimate = estimate_ucents(model=model, prompt_tokens=0 if request.params.get(CHOICE_OF) else prompt_tokens,
+                                   max_tokens=max_tokens)
         if estimate > request.hold.amount_ucents:
             billing.hold_release(hold=request.hold)
             try:
