@@ -40,6 +40,8 @@ sys.path.insert(0, str(ROOT))
 
 import netsim  # noqa: E402 - bench/ is on the path as the script's own folder
 
+from testkit.simhost import drawn_ids  # noqa: E402
+
 MODEL = "gemma-3-270m"
 PIECE_CHARS = 3  # a counting host pushes its answer in pieces this long: kills land mid-word
 
@@ -103,7 +105,8 @@ def host_main(argv: list[str]) -> None:
                     if not self.push(client, job["id"], seq, rest[start:start + PIECE_CHARS]):
                         return
                     time.sleep(self.args.interval)
-                self.call_retrying(client, f"jobs/{job['id']}/complete", {"finish_reason": "stop"})
+                self.call_retrying(client, f"jobs/{job['id']}/complete",
+                                   {"finish_reason": "stop", "tokens": drawn_ids(job["model"], rest)})
             except Exception:  # noqa: BLE001 - a host that dies on one job keeps serving others
                 pass
             finally:

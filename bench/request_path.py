@@ -30,6 +30,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from testkit.simhost import drawn_ids  # noqa: E402 (after the path)
+
 PROMPT = "{n}. Once upon a time, in a village at the edge of a great forest, there lived"
 MAX_TOKENS = 64
 
@@ -181,7 +184,8 @@ def claim_phase(args, server: str, secret: str, catalog) -> dict:  # type: ignor
                 job = answer.json()["job"]
                 received[job["id"]] = time.time()
                 http.post(f"/hosts/api/jobs/{job['id']}/tokens", json={"seq": 0, "text": "ok"})
-                http.post(f"/hosts/api/jobs/{job['id']}/complete", json={"finish_reason": "stop"})
+                http.post(f"/hosts/api/jobs/{job['id']}/complete",
+                          json={"finish_reason": "stop", "tokens": drawn_ids(job["model"], "ok")})
 
     thread = threading.Thread(target=host_loop, daemon=True)
     thread.start()

@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.relay import Target  # noqa: E402 (after the path)
 from protocol.catalog import MODEL_FILES  # noqa: E402
+from testkit.simhost import drawn_ids  # noqa: E402
 
 MODEL = "gemma-3-270m"
 SCENARIOS = ("silent", "frozen", "restarted", "whole")
@@ -89,7 +90,8 @@ def rescue(host: Host, done: threading.Event) -> None:
             job = host.claim(wait=1)
             if job is not None:
                 host.http.post(f"/jobs/{job['id']}/tokens", json={"seq": 0, "text": ANSWER})
-                host.http.post(f"/jobs/{job['id']}/complete", json={"finish_reason": "stop"})
+                host.http.post(f"/jobs/{job['id']}/complete",
+                               json={"finish_reason": "stop", "tokens": drawn_ids(job["model"], ANSWER)})
 
 
 def doom(host: Host, scenario: str, last_word: list[float]) -> None:

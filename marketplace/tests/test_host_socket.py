@@ -15,6 +15,7 @@ from hosts.models import Host
 from mahout.api import HostApiError, JobGoneError
 from mahout.presence import Presence
 from marketplace.models import Job, Request
+from testkit.evidence import drawn
 from testkit.personas import Customer, present
 from testkit.requests import submit_request
 
@@ -47,7 +48,7 @@ class HostSocketTests:
                     assert http.post(f"/hosts/api/jobs/{job}/tokens", json={"seq": seq, "text": text}).json()["accepted"]
                 assert http.post(f"/hosts/api/jobs/{job}/tokens", json={"seq": 1, "text": ", wor"}).json() == {
                     "accepted": False, "next_seq": len(BATCHES)}
-                http.post(f"/hosts/api/jobs/{job}/complete", json={"finish_reason": "stop"}).raise_for_status()
+                http.post(f"/hosts/api/jobs/{job}/complete", json={"finish_reason": "stop", "tokens": drawn(job)}).raise_for_status()
 
                 by_socket = queued(customer, catalog)
                 job = claimed(http, serving.fingerprint)
@@ -57,7 +58,7 @@ class HostSocketTests:
                 with pytest.raises(JobGoneError):  # the first job ended: its late batch is refused
                     socket.push_tokens(Job.objects.get(request=by_http).pk, seq=len(BATCHES), text="late")
                 texts = [Request.objects.get(pk=row.pk).delivered_text for row in (by_http, by_socket)]
-                http.post(f"/hosts/api/jobs/{job}/complete", json={"finish_reason": "stop"}).raise_for_status()
+                http.post(f"/hosts/api/jobs/{job}/complete", json={"finish_reason": "stop", "tokens": drawn(job)}).raise_for_status()
         finally:
             socket.stop()
         assert texts == ["".join(BATCHES)] * 2
@@ -103,7 +104,8 @@ class SocketClaimTests:
             for seq, text in enumerate(BATCHES):
                 assert socket.push_tokens(job["id"], seq=seq, text=text)["accepted"]
             with httpx.Client(base_url=gateway.url, headers={"Authorization": f"Bearer {serving.token}"}, timeout=30) as http:
-                http.post(f"/hosts/api/jobs/{job['id']}/complete", json={"finish_reason": "stop"}).raise_for_status()
+                http.post(f"/hosts/api/jobs/{job['id']}/complete",
+                          json={"finish_reason": "stop", "tokens": drawn(job["id"])}).raise_for_status()
         finally:
             socket.stop()
         row = Request.objects.get(pk=request.pk)

@@ -34,6 +34,7 @@ from marketplace.tests.test_e2e import client
 from marketplace.tests.test_failover_e2e import Farm, serving_host
 from marketplace.tests.test_responses_e2e import customer_served, generation  # noqa: F401 (a fixture)
 from marketplace.tests.test_resume import events
+from testkit.evidence import drawn
 from testkit.personas import present
 
 if TYPE_CHECKING:
@@ -282,7 +283,8 @@ class ResumeTests:
                     offset = chunk["x_elephant"]["offset"]
             for seq, text in enumerate(CALL_BATCHES[1:], start=1):  # the connection dropped; the host goes on
                 http.post(f"/hosts/api/jobs/{job}/tokens", json={"seq": seq, "text": text}, headers=host).raise_for_status()
-            http.post(f"/hosts/api/jobs/{job}/complete", json={"finish_reason": "stop"}, headers=host).raise_for_status()
+            http.post(f"/hosts/api/jobs/{job}/complete", json={"finish_reason": "stop", "tokens": drawn(job)},
+                      headers=host).raise_for_status()
             after, finish = [], None
             with http.stream("GET", f"/v1/chat/completions/{public_id}?stream=true&starting_after={offset}",
                              headers=key) as resumed:

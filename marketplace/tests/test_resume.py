@@ -11,6 +11,7 @@ import pytest
 from billing import selectors as ledger
 from conftest import make_customer, make_host, wait_until
 from marketplace.models import Request
+from testkit.evidence import drawn
 from testkit.personas import present
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
@@ -45,7 +46,8 @@ class StreamResumeTests:
             # the connection dropped; the host goes on and finishes
             for seq, text in enumerate(BATCHES[2:], start=2):
                 http.post(f"/hosts/api/jobs/{job}/tokens", json={"seq": seq, "text": text}, headers=host).raise_for_status()
-            http.post(f"/hosts/api/jobs/{job}/complete", json={"finish_reason": "stop"}, headers=host).raise_for_status()
+            http.post(f"/hosts/api/jobs/{job}/complete", json={"finish_reason": "stop", "tokens": drawn(job)},
+                      headers=host).raise_for_status()
 
             rest, done = "", False
             with http.stream("GET", f"/v1/chat/completions/{public_id}?stream=true&starting_after={offset}", headers=key) as resumed:
@@ -85,7 +87,8 @@ class StreamResumeTests:
             job = http.post("/hosts/api/claim", json={"fingerprint": serving.fingerprint, "wait": 10}, headers=host).json()["job"]["id"]
             for seq, text in enumerate(BATCHES):
                 http.post(f"/hosts/api/jobs/{job}/tokens", json={"seq": seq, "text": text}, headers=host).raise_for_status()
-            http.post(f"/hosts/api/jobs/{job}/complete", json={"finish_reason": "stop"}, headers=host).raise_for_status()
+            http.post(f"/hosts/api/jobs/{job}/complete", json={"finish_reason": "stop", "tokens": drawn(job)},
+                      headers=host).raise_for_status()
             asking.join(timeout=30)
             response = answered["response"]
             assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"] == "".join(BATCHES)

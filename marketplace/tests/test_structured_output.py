@@ -16,6 +16,7 @@ from marketplace.models import Job, Request
 from marketplace.structured import answer_problem, schema_problem
 from marketplace.tests.test_apis import GOOD, assert_error, post
 from marketplace.tests.test_reputation import claim, online
+from testkit.evidence import drawn
 from testkit.requests import CHAT, submit_request
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ class HostAnswerTests:
         job = claim(serving_host)
         assert job.request_id == request.pk and services.job_payload(job)["params"]["response_format"]["schema"] == PERSON
         services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text='{"name": "Ada"}')
-        done = services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop")
+        done = services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk))
         assert done.earned_ucents == 0
         request.refresh_from_db()
         assert (request.status, request.error_code, request.cost_ucents) == (Request.Status.FAILED, "invalid_structured_output", 0)
@@ -104,7 +105,7 @@ class HostAnswerTests:
         request = self.submit(catalog, {"type": "json_schema", "name": "person", "schema": PERSON})
         job = claim(serving_host)
         services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text='{"name": "Ada", "age": "secret diary"}')
-        services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop")
+        services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk))
         request.refresh_from_db()
         assert request.error_code == "invalid_structured_output" and "'type' rule" in request.error_message
         assert "secret diary" not in request.error_message and "secret diary" not in Job.objects.get(pk=job.pk).fail_reason
@@ -132,7 +133,7 @@ class HostAnswerTests:
         monkeypatch.setattr(structured, "_answer_problem", watched)
         monkeypatch.setattr(settlement, "job_settle", settled)
         structured._verdict.cache_clear()
-        assert services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop").earned_ucents > 0
+        assert services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk)).earned_ucents > 0
         assert inside == [False] and settling, "validated once, before the settlement's transaction"
 
     def test_an_answer_that_meets_it_settles_and_its_format_is_forgotten(self, serving_host, catalog) -> None:
@@ -140,7 +141,7 @@ class HostAnswerTests:
         request = self.submit(catalog, {"type": "json_object"})
         job = claim(serving_host)
         services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text='{"name": "Ada", "age": 36}')
-        assert services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop").earned_ucents > 0
+        assert services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk)).earned_ucents > 0
         request.refresh_from_db()
         assert request.status == Request.Status.COMPLETED and request.cost_ucents > 0
 
@@ -150,7 +151,7 @@ class HostAnswerTests:
         job = claim(serving_host)
         text = '{"name": "' + "a " * 30
         services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text=text)
-        services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="length")
+        services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="length", token_ids=drawn(job.pk, ended=False))
         request.refresh_from_db()
         assert (request.status, request.finish_reason) == (Request.Status.COMPLETED, "length")
 
