@@ -60,7 +60,7 @@ def completion_checked(*, request: Request, job: Job, own_text: str, token_ids: 
         return Verdict(Refusal("its completion reported no token ids: an answer is paid only with the tokens drawn for it"))
     tokenizer = tokenizer_for(request.model.tokenizer)
     if isinstance(tokenizer, GgufTokenizer):
-        problem = _shape_problem(tokenizer, token_ids=token_ids, own_text=own_text, finish_reason=finish_reason,
+        problem = shape_problem(tokenizer, token_ids=token_ids, own_text=own_text, finish_reason=finish_reason,
                                  stops=job_stop_strings(payload))
         if problem is not None:
             return Verdict(Refusal(problem, proven=True))
@@ -69,7 +69,7 @@ def completion_checked(*, request: Request, job: Job, own_text: str, token_ids: 
     return _first_draw_checked(request=request, payload=payload, token_ids=token_ids, finish_reason=finish_reason)
 
 
-def _shape_problem(tokenizer: GgufTokenizer, *, token_ids: list[int], own_text: str, finish_reason: str,
+def shape_problem(tokenizer: GgufTokenizer, *, token_ids: list[int], own_text: str, finish_reason: str,
                    stops: list[str]) -> str | None:
     drawn = tokenizer.drawn(token_ids)
     if drawn is None:
