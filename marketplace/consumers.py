@@ -235,7 +235,9 @@ def tokens_frame(frame: dict) -> dict:
     if not serializer.is_valid():
         raise validation_error(serializer.errors)
     data = serializer.validated_data
-    batch = {"job_id": data["job"], "seq": data["seq"], "text": data["text"], "finish_reason": data["finish_reason"]}
+    batch = {"job_id": data["job"], "seq": data["seq"], "text": data["text"]}
+    if data.get("finish_reason"):
+        batch["finish_reason"] = data["finish_reason"]
     if data.get("logprobs") is not None:  # (checked with the text, where every door's batches are applied)
         batch["logprobs"] = data["logprobs"]
     return batch

@@ -50,11 +50,11 @@ class CatalogAddAdminTests:
         assert 'name="input_price"' in page and 'name="context_length"' in page
 
     def test_a_good_add_creates_the_entry_from_its_file(self, operator, files, var_dir) -> None:
-        response = operator.post(ADD, form(files["chat"], context_length="8192"))
+        response = operator.post(ADD, form(files["chat"], context_length="2048"))
 
         assert response.status_code == 302 and response["Location"] == "/admin/catalog/catalogmodel/"
         entry = CatalogModel.objects.get(name="tiny-chat")
-        assert (entry.architecture, entry.context_length, entry.chat_template) == ("gemma3", 8192, TEMPLATE)
+        assert (entry.architecture, entry.context_length, entry.chat_template) == ("gemma3", 2048, TEMPLATE)
         assert (entry.input_price_ucents, entry.output_price_ucents) == (10, 40)
         assert (var_dir / entry.tokenizer.removeprefix("gguf:")).is_file()
         assert LogEntry.objects.get(object_id=str(entry.pk)).action_flag == ADDITION
@@ -117,7 +117,7 @@ class CatalogAddAdminRefusalTests:
         assert "no chat template" in self.refused(operator, var_dir, form(files["base"], name="tiny-base"))
 
     def test_a_context_longer_than_the_files(self, operator, files, var_dir) -> None:
-        assert "32768 tokens" in self.refused(operator, var_dir, form(files["chat"], context_length="100000"))
+        assert "the file's own context is 32768" in self.refused(operator, var_dir, form(files["chat"], context_length="100000"))
 
     def test_a_template_both_typed_and_named(self, operator, files, var_dir) -> None:
         message = self.refused(operator, var_dir, form(files["base"], template=TEMPLATE, template_path=str(files["template"])))

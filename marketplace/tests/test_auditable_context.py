@@ -45,7 +45,14 @@ def test_a_request_past_the_auditable_context_is_a_400_before_the_queue(customer
     assert not Request.objects.exists() and not Job.objects.exists()
 
 
-def test_the_listing_says_the_context_sold(customer, sold_8k) -> None:  # noqa: ANN001
+def test_the_listing_says_the_context_sold(customer, sold_8k, serving_host) -> None:  # noqa: ANN001
+    from django.core.cache import cache
+
+    from marketplace.selectors import SERVED_MODELS_CACHE_KEY
+    from testkit.personas import present
+
+    present(serving_host)  # the listing shows what an online host serves
+    cache.delete(SERVED_MODELS_CACHE_KEY)
     listed = Client().get("/v1/models", headers={"Authorization": f"Bearer {customer.secret}"}).json()["data"]
     assert {m["id"]: m["context_length"] for m in listed}["gemma-3-270m"] == AUDITABLE_CONTEXT_TOKENS
     assert sold_8k.context_sold == AUDITABLE_CONTEXT_TOKENS

@@ -45,7 +45,7 @@ class ModelListTests:
         self, customer, catalog, var_dir, tmp_path
     ) -> None:
         path = _tiny_gguf(tmp_path / "tiny.gguf", template=TEMPLATE, general_name="tiny chat")
-        added = catalog_model_add(path=path, name="tiny-chat", input_price="0.15", output_price="0.60", context_length=8192)
+        added = catalog_model_add(path=path, name="tiny-chat", input_price="0.15", output_price="0.60", context_length=2048)
         serve(added)
         serve(catalog)
 
@@ -55,14 +55,14 @@ class ModelListTests:
         assert set(entry.pop("supported_parameters")) == CHAT_ENDPOINT_TAKES
         assert entry == {
             "id": "tiny-chat", "object": "model", "created": int(added.created_at.timestamp()), "owned_by": "elephant",
-            "kind": "chat", "context_length": 8192,
+            "kind": "chat", "context_length": 2048,
             "pricing": {"prompt": "0.00000015", "completion": "0.0000006"},  # $0.15 and $0.60 per million tokens
             "architecture": {"modality": "text->text", "input_modalities": ["text"], "output_modalities": ["text"],
                              "tokenizer": "gemma3", "instruct_type": "chat_template"},
             "hosts_online": 1, "hosts_warm": 1, "latency_critical": False,
         }
         shipped = models["gemma-3-270m"]
-        assert shipped["context_length"] == catalog.context_length != 8192
+        assert shipped["context_length"] == catalog.context_length != 2048
         assert shipped["pricing"] != entry["pricing"]
 
     def test_a_price_is_the_entrys_exact_micro_cents_in_usd_per_token(self, customer, catalog) -> None:
