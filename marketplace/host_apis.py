@@ -157,7 +157,7 @@ class JobProgressApi(AsyncHostApi):
         return JsonResponse({"ok": True})
 
 
-@extend_schema(responses={200: CompletedSerializer, **JOB_ERRORS})
+@extend_schema(responses={200: CompletedSerializer, 422: ERROR, **JOB_ERRORS})  # 422: no evidence of its answer (evidence)
 class JobCompleteApi(AsyncHostApi):
     """The job is done: the gateway counts the tokens, bills the customer, pays the host."""
 

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from marketplace.linear_schema import schema_validator
+
 NUMBERS = frozenset({"number", "integer"})
 ANY = None  # a branch whose values may be of any JSON type
 
@@ -150,8 +152,6 @@ def unenforced(schema: dict) -> Unenforced | None:
 
 def reach(schema: dict) -> Reach:
     """Walk `schema` as the converter visits it (following its `$ref`s, each subschema once)."""
-    from marketplace.structured import schema_validator
-
     validator = schema_validator(schema)
     checked = frozenset(type(validator).VALIDATORS) - NOT_CHECKED
     problems: list[Unenforced] = []

@@ -14,11 +14,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from marketplace.lifecycle.errors import InvalidStructuredOutput, RequestNotRunnable
+from marketplace.linear_schema import schema_validator
 from marketplace.schema_reach import LOOSE, reach
-from protocol.schema_limits import linear_pattern, schema_limit_problem
+from protocol.schema_limits import schema_limit_problem
 
 if TYPE_CHECKING:
     from jsonschema.exceptions import ValidationError
@@ -186,35 +187,3 @@ def _broken_rule(error: ValidationError) -> str:
     return f"its '{error.validator}' rule is broken (at {where})"
 
 
-def schema_validator(schema: dict) -> Validator:
-    """A jsonschema validator for `schema` whose `pattern` and `patternProperties` run in RE2
-    (linear time), never in Python's `re`: a customer's pattern must not be able to stall a
-    gateway process on an answer (`^(a+)+$` against 23 a's and a "!" took `re` 0.57 s, doubling
-    per character)."""
-    from jsonschema import validators
-
-    return _linear(validators.validator_for(schema))(schema)
-
-
-@lru_cache(maxsize=8)
-def _linear(cls: type) -> type:
-    from jsonschema import validators
-
-    return validators.extend(cls, {"pattern": _pattern, "patternProperties": _pattern_properties})
-
-
-def _pattern(validator: Any, pattern: str, instance: Any, schema: dict) -> Any:
-    from jsonschema.exceptions import ValidationError
-
-    if validator.is_type(instance, "string") and linear_pattern(pattern).search(instance) is None:
-        yield ValidationError(f"does not match the pattern {pattern!r}")
-
-
-def _pattern_properties(validator: Any, patterns: dict, instance: Any, schema: dict) -> Any:
-    if not validator.is_type(instance, "object"):
-        return
-    for pattern, subschema in patterns.items():
-        compiled = linear_pattern(pattern)
-        for name, value in instance.items():
-            if compiled.search(name) is not None:
-                yield from validator.descend(value, subschema, path=name, schema_path=pattern)

@@ -99,7 +99,8 @@ def chat_fragments(fmt: ChatFormat, messages: list[dict], *, now: datetime | Non
     if continuing:
         pieces = _cut_after_last(pieces, len(messages) - 1)
     segments = _segments(pieces, texts, true, continuing=continuing)
-    fragments = _stripped(_fragments(segments, _control_pattern(fmt.controls)), lstrip=fmt.lstrip, rstrip=fmt.rstrip)
+    fragments = _stripped(_fragments(segments, _control_pattern(fmt.controls)), lstrip=fmt.lstrip, rstrip=fmt.rstrip,
+                          kept_end=texts[-1] if continuing else "")
     return _with_bos(fmt, fragments)
 
 
@@ -270,18 +271,23 @@ def _fragments(segments: list[tuple[str, bool]], pattern: re.Pattern[str] | None
     return fragments
 
 
-def _stripped(fragments: list[Fragment], *, lstrip: tuple[str, ...], rstrip: tuple[str, ...]) -> list[Fragment]:
+def _stripped(fragments: list[Fragment], *, lstrip: tuple[str, ...], rstrip: tuple[str, ...],
+              kept_end: str = "") -> list[Fragment]:
     """The spaces beside a control token that strips them taken away, as llama.cpp and Hugging
     Face's tokenizers take them when they find the token in a text (an `rstrip` token's newline
     is part of it: the model never saw it). Text beside it goes whether markup or content wrote
-    it, as it goes from the whole rendering; content never becomes a control token for it."""
+    it, as it goes from the whole rendering; content never becomes a control token for it. Except
+    `kept_end`, the text of an assistant turn being continued: the model goes on from its exact
+    last character, so it is kept whole (an answer that began with newlines, cut by a host's
+    death, is continued after those newlines, as the customer received them)."""
     if not lstrip and not rstrip:
         return fragments
     kept: list[Fragment] = []
     for at, (text, control) in enumerate(fragments):
         if not control:
             if at > 0 and fragments[at - 1][1] and fragments[at - 1][0] in rstrip:
-                text = text.lstrip(SPACES)
+                last = at == len(fragments) - 1 and kept_end and text.endswith(kept_end)
+                text = text[: len(text) - len(kept_end)].lstrip(SPACES) + kept_end if last else text.lstrip(SPACES)
             if at + 1 < len(fragments) and fragments[at + 1][1] and fragments[at + 1][0] in lstrip:
                 text = text.rstrip(SPACES)
         if text:

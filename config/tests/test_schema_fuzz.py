@@ -29,6 +29,7 @@ from schemathesis.engine import events, from_schema
 from billing.stripe_local import LocalStripe
 from conftest import Customer, Gateway, ServingHost, make_customer, make_host, stack_env, wait_until
 from marketplace.tests.test_routing_sim import Sim
+from testkit.evidence import drawn
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -203,7 +204,8 @@ def running(fuzz_gateway: Gateway, tenants: Tenants) -> Iterator[tuple[str, int]
                            timeout=10, what="the request")
     yield public_id, job_id
     pushed = httpx.post(f"{url}/hosts/api/jobs/{job_id}/tokens", headers=bearer(host.token), json={"seq": 0, "text": " world"})
-    done = httpx.post(f"{url}/hosts/api/jobs/{job_id}/complete", headers=bearer(host.token), json={"finish_reason": "stop"})
+    done = httpx.post(f"{url}/hosts/api/jobs/{job_id}/complete", headers=bearer(host.token),
+                      json={"finish_reason": "stop", "tokens": drawn(job_id)})
     asking.join(30)
     assert (pushed.status_code, done.status_code) == (200, 200), (pushed.text, done.text)
     assert answer["response"].json()["choices"][0]["text"] == " world"

@@ -84,7 +84,7 @@ class StageOwnerTests:
         gateway, stages, homes = ring
         api = RingApi(gateway.url, TOKEN)
         try:
-            bridge = bridge_connect(api, 1, 2, secret=gateway.secret, timeout=180, say=lambda _line: None)
+            bridge = bridge_connect(api, 1, 2, keys=gateway.keys.bridge, timeout=180, say=lambda _line: None)
             assert bridge.submit(prompt, 4).result() == ENGINE_TOKENS[:4]
 
             left_from = gateway.addresses[1]
@@ -97,7 +97,7 @@ class StageOwnerTests:
             assert stages[1].said("stage 1: paused (pause flag set): leaving the ring")
             bridge.close()
             with pytest.raises(RendezvousTimeout):  # no ring forms while the owner has the machine
-                bridge_connect(api, 1, 2, secret=gateway.secret, timeout=3, say=lambda _line: None)
+                bridge_connect(api, 1, 2, keys=gateway.keys.bridge, timeout=3, say=lambda _line: None)
 
             set_paused(homes[1], False)
             _eventually(lambda: stages[1].said("stage 1: resumed: joining the ring"), "the stage resuming", stages)

@@ -205,6 +205,11 @@ class SpacesBesideControlTokensTests:
         fragments = chat_fragments(PHI, [{"role": "user", "content": "Go"}, {"role": "assistant", "content": "One, tw"}])
         assert fragments[-2:] == [("<|assistant|>", True), ("One, tw", False)]
 
+    def test_a_continued_answer_that_began_with_newlines_keeps_them(self):
+        """The customer received them: the model goes on after them (only the marker's own newline goes)."""
+        fragments = chat_fragments(PHI, [{"role": "user", "content": "Go"}, {"role": "assistant", "content": "\n\n One"}])
+        assert fragments[-2:] == [("<|assistant|>", True), ("\n\n One", False)]
+
     def test_an_lstrip_marker_takes_the_spaces_before_it(self):
         masked = replace(CHATML, lstrip=("<|im_end|>",))
         fragments = chat_fragments(masked, [{"role": "user", "content": "Hi \n "}])
