@@ -41,6 +41,9 @@ from pathlib import Path
 import httpx
 import openai
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from mahout import __version__ as mahout_version  # noqa: E402 (a cheat's heartbeat claims the real version)
+
 ROOT = Path(__file__).resolve().parents[1]
 CHEATS = {"empty-eos": ["--empty", "eos"], "empty-bare": ["--empty", "bare"], "junk": []}
 TOPICS = ["a lighthouse", "tea", "a bicycle", "rain in the city", "a chess game", "the moon", "bread", "a train"]
@@ -125,7 +128,7 @@ def main() -> int:
             token = manage(repo, "create_host", f"{name}@cheat.example", name).strip().splitlines()[-1]
             cheats.append(subprocess.Popen(
                 [str(ROOT / ".venv/bin/python"), "-m", "testkit.simhost", "--server", base, "--token", token,
-                 "--model", "gemma-3-270m", "--loaded", "gemma-3-270m", "--wait", "2", *flags],
+                 "--model", "gemma-3-270m", "--loaded", "gemma-3-270m", "--wait", "2", "--version", mahout_version, *flags],
                 cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         tally: dict[str, int] = {}
         lock, rng, threads = threading.Lock(), random.Random(50), []

@@ -99,7 +99,7 @@ class SimHost:
             response.raise_for_status()
 
     def heartbeat(self, client: httpx.Client) -> None:
-        body: dict = {"fingerprint": FINGERPRINT, "paused": False, "version": "sim"}
+        body: dict = {"fingerprint": FINGERPRINT, "paused": False, "version": self.args.version}
         if self.args.catalog != "none":
             body["catalog"] = self.catalog()
         self.call(client, "POST", "heartbeat", body).raise_for_status()
@@ -255,6 +255,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gen-tps", type=float, default=40.0)
     parser.add_argument("--heartbeat", type=float, default=1.0)
     parser.add_argument("--wait", type=float, default=5.0)
+    parser.add_argument("--version", default="sim", help="the mahout version its heartbeats claim (a cheat claims a real one)")
     parser.add_argument("--fail", action="store_true", help="fail every job it claims")
     parser.add_argument("--empty", choices=["bare", "eos"], default=None,
                         help="a cheat: complete every job at once with no text, with no token ids (bare) or only the end of "
