@@ -66,7 +66,7 @@ def main() -> None:
         ids = list(runner.token_ids)
         started = time.perf_counter()
         problem = shape_problem(vocab, token_ids=ids, own_text=text, finish_reason=runner.finish_reason,
-                                 stops=job_stop_strings(job))
+                                 stops=lambda job=job: job_stop_strings(job))
         shape.append(time.perf_counter() - started)
         if problem is not None:
             refused.append((index, "shape", problem))

@@ -186,13 +186,7 @@ class GgufTokenizer:
     def _piece(self, token: int) -> str:
         """One token's text as a host's llama.cpp writes it (control tokens as nothing). Not
         `Llama.detokenize`: its 32-byte buffer cuts longer tokens (Llama 3 has a 128-space one)."""
-        import ctypes
-
-        import llama_cpp
-
-        buffer = ctypes.create_string_buffer(1024)
-        found = llama_cpp.llama_token_to_piece(self._llama._model.vocab, token, buffer, len(buffer), 0, False)
-        return buffer.raw[:max(found, 0)].decode("utf-8", "replace")
+        return self._piece_bytes(token, special=False).decode("utf-8", "replace")
 
 
 class WordPieceTokenizer:

@@ -26,6 +26,7 @@ draw, and the seed's first draw is almost never the end of generation.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from catalog.tokenizer import GgufTokenizer, tokenizer_for
@@ -51,9 +52,10 @@ class Verdict:
 
 
 def completion_checked(*, request: Request, job: Job, own_text: str, token_ids: list[int] | None, finish_reason: str,
-                       payload: dict) -> Verdict:
+                       payload: Callable[[], dict]) -> Verdict:
     """Whether `token_ids`, with `finish_reason`, can be the host's draw of `own_text` (its own
-    part of the delivered answer) for the job it was sent (`payload`)."""
+    part of the delivered answer) for the job it was sent (`payload()`, rendered again only when
+    a check needs it: a stop string's end, an empty answer)."""
     if request.kind not in (Request.Kind.CHAT, Request.Kind.COMPLETION):
         return Verdict()
     if not token_ids:
@@ -61,16 +63,16 @@ def completion_checked(*, request: Request, job: Job, own_text: str, token_ids: 
     tokenizer = tokenizer_for(request.model.tokenizer)
     if isinstance(tokenizer, GgufTokenizer):
         problem = shape_problem(tokenizer, token_ids=token_ids, own_text=own_text, finish_reason=finish_reason,
-                                 stops=job_stop_strings(payload))
+                                stops=lambda: job_stop_strings(payload()))
         if problem is not None:
             return Verdict(Refusal(problem, proven=True))
     if own_text:
         return Verdict()
-    return _first_draw_checked(request=request, payload=payload, token_ids=token_ids, finish_reason=finish_reason)
+    return _first_draw_checked(request=request, payload=payload(), token_ids=token_ids, finish_reason=finish_reason)
 
 
 def shape_problem(tokenizer: GgufTokenizer, *, token_ids: list[int], own_text: str, finish_reason: str,
-                   stops: list[str]) -> str | None:
+                  stops: Callable[[], list[str]]) -> str | None:
     drawn = tokenizer.drawn(token_ids)
     if drawn is None:
         return "a reported token id is not in the model's vocabulary"
@@ -78,7 +80,7 @@ def shape_problem(tokenizer: GgufTokenizer, *, token_ids: list[int], own_text: s
         return "its token ids go on past an end of generation"
     if finish_reason != "stop" or drawn.ended:
         return None
-    if any((own_text + stop).encode() in drawn.spelled for stop in stops if stop):
+    if any((own_text + stop).encode() in drawn.spelled for stop in stops() if stop):
         return None  # stopped at a stop string: its last token completed one
     return "it ended with 'stop' on neither the model's end of generation nor a stop string"
 

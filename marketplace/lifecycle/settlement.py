@@ -63,7 +63,7 @@ def job_complete(
     if job is not None and job.request.kind != Request.Kind.EMBEDDINGS:
         checked = own_text(job.request.delivered_text, job=job)
         verdict = completion_checked(request=job.request, job=job, own_text=checked, token_ids=token_ids,
-                                     finish_reason=finish_reason, payload=job_payload(job))
+                                     finish_reason=finish_reason, payload=lambda: job_payload(job))
         if verdict.refusal is not None:
             raise CompletionRefused(f"Job {job_id}'s completion was refused: {verdict.refusal.reason}; nothing was paid.",
                                     proven=verdict.refusal.proven)
