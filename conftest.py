@@ -21,6 +21,10 @@ from testkit.stack import ROOT, Gateway, Mahout, free_port, stack_env, wait_unti
 if TYPE_CHECKING:
     from catalog.models import CatalogModel
 
+# Every mahout a test starts serves one job at a time unless the test says `--slots` (measuring
+# the best number at each start would cost every such test seconds; tests of slots name theirs).
+os.environ.setdefault("MAHOUT_SLOTS", "1")
+
 __all__ = [  # tests import these from here
     "ROOT", "Customer", "Gateway", "Mahout", "ServingHost", "free_port", "make_customer", "make_host", "stack_env", "wait_until",
 ]

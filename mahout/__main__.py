@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -103,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--rebenchmark", action="store_true", help="ignore the cached benchmark")
     run.add_argument("--memory-budget-mb", type=_positive, default=None,
                      help="memory for loaded models; the least recently used is unloaded to fit (default: half the RAM)")
+    run.add_argument("--slots", type=_positive, default=_positive(os.environ["MAHOUT_SLOTS"]) if os.environ.get("MAHOUT_SLOTS") else None,
+                     help="jobs a chat model serves at once from one load (default: $MAHOUT_SLOTS, else the number "
+                          "its benchmark measured best on this machine)")
     bench = commands.add_parser("benchmark", help="find and benchmark the models (default: the shipped chat model)")
     bench.add_argument("--rebenchmark", action="store_true", help="ignore the cached benchmark")
     status = commands.add_parser("status", help="show this host's state, its current job and its earnings (when logged in)")
@@ -161,10 +165,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         api.me()  # before minutes of assembling and benchmarking: a rotated or revoked token is refused at once
         loop = start_host(api, home, args.threads or default_threads(), models=models,
                           memory_budget_mb=args.memory_budget_mb, idle=idle, rebenchmark=args.rebenchmark, out=say,
-                          gpu=gpu_setup(args.gpu_layers, out=say))
+                          gpu=gpu_setup(args.gpu_layers, out=say), slots=args.slots)
         loop.schedule = args.schedule
         say(f"mahout: serving {', '.join(loop.models.qualified)} for {login.server} "
-            f"(loaded: {', '.join(loop.models.loaded()) or 'none'}; memory budget {loop.models.budget_mb} MB)")
+            f"(loaded: {', '.join(loop.models.loaded()) or 'none'}; memory budget {loop.models.budget_mb} MB; "
+            f"{loop.slots} job(s) at once)")
         with presence(login.server, login.token, out=say) as socket:
             api.use_socket(socket)
             handled = loop.run(max_jobs=args.max_jobs, once=args.once)

@@ -34,7 +34,8 @@ class ModelSpec:
 
     ``locate(home)`` returns the weights' path and a sha256 naming them (the benchmark
     cache is keyed by it); ``measure(path, threads, progress=…, offload=…)`` benchmarks the
-    model; ``open(path, threads, offload)`` loads a runner. ``offloads``: llama.cpp models
+    model; ``open(path, threads, offload, slots=…)`` loads a runner (a chat model's serves
+    `slots` jobs at once). ``offloads``: llama.cpp models
     can put layers on a GPU (:mod:`mahout.gpu`); the embeddings model runs on the CPU.
     """
 
@@ -93,10 +94,18 @@ def _measure_chat(path: Path, threads: int, *, progress: bool = True, offload: O
     return run_benchmark(path, threads, progress=progress, offload=offload)
 
 
-def _open_chat(path: Path, threads: int, offload: Offload | None = None, *, n_ctx: int = RUNNER_N_CTX) -> object:
+def _open_chat(path: Path, threads: int, offload: Offload | None = None, *, n_ctx: int = RUNNER_N_CTX,
+               slots: int = 1) -> object:
+    """One model load serving `slots` sequences at once (continuous batching), or, for one
+    slot, llama-cpp-python's own one-job-at-a-time loop."""
+    gpu_layers = offload.layers if offload else 0
+    if slots > 1:
+        from mahout.runners.batched import BatchedLlamaRunner
+
+        return BatchedLlamaRunner(path, threads, n_ctx=n_ctx, gpu_layers=gpu_layers, slots=slots)
     from mahout.runners.llama import LlamaRunner
 
-    return LlamaRunner(path, threads, n_ctx=n_ctx, gpu_layers=offload.layers if offload else 0)
+    return LlamaRunner(path, threads, n_ctx=n_ctx, gpu_layers=gpu_layers)
 
 
 def _locate_embeddings(_home: Path) -> tuple[Path, str]:
@@ -113,7 +122,7 @@ def _measure_embeddings(path: Path, threads: int, *, progress: bool = True, offl
     return run_embeddings_benchmark(path, threads, progress=progress)
 
 
-def _open_embeddings(path: Path, threads: int, offload: Offload | None = None) -> object:
+def _open_embeddings(path: Path, threads: int, offload: Offload | None = None, *, slots: int = 1) -> object:
     from mahout.runners.embeddings import EmbeddingsRunner
 
     return EmbeddingsRunner(path, threads)

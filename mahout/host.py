@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mahout.api import HostApi, HostApiError, ServerUnavailable
-from mahout.benchmark import qualify
+from mahout.benchmark import qualify, store_cached
 from mahout.catalog import CATALOG, DEFAULT_MODELS, ModelSpec, checked_file, installed_models, model_spec
 from mahout.fingerprint import machine_fingerprint, total_memory_mb
 from mahout.gpu import AUTO, Gpu, Offload, plan_offload
@@ -202,13 +202,40 @@ def qualify_with_server(
     return accepted
 
 
+def slots_for(model: Qualified, home: Path, threads: int, *, requested: int | None = None,
+              out: Callable[[str], None] = print) -> int:
+    """How many jobs ``model`` serves at once from its one load: ``requested`` (``--slots``),
+    else the number its benchmark chose on this machine (`mahout.runners.batched.slots_chosen`:
+    aggregate tokens/s measured at 1, 2, 4 and 8 sequences, cached with the benchmark). An
+    embeddings model serves one job at a time."""
+    if model_spec(model.model, home, CATALOG).kind != "chat":
+        return 1
+    if requested is not None:
+        return requested
+    chosen = model.benchmark.get("slots")
+    if isinstance(chosen, int) and not isinstance(chosen, bool) and chosen >= 1:
+        return chosen
+    from mahout.runners.batched import slots_chosen, slots_measured
+
+    out(f"mahout: measuring how many jobs {model.model} serves at once on this machine (1, 2, 4, 8 streams)")
+    measured = slots_measured(model.path, threads, gpu_layers=model.offload.layers if model.offload else 0)
+    chosen = slots_chosen(measured)
+    store_cached(home, model.model, model.fingerprint, model.sha256,
+                 {**model.benchmark, "slots": chosen, "slots_tps": {str(count): round(tps, 1) for count, tps in measured.items()}})
+    rates = ", ".join(f"{tps:.0f} at {count}" for count, tps in measured.items())
+    out(f"mahout: {model.model} serves {chosen} job(s) at once (aggregate tok/s {rates}; --slots overrides)")
+    return chosen
+
+
 def start_host(
     api: HostApi, home: Path, threads: int, *, models: list[str] | tuple[str, ...] = DEFAULT_MODELS,
     memory_budget_mb: int | None = None, idle: IdleDetector | None = None,
     rebenchmark: bool = False, out: Callable[[str], None] = print, gpu: GpuSetup | None = None,
+    slots: int | None = None,
 ) -> HostLoop:
     """Qualify ``models`` with the server, load what fits in the budget (in the order
     given), and return a loop ready to :meth:`run`; the rest load when a job needs them.
+    Each chat model serves ``slots`` jobs at once (None: as many as its benchmark chose).
 
     Raises :class:`~mahout.loader.BudgetError` before registering anything when one
     model alone does not fit in the budget.
@@ -223,11 +250,12 @@ def start_host(
     paths = {model.model: model.path for model in accepted}
     offloads = {model.model: model.offload for model in accepted}
     specs = {model.model: model_spec(model.model, home, CATALOG) for model in accepted}
+    each = {model.model: slots_for(model, home, threads, requested=slots, out=out) for model in accepted}
     loader = ModelLoader(
-        lambda name: specs[name].open(paths[name], threads, offloads[name]),
+        lambda name: specs[name].open(paths[name], threads, offloads[name], slots=each[name]),
         {model.model: model.footprint_mb for model in accepted}, budget, out=out,
         vram_mb={model.model: model.vram_mb for model in accepted}, vram_budget_mb=vram_budget,
     )
     loader.preload([model.model for model in accepted])
     return HostLoop(api, loader, fingerprint=accepted[0].fingerprint, home=home, idle=idle,
-                    installed=installed_models(home), out=out)
+                    installed=installed_models(home), out=out, slots=max(each.values()))

@@ -1,4 +1,4 @@
-"""The host loop: ``can_work → claim → run → report``, one job at a time.
+"""The host loop: ``can_work → claim → run → report``, up to ``slots`` jobs at once.
 
 Roles are kept apart: :class:`~mahout.api.HostApi` speaks HTTP, runners produce text or
 vectors, :class:`~mahout.loader.ModelLoader` decides which models are in memory (a job for
@@ -13,8 +13,13 @@ An outage (the gateway unreachable, or answering 5xx past every retry) is said a
 happens, and its end too: "reconnected" once the gateway answers again, so the last line an
 owner reads after one is not an error that no longer holds.
 
+A host with several slots (one model load serving several sequences, see
+:mod:`mahout.runners.batched`) claims again while a slot is free: each generation job then
+runs on a thread of its own, and a runner that streams one job at a time is never given two
+(its own gate). Audits and ring checks run on the loop's thread, between claims.
+
 Signals: the first SIGTERM/SIGINT only sets a flag (so an in-flight HTTP call is never cut
-mid-way); the current job finishes, then the loop exits. The second exits at once.
+mid-way); the current jobs finish, then the loop exits. The second exits at once.
 """
 from __future__ import annotations
 
@@ -43,7 +48,7 @@ HEARTBEAT_INTERVAL_S = 5.0
 MAINTENANCE_POLL_S = 10.0  # how often a host in maintenance asks again
 PAUSE_POLL_S = 1.0
 ERROR_BACKOFF_S = 5.0
-SLOTS = 1  # jobs this loop runs at once
+SLOTS = 1  # jobs a loop runs at once unless told more (`mahout run --slots`)
 
 
 class LoopState(enum.Enum):
@@ -124,8 +129,10 @@ class HostLoop:
         pause_poll: float = PAUSE_POLL_S,
         error_backoff: float = ERROR_BACKOFF_S,
         out: Callable[[str], None] = print,
+        slots: int = SLOTS,
     ) -> None:
         self.api, self.fingerprint, self.home = api, fingerprint, home
+        self.slots = max(1, int(slots))
         self.models = models if isinstance(models, ModelLoader) else ModelLoader.fixed(dict(models), out=out)
         self.installed = sorted(installed) if installed is not None else self.models.qualified
         self.idle = idle
@@ -136,6 +143,9 @@ class HostLoop:
         self.out = out
         self.state = LoopState.CAN_WORK
         self._active: dict[object, JobRecord] = {}
+        self._room = threading.Condition()  # guards _active and _gates; notified when a job ends
+        self._workers: set[threading.Thread] = set()  # jobs running beside the loop (slots > 1)
+        self._gates: dict[int, threading.BoundedSemaphore] = {}  # per runner: the streams it takes at once
         self._stop = threading.Event()
         self.upgrade_required: str | None = None  # the gateway refused this version: the loop stops
         self._signals = 0
@@ -156,34 +166,71 @@ class HostLoop:
         """
         handled = 0
         with self._signal_handlers(), self._heartbeats():
-            while not self._stop.is_set():
-                handled += self.step()
-                if once or (max_jobs is not None and handled >= max_jobs):
-                    break
+            try:
+                while not self._stop.is_set():
+                    handled += self.step()
+                    if once or (max_jobs is not None and handled >= max_jobs):
+                        break
+            finally:
+                self._finish_workers()
         self.state = LoopState.STOPPED
         return handled
 
     @property
     def waiting_for_work(self) -> bool:
         """In a claim's long-poll, holding no job: stopping now leaves nothing unfinished."""
-        return self._waiting
+        return self._waiting and not self.active_ids()
+
+    def active_ids(self) -> list[object]:
+        """The jobs this host is running now."""
+        with self._room:
+            return list(self._active)
 
     def request_stop(self) -> None:
-        """Finish the current job (if any), then leave :meth:`run`."""
+        """Finish the current jobs (if any), then leave :meth:`run`."""
         self._stop.set()
+        with self._room:
+            self._room.notify_all()
 
     def step(self) -> int:
-        """One ``can_work → claim → run → report`` pass; 1 if a job was handled, else 0."""
+        """One ``can_work → claim → run → report`` pass; 1 if a job was handled (or, with
+        several slots, started beside the loop), else 0."""
         self.state = LoopState.CAN_WORK
         if self._paused():
             self._stop.wait(self.pause_poll)
+            return 0
+        if not self._slot_free():
             return 0
         self.state = LoopState.CLAIM
         job = self._claim()
         if job is None:
             return 0
-        self._handle(job)
+        if self.slots > 1 and job.get("kind") not in (AUDIT, RING_CHECK):
+            self._handle_beside(job)
+        else:
+            self._handle(job)
         return 1
+
+    def _slot_free(self) -> bool:
+        """Whether a slot is free, waiting up to ``pause_poll`` for a running job to end."""
+        with self._room:
+            return self._room.wait_for(lambda: len(self._active) < self.slots or self._stop.is_set(),
+                                       timeout=self.pause_poll) and len(self._active) < self.slots
+
+    def _handle_beside(self, job: dict) -> None:
+        """Run a claimed job on a thread of its own, so the loop claims again while a slot is free."""
+        record = JobRecord(job)
+        with self._room:
+            self._active[record.id] = record
+        worker = threading.Thread(target=self._handle, args=(job, record), name=f"mahout-job-{record.id}", daemon=True)
+        self._workers.add(worker)
+        worker.start()
+
+    def _finish_workers(self) -> None:
+        """Wait for the jobs running beside the loop (leaving :meth:`run` finishes them)."""
+        for worker in list(self._workers):
+            worker.join()
+        self._workers.clear()
 
     # -- can_work ----------------------------------------------------------------------
 
@@ -259,7 +306,7 @@ class HostLoop:
 
     # -- run and report ----------------------------------------------------------------
 
-    def _handle(self, job: dict) -> None:
+    def _handle(self, job: dict, record: JobRecord | None = None) -> None:
         """Run a claimed job to a final state and report it (an audit: score it and report the verdict)."""
         if job.get("kind") == AUDIT:
             self._score(job)
@@ -267,8 +314,9 @@ class HostLoop:
         if job.get("kind") == RING_CHECK:
             self._ring_check(job)
             return
-        record = JobRecord(job)
-        self._active[record.id] = record
+        record = record or JobRecord(job)
+        with self._room:
+            self._active[record.id] = record
         self.out(f"mahout: claimed job {record.id} ({job.get('model')})")
         try:
             self.state = LoopState.RUN
@@ -276,7 +324,10 @@ class HostLoop:
             self.state = LoopState.REPORT
             self._report(record)
         finally:
-            self._active.pop(record.id, None)
+            with self._room:
+                self._active.pop(record.id, None)
+                self._room.notify_all()
+            self._workers.discard(threading.current_thread())
 
     def _score(self, audit: dict) -> None:
         """Read another host's answer under the model this host serves (`mahout.scoring`) and
@@ -344,7 +395,17 @@ class HostLoop:
                 self._embed(record, runner)
             else:
                 record.advance(JobState.RUNNING)
-                self._generate(record, runner, progress)
+                with self._gate(runner):
+                    self._generate(record, runner, progress)
+
+    def _gate(self, runner: object) -> threading.BoundedSemaphore:
+        """The runner's own bound on streams at once: its ``slots`` (1 for a runner that
+        streams one job at a time, whatever the loop's slots)."""
+        with self._room:
+            gate = self._gates.get(id(runner))
+            if gate is None:
+                gate = self._gates[id(runner)] = threading.BoundedSemaphore(max(1, int(getattr(runner, "slots", 1))))
+            return gate
 
     def _embed(self, record: JobRecord, runner: Embedder) -> None:
         """Compute one vector per input; sets the record's final state."""
@@ -363,23 +424,25 @@ class HostLoop:
 
     def _generate(self, record: JobRecord, runner: Runner, progress: ProgressReporter) -> None:
         """Stream the runner's text to the server; sets the record's final state."""
+        ended: object = runner  # where the job's ending is read: its own stream, or a one-at-a-time runner
         try:
             with BatchPusher(self.api, record.id, self.flush_interval) as pusher, \
                     contextlib.closing(runner.stream(record.job)) as pieces:
+                ended = pieces if hasattr(pieces, "finish_reason") else runner
                 for piece in pieces:
                     if piece:
                         progress.stop()
                     pusher.add(piece)
-                pusher.flush(finish_reason=getattr(runner, "finish_reason", ""))
+                pusher.flush(finish_reason=getattr(ended, "finish_reason", ""))
         except (HostApiError, ServerUnavailable) as exc:
             record.advance(JobState.LOST, str(exc))
         except Exception as exc:  # noqa: BLE001 - any runner error becomes a job failure
             record.cause = "request" if isinstance(exc, RequestRejected) else "host"
             record.advance(JobState.FAILED, f"{type(exc).__name__}: {exc}")
         else:
-            record.finish_reason, record.completion_tokens = runner.finish_reason, runner.completion_tokens
-            record.prompt_tokens = getattr(runner, "prompt_count", 0)  # what this model was fed (logged)
-            record.token_ids, record.seed = getattr(runner, "token_ids", None), getattr(runner, "seed", None)
+            record.finish_reason, record.completion_tokens = ended.finish_reason, ended.completion_tokens  # type: ignore[attr-defined]
+            record.prompt_tokens = getattr(ended, "prompt_count", 0)  # what this model was fed (logged)
+            record.token_ids, record.seed = getattr(ended, "token_ids", None), getattr(ended, "seed", None)
             record.advance(JobState.COMPLETED)
 
     def _report(self, record: JobRecord) -> None:
@@ -419,8 +482,8 @@ class HostLoop:
             "installed": self.installed,
             "qualified": self.models.qualified,
             "loaded": loaded,
-            "slots": SLOTS,
-            "active_jobs": len(self._active),
+            "slots": self.slots,
+            "active_jobs": len(self.active_ids()),
             "memory_budget_mb": int(self.models.budget_mb),
         }
 
@@ -436,7 +499,7 @@ class HostLoop:
             answer = self.api.heartbeat(
                 fingerprint=self.fingerprint,
                 paused=paused_here,
-                active_jobs=list(self._active),
+                active_jobs=self.active_ids(),
                 models_loaded=catalog["loaded"],
                 version=__version__,
                 catalog=catalog,
@@ -515,7 +578,7 @@ class HostLoop:
         if self.waiting_for_work:
             self.out(f"mahout: {name} received while waiting for work, exiting")
             raise SystemExit(0)
-        self.out(f"mahout: {name} received, finishing the current job then exiting")
+        self.out(f"mahout: {name} received, finishing the current job{'s' if len(self.active_ids()) > 1 else ''} then exiting")
 
     @contextlib.contextmanager
     def _signal_handlers(self) -> Iterator[None]:

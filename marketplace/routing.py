@@ -15,7 +15,9 @@ and otherwise only once the soonest busy warm host was expected to be free
 
 Strategies within the warm set, after reputation (`marketplace.reputation`): trusted
 hosts before hosts in probation, honest reports before overstated ones:
-- `least-connections`: the host with the fewest running jobs plus live offers;
+- `least-connections`: the host whose slots are least taken by running jobs plus live
+  offers (a share of its slots: a host serving 8 streams at once with 2 running is less
+  busy than a one-slot host with 1), then the fewest;
 - `weighted`: the host furthest below its share, share ∝ weight (the operator's
   `Host.routing_weight`, else the tokens/s the gateway measured on its jobs; a host
   not measured yet counts its report, bounded), counted over the jobs routed in the
@@ -145,7 +147,7 @@ def pick(*, model: CatalogModel, pool: list[Candidate], now: datetime) -> Candid
             c.routed = routed.get(c.host_id, 0)
         positive = [c for c in free if c.weight > 0] or free
         return min(positive, key=lambda c: ((c.routed + 1) / max(c.weight, 1e-9), c.active, random.random()))
-    return min(free, key=lambda c: (c.active, random.random()))
+    return min(free, key=lambda c: (c.active / c.slots, c.active, random.random()))  # the least busy share of its slots
 
 
 def placement(

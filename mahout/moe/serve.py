@@ -89,11 +89,11 @@ class MoeHostLoop(HostLoop):
     jobs at once."""
 
     def __init__(self, api: HostApi, models: dict[str, Any], *, slots: int, busy: Callable[[], int], **kwargs: Any) -> None:
-        super().__init__(api, models, **kwargs)
-        self.slots, self.busy = slots, busy
+        super().__init__(api, models, **kwargs)  # (this loop runs one job at a time: its own slot)
+        self.coordinator_slots, self.busy = slots, busy
 
     def catalog(self) -> dict:
-        return {**super().catalog(), "slots": self.slots, "active_jobs": self.busy()}
+        return {**super().catalog(), "slots": self.coordinator_slots, "active_jobs": self.busy()}
 
 
 def serve_coordinator(

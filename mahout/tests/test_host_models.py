@@ -43,13 +43,14 @@ def fake_models(monkeypatch) -> list[str]:
 
     def benchmark_model(name: str, home: Path, threads: int, *, rebenchmark: bool = False, out: Callable[[str], None] = print,
                         gpu: object = None, budget_mb: int | None = None) -> host.Qualified:
-        result = {"prompt_tps": 1.0, "gen_tps": 1.0, "ttft_ms": 1.0, "memory_mb": FOOTPRINTS[name], "threads": threads}
+        result = {"prompt_tps": 1.0, "gen_tps": 1.0, "ttft_ms": 1.0, "memory_mb": FOOTPRINTS[name], "threads": threads,
+                  "slots": 3}  # (what the chat model's benchmark chose on this machine)
         return host.Qualified(Path(name), "sha", result, "fp", {"hostname": "box"}, name)
 
     def spec(name: str) -> ModelSpec:
         real = CATALOG[name]
         return ModelSpec(name, real.kind, (), real.locate, real.measure,
-                         lambda path, threads, offload=None: loads.append(name) or name)
+                         lambda path, threads, offload=None, *, slots=1: loads.append(f"{name}×{slots}") or name)
 
     monkeypatch.setattr(host, "benchmark_model", benchmark_model)
     monkeypatch.setattr(host, "CATALOG", {name: spec(name) for name in (CHAT, EMBED)})
@@ -62,9 +63,18 @@ class StartHostTests:
         loop = host.start_host(api, tmp_path, 1, models=[CHAT, EMBED], memory_budget_mb=400, out=lambda _l: None)
         assert [body["model"] for body in seen] == [CHAT, EMBED]
         assert seen[1]["benchmark"]["memory_mb"] == 200.0
-        assert fake_models == [CHAT]
+        assert fake_models == [f"{CHAT}×3"], "the chat model serves the slots its benchmark chose"
         catalog = loop.catalog()
         assert (catalog["qualified"], catalog["loaded"], catalog["memory_budget_mb"]) == ([EMBED, CHAT], [CHAT], 400)
+        assert (loop.slots, catalog["slots"]) == (3, 3), "the heartbeat says how many jobs the host takes at once"
+
+    def test_slots_asked_for_override_the_benchmarks_and_an_embeddings_model_takes_one(self, fake_models, tmp_path):
+        api, _seen = gateway_listing(CHAT, EMBED)
+        loop = host.start_host(api, tmp_path, 1, models=[CHAT, EMBED], memory_budget_mb=1000, out=lambda _l: None, slots=5)
+        with loop.models.acquire(EMBED):
+            pass
+        assert fake_models == [f"{CHAT}×5", f"{EMBED}×1"]
+        assert loop.catalog()["slots"] == 5
 
     def test_it_refuses_a_budget_too_small_before_registering_anything(self, fake_models, tmp_path):
         api, seen = gateway_listing(CHAT, EMBED)

@@ -357,3 +357,96 @@ class JobRecordTests:
         record.advance(JobState.COMPLETED)
         with pytest.raises(RuntimeError, match="completed -> running"):
             record.advance(JobState.RUNNING)
+
+
+class JobStream:
+    """One job's stream from a runner serving several at once: its ending is its own."""
+
+    def __init__(self, runner: SlotRunner, job: dict) -> None:
+        self.runner, self.job = runner, job
+        self.finish_reason, self.completion_tokens, self.token_ids, self.seed = "", 0, None, None
+        self._pieces = iter(pieces(6))
+
+    def __iter__(self) -> JobStream:
+        return self
+
+    def __next__(self) -> str:
+        try:
+            time.sleep(0.03)
+            return next(self._pieces)
+        except StopIteration:
+            number = int(str(self.job["id"]).rsplit("-", 1)[1])
+            self.finish_reason, self.completion_tokens, self.token_ids = "length", 6, [number] * 6
+            raise
+
+    def close(self) -> None:
+        with self.runner.lock:
+            self.runner.running -= 1
+
+
+class SlotRunner:
+    """Counts how many of its streams are open at once; ``slots`` None: a runner that
+    streams one job at a time (it says no slots)."""
+
+    def __init__(self, slots: int | None) -> None:
+        if slots is not None:
+            self.slots = slots
+        self.lock = threading.Lock()
+        self.running = self.most = 0
+        self.finish_reason, self.completion_tokens = "stop", 0
+
+    def stream(self, job: dict) -> JobStream:
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        return JobStream(self, job)
+
+
+def slots_loop(api: HostApi, runner: SlotRunner, home: Path, lines: list[str], slots: int) -> HostLoop:
+    return HostLoop(
+        api, {MODEL: runner}, fingerprint="f" * 64, home=home, claim_wait=0.2, heartbeat_interval=0.02,
+        pause_poll=0.01, error_backoff=0.01, out=lines.append, slots=slots,
+    )
+
+
+class SlotsTests:
+    def test_a_host_with_slots_runs_that_many_jobs_at_once_each_reported_with_its_own_ending(self, gateway, api, tmp_path):
+        for number in range(1, 6):
+            gateway.state.add_job(f"job-{number}")
+        runner, lines = SlotRunner(slots=3), []
+        loop = slots_loop(api, runner, tmp_path, lines, slots=3)
+        assert loop.run(max_jobs=5) == 5
+        assert runner.most == 3, "three streams at once, never more"
+        for number in range(1, 6):
+            assert gateway.state.text[f"job-{number}"] == "".join(pieces(6))
+            done = gateway.state.completions[f"job-{number}"]
+            assert (done["finish_reason"], done["completion_tokens"], done["tokens"]) == ("length", 6, [number] * 6)
+        assert any(beat["catalog"]["slots"] == 3 and len(beat["active_jobs"]) == 3 for beat in gateway.state.heartbeats)
+        assert runner.running == 0 and not loop.active_ids()
+
+    def test_a_runner_that_streams_one_job_at_a_time_is_never_given_two(self, gateway, api, tmp_path):
+        for number in range(1, 4):
+            gateway.state.add_job(f"job-{number}")
+        runner = SlotRunner(slots=None)
+        assert slots_loop(api, runner, tmp_path, [], slots=2).run(max_jobs=3) == 3
+        assert runner.most == 1
+        assert sorted(gateway.state.completions) == ["job-1", "job-2", "job-3"]
+
+    def test_on_sigterm_every_running_job_finishes_before_it_exits(self, gateway, api, tmp_path):
+        for number in range(1, 5):
+            gateway.state.add_job(f"job-{number}")
+        lines: list[str] = []
+        loop = slots_loop(api, SlotRunner(slots=2), tmp_path, lines, slots=2)
+
+        def terminate_once_two_run() -> None:
+            deadline = time.monotonic() + 5
+            while len(loop.active_ids()) < 2 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=terminate_once_two_run, daemon=True).start()
+        handled = loop.run(max_jobs=10)
+        assert handled >= 2 and len(gateway.state.completions) == handled, "every job it started finished"
+        assert all(gateway.state.text[job] == "".join(pieces(6)) for job in gateway.state.completions)
+        assert len(gateway.state.queue) == 4 - handled
+        assert "mahout: SIGTERM received, finishing the current jobs then exiting" in lines

@@ -1,0 +1,620 @@
+"""llama.cpp runner for several jobs at once: one model load, S sequences, one step loop.
+
+Decoding is bound by reading the weights: one ``llama_decode`` that advances S sequences costs
+little more than one that advances a single sequence. :class:`BatchedLlamaRunner` keeps, beside
+the single-sequence ``Llama`` that tokenizes, heals and scores (``runner._llm``, untouched), one
+more llama.cpp context on the same model with ``n_seq_max = S``. Each sequence has its own KV
+stream of ``n_ctx`` cells (``kv_unified`` off: on this llama.cpp a unified cache made a step of
+four sequences ten times slower, and its logits drifted by whole logits from a lone sequence's).
+
+A step thread runs the loop (:meth:`BatchedLlamaRunner._step`): every running sequence's next
+token, and a chunk of the prompts still being read, go into one ``llama_decode``; each sequence's
+logits then pass through its own job's processors (the same classes as ``LlamaRunner``:
+log-probability recorder, healer, specified or grammar sampler), the one token left finite is
+taken, and its text is cut exactly as ``create_completion(stream=True)`` cuts it
+(:class:`CompletionText`) before it goes to the job's own queue. ``stream(job)`` is called from
+one thread per job and returns a :class:`JobStream` reading that queue.
+
+Prompts are shared: a job whose prompt starts with tokens some sequence holds in its KV (a
+running one, or a finished one still held) copies them (``llama_memory_seq_cp``) and reads only
+the rest; a job whose prompt another sequence is still reading waits for it. The ``n`` choices
+of one request are such jobs: each after the first starts from the first's prompt, and from the
+logits kept at its end, reading no token at all.
+"""
+from __future__ import annotations
+
+import ctypes
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mahout.runners import Piece, job_number, job_seed
+from mahout.runners.llama import (
+    ContextOverflowError,
+    Grammar,
+    GrammarSampler,
+    LlamaRunner,
+    SpecifiedSampler,
+    TokenHealer,
+    count_tokens,
+    grammar_for,
+    rewrite_budget,
+)
+from mahout.runners.logprobs import LogprobRecorder, TokenAligner
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    Processor = Callable[[npt.NDArray[np.intc], npt.NDArray[np.single]], npt.NDArray[np.single]]
+
+# Prompt tokens read in one step beside running sequences. A step of S decoding sequences costs
+# about one token's pass; 32 prompt tokens more cost about as much again on the shipped model
+# with 2 CPU threads, so a long prompt at most doubles the running streams' time between tokens
+# while it is read. With no sequence decoding, a prompt is read n_batch tokens at a time, as
+# LlamaRunner reads it.
+PREFILL_CHUNK_TOKENS = 32
+IDLE_WAIT_SECONDS = 0.5  # how long the step thread sleeps with nothing to do before it looks again
+_END = object()  # a job's queue: generation over, the stream's attributes hold
+
+
+class CompletionText:
+    """The text ``Llama.create_completion(stream=True)`` (llama-cpp-python 0.3) streams for the
+    tokens it samples, fed one sampled token at a time: the same chunks, in the same order, the
+    same finish. An end of generation stops it unseen; otherwise text that could begin a stop
+    string, or that ends in an unfinished UTF-8 character, is held back until known; a stop
+    string cuts the text before it; ``max_tokens`` tokens end it with "length". Its quirks are
+    kept, since a host's answer must be the one the single runner gives: a token that ends in
+    the lead byte of a multi-byte character skips the checks of the next ones (``max_tokens``
+    included), and the last chunk is always "" (what carries ``finish_reason`` there)."""
+
+    def __init__(
+        self, *, spell: Callable[[list[int]], bytes], ends: Callable[[int], bool], stop: list[str], max_tokens: int,
+    ) -> None:
+        self._spell, self._ends = spell, ends
+        self._stops = [text.encode("utf-8") for text in stop]
+        self.max_tokens = max_tokens
+        self.tokens: list[int] = []  # generated, an end of generation excluded
+        self._returned = 0  # tokens whose text was streamed
+        self._multibyte = 0  # tokens still to take before the text is checked again
+        self.finish_reason: str | None = None  # "stop" | "length" once over
+
+    def push(self, token: int) -> list[str]:
+        """The chunks streamed once ``token`` is sampled (all the rest when it ends the text)."""
+        if self._ends(token):
+            return self.finish("stop")
+        self.tokens.append(token)
+        text = self._spell(self.tokens)
+        for index, byte in enumerate(text[-3:]):
+            back = 3 - index  # (as llama-cpp-python counts it, also when the text is shorter)
+            for length, lead in ((2, 192), (3, 224), (4, 240)):
+                if length > back and lead & byte == lead:
+                    self._multibyte = length - back
+        if self._multibyte > 0:
+            self._multibyte -= 1
+            return []
+        if any(stop in text for stop in self._stops):
+            return self.finish("stop")
+        chunks = self._released()
+        if len(self.tokens) >= self.max_tokens:
+            return chunks + self.finish("length")
+        return chunks
+
+    def _released(self) -> list[str]:
+        """Whole characters not yet streamed, less a tail that may begin a stop string."""
+        remaining = self.tokens[self._returned:]
+        text = self._spell(remaining)
+        held = 0
+        for stop in self._stops:
+            for size in range(min(len(stop), len(text)), 0, -1):
+                if text.endswith(stop[:size]):
+                    held = max(held, size)
+                    break
+        chunks, end = [], 0
+        while remaining:
+            for count in range(1, len(remaining) + 1):
+                spelled = self._spell(remaining[:count])
+                try:
+                    chunk = spelled.decode("utf-8")
+                    break
+                except UnicodeError:
+                    pass
+            else:
+                break
+            end += len(spelled)
+            if end > len(text) - held:
+                break
+            remaining = remaining[count:]
+            self._returned += count
+            chunks.append(chunk)
+        return chunks
+
+    def finish(self, reason: str) -> list[str]:
+        """The rest of the text, cut before the first stop string in it, then the last ""."""
+        remaining = self.tokens[self._returned:]
+        text = self._spell(remaining)
+        found = [text.index(stop) for stop in self._stops if stop in text]
+        end = min(found) if found else len(text)
+        chunks, position = [], 0
+        for token in remaining:
+            piece = self._spell([token])
+            position += len(piece)
+            self._returned += 1
+            if position >= end:
+                chunks.append(piece[: len(piece) - (position - end)].decode("utf-8", errors="ignore"))
+                break
+            chunks.append(piece.decode("utf-8", errors="ignore"))
+        self.finish_reason = reason
+        return [*chunks, ""]
+
+
+@dataclass(eq=False)
+class _Job:
+    """One job between :meth:`BatchedLlamaRunner._plan` and its end: what LlamaRunner.stream
+    builds for create_completion, and what it delivers, per job."""
+
+    prompt: list[int]  # the tokens fed (a healed prompt lacks its cut word)
+    prompt_count: int  # the rendered prompt's tokens (before healing), as LlamaRunner counts them
+    seed: int
+    max_tokens: int  # what create_completion was given
+    rewrite: bool
+    processors: list[Processor]
+    sampler: SpecifiedSampler | GrammarSampler
+    text: CompletionText
+    healer: TokenHealer | None
+    aligner: TokenAligner | None
+    matcher: Grammar | None
+    out: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    pieces: list[str] = field(default_factory=list)  # the text delivered
+    cancelled: bool = False
+
+    def choose(self, input_ids: npt.NDArray[np.intc], scores: npt.NDArray[np.single]) -> int:
+        """The job's processors over one position's logits, in LlamaRunner's order; the token
+        llama.cpp's greedy sampler then takes (the one left finite)."""
+        import numpy as np
+
+        for processor in self.processors:
+            scores = processor(input_ids, scores)
+        return int(np.argmax(scores))
+
+    def deliver(self, chunks: list[str]) -> None:
+        """Hand chunks of create_completion's text to the consumer as LlamaRunner.stream does."""
+        for chunk in chunks:
+            if self.aligner is not None:
+                self._put(*self.aligner.feed(chunk))
+            else:
+                self._put(self.healer.strip(chunk) if self.healer else chunk, None)
+        if self.text.finish_reason is not None and self.aligner is not None:
+            self._put(*self.aligner.finish())
+
+    def _put(self, text: str, entries: list[dict] | None) -> None:
+        if entries is not None and (text or entries):
+            self.pieces.append(text)
+            self.out.put(Piece(text, entries))
+        elif entries is None and text:
+            self.pieces.append(text)
+            self.out.put(text)
+
+    def end(self, error: BaseException | None = None) -> None:
+        """Release the grammar and tell the consumer the job is over (or why it failed)."""
+        if self.matcher is not None:
+            self.matcher.close()
+            self.matcher = None
+        self.out.put(error if error is not None else _END)
+
+
+class JobStream(Iterator[str]):
+    """One job's text, as LlamaRunner.stream yields it (str, or :class:`Piece` with
+    log-probabilities). The job is planned on the first ``next`` (in the caller's thread, so
+    RequestRejected and its kin surface from the iterator as they do from the generator), then
+    read from its queue. Once exhausted, ``finish_reason``, ``completion_tokens``, ``token_ids``,
+    ``seed`` and ``prompt_count`` hold. ``close()`` before the end cancels: the sequence is freed."""
+
+    def __init__(self, runner: BatchedLlamaRunner, job: dict) -> None:
+        self._runner, self._job = runner, job
+        self._planned: _Job | None = None
+        self._over = False
+        self.finish_reason = "stop"
+        self.completion_tokens = 0
+        self.token_ids: list[int] = []
+        self.seed: int | None = None
+        self.prompt_count = 0
+
+    def __next__(self) -> str:
+        if self._over:
+            raise StopIteration
+        if self._planned is None:
+            try:
+                self._planned = self._runner._plan(self._job)
+            except BaseException:
+                self._over = True
+                raise
+            self.token_ids, self.seed, self.prompt_count = (
+                self._planned.sampler.token_ids, self._planned.seed, self._planned.prompt_count)
+            self._runner._submit(self._planned)
+        item = self._planned.out.get()
+        if isinstance(item, str):
+            return item
+        self._over = True
+        if isinstance(item, BaseException):
+            raise item
+        planned = self._planned
+        self.finish_reason = planned.text.finish_reason or "stop"
+        self.completion_tokens = (planned.max_tokens if self.finish_reason == "length" and not planned.rewrite
+                                  else count_tokens(self._runner._llm, "".join(planned.pieces)))
+        raise StopIteration
+
+    def close(self) -> None:
+        """Cancel the job if it is still running (its sequence is freed at the next step)."""
+        if self._planned is not None and not self._over:
+            self._runner._cancel(self._planned)
+        self._over = True
+
+
+@dataclass(eq=False)
+class _Slot:
+    """One of the context's S sequences: its KV holds ``tokens[:n_past]``."""
+
+    seq: int
+    job: _Job | None = None
+    tokens: list[int] = field(default_factory=list)  # the prompt, then each token sampled
+    n_past: int = 0
+    prompt_len: int = 0
+    prompt_logits: npt.NDArray[np.single] | None = None  # the logits at the prompt's end, kept for a job that shares it
+    start_logits: npt.NDArray[np.single] | None = None  # a job starting from them: sampled without a decode
+    used: int = 0  # the step it last served a job (a held sequence unused longest is given up first)
+
+    def pending(self) -> list[int]:
+        return self.tokens[self.n_past:]
+
+    def prefix(self, prompt: list[int], *, upcoming: bool = False) -> int:
+        """Tokens ``prompt`` shares with this sequence's KV (``upcoming``: with the prompt it is reading)."""
+        held = self.tokens[: self.prompt_len] if upcoming else self.tokens[: self.n_past]
+        count = 0
+        for mine, theirs in zip(held, prompt, strict=False):
+            if mine != theirs:
+                break
+            count += 1
+        return count
+
+
+class BatchedLlamaRunner(LlamaRunner):
+    """LlamaRunner's jobs, S at once from one model load (see the module's docstring).
+    ``prefilled_tokens`` counts the prompt tokens decoded, for measuring what sharing saves."""
+
+    def __init__(
+        self, model_path: str | Path, threads: int, n_ctx: int = 4096, gpu_layers: int = 0, slots: int = 4,
+        *, chunk: int = PREFILL_CHUNK_TOKENS,
+    ) -> None:
+        import llama_cpp
+
+        super().__init__(model_path, threads, n_ctx=n_ctx, gpu_layers=gpu_layers)
+        self.slots, self.chunk = slots, chunk
+        self.prefilled_tokens = 0
+        params = llama_cpp.llama_context_default_params()
+        ctypes.pointer(params)[0] = self._llm.context_params  # the single context's settings...
+        params.n_ctx, params.n_seq_max, params.kv_unified = n_ctx * slots, slots, False  # ...and S streams of n_ctx
+        self._ctx = llama_cpp.llama_init_from_model(self._llm.model, params)
+        if not self._ctx:
+            raise RuntimeError(f"llama.cpp could not make a context of {slots} sequences of {n_ctx} tokens")
+        self._memory = llama_cpp.llama_get_memory(self._ctx)
+        self._n_batch = llama_cpp.llama_n_batch(self._ctx)
+        self._batch = llama_cpp.llama_batch_init(self._n_batch, 0, 1)
+        self._n_vocab = self._llm.n_vocab()
+        self._vocab_handle = llama_cpp.llama_model_get_vocab(self._llm.model)
+        self._pieces: dict[int, bytes] = {}
+        self._slots = [_Slot(seq) for seq in range(slots)]
+        self._waiting: list[_Job] = []  # submitted, not yet given a sequence (in order)
+        self._cancelled: set[_Job] = set()
+        self._steps = 0
+        self._closing = False
+        self._wake = threading.Condition()
+        self._loop = threading.Thread(target=self._run, name="mahout-batch", daemon=True)
+        self._loop.start()
+
+    # --- the consumer's side -------------------------------------------------------------
+
+    def stream(self, job: dict) -> JobStream:  # type: ignore[override]
+        """The job's text as an iterator (see :class:`JobStream`); safe from several threads at once."""
+        return JobStream(self, job)
+
+    def close(self) -> None:
+        """Stop the step thread (jobs still open fail), free the context, then the model."""
+        import llama_cpp
+
+        with self._wake:
+            self._closing = True
+            self._wake.notify()
+        self._loop.join()
+        llama_cpp.llama_batch_free(self._batch)
+        llama_cpp.llama_free(self._ctx)
+        super().close()
+
+    def _plan(self, job: dict) -> _Job:
+        """What LlamaRunner.stream sets up before create_completion, for one job."""
+        params = job.get("params") or {}
+        tokens = self._prompt.tokens(job)
+        prompt_count = len(tokens)
+        if prompt_count >= self.n_ctx:
+            raise ContextOverflowError(f"prompt is {prompt_count} tokens; the context window is {self.n_ctx} tokens")
+        budget = self.n_ctx - prompt_count
+        max_tokens = min(int(params.get("max_tokens") or budget), budget)
+        grammar = grammar_for(params.get("response_format"))
+        rewrite = job.get("rewrite") or ""
+        max_tokens = min(rewrite_budget(job, max_tokens, lambda text: count_tokens(self._llm, text)), budget)
+        tokens, healer = self._healing(job, tokens)
+        temperature, top_p = job_number(params, "temperature", 1.0), job_number(params, "top_p", 1.0)
+        seed = job_seed(params)
+        recorder = aligner = None
+        if params.get("logprobs") is not None:
+            self._vocab_ready.join()
+            assert self._vocab is not None
+            recorder = LogprobRecorder(prompt_len=len(tokens), top=int(params["logprobs"]))
+            aligner = TokenAligner(recorder, self._vocab.pieces, skip=len(healer.pending) if healer else 0)
+        processors: list[Processor] = [recorder] if recorder else []
+        processors += list(healer.processors()) if healer else []
+        matcher = Grammar(self._llm, grammar) if grammar is not None else None
+        sampler: SpecifiedSampler | GrammarSampler = (
+            GrammarSampler(matcher, prompt_len=len(tokens), seed=seed, temperature=temperature, top_p=top_p)
+            if matcher is not None else SpecifiedSampler(seed=seed, temperature=temperature, top_p=top_p))
+        processors.append(sampler)
+        # create_completion's own clamp, over the tokens fed
+        max_tokens = max_tokens if max_tokens + len(tokens) < self.n_ctx else self.n_ctx - len(tokens)
+        text = CompletionText(spell=self._spell, ends=self._ends, stop=self.stop_strings(job), max_tokens=max_tokens)
+        return _Job(prompt=tokens, prompt_count=prompt_count, seed=seed, max_tokens=max_tokens, rewrite=bool(rewrite),
+                    processors=processors, sampler=sampler, text=text, healer=healer, aligner=aligner, matcher=matcher)
+
+    def _submit(self, job: _Job) -> None:
+        with self._wake:
+            if self._closing:
+                raise RuntimeError("the batched runner is closed")
+            self._waiting.append(job)
+            self._wake.notify()
+
+    def _cancel(self, job: _Job) -> None:
+        with self._wake:
+            self._cancelled.add(job)
+            self._wake.notify()
+
+    def _spell(self, tokens: list[int]) -> bytes:
+        """Llama.detokenize of ``tokens`` (pieces cached; a space after a leading BOS dropped, as it drops it)."""
+        pieces = self._pieces
+        for token in tokens:
+            if token not in pieces:
+                pieces[token] = self._llm.detokenize([token])
+        text = b"".join(pieces[token] for token in tokens)
+        return text[1:] if tokens and tokens[0] == self._llm.token_bos() and text[:1] == b" " else text
+
+    def _ends(self, token: int) -> bool:
+        import llama_cpp
+
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab_handle, token))
+
+    # --- the step thread -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        """Step until closed; a failure of the loop itself fails every open job with it."""
+        try:
+            while True:
+                with self._wake:
+                    if self._closing:
+                        break
+                    cancelled, self._cancelled = self._cancelled, set()
+                for job in cancelled:
+                    self._drop(job)
+                with self._wake:
+                    arrived = list(self._waiting)
+                if not self._step(arrived):
+                    with self._wake:
+                        if not self._closing and not self._cancelled and len(self._waiting) == len(arrived):
+                            self._wake.wait(IDLE_WAIT_SECONDS)
+            error: BaseException = RuntimeError("the batched runner was closed while the job ran")
+        except BaseException as exc:  # noqa: BLE001 (handed to every consumer, who raises it)
+            error = exc
+        with self._wake:
+            self._closing = True
+            open_jobs = [slot.job for slot in self._slots if slot.job] + self._waiting
+            self._waiting = []
+        for job in open_jobs:
+            job.end(error)
+
+    def _step(self, arrived: list[_Job]) -> bool:
+        """Seat arrived jobs, run one decode over every sequence's next tokens, and sample each
+        sequence whose logits it gave. False when there was nothing to do."""
+        import llama_cpp
+        import numpy as np
+
+        self._steps += 1
+        for job in arrived:
+            self._seat(job)
+        outputs = self._fill_batch()
+        ready = [slot for slot in self._slots if slot.job and slot.start_logits is not None]
+        if self._batch.n_tokens == 0 and not ready:
+            return False
+        if self._batch.n_tokens:
+            code = llama_cpp.llama_decode(self._ctx, self._batch)
+            if code != 0:
+                raise RuntimeError(f"llama_decode returned {code}")
+        for slot, index in outputs:
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, index), shape=(self._n_vocab,))
+            if slot.n_past == slot.prompt_len:  # the prompt's end: kept for a job with the same prompt
+                slot.prompt_logits = logits.copy()
+            self._sample(slot, logits)
+        for slot in ready:
+            logits, slot.start_logits = slot.start_logits, None
+            self._sample(slot, logits)
+        return True
+
+    def _fill_batch(self) -> list[tuple[_Slot, int]]:
+        """Put each running sequence's next token in the batch, then prompt chunks (PREFILL_CHUNK_TOKENS
+        in all beside running sequences, n_batch with none): the slots whose logits it gives, at which index."""
+        batch, outputs = self._batch, []
+        batch.n_tokens = 0
+        running = [slot for slot in self._slots if slot.job and slot.start_logits is None]
+        decoding = [slot for slot in running if len(slot.pending()) == 1]
+        reading = sorted((slot for slot in running if len(slot.pending()) > 1), key=lambda slot: slot.used)
+        budget = self.chunk if decoding else self._n_batch
+        for slot in decoding + reading:
+            take = slot.pending()[: 1 if slot in decoding else min(budget, self._n_batch - batch.n_tokens)]
+            if not take:
+                break
+            for token in take:
+                self.prefilled_tokens += slot.n_past < slot.prompt_len
+                index = batch.n_tokens
+                batch.token[index], batch.pos[index] = token, slot.n_past
+                batch.n_seq_id[index], batch.seq_id[index][0] = 1, slot.seq
+                slot.n_past += 1
+                batch.logits[index] = slot.n_past == len(slot.tokens)
+                batch.n_tokens += 1
+            if slot.n_past == len(slot.tokens):
+                outputs.append((slot, batch.n_tokens - 1))
+            if slot not in decoding:
+                budget -= len(take)
+        return outputs
+
+    def _sample(self, slot: _Slot, logits: npt.NDArray[np.single]) -> None:
+        """Draw the slot's job's next token and deliver its text; end the job when it is over."""
+        import numpy as np
+
+        job = slot.job
+        assert job is not None
+        try:
+            token = job.choose(np.asarray(slot.tokens, dtype=np.intc), logits)
+            job.deliver(job.text.push(token))
+        except Exception as exc:  # noqa: BLE001 (a processor's error is the job's, as in LlamaRunner)
+            self._release(slot, error=exc)
+            return
+        if job.text.finish_reason is None and len(slot.tokens) >= self.n_ctx:  # (past max_tokens by the multibyte quirk)
+            job.deliver(job.text.finish("length"))
+        if job.text.finish_reason is not None:
+            self._release(slot)
+        else:
+            slot.tokens.append(token)
+
+    def _release(self, slot: _Slot, error: BaseException | None = None) -> None:
+        """End the slot's job; its sequence stays held (its KV may serve a later prompt)."""
+        assert slot.job is not None
+        job, slot.job = slot.job, None
+        slot.tokens = slot.tokens[: slot.n_past]
+        job.end(error)
+
+    def _drop(self, job: _Job) -> None:
+        """A cancelled job: out of the queue, or its sequence freed at once."""
+        import llama_cpp
+
+        with self._wake:
+            if job in self._waiting:
+                self._waiting.remove(job)
+                return
+        for slot in self._slots:
+            if slot.job is job:
+                job.cancelled = True
+                self._release(slot)
+                llama_cpp.llama_memory_seq_rm(self._memory, slot.seq, -1, -1)
+                slot.tokens, slot.n_past, slot.prompt_len, slot.prompt_logits = [], 0, 0, None
+
+    def _seat(self, job: _Job) -> None:
+        """Give ``job`` a free sequence starting from the longest prefix of its prompt any sequence
+        holds; leave it waiting while none is free, or while a sequence still reading its prompt
+        will hold more of it."""
+        free = [slot for slot in self._slots if slot.job is None]
+        if not free:
+            return
+        prompt = job.prompt
+        have = max((slot.prefix(prompt) for slot in self._slots), default=0)
+        coming = max((slot.prefix(prompt, upcoming=True) for slot in self._slots
+                      if slot.job is not None and slot.n_past < slot.prompt_len), default=0)
+        if coming > have:
+            return  # the same prompt is being read: wait for it rather than read it twice
+        with self._wake:
+            self._waiting.remove(job)
+        target = max(free, key=lambda slot: (slot.prefix(prompt), not slot.tokens, -slot.used))
+        source = max(self._slots, key=lambda slot: slot.prefix(prompt))
+        shared = source.prefix(prompt)
+        self._copy(source, target, shared)
+        whole = shared == len(prompt) == source.prompt_len and source.prompt_logits is not None
+        kept = shared if whole else min(shared, len(prompt) - 1)
+        self._trim(target, kept)
+        target.job, target.used = job, self._steps
+        target.tokens, target.prompt_len = list(prompt), len(prompt)
+        target.start_logits = source.prompt_logits if whole else None
+        target.prompt_logits = source.prompt_logits if whole else None
+
+    def _copy(self, source: _Slot, target: _Slot, shared: int) -> None:
+        """Make ``target``'s KV ``source``'s when that gives it more of the prompt than it has."""
+        import llama_cpp
+
+        if source is target or shared <= target.prefix(source.tokens[:shared]):
+            return
+        llama_cpp.llama_memory_seq_rm(self._memory, target.seq, -1, -1)
+        # across streams llama.cpp copies only whole sequences; the tail is trimmed after
+        llama_cpp.llama_memory_seq_cp(self._memory, source.seq, target.seq, -1, -1)
+        target.tokens, target.n_past = source.tokens[: source.n_past], source.n_past
+
+    def _trim(self, slot: _Slot, keep: int) -> None:
+        import llama_cpp
+
+        if slot.n_past > keep:
+            llama_cpp.llama_memory_seq_rm(self._memory, slot.seq, keep, -1)
+        slot.n_past = min(slot.n_past, keep)
+        slot.tokens = slot.tokens[:keep]
+
+
+def aggregate_tokens_per_second(runner: BatchedLlamaRunner, jobs: list[dict]) -> float:
+    """Tokens generated per second by ``jobs`` streamed at once through ``runner`` (each in its
+    own thread, as mahout runs them), from their start to the last one's end."""
+    counts = [0] * len(jobs)
+
+    def consume(index: int) -> None:
+        stream = runner.stream(jobs[index])
+        for _ in stream:
+            pass
+        counts[index] = len(stream.token_ids)
+
+    threads = [threading.Thread(target=consume, args=(index,)) for index in range(len(jobs))]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sum(counts) / (time.perf_counter() - start)
+
+
+def decode_jobs(runner: LlamaRunner, count: int, tokens: int) -> list[dict]:
+    """``count`` distinct plain completions of ``tokens`` greedy tokens each (a story: it rarely
+    ends early), rendered as the gateway renders a completion for any model (BOS, the text)."""
+    bos = runner._llm.detokenize([runner._llm.token_bos()], special=True).decode("utf-8")
+    return [{"id": f"measure-{index}", "kind": "completion",
+             "fragments": [[bos, True], [f"Story {index + 1}. Once upon a time, in a village by the sea,", False]],
+             "params": {"max_tokens": tokens, "temperature": 0.0, "seed": index}} for index in range(count)]
+
+
+def slots_measured(model_path: str | Path, threads: int, counts: tuple[int, ...] = (1, 2, 4, 8),
+                   tokens: int = 64) -> dict[int, float]:
+    """Aggregate decode tokens/s with each of ``counts`` jobs at once (``tokens`` each) through one
+    BatchedLlamaRunner of max(counts) sequences: what :func:`slots_chosen` picks from."""
+    runner = BatchedLlamaRunner(model_path, threads, n_ctx=256, slots=max(counts))
+    try:
+        aggregate_tokens_per_second(runner, decode_jobs(runner, 1, 8))  # warm: first pass, pages, caches
+        return {count: aggregate_tokens_per_second(runner, decode_jobs(runner, count, tokens)) for count in counts}
+    finally:
+        runner.close()
+
+
+GAIN_WORTH_DOUBLING = 1.15
+
+
+def slots_chosen(measured: dict[int, float]) -> int:
+    """The sequences a host serves at once: the smallest measured S after which doubling (the next
+    count measured) gains less than 15% aggregate tokens/s; the largest measured when every step
+    gains that much. Past that point another customer's stream costs the others nearly its whole
+    share of the machine, so more slots only slow each stream down."""
+    counts = sorted(measured)
+    for count, following in zip(counts, counts[1:], strict=False):
+        if measured[following] < GAIN_WORTH_DOUBLING * measured[count]:
+            return count
+    return counts[-1]
