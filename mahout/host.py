@@ -207,11 +207,14 @@ def slots_for(model: Qualified, home: Path, threads: int, *, requested: int | No
     """How many jobs ``model`` serves at once from its one load: ``requested`` (``--slots``),
     else the number its benchmark chose on this machine (`mahout.runners.batched.slots_chosen`:
     aggregate tokens/s measured at 1, 2, 4 and 8 sequences, cached with the benchmark). An
-    embeddings model serves one job at a time."""
-    if model_spec(model.model, home, CATALOG).kind != "chat":
-        return 1
+    embeddings model takes `mahout.runners.embeddings.SLOTS` jobs at once (their texts share
+    forward passes) unless told otherwise."""
     if requested is not None:
         return requested
+    if model_spec(model.model, home, CATALOG).kind != "chat":
+        from mahout.runners.embeddings import SLOTS
+
+        return SLOTS
     chosen = model.benchmark.get("slots")
     if isinstance(chosen, int) and not isinstance(chosen, bool) and chosen >= 1:
         return chosen
@@ -235,7 +238,8 @@ def start_host(
 ) -> HostLoop:
     """Qualify ``models`` with the server, load what fits in the budget (in the order
     given), and return a loop ready to :meth:`run`; the rest load when a job needs them.
-    Each chat model serves ``slots`` jobs at once (None: as many as its benchmark chose).
+    Each chat model serves ``slots`` jobs at once (None: as many as its benchmark chose); the
+    host claims as many as the least of its models takes at once, so any job it claims starts.
 
     Raises :class:`~mahout.loader.BudgetError` before registering anything when one
     model alone does not fit in the budget.
@@ -258,4 +262,4 @@ def start_host(
     )
     loader.preload([model.model for model in accepted])
     return HostLoop(api, loader, fingerprint=accepted[0].fingerprint, home=home, idle=idle,
-                    installed=installed_models(home), out=out, slots=max(each.values()))
+                    installed=installed_models(home), out=out, slots=min(each.values()))

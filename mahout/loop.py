@@ -392,7 +392,8 @@ class HostLoop:
                 record.advance(JobState.FAILED, f"model {model!r} {problem}")
             elif record.job.get("kind") == EMBEDDINGS:
                 record.advance(JobState.RUNNING)
-                self._embed(record, runner)
+                with self._gate(runner):
+                    self._embed(record, runner)
             else:
                 record.advance(JobState.RUNNING)
                 with self._gate(runner):
@@ -413,8 +414,11 @@ class HostLoop:
         try:
             if not isinstance(texts, list) or not all(isinstance(text, str) for text in texts):
                 raise ValueError("an embeddings job's input must be a list of strings")
-            record.embeddings = runner.embed(texts)
-            record.prompt_tokens = runner.prompt_tokens
+            if hasattr(runner, "embed_job"):  # its vectors and count are this job's own, however many run beside it
+                record.embeddings, record.prompt_tokens = runner.embed_job(texts)
+            else:
+                record.embeddings = runner.embed(texts)
+                record.prompt_tokens = runner.prompt_tokens
         except Exception as exc:  # noqa: BLE001 - any runner error becomes a job failure
             record.cause = "request" if isinstance(exc, RequestRejected) else "host"
             record.advance(JobState.FAILED, f"{type(exc).__name__}: {exc}")

@@ -7,10 +7,16 @@ the model card prescribes, so a dot product is the cosine similarity.
 
 Inputs longer than the model's window (256 tokens) are truncated by the model; the token
 count reports what was actually embedded.
+
+Several jobs at once (a host with slots) share forward passes: :meth:`EmbeddingsRunner.embed_job`
+called from several threads gathers the texts of every job waiting and encodes them together,
+each job getting back its own vectors and token count.
 """
 from __future__ import annotations
 
 import os
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,6 +26,18 @@ if TYPE_CHECKING:
 MODEL_NAME = "all-minilm-l6-v2"
 DIMENSIONS = 384
 BATCH_SIZE = 32
+SLOTS = 8  # embeddings jobs a host takes at once: their texts share forward passes
+
+
+@dataclass
+class _Waiting:
+    """One job's texts waiting for a forward pass, and what came of it."""
+
+    texts: list[str]
+    done: threading.Event = field(default_factory=threading.Event)
+    vectors: list[list[float]] = field(default_factory=list)
+    tokens: int = 0
+    error: BaseException | None = None
 
 
 def model_dir() -> Path:
@@ -47,6 +65,7 @@ class EmbeddingsRunner:
     """
 
     kind = "embeddings"
+    slots = SLOTS
 
     def __init__(self, directory: str | Path | None = None, threads: int = 1) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never ask a hub: the package holds every file
@@ -61,6 +80,9 @@ class EmbeddingsRunner:
             str(self.directory), device="cpu", local_files_only=True
         )
         self.prompt_tokens = 0
+        self._waiting: list[_Waiting] = []
+        self._lock = threading.Lock()
+        self._encoding = False  # a caller is encoding for everyone waiting
 
     @property
     def model(self) -> SentenceTransformer:
@@ -91,6 +113,41 @@ class EmbeddingsRunner:
         )
         self.prompt_tokens = self.count_tokens(texts)
         return [[_float32(x) for x in row] for row in vectors.tolist()]
+
+    def embed_job(self, texts: list[str]) -> tuple[list[list[float]], int]:
+        """One job's vectors and the tokens embedded for it, its texts encoded together with
+        those of the jobs waiting beside it: the first caller encodes for every caller that
+        arrives meanwhile, until nobody waits."""
+        mine = _Waiting(list(texts))
+        with self._lock:
+            self._waiting.append(mine)
+            leads, self._encoding = not self._encoding, True
+        if leads:
+            while True:
+                with self._lock:
+                    batch, self._waiting = self._waiting, []
+                    if not batch:
+                        self._encoding = False
+                        break
+                self._encode_together(batch)
+        mine.done.wait()
+        if mine.error is not None:
+            raise mine.error
+        return mine.vectors, mine.tokens
+
+    def _encode_together(self, batch: list[_Waiting]) -> None:
+        try:
+            vectors = self.embed([text for waiting in batch for text in waiting.texts])
+            start = 0
+            for waiting in batch:
+                waiting.vectors, start = vectors[start:start + len(waiting.texts)], start + len(waiting.texts)
+                waiting.tokens = self.count_tokens(waiting.texts)
+        except BaseException as exc:  # noqa: BLE001 - each job waiting fails with it
+            for waiting in batch:
+                waiting.error = exc
+        finally:
+            for waiting in batch:
+                waiting.done.set()
 
     def close(self) -> None:
         """Drop the model so its memory can be reused (the loading policy calls this)."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 import socket
+import threading
+import time
 from typing import TYPE_CHECKING
 
 import pytest
@@ -53,6 +55,38 @@ class EmbeddingsRunnerTests:
         assert runner.prompt_tokens == 2 + 6 == runner.count_tokens(["hello world", "a cat sat on the mat"])
         assert runner.count_tokens(["word " * 1000]) == runner.max_tokens - 2  # truncated to the window
         assert runner.embed([]) == [] and runner.prompt_tokens == 0
+
+    def test_jobs_at_once_share_forward_passes_and_each_gets_its_own_vectors_and_count(self, runner, monkeypatch):
+        jobs = [["The cat sleeps on the sofa.", "A dog barks."], ["Stock markets fell sharply today."],
+                ["Rain is expected tomorrow.", "The river is low.", "Elephants remember."]]
+        alone = [(runner.embed(texts), runner.count_tokens(texts)) for texts in jobs]
+        passes: list[int] = []
+        first_pass = threading.Event()
+        real_embed = runner.embed
+
+        def embed(texts: list[str]) -> list[list[float]]:
+            passes.append(len(texts))
+            if len(passes) == 1:
+                first_pass.wait(5)  # the other jobs arrive while the first pass runs
+            return real_embed(texts)
+
+        monkeypatch.setattr(runner, "embed", embed)
+        results: dict[int, tuple[list[list[float]], int]] = {}
+        threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, runner.embed_job(jobs[i]))) for i in range(3)]
+        threads[0].start()
+        while not passes:
+            time.sleep(0.001)
+        for thread in threads[1:]:
+            thread.start()
+        time.sleep(0.2)
+        first_pass.set()
+        for thread in threads:
+            thread.join(30)
+        assert passes == [2, 4], "the two jobs that waited shared one pass"
+        for index, (vectors, tokens) in enumerate(alone):
+            got, counted = results[index]
+            assert counted == tokens and len(got) == len(vectors)
+            assert all(dot(a, b) > 0.9999 for a, b in zip(got, vectors, strict=True)), "the same vectors as alone"
 
     def test_it_loads_from_the_package_without_the_network(self, monkeypatch):
         def refuse(*_args: object) -> None:

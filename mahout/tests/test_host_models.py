@@ -68,12 +68,12 @@ class StartHostTests:
         assert (catalog["qualified"], catalog["loaded"], catalog["memory_budget_mb"]) == ([EMBED, CHAT], [CHAT], 400)
         assert (loop.slots, catalog["slots"]) == (3, 3), "the heartbeat says how many jobs the host takes at once"
 
-    def test_slots_asked_for_override_the_benchmarks_and_an_embeddings_model_takes_one(self, fake_models, tmp_path):
+    def test_slots_asked_for_override_the_benchmarks_choice(self, fake_models, tmp_path):
         api, _seen = gateway_listing(CHAT, EMBED)
         loop = host.start_host(api, tmp_path, 1, models=[CHAT, EMBED], memory_budget_mb=1000, out=lambda _l: None, slots=5)
         with loop.models.acquire(EMBED):
             pass
-        assert fake_models == [f"{CHAT}×5", f"{EMBED}×1"]
+        assert fake_models == [f"{CHAT}×5", f"{EMBED}×5"]
         assert loop.catalog()["slots"] == 5
 
     def test_it_refuses_a_budget_too_small_before_registering_anything(self, fake_models, tmp_path):
