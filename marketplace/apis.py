@@ -474,5 +474,6 @@ def generation_body(row: Request, *, later: list[Request] = ()) -> dict:  # type
         "choices": len(rows),
         "finish_reason": row.finish_reason or None,
         "resumed": row.resumed,
+        "settled": selectors.request_settled(row, later=later),
         "error": {"code": row.error_code, "message": row.error_message} if row.error_code else None,
     }

@@ -278,6 +278,9 @@ class GenerationSerializer(serializers.Serializer):
     choices = serializers.IntegerField(help_text="the request's `n`")
     finish_reason = serializers.CharField(allow_null=True)
     resumed = serializers.BooleanField()
+    settled = serializers.BooleanField(help_text="its cost is final: it ended and no audit of its answer is pending "
+                                                 "(an audited request settles when its audit is decided; a failed or "
+                                                 "unscored audit refunds it)")
     error = GenerationErrorSerializer(allow_null=True)
 
 

@@ -67,6 +67,16 @@ def later_choices(row: Request) -> list[Request]:
     return list(Request.objects.filter(user_id=row.user_id, params__choice_of=row.public_id).order_by("pk"))
 
 
+def request_settled(row: Request, *, later: list[Request] = ()) -> bool:  # type: ignore[assignment]
+    """Whether a request's money is final: it ended, and no audit of its answer (or of a later
+    choice's) is still pending. An audited request settles when its audit is decided: until
+    then its cost may be refunded, and its rendered prompt waits in the audit row for its
+    scorers (`Audit`), deleted with the decision; no prompt byte outlives settlement."""
+    if row.status not in (Request.Status.COMPLETED, Request.Status.FAILED):
+        return False
+    return not Audit.objects.filter(request_id__in=[row.pk, *(each.pk for each in later)], status=Audit.Status.PENDING).exists()
+
+
 def request_state(*, public_id: str) -> Request:
     """The fields a listener needs to reconcile what it streamed with the truth."""
     return Request.objects.select_related("model").get(public_id=public_id)

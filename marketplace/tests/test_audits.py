@@ -205,3 +205,47 @@ def test_an_answer_without_its_tokens_is_refused_before_any_audit(customer, cata
     with pytest.raises(CompletionRefused, match="no token ids"):
         services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=None)
     assert not Audit.objects.filter(job=job).exists() and _escrow() == 0
+
+
+def _prompt_anywhere(marker: str) -> list[str]:
+    """Every table and column of the database whose text holds `marker` (the whole schema read,
+    JSON and text columns alike, as an operator's dump would show it)."""
+    from django.apps import apps
+    from django.db import connection
+
+    found = []
+    with connection.cursor() as cursor:
+        for model in apps.get_models():
+            for field in model._meta.concrete_fields:
+                if field.get_internal_type() not in ("TextField", "CharField", "JSONField"):
+                    continue
+                table, column = connection.ops.quote_name(model._meta.db_table), connection.ops.quote_name(field.column)
+                cast = f"CAST({column} AS TEXT)" if field.get_internal_type() == "JSONField" else column
+                cursor.execute(f"SELECT COUNT(*) FROM {table} WHERE {cast} LIKE %s", [f"%{marker}%"])
+                if cursor.fetchone()[0]:
+                    found.append(f"{model._meta.db_table}.{field.column}")
+    return found
+
+
+@pytest.mark.parametrize("verdict", ["passed", "failed", "unscored"])
+def test_an_audited_request_settles_when_its_audit_is_decided_and_no_prompt_byte_outlives_it(
+    customer, catalog, serving_host, settings, verdict,  # noqa: ANN001
+) -> None:
+    from django.test import Client
+
+    settings.AUDIT_PROBATION_RATE = 1.0
+    marker = "a-secret-prompt-7f3c1e"
+    request, job = _served(customer, catalog, serving_host, messages=[{"role": "user", "content": f"Remember {marker}."}])
+    generation = Client().get(f"/v1/generation?id={request.public_id}", HTTP_AUTHORIZATION=f"Bearer {customer.secret}").json()
+    assert (generation["status"], generation["settled"]) == ("completed", False), "its cost may still be refunded"
+    assert _prompt_anywhere(marker) == ["marketplace_audit.payload"], "the audit row alone keeps it, for its scorers"
+    audit = Audit.objects.get(job=job)
+    if verdict == "unscored":
+        assert audits.audit_unscored(audit=audit, why="no independent scorer")
+    else:
+        assert audits.audit_decide(audit=audit, reason=None if verdict == "passed" else "token 3 is not the seed's draw",
+                                   counts={"checked": 4})
+    generation = Client().get(f"/v1/generation?id={request.public_id}", HTTP_AUTHORIZATION=f"Bearer {customer.secret}").json()
+    assert generation["settled"] is True
+    assert _prompt_anywhere(marker) == [], "settled: no prompt byte left in the record"
+    assert ledger.reconcile_report() == []
