@@ -151,14 +151,17 @@ def pick(*, model: CatalogModel, pool: list[Candidate], now: datetime) -> Candid
 
 
 def placement(
-    *, model: CatalogModel, avoid_host_id: int | None = None, trusted_only: bool = False,
+    *, model: CatalogModel, avoid_host_id: int | None = None, trusted_only: bool = False, beside_host_id: int | None = None,
 ) -> dict:
     """A new job's placement, as the job row's fields: the host it is offered to (if any)
     and until when, and how long cold hosts wait (`cold_wait_seconds`). The host whose
-    attempt died is never offered it."""
+    attempt died is never offered it. `beside_host_id` (the host given a job this one shares
+    its prompt with: an `n` request's first choice) is offered it while it has a free slot,
+    before the strategy's choice: a host serving several sequences reads the shared prompt once."""
     now = timezone.now()
     pool = candidates(model=model, now=now, trusted_only=trusted_only, passed_over=frozenset({avoid_host_id}))
-    chosen = pick(model=model, pool=pool, now=now)
+    beside = next((c for c in pool if c.host_id == beside_host_id and c.active < c.slots), None)
+    chosen = beside or pick(model=model, pool=pool, now=now)
     wait = cold_wait_seconds(pool=pool, offered=chosen is not None, now=now)
     return {
         "warm_until": None if wait is None else now + timedelta(seconds=wait),

@@ -73,7 +73,8 @@ def request_submit(
     limits = job_limits(request=request, model=model, now=timezone.now())  # (a process's first reads the vocabulary)
     # Routing reads before the account's row is locked: a customer's admissions queue on
     # that lock, so it is held for the writes only. The offer's clock starts here.
-    placement = _placement(model=model, only_host_id=only_host_id, avoid_host_id=None, trusted_only=trusted_only)
+    placement = _placement(model=model, only_host_id=only_host_id, avoid_host_id=None, trusted_only=trusted_only,
+                           beside_host_id=_first_choice_host(request))
     job = Job(request=request, model=model, trusted_only=trusted_only, only_host_id=only_host_id, **placement, **limits)
     hold = billing.hold_steps(user_id=api_key.user_id, api_key=api_key, amount_ucents=estimate)
     if hold is not None and _request_admit_chained(request=request, job=job, hold=hold):
@@ -107,10 +108,22 @@ def _request_admit_locked(*, request: Request, job: Job) -> Request:
 
 def _placement(
     *, model: CatalogModel, only_host_id: int | None, avoid_host_id: int | None, trusted_only: bool,
+    beside_host_id: int | None = None,
 ) -> dict:
     if only_host_id is not None:  # a canary: offered to its host alone, for as long as it waits
         return {"offered_host_id": only_host_id, "offer_until": None, "warm_until": None}
-    return routing.placement(model=model, avoid_host_id=avoid_host_id, trusted_only=trusted_only)
+    return routing.placement(model=model, avoid_host_id=avoid_host_id, trusted_only=trusted_only,
+                             beside_host_id=beside_host_id)
+
+
+def _first_choice_host(request: Request) -> int | None:
+    """For a later choice of an `n` request, the host its first choice went to (or was offered
+    to): the same prompt, read once where a host serves several sequences."""
+    first = (request.params or {}).get(CHOICE_OF)
+    if not first:
+        return None
+    found = Job.objects.filter(request__public_id=first).order_by("-pk").values_list("host_id", "offered_host_id").first()
+    return (found[0] or found[1]) if found else None
 
 
 def job_limits(*, request: Request, model: CatalogModel, now: datetime) -> dict:
@@ -135,7 +148,8 @@ def job_queue(
     if placement is None:
         avoid, only = fields.get("avoid_host_id"), fields.get("only_host_id")
         placement = _placement(model=model, only_host_id=only if isinstance(only, int) else None,
-                               avoid_host_id=avoid if isinstance(avoid, int) else None, trusted_only=trusted_only)
+                               avoid_host_id=avoid if isinstance(avoid, int) else None, trusted_only=trusted_only,
+                               beside_host_id=_first_choice_host(request) if avoid is None else None)
     limits = job_limits(request=request, model=model, now=timezone.now())
     job = Job.objects.create(request=request, model=model, trusted_only=trusted_only, **fields, **placement, **limits)
     job_announce(job)

@@ -175,6 +175,31 @@ class TestOffers:
         counts = [Job.objects.filter(host=s.host, status=Job.Status.RUNNING).count() for s in hosts]
         assert counts == [3, 3, 3]
 
+    def test_least_connections_weighs_a_hosts_load_by_its_slots(self, catalog) -> None:
+        wide, narrow = make_host(name="eight-slots"), make_host(name="two-slots")
+        beat(wide, loaded=["gemma-3-270m"], slots=8)
+        beat(narrow, loaded=["gemma-3-270m"], slots=2)
+        Host.objects.filter(pk__in=[wide.host.pk, narrow.host.pk]).update(trusted_at=timezone.now())  # every slot usable
+        customer = make_customer()
+        for serving in (wide, narrow):  # one job running on each
+            job = Job.objects.get(request=submit(customer, catalog))
+            Job.objects.filter(pk=job.pk).update(status=Job.Status.RUNNING, host=serving.host, offered_host=None)
+        offered = [Job.objects.get(request=submit(customer, catalog)).offered_host_id for _ in range(3)]
+        assert offered == [wide.host.pk] * 3, "1 of 8 slots taken is less busy than 1 of 2"
+
+    def test_an_n_requests_later_choices_go_beside_the_first_while_its_host_has_a_free_slot(self, catalog) -> None:
+        first_host, other = make_host(name="beside"), make_host(name="elsewhere")
+        for serving in (first_host, other):
+            beat(serving, loaded=["gemma-3-270m"], slots=3)
+        customer = make_customer()
+        first = submit(customer, catalog)
+        assert Job.objects.get(request=first).offered_host_id in (first_host.host.pk, other.host.pk)
+        where = Job.objects.get(request=first).offered_host_id
+        later = [submit_request(customer, catalog, max_tokens=8, prompt_tokens=3, choice_of=first.public_id) for _ in range(3)]
+        offered = [Job.objects.get(request=row).offered_host_id for row in later]
+        elsewhere = other.host.pk if where == first_host.host.pk else first_host.host.pk
+        assert offered == [where, where, elsewhere], "the prompt read once where it has room; then the strategy's choice"
+
     def test_a_hosts_load_is_its_running_jobs_and_live_offers(self, catalog) -> None:
         busy, idle = make_host(name="busy"), make_host(name="idle")
         for serving in (busy, idle):
