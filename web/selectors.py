@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db.models import Count, Max, OuterRef, Q, QuerySet, Subquery, Sum
-from django.db.models.functions import TruncDate
+from django.db.models.functions import Coalesce, TruncDate
 from django.utils import timezone
 
 from accounts.models import ApiKey
@@ -126,7 +126,11 @@ def host_earnings_daily(*, host: Host, start: date, end: date) -> list[dict]:
 
 
 def hosts_of(*, user: User) -> list[Host]:
-    return list(with_running_job(Host.objects.filter(owner=user)).order_by("name", "pk"))
+    """The user's hosts, each with `running_jobs` (its jobs running now, of its `slots`)."""
+    running = Job.objects.filter(host=OuterRef("pk"), status=Job.Status.RUNNING).order_by().values("host")
+    counted = running.annotate(n=Count("pk")).values("n")
+    return list(with_running_job(Host.objects.filter(owner=user)).annotate(
+        running_jobs=Coalesce(Subquery(counted), 0)).order_by("name", "pk"))
 
 
 def host_of(*, user: User, host_id: int) -> Host | None:
@@ -160,6 +164,7 @@ def host_statuses(*, user: User) -> list[dict]:
             "id": host.pk,
             "name": host.name,
             "status": owner_status(host),
+            "jobs": f"{host.running_jobs} of {host.slots}",  # (`hosts_of`: running now, of the jobs it takes at once)
             "maintenance_reason": host.maintenance_reason or None,
             "maintenance_by": maintenance_setter(host) if host.maintenance_since else None,
             "may_resume": owner_may_resume(host),

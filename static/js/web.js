@@ -43,6 +43,8 @@ function pollHosts(table) {
           }
           const rotate = row.querySelector("[data-rotate]");
           if (rotate) rotate.hidden = Boolean(host.ban_reason);
+          const jobs = row.querySelector("[data-jobs]");
+          if (jobs) jobs.textContent = host.jobs;
           row.querySelector("[data-seen]").textContent = host.last_heartbeat_at ? host.last_heartbeat_at.slice(0, 19) : "never";
         }
       })

@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from accounts.models import ApiKey
 from billing.models import Payout, PayoutProfile, TopUp
+from catalog.models import CatalogModel
 from conftest import make_customer, make_host
 from core.secrets import secret_hash
 from hosts.models import Host
@@ -356,6 +357,17 @@ class HostPagesTests:
     def test_the_status_endpoint_lists_only_the_owners_machines(self, serving_host, outsider, host_client) -> None:
         hosts = host_client.get("/machines/status.json").json()["hosts"]
         assert [(h["id"], h["status"]) for h in hosts] == [(serving_host.host.pk, "offline")]
+
+    def test_the_machines_page_shows_jobs_running_of_the_slots_a_machine_takes(self, customer, serving_host, host_client) -> None:
+        from testkit.requests import submit_request
+
+        Host.objects.filter(pk=serving_host.host.pk).update(slots=4)
+        for _ in range(2):
+            request = submit_request(customer, CatalogModel.objects.get(name="gemma-3-270m"))
+            request.jobs.update(status="running", host=serving_host.host)
+        hosts = host_client.get("/machines/status.json").json()["hosts"]
+        assert [(h["id"], h["jobs"]) for h in hosts] == [(serving_host.host.pk, "2 of 4")]
+        assert "2 of 4" in host_client.get("/machines/").content.decode()
 
     def test_the_owner_sees_benchmarks_earnings_and_the_statement(self, customer, serving_host, host_client) -> None:
         finished_request(customer=customer, host=serving_host.host, cost_ucents=1_000_000)
