@@ -4,27 +4,35 @@ Decoding is bound by reading the weights: one ``llama_decode`` that advances S s
 little more than one that advances a single sequence. :class:`BatchedLlamaRunner` keeps, beside
 the single-sequence ``Llama`` that tokenizes, heals and scores (``runner._llm``, untouched), one
 more llama.cpp context on the same model with ``n_seq_max = S``. Each sequence has its own KV
-stream of ``n_ctx`` cells (``kv_unified`` off: on this llama.cpp a unified cache made a step of
-four sequences ten times slower, and its logits drifted by whole logits from a lone sequence's).
+stream of ``n_ctx`` cells (``kv_unified`` off). In a unified cache a sequence's cells lie among
+the others' and its logits moved 0.3 to 0.4 from a lone sequence's; in its own stream they are
+the same bit for bit. A unified cache would read a prompt piece in the same pass as the running
+tokens (measured 61 to 71 ms a step of 3 decoding sequences and 16 prompt tokens, against 78 to
+80), which is not worth a host's answers differing from LlamaRunner's.
 
-A step thread runs the loop (:meth:`BatchedLlamaRunner._step`): every running sequence's next
-token, and a chunk of the prompts still being read, go into one ``llama_decode``; each sequence's
-logits then pass through its own job's processors (the same classes as ``LlamaRunner``:
-log-probability recorder, healer, specified or grammar sampler), the one token left finite is
-taken, and its text is cut exactly as ``create_completion(stream=True)`` cuts it
+A step thread runs the loop (:meth:`BatchedLlamaRunner._step`): one ``llama_decode`` advances
+every running sequence by a token, and prompts are read beside them a piece at a time (chunked
+prefill); each sequence's logits then pass through its own job's processors (the same classes as
+``LlamaRunner``: log-probability recorder, healer, specified or grammar sampler), the one token
+left finite is taken, and its text is cut exactly as ``create_completion(stream=True)`` cuts it
 (:class:`CompletionText`) before it goes to the job's own queue. ``stream(job)`` is called from
-one thread per job and returns a :class:`JobStream` reading that queue.
+one thread per job and returns a :class:`JobStream` reading that queue. The model's weights are
+loaded unpacked (:func:`weights_unpacked`), so a decoded token's logits do not depend on the
+sequences beside it: a job gets the tokens it gets from LlamaRunner alone (see the tests for
+where a prompt read in pieces makes the exception).
 
-Prompts are shared: a job whose prompt starts with tokens some sequence holds in its KV (a
-running one, or a finished one still held) copies them (``llama_memory_seq_cp``) and reads only
-the rest; a job whose prompt another sequence is still reading waits for it. The ``n`` choices
-of one request are such jobs: each after the first starts from the first's prompt, and from the
-logits kept at its end, reading no token at all.
+Prompts are shared: a job whose prompt starts with enough tokens some sequence holds in its KV
+(a running one, or a finished one still held) copies them (``llama_memory_seq_cp``) and reads
+only the rest; a job whose prompt another sequence is still reading waits for it. The ``n``
+choices of one request are such jobs: each after the first starts from the first's prompt, and
+from the logits kept at its end, reading no token at all.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import ctypes
+import math
 import queue
 import threading
 import time
@@ -53,12 +61,17 @@ if TYPE_CHECKING:
 
     Processor = Callable[[npt.NDArray[np.intc], npt.NDArray[np.single]], npt.NDArray[np.single]]
 
-# Prompt tokens read in one step beside running sequences. A step of S decoding sequences costs
-# about one token's pass; 32 prompt tokens more cost about as much again on the shipped model
-# with 2 CPU threads, so a long prompt at most doubles the running streams' time between tokens
-# while it is read. With no sequence decoding, a prompt is read n_batch tokens at a time, as
-# LlamaRunner reads it.
-PREFILL_CHUNK_TOKENS = 32
+# How prompts are read beside running sequences (with none running, a prompt is read n_batch
+# tokens at a time, as LlamaRunner reads it). A piece costs a pass over the weights of its own
+# (llama.cpp cuts a batch of several KV streams into passes of equal tokens per sequence) plus its
+# tokens. Measured on the shipped model, 2 threads, 3 streams beside a 2,000-token prompt read in
+# pieces: their inter-token p99 went to 1.8 to 2.4 times idle with pieces of 16 tokens, 1.8 to 2.2
+# with 8, 2.4 with 32; with 16 that prompt's first token came 11.4 s after it arrived (5.1 s
+# with nothing running). A short prompt is read whole, in one step (its first token comes at
+# once, and its logits are exactly LlamaRunner's; see `_step`); a longer one PREFILL_CHUNK_TOKENS
+# a step, so it never holds the running streams for more than one chunk.
+PREFILL_CHUNK_TOKENS = 16
+WHOLE_PROMPT_TOKENS = 64  # prompt tokens read in all in one step beside running sequences
 IDLE_WAIT_SECONDS = 0.5  # how long the step thread sleeps with nothing to do before it looks again
 _END = object()  # a job's queue: generation over, the stream's attributes hold
 
@@ -69,13 +82,14 @@ _LOADING = threading.Lock()
 @contextlib.contextmanager
 def weights_unpacked() -> Iterator[None]:
     """Models loaded inside keep ggml's plain weight layout (``use_extra_bufts`` off). The
-    repacked layout (AVX2/AVX-512, ARM) multiplies rows in groups of four by one kernel and the
-    rest by another, so a sequence's logits would depend on where it sits in the batch: 0.43 of
-    a logit apart on the shipped model, enough to flip a greedy token. Unpacked, every row is
-    computed alike: a job's tokens are the ones it gets alone, at any batch size, and a decoded
-    token's logits equal a prefill's. Measured no slower here (decode of 1, 4 and 8 sequences,
-    prefill). llama-cpp-python takes the setting only from its default model params, which are
-    swapped for the load (a model loaded by another thread meanwhile is unpacked too: harmless)."""
+    layout ggml repacks weights into for this CPU multiplies rows in groups of four by one
+    kernel and the rest by another, so a sequence's logits would depend on where it sits in the
+    batch: 0.43 of a logit apart on the shipped model, enough to flip a greedy token. Unpacked,
+    every row is computed alike: a decoded token's logits are bit for bit the same beside 0 to 7
+    other sequences, so a job's tokens are the ones it gets alone. Measured no slower here
+    (decode of 1, 4 and 8 sequences, prefill). llama-cpp-python takes the setting only from its
+    default model params, which are swapped for the load (a model another thread loads
+    meanwhile is unpacked too: harmless)."""
     import llama_cpp
 
     with _LOADING:
@@ -201,7 +215,6 @@ class _Job:
     matcher: Grammar | None
     out: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     pieces: list[str] = field(default_factory=list)  # the text delivered
-    cancelled: bool = False
 
     def choose(self, input_ids: npt.NDArray[np.intc], scores: npt.NDArray[np.single]) -> int:
         """The job's processors over one position's logits, in LlamaRunner's order; the token
@@ -261,12 +274,12 @@ class JobStream(Iterator[str]):
         if self._planned is None:
             try:
                 self._planned = self._runner._plan(self._job)
+                self._runner._submit(self._planned)
             except BaseException:
                 self._over = True
                 raise
             self.token_ids, self.seed, self.prompt_count = (
                 self._planned.sampler.token_ids, self._planned.seed, self._planned.prompt_count)
-            self._runner._submit(self._planned)
         item = self._planned.out.get()
         if isinstance(item, str):
             return item
@@ -319,19 +332,20 @@ class BatchedLlamaRunner(LlamaRunner):
 
     def __init__(
         self, model_path: str | Path, threads: int, n_ctx: int = 4096, gpu_layers: int = 0, slots: int = 4,
-        *, chunk: int = PREFILL_CHUNK_TOKENS,
+        *, chunk: int = PREFILL_CHUNK_TOKENS, whole: int = WHOLE_PROMPT_TOKENS,
     ) -> None:
         import llama_cpp
 
         with weights_unpacked():
             super().__init__(model_path, threads, n_ctx=n_ctx, gpu_layers=gpu_layers)
-        self.slots, self.chunk = slots, chunk
+        self.slots, self.chunk, self.whole = slots, chunk, whole
         self.prefilled_tokens = 0
         params = llama_cpp.llama_context_default_params()
         ctypes.pointer(params)[0] = self._llm.context_params  # the single context's settings...
-        params.n_ctx, params.n_seq_max, params.kv_unified = n_ctx * slots, slots, False  # ...and S streams of n_ctx
+        # ...and S streams of n_ctx cells (llama.cpp pads a context to 256 cells, then divides it among the streams)
+        params.n_ctx, params.n_seq_max, params.kv_unified = -(-n_ctx // 256) * 256 * slots, slots, False
         self._ctx = llama_cpp.llama_init_from_model(self._llm.model, params)
-        if not self._ctx:
+        if not self._ctx or llama_cpp.llama_n_ctx_seq(self._ctx) < n_ctx:
             raise RuntimeError(f"llama.cpp could not make a context of {slots} sequences of {n_ctx} tokens")
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self._n_batch = llama_cpp.llama_n_batch(self._ctx)
@@ -345,6 +359,7 @@ class BatchedLlamaRunner(LlamaRunner):
         self._steps = 0
         self._closing = False
         self._wake = threading.Condition()
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="mahout-draw")
         self._loop = threading.Thread(target=self._run, name="mahout-batch", daemon=True)
         self._loop.start()
 
@@ -362,6 +377,7 @@ class BatchedLlamaRunner(LlamaRunner):
             self._closing = True
             self._wake.notify()
         self._loop.join()
+        self._pool.shutdown()
         llama_cpp.llama_batch_free(self._batch)
         llama_cpp.llama_free(self._ctx)
         super().close()
@@ -455,47 +471,64 @@ class BatchedLlamaRunner(LlamaRunner):
             job.end(error)
 
     def _step(self, arrived: list[_Job]) -> bool:
-        """Seat arrived jobs, run one decode over every sequence's next tokens, and sample each
-        sequence whose logits it gave. False when there was nothing to do."""
-        import llama_cpp
-        import numpy as np
+        """Seat arrived jobs; sample the sequences that start from kept logits; read prompts, each
+        piece in a decode of its own: with no sequence running, n_batch tokens of each (as
+        LlamaRunner reads them); beside running ones, up to WHOLE_PROMPT_TOKENS in all, each prompt
+        whose rest fits read whole and at most one other's next PREFILL_CHUNK_TOKENS; then advance
+        every running sequence by one token in one decode. Prompts first: a job arriving while
+        others run waits for its first token only for the step under way. False when there was
+        nothing to do.
 
+        A piece of a prompt gets a decode of its own because llama.cpp's logits depend on how a
+        prompt is cut into passes (up to about one logit on the shipped model), while a decoded
+        token's do not depend on the sequences beside it: so a prompt read in one piece gives
+        exactly LlamaRunner's logits, and llama.cpp would split a mixed batch in two passes anyway."""
         self._steps += 1
         for job in arrived:
             self._seat(job)
-        outputs = self._fill_batch()
-        ready = [slot for slot in self._slots if slot.job and slot.start_logits is not None]
-        if self._batch.n_tokens == 0 and not ready:
-            return False
-        if self._batch.n_tokens:
-            code = llama_cpp.llama_decode(self._ctx, self._batch)
-            if code != 0:
-                raise RuntimeError(f"llama_decode returned {code}")
-        for slot, index in outputs:
-            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, index), shape=(self._n_vocab,))
-            if slot.n_past == slot.prompt_len:  # the prompt's end: kept for a job with the same prompt
-                slot.prompt_logits = logits.copy()
-            self._sample(slot, logits)
-        for slot in ready:
-            logits, slot.start_logits = slot.start_logits, None
-            self._sample(slot, logits)
-        return True
+        active = [slot for slot in self._slots if slot.job]
+        ready = [(slot, slot.start_logits) for slot in active if slot.start_logits is not None]
+        running = [slot for slot in active if slot.start_logits is None and slot.n_past >= slot.prompt_len]
+        reading = sorted((slot for slot in active if slot.n_past < slot.prompt_len), key=lambda slot: slot.used)
+        for slot, _ in ready:
+            slot.start_logits = None
+        self._sample(ready)
+        for slot, piece in self._pieces_to_read(reading, beside_running=bool(running)):
+            self.prefilled_tokens += len(piece)
+            read = self._decode([(slot, piece)])
+            for done, logits in read:
+                done.prompt_logits = logits.copy()  # kept for a job with the same prompt
+            self._sample(read)
+        if running:
+            self._sample(self._decode([(slot, slot.pending()) for slot in running]))
+        return bool(active)
 
-    def _fill_batch(self) -> list[tuple[_Slot, int]]:
-        """Put each running sequence's next token in the batch, then prompt chunks (PREFILL_CHUNK_TOKENS
-        in all beside running sequences, n_batch with none): the slots whose logits it gives, at which index."""
-        batch, outputs = self._batch, []
+    def _pieces_to_read(self, reading: list[_Slot], *, beside_running: bool) -> list[tuple[_Slot, list[int]]]:
+        """This step's prompt pieces (see :meth:`_step`), in the order the jobs were seated."""
+        if not beside_running:
+            return [(slot, slot.pending()[: self._n_batch]) for slot in reading]
+        pieces, budget, cut = [], self.whole, False
+        for slot in reading:
+            rest = slot.pending()
+            if len(rest) <= min(budget, self._n_batch):
+                piece = rest
+            elif not cut and budget > 0:
+                piece, cut = rest[: min(self.chunk, budget)], True
+            else:
+                continue
+            pieces.append((slot, piece))
+            budget -= len(piece)
+        return pieces
+
+    def _decode(self, pieces: list[tuple[_Slot, list[int]]]) -> list[tuple[_Slot, npt.NDArray[np.single]]]:
+        """One llama_decode of each slot's next tokens; the logits of each slot that has read all it holds."""
+        import llama_cpp
+        import numpy as np
+
+        batch, ends = self._batch, []
         batch.n_tokens = 0
-        running = [slot for slot in self._slots if slot.job and slot.start_logits is None]
-        decoding = [slot for slot in running if len(slot.pending()) == 1]
-        reading = sorted((slot for slot in running if len(slot.pending()) > 1), key=lambda slot: slot.used)
-        budget = self.chunk if decoding else self._n_batch
-        for slot in decoding + reading:
-            take = slot.pending()[: 1 if slot in decoding else min(budget, self._n_batch - batch.n_tokens)]
-            if not take:
-                break
-            for token in take:
-                self.prefilled_tokens += slot.n_past < slot.prompt_len
+        for slot, tokens in pieces:
+            for token in tokens:
                 index = batch.n_tokens
                 batch.token[index], batch.pos[index] = token, slot.n_past
                 batch.n_seq_id[index], batch.seq_id[index][0] = 1, slot.seq
@@ -503,24 +536,45 @@ class BatchedLlamaRunner(LlamaRunner):
                 batch.logits[index] = slot.n_past == len(slot.tokens)
                 batch.n_tokens += 1
             if slot.n_past == len(slot.tokens):
-                outputs.append((slot, batch.n_tokens - 1))
-            if slot not in decoding:
-                budget -= len(take)
-        return outputs
+                ends.append((slot, batch.n_tokens - 1))
+        code = llama_cpp.llama_decode(self._ctx, batch)
+        if code != 0:
+            raise RuntimeError(f"llama_decode returned {code}")
+        return [(slot, np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, index), shape=(self._n_vocab,)))
+                for slot, index in ends]
 
-    def _sample(self, slot: _Slot, logits: npt.NDArray[np.single]) -> None:
-        """Draw the slot's job's next token and deliver its text; end the job when it is over."""
+    def _sample(self, drawn: list[tuple[_Slot, npt.NDArray[np.single]]]) -> None:
+        """Draw each slot's job's next token from its logits, deliver its text, and end the jobs
+        that are over. The draws run on the pool: numpy lets go of the GIL over a vocabulary's
+        worth of floats, and eight sampled sequences' softmaxes take 3.6 ms a step on one thread."""
+        tokens = self._pool.map(self._choose, drawn) if len(drawn) > 1 else map(self._choose, drawn)
+        for (slot, _), token in zip(drawn, tokens, strict=True):
+            self._advance(slot, token)
+
+    @staticmethod
+    def _choose(drawn: tuple[_Slot, npt.NDArray[np.single]]) -> int | Exception:
+        """The slot's job's next token, or the error a processor raised (the job's, as in LlamaRunner)."""
         import numpy as np
 
+        slot, logits = drawn
+        assert slot.job is not None
+        try:
+            return slot.job.choose(np.asarray(slot.tokens, dtype=np.intc), logits)
+        except Exception as exc:  # noqa: BLE001
+            return exc
+
+    def _advance(self, slot: _Slot, token: int | Exception) -> None:
+        """Deliver the text ``token`` completes (create_completion's cut) and end the job when over."""
         job = slot.job
         assert job is not None
         try:
-            token = job.choose(np.asarray(slot.tokens, dtype=np.intc), logits)
+            if isinstance(token, Exception):
+                raise token
             job.deliver(job.text.push(token))
         except Exception as exc:  # noqa: BLE001 (a processor's error is the job's, as in LlamaRunner)
             self._release(slot, error=exc)
             return
-        if job.text.finish_reason is None and len(slot.tokens) >= self.n_ctx:  # (past max_tokens by the multibyte quirk)
+        if job.text.finish_reason is None and len(slot.tokens) >= self.n_ctx:  # past max_tokens (the multibyte quirk)
             job.deliver(job.text.finish("length"))
         if job.text.finish_reason is not None:
             self._release(slot)
@@ -544,37 +598,41 @@ class BatchedLlamaRunner(LlamaRunner):
                 return
         for slot in self._slots:
             if slot.job is job:
-                job.cancelled = True
                 self._release(slot)
                 llama_cpp.llama_memory_seq_rm(self._memory, slot.seq, -1, -1)
                 slot.tokens, slot.n_past, slot.prompt_len, slot.prompt_logits = [], 0, 0, None
 
     def _seat(self, job: _Job) -> None:
-        """Give ``job`` a free sequence starting from the longest prefix of its prompt any sequence
-        holds; leave it waiting while none is free, or while a sequence still reading its prompt
-        will hold more of it."""
+        """Give ``job`` a free sequence, starting from the longest prefix of its prompt that any
+        sequence holds when it is worth sharing (see :meth:`_worth_sharing`); leave it waiting
+        while no sequence is free, or while one still reading the same prompt will hold more of it."""
         free = [slot for slot in self._slots if slot.job is None]
         if not free:
             return
         prompt = job.prompt
-        have = max((slot.prefix(prompt) for slot in self._slots), default=0)
+        source = max(self._slots, key=lambda slot: slot.prefix(prompt))
+        shared = source.prefix(prompt) if self._worth_sharing(source.prefix(prompt), prompt) else 0
         coming = max((slot.prefix(prompt, upcoming=True) for slot in self._slots
                       if slot.job is not None and slot.n_past < slot.prompt_len), default=0)
-        if coming > have:
+        if coming > shared and self._worth_sharing(coming, prompt):
             return  # the same prompt is being read: wait for it rather than read it twice
         with self._wake:
             self._waiting.remove(job)
-        target = max(free, key=lambda slot: (slot.prefix(prompt), not slot.tokens, -slot.used))
-        source = max(self._slots, key=lambda slot: slot.prefix(prompt))
-        shared = source.prefix(prompt)
+        target = max(free, key=lambda slot: (slot.prefix(prompt) if shared else 0, not slot.tokens, -slot.used))
         self._copy(source, target, shared)
         whole = shared == len(prompt) == source.prompt_len and source.prompt_logits is not None
-        kept = shared if whole else min(shared, len(prompt) - 1)
-        self._trim(target, kept)
+        self._trim(target, shared if whole else min(shared, len(prompt) - 1))
         target.job, target.used = job, self._steps
         target.tokens, target.prompt_len = list(prompt), len(prompt)
-        target.start_logits = source.prompt_logits if whole else None
-        target.prompt_logits = source.prompt_logits if whole else None
+        target.start_logits = target.prompt_logits = source.prompt_logits if whole else None
+
+    def _worth_sharing(self, shared: int, prompt: list[int]) -> bool:
+        """Whether a job starts from ``shared`` tokens of its ``prompt`` held by another sequence:
+        the whole prompt (the ``n`` choices of one request), or more than a short prompt. Less is
+        read again, in one piece, as LlamaRunner reads it: a prompt read in two pieces gets
+        slightly different logits (see :meth:`_step`), which re-reading a short prompt avoids for
+        little (every chat shares its template's first tokens with every other)."""
+        return shared == len(prompt) or shared > self.whole
 
     def _copy(self, source: _Slot, target: _Slot, shared: int) -> None:
         """Make ``target``'s KV ``source``'s when that gives it more of the prompt than it has."""
@@ -626,11 +684,13 @@ def decode_jobs(runner: LlamaRunner, count: int, tokens: int) -> list[dict]:
 
 
 def slots_measured(model_path: str | Path, threads: int, counts: tuple[int, ...] = (1, 2, 4, 8),
-                   tokens: int = 64) -> dict[int, float]:
+                   tokens: int = 64, *, gpu_layers: int = 0) -> dict[int, float]:
     """Aggregate decode tokens/s with each of ``counts`` jobs at once (``tokens`` each) through one
-    BatchedLlamaRunner of max(counts) sequences: what :func:`slots_chosen` picks from."""
-    runner = BatchedLlamaRunner(model_path, threads, n_ctx=256, slots=max(counts))
+    BatchedLlamaRunner of max(counts) sequences (``gpu_layers`` of the model on the GPU): what
+    :func:`slots_chosen` picks from."""
+    runner = BatchedLlamaRunner(model_path, threads, n_ctx=256, gpu_layers=gpu_layers, slots=max(counts))
     try:
+        runner._vocab_ready.join()  # (the healing vocabulary, built at start, would take the CPU from the first count)
         aggregate_tokens_per_second(runner, decode_jobs(runner, 1, 8))  # warm: first pass, pages, caches
         return {count: aggregate_tokens_per_second(runner, decode_jobs(runner, count, tokens)) for count in counts}
     finally:
@@ -641,12 +701,15 @@ GAIN_WORTH_DOUBLING = 1.15
 
 
 def slots_chosen(measured: dict[int, float]) -> int:
-    """The sequences a host serves at once: the smallest measured S after which doubling (the next
-    count measured) gains less than 15% aggregate tokens/s; the largest measured when every step
-    gains that much. Past that point another customer's stream costs the others nearly its whole
+    """The sequences a host serves at once: the smallest measured S after which doubling gains
+    less than 15% of aggregate tokens/s, taken over every larger count measured (a count c beyond
+    S must gain less than 1.15 ** log2(c / S) over S), so a plateau between two counts does not
+    stop the search early: on this project's 2-core CPU two sequences gain 6% over one while four
+    gain 56% and eight 98%. Past S another customer's stream costs the others nearly its whole
     share of the machine, so more slots only slow each stream down."""
     counts = sorted(measured)
-    for count, following in zip(counts, counts[1:], strict=False):
-        if measured[following] < GAIN_WORTH_DOUBLING * measured[count]:
+    for count in counts:
+        if all(measured[larger] < measured[count] * GAIN_WORTH_DOUBLING ** math.log2(larger / count)
+               for larger in counts if larger > count):
             return count
     return counts[-1]
