@@ -168,6 +168,28 @@ def plan_offload(requested: str | int, *, gpu: Gpu | None, supported: bool, mode
 def model_layers(path: object) -> int:
     """The number of transformer layers of a GGUF, read from its metadata by llama.cpp with
     the vocabulary only loaded (milliseconds), quietly; 0 when it does not say."""
+    count = model_meta(path, ["block_count"]).get("block_count", "")
+    return int(count) if count.isdigit() else 0
+
+
+def kv_mb_per_sequence(path: object, n_ctx: int) -> float:
+    """The KV cache one sequence of ``n_ctx`` tokens takes (MiB, 16-bit keys and values, every
+    layer full: an upper bound where a model's sliding-window layers keep less), from the GGUF's
+    metadata; 0 when it does not say."""
+    facts = model_meta(path, ["block_count", "attention.head_count", "attention.head_count_kv", "attention.key_length",
+                              "attention.value_length", "embedding_length"])
+    number = {key: int(value) for key, value in facts.items() if value.isdigit()}
+    heads = number.get("attention.head_count", 0)
+    kv_heads = number.get("attention.head_count_kv", heads)
+    head_dim = number.get("embedding_length", 0) // heads if heads else 0
+    per_token = kv_heads * (number.get("attention.key_length", head_dim) + number.get("attention.value_length", head_dim))
+    return number.get("block_count", 0) * n_ctx * per_token * 2 / 2**20
+
+
+def model_meta(path: object, keys: list[str]) -> dict[str, str]:
+    """Values of a GGUF's architecture keys (``block_count`` for ``<arch>.block_count``), read
+    by llama.cpp with the vocabulary only loaded (milliseconds), quietly; those it does not have
+    are left out."""
     import ctypes
 
     import llama_cpp
@@ -184,14 +206,15 @@ def model_layers(path: object) -> int:
     with quiet:
         model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
     if not model:
-        return 0
+        return {}
     try:
         def meta(key: str) -> str:
             value = ctypes.create_string_buffer(128)
             written = llama_cpp.llama_model_meta_val_str(model, key.encode(), value, len(value))
             return value.value.decode() if written > 0 else ""
 
-        count = meta(f"{meta('general.architecture')}.block_count")
-        return int(count) if count.isdigit() else 0
+        arch = meta("general.architecture")
+        found = {key: meta(f"{arch}.{key}") for key in keys}
+        return {key: value for key, value in found.items() if value}
     finally:
         llama_cpp.llama_model_free(model)

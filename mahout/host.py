@@ -203,10 +203,11 @@ def qualify_with_server(
 
 
 def slots_for(model: Qualified, home: Path, threads: int, *, requested: int | None = None,
-              out: Callable[[str], None] = print) -> int:
+              budget_mb: int | None = None, out: Callable[[str], None] = print) -> int:
     """How many jobs ``model`` serves at once from its one load: ``requested`` (``--slots``),
     else the number its benchmark chose on this machine (`mahout.runners.batched.slots_chosen`:
-    aggregate tokens/s measured at 1, 2, 4 and 8 sequences, cached with the benchmark). An
+    aggregate tokens/s measured at 1, 2, 4 and 8 sequences, cached with the benchmark), fewer
+    where the model and that many sequences' KV cache would not fit `budget_mb`. An
     embeddings model takes `mahout.runners.embeddings.SLOTS` jobs at once (their texts share
     forward passes) unless told otherwise."""
     if requested is not None:
@@ -216,18 +217,32 @@ def slots_for(model: Qualified, home: Path, threads: int, *, requested: int | No
 
         return SLOTS
     chosen = model.benchmark.get("slots")
-    if isinstance(chosen, int) and not isinstance(chosen, bool) and chosen >= 1:
-        return chosen
-    from mahout.runners.batched import slots_chosen, slots_measured
+    if not (isinstance(chosen, int) and not isinstance(chosen, bool) and chosen >= 1):
+        from mahout.runners.batched import slots_chosen, slots_measured
 
-    out(f"mahout: measuring how many jobs {model.model} serves at once on this machine (1, 2, 4, 8 streams)")
-    measured = slots_measured(model.path, threads, gpu_layers=model.offload.layers if model.offload else 0)
-    chosen = slots_chosen(measured)
-    store_cached(home, model.model, model.fingerprint, model.sha256,
-                 {**model.benchmark, "slots": chosen, "slots_tps": {str(count): round(tps, 1) for count, tps in measured.items()}})
-    rates = ", ".join(f"{tps:.0f} at {count}" for count, tps in measured.items())
-    out(f"mahout: {model.model} serves {chosen} job(s) at once (aggregate tok/s {rates}; --slots overrides)")
+        out(f"mahout: measuring how many jobs {model.model} serves at once on this machine (1, 2, 4, 8 streams)")
+        measured = slots_measured(model.path, threads, gpu_layers=model.offload.layers if model.offload else 0)
+        chosen = slots_chosen(measured)
+        store_cached(home, model.model, model.fingerprint, model.sha256, {
+            **model.benchmark, "slots": chosen, "slots_tps": {str(count): round(tps, 1) for count, tps in measured.items()}})
+        rates = ", ".join(f"{tps:.0f} at {count}" for count, tps in measured.items())
+        out(f"mahout: {model.model} serves {chosen} job(s) at once (aggregate tok/s {rates}; --slots overrides)")
+    per_sequence = kv_mb(model) if budget_mb is not None else 0.0
+    if per_sequence > 0 and budget_mb is not None:
+        fits = max(1, min(chosen, int((budget_mb - model.footprint_mb) // per_sequence)))
+        if fits < chosen:
+            out(f"mahout: {model.model} serves {fits} job(s) at once, not {chosen}: the KV cache of {chosen} "
+                f"(~{chosen * per_sequence:.0f} MB) does not fit its memory budget of {budget_mb} MB")
+            chosen = fits
     return chosen
+
+
+def kv_mb(model: Qualified) -> float:
+    """The KV cache one more sequence of a chat model's context takes (MB; `mahout.gpu`)."""
+    from mahout.catalog import RUNNER_N_CTX
+    from mahout.gpu import kv_mb_per_sequence
+
+    return kv_mb_per_sequence(model.path, RUNNER_N_CTX) if model.path.is_file() else 0.0
 
 
 def start_host(
@@ -254,10 +269,13 @@ def start_host(
     paths = {model.model: model.path for model in accepted}
     offloads = {model.model: model.offload for model in accepted}
     specs = {model.model: model_spec(model.model, home, CATALOG) for model in accepted}
-    each = {model.model: slots_for(model, home, threads, requested=slots, out=out) for model in accepted}
+    each = {model.model: slots_for(model, home, threads, requested=slots, budget_mb=budget, out=out) for model in accepted}
+    footprints = {model.model: model.footprint_mb + (each[model.model] * kv_mb(model) if each[model.model] > 1 else 0.0)
+                  for model in accepted}  # (one sequence's KV is in the benchmark's measure; several are allocated up front)
+    check_fits(footprints, budget)
     loader = ModelLoader(
         lambda name: specs[name].open(paths[name], threads, offloads[name], slots=each[name]),
-        {model.model: model.footprint_mb for model in accepted}, budget, out=out,
+        footprints, budget, out=out,
         vram_mb={model.model: model.vram_mb for model in accepted}, vram_budget_mb=vram_budget,
     )
     loader.preload([model.model for model in accepted])

@@ -123,3 +123,16 @@ class CatalogTests:
                 "print(sorted(m for m in sys.modules if m.startswith('django')))")
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
         assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+class SlotsMemoryTests:
+    def test_the_slots_a_benchmark_chose_are_as_many_as_their_kv_cache_fits_the_budget(self, fake_models, tmp_path,
+                                                                                         monkeypatch):
+        monkeypatch.setattr(host, "kv_mb", lambda model: 30.0)
+        api, _seen = gateway_listing(CHAT)
+        lines: list[str] = []
+        budget = int(FOOTPRINTS[CHAT]) + 80  # room for two sequences' KV, not the three its benchmark chose
+        loop = host.start_host(api, tmp_path, 1, models=[CHAT], memory_budget_mb=budget, out=lines.append)
+        assert fake_models == [f"{CHAT}×2"] and loop.slots == 2
+        assert any("serves 2 job(s) at once, not 3" in line for line in lines)
+        assert loop.models.footprints_mb[CHAT] == FOOTPRINTS[CHAT] + 2 * 30.0, "the loader counts the KV it allocates"
