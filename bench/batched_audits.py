@@ -92,10 +92,10 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=2, help="the host's threads")
     args = parser.parse_args()
-    from catalog.tokenizer import shipped_model_path
+    from engine.gguf_loader import default_model_path
     from mahout.verify import Verifier
 
-    path = shipped_model_path()
+    path = default_model_path()
     verifier = Verifier(path, threads=1, n_ctx=2048)
     rows = [measured(path, int(slots), args, verifier) for slots in args.slots.split(",")]
     print(json.dumps({"load": os.getloadavg(), "max_tokens": args.max_tokens, "rows": rows}, indent=2))

@@ -175,23 +175,26 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--latency", action="store_true", help="also TTFT and inter-token p99 under load (issue 51)")
+    parser.add_argument("--counts", default=",".join(map(str, COUNTS)), help="jobs at once, comma-separated (a GPU: 1,4,16)")
+    parser.add_argument("--gpu-layers", type=int, default=0, help="layers on the GPU (999: all)")
     args = parser.parse_args()
+    counts = tuple(int(count) for count in args.counts.split(","))
 
     from engine.gguf_loader import default_model_path
     from mahout.runners.batched import BatchedLlamaRunner, aggregate_tokens_per_second, decode_jobs, slots_chosen
 
     runner = BatchedLlamaRunner(args.model or default_model_path(), args.threads, n_ctx=args.tokens + 64,
-                                slots=max(COUNTS))
-    baseline = LlamaCppBatched(runner._llm, max(COUNTS), args.tokens + 64)
+                                slots=max(counts), gpu_layers=args.gpu_layers)
+    baseline = LlamaCppBatched(runner._llm, max(counts), args.tokens + 64)
     ours: dict[int, float] = {}
     theirs: dict[int, float] = {}
     try:
         runner._vocab_ready.join()  # (the healing vocabulary, built at start, would take the CPU from the first count)
         aggregate_tokens_per_second(runner, decode_jobs(runner, 1, 8))  # warm up
-        for count in COUNTS:
+        for count in counts:
             baseline.tokens_per_second([runner._prompt.tokens(job) for job in decode_jobs(runner, count, 8)], 8)
         for _ in range(args.rounds):
-            for count in COUNTS:
+            for count in counts:
                 jobs = decode_jobs(runner, count, args.tokens)
                 for job in jobs:
                     job["params"]["temperature"] = args.temperature
@@ -201,7 +204,7 @@ def main() -> None:
                 theirs[count] = max(theirs.get(count, 0.0), raw)
         print(f"{'jobs':>4} {'ours tok/s':>10} {'÷ 1 job':>8} {'llama.cpp tok/s':>15} {'÷ 1 seq':>8} "
               f"{'ours ÷ llama.cpp':>16}")
-        for count in COUNTS:
+        for count in counts:
             print(f"{count:>4} {ours[count]:>10.1f} {ours[count] / ours[1]:>8.2f} {theirs[count]:>15.1f} "
                   f"{theirs[count] / theirs[1]:>8.2f} {ours[count] / theirs[count]:>16.2f}")
         print(f"slots_chosen(ours) = {slots_chosen(ours)}")

@@ -42,6 +42,8 @@ echo "gpu_check: an audit's cost on the GPU (issue 29), and the same answers aud
 # GPU_AUDIT_MODELS=shipped,1b adds the dense 1B shape: it fetches the sdist's vocabulary with pip.
 "$VENV/bin/python" bench/audit_cost.py --gpu-layers 999 --answers "${GPU_AUDIT_ANSWERS:-4}" \
   --models "${GPU_AUDIT_MODELS:-shipped}" || echo "gpu_check: the audit-cost part failed"
+echo "gpu_check: slots (issue 51): 1, 4 and 16 jobs at once from one load, all layers on the GPU (16 ÷ 1: floor 6, goal 12)"
+"$VENV/bin/python" bench/batched_decode.py --gpu-layers 999 --counts 1,4,16 --rounds 2 || echo "gpu_check: the slots part failed"
 echo "gpu_check: each architecture's engine on CUDA against llama.cpp on one CPU thread"
 if "$VENV/bin/python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
   "$VENV/bin/python" bench/engine_families.py --device cuda --size mid --rounds "${GPU_ROUNDS:-3}" --no-shipped
