@@ -15,6 +15,11 @@ misses and uncertain tokens.
 
     .venv/bin/python bench/batched_audits.py [--jobs 200] [--slots 1,2,4] [--max-tokens 48] [--threads 2]
 
+`--long` makes every prompt about 150 tokens longer (a passage before it) and starts the S jobs
+of a round 0.3 s apart, so each later prompt is read in pieces beside sequences already
+decoding: the case where a batched answer's tokens may differ from the answer alone
+(llama.cpp's logits depend on how a prompt is cut into passes).
+
 Prints JSON, then one line per S; asserts nothing.
 """
 from __future__ import annotations
@@ -30,11 +35,31 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.trust import SETTINGS, job_for  # noqa: E402 (after the path)
+from bench.trust import CHATS, COMPLETIONS, SETTINGS, job_for  # noqa: E402 (after the path)
+
+PASSAGE = ("Elephants are the largest living land animals. Three living species are recognised: the African bush "
+           "elephant, the African forest elephant and the Asian elephant. They are the only surviving members of the "
+           "family Elephantidae and the order Proboscidea. Distinctive features of elephants include a long proboscis "
+           "called a trunk, tusks, large ear flaps, pillar-like legs, and tough but sensitive grey skin. The trunk is "
+           "prehensile, bringing food and water to the mouth and grasping objects. Tusks, which are derived from the "
+           "incisor teeth, serve both as weapons and as tools for moving objects and digging. ")
 
 
-def generated_together(runner, jobs: list[dict]) -> list[dict]:  # type: ignore[no-untyped-def]
-    """Each job streamed on a thread of its own, all at once: the runner batches them."""
+def long_job_for(index: int, *, max_tokens: int, temperature: float, top_p: float) -> dict:
+    """`bench.trust.job_for`'s job with the passage before its prompt (about 150 tokens more)."""
+    from testkit.formats import rendered
+
+    chat = index % 2 == 0
+    body = {"id": f"job-{index}", "model": "gemma-3-270m", "kind": "chat" if chat else "completion",
+            "messages": [{"role": "user", "content": PASSAGE + CHATS[index // 2 % len(CHATS)]}] if chat else None,
+            "prompt": None if chat else PASSAGE + COMPLETIONS[index // 2 % len(COMPLETIONS)],
+            "params": {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "stop": None,
+                       "seed": 20_000 + index}}
+    return rendered(body)
+
+
+def generated_together(runner, jobs: list[dict], stagger: float = 0.0) -> list[dict]:  # type: ignore[no-untyped-def]
+    """Each job streamed on a thread of its own, all at once (`stagger` seconds apart): the runner batches them."""
     answers: list[dict] = [{} for _ in jobs]
 
     def one(index: int) -> None:
@@ -46,6 +71,7 @@ def generated_together(runner, jobs: list[dict]) -> list[dict]:  # type: ignore[
     threads = [threading.Thread(target=one, args=(index,)) for index in range(len(jobs))]
     for thread in threads:
         thread.start()
+        time.sleep(stagger)
     for thread in threads:
         thread.join()
     return answers
@@ -62,9 +88,10 @@ def measured(path: Path, slots: int, args: argparse.Namespace, verifier) -> dict
             jobs = []
             for index in range(first, min(first + slots, args.first + args.jobs)):
                 temperature, top_p = SETTINGS[index % len(SETTINGS)]
-                jobs.append(job_for(index, max_tokens=args.max_tokens, temperature=temperature, top_p=top_p))
+                made = long_job_for if args.long else job_for
+                jobs.append(made(index, max_tokens=args.max_tokens, temperature=temperature, top_p=top_p))
             began = time.perf_counter()
-            answers = generated_together(runner, jobs)
+            answers = generated_together(runner, jobs, stagger=0.3 if args.long else 0.0)
             row["generation_s"] += time.perf_counter() - began
             for job, answer in zip(jobs, answers, strict=True):
                 audit = verifier.audit(job, token_ids=answer["token_ids"], text=answer["text"],
@@ -91,6 +118,7 @@ def main() -> None:
     parser.add_argument("--slots", default="1,2,4", help="slot counts, comma-separated")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=2, help="the host's threads")
+    parser.add_argument("--long", action="store_true", help="longer prompts, read in pieces beside decoding sequences")
     args = parser.parse_args()
     from engine.gguf_loader import default_model_path
     from mahout.verify import Verifier
@@ -98,7 +126,7 @@ def main() -> None:
     path = default_model_path()
     verifier = Verifier(path, threads=1, n_ctx=2048)
     rows = [measured(path, int(slots), args, verifier) for slots in args.slots.split(",")]
-    print(json.dumps({"load": os.getloadavg(), "max_tokens": args.max_tokens, "rows": rows}, indent=2))
+    print(json.dumps({"load": os.getloadavg(), "max_tokens": args.max_tokens, "long": args.long, "rows": rows}, indent=2))
     for row in rows:
         print(f"S={row['slots']}: {row['failed']} of {row['audits']} honest batched answers failed their audit "
               f"({row['tokens']} tokens checked, {row['misses']} misses, {row['uncertain']} uncertain)")
