@@ -18,6 +18,7 @@ from core.events import announce_on_commit
 from core.secrets import secret_hash, secret_new, secret_prefix
 from hosts.models import Host, Qualification
 from hosts.selectors import machines_allowed
+from protocol.catalog import MAX_SLOTS
 
 logger = logging.getLogger(__name__)
 
@@ -278,8 +279,6 @@ def host_token_rotate(*, host: Host) -> NewHost:
     host.refresh_from_db(fields=["token_hash", "token_prefix"])
     return NewHost(host=host, token=token)
 
-
-MAX_SLOTS = 64
 
 
 def catalog_read(raw: object) -> dict | None:

@@ -75,6 +75,16 @@ def _gpu_layers(text: str) -> str | int:
         raise argparse.ArgumentTypeError(f"{text!r}: must be auto or a number of layers (0: none)") from exc
 
 
+def _slots(text: str) -> int:
+    """Jobs at once: 1 to the most a heartbeat may report (`protocol.catalog.MAX_SLOTS`)."""
+    from protocol.catalog import MAX_SLOTS
+
+    value = _positive(text)
+    if value > MAX_SLOTS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_SLOTS} jobs at once (a heartbeat reporting more is refused)")
+    return value
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value <= 0:
@@ -104,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--rebenchmark", action="store_true", help="ignore the cached benchmark")
     run.add_argument("--memory-budget-mb", type=_positive, default=None,
                      help="memory for loaded models; the least recently used is unloaded to fit (default: half the RAM)")
-    run.add_argument("--slots", type=_positive, default=_positive(os.environ["MAHOUT_SLOTS"]) if os.environ.get("MAHOUT_SLOTS") else None,
+    run.add_argument("--slots", type=_slots, default=_slots(os.environ["MAHOUT_SLOTS"]) if os.environ.get("MAHOUT_SLOTS") else None,
                      help="jobs a chat model serves at once from one load (default: $MAHOUT_SLOTS, else the number "
                           "its benchmark measured best on this machine)")
     bench = commands.add_parser("benchmark", help="find and benchmark the models (default: the shipped chat model)")

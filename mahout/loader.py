@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+
+ROOM_WAIT_S = 120.0  # how long loading a cold model waits for busy ones to be given back
 
 
 class BudgetError(Exception):
@@ -68,6 +71,7 @@ class ModelLoader:
         self._runners: OrderedDict[str, object] = OrderedDict()  # least recently used first
         self._busy: dict[str, int] = {}
         self._lock = threading.Lock()  # guards _runners and _busy; never held while loading
+        self._released = threading.Condition(self._lock)  # notified when a job gives its model back
         self._loading = threading.Lock()  # one load or unload at a time
 
     @classmethod
@@ -107,6 +111,7 @@ class ModelLoader:
         finally:
             with self._lock:
                 self._busy[name] -= 1
+                self._released.notify_all()
 
     def preload(self, names: list[str]) -> list[str]:
         """Load ``names`` in order while they fit without unloading anything; return those loaded."""
@@ -159,12 +164,20 @@ class ModelLoader:
         return self._runners[name]
 
     def _make_room(self, name: str) -> None:
-        """Unload idle models, least recently used first, until ``name`` fits in the budget."""
+        """Unload idle models, least recently used first, until ``name`` fits in the budget. A
+        host serving several jobs at once may claim one for a cold model while the others run:
+        it waits for them (at most ROOM_WAIT_S) rather than fail a job it could serve."""
+        deadline = time.monotonic() + ROOM_WAIT_S
         while True:
             with self._lock:
                 if self._fits(list(self._runners), name):
                     return
                 victim = next((n for n in self._runners if not self._busy.get(n)), None)
+                while victim is None and time.monotonic() < deadline:
+                    self._released.wait(timeout=max(0.0, deadline - time.monotonic()))
+                    if self._fits(list(self._runners), name):
+                        return
+                    victim = next((n for n in self._runners if not self._busy.get(n)), None)
                 if victim is None:
                     busy = ", ".join(self._runners)
                     raise BudgetError(f"cannot load {name} within {self.budget_mb} MB while {busy} serve jobs")

@@ -227,9 +227,11 @@ class HostLoop:
         worker.start()
 
     def _finish_workers(self) -> None:
-        """Wait for the jobs running beside the loop (leaving :meth:`run` finishes them)."""
+        """Wait for the jobs running beside the loop (leaving :meth:`run` finishes them), but not
+        after a second signal: that one exits at once."""
         for worker in list(self._workers):
-            worker.join()
+            while worker.is_alive() and self._signals < 2:
+                worker.join(timeout=0.5)
         self._workers.clear()
 
     # -- can_work ----------------------------------------------------------------------
@@ -398,6 +400,8 @@ class HostLoop:
                 record.advance(JobState.RUNNING)
                 with self._gate(runner):
                     self._generate(record, runner, progress)
+        if getattr(runner, "broken", False) and self.models.unload(model):  # (the last of its jobs to end unloads it)
+            self.out(f"mahout: unloaded {model}: its runner failed; the next job loads it again")
 
     def _gate(self, runner: object) -> threading.BoundedSemaphore:
         """The runner's own bound on streams at once: its ``slots`` (1 for a runner that

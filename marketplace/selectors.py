@@ -72,8 +72,8 @@ def request_settled(row: Request, *, later: list[Request] = ()) -> bool:  # type
     choice's) is still pending. An audited request settles when its audit is decided: until
     then its cost may be refunded, and its rendered prompt waits in the audit row for its
     scorers (`Audit`), deleted with the decision; no prompt byte outlives settlement."""
-    if row.status not in (Request.Status.COMPLETED, Request.Status.FAILED):
-        return False
+    if any(each.status not in (Request.Status.COMPLETED, Request.Status.FAILED) for each in (row, *later)):
+        return False  # (an `n` request's choices run side by side: its cost is final once all have ended)
     return not Audit.objects.filter(request_id__in=[row.pk, *(each.pk for each in later)], status=Audit.Status.PENDING).exists()
 
 

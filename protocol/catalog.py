@@ -21,6 +21,7 @@ MODEL_FILES: dict[str, dict[str, str]] = {
 # gateway and on a scoring host. A catalog entry sells no more (`CatalogModel.context_sold`), so
 # every job sold can be audited: a longer request is refused at admission, before the queue.
 AUDITABLE_CONTEXT_TOKENS = 4096
+MAX_SLOTS = 64  # the most jobs at once a host's heartbeat may report (the gateway refuses a catalog with more)
 
 
 def file_sha256(path: Path) -> str:

@@ -164,7 +164,7 @@ def host_statuses(*, user: User) -> list[dict]:
             "id": host.pk,
             "name": host.name,
             "status": owner_status(host),
-            "jobs": f"{host.running_jobs} of {host.slots}",  # (`hosts_of`: running now, of the jobs it takes at once)
+            "jobs": f"{host.running_jobs} of {host.claim_cap}",  # (running now, of the jobs it may take at once)
             "maintenance_reason": host.maintenance_reason or None,
             "maintenance_by": maintenance_setter(host) if host.maintenance_since else None,
             "may_resume": owner_may_resume(host),

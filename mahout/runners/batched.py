@@ -277,6 +277,8 @@ class JobStream(Iterator[str]):
                 self._runner._submit(self._planned)
             except BaseException:
                 self._over = True
+                if self._planned is not None:
+                    self._planned.end()  # (a job the runner refused: its grammar's sampler freed)
                 raise
             self.token_ids, self.seed, self.prompt_count = (
                 self._planned.sampler.token_ids, self._planned.seed, self._planned.prompt_count)
@@ -358,6 +360,7 @@ class BatchedLlamaRunner(LlamaRunner):
         self._cancelled: set[_Job] = set()
         self._steps = 0
         self._closing = False
+        self.broken = False  # its step loop failed: every job it had failed, and it takes none (see HostLoop._run)
         self._wake = threading.Condition()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="mahout-draw")
         self._loop = threading.Thread(target=self._run, name="mahout-batch", daemon=True)
@@ -464,6 +467,7 @@ class BatchedLlamaRunner(LlamaRunner):
         except BaseException as exc:  # noqa: BLE001 (handed to every consumer, who raises it)
             error = exc
         with self._wake:
+            self.broken = not self._closing  # the loop failed (not closed): the host unloads it and loads it again
             self._closing = True
             open_jobs = [slot.job for slot in self._slots if slot.job] + self._waiting
             self._waiting = []
@@ -595,6 +599,7 @@ class BatchedLlamaRunner(LlamaRunner):
         with self._wake:
             if job in self._waiting:
                 self._waiting.remove(job)
+                job.end()  # (its grammar's sampler freed: it never had a sequence)
                 return
         for slot in self._slots:
             if slot.job is job:

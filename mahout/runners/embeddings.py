@@ -81,8 +81,8 @@ class EmbeddingsRunner:
         )
         self.prompt_tokens = 0
         self._waiting: list[_Waiting] = []
-        self._lock = threading.Lock()
-        self._encoding = False  # a caller is encoding for everyone waiting
+        self._turn = threading.Condition()  # guards _waiting and _encoding; notified when a pass ends
+        self._encoding = False  # a caller is encoding for the jobs that were waiting
 
     @property
     def model(self) -> SentenceTransformer:
@@ -116,21 +116,23 @@ class EmbeddingsRunner:
 
     def embed_job(self, texts: list[str]) -> tuple[list[list[float]], int]:
         """One job's vectors and the tokens embedded for it, its texts encoded together with
-        those of the jobs waiting beside it: the first caller encodes for every caller that
-        arrives meanwhile, until nobody waits."""
+        those of the jobs waiting beside it: a caller that finds no pass running encodes every
+        job waiting (its own among them), then hands over to the next caller that waits."""
         mine = _Waiting(list(texts))
-        with self._lock:
+        with self._turn:
             self._waiting.append(mine)
-            leads, self._encoding = not self._encoding, True
-        if leads:
-            while True:
-                with self._lock:
-                    batch, self._waiting = self._waiting, []
-                    if not batch:
-                        self._encoding = False
-                        break
-                self._encode_together(batch)
-        mine.done.wait()
+            while not mine.done.is_set():
+                if self._encoding:
+                    self._turn.wait()
+                    continue
+                batch, self._waiting, self._encoding = self._waiting, [], True
+                self._turn.release()
+                try:
+                    self._encode_together(batch)
+                finally:
+                    self._turn.acquire()
+                    self._encoding = False
+                    self._turn.notify_all()
         if mine.error is not None:
             raise mine.error
         return mine.vectors, mine.tokens

@@ -1,8 +1,12 @@
 """The loading policy: a memory budget, least recently used out, busy models never unloaded."""
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
+from mahout import loader as loader_module
 from mahout.loader import BudgetError, ModelLoader, UnknownModel
 
 
@@ -75,7 +79,8 @@ class ModelLoaderTests:
             use(models, name)
         assert loads.loaded == ["chat", "big", "chat"] and models.loaded() == ["chat"]
 
-    def test_it_never_unloads_a_model_serving_a_job(self):
+    def test_it_never_unloads_a_model_serving_a_job(self, monkeypatch):
+        monkeypatch.setattr(loader_module, "ROOM_WAIT_S", 0.2)
         loads = Loads()
         models = loader(600, loads)
         with models.acquire("chat"):
@@ -83,6 +88,24 @@ class ModelLoaderTests:
                 use(models, "big")
             assert not loads.models["chat"].closed
         use(models, "big")  # once the job is done, chat can go
+        assert models.loaded() == ["big"]
+
+    def test_a_cold_model_waits_for_a_busy_one_to_be_given_back_then_takes_its_room(self):
+        loads = Loads()
+        models = loader(600, loads)
+        released = threading.Event()
+
+        def a_running_job() -> None:
+            with models.acquire("chat"):
+                started.set()
+                time.sleep(0.3)
+            released.set()
+
+        started = threading.Event()
+        threading.Thread(target=a_running_job).start()
+        started.wait(5)
+        use(models, "big")  # (a job for a cold model, claimed by a host serving several at once)
+        assert released.is_set() and loads.models["chat"].closed, "it waited for the job, then unloaded its model"
         assert models.loaded() == ["big"]
 
     def test_it_refuses_a_budget_smaller_than_one_model(self):

@@ -450,3 +450,27 @@ class SlotsTests:
         assert all(gateway.state.text[job] == "".join(pieces(6)) for job in gateway.state.completions)
         assert len(gateway.state.queue) == 4 - handled
         assert "mahout: SIGTERM received, finishing the current jobs then exiting" in lines
+
+    def test_a_runner_whose_step_loop_failed_is_unloaded_and_the_next_job_loads_it_again(self, gateway, api, tmp_path):
+        from mahout.loader import ModelLoader
+
+        class Broken(SlotRunner):
+            def stream(self, job: dict) -> JobStream:
+                self.broken = True
+                raise RuntimeError("llama_decode returned -3")
+
+        made: list[SlotRunner] = []
+
+        def load(name: str) -> SlotRunner:
+            made.append(Broken(slots=2) if not made else SlotRunner(slots=2))
+            return made[-1]
+
+        models = ModelLoader(load, {MODEL: 10.0}, 100, out=lambda _line: None)
+        for number in (1, 2):
+            gateway.state.add_job(f"job-{number}")
+        lines: list[str] = []
+        loop = HostLoop(api, models, fingerprint="f" * 64, home=tmp_path, claim_wait=0.2, heartbeat_interval=0.02,
+                        pause_poll=0.01, error_backoff=0.01, out=lines.append, slots=1)
+        assert loop.run(max_jobs=2) == 2
+        assert len(made) == 2 and "job-2" in gateway.state.completions and "job-1" not in gateway.state.completions
+        assert f"mahout: unloaded {MODEL}: its runner failed; the next job loads it again" in lines

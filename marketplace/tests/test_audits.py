@@ -249,3 +249,15 @@ def test_an_audited_request_settles_when_its_audit_is_decided_and_no_prompt_byte
     assert generation["settled"] is True
     assert _prompt_anywhere(marker) == [], "settled: no prompt byte left in the record"
     assert ledger.reconcile_report() == []
+
+
+def test_an_n_request_is_settled_only_once_every_choice_has_ended(customer, catalog) -> None:  # noqa: ANN001
+    from marketplace import selectors
+
+    first = submit_request(customer, catalog)
+    later = submit_request(customer, catalog, choice_of=first.public_id)
+    Request.objects.filter(pk=first.pk).update(status=Request.Status.COMPLETED)
+    first.refresh_from_db()
+    assert not selectors.request_settled(first, later=selectors.later_choices(first)), "a later choice still runs"
+    Request.objects.filter(pk=later.pk).update(status=Request.Status.COMPLETED)
+    assert selectors.request_settled(first, later=selectors.later_choices(first))
