@@ -59,6 +59,15 @@ def start(argv: list[str], log: Path) -> subprocess.Popen:
     return subprocess.Popen(argv, cwd=ROOT, env=dict(os.environ), stdout=open(log, "w"), stderr=subprocess.STDOUT)
 
 
+def stop(proc: subprocess.Popen, *, timeout: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within `timeout` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def wait_http(url: str) -> None:
     import httpx
 
@@ -230,11 +239,7 @@ def main() -> None:
         Host.objects.filter(pk=serving.host.pk).update(last_heartbeat_at=None)
         claims = claim_phase(args, server, customer.secret, catalog)
     finally:
-        gateway.terminate()
-        try:
-            gateway.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            gateway.kill()
+        stop(gateway)
     from django.db import connection
 
     report = {"database": connection.vendor, "threads": args.threads, "rounds": args.rounds, "generation": generation, "claims": claims}

@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -32,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.request_path import pct, setup_django, start, wait_http  # noqa: E402 (after the path)
+from bench.request_path import pct, setup_django, start, stop, wait_http  # noqa: E402 (after the path)
 
 TOKENS = 128
 LONG_PROMPT_WORDS = 700  # 2,025 of the shipped model's tokens
@@ -147,11 +146,7 @@ def phase(args, server: str, secret: str, token: str, tmp: Path, slots: int) -> 
             out["ttft"] = busy_ttft(client, 3)
             out["prefill"] = prefill_beside(client)
     finally:
-        host.terminate()
-        try:
-            host.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            host.kill()
+        stop(host, timeout=60)
     from hosts.models import Host
 
     Host.objects.filter(token_prefix=token[:12]).update(last_heartbeat_at=None)  # gone: routing offers it nothing
@@ -185,11 +180,7 @@ def main() -> None:
         many = phase(args, server, customer.secret, make_host(qualified=False, name=f"bench-many-{time.time_ns()}").token, tmp,
                      args.slots)
     finally:
-        gateway.terminate()
-        try:
-            gateway.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            gateway.kill()
+        stop(gateway)
     from django.db import connection
 
     report = {"database": connection.vendor, "threads": args.threads, "customers": args.customers, "load": os.getloadavg(),
