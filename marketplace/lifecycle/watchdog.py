@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import BooleanField, ExpressionWrapper
+from django.db.models import BooleanField, ExpressionWrapper, Q, Sum
 from django.utils import timezone
 
 from hosts.models import Qualification
@@ -51,8 +51,20 @@ def job_start_figures_seconds(*, job: Job) -> float:
             rewritten = delivered
         else:
             fed += delivered
+    fed += _prompts_ahead(job=job)
     return ((load_ms + ttft_ms) / 1000 + (fed / prompt_tps if prompt_tps > 0 else 0)
             + (rewritten / gen_tps if gen_tps > 0 else 0))
+
+
+def _prompts_ahead(*, job: Job) -> int:
+    """The prompt tokens of the host's other jobs claimed before this one and not started when
+    it was claimed: a host serving several jobs at once reads their prompts before or beside
+    this one's (none on a host with one slot)."""
+    if job.claimed_at is None:
+        return 0
+    ahead = Job.objects.filter(host_id=job.host_id, status=Job.Status.RUNNING, claimed_at__lte=job.claimed_at).exclude(
+        pk=job.pk).filter(Q(first_token_at__isnull=True) | Q(first_token_at__gt=job.claimed_at))
+    return int(Request.objects.filter(jobs__in=ahead).aggregate(total=Sum("prompt_tokens"))["total"] or 0)
 
 
 def job_start_bounds(*, job: Job) -> tuple[float, float]:

@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from conftest import make_host
-from hosts.models import Qualification
+from hosts.models import Host, Qualification
 from marketplace import services
 from marketplace.models import Job, Request
 from marketplace.tests.test_services import submit
@@ -66,6 +66,17 @@ class StartBoundTests:
         Job.objects.filter(pk=job.pk).update(claimed_at=timezone.now() - timedelta(seconds=76))
         services.request_watch(request_id=request.pk)
         assert Job.objects.get(pk=job.pk).status == "failed"
+
+    def test_a_host_with_slots_gets_the_prefill_of_the_prompts_it_claimed_before(self, customer, catalog, serving_host) -> None:
+        Qualification.objects.filter(host=serving_host.host).update(prompt_tps=1.0)
+        Host.objects.filter(pk=serving_host.host.pk).update(slots=3)
+        _, first = claimed(customer, catalog, serving_host, seconds_ago=2)
+        _, second = claimed(customer, catalog, serving_host, seconds_ago=1)
+        alone = 5 + 0.05 + 10  # the floor, its first-token latency, its own 10 prompt tokens at 1/s
+        assert services.job_start_bounds(job=first)[0] == pytest.approx(alone)
+        assert services.job_start_bounds(job=second)[0] == pytest.approx(alone + 10), "the first job's prompt is read too"
+        Job.objects.filter(pk=first.pk).update(first_token_at=second.claimed_at - timedelta(seconds=0.5))
+        assert services.job_start_bounds(job=second)[0] == pytest.approx(alone), "started before: nothing ahead"
 
     def test_progress_never_outlives_the_start_allowance(self, customer, catalog, serving_host) -> None:
         Qualification.objects.filter(host=serving_host.host).update(load_ms=10**9)  # a host's own word buys at most the allowance
