@@ -145,7 +145,7 @@ class HostLoop:
         self._active: dict[object, JobRecord] = {}
         self._room = threading.Condition()  # guards _active and _gates; notified when a job ends
         self._workers: set[threading.Thread] = set()  # jobs running beside the loop (slots > 1)
-        self._gates: dict[int, threading.BoundedSemaphore] = {}  # per runner: the streams it takes at once
+        self._gates: dict[str, threading.BoundedSemaphore] = {}  # per model: the streams its runner takes at once
         self._stop = threading.Event()
         self.upgrade_required: str | None = None  # the gateway refused this version: the loop stops
         self._signals = 0
@@ -394,22 +394,22 @@ class HostLoop:
                 record.advance(JobState.FAILED, f"model {model!r} {problem}")
             elif record.job.get("kind") == EMBEDDINGS:
                 record.advance(JobState.RUNNING)
-                with self._gate(runner):
+                with self._gate(model, runner):
                     self._embed(record, runner)
             else:
                 record.advance(JobState.RUNNING)
-                with self._gate(runner):
+                with self._gate(model, runner):
                     self._generate(record, runner, progress)
         if getattr(runner, "broken", False) and self.models.unload(model):  # (the last of its jobs to end unloads it)
             self.out(f"mahout: unloaded {model}: its runner failed; the next job loads it again")
 
-    def _gate(self, runner: object) -> threading.BoundedSemaphore:
-        """The runner's own bound on streams at once: its ``slots`` (1 for a runner that
-        streams one job at a time, whatever the loop's slots)."""
+    def _gate(self, model: str, runner: object) -> threading.BoundedSemaphore:
+        """The model's runner's own bound on streams at once: its ``slots`` (1 for a runner that
+        streams one job at a time, whatever the loop's slots); the same after a reload."""
         with self._room:
-            gate = self._gates.get(id(runner))
+            gate = self._gates.get(model)
             if gate is None:
-                gate = self._gates[id(runner)] = threading.BoundedSemaphore(max(1, int(getattr(runner, "slots", 1))))
+                gate = self._gates[model] = threading.BoundedSemaphore(max(1, int(getattr(runner, "slots", 1))))
             return gate
 
     def _embed(self, record: JobRecord, runner: Embedder) -> None:
