@@ -6,7 +6,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from billing import selectors, services, tasks
+from billing import ledger, selectors, services, tasks
 from billing.models import Account, Hold
 from conftest import make_customer
 from marketplace.models import Request
@@ -51,7 +51,7 @@ class ReconcileCommandTests:
         from billing.models import LedgerTransaction
 
         customer = make_customer(credit_ucents=0)
-        services._post(
+        ledger.ledger_post(
             kind=LedgerTransaction.Kind.TOPUP, reference="cs_forged", memo="",
             legs=[(services.system_account(Account.Kind.FUNDING), -5), (services.account_for_customer(user=customer.user), 5)],
         )

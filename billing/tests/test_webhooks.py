@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import pytest
 from django.test import Client
 
-from billing import selectors, services
+from billing import ledger, selectors, services
 from billing.models import Account, LedgerTransaction, PayoutProfile, StripeEvent, TopUp
 from billing.stripe_local import charge_refunded_event, checkout_completed_event, dispute_event, event_body, sign
 from billing.tests.conftest import BACK, WEBHOOK_SECRET
@@ -129,7 +129,7 @@ class MoneyBackOutTests:
     def test_a_refund_after_spending_debits_the_customer_into_debt_once(self, catalog, fake_stripe) -> None:
         customer, topup, session = self.paid(fake_stripe)
         spent = 800_000_000  # $8 of the $10 spent: the refund comes after
-        services._post(kind=LedgerTransaction.Kind.GRANT, reference="test-spend", memo="spent", legs=[
+        ledger.ledger_post(kind=LedgerTransaction.Kind.GRANT, reference="test-spend", memo="spent", legs=[
             (services.account_for_customer(user=customer.user), -spent), (services.system_account(Account.Kind.PLATFORM), spent)])
         partial = charge_refunded_event(session, amount_refunded=400)
         assert deliver(partial).json()["outcome"] == "debited"
