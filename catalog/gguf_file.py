@@ -113,15 +113,20 @@ def gguf_facts(path: Path) -> GgufFacts:
     )
 
 
+_VOCABULARY_GENERAL = ("general.architecture", "general.name")  # what llama.cpp's vocabulary reads of general.*
+
+
 def _vocabulary_sha256(reader: _PlainArrayReader) -> str:
-    """A digest of everything llama.cpp's tokenizer is built from: the architecture and every
-    `tokenizer.*` entry (model, pre-tokenizer, tokens, types, scores, merges, special ids and
-    flags) as their bytes in the file; chat templates left out (they render, they do not count).
-    Two quantisations of one model, or Llama 3.1 8B and 70B, share it, so the gateway keeps one
-    vocabulary for all of them instead of one per file."""
+    """A digest of everything llama.cpp's tokenizer is built from: the architecture, the model's
+    name and every `tokenizer.*` entry (model, pre-tokenizer, tokens, types, scores, merges,
+    special ids and flags) as their bytes in the file; chat templates left out (they render, they
+    do not count). The name counts because llama.cpp reads it: Phi-3's control tokens take the
+    newline after them only in a file whose name says phi-3 or phi3, so one vocabulary under two
+    names can render a chat in two token counts. Two quantisations of one model (one name)
+    share it, so the gateway keeps one vocabulary for all of them instead of one per file."""
     digest = hashlib.sha256()
     for key in sorted(reader.fields):
-        if key == "general.architecture" or (key.startswith("tokenizer.") and not key.startswith("tokenizer.chat_template")):
+        if key in _VOCABULARY_GENERAL or (key.startswith("tokenizer.") and not key.startswith("tokenizer.chat_template")):
             field = reader.fields[key]
             end = field.offset + sum(part.nbytes for part in field.parts)
             digest.update(key.encode() + b"\0" + reader.data[field.offset:end].tobytes())

@@ -97,8 +97,9 @@ def _entry_create(
     same name got there first), the copy goes too, unless an entry holds it.
 
     Copies are named by the vocabulary, not the file: entries whose files tokenize alike (two
-    quantisations of one model, Llama 3.1 8B and 70B) share one copy, so a gateway process loads
-    that vocabulary once for all of them (Llama 3's costs about 36 MB in llama.cpp)."""
+    quantisations of one model: one vocabulary, one name, `gguf_file._vocabulary_sha256`) share
+    one copy, so a gateway process loads that vocabulary once for all of them (Llama 3's costs
+    about 36 MB in llama.cpp), and every process that loads a copy counts as every other does."""
     relative = Path(VOCAB_DIR) / f"vocab-{facts.vocabulary_sha256}.gguf"
     spec = f"{GGUF_SPEC}{relative}"
     copy = settings.VAR_DIR / relative

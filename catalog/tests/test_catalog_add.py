@@ -79,7 +79,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     (folder / "template.jinja").write_text(TEMPLATE)
     return {
         "chat": _tiny_gguf(folder / "chat.gguf", template=TEMPLATE, general_name="tiny chat"),
-        "base": _tiny_gguf(folder / "base.gguf", template=None, general_name="tiny base"),
+        "base": _tiny_gguf(folder / "base.gguf", template=None, general_name="tiny chat"),
         "not_gguf": folder / "not-a-model.gguf",
         "template": folder / "template.jinja",
     }
@@ -131,7 +131,7 @@ class CatalogAddTests:
         _add(files["base"], "tiny-base", "0.10", "0.40", "--template", str(files["template"]))
 
         chat, base = CatalogModel.objects.get(name="tiny-chat"), CatalogModel.objects.get(name="tiny-base")
-        assert chat.sha256 != base.sha256  # other files (another name, no template inside)...
+        assert chat.sha256 != base.sha256  # other files (no template inside)...
         assert chat.tokenizer == base.tokenizer  # ...the same vocabulary: one copy, loaded once per gateway process
         assert tokenizer_for(chat.tokenizer) is tokenizer_for(base.tokenizer)
         assert os.listdir(var_dir / "catalog") == [chat.tokenizer.removeprefix("gguf:catalog/")]
@@ -145,6 +145,38 @@ class CatalogAddTests:
         assert chat.tokenizer != qwen.tokenizer
         assert len(os.listdir(var_dir / "catalog")) == 2
         assert tokenizer_for(qwen.tokenizer) is not tokenizer_for(chat.tokenizer)
+
+    def test_one_vocabulary_under_a_name_llama_cpp_reads_apart_gets_its_own_copy(self, sdist, tmp_path, var_dir) -> None:
+        """llama.cpp gives Phi-3's markers the newline after them only in a file named phi-3 or
+        phi3: the same vocabulary renamed counts a chat in more tokens, so it gets a copy of its
+        own, and each entry counts as llama.cpp counts with its own file (whichever a process
+        loaded first)."""
+        from llama_cpp import Llama
+
+        from catalog.rendering import chat_format, prompt_count, prompt_fragments
+        from protocol.rendering import fragments_text
+
+        named = tiny_model("phi3", sdist, tmp_path / "named.gguf")
+        renamed = tiny_model("phi3", sdist, tmp_path / "renamed.gguf", name="tiny model")
+        _add(named, "phi-named")
+        _add(renamed, "phi-renamed")
+
+        entries = {path: CatalogModel.objects.get(name=name) for path, name in ((named, "phi-named"), (renamed, "phi-renamed"))}
+        assert entries[named].tokenizer != entries[renamed].tokenizer
+        assert "<|end|>" in chat_format(entries[named]).rstrip and "<|end|>" not in chat_format(entries[renamed]).rstrip
+        chat = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Rivers:\n\n"}]
+        counts = {}
+        for path, entry in entries.items():
+            fragments = prompt_fragments(entry, kind="chat", messages=chat, prompt=None)
+            whole = Llama(model_path=str(path), vocab_only=True, verbose=False)
+            try:
+                expected = len(whole.tokenize(fragments_text(fragments).encode(), add_bos=False, special=True))
+            finally:
+                whole.close()
+            counts[path] = prompt_count(entry, fragments)
+            assert counts[path] == expected, path.name
+        assert counts[named] < counts[renamed]
 
     def test_it_counts_with_the_copy_exactly_as_llama_cpp_counts_with_the_whole_file(self, files, var_dir) -> None:
         from llama_cpp import Llama
