@@ -44,12 +44,19 @@ def measure(admissions: int) -> dict:
     call_command("migrate", verbosity=0)
     from core.db import _tidy
     from hosts.models import Host
-    from marketplace import admission, services
+    from marketplace import services
     try:
-        from marketplace.choices import authenticated
-    except ImportError:  # a baseline from before the choices left marketplace.apis
-        from marketplace.apis import _authenticated as authenticated
-    from marketplace.serializers import ChatInputSerializer
+        from marketplace.openai import admission
+        from marketplace.openai.choices import authenticated
+        from marketplace.openai.serializers import ChatInputSerializer
+    except ImportError:  # a baseline from before the customer's door had its wing (marketplace.openai)
+        from marketplace.serializers import ChatInputSerializer
+
+        from marketplace import admission
+        try:
+            from marketplace.choices import authenticated
+        except ImportError:  # a baseline from before the choices left marketplace.apis
+            from marketplace.apis import _authenticated as authenticated
     from testkit.personas import make_customer, make_host
 
     customer = make_customer(credit_ucents=10**12)

@@ -65,7 +65,7 @@ def measured(path: Path, fmt, args: argparse.Namespace) -> dict:  # type: ignore
     import trust
 
     from mahout.runners.llama import LlamaRunner
-    from mahout.verify import Verifier
+    from scorer.verify import Verifier
     from testkit.formats import rendered
 
     runner = LlamaRunner(path, threads=1, n_ctx=2048, gpu_layers=args.gpu_layers)

@@ -121,7 +121,7 @@ def main() -> None:
     parser.add_argument("--long", action="store_true", help="longer prompts, read in pieces beside decoding sequences")
     args = parser.parse_args()
     from engine.gguf_loader import default_model_path
-    from mahout.verify import Verifier
+    from scorer.verify import Verifier
 
     path = default_model_path()
     verifier = Verifier(path, threads=1, n_ctx=2048)

@@ -49,7 +49,8 @@ class Counted:
     """Counts the grammar's questions while `on`: steps drawn, and those that asked about every token."""
 
     def __init__(self) -> None:
-        from mahout.runners.llama import Grammar, GrammarSampler
+        from mahout.runners.llama import GrammarSampler
+        from scorer.llama import Grammar
 
         self.on, self.steps, self.whole, self.seconds = False, 0, 0, 0.0
         allowed, step = Grammar.allowed, GrammarSampler.__call__
@@ -97,7 +98,7 @@ def matcher_cost(runner, reported: dict, asked: dict) -> dict:  # type: ignore[n
     """(a): every token, and the 1,024 likeliest, asked about at each state of an answer."""
     import numpy as np
 
-    from mahout.runners.llama import Grammar, grammar_for
+    from scorer.llama import Grammar, grammar_for
 
     grammar = Grammar(runner._llm, grammar_for(asked["params"]["response_format"]))
     every, some = [], []
@@ -166,7 +167,7 @@ def structured(runner, verifier, counted: Counted, args: argparse.Namespace) -> 
 
 def continuations(runner, verifier, args: argparse.Namespace) -> dict:  # type: ignore[no-untyped-def]
     """(c)"""
-    from mahout.runners.llama import count_tokens
+    from scorer.llama import count_tokens
 
     row = {"jobs": 0, "failed": 0, "checked": 0, "misses": 0, "other seed caught": 0, "audit_over_generation": 0.0}
     generation = audit_s = 0.0
@@ -190,7 +191,7 @@ def continuations(runner, verifier, args: argparse.Namespace) -> dict:  # type: 
 
 def logprobs(runner, verifier, args: argparse.Namespace) -> dict:  # type: ignore[no-untyped-def]
     """(d): the gaps of honest entries recorded as the verifier computes them."""
-    from mahout import verify
+    from scorer import verify
 
     gaps: list[float] = []
     recording = [False]
@@ -229,7 +230,7 @@ def main() -> None:
     args = parser.parse_args()
     from engine.gguf_loader import default_model_path
     from mahout.runners.llama import LlamaRunner
-    from mahout.verify import Verifier
+    from scorer.verify import Verifier
 
     path = default_model_path()
     counted = Counted()

@@ -90,7 +90,7 @@ def moe_tps(path: Path, prompt_ids: list[int], tokens: int) -> float:
 
 def measure(name: str, path: Path, rounds: int, tokens: int, device: torch.device) -> tuple[float, float]:
     """Median engine and llama.cpp decode tokens/s on one file, rounds alternating."""
-    from mahout.runners.llama import load_llama
+    from scorer.llama import load_llama
 
     prompt_ids = Tokenizer(path).encode(PROMPT)
     llm = load_llama(path, n_ctx=256, threads=1)

@@ -47,9 +47,9 @@ def main() -> None:
     from bench.trust import job_for
     from catalog.tokenizer import shipped_model_path, tokenizer_for
     from mahout.runners.llama import LlamaRunner
-    from mahout.verify import Verifier
     from marketplace.lifecycle.evidence import shape_problem
     from protocol.jobs import job_stop_strings
+    from scorer.verify import Verifier
 
     path = shipped_model_path()
     runner = LlamaRunner(path, threads=args.threads, n_ctx=2048)

@@ -119,9 +119,9 @@ def catalog_build(tmp: Path) -> tuple[dict[str, Any], dict[str, Path]]:
 
 def counts_phase(entries: dict, files: dict[str, Path]) -> dict[str, dict]:
     from catalog.rendering import chat_format, prompt_count, prompt_fragments
-    from mahout.runners.llama import PromptTokenizer, load_llama
     from protocol.jobs import CHAT, COMPLETION, job_payload_build
     from protocol.rendering import TemplateRefused
+    from scorer.llama import PromptTokenizer, load_llama
     from testkit.corpus import CHATS, COMPLETIONS
 
     jobs = [(CHAT, messages, None) for messages in CHATS] + [(COMPLETION, None, prompt) for prompt in COMPLETIONS]
@@ -163,9 +163,10 @@ def admission_setup(entries: dict) -> Callable[[str, list], Any]:
     from core.db import _tidy
     from hosts.models import Host
     from hosts.services import qualification_register
-    from marketplace import admission, services
-    from marketplace.choices import authenticated
-    from marketplace.serializers import ChatInputSerializer
+    from marketplace import services
+    from marketplace.openai import admission
+    from marketplace.openai.choices import authenticated
+    from marketplace.openai.serializers import ChatInputSerializer
     from testkit.personas import make_customer, make_host
 
     customer = make_customer(credit_ucents=10**14)
@@ -296,7 +297,7 @@ def memory_measure(names: str) -> dict:
     from catalog.models import CatalogModel
     from catalog.rendering import chat_format, prompt_count, prompt_fragments
     from catalog.tokenizer import tokenizer_for
-    from marketplace import admission  # noqa: F401 (the rest of the gateway's admission code)
+    from marketplace.openai import admission  # noqa: F401 (the rest of the gateway's admission code)
 
     entries = [CatalogModel.objects.get(name=name) for name in names.split(",")]
     gc.collect()

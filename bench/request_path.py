@@ -114,7 +114,7 @@ def generation_phase(args, server: str, secret: str, token: str, tmp: Path) -> d
     import openai
 
     from catalog.tokenizer import shipped_model_path
-    from mahout.runners.llama import load_llama
+    from scorer.llama import load_llama
 
     host = start([sys.executable, "-m", "mahout", "run", "--server", server, "--token", token, "--home", str(tmp / "mahout"),
                   "--threads", str(args.threads)], tmp / "mahout.log")

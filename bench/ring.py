@@ -290,7 +290,7 @@ def main() -> int:
         torch.set_num_threads(threads)
         return generate([full], prompts[0], args.tokens).decode_tokens_per_s
 
-    from mahout.runners.llama import load_llama
+    from scorer.llama import load_llama
 
     llm = load_llama(path, n_ctx=256, threads=1)
     keys = ("ring1", "ring2", "eng2", "eng1", "alone", "packed", "llama1", "w_ring1", "w_alone", "w_packed")

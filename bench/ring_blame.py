@@ -41,7 +41,7 @@ from mahout.ring.blame import TOLERANCE, StageSlice, blame, stage_recompute  # n
 from mahout.ring.evidence import record_bytes  # noqa: E402
 from mahout.ring.local import ThreadRing, split_layers  # noqa: E402
 from mahout.ring.membership import Limits  # noqa: E402
-from mahout.runners.llama import PromptTokenizer  # noqa: E402
+from scorer.llama import PromptTokenizer  # noqa: E402
 
 PROMPTS = ["Write a haiku about elephants.", "Explain what a pipeline of GPUs is.", "List three rivers in Africa.",
            "Tell me a short story about a lighthouse keeper.", "What is the capital of Peru and why is it there?"]

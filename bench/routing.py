@@ -149,7 +149,7 @@ def bench_claims(hosts_n: int, jobs_n: int, processes: int, routed: bool) -> Non
 
     from django.db import connections
 
-    from marketplace import routing
+    from marketplace.trust import routing
     from testkit.personas import make_customer
 
     model = catalog_model("claims")

@@ -73,7 +73,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from mahout.verify import Audit
+    from scorer.verify import Audit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -148,7 +148,7 @@ class NeededGap:
     the smallest tie_gap under which it would not miss (bisected): how close honest drift came."""
 
     def __init__(self) -> None:
-        import mahout.verify as verify
+        import scorer.verify as verify
 
         self.module, self.original, self.needed = verify, verify.token_check, [0.0]
         self.on = False
@@ -213,8 +213,8 @@ def sampler_main(args: argparse.Namespace) -> None:
     """Part 1 (see the module's docstring)."""
     from engine.gguf_loader import default_model_path
     from mahout.runners.llama import LlamaRunner
-    from mahout.verify import Verifier
     from protocol.sampling import TOLERANCE
+    from scorer.verify import Verifier
 
     path = default_model_path()
     started = time.monotonic()
@@ -311,7 +311,7 @@ def honest_part(args: argparse.Namespace) -> dict:
     """One worker's share of `--honest`: jobs part, part + workers, ... (see the docstring)."""
     from engine.gguf_loader import default_model_path
     from mahout.runners.llama import LlamaRunner
-    from mahout.verify import Verifier
+    from scorer.verify import Verifier
 
     path = default_model_path()
     host_threads, verifier_threads = 1 + args.part % 2, 2 - args.part % 2
@@ -382,14 +382,14 @@ def setup() -> None:
 
 
 def job_of(item: dict) -> dict:
-    from marketplace.canaries import canary_job
+    from marketplace.lifecycle.canaries import canary_job
     from testkit.formats import GEMMA
 
     return canary_job(GEMMA, kind=item["kind"], messages=item.get("messages"), prompt=item.get("prompt"))
 
 
 def llama_answer(llm, item: dict, max_tokens: int, **sampling: object) -> tuple[str, int]:  # type: ignore[no-untyped-def]
-    from marketplace.canaries import job_tokens
+    from marketplace.lifecycle.canaries import job_tokens
     from protocol.jobs import job_stop_strings
 
     job = job_of(item)
@@ -402,7 +402,7 @@ def smaller_model_answer(stages, llm, item: dict, max_tokens: int) -> tuple[str,
     """The engine's greedy answer with some layers skipped (what a cheat passing off a
     cheaper model would send); tokenized and detokenized as llama.cpp does."""
     from engine.generate import generate
-    from marketplace.canaries import job_tokens
+    from marketplace.lifecycle.canaries import job_tokens
 
     prompt = job_tokens(llm, job_of(item))
     ids = generate(stages, prompt, max_tokens, stop_ids=[llm.token_eos()]).token_ids
@@ -416,9 +416,9 @@ def canaries_main(args: argparse.Namespace) -> None:
     from django.conf import settings
 
     from catalog.tokenizer import shipped_model_path
-    from mahout.runners.llama import load_llama
-    from marketplace.canaries import REFERENCE_CTX, corpus, informative, reference_of, score_reason, verdict_reason
+    from marketplace.lifecycle.canaries import REFERENCE_CTX, corpus, informative, reference_of, score_reason, verdict_reason
     from marketplace.models import CanaryReference
+    from scorer.llama import load_llama
     from testkit.formats import GEMMA
 
     path = str(shipped_model_path())

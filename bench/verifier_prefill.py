@@ -91,7 +91,7 @@ class Timer:
     def __init__(self, path: Path, tokens: int) -> None:
         import llama_cpp
 
-        from mahout.runners.llama import load_llama
+        from scorer.llama import load_llama
 
         self.lib = llama_cpp
         self.llm = load_llama(path, n_ctx=max(512, tokens + 16), threads=1)

@@ -73,7 +73,8 @@ from django.conf import settings  # noqa: E402
 from django.urls import path, re_path  # noqa: E402
 
 from core.bodylimit import BodyLimit  # noqa: E402
-from marketplace.consumers import ChatStreamConsumer, HostSocketConsumer  # noqa: E402
+from marketplace.hostdoor.consumers import HostSocketConsumer  # noqa: E402
+from marketplace.openai.consumers import ChatStreamConsumer  # noqa: E402
 from mesh.experts.routing import websocket_urlpatterns as moe_relay_routes  # noqa: E402
 from mesh.rings.routing import websocket_urlpatterns as ring_relay_routes  # noqa: E402
 

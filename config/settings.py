@@ -15,6 +15,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from config.env import env_bool, env_float, env_int, env_str
+from protocol import timing
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("ELEPHANT_VAR_DIR", str(BASE_DIR / "var")))
@@ -226,13 +227,14 @@ SPECTACULAR_SETTINGS = {
 # Largest request body the API accepts (bytes); larger gets a 413.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("MAX_BODY_BYTES", 1_000_000, minimum=1024)
 
-# Marketplace behaviour.
+# Marketplace behaviour. A timing a host relies on takes its default from protocol/timing.py
+# (`timing.X`), where protocol/tests/test_timing.py holds it against the host's.
 QUEUE_TIMEOUT_SECONDS = env_float("QUEUE_TIMEOUT_SECONDS", 30.0, minimum=0.1)
 HOST_SHARE_PERCENT = 80
 MAX_TOKENS_LIMIT = env_int("MAX_TOKENS_LIMIT", 4096, minimum=1)
 DEFAULT_MAX_TOKENS = env_int("DEFAULT_MAX_TOKENS", 256, minimum=1)
-CLAIM_MAX_WAIT_SECONDS = 25.0
-HOST_OFFLINE_AFTER_SECONDS = env_int("HOST_OFFLINE_AFTER_SECONDS", 30, minimum=1)
+CLAIM_MAX_WAIT_SECONDS = timing.CLAIM_MAX_WAIT_SECONDS
+HOST_OFFLINE_AFTER_SECONDS = env_int("HOST_OFFLINE_AFTER_SECONDS", timing.HOST_OFFLINE_AFTER_SECONDS, minimum=1)
 DB_THREADS = env_int("DB_THREADS", 32, minimum=2)
 
 LOGGING = {
@@ -244,12 +246,12 @@ LOGGING = {
     # a stranger's stream of bad requests would otherwise be a stream of warnings. 5xx stay.
     "loggers": {"django.request": {"level": env_str("LOG_LEVEL_REQUESTS", "ERROR")}},
 }
-STALL_SECONDS = env_float("STALL_SECONDS", 20.0, minimum=0.1)
+STALL_SECONDS = env_float("STALL_SECONDS", timing.STALL_SECONDS, minimum=0.1)
 # A host whose batch said its text ended (finish_reason) completes at once; one that has not
 # within this is dead, and its whole answer settles (marketplace/lifecycle/failover.py).
-COMPLETE_GRACE_SECONDS = env_float("COMPLETE_GRACE_SECONDS", 10.0, minimum=0.1)
+COMPLETE_GRACE_SECONDS = env_float("COMPLETE_GRACE_SECONDS", timing.COMPLETE_GRACE_SECONDS, minimum=0.1)
 # A host whose WebSocket drops is dead unless it reopens one within this (mahout retries after 1 s).
-HOST_RECONNECT_GRACE_SECONDS = env_float("HOST_RECONNECT_GRACE_SECONDS", 2.5, minimum=0.0)
+HOST_RECONNECT_GRACE_SECONDS = env_float("HOST_RECONNECT_GRACE_SECONDS", timing.HOST_RECONNECT_GRACE_SECONDS, minimum=0.0)
 OUTPUT_RETENTION_SECONDS = env_int("OUTPUT_RETENTION_SECONDS", 300, minimum=0)
 # A response stored on request (`store: true` on /v1/responses) is kept this long, so that a
 # later turn can continue it (`previous_response_id`), then deleted by the watchdog's sweep. An
@@ -309,7 +311,7 @@ AUDIT_SCORER_OWNER_MIN_PASSED_AUDITS = env_int("AUDIT_SCORER_OWNER_MIN_PASSED_AU
 AUDIT_PASS_RECHECK_RATE = env_float("AUDIT_PASS_RECHECK_RATE", 0.1, minimum=0.0)
 # A ring's failed audit opens an inquiry (marketplace/ring_inquiries.py): its stages hand over what they kept of the
 # request within this long (a silent stage kept nothing), at most this many bytes each.
-RING_EVIDENCE_WAIT_SECONDS = env_float("RING_EVIDENCE_WAIT_SECONDS", 120.0, minimum=0.0)
+RING_EVIDENCE_WAIT_SECONDS = env_float("RING_EVIDENCE_WAIT_SECONDS", timing.RING_EVIDENCE_WAIT_SECONDS, minimum=0.0)
 RING_EVIDENCE_MAX_BYTES = env_int("RING_EVIDENCE_MAX_BYTES", 256 * 2**20, minimum=512 * 1024)
 CANARY_ENABLED = env_bool("CANARY_ENABLED", True)
 # The operator's own canary prompts (JSON: a list of prompts, or {"prompts": [...],
@@ -356,7 +358,7 @@ JOB_START_ALLOWANCE_SECONDS = env_float("JOB_START_ALLOWANCE_SECONDS", 120.0, mi
 # JOB_PROGRESS_SILENCE_SECONDS; mahout reports every 5 s), never past the allowance above
 # (marketplace/lifecycle/watchdog.py).
 JOB_START_FLOOR_SECONDS = env_float("JOB_START_FLOOR_SECONDS", 5.0, minimum=0.1)
-JOB_PROGRESS_SILENCE_SECONDS = env_float("JOB_PROGRESS_SILENCE_SECONDS", 10.0, minimum=0.1)
+JOB_PROGRESS_SILENCE_SECONDS = env_float("JOB_PROGRESS_SILENCE_SECONDS", timing.JOB_PROGRESS_SILENCE_SECONDS, minimum=0.1)
 JOB_MIN_TOKENS_PER_SECOND = env_float("JOB_MIN_TOKENS_PER_SECOND", 2.0, minimum=0.01)
 
 # Billing: Stripe top-ups and host payouts (issue 3). Without STRIPE_SECRET_KEY and
@@ -380,7 +382,7 @@ RECONCILE_INTERVAL_SECONDS = env_float("RECONCILE_INTERVAL_SECONDS", 300.0, mini
 USAGE_MAX_DAYS = env_int("USAGE_MAX_DAYS", 366, minimum=1)
 USAGE_PAGE_MAX = env_int("USAGE_PAGE_MAX", 1000, minimum=1)  # requests per page of GET /v1/usage
 # A continuation avoids the host whose attempt died for this long, then anyone may take it.
-CONTINUATION_GRACE_SECONDS = env_float("CONTINUATION_GRACE_SECONDS", 2.0, minimum=0)
+CONTINUATION_GRACE_SECONDS = env_float("CONTINUATION_GRACE_SECONDS", timing.CONTINUATION_GRACE_SECONDS, minimum=0)
 
 # Model-aware routing (issue 5). Jobs go to a host that has the model loaded ("warm");
 # a host whose catalog is missing, stale or unreadable counts as possibly warm. Within the
@@ -398,18 +400,18 @@ ROUTING_COLD_GRACE_SECONDS = env_float("ROUTING_COLD_GRACE_SECONDS", 2.0, minimu
 ROUTING_COLD_MAX_WAIT_SECONDS = env_float("ROUTING_COLD_MAX_WAIT_SECONDS", 30.0, minimum=0)
 # Deliberate redundancy (marketplace.redundancy): how long an idle host asked to load a
 # latency-critical model has to report it loaded before another host is asked instead.
-WARM_ASK_SECONDS = env_float("WARM_ASK_SECONDS", 180.0, minimum=1)
+WARM_ASK_SECONDS = env_float("WARM_ASK_SECONDS", timing.WARM_ASK_SECONDS, minimum=1)
 ROUTING_WEIGHT_WINDOW_SECONDS = env_int("ROUTING_WEIGHT_WINDOW_SECONDS", 3600, minimum=1)
-CATALOG_STALE_SECONDS = env_float("CATALOG_STALE_SECONDS", 15.0, minimum=1)  # three missed 5 s heartbeats
-MODEL_LIST_CACHE_SECONDS = env_float("MODEL_LIST_CACHE_SECONDS", 5.0, minimum=0)  # the heartbeat cadence
+CATALOG_STALE_SECONDS = env_float("CATALOG_STALE_SECONDS", timing.CATALOG_STALE_SECONDS, minimum=1)
+MODEL_LIST_CACHE_SECONDS = env_float("MODEL_LIST_CACHE_SECONDS", timing.MODEL_LIST_CACHE_SECONDS, minimum=0)
 # A host that drops or fails more than this many jobs in an hour rests in maintenance.
 HOST_MAX_FAILURES_PER_HOUR = env_int("HOST_MAX_FAILURES_PER_HOUR", 5, minimum=1)
 
 # MoE expert market (issue 8): freshness windows of coordinator reports and worker
 # heartbeats, how long an unregistered volunteer's assignment is held, and how long a
 # coordinator must be quiet before extra workers are retired.
-MOE_COORDINATOR_STALE_SECONDS = env_float("MOE_COORDINATOR_STALE_SECONDS", 30.0, minimum=1)
-MOE_WORKER_STALE_SECONDS = env_float("MOE_WORKER_STALE_SECONDS", 30.0, minimum=1)
+MOE_COORDINATOR_STALE_SECONDS = env_float("MOE_COORDINATOR_STALE_SECONDS", timing.MOE_COORDINATOR_STALE_SECONDS, minimum=1)
+MOE_WORKER_STALE_SECONDS = env_float("MOE_WORKER_STALE_SECONDS", timing.MOE_WORKER_STALE_SECONDS, minimum=1)
 MOE_ASSIGN_TTL_SECONDS = env_float("MOE_ASSIGN_TTL_SECONDS", 120.0, minimum=1)
 MOE_COOLDOWN_SECONDS = env_float("MOE_COOLDOWN_SECONDS", 30.0, minimum=0)
 # A saturated coordinator that measured its workers and engages none of them (its latency-aware

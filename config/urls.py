@@ -12,7 +12,9 @@ from config.health import healthz
 from config.middleware import API_PATHS
 from core.errors import ApiError
 from core.openapi import CachedSchemaGenerator
-from marketplace import host_apis, metrics, usage_apis
+from marketplace import metrics
+from marketplace.hostdoor import host_apis
+from marketplace.openai import usage_apis
 
 urlpatterns = [
     # the catalog and API keys left the marketplace app: old admin bookmarks still land
@@ -23,9 +25,9 @@ urlpatterns = [
     path("metrics", metrics.metrics_view),
     path("v1/usage", usage_apis.UsageApi.as_view()),
     path("v1/usage.csv", usage_apis.UsageCsvApi.as_view()),
-    path("v1/", include("marketplace.urls")),
+    path("v1/", include("marketplace.openai.urls")),
     path("hosts/api/", include("hosts.urls")),
-    path("hosts/api/", include("marketplace.host_urls")),
+    path("hosts/api/", include("marketplace.hostdoor.host_urls")),
     # the OpenAPI schema: JSON, or YAML with ?format=yaml (generated once per process)
     path("api/schema/", SpectacularAPIView.as_view(
         renderer_classes=[OpenApiJsonRenderer, OpenApiJsonRenderer2, OpenApiYamlRenderer, OpenApiYamlRenderer2],

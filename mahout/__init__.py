@@ -1,7 +1,9 @@
 """mahout: the Elephant host client. Never imports Django: hosts install it alone."""
 from __future__ import annotations
 
-__version__ = "0.7.0"
+from protocol.version import MAHOUT_VERSION as __version__  # (the gateway reads it from protocol)
+
+__all__ = ["__version__", "command_name"]
 
 
 def command_name() -> str:

@@ -23,9 +23,11 @@ from typing import Any, Protocol
 
 import httpx
 
-DEFAULT_TIMEOUT_S = 10.0
-CONNECT_TIMEOUT_S = 5.0
-CLAIM_TIMEOUT_MARGIN_S = 10.0
+from protocol.timing import API_BACKOFF_CAP_SECONDS, API_BACKOFF_SECONDS, API_RETRIES
+
+DEFAULT_TIMEOUT_SECONDS = 10.0
+CONNECT_TIMEOUT_SECONDS = 5.0
+CLAIM_TIMEOUT_MARGIN_SECONDS = 10.0
 BOOT_ID = secrets.token_hex(8)  # this process's start; every HostApi and socket of the process shares it
 
 
@@ -96,10 +98,10 @@ class HostApi:
         server: str,
         token: str,
         *,
-        timeout: float = DEFAULT_TIMEOUT_S,
-        retries: int = 4,
-        backoff: float = 0.5,
-        backoff_cap: float = 8.0,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        retries: int = API_RETRIES,
+        backoff: float = API_BACKOFF_SECONDS,
+        backoff_cap: float = API_BACKOFF_CAP_SECONDS,
         sleep: Callable[[float], None] = time.sleep,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
@@ -139,7 +141,7 @@ class HostApi:
     def _request(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> httpx.Response:
         """Send with bounded retries; raise :class:`ServerUnavailable` when they run out."""
         seconds = self.timeout if timeout is None else timeout
-        call_timeout = httpx.Timeout(seconds, connect=min(CONNECT_TIMEOUT_S, seconds))
+        call_timeout = httpx.Timeout(seconds, connect=min(CONNECT_TIMEOUT_SECONDS, seconds))
         attempt = 0
         while True:
             outcome = self._attempt(method, path, body, call_timeout)
@@ -196,7 +198,7 @@ class HostApi:
             if answer is None or isinstance(answer, dict):
                 return answer
         body = {"fingerprint": fingerprint, "wait": wait, "boot": BOOT_ID}
-        response = self._request("POST", "/claim", body, timeout=wait + CLAIM_TIMEOUT_MARGIN_S)
+        response = self._request("POST", "/claim", body, timeout=wait + CLAIM_TIMEOUT_MARGIN_SECONDS)
         if response.status_code == 204 or not response.content:
             return None
         return response.json().get("job")

@@ -79,7 +79,7 @@ def _measure_generation(llm, tokens: list[int], count: int) -> tuple[float, floa
 def run_benchmark(model_path: Path, threads: int, *, progress: bool = True, offload: Offload | None = None) -> dict:
     """Load the model with ``threads`` threads (and `offload`'s layers on the GPU) and measure
     it; returns the result dict, which says where it ran."""
-    from mahout.runners.llama import load_llama
+    from scorer.llama import load_llama
 
     offload = offload or Offload(0, 0, 0.0, "cpu")
     with tqdm(total=3, desc="benchmark", unit="phase", disable=not progress) as bar:

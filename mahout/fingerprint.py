@@ -15,7 +15,7 @@ import socket
 import subprocess
 from pathlib import Path
 
-COMMAND_TIMEOUT_S = 5.0
+COMMAND_TIMEOUT_SECONDS = 5.0
 
 
 def _read(path: str) -> str:
@@ -55,7 +55,7 @@ def gpu_names() -> list[str]:
     try:
         result = subprocess.run(
             ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False,
+            capture_output=True, text=True, timeout=COMMAND_TIMEOUT_SECONDS, check=False,
         )
     except (OSError, subprocess.TimeoutExpired):
         return []

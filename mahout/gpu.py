@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from mahout.idle import run_command
 
-COMMAND_TIMEOUT_S = 5.0
+COMMAND_TIMEOUT_SECONDS = 5.0
 RESERVE_MB = 768.0  # left free on the GPU: the context's KV cache and llama.cpp's compute buffers
 AUTO = "auto"
 
@@ -49,7 +49,7 @@ class Offload:
 
 
 def _run(argv: list[str]) -> str | None:
-    return run_command(argv, timeout=COMMAND_TIMEOUT_S)
+    return run_command(argv, timeout=COMMAND_TIMEOUT_SECONDS)
 
 
 def gpus_present(run: Callable[[list[str]], str | None] = _run, which: Callable[[str], str | None] = shutil.which,

@@ -22,7 +22,7 @@ from mahout.loader import ModelLoader, check_fits
 from mahout.loop import HostLoop
 from mahout.model_files import SHIPPED_MODEL
 
-UNREACHABLE_RETRY_S = 5.0
+UNREACHABLE_RETRY_SECONDS = 5.0
 
 
 def default_threads() -> int:
@@ -156,7 +156,7 @@ def benchmark_shipped(
 
 def register_when_reachable(
     api: HostApi, model: Qualified, *, out: Callable[[str], None] = print,
-    retry_s: float = UNREACHABLE_RETRY_S, sleep: Callable[[float], None] = time.sleep,
+    retry_s: float = UNREACHABLE_RETRY_SECONDS, sleep: Callable[[float], None] = time.sleep,
 ) -> dict:
     """Register the qualification, waiting for a gateway that is not up yet.
 

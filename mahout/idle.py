@@ -20,12 +20,12 @@ import sys
 import time
 from collections.abc import Callable
 
-COMMAND_TIMEOUT_S = 2.0
-DEFAULT_THRESHOLD_S = 120.0
+COMMAND_TIMEOUT_SECONDS = 2.0
+DEFAULT_THRESHOLD_SECONDS = 120.0
 HID_IDLE_TIME = re.compile(r'"HIDIdleTime"\s*=\s*(\d+)')
 
 
-def run_command(argv: list[str], timeout: float = COMMAND_TIMEOUT_S) -> str | None:
+def run_command(argv: list[str], timeout: float = COMMAND_TIMEOUT_SECONDS) -> str | None:
     """Run a command with a timeout; its stdout, or ``None`` if it failed in any way."""
     try:
         result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
@@ -145,7 +145,7 @@ class IdleDetector:
 
     def __init__(
         self,
-        threshold_s: float = DEFAULT_THRESHOLD_S,
+        threshold_s: float = DEFAULT_THRESHOLD_SECONDS,
         *,
         input_idle: Callable[[], float | None] = input_idle_seconds,
         gpu_pids: Callable[[], list[int]] = gpu_compute_pids,

@@ -90,7 +90,7 @@ _PREFIX = struct.Struct(">II")  # header length, payload length
 VERSION = 3  # the handshake's; 3: secrets per link, bound to its two ends (2 had one per ring)
 _TAG = f"elephant-link-{VERSION}"
 _DTYPES = {"float32": np.float32, "int64": np.int64}
-HANDSHAKE_TIMEOUT_S = 10.0  # a peer that does not finish the handshake in this time is dropped
+HANDSHAKE_TIMEOUT_SECONDS = 10.0  # a peer that does not finish the handshake in this time is dropped
 MAX_PENDING_HANDSHAKES = 16  # connections in the handshake at once, per listener; more are closed at once
 MIN_SECRET_CHARS = 32
 _NONCE_BYTES = 16
@@ -442,7 +442,7 @@ class HandshakeSlots:
 
 
 def accept(sock: socket.socket, *, secret: str | None = None, secret_for: Callable[[dict[str, Any]], str | None] | None = None,
-           caps: FrameCaps, name: str = "", timeout: float = HANDSHAKE_TIMEOUT_S) -> Link:
+           caps: FrameCaps, name: str = "", timeout: float = HANDSHAKE_TIMEOUT_SECONDS) -> Link:
     """The listener's side of the handshake on an accepted socket: the admitted peer's link
     (its hello in ``link.peer``, its frames bounded by `caps` from now on), or `LinkRefused`
     with the socket closed after nothing but the challenge was sent.
@@ -545,7 +545,7 @@ def connect(address: tuple[str, int], *, secret: str, hello: dict[str, Any], cap
         time.sleep(delay)
         delay = min(delay * 2, 0.5)
     link = Link(sock, name or f"{address[0]}:{address[1]}")
-    return _greet(link, key, hello, caps, max(1.0, min(HANDSHAKE_TIMEOUT_S, deadline - time.monotonic())))
+    return _greet(link, key, hello, caps, max(1.0, min(HANDSHAKE_TIMEOUT_SECONDS, deadline - time.monotonic())))
 
 
 def dial(address: tuple[str, int], *, secret: str, hello: dict[str, Any], caps: FrameCaps, timeout: float) -> Link:

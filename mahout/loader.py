@@ -20,7 +20,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
-ROOM_WAIT_S = 120.0  # how long loading a cold model waits for busy ones to be given back
+from protocol.timing import ROOM_WAIT_SECONDS
 
 
 class BudgetError(Exception):
@@ -166,8 +166,8 @@ class ModelLoader:
     def _make_room(self, name: str) -> None:
         """Unload idle models, least recently used first, until ``name`` fits in the budget. A
         host serving several jobs at once may claim one for a cold model while the others run:
-        it waits for them (at most ROOM_WAIT_S) rather than fail a job it could serve."""
-        deadline = time.monotonic() + ROOM_WAIT_S
+        it waits for them (at most ROOM_WAIT_SECONDS) rather than fail a job it could serve."""
+        deadline = time.monotonic() + ROOM_WAIT_SECONDS
         while True:
             with self._lock:
                 if self._fits(list(self._runners), name):

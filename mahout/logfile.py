@@ -21,7 +21,7 @@ from typing import BinaryIO
 LOG_FILE = "logs/mahout.log"
 LOG_BYTES = 5 * 1024 * 1024
 LOG_BACKUPS = 5
-FOLLOW_POLL_S = 0.5
+FOLLOW_POLL_SECONDS = 0.5
 
 
 def log_path(home: Path) -> Path:
@@ -53,7 +53,7 @@ def tail(path: Path, lines: int) -> list[str]:
     return list(kept) if lines > 0 else []
 
 
-def follow(path: Path, write: Callable[[str], None], *, stop: threading.Event, poll: float = FOLLOW_POLL_S) -> None:
+def follow(path: Path, write: Callable[[str], None], *, stop: threading.Event, poll: float = FOLLOW_POLL_SECONDS) -> None:
     """Hand `write` every line appended to `path` from now until `stop` is set; a rotation
     (the file replaced by a new one, or cut shorter) is read on from the new file's start, and a
     file not there yet is waited for."""

@@ -37,17 +37,18 @@ from mahout.api import HostApi, HostApiError, ServerUnavailable
 from mahout.idle import IdleDetector
 from mahout.loader import ModelLoader, UnknownModel
 from mahout.owner import OwnerGuard
-from mahout.progress import PROGRESS_INTERVAL_S, ProgressReporter
-from mahout.pusher import FLUSH_INTERVAL_S, BatchPusher
-from mahout.runners import Embedder, RequestRejected, Runner
+from mahout.progress import ProgressReporter
+from mahout.pusher import FLUSH_INTERVAL_SECONDS, BatchPusher
+from mahout.runners import Embedder, Runner
 from mahout.schedule import Schedule
 from mahout.scoring import audit_score, declined
-from protocol.jobs import AUDIT, CLAIM_WAIT_SECONDS, EMBEDDINGS, RING_CHECK
+from protocol.jobs import AUDIT, EMBEDDINGS, RING_CHECK
+from protocol.timing import CLAIM_WAIT_SECONDS, HEARTBEAT_INTERVAL_SECONDS, PROGRESS_INTERVAL_SECONDS
+from scorer.errors import RequestRejected
 
-HEARTBEAT_INTERVAL_S = 5.0
-MAINTENANCE_POLL_S = 10.0  # how often a host in maintenance asks again
-PAUSE_POLL_S = 1.0
-ERROR_BACKOFF_S = 5.0
+MAINTENANCE_POLL_SECONDS = 10.0  # how often a host in maintenance asks again
+PAUSE_POLL_SECONDS = 1.0
+ERROR_BACKOFF_SECONDS = 5.0
 SLOTS = 1  # jobs a loop runs at once unless told more (`mahout run --slots`)
 
 
@@ -123,11 +124,11 @@ class HostLoop:
         idle: IdleDetector | None = None,
         schedule: Schedule | None = None,
         claim_wait: float = CLAIM_WAIT_SECONDS,
-        heartbeat_interval: float = HEARTBEAT_INTERVAL_S,
-        flush_interval: float = FLUSH_INTERVAL_S,
-        progress_interval: float = PROGRESS_INTERVAL_S,
-        pause_poll: float = PAUSE_POLL_S,
-        error_backoff: float = ERROR_BACKOFF_S,
+        heartbeat_interval: float = HEARTBEAT_INTERVAL_SECONDS,
+        flush_interval: float = FLUSH_INTERVAL_SECONDS,
+        progress_interval: float = PROGRESS_INTERVAL_SECONDS,
+        pause_poll: float = PAUSE_POLL_SECONDS,
+        error_backoff: float = ERROR_BACKOFF_SECONDS,
         out: Callable[[str], None] = print,
         slots: int = SLOTS,
     ) -> None:
@@ -275,7 +276,7 @@ class HostLoop:
                 if exc.message != self._maintenance_said:
                     self.out(f"mahout: {exc.message}")
                     self._maintenance_said = exc.message
-                self._stop.wait(MAINTENANCE_POLL_S)
+                self._stop.wait(MAINTENANCE_POLL_SECONDS)
                 return None
             if exc.code == "too_many_claims":  # more long-polls than the gateway allows this host: one returns soon
                 self._stop.wait(self.error_backoff)

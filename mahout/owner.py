@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mahout.home import is_paused
-from mahout.idle import DEFAULT_THRESHOLD_S, IdleDetector
+from mahout.idle import DEFAULT_THRESHOLD_SECONDS, IdleDetector
 from mahout.schedule import Schedule
 
 __all__ = ["OwnerGuard", "OwnerWatch", "add_owner_arguments", "announce", "owner_guard"]
@@ -95,7 +95,7 @@ def add_owner_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--idle-detect", action=argparse.BooleanOptionalAction, default=True,
                         help="stop taking work while the owner uses the machine (keyboard/mouse input, another GPU "
                              "program); on by default, --no-idle-detect for a dedicated server")
-    parser.add_argument("--idle-threshold", type=float, default=DEFAULT_THRESHOLD_S,
+    parser.add_argument("--idle-threshold", type=float, default=DEFAULT_THRESHOLD_SECONDS,
                         help="seconds of no input before working")
     parser.add_argument("--schedule", type=_schedule, default=None,
                         help="work only in these local hours, e.g. 22:00-08:00 (several: 22:00-08:00,12:00-13:00)")

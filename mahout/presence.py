@@ -29,13 +29,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from mahout.api import BOOT_ID, HostApiError, JobGoneError
+from protocol.timing import PRESENCE_RECONNECT_MIN_SECONDS, SOCKET_PUSH_TIMEOUT_SECONDS
 
-PING_INTERVAL_S = 5.0
-PUSH_TIMEOUT_S = 10.0
-RECONNECT_MIN_S = 1.0
-RECONNECT_MAX_S = 30.0
-OPEN_TIMEOUT_S = 10.0
-CLAIM_MARGIN_S = 5.0  # how long past its wait a claim on the socket may take to be answered
+PING_INTERVAL_SECONDS = 5.0
+RECONNECT_MAX_SECONDS = 30.0
+OPEN_TIMEOUT_SECONDS = 10.0
+CLAIM_MARGIN_SECONDS = 5.0  # how long past its wait a claim on the socket may take to be answered
 
 
 class Unanswered(enum.Enum):
@@ -77,26 +76,26 @@ class Presence:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=OPEN_TIMEOUT_S + PING_INTERVAL_S)
+        self._thread.join(timeout=OPEN_TIMEOUT_SECONDS + PING_INTERVAL_SECONDS)
 
     def _run(self) -> None:
-        wait = RECONNECT_MIN_S
+        wait = PRESENCE_RECONNECT_MIN_SECONDS
         while not self._stop.is_set():
             try:
                 self._hold_open()
-                wait = RECONNECT_MIN_S
+                wait = PRESENCE_RECONNECT_MIN_SECONDS
             except Exception as exc:  # noqa: BLE001 - any failure means: reconnect later
                 self.connected.clear()
                 self._lost = True
                 self._out(f"mahout: presence connection lost ({type(exc).__name__}); retrying in {wait:.0f} s")
             self._stop.wait(wait)
-            wait = min(wait * 2, RECONNECT_MAX_S)
+            wait = min(wait * 2, RECONNECT_MAX_SECONDS)
 
     def _hold_open(self) -> None:
         """Read every frame until the socket closes, the gateway falls silent, or stop."""
         from websockets.sync.client import connect
 
-        with connect(self.url, additional_headers=self._headers, open_timeout=OPEN_TIMEOUT_S) as socket:
+        with connect(self.url, additional_headers=self._headers, open_timeout=OPEN_TIMEOUT_SECONDS) as socket:
             self._socket = socket
             self.connected.set()
             if self._lost:
@@ -105,13 +104,13 @@ class Presence:
             try:
                 heard, pinged = time.monotonic(), 0.0
                 while not self._stop.is_set():
-                    if time.monotonic() - pinged >= PING_INTERVAL_S:
+                    if time.monotonic() - pinged >= PING_INTERVAL_SECONDS:
                         socket.send('{"type": "ping"}')
                         pinged = time.monotonic()
                     try:
                         frame = socket.recv(timeout=0.5)
                     except TimeoutError:
-                        if time.monotonic() - heard > PING_INTERVAL_S + OPEN_TIMEOUT_S:
+                        if time.monotonic() - heard > PING_INTERVAL_SECONDS + OPEN_TIMEOUT_SECONDS:
                             raise
                         continue
                     heard = time.monotonic()
@@ -158,7 +157,7 @@ class Presence:
             self._claims += 1
             claim_id = self._claims
         answer = self._ask({"type": "claim", "id": claim_id, "fingerprint": fingerprint, "wait": wait},
-                           ("claim", claim_id), wait + CLAIM_MARGIN_S)
+                           ("claim", claim_id), wait + CLAIM_MARGIN_SECONDS)
         if answer is None:
             return UNANSWERED
         if answer["type"] == "job":
@@ -166,7 +165,7 @@ class Presence:
         raise _refusal(answer)
 
     def push_tokens(self, job_id: int, *, seq: int, text: str, logprobs: list[dict] | None = None, finish_reason: str = "",
-                    timeout: float = PUSH_TIMEOUT_S) -> dict | None:
+                    timeout: float = SOCKET_PUSH_TIMEOUT_SECONDS) -> dict | None:
         """Send batch ``seq`` of a job on the socket and return the gateway's ack; raise
         :class:`JobGoneError` (409) or :class:`HostApiError` as the HTTP API would; None when
         the socket is down or no answer came in ``timeout`` (send it over HTTP instead)."""

@@ -13,14 +13,13 @@ import threading
 from typing import Any
 
 from mahout.api import HostApi, HostApiError, ServerUnavailable
-
-PROGRESS_INTERVAL_S = 5.0  # well inside the gateway's JOB_PROGRESS_SILENCE_SECONDS (10 s): one lost report is not a death
+from protocol.timing import PROGRESS_INTERVAL_SECONDS
 
 
 class ProgressReporter:
     """Reports progress for one job from a thread; a context manager that stops on exit."""
 
-    def __init__(self, api: HostApi, job_id: Any, *, interval: float = PROGRESS_INTERVAL_S) -> None:
+    def __init__(self, api: HostApi, job_id: Any, *, interval: float = PROGRESS_INTERVAL_SECONDS) -> None:
         self._api, self._job_id, self._interval = api, job_id, interval
         self._stopped = threading.Event()
         self.stage = "loading"

@@ -23,15 +23,15 @@ from typing import Any
 
 from mahout.api import HostApi
 
-FLUSH_INTERVAL_S = 0.05
+FLUSH_INTERVAL_SECONDS = 0.05
 FINISH_REASONS = ("stop", "length")  # what a batch may say (the gateway refuses anything else)
-JOIN_TIMEOUT_S = 60.0
+JOIN_TIMEOUT_SECONDS = 60.0
 
 
 class BatchPusher:
     """Streams one job's text to the gateway; use as a context manager, end with :meth:`flush`."""
 
-    def __init__(self, api: HostApi, job_id: Any, interval: float = FLUSH_INTERVAL_S) -> None:
+    def __init__(self, api: HostApi, job_id: Any, interval: float = FLUSH_INTERVAL_SECONDS) -> None:
         self._api, self._job_id, self._interval = api, job_id, interval
         self._cond = threading.Condition()
         self._pending: list[str] = []
@@ -73,7 +73,7 @@ class BatchPusher:
             self._finish = finish_reason if finish_reason in FINISH_REASONS else ""
             self._closing = True
             self._cond.notify_all()
-        self._thread.join(JOIN_TIMEOUT_S)
+        self._thread.join(JOIN_TIMEOUT_SECONDS)
         self._raise_if_failed()
 
     def _raise_if_failed(self) -> None:

@@ -27,25 +27,25 @@ __all__ = ["ListenerRelay", "Portal", "relay_portal", "serve_reconnecting", "web
 
 CONN = struct.Struct(">I")
 CHUNK = 256 * 1024  # bytes read from a socket per relayed message (daphne refuses a message over 1 MiB)
-OPEN_TIMEOUT_S = 10.0
-RECONNECT_MIN_S, RECONNECT_MAX_S = 0.5, 10.0
+OPEN_TIMEOUT_SECONDS = 10.0
+RECONNECT_MIN_SECONDS, RECONNECT_MAX_SECONDS = 0.5, 10.0
 
 
 def serve_reconnecting(serve: Callable[[], None], stop: threading.Event, *, ended: Callable[[], object],
                        lost: Callable[[Exception, float], None]) -> None:
     """Run `serve` (one connection's life) until `stop` is set: `ended()` after each, and
-    after a failure `lost(error, seconds)` and a wait that doubles up to `RECONNECT_MAX_S`."""
-    wait = RECONNECT_MIN_S
+    after a failure `lost(error, seconds)` and a wait that doubles up to `RECONNECT_MAX_SECONDS`."""
+    wait = RECONNECT_MIN_SECONDS
     while not stop.is_set():
         try:
             serve()
-            wait = RECONNECT_MIN_S
+            wait = RECONNECT_MIN_SECONDS
         except Exception as exc:  # noqa: BLE001 - any failure means: reconnect later
             if not stop.is_set():
                 lost(exc, wait)
         ended()
         stop.wait(wait)
-        wait = min(wait * 2, RECONNECT_MAX_S)
+        wait = min(wait * 2, RECONNECT_MAX_SECONDS)
 
 
 def websocket_base(server: str) -> str:
@@ -56,7 +56,7 @@ def websocket_base(server: str) -> str:
 def _open(url: str, token: str) -> Any:
     from websockets.sync.client import connect
 
-    return connect(url, additional_headers={"Authorization": f"Bearer {token}"}, open_timeout=OPEN_TIMEOUT_S,
+    return connect(url, additional_headers={"Authorization": f"Bearer {token}"}, open_timeout=OPEN_TIMEOUT_SECONDS,
                    max_size=None)  # the link's own caps bound its frames
 
 

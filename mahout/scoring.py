@@ -2,7 +2,7 @@
 host already serves (`protocol.jobs.AuditPayload`, kind "audit").
 
 The gateway hands an audit to a trusted host when it lacks the model's weights itself. The
-host reads it with :class:`mahout.verify.Verifier` over the llama.cpp model its runner has
+host reads it with :class:`scorer.verify.Verifier` over the llama.cpp model its runner has
 loaded already (the verifier's ``llm``, borrowed): no second copy of the weights, only the
 verifier's own batch of ``n_batch`` token slots. The runner is held for the audit (the
 loader's ``acquire``), so no job generates on it meanwhile; the verifier clears the model's
@@ -10,15 +10,15 @@ KV memory, so the runner's prefix cache is reset afterwards and its next job pre
 
 A runner that is not a single llama.cpp model (an expert mesh, a ring's bridge, a test's
 fake) declines: the gateway asks another scorer. So does a job the verifier refuses
-(:class:`~mahout.verify.Unauditable`) or any error while reading it, so an audit is never
+(:class:`~scorer.verify.Unauditable`) or any error while reading it, so an audit is never
 left with a scorer that cannot finish it.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mahout.verify import Unauditable, Verifier
 from protocol.jobs import AUDIT_DECLINED_UNAUDITABLE, AuditVerdict
+from scorer.verify import Unauditable, Verifier
 
 if TYPE_CHECKING:
     from llama_cpp import Llama

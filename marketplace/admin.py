@@ -22,7 +22,7 @@ from hosts import selectors as hosts
 from hosts.admin import HostAdmin
 from hosts.models import Host
 from marketplace import selectors, services
-from marketplace.canaries import canary_summary
+from marketplace.lifecycle.canaries import canary_summary
 from marketplace.models import (
     Audit,
     AuditScore,

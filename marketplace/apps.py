@@ -11,6 +11,6 @@ class MarketplaceConfig(AppConfig):
         from django.conf import settings
 
         if settings.CANARY_PROMPTS_FILE:  # a broken file stops the process now, with one line saying why
-            from marketplace.canaries import corpus
+            from marketplace.lifecycle.canaries import corpus
 
             corpus()

@@ -285,7 +285,7 @@ class CanaryCheck(models.Model):
 
 class Audit(models.Model):
     """A real job chosen at random to be re-read under the real model before its host is
-    paid (`marketplace.audits`). Until decided, the host's share waits in the audit escrow
+    paid (`marketplace.trust.audits`). Until decided, the host's share waits in the audit escrow
     and the rendered prompt, the answer and its tokens are kept here (nowhere else: the
     request's own copy is deleted at settlement as for any job); deciding deletes them."""
 
@@ -339,7 +339,7 @@ class Audit(models.Model):
 
 
 class RingInquiry(models.Model):
-    """Which of a ring's hosts made its audit fail (`marketplace.ring_inquiries`): the failed
+    """Which of a ring's hosts made its audit fail (`marketplace.trust.ring_inquiries`): the failed
     audit's customer is refunded at once; here the ring's stages hand over what they kept of
     the request (`RingEvidence`), a trusted host outside the ring recomputes each stage on its
     own inputs (`mahout.ring.blame`), and only the hosts it finds at fault are put in
@@ -395,7 +395,7 @@ class RingEvidence(models.Model):
 
 
 class AuditScore(models.Model):
-    """One trusted host's reading of an audit scored by hosts (`marketplace.audits`): its
+    """One trusted host's reading of an audit scored by hosts (`marketplace.trust.audits`): its
     verdict and counts, whether a confirmation overruled it (a strike), and what it was paid."""
 
     class Verdict(models.TextChoices):
@@ -449,7 +449,7 @@ class StoredResponse(models.Model):
     Kept only until `expires_at` (`RESPONSE_STORE_SECONDS` after it was answered), then deleted
     by the watchdog's sweep, or earlier by DELETE /v1/responses/{id}. Its request's row keeps the
     bill, as every request's does; the prompt on that row is forgotten as any other. Bounded per
-    response and per account (`marketplace.stored_responses`)."""
+    response and per account (`marketplace.openai.stored_responses`)."""
 
     request = models.OneToOneField(Request, on_delete=models.CASCADE, related_name="stored_response")
     conversation = models.JSONField(help_text="the input items (earlier turns first) then the output items, "

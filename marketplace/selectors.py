@@ -149,7 +149,7 @@ class HostStatement:
 
     payouts: billing.HostPayouts
     jobs: list[dict]
-    verifying_ucents: int = 0  # earned on jobs whose audit is pending: paid when it passes (`marketplace.audits`)
+    verifying_ucents: int = 0  # earned on jobs whose audit is pending: paid when it passes (`marketplace.trust.audits`)
 
 
 def host_statement(*, host: Host, limit: int = 100) -> HostStatement:

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from marketplace import audits, canaries, ring_inquiries, services, stored_responses
+from marketplace import services
+from marketplace.lifecycle import canaries
+from marketplace.openai import stored_responses
+from marketplace.trust import audits, ring_inquiries
 
 
 @shared_task(name="marketplace.tasks.watchdog_tick", ignore_result=True)

@@ -44,8 +44,6 @@ RING_CHECK_VERDICTS = ("blamed", "declined")
 SAMPLING_PARAMS = ("max_tokens", "temperature", "top_p", "stop", "seed", "response_format", "logprobs")
 # "logprobs": None, or report each token's log-probability with that many alternatives (0 to MAX_TOP_LOGPROBS)
 MAX_TOP_LOGPROBS = 20
-# A claim long-polls this long unless the host asks otherwise (the gateway's default `wait`).
-CLAIM_WAIT_SECONDS = 20.0
 
 
 class JobPayload(TypedDict, total=False):

@@ -35,7 +35,7 @@ def make_customer(*, credit_ucents: int = 500_000_000, cap_ucents: int | None = 
 def make_host(*, qualified: bool = True, name: str | None = None, fingerprint: str = "f" * 64, trusted: bool = False) -> ServingHost:
     """A host in probation, like every new stranger's (`trusted`: out of it already)."""
     from hosts.services import host_create, qualification_register
-    from marketplace.reputation import trust_grant
+    from marketplace.trust.reputation import trust_grant
     from protocol.catalog import MODEL_FILES
 
     new = host_create(email=f"h-{uuid.uuid4().hex[:8]}@example.com", name=name or "rig")

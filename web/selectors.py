@@ -20,11 +20,11 @@ from core.dates import day_bounds
 from hosts.models import Host, Qualification
 from hosts.selectors import warm_host_counts
 from hosts.services import owner_may_resume
-from marketplace.audits import audit_summary
-from marketplace.canaries import canary_summary
+from marketplace.lifecycle.canaries import canary_summary
 from marketplace.models import CanaryCheck, Job, Request, StageShare
-from marketplace.redundancy import warming_hosts
 from marketplace.selectors import host_status, with_running_job
+from marketplace.trust.audits import audit_summary
+from marketplace.trust.redundancy import warming_hosts
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User

@@ -36,10 +36,10 @@ from core.http import AuthedHttpRequest
 from hosts import selectors as host_selectors
 from hosts import services as hosts
 from hosts.models import Host
-from mahout import __version__ as mahout_version
-from marketplace import reputation
 from marketplace import selectors as marketplace_selectors
-from marketplace.usage_apis import usage_csv_response
+from marketplace.openai.usage_apis import usage_csv_response
+from marketplace.trust import reputation
+from protocol.version import MAHOUT_VERSION as mahout_version
 from web import selectors
 from web.charts import BarChart, bar_chart
 from web.forms import ApiKeyForm, DateRangeForm, HostForm, PayoutForm, SignupForm, TopupForm

@@ -83,7 +83,7 @@ class UsageApiTests:
 
     @pytest.mark.django_db(transaction=True)  # the CSV is read by the async server's database threads
     def test_the_csv_is_streamed_a_page_at_a_time_and_loses_no_row(self, catalog, monkeypatch) -> None:
-        from marketplace import usage_apis
+        from marketplace.openai import usage_apis
 
         monkeypatch.setattr(usage_apis, "CSV_PAGE", 2)
         customer = make_customer()

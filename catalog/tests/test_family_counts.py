@@ -16,9 +16,9 @@ import pytest
 from catalog.models import CatalogModel
 from catalog.rendering import chat_format, prompt_count, prompt_fragments
 from catalog.services import catalog_model_add
-from mahout.runners.llama import PromptTokenizer, load_llama
 from protocol.jobs import CHAT, COMPLETION, job_payload_build
 from protocol.rendering import TemplateRefused
+from scorer.llama import PromptTokenizer, load_llama
 from testkit.corpus import CHATS, COMPLETIONS
 from testkit.families import FAMILIES
 

@@ -87,7 +87,7 @@ class LlamaCppCountTests:
     def test_every_published_vocabulary_with_a_template_counts_as_llama_cpp_parses_the_rendering(self, cases):
         from llama_cpp import Llama
 
-        from mahout.runners.llama import PromptTokenizer
+        from scorer.llama import PromptTokenizer
 
         assert {"phi-3", "qwen2", "command-r"} <= set(cases)  # what the sdist has published since 0.3.x
         for name, (path, template) in cases.items():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grimp
 
-PACKAGES = ("core", "protocol", "engine", "accounts", "catalog", "mahout", "hosts", "billing", "mesh", "marketplace", "web",
+PACKAGES = ("core", "protocol", "engine", "scorer", "accounts", "catalog", "mahout", "hosts", "billing", "mesh", "marketplace", "web",
             "config", "testkit")
 
 

@@ -19,8 +19,8 @@ GATEWAY_MODULES = [
         "billing": ["models", "services", "selectors", "apis", "admin", "tasks", "webhooks"],
         "mesh": ["models", "admin", "urls", "experts.services", "experts.apis", "experts.consumers", "rings.services", "rings.apis"],
         "marketplace": [
-            "models", "services", "admission", "selectors", "routing", "apis", "host_apis", "usage_apis", "consumers",
-            "streaming", "admin", "tasks",
+            "models", "services", "openai.admission", "selectors", "trust.routing", "openai.apis", "hostdoor.host_apis",
+            "openai.usage_apis", "openai.consumers", "hostdoor.consumers", "openai.streaming", "admin", "tasks",
         ],
         "web": ["views", "selectors"],
         "config": ["urls", "asgi", "celery"],

@@ -26,7 +26,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     source = work / "source"  # built from a copy: setuptools leaves build/ and egg-info behind
     source.mkdir()
     shutil.copy(ROOT / "pyproject.toml", source)
-    for package in ("mahout", "protocol", "engine"):
+    for package in ("mahout", "scorer", "protocol", "engine"):
         shutil.copytree(ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__", "tests"))
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
     subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(work / "dist"), str(source)], check=True)

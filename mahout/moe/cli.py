@@ -27,7 +27,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from protocol.jobs import CLAIM_WAIT_SECONDS
+from protocol.timing import CLAIM_WAIT_SECONDS, MOE_COORDINATOR_REPORT_SECONDS, MOE_WORKER_HEARTBEAT_SECONDS
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -45,7 +45,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     volunteer.add_argument("--relay", action="store_true", help=argparse.SUPPRESS)  # the default since issue 16; still accepted
     volunteer.add_argument("--max-slices", type=int, default=None, help="exit after serving this many slices")
     volunteer.add_argument("--poll", type=float, default=1.0, help="seconds between volunteer polls")
-    volunteer.add_argument("--heartbeat", type=float, default=2.0, help="seconds between heartbeats")
+    volunteer.add_argument("--heartbeat", type=float, default=MOE_WORKER_HEARTBEAT_SECONDS, help="seconds between heartbeats")
     volunteer.add_argument("--home", help="state directory whose pause flag counts (default: $MAHOUT_HOME or ~/.mahout)")
     from engine.device import add_device_argument
     from mahout.owner import add_owner_arguments
@@ -58,7 +58,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     coordinator.add_argument("--name", required=True, help="its name in the gateway's catalog (see manage.py moe_register)")
     coordinator.add_argument("--slots", type=int, default=4, help="requests served at once")
     coordinator.add_argument("--threads", type=int, default=1, help="torch threads (default 1: workers share the CPUs)")
-    coordinator.add_argument("--report", type=float, default=2.0, help="seconds between load reports to the control plane")
+    coordinator.add_argument("--report", type=float, default=MOE_COORDINATOR_REPORT_SECONDS, help="seconds between load reports to the control plane")
     coordinator.add_argument("--claim-wait", type=float, default=CLAIM_WAIT_SECONDS, help="seconds each claim long-polls")
     coordinator.add_argument("--home", help="state directory (default: $MAHOUT_HOME or ~/.mahout)")
     coordinator.add_argument("--rebenchmark", action="store_true", help="ignore the cached benchmark")

@@ -39,6 +39,7 @@ from mahout.moe.relay import RelayTransport, RelayWorkerLink
 from mahout.moe.runner import MoeRunner
 from mahout.moe.worker import ExpertServer, worker_caps
 from mahout.owner import OwnerGuard, OwnerWatch
+from protocol.timing import MOE_COORDINATOR_REPORT_SECONDS, MOE_WORKER_HEARTBEAT_SECONDS
 
 __all__ = ["CoordinatorAgent", "MeshClient", "MeshRefused", "MeshUnavailable", "Volunteer"]
 
@@ -138,7 +139,7 @@ BLAME_REASON_MAX = 500  # what the control plane keeps of a blame's reason
 
 
 class CoordinatorAgent:
-    def __init__(self, runner: MoeRunner, client: MeshClient, model: str, *, interval_s: float = 2.0) -> None:
+    def __init__(self, runner: MoeRunner, client: MeshClient, model: str, *, interval_s: float = MOE_COORDINATOR_REPORT_SECONDS) -> None:
         self.runner, self.client, self.model, self.interval_s = runner, client, model, interval_s
         runner.coordinator.transport_for = self.transport_for
         self._heartbeat = Heartbeat(self.tick, interval_s, name="moe-coordinator-agent")
@@ -181,7 +182,7 @@ class Volunteer:
 
     def __init__(
         self, client: MeshClient, workdir: Path, *, host: str = "127.0.0.1", advertise: str | None = None,
-        relay: bool = True, poll_s: float = 1.0, heartbeat_s: float = 2.0, out: Callable[[str], None] = print,
+        relay: bool = True, poll_s: float = 1.0, heartbeat_s: float = MOE_WORKER_HEARTBEAT_SECONDS, out: Callable[[str], None] = print,
         device: object = None, owner: OwnerGuard | None = None,
     ) -> None:
         self.client, self.workdir, self.host, self.advertise = client, workdir, host, advertise or host

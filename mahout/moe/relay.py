@@ -24,7 +24,7 @@ from mahout.moe.worker import ExpertServer
 
 __all__ = ["RelayTransport", "RelayWorkerLink", "relay_url"]
 
-RELAY_DIAL_TIMEOUT_S = 5.0  # the portal's WebSocket to the gateway, then the handshake through it
+RELAY_DIAL_TIMEOUT_SECONDS = 5.0  # the portal's WebSocket to the gateway, then the handshake through it
 
 
 def relay_url(server: str, role: str, worker_id: int) -> str:
@@ -46,7 +46,7 @@ class RelayTransport(TcpTransport):
     def __init__(self, server_url: str, token: str, worker_id: int, secret: str) -> None:
         self.url = relay_url(server_url, "coordinator", worker_id)
         self.portal = relay.Portal(self.url, token)
-        super().__init__(self.portal.address, secret, connect_timeout=RELAY_DIAL_TIMEOUT_S)
+        super().__init__(self.portal.address, secret, connect_timeout=RELAY_DIAL_TIMEOUT_SECONDS)
 
     def close(self) -> None:
         super().close()

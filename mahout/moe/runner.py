@@ -35,21 +35,23 @@ from engine.moe_loader import ByteTokenizer, has_byte_vocabulary, load_moe
 from engine.tokenizer import Tokenizer
 from mahout.moe.coordinator import Coordinator
 from mahout.moe.policy import DispatchPolicy, LoadMonitor
-from mahout.runners import Piece, RequestRejected, job_number, job_seed
+from mahout.runners import Piece, job_number, job_seed
 from mahout.runners.logprobs import LogprobRecorder, TokenAligner
 from protocol.jobs import job_stop_strings
 from protocol.rendering import fragments_text
 from protocol.sampling import select, select_masked, uniform
+from scorer.errors import RequestRejected
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-    from mahout.runners.llama import Grammar, TokenHealer, Vocab
+    from scorer.healing import TokenHealer, Vocab
+    from scorer.llama import Grammar
 
 __all__ = ["MoeRunner", "MoeSlot", "SlotsFull", "Vocabulary", "as_streamed"]
 
-GATHER_S = 0.005  # how long a pass waits for the other decoding requests' steps (a pass here takes ~10 ms)
+GATHER_SECONDS = 0.005  # how long a pass waits for the other decoding requests' steps (a pass here takes ~10 ms)
 
 
 class SlotsFull(RuntimeError):
@@ -68,7 +70,8 @@ class Vocabulary:
         self._pieces: list[bytes] | None = None
         self._heal_vocab: Vocab | None = None  # every token's bytes for healing, built for the first job that resumes text
         if not self.bytes:
-            from mahout.runners.llama import PromptTokenizer, end_of_generation_ids, pieces_whole
+            from mahout.runners.llama import end_of_generation_ids
+            from scorer.llama import PromptTokenizer, pieces_whole
 
             pieces_whole(self.tokenizer.llama)  # (a token longer than 32 bytes would be spelled as nothing)
             self._prompt = PromptTokenizer(self.tokenizer.llama)
@@ -105,7 +108,7 @@ class Vocabulary:
         as a single-machine host does (`mahout.runners.llama.healing`): a continuation's cut last
         word, or under a grammar its whole delivered text (`rewrite`). A byte vocabulary cuts no
         word (a byte is a token) and follows no grammar: nothing to heal."""
-        from mahout.runners.llama import Vocab, healing, resumes_text
+        from scorer.healing import Vocab, healing, resumes_text
 
         if self.bytes or not (job.get("rewrite") or resumes_text(job)):
             return prompt, None
@@ -115,7 +118,7 @@ class Vocabulary:
 
     def count(self, text: str) -> int:
         """Tokens in generated text, as the gateway counts them (`mahout.runners.llama.count_tokens`)."""
-        from mahout.runners.llama import count_tokens
+        from scorer.llama import count_tokens
 
         return len(text.encode()) if self.bytes else count_tokens(self.tokenizer.llama, text)
 
@@ -127,7 +130,7 @@ class Vocabulary:
     def grammar(self, response_format: dict | None) -> Grammar | None:
         """The response_format's grammar over this vocabulary, in its starting state (None: free
         text); refused for a byte vocabulary, which llama.cpp's grammar cannot read."""
-        from mahout.runners.llama import Grammar, grammar_for
+        from scorer.llama import Grammar, grammar_for
 
         spec = grammar_for(response_format)
         if spec is None:
@@ -257,7 +260,7 @@ class MoeRunner:
 
     def _decode(self, token: int, position: int, row: int) -> torch.Tensor:
         """One decode step, packed with every other request's pending step: the logits (V,).
-        When no pass is running, this request runs the next one: it waits (at most GATHER_S)
+        When no pass is running, this request runs the next one: it waits (at most GATHER_SECONDS)
         until every decoding request has its step pending, then runs them all as the rows of
         one pass. Otherwise it waits for the running pass to end (its step may be in it)."""
         step = _Step(token, position, row)
@@ -271,7 +274,7 @@ class MoeRunner:
                 self._stepping = True
                 try:
                     if self.pack:
-                        self._gather.wait_for(lambda: len(self._pending) >= self._decoding, timeout=GATHER_S)
+                        self._gather.wait_for(lambda: len(self._pending) >= self._decoding, timeout=GATHER_SECONDS)
                         batch, self._pending = self._pending, []
                     else:
                         batch = [step]
@@ -412,7 +415,7 @@ class MoeSlot:
         budget = runner.model.cache.n_ctx - len(prompt)
         if budget <= 0:  # (as a single-machine host says it: the customer gets the reason)
             raise RequestRejected(f"prompt is {len(prompt)} tokens; the context window is {runner.model.cache.n_ctx} tokens")
-        from mahout.runners.llama import rewrite_budget
+        from scorer.healing import rewrite_budget
 
         max_tokens = min(rewrite_budget(job, min(int(params.get("max_tokens") or budget), budget), runner.tokenizer.count),
                          budget)

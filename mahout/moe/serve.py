@@ -30,7 +30,7 @@ from mahout.host import Qualified, qualify_with_server
 from mahout.loop import HostLoop
 from mahout.moe.runner import MoeRunner
 from mahout.owner import OwnerGuard
-from protocol.jobs import CLAIM_WAIT_SECONDS
+from protocol.timing import CLAIM_WAIT_SECONDS, MOE_COORDINATOR_REPORT_SECONDS
 
 if TYPE_CHECKING:
     import torch
@@ -98,7 +98,7 @@ class MoeHostLoop(HostLoop):
 
 def serve_coordinator(
     *, server: str, token: str, model_path: Path, name: str, home: Path, slots: int = 4, threads: int = 1,
-    agent_interval_s: float = 2.0, claim_wait: float = CLAIM_WAIT_SECONDS, rebenchmark: bool = False,
+    agent_interval_s: float = MOE_COORDINATOR_REPORT_SECONDS, claim_wait: float = CLAIM_WAIT_SECONDS, rebenchmark: bool = False,
     owner: OwnerGuard | None = None, device: torch.device | None = None, n_ctx: int | None = None,
     out: Callable[[str], None] = print,
 ) -> int:

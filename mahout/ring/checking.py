@@ -27,7 +27,7 @@ def ring_check(payload: dict, api: Any, *, model_path: str | Path) -> dict:
     from llama_cpp import Llama
 
     from engine.gguf_loader import open_gguf, read_config
-    from mahout.runners.llama import PromptTokenizer
+    from scorer.llama import PromptTokenizer
 
     try:
         job, tokens, stages = payload["job"], [int(t) for t in payload["tokens"]], payload["stages"]

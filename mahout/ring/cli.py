@@ -82,7 +82,7 @@ def cmd_ring(args: argparse.Namespace, say: Callable[[str], None] = print) -> in
     if args.server:
         from mahout.credentials import NoCredentials, credentials_resolve
         from mahout.home import resolve_home
-        from mahout.ring.runner import serve_ring
+        from mahout.ring.serve import serve_ring
 
         try:
             login = credentials_resolve(server=args.server, token=args.token, home=resolve_home(args.home),

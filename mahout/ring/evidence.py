@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from mahout.ring.membership import Row
+from protocol.timing import RING_EVIDENCE_POLL_SECONDS
 
 __all__ = ["DEFAULT_BUDGET_BYTES", "EvidenceStore", "EvidenceUploader", "StageRecord", "record_bytes", "record_from_bytes"]
 
@@ -272,7 +273,7 @@ class EvidenceUploader:
     `part_bytes`, or says it kept nothing."""
 
     def __init__(self, api: Any, store: EvidenceStore, *, ring_id: int, stage: int, part_bytes: int = 512 * 1024,
-                 poll_s: float = 5.0, say: Callable[[str], None] = print) -> None:
+                 poll_s: float = RING_EVIDENCE_POLL_SECONDS, say: Callable[[str], None] = print) -> None:
         import threading
 
         self.api, self.store, self.ring_id, self.stage = api, store, ring_id, stage

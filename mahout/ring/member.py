@@ -61,8 +61,8 @@ __all__ = [
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
-OWNER_POLL_S = 1.0  # how often a stage asks whether its owner wants the machine
-RELAY_WAIT_S = 10.0  # how long a relayed stage waits for its relay socket before reporting
+OWNER_POLL_SECONDS = 1.0  # how often a stage asks whether its owner wants the machine
+RELAY_WAIT_SECONDS = 10.0  # how long a relayed stage waits for its relay socket before reporting
 
 
 class StageNotAssigned(LookupError):
@@ -270,7 +270,7 @@ def _relay_for(server: str, token: str, args: argparse.Namespace, local: tuple[s
     from mahout.ring.relay import StageRelay
 
     relay = StageRelay(server, token, args.ring, args.stage, local, out=say).start()
-    if not relay.connected.wait(RELAY_WAIT_S):
+    if not relay.connected.wait(RELAY_WAIT_SECONDS):
         say(f"mahout: stage {args.stage}: the ring relay is not connected yet; retrying in the background")
     return relay
 
@@ -293,7 +293,7 @@ def _wait_until_free(guard: OwnerGuard, index: int, say: Callable[[str], None]) 
         if reason != said:
             say(f"mahout: stage {index}: paused ({reason}): not joining the ring until free")
             said = reason
-        time.sleep(OWNER_POLL_S)
+        time.sleep(OWNER_POLL_SECONDS)
     if said is not None:
         say(f"mahout: stage {index}: resumed: joining the ring")
 
@@ -307,7 +307,7 @@ def _leave_when_the_owner_returns(guard: OwnerGuard, agent: StageAgent, index: i
             say(f"mahout: stage {index}: paused ({reason}): leaving the ring; its requests in flight fail over")
             agent.close()
 
-    return OwnerWatch(guard, on_change, poll_s=OWNER_POLL_S).start()
+    return OwnerWatch(guard, on_change, poll_s=OWNER_POLL_SECONDS).start()
 
 
 class LocalStages:

@@ -35,8 +35,8 @@ from mahout.ring.relay import RELAY_ADDRESS, relay_portal
 
 __all__ = ["RendezvousTimeout", "advertised_address", "bridge_connect", "dial_stage", "parse_address"]
 
-DIAL_TIMEOUT_S = 3.0  # one attempt at a reported address before reading the addresses again
-POLL_S = 0.5
+DIAL_TIMEOUT_SECONDS = 3.0  # one attempt at a reported address before reading the addresses again
+POLL_SECONDS = 0.5
 
 
 class RendezvousTimeout(TimeoutError):
@@ -90,7 +90,7 @@ def advertised_address(server: socket.socket, advertise: str | None, server_url:
 
 def dial_stage(
     api: RingApi, ring_id: int, index: int, *, secret: str, hello: dict[str, Any], caps: FrameCaps, timeout: float,
-    name: str = "", say: Callable[[str], None] = print, poll: float = POLL_S, dial_timeout: float = DIAL_TIMEOUT_S,
+    name: str = "", say: Callable[[str], None] = print, poll: float = POLL_SECONDS, dial_timeout: float = DIAL_TIMEOUT_SECONDS,
 ) -> Link:
     """Connect to stage `index` of the ring once it has reported an address that answers and
     passes the handshake with `secret`."""
@@ -160,4 +160,4 @@ def bridge_connect(
             if time.monotonic() >= deadline:
                 raise RendezvousTimeout(f"ring {ring_id}: the head or the tail left before greeting the bridge: {exc}") from exc
             say(f"mahout: ring {ring_id}: a stage left while the bridge was joining ({exc}); trying again")
-            time.sleep(POLL_S)
+            time.sleep(POLL_SECONDS)

@@ -43,7 +43,8 @@ from mahout.runners.logprobs import LogprobRecorder, log_softmax
 from protocol.sampling import part_mass, part_of_draw, select, select_masked, uniform
 
 if TYPE_CHECKING:
-    from mahout.runners.llama import Grammar, TokenHealer
+    from scorer.healing import TokenHealer
+    from scorer.llama import Grammar
 
 __all__ = ["Healing", "Pick", "Sampler", "merge", "report", "whole_pick"]
 

@@ -13,11 +13,7 @@ import random
 from collections.abc import Generator
 from typing import Protocol
 
-
-class RequestRejected(ValueError):
-    """The job's own content cannot be run (a parameter out of range, a prompt past the
-    context): the customer's request is at fault, not this machine. mahout reports it as
-    such, so it is no strike against the host."""
+from scorer.errors import RequestRejected
 
 
 class Piece(str):

@@ -42,18 +42,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mahout.runners import Piece, job_number, job_seed
-from mahout.runners.llama import (
-    ContextOverflowError,
-    Grammar,
-    GrammarSampler,
-    LlamaRunner,
-    SpecifiedSampler,
-    TokenHealer,
-    count_tokens,
-    grammar_for,
-    rewrite_budget,
-)
+from mahout.runners.llama import ContextOverflowError, GrammarSampler, LlamaRunner, SpecifiedSampler
 from mahout.runners.logprobs import LogprobRecorder, TokenAligner
+from scorer.healing import TokenHealer, rewrite_budget
+from scorer.llama import Grammar, count_tokens, grammar_for
 
 if TYPE_CHECKING:
     import numpy as np

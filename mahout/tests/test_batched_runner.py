@@ -24,9 +24,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mahout.runners import Piece, RequestRejected
+from mahout.runners import Piece
 from mahout.runners.batched import BatchedLlamaRunner, CompletionText, JobStream, slots_chosen
 from mahout.runners.llama import LlamaRunner
+from scorer.errors import RequestRejected
 from testkit.formats import rendered
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},

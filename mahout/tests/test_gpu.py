@@ -145,7 +145,7 @@ class RealBuildTests:
         """llama.cpp keeps every layer on the CPU when its build has no GPU backend."""
         from mahout.gpu import model_layers, offload_supported
         from mahout.model_files import shipped_model_source_path
-        from mahout.runners.llama import load_llama
+        from scorer.llama import load_llama
 
         path = shipped_model_source_path()
         assert model_layers(path) == 18 and offload_supported() is False

@@ -80,7 +80,7 @@ class ModelLoaderTests:
         assert loads.loaded == ["chat", "big", "chat"] and models.loaded() == ["chat"]
 
     def test_it_never_unloads_a_model_serving_a_job(self, monkeypatch):
-        monkeypatch.setattr(loader_module, "ROOM_WAIT_S", 0.2)
+        monkeypatch.setattr(loader_module, "ROOM_WAIT_SECONDS", 0.2)
         loads = Loads()
         models = loader(600, loads)
         with models.acquire("chat"):

@@ -164,7 +164,7 @@ class HostLoopTests:
     def test_in_maintenance_it_says_why_once_waits_and_serves_again_when_resumed(self, gateway, api, tmp_path, monkeypatch):
         import mahout.loop
 
-        monkeypatch.setattr(mahout.loop, "MAINTENANCE_POLL_S", 0.01)
+        monkeypatch.setattr(mahout.loop, "MAINTENANCE_POLL_SECONDS", 0.01)
         lines: list[str] = []
         gateway.state.maintenance = "7 jobs dropped or failed in the last hour."
         gateway.state.add_job("job-1")
@@ -254,8 +254,9 @@ class HostLoopTests:
         assert gateway.state.causes["job-1"] == "host", "an error the runner cannot pin on the request is the host's"
 
     def test_it_reports_a_request_it_cannot_run_as_the_requests_fault(self, gateway, api, tmp_path):
-        from mahout.runners import RequestRejected, job_number
+        from mahout.runners import job_number
         from mahout.runners.llama import ContextOverflowError
+        from scorer.errors import RequestRejected
 
         gateway.state.add_job("job-1")
         make_loop(api, FakeRunner([], error=ContextOverflowError("prompt is 5000 tokens")), tmp_path, []).run(max_jobs=1)

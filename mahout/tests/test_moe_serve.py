@@ -9,7 +9,7 @@ import pytest
 from engine.moe_loader import make_tiny_moe
 from mahout.moe.runner import MoeRunner
 from mahout.moe.serve import MoeHostLoop, measure_moe
-from mahout.runners import RequestRejected
+from scorer.errors import RequestRejected
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ class ReconnectTests:
 
         import mahout.presence
 
-        monkeypatch.setattr(mahout.presence, "RECONNECT_MIN_S", 0.05)
+        monkeypatch.setattr(mahout.presence, "PRESENCE_RECONNECT_MIN_SECONDS", 0.05)
         opened = []
 
         def handler(socket) -> None:  # noqa: ANN001

@@ -14,8 +14,8 @@ import pytest
 
 from mahout.ring.local import ThreadRing, split_layers
 from mahout.ring.membership import Limits
-from mahout.runners.llama import PromptTokenizer
-from mahout.verify import Verifier
+from scorer.llama import PromptTokenizer
+from scorer.verify import Verifier
 from testkit.formats import rendered
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -20,7 +20,7 @@ from mahout.ring.blame import BRIDGE, TOLERANCE, StageSlice, blame, stage_recomp
 from mahout.ring.evidence import EvidenceStore, StageRecord
 from mahout.ring.local import ThreadRing, split_layers
 from mahout.ring.membership import Limits, Row
-from mahout.runners.llama import PromptTokenizer
+from scorer.llama import PromptTokenizer
 from testkit.formats import rendered
 
 pytestmark = pytest.mark.usefixtures("one_thread")

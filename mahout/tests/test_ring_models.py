@@ -18,11 +18,11 @@ from mahout.model_files import model_add
 from mahout.ring.local import ThreadRing, split_layers
 from mahout.ring.membership import Limits
 from mahout.ring.model import ring_model
-from mahout.ring.runner import ring_loops, run_loops
+from mahout.ring.serve import ring_loops, run_loops
 from mahout.runners.embeddings import MODEL_NAME as EMBEDDINGS_MODEL
-from mahout.runners.llama import PromptTokenizer
 from mahout.tests.fake_gateway import TOKEN, FakeGateway
 from protocol.rendering import chat_format_read
+from scorer.llama import PromptTokenizer
 from testkit.families import SdistUnavailable, sdist_models, template_path, tiny_model
 from testkit.formats import rendered
 
@@ -128,7 +128,7 @@ class RingOfAnotherFamilyTests:
         log-probabilities and a grammar over Qwen's own 151,936-token vocabulary, passed by the
         llama.cpp verifier with every token checked."""
         from mahout.ring.runner import RingRunner
-        from mahout.verify import Verifier
+        from scorer.verify import Verifier
 
         path, template = qwen3
         fmt = chat_format_read(template=template.read_text(encoding="utf-8"), bos_token="", eos_token="<|endoftext|>",

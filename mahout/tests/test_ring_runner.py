@@ -11,7 +11,8 @@ from mahout.api import HostApi
 from mahout.loop import HostLoop
 from mahout.ring.local import ThreadRing, split_layers
 from mahout.ring.membership import Limits
-from mahout.ring.runner import RingRunner, ring_loops, run_loops
+from mahout.ring.runner import RingRunner
+from mahout.ring.serve import ring_loops, run_loops
 from mahout.tests.fake_gateway import FakeGateway
 
 pytestmark = pytest.mark.usefixtures("one_thread")

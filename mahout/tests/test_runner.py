@@ -9,7 +9,9 @@ import json
 import pytest
 
 from mahout.model_files import assemble_shipped
-from mahout.runners.llama import ContextOverflowError, LlamaRunner, cpu_advertises_amx, healing
+from mahout.runners.llama import ContextOverflowError, LlamaRunner
+from scorer.healing import healing
+from scorer.llama import cpu_advertises_amx
 from testkit.formats import rendered
 
 
@@ -79,7 +81,7 @@ class TokenHealingTests:
 
 class TokenHealerStripTests:
     def test_it_removes_the_rewritten_text_across_pieces(self):
-        from mahout.runners.llama import TokenHealer
+        from scorer.healing import TokenHealer
 
         healer = TokenHealer(prompt_len=3, dropped=b" paragr", vocab=None)  # type: ignore[arg-type]
         assert [healer.strip(p) for p in (" par", "agraph", " two")] == ["", "aph", " two"]
@@ -184,7 +186,7 @@ class StrictJsonStringTests:
 
         import llama_cpp
 
-        from mahout.runners.llama import grammar_for
+        from scorer.llama import grammar_for
 
         llm = runner._llm
         grammar = grammar_for({"type": "json_schema", "name": "p",

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from mahout.runners import RequestRejected
-from mahout.runners.llama import grammar_for, load_llama
 from protocol.schema_limits import MAX_COUNT, MAX_LENGTH, MAX_REPEAT
+from scorer.errors import RequestRejected
+from scorer.llama import grammar_for, load_llama
 
 
 def json_schema(schema: dict) -> dict:
@@ -48,7 +48,7 @@ class HostConverterFenceTests:
     process with a time bound, and the hanging schema is the request's refusal."""
 
     def test_a_pattern_that_hangs_the_converter_is_rejected_in_bounded_time(self, monkeypatch) -> None:
-        from mahout.runners import llama
+        from scorer import llama
 
         monkeypatch.setattr(llama, "GRAMMAR_SECONDS", 0.5)
         with pytest.raises(RequestRejected, match="within 0.5 s"):  # (without the fence: never returns)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mahout.runners.llama import LlamaRunner
-from mahout.verify import Unauditable, Verifier, auditable
+from scorer.verify import Unauditable, Verifier, auditable
 from testkit.formats import rendered
 
 MAX_TOKENS = 48
@@ -125,7 +125,7 @@ class CheatTests:
         """At a high temperature an honest host can draw a lone byte token that is no UTF-8;
         its stream drops it (llama.cpp decodes with errors="ignore"), so the delivered text
         lacks it. That is not a spelling failure: the token is judged by its draw like any."""
-        from mahout.verify import _as_streamed
+        from scorer.verify import _as_streamed
 
         assert _as_streamed(" \U0001d453".encode() + b"\x8e gx") == " \U0001d453 gx".encode()
         assert _as_streamed(b"ab\xe2\x86") == b"ab\xe2\x86"  # an unfinished character at the end is held back, not dropped
@@ -147,7 +147,7 @@ class CheatTests:
         made to write chosen tokens by a logits processor."""
         import numpy as np
 
-        from mahout.verify import _as_streamed, _llama_streamed
+        from scorer.verify import _as_streamed, _llama_streamed
 
         pieces = verifier.vocab.pieces
         chosen = [pieces.index(b"to"), pieces.index(b"\xee"), pieces.index(b"\x86"), pieces.index(b"ollow"),
@@ -175,7 +175,7 @@ class CheatTests:
         """llama.cpp's stream does not stop for max_tokens while the text ends in what looks
         like an unfinished character (an honest host reported 49 tokens for max_tokens 48 at
         T 1.5); the verifier allows exactly what that rule generates, not a token more."""
-        from mahout.verify import _length_end
+        from scorer.verify import _length_end
 
         def spelled(*tail: bytes):  # noqa: ANN202
             pieces = [b"a"] * 47 + list(tail)

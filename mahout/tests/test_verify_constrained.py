@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from mahout.runners.llama import LlamaRunner, count_tokens, healing
-from mahout.verify import Verifier
+from mahout.runners.llama import LlamaRunner
 from protocol.jobs import job_payload_build
+from scorer.healing import healing
+from scorer.llama import count_tokens
+from scorer.verify import Verifier
 from testkit.formats import GEMMA
 
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
@@ -81,7 +83,7 @@ class StructuredOutputAuditTests:
         """A Celery prefork worker is daemonic: multiprocessing refuses it the fence's child."""
         import multiprocessing
 
-        from mahout.runners import llama
+        from scorer import llama
 
         monkeypatch.setattr(llama._FENCE, "convert", lambda *_args, **_kwargs: pytest.fail("the fence was asked"))
         monkeypatch.setattr(multiprocessing.current_process(), "daemon", True)
@@ -105,13 +107,13 @@ class StructuredOutputAuditTests:
 
     def test_a_forbidden_token_past_the_last_token_drawn_still_fails(self, runner, verifier, structured, monkeypatch):
         """A sampled audit prefills only up to its last drawn token; the grammar still reads the rest."""
-        import mahout.verify
+        import scorer.verify
 
         class FirstTokens:  # the draw, made predictable: the first tokens
             def sample(self, population: list[int], k: int) -> list[int]:
                 return population[:k]
 
-        monkeypatch.setattr(mahout.verify.random, "SystemRandom", FirstTokens)
+        monkeypatch.setattr(scorer.verify.random, "SystemRandom", FirstTokens)
         asked, honest = structured
         cut = honest["token_ids"][:4] + [runner._llm.token_eos()]
         text = runner._llm.detokenize(cut[:-1]).decode()

@@ -16,11 +16,11 @@ from catalog.rendering import chat_format_of, render_instant
 from core.events import announce_on_commit, request_group
 from hosts.models import ACCEPTING, TRUSTED, Host, claim_cap_sql
 from hosts.selectors import qualified_model_ids, warm_model_ids
-from marketplace import routing
-from marketplace.audits import job_seed
 from marketplace.lifecycle.answers import count_output
 from marketplace.lifecycle.errors import HostRefused, JobNotRunning
 from marketplace.models import CHOICE_OF, Job, Request
+from marketplace.trust import routing
+from marketplace.trust.audits import job_seed
 from protocol.jobs import JobPayload, job_payload_build
 
 
@@ -29,7 +29,7 @@ def job_payload(job: Job) -> JobPayload:
     A continuation carries what was already delivered before it, counted by the gateway (the
     same payload at its claim and at its settlement, when its audit rebuilds it: its own text
     is left out). Every chat and completion job carries its sampling seed
-    (`marketplace.audits.job_seed`)."""
+    (`marketplace.trust.audits.job_seed`)."""
     request = job.request
     continuation = job.attempt > 1 and request.kind != Request.Kind.EMBEDDINGS
     delivered = request.delivered_text if continuation else ""

@@ -2,7 +2,7 @@
 an answer is held against what it must carry.
 
 Every chat and completion job is drawn by the specified sampler from a seed the gateway
-fixes (`marketplace.audits.job_seed`), and mahout reports the token ids it drew with its
+fixes (`marketplace.trust.audits.job_seed`), and mahout reports the token ids it drew with its
 completion. Checked here, on every completion, before its settlement:
 
 - the ids are there (a completion without them is the host's failure: a current mahout, a
@@ -88,8 +88,8 @@ def shape_problem(tokenizer: GgufTokenizer, *, token_ids: list[int], own_text: s
 def _first_draw_checked(*, request: Request, payload: dict, token_ids: list[int], finish_reason: str) -> Verdict:
     """An answer with no text of its own, recomputed now (one prefill) where the gateway
     holds the weights; else audited by trusted hosts."""
-    from mahout.verify import Unauditable
-    from marketplace.audits import VERIFYING, _verifier, audit_weights
+    from marketplace.trust.audits import VERIFYING, _verifier, audit_weights
+    from scorer.verify import Unauditable
 
     path = audit_weights(request.model)
     if path is None:

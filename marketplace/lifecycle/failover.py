@@ -15,7 +15,6 @@ from billing import services as billing
 from core.events import announce_on_commit, request_group
 from hosts.models import Host
 from hosts.services import host_ban
-from marketplace.audits import audit_scorer_restarted
 from marketplace.lifecycle import settlement
 from marketplace.lifecycle.answers import answer_of, completion_tokens_counted, finish_reason_checked
 from marketplace.lifecycle.claims import locked_job_of
@@ -24,8 +23,9 @@ from marketplace.lifecycle.queueing import job_queue
 from marketplace.lifecycle.settlement import Completion, settle_without_host
 from marketplace.lifecycle.transitions import request_fail
 from marketplace.models import Job, Request
-from marketplace.reputation import host_rest_if_unreliable
-from marketplace.ring_inquiries import host_blame
+from marketplace.trust.audits import audit_scorer_restarted
+from marketplace.trust.reputation import host_rest_if_unreliable
+from marketplace.trust.ring_inquiries import host_blame
 
 MAX_ATTEMPTS = 2  # the first attempt, and once per request a continuation (never requeued)
 
@@ -111,7 +111,7 @@ def attempt_end_dead(*, job_id: int, reason: str, cause: str = "host") -> str:
     if cause == "request" and Job.objects.filter(request_id=request.pk, fail_cause="request").exclude(host_id=job.host_id).exists():
         request_fail(request=request, code=RequestNotRunnable.code, message=NOT_RUNNABLE)
         return "failed"
-    from marketplace.canaries import canary_void, is_canary  # (canaries queue through this module)
+    from marketplace.lifecycle.canaries import canary_void, is_canary  # (canaries queue through this module)
 
     if is_canary(request):  # a canary tests one host: it is never handed to another
         if cause == "request":  # its content is known to run: blaming it is the host's own failure (no free void)

@@ -23,10 +23,10 @@ from core.db import ChainMissed, Step, chain_run, insert_step
 from core.errors import DomainError
 from core.events import announce_on_commit, host_group, queue_group, request_group
 from hosts.selectors import warm_host_counts
-from marketplace import routing
 from marketplace.lifecycle.errors import HostFailed, QueueTimeout
 from marketplace.lifecycle.transitions import request_fail
 from marketplace.models import CHOICE_OF, Job, Liveness, Request
+from marketplace.trust import routing
 from protocol.rendering import TemplateRefused
 
 

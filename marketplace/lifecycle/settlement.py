@@ -16,15 +16,13 @@ from django.utils import timezone
 from billing import services as billing
 from catalog.pricing import price
 from hosts.models import Host
-from marketplace import reputation
-from marketplace.audits import MAX_TOKENS_KEPT, audit_open, audit_wanted
-from marketplace.canaries import canary_check, canary_judge
 from marketplace.lifecycle.answers import (
     answer_of,
     count_output,
     embeddings_checked,
     finish_reason_checked,
 )
+from marketplace.lifecycle.canaries import canary_check, canary_judge
 from marketplace.lifecycle.claims import check_running, job_payload
 from marketplace.lifecycle.errors import (
     BadResult,
@@ -33,10 +31,12 @@ from marketplace.lifecycle.errors import (
     LogprobsMissing,
 )
 from marketplace.lifecycle.evidence import completion_checked
+from marketplace.lifecycle.structured import answer_problem, answer_problem_ahead, answer_refusal
 from marketplace.lifecycle.transitions import request_fail, request_settled
 from marketplace.models import Job, Request, StageShare, TextChunk
-from marketplace.reputation import blame_corrected, host_rest_if_unreliable
-from marketplace.structured import answer_problem, answer_problem_ahead, answer_refusal
+from marketplace.trust import reputation
+from marketplace.trust.audits import MAX_TOKENS_KEPT, audit_open, audit_wanted
+from marketplace.trust.reputation import blame_corrected, host_rest_if_unreliable
 from mesh.rings.models import RingPlan
 from mesh.rings.selectors import ring_layers
 
@@ -83,7 +83,7 @@ def job_settle(
     billed for its input tokens. Repeating the call for a job this host already
     completed (its answer was lost) returns the same result and changes nothing. The
     ledger posting comes last so the customer's hot balance row is locked only until
-    the commit. A job chosen for an audit (`marketplace.audits`) pays its host's share into
+    the commit. A job chosen for an audit (`marketplace.trust.audits`) pays its host's share into
     the audit escrow and keeps `token_ids` (what the host says it generated) for the audit;
     `audit` chooses it always (its evidence needs weights the gateway lacks). `checked_text`:
     the host's own text when its evidence was checked (`job_complete`); text that landed
@@ -114,7 +114,7 @@ def job_settle(
         # tokens can spell twice as many when counted again (a word token repeated at a
         # failover's seam). The customer got it cut at that limit (`streaming`), it is billed
         # max_tokens and ends "length"; a host generating past its budget gains nothing here,
-        # and its audits replay the budget (`mahout.verify`).
+        # and its audits replay the budget (`scorer.verify`).
         result, completion_tokens = None, min(counted, max_tokens)
         finish_reason = "stop" if stopped else finish_reason_checked(
             claimed=finish_reason, completion_tokens=completion_tokens, max_tokens=max_tokens)
@@ -231,7 +231,7 @@ def settle(
     bridges a ring splits it by layers with its stage hosts, each paid and recorded as a
     `StageShare`. The job is completed by a compare-and-set (`note` becomes its
     `fail_reason`: why a job ended early still settled). Without a host, nobody is paid.
-    `escrow`: the host's share waits in the audit escrow (`marketplace.audits`).
+    `escrow`: the host's share waits in the audit escrow (`marketplace.trust.audits`).
     Returns None when the job was no longer running or the hold had already closed
     (someone else got there first). The ledger posting comes last, so the customer's hot
     balance row is locked only until the commit.

@@ -32,7 +32,7 @@ def sold_8k(catalog: CatalogModel) -> CatalogModel:
 
 def test_verifiers_and_runners_read_the_context_sold() -> None:
     from mahout import catalog as host_catalog
-    from mahout.verify import Verifier
+    from scorer.verify import Verifier
 
     assert host_catalog.RUNNER_N_CTX == AUDITABLE_CONTEXT_TOKENS
     assert Verifier.__init__.__kwdefaults__["n_ctx"] == AUDITABLE_CONTEXT_TOKENS  # the gateway's, as audits build it

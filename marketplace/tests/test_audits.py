@@ -1,4 +1,4 @@
-"""Audits of real jobs (marketplace/audits.py): chosen at completion, the host's share held in
+"""Audits of real jobs (marketplace/trust/audits.py): chosen at completion, the host's share held in
 escrow, the answer re-read under the real model, then the host paid or the customer refunded."""
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import pytest
 from billing import selectors as ledger
 from billing.models import Account
 from catalog.tokenizer import tokenizer_for
-from marketplace import audits, services
+from marketplace import services
 from marketplace.lifecycle.errors import CompletionRefused
 from marketplace.models import Audit, Job, Request
+from marketplace.trust import audits
 from mesh.experts import selectors as expert_selectors
 from mesh.experts import services as expert_services
 from mesh.experts.models import ExpertModel

@@ -1,5 +1,5 @@
 """Audits of a model whose weights the gateway lacks, scored by trusted hosts paid to score
-(marketplace/audits.py, "scoring by trusted hosts"): who may claim one, how verdicts decide
+(marketplace/trust/audits.py, "scoring by trusted hosts"): who may claim one, how verdicts decide
 it (a failure needs a second scorer's confirmation), the fees, strikes, requeues and the
 release after AUDIT_SCORER_WAIT_SECONDS."""
 from __future__ import annotations
@@ -15,8 +15,9 @@ from billing import selectors as ledger
 from billing.models import Account, LedgerTransaction
 from catalog.models import CatalogModel
 from hosts.models import Host
-from marketplace import audits, services
+from marketplace import services
 from marketplace.models import Audit, AuditScore
+from marketplace.trust import audits
 from protocol.jobs import AUDIT
 from testkit.personas import make_host, present
 from testkit.requests import submit_request

@@ -17,8 +17,8 @@ from catalog.tokenizer import tokenizer_for
 from conftest import make_customer, make_host, wait_until
 from hosts.models import Host
 from mahout import __version__ as mahout_version
-from marketplace import audits
 from marketplace.models import Audit, Request
+from marketplace.trust import audits
 from testkit.stack import Gateway, Mahout, stack_env
 
 if TYPE_CHECKING:

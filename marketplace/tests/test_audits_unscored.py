@@ -1,5 +1,5 @@
 """No job is paid unchecked, and scorers' declines are counted per model and cause (issue 50,
-item 4; marketplace/audits.py): an answer the gateway's verifier cannot read is unscored (the
+item 4; marketplace/trust/audits.py): an answer the gateway's verifier cannot read is unscored (the
 customer refunded, the host neither paid nor blamed), weights that vanished hand the audit to
 independent hosts, a split of host scorers goes to the gateway's own verifier where it holds
 the weights, and one model's declines do not stop a scorer's audits of the others."""
@@ -13,9 +13,10 @@ from django.utils import timezone
 from billing import selectors as ledger
 from catalog.models import CatalogModel
 from hosts.models import Host
-from marketplace import audits, services
+from marketplace import services
 from marketplace.models import Audit, AuditScore, Request
 from marketplace.tests.test_audits_by_hosts import _audited, _balance, _claim, _escrow, _verdict, remote_model, scorers
+from marketplace.trust import audits
 from testkit.evidence import drawn
 from testkit.personas import make_host, present
 from testkit.requests import submit_request
@@ -42,7 +43,7 @@ def test_an_answer_the_gateways_verifier_cannot_read_is_unscored_never_paid_unch
         customer, catalog, serving_host, settings, monkeypatch) -> None:  # noqa: ANN001
     """Before, `Unauditable` (an answer past the verifier's context) released the escrow to the
     host unchecked: a cheat serving long contexts was never read and always paid."""
-    from mahout.verify import Unauditable
+    from scorer.verify import Unauditable
 
     before = ledger.customer_account(user=customer.user).balance_ucents
     audit = _served_on_the_gateway(customer, catalog, serving_host, settings)

@@ -15,10 +15,10 @@ from catalog.seed import SHIPPED_MODELS
 from catalog.tokenizer import shipped_model_path
 from conftest import make_host, wait_until
 from hosts.models import Host
-from mahout.runners.llama import load_llama
-from marketplace import canaries
+from marketplace.lifecycle import canaries
 from marketplace.models import CanaryCheck, CanaryReference, Job, Request
 from protocol.jobs import job_stop_strings
+from scorer.llama import load_llama
 from testkit.formats import GEMMA
 from testkit.stack import ROOT
 

@@ -9,10 +9,13 @@ import asyncio
 import pytest
 
 from hosts.models import Host
-from marketplace import audits, canaries, claiming, services
+from marketplace import services
+from marketplace.hostdoor import claiming
+from marketplace.lifecycle import canaries
 from marketplace.models import Audit, AuditScore, CanaryCheck, CanaryReference, Request
 from marketplace.tests.test_audits_by_hosts import _audited, _claim, _verdict, remote_model, scorers
 from marketplace.tests.test_live_canaries import make_host
+from marketplace.trust import audits
 from testkit.personas import present
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.audits]

@@ -14,7 +14,7 @@ import pytest
 from django.conf import settings as django_settings
 from django.test import Client
 
-from marketplace import canaries
+from marketplace.lifecycle import canaries
 from marketplace.models import CanaryCheck, Request
 from marketplace.tests.test_audits_by_hosts import remote_model, scorers
 from marketplace.tests.test_live_canaries import make_host

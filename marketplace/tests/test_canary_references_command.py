@@ -36,8 +36,9 @@ class CanaryReferencesCommandTests:
 
     def test_a_reference_is_what_a_host_serving_the_model_writes(self, entry, family_files) -> None:
         from catalog.rendering import chat_format
-        from mahout.runners.llama import LlamaRunner, load_llama
-        from marketplace import canaries
+        from mahout.runners.llama import LlamaRunner
+        from marketplace.lifecycle import canaries
+        from scorer.llama import load_llama
 
         item = {"kind": "chat", "messages": [{"role": "system", "content": "Be brief."},
                                              {"role": "user", "content": "Name a river."}]}

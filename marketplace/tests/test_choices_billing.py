@@ -10,8 +10,8 @@ from django.test import Client
 
 from catalog.pricing import price
 from marketplace import services
-from marketplace.choices import admit_choices
 from marketplace.models import CHOICE_OF, Request
+from marketplace.openai.choices import admit_choices
 from marketplace.tests.test_reputation import online
 from testkit.evidence import drawn
 

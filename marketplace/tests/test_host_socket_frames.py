@@ -1,6 +1,6 @@
 """The host socket's `tokens` frame, in process (channels' communicator): bounded as the HTTP
 route's body and path are, so one host's frame cannot break the trip that carries every
-host's batches (`marketplace.pushing`)."""
+host's batches (`marketplace.hostdoor.pushing`)."""
 from __future__ import annotations
 
 import asyncio
@@ -58,8 +58,8 @@ class TokensFrameBoundsTests:
     ])
     def test_every_field_is_checked_as_the_http_route_checks_it(self, customer, catalog, settings, frame: dict,
                                                                 param: str) -> None:
-        from marketplace.consumers import tokens_frame
-        from marketplace.host_apis import JobTokensApi
+        from marketplace.hostdoor.consumers import tokens_frame
+        from marketplace.hostdoor.host_apis import JobTokensApi
 
         assert not JobTokensApi.InputSerializer(data=frame).is_valid()  # the HTTP body refuses it too
         with pytest.raises(DomainError) as refused:
@@ -67,7 +67,7 @@ class TokensFrameBoundsTests:
         assert (refused.value.status, refused.value.param) == (400, param)
 
     def test_a_frame_within_the_bounds_is_read_as_the_http_body_is(self) -> None:
-        from marketplace.consumers import tokens_frame
+        from marketplace.hostdoor.consumers import tokens_frame
 
         assert tokens_frame({"type": "tokens", "job": 10**18 - 1, "seq": 2**31 - 1, "text": "a\x00b", "finish_reason": "stop"}) == {
             "job_id": 10**18 - 1, "seq": 2**31 - 1, "text": "a\x00b", "finish_reason": "stop"}

@@ -7,8 +7,10 @@ import pytest
 
 from conftest import make_customer
 from hosts.models import Host
-from marketplace import audits, canaries, services
+from marketplace import services
+from marketplace.lifecycle import canaries
 from marketplace.models import Audit, CanaryCheck, CanaryReference, Request
+from marketplace.trust import audits
 from testkit.evidence import drawn
 from testkit.personas import make_host as _make_host
 from testkit.requests import submit_request

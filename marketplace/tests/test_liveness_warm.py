@@ -119,21 +119,3 @@ class WarmStartBoundTests:
         assert continuation is not None and continuation.attempt == 2
         quiet, _ = services.job_start_bounds(job=Job.objects.get(pk=continuation.pk))
         assert quiet == pytest.approx(5 + (10 + 30) / 10.0)  # the floor, 10 prompt tokens and 30 delivered characters at 10/s
-
-
-class TimingRelationTests:
-    """The timings the start bound rests on, each named once with its unit: mahout's
-    (`mahout.loop.HEARTBEAT_INTERVAL_S`, `mahout.progress.PROGRESS_INTERVAL_S`) against the
-    gateway's (config/settings.py), read as configured, not as a test sets them."""
-
-    def test_a_catalog_read_at_a_claim_is_at_most_three_heartbeats_old_and_one_lost_heartbeat_keeps_it(self) -> None:
-        import config.settings as configured
-        from mahout.loop import HEARTBEAT_INTERVAL_S
-
-        assert 2 * HEARTBEAT_INTERVAL_S <= configured.CATALOG_STALE_SECONDS <= 3 * HEARTBEAT_INTERVAL_S
-
-    def test_one_lost_progress_report_is_not_a_death(self) -> None:
-        import config.settings as configured
-        from mahout.progress import PROGRESS_INTERVAL_S
-
-        assert 2 * PROGRESS_INTERVAL_S <= configured.JOB_PROGRESS_SILENCE_SECONDS

@@ -12,7 +12,7 @@ from catalog.services import catalog_model_add
 from catalog.tests.test_catalog_add import TEMPLATE, _tiny_gguf
 from conftest import make_host
 from hosts.services import host_heartbeat, qualification_register
-from marketplace.serializers import UNSUPPORTED, ChatInputSerializer, EmbeddingsInputSerializer
+from marketplace.openai.serializers import UNSUPPORTED, ChatInputSerializer, EmbeddingsInputSerializer
 
 pytestmark = pytest.mark.django_db
 
@@ -85,19 +85,19 @@ class SupportedParametersTests:
     """Computed from the endpoints' input serializers: a field added there is listed, none is typed twice."""
 
     def test_a_chat_model_lists_every_field_the_chat_endpoint_takes_besides_model_and_messages(self) -> None:
-        from marketplace.apis import SUPPORTED_PARAMETERS_BY_KIND
+        from marketplace.openai.apis import SUPPORTED_PARAMETERS_BY_KIND
 
         assert set(SUPPORTED_PARAMETERS_BY_KIND[CatalogModel.Kind.CHAT]) == CHAT_ENDPOINT_TAKES
         assert set(ChatInputSerializer().fields) == {*CHAT_ENDPOINT_TAKES, "model", "messages"}
 
     def test_what_the_gateway_refuses_by_name_is_not_listed(self) -> None:
-        from marketplace.apis import SUPPORTED_PARAMETERS_BY_KIND
+        from marketplace.openai.apis import SUPPORTED_PARAMETERS_BY_KIND
 
         chat = set(SUPPORTED_PARAMETERS_BY_KIND[CatalogModel.Kind.CHAT])
         assert {"logit_bias", "presence_penalty", "frequency_penalty", "functions", "echo"} <= set(UNSUPPORTED) - chat
 
     def test_an_embeddings_model_lists_what_embeddings_take_but_not_dimensions_which_is_refused(self) -> None:
-        from marketplace.apis import SUPPORTED_PARAMETERS_BY_KIND
+        from marketplace.openai.apis import SUPPORTED_PARAMETERS_BY_KIND
 
         assert SUPPORTED_PARAMETERS_BY_KIND[CatalogModel.Kind.EMBEDDING] == ["encoding_format", "user", "provider"]
         assert "dimensions" in EmbeddingsInputSerializer().fields

@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING
 import pytest
 from django.utils import timezone
 
-from marketplace.choices import Admitted, stream_chunks
 from marketplace.models import Request
-from marketplace.render import failed_choice, response_body
-from marketplace.responses import echoed, response_from_chat
-from marketplace.streaming import Ended, Text
+from marketplace.openai.choices import Admitted, stream_chunks
+from marketplace.openai.render import failed_choice, response_body
+from marketplace.openai.responses import echoed, response_from_chat
+from marketplace.openai.streaming import Ended, Text
+from marketplace.openai.tool_calls import CallStream, call_id, tool_calls_in, tools_spec
 from marketplace.tests.test_e2e import served  # noqa: F401  (the fixture)
-from marketplace.tool_calls import CallStream, call_id, tool_calls_in, tools_spec
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -76,7 +76,7 @@ class RefusalTests:
         assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": "", "refusal": None}  # type: ignore[index]
 
     def test_the_schema_documents_it(self) -> None:
-        from marketplace.outputs import AssistantMessageSerializer
+        from marketplace.openai.outputs import AssistantMessageSerializer
 
         assert AssistantMessageSerializer().fields["refusal"].allow_null
 

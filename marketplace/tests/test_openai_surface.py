@@ -54,7 +54,7 @@ class UnsupportedParameterTests:
             assert_error(post(client, secret, {**body, name: value}, path="/v1/completions"), 400, "unsupported_parameter")
 
     def test_a_models_entry_names_its_supported_parameters(self, catalog) -> None:
-        from marketplace.apis import model_body
+        from marketplace.openai.apis import model_body
         from marketplace.selectors import ServedModel
 
         entry = model_body(ServedModel(model=catalog, hosts_online=1, hosts_warm=1))
@@ -63,7 +63,7 @@ class UnsupportedParameterTests:
 
     def test_an_embeddings_entry_names_only_what_embeddings_take(self, catalog) -> None:
         from catalog.models import CatalogModel
-        from marketplace.apis import model_body
+        from marketplace.openai.apis import model_body
         from marketplace.selectors import ServedModel
 
         embeddings = CatalogModel.objects.get(name="all-minilm-l6-v2")

@@ -12,7 +12,8 @@ from django.utils import timezone
 from conftest import make_host
 from core.errors import DomainError
 from hosts.models import Host
-from marketplace import claiming, pushing, services
+from marketplace import services
+from marketplace.hostdoor import claiming, pushing
 from marketplace.models import Job, Request
 from marketplace.tests.test_services import claimed, submit
 

@@ -12,7 +12,7 @@ import pytest
 from catalog.tokenizer import tokenizer_for
 from conftest import ROOT, make_customer, make_host
 from marketplace.models import Request
-from marketplace.streaming import RequestListener
+from marketplace.openai.streaming import RequestListener
 
 SHIPPED = "shipped:gemma-3-270m"
 

@@ -17,10 +17,14 @@ from catalog.models import CatalogModel
 from conftest import make_customer
 from core.errors import ApiError
 from hosts.models import Host
-from marketplace import admission, canaries, claim_slots, claiming, reputation, routing, services
-from marketplace.claim_slots import WAITING, WaitingClaims
+from marketplace import services
+from marketplace.hostdoor import claim_slots, claiming
+from marketplace.hostdoor.claim_slots import WAITING, WaitingClaims
+from marketplace.lifecycle import canaries
 from marketplace.models import CanaryCheck, CanaryReference, Job, Request
+from marketplace.openai import admission
 from marketplace.tests.test_services import submit
+from marketplace.trust import reputation, routing
 from testkit.evidence import drawn
 from testkit.requests import CHAT, submit_request
 
@@ -308,7 +312,7 @@ class StopSequenceTests:
         assert done.request.completion_tokens == services.count_output(request, " one two ")
 
     def test_a_stream_never_relays_a_stop_sequence_split_across_batches(self) -> None:
-        from marketplace.streaming import Ended, RequestListener, Text
+        from marketplace.openai.streaming import Ended, RequestListener, Text
 
         listener = RequestListener("chatcmpl-x")
         listener.stops = ["STOP", "\n\n"]

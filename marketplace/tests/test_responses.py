@@ -15,7 +15,7 @@ from django.test import Client
 from billing.models import Hold
 from core.errors import DomainError
 from marketplace.models import Job, Request
-from marketplace.responses import chat_body, echoed, response_events, response_from_chat
+from marketplace.openai.responses import chat_body, echoed, response_events, response_from_chat
 from marketplace.tests.test_apis import assert_error, post
 from marketplace.tests.test_model_list import listed, serve
 
@@ -108,7 +108,7 @@ def events_of(admitted: SimpleNamespace) -> list[dict]:
 
     from unittest import mock
 
-    with mock.patch("marketplace.responses.unix", return_value=1700000000):
+    with mock.patch("marketplace.openai.responses.unix", return_value=1700000000):
         return asyncio.run(collect())
 
 
@@ -215,7 +215,7 @@ class RefusalTests:
         assert_error(post(Client(), customer.secret, None, path="/v1/responses", raw=b"{not json"), 400, "invalid_json")
 
     def test_the_door_error_leaves_other_params_alone(self) -> None:
-        from marketplace.responses import door_error
+        from marketplace.openai.responses import door_error
 
         assert door_error(DomainError("x", param="model")).param == "model"
         assert door_error(DomainError("x", param="messages[2].content")).param == "input"

@@ -21,11 +21,11 @@ from conftest import make_customer
 from core.db import db
 from core.http import holds_nul
 from marketplace import tasks
-from marketplace.choices import Admitted
 from marketplace.models import Request, StoredResponse
-from marketplace.responses import chat_body, continued, conversation_after, stored_items, validated
-from marketplace.stored_responses import stored_response_save, stored_responses_expire, stored_turn_admit
-from marketplace.streaming import Ended, Text
+from marketplace.openai.choices import Admitted
+from marketplace.openai.responses import chat_body, continued, conversation_after, stored_items, validated
+from marketplace.openai.stored_responses import stored_response_save, stored_responses_expire, stored_turn_admit
+from marketplace.openai.streaming import Ended, Text
 from marketplace.tests.test_apis import assert_error, post
 
 if TYPE_CHECKING:
@@ -250,7 +250,7 @@ def answered(customer: Customer, catalog: CatalogModel, monkeypatch: pytest.Monk
         row = await db(_answered_row, customer=customer, catalog=catalog, public_id=new_id(kind))
         return [Admitted(row=row, listener=_Listener(row), include_usage=True)]  # type: ignore[arg-type]
 
-    monkeypatch.setattr("marketplace.apis.admit_choices", admit)
+    monkeypatch.setattr("marketplace.openai.apis.admit_choices", admit)
 
 
 def stored_bytes(row: StoredResponse) -> int:

@@ -18,8 +18,8 @@ from catalog.rendering import prompt_fragments
 from catalog.selectors import catalog_model_by_name
 from conftest import make_customer
 from marketplace.models import Request, StoredResponse
-from marketplace.responses import chat_body, continued
-from marketplace.serializers import ChatInputSerializer
+from marketplace.openai.responses import chat_body, continued
+from marketplace.openai.serializers import ChatInputSerializer
 from marketplace.tests.test_e2e import client
 from marketplace.tests.test_responses_e2e import customer_served  # noqa: F401  (the fixture)
 from protocol.rendering import fragments_text

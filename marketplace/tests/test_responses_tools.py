@@ -13,10 +13,10 @@ import pytest
 from django.test import Client
 
 from marketplace.models import Request
-from marketplace.responses import chat_body, echoed, response_from_chat
+from marketplace.openai.responses import chat_body, echoed, response_from_chat
+from marketplace.openai.tool_calls import CallScanner, CallStream, tool_calls_in, tools_spec
 from marketplace.tests.test_apis import assert_error, post
 from marketplace.tests.test_responses import events_of, fake_admitted
-from marketplace.tool_calls import CallScanner, CallStream, tool_calls_in, tools_spec
 
 if TYPE_CHECKING:
     from django.test.client import _MonkeyPatchedWSGIResponse as TestResponse

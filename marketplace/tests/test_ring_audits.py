@@ -15,10 +15,11 @@ from billing.services import split_cost
 from catalog.tokenizer import tokenizer_for
 from conftest import make_host
 from hosts.models import Host
-from marketplace import audits, services
+from marketplace import services
 from marketplace.lifecycle.errors import CompletionRefused
 from marketplace.models import Audit, Job, RingInquiry, StageShare
 from marketplace.tests.test_ring_pay import host_earned
+from marketplace.trust import audits
 from mesh.rings.models import ModelLayout
 from mesh.rings.services import StageSpec, ring_plan_create
 from testkit.requests import submit_request

@@ -1,5 +1,5 @@
 """A ring's failed audit finds the host at fault before anyone is punished (issue 29,
-`marketplace.ring_inquiries`): the customer is refunded at once; each stage host hands over
+`marketplace.trust.ring_inquiries`): the customer is refunded at once; each stage host hands over
 its evidence over the host API, in parts; a trusted host outside the ring (of another owner)
 claims the check through the claim path, reads the evidence and names the stage; only that
 stage's host goes into maintenance, and the checker is paid. Stages that stay silent are
@@ -17,10 +17,10 @@ from django.utils import timezone
 from billing import selectors as ledger
 from conftest import make_host
 from hosts.models import Host
-from marketplace import audits, ring_inquiries
 from marketplace.models import Audit, RingEvidence, RingInquiry
 from marketplace.tests.test_ring_audits import _tokens, ring, serve  # noqa: F401 - `ring` is a fixture
 from marketplace.tests.test_ring_pay import host_earned
+from marketplace.trust import audits, ring_inquiries
 from protocol.jobs import RING_CHECK
 
 pytestmark = [pytest.mark.django_db, pytest.mark.audits]

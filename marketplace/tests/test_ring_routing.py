@@ -99,7 +99,7 @@ def test_through_the_claim_door_the_bridge_gets_the_continuation_but_no_audit_of
         catalog, bridge, whole, settings) -> None:  # noqa: ANN001
     from catalog.models import CatalogModel
     from marketplace.models import Audit
-    from marketplace.reputation import trust_grant
+    from marketplace.trust.reputation import trust_grant
     from mesh.rings.models import RingPlan
 
     CatalogModel.objects.filter(pk=catalog.pk).update(weights_path="/nowhere/gone.gguf", tokenizer="bytes")  # hosts score

@@ -16,9 +16,9 @@ from catalog.models import CatalogModel
 from conftest import make_customer, make_host
 from hosts import selectors as hosts
 from hosts.models import Host
-from marketplace import routing
 from marketplace import services as market
 from marketplace.models import Job, Request
+from marketplace.trust import routing
 from testkit.evidence import drawn
 from testkit.requests import submit_request
 
@@ -323,7 +323,7 @@ class TestEmbeddings:
         assert not Request.objects.exists()
 
     def test_base64_encoding_is_little_endian_float32(self) -> None:
-        from marketplace.apis import embeddings_body
+        from marketplace.openai.apis import embeddings_body
 
         row = Request(public_id="emb-x", prompt_tokens=2, result=[[0.5, -1.0]])
         row.model = CatalogModel(name="m")

@@ -10,13 +10,13 @@ import threading
 import pytest
 from django.test import Client
 
-from marketplace import grammar_check
-from marketplace.choices import admit_choices
+from marketplace.lifecycle import grammar_check
+from marketplace.lifecycle.structured import answer_problem, schema_problem
 from marketplace.models import Request
-from marketplace.serializers import ChatInputSerializer
-from marketplace.structured import answer_problem, schema_problem
+from marketplace.openai.choices import admit_choices
+from marketplace.openai.serializers import ChatInputSerializer
+from marketplace.openai.tool_calls import tool_calls_in, tools_spec
 from marketplace.tests.test_apis import assert_error, post
-from marketplace.tool_calls import tool_calls_in, tools_spec
 from protocol import schema_limits
 from protocol.schema_limits import MAX_COUNT, MAX_DEPTH, MAX_LENGTH, schema_limit_problem
 

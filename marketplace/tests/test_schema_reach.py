@@ -16,9 +16,9 @@ from django.test import Client
 from conftest import make_customer
 from hosts.models import Host
 from marketplace import services
+from marketplace.lifecycle.schema_reach import BRANCHES, reach, unenforced
+from marketplace.lifecycle.structured import answer_refusal, grammar_let_through, schema_refusal
 from marketplace.models import Job, Request
-from marketplace.schema_reach import BRANCHES, reach, unenforced
-from marketplace.structured import answer_refusal, grammar_let_through, schema_refusal
 from marketplace.tests.test_apis import GOOD, assert_error, post
 from marketplace.tests.test_reputation import claim, online
 from testkit.evidence import drawn

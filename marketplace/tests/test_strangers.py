@@ -13,10 +13,10 @@ from django.test import Client
 from accounts.services import api_key_revoke
 from core.errors import DomainError
 from core.parsers import MAX_JSON_DEPTH, TooDeep, json_depth, json_loads
-from marketplace import structured
-from marketplace.choices import admit_choices
+from marketplace.lifecycle import structured
 from marketplace.models import Request
-from marketplace.serializers import ChatInputSerializer, CompletionInputSerializer, EmbeddingsInputSerializer
+from marketplace.openai.choices import admit_choices
+from marketplace.openai.serializers import ChatInputSerializer, CompletionInputSerializer, EmbeddingsInputSerializer
 from marketplace.tests.test_apis import assert_error, post
 
 pytestmark = pytest.mark.django_db(transaction=True)  # views run ORM calls on their own threads

@@ -12,8 +12,8 @@ import pytest
 from billing.models import Hold
 from conftest import make_customer, make_host
 from marketplace import services
+from marketplace.lifecycle.structured import answer_problem, schema_problem
 from marketplace.models import Job, Request
-from marketplace.structured import answer_problem, schema_problem
 from marketplace.tests.test_apis import GOOD, assert_error, post
 from marketplace.tests.test_reputation import claim, online
 from testkit.evidence import drawn
@@ -111,8 +111,7 @@ class HostAnswerTests:
         assert "secret diary" not in request.error_message and "secret diary" not in Job.objects.get(pk=job.pk).fail_reason
 
     def test_the_answer_is_checked_before_settlement_takes_its_locks(self, serving_host, catalog, monkeypatch) -> None:
-        from marketplace import structured
-        from marketplace.lifecycle import settlement
+        from marketplace.lifecycle import settlement, structured
 
         online(serving_host)
         self.submit(catalog, {"type": "json_schema", "name": "person", "schema": PERSON})

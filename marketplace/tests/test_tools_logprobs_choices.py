@@ -16,12 +16,12 @@ from django.test import Client
 
 from conftest import make_customer, make_host
 from marketplace import services
-from marketplace.choices import stream_chunks
 from marketplace.models import Job, Request, TextChunk
-from marketplace.render import chunk_body, usage_of
+from marketplace.openai.choices import stream_chunks
+from marketplace.openai.render import chunk_body, usage_of
+from marketplace.openai.tool_calls import CallStream, prompt_messages, tool_calls_in, tools_spec
 from marketplace.tests.test_apis import GOOD, assert_error, post
 from marketplace.tests.test_reputation import claim, online
-from marketplace.tool_calls import CallStream, prompt_messages, tool_calls_in, tools_spec
 from testkit.evidence import drawn
 from testkit.requests import CHAT, submit_request
 
@@ -85,7 +85,7 @@ class ToolSpecTests:
         (None, "required", "tool_choice"),
     ])
     def test_what_cannot_be_served_names_its_parameter(self, tools, choice, param) -> None:  # noqa: ANN001
-        from marketplace.tool_calls import ToolsRefused
+        from marketplace.openai.tool_calls import ToolsRefused
 
         with pytest.raises(ToolsRefused) as refused:
             tools_spec(tools=tools, tool_choice=choice, parallel=None)

@@ -14,7 +14,7 @@ from billing import selectors as ledger
 from conftest import make_host
 from core.errors import DomainError
 from marketplace import services
-from marketplace.consumers import tokens_frame
+from marketplace.hostdoor.consumers import tokens_frame
 from marketplace.models import Job
 from marketplace.tests.test_services import submit
 

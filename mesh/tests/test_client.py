@@ -61,7 +61,7 @@ class RingApiClientTests:
         import argparse
 
         from catalog.models import CatalogModel
-        from mahout.ring.runner import _reporting
+        from mahout.ring.serve import _reporting
 
         layout_seed(CatalogModel, ModelLayout)
         bridge = make_host(name="bridge")

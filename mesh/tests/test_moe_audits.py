@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from mahout.moe.runner import MoeRunner, MoeSlot
-from mahout.runners import RequestRejected
-from mahout.verify import Verifier
 from protocol.rendering import ChatFormat, chat_fragments
+from scorer.errors import RequestRejected
+from scorer.verify import Verifier
 from testkit.formats import file_format
 
 N_CTX = 256

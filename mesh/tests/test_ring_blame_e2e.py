@@ -20,8 +20,8 @@ from billing import selectors as ledger
 from catalog.models import CatalogModel
 from conftest import make_customer, make_host, stack_env, wait_until
 from hosts.models import Host
-from marketplace import audits
 from marketplace.models import Audit, RingInquiry
+from marketplace.trust import audits
 from mesh.tests.test_ring_e2e import MahoutProcess, wait_for_ring
 from testkit.stack import Gateway, Mahout
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mahout.runners.llama import load_llama
+from scorer.llama import load_llama
 from testkit import families
 from testkit.families import FAMILIES, SdistUnavailable, family_models, sdist_models, template_path, tiny_model, vocab_path
 

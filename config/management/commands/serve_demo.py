@@ -34,7 +34,7 @@ from config.balancer import haproxy_config
 from config.health import HEALTH_PATH
 from hosts.models import Host
 from hosts.services import host_create, host_token_rotate
-from marketplace.reputation import trust_grant
+from marketplace.trust.reputation import trust_grant
 
 DEMO_CUSTOMER = "demo@customer.local"
 DEMO_HOST_OWNER = "demo@host.local"

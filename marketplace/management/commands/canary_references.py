@@ -8,7 +8,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from catalog.models import CatalogModel
-from marketplace.canaries import corpus, references_compute
+from marketplace.lifecycle.canaries import corpus, references_compute
 from protocol.catalog import file_sha256
 
 

@@ -34,18 +34,19 @@ from core.db import db
 from core.errors import ApiError, DomainError, bad_request, validation_error
 from core.http import bearer_secret, json_body
 from core.openapi import API_KEY, ERROR
-from marketplace import admission, outputs, responses, selectors, services, stored_responses
-from marketplace.choices import Admitted, admit_choices, stream_chunks
+from marketplace import selectors, services
 from marketplace.models import Request
-from marketplace.render import failed_choice, response_body, usage_sum
-from marketplace.serializers import (
+from marketplace.openai import admission, outputs, responses, stored_responses
+from marketplace.openai.choices import Admitted, admit_choices, stream_chunks
+from marketplace.openai.render import failed_choice, response_body, usage_sum
+from marketplace.openai.serializers import (
     ChatInputSerializer,
     CompletionInputSerializer,
     EmbeddingsInputSerializer,
     ResponsesInputSerializer,
 )
-from marketplace.streaming import Ended, RequestListener, Text, ended_error
-from marketplace.tool_calls import tool_calls_in
+from marketplace.openai.streaming import Ended, RequestListener, Text, ended_error
+from marketplace.openai.tool_calls import tool_calls_in
 
 
 async def rate_limit_headers(row: Request) -> dict[str, str]:
@@ -248,9 +249,9 @@ class CompletionsApi(GenerationApi):
 )
 class ResponsesApi(GenerationApi):
     """POST /v1/responses (OpenAI's Responses API, text only): admitted and run as a chat
-    (`marketplace.responses` translates both ways); the Response object as one JSON body, or
+    (`marketplace.openai.responses` translates both ways); the Response object as one JSON body, or
     its semantic events streamed (`stream: true`). With `store: true` the whole response is
-    kept (`marketplace.stored_responses`); `previous_response_id` continues a kept one."""
+    kept (`marketplace.openai.stored_responses`); `previous_response_id` continues a kept one."""
 
     async def _post(self, request: HttpRequest) -> HttpResponse:
         secret, body = bearer_secret(request), json_body(request)  # (in that order: no key is a 401 whatever the body)

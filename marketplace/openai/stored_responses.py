@@ -27,8 +27,8 @@ from accounts.selectors import key_from_secret, key_scope
 from core.db import db
 from core.errors import ApiError
 from core.http import holds_nul
-from marketplace import responses
 from marketplace.models import StoredResponse
+from marketplace.openai import responses
 
 
 def json_bytes(value: object) -> int:

@@ -48,10 +48,10 @@ from catalog.rendering import RENDERED_AT, chat_format, prompt_count, prompt_fra
 from hosts.models import TRUSTED, Host
 from hosts.selectors import qualified_model_ids
 from hosts.services import host_maintenance_enter
-from marketplace import reputation
-from marketplace.audits import audit_possible, audit_weights, scorers_exist
 from marketplace.lifecycle.queueing import new_public_id, request_submit
 from marketplace.models import Audit, CanaryCheck, CanaryReference, Request, TextChunk
+from marketplace.trust import reputation
+from marketplace.trust.audits import audit_possible, audit_weights, scorers_exist
 from protocol.jobs import job_fragments, job_stop_strings
 from protocol.rendering import ChatFormat, TemplateRefused, chat_stops
 
@@ -156,7 +156,7 @@ def canary_job(
 
 def job_tokens(llm: object, job: dict) -> list[int]:
     """A job's prompt as the real model's token ids, tokenized as every host tokenizes it."""
-    from mahout.runners.llama import PromptTokenizer
+    from scorer.llama import PromptTokenizer
 
     return PromptTokenizer(llm).tokens(job)  # type: ignore[arg-type]
 
@@ -221,7 +221,7 @@ def references_compute(*, model: CatalogModel, gguf: str, count: int, max_tokens
     """Compute and store references for the first `count` corpus prompts (replacing the
     model's old ones); prompts that check too little (`informative`) are skipped. Returns how many were kept."""
     from catalog.tokenizer import shipped_model_path
-    from mahout.runners.llama import load_llama  # the same loader hosts use (it avoids AMX where a VM lies about it)
+    from scorer.llama import load_llama  # the same loader hosts use (it avoids AMX where a VM lies about it)
 
     llm = load_llama(gguf or shipped_model_path(), n_ctx=REFERENCE_CTX, threads=threads, logits_all=True)
     kept: list[CanaryReference] = []
@@ -396,7 +396,7 @@ def _scorers_close() -> None:
 def _scorer(gguf: str) -> object:
     """The real model with all logits, loaded once per worker process and file."""
     from catalog.tokenizer import shipped_model_path
-    from mahout.runners.llama import load_llama  # the same loader hosts use
+    from scorer.llama import load_llama  # the same loader hosts use
 
     path = gguf or str(shipped_model_path())
     if path not in _scorer_cache:
@@ -459,7 +459,7 @@ def is_canary(request: Request) -> bool:
 
 def host_vetted(*, host: Host) -> bool:
     """The canaries vouch for the host (`reputation.canaries_vouch`): they become rare (leaving
-    probation also takes completed jobs and time, `marketplace.reputation`)."""
+    probation also takes completed jobs and time, `marketplace.trust.reputation`)."""
     return reputation.canaries_vouch(host_id=host.pk)
 
 
@@ -582,7 +582,7 @@ def live_params(*, model: CatalogModel, kind: str) -> dict:
 
 
 def canary_send_if_due(*, host: Host) -> CanaryCheck | None:
-    """On every claim (`marketplace.claiming`): two queries when no model has references and
+    """On every claim (`marketplace.hostdoor.claiming`): two queries when no model has references and
     no trusted host could score a canary's audit."""
     if not settings.CANARY_ENABLED:
         return None

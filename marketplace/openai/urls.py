@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.urls import path
 
 from core.openapi import documented
-from marketplace import apis
+from marketplace.openai import apis
 
 urlpatterns = [
     path("chat/completions", documented(apis.ChatCompletionsApi)),

@@ -60,8 +60,8 @@ def tools_spec(*, tools: list | None, tool_choice: object, parallel: bool | None
     single = isinstance(choice, dict) or parallel is False
     most = 1 if single else MAX_PARALLEL_CALLS
     spec = {"functions": functions, "choice": choice, "schema": calls_schema(called, most=most)}
-    from marketplace.schema_reach import unenforced
-    from marketplace.structured import schema_problem
+    from marketplace.lifecycle.schema_reach import unenforced
+    from marketplace.lifecycle.structured import schema_problem
 
     why = schema_problem(spec["schema"])
     if why:
@@ -151,7 +151,7 @@ def tool_calls_in(spec: dict | None, text: str, *, request_id: str, cut: bool = 
         return None
     from jsonschema import exceptions
 
-    from marketplace.structured import schema_validator
+    from marketplace.lifecycle.structured import schema_validator
 
     try:
         value = json.loads(text)
@@ -203,7 +203,7 @@ def _completed_calls(spec: dict, text: str) -> list[dict]:
 def _calls_read(spec: dict, text: str) -> tuple[list[dict], bool]:
     """(the calls a cut answer finished, whether the reading stopped at a whole item that is
     not a valid call or past the most calls allowed, rather than where the text was cut)."""
-    from marketplace.structured import schema_validator
+    from marketplace.lifecycle.structured import schema_validator
 
     opening = text.find("[", text.find(f'"{CALLS}"'))
     if text.find(f'"{CALLS}"') < 0 or opening < 0:

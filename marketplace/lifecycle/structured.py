@@ -3,7 +3,7 @@ samples under a grammar.
 
 Before: the schema is a valid JSON Schema, llama.cpp's JSON-schema-to-grammar converter (the
 one every host runs) accepts it, and the grammar it makes enforces every keyword `jsonschema`
-will hold the answer to (`marketplace.schema_reach`): a schema no host can follow, or one it
+will hold the answer to (`marketplace.lifecycle.schema_reach`): a schema no host can follow, or one it
 could follow and still be refused, is the customer's 400 (`schema_refusal`), never a host's
 failure. After: the delivered answer is JSON and, for `json_schema`, valid against it
 (`jsonschema`). An answer that is not is the host's failure, unless the grammar it sampled
@@ -17,8 +17,8 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from marketplace.lifecycle.errors import InvalidStructuredOutput, RequestNotRunnable
-from marketplace.linear_schema import schema_validator
-from marketplace.schema_reach import LOOSE, reach
+from marketplace.lifecycle.linear_schema import schema_validator
+from marketplace.lifecycle.schema_reach import LOOSE, reach
 from protocol.schema_limits import schema_limit_problem
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ def schema_problem(schema: dict) -> str | None:
     and llama.cpp's converter takes it."""
     from jsonschema import exceptions, validators
 
-    from marketplace.grammar_check import grammar_problem
+    from marketplace.lifecycle.grammar_check import grammar_problem
 
     too_much = schema_limit_problem(schema)
     if too_much:

@@ -1,6 +1,6 @@
 """Ring inquiries: which of a ring's hosts made its audit fail.
 
-A ring's answer is audited whole (`marketplace.audits`). When the audit fails, the customer
+A ring's answer is audited whole (`marketplace.trust.audits`). When the audit fails, the customer
 is refunded at once, as for any host; but the text passed through several owners' machines,
 so before anyone is punished the gateway finds out whose fault it was:
 
@@ -66,9 +66,9 @@ from core.errors import ApiError
 from core.events import announce_on_commit, queue_group
 from hosts.models import TRUSTED, Host
 from hosts.services import host_maintenance_enter
-from marketplace import reputation
 from marketplace.models import Audit, RingEvidence, RingInquiry, StageShare
-from marketplace.scorer_fees import scorer_fee
+from marketplace.trust import reputation
+from marketplace.trust.scorer_fees import scorer_fee
 from mesh.rings.models import RingPlan, RingStage
 from mesh.rings.services import ring_link_dispute_record
 from protocol.jobs import RING_CHECK, RingCheckPayload
@@ -353,7 +353,7 @@ def _decide(inquiry: RingInquiry, *, blamed: list[tuple[int, int | None]], verdi
 
 
 def _checker_pay(inquiry: RingInquiry, host: Host) -> None:
-    """A scorer's fee (`marketplace.scorer_fees.scorer_fee`), bounded as an audit's is."""
+    """A scorer's fee (`marketplace.trust.scorer_fees.scorer_fee`), bounded as an audit's is."""
     fee = min(scorer_fee(inquiry.audit.request), inquiry.audit.platform_ucents // 2)
     if fee > 0:
         billing.audit_score_pay(host=host, amount_ucents=fee, reference=f"ring-inquiry-{inquiry.pk}",

@@ -156,7 +156,7 @@ class ResponseFormatField(StoredField):
         schema = spec.get("schema", {})
         if not isinstance(schema, dict):
             self.fail("invalid")
-        from marketplace.structured import schema_refusal
+        from marketplace.lifecycle.structured import schema_refusal
 
         why = schema_refusal(schema)
         if why:
@@ -334,8 +334,8 @@ class ChatInputSerializer(SamplingSerializer):
 
     def _with_tools(self, data: dict) -> dict:
         """Tools are checked, and the messages become the plain turns the host renders (see
-        marketplace.tool_calls); a required call is a structured format (`stop_checked`)."""
-        from marketplace.tool_calls import ToolsRefused, prompt_messages, required_format, tools_spec
+        marketplace.openai.tool_calls); a required call is a structured format (`stop_checked`)."""
+        from marketplace.openai.tool_calls import ToolsRefused, prompt_messages, required_format, tools_spec
 
         try:
             spec = tools_spec(tools=data.get("tools"), tool_choice=data.get("tool_choice"),
@@ -346,7 +346,7 @@ class ChatInputSerializer(SamplingSerializer):
         return {**data, "tool_spec": spec, "messages": prompt_messages(data["messages"], spec)}
 
     def params(self) -> dict:
-        from marketplace.tool_calls import required_format
+        from marketplace.openai.tool_calls import required_format
 
         params = super().params()
         if self.validated_data.get("max_completion_tokens"):
@@ -429,7 +429,7 @@ class EmbeddingsInputSerializer(serializers.Serializer):
         return value
 
 
-# --- POST /v1/responses (OpenAI's Responses API: marketplace.responses) ---
+# --- POST /v1/responses (OpenAI's Responses API: marketplace.openai.responses) ---
 
 
 class NotOfferedYet(Exception):
@@ -591,7 +591,7 @@ class ResponsesToolsField(StoredField):
     use, MCP, code interpreter...) are not offered: NotOfferedYet naming the tool's type."""
 
     def to_internal_value(self, data: object) -> list[dict]:
-        from marketplace.tool_calls import MAX_TOOLS
+        from marketplace.openai.tool_calls import MAX_TOOLS
 
         if not isinstance(data, list) or len(data) > MAX_TOOLS:
             raise serializers.ValidationError(f"must be a list of at most {MAX_TOOLS} function tools")

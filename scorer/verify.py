@@ -2,7 +2,7 @@
 
 A host draws every token of an answer by :mod:`protocol.sampling` with the job's seed and
 reports the token ids with its answer. A :class:`Verifier` holding the same model rebuilds
-the prompt's tokens exactly as a host does (:class:`~mahout.runners.llama.PromptTokenizer`),
+the prompt's tokens exactly as a host does (:class:`~scorer.llama.PromptTokenizer`),
 checks that the ids spell the delivered text (and end where the finish reason says), then
 recomputes the logits of prompt + answer in one prefill pass and asks of each answer token
 whether the draw ``uniform(seed, position)`` selects it (:func:`protocol.sampling.token_check`).
@@ -30,7 +30,7 @@ under replayed as it ran them:
   token against the whole masked distribution. A token the grammar forbids is a miss outright
   (and ends the audit: the grammar cannot go past it).
 - **Resumed text** (a continuation, a chat ending in an assistant turn, a ``rewrite``): the
-  verifier rebuilds what the host fed (:func:`~mahout.runners.llama.healing`: the prompt
+  verifier rebuilds what the host fed (:func:`~scorer.healing.healing`: the prompt
   without the tokens of its cut last word, or the prompt then the whole ``rewrite``), checks
   that the ids spell the re-written text then the delivered text, and checks every token that
   ends at or past the end of the re-written text: the newly generated part, the token that
@@ -51,23 +51,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mahout.runners import RequestRejected
-from mahout.runners.llama import (
-    Grammar,
-    PromptTokenizer,
-    TokenHealer,
-    Vocab,
-    count_tokens,
-    grammar_for,
-    healing,
-    load_llama,
-    resumes_text,
-    rewrite_budget,
-)
 from protocol.catalog import AUDITABLE_CONTEXT_TOKENS
 from protocol.grammar_fence import FenceUnavailable
 from protocol.jobs import CHAT, COMPLETION, job_stop_strings
 from protocol.sampling import MATCH, MISS, TIE_GAP, TOLERANCE, select_masked, token_check, uniform
+from scorer.errors import RequestRejected
+from scorer.healing import TokenHealer, Vocab, healing, resumes_text, rewrite_budget
+from scorer.llama import Grammar, PromptTokenizer, count_tokens, grammar_for, load_llama
 
 if TYPE_CHECKING:
     from collections.abc import Callable

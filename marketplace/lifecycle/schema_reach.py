@@ -3,7 +3,7 @@ grammar enforces, which it leaves out, and where it is looser than the schema.
 
 A host samples a structured answer under the grammar that llama-cpp-python's converter
 (`llama_cpp.llama_grammar.json_schema_to_gbnf`, the one `protocol.grammar_fence` runs) makes from
-the schema; the gateway then checks the answer with `jsonschema` (`marketplace.structured`).
+the schema; the gateway then checks the answer with `jsonschema` (`marketplace.lifecycle.structured`).
 Every keyword `jsonschema` checks that the grammar leaves out is a way for an honest host's
 answer to be refused. So:
 
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from marketplace.linear_schema import schema_validator
+from marketplace.lifecycle.linear_schema import schema_validator
 
 NUMBERS = frozenset({"number", "integer"})
 ANY = None  # a branch whose values may be of any JSON type

@@ -5,8 +5,8 @@ The long-poll answers with a job's payload as soon as one is queued for a model 
 qualified on its machine, or None after `wait` seconds. A canary that is due for the host
 is queued here, so it arrives the way customers' jobs do (not with a heartbeat, which would
 mark it). A trusted host with no customer's job to take may get an audit to score instead
-(`marketplace.audits.audit_claim_payload`, kind "audit"). It holds one of the host's claim
-slots while it waits (`marketplace.claim_slots`), and sleeps on the channel layer until a
+(`marketplace.trust.audits.audit_claim_payload`, kind "audit"). It holds one of the host's claim
+slots while it waits (`marketplace.hostdoor.claim_slots`), and sleeps on the channel layer until a
 job is queued or offered, rather than polling the database.
 """
 from __future__ import annotations
@@ -24,13 +24,13 @@ from core.errors import ApiError
 from core.events import Inbox, host_group, queue_group
 from hosts import selectors as hosts
 from hosts.models import Host, connected_since
-from marketplace import canaries
 from marketplace import services as market
-from marketplace.audits import audit_claim_payload
-from marketplace.claim_slots import WAITING
-from marketplace.ring_inquiries import inquiry_claim_payload
+from marketplace.hostdoor.claim_slots import WAITING
+from marketplace.lifecycle import canaries
+from marketplace.trust.audits import audit_claim_payload
+from marketplace.trust.ring_inquiries import inquiry_claim_payload
 from mesh.rings.selectors import bridged_model_ids
-from protocol.jobs import CLAIM_WAIT_SECONDS
+from protocol.timing import CLAIM_WAIT_SECONDS
 
 BOOT_PATTERN = r"^[A-Za-z0-9_-]*$"
 

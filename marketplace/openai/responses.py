@@ -3,7 +3,7 @@ and lifecycle.
 
 The door translates, nothing more. A Responses body becomes a chat body (`chat_body`: its
 function tools, `tool_choice`, function calls and their outputs, `text.format` as the chat's
-`response_format`), which `marketplace.choices.admit_choices` admits as any chat (priced, held,
+`response_format`), which `marketplace.openai.choices.admit_choices` admits as any chat (priced, held,
 queued, relayed, failed over and settled the same way), under a `resp_…` id so
 `GET /v1/generation?id=resp_…` finds it. The chat answer is translated back: a whole body into
 a Response object (`response_from_chat`: a message, or the function calls), a stream of chat
@@ -12,7 +12,7 @@ are generated). What the Responses API defines and this door does not offer is a
 (`serializers.RESPONSES_NOT_OFFERED`, built-in tools).
 
 A response asked to be kept (`store: true`) is saved by the door once whole
-(`marketplace.stored_responses`): its conversation in this API's own item shape, normalised
+(`marketplace.openai.stored_responses`): its conversation in this API's own item shape, normalised
 (`stored_items`, `output_items`: only what a turn needs), so a later turn's
 `previous_response_id` puts it before that turn's input (`continued`) and the whole passes the
 same validation as any input (a function_call_output answers a stored call).
@@ -27,9 +27,9 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 
 from core.errors import ApiError, DomainError, validation_error
-from marketplace.choices import Admitted
+from marketplace.openai.choices import Admitted
+from marketplace.openai.serializers import NotOfferedYet, ResponsesInputSerializer
 from marketplace.selectors import unix
-from marketplace.serializers import NotOfferedYet, ResponsesInputSerializer
 
 
 def new_response_id(kind: str) -> str:

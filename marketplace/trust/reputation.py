@@ -7,9 +7,9 @@ What trust buys:
 - more work at once: a probation host runs at most `HOST_PROBATION_MAX_JOBS` jobs, a trusted
   one its slots (at most `HOST_TRUSTED_MAX_JOBS`): `Host.claim_cap`;
 - offers first: routing orders the warm set trusted first, then by measured speed and load
-  (`marketplace.routing`);
+  (`marketplace.trust.routing`);
 - the requests whose customers asked for trusted hosts only (`Job.trusted_only`);
-- rare canaries (`marketplace.canaries`) and, after `EARNINGS_VEST_SECONDS`, payable earnings.
+- rare canaries (`marketplace.lifecycle.canaries`) and, after `EARNINGS_VEST_SECONDS`, payable earnings.
 
 Speed is what the gateway measured (`Host.measured_tps`, a moving average of tokens/s over
 the host's own completed jobs), never what it reported: a reported figure counts at most
@@ -101,7 +101,7 @@ def trust_revoke(*, host_id: int) -> bool:
 
 def scorer_owner_seasoned(*, now: datetime | None = None) -> Q:
     """Hosts whose owner has a history, as a condition on `Host`: who may score an audit
-    (`marketplace.audits`) besides being trusted. The owner's account is at least
+    (`marketplace.trust.audits`) besides being trusted. The owner's account is at least
     AUDIT_SCORER_OWNER_MIN_AGE_DAYS old, and its own hosts' jobs passed at least
     AUDIT_SCORER_OWNER_MIN_PASSED_AUDITS audits that were read (tokens checked: a pass nobody
     read vouches for nothing).

@@ -30,12 +30,14 @@ from hosts import services as host_services
 from hosts.apis import HostApi
 from hosts.models import Host
 from hosts.selectors import host_from_secret
-from mahout import __version__ as mahout_version
-from marketplace import pushing, redundancy, ring_inquiries, selectors
+from marketplace import selectors
 from marketplace import services as market
-from marketplace.audits import MAX_TOKENS_KEPT, audit_verdict_report
-from marketplace.claiming import JobClaimInputSerializer, boot_field, claim_when_offered
+from marketplace.hostdoor import pushing
+from marketplace.hostdoor.claiming import JobClaimInputSerializer, boot_field, claim_when_offered
+from marketplace.trust import redundancy, ring_inquiries
+from marketplace.trust.audits import MAX_TOKENS_KEPT, audit_verdict_report
 from protocol.jobs import AUDIT_VERDICTS, RING_CHECK_VERDICTS
+from protocol.version import MAHOUT_VERSION as mahout_version
 
 
 @method_decorator(csrf_exempt, name="dispatch")
@@ -165,7 +167,7 @@ class JobCompleteApi(AsyncHostApi):
         finish_reason = serializers.ChoiceField(choices=["stop", "length"])
         completion_tokens = serializers.IntegerField(min_value=0, required=False)
         embeddings = serializers.JSONField(required=False, default=None)  # checked by the service, not per float here
-        tokens = serializers.ListField(  # the token ids the host generated: what an audit re-reads (marketplace.audits)
+        tokens = serializers.ListField(  # the token ids the host generated: what an audit re-reads (marketplace.trust.audits)
             child=serializers.IntegerField(min_value=0, max_value=2**31 - 1), required=False, allow_null=True,
             default=None, max_length=MAX_TOKENS_KEPT,
         )
@@ -387,7 +389,7 @@ class HostStatementApi(HostApi):
         )
 
 
-# --- ring inquiries (marketplace.ring_inquiries): a ring's failed audit, its stages' evidence, a checker's verdict ---
+# --- ring inquiries (marketplace.trust.ring_inquiries): a ring's failed audit, its stages' evidence, a checker's verdict ---
 
 
 def _valid(serializer: type[serializers.Serializer], data: object) -> dict:

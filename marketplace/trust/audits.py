@@ -12,7 +12,7 @@ host's share goes to the audit escrow. The rendered prompt, the delivered text a
 tokens wait on the `Audit` row; the request's own copy is deleted as for every job.
 
 A Celery worker (`audit_score_pending`) loads the model and re-reads the answer in one
-prefill pass (`mahout.verify.Verifier`): every token checked must be the seed's draw under
+prefill pass (`scorer.verify.Verifier`): every token checked must be the seed's draw under
 the model's logits, within a tolerance for honest machines' arithmetic. AUDIT_TOKENS tokens
 are checked, drawn at random (the host cannot know which), not every one: a large
 vocabulary's output head is most of an every-token audit's cost. A pass pays the host
@@ -20,7 +20,7 @@ out of the escrow; a failure refunds the customer (the host's share from the esc
 platform's from its revenue), puts the host in maintenance with the evidence and forfeits
 its unvested earnings. Either way the prompt, text and tokens are deleted then.
 
-What is auditable (`mahout.verify.auditable`): chats and completions, under a grammar
+What is auditable (`scorer.verify.auditable`): chats and completions, under a grammar
 (`response_format`, tools) or not, first attempts and continuations (the continuation's own
 text, against the payload it was sent; rings and MoE coordinators heal resumed text as a
 host does, mahout 0.7.0), on a model whose weights the gateway has
@@ -31,7 +31,7 @@ sampler, `mahout.ring.vocab`, top_p < 1 included; a ring that reports no tokens 
 host):
 every host's share of it waits in the escrow, its stage hosts' with its bridge's, and a
 failure refunds the customer all of it. A ring of several hosts then opens an inquiry
-(`marketplace.ring_inquiries`): its stages hand over what they kept of the request and a
+(`marketplace.trust.ring_inquiries`): its stages hand over what they kept of the request and a
 trusted host outside the ring recomputes each stage, so the stage (or the bridge) at fault
 is blamed, not whoever delivered the text.
 
@@ -111,9 +111,9 @@ from catalog.tokenizer import weights_on_gateway
 from core.errors import ApiError
 from core.events import announce_on_commit, queue_group
 from hosts.models import TRUSTED, Host
-from marketplace import reputation, ring_inquiries
 from marketplace.models import Audit, AuditScore, Job, Request, StageShare
-from marketplace.scorer_fees import scorer_fee
+from marketplace.trust import reputation, ring_inquiries
+from marketplace.trust.scorer_fees import scorer_fee
 from mesh.experts import services as expert_services
 from protocol.jobs import AUDIT, AUDIT_DECLINED_UNAUDITABLE, AuditPayload
 
@@ -158,7 +158,7 @@ def audit_wanted(
         return None
     if not audit_possible(request.model, besides=host):
         return None
-    from mahout.verify import auditable  # (imports llama_cpp's bindings: only when a job is drawn)
+    from scorer.verify import auditable  # (imports llama_cpp's bindings: only when a job is drawn)
 
     job_as_sent = payload()
     return job_as_sent if auditable(job_as_sent) and not excluded(job_as_sent) else None
@@ -216,7 +216,7 @@ def _verifiers_close() -> None:
 
 def _verifier(path: str) -> object:
     """The real model, loaded once per worker process and file (one at a time)."""
-    from mahout.verify import Verifier
+    from scorer.verify import Verifier
 
     if path not in _verifiers:
         for old in _verifiers.values():
@@ -248,7 +248,7 @@ def audit_score_pending(*, limit: int = 10) -> int:
     independent host scorers (unscored where there are none); an answer it cannot read
     (`Unauditable`: admission refuses what outgrows its context, so a grammar it cannot build,
     or a host's tokens past the job's bounds) is unscored (`audit_unscored`)."""
-    from mahout.verify import Unauditable
+    from scorer.verify import Unauditable
 
     decided = audit_scorers_watch()
     for audit_id in list(Audit.objects.filter(status=Audit.Status.PENDING, by_hosts=False).order_by("created_at")
@@ -363,7 +363,7 @@ def audit_summary() -> dict:
     """Audits by status, the models trusted hosts verify (the gateway lacks their weights),
     those nobody can verify (no weights on the gateway and no trusted host with a history
     qualified: `independent_scorers`), and the
-    ring inquiries open and decided (`marketplace.ring_inquiries`)."""
+    ring inquiries open and decided (`marketplace.trust.ring_inquiries`)."""
     counts = {status: Audit.objects.filter(status=status).count() for status in Audit.Status.values}
     by_hosts, unverifiable = [], []
     for model in CatalogModel.objects.filter(active=True, kind=CatalogModel.Kind.CHAT):

@@ -4,7 +4,7 @@ from __future__ import annotations
 from django.urls import path
 
 from core.openapi import documented
-from marketplace import host_apis as apis
+from marketplace.hostdoor import host_apis as apis
 
 urlpatterns = [
     path("heartbeat", apis.HeartbeatApi.as_view()),

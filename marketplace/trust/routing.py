@@ -13,7 +13,7 @@ and otherwise only once the soonest busy warm host was expected to be free
 (`cold_wait_seconds`). The claim query applies these rules
 (`claim_sql`), so every decision is a row in the database, not a process's memory.
 
-Strategies within the warm set, after reputation (`marketplace.reputation`): trusted
+Strategies within the warm set, after reputation (`marketplace.trust.reputation`): trusted
 hosts before hosts in probation, honest reports before overstated ones:
 - `least-connections`: the host whose slots are least taken by running jobs plus live
   offers (a share of its slots: a host serving 8 streams at once with 2 running is less
@@ -38,8 +38,8 @@ from django.utils import timezone
 
 from catalog.models import CatalogModel
 from hosts.models import TRUSTED, Host, Qualification, online_rule
-from marketplace import reputation
 from marketplace.models import Job
+from marketplace.trust import reputation
 
 LEAST_CONNECTIONS = "least-connections"
 WEIGHTED = "weighted"

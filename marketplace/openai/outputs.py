@@ -284,7 +284,7 @@ class GenerationSerializer(serializers.Serializer):
     error = GenerationErrorSerializer(allow_null=True)
 
 
-# --- POST /v1/responses (marketplace.responses) ---
+# --- POST /v1/responses (marketplace.openai.responses) ---
 
 
 class ResponseTextPartSerializer(serializers.Serializer):

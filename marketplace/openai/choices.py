@@ -1,5 +1,5 @@
 """A generation request's choices (`n`), behind every door that streams one: the SSE
-and whole-body answers of `marketplace.apis` and the chat WebSocket.
+and whole-body answers of `marketplace.openai.apis` and the chat WebSocket.
 
 Each choice is its own queued request (billed as its own) with a listener that relays
 its text; `admit_choices` queues them all or none, and `stream_chunks` interleaves their
@@ -19,12 +19,13 @@ from accounts.selectors import key_for_spending
 from catalog.tokenizer import tokenizer_for
 from core.db import db
 from core.errors import ApiError, validation_error
-from marketplace import admission, selectors, services
+from marketplace import selectors, services
 from marketplace.models import CHOICE_OF, Request
-from marketplace.render import chunk_body, usage_chunk
-from marketplace.serializers import ChatInputSerializer, CompletionInputSerializer, UnsupportedParameter
-from marketplace.streaming import RequestListener, Text, ended_error
-from marketplace.tool_calls import CallStream
+from marketplace.openai import admission
+from marketplace.openai.render import chunk_body, usage_chunk
+from marketplace.openai.serializers import ChatInputSerializer, CompletionInputSerializer, UnsupportedParameter
+from marketplace.openai.streaming import RequestListener, Text, ended_error
+from marketplace.openai.tool_calls import CallStream
 
 
 def authenticated(admit: Callable[..., Request]) -> Callable[..., Request]:
@@ -141,7 +142,7 @@ async def admit_choices(
     Each listener joins its request's group before the job exists, so no token can be
     announced before someone is listening.
 
-    Another door (`marketplace.responses`) comes in through here too: `translate` turns its
+    Another door (`marketplace.openai.responses`) comes in through here too: `translate` turns its
     body into a chat body once the key is known (a DomainError when it is bad), and `new_id`
     names its requests; admission and everything after it stay the same.
     """
