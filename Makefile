@@ -30,6 +30,11 @@ lint: install
 	$(BIN)/lint-imports
 	$(BIN)/ruff check .
 
+# The documentation site: docs/ (mkdocs.yml) built strictly into site/; a broken link fails it.
+.PHONY: docs
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 bench: install
 	$(BIN)/python bench/request_path.py
 
