@@ -4,6 +4,7 @@ Personas: a customer who pays, a host who serves, an outsider who must be
 refused. The stack starts real processes on loopback: a daphne gateway on the
 test database and mahout hosts running the shipped model.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,7 +27,16 @@ if TYPE_CHECKING:
 os.environ.setdefault("MAHOUT_SLOTS", "1")
 
 __all__ = [  # tests import these from here
-    "ROOT", "Customer", "Gateway", "Mahout", "ServingHost", "free_port", "make_customer", "make_host", "stack_env", "wait_until",
+    "ROOT",
+    "Customer",
+    "Gateway",
+    "Mahout",
+    "ServingHost",
+    "free_port",
+    "make_customer",
+    "make_host",
+    "stack_env",
+    "wait_until",
 ]
 
 
@@ -178,11 +188,15 @@ def e2e_dirs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def gateway(django_db_setup: None, django_db_blocker: DjangoDbBlocker, e2e_dirs: Path) -> Iterator[Gateway]:
     with django_db_blocker.unblock():
-        env = stack_env({  # the failover tests kill hosts on purpose: they must not be rested as unreliable
-            "QUEUE_TIMEOUT_SECONDS": "4", "STALL_SECONDS": "20", "OUTPUT_RETENTION_SECONDS": "0",
-            "HOST_MAX_FAILURES_PER_HOUR": "100000",
-            "RING_ALLOW_PRIVATE_STAGES": "1",  # the ring tests' stages are strangers listening on loopback
-        })
+        env = stack_env(
+            {  # the failover tests kill hosts on purpose: they must not be rested as unreliable
+                "QUEUE_TIMEOUT_SECONDS": "4",
+                "STALL_SECONDS": "20",
+                "OUTPUT_RETENTION_SECONDS": "0",
+                "HOST_MAX_FAILURES_PER_HOUR": "100000",
+                "RING_ALLOW_PRIVATE_STAGES": "1",  # the ring tests' stages are strangers listening on loopback
+            }
+        )
     gw = Gateway(env, e2e_dirs / "logs")
     yield gw
     gw.stop()
@@ -196,9 +210,17 @@ def start_mahout(gateway: Gateway, e2e_dirs: Path, transactional_db: None) -> It
     def start(token: str, *, extra: list[str] | None = None, wait_qualified: bool = True) -> Mahout:
         from hosts.models import Host
 
-        host = Mahout(server=gateway.url, token=token, home=e2e_dirs / "mahout-home", env=stack_env(), log_dir=e2e_dirs / "logs", extra=extra)
+        host = Mahout(
+            server=gateway.url,
+            token=token,
+            home=e2e_dirs / "mahout-home",
+            env=stack_env(),
+            log_dir=e2e_dirs / "logs",
+            extra=extra,
+        )
         started.append(host)
         if wait_qualified:
+
             def ready() -> bool:
                 assert host.proc.poll() is None, f"mahout exited:\n{host.output()}"
                 row = Host.objects.filter(token_prefix=token[:12]).first()

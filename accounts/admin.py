@@ -1,5 +1,6 @@
 """API keys in the admin. Keys are revoked through the revoke service (an action);
 a key's hash is never shown."""
+
 from __future__ import annotations
 
 from django.contrib import admin, messages
@@ -28,8 +29,17 @@ class RevokedFilter(admin.SimpleListFilter):
 @admin.register(ApiKey)
 class ApiKeyAdmin(MoneyAdmin, admin.ModelAdmin):
     list_display = (
-        "prefix", "name", "user", "cap", "spent", "held", "rate_limit_per_minute", "max_concurrent",
-        "revoked", "last_used_at", "created_at",
+        "prefix",
+        "name",
+        "user",
+        "cap",
+        "spent",
+        "held",
+        "rate_limit_per_minute",
+        "max_concurrent",
+        "revoked",
+        "last_used_at",
+        "created_at",
     )
     list_filter = (RevokedFilter, "created_at", "last_used_at")
     search_fields = ("prefix", "name", "user__username")

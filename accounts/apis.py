@@ -1,4 +1,5 @@
 """The base of every synchronous view a customer calls with an API key."""
+
 from __future__ import annotations
 
 from rest_framework.request import Request

@@ -1,6 +1,7 @@
 """The one write on the API's authentication path: a key's "last used", coalesced. Its own
 module because the read that authenticates (`accounts.selectors.key_from_secret`) calls it,
 and `accounts.services` imports the selectors."""
+
 from __future__ import annotations
 
 from datetime import datetime, timedelta

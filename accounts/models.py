@@ -1,4 +1,5 @@
 """Customers' API keys."""
+
 from __future__ import annotations
 
 from django.conf import settings
@@ -22,7 +23,8 @@ class ApiKey(models.Model):
     )
     trusted_only = models.BooleanField(default=False, help_text="serve this key's requests on trusted hosts only")
     account_wide = models.BooleanField(
-        default=False, help_text="lists and resumes every request of the account (usage, stream resumes, generation "
+        default=False,
+        help_text="lists and resumes every request of the account (usage, stream resumes, generation "
         "stats); otherwise only its own. Keys made before scopes existed are account-wide, as they were",
     )
     spent_ucents = models.BigIntegerField(default=0)
@@ -34,7 +36,9 @@ class ApiKey(models.Model):
     class Meta:
         db_table = "marketplace_apikey"  # the table it had before accounts became its own app
         constraints = [
-            models.CheckConstraint(condition=Q(held_ucents__gte=0) & Q(spent_ucents__gte=0), name="key_sums_not_negative"),
+            models.CheckConstraint(
+                condition=Q(held_ucents__gte=0) & Q(spent_ucents__gte=0), name="key_sums_not_negative"
+            ),
             models.CheckConstraint(
                 condition=Q(spend_cap_ucents__isnull=True)
                 | Q(spend_cap_ucents__gte=models.F("spent_ucents") + models.F("held_ucents")),

@@ -1,4 +1,5 @@
 """Reads of API keys, and the customer API's authentication."""
+
 from __future__ import annotations
 
 from accounts.key_use import api_key_used
@@ -30,8 +31,11 @@ def key_for_spending(secret: str) -> ApiKey:
     key = key_from_secret(secret)
     if key_unverified(key):
         raise ApiError(
-            403, f"Confirm this account's e-mail address first: open the link we sent to {key.user.email} "
-            "(signing up again with it sends a new one).", code="email_unverified", type="permission_error",
+            403,
+            f"Confirm this account's e-mail address first: open the link we sent to {key.user.email} "
+            "(signing up again with it sends a new one).",
+            code="email_unverified",
+            type="permission_error",
         )
     return key
 

@@ -1,4 +1,5 @@
 """Writes for API keys: creation and revocation. The secret is shown once, never stored."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,8 +26,14 @@ class AccountUnconfirmed(Exception):
     whoever signed up with someone else's address would hold keys once its owner confirms)."""
 
 
-def api_key_create(*, user: User, name: str = "", spend_cap_ucents: int | None = None, trusted_only: bool = False,
-                   account_wide: bool = False) -> NewKey:
+def api_key_create(
+    *,
+    user: User,
+    name: str = "",
+    spend_cap_ucents: int | None = None,
+    trusted_only: bool = False,
+    account_wide: bool = False,
+) -> NewKey:
     """Create a key; the secret is returned here once and never stored. `trusted_only`: its
     requests are served by trusted hosts only; `account_wide`: it reads every request of the
     account, not only its own. An unconfirmed account raises AccountUnconfirmed."""
@@ -36,8 +43,13 @@ def api_key_create(*, user: User, name: str = "", spend_cap_ucents: int | None =
         raise ValueError("a spend cap cannot be negative")
     secret = secret_new("el")
     key = ApiKey.objects.create(
-        user=user, name=name, prefix=secret_prefix(secret), key_hash=secret_hash(secret), spend_cap_ucents=spend_cap_ucents,
-        trusted_only=trusted_only, account_wide=account_wide,
+        user=user,
+        name=name,
+        prefix=secret_prefix(secret),
+        key_hash=secret_hash(secret),
+        spend_cap_ucents=spend_cap_ucents,
+        trusted_only=trusted_only,
+        account_wide=account_wide,
     )
     return NewKey(key=key, secret=secret)
 
@@ -49,4 +61,3 @@ def api_key_revoke(*, key: ApiKey) -> bool:
 def api_key_revoke_all(*, user: User) -> int:
     """Revoke every live key of `user` (a password reset that asked to); returns how many."""
     return ApiKey.objects.filter(user=user, revoked_at__isnull=True).update(revoked_at=timezone.now())
-

@@ -13,6 +13,7 @@ With DATABASE_URL, each round creates (and drops) its own database on that serve
 `--schema` admits structured-output requests (one `response_format` schema, sent every time).
 Prints per-admission p50 / p90 and statements, and the ratios; asserts nothing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,6 +46,7 @@ def measure(admissions: int) -> dict:
     from core.db import _tidy
     from hosts.models import Host
     from marketplace import services
+
     try:
         from marketplace.openai import admission
         from marketplace.openai.choices import authenticated
@@ -53,6 +55,7 @@ def measure(admissions: int) -> dict:
         from marketplace.serializers import ChatInputSerializer
 
         from marketplace import admission
+
         try:
             from marketplace.choices import authenticated
         except ImportError:  # a baseline from before the choices left marketplace.apis
@@ -64,18 +67,38 @@ def measure(admissions: int) -> dict:
         Host.objects.filter(pk=make_host(trusted=True).host.pk).update(
             last_heartbeat_at=timezone.now() + timezone.timedelta(hours=1), slots=30000
         )
-    body = {"model": "gemma-3-270m", "messages": [{"role": "user", "content": "Tell me a story about a dog"}],
-            "max_tokens": 64, "stream": True}
+    body = {
+        "model": "gemma-3-270m",
+        "messages": [{"role": "user", "content": "Tell me a story about a dog"}],
+        "max_tokens": 64,
+        "stream": True,
+    }
     if os.environ.get("BENCH_SCHEMA"):  # (--schema) a structured-output request: its schema checked on each admission
-        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "person", "schema": {
-            "type": "object", "required": ["name", "age"], "additionalProperties": False, "properties": {
-                "name": {"type": "string", "pattern": "^[A-Z][a-z]+$"}, "age": {"type": "integer"}}}}}
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {
+                "name": "person",
+                "schema": {
+                    "type": "object",
+                    "required": ["name", "age"],
+                    "additionalProperties": False,
+                    "properties": {"name": {"type": "string", "pattern": "^[A-Z][a-z]+$"}, "age": {"type": "integer"}},
+                },
+            },
+        }
 
     def once() -> None:
         serializer = ChatInputSerializer(data=body)
         assert serializer.is_valid(), serializer.errors
-        _tidy([], authenticated(admission.request_admit), secret=customer.secret, data=serializer.validated_data,
-              params=serializer.params(), kind="chat", public_id=services.new_public_id("chat"))
+        _tidy(
+            [],
+            authenticated(admission.request_admit),
+            secret=customer.secret,
+            data=serializer.validated_data,
+            params=serializer.params(),
+            kind="chat",
+            public_id=services.new_public_id("chat"),
+        )
 
     for _ in range(20):
         once()
@@ -87,7 +110,11 @@ def measure(admissions: int) -> dict:
         once()
         times.append((time.perf_counter() - started) * 1000)
     times.sort()
-    return {"p50_ms": statistics.median(times), "p90_ms": times[int(0.9 * len(times))], "statements": len(queries.captured_queries)}
+    return {
+        "p50_ms": statistics.median(times),
+        "p90_ms": times[int(0.9 * len(times))],
+        "statements": len(queries.captured_queries),
+    }
 
 
 def run(root: Path, admissions: int) -> dict:
@@ -105,8 +132,12 @@ def run(root: Path, admissions: int) -> dict:
         env["SQLITE_PATH"] = f"/tmp/admission-bench-{uuid.uuid4().hex[:8]}.sqlite3"
     try:
         out = subprocess.run(
-            [sys.executable, str(Path(__file__).resolve()), "--measure", str(admissions)], cwd=root, env=env,
-            capture_output=True, text=True, check=True,
+            [sys.executable, str(Path(__file__).resolve()), "--measure", str(admissions)],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout
         return json.loads(out.strip().splitlines()[-1])
     finally:
@@ -122,7 +153,9 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, help="a worktree of the commit to compare with")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--admissions", type=int, default=300)
-    parser.add_argument("--schema", action="store_true", help="admit structured-output requests (a response_format schema)")
+    parser.add_argument(
+        "--schema", action="store_true", help="admit structured-output requests (a response_format schema)"
+    )
     parser.add_argument("--measure", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.schema:
@@ -137,11 +170,19 @@ def main() -> None:
         for name, root in order:
             results[name].append(run(root, args.admissions))
             print(f"round {round_ + 1} {name}: {results[name][-1]}", flush=True)
-    summary = {name: {"p50_ms": statistics.median(r["p50_ms"] for r in rows), "p90_ms": statistics.median(r["p90_ms"] for r in rows),
-                      "statements": rows[-1]["statements"]} for name, rows in results.items()}
+    summary = {
+        name: {
+            "p50_ms": statistics.median(r["p50_ms"] for r in rows),
+            "p90_ms": statistics.median(r["p90_ms"] for r in rows),
+            "statements": rows[-1]["statements"],
+        }
+        for name, rows in results.items()
+    }
     database = "PostgreSQL" if os.environ.get("DATABASE_URL") else "SQLite"
     for name, s in summary.items():
-        print(f"{database} {name}: admission p50 {s['p50_ms']:.2f} ms, p90 {s['p90_ms']:.2f} ms, {s['statements']} statements")
+        print(
+            f"{database} {name}: admission p50 {s['p50_ms']:.2f} ms, p90 {s['p90_ms']:.2f} ms, {s['statements']} statements"
+        )
     if "base" in summary:
         print(f"{database} base ÷ head, p50: {summary['base']['p50_ms'] / summary['head']['p50_ms']:.2f}×")
 

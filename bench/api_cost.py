@@ -14,6 +14,7 @@ and the ratios base ÷ head in the same run (these machines are noisy: compare w
 
     .venv/bin/python bench/api_cost.py [--requests 300] [--turns 3] [--baseline DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,12 +37,18 @@ def one_kind(http: httpx.Client, server: str, kind: str, secret: str, token: str
     if kind == "no-key":
         return http.post(f"{server}/v1/chat/completions", json=chat, headers={"Authorization": "Bearer sk-nobody"})
     if kind == "refused":
-        return http.post(f"{server}/v1/chat/completions", json={**chat, "response_format": HEAVY},
-                         headers={"Authorization": f"Bearer {secret}"})
+        return http.post(
+            f"{server}/v1/chat/completions",
+            json={**chat, "response_format": HEAVY},
+            headers={"Authorization": f"Bearer {secret}"},
+        )
     if kind == "models":
         return http.get(f"{server}/v1/models", headers={"Authorization": f"Bearer {secret}"})
-    return http.post(f"{server}/hosts/api/heartbeat", json={"fingerprint": "bench-api-cost", "paused": False, "models_loaded": ["gemma-3-270m"], "version": "0.7.0"},
-                     headers={"Authorization": f"Bearer {token}"})
+    return http.post(
+        f"{server}/hosts/api/heartbeat",
+        json={"fingerprint": "bench-api-cost", "paused": False, "models_loaded": ["gemma-3-270m"], "version": "0.7.0"},
+        headers={"Authorization": f"Bearer {token}"},
+    )
 
 
 def measure(server: str, pid: int, kind: str, count: int, secret: str, token: str) -> dict:
@@ -55,8 +62,12 @@ def measure(server: str, pid: int, kind: str, count: int, secret: str, token: st
             statuses.add(one_kind(http, server, kind, secret, token).status_code)
             latencies.append(time.perf_counter() - started)
         used = cpu_seconds(pid) - cpu
-    return {"cpu_ms": used / count * 1000, "p50_ms": pct(latencies, 0.5) * 1000, "p90_ms": pct(latencies, 0.9) * 1000,
-            "statuses": sorted(statuses)}
+    return {
+        "cpu_ms": used / count * 1000,
+        "p50_ms": pct(latencies, 0.5) * 1000,
+        "p90_ms": pct(latencies, 0.9) * 1000,
+        "statuses": sorted(statuses),
+    }
 
 
 def main() -> None:
@@ -71,16 +82,21 @@ def main() -> None:
     servers = {}
     for index, target in enumerate(targets):
         port = args.port + index * 10
-        servers[target.name] = (target.start(port, tmp / f"gateway-{target.name}.log"), target.gateways[0].pid,
-                                target.manage("create_customer", f"{target.name}@bench.local", "--credit", "10"),
-                                target.manage("create_host", f"{target.name}@host.local", f"{target.name}-host"))
+        servers[target.name] = (
+            target.start(port, tmp / f"gateway-{target.name}.log"),
+            target.gateways[0].pid,
+            target.manage("create_customer", f"{target.name}@bench.local", "--credit", "10"),
+            target.manage("create_host", f"{target.name}@host.local", f"{target.name}-host"),
+        )
     results: dict[tuple[str, str], list[dict]] = {}
     try:
         for _ in range(args.turns):
             for target in targets:
                 server, pid, secret, token = servers[target.name]
                 for kind in KINDS:
-                    results.setdefault((target.name, kind), []).append(measure(server, pid, kind, args.requests, secret, token))
+                    results.setdefault((target.name, kind), []).append(
+                        measure(server, pid, kind, args.requests, secret, token)
+                    )
     finally:
         for target in targets:
             target.stop()
@@ -89,9 +105,11 @@ def main() -> None:
     for (name, kind), turns in results.items():
         cpu = statistics.median(t["cpu_ms"] for t in turns)
         spread = "/".join(f"{t['cpu_ms']:.2f}" for t in turns)
-        print(f"{name:<6} {kind:<10} {','.join(map(str, sorted({s for t in turns for s in t['statuses']}))):<8} "
-              f"{cpu:6.2f} ({spread}){'':<4} {statistics.median(t['p50_ms'] for t in turns):7.2f} "
-              f"{statistics.median(t['p90_ms'] for t in turns):7.2f}")
+        print(
+            f"{name:<6} {kind:<10} {','.join(map(str, sorted({s for t in turns for s in t['statuses']}))):<8} "
+            f"{cpu:6.2f} ({spread}){'':<4} {statistics.median(t['p50_ms'] for t in turns):7.2f} "
+            f"{statistics.median(t['p90_ms'] for t in turns):7.2f}"
+        )
     if args.baseline:
         for kind in KINDS:
             head = statistics.median(t["cpu_ms"] for t in results[("head", kind)])

@@ -25,6 +25,7 @@ failures are printed apart: honest answers that a machine of the other kind woul
 Fetches the llama-cpp-python sdist (the vocabulary and template) with pip, as the tests do.
 Asserts nothing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -99,8 +100,12 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256, help="max_tokens of each answer")
     parser.add_argument("--sample", type=int, default=16, help="tokens a sampled audit draws (AUDIT_TOKENS)")
     parser.add_argument("--folder", type=Path, default=Path("/tmp/audit-cost"), help="where the 1B-shaped file is kept")
-    parser.add_argument("--gpu-layers", type=int, default=0,
-                        help="layers the host's runner and the verifier offload to a GPU (999: all; 0: the CPU)")
+    parser.add_argument(
+        "--gpu-layers",
+        type=int,
+        default=0,
+        help="layers the host's runner and the verifier offload to a GPU (999: all; 0: the CPU)",
+    )
     parser.add_argument("--models", default="shipped,1b", help="which: shipped, 1b, or both (comma-separated)")
     args = parser.parse_args()
     models = set(args.models.split(","))
@@ -120,14 +125,19 @@ def main() -> None:
     where = f"{args.gpu_layers} layers on the GPU" if args.gpu_layers else "the CPU"
     print(f"host and verifier on {where}, one thread each")
     cross = " | failed by a CPU verifier, every token" if args.gpu_layers else ""
-    print(f"| model | answers (tokens) | generation s | audit ÷ generation, {args.sample} drawn | every token "
-          f"| audits failed{cross} |")
+    print(
+        f"| model | answers (tokens) | generation s | audit ÷ generation, {args.sample} drawn | every token "
+        f"| audits failed{cross} |"
+    )
     print("|---|---|---|---|---|---|" + ("---|" if cross else ""))
     for name, (path, fmt) in shapes.items():
         row = measured(Path(path), fmt, args)
-        print(f"| {name} | {args.answers} ({row['tokens']}) | {row['generation']:.1f} "
-              f"| {row['sampled'] / row['generation']:.3f} | {row['every'] / row['generation']:.3f} | {row['failed']} |"
-              + (f" {row['failed_on_cpu']} |" if cross else ""), flush=True)
+        print(
+            f"| {name} | {args.answers} ({row['tokens']}) | {row['generation']:.1f} "
+            f"| {row['sampled'] / row['generation']:.3f} | {row['every'] / row['generation']:.3f} | {row['failed']} |"
+            + (f" {row['failed_on_cpu']} |" if cross else ""),
+            flush=True,
+        )
     print(f"\n{time.monotonic() - started:.0f} s")
 
 

@@ -22,6 +22,7 @@ decoding: the case where a batched answer's tokens may differ from the answer al
 
 Prints JSON, then one line per S; asserts nothing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,12 +38,14 @@ sys.path.insert(0, str(ROOT))
 
 from bench.trust import CHATS, COMPLETIONS, SETTINGS, job_for  # noqa: E402 (after the path)
 
-PASSAGE = ("Elephants are the largest living land animals. Three living species are recognised: the African bush "
-           "elephant, the African forest elephant and the Asian elephant. They are the only surviving members of the "
-           "family Elephantidae and the order Proboscidea. Distinctive features of elephants include a long proboscis "
-           "called a trunk, tusks, large ear flaps, pillar-like legs, and tough but sensitive grey skin. The trunk is "
-           "prehensile, bringing food and water to the mouth and grasping objects. Tusks, which are derived from the "
-           "incisor teeth, serve both as weapons and as tools for moving objects and digging. ")
+PASSAGE = (
+    "Elephants are the largest living land animals. Three living species are recognised: the African bush "
+    "elephant, the African forest elephant and the Asian elephant. They are the only surviving members of the "
+    "family Elephantidae and the order Proboscidea. Distinctive features of elephants include a long proboscis "
+    "called a trunk, tusks, large ear flaps, pillar-like legs, and tough but sensitive grey skin. The trunk is "
+    "prehensile, bringing food and water to the mouth and grasping objects. Tusks, which are derived from the "
+    "incisor teeth, serve both as weapons and as tools for moving objects and digging. "
+)
 
 
 def long_job_for(index: int, *, max_tokens: int, temperature: float, top_p: float) -> dict:
@@ -50,11 +53,20 @@ def long_job_for(index: int, *, max_tokens: int, temperature: float, top_p: floa
     from testkit.formats import rendered
 
     chat = index % 2 == 0
-    body = {"id": f"job-{index}", "model": "gemma-3-270m", "kind": "chat" if chat else "completion",
-            "messages": [{"role": "user", "content": PASSAGE + CHATS[index // 2 % len(CHATS)]}] if chat else None,
-            "prompt": None if chat else PASSAGE + COMPLETIONS[index // 2 % len(COMPLETIONS)],
-            "params": {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "stop": None,
-                       "seed": 20_000 + index}}
+    body = {
+        "id": f"job-{index}",
+        "model": "gemma-3-270m",
+        "kind": "chat" if chat else "completion",
+        "messages": [{"role": "user", "content": PASSAGE + CHATS[index // 2 % len(CHATS)]}] if chat else None,
+        "prompt": None if chat else PASSAGE + COMPLETIONS[index // 2 % len(COMPLETIONS)],
+        "params": {
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "top_p": top_p,
+            "stop": None,
+            "seed": 20_000 + index,
+        },
+    }
     return rendered(body)
 
 
@@ -65,8 +77,12 @@ def generated_together(runner, jobs: list[dict], stagger: float = 0.0) -> list[d
     def one(index: int) -> None:
         stream = runner.stream(jobs[index])
         text = "".join(stream)
-        answers[index] = {"token_ids": list(stream.token_ids), "text": text, "finish_reason": stream.finish_reason,
-                          "seed": stream.seed}
+        answers[index] = {
+            "token_ids": list(stream.token_ids),
+            "text": text,
+            "finish_reason": stream.finish_reason,
+            "seed": stream.seed,
+        }
 
     threads = [threading.Thread(target=one, args=(index,)) for index in range(len(jobs))]
     for thread in threads:
@@ -81,8 +97,16 @@ def measured(path: Path, slots: int, args: argparse.Namespace, verifier) -> dict
     from mahout.runners.batched import BatchedLlamaRunner
 
     runner = BatchedLlamaRunner(path, args.threads, n_ctx=2048, slots=slots)
-    row: dict = {"slots": slots, "audits": 0, "failed": 0, "tokens": 0, "misses": 0, "uncertain": 0, "reasons": [],
-                 "generation_s": 0.0}
+    row: dict = {
+        "slots": slots,
+        "audits": 0,
+        "failed": 0,
+        "tokens": 0,
+        "misses": 0,
+        "uncertain": 0,
+        "reasons": [],
+        "generation_s": 0.0,
+    }
     try:
         for first in range(args.first, args.first + args.jobs, slots):
             jobs = []
@@ -94,8 +118,14 @@ def measured(path: Path, slots: int, args: argparse.Namespace, verifier) -> dict
             answers = generated_together(runner, jobs, stagger=0.3 if args.long else 0.0)
             row["generation_s"] += time.perf_counter() - began
             for job, answer in zip(jobs, answers, strict=True):
-                audit = verifier.audit(job, token_ids=answer["token_ids"], text=answer["text"],
-                                       finish_reason=answer["finish_reason"], seed=answer["seed"], sample=None)
+                audit = verifier.audit(
+                    job,
+                    token_ids=answer["token_ids"],
+                    text=answer["text"],
+                    finish_reason=answer["finish_reason"],
+                    seed=answer["seed"],
+                    sample=None,
+                )
                 row["audits"] += 1
                 row["failed"] += audit.reason is not None
                 row["tokens"] += audit.checked
@@ -103,7 +133,9 @@ def measured(path: Path, slots: int, args: argparse.Namespace, verifier) -> dict
                 row["uncertain"] += audit.uncertain
                 if audit.reason and len(row["reasons"]) < 5:
                     params = job["params"]
-                    row["reasons"].append(f"{job['id']} (T={params['temperature']:g} top_p={params['top_p']:g}): {audit.reason}")
+                    row["reasons"].append(
+                        f"{job['id']} (T={params['temperature']:g} top_p={params['top_p']:g}): {audit.reason}"
+                    )
             if row["audits"] % 50 < slots:
                 print(f"S={slots}: {row['audits']} audited, {row['failed']} failed", file=sys.stderr, flush=True)
     finally:
@@ -126,10 +158,14 @@ def main() -> None:
     path = default_model_path()
     verifier = Verifier(path, threads=1, n_ctx=2048)
     rows = [measured(path, int(slots), args, verifier) for slots in args.slots.split(",")]
-    print(json.dumps({"load": os.getloadavg(), "max_tokens": args.max_tokens, "long": args.long, "rows": rows}, indent=2))
+    print(
+        json.dumps({"load": os.getloadavg(), "max_tokens": args.max_tokens, "long": args.long, "rows": rows}, indent=2)
+    )
     for row in rows:
-        print(f"S={row['slots']}: {row['failed']} of {row['audits']} honest batched answers failed their audit "
-              f"({row['tokens']} tokens checked, {row['misses']} misses, {row['uncertain']} uncertain)")
+        print(
+            f"S={row['slots']}: {row['failed']} of {row['audits']} honest batched answers failed their audit "
+            f"({row['tokens']} tokens checked, {row['misses']} misses, {row['uncertain']} uncertain)"
+        )
 
 
 if __name__ == "__main__":

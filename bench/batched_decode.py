@@ -20,6 +20,7 @@ issue's goal: at least 0.9). Then the prefill work of an `n = 4` request ÷ a si
 Each figure is the best of `--rounds` (a shared machine's noise only ever slows a run down).
 Asserts nothing; prints a table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -163,8 +164,11 @@ def latencies(runner, long_words: int) -> tuple[float, float, float]:  # type: i
     gaps = [gap for stream in busy for gap in stream.gaps(reading.start, reading.times[0])]
     for stream in busy:
         stream.join()
-    return (loaded_ttft / idle_ttft, float(np.percentile(gaps, 99) / np.percentile(quiet_gaps, 99)),
-            float(np.median(gaps) / np.median(quiet_gaps)))
+    return (
+        loaded_ttft / idle_ttft,
+        float(np.percentile(gaps, 99) / np.percentile(quiet_gaps, 99)),
+        float(np.median(gaps) / np.median(quiet_gaps)),
+    )
 
 
 def main() -> None:
@@ -175,7 +179,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--latency", action="store_true", help="also TTFT and inter-token p99 under load (issue 51)")
-    parser.add_argument("--counts", default=",".join(map(str, COUNTS)), help="jobs at once, comma-separated (a GPU: 1,4,16)")
+    parser.add_argument(
+        "--counts", default=",".join(map(str, COUNTS)), help="jobs at once, comma-separated (a GPU: 1,4,16)"
+    )
     parser.add_argument("--gpu-layers", type=int, default=0, help="layers on the GPU (999: all)")
     args = parser.parse_args()
     counts = tuple(int(count) for count in args.counts.split(","))
@@ -183,8 +189,13 @@ def main() -> None:
     from engine.gguf_loader import default_model_path
     from mahout.runners.batched import BatchedLlamaRunner, aggregate_tokens_per_second, decode_jobs, slots_chosen
 
-    runner = BatchedLlamaRunner(args.model or default_model_path(), args.threads, n_ctx=args.tokens + 64,
-                                slots=max(counts), gpu_layers=args.gpu_layers)
+    runner = BatchedLlamaRunner(
+        args.model or default_model_path(),
+        args.threads,
+        n_ctx=args.tokens + 64,
+        slots=max(counts),
+        gpu_layers=args.gpu_layers,
+    )
     baseline = LlamaCppBatched(runner._llm, max(counts), args.tokens + 64)
     ours: dict[int, float] = {}
     theirs: dict[int, float] = {}
@@ -202,11 +213,15 @@ def main() -> None:
                 ours[count] = max(ours.get(count, 0.0), aggregate_tokens_per_second(runner, jobs))
                 raw = baseline.tokens_per_second(prompts, args.tokens)
                 theirs[count] = max(theirs.get(count, 0.0), raw)
-        print(f"{'jobs':>4} {'ours tok/s':>10} {'÷ 1 job':>8} {'llama.cpp tok/s':>15} {'÷ 1 seq':>8} "
-              f"{'ours ÷ llama.cpp':>16}")
+        print(
+            f"{'jobs':>4} {'ours tok/s':>10} {'÷ 1 job':>8} {'llama.cpp tok/s':>15} {'÷ 1 seq':>8} "
+            f"{'ours ÷ llama.cpp':>16}"
+        )
         for count in counts:
-            print(f"{count:>4} {ours[count]:>10.1f} {ours[count] / ours[1]:>8.2f} {theirs[count]:>15.1f} "
-                  f"{theirs[count] / theirs[1]:>8.2f} {ours[count] / theirs[count]:>16.2f}")
+            print(
+                f"{count:>4} {ours[count]:>10.1f} {ours[count] / ours[1]:>8.2f} {theirs[count]:>15.1f} "
+                f"{theirs[count] / theirs[1]:>8.2f} {ours[count] / theirs[count]:>16.2f}"
+            )
         print(f"slots_chosen(ours) = {slots_chosen(ours)}")
         prompt = "The history of the elephant is long and varied. Elephants live in families led by the oldest female."
         print(f"n = 4 request: prefill work ÷ one choice's = {prefill_ratio(runner, prompt):.2f}")
@@ -220,8 +235,10 @@ def main() -> None:
             aggregate_tokens_per_second(runner, decode_jobs(runner, 1, 8))  # warm up
             ttft, p99, median = latencies(runner, long_words=200)
             print(f"TTFT of a job arriving while 3 stream ÷ idle TTFT = {ttft:.2f}")
-            print(f"inter-token p99 of 3 streams while a ~2,000-token prompt is read beside them ÷ idle = {p99:.2f}"
-                  f" (median ÷ idle median = {median:.2f}; chunk {runner.chunk} tokens)")
+            print(
+                f"inter-token p99 of 3 streams while a ~2,000-token prompt is read beside them ÷ idle = {p99:.2f}"
+                f" (median ÷ idle median = {median:.2f}; chunk {runner.chunk} tokens)"
+            )
         finally:
             runner.close()
 

@@ -17,6 +17,7 @@
 Uses a bench catalog model counted by the byte tokenizer, so the figures are
 billing's, not the GGUF tokenizer's. Prints figures; asserts nothing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,16 +64,24 @@ class World:
         from testkit.personas import make_host
 
         self.model = CatalogModel.objects.create(
-            name=f"bench-{uuid.uuid4().hex[:6]}", context_length=100_000, input_price_ucents=10,
-            output_price_ucents=40, tokenizer="bytes",
+            name=f"bench-{uuid.uuid4().hex[:6]}",
+            context_length=100_000,
+            input_price_ucents=10,
+            output_price_ucents=40,
+            tokenizer="bytes",
         )
         from hosts.models import Host
 
         self.serving = make_host(qualified=False, name=f"bench-{uuid.uuid4().hex[:6]}", trusted=True)
         Host.objects.filter(pk=self.serving.host.pk).update(slots=30000)
         self.serving.host.refresh_from_db()
-        qualification_register(host=self.serving.host, model_name=self.model.name, fingerprint=self.serving.fingerprint,
-                               benchmark={"prompt_tps": 1, "gen_tps": 1, "ttft_ms": 1, "memory_mb": 1}, machine={})
+        qualification_register(
+            host=self.serving.host,
+            model_name=self.model.name,
+            fingerprint=self.serving.fingerprint,
+            benchmark={"prompt_tps": 1, "gen_tps": 1, "ttft_ms": 1, "memory_mb": 1},
+            machine={},
+        )
 
     def customer(self, credit_ucents: int):  # type: ignore[no-untyped-def]
         from testkit.personas import make_customer
@@ -83,8 +92,15 @@ class World:
         from marketplace import services as market
 
         return market.request_submit(
-            public_id=market.new_public_id("chat"), api_key=customer.key, model=self.model, kind="chat",
-            messages=[{"role": "user", "content": "hi"}], prompt=None, params=params(max_tokens), stream=True, prompt_tokens=8,
+            public_id=market.new_public_id("chat"),
+            api_key=customer.key,
+            model=self.model,
+            kind="chat",
+            messages=[{"role": "user", "content": "hi"}],
+            prompt=None,
+            params=params(max_tokens),
+            stream=True,
+            prompt_tokens=8,
         )
 
     def run_to_completion_prep(self, customer, text: str, max_tokens: int):  # type: ignore[no-untyped-def]
@@ -140,7 +156,11 @@ def _settle_in_child(job_ids: list[int], host_pk: int, threads: int, start_at: f
     host = Host.objects.get(pk=host_pk)
     connections.close_all()
     time.sleep(max(0.0, start_at - time.time()))
-    pooled(lambda job_id: gateway_call(market.job_complete, host=host, job_id=job_id, finish_reason="stop"), job_ids, threads)
+    pooled(
+        lambda job_id: gateway_call(market.job_complete, host=host, job_id=job_id, finish_reason="stop"),
+        job_ids,
+        threads,
+    )
 
 
 def bench_settlements(world: World, n: int, threads: int, processes: int) -> None:
@@ -157,14 +177,22 @@ def bench_settlements(world: World, n: int, threads: int, processes: int) -> Non
     jobs = [gateway_call(world.run_to_completion_prep, customer, "x" * 32, 64) for _ in range(n)]
     if processes <= 1:
         start = time.perf_counter()
-        pooled(lambda job_id: gateway_call(market.job_complete, host=world.serving.host, job_id=job_id, finish_reason="stop"), jobs, threads)
+        pooled(
+            lambda job_id: gateway_call(
+                market.job_complete, host=world.serving.host, job_id=job_id, finish_reason="stop"
+            ),
+            jobs,
+            threads,
+        )
         elapsed = time.perf_counter() - start
     else:
         connections.close_all()
         context = multiprocessing.get_context("fork")
         start_at = time.time() + 1.0  # children start together, after forking and connecting
         children = [
-            context.Process(target=_settle_in_child, args=(jobs[i::processes], world.serving.host.pk, threads, start_at))
+            context.Process(
+                target=_settle_in_child, args=(jobs[i::processes], world.serving.host.pk, threads, start_at)
+            )
             for i in range(processes)
         ]
         for child in children:

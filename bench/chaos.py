@@ -19,6 +19,7 @@ otherwise); tokens billed = the gateway's count of the received text; a failed r
 costs nothing; no hold left open; `reconcile` clean. Prints completed %, exact %, honest
 errors, resumed, TTFT and longest-silence p50/p99, both phases, as JSON.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,7 +59,7 @@ def counting_rest(job: dict) -> str:
     match = re.search(r"count to (\d+)", asked if isinstance(asked, str) else "")
     target = counting_target(int(match.group(1)) if match else 5)
     delivered = messages[-1]["content"] if job.get("continuation") and messages[-1].get("role") == "assistant" else ""
-    return target[len(delivered):] if target.startswith(delivered) else " !not-a-prefix!"
+    return target[len(delivered) :] if target.startswith(delivered) else " !not-a-prefix!"
 
 
 def host_main(argv: list[str]) -> None:
@@ -76,9 +77,22 @@ def host_main(argv: list[str]) -> None:
     parser.add_argument("--interval", type=float, default=0.05)
     args = parser.parse_args(argv)
     sim = argparse.Namespace(
-        server=args.server, token=args.token, model=[MODEL], loaded=MODEL, catalog="ok", slots=args.slots, delay=0.0,
-        gen_tps=40.0, heartbeat=1.0, wait=5.0, fail=False, stream_batches=0, interval=args.interval,
-        socket=args.socket, socket_claims=args.socket)
+        server=args.server,
+        token=args.token,
+        model=[MODEL],
+        loaded=MODEL,
+        catalog="ok",
+        slots=args.slots,
+        delay=0.0,
+        gen_tps=40.0,
+        heartbeat=1.0,
+        wait=5.0,
+        fail=False,
+        stream_batches=0,
+        interval=args.interval,
+        socket=args.socket,
+        socket_claims=args.socket,
+    )
 
     class CountingHost(SimHost):
         paused = threading.Event()
@@ -89,7 +103,12 @@ def host_main(argv: list[str]) -> None:
             return super().call(client, method, path, body)
 
         def heartbeat(self, client) -> None:  # type: ignore[no-untyped-def]
-            body = {"fingerprint": "s" * 64, "paused": self.paused.is_set(), "version": "sim", "catalog": self.catalog()}
+            body = {
+                "fingerprint": "s" * 64,
+                "paused": self.paused.is_set(),
+                "version": "sim",
+                "catalog": self.catalog(),
+            }
             self.call(client, "POST", "heartbeat", body).raise_for_status()
 
         def serve(self, client, job: dict) -> None:  # type: ignore[no-untyped-def]
@@ -99,14 +118,21 @@ def host_main(argv: list[str]) -> None:
                 rest = counting_rest(job)
                 for seq, start in enumerate(range(0, len(rest), PIECE_CHARS)):
                     if self.paused.is_set():
-                        self.call(client, "POST", f"jobs/{job['id']}/fail",
-                                  {"reason": "the owner took the machine back", "cause": "host"})
+                        self.call(
+                            client,
+                            "POST",
+                            f"jobs/{job['id']}/fail",
+                            {"reason": "the owner took the machine back", "cause": "host"},
+                        )
                         return
-                    if not self.push(client, job["id"], seq, rest[start:start + PIECE_CHARS]):
+                    if not self.push(client, job["id"], seq, rest[start : start + PIECE_CHARS]):
                         return
                     time.sleep(self.args.interval)
-                self.call_retrying(client, f"jobs/{job['id']}/complete",
-                                   {"finish_reason": "stop", "tokens": drawn_ids(job["model"], rest)})
+                self.call_retrying(
+                    client,
+                    f"jobs/{job['id']}/complete",
+                    {"finish_reason": "stop", "tokens": drawn_ids(job["model"], rest)},
+                )
             except Exception:  # noqa: BLE001 - a host that dies on one job keeps serving others
                 pass
             finally:
@@ -120,6 +146,7 @@ def host_main(argv: list[str]) -> None:
             host.paused.clear()
         else:
             host.paused.set()
+
     signal.signal(signal.SIGUSR1, toggle)
     signal.signal(signal.SIGTERM, lambda *_: host.stop.set())
     host.run()
@@ -156,11 +183,31 @@ class Pool:
             host_id = serving.host.pk
             if index < counting:
                 self.counting.add(host_id)
-                self.argv[host_id] = [sys.executable, __file__, "host", "--server", server, "--token", serving.token,
-                                      *(["--socket"] if index % 2 == 0 else [])]
+                self.argv[host_id] = [
+                    sys.executable,
+                    __file__,
+                    "host",
+                    "--server",
+                    server,
+                    "--token",
+                    serving.token,
+                    *(["--socket"] if index % 2 == 0 else []),
+                ]
             else:
-                self.argv[host_id] = [sys.executable, "-m", "mahout", "run", "--server", server, "--token", serving.token,
-                                      "--home", str(tmp / f"mahout-{index}"), "--threads", str(threads)]
+                self.argv[host_id] = [
+                    sys.executable,
+                    "-m",
+                    "mahout",
+                    "run",
+                    "--server",
+                    server,
+                    "--token",
+                    serving.token,
+                    "--home",
+                    str(tmp / f"mahout-{index}"),
+                    "--threads",
+                    str(threads),
+                ]
             if homes:  # each host in its own home, behind its own NAT (bench/netsim.py)
                 self.argv[host_id] = ["ip", "netns", "exec", netsim.home_ns(index + 1), *self.argv[host_id]]
             self.start(host_id)
@@ -168,8 +215,14 @@ class Pool:
     def start(self, host_id: int) -> None:
         log = open(self.tmp / f"host-{host_id}.log", "a")
         with self.lock:
-            self.procs[host_id] = subprocess.Popen(self.argv[host_id], cwd=ROOT, env=dict(os.environ), stdout=log,
-                                                   stderr=subprocess.STDOUT, start_new_session=True)
+            self.procs[host_id] = subprocess.Popen(
+                self.argv[host_id],
+                cwd=ROOT,
+                env=dict(os.environ),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def stop_all(self) -> None:
         with self.lock:
@@ -197,7 +250,9 @@ class Chaos(threading.Thread):
             if host_id in self.pool.counting and rng.random() < self.pause_share:
                 self.pauses += 1
                 proc.send_signal(signal.SIGUSR1)
-                threading.Timer(rng.uniform(5, 15), lambda p=proc: p.poll() is None and p.send_signal(signal.SIGUSR1)).start()
+                threading.Timer(
+                    rng.uniform(5, 15), lambda p=proc: p.poll() is None and p.send_signal(signal.SIGUSR1)
+                ).start()
                 continue
             self.kills += 1
             proc.kill()
@@ -215,8 +270,12 @@ def customer(client, k: int) -> dict:  # type: ignore[no-untyped-def]
     result: dict = {"k": k, "public_id": None, "error": None, "resumed": False}
     try:
         stream = client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": f"count to {k}"}], max_tokens=400, stream=True,
-            stream_options={"include_usage": True})
+            model=MODEL,
+            messages=[{"role": "user", "content": f"count to {k}"}],
+            max_tokens=400,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
         for chunk in stream:
             result["public_id"] = chunk.id
             arrivals.append(time.monotonic())
@@ -266,8 +325,13 @@ def check(result: dict, counting: set[int]) -> dict:
 
     row = Request.objects.filter(public_id=result["public_id"]).first() if result["public_id"] else None
     if row is None:
-        return {"status": "unknown", "exact": None, "char_error": 0, "billing_error": result["error"] is None,
-                "attempts": 0}
+        return {
+            "status": "unknown",
+            "exact": None,
+            "char_error": 0,
+            "billing_error": result["error"] is None,
+            "attempts": 0,
+        }
     jobs = list(row.jobs.all())
     only_counting = all(job.host_id in counting for job in jobs if job.host_id)
     text = result["text"]
@@ -279,8 +343,13 @@ def check(result: dict, counting: set[int]) -> dict:
         billing_error = row.completion_tokens != counted or row.cost_ucents != expected
     else:
         billing_error = row.cost_ucents != 0
-    return {"status": row.status, "exact": exact, "char_error": char_error, "billing_error": billing_error,
-            "attempts": len(jobs)}
+    return {
+        "status": row.status,
+        "exact": exact,
+        "char_error": char_error,
+        "billing_error": billing_error,
+        "attempts": len(jobs),
+    }
 
 
 def summary(results: list[dict], counting: set[int]) -> dict:
@@ -304,23 +373,29 @@ def summary(results: list[dict], counting: set[int]) -> dict:
         "silence_p50_s": pct([r["silence"] for r in rows], 0.5),
         "silence_p99_s": pct([r["silence"] for r in rows], 0.99),
         "silence_max_s": pct([r["silence"] for r in rows], 1.0),
-        "bad_examples": [{key: r[key] for key in ("k", "status", "exact", "char_error", "billing_error", "attempts")}
-                         | {"text_end": r["text"][-80:]} for r in rows
-                         if r["exact"] is False or r["char_error"] or r["billing_error"]][:3],
+        "bad_examples": [
+            {key: r[key] for key in ("k", "status", "exact", "char_error", "billing_error", "attempts")}
+            | {"text_end": r["text"][-80:]}
+            for r in rows
+            if r["exact"] is False or r["char_error"] or r["billing_error"]
+        ][:3],
     }
 
 
 def setup_django(tmp: Path) -> None:
     if not os.environ.get("DATABASE_URL"):
         os.environ["SQLITE_PATH"] = str(tmp / "chaos.sqlite3")
-    os.environ.update({
-        "DJANGO_SETTINGS_MODULE": "config.settings",
-        "HOST_MAX_FAILURES_PER_HOUR": "1000000",  # hosts die on purpose here: they must not be rested
-        "CANARY_ENABLED": "0", "AUDIT_ENABLED": "0",  # counting hosts would fail them: this is about leaving
-        "MAHOUT_UNVERSIONED_ALLOWED": "1",  # its synthetic hosts say "sim"
-        "ELEPHANT_VAR_DIR": str(tmp / "var"),
-        "ALLOWED_HOSTS": f"127.0.0.1,localhost,{netsim.GATEWAY_IP}",  # its own file broker and beat schedule, not make run's
-    })
+    os.environ.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+            "HOST_MAX_FAILURES_PER_HOUR": "1000000",  # hosts die on purpose here: they must not be rested
+            "CANARY_ENABLED": "0",
+            "AUDIT_ENABLED": "0",  # counting hosts would fail them: this is about leaving
+            "MAHOUT_UNVERSIONED_ALLOWED": "1",  # its synthetic hosts say "sim"
+            "ELEPHANT_VAR_DIR": str(tmp / "var"),
+            "ALLOWED_HOSTS": f"127.0.0.1,localhost,{netsim.GATEWAY_IP}",  # its own file broker and beat schedule, not make run's
+        }
+    )
     import django
 
     django.setup()
@@ -343,9 +418,12 @@ def main() -> None:
     parser.add_argument("--kill-every", type=float, default=12.0)
     parser.add_argument("--pause-share", type=float, default=0.3, help="share of the events that are owner pauses")
     parser.add_argument("--port", type=int, default=8771)
-    parser.add_argument("--netsim", action="store_true",
-                        help="hosts behind home NATs over home links (bench/netsim.py; Linux, root)")
-    parser.add_argument("--rtt-ms", default="20-80", help="with --netsim: each home's round trip, drawn from this range")
+    parser.add_argument(
+        "--netsim", action="store_true", help="hosts behind home NATs over home links (bench/netsim.py; Linux, root)"
+    )
+    parser.add_argument(
+        "--rtt-ms", default="20-80", help="with --netsim: each home's round trip, drawn from this range"
+    )
     parser.add_argument("--loss", type=float, default=0.5, help="with --netsim: percent lost, each direction")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="elephant-chaos-"))
@@ -368,18 +446,40 @@ def main() -> None:
     server = f"http://{address}:{args.port}"
     env = dict(os.environ)
     daemons = [
-        subprocess.Popen([sys.executable, "-m", "daphne", "-b", address, "-p", str(args.port), "config.asgi:application"],
-                         cwd=ROOT, env=env, stdout=open(tmp / "gateway.log", "w"), stderr=subprocess.STDOUT),
-        subprocess.Popen([sys.executable, "-m", "celery", "-A", "config", "worker", "-B", "--concurrency", "1",
-                          "--loglevel", "WARNING"], cwd=ROOT, env=env, stdout=open(tmp / "celery.log", "w"),
-                         stderr=subprocess.STDOUT),
+        subprocess.Popen(
+            [sys.executable, "-m", "daphne", "-b", address, "-p", str(args.port), "config.asgi:application"],
+            cwd=ROOT,
+            env=env,
+            stdout=open(tmp / "gateway.log", "w"),
+            stderr=subprocess.STDOUT,
+        ),
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "config",
+                "worker",
+                "-B",
+                "--concurrency",
+                "1",
+                "--loglevel",
+                "WARNING",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=open(tmp / "celery.log", "w"),
+            stderr=subprocess.STDOUT,
+        ),
     ]
     pool = chaos = None
     try:
         wait_until(lambda: answers(f"{server}/healthz"), timeout=60, what="the gateway", interval=0.2)
         pool = Pool(server, tmp, args.hosts, args.mahout, args.threads, args.netsim)
-        client = openai.OpenAI(base_url=f"{server}/v1", api_key=make_customer(credit_ucents=10**12).secret,
-                               max_retries=0, timeout=180)
+        client = openai.OpenAI(
+            base_url=f"{server}/v1", api_key=make_customer(credit_ucents=10**12).secret, max_retries=0, timeout=180
+        )
         for _ in range(600):  # until a host serves
             if customer(client, 2)["error"] is None:
                 break
@@ -388,7 +488,9 @@ def main() -> None:
         quiet = run_phase(client, args.baseline, args.customers)
         chaos = Chaos(pool, args.kill_every, args.pause_share)
         chaos.start()
-        print(f"chaos phase: {args.requests} requests, an event every ~{args.kill_every:g} s", file=sys.stderr, flush=True)
+        print(
+            f"chaos phase: {args.requests} requests, an event every ~{args.kill_every:g} s", file=sys.stderr, flush=True
+        )
         started = time.monotonic()
         loud = run_phase(client, args.requests, args.customers)
         seconds = time.monotonic() - started
@@ -396,12 +498,20 @@ def main() -> None:
         time.sleep(2)
         report = {"quiet": summary(quiet, pool.counting), "chaos": summary(loud, pool.counting)}
         report["chaos"].update({"kills": chaos.kills, "pauses": chaos.pauses, "seconds": round(seconds)})
-        report["ttft_p99_chaos_over_quiet"] = (round(report["chaos"]["ttft_p99_s"] / report["quiet"]["ttft_p99_s"], 2)
-                                               if report["quiet"]["ttft_p99_s"] else None)
+        report["ttft_p99_chaos_over_quiet"] = (
+            round(report["chaos"]["ttft_p99_s"] / report["quiet"]["ttft_p99_s"], 2)
+            if report["quiet"]["ttft_p99_s"]
+            else None
+        )
         report["holds_left_open"] = Hold.objects.filter(status=Hold.Status.ACTIVE).count()
         report["reconcile"] = reconcile_report() or "clean"
-        report["setup"] = {"counting_hosts": args.hosts, "mahout_hosts": args.mahout, "customers": args.customers,
-                           "database": "postgresql" if os.environ.get("DATABASE_URL") else "sqlite", "logs": str(tmp)}
+        report["setup"] = {
+            "counting_hosts": args.hosts,
+            "mahout_hosts": args.mahout,
+            "customers": args.customers,
+            "database": "postgresql" if os.environ.get("DATABASE_URL") else "sqlite",
+            "logs": str(tmp),
+        }
     finally:
         if chaos:
             chaos.stop.set()
@@ -412,8 +522,11 @@ def main() -> None:
         if args.netsim:
             netsim.down()
     if homes:
-        report["setup"]["homes"] = {"rtt_ms": sorted(home["rtt_ms"] for home in homes), "loss_pct": args.loss,
-                                    "link": homes[0]["link"]}
+        report["setup"]["homes"] = {
+            "rtt_ms": sorted(home["rtt_ms"] for home in homes),
+            "loss_pct": args.loss,
+            "link": homes[0]["link"],
+        }
     print(json.dumps(report, indent=2))
 
 

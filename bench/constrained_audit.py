@@ -22,6 +22,7 @@ On the shipped Gemma 3 270M, a 1-thread host (LlamaRunner) and a 1-thread verifi
 
 Prints JSON; asserts nothing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,12 +36,32 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "hobbies"], "properties": {
-    "name": {"type": "string"}, "age": {"type": "integer"}, "hobbies": {"type": "array", "items": {"type": "string"}}}}
-ASKS = ["Describe a person as JSON.", "Invent a character for a story, as JSON.", "Give me a JSON record of a pet owner.",
-        "Return a JSON object about a famous scientist.", "Make up a user profile in JSON.", "A JSON person, please."]
-STORIES = ["Write a short story about a fox.", "Explain how rain forms.", "Describe your ideal holiday.",
-           "Tell me about the history of tea.", "Write a letter to a friend.", "Explain photosynthesis to a child."]
+PERSON = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "age", "hobbies"],
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "hobbies": {"type": "array", "items": {"type": "string"}},
+    },
+}
+ASKS = [
+    "Describe a person as JSON.",
+    "Invent a character for a story, as JSON.",
+    "Give me a JSON record of a pet owner.",
+    "Return a JSON object about a famous scientist.",
+    "Make up a user profile in JSON.",
+    "A JSON person, please.",
+]
+STORIES = [
+    "Write a short story about a fox.",
+    "Explain how rain forms.",
+    "Describe your ideal holiday.",
+    "Tell me about the history of tea.",
+    "Write a letter to a friend.",
+    "Explain photosynthesis to a child.",
+]
 SETTINGS = [(0.0, 1.0), (0.7, 1.0), (1.0, 0.9)]
 FORMATS = [{"type": "json_schema", "name": "person", "schema": PERSON}, {"type": "json_object"}]
 
@@ -66,16 +87,46 @@ class Counted:
         Grammar.allowed, GrammarSampler.__call__ = counted_allowed, counted_step
 
 
-def job(ask: str, *, temperature: float, top_p: float, seed: int, max_tokens: int, response_format: dict | None = None,
-        logprobs: int | None = None, continuation: bool = False, delivered: str = "", delivered_tokens: int = 0) -> dict:
+def job(
+    ask: str,
+    *,
+    temperature: float,
+    top_p: float,
+    seed: int,
+    max_tokens: int,
+    response_format: dict | None = None,
+    logprobs: int | None = None,
+    continuation: bool = False,
+    delivered: str = "",
+    delivered_tokens: int = 0,
+) -> dict:
     from protocol.jobs import job_payload_build
     from testkit.formats import GEMMA
 
-    params = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "stop": None, "seed": seed,
-              "response_format": response_format, "logprobs": logprobs}
-    return dict(job_payload_build(
-        job_id=seed, model="gemma-3-270m", kind="chat", messages=[{"role": "user", "content": ask}], prompt=None, inputs=None,
-        params=params, fmt=GEMMA, continuation=continuation, delivered=delivered, delivered_tokens=delivered_tokens))
+    params = {
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "top_p": top_p,
+        "stop": None,
+        "seed": seed,
+        "response_format": response_format,
+        "logprobs": logprobs,
+    }
+    return dict(
+        job_payload_build(
+            job_id=seed,
+            model="gemma-3-270m",
+            kind="chat",
+            messages=[{"role": "user", "content": ask}],
+            prompt=None,
+            inputs=None,
+            params=params,
+            fmt=GEMMA,
+            continuation=continuation,
+            delivered=delivered,
+            delivered_tokens=delivered_tokens,
+        )
+    )
 
 
 def answer(runner, asked: dict) -> tuple[dict, list[dict], float]:  # type: ignore[no-untyped-def]
@@ -83,8 +134,12 @@ def answer(runner, asked: dict) -> tuple[dict, list[dict], float]:  # type: igno
     pieces = list(runner.stream(asked))
     seconds = time.perf_counter() - started
     entries = [entry for piece in pieces for entry in getattr(piece, "logprobs", [])]
-    reported = {"token_ids": list(runner.token_ids), "text": "".join(pieces), "finish_reason": runner.finish_reason,
-                "seed": runner.seed}
+    reported = {
+        "token_ids": list(runner.token_ids),
+        "text": "".join(pieces),
+        "finish_reason": runner.finish_reason,
+        "seed": runner.seed,
+    }
     return reported, entries, seconds
 
 
@@ -114,8 +169,11 @@ def matcher_cost(runner, reported: dict, asked: dict) -> dict:  # type: ignore[n
             grammar.accept(token)
     finally:
         grammar.close()
-    return {"every_token_ms": round(statistics.median(every) * 1000, 2), "likeliest_1024_ms": round(statistics.median(some) * 1000, 3),
-            "states": len(every)}
+    return {
+        "every_token_ms": round(statistics.median(every) * 1000, 2),
+        "likeliest_1024_ms": round(statistics.median(some) * 1000, 3),
+        "states": len(every),
+    }
 
 
 def structured(runner, verifier, counted: Counted, args: argparse.Namespace) -> dict:  # type: ignore[no-untyped-def]
@@ -123,13 +181,25 @@ def structured(runner, verifier, counted: Counted, args: argparse.Namespace) -> 
     rows = {}
     for temperature, top_p in SETTINGS:
         grammar_s = free_s = grammar_tokens = free_tokens = audit_s = free_audit_s = 0.0
-        row = {"failed": 0, "misses": 0, "uncertain": 0, "checked": 0, "caught": {"wrong seed": 0, "greedy": 0, "free text": 0},
-               "cheated": {"wrong seed": 0, "greedy": 0, "free text": 0}}
+        row = {
+            "failed": 0,
+            "misses": 0,
+            "uncertain": 0,
+            "checked": 0,
+            "caught": {"wrong seed": 0, "greedy": 0, "free text": 0},
+            "cheated": {"wrong seed": 0, "greedy": 0, "free text": 0},
+        }
         steps = whole = 0
         for index in range(args.jobs):
             response_format = FORMATS[index % len(FORMATS)]
-            asked = job(ASKS[index % len(ASKS)], temperature=temperature, top_p=top_p, seed=100 + index,
-                        max_tokens=args.max_tokens, response_format=response_format)
+            asked = job(
+                ASKS[index % len(ASKS)],
+                temperature=temperature,
+                top_p=top_p,
+                seed=100 + index,
+                max_tokens=args.max_tokens,
+                response_format=response_format,
+            )
             free_job = {**asked, "params": {**asked["params"], "response_format": None}}
             free, _, seconds = answer(runner, free_job)
             free_s, free_tokens = free_s + seconds, free_tokens + len(free["token_ids"])
@@ -148,19 +218,26 @@ def structured(runner, verifier, counted: Counted, args: argparse.Namespace) -> 
             cheats = {"free text": {**free, "seed": honest["seed"]}}
             if temperature > 0:  # (greedy answers do not depend on the seed)
                 greedy, _, _ = answer(runner, {**asked, "params": {**asked["params"], "temperature": 0.0}})
-                cheats.update({"wrong seed": {**honest, "seed": honest["seed"] + 1}, "greedy": {**greedy, "seed": honest["seed"]}})
+                cheats.update(
+                    {"wrong seed": {**honest, "seed": honest["seed"] + 1}, "greedy": {**greedy, "seed": honest["seed"]}}
+                )
             for name, cheat in cheats.items():
                 if name != "wrong seed" and cheat["token_ids"] == honest["token_ids"]:
                     continue  # (the greedy answer is the honest one: nothing to catch)
                 row["cheated"][name] += 1
                 row["caught"][name] += not verifier.audit(asked, **cheat).passed
-        row.update({
-            "decode_grammar_over_free": round((grammar_s / grammar_tokens) / (free_s / free_tokens), 2),
-            "ms_per_token_grammar": round(grammar_s / grammar_tokens * 1000, 1), "ms_per_token_free": round(free_s / free_tokens * 1000, 1),
-            "draws_asking_every_token": f"{whole} of {steps}", "audit_over_generation": round(audit_s / grammar_s, 2),
-            "free_text_audit_over_generation": round(free_audit_s / free_s, 2),
-            "audit_ms_per_token_grammar": round(audit_s / grammar_tokens * 1000, 1),
-            "audit_ms_per_token_free": round(free_audit_s / free_tokens * 1000, 1)})
+        row.update(
+            {
+                "decode_grammar_over_free": round((grammar_s / grammar_tokens) / (free_s / free_tokens), 2),
+                "ms_per_token_grammar": round(grammar_s / grammar_tokens * 1000, 1),
+                "ms_per_token_free": round(free_s / free_tokens * 1000, 1),
+                "draws_asking_every_token": f"{whole} of {steps}",
+                "audit_over_generation": round(audit_s / grammar_s, 2),
+                "free_text_audit_over_generation": round(free_audit_s / free_s, 2),
+                "audit_ms_per_token_grammar": round(audit_s / grammar_tokens * 1000, 1),
+                "audit_ms_per_token_free": round(free_audit_s / free_tokens * 1000, 1),
+            }
+        )
         rows[f"T {temperature} top_p {top_p}"] = row
     return rows
 
@@ -172,11 +249,23 @@ def continuations(runner, verifier, args: argparse.Namespace) -> dict:  # type: 
     row = {"jobs": 0, "failed": 0, "checked": 0, "misses": 0, "other seed caught": 0, "audit_over_generation": 0.0}
     generation = audit_s = 0.0
     for index in range(args.jobs):
-        first, _, _ = answer(runner, job(STORIES[index % len(STORIES)], temperature=0.9, top_p=1.0, seed=200 + index,
-                                         max_tokens=args.max_tokens))
+        first, _, _ = answer(
+            runner,
+            job(
+                STORIES[index % len(STORIES)], temperature=0.9, top_p=1.0, seed=200 + index, max_tokens=args.max_tokens
+            ),
+        )
         cut = first["text"][: len(first["text"]) // 2].rstrip()[:-1]  # mid-word, most of the time
-        asked = job(STORIES[index % len(STORIES)], temperature=0.9, top_p=1.0, seed=300 + index, max_tokens=args.max_tokens,
-                    continuation=True, delivered=cut, delivered_tokens=count_tokens(runner._llm, cut))
+        asked = job(
+            STORIES[index % len(STORIES)],
+            temperature=0.9,
+            top_p=1.0,
+            seed=300 + index,
+            max_tokens=args.max_tokens,
+            continuation=True,
+            delivered=cut,
+            delivered_tokens=count_tokens(runner._llm, cut),
+        )
         honest, _, seconds = answer(runner, asked)
         result, spent = audited(verifier, asked, honest)
         generation, audit_s = generation + seconds, audit_s + spent
@@ -207,8 +296,14 @@ def logprobs(runner, verifier, args: argparse.Namespace) -> dict:  # type: ignor
     failed = caught = 0
     try:
         for index in range(args.jobs):
-            asked = job(STORIES[index % len(STORIES)], temperature=[0.0, 0.8, 1.2][index % 3], top_p=1.0, seed=400 + index,
-                        max_tokens=args.max_tokens, logprobs=3)
+            asked = job(
+                STORIES[index % len(STORIES)],
+                temperature=[0.0, 0.8, 1.2][index % 3],
+                top_p=1.0,
+                seed=400 + index,
+                max_tokens=args.max_tokens,
+                logprobs=3,
+            )
             honest, entries, _ = answer(runner, asked)
             recording[0] = True
             failed += not verifier.audit(asked, **honest, logprobs=entries).passed
@@ -217,9 +312,15 @@ def logprobs(runner, verifier, args: argparse.Namespace) -> dict:  # type: ignor
             caught += not verifier.audit(asked, **honest, logprobs=invented).passed
     finally:
         verify._logprob_gap = original
-    return {"jobs": args.jobs, "honest failed": failed, "invented caught": caught, "entries": len(gaps),
-            "largest honest gap": round(max(gaps), 4), "median honest gap": round(statistics.median(gaps), 5),
-            "tolerance": verify.LOGPROB_TOLERANCE}
+    return {
+        "jobs": args.jobs,
+        "honest failed": failed,
+        "invented caught": caught,
+        "entries": len(gaps),
+        "largest honest gap": round(max(gaps), 4),
+        "median honest gap": round(statistics.median(gaps), 5),
+        "tolerance": verify.LOGPROB_TOLERANCE,
+    }
 
 
 def main() -> None:

@@ -38,7 +38,9 @@ def customer(n):
                     stream=True,
                     max_tokens=rng.randint(32, 128),
                     stream_options={"include_usage": True},
-                    messages=[{"role": "user", "content": f"Customer {n} asks question {rng.random():.4f} about elephants."}],
+                    messages=[
+                        {"role": "user", "content": f"Customer {n} asks question {rng.random():.4f} about elephants."}
+                    ],
                 ):
                     if ch.choices and ch.choices[0].delta.content and first is None:
                         first = time.time() - t

@@ -25,6 +25,7 @@ reports, from the gateway's own records (`manage.py shell`):
 Prints a markdown table; exits 1 if a customer was billed for an empty answer, a cheat earned
 anything, or the honest host was flagged.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -88,16 +89,20 @@ def wait_up(base: str, seconds: float) -> None:
 
 
 def manage(repo: Path, *args: str) -> str:
-    return subprocess.run([str(ROOT / ".venv/bin/python"), "manage.py", *args], cwd=repo, check=True, capture_output=True,
-                          text=True).stdout
+    return subprocess.run(
+        [str(ROOT / ".venv/bin/python"), "manage.py", *args], cwd=repo, check=True, capture_output=True, text=True
+    ).stdout
 
 
 def customer(client: openai.OpenAI, tally: dict, lock: threading.Lock, rng: random.Random) -> None:
     topic = rng.choice(TOPICS)
     try:
         answer = client.chat.completions.create(
-            model="gemma-3-270m", max_tokens=rng.randint(48, 160), temperature=0.8,
-            messages=[{"role": "user", "content": f"Write a few sentences about {topic}."}])
+            model="gemma-3-270m",
+            max_tokens=rng.randint(48, 160),
+            temperature=0.8,
+            messages=[{"role": "user", "content": f"Write a few sentences about {topic}."}],
+        )
         text = answer.choices[0].message.content or ""
         key = "answered" if text else "empty"
     except openai.APIStatusError as exc:
@@ -117,8 +122,14 @@ def main() -> int:
     args = parser.parse_args()
     repo, base = args.repo.resolve(), f"http://127.0.0.1:{args.port}"
     env = {**os.environ, "PORT": str(args.port)}
-    server = subprocess.Popen(["make", "run", f"PORT={args.port}"], cwd=repo, env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, start_new_session=True)
+    server = subprocess.Popen(
+        ["make", "run", f"PORT={args.port}"],
+        cwd=repo,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     cheats: list[subprocess.Popen] = []
     try:
         wait_up(base, 900)
@@ -126,10 +137,31 @@ def main() -> int:
         client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, timeout=180)
         for name, flags in CHEATS.items():
             token = manage(repo, "create_host", f"{name}@cheat.example", name).strip().splitlines()[-1]
-            cheats.append(subprocess.Popen(
-                [str(ROOT / ".venv/bin/python"), "-m", "testkit.simhost", "--server", base, "--token", token,
-                 "--model", "gemma-3-270m", "--loaded", "gemma-3-270m", "--wait", "2", "--version", mahout_version, *flags],
-                cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            cheats.append(
+                subprocess.Popen(
+                    [
+                        str(ROOT / ".venv/bin/python"),
+                        "-m",
+                        "testkit.simhost",
+                        "--server",
+                        base,
+                        "--token",
+                        token,
+                        "--model",
+                        "gemma-3-270m",
+                        "--loaded",
+                        "gemma-3-270m",
+                        "--wait",
+                        "2",
+                        "--version",
+                        mahout_version,
+                        *flags,
+                    ],
+                    cwd=repo,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
         tally: dict[str, int] = {}
         lock, rng, threads = threading.Lock(), random.Random(50), []
         started = time.monotonic()
@@ -145,8 +177,9 @@ def main() -> int:
             proc.wait(timeout=10)
         time.sleep(10)  # the watchdog and the audits settle what is left
         report = json.loads(manage(repo, "shell", "-c", REPORT).split("REPORT ", 1)[1])
-        reconcile = subprocess.run([str(ROOT / ".venv/bin/python"), "manage.py", "reconcile"], cwd=repo, capture_output=True,
-                                   text=True)
+        reconcile = subprocess.run(
+            [str(ROOT / ".venv/bin/python"), "manage.py", "reconcile"], cwd=repo, capture_output=True, text=True
+        )
     finally:
         for proc in cheats:
             if proc.poll() is None:
@@ -158,9 +191,13 @@ def main() -> int:
     print("| host | jobs claimed | completions refused | jobs paid | earned µ¢ | balance µ¢ | maintenance |")
     print("|---|---|---|---|---|---|---|")
     for name, row in report["hosts"].items():
-        print(f"| {name} | {row['claimed']} | {row['refused']} | {row['paid']} | {row['earned_ucents']} | {row['balance_ucents']} "
-              f"| {row['maintenance'][:90] or '-'} |")
-    print(f"\nreconcile: exit {reconcile.returncode}: {reconcile.stdout.strip().splitlines()[-1] if reconcile.stdout.strip() else ''}")
+        print(
+            f"| {name} | {row['claimed']} | {row['refused']} | {row['paid']} | {row['earned_ucents']} | {row['balance_ucents']} "
+            f"| {row['maintenance'][:90] or '-'} |"
+        )
+    print(
+        f"\nreconcile: exit {reconcile.returncode}: {reconcile.stdout.strip().splitlines()[-1] if reconcile.stdout.strip() else ''}"
+    )
     bad = tally.get("empty", 0) > 0 and report["requests"]["billed"] > tally.get("answered", 0)
     bad |= any(report["hosts"][name]["balance_ucents"] > 0 for name in CHEATS if name in report["hosts"])
     honest = [row for name, row in report["hosts"].items() if name not in CHEATS]

@@ -20,6 +20,7 @@ architecture's engine on CUDA, for `bench/gpu_check.sh` when a GPU is lent.
     .venv/bin/python bench/engine_families.py [--size mid|tiny] [--rounds 3] [--tokens 32] [--no-shipped] [--device cpu]
         [--only qwen3moe ...]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,14 @@ from engine.gguf_loader import default_model_path, read_config  # noqa: E402
 from engine.gguf_meta import gguf_field, open_gguf  # noqa: E402
 from engine.tokenizer import Tokenizer  # noqa: E402
 
-FAMILIES = {"gemma3": "gemma", "llama": "llama3", "qwen2": "qwen2.5", "qwen3": "qwen3", "qwen3moe": "qwen3moe",
-            "mixtral": "mixtral"}  # what is measured (the architecture, or Mixtral's llama with experts) -> family
+FAMILIES = {
+    "gemma3": "gemma",
+    "llama": "llama3",
+    "qwen2": "qwen2.5",
+    "qwen3": "qwen3",
+    "qwen3moe": "qwen3moe",
+    "mixtral": "mixtral",
+}  # what is measured (the architecture, or Mixtral's llama with experts) -> family
 SIZES = {
     "tiny": {},
     "mid": {"n_layer": 18, "n_embd": 640, "n_head": 4, "n_head_kv": 1, "n_ff": 2048},  # Gemma 3 270M's shape
@@ -105,8 +112,11 @@ def measure(name: str, path: Path, rounds: int, tokens: int, device: torch.devic
                 llama.append(llama_decode_tps(llm, prompt_ids, tokens))
     llm.close()
     e, l_ = statistics.median(engine), statistics.median(llama)
-    print(f"{name}: engine ({device}) {e:.2f} tok/s, llama-cpp-python {l_:.2f} tok/s -> ratio {e / l_:.2f} "
-          f"(raw engine {[round(x, 2) for x in engine]}, llama {[round(x, 2) for x in llama]})", flush=True)
+    print(
+        f"{name}: engine ({device}) {e:.2f} tok/s, llama-cpp-python {l_:.2f} tok/s -> ratio {e / l_:.2f} "
+        f"(raw engine {[round(x, 2) for x in engine]}, llama {[round(x, 2) for x in llama]})",
+        flush=True,
+    )
     return e, l_
 
 
@@ -124,8 +134,11 @@ def main() -> int:
 
     folder = Path(tempfile.mkdtemp(prefix="engine-families-"))
     sdist = sdist_models(folder / "sdist")
-    print(f"size {args.size} {SIZES[args.size] or '(the test blueprint)'}; {args.tokens} tokens; {args.rounds} rounds; "
-          "1 thread each", flush=True)
+    print(
+        f"size {args.size} {SIZES[args.size] or '(the test blueprint)'}; {args.tokens} tokens; {args.rounds} rounds; "
+        "1 thread each",
+        flush=True,
+    )
     ratios = {}
     for arch, family in FAMILIES.items():
         if args.only and arch not in args.only:
@@ -136,11 +149,13 @@ def main() -> int:
         ratios[arch] = engine / llama
         path.unlink()
     if not args.no_shipped:
-        engine, llama = measure("gemma3 (shipped Gemma 3 270M, Q4_K_M)", default_model_path(), args.rounds, args.tokens,
-                                args.device)
+        engine, llama = measure(
+            "gemma3 (shipped Gemma 3 270M, Q4_K_M)", default_model_path(), args.rounds, args.tokens, args.device
+        )
         ratios["shipped gemma3"] = engine / llama
-    print("engine ÷ llama.cpp decode tokens/s: " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items())
-          + " (floor 0.33)")
+    print(
+        "engine ÷ llama.cpp decode tokens/s: " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items()) + " (floor 0.33)"
+    )
     return 0
 
 

@@ -18,6 +18,7 @@ then, timed on the gateway's side:
 Prints the medians and their ratios to the host's generation time, and every honest answer
 either check refused (false positives: there should be none); asserts nothing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,8 +66,13 @@ def main() -> None:
         generate.append(time.perf_counter() - started)
         ids = list(runner.token_ids)
         started = time.perf_counter()
-        problem = shape_problem(vocab, token_ids=ids, own_text=text, finish_reason=runner.finish_reason,
-                                 stops=lambda job=job: job_stop_strings(job))
+        problem = shape_problem(
+            vocab,
+            token_ids=ids,
+            own_text=text,
+            finish_reason=runner.finish_reason,
+            stops=lambda job=job: job_stop_strings(job),
+        )
         shape.append(time.perf_counter() - started)
         if problem is not None:
             refused.append((index, "shape", problem))
@@ -74,15 +80,24 @@ def main() -> None:
         one = {**job, "params": {**job["params"], "max_tokens": 1}}  # the first draw alone, as an empty answer's check
         ended = vocab.drawn(ids[:1]).ended  # an honest empty answer: its first draw ended it
         spelled = "" if ended else verifier._llm.detokenize(ids[:1]).decode("utf-8", errors="ignore")
-        result = verifier.audit(one, token_ids=ids[:1], text=spelled, finish_reason="stop" if ended else "length",
-                                seed=int(job["params"]["seed"]), sample=None)
+        result = verifier.audit(
+            one,
+            token_ids=ids[:1],
+            text=spelled,
+            finish_reason="stop" if ended else "length",
+            seed=int(job["params"]["seed"]),
+            sample=None,
+        )
         first.append(time.perf_counter() - started)
         if result.reason is not None:
             refused.append((index, "first draw", result.reason))
         if index % 25 and index != args.jobs - 1:
             continue
-        print(f"job {index}: {len(ids)} tokens in {generate[-1]:.2f} s; shape {shape[-1] * 1000:.2f} ms; "
-              f"first draw {first[-1] * 1000:.0f} ms ({'passed' if result.reason is None else result.reason})", flush=True)
+        print(
+            f"job {index}: {len(ids)} tokens in {generate[-1]:.2f} s; shape {shape[-1] * 1000:.2f} ms; "
+            f"first draw {first[-1] * 1000:.0f} ms ({'passed' if result.reason is None else result.reason})",
+            flush=True,
+        )
     gen, sh, fd = statistics.median(generate), statistics.median(shape), statistics.median(first)
     print(f"\n| check | median per job | ÷ the host's generation ({gen:.2f} s, {args.max_tokens} max tokens) |")
     print("|---|---|---|")

@@ -11,6 +11,7 @@ generated vs characters the customer received (lost or duplicated = the
 difference), tokens billed vs tokens counted in the received text, the dead
 attempt earning nothing. Reports shares and kill → first resumed token times.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,8 +63,25 @@ class Hosts:
     def start(self, host_id: int) -> None:
         log = open(self.tmp / f"mahout-{host_id}.log", "a")
         self.procs[host_id] = subprocess.Popen(
-            [sys.executable, "-m", "mahout", "run", "--server", self.server, "--token", self.tokens[host_id],
-             "--home", str(self.tmp / "mahout"), "--threads", "1"], cwd=ROOT, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "mahout",
+                "run",
+                "--server",
+                self.server,
+                "--token",
+                self.tokens[host_id],
+                "--home",
+                str(self.tmp / "mahout"),
+                "--threads",
+                "1",
+            ],
+            cwd=ROOT,
+            env=dict(os.environ),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
 
     def stop_all(self) -> None:
         for proc in self.procs.values():
@@ -90,7 +108,9 @@ def one_round(client, hosts: Hosts, how: str) -> dict:  # type: ignore[no-untype
     victim = public_id = None
     last = None
     try:
-        for chunk in client.chat.completions.create(model="gemma-3-270m", messages=STORY, max_tokens=32, temperature=0, stream=True):
+        for chunk in client.chat.completions.create(
+            model="gemma-3-270m", messages=STORY, max_tokens=32, temperature=0, stream=True
+        ):
             last, public_id = chunk, chunk.id
             text = chunk.choices[0].delta.content if chunk.choices else None
             if text:
@@ -109,8 +129,14 @@ def one_round(client, hosts: Hosts, how: str) -> dict:  # type: ignore[no-untype
         error = None
     except openai.APIError as exc:
         error = str(exc)
-    return {"text": "".join(pieces), "last": last, "error": error, "victim": victim, "public_id": public_id,
-            "failover_s": (first_after - killed_at) if (killed_at and first_after) else None}
+    return {
+        "text": "".join(pieces),
+        "last": last,
+        "error": error,
+        "victim": victim,
+        "public_id": public_id,
+        "failover_s": (first_after - killed_at) if (killed_at and first_after) else None,
+    }
 
 
 def audit(result: dict) -> dict:
@@ -120,11 +146,18 @@ def audit(result: dict) -> dict:
     row = Request.objects.get(public_id=result["public_id"])
     jobs = list(row.jobs.order_by("attempt"))
     generated = sum(j.generated_chars for j in jobs)
-    audit = {"status": row.status, "resumed_flag": False, "char_error": generated - len(result["text"]), "billing_error": False}
+    audit = {
+        "status": row.status,
+        "resumed_flag": False,
+        "char_error": generated - len(result["text"]),
+        "billing_error": False,
+    }
     if row.status == "completed":
         counted = min(tokenizer_for(row.model.tokenizer).count(result["text"], special=False), row.params["max_tokens"])
         expected = row.prompt_tokens * row.model.input_price_ucents + counted * row.model.output_price_ucents
-        audit["billing_error"] = row.completion_tokens != counted or row.cost_ucents != expected or jobs[0].earned_ucents != 0
+        audit["billing_error"] = (
+            row.completion_tokens != counted or row.cost_ucents != expected or jobs[0].earned_ucents != 0
+        )
         audit["resumed_flag"] = (result["last"].model_extra or {}).get("x_elephant") == {"resumed": True}
     else:
         audit["billing_error"] = row.cost_ucents != 0
@@ -132,7 +165,13 @@ def audit(result: dict) -> dict:
 
 
 def run(kind: str, rounds: int, client, hosts: Hosts) -> dict:  # type: ignore[no-untyped-def]
-    outcomes = {"completed": 0, "failed_honestly": 0, "chars_lost_or_duplicated": 0, "billing_errors": 0, "missing_flag": 0}
+    outcomes = {
+        "completed": 0,
+        "failed_honestly": 0,
+        "chars_lost_or_duplicated": 0,
+        "billing_errors": 0,
+        "missing_flag": 0,
+    }
     times: list[float] = []
     for number in range(rounds):
         result = one_round(client, hosts, kind)
@@ -150,10 +189,17 @@ def run(kind: str, rounds: int, client, hosts: Hosts) -> dict:  # type: ignore[n
         proc.kill()
         proc.wait()
         hosts.start(result["victim"])
-        print(json.dumps({"kind": kind, "round": number + 1, **checked, "failover_s": result["failover_s"]}), flush=True)
+        print(
+            json.dumps({"kind": kind, "round": number + 1, **checked, "failover_s": result["failover_s"]}), flush=True
+        )
     total = outcomes["completed"] + outcomes["failed_honestly"]
-    return {**outcomes, "rounds": total, "completed_share": outcomes["completed"] / max(total, 1),
-            "failover_ms_p50": pct(times, 0.5), "failover_ms_p95": pct(times, 0.95)}
+    return {
+        **outcomes,
+        "rounds": total,
+        "completed_share": outcomes["completed"] / max(total, 1),
+        "failover_ms_p50": pct(times, 0.5),
+        "failover_ms_p95": pct(times, 0.95),
+    }
 
 
 def main() -> None:
@@ -173,8 +219,13 @@ def main() -> None:
 
     catalog_seed(CatalogModel)
     server = f"http://127.0.0.1:{args.port}"
-    gateway = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(args.port), "config.asgi:application"],
-                               cwd=ROOT, env=dict(os.environ), stdout=open(tmp / "gateway.log", "w"), stderr=subprocess.STDOUT)
+    gateway = subprocess.Popen(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(args.port), "config.asgi:application"],
+        cwd=ROOT,
+        env=dict(os.environ),
+        stdout=open(tmp / "gateway.log", "w"),
+        stderr=subprocess.STDOUT,
+    )
     hosts = None
     try:
         for _ in range(300):
@@ -192,7 +243,10 @@ def main() -> None:
                 break
             except openai.APIError:
                 time.sleep(0.5)
-        report = {"kill_9": run("kill", args.rounds, client, hosts), "sigstop": run("stop", args.stall_rounds, client, hosts)}
+        report = {
+            "kill_9": run("kill", args.rounds, client, hosts),
+            "sigstop": run("stop", args.stall_rounds, client, hosts),
+        }
     finally:
         if hosts:
             hosts.stop_all()

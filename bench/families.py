@@ -36,6 +36,7 @@ database is migrated and used instead (one run per database: the tiny entries ar
 Fetches the llama-cpp-python sdist (the vocabularies and templates) with pip, as the tests do.
 Prints the table; asserts nothing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,15 +59,27 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 SHIPPED = "gemma-3-270m"
-LABELS = {"llama3": "llama3", "qwen2.5": "qwen2.5", "qwen3": "qwen3", "phi3": "phi3", "mistral": "mistral",
-          "gemma": "gemma-tiny"}  # testkit's family -> this table's row
+LABELS = {
+    "llama3": "llama3",
+    "qwen2.5": "qwen2.5",
+    "qwen3": "qwen3",
+    "phi3": "phi3",
+    "mistral": "mistral",
+    "gemma": "gemma-tiny",
+}  # testkit's family -> this table's row
 SHORT = [{"role": "user", "content": "Tell me a story about a dog"}]  # bench/admission.py's chat
 MULTI = [  # no system message: the Gemma template refuses one
     {"role": "user", "content": "I am planning a trip to Kyoto in April. 桜は見られますか? 🌸"},
-    {"role": "assistant", "content": "Yes: late March to early April is peak cherry blossom season in Kyoto. "
-                                     "Philosopher's Path, Maruyama Park and Arashiyama are the classic spots."},
-    {"role": "user", "content": "Great. Give me a three-day plan, morning and afternoon, with one temple a day, "
-                                "and keep walking under 10 km per day."},
+    {
+        "role": "assistant",
+        "content": "Yes: late March to early April is peak cherry blossom season in Kyoto. "
+        "Philosopher's Path, Maruyama Park and Arashiyama are the classic spots.",
+    },
+    {
+        "role": "user",
+        "content": "Great. Give me a three-day plan, morning and afternoon, with one temple a day, "
+        "and keep walking under 10 km per day.",
+    },
 ]
 
 
@@ -82,7 +95,7 @@ def setup_django(tmp: Path) -> None:
     (var / "models" / shipped.MODEL_NAME).symlink_to(assemble_whole(Path(shipped.default_output_path())))
     os.environ["ELEPHANT_VAR_DIR"] = str(var)
     if not os.environ.get("DATABASE_URL"):  # on tmpfs where there is one: a disk's fsync noise would drown the
-        shm = Path("/dev/shm")                # model-dependent part of an admission (~0.1-1 ms of ~5)
+        shm = Path("/dev/shm")  # model-dependent part of an admission (~0.1-1 ms of ~5)
         folder = tmp / "database"
         if shm.is_dir():
             folder.symlink_to(tempfile.mkdtemp(prefix="elephant-families-", dir=shm))
@@ -117,6 +130,7 @@ def catalog_build(tmp: Path) -> tuple[dict[str, Any], dict[str, Path]]:
 
 # -- 1. counts ----------------------------------------------------------------------------------
 
+
 def counts_phase(entries: dict, files: dict[str, Path]) -> dict[str, dict]:
     from catalog.rendering import chat_format, prompt_count, prompt_fragments
     from protocol.jobs import CHAT, COMPLETION, job_payload_build
@@ -138,8 +152,16 @@ def counts_phase(entries: dict, files: dict[str, Path]) -> dict[str, dict]:
                 except TemplateRefused:
                     row["refused"] += 1
                     continue
-                payload = job_payload_build(job_id=1, model=entry.name, kind=kind, messages=messages, prompt=prompt,
-                                            inputs=None, params={"max_tokens": 8}, fmt=chat_format(entry))
+                payload = job_payload_build(
+                    job_id=1,
+                    model=entry.name,
+                    kind=kind,
+                    messages=messages,
+                    prompt=prompt,
+                    inputs=None,
+                    params={"max_tokens": 8},
+                    fmt=chat_format(entry),
+                )
                 fed = fed_by.tokens(payload)
                 counted = prompt_count(entry, fragments)
                 row["gateway_tokens"] += counted
@@ -152,6 +174,7 @@ def counts_phase(entries: dict, files: dict[str, Path]) -> dict[str, dict]:
 
 
 # -- 2. admission -------------------------------------------------------------------------------
+
 
 def admission_setup(entries: dict) -> Callable[[str, list], Any]:
     """A paying customer, three trusted hosts online and qualified for every model; returns
@@ -175,17 +198,31 @@ def admission_setup(entries: dict) -> Callable[[str, list], Any]:
         serving = make_host(trusted=True, name=f"bench-{index}")
         for entry in entries.values():
             if entry.name != SHIPPED:
-                qualification_register(host=serving.host, model_name=entry.name, fingerprint=serving.fingerprint,
-                                       benchmark=benchmark, machine={}, sha256=entry.sha256)
-        Host.objects.filter(pk=serving.host.pk).update(last_heartbeat_at=timezone.now() + timedelta(hours=1),
-                                                       slots=30000)
+                qualification_register(
+                    host=serving.host,
+                    model_name=entry.name,
+                    fingerprint=serving.fingerprint,
+                    benchmark=benchmark,
+                    machine={},
+                    sha256=entry.sha256,
+                )
+        Host.objects.filter(pk=serving.host.pk).update(
+            last_heartbeat_at=timezone.now() + timedelta(hours=1), slots=30000
+        )
     admit_with_key = authenticated(admission.request_admit)
 
     def admit(name: str, chat: list) -> Any:
         serializer = ChatInputSerializer(data={"model": name, "messages": chat, "max_tokens": 64, "stream": True})
         assert serializer.is_valid(), serializer.errors
-        return _tidy([], admit_with_key, secret=customer.secret, data=serializer.validated_data,
-                     params=serializer.params(), kind="chat", public_id=services.new_public_id("chat"))
+        return _tidy(
+            [],
+            admit_with_key,
+            secret=customer.secret,
+            data=serializer.validated_data,
+            params=serializer.params(),
+            kind="chat",
+            public_id=services.new_public_id("chat"),
+        )
 
     return admit
 
@@ -196,22 +233,37 @@ def steps(entries: dict, admit: Callable[[str, list], Any]) -> dict[str, Callabl
     from marketplace.lifecycle.claims import job_payload
     from marketplace.models import Job
 
-    fragments = {(label, which): prompt_fragments(entry, kind="chat", messages=chat, prompt=None)
-                 for label, entry in entries.items() for which, chat in (("short", SHORT), ("multi", MULTI))}
-    jobs = {label: Job.objects.select_related("request", "model").get(request=admit(entry.name, MULTI))
-            for label, entry in entries.items()}
+    fragments = {
+        (label, which): prompt_fragments(entry, kind="chat", messages=chat, prompt=None)
+        for label, entry in entries.items()
+        for which, chat in (("short", SHORT), ("multi", MULTI))
+    }
+    jobs = {
+        label: Job.objects.select_related("request", "model").get(request=admit(entry.name, MULTI))
+        for label, entry in entries.items()
+    }
     return {
         "admit": lambda label: lambda: admit(entries[label].name, SHORT),
-        "render_short": lambda label: lambda: prompt_fragments(entries[label], kind="chat", messages=SHORT, prompt=None),
+        "render_short": lambda label: (
+            lambda: prompt_fragments(entries[label], kind="chat", messages=SHORT, prompt=None)
+        ),
         "count_short": lambda label: lambda: prompt_count(entries[label], fragments[label, "short"]),
-        "render_multi": lambda label: lambda: prompt_fragments(entries[label], kind="chat", messages=MULTI, prompt=None),
+        "render_multi": lambda label: (
+            lambda: prompt_fragments(entries[label], kind="chat", messages=MULTI, prompt=None)
+        ),
         "count_multi": lambda label: lambda: prompt_count(entries[label], fragments[label, "multi"]),
         "claim_render": lambda label: lambda: job_payload(jobs[label]),
     }
 
 
-BLOCKS = {"admit": 20, "render_short": 150, "count_short": 200, "render_multi": 100, "count_multi": 100,
-          "claim_render": 100}  # calls of each model per round: a round of a step is about 0.3-1.5 s
+BLOCKS = {
+    "admit": 20,
+    "render_short": 150,
+    "count_short": 200,
+    "render_multi": 100,
+    "count_multi": 100,
+    "claim_render": 100,
+}  # calls of each model per round: a round of a step is about 0.3-1.5 s
 
 
 def interleaved_medians(calls: dict[str, Callable[[], object]], n: int, order: list[str]) -> dict[str, float]:
@@ -238,7 +290,7 @@ def admission_phase(entries: dict, rounds: int) -> tuple[dict[str, dict], dict]:
                 step(label)()
     samples: dict[tuple[str, str], list[float]] = {(s, label): [] for s in timed for label in labels}
     for round_ in range(rounds):
-        order = labels[round_ % len(labels):] + labels[:round_ % len(labels)]
+        order = labels[round_ % len(labels) :] + labels[: round_ % len(labels)]
         for name, step in timed.items():
             medians = interleaved_medians({label: step(label) for label in labels}, BLOCKS[name], order)
             for label in labels:
@@ -268,6 +320,7 @@ def profile(timed: dict, step: str, label: str, *, calls: int = 150) -> str:
 
 
 # -- 3. memory ----------------------------------------------------------------------------------
+
 
 def _statm_rss_mb() -> float:
     pages = int(Path("/proc/self/statm").read_text().split()[1])
@@ -312,8 +365,13 @@ def memory_measure(names: str) -> dict:
     cold_s = time.perf_counter() - started
     gc.collect()
     after = _statm_rss_mb()
-    return {"tokenizer_mb": loaded - before, "rss_mb": after - before, "peak_mb": max(_hwm_mb() - hwm_before, 0.0),
-            "load_ms": load_s * 1000, "cold_ms": cold_s * 1000}
+    return {
+        "tokenizer_mb": loaded - before,
+        "rss_mb": after - before,
+        "peak_mb": max(_hwm_mb() - hwm_before, 0.0),
+        "load_ms": load_s * 1000,
+        "cold_ms": cold_s * 1000,
+    }
 
 
 def memory_phase(entries: dict) -> dict[str, dict]:
@@ -323,12 +381,21 @@ def memory_phase(entries: dict) -> dict[str, dict]:
 
     out = {}
     for label, entry in entries.items():
-        answer = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--memory", entry.name], cwd=ROOT,
-                                env=dict(os.environ), capture_output=True, text=True, check=True).stdout
+        answer = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), "--memory", entry.name],
+            cwd=ROOT,
+            env=dict(os.environ),
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         row = json.loads(answer.strip().splitlines()[-1])
         spec = entry.tokenizer
-        row["copy_mb"] = (settings.VAR_DIR / spec.removeprefix(GGUF_SPEC)).stat().st_size / 2**20 \
-            if spec.startswith(GGUF_SPEC) else None
+        row["copy_mb"] = (
+            (settings.VAR_DIR / spec.removeprefix(GGUF_SPEC)).stat().st_size / 2**20
+            if spec.startswith(GGUF_SPEC)
+            else None
+        )
         out[label] = row
     return out
 
@@ -345,16 +412,26 @@ def shared_vocabulary_phase(files: dict[str, Path], tmp: Path) -> dict:
     entry = catalog_model_add(path=second, name="tiny-llama3-larger", input_price="0.1", output_price="0.4")
     rows = {}
     for label, names in (("alone", "tiny-llama3"), ("both", "tiny-llama3,tiny-llama3-larger")):
-        answer = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--memory", names], cwd=ROOT,
-                                env=dict(os.environ), capture_output=True, text=True, check=True).stdout
+        answer = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), "--memory", names],
+            cwd=ROOT,
+            env=dict(os.environ),
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         rows[label] = json.loads(answer.strip().splitlines()[-1])
     from catalog.models import CatalogModel
 
-    return {**rows, "shared": entry.tokenizer == CatalogModel.objects.get(name="tiny-llama3").tokenizer,
-            "files": [str(files["llama3"]), str(second)]}
+    return {
+        **rows,
+        "shared": entry.tokenizer == CatalogModel.objects.get(name="tiny-llama3").tokenizer,
+        "files": [str(files["llama3"]), str(second)],
+    }
 
 
 # -- 4. first token through a real gateway --------------------------------------------------------
+
 
 def _start(argv: list[str], log: Path) -> subprocess.Popen:
     return subprocess.Popen(argv, cwd=ROOT, env=dict(os.environ), stdout=open(log, "w"), stderr=subprocess.STDOUT)
@@ -369,8 +446,9 @@ def _wait(predicate: Callable[[], object], *, timeout: float, what: str) -> None
     raise RuntimeError(f"timed out waiting for {what}")
 
 
-def ttft_phase(entries: dict, files: dict[str, Path], *, family: str, rounds: int, port: int, tmp: Path,
-               concurrent: int = 0) -> dict:
+def ttft_phase(
+    entries: dict, files: dict[str, Path], *, family: str, rounds: int, port: int, tmp: Path, concurrent: int = 0
+) -> dict:
     """Alternating streamed chats to the shipped Gemma and one tiny family through a real gateway
     and one real mahout host serving both; per model the medians of the customer's time to first
     token, the host's (claimed → first push) and their difference (the gateway's overhead). With
@@ -382,21 +460,60 @@ def ttft_phase(entries: dict, files: dict[str, Path], *, family: str, rounds: in
 
     tiny = entries[family]
     server = f"http://127.0.0.1:{port}"
-    gateway = _start([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
-                     tmp / "gateway.log")
+    gateway = _start(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
+        tmp / "gateway.log",
+    )
     host_proc = None
     try:
         _wait(lambda: _answers(httpx, f"{server}/v1/models"), timeout=60, what="the gateway")
         customer = make_customer(credit_ucents=10**12)
         serving = make_host(qualified=False, name=f"bench-ttft-{time.time_ns()}")
         home = tmp / "mahout"
-        subprocess.run([sys.executable, "-m", "mahout", "add", str(files[family]), "--server", server, "--token",
-                        serving.token, "--home", str(home)], cwd=ROOT, check=True, capture_output=True, text=True)
-        host_proc = _start([sys.executable, "-m", "mahout", "run", "--server", server, "--token", serving.token,
-                            "--home", str(home), "--threads", "1", "--no-idle-detect",
-                            "--models", f"{SHIPPED},{tiny.name}"], tmp / "mahout.log")
-        _wait(lambda: Qualification.objects.filter(host=serving.host).count() >= 2 or host_proc.poll() is not None,
-              timeout=400, what="mahout to qualify both models (see mahout.log)")
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "mahout",
+                "add",
+                str(files[family]),
+                "--server",
+                server,
+                "--token",
+                serving.token,
+                "--home",
+                str(home),
+            ],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        host_proc = _start(
+            [
+                sys.executable,
+                "-m",
+                "mahout",
+                "run",
+                "--server",
+                server,
+                "--token",
+                serving.token,
+                "--home",
+                str(home),
+                "--threads",
+                "1",
+                "--no-idle-detect",
+                "--models",
+                f"{SHIPPED},{tiny.name}",
+            ],
+            tmp / "mahout.log",
+        )
+        _wait(
+            lambda: Qualification.objects.filter(host=serving.host).count() >= 2 or host_proc.poll() is not None,
+            timeout=400,
+            what="mahout to qualify both models (see mahout.log)",
+        )
         if host_proc.poll() is not None:
             raise RuntimeError(f"mahout exited: {(tmp / 'mahout.log').read_text()[-2000:]}")
         names = [SHIPPED, tiny.name]
@@ -435,8 +552,15 @@ def _crowd(server: str, secret: str, name: str, customers: int, chats: int = 3) 
         done = []
         with httpx.Client(base_url=server, headers={"Authorization": f"Bearer {secret}"}, timeout=120) as http:
             for n in range(chats):
-                body = {"model": name, "max_tokens": 8, "stream": True, "stream_options": {"include_usage": True},
-                        "messages": [{"role": "user", "content": f"Customer {index}, chat {n}: 象は大きい 🐘 tell me more"}]}
+                body = {
+                    "model": name,
+                    "max_tokens": 8,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                    "messages": [
+                        {"role": "user", "content": f"Customer {index}, chat {n}: 象は大きい 🐘 tell me more"}
+                    ],
+                }
                 began, public_id, usage = time.perf_counter(), None, None
                 try:
                     with http.stream("POST", "/v1/chat/completions", json=body) as answer:
@@ -456,14 +580,25 @@ def _crowd(server: str, secret: str, name: str, customers: int, chats: int = 3) 
     with concurrent.futures.ThreadPoolExecutor(customers) as pool:
         results = [item for batch in pool.map(customer, range(customers)) for item in batch]
     wall = time.perf_counter() - began
-    answered = [(public_id, seconds, tokens) for public_id, seconds, tokens in results if not public_id.startswith("error")]
-    billed = dict(Request.objects.filter(public_id__in=[public_id for public_id, _, _ in answered])
-                  .values_list("public_id", "prompt_tokens"))
+    answered = [
+        (public_id, seconds, tokens) for public_id, seconds, tokens in results if not public_id.startswith("error")
+    ]
+    billed = dict(
+        Request.objects.filter(public_id__in=[public_id for public_id, _, _ in answered]).values_list(
+            "public_id", "prompt_tokens"
+        )
+    )
     latencies = sorted(seconds for _, seconds, _ in answered)
-    return {"customers": customers, "sent": len(results), "answered": len(answered), "errors": len(results) - len(answered),
-            "usage_equals_billed": sum(1 for public_id, _, tokens in answered if billed.get(public_id) == tokens),
-            "p50_s": statistics.median(latencies) if latencies else None,
-            "p95_s": latencies[int(0.95 * (len(latencies) - 1))] if latencies else None, "wall_s": wall}
+    return {
+        "customers": customers,
+        "sent": len(results),
+        "answered": len(answered),
+        "errors": len(results) - len(answered),
+        "usage_equals_billed": sum(1 for public_id, _, tokens in answered if billed.get(public_id) == tokens),
+        "p50_s": statistics.median(latencies) if latencies else None,
+        "p95_s": latencies[int(0.95 * (len(latencies) - 1))] if latencies else None,
+        "wall_s": wall,
+    }
 
 
 def _answers(httpx, url: str) -> bool:  # type: ignore[no-untyped-def]
@@ -478,8 +613,13 @@ def _stream_chat(http, name: str, n: int) -> dict:  # type: ignore[no-untyped-de
     text and the job row's own stamps."""
     from marketplace.models import Job
 
-    body = {"model": name, "max_tokens": 4, "stream": True, "temperature": 0,
-            "messages": [{"role": "user", "content": f"{n}. Tell me a story about a dog"}]}
+    body = {
+        "model": name,
+        "max_tokens": 4,
+        "stream": True,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": f"{n}. Tell me a story about a dog"}],
+    }
     sent = time.time()
     first = None
     public_id = None
@@ -494,9 +634,12 @@ def _stream_chat(http, name: str, n: int) -> dict:  # type: ignore[no-untyped-de
                 first = time.time()
     job = Job.objects.filter(request__public_id=public_id).order_by("attempt").first()
     assert first is not None and job is not None and job.first_token_at is not None, (name, public_id)
-    return {"ttft_ms": (first - sent) * 1000, "host_ms": (job.first_token_at - job.claimed_at).total_seconds() * 1000,
-            "queued_ms": (job.created_at.timestamp() - sent) * 1000,
-            "claim_ms": (job.claimed_at - job.created_at).total_seconds() * 1000}
+    return {
+        "ttft_ms": (first - sent) * 1000,
+        "host_ms": (job.first_token_at - job.claimed_at).total_seconds() * 1000,
+        "queued_ms": (job.created_at.timestamp() - sent) * 1000,
+        "claim_ms": (job.claimed_at - job.created_at).total_seconds() * 1000,
+    }
 
 
 def _ttft_summary(runs: list[dict]) -> dict:
@@ -510,10 +653,13 @@ def _ttft_summary(runs: list[dict]) -> dict:
 
 # -- the report -----------------------------------------------------------------------------------
 
+
 def table(counts: dict, admission: dict, memory: dict) -> str:
-    head = ("| model | vocab | jobs | refused | count mismatches | stray controls | admit µs | admit ÷ gemma (IQR) "
-            "| render+count µs (short) | ÷ gemma | render+count µs (multi) | ÷ gemma | claim render ÷ gemma "
-            "| RSS MB (peak) | vocab copy MB | cold first admission ms |")
+    head = (
+        "| model | vocab | jobs | refused | count mismatches | stray controls | admit µs | admit ÷ gemma (IQR) "
+        "| render+count µs (short) | ÷ gemma | render+count µs (multi) | ÷ gemma | claim render ÷ gemma "
+        "| RSS MB (peak) | vocab copy MB | cold first admission ms |"
+    )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for label in counts:
         c, a, m = counts[label], admission[label], memory[label]
@@ -535,10 +681,16 @@ def table(counts: dict, admission: dict, memory: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=24, help="interleaved admission rounds")
-    parser.add_argument("--ttft-rounds", type=int, default=20, help="streamed chats per model through a real gateway (0: skip)")
+    parser.add_argument(
+        "--ttft-rounds", type=int, default=20, help="streamed chats per model through a real gateway (0: skip)"
+    )
     parser.add_argument("--ttft-family", default="qwen3", choices=list(LABELS.values()))
-    parser.add_argument("--concurrent", type=int, default=0,
-                        help="then this many customers at once per model through the same gateway (0: skip)")
+    parser.add_argument(
+        "--concurrent",
+        type=int,
+        default=0,
+        help="then this many customers at once per model through the same gateway (0: skip)",
+    )
     parser.add_argument("--port", type=int, default=8766)
     parser.add_argument("--memory", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -559,39 +711,66 @@ def main() -> None:
     print(f"memory done ({time.monotonic() - started:.0f} s)", flush=True)
     ttft = None
     if args.ttft_rounds:  # before admission's, whose jobs stay queued
-        ttft = ttft_phase(entries, files, family=args.ttft_family, rounds=args.ttft_rounds, port=args.port, tmp=tmp,
-                           concurrent=args.concurrent)
+        ttft = ttft_phase(
+            entries,
+            files,
+            family=args.ttft_family,
+            rounds=args.ttft_rounds,
+            port=args.port,
+            tmp=tmp,
+            concurrent=args.concurrent,
+        )
         print(f"first token done ({time.monotonic() - started:.0f} s)", flush=True)
     admission, timed = admission_phase(entries, args.rounds)
     print(f"admission done ({time.monotonic() - started:.0f} s)", flush=True)
     profiles: dict[tuple[str, str], str] = {}
     for step in ("admit", "claim_render"):  # a family over the floor, the worst first, beside the shipped entry
-        slow = sorted((label for label in entries if admission[label][step][1] > 1.1), key=lambda name: -admission[name][step][1])
+        slow = sorted(
+            (label for label in entries if admission[label][step][1] > 1.1), key=lambda name: -admission[name][step][1]
+        )
         profiles |= {(step, label): profile(timed, step, label) for label in [*slow[:1], SHIPPED] if slow}
     from django.db import connection
 
-    print(json.dumps({"database": connection.vendor, "rounds": args.rounds, "counts": counts, "memory": memory,
-                      "admission": admission, "ttft": ttft}, indent=1, default=str))
+    print(
+        json.dumps(
+            {
+                "database": connection.vendor,
+                "rounds": args.rounds,
+                "counts": counts,
+                "memory": memory,
+                "admission": admission,
+                "ttft": ttft,
+            },
+            indent=1,
+            default=str,
+        )
+    )
     for (step, label), text in profiles.items():
         print(f"\n-- profile of {step} for {label} (top functions by own time)\n{text}")
     print(f"\n{connection.vendor}, {args.rounds} rounds, {time.monotonic() - started:.0f} s in all\n")
     print(table(counts, admission, memory))
-    print(f"\nllama3 entries of one vocabulary (copy shared: {shared['shared']}): one entry {shared['alone']['rss_mb']:.1f} MB, "
-          f"two entries {shared['both']['rss_mb']:.1f} MB, so {shared['both']['rss_mb'] / 2:.1f} MB per entry")
+    print(
+        f"\nllama3 entries of one vocabulary (copy shared: {shared['shared']}): one entry {shared['alone']['rss_mb']:.1f} MB, "
+        f"two entries {shared['both']['rss_mb']:.1f} MB, so {shared['both']['rss_mb'] / 2:.1f} MB per entry"
+    )
     if ttft:
         print()
         for name, row in ttft.items():
-            print(f"TTFT {name}: customer {row['ttft_ms']:.1f} ms, host {row['host_ms']:.1f} ms, gateway overhead "
-                  f"{row['overhead_ms']:.1f} ms (IQR {row['overhead_iqr_ms'][0]:.1f}–{row['overhead_iqr_ms'][1]:.1f}; sent→queued {row['queued_ms']:.1f}, queued→claimed {row['claim_ms']:.1f}), "
-                  f"{row['samples']} chats")
+            print(
+                f"TTFT {name}: customer {row['ttft_ms']:.1f} ms, host {row['host_ms']:.1f} ms, gateway overhead "
+                f"{row['overhead_ms']:.1f} ms (IQR {row['overhead_iqr_ms'][0]:.1f}–{row['overhead_iqr_ms'][1]:.1f}; sent→queued {row['queued_ms']:.1f}, queued→claimed {row['claim_ms']:.1f}), "
+                f"{row['samples']} chats"
+            )
         tiny, gemma = (ttft[name]["overhead_ms"] for name in ttft if name != SHIPPED), ttft[SHIPPED]["overhead_ms"]
         print(f"overhead difference, {args.ttft_family} − gemma: {next(tiny) - gemma:+.1f} ms")
         for name, row in ttft.items():
             if "crowd" in row:
                 c = row["crowd"]
-                print(f"{c['customers']} customers at once, {name}: {c['answered']}/{c['sent']} answered, {c['errors']} errors, "
-                      f"usage = billed prompt tokens on {c['usage_equals_billed']}, p50 {c['p50_s']:.2f} s, "
-                      f"p95 {c['p95_s']:.2f} s, wall {c['wall_s']:.1f} s")
+                print(
+                    f"{c['customers']} customers at once, {name}: {c['answered']}/{c['sent']} answered, {c['errors']} errors, "
+                    f"usage = billed prompt tokens on {c['usage_equals_billed']}, p50 {c['p50_s']:.2f} s, "
+                    f"p95 {c['p95_s']:.2f} s, wall {c['wall_s']:.1f} s"
+                )
     for folder in (tmp / "database", tmp):  # kept when the run failed, for its logs
         shutil.rmtree(folder.resolve(), ignore_errors=True)
 

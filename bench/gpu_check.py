@@ -4,6 +4,7 @@ through mahout's own benchmark on the CPU and with every layer on the GPU, then 
 
     .venv-with-cuda/bin/python bench/gpu_check.py [--threads N] [--tokens 64]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,15 +30,20 @@ def llama_figures(threads: int) -> dict:
     if not gpus or not supported:
         result["error"] = "llama-cpp-python cannot offload here: the CUDA build failed or no GPU was found"
         return result
-    offload = plan_offload("auto", gpu=gpus[0], supported=True, model_mb=path.stat().st_size / 2**20,
-                           n_layers=model_layers(path))
+    offload = plan_offload(
+        "auto", gpu=gpus[0], supported=True, model_mb=path.stat().st_size / 2**20, n_layers=model_layers(path)
+    )
     cpu = run_benchmark(path, threads, progress=False)
     gpu = run_benchmark(path, threads, progress=False, offload=offload)
-    result.update({
-        "layers_offloaded": offload.layers, "cpu": cpu, "gpu_offload": gpu,
-        "gen_tps_ratio": round(gpu["gen_tps"] / cpu["gen_tps"], 2),
-        "prompt_tps_ratio": round(gpu["prompt_tps"] / cpu["prompt_tps"], 2),
-    })
+    result.update(
+        {
+            "layers_offloaded": offload.layers,
+            "cpu": cpu,
+            "gpu_offload": gpu,
+            "gen_tps_ratio": round(gpu["gen_tps"] / cpu["gen_tps"], 2),
+            "prompt_tps_ratio": round(gpu["prompt_tps"] / cpu["prompt_tps"], 2),
+        }
+    )
     return result
 
 
@@ -64,13 +70,19 @@ def engine_figures(tokens: int, threads: int) -> dict:
         stages = build_stages(model, [(0, config.n_layers)], n_rows=1, n_ctx=512, device=device)
         began = time.perf_counter()
         out = generate(stages, prompt, tokens)
-        runs[device] = {"decode_tps": round(out.decode_tokens_per_s, 1), "wall_s": round(time.perf_counter() - began, 2),
-                        "tokens": out.token_ids}
+        runs[device] = {
+            "decode_tps": round(out.decode_tokens_per_s, 1),
+            "wall_s": round(time.perf_counter() - began, 2),
+            "tokens": out.token_ids,
+        }
     same = runs["cpu"]["tokens"] == runs["cuda"]["tokens"]
     for run in runs.values():
         run["tokens"] = len(run["tokens"])
-    return {**runs, "decode_tps_ratio": round(runs["cuda"]["decode_tps"] / runs["cpu"]["decode_tps"], 2),
-            "same_greedy_tokens": same}
+    return {
+        **runs,
+        "decode_tps_ratio": round(runs["cuda"]["decode_tps"] / runs["cpu"]["decode_tps"], 2),
+        "same_greedy_tokens": same,
+    }
 
 
 def main() -> None:
@@ -78,8 +90,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     parser.add_argument("--tokens", type=int, default=64)
     args = parser.parse_args()
-    print(json.dumps({"llama_cpp": llama_figures(args.threads), "engine": engine_figures(args.tokens, args.threads)},
-                     indent=2))
+    print(
+        json.dumps(
+            {"llama_cpp": llama_figures(args.threads), "engine": engine_figures(args.tokens, args.threads)}, indent=2
+        )
+    )
 
 
 if __name__ == "__main__":

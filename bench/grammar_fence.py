@@ -7,6 +7,7 @@ against the same converter behind `protocol.grammar_fence` (a child process, a p
 on the same schemas, in the same run: the fence's one-off start, each new schema's median,
 their ratio, and a schema seen before (answered from the fence's cache).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,9 +29,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--schemas", type=int, default=60)
     args = parser.parse_args()
-    schemas = [json.dumps({"type": "object", "required": ["k0"],
-                           "properties": {f"k{i}": {"type": "string", "maxLength": 20 + n} for i in range(5)}})
-               for n in range(args.schemas + 1)]
+    schemas = [
+        json.dumps(
+            {
+                "type": "object",
+                "required": ["k0"],
+                "properties": {f"k{i}": {"type": "string", "maxLength": 20 + n} for i in range(5)},
+            }
+        )
+        for n in range(args.schemas + 1)
+    ]
     fence = GrammarFence(memory_mb=1024)
     started = time.perf_counter()
     fence.convert(schemas[0], seconds=10)
@@ -48,8 +56,10 @@ def main() -> None:
     fenced = median(lambda schema: fence.convert(schema, seconds=10))
     cached = median(lambda schema: fence.convert(schema, seconds=10))
     fence.close()
-    print(f"fence start {cold * 1000:.0f} ms (once per process); a new schema: direct {direct * 1000:.2f} ms, "
-          f"fenced {fenced * 1000:.2f} ms ({fenced / direct:.2f}x); a schema seen before: {cached * 1e6:.0f} µs")
+    print(
+        f"fence start {cold * 1000:.0f} ms (once per process); a new schema: direct {direct * 1000:.2f} ms, "
+        f"fenced {fenced * 1000:.2f} ms ({fenced / direct:.2f}x); a schema seen before: {cached * 1e6:.0f} µs"
+    )
 
 
 if __name__ == "__main__":

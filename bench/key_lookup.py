@@ -5,6 +5,7 @@ Prints medians; asserts nothing.
 
     [DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres] .venv/bin/python bench/key_lookup.py
 """
+
 import os
 import statistics
 import sys
@@ -29,18 +30,26 @@ try:
     from catalog.seed import catalog_seed
     from core.secrets import secret_hash
     from testkit.personas import make_customer
+
     catalog_seed(CatalogModel)
     customers = [make_customer() for _ in range(50)]
 
     def plain(secret):  # the lookup before e-mail verification
         key = ApiKey.objects.select_related("user").filter(key_hash=secret_hash(secret)).first()
         return key
+
     from accounts.models import EmailVerification
 
     def annotated(secret):  # the first version: an EXISTS annotation
-        return (ApiKey.objects.select_related("user").filter(key_hash=secret_hash(secret))
-                .annotate(unverified=Exists(EmailVerification.objects.filter(user=OuterRef("user"), verified_at__isnull=True)))
-                .first())
+        return (
+            ApiKey.objects.select_related("user")
+            .filter(key_hash=secret_hash(secret))
+            .annotate(
+                unverified=Exists(EmailVerification.objects.filter(user=OuterRef("user"), verified_at__isnull=True))
+            )
+            .first()
+        )
+
     def timed(fn):
         out = []
         for _ in range(6):
@@ -49,13 +58,16 @@ try:
                 fn(secret=c.secret) if fn is api_key_by_secret else fn(c.secret)
             out.append((time.perf_counter() - t) / len(customers) * 1000)
         return statistics.median(out)
+
     res = {"annotated": [], "plain": [], "joined": []}
     for _ in range(5):  # alternating, so the machine's noise hits all three
         res["plain"].append(timed(plain))
         res["joined"].append(timed(api_key_by_secret))
         res["annotated"].append(timed(annotated))
     p, j, a = (statistics.median(res[k]) for k in ("plain", "joined", "annotated"))
-    print(f"{connection.vendor}: key lookup p50 plain {p:.3f} ms, joined (now) {j:.3f} ms ({j / p:.2f}x), "
-          f"EXISTS annotation {a:.3f} ms ({a / p:.2f}x)")
+    print(
+        f"{connection.vendor}: key lookup p50 plain {p:.3f} ms, joined (now) {j:.3f} ms ({j / p:.2f}x), "
+        f"EXISTS annotation {a:.3f} ms ({a / p:.2f}x)"
+    )
 finally:
     runner.teardown_databases(old)

@@ -26,6 +26,7 @@ network namespace of its own whose loopback the kernel shapes with a token bucke
 
     .venv/bin/python bench/link_crypto.py [--rounds 7] [--seconds 0.3] [--rate 1gbit]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,8 +50,14 @@ import torch  # noqa: E402
 from mahout.link import FrameCaps, Link, accept, connect, listen, new_secret  # noqa: E402
 
 HIDDEN = 640  # the shipped Gemma 3 270M's hidden width
-SIZES = {"1 row": (1, HIDDEN), "4 rows": (4, HIDDEN), "16 rows": (16, HIDDEN), "prefill": (4 * 64, HIDDEN),
-         "experts": (8, 2048), "16 MiB": (4096, 1024)}
+SIZES = {
+    "1 row": (1, HIDDEN),
+    "4 rows": (4, HIDDEN),
+    "16 rows": (16, HIDDEN),
+    "prefill": (4 * 64, HIDDEN),
+    "experts": (8, 2048),
+    "16 MiB": (4096, 1024),
+}
 CAPS = FrameCaps(header_bytes=1 << 16, payload_bytes=16 << 20)
 
 
@@ -112,11 +119,15 @@ def measure(rounds: int, seconds: float) -> None:
     agent = get_context("spawn").Process(target=receiver, args=(secret, port), daemon=True)
     agent.start()
     address = ("127.0.0.1", port.get(timeout=60))
-    links = {"plain": Link(socket.create_connection(address), "plain", caps=CAPS),
-             "encrypted": connect(address, secret=secret, hello={"role": "upstream"}, caps=CAPS, timeout=10)}
-    print(f"{'frame':>8} {'bytes':>10} {'plain frames/s':>15} {'encrypted frames/s':>19} "
-          f"{'plain MB/s':>11} {'encrypted MB/s':>15} {'encrypted / plain':>18} {'added µs/frame':>15}"
-          f" {'CPU µs/frame send plain/enc':>28} {'recv plain/enc':>15}")
+    links = {
+        "plain": Link(socket.create_connection(address), "plain", caps=CAPS),
+        "encrypted": connect(address, secret=secret, hello={"role": "upstream"}, caps=CAPS, timeout=10),
+    }
+    print(
+        f"{'frame':>8} {'bytes':>10} {'plain frames/s':>15} {'encrypted frames/s':>19} "
+        f"{'plain MB/s':>11} {'encrypted MB/s':>15} {'encrypted / plain':>18} {'added µs/frame':>15}"
+        f" {'CPU µs/frame send plain/enc':>28} {'recv plain/enc':>15}"
+    )
     try:
         for label, shape in SIZES.items():
             rows = torch.randn(*shape)
@@ -125,15 +136,21 @@ def measure(rounds: int, seconds: float) -> None:
                 stream(link, rows, max(2, frames // 4))
             measured: dict[str, list[Round]] = {"plain": [], "encrypted": []}
             for r in range(rounds):
-                for kind in (("plain", "encrypted") if r % 2 == 0 else ("encrypted", "plain")):
+                for kind in ("plain", "encrypted") if r % 2 == 0 else ("encrypted", "plain"):
                     measured[kind].append(stream(links[kind], rows, frames))
-            plain, sealed = (statistics.median(frames / r.seconds for r in measured[kind]) for kind in ("plain", "encrypted"))
-            cpu = {side: [per_frame_us(measured[kind], frames, side) for kind in ("plain", "encrypted")]
-                   for side in ("sender", "receiver")}
+            plain, sealed = (
+                statistics.median(frames / r.seconds for r in measured[kind]) for kind in ("plain", "encrypted")
+            )
+            cpu = {
+                side: [per_frame_us(measured[kind], frames, side) for kind in ("plain", "encrypted")]
+                for side in ("sender", "receiver")
+            }
             mb = rows.nbytes / 1e6
-            print(f"{label:>8} {rows.nbytes:>10} {plain:>15.0f} {sealed:>19.0f} "
-                  f"{plain * mb:>11.0f} {sealed * mb:>15.0f} {sealed / plain:>18.2f} {1e6 / sealed - 1e6 / plain:>15.0f}"
-                  f" {cpu['sender'][0]:>19.1f} / {cpu['sender'][1]:<6.1f} {cpu['receiver'][0]:>7.1f} / {cpu['receiver'][1]:<6.1f}")
+            print(
+                f"{label:>8} {rows.nbytes:>10} {plain:>15.0f} {sealed:>19.0f} "
+                f"{plain * mb:>11.0f} {sealed * mb:>15.0f} {sealed / plain:>18.2f} {1e6 / sealed - 1e6 / plain:>15.0f}"
+                f" {cpu['sender'][0]:>19.1f} / {cpu['sender'][1]:<6.1f} {cpu['receiver'][0]:>7.1f} / {cpu['receiver'][1]:<6.1f}"
+            )
     finally:
         for link in links.values():
             link.send({"type": "stop"})
@@ -161,6 +178,7 @@ _NETNS, _SHAPED = "eh-linkbench", "LINK_BENCH_SHAPED"
 
 def shaped(rate: str) -> None:
     """Run this script again inside a namespace whose loopback sends at `rate`; remove it after."""
+
     def ip(*words: str) -> None:
         subprocess.run(["ip", *words], check=True)
 
@@ -169,10 +187,29 @@ def shaped(rate: str) -> None:
     try:
         ip("-n", _NETNS, "link", "set", "lo", "up")
         # burst: a few ms of the rate (at least 64 KiB); latency: how long a packet may queue
-        subprocess.run(["tc", "-n", _NETNS, "qdisc", "add", "dev", "lo", "root", "tbf", "rate", rate,
-                        "burst", "256kb", "latency", "50ms"], check=True)
-        subprocess.run(["ip", "netns", "exec", _NETNS, sys.executable, *sys.argv], check=True,
-                       env={**os.environ, _SHAPED: rate})
+        subprocess.run(
+            [
+                "tc",
+                "-n",
+                _NETNS,
+                "qdisc",
+                "add",
+                "dev",
+                "lo",
+                "root",
+                "tbf",
+                "rate",
+                rate,
+                "burst",
+                "256kb",
+                "latency",
+                "50ms",
+            ],
+            check=True,
+        )
+        subprocess.run(
+            ["ip", "netns", "exec", _NETNS, sys.executable, *sys.argv], check=True, env={**os.environ, _SHAPED: rate}
+        )
     finally:
         subprocess.run(["ip", "netns", "del", _NETNS], capture_output=True)
 

@@ -17,6 +17,7 @@ For each `ggml-vocab-*.gguf` in the llama-cpp-python sdist that has merges:
 `--models`: a folder holding the sdist's `ggml-vocab-*` files (otherwise pip fetches the sdist,
 as the tests do). Prints the table; asserts nothing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,8 +57,9 @@ def vocabularies(folder: Path) -> Path:
 
 
 def memory_mb(path: Path, warm: Path) -> float:
-    found = subprocess.run([sys.executable, "-c", _MEMORY, str(path), str(warm)], check=True, capture_output=True,
-                           text=True)
+    found = subprocess.run(
+        [sys.executable, "-c", _MEMORY, str(path), str(warm)], check=True, capture_output=True, text=True
+    )
     return float(found.stdout.strip().splitlines()[-1])
 
 
@@ -80,9 +82,12 @@ def spliced_texts(path: Path, count: int, seed: int) -> list[str]:
     """Runs of the vocabulary's own tokens (its byte-level spaces and newlines turned back into
     text), cut at a random start: texts a BPE must merge its way through, token edges included."""
     rng = random.Random(seed)
-    pieces = [text.replace("Ġ", " ").replace("Ċ", "\n").replace("▁", " ")
-              for text in gguf_field(_PlainArrayReader(str(path)), "tokenizer.ggml.tokens") if text]
-    return ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 16)))[rng.randint(0, 3):] for _ in range(count)]
+    pieces = [
+        text.replace("Ġ", " ").replace("Ċ", "\n").replace("▁", " ")
+        for text in gguf_field(_PlainArrayReader(str(path)), "tokenizer.ggml.tokens")
+        if text
+    ]
+    return ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 16)))[rng.randint(0, 3) :] for _ in range(count)]
 
 
 def differences(whole: Path, copy: Path, texts: list[str]) -> tuple[int, list[str]]:
@@ -109,11 +114,16 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="merges-") as temp:
         models = args.models or vocabularies(Path(temp))
-        files = sorted(path for path in models.glob("ggml-vocab-*.gguf")
-                       if "tokenizer.ggml.merges" in _PlainArrayReader(str(path)).fields)
+        files = sorted(
+            path
+            for path in models.glob("ggml-vocab-*.gguf")
+            if "tokenizer.ggml.merges" in _PlainArrayReader(str(path)).fields
+        )
         warm = files[0]
         sweep = code_point_texts()
-        print("| vocabulary | merges in file | merges in copy | RSS file MB | RSS copy MB | texts compared | differ | s |")
+        print(
+            "| vocabulary | merges in file | merges in copy | RSS file MB | RSS copy MB | texts compared | differ | s |"
+        )
         print("|---|---|---|---|---|---|---|---|")
         for path in files:
             started = time.perf_counter()
@@ -126,9 +136,11 @@ def main() -> None:
                 texts = llama_inputs(path) + sweep + spliced_texts(path, args.texts, seed=len(path.name))
                 found, examples = differences(path, copy, texts)
                 compared, differ = f"{len(texts):,} × 2", str(found)
-            print(f"| {path.name.removeprefix('ggml-vocab-').removesuffix('.gguf')} | {full:,} | {kept:,} "
-                  f"| {mem_full:.1f} | {mem_copy:.1f} | {compared} | {differ} | {time.perf_counter() - started:.0f} |",
-                  flush=True)
+            print(
+                f"| {path.name.removeprefix('ggml-vocab-').removesuffix('.gguf')} | {full:,} | {kept:,} "
+                f"| {mem_full:.1f} | {mem_copy:.1f} | {compared} | {differ} | {time.perf_counter() - started:.0f} |",
+                flush=True,
+            )
             for example in examples:
                 print(f"    differs: {example}")
 

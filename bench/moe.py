@@ -45,6 +45,7 @@ Nothing is asserted: the figures go into BENCHMARKS.md.
     .venv/bin/python bench/moe.py [--rounds 20] [--window 10] [--only-saturation | --only-packing]
     sudo .venv/bin/python bench/moe.py --netsim [--rtt-ms 20-80] [--loss 0.5]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,19 +76,52 @@ from mahout.moe.worker import SECRET_ENV  # noqa: E402
 
 SECRET = new_secret()  # the layer bench's workers' (the market hands each worker its own)
 
-LAYER_SHAPE = {"n_layers": 1, "d_model": 2048, "n_heads": 16, "n_kv_heads": 4, "head_dim": 128, "n_experts": 16,
-               "n_experts_used": 8, "expert_ffn_dim": 768}
-MODEL_SHAPE = {"n_layers": 2, "d_model": 1024, "n_heads": 8, "n_kv_heads": 2, "head_dim": 128, "n_experts": 16,
-               "n_experts_used": 4, "expert_ffn_dim": 768, "context_length": 512}
+LAYER_SHAPE = {
+    "n_layers": 1,
+    "d_model": 2048,
+    "n_heads": 16,
+    "n_kv_heads": 4,
+    "head_dim": 128,
+    "n_experts": 16,
+    "n_experts_used": 8,
+    "expert_ffn_dim": 768,
+}
+MODEL_SHAPE = {
+    "n_layers": 2,
+    "d_model": 1024,
+    "n_heads": 8,
+    "n_kv_heads": 2,
+    "head_dim": 128,
+    "n_experts": 16,
+    "n_experts_used": 4,
+    "expert_ffn_dim": 768,
+    "context_length": 512,
+}
 ROWS = (1, 16, 64)
 PROMPTS = ["The elephant", "A herd crossed the river", "Load rises at noon", "Experts, remote and local"]
 
 
-def start_worker(model: Path, layer: int, first: int, count: int, *,
-                 module: tuple[str, ...] = ("mahout.moe.worker",)) -> tuple[subprocess.Popen, tuple[str, int]]:
+def start_worker(
+    model: Path, layer: int, first: int, count: int, *, module: tuple[str, ...] = ("mahout.moe.worker",)
+) -> tuple[subprocess.Popen, tuple[str, int]]:
     process = subprocess.Popen(
-        [sys.executable, "-m", *module, "--model", str(model), "--layer", str(layer), "--first", str(first),
-         "--count", str(count)], cwd=ROOT, stdout=subprocess.PIPE, text=True, env={**os.environ, SECRET_ENV: SECRET},
+        [
+            sys.executable,
+            "-m",
+            *module,
+            "--model",
+            str(model),
+            "--layer",
+            str(layer),
+            "--first",
+            str(first),
+            "--count",
+            str(count),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, SECRET_ENV: SECRET},
     )
     assert process.stdout is not None
     host, port = process.stdout.readline().strip().rsplit(" ", 1)[1].split(":")
@@ -128,10 +162,16 @@ def bench_layer(tmp: Path, rounds: int) -> None:
     remote.attach(WorkerSpec("a", 0, 0, 8, workers[0][1], secret=SECRET))
     remote.attach(WorkerSpec("b", 0, 8, 8, workers[1][1], secret=SECRET))
     split.attach(WorkerSpec("b", 0, 8, 8, workers[1][1], secret=SECRET))
-    sides = {"local": (local, 1), "local 2 threads": (local, 2), "remote (2 workers)": (remote, 1),
-             "split (here + 1 worker)": (split, 1)}
-    print(f"\n1. One MoE layer: D={config.d_model}, F={config.expert_ffn_dim}, E={config.n_experts}, "
-          f"K={config.n_experts_used}; median ms of {rounds} interleaved rounds (after 5 warm-up calls)")
+    sides = {
+        "local": (local, 1),
+        "local 2 threads": (local, 2),
+        "remote (2 workers)": (remote, 1),
+        "split (here + 1 worker)": (split, 1),
+    }
+    print(
+        f"\n1. One MoE layer: D={config.d_model}, F={config.expert_ffn_dim}, E={config.n_experts}, "
+        f"K={config.n_experts_used}; median ms of {rounds} interleaved rounds (after 5 warm-up calls)"
+    )
     print(f"{'T':>4} " + " ".join(f"{name:>24}" for name in sides) + f" {'remote/local':>13} {'split/local':>12}")
     try:
         for t in ROWS:
@@ -144,8 +184,11 @@ def bench_layer(tmp: Path, rounds: int) -> None:
                 for name, (compute, threads) in sides.items():
                     times[name].append(time_layer(compute, layer, config, x, threads))
             ms = {name: statistics.median(values) * 1000 for name, values in times.items()}
-            print(f"{t:>4} " + " ".join(f"{ms[name]:>24.2f}" for name in sides)
-                  + f" {ms['remote (2 workers)'] / ms['local']:>13.2f} {ms['split (here + 1 worker)'] / ms['local']:>12.2f}")
+            print(
+                f"{t:>4} "
+                + " ".join(f"{ms[name]:>24.2f}" for name in sides)
+                + f" {ms['remote (2 workers)'] / ms['local']:>13.2f} {ms['split (here + 1 worker)'] / ms['local']:>12.2f}"
+            )
         print(f"     dispatch stats: remote {remote.stats}, split {split.stats}")
     finally:
         remote.close()
@@ -175,8 +218,10 @@ def bench_seal(tmp: Path, rounds: int) -> None:
         for (name, coordinator), workers in zip(sides.items(), (sealed_workers, clear_workers), strict=True):
             coordinator.attach(WorkerSpec(f"{name}-a", 0, 0, 8, workers[0][1], secret=SECRET))
             coordinator.attach(WorkerSpec(f"{name}-b", 0, 8, 8, workers[1][1], secret=SECRET))
-        print(f"\n5. Sealing on expert links: section 1's layer with every expert on 2 workers, links sealed "
-              f"(as agents run) and in the clear (workers from bench/unsealed.py); median ms of {rounds} alternated rounds")
+        print(
+            f"\n5. Sealing on expert links: section 1's layer with every expert on 2 workers, links sealed "
+            f"(as agents run) and in the clear (workers from bench/unsealed.py); median ms of {rounds} alternated rounds"
+        )
         print(f"{'T':>4} {'frame KB':>9} {'sealed ms':>10} {'clear ms':>9} {'sealed / clear throughput':>26}")
         try:
             for t in ROWS:
@@ -190,9 +235,13 @@ def bench_seal(tmp: Path, rounds: int) -> None:
                         times[name].append(time_layer(sides[name], layer, config, x))
                 ms = {name: statistics.median(values) * 1000 for name, values in times.items()}
                 frame_kb = t * config.n_experts_used // 2 * config.d_model * 4 / 1024  # rows a worker gets, float32
-                print(f"{t:>4} {frame_kb:>9.0f} {ms['sealed']:>10.2f} {ms['clear']:>9.2f} {ms['clear'] / ms['sealed']:>26.3f}")
-            print(f"     links opened: {admitted}; dispatch stats (no fallbacks: every batch went remote as "
-                  f"timed): " + "; ".join(f"{name} {coordinator.stats}" for name, coordinator in sides.items()))
+                print(
+                    f"{t:>4} {frame_kb:>9.0f} {ms['sealed']:>10.2f} {ms['clear']:>9.2f} {ms['clear'] / ms['sealed']:>26.3f}"
+                )
+            print(
+                f"     links opened: {admitted}; dispatch stats (no fallbacks: every batch went remote as "
+                f"timed): " + "; ".join(f"{name} {coordinator.stats}" for name, coordinator in sides.items())
+            )
         finally:
             for coordinator in sides.values():
                 coordinator.close()
@@ -205,12 +254,21 @@ def bench_seal(tmp: Path, rounds: int) -> None:
 
 
 def setup_gateway(tmp: Path, address: str = "127.0.0.1") -> tuple[subprocess.Popen, str]:
-    os.environ.update({"ALLOWED_HOSTS": f"127.0.0.1,localhost,{address}","SQLITE_PATH": str(tmp / "bench.sqlite3"), "ELEPHANT_VAR_DIR": str(tmp / "var"),
-                       "DJANGO_SETTINGS_MODULE": "config.settings", "MOE_COORDINATOR_STALE_SECONDS": "5",
-                       "MOE_WORKER_STALE_SECONDS": "5", "MOE_COOLDOWN_SECONDS": "5", "MOE_ALLOW_PRIVATE_WORKERS": "1",
-                       # each round times the rule it names with its volunteers serving: a coordinator that
-                       # only probes them must keep them (a deployment releases them: README, control plane)
-                       "MOE_UNUSED_GRACE_SECONDS": "3600"})
+    os.environ.update(
+        {
+            "ALLOWED_HOSTS": f"127.0.0.1,localhost,{address}",
+            "SQLITE_PATH": str(tmp / "bench.sqlite3"),
+            "ELEPHANT_VAR_DIR": str(tmp / "var"),
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+            "MOE_COORDINATOR_STALE_SECONDS": "5",
+            "MOE_WORKER_STALE_SECONDS": "5",
+            "MOE_COOLDOWN_SECONDS": "5",
+            "MOE_ALLOW_PRIVATE_WORKERS": "1",
+            # each round times the rule it names with its volunteers serving: a coordinator that
+            # only probes them must keep them (a deployment releases them: README, control plane)
+            "MOE_UNUSED_GRACE_SECONDS": "3600",
+        }
+    )
     os.environ.pop("DATABASE_URL", None)
     import django
 
@@ -221,8 +279,13 @@ def setup_gateway(tmp: Path, address: str = "127.0.0.1") -> tuple[subprocess.Pop
     from testkit.stack import free_port, wait_until
 
     port = free_port()
-    gateway = subprocess.Popen([sys.executable, "-m", "daphne", "-b", address, "-p", str(port), "config.asgi:application"],
-                               cwd=ROOT, env=dict(os.environ), stdout=(tmp / "gateway.log").open("w"), stderr=subprocess.STDOUT)
+    gateway = subprocess.Popen(
+        [sys.executable, "-m", "daphne", "-b", address, "-p", str(port), "config.asgi:application"],
+        cwd=ROOT,
+        env=dict(os.environ),
+        stdout=(tmp / "gateway.log").open("w"),
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://{address}:{port}"
     import httpx
 
@@ -243,7 +306,9 @@ class Load:
         self.runner, self.tokens = runner, tokens
         self.stamps: list[float] = []
         self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._run, args=(PROMPTS[i % len(PROMPTS)],), daemon=True) for i in range(n)]
+        self.threads = [
+            threading.Thread(target=self._run, args=(PROMPTS[i % len(PROMPTS)],), daemon=True) for i in range(n)
+        ]
 
     def _run(self, prompt: str) -> None:
         ids = self.runner.tokenizer.encode(prompt)
@@ -266,8 +331,17 @@ class Load:
 
 
 def saturation_round(
-    path: Path, url: str, volunteers: int, window: float, tmp: Path, *, concurrency: int = 4, pack: bool = True,
-    homes: bool = False, probation: bool = False, latency_aware: bool = True,
+    path: Path,
+    url: str,
+    volunteers: int,
+    window: float,
+    tmp: Path,
+    *,
+    concurrency: int = 4,
+    pack: bool = True,
+    homes: bool = False,
+    probation: bool = False,
+    latency_aware: bool = True,
 ) -> tuple[float, float | None, float]:
     """(tokens/s once every volunteer serves, seconds from the load starting to the first remote batch,
     share of routed experts computed remotely in the window). `homes`: volunteer i runs in netsim's
@@ -298,9 +372,28 @@ def saturation_round(
     client = MeshClient(url, coordinator.token)
     agent = CoordinatorAgent(runner, client, name).start()
     processes = [
-        subprocess.Popen([*at_home(i), sys.executable, "-m", "mahout", "moe", "volunteer", "--server", url, "--token",
-                          volunteer_token(f"v{i}-{name}"), "--max-slices", "1", "--no-idle-detect", "--home", str(tmp / f"home-{i}")],
-                         cwd=ROOT, stdout=(tmp / f"volunteer-{name}-{i}.log").open("w"), stderr=subprocess.STDOUT)
+        subprocess.Popen(
+            [
+                *at_home(i),
+                sys.executable,
+                "-m",
+                "mahout",
+                "moe",
+                "volunteer",
+                "--server",
+                url,
+                "--token",
+                volunteer_token(f"v{i}-{name}"),
+                "--max-slices",
+                "1",
+                "--no-idle-detect",
+                "--home",
+                str(tmp / f"home-{i}"),
+            ],
+            cwd=ROOT,
+            stdout=(tmp / f"volunteer-{name}-{i}.log").open("w"),
+            stderr=subprocess.STDOUT,
+        )
         for i in range(volunteers)
     ]
     load = None
@@ -310,6 +403,7 @@ def saturation_round(
         began = time.monotonic()
         first_remote = None
         if volunteers and concurrency >= runner.policy.saturation_threshold:  # below it the coordinator recruits nobody
+
             def serving() -> bool:
                 proven = [w for w in list(runner.coordinator.workers.values()) if w.last_serve_ms > 0]
                 return len(proven) >= volunteers
@@ -339,8 +433,10 @@ def saturation_round(
 def bench_saturation(tmp: Path, window: float) -> None:
     path = make_tiny_moe(tmp / "model.gguf", seed=12, **MODEL_SHAPE)
     gateway, url = setup_gateway(tmp)
-    print("\n2. Throughput under saturation (4 requests in flight, 32 tokens each, greedy), "
-          f"{window:.0f} s window once every volunteer serves; model {MODEL_SHAPE}")
+    print(
+        "\n2. Throughput under saturation (4 requests in flight, 32 tokens each, greedy), "
+        f"{window:.0f} s window once every volunteer serves; model {MODEL_SHAPE}"
+    )
     print_header("volunteers")
     try:
         baseline = None
@@ -355,7 +451,9 @@ def bench_saturation(tmp: Path, window: float) -> None:
 
 
 def print_header(first: str) -> None:
-    print(f"{first:>22} {'rule':>14} {'tokens/s':>9} {'vs 0':>6} {'load -> first remote dispatch':>30} {'remote experts':>15}")
+    print(
+        f"{first:>22} {'rule':>14} {'tokens/s':>9} {'vs 0':>6} {'load -> first remote dispatch':>30} {'remote experts':>15}"
+    )
 
 
 def print_row(label: str, rule: str, tps: float, baseline: float, first: float | None, remote: float) -> None:
@@ -371,15 +469,22 @@ def bench_netsim(tmp: Path, window: float, rtt: str, loss: float) -> None:
     gateway = None
     try:
         gateway, url = setup_gateway(tmp, netsim.GATEWAY_IP)
-        print(f"\n4. Volunteers behind NAT (homes' RTT {sorted(h['rtt_ms'] for h in homes)} ms, {loss}% loss, link "
-              f"{homes[0]['link']}): 4 requests in flight, {window:.0f} s window once every volunteer serves")
+        print(
+            f"\n4. Volunteers behind NAT (homes' RTT {sorted(h['rtt_ms'] for h in homes)} ms, {loss}% loss, link "
+            f"{homes[0]['link']}): 4 requests in flight, {window:.0f} s window once every volunteer serves"
+        )
         print_header("volunteers")
         baseline = None
-        for label, count, probation in (("none", 0, False), ("2 on probation", 2, True), ("2 trusted", 2, False),
-                                        ("none (again, noise)", 0, False)):
+        for label, count, probation in (
+            ("none", 0, False),
+            ("2 on probation", 2, True),
+            ("2 trusted", 2, False),
+            ("none (again, noise)", 0, False),
+        ):
             for rule, latency_aware in RULES.items() if count else [("-", True)]:
-                tps, first, remote = saturation_round(path, url, count, window, tmp, homes=True, probation=probation,
-                                                      latency_aware=latency_aware)
+                tps, first, remote = saturation_round(
+                    path, url, count, window, tmp, homes=True, probation=probation, latency_aware=latency_aware
+                )
                 baseline = baseline or tps
                 print_row(label, rule, tps, baseline, first, remote)
     finally:
@@ -395,14 +500,18 @@ def bench_packing(tmp: Path, window: float) -> None:
     volunteer and with 2 (recruited only under load: 2 or more requests in flight)."""
     path = make_tiny_moe(tmp / "model-packing.gguf", seed=12, **MODEL_SHAPE)
     gateway, url = setup_gateway(tmp)
-    print(f"\n3. Packed decode steps: tokens/s, {window:.0f} s window, 32 tokens per request, greedy; model {MODEL_SHAPE}")
+    print(
+        f"\n3. Packed decode steps: tokens/s, {window:.0f} s window, 32 tokens per request, greedy; model {MODEL_SHAPE}"
+    )
     print(f"{'volunteers':>10} {'in flight':>9} {'one row/pass':>13} {'packed':>8} {'packed ÷ one':>13}")
     try:
         for volunteers in (0, 2):
             for concurrency in (1, 2, 4):
                 one, _, _ = saturation_round(path, url, volunteers, window, tmp, concurrency=concurrency, pack=False)
                 packed, _, _ = saturation_round(path, url, volunteers, window, tmp, concurrency=concurrency, pack=True)
-                print(f"{volunteers:>10} {concurrency:>9} {one:>13.1f} {packed:>8.1f} {packed / one:>13.2f}", flush=True)
+                print(
+                    f"{volunteers:>10} {concurrency:>9} {one:>13.1f} {packed:>8.1f} {packed / one:>13.2f}", flush=True
+                )
     finally:
         gateway.terminate()
         gateway.wait(timeout=10)
@@ -413,10 +522,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--window", type=float, default=10.0)
     parser.add_argument("--only-packing", action="store_true", help="run only section 3 (packed decode steps)")
-    parser.add_argument("--only-saturation", action="store_true", help="run only section 2 (throughput, both dispatch rules)")
+    parser.add_argument(
+        "--only-saturation", action="store_true", help="run only section 2 (throughput, both dispatch rules)"
+    )
     parser.add_argument("--netsim", action="store_true", help="run only section 4: volunteers behind NAT (Linux, root)")
     parser.add_argument("--seal-only", action="store_true", help="run only section 5: what sealing costs expert links")
-    parser.add_argument("--rtt-ms", default="20-80", help="with --netsim: each home's round trip, drawn from this range")
+    parser.add_argument(
+        "--rtt-ms", default="20-80", help="with --netsim: each home's round trip, drawn from this range"
+    )
     parser.add_argument("--loss", type=float, default=0.5, help="with --netsim: percent lost, each direction")
     args = parser.parse_args()
     torch.set_num_threads(1)

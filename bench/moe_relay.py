@@ -15,6 +15,7 @@ A batch that fails (`WorkerFailed`: its coordinator would compute it itself) pri
 
 Nothing is asserted: the figures go into BENCHMARKS.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,17 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
 ROWS = (1, 16, 48, 128)  # 128 rows x 4 experts: a 2 MiB frame, past daphne's 1 MiB WebSocket message
-SHAPE = {"n_layers": 1, "d_model": 1024, "n_heads": 8, "n_kv_heads": 2, "head_dim": 128, "n_experts": 8,
-         "n_experts_used": 4, "expert_ffn_dim": 768, "context_length": 512}
+SHAPE = {
+    "n_layers": 1,
+    "d_model": 1024,
+    "n_heads": 8,
+    "n_kv_heads": 2,
+    "head_dim": 128,
+    "n_experts": 8,
+    "n_experts_used": 4,
+    "expert_ffn_dim": 768,
+    "context_length": 512,
+}
 
 
 def _transport(relay_module, url: str, token: str, worker) -> object:  # type: ignore[no-untyped-def]
@@ -46,8 +56,13 @@ def _transport(relay_module, url: str, token: str, worker) -> object:  # type: i
 def side(tree: Path, rounds: int) -> dict[str, dict[str, float]]:
     """One side's medians, {T: {"relay": ms, "direct": ms}} (run in a child on `tree`)."""
     tmp = Path(tempfile.mkdtemp(prefix="moe-relay-bench-"))
-    os.environ.update({"SQLITE_PATH": str(tmp / "db.sqlite3"), "ELEPHANT_VAR_DIR": str(tmp / "var"),
-                       "DJANGO_SETTINGS_MODULE": "config.settings"})
+    os.environ.update(
+        {
+            "SQLITE_PATH": str(tmp / "db.sqlite3"),
+            "ELEPHANT_VAR_DIR": str(tmp / "var"),
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+        }
+    )
     os.environ.pop("DATABASE_URL", None)
     import django
 
@@ -72,13 +87,18 @@ def side(tree: Path, rounds: int) -> dict[str, dict[str, float]]:
     model = expert_model_register(name="bench-moe", gguf_path=path, slice_size=8, coordinator=coordinator.host)
     worker = ExpertWorker.objects.create(model=model, host=volunteer.host, layer=0, first=0, count=8)
     config, bank = load_expert_slice(path, 0, 0, 8)
-    server = ExpertServer(bank, secret=worker.secret, caps=worker_caps(d_model=config.d_model, count=8,
-                                                                       context_length=config.context_length)).start()
+    server = ExpertServer(
+        bank,
+        secret=worker.secret,
+        caps=worker_caps(d_model=config.d_model, count=8, context_length=config.context_length),
+    ).start()
     gateway = Gateway(dict(os.environ), tmp)
     link = relay_module.RelayWorkerLink(gateway.url, volunteer.token, worker.pk, server, out=lambda line: None).start()
     link.connected.wait(30)
-    ways = {"relay": _transport(relay_module, gateway.url, coordinator.token, worker),
-            "direct": TcpTransport(server.address, worker.secret)}
+    ways = {
+        "relay": _transport(relay_module, gateway.url, coordinator.token, worker),
+        "direct": TcpTransport(server.address, worker.secret),
+    }
     medians: dict[str, dict[str, float]] = {}
     try:
         for t in ROWS:
@@ -108,8 +128,14 @@ def side(tree: Path, rounds: int) -> dict[str, dict[str, float]]:
 
 def run_side(tree: Path, rounds: int) -> dict[str, dict[str, float]]:
     """`side` in a child process whose imports come from `tree`."""
-    result = subprocess.run([sys.executable, __file__, "--side", str(tree), "--rounds", str(rounds)], cwd=tree,
-                            env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True, timeout=900)
+    result = subprocess.run(
+        [sys.executable, __file__, "--side", str(tree), "--rounds", str(rounds)],
+        cwd=tree,
+        env={**os.environ, "PYTHONPATH": str(tree)},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if result.returncode != 0:
         raise SystemExit(f"the side on {tree} failed:\n{result.stderr[-3000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -131,16 +157,23 @@ def main() -> None:
     for _ in range(args.passes):
         for name, tree in trees.items():
             runs[name].append(run_side(tree, args.rounds))
-    print(f"Expert batch round trip, median ms of {args.rounds} calls x {args.passes} passes (median of the passes), "
-          f"d_model {SHAPE['d_model']}, 4 experts of 8, loopback")
+    print(
+        f"Expert batch round trip, median ms of {args.rounds} calls x {args.passes} passes (median of the passes), "
+        f"d_model {SHAPE['d_model']}, 4 experts of 8, loopback"
+    )
     print(f"{'side':>10} {'T':>4} {'relay ms':>9} {'direct ms':>10} {'relay ÷ direct':>15} {'relay ÷ baseline':>17}")
     for t in map(str, ROWS):
-        ms = {name: {way: statistics.median(run[t][way] for run in found) for way in ("relay", "direct")}
-              for name, found in runs.items()}
+        ms = {
+            name: {way: statistics.median(run[t][way] for run in found) for way in ("relay", "direct")}
+            for name, found in runs.items()
+        }
         for name in trees:
             versus = f"{ms[name]['relay'] / ms['baseline']['relay']:>17.2f}" if "baseline" in ms else f"{'-':>17}"
-            print(f"{name:>10} {t:>4} {ms[name]['relay']:>9.2f} {ms[name]['direct']:>10.2f} "
-                  f"{ms[name]['relay'] / ms[name]['direct']:>15.2f} {versus}", flush=True)
+            print(
+                f"{name:>10} {t:>4} {ms[name]['relay']:>9.2f} {ms[name]['direct']:>10.2f} "
+                f"{ms[name]['relay'] / ms[name]['direct']:>15.2f} {versus}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ the same, `protocol.sampling`). Nothing is asserted: the figures go into BENCHMA
 
     .venv/bin/python bench/moe_sampling.py [--rounds 15] [--tokens 48]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,8 +56,13 @@ def main() -> None:
     fmt = file_format(path, adds_bos=False)
     runner = MoeRunner(path, n_slots=1, n_ctx=512)
     messages = [{"role": "user", "content": "Describe an elephant in JSON."}]
-    base = {"kind": "chat", "messages": messages, "fragments": [list(f) for f in chat_fragments(fmt, messages)],
-            "end_of_turn": list(fmt.end_of_turn), "continuation": False}
+    base = {
+        "kind": "chat",
+        "messages": messages,
+        "fragments": [list(f) for f in chat_fragments(fmt, messages)],
+        "end_of_turn": list(fmt.end_of_turn),
+        "continuation": False,
+    }
     sides = {
         "free text": {},
         "response_format json_object": {"response_format": {"type": "json_object"}},
@@ -68,8 +74,14 @@ def main() -> None:
     runner.tokenizer.pieces(runner.config.vocab_size)  # (made once per process: not a per-token cost)
     for round_index in range(args.rounds + 1):  # the first round warms up and is not counted
         for name, extra in sides.items():
-            params = {"max_tokens": args.tokens, "temperature": 0.7, "top_p": 1.0, "stop": None, "seed": 7 + round_index,
-                      **extra}
+            params = {
+                "max_tokens": args.tokens,
+                "temperature": 0.7,
+                "top_p": 1.0,
+                "stop": None,
+                "seed": 7 + round_index,
+                **extra,
+            }
             slot = runner.slot()
             started = time.perf_counter()
             for _ in slot.stream({**base, "params": params}):

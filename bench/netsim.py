@@ -26,6 +26,7 @@ For home i (1..N):
 Every address is private and on this machine only; `down` removes every namespace, link and
 rule `up` made (they are all named `eh-…`). Printed: one line per home with its RTT.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -93,43 +94,88 @@ def up(homes: int, rtt: tuple[float, float], jitter: float, loss: float, seed: i
     down()
     rng, netem = random.Random(seed), has_netem()
     relays: list[int] = []
-    sh(f"ip link add {WAN} type bridge", f"ip addr add {GATEWAY_IP}/24 dev {WAN}", f"ip link set {WAN} up",
-       "sysctl -qw net.ipv4.ip_forward=1", f"iptables -I FORWARD -i {WAN} -o {WAN} -j ACCEPT")
+    sh(
+        f"ip link add {WAN} type bridge",
+        f"ip addr add {GATEWAY_IP}/24 dev {WAN}",
+        f"ip link set {WAN} up",
+        "sysctl -qw net.ipv4.ip_forward=1",
+        f"iptables -I FORWARD -i {WAN} -o {WAN} -j ACCEPT",
+    )
     made = []
     for i in range(1, homes + 1):
         home, router = home_ns(i), router_ns(i)
         wan_ip, lan = f"10.76.0.{i + 10}", f"10.77.{i}"
         one_way = rng.uniform(*rtt) / 2
-        sh(f"ip netns add {home}", f"ip netns add {router}",
-           # the router's uplink to the bridge
-           f"ip link add eh-u{i} type veth peer name eh-w{i}", f"ip link set eh-u{i} netns {router}",
-           f"ip link set eh-w{i} master {WAN}", f"ip link set eh-w{i} up",
-           f"ip -n {router} addr add {wan_ip}/24 dev eh-u{i}", f"ip -n {router} link set eh-u{i} up",
-           f"ip -n {router} link set lo up",
-           # the home's LAN
-           f"ip link add eh-l{i} type veth peer name eh-h{i}", f"ip link set eh-l{i} netns {router}",
-           f"ip link set eh-h{i} netns {home}",
-           f"ip -n {router} addr add {lan}.1/24 dev eh-l{i}", f"ip -n {router} link set eh-l{i} up",
-           f"ip -n {home} addr add {lan}.2/24 dev eh-h{i}", f"ip -n {home} link set eh-h{i} up",
-           f"ip -n {home} link set lo up", f"ip -n {home} route add default via {lan}.1",
-           # NAT: out is masqueraded, in only what the home opened
-           f"ip netns exec {router} sysctl -qw net.ipv4.ip_forward=1",
-           f"ip netns exec {router} iptables -t nat -A POSTROUTING -o eh-u{i} -j MASQUERADE",
-           f"ip netns exec {router} iptables -P FORWARD DROP",
-           f"ip netns exec {router} iptables -A FORWARD -i eh-l{i} -o eh-u{i} -j ACCEPT",
-           f"ip netns exec {router} iptables -A FORWARD -i eh-u{i} -o eh-l{i} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
-)
+        sh(
+            f"ip netns add {home}",
+            f"ip netns add {router}",
+            # the router's uplink to the bridge
+            f"ip link add eh-u{i} type veth peer name eh-w{i}",
+            f"ip link set eh-u{i} netns {router}",
+            f"ip link set eh-w{i} master {WAN}",
+            f"ip link set eh-w{i} up",
+            f"ip -n {router} addr add {wan_ip}/24 dev eh-u{i}",
+            f"ip -n {router} link set eh-u{i} up",
+            f"ip -n {router} link set lo up",
+            # the home's LAN
+            f"ip link add eh-l{i} type veth peer name eh-h{i}",
+            f"ip link set eh-l{i} netns {router}",
+            f"ip link set eh-h{i} netns {home}",
+            f"ip -n {router} addr add {lan}.1/24 dev eh-l{i}",
+            f"ip -n {router} link set eh-l{i} up",
+            f"ip -n {home} addr add {lan}.2/24 dev eh-h{i}",
+            f"ip -n {home} link set eh-h{i} up",
+            f"ip -n {home} link set lo up",
+            f"ip -n {home} route add default via {lan}.1",
+            # NAT: out is masqueraded, in only what the home opened
+            f"ip netns exec {router} sysctl -qw net.ipv4.ip_forward=1",
+            f"ip netns exec {router} iptables -t nat -A POSTROUTING -o eh-u{i} -j MASQUERADE",
+            f"ip netns exec {router} iptables -P FORWARD DROP",
+            f"ip netns exec {router} iptables -A FORWARD -i eh-l{i} -o eh-u{i} -j ACCEPT",
+            f"ip netns exec {router} iptables -A FORWARD -i eh-u{i} -o eh-l{i} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
+        )
         if netem:  # the home link: half the round trip each way, jitter and loss on both
-            sh(f"ip netns exec {router} tc qdisc add dev eh-u{i} root netem delay {one_way:.1f}ms {jitter:g}ms loss {loss:g}%",
-               f"ip netns exec {router} tc qdisc add dev eh-l{i} root netem delay {one_way:.1f}ms {jitter:g}ms loss {loss:g}%")
+            sh(
+                f"ip netns exec {router} tc qdisc add dev eh-u{i} root netem delay {one_way:.1f}ms {jitter:g}ms loss {loss:g}%",
+                f"ip netns exec {router} tc qdisc add dev eh-l{i} root netem delay {one_way:.1f}ms {jitter:g}ms loss {loss:g}%",
+            )
         else:
-            sh(f"ip netns exec {router} iptables -t nat -A PREROUTING -i eh-l{i} -p tcp -j REDIRECT --to-ports {RELAY_PORT}")
-            relays.append(subprocess.Popen(
-                ["ip", "netns", "exec", router, sys.executable, __file__, "relay", "--one-way-ms", f"{one_way:.1f}",
-                 "--jitter-ms", str(jitter), "--loss", str(loss), "--seed", str(seed + i)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True).pid)
-        made.append({"home": home, "router": router, "wan_ip": wan_ip, "rtt_ms": round(2 * one_way, 1),
-                     "link": "netem" if netem else "relay"})
+            sh(
+                f"ip netns exec {router} iptables -t nat -A PREROUTING -i eh-l{i} -p tcp -j REDIRECT --to-ports {RELAY_PORT}"
+            )
+            relays.append(
+                subprocess.Popen(
+                    [
+                        "ip",
+                        "netns",
+                        "exec",
+                        router,
+                        sys.executable,
+                        __file__,
+                        "relay",
+                        "--one-way-ms",
+                        f"{one_way:.1f}",
+                        "--jitter-ms",
+                        str(jitter),
+                        "--loss",
+                        str(loss),
+                        "--seed",
+                        str(seed + i),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                ).pid
+            )
+        made.append(
+            {
+                "home": home,
+                "router": router,
+                "wan_ip": wan_ip,
+                "rtt_ms": round(2 * one_way, 1),
+                "link": "netem" if netem else "relay",
+            }
+        )
     if relays:
         RELAYS.write_text(" ".join(map(str, relays)))
     return made

@@ -18,6 +18,7 @@ Each gateway gets a fresh SQLite file, or with DATABASE_URL a fresh PostgreSQL d
 beside it (pair it with REDIS_URL). `--baseline DIR` measures a baseline checkout too
 (`git worktree add DIR COMMIT`), alternating with this one, and prints the ratios.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,15 +45,30 @@ class Target:
     own database, migrated by its own code, its customer and host made by its own commands."""
 
     def __init__(self, name: str, root: Path, tmp: Path) -> None:
-        self.name, self.root, self.env = name, root, dict(os.environ, QUEUE_TIMEOUT_SECONDS="60", HOST_PROBATION_MAX_JOBS="64",  # one host runs every stream
-                                                       MAHOUT_UNVERSIONED_ALLOWED="1")  # the synthetic host says "sim"
+        self.name, self.root, self.env = (
+            name,
+            root,
+            dict(
+                os.environ,
+                QUEUE_TIMEOUT_SECONDS="60",
+                HOST_PROBATION_MAX_JOBS="64",  # one host runs every stream
+                MAHOUT_UNVERSIONED_ALLOWED="1",
+            ),
+        )  # the synthetic host says "sim"
         base_url = os.environ.get("DATABASE_URL")
         if base_url:
             database = f"elephant_relay_{name}_{os.getpid()}"
             self.env["DATABASE_URL"] = base_url.rsplit("/", 1)[0] + "/" + database
             admin = base_url.rsplit("/", 1)[0] + "/postgres"
-            subprocess.run([sys.executable, "-c", f"import psycopg; c = psycopg.connect({admin!r}, autocommit=True); "
-                            f"c.execute('DROP DATABASE IF EXISTS {database}'); c.execute('CREATE DATABASE {database}')"], check=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    f"import psycopg; c = psycopg.connect({admin!r}, autocommit=True); "
+                    f"c.execute('DROP DATABASE IF EXISTS {database}'); c.execute('CREATE DATABASE {database}')",
+                ],
+                check=True,
+            )
         else:
             self.env["SQLITE_PATH"] = str(tmp / f"{name}.sqlite3")
         self.manage("migrate", "--noinput")
@@ -60,17 +76,23 @@ class Target:
 
     def manage(self, *argv: str) -> str:
         """Run a management command of this checkout; its last line (a key or a token)."""
-        done = subprocess.run([sys.executable, "manage.py", *argv], cwd=self.root, env=self.env, capture_output=True, text=True)
+        done = subprocess.run(
+            [sys.executable, "manage.py", *argv], cwd=self.root, env=self.env, capture_output=True, text=True
+        )
         if done.returncode:
             raise SystemExit(f"{self.name}: manage.py {' '.join(argv)} failed:\n{done.stderr}")
         return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
 
     def start(self, port: int, log: Path, workers: int = 1) -> str:
         """One daphne on `port`, or `workers` of them behind HAProxy on `port` (as `WORKERS=N make run`)."""
+
         def daphne(listen: int) -> subprocess.Popen:
             return subprocess.Popen(
                 [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(listen), "config.asgi:application"],
-                cwd=self.root, env=self.env, stdout=open(f"{log}.{listen}", "w"), stderr=subprocess.STDOUT,
+                cwd=self.root,
+                env=self.env,
+                stdout=open(f"{log}.{listen}", "w"),
+                stderr=subprocess.STDOUT,
             )
 
         if workers <= 1:
@@ -83,8 +105,9 @@ class Target:
             config = Path(f"{log}.haproxy.cfg")
             config.write_text(haproxy_config(port=port, backends=backends))
             try:
-                self.balancer = subprocess.Popen(["haproxy", "-db", "-f", str(config)], stdout=open(f"{log}.haproxy", "w"),
-                                                 stderr=subprocess.STDOUT)
+                self.balancer = subprocess.Popen(
+                    ["haproxy", "-db", "-f", str(config)], stdout=open(f"{log}.haproxy", "w"), stderr=subprocess.STDOUT
+                )
             except OSError:  # no HAProxy (apt-get install haproxy): leave no gateway behind
                 self.stop()
                 raise
@@ -144,15 +167,23 @@ async def text_pieces(client, door: str):  # type: ignore[no-untyped-def]
                 yield event.delta
         return
     chunks = await client.chat.completions.create(
-        model="gemma-3-270m", messages=[{"role": "user", "content": "relay"}], max_tokens=3000, stream=True,
+        model="gemma-3-270m",
+        messages=[{"role": "user", "content": "relay"}],
+        max_tokens=3000,
+        stream=True,
     )
     async for chunk in chunks:
         if chunk.choices and chunk.choices[0].delta.content:
             yield chunk.choices[0].delta.content
 
 
-async def one_stream(client, batches: int, delays: list[float], rates: list[float],  # type: ignore[no-untyped-def]
-                     door: str = "chat") -> tuple[str, str | None]:
+async def one_stream(
+    client,
+    batches: int,
+    delays: list[float],
+    rates: list[float],  # type: ignore[no-untyped-def]
+    door: str = "chat",
+) -> tuple[str, str | None]:
     """Read one stream; each batch's delay is the time its mark arrived minus when it was sent;
     its steady rate is the batches after the first over the time from the first to the last."""
     text, seen, first, last = "", 0, 0.0, 0.0
@@ -172,16 +203,29 @@ async def one_stream(client, batches: int, delays: list[float], rates: list[floa
     return text, None
 
 
-HEAVY = {"type": "json_schema", "json_schema": {  # issue 30's attack: 2.5 s and 170 MB of grammar before its limits
-    "name": "many", "schema": {"type": "array", "items": {"type": "string"}, "minItems": 10_000_000}}}
+HEAVY = {
+    "type": "json_schema",
+    "json_schema": {  # issue 30's attack: 2.5 s and 170 MB of grammar before its limits
+        "name": "many",
+        "schema": {"type": "array", "items": {"type": "string"}, "minItems": 10_000_000},
+    },
+}
 
 
 async def heavy_child_start(server: str, secret: str, count: int) -> asyncio.subprocess.Process:
     """A child process that will send the heavy requests: made in this one, they would hold up
     its own reading of the streams and count as the gateway's delay. It is started, and has
     imported and connected, before the round begins."""
-    child = await asyncio.create_subprocess_exec(sys.executable, __file__, "--heavy-child", server, secret, str(count),
-                                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        __file__,
+        "--heavy-child",
+        server,
+        secret,
+        str(count),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     assert child.stdout is not None
     await child.stdout.readline()  # "ready"
     return child
@@ -199,14 +243,22 @@ def heavy_child(server: str, secret: str, count: int) -> None:
     print [[status, seconds], ...]."""
     import httpx
 
-    body = {"model": "gemma-3-270m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1, "response_format": HEAVY}
+    body = {
+        "model": "gemma-3-270m",
+        "messages": [{"role": "user", "content": "x"}],
+        "max_tokens": 1,
+        "response_format": HEAVY,
+    }
     answers: list[tuple[int, float]] = []
 
     async def one(http: httpx.AsyncClient) -> None:
         started = time.monotonic()
         try:
-            status = (await http.post(f"{server}/v1/chat/completions", json=body,
-                                      headers={"Authorization": f"Bearer {secret}"})).status_code
+            status = (
+                await http.post(
+                    f"{server}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {secret}"}
+                )
+            ).status_code
         except httpx.HTTPError:
             status = 0
         answers.append((status, time.monotonic() - started))
@@ -233,8 +285,10 @@ async def pool_round(server: str, secret: str, streams: int, batches: int, heavy
     answers: list[tuple[int, float]] = []
     child = await heavy_child_start(server, secret, heavy) if heavy else None
     started = time.monotonic()
-    results = await asyncio.gather(*(one_stream(client, batches, delays, rates, door) for _ in range(streams)),
-                                   *([heavy_schemas(child, answers)] if child else []))
+    results = await asyncio.gather(
+        *(one_stream(client, batches, delays, rates, door) for _ in range(streams)),
+        *([heavy_schemas(child, answers)] if child else []),
+    )
     results = results[:streams]
     elapsed = time.monotonic() - started
     await http.aclose()
@@ -245,19 +299,46 @@ async def pool_round(server: str, secret: str, streams: int, batches: int, heavy
         totals["lost"] += lost
         totals["duplicated"] += duplicated
         totals["reordered"] += reordered
-    return {"elapsed_s": elapsed, "relayed": len(delays), "delays": delays, "steady_per_s": sum(rates), "errors": errors,
-            "heavy": answers, **totals}
+    return {
+        "elapsed_s": elapsed,
+        "relayed": len(delays),
+        "delays": delays,
+        "steady_per_s": sum(rates),
+        "errors": errors,
+        "heavy": answers,
+        **totals,
+    }
 
 
-def start_simhost(server: str, token: str, streams: int, args: argparse.Namespace, log: Path, *, socket: bool,
-                  socket_claims: bool) -> subprocess.Popen:
+def start_simhost(
+    server: str, token: str, streams: int, args: argparse.Namespace, log: Path, *, socket: bool, socket_claims: bool
+) -> subprocess.Popen:
     argv = [
-        sys.executable, "-m", "testkit.simhost", "--server", server, "--token", token, "--model", "gemma-3-270m",
-        "--loaded", "gemma-3-270m", "--slots", str(streams), "--stream-batches", str(args.batches),
-        "--interval", str(args.interval), "--wait", "2", *(["--socket"] if socket else []),
+        sys.executable,
+        "-m",
+        "testkit.simhost",
+        "--server",
+        server,
+        "--token",
+        token,
+        "--model",
+        "gemma-3-270m",
+        "--loaded",
+        "gemma-3-270m",
+        "--slots",
+        str(streams),
+        "--stream-batches",
+        str(args.batches),
+        "--interval",
+        str(args.interval),
+        "--wait",
+        "2",
+        *(["--socket"] if socket else []),
         *(["--socket-claims"] if socket_claims else []),
     ]
-    proc = subprocess.Popen(argv, cwd=ROOT, env=dict(os.environ), stdout=subprocess.PIPE, stderr=open(log, "w"), text=True)
+    proc = subprocess.Popen(
+        argv, cwd=ROOT, env=dict(os.environ), stdout=subprocess.PIPE, stderr=open(log, "w"), text=True
+    )
     assert proc.stdout is not None
     for line in proc.stdout:  # its first line says it registered
         if json.loads(line).get("ready"):
@@ -271,15 +352,24 @@ def measure(args: argparse.Namespace, target: Target, server: str, tmp: Path, st
     token = target.manage("create_host", f"{tag}@host.local", tag)
     path = args.socket if target.name == "head" else args.baseline_path
     socket = path in ("ws", "ws-claims")
-    sim = start_simhost(server, token, streams, args, tmp / f"simhost-{tag}.log", socket=socket, socket_claims=path == "ws-claims")
+    sim = start_simhost(
+        server, token, streams, args, tmp / f"simhost-{tag}.log", socket=socket, socket_claims=path == "ws-claims"
+    )
     try:
         time.sleep(1.5)  # its long-polls are waiting
-        asyncio.run(pool_round(server, secret, 1, 2, door=args.current_door))  # warm-up, not measured: the gateway loads its tokenizer
+        asyncio.run(
+            pool_round(server, secret, 1, 2, door=args.current_door)
+        )  # warm-up, not measured: the gateway loads its tokenizer
         gateway_cpu, sim_cpu = target.cpu(), cpu_seconds(sim.pid)
         own_cpu, children_cpu = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-        rounds = [asyncio.run(pool_round(server, secret, streams, args.batches, args.heavy, args.current_door))
-                  for _ in range(args.rounds)]
-        own_after, children_after = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        rounds = [
+            asyncio.run(pool_round(server, secret, streams, args.batches, args.heavy, args.current_door))
+            for _ in range(args.rounds)
+        ]
+        own_after, children_after = (
+            resource.getrusage(resource.RUSAGE_SELF),
+            resource.getrusage(resource.RUSAGE_CHILDREN),
+        )
         gateway_used, sim_used = target.cpu() - gateway_cpu, cpu_seconds(sim.pid) - sim_cpu
     finally:
         sim.terminate()
@@ -307,13 +397,28 @@ def measure(args: argparse.Namespace, target: Target, server: str, tmp: Path, st
         "duplicated": sum(r["duplicated"] for r in rounds),
         "reordered": sum(r["reordered"] for r in rounds),
         "errors": [e for r in rounds for e in r["errors"]][:5],
-        **({"heavy_statuses": sorted({status for r in rounds for status, _ in r["heavy"]}),
-            "heavy_answer_s_max": max((t for r in rounds for _, t in r["heavy"]), default=0.0)} if args.heavy else {}),
+        **(
+            {
+                "heavy_statuses": sorted({status for r in rounds for status, _ in r["heavy"]}),
+                "heavy_answer_s_max": max((t for r in rounds for _, t in r["heavy"]), default=0.0),
+            }
+            if args.heavy
+            else {}
+        ),
         "gateway_cpu_ms_per_batch": gateway_used / max(relayed, 1) * 1000,
         "gateway_cpu_share": gateway_used / elapsed,
-        "load_generator_cpu_share": (sim_used + own_after.ru_utime + own_after.ru_stime - own_cpu.ru_utime - own_cpu.ru_stime
-                                     + children_after.ru_utime + children_after.ru_stime
-                                     - children_cpu.ru_utime - children_cpu.ru_stime) / elapsed,
+        "load_generator_cpu_share": (
+            sim_used
+            + own_after.ru_utime
+            + own_after.ru_stime
+            - own_cpu.ru_utime
+            - own_cpu.ru_stime
+            + children_after.ru_utime
+            + children_after.ru_stime
+            - children_cpu.ru_utime
+            - children_cpu.ru_stime
+        )
+        / elapsed,
     }
 
 
@@ -322,21 +427,43 @@ def main() -> None:
         heavy_child(sys.argv[2], sys.argv[3], int(sys.argv[4]))
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--streams", type=int, action="append", help="concurrent streams (repeatable; default 1, 5, 25)")
+    parser.add_argument(
+        "--streams", type=int, action="append", help="concurrent streams (repeatable; default 1, 5, 25)"
+    )
     parser.add_argument("--batches", type=int, default=100, help="batches per stream")
     parser.add_argument("--interval", type=float, default=0.05)
-    parser.add_argument("--heavy", type=int, default=0,
-                        help="also send this many requests with issue 30's heavy schema (minItems 1e7) a second into each round")
+    parser.add_argument(
+        "--heavy",
+        type=int,
+        default=0,
+        help="also send this many requests with issue 30's heavy schema (minItems 1e7) a second into each round",
+    )
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--door", choices=["chat", "responses"], action="append",
-                        help="the customers' API (repeatable: each measured in turn, same gateway; default chat)")
-    parser.add_argument("--socket", choices=["http", "ws", "ws-claims"], default="ws-claims",
-                        help="how the synthetic host reaches this checkout: batches over HTTP, batches on its WebSocket, "
-                             "or batches and claims on its WebSocket (mahout's path)")
-    parser.add_argument("--baseline-path", choices=["http", "ws", "ws-claims"], default="http",
-                        help="the same for the baseline (whatever its code supports)")
-    parser.add_argument("--baseline", type=Path, help="a checkout of the baseline commit (git worktree): measured alternately")
-    parser.add_argument("--workers", type=int, action="append", help="gateway processes behind HAProxy (repeatable; default 1)")
+    parser.add_argument(
+        "--door",
+        choices=["chat", "responses"],
+        action="append",
+        help="the customers' API (repeatable: each measured in turn, same gateway; default chat)",
+    )
+    parser.add_argument(
+        "--socket",
+        choices=["http", "ws", "ws-claims"],
+        default="ws-claims",
+        help="how the synthetic host reaches this checkout: batches over HTTP, batches on its WebSocket, "
+        "or batches and claims on its WebSocket (mahout's path)",
+    )
+    parser.add_argument(
+        "--baseline-path",
+        choices=["http", "ws", "ws-claims"],
+        default="http",
+        help="the same for the baseline (whatever its code supports)",
+    )
+    parser.add_argument(
+        "--baseline", type=Path, help="a checkout of the baseline commit (git worktree): measured alternately"
+    )
+    parser.add_argument(
+        "--workers", type=int, action="append", help="gateway processes behind HAProxy (repeatable; default 1)"
+    )
     parser.add_argument("--port", type=int, default=8766)
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="elephant-relay-"))
@@ -353,8 +480,18 @@ def main() -> None:
                         results.append({**measure(args, target, server, tmp, streams), "door": door})
                 finally:
                     target.stop()
-    print(json.dumps({"database": "postgresql" if os.environ.get("DATABASE_URL") else "sqlite", "batches": args.batches,
-                      "interval": args.interval, "host_path": args.socket, "results": results}, indent=2))
+    print(
+        json.dumps(
+            {
+                "database": "postgresql" if os.environ.get("DATABASE_URL") else "sqlite",
+                "batches": args.batches,
+                "interval": args.interval,
+                "host_path": args.socket,
+                "results": results,
+            },
+            indent=2,
+        )
+    )
     for r in results:
         print(
             f"{r['gateway']:>4}/{r['host_path']:<9} {r['door']:<9} W={r['workers']} C={r['streams']:>3}: offered {r['offered_batches_per_s']:.0f}/s, relayed "
@@ -364,19 +501,26 @@ def main() -> None:
             f"{r['delay_ms_max']:.0f} ms, lost/dup/reordered {r['lost']}/{r['duplicated']}/{r['reordered']}, gateway CPU "
             f"{r['gateway_cpu_ms_per_batch']:.2f} ms per batch ({r['gateway_cpu_share']:.0%} of a core), load generator "
             f"{r['load_generator_cpu_share']:.0%}"
-            + (f"; {args.heavy} heavy schemas answered {r['heavy_statuses']}, the slowest in {r['heavy_answer_s_max']:.2f} s"
-               if args.heavy else "")
+            + (
+                f"; {args.heavy} heavy schemas answered {r['heavy_statuses']}, the slowest in {r['heavy_answer_s_max']:.2f} s"
+                if args.heavy
+                else ""
+            )
         )
     by_workers = {(r["gateway"], r["streams"], r["workers"]): r for r in results}
     for (name, streams, workers), r in by_workers.items():
         one = by_workers.get((name, streams, 1))
         if workers > 1 and one is not None:
-            print(f"{name} C={streams:>3}: W={workers} / W=1 relayed {r['steady_batches_per_s'] / one['steady_batches_per_s']:.2f}x (steady)")
+            print(
+                f"{name} C={streams:>3}: W={workers} / W=1 relayed {r['steady_batches_per_s'] / one['steady_batches_per_s']:.2f}x (steady)"
+            )
     for head, base in zip(results[::2], results[1::2], strict=False):
         if args.baseline and head["streams"] == base["streams"]:
             a, b = (head, base) if head["gateway"] == "head" else (base, head)
-            print(f"C={a['streams']:>3}: head / base relayed {a['steady_batches_per_s'] / b['steady_batches_per_s']:.2f}x (steady), "
-                  f"CPU per batch {b['gateway_cpu_ms_per_batch'] / a['gateway_cpu_ms_per_batch']:.1f}x less")
+            print(
+                f"C={a['streams']:>3}: head / base relayed {a['steady_batches_per_s'] / b['steady_batches_per_s']:.2f}x (steady), "
+                f"CPU per batch {b['gateway_cpu_ms_per_batch'] / a['gateway_cpu_ms_per_batch']:.1f}x less"
+            )
 
 
 if __name__ == "__main__":

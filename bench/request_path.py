@@ -15,6 +15,7 @@
 Uses a fresh SQLite file unless DATABASE_URL is set (then that database is
 migrated and used; pair it with REDIS_URL for the Redis channel layer).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -99,8 +100,14 @@ def gateway_run(client, n: int) -> tuple[float, float, int]:  # type: ignore[no-
     started, sent = time.perf_counter(), time.time()
     first = last = 0.0
     tokens = 0
-    for chunk in client.completions.create(model="gemma-3-270m", prompt=PROMPT.format(n=n), max_tokens=MAX_TOKENS, temperature=0,
-                                           stream=True, stream_options={"include_usage": True}):
+    for chunk in client.completions.create(
+        model="gemma-3-270m",
+        prompt=PROMPT.format(n=n),
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    ):
         if chunk.choices and chunk.choices[0].text:
             last = time.perf_counter()
             first = first or last
@@ -116,8 +123,23 @@ def generation_phase(args, server: str, secret: str, token: str, tmp: Path) -> d
     from catalog.tokenizer import shipped_model_path
     from scorer.llama import load_llama
 
-    host = start([sys.executable, "-m", "mahout", "run", "--server", server, "--token", token, "--home", str(tmp / "mahout"),
-                  "--threads", str(args.threads)], tmp / "mahout.log")
+    host = start(
+        [
+            sys.executable,
+            "-m",
+            "mahout",
+            "run",
+            "--server",
+            server,
+            "--token",
+            token,
+            "--home",
+            str(tmp / "mahout"),
+            "--threads",
+            str(args.threads),
+        ],
+        tmp / "mahout.log",
+    )
     client = openai.OpenAI(base_url=f"{server}/v1", api_key=secret, max_retries=0)
     llm = load_llama(shipped_model_path(), n_ctx=4096, threads=args.threads)
     try:
@@ -157,14 +179,22 @@ def gateway_stages(since) -> dict:  # type: ignore[no-untyped-def]
     from marketplace.models import Job
 
     jobs = list(Job.objects.filter(created_at__gte=since, first_token_at__isnull=False).order_by("created_at"))
-    walls = WALL[-len(jobs):] if len(WALL) >= len(jobs) else []
+    walls = WALL[-len(jobs) :] if len(WALL) >= len(jobs) else []
     return {
-        "sent_to_queued": statistics.median((j.created_at.timestamp() - sent) * 1000 for j, (sent, _) in zip(jobs, walls, strict=True))
-        if walls else None,
-        "first_push_to_customer": statistics.median((got - j.first_token_at.timestamp()) * 1000 for j, (_, got) in zip(jobs, walls, strict=True))
-        if walls else None,
+        "sent_to_queued": statistics.median(
+            (j.created_at.timestamp() - sent) * 1000 for j, (sent, _) in zip(jobs, walls, strict=True)
+        )
+        if walls
+        else None,
+        "first_push_to_customer": statistics.median(
+            (got - j.first_token_at.timestamp()) * 1000 for j, (_, got) in zip(jobs, walls, strict=True)
+        )
+        if walls
+        else None,
         "queued_to_claimed": statistics.median((j.claimed_at - j.created_at).total_seconds() * 1000 for j in jobs),
-        "claimed_to_first_push": statistics.median((j.first_token_at - j.claimed_at).total_seconds() * 1000 for j in jobs),
+        "claimed_to_first_push": statistics.median(
+            (j.first_token_at - j.claimed_at).total_seconds() * 1000 for j in jobs
+        ),
     }
 
 
@@ -184,8 +214,16 @@ def claim_phase(args, server: str, secret: str, catalog) -> dict:  # type: ignor
 
     def host_loop() -> None:
         with httpx.Client(base_url=server, headers=auth, timeout=30) as http:
-            catalog = {"installed": ["gemma-3-270m"], "qualified": ["gemma-3-270m"], "loaded": ["gemma-3-270m"], "slots": 1}
-            http.post("/hosts/api/heartbeat", json={"fingerprint": fake.fingerprint, "catalog": catalog, "version": mahout_version}).raise_for_status()
+            catalog = {
+                "installed": ["gemma-3-270m"],
+                "qualified": ["gemma-3-270m"],
+                "loaded": ["gemma-3-270m"],
+                "slots": 1,
+            }
+            http.post(
+                "/hosts/api/heartbeat",
+                json={"fingerprint": fake.fingerprint, "catalog": catalog, "version": mahout_version},
+            ).raise_for_status()
             while not stop.is_set():
                 answer = http.post("/hosts/api/claim", json={"fingerprint": fake.fingerprint, "wait": 1})
                 if answer.status_code != 200:
@@ -193,23 +231,32 @@ def claim_phase(args, server: str, secret: str, catalog) -> dict:  # type: ignor
                 job = answer.json()["job"]
                 received[job["id"]] = time.time()
                 http.post(f"/hosts/api/jobs/{job['id']}/tokens", json={"seq": 0, "text": "ok"})
-                http.post(f"/hosts/api/jobs/{job['id']}/complete",
-                          json={"finish_reason": "stop", "tokens": drawn_ids(job["model"], "ok")})
+                http.post(
+                    f"/hosts/api/jobs/{job['id']}/complete",
+                    json={"finish_reason": "stop", "tokens": drawn_ids(job["model"], "ok")},
+                )
 
     thread = threading.Thread(target=host_loop, daemon=True)
     thread.start()
     with httpx.Client(base_url=server, headers={"Authorization": f"Bearer {secret}"}, timeout=60) as http:
         for _ in range(args.claims):
             time.sleep(0.15)  # let the host get back into its long-poll
-            http.post("/v1/chat/completions", json={"model": "gemma-3-270m", "max_tokens": 4,
-                                                      "messages": [{"role": "user", "content": "hi"}]})
+            http.post(
+                "/v1/chat/completions",
+                json={"model": "gemma-3-270m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
+            )
     stop.set()
     thread.join(timeout=10)
     latencies = [
         (received[job.pk] - job.created_at.timestamp()) * 1000
-        for job in Job.objects.filter(host=fake.host) if job.pk in received
+        for job in Job.objects.filter(host=fake.host)
+        if job.pk in received
     ]
-    return {"samples": len(latencies), "claim_ms_p50": statistics.median(latencies), "claim_ms_p95": pct(latencies, 0.95)}
+    return {
+        "samples": len(latencies),
+        "claim_ms_p50": statistics.median(latencies),
+        "claim_ms_p95": pct(latencies, 0.95),
+    }
 
 
 def main() -> None:
@@ -228,7 +275,10 @@ def main() -> None:
     catalog_seed(CatalogModel)
     catalog = CatalogModel.objects.get(name="gemma-3-270m")
     server = f"http://127.0.0.1:{args.port}"
-    gateway = start([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(args.port), "config.asgi:application"], tmp / "gateway.log")
+    gateway = start(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(args.port), "config.asgi:application"],
+        tmp / "gateway.log",
+    )
     try:
         wait_http(f"{server}/v1/models")
         customer = make_customer(credit_ucents=10**10)
@@ -242,15 +292,27 @@ def main() -> None:
         stop(gateway)
     from django.db import connection
 
-    report = {"database": connection.vendor, "threads": args.threads, "rounds": args.rounds, "generation": generation, "claims": claims}
+    report = {
+        "database": connection.vendor,
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "generation": generation,
+        "claims": claims,
+    }
     print(json.dumps(report, indent=2))
     g = generation
-    print(f"\nTTFT   gateway {g['gateway']['ttft_ms_p50']:.1f} ms vs direct {g['direct']['ttft_ms_p50']:.1f} ms: "
-          f"ratio {g['ttft_ratio']:.2f} (target <= 1.25), +{g['ttft_extra_ms']:.1f} ms (target <= 50)")
-    print(f"decode gateway {g['gateway']['decode_tps_p50']:.1f} tok/s vs direct {g['direct']['decode_tps_p50']:.1f} tok/s: "
-          f"ratio {g['decode_ratio']:.2f} (target >= 0.90)")
-    print(f"claim  p50 {claims['claim_ms_p50']:.1f} ms, p95 {claims['claim_ms_p95']:.1f} ms over {claims['samples']} jobs "
-          f"(targets 10 / 50 ms)")
+    print(
+        f"\nTTFT   gateway {g['gateway']['ttft_ms_p50']:.1f} ms vs direct {g['direct']['ttft_ms_p50']:.1f} ms: "
+        f"ratio {g['ttft_ratio']:.2f} (target <= 1.25), +{g['ttft_extra_ms']:.1f} ms (target <= 50)"
+    )
+    print(
+        f"decode gateway {g['gateway']['decode_tps_p50']:.1f} tok/s vs direct {g['direct']['decode_tps_p50']:.1f} tok/s: "
+        f"ratio {g['decode_ratio']:.2f} (target >= 0.90)"
+    )
+    print(
+        f"claim  p50 {claims['claim_ms_p50']:.1f} ms, p95 {claims['claim_ms_p95']:.1f} ms over {claims['samples']} jobs "
+        f"(targets 10 / 50 ms)"
+    )
 
 
 if __name__ == "__main__":

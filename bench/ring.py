@@ -35,6 +35,7 @@ OpenMP workers from spinning on cores another stage needs.
 
     .venv/bin/python bench/ring.py [--rounds 3] [--tokens 32] [--handshake-only] [--sampling-only] [--seal-only]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -99,8 +100,10 @@ def shares(before: list[dict], after: list[dict]) -> list[str]:
     for b, a in zip(before, after, strict=True):
         hold, idle = a["hold_s"] - b["hold_s"], a["idle_s"] - b["idle_s"]
         total = hold + idle
-        out.append(f"stage {a['stage']} [{a['start']},{a['end']}): hold {hold / total:.0%} idle {idle / total:.0%} "
-                   f"(max queue {a['max_queue_depth']})")
+        out.append(
+            f"stage {a['stage']} [{a['start']},{a['end']}): hold {hold / total:.0%} idle {idle / total:.0%} "
+            f"(max queue {a['max_queue_depth']})"
+        )
     return out
 
 
@@ -188,10 +191,12 @@ def handshake_cost(rounds: int) -> None:
         auth_server.close()
     stats = {side: (statistics.median(v), statistics.quantiles(v, n=100)[98]) for side, v in times.items()}
     (pm, pp), (hm, hp) = stats["plain"], stats["handshake"]
-    print(f"5. link setup on loopback, {rounds} connections each: unauthenticated hello {pm:.3f} ms median "
-          f"({pp:.3f} p99); handshake with HMAC-SHA256 proofs both ways {hm:.3f} ms median ({hp:.3f} p99) "
-          f"-> +{hm - pm:.3f} ms per link, paid once per link (a ring session opens stages + 2; "
-          f"a coordinator keeps its worker links open)")
+    print(
+        f"5. link setup on loopback, {rounds} connections each: unauthenticated hello {pm:.3f} ms median "
+        f"({pp:.3f} p99); handshake with HMAC-SHA256 proofs both ways {hm:.3f} ms median ({hp:.3f} p99) "
+        f"-> +{hm - pm:.3f} ms per link, paid once per link (a ring session opens stages + 2; "
+        f"a coordinator keeps its worker links open)"
+    )
 
 
 def _json_grammar() -> str:
@@ -200,9 +205,13 @@ def _json_grammar() -> str:
     return JSON_GBNF
 
 
-SAMPLINGS = {"greedy": {}, "T0.8": {"temperature": 0.8}, "T0.8 top_p 0.9": {"temperature": 0.8, "top_p": 0.9},
-             "T0.8 logprobs 5": {"temperature": 0.8, "logprobs": 5},
-             "T0.8 json_object": {"temperature": 0.8, "grammar": "json"}}
+SAMPLINGS = {
+    "greedy": {},
+    "T0.8": {"temperature": 0.8},
+    "T0.8 top_p 0.9": {"temperature": 0.8, "top_p": 0.9},
+    "T0.8 logprobs 5": {"temperature": 0.8, "logprobs": 5},
+    "T0.8 json_object": {"temperature": 0.8, "grammar": "json"},
+}
 
 
 def sampling_cost(path: Path, prompt_ids: list[int], *, rounds: int, tokens: int) -> None:
@@ -211,8 +220,10 @@ def sampling_cost(path: Path, prompt_ids: list[int], *, rounds: int, tokens: int
     even = split_layers(18, 2)
     rings = {"shared": dict(share_output=True), "whole at the tail": dict(share_output=False)}
     m: dict[tuple[str, str], list[float]] = {(r, s): [] for r in rings for s in SAMPLINGS}
-    with ProcessRing(path, even, limits=limits, threads=1, n_ctx=256, **rings["shared"]) as shared, \
-            ProcessRing(path, even, limits=limits, threads=1, n_ctx=256, **rings["whole at the tail"]) as whole:
+    with (
+        ProcessRing(path, even, limits=limits, threads=1, n_ctx=256, **rings["shared"]) as shared,
+        ProcessRing(path, even, limits=limits, threads=1, n_ctx=256, **rings["whole at the tail"]) as whole,
+    ):
         built = {"shared": shared, "whole at the tail": whole}
         for ring in built.values():
             ring_decode_tps(ring, prompt_ids, 4)  # warm-up
@@ -221,11 +232,15 @@ def sampling_cost(path: Path, prompt_ids: list[int], *, rounds: int, tokens: int
             for name, ring in built.items():
                 for sampling in order:
                     m[(name, sampling)].append(ring_decode_tps(ring, prompt_ids, tokens, **SAMPLINGS[sampling]))
-    print(f"6. sampling on a 2-stage ring (1 thread per stage), one request, {tokens} tokens, {rounds} rounds, medians:")
+    print(
+        f"6. sampling on a 2-stage ring (1 thread per stage), one request, {tokens} tokens, {rounds} rounds, medians:"
+    )
     for name in rings:
         greedy = statistics.median(m[(name, "greedy")])
-        cells = [f"{s} {statistics.median(m[(name, s)]):.2f} tok/s ({statistics.median(m[(name, s)]) / greedy:.2f})"
-                 for s in SAMPLINGS]
+        cells = [
+            f"{s} {statistics.median(m[(name, s)]):.2f} tok/s ({statistics.median(m[(name, s)]) / greedy:.2f})"
+            for s in SAMPLINGS
+        ]
         print(f"   output head {name}: " + "; ".join(cells))
     print("raw: " + ", ".join(f"{k[0]}/{k[1]}={[round(x, 2) for x in v]}" for k, v in m.items()))
 
@@ -234,12 +249,22 @@ def seal_cost(path: Path, prompts: list[list[int]], *, rounds: int, tokens: int)
     """7.: the same ring sealed and in the clear, one request and 4 in flight, alternated."""
     limits = Limits(micro_batch=2, row_width=64)
     even = split_layers(18, 2)
-    m: dict[tuple[str, str], list[float]] = {(side, load): [] for side in ("sealed", "clear") for load in ("one", "four")}
+    m: dict[tuple[str, str], list[float]] = {
+        (side, load): [] for side in ("sealed", "clear") for load in ("one", "four")
+    }
     with contextlib.ExitStack() as stack:
         sealed = stack.enter_context(ProcessRing(path, even, limits=limits, threads=1, n_ctx=256))
         with unsealed():  # the bridge's links too
-            clear = stack.enter_context(ProcessRing(path, even, limits=limits, threads=1, n_ctx=256,
-                                                    stage_module=("bench.unsealed", "mahout.ring.stage")))
+            clear = stack.enter_context(
+                ProcessRing(
+                    path,
+                    even,
+                    limits=limits,
+                    threads=1,
+                    n_ctx=256,
+                    stage_module=("bench.unsealed", "mahout.ring.stage"),
+                )
+            )
         for ring, sealing in ((sealed, True), (clear, False)):  # what each side's bridge really sends
             assert all((link._outbound is not None) == sealing for link in (ring.bridge._head, ring.bridge._tail))
         rings = {"sealed": sealed, "clear": clear}
@@ -250,11 +275,13 @@ def seal_cost(path: Path, prompts: list[list[int]], *, rounds: int, tokens: int)
                 m[(side, "one")].append(ring_decode_tps(rings[side], prompts[0], tokens))
                 m[(side, "four")].append(ring_batch_tps(rings[side], prompts, tokens, in_flight=True))
     med = {k: statistics.median(v) for k, v in m.items()}
-    print(f"7. sealing on a 2-stage ring (1 thread per stage), {tokens} tokens, {rounds} rounds, medians: "
-          f"one request {med[('sealed', 'one')]:.2f} tok/s sealed, {med[('clear', 'one')]:.2f} in the clear "
-          f"-> sealed / clear {med[('sealed', 'one')] / med[('clear', 'one')]:.3f}; 4 in flight "
-          f"{med[('sealed', 'four')]:.2f} vs {med[('clear', 'four')]:.2f} tok/s "
-          f"-> {med[('sealed', 'four')] / med[('clear', 'four')]:.3f} (floor 0.9)")
+    print(
+        f"7. sealing on a 2-stage ring (1 thread per stage), {tokens} tokens, {rounds} rounds, medians: "
+        f"one request {med[('sealed', 'one')]:.2f} tok/s sealed, {med[('clear', 'one')]:.2f} in the clear "
+        f"-> sealed / clear {med[('sealed', 'one')] / med[('clear', 'one')]:.3f}; 4 in flight "
+        f"{med[('sealed', 'four')]:.2f} vs {med[('clear', 'four')]:.2f} tok/s "
+        f"-> {med[('sealed', 'four')] / med[('clear', 'four')]:.3f} (floor 0.9)"
+    )
     print("raw: " + ", ".join(f"{k[0]}/{k[1]}={[round(x, 2) for x in v]}" for k, v in m.items()))
 
 
@@ -265,7 +292,9 @@ def main() -> int:
     parser.add_argument("--handshake-rounds", type=int, default=500)
     parser.add_argument("--handshake-only", action="store_true", help="measure only the link handshake (5.)")
     parser.add_argument("--sampling-only", action="store_true", help="measure only what sampling costs a ring (6.)")
-    parser.add_argument("--seal-only", action="store_true", help="measure only what sealing its links costs a ring (7.)")
+    parser.add_argument(
+        "--seal-only", action="store_true", help="measure only what sealing its links costs a ring (7.)"
+    )
     args = parser.parse_args()
     if args.handshake_only:
         handshake_cost(args.handshake_rounds)
@@ -282,7 +311,9 @@ def main() -> int:
     # Micro-batch 2: four requests are two micro-batches, so both stages work at once (with one
     # micro-batch of 4 the pass bounces between the stages like a lone request).
     limits = Limits(micro_batch=2, row_width=64)
-    print(f"model {path.name}; prompts of {[len(p) for p in prompts]} tokens; {args.tokens} tokens each; {args.rounds} rounds")
+    print(
+        f"model {path.name}; prompts of {[len(p) for p in prompts]} tokens; {args.tokens} tokens each; {args.rounds} rounds"
+    )
 
     (full,) = build_stages(path, [(0, 18)], n_rows=1, n_ctx=256)
 
@@ -296,9 +327,11 @@ def main() -> int:
     keys = ("ring1", "ring2", "eng2", "eng1", "alone", "packed", "llama1", "w_ring1", "w_alone", "w_packed")
     m: dict[str, list[float]] = {k: [] for k in keys}
     even = split_layers(18, 2)
-    with ProcessRing(path, even, limits=limits, threads=1, n_ctx=256) as ring, \
-            ProcessRing(path, even, limits=limits, threads=2, n_ctx=256) as ring_2t, \
-            ProcessRing(path, even, limits=limits, threads=1, n_ctx=256, share_output=False) as whole:
+    with (
+        ProcessRing(path, even, limits=limits, threads=1, n_ctx=256) as ring,
+        ProcessRing(path, even, limits=limits, threads=2, n_ctx=256) as ring_2t,
+        ProcessRing(path, even, limits=limits, threads=1, n_ctx=256, share_output=False) as whole,
+    ):
         ring_decode_tps(ring, prompts[0], 4)  # warm-up
         ring_decode_tps(ring_2t, prompts[0], 4)
         ring_decode_tps(whole, prompts[0], 4)
@@ -317,19 +350,29 @@ def main() -> int:
         w_starved, w_saturated = phases(whole, prompts, args.tokens)
     med = {k: statistics.median(v) for k, v in m.items()}
     best = max(med["eng1"], med["eng2"])
-    print(f"1. 2-stage ring (2 processes x 1 thread), one request: {med['ring1']:.2f} tok/s decode; "
-          f"engine 2 threads: {med['eng2']:.2f}, 1 thread: {med['eng1']:.2f} tok/s -> ratio {med['ring1'] / med['eng2']:.2f} "
-          f"vs 2 threads, {med['ring1'] / best:.2f} vs the better engine setting (target >= 0.85)")
-    print(f"   the same ring with 2 threads per stage (2 cores in use at a time), one request: {med['ring2']:.2f} tok/s "
-          f"-> ratio {med['ring2'] / med['eng2']:.2f} vs the engine with 2 threads")
-    print(f"2. same ring, 4 requests in flight: {med['packed']:.2f} tok/s; drained one at a time: {med['alone']:.2f} tok/s "
-          f"-> ratio {med['packed'] / med['alone']:.2f} (target >= 1.4)")
-    print(f"   baseline, whole output head at the tail: one request {med['w_ring1']:.2f} tok/s "
-          f"(ratio {med['w_ring1'] / med['eng2']:.2f} vs the engine with 2 threads; sharing gains "
-          f"{med['ring1'] / med['w_ring1']:.2f}x); in flight {med['w_packed']:.2f}, drained {med['w_alone']:.2f} tok/s "
-          f"-> ratio {med['w_packed'] / med['w_alone']:.2f}; shared in flight vs whole in flight {med['packed'] / med['w_packed']:.2f}")
-    print(f"3. engine, 1 thread: {med['eng1']:.2f} tok/s decode; llama-cpp-python, 1 thread: {med['llama1']:.2f} tok/s "
-          f"-> ratio {med['eng1'] / med['llama1']:.2f} (target >= 0.33)")
+    print(
+        f"1. 2-stage ring (2 processes x 1 thread), one request: {med['ring1']:.2f} tok/s decode; "
+        f"engine 2 threads: {med['eng2']:.2f}, 1 thread: {med['eng1']:.2f} tok/s -> ratio {med['ring1'] / med['eng2']:.2f} "
+        f"vs 2 threads, {med['ring1'] / best:.2f} vs the better engine setting (target >= 0.85)"
+    )
+    print(
+        f"   the same ring with 2 threads per stage (2 cores in use at a time), one request: {med['ring2']:.2f} tok/s "
+        f"-> ratio {med['ring2'] / med['eng2']:.2f} vs the engine with 2 threads"
+    )
+    print(
+        f"2. same ring, 4 requests in flight: {med['packed']:.2f} tok/s; drained one at a time: {med['alone']:.2f} tok/s "
+        f"-> ratio {med['packed'] / med['alone']:.2f} (target >= 1.4)"
+    )
+    print(
+        f"   baseline, whole output head at the tail: one request {med['w_ring1']:.2f} tok/s "
+        f"(ratio {med['w_ring1'] / med['eng2']:.2f} vs the engine with 2 threads; sharing gains "
+        f"{med['ring1'] / med['w_ring1']:.2f}x); in flight {med['w_packed']:.2f}, drained {med['w_alone']:.2f} tok/s "
+        f"-> ratio {med['w_packed'] / med['w_alone']:.2f}; shared in flight vs whole in flight {med['packed'] / med['w_packed']:.2f}"
+    )
+    print(
+        f"3. engine, 1 thread: {med['eng1']:.2f} tok/s decode; llama-cpp-python, 1 thread: {med['llama1']:.2f} tok/s "
+        f"-> ratio {med['eng1'] / med['llama1']:.2f} (target >= 0.33)"
+    )
     print("4. shared output head, starved (one request at a time): " + "; ".join(starved))
     print("   shared output head, saturated (8 requests in flight, micro-batch 2): " + "; ".join(saturated))
     print("   whole output head at the tail, starved: " + "; ".join(w_starved))

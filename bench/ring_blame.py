@@ -20,6 +20,7 @@ coarser copy of the weights: Q4_K's own rounding is of the order of 0.05). Print
 
     .venv/bin/python bench/ring_blame.py [--requests 30] [--max-tokens 48] [--check-threads 2] [--noise 0.003,0.01,0.03]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,13 @@ from mahout.ring.local import ThreadRing, split_layers  # noqa: E402
 from mahout.ring.membership import Limits  # noqa: E402
 from scorer.llama import PromptTokenizer  # noqa: E402
 
-PROMPTS = ["Write a haiku about elephants.", "Explain what a pipeline of GPUs is.", "List three rivers in Africa.",
-           "Tell me a short story about a lighthouse keeper.", "What is the capital of Peru and why is it there?"]
+PROMPTS = [
+    "Write a haiku about elephants.",
+    "Explain what a pipeline of GPUs is.",
+    "List three rivers in Africa.",
+    "Tell me a short story about a lighthouse keeper.",
+    "What is the capital of Peru and why is it there?",
+]
 TEMPERATURES = [0.0, 0.7, 1.2]
 
 
@@ -52,9 +58,16 @@ def serve(ring: ThreadRing, tokenizer: PromptTokenizer, i: int, max_tokens: int)
     from testkit.formats import rendered
 
     temperature = TEMPERATURES[i % len(TEMPERATURES)]
-    payload = rendered({"id": f"b{i}", "model": "gemma-3-270m", "kind": "chat", "prompt": None,
-                        "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
-                        "params": {"max_tokens": max_tokens, "temperature": temperature, "top_p": 1.0, "stop": None, "seed": i}})
+    payload = rendered(
+        {
+            "id": f"b{i}",
+            "model": "gemma-3-270m",
+            "kind": "chat",
+            "prompt": None,
+            "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
+            "params": {"max_tokens": max_tokens, "temperature": temperature, "top_p": 1.0, "stop": None, "seed": i},
+        }
+    )
     prompt = tokenizer.tokens(payload)
     request_id = f"job-{i}-bench"
     torch.set_num_threads(1)
@@ -68,8 +81,15 @@ def check(ring: ThreadRing, request_id: str, sequence: list[int], prompt_len: in
     slices = [StageSlice(agent.index, agent.stage.start, agent.stage.end) for agent in ring.agents]
     torch.set_num_threads(threads)
     started = time.perf_counter()
-    verdict = blame(records, slices, sequence=sequence, prompt_len=prompt_len, shared_output=True, recompute=recompute,
-                    d_model=ring.agents[0].stage.config.d_model)
+    verdict = blame(
+        records,
+        slices,
+        sequence=sequence,
+        prompt_len=prompt_len,
+        shared_output=True,
+        recompute=recompute,
+        d_model=ring.agents[0].stage.config.d_model,
+    )
     elapsed = time.perf_counter() - started
     sizes = [len(record_bytes(record)) / len(sequence) for record in records if record is not None]
     return verdict, elapsed, sizes
@@ -81,9 +101,11 @@ def run(ring: ThreadRing, tokenizer: PromptTokenizer, recompute, args: argparse.
         request_id, sequence, prompt_len, generated_s = serve(ring, tokenizer, i, args.max_tokens)
         verdict, check_s, sizes = check(ring, request_id, sequence, prompt_len, recompute, args.check_threads)
         rows.append((verdict, generated_s, check_s, sizes, len(sequence) - prompt_len))
-        print(f"  {label} {i:3d}: {len(sequence) - prompt_len:3d} tokens in {generated_s:5.2f} s, check {check_s:5.2f} s, "
-              f"errors {[None if e is None else round(e, 5) for e in verdict.errors.values()]}, blamed {verdict.blamed}",
-              flush=True)
+        print(
+            f"  {label} {i:3d}: {len(sequence) - prompt_len:3d} tokens in {generated_s:5.2f} s, check {check_s:5.2f} s, "
+            f"errors {[None if e is None else round(e, 5) for e in verdict.errors.values()]}, blamed {verdict.blamed}",
+            flush=True,
+        )
     return rows
 
 
@@ -103,7 +125,9 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=30)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--check-threads", type=int, default=2)
-    parser.add_argument("--noise", default="0.003,0.01,0.03", help="relative noise levels for the coarse copies ('' for none)")
+    parser.add_argument(
+        "--noise", default="0.003,0.01,0.03", help="relative noise levels for the coarse copies ('' for none)"
+    )
     args = parser.parse_args()
     from llama_cpp import Llama
 
@@ -116,8 +140,10 @@ def main() -> int:
         honest = run(ring, tokenizer, recompute, args, "honest")
     stages = build_stages(path, ranges, n_rows=2, n_ctx=512, share_output=True)
     layers = stages[1].weights.layers
-    layers[0], layers[1] = (dataclasses.replace(layers[0], w_down=layers[1].w_down),
-                            dataclasses.replace(layers[1], w_down=layers[0].w_down))
+    layers[0], layers[1] = (
+        dataclasses.replace(layers[0], w_down=layers[1].w_down),
+        dataclasses.replace(layers[1], w_down=layers[0].w_down),
+    )
     with ThreadRing(path, ranges, limits=limits, slots=2, n_ctx=512, stages=stages) as ring:
         cheat = run(ring, tokenizer, recompute, args, "imitation")
     coarse = {}
@@ -126,25 +152,38 @@ def main() -> int:
         generator = torch.Generator().manual_seed(0)
         stages[1].weights.layers = [noisy(layer, level, generator) for layer in stages[1].weights.layers]
         with ThreadRing(path, ranges, limits=limits, slots=2, n_ctx=512, stages=stages) as ring:
-            coarse[level] = run(ring, tokenizer, recompute, argparse.Namespace(**{**vars(args), "requests": max(args.requests // 3, 1)}),
-                                f"noise {level}")
+            coarse[level] = run(
+                ring,
+                tokenizer,
+                recompute,
+                argparse.Namespace(**{**vars(args), "requests": max(args.requests // 3, 1)}),
+                f"noise {level}",
+            )
 
     print(f"\nhonest ring, {len(honest)} requests, tolerance {TOLERANCE}:")
     for index in range(3):
         worst = max(row[0].errors[index] for row in honest)
         print(f"  stage {index}: largest recomputation error {worst:.2e} (tolerance ÷ it: {TOLERANCE / worst:,.0f})")
     wrong = [row[0].blamed for row in honest if row[0].blamed != [0, 2]]
-    print(f"  a stage's layers blamed: {len(wrong)} of {len(honest)} (what is left, the pick, is blamed only on a miss)")
+    print(
+        f"  a stage's layers blamed: {len(wrong)} of {len(honest)} (what is left, the pick, is blamed only on a miss)"
+    )
     print(f"imitating middle stage, {len(cheat)} requests:")
-    print(f"  its smallest error {min(row[0].errors[1] for row in cheat):.3f}; "
-          f"the others' largest {max(max(row[0].errors[0], row[0].errors[2]) for row in cheat):.2e}")
+    print(
+        f"  its smallest error {min(row[0].errors[1] for row in cheat):.3f}; "
+        f"the others' largest {max(max(row[0].errors[0], row[0].errors[2]) for row in cheat):.2e}"
+    )
     print(f"  blamed exactly stage 1: {sum(row[0].blamed == [1] for row in cheat)} of {len(cheat)}")
     for level, rows in coarse.items():
-        print(f"middle stage's weights with noise {level}: its smallest error {min(row[0].errors[1] for row in rows):.4f}, "
-              f"blamed alone {sum(row[0].blamed == [1] for row in rows)} of {len(rows)}")
+        print(
+            f"middle stage's weights with noise {level}: its smallest error {min(row[0].errors[1] for row in rows):.4f}, "
+            f"blamed alone {sum(row[0].blamed == [1] for row in rows)} of {len(rows)}"
+        )
     ratios = [row[2] / row[1] for row in honest + cheat]
-    print(f"check ÷ generation (wall): median {statistics.median(ratios):.3f}, max {max(ratios):.3f} "
-          f"(first check includes loading the stages' weights)")
+    print(
+        f"check ÷ generation (wall): median {statistics.median(ratios):.3f}, max {max(ratios):.3f} "
+        f"(first check includes loading the stages' weights)"
+    )
     per_token = [size for row in honest for size in row[3]]
     print(f"evidence per token per stage (npz): median {statistics.median(per_token) / 1024:.1f} KiB")
     return 0

@@ -16,6 +16,7 @@ Prints, per way, the seconds from starting the stages to the first answer and th
 of the answers (the ring's decode speed), with the ratios to the direct baseline of the same
 run, as JSON. Every answer must equal the direct one token for token.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,11 +46,15 @@ def answers(url: str) -> bool:
 
 
 def setup_django(tmp: Path) -> None:
-    os.environ.update({
-        "DJANGO_SETTINGS_MODULE": "config.settings", "SQLITE_PATH": str(tmp / "ring.sqlite3"),
-        "ELEPHANT_VAR_DIR": str(tmp / "var"), "ALLOWED_HOSTS": f"127.0.0.1,localhost,{netsim.GATEWAY_IP}",
-        "RING_ALLOW_PRIVATE_STAGES": "1",  # the direct baseline's stages listen on loopback
-    })
+    os.environ.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+            "SQLITE_PATH": str(tmp / "ring.sqlite3"),
+            "ELEPHANT_VAR_DIR": str(tmp / "var"),
+            "ALLOWED_HOSTS": f"127.0.0.1,localhost,{netsim.GATEWAY_IP}",
+            "RING_ALLOW_PRIVATE_STAGES": "1",  # the direct baseline's stages listen on loopback
+        }
+    )
     os.environ.pop("DATABASE_URL", None)
     os.environ.pop("REDIS_URL", None)  # one gateway process: its in-memory channel layer carries the relay
     import django
@@ -61,9 +66,31 @@ def setup_django(tmp: Path) -> None:
 
 
 def stage_command(server: str, token: str, ring: int, index: int, way: str, home: Path) -> list[str]:
-    command = [sys.executable, "-m", "mahout", "stage", "--server", server, "--token", token, "--ring", str(ring),
-               "--stage", str(index), "--bind", "127.0.0.1:0", "--n-ctx", "256", "--wait", "300", "--once",
-               "--no-idle-detect", "--home", str(home), *(["--relay"] if way != "direct" else [])]
+    command = [
+        sys.executable,
+        "-m",
+        "mahout",
+        "stage",
+        "--server",
+        server,
+        "--token",
+        token,
+        "--ring",
+        str(ring),
+        "--stage",
+        str(index),
+        "--bind",
+        "127.0.0.1:0",
+        "--n-ctx",
+        "256",
+        "--wait",
+        "300",
+        "--once",
+        "--no-idle-detect",
+        "--home",
+        str(home),
+        *(["--relay"] if way != "direct" else []),
+    ]
     return ["ip", "netns", "exec", netsim.home_ns(index + 1), *command] if way == "nat" else command
 
 
@@ -79,19 +106,31 @@ def one_way(way: str, server: str, tmp: Path, args: argparse.Namespace) -> dict:
 
     assert CatalogModel.objects.filter(name="gemma-3-270m").exists()
     head, tail, bridge = (make_host(qualified=False, name=f"{way}-{name}") for name in ("a", "b", "bridge"))
-    plan = ring_plan_create(model_name="gemma-3-270m", stages=[StageSpec(0, 9, head.host), StageSpec(9, 18, tail.host)],
-                            row_width=64, micro_batch=4, bridge_host=bridge.host)
+    plan = ring_plan_create(
+        model_name="gemma-3-270m",
+        stages=[StageSpec(0, 9, head.host), StageSpec(9, 18, tail.host)],
+        row_width=64,
+        micro_batch=4,
+        bridge_host=bridge.host,
+    )
     started = time.monotonic()
     logs = [open(tmp / f"{way}-stage{i}.log", "w") for i in range(2)]
-    stages = [subprocess.Popen(stage_command(server, host.token, plan.pk, i, way, tmp / f"{way}-home{i}"), cwd=ROOT,
-                               env=dict(os.environ), stdout=logs[i], stderr=subprocess.STDOUT)
-              for i, host in enumerate((head, tail))]
+    stages = [
+        subprocess.Popen(
+            stage_command(server, host.token, plan.pk, i, way, tmp / f"{way}-home{i}"),
+            cwd=ROOT,
+            env=dict(os.environ),
+            stdout=logs[i],
+            stderr=subprocess.STDOUT,
+        )
+        for i, host in enumerate((head, tail))
+    ]
     api = RingApi(server, bridge.token)
     tokenizer = Tokenizer(default_model_path())
     try:
         ring = bridge_connect(api, plan.pk, 2, keys=api.bridge_keys(plan.pk), timeout=300, say=lambda _line: None)
         answers, decode_s, formed_s = [], 0.0, None
-        for prompt in PROMPTS[:args.prompts]:
+        for prompt in PROMPTS[: args.prompts]:
             begun = time.monotonic()
             answers.append(ring.submit(tokenizer.encode(prompt), args.tokens).result())
             decode_s += time.monotonic() - begun
@@ -103,8 +142,12 @@ def one_way(way: str, server: str, tmp: Path, args: argparse.Namespace) -> dict:
             stage.kill()
             stage.wait()
     tokens = sum(len(a) for a in answers)
-    return {"first_answer_after_s": formed_s, "tokens": tokens, "tokens_per_s": round(tokens / decode_s, 2),
-            "answers": answers}
+    return {
+        "first_answer_after_s": formed_s,
+        "tokens": tokens,
+        "tokens_per_s": round(tokens / decode_s, 2),
+        "answers": answers,
+    }
 
 
 def main() -> None:
@@ -132,7 +175,11 @@ def main() -> None:
         server = f"http://{netsim.GATEWAY_IP}:{args.port}"
         gateway = subprocess.Popen(
             [sys.executable, "-m", "daphne", "-b", netsim.GATEWAY_IP, "-p", str(args.port), "config.asgi:application"],
-            cwd=ROOT, env=dict(os.environ), stdout=open(tmp / "gateway.log", "w"), stderr=subprocess.STDOUT)
+            cwd=ROOT,
+            env=dict(os.environ),
+            stdout=open(tmp / "gateway.log", "w"),
+            stderr=subprocess.STDOUT,
+        )
         wait_until(lambda: answers(f"{server}/healthz"), timeout=60, what="the gateway", interval=0.2)
         report = {way: one_way(way, server, tmp, args) for way in ("direct", "relay", "nat")}
     finally:
@@ -145,8 +192,14 @@ def main() -> None:
         report[way]["tokens_per_s_over_direct"] = round(report[way]["tokens_per_s"] / base["tokens_per_s"], 2)
     for way in report.values():
         del way["answers"]
-    report["setup"] = {"homes_rtt_ms": sorted(home["rtt_ms"] for home in homes), "loss_pct": args.loss,
-                       "link": homes[0]["link"], "prompts": args.prompts, "tokens_each": args.tokens, "logs": str(tmp)}
+    report["setup"] = {
+        "homes_rtt_ms": sorted(home["rtt_ms"] for home in homes),
+        "loss_pct": args.loss,
+        "link": homes[0]["link"],
+        "prompts": args.prompts,
+        "tokens_each": args.tokens,
+        "logs": str(tmp),
+    }
     print(json.dumps(report, indent=2))
 
 

@@ -19,6 +19,7 @@
 
 Prints figures; asserts nothing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,7 +54,10 @@ def catalog_model(name: str):  # type: ignore[no-untyped-def]
     from catalog.models import CatalogModel
 
     return CatalogModel.objects.create(
-        name=f"{name}-{uuid.uuid4().hex[:6]}", context_length=100_000, input_price_ucents=10, output_price_ucents=40,
+        name=f"{name}-{uuid.uuid4().hex[:6]}",
+        context_length=100_000,
+        input_price_ucents=10,
+        output_price_ucents=40,
         tokenizer="bytes",
     )
 
@@ -67,11 +71,22 @@ def farm(models: list, hosts: int, *, warm_for=None, slots: int = 4) -> list:  #
     for i in range(hosts):
         serving = make_host(qualified=False, name=f"bench-{uuid.uuid4().hex[:6]}", trusted=True)
         for model in models:
-            qualification_register(host=serving.host, model_name=model.name, fingerprint=serving.fingerprint,
-                                   benchmark={"prompt_tps": 1, "gen_tps": 40, "ttft_ms": 1, "memory_mb": 1}, machine={})
+            qualification_register(
+                host=serving.host,
+                model_name=model.name,
+                fingerprint=serving.fingerprint,
+                benchmark={"prompt_tps": 1, "gen_tps": 40, "ttft_ms": 1, "memory_mb": 1},
+                machine={},
+            )
         loaded = [m.name for m in models] if warm_for is None else [warm_for(i).name]
-        host_heartbeat(host=serving.host, fingerprint=serving.fingerprint, paused=False, models_loaded=loaded, version="b",
-                       catalog={"installed": loaded, "qualified": loaded, "loaded": loaded, "slots": slots, "active_jobs": 0})
+        host_heartbeat(
+            host=serving.host,
+            fingerprint=serving.fingerprint,
+            paused=False,
+            models_loaded=loaded,
+            version="b",
+            catalog={"installed": loaded, "qualified": loaded, "loaded": loaded, "slots": slots, "active_jobs": 0},
+        )
         made.append(serving)
     return made
 
@@ -80,8 +95,14 @@ def submit(customer, model) -> None:  # type: ignore[no-untyped-def]
     from marketplace import services as market
 
     market.request_submit(
-        public_id=market.new_public_id("chat"), api_key=customer.key, model=model, kind="chat",
-        messages=[{"role": "user", "content": "hi"}], prompt=None, stream=True, prompt_tokens=4,
+        public_id=market.new_public_id("chat"),
+        api_key=customer.key,
+        model=model,
+        kind="chat",
+        messages=[{"role": "user", "content": "hi"}],
+        prompt=None,
+        stream=True,
+        prompt_tokens=4,
         params={"max_tokens": 8, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None},
     )
 
@@ -104,8 +125,9 @@ def claim_loop(hosts: list, model_ids: list[int], routed: bool, latencies: list[
             while True:
                 t0 = time.perf_counter()
                 if routed:
-                    payload = gateway_call(market.job_claim_payload, host=host, model_ids=model_ids, warm_ids=warm,
-                                           ring_ids=rings)
+                    payload = gateway_call(
+                        market.job_claim_payload, host=host, model_ids=model_ids, warm_ids=warm, ring_ids=rings
+                    )
                 else:
                     payload = gateway_call(plain_claim, host=host, model_ids=model_ids)
                 mine.append(time.perf_counter() - t0)
@@ -130,8 +152,10 @@ def plain_claim(*, host, model_ids: list[int]):  # type: ignore[no-untyped-def]
     from marketplace import services as market
     from marketplace.models import Job
 
-    selection = (f"status = %s AND model_id IN ({', '.join(['%s'] * len(model_ids))}) ORDER BY created_at, id",
-                 [Job.Status.QUEUED, *model_ids])
+    selection = (
+        f"status = %s AND model_id IN ({', '.join(['%s'] * len(model_ids))}) ORDER BY created_at, id",
+        [Job.Status.QUEUED, *model_ids],
+    )
     job = market.job_claim_selected(host=host, selection=selection, now=timezone.now())
     return None if job is None else market.job_payload(job)
 
@@ -175,8 +199,10 @@ def bench_claims(hosts_n: int, jobs_n: int, processes: int, routed: bool) -> Non
     connections.close_all()
     context = multiprocessing.get_context("fork")
     start_at = time.time() + 1.0
-    children = [context.Process(target=_claims_child, args=(hosts[i::processes], [model.pk], routed, start_at))
-                for i in range(processes)]
+    children = [
+        context.Process(target=_claims_child, args=(hosts[i::processes], [model.pk], routed, start_at))
+        for i in range(processes)
+    ]
     for c in children:
         c.start()
     for c in children:
@@ -186,11 +212,15 @@ def bench_claims(hosts_n: int, jobs_n: int, processes: int, routed: bool) -> Non
 
     claimed = Job.objects.filter(model=model, status=Job.Status.RUNNING).count()
     label = "routing on " if routed else "routing off"
-    print(f"claims, {hosts_n} waiting hosts, {processes} process(es), {label}: {claimed}/{jobs_n} in {elapsed:.2f} s "
-          f"= {claimed / elapsed:.0f} claims/s")
+    print(
+        f"claims, {hosts_n} waiting hosts, {processes} process(es), {label}: {claimed}/{jobs_n} in {elapsed:.2f} s "
+        f"= {claimed / elapsed:.0f} claims/s"
+    )
     if routed:
-        print(f"  admission incl. routing decision: p50 {pct(route_times, 0.5) * 1000:.1f} ms; routing decision alone "
-              f"({hosts_n} hosts): p50 {pct(decision, 0.5) * 1000:.2f} ms, p95 {pct(decision, 0.95) * 1000:.2f} ms")
+        print(
+            f"  admission incl. routing decision: p50 {pct(route_times, 0.5) * 1000:.1f} ms; routing decision alone "
+            f"({hosts_n} hosts): p50 {pct(decision, 0.5) * 1000:.2f} ms, p95 {pct(decision, 0.95) * 1000:.2f} ms"
+        )
 
 
 def bench_claim_latency(hosts_n: int) -> None:
@@ -215,13 +245,17 @@ def bench_claim_latency(hosts_n: int) -> None:
         side = "routed" if i % 2 == 0 else "plain"
         t0 = time.perf_counter()
         if side == "routed":
-            gateway_call(market.job_claim_payload, host=host, model_ids=[model.pk], warm_ids=warm, ring_ids=[])  # (bridging no ring: looked up once per long-poll)
+            gateway_call(
+                market.job_claim_payload, host=host, model_ids=[model.pk], warm_ids=warm, ring_ids=[]
+            )  # (bridging no ring: looked up once per long-poll)
         else:
             gateway_call(plain_claim, host=host, model_ids=[model.pk])
         sides[side].append(time.perf_counter() - t0)
     r, p = statistics.median(sides["routed"]), statistics.median(sides["plain"])
-    print(f"claim latency, alternating: with routing filter p50 {r * 1000:.2f} ms, plain p50 {p * 1000:.2f} ms; "
-          f"routing's share {max(0.0, r - p) / r:.0%}")
+    print(
+        f"claim latency, alternating: with routing filter p50 {r * 1000:.2f} ms, plain p50 {p * 1000:.2f} ms; "
+        f"routing's share {max(0.0, r - p) / r:.0%}"
+    )
 
 
 def bench_warm_share(hosts_n: int, models_n: int, jobs_n: int, hold_ms: float) -> None:
@@ -244,7 +278,9 @@ def bench_warm_share(hosts_n: int, models_n: int, jobs_n: int, hold_ms: float) -
         warm = host_selectors.warm_model_ids(host=host, model_ids=model_ids)
         try:
             while not done.is_set() or Job.objects.filter(model_id__in=model_ids, status=Job.Status.QUEUED).exists():
-                payload = gateway_call(market.job_claim_payload, host=host, model_ids=model_ids, warm_ids=warm, ring_ids=[])
+                payload = gateway_call(
+                    market.job_claim_payload, host=host, model_ids=model_ids, warm_ids=warm, ring_ids=[]
+                )
                 if payload is None:
                     time.sleep(0.01)
                     continue
@@ -266,12 +302,16 @@ def bench_warm_share(hosts_n: int, models_n: int, jobs_n: int, hold_ms: float) -
         t.join()
     connection.close()
     warm_of = {h.host.pk: models[i % models_n].pk for i, h in enumerate(hosts)}
-    jobs = list(Job.objects.filter(model_id__in=model_ids).values_list("host_id", "model_id", "claimed_at", "created_at"))
+    jobs = list(
+        Job.objects.filter(model_id__in=model_ids).values_list("host_id", "model_id", "claimed_at", "created_at")
+    )
     on_warm = sum(1 for host_id, model_id, _, _ in jobs if warm_of.get(host_id) == model_id)
     waits = [(c - q).total_seconds() for _, _, c, q in jobs if c]
-    print(f"warm share, {hosts_n} hosts ({models_n} models, each host warm for one), {len(jobs)} jobs, hold {hold_ms:.0f} ms: "
-          f"{on_warm / len(jobs):.1%} on a warm host; queue wait p50 {pct(waits, 0.5) * 1000:.0f} ms, "
-          f"p95 {pct(waits, 0.95) * 1000:.0f} ms")
+    print(
+        f"warm share, {hosts_n} hosts ({models_n} models, each host warm for one), {len(jobs)} jobs, hold {hold_ms:.0f} ms: "
+        f"{on_warm / len(jobs):.1%} on a warm host; queue wait p50 {pct(waits, 0.5) * 1000:.0f} ms, "
+        f"p95 {pct(waits, 0.95) * 1000:.0f} ms"
+    )
 
 
 def bench_mixed_speed(jobs_n: int) -> None:
@@ -293,9 +333,20 @@ def bench_mixed_speed(jobs_n: int) -> None:
     speeds = [80.0, 80.0, 20.0, 20.0, None, None]
     for serving, speed in zip(hosts, speeds, strict=True):
         if speed is None:  # cold: it would have to load the model
-            host_heartbeat(host=serving.host, fingerprint=serving.fingerprint, paused=False, models_loaded=[], version="b",
-                           catalog={"installed": [model.name], "qualified": [model.name], "loaded": [], "slots": 1,
-                                    "active_jobs": 0})
+            host_heartbeat(
+                host=serving.host,
+                fingerprint=serving.fingerprint,
+                paused=False,
+                models_loaded=[],
+                version="b",
+                catalog={
+                    "installed": [model.name],
+                    "qualified": [model.name],
+                    "loaded": [],
+                    "slots": 1,
+                    "active_jobs": 0,
+                },
+            )
         else:
             Host.objects.filter(pk=serving.host.pk).update(measured_tps=speed)
     customer = make_customer(credit_ucents=10**13)
@@ -307,7 +358,9 @@ def bench_mixed_speed(jobs_n: int) -> None:
         hold = 0.8 / (speed or 20.0)  # 0.8 s of work at 1 token/s: 10 ms fast, 40 ms slow (a cold host as slow)
         try:
             while not done.is_set() or Job.objects.filter(model=model, status=Job.Status.QUEUED).exists():
-                payload = gateway_call(market.job_claim_payload, host=host, model_ids=[model.pk], warm_ids=warm, ring_ids=[])
+                payload = gateway_call(
+                    market.job_claim_payload, host=host, model_ids=[model.pk], warm_ids=warm, ring_ids=[]
+                )
                 if payload is None:
                     time.sleep(0.005)
                     continue
@@ -328,13 +381,18 @@ def bench_mixed_speed(jobs_n: int) -> None:
     for t in threads:
         t.join()
     connection.close()
-    kind = {h.host.pk: ("fast" if s == 80.0 else "slow" if s == 20.0 else "cold") for h, s in zip(hosts, speeds, strict=True)}
+    kind = {
+        h.host.pk: ("fast" if s == 80.0 else "slow" if s == 20.0 else "cold")
+        for h, s in zip(hosts, speeds, strict=True)
+    }
     jobs = list(Job.objects.filter(model=model).values_list("host_id", "claimed_at", "created_at"))
     counts = {k: sum(1 for host_id, _, _ in jobs if kind.get(host_id) == k) for k in ("fast", "slow", "cold")}
     waits = [(c - q).total_seconds() for _, c, q in jobs if c]
-    print(f"mixed speeds, 2 fast + 2 slow warm hosts and 2 idle cold ones, {len(jobs)} jobs: "
-          f"{(counts['fast'] + counts['slow']) / len(jobs):.1%} on a warm host (fast {counts['fast']}, slow {counts['slow']}, "
-          f"cold {counts['cold']}); queue wait p50 {pct(waits, 0.5) * 1000:.0f} ms, p95 {pct(waits, 0.95) * 1000:.0f} ms")
+    print(
+        f"mixed speeds, 2 fast + 2 slow warm hosts and 2 idle cold ones, {len(jobs)} jobs: "
+        f"{(counts['fast'] + counts['slow']) / len(jobs):.1%} on a warm host (fast {counts['fast']}, slow {counts['slow']}, "
+        f"cold {counts['cold']}); queue wait p50 {pct(waits, 0.5) * 1000:.0f} ms, p95 {pct(waits, 0.95) * 1000:.0f} ms"
+    )
 
 
 def main() -> None:

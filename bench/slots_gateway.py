@@ -16,6 +16,7 @@ with `--slots 1` (one job at a time, as before), then with `--slots S`. Against 
 
 Uses a fresh SQLite file unless DATABASE_URL is set (pair it with REDIS_URL).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,8 +49,14 @@ def stream(client, text: str, max_tokens: int) -> dict:  # type: ignore[no-untyp
 
     sent, arrivals, tokens = time.perf_counter(), [], 0
     try:
-        for chunk in client.completions.create(model="gemma-3-270m", prompt=text, max_tokens=max_tokens, temperature=0,
-                                               stream=True, stream_options={"include_usage": True}):
+        for chunk in client.completions.create(
+            model="gemma-3-270m",
+            prompt=text,
+            max_tokens=max_tokens,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        ):
             if chunk.choices and chunk.choices[0].text:
                 arrivals.append(time.perf_counter())
             if chunk.usage:
@@ -79,9 +86,13 @@ def burst(client, customers: int, round_: int) -> dict:  # type: ignore[no-untyp
     ended = max((r["arrivals"][-1] for r in results if r["arrivals"]), default=time.perf_counter())
     began = min(r["sent"] for r in results)
     tokens = sum(r["tokens"] for r in results)
-    return {"tokens": tokens, "seconds": ended - began, "tps": tokens / (ended - began),
-            "timeouts": sum(1 for r in results if r["status"] == 504),
-            "errors": sum(1 for r in results if r["status"] not in (200, 504))}
+    return {
+        "tokens": tokens,
+        "seconds": ended - began,
+        "tps": tokens / (ended - began),
+        "timeouts": sum(1 for r in results if r["status"] == 504),
+        "errors": sum(1 for r in results if r["status"] not in (200, 504)),
+    }
 
 
 def ttft(result: dict) -> float:
@@ -98,8 +109,11 @@ def busy_ttft(client, rounds: int) -> dict:  # type: ignore[no-untyped-def]
         time.sleep(2.0)  # the three are streaming
         busy.append(ttft(stream(client, prompt(990 + i), 8)))
         runners.join()
-    return {"idle_ttft_ms_p50": statistics.median(idle) * 1000, "busy_ttft_ms_p50": statistics.median(busy) * 1000,
-            "ratio": statistics.median(busy) / statistics.median(idle)}
+    return {
+        "idle_ttft_ms_p50": statistics.median(idle) * 1000,
+        "busy_ttft_ms_p50": statistics.median(busy) * 1000,
+        "ratio": statistics.median(busy) / statistics.median(idle),
+    }
 
 
 def gaps(result: dict, since: float, until: float) -> list[float]:
@@ -110,8 +124,11 @@ def gaps(result: dict, since: float, until: float) -> list[float]:
 def prefill_beside(client) -> dict:  # type: ignore[no-untyped-def]
     long_text = " ".join(f"word{i % 97}" for i in range(LONG_PROMPT_WORDS)) + ". In short,"
     quiet = together(client, [prompt(700), prompt(701)], 160)
-    quiet_gaps = [g for r in quiet for g in gaps(r, r["arrivals"][2], r["arrivals"][-1])] if all(
-        len(r["arrivals"]) > 3 for r in quiet) else []
+    quiet_gaps = (
+        [g for r in quiet for g in gaps(r, r["arrivals"][2], r["arrivals"][-1])]
+        if all(len(r["arrivals"]) > 3 for r in quiet)
+        else []
+    )
     holder: list[dict] = []
     runners = threading.Thread(target=lambda: holder.extend(together(client, [prompt(702), prompt(703)], 300)))
     runners.start()
@@ -119,20 +136,42 @@ def prefill_beside(client) -> dict:  # type: ignore[no-untyped-def]
     started = time.perf_counter()
     long = stream(client, long_text, 4)
     runners.join()
-    during = [g for r in holder for g in gaps(r, started, long["arrivals"][0] if long["arrivals"] else time.perf_counter())]
+    during = [
+        g for r in holder for g in gaps(r, started, long["arrivals"][0] if long["arrivals"] else time.perf_counter())
+    ]
     if long["status"] != 200 or not long["arrivals"]:
         raise SystemExit(f"the long prompt was refused ({long['status']}): no prefill measured")
-    return {"quiet_p99_ms": pct(quiet_gaps, 0.99) * 1000 if quiet_gaps else None,
-            "beside_prefill_p99_ms": pct(during, 0.99) * 1000 if during else None,
-            "prefill_ttft_ms": ttft(long) * 1000 if long["arrivals"] else None,
-            "ratio": (pct(during, 0.99) / pct(quiet_gaps, 0.99)) if during and quiet_gaps else None}
+    return {
+        "quiet_p99_ms": pct(quiet_gaps, 0.99) * 1000 if quiet_gaps else None,
+        "beside_prefill_p99_ms": pct(during, 0.99) * 1000 if during else None,
+        "prefill_ttft_ms": ttft(long) * 1000 if long["arrivals"] else None,
+        "ratio": (pct(during, 0.99) / pct(quiet_gaps, 0.99)) if during and quiet_gaps else None,
+    }
 
 
 def phase(args, server: str, secret: str, token: str, tmp: Path, slots: int) -> dict:  # type: ignore[no-untyped-def]
     import openai
 
-    host = start([sys.executable, "-m", "mahout", "run", "--server", server, "--token", token, "--home", str(tmp / "mahout"),
-                  "--threads", str(args.threads), "--slots", str(slots), "--no-idle-detect"], tmp / f"mahout-{slots}.log")
+    host = start(
+        [
+            sys.executable,
+            "-m",
+            "mahout",
+            "run",
+            "--server",
+            server,
+            "--token",
+            token,
+            "--home",
+            str(tmp / "mahout"),
+            "--threads",
+            str(args.threads),
+            "--slots",
+            str(slots),
+            "--no-idle-detect",
+        ],
+        tmp / f"mahout-{slots}.log",
+    )
     client = openai.OpenAI(base_url=f"{server}/v1", api_key=secret, max_retries=0, timeout=120)
     try:
         for _ in range(600):  # until mahout has benchmarked and claims
@@ -171,30 +210,53 @@ def main() -> None:
     catalog_seed(CatalogModel)
     os.environ["QUEUE_TIMEOUT_SECONDS"] = "30"
     server = f"http://127.0.0.1:{args.port}"
-    gateway = start([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(args.port), "config.asgi:application"],
-                    tmp / "gateway.log")
+    gateway = start(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(args.port), "config.asgi:application"],
+        tmp / "gateway.log",
+    )
     try:
         wait_http(f"{server}/v1/models")
         customer = make_customer(credit_ucents=10**11)
-        one = phase(args, server, customer.secret, make_host(qualified=False, name=f"bench-one-{time.time_ns()}").token, tmp, 1)
-        many = phase(args, server, customer.secret, make_host(qualified=False, name=f"bench-many-{time.time_ns()}").token, tmp,
-                     args.slots)
+        one = phase(
+            args, server, customer.secret, make_host(qualified=False, name=f"bench-one-{time.time_ns()}").token, tmp, 1
+        )
+        many = phase(
+            args,
+            server,
+            customer.secret,
+            make_host(qualified=False, name=f"bench-many-{time.time_ns()}").token,
+            tmp,
+            args.slots,
+        )
     finally:
         stop(gateway)
     from django.db import connection
 
-    report = {"database": connection.vendor, "threads": args.threads, "customers": args.customers, "load": os.getloadavg(),
-              "one_slot": one, "slots": many, "ratio": many["tps"] / one["tps"]}
+    report = {
+        "database": connection.vendor,
+        "threads": args.threads,
+        "customers": args.customers,
+        "load": os.getloadavg(),
+        "one_slot": one,
+        "slots": many,
+        "ratio": many["tps"] / one["tps"],
+    }
     print(json.dumps(report, indent=2, default=str))
-    print(f"\n{args.customers} customers x {TOKENS} tokens at once: --slots {args.slots} {many['tps']:.1f} tok/s vs --slots 1 "
-          f"{one['tps']:.1f} tok/s: ratio {report['ratio']:.2f} (floor 1.8, goal 2.4); 504s {many['timeouts']} "
-          f"(with one slot: {one['timeouts']})")
+    print(
+        f"\n{args.customers} customers x {TOKENS} tokens at once: --slots {args.slots} {many['tps']:.1f} tok/s vs --slots 1 "
+        f"{one['tps']:.1f} tok/s: ratio {report['ratio']:.2f} (floor 1.8, goal 2.4); 504s {many['timeouts']} "
+        f"(with one slot: {one['timeouts']})"
+    )
     t, p = many["ttft"], many["prefill"]
-    print(f"TTFT while 3 streams run {t['busy_ttft_ms_p50']:.0f} ms vs idle {t['idle_ttft_ms_p50']:.0f} ms: ratio {t['ratio']:.2f} "
-          f"(floor 2, goal 1.3)")
+    print(
+        f"TTFT while 3 streams run {t['busy_ttft_ms_p50']:.0f} ms vs idle {t['idle_ttft_ms_p50']:.0f} ms: ratio {t['ratio']:.2f} "
+        f"(floor 2, goal 1.3)"
+    )
     if p["ratio"] is not None:
-        print(f"inter-token p99 beside a ~2,000-token prefill {p['beside_prefill_p99_ms']:.0f} ms vs quiet "
-              f"{p['quiet_p99_ms']:.0f} ms: ratio {p['ratio']:.2f} (floor 3, goal 1.5)")
+        print(
+            f"inter-token p99 beside a ~2,000-token prefill {p['beside_prefill_p99_ms']:.0f} ms vs quiet "
+            f"{p['quiet_p99_ms']:.0f} ms: ratio {p['ratio']:.2f} (floor 3, goal 1.5)"
+        )
 
 
 if __name__ == "__main__":

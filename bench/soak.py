@@ -17,6 +17,7 @@ every request to settle, and checks the books:
 
 It prints one summary line per check and exits 1 if any fails.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -83,17 +84,24 @@ def watchdog_pid(root_pid: int) -> int | None:
     return mains[0] if mains else None
 
 
-def chat_customer(client: openai.OpenAI, model: str, tally: Tally, stop: threading.Event, seed: int, pause: float) -> None:
+def chat_customer(
+    client: openai.OpenAI, model: str, tally: Tally, stop: threading.Event, seed: int, pause: float
+) -> None:
     rng = random.Random(seed)
     while not stop.is_set():
         with tally.lock:
             tally.sent += 1
         try:
             stream = client.chat.completions.create(
-                model=model, stream=True, stream_options={"include_usage": True},
-                temperature=rng.choice([0.0, 0.7, 1.0]), max_tokens=rng.choice([16, 32, 48]),
-                messages=[{"role": "system", "content": "You write one short paragraph."},
-                          {"role": "user", "content": f"Tell me about {rng.choice(TOPICS)}."}],
+                model=model,
+                stream=True,
+                stream_options={"include_usage": True},
+                temperature=rng.choice([0.0, 0.7, 1.0]),
+                max_tokens=rng.choice([16, 32, 48]),
+                messages=[
+                    {"role": "system", "content": "You write one short paragraph."},
+                    {"role": "user", "content": f"Tell me about {rng.choice(TOPICS)}."},
+                ],
             )
             chat_id, tokens = None, None
             for chunk in stream:
@@ -146,7 +154,9 @@ def usage_rows(base: str, key: str) -> list[dict]:
     rows, after = [], None
     while True:
         params = {"limit": "500", **({"after": after} if after else {})}
-        page = httpx.get(f"{base}/v1/usage", params=params, headers={"Authorization": f"Bearer {key}"}, timeout=30).json()
+        page = httpx.get(
+            f"{base}/v1/usage", params=params, headers={"Authorization": f"Bearer {key}"}, timeout=30
+        ).json()
         rows += page["data"]
         if not page["has_more"]:
             return rows
@@ -154,7 +164,9 @@ def usage_rows(base: str, key: str) -> list[dict]:
 
 
 def balance(base: str, key: str) -> int:
-    return httpx.get(f"{base}/v1/credits", headers={"Authorization": f"Bearer {key}"}, timeout=30).json()["balance_ucents"]
+    return httpx.get(f"{base}/v1/credits", headers={"Authorization": f"Bearer {key}"}, timeout=30).json()[
+        "balance_ucents"
+    ]
 
 
 def main() -> int:
@@ -164,25 +176,42 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=60.0)
     parser.add_argument("--customers", type=int, default=3)
     parser.add_argument("--pause", type=float, default=1.0, help="each chat customer's mean pause between requests, s")
-    parser.add_argument("--kills", type=float, nargs="*", default=[0.3, 0.6], help="when to kill the watchdogs (fractions)")
+    parser.add_argument(
+        "--kills", type=float, nargs="*", default=[0.3, 0.6], help="when to kill the watchdogs (fractions)"
+    )
     args = parser.parse_args()
     repo, base = args.repo.resolve(), f"http://127.0.0.1:{args.port}"
     python = repo / ".venv" / "bin" / "python"
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}  # the embedded default
     log = open(repo / "var-soak.log", "w")  # noqa: SIM115 (open for the whole run)
     print(f"soak: make run in {repo} on {base} for {args.minutes:g} min; its output in {log.name}", flush=True)
-    server = subprocess.Popen(["make", "run", f"PORT={args.port}"], cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT,
-                              start_new_session=True)
+    server = subprocess.Popen(
+        ["make", "run", f"PORT={args.port}"],
+        cwd=repo,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     tally, stop, kills = Tally(), threading.Event(), []
     failures: list[str] = []
     try:
         wait_up(base, 1800)  # the first `make run` of a clone installs (minutes)
-        made = subprocess.run([python, "manage.py", "create_customer", f"soak-{uuid.uuid4().hex[:6]}@example.com",
-                               "--credit", "500"], cwd=repo, env=env, capture_output=True, text=True, check=True)
+        made = subprocess.run(
+            [python, "manage.py", "create_customer", f"soak-{uuid.uuid4().hex[:6]}@example.com", "--credit", "500"],
+            cwd=repo,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         key = made.stdout.strip().splitlines()[-1]
         client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, timeout=180)
         deadline = time.monotonic() + 900  # the demo's hosts benchmark before /v1/models lists their models
-        while not ({"gemma", "minilm"} <= {part for m in client.models.list().data for part in ("gemma", "minilm") if part in m.id}):
+        while not (
+            {"gemma", "minilm"}
+            <= {part for m in client.models.list().data for part in ("gemma", "minilm") if part in m.id}
+        ):
             if time.monotonic() > deadline:
                 raise SystemExit("the demo's hosts did not come online within 15 minutes")
             time.sleep(5)
@@ -190,10 +219,13 @@ def main() -> int:
         chat_model = next(name for name in models if "gemma" in name)
         embed_model = next(name for name in models if "minilm" in name)
         start_balance = balance(base, key)
-        threads = [threading.Thread(target=chat_customer, args=(client, chat_model, tally, stop, n, args.pause),
-                                daemon=True)
-                   for n in range(args.customers)]
-        threads.append(threading.Thread(target=embeddings_customer, args=(client, embed_model, tally, stop), daemon=True))
+        threads = [
+            threading.Thread(target=chat_customer, args=(client, chat_model, tally, stop, n, args.pause), daemon=True)
+            for n in range(args.customers)
+        ]
+        threads.append(
+            threading.Thread(target=embeddings_customer, args=(client, embed_model, tally, stop), daemon=True)
+        )
         for thread in threads:
             thread.start()
         started, seconds = time.monotonic(), args.minutes * 60
@@ -228,23 +260,43 @@ def main() -> int:
         by_id = {row["id"]: row for row in rows}
         unfinished = [row["id"] for row in rows if row["status"] in ("queued", "running")]
         missing = [chat_id for chat_id in tally.answered if chat_id not in by_id]
-        misbilled = [chat_id for chat_id, tokens in tally.answered.items()
-                     if chat_id in by_id and (by_id[chat_id]["status"] != "completed" or by_id[chat_id]["completion_tokens"] != tokens)]
+        misbilled = [
+            chat_id
+            for chat_id, tokens in tally.answered.items()
+            if chat_id in by_id
+            and (by_id[chat_id]["status"] != "completed" or by_id[chat_id]["completion_tokens"] != tokens)
+        ]
         spent = start_balance - balance(base, key)
         charged = sum(row["cost_ucents"] for row in rows)
-        refused_before_admission = sum(n for outcome, n in tally.outcomes.items() if outcome.split()[1:2] in (["400"], ["401"], ["429"]))
+        refused_before_admission = sum(
+            n for outcome, n in tally.outcomes.items() if outcome.split()[1:2] in (["400"], ["401"], ["429"])
+        )
         checks = [
-            ("make run stayed up", server.poll() is None, f"{len(kills)} watchdog kill(s), restarted as pid {restarted}"),
-            ("every request is a finished row", not unfinished and len(rows) >= tally.sent - refused_before_admission,
-             f"{len(rows)} rows for {tally.sent} requests ({refused_before_admission} refused before admission); "
-             f"{len(unfinished)} unfinished"),
-            ("every answer billed as streamed", not missing and not misbilled,
-             f"{len(tally.answered)} answers; {len(missing)} without a row, {len(misbilled)} billed otherwise"),
+            (
+                "make run stayed up",
+                server.poll() is None,
+                f"{len(kills)} watchdog kill(s), restarted as pid {restarted}",
+            ),
+            (
+                "every request is a finished row",
+                not unfinished and len(rows) >= tally.sent - refused_before_admission,
+                f"{len(rows)} rows for {tally.sent} requests ({refused_before_admission} refused before admission); "
+                f"{len(unfinished)} unfinished",
+            ),
+            (
+                "every answer billed as streamed",
+                not missing and not misbilled,
+                f"{len(tally.answered)} answers; {len(missing)} without a row, {len(misbilled)} billed otherwise",
+            ),
             ("balance fell by the rows' cost", spent == charged, f"spent {spent} µ¢, rows charged {charged} µ¢"),
             ("no failure outside the API's format", not tally.unexplained, "; ".join(tally.unexplained[:5])),
         ]
-        reconcile = subprocess.run([python, "manage.py", "reconcile"], cwd=repo, env=env, capture_output=True, text=True)
-        checks.append(("reconcile clean", reconcile.returncode == 0, (reconcile.stdout + reconcile.stderr).strip()[-300:]))
+        reconcile = subprocess.run(
+            [python, "manage.py", "reconcile"], cwd=repo, env=env, capture_output=True, text=True
+        )
+        checks.append(
+            ("reconcile clean", reconcile.returncode == 0, (reconcile.stdout + reconcile.stderr).strip()[-300:])
+        )
         print(f"soak: {args.minutes:g} min, {tally.sent} requests: {dict(tally.outcomes)}")
         for name, ok, detail in checks:
             print(f"  {'ok  ' if ok else 'FAIL'} {name}: {detail}")

@@ -8,6 +8,7 @@ a `json_schema` (a person: name, age, hobbies), and free again reporting log-pro
 (top 5), greedily (or sampled). Speed is completion tokens ÷
 wall time of the whole generation (the prompt is short, so this is decode speed).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,13 +22,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
-                                           "hobbies": {"type": "array", "items": {"type": "string"}}},
-          "required": ["name", "age", "hobbies"]}
-FORMATS = {"free": None, "json_object": {"type": "json_object"},
-           "json_schema": {"type": "json_schema", "name": "person", "schema": SCHEMA},
-           "free_logprobs": None}  # free decoding reporting log-probabilities (top 5): what recording them costs
-PROMPTS = ["Describe a person as JSON.", "Give me a made-up customer record in JSON.", "Who is your favourite author? Answer in JSON."]
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "hobbies": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["name", "age", "hobbies"],
+}
+FORMATS = {
+    "free": None,
+    "json_object": {"type": "json_object"},
+    "json_schema": {"type": "json_schema", "name": "person", "schema": SCHEMA},
+    "free_logprobs": None,
+}  # free decoding reporting log-probabilities (top 5): what recording them costs
+PROMPTS = [
+    "Describe a person as JSON.",
+    "Give me a made-up customer record in JSON.",
+    "Who is your favourite author? Answer in JSON.",
+]
 
 
 def main() -> None:
@@ -36,7 +50,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy; above: sampled (seed 7)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="below 1: the nucleus cut, which asks the grammar about every token")
+    parser.add_argument(
+        "--top-p", type=float, default=1.0, help="below 1: the nucleus cut, which asks the grammar about every token"
+    )
     args = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     import django
@@ -52,10 +68,21 @@ def main() -> None:
     for _ in range(args.rounds):
         for prompt in PROMPTS:
             for name, response_format in FORMATS.items():
-                job = rendered({"model": "gemma-3-270m", "kind": "chat", "messages": [{"role": "user", "content": prompt}],
-                                "params": {"max_tokens": args.max_tokens, "temperature": args.temperature,
-                                           "top_p": args.top_p, "seed": 7, "response_format": response_format,
-                                           "logprobs": 5 if name == "free_logprobs" else None}})
+                job = rendered(
+                    {
+                        "model": "gemma-3-270m",
+                        "kind": "chat",
+                        "messages": [{"role": "user", "content": prompt}],
+                        "params": {
+                            "max_tokens": args.max_tokens,
+                            "temperature": args.temperature,
+                            "top_p": args.top_p,
+                            "seed": 7,
+                            "response_format": response_format,
+                            "logprobs": 5 if name == "free_logprobs" else None,
+                        },
+                    }
+                )
                 began = time.perf_counter()
                 text = "".join(runner.stream(job))
                 elapsed = time.perf_counter() - began
@@ -65,10 +92,27 @@ def main() -> None:
                 tokens[name] += runner.completion_tokens
     runner.close()
     free = statistics.median(speeds["free"])
-    result = {name: {"median_tokens_per_s": round(statistics.median(values), 1), "tokens": tokens[name],
-                     "ratio_to_free": round(statistics.median(values) / free, 3)} for name, values in speeds.items()}
-    print(json.dumps({"rounds": args.rounds, "max_tokens": args.max_tokens, "threads": args.threads,
-                      "temperature": args.temperature, "top_p": args.top_p, "results": result}, indent=2))
+    result = {
+        name: {
+            "median_tokens_per_s": round(statistics.median(values), 1),
+            "tokens": tokens[name],
+            "ratio_to_free": round(statistics.median(values) / free, 3),
+        }
+        for name, values in speeds.items()
+    }
+    print(
+        json.dumps(
+            {
+                "rounds": args.rounds,
+                "max_tokens": args.max_tokens,
+                "threads": args.threads,
+                "temperature": args.temperature,
+                "top_p": args.top_p,
+                "results": result,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -58,6 +58,7 @@ one of them fails, so per host the detection rate is 1 − (1 − p)^k for a per
 
     .venv/bin/python bench/trust.py --canaries [--max-tokens 24] [--count 32]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -81,12 +82,24 @@ sys.path.insert(0, str(ROOT))
 WORDS = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor".split()
 
 # Part 1: prompts a chat customer and a completion customer send (Gemma's template takes no system turn).
-CHATS = ["Write a haiku about elephants.", "Explain photosynthesis to a child.", "What is the capital of France?",
-         "Tell me a joke about cats.", "List three uses of copper.", "How do I boil an egg?",
-         "🐘🎉 象は大きい。大象很大。코끼리는 크다.", "Summarise the plot of Hamlet in two sentences."]
-COMPLETIONS = ["The elephant is the largest land animal. It", "Once upon a time, in a village by the sea,",
-               "def fibonacci(n):\n", "The history of Rome begins", "Dear Sir or Madam,\n\nI am writing to",
-               "1. Preheat the oven to 180 °C.\n2."]
+CHATS = [
+    "Write a haiku about elephants.",
+    "Explain photosynthesis to a child.",
+    "What is the capital of France?",
+    "Tell me a joke about cats.",
+    "List three uses of copper.",
+    "How do I boil an egg?",
+    "🐘🎉 象は大きい。大象很大。코끼리는 크다.",
+    "Summarise the plot of Hamlet in two sentences.",
+]
+COMPLETIONS = [
+    "The elephant is the largest land animal. It",
+    "Once upon a time, in a village by the sea,",
+    "def fibonacci(n):\n",
+    "The history of Rome begins",
+    "Dear Sir or Madam,\n\nI am writing to",
+    "1. Preheat the oven to 180 °C.\n2.",
+]
 SETTINGS = [(temperature, top_p) for temperature in (0.0, 0.7, 1.2, 1.5) for top_p in (1.0, 0.9)]
 CHEATS = ("junk", "temperature ignored", "wrong seed", "truncated")
 
@@ -96,11 +109,20 @@ def job_for(index: int, *, max_tokens: int, temperature: float, top_p: float) ->
     from testkit.formats import rendered
 
     chat = index % 2 == 0
-    body = {"id": f"job-{index}", "model": "gemma-3-270m", "kind": "chat" if chat else "completion",
-            "messages": [{"role": "user", "content": CHATS[index // 2 % len(CHATS)]}] if chat else None,
-            "prompt": None if chat else COMPLETIONS[index // 2 % len(COMPLETIONS)],
-            "params": {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "stop": None,
-                       "seed": 10_000 + index}}
+    body = {
+        "id": f"job-{index}",
+        "model": "gemma-3-270m",
+        "kind": "chat" if chat else "completion",
+        "messages": [{"role": "user", "content": CHATS[index // 2 % len(CHATS)]}] if chat else None,
+        "prompt": None if chat else COMPLETIONS[index // 2 % len(COMPLETIONS)],
+        "params": {
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "top_p": top_p,
+            "stop": None,
+            "seed": 10_000 + index,
+        },
+    }
     return rendered(body)
 
 
@@ -108,8 +130,13 @@ def answer_of(runner, job: dict) -> dict:  # type: ignore[no-untyped-def]
     """What an honest host reports for `job`, and how long it took."""
     began = time.perf_counter()
     text = "".join(runner.stream(job))
-    return {"token_ids": list(runner.token_ids), "text": text, "finish_reason": runner.finish_reason,
-            "seed": runner.seed, "seconds": time.perf_counter() - began}
+    return {
+        "token_ids": list(runner.token_ids),
+        "text": text,
+        "finish_reason": runner.finish_reason,
+        "seed": runner.seed,
+        "seconds": time.perf_counter() - began,
+    }
 
 
 def speed_phase(runner, *, prompts: int, max_tokens: int) -> dict:  # type: ignore[no-untyped-def]
@@ -124,23 +151,32 @@ def speed_phase(runner, *, prompts: int, max_tokens: int) -> dict:  # type: igno
     llm, timed = runner._llm, {"specified": [0.0, 0], "llama.cpp": [0.0, 0]}
     for index in range(prompts):
         prompt = runner.prompt_tokens(job_for(2 * index + 1, max_tokens=max_tokens, temperature=0.8, top_p=1.0))
-        for name in (("specified", "llama.cpp") if index % 2 else ("llama.cpp", "specified")):
+        for name in ("specified", "llama.cpp") if index % 2 else ("llama.cpp", "specified"):
             llm.reset()
             began = time.perf_counter()
             if name == "specified":
                 sampler = SpecifiedSampler(seed=index, temperature=0.8, top_p=1.0)
-                chunks = llm.create_completion(prompt=prompt, stream=True, max_tokens=max_tokens, temperature=0.0,
-                                               logits_processor=LogitsProcessorList([sampler]))
+                chunks = llm.create_completion(
+                    prompt=prompt,
+                    stream=True,
+                    max_tokens=max_tokens,
+                    temperature=0.0,
+                    logits_processor=LogitsProcessorList([sampler]),
+                )
             else:
-                chunks = llm.create_completion(prompt=prompt, stream=True, max_tokens=max_tokens, temperature=0.8,
-                                               top_p=1.0, seed=index)
+                chunks = llm.create_completion(
+                    prompt=prompt, stream=True, max_tokens=max_tokens, temperature=0.8, top_p=1.0, seed=index
+                )
             for _ in chunks:
                 pass
             timed[name][0] += time.perf_counter() - began
             timed[name][1] += llm.n_tokens - len(prompt) + 1  # the last token sampled is never evaluated
     ms = {name: 1000 * seconds / tokens for name, (seconds, tokens) in timed.items()}
-    return {"ms_per_token": ms, "tokens": {name: tokens for name, (_, tokens) in timed.items()},
-            "ratio": ms["llama.cpp"] / ms["specified"]}
+    return {
+        "ms_per_token": ms,
+        "tokens": {name: tokens for name, (_, tokens) in timed.items()},
+        "ratio": ms["llama.cpp"] / ms["specified"],
+    }
 
 
 class NeededGap:
@@ -171,7 +207,11 @@ class NeededGap:
                 return check
             for _ in range(10):
                 middle = (low + high) / 2
-                low, high = (middle, high) if self.original(logits, token, **{**kwargs, "tie_gap": middle}).verdict == MISS else (low, middle)
+                low, high = (
+                    (middle, high)
+                    if self.original(logits, token, **{**kwargs, "tie_gap": middle}).verdict == MISS
+                    else (low, middle)
+                )
             self.needed.append(high)
         return check
 
@@ -181,12 +221,22 @@ def cheat_answers(runner, job: dict, honest: dict, rng: random.Random) -> dict[s
     params, llm = job["params"], runner._llm
     words = " ".join(rng.choice(WORDS) for _ in range(params["max_tokens"]))
     junk = llm.tokenize(words.encode(), add_bos=False)[: params["max_tokens"]]
-    cheats = {"junk": {"token_ids": junk, "text": llm.detokenize(junk).decode("utf-8", errors="ignore"),
-                       "finish_reason": "length", "seed": params["seed"]}}
+    cheats = {
+        "junk": {
+            "token_ids": junk,
+            "text": llm.detokenize(junk).decode("utf-8", errors="ignore"),
+            "finish_reason": "length",
+            "seed": params["seed"],
+        }
+    }
     if len(honest["token_ids"]) >= 4:
         half = honest["token_ids"][: len(honest["token_ids"]) // 2]
-        cheats["truncated"] = {"token_ids": half, "text": llm.detokenize(half).decode("utf-8", errors="ignore"),
-                               "finish_reason": "stop", "seed": params["seed"]}
+        cheats["truncated"] = {
+            "token_ids": half,
+            "text": llm.detokenize(half).decode("utf-8", errors="ignore"),
+            "finish_reason": "stop",
+            "seed": params["seed"],
+        }
     if params["temperature"] > 0:
         greedy = answer_of(runner, {**job, "params": {**params, "temperature": 0.0}})
         cheats["temperature ignored"] = {**greedy, "seed": params["seed"]}
@@ -197,8 +247,14 @@ def cheat_answers(runner, job: dict, honest: dict, rng: random.Random) -> dict[s
 
 def audited(verifier, job: dict, answer: dict, sample: int | None = None) -> tuple[Audit, float]:  # type: ignore[no-untyped-def]
     began = time.perf_counter()
-    audit = verifier.audit(job, token_ids=answer["token_ids"], text=answer["text"], finish_reason=answer["finish_reason"],
-                           seed=answer["seed"], sample=sample)
+    audit = verifier.audit(
+        job,
+        token_ids=answer["token_ids"],
+        text=answer["text"],
+        finish_reason=answer["finish_reason"],
+        seed=answer["seed"],
+        sample=sample,
+    )
     return audit, time.perf_counter() - began
 
 
@@ -223,11 +279,16 @@ def sampler_main(args: argparse.Namespace) -> None:
     speed = speed_phase(runner, prompts=args.speed_prompts, max_tokens=64)
     print(f"speed done ({time.monotonic() - started:.0f} s)", flush=True)
     rng = random.Random(29)
-    honest: dict[int, dict[str, Any]] = {threads: {"audits": 0, "failed": 0, "tokens": 0, "misses": 0, "uncertain": 0, "reasons": []} for threads in (1, 2)}
+    honest: dict[int, dict[str, Any]] = {
+        threads: {"audits": 0, "failed": 0, "tokens": 0, "misses": 0, "uncertain": 0, "reasons": []}
+        for threads in (1, 2)
+    }
     by_setting: dict[str, dict[str, int]] = {}
     cost = {"generation_s": 0.0, "audit_s": 0.0, "sampled_audit_s": 0.0}
-    cheats: dict[str, dict[str, Any]] = {name: {"answers": 0, "caught": 0, "misses": 0, "checked": 0, "first_miss": [], "by": {}, "sampled": 0.0}
-              for name in CHEATS}
+    cheats: dict[str, dict[str, Any]] = {
+        name: {"answers": 0, "caught": 0, "misses": 0, "checked": 0, "first_miss": [], "by": {}, "sampled": 0.0}
+        for name in CHEATS
+    }
     with NeededGap() as needed:
         for index in range(args.jobs):
             temperature, top_p = SETTINGS[index % len(SETTINGS)]
@@ -235,8 +296,9 @@ def sampler_main(args: argparse.Namespace) -> None:
             answer = answer_of(runner, job)
             cost["generation_s"] += answer["seconds"]
             cost["sampled_audit_s"] += audited(verifiers[1], job, answer, sample=args.sample)[1]
-            setting = by_setting.setdefault(f"T={temperature:g} top_p={top_p:g}",
-                                            {"tokens": 0, "matched": 0, "uncertain": 0, "misses": 0})
+            setting = by_setting.setdefault(
+                f"T={temperature:g} top_p={top_p:g}", {"tokens": 0, "matched": 0, "uncertain": 0, "misses": 0}
+            )
             for threads, verifier in verifiers.items():
                 needed.on = threads == 2  # the bisection's extra checks would be timed on the 1-thread verifier
                 audit, seconds = audited(verifier, job, answer)
@@ -251,8 +313,12 @@ def sampler_main(args: argparse.Namespace) -> None:
                 row["uncertain"] += audit.uncertain
                 if audit.reason and len(row["reasons"]) < 3:
                     row["reasons"].append(audit.reason)
-                for key, value in (("tokens", audit.checked), ("matched", audit.matched), ("uncertain", audit.uncertain),
-                                   ("misses", len(audit.misses))):
+                for key, value in (
+                    ("tokens", audit.checked),
+                    ("matched", audit.matched),
+                    ("uncertain", audit.uncertain),
+                    ("misses", len(audit.misses)),
+                ):
                     setting[key] += value
             for name, cheat in cheat_answers(runner, job, answer, rng).items():
                 audit, _ = audited(verifiers[1 + index % 2], job, cheat)
@@ -261,8 +327,11 @@ def sampler_main(args: argparse.Namespace) -> None:
                 row["caught"] += audit.reason is not None
                 row["misses"] += len(audit.misses)
                 row["checked"] += audit.checked
-                row["sampled"] += 1.0 if audit.reason and not audit.misses else caught_by_sample(
-                    audit.checked, len(audit.misses), args.sample)
+                row["sampled"] += (
+                    1.0
+                    if audit.reason and not audit.misses
+                    else caught_by_sample(audit.checked, len(audit.misses), args.sample)
+                )
                 if audit.misses:
                     row["first_miss"].append(audit.misses[0][0])
                 by = "spelling" if audit.reason and not audit.misses else "draws" if audit.reason else "passed"
@@ -274,13 +343,26 @@ def sampler_main(args: argparse.Namespace) -> None:
         row["sampled"] = row["sampled"] / row["answers"] if row["answers"] else None
         del row["first_miss"]
     gaps = sorted(needed.needed)
-    result = {"jobs": args.jobs, "max_tokens": args.max_tokens, "tie_gap": args.tie_gap, "tolerance": TOLERANCE,
-              "sample": args.sample, "speed": speed, "cost": cost,
-              "audit_cost": cost["audit_s"] / cost["generation_s"], "sampled_audit_cost": cost["sampled_audit_s"] / cost["generation_s"],
-              "honest": honest, "by_setting": by_setting,
-              "honest_needed_tie_gap": {"tokens_not_matched": len(gaps) - 1, "max": gaps[-1],
-                                        "p99": gaps[int(0.99 * (len(gaps) - 1))]},
-              "cheats": cheats, "seconds": time.monotonic() - started}
+    result = {
+        "jobs": args.jobs,
+        "max_tokens": args.max_tokens,
+        "tie_gap": args.tie_gap,
+        "tolerance": TOLERANCE,
+        "sample": args.sample,
+        "speed": speed,
+        "cost": cost,
+        "audit_cost": cost["audit_s"] / cost["generation_s"],
+        "sampled_audit_cost": cost["sampled_audit_s"] / cost["generation_s"],
+        "honest": honest,
+        "by_setting": by_setting,
+        "honest_needed_tie_gap": {
+            "tokens_not_matched": len(gaps) - 1,
+            "max": gaps[-1],
+            "p99": gaps[int(0.99 * (len(gaps) - 1))],
+        },
+        "cheats": cheats,
+        "seconds": time.monotonic() - started,
+    }
     print(json.dumps(result, indent=1))
     print()
     print(sampler_table(result))
@@ -289,21 +371,30 @@ def sampler_main(args: argparse.Namespace) -> None:
 def sampler_table(result: dict) -> str:
     speed, honest, cheats, needed = result["speed"], result["honest"], result["cheats"], result["honest_needed_tie_gap"]
     k = result["sample"]
-    lines = ["| measure | result | floor | goal |", "|---|---|---|---|",
-             f"| decode speed, specified sampler ÷ llama.cpp's own (T 0.8; {speed['ms_per_token']['specified']:.1f} against "
-             f"{speed['ms_per_token']['llama.cpp']:.1f} ms/token, {speed['tokens']['specified']} tokens) | {speed['ratio']:.3f} | ≥ 0.9 | ≥ 0.97 |",
-             f"| audit cost ÷ generation cost ({result['max_tokens']} tokens, 1 thread each): every token / {k} tokens drawn "
-             f"| {result['audit_cost']:.3f} / {result['sampled_audit_cost']:.3f} | ≤ 0.15 | ≤ 0.05 |"]
+    lines = [
+        "| measure | result | floor | goal |",
+        "|---|---|---|---|",
+        f"| decode speed, specified sampler ÷ llama.cpp's own (T 0.8; {speed['ms_per_token']['specified']:.1f} against "
+        f"{speed['ms_per_token']['llama.cpp']:.1f} ms/token, {speed['tokens']['specified']} tokens) | {speed['ratio']:.3f} | ≥ 0.9 | ≥ 0.97 |",
+        f"| audit cost ÷ generation cost ({result['max_tokens']} tokens, 1 thread each): every token / {k} tokens drawn "
+        f"| {result['audit_cost']:.3f} / {result['sampled_audit_cost']:.3f} | ≤ 0.15 | ≤ 0.05 |",
+    ]
     for threads, row in honest.items():
-        lines.append(f"| false positives, verifier on {threads} thread(s): failed audits of {row['audits']} honest answers "
-                     f"({row['tokens']} tokens: {row['misses']} misses, {row['uncertain']} uncertain) | {row['failed']} | 0 | 0 |")
-    lines.append(f"| largest tie_gap an honest token needed (of {needed['tokens_not_matched']} not matched; p99 {needed['p99']:.3f}) "
-                 f"| {needed['max']:.3f} | < tie_gap {result['tie_gap']} | |")
+        lines.append(
+            f"| false positives, verifier on {threads} thread(s): failed audits of {row['audits']} honest answers "
+            f"({row['tokens']} tokens: {row['misses']} misses, {row['uncertain']} uncertain) | {row['failed']} | 0 | 0 |"
+        )
+    lines.append(
+        f"| largest tie_gap an honest token needed (of {needed['tokens_not_matched']} not matched; p99 {needed['p99']:.3f}) "
+        f"| {needed['max']:.3f} | < tie_gap {result['tie_gap']} | |"
+    )
     for name, row in cheats.items():
         first = "—" if row["first_miss_median"] is None else f"{row['first_miss_median']:g}"
         sampled = "—" if row["sampled"] is None else f"{row['sampled']:.0%}"
-        lines.append(f"| cheat caught: {name} (by {row['by']}; {row['misses']} of {row['checked']} tokens miss; median first "
-                     f"miss at token {first}; with {k} tokens drawn: {sampled}) | {row['caught']}/{row['answers']} | every one | every one |")
+        lines.append(
+            f"| cheat caught: {name} (by {row['by']}; {row['misses']} of {row['checked']} tokens miss; median first "
+            f"miss at token {first}; with {k} tokens drawn: {sampled}) | {row['caught']}/{row['answers']} | every one | every one |"
+        )
     return "\n".join(lines)
 
 
@@ -317,9 +408,19 @@ def honest_part(args: argparse.Namespace) -> dict:
     host_threads, verifier_threads = 1 + args.part % 2, 2 - args.part % 2
     runner = LlamaRunner(path, threads=host_threads, n_ctx=2048)
     verifier = Verifier(path, threads=verifier_threads, n_ctx=2048, tie_gap=args.tie_gap)
-    row: dict[str, Any] = {"host_threads": host_threads, "verifier_threads": verifier_threads, "audits": 0, "failed": 0,
-                           "tokens": 0, "matched": 0, "misses": 0, "uncertain": 0, "reasons": [],
-                           "generation_s": 0.0, "audit_s": 0.0}
+    row: dict[str, Any] = {
+        "host_threads": host_threads,
+        "verifier_threads": verifier_threads,
+        "audits": 0,
+        "failed": 0,
+        "tokens": 0,
+        "matched": 0,
+        "misses": 0,
+        "uncertain": 0,
+        "reasons": [],
+        "generation_s": 0.0,
+        "audit_s": 0.0,
+    }
     started = time.monotonic()
     for index in range(args.first + args.part, args.first + args.honest, args.workers):
         temperature, top_p = SETTINGS[index % len(SETTINGS)]
@@ -340,9 +441,13 @@ def honest_part(args: argparse.Namespace) -> dict:
             if len(row["reasons"]) < 5:
                 row["reasons"].append(line)
         if row["audits"] % 25 == 0:
-            print(f"worker {args.part}: {row['audits']} audited (up to job {index}), {row['failed']} failed, "
-                  f"{row['tokens']} tokens checked, {row['matched']} matched, {row['uncertain']} uncertain, "
-                  f"{row['misses']} misses ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
+            print(
+                f"worker {args.part}: {row['audits']} audited (up to job {index}), {row['failed']} failed, "
+                f"{row['tokens']} tokens checked, {row['matched']} matched, {row['uncertain']} uncertain, "
+                f"{row['misses']} misses ({time.monotonic() - started:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
     return row
 
 
@@ -351,26 +456,60 @@ def honest_main(args: argparse.Namespace) -> None:
     import subprocess
 
     started = time.monotonic()
-    children = [subprocess.Popen([sys.executable, __file__, "--honest", str(args.honest), "--workers", str(args.workers),
-                                  "--first", str(args.first), "--part", str(part), "--max-tokens", str(args.max_tokens), "--tie-gap", str(args.tie_gap)],
-                                 stdout=subprocess.PIPE, text=True) for part in range(args.workers)]
+    children = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--honest",
+                str(args.honest),
+                "--workers",
+                str(args.workers),
+                "--first",
+                str(args.first),
+                "--part",
+                str(part),
+                "--max-tokens",
+                str(args.max_tokens),
+                "--tie-gap",
+                str(args.tie_gap),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for part in range(args.workers)
+    ]
     rows = []
     for child in children:
         out, _ = child.communicate()
         if child.returncode != 0:
             raise SystemExit(f"a worker failed (exit {child.returncode})")
         rows.append(json.loads(out.strip().splitlines()[-1]))
-    total = {key: sum(row[key] for row in rows) for key in ("audits", "failed", "tokens", "matched", "misses", "uncertain",
-                                                            "generation_s", "audit_s")}
-    result = {"honest": args.honest, "first": args.first, "max_tokens": args.max_tokens, "tie_gap": args.tie_gap, "workers": rows, "total": total,
-              "audit_cost": total["audit_s"] / total["generation_s"], "seconds": time.monotonic() - started}
+    total = {
+        key: sum(row[key] for row in rows)
+        for key in ("audits", "failed", "tokens", "matched", "misses", "uncertain", "generation_s", "audit_s")
+    }
+    result = {
+        "honest": args.honest,
+        "first": args.first,
+        "max_tokens": args.max_tokens,
+        "tie_gap": args.tie_gap,
+        "workers": rows,
+        "total": total,
+        "audit_cost": total["audit_s"] / total["generation_s"],
+        "seconds": time.monotonic() - started,
+    }
     print(json.dumps(result, indent=1))
     print()
-    print("| host threads | verifier threads | audited answers | failed | tokens checked | matched | uncertain | misses |")
+    print(
+        "| host threads | verifier threads | audited answers | failed | tokens checked | matched | uncertain | misses |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for row in [*rows, {**total, "host_threads": "all", "verifier_threads": ""}]:
-        print(f"| {row['host_threads']} | {row['verifier_threads']} | {row['audits']} | {row['failed']} | {row['tokens']} | "
-              f"{row['matched']} | {row['uncertain']} | {row['misses']} |")
+        print(
+            f"| {row['host_threads']} | {row['verifier_threads']} | {row['audits']} | {row['failed']} | {row['tokens']} | "
+            f"{row['matched']} | {row['uncertain']} | {row['misses']} |"
+        )
 
 
 def setup() -> None:
@@ -416,7 +555,14 @@ def canaries_main(args: argparse.Namespace) -> None:
     from django.conf import settings
 
     from catalog.tokenizer import shipped_model_path
-    from marketplace.lifecycle.canaries import REFERENCE_CTX, corpus, informative, reference_of, score_reason, verdict_reason
+    from marketplace.lifecycle.canaries import (
+        REFERENCE_CTX,
+        corpus,
+        informative,
+        reference_of,
+        score_reason,
+        verdict_reason,
+    )
     from marketplace.models import CanaryReference
     from scorer.llama import load_llama
     from testkit.formats import GEMMA
@@ -426,11 +572,20 @@ def canaries_main(args: argparse.Namespace) -> None:
     reference_llm = load_llama(path, n_ctx=REFERENCE_CTX, threads=2, logits_all=True)
     kept = []
     for item in corpus()[: args.count]:
-        reference = reference_of(reference_llm, item, fmt=GEMMA, max_tokens=args.max_tokens, tie_gap=settings.CANARY_TIE_GAP)
+        reference = reference_of(
+            reference_llm, item, fmt=GEMMA, max_tokens=args.max_tokens, tie_gap=settings.CANARY_TIE_GAP
+        )
         if informative(item, reference):
             prompt = item.get("messages") if item["kind"] == "chat" else item["prompt"]
-            row = CanaryReference(kind=item["kind"], prompt=prompt, max_tokens=args.max_tokens, text=reference.text,
-                                  tokens=reference.tokens, exact_chars=reference.exact_chars, gaps=reference.gaps)
+            row = CanaryReference(
+                kind=item["kind"],
+                prompt=prompt,
+                max_tokens=args.max_tokens,
+                text=reference.text,
+                tokens=reference.tokens,
+                exact_chars=reference.exact_chars,
+                gaps=reference.gaps,
+            )
             kept.append((item, reference, row))
     references_s = time.monotonic() - started
 
@@ -445,10 +600,14 @@ def canaries_main(args: argparse.Namespace) -> None:
 
     def rate(answers: list[tuple[str, int]]) -> dict:
         pairs = list(zip(kept, answers, strict=True))
-        by_reference = [verdict_reason(row, text=text, completion_tokens=tokens) for (_, _, row), (text, tokens) in pairs]
+        by_reference = [
+            verdict_reason(row, text=text, completion_tokens=tokens) for (_, _, row), (text, tokens) in pairs
+        ]
         # the gateway scores an answer that parted from the reference at a near-tie (`canary_score_pending`)
-        full = [reason or (scored(row, text, tokens) if text != row.text else None)
-                for reason, ((_, _, row), (text, tokens)) in zip(by_reference, pairs, strict=True)]
+        full = [
+            reason or (scored(row, text, tokens) if text != row.text else None)
+            for reason, ((_, _, row), (text, tokens)) in zip(by_reference, pairs, strict=True)
+        ]
         result = {"canaries": len(kept)}
         for name, reasons in (("reference_only", by_reference), ("scored", full)):
             caught = sum(1 for reason in reasons if reason)
@@ -457,29 +616,44 @@ def canaries_main(args: argparse.Namespace) -> None:
         p_scored = result["scored"]["per_canary"]
         # canaries go one at a time, every CANARY_PROBATION_SECONDS, the first at the host's first heartbeat:
         # caught on average at canary 1/p, then the worker's next tick reads it
-        result["expected_detection_s"] = (round((1 / p_scored - 1) * settings.CANARY_PROBATION_SECONDS
-                                                + settings.WATCHDOG_INTERVAL_SECONDS, 1) if p_scored else None)
-        result["scored_answers"] = sum(1 for reason, ((_, _, row), (text, _)) in zip(by_reference, pairs, strict=True)
-                                       if reason is None and text != row.text)
+        result["expected_detection_s"] = (
+            round((1 / p_scored - 1) * settings.CANARY_PROBATION_SECONDS + settings.WATCHDOG_INTERVAL_SECONDS, 1)
+            if p_scored
+            else None
+        )
+        result["scored_answers"] = sum(
+            1
+            for reason, ((_, _, row), (text, _)) in zip(by_reference, pairs, strict=True)
+            if reason is None and text != row.text
+        )
         result["reasons"] = [reason for reason in full if reason][:3]
         return result
 
     results: dict[str, dict] = {}
     for threads in (1, 2, 3):
         llm = load_llama(path, n_ctx=2048, threads=threads)
-        results[f"honest, {threads} thread(s)"] = rate([llama_answer(llm, item, args.max_tokens, temperature=0.0, top_p=1.0)
-                                                       for item, _, _ in kept])
+        results[f"honest, {threads} thread(s)"] = rate(
+            [llama_answer(llm, item, args.max_tokens, temperature=0.0, top_p=1.0) for item, _, _ in kept]
+        )
         if threads == 1:
-            results["temperature 1 (0 asked)"] = rate([llama_answer(llm, item, args.max_tokens, temperature=1.0, seed=500 + i)
-                                                      for i, (item, _, _) in enumerate(kept)])
+            results["temperature 1 (0 asked)"] = rate(
+                [
+                    llama_answer(llm, item, args.max_tokens, temperature=1.0, seed=500 + i)
+                    for i, (item, _, _) in enumerate(kept)
+                ]
+            )
         llm.close()
     rng = random.Random(7)
     results["random words"] = rate([(" ".join(rng.choice(WORDS) for _ in range(12)), 12) for _ in kept])
-    results["echo of the prompt"] = rate([(item.get("prompt") or item["messages"][-1]["content"], ref.tokens)
-                                          for item, ref, _ in kept])
-    results["cut short (the last quarter dropped)"] = rate([(ref.text[: len(ref.text) * 3 // 4], max(1, ref.tokens * 3 // 4))
-                                                            for _, ref, _ in kept])
-    results["more text than asked"] = rate([(ref.text + " and then some more words", args.max_tokens + 6) for _, ref, _ in kept])
+    results["echo of the prompt"] = rate(
+        [(item.get("prompt") or item["messages"][-1]["content"], ref.tokens) for item, ref, _ in kept]
+    )
+    results["cut short (the last quarter dropped)"] = rate(
+        [(ref.text[: len(ref.text) * 3 // 4], max(1, ref.tokens * 3 // 4)) for _, ref, _ in kept]
+    )
+    results["more text than asked"] = rate(
+        [(ref.text + " and then some more words", args.max_tokens + 6) for _, ref, _ in kept]
+    )
 
     from engine.generate import build_stages
     from engine.gguf_loader import read_config
@@ -490,18 +664,37 @@ def canaries_main(args: argparse.Namespace) -> None:
     ranges = [(0, skip[0]), (skip[-1] + 1, n_layers)]
     stages = build_stages(path, ranges, n_rows=1, n_ctx=512)
     results[f"smaller model (layers {args.skip} of {n_layers} skipped)"] = rate(
-        [smaller_model_answer(stages, reference_llm, item, args.max_tokens) for item, _, _ in kept])
-    scoring = {"scored": len(scored_s), "median_s": sorted(scored_s)[len(scored_s) // 2] if scored_s else None,
-               "max_s": max(scored_s, default=None)}
-    print(json.dumps({"tie_gap": settings.CANARY_TIE_GAP, "kept": len(kept), "of": args.count, "references_s": references_s,
-                      "scoring": scoring, "results": results}, indent=2))
+        [smaller_model_answer(stages, reference_llm, item, args.max_tokens) for item, _, _ in kept]
+    )
+    scoring = {
+        "scored": len(scored_s),
+        "median_s": sorted(scored_s)[len(scored_s) // 2] if scored_s else None,
+        "max_s": max(scored_s, default=None),
+    }
+    print(
+        json.dumps(
+            {
+                "tie_gap": settings.CANARY_TIE_GAP,
+                "kept": len(kept),
+                "of": args.count,
+                "references_s": references_s,
+                "scoring": scoring,
+                "results": results,
+            },
+            indent=2,
+        )
+    )
     for name, r in results.items():
         for judge in ("reference_only", "scored"):
             j = r[judge]
-            print(f"{name:<44} {judge:<15} failed {j['failed']:>2}/{r['canaries']} canaries ({j['per_canary']:.0%}); "
-                  f"per host in probation: {j[f'per_host_over_{k}']:.1%}")
-        print(f"{name:<44} expected time from first canary to detection: {r['expected_detection_s']} s "
-              "(+ the answer's own time)")
+            print(
+                f"{name:<44} {judge:<15} failed {j['failed']:>2}/{r['canaries']} canaries ({j['per_canary']:.0%}); "
+                f"per host in probation: {j[f'per_host_over_{k}']:.1%}"
+            )
+        print(
+            f"{name:<44} expected time from first canary to detection: {r['expected_detection_s']} s "
+            "(+ the answer's own time)"
+        )
 
 
 def main() -> None:

@@ -4,6 +4,7 @@ still admits each peer; only the frames after it go unsealed. Never an agent's e
 
     python -m bench.unsealed mahout.ring.stage ARGS     # an agent's module, its links in the clear
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -24,6 +24,7 @@ a multiple of the K-quants' 256.
 
 Asserts nothing; prints a table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,7 +67,9 @@ def write_q5_as_q8(source: Path, target: Path) -> int:
         if name.startswith("GGUF.") or name == "general.architecture":
             continue
         kind = entry.types[0]
-        writer.add_key_value(name, entry.contents(), kind, sub_type=entry.types[-1] if kind == GGUFValueType.ARRAY else None)
+        writer.add_key_value(
+            name, entry.contents(), kind, sub_type=entry.types[-1] if kind == GGUFValueType.ARRAY else None
+        )
     recoded = 0
     for tensor in reader.tensors:
         data = np.asarray(tensor.data)
@@ -135,16 +138,22 @@ class Timer:
         self.lib.llama_memory_clear(self.lib.llama_get_memory(self.llm.ctx), True)
         self._decode(self.tokens[:count], 0, set(range(count)))
         n_vocab = self.llm.n_vocab()
-        return np.stack([np.ctypeslib.as_array(self.lib.llama_get_logits_ith(self.llm.ctx, i), shape=(n_vocab,)).copy()
-                         for i in range(count)])
+        return np.stack(
+            [
+                np.ctypeslib.as_array(self.lib.llama_get_logits_ith(self.llm.ctx, i), shape=(n_vocab,)).copy()
+                for i in range(count)
+            ]
+        )
 
 
 def timed(path: Path, args: argparse.Namespace) -> dict:
     timer = Timer(path, args.tokens)
     try:
-        return {"drawn": min(timer.prefill_ms(16) for _ in range(args.rounds)),
-                "body": min(timer.prefill_ms(1) for _ in range(args.rounds)),
-                "decode": min(timer.decode_ms() for _ in range(args.rounds))}
+        return {
+            "drawn": min(timer.prefill_ms(16) for _ in range(args.rounds)),
+            "body": min(timer.prefill_ms(1) for _ in range(args.rounds)),
+            "decode": min(timer.decode_ms() for _ in range(args.rounds)),
+        }
     finally:
         timer.close()
 
@@ -179,17 +188,24 @@ def main() -> None:
             finally:
                 original.close()
                 again.close()
-            print(f"{recoded} Q5_0 matrices re-encoded as Q8_0; largest logit difference over 24 positions: {difference:g}")
+            print(
+                f"{recoded} Q5_0 matrices re-encoded as Q8_0; largest logit difference over 24 positions: {difference:g}"
+            )
             files["Q5_0 as Q8_0"] = copy
         print(f"{path.name}, {args.tokens} tokens, one thread, best of {args.rounds}")
-        print("| file | prefill ms/token, 16 logit rows | 1 row | decode ms/token | prefill ÷ decode | prefill ÷ the published file's |")
+        print(
+            "| file | prefill ms/token, 16 logit rows | 1 row | decode ms/token | prefill ÷ decode | prefill ÷ the published file's |"
+        )
         print("|---|---|---|---|---|---|")
         base = None
         for name, file in files.items():
             row = timed(file, args)
             base = base or row["drawn"]
-            print(f"| {name} | {row['drawn']:.2f} | {row['body']:.2f} | {row['decode']:.2f} "
-                  f"| {row['drawn'] / row['decode']:.3f} | {row['drawn'] / base:.3f} |", flush=True)
+            print(
+                f"| {name} | {row['drawn']:.2f} | {row['body']:.2f} | {row['decode']:.2f} "
+                f"| {row['drawn'] / row['decode']:.3f} | {row['drawn'] / base:.3f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ text (or, for "whole", its end), per target, and this checkout's ÷ the baseline
 gateways run with JOB_START_ALLOWANCE_SECONDS=60 (the baseline holds a frozen host that
 reports progress until then; the default is 120).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,7 +47,10 @@ MODEL = "gemma-3-270m"
 SCENARIOS = ("silent", "frozen", "restarted", "whole")
 ANSWER = "Hello there."
 ENV = {
-    "JOB_START_ALLOWANCE_SECONDS": "60", "CANARY_ENABLED": "0", "AUDIT_ENABLED": "0", "HOST_MAX_FAILURES_PER_HOUR": "100000",
+    "JOB_START_ALLOWANCE_SECONDS": "60",
+    "CANARY_ENABLED": "0",
+    "AUDIT_ENABLED": "0",
+    "HOST_MAX_FAILURES_PER_HOUR": "100000",
     "ROUTING_OFFER_SECONDS": "0.5",
 }
 
@@ -56,17 +60,29 @@ class Host:
     model's on a small machine), heartbeating from a thread until stopped."""
 
     def __init__(self, server: str, token: str, name: str) -> None:
-        self.http = httpx.Client(base_url=f"{server}/hosts/api", headers={"Authorization": f"Bearer {token}"}, timeout=40)
+        self.http = httpx.Client(
+            base_url=f"{server}/hosts/api", headers={"Authorization": f"Bearer {token}"}, timeout=40
+        )
         self.fingerprint, self.boot = name * 8, f"{name}-1"
         benchmark = {"prompt_tps": 500.0, "gen_tps": 40.0, "ttft_ms": 50.0, "memory_mb": 400.0, "load_ms": 300.0}
-        self.http.post("/qualifications", json={"model": MODEL, "fingerprint": self.fingerprint, "benchmark": benchmark,
-                                                "machine": {}, "sha256": MODEL_FILES[MODEL]["sha256"]}).raise_for_status()
+        self.http.post(
+            "/qualifications",
+            json={
+                "model": MODEL,
+                "fingerprint": self.fingerprint,
+                "benchmark": benchmark,
+                "machine": {},
+                "sha256": MODEL_FILES[MODEL]["sha256"],
+            },
+        ).raise_for_status()
         self.heartbeat()
         self.stopped = threading.Event()
         threading.Thread(target=self._beat, daemon=True).start()
 
     def heartbeat(self) -> None:
-        self.http.post("/heartbeat", json={"fingerprint": self.fingerprint, "version": "0.7.0", "boot": self.boot}).raise_for_status()
+        self.http.post(
+            "/heartbeat", json={"fingerprint": self.fingerprint, "version": "0.7.0", "boot": self.boot}
+        ).raise_for_status()
 
     def _beat(self) -> None:
         while not self.stopped.wait(3):
@@ -90,8 +106,10 @@ def rescue(host: Host, done: threading.Event) -> None:
             job = host.claim(wait=1)
             if job is not None:
                 host.http.post(f"/jobs/{job['id']}/tokens", json={"seq": 0, "text": ANSWER})
-                host.http.post(f"/jobs/{job['id']}/complete",
-                               json={"finish_reason": "stop", "tokens": drawn_ids(job["model"], ANSWER)})
+                host.http.post(
+                    f"/jobs/{job['id']}/complete",
+                    json={"finish_reason": "stop", "tokens": drawn_ids(job["model"], ANSWER)},
+                )
 
 
 def doom(host: Host, scenario: str, last_word: list[float]) -> None:
@@ -136,12 +154,16 @@ def round_(server: str, secret: str, tokens: tuple[str, str], scenario: str) -> 
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 20, "stream": True}
     heard = None
     try:
-        with httpx.Client(timeout=120) as customer, customer.stream(
-                "POST", f"{server}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {secret}"}) as stream:
+        with (
+            httpx.Client(timeout=120) as customer,
+            customer.stream(
+                "POST", f"{server}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {secret}"}
+            ) as stream,
+        ):
             for line in stream.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
-                chunk = json.loads(line[len("data: "):])
+                chunk = json.loads(line[len("data: ") :])
                 if chunk.get("error"):
                     raise SystemExit(f"{scenario}: the request failed: {chunk['error']}")
                 text = "".join(choice.get("delta", {}).get("content") or "" for choice in chunk.get("choices", []))
@@ -161,8 +183,10 @@ def measure(target: Target, tmp: Path, port: int, rounds: int) -> dict[str, list
             for index in range(rounds):
                 tag = f"{scenario}{index}"
                 secret = target.manage("create_customer", f"{tag}@bench.local", "--credit", "10")
-                tokens = (target.manage("create_host", f"{tag}-d@host.local", f"{tag}-d"),
-                          target.manage("create_host", f"{tag}-r@host.local", f"{tag}-r"))
+                tokens = (
+                    target.manage("create_host", f"{tag}-d@host.local", f"{tag}-d"),
+                    target.manage("create_host", f"{tag}-r@host.local", f"{tag}-r"),
+                )
                 silences[scenario].append(round_(server, secret, tokens, scenario))
                 print(f"  {target.name:9} {scenario:9} {silences[scenario][-1]:6.1f} s", flush=True)
         return silences
@@ -181,7 +205,9 @@ def main() -> None:
         results = {}
         for offset, (name, root) in enumerate((("this", ROOT), ("baseline", args.baseline.resolve()))):
             results[name] = measure(Target(name, root, tmp), tmp, args.port + offset, args.rounds)
-    print(f"\n{'scenario':10} {'this (s)':>9} {'baseline (s)':>13} {'ratio':>7}   (median silence of {args.rounds} round(s))")
+    print(
+        f"\n{'scenario':10} {'this (s)':>9} {'baseline (s)':>13} {'ratio':>7}   (median silence of {args.rounds} round(s))"
+    )
     for scenario in SCENARIOS:
         this, before = (statistics.median(results[name][scenario]) for name in ("this", "baseline"))
         print(f"{scenario:10} {this:9.1f} {before:13.1f} {this / before:7.2f}")

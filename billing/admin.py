@@ -4,6 +4,7 @@ Operators act through services only: "Grant credit" posts a GRANT with a
 reason (a balance is never edited); payouts are approved (Stripe Transfer) or
 rejected (reverse entry) with actions.
 """
+
 from __future__ import annotations
 
 from django import forms
@@ -53,7 +54,9 @@ class AccountAdmin(ReadOnlyAdmin):
         return format_html('<a href="{}">Grant credit…</a>', reverse("admin:billing_account_grant", args=[account.pk]))
 
     def get_urls(self) -> list[URLPattern]:
-        grant = path("<int:account_id>/grant/", self.admin_site.admin_view(self.grant_view), name="billing_account_grant")
+        grant = path(
+            "<int:account_id>/grant/", self.admin_site.admin_view(self.grant_view), name="billing_account_grant"
+        )
         return [grant, *super().get_urls()]
 
     def grant_view(self, request: AuthedHttpRequest, account_id: int) -> HttpResponse:
@@ -75,7 +78,10 @@ class AccountAdmin(ReadOnlyAdmin):
                 messages.success(request, f"Granted {usd(amount)} to {account.user}.")
                 return HttpResponseRedirect(reverse("admin:billing_account_changelist"))
         context = {
-            **self.admin_site.each_context(request), "title": f"Grant credit to {account.user}", "form": form, "account": account,
+            **self.admin_site.each_context(request),
+            "title": f"Grant credit to {account.user}",
+            "form": form,
+            "account": account,
         }
         return TemplateResponse(request, "admin/billing/grant.html", context)
 
@@ -136,8 +142,15 @@ class PayoutProfileAdmin(admin.ModelAdmin):
 @admin.register(Payout)
 class PayoutAdmin(ReadOnlyAdmin):
     list_display = (
-        "pk", "host", "amount_ucents", "status", "destination", "stripe_transfer_id", "failure_reason",
-        "created_at", "decided_at",
+        "pk",
+        "host",
+        "amount_ucents",
+        "status",
+        "destination",
+        "stripe_transfer_id",
+        "failure_reason",
+        "created_at",
+        "decided_at",
     )
     list_filter = ("status", "created_at")
     search_fields = ("host__name", "host__owner__username", "stripe_transfer_id")

@@ -1,6 +1,7 @@
 """Billing's HTTP API: top-ups (API key) and payouts (host token). Each view parses,
 calls one service, renders; refusals are DomainErrors rendered by core's mapping.
 """
+
 from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema
@@ -57,8 +58,12 @@ class TopupCreateApi(KeyApi):
         serializer.is_valid(raise_exception=True)
         amount_cents = int(serializer.validated_data["amount_usd"] * 100)
         back = request.build_absolute_uri("/")  # the dashboard, as the caller reached this gateway
-        topup = services.topup_create(user=key.user, amount_cents=amount_cents,
-                                      success_url=f"{back}?topup=success", cancel_url=f"{back}?topup=cancelled")
+        topup = services.topup_create(
+            user=key.user,
+            amount_cents=amount_cents,
+            success_url=f"{back}?topup=success",
+            cancel_url=f"{back}?topup=cancelled",
+        )
         return Response(topup_body(topup), status=201)
 
 

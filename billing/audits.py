@@ -1,5 +1,6 @@
 """The money of audits: a job's host share waits in the audit escrow until its audit passes
 (`audit_release`) or fails (`audit_refund`); a trusted scorer is paid its fee."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -23,8 +24,12 @@ def audit_release(*, host: Host, amount_ucents: int, reference: str, memo: str =
     escrow = system_account(Account.Kind.AUDIT_ESCROW)
     try:
         with transaction.atomic():
-            ledger_post(kind=LedgerTransaction.Kind.AUDIT_RELEASE, reference=reference, memo=memo,
-                  legs=[(escrow, -amount_ucents), (account_for_host(host=host), amount_ucents)])
+            ledger_post(
+                kind=LedgerTransaction.Kind.AUDIT_RELEASE,
+                reference=reference,
+                memo=memo,
+                legs=[(escrow, -amount_ucents), (account_for_host(host=host), amount_ucents)],
+            )
     except IntegrityError:
         return False
     return True
@@ -38,11 +43,16 @@ def audit_refund(*, user: User, host_ucents: int, platform_ucents: int, referenc
         raise ValueError(f"negative refund {host_ucents} + {platform_ucents}")
     try:
         with transaction.atomic():
-            ledger_post(kind=LedgerTransaction.Kind.AUDIT_REFUND, reference=reference, memo=memo, legs=[
-                (system_account(Account.Kind.AUDIT_ESCROW), -host_ucents),
-                (system_account(Account.Kind.PLATFORM), -platform_ucents),
-                (account_for_customer(user=user), host_ucents + platform_ucents),
-            ])
+            ledger_post(
+                kind=LedgerTransaction.Kind.AUDIT_REFUND,
+                reference=reference,
+                memo=memo,
+                legs=[
+                    (system_account(Account.Kind.AUDIT_ESCROW), -host_ucents),
+                    (system_account(Account.Kind.PLATFORM), -platform_ucents),
+                    (account_for_customer(user=user), host_ucents + platform_ucents),
+                ],
+            )
     except IntegrityError:
         return False
     return True
@@ -62,8 +72,12 @@ def audit_score_pay(*, host: Host, amount_ucents: int, reference: str, memo: str
         return 0
     try:
         with transaction.atomic():
-            ledger_post(kind=LedgerTransaction.Kind.AUDIT_SCORE, reference=reference, memo=memo,
-                  legs=[(platform, -amount), (account_for_host(host=host), amount)])
+            ledger_post(
+                kind=LedgerTransaction.Kind.AUDIT_SCORE,
+                reference=reference,
+                memo=memo,
+                legs=[(platform, -amount), (account_for_host(host=host), amount)],
+            )
     except IntegrityError:
         return 0
     return amount

@@ -1,4 +1,5 @@
 """What every page needs to know about billing: which Stripe it talks to."""
+
 from __future__ import annotations
 
 from django.http import HttpRequest

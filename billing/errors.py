@@ -1,5 +1,6 @@
 """Billing refusals. Each is a `DomainError` carrying its OpenAI-style `code` and its
 HTTP `status`, rendered by core's one mapping."""
+
 from __future__ import annotations
 
 from core.errors import DomainError
@@ -23,7 +24,9 @@ class RateLimited(BillingError):
 
     code = "rate_limited"
     status = 429
-    retry_after = 60  # the most it can be (a rolling minute); the refusal says exactly when the oldest admission leaves it
+    retry_after = (
+        60  # the most it can be (a rolling minute); the refusal says exactly when the oldest admission leaves it
+    )
 
 
 class TooManyStreams(BillingError):

@@ -9,6 +9,7 @@ its lock that says why a hold does not fit (`hold_place`, the path that explains
 is the same on PostgreSQL and SQLite; how a chain runs on each is `core.db.chain_run`'s.
 `billing/tests/test_hold_limits.py` holds the two forms to the same rows.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -65,12 +66,20 @@ class Limit:
 
 
 CREDIT = Limit(
-    Account, cap="balance_ucents", used=("held_ucents",), refusal=InsufficientCredit,
-    left_as="the available credit is", advice="Top up, or lower max_tokens.",
+    Account,
+    cap="balance_ucents",
+    used=("held_ucents",),
+    refusal=InsufficientCredit,
+    left_as="the available credit is",
+    advice="Top up, or lower max_tokens.",
 )
 KEY_CAP = Limit(
-    ApiKey, cap="spend_cap_ucents", used=("spent_ucents", "held_ucents"), refusal=KeyLimitExceeded,
-    left_as="this API key's spend cap leaves", advice="Raise the key's cap or use another key.",
+    ApiKey,
+    cap="spend_cap_ucents",
+    used=("spent_ucents", "held_ucents"),
+    refusal=KeyLimitExceeded,
+    left_as="this API key's spend cap leaves",
+    advice="Raise the key's cap or use another key.",
 )
 # A key's limits that are counted, not summed: only `hold_place` counts them, under the key's lock.
 COUNTED_KEY_LIMITS = ("max_concurrent", "rate_limit_per_minute")
@@ -108,9 +117,13 @@ def hold_steps(*, user_id: int, api_key: ApiKey, amount_ucents: int) -> list[Ste
     if any(getattr(api_key, limit) is not None for limit in COUNTED_KEY_LIMITS):
         return None
     uncounted = " AND ".join(f"{limit} IS NULL" for limit in COUNTED_KEY_LIMITS)
-    account = _held_step("account", CREDIT, "kind = %s AND user_id = %s", [Account.Kind.CUSTOMER, user_id], amount_ucents)
+    account = _held_step(
+        "account", CREDIT, "kind = %s AND user_id = %s", [Account.Kind.CUSTOMER, user_id], amount_ucents
+    )
     key = _held_step("api_key", KEY_CAP, f"id = %s AND {uncounted}", [api_key.pk], amount_ucents)
-    hold = insert_step("hold", Hold(amount_ucents=amount_ucents), refs={"account_id": "account", "api_key_id": "api_key"})
+    hold = insert_step(
+        "hold", Hold(amount_ucents=amount_ucents), refs={"account_id": "account", "api_key_id": "api_key"}
+    )
     return [account, key, hold]
 
 
@@ -167,6 +180,8 @@ def hold_release(*, hold: Hold) -> bool:
 def orphaned_hold_release_one() -> bool:
     """Release one active hold whose request already ended (completed or failed)."""
     hold = (
-        Hold.objects.filter(status=Hold.Status.ACTIVE, request__status__in=["completed", "failed"]).order_by("pk").first()
+        Hold.objects.filter(status=Hold.Status.ACTIVE, request__status__in=["completed", "failed"])
+        .order_by("pk")
+        .first()
     )
     return hold is not None and hold_release(hold=hold)

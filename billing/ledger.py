@@ -1,5 +1,6 @@
 """The ledger's own writes: the accounts (each created the first time it is needed) and
 `ledger_post`, the one way a balanced transaction is appended; grants of credit from outside."""
+
 from __future__ import annotations
 
 import uuid
@@ -47,7 +48,11 @@ def ledger_post(*, kind: str, reference: str, memo: str, legs: list[tuple[Accoun
         raise ValueError(f"unbalanced transaction {kind}:{reference}: {legs}")
     txn = LedgerTransaction.objects.create(kind=kind, reference=reference, memo=memo)
     LedgerEntry.objects.bulk_create(
-        [LedgerEntry(transaction=txn, account_id=account.pk, amount_ucents=amount) for account, amount in legs if amount]
+        [
+            LedgerEntry(transaction=txn, account_id=account.pk, amount_ucents=amount)
+            for account, amount in legs
+            if amount
+        ]
     )
     for account, amount in legs:
         if amount:
@@ -75,5 +80,8 @@ def credit_grant_by_operator(*, user: User, amount_ucents: int, reason: str, ope
     if not reason.strip():
         raise InvalidAmount("A grant needs a reason.")
     return credit_grant(
-        user=user, amount_ucents=amount_ucents, reference=f"admin-{uuid.uuid4()}", memo=f"{reason.strip()} (by {operator})"[:255]
+        user=user,
+        amount_ucents=amount_ucents,
+        reference=f"admin-{uuid.uuid4()}",
+        memo=f"{reason.strip()} (by {operator})"[:255],
     )

@@ -6,6 +6,7 @@ updated or deleted (corrections are new transactions). `Account.balance_ucents`
 and `Account.held_ucents` are caches written in the same transaction as the
 entries and holds they summarise; `reconcile` and the tests check them.
 """
+
 from __future__ import annotations
 
 from django.conf import settings
@@ -33,7 +34,9 @@ class Account(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["user"], condition=Q(kind="customer"), name="one_customer_account_per_user"),
+            models.UniqueConstraint(
+                fields=["user"], condition=Q(kind="customer"), name="one_customer_account_per_user"
+            ),
             models.UniqueConstraint(fields=["host"], condition=Q(kind="host"), name="one_earnings_account_per_host"),
             models.UniqueConstraint(
                 fields=["kind"],

@@ -1,5 +1,6 @@
 """A machine's payout account with Stripe Connect: onboarding → ready, decided by what
 Stripe says of the account (on the owner's return, or by Connect's `account.updated`)."""
+
 from __future__ import annotations
 
 import stripe
@@ -22,19 +23,27 @@ def payout_account_onboard(*, host: Host, return_url: str, refresh_url: str) -> 
     var/stripe-local.json is deleted) is replaced while the row is still onboarding.
     """
     if not stripe_api.payouts_configured():
-        raise PayoutsNotConfigured("Payouts are not configured on this gateway (no STRIPE_SECRET_KEY); ask an operator.")
+        raise PayoutsNotConfigured(
+            "Payouts are not configured on this gateway (no STRIPE_SECRET_KEY); ask an operator."
+        )
     if Host.objects.filter(pk=host.pk, banned_at__isnull=False).exists():
         raise PayoutRefused("This machine is banned, so it cannot set up payouts.")
     profile = PayoutProfile.objects.filter(host=host).first()
     if profile is not None and profile.status == PayoutProfile.Status.READY:
         return None
     account = _connected_account(profile.stripe_account_id) if profile is not None else None
-    if profile is not None and account is not None and _payout_account_mark_ready(profile=profile, account=account.to_dict()):
+    if (
+        profile is not None
+        and account is not None
+        and _payout_account_mark_ready(profile=profile, account=account.to_dict())
+    ):
         return None
     if profile is None or account is None:
         profile = _payout_account_create(host=host, replacing=profile)
     try:
-        link = stripe_api.account_link_create(account_id=profile.stripe_account_id, return_url=return_url, refresh_url=refresh_url)
+        link = stripe_api.account_link_create(
+            account_id=profile.stripe_account_id, return_url=return_url, refresh_url=refresh_url
+        )
     except stripe.StripeError as error:
         raise PaymentProviderError(f"Stripe could not start the payout setup: {error.user_message or error}") from None
     return link.url
@@ -61,7 +70,9 @@ def _connected_account(account_id: str) -> stripe.Account | None:
     except stripe.InvalidRequestError:
         return None
     except stripe.StripeError as error:
-        raise PaymentProviderError(f"Stripe could not be asked about the payout account: {error.user_message or error}") from None
+        raise PaymentProviderError(
+            f"Stripe could not be asked about the payout account: {error.user_message or error}"
+        ) from None
 
 
 def _payout_account_mark_ready(*, profile: PayoutProfile, account: dict) -> bool:
@@ -80,7 +91,9 @@ def payout_account_updated(*, account: dict) -> tuple[str, None, str]:
     the same rule as the return URL's check (an owner who closed Stripe's tab before being
     sent back is ready too). The event's account is signed by Stripe, so it is not asked again."""
     account_id = account.get("id")
-    profile = PayoutProfile.objects.filter(stripe_account_id=account_id).first() if isinstance(account_id, str) else None
+    profile = (
+        PayoutProfile.objects.filter(stripe_account_id=account_id).first() if isinstance(account_id, str) else None
+    )
     if profile is None:
         return StripeEvent.Outcome.IGNORED, None, f"no machine's payout account is {account_id!r}"
     if profile.status == PayoutProfile.Status.READY:
@@ -103,6 +116,8 @@ def _payout_account_create(*, host: Host, replacing: PayoutProfile | None) -> Pa
         return PayoutProfile.objects.get(pk=replacing.pk)
     try:
         with transaction.atomic():
-            return PayoutProfile.objects.create(host=host, stripe_account_id=account.id, status=PayoutProfile.Status.ONBOARDING)
+            return PayoutProfile.objects.create(
+                host=host, stripe_account_id=account.id, status=PayoutProfile.Status.ONBOARDING
+            )
     except IntegrityError:  # the other click's row (the same account: the same idempotency key)
         return PayoutProfile.objects.get(host=host)

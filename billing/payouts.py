@@ -1,5 +1,6 @@
 """Host payouts, requested → sending → paid | failed, each step a compare-and-set on the
 payout and a ledger transaction; and the forfeit of a cheat's unvested earnings."""
+
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
@@ -31,15 +32,21 @@ def payout_request(*, host: Host, amount_ucents: int | None = None) -> Payout:
     connected account to send to.
     """
     if Host.objects.filter(pk=host.pk, banned_at__isnull=False).exists():  # (read now: the caller's row may be stale)
-        raise PayoutRefused("This machine is banned, so it cannot request payouts; an operator decides what happens "
-                            "to its earnings. Write to support if you think the ban is a mistake.")
+        raise PayoutRefused(
+            "This machine is banned, so it cannot request payouts; an operator decides what happens "
+            "to its earnings. Write to support if you think the ban is a mistake."
+        )
     profile = PayoutProfile.objects.filter(host=host).first()
     if profile is None or not profile.stripe_account_id:
-        raise PayoutRefused("This machine has no payout account yet: press \"Set up payouts\" on its page "
-                            "(My machines, then the machine) to connect one with Stripe.")
+        raise PayoutRefused(
+            "This machine has no payout account yet: press \"Set up payouts\" on its page "
+            "(My machines, then the machine) to connect one with Stripe."
+        )
     if profile.status != PayoutProfile.Status.READY:
-        raise PayoutRefused(f"This machine's payout account ({profile.stripe_account_id}) has not finished Stripe's "
-                            "onboarding: press \"Set up payouts\" on the machine's page to continue it.")
+        raise PayoutRefused(
+            f"This machine's payout account ({profile.stripe_account_id}) has not finished Stripe's "
+            "onboarding: press \"Set up payouts\" on the machine's page to continue it."
+        )
     account = Account.objects.select_for_update().get(pk=account_for_host(host=host).pk)
     available = selectors.host_payable_ucents(account=account)
     amount = available // UCENTS_PER_CENT * UCENTS_PER_CENT if amount_ucents is None else amount_ucents
@@ -53,7 +60,11 @@ def payout_request(*, host: Host, amount_ucents: int | None = None) -> Payout:
         )
     if amount > available:
         unvested = selectors.host_unvested_ucents(account=account)
-        later = f" ({usd(unvested)} more vests within {settings.EARNINGS_VEST_SECONDS / 86400:g} days of being earned)" if unvested else ""
+        later = (
+            f" ({usd(unvested)} more vests within {settings.EARNINGS_VEST_SECONDS / 86400:g} days of being earned)"
+            if unvested
+            else ""
+        )
         raise PayoutRefused(f"Only {usd(available)} is available to withdraw{later}.")
     payout = Payout.objects.create(host=host, amount_ucents=amount, destination=profile.stripe_account_id)
     ledger_post(
@@ -79,11 +90,16 @@ def _below_minimum(*, account: Account, payable_ucents: int) -> str:
         if payable // UCENTS_PER_CENT * UCENTS_PER_CENT >= minimum:
             reaches = moment
             break
-    when = (f"the minimum is payable from {_utc_minute(reaches)}" if reaches is not None else
-            f"all of it has vested by {_utc_minute(schedule[-1][0])}, {usd(payable)} in all, still below the minimum")
-    return (f"{usd(vesting)} of this machine's earnings is still vesting (earnings become payable "
-            f"{settings.EARNINGS_VEST_SECONDS / 86400:g} days after each job) and {usd(payable_ucents)} is payable now, "
-            f"below the minimum payout of {usd(minimum)}: {when}.")
+    when = (
+        f"the minimum is payable from {_utc_minute(reaches)}"
+        if reaches is not None
+        else f"all of it has vested by {_utc_minute(schedule[-1][0])}, {usd(payable)} in all, still below the minimum"
+    )
+    return (
+        f"{usd(vesting)} of this machine's earnings is still vesting (earnings become payable "
+        f"{settings.EARNINGS_VEST_SECONDS / 86400:g} days after each job) and {usd(payable_ucents)} is payable now, "
+        f"below the minimum payout of {usd(minimum)}: {when}."
+    )
 
 
 def _utc_minute(moment: datetime) -> str:
@@ -103,8 +119,10 @@ def earnings_forfeit(*, host: Host, reason: str) -> int:
     if amount <= 0:
         return 0
     ledger_post(
-        kind=LedgerTransaction.Kind.FORFEIT, reference=f"forfeit-{host.pk}-{timezone.now().timestamp():.6f}",
-        memo=reason[:255], legs=[(account, -amount), (system_account(Account.Kind.PLATFORM), amount)],
+        kind=LedgerTransaction.Kind.FORFEIT,
+        reference=f"forfeit-{host.pk}-{timezone.now().timestamp():.6f}",
+        memo=reason[:255],
+        legs=[(account, -amount), (system_account(Account.Kind.PLATFORM), amount)],
     )
     return amount
 
@@ -134,8 +152,11 @@ def payout_approve(*, payout_id: int, operator: User | None = None) -> Payout:
             destination=payout.destination,
         )
     except (stripe.InvalidRequestError, stripe.CardError, stripe.PermissionError) as refusal:
-        payout_void(payout_id=payout.pk, reason=f"Stripe refused the transfer: {refusal.user_message or refusal}",
-                    refused_by_stripe=True)
+        payout_void(
+            payout_id=payout.pk,
+            reason=f"Stripe refused the transfer: {refusal.user_message or refusal}",
+            refused_by_stripe=True,
+        )
     except stripe.StripeError as error:
         raise PaymentProviderError(
             f"Payout {payout.pk} outcome unknown, still sending; approve again to retry: {error}"

@@ -1,4 +1,5 @@
 """Reads of the ledger."""
+
 from __future__ import annotations
 
 import math
@@ -30,7 +31,9 @@ def rate_headers(*, key: ApiKey, now: datetime | None = None) -> dict[str, str]:
     if key.rate_limit_per_minute is None:
         return {}
     now = now or timezone.now()
-    window = Hold.objects.filter(api_key=key, created_at__gte=now - RATE_WINDOW).aggregate(count=Count("id"), oldest=Min("created_at"))
+    window = Hold.objects.filter(api_key=key, created_at__gte=now - RATE_WINDOW).aggregate(
+        count=Count("id"), oldest=Min("created_at")
+    )
     reset = (window["oldest"] + RATE_WINDOW - now).total_seconds() if window["oldest"] else 0.0
     return {
         "x-ratelimit-limit-requests": str(key.rate_limit_per_minute),
@@ -53,14 +56,20 @@ def _vesting_entries(*, account: Account, now: datetime) -> QuerySet[LedgerEntry
     since = now - timedelta(seconds=settings.EARNINGS_VEST_SECONDS)
     forfeited_at = (
         LedgerEntry.objects.filter(account=account, transaction__kind=LedgerTransaction.Kind.FORFEIT)
-        .order_by("-transaction__created_at").values_list("transaction__created_at", flat=True).first()
+        .order_by("-transaction__created_at")
+        .values_list("transaction__created_at", flat=True)
+        .first()
     )
     if forfeited_at is not None and forfeited_at > since:
         since = forfeited_at
     return LedgerEntry.objects.filter(
-        account=account, transaction__created_at__gt=since,
-        transaction__kind__in=(LedgerTransaction.Kind.SETTLEMENT, LedgerTransaction.Kind.AUDIT_RELEASE,
-                               LedgerTransaction.Kind.AUDIT_SCORE),
+        account=account,
+        transaction__created_at__gt=since,
+        transaction__kind__in=(
+            LedgerTransaction.Kind.SETTLEMENT,
+            LedgerTransaction.Kind.AUDIT_RELEASE,
+            LedgerTransaction.Kind.AUDIT_SCORE,
+        ),
         amount_ucents__gt=0,
     )
 
@@ -71,7 +80,9 @@ def payout_profile(*, host: Host) -> PayoutProfile | None:
 
 def host_unvested_ucents(*, account: Account, now: datetime | None = None) -> int:
     """Earnings not yet payable (never more than the account holds)."""
-    recent = _vesting_entries(account=account, now=now or timezone.now()).aggregate(total=Sum("amount_ucents"))["total"] or 0
+    recent = (
+        _vesting_entries(account=account, now=now or timezone.now()).aggregate(total=Sum("amount_ucents"))["total"] or 0
+    )
     return max(0, min(recent, account.available_ucents))
 
 
@@ -84,7 +95,8 @@ def host_vesting_schedule(*, account: Account, now: datetime | None = None) -> l
     schedule = [
         (credited_at + vest, amount)
         for credited_at, amount in _vesting_entries(account=account, now=now)
-        .order_by("transaction__created_at", "pk").values_list("transaction__created_at", "amount_ucents")
+        .order_by("transaction__created_at", "pk")
+        .values_list("transaction__created_at", "amount_ucents")
     ]
     excess = sum(amount for _, amount in schedule) - host_unvested_ucents(account=account, now=now)
     while excess > 0 and schedule:
@@ -153,10 +165,15 @@ def stripe_drift() -> list[str]:
 
 def payout_drift() -> list[str]:
     """The payouts-pending account must hold exactly the payouts not yet decided."""
-    pending = Account.objects.filter(kind=Account.Kind.PAYOUTS_PENDING).values_list("balance_ucents", flat=True).first() or 0
-    undecided = Payout.objects.filter(status__in=[Payout.Status.REQUESTED, Payout.Status.SENDING]).aggregate(
-        total=Sum("amount_ucents")
-    )["total"] or 0
+    pending = (
+        Account.objects.filter(kind=Account.Kind.PAYOUTS_PENDING).values_list("balance_ucents", flat=True).first() or 0
+    )
+    undecided = (
+        Payout.objects.filter(status__in=[Payout.Status.REQUESTED, Payout.Status.SENDING]).aggregate(
+            total=Sum("amount_ucents")
+        )["total"]
+        or 0
+    )
     if pending != undecided:
         return [f"payouts pending: account holds {pending} µ¢, undecided payouts total {undecided} µ¢"]
     return []
@@ -199,8 +216,12 @@ def host_payouts(*, host: Host, limit: int = 100) -> HostPayouts:
     unvested = host_unvested_ucents(account=account) if account else 0
     forfeited = 0
     if account is not None:
-        forfeited = -(LedgerEntry.objects.filter(account=account, transaction__kind=LedgerTransaction.Kind.FORFEIT)
-                      .aggregate(total=Sum("amount_ucents"))["total"] or 0)
+        forfeited = -(
+            LedgerEntry.objects.filter(account=account, transaction__kind=LedgerTransaction.Kind.FORFEIT).aggregate(
+                total=Sum("amount_ucents")
+            )["total"]
+            or 0
+        )
     return HostPayouts(
         balance_ucents=account.balance_ucents if account else 0,
         available_ucents=max(0, account.available_ucents - unvested) if account else 0,

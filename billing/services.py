@@ -15,11 +15,18 @@ without touching them:
     payouts          host payouts, requested → sending → paid | failed; forfeits
     payout_accounts  a machine's Stripe Connect account, onboarding → ready
 """
+
 from __future__ import annotations
 
 from billing.audits import audit_refund, audit_release, audit_score_pay
 from billing.holds import hold_place, hold_release, hold_steps, orphaned_hold_release_one
-from billing.ledger import account_for_customer, account_for_host, credit_grant, credit_grant_by_operator, system_account
+from billing.ledger import (
+    account_for_customer,
+    account_for_host,
+    credit_grant,
+    credit_grant_by_operator,
+    system_account,
+)
 from billing.payout_accounts import payout_account_onboard, payout_account_refresh
 from billing.payouts import earnings_forfeit, payout_approve, payout_post, payout_request, payout_void
 from billing.settlement import Settlement, hold_settle, split_by_layers, split_cost
@@ -27,9 +34,32 @@ from billing.stripe_events import CREDITING_EVENTS, stripe_event_apply, stripe_w
 from billing.topups import topup_create, topup_rule
 
 __all__ = [
-    "CREDITING_EVENTS", "Settlement", "account_for_customer", "account_for_host", "audit_refund", "audit_release",
-    "audit_score_pay", "credit_grant", "credit_grant_by_operator", "earnings_forfeit", "hold_place", "hold_release",
-    "hold_settle", "hold_steps", "orphaned_hold_release_one", "payout_account_onboard", "payout_account_refresh",
-    "payout_approve", "payout_post", "payout_request", "payout_void", "split_by_layers", "split_cost",
-    "stripe_event_apply", "stripe_webhook_receive", "system_account", "topup_create", "topup_rule",
+    "CREDITING_EVENTS",
+    "Settlement",
+    "account_for_customer",
+    "account_for_host",
+    "audit_refund",
+    "audit_release",
+    "audit_score_pay",
+    "credit_grant",
+    "credit_grant_by_operator",
+    "earnings_forfeit",
+    "hold_place",
+    "hold_release",
+    "hold_settle",
+    "hold_steps",
+    "orphaned_hold_release_one",
+    "payout_account_onboard",
+    "payout_account_refresh",
+    "payout_approve",
+    "payout_post",
+    "payout_request",
+    "payout_void",
+    "split_by_layers",
+    "split_cost",
+    "stripe_event_apply",
+    "stripe_webhook_receive",
+    "system_account",
+    "topup_create",
+    "topup_rule",
 ]

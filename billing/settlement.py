@@ -1,6 +1,7 @@
 """Settling a request: the one host-share rule (`split_cost`, a ring's `split_by_layers`) and
 `hold_settle`, which charges a hold's actual cost exactly once and pays the hosts and the
 platform (or the audit escrow) their shares."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -42,8 +43,15 @@ def split_by_layers(host_ucents: int, layers: Mapping[int, int]) -> dict[int, in
 
 @transaction.atomic(savepoint=False)  # always inside the caller's transaction; one fewer round trip pair
 def hold_settle(
-    *, hold: Hold, cost_ucents: int, host: Host | None, reference: str, host_ucents: int | None = None,
-    others: Mapping[int, int] | None = None, memo: str = "", escrow: bool = False,
+    *,
+    hold: Hold,
+    cost_ucents: int,
+    host: Host | None,
+    reference: str,
+    host_ucents: int | None = None,
+    others: Mapping[int, int] | None = None,
+    memo: str = "",
+    escrow: bool = False,
 ) -> Settlement | None:
     """Charge the actual cost against a hold, exactly once.
 
@@ -69,8 +77,12 @@ def hold_settle(
     ceiling = split_cost(cost_ucents).host_ucents
     own = 0 if host is None else ceiling if host_ucents is None else host_ucents
     if own < 0 or any(amount < 0 for amount in others.values()) or own + sum(others.values()) > ceiling:
-        raise ValueError(f"host shares {own} and {sorted(others.values())} above {settings.HOST_SHARE_PERCENT}% of {cost_ucents}")
-    split = Settlement(cost_ucents=cost_ucents, host_ucents=own, platform_ucents=cost_ucents - own - sum(others.values()))
+        raise ValueError(
+            f"host shares {own} and {sorted(others.values())} above {settings.HOST_SHARE_PERCENT}% of {cost_ucents}"
+        )
+    split = Settlement(
+        cost_ucents=cost_ucents, host_ucents=own, platform_ucents=cost_ucents - own - sum(others.values())
+    )
     payees = {**({} if host is None else {host.pk: own}), **others}
     platform_id, accounts = _settlement_account_ids(host_ids=list(payees))
     if escrow and host is not None:
@@ -103,7 +115,13 @@ def _settlement_account_ids(*, host_ids: list[int]) -> tuple[int, dict[int, int]
 
 
 def _settlement_write(
-    *, hold: Hold, split: Settlement, reference: str, platform_id: int, host_legs: list[tuple[int, int]], memo: str = "",
+    *,
+    hold: Hold,
+    split: Settlement,
+    reference: str,
+    platform_id: int,
+    host_legs: list[tuple[int, int]],
+    memo: str = "",
 ) -> bool:
     """The settlement's writes as plain SQL, one statement per row (the ORM's statement
     building costs more than the database's work here, and this runs for every request).
@@ -111,7 +129,10 @@ def _settlement_write(
     The hold's compare-and-set decides; then the transaction and its entries; the hot
     rows (customer account, key, host, platform) last, in the global lock order.
     """
-    table = {model: connection.ops.quote_name(model._meta.db_table) for model in (Hold, LedgerTransaction, LedgerEntry, Account, ApiKey)}
+    table = {
+        model: connection.ops.quote_name(model._meta.db_table)
+        for model in (Hold, LedgerTransaction, LedgerEntry, Account, ApiKey)
+    }
     now = connection.ops.adapt_datetimefield_value(timezone.now())
     legs = [(hold.account_id, -split.cost_ucents), (platform_id, split.platform_ucents), *host_legs]
     legs = [(account_id, amount) for account_id, amount in legs if amount]
@@ -144,6 +165,7 @@ def _settlement_write(
         for account_id, amount in (*host_legs, (platform_id, split.platform_ucents)):
             if amount:
                 cursor.execute(
-                    f"UPDATE {table[Account]} SET balance_ucents = balance_ucents + %s WHERE id = %s", [amount, account_id]
+                    f"UPDATE {table[Account]} SET balance_ucents = balance_ucents + %s WHERE id = %s",
+                    [amount, account_id],
                 )
     return True

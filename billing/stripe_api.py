@@ -6,6 +6,7 @@ a retry (ours or the SDK's) can never create a second session, transfer or accou
 (`billing/stripe_local.py`, which `make run` starts when no real key is set) or a
 test's.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -23,7 +24,7 @@ def payouts_configured() -> bool:
 
 
 def mode() -> str:
-    """"local" when the client talks to a stand-in (STRIPE_API_BASE), "test" with Stripe's own
+    """ "local" when the client talks to a stand-in (STRIPE_API_BASE), "test" with Stripe's own
     test keys, "live" with live keys, "" when Stripe is not configured: every page says which
     unless it is live."""
     if not settings.STRIPE_SECRET_KEY:
@@ -45,7 +46,10 @@ def _client(secret_key: str, api_base: str, timeout: float, retries: int) -> str
 
 def client() -> stripe.StripeClient:
     return _client(
-        settings.STRIPE_SECRET_KEY, settings.STRIPE_API_BASE, settings.STRIPE_TIMEOUT_SECONDS, settings.STRIPE_MAX_RETRIES
+        settings.STRIPE_SECRET_KEY,
+        settings.STRIPE_API_BASE,
+        settings.STRIPE_TIMEOUT_SECONDS,
+        settings.STRIPE_MAX_RETRIES,
     )
 
 
@@ -127,5 +131,8 @@ def webhook_event(*, payload: bytes, signature: str) -> stripe.Event:
     Raises ValueError (not JSON / not UTF-8) or stripe.SignatureVerificationError.
     """
     return stripe.Webhook.construct_event(
-        payload.decode("utf-8"), signature, settings.STRIPE_WEBHOOK_SECRET, tolerance=settings.STRIPE_WEBHOOK_TOLERANCE_SECONDS
+        payload.decode("utf-8"),
+        signature,
+        settings.STRIPE_WEBHOOK_SECRET,
+        tolerance=settings.STRIPE_WEBHOOK_TOLERANCE_SECONDS,
     )

@@ -1,5 +1,6 @@
 """Stripe's webhook: a delivery verified over its raw bytes, recorded once, and applied
 (`billing.topups` for payments, refunds and disputes; `billing.payout_accounts` for Connect)."""
+
 from __future__ import annotations
 
 import stripe

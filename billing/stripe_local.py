@@ -22,6 +22,7 @@ No money moves and nothing leaves the machine. `python manage.py stripe_local` r
 accounts, links and replays survive a restart: written there atomically after each change,
 read back at `start`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -60,15 +61,30 @@ def sign(payload: str, secret: str, *, timestamp: int | None = None) -> str:
 
 def event_body(event_type: str, obj: dict, *, event_id: str | None = None) -> str:
     """A webhook body as Stripe sends it: an `event` wrapping the object it is about."""
-    return json.dumps({
-        "id": event_id or _id("evt"), "object": "event", "api_version": API_VERSION, "created": int(time.time()),
-        "type": event_type, "livemode": False, "pending_webhooks": 1,
-        "request": {"id": None, "idempotency_key": None}, "data": {"object": obj},
-    }, indent=2)
+    return json.dumps(
+        {
+            "id": event_id or _id("evt"),
+            "object": "event",
+            "api_version": API_VERSION,
+            "created": int(time.time()),
+            "type": event_type,
+            "livemode": False,
+            "pending_webhooks": 1,
+            "request": {"id": None, "idempotency_key": None},
+            "data": {"object": obj},
+        },
+        indent=2,
+    )
 
 
-def checkout_completed_event(session: dict, *, event_id: str | None = None, payment_status: str = "paid",
-                             event_type: str = "checkout.session.completed", amount_total: int | None = None) -> str:
+def checkout_completed_event(
+    session: dict,
+    *,
+    event_id: str | None = None,
+    payment_status: str = "paid",
+    event_type: str = "checkout.session.completed",
+    amount_total: int | None = None,
+) -> str:
     """The event Stripe sends when a session it created is paid."""
     obj = {**session, "payment_status": payment_status, "status": "complete"}
     if amount_total is not None:
@@ -78,20 +94,36 @@ def checkout_completed_event(session: dict, *, event_id: str | None = None, paym
 
 def charge_refunded_event(session: dict, *, amount_refunded: int) -> str:
     """`charge.refunded` for the payment of `session` (Stripe's `amount_refunded` is the total so far)."""
-    return event_body("charge.refunded", {
-        "id": f"ch_{session['payment_intent'][8:]}", "object": "charge", "amount": session["amount_total"],
-        "amount_refunded": amount_refunded, "currency": session["currency"], "payment_intent": session["payment_intent"],
-        "refunded": amount_refunded >= session["amount_total"], "status": "succeeded",
-    })
+    return event_body(
+        "charge.refunded",
+        {
+            "id": f"ch_{session['payment_intent'][8:]}",
+            "object": "charge",
+            "amount": session["amount_total"],
+            "amount_refunded": amount_refunded,
+            "currency": session["currency"],
+            "payment_intent": session["payment_intent"],
+            "refunded": amount_refunded >= session["amount_total"],
+            "status": "succeeded",
+        },
+    )
 
 
 def dispute_event(session: dict, *, amount: int, closed: str | None = None, dispute_id: str = "dp_test_1") -> str:
     """`charge.dispute.created`, or `charge.dispute.closed` with status `closed` ("won", "lost")."""
-    return event_body("charge.dispute.closed" if closed else "charge.dispute.created", {
-        "id": dispute_id, "object": "dispute", "amount": amount, "currency": session["currency"],
-        "charge": f"ch_{session['payment_intent'][8:]}", "payment_intent": session["payment_intent"],
-        "reason": "fraudulent", "status": closed or "needs_response",
-    })
+    return event_body(
+        "charge.dispute.closed" if closed else "charge.dispute.created",
+        {
+            "id": dispute_id,
+            "object": "dispute",
+            "amount": amount,
+            "currency": session["currency"],
+            "charge": f"ch_{session['payment_intent'][8:]}",
+            "payment_intent": session["payment_intent"],
+            "reason": "fraudulent",
+            "status": closed or "needs_response",
+        },
+    )
 
 
 @dataclass
@@ -105,7 +137,9 @@ class Received:
     authorization: str
 
 
-def _error(status: int, message: str, *, code: str | None = None, kind: str = "invalid_request_error") -> tuple[int, dict]:
+def _error(
+    status: int, message: str, *, code: str | None = None, kind: str = "invalid_request_error"
+) -> tuple[int, dict]:
     return status, {"error": {"type": kind, "code": code, "message": message}}
 
 
@@ -166,18 +200,23 @@ class LocalStripe:
             objects = self.accounts if found.group(1) == "accounts" else self.sessions
             if found.group(2) in objects:
                 return 200, objects[found.group(2)]
-            return _error(404, f"No such {found.group(1).split('/')[-1].rstrip('s')}: '{found.group(2)}'", code="resource_missing")
+            return _error(
+                404, f"No such {found.group(1).split('/')[-1].rstrip('s')}: '{found.group(2)}'", code="resource_missing"
+            )
         return _error(404, f"Unrecognized request URL ({method}: {path}).")
 
     def _session_create(self, form: dict[str, str]) -> tuple[int, dict]:
-        missing = [name for name in ("mode", "success_url", "line_items[0][price_data][unit_amount]") if not form.get(name)]
+        missing = [
+            name for name in ("mode", "success_url", "line_items[0][price_data][unit_amount]") if not form.get(name)
+        ]
         if missing:
             return _error(400, f"Missing required param: {missing[0]}.", code="parameter_missing")
         session_id = _id("cs_test", 58)
         session = {
             "id": session_id,
             "object": "checkout.session",
-            "amount_total": int(form["line_items[0][price_data][unit_amount]"]) * int(form.get("line_items[0][quantity]", "1")),
+            "amount_total": int(form["line_items[0][price_data][unit_amount]"])
+            * int(form.get("line_items[0][quantity]", "1")),
             "currency": form.get("line_items[0][price_data][currency]", "usd"),
             "client_reference_id": form.get("client_reference_id"),
             "customer_email": form.get("customer_email"),
@@ -195,7 +234,9 @@ class LocalStripe:
 
     def _transfer_create(self, form: dict[str, str]) -> tuple[int, dict]:
         if self.refuse_transfers:
-            return _error(400, "You have insufficient available funds in your Stripe account.", code="balance_insufficient")
+            return _error(
+                400, "You have insufficient available funds in your Stripe account.", code="balance_insufficient"
+            )
         return 200, {
             "id": _id("tr"),
             "object": "transfer",
@@ -218,7 +259,10 @@ class LocalStripe:
             "charges_enabled": False,
             "payouts_enabled": False,
             "capabilities": {"transfers": "inactive"},
-            "requirements": {"currently_due": ["external_account", "tos_acceptance.date"], "disabled_reason": "requirements.past_due"},
+            "requirements": {
+                "currently_due": ["external_account", "tos_acceptance.date"],
+                "disabled_reason": "requirements.past_due",
+            },
             "metadata": {key[9:-1]: value for key, value in form.items() if key.startswith("metadata[")},
         }
         return 200, self.accounts[account_id]
@@ -230,15 +274,24 @@ class LocalStripe:
             return _error(400, f"Invalid type: {form.get('type')!r}.", code="parameter_invalid")
         link_id = secrets.token_urlsafe(16)
         now = int(time.time())
-        self.links[link_id] = {"account": form["account"], "return_url": form.get("return_url", ""),
-                               "refresh_url": form.get("refresh_url", ""), "expires_at": now + ACCOUNT_LINK_SECONDS, "used": False}
-        return 200, {"object": "account_link", "created": now, "expires_at": now + ACCOUNT_LINK_SECONDS,
-                     "url": f"{self.url}/connect/onboarding/{link_id}"}
+        self.links[link_id] = {
+            "account": form["account"],
+            "return_url": form.get("return_url", ""),
+            "refresh_url": form.get("refresh_url", ""),
+            "expires_at": now + ACCOUNT_LINK_SECONDS,
+            "used": False,
+        }
+        return 200, {
+            "object": "account_link",
+            "created": now,
+            "expires_at": now + ACCOUNT_LINK_SECONDS,
+            "url": f"{self.url}/connect/onboarding/{link_id}",
+        }
 
     # --- the pages ---------------------------------------------------------------------
 
     def checkout_pay(self, session_id: str) -> tuple[str, str]:
-        """"Pay": complete the session and deliver its signed event; (redirect, "") once the
+        """ "Pay": complete the session and deliver its signed event; (redirect, "") once the
         gateway accepted it, or ("", why) when the delivery failed (paying again resends it)."""
         with self.lock:
             session = self.sessions[session_id]
@@ -252,10 +305,15 @@ class LocalStripe:
         """POST a signed event to the webhook URL as Stripe does; "" once answered 2xx, else why not."""
         if not self.webhook_url:
             return "no webhook URL is configured (stripe_local --webhook-url)"
-        headers = {"Content-Type": "application/json; charset=utf-8", "User-Agent": "Stripe/1.0 (+https://stripe.com/docs/webhooks)",
-                   "Stripe-Signature": sign(payload, self.webhook_secret)}
+        headers = {
+            "Content-Type": "application/json; charset=utf-8",
+            "User-Agent": "Stripe/1.0 (+https://stripe.com/docs/webhooks)",
+            "Stripe-Signature": sign(payload, self.webhook_secret),
+        }
         try:
-            answer = httpx.post(self.webhook_url, content=payload.encode(), headers=headers, timeout=WEBHOOK_TIMEOUT_SECONDS)
+            answer = httpx.post(
+                self.webhook_url, content=payload.encode(), headers=headers, timeout=WEBHOOK_TIMEOUT_SECONDS
+            )
         except httpx.HTTPError as error:
             return f"the webhook to {self.webhook_url} failed: {error}"
         if not answer.is_success:
@@ -263,7 +321,7 @@ class LocalStripe:
         return ""
 
     def onboarding_complete(self, link_id: str) -> str:
-        """"Complete" on the onboarding page: the account can now receive transfers, and
+        """ "Complete" on the onboarding page: the account can now receive transfers, and
         `account.updated` says so to the webhook URL (a failed delivery is not retried: the
         return URL asks again). Returns the link's return_url (its refresh_url when the link
         expired or was used, as Stripe does)."""
@@ -274,7 +332,10 @@ class LocalStripe:
             link["used"] = True
             account = self.accounts[link["account"]]
             account.update(
-                details_submitted=True, charges_enabled=True, payouts_enabled=True, capabilities={"transfers": "active"},
+                details_submitted=True,
+                charges_enabled=True,
+                payouts_enabled=True,
+                capabilities={"transfers": "active"},
                 requirements={"currently_due": [], "disabled_reason": None},
             )
             self._save()
@@ -290,8 +351,13 @@ class LocalStripe:
         `os.replace`, so a restart mid-write finds the previous state, never half of one."""
         if self.state_path is None:
             return
-        state = {"sessions": self.sessions, "accounts": self.accounts, "links": self.links, "events": self.events,
-                 "replays": {key: list(answer) for key, answer in self.replays.items()}}
+        state = {
+            "sessions": self.sessions,
+            "accounts": self.accounts,
+            "links": self.links,
+            "events": self.events,
+            "replays": {key: list(answer) for key, answer in self.replays.items()},
+        }
         fd, temporary = tempfile.mkstemp(dir=self.state_path.parent, prefix=f".{self.state_path.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "w") as out:
@@ -311,7 +377,9 @@ class LocalStripe:
         try:
             state = json.loads(self.state_path.read_text())
         except ValueError as error:
-            raise ValueError(f"{self.state_path} is not the stand-in's saved state ({error}); move it aside to start afresh") from error
+            raise ValueError(
+                f"{self.state_path} is not the stand-in's saved state ({error}); move it aside to start afresh"
+            ) from error
         with self.lock:
             self.sessions.update(state["sessions"])
             self.accounts.update(state["accounts"])
@@ -424,17 +492,29 @@ button.primary {{ background: #635bff; color: #fff; }} button.secondary {{ backg
 
 def _checkout_page(session: dict, *, failure: str = "") -> str:
     amount = f"{session['amount_total'] / 100:,.2f} {session['currency'].upper()}"
-    error = f'<p class="error" id="failure">Paid, but {html.escape(failure)}. Pay again to resend it.</p>' if failure else ""
-    email = f'<p class="muted">for {html.escape(session["customer_email"])}</p>' if session.get("customer_email") else ""
-    return _page("Checkout", f"""<h1>Checkout</h1>
+    error = (
+        f'<p class="error" id="failure">Paid, but {html.escape(failure)}. Pay again to resend it.</p>'
+        if failure
+        else ""
+    )
+    email = (
+        f'<p class="muted">for {html.escape(session["customer_email"])}</p>' if session.get("customer_email") else ""
+    )
+    return _page(
+        "Checkout",
+        f"""<h1>Checkout</h1>
 <div class="amount" id="amount">{amount}</div>{email}{error}
 <form method="post"><button class="primary" name="action" value="pay" type="submit">Pay</button>
 <button class="secondary" name="action" value="cancel" type="submit">Cancel</button></form>
-<p class="muted">Pay sends Stripe's signed <code>checkout.session.completed</code> webhook to the gateway, then returns there.</p>""")
+<p class="muted">Pay sends Stripe's signed <code>checkout.session.completed</code> webhook to the gateway, then returns there.</p>""",
+    )
 
 
 def _onboarding_page(link: dict) -> str:
-    return _page("Set up payouts", f"""<h1>Set up payouts</h1>
+    return _page(
+        "Set up payouts",
+        f"""<h1>Set up payouts</h1>
 <p>Connected account <code>{html.escape(link['account'])}</code>. On Stripe the owner would enter their identity and bank
 account here; in test mode there is nothing to enter.</p>
-<form method="post"><button class="primary" type="submit">Complete onboarding</button></form>""")
+<form method="post"><button class="primary" type="submit">Complete onboarding</button></form>""",
+    )

@@ -1,4 +1,5 @@
 """Celery interface to billing's periodic work."""
+
 from __future__ import annotations
 
 import logging

@@ -1,6 +1,7 @@
 """Top-ups through Stripe Checkout: the session is created here, the credit comes only from
 Stripe's signed events (`billing.stripe_events`), and so do refunds and chargebacks, which
 take it back."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -37,12 +38,18 @@ def topup_create(*, user: User, amount_cents: int, success_url: str, cancel_url:
     topup = TopUp.objects.create(user=user, amount_cents=amount_cents, currency=settings.BILLING_CURRENCY)
     try:
         session = stripe_api.checkout_session_create(
-            topup_id=topup.pk, amount_cents=amount_cents, currency=topup.currency, email=user.email,
-            success_url=success_url, cancel_url=cancel_url,
+            topup_id=topup.pk,
+            amount_cents=amount_cents,
+            currency=topup.currency,
+            email=user.email,
+            success_url=success_url,
+            cancel_url=cancel_url,
         )
     except stripe.StripeError as error:
         TopUp.objects.filter(pk=topup.pk, status=TopUp.Status.CREATING).update(status=TopUp.Status.FAILED)
-        raise PaymentProviderError(f"The payment provider refused to start a checkout: {error.user_message or error}") from None
+        raise PaymentProviderError(
+            f"The payment provider refused to start a checkout: {error.user_message or error}"
+        ) from None
     TopUp.objects.filter(pk=topup.pk, status=TopUp.Status.CREATING).update(
         status=TopUp.Status.OPEN, stripe_session_id=session.id, checkout_url=session.url or ""
     )
@@ -59,16 +66,23 @@ def _paid_topup(payment_intent: object) -> TopUp | None:
     """The paid top-up of a payment, locked (refunds and disputes name the payment)."""
     if not isinstance(payment_intent, str) or not payment_intent:
         return None
-    return TopUp.objects.select_for_update().filter(stripe_payment_intent=payment_intent, status=TopUp.Status.PAID).first()
+    return (
+        TopUp.objects.select_for_update().filter(stripe_payment_intent=payment_intent, status=TopUp.Status.PAID).first()
+    )
 
 
 def _take_back(*, topup: TopUp, cents: int, kind: str, reference: str, memo: str) -> None:
     """Debit the customer (through the ledger) what Stripe gave back to the card: the balance
     may go negative, and admission then refuses with 402 until it is covered."""
-    ledger_post(kind=kind, reference=reference, memo=memo[:255], legs=[  # the customer's account first, the global lock order
-        (account_for_customer(user=topup.user), -cents * UCENTS_PER_CENT),
-        (system_account(Account.Kind.FUNDING), cents * UCENTS_PER_CENT),
-    ])
+    ledger_post(
+        kind=kind,
+        reference=reference,
+        memo=memo[:255],
+        legs=[  # the customer's account first, the global lock order
+            (account_for_customer(user=topup.user), -cents * UCENTS_PER_CENT),
+            (system_account(Account.Kind.FUNDING), cents * UCENTS_PER_CENT),
+        ],
+    )
 
 
 def topup_refund(*, charge: dict) -> tuple[str, TopUp | None, str]:
@@ -83,8 +97,13 @@ def topup_refund(*, charge: dict) -> tuple[str, TopUp | None, str]:
     new = min(refunded, topup.amount_cents - topup.disputed_cents) - topup.refunded_cents
     if new <= 0:
         return StripeEvent.Outcome.IGNORED, topup, f"{topup.refunded_cents} cents already taken back for refunds"
-    _take_back(topup=topup, cents=new, kind=LedgerTransaction.Kind.REFUND, reference=f"refund-{charge.get('id')}-{refunded}",
-               memo=f"Stripe refund of top-up {topup.pk}: {new / 100:.2f} {topup.currency.upper()}")
+    _take_back(
+        topup=topup,
+        cents=new,
+        kind=LedgerTransaction.Kind.REFUND,
+        reference=f"refund-{charge.get('id')}-{refunded}",
+        memo=f"Stripe refund of top-up {topup.pk}: {new / 100:.2f} {topup.currency.upper()}",
+    )
     TopUp.objects.filter(pk=topup.pk).update(refunded_cents=topup.refunded_cents + new)
     return StripeEvent.Outcome.DEBITED, topup, f"refunded {new} cents"
 
@@ -95,8 +114,15 @@ def topup_dispute(*, dispute: dict, closed: bool) -> tuple[str, TopUp | None, st
     topup = _paid_topup(dispute.get("payment_intent"))
     if topup is None:
         return StripeEvent.Outcome.REJECTED, None, f"no paid top-up for payment {dispute.get('payment_intent')}"
-    opened = LedgerTransaction.objects.filter(kind=LedgerTransaction.Kind.CHARGEBACK, reference=f"dispute-{dispute.get('id')}").first()
-    taken = -sum(opened.entries.filter(account__kind=Account.Kind.CUSTOMER).values_list("amount_ucents", flat=True)) // UCENTS_PER_CENT if opened else 0
+    opened = LedgerTransaction.objects.filter(
+        kind=LedgerTransaction.Kind.CHARGEBACK, reference=f"dispute-{dispute.get('id')}"
+    ).first()
+    taken = (
+        -sum(opened.entries.filter(account__kind=Account.Kind.CUSTOMER).values_list("amount_ucents", flat=True))
+        // UCENTS_PER_CENT
+        if opened
+        else 0
+    )
     if not closed:
         if opened is not None:
             return StripeEvent.Outcome.IGNORED, topup, f"dispute {dispute.get('id')} already taken back"
@@ -106,19 +132,28 @@ def topup_dispute(*, dispute: dict, closed: bool) -> tuple[str, TopUp | None, st
         cents = min(amount, topup.amount_cents - topup.refunded_cents - topup.disputed_cents)
         if cents <= 0:
             return StripeEvent.Outcome.IGNORED, topup, "nothing of this top-up is left to take back"
-        _take_back(topup=topup, cents=cents, kind=LedgerTransaction.Kind.CHARGEBACK, reference=f"dispute-{dispute.get('id')}",
-                   memo=f"Stripe dispute of top-up {topup.pk} ({dispute.get('reason') or 'no reason given'})")
+        _take_back(
+            topup=topup,
+            cents=cents,
+            kind=LedgerTransaction.Kind.CHARGEBACK,
+            reference=f"dispute-{dispute.get('id')}",
+            memo=f"Stripe dispute of top-up {topup.pk} ({dispute.get('reason') or 'no reason given'})",
+        )
         TopUp.objects.filter(pk=topup.pk).update(disputed_cents=topup.disputed_cents + cents)
         return StripeEvent.Outcome.DEBITED, topup, f"disputed {cents} cents"
     if dispute.get("status") != "won" or taken <= 0:
         return StripeEvent.Outcome.IGNORED, topup, f"dispute {dispute.get('id')} closed {dispute.get('status')}"
     try:
         with transaction.atomic():
-            ledger_post(kind=LedgerTransaction.Kind.CHARGEBACK_WON, reference=f"dispute-won-{dispute.get('id')}",
-                  memo=f"Stripe dispute of top-up {topup.pk} won", legs=[
-                      (account_for_customer(user=topup.user), taken * UCENTS_PER_CENT),
-                      (system_account(Account.Kind.FUNDING), -taken * UCENTS_PER_CENT),
-                  ])
+            ledger_post(
+                kind=LedgerTransaction.Kind.CHARGEBACK_WON,
+                reference=f"dispute-won-{dispute.get('id')}",
+                memo=f"Stripe dispute of top-up {topup.pk} won",
+                legs=[
+                    (account_for_customer(user=topup.user), taken * UCENTS_PER_CENT),
+                    (system_account(Account.Kind.FUNDING), -taken * UCENTS_PER_CENT),
+                ],
+            )
     except IntegrityError:  # (the ledger's unique reference: a second "won" for the same dispute)
         return StripeEvent.Outcome.IGNORED, topup, f"dispute {dispute.get('id')} already given back"
     TopUp.objects.filter(pk=topup.pk).update(disputed_cents=max(0, topup.disputed_cents - taken))
@@ -135,9 +170,15 @@ def topup_credit(*, session: dict) -> tuple[str, TopUp | None, str]:
     topup = TopUp.objects.select_for_update().filter(stripe_session_id=session.get("id")).first()
     reference = session.get("client_reference_id")
     if topup is None and isinstance(reference, str) and reference.isdigit():
-        topup = TopUp.objects.select_for_update().filter(
-            pk=int(reference), stripe_session_id__isnull=True, status__in=[TopUp.Status.CREATING, TopUp.Status.FAILED]
-        ).first()
+        topup = (
+            TopUp.objects.select_for_update()
+            .filter(
+                pk=int(reference),
+                stripe_session_id__isnull=True,
+                status__in=[TopUp.Status.CREATING, TopUp.Status.FAILED],
+            )
+            .first()
+        )
         if topup is not None:
             TopUp.objects.filter(pk=topup.pk).update(stripe_session_id=session.get("id"), status=TopUp.Status.OPEN)
             topup.refresh_from_db()
@@ -159,7 +200,9 @@ def topup_credit(*, session: dict) -> tuple[str, TopUp | None, str]:
         ],
     )
     TopUp.objects.filter(pk=topup.pk, status=TopUp.Status.OPEN).update(
-        status=TopUp.Status.PAID, transaction=txn, paid_at=timezone.now(),
+        status=TopUp.Status.PAID,
+        transaction=txn,
+        paid_at=timezone.now(),
         stripe_payment_intent=session.get("payment_intent") if isinstance(session.get("payment_intent"), str) else "",
     )
     return StripeEvent.Outcome.CREDITED, topup, ""

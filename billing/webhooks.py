@@ -1,5 +1,6 @@
 """Stripe's webhook endpoint. The signature is checked over the raw bytes of the
 body (never a parsed and re-serialised copy): anything else is a 400."""
+
 from __future__ import annotations
 
 from django.http import HttpRequest, JsonResponse
@@ -16,7 +17,9 @@ def stripe_webhook(request: HttpRequest) -> JsonResponse:
     """200 for every verified event (a replay included: Stripe must stop retrying);
     400 for a forged, stale or malformed delivery."""
     try:
-        event = services.stripe_webhook_receive(payload=request.body, signature=request.headers.get("Stripe-Signature", ""))
+        event = services.stripe_webhook_receive(
+            payload=request.body, signature=request.headers.get("Stripe-Signature", "")
+        )
     except InvalidWebhook as error:
         body = {"error": {"message": error.message, "type": "invalid_request_error", "param": None, "code": error.code}}
         return JsonResponse(body, status=400)

@@ -17,6 +17,7 @@ Vocabularies converted from tiktoken list every way of splitting each token in t
 280,147 merges for 128,000 tokens, and llama.cpp keeps each one in a hash map of string pairs.
 No Django, no llama.cpp: bytes in, bytes out.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -59,7 +60,7 @@ def _pair(entry: bytes) -> tuple[bytes, bytes] | None:
     space after the first byte."""
     entry = entry.split(b"\0", 1)[0]
     cut = entry.find(b" ", 1)
-    return None if cut < 0 else (entry[:cut], entry[cut + 1:])
+    return None if cut < 0 else (entry[:cut], entry[cut + 1 :])
 
 
 def _last_merge(text: bytes, ranks: dict[tuple[bytes, bytes], int]) -> tuple[bytes, bytes] | None:
@@ -76,7 +77,7 @@ def _last_merge(text: bytes, ranks: dict[tuple[bytes, bytes], int]) -> tuple[byt
             return None
         if len(symbols) == 2:
             return symbols[0], symbols[1]
-        symbols[at:at + 2] = [symbols[at] + symbols[at + 1]]
+        symbols[at : at + 2] = [symbols[at] + symbols[at + 1]]
     return None
 
 
@@ -85,6 +86,6 @@ def _characters(text: bytes) -> list[bytes]:
     symbols, offset = [], 0
     while offset < len(text):
         size = min(len(text) - offset, _UTF8_LEN[text[offset] >> 4])
-        symbols.append(text[offset:offset + size])
+        symbols.append(text[offset : offset + size])
         offset += size
     return symbols

@@ -8,6 +8,7 @@ byte for byte, declaring no tensors, less the BPE merges llama.cpp can never app
 whole file, tokenizes every text as the whole file does, and it weighs what the vocabulary
 weighs (a few MB), not the weights.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -62,7 +63,9 @@ class GgufFacts:
     metadata_end: int  # where the header and metadata stop: the vocabulary-only copy is bytes [0, metadata_end)
     alignment: int
     vocabulary_sha256: str  # what tokenizing depends on (see `_vocabulary_sha256`): files that share it count alike
-    merges: Merges | None = field(default=None, repr=False, compare=False)  # None: no BPE merges (SentencePiece, WordPiece)
+    merges: Merges | None = field(
+        default=None, repr=False, compare=False
+    )  # None: no BPE merges (SentencePiece, WordPiece)
 
 
 def gguf_facts(path: Path) -> GgufFacts:
@@ -105,7 +108,8 @@ def gguf_facts(path: Path) -> GgufFacts:
         file_size=path.stat().st_size,
         metadata_end=max(
             field.offset + sum(part.nbytes for part in field.parts)
-            for key, field in reader.fields.items() if not key.startswith("GGUF.")
+            for key, field in reader.fields.items()
+            if not key.startswith("GGUF.")
         ),
         alignment=int(gguf_field(reader, "general.alignment", GGUF_DEFAULT_ALIGNMENT)),
         vocabulary_sha256=_vocabulary_sha256(reader),
@@ -126,10 +130,12 @@ def _vocabulary_sha256(reader: _PlainArrayReader) -> str:
     share it, so the gateway keeps one vocabulary for all of them instead of one per file."""
     digest = hashlib.sha256()
     for key in sorted(reader.fields):
-        if key in _VOCABULARY_GENERAL or (key.startswith("tokenizer.") and not key.startswith("tokenizer.chat_template")):
+        if key in _VOCABULARY_GENERAL or (
+            key.startswith("tokenizer.") and not key.startswith("tokenizer.chat_template")
+        ):
             field = reader.fields[key]
             end = field.offset + sum(part.nbytes for part in field.parts)
-            digest.update(key.encode() + b"\0" + reader.data[field.offset:end].tobytes())
+            digest.update(key.encode() + b"\0" + reader.data[field.offset : end].tobytes())
     return digest.hexdigest()
 
 
@@ -139,9 +145,12 @@ def _merges(entry: ReaderField | None) -> Merges | None:
     if entry is None:
         return None
     parts = entry.parts
-    return Merges(count_at=entry.offset + sum(part.nbytes for part in parts[:4]),
-                  end=entry.offset + sum(part.nbytes for part in parts), u64=parts[4].dtype.str,
-                  items=tuple(parts[index].tobytes() for index in entry.data))
+    return Merges(
+        count_at=entry.offset + sum(part.nbytes for part in parts[:4]),
+        end=entry.offset + sum(part.nbytes for part in parts),
+        u64=parts[4].dtype.str,
+        items=tuple(parts[index].tobytes() for index in entry.data),
+    )
 
 
 def _token_text(texts: list[str], token: int | None) -> str:
@@ -168,7 +177,7 @@ def gguf_vocab_copy(path: Path, facts: GgufFacts, dest: Path) -> None:
     with path.open("rb") as file:
         metadata = bytearray(file.read(facts.metadata_end))
     if facts.merges is not None:
-        metadata[facts.merges.count_at:facts.merges.end] = _merges_encoded(facts.merges)
+        metadata[facts.merges.count_at : facts.merges.end] = _merges_encoded(facts.merges)
     metadata[_TENSOR_COUNT] = bytes(8)  # zero tensors: the same 0 in either byte order
     metadata += bytes(-len(metadata) % facts.alignment)  # the (empty) data section starts aligned
     partial = dest.with_name(f".{dest.name}.partial")

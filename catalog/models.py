@@ -1,4 +1,5 @@
 """The models Elephant sells, with their prices per token."""
+
 from __future__ import annotations
 
 from django.db import models
@@ -23,7 +24,9 @@ class CatalogModel(models.Model):
         null=True, blank=True, help_text="an embeddings model's vector width: a host's vectors must have it"
     )
     tokenizer = models.CharField(max_length=100, help_text="how the gateway counts tokens, e.g. shipped:gemma-3-270m")
-    sha256 = models.CharField(max_length=64, blank=True, help_text="the weights file every host must serve (blank: not pinned)")
+    sha256 = models.CharField(
+        max_length=64, blank=True, help_text="the weights file every host must serve (blank: not pinned)"
+    )
     quantization = models.CharField(max_length=32, blank=True, help_text="e.g. Q4_K_M")
     # What `catalog_add` read from the model's own GGUF (blank / null on entries made otherwise).
     architecture = models.CharField(max_length=64, blank=True, help_text="the GGUF's general.architecture, e.g. llama")
@@ -47,12 +50,15 @@ class CatalogModel(models.Model):
     n_experts = models.PositiveIntegerField(null=True, blank=True, help_text="a mixture of experts' expert count")
     file_size = models.BigIntegerField(null=True, blank=True, help_text="bytes of the weights file")
     weights_path = models.CharField(
-        max_length=500, blank=True,
+        max_length=500,
+        blank=True,
         help_text="the weights file on the gateway's disk (where it was added from): what audits re-read answers with",
     )
     active = models.BooleanField(default=True)
     routing_strategy = models.CharField(
-        max_length=24, blank=True, choices=[("least-connections", "least-connections"), ("weighted", "weighted")],
+        max_length=24,
+        blank=True,
+        choices=[("least-connections", "least-connections"), ("weighted", "weighted")],
         help_text="how jobs are spread over warm hosts; empty = the gateway's ROUTING_STRATEGY",
     )
     latency_critical = models.BooleanField(

@@ -4,6 +4,7 @@ Every amount is an integer of micro-cents (µ¢): 1 USD = 100,000,000 µ¢. Amou
 are written exactly (Decimal, never float), wherever they are shown: pages,
 admin, error messages, command output.
 """
+
 from __future__ import annotations
 
 from decimal import Decimal, InvalidOperation
@@ -56,8 +57,10 @@ def usd_per_million_to_ucents(amount: str) -> int:
         raise ValueError(f"{amount!r} is not a non-negative number of USD per million tokens")
     per_token = value * UCENTS_PER_USD / 1_000_000
     if per_token != per_token.to_integral_value():
-        raise ValueError(f"{amount!r} USD per million tokens is {per_token.normalize():f} µ¢ per token, "
-                         f"not a whole number of µ¢ (1 µ¢ per token = $0.01 per million tokens)")
+        raise ValueError(
+            f"{amount!r} USD per million tokens is {per_token.normalize():f} µ¢ per token, "
+            f"not a whole number of µ¢ (1 µ¢ per token = $0.01 per million tokens)"
+        )
     if per_token >= 2**63:
         raise ValueError(f"{amount!r} USD per million tokens is too large")
     return int(per_token)

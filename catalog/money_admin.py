@@ -5,6 +5,7 @@ integer in the form, with its help text saying the unit.
 
 Money fields are found by name: `*_ucents` (µ¢) and `*_cents` (Stripe's cents, TopUp).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence

@@ -1,4 +1,5 @@
 """The one price rule: what a request costs, in integer micro-cents."""
+
 from __future__ import annotations
 
 from typing import Protocol

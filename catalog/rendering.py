@@ -5,6 +5,7 @@ An entry with no template of its own (a byte-vocabulary test model, an entry mad
 templates were stored) is rendered with the catalog's default template, the turn format the
 shipped Gemma model is sold with.
 """
+
 from __future__ import annotations
 
 import threading
@@ -41,9 +42,14 @@ def chat_format(model: CatalogModel) -> ChatFormat:
     controls = tuple(model.control_tokens or ())
     lstrip, rstrip = tokenizer_for(model.tokenizer).control_strips(controls) if controls else ((), ())
     found = ChatFormat(
-        template=model.chat_template or default_template(), bos_token=model.bos_text, eos_token=model.eos_text,
-        adds_bos=model.adds_bos, controls=controls, end_of_turn=tuple(model.end_of_turn or ()),
-        lstrip=lstrip, rstrip=rstrip,
+        template=model.chat_template or default_template(),
+        bos_token=model.bos_text,
+        eos_token=model.eos_text,
+        adds_bos=model.adds_bos,
+        controls=controls,
+        end_of_turn=tuple(model.end_of_turn or ()),
+        lstrip=lstrip,
+        rstrip=rstrip,
     )
     if model.pk is not None:
         with _FORMATS_LOCK:
@@ -62,7 +68,12 @@ def chat_format_of(model_id: int) -> ChatFormat:
 
 
 def prompt_fragments(
-    model: CatalogModel, *, kind: str, messages: list | None, prompt: str | None, now: datetime | None = None,
+    model: CatalogModel,
+    *,
+    kind: str,
+    messages: list | None,
+    prompt: str | None,
+    now: datetime | None = None,
 ) -> list[Fragment]:
     """A request's prompt rendered for its model, as a host will be fed it, its template told
     it is `now` (the request's `rendered_at`). Raises `protocol.rendering.TemplateRefused` when

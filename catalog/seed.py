@@ -6,6 +6,7 @@ the host client read the shipped model's format here (migrations pass their mode
 Prices are integer µ¢ per token: 10 µ¢ = $0.10 per million prompt tokens,
 40 µ¢ = $0.40 per million generated tokens; embeddings 2 µ¢ = $0.02 per million input tokens.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -66,8 +67,21 @@ def catalog_seed(CatalogModel: Any) -> None:
         )
 
 
-FACTS = ("architecture", "chat_template", "bos_text", "eos_text", "adds_bos", "control_tokens", "end_of_turn",
-         "bos_token_id", "eos_token_id", "vocab_size", "longest_token_chars", "n_layers", "file_size")
+FACTS = (
+    "architecture",
+    "chat_template",
+    "bos_text",
+    "eos_text",
+    "adds_bos",
+    "control_tokens",
+    "end_of_turn",
+    "bos_token_id",
+    "eos_token_id",
+    "vocab_size",
+    "longest_token_chars",
+    "n_layers",
+    "file_size",
+)
 
 
 def catalog_seed_facts(CatalogModel: Any, *, missing: str = "architecture") -> None:

@@ -1,4 +1,5 @@
 """Reads of the catalog."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -23,9 +24,15 @@ def catalog_model_card(model: CatalogModel) -> dict[str, Any]:
     output = "embeddings" if model.kind == CatalogModel.Kind.EMBEDDING else "text"
     return {
         "context_length": model.context_sold,
-        "pricing": {"prompt": usd_per_token(model.input_price_ucents), "completion": usd_per_token(model.output_price_ucents)},
+        "pricing": {
+            "prompt": usd_per_token(model.input_price_ucents),
+            "completion": usd_per_token(model.output_price_ucents),
+        },
         "architecture": {
-            "modality": f"text->{output}", "input_modalities": ["text"], "output_modalities": [output],
-            "tokenizer": model.architecture, "instruct_type": "chat_template" if model.chat_template else None,
+            "modality": f"text->{output}",
+            "input_modalities": ["text"],
+            "output_modalities": [output],
+            "tokenizer": model.architecture,
+            "instruct_type": "chat_template" if model.chat_template else None,
         },
     }

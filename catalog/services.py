@@ -1,4 +1,5 @@
 """Writes to the catalog."""
+
 from __future__ import annotations
 
 import re
@@ -26,7 +27,12 @@ class CatalogAddRefused(DomainError):
 
 
 def catalog_model_add(
-    *, path: Path, name: str, input_price: str, output_price: str, template_path: Path | None = None,
+    *,
+    path: Path,
+    name: str,
+    input_price: str,
+    output_price: str,
+    template_path: Path | None = None,
     context_length: int | None = None,
 ) -> CatalogModel:
     """Add a chat model from its own GGUF: its facts read from the file, the file pinned by
@@ -39,25 +45,36 @@ def catalog_model_add(
     the database is asked."""
     prices = {"input_price_ucents": _price(input_price, "input"), "output_price_ucents": _price(output_price, "output")}
     if not _NAME.fullmatch(name):
-        raise CatalogAddRefused(f"{name!r} is not a model name: 1-100 letters, digits and . _ : / + -, "
-                                "starting with a letter or digit")
+        raise CatalogAddRefused(
+            f"{name!r} is not a model name: 1-100 letters, digits and . _ : / + -, starting with a letter or digit"
+        )
     template = _template_read(template_path)
     facts = _facts(path)
     template = template or facts.chat_template
     if not template:
-        raise CatalogAddRefused(f"{path} has no chat template (tokenizer.chat_template); supply one with --template FILE")
+        raise CatalogAddRefused(
+            f"{path} has no chat template (tokenizer.chat_template); supply one with --template FILE"
+        )
     most = min(facts.context_length, AUDITABLE_CONTEXT_TOKENS)
     if context_length is not None and not 0 < context_length <= most:
-        raise CatalogAddRefused(f"--context-length {context_length} is not within 1 and {most} tokens (the file's own "
-                                f"context is {facts.context_length}; audits and hosts read at most {AUDITABLE_CONTEXT_TOKENS})")
+        raise CatalogAddRefused(
+            f"--context-length {context_length} is not within 1 and {most} tokens (the file's own "
+            f"context is {facts.context_length}; audits and hosts read at most {AUDITABLE_CONTEXT_TOKENS})"
+        )
     if CatalogModel.objects.filter(name=name).exists():
         raise CatalogAddRefused(f"{name} is already in the catalog")
     sha256 = file_sha256(path)
     already = CatalogModel.objects.filter(sha256=sha256).first()
     if already is not None:
         raise CatalogAddRefused(f"{path} is already in the catalog as {already.name} (sha256 {sha256})")
-    return _entry_create(path=path, name=name, facts=facts, template=template, sha256=sha256,
-                         fields={**prices, "context_length": context_length or most})
+    return _entry_create(
+        path=path,
+        name=name,
+        facts=facts,
+        template=template,
+        sha256=sha256,
+        fields={**prices, "context_length": context_length or most},
+    )
 
 
 def _price(amount: str, which: str) -> int:
@@ -110,14 +127,27 @@ def _entry_create(
         fmt, longest = _format(spec, facts, template)
         with transaction.atomic():
             return CatalogModel.objects.create(
-                name=name, kind=CatalogModel.Kind.CHAT, **fields,
-                tokenizer=spec, sha256=sha256, quantization=facts.quantization,
-                architecture=facts.architecture, chat_template=template, bos_text=fmt.bos_token, eos_text=fmt.eos_token,
-                adds_bos=fmt.adds_bos, control_tokens=list(fmt.controls), end_of_turn=list(fmt.end_of_turn),
+                name=name,
+                kind=CatalogModel.Kind.CHAT,
+                **fields,
+                tokenizer=spec,
+                sha256=sha256,
+                quantization=facts.quantization,
+                architecture=facts.architecture,
+                chat_template=template,
+                bos_text=fmt.bos_token,
+                eos_text=fmt.eos_token,
+                adds_bos=fmt.adds_bos,
+                control_tokens=list(fmt.controls),
+                end_of_turn=list(fmt.end_of_turn),
                 longest_token_chars=longest,
                 bos_token_id=facts.bos_token_id,
-                eos_token_id=facts.eos_token_id, eot_token_id=facts.eot_token_id, vocab_size=facts.vocab_size,
-                n_layers=facts.n_layers, n_experts=facts.n_experts, file_size=facts.file_size,
+                eos_token_id=facts.eos_token_id,
+                eot_token_id=facts.eot_token_id,
+                vocab_size=facts.vocab_size,
+                n_layers=facts.n_layers,
+                n_experts=facts.n_experts,
+                file_size=facts.file_size,
                 weights_path=str(path.resolve()),
             )
     except BaseException as error:
@@ -137,6 +167,11 @@ def _format(spec: str, facts: GgufFacts, template: str) -> tuple[ChatFormat, int
     one this process will count with (`tokenizer_for`'s cache)."""
     vocabulary = tokenizer_for(spec)
     adds_bos = vocabulary.count("", special=True) == 1
-    fmt = chat_format_read(template=template, bos_token=facts.bos_text, eos_token=facts.eos_text, adds_bos=adds_bos,
-                           vocabulary_controls=facts.controls)
+    fmt = chat_format_read(
+        template=template,
+        bos_token=facts.bos_text,
+        eos_token=facts.eos_text,
+        adds_bos=adds_bos,
+        vocabulary_controls=facts.controls,
+    )
     return fmt, vocabulary.longest_token_chars()

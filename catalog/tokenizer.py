@@ -10,6 +10,7 @@ a host's figures. Each catalog model names how its tokens are counted:
 - `bytes` — a bound that is never lower than any byte-level BPE count (each
   token covers at least one UTF-8 byte), for models we cannot load here.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -143,7 +144,9 @@ class GgufTokenizer:
             if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < size for t in token_ids):
                 return None
             ends = [bool(llama_cpp.llama_vocab_is_eog(vocab, token)) for token in token_ids]
-            spelled = b"".join(self._piece_bytes(token, special=True) for token, end in zip(token_ids, ends, strict=True) if not end)
+            spelled = b"".join(
+                self._piece_bytes(token, special=True) for token, end in zip(token_ids, ends, strict=True) if not end
+            )
         return Drawn(ended=bool(ends) and ends[-1], eog_inside=any(ends[:-1]), spelled=spelled)
 
     def token_ids(self, text: str) -> list[int]:
@@ -164,7 +167,7 @@ class GgufTokenizer:
 
         buffer = ctypes.create_string_buffer(1024)
         found = llama_cpp.llama_token_to_piece(self._llama._model.vocab, token, buffer, len(buffer), 0, special)
-        return buffer.raw[:max(found, 0)]
+        return buffer.raw[: max(found, 0)]
 
     def control_strips(self, controls: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """llama.cpp's own `lstrip` / `rstrip` attributes of each control token (read from the

@@ -1,4 +1,5 @@
 """Project configuration: settings, URLs, ASGI entry point and the Celery app."""
+
 from __future__ import annotations
 
 from config.celery import app as celery_app

@@ -1,4 +1,5 @@
 """ASGI entry point: Django for HTTP (including SSE), Channels for WebSockets."""
+
 from __future__ import annotations
 
 import os
@@ -43,7 +44,9 @@ class GatewayHandler(ASGIHandler):
         if iscoroutinefunction(view):
             return view
         by_thread = sync_to_async(view, thread_sensitive=True)
-        render_here = not self._template_response_middleware  # (such middleware must see the response before it renders)
+        render_here = (
+            not self._template_response_middleware
+        )  # (such middleware must see the response before it renders)
 
         async def pooled(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             if not request.path.startswith(API_PATHS):
@@ -55,7 +58,9 @@ class GatewayHandler(ASGIHandler):
         return pooled
 
 
-def _rendered(view: Callable[..., HttpResponseBase], request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+def _rendered(
+    view: Callable[..., HttpResponseBase], request: HttpRequest, *args: Any, **kwargs: Any
+) -> HttpResponseBase:
     """A sync API view's response, rendered where it was made (a DRF response renders lazily:
     Django would hop to the shared thread to render it)."""
     response = view(request, *args, **kwargs)

@@ -6,6 +6,7 @@ backend that stops answering is taken out by the health check (`GET /healthz`, w
 no key: `config.health`) within about two seconds, and a connection refused meanwhile is
 retried on another backend (`redispatch`).
 """
+
 from __future__ import annotations
 
 TEMPLATE = """\
@@ -48,5 +49,9 @@ def haproxy_config(*, port: int, backends: list[int], max_body: int | None = Non
     from core.bodylimit import too_large
 
     limit = max_body if max_body is not None else settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-    servers = "\n".join(f"    server gateway{index} 127.0.0.1:{backend} check" for index, backend in enumerate(backends, 1))
-    return TEMPLATE.format(port=port, servers=servers, max_body=limit, too_large=too_large(limit).decode(), health=HEALTH_PATH)
+    servers = "\n".join(
+        f"    server gateway{index} 127.0.0.1:{backend} check" for index, backend in enumerate(backends, 1)
+    )
+    return TEMPLATE.format(
+        port=port, servers=servers, max_body=limit, too_large=too_large(limit).decode(), health=HEALTH_PATH
+    )

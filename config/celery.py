@@ -1,4 +1,5 @@
 """The Celery app. Tasks are thin interfaces over services (see */tasks.py)."""
+
 from __future__ import annotations
 
 import os

@@ -3,6 +3,7 @@
 Each helper fails loudly on a malformed value: a typo in a deployment's
 environment must stop the process at start-up, not surface as odd behaviour.
 """
+
 from __future__ import annotations
 
 import os

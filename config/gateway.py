@@ -15,6 +15,7 @@ Two things plain `daphne` does not do:
   `ACCESS_LOG_HOSTS=1` prints them again. The load balancer's health checks
   (`GET /healthz`, once a second per backend) are left out always.
 """
+
 from __future__ import annotations
 
 import json
@@ -91,20 +92,31 @@ class BoundedRequest(WebRequest):
         body = too_large(self.limit)
         self.channel.transport.write(
             b"HTTP/1.1 413 Payload Too Large\r\nContent-Type: application/json\r\n"
-            b"Content-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+            b"Content-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body
+        )
         self.channel.transport.loseConnection()
 
 
-MALFORMED = json.dumps({"error": {
-    "message": "The request is not valid HTTP (a malformed header, or headers too large).",
-    "type": "invalid_request_error", "param": None, "code": "malformed_request"}}).encode()
+MALFORMED = json.dumps(
+    {
+        "error": {
+            "message": "The request is not valid HTTP (a malformed header, or headers too large).",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "malformed_request",
+        }
+    }
+).encode()
 
 
 def refuse_malformed(channel: object) -> None:
     """Twisted's answer to a request it cannot parse, in the API's error format, then close."""
     channel.transport.write(  # type: ignore[attr-defined]
         b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: "
-        + str(len(MALFORMED)).encode() + b"\r\nConnection: close\r\n\r\n" + MALFORMED)
+        + str(len(MALFORMED)).encode()
+        + b"\r\nConnection: close\r\n\r\n"
+        + MALFORMED
+    )
     channel.loseConnection()  # type: ignore[attr-defined]
 
 

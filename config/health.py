@@ -6,6 +6,7 @@ database down every backend would be taken out, and customers would get the bala
 503 instead of the gateway's own error in the API's format. Its access-log lines are left
 out (`config.gateway`): HAProxy asks every backend once a second.
 """
+
 from __future__ import annotations
 
 from django.http import HttpRequest, JsonResponse

@@ -9,6 +9,7 @@ just to ask whether the path was a static file. Here the same lookup runs inline
 static files are answered by WhiteNoise itself, anything else goes straight on to
 the async handler.
 """
+
 from __future__ import annotations
 
 import time

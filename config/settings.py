@@ -7,6 +7,7 @@ instead of failing) and the in-process channel layer, in one ASGI process.
 layer and Celery broker, so several ASGI processes and workers cooperate.
 The code path is the same; only these settings differ.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -139,7 +140,9 @@ REDIS_URL = env_str("REDIS_URL")
 REDIS_CHANNEL_LAYER = env_str("REDIS_CHANNEL_LAYER", "pubsub")
 CHANNEL_EXPIRY_SECONDS = env_int("CHANNEL_EXPIRY_SECONDS", 10)  # a customer's text in the channel layer, at most
 if REDIS_URL and REDIS_CHANNEL_LAYER == "pubsub":
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}}
+    CHANNEL_LAYERS = {
+        "default": {"BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
+    }
 elif REDIS_URL:
     if REDIS_CHANNEL_LAYER != "lists":
         raise ImproperlyConfigured(f"REDIS_CHANNEL_LAYER must be 'lists' or 'pubsub', not {REDIS_CHANNEL_LAYER!r}")
@@ -151,13 +154,20 @@ elif REDIS_URL:
             # first and the waiting request died with a 500. The socket waits longer.
             # Token messages wait at most CHANNEL_EXPIRY_SECONDS for their listener (channels-redis's
             # default is 60): a listener that misses one re-reads the text from the database.
-            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}], "capacity": 1000,
-                       "expiry": CHANNEL_EXPIRY_SECONDS},
+            "CONFIG": {
+                "hosts": [{"address": REDIS_URL, "socket_timeout": 30}],
+                "capacity": 1000,
+                "expiry": CHANNEL_EXPIRY_SECONDS,
+            },
         }
     }
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "core.layers.TidyInMemoryChannelLayer",
-                                  "CONFIG": {"capacity": 1000, "expiry": CHANNEL_EXPIRY_SECONDS}}}
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "core.layers.TidyInMemoryChannelLayer",
+            "CONFIG": {"capacity": 1000, "expiry": CHANNEL_EXPIRY_SECONDS},
+        }
+    }
 
 # Celery: Redis when configured; otherwise a broker on the local file system
 # that needs no server, so `make run` still runs the watchdogs (kombu's file-system
@@ -214,11 +224,13 @@ REST_FRAMEWORK = {
 SPECTACULAR_SETTINGS = {
     "TITLE": "Elephant API",
     "DESCRIPTION": "The OpenAI-compatible customer API (`/v1/`), the host API (`/hosts/api/`, `/billing/api/host/`) and the "
-                   "mesh API (`/api/`). Errors are OpenAI's: `{\"error\": {\"message\", \"type\", \"param\", \"code\"}}`.",
+    "mesh API (`/api/`). Errors are OpenAI's: `{\"error\": {\"message\", \"type\", \"param\", \"code\"}}`.",
     "VERSION": "1",
     "OAS_VERSION": "3.1.0",  # JSON Schema 2020-12: an event stream's `data` is documented as JSON (contentSchema)
     "SERVE_INCLUDE_SCHEMA": False,
-    "PATH_CONVERTER_OVERRIDES": {"id": {"type": "integer", "minimum": 0, "maximum": 10**18 - 1}},  # core.http.IdConverter
+    "PATH_CONVERTER_OVERRIDES": {
+        "id": {"type": "integer", "minimum": 0, "maximum": 10**18 - 1}
+    },  # core.http.IdConverter
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},  # no badge fetched from swagger.io
@@ -251,7 +263,9 @@ STALL_SECONDS = env_float("STALL_SECONDS", timing.STALL_SECONDS, minimum=0.1)
 # within this is dead, and its whole answer settles (marketplace/lifecycle/failover.py).
 COMPLETE_GRACE_SECONDS = env_float("COMPLETE_GRACE_SECONDS", timing.COMPLETE_GRACE_SECONDS, minimum=0.1)
 # A host whose WebSocket drops is dead unless it reopens one within this (mahout retries after 1 s).
-HOST_RECONNECT_GRACE_SECONDS = env_float("HOST_RECONNECT_GRACE_SECONDS", timing.HOST_RECONNECT_GRACE_SECONDS, minimum=0.0)
+HOST_RECONNECT_GRACE_SECONDS = env_float(
+    "HOST_RECONNECT_GRACE_SECONDS", timing.HOST_RECONNECT_GRACE_SECONDS, minimum=0.0
+)
 OUTPUT_RETENTION_SECONDS = env_int("OUTPUT_RETENTION_SECONDS", 300, minimum=0)
 # A response stored on request (`store: true` on /v1/responses) is kept this long, so that a
 # later turn can continue it (`previous_response_id`), then deleted by the watchdog's sweep. An
@@ -275,7 +289,9 @@ ABANDON_GRACE_SECONDS = env_float("ABANDON_GRACE_SECONDS", 15.0, minimum=0.0)
 
 # Verification (marketplace/canaries.py): hidden jobs with known answers. Only models with
 # references (`manage.py canary_references`) get canaries.
-MAHOUT_MIN_VERSION = env_str("MAHOUT_MIN_VERSION", "0.7.0")  # older ones are refused (426): 0.4.0 draws under a grammar by the specified sampler too, so its structured answers can be audited; 0.5.0's rings draw top_p < 1 by it, so their answers are audited whatever the top_p; 0.6.0's ring stages keep and hand over their evidence (a 0.5.0 stage would be blamed by every inquiry into its ring) and its rings heal a cut word as a host does (a 0.5.0 ring's honest answers to text they resume fail their audits); 0.7.0's rings continue an answer under a grammar (a 0.6.0 bridge refuses the continuation, which the gateway now routes to rings)
+MAHOUT_MIN_VERSION = env_str(
+    "MAHOUT_MIN_VERSION", "0.7.0"
+)  # older ones are refused (426): 0.4.0 draws under a grammar by the specified sampler too, so its structured answers can be audited; 0.5.0's rings draw top_p < 1 by it, so their answers are audited whatever the top_p; 0.6.0's ring stages keep and hand over their evidence (a 0.5.0 stage would be blamed by every inquiry into its ring) and its rings heal a cut word as a host does (a 0.5.0 ring's honest answers to text they resume fail their audits); 0.7.0's rings continue an answer under a grammar (a 0.6.0 bridge refuses the continuation, which the gateway now routes to rings)
 # A heartbeat or claim whose `version` is not a version (missing, or "sim") cannot be held to
 # MAHOUT_MIN_VERSION and is refused (426); the tests' synthetic hosts are let in with this on
 # (conftest.py, testkit.stack.stack_env). Never on in production.
@@ -323,7 +339,9 @@ if CANARY_PROMPTS_FILE and not Path(CANARY_PROMPTS_FILE).is_file():
 CANARY_PROBATION_SECONDS = env_float("CANARY_PROBATION_SECONDS", 20.0, minimum=0.0)  # a new host: one every 20 s
 CANARY_TRUSTED_SECONDS = env_float("CANARY_TRUSTED_SECONDS", 3600.0, minimum=0.0)  # a trusted one: one an hour
 CANARY_TRUST_AFTER = env_int("CANARY_TRUST_AFTER", 5, minimum=1)  # passed canaries (none failed) to leave probation
-CANARY_TIE_GAP = env_float("CANARY_TIE_GAP", 1.0, minimum=0.0)  # top-2 log-prob gap below which honest machines may part
+CANARY_TIE_GAP = env_float(
+    "CANARY_TIE_GAP", 1.0, minimum=0.0
+)  # top-2 log-prob gap below which honest machines may part
 CANARY_SCORER_THREADS = env_int("CANARY_SCORER_THREADS", 2, minimum=1)  # a worker reading answers under the real model
 CANARY_MIN_EXACT_CHARS = env_int("CANARY_MIN_EXACT_CHARS", 12, minimum=1)  # references with less to check are dropped
 # A canary of a model the gateway can audit is sampled like customers' jobs (their temperature,
@@ -358,7 +376,9 @@ JOB_START_ALLOWANCE_SECONDS = env_float("JOB_START_ALLOWANCE_SECONDS", 120.0, mi
 # JOB_PROGRESS_SILENCE_SECONDS; mahout reports every 5 s), never past the allowance above
 # (marketplace/lifecycle/watchdog.py).
 JOB_START_FLOOR_SECONDS = env_float("JOB_START_FLOOR_SECONDS", 5.0, minimum=0.1)
-JOB_PROGRESS_SILENCE_SECONDS = env_float("JOB_PROGRESS_SILENCE_SECONDS", timing.JOB_PROGRESS_SILENCE_SECONDS, minimum=0.1)
+JOB_PROGRESS_SILENCE_SECONDS = env_float(
+    "JOB_PROGRESS_SILENCE_SECONDS", timing.JOB_PROGRESS_SILENCE_SECONDS, minimum=0.1
+)
 JOB_MIN_TOKENS_PER_SECOND = env_float("JOB_MIN_TOKENS_PER_SECOND", 2.0, minimum=0.01)
 
 # Billing: Stripe top-ups and host payouts (issue 3). Without STRIPE_SECRET_KEY and
@@ -410,7 +430,9 @@ HOST_MAX_FAILURES_PER_HOUR = env_int("HOST_MAX_FAILURES_PER_HOUR", 5, minimum=1)
 # MoE expert market (issue 8): freshness windows of coordinator reports and worker
 # heartbeats, how long an unregistered volunteer's assignment is held, and how long a
 # coordinator must be quiet before extra workers are retired.
-MOE_COORDINATOR_STALE_SECONDS = env_float("MOE_COORDINATOR_STALE_SECONDS", timing.MOE_COORDINATOR_STALE_SECONDS, minimum=1)
+MOE_COORDINATOR_STALE_SECONDS = env_float(
+    "MOE_COORDINATOR_STALE_SECONDS", timing.MOE_COORDINATOR_STALE_SECONDS, minimum=1
+)
 MOE_WORKER_STALE_SECONDS = env_float("MOE_WORKER_STALE_SECONDS", timing.MOE_WORKER_STALE_SECONDS, minimum=1)
 MOE_ASSIGN_TTL_SECONDS = env_float("MOE_ASSIGN_TTL_SECONDS", 120.0, minimum=1)
 MOE_COOLDOWN_SECONDS = env_float("MOE_COOLDOWN_SECONDS", 30.0, minimum=0)
@@ -431,7 +453,9 @@ MOE_EXCUSE_SECONDS = env_float("MOE_EXCUSE_SECONDS", 86400.0, minimum=1)
 # workers have passed MOE_PROBATION_CHECKS recomputes, then the coordinator's usual share.
 MOE_PROBATION_CHECK_SHARE = env_float("MOE_PROBATION_CHECK_SHARE", 0.5, minimum=0.0)
 MOE_PROBATION_CHECKS = env_int("MOE_PROBATION_CHECKS", 500, minimum=0)
-RING_ALLOW_PRIVATE_STAGES = env_bool("RING_ALLOW_PRIVATE_STAGES", False)  # strangers' ring stages at private addresses (local tests)
+RING_ALLOW_PRIVATE_STAGES = env_bool(
+    "RING_ALLOW_PRIVATE_STAGES", False
+)  # strangers' ring stages at private addresses (local tests)
 MOE_ALLOW_PRIVATE_WORKERS = env_bool("MOE_ALLOW_PRIVATE_WORKERS", False)  # workers at private addresses (local swarms)
 
 # Web pages (issue 6): session login for people; e-mail goes to the console unless configured.
@@ -463,12 +487,17 @@ if DJANGO_ENV == "production":
             "`python -c 'import secrets; print(secrets.token_urlsafe(50))'`"
         )
     if not env_str("ALLOWED_HOSTS"):
-        raise ImproperlyConfigured("DJANGO_ENV=production needs ALLOWED_HOSTS: the gateway's public host names, comma-separated")
+        raise ImproperlyConfigured(
+            "DJANGO_ENV=production needs ALLOWED_HOSTS: the gateway's public host names, comma-separated"
+        )
     if DEBUG:
         raise ImproperlyConfigured("DJANGO_ENV=production never runs with DJANGO_DEBUG")
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")  # TLS ends at the proxy in front
     SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
-    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^v1/models$"]  # a load balancer's health check speaks plain HTTP to the backends
+    SECURE_REDIRECT_EXEMPT = [
+        r"^healthz$",
+        r"^v1/models$",
+    ]  # a load balancer's health check speaks plain HTTP to the backends
     SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31_536_000, minimum=0)
     SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
     SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", True)
@@ -477,6 +506,9 @@ if DJANGO_ENV == "production":
     if EMAIL_BACKEND.endswith(("console.EmailBackend", "locmem.EmailBackend")):
         import sys
 
-        print(f"WARNING: DJANGO_ENV=production but EMAIL_BACKEND is {EMAIL_BACKEND}: password-reset and sign-up e-mails "
-              "go nowhere a user can read them. Set EMAIL_BACKEND (and EMAIL_HOST, ...) to a real SMTP server.",
-              file=sys.stderr, flush=True)
+        print(
+            f"WARNING: DJANGO_ENV=production but EMAIL_BACKEND is {EMAIL_BACKEND}: password-reset and sign-up e-mails "
+            "go nowhere a user can read them. Set EMAIL_BACKEND (and EMAIL_HOST, ...) to a real SMTP server.",
+            file=sys.stderr,
+            flush=True,
+        )

@@ -14,6 +14,7 @@ file before it calls the application at all. So the gateway runs daphne through
 shipped HAProxy configuration also refuses a declared length over the limit at the edge
 (`config.balancer`).
 """
+
 from __future__ import annotations
 
 import json
@@ -29,10 +30,16 @@ App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 def too_large(limit: int, *, declared: int | None = None) -> bytes:
     size = f" ({declared} bytes)" if declared is not None else ""
-    return json.dumps({"error": {
-        "message": f"Request body too large{size}: the limit is {limit} bytes.",
-        "type": "invalid_request_error", "param": None, "code": "body_too_large",
-    }}).encode()
+    return json.dumps(
+        {
+            "error": {
+                "message": f"Request body too large{size}: the limit is {limit} bytes.",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "body_too_large",
+            }
+        }
+    ).encode()
 
 
 class BodyLimit:
@@ -47,9 +54,20 @@ class BodyLimit:
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None:
             if not declared.strip().isdigit():
-                await self._refuse(send, 400, json.dumps({"error": {
-                    "message": "Content-Length is not a number.", "type": "invalid_request_error", "param": None,
-                    "code": "invalid_request"}}).encode())
+                await self._refuse(
+                    send,
+                    400,
+                    json.dumps(
+                        {
+                            "error": {
+                                "message": "Content-Length is not a number.",
+                                "type": "invalid_request_error",
+                                "param": None,
+                                "code": "invalid_request",
+                            }
+                        }
+                    ).encode(),
+                )
                 return
             if int(declared) > limit:
                 await self._refuse(send, 413, too_large(limit, declared=int(declared)))
@@ -81,7 +99,15 @@ class BodyLimit:
 
     @staticmethod
     async def _refuse(send: Send, status: int, body: bytes) -> None:
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

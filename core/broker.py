@@ -17,6 +17,7 @@ idempotent, so a dropped tick is redone by the next one.
 `register()` names the transport `elephant-files`; `config/celery.py` calls it so that
 every process that talks to the broker (gateway and worker) knows the name.
 """
+
 from __future__ import annotations
 
 import json
@@ -56,7 +57,6 @@ class Channel(filesystem.Channel):
             except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                 logger.warning("broker: dropped an unreadable message on queue %s (%s)", queue, exc)
 
-
     def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
         """Add a binding to the exchange's table, replacing the table file whole: kombu's own
         truncates the file in place, and a publisher reading it meanwhile finds no queue and
@@ -67,7 +67,9 @@ class Channel(filesystem.Channel):
         with open(file.with_suffix(".lock"), "wb") as lock_file:
             filesystem.lock(lock_file, filesystem.LOCK_EX)
             try:
-                queues = [filesystem.exchange_queue_t(*q) for q in json.loads(file.read_text())] if file.exists() else []
+                queues = (
+                    [filesystem.exchange_queue_t(*q) for q in json.loads(file.read_text())] if file.exists() else []
+                )
                 if binding in queues:
                     return
                 partial = file.with_name(_PARTIAL + file.name)

@@ -1,4 +1,5 @@
 """Ranges of whole UTC days, as reports ask for them (usage, earnings)."""
+
 from __future__ import annotations
 
 from datetime import UTC, date, datetime, time, timedelta

@@ -5,6 +5,7 @@ request waiting on a row lock would stall every other stream. `db()` runs the
 call on a bounded pool instead, tidies the thread's connection around it, and
 sends the channel-layer announcements the call committed from the event loop.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -40,7 +41,9 @@ def _tidy(outbox: events.Outbox, fn: Callable[..., T], *args: Any, **kwargs: Any
 async def db(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     outbox: events.Outbox = []
     try:
-        return await sync_to_async(partial(_tidy, outbox, fn, *args, **kwargs), thread_sensitive=False, executor=_pool())()
+        return await sync_to_async(
+            partial(_tidy, outbox, fn, *args, **kwargs), thread_sensitive=False, executor=_pool()
+        )()
     finally:
         await events.deliver(outbox)
 
@@ -70,7 +73,9 @@ def chain_run(steps: list[Step]) -> dict[str, int]:
     the caller's transaction must then roll back (on PostgreSQL the other steps ran)."""
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            ctes = ", ".join(f"{step.name} AS ({step.sql.replace('{sources}', ', '.join(step.reads))})" for step in steps)
+            ctes = ", ".join(
+                f"{step.name} AS ({step.sql.replace('{sources}', ', '.join(step.reads))})" for step in steps
+            )
             names = [step.name for step in steps]
             cursor.execute(
                 f"WITH {ctes} SELECT {', '.join(f'{name}.id' for name in names)} FROM {', '.join(names)}",

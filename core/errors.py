@@ -9,6 +9,7 @@ views, WebSockets) render them here, by data, never by a list of classes: `respo
 for HTTP (with `Retry-After` and any other headers), `frame()` for a socket's error
 frame, `ws_close_code` for a socket refused at its handshake.
 """
+
 from __future__ import annotations
 
 from django.http import HttpResponse, JsonResponse
@@ -42,7 +43,12 @@ class DomainError(Exception):
     param: str | None = None
 
     def __init__(
-        self, message: str, *, status: int | None = None, code: str | None = None, type: str | None = None,  # noqa: A002
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        code: str | None = None,
+        type: str | None = None,  # noqa: A002
         param: str | None = None,
     ) -> None:
         super().__init__(message)
@@ -84,7 +90,9 @@ class ApiError(DomainError):
 
     type = "invalid_request_error"
 
-    def __init__(self, status: int, message: str, *, code: str, type: str | None = None, param: str | None = None) -> None:  # noqa: A002
+    def __init__(
+        self, status: int, message: str, *, code: str, type: str | None = None, param: str | None = None
+    ) -> None:  # noqa: A002
         super().__init__(message, status=status, code=code, type=type, param=param)
 
 

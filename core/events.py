@@ -6,6 +6,7 @@ were rolled back. Inside `aio.db()` the announcements are collected in an
 outbox and sent by the event loop after the call returns (no thread hop back
 into the loop); elsewhere (Celery, management commands) they are sent at once.
 """
+
 from __future__ import annotations
 
 import asyncio

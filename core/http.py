@@ -3,6 +3,7 @@
 HTTP views pass the `HttpRequest`; WebSocket consumers pass their ASGI scope. A
 missing or malformed value is a `DomainError` in the API's own format.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -45,7 +46,10 @@ def bearer_secret(request: HttpRequest | Request) -> str:
     secret = bearer_of(request.headers.get("Authorization", ""))
     if secret is None:
         raise ApiError(
-            401, "Missing API key: send it as 'Authorization: Bearer <key>'.", code="missing_api_key", type="authentication_error"
+            401,
+            "Missing API key: send it as 'Authorization: Bearer <key>'.",
+            code="missing_api_key",
+            type="authentication_error",
         )
     return secret
 
@@ -53,11 +57,17 @@ def bearer_secret(request: HttpRequest | Request) -> str:
 def json_body(request: HttpRequest) -> dict:
     length = int(request.headers.get("Content-Length") or 0)
     if length > settings.DATA_UPLOAD_MAX_MEMORY_SIZE:
-        raise ApiError(413, f"Request body too large ({length} bytes; the limit is {settings.DATA_UPLOAD_MAX_MEMORY_SIZE}).", code="body_too_large")
+        raise ApiError(
+            413,
+            f"Request body too large ({length} bytes; the limit is {settings.DATA_UPLOAD_MAX_MEMORY_SIZE}).",
+            code="body_too_large",
+        )
     try:
         body = json_loads(request.body or b"")
     except NotFinite as exc:
-        raise bad_request(f"The body holds {exc}, which is not JSON: numbers must be finite.", code="invalid_json") from None
+        raise bad_request(
+            f"The body holds {exc}, which is not JSON: numbers must be finite.", code="invalid_json"
+        ) from None
     except TooDeep as exc:
         raise bad_request(f"The body is refused: its {exc}.", code="invalid_json") from None
     except (ValueError, UnicodeDecodeError):

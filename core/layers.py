@@ -5,6 +5,7 @@ and each receive: O(listeners) per token batch, 3% of a busy gateway's time with
 listeners. Expired messages (older than the layer's 60 s expiry) and memberships are as
 well removed a moment later, so here the scan runs at most every CLEAN_EVERY_S.
 """
+
 from __future__ import annotations
 
 import time

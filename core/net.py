@@ -4,6 +4,7 @@ A ring stage's neighbours and an expert coordinator dial what a host reported. A
 must not make them dial their own network (loopback, private ranges, link-local), so the
 name is resolved here, once, and the address handed on is the checked IP: a name that
 resolves elsewhere later changes nothing."""
+
 from __future__ import annotations
 
 import ipaddress

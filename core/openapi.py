@@ -12,6 +12,7 @@
 * Plain Django views (the async doors: a DRF view would hold a thread while a host works)
   are listed by routing them through `documented`.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -31,8 +32,16 @@ from rest_framework.views import APIView
 API_KEY = "ApiKey"
 HOST_TOKEN = "HostToken"
 SECURITY_SCHEMES = {
-    API_KEY: {"type": "http", "scheme": "bearer", "description": "A customer's API key, as `Authorization: Bearer <key>`."},
-    HOST_TOKEN: {"type": "http", "scheme": "bearer", "description": "A host's token, as `Authorization: Bearer <token>`."},
+    API_KEY: {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "A customer's API key, as `Authorization: Bearer <key>`.",
+    },
+    HOST_TOKEN: {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "A host's token, as `Authorization: Bearer <token>`.",
+    },
 }
 
 # What any call can be answered: malformed input (400), a missing or unknown credential
@@ -76,9 +85,14 @@ class ApiSchema(AutoSchema):
         scheme = getattr(self.view, "security_scheme", None)
         if scheme is None:
             return []
-        self.registry.register_on_missing(ResolvedComponent(
-            name=scheme, type=ResolvedComponent.SECURITY_SCHEMA, object=scheme, schema=SECURITY_SCHEMES[scheme],
-        ))
+        self.registry.register_on_missing(
+            ResolvedComponent(
+                name=scheme,
+                type=ResolvedComponent.SECURITY_SCHEMA,
+                object=scheme,
+                schema=SECURITY_SCHEMES[scheme],
+            )
+        )
         return [{scheme: []}]
 
     def get_tags(self) -> list[str]:
@@ -98,7 +112,11 @@ class ApiSchema(AutoSchema):
         return dict(sorted(responses.items()))
 
     def _get_response_for_code(
-        self, serializer: Any, status_code: str, media_types: Any = None, direction: str = "response",
+        self,
+        serializer: Any,
+        status_code: str,
+        media_types: Any = None,
+        direction: str = "response",
     ) -> dict:
         if not isinstance(serializer, EventStream):
             return super()._get_response_for_code(serializer, status_code, media_types, direction)
@@ -106,11 +124,20 @@ class ApiSchema(AutoSchema):
         data: dict = {"type": "string", "contentMediaType": "application/json", "contentSchema": {"anyOf": payloads}}
         if serializer.done is not None:
             data = {"anyOf": [data, {"const": serializer.done}]}
-        event = {"type": "object", "required": ["data"], "properties": {
-            "data": data, "event": {"type": "string"}, "id": {"type": "string"}, "retry": {"type": "integer"},
-        }}
-        return {"content": {media: {"schema": event} for media in media_types or ["text/event-stream"]},
-                "description": serializer.description}
+        event = {
+            "type": "object",
+            "required": ["data"],
+            "properties": {
+                "data": data,
+                "event": {"type": "string"},
+                "id": {"type": "string"},
+                "retry": {"type": "integer"},
+            },
+        }
+        return {
+            "content": {media: {"schema": event} for media in media_types or ["text/event-stream"]},
+            "description": serializer.description,
+        }
 
     def get_serializer_name(self, serializer: serializers.Serializer, direction: str) -> str:
         """A nested serializer is named after its view: `JobClaimApi.InputSerializer` is

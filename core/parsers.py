@@ -3,6 +3,7 @@ consumers alike: finite numbers only, and nested no deeper than a reader can wal
 
 Apart from `core.http` because DRF imports its parser while `core.errors` is still loading.
 """
+
 from __future__ import annotations
 
 import json
@@ -59,7 +60,9 @@ class JsonParser(JSONParser):
     """DRF's JSON parser (`REST_FRAMEWORK`'s only one), reading as every other door does
     (`json_loads`): a body nested too deep is a ParseError, a 400, not a RecursionError."""
 
-    def parse(self, stream: IO[Any], media_type: str | None = None, parser_context: Mapping[str, Any] | None = None) -> Any:  # noqa: ANN401
+    def parse(
+        self, stream: IO[Any], media_type: str | None = None, parser_context: Mapping[str, Any] | None = None
+    ) -> Any:  # noqa: ANN401
         encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
         try:
             return json_loads(stream.read().decode(encoding))

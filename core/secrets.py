@@ -1,4 +1,5 @@
 """Bearer secrets (API keys, host tokens): shown once, stored as a hash and a prefix."""
+
 from __future__ import annotations
 
 import hashlib

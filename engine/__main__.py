@@ -51,8 +51,9 @@ def _generate(args: argparse.Namespace) -> int:
     model_path = args.model or default_model_path()
     tokenizer = Tokenizer(model_path)
     config = read_config(open_gguf(model_path))
-    stages = build_stages(model_path, even_split(config.n_layers, args.stages), n_rows=1, n_ctx=args.n_ctx,
-                          device=args.device)
+    stages = build_stages(
+        model_path, even_split(config.n_layers, args.stages), n_rows=1, n_ctx=args.n_ctx, device=args.device
+    )
     prompt_ids = tokenizer.encode(args.prompt)
     result = generate(
         stages,

@@ -79,8 +79,15 @@ class Architecture:
 ARCHITECTURES = {
     arch.name: arch
     for arch in (
-        Architecture("gemma3", qk_norm=True, post_norms=True, activation="gelu_tanh", embed_scaled=True,
-                     sliding_window=True, softcaps=True),
+        Architecture(
+            "gemma3",
+            qk_norm=True,
+            post_norms=True,
+            activation="gelu_tanh",
+            embed_scaled=True,
+            sliding_window=True,
+            softcaps=True,
+        ),
         Architecture("llama", rope_neox=False),  # Llama 2/3.x, Mistral
         Architecture("qwen2", qkv_bias=True),  # Qwen 2, Qwen 2.5
         Architecture("qwen3", qk_norm=True),

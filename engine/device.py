@@ -8,6 +8,7 @@ or logits out) is on the CPU, so the wire and every caller stay as they are.
 torch is imported only when a device is picked: mahout's command line adds `--device` to
 its ring and expert commands, and a host installed without the `[ring]` extra has no torch.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -47,5 +48,9 @@ def add_device_argument(parser: object, *, default: str = AUTO) -> None:
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
-    parser.add_argument("--device", type=device, default=default,  # type: ignore[attr-defined]
-                        help="where the weights and cache live: auto (a CUDA GPU when torch sees one), cpu, or cuda[:N]")
+    parser.add_argument(
+        "--device",
+        type=device,
+        default=default,  # type: ignore[attr-defined]
+        help="where the weights and cache live: auto (a CUDA GPU when torch sees one), cpu, or cuda[:N]",
+    )

@@ -25,8 +25,13 @@ def even_split(n_layers: int, n_stages: int) -> list[tuple[int, int]]:
 
 
 def build_stages(
-    model_path: str | Path, ranges: Sequence[tuple[int, int]], *, n_rows: int = 4, n_ctx: int = 1024,
-    share_output: bool = False, device: torch.device | str = "cpu",
+    model_path: str | Path,
+    ranges: Sequence[tuple[int, int]],
+    *,
+    n_rows: int = 4,
+    n_ctx: int = 1024,
+    share_output: bool = False,
+    device: torch.device | str = "cpu",
 ) -> list[Stage]:
     """One Stage per range, each loading only its own tensors (`share_output`: as a ring's
     stages do, the head and the tail each hold half of the output head) on `device`."""

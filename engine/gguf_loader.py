@@ -101,7 +101,8 @@ def read_config(reader: GGUFReader) -> Config:
         context_length=int(gguf_required(reader, f"{name}.context_length")),
         rope_base_global=global_base,
         rope_base_local=float(gguf_field(reader, f"{name}.rope.freq_base_swa", GEMMA3_ROPE_BASE_LOCAL))
-        if arch.sliding_window else global_base,
+        if arch.sliding_window
+        else global_base,
         rope_scale_global=_rope_scale(reader, name),
         sliding_window=int(gguf_required(reader, f"{name}.attention.sliding_window")) if arch.sliding_window else 0,
         local_layers=_local_layers(reader, arch, n_layers),
@@ -178,7 +179,9 @@ def _output_rows(config: Config, start: int, end: int, share_output: bool) -> tu
     return (0, config.vocab_size) if end == config.n_layers else None
 
 
-def stage_tensor_names(reader: GGUFReader, config: Config, start: int, end: int, *, share_output: bool = False) -> list[str]:
+def stage_tensor_names(
+    reader: GGUFReader, config: Config, start: int, end: int, *, share_output: bool = False
+) -> list[str]:
     """The GGUF tensors a stage over [start, end) reads, and no others."""
     names = [name for i in range(start, end) for name in config.architecture.block_tensor_names(i)]
     if start == 0:
@@ -208,7 +211,9 @@ def load_stage(path: str | Path, start: int, end: int, *, share_output: bool = F
         lo, hi = rows
         table = tensors["token_embd.weight" if tied else "output.weight"]
         weights.output_norm = _dequantize(tensors["output_norm.weight"])  # (D,)
-        weights.output = dequantize_rows(table.data[lo:hi], table.tensor_type).to(WEIGHT_DTYPE)  # (hi - lo, D): only these rows
+        weights.output = dequantize_rows(table.data[lo:hi], table.tensor_type).to(
+            WEIGHT_DTYPE
+        )  # (hi - lo, D): only these rows
         weights.vocab_lo = lo
     if start == 0:
         if tied and weights.output is not None and rows == (0, config.vocab_size):  # one stage holds everything
@@ -221,7 +226,9 @@ def load_stage(path: str | Path, start: int, end: int, *, share_output: bool = F
 
 def _layer(tensors: dict[str, ReaderTensor], arch: Architecture, index: int) -> LayerWeights:
     """Block `index` as `arch` names its tensors: matrices in float16, norms and biases float32."""
-    loaded = {field: _dequantize(tensors[f"blk.{index}.{name}.weight"]) for field, name in arch.weight_tensors().items()}
+    loaded = {
+        field: _dequantize(tensors[f"blk.{index}.{name}.weight"]) for field, name in arch.weight_tensors().items()
+    }
     loaded |= {field: tensor.to(WEIGHT_DTYPE) for field, tensor in loaded.items() if tensor.ndim == 2}
     loaded |= {field: _dequantize(tensors[f"blk.{index}.{name}.bias"]) for field, name in arch.bias_tensors().items()}
     return LayerWeights(index=index, q_norm=loaded.pop("q_norm", None), k_norm=loaded.pop("k_norm", None), **loaded)

@@ -231,7 +231,9 @@ class KVCache:
     row's new owner has written itself.
     """
 
-    def __init__(self, config: Config, n_layers: int, n_rows: int, n_ctx: int, *, device: torch.device | None = None) -> None:
+    def __init__(
+        self, config: Config, n_layers: int, n_rows: int, n_ctx: int, *, device: torch.device | None = None
+    ) -> None:
         if n_ctx > config.context_length:
             raise ValueError(f"n_ctx {n_ctx} exceeds the model's context length {config.context_length}")
         shape = (n_layers, n_rows, n_ctx, config.n_kv_heads, config.head_dim)
@@ -286,7 +288,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rope(
-    x: torch.Tensor, positions: torch.Tensor, base: float, scale: float, *, neox: bool = True,
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    base: float,
+    scale: float,
+    *,
+    neox: bool = True,
     freq_factors: Sequence[float] | None = None,
 ) -> torch.Tensor:
     """Rotary embedding by position * scale * base^(-2i/Hd) / freq_factors[i]: NEOX rotates
@@ -331,8 +338,15 @@ class HeadShape(Protocol):
 
 
 def qkv(
-    w: AttentionWeights, x: torch.Tensor, positions: torch.Tensor, c: HeadShape, *, rope_base: float, rope_scale: float,
-    neox: bool = True, freq_factors: Sequence[float] | None = None,
+    w: AttentionWeights,
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    c: HeadShape,
+    *,
+    rope_base: float,
+    rope_scale: float,
+    neox: bool = True,
+    freq_factors: Sequence[float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Project the normed hidden state x (T, D) (adding the biases the block has), RMS-norm q
     and k per head where the block has those norms, then rotate them (see `rope`)."""
@@ -447,7 +461,11 @@ class Stage:
         has_output = weights.output is not None and weights.output_norm is not None
         if self.is_tail and not has_output:
             raise ValueError("the tail stage needs the output norm and output head")
-        if not self.is_tail and weights.output is not None and (not self.is_head or weights.output.shape[0] >= config.vocab_size):
+        if (
+            not self.is_tail
+            and weights.output is not None
+            and (not self.is_head or weights.output.shape[0] >= config.vocab_size)
+        ):
             raise ValueError("the output head belongs to the tail stage; the head may hold only a share of it")
         self.shares_output = has_output and weights.output.shape[0] < config.vocab_size  # type: ignore[union-attr]
         self.device = torch.device(device)
@@ -490,7 +508,9 @@ class Stage:
         """
         # x: (T,) or (T, D) with T = sum of n_tokens
         positions = torch.cat([torch.arange(span.start, span.start + span.n_tokens) for span in membership])  # (T,)
-        rows = torch.cat([torch.full((span.n_tokens,), self.cache.assign(span.request_id)) for span in membership])  # (T,)
+        rows = torch.cat(
+            [torch.full((span.n_tokens,), self.cache.assign(span.request_id)) for span in membership]
+        )  # (T,)
         if not self.is_tail:
             return self.forward(x, positions, rows)  # (T, D)
         last = torch.tensor([span.n_tokens for span in membership]).cumsum(0) - 1  # (R,)
@@ -547,10 +567,26 @@ class Stage:
         c = self.config
         local = c.is_local(w.index)
         scale = 1.0 if local else c.rope_scale_global
-        q, k, v = qkv(w, x, positions, c, rope_base=c.rope_base(w.index), rope_scale=scale,
-                      neox=c.architecture.rope_neox, freq_factors=c.rope_freq_factors)
+        q, k, v = qkv(
+            w,
+            x,
+            positions,
+            c,
+            rope_base=c.rope_base(w.index),
+            rope_scale=scale,
+            neox=c.architecture.rope_neox,
+            freq_factors=c.rope_freq_factors,
+        )
         out = cached_attention(
-            self.cache, local_index, q, k, v, positions, rows, scale=c.attn_scale,
-            softcap=c.attn_logit_softcap, window=c.sliding_window if local else None,
+            self.cache,
+            local_index,
+            q,
+            k,
+            v,
+            positions,
+            rows,
+            scale=c.attn_scale,
+            softcap=c.attn_logit_softcap,
+            window=c.sliding_window if local else None,
         )  # (T, H, Hd)
         return linear(out.view(x.shape[0], c.n_heads * c.head_dim), w.wo)  # (T, D)

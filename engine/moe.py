@@ -149,7 +149,13 @@ class MoeModel:
     (default: the banks in `weights`)."""
 
     def __init__(
-        self, config: MoeConfig, weights: MoeWeights, *, experts: ExpertCompute | None = None, n_rows: int = 4, n_ctx: int = 256
+        self,
+        config: MoeConfig,
+        weights: MoeWeights,
+        *,
+        experts: ExpertCompute | None = None,
+        n_rows: int = 4,
+        n_ctx: int = 256,
     ) -> None:
         self.config = config
         self.weights = weights
@@ -163,7 +169,11 @@ class MoeModel:
 
     @torch.inference_mode()
     def forward(
-        self, tokens: torch.Tensor, positions: torch.Tensor, cache_rows: torch.Tensor, logits_for: torch.Tensor | None = None
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache_rows: torch.Tensor,
+        logits_for: torch.Tensor | None = None,
     ) -> torch.Tensor:
         # tokens, positions, cache_rows: (T,) int64 -> logits (T', V)
         self.cache.check(positions, cache_rows)
@@ -178,7 +188,9 @@ class MoeModel:
 
     __call__ = forward
 
-    def _attention(self, w: MoeLayerWeights, x: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    def _attention(
+        self, w: MoeLayerWeights, x: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor
+    ) -> torch.Tensor:
         """`engine.model`'s attention: q/k norms where the block has them, RoPE in the
         architecture's form (linearly scaled where the file says so)."""
         c = self.config
@@ -186,10 +198,14 @@ class MoeModel:
         out = cached_attention(self.cache, w.index, q, k, v, positions, rows, scale=c.attn_scale)  # (T, H, Hd)
         return linear(out.view(x.shape[0], c.n_heads * c.head_dim), w.wo)  # (T, D)
 
-    def generate(self, prompt_ids: list[int], max_tokens: int, *, row: int = 0, stop_ids: tuple[int, ...] = ()) -> list[int]:
+    def generate(
+        self, prompt_ids: list[int], max_tokens: int, *, row: int = 0, stop_ids: tuple[int, ...] = ()
+    ) -> list[int]:
         """Greedy: prefill into cache row `row`, then one token per pass."""
         logits = self.forward(
-            torch.tensor(prompt_ids), torch.arange(len(prompt_ids)), torch.full((len(prompt_ids),), row),
+            torch.tensor(prompt_ids),
+            torch.arange(len(prompt_ids)),
+            torch.full((len(prompt_ids),), row),
             torch.tensor([len(prompt_ids) - 1]),
         )[0]  # (V,)
         out: list[int] = []

@@ -128,8 +128,10 @@ def read_moe_config(reader: GGUFReader) -> MoeConfig:
         rope_base=float(gguf_field(reader, f"{arch}.rope.freq_base", 10_000.0)),
         n_experts=int(gguf_required(reader, f"{arch}.expert_count")),
         n_experts_used=int(gguf_required(reader, f"{arch}.expert_used_count")),
-        expert_ffn_dim=int(gguf_field(reader, f"{arch}.expert_feed_forward_length")  # Mixtral's: the dense key
-                           or gguf_required(reader, f"{arch}.feed_forward_length")),
+        expert_ffn_dim=int(
+            gguf_field(reader, f"{arch}.expert_feed_forward_length")  # Mixtral's: the dense key
+            or gguf_required(reader, f"{arch}.feed_forward_length")
+        ),
         gating=Gating(int(gguf_field(reader, f"{arch}.expert_gating_func", Gating.SOFTMAX))),
         rope_scale=_rope_scale(reader, arch),
         **MOE_ARCHES[arch],
@@ -282,7 +284,8 @@ def has_byte_vocabulary(reader: GGUFReader) -> bool:
     and EOS (what `make_tiny_moe` writes); a real MoE GGUF has a BPE vocabulary instead."""
     tokens = gguf_field(reader, "tokenizer.ggml.tokens") or []
     return (
-        len(tokens) == BYTE_EOS + 1 and tokens[:256] == [f"<0x{b:02X}>" for b in range(256)]
+        len(tokens) == BYTE_EOS + 1
+        and tokens[:256] == [f"<0x{b:02X}>" for b in range(256)]
         and gguf_field(reader, "tokenizer.ggml.bos_token_id") == BYTE_BOS
         and gguf_field(reader, "tokenizer.ggml.eos_token_id") == BYTE_EOS
     )

@@ -67,7 +67,9 @@ def _bank(tensors: dict[str, ReaderTensor], layer: int, start: int, count: int, 
         tensor = tensors[name]
         if start < 0 or start + count > tensor.data.shape[0]:
             raise ValueError(f"{name} has no experts [{start}, {start + count})")
-        picked.append(dequantize_rows(tensor.data[start : start + count], tensor.tensor_type).to(WEIGHT_DTYPE))  # only these
+        picked.append(
+            dequantize_rows(tensor.data[start : start + count], tensor.tensor_type).to(WEIGHT_DTYPE)
+        )  # only these
     gate, up, down = picked  # (n, F, D), (n, F, D), (n, D, F)
     return ExpertBank(layer, first, gate, up, down)
 
@@ -77,8 +79,10 @@ def load_expert_slice(path: str | Path, layer: int, first: int, count: int) -> t
     reader = open_gguf(path)
     config = read_moe_config(reader)
     if not 0 <= layer < config.n_layers or not (0 <= first and count > 0 and first + count <= config.n_experts):
-        raise ValueError(f"no slice layer {layer} experts [{first}, {first + count}) in a model of "
-                         f"{config.n_layers} layers x {config.n_experts} experts")
+        raise ValueError(
+            f"no slice layer {layer} experts [{first}, {first + count}) in a model of "
+            f"{config.n_layers} layers x {config.n_experts} experts"
+        )
     slice_layer = gguf_field(reader, SLICE_LAYER_KEY)
     offset = 0
     if slice_layer is not None:
@@ -97,7 +101,11 @@ def load_moe(path: str | Path, *, with_experts: bool = True) -> tuple[MoeConfig,
     names = {"token_embd.weight", "output_norm.weight"}
     for i in range(config.n_layers):
         wanted = config.layer_tensors()
-        loaded = {"q_norm": None, "k_norm": None, **{f: _dense(tensors[f"blk.{i}.{n}.weight"]) for f, n in wanted.items()}}
+        loaded = {
+            "q_norm": None,
+            "k_norm": None,
+            **{f: _dense(tensors[f"blk.{i}.{n}.weight"]) for f, n in wanted.items()},
+        }
         loaded["router"] = loaded["router"].float()  # routing decides which experts run: scored in float32
         names.update(f"blk.{i}.{n}.weight" for n in wanted.values())
         bank = _bank(tensors, i, 0, config.n_experts, 0) if with_experts else None

@@ -2,6 +2,7 @@
 
 Imports neither torch nor Django: the gateway's tokenizer reads the same file.
 """
+
 from __future__ import annotations
 
 import os

@@ -3,6 +3,7 @@
 intermediate page, like the delete confirmation); "Resume from maintenance" and
 "Lift the ban" take them back. Bans and unbans are written to the admin's history
 with who did it. The token is never shown, not even its hash."""
+
 from __future__ import annotations
 
 from django import forms
@@ -71,14 +72,16 @@ class TrustFilter(admin.SimpleListFilter):
 
 class MaintenanceForm(forms.Form):
     reason = forms.CharField(
-        max_length=300, widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        max_length=300,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
         help_text="Shown to each host's owner on their machines page and in the host API.",
     )
 
 
 class BanForm(forms.Form):
     reason = forms.CharField(
-        max_length=300, widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        max_length=300,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
         help_text="Shown to each host's owner on their machines page and in the host API's refusal.",
     )
 
@@ -88,7 +91,15 @@ class HostAdmin(admin.ModelAdmin):
     status column (busy comes from its jobs)."""
 
     list_display = (
-        "name", "owner", "status", "trust", "maintenance_reason", "last_heartbeat_at", "loaded", "paused", "version",
+        "name",
+        "owner",
+        "status",
+        "trust",
+        "maintenance_reason",
+        "last_heartbeat_at",
+        "loaded",
+        "paused",
+        "version",
         "created_at",
     )
     list_filter = (ConnectionFilter, MaintenanceFilter, TrustFilter, "paused")
@@ -96,9 +107,19 @@ class HostAdmin(admin.ModelAdmin):
     list_select_related = ("owner",)
     exclude = ("token_hash",)
     readonly_fields = (
-        "token_prefix", "fingerprint", "last_heartbeat_at", "models_loaded", "version",
-        "maintenance_reason", "maintenance_since", "maintenance_by",
-        "trusted_at", "measured_tps", "banned_at", "ban_reason", "banned_by",
+        "token_prefix",
+        "fingerprint",
+        "last_heartbeat_at",
+        "models_loaded",
+        "version",
+        "maintenance_reason",
+        "maintenance_since",
+        "maintenance_by",
+        "trusted_at",
+        "measured_tps",
+        "banned_at",
+        "ban_reason",
+        "banned_by",
     )
     inlines = [QualificationInline]
     actions = ["maintenance_enter", "maintenance_resume", "ban", "unban"]
@@ -112,8 +133,9 @@ class HostAdmin(admin.ModelAdmin):
         """`Host.standing`, with the reason of a ban."""
         return f"banned: {host.ban_reason}" if host.standing == "banned" else host.standing
 
-    def _reason_page(self, request: HttpRequest, queryset: QuerySet[Host], *, template: str, title: str,
-                     form: forms.Form) -> TemplateResponse:
+    def _reason_page(
+        self, request: HttpRequest, queryset: QuerySet[Host], *, template: str, title: str, form: forms.Form
+    ) -> TemplateResponse:
         context = {
             **self.admin_site.each_context(request),
             "title": title,
@@ -129,12 +151,17 @@ class HostAdmin(admin.ModelAdmin):
         """First call: the reason form. Its POST comes back here with `apply` and does the work."""
         form = MaintenanceForm(request.POST if "apply" in request.POST else None)
         if form.is_bound and form.is_valid():
-            entered = [host for host in queryset if services.host_maintenance_enter(
-                host=host, reason=form.cleaned_data["reason"], by="operator")]
+            entered = [
+                host
+                for host in queryset
+                if services.host_maintenance_enter(host=host, reason=form.cleaned_data["reason"], by="operator")
+            ]
             skipped = queryset.count() - len(entered)
             self.message_user(request, f"{len(entered)} host(s) put in maintenance.", messages.SUCCESS)
             if skipped:
-                self.message_user(request, f"{skipped} already in maintenance; their reason is unchanged.", messages.WARNING)
+                self.message_user(
+                    request, f"{skipped} already in maintenance; their reason is unchanged.", messages.WARNING
+                )
             return None
         return self._reason_page(request, queryset, template="maintenance", title="Put hosts in maintenance", form=form)
 
@@ -160,7 +187,9 @@ class HostAdmin(admin.ModelAdmin):
             self.log_change(request, host, f"Banned: {reason}")
         self.message_user(request, f"{len(banned)} host(s) banned; their tokens no longer work.", messages.SUCCESS)
         if len(banned) < queryset.count():
-            self.message_user(request, f"{queryset.count() - len(banned)} already banned; their ban is unchanged.", messages.WARNING)
+            self.message_user(
+                request, f"{queryset.count() - len(banned)} already banned; their ban is unchanged.", messages.WARNING
+            )
         return None
 
     @admin.action(description="Lift the ban", permissions=["change"])
@@ -168,19 +197,42 @@ class HostAdmin(admin.ModelAdmin):
         lifted = [host for host in queryset if services.host_unban(host=host, by=request.user.get_username())]
         for host in lifted:
             self.log_change(request, host, "Ban lifted")
-        self.message_user(request, f"{len(lifted)} ban(s) lifted; each owner must rotate the host's token on their "
-                                   "machines page before it can connect again.", messages.SUCCESS)
+        self.message_user(
+            request,
+            f"{len(lifted)} ban(s) lifted; each owner must rotate the host's token on their "
+            "machines page before it can connect again.",
+            messages.SUCCESS,
+        )
 
 
 @admin.register(Qualification)
 class QualificationAdmin(admin.ModelAdmin):
-    list_display = ("host", "model", "fingerprint", "gen_tps", "prompt_tps", "ttft_ms", "memory_mb", "threads", "updated_at")
+    list_display = (
+        "host",
+        "model",
+        "fingerprint",
+        "gen_tps",
+        "prompt_tps",
+        "ttft_ms",
+        "memory_mb",
+        "threads",
+        "updated_at",
+    )
     list_filter = ("model",)
     search_fields = ("host__name", "fingerprint")
     list_select_related = ("host", "model")
     readonly_fields = (
-        "host", "model", "fingerprint", "prompt_tps", "gen_tps", "ttft_ms", "memory_mb", "threads", "machine",
-        "created_at", "updated_at",
+        "host",
+        "model",
+        "fingerprint",
+        "prompt_tps",
+        "gen_tps",
+        "ttft_ms",
+        "memory_mb",
+        "threads",
+        "machine",
+        "created_at",
+        "updated_at",
     )
 
 

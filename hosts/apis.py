@@ -4,6 +4,7 @@ benchmarked on its machine.
 The job endpoints (claim, tokens, complete, fail), heartbeat, `me` and earnings are
 the marketplace's (`marketplace/host_apis.py`): they read and write jobs.
 """
+
 from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema
@@ -37,7 +38,9 @@ class QualificationRegisterApi(HostApi):
             load_ms = serializers.FloatField(min_value=0, required=False, default=0)
             memory_mb = serializers.FloatField(min_value=0)
             threads = serializers.IntegerField(min_value=0, max_value=INT_MAX, required=False, default=0)
-            device = serializers.CharField(max_length=100, required=False, default="cpu", help_text='"cpu" or the GPU\'s name')
+            device = serializers.CharField(
+                max_length=100, required=False, default="cpu", help_text='"cpu" or the GPU\'s name'
+            )
             gpu_layers = serializers.IntegerField(min_value=0, max_value=10_000, required=False, default=0)
             vram_mb = serializers.FloatField(min_value=0, required=False, default=0)
 
@@ -45,8 +48,9 @@ class QualificationRegisterApi(HostApi):
         fingerprint = serializers.CharField(max_length=64)
         benchmark = BenchmarkSerializer()
         machine = serializers.DictField(required=False, default=dict)
-        sha256 = serializers.RegexField(r"^[0-9a-fA-F]{64}$", required=False, default="",
-                                        help_text="the sha256 of the weights file benchmarked")
+        sha256 = serializers.RegexField(
+            r"^[0-9a-fA-F]{64}$", required=False, default="", help_text="the sha256 of the weights file benchmarked"
+        )
 
         def validate_machine(self, machine: dict) -> dict:
             if holds_nul(machine):  # stored as JSON, which the database cannot hold with one
@@ -65,7 +69,11 @@ class QualificationRegisterApi(HostApi):
         data = serializer.validated_data
         try:
             services.qualification_register(
-                host=host, model_name=data["model"], fingerprint=data["fingerprint"], benchmark=data["benchmark"], machine=data["machine"],
+                host=host,
+                model_name=data["model"],
+                fingerprint=data["fingerprint"],
+                benchmark=data["benchmark"],
+                machine=data["machine"],
                 sha256=data["sha256"],
             )
         except services.UnknownModel as error:
@@ -87,7 +95,9 @@ class CatalogListApi(HostApi):
             quantization = serializers.CharField(help_text="e.g. Q4_K_M (blank where unknown)")
             file_size = serializers.IntegerField(allow_null=True, help_text="bytes of the weights file")
             context_length = serializers.IntegerField(help_text="the context sold, in tokens")
-            embedding_dimensions = serializers.IntegerField(allow_null=True, help_text="an embeddings model's vector width")
+            embedding_dimensions = serializers.IntegerField(
+                allow_null=True, help_text="an embeddings model's vector width"
+            )
 
         models = EntrySerializer(many=True)
 

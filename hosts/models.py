@@ -13,6 +13,7 @@ hosts in every state.
     trusted     out of probation (`marketplace.reputation`) and not banned
     claim cap   the jobs it may run at once: its slots, bounded by probation or trust
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -91,9 +92,13 @@ def connected_rule(now: datetime) -> Rule:
 
 
 NOT_BANNED = Condition("banned_at", "isnull", True, "banned")
-ACCEPTING = Rule((
-    NOT_BANNED, Condition("maintenance_since", "isnull", True, "maintenance"), Condition("paused", "exact", False, "paused"),
-))
+ACCEPTING = Rule(
+    (
+        NOT_BANNED,
+        Condition("maintenance_since", "isnull", True, "maintenance"),
+        Condition("paused", "exact", False, "paused"),
+    )
+)
 TRUSTED = Rule((NOT_BANNED, Condition("trusted_at", "isnull", False, "probation")))
 
 
@@ -117,8 +122,9 @@ def claim_cap_expression() -> models.Func:
     """`Host.claim_cap` as an ORM expression (to annotate a queryset with)."""
     probation, trusted = claim_cap_bounds()
     integer = models.IntegerField()
-    bound = models.Case(models.When(TRUSTED.q(), then=models.Value(trusted)), default=models.Value(probation),
-                        output_field=integer)
+    bound = models.Case(
+        models.When(TRUSTED.q(), then=models.Value(trusted)), default=models.Value(probation), output_field=integer
+    )
     return Greatest(models.Value(1), Least(models.F("slots"), bound, output_field=integer), output_field=integer)
 
 
@@ -181,23 +187,35 @@ class Host(models.Model):
     catalog_at = models.DateTimeField(null=True, blank=True, help_text="when a readable catalog last arrived")
     slots = models.PositiveSmallIntegerField(default=1, help_text="jobs the host runs at once (from its catalog)")
     routing_weight = models.FloatField(
-        null=True, blank=True, help_text="operator override of the weighted strategy's weight (default: measured tokens/s)"
+        null=True,
+        blank=True,
+        help_text="operator override of the weighted strategy's weight (default: measured tokens/s)",
     )
-    socket_since = models.DateTimeField(null=True, blank=True, help_text="when its current WebSocket (presence, batches) opened")
+    socket_since = models.DateTimeField(
+        null=True, blank=True, help_text="when its current WebSocket (presence, batches) opened"
+    )
     maintenance_reason = models.CharField(max_length=300, blank=True)
     maintenance_since = models.DateTimeField(null=True, blank=True)
     maintenance_by = models.CharField(max_length=100, blank=True, help_text="who put it in maintenance, e.g. operator")
     trusted_at = models.DateTimeField(
-        null=True, blank=True, help_text="when it left probation (enough canaries passed and jobs done); cleared by a failure"
+        null=True,
+        blank=True,
+        help_text="when it left probation (enough canaries passed and jobs done); cleared by a failure",
     )
     measured_tps = models.FloatField(
         null=True, blank=True, help_text="tokens/s the gateway measured on its own jobs (moving average), not reported"
     )
-    banned_at = models.DateTimeField(null=True, blank=True, help_text="operator ban: refused everywhere; only an operator lifts it")
+    banned_at = models.DateTimeField(
+        null=True, blank=True, help_text="operator ban: refused everywhere; only an operator lifts it"
+    )
     ban_reason = models.CharField(max_length=300, blank=True)
     banned_by = models.CharField(max_length=100, blank=True)
     warm_asked = models.ForeignKey(
-        "catalog.CatalogModel", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+        "catalog.CatalogModel",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
         help_text="a latency-critical model the gateway asked this idle host to keep loaded (deliberate redundancy)",
     )
     warm_asked_at = models.DateTimeField(null=True, blank=True)
@@ -277,7 +295,9 @@ class Qualification(models.Model):
     prompt_tps = models.FloatField()
     gen_tps = models.FloatField()
     ttft_ms = models.FloatField()
-    load_ms = models.FloatField(default=0, help_text="how long loading the model took in the benchmark (0: not reported)")
+    load_ms = models.FloatField(
+        default=0, help_text="how long loading the model took in the benchmark (0: not reported)"
+    )
     memory_mb = models.FloatField()
     threads = models.PositiveIntegerField(default=0)
     machine = models.JSONField(default=dict, blank=True)

@@ -1,4 +1,5 @@
 """Reads for hosts: authentication, qualifications, and which hosts are online and warm."""
+
 from __future__ import annotations
 
 from datetime import datetime
@@ -35,11 +36,15 @@ def host_refusal(host: Host) -> ApiError | None:
     account is deactivated is refused until an operator reactivates the account.
     """
     if host.banned_at is not None:
-        return ApiError(403, f"This host is banned by the operator: {host.ban_reason}", code="host_banned", type="permission_error")
+        return ApiError(
+            403, f"This host is banned by the operator: {host.ban_reason}", code="host_banned", type="permission_error"
+        )
     if not host.owner.is_active:
         return ApiError(
-            403, "This host's owner account is deactivated; its hosts are refused until an operator reactivates it.",
-            code="owner_inactive", type="permission_error",
+            403,
+            "This host's owner account is deactivated; its hosts are refused until an operator reactivates it.",
+            code="owner_inactive",
+            type="permission_error",
         )
     return None
 
@@ -138,8 +143,10 @@ def client_too_old(version: str) -> str | None:
     except InvalidVersion:
         if settings.MAHOUT_UNVERSIONED_ALLOWED:
             return None
-        return (f"mahout's version {version!r} is not a version (mahout sends its own, e.g. {settings.MAHOUT_MIN_VERSION}); "
-                f"only mahout {settings.MAHOUT_MIN_VERSION} or newer serves here")
+        return (
+            f"mahout's version {version!r} is not a version (mahout sends its own, e.g. {settings.MAHOUT_MIN_VERSION}); "
+            f"only mahout {settings.MAHOUT_MIN_VERSION} or newer serves here"
+        )
     if reported >= Version(settings.MAHOUT_MIN_VERSION):
         return None
     return f"mahout {version} is older than {settings.MAHOUT_MIN_VERSION}, the oldest this gateway serves with"

@@ -1,4 +1,5 @@
 """Writes for hosts: creation, qualification, heartbeat, maintenance, bans and tokens."""
+
 from __future__ import annotations
 
 import logging
@@ -65,7 +66,13 @@ class UnknownModel(Exception):
 
 @transaction.atomic
 def qualification_register(
-    *, host: Host, model_name: str, fingerprint: str, benchmark: dict, machine: dict, sha256: str = "",
+    *,
+    host: Host,
+    model_name: str,
+    fingerprint: str,
+    benchmark: dict,
+    machine: dict,
+    sha256: str = "",
 ) -> Qualification:
     """Record (or refresh) a host's benchmark of a model on one machine. A catalog model that
     pins its file (`CatalogModel.sha256`) takes only a benchmark of that very file."""
@@ -109,7 +116,10 @@ def host_heartbeat(
     """
     now = timezone.now()
     fields: dict[str, object] = {
-        "fingerprint": fingerprint, "paused": paused, "models_loaded": models_loaded, "version": version[:32],
+        "fingerprint": fingerprint,
+        "paused": paused,
+        "models_loaded": models_loaded,
+        "version": version[:32],
         "last_heartbeat_at": now,
     }
     if catalog is not None:
@@ -185,16 +195,22 @@ def host_maintenance_resume_by_owner(*, host: Host) -> bool:
     and banned hosts, so one set by an operator a moment ago is never lifted by a
     click on a page that did not show it yet: that raises MaintenanceHeld (or HostBanned).
     """
-    changed = Host.objects.filter(pk=host.pk, maintenance_since__isnull=False, banned_at__isnull=True).exclude(
-        maintenance_by__in=HELD_BY
-    ).update(maintenance_reason="", maintenance_since=None, maintenance_by="")
-    host.refresh_from_db(fields=["maintenance_reason", "maintenance_since", "maintenance_by", "banned_at", "ban_reason"])
+    changed = (
+        Host.objects.filter(pk=host.pk, maintenance_since__isnull=False, banned_at__isnull=True)
+        .exclude(maintenance_by__in=HELD_BY)
+        .update(maintenance_reason="", maintenance_since=None, maintenance_by="")
+    )
+    host.refresh_from_db(
+        fields=["maintenance_reason", "maintenance_since", "maintenance_by", "banned_at", "ban_reason"]
+    )
     if changed:
         return True
     if host.banned_at is not None:
         raise HostBanned(f"{host.name} is banned by the operator: {host.ban_reason}")
     if host.maintenance_since is not None:
-        raise MaintenanceHeld(f"Only an operator can lift this maintenance (set by {host.maintenance_by}); contact support.")
+        raise MaintenanceHeld(
+            f"Only an operator can lift this maintenance (set by {host.maintenance_by}); contact support."
+        )
     return False
 
 
@@ -258,7 +274,9 @@ def host_unban(*, host: Host, by: str) -> bool:
     """Lift a ban (operators only: no page of the owner calls this); False if it was not
     banned. The token stays revoked: the owner rotates it on their machines page to
     bring the machine back."""
-    changed = Host.objects.filter(pk=host.pk, banned_at__isnull=False).update(banned_at=None, ban_reason="", banned_by="")
+    changed = Host.objects.filter(pk=host.pk, banned_at__isnull=False).update(
+        banned_at=None, ban_reason="", banned_by=""
+    )
     host.refresh_from_db(fields=["banned_at", "ban_reason", "banned_by"])
     if changed:
         logger.info("host %s unbanned by %s", host.pk, by)
@@ -280,7 +298,6 @@ def host_token_rotate(*, host: Host) -> NewHost:
     return NewHost(host=host, token=token)
 
 
-
 def catalog_read(raw: object) -> dict | None:
     """A host's self-reported catalog, normalised; None when it is not readable."""
     if not isinstance(raw, dict):
@@ -297,7 +314,12 @@ def catalog_read(raw: object) -> dict | None:
     if not isinstance(active, int) or isinstance(active, bool) or active < 0:
         return None
     budget = raw.get("memory_budget_mb")
-    return {**names, "slots": slots, "active_jobs": active, "memory_budget_mb": budget if isinstance(budget, int) else None}
+    return {
+        **names,
+        "slots": slots,
+        "active_jobs": active,
+        "memory_budget_mb": budget if isinstance(budget, int) else None,
+    }
 
 
 def host_socket_opened(*, host_id: int) -> datetime:

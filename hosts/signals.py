@@ -2,6 +2,7 @@
 every socket of its hosts is closed at once (4403), as a ban closes one host's. The doors
 already refuse the hosts of an inactive owner (`hosts.selectors.host_refusal`); this makes
 the sockets that were open when it happened go too, instead of staying until they reconnect."""
+
 from __future__ import annotations
 
 from typing import Any

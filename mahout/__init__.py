@@ -1,4 +1,5 @@
 """mahout: the Elephant host client. Never imports Django: hosts install it alone."""
+
 from __future__ import annotations
 
 from protocol.version import MAHOUT_VERSION as __version__  # (the gateway reads it from protocol)

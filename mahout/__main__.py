@@ -1,4 +1,5 @@
 """Command line: ``mahout login|run|logs|benchmark|pause|resume|status|ring|stage|moe`` (``python -m mahout …`` in a checkout)."""
+
 from __future__ import annotations
 
 import argparse
@@ -96,9 +97,13 @@ def _add_models(parser: argparse.ArgumentParser) -> None:
     from mahout.catalog import CATALOG, DEFAULT_MODELS
 
     known, default = ", ".join(CATALOG), ", ".join(DEFAULT_MODELS)
-    parser.add_argument("--models", type=_models, default=list(DEFAULT_MODELS),
-                        help=f"comma-separated models to serve: shipped ({known}) or any catalog model whose file "
-                             f"`mahout add` recorded (default: {default})")
+    parser.add_argument(
+        "--models",
+        type=_models,
+        default=list(DEFAULT_MODELS),
+        help=f"comma-separated models to serve: shipped ({known}) or any catalog model whose file "
+        f"`mahout add` recorded (default: {default})",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,34 +111,57 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mahout", description="Elephant host client")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="serve jobs for the gateway")
-    run.add_argument("--server", help="gateway base URL, e.g. http://127.0.0.1:8000 (default: from `mahout login`, or $MAHOUT_SERVER)")
+    run.add_argument(
+        "--server",
+        help="gateway base URL, e.g. http://127.0.0.1:8000 (default: from `mahout login`, or $MAHOUT_SERVER)",
+    )
     run.add_argument("--token", help="host token (visible in ps: prefer `mahout login` or $MAHOUT_TOKEN)")
     add_owner_arguments(run)  # --idle-detect, --idle-threshold, --schedule: as every command that serves others' work
     run.add_argument("--max-jobs", type=int, default=None, help="exit after this many jobs")
     run.add_argument("--once", action="store_true", help="make one claim attempt, then exit")
     run.add_argument("--rebenchmark", action="store_true", help="ignore the cached benchmark")
-    run.add_argument("--memory-budget-mb", type=_positive, default=None,
-                     help="memory for loaded models; the least recently used is unloaded to fit (default: half the RAM)")
-    run.add_argument("--slots", type=_slots, default=_slots(os.environ["MAHOUT_SLOTS"]) if os.environ.get("MAHOUT_SLOTS") else None,
-                     help="jobs a chat model serves at once from one load (default: $MAHOUT_SLOTS, else the number "
-                          "its benchmark measured best on this machine)")
+    run.add_argument(
+        "--memory-budget-mb",
+        type=_positive,
+        default=None,
+        help="memory for loaded models; the least recently used is unloaded to fit (default: half the RAM)",
+    )
+    run.add_argument(
+        "--slots",
+        type=_slots,
+        default=_slots(os.environ["MAHOUT_SLOTS"]) if os.environ.get("MAHOUT_SLOTS") else None,
+        help="jobs a chat model serves at once from one load (default: $MAHOUT_SLOTS, else the number "
+        "its benchmark measured best on this machine)",
+    )
     bench = commands.add_parser("benchmark", help="find and benchmark the models (default: the shipped chat model)")
     bench.add_argument("--rebenchmark", action="store_true", help="ignore the cached benchmark")
-    status = commands.add_parser("status", help="show this host's state, its current job and its earnings (when logged in)")
+    status = commands.add_parser(
+        "status", help="show this host's state, its current job and its earnings (when logged in)"
+    )
     status.add_argument("--json", action="store_true", help="print the local state and the gateway's answers as JSON")
     status.add_argument("--server")
     status.add_argument("--token")
-    service = commands.add_parser("install-service", help="start mahout with the machine (systemd user unit / launchd agent)")
+    service = commands.add_parser(
+        "install-service", help="start mahout with the machine (systemd user unit / launchd agent)"
+    )
     service.add_argument("--no-enable", action="store_true", help="write the unit only; enable it yourself")
-    service.add_argument("run_args", nargs=argparse.REMAINDER,
-                         help="options for `mahout run` after --, e.g. -- --schedule 22:00-08:00 --threads 4")
+    service.add_argument(
+        "run_args",
+        nargs=argparse.REMAINDER,
+        help="options for `mahout run` after --, e.g. -- --schedule 22:00-08:00 --threads 4",
+    )
     add = commands.add_parser("add", help="serve a model file the gateway's catalog sells (matched by its sha256)")
     add.add_argument("path", type=Path, help="a model file, e.g. ~/models/gemma-3-270m-Q4_K_M.gguf")
-    add.add_argument("--server", help="gateway whose catalog to match (default: from `mahout login`, or $MAHOUT_SERVER; "
-                                      "none: the files mahout ships knowing)")
+    add.add_argument(
+        "--server",
+        help="gateway whose catalog to match (default: from `mahout login`, or $MAHOUT_SERVER; "
+        "none: the files mahout ships knowing)",
+    )
     add.add_argument("--token", help="host token (prefer `mahout login` or $MAHOUT_TOKEN)")
     logs = commands.add_parser("logs", help="print the end of what `run` said (the home's log file); -f: and follow it")
-    logs.add_argument("-f", "--follow", action="store_true", help="keep printing lines as they are written (Ctrl-C stops)")
+    logs.add_argument(
+        "-f", "--follow", action="store_true", help="keep printing lines as they are written (Ctrl-C stops)"
+    )
     logs.add_argument("-n", "--lines", type=int, default=50, help="how many of the last lines to print (default: 50)")
     login = commands.add_parser("login", help="check a host token with the gateway and keep it in the home (mode 0600)")
     login.add_argument("--server", required=True, help="gateway base URL")
@@ -141,9 +169,13 @@ def build_parser() -> argparse.ArgumentParser:
     for sub in (run, bench):
         _add_threads(sub)
         _add_models(sub)
-        sub.add_argument("--gpu-layers", type=_gpu_layers, default="auto",
-                         help="model layers on the GPU: auto (default: every layer that fits its free memory), "
-                              "a number, or 0 for none")
+        sub.add_argument(
+            "--gpu-layers",
+            type=_gpu_layers,
+            default="auto",
+            help="model layers on the GPU: auto (default: every layer that fits its free memory), "
+            "a number, or 0 for none",
+        )
     from mahout.ring.cli import add_parser as add_ring_parser
     from mahout.ring.member import add_parser as add_stage_parser
 
@@ -152,8 +184,17 @@ def build_parser() -> argparse.ArgumentParser:
     from mahout.moe.cli import add_parser as add_moe_parser  # the MoE expert market
 
     add_moe_parser(commands)
-    for sub in (run, bench, status, login, logs, add, service, commands.add_parser("pause", help="stop claiming new jobs"),
-                commands.add_parser("resume", help="claim jobs again")):
+    for sub in (
+        run,
+        bench,
+        status,
+        login,
+        logs,
+        add,
+        service,
+        commands.add_parser("pause", help="stop claiming new jobs"),
+        commands.add_parser("resume", help="claim jobs again"),
+    ):
         _add_home(sub)
     return parser
 
@@ -173,13 +214,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     api = HostApi(login.server, login.token)
     try:
         api.me()  # before minutes of assembling and benchmarking: a rotated or revoked token is refused at once
-        loop = start_host(api, home, args.threads or default_threads(), models=models,
-                          memory_budget_mb=args.memory_budget_mb, idle=idle, rebenchmark=args.rebenchmark, out=say,
-                          gpu=gpu_setup(args.gpu_layers, out=say), slots=args.slots)
+        loop = start_host(
+            api,
+            home,
+            args.threads or default_threads(),
+            models=models,
+            memory_budget_mb=args.memory_budget_mb,
+            idle=idle,
+            rebenchmark=args.rebenchmark,
+            out=say,
+            gpu=gpu_setup(args.gpu_layers, out=say),
+            slots=args.slots,
+        )
         loop.schedule = args.schedule
-        say(f"mahout: serving {', '.join(loop.models.qualified)} for {login.server} "
+        say(
+            f"mahout: serving {', '.join(loop.models.qualified)} for {login.server} "
             f"(loaded: {', '.join(loop.models.loaded()) or 'none'}; memory budget {loop.models.budget_mb} MB; "
-            f"{loop.slots} job(s) at once)")
+            f"{loop.slots} job(s) at once)"
+        )
         with presence(login.server, login.token, out=say) as socket:
             api.use_socket(socket)
             handled = loop.run(max_jobs=args.max_jobs, once=args.once)
@@ -203,7 +255,9 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
     models = _served(args.models, home)
     gpu = gpu_setup(args.gpu_layers, out=say)
     for name in models:
-        model = benchmark_model(name, home, args.threads or default_threads(), rebenchmark=args.rebenchmark, out=say, gpu=gpu)
+        model = benchmark_model(
+            name, home, args.threads or default_threads(), rebenchmark=args.rebenchmark, out=say, gpu=gpu
+        )
         say(f"mahout: model {model.path} sha256 {model.sha256}")
         say(json.dumps({"model": name, "fingerprint": model.fingerprint, **model.benchmark}))
     return 0
@@ -216,8 +270,10 @@ def cmd_install_service(args: argparse.Namespace) -> int:
 
     home = resolve_home(args.home)
     if not credentials_path(home).is_file():
-        warn("mahout: error: log in first (mahout login --server URL): the service reads the token from the home, "
-              "never from its unit file")
+        warn(
+            "mahout: error: log in first (mahout login --server URL): the service reads the token from the home, "
+            "never from its unit file"
+        )
         return 2
     run_args = [arg for arg in args.run_args if arg != "--"]
     try:
@@ -249,20 +305,26 @@ def cmd_add(args: argparse.Namespace) -> int:
     matches = catalog_match(sha256, files)
     if not matches:
         sold = "; ".join(entry.describe() for entry in files) or "nothing"
-        warn(f"mahout: error: {path} (sha256 {sha256}) is no catalog model's file, so it cannot be served "
-             f"(another quantisation or another model, perhaps). {source} sells: {sold}")
+        warn(
+            f"mahout: error: {path} (sha256 {sha256}) is no catalog model's file, so it cannot be served "
+            f"(another quantisation or another model, perhaps). {source} sells: {sold}"
+        )
         return 2
     servable = [entry for entry in matches if entry.kind == "chat" or entry.name in CATALOG]
     if not servable:
         names = ", ".join(entry.name for entry in matches)
-        warn(f"mahout: error: {path} is the catalog's {names}, an embeddings model; mahout serves embeddings only "
-             f"with the model it ships ({', '.join(n for n, spec in CATALOG.items() if spec.kind == 'embeddings')})")
+        warn(
+            f"mahout: error: {path} is the catalog's {names}, an embeddings model; mahout serves embeddings only "
+            f"with the model it ships ({', '.join(n for n, spec in CATALOG.items() if spec.kind == 'embeddings')})"
+        )
         return 2
     for entry in servable:
         model_add(home, entry.name, path, sha256, entry=entry.record())
         serve = f"{command_name()} run" + ("" if entry.name in DEFAULT_MODELS else f" --models {entry.name}")
-        say(f"mahout: {path} is the catalog's {entry.name} ({entry.quantization or 'quantisation unknown'}, "
-            f"sha256 {sha256[:16]}…); `{serve}` serves it from there.")
+        say(
+            f"mahout: {path} is the catalog's {entry.name} ({entry.quantization or 'quantisation unknown'}, "
+            f"sha256 {sha256[:16]}…); `{serve}` serves it from there."
+        )
     return 0
 
 
@@ -276,8 +338,10 @@ def _catalog_for_add(args: argparse.Namespace, home: Path) -> tuple[list[Catalog
     try:
         login = credentials_resolve(server=args.server, token=args.token, home=home, warn=warn)
     except NoCredentials:
-        say("mahout: not logged in, so matching only the files mahout ships knowing; "
-            f"`{command_name()} login --server URL` matches the gateway's whole catalog")
+        say(
+            "mahout: not logged in, so matching only the files mahout ships knowing; "
+            f"`{command_name()} login --server URL` matches the gateway's whole catalog"
+        )
         return offline_catalog(), offline
     api = HostApi(login.server, login.token, retries=1)
     try:
@@ -299,7 +363,9 @@ def cmd_login(args: argparse.Namespace) -> int:
 
     from mahout.api import HostApi
 
-    token = sys.stdin.readline().strip() if args.token_stdin else getpass.getpass("Host token (from My machines): ").strip()
+    token = (
+        sys.stdin.readline().strip() if args.token_stdin else getpass.getpass("Host token (from My machines): ").strip()
+    )
     if not token:
         warn("mahout: error: no token given")
         return 2
@@ -309,8 +375,10 @@ def cmd_login(args: argparse.Namespace) -> int:
     finally:
         api.close()
     path = credentials_save(resolve_home(args.home), args.server, token)
-    say(f"mahout: logged in as host {me.get('name')!r} (id {me.get('id')}) at {args.server.rstrip('/')}; "
-        f"token kept in {path} (readable by you only). Start serving with: {command_name()} run")
+    say(
+        f"mahout: logged in as host {me.get('name')!r} (id {me.get('id')}) at {args.server.rstrip('/')}; "
+        f"token kept in {path} (readable by you only). Start serving with: {command_name()} run"
+    )
     return 0
 
 
@@ -358,8 +426,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         "model": str(model_path(home, SHIPPED_MODEL)),
         "model_assembled": recorded_sha256(home) is not None,
     }
-    say(json.dumps(local) if args.json else f"mahout: home {home}; pause flag {'set' if local['paused'] else 'off'}; "
-        f"model {'assembled' if local['model_assembled'] else 'not assembled yet'}")
+    say(
+        json.dumps(local)
+        if args.json
+        else f"mahout: home {home}; pause flag {'set' if local['paused'] else 'off'}; "
+        f"model {'assembled' if local['model_assembled'] else 'not assembled yet'}"
+    )
     try:
         login = credentials_resolve(server=args.server, token=args.token, home=home, warn=warn)
     except NoCredentials:
@@ -388,11 +460,14 @@ def status_lines(server: str, me: dict, earnings: dict) -> list[str]:
         state += f" ({me['maintenance_reason']})"
     lines = [f"mahout: host {me.get('name')!r} (id {me.get('id')}) at {server}: {state}"]
     jobs = me.get("active_jobs") or []
-    lines += [f"mahout: running job {job['id']} ({job['model']}) since {job.get('claimed_at') or '?'}" for job in jobs] or \
-        ["mahout: no job running"]
+    lines += [
+        f"mahout: running job {job['id']} ({job['model']}) since {job.get('claimed_at') or '?'}" for job in jobs
+    ] or ["mahout: no job running"]
     pending = int(earnings.get("balance_ucents") or 0)
-    lines.append(f"mahout: earned today {_usd(earnings.get('today_ucents'))}; pending {_usd(pending)} "
-                 f"(payable now {_usd(earnings.get('payable_ucents'))}, still vesting {_usd(earnings.get('unvested_ucents'))})")
+    lines.append(
+        f"mahout: earned today {_usd(earnings.get('today_ucents'))}; pending {_usd(pending)} "
+        f"(payable now {_usd(earnings.get('payable_ucents'))}, still vesting {_usd(earnings.get('unvested_ucents'))})"
+    )
     return lines
 
 
@@ -462,8 +537,10 @@ def refusal_hint(exc: Exception, command: str) -> str:
         return ""
     if command == "login":
         return " (copy the token again from My machines: a rotated or revoked one is refused)"
-    return (f" (this token may have been rotated, revoked or banned: see My machines, then "
-            f"`{command_name()} login --server URL`)")
+    return (
+        f" (this token may have been rotated, revoked or banned: see My machines, then "
+        f"`{command_name()} login --server URL`)"
+    )
 
 
 if __name__ == "__main__":

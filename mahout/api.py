@@ -12,6 +12,7 @@ starts: a gateway that sees a new one for this host ends the jobs its earlier pr
 was running at once (they would otherwise fill its claim slots until the stall rule),
 and continues them elsewhere.
 """
+
 from __future__ import annotations
 
 import base64
@@ -78,7 +79,13 @@ class TokenSocket(Protocol):
     """A faster path for token batches (``mahout.presence.Presence``): an answer, or None."""
 
     def push_tokens(
-        self, job_id: Any, *, seq: int, text: str, logprobs: list[dict] | None = None, finish_reason: str = "",
+        self,
+        job_id: Any,
+        *,
+        seq: int,
+        text: str,
+        logprobs: list[dict] | None = None,
+        finish_reason: str = "",
     ) -> dict | None: ...
 
     def claim(self, *, fingerprint: str, wait: float) -> object:
@@ -123,7 +130,7 @@ class HostApi:
 
     def backoff_delay(self, attempt: int) -> float:
         """Seconds to wait before retry number ``attempt`` (0-based), jittered."""
-        base = min(self.backoff_cap, self.backoff * (2 ** attempt))
+        base = min(self.backoff_cap, self.backoff * (2**attempt))
         return base * random.uniform(0.5, 1.0)
 
     def _attempt(self, method: str, path: str, body: Any, timeout: httpx.Timeout) -> httpx.Response | _Retry:
@@ -158,7 +165,13 @@ class HostApi:
         return response.json() if response.content else {}
 
     def register_qualification(
-        self, *, model: str, fingerprint: str, benchmark: dict, machine: dict, sha256: str = "",
+        self,
+        *,
+        model: str,
+        fingerprint: str,
+        benchmark: dict,
+        machine: dict,
+        sha256: str = "",
     ) -> dict:
         """Record that ``model`` (the file with that sha256) was benchmarked on this machine; the
         server lets us claim it."""
@@ -168,7 +181,13 @@ class HostApi:
         return self._json(self._request("POST", "/qualifications", body))
 
     def heartbeat(
-        self, *, fingerprint: str, paused: bool, active_jobs: list, models_loaded: list[str], version: str,
+        self,
+        *,
+        fingerprint: str,
+        paused: bool,
+        active_jobs: list,
+        models_loaded: list[str],
+        version: str,
         catalog: dict | None = None,
     ) -> dict:
         """Tell the server we are alive, whether we are paused, and what we are doing.
@@ -208,7 +227,13 @@ class HostApi:
         self._socket = socket
 
     def push_tokens(
-        self, job_id: Any, *, seq: int, text: str, logprobs: list[dict] | None = None, finish_reason: str = "",
+        self,
+        job_id: Any,
+        *,
+        seq: int,
+        text: str,
+        logprobs: list[dict] | None = None,
+        finish_reason: str = "",
     ) -> dict:
         """Append batch ``seq`` of generated text (with its tokens' log-probability entries
         when the job asked for them); raises :class:`JobGoneError` on 409. ``finish_reason``
@@ -218,7 +243,9 @@ class HostApi:
         On the host's WebSocket when it is up (authenticated once per connection); over
         HTTP when it is not, or gave no answer (the same ``seq``, so never applied twice)."""
         if self._socket is not None:
-            answer = self._socket.push_tokens(job_id, seq=seq, text=text, logprobs=logprobs, finish_reason=finish_reason)
+            answer = self._socket.push_tokens(
+                job_id, seq=seq, text=text, logprobs=logprobs, finish_reason=finish_reason
+            )
             if answer is not None:
                 return answer
         body: dict = {"seq": seq, "text": text}
@@ -228,8 +255,15 @@ class HostApi:
             body["finish_reason"] = finish_reason
         return self._json(self._request("POST", f"/jobs/{job_id}/tokens", body))
 
-    def complete(self, job_id: Any, *, finish_reason: str, completion_tokens: int, tokens: list[int] | None = None,
-                 seed: int | None = None) -> dict:
+    def complete(
+        self,
+        job_id: Any,
+        *,
+        finish_reason: str,
+        completion_tokens: int,
+        tokens: list[int] | None = None,
+        seed: int | None = None,
+    ) -> dict:
         """Report the job finished; the answer carries what we earned. ``tokens`` (every token id
         sampled) and ``seed`` (the one sampled with) let the gateway audit the answer
         (`mahout.verify`); a runner that has neither sends neither."""
@@ -262,7 +296,9 @@ class HostApi:
     def ring_inquiries(self, ring_id: int, stage: int) -> list[dict]:
         """The ring inquiries this host's stage owes its evidence to (`mahout.ring.evidence`):
         each ``{"id", "job"}``."""
-        return self._json(self._request("GET", f"/ring-inquiries?ring={int(ring_id)}&stage={int(stage)}")).get("inquiries", [])
+        return self._json(self._request("GET", f"/ring-inquiries?ring={int(ring_id)}&stage={int(stage)}")).get(
+            "inquiries", []
+        )
 
     def ring_evidence_send(self, inquiry_id: int, *, stage: int, part: int, parts: int, data: bytes) -> dict:
         """One part of this stage's evidence for an inquiry (``parts`` 0: it kept nothing)."""
@@ -271,7 +307,9 @@ class HostApi:
 
     def ring_evidence(self, inquiry_id: int, *, stage: int, part: int) -> bytes:
         """One part of a stage's evidence, for the inquiry's checker (this host)."""
-        answer = self._json(self._request("GET", f"/ring-inquiries/{int(inquiry_id)}/evidence?stage={int(stage)}&part={int(part)}"))
+        answer = self._json(
+            self._request("GET", f"/ring-inquiries/{int(inquiry_id)}/evidence?stage={int(stage)}&part={int(part)}")
+        )
         return base64.b64decode(answer["data"])
 
     def ring_check_verdict(self, inquiry_id: int, verdict: dict) -> dict:

@@ -6,6 +6,7 @@ macOS: a launchd agent (``~/Library/LaunchAgents/net.elephant.mahout.plist``), l
 ``launchctl``. The unit runs ``python -m mahout run`` with this interpreter and home; the
 token stays in the home's credentials file (``mahout login``), never in the unit.
 """
+
 from __future__ import annotations
 
 import os
@@ -50,15 +51,25 @@ def systemd_unit(command: list[str], home: Path) -> str:
 
 def launchd_plist(command: list[str], home: Path) -> bytes:
     logs = home / "logs"
-    return plistlib.dumps({
-        "Label": AGENT_LABEL, "ProgramArguments": command, "RunAtLoad": True,
-        "KeepAlive": {"SuccessfulExit": False}, "EnvironmentVariables": {"MAHOUT_HOME": str(home)},
-        "StandardOutPath": str(logs / "launchd.out.log"), "StandardErrorPath": str(logs / "launchd.err.log"),
-    })
+    return plistlib.dumps(
+        {
+            "Label": AGENT_LABEL,
+            "ProgramArguments": command,
+            "RunAtLoad": True,
+            "KeepAlive": {"SuccessfulExit": False},
+            "EnvironmentVariables": {"MAHOUT_HOME": str(home)},
+            "StandardOutPath": str(logs / "launchd.out.log"),
+            "StandardErrorPath": str(logs / "launchd.err.log"),
+        }
+    )
 
 
 def install_service(
-    home: Path, run_args: list[str], *, platform: str = sys.platform, enable: bool = True,
+    home: Path,
+    run_args: list[str],
+    *,
+    platform: str = sys.platform,
+    enable: bool = True,
     run: Callable[[list[str]], int] | None = None,
 ) -> Installed:
     """Write (and, where the service manager is here, enable and start) the service."""
@@ -73,8 +84,10 @@ def install_service(
         started = enable and shutil.which("launchctl") is not None and runner(load) == 0
         return Installed(path, started, [] if started else [shlex.join(load)])
     if not platform.startswith("linux"):
-        raise RuntimeError(f"install-service knows systemd (Linux) and launchd (macOS), not {platform}; "
-                           f"run this at startup instead: {shlex.join(command)}")
+        raise RuntimeError(
+            f"install-service knows systemd (Linux) and launchd (macOS), not {platform}; "
+            f"run this at startup instead: {shlex.join(command)}"
+        )
     config = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
     path = config / "systemd" / "user" / UNIT_NAME
     path.parent.mkdir(parents=True, exist_ok=True)

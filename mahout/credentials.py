@@ -6,6 +6,7 @@ In order: ``--server`` / ``--token`` (still accepted, with a warning about the t
 the ``MAHOUT_SERVER`` / ``MAHOUT_TOKEN`` environment variables, then the file
 ``mahout login`` writes in the home directory (``credentials.json``, mode 0600).
 """
+
 from __future__ import annotations
 
 import json
@@ -50,16 +51,24 @@ def credentials_load(home: Path) -> Credentials | None:
         saved = json.loads(credentials_path(home).read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(saved, dict) or not isinstance(saved.get("server"), str) or not isinstance(saved.get("token"), str):
+    if (
+        not isinstance(saved, dict)
+        or not isinstance(saved.get("server"), str)
+        or not isinstance(saved.get("token"), str)
+    ):
         return None
     return Credentials(saved["server"], saved["token"])
 
 
-def credentials_resolve(*, server: str | None, token: str | None, home: Path, warn: Callable[[str], None]) -> Credentials:
+def credentials_resolve(
+    *, server: str | None, token: str | None, home: Path, warn: Callable[[str], None]
+) -> Credentials:
     """The gateway and token to use (see the module's order), or NoCredentials saying how to log in."""
     if token:
-        warn("mahout: warning: a token on the command line is visible to every user of this machine (ps) and kept in "
-             f"your shell history; run `{command_name()} login` once instead, or set MAHOUT_TOKEN")
+        warn(
+            "mahout: warning: a token on the command line is visible to every user of this machine (ps) and kept in "
+            f"your shell history; run `{command_name()} login` once instead, or set MAHOUT_TOKEN"
+        )
     saved = credentials_load(home)
     server = server or os.environ.get(SERVER_ENV) or (saved.server if saved else None)
     token = token or os.environ.get(TOKEN_ENV) or (saved.token if saved else None)

@@ -4,6 +4,7 @@ A qualification (a benchmark) is valid only for the machine it ran on, so the ga
 qualifications by this fingerprint. It hashes facts that change only when the hardware or
 OS install changes: machine-id, hostname, CPU model, total memory, GPU names.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -55,7 +56,10 @@ def gpu_names() -> list[str]:
     try:
         result = subprocess.run(
             ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=COMMAND_TIMEOUT_SECONDS, check=False,
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT_SECONDS,
+            check=False,
         )
     except (OSError, subprocess.TimeoutExpired):
         return []

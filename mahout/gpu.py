@@ -12,6 +12,7 @@ measured at start, less a reserve for the context and the compute buffers; a num
 that many; 0 keeps everything on the CPU. Every figure here is a plan: the benchmark
 measures what the plan gives.
 """
+
 from __future__ import annotations
 
 import platform
@@ -52,9 +53,13 @@ def _run(argv: list[str]) -> str | None:
     return run_command(argv, timeout=COMMAND_TIMEOUT_SECONDS)
 
 
-def gpus_present(run: Callable[[list[str]], str | None] = _run, which: Callable[[str], str | None] = shutil.which,
-                 system: str = sys.platform, machine: str | None = None,
-                 memory_mb: Callable[[], float] | None = None) -> list[Gpu]:
+def gpus_present(
+    run: Callable[[list[str]], str | None] = _run,
+    which: Callable[[str], str | None] = shutil.which,
+    system: str = sys.platform,
+    machine: str | None = None,
+    memory_mb: Callable[[], float] | None = None,
+) -> list[Gpu]:
     """The GPUs this machine has, whatever llama.cpp was built for (the tools and the platform
     are injectable: tests stub them at this boundary)."""
     found: list[Gpu] = []
@@ -122,8 +127,10 @@ def rebuild_command(vendor: str) -> str:
     """The command that rebuilds llama-cpp-python for this vendor's GPU."""
     import llama_cpp
 
-    return (f'CMAKE_ARGS="{REBUILD_FLAGS[vendor]}" pip install --force-reinstall --no-cache-dir '
-            f"llama-cpp-python=={llama_cpp.__version__}")
+    return (
+        f'CMAKE_ARGS="{REBUILD_FLAGS[vendor]}" pip install --force-reinstall --no-cache-dir '
+        f"llama-cpp-python=={llama_cpp.__version__}"
+    )
 
 
 def startup_report(gpus: list[Gpu], supported: bool, backends: list[str]) -> list[str]:
@@ -132,11 +139,15 @@ def startup_report(gpus: list[Gpu], supported: bool, backends: list[str]) -> lis
         return ["mahout: no GPU found: serving on the CPU"]
     gpu = gpus[0]
     if not supported:
-        return [f"mahout: warning: this machine has a GPU ({gpu.name}, {gpu.free_mb:.0f} of {gpu.total_mb:.0f} MB free) "
-                f"but llama-cpp-python was built for the CPU only ({', '.join(backends) or 'CPU'}), so the GPU sits idle. "
-                f"Rebuild it: {rebuild_command(gpu.vendor)}"]
-    return [f"mahout: GPU {gpu.name}: {gpu.free_mb:.0f} of {gpu.total_mb:.0f} MB free; llama.cpp backends: "
-            f"{', '.join(backends)}"]
+        return [
+            f"mahout: warning: this machine has a GPU ({gpu.name}, {gpu.free_mb:.0f} of {gpu.total_mb:.0f} MB free) "
+            f"but llama-cpp-python was built for the CPU only ({', '.join(backends) or 'CPU'}), so the GPU sits idle. "
+            f"Rebuild it: {rebuild_command(gpu.vendor)}"
+        ]
+    return [
+        f"mahout: GPU {gpu.name}: {gpu.free_mb:.0f} of {gpu.total_mb:.0f} MB free; llama.cpp backends: "
+        f"{', '.join(backends)}"
+    ]
 
 
 def parse_gpu_layers(text: str) -> str | int:
@@ -149,8 +160,15 @@ def parse_gpu_layers(text: str) -> str | int:
     return value
 
 
-def plan_offload(requested: str | int, *, gpu: Gpu | None, supported: bool, model_mb: float, n_layers: int,
-                 reserve_mb: float = RESERVE_MB) -> Offload:
+def plan_offload(
+    requested: str | int,
+    *,
+    gpu: Gpu | None,
+    supported: bool,
+    model_mb: float,
+    n_layers: int,
+    reserve_mb: float = RESERVE_MB,
+) -> Offload:
     """How many of a model's layers go on the GPU. llama.cpp counts the output layer as one
     more, so `n_layers + 1` puts everything there. Each layer is taken to weigh an equal
     share of the file (the embeddings stay on the CPU with llama.cpp's default split)."""
@@ -176,13 +194,24 @@ def kv_mb_per_sequence(path: object, n_ctx: int) -> float:
     """The KV cache one sequence of ``n_ctx`` tokens takes (MiB, 16-bit keys and values, every
     layer full: an upper bound where a model's sliding-window layers keep less), from the GGUF's
     metadata; 0 when it does not say."""
-    facts = model_meta(path, ["block_count", "attention.head_count", "attention.head_count_kv", "attention.key_length",
-                              "attention.value_length", "embedding_length"])
+    facts = model_meta(
+        path,
+        [
+            "block_count",
+            "attention.head_count",
+            "attention.head_count_kv",
+            "attention.key_length",
+            "attention.value_length",
+            "embedding_length",
+        ],
+    )
     number = {key: int(value) for key, value in facts.items() if value.isdigit()}
     heads = number.get("attention.head_count", 0)
     kv_heads = number.get("attention.head_count_kv", heads)
     head_dim = number.get("embedding_length", 0) // heads if heads else 0
-    per_token = kv_heads * (number.get("attention.key_length", head_dim) + number.get("attention.value_length", head_dim))
+    per_token = kv_heads * (
+        number.get("attention.key_length", head_dim) + number.get("attention.value_length", head_dim)
+    )
     return number.get("block_count", 0) * n_ctx * per_token * 2 / 2**20
 
 
@@ -196,6 +225,7 @@ def model_meta(path: object, keys: list[str]) -> dict[str, str]:
 
     try:
         from llama_cpp._utils import suppress_stdout_stderr  # what `Llama(verbose=False)` uses
+
         quiet = suppress_stdout_stderr(disable=False)
     except ImportError:  # pragma: no cover - another llama-cpp-python layout: noisier, same answer
         import contextlib
@@ -208,6 +238,7 @@ def model_meta(path: object, keys: list[str]) -> dict[str, str]:
     if not model:
         return {}
     try:
+
         def meta(key: str) -> str:
             value = ctypes.create_string_buffer(128)
             written = llama_cpp.llama_model_meta_val_str(model, key.encode(), value, len(value))

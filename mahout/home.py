@@ -3,6 +3,7 @@
 Pausing is a flag file rather than a signal or a socket so that ``python -m mahout pause``
 works from any shell, survives restarts, and the loop can read it before every claim.
 """
+
 from __future__ import annotations
 
 import os

@@ -4,6 +4,7 @@ qualify it; then load what fits in the memory budget and return the loop.
 Kept apart from :mod:`mahout.loop` so the loop can be tested with fake runners and no
 model, while this module wires the real pieces together for ``python -m mahout run``.
 """
+
 from __future__ import annotations
 
 import os
@@ -101,8 +102,13 @@ def offload_for(spec: ModelSpec, path: Path, gpu: GpuSetup | None) -> Offload | 
         return None
     from mahout.gpu import model_layers
 
-    return plan_offload(gpu.requested, gpu=gpu.gpu, supported=gpu.supported, model_mb=path.stat().st_size / 2**20,
-                        n_layers=model_layers(path))
+    return plan_offload(
+        gpu.requested,
+        gpu=gpu.gpu,
+        supported=gpu.supported,
+        model_mb=path.stat().st_size / 2**20,
+        n_layers=model_layers(path),
+    )
 
 
 def weights_mb(spec: ModelSpec, path: Path, offload: Offload | None) -> float:
@@ -116,18 +122,28 @@ def weights_mb(spec: ModelSpec, path: Path, offload: Offload | None) -> float:
 def describe(spec: ModelSpec, result: dict) -> str:
     """A benchmark result as one readable phrase."""
     if spec.kind == "embeddings":
-        return (f"{result['prompt_tps']} tok/s embedded ({result.get('inputs_per_s', '?')} inputs/s), "
-                f"{result['ttft_ms']} ms for one input, {result['memory_mb']} MB")
+        return (
+            f"{result['prompt_tps']} tok/s embedded ({result.get('inputs_per_s', '?')} inputs/s), "
+            f"{result['ttft_ms']} ms for one input, {result['memory_mb']} MB"
+        )
     where = ""
     if result.get("gpu_layers"):
         where = f", {result['gpu_layers']} layers on {result.get('device')} (~{result.get('vram_mb', 0):.0f} MB of GPU memory)"
-    return (f"{result['gen_tps']} tok/s generation, {result['prompt_tps']} tok/s prompt, "
-            f"{result['ttft_ms']} ms to first token, {result['memory_mb']} MB{where}")
+    return (
+        f"{result['gen_tps']} tok/s generation, {result['prompt_tps']} tok/s prompt, "
+        f"{result['ttft_ms']} ms to first token, {result['memory_mb']} MB{where}"
+    )
 
 
 def benchmark_model(
-    name: str, home: Path, threads: int, *, rebenchmark: bool = False, out: Callable[[str], None] = print,
-    gpu: GpuSetup | None = None, budget_mb: int | None = None,
+    name: str,
+    home: Path,
+    threads: int,
+    *,
+    rebenchmark: bool = False,
+    out: Callable[[str], None] = print,
+    gpu: GpuSetup | None = None,
+    budget_mb: int | None = None,
 ) -> Qualified:
     """Find model ``name`` (shipped, or a catalog model whose file the owner added) and
     benchmark it on this machine (or reuse the cached result), with as many of its layers on
@@ -141,22 +157,31 @@ def benchmark_model(
     weights = weights_mb(spec, path, offload)
     if budget_mb is not None:
         check_fits({name: weights}, budget_mb)
-    result, cached = qualify(home, name, path, sha256, fingerprint, threads, rebenchmark=rebenchmark, measure=spec.measure,
-                             offload=offload)
+    result, cached = qualify(
+        home, name, path, sha256, fingerprint, threads, rebenchmark=rebenchmark, measure=spec.measure, offload=offload
+    )
     out(f"mahout: benchmark of {name} ({'cached' if cached else 'measured'}): {describe(spec, result)}")
     return Qualified(path, sha256, result, fingerprint, facts, name, offload, weights)
 
 
 def benchmark_shipped(
-    home: Path, threads: int, *, rebenchmark: bool = False, out: Callable[[str], None] = print,
+    home: Path,
+    threads: int,
+    *,
+    rebenchmark: bool = False,
+    out: Callable[[str], None] = print,
 ) -> Qualified:
     """Assemble the shipped chat model and benchmark it (or reuse the cached result)."""
     return benchmark_model(SHIPPED_MODEL, home, threads, rebenchmark=rebenchmark, out=out)
 
 
 def register_when_reachable(
-    api: HostApi, model: Qualified, *, out: Callable[[str], None] = print,
-    retry_s: float = UNREACHABLE_RETRY_SECONDS, sleep: Callable[[float], None] = time.sleep,
+    api: HostApi,
+    model: Qualified,
+    *,
+    out: Callable[[str], None] = print,
+    retry_s: float = UNREACHABLE_RETRY_SECONDS,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> dict:
     """Register the qualification, waiting for a gateway that is not up yet.
 
@@ -166,7 +191,10 @@ def register_when_reachable(
     while True:
         try:
             return api.register_qualification(
-                model=model.model, fingerprint=model.fingerprint, benchmark=model.benchmark, machine=model.machine,
+                model=model.model,
+                fingerprint=model.fingerprint,
+                benchmark=model.benchmark,
+                machine=model.machine,
                 sha256=model.sha256,
             )
         except ServerUnavailable as exc:
@@ -176,7 +204,10 @@ def register_when_reachable(
 
 
 def qualify_with_server(
-    api: HostApi, models: list[Qualified], *, out: Callable[[str], None] = print,
+    api: HostApi,
+    models: list[Qualified],
+    *,
+    out: Callable[[str], None] = print,
 ) -> list[Qualified]:
     """Register each benchmark; return the models the server accepted.
 
@@ -202,8 +233,15 @@ def qualify_with_server(
     return accepted
 
 
-def slots_for(model: Qualified, home: Path, threads: int, *, requested: int | None = None,
-              budget_mb: int | None = None, out: Callable[[str], None] = print) -> int:
+def slots_for(
+    model: Qualified,
+    home: Path,
+    threads: int,
+    *,
+    requested: int | None = None,
+    budget_mb: int | None = None,
+    out: Callable[[str], None] = print,
+) -> int:
     """How many jobs ``model`` serves at once from its one load: ``requested`` (``--slots``),
     else the number its benchmark chose on this machine (`mahout.runners.batched.slots_chosen`:
     aggregate tokens/s measured at 1, 2, 4 and 8 sequences, cached with the benchmark), fewer
@@ -223,16 +261,27 @@ def slots_for(model: Qualified, home: Path, threads: int, *, requested: int | No
         out(f"mahout: measuring how many jobs {model.model} serves at once on this machine (1, 2, 4, 8 streams)")
         measured = slots_measured(model.path, threads, gpu_layers=model.offload.layers if model.offload else 0)
         chosen = slots_chosen(measured)
-        store_cached(home, model.model, model.fingerprint, model.sha256, {
-            **model.benchmark, "slots": chosen, "slots_tps": {str(count): round(tps, 1) for count, tps in measured.items()}})
+        store_cached(
+            home,
+            model.model,
+            model.fingerprint,
+            model.sha256,
+            {
+                **model.benchmark,
+                "slots": chosen,
+                "slots_tps": {str(count): round(tps, 1) for count, tps in measured.items()},
+            },
+        )
         rates = ", ".join(f"{tps:.0f} at {count}" for count, tps in measured.items())
         out(f"mahout: {model.model} serves {chosen} job(s) at once (aggregate tok/s {rates}; --slots overrides)")
     per_sequence = kv_mb(model) if budget_mb is not None else 0.0
     if per_sequence > 0 and budget_mb is not None:
         fits = max(1, min(chosen, int((budget_mb - model.footprint_mb) // per_sequence)))
         if fits < chosen:
-            out(f"mahout: {model.model} serves {fits} job(s) at once, not {chosen}: the KV cache of {chosen} "
-                f"(~{chosen * per_sequence:.0f} MB) does not fit its memory budget of {budget_mb} MB")
+            out(
+                f"mahout: {model.model} serves {fits} job(s) at once, not {chosen}: the KV cache of {chosen} "
+                f"(~{chosen * per_sequence:.0f} MB) does not fit its memory budget of {budget_mb} MB"
+            )
             chosen = fits
     return chosen
 
@@ -246,9 +295,16 @@ def kv_mb(model: Qualified) -> float:
 
 
 def start_host(
-    api: HostApi, home: Path, threads: int, *, models: list[str] | tuple[str, ...] = DEFAULT_MODELS,
-    memory_budget_mb: int | None = None, idle: IdleDetector | None = None,
-    rebenchmark: bool = False, out: Callable[[str], None] = print, gpu: GpuSetup | None = None,
+    api: HostApi,
+    home: Path,
+    threads: int,
+    *,
+    models: list[str] | tuple[str, ...] = DEFAULT_MODELS,
+    memory_budget_mb: int | None = None,
+    idle: IdleDetector | None = None,
+    rebenchmark: bool = False,
+    out: Callable[[str], None] = print,
+    gpu: GpuSetup | None = None,
     slots: int | None = None,
 ) -> HostLoop:
     """Qualify ``models`` with the server, load what fits in the budget (in the order
@@ -260,24 +316,45 @@ def start_host(
     model alone does not fit in the budget.
     """
     budget = default_budget_mb() if memory_budget_mb is None else memory_budget_mb
-    measured = [benchmark_model(name, home, threads, rebenchmark=rebenchmark, out=out, gpu=gpu, budget_mb=budget)
-                for name in models]
+    measured = [
+        benchmark_model(name, home, threads, rebenchmark=rebenchmark, out=out, gpu=gpu, budget_mb=budget)
+        for name in models
+    ]
     vram_budget = gpu.gpu.free_mb if gpu is not None and gpu.active and gpu.gpu is not None else None
-    check_fits({model.model: model.footprint_mb for model in measured}, budget,
-               vram_mb={model.model: model.vram_mb for model in measured}, vram_budget_mb=vram_budget)
+    check_fits(
+        {model.model: model.footprint_mb for model in measured},
+        budget,
+        vram_mb={model.model: model.vram_mb for model in measured},
+        vram_budget_mb=vram_budget,
+    )
     accepted = qualify_with_server(api, measured, out=out)
     paths = {model.model: model.path for model in accepted}
     offloads = {model.model: model.offload for model in accepted}
     specs = {model.model: model_spec(model.model, home, CATALOG) for model in accepted}
-    each = {model.model: slots_for(model, home, threads, requested=slots, budget_mb=budget, out=out) for model in accepted}
-    footprints = {model.model: model.footprint_mb + (each[model.model] * kv_mb(model) if each[model.model] > 1 else 0.0)
-                  for model in accepted}  # (one sequence's KV is in the benchmark's measure; several are allocated up front)
+    each = {
+        model.model: slots_for(model, home, threads, requested=slots, budget_mb=budget, out=out) for model in accepted
+    }
+    footprints = {
+        model.model: model.footprint_mb + (each[model.model] * kv_mb(model) if each[model.model] > 1 else 0.0)
+        for model in accepted
+    }  # (one sequence's KV is in the benchmark's measure; several are allocated up front)
     check_fits(footprints, budget)
     loader = ModelLoader(
         lambda name: specs[name].open(paths[name], threads, offloads[name], slots=each[name]),
-        footprints, budget, out=out,
-        vram_mb={model.model: model.vram_mb for model in accepted}, vram_budget_mb=vram_budget,
+        footprints,
+        budget,
+        out=out,
+        vram_mb={model.model: model.vram_mb for model in accepted},
+        vram_budget_mb=vram_budget,
     )
     loader.preload([model.model for model in accepted])
-    return HostLoop(api, loader, fingerprint=accepted[0].fingerprint, home=home, idle=idle,
-                    installed=installed_models(home), out=out, slots=min(each.values()))
+    return HostLoop(
+        api,
+        loader,
+        fingerprint=accepted[0].fingerprint,
+        home=home,
+        idle=idle,
+        installed=installed_models(home),
+        out=out,
+        slots=min(each.values()),
+    )

@@ -9,6 +9,7 @@ injectable so tests need neither X11 nor a GPU; every external command is time-b
 started (a ring's stages are its child processes on the GPU, `mahout.ring.member.LocalStages`)
 never count as the owner's work, or `mahout ring` would pause itself as soon as its stages load.
 """
+
 from __future__ import annotations
 
 import glob

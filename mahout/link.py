@@ -55,6 +55,7 @@ that was altered, replayed, reordered, dropped or cut short fails a tag and drop
   ring stages start together) and `dial` (one attempt: an expert worker that is not there
   must fail the batch at once) the dialer's.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -81,9 +82,22 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 __all__ = [
-    "HANDSHAKE_CAPS", "HEADERS_ONLY", "RECORD_BYTES", "FrameCaps", "FrameRefused", "HandshakeSlots", "Heartbeat", "Link", "LinkClosed",
+    "HANDSHAKE_CAPS",
+    "HEADERS_ONLY",
+    "RECORD_BYTES",
+    "FrameCaps",
+    "FrameRefused",
+    "HandshakeSlots",
+    "Heartbeat",
+    "Link",
+    "LinkClosed",
     "LinkRefused",
-    "VERSION", "accept", "connect", "dial", "listen", "new_secret",
+    "VERSION",
+    "accept",
+    "connect",
+    "dial",
+    "listen",
+    "new_secret",
 ]
 
 _PREFIX = struct.Struct(">II")  # header length, payload length
@@ -96,7 +110,9 @@ MIN_SECRET_CHARS = 32
 _NONCE_BYTES = 16
 _KEY_BYTES = 32  # an X25519 public key
 _TAG_BYTES = 16  # AES-GCM's tag, after each sealed record
-RECORD_BYTES = 1 << 18  # plaintext bytes per sealed record: small enough to stay in cache between the cipher and the socket
+RECORD_BYTES = (
+    1 << 18
+)  # plaintext bytes per sealed record: small enough to stay in cache between the cipher and the socket
 GATHER_BYTES = 1 << 17  # a body up to this size is one record, header and payload gathered: one AEAD call, one recv
 FLUSH_RECORDS = 4  # sealed records handed to the kernel at once (1 MiB: still in cache)
 _ALIGN = 8  # a sealed frame's payload starts at a multiple of this in its body (int64 and float32 rows)
@@ -125,8 +141,10 @@ class FrameCaps:
 
     def check(self, n_head: int, n_payload: int, name: str) -> None:
         if n_head > self.header_bytes or n_payload > self.payload_bytes:
-            raise FrameRefused(f"link {name}: frame of {n_head} + {n_payload} bytes exceeds the caps of "
-                               f"{self.header_bytes} + {self.payload_bytes} bytes")
+            raise FrameRefused(
+                f"link {name}: frame of {n_head} + {n_payload} bytes exceeds the caps of "
+                f"{self.header_bytes} + {self.payload_bytes} bytes"
+            )
 
 
 HEADERS_ONLY = FrameCaps(header_bytes=1 << 20, payload_bytes=0)  # control messages, no tensors (the bridge's)
@@ -167,7 +185,9 @@ def _payload_size(header: dict[str, Any], name: str) -> int:
 def _tensor(header: dict[str, Any], payload: bytearray, offset: int = 0) -> torch.Tensor:
     """Wrap a received payload, from `offset` of its buffer on (writable, owned by the tensor
     from now on)."""
-    return torch.from_numpy(np.frombuffer(payload, dtype=_DTYPES[header["dtype"]], offset=offset)).reshape(header["shape"])
+    return torch.from_numpy(np.frombuffer(payload, dtype=_DTYPES[header["dtype"]], offset=offset)).reshape(
+        header["shape"]
+    )
 
 
 class _Seal:
@@ -210,7 +230,9 @@ class _Seal:
             if used + size > len(room):
                 yield room[:used]
                 used = 0
-            self._aead.encrypt_into(self._next_nonce(), _span(head, payload, start, end), prefix, room[used : used + size])
+            self._aead.encrypt_into(
+                self._next_nonce(), _span(head, payload, start, end), prefix, room[used : used + size]
+            )
             used += size
         yield room[:used]
 
@@ -219,7 +241,9 @@ class _Seal:
         try:
             self._aead.decrypt_into(self._next_nonce(), sealed, prefix, plain)
         except InvalidTag as exc:
-            raise FrameRefused(f"link {name}: a frame failed its authentication (altered, replayed or out of order)") from exc
+            raise FrameRefused(
+                f"link {name}: a frame failed its authentication (altered, replayed or out of order)"
+            ) from exc
 
 
 def _records(n_head: int, n_payload: int) -> list[tuple[int, int]]:
@@ -397,8 +421,9 @@ def _session_keys(key: bytes, shared: bytes, challenge: str, hello: str) -> tupl
     salt = bytes.fromhex(challenge) + bytes.fromhex(hello)
 
     def derive(direction: str) -> bytes:
-        return HKDF(algorithm=hashes.SHA256(), length=32, salt=salt,
-                    info=f"{_TAG} {direction}".encode()).derive(key + shared)
+        return HKDF(algorithm=hashes.SHA256(), length=32, salt=salt, info=f"{_TAG} {direction}".encode()).derive(
+            key + shared
+        )
 
     return derive("dial->listen"), derive("listen->dial")
 
@@ -410,8 +435,12 @@ def _canonical(hello: dict[str, Any]) -> str:
 def _hex(message: dict[str, Any], kind: str, field: str, size: int) -> str | None:
     """A `kind` message's `field` of `size` bytes in hex (a nonce or a public key), or None."""
     value = message.get(field)
-    ok = message.get("type") == kind and isinstance(value, str) and len(value) == 2 * size \
-        and all(c in string.hexdigits for c in value)  # read as bytes: it salts or makes the session keys
+    ok = (
+        message.get("type") == kind
+        and isinstance(value, str)
+        and len(value) == 2 * size
+        and all(c in string.hexdigits for c in value)
+    )  # read as bytes: it salts or makes the session keys
     return value if ok else None
 
 
@@ -441,8 +470,15 @@ class HandshakeSlots:
         self._free.release()
 
 
-def accept(sock: socket.socket, *, secret: str | None = None, secret_for: Callable[[dict[str, Any]], str | None] | None = None,
-           caps: FrameCaps, name: str = "", timeout: float = HANDSHAKE_TIMEOUT_SECONDS) -> Link:
+def accept(
+    sock: socket.socket,
+    *,
+    secret: str | None = None,
+    secret_for: Callable[[dict[str, Any]], str | None] | None = None,
+    caps: FrameCaps,
+    name: str = "",
+    timeout: float = HANDSHAKE_TIMEOUT_SECONDS,
+) -> Link:
     """The listener's side of the handshake on an accepted socket: the admitted peer's link
     (its hello in ``link.peer``, its frames bounded by `caps` from now on), or `LinkRefused`
     with the socket closed after nothing but the challenge was sent.
@@ -460,16 +496,21 @@ def accept(sock: socket.socket, *, secret: str | None = None, secret_for: Callab
         link.send({"type": "challenge", "version": VERSION, "nonce": ours, "key": ephemeral.public})
         hello, _ = link.recv(HANDSHAKE_CAPS)
         if hello.get("version") != VERSION:
-            raise LinkRefused(f"link {link.name}: the peer speaks link protocol {hello.get('version', 2)}, not {VERSION} "
-                              "(update mahout on its machine)")
+            raise LinkRefused(
+                f"link {link.name}: the peer speaks link protocol {hello.get('version', 2)}, not {VERSION} "
+                "(update mahout on its machine)"
+            )
         fresh = _nonce_and_key(hello, "hello")
         proof = hello.get("proof")
         claimed = {k: v for k, v in hello.items() if k not in ("proof", "nonce", "key", "type", "version")}
         key = fixed if secret_for is None else _claimed_key(secret_for, claimed)
         if key is None:
             raise LinkRefused(f"link {link.name}: a peer claiming to be {claimed} is not one this end expects")
-        if fresh is None or not isinstance(proof, str) or \
-                not hmac.compare_digest(proof, _proof(key, "dial", ours, ephemeral.public, _canonical(hello))):
+        if (
+            fresh is None
+            or not isinstance(proof, str)
+            or not hmac.compare_digest(proof, _proof(key, "dial", ours, ephemeral.public, _canonical(hello)))
+        ):
             raise LinkRefused(f"link {link.name}: the peer did not prove it holds the secret")
         theirs, their_key = fresh
         link.send({"type": "admitted", "proof": _proof(key, "listen", theirs, ours, their_key, ephemeral.public)})
@@ -501,8 +542,10 @@ def _greet(link: Link, key: bytes, hello: dict[str, Any], caps: FrameCaps, timeo
         if fresh is None:
             raise LinkRefused(f"link {link.name}: the peer does not speak the link protocol")
         if challenge.get("version") != VERSION:
-            raise LinkRefused(f"link {link.name}: the peer speaks link protocol {challenge.get('version', 2)}, not {VERSION} "
-                              "(update mahout on its machine)")
+            raise LinkRefused(
+                f"link {link.name}: the peer speaks link protocol {challenge.get('version', 2)}, not {VERSION} "
+                "(update mahout on its machine)"
+            )
         theirs, their_key = fresh
         ours, ephemeral = secrets.token_hex(_NONCE_BYTES), _Ephemeral()
         message = {**hello, "type": "hello", "version": VERSION, "nonce": ours, "key": ephemeral.public}
@@ -512,8 +555,11 @@ def _greet(link: Link, key: bytes, hello: dict[str, Any], caps: FrameCaps, timeo
         except LinkClosed as exc:
             raise LinkRefused(f"link {link.name}: the peer refused our proof (a different secret?)") from exc
         proof = answer.get("proof")
-        if answer.get("type") != "admitted" or not isinstance(proof, str) or \
-                not hmac.compare_digest(proof, _proof(key, "listen", ours, theirs, ephemeral.public, their_key)):
+        if (
+            answer.get("type") != "admitted"
+            or not isinstance(proof, str)
+            or not hmac.compare_digest(proof, _proof(key, "listen", ours, theirs, ephemeral.public, their_key))
+        ):
             raise LinkRefused(f"link {link.name}: the peer did not prove it holds the secret")
         outbound, inbound = _session_keys(key, ephemeral.shared(their_key, link.name), theirs, ours)
         link._secure(outbound, inbound)
@@ -528,8 +574,15 @@ def _greet(link: Link, key: bytes, hello: dict[str, Any], caps: FrameCaps, timeo
     return link
 
 
-def connect(address: tuple[str, int], *, secret: str, hello: dict[str, Any], caps: FrameCaps,
-            timeout: float = 60.0, name: str = "") -> Link:
+def connect(
+    address: tuple[str, int],
+    *,
+    secret: str,
+    hello: dict[str, Any],
+    caps: FrameCaps,
+    timeout: float = 60.0,
+    name: str = "",
+) -> Link:
     """Connect to an agent, retrying while it is not listening yet, and pass the handshake
     as `hello` (its role and identity); `LinkRefused` if either side's proof fails."""
     key = _key(secret)

@@ -12,6 +12,7 @@ refused at construction, so every job the host claims can be served. A model bus
 job is never unloaded; if only busy models stand in the way, the load fails with
 :class:`BudgetError` (the job fails and the gateway can retry it elsewhere).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -37,8 +38,13 @@ def _close(runner: object) -> None:
         close()
 
 
-def check_fits(footprints_mb: dict[str, float], budget_mb: int, *, vram_mb: dict[str, float] | None = None,
-               vram_budget_mb: float | None = None) -> None:
+def check_fits(
+    footprints_mb: dict[str, float],
+    budget_mb: int,
+    *,
+    vram_mb: dict[str, float] | None = None,
+    vram_budget_mb: float | None = None,
+) -> None:
     """Raise :class:`BudgetError` naming every model that alone exceeds the memory budget (or
     the GPU's free memory, for the part of it planned there)."""
     too_big = {name: mb for name, mb in footprints_mb.items() if mb > budget_mb}
@@ -61,8 +67,14 @@ class ModelLoader:
     """
 
     def __init__(
-        self, load: Callable[[str], object], footprints_mb: dict[str, float], budget_mb: int,
-        *, out: Callable[[str], None] = print, vram_mb: dict[str, float] | None = None, vram_budget_mb: float | None = None,
+        self,
+        load: Callable[[str], object],
+        footprints_mb: dict[str, float],
+        budget_mb: int,
+        *,
+        out: Callable[[str], None] = print,
+        vram_mb: dict[str, float] | None = None,
+        vram_budget_mb: float | None = None,
     ) -> None:
         check_fits(footprints_mb, budget_mb, vram_mb=vram_mb, vram_budget_mb=vram_budget_mb)
         self._load, self.footprints_mb, self.budget_mb, self.out = load, dict(footprints_mb), budget_mb, out
@@ -155,7 +167,10 @@ class ModelLoader:
         """Whether `name` fits beside `loaded`: in the memory budget, and its GPU part in the GPU's."""
         if sum(self.footprints_mb[n] for n in loaded) + self.footprints_mb[name] > self.budget_mb:
             return False
-        return self.vram_budget_mb is None or sum(self.vram_mb[n] for n in loaded) + self.vram_mb[name] <= self.vram_budget_mb
+        return (
+            self.vram_budget_mb is None
+            or sum(self.vram_mb[n] for n in loaded) + self.vram_mb[name] <= self.vram_budget_mb
+        )
 
     def _use(self, name: str) -> object:
         """Under the lock: count a user and move ``name`` to the most recently used end."""

@@ -7,6 +7,7 @@ them): started as a service, a host's output otherwise goes nowhere its owner lo
 :func:`tail` reads the last lines across the rotation; :func:`follow` prints lines as they
 are written, like ``tail -F``: it notices when the file is rotated and reads on from the new one.
 """
+
 from __future__ import annotations
 
 import logging
@@ -53,7 +54,9 @@ def tail(path: Path, lines: int) -> list[str]:
     return list(kept) if lines > 0 else []
 
 
-def follow(path: Path, write: Callable[[str], None], *, stop: threading.Event, poll: float = FOLLOW_POLL_SECONDS) -> None:
+def follow(
+    path: Path, write: Callable[[str], None], *, stop: threading.Event, poll: float = FOLLOW_POLL_SECONDS
+) -> None:
     """Hand `write` every line appended to `path` from now until `stop` is set; a rotation
     (the file replaced by a new one, or cut shorter) is read on from the new file's start, and a
     file not there yet is waited for."""

@@ -21,6 +21,7 @@ runs on a thread of its own, and a runner that streams one job at a time is neve
 Signals: the first SIGTERM/SIGINT only sets a flag (so an in-flight HTTP call is never cut
 mid-way); the current jobs finish, then the loop exits. The second exits at once.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -215,8 +216,12 @@ class HostLoop:
     def _slot_free(self) -> bool:
         """Whether a slot is free, waiting up to ``pause_poll`` for a running job to end."""
         with self._room:
-            return self._room.wait_for(lambda: len(self._active) < self.slots or self._stop.is_set(),
-                                       timeout=self.pause_poll) and len(self._active) < self.slots
+            return (
+                self._room.wait_for(
+                    lambda: len(self._active) < self.slots or self._stop.is_set(), timeout=self.pause_poll
+                )
+                and len(self._active) < self.slots
+            )
 
     def _handle_beside(self, job: dict) -> None:
         """Run a claimed job on a thread of its own, so the loop claims again while a slot is free."""
@@ -281,7 +286,9 @@ class HostLoop:
             if exc.code == "too_many_claims":  # more long-polls than the gateway allows this host: one returns soon
                 self._stop.wait(self.error_backoff)
                 return None
-            if exc.code == "heartbeat_required":  # the gateway has not heard from us lately (or ever): say so, claim again
+            if (
+                exc.code == "heartbeat_required"
+            ):  # the gateway has not heard from us lately (or ever): say so, claim again
                 self.heartbeat()
                 return None
             if exc.code != "host_paused":
@@ -305,7 +312,9 @@ class HostLoop:
         with self._outage_lock:
             since, self._unreachable_since = self._unreachable_since, None
         if since is not None:
-            self.out(f"mahout: reconnected: the gateway answers again (unreachable for {time.monotonic() - since:.0f} s)")
+            self.out(
+                f"mahout: reconnected: the gateway answers again (unreachable for {time.monotonic() - since:.0f} s)"
+            )
 
     # -- run and report ----------------------------------------------------------------
 
@@ -350,7 +359,9 @@ class HostLoop:
             self.out(f"mahout: could not report audit {audit.get('id')}: {exc}")
             return
         counts = f"{verdict.get('checked', 0)} tokens checked, {verdict.get('misses', 0)} missed"
-        self.out(f"mahout: scored audit {audit.get('id')}: {verdict['verdict']} ({counts}; audit {answer.get('status')})")
+        self.out(
+            f"mahout: scored audit {audit.get('id')}: {verdict['verdict']} ({counts}; audit {answer.get('status')})"
+        )
 
     def _ring_check(self, inquiry: dict) -> None:
         """Find which of a ring's hosts made its audit fail (`mahout.ring.checking`), with the
@@ -372,8 +383,10 @@ class HostLoop:
         except (HostApiError, ServerUnavailable) as exc:
             self.out(f"mahout: could not report ring inquiry {inquiry.get('id')}: {exc}")
             return
-        self.out(f"mahout: checked ring inquiry {inquiry.get('id')}: {verdict['verdict']} {verdict.get('blamed', '')} "
-                 f"(inquiry {answer.get('status')})")
+        self.out(
+            f"mahout: checked ring inquiry {inquiry.get('id')}: {verdict['verdict']} {verdict.get('blamed', '')} "
+            f"(inquiry {answer.get('status')})"
+        )
 
     def _run(self, record: JobRecord) -> None:
         """Get the job's model (loading it if cold) and run the job; sets the record's final state.
@@ -435,8 +448,10 @@ class HostLoop:
         """Stream the runner's text to the server; sets the record's final state."""
         ended: object = runner  # where the job's ending is read: its own stream, or a one-at-a-time runner
         try:
-            with BatchPusher(self.api, record.id, self.flush_interval) as pusher, \
-                    contextlib.closing(runner.stream(record.job)) as pieces:
+            with (
+                BatchPusher(self.api, record.id, self.flush_interval) as pusher,
+                contextlib.closing(runner.stream(record.job)) as pieces,
+            ):
                 ended = pieces if hasattr(pieces, "finish_reason") else runner
                 for piece in pieces:
                     if piece:
@@ -471,16 +486,25 @@ class HostLoop:
         if record.embeddings is not None:
             answer = self.api.complete_embeddings(record.id, embeddings=record.embeddings)
             seconds = time.monotonic() - record.started
-            self.out(f"mahout: completed {record.id}: {len(record.embeddings)} vector(s), {record.prompt_tokens} tokens "
-                     f"in {seconds:.1f} s (earned {answer.get('earned_ucents')} ucents)")
+            self.out(
+                f"mahout: completed {record.id}: {len(record.embeddings)} vector(s), {record.prompt_tokens} tokens "
+                f"in {seconds:.1f} s (earned {answer.get('earned_ucents')} ucents)"
+            )
             return
         tokens, reason = record.completion_tokens, record.finish_reason
-        answer = self.api.complete(record.id, finish_reason=reason, completion_tokens=tokens,
-                                   tokens=None if record.token_ids is None else list(record.token_ids), seed=record.seed)
+        answer = self.api.complete(
+            record.id,
+            finish_reason=reason,
+            completion_tokens=tokens,
+            tokens=None if record.token_ids is None else list(record.token_ids),
+            seed=record.seed,
+        )
         seconds = time.monotonic() - record.started
         earned = answer.get("earned_ucents")
         prompt = f" after a {record.prompt_tokens}-token prompt" if record.prompt_tokens else ""
-        self.out(f"mahout: completed {record.id}: {tokens} tokens{prompt} in {seconds:.1f} s ({reason}, earned {earned} ucents)")
+        self.out(
+            f"mahout: completed {record.id}: {tokens} tokens{prompt} in {seconds:.1f} s ({reason}, earned {earned} ucents)"
+        )
 
     # -- heartbeats --------------------------------------------------------------------
 
@@ -545,7 +569,9 @@ class HostLoop:
     def _warm(self, name: str) -> None:
         try:
             with self.models.acquire(name):
-                self.out(f"mahout: loaded {name}: the gateway asked this machine to keep it warm (deliberate redundancy)")
+                self.out(
+                    f"mahout: loaded {name}: the gateway asked this machine to keep it warm (deliberate redundancy)"
+                )
         except Exception as exc:  # noqa: BLE001 - no room (busy models) or a broken file: the ask lapses, another host is asked
             self.out(f"mahout: could not load {name} to keep it warm: {exc}")
         finally:
@@ -587,7 +613,9 @@ class HostLoop:
         if self.waiting_for_work:
             self.out(f"mahout: {name} received while waiting for work, exiting")
             raise SystemExit(0)
-        self.out(f"mahout: {name} received, finishing the current job{'s' if len(self.active_ids()) > 1 else ''} then exiting")
+        self.out(
+            f"mahout: {name} received, finishing the current job{'s' if len(self.active_ids()) > 1 else ''} then exiting"
+        )
 
     @contextlib.contextmanager
     def _signal_handlers(self) -> Iterator[None]:

@@ -6,6 +6,7 @@ concatenated once, hashed while being written, and checked against the sha256 th
 publishes. A small record file next to the model stores the verified hash and size, so a
 restart skips both the copy and the 250 MB re-hash.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -131,9 +132,10 @@ def _concatenate(chunks: list[Path], target: Path, progress: bool) -> str:
     """Write the chunks into ``target`` with a progress bar; return the sha256 written."""
     digest = hashlib.sha256()
     total = sum(chunk.stat().st_size for chunk in chunks)
-    with target.open("wb") as out, tqdm(
-        total=total, unit="B", unit_scale=True, desc=f"assembling {target.name}", disable=not progress
-    ) as bar:
+    with (
+        target.open("wb") as out,
+        tqdm(total=total, unit="B", unit_scale=True, desc=f"assembling {target.name}", disable=not progress) as bar,
+    ):
         for chunk in chunks:
             with chunk.open("rb") as source:
                 while block := source.read(_BLOCK):

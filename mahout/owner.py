@@ -8,6 +8,7 @@ command does on a "no" is its own, written where it acts: a host loop stops clai
 finishes the job in hand; a stage leaves its ring; an expert worker refuses new batches
 and a volunteer gives its slice up.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,8 +48,13 @@ class OwnerWatch:
     `on_change(reason)` each time the answer changes (``None``: free again), counting from
     free. `reason` is the latest answer, cheap to read on every request."""
 
-    def __init__(self, guard: OwnerGuard, on_change: Callable[[str | None], object] = lambda _reason: None, *,
-                 poll_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        guard: OwnerGuard,
+        on_change: Callable[[str | None], object] = lambda _reason: None,
+        *,
+        poll_s: float = 1.0,
+    ) -> None:
         self.guard, self.on_change, self.poll_s = guard, on_change, poll_s
         self.reason: str | None = None
         self._stop = threading.Event()
@@ -92,13 +98,22 @@ def _schedule(text: str) -> Schedule:
 
 def add_owner_arguments(parser: argparse.ArgumentParser) -> None:
     """``--idle-detect/--no-idle-detect``, ``--idle-threshold`` and ``--schedule``, as `mahout run` has them."""
-    parser.add_argument("--idle-detect", action=argparse.BooleanOptionalAction, default=True,
-                        help="stop taking work while the owner uses the machine (keyboard/mouse input, another GPU "
-                             "program); on by default, --no-idle-detect for a dedicated server")
-    parser.add_argument("--idle-threshold", type=float, default=DEFAULT_THRESHOLD_SECONDS,
-                        help="seconds of no input before working")
-    parser.add_argument("--schedule", type=_schedule, default=None,
-                        help="work only in these local hours, e.g. 22:00-08:00 (several: 22:00-08:00,12:00-13:00)")
+    parser.add_argument(
+        "--idle-detect",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="stop taking work while the owner uses the machine (keyboard/mouse input, another GPU "
+        "program); on by default, --no-idle-detect for a dedicated server",
+    )
+    parser.add_argument(
+        "--idle-threshold", type=float, default=DEFAULT_THRESHOLD_SECONDS, help="seconds of no input before working"
+    )
+    parser.add_argument(
+        "--schedule",
+        type=_schedule,
+        default=None,
+        help="work only in these local hours, e.g. 22:00-08:00 (several: 22:00-08:00,12:00-13:00)",
+    )
 
 
 def owner_guard(args: argparse.Namespace, home: Path) -> OwnerGuard:

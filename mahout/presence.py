@@ -18,6 +18,7 @@ host was authenticated when it opened) and waits for the gateway's answer to tha
 and the caller sends the same batch over HTTP: batches are idempotent by ``seq``. A claim
 that gets no answer is made again over HTTP.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -59,7 +60,10 @@ class Presence:
 
     def __init__(self, server: str, token: str, *, out: Callable[[str], None] = print) -> None:
         self.url = presence_url(server)
-        self._headers = {"Authorization": f"Bearer {token}", "X-Mahout-Boot": BOOT_ID}  # the hello: this process's start
+        self._headers = {
+            "Authorization": f"Bearer {token}",
+            "X-Mahout-Boot": BOOT_ID,
+        }  # the hello: this process's start
         self._out = out
         self._stop = threading.Event()
         self.connected = threading.Event()
@@ -156,16 +160,27 @@ class Presence:
         with self._answered:
             self._claims += 1
             claim_id = self._claims
-        answer = self._ask({"type": "claim", "id": claim_id, "fingerprint": fingerprint, "wait": wait},
-                           ("claim", claim_id), wait + CLAIM_MARGIN_SECONDS)
+        answer = self._ask(
+            {"type": "claim", "id": claim_id, "fingerprint": fingerprint, "wait": wait},
+            ("claim", claim_id),
+            wait + CLAIM_MARGIN_SECONDS,
+        )
         if answer is None:
             return UNANSWERED
         if answer["type"] == "job":
             return answer.get("job")
         raise _refusal(answer)
 
-    def push_tokens(self, job_id: int, *, seq: int, text: str, logprobs: list[dict] | None = None, finish_reason: str = "",
-                    timeout: float = SOCKET_PUSH_TIMEOUT_SECONDS) -> dict | None:
+    def push_tokens(
+        self,
+        job_id: int,
+        *,
+        seq: int,
+        text: str,
+        logprobs: list[dict] | None = None,
+        finish_reason: str = "",
+        timeout: float = SOCKET_PUSH_TIMEOUT_SECONDS,
+    ) -> dict | None:
         """Send batch ``seq`` of a job on the socket and return the gateway's ack; raise
         :class:`JobGoneError` (409) or :class:`HostApiError` as the HTTP API would; None when
         the socket is down or no answer came in ``timeout`` (send it over HTTP instead)."""

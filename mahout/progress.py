@@ -7,6 +7,7 @@ no-token rule is a stream's). A :class:`ProgressReporter` tells the gateway ever
 text is handed to the pusher (:meth:`stop`) or the job ends. The first report goes out
 only after ``interval``: a job that starts at once sends none.
 """
+
 from __future__ import annotations
 
 import threading

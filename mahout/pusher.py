@@ -15,6 +15,7 @@ The last batch carries the answer's ``finish_reason`` (:meth:`BatchPusher.flush`
 even when it has no text left: a process that dies before "complete" then leaves the
 gateway an answer it knows is whole, which it settles instead of continuing.
 """
+
 from __future__ import annotations
 
 import threading

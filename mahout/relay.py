@@ -14,6 +14,7 @@ ring's stages (`mahout.ring.relay`) and the expert workers (`mahout.moe.relay`) 
   connection to it is carried over a WebSocket of its own, its messages the raw bytes.
   `relay_portal` keeps one per URL for the life of the process (a ring's stages).
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,13 @@ OPEN_TIMEOUT_SECONDS = 10.0
 RECONNECT_MIN_SECONDS, RECONNECT_MAX_SECONDS = 0.5, 10.0
 
 
-def serve_reconnecting(serve: Callable[[], None], stop: threading.Event, *, ended: Callable[[], object],
-                       lost: Callable[[Exception, float], None]) -> None:
+def serve_reconnecting(
+    serve: Callable[[], None],
+    stop: threading.Event,
+    *,
+    ended: Callable[[], object],
+    lost: Callable[[Exception, float], None],
+) -> None:
     """Run `serve` (one connection's life) until `stop` is set: `ended()` after each, and
     after a failure `lost(error, seconds)` and a wait that doubles up to `RECONNECT_MAX_SECONDS`."""
     wait = RECONNECT_MIN_SECONDS
@@ -56,8 +62,9 @@ def websocket_base(server: str) -> str:
 def _open(url: str, token: str) -> Any:
     from websockets.sync.client import connect
 
-    return connect(url, additional_headers={"Authorization": f"Bearer {token}"}, open_timeout=OPEN_TIMEOUT_SECONDS,
-                   max_size=None)  # the link's own caps bound its frames
+    return connect(
+        url, additional_headers={"Authorization": f"Bearer {token}"}, open_timeout=OPEN_TIMEOUT_SECONDS, max_size=None
+    )  # the link's own caps bound its frames
 
 
 def _socket_to(send: Callable[[bytes], None], sock: socket.socket, prefix: bytes = b"") -> None:
@@ -85,8 +92,9 @@ class ListenerRelay:
     """Carries the connections dialled through the relay at `url` to `local`, this host's own
     listening socket, until stopped. `what` names it in the lines it says."""
 
-    def __init__(self, url: str, token: str, local: tuple[str, int], *, what: str = "relay",
-                 out: Callable[[str], None] = print) -> None:
+    def __init__(
+        self, url: str, token: str, local: tuple[str, int], *, what: str = "relay", out: Callable[[str], None] = print
+    ) -> None:
         self.url, self.token, self.what = url, token, what
         self.local = ("127.0.0.1" if local[0] in ("0.0.0.0", "") else local[0], local[1])
         self.out = out
@@ -101,8 +109,14 @@ class ListenerRelay:
         return self
 
     def _run(self) -> None:
-        serve_reconnecting(self._serve, self._stop, ended=self._ended, lost=lambda exc, wait: self.out(
-            f"mahout: {self.what} connection lost ({type(exc).__name__}); retrying in {wait:.1f} s"))
+        serve_reconnecting(
+            self._serve,
+            self._stop,
+            ended=self._ended,
+            lost=lambda exc, wait: self.out(
+                f"mahout: {self.what} connection lost ({type(exc).__name__}); retrying in {wait:.1f} s"
+            ),
+        )
 
     def _ended(self) -> None:
         """The relay socket closed: every connection it carried ends with it."""
@@ -158,7 +172,7 @@ class ListenerRelay:
         if sock is None:
             return
         try:
-            sock.sendall(message[CONN.size:])
+            sock.sendall(message[CONN.size :])
         except OSError:
             self._conns.pop(conn, None)
             _hang_up(sock)
@@ -208,6 +222,7 @@ class Portal:
         except Exception:  # noqa: BLE001 - the dialler sees the connection close (a refused handshake)
             sock.close()
             return
+
         def outward() -> None:  # the dialler's bytes to the listener; its end closes the relayed connection
             _socket_to(ws.send, sock)
             ws.close()

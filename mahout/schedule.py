@@ -1,6 +1,7 @@
 """Serving hours (`mahout run --schedule 22:00-08:00`): outside them the host claims nothing,
 whatever the idle detector says. Local time; a window that ends before it starts runs past
 midnight; several windows are separated by commas ("22:00-08:00,12:00-13:30")."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -24,7 +25,9 @@ class Schedule:
                 raise ValueError(f"{part.strip()!r} is not a window: write HH:MM-HH:MM, e.g. 22:00-08:00")
             window = (_clock_time(start), _clock_time(end))
             if window[0] == window[1]:
-                raise ValueError(f"{part.strip()!r} starts and ends at the same minute: leave --schedule out to serve all day")
+                raise ValueError(
+                    f"{part.strip()!r} starts and ends at the same minute: leave --schedule out to serve all day"
+                )
             windows.append(window)
         return cls(tuple(windows), text.strip(), clock)
 

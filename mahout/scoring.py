@@ -13,6 +13,7 @@ fake) declines: the gateway asks another scorer. So does a job the verifier refu
 (:class:`~scorer.verify.Unauditable`) or any error while reading it, so an audit is never
 left with a scorer that cannot finish it.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -49,15 +50,25 @@ def audit_score(audit: dict, runner: object) -> AuditVerdict:
         with Verifier(None, threads=1, n_ctx=int(llm.n_ctx()), llm=llm) as verifier:
             logprobs = audit.get("logprobs")  # an older gateway sends none: then they are not compared
             draw = audit.get("draw")  # tokens to check, drawn here; none named: every token
-            result = verifier.audit(job, token_ids=tokens, text=audit["text"],
-                                    finish_reason=str(audit.get("finish_reason") or ""), seed=int(audit["seed"]),
-                                    logprobs=logprobs if isinstance(logprobs, list) else None,
-                                    sample=draw if isinstance(draw, int) and not isinstance(draw, bool) and draw > 0 else None)
+            result = verifier.audit(
+                job,
+                token_ids=tokens,
+                text=audit["text"],
+                finish_reason=str(audit.get("finish_reason") or ""),
+                seed=int(audit["seed"]),
+                logprobs=logprobs if isinstance(logprobs, list) else None,
+                sample=draw if isinstance(draw, int) and not isinstance(draw, bool) and draw > 0 else None,
+            )
     except Unauditable as exc:
         return declined(f"{AUDIT_DECLINED_UNAUDITABLE}: {exc}")
     except Exception as exc:  # noqa: BLE001 - a reading that breaks is handed to another scorer, not lost
         return declined(f"{type(exc).__name__}: {exc}")
     finally:
         llm.reset()  # the verifier cleared its KV memory: the runner's next job must not reuse a "cached" prefix
-    return {"verdict": "passed" if result.passed else "failed", "reason": result.reason or "",
-            "checked": result.checked, "uncertain": result.uncertain, "misses": len(result.misses)}
+    return {
+        "verdict": "passed" if result.passed else "failed",
+        "reason": result.reason or "",
+        "checked": result.checked,
+        "uncertain": result.uncertain,
+        "misses": len(result.misses),
+    }

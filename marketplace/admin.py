@@ -1,6 +1,7 @@
 """The marketplace in the admin: the catalog with its warm hosts, requests and jobs.
 Prompts and delivered text stay out. A catalog model is added from its own GGUF file, as
 `manage.py catalog_add` adds one."""
+
 from __future__ import annotations
 
 import tempfile
@@ -56,17 +57,36 @@ class HostWithStatusAdmin(HostAdmin):
 class CatalogAddForm(forms.Form):
     """`catalog_add`'s arguments. Prices stay text: the service reads them exactly and says what is wrong."""
 
-    path = forms.CharField(label="GGUF file", max_length=4096, help_text=(
-        "a path on the gateway's disk, e.g. /srv/models/Llama-3.1-8B-Instruct-Q4_K_M.gguf: models are gigabytes, "
-        "never uploaded through the browser"))
+    path = forms.CharField(
+        label="GGUF file",
+        max_length=4096,
+        help_text=(
+            "a path on the gateway's disk, e.g. /srv/models/Llama-3.1-8B-Instruct-Q4_K_M.gguf: models are gigabytes, "
+            "never uploaded through the browser"
+        ),
+    )
     name = forms.CharField(max_length=100, help_text="the model's name in the API")
-    input_price = forms.CharField(label="Input price", max_length=40, help_text="USD per million prompt tokens, e.g. 0.10")
-    output_price = forms.CharField(label="Output price", max_length=40, help_text="USD per million generated tokens, e.g. 0.40")
-    template = forms.CharField(label="Chat template", required=False, widget=forms.Textarea(attrs={"rows": 6}),
-                               help_text="Jinja, for a file without tokenizer.chat_template (default: the file's own)")
-    template_path = forms.CharField(label="Chat template file", required=False, max_length=4096,
-                                    help_text="or the template as a path on the gateway's disk")
-    context_length = forms.IntegerField(required=False, help_text="the context sold, in tokens (default: the file's own)")
+    input_price = forms.CharField(
+        label="Input price", max_length=40, help_text="USD per million prompt tokens, e.g. 0.10"
+    )
+    output_price = forms.CharField(
+        label="Output price", max_length=40, help_text="USD per million generated tokens, e.g. 0.40"
+    )
+    template = forms.CharField(
+        label="Chat template",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 6}),
+        help_text="Jinja, for a file without tokenizer.chat_template (default: the file's own)",
+    )
+    template_path = forms.CharField(
+        label="Chat template file",
+        required=False,
+        max_length=4096,
+        help_text="or the template as a path on the gateway's disk",
+    )
+    context_length = forms.IntegerField(
+        required=False, help_text="the context sold, in tokens (default: the file's own)"
+    )
 
     def clean(self) -> dict[str, Any]:
         data = self.cleaned_data
@@ -84,22 +104,35 @@ def catalog_add_from_form(data: dict[str, Any]) -> CatalogModel:
             template_path = Path(folder) / "chat_template.jinja"
             template_path.write_text(data["template"], encoding="utf-8")
         return catalog_model_add(
-            path=Path(data["path"]), name=data["name"], input_price=data["input_price"], output_price=data["output_price"],
-            template_path=template_path, context_length=data["context_length"],
+            path=Path(data["path"]),
+            name=data["name"],
+            input_price=data["input_price"],
+            output_price=data["output_price"],
+            template_path=template_path,
+            context_length=data["context_length"],
         )
 
 
 @admin.register(CatalogModel)
 class CatalogModelAdmin(MoneyAdmin, admin.ModelAdmin):
     list_display = (
-        "name", "kind", "context_length", "input_price_ucents", "output_price_ucents", "routing_strategy",
-        "latency_critical", "warm_hosts", "active",
+        "name",
+        "kind",
+        "context_length",
+        "input_price_ucents",
+        "output_price_ucents",
+        "routing_strategy",
+        "latency_critical",
+        "warm_hosts",
+        "active",
     )
     list_filter = ("kind", "active", "latency_critical", "routing_strategy")
     search_fields = ("name",)
 
-    def add_view(self, request: HttpRequest, form_url: str = "", extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        """"Add" is catalog_add: a model enters the catalog from its own GGUF file (its facts read
+    def add_view(
+        self, request: HttpRequest, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """ "Add" is catalog_add: a model enters the catalog from its own GGUF file (its facts read
         from the file, never typed in). A refusal is the form's error, with nothing written."""
         if not self.has_add_permission(request):
             raise PermissionDenied
@@ -114,10 +147,19 @@ class CatalogModelAdmin(MoneyAdmin, admin.ModelAdmin):
                 return self.response_add(request, entry)
         adminform = helpers.AdminForm(form, [(None, {"fields": list(form.fields)})], {}, model_admin=self)
         context = {
-            **self.admin_site.each_context(request), "title": "Add a catalog model from its GGUF file", "subtitle": None,
-            "adminform": adminform, "object_id": None, "original": None, "is_popup": False, "to_field": None,
-            "media": self.media + adminform.media, "inline_admin_formsets": [], "errors": helpers.AdminErrorList(form, []),
-            "preserved_filters": self.get_preserved_filters(request), **(extra_context or {}),
+            **self.admin_site.each_context(request),
+            "title": "Add a catalog model from its GGUF file",
+            "subtitle": None,
+            "adminform": adminform,
+            "object_id": None,
+            "original": None,
+            "is_popup": False,
+            "to_field": None,
+            "media": self.media + adminform.media,
+            "inline_admin_formsets": [],
+            "errors": helpers.AdminErrorList(form, []),
+            "preserved_filters": self.get_preserved_filters(request),
+            **(extra_context or {}),
         }
         return self.render_change_form(request, context, add=True, form_url=form_url)
 
@@ -125,8 +167,10 @@ class CatalogModelAdmin(MoneyAdmin, admin.ModelAdmin):
         self._counts = hosts.warm_host_counts()
         for model, warm in hosts.under_redundant_models(counts=self._counts):
             self.message_user(
-                request, f"Latency-critical model {model.name} has {warm} warm host(s); keep at least "
-                f"{hosts.REDUNDANT_WARM_HOSTS} so a failover lands on a warm host.", level=messages.WARNING,
+                request,
+                f"Latency-critical model {model.name} has {warm} warm host(s); keep at least "
+                f"{hosts.REDUNDANT_WARM_HOSTS} so a failover lands on a warm host.",
+                level=messages.WARNING,
             )
         return super().changelist_view(request, extra_context)
 
@@ -142,7 +186,15 @@ class JobInline(MoneyAdmin, admin.TabularInline):
     extra = 0
     can_delete = False
     readonly_fields = (
-        "attempt", "host", "status", "next_seq", "completion_tokens", "earned_ucents", "fail_reason", "claimed_at", "finished_at",
+        "attempt",
+        "host",
+        "status",
+        "next_seq",
+        "completion_tokens",
+        "earned_ucents",
+        "fail_reason",
+        "claimed_at",
+        "finished_at",
     )
     exclude = ("model", "generated_chars", "last_token_at")
 
@@ -150,8 +202,17 @@ class JobInline(MoneyAdmin, admin.TabularInline):
 @admin.register(Request)
 class RequestAdmin(MoneyAdmin, admin.ModelAdmin):
     list_display = (
-        "public_id", "user", "model", "kind", "status", "prompt_tokens", "completion_tokens", "cost_ucents", "resumed",
-        "error_code", "created_at",
+        "public_id",
+        "user",
+        "model",
+        "kind",
+        "status",
+        "prompt_tokens",
+        "completion_tokens",
+        "cost_ucents",
+        "resumed",
+        "error_code",
+        "created_at",
     )
     list_filter = ("status", "kind", "model", "resumed", "stream", "created_at")
     search_fields = ("public_id", "user__username", "api_key__prefix", "error_code")
@@ -165,8 +226,17 @@ class RequestAdmin(MoneyAdmin, admin.ModelAdmin):
 @admin.register(Job)
 class JobAdmin(MoneyAdmin, admin.ModelAdmin):
     list_display = (
-        "pk", "request", "attempt", "host", "model", "status", "completion_tokens", "earned_ucents", "fail_reason",
-        "claimed_at", "finished_at",
+        "pk",
+        "request",
+        "attempt",
+        "host",
+        "model",
+        "status",
+        "completion_tokens",
+        "earned_ucents",
+        "fail_reason",
+        "claimed_at",
+        "finished_at",
     )
     list_filter = ("status", "model", "attempt", "finished_at")
     search_fields = ("request__public_id", "host__name", "fail_reason")
@@ -237,13 +307,38 @@ class AuditAdmin(_ReadOnly, MoneyAdmin, admin.ModelAdmin):
     """Every audit of a real job, its verdict, counts and evidence (never the answer's text:
     it is deleted when the audit is decided). Read-only: audits are decided by the workers."""
 
-    list_display = ("created_at", "host", "request", "status", "by_hosts", "checked", "uncertain", "misses", "host_ucents",
-                    "reason")
+    list_display = (
+        "created_at",
+        "host",
+        "request",
+        "status",
+        "by_hosts",
+        "checked",
+        "uncertain",
+        "misses",
+        "host_ucents",
+        "reason",
+    )
     list_filter = ("status", "by_hosts")
     search_fields = ("host__name", "request__public_id", "reason")
-    fields = readonly_fields = ("job", "host", "request", "status", "by_hosts", "scorer", "scorer_since", "host_ucents",
-                                "platform_ucents", "finish_reason", "checked", "uncertain", "misses", "reason", "created_at",
-                                "decided_at")
+    fields = readonly_fields = (
+        "job",
+        "host",
+        "request",
+        "status",
+        "by_hosts",
+        "scorer",
+        "scorer_since",
+        "host_ucents",
+        "platform_ucents",
+        "finish_reason",
+        "checked",
+        "uncertain",
+        "misses",
+        "reason",
+        "created_at",
+        "decided_at",
+    )
 
 
 @admin.register(AuditScore)
@@ -254,8 +349,18 @@ class AuditScoreAdmin(_ReadOnly, MoneyAdmin, admin.ModelAdmin):
     list_display = ("created_at", "audit", "scorer", "verdict", "overruled", "checked", "misses", "paid_ucents")
     list_filter = ("verdict", "overruled")
     search_fields = ("scorer__name", "reason")
-    fields = readonly_fields = ("audit", "scorer", "verdict", "reason", "checked", "uncertain", "misses", "overruled",
-                                "paid_ucents", "created_at")
+    fields = readonly_fields = (
+        "audit",
+        "scorer",
+        "verdict",
+        "reason",
+        "checked",
+        "uncertain",
+        "misses",
+        "overruled",
+        "paid_ucents",
+        "created_at",
+    )
 
 
 @admin.register(RingInquiry)
@@ -266,8 +371,21 @@ class RingInquiryAdmin(_ReadOnly, admin.ModelAdmin):
     list_display = ("created_at", "plan", "status", "checker", "blamed", "decided_at")
     list_filter = ("status",)
     search_fields = ("verdict", "audit_reason")
-    fields = readonly_fields = ("audit", "plan", "status", "audit_reason", "checker", "checker_since", "declined_by",
-                                "verdicts", "blamed", "verdict", "created_at", "checking_since", "decided_at")
+    fields = readonly_fields = (
+        "audit",
+        "plan",
+        "status",
+        "audit_reason",
+        "checker",
+        "checker_since",
+        "declined_by",
+        "verdicts",
+        "blamed",
+        "verdict",
+        "created_at",
+        "checking_since",
+        "decided_at",
+    )
 
 
 @admin.register(RingEvidence)
@@ -298,9 +416,13 @@ class CanaryCheckAdmin(admin.ModelAdmin):
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         summary = canary_summary()
         rate = "–" if summary["pass_rate"] is None else f"{summary['pass_rate']:.1%}"
-        self.message_user(request, f"Canaries: {summary['passed']} passed, {summary['failed']} failed, {summary['void']} void, "
-                                   f"{summary['pending']} pending (pass rate {rate}); spent {usd(summary['spent_ucents'])}; "
-                                   f"failed verification: {', '.join(summary['failed_hosts']) or 'nobody'}.", messages.INFO)
+        self.message_user(
+            request,
+            f"Canaries: {summary['passed']} passed, {summary['failed']} failed, {summary['void']} void, "
+            f"{summary['pending']} pending (pass rate {rate}); spent {usd(summary['spent_ucents'])}; "
+            f"failed verification: {', '.join(summary['failed_hosts']) or 'nobody'}.",
+            messages.INFO,
+        )
         return super().changelist_view(request, extra_context)
 
 

@@ -7,6 +7,7 @@ joined, are exactly the batch's text (a token that a continuation's seam or a st
 cut keeps only its delivered characters). The listener hands each piece of text out with
 the entries of the tokens that start in it.
 """
+
 from __future__ import annotations
 
 import math
@@ -20,8 +21,11 @@ def entries_problem(entries: object, text: str) -> str | None:
         return "'logprobs' must be a list of token entries"
     for index, entry in enumerate(entries):
         why = _entry_problem(entry)
-        if why is None and not (isinstance(entry["top_logprobs"], list) and len(entry["top_logprobs"]) <= MAX_TOP_LOGPROBS
-                                and all(_entry_problem(top, top=True) is None for top in entry["top_logprobs"])):
+        if why is None and not (
+            isinstance(entry["top_logprobs"], list)
+            and len(entry["top_logprobs"]) <= MAX_TOP_LOGPROBS
+            and all(_entry_problem(top, top=True) is None for top in entry["top_logprobs"])
+        ):
             why = f"'top_logprobs' must be a list of at most {MAX_TOP_LOGPROBS} entries"
         if why is not None:
             return f"logprobs[{index}]: {why}"
@@ -34,7 +38,12 @@ def _entry_problem(entry: object, *, top: bool = False) -> str | None:
     if not isinstance(entry, dict) or not isinstance(entry.get("token"), str):
         return "an entry is {'token': str, 'logprob': number, 'bytes': [int], 'top_logprobs': [...]}"
     logprob = entry.get("logprob")
-    if isinstance(logprob, bool) or not isinstance(logprob, (int, float)) or not math.isfinite(logprob) or logprob > 1e-3:
+    if (
+        isinstance(logprob, bool)
+        or not isinstance(logprob, (int, float))
+        or not math.isfinite(logprob)
+        or logprob > 1e-3
+    ):
         return "'logprob' must be a number of 0 or less"
     raw = entry.get("bytes")
     if not isinstance(raw, list) or not all(isinstance(b, int) and 0 <= b < 256 for b in raw):

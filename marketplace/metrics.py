@@ -9,6 +9,7 @@ first token are computed in SQL over first attempts, with fixed buckets.
 
 Access: `Authorization: Bearer <METRICS_TOKEN>` when the setting is set, or a signed-in
 staff user."""
+
 from __future__ import annotations
 
 import hmac
@@ -37,30 +38,54 @@ class DatabaseCollector:
     def collect(self) -> Iterator[Metric]:
         yield from self._requests()
         yield from self._queue_and_hosts()
-        yield self._histogram("elephant_queue_wait_seconds", "From admission to a host's claim (first attempts).",
-                              start="created_at", end="claimed_at")
-        yield self._histogram("elephant_time_to_first_token_seconds",
-                              "From admission to the first token at the gateway (first attempts).",
-                              start="created_at", end="first_token_at")
-        verdicts = CounterMetricFamily("elephant_canary_checks", "Canaries sent to hosts, by verdict.", labels=["verdict"])
+        yield self._histogram(
+            "elephant_queue_wait_seconds",
+            "From admission to a host's claim (first attempts).",
+            start="created_at",
+            end="claimed_at",
+        )
+        yield self._histogram(
+            "elephant_time_to_first_token_seconds",
+            "From admission to the first token at the gateway (first attempts).",
+            start="created_at",
+            end="first_token_at",
+        )
+        verdicts = CounterMetricFamily(
+            "elephant_canary_checks", "Canaries sent to hosts, by verdict.", labels=["verdict"]
+        )
         for row in CanaryCheck.objects.values("verdict").annotate(n=Count("id")).order_by("verdict"):
             verdicts.add_metric([row["verdict"]], row["n"])
         yield verdicts
 
     def _requests(self) -> Iterator[Metric]:
-        requests = CounterMetricFamily("elephant_requests", "Requests admitted, by model, kind and status.",
-                                       labels=["model", "kind", "status"])
-        errors = CounterMetricFamily("elephant_request_errors", "Requests that failed, by model and error code.",
-                                     labels=["model", "code"])
-        tokens = CounterMetricFamily("elephant_tokens_relayed", "Completion tokens delivered and billed.", labels=["model"])
-        settled = CounterMetricFamily("elephant_settled_ucents", "Micro-cents settled (billed to customers).", labels=["model"])
-        settlements = CounterMetricFamily("elephant_settlements", "Requests settled (completed and billed).", labels=["model"])
-        continuations = CounterMetricFamily("elephant_continuations", "Requests another host finished after a death.",
-                                            labels=["model"])
-        rows = (Request.objects.values("model__name", "kind", "status")
-                .annotate(n=Count("id"), tokens=Sum("completion_tokens"), ucents=Sum("cost_ucents"),
-                          resumed=Count("id", filter=Q(resumed=True)))
-                .order_by("model__name", "kind", "status"))
+        requests = CounterMetricFamily(
+            "elephant_requests", "Requests admitted, by model, kind and status.", labels=["model", "kind", "status"]
+        )
+        errors = CounterMetricFamily(
+            "elephant_request_errors", "Requests that failed, by model and error code.", labels=["model", "code"]
+        )
+        tokens = CounterMetricFamily(
+            "elephant_tokens_relayed", "Completion tokens delivered and billed.", labels=["model"]
+        )
+        settled = CounterMetricFamily(
+            "elephant_settled_ucents", "Micro-cents settled (billed to customers).", labels=["model"]
+        )
+        settlements = CounterMetricFamily(
+            "elephant_settlements", "Requests settled (completed and billed).", labels=["model"]
+        )
+        continuations = CounterMetricFamily(
+            "elephant_continuations", "Requests another host finished after a death.", labels=["model"]
+        )
+        rows = (
+            Request.objects.values("model__name", "kind", "status")
+            .annotate(
+                n=Count("id"),
+                tokens=Sum("completion_tokens"),
+                ucents=Sum("cost_ucents"),
+                resumed=Count("id", filter=Q(resumed=True)),
+            )
+            .order_by("model__name", "kind", "status")
+        )
         per_model: dict[str, dict[str, int]] = {}
         for row in rows:
             model = row["model__name"]
@@ -76,23 +101,35 @@ class DatabaseCollector:
             settled.add_metric([model], totals["ucents"])
             settlements.add_metric([model], totals["settled"])
             continuations.add_metric([model], totals["resumed"])
-        for row in (Request.objects.filter(status=Request.Status.FAILED).values("model__name", "error_code")
-                    .annotate(n=Count("id")).order_by("model__name", "error_code")):
+        for row in (
+            Request.objects.filter(status=Request.Status.FAILED)
+            .values("model__name", "error_code")
+            .annotate(n=Count("id"))
+            .order_by("model__name", "error_code")
+        ):
             errors.add_metric([row["model__name"], row["error_code"] or ""], row["n"])
         yield from (requests, errors, tokens, settled, settlements, continuations)
 
     def _queue_and_hosts(self) -> Iterator[Metric]:
         queued = GaugeMetricFamily("elephant_queue_depth", "Jobs waiting for a host, by model.", labels=["model"])
-        for row in (Job.objects.filter(status=Job.Status.QUEUED).values("request__model__name")
-                    .annotate(n=Count("id")).order_by("request__model__name")):
+        for row in (
+            Job.objects.filter(status=Job.Status.QUEUED)
+            .values("request__model__name")
+            .annotate(n=Count("id"))
+            .order_by("request__model__name")
+        ):
             queued.add_metric([row["request__model__name"]], row["n"])
-        hosts = GaugeMetricFamily("elephant_hosts", "Hosts online (qualified) and warm, by model.", labels=["model", "state"])
+        hosts = GaugeMetricFamily(
+            "elephant_hosts", "Hosts online (qualified) and warm, by model.", labels=["model", "state"]
+        )
         names = dict(CatalogModel.objects.values_list("pk", "name"))
         for model_id, counts in sorted(warm_host_counts().items()):
             for state in ("online", "warm"):
                 hosts.add_metric([names.get(model_id, str(model_id)), state], counts[state])
         busy = GaugeMetricFamily("elephant_hosts_busy", "Hosts running at least one job.")
-        busy.add_metric([], Job.objects.filter(status=Job.Status.RUNNING, host__isnull=False).values("host").distinct().count())
+        busy.add_metric(
+            [], Job.objects.filter(status=Job.Status.RUNNING, host__isnull=False).values("host").distinct().count()
+        )
         online = GaugeMetricFamily("elephant_hosts_online", "Hosts whose heartbeat is recent.")
         online.add_metric([], Host.objects.online(timezone.now()).count())
         yield from (queued, hosts, busy, online)
@@ -101,13 +138,21 @@ class DatabaseCollector:
     def _histogram(name: str, documentation: str, *, start: str, end: str) -> Metric:
         waited = ExpressionWrapper(F(end) - F(f"request__{start}"), output_field=DurationField())
         buckets = {f"le_{i}": Count("id", filter=Q(waited__lte=timedelta(seconds=b))) for i, b in enumerate(BUCKETS_S)}
-        row = (Job.objects.filter(attempt=1, **{f"{end}__isnull": False}).annotate(waited=waited)
-               .aggregate(count=Count("id"), total=Sum("waited"), **buckets))
+        row = (
+            Job.objects.filter(attempt=1, **{f"{end}__isnull": False})
+            .annotate(waited=waited)
+            .aggregate(count=Count("id"), total=Sum("waited"), **buckets)
+        )
         family = HistogramMetricFamily(name, documentation, labels=[])
         total = row["total"]
-        seconds = total.total_seconds() if isinstance(total, timedelta) else float(total or 0) / 1e6  # (microseconds on SQLite)
-        family.add_metric([], [(str(b), row[f"le_{i}"]) for i, b in enumerate(BUCKETS_S)] + [("+Inf", row["count"])],
-                          sum_value=seconds)
+        seconds = (
+            total.total_seconds() if isinstance(total, timedelta) else float(total or 0) / 1e6
+        )  # (microseconds on SQLite)
+        family.add_metric(
+            [],
+            [(str(b), row[f"le_{i}"]) for i, b in enumerate(BUCKETS_S)] + [("+Inf", row["count"])],
+            sum_value=seconds,
+        )
         return family
 
 
@@ -122,8 +167,11 @@ def metrics_allowed(request: HttpRequest) -> bool:
 def metrics_view(request: HttpRequest) -> HttpResponse:
     """`GET /metrics` for Prometheus (a bearer METRICS_TOKEN, or a staff user's session)."""
     if not metrics_allowed(request):
-        return HttpResponse("Metrics need the METRICS_TOKEN as a bearer token, or a staff login.\n", status=401,
-                            content_type="text/plain")
+        return HttpResponse(
+            "Metrics need the METRICS_TOKEN as a bearer token, or a staff login.\n",
+            status=401,
+            content_type="text/plain",
+        )
     registry = CollectorRegistry(auto_describe=False)
     registry.register(DatabaseCollector())
     return HttpResponse(generate_latest(registry), content_type="text/plain; version=0.0.4; charset=utf-8")

@@ -1,4 +1,5 @@
 """Customer requests and the jobs hosts claim."""
+
 from __future__ import annotations
 
 from datetime import datetime, timedelta
@@ -36,12 +37,16 @@ class Request(models.Model):
     stream = models.BooleanField(default=False)
     messages = models.JSONField(null=True, blank=True)
     prompt = models.TextField(null=True, blank=True)
-    inputs = models.JSONField(null=True, blank=True, help_text="texts to embed (embeddings requests), deleted at the end")
+    inputs = models.JSONField(
+        null=True, blank=True, help_text="texts to embed (embeddings requests), deleted at the end"
+    )
     result = models.JSONField(null=True, blank=True, help_text="embedding vectors, kept only until delivered")
     params = models.JSONField(default=dict)
     hold = models.OneToOneField("billing.Hold", on_delete=models.PROTECT, related_name="request")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
-    delivered_chars = models.PositiveIntegerField(default=0, help_text="characters delivered so far: the next chunk's offset")
+    delivered_chars = models.PositiveIntegerField(
+        default=0, help_text="characters delivered so far: the next chunk's offset"
+    )
     output_forgotten = models.BooleanField(default=False)
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
@@ -52,7 +57,9 @@ class Request(models.Model):
     error_message = models.CharField(max_length=500, blank=True)
     resumed = models.BooleanField(default=False)
     left_at = models.DateTimeField(
-        null=True, blank=True, help_text="when its customer's connection went away while it ran (cleared when one re-attaches)",
+        null=True,
+        blank=True,
+        help_text="when its customer's connection went away while it ran (cleared when one re-attaches)",
     )
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -89,33 +96,53 @@ class Job(models.Model):
 
     request = models.ForeignKey(Request, on_delete=models.CASCADE, related_name="jobs")
     model = models.ForeignKey("catalog.CatalogModel", on_delete=models.PROTECT, related_name="jobs")
-    attempt = models.PositiveSmallIntegerField(default=1, help_text="1, or 2 for the continuation after a death mid-answer")
+    attempt = models.PositiveSmallIntegerField(
+        default=1, help_text="1, or 2 for the continuation after a death mid-answer"
+    )
     requeue = models.PositiveSmallIntegerField(
         default=0, help_text="times this attempt went back to the queue because its host died before its first token"
     )
     host = models.ForeignKey("hosts.Host", null=True, blank=True, on_delete=models.PROTECT, related_name="jobs")
     avoid_host = models.ForeignKey(
-        "hosts.Host", null=True, blank=True, on_delete=models.PROTECT, related_name="+",
+        "hosts.Host",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
         help_text="the host whose attempt died: it gets this continuation only if nobody else takes it",
     )
     offered_host = models.ForeignKey(
-        "hosts.Host", null=True, blank=True, on_delete=models.PROTECT, related_name="+",
+        "hosts.Host",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
         help_text="the warm host routing chose; others may take the job once offer_until passes",
     )
     offer_until = models.DateTimeField(null=True, blank=True)
     only_host = models.ForeignKey(
-        "hosts.Host", null=True, blank=True, on_delete=models.CASCADE, related_name="+",
+        "hosts.Host",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="+",
         help_text="a canary: only this host may claim it (nothing on the wire says so)",
     )
     warm_until = models.DateTimeField(
-        null=True, blank=True, help_text="until then only hosts with the model loaded (or of unknown catalog) may take it"
+        null=True,
+        blank=True,
+        help_text="until then only hosts with the model loaded (or of unknown catalog) may take it",
     )
     trusted_only = models.BooleanField(default=False, help_text="the customer asked for trusted hosts only")
     max_chars = models.PositiveIntegerField(
-        null=True, blank=True, help_text="text its host may send: max_tokens at the tokenizer's longest token (None: embeddings)"
+        null=True,
+        blank=True,
+        help_text="text its host may send: max_tokens at the tokenizer's longest token (None: embeddings)",
     )
     deadline_at = models.DateTimeField(
-        null=True, blank=True, help_text="the attempt ends by then whatever its host says (queue, start allowance, max_tokens)"
+        null=True,
+        blank=True,
+        help_text="the attempt ends by then whatever its host says (queue, start allowance, max_tokens)",
     )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     next_seq = models.PositiveIntegerField(default=0)
@@ -124,15 +151,21 @@ class Job(models.Model):
     earned_ucents = models.BigIntegerField(default=0)
     fail_reason = models.CharField(max_length=500, blank=True)
     fail_cause = models.CharField(
-        max_length=8, blank=True, choices=[("host", "the host"), ("request", "the request's content")],
+        max_length=8,
+        blank=True,
+        choices=[("host", "the host"), ("request", "the request's content")],
         help_text="whose fault a failure was: a host that says 'request' gets no strike, unless another host then served it",
     )
     text_end = models.CharField(
-        max_length=8, blank=True, default="",
+        max_length=8,
+        blank=True,
+        default="",
         help_text="the finish_reason its host sent with a batch (its text ended the answer): its death then settles the answer",
     )
     boot = models.CharField(
-        max_length=64, blank=True, default="",
+        max_length=64,
+        blank=True,
+        default="",
         help_text="the boot id of the mahout process that claimed it (blank: a client that sends none); a new one from its host ends it",
     )
     created_at = models.DateTimeField(auto_now_add=True)
@@ -143,7 +176,8 @@ class Job(models.Model):
         null=True, blank=True, help_text="the host's last progress report before its first token (loading, prefill)"
     )
     loaded_at_claim = models.BooleanField(
-        default=False, help_text="its host's fresh catalog said the model was loaded when it claimed: its start bound is "
+        default=False,
+        help_text="its host's fresh catalog said the model was loaded when it claimed: its start bound is "
         "a prefill, not a load (`watchdog.job_start_bounds`)",
     )
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -192,7 +226,8 @@ class Liveness:
         host that is alive completes at once, and waiting longer buys the customer nothing)."""
         return Q(status=Job.Status.RUNNING, first_token_at__isnull=False) & (
             Q(last_token_at__lt=now - timedelta(seconds=settings.STALL_SECONDS))
-            | (~Q(text_end="") & Q(last_token_at__lt=now - timedelta(seconds=settings.COMPLETE_GRACE_SECONDS))))
+            | (~Q(text_end="") & Q(last_token_at__lt=now - timedelta(seconds=settings.COMPLETE_GRACE_SECONDS)))
+        )
 
     @staticmethod
     def unstarted_since(now: datetime) -> Q:
@@ -200,7 +235,9 @@ class Liveness:
         (its floor, at most the allowance): the jobs whose start bound
         (`watchdog.job_start_overdue`, which reads each host's benchmark) is worth checking."""
         earliest = min(settings.JOB_START_FLOOR_SECONDS, settings.JOB_START_ALLOWANCE_SECONDS)
-        return Q(status=Job.Status.RUNNING, first_token_at__isnull=True, claimed_at__lt=now - timedelta(seconds=earliest))
+        return Q(
+            status=Job.Status.RUNNING, first_token_at__isnull=True, claimed_at__lt=now - timedelta(seconds=earliest)
+        )
 
     @staticmethod
     def past_deadline(now: datetime) -> Q:
@@ -218,7 +255,9 @@ class TextChunk(models.Model):
     seq = models.PositiveIntegerField(help_text="the job's batch number")
     char_offset = models.PositiveIntegerField(help_text="where the text starts in the request's delivered text")
     text = models.TextField()
-    logprobs = models.JSONField(null=True, blank=True, help_text="the text's tokens' log-probability entries, when asked for")
+    logprobs = models.JSONField(
+        null=True, blank=True, help_text="the text's tokens' log-probability entries, when asked for"
+    )
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["request", "char_offset"], name="one_chunk_per_offset")]
@@ -242,9 +281,14 @@ class CanaryReference(models.Model):
     text = models.TextField(help_text="the reference answer")
     tokens = models.PositiveIntegerField(help_text="tokens in the reference answer")
     exact_chars = models.PositiveIntegerField(help_text="characters before the first near-tie")
-    gaps = models.JSONField(default=list, help_text="per generated token: [its first character, its top-2 log-prob gap]")
-    gguf = models.CharField(max_length=500, blank=True,
-                            help_text="the model file the reference was computed from, which also scores answers (blank: the shipped model)")
+    gaps = models.JSONField(
+        default=list, help_text="per generated token: [its first character, its top-2 log-prob gap]"
+    )
+    gguf = models.CharField(
+        max_length=500,
+        blank=True,
+        help_text="the model file the reference was computed from, which also scores answers (blank: the shipped model)",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:
@@ -256,23 +300,33 @@ class CanaryCheck(models.Model):
 
     class Verdict(models.TextChoices):
         PENDING = "pending"
-        SCORING = "scoring", "scoring (the real model reads it next: it parted from the reference at a near-tie, or its audit is pending)"
+        SCORING = (
+            "scoring",
+            "scoring (the real model reads it next: it parted from the reference at a near-tie, or its audit is pending)",
+        )
         PASSED = "passed"
         FAILED = "failed"
         VOID = "void", "void (not answered: the host died, failed or never claimed it)"
 
     host = models.ForeignKey("hosts.Host", on_delete=models.CASCADE, related_name="canary_checks")
     reference = models.ForeignKey(
-        CanaryReference, null=True, blank=True, on_delete=models.CASCADE, related_name="checks",
-        help_text="its reference (blank: a corpus prompt for a model without references, judged by its audit alone)")
+        CanaryReference,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="checks",
+        help_text="its reference (blank: a corpus prompt for a model without references, judged by its audit alone)",
+    )
     request = models.OneToOneField(Request, on_delete=models.CASCADE, related_name="canary")
     verdict = models.CharField(max_length=16, choices=Verdict.choices, default=Verdict.PENDING)
     reason = models.CharField(max_length=300, blank=True)
     answer = models.TextField(blank=True, help_text="the host's answer, kept only while it is being scored")
     answer_tokens = models.PositiveIntegerField(null=True, blank=True)
     by_audit = models.BooleanField(
-        default=False, help_text="sampled with parameters drawn from customers' and judged by an audit of the real model "
-                                 "(its reference gives only the prompt); else greedy, against the reference's text")
+        default=False,
+        help_text="sampled with parameters drawn from customers' and judged by an audit of the real model "
+        "(its reference gives only the prompt); else greedy, against the reference's text",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     decided_at = models.DateTimeField(null=True, blank=True)
 
@@ -293,7 +347,10 @@ class Audit(models.Model):
         PENDING = "pending"
         PASSED = "passed"
         FAILED = "failed", "failed (the customer was refunded, the host put in maintenance)"
-        UNSCORED = "unscored", "unscored (nobody independent could read it: the customer was refunded, the host not paid nor blamed)"
+        UNSCORED = (
+            "unscored",
+            "unscored (nobody independent could read it: the customer was refunded, the host not paid nor blamed)",
+        )
 
     job = models.OneToOneField(Job, on_delete=models.CASCADE, related_name="audit")
     host = models.ForeignKey("hosts.Host", on_delete=models.PROTECT, related_name="audits")
@@ -304,34 +361,60 @@ class Audit(models.Model):
     seed = models.BigIntegerField(help_text="the job's sampling seed (the gateway's, never the host's word)")
     payload = models.JSONField(null=True, blank=True, help_text="the job as its host received it; deleted when decided")
     text = models.TextField(blank=True, help_text="the text the host delivered; deleted when decided")
-    token_ids = models.JSONField(null=True, blank=True, help_text="the tokens the host says it generated; deleted when decided")
+    token_ids = models.JSONField(
+        null=True, blank=True, help_text="the tokens the host says it generated; deleted when decided"
+    )
     logprobs = models.JSONField(
-        null=True, blank=True, help_text="the log-probability entries the host reported with its text, when the job asked "
+        null=True,
+        blank=True,
+        help_text="the log-probability entries the host reported with its text, when the job asked "
         "for them (compared with the model's); deleted when decided",
     )
     finish_reason = models.CharField(max_length=16, blank=True)
     checked = models.PositiveIntegerField(default=0, help_text="tokens checked")
-    uncertain = models.PositiveIntegerField(default=0, help_text="tokens too close to call (never held against the host)")
+    uncertain = models.PositiveIntegerField(
+        default=0, help_text="tokens too close to call (never held against the host)"
+    )
     misses = models.PositiveIntegerField(default=0, help_text="tokens the job's draw cannot have chosen")
     reason = models.CharField(max_length=500, blank=True, help_text="why it failed, with the evidence")
     created_at = models.DateTimeField(auto_now_add=True)
     decided_at = models.DateTimeField(null=True, blank=True)
     by_hosts = models.BooleanField(
-        default=False, help_text="scored by trusted hosts paid to score (the gateway lacks the model's weights)")
-    scorer = models.ForeignKey("hosts.Host", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
-                               help_text="the trusted host scoring it now (never its own host)")
+        default=False, help_text="scored by trusted hosts paid to score (the gateway lacks the model's weights)"
+    )
+    scorer = models.ForeignKey(
+        "hosts.Host",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="the trusted host scoring it now (never its own host)",
+    )
     scorer_since = models.DateTimeField(null=True, blank=True, help_text="when that scorer claimed it")
     scorer_boot = models.CharField(
-        max_length=64, blank=True, default="",
-        help_text="the boot id of the scorer's process that claimed it (blank: none sent); a new one from that host frees it")
-    chosen = models.ForeignKey("hosts.Host", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
-                               help_text="the scorer the gateway chose to break a pass/fail split: only it may claim the audit")
-    chosen_at = models.DateTimeField(null=True, blank=True, help_text="when it was chosen (another is chosen if it is silent)")
+        max_length=64,
+        blank=True,
+        default="",
+        help_text="the boot id of the scorer's process that claimed it (blank: none sent); a new one from that host frees it",
+    )
+    chosen = models.ForeignKey(
+        "hosts.Host",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="the scorer the gateway chose to break a pass/fail split: only it may claim the audit",
+    )
+    chosen_at = models.DateTimeField(
+        null=True, blank=True, help_text="when it was chosen (another is chosen if it is silent)"
+    )
 
     class Meta:
         indexes = [models.Index(fields=["status", "created_at"]), models.Index(fields=["host", "status"])]
         constraints = [
-            models.CheckConstraint(condition=Q(host_ucents__gte=0) & Q(platform_ucents__gte=0), name="audit_shares_not_negative"),
+            models.CheckConstraint(
+                condition=Q(host_ucents__gte=0) & Q(platform_ucents__gte=0), name="audit_shares_not_negative"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -354,18 +437,32 @@ class RingInquiry(models.Model):
     plan = models.ForeignKey("mesh.RingPlan", on_delete=models.PROTECT, related_name="+")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.COLLECTING)
     audit_reason = models.CharField(max_length=500, blank=True, help_text="why the audit failed")
-    payload = models.JSONField(null=True, blank=True, help_text="the job as the bridge received it; deleted when decided")
-    token_ids = models.JSONField(null=True, blank=True, help_text="the answer's tokens as audited; deleted when decided")
-    shared_output = models.BooleanField(default=True, help_text="the head and the tail share the output head (both pick)")
+    payload = models.JSONField(
+        null=True, blank=True, help_text="the job as the bridge received it; deleted when decided"
+    )
+    token_ids = models.JSONField(
+        null=True, blank=True, help_text="the answer's tokens as audited; deleted when decided"
+    )
+    shared_output = models.BooleanField(
+        default=True, help_text="the head and the tail share the output head (both pick)"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     checking_since = models.DateTimeField(null=True, blank=True)
-    checker = models.ForeignKey("hosts.Host", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
-                                help_text="the trusted host recomputing the stages now (never one of the ring's)")
+    checker = models.ForeignKey(
+        "hosts.Host",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="the trusted host recomputing the stages now (never one of the ring's)",
+    )
     checker_since = models.DateTimeField(null=True, blank=True)
     declined_by = models.JSONField(default=list, blank=True, help_text="hosts that declined or abandoned the check")
     verdicts = models.JSONField(
-        default=list, blank=True,
-        help_text="each checker's verdict so far: [{checker, owner, blamed, reasons}]; two that agree decide")
+        default=list,
+        blank=True,
+        help_text="each checker's verdict so far: [{checker, owner, blamed, reasons}]; two that agree decide",
+    )
     blamed = models.JSONField(default=list, blank=True, help_text="the hosts blamed: [{host, stage, reason}]")
     verdict = models.TextField(blank=True, help_text="the checker's reasons, or why the bridge was blamed without one")
     decided_at = models.DateTimeField(null=True, blank=True)
@@ -412,7 +509,9 @@ class AuditScore(models.Model):
     uncertain = models.PositiveIntegerField(default=0)
     misses = models.PositiveIntegerField(default=0)
     overruled = models.BooleanField(default=False, help_text="a second scorer's confirmation disagreed (a strike)")
-    paid_ucents = models.BigIntegerField(default=0, help_text="its fee for the prefill, paid when the audit was decided")
+    paid_ucents = models.BigIntegerField(
+        default=0, help_text="its fee for the prefill, paid when the audit was decided"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -452,12 +551,15 @@ class StoredResponse(models.Model):
     response and per account (`marketplace.openai.stored_responses`)."""
 
     request = models.OneToOneField(Request, on_delete=models.CASCADE, related_name="stored_response")
-    conversation = models.JSONField(help_text="the input items (earlier turns first) then the output items, "
-                                              "in the Responses API's shape, normalised (only what a turn needs); "
-                                              "instructions are not carried over")
+    conversation = models.JSONField(
+        help_text="the input items (earlier turns first) then the output items, "
+        "in the Responses API's shape, normalised (only what a turn needs); "
+        "instructions are not carried over"
+    )
     body = models.JSONField(help_text="the Response object as it was returned")
-    size_bytes = models.PositiveBigIntegerField(default=0, help_text="conversation and body as compact UTF-8 JSON: what "
-                                                                     "RESPONSE_STORE_ACCOUNT_MAX_BYTES counts")
+    size_bytes = models.PositiveBigIntegerField(
+        default=0, help_text="conversation and body as compact UTF-8 JSON: what RESPONSE_STORE_ACCOUNT_MAX_BYTES counts"
+    )
     expires_at = models.DateTimeField(db_index=True)
 
     def __str__(self) -> str:

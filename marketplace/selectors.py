@@ -1,5 +1,6 @@
 """Reads of requests and jobs: the catalog as served, request state, host status and
 earnings, customer usage."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -74,7 +75,9 @@ def request_settled(row: Request, *, later: list[Request] = ()) -> bool:  # type
     scorers (`Audit`), deleted with the decision; no prompt byte outlives settlement."""
     if any(each.status not in (Request.Status.COMPLETED, Request.Status.FAILED) for each in (row, *later)):
         return False  # (an `n` request's choices run side by side: its cost is final once all have ended)
-    return not Audit.objects.filter(request_id__in=[row.pk, *(each.pk for each in later)], status=Audit.Status.PENDING).exists()
+    return not Audit.objects.filter(
+        request_id__in=[row.pk, *(each.pk for each in later)], status=Audit.Status.PENDING
+    ).exists()
 
 
 def request_state(*, public_id: str) -> Request:
@@ -90,7 +93,9 @@ def request_catch_up(*, public_id: str, sent: int) -> tuple[Request, str]:
     return request, text
 
 
-def request_catch_up_entries(*, public_id: str, sent: int, logprobs: bool) -> tuple[Request, str, list[tuple[int, dict]]]:
+def request_catch_up_entries(
+    *, public_id: str, sent: int, logprobs: bool
+) -> tuple[Request, str, list[tuple[int, dict]]]:
     """`request_catch_up`, and (when `logprobs`) the entries of the tokens that start at
     character `sent` or after, each with its offset."""
     request = request_state(public_id=public_id)
@@ -102,9 +107,18 @@ def request_catch_up_entries(*, public_id: str, sent: int, logprobs: bool) -> tu
     head = chunks.filter(char_offset__lt=sent).last()
     if head is not None and head[0] + len(head[1]) > sent:
         later.insert(0, head)
-    text = "".join(chunk[1] for chunk in later)[max(0, sent - later[0][0]):] if later else ""
-    entries = [(at, entry) for chunk in later if len(chunk) > 2 and chunk[2] for at, entry in located(chunk[0], chunk[2])
-               if at >= sent] if logprobs else []
+    text = "".join(chunk[1] for chunk in later)[max(0, sent - later[0][0]) :] if later else ""
+    entries = (
+        [
+            (at, entry)
+            for chunk in later
+            if len(chunk) > 2 and chunk[2]
+            for at, entry in located(chunk[0], chunk[2])
+            if at >= sent
+        ]
+        if logprobs
+        else []
+    )
     return request, text, entries
 
 
@@ -117,9 +131,7 @@ def unix(ts: datetime | None) -> int:
 
 def with_running_job(queryset: QuerySet[Host]) -> QuerySet[Host]:
     """Annotate `has_running_job`, so a page listing many hosts gets their statuses in one query."""
-    return queryset.annotate(
-        has_running_job=Exists(Job.objects.filter(host=OuterRef("pk"), status=Job.Status.RUNNING))
-    )
+    return queryset.annotate(has_running_job=Exists(Job.objects.filter(host=OuterRef("pk"), status=Job.Status.RUNNING)))
 
 
 def host_status(*, host: Host) -> str:
@@ -161,23 +173,48 @@ def host_statement(*, host: Host, limit: int = 100) -> HostStatement:
         .values("pk", "model__name", "completion_tokens", "earned_ucents", "finished_at")[:limit]
     ]
     stages = [  # a ring's stage host: its share of each job for the layers it ran
-        {"pk": share["job_id"], "model__name": share["job__model__name"], "completion_tokens": share["job__completion_tokens"],
-         "earned_ucents": share["earned_ucents"], "finished_at": share["finished_at"], "ring": share["plan_id"],
-         "layers": f"{share['layers']}/{share['n_layers']}"}
-        for share in StageShare.objects.filter(host=host).order_by("-finished_at", "-pk").values(
-            "job_id", "job__model__name", "job__completion_tokens", "earned_ucents", "finished_at", "plan_id", "layers", "n_layers",
+        {
+            "pk": share["job_id"],
+            "model__name": share["job__model__name"],
+            "completion_tokens": share["job__completion_tokens"],
+            "earned_ucents": share["earned_ucents"],
+            "finished_at": share["finished_at"],
+            "ring": share["plan_id"],
+            "layers": f"{share['layers']}/{share['n_layers']}",
+        }
+        for share in StageShare.objects.filter(host=host)
+        .order_by("-finished_at", "-pk")
+        .values(
+            "job_id",
+            "job__model__name",
+            "job__completion_tokens",
+            "earned_ucents",
+            "finished_at",
+            "plan_id",
+            "layers",
+            "n_layers",
         )[:limit]
     ]
     lines = sorted(jobs + stages, key=lambda line: (line["finished_at"], line["pk"]), reverse=True)[:limit]
-    verifying = Audit.objects.filter(host=host, status=Audit.Status.PENDING).aggregate(total=Sum("host_ucents"))["total"] or 0
-    return HostStatement(payouts=billing.host_payouts(host=host, limit=limit), jobs=lines, verifying_ucents=int(verifying))
+    verifying = (
+        Audit.objects.filter(host=host, status=Audit.Status.PENDING).aggregate(total=Sum("host_ucents"))["total"] or 0
+    )
+    return HostStatement(
+        payouts=billing.host_payouts(host=host, limit=limit), jobs=lines, verifying_ucents=int(verifying)
+    )
 
 
 def host_earned_since(*, host: Host, since: datetime) -> int:
     """µ¢ this host earned from work finished since `since`: its own jobs and its ring stages' shares."""
-    own = Job.objects.filter(host=host, status=Job.Status.COMPLETED, finished_at__gte=since).aggregate(
-        total=Sum("earned_ucents"))["total"] or 0
-    stages = StageShare.objects.filter(host=host, finished_at__gte=since).aggregate(total=Sum("earned_ucents"))["total"] or 0
+    own = (
+        Job.objects.filter(host=host, status=Job.Status.COMPLETED, finished_at__gte=since).aggregate(
+            total=Sum("earned_ucents")
+        )["total"]
+        or 0
+    )
+    stages = (
+        StageShare.objects.filter(host=host, finished_at__gte=since).aggregate(total=Sum("earned_ucents"))["total"] or 0
+    )
     return int(own) + int(stages)
 
 
@@ -188,8 +225,9 @@ class UnknownCursor(LookupError):
     """An `after` cursor that names none of this user's requests."""
 
 
-def usage_requests(*, user: User, start: date, end: date, after: str | None = None,
-                   api_key: ApiKey | None = None) -> QuerySet[Request, dict[str, Any]]:
+def usage_requests(
+    *, user: User, start: date, end: date, after: str | None = None, api_key: ApiKey | None = None
+) -> QuerySet[Request, dict[str, Any]]:
     """The user's requests created from `start` to `end` inclusive (UTC days), oldest first
     (with `api_key`, that key's only); with `after` (a request id of theirs), only those that
     come after it in that order."""
@@ -203,13 +241,18 @@ def usage_requests(*, user: User, start: date, end: date, after: str | None = No
         cursor = Request.objects.filter(user=user, public_id=after).values("created_at", "pk").first()
         if cursor is None:
             raise UnknownCursor(after)
-        rows = rows.filter(Q(created_at__gt=cursor["created_at"]) | Q(created_at=cursor["created_at"], pk__gt=cursor["pk"]))
-    return (
-        rows.order_by("created_at", "pk")
-        .values(
-            "public_id", "created_at", "status", "model__name", "api_key__prefix",
-            "prompt_tokens", "completion_tokens", "cost_ucents",
+        rows = rows.filter(
+            Q(created_at__gt=cursor["created_at"]) | Q(created_at=cursor["created_at"], pk__gt=cursor["pk"])
         )
+    return rows.order_by("created_at", "pk").values(
+        "public_id",
+        "created_at",
+        "status",
+        "model__name",
+        "api_key__prefix",
+        "prompt_tokens",
+        "completion_tokens",
+        "cost_ucents",
     )
 
 

@@ -2,6 +2,7 @@
 plan, handed to its stage hosts and its bridge, and one per expert worker, handed to the
 volunteer serving it and to its model's coordinator. Stored as they are (the gateway must
 hand them out again), shown in no admin form, never in a log."""
+
 from __future__ import annotations
 
 from core.secrets import secret_new

@@ -1,4 +1,5 @@
 """The mesh app's models live in its two rooms; Django finds them here."""
+
 from __future__ import annotations
 
 from mesh.experts.models import ExpertModel, ExpertWorker

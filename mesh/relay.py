@@ -14,6 +14,7 @@ its older one (a restarted host).
 The ring relay (`mesh.rings.consumers`) and the expert relay (`mesh.experts.consumers`)
 subclass `ListenerConsumer` and `DialConsumer`.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,16 @@ from core.errors import DomainError
 from core.http import scope_bearer
 from hosts.selectors import host_from_secret
 
-__all__ = ["CLOSE_FORBIDDEN", "CLOSE_GONE", "CLOSE_REPLACED", "CLOSE_TOO_EARLY", "CLOSE_UNAUTHORIZED",
-           "DialConsumer", "ListenerConsumer", "RelayConsumer"]
+__all__ = [
+    "CLOSE_FORBIDDEN",
+    "CLOSE_GONE",
+    "CLOSE_REPLACED",
+    "CLOSE_TOO_EARLY",
+    "CLOSE_UNAUTHORIZED",
+    "DialConsumer",
+    "ListenerConsumer",
+    "RelayConsumer",
+]
 
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_FORBIDDEN = 4403
@@ -78,7 +87,9 @@ class ListenerConsumer(RelayConsumer):
         self.opened = 0
         if not await self.admitted():
             return
-        await self.channel_layer.group_send(self.group(), {"type": "relay.replaced"})  # an older socket of this listener
+        await self.channel_layer.group_send(
+            self.group(), {"type": "relay.replaced"}
+        )  # an older socket of this listener
         await self.channel_layer.group_add(self.group(), self.channel_name)
         await self.accept()
 
@@ -88,8 +99,9 @@ class ListenerConsumer(RelayConsumer):
     async def relay_open(self, event: dict) -> None:
         self.opened += 1
         self.dialers[self.opened] = event["reply_to"]
-        await self.channel_layer.send(event["reply_to"], {"type": "relay.opened", "listener": self.channel_name,
-                                                          "conn": self.opened})
+        await self.channel_layer.send(
+            event["reply_to"], {"type": "relay.opened", "listener": self.channel_name, "conn": self.opened}
+        )
         await self.send(text_data=json.dumps({"open": self.opened}))
 
     async def relay_bytes(self, event: dict) -> None:
@@ -105,7 +117,7 @@ class ListenerConsumer(RelayConsumer):
             (conn,) = CONN.unpack_from(bytes_data)
             dialer = self.dialers.get(conn)
             if dialer is not None:
-                await self.channel_layer.send(dialer, {"type": "relay.bytes", "data": bytes_data[CONN.size:]})
+                await self.channel_layer.send(dialer, {"type": "relay.bytes", "data": bytes_data[CONN.size :]})
         elif text_data is not None:
             await self._closed_by_listener(text_data)
 

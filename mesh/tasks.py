@@ -1,4 +1,5 @@
 """Celery interface to the mesh's periodic work."""
+
 from __future__ import annotations
 
 from celery import shared_task

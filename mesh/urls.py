@@ -1,4 +1,5 @@
 """The mesh API under /api/: rings (layer pipelines) and the expert market (MoE)."""
+
 from __future__ import annotations
 
 from django.urls import include, path

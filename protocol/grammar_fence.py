@@ -14,6 +14,7 @@ conversions take turns in it (each takes milliseconds within `protocol.schema_li
 gateway's (`marketplace.grammar_check`) asks only whether a schema converts; a host
 (`mahout.runners.llama.grammar_for`) samples with the grammar it returns.
 """
+
 from __future__ import annotations
 
 import multiprocessing
@@ -97,8 +98,9 @@ class GrammarFence:
     def _start(self) -> None:
         context = multiprocessing.get_context("spawn")  # (not fork: the processes that ask run threads)
         self._connection, theirs = context.Pipe()
-        self._child = context.Process(target=_serve, args=(theirs, self.memory_mb), daemon=True,
-                                      name="elephant-grammar-fence")
+        self._child = context.Process(
+            target=_serve, args=(theirs, self.memory_mb), daemon=True, name="elephant-grammar-fence"
+        )
         self._child.start()
         theirs.close()
         if not self._connection.poll(self.start_seconds) or self._connection.recv() != "ready":

@@ -22,6 +22,7 @@ in it names the audited host. The scorer answers `POST /hosts/api/audits/{id}/ve
 and the `reason` of a failure, or `declined` (it cannot score it here: another scorer is
 asked). It is paid a fee for the prefill when the audit is decided (`marketplace.audits`).
 """
+
 from __future__ import annotations
 
 from datetime import datetime
@@ -111,9 +112,19 @@ def rewrites_delivered(params: dict) -> bool:
 
 
 def job_payload_build(
-    *, job_id: int, model: str, kind: str, messages: list | None, prompt: str | None, inputs: list[str] | None,
-    params: dict, fmt: ChatFormat | None = None, continuation: bool = False, delivered: str = "",
-    delivered_tokens: int = 0, now: datetime | None = None,
+    *,
+    job_id: int,
+    model: str,
+    kind: str,
+    messages: list | None,
+    prompt: str | None,
+    inputs: list[str] | None,
+    params: dict,
+    fmt: ChatFormat | None = None,
+    continuation: bool = False,
+    delivered: str = "",
+    delivered_tokens: int = 0,
+    now: datetime | None = None,
 ) -> JobPayload:
     """The payload of a first attempt, or of a continuation of `delivered`, rendered in the
     model's format `fmt` (required but for embeddings) at the instant `now` the job's request
@@ -138,10 +149,17 @@ def job_payload_build(
         else:
             prompt = (prompt or "") + delivered
     payload: JobPayload = {
-        "id": job_id, "model": model, "kind": kind, "messages": messages, "prompt": prompt, "params": sampling,
+        "id": job_id,
+        "model": model,
+        "kind": kind,
+        "messages": messages,
+        "prompt": prompt,
+        "params": sampling,
         "continuation": continuation,
-        "fragments": [list(fragment) for fragment in job_fragments(fmt, {"kind": kind, "messages": messages,
-                                                                         "prompt": prompt}, now=now)],
+        "fragments": [
+            list(fragment)
+            for fragment in job_fragments(fmt, {"kind": kind, "messages": messages, "prompt": prompt}, now=now)
+        ],
         "end_of_turn": chat_stops(fmt) if kind == CHAT else [],
     }
     if rewrite:

@@ -28,6 +28,7 @@ gives what each text became in it (a template may trim a message, or drop an old
 reasoning); where the two cannot be laid over each other, the exact texts go where the sentinels
 stood. No Django here, and Jinja2 is imported only by the sandbox's workers.
 """
+
 from __future__ import annotations
 
 import re
@@ -89,23 +90,40 @@ def chat_fragments(fmt: ChatFormat, messages: list[dict], *, now: datetime | Non
     texts = [content_text(message.get("content")) for message in messages]
     continuing = messages[-1].get("role") == "assistant"
     variables = {"bos_token": fmt.bos_token, "eos_token": fmt.eos_token, "add_generation_prompt": not continuing}
-    marked, true = render_bounded(fmt.template, [
-        {"messages": [{"role": m.get("role"), "content": _sentinel(i)} for i, m in enumerate(messages)],
-         "variables": variables},
-        {"messages": [{"role": m.get("role"), "content": text} for m, text in zip(messages, texts, strict=True)],
-         "variables": variables},
-    ], now=now)
+    marked, true = render_bounded(
+        fmt.template,
+        [
+            {
+                "messages": [{"role": m.get("role"), "content": _sentinel(i)} for i, m in enumerate(messages)],
+                "variables": variables,
+            },
+            {
+                "messages": [{"role": m.get("role"), "content": text} for m, text in zip(messages, texts, strict=True)],
+                "variables": variables,
+            },
+        ],
+        now=now,
+    )
     pieces = _pieces(marked)
     if continuing:
         pieces = _cut_after_last(pieces, len(messages) - 1)
     segments = _segments(pieces, texts, true, continuing=continuing)
-    fragments = _stripped(_fragments(segments, _control_pattern(fmt.controls)), lstrip=fmt.lstrip, rstrip=fmt.rstrip,
-                          kept_end=texts[-1] if continuing else "")
+    fragments = _stripped(
+        _fragments(segments, _control_pattern(fmt.controls)),
+        lstrip=fmt.lstrip,
+        rstrip=fmt.rstrip,
+        kept_end=texts[-1] if continuing else "",
+    )
     return _with_bos(fmt, fragments)
 
 
 def chat_format_read(
-    *, template: str, bos_token: str, eos_token: str, adds_bos: bool, vocabulary_controls: Sequence[str],
+    *,
+    template: str,
+    bos_token: str,
+    eos_token: str,
+    adds_bos: bool,
+    vocabulary_controls: Sequence[str],
 ) -> ChatFormat:
     """A model's format from its file's facts: of its vocabulary's control tokens, those its
     template writes (and BOS and EOS); its end of turn, the first control token the template
@@ -115,18 +133,31 @@ def chat_format_read(
     adds it (`dataclasses.replace(fmt, lstrip=..., rstrip=...)`)."""
     variables = {"bos_token": bos_token, "eos_token": eos_token, "add_generation_prompt": False}
     chat = [{"role": "user", "content": _sentinel(0)}, {"role": "assistant", "content": _sentinel(1)}]
-    marked, asking = render_bounded(template, [{"messages": chat, "variables": variables},
-                                               {"messages": chat[:1], "variables": {**variables, "add_generation_prompt": True}}])
+    marked, asking = render_bounded(
+        template,
+        [
+            {"messages": chat, "variables": variables},
+            {"messages": chat[:1], "variables": {**variables, "add_generation_prompt": True}},
+        ],
+    )
     written = template + marked + asking  # (a template may build a marker: '<|' + role + '|>')
-    controls = tuple(text for text in vocabulary_controls if text and (text in written or text in (bos_token, eos_token)))
+    controls = tuple(
+        text for text in vocabulary_controls if text and (text in written or text in (bos_token, eos_token))
+    )
     pieces = _pieces(marked)
     if 1 not in pieces:
         raise TemplateRefused("the chat template does not write an assistant's message")
     after = str(pieces[pieces.index(1) + 1])
     pattern = _control_pattern(controls)
     found = pattern.search(after) if pattern is not None else None
-    return ChatFormat(template=template, bos_token=bos_token, eos_token=eos_token, adds_bos=adds_bos, controls=controls,
-                      end_of_turn=(found.group(),) if found else ())
+    return ChatFormat(
+        template=template,
+        bos_token=bos_token,
+        eos_token=eos_token,
+        adds_bos=adds_bos,
+        controls=controls,
+        end_of_turn=(found.group(),) if found else (),
+    )
 
 
 def fragments_text(fragments: Sequence[Fragment]) -> str:
@@ -140,7 +171,10 @@ def template_check(template: str) -> None:
 
 
 def fragments_tokens(
-    fragments: Sequence[Sequence], *, tokenize: Callable[[str], list[int]], control: Callable[[str], int],
+    fragments: Sequence[Sequence],
+    *,
+    tokenize: Callable[[str], list[int]],
+    control: Callable[[str], int],
 ) -> list[int]:
     """Token ids: each run of text tokenized as plain text (never parsing control tokens), each
     control token as its one id. The gateway counts with this; a host runs what it returns."""
@@ -170,7 +204,7 @@ def _pieces(marked: str) -> list[str | int]:
     pieces: list[str | int] = []
     position = 0
     for match in _SENTINEL.finditer(marked):
-        pieces += [marked[position:match.start()], int(match.group(1))]
+        pieces += [marked[position : match.start()], int(match.group(1))]
         position = match.end()
     pieces.append(marked[position:])
     if any(isinstance(piece, str) and (_OPEN in piece or _CLOSE in piece) for piece in pieces):
@@ -182,8 +216,10 @@ def _cut_after_last(pieces: list[str | int], index: int) -> list[str | int]:
     """The pieces up to the last place message `index` stands: the open turn a continuation ends on."""
     where = max((at for at, piece in enumerate(pieces) if piece == index), default=None)
     if where is None:
-        raise TemplateRefused("this model's chat template does not show a final assistant message, so it cannot continue one")
-    return pieces[:where + 1]
+        raise TemplateRefused(
+            "this model's chat template does not show a final assistant message, so it cannot continue one"
+        )
+    return pieces[: where + 1]
 
 
 def _segments(pieces: list[str | int], texts: list[str], true: str, *, continuing: bool) -> list[tuple[str, bool]]:
@@ -216,8 +252,14 @@ def _laid_over(markup: list[str], exact: list[str], true: str, *, fixed_last: bo
             return [*became, text]
         following = markup[at + 1]
         last = at == len(exact) - 1
-        found = next((form for form in (text, text.strip(), text.lstrip(), text.rstrip(), text.strip("\n"))
-                      if _fits(true, position, form + following, ends=last)), None)
+        found = next(
+            (
+                form
+                for form in (text, text.strip(), text.lstrip(), text.rstrip(), text.strip("\n"))
+                if _fits(true, position, form + following, ends=last)
+            ),
+            None,
+        )
         if found is None and following:
             end = true.find(following, position) if not last else true.rfind(following, position)
             found = true[position:end] if end >= 0 else None
@@ -236,6 +278,7 @@ def _fits(true: str, position: int, expected: str, *, ends: bool) -> bool:
 
 
 # -- fragments --------------------------------------------------------------------------------
+
 
 @lru_cache(maxsize=256)
 def _control_pattern(controls: tuple[str, ...]) -> re.Pattern[str] | None:
@@ -262,7 +305,7 @@ def _fragments(segments: list[tuple[str, bool]], pattern: re.Pattern[str] | None
             continue
         position = 0
         for match in pattern.finditer(text):
-            run.append(text[position:match.start()])
+            run.append(text[position : match.start()])
             flush()
             fragments.append((match.group(), True))
             position = match.end()
@@ -271,8 +314,9 @@ def _fragments(segments: list[tuple[str, bool]], pattern: re.Pattern[str] | None
     return fragments
 
 
-def _stripped(fragments: list[Fragment], *, lstrip: tuple[str, ...], rstrip: tuple[str, ...],
-              kept_end: str = "") -> list[Fragment]:
+def _stripped(
+    fragments: list[Fragment], *, lstrip: tuple[str, ...], rstrip: tuple[str, ...], kept_end: str = ""
+) -> list[Fragment]:
     """The spaces beside a control token that strips them taken away, as llama.cpp and Hugging
     Face's tokenizers take them when they find the token in a text (an `rstrip` token's newline
     is part of it: the model never saw it). Text beside it goes whether markup or content wrote

@@ -6,6 +6,7 @@ carries every connection its upstream neighbour or the bridge dials to it
 (`mahout.ring.relay`). The link's handshake and sealing run end to end through it: the
 relay only moves bytes.
 """
+
 from __future__ import annotations
 
 RELAY_ADDRESS = "relay"

@@ -60,6 +60,7 @@ mass, is ``uncertain`` (that covers a token at the edge of the top-p set too); a
 ``miss``. ``TIE_GAP`` and ``TOLERANCE`` were chosen from measurements on the shipped model
 (``bench/trust.py``): see their comments.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -159,8 +160,12 @@ def part_of_draw(parts: list[tuple[float, float]], *, temperature: float, u: flo
 
 
 def select_masked(
-    logits: npt.ArrayLike, allowed: Callable[[npt.NDArray[np.intp]], npt.NDArray[np.bool_]], *, temperature: float,
-    top_p: float, u: float,
+    logits: npt.ArrayLike,
+    allowed: Callable[[npt.NDArray[np.intp]], npt.NDArray[np.bool_]],
+    *,
+    temperature: float,
+    top_p: float,
+    u: float,
 ) -> int:
     """:func:`select` over ``logits`` with the tokens ``allowed`` refuses masked (``allowed``
     answers, for an array of ids, whether each may be drawn: a grammar in its current state).
@@ -195,7 +200,9 @@ def select_masked(
 
 
 def _greedy_settled(
-    scores: npt.NDArray[np.float32], allowed: Callable[[npt.NDArray[np.intp]], npt.NDArray[np.bool_]], count: int,
+    scores: npt.NDArray[np.float32],
+    allowed: Callable[[npt.NDArray[np.intp]], npt.NDArray[np.bool_]],
+    count: int,
 ) -> int | None:
     """The best allowed token among the ``count`` best, when it outranks every other (None: it may not)."""
     import numpy as np
@@ -211,7 +218,9 @@ def _greedy_settled(
 
 
 def _draw_settled(
-    weights: npt.NDArray[np.float32], allowed: Callable[[npt.NDArray[np.intp]], npt.NDArray[np.bool_]], count: int,
+    weights: npt.NDArray[np.float32],
+    allowed: Callable[[npt.NDArray[np.intp]], npt.NDArray[np.bool_]],
+    count: int,
     u: float,
 ) -> int | None:
     """The draw (top_p 1) among the ``count`` heaviest tokens, when the weight of those not
@@ -229,14 +238,21 @@ def _draw_settled(
     target = _target(u, known)
     at = _first_above(cumulative, target)
     token, lo, hi = int(kept[at]), float(cumulative[at] - kept_weights[at]), float(cumulative[at])
-    below = max(float(weights[:token].sum(dtype=np.float64)) - float(weights[asked[asked < token]].sum(dtype=np.float64)), 0.0)
+    below = max(
+        float(weights[:token].sum(dtype=np.float64)) - float(weights[asked[asked < token]].sum(dtype=np.float64)), 0.0
+    )
     clear = SETTLED_BY * total
     return token if lo + below + clear <= target and u * (known + unknown) + clear < hi else None
 
 
 def _top_p_settled(
-    scores: npt.NDArray[np.float32], weights: npt.NDArray[np.float32],
-    allowed: Callable[[npt.NDArray[np.intp]], npt.NDArray[np.bool_]], count: int, *, top_p: float, temperature: float,
+    scores: npt.NDArray[np.float32],
+    weights: npt.NDArray[np.float32],
+    allowed: Callable[[npt.NDArray[np.intp]], npt.NDArray[np.bool_]],
+    count: int,
+    *,
+    top_p: float,
+    temperature: float,
     u: float,
 ) -> int | None:
     """The draw (top_p < 1) among the ``count`` heaviest tokens, when the top-p cut over the
@@ -269,8 +285,14 @@ def _top_p_settled(
 
 
 def token_check(
-    logits: npt.ArrayLike, token: int, *, temperature: float, top_p: float, u: float,
-    tolerance: float = TOLERANCE, tie_gap: float = TIE_GAP,
+    logits: npt.ArrayLike,
+    token: int,
+    *,
+    temperature: float,
+    top_p: float,
+    u: float,
+    tolerance: float = TOLERANCE,
+    tie_gap: float = TIE_GAP,
 ) -> Check:
     """Whether ``token`` is what the specified sampler draws from ``logits`` with ``u``, given
     that an honest machine's logits differ from these (see the module's docstring)."""
@@ -342,7 +364,7 @@ class _Whole:
         heavy = np.flatnonzero(self.blocks[block])
         if len(heavy):
             within = np.minimum(within, self.ends[block])
-            within[heavy[-1]:] = self.ends[block]
+            within[heavy[-1] :] = self.ends[block]
         return start, within
 
     def select(self, u: float) -> int:
@@ -442,7 +464,13 @@ def _kept(weights: npt.NDArray[np.float32], top_p: float) -> tuple[npt.NDArray[n
 
 
 def _check_top_p(
-    weights: npt.NDArray[np.float32], token: int, u: float, *, top_p: float, slack: float, tolerance: float,
+    weights: npt.NDArray[np.float32],
+    token: int,
+    u: float,
+    *,
+    top_p: float,
+    slack: float,
+    tolerance: float,
 ) -> Check:
     """The check under top-p. A match is read off the verifier's own top-p set. Otherwise the
     token is judged against every top-p set honest weights (each within ``slack`` of these)
@@ -477,8 +505,8 @@ def _check_top_p(
     maybe, sure = weights >= maybe_from, weights > sure_above
     lo_min = float(np.sum(weights[:token], where=sure[:token], dtype=np.float64)) / slack
     lo_max = float(np.sum(weights[:token], where=maybe[:token], dtype=np.float64)) * slack
-    rest_min = float(np.sum(weights[token + 1:], where=sure[token + 1:], dtype=np.float64)) / slack
-    rest_max = float(np.sum(weights[token + 1:], where=maybe[token + 1:], dtype=np.float64)) * slack
+    rest_min = float(np.sum(weights[token + 1 :], where=sure[token + 1 :], dtype=np.float64)) / slack
+    rest_max = float(np.sum(weights[token + 1 :], where=maybe[token + 1 :], dtype=np.float64)) * slack
     start = lo_min / (lo_min + w * slack + rest_max)
     end = (lo_max + w * slack) / (lo_max + w * slack + rest_min)
     inside = start - tolerance <= u < end + tolerance

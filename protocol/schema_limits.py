@@ -12,6 +12,7 @@ The bounds were measured on the shipped model (the grammar at each bound starts 
 within about a second on one CPU thread); they are documented in README's API section.
 No Django here.
 """
+
 from __future__ import annotations
 
 import json
@@ -96,8 +97,11 @@ def pattern_problem(pattern: str, *, linear: bool = True) -> str | None:
     try:
         linear_pattern(pattern)
     except ValueError as error:
-        hint = ("; it has no lookahead, lookbehind or backreferences"
-                if "perl operator" in str(error) or "escape sequence" in str(error) else "")
+        hint = (
+            "; it has no lookahead, lookbehind or backreferences"
+            if "perl operator" in str(error) or "escape sequence" in str(error)
+            else ""
+        )
         return f"the 'pattern' {pattern[:80]!r} cannot be run in linear time: RE2 refuses it ({error}{hint})"
     return None
 

@@ -17,6 +17,7 @@ The environment is Hugging Face's `apply_chat_template`'s (blocks trimmed, `loop
 caller fixes (`now`, UTC) so that rendering the same job twice gives the same text. A worker
 answers one JSON line per JSON line; a round trip costs a fraction of a millisecond. No Django.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -59,14 +60,19 @@ def render_bounded(template: str, renders: list[dict], *, now: datetime | None =
 
 # -- the parent's side: a pool of workers -----------------------------------------------------
 
+
 class _Worker:
     """One worker process and its pipes; asked one request at a time."""
 
     def __init__(self) -> None:
         environment = {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}
         self.process = subprocess.Popen(  # noqa: S603 (this interpreter, this module)
-            [sys.executable, "-m", "protocol.template_sandbox"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, env=environment, close_fds=True,
+            [sys.executable, "-m", "protocol.template_sandbox"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=environment,
+            close_fds=True,
         )
 
     def ask(self, line: bytes, deadline: float) -> dict | None:
@@ -117,8 +123,10 @@ class _Pool:
                 raise
             if answer is None:
                 worker.kill()
-                return {"refused": f"this model's chat template did not finish rendering within {RENDER_SECONDS:g} s "
-                                   "(or used more memory than a template may)"}
+                return {
+                    "refused": f"this model's chat template did not finish rendering within {RENDER_SECONDS:g} s "
+                    "(or used more memory than a template may)"
+                }
             self._checkin(worker)
             return answer
 
@@ -148,6 +156,7 @@ atexit.register(_POOL.close)
 
 
 # -- the worker's side: the sandbox -----------------------------------------------------------
+
 
 class _Raised(Exception):
     """The template's own `raise_exception(message)`."""

@@ -7,6 +7,7 @@ lapsed), and the other way round. Both sides read them here: mahout imports them
 (an environment variable still overrides one). `protocol/tests/test_timing.py` states every
 relation between them. Timings that only one side reads stay with that side.
 """
+
 from __future__ import annotations
 
 # -- the host's ---------------------------------------------------------------------------
@@ -14,7 +15,9 @@ from __future__ import annotations
 HEARTBEAT_INTERVAL_SECONDS = 5.0  # a host says it is alive (and what it has loaded) this often
 PROGRESS_INTERVAL_SECONDS = 5.0  # a job without a token yet reports it is still being worked on this often
 CLAIM_WAIT_SECONDS = 20.0  # a claim long-polls this long unless the host asks otherwise (the gateway's default `wait`)
-RING_CLAIM_WAIT_SECONDS = 1.5  # a ring's claims are brief: a broken ring stops claiming before its continuation is offered
+RING_CLAIM_WAIT_SECONDS = (
+    1.5  # a ring's claims are brief: a broken ring stops claiming before its continuation is offered
+)
 PRESENCE_RECONNECT_MIN_SECONDS = 1.0  # a host whose socket dropped opens it again after this (then doubling)
 SOCKET_PUSH_TIMEOUT_SECONDS = 10.0  # a token batch unanswered on the socket this long is sent again over HTTP
 API_RETRIES = 4  # a host API call failing to connect or with a 5xx is tried again this many times (a count)

@@ -1,4 +1,5 @@
 """What a host refuses to run: the request's fault, not the machine's."""
+
 from __future__ import annotations
 
 

@@ -2,6 +2,7 @@
 a whole `rewrite`) and writes that text again under a mask before the model runs free; the
 verifier replays the same mask (`scorer.verify`).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -14,6 +15,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
     from llama_cpp import Llama, LogitsProcessorList
+
 
 def resumes_text(job: dict) -> bool:
     """True for a job that must continue existing text from its exact last
@@ -53,13 +55,15 @@ class TokenHealer:
 
     def allows(self, produced: bytes, token: int) -> bool:
         """Whether :meth:`mask` after ``produced`` allows ``token``."""
-        return len(produced) >= len(self.dropped) or self.vocab.fits(token, self.dropped[len(produced):])
+        return len(produced) >= len(self.dropped) or self.vocab.fits(token, self.dropped[len(produced) :])
 
     def processors(self) -> LogitsProcessorList:
         import numpy as np
         from llama_cpp import LogitsProcessorList
 
-        def rewrite_dropped_text(input_ids: npt.NDArray[np.intc], scores: npt.NDArray[np.single]) -> npt.NDArray[np.single]:
+        def rewrite_dropped_text(
+            input_ids: npt.NDArray[np.intc], scores: npt.NDArray[np.single]
+        ) -> npt.NDArray[np.single]:
             allowed = self.mask(b"".join(self.vocab.pieces[t] for t in input_ids[self.prompt_len :]))
             return scores if allowed is None else np.where(allowed, scores, -np.inf)
 

@@ -3,6 +3,7 @@ token ids (`PromptTokenizer`), a `response_format`'s grammar (`grammar_for`, `Gr
 generated text counted (`count_tokens`). A host's runner samples with these, and the verifier
 (`scorer.verify`) replays with the same ones.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,7 +35,12 @@ def cpu_advertises_amx(cpuinfo: str | None = None) -> bool:
 
 
 def load_llama(
-    model_path: str | Path, *, n_ctx: int, threads: int, logits_all: bool = False, gpu_layers: int = 0,
+    model_path: str | Path,
+    *,
+    n_ctx: int,
+    threads: int,
+    logits_all: bool = False,
+    gpu_layers: int = 0,
 ) -> Llama:
     """Load a GGUF with llama-cpp-python, quietly, with ``threads`` for prompt and generation
     (``logits_all`` keeps every position's logits, for log-probabilities: the gateway's canary
@@ -60,8 +66,13 @@ def load_llama(
             llama_module.llama_cpp.llama_model_default_params = params
         try:
             llm = llama_module.Llama(
-                model_path=str(model_path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False,
-                logits_all=logits_all, n_gpu_layers=gpu_layers,
+                model_path=str(model_path),
+                n_ctx=n_ctx,
+                n_threads=threads,
+                n_threads_batch=threads,
+                verbose=False,
+                logits_all=logits_all,
+                n_gpu_layers=gpu_layers,
             )
         finally:
             llama_module.llama_cpp.llama_model_default_params = original
@@ -157,7 +168,8 @@ class Grammar:
 
         self._lib = llama_cpp
         self._sampler = llama_cpp.llama_sampler_init_grammar(
-            llama_cpp.llama_model_get_vocab(llm.model), grammar._grammar.encode("utf-8"),  # type: ignore[attr-defined]
+            llama_cpp.llama_model_get_vocab(llm.model),
+            grammar._grammar.encode("utf-8"),  # type: ignore[attr-defined]
             grammar._root.encode("utf-8"),  # type: ignore[attr-defined]
         )
         if not self._sampler:
@@ -209,7 +221,9 @@ class PromptTokenizer:
     def tokens(self, job: dict) -> list[int]:
         fragments = job.get("fragments")
         if not isinstance(fragments, list):
-            raise RequestRejected("the job carries no rendered prompt (`fragments`): the gateway is older than this host")
+            raise RequestRejected(
+                "the job carries no rendered prompt (`fragments`): the gateway is older than this host"
+            )
         return fragments_tokens(fragments, tokenize=self._plain, control=self._control)
 
     def single_ids(self, texts: list[str]) -> list[int]:

@@ -44,6 +44,7 @@ under replayed as it ran them:
 
 No Django here: the gateway's workers or a trusted host run it.
 """
+
 from __future__ import annotations
 
 import random
@@ -174,15 +175,24 @@ class Verifier:
     (``gpu_layers`` of its layers on a GPU, as a host offloads them); or (``llm``) a model a
     runner loaded already, borrowed and never closed here (`mahout.scoring`)."""
 
-    def __init__(self, model_path: str | Path | None, *, threads: int, n_ctx: int = AUDITABLE_CONTEXT_TOKENS,
-                 llm: Llama | None = None,
-                 tolerance: float = TOLERANCE, tie_gap: float = TIE_GAP, logprob_tolerance: float = LOGPROB_TOLERANCE,
-                 gpu_layers: int = 0) -> None:
+    def __init__(
+        self,
+        model_path: str | Path | None,
+        *,
+        threads: int,
+        n_ctx: int = AUDITABLE_CONTEXT_TOKENS,
+        llm: Llama | None = None,
+        tolerance: float = TOLERANCE,
+        tie_gap: float = TIE_GAP,
+        logprob_tolerance: float = LOGPROB_TOLERANCE,
+        gpu_layers: int = 0,
+    ) -> None:
         import llama_cpp
 
         self._lib = llama_cpp
-        self._llm: Llama = (llm if llm is not None
-                            else load_llama(model_path, n_ctx=n_ctx, threads=threads, gpu_layers=gpu_layers))
+        self._llm: Llama = (
+            llm if llm is not None else load_llama(model_path, n_ctx=n_ctx, threads=threads, gpu_layers=gpu_layers)
+        )
         self._owns_llm = llm is None
         self._prompt = PromptTokenizer(self._llm)
         self.n_ctx, self.n_vocab = n_ctx, self._llm.n_vocab()
@@ -210,8 +220,17 @@ class Verifier:
             self._vocab = Vocab(self._llm)
         return self._vocab
 
-    def audit(self, job: dict, *, token_ids: list[int], text: str, finish_reason: str, seed: int,
-              sample: int | None = None, logprobs: list[dict] | None = None) -> Audit:
+    def audit(
+        self,
+        job: dict,
+        *,
+        token_ids: list[int],
+        text: str,
+        finish_reason: str,
+        seed: int,
+        sample: int | None = None,
+        logprobs: list[dict] | None = None,
+    ) -> Audit:
         """Check a delivered answer: ``token_ids`` as the host reported them (a re-written start
         included), ``text`` as the customer received it from this host (for a continuation: the
         new part only), and ``logprobs`` the entries reported with it when the job asked for
@@ -239,10 +258,12 @@ class Verifier:
         try:
             answer = _Answer(token_ids, seed, _sampling(params, "temperature"), _sampling(params, "top_p"), constraint)
             if logprobs is not None and params.get("logprobs") is not None:
-                answer.entries = self._entries(token_ids, logprobs, skip=len(rewritten.decode("utf-8", errors="ignore")),
-                                               delivered=len(text))
-                answer.last_own = bool(self._lib.llama_vocab_is_eog(self._lib.llama_model_get_vocab(self._llm.model),
-                                                                    token_ids[-1]))
+                answer.entries = self._entries(
+                    token_ids, logprobs, skip=len(rewritten.decode("utf-8", errors="ignore")), delivered=len(text)
+                )
+                answer.last_own = bool(
+                    self._lib.llama_vocab_is_eog(self._lib.llama_model_get_vocab(self._llm.model), token_ids[-1])
+                )
             return self._judged(prompt, answer, checked)
         finally:
             constraint.close()
@@ -257,12 +278,16 @@ class Verifier:
             self._second_look(prompt, answer, audit, far)
         if audit.misses:
             index, token, margin = audit.misses[0]
-            audit.reason = (f"{len(audit.misses)} of {audit.checked} tokens are not what the seeded draw selects "
-                            f"(the first at token {index}, id {token}, by {margin:.3g})")
+            audit.reason = (
+                f"{len(audit.misses)} of {audit.checked} tokens are not what the seeded draw selects "
+                f"(the first at token {index}, id {token}, by {margin:.3g})"
+            )
         elif far:
             index, gap = min(far.items())
-            audit.reason = (f"{len(far)} reported log-probabilities are not the model's (the first at token {index}, "
-                            f"off by {gap:.3g}, more than {self.logprob_tolerance:g})")
+            audit.reason = (
+                f"{len(far)} reported log-probabilities are not the model's (the first at token {index}, "
+                f"off by {gap:.3g}, more than {self.logprob_tolerance:g})"
+            )
         return audit
 
     def _grammar(self, response_format: dict | None) -> object | None:
@@ -304,8 +329,16 @@ class Verifier:
             at = end
         return dict(zip(indices, logprobs, strict=False))
 
-    def _spelling(self, job: dict, prompt: list[int], token_ids: list[int], text: str, finish_reason: str, *,
-                  rewritten: bytes = b"") -> str | None:
+    def _spelling(
+        self,
+        job: dict,
+        prompt: list[int],
+        token_ids: list[int],
+        text: str,
+        finish_reason: str,
+        *,
+        rewritten: bytes = b"",
+    ) -> str | None:
         """Why ``token_ids`` are not the answer delivered as ``text`` with ``finish_reason`` (None: they are).
 
         As llama.cpp ends an answer: the ids spell the ``rewritten`` text (a healed word, a
@@ -332,9 +365,12 @@ class Verifier:
         if not spelled.startswith(delivered):  # llama-cpp-python's stream drops more after a byte that is no UTF-8
             spelled = _llama_streamed([self.vocab.pieces[token] for token in sampled])
         if not spelled.startswith(delivered):
-            return ("the token ids do not spell the delivered text" if spelled.startswith(rewritten)
-                    else "the token ids do not write again the text the job resumes")
-        rest = spelled[len(delivered):]
+            return (
+                "the token ids do not spell the delivered text"
+                if spelled.startswith(rewritten)
+                else "the token ids do not write again the text the job resumes"
+            )
+        rest = spelled[len(delivered) :]
         stops = [s.encode("utf-8") for s in job_stop_strings(job) if s]
         if sampled and any(stop in self._llm.detokenize(sampled[:-1]) for stop in stops):
             return "tokens continue past a stop string"
@@ -346,8 +382,12 @@ class Verifier:
             return "tokens continue past a stop string"
         if not _held_back(rest):
             return "the token ids spell more than the delivered text"
-        if finish_reason == "length" and (ended or (len(sampled) < max_tokens and len(prompt) + len(sampled) < self.n_ctx)):
-            return f"'length' after {len(sampled)} of {max_tokens} tokens" + (" and an end of generation" if ended else "")
+        if finish_reason == "length" and (
+            ended or (len(sampled) < max_tokens and len(prompt) + len(sampled) < self.n_ctx)
+        ):
+            return f"'length' after {len(sampled)} of {max_tokens} tokens" + (
+                " and an end of generation" if ended else ""
+            )
         if finish_reason not in ("stop", "length"):
             return f"unknown finish reason {finish_reason!r}"
         return None
@@ -364,11 +404,11 @@ class Verifier:
         lib.llama_memory_clear(lib.llama_get_memory(ctx), True)
         tokens = answer.tokens
         # up to the position that predicts the last checked token: nothing after it is read
-        sequence = prompt + tokens[:max(checked)] if checked else []
+        sequence = prompt + tokens[: max(checked)] if checked else []
         first = len(prompt) - 1  # the position whose logits predict tokens[0]
         audit = Audit()
         for start in range(0, len(sequence), self.n_batch):
-            chunk = sequence[start:start + self.n_batch]
+            chunk = sequence[start : start + self.n_batch]
             batch.n_tokens = len(chunk)
             for i, token in enumerate(chunk):
                 batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, start + i, 1
@@ -398,8 +438,16 @@ class Verifier:
             answer.constraint.advance(tokens[index])
         return audit
 
-    def _judge(self, audit: Audit, misses: list, far: dict[int, float] | None, logits: npt.NDArray[np.float32],
-               answer: _Answer, index: int, position: int) -> None:
+    def _judge(
+        self,
+        audit: Audit,
+        misses: list,
+        far: dict[int, float] | None,
+        logits: npt.NDArray[np.float32],
+        answer: _Answer,
+        index: int,
+        position: int,
+    ) -> None:
         """Check answer token ``index`` (drawn at ``position``) against ``logits``: a match or an
         uncertain token is counted on ``audit``, a miss appended to ``misses`` (``misses`` None:
         the token is not judged again). Its reported log-probabilities, if any, are compared
@@ -409,7 +457,9 @@ class Verifier:
         scores = np.array(logits, dtype=np.float32)  # (n_vocab,) a copy: llama.cpp reuses its buffer
         token = answer.tokens[index]
         if far is not None and index in answer.entries:
-            gap = _logprob_gap(scores, answer.entries[index], token if answer.last_own or index < len(answer.tokens) - 1 else None)
+            gap = _logprob_gap(
+                scores, answer.entries[index], token if answer.last_own or index < len(answer.tokens) - 1 else None
+            )
             if gap > self.logprob_tolerance:
                 far[index] = gap
             else:
@@ -448,16 +498,21 @@ class Verifier:
         lib.llama_memory_clear(lib.llama_get_memory(ctx), True)
         answer.constraint.restart()
         kept: list[tuple[int, int, float]] = []
-        sequence = prompt + answer.tokens[:max(looked)]
+        sequence = prompt + answer.tokens[: max(looked)]
         start = 0
         while start < len(sequence):
             # the prompt in n_batch chunks, as llama-cpp-python evaluates it; then one token at a time
             size = min(self.n_batch, len(prompt) - start) if start < len(prompt) else 1
-            begin, chunk = start, sequence[start:start + size]
+            begin, chunk = start, sequence[start : start + size]
             start += len(chunk)
             batch.n_tokens = len(chunk)
             for i, token in enumerate(chunk):
-                batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, begin + i, 1, i == len(chunk) - 1
+                batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = (
+                    token,
+                    begin + i,
+                    1,
+                    i == len(chunk) - 1,
+                )
                 batch.seq_id[i][0] = 0
             if lib.llama_decode(ctx, batch) != 0:
                 raise RuntimeError("llama_decode failed during an audit")
@@ -467,8 +522,15 @@ class Verifier:
                 continue
             if index in looked:
                 logits = np.ctypeslib.as_array(lib.llama_get_logits_ith(ctx, len(chunk) - 1), shape=(self.n_vocab,))
-                self._judge(audit, kept if index in missed else None, far if index in far else None, logits, answer,
-                            index, position)
+                self._judge(
+                    audit,
+                    kept if index in missed else None,
+                    far if index in far else None,
+                    logits,
+                    answer,
+                    index,
+                    position,
+                )
             answer.constraint.advance(answer.tokens[index])
         audit.misses = kept
 
@@ -488,7 +550,7 @@ def _logprob_gap(logits: npt.NDArray[np.float32], entry: dict, token: int | None
         return float("inf")
     if len(alternatives) >= len(logprobs):
         return float("inf")
-    best = np.sort(np.partition(-logprobs, len(alternatives))[:len(alternatives)]) if alternatives else np.array([])
+    best = np.sort(np.partition(-logprobs, len(alternatives))[: len(alternatives)]) if alternatives else np.array([])
     expected = ([float(logprobs[token])] if token is not None else []) + [-float(v) for v in best]
     gaps = [abs(max(r, LOGPROB_FLOOR) - max(e, LOGPROB_FLOOR)) for r, e in zip(reported, expected, strict=True)]
     return max(gaps, default=0.0) if all(np.isfinite(gaps)) else float("inf")
@@ -553,7 +615,7 @@ def _llama_streamed(pieces: list[bytes]) -> bytes:
             continue
         while returned < n:
             for count in range(1, n - returned + 1):
-                chunk = b"".join(pieces[returned:returned + count])
+                chunk = b"".join(pieces[returned : returned + count])
                 try:
                     chunk.decode("utf-8")
                 except UnicodeDecodeError:

@@ -1,6 +1,7 @@
 """What an honest host reports with its completion (`marketplace.lifecycle.evidence`), for
 tests that complete a job by hand: the ids of the text it delivered, as the model's own
 vocabulary writes it, and an end of generation when the answer ended on its own."""
+
 from __future__ import annotations
 
 from catalog.tokenizer import GgufTokenizer, tokenizer_for

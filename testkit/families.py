@@ -18,6 +18,7 @@ head is the token embedding (tied), and the rows of the vocabulary's control tok
 their logit is 0, below the largest of the others, so greedy decoding never writes a control
 token (nor ends its turn): a run stops at max_tokens. No Django here.
 """
+
 from __future__ import annotations
 
 import mmap
@@ -68,15 +69,21 @@ class Family:
 
 
 FAMILIES: dict[str, Family] = {
-    "llama3": Family("llama", "ggml-vocab-llama-bpe.gguf", "meta-llama-Llama-3.1-8B-Instruct.jinja", rope_freq_base=500_000.0),
+    "llama3": Family(
+        "llama", "ggml-vocab-llama-bpe.gguf", "meta-llama-Llama-3.1-8B-Instruct.jinja", rope_freq_base=500_000.0
+    ),
     # Qwen 2.5 and 3 share Qwen 2's byte-level BPE; the sdist's copy names only <|endoftext|>,
     # <|im_start|> and <|im_end|> as special (later added tokens, <think> among them, are padding).
-    "qwen2.5": Family("qwen2", "ggml-vocab-qwen2.gguf", "Qwen-Qwen2.5-7B-Instruct.jinja", rope_freq_base=1e6, rms_eps=1e-6),
+    "qwen2.5": Family(
+        "qwen2", "ggml-vocab-qwen2.gguf", "Qwen-Qwen2.5-7B-Instruct.jinja", rope_freq_base=1e6, rms_eps=1e-6
+    ),
     "qwen3": Family("qwen3", "ggml-vocab-qwen2.gguf", "Qwen-Qwen3-0.6B.jinja", rope_freq_base=1e6, rms_eps=1e-6),
     "phi3": Family("phi3", "ggml-vocab-phi-3.gguf", "microsoft-Phi-3.5-mini-instruct.jinja"),
     # Mistral 7B's SentencePiece vocabulary is Llama 2's kind (32,000 tokens, [INST] as plain
     # text); the sdist has Llama 2's, and Mistral Nemo's template is its [INST] format.
-    "mistral": Family("llama", "ggml-vocab-llama-spm.gguf", "mistralai-Mistral-Nemo-Instruct-2407.jinja", rope_freq_base=1e6),
+    "mistral": Family(
+        "llama", "ggml-vocab-llama-spm.gguf", "mistralai-Mistral-Nemo-Instruct-2407.jinja", rope_freq_base=1e6
+    ),
     # Gemma 3's template is Gemma 2's turns (<start_of_turn>…<end_of_turn>); the sdist has Gemma 2's.
     "gemma": Family("gemma3", None, "google-gemma-2-2b-it.jinja", rope_freq_base=1e6, rms_eps=1e-6, sliding_window=512),
 }
@@ -86,12 +93,29 @@ FAMILIES: dict[str, Family] = {
 # (std 0.3): at 0.02 the routed feed-forward would add ~1e-3 to a residual stream the embedding
 # dominates, and a wrong router or expert would not show in the logits.
 MOE_FAMILIES: dict[str, Family] = {
-    "qwen3moe": Family("qwen3moe", "ggml-vocab-qwen2.gguf", "Qwen-Qwen3-0.6B.jinja", rope_freq_base=1e6, rms_eps=1e-6,
-                       n_expert=8, n_expert_used=2, n_ff_exp=64, expert_std=0.3),
+    "qwen3moe": Family(
+        "qwen3moe",
+        "ggml-vocab-qwen2.gguf",
+        "Qwen-Qwen3-0.6B.jinja",
+        rope_freq_base=1e6,
+        rms_eps=1e-6,
+        n_expert=8,
+        n_expert_used=2,
+        n_ff_exp=64,
+        expert_std=0.3,
+    ),
     # Mixtral 8x7B: llama blocks with 8 experts, 2 per token; Mistral's vocabulary (Llama 2's
     # kind, as the dense "mistral" family's) and template.
-    "mixtral": Family("llama", "ggml-vocab-llama-spm.gguf", "mistralai-Mistral-Nemo-Instruct-2407.jinja",
-                      rope_freq_base=1e6, n_expert=8, n_expert_used=2, n_ff_exp=64, expert_std=0.3),
+    "mixtral": Family(
+        "llama",
+        "ggml-vocab-llama-spm.gguf",
+        "mistralai-Mistral-Nemo-Instruct-2407.jinja",
+        rope_freq_base=1e6,
+        n_expert=8,
+        n_expert_used=2,
+        n_ff_exp=64,
+        expert_std=0.3,
+    ),
 }
 
 
@@ -129,8 +153,13 @@ def sdist_vocabularies(folder: Path) -> Path:
     there already. Raises SdistUnavailable as `sdist_models` does."""
     models = folder / "models"
     if not any(models.glob("ggml-vocab-*.gguf")):
-        sdist_extract(folder, lambda inside: (inside.startswith("ggml-vocab-") and inside.endswith(".gguf") and "/" not in inside)
-                      or (inside.startswith("templates/") and inside.endswith(".jinja")))
+        sdist_extract(
+            folder,
+            lambda inside: (
+                (inside.startswith("ggml-vocab-") and inside.endswith(".gguf") and "/" not in inside)
+                or (inside.startswith("templates/") and inside.endswith(".jinja"))
+            ),
+        )
     return models
 
 
@@ -160,13 +189,26 @@ def _family(name: str) -> Family:
 
 
 def _sdist_download(folder: Path) -> Path:
-    command = [sys.executable, "-m", "pip", "download", LLAMA_CPP_SDIST, "--no-deps", "--no-binary", ":all:",
-               "-d", str(folder), "-q"]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        LLAMA_CPP_SDIST,
+        "--no-deps",
+        "--no-binary",
+        ":all:",
+        "-d",
+        str(folder),
+        "-q",
+    ]
     try:
         subprocess.run(command, check=True, capture_output=True, text=True, timeout=600)
     except subprocess.CalledProcessError as error:
         said = (error.stderr or "").strip().splitlines()
-        raise SdistUnavailable(f"pip could not fetch the {LLAMA_CPP_SDIST} sdist: {said[-1] if said else error}") from None
+        raise SdistUnavailable(
+            f"pip could not fetch the {LLAMA_CPP_SDIST} sdist: {said[-1] if said else error}"
+        ) from None
     except (subprocess.TimeoutExpired, OSError) as error:
         raise SdistUnavailable(f"pip could not fetch the {LLAMA_CPP_SDIST} sdist: {error}") from None
     archives = sorted(folder.glob("llama_cpp_python-*.tar.gz"))
@@ -266,8 +308,10 @@ def _weights(spec: Family, tokenizer: dict[str, tuple], seed: int) -> dict[str, 
     embedding = rng.standard_normal((len(token_types), spec.n_embd), dtype=np.float32)  # [n_vocab, n_embd]
     embedding *= 0.02
     embedding[np.asarray(token_types) == TokenType.CONTROL] = 0.0  # tied head: a control token's logit is 0
-    weights: dict[str, np.ndarray] = {"token_embd.weight": embedding.astype(np.float16),  # [n_vocab, n_embd], the head too
-                                      "output_norm.weight": np.ones(spec.n_embd, np.float32)}  # [n_embd]
+    weights: dict[str, np.ndarray] = {
+        "token_embd.weight": embedding.astype(np.float16),  # [n_vocab, n_embd], the head too
+        "output_norm.weight": np.ones(spec.n_embd, np.float32),
+    }  # [n_embd]
     if spec.rope_freqs is not None:
         weights["rope_freqs.weight"] = np.asarray(spec.rope_freqs, np.float32)  # [head_dim / 2]
     for block in range(spec.n_layer):
@@ -328,7 +372,9 @@ class _BulkArrayWriter(GGUFWriter):
     strings as bytes, as _tokenizer_fields reads them): its own packing goes item by item, ~2 s
     for a 150k-token vocabulary and its merges."""
 
-    def _pack_val(self, val: Any, vtype: GGUFValueType, add_vtype: bool, sub_type: GGUFValueType | None = None) -> bytes:
+    def _pack_val(
+        self, val: Any, vtype: GGUFValueType, add_vtype: bool, sub_type: GGUFValueType | None = None
+    ) -> bytes:
         if vtype != GGUFValueType.ARRAY or sub_type is None:
             return super()._pack_val(val, vtype, add_vtype, sub_type)
         head = (struct.pack("<I", vtype) if add_vtype else b"") + struct.pack("<IQ", sub_type, len(val))
@@ -339,9 +385,17 @@ class _BulkArrayWriter(GGUFWriter):
 
 
 _SCALARS = {
-    GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H", GGUFValueType.INT16: "<h",
-    GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i", GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<?",
-    GGUFValueType.UINT64: "<Q", GGUFValueType.INT64: "<q", GGUFValueType.FLOAT64: "<d",
+    GGUFValueType.UINT8: "<B",
+    GGUFValueType.INT8: "<b",
+    GGUFValueType.UINT16: "<H",
+    GGUFValueType.INT16: "<h",
+    GGUFValueType.UINT32: "<I",
+    GGUFValueType.INT32: "<i",
+    GGUFValueType.FLOAT32: "<f",
+    GGUFValueType.BOOL: "<?",
+    GGUFValueType.UINT64: "<Q",
+    GGUFValueType.INT64: "<q",
+    GGUFValueType.FLOAT64: "<d",
 }
 
 
@@ -368,7 +422,7 @@ def _tokenizer_fields(path: Path) -> dict[str, tuple[GGUFValueType, Any, GGUFVal
 
 def _string(data: mmap.mmap, at: int) -> tuple[bytes, int]:
     (length,) = struct.unpack_from("<Q", data, at)
-    return data[at + 8:at + 8 + length], at + 8 + length
+    return data[at + 8 : at + 8 + length], at + 8 + length
 
 
 def _value(data: mmap.mmap, at: int, kind: GGUFValueType) -> tuple[Any, GGUFValueType | None, int]:
@@ -386,7 +440,7 @@ def _value(data: mmap.mmap, at: int, kind: GGUFValueType) -> tuple[Any, GGUFValu
         length = struct.Struct("<Q").unpack_from
         for _ in range(count):
             (size,) = length(data, at)
-            items.append(data[at + 8:at + 8 + size])
+            items.append(data[at + 8 : at + 8 + size])
             at += 8 + size
         return items, GGUFValueType.STRING, at
     dtype = np.dtype(_SCALARS[GGUFValueType(item)])

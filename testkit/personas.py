@@ -1,4 +1,5 @@
 """The personas every test and bench uses: a customer who pays, a host who serves."""
+
 from __future__ import annotations
 
 import uuid
@@ -19,7 +20,9 @@ class ServingHost:
     fingerprint: str
 
 
-def make_customer(*, credit_ucents: int = 500_000_000, cap_ucents: int | None = None, email: str | None = None) -> Customer:
+def make_customer(
+    *, credit_ucents: int = 500_000_000, cap_ucents: int | None = None, email: str | None = None
+) -> Customer:
     from django.contrib.auth import get_user_model
 
     from accounts.services import api_key_create
@@ -32,7 +35,9 @@ def make_customer(*, credit_ucents: int = 500_000_000, cap_ucents: int | None = 
     return Customer(user=user, key=new.key, secret=new.secret)
 
 
-def make_host(*, qualified: bool = True, name: str | None = None, fingerprint: str = "f" * 64, trusted: bool = False) -> ServingHost:
+def make_host(
+    *, qualified: bool = True, name: str | None = None, fingerprint: str = "f" * 64, trusted: bool = False
+) -> ServingHost:
     """A host in probation, like every new stranger's (`trusted`: out of it already)."""
     from hosts.services import host_create, qualification_register
     from marketplace.trust.reputation import trust_grant
@@ -45,7 +50,8 @@ def make_host(*, qualified: bool = True, name: str | None = None, fingerprint: s
             model_name="gemma-3-270m",
             fingerprint=fingerprint,
             benchmark={"prompt_tps": 500.0, "gen_tps": 40.0, "ttft_ms": 50.0, "memory_mb": 400.0, "threads": 2},
-            machine={}, sha256=MODEL_FILES["gemma-3-270m"]["sha256"],  # the catalog's file
+            machine={},
+            sha256=MODEL_FILES["gemma-3-270m"]["sha256"],  # the catalog's file
         )
     if trusted:
         trust_grant(host_id=new.host.pk)

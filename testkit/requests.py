@@ -3,6 +3,7 @@
 One factory fills the usual `request_submit` arguments (a fresh public id, the key, a
 short chat turn, greedy sampling params) so each test names only what it is about.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -55,8 +56,14 @@ def submit_request(
     return services.request_submit(
         public_id=public_id or services.new_public_id(kind),
         api_key=customer.key if isinstance(customer, Customer) else customer,
-        model=model, kind=kind, messages=messages, prompt=prompt,
+        model=model,
+        kind=kind,
+        messages=messages,
+        prompt=prompt,
         params={"max_tokens": max_tokens, **sampling, **params},
-        stream=stream, prompt_tokens=prompt_tokens,
-        inputs=inputs, only_host_id=only_host_id, trusted_only=trusted_only,
+        stream=stream,
+        prompt_tokens=prompt_tokens,
+        inputs=inputs,
+        only_host_id=only_host_id,
+        trusted_only=trusted_only,
     )

@@ -11,6 +11,7 @@ A prompt that starts with `hold:SECONDS` makes that one job take SECONDS instead
 Prints one JSON line per job it claimed ({"job", "model", "claimed", "continuation"})
 and one per refusal, then exits on SIGTERM. It never imports Django (only mahout's socket).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -77,7 +78,9 @@ class SimHost:
             sys.stdout.flush()
 
     def call(self, client: httpx.Client, method: str, path: str, body: dict) -> httpx.Response:
-        return client.request(method, f"{self.args.server}/hosts/api/{path}", json=body, headers=self.headers, timeout=30)
+        return client.request(
+            method, f"{self.args.server}/hosts/api/{path}", json=body, headers=self.headers, timeout=30
+        )
 
     def catalog(self) -> object:
         mode = self.args.catalog
@@ -85,14 +88,21 @@ class SimHost:
             return "this is not a catalog"
         loaded = [name for name in (self.args.loaded or "").split(",") if name]
         return {
-            "installed": self.args.model, "qualified": self.args.model, "loaded": loaded,
-            "slots": self.args.slots, "active_jobs": self.active,
+            "installed": self.args.model,
+            "qualified": self.args.model,
+            "loaded": loaded,
+            "slots": self.args.slots,
+            "active_jobs": self.active,
         }
 
     def register(self, client: httpx.Client) -> None:
         for model in self.args.model:
-            body = {"model": model, "fingerprint": FINGERPRINT, "machine": {"simulated": True},
-                    "benchmark": {"prompt_tps": 100.0, "gen_tps": self.args.gen_tps, "ttft_ms": 10.0, "memory_mb": 1.0}}
+            body = {
+                "model": model,
+                "fingerprint": FINGERPRINT,
+                "machine": {"simulated": True},
+                "benchmark": {"prompt_tps": 100.0, "gen_tps": self.args.gen_tps, "ttft_ms": 10.0, "memory_mb": 1.0},
+            }
             if model in MODEL_FILES:  # it says it has the catalog's file, as a cheat would (canaries catch those)
                 body["sha256"] = MODEL_FILES[model]["sha256"]
             response = self.call(client, "POST", "qualifications", body)
@@ -149,32 +159,45 @@ class SimHost:
     def serve(self, client: httpx.Client, job: dict) -> None:
         with self.lock:
             self.active += 1
-        self.emit({"job": job["id"], "model": job["model"], "claimed": time.time(), "continuation": job.get("continuation")})
+        self.emit(
+            {"job": job["id"], "model": job["model"], "claimed": time.time(), "continuation": job.get("continuation")}
+        )
         try:
             if self.args.fail:
                 self.call(client, "POST", f"jobs/{job['id']}/fail", {"reason": "simulated failure"})
                 return
             if self.args.empty:
                 tokens = drawn_ids(job["model"], "")[-1:] if self.args.empty == "eos" else None
-                response = self.call(client, "POST", f"jobs/{job['id']}/complete", {"finish_reason": "stop", "tokens": tokens})
+                response = self.call(
+                    client, "POST", f"jobs/{job['id']}/complete", {"finish_reason": "stop", "tokens": tokens}
+                )
                 self.emit({"completed": job["id"], "status": response.status_code, "code": error_code(response)})
                 return
             time.sleep(self.seconds_for(job))
             if job.get("kind") == "embeddings":
                 vectors = [[1.0, 0.0, 0.0] for _ in job["input"]]
-                self.call(client, "POST", f"jobs/{job['id']}/complete", {"finish_reason": "stop", "embeddings": vectors})
+                self.call(
+                    client, "POST", f"jobs/{job['id']}/complete", {"finish_reason": "stop", "embeddings": vectors}
+                )
                 return
             if self.args.stream_batches:
                 sent = self.stream(client, job)
-                self.call_retrying(client, f"jobs/{job['id']}/complete",
-                                   {"finish_reason": "stop", "tokens": drawn_ids(job["model"], sent)})
+                self.call_retrying(
+                    client,
+                    f"jobs/{job['id']}/complete",
+                    {"finish_reason": "stop", "tokens": drawn_ids(job["model"], sent)},
+                )
                 return
             batch: dict = {"seq": 0, "text": " sim"}
             if (job.get("params") or {}).get("logprobs") is not None:  # one token, as sure as can be
                 batch["logprobs"] = [{"token": " sim", "logprob": 0.0, "bytes": list(b" sim"), "top_logprobs": []}]
             self.call(client, "POST", f"jobs/{job['id']}/tokens", batch)
-            self.call(client, "POST", f"jobs/{job['id']}/complete",
-                      {"finish_reason": "stop", "tokens": drawn_ids(job["model"], " sim")})
+            self.call(
+                client,
+                "POST",
+                f"jobs/{job['id']}/complete",
+                {"finish_reason": "stop", "tokens": drawn_ids(job["model"], " sim")},
+            )
         except httpx.HTTPError:
             pass
         finally:
@@ -199,7 +222,10 @@ class SimHost:
         gateway cannot be reached, as mahout does. False when the job is no longer ours."""
         for _ in range(30):
             try:
-                if self.socket is not None and self.socket.push_tokens(job_id, seq=seq, text=text, timeout=3) is not None:
+                if (
+                    self.socket is not None
+                    and self.socket.push_tokens(job_id, seq=seq, text=text, timeout=3) is not None
+                ):
                     return True
                 response = self.call(client, "POST", f"jobs/{job_id}/tokens", {"seq": seq, "text": text})
                 if response.status_code < 500:
@@ -255,15 +281,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gen-tps", type=float, default=40.0)
     parser.add_argument("--heartbeat", type=float, default=1.0)
     parser.add_argument("--wait", type=float, default=5.0)
-    parser.add_argument("--version", default="sim", help="the mahout version its heartbeats claim (a cheat claims a real one)")
+    parser.add_argument(
+        "--version", default="sim", help="the mahout version its heartbeats claim (a cheat claims a real one)"
+    )
     parser.add_argument("--fail", action="store_true", help="fail every job it claims")
-    parser.add_argument("--empty", choices=["bare", "eos"], default=None,
-                        help="a cheat: complete every job at once with no text, with no token ids (bare) or only the end of "
-                             "generation (eos), as if the model had ended at once")
-    parser.add_argument("--stream-batches", type=int, default=0, help="stream this many timestamped 5-word batches per job")
+    parser.add_argument(
+        "--empty",
+        choices=["bare", "eos"],
+        default=None,
+        help="a cheat: complete every job at once with no text, with no token ids (bare) or only the end of "
+        "generation (eos), as if the model had ended at once",
+    )
+    parser.add_argument(
+        "--stream-batches", type=int, default=0, help="stream this many timestamped 5-word batches per job"
+    )
     parser.add_argument("--interval", type=float, default=0.05, help="seconds between streamed batches")
     parser.add_argument("--socket", action="store_true", help="push batches on the host's WebSocket (mahout's path)")
-    parser.add_argument("--socket-claims", action="store_true", help="with --socket, claim jobs on it too (mahout's path)")
+    parser.add_argument(
+        "--socket-claims", action="store_true", help="with --socket, claim jobs on it too (mahout's path)"
+    )
     host = SimHost(parser.parse_args(argv))
     signal.signal(signal.SIGTERM, lambda *_: host.stop.set())
     host.run()

@@ -1,5 +1,6 @@
 """The end-to-end stack: real processes on loopback (a daphne gateway on the test
 database, mahout hosts running the shipped model)."""
+
 from __future__ import annotations
 
 import os
@@ -33,7 +34,9 @@ def stack_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     name = connection.settings_dict["NAME"]
     if connection.vendor == "postgresql":
         s = connection.settings_dict
-        env["DATABASE_URL"] = f"postgres://{s['USER'] or 'postgres'}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{name}"
+        env["DATABASE_URL"] = (
+            f"postgres://{s['USER'] or 'postgres'}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{name}"
+        )
     else:
         env.pop("DATABASE_URL", None)
         env["SQLITE_PATH"] = str(name)
@@ -41,7 +44,9 @@ def stack_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env["EMAIL_FILE_PATH"] = str(MAIL_DIR)
     env.setdefault("ACCESS_LOG_HOSTS", "1")  # the tests' gateway logs keep every line
     env.setdefault("AUDIT_ENABLED", "0")  # off but in the tests that are about audits (`@pytest.mark.audits`)
-    env.setdefault("MAHOUT_UNVERSIONED_ALLOWED", "1")  # the synthetic hosts say "sim" or nothing (as in-process: conftest.py)
+    env.setdefault(
+        "MAHOUT_UNVERSIONED_ALLOWED", "1"
+    )  # the synthetic hosts say "sim" or nothing (as in-process: conftest.py)
     env.setdefault("AUDIT_PASS_RECHECK_RATE", "0")  # a scorer's pass decides (as in-process tests: conftest.py)
     env.setdefault("AUDIT_SCORER_OWNER_MIN_AGE_DAYS", "0")  # a scorer's owner needs no history (as conftest.py)
     env.setdefault("AUDIT_SCORER_OWNER_MIN_PASSED_AUDITS", "0")
@@ -55,6 +60,7 @@ MAIL_DIR = Path(tempfile.gettempdir()) / f"elephant-mail-{os.getpid()}"
 def mail_link(*, to: str, pattern: str, timeout: float = 10.0) -> str:
     """The first match of `pattern` (a URL, group 1) in the latest e-mail a child process
     sent to `to` (through the file backend `stack_env` sets)."""
+
     def found() -> str | None:
         for path in sorted(MAIL_DIR.glob("*.log"), key=lambda p: p.stat().st_mtime, reverse=True):
             text = path.read_text(errors="replace")
@@ -84,8 +90,20 @@ class Gateway:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(log_dir / f"gateway-{self.port}.log", "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "config.gateway", "-b", "127.0.0.1", "-p", str(self.port), "config.asgi:application"],
-            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "config.gateway",
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "config.asgi:application",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
         )
         import httpx
 
@@ -110,14 +128,33 @@ class Gateway:
 class Mahout:
     """A real mahout host process serving the shipped model."""
 
-    def __init__(self, *, server: str, token: str, home: Path, env: dict[str, str], log_dir: Path, extra: list[str] | None = None) -> None:
+    def __init__(
+        self, *, server: str, token: str, home: Path, env: dict[str, str], log_dir: Path, extra: list[str] | None = None
+    ) -> None:
         self.home = home
         self.log_path = log_dir / f"mahout-{uuid.uuid4().hex[:6]}.log"
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mahout", "run", "--server", server, "--token", token, "--home", str(home), "--threads", "1",
-             "--no-idle-detect", *(extra or [])],
-            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "mahout",
+                "run",
+                "--server",
+                server,
+                "--token",
+                token,
+                "--home",
+                str(home),
+                "--threads",
+                "1",
+                "--no-idle-detect",
+                *(extra or []),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
         )
 
     def output(self) -> str:

@@ -4,6 +4,7 @@ The chart is a plot of HEIGHT × (WIDTH - LEFT - RIGHT) user units with a value 
 (gridlines at round values, each labelled) and a date axis under it (at most X_TICKS
 labels, the first and the last always among them).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -78,16 +79,34 @@ def bar_chart(*, title: str, points: list[tuple[str, int]], fmt: Callable[[int],
     bars = []
     for index, (label, value) in enumerate(points):
         height = HEIGHT * value / top_value
-        bars.append(Bar(
-            x=round(LEFT + index * slot + slot * 0.1, 2), y=round(baseline - height, 2), width=round(slot * 0.8, 2),
-            height=round(height, 2), label=label, title=f"{label}: {fmt(value)}",
-        ))
-    y_ticks = [Tick(at=round(baseline - HEIGHT * n / Y_TICKS, 2), label=fmt(top_value * n // Y_TICKS))
-               for n in range(Y_TICKS + 1)]
+        bars.append(
+            Bar(
+                x=round(LEFT + index * slot + slot * 0.1, 2),
+                y=round(baseline - height, 2),
+                width=round(slot * 0.8, 2),
+                height=round(height, 2),
+                label=label,
+                title=f"{label}: {fmt(value)}",
+            )
+        )
+    y_ticks = [
+        Tick(at=round(baseline - HEIGHT * n / Y_TICKS, 2), label=fmt(top_value * n // Y_TICKS))
+        for n in range(Y_TICKS + 1)
+    ]
     return BarChart(
-        title=title, width=WIDTH, height=TOP + HEIGHT + BOTTOM, left=LEFT, right=WIDTH - RIGHT, top=TOP, baseline=baseline, bars=bars,
-        y_ticks=y_ticks, x_ticks=_date_ticks(points, slot), peak=fmt(peak),
-        first_label=points[0][0] if points else "", last_label=points[-1][0] if points else "",
+        title=title,
+        width=WIDTH,
+        height=TOP + HEIGHT + BOTTOM,
+        left=LEFT,
+        right=WIDTH - RIGHT,
+        top=TOP,
+        baseline=baseline,
+        bars=bars,
+        y_ticks=y_ticks,
+        x_ticks=_date_ticks(points, slot),
+        peak=fmt(peak),
+        first_label=points[0][0] if points else "",
+        last_label=points[-1][0] if points else "",
     )
 
 

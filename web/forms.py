@@ -1,4 +1,5 @@
 """Input parsing for the pages. Forms validate shape only; the services decide."""
+
 from __future__ import annotations
 
 from datetime import date
@@ -42,7 +43,8 @@ class NewPasswordForm(SetPasswordForm):
 
     revoke_keys = forms.BooleanField(
         label="Also revoke every API key of this account (recommended if you did not make them all)",
-        required=False, initial=True,
+        required=False,
+        initial=True,
     )
 
     def save(self, commit: bool = True) -> Any:
@@ -77,8 +79,11 @@ class TopupForm(forms.Form):
         field = self.fields["amount_usd"]
         field.widget.attrs.update(min=f"{low / 100:.2f}", max=f"{high / 100:.2f}", step="0.01", placeholder="20")
         field.error_messages.update(
-            required=f"Enter an amount in USD. {rule}", invalid=f"Enter an amount in USD, e.g. 20. {rule}",
-            max_digits=rule, max_whole_digits=rule, max_decimal_places="Enter the amount in whole cents (at most two decimals).",
+            required=f"Enter an amount in USD. {rule}",
+            invalid=f"Enter an amount in USD, e.g. 20. {rule}",
+            max_digits=rule,
+            max_whole_digits=rule,
+            max_decimal_places="Enter the amount in whole cents (at most two decimals).",
         )
 
     @property
@@ -92,20 +97,32 @@ CAP_RULE = "from $0 to $9,999.99999999, exact to the micro-cent (at most 8 decim
 class ApiKeyForm(forms.Form):
     """Each error states the rule it enforces (not just "Enter a number")."""
 
-    name = forms.CharField(label="Name", max_length=100, required=False, help_text="optional, up to 100 characters",
-                           error_messages={"max_length": "A key's name is at most 100 characters."})
+    name = forms.CharField(
+        label="Name",
+        max_length=100,
+        required=False,
+        help_text="optional, up to 100 characters",
+        error_messages={"max_length": "A key's name is at most 100 characters."},
+    )
     cap_usd = forms.DecimalField(
-        label="Spend cap (USD, optional)", required=False, min_value=Decimal("0"), max_digits=12, decimal_places=8,
+        label="Spend cap (USD, optional)",
+        required=False,
+        min_value=Decimal("0"),
+        max_digits=12,
+        decimal_places=8,
         help_text=f"what this key may spend in all: {CAP_RULE}",
-        error_messages={key: f"A spend cap is an amount in US dollars {CAP_RULE}, e.g. 5 or 12.50." for key in
-                        ("invalid", "min_value", "max_digits", "max_decimal_places", "max_whole_digits")},
+        error_messages={
+            key: f"A spend cap is an amount in US dollars {CAP_RULE}, e.g. 5 or 12.50."
+            for key in ("invalid", "min_value", "max_digits", "max_decimal_places", "max_whole_digits")
+        },
     )
     trusted_only = forms.BooleanField(
         label="Trusted hosts only (hosts out of probation; requests may wait longer)", required=False
     )
     account_wide = forms.BooleanField(
         label="Account-wide: it may list and resume every request of the account, not only its own "
-              "(for a dashboard or a server; leave it off for a key shipped inside a client)", required=False
+        "(for a dashboard or a server; leave it off for a key shipped inside a client)",
+        required=False,
     )
 
     @property
@@ -115,16 +132,24 @@ class ApiKeyForm(forms.Form):
 
 
 class HostForm(forms.Form):
-    name = forms.CharField(label="Machine name", max_length=100, help_text="up to 100 characters, e.g. desk", error_messages={
-        "required": "Give the machine a name (up to 100 characters), e.g. desk.",
-        "max_length": "A machine's name is at most 100 characters.",
-    })
+    name = forms.CharField(
+        label="Machine name",
+        max_length=100,
+        help_text="up to 100 characters, e.g. desk",
+        error_messages={
+            "required": "Give the machine a name (up to 100 characters), e.g. desk.",
+            "max_length": "A machine's name is at most 100 characters.",
+        },
+    )
 
 
 class PayoutForm(forms.Form):
     amount_usd = forms.DecimalField(
-        label="Amount (USD, empty = everything available)", required=False, min_value=Decimal("0.01"),
-        max_digits=12, decimal_places=2,
+        label="Amount (USD, empty = everything available)",
+        required=False,
+        min_value=Decimal("0.01"),
+        max_digits=12,
+        decimal_places=2,
     )
 
     @property

@@ -1,5 +1,6 @@
 """Reads for the web pages. Every customer or host read takes the signed-in
 user and filters by it, so one person's page can never list another's rows."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -63,8 +64,16 @@ def recent_requests(*, user: User, limit: int | None = None) -> list[dict]:
         Request.objects.filter(user=user)
         .order_by("-created_at", "-pk")
         .values(
-            "public_id", "created_at", "status", "resumed", "model__name", "api_key__prefix",
-            "prompt_tokens", "completion_tokens", "cost_ucents", "error_code",
+            "public_id",
+            "created_at",
+            "status",
+            "resumed",
+            "model__name",
+            "api_key__prefix",
+            "prompt_tokens",
+            "completion_tokens",
+            "cost_ucents",
+            "error_code",
         )[: limit or settings.WEB_RECENT_REQUESTS]
     )
 
@@ -77,12 +86,23 @@ def usage_breakdown(*, user: User, start: date, end: date, by: str) -> list[dict
     rows = (
         Request.objects.filter(user=user, created_at__gte=lower, created_at__lt=upper)
         .values(*group)
-        .annotate(requests=Count("pk"), prompt_tokens=Sum("prompt_tokens"), completion_tokens=Sum("completion_tokens"),
-                  cost_ucents=Sum("cost_ucents"))
+        .annotate(
+            requests=Count("pk"),
+            prompt_tokens=Sum("prompt_tokens"),
+            completion_tokens=Sum("completion_tokens"),
+            cost_ucents=Sum("cost_ucents"),
+        )
         .order_by("-cost_ucents", *group)
     )
-    return [{**row, "prompt_tokens": row["prompt_tokens"] or 0, "completion_tokens": row["completion_tokens"] or 0,
-             "cost_ucents": row["cost_ucents"] or 0} for row in rows]
+    return [
+        {
+            **row,
+            "prompt_tokens": row["prompt_tokens"] or 0,
+            "completion_tokens": row["completion_tokens"] or 0,
+            "cost_ucents": row["cost_ucents"] or 0,
+        }
+        for row in rows
+    ]
 
 
 TOPUPS_LISTED = 50
@@ -91,11 +111,21 @@ TOPUPS_LISTED = 50
 def topups_of(*, user: User, limit: int = TOPUPS_LISTED) -> list[dict]:
     """The user's top-ups, newest first, amounts in µ¢ (Stripe counts cents; the site shows µ¢
     through one formatter): what was asked, and what refunds and lost disputes took back."""
-    rows = TopUp.objects.filter(user=user).order_by("-created_at", "-pk").values(
-        "created_at", "paid_at", "status", "amount_cents", "refunded_cents", "disputed_cents")[:limit]
-    return [{"created_at": row["created_at"], "paid_at": row["paid_at"], "status": row["status"],
-             "amount_ucents": row["amount_cents"] * UCENTS_PER_CENT,
-             "taken_back_ucents": (row["refunded_cents"] + row["disputed_cents"]) * UCENTS_PER_CENT} for row in rows]
+    rows = (
+        TopUp.objects.filter(user=user)
+        .order_by("-created_at", "-pk")
+        .values("created_at", "paid_at", "status", "amount_cents", "refunded_cents", "disputed_cents")[:limit]
+    )
+    return [
+        {
+            "created_at": row["created_at"],
+            "paid_at": row["paid_at"],
+            "status": row["status"],
+            "amount_ucents": row["amount_cents"] * UCENTS_PER_CENT,
+            "taken_back_ucents": (row["refunded_cents"] + row["disputed_cents"]) * UCENTS_PER_CENT,
+        }
+        for row in rows
+    ]
 
 
 def days_between(start: date, end: date) -> list[date]:
@@ -129,8 +159,11 @@ def hosts_of(*, user: User) -> list[Host]:
     """The user's hosts, each with `running_jobs` (its jobs running now, of its `slots`)."""
     running = Job.objects.filter(host=OuterRef("pk"), status=Job.Status.RUNNING).order_by().values("host")
     counted = running.annotate(n=Count("pk")).values("n")
-    return list(with_running_job(Host.objects.filter(owner=user)).annotate(
-        running_jobs=Coalesce(Subquery(counted), 0)).order_by("name", "pk"))
+    return list(
+        with_running_job(Host.objects.filter(owner=user))
+        .annotate(running_jobs=Coalesce(Subquery(counted), 0))
+        .order_by("name", "pk")
+    )
 
 
 def host_of(*, user: User, host_id: int) -> Host | None:
@@ -236,7 +269,9 @@ def _model_warmth() -> list[ModelWarmth]:
     """Per active model, routing's count of online hosts that qualified it and of those warm for it."""
     counts = warm_host_counts()
     return [
-        ModelWarmth(name=name, qualified_online=counts.get(pk, {}).get("online", 0), warm=counts.get(pk, {}).get("warm", 0))
+        ModelWarmth(
+            name=name, qualified_online=counts.get(pk, {}).get("online", 0), warm=counts.get(pk, {}).get("warm", 0)
+        )
         for pk, name in catalog_models().values_list("pk", "name")
     ]
 
@@ -278,21 +313,31 @@ def pool_overview() -> PoolOverview:
         requests_failed_last_hour=requests["failed"],
         requests_completed_last_hour=requests["completed"],
         models=_model_warmth(),
-        in_maintenance=list(maintenance.select_related("owner").order_by("maintenance_since", "pk")[:POOL_MAINTENANCE_LISTED]),
+        in_maintenance=list(
+            maintenance.select_related("owner").order_by("maintenance_since", "pk")[:POOL_MAINTENANCE_LISTED]
+        ),
         **_trust_counts(),
         canaries=canary_summary(),
         audits=audit_summary(),
-        banned=list(Host.objects.filter(banned_at__isnull=False).select_related("owner").order_by("-banned_at", "-pk")[:POOL_MAINTENANCE_LISTED]),
+        banned=list(
+            Host.objects.filter(banned_at__isnull=False)
+            .select_related("owner")
+            .order_by("-banned_at", "-pk")[:POOL_MAINTENANCE_LISTED]
+        ),
         failed_verification=verification_failures(),
         warming=warming_hosts(now=now),
-        versions=[(row["version"] or "unknown", row["n"]) for row in
-                  alive.values("version").annotate(n=Count("pk")).order_by("-n", "version")],
+        versions=[
+            (row["version"] or "unknown", row["n"])
+            for row in alive.values("version").annotate(n=Count("pk")).order_by("-n", "version")
+        ],
         **_debts(),
     )
 
 
 def _debts() -> dict[str, int]:
-    owing = Account.objects.filter(kind=Account.Kind.CUSTOMER, balance_ucents__lt=0).aggregate(n=Count("pk"), total=Sum("balance_ucents"))
+    owing = Account.objects.filter(kind=Account.Kind.CUSTOMER, balance_ucents__lt=0).aggregate(
+        n=Count("pk"), total=Sum("balance_ucents")
+    )
     return {"customers_owing": owing["n"] or 0, "owed_ucents": -(owing["total"] or 0)}
 
 
@@ -300,7 +345,11 @@ def _trust_counts() -> dict[str, int]:
     """Hosts trusted (`Host.objects.trusted`, the one rule), banned, and in probation (the
     rest: neither trusted nor banned)."""
     trusted, banned = Host.objects.trusted().count(), Host.objects.filter(banned_at__isnull=False).count()
-    return {"hosts_probation": Host.objects.count() - trusted - banned, "hosts_trusted": trusted, "hosts_banned": banned}
+    return {
+        "hosts_probation": Host.objects.count() - trusted - banned,
+        "hosts_trusted": trusted,
+        "hosts_banned": banned,
+    }
 
 
 def verification_failures(*, limit: int = POOL_MAINTENANCE_LISTED) -> list[dict]:

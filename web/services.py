@@ -13,6 +13,7 @@ key and registers no machine; signing up again with a pending address replaces i
 with the password of the sign-up that sent it, once, within two hours. Whoever signed up
 first with someone else's address is left with nothing.
 """
+
 from __future__ import annotations
 
 import secrets
@@ -68,7 +69,8 @@ def signup_request(*, email: str, password: str, link_for: Callable[[str], str])
                 "Someone tried to create an Elephant account with your address",
                 f"Someone (maybe you) tried to create an account with {email}, which already has one.\n"
                 "If it was you, sign in, or reset your password from the sign-in page. If not, you can ignore this.",
-                None, [email],
+                None,
+                [email],
             )
         return
     _send_link(user, link_for)
@@ -81,7 +83,8 @@ def _send_link(user: User, link_for: Callable[[str], str]) -> None:
         f"(it works once, for {VERIFY_HOURS} hours):\n\n{link_for(verification_token(user))}\n\n"
         "Until then, the account can make no API key and register no machine. If you did not sign up, ignore this "
         "e-mail.",
-        None, [user.email],
+        None,
+        [user.email],
     )
 
 
@@ -111,8 +114,10 @@ def email_verify(*, token: str, password: str) -> tuple[User | None, str]:
         if pending is None or pending.nonce != claim["nonce"]:
             return None, "This link was used already, or a newer one was sent since."
         if not user.check_password(password):
-            return None, ("That is not the password chosen when this link was sent. If you signed up more than once, "
-                          "use the latest link, or sign up again.")
+            return None, (
+                "That is not the password chosen when this link was sent. If you signed up more than once, "
+                "use the latest link, or sign up again."
+            )
         pending.verified_at, pending.nonce = timezone.now(), ""
         pending.save(update_fields=["verified_at", "nonce"])
     return user, ""

@@ -28,7 +28,9 @@ urlpatterns = [
     ),
     path(
         "password-reset/<uidb64>/<token>/",
-        auth_views.PasswordResetConfirmView.as_view(template_name="web/password_reset_confirm.html", form_class=NewPasswordForm),
+        auth_views.PasswordResetConfirmView.as_view(
+            template_name="web/password_reset_confirm.html", form_class=NewPasswordForm
+        ),
         name="password_reset_confirm",
     ),
     path(

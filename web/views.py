@@ -3,6 +3,7 @@
 Every page but sign-up/log-in needs a session; every read is scoped to the
 signed-in user (web.selectors), so an outsider's id answers 404.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -86,9 +87,14 @@ def signup(request: HttpRequest) -> HttpResponse:
         return render(request, "web/signup.html", {"form": form}, status=429)
     if request.method == "POST" and form.is_valid():
         email = form.cleaned_data["email"].strip().lower()
-        signup_request(email=email, password=form.cleaned_data["password"],
-                       link_for=lambda token: request.build_absolute_uri(reverse("verify_email", args=[token])))
-        return render(request, "web/signup_sent.html", {"email": email})  # the same page whether or not it had an account
+        signup_request(
+            email=email,
+            password=form.cleaned_data["password"],
+            link_for=lambda token: request.build_absolute_uri(reverse("verify_email", args=[token])),
+        )
+        return render(
+            request, "web/signup_sent.html", {"email": email}
+        )  # the same page whether or not it had an account
     return render(request, "web/signup.html", {"form": form})
 
 
@@ -103,13 +109,18 @@ def verify_email(request: HttpRequest, token: str) -> HttpResponse:
     if request.method == "GET":
         return render(request, "web/verify_email.html", {"email": email})
     if getattr(request, "limited", False):
-        return render(request, "web/verify_email.html", {"email": email, "error": "Too many tries; wait an hour."},
-                      status=429)
+        return render(
+            request, "web/verify_email.html", {"email": email, "error": "Too many tries; wait an hour."}, status=429
+        )
     user, why = email_verify(token=token, password=request.POST.get("password", ""))
     if user is None:
         wrong_password = why.startswith("That is not the password")
-        return render(request, "web/verify_email.html" if wrong_password else "web/verify_failed.html",
-                      {"email": email, "error": why, "reason": why}, status=400)
+        return render(
+            request,
+            "web/verify_email.html" if wrong_password else "web/verify_failed.html",
+            {"email": email, "error": why, "reason": why},
+            status=400,
+        )
     login(request, user, backend="django.contrib.auth.backends.ModelBackend")
     messages.success(request, f"{user.email} is confirmed. Welcome to Elephant: create an API key to start.")
     return redirect("keys")
@@ -138,10 +149,20 @@ def _reset_email(group: str, request: HttpRequest) -> str:
 
 
 @require_http_methods(["GET", "POST"])
-@ratelimit(group="password_reset.ip", key="ip", rate=lambda group, request: settings.PASSWORD_RESET_IP_RATE, method="POST",
-           block=False)
-@ratelimit(group="password_reset.email", key=_reset_email, rate=lambda group, request: settings.PASSWORD_RESET_EMAIL_RATE,
-           method="POST", block=False)
+@ratelimit(
+    group="password_reset.ip",
+    key="ip",
+    rate=lambda group, request: settings.PASSWORD_RESET_IP_RATE,
+    method="POST",
+    block=False,
+)
+@ratelimit(
+    group="password_reset.email",
+    key=_reset_email,
+    rate=lambda group, request: settings.PASSWORD_RESET_EMAIL_RATE,
+    method="POST",
+    block=False,
+)
 def password_reset(request: HttpRequest) -> HttpResponse:
     """Django's reset page, its e-mails limited per address asked for (PASSWORD_RESET_EMAIL_RATE:
     nobody's inbox is flooded) and per client address (PASSWORD_RESET_IP_RATE). A limited
@@ -149,8 +170,11 @@ def password_reset(request: HttpRequest) -> HttpResponse:
     account, so it reveals none."""
     if getattr(request, "limited", False):
         form = PasswordResetForm(request.POST)
-        form.add_error(None, "Too many reset links were asked for from your address or for this e-mail; use the latest "
-                             "one sent, or try again in an hour.")
+        form.add_error(
+            None,
+            "Too many reset links were asked for from your address or for this e-mail; use the latest "
+            "one sent, or try again in an hour.",
+        )
         return render(request, "web/password_reset.html", {"form": form}, status=429)
     return _password_reset(request)
 
@@ -162,8 +186,9 @@ def verify_resend(request: AuthedHttpRequest) -> HttpResponse:
     """The keys page's "send the link again" for an account not yet confirmed (three an hour)."""
     if getattr(request, "limited", False):
         messages.error(request, "Three links were sent in the last hour; use the latest, or try again later.")
-    elif verification_resend(user=request.user,
-                             link_for=lambda token: request.build_absolute_uri(reverse("verify_email", args=[token]))):
+    elif verification_resend(
+        user=request.user, link_for=lambda token: request.build_absolute_uri(reverse("verify_email", args=[token]))
+    ):
         messages.success(request, f"A new confirmation link is on its way to {request.user.email}.")
     return redirect("keys")
 
@@ -199,10 +224,16 @@ def topup(request: AuthedHttpRequest) -> HttpResponse:
     if not form.is_valid():
         messages.error(request, " ".join(form.errors["amount_usd"]))
         return redirect("dashboard")
-    back = request.build_absolute_uri(reverse("dashboard"))  # (Stripe returns to the gateway as this visitor reached it)
+    back = request.build_absolute_uri(
+        reverse("dashboard")
+    )  # (Stripe returns to the gateway as this visitor reached it)
     try:
-        created = billing.topup_create(user=request.user, amount_cents=form.amount_cents,
-                                       success_url=f"{back}?topup=success", cancel_url=f"{back}?topup=cancelled")
+        created = billing.topup_create(
+            user=request.user,
+            amount_cents=form.amount_cents,
+            success_url=f"{back}?topup=success",
+            cancel_url=f"{back}?topup=cancelled",
+        )
     except BillingError as error:
         messages.error(request, error.message)
         return redirect("dashboard")
@@ -218,18 +249,28 @@ def keys(request: AuthedHttpRequest) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         try:
             new_key = accounts.api_key_create(
-                user=request.user, name=form.cleaned_data["name"], spend_cap_ucents=form.spend_cap_ucents,
-                trusted_only=form.cleaned_data["trusted_only"], account_wide=form.cleaned_data["account_wide"],
+                user=request.user,
+                name=form.cleaned_data["name"],
+                spend_cap_ucents=form.spend_cap_ucents,
+                trusted_only=form.cleaned_data["trusted_only"],
+                account_wide=form.cleaned_data["account_wide"],
             )
         except accounts.AccountUnconfirmed:
-            messages.error(request, "Confirm your e-mail address first (the link we sent): until then no key can be made.")
+            messages.error(
+                request, "Confirm your e-mail address first (the link we sent): until then no key can be made."
+            )
         else:
             form = ApiKeyForm()
     return render_secret_once(
         request,
         "web/keys.html",
-        {"form": form, "new_key": new_key, "keys": selectors.api_keys_of(user=request.user), "base_url": base_url(request),
-         "unverified": email_unverified(request.user)},
+        {
+            "form": form,
+            "new_key": new_key,
+            "keys": selectors.api_keys_of(user=request.user),
+            "base_url": base_url(request),
+            "unverified": email_unverified(request.user),
+        },
         secret_shown=new_key is not None,
     )
 
@@ -309,11 +350,15 @@ def catalog(request: AuthedHttpRequest) -> HttpResponse:
 @require_GET
 def quickstart(request: AuthedHttpRequest) -> HttpResponse:
     """Snippets to copy and run: chat with a chat model, embeddings with an embeddings model."""
-    return render(request, "web/quickstart.html", {
-        "base_url": base_url(request),
-        "chat_model": selectors.quickstart_model(kind=CatalogModel.Kind.CHAT),
-        "embedding_model": selectors.quickstart_model(kind=CatalogModel.Kind.EMBEDDING),
-    })
+    return render(
+        request,
+        "web/quickstart.html",
+        {
+            "base_url": base_url(request),
+            "chat_model": selectors.quickstart_model(kind=CatalogModel.Kind.CHAT),
+            "embedding_model": selectors.quickstart_model(kind=CatalogModel.Kind.EMBEDDING),
+        },
+    )
 
 
 # --- hosts ----------------------------------------------------------------------------------
@@ -332,25 +377,37 @@ def machines(request: AuthedHttpRequest) -> HttpResponse:
         except IntegrityError:
             form.add_error("name", "You already have a machine with this name.")
         except AccountUnconfirmed:
-            messages.error(request, "Confirm your e-mail address first (the link we sent): until then no machine can be "
-                                    "registered.")
+            messages.error(
+                request,
+                "Confirm your e-mail address first (the link we sent): until then no machine can be registered.",
+            )
         except hosts.MachineLimitReached:
-            form.add_error(None, f"Your account has the most machines it may register ({host_selectors.machines_allowed(request.user)}). "
-                                 "Ask an operator to raise the limit if you run more.")
+            form.add_error(
+                None,
+                f"Your account has the most machines it may register ({host_selectors.machines_allowed(request.user)}). "
+                "Ask an operator to raise the limit if you run more.",
+            )
         else:
             form = HostForm()
     return _machines_page(request, form=form, new_host=new_host)
 
 
-def _machines_page(request: AuthedHttpRequest, *, form: HostForm, new_host: hosts.NewHost | None, rotated: bool = False) -> HttpResponse:
+def _machines_page(
+    request: AuthedHttpRequest, *, form: HostForm, new_host: hosts.NewHost | None, rotated: bool = False
+) -> HttpResponse:
     return render_secret_once(
         request,
         "web/machines.html",
         {
-            "form": form, "new_host": new_host, "rotated": rotated, "hosts": selectors.host_statuses(user=request.user),
-            "base_url": base_url(request), "under_redundant": host_selectors.under_redundant_models(),
+            "form": form,
+            "new_host": new_host,
+            "rotated": rotated,
+            "hosts": selectors.host_statuses(user=request.user),
+            "base_url": base_url(request),
+            "under_redundant": host_selectors.under_redundant_models(),
             "unverified": email_unverified(request.user),
-            "wheel_name": MAHOUT_WHEEL, "wheel_built": (settings.BASE_DIR / "dist" / MAHOUT_WHEEL).is_file(),
+            "wheel_name": MAHOUT_WHEEL,
+            "wheel_built": (settings.BASE_DIR / "dist" / MAHOUT_WHEEL).is_file(),
         },
         secret_shown=new_host is not None,
     )
@@ -364,8 +421,11 @@ def mahout_download(request: HttpRequest, filename: str) -> HttpResponse:
     """The host client's wheel (`make mahout-wheel` builds it into dist/), for `pip install <url>`."""
     path = settings.BASE_DIR / "dist" / MAHOUT_WHEEL
     if filename != MAHOUT_WHEEL or not path.is_file():
-        return HttpResponse(f"No such download. This gateway offers {MAHOUT_WHEEL} once its operator has run "
-                            "`make mahout-wheel`.\n", status=404, content_type="text/plain")
+        return HttpResponse(
+            f"No such download. This gateway offers {MAHOUT_WHEEL} once its operator has run `make mahout-wheel`.\n",
+            status=404,
+            content_type="text/plain",
+        )
     return FileResponse(path.open("rb"), as_attachment=True, filename=MAHOUT_WHEEL, content_type="application/zip")
 
 
@@ -401,7 +461,9 @@ def machine_detail(request: AuthedHttpRequest, host_id: int) -> HttpResponse:
             "may_resume": hosts.owner_may_resume(host),
             "qualifications": selectors.qualifications_of(host=host),
             "chart": bar_chart(
-                title="Earnings per day", points=[(row["day"].isoformat(), row["earned_ucents"]) for row in daily], fmt=usd
+                title="Earnings per day",
+                points=[(row["day"].isoformat(), row["earned_ucents"]) for row in daily],
+                fmt=usd,
             ),
             "statement": marketplace_selectors.host_statement(host=host),
             "reputation": reputation.reputation_of(host),
@@ -416,13 +478,14 @@ def machine_detail(request: AuthedHttpRequest, host_id: int) -> HttpResponse:
 @login_required
 @require_POST
 def machine_payout_setup(request: AuthedHttpRequest, host_id: int) -> HttpResponse:
-    """"Set up payouts": off to Stripe's onboarding for the machine's payout account (its
+    """ "Set up payouts": off to Stripe's onboarding for the machine's payout account (its
     return URL is `machine_payout_return`), or back here when the account is ready."""
     host = _owned_host(request, host_id)
     page = request.build_absolute_uri(reverse("machine_detail", args=[host.pk]))
     try:
         link = billing.payout_account_onboard(
-            host=host, return_url=request.build_absolute_uri(reverse("machine_payout_return", args=[host.pk])),
+            host=host,
+            return_url=request.build_absolute_uri(reverse("machine_payout_return", args=[host.pk])),
             refresh_url=f"{page}?payouts=expired",
         )
     except BillingError as error:
@@ -447,7 +510,9 @@ def machine_payout_return(request: AuthedHttpRequest, host_id: int) -> HttpRespo
         if profile is not None and profile.status == profile.Status.READY:
             messages.success(request, f"Payouts for {host.name} are set up: request one below.")
         else:
-            messages.info(request, "Stripe's payout setup is not finished yet: press \"Set up payouts\" to continue it.")
+            messages.info(
+                request, "Stripe's payout setup is not finished yet: press \"Set up payouts\" to continue it."
+            )
     return redirect("machine_detail", host_id=host.pk)
 
 
@@ -508,4 +573,6 @@ def machine_token_rotate(request: AuthedHttpRequest, host_id: int) -> HttpRespon
 @staff_required
 @require_GET
 def pool(request: AuthedHttpRequest) -> HttpResponse:
-    return render(request, "web/pool.html", {"pool": selectors.pool_overview(), "min_version": settings.MAHOUT_MIN_VERSION})
+    return render(
+        request, "web/pool.html", {"pool": selectors.pool_overview(), "min_version": settings.MAHOUT_MIN_VERSION}
+    )

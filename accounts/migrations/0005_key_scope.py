@@ -9,7 +9,6 @@ def existing_keys_stay_account_wide(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('accounts', '0004_verification_nonce'),
     ]
@@ -18,7 +17,10 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='apikey',
             name='account_wide',
-            field=models.BooleanField(default=False, help_text='lists and resumes every request of the account (usage, stream resumes, generation stats); otherwise only its own. Keys made before scopes existed are account-wide, as they were'),
+            field=models.BooleanField(
+                default=False,
+                help_text='lists and resumes every request of the account (usage, stream resumes, generation stats); otherwise only its own. Keys made before scopes existed are account-wide, as they were',
+            ),
         ),
         migrations.RunPython(existing_keys_stay_account_wide, migrations.RunPython.noop),
     ]

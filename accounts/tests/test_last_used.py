@@ -1,4 +1,5 @@
 """Keys' "Last used": recorded on the API's authentication path, at most one write a minute."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -21,7 +22,9 @@ def call(secret: str) -> int:
 
 
 def key_writes(queries: CaptureQueriesContext) -> list[str]:
-    return [q["sql"] for q in queries.captured_queries if q["sql"].startswith("UPDATE") and "marketplace_apikey" in q["sql"]]
+    return [
+        q["sql"] for q in queries.captured_queries if q["sql"].startswith("UPDATE") and "marketplace_apikey" in q["sql"]
+    ]
 
 
 class LastUsedTests:

@@ -4,18 +4,27 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
             name='Account',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(choices=[('customer', 'Customer credit'), ('host', 'Host earnings'), ('platform', 'Platform revenue'), ('funding', 'Money from outside (top-ups, grants)')], max_length=16)),
+                (
+                    'kind',
+                    models.CharField(
+                        choices=[
+                            ('customer', 'Customer credit'),
+                            ('host', 'Host earnings'),
+                            ('platform', 'Platform revenue'),
+                            ('funding', 'Money from outside (top-ups, grants)'),
+                        ],
+                        max_length=16,
+                    ),
+                ),
                 ('balance_ucents', models.BigIntegerField(default=0)),
                 ('held_ucents', models.BigIntegerField(default=0)),
                 ('created_at', models.DateTimeField(auto_now_add=True)),
@@ -26,7 +35,14 @@ class Migration(migrations.Migration):
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('amount_ucents', models.BigIntegerField()),
-                ('status', models.CharField(choices=[('active', 'Active'), ('settled', 'Settled'), ('released', 'Released')], default='active', max_length=16)),
+                (
+                    'status',
+                    models.CharField(
+                        choices=[('active', 'Active'), ('settled', 'Settled'), ('released', 'Released')],
+                        default='active',
+                        max_length=16,
+                    ),
+                ),
                 ('created_at', models.DateTimeField(auto_now_add=True)),
                 ('closed_at', models.DateTimeField(blank=True, null=True)),
             ],
@@ -42,7 +58,17 @@ class Migration(migrations.Migration):
             name='LedgerTransaction',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(choices=[('grant', 'Credit granted by an operator'), ('topup', 'Top-up'), ('settlement', 'Request settlement')], max_length=16)),
+                (
+                    'kind',
+                    models.CharField(
+                        choices=[
+                            ('grant', 'Credit granted by an operator'),
+                            ('topup', 'Top-up'),
+                            ('settlement', 'Request settlement'),
+                        ],
+                        max_length=16,
+                    ),
+                ),
                 ('reference', models.CharField(max_length=128)),
                 ('memo', models.CharField(blank=True, max_length=255)),
                 ('created_at', models.DateTimeField(auto_now_add=True)),

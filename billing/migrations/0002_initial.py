@@ -6,7 +6,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -20,27 +19,37 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='account',
             name='host',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, to='hosts.host'),
+            field=models.ForeignKey(
+                blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, to='hosts.host'
+            ),
         ),
         migrations.AddField(
             model_name='account',
             name='user',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, to=settings.AUTH_USER_MODEL),
+            field=models.ForeignKey(
+                blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, to=settings.AUTH_USER_MODEL
+            ),
         ),
         migrations.AddField(
             model_name='hold',
             name='account',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='holds', to='billing.account'),
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.PROTECT, related_name='holds', to='billing.account'
+            ),
         ),
         migrations.AddField(
             model_name='hold',
             name='api_key',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='holds', to='marketplace.apikey'),
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.PROTECT, related_name='holds', to='marketplace.apikey'
+            ),
         ),
         migrations.AddField(
             model_name='ledgerentry',
             name='account',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='entries', to='billing.account'),
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.PROTECT, related_name='entries', to='billing.account'
+            ),
         ),
         migrations.AddConstraint(
             model_name='ledgertransaction',
@@ -49,19 +58,29 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='ledgerentry',
             name='transaction',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='entries', to='billing.ledgertransaction'),
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.PROTECT, related_name='entries', to='billing.ledgertransaction'
+            ),
         ),
         migrations.AddConstraint(
             model_name='account',
-            constraint=models.UniqueConstraint(condition=models.Q(('kind', 'customer')), fields=('user',), name='one_customer_account_per_user'),
+            constraint=models.UniqueConstraint(
+                condition=models.Q(('kind', 'customer')), fields=('user',), name='one_customer_account_per_user'
+            ),
         ),
         migrations.AddConstraint(
             model_name='account',
-            constraint=models.UniqueConstraint(condition=models.Q(('kind', 'host')), fields=('host',), name='one_earnings_account_per_host'),
+            constraint=models.UniqueConstraint(
+                condition=models.Q(('kind', 'host')), fields=('host',), name='one_earnings_account_per_host'
+            ),
         ),
         migrations.AddConstraint(
             model_name='account',
-            constraint=models.UniqueConstraint(condition=models.Q(('kind__in', ['platform', 'funding'])), fields=('kind',), name='singleton_system_accounts'),
+            constraint=models.UniqueConstraint(
+                condition=models.Q(('kind__in', ['platform', 'funding'])),
+                fields=('kind',),
+                name='singleton_system_accounts',
+            ),
         ),
         migrations.AddConstraint(
             model_name='account',
@@ -69,7 +88,12 @@ class Migration(migrations.Migration):
         ),
         migrations.AddConstraint(
             model_name='account',
-            constraint=models.CheckConstraint(condition=models.Q(('kind', 'funding'), ('balance_ucents__gte', models.F('held_ucents')), _connector='OR'), name='available_not_negative'),
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ('kind', 'funding'), ('balance_ucents__gte', models.F('held_ucents')), _connector='OR'
+                ),
+                name='available_not_negative',
+            ),
         ),
         migrations.AddIndex(
             model_name='hold',

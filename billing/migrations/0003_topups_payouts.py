@@ -6,7 +6,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('billing', '0002_initial'),
         ('hosts', '0002_initial'),
@@ -20,7 +19,19 @@ class Migration(migrations.Migration):
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('amount_ucents', models.BigIntegerField()),
-                ('status', models.CharField(choices=[('requested', 'Requested'), ('sending', 'Sending'), ('paid', 'Paid'), ('failed', 'Failed')], default='requested', max_length=16)),
+                (
+                    'status',
+                    models.CharField(
+                        choices=[
+                            ('requested', 'Requested'),
+                            ('sending', 'Sending'),
+                            ('paid', 'Paid'),
+                            ('failed', 'Failed'),
+                        ],
+                        default='requested',
+                        max_length=16,
+                    ),
+                ),
                 ('destination', models.CharField(help_text='the connected account at request time', max_length=255)),
                 ('stripe_transfer_id', models.CharField(blank=True, max_length=255)),
                 ('failure_reason', models.CharField(blank=True, max_length=500)),
@@ -32,7 +43,10 @@ class Migration(migrations.Migration):
             name='PayoutProfile',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('stripe_account_id', models.CharField(help_text="acct_…, the host's connected account", max_length=255)),
+                (
+                    'stripe_account_id',
+                    models.CharField(help_text="acct_…, the host's connected account", max_length=255),
+                ),
                 ('updated_at', models.DateTimeField(auto_now=True)),
             ],
         ),
@@ -42,7 +56,17 @@ class Migration(migrations.Migration):
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('event_id', models.CharField(max_length=255, unique=True)),
                 ('type', models.CharField(max_length=100)),
-                ('outcome', models.CharField(choices=[('credited', 'Credited a top-up'), ('ignored', 'Nothing to do'), ('rejected', 'Did not match a top-up we created')], max_length=16)),
+                (
+                    'outcome',
+                    models.CharField(
+                        choices=[
+                            ('credited', 'Credited a top-up'),
+                            ('ignored', 'Nothing to do'),
+                            ('rejected', 'Did not match a top-up we created'),
+                        ],
+                        max_length=16,
+                    ),
+                ),
                 ('detail', models.CharField(blank=True, max_length=500)),
                 ('received_at', models.DateTimeField(auto_now_add=True)),
             ],
@@ -53,7 +77,14 @@ class Migration(migrations.Migration):
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('amount_cents', models.PositiveIntegerField()),
                 ('currency', models.CharField(default='usd', max_length=3)),
-                ('status', models.CharField(choices=[('creating', 'Creating'), ('open', 'Open'), ('paid', 'Paid'), ('failed', 'Failed')], default='creating', max_length=16)),
+                (
+                    'status',
+                    models.CharField(
+                        choices=[('creating', 'Creating'), ('open', 'Open'), ('paid', 'Paid'), ('failed', 'Failed')],
+                        default='creating',
+                        max_length=16,
+                    ),
+                ),
                 ('stripe_session_id', models.CharField(blank=True, max_length=255, null=True, unique=True)),
                 ('checkout_url', models.URLField(blank=True, max_length=2000)),
                 ('created_at', models.DateTimeField(auto_now_add=True)),
@@ -67,12 +98,31 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name='account',
             name='kind',
-            field=models.CharField(choices=[('customer', 'Customer credit'), ('host', 'Host earnings'), ('platform', 'Platform revenue'), ('funding', 'Money from outside (top-ups, grants) and back out (payouts)'), ('payouts_pending', 'Host payouts requested, not yet sent')], max_length=16),
+            field=models.CharField(
+                choices=[
+                    ('customer', 'Customer credit'),
+                    ('host', 'Host earnings'),
+                    ('platform', 'Platform revenue'),
+                    ('funding', 'Money from outside (top-ups, grants) and back out (payouts)'),
+                    ('payouts_pending', 'Host payouts requested, not yet sent'),
+                ],
+                max_length=16,
+            ),
         ),
         migrations.AlterField(
             model_name='ledgertransaction',
             name='kind',
-            field=models.CharField(choices=[('grant', 'Credit granted by an operator'), ('topup', 'Top-up'), ('settlement', 'Request settlement'), ('payout_request', 'Host payout requested (earnings → pending)'), ('payout_sent', 'Host payout sent (pending → outside)'), ('payout_void', 'Host payout failed (pending → earnings)')], max_length=16),
+            field=models.CharField(
+                choices=[
+                    ('grant', 'Credit granted by an operator'),
+                    ('topup', 'Top-up'),
+                    ('settlement', 'Request settlement'),
+                    ('payout_request', 'Host payout requested (earnings → pending)'),
+                    ('payout_sent', 'Host payout sent (pending → outside)'),
+                    ('payout_void', 'Host payout failed (pending → earnings)'),
+                ],
+                max_length=16,
+            ),
         ),
         migrations.AddIndex(
             model_name='hold',
@@ -84,37 +134,65 @@ class Migration(migrations.Migration):
         ),
         migrations.AddConstraint(
             model_name='account',
-            constraint=models.UniqueConstraint(condition=models.Q(('kind__in', ['platform', 'funding', 'payouts_pending'])), fields=('kind',), name='singleton_system_accounts'),
+            constraint=models.UniqueConstraint(
+                condition=models.Q(('kind__in', ['platform', 'funding', 'payouts_pending'])),
+                fields=('kind',),
+                name='singleton_system_accounts',
+            ),
         ),
         migrations.AddField(
             model_name='payout',
             name='approved_by',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to=settings.AUTH_USER_MODEL),
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name='+',
+                to=settings.AUTH_USER_MODEL,
+            ),
         ),
         migrations.AddField(
             model_name='payout',
             name='host',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='payouts', to='hosts.host'),
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.PROTECT, related_name='payouts', to='hosts.host'
+            ),
         ),
         migrations.AddField(
             model_name='payoutprofile',
             name='host',
-            field=models.OneToOneField(on_delete=django.db.models.deletion.PROTECT, related_name='payout_profile', to='hosts.host'),
+            field=models.OneToOneField(
+                on_delete=django.db.models.deletion.PROTECT, related_name='payout_profile', to='hosts.host'
+            ),
         ),
         migrations.AddField(
             model_name='topup',
             name='transaction',
-            field=models.OneToOneField(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='topup', to='billing.ledgertransaction'),
+            field=models.OneToOneField(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name='topup',
+                to='billing.ledgertransaction',
+            ),
         ),
         migrations.AddField(
             model_name='topup',
             name='user',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='topups', to=settings.AUTH_USER_MODEL),
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.PROTECT, related_name='topups', to=settings.AUTH_USER_MODEL
+            ),
         ),
         migrations.AddField(
             model_name='stripeevent',
             name='topup',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='events', to='billing.topup'),
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name='events',
+                to='billing.topup',
+            ),
         ),
         migrations.AddIndex(
             model_name='payout',
@@ -134,10 +212,20 @@ class Migration(migrations.Migration):
         ),
         migrations.AddConstraint(
             model_name='topup',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('status', 'paid'), _negated=True), ('transaction__isnull', False), _connector='OR'), name='paid_topup_has_transaction'),
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(('status', 'paid'), _negated=True), ('transaction__isnull', False), _connector='OR'
+                ),
+                name='paid_topup_has_transaction',
+            ),
         ),
         migrations.AddConstraint(
             model_name='stripeevent',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('outcome', 'credited'), _negated=True), ('topup__isnull', False), _connector='OR'), name='credited_event_names_topup'),
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(('outcome', 'credited'), _negated=True), ('topup__isnull', False), _connector='OR'
+                ),
+                name='credited_event_names_topup',
+            ),
         ),
     ]

@@ -1,10 +1,10 @@
 """Hold.api_key points at ApiKey in its new app (the same table)."""
+
 import django.db.models.deletion
 from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('accounts', '0001_initial'),
         ('billing', '0003_topups_payouts'),
@@ -17,7 +17,9 @@ class Migration(migrations.Migration):
                 migrations.AlterField(
                     model_name='hold',
                     name='api_key',
-                    field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='holds', to='accounts.apikey'),
+                    field=models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name='holds', to='accounts.apikey'
+                    ),
                 ),
             ],
         ),

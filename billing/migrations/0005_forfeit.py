@@ -4,7 +4,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('billing', '0004_hold_key_in_accounts'),
     ]
@@ -13,6 +12,17 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name='ledgertransaction',
             name='kind',
-            field=models.CharField(choices=[('grant', 'Credit granted by an operator'), ('topup', 'Top-up'), ('settlement', 'Request settlement'), ('payout_request', 'Host payout requested (earnings → pending)'), ('payout_sent', 'Host payout sent (pending → outside)'), ('payout_void', 'Host payout failed (pending → earnings)'), ('forfeit', 'Unvested host earnings forfeited (earnings → platform), with the reason')], max_length=16),
+            field=models.CharField(
+                choices=[
+                    ('grant', 'Credit granted by an operator'),
+                    ('topup', 'Top-up'),
+                    ('settlement', 'Request settlement'),
+                    ('payout_request', 'Host payout requested (earnings → pending)'),
+                    ('payout_sent', 'Host payout sent (pending → outside)'),
+                    ('payout_void', 'Host payout failed (pending → earnings)'),
+                    ('forfeit', 'Unvested host earnings forfeited (earnings → platform), with the reason'),
+                ],
+                max_length=16,
+            ),
         ),
     ]

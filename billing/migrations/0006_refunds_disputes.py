@@ -5,7 +5,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('billing', '0005_forfeit'),
         ('hosts', '0009_warm_asked'),
@@ -30,20 +29,55 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='topup',
             name='stripe_payment_intent',
-            field=models.CharField(blank=True, db_index=True, help_text="the paid session's payment: refunds and disputes name it", max_length=255),
+            field=models.CharField(
+                blank=True,
+                db_index=True,
+                help_text="the paid session's payment: refunds and disputes name it",
+                max_length=255,
+            ),
         ),
         migrations.AlterField(
             model_name='ledgertransaction',
             name='kind',
-            field=models.CharField(choices=[('grant', 'Credit granted by an operator'), ('topup', 'Top-up'), ('settlement', 'Request settlement'), ('payout_request', 'Host payout requested (earnings → pending)'), ('payout_sent', 'Host payout sent (pending → outside)'), ('payout_void', 'Host payout failed (pending → earnings)'), ('forfeit', 'Unvested host earnings forfeited (earnings → platform), with the reason'), ('refund', 'Top-up refunded by Stripe (customer credit → outside)'), ('chargeback', 'Top-up disputed (customer credit → outside until the dispute is decided)'), ('chargeback_won', 'Dispute won (the disputed credit comes back)')], max_length=16),
+            field=models.CharField(
+                choices=[
+                    ('grant', 'Credit granted by an operator'),
+                    ('topup', 'Top-up'),
+                    ('settlement', 'Request settlement'),
+                    ('payout_request', 'Host payout requested (earnings → pending)'),
+                    ('payout_sent', 'Host payout sent (pending → outside)'),
+                    ('payout_void', 'Host payout failed (pending → earnings)'),
+                    ('forfeit', 'Unvested host earnings forfeited (earnings → platform), with the reason'),
+                    ('refund', 'Top-up refunded by Stripe (customer credit → outside)'),
+                    ('chargeback', 'Top-up disputed (customer credit → outside until the dispute is decided)'),
+                    ('chargeback_won', 'Dispute won (the disputed credit comes back)'),
+                ],
+                max_length=16,
+            ),
         ),
         migrations.AlterField(
             model_name='stripeevent',
             name='outcome',
-            field=models.CharField(choices=[('credited', 'Credited a top-up'), ('debited', 'Took credit back (a refund or a dispute)'), ('restored', 'Gave disputed credit back (a dispute won)'), ('ignored', 'Nothing to do'), ('rejected', 'Did not match a top-up we created')], max_length=16),
+            field=models.CharField(
+                choices=[
+                    ('credited', 'Credited a top-up'),
+                    ('debited', 'Took credit back (a refund or a dispute)'),
+                    ('restored', 'Gave disputed credit back (a dispute won)'),
+                    ('ignored', 'Nothing to do'),
+                    ('rejected', 'Did not match a top-up we created'),
+                ],
+                max_length=16,
+            ),
         ),
         migrations.AddConstraint(
             model_name='account',
-            constraint=models.CheckConstraint(condition=models.Q(('kind__in', ['funding', 'customer']), ('balance_ucents__gte', models.F('held_ucents')), _connector='OR'), name='available_not_negative'),
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ('kind__in', ['funding', 'customer']),
+                    ('balance_ucents__gte', models.F('held_ucents')),
+                    _connector='OR',
+                ),
+                name='available_not_negative',
+            ),
         ),
     ]

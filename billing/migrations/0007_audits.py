@@ -5,7 +5,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('billing', '0006_refunds_disputes'),
         ('hosts', '0010_qualification_file_and_device'),
@@ -20,15 +19,45 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name='account',
             name='kind',
-            field=models.CharField(choices=[('customer', 'Customer credit'), ('host', 'Host earnings'), ('platform', 'Platform revenue'), ('funding', 'Money from outside (top-ups, grants) and back out (payouts)'), ('payouts_pending', 'Host payouts requested, not yet sent'), ('audit_escrow', "Host earnings held until their job's audit passes")], max_length=16),
+            field=models.CharField(
+                choices=[
+                    ('customer', 'Customer credit'),
+                    ('host', 'Host earnings'),
+                    ('platform', 'Platform revenue'),
+                    ('funding', 'Money from outside (top-ups, grants) and back out (payouts)'),
+                    ('payouts_pending', 'Host payouts requested, not yet sent'),
+                    ('audit_escrow', "Host earnings held until their job's audit passes"),
+                ],
+                max_length=16,
+            ),
         ),
         migrations.AlterField(
             model_name='ledgertransaction',
             name='kind',
-            field=models.CharField(choices=[('grant', 'Credit granted by an operator'), ('topup', 'Top-up'), ('settlement', 'Request settlement'), ('payout_request', 'Host payout requested (earnings → pending)'), ('payout_sent', 'Host payout sent (pending → outside)'), ('payout_void', 'Host payout failed (pending → earnings)'), ('forfeit', 'Unvested host earnings forfeited (earnings → platform), with the reason'), ('refund', 'Top-up refunded by Stripe (customer credit → outside)'), ('chargeback', 'Top-up disputed (customer credit → outside until the dispute is decided)'), ('chargeback_won', 'Dispute won (the disputed credit comes back)'), ('audit_release', 'An audit passed (held earnings → the host)'), ('audit_refund', "An audit failed (held earnings and the platform's share → the customer)")], max_length=16),
+            field=models.CharField(
+                choices=[
+                    ('grant', 'Credit granted by an operator'),
+                    ('topup', 'Top-up'),
+                    ('settlement', 'Request settlement'),
+                    ('payout_request', 'Host payout requested (earnings → pending)'),
+                    ('payout_sent', 'Host payout sent (pending → outside)'),
+                    ('payout_void', 'Host payout failed (pending → earnings)'),
+                    ('forfeit', 'Unvested host earnings forfeited (earnings → platform), with the reason'),
+                    ('refund', 'Top-up refunded by Stripe (customer credit → outside)'),
+                    ('chargeback', 'Top-up disputed (customer credit → outside until the dispute is decided)'),
+                    ('chargeback_won', 'Dispute won (the disputed credit comes back)'),
+                    ('audit_release', 'An audit passed (held earnings → the host)'),
+                    ('audit_refund', "An audit failed (held earnings and the platform's share → the customer)"),
+                ],
+                max_length=16,
+            ),
         ),
         migrations.AddConstraint(
             model_name='account',
-            constraint=models.UniqueConstraint(condition=models.Q(('kind__in', ['platform', 'funding', 'payouts_pending', 'audit_escrow'])), fields=('kind',), name='singleton_system_accounts'),
+            constraint=models.UniqueConstraint(
+                condition=models.Q(('kind__in', ['platform', 'funding', 'payouts_pending', 'audit_escrow'])),
+                fields=('kind',),
+                name='singleton_system_accounts',
+            ),
         ),
     ]

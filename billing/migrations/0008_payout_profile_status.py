@@ -4,7 +4,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('billing', '0007_audits'),
     ]
@@ -13,6 +12,10 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='payoutprofile',
             name='status',
-            field=models.CharField(choices=[('onboarding', 'Stripe onboarding not finished'), ('ready', 'Ready for payouts')], default='ready', max_length=16),
+            field=models.CharField(
+                choices=[('onboarding', 'Stripe onboarding not finished'), ('ready', 'Ready for payouts')],
+                default='ready',
+                max_length=16,
+            ),
         ),
     ]

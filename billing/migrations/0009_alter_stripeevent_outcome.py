@@ -4,7 +4,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('billing', '0008_payout_profile_status'),
     ]
@@ -13,6 +12,16 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name='stripeevent',
             name='outcome',
-            field=models.CharField(choices=[('credited', 'Credited a top-up'), ('debited', 'Took credit back (a refund or a dispute)'), ('restored', 'Gave disputed credit back (a dispute won)'), ('payout_ready', 'Marked a payout account ready (onboarding finished)'), ('ignored', 'Nothing to do'), ('rejected', 'Did not match a top-up we created')], max_length=16),
+            field=models.CharField(
+                choices=[
+                    ('credited', 'Credited a top-up'),
+                    ('debited', 'Took credit back (a refund or a dispute)'),
+                    ('restored', 'Gave disputed credit back (a dispute won)'),
+                    ('payout_ready', 'Marked a payout account ready (onboarding finished)'),
+                    ('ignored', 'Nothing to do'),
+                    ('rejected', 'Did not match a top-up we created'),
+                ],
+                max_length=16,
+            ),
         ),
     ]

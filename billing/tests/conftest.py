@@ -1,5 +1,6 @@
 """Billing fixtures: Stripe configured against local test mode's stand-in (billing/stripe_local.py),
 which speaks Stripe's wire format."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -14,7 +15,10 @@ if TYPE_CHECKING:
     from pytest_django import Settings
 
 WEBHOOK_SECRET = "whsec_test_5f1b2c"
-BACK = {"success_url": "http://testserver/?topup=success", "cancel_url": "http://testserver/?topup=cancelled"}  # Checkout's return
+BACK = {
+    "success_url": "http://testserver/?topup=success",
+    "cancel_url": "http://testserver/?topup=cancelled",
+}  # Checkout's return
 
 
 @pytest.fixture(scope="session")

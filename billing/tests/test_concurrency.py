@@ -1,4 +1,5 @@
 """Money under real concurrency: real transactions, one connection per thread."""
+
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor

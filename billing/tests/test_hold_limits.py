@@ -2,6 +2,7 @@
 both their forms — the SQL of admission's compare-and-set and the check of a locked row that
 says why — over rows at and around each limit: the forms agree with each other and with
 the rule as stated here, and the two admission paths admit and refuse the same holds."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,7 +19,13 @@ pytestmark = pytest.mark.django_db
 
 USD = 100_000_000
 ACCOUNTS = [(10 * USD, 0), (10 * USD, 4 * USD), (10 * USD, 10 * USD), (-USD, 0)]  # (balance, held)
-KEYS = [(None, 0, 0), (None, 50 * USD, 5 * USD), (10 * USD, 0, 0), (10 * USD, 3 * USD, 2 * USD), (10 * USD, 6 * USD, 4 * USD)]
+KEYS = [
+    (None, 0, 0),
+    (None, 50 * USD, 5 * USD),
+    (10 * USD, 0, 0),
+    (10 * USD, 3 * USD, 2 * USD),
+    (10 * USD, 6 * USD, 4 * USD),
+]
 AMOUNTS = [0, 1, 5 * USD, 6 * USD, 10 * USD, 10 * USD + 1]
 
 
@@ -42,7 +49,9 @@ def customer_with(*, account: tuple[int, int], key: tuple[int | None, int, int])
     customer = make_customer(credit_ucents=0)
     Account.objects.filter(kind=Account.Kind.CUSTOMER, user=customer.user).delete()
     balance, held = account
-    row = Account.objects.create(kind=Account.Kind.CUSTOMER, user=customer.user, balance_ucents=balance, held_ucents=held)
+    row = Account.objects.create(
+        kind=Account.Kind.CUSTOMER, user=customer.user, balance_ucents=balance, held_ucents=held
+    )
     cap, spent, key_held = key
     ApiKey.objects.filter(pk=customer.key.pk).update(spend_cap_ucents=cap, spent_ucents=spent, held_ucents=key_held)
     return row, ApiKey.objects.get(pk=customer.key.pk)
@@ -82,14 +91,17 @@ class CreditLimitTests:
         account, _ = customer_with(account=state, key=(None, 0, 0))
         for amount in AMOUNTS:
             fits = credit_covers(*state, amount)
-            assert (CREDIT.unmet(account, amount) is None, fits_by_sql(CREDIT, account.pk, amount)) == (fits, fits), amount
+            assert (CREDIT.unmet(account, amount) is None, fits_by_sql(CREDIT, account.pk, amount)) == (fits, fits), (
+                amount
+            )
 
     def test_its_refusal_says_what_the_credit_leaves(self) -> None:
         account, _ = customer_with(account=(10 * USD, 4 * USD), key=(None, 0, 0))
         refusal = CREDIT.unmet(account, 7 * USD)
         assert isinstance(refusal, InsufficientCredit) and refusal.status == 402
-        assert refusal.message == ("This request may cost up to $7.00 but the available credit is $6.00. "
-                                   "Top up, or lower max_tokens.")
+        assert refusal.message == (
+            "This request may cost up to $7.00 but the available credit is $6.00. Top up, or lower max_tokens."
+        )
 
     def test_a_customer_in_debt_is_told_nothing_is_left(self) -> None:
         account, _ = customer_with(account=(-USD, 0), key=(None, 0, 0))
@@ -108,8 +120,10 @@ class KeyCapTests:
         _, key = customer_with(account=(100 * USD, 0), key=(10 * USD, 3 * USD, 2 * USD))
         refusal = KEY_CAP.unmet(key, 7 * USD)
         assert isinstance(refusal, KeyLimitExceeded) and refusal.status == 402
-        assert refusal.message == ("This request may cost up to $7.00 but this API key's spend cap leaves $5.00. "
-                                   "Raise the key's cap or use another key.")
+        assert refusal.message == (
+            "This request may cost up to $7.00 but this API key's spend cap leaves $5.00. "
+            "Raise the key's cap or use another key."
+        )
 
 
 class AdmissionPathTests:
@@ -129,6 +143,8 @@ class AdmissionPathTests:
         """Even when the caller's copy of the key predates the limit: the chain's SQL checks the row."""
         _, stale = customer_with(account=(10 * USD, 0), key=(None, 0, 0))
         for limit in ({"max_concurrent": 3}, {"rate_limit_per_minute": 60}):
-            ApiKey.objects.filter(pk=stale.pk).update(**{"max_concurrent": None, "rate_limit_per_minute": None, **limit})
+            ApiKey.objects.filter(pk=stale.pk).update(
+                **{"max_concurrent": None, "rate_limit_per_minute": None, **limit}
+            )
             assert hold_steps(user_id=stale.user_id, api_key=ApiKey.objects.get(pk=stale.pk), amount_ucents=1) is None
             assert not chained(stale, 1)

@@ -1,5 +1,6 @@
 """A Hypothesis state machine over the real services: money moves in every order
 the rules allow, and after every step the ledger's invariants hold."""
+
 from __future__ import annotations
 
 import uuid
@@ -12,7 +13,14 @@ from django.test import Client
 from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from billing import selectors, services
 from billing.errors import BillingError
@@ -55,7 +63,10 @@ class LedgerMachine(RuleBasedStateMachine):
     @initialize()
     def setup(self) -> None:
         self.model = CatalogModel.objects.create(
-            name=f"m-{uuid.uuid4().hex[:6]}", context_length=4096, input_price_ucents=10_000, output_price_ucents=200_000,
+            name=f"m-{uuid.uuid4().hex[:6]}",
+            context_length=4096,
+            input_price_ucents=10_000,
+            output_price_ucents=200_000,
             tokenizer="bytes",
         )
         self.customer = make_customer(credit_ucents=0)
@@ -64,8 +75,13 @@ class LedgerMachine(RuleBasedStateMachine):
             serving = make_host(qualified=False)
             from hosts.services import qualification_register
 
-            qualification_register(host=serving.host, model_name=self.model.name, fingerprint=serving.fingerprint,
-                                   benchmark={"prompt_tps": 1, "gen_tps": 1, "ttft_ms": 1, "memory_mb": 1}, machine={})
+            qualification_register(
+                host=serving.host,
+                model_name=self.model.name,
+                fingerprint=serving.fingerprint,
+                benchmark={"prompt_tps": 1, "gen_tps": 1, "ttft_ms": 1, "memory_mb": 1},
+                machine={},
+            )
             PayoutProfile.objects.create(host=serving.host, stripe_account_id=account_id)
             self.hosts.append(serving)
         self.top_up(cents=5_000)
@@ -91,14 +107,21 @@ class LedgerMachine(RuleBasedStateMachine):
         assert (selectors.ledger_total(), LedgerTransaction.objects.count()) == before
 
     def _deliver(self, payload: str) -> None:
-        response = self.client.post("/billing/stripe/webhook/", data=payload.encode(), content_type="application/json",
-                                    HTTP_STRIPE_SIGNATURE=sign(payload, WEBHOOK_SECRET))
+        response = self.client.post(
+            "/billing/stripe/webhook/",
+            data=payload.encode(),
+            content_type="application/json",
+            HTTP_STRIPE_SIGNATURE=sign(payload, WEBHOOK_SECRET),
+        )
         assert response.status_code == 200, response.content
 
     # --- the request path ------------------------------------------------------------------
 
-    @rule(max_tokens=st.integers(min_value=1, max_value=3_000), prompt_tokens=st.integers(min_value=1, max_value=50),
-          claim_by=st.sampled_from([None, 0, 1]))
+    @rule(
+        max_tokens=st.integers(min_value=1, max_value=3_000),
+        prompt_tokens=st.integers(min_value=1, max_value=50),
+        claim_by=st.sampled_from([None, 0, 1]),
+    )
     def admit(self, max_tokens: int, prompt_tokens: int, claim_by: int | None) -> None:
         try:
             submit_request(self.customer, self.model, stream=True, max_tokens=max_tokens, prompt_tokens=prompt_tokens)
@@ -128,9 +151,13 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(data=st.data(), twice=st.booleans())
     def settle(self, data: DataObject, twice: bool) -> None:
         job = data.draw(st.sampled_from(self._running()))
-        first = market.job_complete(host=self._host_of(job), job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk))
+        first = market.job_complete(
+            host=self._host_of(job), job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk)
+        )
         if twice:  # a lost answer, retried: same result, nothing posted again
-            again = market.job_complete(host=self._host_of(job), job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk))
+            again = market.job_complete(
+                host=self._host_of(job), job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk)
+            )
             assert again.earned_ucents == first.earned_ucents
 
     @precondition(lambda self: self._running())
@@ -205,6 +232,11 @@ class LedgerMachineTests:
         LedgerMachine.fake = fake_stripe
         run_state_machine_as_test(
             LedgerMachine,
-            settings=hypothesis_settings(max_examples=20, stateful_step_count=40, deadline=None, database=None,
-                              suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]),
+            settings=hypothesis_settings(
+                max_examples=20,
+                stateful_step_count=40,
+                deadline=None,
+                database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+            ),
         )

@@ -124,7 +124,9 @@ class PayoutApproveTests:
         assert services.payout_void(payout_id=payout.pk, reason="rejected") is False
         assert selectors.host_account(host=serving.host).balance_ucents == 1_600_000_000
 
-    def test_a_rejection_cannot_void_a_payout_whose_transfer_may_be_in_flight(self, catalog, fake_stripe, settings) -> None:
+    def test_a_rejection_cannot_void_a_payout_whose_transfer_may_be_in_flight(
+        self, catalog, fake_stripe, settings
+    ) -> None:
         serving = host_earning(2_000_000_000)
         payout = services.payout_request(host=serving.host)
         settings.STRIPE_API_BASE = "http://127.0.0.1:9"  # approved; Stripe's answer is lost: the transfer may be out
@@ -160,24 +162,36 @@ class HostBillingApiTests:
     def test_a_host_requests_a_payout_over_the_api(self, catalog) -> None:
         serving = host_earning(2_000_000_000)
         client = Client()
-        response = client.post("/billing/api/host/payouts", {}, content_type="application/json",
-                               HTTP_AUTHORIZATION=f"Bearer {serving.token}")
+        response = client.post(
+            "/billing/api/host/payouts",
+            {},
+            content_type="application/json",
+            HTTP_AUTHORIZATION=f"Bearer {serving.token}",
+        )
         assert response.status_code == 201 and response.json()["amount_ucents"] == 1_600_000_000
-        again = client.post("/billing/api/host/payouts", {}, content_type="application/json",
-                            HTTP_AUTHORIZATION=f"Bearer {serving.token}")
+        again = client.post(
+            "/billing/api/host/payouts",
+            {},
+            content_type="application/json",
+            HTTP_AUTHORIZATION=f"Bearer {serving.token}",
+        )
         assert again.status_code == 409 and again.json()["error"]["code"] == "payout_refused"
         assert client.get("/billing/api/host/statement", HTTP_AUTHORIZATION="Bearer host-nope").status_code == 401
 
 
 class WithdrawEverythingWhileVestingTests:
-    """"Withdraw everything" while the money is still vesting says what is vesting and when it
+    """ "Withdraw everything" while the money is still vesting says what is vesting and when it
     vests, not "the minimum payout is $10.00; this request is $0.00"."""
 
     def test_it_says_what_is_vesting_and_when_the_minimum_becomes_payable(self, catalog, settings) -> None:
         settings.EARNINGS_VEST_SECONDS = 7 * 86400
         serving = host_earning(2_000_000_000)  # $16.00 earned just now, all of it vesting
         earned_at = LedgerTransaction.objects.get(kind=LedgerTransaction.Kind.SETTLEMENT).created_at
-        vests = (earned_at + timedelta(days=7, seconds=59, microseconds=999_999)).astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+        vests = (
+            (earned_at + timedelta(days=7, seconds=59, microseconds=999_999))
+            .astimezone(UTC)
+            .strftime("%Y-%m-%d %H:%M UTC")
+        )
         with pytest.raises(PayoutRefused) as refusal:
             services.payout_request(host=serving.host)
         assert refusal.value.message == (
@@ -189,13 +203,19 @@ class WithdrawEverythingWhileVestingTests:
     def test_it_names_when_everything_has_vested_when_that_is_still_below_the_minimum(self, catalog, settings) -> None:
         settings.EARNINGS_VEST_SECONDS = 86400
         serving = host_earning(500_000_000)  # $4.00, vesting for a day
-        with pytest.raises(PayoutRefused, match=r"\$4\.00 of this machine's earnings is still vesting .* all of it has vested "
-                                                r"by \d{4}-\d\d-\d\d \d\d:\d\d UTC, \$4\.00 in all, still below the minimum\.$"):
+        with pytest.raises(
+            PayoutRefused,
+            match=r"\$4\.00 of this machine's earnings is still vesting .* all of it has vested "
+            r"by \d{4}-\d\d-\d\d \d\d:\d\d UTC, \$4\.00 in all, still below the minimum\.$",
+        ):
             services.payout_request(host=serving.host)
 
     def test_with_nothing_vesting_it_says_so(self, catalog) -> None:
         serving = host_earning(500_000_000)  # $4.00, vested at once (this module's setting)
-        with pytest.raises(PayoutRefused, match=r"^There is \$4\.00 to withdraw and the minimum payout is \$10\.00; nothing more is vesting\.$"):
+        with pytest.raises(
+            PayoutRefused,
+            match=r"^There is \$4\.00 to withdraw and the minimum payout is \$10\.00; nothing more is vesting\.$",
+        ):
             services.payout_request(host=serving.host)
 
     def test_the_schedule_adds_up_to_what_is_unvested(self, catalog, settings) -> None:
@@ -204,7 +224,9 @@ class WithdrawEverythingWhileVestingTests:
         account = selectors.host_account(host=serving.host)
         ((moment, amount),) = selectors.host_vesting_schedule(account=account)
         assert amount == selectors.host_unvested_ucents(account=account) == 400_000_000
-        assert moment == LedgerTransaction.objects.get(kind=LedgerTransaction.Kind.SETTLEMENT).created_at + timedelta(days=7)
+        assert moment == LedgerTransaction.objects.get(kind=LedgerTransaction.Kind.SETTLEMENT).created_at + timedelta(
+            days=7
+        )
 
 
 class PayoutAccountOnboardTests:
@@ -224,10 +246,15 @@ class PayoutAccountOnboardTests:
         assert link.startswith(f"{fake_stripe.url}/connect/onboarding/")
         create, linked = (call for call in fake_stripe.received if call.method == "POST")
         assert create.path == "/v1/accounts" and create.form["type"] == "express"
-        assert create.form["capabilities[transfers][requested]"] == "true" and create.form["metadata[host_id]"] == str(host.pk)
+        assert create.form["capabilities[transfers][requested]"] == "true" and create.form["metadata[host_id]"] == str(
+            host.pk
+        )
         assert create.idempotency_key == f"payout-account-{host.pk}-first"
         assert linked.path == "/v1/account_links" and linked.form == {
-            "account": profile.stripe_account_id, "type": "account_onboarding", "return_url": self.RETURN, "refresh_url": self.REFRESH,
+            "account": profile.stripe_account_id,
+            "type": "account_onboarding",
+            "return_url": self.RETURN,
+            "refresh_url": self.REFRESH,
         }
         with pytest.raises(PayoutRefused, match="has not finished Stripe's onboarding"):
             services.payout_request(host=host)
@@ -260,7 +287,10 @@ class PayoutAccountOnboardTests:
         httpx.post(self.onboard(serving.host), timeout=5)
         services.payout_account_refresh(host=serving.host)
         paid = services.payout_approve(payout_id=services.payout_request(host=serving.host).pk)
-        assert paid.status == Payout.Status.PAID and paid.destination == PayoutProfile.objects.get(host=serving.host).stripe_account_id
+        assert (
+            paid.status == Payout.Status.PAID
+            and paid.destination == PayoutProfile.objects.get(host=serving.host).stripe_account_id
+        )
 
     def test_a_banned_machine_cannot_set_up_payouts(self, catalog, fake_stripe) -> None:
         from hosts.services import host_ban

@@ -52,8 +52,13 @@ class ReconcileCommandTests:
 
         customer = make_customer(credit_ucents=0)
         ledger.ledger_post(
-            kind=LedgerTransaction.Kind.TOPUP, reference="cs_forged", memo="",
-            legs=[(services.system_account(Account.Kind.FUNDING), -5), (services.account_for_customer(user=customer.user), 5)],
+            kind=LedgerTransaction.Kind.TOPUP,
+            reference="cs_forged",
+            memo="",
+            legs=[
+                (services.system_account(Account.Kind.FUNDING), -5),
+                (services.account_for_customer(user=customer.user), 5),
+            ],
         )
         assert any(problem.startswith("Stripe:") for problem in selectors.reconcile_report())
 

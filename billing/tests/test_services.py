@@ -86,7 +86,12 @@ class SettlementTests:
         serving = make_host()
         hold = services.hold_place(user=customer.user, api_key=customer.key, amount_ucents=1_000)
         assert services.hold_settle(hold=hold, cost_ucents=500, host=serving.host, reference="once") is not None
-        assert services.hold_settle(hold=Hold.objects.get(pk=hold.pk), cost_ucents=500, host=serving.host, reference="once") is None
+        assert (
+            services.hold_settle(
+                hold=Hold.objects.get(pk=hold.pk), cost_ucents=500, host=serving.host, reference="once"
+            )
+            is None
+        )
         assert LedgerTransaction.objects.filter(reference="once").count() == 1
         customer.key.refresh_from_db()
         assert (customer.key.spent_ucents, customer.key.held_ucents) == (500, 0)

@@ -1,6 +1,7 @@
 """Local test mode's Stripe stand-in, driven through the unmodified `stripe` library and the
 gateway's own services: its payment page pays by sending Stripe's signed webhook, which the
 gateway's verification accepts and credits."""
+
 from __future__ import annotations
 
 import json
@@ -68,7 +69,9 @@ def webhooks(fake_stripe: LocalStripe) -> Iterator[Webhooks]:
 
 
 class CheckoutPageTests:
-    def test_it_pays_by_sending_stripes_signed_webhook_then_returns_to_the_success_url(self, catalog, fake_stripe, webhooks) -> None:
+    def test_it_pays_by_sending_stripes_signed_webhook_then_returns_to_the_success_url(
+        self, catalog, fake_stripe, webhooks
+    ) -> None:
         customer = make_customer(credit_ucents=0)
         topup = services.topup_create(user=customer.user, amount_cents=2_000, **BACK)
         page = httpx.get(topup.checkout_url, timeout=5)
@@ -78,7 +81,9 @@ class CheckoutPageTests:
         ((body, headers),) = webhooks.deliveries
         assert headers["Content-Type"].startswith("application/json") and headers["Stripe-Signature"].startswith("t=")
         event = json.loads(body)
-        assert event["type"] == "checkout.session.completed" and event["data"]["object"]["id"] == topup.stripe_session_id
+        assert (
+            event["type"] == "checkout.session.completed" and event["data"]["object"]["id"] == topup.stripe_session_id
+        )
         # the gateway's own verification and crediting, over the exact bytes delivered
         record = services.stripe_webhook_receive(payload=body, signature=headers["Stripe-Signature"])
         assert record.outcome == StripeEvent.Outcome.CREDITED
@@ -99,7 +104,9 @@ class CheckoutPageTests:
         assert cancelled.status_code == 303 and cancelled.headers["Location"] == BACK["cancel_url"]
         assert webhooks.deliveries == [] and fake_stripe.sessions[topup.stripe_session_id]["status"] == "open"
 
-    def test_a_refused_delivery_is_shown_and_paying_again_resends_the_same_event(self, catalog, fake_stripe, webhooks) -> None:
+    def test_a_refused_delivery_is_shown_and_paying_again_resends_the_same_event(
+        self, catalog, fake_stripe, webhooks
+    ) -> None:
         webhooks.statuses = [400]
         topup = services.topup_create(user=make_customer(credit_ucents=0).user, amount_cents=500, **BACK)
         refused = httpx.post(topup.checkout_url, data={"action": "pay"}, timeout=5)
@@ -125,14 +132,23 @@ class OnboardingPageTests:
         from conftest import make_host
 
         host = make_host().host
-        link = services.payout_account_onboard(host=host, return_url="http://testserver/back", refresh_url="http://testserver/again")
+        link = services.payout_account_onboard(
+            host=host, return_url="http://testserver/back", refresh_url="http://testserver/again"
+        )
         assert httpx.post(link, timeout=5).headers["Location"] == "http://testserver/back"
         ((body, headers),) = webhooks.deliveries
         event = json.loads(body)
-        assert event["type"] == "account.updated" and event["data"]["object"]["id"] == PayoutProfile.objects.get(host=host).stripe_account_id
+        assert (
+            event["type"] == "account.updated"
+            and event["data"]["object"]["id"] == PayoutProfile.objects.get(host=host).stripe_account_id
+        )
         # the gateway's endpoint accepts it as Stripe's and marks the account ready, no return URL needed
-        answer = Client().post("/billing/stripe/webhook/", data=body, content_type="application/json",
-                               HTTP_STRIPE_SIGNATURE=headers["Stripe-Signature"])
+        answer = Client().post(
+            "/billing/stripe/webhook/",
+            data=body,
+            content_type="application/json",
+            HTTP_STRIPE_SIGNATURE=headers["Stripe-Signature"],
+        )
         assert answer.status_code == 200 and answer.json()["outcome"] == "payout_ready"
         assert PayoutProfile.objects.get(host=host).status == PayoutProfile.Status.READY
 
@@ -148,13 +164,28 @@ class RestartTests:
         first = LocalStripe(secret_key="sk_test_local", state_path=state).start()
         client = stripe.StripeClient("sk_test_local", base_addresses={"api": first.url}, max_network_retries=0)
         try:
-            session = client.v1.checkout.sessions.create({
-                "mode": "payment", "success_url": "http://gateway/ok",
-                "line_items": [{"quantity": 1, "price_data": {"currency": "usd", "unit_amount": 700, "product_data": {"name": "Credit"}}}],
-            }, {"idempotency_key": "topup-1"})
+            session = client.v1.checkout.sessions.create(
+                {
+                    "mode": "payment",
+                    "success_url": "http://gateway/ok",
+                    "line_items": [
+                        {
+                            "quantity": 1,
+                            "price_data": {"currency": "usd", "unit_amount": 700, "product_data": {"name": "Credit"}},
+                        }
+                    ],
+                },
+                {"idempotency_key": "topup-1"},
+            )
             account = client.v1.accounts.create({"type": "express"})
-            link = client.v1.account_links.create({"account": account.id, "type": "account_onboarding",
-                                                   "return_url": "http://gateway/back", "refresh_url": "http://gateway/again"})
+            link = client.v1.account_links.create(
+                {
+                    "account": account.id,
+                    "type": "account_onboarding",
+                    "return_url": "http://gateway/back",
+                    "refresh_url": "http://gateway/again",
+                }
+            )
         finally:
             first.stop()
         assert [path.name for path in tmp_path.iterdir()] == ["stripe-local.json"]  # (no temporary file left behind)
@@ -164,9 +195,19 @@ class RestartTests:
         try:
             assert client.v1.checkout.sessions.retrieve(session.id).amount_total == 700
             assert httpx.get(session.url, timeout=5).status_code == 200  # the Checkout page the browser was sent to
-            again = client.v1.checkout.sessions.create({"mode": "payment", "success_url": "http://gateway/ok", "line_items": [
-                {"quantity": 1, "price_data": {"currency": "usd", "unit_amount": 700, "product_data": {"name": "Credit"}}}]},
-                {"idempotency_key": "topup-1"})
+            again = client.v1.checkout.sessions.create(
+                {
+                    "mode": "payment",
+                    "success_url": "http://gateway/ok",
+                    "line_items": [
+                        {
+                            "quantity": 1,
+                            "price_data": {"currency": "usd", "unit_amount": 700, "product_data": {"name": "Credit"}},
+                        }
+                    ],
+                },
+                {"idempotency_key": "topup-1"},
+            )
             assert again.id == session.id  # the idempotency replay survived too
             assert httpx.post(link.url, timeout=5).headers["Location"] == "http://gateway/back"
             assert client.v1.accounts.retrieve(account.id).payouts_enabled is True
@@ -199,10 +240,24 @@ class CommandTests:
     def test_the_command_serves_stripes_api_to_its_key_only(self, tmp_path: Path) -> None:
         port = free_port()
         env = {**os.environ, "STRIPE_SECRET_KEY": "sk_test_local_cmd", "STRIPE_WEBHOOK_SECRET": "whsec_local_cmd"}
-        proc = subprocess.Popen([sys.executable, "manage.py", "stripe_local", "--port", str(port), "--webhook-url",
-                                 "http://127.0.0.1:9/billing/stripe/webhook/", "--state", str(tmp_path / "state.json")],
-                                cwd=ROOT, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "manage.py",
+                "stripe_local",
+                "--port",
+                str(port),
+                "--webhook-url",
+                "http://127.0.0.1:9/billing/stripe/webhook/",
+                "--state",
+                str(tmp_path / "state.json"),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         try:
             base = f"http://127.0.0.1:{port}"
 

@@ -48,7 +48,9 @@ class TopupApiTests:
     def test_it_answers_the_checkout_url(self, catalog, fake_stripe) -> None:
         customer = make_customer(credit_ucents=0)
         response = Client().post(
-            "/billing/api/topups", {"amount_usd": "25.00"}, content_type="application/json",
+            "/billing/api/topups",
+            {"amount_usd": "25.00"},
+            content_type="application/json",
             HTTP_AUTHORIZATION=f"Bearer {customer.secret}",
         )
         assert response.status_code == 201, response.content
@@ -58,8 +60,13 @@ class TopupApiTests:
 
     def test_it_sends_stripe_back_to_the_gateway_as_the_caller_reached_it(self, catalog, fake_stripe) -> None:
         customer = make_customer(credit_ucents=0)
-        Client().post("/billing/api/topups", {"amount_usd": "25"}, content_type="application/json",
-                      HTTP_AUTHORIZATION=f"Bearer {customer.secret}", HTTP_HOST="127.0.0.1:8091")
+        Client().post(
+            "/billing/api/topups",
+            {"amount_usd": "25"},
+            content_type="application/json",
+            HTTP_AUTHORIZATION=f"Bearer {customer.secret}",
+            HTTP_HOST="127.0.0.1:8091",
+        )
         (call,) = fake_stripe.received
         assert call.form["success_url"] == "http://127.0.0.1:8091/?topup=success"
         assert call.form["cancel_url"] == "http://127.0.0.1:8091/?topup=cancelled"
@@ -67,19 +74,29 @@ class TopupApiTests:
     def test_it_answers_503_not_configured_in_openai_format(self, catalog, no_stripe) -> None:
         customer = make_customer(credit_ucents=0)
         response = Client().post(
-            "/billing/api/topups", {"amount_usd": "25"}, content_type="application/json",
+            "/billing/api/topups",
+            {"amount_usd": "25"},
+            content_type="application/json",
             HTTP_AUTHORIZATION=f"Bearer {customer.secret}",
         )
         assert response.status_code == 503
         assert response.json()["error"]["code"] == "topups_not_configured"
 
     def test_it_refuses_an_outsider(self, catalog, fake_stripe) -> None:
-        response = Client().post("/billing/api/topups", {"amount_usd": "25"}, content_type="application/json",
-                                 HTTP_AUTHORIZATION="Bearer el-nope")
+        response = Client().post(
+            "/billing/api/topups",
+            {"amount_usd": "25"},
+            content_type="application/json",
+            HTTP_AUTHORIZATION="Bearer el-nope",
+        )
         assert response.status_code == 401 and fake_stripe.received == []
 
     def test_it_refuses_a_too_small_amount_with_400(self, catalog, fake_stripe) -> None:
         customer = make_customer(credit_ucents=0)
-        response = Client().post("/billing/api/topups", {"amount_usd": "0.10"}, content_type="application/json",
-                                 HTTP_AUTHORIZATION=f"Bearer {customer.secret}")
+        response = Client().post(
+            "/billing/api/topups",
+            {"amount_usd": "0.10"},
+            content_type="application/json",
+            HTTP_AUTHORIZATION=f"Bearer {customer.secret}",
+        )
         assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_amount"

@@ -36,7 +36,9 @@ class UsageApiTests:
         c = request_on(customer, catalog, "2026-03-03", cost=80, completion_tokens=1)
         request_on(customer, catalog, "2026-03-05", cost=999, completion_tokens=9)  # outside
         request_on(make_customer(), catalog, "2026-03-01", cost=777, completion_tokens=7)  # someone else's
-        response = Client().get("/v1/usage?from=2026-03-01&to=2026-03-04", HTTP_AUTHORIZATION=f"Bearer {customer.secret}")
+        response = Client().get(
+            "/v1/usage?from=2026-03-01&to=2026-03-04", HTTP_AUTHORIZATION=f"Bearer {customer.secret}"
+        )
         assert response.status_code == 200, response.content
         body = response.json()
         assert [row["id"] for row in body["data"]] == [a.public_id, b.public_id, c.public_id]
@@ -48,27 +50,38 @@ class UsageApiTests:
 
     def test_it_pages_the_requests_after_a_cursor_and_says_when_more_follow(self, catalog) -> None:
         customer = make_customer()
-        made = [request_on(customer, catalog, "2026-03-01", cost=10 * i, completion_tokens=i).public_id for i in range(5)]
+        made = [
+            request_on(customer, catalog, "2026-03-01", cost=10 * i, completion_tokens=i).public_id for i in range(5)
+        ]
         auth = {"HTTP_AUTHORIZATION": f"Bearer {customer.secret}"}
         seen, after, pages = [], "", 0
         while True:
             body = Client().get(f"/v1/usage?from=2026-03-01&to=2026-03-01&limit=2&after={after}", **auth).json()
             seen += [row["id"] for row in body["data"]]
             pages += 1
-            assert body["total_cost_ucents"] == 100 and body["daily"][0]["requests"] == 5  # totals cover the whole range
+            assert (
+                body["total_cost_ucents"] == 100 and body["daily"][0]["requests"] == 5
+            )  # totals cover the whole range
             if not body["has_more"]:
                 break
             after = body["last_id"]
         assert seen == made and pages == 3
 
-    @pytest.mark.parametrize(("query", "code"), [
-        ("limit=0", "invalid_limit"), ("limit=1001", "invalid_limit"), ("limit=two", "invalid_limit"),
-        ("after=chatcmpl-nobody", "invalid_cursor"),
-    ])
+    @pytest.mark.parametrize(
+        ("query", "code"),
+        [
+            ("limit=0", "invalid_limit"),
+            ("limit=1001", "invalid_limit"),
+            ("limit=two", "invalid_limit"),
+            ("after=chatcmpl-nobody", "invalid_cursor"),
+        ],
+    )
     def test_it_answers_400_for_a_bad_page(self, catalog, query: str, code: str) -> None:
         customer = make_customer()
         other = request_on(make_customer(), catalog, "2026-03-01", cost=1, completion_tokens=1)
-        for q in (query, f"after={other.public_id}") if code == "invalid_cursor" else (query,):  # another's id is no cursor
+        for q in (
+            (query, f"after={other.public_id}") if code == "invalid_cursor" else (query,)
+        ):  # another's id is no cursor
             response = Client().get(f"/v1/usage?{q}", HTTP_AUTHORIZATION=f"Bearer {customer.secret}")
             assert response.status_code == 400 and response.json()["error"]["code"] == code, response.content
 
@@ -76,7 +89,9 @@ class UsageApiTests:
     def test_it_exports_the_same_rows_as_csv(self, catalog) -> None:
         customer = make_customer()
         a = request_on(customer, catalog, "2026-03-01", cost=440, completion_tokens=10)
-        response = Client().get("/v1/usage.csv?from=2026-03-01&to=2026-03-01", HTTP_AUTHORIZATION=f"Bearer {customer.secret}")
+        response = Client().get(
+            "/v1/usage.csv?from=2026-03-01&to=2026-03-01", HTTP_AUTHORIZATION=f"Bearer {customer.secret}"
+        )
         assert response.status_code == 200 and response["Content-Type"].startswith("text/csv")
         rows = list(csv.DictReader(io.StringIO(b"".join(response).decode())))
         assert [(r["id"], r["cost_ucents"], r["completion_tokens"]) for r in rows] == [(a.public_id, "440", "10")]
@@ -88,7 +103,9 @@ class UsageApiTests:
         monkeypatch.setattr(usage_apis, "CSV_PAGE", 2)
         customer = make_customer()
         made = [request_on(customer, catalog, "2026-03-01", cost=1, completion_tokens=1).public_id for _ in range(5)]
-        response = Client().get("/v1/usage.csv?from=2026-03-01&to=2026-03-01", HTTP_AUTHORIZATION=f"Bearer {customer.secret}")
+        response = Client().get(
+            "/v1/usage.csv?from=2026-03-01&to=2026-03-01", HTTP_AUTHORIZATION=f"Bearer {customer.secret}"
+        )
         pieces = [piece.decode() for piece in response]
         assert len(pieces) == 1 + 3, "the header, then three pages of at most two requests"
         assert [row["id"] for row in csv.DictReader(io.StringIO("".join(pieces)))] == made

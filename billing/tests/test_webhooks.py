@@ -41,7 +41,9 @@ def balance(user: User) -> int:
 
 
 class WebhookCreditTests:
-    def test_it_credits_every_event_once_when_each_is_delivered_three_times_shuffled(self, catalog, fake_stripe) -> None:
+    def test_it_credits_every_event_once_when_each_is_delivered_three_times_shuffled(
+        self, catalog, fake_stripe
+    ) -> None:
         alice, bob = make_customer(credit_ucents=0), make_customer(credit_ucents=0)
         events = []
         for user, cents in [(alice.user, 1_000), (alice.user, 2_500), (bob.user, 50_000), (bob.user, 777)]:
@@ -81,8 +83,14 @@ class WebhookCreditTests:
         assert balance(customer.user) == 0
 
     def test_it_rejects_a_session_we_never_created(self, catalog, fake_stripe) -> None:
-        session = {"id": "cs_test_stranger", "object": "checkout.session", "amount_total": 1_000, "currency": "usd",
-                   "client_reference_id": "1", "metadata": {}}
+        session = {
+            "id": "cs_test_stranger",
+            "object": "checkout.session",
+            "amount_total": 1_000,
+            "currency": "usd",
+            "client_reference_id": "1",
+            "metadata": {},
+        }
         assert deliver(checkout_completed_event(session)).json()["outcome"] == "rejected"
         assert LedgerTransaction.objects.filter(kind="topup").count() == 0
 
@@ -129,8 +137,15 @@ class MoneyBackOutTests:
     def test_a_refund_after_spending_debits_the_customer_into_debt_once(self, catalog, fake_stripe) -> None:
         customer, topup, session = self.paid(fake_stripe)
         spent = 800_000_000  # $8 of the $10 spent: the refund comes after
-        ledger.ledger_post(kind=LedgerTransaction.Kind.GRANT, reference="test-spend", memo="spent", legs=[
-            (services.account_for_customer(user=customer.user), -spent), (services.system_account(Account.Kind.PLATFORM), spent)])
+        ledger.ledger_post(
+            kind=LedgerTransaction.Kind.GRANT,
+            reference="test-spend",
+            memo="spent",
+            legs=[
+                (services.account_for_customer(user=customer.user), -spent),
+                (services.system_account(Account.Kind.PLATFORM), spent),
+            ],
+        )
         partial = charge_refunded_event(session, amount_refunded=400)
         assert deliver(partial).json()["outcome"] == "debited"
         assert deliver(partial).json()["outcome"] == "debited", "a replay of the same event gets the same answer, once"
@@ -147,9 +162,14 @@ class MoneyBackOutTests:
     def test_a_customer_in_debt_gets_402_until_it_is_covered(self, catalog, fake_stripe) -> None:
         customer, _, session = self.paid(fake_stripe)
         deliver(charge_refunded_event(session, amount_refunded=1_000))
-        response = Client().post("/v1/chat/completions", data=json.dumps(
-            {"model": "gemma-3-270m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}),
-            content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {customer.secret}")
+        response = Client().post(
+            "/v1/chat/completions",
+            data=json.dumps(
+                {"model": "gemma-3-270m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+            ),
+            content_type="application/json",
+            HTTP_AUTHORIZATION=f"Bearer {customer.secret}",
+        )
         assert response.status_code == 402 and response.json()["error"]["code"] == "insufficient_credit"
 
     def test_a_dispute_takes_the_credit_back_and_a_won_dispute_gives_it_back(self, catalog, fake_stripe) -> None:
@@ -157,7 +177,9 @@ class MoneyBackOutTests:
         assert deliver(dispute_event(session, amount=1_000)).json()["outcome"] == "debited"
         assert deliver(dispute_event(session, amount=1_000)).json()["outcome"] == "ignored", "one dispute, taken once"
         assert balance(customer.user) == 0
-        assert deliver(charge_refunded_event(session, amount_refunded=1_000)).json()["outcome"] == "ignored", "nothing left"
+        assert deliver(charge_refunded_event(session, amount_refunded=1_000)).json()["outcome"] == "ignored", (
+            "nothing left"
+        )
         assert deliver(dispute_event(session, amount=1_000, closed="won")).json()["outcome"] == "restored"
         assert deliver(dispute_event(session, amount=1_000, closed="won")).json()["outcome"] == "ignored"
         assert balance(customer.user) == 1_000_000_000
@@ -168,7 +190,10 @@ class MoneyBackOutTests:
     def test_a_lost_dispute_keeps_the_credit_taken(self, catalog, fake_stripe) -> None:
         customer, _, session = self.paid(fake_stripe)
         deliver(dispute_event(session, amount=600, dispute_id="dp_lost"))
-        assert deliver(dispute_event(session, amount=600, closed="lost", dispute_id="dp_lost")).json()["outcome"] == "ignored"
+        assert (
+            deliver(dispute_event(session, amount=600, closed="lost", dispute_id="dp_lost")).json()["outcome"]
+            == "ignored"
+        )
         assert balance(customer.user) == 400_000_000
         assert selectors.reconcile_report() == []
 
@@ -181,7 +206,9 @@ class MoneyBackOutTests:
     def test_a_session_we_never_stored_is_reconciled_from_the_signed_event(self, catalog, fake_stripe) -> None:
         customer = make_customer(credit_ucents=0)
         topup, session = open_topup(fake_stripe, customer.user, 2_500)
-        TopUp.objects.filter(pk=topup.pk).update(stripe_session_id=None, status=TopUp.Status.FAILED)  # Stripe's answer was lost
+        TopUp.objects.filter(pk=topup.pk).update(
+            stripe_session_id=None, status=TopUp.Status.FAILED
+        )  # Stripe's answer was lost
         assert deliver(checkout_completed_event(session)).json()["outcome"] == "credited"
         topup.refresh_from_db()
         assert (topup.status, topup.stripe_session_id) == (TopUp.Status.PAID, session["id"])
@@ -194,7 +221,9 @@ class PayoutAccountUpdatedTests:
 
     def onboarding(self, fake_stripe: LocalStripe) -> PayoutProfile:
         host = make_host().host
-        services.payout_account_onboard(host=host, return_url="http://testserver/back", refresh_url="http://testserver/again")
+        services.payout_account_onboard(
+            host=host, return_url="http://testserver/back", refresh_url="http://testserver/again"
+        )
         return PayoutProfile.objects.get(host=host)
 
     def test_a_finished_onboarding_marks_the_account_ready_once(self, catalog, fake_stripe) -> None:
@@ -203,7 +232,12 @@ class PayoutAccountUpdatedTests:
         assert deliver(event_body("account.updated", account)).json()["outcome"] == "ignored"  # not finished yet
         profile.refresh_from_db()
         assert profile.status == PayoutProfile.Status.ONBOARDING
-        finished = {**account, "details_submitted": True, "payouts_enabled": True, "capabilities": {"transfers": "active"}}
+        finished = {
+            **account,
+            "details_submitted": True,
+            "payouts_enabled": True,
+            "capabilities": {"transfers": "active"},
+        }
         payload = event_body("account.updated", finished)
         assert deliver(payload).json()["outcome"] == "payout_ready"
         profile.refresh_from_db()
@@ -214,14 +248,25 @@ class PayoutAccountUpdatedTests:
 
     def test_a_forged_account_updated_marks_nothing(self, catalog, fake_stripe) -> None:
         profile = self.onboarding(fake_stripe)
-        finished = {**fake_stripe.accounts[profile.stripe_account_id], "details_submitted": True,
-                    "payouts_enabled": True, "capabilities": {"transfers": "active"}}
+        finished = {
+            **fake_stripe.accounts[profile.stripe_account_id],
+            "details_submitted": True,
+            "payouts_enabled": True,
+            "capabilities": {"transfers": "active"},
+        }
         payload = event_body("account.updated", finished)
         assert deliver(payload, signature=sign(payload, "whsec_someone_else")).status_code == 400
         profile.refresh_from_db()
         assert profile.status == PayoutProfile.Status.ONBOARDING and StripeEvent.objects.count() == 0
 
     def test_an_account_that_is_not_a_machines_is_ignored(self, catalog, fake_stripe) -> None:
-        payload = event_body("account.updated", {"id": "acct_stranger", "object": "account", "details_submitted": True,
-                                                 "capabilities": {"transfers": "active"}})
+        payload = event_body(
+            "account.updated",
+            {
+                "id": "acct_stranger",
+                "object": "account",
+                "details_submitted": True,
+                "capabilities": {"transfers": "active"},
+            },
+        )
         assert deliver(payload).json()["outcome"] == "ignored"

@@ -1,4 +1,5 @@
 """Embeddings models record their vector width; the shipped MiniLM's is 384."""
+
 from django.db import migrations, models
 from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 from django.db.migrations.state import StateApps
@@ -16,7 +17,6 @@ def shipped_width(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> N
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ("catalog", "0001_initial"),
         ("marketplace", "0008_catalog_and_keys_moved"),  # the table and its shipped rows exist by then

@@ -13,7 +13,6 @@ def pin_shipped_files(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('catalog', '0002_embedding_dimensions'),
     ]
@@ -27,7 +26,9 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='catalogmodel',
             name='sha256',
-            field=models.CharField(blank=True, help_text='the weights file every host must serve (blank: not pinned)', max_length=64),
+            field=models.CharField(
+                blank=True, help_text='the weights file every host must serve (blank: not pinned)', max_length=64
+            ),
         ),
         migrations.RunPython(pin_shipped_files, migrations.RunPython.noop),
     ]

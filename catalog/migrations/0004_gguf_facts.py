@@ -4,7 +4,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('catalog', '0003_pinned_files'),
     ]
@@ -57,6 +56,8 @@ class Migration(migrations.Migration):
         ),
         migrations.AddConstraint(
             model_name='catalogmodel',
-            constraint=models.UniqueConstraint(condition=models.Q(('sha256', ''), _negated=True), fields=('sha256',), name='catalog_file_once'),
+            constraint=models.UniqueConstraint(
+                condition=models.Q(('sha256', ''), _negated=True), fields=('sha256',), name='catalog_file_once'
+            ),
         ),
     ]

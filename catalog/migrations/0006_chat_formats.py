@@ -11,7 +11,6 @@ def shipped_facts(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('catalog', '0005_entries_may_share_a_file'),
     ]
@@ -25,12 +24,16 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='catalogmodel',
             name='bos_text',
-            field=models.CharField(blank=True, help_text="the BOS token's text, the template's bos_token", max_length=64),
+            field=models.CharField(
+                blank=True, help_text="the BOS token's text, the template's bos_token", max_length=64
+            ),
         ),
         migrations.AddField(
             model_name='catalogmodel',
             name='control_tokens',
-            field=models.JSONField(blank=True, default=list, help_text='the control tokens the template writes: found in its markup only'),
+            field=models.JSONField(
+                blank=True, default=list, help_text='the control tokens the template writes: found in its markup only'
+            ),
         ),
         migrations.AddField(
             model_name='catalogmodel',
@@ -40,7 +43,9 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='catalogmodel',
             name='eos_text',
-            field=models.CharField(blank=True, help_text="the EOS token's text, the template's eos_token", max_length=64),
+            field=models.CharField(
+                blank=True, help_text="the EOS token's text, the template's eos_token", max_length=64
+            ),
         ),
         migrations.RunPython(shipped_facts, migrations.RunPython.noop),
     ]

@@ -11,7 +11,6 @@ def shipped_longest(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('catalog', '0006_chat_formats'),
     ]
@@ -20,7 +19,11 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='catalogmodel',
             name='longest_token_chars',
-            field=models.PositiveIntegerField(blank=True, help_text='the most characters one token decodes to (read once, when the model is added)', null=True),
+            field=models.PositiveIntegerField(
+                blank=True,
+                help_text='the most characters one token decodes to (read once, when the model is added)',
+                null=True,
+            ),
         ),
         migrations.RunPython(shipped_longest, migrations.RunPython.noop),
     ]

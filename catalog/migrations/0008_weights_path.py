@@ -4,7 +4,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('catalog', '0007_longest_token'),
     ]
@@ -13,6 +12,10 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='catalogmodel',
             name='weights_path',
-            field=models.CharField(blank=True, help_text="the weights file on the gateway's disk (where it was added from): what audits re-read answers with", max_length=500),
+            field=models.CharField(
+                blank=True,
+                help_text="the weights file on the gateway's disk (where it was added from): what audits re-read answers with",
+                max_length=500,
+            ),
         ),
     ]

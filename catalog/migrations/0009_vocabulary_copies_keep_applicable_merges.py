@@ -3,6 +3,7 @@ can apply (`catalog.bpe_merges`): the same counts, less memory in every gateway 
 50 MB -> 36 MB). An entry whose weights file is no longer where it was added from keeps its copy
 (still exact, only larger), and so does one whose file cannot be read or written now: nothing
 on disk stops a migrate. Rows are not touched."""
+
 from pathlib import Path
 
 from django.conf import settings
@@ -15,9 +16,12 @@ def copies_rewrite(apps, schema_editor) -> None:  # noqa: ANN001 (Django's migra
     from catalog.gguf_file import gguf_facts, gguf_vocab_copy
 
     done: set[Path] = set()
-    for tokenizer, weights in apps.get_model("catalog", "CatalogModel").objects.filter(
-        tokenizer__startswith=GGUF_SPEC
-    ).exclude(weights_path="").values_list("tokenizer", "weights_path"):
+    for tokenizer, weights in (
+        apps.get_model("catalog", "CatalogModel")
+        .objects.filter(tokenizer__startswith=GGUF_SPEC)
+        .exclude(weights_path="")
+        .values_list("tokenizer", "weights_path")
+    ):
         copy = Path(settings.VAR_DIR) / tokenizer.removeprefix(GGUF_SPEC)
         if copy in done or not copy.is_file() or not Path(weights).is_file():
             continue
@@ -31,7 +35,6 @@ def copies_rewrite(apps, schema_editor) -> None:  # noqa: ANN001 (Django's migra
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ("catalog", "0008_weights_path"),
     ]

@@ -3,6 +3,7 @@
 before with the file's own context (8k and more) are capped, so /v1/models says what admission
 holds (`CatalogModel.context_sold`). Embedding entries keep theirs; the old value is not kept
 (going back leaves the cap)."""
+
 from django.db import migrations
 
 AUDITABLE_CONTEXT_TOKENS = 4096  # (frozen here: a migration never follows a later change of the constant)
@@ -10,11 +11,11 @@ AUDITABLE_CONTEXT_TOKENS = 4096  # (frozen here: a migration never follows a lat
 
 def contexts_cap(apps, schema_editor) -> None:  # noqa: ANN001 (Django's migration signature)
     apps.get_model("catalog", "CatalogModel").objects.filter(
-        kind="chat", context_length__gt=AUDITABLE_CONTEXT_TOKENS).update(context_length=AUDITABLE_CONTEXT_TOKENS)
+        kind="chat", context_length__gt=AUDITABLE_CONTEXT_TOKENS
+    ).update(context_length=AUDITABLE_CONTEXT_TOKENS)
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ("catalog", "0009_vocabulary_copies_keep_applicable_merges"),
     ]

@@ -2,6 +2,7 @@
 every text exactly as the whole file does: on hand-made merge lists whose outcome is worked out
 by hand, and on Llama 3's and Qwen 2's real vocabularies against llama.cpp itself, over the
 corpus, texts spliced from the vocabulary's own tokens, and random text in many scripts."""
+
 from __future__ import annotations
 
 import random
@@ -47,26 +48,45 @@ def _texts(vocabulary: list[str], seed: int) -> list[str]:
     """The corpus, and texts a BPE has to merge its way through: runs of the vocabulary's own
     tokens spliced together (cut mid-token too), and random characters of many scripts."""
     rng = random.Random(seed)
-    corpus = [part["text"] if isinstance(part, dict) else part
-              for chat in CHATS for message in chat
-              for part in (message["content"] if isinstance(message["content"], list) else [message["content"]])]
+    corpus = [
+        part["text"] if isinstance(part, dict) else part
+        for chat in CHATS
+        for message in chat
+        for part in (message["content"] if isinstance(message["content"], list) else [message["content"]])
+    ]
     pieces = [text.replace("Ġ", " ").replace("Ċ", "\n") for text in vocabulary if text and not text.startswith("<")]
-    scripts = [(0x20, 0x7E), (0xA0, 0x24F), (0x370, 0x3FF), (0x400, 0x4FF), (0x590, 0x6FF), (0x900, 0x97F),
-               (0xE00, 0xE7F), (0x3040, 0x30FF), (0x4E00, 0x9FFF), (0xAC00, 0xD7A3), (0x1F300, 0x1FAFF)]
+    scripts = [
+        (0x20, 0x7E),
+        (0xA0, 0x24F),
+        (0x370, 0x3FF),
+        (0x400, 0x4FF),
+        (0x590, 0x6FF),
+        (0x900, 0x97F),
+        (0xE00, 0xE7F),
+        (0x3040, 0x30FF),
+        (0x4E00, 0x9FFF),
+        (0xAC00, 0xD7A3),
+        (0x1F300, 0x1FAFF),
+    ]
     texts = [*corpus, *COMPLETIONS]
     for _ in range(1500):
         spliced = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 12)))
-        texts.append(spliced[rng.randint(0, 2):])
+        texts.append(spliced[rng.randint(0, 2) :])
     for _ in range(500):
         low, high = rng.choice(scripts)
-        texts.append("".join(chr(rng.randint(low, high)) if rng.random() > 0.2 else rng.choice(" \n\t0123456789")
-                             for _ in range(rng.randint(1, 40))))
+        texts.append(
+            "".join(
+                chr(rng.randint(low, high)) if rng.random() > 0.2 else rng.choice(" \n\t0123456789")
+                for _ in range(rng.randint(1, 40))
+            )
+        )
     return texts
 
 
 @pytest.mark.parametrize("family", ["llama3", "qwen2.5"])
-def test_the_copy_tokenizes_every_text_as_the_whole_file(family_files: dict[str, Path], tmp_path: Path,
-                                                         family: str) -> None:
+def test_the_copy_tokenizes_every_text_as_the_whole_file(
+    family_files: dict[str, Path], tmp_path: Path, family: str
+) -> None:
     from llama_cpp import Llama
 
     path = family_files[family]
@@ -86,8 +106,9 @@ def test_the_copy_tokenizes_every_text_as_the_whole_file(family_files: dict[str,
         for text in texts:
             data = text.encode()
             for special in (False, True):
-                assert counted.tokenize(data, add_bos=False, special=special) == \
-                    whole.tokenize(data, add_bos=False, special=special), (family, text, special)
+                assert counted.tokenize(data, add_bos=False, special=special) == whole.tokenize(
+                    data, add_bos=False, special=special
+                ), (family, text, special)
     finally:
         whole.close()
         counted.close()
@@ -95,7 +116,9 @@ def test_the_copy_tokenizes_every_text_as_the_whole_file(family_files: dict[str,
 
 @pytest.mark.django_db
 def test_copies_written_before_keep_every_merge_until_the_migration_rewrites_them(
-    family_files: dict[str, Path], var_dir: Path, monkeypatch: pytest.MonkeyPatch,
+    family_files: dict[str, Path],
+    var_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import importlib
 
@@ -107,7 +130,9 @@ def test_copies_written_before_keep_every_merge_until_the_migration_rewrites_the
 
     with monkeypatch.context() as before:  # a copy as catalog_add wrote them before: every merge
         before.setattr(gguf_file, "merges_applicable", list)
-        entry = catalog_model_add(path=family_files["llama3"], name="tiny-llama3", input_price="0.1", output_price="0.4")
+        entry = catalog_model_add(
+            path=family_files["llama3"], name="tiny-llama3", input_price="0.1", output_price="0.4"
+        )
     copy = var_dir / entry.tokenizer.removeprefix(GGUF_SPEC)
     merges = len(gguf_field(_PlainArrayReader(str(family_files["llama3"])), "tokenizer.ggml.merges"))
     assert len(gguf_field(_PlainArrayReader(str(copy)), "tokenizer.ggml.merges")) == merges

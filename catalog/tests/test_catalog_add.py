@@ -7,6 +7,7 @@ the file and must count exactly as llama.cpp counts with the whole file. Each fa
 is a `testkit.families` tiny model: its real vocabulary and template from the llama-cpp-python
 sdist, fetched at test time.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -55,7 +56,9 @@ def _tiny_gguf(dest: Path, *, template: str | None, general_name: str) -> Path:
         if key.startswith("GGUF.") or key in skipped:
             continue
         kind = field.types[0]
-        writer.add_key_value(key, field.contents(), kind, sub_type=field.types[-1] if kind == GGUFValueType.ARRAY else None)
+        writer.add_key_value(
+            key, field.contents(), kind, sub_type=field.types[-1] if kind == GGUFValueType.ARRAY else None
+        )
     writer.add_name(general_name)
     writer.add_file_type(0)  # ALL_F32
     writer.add_eot_token_id(END_OF_TURN)
@@ -95,10 +98,12 @@ def sdist(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip(str(error))
 
 
-def _add(path: Path, name: str = "tiny-chat", input_price: str = "0.10", output_price: str = "0.40",
-         *extra: str) -> None:
-    call_command("catalog_add", str(path), "--name", name, "--input-price", input_price,
-                 "--output-price", output_price, *extra)
+def _add(
+    path: Path, name: str = "tiny-chat", input_price: str = "0.10", output_price: str = "0.40", *extra: str
+) -> None:
+    call_command(
+        "catalog_add", str(path), "--name", name, "--input-price", input_price, "--output-price", output_price, *extra
+    )
 
 
 class CatalogAddTests:
@@ -146,7 +151,9 @@ class CatalogAddTests:
         assert len(os.listdir(var_dir / "catalog")) == 2
         assert tokenizer_for(qwen.tokenizer) is not tokenizer_for(chat.tokenizer)
 
-    def test_one_vocabulary_under_a_name_llama_cpp_reads_apart_gets_its_own_copy(self, sdist, tmp_path, var_dir) -> None:
+    def test_one_vocabulary_under_a_name_llama_cpp_reads_apart_gets_its_own_copy(
+        self, sdist, tmp_path, var_dir
+    ) -> None:
         """llama.cpp gives Phi-3's markers the newline after them only in a file named phi-3 or
         phi3: the same vocabulary renamed counts a chat in more tokens, so it gets a copy of its
         own, and each entry counts as llama.cpp counts with its own file (whichever a process
@@ -161,11 +168,16 @@ class CatalogAddTests:
         _add(named, "phi-named")
         _add(renamed, "phi-renamed")
 
-        entries = {path: CatalogModel.objects.get(name=name) for path, name in ((named, "phi-named"), (renamed, "phi-renamed"))}
+        entries = {
+            path: CatalogModel.objects.get(name=name) for path, name in ((named, "phi-named"), (renamed, "phi-renamed"))
+        }
         assert entries[named].tokenizer != entries[renamed].tokenizer
         assert "<|end|>" in chat_format(entries[named]).rstrip and "<|end|>" not in chat_format(entries[renamed]).rstrip
-        chat = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi"},
-                {"role": "assistant", "content": "Rivers:\n\n"}]
+        chat = [
+            {"role": "system", "content": "Be terse."},
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Rivers:\n\n"},
+        ]
         counts = {}
         for path, entry in entries.items():
             fragments = prompt_fragments(entry, kind="chat", messages=chat, prompt=None)
@@ -279,12 +291,15 @@ class CatalogAddRefusalTests:
         assert CatalogModel.objects.count() == rows
         assert sorted((var_dir / "catalog").iterdir()) == copies  # the first entry keeps its copy
 
-    @pytest.mark.parametrize(("input_price", "output_price", "says"), [
-        ("abc", "0.40", "is not a number"),
-        ("0.10", "-1", "not a non-negative number"),
-        ("0.10", "NaN", "not a non-negative number"),
-        ("0.105", "0.40", "not a whole number of µ¢"),
-    ])
+    @pytest.mark.parametrize(
+        ("input_price", "output_price", "says"),
+        [
+            ("abc", "0.40", "is not a number"),
+            ("0.10", "-1", "not a non-negative number"),
+            ("0.10", "NaN", "not a non-negative number"),
+            ("0.105", "0.40", "not a whole number of µ¢"),
+        ],
+    )
     def test_it_refuses_a_bad_price(self, files, var_dir, input_price, output_price, says) -> None:
         assert says in self._refused(var_dir, files["chat"], "tiny-chat", input_price, output_price)
 
@@ -303,8 +318,15 @@ class CatalogAddRefusalTests:
         assert not CatalogModel.objects.filter(name="tiny-chat").exists()
 
     def test_it_refuses_an_unreadable_template_file(self, files, var_dir) -> None:
-        message = self._refused(var_dir, files["base"], "tiny-base", "0.1", "0.4", "--template",
-                                str(files["template"].with_name("absent.jinja")))
+        message = self._refused(
+            var_dir,
+            files["base"],
+            "tiny-base",
+            "0.1",
+            "0.4",
+            "--template",
+            str(files["template"].with_name("absent.jinja")),
+        )
         assert "cannot read the template" in message
 
 
@@ -313,11 +335,19 @@ class CatalogAddCommandLineTests:
 
     def _run(self, var_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "ELEPHANT_VAR_DIR": str(var_dir)}
-        return subprocess.run([sys.executable, "manage.py", "catalog_add", *args], cwd=settings.BASE_DIR, env=env,
-                              capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "manage.py", "catalog_add", *args],
+            cwd=settings.BASE_DIR,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     def test_it_exits_2_with_one_line_for_a_file_that_is_not_a_gguf(self, files, tmp_path) -> None:
-        done = self._run(tmp_path, str(files["not_gguf"]), "--name", "x", "--input-price", "0.1", "--output-price", "0.4")
+        done = self._run(
+            tmp_path, str(files["not_gguf"]), "--name", "x", "--input-price", "0.1", "--output-price", "0.4"
+        )
 
         assert done.returncode == 2
         assert len(done.stderr.splitlines()) == 1 and "not a GGUF file" in done.stderr

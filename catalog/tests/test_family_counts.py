@@ -7,6 +7,7 @@ The models are tiny real-vocabulary GGUFs of six families (`testkit.families`), 
 family's real chat template, added to the catalog as an operator adds them. Processes and
 streams are tested in `marketplace/tests/test_families_e2e.py`.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,8 +29,12 @@ pytestmark = pytest.mark.django_db
 def refuses_system(entry: CatalogModel) -> bool:
     """Whether the family's template refuses a system message (Gemma 2's does)."""
     try:
-        prompt_fragments(entry, kind=CHAT, messages=[{"role": "system", "content": "s"},
-                                                     {"role": "user", "content": "u"}], prompt=None)
+        prompt_fragments(
+            entry,
+            kind=CHAT,
+            messages=[{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
+            prompt=None,
+        )
     except TemplateRefused:
         return True
     return False
@@ -38,13 +43,17 @@ def refuses_system(entry: CatalogModel) -> bool:
 class FamilyCountTests:
     @pytest.mark.parametrize("family", list(FAMILIES))
     def test_the_gateways_count_is_the_hosts_tokens_exactly(self, family_files, var_dir, family) -> None:
-        entry = catalog_model_add(path=family_files[family], name=f"tiny-{family}", input_price="0.1", output_price="0.4")
+        entry = catalog_model_add(
+            path=family_files[family], name=f"tiny-{family}", input_price="0.1", output_price="0.4"
+        )
         host = load_llama(family_files[family], n_ctx=512, threads=1)
         try:
             tokenizer = PromptTokenizer(host)
             controls = {host.tokenize(text.encode(), add_bos=False, special=True)[0] for text in entry.control_tokens}
             system_refused = refuses_system(entry)
-            jobs = [(CHAT, messages, None) for messages in CHATS] + [(COMPLETION, None, prompt) for prompt in COMPLETIONS]
+            jobs = [(CHAT, messages, None) for messages in CHATS] + [
+                (COMPLETION, None, prompt) for prompt in COMPLETIONS
+            ]
             checked = 0
             for kind, messages, prompt in jobs:
                 if system_refused and any(m["role"] == "system" for m in messages or []):
@@ -52,8 +61,16 @@ class FamilyCountTests:
                         prompt_fragments(entry, kind=kind, messages=messages, prompt=prompt)
                     continue
                 fragments = prompt_fragments(entry, kind=kind, messages=messages, prompt=prompt)
-                payload = job_payload_build(job_id=1, model=entry.name, kind=kind, messages=messages, prompt=prompt,
-                                            inputs=None, params={"max_tokens": 8}, fmt=chat_format(entry))
+                payload = job_payload_build(
+                    job_id=1,
+                    model=entry.name,
+                    kind=kind,
+                    messages=messages,
+                    prompt=prompt,
+                    inputs=None,
+                    params={"max_tokens": 8},
+                    fmt=chat_format(entry),
+                )
                 fed = tokenizer.tokens(payload)
                 assert prompt_count(entry, fragments) == len(fed), (family, messages or prompt)
                 written = sum(1 for _, control in fragments if control)
@@ -65,23 +82,38 @@ class FamilyCountTests:
 
     @pytest.mark.parametrize("family", list(FAMILIES))
     def test_a_continuation_ends_on_the_delivered_texts_last_character(self, family_files, var_dir, family) -> None:
-        entry = catalog_model_add(path=family_files[family], name=f"tiny-{family}", input_price="0.1", output_price="0.4")
+        entry = catalog_model_add(
+            path=family_files[family], name=f"tiny-{family}", input_price="0.1", output_price="0.4"
+        )
         for delivered in ("One, two, th", "Ends in spaces   ", "象は大き"):
-            fragments = prompt_fragments(entry, kind=CHAT, prompt=None, messages=[
-                {"role": "user", "content": "Go on."}, {"role": "assistant", "content": delivered}])
+            fragments = prompt_fragments(
+                entry,
+                kind=CHAT,
+                prompt=None,
+                messages=[{"role": "user", "content": "Go on."}, {"role": "assistant", "content": delivered}],
+            )
             assert fragments[-1][1] is False and fragments[-1][0].endswith(delivered), (family, fragments[-2:])
 
     @pytest.mark.parametrize("family", list(FAMILIES))
     def test_its_stops_and_format_come_from_its_own_file(self, family_files, var_dir, family) -> None:
-        entry = catalog_model_add(path=family_files[family], name=f"tiny-{family}", input_price="0.1", output_price="0.4")
-        expected = {"llama3": "<|eot_id|>", "qwen2.5": "<|im_end|>", "qwen3": "<|im_end|>", "phi3": "<|end|>",
-                    "mistral": "</s>", "gemma": "<end_of_turn>"}[family]
+        entry = catalog_model_add(
+            path=family_files[family], name=f"tiny-{family}", input_price="0.1", output_price="0.4"
+        )
+        expected = {
+            "llama3": "<|eot_id|>",
+            "qwen2.5": "<|im_end|>",
+            "qwen3": "<|im_end|>",
+            "phi3": "<|end|>",
+            "mistral": "</s>",
+            "gemma": "<end_of_turn>",
+        }[family]
         assert entry.end_of_turn == [expected]
         assert entry.bos_text in ("", *entry.control_tokens)
         host = load_llama(family_files[family], n_ctx=64, threads=1)
         try:  # read once when added: the most a host writes for one token (Llama 3's 128 spaces, whole)
-            assert entry.longest_token_chars == max(len(host.detokenize([t]).decode("utf-8", "replace"))
-                                                    for t in range(host.n_vocab()))
+            assert entry.longest_token_chars == max(
+                len(host.detokenize([t]).decode("utf-8", "replace")) for t in range(host.n_vocab())
+            )
         finally:
             host.close()
 
@@ -99,14 +131,27 @@ class ShippedEntryTests:
         seed = SHIPPED_MODELS[0]
         facts = gguf_facts(Path(shipped_model_path()))
         adds_bos = tokenizer_for(seed["tokenizer"]).count("", special=True) == 1  # llama.cpp's own answer
-        fmt = chat_format_read(template=seed["chat_template"], bos_token=facts.bos_text, eos_token=facts.eos_text,
-                               adds_bos=adds_bos, vocabulary_controls=facts.controls)
+        fmt = chat_format_read(
+            template=seed["chat_template"],
+            bos_token=facts.bos_text,
+            eos_token=facts.eos_text,
+            adds_bos=adds_bos,
+            vocabulary_controls=facts.controls,
+        )
         assert fmt.adds_bos == seed["adds_bos"]
         assert (set(fmt.controls), list(fmt.end_of_turn)) == (set(seed["control_tokens"]), seed["end_of_turn"])
         assert (facts.bos_text, facts.eos_text, facts.bos_token_id, facts.eos_token_id) == (
-            seed["bos_text"], seed["eos_text"], seed["bos_token_id"], seed["eos_token_id"])
+            seed["bos_text"],
+            seed["eos_text"],
+            seed["bos_token_id"],
+            seed["eos_token_id"],
+        )
         assert (facts.architecture, facts.vocab_size, facts.n_layers, facts.file_size) == (
-            seed["architecture"], seed["vocab_size"], seed["n_layers"], seed["file_size"])
+            seed["architecture"],
+            seed["vocab_size"],
+            seed["n_layers"],
+            seed["file_size"],
+        )
 
     def test_the_migrated_entry_carries_them(self, catalog) -> None:
         from catalog.seed import FACTS, SHIPPED_MODELS

@@ -11,6 +11,7 @@ it was never trained on. Conversations whose text holds one of the vocabulary's 
 are left out: there the gateway keeps the customer's text plain on purpose, where llama.cpp
 would read a control token.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -35,7 +36,10 @@ PAIRED = {
     "qwen2+qwen3": ("ggml-vocab-qwen2.gguf", "Qwen-Qwen3-0.6B.jinja"),
     "phi-3+3.5": ("ggml-vocab-phi-3.gguf", "microsoft-Phi-3.5-mini-instruct.jinja"),  # Phi-3's own has no system turn
 }
-SYSTEM_AND_USER = [{"role": "system", "content": "You are a terse assistant."}, {"role": "user", "content": "Name three rivers."}]
+SYSTEM_AND_USER = [
+    {"role": "system", "content": "You are a terse assistant."},
+    {"role": "user", "content": "Name three rivers."},
+]
 
 pytestmark = pytest.mark.django_db
 
@@ -53,7 +57,9 @@ def cases(vocabularies: Path) -> dict[str, tuple[Path, str]]:
     """Every sdist vocabulary that holds a chat template, with it; and the pairs above."""
     found = {}
     for path in sorted(vocabularies.glob("ggml-vocab-*.gguf")):
-        if b"tokenizer.chat_template" not in path.read_bytes():  # (parsing a vocabulary takes seconds: only those with one)
+        if (
+            b"tokenizer.chat_template" not in path.read_bytes()
+        ):  # (parsing a vocabulary takes seconds: only those with one)
             continue
         template = gguf_field(_PlainArrayReader(str(path)), "tokenizer.chat_template", "")
         if template:
@@ -72,11 +78,20 @@ def entry(path: Path, template: str) -> tuple[CatalogModel, set[str]]:
     bos, eos = gguf_field(reader, "tokenizer.ggml.bos_token_id"), gguf_field(reader, "tokenizer.ggml.eos_token_id")
     bos_text = texts[bos] if bos is not None else ""
     eos_text = texts[eos] if eos is not None else ""
-    model = CatalogModel(name=path.stem, context_length=1 << 20, input_price_ucents=1, output_price_ucents=1,
-                         tokenizer=f"gguf:{path.resolve()}")
-    fmt = chat_format_read(template=template, bos_token=bos_text, eos_token=eos_text,
-                           adds_bos=tokenizer_for(model.tokenizer).count("", special=True) == 1,
-                           vocabulary_controls=[text for text, kind in zip(texts, kinds, strict=True) if kind == CONTROL])
+    model = CatalogModel(
+        name=path.stem,
+        context_length=1 << 20,
+        input_price_ucents=1,
+        output_price_ucents=1,
+        tokenizer=f"gguf:{path.resolve()}",
+    )
+    fmt = chat_format_read(
+        template=template,
+        bos_token=bos_text,
+        eos_token=eos_text,
+        adds_bos=tokenizer_for(model.tokenizer).count("", special=True) == 1,
+        vocabulary_controls=[text for text, kind in zip(texts, kinds, strict=True) if kind == CONTROL],
+    )
     model.chat_template, model.bos_text, model.eos_text, model.adds_bos = template, bos_text, eos_text, fmt.adds_bos
     model.control_tokens, model.end_of_turn = list(fmt.controls), list(fmt.end_of_turn)
     special = {text for text, kind in zip(texts, kinds, strict=True) if kind in (CONTROL, USER_DEFINED) and text}
@@ -105,8 +120,16 @@ class LlamaCppCountTests:
                     parsed = llama.tokenize(fragments_text(fragments).encode(), add_bos=False, special=True)
                     billed = prompt_count(model, fragments)
                     assert billed == len(parsed), (name, messages, fragments)
-                    payload = job_payload_build(job_id=1, model=model.name, kind=CHAT, messages=messages, prompt=None,
-                                                inputs=None, params={"max_tokens": 8}, fmt=chat_format(model))
+                    payload = job_payload_build(
+                        job_id=1,
+                        model=model.name,
+                        kind=CHAT,
+                        messages=messages,
+                        prompt=None,
+                        inputs=None,
+                        params={"max_tokens": 8},
+                        fmt=chat_format(model),
+                    )
                     assert PromptTokenizer(llama).tokens(payload) == parsed, (name, messages)
                     checked += 1
                 assert checked >= 5, (name, checked)
@@ -118,7 +141,8 @@ class LlamaCppCountTests:
         assert set(chat_format(model).rstrip) >= {"<|system|>", "<|user|>", "<|assistant|>", "<|end|>"}
         fragments = prompt_fragments(model, kind=CHAT, messages=SYSTEM_AND_USER, prompt=None)
         assert fragments_text(fragments) == (
-            "<s><|system|>You are a terse assistant.<|end|><|user|>Name three rivers.<|end|><|assistant|>")
+            "<s><|system|>You are a terse assistant.<|end|><|user|>Name three rivers.<|end|><|assistant|>"
+        )
         vocabulary = tokenizer_for(model.tokenizer)
         texts = sum(vocabulary.count(m["content"], special=False) for m in SYSTEM_AND_USER)
         assert prompt_count(model, fragments) == 1 + 5 + texts  # BOS, five markers, the texts: no newline counted

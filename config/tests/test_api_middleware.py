@@ -1,5 +1,6 @@
 """Django's own middleware on the async gateway: the API's paths go past what only pages need,
 the computing middleware still shape every response, and pages keep sessions and CSRF."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -30,8 +31,12 @@ def test_api_answer_has_security_headers_and_no_session(customer: Customer) -> N
 def test_api_post_needs_no_csrf_token_even_with_a_session_cookie() -> None:
     client = AsyncClient(enforce_csrf_checks=True)
     client.cookies["sessionid"] = "whatever"
-    response = async_to_sync(client.post)("/v1/chat/completions", data={"model": "nope", "messages": []},
-                                          content_type="application/json", headers={"Authorization": "Bearer sk-wrong"})
+    response = async_to_sync(client.post)(
+        "/v1/chat/completions",
+        data={"model": "nope", "messages": []},
+        content_type="application/json",
+        headers={"Authorization": "Bearer sk-wrong"},
+    )
     assert response.status_code == 401  # the key's refusal, not CSRF's 403
 
 
@@ -53,9 +58,19 @@ def test_pages_still_have_sessions(customer: Customer) -> None:
 async def asgi_get(path: str) -> int:
     from config.asgi import django_asgi as handler
 
-    scope = {"type": "http", "method": "GET", "path": path, "raw_path": path.encode(), "query_string": b"", "headers": [],
-             "server": ("testserver", 80), "client": ("127.0.0.1", 1), "scheme": "http", "root_path": "",
-             "http_version": "1.1"}
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "headers": [],
+        "server": ("testserver", 80),
+        "client": ("127.0.0.1", 1),
+        "scheme": "http",
+        "root_path": "",
+        "http_version": "1.1",
+    }
     app = ApplicationCommunicator(handler, scope)
     await app.send_input({"type": "http.request", "body": b"", "more_body": False})
     start = await app.receive_output(10)
@@ -98,9 +113,19 @@ def test_the_stock_middleware_is_all_there_as_subclasses() -> None:
 async def asgi_post(path: str, body: bytes, *, token: str) -> int:
     from config.asgi import django_asgi as handler
 
-    scope = {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(), "query_string": b"",
-             "headers": [(b"content-type", b"application/json"), (b"authorization", f"Bearer {token}".encode())],
-             "server": ("testserver", 80), "client": ("127.0.0.1", 1), "scheme": "http", "root_path": "", "http_version": "1.1"}
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "headers": [(b"content-type", b"application/json"), (b"authorization", f"Bearer {token}".encode())],
+        "server": ("testserver", 80),
+        "client": ("127.0.0.1", 1),
+        "scheme": "http",
+        "root_path": "",
+        "http_version": "1.1",
+    }
     app = ApplicationCommunicator(handler, scope)
     await app.send_input({"type": "http.request", "body": body, "more_body": False})
     start = await app.receive_output(20)

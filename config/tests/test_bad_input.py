@@ -2,6 +2,7 @@
 characters (PostgreSQL's text and jsonb hold none), numbers past a column's range, and paths
 that name nothing. Each case here was a 500 on PostgreSQL or SQLite (found while fuzzing the
 API against its schema, config/tests/test_schema_fuzz.py)."""
+
 from __future__ import annotations
 
 import json
@@ -25,17 +26,39 @@ HOST_POSTS = [
     (f"/api/rings/{HUGE}/stats", {"stages": [{"stage": 0, "hold_s": 1, "idle_s": 1, "queue_depth": 1}]}, 404),
     ("/api/rings/own", {"model": "gemma-3-270m", "stages": 2, "row_width": BIG, "micro_batch": 1}, 400),
     ("/api/moe/coordinator-report", {"model": "m", "busy": BIG}, 400),
-    ("/hosts/api/qualifications", {"model": "gemma-3-270m", "fingerprint": "f", "machine": {"cpu": NUL},
-                                   "benchmark": {"prompt_tps": 1, "gen_tps": 1, "ttft_ms": 1, "memory_mb": 1}}, 400),
-    ("/hosts/api/qualifications", {"model": "gemma-3-270m", "fingerprint": "f",
-                                   "benchmark": {"prompt_tps": 1, "gen_tps": 1, "ttft_ms": 1, "memory_mb": 1, "threads": BIG}}, 400),
+    (
+        "/hosts/api/qualifications",
+        {
+            "model": "gemma-3-270m",
+            "fingerprint": "f",
+            "machine": {"cpu": NUL},
+            "benchmark": {"prompt_tps": 1, "gen_tps": 1, "ttft_ms": 1, "memory_mb": 1},
+        },
+        400,
+    ),
+    (
+        "/hosts/api/qualifications",
+        {
+            "model": "gemma-3-270m",
+            "fingerprint": "f",
+            "benchmark": {"prompt_tps": 1, "gen_tps": 1, "ttft_ms": 1, "memory_mb": 1, "threads": BIG},
+        },
+        400,
+    ),
 ]
 CUSTOMER_POSTS = [
     ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": NUL}]}, "messages[0].content"),
-    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": [{"type": "text", "text": NUL}]}]}, "messages[0].content"),
+    (
+        "/v1/chat/completions",
+        {**CHAT, "messages": [{"role": "user", "content": [{"type": "text", "text": NUL}]}]},
+        "messages[0].content",
+    ),
     ("/v1/chat/completions", {**CHAT, "stop": [NUL]}, "stop"),
-    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": NUL, "schema": {}}}},
-     "response_format"),
+    (
+        "/v1/chat/completions",
+        {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": NUL, "schema": {}}}},
+        "response_format",
+    ),
     ("/v1/completions", {"model": "gemma-3-270m", "prompt": NUL}, "prompt"),
     ("/v1/embeddings", {"model": "all-minilm-l6-v2", "input": ["ok", NUL]}, "input"),
 ]
@@ -55,8 +78,12 @@ def error_of(response) -> dict:
 class BadInputTests:
     @pytest.mark.parametrize(("path", "body", "status"), HOST_POSTS)
     def test_it_is_refused_at_the_host_doors(self, serving_host, path, body, status) -> None:
-        response = Client().post(path, data=json.dumps(body), content_type="application/json",
-                                 HTTP_AUTHORIZATION=f"Bearer {serving_host.token}")
+        response = Client().post(
+            path,
+            data=json.dumps(body),
+            content_type="application/json",
+            HTTP_AUTHORIZATION=f"Bearer {serving_host.token}",
+        )
         assert response.status_code == status, response.content[:300]
         assert error_of(response)["code"]
 
@@ -64,10 +91,14 @@ class BadInputTests:
     def test_a_nul_character_is_refused_before_anything_is_queued(self, customer, path, body, param) -> None:
         from marketplace.models import Request
 
-        response = Client().post(path, data=json.dumps(body), content_type="application/json",
-                                 HTTP_AUTHORIZATION=f"Bearer {customer.secret}")
+        response = Client().post(
+            path, data=json.dumps(body), content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {customer.secret}"
+        )
         assert response.status_code == 400, response.content[:300]
-        assert (error_of(response)["param"], error_of(response)["message"]) == (param, f"'{param}': Null characters are not allowed.")
+        assert (error_of(response)["param"], error_of(response)["message"]) == (
+            param,
+            f"'{param}': Null characters are not allowed.",
+        )
         assert not Request.objects.exists()
 
     @pytest.mark.parametrize(("path", "status"), CUSTOMER_GETS)
@@ -76,7 +107,9 @@ class BadInputTests:
         assert response.status_code == status, response.content[:300]
         assert error_of(response)["code"] in ("not_found", "invalid_cursor")
 
-    @pytest.mark.parametrize("path", ["/v1/nothing", "/hosts/api/jobs/abc/tokens", "/api/rings/-1/stats", "/billing/api/none"])
+    @pytest.mark.parametrize(
+        "path", ["/v1/nothing", "/hosts/api/jobs/abc/tokens", "/api/rings/-1/stats", "/billing/api/none"]
+    )
     def test_an_api_path_that_names_nothing_is_a_404_in_the_api_format(self, path) -> None:
         response = Client().post(path, data="{}", content_type="application/json")
         assert response.status_code == 404

@@ -1,5 +1,6 @@
 """HAProxy's configuration for `WORKERS=N`: its health checks ask `/healthz`, which needs no key
 (they asked `/v1/models` and took its 401 for a pass: four "Unauthorized" lines a second)."""
+
 from __future__ import annotations
 
 import shutil

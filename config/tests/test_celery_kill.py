@@ -2,6 +2,7 @@
 a burst of requests that only the watchdogs can end (their customers went away, or nobody
 claimed them). After a restart the watchdogs resume; no hold is left open after two watchdog
 periods; the ledger reconciles."""
+
 from __future__ import annotations
 
 import asyncio
@@ -34,9 +35,26 @@ class Worker:
     def __init__(self, env: dict[str, str], log: Path) -> None:
         self.log = open(log, "a")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "config", "worker", "-B", "--concurrency", "1", "--loglevel", "INFO",
-             "--hostname", f"kill-test-{os.getpid()}@%h"],
-            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "config",
+                "worker",
+                "-B",
+                "--concurrency",
+                "1",
+                "--loglevel",
+                "INFO",
+                "--hostname",
+                f"kill-test-{os.getpid()}@%h",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         self.path = log
 
@@ -60,10 +78,14 @@ class Worker:
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[tuple[Gateway, dict[str, str]]]:
-    env = stack_env({
-        "ELEPHANT_VAR_DIR": str(tmp_path / "var"),  # its own file broker and beat schedule on the embedded default
-        "WATCHDOG_INTERVAL_SECONDS": str(INTERVAL), "QUEUE_TIMEOUT_SECONDS": "4", "ABANDON_GRACE_SECONDS": "1",
-    })
+    env = stack_env(
+        {
+            "ELEPHANT_VAR_DIR": str(tmp_path / "var"),  # its own file broker and beat schedule on the embedded default
+            "WATCHDOG_INTERVAL_SECONDS": str(INTERVAL),
+            "QUEUE_TIMEOUT_SECONDS": "4",
+            "ABANDON_GRACE_SECONDS": "1",
+        }
+    )
     gateway = Gateway(env, tmp_path)
     yield gateway, env
     gateway.stop()
@@ -72,8 +94,12 @@ def stack(tmp_path: Path) -> Iterator[tuple[Gateway, dict[str, str]]]:
 async def burst(url: str, secrets: list[str]) -> list[str]:
     """Every customer starts a stream nobody will serve and hangs up after its first event
     (the request is admitted and queued): only the watchdogs can end these requests now."""
-    body = {"model": "gemma-3-270m", "messages": [{"role": "user", "content": "anyone there?"}], "max_tokens": 16,
-            "stream": True}
+    body = {
+        "model": "gemma-3-270m",
+        "messages": [{"role": "user", "content": "anyone there?"}],
+        "max_tokens": 16,
+        "stream": True,
+    }
 
     async def one(secret: str) -> str:
         async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {secret}"}, timeout=30) as http:

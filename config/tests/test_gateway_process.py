@@ -1,6 +1,7 @@
 """How `make run` runs the gateway (`config.gateway`): the hosts' routine calls are not
 access-logged (a setting brings them back), a status line says what the system is doing,
 and a body is refused while it grows past the limit."""
+
 from __future__ import annotations
 
 import io
@@ -26,8 +27,16 @@ def test_the_hosts_routine_calls_are_left_out_and_the_customers_kept() -> None:
     assert not quiet("POST /v1/chat/completions") and not quiet("GET /machines/") and not quiet("GET /hosts/")
     stream = io.StringIO()
     log = HostQuietAccessLog(stream)
-    log("http", "complete", {"client": ["127.0.0.1", 1], "method": "POST", "path": "/hosts/api/heartbeat", "status": 200, "size": 9})
-    log("http", "complete", {"client": ["127.0.0.1", 1], "method": "POST", "path": "/v1/chat/completions", "status": 200, "size": 9})
+    log(
+        "http",
+        "complete",
+        {"client": ["127.0.0.1", 1], "method": "POST", "path": "/hosts/api/heartbeat", "status": 200, "size": 9},
+    )
+    log(
+        "http",
+        "complete",
+        {"client": ["127.0.0.1", 1], "method": "POST", "path": "/v1/chat/completions", "status": 200, "size": 9},
+    )
     assert "/v1/chat/completions" in stream.getvalue() and "heartbeat" not in stream.getvalue()
 
 
@@ -57,8 +66,13 @@ def test_the_quiet_daphne_serves_and_logs_as_set(catalog, tmp_path, hosts_logged
     env = stack_env({"MAX_BODY_BYTES": "4096", **({"ACCESS_LOG_HOSTS": "1"} if hosts_logged else {})})
     if not hosts_logged:
         env.pop("ACCESS_LOG_HOSTS", None)
-    proc = subprocess.Popen([sys.executable, "-m", "config.gateway", "-b", "127.0.0.1", "-p", str(port),
-                             "config.asgi:application"], cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "config.gateway", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
+        cwd=ROOT,
+        env=env,
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
 
@@ -70,13 +84,19 @@ def test_the_quiet_daphne_serves_and_logs_as_set(catalog, tmp_path, hosts_logged
 
         wait_until(up, timeout=60, what="the quiet daphne to answer")
         token = make_host(name="quiet").token
-        assert httpx.post(f"{url}/hosts/api/heartbeat", json={}, headers={"Authorization": f"Bearer {token}"},
-                          timeout=10).status_code < 500
+        assert (
+            httpx.post(
+                f"{url}/hosts/api/heartbeat", json={}, headers={"Authorization": f"Bearer {token}"}, timeout=10
+            ).status_code
+            < 500
+        )
         wait_until(lambda: "/v1/models" in log.read_text(), timeout=10, what="the access log line")
         # a chunked body (no Content-Length) is refused as it grows past the limit, not after it all arrived
         with socket.create_connection(("127.0.0.1", port), timeout=30) as raw:
-            raw.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
-                        b"Content-Type: application/json\r\n\r\n")
+            raw.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                b"Content-Type: application/json\r\n\r\n"
+            )
             answer = b""
             try:
                 for _ in range(1000):  # 1000 × 1 KiB offered; the answer comes after about 4

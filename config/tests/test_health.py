@@ -1,4 +1,5 @@
 """`GET /healthz`, the load balancer's health check: no key, no database, nothing written."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,11 +1,26 @@
 """No import cycle anywhere in the project, imports inside functions included: a module
 that must import another lazily to break a circle is a room in the wrong place."""
+
 from __future__ import annotations
 
 import grimp
 
-PACKAGES = ("core", "protocol", "engine", "scorer", "accounts", "catalog", "mahout", "hosts", "billing", "mesh", "marketplace", "web",
-            "config", "testkit")
+PACKAGES = (
+    "core",
+    "protocol",
+    "engine",
+    "scorer",
+    "accounts",
+    "catalog",
+    "mahout",
+    "hosts",
+    "billing",
+    "mesh",
+    "marketplace",
+    "web",
+    "config",
+    "testkit",
+)
 
 
 def import_cycles(graph: grimp.ImportGraph) -> list[list[str]]:

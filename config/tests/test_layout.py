@@ -1,5 +1,6 @@
 """The house's walls, checked from outside: what the gateway loads, and where old
 addresses lead."""
+
 from __future__ import annotations
 
 import subprocess
@@ -17,10 +18,30 @@ GATEWAY_MODULES = [
         "catalog": ["models", "selectors", "money", "pricing", "tokenizer", "seed"],
         "hosts": ["models", "services", "selectors", "apis", "admin"],
         "billing": ["models", "services", "selectors", "apis", "admin", "tasks", "webhooks"],
-        "mesh": ["models", "admin", "urls", "experts.services", "experts.apis", "experts.consumers", "rings.services", "rings.apis"],
+        "mesh": [
+            "models",
+            "admin",
+            "urls",
+            "experts.services",
+            "experts.apis",
+            "experts.consumers",
+            "rings.services",
+            "rings.apis",
+        ],
         "marketplace": [
-            "models", "services", "openai.admission", "selectors", "trust.routing", "openai.apis", "hostdoor.host_apis",
-            "openai.usage_apis", "openai.consumers", "hostdoor.consumers", "openai.streaming", "admin", "tasks",
+            "models",
+            "services",
+            "openai.admission",
+            "selectors",
+            "trust.routing",
+            "openai.apis",
+            "hostdoor.host_apis",
+            "openai.usage_apis",
+            "openai.consumers",
+            "hostdoor.consumers",
+            "openai.streaming",
+            "admin",
+            "tasks",
         ],
         "web": ["views", "selectors"],
         "config": ["urls", "asgi", "celery"],

@@ -1,5 +1,6 @@
 """What is deleted is gone (issue 30): SQLite overwrites deleted rows, and a customer's text
 waits in the channel layer for seconds, not a minute."""
+
 from __future__ import annotations
 
 from pathlib import Path

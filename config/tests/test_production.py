@@ -1,6 +1,7 @@
 """`DJANGO_ENV=production` (issue 17): refuses to start unsafe, and with real settings
 `manage.py check --deploy --fail-level WARNING` finds nothing; behind a TLS proxy the
 gateway knows requests are HTTPS, and plain HTTP is redirected."""
+
 from __future__ import annotations
 
 import os
@@ -14,14 +15,28 @@ from conftest import ROOT
 
 
 def manage(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SECRET_KEY", "ALLOWED_HOSTS", "DJANGO_DEBUG", "DJANGO_ENV")}
-    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env={**clean, **env}, capture_output=True,
-                          text=True, timeout=120)
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DJANGO_SECRET_KEY", "ALLOWED_HOSTS", "DJANGO_DEBUG", "DJANGO_ENV")
+    }
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture(scope="module")
 def production() -> dict[str, str]:
-    return {"DJANGO_ENV": "production", "DJANGO_SECRET_KEY": secrets.token_urlsafe(50), "ALLOWED_HOSTS": "gateway.example"}
+    return {
+        "DJANGO_ENV": "production",
+        "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
+        "ALLOWED_HOSTS": "gateway.example",
+    }
 
 
 class ProductionSettingsTests:
@@ -31,9 +46,13 @@ class ProductionSettingsTests:
         assert "System check identified no issues" in result.stdout
         assert "EMAIL_BACKEND" in result.stderr, "mail still going to the console is said loudly"
 
-    @pytest.mark.parametrize(("missing", "says"), [
-        ("DJANGO_SECRET_KEY", "needs DJANGO_SECRET_KEY"), ("ALLOWED_HOSTS", "needs ALLOWED_HOSTS"),
-    ])
+    @pytest.mark.parametrize(
+        ("missing", "says"),
+        [
+            ("DJANGO_SECRET_KEY", "needs DJANGO_SECRET_KEY"),
+            ("ALLOWED_HOSTS", "needs ALLOWED_HOSTS"),
+        ],
+    )
     def test_it_refuses_to_start_without(self, production, missing, says) -> None:
         result = manage("check", **{k: v for k, v in production.items() if k != missing})
         assert result.returncode != 0 and says in result.stderr

@@ -1,6 +1,7 @@
 """`make run`'s start order: the hosts start, and "Elephant is running" is printed, only once the
 gateway answers its health check through the balancer. HAProxy answers 503 while its backends
 start; that used to count as "up", and both demo hosts met it and crash-looped."""
+
 from __future__ import annotations
 
 import io

@@ -1,6 +1,7 @@
 """`make run`'s children each lead a process group, so what a dead child started dies with it:
 a Celery worker killed with -9 leaves its pool process running (the hour's soak found one
 alive 50 minutes later), and the supervisor reaps it before restarting the worker."""
+
 from __future__ import annotations
 
 import os
@@ -13,8 +14,10 @@ from pathlib import Path
 from config.management.commands.serve_demo import Command, reap, stop_all
 
 # a parent that starts a grandchild (as Celery's worker starts its pool) and waits
-PARENT = ("import subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); "
-          "print(child.pid, flush=True); time.sleep(300)")
+PARENT = (
+    "import subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); "
+    "print(child.pid, flush=True); time.sleep(300)"
+)
 
 
 def _alive(pid: int) -> bool:
@@ -23,8 +26,6 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
-
-
 
 
 def test_a_child_killed_with_minus_9_leaves_nothing_running_once_reaped(tmp_path: Path) -> None:
@@ -80,8 +81,14 @@ def test_stop_all_stops_the_hosts_before_the_gateway_they_talk_to(monkeypatch) -
     names = ["gateway", "stripe-local", "watchdogs", "mahout", "mahout-embeddings"]
     stop_all([(name, _FakeChild(name, log)) for name in names])
     assert log.index("reap mahout-embeddings") < log.index("terminate gateway")
-    assert log[:6] == ["terminate mahout", "terminate mahout-embeddings", "wait mahout", "reap mahout",
-                       "wait mahout-embeddings", "reap mahout-embeddings"]
+    assert log[:6] == [
+        "terminate mahout",
+        "terminate mahout-embeddings",
+        "wait mahout",
+        "reap mahout",
+        "wait mahout-embeddings",
+        "reap mahout-embeddings",
+    ]
     assert set(log[6:]) == {f"{verb} {name}" for verb in ("terminate", "wait", "reap") for name in names[:3]}
 
 

@@ -1,4 +1,5 @@
 """`make run`'s Stripe: local test mode unless the operator set a real key."""
+
 from __future__ import annotations
 
 import os
@@ -21,7 +22,9 @@ def test_without_a_key_it_starts_the_stand_in_and_points_every_child_at_it(envir
     assert argv[:3] == ["python", "manage.py", "stripe_local"]
     assert argv[3:] == ["--port", argv[4], "--webhook-url", "http://127.0.0.1:8091/billing/stripe/webhook/"]
     assert environ["STRIPE_API_BASE"] == f"http://127.0.0.1:{argv[4]}"
-    assert environ["STRIPE_SECRET_KEY"].startswith("sk_test_local_") and environ["STRIPE_WEBHOOK_SECRET"].startswith("whsec_local_")
+    assert environ["STRIPE_SECRET_KEY"].startswith("sk_test_local_") and environ["STRIPE_WEBHOOK_SECRET"].startswith(
+        "whsec_local_"
+    )
     first = environ.pop("STRIPE_SECRET_KEY")  # the next `make run`
     Command()._stripe_test_mode("python", "http://127.0.0.1:8091")
     assert environ["STRIPE_SECRET_KEY"] != first, "fresh keys each start"

@@ -1,5 +1,6 @@
 """The gateway's WebSocket routes: an id past what a row's id can be names nothing, and a path
 that names nothing is refused at the handshake, never a failure inside the router (a 500)."""
+
 from __future__ import annotations
 
 import pytest
@@ -23,10 +24,17 @@ async def handshake(path: str, token: str) -> tuple[bool, int | None]:
     return connected, code
 
 
-@pytest.mark.parametrize("path", [
-    f"/api/rings/{TOO_BIG}/relay/stage/0", f"/api/rings/1/relay/dial/{TOO_BIG}", f"/api/moe/relay/worker/{TOO_BIG}",
-    f"/api/moe/relay/coordinator/{TOO_BIG}", "/api/rings/1/relay/nowhere", "/nothing/here",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        f"/api/rings/{TOO_BIG}/relay/stage/0",
+        f"/api/rings/1/relay/dial/{TOO_BIG}",
+        f"/api/moe/relay/worker/{TOO_BIG}",
+        f"/api/moe/relay/coordinator/{TOO_BIG}",
+        "/api/rings/1/relay/nowhere",
+        "/nothing/here",
+    ],
+)
 def test_an_id_past_64_bits_or_an_unknown_path_is_refused_at_the_handshake(catalog, path: str) -> None:
     host = make_host(name="dialer")
     assert async_to_sync(handshake)(path, host.token) == (False, 4404)

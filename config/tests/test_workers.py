@@ -1,6 +1,7 @@
 """Two gateway processes behind HAProxy, as `WORKERS=2 make run` starts them: many streams
 relay exactly through either, and a gateway killed with -9 mid-stream costs nobody their
 text (customers re-attach; the host's batches go on through the other process)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -48,8 +49,9 @@ def balanced(tmp_path: Path) -> Iterator[tuple[str, list[Gateway], dict[str, str
         port = free_port()
         config = tmp_path / "haproxy.cfg"
         config.write_text(haproxy_config(port=port, backends=[g.port for g in gateways]))
-        balancer = subprocess.Popen(["haproxy", "-db", "-f", str(config)], stdout=open(tmp_path / "haproxy.log", "w"),
-                                    stderr=subprocess.STDOUT)
+        balancer = subprocess.Popen(
+            ["haproxy", "-db", "-f", str(config)], stdout=open(tmp_path / "haproxy.log", "w"), stderr=subprocess.STDOUT
+        )
         url = f"http://127.0.0.1:{port}"
 
         def up() -> bool:
@@ -73,18 +75,26 @@ async def stream_with_resume(url: str, secret: str) -> tuple[str, str | None, in
     """One customer: a stream, re-attached from its last offset whenever the connection drops.
     Returns the text, an error code if the request ended in error, and how many re-attaches."""
     headers = {"Authorization": f"Bearer {secret}"}
-    body = {"model": "gemma-3-270m", "messages": [{"role": "user", "content": "relay"}], "max_tokens": 3000, "stream": True}
+    body = {
+        "model": "gemma-3-270m",
+        "messages": [{"role": "user", "content": "relay"}],
+        "max_tokens": 3000,
+        "stream": True,
+    }
     text, offset, public_id, reattaches = "", 0, None, 0
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as http:
         for _ in range(10):
-            request = (http.build_request("POST", "/v1/chat/completions", json=body) if public_id is None else
-                       http.build_request("GET", f"/v1/chat/completions/{public_id}?stream=true&starting_after={offset}"))
+            request = (
+                http.build_request("POST", "/v1/chat/completions", json=body)
+                if public_id is None
+                else http.build_request("GET", f"/v1/chat/completions/{public_id}?stream=true&starting_after={offset}")
+            )
             try:
                 response = await http.send(request, stream=True)
                 async for line in response.aiter_lines():
                     if not line.startswith("data: "):
                         continue
-                    data = line[len("data: "):]
+                    data = line[len("data: ") :]
                     if data == "[DONE]":
                         return text, None, reattaches
                     chunk = json.loads(data)
@@ -133,7 +143,9 @@ class TwoGatewaysTests:
         url, _, _ = balanced
         host, port = url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=30) as raw:  # headers only: the body never comes
-            raw.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Length: 10000000000\r\n\r\n".encode())
+            raw.sendall(
+                f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Length: 10000000000\r\n\r\n".encode()
+            )
             answer = raw.recv(65536).decode()
         head, _, body = answer.partition("\r\n\r\n")
         assert head.startswith("HTTP/1.1 413") and json.loads(body)["error"]["code"] == "body_too_large"
@@ -144,8 +156,15 @@ class TwoGatewaysTests:
         made = 6
 
         async def start_and_leave(secret: str) -> None:
-            body = {"model": "gemma-3-270m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True}
-            async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {secret}"}, timeout=30) as http:
+            body = {
+                "model": "gemma-3-270m",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 4,
+                "stream": True,
+            }
+            async with httpx.AsyncClient(
+                base_url=url, headers={"Authorization": f"Bearer {secret}"}, timeout=30
+            ) as http:
                 async with http.stream("POST", "/v1/chat/completions", json=body) as response:
                     assert response.status_code == 200
                     async for _ in response.aiter_bytes():
@@ -157,9 +176,16 @@ class TwoGatewaysTests:
         asyncio.run(burst([make_customer().secret for _ in range(made)]))
         totals = []
         for gateway in gateways:
-            text = httpx.get(f"{gateway.url}/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}, timeout=10).text
-            totals.append(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                              if line.startswith("elephant_requests_total{")))
+            text = httpx.get(
+                f"{gateway.url}/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}, timeout=10
+            ).text
+            totals.append(
+                sum(
+                    float(line.rsplit(" ", 1)[1])
+                    for line in text.splitlines()
+                    if line.startswith("elephant_requests_total{")
+                )
+            )
         assert totals == [made, made], totals
 
     def test_streams_survive_a_gateway_killed_mid_stream(self, balanced, catalog, tmp_path) -> None:
@@ -167,10 +193,33 @@ class TwoGatewaysTests:
         customers = [make_customer() for _ in range(STREAMS)]
         serving = make_host(qualified=False, name="pool", trusted=True)
         sim = subprocess.Popen(
-            [sys.executable, "-m", "testkit.simhost", "--server", url, "--token", serving.token, "--model", "gemma-3-270m",
-             "--loaded", "gemma-3-270m", "--slots", str(STREAMS), "--stream-batches", str(BATCHES), "--interval", "0.05",
-             "--socket", "--wait", "2"],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=open(tmp_path / "simhost.log", "w"), text=True,
+            [
+                sys.executable,
+                "-m",
+                "testkit.simhost",
+                "--server",
+                url,
+                "--token",
+                serving.token,
+                "--model",
+                "gemma-3-270m",
+                "--loaded",
+                "gemma-3-270m",
+                "--slots",
+                str(STREAMS),
+                "--stream-batches",
+                str(BATCHES),
+                "--interval",
+                "0.05",
+                "--socket",
+                "--wait",
+                "2",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=open(tmp_path / "simhost.log", "w"),
+            text=True,
         )
         try:
             assert sim.stdout is not None and json.loads(sim.stdout.readline()).get("ready")
@@ -193,6 +242,7 @@ class TwoGatewaysTests:
         assert all(error in (None, "host_failed") for _, error, _ in results), results
         assert len(completed) >= STREAMS - 2  # a job whose host's batch died with the gateway may honestly fail
         assert sum(reattached for *_, reattached in results) >= 1  # someone was on the killed process
+
         # What no customer is watching any more is the watchdog's (Celery beat runs it under
         # `make run`; this stack has none): a claim whose answer died with the gateway leaves a
         # job its host never heard of, running until its start bound.
@@ -200,8 +250,18 @@ class TwoGatewaysTests:
             watchdog_tick()
             return not Job.objects.filter(status__in=["queued", "running"]).exists()
 
-        left = list(Job.objects.filter(status__in=["queued", "running"]).values(
-            "pk", "status", "attempt", "requeue", "request__status", "claimed_at", "first_token_at", "generated_chars"))
+        left = list(
+            Job.objects.filter(status__in=["queued", "running"]).values(
+                "pk",
+                "status",
+                "attempt",
+                "requeue",
+                "request__status",
+                "claimed_at",
+                "first_token_at",
+                "generated_chars",
+            )
+        )
         wait_until(every_job_ended, timeout=60, what=f"every job to end (left when the streams ended: {left})")
         assert not Hold.objects.filter(status=Hold.Status.ACTIVE).exists()
         assert ledger.reconcile_report() == []

@@ -8,6 +8,7 @@ Here every transaction a thread of this process begins (`BEGIN IMMEDIATE`, as
 writers of a process queue in order instead of sleeping. Other processes (Celery, a second
 `manage.py`) still meet SQLite's own lock. PostgreSQL needs none of this.
 """
+
 from __future__ import annotations
 
 import threading

@@ -1,6 +1,7 @@
 """Every HTTP body is bounded while it is read, before authentication (issue 17), on the real
 ASGI server: a declared length over the limit and a chunked body that grows past it are both
 a 413 in the API's error format, never parsed, never a 500."""
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,11 @@ class BodyLimitTests:
     def test_a_declared_length_over_the_limit_is_refused_without_reading_it(self, gateway) -> None:
         host, port = gateway.url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=30) as raw:  # (daphne itself waits for the whole body)
-            raw.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Length: {LIMIT + 1}\r\n"
-                        "Content-Type: application/json\r\n\r\n".encode() + b"{" * (LIMIT + 1))
+            raw.sendall(
+                f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Length: {LIMIT + 1}\r\n"
+                "Content-Type: application/json\r\n\r\n".encode()
+                + b"{" * (LIMIT + 1)
+            )
             answer = b""
             while b"}}" not in answer:
                 piece = raw.recv(4096)

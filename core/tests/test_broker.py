@@ -1,4 +1,5 @@
 """The embedded broker (core/broker.py) through kombu's own client, on real files."""
+
 from __future__ import annotations
 
 import os
@@ -17,7 +18,11 @@ def connection(tmp_path: Path):  # each test names its own queue: kombu remember
     folder = tmp_path / "queue"
     folder.mkdir()
     (tmp_path / "control").mkdir()
-    options = {"data_folder_in": str(folder), "data_folder_out": str(folder), "control_folder": str(tmp_path / "control")}
+    options = {
+        "data_folder_in": str(folder),
+        "data_folder_out": str(folder),
+        "control_folder": str(tmp_path / "control"),
+    }
     with Connection(f"{broker.SCHEME}://", transport_options=options) as conn:
         yield conn, folder
 

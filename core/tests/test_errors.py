@@ -1,5 +1,6 @@
 """Domain errors rendered the one way at every door: DRF views keep what `response()` adds
 (Retry-After, a 429's rate-limit headers), and a socket's error frame has one shape."""
+
 from __future__ import annotations
 
 import json
@@ -51,11 +52,21 @@ class ApiExceptionHandlerTests:
         response = answer(serializers.ValidationError({"wait": ["Too long."]}))
         assert response.status_code == 400
         assert json.loads(response.content)["error"] == {
-            "message": "'wait': Too long.", "type": "invalid_request_error", "param": "wait", "code": "invalid_value",
+            "message": "'wait': Too long.",
+            "type": "invalid_request_error",
+            "param": "wait",
+            "code": "invalid_value",
         }
 
 
 class FrameTests:
     def test_it_is_the_error_with_what_it_answers(self) -> None:
         frame = DomainError("Stop.", status=409, code="job_not_running").frame(job=3, seq=1)
-        assert frame == {"type": "error", "job": 3, "seq": 1, "status": 409, "code": "job_not_running", "message": "Stop."}
+        assert frame == {
+            "type": "error",
+            "job": 3,
+            "seq": 1,
+            "status": 409,
+            "code": "job_not_running",
+            "message": "Stop.",
+        }

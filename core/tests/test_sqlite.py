@@ -1,5 +1,6 @@
 """On the embedded default, this process's write transactions queue on one lock (in order)
 instead of polling SQLite's busy handler; the lock is given back however a transaction ends."""
+
 from __future__ import annotations
 
 import threading

@@ -1,5 +1,6 @@
 """Picking the engine's device (CUDA availability stubbed at torch's boundary; the real CUDA
 run is `bench/gpu_check.sh`)."""
+
 from __future__ import annotations
 
 import argparse
@@ -16,7 +17,9 @@ def test_auto_takes_cuda_when_torch_sees_a_gpu_and_the_cpu_otherwise() -> None:
     assert pick_device("cuda:1", cuda_available=lambda: True) == torch.device("cuda", 1)
 
 
-@pytest.mark.parametrize(("asked", "why"), [("cuda", "sees no CUDA GPU"), ("tpu", "not a device"), ("mps", "cpu or cuda")])
+@pytest.mark.parametrize(
+    ("asked", "why"), [("cuda", "sees no CUDA GPU"), ("tpu", "not a device"), ("mps", "cpu or cuda")]
+)
 def test_a_device_that_cannot_be_had_is_refused_by_name(asked: str, why: str) -> None:
     with pytest.raises(ValueError, match=why):
         pick_device(asked, cuda_available=lambda: False)

@@ -152,7 +152,9 @@ class FamilyLayoutTests:
         except SdistUnavailable as unavailable:
             pytest.skip(str(unavailable))
         phi3 = tiny_model("phi3", sdist, tmp_path / "phi3.gguf")
-        with pytest.raises(ValueError, match="unsupported architecture 'phi3': this engine runs gemma3, llama, qwen2, qwen3"):
+        with pytest.raises(
+            ValueError, match="unsupported architecture 'phi3': this engine runs gemma3, llama, qwen2, qwen3"
+        ):
             load_stage(phi3, 0, 1)
 
 

@@ -53,5 +53,7 @@ class SplitStagesTests:
     def test_it_hands_only_hidden_states_between_stages(self, model_path: Path) -> None:
         stages = build_stages(model_path, [(0, 1), (1, 2)], n_rows=1, n_ctx=8)
         # A two-stage chain of the first layers alone has no tail; its output is the boundary.
-        hidden = run_stages(stages, torch.tensor(PROMPT), torch.arange(len(PROMPT)), torch.zeros(len(PROMPT), dtype=torch.long))
+        hidden = run_stages(
+            stages, torch.tensor(PROMPT), torch.arange(len(PROMPT)), torch.zeros(len(PROMPT), dtype=torch.long)
+        )
         assert hidden.shape == (len(PROMPT), 640)

@@ -84,7 +84,9 @@ class LoadStageTests:
 
 
 class SharedOutputTests:
-    def test_it_splits_the_output_head_between_the_head_and_the_tail_of_a_ring(self, model_path: Path, full_stage: Stage) -> None:
+    def test_it_splits_the_output_head_between_the_head_and_the_tail_of_a_ring(
+        self, model_path: Path, full_stage: Stage
+    ) -> None:
         config, head = load_stage(model_path, 0, 9, share_output=True)
         _, tail = load_stage(model_path, 9, 18, share_output=True)
         half = config.vocab_size // 2
@@ -93,7 +95,9 @@ class SharedOutputTests:
         assert head.output is not None and head.output.shape == (half, config.d_model) and head.vocab_lo == 0
         assert tail.output is not None and tail.output.shape == (config.vocab_size - half, config.d_model)
         assert tail.vocab_lo == half
-        assert torch.equal(torch.cat([head.output, tail.output]), full_stage.weights.output), "no stage holds the whole head"
+        assert torch.equal(torch.cat([head.output, tail.output]), full_stage.weights.output), (
+            "no stage holds the whole head"
+        )
 
     def test_a_middle_stage_holds_no_share(self, model_path: Path) -> None:
         _, middle = load_stage(model_path, 5, 7, share_output=True)
@@ -114,9 +118,10 @@ class StageTensorNamesTests:
         assert set(names) == block_names(3)
 
 
-
 class DefaultModelPathTests:
-    def test_a_second_reader_never_sees_the_file_half_written(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_a_second_reader_never_sees_the_file_half_written(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         import hashlib
         import threading
 

@@ -97,7 +97,11 @@ class GoldenTests:
         want = np.array(llama.scores[len(prompt_ids) - 1])  # (V,)
         n = len(prompt_ids)
         got = run_stages(
-            [full_stage], torch.tensor(prompt_ids), torch.arange(n), torch.zeros(n, dtype=torch.long), torch.tensor([n - 1])
+            [full_stage],
+            torch.tensor(prompt_ids),
+            torch.arange(n),
+            torch.zeros(n, dtype=torch.long),
+            torch.tensor([n - 1]),
         )[0].numpy()  # (V,)
         correlation = float(np.corrcoef(got, want)[0, 1])
         print(f"\n{n}-token prompt: final-logit correlation with llama.cpp {correlation:.5f}")

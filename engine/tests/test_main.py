@@ -8,7 +8,19 @@ from engine.__main__ import main
 class GenerateCommandTests:
     def test_it_prints_the_greedy_completion(self, capsys: pytest.CaptureFixture[str]) -> None:
         assert (
-            main(["generate", "--prompt", "The capital of France is", "--max-tokens", "4", "--threads", "1", "--stages", "2"])
+            main(
+                [
+                    "generate",
+                    "--prompt",
+                    "The capital of France is",
+                    "--max-tokens",
+                    "4",
+                    "--threads",
+                    "1",
+                    "--stages",
+                    "2",
+                ]
+            )
             == 0
         )
         out, err = capsys.readouterr()

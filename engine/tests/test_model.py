@@ -112,7 +112,9 @@ class StageMembershipTests:
         na = len(PROMPT_A)
         first = one_pass(torch.tensor(PROMPT_A), [RowSpan("a", 0, na)])  # (1, V)
         # Request A decodes while request B prefills, in one pass through both stages.
-        mixed = one_pass(torch.tensor([506, *PROMPT_B]), [RowSpan("a", na, 1), RowSpan("b", 0, len(PROMPT_B))])  # (2, V)
+        mixed = one_pass(
+            torch.tensor([506, *PROMPT_B]), [RowSpan("a", na, 1), RowSpan("b", 0, len(PROMPT_B))]
+        )  # (2, V)
 
         assert [stage.cache.row_of("b") for stage in ring] == [1, 1]
         for got, want in [(first[0], alone_a[0]), (mixed[0], alone_a[1]), (mixed[1], alone_b[0])]:

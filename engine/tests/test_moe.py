@@ -104,7 +104,11 @@ class TinyMoeFileTests:
     def test_the_command_line_writes_it(self, tmp_path: Path) -> None:
         out = tmp_path / "cli.gguf"
         result = subprocess.run(
-            [sys.executable, "-m", "engine", "make-tiny-moe", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120
+            [sys.executable, "-m", "engine", "make-tiny-moe", str(out)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert result.returncode == 0, result.stderr
         assert read_moe_config(open_gguf(out)).n_layers == 2
@@ -119,7 +123,11 @@ class ExpertSliceTests:
         _, from_slice = load_expert_slice(dest, 1, 2, 3)
         _, from_model = load_expert_slice(tiny, 1, 2, 3)
         assert from_slice.first == 2 and from_slice.count == 3
-        for a, b in ((from_slice.gate, from_model.gate), (from_slice.up, from_model.up), (from_slice.down, from_model.down)):
+        for a, b in (
+            (from_slice.gate, from_model.gate),
+            (from_slice.up, from_model.up),
+            (from_slice.down, from_model.down),
+        ):
             assert torch.equal(a, b)
 
     def test_it_refuses_a_slice_past_the_experts(self, tiny: Path) -> None:
@@ -151,7 +159,9 @@ class MoeModelTests:
         llm.eval(ids)
         reference = np.array(llm.scores[: len(ids)])  # (T, V)
         config, weights = load_moe(tiny)
-        ours = MoeModel(config, weights)(torch.tensor(ids), torch.arange(len(ids)), torch.zeros(len(ids), dtype=torch.long))
+        ours = MoeModel(config, weights)(
+            torch.tensor(ids), torch.arange(len(ids)), torch.zeros(len(ids), dtype=torch.long)
+        )
         assert np.abs(ours.numpy() - reference).max() < 1e-2
         assert (ours.numpy().argmax(1) == reference.argmax(1)).all()
 

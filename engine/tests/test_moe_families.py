@@ -86,7 +86,11 @@ class Qwen3MoeGoldenTests:
         assert off > 4 * LOGITS_ATOL
 
     def test_experts_from_slice_files_give_the_same_tokens(
-        self, moe_path: Path, loaded: tuple, reference: Reference, tmp_path: Path,
+        self,
+        moe_path: Path,
+        loaded: tuple,
+        reference: Reference,
+        tmp_path: Path,
     ) -> None:
         """Layer 1's experts from two slice files, as two volunteers hold them (cut from the
         float16 file as the gateway cuts them), the other layers' here: the same tokens."""
@@ -103,15 +107,23 @@ class Qwen3MoeGoldenTests:
                 return local(layer, inputs)
             return {e: next(bank for bank in slices if bank.holds(e)).compute(e, rows) for e, rows in inputs.items()}
 
-        assert MoeModel(config, weights, experts=sliced, n_rows=1, n_ctx=64).generate(reference.prompts[1], N_TOKENS) == whole
+        assert (
+            MoeModel(config, weights, experts=sliced, n_rows=1, n_ctx=64).generate(reference.prompts[1], N_TOKENS)
+            == whole
+        )
 
 
 class Qwen3MoeRopeTests:
     def test_linear_rope_scaling_is_llama_cpps(self, tmp_path: Path) -> None:
         """Positions divided by the file's factor, as llama.cpp does: scaled, the logits after
         a 10-token prompt lie 2.2e-3 off llama.cpp's; computed unscaled, 0.48."""
-        path = tiny_model("qwen3moe", sdist_models(tmp_path / "sdist"), tmp_path / "scaled.gguf", n_layer=N_LAYERS,
-                          rope_linear_factor=4.0)
+        path = tiny_model(
+            "qwen3moe",
+            sdist_models(tmp_path / "sdist"),
+            tmp_path / "scaled.gguf",
+            n_layer=N_LAYERS,
+            rope_linear_factor=4.0,
+        )
         reference = Reference(path)
         try:
             config, weights = load_moe(path)
@@ -127,8 +139,15 @@ class Qwen3MoeRopeTests:
         from gguf import GGUFWriter
 
         writer = GGUFWriter(str(tmp_path / "yarn.gguf"), "qwen3moe")
-        for key, value in (("block_count", 1), ("context_length", 64), ("embedding_length", 64), ("attention.head_count", 4),
-                           ("expert_count", 8), ("expert_used_count", 2), ("expert_feed_forward_length", 32)):
+        for key, value in (
+            ("block_count", 1),
+            ("context_length", 64),
+            ("embedding_length", 64),
+            ("attention.head_count", 4),
+            ("expert_count", 8),
+            ("expert_used_count", 2),
+            ("expert_feed_forward_length", 32),
+        ):
             writer.add_uint32(f"qwen3moe.{key}", value)
         writer.add_float32("qwen3moe.attention.layer_norm_rms_epsilon", 1e-6)
         writer.add_string("qwen3moe.rope.scaling.type", "yarn")
@@ -147,13 +166,22 @@ class Qwen3MoeQuantizedTests:
     def test_quantised_experts_load_slice_and_agree_with_llama_cpp(self, tmp_path: Path) -> None:
         from gguf import GGMLQuantizationType, GGUFReader
 
-        path = tiny_model("qwen3moe", sdist_models(tmp_path / "sdist"), tmp_path / "q8.gguf", n_layer=N_LAYERS,
-                          expert_type=GGMLQuantizationType.Q8_0)
+        path = tiny_model(
+            "qwen3moe",
+            sdist_models(tmp_path / "sdist"),
+            tmp_path / "q8.gguf",
+            n_layer=N_LAYERS,
+            expert_type=GGMLQuantizationType.Q8_0,
+        )
         reference = Reference(path)
         try:
             config, weights = load_moe(path)
-            off = float(np.abs(_first_logits(MoeModel(config, weights, n_rows=1, n_ctx=64), reference.prompts[0])
-                               - reference.greedy[0][1]).max())
+            off = float(
+                np.abs(
+                    _first_logits(MoeModel(config, weights, n_rows=1, n_ctx=64), reference.prompts[0])
+                    - reference.greedy[0][1]
+                ).max()
+            )
             assert off < 0.05, f"logits {off:.4f} off llama.cpp's"
         finally:
             reference.llama.close()
@@ -177,10 +205,16 @@ class MixtralGoldenTests:
             assert (config.arch, config.qk_norm, config.rope_neox, config.n_experts) == ("llama", False, False, 8)
             assert weights.layers[0].q_norm is None
             for index, prompt_ids in enumerate(reference.prompts):
-                off = float(np.abs(_first_logits(MoeModel(config, weights, n_rows=1, n_ctx=64), prompt_ids)
-                                   - reference.greedy[index][1]).max())
+                off = float(
+                    np.abs(
+                        _first_logits(MoeModel(config, weights, n_rows=1, n_ctx=64), prompt_ids)
+                        - reference.greedy[index][1]
+                    ).max()
+                )
                 assert off < LOGITS_ATOL, f"prompt {index}: logits {off:.5f} off llama.cpp's"
-                reference.assert_agrees(index, MoeModel(config, weights, n_rows=1, n_ctx=64).generate(prompt_ids, N_TOKENS))
+                reference.assert_agrees(
+                    index, MoeModel(config, weights, n_rows=1, n_ctx=64).generate(prompt_ids, N_TOKENS)
+                )
             neox = MoeModel(replace(config, rope_neox=True), weights, n_rows=1, n_ctx=64)  # the wrong RoPE form shows
             assert float(np.abs(_first_logits(neox, reference.prompts[2]) - reference.greedy[2][1]).max()) > LOGITS_ATOL
         finally:

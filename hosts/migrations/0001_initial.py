@@ -6,7 +6,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -27,7 +26,12 @@ class Migration(migrations.Migration):
                 ('models_loaded', models.JSONField(blank=True, default=list)),
                 ('last_heartbeat_at', models.DateTimeField(blank=True, null=True)),
                 ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('owner', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='hosts', to=settings.AUTH_USER_MODEL)),
+                (
+                    'owner',
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name='hosts', to=settings.AUTH_USER_MODEL
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
@@ -43,7 +47,12 @@ class Migration(migrations.Migration):
                 ('machine', models.JSONField(blank=True, default=dict)),
                 ('created_at', models.DateTimeField(auto_now_add=True)),
                 ('updated_at', models.DateTimeField(auto_now=True)),
-                ('host', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='qualifications', to='hosts.host')),
+                (
+                    'host',
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name='qualifications', to='hosts.host'
+                    ),
+                ),
             ],
         ),
     ]

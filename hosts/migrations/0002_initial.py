@@ -5,7 +5,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -17,7 +16,11 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='qualification',
             name='model',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='qualifications', to='marketplace.catalogmodel'),
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name='qualifications',
+                to='marketplace.catalogmodel',
+            ),
         ),
         migrations.AddConstraint(
             model_name='host',
@@ -25,7 +28,9 @@ class Migration(migrations.Migration):
         ),
         migrations.AddConstraint(
             model_name='qualification',
-            constraint=models.UniqueConstraint(fields=('host', 'model', 'fingerprint'), name='one_qualification_per_machine'),
+            constraint=models.UniqueConstraint(
+                fields=('host', 'model', 'fingerprint'), name='one_qualification_per_machine'
+            ),
         ),
         migrations.AddConstraint(
             model_name='qualification',

@@ -5,7 +5,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('hosts', '0002_initial'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
@@ -29,6 +28,13 @@ class Migration(migrations.Migration):
         ),
         migrations.AddConstraint(
             model_name='host',
-            constraint=models.CheckConstraint(condition=models.Q(('maintenance_since__isnull', True), models.Q(('maintenance_reason', ''), _negated=True), _connector='OR'), name='host_maintenance_has_reason'),
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ('maintenance_since__isnull', True),
+                    models.Q(('maintenance_reason', ''), _negated=True),
+                    _connector='OR',
+                ),
+                name='host_maintenance_has_reason',
+            ),
         ),
     ]

@@ -4,7 +4,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('hosts', '0003_host_maintenance'),
     ]
@@ -13,7 +12,11 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='host',
             name='catalog',
-            field=models.JSONField(blank=True, default=dict, help_text='last readable catalog: installed, qualified, loaded, slots, active_jobs'),
+            field=models.JSONField(
+                blank=True,
+                default=dict,
+                help_text='last readable catalog: installed, qualified, loaded, slots, active_jobs',
+            ),
         ),
         migrations.AddField(
             model_name='host',
@@ -23,11 +26,17 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='host',
             name='routing_weight',
-            field=models.FloatField(blank=True, help_text="operator override of the weighted strategy's weight (default: measured tokens/s)", null=True),
+            field=models.FloatField(
+                blank=True,
+                help_text="operator override of the weighted strategy's weight (default: measured tokens/s)",
+                null=True,
+            ),
         ),
         migrations.AddField(
             model_name='host',
             name='slots',
-            field=models.PositiveSmallIntegerField(default=1, help_text='jobs the host runs at once (from its catalog)'),
+            field=models.PositiveSmallIntegerField(
+                default=1, help_text='jobs the host runs at once (from its catalog)'
+            ),
         ),
     ]

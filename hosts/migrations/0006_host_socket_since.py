@@ -4,7 +4,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('hosts', '0005_qualification_model_in_catalog'),
     ]
@@ -13,6 +12,8 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='host',
             name='socket_since',
-            field=models.DateTimeField(blank=True, help_text='when its current WebSocket (presence, batches) opened', null=True),
+            field=models.DateTimeField(
+                blank=True, help_text='when its current WebSocket (presence, batches) opened', null=True
+            ),
         ),
     ]

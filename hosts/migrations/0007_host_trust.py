@@ -5,7 +5,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('hosts', '0006_host_socket_since'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
@@ -20,7 +19,9 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='host',
             name='banned_at',
-            field=models.DateTimeField(blank=True, help_text='operator ban: refused everywhere; only an operator lifts it', null=True),
+            field=models.DateTimeField(
+                blank=True, help_text='operator ban: refused everywhere; only an operator lifts it', null=True
+            ),
         ),
         migrations.AddField(
             model_name='host',
@@ -30,15 +31,28 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='host',
             name='measured_tps',
-            field=models.FloatField(blank=True, help_text='tokens/s the gateway measured on its own jobs (moving average), not reported', null=True),
+            field=models.FloatField(
+                blank=True,
+                help_text='tokens/s the gateway measured on its own jobs (moving average), not reported',
+                null=True,
+            ),
         ),
         migrations.AddField(
             model_name='host',
             name='trusted_at',
-            field=models.DateTimeField(blank=True, help_text='when it left probation (enough canaries passed and jobs done); cleared by a failure', null=True),
+            field=models.DateTimeField(
+                blank=True,
+                help_text='when it left probation (enough canaries passed and jobs done); cleared by a failure',
+                null=True,
+            ),
         ),
         migrations.AddConstraint(
             model_name='host',
-            constraint=models.CheckConstraint(condition=models.Q(('banned_at__isnull', True), models.Q(('ban_reason', ''), _negated=True), _connector='OR'), name='host_ban_has_reason'),
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ('banned_at__isnull', True), models.Q(('ban_reason', ''), _negated=True), _connector='OR'
+                ),
+                name='host_ban_has_reason',
+            ),
         ),
     ]

@@ -4,7 +4,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('hosts', '0007_host_trust'),
     ]
@@ -13,6 +12,8 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='qualification',
             name='load_ms',
-            field=models.FloatField(default=0, help_text='how long loading the model took in the benchmark (0: not reported)'),
+            field=models.FloatField(
+                default=0, help_text='how long loading the model took in the benchmark (0: not reported)'
+            ),
         ),
     ]

@@ -5,7 +5,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('catalog', '0002_embedding_dimensions'),
         ('hosts', '0008_qualification_load_ms'),
@@ -15,7 +14,14 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='host',
             name='warm_asked',
-            field=models.ForeignKey(blank=True, help_text='a latency-critical model the gateway asked this idle host to keep loaded (deliberate redundancy)', null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='catalog.catalogmodel'),
+            field=models.ForeignKey(
+                blank=True,
+                help_text='a latency-critical model the gateway asked this idle host to keep loaded (deliberate redundancy)',
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name='+',
+                to='catalog.catalogmodel',
+            ),
         ),
         migrations.AddField(
             model_name='host',

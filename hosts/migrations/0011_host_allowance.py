@@ -6,7 +6,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('hosts', '0010_qualification_file_and_device'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
@@ -17,10 +16,22 @@ class Migration(migrations.Migration):
             name='HostAllowance',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('machines', models.PositiveIntegerField(help_text='machines this owner may register (replaces HOSTS_PER_ACCOUNT)')),
+                (
+                    'machines',
+                    models.PositiveIntegerField(
+                        help_text='machines this owner may register (replaces HOSTS_PER_ACCOUNT)'
+                    ),
+                ),
                 ('reason', models.CharField(blank=True, max_length=300)),
                 ('updated_at', models.DateTimeField(auto_now=True)),
-                ('owner', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='host_allowance', to=settings.AUTH_USER_MODEL)),
+                (
+                    'owner',
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name='host_allowance',
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
         ),
     ]

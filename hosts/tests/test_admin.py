@@ -1,5 +1,6 @@
 """The host admin through the real admin: an operator logged in as a superuser
 posts the changelist's actions."""
+
 from __future__ import annotations
 
 import json
@@ -35,9 +36,15 @@ def act(client: Client, action: str, hosts: list[Host]) -> TestResponse:
 
 def apply_reason(client: Client, hosts: list[Host], reason: str) -> TestResponse:
     """The second step: the reason form posted back to the changelist."""
-    return client.post(CHANGELIST, {
-        "action": "maintenance_enter", "_selected_action": [h.pk for h in hosts], "reason": reason, "apply": "Put in maintenance",
-    })
+    return client.post(
+        CHANGELIST,
+        {
+            "action": "maintenance_enter",
+            "_selected_action": [h.pk for h in hosts],
+            "reason": reason,
+            "apply": "Put in maintenance",
+        },
+    )
 
 
 class HostMaintenanceActionTests:
@@ -80,7 +87,9 @@ class HostMaintenanceActionTests:
 
 
 class HostChangelistTests:
-    def test_it_lists_status_reason_and_models_loaded_and_filters_by_maintenance(self, operator, serving_host, outsider) -> None:
+    def test_it_lists_status_reason_and_models_loaded_and_filters_by_maintenance(
+        self, operator, serving_host, outsider
+    ) -> None:
         Host.objects.filter(pk=outsider.host.pk).update(models_loaded=["gemma-3-270m"])
         services.host_maintenance_enter(host=serving_host.host, reason="thermal paste", by="operator")
         page = operator.get(CHANGELIST).content.decode()
@@ -97,24 +106,39 @@ class HostChangelistTests:
 
 
 def apply_ban(client: Client, hosts: list[Host], reason: str) -> TestResponse:
-    return client.post(CHANGELIST, {"action": "ban", "_selected_action": [h.pk for h in hosts], "reason": reason, "apply": "Ban"})
+    return client.post(
+        CHANGELIST, {"action": "ban", "_selected_action": [h.pk for h in hosts], "reason": reason, "apply": "Ban"}
+    )
 
 
 def heartbeat_status(token: str, fingerprint: str) -> int:
-    return Client().post(
-        "/hosts/api/heartbeat", data=json.dumps({"fingerprint": fingerprint}), content_type="application/json",
-        HTTP_AUTHORIZATION=f"Bearer {token}",
-    ).status_code
+    return (
+        Client()
+        .post(
+            "/hosts/api/heartbeat",
+            data=json.dumps({"fingerprint": fingerprint}),
+            content_type="application/json",
+            HTTP_AUTHORIZATION=f"Bearer {token}",
+        )
+        .status_code
+    )
 
 
 class HostBanActionTests:
     def test_ban_asks_for_a_reason_first(self, operator, serving_host) -> None:
         response = act(operator, "ban", [serving_host.host])
         page = response.content.decode()
-        assert response.status_code == 200 and "Ban hosts" in page and 'name="reason"' in page and serving_host.host.name in page
+        assert (
+            response.status_code == 200
+            and "Ban hosts" in page
+            and 'name="reason"' in page
+            and serving_host.host.name in page
+        )
         assert Host.objects.get(pk=serving_host.host.pk).banned_at is None
 
-    def test_the_reason_form_bans_revokes_the_token_and_writes_the_history(self, operator, serving_host, outsider) -> None:
+    def test_the_reason_form_bans_revokes_the_token_and_writes_the_history(
+        self, operator, serving_host, outsider
+    ) -> None:
         assert heartbeat_status(serving_host.token, serving_host.fingerprint) == 200
         response = apply_ban(operator, [serving_host.host], "Canary answers were not the model's")
         assert response.status_code == 302
@@ -143,11 +167,14 @@ class HostBanActionTests:
         response = act(operator, "unban", [serving_host.host])
         assert response.status_code == 302
         assert Host.objects.get(pk=serving_host.host.pk).banned_at is None
-        assert heartbeat_status(serving_host.token, serving_host.fingerprint) == 401  # the owner rotates it to come back
+        assert (
+            heartbeat_status(serving_host.token, serving_host.fingerprint) == 401
+        )  # the owner rotates it to come back
         assert "rotate" in operator.get(response["Location"]).content.decode()
 
     def test_the_trust_filter_and_the_ban_fields_are_read_only(self, operator, serving_host, outsider) -> None:
         services.host_ban(host=serving_host.host, reason="fraud", by="ops")
+
         def link(host: Host) -> str:
             return f'href="{CHANGELIST}{host.pk}/change/'
 

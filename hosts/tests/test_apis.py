@@ -19,7 +19,9 @@ pytestmark = pytest.mark.django_db
 
 def heartbeat(serving_host: ServingHost) -> dict:
     response = Client().post(
-        "/hosts/api/heartbeat", data=json.dumps({"fingerprint": serving_host.fingerprint}), content_type="application/json",
+        "/hosts/api/heartbeat",
+        data=json.dumps({"fingerprint": serving_host.fingerprint}),
+        content_type="application/json",
         HTTP_AUTHORIZATION=f"Bearer {serving_host.token}",
     )
     assert response.status_code == 200
@@ -35,7 +37,13 @@ def me(serving_host: ServingHost) -> dict:
 class HostMaintenanceApiTests:
     def test_the_host_reads_its_maintenance_reason_in_me_and_in_the_heartbeat(self, serving_host) -> None:
         services.host_maintenance_enter(host=serving_host.host, reason="fan replacement", by="operator")
-        assert heartbeat(serving_host) == {"status": "maintenance", "paused": False, "maintenance": "fan replacement", "load": [], "unload": []}
+        assert heartbeat(serving_host) == {
+            "status": "maintenance",
+            "paused": False,
+            "maintenance": "fan replacement",
+            "load": [],
+            "unload": [],
+        }
         body = me(serving_host)
         assert body["status"] == "maintenance" and body["maintenance_reason"] == "fan replacement"
         assert body["maintenance_since"] is not None
@@ -43,13 +51,21 @@ class HostMaintenanceApiTests:
     def test_me_says_maintenance_not_offline_for_a_silent_host_in_maintenance(self, serving_host) -> None:
         """A machine taken out for repairs often stops its heartbeat: it is still in maintenance."""
         services.host_maintenance_enter(host=serving_host.host, reason="fan replacement", by="operator")
-        Host.objects.filter(pk=serving_host.host.pk).update(last_heartbeat_at=timezone.now() - timezone.timedelta(hours=1))
+        Host.objects.filter(pk=serving_host.host.pk).update(
+            last_heartbeat_at=timezone.now() - timezone.timedelta(hours=1)
+        )
         assert me(serving_host)["status"] == "maintenance"
         services.host_maintenance_resume(host=serving_host.host)
         assert me(serving_host)["status"] == "offline"
 
     def test_out_of_maintenance_both_say_null(self, serving_host) -> None:
-        assert heartbeat(serving_host) == {"status": "online", "paused": False, "maintenance": None, "load": [], "unload": []}
+        assert heartbeat(serving_host) == {
+            "status": "online",
+            "paused": False,
+            "maintenance": None,
+            "load": [],
+            "unload": [],
+        }
         body = me(serving_host)
         assert (body["maintenance_reason"], body["maintenance_since"]) == (None, None)
 
@@ -76,7 +92,9 @@ class BannedHostApiTests:
     def test_a_banned_hosts_old_token_is_refused_on_every_call_and_claims_nothing(self, serving_host, customer) -> None:
         token, fingerprint = serving_host.token, serving_host.fingerprint
         first = queued_request(customer)
-        assert call("post", "/hosts/api/heartbeat", token, {"fingerprint": fingerprint})[0] == 200  # present, so it may claim
+        assert (
+            call("post", "/hosts/api/heartbeat", token, {"fingerprint": fingerprint})[0] == 200
+        )  # present, so it may claim
         status, body = call("post", "/hosts/api/claim", token, {"fingerprint": fingerprint, "wait": 0})
         assert status == 200 and body["job"]["id"] == Job.objects.get(request=first).pk  # the token worked before
         second = queued_request(customer)
@@ -85,8 +103,15 @@ class BannedHostApiTests:
             ("post", "/hosts/api/heartbeat", {"fingerprint": fingerprint}),
             ("post", "/hosts/api/claim", {"fingerprint": fingerprint, "wait": 0}),
             ("post", f"/hosts/api/jobs/{body['job']['id']}/tokens", {"seq": 0, "text": "Hi"}),
-            ("post", "/hosts/api/qualifications", {"model": "gemma-3-270m", "fingerprint": fingerprint, "benchmark": {
-                "prompt_tps": 1, "gen_tps": 1, "ttft_ms": 1, "memory_mb": 1}}),
+            (
+                "post",
+                "/hosts/api/qualifications",
+                {
+                    "model": "gemma-3-270m",
+                    "fingerprint": fingerprint,
+                    "benchmark": {"prompt_tps": 1, "gen_tps": 1, "ttft_ms": 1, "memory_mb": 1},
+                },
+            ),
             ("get", "/hosts/api/me", None),
         ]:
             status, refused = call(method, path, token, payload)
@@ -96,7 +121,9 @@ class BannedHostApiTests:
 
     def test_a_ban_without_a_revoked_token_is_still_refused_with_its_reason(self, serving_host) -> None:
         """A ban recorded some other way than `host_ban` (the token kept) holds too."""
-        Host.objects.filter(pk=serving_host.host.pk).update(banned_at=timezone.now(), ban_reason="chargeback fraud", banned_by="ops")
+        Host.objects.filter(pk=serving_host.host.pk).update(
+            banned_at=timezone.now(), ban_reason="chargeback fraud", banned_by="ops"
+        )
         for method, path, payload in [
             ("post", "/hosts/api/heartbeat", {"fingerprint": serving_host.fingerprint}),
             ("post", "/hosts/api/claim", {"fingerprint": serving_host.fingerprint, "wait": 0}),
@@ -122,7 +149,10 @@ class InactiveOwnerApiTests:
             assert "deactivated" in refused["error"]["message"]
         owner.is_active = True
         owner.save(update_fields=["is_active"])
-        assert call("post", "/hosts/api/heartbeat", serving_host.token, {"fingerprint": serving_host.fingerprint})[0] == 200
+        assert (
+            call("post", "/hosts/api/heartbeat", serving_host.token, {"fingerprint": serving_host.fingerprint})[0]
+            == 200
+        )
 
 
 def catalog_entry(name: str, sha256: str, **fields: object) -> object:
@@ -130,8 +160,14 @@ def catalog_entry(name: str, sha256: str, **fields: object) -> object:
     from catalog.models import CatalogModel
 
     return CatalogModel.objects.create(
-        name=name, kind=fields.pop("kind", "chat"), context_length=fields.pop("context_length", 2048),
-        input_price_ucents=10, output_price_ucents=40, tokenizer="bytes", sha256=sha256, **fields,
+        name=name,
+        kind=fields.pop("kind", "chat"),
+        context_length=fields.pop("context_length", 2048),
+        input_price_ucents=10,
+        output_price_ucents=40,
+        tokenizer="bytes",
+        sha256=sha256,
+        **fields,
     )
 
 
@@ -147,10 +183,19 @@ class CatalogListApiTests:
         assert status == 200
         assert [entry["name"] for entry in body["models"]] == ["all-minilm-l6-v2", "gemma-3-270m", "tiny-chat"]
         listed = {entry["name"]: entry for entry in body["models"]}
-        assert listed["tiny-chat"] == {"name": "tiny-chat", "kind": "chat", "sha256": "ab" * 32, "quantization": "Q8_0",
-                                       "file_size": 123_456, "context_length": 8192, "embedding_dimensions": None}
+        assert listed["tiny-chat"] == {
+            "name": "tiny-chat",
+            "kind": "chat",
+            "sha256": "ab" * 32,
+            "quantization": "Q8_0",
+            "file_size": 123_456,
+            "context_length": 8192,
+            "embedding_dimensions": None,
+        }
         assert (listed["gemma-3-270m"]["sha256"], listed["gemma-3-270m"]["quantization"]) == (
-            MODEL_FILES["gemma-3-270m"]["sha256"], "Q4_K_M")
+            MODEL_FILES["gemma-3-270m"]["sha256"],
+            "Q4_K_M",
+        )
         embeddings = listed["all-minilm-l6-v2"]
         assert embeddings["kind"] == "embedding" and embeddings["embedding_dimensions"] == 384
 
@@ -159,14 +204,19 @@ class CatalogListApiTests:
         for token in ("not-a-token", customer.secret):
             status, refused = call("get", "/hosts/api/catalog", token)
             assert (status, refused["error"]["code"]) == (401, "invalid_host_token"), token
-        Host.objects.filter(pk=serving_host.host.pk).update(banned_at=timezone.now(), ban_reason="cheat", banned_by="ops")
+        Host.objects.filter(pk=serving_host.host.pk).update(
+            banned_at=timezone.now(), ban_reason="cheat", banned_by="ops"
+        )
         assert call("get", "/hosts/api/catalog", serving_host.token)[0] == 403
 
     def test_a_qualification_of_any_entry_is_held_to_that_rows_pin(self, serving_host) -> None:
         """A model mahout never shipped: the row's sha256 decides, not the shipped list."""
         catalog_entry("tiny-chat", "ab" * 32, quantization="Q8_0")
-        body = {"model": "tiny-chat", "fingerprint": serving_host.fingerprint,
-                "benchmark": {"prompt_tps": 1, "gen_tps": 1, "ttft_ms": 1, "memory_mb": 1}}
+        body = {
+            "model": "tiny-chat",
+            "fingerprint": serving_host.fingerprint,
+            "benchmark": {"prompt_tps": 1, "gen_tps": 1, "ttft_ms": 1, "memory_mb": 1},
+        }
         status, refused = call("post", "/hosts/api/qualifications", serving_host.token, {**body, "sha256": "ef" * 32})
         assert (status, refused["error"]["code"]) == (409, "model_file_mismatch")
         assert "ab" * 32 in refused["error"]["message"] and "Q8_0" in refused["error"]["message"]
@@ -182,22 +232,39 @@ class PresenceBeforeClaimTests:
 
     def test_a_host_that_never_heartbeats_claims_nothing(self, serving_host, customer) -> None:
         request = queued_request(customer)
-        status, refused = call("post", "/hosts/api/claim", serving_host.token, {"fingerprint": serving_host.fingerprint, "wait": 0})
+        status, refused = call(
+            "post", "/hosts/api/claim", serving_host.token, {"fingerprint": serving_host.fingerprint, "wait": 0}
+        )
         assert (status, refused["error"]["code"]) == (409, "heartbeat_required")
         assert Job.objects.get(request=request).status == Job.Status.QUEUED
-        assert call("post", "/hosts/api/heartbeat", serving_host.token, {"fingerprint": serving_host.fingerprint})[0] == 200
-        status, body = call("post", "/hosts/api/claim", serving_host.token, {"fingerprint": serving_host.fingerprint, "wait": 0})
+        assert (
+            call("post", "/hosts/api/heartbeat", serving_host.token, {"fingerprint": serving_host.fingerprint})[0]
+            == 200
+        )
+        status, body = call(
+            "post", "/hosts/api/claim", serving_host.token, {"fingerprint": serving_host.fingerprint, "wait": 0}
+        )
         assert status == 200 and body["job"]["id"] == Job.objects.get(request=request).pk
 
     def test_a_canary_comes_through_the_claim_not_with_the_heartbeat(self, serving_host, catalog) -> None:
         from marketplace.models import CanaryCheck, CanaryReference
 
-        CanaryReference.objects.create(model=catalog, kind="completion", prompt="Once upon a time", max_tokens=16,
-                                       text=" there was a cat.", tokens=5, exact_chars=17, gaps=[])
+        CanaryReference.objects.create(
+            model=catalog,
+            kind="completion",
+            prompt="Once upon a time",
+            max_tokens=16,
+            text=" there was a cat.",
+            tokens=5,
+            exact_chars=17,
+            gaps=[],
+        )
         beat = {"fingerprint": serving_host.fingerprint}
         assert call("post", "/hosts/api/heartbeat", serving_host.token, beat)[0] == 200
         assert not CanaryCheck.objects.exists(), "a canary arrived with the heartbeat: its timing marks it"
-        status, body = call("post", "/hosts/api/claim", serving_host.token, {"fingerprint": serving_host.fingerprint, "wait": 0})
+        status, body = call(
+            "post", "/hosts/api/claim", serving_host.token, {"fingerprint": serving_host.fingerprint, "wait": 0}
+        )
         check = CanaryCheck.objects.get(host=serving_host.host)
         assert status == 200 and body["job"]["id"] == Job.objects.get(request=check.request).pk
 
@@ -205,8 +272,12 @@ class PresenceBeforeClaimTests:
         queued_request(customer)
         stale = timezone.now() - timezone.timedelta(seconds=settings.HOST_OFFLINE_AFTER_SECONDS + 5)
         Host.objects.filter(pk=serving_host.host.pk).update(last_heartbeat_at=stale)
-        status, refused = call("post", "/hosts/api/claim", serving_host.token, {"fingerprint": serving_host.fingerprint, "wait": 0})
+        status, refused = call(
+            "post", "/hosts/api/claim", serving_host.token, {"fingerprint": serving_host.fingerprint, "wait": 0}
+        )
         assert (status, refused["error"]["code"]) == (409, "heartbeat_required")
         Host.objects.filter(pk=serving_host.host.pk).update(last_heartbeat_at=timezone.now(), version="0.0.1")
-        status, refused = call("post", "/hosts/api/claim", serving_host.token, {"fingerprint": serving_host.fingerprint, "wait": 0})
+        status, refused = call(
+            "post", "/hosts/api/claim", serving_host.token, {"fingerprint": serving_host.fingerprint, "wait": 0}
+        )
         assert (status, refused["error"]["code"]) == (426, "upgrade_required")

@@ -2,6 +2,7 @@
 catalog (GET /hosts/api/catalog) and refuses any other in one line; a chat model mahout never
 shipped, once an operator added it with `catalog_add` and an owner added its file, is
 benchmarked, qualified and served. Real processes on loopback: the daphne gateway, mahout."""
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,14 @@ Q4_K_S = 14  # llama.cpp's file type number
 
 
 def mahout_add(path: Path, home: Path, *, server: str, token: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mahout", "add", str(path), "--home", str(home), "--server", server,
-                           "--token", token], cwd=ROOT, env=stack_env(), capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "mahout", "add", str(path), "--home", str(home), "--server", server, "--token", token],
+        cwd=ROOT,
+        env=stack_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -57,22 +64,35 @@ def relabelled(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 class CatalogMatchTests:
     def test_add_matches_the_gateways_catalog_and_refuses_another_file_in_one_line(
-        self, gateway: Gateway, catalog: CatalogModel, tmp_path: Path,
+        self,
+        gateway: Gateway,
+        catalog: CatalogModel,
+        tmp_path: Path,
     ) -> None:
         from catalog.models import CatalogModel
         from protocol.catalog import MODEL_FILES, file_sha256
 
         sold = tmp_path / "tiny-chat.Q8_0.gguf"
         sold.write_bytes(b"GGUF" + bytes(range(256)) * 64)
-        CatalogModel.objects.create(name="org/tiny-chat:q8", kind="chat", context_length=2048, input_price_ucents=10,
-                                    output_price_ucents=40, tokenizer="bytes", sha256=file_sha256(sold),
-                                    quantization="Q8_0", file_size=sold.stat().st_size)
+        CatalogModel.objects.create(
+            name="org/tiny-chat:q8",
+            kind="chat",
+            context_length=2048,
+            input_price_ucents=10,
+            output_price_ucents=40,
+            tokenizer="bytes",
+            sha256=file_sha256(sold),
+            quantization="Q8_0",
+            file_size=sold.stat().st_size,
+        )
         host, home = make_host(qualified=False), tmp_path / "home"
 
         added = mahout_add(sold, home, server=gateway.url, token=host.token)
         assert added.returncode == 0, added.stderr
-        assert (f"{sold} is the catalog's org/tiny-chat:q8 (Q8_0, sha256 {file_sha256(sold)[:16]}…); "
-                "`python -m mahout run --models org/tiny-chat:q8` serves it from there.") in added.stdout
+        assert (
+            f"{sold} is the catalog's org/tiny-chat:q8 (Q8_0, sha256 {file_sha256(sold)[:16]}…); "
+            "`python -m mahout run --models org/tiny-chat:q8` serves it from there."
+        ) in added.stdout
         record = json.loads((home / "models" / "org%2Ftiny-chat%3Aq8.added.json").read_text())
         assert record["path"] == str(sold.resolve()) and record["catalog"]["sha256"] == file_sha256(sold)
 
@@ -86,20 +106,30 @@ class CatalogMatchTests:
         for name, pin in MODEL_FILES.items():
             assert f"{name} ({pin['quantization']}, " in line and f"sha256 {pin['sha256']})" in line
         assert f"org/tiny-chat:q8 (Q8_0, 16 kB, sha256 {file_sha256(sold)})" in line
-        assert sorted(path.name for path in (home / "models").glob("*.added.json")) == ["org%2Ftiny-chat%3Aq8.added.json"]
+        assert sorted(path.name for path in (home / "models").glob("*.added.json")) == [
+            "org%2Ftiny-chat%3Aq8.added.json"
+        ]
 
-    def test_a_refused_token_is_said_before_any_hashing(self, gateway: Gateway, catalog: CatalogModel, tmp_path: Path) -> None:
+    def test_a_refused_token_is_said_before_any_hashing(
+        self, gateway: Gateway, catalog: CatalogModel, tmp_path: Path
+    ) -> None:
         model = tmp_path / "model.gguf"
         model.write_bytes(b"GGUF")
         refused = mahout_add(model, tmp_path / "home", server=gateway.url, token="not-a-token")
         assert refused.returncode == 2 and "hashing" not in refused.stdout
         last = refused.stderr.strip().splitlines()[-1]
-        assert last.startswith("mahout: error: HTTP 401: Invalid host token.") and "mahout login" in last  # (the hint, issue 31)
+        assert (
+            last.startswith("mahout: error: HTTP 401: Invalid host token.") and "mahout login" in last
+        )  # (the hint, issue 31)
 
 
 class ServedTests:
     def test_a_chat_model_mahout_never_shipped_is_added_benchmarked_qualified_and_served(
-        self, gateway: Gateway, catalog: CatalogModel, relabelled: Path, tmp_path: Path,
+        self,
+        gateway: Gateway,
+        catalog: CatalogModel,
+        relabelled: Path,
+        tmp_path: Path,
     ) -> None:
         from django.conf import settings
 
@@ -107,8 +137,9 @@ class ServedTests:
 
         template = tmp_path / "gemma.jinja"
         template.write_text(TEMPLATE)
-        entry = catalog_model_add(path=relabelled, name="gemma-relabelled", input_price="0.1", output_price="0.4",
-                                  template_path=template)
+        entry = catalog_model_add(
+            path=relabelled, name="gemma-relabelled", input_price="0.1", output_price="0.4", template_path=template
+        )
         try:
             self._serve(gateway, relabelled, entry.sha256, tmp_path)
         finally:
@@ -120,20 +151,37 @@ class ServedTests:
         assert added.returncode == 0 and "is the catalog's gemma-relabelled (Q4_K_S" in added.stdout, added.stderr
         logs = tmp_path / "logs"
         logs.mkdir()
-        mahout = Mahout(server=gateway.url, token=host.token, home=home, env=stack_env(), log_dir=logs,
-                        extra=["--models", "gemma-relabelled"])
+        mahout = Mahout(
+            server=gateway.url,
+            token=host.token,
+            home=home,
+            env=stack_env(),
+            log_dir=logs,
+            extra=["--models", "gemma-relabelled"],
+        )
         try:
+
             def qualified() -> bool:
                 assert mahout.proc.poll() is None, f"mahout exited:\n{mahout.output()}"
                 row = Host.objects.get(pk=host.host.pk)
-                return bool(row.last_heartbeat_at and row.qualifications.filter(model__name="gemma-relabelled").exists())
+                return bool(
+                    row.last_heartbeat_at and row.qualifications.filter(model__name="gemma-relabelled").exists()
+                )
 
             wait_until(qualified, timeout=180, what="mahout to benchmark and qualify gemma-relabelled", interval=0.3)
             assert Host.objects.get(pk=host.host.pk).qualifications.get().sha256 == sha256
             customer = make_customer()
-            answer = httpx.post(f"{gateway.url}/v1/chat/completions", headers={"Authorization": f"Bearer {customer.secret}"},
-                                json={"model": "gemma-relabelled", "max_tokens": 8, "temperature": 0,
-                                      "messages": [{"role": "user", "content": "Say hello."}]}, timeout=120)
+            answer = httpx.post(
+                f"{gateway.url}/v1/chat/completions",
+                headers={"Authorization": f"Bearer {customer.secret}"},
+                json={
+                    "model": "gemma-relabelled",
+                    "max_tokens": 8,
+                    "temperature": 0,
+                    "messages": [{"role": "user", "content": "Say hello."}],
+                },
+                timeout=120,
+            )
             assert answer.status_code == 200, answer.text
             assert answer.json()["model"] == "gemma-relabelled" and answer.json()["usage"]["completion_tokens"] > 0
             request = Request.objects.get(model__name="gemma-relabelled")

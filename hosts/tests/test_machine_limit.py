@@ -1,5 +1,6 @@
 """Machines per account are capped (issue 29: Sybils are not free): HOSTS_PER_ACCOUNT, raised
 per owner by an operator's allowance."""
+
 from __future__ import annotations
 
 import uuid

@@ -1,6 +1,7 @@
 """The catalog pins each model's file (issue 19): a qualification of another file is refused
 with a clear error; mahout checks its file before benchmarking, and `mahout add` serves an
 owner's own copy only when it is the catalog's file."""
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,12 @@ class GatewayTests:
         body = {"model": "gemma-3-270m", "fingerprint": serving.fingerprint, "benchmark": BENCHMARK}
         if sha256 is not None:
             body["sha256"] = sha256
-        response = Client().post("/hosts/api/qualifications", data=json.dumps(body), content_type="application/json",
-                                 HTTP_AUTHORIZATION=f"Bearer {serving.token}")
+        response = Client().post(
+            "/hosts/api/qualifications",
+            data=json.dumps(body),
+            content_type="application/json",
+            HTTP_AUTHORIZATION=f"Bearer {serving.token}",
+        )
         return response.status_code, response.json()
 
     def test_the_shipped_models_name_their_files(self, catalog) -> None:  # noqa: ANN001
@@ -71,7 +76,10 @@ class HostTests:
         assert not (tmp_path / "home" / "models" / "gemma-3-270m.added.json").exists()
 
     def test_an_added_copy_is_served_from_where_it_is_until_it_changes(
-        self, small_pin: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
+        self,
+        small_pin: Path,
+        tmp_path: Path,
+        capsys: pytest.CaptureFixture,
     ) -> None:
         home = tmp_path / "home"
         assert cli.main(["add", str(small_pin), "--home", str(home)]) == 0
@@ -85,8 +93,9 @@ class HostTests:
         with pytest.raises(WrongFile, match="the catalog's gemma-3-270m is the Q4_K_M file"):
             checked_file(spec, path, sha256)
 
-    def test_the_benchmark_refuses_a_file_that_is_not_the_pin(self, small_pin: Path, tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_the_benchmark_refuses_a_file_that_is_not_the_pin(
+        self, small_pin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         from mahout.host import benchmark_model
 
         home = tmp_path / "home"

@@ -1,6 +1,7 @@
 """Each host rule in `hosts.models` in all its forms — the queryset (ORM), the SQL the raw
 statements of routing and claims embed, and the loaded row (Python) — over hosts in every
 state: the three forms agree, and they say what the rule says."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -40,24 +41,55 @@ TRUST = {"trusted_at": timezone.now()}
 
 STATES = [
     HostState("connected", lambda now: {"last_heartbeat_at": now}, None, True, "probation"),
-    HostState("heard from at the very edge", lambda now: {"last_heartbeat_at": offline_for(now, 0)}, None, True, "probation"),
+    HostState(
+        "heard from at the very edge", lambda now: {"last_heartbeat_at": offline_for(now, 0)}, None, True, "probation"
+    ),
     HostState("stale heartbeat", lambda now: {"last_heartbeat_at": offline_for(now, 1)}, "offline", True, "probation"),
     HostState("never heard from", lambda now: {}, "offline", True, "probation"),
     HostState("paused", lambda now: {"last_heartbeat_at": now, "paused": True}, "paused", False, "probation"),
-    HostState("in maintenance", lambda now: {"last_heartbeat_at": now, **MAINTENANCE}, "maintenance", False, "probation"),
-    HostState("paused in maintenance", lambda now: {"last_heartbeat_at": now, "paused": True, **MAINTENANCE}, "maintenance",
-              False, "probation"),
+    HostState(
+        "in maintenance", lambda now: {"last_heartbeat_at": now, **MAINTENANCE}, "maintenance", False, "probation"
+    ),
+    HostState(
+        "paused in maintenance",
+        lambda now: {"last_heartbeat_at": now, "paused": True, **MAINTENANCE},
+        "maintenance",
+        False,
+        "probation",
+    ),
     HostState("banned", lambda now: {"last_heartbeat_at": now, **BAN}, "banned", False, "banned"),
     HostState("banned and offline", lambda now: BAN, "banned", False, "banned"),  # (its own state outlasts a silence)
     HostState("in maintenance and offline", lambda now: MAINTENANCE, "maintenance", False, "probation"),
-    HostState("paused and offline", lambda now: {"last_heartbeat_at": offline_for(now, 60), "paused": True}, "paused", False,
-              "probation"),
+    HostState(
+        "paused and offline",
+        lambda now: {"last_heartbeat_at": offline_for(now, 60), "paused": True},
+        "paused",
+        False,
+        "probation",
+    ),
     HostState("trusted", lambda now: {"last_heartbeat_at": now, **TRUST}, None, True, "trusted"),
-    HostState("trusted and paused", lambda now: {"last_heartbeat_at": now, "paused": True, **TRUST}, "paused", False, "trusted"),
-    HostState("trusted and offline", lambda now: {"last_heartbeat_at": offline_for(now, 60), **TRUST}, "offline", True, "trusted"),
+    HostState(
+        "trusted and paused",
+        lambda now: {"last_heartbeat_at": now, "paused": True, **TRUST},
+        "paused",
+        False,
+        "trusted",
+    ),
+    HostState(
+        "trusted and offline",
+        lambda now: {"last_heartbeat_at": offline_for(now, 60), **TRUST},
+        "offline",
+        True,
+        "trusted",
+    ),
     HostState("banned and trusted", lambda now: {"last_heartbeat_at": now, **TRUST, **BAN}, "banned", False, "banned"),
-    HostState("banned, trusted and in maintenance", lambda now: {"last_heartbeat_at": now, **TRUST, **BAN, **MAINTENANCE},
-              "banned", False, "banned"),
+    HostState(
+        "banned, trusted and in maintenance",
+        lambda now: {"last_heartbeat_at": now, **TRUST, **BAN, **MAINTENANCE},
+        "banned",
+        False,
+        "banned",
+    ),
 ]
 
 
@@ -72,7 +104,9 @@ def by_sql(where: tuple[str, list]) -> set[int]:
     """The ids of the hosts an SQL form selects, run as a plain statement."""
     conditions, params = where
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT h.id FROM {connection.ops.quote_name(Host._meta.db_table)} h WHERE {conditions}", params)
+        cursor.execute(
+            f"SELECT h.id FROM {connection.ops.quote_name(Host._meta.db_table)} h WHERE {conditions}", params
+        )
         return {pk for (pk,) in cursor.fetchall()}
 
 
@@ -136,10 +170,14 @@ CAPS = [  # (state, slots, running jobs, its claim cap) with HOST_PROBATION_MAX_
 
 
 class ClaimCapTests:
-    @pytest.mark.parametrize(("state_name", "slots", "running", "cap"), CAPS,
-                             ids=[f"{s} {slots} slots {running} running" for s, slots, running, _ in CAPS])
-    def test_it_is_one_answer_in_the_orm_sql_and_python(self, settings, state_name: str, slots: int, running: int,
-                                                        cap: int) -> None:
+    @pytest.mark.parametrize(
+        ("state_name", "slots", "running", "cap"),
+        CAPS,
+        ids=[f"{s} {slots} slots {running} running" for s, slots, running, _ in CAPS],
+    )
+    def test_it_is_one_answer_in_the_orm_sql_and_python(
+        self, settings, state_name: str, slots: int, running: int, cap: int
+    ) -> None:
         """The cap's value in each form, and whether `running` jobs leave room for one more
         (what the claim asks: at the cap and over it, no)."""
         settings.HOST_PROBATION_MAX_JOBS, settings.HOST_TRUSTED_MAX_JOBS = 2, 5

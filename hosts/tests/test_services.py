@@ -51,7 +51,6 @@ class HostMaintenanceTests:
         assert (row.maintenance_reason, row.maintenance_since, row.maintenance_by) == ("", None, "")
 
 
-
 def heard_by_sockets_of(token_hash: str, action: Callable[[], object], capture: Callable) -> dict | None:
     """What a socket opened with the token of `token_hash` hears on the real channel layer
     once `action` commits (None when nothing came within a few seconds)."""
@@ -85,7 +84,11 @@ class HostBanTests:
         assert (row.ban_reason, row.banned_by) == ("Sold canary answers", "ops") and row.banned_at is not None
         assert row.token_hash != secret_hash(serving_host.token)
         assert host_by_token(token=serving_host.token) is None  # the old token finds nothing
-        assert (row.maintenance_since, row.paused, row.token_prefix) == (None, False, serving_host.token[:12])  # nothing else moved
+        assert (row.maintenance_since, row.paused, row.token_prefix) == (
+            None,
+            False,
+            serving_host.token[:12],
+        )  # nothing else moved
 
     def test_a_second_ban_keeps_the_first(self, serving_host) -> None:
         services.host_ban(host=serving_host.host, reason="first", by="ops")
@@ -108,9 +111,12 @@ class HostBanTests:
         row = Host.objects.get(pk=serving_host.host.pk)
         assert (row.maintenance_reason, row.maintenance_by) == ("disk full", "automatic")
 
-    def test_the_sockets_of_the_old_token_are_told_to_close(self, serving_host, django_capture_on_commit_callbacks) -> None:
+    def test_the_sockets_of_the_old_token_are_told_to_close(
+        self, serving_host, django_capture_on_commit_callbacks
+    ) -> None:
         heard = heard_by_sockets_of(
-            secret_hash(serving_host.token), lambda: services.host_ban(host=serving_host.host, reason="fraud", by="ops"),
+            secret_hash(serving_host.token),
+            lambda: services.host_ban(host=serving_host.host, reason="fraud", by="ops"),
             django_capture_on_commit_callbacks,
         )
         assert heard == {"type": "host.token_revoked", "code": 4403}
@@ -136,9 +142,12 @@ class HostTokenRotateTests:
         row = Host.objects.get(pk=serving_host.host.pk)
         assert (row.token_prefix, row.token_hash) == (rotated.token[:12], secret_hash(rotated.token))
 
-    def test_the_sockets_of_the_old_token_are_told_to_close(self, serving_host, django_capture_on_commit_callbacks) -> None:
+    def test_the_sockets_of_the_old_token_are_told_to_close(
+        self, serving_host, django_capture_on_commit_callbacks
+    ) -> None:
         heard = heard_by_sockets_of(
-            secret_hash(serving_host.token), lambda: services.host_token_rotate(host=serving_host.host),
+            secret_hash(serving_host.token),
+            lambda: services.host_token_rotate(host=serving_host.host),
             django_capture_on_commit_callbacks,
         )
         assert heard == {"type": "host.token_revoked", "code": 4401}

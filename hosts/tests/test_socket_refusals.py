@@ -1,6 +1,7 @@
 """The host WebSocket refuses what the HTTP API refuses, on a real gateway: an inactive
 owner's host cannot open one, and a claim on one already open is refused from the moment
 the owner is deactivated."""
+
 from __future__ import annotations
 
 import json
@@ -42,7 +43,11 @@ class InactiveOwnerSocketTests:
         with host_socket(gateway, serving.token) as socket:
             claim = {"type": "claim", "fingerprint": serving.fingerprint, "wait": 0}
             socket.send(json.dumps({**claim, "id": 1}))
-            assert json.loads(socket.recv(timeout=10)) == {"type": "job", "id": 1, "job": None}  # nothing queued, but allowed
+            assert json.loads(socket.recv(timeout=10)) == {
+                "type": "job",
+                "id": 1,
+                "job": None,
+            }  # nothing queued, but allowed
             set_active(serving.host.owner, False)
             try:
                 socket.send(json.dumps({**claim, "id": 2}))

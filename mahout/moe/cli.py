@@ -20,6 +20,7 @@ pause`, ``--schedule``, the idle detector unless ``--no-idle-detect``): the coor
 claiming and finishes the jobs in hand; the volunteer asks for no slice and gives up the one it
 serves; the worker refuses batches, which its coordinator then computes itself.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,15 +39,27 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     volunteer.add_argument("--token", help="host token (visible in ps: prefer `mahout login` or $MAHOUT_TOKEN)")
     volunteer.add_argument("--workdir", default=None, help="where the downloaded slice is kept (default: a temp dir)")
     volunteer.add_argument("--listen", default="127.0.0.1", help="address the expert server binds")
-    volunteer.add_argument("--direct", action="store_true",
-                           help="let the coordinator dial this machine (needs an inbound port) instead of the relay")
-    volunteer.add_argument("--advertise", default=None,
-                           help="with --direct: public address the coordinator should dial (default: --listen); implies --direct")
-    volunteer.add_argument("--relay", action="store_true", help=argparse.SUPPRESS)  # the default since issue 16; still accepted
+    volunteer.add_argument(
+        "--direct",
+        action="store_true",
+        help="let the coordinator dial this machine (needs an inbound port) instead of the relay",
+    )
+    volunteer.add_argument(
+        "--advertise",
+        default=None,
+        help="with --direct: public address the coordinator should dial (default: --listen); implies --direct",
+    )
+    volunteer.add_argument(
+        "--relay", action="store_true", help=argparse.SUPPRESS
+    )  # the default since issue 16; still accepted
     volunteer.add_argument("--max-slices", type=int, default=None, help="exit after serving this many slices")
     volunteer.add_argument("--poll", type=float, default=1.0, help="seconds between volunteer polls")
-    volunteer.add_argument("--heartbeat", type=float, default=MOE_WORKER_HEARTBEAT_SECONDS, help="seconds between heartbeats")
-    volunteer.add_argument("--home", help="state directory whose pause flag counts (default: $MAHOUT_HOME or ~/.mahout)")
+    volunteer.add_argument(
+        "--heartbeat", type=float, default=MOE_WORKER_HEARTBEAT_SECONDS, help="seconds between heartbeats"
+    )
+    volunteer.add_argument(
+        "--home", help="state directory whose pause flag counts (default: $MAHOUT_HOME or ~/.mahout)"
+    )
     from engine.device import add_device_argument
     from mahout.owner import add_owner_arguments
 
@@ -54,17 +67,32 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     coordinator = roles.add_parser("coordinator", help="serve a whole MoE model through the marketplace")
     coordinator.add_argument("--server", help="gateway URL (default: from `mahout login`, or $MAHOUT_SERVER)")
     coordinator.add_argument("--token", help="host token (visible in ps: prefer `mahout login` or $MAHOUT_TOKEN)")
-    coordinator.add_argument("--model", required=True, help="the MoE GGUF (qwen3moe), the file the catalog entry was registered from")
-    coordinator.add_argument("--name", required=True, help="its name in the gateway's catalog (see manage.py moe_register)")
+    coordinator.add_argument(
+        "--model", required=True, help="the MoE GGUF (qwen3moe), the file the catalog entry was registered from"
+    )
+    coordinator.add_argument(
+        "--name", required=True, help="its name in the gateway's catalog (see manage.py moe_register)"
+    )
     coordinator.add_argument("--slots", type=int, default=4, help="requests served at once")
     coordinator.add_argument("--threads", type=int, default=1, help="torch threads (default 1: workers share the CPUs)")
-    coordinator.add_argument("--report", type=float, default=MOE_COORDINATOR_REPORT_SECONDS, help="seconds between load reports to the control plane")
-    coordinator.add_argument("--claim-wait", type=float, default=CLAIM_WAIT_SECONDS, help="seconds each claim long-polls")
+    coordinator.add_argument(
+        "--report",
+        type=float,
+        default=MOE_COORDINATOR_REPORT_SECONDS,
+        help="seconds between load reports to the control plane",
+    )
+    coordinator.add_argument(
+        "--claim-wait", type=float, default=CLAIM_WAIT_SECONDS, help="seconds each claim long-polls"
+    )
     coordinator.add_argument("--home", help="state directory (default: $MAHOUT_HOME or ~/.mahout)")
     coordinator.add_argument("--rebenchmark", action="store_true", help="ignore the cached benchmark")
-    coordinator.add_argument("--ctx", type=int, default=None,
-                             help="tokens of context per slot (default: the model's whole context); the KV cache "
-                                  "holds this many for every slot, and a longer prompt is refused")
+    coordinator.add_argument(
+        "--ctx",
+        type=int,
+        default=None,
+        help="tokens of context per slot (default: the model's whole context); the KV cache "
+        "holds this many for every slot, and a longer prompt is refused",
+    )
     add_device_argument(coordinator)
     worker = roles.add_parser("worker", help="serve one slice of a local MoE GGUF")
     for name in ("--layer", "--first", "--count"):
@@ -85,8 +113,12 @@ def cmd_moe(args: argparse.Namespace, *, say: Callable[[str], None]) -> int:
 
         from mahout.credentials import credentials_resolve
 
-        login = credentials_resolve(server=args.server, token=args.token, home=resolve_home(getattr(args, "home", None)),
-                                    warn=lambda line: print(line, file=sys.stderr, flush=True))
+        login = credentials_resolve(
+            server=args.server,
+            token=args.token,
+            home=resolve_home(getattr(args, "home", None)),
+            warn=lambda line: print(line, file=sys.stderr, flush=True),
+        )
         args.server, args.token = login.server, login.token
     if args.moe_command == "coordinator":
         from mahout.moe.serve import serve_coordinator
@@ -95,17 +127,42 @@ def cmd_moe(args: argparse.Namespace, *, say: Callable[[str], None]) -> int:
         if args.ctx is not None and (refused := _ctx_refused(Path(args.model), args.ctx)):
             print(f"mahout moe: {refused}", file=sys.stderr, flush=True)
             return 2
-        handled = serve_coordinator(server=args.server, token=args.token, model_path=Path(args.model), name=args.name,
-                                    home=home, slots=args.slots, threads=args.threads, agent_interval_s=args.report,
-                                    claim_wait=args.claim_wait, rebenchmark=args.rebenchmark,
-                                    owner=owner_guard(args, home), device=args.device, n_ctx=args.ctx, out=say)
+        handled = serve_coordinator(
+            server=args.server,
+            token=args.token,
+            model_path=Path(args.model),
+            name=args.name,
+            home=home,
+            slots=args.slots,
+            threads=args.threads,
+            agent_interval_s=args.report,
+            claim_wait=args.claim_wait,
+            rebenchmark=args.rebenchmark,
+            owner=owner_guard(args, home),
+            device=args.device,
+            n_ctx=args.ctx,
+            out=say,
+        )
         say(f"mahout moe: stopped after {handled} job(s)")
         return 0
     if args.moe_command == "worker":
         from mahout.moe.worker import main as worker_main
 
-        return worker_main(["--model", args.model, "--layer", str(args.layer), "--first", str(args.first),
-                            "--count", str(args.count), "--port", str(args.port), *_owner_argv(args)])
+        return worker_main(
+            [
+                "--model",
+                args.model,
+                "--layer",
+                str(args.layer),
+                "--first",
+                str(args.first),
+                "--count",
+                str(args.count),
+                "--port",
+                str(args.port),
+                *_owner_argv(args),
+            ]
+        )
     import torch
 
     from mahout.moe.control import MeshClient, Volunteer
@@ -113,9 +170,18 @@ def cmd_moe(args: argparse.Namespace, *, say: Callable[[str], None]) -> int:
     torch.set_num_threads(1)
     client = MeshClient(args.server, args.token)
     with tempfile.TemporaryDirectory(prefix="mahout-moe-") as scratch:
-        volunteer = Volunteer(client, Path(args.workdir or scratch), host=args.listen, advertise=args.advertise,
-                              relay=not (args.direct or args.advertise), poll_s=args.poll, heartbeat_s=args.heartbeat, out=say,
-                              device=args.device, owner=owner_guard(args, resolve_home(args.home)))
+        volunteer = Volunteer(
+            client,
+            Path(args.workdir or scratch),
+            host=args.listen,
+            advertise=args.advertise,
+            relay=not (args.direct or args.advertise),
+            poll_s=args.poll,
+            heartbeat_s=args.heartbeat,
+            out=say,
+            device=args.device,
+            owner=owner_guard(args, resolve_home(args.home)),
+        )
         try:
             served = volunteer.run(max_slices=args.max_slices)
         except KeyboardInterrupt:

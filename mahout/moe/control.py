@@ -23,6 +23,7 @@
   so the slice is handed to another volunteer at once, and closes the slice. It says so
   whenever it stops serving a slice it was not told to retire from.
 """
+
 from __future__ import annotations
 
 import threading
@@ -53,10 +54,14 @@ class MeshRefused(MeshUnavailable):
 
 
 class MeshClient:
-    def __init__(self, server: str, token: str, *, timeout: float = 10.0, transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self, server: str, token: str, *, timeout: float = 10.0, transport: httpx.BaseTransport | None = None
+    ) -> None:
         self.server, self.token = server, token
         self._client = httpx.Client(
-            base_url=server.rstrip("/") + "/api", headers={"Authorization": f"Bearer {token}"}, timeout=timeout,
+            base_url=server.rstrip("/") + "/api",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=timeout,
             transport=transport,
         )
 
@@ -101,8 +106,14 @@ class MeshClient:
         """True when the control plane says this worker must retire."""
         return bool(self._call("POST", f"/expert-workers/{worker_id}/heartbeat").json()["retire"])
 
-    def coordinator_report(self, model: str, busy: int, workers: list[dict], blamed: list[dict] | None = None,
-                           usage: dict[str, int] | None = None) -> dict:
+    def coordinator_report(
+        self,
+        model: str,
+        busy: int,
+        workers: list[dict],
+        blamed: list[dict] | None = None,
+        usage: dict[str, int] | None = None,
+    ) -> dict:
         """`usage`: experts engaged and only probed since the last report (`engaged_experts`, `probed_experts`)."""
         body = {"model": model, "busy": busy, "workers": workers, "blamed": blamed or [], **(usage or {})}
         return self._call("POST", "/moe/coordinator-report", body).json()
@@ -131,15 +142,24 @@ def _spec(entry: dict) -> WorkerSpec:
         host, port = entry["address"].rsplit(":", 1)
         address = (host.strip("[]"), int(port))
     share = entry.get("check_share")
-    return WorkerSpec(str(entry["id"]), entry["layer"], entry["first"], entry["count"], address,
-                      secret=str(entry.get("secret") or ""), check_share=None if share is None else float(share))
+    return WorkerSpec(
+        str(entry["id"]),
+        entry["layer"],
+        entry["first"],
+        entry["count"],
+        address,
+        secret=str(entry.get("secret") or ""),
+        check_share=None if share is None else float(share),
+    )
 
 
 BLAME_REASON_MAX = 500  # what the control plane keeps of a blame's reason
 
 
 class CoordinatorAgent:
-    def __init__(self, runner: MoeRunner, client: MeshClient, model: str, *, interval_s: float = MOE_COORDINATOR_REPORT_SECONDS) -> None:
+    def __init__(
+        self, runner: MoeRunner, client: MeshClient, model: str, *, interval_s: float = MOE_COORDINATOR_REPORT_SECONDS
+    ) -> None:
         self.runner, self.client, self.model, self.interval_s = runner, client, model, interval_s
         runner.coordinator.transport_for = self.transport_for
         self._heartbeat = Heartbeat(self.tick, interval_s, name="moe-coordinator-agent")
@@ -155,8 +175,11 @@ class CoordinatorAgent:
     def tick(self) -> dict | None:
         coordinator = self.runner.coordinator
         known = [w for w in list(coordinator.workers.values()) if w.key.isdigit()]
-        workers = [{"id": int(w.key), "last_serve_ms": w.last_serve_ms, "checks_passed": w.checks_passed}
-                   for w in known if w.last_serve_ms > 0]
+        workers = [
+            {"id": int(w.key), "last_serve_ms": w.last_serve_ms, "checks_passed": w.checks_passed}
+            for w in known
+            if w.last_serve_ms > 0
+        ]
         blamed = [{"id": int(w.key), "reason": w.blamed[:BLAME_REASON_MAX]} for w in known if w.blamed]
         counts = (coordinator.stats.engaged_experts, coordinator.stats.probes)
         usage = {"engaged_experts": counts[0] - self._reported[0], "probed_experts": counts[1] - self._reported[1]}
@@ -181,9 +204,18 @@ class Volunteer:
     """One slice at a time: ask, download, serve, register, heartbeat until retired."""
 
     def __init__(
-        self, client: MeshClient, workdir: Path, *, host: str = "127.0.0.1", advertise: str | None = None,
-        relay: bool = True, poll_s: float = 1.0, heartbeat_s: float = MOE_WORKER_HEARTBEAT_SECONDS, out: Callable[[str], None] = print,
-        device: object = None, owner: OwnerGuard | None = None,
+        self,
+        client: MeshClient,
+        workdir: Path,
+        *,
+        host: str = "127.0.0.1",
+        advertise: str | None = None,
+        relay: bool = True,
+        poll_s: float = 1.0,
+        heartbeat_s: float = MOE_WORKER_HEARTBEAT_SECONDS,
+        out: Callable[[str], None] = print,
+        device: object = None,
+        owner: OwnerGuard | None = None,
     ) -> None:
         self.client, self.workdir, self.host, self.advertise = client, workdir, host, advertise or host
         self.device = device  # a torch device for the experts (None: the CPU)
@@ -211,14 +243,23 @@ class Volunteer:
         if self.device is not None and getattr(self.device, "type", "cpu") != "cpu":
             bank.to_device(self.device)
         caps = worker_caps(d_model=config.d_model, count=slice_["count"], context_length=config.context_length)
-        leave = self._leave_now = threading.Event()  # set by the owner's return or stop(): leave now, not at a heartbeat
+        leave = self._leave_now = (
+            threading.Event()
+        )  # set by the owner's return or stop(): leave now, not at a heartbeat
         if self._stop.is_set():
             leave.set()
-        watch = (OwnerWatch(self.owner, lambda reason: reason and leave.set(), poll_s=min(1.0, self.heartbeat_s)).start()
-                 if self.owner is not None else None)
+        watch = (
+            OwnerWatch(self.owner, lambda reason: reason and leave.set(), poll_s=min(1.0, self.heartbeat_s)).start()
+            if self.owner is not None
+            else None
+        )
         away = (lambda: watch.reason) if watch is not None else None
         server = ExpertServer(bank, secret=slice_["secret"], caps=caps, host=self.host, refusal=away).start()
-        link = RelayWorkerLink(self.client.server, self.client.token, worker_id, server, out=self.out) if self.relay else None
+        link = (
+            RelayWorkerLink(self.client.server, self.client.token, worker_id, server, out=self.out)
+            if self.relay
+            else None
+        )
         why: str | None = "it could not register"
         try:
             if link is not None:  # connect outward first: the coordinator may dial as soon as we register
@@ -229,8 +270,10 @@ class Volunteer:
                 self.out(f"mahout moe: could not register worker {worker_id}: {exc}")
                 return False
             where = "through the relay" if link else f"on port {server.address[1]}"
-            self.out(f"mahout moe: serving {slice_['model']} layer {slice_['layer']} experts "
-                     f"[{slice_['first']}, {slice_['first'] + slice_['count']}) {where}")
+            self.out(
+                f"mahout moe: serving {slice_['model']} layer {slice_['layer']} experts "
+                f"[{slice_['first']}, {slice_['first'] + slice_['count']}) {where}"
+            )
             why = self._serve_until_done(worker_id, server, watch, leave)
         finally:
             if why is not None:
@@ -253,8 +296,9 @@ class Volunteer:
             self.out(f"mahout moe: control plane unavailable: {exc}")
         return None
 
-    def _serve_until_done(self, worker_id: int, server: ExpertServer, watch: OwnerWatch | None,
-                          leave: threading.Event) -> str | None:
+    def _serve_until_done(
+        self, worker_id: int, server: ExpertServer, watch: OwnerWatch | None, leave: threading.Event
+    ) -> str | None:
         """Heartbeat until the control plane retires the worker (None) or `leave` is set: then
         the reason to tell the control plane (the owner came back, or this volunteer stops)."""
         while not leave.wait(self.heartbeat_s):
@@ -290,11 +334,12 @@ class Volunteer:
         """Ask the owner guard before volunteering; a line when the answer changes."""
         reason = self.owner.reason() if self.owner is not None else None
         if reason != self._paused_said:
-            self.out(f"mahout moe: paused ({reason}): asking for no slice" if reason else "mahout moe: resumed: volunteering")
+            self.out(
+                f"mahout moe: paused ({reason}): asking for no slice" if reason else "mahout moe: resumed: volunteering"
+            )
             self._paused_said = reason
         return reason is not None
 
     def stop(self) -> None:
         self._stop.set()
         self._leave_now.set()
-

@@ -23,6 +23,7 @@ another), attached from the control plane's dispatch map (`sync`). A direct link
 handshake with the worker's own secret (the dispatch map carries it): rows go only to a
 listener that proved it holds it, and an answer is read only up to the size of the rows sent.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -88,8 +89,13 @@ class TcpTransport:
                 if not self.secret:
                     raise LinkClosed("no secret for this worker in the dispatch map")
                 if self._link is None:
-                    self._link = dial(self.address, secret=self.secret, hello={"role": "coordinator"},
-                                      caps=FrameCaps(ANSWER_HEADER_BYTES, 0), timeout=self.connect_timeout)
+                    self._link = dial(
+                        self.address,
+                        secret=self.secret,
+                        hello={"role": "coordinator"},
+                        caps=FrameCaps(ANSWER_HEADER_BYTES, 0),
+                        timeout=self.connect_timeout,
+                    )
                 self._link.sock.settimeout(timeout)
                 self._link.send(header, rows)
                 return self._link.recv(FrameCaps(ANSWER_HEADER_BYTES, rows.nbytes))
@@ -139,7 +145,9 @@ def direct_transport(spec: WorkerSpec) -> Transport:
 class DispatchStats:
     local_experts: int = 0
     remote_experts: int = 0
-    engaged_experts: int = 0  # of remote_experts, those sent to a worker already measured (its round trip won, not a first try)
+    engaged_experts: int = (
+        0  # of remote_experts, those sent to a worker already measured (its round trip won, not a first try)
+    )
     fallbacks: int = 0  # expert batches recomputed locally after a worker failed
     checks: int = 0  # remote batches recomputed locally to check them (shadow probes included)
     probes: int = 0  # experts sent to a skipped worker as a shadow probe (computed here too; answer only compared)
@@ -191,7 +199,11 @@ class Coordinator:
                     return known
             state = WorkerState(spec.key, spec.layer, spec.first, spec.count, connected_at=self.clock())
             if known is not None:
-                state.last_serve_ms, state.served, state.checks_passed = known.last_serve_ms, known.served, known.checks_passed
+                state.last_serve_ms, state.served, state.checks_passed = (
+                    known.last_serve_ms,
+                    known.served,
+                    known.checks_passed,
+                )
                 self._transports.pop(spec.key).close()
             self.workers[spec.key] = state
             self._specs[spec.key] = spec
@@ -220,7 +232,9 @@ class Coordinator:
 
     # --- ExpertCompute ----------------------------------------------------------------
 
-    def plan(self, layer: int, experts: Iterable[int], *, size: int = 0) -> tuple[dict[str | None, list[int]], dict[str, list[int]]]:
+    def plan(
+        self, layer: int, experts: Iterable[int], *, size: int = 0
+    ) -> tuple[dict[str | None, list[int]], dict[str, list[int]]]:
         """(plan, probes): which worker computes each expert (None: locally), and the shadow
         probes to send (experts computed here, also sent to a skipped worker to measure it).
         Latency-aware (the default): what `choose_workers` picks for a call of size class
@@ -228,8 +242,11 @@ class Coordinator:
         each expert, and no probes."""
         experts, eligible = list(experts), self.eligible()
         if self.policy.latency_aware:
-            chosen, probes = choose_workers([self._offer(w, layer, experts, size) for w in eligible],
-                                            experts=len(experts), per_expert=self.local_cost.get(size))
+            chosen, probes = choose_workers(
+                [self._offer(w, layer, experts, size) for w in eligible],
+                experts=len(experts),
+                per_expert=self.local_cost.get(size),
+            )
             engaged: dict[str | None, list[int]] = dict(chosen)
             remote = {e for mine in chosen.values() for e in mine}
             local = [e for e in experts if e not in remote]
@@ -244,15 +261,21 @@ class Coordinator:
     def _offer(self, worker: WorkerState, layer: int, experts: list[int], size: int) -> Offer:
         """An eligible worker as `choose_workers` weighs it for this call."""
         skipped = worker.sent_at is not None and self.clock() - worker.sent_at >= self.policy.latency_probe_s
-        return Offer(worker.key, tuple(e for e in experts if worker.holds(layer, e)), worker.round_trip.get(size),
-                     self._check_share(worker.key), probe_due=skipped)
+        return Offer(
+            worker.key,
+            tuple(e for e in experts if worker.holds(layer, e)),
+            worker.round_trip.get(size),
+            self._check_share(worker.key),
+            probe_due=skipped,
+        )
 
     def __call__(self, layer: int, inputs: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
         size = size_class(sum(x.shape[0] for x in inputs.values()))
         plan, probes = self.plan(layer, sorted(inputs), size=size)
         sent: dict[str, Future] = {
             key: self._send(key, self._remote, key, layer, {e: inputs[e] for e in experts}, size)
-            for key, experts in plan.items() if key is not None
+            for key, experts in plan.items()
+            if key is not None
         }
         local = plan.get(None, [])
         outputs = self._here(layer, {e: inputs[e] for e in local}, size) if local else {}
@@ -268,7 +291,9 @@ class Coordinator:
                 self.stats.fallbacks += 1
                 self.stats.local_experts += len(experts)
                 continue
-            outputs.update(remote if self.draw() >= self._check_share(key) else self._checked(key, layer, inputs, remote, size))
+            outputs.update(
+                remote if self.draw() >= self._check_share(key) else self._checked(key, layer, inputs, remote, size)
+            )
         return outputs
 
     def _send(self, key: str, work: Callable[..., object], *args: object) -> Future:
@@ -279,15 +304,17 @@ class Coordinator:
             state.sent_at = self.clock()
         return self._pool.submit(work, *args)
 
-    def _shadow(self, key: str, layer: int, inputs: dict[int, torch.Tensor], reference: dict[int, torch.Tensor],
-                size: int) -> None:
+    def _shadow(
+        self, key: str, layer: int, inputs: dict[int, torch.Tensor], reference: dict[int, torch.Tensor], size: int
+    ) -> None:
         """Send a skipped worker experts computed here, without anyone waiting for it."""
         future = self._send(key, self._probe, key, layer, inputs, reference, size)
         self._shadows.add(future)
         future.add_done_callback(self._shadows.discard)
 
-    def _probe(self, key: str, layer: int, inputs: dict[int, torch.Tensor], reference: dict[int, torch.Tensor],
-               size: int) -> None:
+    def _probe(
+        self, key: str, layer: int, inputs: dict[int, torch.Tensor], reference: dict[int, torch.Tensor], size: int
+    ) -> None:
         """A shadow probe: time the worker (`_remote` does) and check its answer against ours."""
         try:
             self._compare(key, layer, self._remote(key, layer, inputs, size, probe=True), reference)
@@ -311,12 +338,15 @@ class Coordinator:
         share = spec.check_share if spec is not None else None
         return self.policy.check_share if share is None else share
 
-    def _checked(self, key: str, layer: int, inputs: dict[int, torch.Tensor], remote: dict[int, torch.Tensor],
-                 size: int) -> dict[int, torch.Tensor]:
+    def _checked(
+        self, key: str, layer: int, inputs: dict[int, torch.Tensor], remote: dict[int, torch.Tensor], size: int
+    ) -> dict[int, torch.Tensor]:
         """Recompute a remote batch here; on a disagreement blame its worker and keep ours."""
         return self._compare(key, layer, remote, self._here(layer, {e: inputs[e] for e in remote}, size))
 
-    def _compare(self, key: str, layer: int, remote: dict[int, torch.Tensor], reference: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+    def _compare(
+        self, key: str, layer: int, remote: dict[int, torch.Tensor], reference: dict[int, torch.Tensor]
+    ) -> dict[int, torch.Tensor]:
         """Check a remote answer against the local one: the remote if equal (a pass counted),
         else the local one, with the worker blamed."""
         with self._lock:
@@ -334,11 +364,18 @@ class Coordinator:
             self.stats.mismatches += 1
         if state is not None:
             state.blamed = f"layer {layer} experts {wrong}: values off by up to {gap:.3g}"
-        logger.warning("expert worker %s blamed: layer %s experts %s differ from the local recompute by up to %.3g",
-                       key, layer, wrong, gap)
+        logger.warning(
+            "expert worker %s blamed: layer %s experts %s differ from the local recompute by up to %.3g",
+            key,
+            layer,
+            wrong,
+            gap,
+        )
         return reference
 
-    def _remote(self, key: str, layer: int, inputs: dict[int, torch.Tensor], size: int, *, probe: bool = False) -> dict[int, torch.Tensor]:
+    def _remote(
+        self, key: str, layer: int, inputs: dict[int, torch.Tensor], size: int, *, probe: bool = False
+    ) -> dict[int, torch.Tensor]:
         state, transport = self.workers.get(key), self._transports.get(key)
         if state is None or transport is None:
             raise WorkerFailed(f"worker {key} left the dispatch map")

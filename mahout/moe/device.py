@@ -7,6 +7,7 @@ does (`engine.model.Stage`), so the runner's packing and picking, the host loop 
 stay as they are; the routed rows a remote worker computes cross to the CPU on their way out
 and back to the device with its answer (`mahout.moe.coordinator.Coordinator`).
 """
+
 from __future__ import annotations
 
 import torch
@@ -29,15 +30,24 @@ class DeviceMoeModel:
                 layer.experts.to_device(device)
         tensors_to_device(weights, device)  # embedding, output norm, output head
         cache = model.cache
-        model.cache = KVCache(model.config, len(weights.layers), cache.n_rows, cache.n_ctx,  # type: ignore[arg-type]
-                              device=device)
+        model.cache = KVCache(
+            model.config,
+            len(weights.layers),
+            cache.n_rows,
+            cache.n_ctx,  # type: ignore[arg-type]
+            device=device,
+        )
 
     @property
     def cache(self) -> KVCache:
         return self.model.cache
 
     def __call__(
-        self, tokens: torch.Tensor, positions: torch.Tensor, cache_rows: torch.Tensor, logits_for: torch.Tensor | None = None
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache_rows: torch.Tensor,
+        logits_for: torch.Tensor | None = None,
     ) -> torch.Tensor:
         # tokens, positions, cache_rows: (T,) int64 on the CPU -> logits (T', V) on the CPU
         there = None if logits_for is None else logits_for.to(self.device)

@@ -64,6 +64,7 @@ there and volunteers are engaged less, never more: the safe side.
 `DispatchPolicy(latency_aware=False)` restores seed 004's rule as first written (every
 eligible worker engaged); bench/moe.py measures both in one run.
 """
+
 from __future__ import annotations
 
 import threading
@@ -73,8 +74,17 @@ from dataclasses import dataclass, field, replace
 
 from mahout.link import Heartbeat
 
-__all__ = ["DispatchPolicy", "Estimate", "LoadMonitor", "LoadState", "Offer", "WorkerState", "choose_workers",
-           "dispatch_eligible", "size_class"]
+__all__ = [
+    "DispatchPolicy",
+    "Estimate",
+    "LoadMonitor",
+    "LoadState",
+    "Offer",
+    "WorkerState",
+    "choose_workers",
+    "dispatch_eligible",
+    "size_class",
+]
 
 ESTIMATE_WEIGHT = 0.3  # a new measurement's weight in a running average
 
@@ -196,7 +206,10 @@ class Offer:
 
 
 def choose_workers(
-    offers: Sequence[Offer], *, experts: int, per_expert: float | None,
+    offers: Sequence[Offer],
+    *,
+    experts: int,
+    per_expert: float | None,
 ) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
     """(engaged, probes): which workers take which of this call's `experts` (the rest are
     computed here), and which skipped workers are sent a copy of experts computed here.
@@ -229,8 +242,12 @@ def choose_workers(
     plan: dict[str, list[int]] = {}
     for expert, key in sorted(best.items()):
         plan.setdefault(key, []).append(expert)
-    probes = {offer.key: here for offer in offers if offer.probe_due and offer.key not in plan
-              if (here := [e for e in offer.experts if e not in best])}
+    probes = {
+        offer.key: here
+        for offer in offers
+        if offer.probe_due and offer.key not in plan
+        if (here := [e for e in offer.experts if e not in best])
+    }
     return plan, probes
 
 
@@ -242,7 +259,9 @@ class LoadMonitor:
     its own (no second probe starts meanwhile) and counted in `probe_timeouts`.
     """
 
-    def __init__(self, probe: Callable[[], int], policy: DispatchPolicy, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, probe: Callable[[], int], policy: DispatchPolicy, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.probe = probe
         self.policy = policy
         self.clock = clock

@@ -14,6 +14,7 @@ worker's end and its model's coordinator at the other.
   the worker, each connection carried over ``…/api/moe/relay/coordinator/<id>``; any
   failure or timeout raises `WorkerFailed`, so the coordinator computes locally.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -34,9 +35,12 @@ def relay_url(server: str, role: str, worker_id: int) -> str:
 class RelayWorkerLink(relay.ListenerRelay):
     """Carries the coordinator's connections to `server` through the relay until stopped."""
 
-    def __init__(self, server_url: str, token: str, worker_id: int, server: ExpertServer, *,
-                 out: Callable[[str], None] = print) -> None:
-        super().__init__(relay_url(server_url, "worker", worker_id), token, server.address, what="expert relay", out=out)
+    def __init__(
+        self, server_url: str, token: str, worker_id: int, server: ExpertServer, *, out: Callable[[str], None] = print
+    ) -> None:
+        super().__init__(
+            relay_url(server_url, "worker", worker_id), token, server.address, what="expert relay", out=out
+        )
 
 
 class RelayTransport(TcpTransport):

@@ -18,6 +18,7 @@ rendered fragment tokenized as text or as its one control token
 (`protocol.rendering.fragments_tokens`, `mahout.runners.llama.PromptTokenizer`); the generated
 test model's byte vocabulary as its UTF-8 bytes (`engine.moe_loader.ByteTokenizer`).
 """
+
 from __future__ import annotations
 
 import codecs
@@ -68,7 +69,9 @@ class Vocabulary:
         self._prompt = None
         self._ends: frozenset[int] = frozenset()
         self._pieces: list[bytes] | None = None
-        self._heal_vocab: Vocab | None = None  # every token's bytes for healing, built for the first job that resumes text
+        self._heal_vocab: Vocab | None = (
+            None  # every token's bytes for healing, built for the first job that resumes text
+        )
         if not self.bytes:
             from mahout.runners.llama import end_of_generation_ids
             from scorer.llama import PromptTokenizer, pieces_whole
@@ -164,7 +167,9 @@ class MoeRunner:
         self.coordinator = Coordinator(local, monitor=self.monitor)
         n_ctx = n_ctx or self.config.context_length  # what the gateway's catalog entry promises (a host may cap it)
         if not 0 < n_ctx <= self.config.context_length:
-            raise ValueError(f"a context of {n_ctx} tokens is not in 1..{self.config.context_length}, the model's context length")
+            raise ValueError(
+                f"a context of {n_ctx} tokens is not in 1..{self.config.context_length}, the model's context length"
+            )
         self.model = MoeModel(self.config, weights, experts=self.coordinator, n_rows=n_slots, n_ctx=n_ctx)
         self.tokenizer = Vocabulary(model_path)
         self.n_slots = n_slots
@@ -197,9 +202,18 @@ class MoeRunner:
         """Greedy completion in a slot of its own; steps interleave with other requests'."""
         return list(self.generate_stream(prompt_ids, max_tokens))
 
-    def generate_stream(self, prompt_ids: list[int], max_tokens: int, *, temperature: float = 0.0, top_p: float = 1.0,
-                        seed: int = 0, grammar: Grammar | None = None, healer: TokenHealer | None = None,
-                        watch: Callable[[npt.NDArray[np.float32]], object] | None = None) -> Generator[int, None, None]:
+    def generate_stream(
+        self,
+        prompt_ids: list[int],
+        max_tokens: int,
+        *,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        grammar: Grammar | None = None,
+        healer: TokenHealer | None = None,
+        watch: Callable[[npt.NDArray[np.float32]], object] | None = None,
+    ) -> Generator[int, None, None]:
         """The completion's tokens as they are drawn, each by the specified sampler
         (`protocol.sampling`: ``select`` with the draw ``uniform(seed, position)``, position
         the tokens before it), as a single-machine host draws them; temperature 0 is greedy.
@@ -233,13 +247,17 @@ class MoeRunner:
                     if masked:
                         scores = healed.numpy()
                     try:
-                        token = (select(scores, temperature=temperature, top_p=top_p, u=u) if grammar is None else
-                                 select_masked(scores, grammar.allowed, temperature=temperature, top_p=top_p, u=u))
+                        token = (
+                            select(scores, temperature=temperature, top_p=top_p, u=u)
+                            if grammar is None
+                            else select_masked(scores, grammar.allowed, temperature=temperature, top_p=top_p, u=u)
+                        )
                     except ValueError as exc:  # the grammar refuses every token the healer allows
                         if not masked:
                             raise
-                        raise RequestRejected("the text already delivered does not follow the response_format's "
-                                              "grammar") from exc
+                        raise RequestRejected(
+                            "the text already delivered does not follow the response_format's grammar"
+                        ) from exc
                     if healing is not None:
                         healing.wrote(token)
                     yield token
@@ -297,7 +315,8 @@ class MoeRunner:
         """Under the model lock: one pass for `batch` (one token per row), each step handed its logits."""
         try:
             logits = self.model(
-                torch.tensor([s.token for s in batch]), torch.tensor([s.position for s in batch]),
+                torch.tensor([s.token for s in batch]),
+                torch.tensor([s.position for s in batch]),
                 torch.tensor([s.row for s in batch]),
             )  # (B, V)
             for index, s in enumerate(batch):
@@ -346,7 +365,9 @@ class MoeSlot:
         self.runner = runner
         self.finish_reason = "stop"
         self.completion_tokens = 0
-        self.token_ids: list[int] = []  # the last job's drawn tokens, its end of turn included (`mahout.loop` reports them)
+        self.token_ids: list[
+            int
+        ] = []  # the last job's drawn tokens, its end of turn included (`mahout.loop` reports them)
         self.seed: int | None = None  # the seed they were drawn with (the job's, or drawn here when it had none)
 
     def stream(self, job: dict) -> Generator[str, None, None]:
@@ -382,11 +403,21 @@ class MoeSlot:
                 grammar.close()
         rewrite = job.get("rewrite") or ""
         if rewrite:  # the tokens the customer gets from this host, not those that wrote the delivered text again
-            spelled = runner.tokenizer.spell([t for t in self.token_ids if t not in stops]).decode("utf-8", errors="ignore")
+            spelled = runner.tokenizer.spell([t for t in self.token_ids if t not in stops]).decode(
+                "utf-8", errors="ignore"
+            )
             self.completion_tokens = runner.tokenizer.count(spelled.removeprefix(rewrite))
 
-    def _with_logprobs(self, job: dict, prompt: list[int], stops: set[int], grammar: Grammar | None,
-                       healer: TokenHealer | None, *, top: int) -> Generator[str, None, None]:
+    def _with_logprobs(
+        self,
+        job: dict,
+        prompt: list[int],
+        stops: set[int],
+        grammar: Grammar | None,
+        healer: TokenHealer | None,
+        *,
+        top: int,
+    ) -> Generator[str, None, None]:
         """`_stream`'s text cut on token boundaries, each piece with its tokens' entries."""
         import numpy as np
 
@@ -395,8 +426,11 @@ class MoeSlot:
         def watch(scores: npt.NDArray[np.float32]) -> None:
             recorder(np.asarray(self.token_ids, dtype=np.intc), scores)  # it learns the last draw from these
 
-        aligner = TokenAligner(recorder, self.runner.tokenizer.pieces(self.runner.config.vocab_size),
-                               skip=len(healer.pending) if healer is not None else 0)
+        aligner = TokenAligner(
+            recorder,
+            self.runner.tokenizer.pieces(self.runner.config.vocab_size),
+            skip=len(healer.pending) if healer is not None else 0,
+        )
         for raw in self._stream(job, prompt, stops, grammar, healer, watch=watch):
             text, entries = aligner.feed(raw)
             if text or entries:
@@ -407,26 +441,44 @@ class MoeSlot:
         if text or entries:
             yield Piece(text, entries)
 
-    def _stream(self, job: dict, prompt: list[int], stops: set[int], grammar: Grammar | None,
-                healer: TokenHealer | None = None, *,
-                watch: Callable[[npt.NDArray[np.float32]], object] | None = None) -> Generator[str, None, None]:
+    def _stream(
+        self,
+        job: dict,
+        prompt: list[int],
+        stops: set[int],
+        grammar: Grammar | None,
+        healer: TokenHealer | None = None,
+        *,
+        watch: Callable[[npt.NDArray[np.float32]], object] | None = None,
+    ) -> Generator[str, None, None]:
         runner = self.runner
         params = job.get("params") or {}
         budget = runner.model.cache.n_ctx - len(prompt)
         if budget <= 0:  # (as a single-machine host says it: the customer gets the reason)
-            raise RequestRejected(f"prompt is {len(prompt)} tokens; the context window is {runner.model.cache.n_ctx} tokens")
+            raise RequestRejected(
+                f"prompt is {len(prompt)} tokens; the context window is {runner.model.cache.n_ctx} tokens"
+            )
         from scorer.healing import rewrite_budget
 
-        max_tokens = min(rewrite_budget(job, min(int(params.get("max_tokens") or budget), budget), runner.tokenizer.count),
-                         budget)
+        max_tokens = min(
+            rewrite_budget(job, min(int(params.get("max_tokens") or budget), budget), runner.tokenizer.count), budget
+        )
         temperature, top_p = job_number(params, "temperature", 1.0), job_number(params, "top_p", 1.0)
         self.finish_reason, self.completion_tokens = "length", 0
         self.seed, self.token_ids = job_seed(params), []
         stop_strings = [stop for stop in job_stop_strings(job) if stop]
         decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
         text, sent = "", 0
-        for token in runner.generate_stream(prompt, max_tokens, temperature=temperature, top_p=top_p, seed=self.seed,
-                                            grammar=grammar, healer=healer, watch=watch):
+        for token in runner.generate_stream(
+            prompt,
+            max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=self.seed,
+            grammar=grammar,
+            healer=healer,
+            watch=watch,
+        ):
             self.token_ids.append(token)
             self.completion_tokens += 1
             if token in stops:
@@ -455,5 +507,12 @@ def as_streamed(spelled: bytes) -> str:
 
 def _stop_start(text: str, stops: list[str]) -> int:
     """How many characters at the end of `text` could be the start of one of `stops`."""
-    return max((size for stop in stops for size in range(min(len(stop) - 1, len(text)), 0, -1)
-                if stop.startswith(text[-size:])), default=0)
+    return max(
+        (
+            size
+            for stop in stops
+            for size in range(min(len(stop) - 1, len(text)), 0, -1)
+            if stop.startswith(text[-size:])
+        ),
+        default=0,
+    )

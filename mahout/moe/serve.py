@@ -12,6 +12,7 @@ presence socket is held, exactly as for any host: billing and failover are the g
 The model must be in the gateway's catalog under the name given here (an operator runs
 `python manage.py moe_register PATH --name NAME`).
 """
+
 from __future__ import annotations
 
 import functools
@@ -41,7 +42,9 @@ BENCH_PROMPT = "The history of the elephant is long and varied. Elephants live i
 BENCH_TOKENS = 16
 
 
-def coordinator_runner(path: Path, *, slots: int, device: torch.device | None = None, n_ctx: int | None = None) -> MoeRunner:
+def coordinator_runner(
+    path: Path, *, slots: int, device: torch.device | None = None, n_ctx: int | None = None
+) -> MoeRunner:
     """The coordinator's runner, its model on `device` (default: the CPU; `mahout.moe.device`),
     each slot's KV cache sized for `n_ctx` tokens (default: the model's whole context)."""
     runner = MoeRunner(path, n_slots=slots, n_ctx=n_ctx)
@@ -52,8 +55,9 @@ def coordinator_runner(path: Path, *, slots: int, device: torch.device | None = 
     return runner
 
 
-def measure_moe(path: Path, threads: int, *, progress: bool = True, device: torch.device | None = None,
-                n_ctx: int | None = None) -> dict:
+def measure_moe(
+    path: Path, threads: int, *, progress: bool = True, device: torch.device | None = None, n_ctx: int | None = None
+) -> dict:
     """The qualification figures of the MoE model on this machine (on `device`), all experts
     local: prompt tokens/s (one prefill), time to first token, generation tokens/s, memory."""
     import torch
@@ -88,7 +92,9 @@ class MoeHostLoop(HostLoop):
     how many slots the coordinator has and how many are busy, so routing offers it that many
     jobs at once."""
 
-    def __init__(self, api: HostApi, models: dict[str, Any], *, slots: int, busy: Callable[[], int], **kwargs: Any) -> None:
+    def __init__(
+        self, api: HostApi, models: dict[str, Any], *, slots: int, busy: Callable[[], int], **kwargs: Any
+    ) -> None:
         super().__init__(api, models, **kwargs)  # (this loop runs one job at a time: its own slot)
         self.coordinator_slots, self.busy = slots, busy
 
@@ -97,9 +103,20 @@ class MoeHostLoop(HostLoop):
 
 
 def serve_coordinator(
-    *, server: str, token: str, model_path: Path, name: str, home: Path, slots: int = 4, threads: int = 1,
-    agent_interval_s: float = MOE_COORDINATOR_REPORT_SECONDS, claim_wait: float = CLAIM_WAIT_SECONDS, rebenchmark: bool = False,
-    owner: OwnerGuard | None = None, device: torch.device | None = None, n_ctx: int | None = None,
+    *,
+    server: str,
+    token: str,
+    model_path: Path,
+    name: str,
+    home: Path,
+    slots: int = 4,
+    threads: int = 1,
+    agent_interval_s: float = MOE_COORDINATOR_REPORT_SECONDS,
+    claim_wait: float = CLAIM_WAIT_SECONDS,
+    rebenchmark: bool = False,
+    owner: OwnerGuard | None = None,
+    device: torch.device | None = None,
+    n_ctx: int | None = None,
     out: Callable[[str], None] = print,
 ) -> int:
     """Qualify, then serve `name` until SIGTERM/SIGINT (the first finishes the running jobs and
@@ -117,25 +134,47 @@ def serve_coordinator(
     home.mkdir(parents=True, exist_ok=True)
     sha256 = file_sha256(model_path)
     fingerprint, facts = machine_fingerprint()
-    result, cached = qualify(home, name, model_path, sha256, fingerprint, threads, rebenchmark=rebenchmark,
-                             measure=functools.partial(measure_moe, device=device, n_ctx=n_ctx))
-    out(f"mahout moe: benchmark of {name} ({'cached' if cached else 'measured'}): {result['gen_tps']} tok/s "
-        f"generation, {result['ttft_ms']} ms to first token")
+    result, cached = qualify(
+        home,
+        name,
+        model_path,
+        sha256,
+        fingerprint,
+        threads,
+        rebenchmark=rebenchmark,
+        measure=functools.partial(measure_moe, device=device, n_ctx=n_ctx),
+    )
+    out(
+        f"mahout moe: benchmark of {name} ({'cached' if cached else 'measured'}): {result['gen_tps']} tok/s "
+        f"generation, {result['ttft_ms']} ms to first token"
+    )
     api = HostApi(server, token)
     try:
         qualify_with_server(api, [Qualified(model_path, sha256, result, fingerprint, facts, name)], out=out)
     finally:
         api.close()
     runner = coordinator_runner(model_path, slots=slots, device=device, n_ctx=n_ctx).start()
-    out(f"mahout moe: KV cache {runner.kv_cache_mib():.0f} MiB: {slots} slots × {runner.model.cache.n_ctx} tokens of context"
-        + ("" if n_ctx else " (the model's whole context; --ctx caps it)"))
+    out(
+        f"mahout moe: KV cache {runner.kv_cache_mib():.0f} MiB: {slots} slots × {runner.model.cache.n_ctx} tokens of context"
+        + ("" if n_ctx else " (the model's whole context; --ctx caps it)")
+    )
     client = MeshClient(server, token)
     agent = CoordinatorAgent(runner, client, name, interval_s=agent_interval_s).start()
     owner = owner or OwnerGuard(home)
     loops = [
-        MoeHostLoop(HostApi(server, token), {name: runner.slot()}, fingerprint=fingerprint, home=owner.home, installed=[name],
-                    slots=slots, busy=runner.busy_slots, claim_wait=claim_wait, idle=owner.idle, schedule=owner.schedule,
-                    out=out)
+        MoeHostLoop(
+            HostApi(server, token),
+            {name: runner.slot()},
+            fingerprint=fingerprint,
+            home=owner.home,
+            installed=[name],
+            slots=slots,
+            busy=runner.busy_slots,
+            claim_wait=claim_wait,
+            idle=owner.idle,
+            schedule=owner.schedule,
+            out=out,
+        )
         for _ in range(slots)
     ]
     try:
@@ -167,8 +206,10 @@ def _run_loops(loops: list[HostLoop], *, out: Callable[[str], None]) -> int:
             raise SystemExit(0)
         out(f"mahout moe: {signal.Signals(signum).name} received, finishing the running jobs then exiting")
 
-    threads = [threading.Thread(target=lambda loop=loop: handled.append(loop.run()), name=f"moe-slot-{i}", daemon=True)
-               for i, loop in enumerate(loops)]
+    threads = [
+        threading.Thread(target=lambda loop=loop: handled.append(loop.run()), name=f"moe-slot-{i}", daemon=True)
+        for i, loop in enumerate(loops)
+    ]
     main = threading.current_thread() is threading.main_thread()
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)} if main else {}
     try:

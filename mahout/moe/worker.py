@@ -19,6 +19,7 @@ failed worker and computes those experts itself, so no request breaks.
 `python -m mahout.moe.worker --model PATH --layer L --first F --count C [--port P]`, with the
 secret in ``MAHOUT_MOE_SECRET``, prints ``expert worker listening on HOST:PORT`` once it serves.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,8 +70,16 @@ class ExpertServer:
     """Serves one bank on a listening socket, one thread per coordinator connection; admits
     only a peer that proves it holds `secret`, and reads frames within `caps`."""
 
-    def __init__(self, bank: ExpertBank, *, secret: str, caps: FrameCaps, host: str = "127.0.0.1", port: int = 0,
-                 refusal: Callable[[], str | None] | None = None) -> None:
+    def __init__(
+        self,
+        bank: ExpertBank,
+        *,
+        secret: str,
+        caps: FrameCaps,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        refusal: Callable[[], str | None] | None = None,
+    ) -> None:
         if not secret:
             raise ValueError("an expert worker needs the secret the gateway issued for it")
         self.bank = bank
@@ -124,7 +133,11 @@ class ExpertServer:
         started = time.perf_counter()
         owner = self.refusal() if self.refusal is not None else None
         if owner:  # the coordinator takes an error as a failed worker and computes these experts itself
-            return {"type": "error", "id": header.get("id"), "message": f"this machine is its owner's now ({owner})"}, None
+            return {
+                "type": "error",
+                "id": header.get("id"),
+                "message": f"this machine is its owner's now ({owner})",
+            }, None
         try:
             if rows is None or header.get("layer") != self.bank.layer:
                 raise ValueError(f"this worker holds layer {self.bank.layer}, not {header.get('layer')}")
@@ -164,19 +177,29 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     secret = os.environ.get(SECRET_ENV, "")
     if not secret:
-        print(f"expert worker: set {SECRET_ENV} to the worker's secret (its coordinator holds the same)",
-              file=sys.stderr, flush=True)
+        print(
+            f"expert worker: set {SECRET_ENV} to the worker's secret (its coordinator holds the same)",
+            file=sys.stderr,
+            flush=True,
+        )
         return 2
     torch.set_num_threads(args.threads)
     config, bank = load_expert_slice(args.model, args.layer, args.first, args.count)
     if args.device.type != "cpu":
         bank.to_device(args.device)
     caps = worker_caps(d_model=config.d_model, count=args.count, context_length=config.context_length)
-    watch = OwnerWatch(owner_guard(args, resolve_home(args.home)),
-                       announce(lambda line: print(line, flush=True), "expert worker",
-                                paused="refusing batches (its coordinator computes them)", resumed="computing batches"))
-    server = ExpertServer(bank, secret=secret, caps=caps, host=args.host, port=args.port,
-                          refusal=lambda: watch.reason).start()
+    watch = OwnerWatch(
+        owner_guard(args, resolve_home(args.home)),
+        announce(
+            lambda line: print(line, flush=True),
+            "expert worker",
+            paused="refusing batches (its coordinator computes them)",
+            resumed="computing batches",
+        ),
+    )
+    server = ExpertServer(
+        bank, secret=secret, caps=caps, host=args.host, port=args.port, refusal=lambda: watch.reason
+    ).start()
     print(f"expert worker listening on {server.address[0]}:{server.address[1]}", flush=True)
     watch.start()
     try:

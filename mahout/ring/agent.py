@@ -6,6 +6,7 @@ The roles build on it: the head (`mahout.ring.head`), a middle stage and the tai
 ``StageAgent(stage, …)`` builds the one the stage's layer range gives it. Build agents
 through `mahout.ring.stage`, which defines every role (and tells the protocol they speak).
 """
+
 from __future__ import annotations
 
 import os
@@ -46,7 +47,9 @@ class StageStats:
     rows: int = 0
     tokens: int = 0
     refused: int = 0  # batches refused (wider than the plan) or failed
-    peers_refused: int = 0  # connections dropped at the handshake (not an expected neighbour, no secret) or a second bridge
+    peers_refused: int = (
+        0  # connections dropped at the handshake (not an expected neighbour, no secret) or a second bridge
+    )
     frames_refused: int = 0  # links dropped for a frame their peer may not send (`StageAgent._allowed`)
     max_queue_depth: int = 0
     started: float = field(default_factory=time.perf_counter)
@@ -96,7 +99,9 @@ class StageAgent:
         self.limits = limits
         self.keys = keys
         vocab = stage.config.vocab_size
-        tail_vocab = vocab - vocab // 2 if stage.shares_output and stage.weights.start == 0 else 0  # (`Sampler.head_pick`)
+        tail_vocab = (
+            vocab - vocab // 2 if stage.shares_output and stage.weights.start == 0 else 0
+        )  # (`Sampler.head_pick`)
         self.caps = limits.frame_caps(d_model=stage.config.d_model, n_ctx=stage.cache.n_ctx, tail_vocab=tail_vocab)
         self.next_address = next_address
         self._dial_next = dial_next or self._dial_address
@@ -147,7 +152,9 @@ class StageAgent:
 
     def _dial_address(self) -> Link:
         assert self.next_address is not None
-        return connect(self.next_address, secret=self.keys.downstream, hello=self.keys.hello(), caps=self.caps, name="next")
+        return connect(
+            self.next_address, secret=self.keys.downstream, hello=self.keys.hello(), caps=self.caps, name="next"
+        )
 
     def close(self) -> None:
         """Stop and close every connection: neighbours see the end of stream and stop too."""
@@ -214,7 +221,9 @@ class StageAgent:
                 if not self._allowed(link, header.get("type")):
                     self.stats.frames_refused += 1
                     link.close()
-                    raise LinkClosed(f"{self.name}: a {header.get('type')!r} frame from its {role}, which may not send it")
+                    raise LinkClosed(
+                        f"{self.name}: a {header.get('type')!r} frame from its {role}, which may not send it"
+                    )
                 self._inbox.put((header, tensor))
         except LinkClosed:
             self._inbox.put(({"type": _CLOSED, "who": role}, None))
@@ -276,9 +285,17 @@ class StageAgent:
     def snapshot(self) -> dict[str, Any]:
         s = self.stats
         return {
-            "stage": self.index, "start": self.stage.start, "end": self.stage.end,
-            "hold_s": round(s.hold_s, 6), "idle_s": round(s.idle_s, 6), "batches": s.batches, "rows": s.rows,
-            "tokens": s.tokens, "refused": s.refused, "peers_refused": s.peers_refused, "frames_refused": s.frames_refused,
+            "stage": self.index,
+            "start": self.stage.start,
+            "end": self.stage.end,
+            "hold_s": round(s.hold_s, 6),
+            "idle_s": round(s.idle_s, 6),
+            "batches": s.batches,
+            "rows": s.rows,
+            "tokens": s.tokens,
+            "refused": s.refused,
+            "peers_refused": s.peers_refused,
+            "frames_refused": s.frames_refused,
             "queue_depth": self.queue_depth(),
             "max_queue_depth": s.max_queue_depth,
             "uptime_s": round(time.perf_counter() - s.started, 6),
@@ -407,4 +424,3 @@ class StageAgent:
 
     def _with_snapshot(self, header: dict[str, Any]) -> dict[str, Any]:
         return {**header, "stages": [*header.get("stages", []), self.snapshot()]}
-

@@ -8,6 +8,7 @@ bridge reads its two links' from `bridge_keys`.
 It is `mahout.api.HostApi` (same host token, timeouts, bounded retries with backoff, typed
 4xx errors) pointed at the ring routes instead of the host routes.
 """
+
 from __future__ import annotations
 
 from typing import Any

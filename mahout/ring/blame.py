@@ -31,6 +31,7 @@ its **own** inputs, so one stage's fault never lands on the stage after it:
 (`mahout.ring.member`); the gateway, which never imports torch, only orders the checks and
 applies the verdict.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -102,8 +103,14 @@ def link_error(sent: StageRecord, received: StageRecord) -> float:
 
 
 def blame(
-    records: Sequence[StageRecord | None], slices: Sequence[StageSlice], *, sequence: Sequence[int], prompt_len: int,
-    shared_output: bool, recompute: Callable[[StageSlice, StageRecord], np.ndarray], d_model: int,
+    records: Sequence[StageRecord | None],
+    slices: Sequence[StageSlice],
+    *,
+    sequence: Sequence[int],
+    prompt_len: int,
+    shared_output: bool,
+    recompute: Callable[[StageSlice, StageRecord], np.ndarray],
+    d_model: int,
 ) -> Blame:
     """Check the stages' evidence of one request (module docstring). `sequence`: the prompt's
     token ids and then the delivered answer's (its end of generation included, as audited);
@@ -135,27 +142,37 @@ def blame(
         drawn = dict(zip(tail.token_positions.tolist(), tail.tokens.tolist(), strict=True))
         changed = [p for p in answer if drawn.get(p) != sequence[p]]
         if changed:
-            verdict.add(BRIDGE, f"the bridge delivered token {sequence[changed[0]]} at position {changed[0]}, "
-                                f"the tail drew {drawn.get(changed[0])}")
+            verdict.add(
+                BRIDGE,
+                f"the bridge delivered token {sequence[changed[0]]} at position {changed[0]}, "
+                f"the tail drew {drawn.get(changed[0])}",
+            )
     if complete[0] and head is not None:
         fed = dict(zip(head.positions.tolist(), head.inputs.tolist(), strict=True))
         wrong_prompt = [p for p in range(prompt_len) if fed.get(p) != sequence[p]]
         if wrong_prompt:  # the bridge submits the prompt: it, or the head, lies
             p = wrong_prompt[0]
-            verdict.dispute(BRIDGE, 0, f"the head ran token {fed.get(p)} at prompt position {p}, the job's prompt has {sequence[p]}")
+            verdict.dispute(
+                BRIDGE, 0, f"the head ran token {fed.get(p)} at prompt position {p}, the job's prompt has {sequence[p]}"
+            )
         if complete[-1] and tail is not None:
             drawn = dict(zip(tail.token_positions.tolist(), tail.tokens.tolist(), strict=True))
             fed_wrong = [p for p in range(prompt_len, len(sequence) - 1) if fed.get(p) != drawn.get(p)]
             if fed_wrong:  # the tail sends the head and the bridge one message: one of the two lies
                 p = fed_wrong[0]
-                verdict.dispute(n - 1, 0, f"the head ran token {fed.get(p)} at position {p}, the tail says it drew {drawn.get(p)}")
+                verdict.dispute(
+                    n - 1, 0, f"the head ran token {fed.get(p)} at position {p}, the tail says it drew {drawn.get(p)}"
+                )
     for k in range(1, n):
         sent, received = records[k - 1], records[k]
         if complete[k - 1] and complete[k] and sent is not None and received is not None:
             error = link_error(sent, received)
             if error > LINK_TOLERANCE:
-                verdict.dispute(k - 1, k, f"stage {k} says it received other states than stage {k - 1} says it sent "
-                                          f"(error {error:.3g})")
+                verdict.dispute(
+                    k - 1,
+                    k,
+                    f"stage {k} says it received other states than stage {k - 1} says it sent (error {error:.3g})",
+                )
     for record, stage, whole in zip(records, slices, complete, strict=True):
         if not whole or record is None:
             verdict.errors[stage.index] = None
@@ -163,13 +180,17 @@ def blame(
         error = relative_error(record.outputs, recompute(stage, record))
         verdict.errors[stage.index] = error
         if error > TOLERANCE:
-            verdict.add(stage.index, f"stage {stage.index}'s layers [{stage.start}, {stage.end}) recomputed on its own "
-                                     f"inputs differ from what it sent by {error:.3g} (tolerance {TOLERANCE})")
+            verdict.add(
+                stage.index,
+                f"stage {stage.index}'s layers [{stage.start}, {stage.end}) recomputed on its own "
+                f"inputs differ from what it sent by {error:.3g} (tolerance {TOLERANCE})",
+            )
     if not verdict.blamed and not verdict.disputed:
         pickers = [0, n - 1] if shared_output else [n - 1]
         for index in pickers:
-            verdict.add(index, "every stage's states check out and the text is what the tail drew: "
-                               "the draw was not the seed's")
+            verdict.add(
+                index, "every stage's states check out and the text is what the tail drew: the draw was not the seed's"
+            )
     return verdict
 
 
@@ -178,8 +199,11 @@ def _malformed(record: StageRecord, *, head: bool, d_model: int) -> str | None:
     n, m = len(record.positions), len(record.out_positions)
     if record.positions.ndim != 1 or record.positions.dtype.kind not in "iu" or len(np.unique(record.positions)) != n:
         return "its positions are not distinct integers"
-    if record.out_positions.ndim != 1 or record.out_positions.dtype.kind not in "iu" or not np.isin(
-            record.out_positions, record.positions).all():
+    if (
+        record.out_positions.ndim != 1
+        or record.out_positions.dtype.kind not in "iu"
+        or not np.isin(record.out_positions, record.positions).all()
+    ):
         return "its output positions are not positions it computed"
     if n and (int(record.positions.min()) < 0 or not np.all(np.diff(record.positions) > 0)):
         return "its positions are not in order"
@@ -209,8 +233,15 @@ def stage_recompute(path: str, *, device: str = "cpu") -> Callable[[StageSlice, 
             loaded[(stage.start, stage.end)] = load_stage(path, stage.start, stage.end, share_output=False)
         config, weights = loaded[(stage.start, stage.end)]
         n = len(record.positions)
-        engine = Stage(config, weights, stage.start, stage.end, n_rows=1, n_ctx=int(record.positions.max()) + 1,  # type: ignore[arg-type]
-                       device=device)
+        engine = Stage(
+            config,
+            weights,
+            stage.start,
+            stage.end,
+            n_rows=1,
+            n_ctx=int(record.positions.max()) + 1,  # type: ignore[arg-type]
+            device=device,
+        )
         is_head = stage.start == 0
         x = torch.from_numpy(record.inputs.astype(np.int64) if is_head else record.inputs.astype(np.float32))
         positions = torch.from_numpy(record.positions.astype(np.int64))

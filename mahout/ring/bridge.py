@@ -5,6 +5,7 @@ agent to agent. The bridge only submits prompts (to the head) and receives sampl
 request ends and stats (from the tail). If either link breaks, every open request fails
 with `RingBroken`: a stage dying ends its requests honestly.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -67,7 +68,9 @@ class RingRequest:
 class RingBridge:
     """Connects to the head and the tail of a running ring, each link with its own secret (`keys`)."""
 
-    def __init__(self, head: tuple[str, int], tail: tuple[str, int], *, keys: BridgeKeys, timeout: float = 120.0) -> None:
+    def __init__(
+        self, head: tuple[str, int], tail: tuple[str, int], *, keys: BridgeKeys, timeout: float = 120.0
+    ) -> None:
         tail_link = connect(tail, secret=keys.tail, hello=HELLO, caps=CAPS, timeout=timeout, name="tail")
         try:
             head_link = connect(head, secret=keys.head, hello=HELLO, caps=CAPS, timeout=timeout, name="head")
@@ -113,9 +116,19 @@ class RingBridge:
         return self._broken
 
     def submit(
-        self, prompt_ids: Sequence[int], max_tokens: int, *, stop_ids: Sequence[int] = (),
-        temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None, request_id: str | None = None,
-        logprobs: int | None = None, grammar: str | None = None, grammar_root: str = "root", heal: bytes | None = None,
+        self,
+        prompt_ids: Sequence[int],
+        max_tokens: int,
+        *,
+        stop_ids: Sequence[int] = (),
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        request_id: str | None = None,
+        logprobs: int | None = None,
+        grammar: str | None = None,
+        grammar_root: str = "root",
+        heal: bytes | None = None,
     ) -> RingRequest:
         """Hand a prompt to the head; the request is in flight as soon as this returns. `heal`:
         the bytes its first tokens must write again (a cut last word the prompt was cut before,
@@ -126,9 +139,18 @@ class RingBridge:
                 raise RingBroken(self._broken)
             self._open[request.id] = request
         header = {
-            "type": "submit", "request_id": request.id, "prompt_ids": list(prompt_ids), "max_tokens": max_tokens,
-            "stop_ids": list(stop_ids), "temperature": temperature, "top_p": top_p, "seed": seed,
-            "logprobs": logprobs, "grammar": grammar, "grammar_root": grammar_root, "heal": heal.hex() if heal else None,
+            "type": "submit",
+            "request_id": request.id,
+            "prompt_ids": list(prompt_ids),
+            "max_tokens": max_tokens,
+            "stop_ids": list(stop_ids),
+            "temperature": temperature,
+            "top_p": top_p,
+            "seed": seed,
+            "logprobs": logprobs,
+            "grammar": grammar,
+            "grammar_root": grammar_root,
+            "heal": heal.hex() if heal else None,
         }
         try:
             self._head.send(header)

@@ -10,6 +10,7 @@ this machine (the file it serves the model from). What it reports is the stages 
 for that alone) and why. A check it cannot run here (the file is not here, an error
 recomputing) is declined, and another checker is asked.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -43,11 +44,21 @@ def ring_check(payload: dict, api: Any, *, model_path: str | Path) -> dict:
             except ValueError:  # not what a stage keeps: it showed nothing it could be checked by
                 records.append(None)
         slices = [StageSlice(int(s["index"]), int(s["start"]), int(s["end"])) for s in stages]
-        verdict = blame(records, slices, sequence=[*prompt, *tokens], prompt_len=len(prompt),
-                        shared_output=bool(payload.get("shared_output", True)), recompute=stage_recompute(str(model_path)),
-                        d_model=d_model)
+        verdict = blame(
+            records,
+            slices,
+            sequence=[*prompt, *tokens],
+            prompt_len=len(prompt),
+            shared_output=bool(payload.get("shared_output", True)),
+            recompute=stage_recompute(str(model_path)),
+            d_model=d_model,
+        )
     except Exception as exc:  # noqa: BLE001 - a check that breaks here is handed to another checker, not lost
         return {"verdict": "declined", "reasons": [f"{type(exc).__name__}: {exc}"[:900]]}
     errors = ", ".join(f"stage {i}: {'-' if e is None else f'{e:.2g}'}" for i, e in sorted(verdict.errors.items()))
-    return {"verdict": "blamed", "blamed": verdict.blamed, "disputed": [list(link) for link in verdict.disputed],
-            "reasons": [reason[:900] for reason in verdict.reasons] + [f"recomputation errors: {errors}"]}
+    return {
+        "verdict": "blamed",
+        "blamed": verdict.blamed,
+        "disputed": [list(link) for link in verdict.disputed],
+        "reasons": [reason[:900] for reason in verdict.reasons] + [f"recomputation errors: {errors}"],
+    }

@@ -10,6 +10,7 @@ one mahout host: it claims jobs through the normal host API and feeds them to th
 ``--stages N`` makes a ring of this host's own; ``--ring ID`` serves an operator's plan,
 whose stages on other hosts run there as ``python -m mahout stage``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,34 +31,57 @@ __all__ = ["add_parser", "cmd_ring"]
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     ring = commands.add_parser("ring", help="serve a model as a pipeline of layer-sliced stages")
-    ring.add_argument("--stages", type=int, default=None, help="stage processes (at least two); with --ring, the plan's")
+    ring.add_argument(
+        "--stages", type=int, default=None, help="stage processes (at least two); with --ring, the plan's"
+    )
     ring.add_argument("--prompt", help="complete this text and exit")
     ring.add_argument("--max-tokens", type=int, default=32)
     ring.add_argument("--threads", type=int, default=1, help="torch threads per stage")
     ring.add_argument("--micro-batch", type=int, default=4, help="rows per pass")
     ring.add_argument("--row-width", type=int, default=64, help="tokens per row (longer prompts are fed in chunks)")
     ring.add_argument("--n-ctx", type=int, default=1024)
-    ring.add_argument("--name", default=SHIPPED_MODEL,
-                      help="the catalog model to serve (default: %(default)s); its file is the one `mahout add` registered")
+    ring.add_argument(
+        "--name",
+        default=SHIPPED_MODEL,
+        help="the catalog model to serve (default: %(default)s); its file is the one `mahout add` registered",
+    )
     ring.add_argument("--model", default=None, help="GGUF path of that model (default: the file of --name)")
     ring.add_argument("--server", help="gateway URL: serve jobs as a mahout host")
     ring.add_argument("--token", help="host token (with --server)")
     ring.add_argument("--max-jobs", type=int, default=None, help="with --server: exit after this many jobs")
-    ring.add_argument("--parallel", type=int, default=None,
-                      help="with --server: jobs served at once, each in flight in the ring (default: the micro-batch)")
+    ring.add_argument(
+        "--parallel",
+        type=int,
+        default=None,
+        help="with --server: jobs served at once, each in flight in the ring (default: the micro-batch)",
+    )
     ring.add_argument("--home", help="mahout state directory (with --server)")
-    ring.add_argument("--ring", type=int, default=None,
-                      help="with --server: serve this ring plan (its stages and widths); run here the stages it gives this host")
+    ring.add_argument(
+        "--ring",
+        type=int,
+        default=None,
+        help="with --server: serve this ring plan (its stages and widths); run here the stages it gives this host",
+    )
     ring.add_argument("--report-every", type=float, default=10.0, help="with --server: seconds between stats reports")
-    ring.add_argument("--bind", default=None,
-                      help="with --server: host the local stages listen on (default 127.0.0.1 when every stage runs "
-                           "here, else 0.0.0.0)")
+    ring.add_argument(
+        "--bind",
+        default=None,
+        help="with --server: host the local stages listen on (default 127.0.0.1 when every stage runs "
+        "here, else 0.0.0.0)",
+    )
     ring.add_argument("--advertise", default=None, help="with --server: HOST the local stages advertise")
-    ring.add_argument("--relay", action="store_true",
-                      help="with --server: the local stages are reached through the gateway's ring relay (they fall back "
-                           "to it by themselves when the gateway refuses their address as not public)")
-    ring.add_argument("--wait", type=float, default=300.0,
-                      help="with --server: seconds to wait for the stages to report reachable addresses")
+    ring.add_argument(
+        "--relay",
+        action="store_true",
+        help="with --server: the local stages are reached through the gateway's ring relay (they fall back "
+        "to it by themselves when the gateway refuses their address as not public)",
+    )
+    ring.add_argument(
+        "--wait",
+        type=float,
+        default=300.0,
+        help="with --server: seconds to wait for the stages to report reachable addresses",
+    )
     ring.add_argument("--bench-tokens", type=int, default=32, help="with --server: tokens of the qualifying benchmark")
     add_owner_arguments(ring)
 
@@ -85,8 +109,12 @@ def cmd_ring(args: argparse.Namespace, say: Callable[[str], None] = print) -> in
         from mahout.ring.serve import serve_ring
 
         try:
-            login = credentials_resolve(server=args.server, token=args.token, home=resolve_home(args.home),
-                                        warn=lambda line: print(line, file=sys.stderr, flush=True))
+            login = credentials_resolve(
+                server=args.server,
+                token=args.token,
+                home=resolve_home(args.home),
+                warn=lambda line: print(line, file=sys.stderr, flush=True),
+            )
         except NoCredentials as exc:
             return _refuse(str(exc))
         args.server, args.token = login.server, login.token
@@ -107,8 +135,11 @@ def cmd_ring(args: argparse.Namespace, say: Callable[[str], None] = print) -> in
     limits = Limits(micro_batch=args.micro_batch, row_width=args.row_width)
     started = time.perf_counter()
     with ProcessRing(model_path, ranges, limits=limits, threads=args.threads, n_ctx=args.n_ctx) as ring:
-        print(f"mahout: ring of {len(ranges)} stages {ranges} ready in {time.perf_counter() - started:.1f} s",
-              file=sys.stderr, flush=True)
+        print(
+            f"mahout: ring of {len(ranges)} stages {ranges} ready in {time.perf_counter() - started:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
         return _complete(ring, model_path, args, say)
 
 
@@ -125,7 +156,10 @@ def _complete(ring: ProcessRing, model_path: str | Path, args: argparse.Namespac
     say(tokenizer.decode(text_ids))
     print(f"mahout: {len(tokens)} tokens in {seconds:.2f} s ({request.finish_reason})", file=sys.stderr, flush=True)
     for stage in ring.bridge.stats():
-        print(f"mahout: stage {stage['stage']} layers [{stage['start']}, {stage['end']}): "
-              f"held {stage['hold_s']:.2f} s, idle {stage['idle_s']:.2f} s, {stage['batches']} batches",
-              file=sys.stderr, flush=True)
+        print(
+            f"mahout: stage {stage['stage']} layers [{stage['start']}, {stage['end']}): "
+            f"held {stage['hold_s']:.2f} s, idle {stage['idle_s']:.2f} s, {stage['batches']} batches",
+            file=sys.stderr,
+            flush=True,
+        )
     return 0

@@ -21,6 +21,7 @@ its own, off the stage's work), and the budget bounds the folder: an inquiry tha
 the stage process restarted (a crash, an upgrade, a reboot) still finds what it kept. Without
 one (tests, benches), it stays in memory within the budget.
 """
+
 from __future__ import annotations
 
 import os
@@ -40,7 +41,14 @@ import torch
 from mahout.ring.membership import Row
 from protocol.timing import RING_EVIDENCE_POLL_SECONDS
 
-__all__ = ["DEFAULT_BUDGET_BYTES", "EvidenceStore", "EvidenceUploader", "StageRecord", "record_bytes", "record_from_bytes"]
+__all__ = [
+    "DEFAULT_BUDGET_BYTES",
+    "EvidenceStore",
+    "EvidenceUploader",
+    "StageRecord",
+    "record_bytes",
+    "record_from_bytes",
+]
 
 DEFAULT_BUDGET_BYTES = 256 * 2**20  # what one stage keeps in all; a request's evidence is positions x width x 8 bytes
 
@@ -53,17 +61,29 @@ class StageRecord:
     inputs: np.ndarray  # (N,) int64 token ids at the head, else (N, D) float32
     out_positions: np.ndarray  # (M,) int64: the positions `outputs` are for
     outputs: np.ndarray  # (M, D) float32
-    token_positions: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (K,) the tail's drawn tokens' positions
+    token_positions: np.ndarray = field(
+        default_factory=lambda: np.zeros(0, np.int64)
+    )  # (K,) the tail's drawn tokens' positions
     tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (K,)
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return {"positions": self.positions, "inputs": self.inputs, "out_positions": self.out_positions,
-                "outputs": self.outputs, "token_positions": self.token_positions, "tokens": self.tokens}
+        return {
+            "positions": self.positions,
+            "inputs": self.inputs,
+            "out_positions": self.out_positions,
+            "outputs": self.outputs,
+            "token_positions": self.token_positions,
+            "tokens": self.tokens,
+        }
 
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray]) -> StageRecord:
-        return cls(**{key: np.asarray(arrays[key]) for key in
-                      ("positions", "inputs", "out_positions", "outputs", "token_positions", "tokens")})
+        return cls(
+            **{
+                key: np.asarray(arrays[key])
+                for key in ("positions", "inputs", "out_positions", "outputs", "token_positions", "tokens")
+            }
+        )
 
 
 class _Pieces:
@@ -97,7 +117,9 @@ class EvidenceStore:
         self._writer: threading.Thread | None = None
         if spool is not None:
             spool.mkdir(parents=True, exist_ok=True)
-            for path in sorted(spool.glob("*.npz"), key=lambda found: found.stat().st_mtime):  # what an earlier process kept
+            for path in sorted(
+                spool.glob("*.npz"), key=lambda found: found.stat().st_mtime
+            ):  # what an earlier process kept
                 self._spooled[path.stem] = path.stat().st_size
                 self._spooled_bytes += path.stat().st_size
             for partial in spool.glob(".*.partial"):  # cut short by a crash: never handed over
@@ -116,13 +138,13 @@ class EvidenceStore:
                 positions = np.arange(row.start, row.start + row.n_tokens, dtype=np.int64)
                 pieces = self._pieces(row.request_id)
                 pieces.positions.append(positions)
-                pieces.inputs.append(inputs[offset:offset + row.n_tokens].copy())
+                pieces.inputs.append(inputs[offset : offset + row.n_tokens].copy())
                 if per_row_out:
                     pieces.out_positions.append(positions[-1:])
-                    pieces.outputs.append(outputs[i:i + 1].copy())
+                    pieces.outputs.append(outputs[i : i + 1].copy())
                 else:
                     pieces.out_positions.append(positions)
-                    pieces.outputs.append(outputs[offset:offset + row.n_tokens].copy())
+                    pieces.outputs.append(outputs[offset : offset + row.n_tokens].copy())
                 added = pieces.inputs[-1].nbytes + pieces.outputs[-1].nbytes + 16 * row.n_tokens
                 pieces.nbytes += added
                 self._bytes += added
@@ -218,8 +240,10 @@ class EvidenceStore:
         out_order = np.argsort(out_positions, kind="stable")
         token_positions = np.array(sorted(pieces.tokens), dtype=np.int64)
         return StageRecord(
-            positions=positions[order], inputs=np.concatenate(pieces.inputs)[order],
-            out_positions=out_positions[out_order], outputs=np.concatenate(pieces.outputs)[out_order],
+            positions=positions[order],
+            inputs=np.concatenate(pieces.inputs)[order],
+            out_positions=out_positions[out_order],
+            outputs=np.concatenate(pieces.outputs)[out_order],
             token_positions=token_positions,
             tokens=np.array([pieces.tokens[int(p)] for p in token_positions], dtype=np.int64),
         )
@@ -272,8 +296,17 @@ class EvidenceUploader:
     failed audit is looking into and sends what it kept of each, in parts of at most
     `part_bytes`, or says it kept nothing."""
 
-    def __init__(self, api: Any, store: EvidenceStore, *, ring_id: int, stage: int, part_bytes: int = 512 * 1024,
-                 poll_s: float = RING_EVIDENCE_POLL_SECONDS, say: Callable[[str], None] = print) -> None:
+    def __init__(
+        self,
+        api: Any,
+        store: EvidenceStore,
+        *,
+        ring_id: int,
+        stage: int,
+        part_bytes: int = 512 * 1024,
+        poll_s: float = RING_EVIDENCE_POLL_SECONDS,
+        say: Callable[[str], None] = print,
+    ) -> None:
         import threading
 
         self.api, self.store, self.ring_id, self.stage = api, store, ring_id, stage
@@ -304,14 +337,19 @@ class EvidenceUploader:
             record = self.store.export(found[-1]) if found else None
             if record is None:
                 self.api.ring_evidence_send(inquiry["id"], stage=self.stage, part=0, parts=0, data=b"")
-                self.say(f"mahout: stage {self.stage}: kept nothing of job {inquiry['job']} for inquiry {inquiry['id']}")
+                self.say(
+                    f"mahout: stage {self.stage}: kept nothing of job {inquiry['job']} for inquiry {inquiry['id']}"
+                )
             else:
                 data = record_bytes(record)
-                chunks = [data[i:i + self.part_bytes] for i in range(0, len(data), self.part_bytes)]
+                chunks = [data[i : i + self.part_bytes] for i in range(0, len(data), self.part_bytes)]
                 for part, chunk in enumerate(chunks):
-                    self.api.ring_evidence_send(inquiry["id"], stage=self.stage, part=part, parts=len(chunks),
-                                                data=chunk)
-                self.say(f"mahout: stage {self.stage}: handed over {len(data)} bytes of evidence of job {inquiry['job']} "
-                         f"for inquiry {inquiry['id']}")
+                    self.api.ring_evidence_send(
+                        inquiry["id"], stage=self.stage, part=part, parts=len(chunks), data=chunk
+                    )
+                self.say(
+                    f"mahout: stage {self.stage}: handed over {len(data)} bytes of evidence of job {inquiry['job']} "
+                    f"for inquiry {inquiry['id']}"
+                )
             answered += 1
         return answered

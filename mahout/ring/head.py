@@ -1,6 +1,7 @@
 """The head of a ring (start == 0): it embeds, owns the requests and decides every pass's
 membership; sharing the output head, it also picks from the vocabulary's first half
 (`mahout.ring.stage` tells the whole protocol)."""
+
 from __future__ import annotations
 
 import time
@@ -128,16 +129,27 @@ class HeadAgent(StageAgent, role="head"):
         while self._waiting and len(self._active) < self.slots:
             h = self._waiting.popleft()
             request = _Request(
-                id=h["request_id"], prompt=h["prompt_ids"], max_tokens=int(h["max_tokens"]),
+                id=h["request_id"],
+                prompt=h["prompt_ids"],
+                max_tokens=int(h["max_tokens"]),
                 stop_ids=frozenset(int(t) for t in h.get("stop_ids") or ()),
-                temperature=float(h.get("temperature") or 0.0), seed=h.get("seed"), top_p=_top_p(h.get("top_p")),
-                top_logprobs=None if h.get("logprobs") is None else int(h["logprobs"]), grammar=bool(h.get("grammar")),
+                temperature=float(h.get("temperature") or 0.0),
+                seed=h.get("seed"),
+                top_p=_top_p(h.get("top_p")),
+                top_logprobs=None if h.get("logprobs") is None else int(h["logprobs"]),
+                grammar=bool(h.get("grammar")),
                 heal=bool(h.get("heal")),
             )
             self._active[request.id] = request
             if request.grammar:  # ahead of its rows, to the stage that picks (this one, sharing the output head)
-                self._grammar({"type": "grammar", "request_id": request.id, "grammar": h["grammar"],
-                               "root": h.get("grammar_root") or "root"})
+                self._grammar(
+                    {
+                        "type": "grammar",
+                        "request_id": request.id,
+                        "grammar": h["grammar"],
+                        "root": h.get("grammar_root") or "root",
+                    }
+                )
             if request.heal and request.id in self._active:  # ahead of its rows too, to the stage that picks
                 self._heal({"type": "heal", "request_id": request.id, "dropped": h["heal"]})
             if request.id in self._active:  # (a grammar or healer this stage could not build failed the request)
@@ -155,15 +167,41 @@ class HeadAgent(StageAgent, role="head"):
             r = self._active[rid]
             if r.next_token is not None:  # decode: the token the tail sampled, at its position
                 position = len(r.prompt) + r.generated - 1
-                rows.append(Row(rid, position, 1, DECODE, True, r.temperature, r.seed, r.top_p, r.top_logprobs, r.grammar,
-                                r.heal))
+                rows.append(
+                    Row(
+                        rid,
+                        position,
+                        1,
+                        DECODE,
+                        True,
+                        r.temperature,
+                        r.seed,
+                        r.top_p,
+                        r.top_logprobs,
+                        r.grammar,
+                        r.heal,
+                    )
+                )
                 ids.append(r.next_token)
                 r.next_token = None
                 continue
             chunk = r.prompt[r.fed : r.fed + self.limits.row_width]
             last = r.fed + len(chunk) == len(r.prompt)
-            rows.append(Row(rid, r.fed, len(chunk), PREFILL, last, r.temperature, r.seed, r.top_p, r.top_logprobs, r.grammar,
-                            r.heal))
+            rows.append(
+                Row(
+                    rid,
+                    r.fed,
+                    len(chunk),
+                    PREFILL,
+                    last,
+                    r.temperature,
+                    r.seed,
+                    r.top_p,
+                    r.top_logprobs,
+                    r.grammar,
+                    r.heal,
+                )
+            )
             ids.extend(chunk)
             r.fed += len(chunk)
             if not last:  # the next chunk may follow at once: stages keep frames in order
@@ -246,15 +284,24 @@ class HeadAgent(StageAgent, role="head"):
         named = [str(request_id) for request_id in header.get("whole") or []]
         if tensor is not None and tensor.shape[0] != len(named):
             shared = None
-            self._send_next({"type": "partial", "seq": int(header["seq"]),
-                             "failed": f"{self.name}: the tail sent {tensor.shape[0]} rows of logits for {len(named)} requests"})
+            self._send_next(
+                {
+                    "type": "partial",
+                    "seq": int(header["seq"]),
+                    "failed": f"{self.name}: the tail sent {tensor.shape[0]} rows of logits for {len(named)} requests",
+                }
+            )
         if shared is not None:  # (None: this head failed those rows already)
             theirs = {} if tensor is None else {request_id: tensor[i] for i, request_id in enumerate(named)}
             self._answer_share(int(header["seq"]), *shared, header.get("masses") or {}, theirs)
         self.stats.hold_s += time.perf_counter() - started
 
     def _answer_share(
-        self, seq: int, rows: list[Row], logits: torch.Tensor, masses: dict[str, list[float]],
+        self,
+        seq: int,
+        rows: list[Row],
+        logits: torch.Tensor,
+        masses: dict[str, list[float]],
         tail_logits: dict[str, torch.Tensor] | None = None,
     ) -> None:
         """The head's part of the pick (`Sampler.head_pick`), downstream to the tail: a greedy
@@ -265,8 +312,13 @@ class HeadAgent(StageAgent, role="head"):
         for i, row in enumerate(rows):
             try:
                 picks[row.request_id] = self._sampler.head_pick(
-                    row, logits[i], masses.get(row.request_id), tail_logits.get(row.request_id),
-                    self._grammars.get(row.request_id), self._healing.get(row.request_id))
+                    row,
+                    logits[i],
+                    masses.get(row.request_id),
+                    tail_logits.get(row.request_id),
+                    self._grammars.get(row.request_id),
+                    self._healing.get(row.request_id),
+                )
             except Exception as exc:  # noqa: BLE001 - e.g. a grammar that allows nothing: that request fails, not its pass
                 refused[row.request_id] = f"{self.name}: {exc}"
         self._send_next({"type": "partial", "seq": seq, "picks": picks, "refused": refused})

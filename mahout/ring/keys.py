@@ -17,6 +17,7 @@ one that claims to be the upstream neighbour without being it cannot either. A d
 link (two ends' evidence that disagree, `mahout.ring.blame`) is then a dispute between the
 only two machines that could have sent or received its frames.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -79,8 +80,13 @@ class StageKeys:
         """From the gateway's assignment (``links``: ``{"upstream": {"stage", "secret"},
         "downstream": {"stage", "secret"}, "bridge": secret or null}``), checked against the
         plan's shape."""
-        keys = cls(index=index, n_stages=n_stages, upstream=str(links["upstream"]["secret"]),
-                   downstream=str(links["downstream"]["secret"]), bridge=links.get("bridge") or None)
+        keys = cls(
+            index=index,
+            n_stages=n_stages,
+            upstream=str(links["upstream"]["secret"]),
+            downstream=str(links["downstream"]["secret"]),
+            bridge=links.get("bridge") or None,
+        )
         if links["upstream"]["stage"] != keys.upstream_index or links["downstream"]["stage"] != keys.downstream_index:
             raise ValueError(f"the gateway's links for stage {index} do not match a ring of {n_stages} stages")
         return keys
@@ -113,8 +119,13 @@ def ring_keys(n_stages: int) -> RingKeys:
     links = [new_secret() for _ in range(n_stages)]  # links[i]: stage i -> stage i+1 (the tail's: -> the head)
     bridge = BridgeKeys(head=new_secret(), tail=new_secret())
     stages = tuple(
-        StageKeys(index=i, n_stages=n_stages, upstream=links[(i - 1) % n_stages], downstream=links[i],
-                  bridge=bridge.head if i == 0 else bridge.tail if i == n_stages - 1 else None)
+        StageKeys(
+            index=i,
+            n_stages=n_stages,
+            upstream=links[(i - 1) % n_stages],
+            downstream=links[i],
+            bridge=bridge.head if i == 0 else bridge.tail if i == n_stages - 1 else None,
+        )
         for i in range(n_stages)
     )
     return RingKeys(stages=stages, bridge=bridge)

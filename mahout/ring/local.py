@@ -4,6 +4,7 @@ stages talk to each other directly; the bridge connects only to the head and the
 The ring makes its own link secrets (`mahout.ring.keys.ring_keys`: one per link, each stage
 handed its own links' only): its stages and its bridge admit nobody else, and stage processes
 receive theirs in their environment, not on a command line."""
+
 from __future__ import annotations
 
 import os
@@ -39,23 +40,39 @@ class ThreadRing:
     """A ring whose stages are threads of this process (each still behind its own socket)."""
 
     def __init__(
-        self, model_path: str | Path, ranges: Sequence[tuple[int, int]], *, limits: Limits,
-        slots: int | None = None, n_ctx: int = 512, stages: Sequence[Stage] | None = None,
+        self,
+        model_path: str | Path,
+        ranges: Sequence[tuple[int, int]],
+        *,
+        limits: Limits,
+        slots: int | None = None,
+        n_ctx: int = 512,
+        stages: Sequence[Stage] | None = None,
     ) -> None:
         """`stages`, if given, are used as they are instead of being loaded for `ranges`."""
         if len(ranges) < 2:
             raise ValueError("a pipeline needs at least two stages")
         if stages is None:
-            stages = build_stages(model_path, ranges, n_rows=slots or 2 * limits.micro_batch, n_ctx=n_ctx, share_output=True)
+            stages = build_stages(
+                model_path, ranges, n_rows=slots or 2 * limits.micro_batch, n_ctx=n_ctx, share_output=True
+            )
         self.keys = ring_keys(len(stages))
         servers = [listen() for _ in stages]
         addresses = [server.getsockname()[:2] for server in servers]
         self.agents = [
-            StageAgent(stage, limits=limits, keys=self.keys[i], next_address=addresses[(i + 1) % len(stages)],
-                       server=servers[i], vocab_path=model_path)
+            StageAgent(
+                stage,
+                limits=limits,
+                keys=self.keys[i],
+                next_address=addresses[(i + 1) % len(stages)],
+                server=servers[i],
+                vocab_path=model_path,
+            )
             for i, stage in enumerate(stages)
         ]
-        self.threads = [threading.Thread(target=self._serve, args=(a,), name=f"stage{a.index}", daemon=True) for a in self.agents]
+        self.threads = [
+            threading.Thread(target=self._serve, args=(a,), name=f"stage{a.index}", daemon=True) for a in self.agents
+        ]
         for thread in self.threads:
             thread.start()
         self.bridge = RingBridge(addresses[0], addresses[-1], keys=self.keys.bridge)
@@ -91,9 +108,17 @@ class ProcessRing:
     """A ring of `python -m mahout.ring.stage` processes on loopback."""
 
     def __init__(
-        self, model_path: str | Path, ranges: Sequence[tuple[int, int]], *, limits: Limits,
-        threads: int = 1, slots: int | None = None, n_ctx: int = 512, ready_timeout: float = 180.0,
-        share_output: bool = True, stage_module: Sequence[str] = ("mahout.ring.stage",),
+        self,
+        model_path: str | Path,
+        ranges: Sequence[tuple[int, int]],
+        *,
+        limits: Limits,
+        threads: int = 1,
+        slots: int | None = None,
+        n_ctx: int = 512,
+        ready_timeout: float = 180.0,
+        share_output: bool = True,
+        stage_module: Sequence[str] = ("mahout.ring.stage",),
     ) -> None:
         """`share_output=False` keeps the whole output head at the tail (for comparisons);
         `stage_module` runs the stages from another entry point (a benchmark's baseline:
@@ -106,11 +131,33 @@ class ProcessRing:
         self.procs: list[subprocess.Popen[str]] = []
         for i, (start, end) in enumerate(ranges):
             command = [
-                sys.executable, "-m", *stage_module, "--model", str(model_path), "--start", str(start),
-                "--end", str(end), "--index", str(i), "--stages", str(len(ranges)), "--listen", f"127.0.0.1:{ports[i]}",
-                "--next", f"127.0.0.1:{ports[(i + 1) % len(ranges)]}", "--micro-batch", str(limits.micro_batch),
-                "--row-width", str(limits.row_width), "--n-ctx", str(n_ctx), "--threads", str(threads),
-                *(["--slots", str(slots)] if slots else []), *([] if share_output else ["--whole-output"]),
+                sys.executable,
+                "-m",
+                *stage_module,
+                "--model",
+                str(model_path),
+                "--start",
+                str(start),
+                "--end",
+                str(end),
+                "--index",
+                str(i),
+                "--stages",
+                str(len(ranges)),
+                "--listen",
+                f"127.0.0.1:{ports[i]}",
+                "--next",
+                f"127.0.0.1:{ports[(i + 1) % len(ranges)]}",
+                "--micro-batch",
+                str(limits.micro_batch),
+                "--row-width",
+                str(limits.row_width),
+                "--n-ctx",
+                str(n_ctx),
+                "--threads",
+                str(threads),
+                *(["--slots", str(slots)] if slots else []),
+                *([] if share_output else ["--whole-output"]),
             ]
             pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
             stage_env = {**env, KEYS_ENV: keys_to_env(self.keys[i])}  # its own links' secrets only

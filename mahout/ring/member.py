@@ -31,6 +31,7 @@ stops claiming and lets the jobs in hand finish.
 
 `LocalStages` runs the stages a host serves itself as such processes (``mahout ring``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,7 +57,13 @@ if TYPE_CHECKING:
     from mahout.ring.stage import StageAgent
 
 __all__ = [
-    "LocalStages", "StageNotAssigned", "add_parser", "address_not_public", "cmd_stage", "exit_on_sigterm", "find_assignment",
+    "LocalStages",
+    "StageNotAssigned",
+    "add_parser",
+    "address_not_public",
+    "cmd_stage",
+    "exit_on_sigterm",
+    "find_assignment",
     "stage_reach",
 ]
 
@@ -71,18 +78,29 @@ class StageNotAssigned(LookupError):
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     stage = commands.add_parser("stage", help="run one stage of a ring plan (on this machine) for the gateway")
-    stage.add_argument("--server", help="gateway URL, the control plane (default: from `mahout login`, or $MAHOUT_SERVER)")
+    stage.add_argument(
+        "--server", help="gateway URL, the control plane (default: from `mahout login`, or $MAHOUT_SERVER)"
+    )
     stage.add_argument("--token", help="this host's token (visible in ps: prefer `mahout login` or $MAHOUT_TOKEN)")
     stage.add_argument("--ring", type=int, required=True, help="the ring plan's id")
     stage.add_argument("--stage", type=int, required=True, help="the stage's index in the plan")
-    stage.add_argument("--bind", default="0.0.0.0:0",
-                       help="HOST:PORT to listen on for the previous stage and the bridge (default 0.0.0.0:0, any port)")
-    stage.add_argument("--advertise", default=None,
-                       help="HOST[:PORT] neighbours should dial (default: the bound address, or for a wildcard "
-                            "bind this machine's address on the route to the gateway)")
-    stage.add_argument("--relay", action="store_true",
-                       help="be reached through the gateway's ring relay (every connection outbound); without it a "
-                            "stage whose address the gateway refuses as not public (behind NAT) uses the relay by itself")
+    stage.add_argument(
+        "--bind",
+        default="0.0.0.0:0",
+        help="HOST:PORT to listen on for the previous stage and the bridge (default 0.0.0.0:0, any port)",
+    )
+    stage.add_argument(
+        "--advertise",
+        default=None,
+        help="HOST[:PORT] neighbours should dial (default: the bound address, or for a wildcard "
+        "bind this machine's address on the route to the gateway)",
+    )
+    stage.add_argument(
+        "--relay",
+        action="store_true",
+        help="be reached through the gateway's ring relay (every connection outbound); without it a "
+        "stage whose address the gateway refuses as not public (behind NAT) uses the relay by itself",
+    )
     stage.add_argument("--wait", type=float, default=300.0, help="seconds to wait for the next stage to be reachable")
     stage.add_argument("--threads", type=int, default=1, help="torch threads")
     stage.add_argument("--slots", type=int, default=None, help="requests in flight at once (default: 2 x micro-batch)")
@@ -90,12 +108,17 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     from engine.device import add_device_argument
 
     add_device_argument(stage)
-    stage.add_argument("--model", default=None,
-                       help="GGUF path (default: the file `mahout add` registered for the plan's model)")
-    stage.add_argument("--evidence-mb", type=int, default=256,
-                       help="MiB kept of recent requests' evidence, for a failed audit's inquiry: on disk under --home "
-                            "(it outlives a restart) and as much again in memory for requests in flight (default 256; "
-                            "a stage that kept none of an inquired request is blamed)")
+    stage.add_argument(
+        "--model", default=None, help="GGUF path (default: the file `mahout add` registered for the plan's model)"
+    )
+    stage.add_argument(
+        "--evidence-mb",
+        type=int,
+        default=256,
+        help="MiB kept of recent requests' evidence, for a failed audit's inquiry: on disk under --home "
+        "(it outlives a restart) and as much again in memory for requests in flight (default 256; "
+        "a stage that kept none of an inquired request is blamed)",
+    )
     stage.add_argument("--once", action="store_true", help="exit when the ring session ends instead of rejoining")
     stage.add_argument("--home", help="state directory whose pause flag counts (default: $MAHOUT_HOME or ~/.mahout)")
     stage.add_argument("--bridged", action="store_true", help=argparse.SUPPRESS)  # the bridge here watches the owner
@@ -141,8 +164,9 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
         return 2
     exit_on_sigterm()  # so the `finally` that clears the stage's address runs
     home = resolve_home(args.home)
-    login = credentials_resolve(server=args.server, token=args.token, home=home,
-                                warn=lambda line: print(line, file=sys.stderr, flush=True))
+    login = credentials_resolve(
+        server=args.server, token=args.token, home=home, warn=lambda line: print(line, file=sys.stderr, flush=True)
+    )
     guard = None if args.bridged else owner_guard(args, home)
     args.server = login.server
     api = RingApi(login.server, login.token)
@@ -169,31 +193,63 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
         caps = limits.frame_caps(d_model=config.d_model, n_ctx=args.n_ctx)
         bind = parse_address(args.bind, default_host="0.0.0.0")
         # kept across ring sessions and restarts: an inquiry may come after the ring re-formed
-        evidence = EvidenceStore(args.evidence_mb * 2**20, spool=home / "evidence" / f"ring-{args.ring}-stage-{args.stage}")
-        uploader = EvidenceUploader(HostApi(login.server, login.token), evidence, ring_id=args.ring, stage=args.stage,
-                                    say=say).start()
+        evidence = EvidenceStore(
+            args.evidence_mb * 2**20, spool=home / "evidence" / f"ring-{args.ring}-stage-{args.stage}"
+        )
+        uploader = EvidenceUploader(
+            HostApi(login.server, login.token), evidence, ring_id=args.ring, stage=args.stage, say=say
+        ).start()
         while True:
             if guard is not None:
                 _wait_until_free(guard, args.stage, say)
             server = listen(*bind)
-            stage = Stage(config, weights, start, end, n_rows=args.slots or 2 * limits.micro_batch, n_ctx=args.n_ctx,
-                          device=args.device)
+            stage = Stage(
+                config,
+                weights,
+                start,
+                end,
+                n_rows=args.slots or 2 * limits.micro_batch,
+                n_ctx=args.n_ctx,
+                device=args.device,
+            )
             agent = StageAgent(
-                stage, limits=limits, keys=keys, server=server, vocab_path=path, evidence=evidence,
-                dial_next=lambda: dial_stage(api, args.ring, keys.downstream_index, secret=keys.downstream, caps=caps,
-                                             timeout=args.wait, hello=keys.hello(), name="next", say=say),
+                stage,
+                limits=limits,
+                keys=keys,
+                server=server,
+                vocab_path=path,
+                evidence=evidence,
+                dial_next=lambda: dial_stage(
+                    api,
+                    args.ring,
+                    keys.downstream_index,
+                    secret=keys.downstream,
+                    caps=caps,
+                    timeout=args.wait,
+                    hello=keys.hello(),
+                    name="next",
+                    say=say,
+                ),
             )
 
-            reach = stage_reach(api, args, server, say=say,
-                                start_relay=lambda local: _relay_for(login.server, login.token, args, local, say))
+            reach = stage_reach(
+                api,
+                args,
+                server,
+                say=say,
+                start_relay=lambda local: _relay_for(login.server, login.token, args, local, say),
+            )
             if reach is None:
                 agent.close()
                 return 2
             address, relay, reported = reach
-            say(f"mahout: stage {args.stage} of ring {args.ring}, layers [{start}, {end}), "
-                f"listening on {server.getsockname()[0]}:{server.getsockname()[1]}, advertised as {address}")
-            threading.Thread(target=lambda a=agent: a.ready.wait() and say(f"mahout: stage {args.stage} READY"),
-                             daemon=True).start()
+            say(
+                f"mahout: stage {args.stage} of ring {args.ring}, layers [{start}, {end}), "
+                f"listening on {server.getsockname()[0]}:{server.getsockname()[1]}, advertised as {address}"
+            )
+            threading.Thread(
+                target=lambda a=agent: a.ready.wait() and say(f"mahout: stage {args.stage} READY"), daemon=True
+            ).start()
             watch = _leave_when_the_owner_returns(guard, agent, args.stage, say) if guard is not None else None
             try:
                 agent.serve()
@@ -226,9 +282,14 @@ def address_not_public(exc: Exception) -> bool:
     return isinstance(exc, HostApiError) and (exc.code == "address_not_public" or "is not public" in exc.message)
 
 
-def stage_reach(api: RingApi, args: argparse.Namespace, server: socket.socket, *,
-                start_relay: Callable[[tuple[str, int]], StageRelay],
-                say: Callable[[str], None] = print) -> tuple[str, StageRelay | None, str] | None:
+def stage_reach(
+    api: RingApi,
+    args: argparse.Namespace,
+    server: socket.socket,
+    *,
+    start_relay: Callable[[tuple[str, int]], StageRelay],
+    say: Callable[[str], None] = print,
+) -> tuple[str, StageRelay | None, str] | None:
     """Report where neighbours reach this stage: (the address reported, its relay socket or
     None, the address as the gateway answered it); None after saying why it cannot be reported.
     `start_relay(local)` opens the relay socket carrying connections to `local`, the bound one.
@@ -250,21 +311,30 @@ def stage_reach(api: RingApi, args: argparse.Namespace, server: socket.socket, *
             if not address_not_public(exc):
                 raise
             if args.advertise:
-                say(f"mahout: error: {exc.message} (behind NAT, leave out --advertise or give --relay: the stage is then "
-                    "reached through the gateway's ring relay)")
+                say(
+                    f"mahout: error: {exc.message} (behind NAT, leave out --advertise or give --relay: the stage is then "
+                    "reached through the gateway's ring relay)"
+                )
                 return None
-            say(f"mahout: stage {args.stage}: the gateway does not let neighbours dial {address} (not public: behind NAT); "
-                "reached through the gateway's ring relay instead")
+            say(
+                f"mahout: stage {args.stage}: the gateway does not let neighbours dial {address} (not public: behind NAT); "
+                "reached through the gateway's ring relay instead"
+            )
     relay = start_relay(server.getsockname()[:2])
     try:
-        return RELAY_ADDRESS, relay, str(api.report_address(args.ring, args.stage, RELAY_ADDRESS).get("address") or RELAY_ADDRESS)
+        return (
+            RELAY_ADDRESS,
+            relay,
+            str(api.report_address(args.ring, args.stage, RELAY_ADDRESS).get("address") or RELAY_ADDRESS),
+        )
     except BaseException:
         relay.stop()
         raise
 
 
-def _relay_for(server: str, token: str, args: argparse.Namespace, local: tuple[str, int],
-               say: Callable[[str], None]) -> StageRelay:
+def _relay_for(
+    server: str, token: str, args: argparse.Namespace, local: tuple[str, int], say: Callable[[str], None]
+) -> StageRelay:
     """This stage's end of the gateway's ring relay, carrying connections to `local`; waited
     for a little, so its first neighbours are not dialling into nothing."""
     from mahout.ring.relay import StageRelay
@@ -298,8 +368,9 @@ def _wait_until_free(guard: OwnerGuard, index: int, say: Callable[[str], None]) 
         say(f"mahout: stage {index}: resumed: joining the ring")
 
 
-def _leave_when_the_owner_returns(guard: OwnerGuard, agent: StageAgent, index: int,
-                                  say: Callable[[str], None]) -> OwnerWatch:
+def _leave_when_the_owner_returns(
+    guard: OwnerGuard, agent: StageAgent, index: int, say: Callable[[str], None]
+) -> OwnerWatch:
     """Close `agent` (ending the ring session) as soon as the owner wants the machine back."""
 
     def on_change(reason: str | None) -> None:
@@ -317,8 +388,15 @@ class LocalStages:
     rejoins by itself while it lives); `close()` stops them all.
     """
 
-    def __init__(self, args: argparse.Namespace, ring_id: int, indices: list[int], *, bind_host: str,
-                 say: Callable[[str], None] = print) -> None:
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        ring_id: int,
+        indices: list[int],
+        *,
+        bind_host: str,
+        say: Callable[[str], None] = print,
+    ) -> None:
         self.args, self.ring_id, self.bind_host, self.say = args, ring_id, bind_host, say
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         for index in indices:
@@ -327,13 +405,34 @@ class LocalStages:
     def _start(self, index: int) -> None:
         a = self.args
         command = [
-            sys.executable, "-m", "mahout", "stage", "--server", a.server, "--ring",
-            str(self.ring_id), "--stage", str(index), "--bind", f"{self.bind_host}:0", "--threads", str(a.threads),
-            "--n-ctx", str(a.n_ctx), "--wait", str(a.wait), *(["--model", str(a.model)] if a.model else []),
-            *(["--advertise", a.advertise] if a.advertise else []), *(["--relay"] if a.relay else []), "--bridged",
+            sys.executable,
+            "-m",
+            "mahout",
+            "stage",
+            "--server",
+            a.server,
+            "--ring",
+            str(self.ring_id),
+            "--stage",
+            str(index),
+            "--bind",
+            f"{self.bind_host}:0",
+            "--threads",
+            str(a.threads),
+            "--n-ctx",
+            str(a.n_ctx),
+            "--wait",
+            str(a.wait),
+            *(["--model", str(a.model)] if a.model else []),
+            *(["--advertise", a.advertise] if a.advertise else []),
+            *(["--relay"] if a.relay else []),
+            "--bridged",
         ]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-               TOKEN_ENV: a.token}  # the token in the environment, not on a command line every user can read
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+            TOKEN_ENV: a.token,
+        }  # the token in the environment, not on a command line every user can read
         self.procs[index] = subprocess.Popen(command, cwd=ROOT, env=env)
 
     def revive(self) -> None:

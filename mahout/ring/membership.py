@@ -8,6 +8,7 @@ largest hidden state a stage receives, (micro_batch * row_width, D), and the lar
 the tail returns, (micro_batch, V); `Limits.frame_caps` turns that bound into the largest
 frame a stage reads at all.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

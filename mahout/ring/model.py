@@ -1,6 +1,7 @@
 """The catalog model a ring serves and the file its stages load (`ring_model`): the one
 `mahout add` registered for that name, or a path given on the command line, checked to be a
 chat model the engine can slice into stages."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -12,6 +12,7 @@ end to end through the relay, which only moves bytes (`mahout.relay` carries the
   ``…/relay/dial/<index>`` WebSocket. `mahout.ring.rendezvous.dial_stage` dials it when the
   stage reported `protocol.ring.RELAY_ADDRESS`.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -31,8 +32,16 @@ class StageRelay(relay.ListenerRelay):
     """Carries the connections dialled to stage `index` through the relay to `local`, the
     stage's own listening socket, until stopped."""
 
-    def __init__(self, server: str, token: str, ring_id: int, index: int, local: tuple[str, int], *,
-                 out: Callable[[str], None] = print) -> None:
+    def __init__(
+        self,
+        server: str,
+        token: str,
+        ring_id: int,
+        index: int,
+        local: tuple[str, int],
+        *,
+        out: Callable[[str], None] = print,
+    ) -> None:
         super().__init__(stage_relay_url(server, ring_id, "stage", index), token, local, what="ring relay", out=out)
 
 

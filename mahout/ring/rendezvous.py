@@ -15,6 +15,7 @@ passes the link's handshake (`mahout.link`) with that link's own secret (`mahout
 whatever listens at a stale address without it is dialled again, never sent a hidden state
 or a prompt.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -89,8 +90,18 @@ def advertised_address(server: socket.socket, advertise: str | None, server_url:
 
 
 def dial_stage(
-    api: RingApi, ring_id: int, index: int, *, secret: str, hello: dict[str, Any], caps: FrameCaps, timeout: float,
-    name: str = "", say: Callable[[str], None] = print, poll: float = POLL_SECONDS, dial_timeout: float = DIAL_TIMEOUT_SECONDS,
+    api: RingApi,
+    ring_id: int,
+    index: int,
+    *,
+    secret: str,
+    hello: dict[str, Any],
+    caps: FrameCaps,
+    timeout: float,
+    name: str = "",
+    say: Callable[[str], None] = print,
+    poll: float = POLL_SECONDS,
+    dial_timeout: float = DIAL_TIMEOUT_SECONDS,
 ) -> Link:
     """Connect to stage `index` of the ring once it has reported an address that answers and
     passes the handshake with `secret`."""
@@ -107,11 +118,20 @@ def dial_stage(
                 say(f"mahout: stage {index} of ring {ring_id} reported {address}; connecting")
             last = address
             remaining = deadline - time.monotonic()
-            target = (relay_portal(api.server, api.token, ring_id, index) if address == RELAY_ADDRESS
-                      else parse_address(address))
+            target = (
+                relay_portal(api.server, api.token, ring_id, index)
+                if address == RELAY_ADDRESS
+                else parse_address(address)
+            )
             try:
-                return connect(target, secret=secret, hello=hello, caps=caps,
-                               timeout=max(0.1, min(dial_timeout, remaining)), name=name or f"stage{index}")
+                return connect(
+                    target,
+                    secret=secret,
+                    hello=hello,
+                    caps=caps,
+                    timeout=max(0.1, min(dial_timeout, remaining)),
+                    name=name or f"stage{index}",
+                )
             except LinkClosed as exc:
                 problem = f"its reported address {address} does not answer ({exc})"
         elif not waiting_said:
@@ -133,7 +153,13 @@ def _address_of(api: RingApi, ring_id: int, index: int) -> str:
 
 
 def bridge_connect(
-    api: RingApi, ring_id: int, n_stages: int, *, keys: BridgeKeys, timeout: float, say: Callable[[str], None] = print,
+    api: RingApi,
+    ring_id: int,
+    n_stages: int,
+    *,
+    keys: BridgeKeys,
+    timeout: float,
+    say: Callable[[str], None] = print,
 ) -> RingBridge:
     """The bridge of a control-plane ring: dial the tail, then the head, at their reported addresses.
 
@@ -144,8 +170,17 @@ def bridge_connect(
 
     def dial(index: int, name: str) -> Link:
         secret = keys.tail if index == n_stages - 1 else keys.head
-        return dial_stage(api, ring_id, index, secret=secret, hello=BRIDGE_HELLO, caps=BRIDGE_CAPS,
-                          timeout=max(0.1, deadline - time.monotonic()), name=name, say=say)
+        return dial_stage(
+            api,
+            ring_id,
+            index,
+            secret=secret,
+            hello=BRIDGE_HELLO,
+            caps=BRIDGE_CAPS,
+            timeout=max(0.1, deadline - time.monotonic()),
+            name=name,
+            say=say,
+        )
 
     while True:
         tail = dial(n_stages - 1, "tail")
@@ -158,6 +193,8 @@ def bridge_connect(
             return RingBridge.over(head, tail)
         except LinkClosed as exc:
             if time.monotonic() >= deadline:
-                raise RendezvousTimeout(f"ring {ring_id}: the head or the tail left before greeting the bridge: {exc}") from exc
+                raise RendezvousTimeout(
+                    f"ring {ring_id}: the head or the tail left before greeting the bridge: {exc}"
+                ) from exc
             say(f"mahout: ring {ring_id}: a stage left while the bridge was joining ({exc}); trying again")
             time.sleep(POLL_SECONDS)

@@ -6,6 +6,7 @@ The runner counts and detokenises with the served model's own vocabulary (the ga
 the prompt with the entry's template and sends the fragments). A stage dying raises
 `RingBroken` out of ``stream``, which the host loop reports as the job's failure.
 """
+
 from __future__ import annotations
 
 import os
@@ -68,19 +69,26 @@ class RingRunner:
         rewrite = job.get("rewrite") or ""  # a continuation under a grammar: the delivered text, written again unseen
         max_tokens = min(rewrite_budget(job, max_tokens, self._count), budget)
         healer = None
-        if rewrite or resumes_text(job):  # written again first (its cut last word, or a rewrite), as a single-machine host does
+        if rewrite or resumes_text(
+            job
+        ):  # written again first (its cut last word, or a rewrite), as a single-machine host does
             prompt, healer = healing(job, prompt, self._heal_vocab())
             if healer is not None and 2 * len(healer.dropped) > GRAMMAR_MAX_BYTES:  # (sent as hex ahead of the rows)
-                raise RequestRejected(f"the text to write again is over the {GRAMMAR_MAX_BYTES // 2} bytes a ring carries")
+                raise RequestRejected(
+                    f"the text to write again is over the {GRAMMAR_MAX_BYTES // 2} bytes a ring carries"
+                )
         stops = [s for s in (params.get("stop") or []) if s]
         self._stop_ids = {*self._ends, *self._prompt.single_ids(job.get("end_of_turn") or [])}
         temperature, logprobs = params.get("temperature"), params.get("logprobs")
         self.finish_reason, self.completion_tokens = "length", 0
         self.token_ids, self.seed = [], params.get("seed")
         request = self.bridge.submit(
-            prompt, max_tokens, stop_ids=sorted(self._stop_ids),
+            prompt,
+            max_tokens,
+            stop_ids=sorted(self._stop_ids),
             temperature=1.0 if temperature is None else float(temperature),
-            top_p=1.0 if params.get("top_p") is None else float(params["top_p"]), seed=params.get("seed"),
+            top_p=1.0 if params.get("top_p") is None else float(params["top_p"]),
+            seed=params.get("seed"),
             logprobs=None if logprobs is None else int(logprobs),
             grammar=None if grammar is None else grammar._grammar,  # type: ignore[attr-defined]
             grammar_root="root" if grammar is None else grammar._root,  # type: ignore[attr-defined]
@@ -99,7 +107,9 @@ class RingRunner:
             if request.finish_reason is None:  # a stop string, or the loop let go: free the ring's rows
                 self.bridge.cancel(request.id)
         if rewrite:  # the tokens the customer gets from this host, not those that wrote the delivered text again
-            self.completion_tokens = self._count(self._decode(self.token_ids[:self.completion_tokens]).removeprefix(rewrite))
+            self.completion_tokens = self._count(
+                self._decode(self.token_ids[: self.completion_tokens]).removeprefix(rewrite)
+            )
 
     def _count(self, text: str) -> int:
         return count_tokens(self._vocab, text)
@@ -117,10 +127,16 @@ class RingRunner:
         aligner = TokenAligner(recorder, self._token_bytes(), skip=skip)
 
         def known() -> None:  # a step for each token delivered so far (a stop token is not)
-            for entry in request.logprobs[len(recorder.steps):len(self.token_ids)]:
+            for entry in request.logprobs[len(recorder.steps) : len(self.token_ids)]:
                 entry = entry or {"logprob": 0.0, "top": []}  # (a tail that sent none: an audit compares them)
-                recorder.steps.append(Step(top=[(int(t), float(lp)) for t, lp in entry["top"]], logprobs=None,
-                                           token=self.token_ids[len(recorder.steps)], logprob=float(entry["logprob"])))
+                recorder.steps.append(
+                    Step(
+                        top=[(int(t), float(lp)) for t, lp in entry["top"]],
+                        logprobs=None,
+                        token=self.token_ids[len(recorder.steps)],
+                        logprob=float(entry["logprob"]),
+                    )
+                )
 
         for text in self._pieces(request, stops):
             known()
@@ -151,17 +167,17 @@ class RingRunner:
             if cut >= 0:  # a custom stop string: deliver up to it; stream() cancels the rest
                 self.finish_reason = "stop"
                 if cut > len(sent):
-                    yield text[len(sent):cut]
+                    yield text[len(sent) : cut]
                 self.completion_tokens = len(ids)
                 return
             if text.endswith("\ufffd"):  # half a UTF-8 character: wait for the rest
                 continue
             if len(text) > len(sent):
-                yield text[len(sent):]
+                yield text[len(sent) :]
                 sent = text
         text = self._decode(ids)
         if len(text) > len(sent):
-            yield text[len(sent):]
+            yield text[len(sent) :]
         self.completion_tokens = len(ids)
         if ended is not None:  # reported with the answer, as a single-machine host reports its end of generation:
             ids.append(ended)  # the audit reads an answer that ends on none as cut short
@@ -177,7 +193,9 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def ring_benchmark(bridge: RingBridge, runner: RingRunner, *, threads: int, pids: list[int], gen_tokens: int = 32) -> dict:
+def ring_benchmark(
+    bridge: RingBridge, runner: RingRunner, *, threads: int, pids: list[int], gen_tokens: int = 32
+) -> dict:
     """Qualify the ring as mahout's benchmark does: prompt tokens/s, time to first token and
     generation tokens/s of one greedy request, memory of every stage process."""
     prompt = runner._vocab.tokenize(_BENCH_PROMPT.encode(), add_bos=True, special=False)

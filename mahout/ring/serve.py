@@ -19,6 +19,7 @@ without reloading. A stage on another host watches its own owner (`mahout.ring.m
 This module is the one part of the ring above the host loop (like `mahout.moe.serve`): the
 rest of `mahout.ring` sits below `mahout.loop` (which runs ring checks, `mahout.ring.checking`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,8 +72,17 @@ def _reporting(bridge: RingBridge, args: argparse.Namespace, say: Callable[[str]
 
 
 def ring_loops(
-    api: HostApi, bridge: RingBridge, model_path: str | Path, *, parallel: int, n_ctx: int, fingerprint: str,
-    home: Path, name: str | None = None, out: Callable[[str], None] = print, **loop_options: Any,
+    api: HostApi,
+    bridge: RingBridge,
+    model_path: str | Path,
+    *,
+    parallel: int,
+    n_ctx: int,
+    fingerprint: str,
+    home: Path,
+    name: str | None = None,
+    out: Callable[[str], None] = print,
+    **loop_options: Any,
 ) -> list[HostLoop]:
     """`parallel` host loops sharing one ring, each with its own runner: each claims and
     streams one job at a time through the normal host API, so up to `parallel` requests are
@@ -81,8 +91,14 @@ def ring_loops(
     from mahout.loop import HostLoop
 
     return [
-        HostLoop(api, {name or SHIPPED_MODEL: RingRunner(bridge, model_path, n_ctx=n_ctx)}, fingerprint=fingerprint,
-                 home=home, out=out, **loop_options)
+        HostLoop(
+            api,
+            {name or SHIPPED_MODEL: RingRunner(bridge, model_path, n_ctx=n_ctx)},
+            fingerprint=fingerprint,
+            home=home,
+            out=out,
+            **loop_options,
+        )
         for _ in range(parallel)
     ]
 
@@ -132,8 +148,15 @@ def run_loops(loops: list[HostLoop], *, max_jobs: int | None = None, until: thre
     return handled[0]
 
 
-def _qualify(bridge: RingBridge, model: RingModel, api: HostApi, args: argparse.Namespace, pids: list[int],
-             n_stages: int, say: Callable[[str], None]) -> str:
+def _qualify(
+    bridge: RingBridge,
+    model: RingModel,
+    api: HostApi,
+    args: argparse.Namespace,
+    pids: list[int],
+    n_stages: int,
+    say: Callable[[str], None],
+) -> str:
     """Benchmark the ring as it is and register the qualification; returns the fingerprint."""
     from mahout.catalog import checked_file, file_sha256
     from mahout.fingerprint import machine_fingerprint
@@ -143,8 +166,10 @@ def _qualify(bridge: RingBridge, model: RingModel, api: HostApi, args: argparse.
     checked_file(model.spec, model.path, sha256)
     runner = RingRunner(bridge, model.path, n_ctx=args.n_ctx)
     result = ring_benchmark(bridge, runner, threads=n_stages * args.threads, pids=pids, gen_tokens=args.bench_tokens)
-    say(f"mahout: ring benchmark of {model.name}: {result['gen_tps']} tok/s generation, "
-        f"{result['prompt_tps']} tok/s prompt, {result['ttft_ms']} ms to first token, {result['memory_mb']} MB")
+    say(
+        f"mahout: ring benchmark of {model.name}: {result['gen_tps']} tok/s generation, "
+        f"{result['prompt_tps']} tok/s prompt, {result['ttft_ms']} ms to first token, {result['memory_mb']} MB"
+    )
     fingerprint, facts = machine_fingerprint()
     register_when_reachable(api, Qualified(model.path, sha256, result, fingerprint, facts, model.name), out=say)
     return fingerprint
@@ -185,8 +210,9 @@ def serve_ring(args: argparse.Namespace, *, say: Callable[[str], None] = print) 
     previous = exit_on_sigterm()  # between sessions too, so that the local stages are stopped
     try:
         if args.ring is None:
-            args.ring = ring_api.propose(model=model.name, stages=args.stages, row_width=args.row_width,
-                                         micro_batch=args.micro_batch)["ring"]
+            args.ring = ring_api.propose(
+                model=model.name, stages=args.stages, row_width=args.row_width, micro_batch=args.micro_batch
+            )["ring"]
         n_stages = len(ring_api.addresses(args.ring))
         keys = ring_api.bridge_keys(args.ring)
         mine = sorted(a["stage"] for a in ring_api.assignment() if a["ring"] == args.ring)
@@ -202,11 +228,24 @@ def serve_ring(args: argparse.Namespace, *, say: Callable[[str], None] = print) 
                     return 1
                 if not fingerprint:
                     fingerprint = _qualify(bridge, model, api, args, local.pids, n_stages, say)
-                loops = ring_loops(api, bridge, model.path, parallel=args.parallel, n_ctx=args.n_ctx,
-                                   fingerprint=fingerprint, home=owner.home, name=model.name, out=say,
-                                   claim_wait=RING_CLAIM_WAIT_SECONDS, idle=owner.idle, schedule=owner.schedule)
-                say(f"mahout: serving {model.name} from ring {args.ring} ({n_stages} stages) for {args.server} "
-                    f"({args.parallel} job(s) at once)")
+                loops = ring_loops(
+                    api,
+                    bridge,
+                    model.path,
+                    parallel=args.parallel,
+                    n_ctx=args.n_ctx,
+                    fingerprint=fingerprint,
+                    home=owner.home,
+                    name=model.name,
+                    out=say,
+                    claim_wait=RING_CLAIM_WAIT_SECONDS,
+                    idle=owner.idle,
+                    schedule=owner.schedule,
+                )
+                say(
+                    f"mahout: serving {model.name} from ring {args.ring} ({n_stages} stages) for {args.server} "
+                    f"({args.parallel} job(s) at once)"
+                )
                 left = None if args.max_jobs is None else args.max_jobs - handled
                 with _reporting(bridge, args, say):
                     handled += run_loops(loops, max_jobs=left, until=bridge.down)

@@ -54,6 +54,7 @@ Each stage counts the seconds it held a batch (computing and handing it on) and 
 it had nothing to do, and its queue depth, so a starved ring reads differently from a
 saturated one.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -90,8 +91,13 @@ def keys_to_env(keys: StageKeys) -> str:
 
 def _keys_from_env(index: int, n_stages: int) -> StageKeys:
     links = json.loads(os.environ.get(KEYS_ENV) or "{}")
-    return StageKeys(index=index, n_stages=n_stages, upstream=str(links["upstream"]), downstream=str(links["downstream"]),
-                     bridge=links.get("bridge") or None)
+    return StageKeys(
+        index=index,
+        n_stages=n_stages,
+        upstream=str(links["upstream"]),
+        downstream=str(links["downstream"]),
+        bridge=links.get("bridge") or None,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,14 +121,21 @@ def main(argv: list[str] | None = None) -> int:
 
     add_device_argument(parser)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--whole-output", action="store_true",
-                        help="the tail holds the whole output head (default: head and tail share it; every stage must agree)")
+    parser.add_argument(
+        "--whole-output",
+        action="store_true",
+        help="the tail holds the whole output head (default: head and tail share it; every stage must agree)",
+    )
     args = parser.parse_args(argv)
     try:
         keys = _keys_from_env(args.index, args.stages)
     except (KeyError, TypeError, ValueError) as exc:
-        print(f"stage {args.index}: set {KEYS_ENV} to this stage's link secrets "
-              f'({{"upstream": ..., "downstream": ..., "bridge": ...}}): {exc!r}', file=sys.stderr, flush=True)
+        print(
+            f"stage {args.index}: set {KEYS_ENV} to this stage's link secrets "
+            f'({{"upstream": ..., "downstream": ..., "bridge": ...}}): {exc!r}',
+            file=sys.stderr,
+            flush=True,
+        )
         return 2
     torch.set_num_threads(args.threads)
     from engine.gguf_loader import load_stage
@@ -130,10 +143,18 @@ def main(argv: list[str] | None = None) -> int:
     limits = Limits(micro_batch=args.micro_batch, row_width=args.row_width)
     server = listen(*_address(args.listen))
     config, weights = load_stage(args.model, args.start, args.end, share_output=not args.whole_output)
-    stage = Stage(config, weights, args.start, args.end, n_rows=args.slots or 2 * args.micro_batch, n_ctx=args.n_ctx,
-                  device=args.device)
-    agent = StageAgent(stage, limits=limits, keys=keys, next_address=_address(args.next), server=server,
-                       vocab_path=args.model)
+    stage = Stage(
+        config,
+        weights,
+        args.start,
+        args.end,
+        n_rows=args.slots or 2 * args.micro_batch,
+        n_ctx=args.n_ctx,
+        device=args.device,
+    )
+    agent = StageAgent(
+        stage, limits=limits, keys=keys, next_address=_address(args.next), server=server, vocab_path=args.model
+    )
     threading.Thread(target=lambda: agent.ready.wait() and print("READY", flush=True), daemon=True).start()
     try:
         agent.serve()

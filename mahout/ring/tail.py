@@ -1,6 +1,7 @@
 """The stages after the head: a middle stage runs the membership it receives and hands it
 on; the tail then applies the final norm and output head, draws the tokens and sends them
 to the head and the bridge (`mahout.ring.stage` tells the whole protocol)."""
+
 from __future__ import annotations
 
 import time
@@ -57,7 +58,9 @@ class TailAgent(MiddleAgent, role="tail"):
         super().__init__(stage, **options)
         self._sampler = Sampler(stage)
         self._share_seq = 0
-        self._awaiting: dict[int, list[tuple[Row, torch.Tensor]]] = {}  # shared rows and our logits, for the head's part
+        self._awaiting: dict[
+            int, list[tuple[Row, torch.Tensor]]
+        ] = {}  # shared rows and our logits, for the head's part
 
     def _compute(self, rows: list[Row], x: torch.Tensor) -> torch.Tensor:
         """The final-normed state after each member's last token (R, D): what the output head
@@ -79,7 +82,9 @@ class TailAgent(MiddleAgent, role="tail"):
             if not row.sample:
                 continue
             try:
-                token = self._sampler.pick(row, logits[i], self._grammars.get(row.request_id), self._healing.get(row.request_id))
+                token = self._sampler.pick(
+                    row, logits[i], self._grammars.get(row.request_id), self._healing.get(row.request_id)
+                )
             except Exception as exc:  # noqa: BLE001 - e.g. a grammar that allows nothing: the request fails, the ring serves on
                 failed.append((row.request_id, f"{self.name}: {exc}"))
                 continue
@@ -93,8 +98,10 @@ class TailAgent(MiddleAgent, role="tail"):
         round to the head."""
         if not tokens:
             return
-        rows = [{"request_id": row.request_id, "token": token, "position": row.start + row.n_tokens, **(logprobs or {})}
-                for row, token, logprobs in tokens]
+        rows = [
+            {"request_id": row.request_id, "token": token, "position": row.start + row.n_tokens, **(logprobs or {})}
+            for row, token, logprobs in tokens
+        ]
         self.evidence.record_tokens([(row["request_id"], row["position"], row["token"]) for row in rows])
         message = {"type": "tokens", "rows": rows}
         self._to_bridge(message)
@@ -112,12 +119,21 @@ class TailAgent(MiddleAgent, role="tail"):
         self._share_seq += 1
         self._send_next({"type": "share", "seq": self._share_seq, "rows": rows_to_wire(sampled)}, states)
         logits = self._sampler.logits(states)  # (S, V_s)
-        whole = [i for i, row in enumerate(sampled) if row.needs_whole]  # ours go to the head whole (`Sampler.head_pick`)
-        masses = {row.request_id: self._sampler.mass(row, logits[i])
-                  for i, row in enumerate(sampled) if row.temperature > 0 and not row.needs_whole}
+        whole = [
+            i for i, row in enumerate(sampled) if row.needs_whole
+        ]  # ours go to the head whole (`Sampler.head_pick`)
+        masses = {
+            row.request_id: self._sampler.mass(row, logits[i])
+            for i, row in enumerate(sampled)
+            if row.temperature > 0 and not row.needs_whole
+        }
         if masses or whole:
-            header = {"type": "mass", "seq": self._share_seq, "masses": masses,
-                      "whole": [sampled[i].request_id for i in whole]}
+            header = {
+                "type": "mass",
+                "seq": self._share_seq,
+                "masses": masses,
+                "whole": [sampled[i].request_id for i in whole],
+            }
             self._send_next(header, logits[whole].float().contiguous() if whole else None)
         self._awaiting[self._share_seq] = list(zip(sampled, logits, strict=True))
 
@@ -134,7 +150,9 @@ class TailAgent(MiddleAgent, role="tail"):
                 refused.setdefault(row.request_id, f"{self.name}: the head sent no part of the pick")
                 continue
             try:
-                chosen.append((row, self._sampler.tail_pick(row, mine, theirs[row.request_id]), picked(theirs[row.request_id])))
+                chosen.append(
+                    (row, self._sampler.tail_pick(row, mine, theirs[row.request_id]), picked(theirs[row.request_id]))
+                )
             except Exception as exc:  # noqa: BLE001 - that request fails, the others of its pass go on
                 refused[row.request_id] = f"{self.name}: {exc}"
         self._emit(chosen)

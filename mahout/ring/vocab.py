@@ -30,6 +30,7 @@ and feeds the grammar each token it picks.
 Log-probabilities are the model's own (the log-softmax of the logits, before temperature or
 top_p), as a single-machine host reports them (`mahout.runners.logprobs`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -120,15 +121,20 @@ def whole_pick(row: Row, logits: torch.Tensor, grammar: Grammar | None, healing:
         if row.temperature <= 0:
             return int(logits.argmax())
         return select(logits.float().numpy(), temperature=row.temperature, top_p=row.top_p, u=row_draw(row))
-    token = select_masked(logits.float().numpy(), grammar.allowed, temperature=row.temperature, top_p=row.top_p,
-                          u=row_draw(row))
+    token = select_masked(
+        logits.float().numpy(), grammar.allowed, temperature=row.temperature, top_p=row.top_p, u=row_draw(row)
+    )
     grammar.accept(token)
     return token
 
 
 def picked(theirs: list | dict) -> dict | None:
     """The log-probabilities the head's answer carries (`Sampler.head_pick`), if any."""
-    return {"logprob": theirs["logprob"], "top": theirs.get("top") or []} if isinstance(theirs, dict) and "logprob" in theirs else None
+    return (
+        {"logprob": theirs["logprob"], "top": theirs.get("top") or []}
+        if isinstance(theirs, dict) and "logprob" in theirs
+        else None
+    )
 
 
 class Sampler:
@@ -143,7 +149,9 @@ class Sampler:
         # states: (S, D) -> (S, V_s)
         return self.stage.logits(states)
 
-    def pick(self, row: Row, logits: torch.Tensor, grammar: Grammar | None = None, healing: Healing | None = None) -> int:
+    def pick(
+        self, row: Row, logits: torch.Tensor, grammar: Grammar | None = None, healing: Healing | None = None
+    ) -> int:
         """The token from the whole vocabulary's `logits` (a tail holding the whole output head),
         under the row's `grammar` and healer when it has them (`whole_pick`)."""
         # logits: (V,)
@@ -161,11 +169,18 @@ class Sampler:
 
     def draw(self, row: Row, logits: torch.Tensor, within: float) -> int:
         """The token the draw `within` this slice selects."""
-        return self.stage.weights.vocab_lo + select(logits.float().numpy(), temperature=row.temperature, top_p=1.0, u=within)
+        return self.stage.weights.vocab_lo + select(
+            logits.float().numpy(), temperature=row.temperature, top_p=1.0, u=within
+        )
 
     def head_pick(
-        self, row: Row, logits: torch.Tensor, tail_mass: list[float] | None, tail_logits: torch.Tensor | None = None,
-        grammar: Grammar | None = None, healing: Healing | None = None,
+        self,
+        row: Row,
+        logits: torch.Tensor,
+        tail_mass: list[float] | None,
+        tail_logits: torch.Tensor | None = None,
+        grammar: Grammar | None = None,
+        healing: Healing | None = None,
     ) -> list | dict:
         """The head's answer for one shared row: its greedy candidate; or, sampled, the token
         when the draw falls in its slice, else the draw the tail makes within its own; or, when
@@ -173,7 +188,9 @@ class Sampler:
         slices' logits (`tail_logits`, the tail's whole), with its log-probabilities (`report`)."""
         if row.needs_whole:
             if tail_logits is None:
-                raise ValueError(f"the tail sent no logits for request {row.request_id} (top_p < 1, logprobs or a grammar)")
+                raise ValueError(
+                    f"the tail sent no logits for request {row.request_id} (top_p < 1, logprobs or a grammar)"
+                )
             whole = torch.cat([logits.float(), tail_logits.float()])  # (V,): the head's slice starts at id 0
             token = whole_pick(row, whole, grammar, healing)
             return {"token": token, **(report(row, whole, token) or {})}
@@ -182,7 +199,10 @@ class Sampler:
             return [pick.index, pick.value]
         if tail_mass is None:
             raise ValueError(f"the tail sent no mass for sampled request {row.request_id}")
-        parts = [part_mass(logits.float().numpy(), temperature=row.temperature), (float(tail_mass[0]), float(tail_mass[1]))]
+        parts = [
+            part_mass(logits.float().numpy(), temperature=row.temperature),
+            (float(tail_mass[0]), float(tail_mass[1])),
+        ]
         part, within = part_of_draw(parts, temperature=row.temperature, u=row_draw(row))
         return {"token": self.draw(row, logits, within)} if part == 0 else {"within": within}
 

@@ -6,6 +6,7 @@ A text runner exposes ``stream(job) -> Iterator[str]`` and, once the iterator is
 embeddings runner exposes ``embed(texts) -> list[list[float]]`` and, after it,
 ``prompt_tokens``. Either may have ``close()``, which the loading policy calls on unload.
 """
+
 from __future__ import annotations
 
 import math

@@ -27,6 +27,7 @@ only the rest; a job whose prompt another sequence is still reading waits for it
 choices of one request are such jobs: each after the first starts from the first's prompt, and
 from the logits kept at its end, reading no token at all.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -110,7 +111,12 @@ class CompletionText:
     included), and the last chunk is always "" (what carries ``finish_reason`` there)."""
 
     def __init__(
-        self, *, spell: Callable[[list[int]], bytes], ends: Callable[[int], bool], stop: list[str], max_tokens: int,
+        self,
+        *,
+        spell: Callable[[list[int]], bytes],
+        ends: Callable[[int], bool],
+        stop: list[str],
+        max_tokens: int,
     ) -> None:
         self._spell, self._ends = spell, ends
         self._stops = [text.encode("utf-8") for text in stop]
@@ -143,7 +149,7 @@ class CompletionText:
 
     def _released(self) -> list[str]:
         """Whole characters not yet streamed, less a tail that may begin a stop string."""
-        remaining = self.tokens[self._returned:]
+        remaining = self.tokens[self._returned :]
         text = self._spell(remaining)
         held = 0
         for stop in self._stops:
@@ -172,7 +178,7 @@ class CompletionText:
 
     def finish(self, reason: str) -> list[str]:
         """The rest of the text, cut before the first stop string in it, then the last ""."""
-        remaining = self.tokens[self._returned:]
+        remaining = self.tokens[self._returned :]
         text = self._spell(remaining)
         found = [text.index(stop) for stop in self._stops if stop in text]
         end = min(found) if found else len(text)
@@ -273,7 +279,10 @@ class JobStream(Iterator[str]):
                     self._planned.end()  # (a job the runner refused: its grammar's sampler freed)
                 raise
             self.token_ids, self.seed, self.prompt_count = (
-                self._planned.sampler.token_ids, self._planned.seed, self._planned.prompt_count)
+                self._planned.sampler.token_ids,
+                self._planned.seed,
+                self._planned.prompt_count,
+            )
         item = self._planned.out.get()
         if isinstance(item, str):
             return item
@@ -282,8 +291,11 @@ class JobStream(Iterator[str]):
             raise item
         planned = self._planned
         self.finish_reason = planned.text.finish_reason or "stop"
-        self.completion_tokens = (planned.max_tokens if self.finish_reason == "length" and not planned.rewrite
-                                  else count_tokens(self._runner._llm, "".join(planned.pieces)))
+        self.completion_tokens = (
+            planned.max_tokens
+            if self.finish_reason == "length" and not planned.rewrite
+            else count_tokens(self._runner._llm, "".join(planned.pieces))
+        )
         raise StopIteration
 
     def close(self) -> None:
@@ -307,7 +319,7 @@ class _Slot:
     used: int = 0  # the step it last served a job (a held sequence unused longest is given up first)
 
     def pending(self) -> list[int]:
-        return self.tokens[self.n_past:]
+        return self.tokens[self.n_past :]
 
     def prefix(self, prompt: list[int], *, upcoming: bool = False) -> int:
         """Tokens ``prompt`` shares with this sequence's KV (``upcoming``: with the prompt it is reading)."""
@@ -325,8 +337,15 @@ class BatchedLlamaRunner(LlamaRunner):
     ``prefilled_tokens`` counts the prompt tokens decoded, for measuring what sharing saves."""
 
     def __init__(
-        self, model_path: str | Path, threads: int, n_ctx: int = 4096, gpu_layers: int = 0, slots: int = 4,
-        *, chunk: int = PREFILL_CHUNK_TOKENS, whole: int = WHOLE_PROMPT_TOKENS,
+        self,
+        model_path: str | Path,
+        threads: int,
+        n_ctx: int = 4096,
+        gpu_layers: int = 0,
+        slots: int = 4,
+        *,
+        chunk: int = PREFILL_CHUNK_TOKENS,
+        whole: int = WHOLE_PROMPT_TOKENS,
     ) -> None:
         import llama_cpp
 
@@ -403,13 +422,26 @@ class BatchedLlamaRunner(LlamaRunner):
         matcher = Grammar(self._llm, grammar) if grammar is not None else None
         sampler: SpecifiedSampler | GrammarSampler = (
             GrammarSampler(matcher, prompt_len=len(tokens), seed=seed, temperature=temperature, top_p=top_p)
-            if matcher is not None else SpecifiedSampler(seed=seed, temperature=temperature, top_p=top_p))
+            if matcher is not None
+            else SpecifiedSampler(seed=seed, temperature=temperature, top_p=top_p)
+        )
         processors.append(sampler)
         # create_completion's own clamp, over the tokens fed
         max_tokens = max_tokens if max_tokens + len(tokens) < self.n_ctx else self.n_ctx - len(tokens)
         text = CompletionText(spell=self._spell, ends=self._ends, stop=self.stop_strings(job), max_tokens=max_tokens)
-        return _Job(prompt=tokens, prompt_count=prompt_count, seed=seed, max_tokens=max_tokens, rewrite=bool(rewrite),
-                    processors=processors, sampler=sampler, text=text, healer=healer, aligner=aligner, matcher=matcher)
+        return _Job(
+            prompt=tokens,
+            prompt_count=prompt_count,
+            seed=seed,
+            max_tokens=max_tokens,
+            rewrite=bool(rewrite),
+            processors=processors,
+            sampler=sampler,
+            text=text,
+            healer=healer,
+            aligner=aligner,
+            matcher=matcher,
+        )
 
     def _submit(self, job: _Job) -> None:
         with self._wake:
@@ -536,8 +568,10 @@ class BatchedLlamaRunner(LlamaRunner):
         code = llama_cpp.llama_decode(self._ctx, batch)
         if code != 0:
             raise RuntimeError(f"llama_decode returned {code}")
-        return [(slot, np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, index), shape=(self._n_vocab,)))
-                for slot, index in ends]
+        return [
+            (slot, np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, index), shape=(self._n_vocab,)))
+            for slot, index in ends
+        ]
 
     def _sample(self, drawn: list[tuple[_Slot, npt.NDArray[np.single]]]) -> None:
         """Draw each slot's job's next token from its logits, deliver its text, and end the jobs
@@ -609,8 +643,14 @@ class BatchedLlamaRunner(LlamaRunner):
         prompt = job.prompt
         source = max(self._slots, key=lambda slot: slot.prefix(prompt))
         shared = source.prefix(prompt) if self._worth_sharing(source.prefix(prompt), prompt) else 0
-        coming = max((slot.prefix(prompt, upcoming=True) for slot in self._slots
-                      if slot.job is not None and slot.n_past < slot.prompt_len), default=0)
+        coming = max(
+            (
+                slot.prefix(prompt, upcoming=True)
+                for slot in self._slots
+                if slot.job is not None and slot.n_past < slot.prompt_len
+            ),
+            default=0,
+        )
         if coming > shared and self._worth_sharing(coming, prompt):
             return  # the same prompt is being read: wait for it rather than read it twice
         with self._wake:
@@ -675,13 +715,25 @@ def decode_jobs(runner: LlamaRunner, count: int, tokens: int) -> list[dict]:
     """``count`` distinct plain completions of ``tokens`` greedy tokens each (a story: it rarely
     ends early), rendered as the gateway renders a completion for any model (BOS, the text)."""
     bos = runner._llm.detokenize([runner._llm.token_bos()], special=True).decode("utf-8")
-    return [{"id": f"measure-{index}", "kind": "completion",
-             "fragments": [[bos, True], [f"Story {index + 1}. Once upon a time, in a village by the sea,", False]],
-             "params": {"max_tokens": tokens, "temperature": 0.0, "seed": index}} for index in range(count)]
+    return [
+        {
+            "id": f"measure-{index}",
+            "kind": "completion",
+            "fragments": [[bos, True], [f"Story {index + 1}. Once upon a time, in a village by the sea,", False]],
+            "params": {"max_tokens": tokens, "temperature": 0.0, "seed": index},
+        }
+        for index in range(count)
+    ]
 
 
-def slots_measured(model_path: str | Path, threads: int, counts: tuple[int, ...] = (1, 2, 4, 8),
-                   tokens: int = 64, *, gpu_layers: int = 0) -> dict[int, float]:
+def slots_measured(
+    model_path: str | Path,
+    threads: int,
+    counts: tuple[int, ...] = (1, 2, 4, 8),
+    tokens: int = 64,
+    *,
+    gpu_layers: int = 0,
+) -> dict[int, float]:
     """Aggregate decode tokens/s with each of ``counts`` jobs at once (``tokens`` each) through one
     BatchedLlamaRunner of max(counts) sequences (``gpu_layers`` of the model on the GPU): what
     :func:`slots_chosen` picks from."""
@@ -706,7 +758,10 @@ def slots_chosen(measured: dict[int, float]) -> int:
     share of the machine, so more slots only slow each stream down."""
     counts = sorted(measured)
     for count in counts:
-        if all(measured[larger] < measured[count] * GAIN_WORTH_DOUBLING ** math.log2(larger / count)
-               for larger in counts if larger > count):
+        if all(
+            measured[larger] < measured[count] * GAIN_WORTH_DOUBLING ** math.log2(larger / count)
+            for larger in counts
+            if larger > count
+        ):
             return count
     return counts[-1]

@@ -12,6 +12,7 @@ Several jobs at once (a host with slots) share forward passes: :meth:`Embeddings
 called from several threads gathers the texts of every job waiting and encodes them together,
 each job getting back its own vectors and token count.
 """
+
 from __future__ import annotations
 
 import os
@@ -109,7 +110,11 @@ class EmbeddingsRunner:
             self.prompt_tokens = 0
             return []
         vectors = self.model.encode(
-            list(texts), batch_size=BATCH_SIZE, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False,
+            list(texts),
+            batch_size=BATCH_SIZE,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
         )
         self.prompt_tokens = self.count_tokens(texts)
         return [[_float32(x) for x in row] for row in vectors.tolist()]
@@ -142,7 +147,7 @@ class EmbeddingsRunner:
             vectors = self.embed([text for waiting in batch for text in waiting.texts])
             start = 0
             for waiting in batch:
-                waiting.vectors, start = vectors[start:start + len(waiting.texts)], start + len(waiting.texts)
+                waiting.vectors, start = vectors[start : start + len(waiting.texts)], start + len(waiting.texts)
                 waiting.tokens = self.count_tokens(waiting.texts)
         except BaseException as exc:  # noqa: BLE001 - each job waiting fails with it
             for waiting in batch:

@@ -6,6 +6,7 @@ here by :class:`~scorer.llama.PromptTokenizer` (text as text, each of the templa
 itself: a customer's text never becomes one), and is handed to llama-cpp-python as token
 ids. Passing ids lets us check the context window before any compute.
 """
+
 from __future__ import annotations
 
 import threading
@@ -49,8 +50,13 @@ class GrammarSampler:
         for token in input_ids[self._seen :]:
             self.grammar.accept(int(token))
         self._seen = len(input_ids)
-        choice = select_masked(scores, self.grammar.allowed, temperature=self.temperature, top_p=self.top_p,
-                               u=uniform(self.seed, len(input_ids)))
+        choice = select_masked(
+            scores,
+            self.grammar.allowed,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            u=uniform(self.seed, len(input_ids)),
+        )
         self.token_ids.append(choice)
         only = np.full_like(scores, -np.inf)
         only[choice] = scores[choice] if np.isfinite(scores[choice]) else 0.0
@@ -137,9 +143,7 @@ class LlamaRunner:
         tokens = self._prompt.tokens(job)
         self.prompt_count = len(tokens)
         if len(tokens) >= self.n_ctx:
-            raise ContextOverflowError(
-                f"prompt is {len(tokens)} tokens; the context window is {self.n_ctx} tokens"
-            )
+            raise ContextOverflowError(f"prompt is {len(tokens)} tokens; the context window is {self.n_ctx} tokens")
         return tokens
 
     @staticmethod
@@ -185,7 +189,8 @@ class LlamaRunner:
         if grammar is not None:
             matcher = Grammar(self._llm, grammar)
             sampler: GrammarSampler | SpecifiedSampler = GrammarSampler(
-                matcher, prompt_len=len(tokens), seed=self.seed, temperature=temperature, top_p=top_p)
+                matcher, prompt_len=len(tokens), seed=self.seed, temperature=temperature, top_p=top_p
+            )
         else:
             sampler = SpecifiedSampler(seed=self.seed, temperature=temperature, top_p=top_p)
         processors.append(sampler)  # last: it chooses the token
@@ -222,4 +227,6 @@ class LlamaRunner:
             if matcher is not None:
                 matcher.close()
         text = "".join(pieces)
-        self.completion_tokens = max_tokens if self.finish_reason == "length" and not rewrite else count_tokens(self._llm, text)
+        self.completion_tokens = (
+            max_tokens if self.finish_reason == "length" and not rewrite else count_tokens(self._llm, text)
+        )

@@ -12,6 +12,7 @@ entries of exactly its tokens: the entries' `token` strings, concatenated, are t
 A token split by the healed start or by a stop string keeps only the characters that
 were delivered.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -51,7 +52,7 @@ class LogprobRecorder:
 
     def __call__(self, input_ids: npt.NDArray[np.intc], scores: npt.NDArray[np.single]) -> npt.NDArray[np.single]:
 
-        generated = input_ids[self.prompt_len:]
+        generated = input_ids[self.prompt_len :]
         for step, token in zip(self.steps, generated, strict=False):
             if step.token is None:
                 step.choose(int(token))
@@ -68,8 +69,11 @@ class LogprobRecorder:
         if not self.top:
             return []
         size = len(logprobs)
-        padded = logprobs if size % self.BLOCK == 0 else np.concatenate(
-            [logprobs, np.full(self.BLOCK - size % self.BLOCK, -np.inf, dtype=logprobs.dtype)])
+        padded = (
+            logprobs
+            if size % self.BLOCK == 0
+            else np.concatenate([logprobs, np.full(self.BLOCK - size % self.BLOCK, -np.inf, dtype=logprobs.dtype)])
+        )
         blocks = padded.reshape(-1, self.BLOCK)
         chosen = np.argsort(-blocks.max(axis=1))[: self.top]
         ids = (chosen[:, None] * self.BLOCK + np.arange(self.BLOCK)).ravel()
@@ -97,7 +101,7 @@ class TokenAligner:
         self.raw += raw
         self._span_known_steps()
         end, count = self.done, 0
-        for start, stop in self.spans[self.handed:]:
+        for start, stop in self.spans[self.handed :]:
             if stop > len(self.raw) or start == len(self.raw):
                 break
             end, count = stop, count + 1
@@ -125,12 +129,14 @@ class TokenAligner:
         """The text up to `end` not handed out yet, with the next `count` steps' entries (a
         step wholly skipped, or wholly past the end, a stop string having cut it, has none)."""
         end = min(end, len(self.raw))
-        text = self.raw[max(self.done, self.skip):end]
+        text = self.raw[max(self.done, self.skip) : end]
         entries = []
         for index in range(self.handed, self.handed + count):
             start, stop = self.spans[index]
             if stop > self.skip and start < end:
-                entries.append(self._entry(self.recorder.steps[index], self.raw[max(start, self.skip):min(stop, end)]))
+                entries.append(
+                    self._entry(self.recorder.steps[index], self.raw[max(start, self.skip) : min(stop, end)])
+                )
         self.handed += count
         self.done = max(self.done, end)
         return text, entries
@@ -148,8 +154,16 @@ class TokenAligner:
 
     def _entry(self, step: Step, text: str) -> dict:
         assert step.token is not None
-        top = [{"token": self._spelled(t), "logprob": _finite(logprob), "bytes": list(self.pieces[t])} for t, logprob in step.top]
-        return {"token": text, "logprob": _finite(step.logprob), "bytes": list(text.encode("utf-8")), "top_logprobs": top}
+        top = [
+            {"token": self._spelled(t), "logprob": _finite(logprob), "bytes": list(self.pieces[t])}
+            for t, logprob in step.top
+        ]
+        return {
+            "token": text,
+            "logprob": _finite(step.logprob),
+            "bytes": list(text.encode("utf-8")),
+            "top_logprobs": top,
+        }
 
     def _spelled(self, token: int) -> str:
         return self.pieces[token].decode("utf-8", errors="replace")

@@ -1,5 +1,6 @@
 """Shared fixtures: a fake gateway on loopback and a host API client pointed at it; for the
 ring's tests, the shipped model's path and torch held to one thread."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -3,6 +3,7 @@
 An embeddings job carries ``kind: "embeddings"``, ``model`` and ``input`` (a list of
 strings); the host completes it with ``{"finish_reason": "stop", "embeddings": [...]}``.
 """
+
 from __future__ import annotations
 
 from mahout.tests.fake_gateway import FakeGateway, GatewayState, _Handler

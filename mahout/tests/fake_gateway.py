@@ -4,6 +4,7 @@ It implements the contract mahout codes against (claim long-poll with 204, order
 batches deduplicated by ``seq``, 409 once a job is no longer running, complete/fail,
 heartbeat, qualifications) plus a few knobs to inject faults. Tests read its state.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,15 +41,26 @@ class GatewayState:
         self.cancel_after_batches: dict[str, int] = {}
         self.server_paused = False
         self.maintenance = ""  # a reason: claims are refused with 403 host_maintenance
-        self.unheard = False  # the next claim is refused with 409 heartbeat_required (the gateway has not heard from us)
+        self.unheard = (
+            False  # the next claim is refused with 409 heartbeat_required (the gateway has not heard from us)
+        )
         self.asks: dict[str, list[str]] = {"load": [], "unload": []}  # the heartbeat answer's redundancy asks
 
-    def add_job(self, job_id: str, *, kind: str = "chat", model: str = "gemma-3-270m", fmt: ChatFormat | None = None,
-                **params: object) -> None:
+    def add_job(
+        self,
+        job_id: str,
+        *,
+        kind: str = "chat",
+        model: str = "gemma-3-270m",
+        fmt: ChatFormat | None = None,
+        **params: object,
+    ) -> None:
         """Queue a job as the gateway would hand it to a host, rendered in `fmt` (default: the
         shipped Gemma's format for it, a byte vocabulary's for any other model)."""
         job = {
-            "id": job_id, "model": model, "kind": kind,
+            "id": job_id,
+            "model": model,
+            "kind": kind,
             "messages": [{"role": "user", "content": "hi"}] if kind == "chat" else None,
             "prompt": "Once upon" if kind == "completion" else None,
             "params": {"max_tokens": 16, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None, **params},
@@ -81,12 +93,29 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._authorized():
             return
         if self.path == "/hosts/api/me":
-            self._send(200, {"id": 7, "name": "test-host", "status": "online", "paused": False, "maintenance_reason": None,
-                             "active_jobs": [{"id": 42, "model": "gemma-3-270m", "claimed_at": "2026-12-02T14:00:00Z"}]})
+            self._send(
+                200,
+                {
+                    "id": 7,
+                    "name": "test-host",
+                    "status": "online",
+                    "paused": False,
+                    "maintenance_reason": None,
+                    "active_jobs": [{"id": 42, "model": "gemma-3-270m", "claimed_at": "2026-12-02T14:00:00Z"}],
+                },
+            )
         elif self.path == "/hosts/api/earnings":
             earned = sum(c.get("earned_ucents", 0) for c in self.server.state.completions.values())
-            self._send(200, {"balance_ucents": 2_500_000 + earned, "payable_ucents": 2_000_000, "unvested_ucents": 500_000 + earned,
-                             "today_ucents": 1_234_567 + earned, "lines": []})
+            self._send(
+                200,
+                {
+                    "balance_ucents": 2_500_000 + earned,
+                    "payable_ucents": 2_000_000,
+                    "unvested_ucents": 500_000 + earned,
+                    "today_ucents": 1_234_567 + earned,
+                    "lines": [],
+                },
+            )
         else:
             self._error(404, "not found", "not_found")
 

@@ -1,4 +1,5 @@
 """HostApi: timeouts, bounded retries with backoff, typed 4xx errors."""
+
 from __future__ import annotations
 
 import json
@@ -12,6 +13,7 @@ from mahout.tests.fake_gateway import TOKEN
 
 def scripted(answers: list, seen: list[httpx.Request]) -> httpx.MockTransport:
     """A transport that answers with ``answers`` in order (an exception is raised instead)."""
+
     def handle(request: httpx.Request) -> httpx.Response:
         seen.append(request)
         answer = answers.pop(0)
@@ -59,7 +61,9 @@ class HostApiTests:
 
     def test_it_resends_the_same_token_batch_on_retry(self):
         seen, sleeps = [], []
-        api = make_api([httpx.Response(500), httpx.Response(200, json={"accepted": False, "next_seq": 4})], seen, sleeps)
+        api = make_api(
+            [httpx.Response(500), httpx.Response(200, json={"accepted": False, "next_seq": 4})], seen, sleeps
+        )
         assert api.push_tokens("job-1", seq=3, text="ab") == {"accepted": False, "next_seq": 4}
         assert seen[0].content == seen[1].content == b'{"seq":3,"text":"ab"}'
         assert seen[0].url.path == "/hosts/api/jobs/job-1/tokens"
@@ -71,7 +75,11 @@ class HostApiTests:
         with pytest.raises(HostApiError) as info:
             api.claim(fingerprint="f", wait=1)
         assert (info.value.status, info.value.message, info.value.type, info.value.code) == (
-            403, "not qualified", "permission_error", "not_qualified")
+            403,
+            "not qualified",
+            "permission_error",
+            "not_qualified",
+        )
         assert len(seen) == 1 and sleeps == []
 
     def test_it_raises_job_gone_on_409(self):

@@ -1,6 +1,7 @@
 """A machine that looks after itself: the service unit `mahout install-service` writes (the
 service manager stubbed at its boundary: a `systemctl`/`launchctl` on PATH that records its
 calls), and the log kept, rotated, in the home."""
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,10 @@ class InstallServiceTests:
         assert f"ExecStart={sys.executable} -m mahout run --home {home} --schedule 22:00-08:00" in text
         assert "Restart=on-failure" in text and "WantedBy=default.target" in text
         assert "host-secret-token" not in text, "the token stays in the home's credentials file"
-        assert manager.read_text().splitlines() == ["systemctl --user daemon-reload",
-                                                    "systemctl --user enable --now mahout.service"]
+        assert manager.read_text().splitlines() == [
+            "systemctl --user daemon-reload",
+            "systemctl --user enable --now mahout.service",
+        ]
         out = capsys.readouterr().out
         assert "enabled and started" in out and "loginctl enable-linger" in out
         assert out.splitlines()[-1] == "mahout: next: mahout logs -f  # what it says, as it says it"
@@ -55,7 +58,16 @@ class InstallServiceTests:
         installed = install_service(home, ["--threads", "4"], platform="darwin")
         plist = plistlib.loads(installed.path.read_bytes())
         assert installed.path == tmp_path / "user" / "Library" / "LaunchAgents" / "net.elephant.mahout.plist"
-        assert plist["ProgramArguments"] == [sys.executable, "-m", "mahout", "run", "--home", str(home), "--threads", "4"]
+        assert plist["ProgramArguments"] == [
+            sys.executable,
+            "-m",
+            "mahout",
+            "run",
+            "--home",
+            str(home),
+            "--threads",
+            "4",
+        ]
         assert plist["RunAtLoad"] is True and installed.started
         assert manager.read_text().strip() == f"launchctl load -w {installed.path}"
 
@@ -68,7 +80,9 @@ class InstallServiceTests:
             cli.main(["install-service", "--home", str(home), "--", "--schedule", "soon"])
         assert not manager.exists(), "nothing was enabled"
 
-    def test_without_a_service_manager_it_says_what_to_run(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_without_a_service_manager_it_says_what_to_run(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         monkeypatch.setenv("HOME", str(tmp_path / "user"))
         monkeypatch.setenv("PATH", str(tmp_path / "empty"))
         installed = install_service(tmp_path / "h", [], platform="linux")
@@ -76,8 +90,9 @@ class InstallServiceTests:
 
 
 class LogTests:
-    def test_what_a_command_says_is_kept_in_the_home_and_rotated(self, tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_what_a_command_says_is_kept_in_the_home_and_rotated(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         monkeypatch.setattr(logfile, "LOG_BYTES", 2000)
         path = logfile.open_log(tmp_path, cli._log)
         for index in range(200):

@@ -15,6 +15,7 @@ are tested for what they must do (the running streams untouched, fewer tokens re
 equal tokens. The reference is LlamaRunner.stream over the same loaded weights from a reset
 cache (LlamaRunner itself reuses its previous prompt's prefix, which cuts the next prompt).
 """
+
 from __future__ import annotations
 
 import threading
@@ -30,8 +31,11 @@ from mahout.runners.llama import LlamaRunner
 from scorer.errors import RequestRejected
 from testkit.formats import rendered
 
-PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-          "required": ["name", "age"]}
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
 
 
 @pytest.fixture(scope="module")
@@ -42,20 +46,39 @@ def runner(model_path: Path):
 
 
 def completion(prompt: str, **params) -> dict:
-    return rendered({"id": "job", "model": "gemma-3-270m", "kind": "completion", "messages": None, "prompt": prompt,
-                     "params": {"max_tokens": 12, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": 1, **params}})
+    return rendered(
+        {
+            "id": "job",
+            "model": "gemma-3-270m",
+            "kind": "completion",
+            "messages": None,
+            "prompt": prompt,
+            "params": {"max_tokens": 12, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": 1, **params},
+        }
+    )
 
 
 def chat(content: str, **params) -> dict:
-    return rendered({"id": "job", "model": "gemma-3-270m", "kind": "chat", "prompt": None,
-                     "messages": [{"role": "user", "content": content}],
-                     "params": {"max_tokens": 12, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": 1, **params}})
+    return rendered(
+        {
+            "id": "job",
+            "model": "gemma-3-270m",
+            "kind": "chat",
+            "prompt": None,
+            "messages": [{"role": "user", "content": content}],
+            "params": {"max_tokens": 12, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": 1, **params},
+        }
+    )
 
 
 def answer(items: list[str], source: LlamaRunner | JobStream) -> tuple:
     """What a job delivers: its pieces (with their log-probability entries), then what holds after."""
-    return ([(str(item), item.logprobs if isinstance(item, Piece) else None) for item in items],
-            list(source.token_ids), source.finish_reason, source.completion_tokens)
+    return (
+        [(str(item), item.logprobs if isinstance(item, Piece) else None) for item in items],
+        list(source.token_ids),
+        source.finish_reason,
+        source.completion_tokens,
+    )
 
 
 def alone(runner: BatchedLlamaRunner, job: dict) -> tuple:
@@ -97,9 +120,15 @@ class BatchedRunnerTests:
             completion("List three fruits, one per line:\n1.", stop=["3."], max_tokens=30),
             completion("The capital of Italy is", logprobs=3, max_tokens=8),
             {**completion("The elephant is a large mam", logprobs=1), "continuation": True},
-            {**chat("Describe a person as JSON.", max_tokens=30, temperature=0.7, seed=3),
-             "params": {"max_tokens": 30, "temperature": 0.7, "seed": 3,
-                        "response_format": {"type": "json_schema", "name": "p", "schema": PERSON}}},
+            {
+                **chat("Describe a person as JSON.", max_tokens=30, temperature=0.7, seed=3),
+                "params": {
+                    "max_tokens": 30,
+                    "temperature": 0.7,
+                    "seed": 3,
+                    "response_format": {"type": "json_schema", "name": "p", "schema": PERSON},
+                },
+            },
             chat("Say hello.", max_tokens=40, seed=5, temperature=0.5),
         ]  # 8 jobs on 4 sequences: the later ones wait for a free one and reuse its cache
         expected = [alone(runner, job) for job in jobs]
@@ -189,9 +218,17 @@ class CompletionTextTests:
             return only
 
         llm.reset()
-        chunks = [chunk["choices"][0] for chunk in llm.create_completion(
-            prompt=prompt, stream=True, max_tokens=max_tokens, temperature=0.0, stop=stop,
-            logits_processor=LogitsProcessorList([force]))]
+        chunks = [
+            chunk["choices"][0]
+            for chunk in llm.create_completion(
+                prompt=prompt,
+                stream=True,
+                max_tokens=max_tokens,
+                temperature=0.0,
+                stop=stop,
+                logits_processor=LogitsProcessorList([force]),
+            )
+        ]
         cut = CompletionText(spell=runner._spell, ends=runner._ends, stop=stop, max_tokens=max_tokens)
         ours = []
         for token in forced:

@@ -1,4 +1,5 @@
 """The qualification cache: restarts reuse a benchmark for the same model, machine and file."""
+
 from __future__ import annotations
 
 from mahout import benchmark
@@ -16,8 +17,11 @@ class QualifyTests:
 
     def test_it_measures_again_for_another_file_machine_thread_count_or_on_request(self, tmp_path, monkeypatch):
         runs = []
-        monkeypatch.setattr(benchmark, "run_benchmark",
-                            lambda path, threads, progress: runs.append(threads) or {**RESULT, "threads": threads})
+        monkeypatch.setattr(
+            benchmark,
+            "run_benchmark",
+            lambda path, threads, progress: runs.append(threads) or {**RESULT, "threads": threads},
+        )
         benchmark.qualify(tmp_path, "m", tmp_path, "sha", "fp", 2, progress=False)
         benchmark.qualify(tmp_path, "m", tmp_path, "sha2", "fp", 2, progress=False)
         benchmark.qualify(tmp_path, "m", tmp_path, "sha", "fp2", 2, progress=False)

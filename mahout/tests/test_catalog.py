@@ -1,6 +1,7 @@
 """The models a home serves beyond the shipped two: a catalog file the owner added (`mahout
 add`) is served under the catalog's name, held to the pin the catalog gave, and planned in
 memory by its file's size. (Matching against a live gateway: hosts/tests/test_catalog_files.py.)"""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -32,8 +33,16 @@ MIB = 2**20
 
 def added(home: Path, path: Path, name: str = "org/tiny-chat:q8", **entry: object) -> CatalogFile:
     """Record `path` as the catalog's `name`, as `mahout add` does after a match."""
-    listed = CatalogFile.from_listing({"name": name, "kind": "chat", "sha256": file_sha256(path), "quantization": "Q8_0",
-                                       "context_length": 2048, **entry})
+    listed = CatalogFile.from_listing(
+        {
+            "name": name,
+            "kind": "chat",
+            "sha256": file_sha256(path),
+            "quantization": "Q8_0",
+            "context_length": 2048,
+            **entry,
+        }
+    )
     model_add(home, name, path, listed.sha256, entry=listed.record())
     return listed
 
@@ -48,9 +57,18 @@ def model_file(tmp_path: Path) -> Path:
 
 class CatalogFileTests:
     def test_it_reads_the_gateways_listing_and_matches_a_file_by_its_sha256(self) -> None:
-        listing = CatalogFile.from_listing({"name": "big", "kind": "chat", "sha256": "AB" * 32, "quantization": "Q4_K_M",
-                                            "file_size": 4_920_000_000, "context_length": 131072,
-                                            "embedding_dimensions": None, "architecture": "llama"})
+        listing = CatalogFile.from_listing(
+            {
+                "name": "big",
+                "kind": "chat",
+                "sha256": "AB" * 32,
+                "quantization": "Q4_K_M",
+                "file_size": 4_920_000_000,
+                "context_length": 131072,
+                "embedding_dimensions": None,
+                "architecture": "llama",
+            }
+        )
         assert (listing.sha256, listing.file_size, listing.context_length) == ("ab" * 32, 4_920_000_000, 131072)
         assert listing.describe() == f"big (Q4_K_M, 4.9 GB, sha256 {'ab' * 32})"
         assert catalog_match("AB" * 32, [listing]) == [listing]
@@ -66,27 +84,39 @@ class CatalogFileTests:
 
 class AddedModelTests:
     def test_an_added_chat_model_is_served_under_the_catalogs_name_and_held_to_its_pin(
-        self, tmp_path: Path, model_file: Path,
+        self,
+        tmp_path: Path,
+        model_file: Path,
     ) -> None:
         home = tmp_path / "home"
         listed = added(home, model_file)
         assert known_models(home) == [*CATALOG, "org/tiny-chat:q8"]
         spec = model_spec("org/tiny-chat:q8", home)
-        assert (spec.kind, spec.pinned_sha256, spec.pinned_quantization, spec.offloads) == ("chat", listed.sha256, "Q8_0", True)
+        assert (spec.kind, spec.pinned_sha256, spec.pinned_quantization, spec.offloads) == (
+            "chat",
+            listed.sha256,
+            "Q8_0",
+            True,
+        )
         path, sha256 = spec.locate(home)
         assert path == model_file.resolve() and sha256 == listed.sha256
         checked_file(spec, path, sha256)
         model_file.write_bytes(b"GGUF quietly replaced")
-        with pytest.raises(WrongFile, match=f"the catalog's org/tiny-chat:q8 is the Q8_0 file with sha256 {listed.sha256}"):
+        with pytest.raises(
+            WrongFile, match=f"the catalog's org/tiny-chat:q8 is the Q8_0 file with sha256 {listed.sha256}"
+        ):
             checked_file(spec, *spec.locate(home))
         model_file.unlink()
         with pytest.raises(ModelUnavailable, match="add it again"):
             spec.locate(home)
 
-    def test_it_runs_with_no_more_context_than_the_catalog_sells(self, tmp_path: Path, model_file: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_it_runs_with_no_more_context_than_the_catalog_sells(
+        self, tmp_path: Path, model_file: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         opened: list[int] = []
-        monkeypatch.setattr(host_catalog, "_open_chat", lambda path, threads, offload=None, *, n_ctx: opened.append(n_ctx))
+        monkeypatch.setattr(
+            host_catalog, "_open_chat", lambda path, threads, offload=None, *, n_ctx: opened.append(n_ctx)
+        )
         added(tmp_path, model_file, context_length=1024)
         added(tmp_path, model_file, name="long", context_length=131072)
         for name in ("org/tiny-chat:q8", "long"):
@@ -97,13 +127,18 @@ class AddedModelTests:
         with pytest.raises(ModelUnavailable, match="mahout add PATH"):
             model_spec("llama-3.1-8b", tmp_path)
 
-    def test_run_refuses_a_model_this_home_cannot_serve_in_one_line(self, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    def test_run_refuses_a_model_this_home_cannot_serve_in_one_line(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture
+    ) -> None:
         assert main(["run", "--home", str(tmp_path), "--models", "gemma-3-270m,llama-3.1-8b"]) == 2
         line = capsys.readouterr().err.strip().splitlines()[-1]
         assert line.startswith("mahout: error: unknown model(s) llama-3.1-8b; known: gemma-3-270m, all-minilm-l6-v2 ")
 
     def test_the_benchmark_serves_an_added_model_and_its_memory_plan_counts_its_file(
-        self, tmp_path: Path, model_file: Path, monkeypatch: pytest.MonkeyPatch,
+        self,
+        tmp_path: Path,
+        model_file: Path,
+        monkeypatch: pytest.MonkeyPatch,
     ) -> None:
         measured: list[Path] = []
 
@@ -118,13 +153,19 @@ class AddedModelTests:
             host.benchmark_model("org/tiny-chat:q8", home, 1, out=lambda line: None, budget_mb=1)
         assert measured == [], "a file bigger than the budget is refused before it is loaded"
         qualified = host.benchmark_model("org/tiny-chat:q8", home, 1, out=lambda line: None, budget_mb=3)
-        assert measured == [model_file.resolve()] and (qualified.model, qualified.sha256) == ("org/tiny-chat:q8", listed.sha256)
+        assert measured == [model_file.resolve()] and (qualified.model, qualified.sha256) == (
+            "org/tiny-chat:q8",
+            listed.sha256,
+        )
         assert qualified.footprint_mb == pytest.approx((2 * MIB + 4) / MIB), "the file's size, not the 1 MB measured"
 
 
 class AddCommandTests:
     def test_a_gateway_without_a_catalog_falls_back_to_the_shipped_files(
-        self, tmp_path: Path, gateway: object, capsys: pytest.CaptureFixture,
+        self,
+        tmp_path: Path,
+        gateway: object,
+        capsys: pytest.CaptureFixture,
     ) -> None:
         other = tmp_path / "model.gguf"
         other.write_bytes(b"GGUF not a catalog file")
@@ -134,11 +175,14 @@ class AddCommandTests:
         line = err.strip().splitlines()[-1]
         assert f"(sha256 {file_sha256(other)}) is no catalog model's file" in line
         gemma, minilm = (MODEL_FILES[name]["sha256"] for name in ("gemma-3-270m", "all-minilm-l6-v2"))
-        assert line.endswith(f"The catalog as mahout knows it offline sells: gemma-3-270m (Q4_K_M, sha256 {gemma}); "
-                             f"all-minilm-l6-v2 (F32, sha256 {minilm})")
+        assert line.endswith(
+            f"The catalog as mahout knows it offline sells: gemma-3-270m (Q4_K_M, sha256 {gemma}); "
+            f"all-minilm-l6-v2 (F32, sha256 {minilm})"
+        )
 
-    def test_an_embeddings_entry_is_not_served_from_a_file(self, tmp_path: Path, model_file: Path,
-                                                           monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    def test_an_embeddings_entry_is_not_served_from_a_file(
+        self, tmp_path: Path, model_file: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+    ) -> None:
         listing = [CatalogFile("bge-small", "embedding", file_sha256(model_file), "F16")]
         monkeypatch.setattr("mahout.__main__._catalog_for_add", lambda args, home: (listing, "The catalog at gw"))
         assert main(["add", str(model_file), "--home", str(tmp_path)]) == 2

@@ -2,6 +2,7 @@
 
 One model load per module (1 thread); a few short sentences, so it runs in seconds.
 """
+
 from __future__ import annotations
 
 import math
@@ -57,8 +58,11 @@ class EmbeddingsRunnerTests:
         assert runner.embed([]) == [] and runner.prompt_tokens == 0
 
     def test_jobs_at_once_share_forward_passes_and_each_gets_its_own_vectors_and_count(self, runner, monkeypatch):
-        jobs = [["The cat sleeps on the sofa.", "A dog barks."], ["Stock markets fell sharply today."],
-                ["Rain is expected tomorrow.", "The river is low.", "Elephants remember."]]
+        jobs = [
+            ["The cat sleeps on the sofa.", "A dog barks."],
+            ["Stock markets fell sharply today."],
+            ["Rain is expected tomorrow.", "The river is low.", "Elephants remember."],
+        ]
         alone = [(runner.embed(texts), runner.count_tokens(texts)) for texts in jobs]
         passes: list[int] = []
         first_pass = threading.Event()
@@ -72,7 +76,9 @@ class EmbeddingsRunnerTests:
 
         monkeypatch.setattr(runner, "embed", embed)
         results: dict[int, tuple[list[list[float]], int]] = {}
-        threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, runner.embed_job(jobs[i]))) for i in range(3)]
+        threads = [
+            threading.Thread(target=lambda i=i: results.__setitem__(i, runner.embed_job(jobs[i]))) for i in range(3)
+        ]
         threads[0].start()
         while not passes:
             time.sleep(0.001)
@@ -98,8 +104,15 @@ class EmbeddingsRunnerTests:
     def test_it_completes_an_embeddings_job_through_the_host_loop(self, runner, farm, api, tmp_path):
         texts = ["first input", "second input"]
         farm.add_embeddings_job("job-1", texts)
-        loop = HostLoop(api, {MODEL_NAME: runner}, fingerprint="f" * 64, home=tmp_path, claim_wait=0.2,
-                        heartbeat_interval=0.05, out=lambda _line: None)
+        loop = HostLoop(
+            api,
+            {MODEL_NAME: runner},
+            fingerprint="f" * 64,
+            home=tmp_path,
+            claim_wait=0.2,
+            heartbeat_interval=0.05,
+            out=lambda _line: None,
+        )
         assert loop.run(max_jobs=1) == 1
         sent = farm.state.completions["job-1"]
         assert sent["finish_reason"] == "stop" and sent["embeddings"] == runner.embed(texts)

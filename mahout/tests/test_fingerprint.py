@@ -1,4 +1,5 @@
 """Machine fingerprint: stable for the same facts, different for different hardware."""
+
 from __future__ import annotations
 
 from mahout.fingerprint import cpu_model, fingerprint_of, machine_fingerprint, total_memory_mb

@@ -1,6 +1,7 @@
 """The GPU paths with llama.cpp's offload query and the vendors' tools stubbed at the boundary
 (no GPU reaches CI; `bench/gpu_check.sh` is the real check): what is found, what is said at
 start, how many layers go on the GPU, and that the benchmark, its cache and the loader follow."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,14 +31,21 @@ class FindingTests:
     def test_nvidia_cards_are_read_from_nvidia_smi(self) -> None:
         run, which = tools({"nvidia-smi": NVIDIA_SMI})
         found = gpus_present(run=run, which=which, system="linux")
-        assert found == [Gpu("nvidia", "NVIDIA GeForce RTX 4090", 24564.0, 23012.0),
-                         Gpu("nvidia", "NVIDIA GeForce RTX 3060", 12288.0, 12000.0)]
+        assert found == [
+            Gpu("nvidia", "NVIDIA GeForce RTX 4090", 24564.0, 23012.0),
+            Gpu("nvidia", "NVIDIA GeForce RTX 3060", 12288.0, 12000.0),
+        ]
 
     def test_amd_cards_are_read_from_rocm_smi(self) -> None:
         csv = "device,Card series,VRAM Total Memory (B),VRAM Total Used Memory (B)\ncard0,Radeon RX 7900 XTX,25753026560,1073741824\n"
         run, which = tools({"rocm-smi": csv})
         (card,) = gpus_present(run=run, which=which, system="linux")
-        assert (card.vendor, card.name, round(card.total_mb), round(card.free_mb)) == ("amd", "Radeon RX 7900 XTX", 24560, 23536)
+        assert (card.vendor, card.name, round(card.total_mb), round(card.free_mb)) == (
+            "amd",
+            "Radeon RX 7900 XTX",
+            24560,
+            23536,
+        )
 
     def test_apple_silicon_shares_its_memory_and_a_plain_pc_has_none(self) -> None:
         run, which = tools({})
@@ -60,7 +68,9 @@ class StartupReportTests:
         assert '-DGGML_METAL=on' in mac
 
     def test_a_usable_gpu_and_no_gpu_say_so(self) -> None:
-        assert "backends: CUDA, CPU" in startup_report([Gpu("nvidia", "RTX 4090", 24564, 23012)], True, ["CUDA", "CPU"])[0]
+        assert (
+            "backends: CUDA, CPU" in startup_report([Gpu("nvidia", "RTX 4090", 24564, 23012)], True, ["CUDA", "CPU"])[0]
+        )
         assert startup_report([], False, ["CPU"]) == ["mahout: no GPU found: serving on the CPU"]
 
 
@@ -69,7 +79,9 @@ class PlanTests:
 
     def test_auto_puts_every_layer_that_fits_the_free_memory(self) -> None:
         everything = plan_offload(AUTO, gpu=self.GPU, supported=True, model_mb=253, n_layers=18)
-        assert (everything.layers, everything.device) == (19, "RTX 3060") and everything.vram_mb == pytest.approx(253, abs=1)
+        assert (everything.layers, everything.device) == (19, "RTX 3060") and everything.vram_mb == pytest.approx(
+            253, abs=1
+        )
         big = plan_offload(AUTO, gpu=self.GPU, supported=True, model_mb=40_000, n_layers=79)  # a 70B Q4: 500 MB a layer
         assert big.layers == int((12000 - gpu_module.RESERVE_MB) // (40_000 / 80)) and big.vram_mb < 12000
 
@@ -93,7 +105,9 @@ class PlanTests:
 
 class HostWiringTests:
     def test_the_benchmark_runs_with_the_plan_and_its_cache_is_kept_per_offload(
-        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        self,
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
     ) -> None:
         from mahout.catalog import CATALOG
         from protocol.catalog import MODEL_FILES
@@ -107,13 +121,25 @@ class HostWiringTests:
         def measure(path: Path, threads: int, *, progress: bool = True, offload: Offload | None = None) -> dict:
             calls.append(offload)
             layers = offload.layers if offload else 0
-            return {"prompt_tps": 900.0, "gen_tps": 150.0, "ttft_ms": 5.0, "memory_mb": 120.0, "threads": threads,
-                    "load_ms": 50.0, "device": offload.device if offload else "cpu", "gpu_layers": layers,
-                    "vram_mb": offload.vram_mb if offload else 0.0}
+            return {
+                "prompt_tps": 900.0,
+                "gen_tps": 150.0,
+                "ttft_ms": 5.0,
+                "memory_mb": 120.0,
+                "threads": threads,
+                "load_ms": 50.0,
+                "device": offload.device if offload else "cpu",
+                "gpu_layers": layers,
+                "vram_mb": offload.vram_mb if offload else 0.0,
+            }
 
-        monkeypatch.setitem(CATALOG, "gemma-3-270m", type(spec)(spec.name, spec.kind, spec.modules,
-                                                                lambda home: (model, "ab" * 32), measure, spec.open,
-                                                                offloads=True))
+        monkeypatch.setitem(
+            CATALOG,
+            "gemma-3-270m",
+            type(spec)(
+                spec.name, spec.kind, spec.modules, lambda home: (model, "ab" * 32), measure, spec.open, offloads=True
+            ),
+        )
         monkeypatch.setattr(gpu_module, "model_layers", lambda path: 18)
         setup = host_module.GpuSetup(AUTO, Gpu("nvidia", "RTX 3060", 12288, 12000), True)
         first = host_module.benchmark_model("gemma-3-270m", tmp_path, 2, out=lambda line: None, gpu=setup)
@@ -121,16 +147,25 @@ class HostWiringTests:
         assert (first.benchmark["gpu_layers"], first.benchmark["device"]) == (19, "RTX 3060")
         host_module.benchmark_model("gemma-3-270m", tmp_path, 2, out=lambda line: None, gpu=setup)
         assert len(calls) == 1, "the same offload: the cached benchmark"
-        cpu = host_module.benchmark_model("gemma-3-270m", tmp_path, 2, out=lambda line: None,
-                                          gpu=host_module.GpuSetup(0, setup.gpu, True))
-        assert len(calls) == 2 and calls[-1] is None and cpu.benchmark["gpu_layers"] == 0, "another offload: measured again"
+        cpu = host_module.benchmark_model(
+            "gemma-3-270m", tmp_path, 2, out=lambda line: None, gpu=host_module.GpuSetup(0, setup.gpu, True)
+        )
+        assert len(calls) == 2 and calls[-1] is None and cpu.benchmark["gpu_layers"] == 0, (
+            "another offload: measured again"
+        )
 
 
 class LoaderTests:
     def test_gpu_memory_is_a_budget_of_its_own(self) -> None:
         loads: list[str] = []
-        loader = ModelLoader(lambda name: loads.append(name) or name, {"a": 500.0, "b": 500.0}, 10_000, out=lambda line: None,
-                             vram_mb={"a": 7_000.0, "b": 7_000.0}, vram_budget_mb=12_000.0)
+        loader = ModelLoader(
+            lambda name: loads.append(name) or name,
+            {"a": 500.0, "b": 500.0},
+            10_000,
+            out=lambda line: None,
+            vram_mb={"a": 7_000.0, "b": 7_000.0},
+            vram_budget_mb=12_000.0,
+        )
         with loader.acquire("a"):
             pass
         with loader.acquire("b"):  # memory has room for both; the GPU has not

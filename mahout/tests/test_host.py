@@ -1,4 +1,5 @@
 """Host start-up: registering a qualification with a gateway that may not be up yet."""
+
 from __future__ import annotations
 
 from pathlib import Path

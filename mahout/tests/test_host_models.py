@@ -1,4 +1,5 @@
 """Starting a host with several models: qualify each, check the budget, load what fits."""
+
 from __future__ import annotations
 
 import json
@@ -29,7 +30,11 @@ def gateway_listing(*models: str) -> tuple[HostApi, list[dict]]:
         body = json.loads(request.content)
         seen.append(body)
         if body["model"] not in models:
-            error = {"message": f"No model named {body['model']}.", "type": "invalid_request_error", "code": "model_not_found"}
+            error = {
+                "message": f"No model named {body['model']}.",
+                "type": "invalid_request_error",
+                "code": "model_not_found",
+            }
             return httpx.Response(404, json={"error": error})
         return httpx.Response(201, json={"model": body["model"], "fingerprint": body["fingerprint"]})
 
@@ -41,16 +46,36 @@ def fake_models(monkeypatch) -> list[str]:
     """Benchmarks and loads that cost nothing; returns the names loaded, in order."""
     loads: list[str] = []
 
-    def benchmark_model(name: str, home: Path, threads: int, *, rebenchmark: bool = False, out: Callable[[str], None] = print,
-                        gpu: object = None, budget_mb: int | None = None) -> host.Qualified:
-        result = {"prompt_tps": 1.0, "gen_tps": 1.0, "ttft_ms": 1.0, "memory_mb": FOOTPRINTS[name], "threads": threads,
-                  "slots": 3}  # (what the chat model's benchmark chose on this machine)
+    def benchmark_model(
+        name: str,
+        home: Path,
+        threads: int,
+        *,
+        rebenchmark: bool = False,
+        out: Callable[[str], None] = print,
+        gpu: object = None,
+        budget_mb: int | None = None,
+    ) -> host.Qualified:
+        result = {
+            "prompt_tps": 1.0,
+            "gen_tps": 1.0,
+            "ttft_ms": 1.0,
+            "memory_mb": FOOTPRINTS[name],
+            "threads": threads,
+            "slots": 3,
+        }  # (what the chat model's benchmark chose on this machine)
         return host.Qualified(Path(name), "sha", result, "fp", {"hostname": "box"}, name)
 
     def spec(name: str) -> ModelSpec:
         real = CATALOG[name]
-        return ModelSpec(name, real.kind, (), real.locate, real.measure,
-                         lambda path, threads, offload=None, *, slots=1: loads.append(f"{name}×{slots}") or name)
+        return ModelSpec(
+            name,
+            real.kind,
+            (),
+            real.locate,
+            real.measure,
+            lambda path, threads, offload=None, *, slots=1: loads.append(f"{name}×{slots}") or name,
+        )
 
     monkeypatch.setattr(host, "benchmark_model", benchmark_model)
     monkeypatch.setattr(host, "CATALOG", {name: spec(name) for name in (CHAT, EMBED)})
@@ -70,7 +95,9 @@ class StartHostTests:
 
     def test_slots_asked_for_override_the_benchmarks_choice(self, fake_models, tmp_path):
         api, _seen = gateway_listing(CHAT, EMBED)
-        loop = host.start_host(api, tmp_path, 1, models=[CHAT, EMBED], memory_budget_mb=1000, out=lambda _l: None, slots=5)
+        loop = host.start_host(
+            api, tmp_path, 1, models=[CHAT, EMBED], memory_budget_mb=1000, out=lambda _l: None, slots=5
+        )
         with loop.models.acquire(EMBED):
             pass
         assert fake_models == [f"{CHAT}×5", f"{EMBED}×5"]
@@ -110,8 +137,9 @@ class CatalogTests:
     def test_the_command_line_defaults_to_the_shipped_chat_model(self):
         args = build_parser().parse_args(["run", "--server", "http://gw", "--token", "t"])
         assert args.models == [CHAT] and args.memory_budget_mb is None
-        args = build_parser().parse_args(["run", "--server", "http://gw", "--token", "t", "--models", EMBED,
-                                          "--memory-budget-mb", "1024"])
+        args = build_parser().parse_args(
+            ["run", "--server", "http://gw", "--token", "t", "--models", EMBED, "--memory-budget-mb", "1024"]
+        )
         assert args.models == [EMBED] and args.memory_budget_mb == 1024
 
     def test_the_new_modules_never_import_django(self):
@@ -119,15 +147,18 @@ class CatalogTests:
         import sys
 
         modules = "mahout.catalog, mahout.loader, mahout.runners.embeddings, mahout.host"
-        code = (f"import sys, {modules}; mahout.runners.embeddings.EmbeddingsRunner(threads=1); "
-                "print(sorted(m for m in sys.modules if m.startswith('django')))")
+        code = (
+            f"import sys, {modules}; mahout.runners.embeddings.EmbeddingsRunner(threads=1); "
+            "print(sorted(m for m in sys.modules if m.startswith('django')))"
+        )
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
         assert result.stdout.strip().splitlines()[-1] == "[]"
 
 
 class SlotsMemoryTests:
-    def test_the_slots_a_benchmark_chose_are_as_many_as_their_kv_cache_fits_the_budget(self, fake_models, tmp_path,
-                                                                                         monkeypatch):
+    def test_the_slots_a_benchmark_chose_are_as_many_as_their_kv_cache_fits_the_budget(
+        self, fake_models, tmp_path, monkeypatch
+    ):
         monkeypatch.setattr(host, "kv_mb", lambda model: 30.0)
         api, _seen = gateway_listing(CHAT)
         lines: list[str] = []

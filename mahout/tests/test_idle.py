@@ -1,4 +1,5 @@
 """IdleDetector with injected probes, and the input-device probe on a temp directory."""
+
 from __future__ import annotations
 
 import os
@@ -69,18 +70,33 @@ class OwnProcessTreeTests:
     processes on the GPU, counted as "another GPU program"."""
 
     def test_mahouts_own_stages_on_the_gpu_are_not_another_program(self):
-        detector = IdleDetector(60, input_idle=lambda: None, gpu_pids=lambda: parse_compute_pids("4100\n4101\n"),
-                                own_pid=4000, parents=lambda: RING_PARENTS)
+        detector = IdleDetector(
+            60,
+            input_idle=lambda: None,
+            gpu_pids=lambda: parse_compute_pids("4100\n4101\n"),
+            own_pid=4000,
+            parents=lambda: RING_PARENTS,
+        )
         assert detector.activity() is None and detector.owner_active() is False
 
     def test_a_program_outside_mahouts_tree_still_pauses_it(self):
-        detector = IdleDetector(60, input_idle=lambda: None, gpu_pids=lambda: parse_compute_pids(NVIDIA_SMI_RING),
-                                own_pid=4000, parents=lambda: RING_PARENTS)
+        detector = IdleDetector(
+            60,
+            input_idle=lambda: None,
+            gpu_pids=lambda: parse_compute_pids(NVIDIA_SMI_RING),
+            own_pid=4000,
+            parents=lambda: RING_PARENTS,
+        )
         assert detector.activity() == "GPU in use by pid 5000"
 
     def test_a_stage_does_not_count_its_parent_or_siblings_as_its_own(self):
-        detector = IdleDetector(60, input_idle=lambda: None, gpu_pids=lambda: parse_compute_pids("4000\n4100\n4101\n"),
-                                own_pid=4100, parents=lambda: RING_PARENTS)
+        detector = IdleDetector(
+            60,
+            input_idle=lambda: None,
+            gpu_pids=lambda: parse_compute_pids("4000\n4100\n4101\n"),
+            own_pid=4100,
+            parents=lambda: RING_PARENTS,
+        )
         assert detector.activity() == "GPU in use by pid 4000"
 
     def test_without_a_process_list_only_its_own_pid_is_its_own(self):
@@ -95,8 +111,11 @@ class OwnProcessTreeTests:
         assert parse_compute_pids(" 4100\n4101\n\n[Not Supported]\n") == [4100, 4101]
 
     def test_it_reads_parents_from_a_proc_directory(self, tmp_path):
-        for pid, stat in {"4000": "4000 (python) S 3000 4000", "4100": "4100 (py (stage) 1)) R 4000 4100",
-                          "self": "4000 (python) S 3000"}.items():
+        for pid, stat in {
+            "4000": "4000 (python) S 3000 4000",
+            "4100": "4100 (py (stage) 1)) R 4000 4100",
+            "self": "4000 (python) S 3000",
+        }.items():
             (tmp_path / pid).mkdir()
             (tmp_path / pid / "stat").write_text(stat + " 0 0 0\n")
         (tmp_path / "4300").mkdir()  # a process that ended while /proc was read: no stat

@@ -2,6 +2,7 @@
 without copies and arrive exact; a frame over the receiver's caps is refused from its prefix,
 before anything is allocated for it; the handshake admits only a peer holding the secret,
 both ways, and a stranger learns nothing but the challenge."""
+
 from __future__ import annotations
 
 import contextlib
@@ -69,7 +70,9 @@ def raw_frame(header: dict) -> bytes:
 class Listener:
     """A listening socket whose accepted connections go through `accept`; records the outcome."""
 
-    def __init__(self, secret: str | None, caps: FrameCaps = ROOMY, *, secret_for: Callable[[dict], str | None] | None = None) -> None:
+    def __init__(
+        self, secret: str | None, caps: FrameCaps = ROOMY, *, secret_for: Callable[[dict], str | None] | None = None
+    ) -> None:
         self.server = listen()
         self.address = self.server.getsockname()[:2]
         self.links: list[Link] = []
@@ -121,7 +124,7 @@ class LinkTests:
         try:
             ours.send({"type": "compute"}, rows)
             reader.join(10)
-            (_, got), = received
+            ((_, got),) = received
             assert torch.equal(got, rows)
         finally:
             ours.close()
@@ -166,7 +169,9 @@ class HandshakeTests:
         secret = new_secret()
         listener = Listener(secret)
         try:
-            link = connect(listener.address, secret=secret, hello={"role": "upstream", "stage": 1}, caps=ROOMY, timeout=5)
+            link = connect(
+                listener.address, secret=secret, hello={"role": "upstream", "stage": 1}, caps=ROOMY, timeout=5
+            )
             assert listener.done.wait(5) and not listener.refused
             (theirs,) = listener.links
             assert theirs.peer == {"type": "hello", "role": "upstream", "stage": 1}
@@ -200,7 +205,9 @@ class HandshakeTests:
             dialer, _ = middle.accept()
             with dialer, socket.create_connection(listener.address) as upstream:
                 challenge = read_frame(upstream)
-                dialer.sendall(raw_frame({**challenge, "key": X25519PrivateKey.generate().public_key().public_bytes_raw().hex()}))
+                dialer.sendall(
+                    raw_frame({**challenge, "key": X25519PrivateKey.generate().public_key().public_bytes_raw().hex()})
+                )
                 upstream.sendall(raw_frame(read_frame(dialer)))  # the hello, as sent
                 with contextlib.suppress(EOFError):
                     dialer.sendall(raw_frame(read_frame(upstream)))
@@ -248,7 +255,13 @@ class HandshakeTests:
         thread.start()
         try:
             with pytest.raises(LinkRefused, match="did not prove"):
-                dial(server.getsockname()[:2], secret=new_secret(), hello={"role": "bridge"}, caps=HEADERS_ONLY, timeout=5)
+                dial(
+                    server.getsockname()[:2],
+                    secret=new_secret(),
+                    hello={"role": "bridge"},
+                    caps=HEADERS_ONLY,
+                    timeout=5,
+                )
             thread.join(5)
             assert got[0] == b"", "the dialer closed at once and sent nothing after its hello"
         finally:
@@ -302,8 +315,10 @@ class LinkIdentityTests:
             link.close()
         finally:
             admitted.close()
-        for secret, hello in ((theirs, {"role": "upstream", "stage": 2}),  # its own secret, but not a peer this end expects
-                              (theirs, {"role": "upstream", "stage": 1})):  # claims the expected peer without its secret
+        for secret, hello in (
+            (theirs, {"role": "upstream", "stage": 2}),  # its own secret, but not a peer this end expects
+            (theirs, {"role": "upstream", "stage": 1}),
+        ):  # claims the expected peer without its secret
             listener = Listener(None, secret_for=secret_for)
             try:
                 with pytest.raises(LinkRefused, match="refused our proof"):
@@ -329,7 +344,13 @@ class LinkIdentityTests:
         thread.start()
         try:
             with pytest.raises(LinkRefused, match="speaks link protocol 2"):
-                dial(server.getsockname()[:2], secret=new_secret(), hello={"role": "bridge"}, caps=HEADERS_ONLY, timeout=5)
+                dial(
+                    server.getsockname()[:2],
+                    secret=new_secret(),
+                    hello={"role": "bridge"},
+                    caps=HEADERS_ONLY,
+                    timeout=5,
+                )
             thread.join(5)
         finally:
             server.close()
@@ -361,8 +382,9 @@ class PendingHandshakeTests:
         path = make_tiny_moe(tmp_path / "tiny.gguf", seed=3)
         config, bank = load_expert_slice(path, 0, 0, 4)
         secret = new_secret()
-        server = ExpertServer(bank, secret=secret, caps=worker_caps(d_model=config.d_model, count=4,
-                                                                      context_length=config.context_length)).start()
+        server = ExpertServer(
+            bank, secret=secret, caps=worker_caps(d_model=config.d_model, count=4, context_length=config.context_length)
+        ).start()
         strangers = [socket.create_connection(server.address, timeout=5) for _ in range(3)]
         try:
             challenged = [s.recv(4096) for s in strangers[:2]]
@@ -377,7 +399,9 @@ class PendingHandshakeTests:
             deadline = time.monotonic() + 5
             while time.monotonic() < deadline:  # their slots come back once the worker sees them go
                 try:
-                    coordinator = dial(server.address, secret=secret, hello={"role": "coordinator"}, caps=HEADERS_ONLY, timeout=5)
+                    coordinator = dial(
+                        server.address, secret=secret, hello={"role": "coordinator"}, caps=HEADERS_ONLY, timeout=5
+                    )
                     break
                 except (LinkRefused, LinkClosed):
                     time.sleep(0.1)

@@ -3,6 +3,7 @@ still arrive exact; what crosses the wire shows neither the hidden state nor the
 and a frame that a man in the middle altered, replayed, reordered or dropped drops the
 link. The wire is watched and tampered with by a relay between the two ends (`Wiretap`),
 as a router on the path could."""
+
 from __future__ import annotations
 
 import json
@@ -155,8 +156,9 @@ class SealedLinkTests:
             server.close()
             close_all(ours, theirs, tap)
 
-    @pytest.mark.parametrize("rows", [1, 16, MIDDLE, LARGE], ids=["one_record", "gathered", "header_and_payload",
-                                                              "payload_in_records"])
+    @pytest.mark.parametrize(
+        "rows", [1, 16, MIDDLE, LARGE], ids=["one_record", "gathered", "header_and_payload", "payload_in_records"]
+    )
     def test_a_frame_is_sealed_in_records_and_arrives_exact(self, rows: int) -> None:
         """A hidden state of a few rows is one record (one AEAD call each side); a larger frame
         its header, then its payload in records of at most RECORD_BYTES; the payload starts

@@ -1,4 +1,5 @@
 """The loading policy: a memory budget, least recently used out, busy models never unloaded."""
+
 from __future__ import annotations
 
 import threading
@@ -60,8 +61,9 @@ class ModelLoaderTests:
         use(models, "big")  # 500 MB in a 600 MB budget: both must go, the least recently used first
         assert loads.models["embed"].closed and loads.models["chat"].closed
         assert models.loaded() == ["big"] and models.used_mb() <= 600
-        assert lines.index("mahout: unloading embed (least recently used) to make room for big") < \
-            lines.index("mahout: unloading chat (least recently used) to make room for big")
+        assert lines.index("mahout: unloading embed (least recently used) to make room for big") < lines.index(
+            "mahout: unloading chat (least recently used) to make room for big"
+        )
 
     def test_it_unloads_only_what_it_must(self):
         loads = Loads()

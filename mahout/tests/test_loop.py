@@ -1,4 +1,5 @@
 """The host loop against a fake gateway over real HTTP, with a fake runner."""
+
 from __future__ import annotations
 
 import os
@@ -42,8 +43,15 @@ class FakeRunner:
 
 def make_loop(api: HostApi, runner: FakeRunner, home: Path, lines: list[str]) -> HostLoop:
     return HostLoop(
-        api, {MODEL: runner}, fingerprint="f" * 64, home=home, claim_wait=0.2,
-        heartbeat_interval=0.02, pause_poll=0.01, error_backoff=0.01, out=lines.append,
+        api,
+        {MODEL: runner},
+        fingerprint="f" * 64,
+        home=home,
+        claim_wait=0.2,
+        heartbeat_interval=0.02,
+        pause_poll=0.01,
+        error_backoff=0.01,
+        out=lines.append,
     )
 
 
@@ -161,7 +169,9 @@ class HostLoopTests:
         assert loop.pause_reason() == "paused by the server"
         assert loop.step() == 0 and gateway.state.claims == 0
 
-    def test_in_maintenance_it_says_why_once_waits_and_serves_again_when_resumed(self, gateway, api, tmp_path, monkeypatch):
+    def test_in_maintenance_it_says_why_once_waits_and_serves_again_when_resumed(
+        self, gateway, api, tmp_path, monkeypatch
+    ):
         import mahout.loop
 
         monkeypatch.setattr(mahout.loop, "MAINTENANCE_POLL_SECONDS", 0.01)
@@ -202,8 +212,15 @@ class HostLoopTests:
 
     def test_waiting_for_work_it_exits_at_once_on_the_first_signal(self, gateway, api, tmp_path):
         lines: list[str] = []
-        loop = HostLoop(api, {MODEL: FakeRunner(pieces(2))}, fingerprint="f" * 64, home=tmp_path, claim_wait=5.0,
-                        heartbeat_interval=0.05, out=lines.append)
+        loop = HostLoop(
+            api,
+            {MODEL: FakeRunner(pieces(2))},
+            fingerprint="f" * 64,
+            home=tmp_path,
+            claim_wait=5.0,
+            heartbeat_interval=0.05,
+            out=lines.append,
+        )
 
         def terminate_while_claiming() -> None:
             deadline = time.monotonic() + 5
@@ -259,12 +276,17 @@ class HostLoopTests:
         from scorer.errors import RequestRejected
 
         gateway.state.add_job("job-1")
-        make_loop(api, FakeRunner([], error=ContextOverflowError("prompt is 5000 tokens")), tmp_path, []).run(max_jobs=1)
+        make_loop(api, FakeRunner([], error=ContextOverflowError("prompt is 5000 tokens")), tmp_path, []).run(
+            max_jobs=1
+        )
         assert gateway.state.causes["job-1"] == "request"
         for bad in (float("nan"), float("inf"), -0.5, 2.5, "warm"):
             with pytest.raises(RequestRejected):
                 job_number({"temperature": bad}, "temperature", 1.0)
-        assert job_number({"temperature": None}, "temperature", 1.0) == 1.0 and job_number({"top_p": 0.9}, "top_p", 1.0) == 0.9
+        assert (
+            job_number({"temperature": None}, "temperature", 1.0) == 1.0
+            and job_number({"top_p": 0.9}, "top_p", 1.0) == 0.9
+        )
 
     def test_it_fails_a_job_for_a_model_it_does_not_serve(self, gateway, api, tmp_path):
         gateway.state.add_job("job-1", model="llama-70b")
@@ -300,7 +322,9 @@ class OutageApi:
 
     def heartbeat(self, **kwargs: object) -> dict:
         if self.down:
-            raise ServerUnavailable("POST /heartbeat failed after 5 attempts: ConnectError: [Errno 111] Connection refused")
+            raise ServerUnavailable(
+                "POST /heartbeat failed after 5 attempts: ConnectError: [Errno 111] Connection refused"
+            )
         return self.api.heartbeat(**kwargs)
 
     def __getattr__(self, name: str) -> object:
@@ -405,13 +429,23 @@ class SlotRunner:
 
 def slots_loop(api: HostApi, runner: SlotRunner, home: Path, lines: list[str], slots: int) -> HostLoop:
     return HostLoop(
-        api, {MODEL: runner}, fingerprint="f" * 64, home=home, claim_wait=0.2, heartbeat_interval=0.02,
-        pause_poll=0.01, error_backoff=0.01, out=lines.append, slots=slots,
+        api,
+        {MODEL: runner},
+        fingerprint="f" * 64,
+        home=home,
+        claim_wait=0.2,
+        heartbeat_interval=0.02,
+        pause_poll=0.01,
+        error_backoff=0.01,
+        out=lines.append,
+        slots=slots,
     )
 
 
 class SlotsTests:
-    def test_a_host_with_slots_runs_that_many_jobs_at_once_each_reported_with_its_own_ending(self, gateway, api, tmp_path):
+    def test_a_host_with_slots_runs_that_many_jobs_at_once_each_reported_with_its_own_ending(
+        self, gateway, api, tmp_path
+    ):
         for number in range(1, 6):
             gateway.state.add_job(f"job-{number}")
         runner, lines = SlotRunner(slots=3), []
@@ -470,8 +504,18 @@ class SlotsTests:
         for number in (1, 2):
             gateway.state.add_job(f"job-{number}")
         lines: list[str] = []
-        loop = HostLoop(api, models, fingerprint="f" * 64, home=tmp_path, claim_wait=0.2, heartbeat_interval=0.02,
-                        pause_poll=0.01, error_backoff=0.01, out=lines.append, slots=1)
+        loop = HostLoop(
+            api,
+            models,
+            fingerprint="f" * 64,
+            home=tmp_path,
+            claim_wait=0.2,
+            heartbeat_interval=0.02,
+            pause_poll=0.01,
+            error_backoff=0.01,
+            out=lines.append,
+            slots=1,
+        )
         assert loop.run(max_jobs=2) == 2
         assert len(made) == 2 and "job-2" in gateway.state.completions and "job-1" not in gateway.state.completions
         assert f"mahout: unloaded {MODEL}: its runner failed; the next job loads it again" in lines

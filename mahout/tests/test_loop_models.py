@@ -2,6 +2,7 @@
 
 Real HTTP against the fake gateway (extended with embeddings jobs); fake runners.
 """
+
 from __future__ import annotations
 
 import time
@@ -54,8 +55,18 @@ def gateway(farm: FarmGateway) -> FarmGateway:
 
 
 def make_loop(api: HostApi, models: ModelLoader | dict, home, lines: list[str] | None = None, **options) -> HostLoop:
-    return HostLoop(api, models, fingerprint="f" * 64, home=home, claim_wait=0.2, heartbeat_interval=0.02,
-                    pause_poll=0.01, error_backoff=0.01, out=(lines if lines is not None else []).append, **options)
+    return HostLoop(
+        api,
+        models,
+        fingerprint="f" * 64,
+        home=home,
+        claim_wait=0.2,
+        heartbeat_interval=0.02,
+        pause_poll=0.01,
+        error_backoff=0.01,
+        out=(lines if lines is not None else []).append,
+        **options,
+    )
 
 
 def one_model_budget(runners: dict[str, object], loads: list[str]) -> ModelLoader:
@@ -76,8 +87,12 @@ class HeartbeatCatalogTests:
         loop.heartbeat()
         beat = farm.state.heartbeats[-1]
         assert beat["catalog"] == {
-            "installed": sorted([EMBED, CHAT, "other-model"]), "qualified": sorted([CHAT, EMBED]), "loaded": [CHAT],
-            "slots": 1, "active_jobs": 0, "memory_budget_mb": 400,
+            "installed": sorted([EMBED, CHAT, "other-model"]),
+            "qualified": sorted([CHAT, EMBED]),
+            "loaded": [CHAT],
+            "slots": 1,
+            "active_jobs": 0,
+            "memory_budget_mb": 400,
         }
         assert beat["models_loaded"] == [CHAT]
         assert {"fingerprint", "paused", "version", "active_jobs"} <= set(beat)
@@ -103,7 +118,8 @@ class EmbeddingsJobTests:
         farm.add_embeddings_job("job-1", ["a", "bbb", "cc"])
         assert make_loop(api, {EMBED: FakeEmbedder()}, tmp_path, lines).run(max_jobs=1) == 1
         assert farm.state.completions["job-1"] == {
-            "finish_reason": "stop", "embeddings": [[1.0, 0.5, -0.25], [3.0, 0.5, -0.25], [2.0, 0.5, -0.25]],
+            "finish_reason": "stop",
+            "embeddings": [[1.0, 0.5, -0.25], [3.0, 0.5, -0.25], [2.0, 0.5, -0.25]],
             "earned_ucents": 24,
         }
         assert farm.state.pushes == []
@@ -126,7 +142,8 @@ class EmbeddingsJobTests:
         farm.state.add_job("job-2", model=EMBED)
         make_loop(api, {CHAT: FakeChat(), EMBED: FakeEmbedder()}, tmp_path).run(max_jobs=2)
         assert farm.state.failures == {
-            "job-1": f"model {CHAT!r} does not compute embeddings", "job-2": f"model {EMBED!r} does not generate text",
+            "job-1": f"model {CHAT!r} does not compute embeddings",
+            "job-2": f"model {EMBED!r} does not generate text",
         }
 
 
@@ -168,7 +185,9 @@ class RedundancyAskTests:
         assert loads == [CHAT], "only a model this host qualified is loaded, once"
         farm.state.asks = {"load": [CHAT], "unload": []}
         loop.heartbeat()
-        assert farm.state.heartbeats[-1]["catalog"]["loaded"] == [CHAT] and loads == [CHAT], "an ask already met loads nothing"
+        assert farm.state.heartbeats[-1]["catalog"]["loaded"] == [CHAT] and loads == [CHAT], (
+            "an ask already met loads nothing"
+        )
         assert any("keep it warm" in line for line in lines)
 
     def test_an_unload_ask_frees_an_idle_model_but_never_one_serving_a_job(self, farm, api, tmp_path):
@@ -182,6 +201,8 @@ class RedundancyAskTests:
             assert models.loaded() == [CHAT] and not chat.closed
         loop.heartbeat()
         assert models.loaded() == [] and chat.closed
-        assert farm.state.heartbeats[-1]["catalog"]["loaded"] == [CHAT], "the beat reported what was loaded when it was sent"
+        assert farm.state.heartbeats[-1]["catalog"]["loaded"] == [CHAT], (
+            "the beat reported what was loaded when it was sent"
+        )
         loop.heartbeat()
         assert farm.state.heartbeats[-1]["catalog"]["loaded"] == []

@@ -1,4 +1,5 @@
 """The command line's local commands: pause, resume, status, login, logs; and what its lines say."""
+
 from __future__ import annotations
 
 import io
@@ -56,11 +57,12 @@ class CommandLineTests:
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
         assert result.stdout.strip() == "[]"
 
-
     def test_its_command_line_needs_no_torch(self):
         """A host installed without the [ring] extra has no torch: `mahout --help` and `run` must not need it."""
-        code = ("import sys; from mahout.__main__ import build_parser; build_parser().parse_args(['run']); "
-                "print('torch' in sys.modules)")
+        code = (
+            "import sys; from mahout.__main__ import build_parser; build_parser().parse_args(['run']); "
+            "print('torch' in sys.modules)"
+        )
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
         assert result.stdout.strip() == "False"
 
@@ -92,16 +94,34 @@ class LoginTests:
         monkeypatch.setattr(sys, "stdin", io.StringIO("wrong\n"))
         assert main(["login", "--home", str(tmp_path), "--server", gateway.url, "--token-stdin"]) == 2
         assert capsys.readouterr().err.splitlines()[-1] == (
-            "mahout: error: HTTP 401: bad host token (copy the token again from My machines: a rotated or revoked one is refused)")
+            "mahout: error: HTTP 401: bad host token (copy the token again from My machines: a rotated or revoked one is refused)"
+        )
         assert not (tmp_path / CREDENTIALS_FILE).exists()
 
     def test_a_login_error_is_printed_once(self, tmp_path, gateway):
         """Before any log file is open, logging's last resort printed every warning a second time."""
-        result = subprocess.run([sys.executable, "-m", "mahout", "login", "--home", str(tmp_path), "--server", gateway.url,
-                                 "--token-stdin"], input="wrong\n", capture_output=True, text=True, timeout=60, cwd=ROOT)
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "mahout",
+                "login",
+                "--home",
+                str(tmp_path),
+                "--server",
+                gateway.url,
+                "--token-stdin",
+            ],
+            input="wrong\n",
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
         assert result.returncode == 2
         assert result.stderr.splitlines() == [
-            "mahout: error: HTTP 401: bad host token (copy the token again from My machines: a rotated or revoked one is refused)"]
+            "mahout: error: HTTP 401: bad host token (copy the token again from My machines: a rotated or revoked one is refused)"
+        ]
 
     def test_the_login_line_names_the_command_the_owner_types(self, tmp_path, capsys, gateway, monkeypatch):
         """The wheel installs `mahout`; `python -m mahout` is said only to who started it so."""
@@ -149,12 +169,23 @@ class RefusedTokenTests:
 
         def start_host(api, home, threads, *, out, **_options):  # noqa: ANN001, ANN202 (the real one's signature)
             monkeypatch.setattr(fake_gateway, "TOKEN", "rotated-since")  # the owner rotated it on My machines
-            return HostLoop(api, {MODEL: FakeRunner([])}, fingerprint="f" * 64, home=home, claim_wait=0.2,
-                            heartbeat_interval=0.05, pause_poll=0.01, error_backoff=0.01, out=out)
+            return HostLoop(
+                api,
+                {MODEL: FakeRunner([])},
+                fingerprint="f" * 64,
+                home=home,
+                claim_wait=0.2,
+                heartbeat_interval=0.05,
+                pause_poll=0.01,
+                error_backoff=0.01,
+                out=out,
+            )
 
         monkeypatch.setattr(mahout.host, "start_host", start_host)
         monkeypatch.setattr(mahout.host, "gpu_setup", lambda *_args, **_kwargs: mahout.host.GpuSetup())
-        assert main(["run", "--home", str(tmp_path), "--server", gateway.url, "--token", TOKEN, "--no-idle-detect"]) == 2
+        assert (
+            main(["run", "--home", str(tmp_path), "--server", gateway.url, "--token", TOKEN, "--no-idle-detect"]) == 2
+        )
         assert capsys.readouterr().err.splitlines()[-1] == "mahout: error: HTTP 401: bad host token" + LOGIN_HINT
 
 

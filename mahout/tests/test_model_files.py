@@ -1,4 +1,5 @@
 """Model assembly from chunk files, with a fake chunk package (no 250 MB copy)."""
+
 from __future__ import annotations
 
 import hashlib

@@ -2,6 +2,7 @@
 workers have it: the option is parsed and checked like theirs (a clear refusal of CUDA where
 torch sees none), reaches the coordinator, and puts every tensor of the model (its experts
 and KV cache too) on the device, which then answers as the model does on the CPU."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,8 +28,19 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def coordinator_args(*device: str) -> list[str]:
-    return ["moe", "coordinator", "--server", "http://127.0.0.1:9", "--token", TOKEN, "--model", "m.gguf", "--name", "m",
-            *device]
+    return [
+        "moe",
+        "coordinator",
+        "--server",
+        "http://127.0.0.1:9",
+        "--token",
+        TOKEN,
+        "--model",
+        "m.gguf",
+        "--name",
+        "m",
+        *device,
+    ]
 
 
 class DeviceOptionTests:
@@ -95,10 +107,18 @@ class DeviceModelTests:
             assert isinstance(moved.model, DeviceMoeModel) and moved.model.cache.k.device.type == "cuda"
             assert {bank.gate.device.type for bank in moved.coordinator.local.banks.values()} == {"cuda"}
             prompt = plain.tokenizer.encode("The elephant")
-            logits = moved.model(torch.tensor(prompt), torch.arange(len(prompt)), torch.zeros(len(prompt), dtype=torch.long),
-                                 torch.tensor([len(prompt) - 1]))
-            want = plain.model(torch.tensor(prompt), torch.arange(len(prompt)), torch.zeros(len(prompt), dtype=torch.long),
-                               torch.tensor([len(prompt) - 1]))
+            logits = moved.model(
+                torch.tensor(prompt),
+                torch.arange(len(prompt)),
+                torch.zeros(len(prompt), dtype=torch.long),
+                torch.tensor([len(prompt) - 1]),
+            )
+            want = plain.model(
+                torch.tensor(prompt),
+                torch.arange(len(prompt)),
+                torch.zeros(len(prompt), dtype=torch.long),
+                torch.tensor([len(prompt) - 1]),
+            )
             assert logits.device.type == "cpu" and torch.allclose(logits, want, rtol=1e-3, atol=1e-3)
         finally:
             plain.close()

@@ -2,6 +2,7 @@
 them, answers equal to local-only compute, and a worker dying mid-dispatch. A stranger's
 socket is refused and computes nothing; a coordinator without the worker's secret computes
 locally; a compute frame over the slice's caps is refused unread."""
+
 from __future__ import annotations
 
 import json
@@ -44,9 +45,24 @@ SECRET = new_secret()  # what the gateway would hand the worker's volunteer and 
 
 def start_worker(model: Path, layer: int, first: int, count: int) -> tuple[subprocess.Popen, tuple[str, int]]:
     process = subprocess.Popen(
-        [sys.executable, "-m", "mahout.moe.worker", "--model", str(model), "--layer", str(layer),
-         "--first", str(first), "--count", str(count), "--no-idle-detect"],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True, env={**os.environ, SECRET_ENV: SECRET},
+        [
+            sys.executable,
+            "-m",
+            "mahout.moe.worker",
+            "--model",
+            str(model),
+            "--layer",
+            str(layer),
+            "--first",
+            str(first),
+            "--count",
+            str(count),
+            "--no-idle-detect",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, SECRET_ENV: SECRET},
     )
     assert process.stdout is not None
     line = process.stdout.readline().strip()
@@ -80,7 +96,9 @@ def _logits(model: MoeModel, ids: list[int]) -> torch.Tensor:
 
 
 class RemoteExpertTests:
-    def test_remote_experts_give_the_local_answer(self, tiny: Path, workers: list[tuple[subprocess.Popen, WorkerSpec]]) -> None:
+    def test_remote_experts_give_the_local_answer(
+        self, tiny: Path, workers: list[tuple[subprocess.Popen, WorkerSpec]]
+    ) -> None:
         config, weights = load_moe(tiny)
         local = LocalExperts({layer.index: layer.experts for layer in weights.layers})
         prompt = ByteTokenizer().encode("The elephant")
@@ -154,30 +172,49 @@ def _frame(header: dict, payload: bytes = b"") -> bytes:
 
 
 class WorkerAdmissionTests:
-    def test_a_stranger_is_refused_and_computes_nothing(self, tiny: Path, workers: list[tuple[subprocess.Popen, WorkerSpec]]) -> None:
+    def test_a_stranger_is_refused_and_computes_nothing(
+        self, tiny: Path, workers: list[tuple[subprocess.Popen, WorkerSpec]]
+    ) -> None:
         _, spec = workers[0]
         assert spec.address is not None
         stranger = socket.create_connection(spec.address, timeout=5)
         try:
             stranger.sendall(_frame({"type": "hello", "role": "coordinator"}))  # the old hello, no proof
             rows = torch.zeros(1, 64).numpy().tobytes()
-            stranger.sendall(_frame({"type": "compute", "id": 1, "layer": 0, "experts": [0], "counts": [1],
-                                     "dtype": "float32", "shape": [1, 64]}, rows))
+            stranger.sendall(
+                _frame(
+                    {
+                        "type": "compute",
+                        "id": 1,
+                        "layer": 0,
+                        "experts": [0],
+                        "counts": [1],
+                        "dtype": "float32",
+                        "shape": [1, 64],
+                    },
+                    rows,
+                )
+            )
             heard = b""
             while chunk := stranger.recv(1 << 16):
                 heard += chunk
         finally:
             stranger.close()
         n_head, n_payload = struct.unpack(">II", heard[:8])
-        assert json.loads(heard[8 : 8 + n_head])["type"] == "challenge" and len(heard) == 8 + n_head + n_payload, \
+        assert json.loads(heard[8 : 8 + n_head])["type"] == "challenge" and len(heard) == 8 + n_head + n_payload, (
             "the stranger got the challenge and nothing more: no result"
+        )
 
-    def test_a_coordinator_without_the_workers_secret_computes_locally(self, tiny: Path, workers: list[tuple[subprocess.Popen, WorkerSpec]]) -> None:
+    def test_a_coordinator_without_the_workers_secret_computes_locally(
+        self, tiny: Path, workers: list[tuple[subprocess.Popen, WorkerSpec]]
+    ) -> None:
         config, weights = load_moe(tiny)
         coordinator = _loaded_coordinator(LocalExperts({layer.index: layer.experts for layer in weights.layers}))
         _, spec = workers[0]
         try:
-            coordinator.attach(WorkerSpec("wrong", spec.layer, spec.first, spec.count, spec.address, secret=new_secret()))
+            coordinator.attach(
+                WorkerSpec("wrong", spec.layer, spec.first, spec.count, spec.address, secret=new_secret())
+            )
             x = torch.randn(3, config.d_model, generator=torch.Generator().manual_seed(1))
             out = coordinator(spec.layer, {spec.first: x})
             assert torch.equal(out[spec.first], weights.layers[spec.layer].experts.compute(spec.first, x))
@@ -189,7 +226,9 @@ class WorkerAdmissionTests:
         finally:
             coordinator.close()
 
-    def test_a_compute_frame_over_the_slices_caps_is_refused_unread(self, tiny: Path, workers: list[tuple[subprocess.Popen, WorkerSpec]]) -> None:
+    def test_a_compute_frame_over_the_slices_caps_is_refused_unread(
+        self, tiny: Path, workers: list[tuple[subprocess.Popen, WorkerSpec]]
+    ) -> None:
         config, _ = load_moe(tiny)
         _, spec = workers[0]
         caps = worker_caps(d_model=config.d_model, count=spec.count, context_length=config.context_length)
@@ -204,7 +243,9 @@ class WorkerAdmissionTests:
 
 
 class MoeRunnerTests:
-    def test_concurrent_requests_saturate_the_slots_and_a_new_worker_is_tried(self, tiny: Path, workers: list[tuple[subprocess.Popen, WorkerSpec]]) -> None:
+    def test_concurrent_requests_saturate_the_slots_and_a_new_worker_is_tried(
+        self, tiny: Path, workers: list[tuple[subprocess.Popen, WorkerSpec]]
+    ) -> None:
         runner = MoeRunner(tiny, policy=DispatchPolicy(probe_timeout_s=0.5), n_slots=4)
         quiet = MoeRunner(tiny, n_slots=1)
         try:
@@ -229,10 +270,17 @@ class MoeRunnerTests:
         runner = MoeRunner(tiny, n_slots=2)
         try:
             prompt = ByteTokenizer().encode("Hi")
-            expected = as_streamed(runner.tokenizer.spell(runner.generate(prompt, 5)))  # as llama.cpp's stream writes it
+            expected = as_streamed(
+                runner.tokenizer.spell(runner.generate(prompt, 5))
+            )  # as llama.cpp's stream writes it
             first, second = runner.slot(), runner.slot()
-            pieces = list(first.stream(rendered({"kind": "completion", "prompt": "Hi",
-                                                 "params": {"max_tokens": 5, "temperature": 0}}, BYTES)))
+            pieces = list(
+                first.stream(
+                    rendered(
+                        {"kind": "completion", "prompt": "Hi", "params": {"max_tokens": 5, "temperature": 0}}, BYTES
+                    )
+                )
+            )
             assert first.completion_tokens == 5 and first.finish_reason == "length"
             assert "".join(pieces) == expected
             assert second.completion_tokens == 0  # each slot keeps its own job's figures
@@ -262,8 +310,12 @@ class MoeRunnerTests:
             assert slot.seed == 7 and len(drawn) == slot.completion_tokens
             assert answer(temperature=1.3, top_p=1.0, seed=7) == (text, drawn)
             assert drawn != greedy, "at 1.3 the tiny model's flat distribution draws away from the greedy answer"
-            logits = replay.forward(torch.tensor(prompt), torch.arange(len(prompt)), torch.zeros(len(prompt), dtype=torch.long),
-                                    torch.tensor([len(prompt) - 1]))[0]
+            logits = replay.forward(
+                torch.tensor(prompt),
+                torch.arange(len(prompt)),
+                torch.zeros(len(prompt), dtype=torch.long),
+                torch.tensor([len(prompt) - 1]),
+            )[0]
             for step, token in enumerate(drawn):
                 position = len(prompt) + step
                 assert token == select(logits.float().numpy(), temperature=1.3, top_p=1.0, u=uniform(7, position)), step

@@ -1,4 +1,5 @@
 """The load-adaptive dispatch rules and the bounded self-probe."""
+
 from __future__ import annotations
 
 import threading
@@ -133,7 +134,12 @@ class _Recorder:
 
     def request(self, header: dict, rows: torch.Tensor, timeout: float) -> tuple[dict, torch.Tensor]:
         self.calls.append(self.key)
-        return {"type": "result", "id": header["id"], "experts": header["experts"], "counts": header["counts"]}, rows * 3
+        return {
+            "type": "result",
+            "id": header["id"],
+            "experts": header["experts"],
+            "counts": header["counts"],
+        }, rows * 3
 
     def close(self) -> None:
         pass
@@ -142,9 +148,15 @@ class _Recorder:
 class CoordinatorPlanTests:
     def _coordinator(self, now: list[float], under_load: bool) -> tuple[Coordinator, list[str]]:
         monitor = LoadMonitor(lambda: 0, POLICY, clock=lambda: now[0])
-        monitor.state = LoadState(busy=2 if under_load else 0, under_load=under_load, last_load_at=now[0] if under_load else None)
-        coordinator = Coordinator(lambda layer, inputs: {e: x * 2 for e, x in inputs.items()}, monitor=monitor,
-                                  clock=lambda: now[0], wall_ms=lambda: 1234)
+        monitor.state = LoadState(
+            busy=2 if under_load else 0, under_load=under_load, last_load_at=now[0] if under_load else None
+        )
+        coordinator = Coordinator(
+            lambda layer, inputs: {e: x * 2 for e, x in inputs.items()},
+            monitor=monitor,
+            clock=lambda: now[0],
+            wall_ms=lambda: 1234,
+        )
         calls: list[str] = []
         for key, proven in (("proven", True), ("never", False)):
             state = coordinator.attach(WorkerSpec(key, 0, 0, 4, ("127.0.0.1", 1)), _Recorder(calls, key))
@@ -200,8 +212,9 @@ class DeadWorkerTests:
         now = [100.0]
         monitor = LoadMonitor(lambda: 0, POLICY, clock=lambda: now[0])
         monitor.state = LoadState(busy=2, under_load=True, last_load_at=100.0)
-        coordinator = Coordinator(lambda layer, inputs: {e: x * 2 for e, x in inputs.items()}, monitor=monitor,
-                                  clock=lambda: now[0])
+        coordinator = Coordinator(
+            lambda layer, inputs: {e: x * 2 for e, x in inputs.items()}, monitor=monitor, clock=lambda: now[0]
+        )
         spec = WorkerSpec("w", 0, 0, 4, ("127.0.0.1", 1))
         coordinator.attach(spec, _Broken())
         out = coordinator(0, {1: torch.ones(1, 2)})
@@ -222,7 +235,12 @@ class _Answers:
 
     def request(self, header: dict, rows: torch.Tensor, timeout: float) -> tuple[dict, torch.Tensor]:
         self.calls += 1
-        return {"type": "result", "id": header["id"], "experts": header["experts"], "counts": header["counts"]}, self.answer(rows)
+        return {
+            "type": "result",
+            "id": header["id"],
+            "experts": header["experts"],
+            "counts": header["counts"],
+        }, self.answer(rows)
 
     def close(self) -> None:
         pass
@@ -267,8 +285,13 @@ class ExpertCheckTests:
         monitor = LoadMonitor(lambda: 0, POLICY, clock=clock)
         monitor.state = LoadState(busy=3, under_load=True, last_load_at=100.0)
         # Computing here takes 1 s an expert (fake), the worker's answer no time: it is always worth engaging.
-        coordinator = Coordinator(_timed_local(clock, 1.0), monitor=monitor, policy=DispatchPolicy(check_share=0.05),
-                                  clock=clock, draw=lambda: draw)
+        coordinator = Coordinator(
+            _timed_local(clock, 1.0),
+            monitor=monitor,
+            policy=DispatchPolicy(check_share=0.05),
+            clock=clock,
+            draw=lambda: draw,
+        )
         transport = _Answers(answer)
         coordinator.attach(WorkerSpec("w", 0, 0, 4, ("127.0.0.1", 1)), transport).last_serve_ms = 1
         return coordinator, transport
@@ -335,7 +358,9 @@ class EstimateTests:
         assert estimate.get(1) == 15.0
 
 
-def _offer(key: str, experts: tuple[int, ...], round_trip: float | None, *, share: float = 0.0, probe: bool = False) -> Offer:
+def _offer(
+    key: str, experts: tuple[int, ...], round_trip: float | None, *, share: float = 0.0, probe: bool = False
+) -> Offer:
     return Offer(key, experts, round_trip, share, probe_due=probe)
 
 
@@ -397,8 +422,9 @@ class LatencyAwareCoordinatorTests:
         policy = replace(POLICY, latency_aware=latency_aware, latency_probe_s=5.0)
         monitor = LoadMonitor(lambda: 0, policy, clock=clock)
         monitor.state = LoadState(busy=4, under_load=True, last_load_at=1e9)  # under load throughout
-        coordinator = Coordinator(_timed_local(clock, self.PER_EXPERT), monitor=monitor, policy=policy, clock=clock,
-                                  draw=lambda: 0.5)
+        coordinator = Coordinator(
+            _timed_local(clock, self.PER_EXPERT), monitor=monitor, policy=policy, clock=clock, draw=lambda: 0.5
+        )
         link = _Slow(clock, self.ROUND_TRIP, answer)
         coordinator.attach(WorkerSpec("w", 0, 0, 2, None, check_share=share), link)
         return coordinator, link, clock
@@ -520,7 +546,12 @@ class _Slow:
             raise WorkerFailed("link broke")
         self.clock.spend(self.round_trip)
         self.answered += 1
-        return {"type": "result", "id": header["id"], "experts": header["experts"], "counts": header["counts"]}, self.answer(rows)
+        return {
+            "type": "result",
+            "id": header["id"],
+            "experts": header["experts"],
+            "counts": header["counts"],
+        }, self.answer(rows)
 
     def close(self) -> None:
         pass

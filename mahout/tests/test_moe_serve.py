@@ -1,5 +1,6 @@
 """The coordinator's host side without a gateway: its qualification benchmark, and the slot
 loops' catalog (how many jobs the gateway may offer it at once)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,8 +29,16 @@ class MoeHostLoopTests:
     def test_its_catalog_carries_the_runner_slots_and_busy_count(self, tiny: Path, tmp_path: Path) -> None:
         runner = MoeRunner(tiny, n_slots=3)
         try:
-            loop = MoeHostLoop(object(), {"tiny-moe": runner.slot()}, fingerprint="f" * 64, home=tmp_path,  # type: ignore[arg-type]
-                               installed=["tiny-moe"], slots=3, busy=runner.busy_slots, out=lambda _line: None)
+            loop = MoeHostLoop(
+                object(),
+                {"tiny-moe": runner.slot()},
+                fingerprint="f" * 64,
+                home=tmp_path,  # type: ignore[arg-type]
+                installed=["tiny-moe"],
+                slots=3,
+                busy=runner.busy_slots,
+                out=lambda _line: None,
+            )
             stream = runner.generate_stream([1, 2, 3], 4)
             next(stream)  # one request holds a slot
             catalog = loop.catalog()
@@ -99,11 +108,19 @@ class ContextCapTests:
             assert capped.model.cache.n_ctx == 48 < whole.model.cache.n_ctx
             assert capped.kv_cache_mib() == pytest.approx(whole.kv_cache_mib() * 48 / whole.model.cache.n_ctx)
             slot = capped.slot()
-            long = {"kind": "completion", "fragments": [["x" * 60, False]], "params": {"max_tokens": 8, "temperature": 0}}
+            long = {
+                "kind": "completion",
+                "fragments": [["x" * 60, False]],
+                "params": {"max_tokens": 8, "temperature": 0},
+            }
             with pytest.raises(RequestRejected, match="prompt is 61 tokens; the context window is 48 tokens"):
                 list(slot.stream(long))
             assert capped.busy_slots() == 0
-            short = {"kind": "completion", "fragments": [["elephants ", False]], "params": {"max_tokens": 100, "temperature": 0}}
+            short = {
+                "kind": "completion",
+                "fragments": [["elephants ", False]],
+                "params": {"max_tokens": 100, "temperature": 0},
+            }
             "".join(slot.stream(short))
             assert 0 < slot.completion_tokens <= 48 - 11  # what the context leaves after the prompt (and its BOS)
         finally:
@@ -115,11 +132,33 @@ class ContextCapTests:
             MoeRunner(tiny, n_slots=1, n_ctx=10_000)
 
     def test_the_cli_refuses_a_cap_past_the_files_context_in_one_line(
-            self, tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+        self, tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+    ) -> None:
         from mahout.__main__ import main
 
-        for ctx, says in (("10000", "--ctx 10000 is past tiny-moe.gguf's context length (256)"),
-                          ("0", "--ctx 0: a context holds at least one token")):
-            assert main(["moe", "coordinator", "--server", "http://127.0.0.1:9", "--token", "t", "--model", str(tiny),
-                         "--name", "m", "--home", str(tmp_path), "--ctx", ctx]) == 2
+        for ctx, says in (
+            ("10000", "--ctx 10000 is past tiny-moe.gguf's context length (256)"),
+            ("0", "--ctx 0: a context holds at least one token"),
+        ):
+            assert (
+                main(
+                    [
+                        "moe",
+                        "coordinator",
+                        "--server",
+                        "http://127.0.0.1:9",
+                        "--token",
+                        "t",
+                        "--model",
+                        str(tiny),
+                        "--name",
+                        "m",
+                        "--home",
+                        str(tmp_path),
+                        "--ctx",
+                        ctx,
+                    ]
+                )
+                == 2
+            )
             assert says in capsys.readouterr().err

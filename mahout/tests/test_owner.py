@@ -1,4 +1,5 @@
 """The shared "may this machine work now?" check, and its watcher."""
+
 from __future__ import annotations
 
 import argparse

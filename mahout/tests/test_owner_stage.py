@@ -3,6 +3,7 @@ a fake control plane; the pause flag in one stage's home makes it leave the ring
 sees the ring break), clear the address it listened at (nobody dials a stale one) and join
 none while set; cleared, it binds again and reports its new address to rejoin. A stage stopped
 by SIGTERM clears its address too."""
+
 from __future__ import annotations
 
 import os
@@ -29,9 +30,32 @@ class StageProcess:
     def __init__(self, url: str, index: int, home: Path) -> None:
         self.lines: list[str] = []
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "mahout", "stage", "--server", url, "--ring", "1", "--stage", str(index),
-             "--bind", "127.0.0.1:0", "--n-ctx", "128", "--wait", "120", "--home", str(home), "--no-idle-detect"],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, TOKEN_ENV: TOKEN},
+            [
+                sys.executable,
+                "-m",
+                "mahout",
+                "stage",
+                "--server",
+                url,
+                "--ring",
+                "1",
+                "--stage",
+                str(index),
+                "--bind",
+                "127.0.0.1:0",
+                "--n-ctx",
+                "128",
+                "--wait",
+                "120",
+                "--home",
+                str(home),
+                "--no-idle-detect",
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, TOKEN_ENV: TOKEN},
         )
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -52,7 +76,9 @@ def _eventually(check: Callable[[], object], what: str, stages: list[StageProces
     ends = time.monotonic() + deadline_s
     while not check():
         assert all(s.process.poll() is None for s in stages), "\n".join(line for s in stages for line in s.lines)
-        assert time.monotonic() < ends, f"never happened: {what}\n" + "\n".join(line for s in stages for line in s.lines)
+        assert time.monotonic() < ends, f"never happened: {what}\n" + "\n".join(
+            line for s in stages for line in s.lines
+        )
         time.sleep(0.1)
 
 
@@ -79,7 +105,9 @@ def ring(tmp_path: Path) -> Iterator[tuple[RingGateway, list[StageProcess], list
 
 class StageOwnerTests:
     def test_the_pause_flag_makes_a_stage_leave_its_ring_and_clearing_it_rejoins(
-        self, ring: tuple[RingGateway, list[StageProcess], list[Path]], prompt: list[int],
+        self,
+        ring: tuple[RingGateway, list[StageProcess], list[Path]],
+        prompt: list[int],
     ) -> None:
         gateway, stages, homes = ring
         api = RingApi(gateway.url, TOKEN)
@@ -92,8 +120,11 @@ class StageOwnerTests:
             _eventually(lambda: bridge.down.is_set(), "the bridge seeing the ring break", stages)
             _eventually(lambda: (1, left_from) in gateway.left, "the paused stage clearing its address", stages)
             assert 1 not in gateway.addresses
-            _eventually(lambda: stages[1].said("stage 1: paused (pause flag set): not joining the ring until free"),
-                        "the paused stage refusing to rejoin", stages)
+            _eventually(
+                lambda: stages[1].said("stage 1: paused (pause flag set): not joining the ring until free"),
+                "the paused stage refusing to rejoin",
+                stages,
+            )
             assert stages[1].said("stage 1: paused (pause flag set): leaving the ring")
             bridge.close()
             with pytest.raises(RendezvousTimeout):  # no ring forms while the owner has the machine
@@ -101,8 +132,9 @@ class StageOwnerTests:
 
             set_paused(homes[1], False)
             _eventually(lambda: stages[1].said("stage 1: resumed: joining the ring"), "the stage resuming", stages)
-            _eventually(lambda: gateway.addresses.get(1, left_from) != left_from, "the stage reporting its new address",
-                        stages)
+            _eventually(
+                lambda: gateway.addresses.get(1, left_from) != left_from, "the stage reporting its new address", stages
+            )
 
             _eventually(lambda: 0 in gateway.addresses, "stage 0 listening again", stages)
             listening = gateway.addresses[0]

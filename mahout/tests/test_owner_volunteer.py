@@ -4,6 +4,7 @@ and asks for no other; cleared, it volunteers again. Stopping says it leaves too
 control plane retired says nothing.
 The volunteer's loop runs in-process against a stand-in control plane; the coordinator's
 side is a real `TcpTransport` over loopback."""
+
 from __future__ import annotations
 
 import threading
@@ -47,8 +48,14 @@ class ControlPlane:
 
     def volunteer(self) -> dict:
         self.asked += 1
-        return {"worker": self.asked, "model": "tiny-moe", "layer": LAYER, "first": FIRST, "count": COUNT,
-                "secret": SECRET}
+        return {
+            "worker": self.asked,
+            "model": "tiny-moe",
+            "layer": LAYER,
+            "first": FIRST,
+            "count": COUNT,
+            "secret": SECRET,
+        }
 
     def download_slice(self, worker_id: int, dest: Path) -> Path:
         write_expert_slice(self.model, LAYER, FIRST, COUNT, dest)
@@ -83,19 +90,29 @@ def _compute(address: str, d_model: int) -> dict:
     experts, counts, packed = pack_rows({e: rows for e in range(FIRST, FIRST + COUNT)})
     transport = TcpTransport((host, int(port)), SECRET)
     try:
-        answer, _ = transport.request({"type": "compute", "id": 1, "layer": LAYER, "experts": experts, "counts": counts},
-                                      packed, timeout=30)
+        answer, _ = transport.request(
+            {"type": "compute", "id": 1, "layer": LAYER, "experts": experts, "counts": counts}, packed, timeout=30
+        )
         return answer
     finally:
         transport.close()
 
 
 class VolunteerOwnerTests:
-    def test_the_pause_flag_makes_it_give_its_slice_up_and_clearing_it_volunteers_again(self, tiny: Path, tmp_path: Path) -> None:
+    def test_the_pause_flag_makes_it_give_its_slice_up_and_clearing_it_volunteers_again(
+        self, tiny: Path, tmp_path: Path
+    ) -> None:
         d_model = load_moe(tiny)[0].d_model
         plane, said = ControlPlane(tiny), []
-        volunteer = Volunteer(plane, tmp_path / "work", relay=False, poll_s=0.05, heartbeat_s=0.2,  # type: ignore[arg-type]
-                              out=said.append, owner=OwnerGuard(tmp_path))
+        volunteer = Volunteer(
+            plane,
+            tmp_path / "work",
+            relay=False,
+            poll_s=0.05,
+            heartbeat_s=0.2,  # type: ignore[arg-type]
+            out=said.append,
+            owner=OwnerGuard(tmp_path),
+        )
         (tmp_path / "work").mkdir()
         served: list[int] = []
         thread = threading.Thread(target=lambda: served.append(volunteer.run(max_slices=2)), daemon=True)
@@ -128,8 +145,14 @@ class VolunteerOwnerTests:
 
     def test_a_retired_worker_does_not_say_it_leaves(self, tiny: Path, tmp_path: Path) -> None:
         plane = ControlPlane(tiny, retire=True)
-        volunteer = Volunteer(plane, tmp_path / "work", relay=False, poll_s=0.05, heartbeat_s=0.05,  # type: ignore[arg-type]
-                              out=lambda _line: None)
+        volunteer = Volunteer(
+            plane,
+            tmp_path / "work",
+            relay=False,
+            poll_s=0.05,
+            heartbeat_s=0.05,  # type: ignore[arg-type]
+            out=lambda _line: None,
+        )
         (tmp_path / "work").mkdir()
         assert volunteer.run(max_slices=1) == 1
         assert plane.registered and plane.left == []
@@ -138,8 +161,15 @@ class VolunteerOwnerTests:
         d_model = load_moe(tiny)[0].d_model
         plane, said = ControlPlane(tiny), []
         plane.leave_gate.clear()  # the control plane is slow to answer the leave: the server is still up
-        volunteer = Volunteer(plane, tmp_path / "work", relay=False, poll_s=0.05, heartbeat_s=60.0,  # type: ignore[arg-type]
-                              out=said.append, owner=OwnerGuard(tmp_path))
+        volunteer = Volunteer(
+            plane,
+            tmp_path / "work",
+            relay=False,
+            poll_s=0.05,
+            heartbeat_s=60.0,  # type: ignore[arg-type]
+            out=said.append,
+            owner=OwnerGuard(tmp_path),
+        )
         (tmp_path / "work").mkdir()
         thread = threading.Thread(target=lambda: volunteer.run(max_slices=1), daemon=True)
         thread.start()
@@ -182,8 +212,14 @@ class SlowDownloadTests:
                 return super().download_slice(worker_id, dest)
 
         plane, said = SlowOnce(tiny), []
-        volunteer = Volunteer(plane, tmp_path / "work", relay=False, poll_s=0.05, heartbeat_s=0.2,  # type: ignore[arg-type]
-                              out=said.append)
+        volunteer = Volunteer(
+            plane,
+            tmp_path / "work",
+            relay=False,
+            poll_s=0.05,
+            heartbeat_s=0.2,  # type: ignore[arg-type]
+            out=said.append,
+        )
         (tmp_path / "work").mkdir()
         thread = threading.Thread(target=lambda: volunteer.run(max_slices=1), daemon=True)
         thread.start()

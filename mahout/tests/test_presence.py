@@ -49,4 +49,7 @@ class ReconnectTests:
             finally:
                 keeper.stop()
                 server.shutdown()
-        assert [line.split(" (")[0] for line in lines] == ["mahout: presence connection lost", "mahout: presence connection back"]
+        assert [line.split(" (")[0] for line in lines] == [
+            "mahout: presence connection lost",
+            "mahout: presence connection back",
+        ]

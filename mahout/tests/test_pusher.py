@@ -1,4 +1,5 @@
 """BatchPusher: ordered batches sent off the generating thread, errors surfaced to it."""
+
 from __future__ import annotations
 
 import threading

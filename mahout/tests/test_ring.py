@@ -3,6 +3,7 @@ packed; the membership the head decides is exactly what the tail runs; plans' wi
 enforced; stages report hold and idle time; a stage dying fails its requests honestly.
 Strangers are refused at the handshake and learn nothing; the bridge cannot be replaced;
 a frame over the plan's caps is refused."""
+
 from __future__ import annotations
 
 import gc
@@ -79,7 +80,9 @@ class RingTests:
         with _ring(model_path, 2) as ring:
             tail = ring.agents[-1]
             rows = [Row(f"x{i}", 0, 1, "prefill", True) for i in range(3)]
-            intruder = connect(tail.address, secret=ring.keys[0].downstream, hello=ring.keys[0].hello(), caps=HEADERS_ONLY)
+            intruder = connect(
+                tail.address, secret=ring.keys[0].downstream, hello=ring.keys[0].hello(), caps=HEADERS_ONLY
+            )
             intruder.send({"type": "batch", "rows": rows_to_wire(rows)}, torch.zeros(3, 640))
             wide = [Row("y", 0, 5, "prefill", True)]
             intruder.send({"type": "batch", "rows": rows_to_wire(wide)}, torch.zeros(5, 640))
@@ -106,8 +109,9 @@ class RingTests:
             assert all(agent.stage.shares_output for agent in ring.agents)
             # one at a time: the engine's arithmetic depends on how rows are packed (in the last
             # digits of a logit), which may move a draw at the edge of a token's interval
-            first, again, other = (ring.bridge.submit(PROMPTS[0], MAX_TOKENS, temperature=0.9, seed=seed).result()
-                                   for seed in (5, 5, 6))
+            first, again, other = (
+                ring.bridge.submit(PROMPTS[0], MAX_TOKENS, temperature=0.9, seed=seed).result() for seed in (5, 5, 6)
+            )
         assert first == again and len(first) == MAX_TOKENS
         assert all(0 <= token < 262144 for token in first + other)
 
@@ -151,14 +155,18 @@ def _challenge_only(data: bytes) -> bool:
 
 
 class RingAdmissionTests:
-    def test_a_stranger_is_refused_at_every_stage_and_learns_nothing(self, model_path: Path, expected: list[list[int]]) -> None:
+    def test_a_stranger_is_refused_at_every_stage_and_learns_nothing(
+        self, model_path: Path, expected: list[list[int]]
+    ) -> None:
         with _ring(model_path, 3) as ring:
             heard = []
             for agent in ring.agents:
                 for hello in ({"type": "hello", "role": "bridge"}, {"type": "hello", "role": "upstream", "stage": 0}):
                     stranger = socket.create_connection(agent.address, timeout=5)
                     stranger.sendall(_frame(hello))  # the unauthenticated hello that used to be enough
-                    stranger.sendall(_frame({"type": "submit", "request_id": "x", "prompt_ids": PROMPTS[0], "max_tokens": 4}))
+                    stranger.sendall(
+                        _frame({"type": "submit", "request_id": "x", "prompt_ids": PROMPTS[0], "max_tokens": 4})
+                    )
                     heard.append(_read_all(stranger))
                     stranger.close()
             tokens = ring.bridge.submit(PROMPTS[0], MAX_TOKENS).result()  # the ring serves on, untouched
@@ -172,7 +180,9 @@ class RingAdmissionTests:
             tail = ring.agents[-1]
             stranger = socket.create_connection(tail.address, timeout=5)
             stranger.sendall(_frame({"type": "hello", "role": "bridge"}))
-            with pytest.raises(LinkRefused, match="already has this session's bridge"):  # the secret is not enough either
+            with pytest.raises(
+                LinkRefused, match="already has this session's bridge"
+            ):  # the secret is not enough either
                 RingBridge(ring.agents[0].address, tail.address, keys=ring.keys.bridge, timeout=5)
             with pytest.raises(LinkRefused, match="refused our proof"):
                 RingBridge(ring.agents[0].address, tail.address, keys=BridgeKeys(new_secret(), new_secret()), timeout=5)
@@ -190,7 +200,9 @@ class RingAdmissionTests:
             caps = tail.caps
             assert caps == LIMITS.frame_caps(d_model=640, n_ctx=64)
             assert caps.payload_bytes == LIMITS.micro_batch * LIMITS.row_width * 640 * 4  # one pass's hidden state
-            intruder = connect(tail.address, secret=ring.keys[0].downstream, hello=ring.keys[0].hello(), caps=HEADERS_ONLY)
+            intruder = connect(
+                tail.address, secret=ring.keys[0].downstream, hello=ring.keys[0].hello(), caps=HEADERS_ONLY
+            )
             intruder.sock.sendall(struct.pack(">II", 64, caps.payload_bytes + 1))  # one byte too many, never sent
             with pytest.raises(LinkClosed):
                 intruder.recv()  # the tail dropped the link at the prefix
@@ -202,9 +214,13 @@ class FrameCapsTests:
     def test_the_caps_follow_the_plans_widths_and_window(self) -> None:
         small, wide = Limits(micro_batch=2, row_width=4), Limits(micro_batch=8, row_width=64)
         grammar = 256 * 1024  # a submit may carry a response_format's grammar
-        assert small.frame_caps(d_model=640, n_ctx=64) == FrameCaps(64 * 1024 + 64 * 12 + grammar + 2 * 512, 2 * 4 * 640 * 4)
+        assert small.frame_caps(d_model=640, n_ctx=64) == FrameCaps(
+            64 * 1024 + 64 * 12 + grammar + 2 * 512, 2 * 4 * 640 * 4
+        )
         assert wide.frame_caps(d_model=640, n_ctx=1024).payload_bytes == 8 * 64 * 640 * 4  # 1.3 MB, not 1 GiB
-        assert wide.frame_caps(d_model=640, n_ctx=4096).header_bytes > 4096 * 7 + grammar  # a whole prompt fits a submit
+        assert (
+            wide.frame_caps(d_model=640, n_ctx=4096).header_bytes > 4096 * 7 + grammar
+        )  # a whole prompt fits a submit
         # a head sharing the output head reads the tail's half of the logits for a pass's top-p rows
         assert small.frame_caps(d_model=640, n_ctx=64, tail_vocab=131_072).payload_bytes == 2 * 131_072 * 4
 
@@ -245,5 +261,3 @@ class SplitTests:
         with pytest.raises(ValueError, match="a pipeline needs at least two stages"):
             split_layers(18, 1)
         assert split_layers(18, 2) == [(0, 9), (9, 18)]
-
-

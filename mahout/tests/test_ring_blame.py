@@ -6,6 +6,7 @@ it that computed faithfully on its bad states; a stage that lies about what cros
 leaves that link disputed and neither end blamed for it (issue 50: the evidence cannot say
 which end lies); a bridge that changes a delivered token is blamed; a stage that kept
 nothing is blamed."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -44,17 +45,26 @@ def recompute(model_path: Path):  # noqa: ANN201
 
 def run(ring: ThreadRing, vocab, request_id: str) -> tuple[list[int], int]:  # noqa: ANN001
     """One sampled request through the ring: (prompt + drawn tokens, the prompt's length)."""
-    payload = rendered({"id": request_id, "model": "gemma-3-270m", "kind": "chat", "prompt": None,
-                        "messages": [{"role": "user", "content": "Write a haiku about elephants."}],
-                        "params": {"max_tokens": MAX_TOKENS, "temperature": 0.9, "top_p": 1.0, "stop": None, "seed": 7}})
+    payload = rendered(
+        {
+            "id": request_id,
+            "model": "gemma-3-270m",
+            "kind": "chat",
+            "prompt": None,
+            "messages": [{"role": "user", "content": "Write a haiku about elephants."}],
+            "params": {"max_tokens": MAX_TOKENS, "temperature": 0.9, "top_p": 1.0, "stop": None, "seed": 7},
+        }
+    )
     prompt = PromptTokenizer(vocab).tokens(payload)
     drawn = ring.bridge.submit(prompt, MAX_TOKENS, temperature=0.9, seed=7, request_id=request_id).result()
     return [*prompt, *drawn], len(prompt)
 
 
 def evidence(ring: ThreadRing, request_id: str) -> tuple[list[StageRecord | None], list[StageSlice]]:
-    return ([agent.evidence.export(request_id) for agent in ring.agents],
-            [StageSlice(agent.index, agent.stage.start, agent.stage.end) for agent in ring.agents])
+    return (
+        [agent.evidence.export(request_id) for agent in ring.agents],
+        [StageSlice(agent.index, agent.stage.start, agent.stage.end) for agent in ring.agents],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +79,9 @@ def test_an_honest_rings_stages_all_check_out_and_only_the_draw_is_left(honest, 
     records, slices, sequence, prompt_len = honest
     assert all(record is not None for record in records)
     assert len(sequence) - prompt_len == MAX_TOKENS
-    verdict = blame(records, slices, sequence=sequence, prompt_len=prompt_len, shared_output=True, recompute=recompute, d_model=640)
+    verdict = blame(
+        records, slices, sequence=sequence, prompt_len=prompt_len, shared_output=True, recompute=recompute, d_model=640
+    )
     assert all(error is not None and error < TOLERANCE / 10 for error in verdict.errors.values()), verdict.errors
     assert verdict.blamed == [0, 2], verdict  # nothing else is wrong: an audit's miss would be the pick's
     assert all("draw was not the seed's" in reason for reason in verdict.reasons)
@@ -78,22 +90,37 @@ def test_an_honest_rings_stages_all_check_out_and_only_the_draw_is_left(honest, 
 def test_a_stage_running_the_wrong_weights_is_blamed_alone(model_path: Path, vocab, recompute) -> None:  # noqa: ANN001
     stages = build_stages(model_path, RANGES, n_rows=2, n_ctx=256, share_output=True)
     layers = stages[1].weights.layers  # the middle stage swaps two layers' feed-forward output matrices
-    layers[0], layers[1] = (dataclasses.replace(layers[0], w_down=layers[1].w_down),
-                            dataclasses.replace(layers[1], w_down=layers[0].w_down))
+    layers[0], layers[1] = (
+        dataclasses.replace(layers[0], w_down=layers[1].w_down),
+        dataclasses.replace(layers[1], w_down=layers[0].w_down),
+    )
     with ThreadRing(model_path, RANGES, limits=LIMITS, slots=2, n_ctx=256, stages=stages) as ring:
         sequence, prompt_len = run(ring, vocab, "job-2-a")
         records, slices = evidence(ring, "job-2-a")
-    verdict = blame(records, slices, sequence=sequence, prompt_len=prompt_len, shared_output=True, recompute=recompute, d_model=640)
+    verdict = blame(
+        records, slices, sequence=sequence, prompt_len=prompt_len, shared_output=True, recompute=recompute, d_model=640
+    )
     assert verdict.blamed == [1], verdict
     assert verdict.errors[1] > 10 * TOLERANCE
-    assert verdict.errors[0] < TOLERANCE / 10 and verdict.errors[2] < TOLERANCE / 10  # the tail ran honestly on bad states
+    assert (
+        verdict.errors[0] < TOLERANCE / 10 and verdict.errors[2] < TOLERANCE / 10
+    )  # the tail ran honestly on bad states
 
 
-def test_a_stage_that_lies_about_its_inputs_leaves_the_link_disputed_and_its_neighbour_unblamed(honest, recompute) -> None:  # noqa: ANN001
+def test_a_stage_that_lies_about_its_inputs_leaves_the_link_disputed_and_its_neighbour_unblamed(
+    honest, recompute
+) -> None:  # noqa: ANN001
     records, slices, sequence, prompt_len = honest
     lying = dataclasses.replace(records[2], inputs=records[2].inputs * 1.01)  # type: ignore[arg-type]
-    verdict = blame([records[0], records[1], lying], slices, sequence=sequence, prompt_len=prompt_len,
-                    shared_output=True, recompute=recompute, d_model=640)
+    verdict = blame(
+        [records[0], records[1], lying],
+        slices,
+        sequence=sequence,
+        prompt_len=prompt_len,
+        shared_output=True,
+        recompute=recompute,
+        d_model=640,
+    )
     assert verdict.blamed == [] and verdict.disputed == [(1, 2)], verdict
     assert "says it received other states" in verdict.reasons[0]
 
@@ -102,7 +129,9 @@ def test_a_bridge_that_changes_a_delivered_token_is_blamed(honest, recompute) ->
     records, slices, sequence, prompt_len = honest
     changed = [*sequence]
     changed[prompt_len + 3] = (changed[prompt_len + 3] + 1) % 1000
-    verdict = blame(records, slices, sequence=changed, prompt_len=prompt_len, shared_output=True, recompute=recompute, d_model=640)
+    verdict = blame(
+        records, slices, sequence=changed, prompt_len=prompt_len, shared_output=True, recompute=recompute, d_model=640
+    )
     assert verdict.blamed == [BRIDGE], verdict
     assert f"at position {prompt_len + 3}" in verdict.reasons[0]
 
@@ -111,22 +140,47 @@ def test_a_bridge_that_submitted_another_prompt_disputes_its_link_to_the_head(ho
     records, slices, sequence, prompt_len = honest
     changed = [*sequence]
     changed[2] = (changed[2] + 1) % 1000  # the job's prompt differs from what the head ran
-    verdict = blame(records, slices, sequence=changed, prompt_len=prompt_len, shared_output=True, recompute=recompute, d_model=640)
+    verdict = blame(
+        records, slices, sequence=changed, prompt_len=prompt_len, shared_output=True, recompute=recompute, d_model=640
+    )
     assert verdict.blamed == [] and verdict.disputed == [(BRIDGE, 0)], verdict
 
 
 def test_a_stage_that_kept_nothing_or_too_little_is_blamed(honest, recompute) -> None:  # noqa: ANN001
     records, slices, sequence, prompt_len = honest
-    verdict = blame([records[0], None, records[2]], slices, sequence=sequence, prompt_len=prompt_len,
-                    shared_output=True, recompute=recompute, d_model=640)
+    verdict = blame(
+        [records[0], None, records[2]],
+        slices,
+        sequence=sequence,
+        prompt_len=prompt_len,
+        shared_output=True,
+        recompute=recompute,
+        d_model=640,
+    )
     assert verdict.blamed == [1] and verdict.errors[1] is None, verdict
-    hidden = blame([None, records[1], records[2]], slices, sequence=sequence, prompt_len=prompt_len,
-                   shared_output=True, recompute=recompute, d_model=640)
-    assert hidden.blamed[:2] == [0, BRIDGE], hidden  # a bridge that named the job otherwise cannot hide behind the stages
+    hidden = blame(
+        [None, records[1], records[2]],
+        slices,
+        sequence=sequence,
+        prompt_len=prompt_len,
+        shared_output=True,
+        recompute=recompute,
+        d_model=640,
+    )
+    assert hidden.blamed[:2] == [0, BRIDGE], (
+        hidden
+    )  # a bridge that named the job otherwise cannot hide behind the stages
     cut = records[2]
     short = dataclasses.replace(cut, positions=cut.positions[1:], inputs=cut.inputs[1:])  # type: ignore[arg-type]
-    verdict = blame([records[0], records[1], short], slices, sequence=sequence, prompt_len=prompt_len,
-                    shared_output=True, recompute=recompute, d_model=640)
+    verdict = blame(
+        [records[0], records[1], short],
+        slices,
+        sequence=sequence,
+        prompt_len=prompt_len,
+        shared_output=True,
+        recompute=recompute,
+        d_model=640,
+    )
     assert verdict.blamed == [2], verdict
     assert "kept no evidence of position 0" in verdict.reasons[0]
 
@@ -135,8 +189,15 @@ def test_evidence_that_no_stage_of_this_model_could_have_kept_is_malformed(hones
     records, slices, sequence, prompt_len = honest
     narrow = dataclasses.replace(records[1], inputs=records[1].inputs[:, :320])  # type: ignore[arg-type,index]
     floats = dataclasses.replace(records[0], inputs=records[0].inputs.astype(np.float32))  # type: ignore[union-attr]
-    verdict = blame([floats, narrow, records[2]], slices, sequence=sequence, prompt_len=prompt_len, shared_output=True,
-                    recompute=recompute, d_model=640)
+    verdict = blame(
+        [floats, narrow, records[2]],
+        slices,
+        sequence=sequence,
+        prompt_len=prompt_len,
+        shared_output=True,
+        recompute=recompute,
+        d_model=640,
+    )
     assert verdict.blamed == [0, 1], verdict
     assert all("evidence is malformed" in reason for reason in verdict.reasons)
 
@@ -160,8 +221,12 @@ def test_a_spooled_store_keeps_ended_requests_on_disk_within_its_budget_across_a
     one = 4 * 8 * 4 * 2 + 16 * 4  # a request of 4 positions x 8 floats, in memory
     store = EvidenceStore(spool=tmp_path)
     for i in range(5):
-        store.record([Row(f"job-{i}-x", 0, 4, "prefill", True)], torch.full((4, 8), float(i)),
-                     torch.full((4, 8), float(i) + 0.5), per_row_out=False)
+        store.record(
+            [Row(f"job-{i}-x", 0, 4, "prefill", True)],
+            torch.full((4, 8), float(i)),
+            torch.full((4, 8), float(i) + 0.5),
+            per_row_out=False,
+        )
         store.settle(f"job-{i}-x")
         if i == 0:  # the budget: three such files (each adds its npz headers)
             store.flush()
@@ -179,8 +244,9 @@ def test_a_spooled_store_keeps_ended_requests_on_disk_within_its_budget_across_a
     assert restarted.export("job-0-x") is None and not (tmp_path / ".job-5-x.partial").exists()
 
 
-def test_a_stage_that_restarted_hands_over_what_it_kept_and_checks_out(model_path: Path, vocab, recompute,
-                                                                       tmp_path: Path) -> None:  # noqa: ANN001
+def test_a_stage_that_restarted_hands_over_what_it_kept_and_checks_out(
+    model_path: Path, vocab, recompute, tmp_path: Path
+) -> None:  # noqa: ANN001
     """Each stage of a real ring spools its evidence when the request ends there; stores opened
     afresh over the same folders (the processes restarted) give records on which the honest
     stages all check out, as the live ones do."""
@@ -193,8 +259,9 @@ def test_a_stage_that_restarted_hands_over_what_it_kept_and_checks_out(model_pat
             agent.evidence.flush()
     records = [EvidenceStore(spool=tmp_path / f"stage-{k}").export("job-4-b") for k in range(len(RANGES))]
     assert all(record is not None for record in records)
-    verdict = blame(records, slices, sequence=sequence, prompt_len=prompt_len, shared_output=True, recompute=recompute,
-                    d_model=640)
+    verdict = blame(
+        records, slices, sequence=sequence, prompt_len=prompt_len, shared_output=True, recompute=recompute, d_model=640
+    )
     assert all(error is not None and error < TOLERANCE / 10 for error in verdict.errors.values()), verdict.errors
     assert verdict.blamed == [0, 2] and all("draw was not the seed's" in reason for reason in verdict.reasons), verdict
 
@@ -211,9 +278,16 @@ def _synthetic(n_stages: int = 3, prompt_len: int = 3, answer: int = 3, d: int =
         inputs = np.array(sequence[:-1], dtype=np.int64) if k == 0 else states
         drawn = np.arange(prompt_len, len(sequence), dtype=np.int64)
         tail = k == n_stages - 1
-        records.append(StageRecord(positions=positions, inputs=inputs, out_positions=positions, outputs=outputs,
-                                   token_positions=drawn if tail else np.zeros(0, np.int64),
-                                   tokens=np.array(sequence, dtype=np.int64)[drawn] if tail else np.zeros(0, np.int64)))
+        records.append(
+            StageRecord(
+                positions=positions,
+                inputs=inputs,
+                out_positions=positions,
+                outputs=outputs,
+                token_positions=drawn if tail else np.zeros(0, np.int64),
+                tokens=np.array(sequence, dtype=np.int64)[drawn] if tail else np.zeros(0, np.int64),
+            )
+        )
         states = outputs
     slices = [StageSlice(k, k, k + 1) for k in range(n_stages)]
     return records, slices, sequence, prompt_len
@@ -228,17 +302,42 @@ def test_a_link_dispute_alone_blames_neither_end_and_leaves_no_draw_to_blame() -
     issue 50 both were blamed (and forfeited their earnings); now the link is disputed and
     nobody is blamed for it, the pickers neither (the draw is not what is in doubt)."""
     records, slices, sequence, prompt_len = _synthetic()
-    honest = blame(records, slices, sequence=sequence, prompt_len=prompt_len, shared_output=True, recompute=_as_reported, d_model=4)
+    honest = blame(
+        records, slices, sequence=sequence, prompt_len=prompt_len, shared_output=True, recompute=_as_reported, d_model=4
+    )
     assert honest.blamed == [0, 2] and honest.disputed == []  # consistent: only the draw is left
     lying = dataclasses.replace(records[2], inputs=records[2].inputs + 1.0)  # type: ignore[operator]
-    verdict = blame([records[0], records[1], lying], slices, sequence=sequence, prompt_len=prompt_len, shared_output=True,
-                    recompute=_as_reported, d_model=4)
+    verdict = blame(
+        [records[0], records[1], lying],
+        slices,
+        sequence=sequence,
+        prompt_len=prompt_len,
+        shared_output=True,
+        recompute=_as_reported,
+        d_model=4,
+    )
     assert verdict.blamed == [] and verdict.disputed == [(1, 2)], verdict
     fed = records[0].inputs.copy()
     fed[prompt_len + 1] += 1  # the head ran another token than the tail says it drew
-    tail_to_head = blame([dataclasses.replace(records[0], inputs=fed), records[1], records[2]], slices, sequence=sequence,
-                         prompt_len=prompt_len, shared_output=True, recompute=_as_reported, d_model=4)
+    tail_to_head = blame(
+        [dataclasses.replace(records[0], inputs=fed), records[1], records[2]],
+        slices,
+        sequence=sequence,
+        prompt_len=prompt_len,
+        shared_output=True,
+        recompute=_as_reported,
+        d_model=4,
+    )
     assert tail_to_head.blamed == [] and tail_to_head.disputed == [(2, 0)], tail_to_head
-    wrong_layers = blame([records[0], records[1], lying], slices, sequence=sequence, prompt_len=prompt_len, shared_output=True,
-                         recompute=lambda stage, record: record.outputs + (stage.index == 2), d_model=4)
-    assert wrong_layers.blamed == [2] and wrong_layers.disputed == [(1, 2)]  # an end that fails its own check is blamed for it
+    wrong_layers = blame(
+        [records[0], records[1], lying],
+        slices,
+        sequence=sequence,
+        prompt_len=prompt_len,
+        shared_output=True,
+        recompute=lambda stage, record: record.outputs + (stage.index == 2),
+        d_model=4,
+    )
+    assert wrong_layers.blamed == [2] and wrong_layers.disputed == [
+        (1, 2)
+    ]  # an end that fails its own check is blamed for it

@@ -1,5 +1,6 @@
 """`python -m mahout ring`: real stage processes on loopback print the engine's greedy text;
 with ``--server`` they find each other through the control plane and serve gateway jobs."""
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,24 @@ class RingCommandTests:
         assert "a pipeline needs at least two stages" in capsys.readouterr().err
 
     def test_a_stage_refuses_no_memory_for_its_evidence(self, capsys: pytest.CaptureFixture[str]) -> None:
-        assert main(["stage", "--server", "http://127.0.0.1:9", "--token", "t", "--ring", "1", "--stage", "0",
-                     "--evidence-mb", "0"]) == 2
+        assert (
+            main(
+                [
+                    "stage",
+                    "--server",
+                    "http://127.0.0.1:9",
+                    "--token",
+                    "t",
+                    "--ring",
+                    "1",
+                    "--stage",
+                    "0",
+                    "--evidence-mb",
+                    "0",
+                ]
+            )
+            == 2
+        )
         assert "--evidence-mb must be at least 1, not 0" in capsys.readouterr().out
 
     def test_it_prints_the_engines_greedy_text_from_stage_processes(self) -> None:
@@ -39,9 +56,24 @@ class RingCommandTests:
         from engine.tokenizer import Tokenizer
 
         done = subprocess.run(
-            [sys.executable, "-m", "mahout", "ring", "--stages", "2", "--prompt", "The capital of France is",
-             "--max-tokens", str(len(ENGINE_TOKENS)), "--n-ctx", "64"],
-            cwd=ROOT, capture_output=True, text=True, timeout=240,
+            [
+                sys.executable,
+                "-m",
+                "mahout",
+                "ring",
+                "--stages",
+                "2",
+                "--prompt",
+                "The capital of France is",
+                "--max-tokens",
+                str(len(ENGINE_TOKENS)),
+                "--n-ctx",
+                "64",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=240,
         )
         assert done.returncode == 0, done.stderr
         expected = Tokenizer(default_model_path()).decode(ENGINE_TOKENS)
@@ -55,10 +87,34 @@ class RingCommandTests:
         with RingGateway() as gateway:
             gateway.state.add_job("j1", kind="completion", max_tokens=6, temperature=0.0)
             ring = subprocess.Popen(
-                [sys.executable, "-m", "mahout", "ring", "--stages", "2", "--server", gateway.url, "--token", TOKEN,
-                 "--max-jobs", "2", "--parallel", "1", "--home", str(tmp_path), "--n-ctx", "128", "--bench-tokens", "4",
-                 "--wait", "60"],
-                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "mahout",
+                    "ring",
+                    "--stages",
+                    "2",
+                    "--server",
+                    gateway.url,
+                    "--token",
+                    TOKEN,
+                    "--max-jobs",
+                    "2",
+                    "--parallel",
+                    "1",
+                    "--home",
+                    str(tmp_path),
+                    "--n-ctx",
+                    "128",
+                    "--bench-tokens",
+                    "4",
+                    "--wait",
+                    "60",
+                ],
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
             )
             try:
                 _wait(lambda: gateway.state.status.get("j1") == "completed", ring, "job 1")
@@ -113,13 +169,18 @@ class RingGateway(FakeGateway):
 
     def stages(self) -> list[dict]:
         ranges = [(0, 9), (9, 18)] if self.n_stages == 2 else []
-        return [{"stage": i, "start": a, "end": b, "host": 1, "address": self.addresses.get(i, "")}
-                for i, (a, b) in enumerate(ranges)]
+        return [
+            {"stage": i, "start": a, "end": b, "host": 1, "address": self.addresses.get(i, "")}
+            for i, (a, b) in enumerate(ranges)
+        ]
 
 
 def _links(keys: Any) -> dict:  # noqa: ANN401 - a StageKeys, as the gateway's assignment carries it
-    return {"upstream": {"stage": keys.upstream_index, "secret": keys.upstream},
-            "downstream": {"stage": keys.downstream_index, "secret": keys.downstream}, "bridge": keys.bridge}
+    return {
+        "upstream": {"stage": keys.upstream_index, "secret": keys.upstream},
+        "downstream": {"stage": keys.downstream_index, "secret": keys.downstream},
+        "bridge": keys.bridge,
+    }
 
 
 def _ring_handler(gateway: RingGateway) -> type:
@@ -128,10 +189,22 @@ def _ring_handler(gateway: RingGateway) -> type:
     class Handler(_Handler):
         def do_GET(self) -> None:
             if self.path == "/api/rings/assignment" and self._authorized():
-                plan = {"ring": 1, "model": gateway.model, "row_width": 64, "micro_batch": 4, "n_layers": 18,
-                        "stages": gateway.stages()}
-                self._send(200, {"assignments": [{**plan, **s, "links": _links(gateway.keys[s["stage"]])}
-                                                 for s in gateway.stages()]})
+                plan = {
+                    "ring": 1,
+                    "model": gateway.model,
+                    "row_width": 64,
+                    "micro_batch": 4,
+                    "n_layers": 18,
+                    "stages": gateway.stages(),
+                }
+                self._send(
+                    200,
+                    {
+                        "assignments": [
+                            {**plan, **s, "links": _links(gateway.keys[s["stage"]])} for s in gateway.stages()
+                        ]
+                    },
+                )
             elif self.path == "/api/rings/1/addresses" and self._authorized():
                 self._send(200, {"ring": 1, "stages": gateway.stages()})
             elif self.path == "/api/rings/1/secret" and self._authorized():

@@ -7,6 +7,7 @@ traffic from the bridge) drops the link unread.
 
 The stages here are stand-ins for `engine.model.Stage` (they record what they compute), so no
 weights are loaded: what is tested is who may put a frame on which link."""
+
 from __future__ import annotations
 
 import threading
@@ -103,7 +104,10 @@ def _dial(agent: StageAgent, *, secret: str, hello: dict) -> Link:
 
 
 def _batch(link: Link, request_id: str, value: float) -> None:
-    link.send({"type": "batch", "rows": rows_to_wire([Row(request_id, 0, 2, "prefill", True)])}, torch.full((2, D_MODEL), value))
+    link.send(
+        {"type": "batch", "rows": rows_to_wire([Row(request_id, 0, 2, "prefill", True)])},
+        torch.full((2, D_MODEL), value),
+    )
 
 
 def _wait(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
@@ -114,7 +118,9 @@ def _wait(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
 
 
 def test_a_non_adjacent_stage_is_refused_whatever_it_claims_and_only_the_upstream_neighbour_is_computed(ring) -> None:  # noqa: ANN001
-    third = ring.keys[3]  # stage 3: admitted to its own links (2 -> 3, 3 -> 0, the bridge's to the tail), not to stage 1's
+    third = ring.keys[
+        3
+    ]  # stage 3: admitted to its own links (2 -> 3, 3 -> 0, the bridge's to the tail), not to stage 1's
     attempts = [
         (third.downstream, third.hello()),  # as itself, with a link secret of the same ring
         (third.downstream, {"role": "upstream", "stage": 0}),  # as stage 1's upstream neighbour (3 -> 0 is a ring link)
@@ -134,7 +140,11 @@ def test_a_non_adjacent_stage_is_refused_whatever_it_claims_and_only_the_upstrea
     upstream.close()
     assert [x.tolist() for x in ring.stage.computed] == [torch.full((2, D_MODEL), 1.0).tolist()]  # its frames only
     header, hidden = ring.following.frames[0]
-    assert header["type"] == "batch" and header["rows"][0]["request_id"] == "job-1-a" and torch.equal(hidden, torch.full((2, D_MODEL), 2.0))
+    assert (
+        header["type"] == "batch"
+        and header["rows"][0]["request_id"] == "job-1-a"
+        and torch.equal(hidden, torch.full((2, D_MODEL), 2.0))
+    )
 
 
 def test_a_stage_that_claims_a_neighbours_index_cannot_prove_it() -> None:
@@ -185,7 +195,9 @@ def test_the_bridge_may_send_the_head_requests_and_nothing_else() -> None:
         assert bridge.recv()[0]["type"] == "welcome"
         bridge.send({"type": "submit", "request_id": "job-2-a", "prompt_ids": [1, 2], "max_tokens": 2})
         assert _wait(lambda: len(following.frames) == 1)  # computed and handed on
-        bridge.send({"type": "tokens", "rows": [{"request_id": "job-2-a", "token": 3, "position": 2}]})  # the tail's to send
+        bridge.send(
+            {"type": "tokens", "rows": [{"request_id": "job-2-a", "token": 3, "position": 2}]}
+        )  # the tail's to send
         assert _wait(lambda: head.stats.frames_refused == 1)
         assert len(stage.computed) == 1  # the forged token made no decode
     finally:

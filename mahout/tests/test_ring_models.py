@@ -4,6 +4,7 @@ refused with a clear error when there is none or the engine cannot slice it; and
 its real vocabulary and chat template, `testkit.families`) serves a chat job through the host
 loop, counted and detokenised with that model's own vocabulary: token for token the engine's
 single-process greedy text."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -39,7 +40,9 @@ def qwen3(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         sdist = sdist_models(tmp_path_factory.mktemp("sdist"))
     except SdistUnavailable as exc:
         pytest.skip(str(exc))
-    return tiny_model("qwen3", sdist, tmp_path_factory.mktemp("qwen3") / "qwen3.gguf", n_layer=2), template_path("qwen3", sdist)
+    return tiny_model("qwen3", sdist, tmp_path_factory.mktemp("qwen3") / "qwen3.gguf", n_layer=2), template_path(
+        "qwen3", sdist
+    )
 
 
 def add(home: Path, path: Path) -> str:
@@ -50,11 +53,18 @@ def add(home: Path, path: Path) -> str:
 
 
 class RingModelTests:
-    def test_it_finds_the_file_mahout_add_registered_for_the_name(self, qwen3: tuple[Path, Path], tmp_path: Path) -> None:
+    def test_it_finds_the_file_mahout_add_registered_for_the_name(
+        self, qwen3: tuple[Path, Path], tmp_path: Path
+    ) -> None:
         path, _ = qwen3
         sha256 = add(tmp_path, path)
         model = ring_model(QWEN, tmp_path)
-        assert (model.name, model.path, model.sha256, model.spec.pinned_sha256) == (QWEN, path.resolve(), sha256, sha256)
+        assert (model.name, model.path, model.sha256, model.spec.pinned_sha256) == (
+            QWEN,
+            path.resolve(),
+            sha256,
+            sha256,
+        )
 
     def test_a_name_neither_shipped_nor_added_is_refused_saying_how_to_add_it(self, tmp_path: Path) -> None:
         with pytest.raises(ModelUnavailable, match="neither shipped with mahout nor added here"):
@@ -74,23 +84,51 @@ class RingModelTests:
     def test_the_command_refuses_an_unknown_name_before_it_forms_a_ring(
         self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
     ) -> None:
-        served = main(["ring", "--stages", "2", "--server", "http://127.0.0.1:9", "--token", TOKEN, "--name", "qwen3-72b",
-                       "--home", str(tmp_path)])
+        served = main(
+            [
+                "ring",
+                "--stages",
+                "2",
+                "--server",
+                "http://127.0.0.1:9",
+                "--token",
+                TOKEN,
+                "--name",
+                "qwen3-72b",
+                "--home",
+                str(tmp_path),
+            ]
+        )
         local = main(["ring", "--stages", "2", "--prompt", "hi", "--name", "qwen3-72b", "--home", str(tmp_path)])
         said = capsys.readouterr()
         assert (served, local) == (2, 2)
         assert "qwen3-72b is neither shipped with mahout nor added here" in said.out
         assert "qwen3-72b is neither shipped with mahout nor added here" in said.err
 
-    def test_a_stage_refuses_a_plan_for_a_model_it_has_no_file_for(self, tmp_path: Path,
-                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    def test_a_stage_refuses_a_plan_for_a_model_it_has_no_file_for(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
         """`mahout stage` loads the file added for its plan's model; none: a clear refusal."""
         from mahout.tests.test_ring_cli import RingGateway
 
         with RingGateway() as gateway:
             gateway.model, gateway.n_stages = "qwen3-72b", 2
-            code = main(["stage", "--ring", "1", "--stage", "0", "--server", gateway.url, "--token", TOKEN,
-                         "--home", str(tmp_path), "--once"])
+            code = main(
+                [
+                    "stage",
+                    "--ring",
+                    "1",
+                    "--stage",
+                    "0",
+                    "--server",
+                    gateway.url,
+                    "--token",
+                    TOKEN,
+                    "--home",
+                    str(tmp_path),
+                    "--once",
+                ]
+            )
         assert code == 2
         assert "stage 0 of ring 1: qwen3-72b is neither shipped with mahout nor added here" in capsys.readouterr().out
 
@@ -104,15 +142,33 @@ class RingOfAnotherFamilyTests:
         path, template = qwen3
         add(tmp_path, path)
         model = ring_model(QWEN, tmp_path)
-        fmt = chat_format_read(template=template.read_text(encoding="utf-8"), bos_token="", eos_token="<|endoftext|>",
-                               adds_bos=False, vocabulary_controls=QWEN_CONTROLS)
+        fmt = chat_format_read(
+            template=template.read_text(encoding="utf-8"),
+            bos_token="",
+            eos_token="<|endoftext|>",
+            adds_bos=False,
+            vocabulary_controls=QWEN_CONTROLS,
+        )
         gateway.state.add_job("q1", model=QWEN, kind="chat", max_tokens=8, temperature=0.0, fmt=fmt)
         with ThreadRing(model.path, split_layers(2, 2), limits=Limits(4, 16), slots=4, n_ctx=128) as ring:
-            loops = ring_loops(api, ring.bridge, model.path, parallel=1, n_ctx=128, fingerprint="f" * 64, home=tmp_path,
-                               name=model.name, out=lambda _line: None, claim_wait=0.2, heartbeat_interval=0.05)
+            loops = ring_loops(
+                api,
+                ring.bridge,
+                model.path,
+                parallel=1,
+                n_ctx=128,
+                fingerprint="f" * 64,
+                home=tmp_path,
+                name=model.name,
+                out=lambda _line: None,
+                claim_wait=0.2,
+                heartbeat_interval=0.05,
+            )
             assert run_loops(loops, max_jobs=1) == 1
         vocab = Llama(model_path=str(path), vocab_only=True, verbose=False)
-        prompt = PromptTokenizer(vocab).tokens(rendered({"kind": "chat", "messages": [{"role": "user", "content": "hi"}]}, fmt))
+        prompt = PromptTokenizer(vocab).tokens(
+            rendered({"kind": "chat", "messages": [{"role": "user", "content": "hi"}]}, fmt)
+        )
         (im_start,) = vocab.tokenize(b"<|im_start|>", add_bos=False, special=True)
         assert prompt.count(im_start) >= 2, "the template's control tokens are counted as the model's own single tokens"
         (full,) = build_stages(path, [(0, 2)], n_rows=1, n_ctx=128)
@@ -131,24 +187,52 @@ class RingOfAnotherFamilyTests:
         from scorer.verify import Verifier
 
         path, template = qwen3
-        fmt = chat_format_read(template=template.read_text(encoding="utf-8"), bos_token="", eos_token="<|endoftext|>",
-                               adds_bos=False, vocabulary_controls=QWEN_CONTROLS)
-        schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": False}
-        asks = [{"temperature": 0.9, "top_p": 0.9, "logprobs": 2},
-                {"temperature": 0.8, "response_format": {"type": "json_schema", "schema": schema}}]
-        with ThreadRing(path, split_layers(2, 2), limits=Limits(2, 16), slots=2, n_ctx=128) as ring, \
-                Verifier(path, threads=1, n_ctx=128) as verifier:
+        fmt = chat_format_read(
+            template=template.read_text(encoding="utf-8"),
+            bos_token="",
+            eos_token="<|endoftext|>",
+            adds_bos=False,
+            vocabulary_controls=QWEN_CONTROLS,
+        )
+        schema = {
+            "type": "object",
+            "properties": {"n": {"type": "integer"}},
+            "required": ["n"],
+            "additionalProperties": False,
+        }
+        asks = [
+            {"temperature": 0.9, "top_p": 0.9, "logprobs": 2},
+            {"temperature": 0.8, "response_format": {"type": "json_schema", "schema": schema}},
+        ]
+        with (
+            ThreadRing(path, split_layers(2, 2), limits=Limits(2, 16), slots=2, n_ctx=128) as ring,
+            Verifier(path, threads=1, n_ctx=128) as verifier,
+        ):
             assert all(agent.stage.shares_output for agent in ring.agents)
             runner = RingRunner(ring.bridge, path, n_ctx=128)
             for asked in asks:
-                job = rendered({"id": "q", "model": QWEN, "kind": "chat", "prompt": None,
-                                "messages": [{"role": "user", "content": "A number, please."}],
-                                "params": {"max_tokens": 12, "stop": None, "seed": 21, **asked}}, fmt)
+                job = rendered(
+                    {
+                        "id": "q",
+                        "model": QWEN,
+                        "kind": "chat",
+                        "prompt": None,
+                        "messages": [{"role": "user", "content": "A number, please."}],
+                        "params": {"max_tokens": 12, "stop": None, "seed": 21, **asked},
+                    },
+                    fmt,
+                )
                 pieces = list(runner.stream(job))
                 text = "".join(pieces)
                 entries = [entry for piece in pieces for entry in getattr(piece, "logprobs", [])]
-                audit = verifier.audit(job, token_ids=runner.token_ids, text=text, finish_reason=runner.finish_reason,
-                                       seed=21, logprobs=entries if "logprobs" in asked else None)
+                audit = verifier.audit(
+                    job,
+                    token_ids=runner.token_ids,
+                    text=text,
+                    finish_reason=runner.finish_reason,
+                    seed=21,
+                    logprobs=entries if "logprobs" in asked else None,
+                )
                 assert audit.passed and not audit.misses and audit.checked > 0, (asked, audit)
                 if "logprobs" in asked:
                     assert "".join(entry["token"] for entry in entries) == text and len(entries) >= 1

@@ -2,6 +2,7 @@
 relay without a flag: it reports its own address first, and when the gateway refuses it as not
 public it falls back to the relay, as expert workers use theirs. An address the owner gave with
 ``--advertise`` is not replaced; its refusal names the relay and ``--relay``."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,8 +15,10 @@ from mahout.api import HostApiError
 from mahout.ring.member import stage_reach
 from mahout.ring.relay import RELAY_ADDRESS
 
-NOT_PUBLIC = ("'{address}' is not public (10.0.0.5): the stages of a ring of several owners' machines dial only public "
-              "addresses; behind NAT, a stage is reached through the gateway's ring relay")
+NOT_PUBLIC = (
+    "'{address}' is not public (10.0.0.5): the stages of a ring of several owners' machines dial only public "
+    "addresses; behind NAT, a stage is reached through the gateway's ring relay"
+)
 
 
 class FakeRingApi:
@@ -48,8 +51,9 @@ def server() -> Iterator[socket.socket]:
 
 
 def stage_args(**flags: object) -> argparse.Namespace:
-    return argparse.Namespace(**{"relay": False, "advertise": None, "server": "https://gateway.example", "ring": 7,
-                                 "stage": 1, **flags})
+    return argparse.Namespace(
+        **{"relay": False, "advertise": None, "server": "https://gateway.example", "ring": 7, "stage": 1, **flags}
+    )
 
 
 class StageReachTests:
@@ -83,15 +87,24 @@ class StageReachTests:
 
     def test_the_relay_flag_reports_the_relay_at_once(self, server: socket.socket) -> None:
         api, relay = FakeRingApi(), FakeRelay()
-        assert stage_reach(api, stage_args(relay=True), server, start_relay=lambda _local: relay) == (RELAY_ADDRESS, relay, RELAY_ADDRESS)
+        assert stage_reach(api, stage_args(relay=True), server, start_relay=lambda _local: relay) == (
+            RELAY_ADDRESS,
+            relay,
+            RELAY_ADDRESS,
+        )
         assert api.reports == [RELAY_ADDRESS]
 
-    def test_an_advertised_address_refused_is_not_replaced_and_the_refusal_names_the_relay(self, server: socket.socket) -> None:
+    def test_an_advertised_address_refused_is_not_replaced_and_the_refusal_names_the_relay(
+        self, server: socket.socket
+    ) -> None:
         def no_relay(local: tuple[str, int]) -> FakeRelay:
             raise AssertionError("the relay was started")
 
         api, said = FakeRingApi(refuse=NOT_PUBLIC), []
-        assert stage_reach(api, stage_args(advertise="10.0.0.5:7000"), server, start_relay=no_relay, say=said.append) is None
+        assert (
+            stage_reach(api, stage_args(advertise="10.0.0.5:7000"), server, start_relay=no_relay, say=said.append)
+            is None
+        )
         assert api.reports == ["10.0.0.5:7000"]
         assert len(said) == 1 and "is not public" in said[0] and "--relay" in said[0]
 

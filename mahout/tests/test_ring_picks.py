@@ -3,6 +3,7 @@ the shipped model (output head shared), a sampled and a greedy request packed in
 the head's part of the pick refusing one of them (as a grammar that allows nothing would). The
 refused request ends with the head's reason; the other (greedy) draws its whole answer, the
 same tokens as when it runs alone. Before, the whole pass's requests failed with it."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,7 +20,9 @@ PROMPT = [2, 818, 5279, 529, 7001, 563]  # "The history of Rome …" in Gemma's 
 
 
 def test_a_pick_refused_for_one_request_fails_only_that_request(model_path: Path) -> None:
-    with ThreadRing(model_path, split_layers(18, 2), limits=Limits(micro_batch=2, row_width=16), slots=2, n_ctx=128) as ring:
+    with ThreadRing(
+        model_path, split_layers(18, 2), limits=Limits(micro_batch=2, row_width=16), slots=2, n_ctx=128
+    ) as ring:
         head = ring.agents[0]
         alone = ring.bridge.submit(PROMPT, 12, temperature=0.0, request_id="alone").result()
         real_pick, real_answer = head._sampler.head_pick, head._answer_share

@@ -1,5 +1,6 @@
 """Finding neighbours through the control plane: advertised addresses, polling until the
 next stage has reported, stale addresses dialled again, a clear error on timeout."""
+
 from __future__ import annotations
 
 import socket
@@ -78,8 +79,18 @@ class DialStageTests:
         try:
             live = f"127.0.0.1:{server.getsockname()[1]}"
             api = Addresses("", "", f"127.0.0.1:{_dead_port()}", live)
-            link = dial_stage(api, 7, 1, secret=SECRET, hello={"role": "upstream"}, caps=HEADERS_ONLY, timeout=10, poll=0.01,  # type: ignore[arg-type]
-                              dial_timeout=0.5, say=lambda _l: None)
+            link = dial_stage(
+                api,
+                7,
+                1,
+                secret=SECRET,
+                hello={"role": "upstream"},
+                caps=HEADERS_ONLY,
+                timeout=10,
+                poll=0.01,  # type: ignore[arg-type]
+                dial_timeout=0.5,
+                say=lambda _l: None,
+            )
             link.close()
             assert api.polls == 4
         finally:
@@ -91,16 +102,48 @@ class DialStageTests:
         try:
             address = f"127.0.0.1:{impostor.getsockname()[1]}"
             with pytest.raises(RendezvousTimeout, match="its reported address .* does not answer"):
-                dial_stage(Addresses(address), 7, 1, secret=SECRET, hello={}, caps=HEADERS_ONLY, timeout=0.6, poll=0.01,  # type: ignore[arg-type]
-                           dial_timeout=0.5, say=lambda _l: None)
+                dial_stage(
+                    Addresses(address),
+                    7,
+                    1,
+                    secret=SECRET,
+                    hello={},
+                    caps=HEADERS_ONLY,
+                    timeout=0.6,
+                    poll=0.01,  # type: ignore[arg-type]
+                    dial_timeout=0.5,
+                    say=lambda _l: None,
+                )
         finally:
             impostor.close()
 
     def test_it_says_which_stage_never_reported_when_time_runs_out(self) -> None:
-        with pytest.raises(RendezvousTimeout, match=r"stage 1 of ring 7 was not reachable within 0 s: it has not reported"):
-            dial_stage(Addresses(""), 7, 1, secret=SECRET, hello={}, caps=HEADERS_ONLY, timeout=0.05, poll=0.01,  # type: ignore[arg-type]
-                       dial_timeout=0.1, say=lambda _l: None)
+        with pytest.raises(
+            RendezvousTimeout, match=r"stage 1 of ring 7 was not reachable within 0 s: it has not reported"
+        ):
+            dial_stage(
+                Addresses(""),
+                7,
+                1,
+                secret=SECRET,
+                hello={},
+                caps=HEADERS_ONLY,
+                timeout=0.05,
+                poll=0.01,  # type: ignore[arg-type]
+                dial_timeout=0.1,
+                say=lambda _l: None,
+            )
         stale = f"127.0.0.1:{_dead_port()}"
         with pytest.raises(RendezvousTimeout, match=f"its reported address {stale} does not answer"):
-            dial_stage(Addresses(stale), 7, 1, secret=SECRET, hello={}, caps=HEADERS_ONLY, timeout=0.3, poll=0.01,  # type: ignore[arg-type]
-                       dial_timeout=0.1, say=lambda _l: None)
+            dial_stage(
+                Addresses(stale),
+                7,
+                1,
+                secret=SECRET,
+                hello={},
+                caps=HEADERS_ONLY,
+                timeout=0.3,
+                poll=0.01,  # type: ignore[arg-type]
+                dial_timeout=0.1,
+                say=lambda _l: None,
+            )

@@ -1,5 +1,6 @@
 """The ring behind the normal host loop: jobs are claimed, streamed, completed or failed
 through the host API; a stage dying fails the job honestly."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,8 +22,17 @@ MODEL = "gemma-3-270m"
 
 
 def _loop(api: HostApi, runner: RingRunner, home: Path) -> HostLoop:
-    return HostLoop(api, {MODEL: runner}, fingerprint="f" * 64, home=home, claim_wait=0.2,
-                    heartbeat_interval=0.05, pause_poll=0.01, error_backoff=0.01, out=lambda _line: None)
+    return HostLoop(
+        api,
+        {MODEL: runner},
+        fingerprint="f" * 64,
+        home=home,
+        claim_wait=0.2,
+        heartbeat_interval=0.05,
+        pause_poll=0.01,
+        error_backoff=0.01,
+        out=lambda _line: None,
+    )
 
 
 class RingRunnerTests:
@@ -63,8 +73,18 @@ class RingRunnerTests:
             head.trace = []
             for i in range(3):
                 gateway.state.add_job(f"p{i}", kind="completion", max_tokens=12, temperature=0.0)
-            loops = ring_loops(api, ring.bridge, model_path, parallel=3, n_ctx=128, fingerprint="f" * 64, home=tmp_path,
-                               out=lambda _line: None, claim_wait=0.2, heartbeat_interval=0.05)
+            loops = ring_loops(
+                api,
+                ring.bridge,
+                model_path,
+                parallel=3,
+                n_ctx=128,
+                fingerprint="f" * 64,
+                home=tmp_path,
+                out=lambda _line: None,
+                claim_wait=0.2,
+                heartbeat_interval=0.05,
+            )
             assert run_loops(loops, max_jobs=3) == 3
         assert [gateway.state.status[f"p{i}"] for i in range(3)] == ["completed"] * 3
         assert len({gateway.state.text[f"p{i}"] for i in range(3)}) == 1  # the same prompt, the same greedy text

@@ -1,6 +1,7 @@
 """A token picked from two halves of the vocabulary is the token the specified sampler
 (`protocol.sampling.select`) picks over the whole vocabulary: the same argmax, and the same
 seeded draw, top_p < 1 included, so a verifier audits a ring's answer as any host's."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -16,8 +17,10 @@ from protocol.sampling import select
 def halves(size: int) -> tuple[Sampler, Sampler]:
     """A head's and a tail's sampler over a vocabulary of `size` ids split in two (an odd size: unequal halves)."""
     half = size // 2
-    return (Sampler(SimpleNamespace(weights=SimpleNamespace(vocab_lo=0))),  # type: ignore[arg-type]
-            Sampler(SimpleNamespace(weights=SimpleNamespace(vocab_lo=half))))  # type: ignore[arg-type]
+    return (
+        Sampler(SimpleNamespace(weights=SimpleNamespace(vocab_lo=0))),  # type: ignore[arg-type]
+        Sampler(SimpleNamespace(weights=SimpleNamespace(vocab_lo=half))),
+    )  # type: ignore[arg-type]
 
 
 def split_answer(logits: torch.Tensor, row: Row) -> tuple[int, dict | None]:
@@ -35,7 +38,9 @@ def split_pick(logits: torch.Tensor, row: Row) -> int:
     return split_answer(logits, row)[0]
 
 
-def row(temperature: float, *, seed: int = 7, start: int = 0, top_p: float = 1.0, top_logprobs: int | None = None) -> Row:
+def row(
+    temperature: float, *, seed: int = 7, start: int = 0, top_p: float = 1.0, top_logprobs: int | None = None
+) -> Row:
     return Row("r", start, 1, "decode", True, temperature, seed, top_p, top_logprobs)
 
 

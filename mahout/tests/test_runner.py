@@ -2,6 +2,7 @@
 
 Kept small (1 thread, a few tokens) so it runs in seconds on a 2-core machine.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,17 +23,30 @@ def runner(tmp_path_factory: pytest.TempPathFactory) -> LlamaRunner:
 
 
 def chat_job(messages: list[dict], max_tokens: int = 8) -> dict:
-    return rendered({
-        "id": "job-1", "model": "gemma-3-270m", "kind": "chat", "messages": messages, "prompt": None,
-        "params": {"max_tokens": max_tokens, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": 1},
-    })
+    return rendered(
+        {
+            "id": "job-1",
+            "model": "gemma-3-270m",
+            "kind": "chat",
+            "messages": messages,
+            "prompt": None,
+            "params": {"max_tokens": max_tokens, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": 1},
+        }
+    )
 
 
 class LlamaRunnerTests:
     def test_it_streams_a_completion_from_the_shipped_model(self, runner):
-        job = rendered({"id": "job-1", "model": "gemma-3-270m", "kind": "completion", "messages": None,
-               "prompt": "The capital of France is",
-               "params": {"max_tokens": 8, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None}})
+        job = rendered(
+            {
+                "id": "job-1",
+                "model": "gemma-3-270m",
+                "kind": "completion",
+                "messages": None,
+                "prompt": "The capital of France is",
+                "params": {"max_tokens": 8, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None},
+            }
+        )
         pieces = list(runner.stream(job))
         assert "".join(pieces).strip()
         assert runner.finish_reason in ("stop", "length")
@@ -41,8 +55,10 @@ class LlamaRunnerTests:
             assert runner.completion_tokens == 8
 
     def test_it_continues_an_open_assistant_turn(self, runner):
-        messages = [{"role": "user", "content": "Count from one to ten."},
-                    {"role": "assistant", "content": "One, two, thr"}]
+        messages = [
+            {"role": "user", "content": "Count from one to ten."},
+            {"role": "assistant", "content": "One, two, thr"},
+        ]
         text = "".join(runner.stream(chat_job(messages)))
         assert text.strip()
         assert "<start_of_turn>" not in text and "<end_of_turn>" not in text
@@ -66,9 +82,17 @@ class CpuAdvertisesAmxTests:
 
 class TokenHealingTests:
     def test_it_finishes_a_word_cut_mid_way_on_the_real_model(self, runner):
-        job = rendered({"id": "job-2", "model": "gemma-3-270m", "kind": "completion", "messages": None, "continuation": True,
-               "prompt": "The elephant is a large mam",
-               "params": {"max_tokens": 6, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None}})
+        job = rendered(
+            {
+                "id": "job-2",
+                "model": "gemma-3-270m",
+                "kind": "completion",
+                "messages": None,
+                "continuation": True,
+                "prompt": "The elephant is a large mam",
+                "params": {"max_tokens": 6, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None},
+            }
+        )
         text = "".join(runner.stream(job))
         assert text.startswith("mal"), f"'mam' should become 'mammal', got {text!r}"
 
@@ -87,7 +111,11 @@ class TokenHealerStripTests:
         assert [healer.strip(p) for p in (" par", "agraph", " two")] == ["", "aph", " two"]
 
 
-PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"]}
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
 ASK = [{"role": "user", "content": "Describe a person as JSON."}]
 
 
@@ -98,25 +126,41 @@ class StructuredOutputTests:
         from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar
 
         for response_format in ({"type": "json_object"}, {"type": "json_schema", "name": "p", "schema": PERSON}):
-            job = {**chat_job(ASK, max_tokens=40), "params": {"max_tokens": 40, "temperature": 0.0,
-                                                              "response_format": response_format}}
+            job = {
+                **chat_job(ASK, max_tokens=40),
+                "params": {"max_tokens": 40, "temperature": 0.0, "response_format": response_format},
+            }
             runner._llm.reset()  # both from a cold cache: the same arithmetic, so the same near-ties
             lazy = "".join(runner.stream(job))
-            grammar = (LlamaGrammar.from_string(JSON_GBNF, verbose=False)
-                       if response_format["type"] == "json_object" else LlamaGrammar.from_json_schema(json.dumps(PERSON), verbose=False))
+            grammar = (
+                LlamaGrammar.from_string(JSON_GBNF, verbose=False)
+                if response_format["type"] == "json_object"
+                else LlamaGrammar.from_json_schema(json.dumps(PERSON), verbose=False)
+            )
             tokens = runner.prompt_tokens(job)
             runner._llm.reset()
-            full = runner._llm.create_completion(prompt=tokens, max_tokens=40, temperature=0.0, grammar=grammar,
-                                                 stop=runner.stop_strings(job))["choices"][0]["text"]
+            full = runner._llm.create_completion(
+                prompt=tokens, max_tokens=40, temperature=0.0, grammar=grammar, stop=runner.stop_strings(job)
+            )["choices"][0]["text"]
             assert lazy == full, (response_format, lazy, full)
 
     def test_sampled_answers_under_a_schema_parse_and_match_it(self, runner):
         import jsonschema
 
         for seed in (1, 2, 3):
-            job = {**chat_job(ASK, max_tokens=80), "params": {
-                "max_tokens": 80, "temperature": 1.0, "seed": seed,
-                "response_format": {"type": "json_schema", "name": "p", "schema": {**PERSON, "additionalProperties": False}}}}
+            job = {
+                **chat_job(ASK, max_tokens=80),
+                "params": {
+                    "max_tokens": 80,
+                    "temperature": 1.0,
+                    "seed": seed,
+                    "response_format": {
+                        "type": "json_schema",
+                        "name": "p",
+                        "schema": {**PERSON, "additionalProperties": False},
+                    },
+                },
+            }
             text = "".join(runner.stream(job))
             if runner.finish_reason == "stop":
                 jsonschema.validate(json.loads(text), PERSON)
@@ -124,11 +168,33 @@ class StructuredOutputTests:
                 assert text.lstrip().startswith("{")
 
     def test_a_continuation_writes_the_delivered_text_again_and_streams_only_what_follows(self, runner):
-        whole = "".join(runner.stream({**chat_job(ASK), "params": {
-            "max_tokens": 40, "temperature": 0.0, "response_format": {"type": "json_schema", "name": "p", "schema": PERSON}}}))
+        whole = "".join(
+            runner.stream(
+                {
+                    **chat_job(ASK),
+                    "params": {
+                        "max_tokens": 40,
+                        "temperature": 0.0,
+                        "response_format": {"type": "json_schema", "name": "p", "schema": PERSON},
+                    },
+                }
+            )
+        )
         cut = len(whole) // 2
-        rest = "".join(runner.stream({**chat_job(ASK), "continuation": True, "rewrite": whole[:cut], "params": {
-            "max_tokens": 40, "temperature": 0.0, "response_format": {"type": "json_schema", "name": "p", "schema": PERSON}}}))
+        rest = "".join(
+            runner.stream(
+                {
+                    **chat_job(ASK),
+                    "continuation": True,
+                    "rewrite": whole[:cut],
+                    "params": {
+                        "max_tokens": 40,
+                        "temperature": 0.0,
+                        "response_format": {"type": "json_schema", "name": "p", "schema": PERSON},
+                    },
+                }
+            )
+        )
         assert whole[:cut] + rest == whole
 
 
@@ -145,34 +211,70 @@ class LogprobTests:
         return text, entries
 
     def test_a_completion_reports_the_likeliest_alternatives_at_each_token(self, runner):
-        job = rendered({"id": "job-3", "model": "gemma-3-270m", "kind": "completion", "messages": None,
-               "prompt": "The capital of France is",
-               "params": {"max_tokens": 8, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None, "logprobs": 3}})
+        job = rendered(
+            {
+                "id": "job-3",
+                "model": "gemma-3-270m",
+                "kind": "completion",
+                "messages": None,
+                "prompt": "The capital of France is",
+                "params": {
+                    "max_tokens": 8,
+                    "temperature": 0.0,
+                    "top_p": 1.0,
+                    "stop": None,
+                    "seed": None,
+                    "logprobs": 3,
+                },
+            }
+        )
         plain = "".join(runner.stream({**job, "params": {**job["params"], "logprobs": None}}))
         text, entries = self.pieces(runner, job)
         assert text == plain, "reporting log-probabilities changes nothing sampled"
         assert len(entries) == runner.completion_tokens
         for entry in entries:
             assert [top["logprob"] for top in entry["top_logprobs"]] == sorted(
-                (top["logprob"] for top in entry["top_logprobs"]), reverse=True)
+                (top["logprob"] for top in entry["top_logprobs"]), reverse=True
+            )
             assert len(entry["top_logprobs"]) == 3 and entry["logprob"] == entry["top_logprobs"][0]["logprob"]  # greedy
 
     def test_a_healed_start_and_a_stop_string_keep_only_delivered_characters(self, runner):
-        job = rendered({"id": "job-4", "model": "gemma-3-270m", "kind": "completion", "messages": None, "continuation": True,
-               "prompt": "The elephant is a large mam",
-               "params": {"max_tokens": 12, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None, "logprobs": 0}})
+        job = rendered(
+            {
+                "id": "job-4",
+                "model": "gemma-3-270m",
+                "kind": "completion",
+                "messages": None,
+                "continuation": True,
+                "prompt": "The elephant is a large mam",
+                "params": {
+                    "max_tokens": 12,
+                    "temperature": 0.0,
+                    "top_p": 1.0,
+                    "stop": None,
+                    "seed": None,
+                    "logprobs": 0,
+                },
+            }
+        )
         text, entries = self.pieces(runner, job)
         assert text.startswith("mal") and entries[0]["token"].startswith("mal"), entries[0]
-        cut = text[len(text) // 2:][:3]
+        cut = text[len(text) // 2 :][:3]
         stopped, _ = self.pieces(runner, {**job, "params": {**job["params"], "stop": [cut]}})
         assert stopped == text[: text.index(cut)]
 
     def test_a_rewritten_start_under_a_grammar_is_not_reported(self, runner):
-        params = {"max_tokens": 40, "temperature": 0.0, "logprobs": 1,
-                  "response_format": {"type": "json_schema", "name": "p", "schema": PERSON}}
+        params = {
+            "max_tokens": 40,
+            "temperature": 0.0,
+            "logprobs": 1,
+            "response_format": {"type": "json_schema", "name": "p", "schema": PERSON},
+        }
         whole, entries = self.pieces(runner, {**chat_job(ASK), "params": params})
         cut = len(whole) // 2
-        rest, later = self.pieces(runner, {**chat_job(ASK), "continuation": True, "rewrite": whole[:cut], "params": params})
+        rest, later = self.pieces(
+            runner, {**chat_job(ASK), "continuation": True, "rewrite": whole[:cut], "params": params}
+        )
         assert whole[:cut] + rest == whole
         assert "".join(entry["token"] for entry in later) == rest
 
@@ -189,10 +291,16 @@ class StrictJsonStringTests:
         from scorer.llama import grammar_for
 
         llm = runner._llm
-        grammar = grammar_for({"type": "json_schema", "name": "p",
-                               "schema": {"type": "object", "properties": {"name": {"type": "string"}}}})
+        grammar = grammar_for(
+            {
+                "type": "json_schema",
+                "name": "p",
+                "schema": {"type": "object", "properties": {"name": {"type": "string"}}},
+            }
+        )
         sampler = llama_cpp.llama_sampler_init_grammar(
-            llama_cpp.llama_model_get_vocab(llm.model), grammar._grammar.encode(), grammar._root.encode())
+            llama_cpp.llama_model_get_vocab(llm.model), grammar._grammar.encode(), grammar._root.encode()
+        )
         try:
             for token in llm.tokenize(b'{"name": "ab', add_bos=False):
                 llama_cpp.llama_sampler_accept(sampler, token)
@@ -200,8 +308,9 @@ class StrictJsonStringTests:
             data = (llama_cpp.llama_token_data * 2)()
             for index, token in enumerate((newline, letter)):
                 data[index].id, data[index].logit, data[index].p = token, 0.0, 0.0
-            array = llama_cpp.llama_token_data_array(data=ctypes.cast(data, ctypes.POINTER(llama_cpp.llama_token_data)),
-                                                     size=2, selected=-1, sorted=False)
+            array = llama_cpp.llama_token_data_array(
+                data=ctypes.cast(data, ctypes.POINTER(llama_cpp.llama_token_data)), size=2, selected=-1, sorted=False
+            )
             llama_cpp.llama_sampler_apply(sampler, ctypes.byref(array))
             assert math.isinf(data[0].logit) and not math.isinf(data[1].logit)
         finally:

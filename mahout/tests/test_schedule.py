@@ -1,4 +1,5 @@
 """Serving hours: the loop pauses and resumes claiming at the schedule's boundaries (clock injected)."""
+
 from __future__ import annotations
 
 from datetime import datetime
@@ -11,10 +12,20 @@ from mahout.tests.test_loop import FakeRunner, make_loop, pieces
 
 
 class ScheduleTests:
-    @pytest.mark.parametrize(("at", "serving"), [
-        ("21:59", False), ("22:00", True), ("23:59", True), ("00:00", True), ("07:59", True), ("08:00", False),
-        ("12:00", True), ("13:29", True), ("13:30", False),
-    ])
+    @pytest.mark.parametrize(
+        ("at", "serving"),
+        [
+            ("21:59", False),
+            ("22:00", True),
+            ("23:59", True),
+            ("00:00", True),
+            ("07:59", True),
+            ("08:00", False),
+            ("12:00", True),
+            ("13:29", True),
+            ("13:30", False),
+        ],
+    )
     def test_windows_include_their_start_and_run_past_midnight(self, at: str, serving: bool) -> None:
         schedule = Schedule.parse("22:00-08:00, 12:00-13:30")
         hour, minute = map(int, at.split(":"))
@@ -43,5 +54,7 @@ class ScheduleTests:
         gateway.state.add_job("job-2")
         assert loop.run(once=True) == 0 and "job-2" not in gateway.state.completions
         assert [line for line in lines if "paused" in line or "resumed" in line] == [
-                "mahout: paused: outside the serving hours (22:00-08:00)", "mahout: resumed, claiming work",
-                "mahout: paused: outside the serving hours (22:00-08:00)"]
+            "mahout: paused: outside the serving hours (22:00-08:00)",
+            "mahout: resumed, claiming work",
+            "mahout: paused: outside the serving hours (22:00-08:00)",
+        ]

@@ -2,6 +2,7 @@
 the request's refusal, not a crash (llama.cpp's grammar parser gives up on `maxLength: 2000`,
 and llama-cpp-python then dies on the missing grammar); a schema at every bound at once is
 sampled under."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,21 +19,32 @@ def json_schema(schema: dict) -> dict:
 
 
 class HostLimitTests:
-    @pytest.mark.parametrize("schema", [
-        {"type": "string", "maxLength": 2000},
-        {"type": "array", "items": {"type": "string"}, "minItems": 10_000_000},
-        {"type": "string", "pattern": "^a{1,5000}$"},
-    ])
+    @pytest.mark.parametrize(
+        "schema",
+        [
+            {"type": "string", "maxLength": 2000},
+            {"type": "array", "items": {"type": "string"}, "minItems": 10_000_000},
+            {"type": "string", "pattern": "^a{1,5000}$"},
+        ],
+    )
     def test_a_schema_past_the_limits_is_rejected_as_the_requests_fault(self, schema) -> None:
         with pytest.raises(RequestRejected, match="over this host's limits"):
             grammar_for(json_schema(schema))
 
     def test_a_schema_at_every_bound_is_sampled_under(self, model_path: Path) -> None:
-        at_bounds = {"type": "object", "required": ["names", "code"], "properties": {
-            "names": {"type": "array", "minItems": 1, "maxItems": MAX_COUNT,
-                      "items": {"type": "string", "minLength": 1, "maxLength": MAX_LENGTH}},
-            "code": {"type": "string", "pattern": f"^[A-Z]{{1,{MAX_REPEAT}}}$"},
-        }}
+        at_bounds = {
+            "type": "object",
+            "required": ["names", "code"],
+            "properties": {
+                "names": {
+                    "type": "array",
+                    "minItems": 1,
+                    "maxItems": MAX_COUNT,
+                    "items": {"type": "string", "minLength": 1, "maxLength": MAX_LENGTH},
+                },
+                "code": {"type": "string", "pattern": f"^[A-Z]{{1,{MAX_REPEAT}}}$"},
+            },
+        }
         grammar = grammar_for(json_schema(at_bounds))
         llm = load_llama(model_path, n_ctx=256, threads=1)
         try:
@@ -53,4 +65,6 @@ class HostConverterFenceTests:
         monkeypatch.setattr(llama, "GRAMMAR_SECONDS", 0.5)
         with pytest.raises(RequestRejected, match="within 0.5 s"):  # (without the fence: never returns)
             grammar_for(json_schema({"type": "string", "pattern": "^}$"}))
-        assert grammar_for(json_schema({"type": "string", "pattern": "^[a-c]+$"})) is not None, "a new child converts the next"
+        assert grammar_for(json_schema({"type": "string", "pattern": "^[a-c]+$"})) is not None, (
+            "a new child converts the next"
+        )

@@ -1,5 +1,6 @@
 """A trusted host scoring an audit (mahout/scoring.py) with the model its runner loaded: the
 verdict, and the runner serving exactly as before afterwards (its prefix cache reset)."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -24,15 +25,31 @@ def runner(model_path: Path) -> Iterator[LlamaRunner]:
 
 
 def chat(text: str, *, seed: int) -> dict:
-    return rendered({"id": 1, "model": MODEL, "kind": "chat", "prompt": None, "messages": [{"role": "user", "content": text}],
-                     "params": {"max_tokens": 24, "temperature": 0.9, "top_p": 1.0, "stop": None, "seed": seed}})
+    return rendered(
+        {
+            "id": 1,
+            "model": MODEL,
+            "kind": "chat",
+            "prompt": None,
+            "messages": [{"role": "user", "content": text}],
+            "params": {"max_tokens": 24, "temperature": 0.9, "top_p": 1.0, "stop": None, "seed": seed},
+        }
+    )
 
 
 def served(runner: LlamaRunner, job: dict) -> dict:
     """An audit of `job` as the gateway hands it to a scorer, after `runner` answered it."""
     text = "".join(runner.stream(job))
-    return {"id": 41, "model": MODEL, "kind": AUDIT, "job": {k: v for k, v in job.items() if k != "id"},
-            "tokens": list(runner.token_ids), "text": text, "finish_reason": runner.finish_reason, "seed": runner.seed}
+    return {
+        "id": 41,
+        "model": MODEL,
+        "kind": AUDIT,
+        "job": {k: v for k, v in job.items() if k != "id"},
+        "tokens": list(runner.token_ids),
+        "text": text,
+        "finish_reason": runner.finish_reason,
+        "seed": runner.seed,
+    }
 
 
 class StubApi:
@@ -53,7 +70,11 @@ def test_an_honest_answer_passes_a_made_up_one_fails_and_the_runner_serves_as_be
     drawn = audit_score({**audit, "draw": 3}, runner)  # the gateway names how many tokens to draw
     assert drawn["verdict"] == "passed" and drawn["checked"] == 3 < len(audit["tokens"])
     assert served(runner, first)["tokens"] == before["tokens"]  # the prefix cache was reset, not trusted
-    forged = {**audit, "tokens": [*before["tokens"]], "text": before["text"]}  # another job's answer, passed off as this one's
+    forged = {
+        **audit,
+        "tokens": [*before["tokens"]],
+        "text": before["text"],
+    }  # another job's answer, passed off as this one's
     failed = audit_score(forged, runner)
     assert failed["verdict"] == "failed" and failed["reason"]
 

@@ -1,6 +1,7 @@
 """Audits on the real model: the shipped Gemma 3 270M generates with LlamaRunner on one thread,
 and a Verifier on two threads (one prefill pass against the host's one-token decode) checks
 the answers; honest ones pass, each cheat fails."""
+
 from __future__ import annotations
 
 import random
@@ -29,29 +30,56 @@ def verifier(model_path: Path) -> Iterator[Verifier]:
         yield verifier
 
 
-def job(kind: str, text: str, *, temperature: float, top_p: float = 1.0, seed: int | None = 7, stop: list[str] | None = None,
-        max_tokens: int = MAX_TOKENS) -> dict:
+def job(
+    kind: str,
+    text: str,
+    *,
+    temperature: float,
+    top_p: float = 1.0,
+    seed: int | None = 7,
+    stop: list[str] | None = None,
+    max_tokens: int = MAX_TOKENS,
+) -> dict:
     chat = kind == "chat"
-    return rendered({
-        "id": "job-1", "model": "gemma-3-270m", "kind": kind, "prompt": None if chat else text,
-        "messages": [{"role": "user", "content": text}] if chat else None,
-        "params": {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "stop": stop, "seed": seed},
-    })
+    return rendered(
+        {
+            "id": "job-1",
+            "model": "gemma-3-270m",
+            "kind": kind,
+            "prompt": None if chat else text,
+            "messages": [{"role": "user", "content": text}] if chat else None,
+            "params": {
+                "max_tokens": max_tokens,
+                "temperature": temperature,
+                "top_p": top_p,
+                "stop": stop,
+                "seed": seed,
+            },
+        }
+    )
 
 
 def answer(runner: LlamaRunner, job: dict) -> dict:
     text = "".join(runner.stream(job))
-    return {"token_ids": list(runner.token_ids), "text": text, "finish_reason": runner.finish_reason, "seed": runner.seed}
+    return {
+        "token_ids": list(runner.token_ids),
+        "text": text,
+        "finish_reason": runner.finish_reason,
+        "seed": runner.seed,
+    }
 
 
 class HonestAnswerTests:
-    @pytest.mark.parametrize(("kind", "text", "temperature", "top_p"), [
-        ("chat", "Write a haiku about elephants.", 0.7, 1.0),
-        ("completion", "The history of Rome begins", 0.7, 0.9),
-        ("chat", "What is the capital of France?", 1.2, 1.0),
-        ("completion", "Dear Sir or Madam,\n\nI am writing to", 1.2, 0.9),
-        ("completion", "The history of Rome begins", 0.0, 1.0),
-    ])
+    @pytest.mark.parametrize(
+        ("kind", "text", "temperature", "top_p"),
+        [
+            ("chat", "Write a haiku about elephants.", 0.7, 1.0),
+            ("completion", "The history of Rome begins", 0.7, 0.9),
+            ("chat", "What is the capital of France?", 1.2, 1.0),
+            ("completion", "Dear Sir or Madam,\n\nI am writing to", 1.2, 0.9),
+            ("completion", "The history of Rome begins", 0.0, 1.0),
+        ],
+    )
     def test_it_passes_with_no_miss(self, runner, verifier, kind, text, temperature, top_p):
         honest = job(kind, text, temperature=temperature, top_p=top_p, seed=int(temperature * 100 + top_p * 10))
         audit = verifier.audit(honest, **answer(runner, honest))
@@ -67,7 +95,7 @@ class HonestAnswerTests:
     def test_an_answer_cut_at_a_stop_string_passes(self, runner, verifier):
         runner._llm.reset()  # both from a cold cache: the same arithmetic, so the same greedy answer
         free = answer(runner, job("completion", "Once upon a time", temperature=0.0))
-        stop = free["text"][len(free["text"]) // 2:][:4]
+        stop = free["text"][len(free["text"]) // 2 :][:4]
         stopped = job("completion", "Once upon a time", temperature=0.0, stop=[stop])
         runner._llm.reset()
         reported = answer(runner, stopped)
@@ -92,10 +120,16 @@ class CheatTests:
 
     def test_junk_tokens_fail(self, runner, verifier, sampled):
         asked, _ = sampled
-        words = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor incididunt ut labore".split()
+        words = (
+            "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor incididunt ut labore".split()
+        )
         rng = random.Random(3)
-        junk = runner._llm.tokenize(" ".join(rng.choice(words) for _ in range(MAX_TOKENS)).encode(), add_bos=False)[:MAX_TOKENS]
-        audit = verifier.audit(asked, token_ids=junk, text=runner._llm.detokenize(junk).decode(), finish_reason="length", seed=99)
+        junk = runner._llm.tokenize(" ".join(rng.choice(words) for _ in range(MAX_TOKENS)).encode(), add_bos=False)[
+            :MAX_TOKENS
+        ]
+        audit = verifier.audit(
+            asked, token_ids=junk, text=runner._llm.detokenize(junk).decode(), finish_reason="length", seed=99
+        )
         assert not audit.passed and len(audit.misses) > MAX_TOKENS // 2
 
     def test_a_greedy_answer_to_a_sampled_job_fails(self, runner, verifier, sampled):
@@ -128,14 +162,18 @@ class CheatTests:
         from scorer.verify import _as_streamed
 
         assert _as_streamed(" \U0001d453".encode() + b"\x8e gx") == " \U0001d453 gx".encode()
-        assert _as_streamed(b"ab\xe2\x86") == b"ab\xe2\x86"  # an unfinished character at the end is held back, not dropped
+        assert (
+            _as_streamed(b"ab\xe2\x86") == b"ab\xe2\x86"
+        )  # an unfinished character at the end is held back, not dropped
         assert _as_streamed(b"\xe2 x\x8e\xe2\x86\x92") == " x\u2192".encode()
         asked, honest = sampled
         lone, ids, ended = verifier.vocab.pieces.index(b"\x8e"), honest["token_ids"], honest["finish_reason"] == "stop"
         tokens = [*ids[:5], lone, *(ids[5:] if ended else ids[5:-1])]  # the byte drawn 6th; "length" keeps its length
         text = runner._llm.detokenize(tokens[:-1] if ended else tokens).decode("utf-8", errors="ignore")
         assert "\ufffd" not in text and len(text.encode()) < len(runner._llm.detokenize(tokens))
-        audit = verifier.audit(asked, token_ids=tokens, text=text, finish_reason=honest["finish_reason"], seed=honest["seed"])
+        audit = verifier.audit(
+            asked, token_ids=tokens, text=text, finish_reason=honest["finish_reason"], seed=honest["seed"]
+        )
         assert audit.reason is not None and "not what the seeded draw selects" in audit.reason
         assert audit.misses and audit.misses[0][:2] == (5, lone)
 
@@ -150,10 +188,21 @@ class CheatTests:
         from scorer.verify import _as_streamed, _llama_streamed
 
         pieces = verifier.vocab.pieces
-        chosen = [pieces.index(b"to"), pieces.index(b"\xee"), pieces.index(b"\x86"), pieces.index(b"ollow"),
-                  pieces.index(b" ha"), pieces.index(b"\xef"), pieces.index(b"\x80"), pieces.index(b"\xb0"), pieces.index(b"x")]
+        chosen = [
+            pieces.index(b"to"),
+            pieces.index(b"\xee"),
+            pieces.index(b"\x86"),
+            pieces.index(b"ollow"),
+            pieces.index(b" ha"),
+            pieces.index(b"\xef"),
+            pieces.index(b"\x80"),
+            pieces.index(b"\xb0"),
+            pieces.index(b"x"),
+        ]
         written = b"".join(pieces[t] for t in chosen)
-        assert _as_streamed(written) == "toollow ha\uf030x".encode()  # an incremental decoder keeps the private-use character
+        assert (
+            _as_streamed(written) == "toollow ha\uf030x".encode()
+        )  # an incremental decoder keeps the private-use character
         at = iter(chosen)
 
         def forced(_ids, scores):  # noqa: ANN001, ANN202
@@ -165,9 +214,16 @@ class CheatTests:
 
         prompt = runner._llm.tokenize(b"Once upon a time", add_bos=True)
         runner._llm.reset()
-        streamed = "".join(chunk["choices"][0]["text"] for chunk in runner._llm.create_completion(
-            prompt=prompt, max_tokens=len(chosen), stream=True, temperature=0.0,
-            logits_processor=LogitsProcessorList([forced])))
+        streamed = "".join(
+            chunk["choices"][0]["text"]
+            for chunk in runner._llm.create_completion(
+                prompt=prompt,
+                max_tokens=len(chosen),
+                stream=True,
+                temperature=0.0,
+                logits_processor=LogitsProcessorList([forced]),
+            )
+        )
         runner._llm.reset()
         assert streamed.encode() == _llama_streamed([pieces[t] for t in chosen]) == b"toollow hax"
 
@@ -189,8 +245,13 @@ class CheatTests:
     def test_length_claimed_early_fails(self, runner, verifier, sampled):
         asked, honest = sampled
         half = [t for t in honest["token_ids"] if t != runner._llm.token_eos()][: MAX_TOKENS // 2]
-        audit = verifier.audit(asked, token_ids=half, text=runner._llm.detokenize(half).decode("utf-8", errors="ignore"),
-                               finish_reason="length", seed=honest["seed"])
+        audit = verifier.audit(
+            asked,
+            token_ids=half,
+            text=runner._llm.detokenize(half).decode("utf-8", errors="ignore"),
+            finish_reason="length",
+            seed=honest["seed"],
+        )
         assert audit.reason and audit.reason.startswith("'length' after")
 
     def test_a_token_outside_the_vocabulary_fails(self, runner, verifier, sampled):
@@ -203,8 +264,16 @@ class AuditableTests:
     def test_every_chat_and_completion_job_is_audited(self, verifier):
         plain = job("chat", "Hello!", temperature=1.0)
         structured = {**plain, "params": {**plain["params"], "response_format": {"type": "json_object"}}}
-        prefilled = rendered({**plain, "messages": [{"role": "user", "content": "Count."}, {"role": "assistant", "content": "One, tw"}]})
-        for audited in (plain, job("completion", "Hi", temperature=0.0), structured, {**plain, "continuation": True}, prefilled):
+        prefilled = rendered(
+            {**plain, "messages": [{"role": "user", "content": "Count."}, {"role": "assistant", "content": "One, tw"}]}
+        )
+        for audited in (
+            plain,
+            job("completion", "Hi", temperature=0.0),
+            structured,
+            {**plain, "continuation": True},
+            prefilled,
+        ):
             assert auditable(audited)
         embeddings = {"id": 1, "model": "gemma-3-270m", "kind": "embeddings", "input": ["Hi"], "continuation": False}
         assert not auditable(embeddings)
@@ -213,8 +282,17 @@ class AuditableTests:
 
     def test_a_grammar_this_machine_cannot_build_is_unauditable(self, verifier):
         plain = job("chat", "Hello!", temperature=1.0)
-        unbuildable = {**plain, "params": {**plain["params"], "response_format": {
-            "type": "json_schema", "name": "x", "schema": {"type": "string", "maxLength": 10**6}}}}
+        unbuildable = {
+            **plain,
+            "params": {
+                **plain["params"],
+                "response_format": {
+                    "type": "json_schema",
+                    "name": "x",
+                    "schema": {"type": "string", "maxLength": 10**6},
+                },
+            },
+        }
         with pytest.raises(Unauditable, match="grammar cannot be built here"):
             verifier.audit(unbuildable, token_ids=[1], text="", finish_reason="stop", seed=1)
 

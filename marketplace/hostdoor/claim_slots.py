@@ -6,6 +6,7 @@ one process's count would let a host hold N × cap: so each waiting long-poll is
 Redis sorted set per host, scored by when it lapses (its `wait` and a margin). A process that
 dies with long-polls open leaves entries that lapse on their own. Without Redis there is one
 gateway process, and a dictionary is the count."""
+
 from __future__ import annotations
 
 import logging

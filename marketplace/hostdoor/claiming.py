@@ -9,6 +9,7 @@ mark it). A trusted host with no customer's job to take may get an audit to scor
 slots while it waits (`marketplace.hostdoor.claim_slots`), and sleeps on the channel layer until a
 job is queued or offered, rather than polling the database.
 """
+
 from __future__ import annotations
 
 import time
@@ -38,8 +39,14 @@ BOOT_PATTERN = r"^[A-Za-z0-9_-]*$"
 def boot_field() -> serializers.RegexField:
     """A mahout process's boot id, as its heartbeat and its claims carry it (optional: older
     clients send none)."""
-    return serializers.RegexField(BOOT_PATTERN, max_length=64, required=False, default="", allow_blank=True,
-                                  help_text="the claiming process's boot id, drawn at random when it starts")
+    return serializers.RegexField(
+        BOOT_PATTERN,
+        max_length=64,
+        required=False,
+        default="",
+        allow_blank=True,
+        help_text="the claiming process's boot id, drawn at random when it starts",
+    )
 
 
 class JobClaimInputSerializer(serializers.Serializer):
@@ -57,36 +64,47 @@ async def claim_when_offered(host: Host, *, fingerprint: str, wait: float, boot:
     within HOST_OFFLINE_AFTER_SECONDS, a mahout older than MAHOUT_MIN_VERSION, nothing
     qualified, every claim slot waiting already) are DomainErrors."""
     if host.paused:
-        raise ApiError(403, "This host is paused; resume it to claim work.", code="host_paused", type="permission_error")
+        raise ApiError(
+            403, "This host is paused; resume it to claim work.", code="host_paused", type="permission_error"
+        )
     if host.maintenance_since is not None:
         raise ApiError(
-            403, f"This host is in maintenance: {host.maintenance_reason} Its owner or an operator can resume it.",
-            code="host_maintenance", type="permission_error",
+            403,
+            f"This host is in maintenance: {host.maintenance_reason} Its owner or an operator can resume it.",
+            code="host_maintenance",
+            type="permission_error",
         )
     if host.last_heartbeat_at is None or host.last_heartbeat_at < connected_since(timezone.now()):
         raise ApiError(  # a host that does not say it is there gets no work
-            409, f"This host has not sent a heartbeat in the last {settings.HOST_OFFLINE_AFTER_SECONDS} seconds; "
+            409,
+            f"This host has not sent a heartbeat in the last {settings.HOST_OFFLINE_AFTER_SECONDS} seconds; "
             "send one (POST /hosts/api/heartbeat, as mahout does every few seconds) before claiming work.",
-            code="heartbeat_required", type="invalid_request_error",
+            code="heartbeat_required",
+            type="invalid_request_error",
         )
     too_old = hosts.client_too_old(host.version)
     if too_old is not None:
-        raise ApiError(426, f"{too_old}; upgrade it before claiming work.", code="upgrade_required",
-                       type="invalid_request_error")
+        raise ApiError(
+            426, f"{too_old}; upgrade it before claiming work.", code="upgrade_required", type="invalid_request_error"
+        )
     model_ids = await db(hosts.qualified_model_ids, host=host, fingerprint=fingerprint)
     if not model_ids:
         raise ApiError(
-            403, "This host has not qualified any model on this machine; run the benchmark and register it first.",
-            code="not_qualified", type="permission_error",
+            403,
+            "This host has not qualified any model on this machine; run the benchmark and register it first.",
+            code="not_qualified",
+            type="permission_error",
         )
     await db(canaries.canary_send_if_due, host=host)  # verification needs no customer traffic
     cap = host.claim_cap
     ticket = await WAITING.enter(host.pk, cap=cap, wait=wait)
     if ticket is None:
         raise ApiError(
-            429, f"This host already has {cap} claims waiting; it may run at most {cap} jobs at once "
+            429,
+            f"This host already has {cap} claims waiting; it may run at most {cap} jobs at once "
             f"({host.slots} slots, {host.standing}). Wait for one to return before claiming again.",
-            code="too_many_claims", type="rate_limit_error",
+            code="too_many_claims",
+            type="rate_limit_error",
         )
     try:
         return await _claim_when_woken(host, model_ids=model_ids, wait=wait, boot=boot)
@@ -112,7 +130,13 @@ async def _claim_when_woken(host: Host, *, model_ids: list[int], wait: float, bo
 
 
 async def _claim_until(
-    host: Host, wait: float, model_ids: list[int], warm_ids: list[int], ring_ids: list[int], inbox: Inbox, boot: str,
+    host: Host,
+    wait: float,
+    model_ids: list[int],
+    warm_ids: list[int],
+    ring_ids: list[int],
+    inbox: Inbox,
+    boot: str,
 ) -> dict | None:
     """Claim, or sleep until woken. Offers to other hosts and the cold grace lapse
     without a wake-up, so a waiting host also looks again every ROUTING_OFFER_SECONDS.
@@ -156,4 +180,3 @@ def _first_to_hear(message: dict) -> bool:
     if len(_HEARD_OFFERS) > _HEARD_KEPT:
         _HEARD_OFFERS.popitem(last=False)
     return True
-

@@ -1,5 +1,6 @@
 """The host's WebSocket: its presence, its job offers and the fast path for its token batches
 (`HostSocketConsumer`)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -103,7 +104,9 @@ class HostSocketConsumer(AsyncJsonWebsocketConsumer):
         claim_id = frame.get("id")
         try:
             fingerprint, wait = claim_frame(frame)
-            host = await db(host_for_socket, host_id=self.host_id, token_hash=self._token_hash)  # paused, rested, banned since?
+            host = await db(
+                host_for_socket, host_id=self.host_id, token_hash=self._token_hash
+            )  # paused, rested, banned since?
             payload = await claim_when_offered(host, fingerprint=fingerprint, wait=wait, boot=self._boot)
             answer: dict = {"type": "job", "id": claim_id, "job": payload}
         except DomainError as error:
@@ -115,7 +118,13 @@ class HostSocketConsumer(AsyncJsonWebsocketConsumer):
         try:
             batch = tokens_frame(frame)
             result = await pushing.push_tokens(host=self._host, **batch)
-            answer = {"type": "ack", "job": job_id, "seq": seq, "accepted": result.accepted, "next_seq": result.next_seq}
+            answer = {
+                "type": "ack",
+                "job": job_id,
+                "seq": seq,
+                "accepted": result.accepted,
+                "next_seq": result.next_seq,
+            }
         except DomainError as error:
             answer = error.frame(job=job_id, seq=seq)
         await self.send_json(answer)
@@ -156,7 +165,9 @@ def scope_boot(scope: dict) -> str:
     raw = dict(scope.get("headers") or []).get(b"x-mahout-boot", b"")
     boot = raw.decode("latin-1")
     if len(boot) > 64 or not re.fullmatch(BOOT_PATTERN, boot):
-        raise bad_request("X-Mahout-Boot must be at most 64 letters, digits, '-' or '_'.", code="invalid_value", param="boot")
+        raise bad_request(
+            "X-Mahout-Boot must be at most 64 letters, digits, '-' or '_'.", code="invalid_value", param="boot"
+        )
     return boot
 
 

@@ -4,6 +4,7 @@ The hot paths (claim, tokens, complete, fail) are async views so a long-poll
 or a stream of token batches never occupies a thread; the rest are DRF views.
 Each view parses input, calls one service, renders the result.
 """
+
 from __future__ import annotations
 
 import base64
@@ -68,26 +69,44 @@ class ClaimedJobSerializer(serializers.Serializer):
 
     id = serializers.IntegerField()
     model = serializers.CharField()
-    kind = serializers.CharField(help_text="chat, completion or embeddings; or audit, for a trusted host "
-                                           "(protocol.jobs.AuditPayload: job, tokens, text, finish_reason, seed); or "
-                                           "ring_check, for a trusted host (protocol.jobs.RingCheckPayload: job, tokens, "
-                                           "stages, shared_output)")
+    kind = serializers.CharField(
+        help_text="chat, completion or embeddings; or audit, for a trusted host "
+        "(protocol.jobs.AuditPayload: job, tokens, text, finish_reason, seed); or "
+        "ring_check, for a trusted host (protocol.jobs.RingCheckPayload: job, tokens, "
+        "stages, shared_output)"
+    )
     messages = serializers.ListField(child=serializers.DictField(), required=False, allow_null=True, help_text="chat")
     prompt = serializers.CharField(required=False, allow_null=True, allow_blank=True, help_text="completion")
-    input = serializers.ListField(child=serializers.CharField(), required=False, allow_null=True, help_text="embeddings")
+    input = serializers.ListField(
+        child=serializers.CharField(), required=False, allow_null=True, help_text="embeddings"
+    )
     params = serializers.DictField(required=False, help_text="max_tokens, temperature, top_p, stop, seed")
-    continuation = serializers.BooleanField(required=False, help_text="a second attempt, continuing the text already "
-                                            "delivered (every job but an audit carries it)")
-    job = serializers.DictField(required=False, help_text="an audit: the audited job as its host received it, without its id")
-    tokens = serializers.ListField(child=serializers.IntegerField(), required=False, help_text="an audit: the token ids reported")
+    continuation = serializers.BooleanField(
+        required=False,
+        help_text="a second attempt, continuing the text already delivered (every job but an audit carries it)",
+    )
+    job = serializers.DictField(
+        required=False, help_text="an audit: the audited job as its host received it, without its id"
+    )
+    tokens = serializers.ListField(
+        child=serializers.IntegerField(), required=False, help_text="an audit: the token ids reported"
+    )
     text = serializers.CharField(required=False, allow_blank=True, help_text="an audit: the text the customer received")
     finish_reason = serializers.CharField(required=False, help_text="an audit: the answer's finish reason")
     seed = serializers.IntegerField(required=False, help_text="an audit: the job's sampling seed")
-    draw = serializers.IntegerField(required=False, allow_null=True,
-                                    help_text="an audit: check this many tokens, drawn at random; null: every token")
-    stages = serializers.ListField(child=serializers.DictField(), required=False,
-                                   help_text="a ring check: each stage's index, layers [start, end) and parts of evidence")
-    shared_output = serializers.BooleanField(required=False, help_text="a ring check: the head and tail share the output head")
+    draw = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        help_text="an audit: check this many tokens, drawn at random; null: every token",
+    )
+    stages = serializers.ListField(
+        child=serializers.DictField(),
+        required=False,
+        help_text="a ring check: each stage's index, layers [start, end) and parts of evidence",
+    )
+    shared_output = serializers.BooleanField(
+        required=False, help_text="a ring check: the head and tail share the output head"
+    )
 
 
 class ClaimSerializer(serializers.Serializer):
@@ -116,10 +135,15 @@ class FailedSerializer(serializers.Serializer):
 JOB_ERRORS = {409: ERROR}
 
 
-@extend_schema(responses={
-    200: ClaimSerializer, 204: OpenApiResponse(description="No job within `wait` seconds: claim again."), 429: ERROR,
-    409: ERROR, 426: ERROR,  # no heartbeat within HOST_OFFLINE_AFTER_SECONDS; a mahout older than MAHOUT_MIN_VERSION
-})
+@extend_schema(
+    responses={
+        200: ClaimSerializer,
+        204: OpenApiResponse(description="No job within `wait` seconds: claim again."),
+        429: ERROR,
+        409: ERROR,
+        426: ERROR,  # no heartbeat within HOST_OFFLINE_AFTER_SECONDS; a mahout older than MAHOUT_MIN_VERSION
+    }
+)
 class JobClaimApi(AsyncHostApi):
     """Long-poll: answer with a job as soon as one is queued for a model this
     host qualified on this machine, or 204 after `wait` seconds. Waiting hosts
@@ -128,7 +152,9 @@ class JobClaimApi(AsyncHostApi):
     InputSerializer = JobClaimInputSerializer
 
     async def handle(self, host: Host, data: dict, **kwargs: object) -> HttpResponse:
-        if data["boot"]:  # a new one ends the attempts of the host's earlier process first (a socket's: at its handshake)
+        if data[
+            "boot"
+        ]:  # a new one ends the attempts of the host's earlier process first (a socket's: at its handshake)
             await db(market.host_boot_seen, host_id=host.pk, boot=data["boot"])
         payload = await claim_when_offered(host, fingerprint=data["fingerprint"], wait=data["wait"], boot=data["boot"])
         return HttpResponse(status=204) if payload is None else JsonResponse({"job": payload})
@@ -141,8 +167,14 @@ class JobTokensApi(AsyncHostApi):
     InputSerializer = pushing.TokenBatchSerializer
 
     async def handle(self, host: Host, data: dict, **kwargs: object) -> HttpResponse:
-        result = await pushing.push_tokens(host=host, job_id=kwargs["job_id"], seq=data["seq"], text=data["text"],
-                                           logprobs=data.get("logprobs"), finish_reason=data["finish_reason"])
+        result = await pushing.push_tokens(
+            host=host,
+            job_id=kwargs["job_id"],
+            seq=data["seq"],
+            text=data["text"],
+            logprobs=data.get("logprobs"),
+            finish_reason=data["finish_reason"],
+        )
         return JsonResponse({"accepted": result.accepted, "next_seq": result.next_seq})
 
 
@@ -159,7 +191,9 @@ class JobProgressApi(AsyncHostApi):
         return JsonResponse({"ok": True})
 
 
-@extend_schema(responses={200: CompletedSerializer, 422: ERROR, **JOB_ERRORS})  # 422: no evidence of its answer (evidence)
+@extend_schema(
+    responses={200: CompletedSerializer, 422: ERROR, **JOB_ERRORS}
+)  # 422: no evidence of its answer (evidence)
 class JobCompleteApi(AsyncHostApi):
     """The job is done: the gateway counts the tokens, bills the customer, pays the host."""
 
@@ -168,15 +202,22 @@ class JobCompleteApi(AsyncHostApi):
         completion_tokens = serializers.IntegerField(min_value=0, required=False)
         embeddings = serializers.JSONField(required=False, default=None)  # checked by the service, not per float here
         tokens = serializers.ListField(  # the token ids the host generated: what an audit re-reads (marketplace.trust.audits)
-            child=serializers.IntegerField(min_value=0, max_value=2**31 - 1), required=False, allow_null=True,
-            default=None, max_length=MAX_TOKENS_KEPT,
+            child=serializers.IntegerField(min_value=0, max_value=2**31 - 1),
+            required=False,
+            allow_null=True,
+            default=None,
+            max_length=MAX_TOKENS_KEPT,
         )
         seed = serializers.IntegerField(required=False, allow_null=True, default=None)  # the host's word; never used
 
     async def handle(self, host: Host, data: dict, **kwargs: object) -> HttpResponse:
         done = await db(
-            market.job_complete, host=host, job_id=kwargs["job_id"], finish_reason=data["finish_reason"],
-            embeddings=data["embeddings"], token_ids=data["tokens"],
+            market.job_complete,
+            host=host,
+            job_id=kwargs["job_id"],
+            finish_reason=data["finish_reason"],
+            embeddings=data["embeddings"],
+            token_ids=data["tokens"],
         )
         return JsonResponse({"earned_ucents": done.earned_ucents, "completion_tokens": done.request.completion_tokens})
 
@@ -196,8 +237,9 @@ class JobFailApi(AsyncHostApi):
 
 
 class AuditVerdictSerializer(serializers.Serializer):
-    status = serializers.CharField(help_text="the audit's status after this verdict: pending (another scorer reads it next), "
-                                             "passed or failed")
+    status = serializers.CharField(
+        help_text="the audit's status after this verdict: pending (another scorer reads it next), passed or failed"
+    )
 
 
 @extend_schema(responses={200: AuditVerdictSerializer, 409: ERROR})
@@ -206,16 +248,23 @@ class AuditVerdictApi(AsyncHostApi):
     `protocol.jobs.AuditPayload`); it is paid its prefill's fee when the audit is decided."""
 
     class InputSerializer(serializers.Serializer):
-        verdict = serializers.ChoiceField(choices=list(AUDIT_VERDICTS),
-                                          help_text="passed, failed, or declined (it cannot score it here)")
+        verdict = serializers.ChoiceField(
+            choices=list(AUDIT_VERDICTS), help_text="passed, failed, or declined (it cannot score it here)"
+        )
         reason = serializers.CharField(max_length=500, required=False, default="", allow_blank=True)
         checked = serializers.IntegerField(min_value=0, max_value=INT_MAX, required=False, default=0)
         uncertain = serializers.IntegerField(min_value=0, max_value=INT_MAX, required=False, default=0)
         misses = serializers.IntegerField(min_value=0, max_value=INT_MAX, required=False, default=0)
 
     async def handle(self, host: Host, data: dict, **kwargs: object) -> HttpResponse:
-        status = await db(audit_verdict_report, host=host, audit_id=kwargs["audit_id"], verdict=data["verdict"],
-                          reason=data["reason"], counts=data)
+        status = await db(
+            audit_verdict_report,
+            host=host,
+            audit_id=kwargs["audit_id"],
+            verdict=data["verdict"],
+            reason=data["reason"],
+            counts=data,
+        )
         return JsonResponse({"status": status})
 
 
@@ -230,10 +279,14 @@ class HeartbeatApi(HostApi):
         boot = boot_field()  # a new one ends the host's attempts of its earlier process (services.host_boot_seen)
 
     class OutputSerializer(serializers.Serializer):
-        status = serializers.CharField(help_text="maintenance, paused, offline, busy or online (a host's own state before a silence)")
+        status = serializers.CharField(
+            help_text="maintenance, paused, offline, busy or online (a host's own state before a silence)"
+        )
         paused = serializers.BooleanField()
         maintenance = serializers.CharField(allow_null=True, help_text="why the host is in maintenance, if it is")
-        load = serializers.ListField(child=serializers.CharField(), help_text="models the gateway asks this host to load")
+        load = serializers.ListField(
+            child=serializers.CharField(), help_text="models the gateway asks this host to load"
+        )
         unload = serializers.ListField(child=serializers.CharField(), help_text="models it may unload")
 
     @extend_schema(responses={200: OutputSerializer})
@@ -244,18 +297,32 @@ class HeartbeatApi(HostApi):
         data = serializer.validated_data
         too_old = hosts.client_too_old(data["version"])
         if too_old is not None:
-            wheel = request.build_absolute_uri(f"/downloads/elephant_mahout-{mahout_version}-py3-none-any.whl")  # (the one served)
-            raise ApiError(426, f"{too_old}. Upgrade it: pip install --upgrade {wheel} (or, in a checkout: git pull && make install), "
-                                "then start it again.", code="upgrade_required")
+            wheel = request.build_absolute_uri(
+                f"/downloads/elephant_mahout-{mahout_version}-py3-none-any.whl"
+            )  # (the one served)
+            raise ApiError(
+                426,
+                f"{too_old}. Upgrade it: pip install --upgrade {wheel} (or, in a checkout: git pull && make install), "
+                "then start it again.",
+                code="upgrade_required",
+            )
         host = host_services.host_heartbeat(
-            host=host, fingerprint=data["fingerprint"], paused=data["paused"], models_loaded=data["models_loaded"], version=data["version"],
+            host=host,
+            fingerprint=data["fingerprint"],
+            paused=data["paused"],
+            models_loaded=data["models_loaded"],
+            version=data["version"],
             catalog=data["catalog"],
         )
         market.host_boot_seen(host_id=host.pk, boot=data["boot"])
         asks = redundancy.heartbeat_asks(host=host, now=timezone.now())  # `load` / `unload`: deliberate redundancy
         return Response(
-            {"status": selectors.host_status(host=host), "paused": host.paused, "maintenance": host.maintenance_reason or None,
-             **asks}
+            {
+                "status": selectors.host_status(host=host),
+                "paused": host.paused,
+                "maintenance": host.maintenance_reason or None,
+                **asks,
+            }
         )
 
 
@@ -275,7 +342,9 @@ class HostMeApi(HostApi):
 
         id = serializers.IntegerField()
         name = serializers.CharField()
-        status = serializers.CharField(help_text="maintenance, paused, offline, busy or online (a host's own state before a silence)")
+        status = serializers.CharField(
+            help_text="maintenance, paused, offline, busy or online (a host's own state before a silence)"
+        )
         paused = serializers.BooleanField()
         maintenance_reason = serializers.CharField(allow_null=True)
         maintenance_since = serializers.DateTimeField(allow_null=True)
@@ -296,9 +365,17 @@ class HostMeApi(HostApi):
                 "maintenance_reason": host.maintenance_reason or None,
                 "maintenance_since": host.maintenance_since,
                 "last_heartbeat_at": host.last_heartbeat_at,
-                "active_jobs": [{"id": job.pk, "model": job.model.name, "claimed_at": job.claimed_at} for job in active],
+                "active_jobs": [
+                    {"id": job.pk, "model": job.model.name, "claimed_at": job.claimed_at} for job in active
+                ],
                 "qualifications": [
-                    {"model": q.model.name, "fingerprint": q.fingerprint, "gen_tps": q.gen_tps, "prompt_tps": q.prompt_tps, "ttft_ms": q.ttft_ms}
+                    {
+                        "model": q.model.name,
+                        "fingerprint": q.fingerprint,
+                        "gen_tps": q.gen_tps,
+                        "prompt_tps": q.prompt_tps,
+                        "ttft_ms": q.ttft_ms,
+                    }
                     for q in hosts.host_qualifications(host=host)
                 ],
             }
@@ -333,10 +410,15 @@ class HostEarningsApi(HostApi):
         statement = selectors.host_statement(host=host)
         money = statement.payouts
         midnight = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
-        return Response({"balance_ucents": money.balance_ucents, "payable_ucents": money.available_ucents,
-                         "unvested_ucents": money.unvested_ucents,
-                         "today_ucents": selectors.host_earned_since(host=host, since=midnight),
-                         "lines": [earning_line(job) for job in statement.jobs]})
+        return Response(
+            {
+                "balance_ucents": money.balance_ucents,
+                "payable_ucents": money.available_ucents,
+                "unvested_ucents": money.unvested_ucents,
+                "today_ucents": selectors.host_earned_since(host=host, since=midnight),
+                "lines": [earning_line(job) for job in statement.jobs],
+            }
+        )
 
 
 def earning_line(job: dict) -> dict:
@@ -410,7 +492,9 @@ class RingInquiriesWantedApi(HostApi):
     class OutputSerializer(serializers.Serializer):
         class WantedSerializer(serializers.Serializer):
             id = serializers.IntegerField()
-            job = serializers.IntegerField(help_text="the job whose request the stage looks for (request id job-<job>-…)")
+            job = serializers.IntegerField(
+                help_text="the job whose request the stage looks for (request id job-<job>-…)"
+            )
 
         inquiries = WantedSerializer(many=True)
 
@@ -418,7 +502,9 @@ class RingInquiriesWantedApi(HostApi):
     def get(self, request: DrfRequest) -> Response:
         host = self.host(request)
         query = _valid(self.QuerySerializer, request.query_params)
-        return Response({"inquiries": ring_inquiries.inquiries_wanted(host=host, plan_id=query["ring"], stage=query["stage"])})
+        return Response(
+            {"inquiries": ring_inquiries.inquiries_wanted(host=host, plan_id=query["ring"], stage=query["stage"])}
+        )
 
 
 class RingEvidenceApi(HostApi):
@@ -429,8 +515,9 @@ class RingEvidenceApi(HostApi):
         stage = serializers.IntegerField(min_value=0, max_value=INT_MAX)
         part = serializers.IntegerField(min_value=0, max_value=INT_MAX)
         parts = serializers.IntegerField(min_value=0, max_value=INT_MAX)
-        data = serializers.CharField(allow_blank=True, required=False, default="",
-                                     max_length=4 * ring_inquiries.PART_BYTES // 3 + 8)
+        data = serializers.CharField(
+            allow_blank=True, required=False, default="", max_length=4 * ring_inquiries.PART_BYTES // 3 + 8
+        )
 
     class QuerySerializer(serializers.Serializer):
         stage = serializers.IntegerField(min_value=0, max_value=INT_MAX)
@@ -450,9 +537,14 @@ class RingEvidenceApi(HostApi):
         try:
             raw = base64.b64decode(data["data"], validate=True)
         except (binascii.Error, ValueError):  # (a non-ASCII character is a ValueError before any decoding)
-            raise ApiError(400, "data is not base64.", code="invalid_data", type="invalid_request_error", param="data") from None
-        return Response(ring_inquiries.evidence_store(host=host, inquiry_id=inquiry_id, stage=data["stage"], part=data["part"],
-                                                      parts=data["parts"], data=raw))
+            raise ApiError(
+                400, "data is not base64.", code="invalid_data", type="invalid_request_error", param="data"
+            ) from None
+        return Response(
+            ring_inquiries.evidence_store(
+                host=host, inquiry_id=inquiry_id, stage=data["stage"], part=data["part"], parts=data["parts"], data=raw
+            )
+        )
 
     @extend_schema(parameters=[QuerySerializer], responses={200: PartSerializer, 400: ERROR, 404: ERROR, 409: ERROR})
     def get(self, request: DrfRequest, inquiry_id: int) -> Response:
@@ -468,23 +560,43 @@ class RingCheckVerdictApi(HostApi):
 
     class InputSerializer(serializers.Serializer):
         verdict = serializers.ChoiceField(choices=list(RING_CHECK_VERDICTS))
-        blamed = serializers.ListField(child=serializers.IntegerField(min_value=-1, max_value=INT_MAX), required=False,
-                                       default=list, max_length=1000)
-        disputed = serializers.ListField(child=serializers.ListField(child=serializers.IntegerField(min_value=-1, max_value=INT_MAX),
-                                                                     min_length=2, max_length=2),
-                                         required=False, default=list, max_length=1000,
-                                         help_text="links [sender, receiver] whose two ends disagree (neither blamed for it)")
-        reasons = serializers.ListField(child=serializers.CharField(max_length=1000), required=False, default=list,
-                                        max_length=1000)
+        blamed = serializers.ListField(
+            child=serializers.IntegerField(min_value=-1, max_value=INT_MAX),
+            required=False,
+            default=list,
+            max_length=1000,
+        )
+        disputed = serializers.ListField(
+            child=serializers.ListField(
+                child=serializers.IntegerField(min_value=-1, max_value=INT_MAX), min_length=2, max_length=2
+            ),
+            required=False,
+            default=list,
+            max_length=1000,
+            help_text="links [sender, receiver] whose two ends disagree (neither blamed for it)",
+        )
+        reasons = serializers.ListField(
+            child=serializers.CharField(max_length=1000), required=False, default=list, max_length=1000
+        )
 
     class OutputSerializer(serializers.Serializer):
-        status = serializers.CharField(help_text="the inquiry's status after this verdict: checking (another checker "
-                                                 "is asked) or decided")
+        status = serializers.CharField(
+            help_text="the inquiry's status after this verdict: checking (another checker is asked) or decided"
+        )
 
     @extend_schema(request=InputSerializer, responses={200: OutputSerializer, 400: ERROR, 409: ERROR})
     def post(self, request: DrfRequest, inquiry_id: int) -> Response:
         host = self.host(request)
         data = _valid(self.InputSerializer, request.data)
-        return Response({"status": ring_inquiries.inquiry_verdict_report(
-            host=host, inquiry_id=inquiry_id, verdict=data["verdict"], blamed=data["blamed"], reasons=data["reasons"],
-            disputed=data["disputed"])})
+        return Response(
+            {
+                "status": ring_inquiries.inquiry_verdict_report(
+                    host=host,
+                    inquiry_id=inquiry_id,
+                    verdict=data["verdict"],
+                    blamed=data["blamed"],
+                    reasons=data["reasons"],
+                    disputed=data["disputed"],
+                )
+            }
+        )

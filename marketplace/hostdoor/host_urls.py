@@ -1,4 +1,5 @@
 """The host job API under /hosts/api/ (the host's own registration is `hosts.urls`)."""
+
 from __future__ import annotations
 
 from django.urls import path

@@ -10,6 +10,7 @@ the trip fails alone (`_applied`): one host cannot break every host's stream. Bo
 doors (the WebSocket and `POST /hosts/api/jobs/<id>/tokens`) go through here, after the
 same bounds (`TokenBatchSerializer`).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -52,13 +53,18 @@ class TokenBatchSerializer(serializers.Serializer):
     seq = serializers.IntegerField(min_value=0, max_value=INT_MAX)
     text = BatchTextField()
     logprobs = serializers.ListField(
-        child=serializers.DictField(), required=False, allow_null=True, max_length=services.MAX_BATCH_CHARS,
+        child=serializers.DictField(),
+        required=False,
+        allow_null=True,
+        max_length=services.MAX_BATCH_CHARS,
         help_text="the text's tokens' log-probability entries, when the job asked for them (their tokens spell the text)",
     )
     finish_reason = serializers.ChoiceField(
-        choices=["stop", "length"], required=False, default="",
+        choices=["stop", "length"],
+        required=False,
+        default="",
         help_text="on the answer's last batch: generation ended (EOS, or max_tokens); a death before `complete` then "
-                  "settles the answer instead of continuing it",
+        "settles the answer instead of continuing it",
     )
 
 
@@ -121,8 +127,13 @@ async def _applied(pushes: list[services.Push]) -> list[services.PushResult | Do
         if len(pushes) == 1:
             push = pushes[0]
             logger.warning("a token batch failed at the database (job %s, seq %s): %r", push.job_id, push.seq, error)
-            return [bad_request(f"Batch {push.seq} of job {push.job_id} could not be stored ({type(error).__name__}); "
-                                "it is refused.", code="batch_unstorable")]
+            return [
+                bad_request(
+                    f"Batch {push.seq} of job {push.job_id} could not be stored ({type(error).__name__}); "
+                    "it is refused.",
+                    code="batch_unstorable",
+                )
+            ]
     half = len(pushes) // 2
     return [*await _applied(pushes[:half]), *await _applied(pushes[half:])]
 
@@ -131,12 +142,19 @@ _writers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, PushWriter] = wea
 
 
 async def push_tokens(
-    *, host: Host, job_id: int, seq: int, text: str, logprobs: list[dict] | None = None, finish_reason: str = "",
+    *,
+    host: Host,
+    job_id: int,
+    seq: int,
+    text: str,
+    logprobs: list[dict] | None = None,
+    finish_reason: str = "",
 ) -> services.PushResult:
     """Apply one batch through this event loop's writer; raises the batch's refusal."""
     loop = asyncio.get_running_loop()
     writer = _writers.get(loop)
     if writer is None:
         writer = _writers[loop] = PushWriter()
-    return await writer.push(services.Push(host=host, job_id=job_id, seq=seq, text=text, logprobs=logprobs,
-                                           finish_reason=finish_reason))
+    return await writer.push(
+        services.Push(host=host, job_id=job_id, seq=seq, text=text, logprobs=logprobs, finish_reason=finish_reason)
+    )

@@ -2,6 +2,7 @@
 how many tokens the gateway counts in it (never the host's word), what `finish_reason` it
 supports, and whether an embeddings answer has the right shape. No database writes.
 """
+
 from __future__ import annotations
 
 import math

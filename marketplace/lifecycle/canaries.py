@@ -21,6 +21,7 @@ host in probation (fewer than `CANARY_TRUST_AFTER` passed canaries) gets one eve
 score its audits (the gateway never held its weights): a corpus prompt, sampled as
 customers' jobs are and judged by its audit alone (`_canary_drawn`); otherwise none.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -44,7 +45,14 @@ from accounts.services import api_key_create
 from billing import selectors as ledger
 from billing import services as billing
 from catalog.models import CatalogModel
-from catalog.rendering import RENDERED_AT, chat_format, prompt_count, prompt_fragments, render_instant, render_instant_fixed
+from catalog.rendering import (
+    RENDERED_AT,
+    chat_format,
+    prompt_count,
+    prompt_fragments,
+    render_instant,
+    render_instant_fixed,
+)
 from hosts.models import TRUSTED, Host
 from hosts.selectors import qualified_model_ids
 from hosts.services import host_maintenance_enter
@@ -100,8 +108,9 @@ def corpus_read(path: str) -> tuple[list[dict], list[str]]:
     if isinstance(data, list):
         data = {"prompts": data}
     if not isinstance(data, dict) or set(data) - {"prompts", "system_prompts"}:
-        raise CorpusInvalid(f"canary prompts {path}: a JSON list of prompts, or an object with \"prompts\" "
-                            "and \"system_prompts\" only")
+        raise CorpusInvalid(
+            f"canary prompts {path}: a JSON list of prompts, or an object with \"prompts\" and \"system_prompts\" only"
+        )
     prompts, system = data.get("prompts"), data.get("system_prompts", [])
     if not isinstance(prompts, list) or not prompts:
         raise CorpusInvalid(f"canary prompts {path}: \"prompts\" must be a non-empty list")
@@ -126,9 +135,13 @@ def _prompt_invalid(item: object) -> str | None:
     if not isinstance(messages, list) or not messages:
         return '"messages" must be a non-empty list'
     for message in messages:
-        if not isinstance(message, dict) or set(message) != {"role", "content"} \
-                or message["role"] not in ("system", "user", "assistant") \
-                or not isinstance(message["content"], str) or not message["content"].strip():
+        if (
+            not isinstance(message, dict)
+            or set(message) != {"role", "content"}
+            or message["role"] not in ("system", "user", "assistant")
+            or not isinstance(message["content"], str)
+            or not message["content"].strip()
+        ):
             return 'each message is {"role": "system", "user" or "assistant", "content": a non-empty string}'
     if messages[-1]["role"] != "user":
         return "the last message must be the user's"
@@ -147,11 +160,20 @@ class Reference:
 
 
 def canary_job(
-    fmt: ChatFormat, *, kind: str, messages: list | None, prompt: str | None, now: datetime | None = None,
+    fmt: ChatFormat,
+    *,
+    kind: str,
+    messages: list | None,
+    prompt: str | None,
+    now: datetime | None = None,
 ) -> dict:
     """The job a canary is, rendered in its model's format at `now` (what a host receives, less its parameters)."""
     job = {"kind": kind, "messages": messages, "prompt": prompt, "params": {}}
-    return {**job, "fragments": job_fragments(fmt, job, now=now), "end_of_turn": chat_stops(fmt) if kind == "chat" else []}
+    return {
+        **job,
+        "fragments": job_fragments(fmt, job, now=now),
+        "end_of_turn": chat_stops(fmt) if kind == "chat" else [],
+    }
 
 
 def job_tokens(llm: object, job: dict) -> list[int]:
@@ -172,7 +194,11 @@ def reference_of(llm: object, item: dict, *, fmt: ChatFormat, max_tokens: int, t
     tokens = job_tokens(llm, job)
     llm.reset()  # type: ignore[attr-defined]  # no reuse of the previous prompt's cache: the same numbers every time
     out = llm.create_completion(  # type: ignore[attr-defined]
-        prompt=tokens, max_tokens=max_tokens, temperature=0.0, top_p=1.0, stop=job_stop_strings(job),
+        prompt=tokens,
+        max_tokens=max_tokens,
+        temperature=0.0,
+        top_p=1.0,
+        stop=job_stop_strings(job),
     )
     text = out["choices"][0]["text"]
     generated = [int(t) for t in llm.input_ids[len(tokens) : llm.n_tokens]]  # type: ignore[attr-defined]
@@ -203,8 +229,15 @@ def informative(item: dict, reference: Reference) -> bool:
     choices; a base model often repeats the question first), and at least
     CANARY_MIN_EXACT_CHARS of its characters were written by clear choices."""
     echo = item.get("prompt") if item["kind"] == "completion" else (item.get("messages") or [{}])[-1].get("content", "")
-    row = CanaryReference(kind=item["kind"], prompt="", max_tokens=reference.tokens, text=reference.text,
-                          tokens=reference.tokens, exact_chars=reference.exact_chars, gaps=[list(g) for g in reference.gaps])
+    row = CanaryReference(
+        kind=item["kind"],
+        prompt="",
+        max_tokens=reference.tokens,
+        text=reference.text,
+        tokens=reference.tokens,
+        exact_chars=reference.exact_chars,
+        gaps=[list(g) for g in reference.gaps],
+    )
     catches = all(verdict_reason(row, text=cheat, completion_tokens=1) for cheat in ("", echo or ""))
     return catches and decisive_chars(reference.text, reference.gaps) >= settings.CANARY_MIN_EXACT_CHARS
 
@@ -212,12 +245,16 @@ def informative(item: dict, reference: Reference) -> bool:
 def decisive_chars(text: str, gaps: list, *, since: int = 0) -> int:
     """Characters after `since` written by tokens the model chose clearly (no near-tie)."""
     starts = [int(start) for start, _ in gaps] + [len(text)]
-    return sum(max(0, starts[i + 1] - max(int(start), since)) for i, (start, gap) in enumerate(gaps)
-               if i + 1 < len(starts) and gap >= settings.CANARY_TIE_GAP)
+    return sum(
+        max(0, starts[i + 1] - max(int(start), since))
+        for i, (start, gap) in enumerate(gaps)
+        if i + 1 < len(starts) and gap >= settings.CANARY_TIE_GAP
+    )
 
 
-def references_compute(*, model: CatalogModel, gguf: str, count: int, max_tokens: int, threads: int = 2,
-                       out: object = print) -> int:
+def references_compute(
+    *, model: CatalogModel, gguf: str, count: int, max_tokens: int, threads: int = 2, out: object = print
+) -> int:
     """Compute and store references for the first `count` corpus prompts (replacing the
     model's old ones); prompts that check too little (`informative`) are skipped. Returns how many were kept."""
     from catalog.tokenizer import shipped_model_path
@@ -227,18 +264,30 @@ def references_compute(*, model: CatalogModel, gguf: str, count: int, max_tokens
     kept: list[CanaryReference] = []
     for index, item in enumerate(corpus()[:count]):
         try:
-            reference = reference_of(llm, item, fmt=chat_format(model), max_tokens=max_tokens, tie_gap=settings.CANARY_TIE_GAP)
+            reference = reference_of(
+                llm, item, fmt=chat_format(model), max_tokens=max_tokens, tie_gap=settings.CANARY_TIE_GAP
+            )
         except TemplateRefused as refused:
             out(f"  prompt {index}: {refused}; skipped")  # type: ignore[operator]
             continue
         if not informative(item, reference):
-            out(f"  prompt {index}: too little to check before a near-tie ({reference.exact_chars} characters); skipped")  # type: ignore[operator]
+            out(
+                f"  prompt {index}: too little to check before a near-tie ({reference.exact_chars} characters); skipped"
+            )  # type: ignore[operator]
             continue
-        kept.append(CanaryReference(
-            model=model, kind=item["kind"], prompt=item.get("messages") if item["kind"] == "chat" else item["prompt"],
-            max_tokens=max_tokens, text=reference.text, tokens=reference.tokens, exact_chars=reference.exact_chars,
-            gaps=[list(gap) for gap in reference.gaps], gguf=gguf,
-        ))
+        kept.append(
+            CanaryReference(
+                model=model,
+                kind=item["kind"],
+                prompt=item.get("messages") if item["kind"] == "chat" else item["prompt"],
+                max_tokens=max_tokens,
+                text=reference.text,
+                tokens=reference.tokens,
+                exact_chars=reference.exact_chars,
+                gaps=[list(gap) for gap in reference.gaps],
+                gguf=gguf,
+            )
+        )
     llm.close()
     with transaction.atomic():
         CanaryReference.objects.filter(model=model).delete()
@@ -313,7 +362,8 @@ def score_reason(llm: object, reference: CanaryReference, *, text: str, completi
     if ended:
         logits = np.asarray(llm.scores[len(prompt) + len(answer) - 1])  # type: ignore[attr-defined]
         enders = {llm.token_eos()} | {  # type: ignore[attr-defined]
-            ids[0] for stop in job_stop_strings(job)
+            ids[0]
+            for stop in job_stop_strings(job)
             if (ids := llm.tokenize(stop.encode("utf-8"), add_bos=False, special=True))  # type: ignore[attr-defined]
         }
         gap = float(logits.max() - max(logits[t] for t in enders))
@@ -334,8 +384,13 @@ def answer_reason(llm: object, reference: CanaryReference, *, text: str, complet
 def reference_job(reference: CanaryReference) -> dict:
     """The job a canary of `reference` is (what a host receives, less its parameters)."""
     chat = reference.kind == Request.Kind.CHAT
-    return canary_job(chat_format(reference.model), kind=reference.kind, messages=reference.prompt if chat else None,
-                      prompt=None if chat else reference.prompt, now=reference.created_at)
+    return canary_job(
+        chat_format(reference.model),
+        kind=reference.kind,
+        messages=reference.prompt if chat else None,
+        prompt=None if chat else reference.prompt,
+        now=reference.created_at,
+    )
 
 
 def canary_check(*, request: Request) -> CanaryCheck | None:
@@ -356,12 +411,14 @@ def canary_judge(*, check: CanaryCheck, host: Host, text: str, completion_tokens
     if check.by_audit:
         verdict = CanaryCheck.Verdict.SCORING if audited else CanaryCheck.Verdict.VOID
         CanaryCheck.objects.filter(pk=check.pk, verdict=CanaryCheck.Verdict.PENDING).update(
-            verdict=verdict, decided_at=None if audited else timezone.now())
+            verdict=verdict, decided_at=None if audited else timezone.now()
+        )
         return verdict
     reason = verdict_reason(check.reference, text=text, completion_tokens=completion_tokens)
     if reason is None and text != check.reference.text:
-        CanaryCheck.objects.filter(pk=check.pk).update(verdict=CanaryCheck.Verdict.SCORING, answer=text,
-                                                       answer_tokens=completion_tokens)
+        CanaryCheck.objects.filter(pk=check.pk).update(
+            verdict=CanaryCheck.Verdict.SCORING, answer=text, answer_tokens=completion_tokens
+        )
         return CanaryCheck.Verdict.SCORING
     return canary_decide(check=check, host=host, reason=reason, was=CanaryCheck.Verdict.PENDING)
 
@@ -370,8 +427,9 @@ def canary_decide(*, check: CanaryCheck, host: Host, reason: str | None, was: st
     """Record a verdict (once: compare-and-set from `was`); a failure puts the host in
     maintenance, revokes its trust and forfeits its unvested earnings, with the reason."""
     verdict = CanaryCheck.Verdict.PASSED if reason is None else CanaryCheck.Verdict.FAILED
-    if not CanaryCheck.objects.filter(pk=check.pk, verdict=was).update(verdict=verdict, reason=reason or "", answer="",
-                                                                     decided_at=timezone.now()):
+    if not CanaryCheck.objects.filter(pk=check.pk, verdict=was).update(
+        verdict=verdict, reason=reason or "", answer="", decided_at=timezone.now()
+    ):
         return None  # decided elsewhere
     if reason is not None:
         why = f"Failed verification: {reason} (canary {check.pk})."
@@ -401,7 +459,9 @@ def _scorer(gguf: str) -> object:
     path = gguf or str(shipped_model_path())
     if path not in _scorer_cache:
         _scorer_cache.clear()  # one model at a time: its logits take REFERENCE_CTX × vocabulary floats
-        _scorer_cache[path] = load_llama(path, n_ctx=REFERENCE_CTX, threads=settings.CANARY_SCORER_THREADS, logits_all=True)
+        _scorer_cache[path] = load_llama(
+            path, n_ctx=REFERENCE_CTX, threads=settings.CANARY_SCORER_THREADS, logits_all=True
+        )
     return _scorer_cache[path]
 
 
@@ -410,16 +470,28 @@ def canary_score_pending(*, limit: int = 20) -> int:
     (`score_reason`) and decide them; on the Celery workers, every WATCHDOG_INTERVAL. Returns
     how many were decided."""
     decided = _audited_decide()
-    for check_id in list(CanaryCheck.objects.filter(verdict=CanaryCheck.Verdict.SCORING, by_audit=False)
-                         .order_by("created_at").values_list("pk", flat=True)[:limit]):
-        check = CanaryCheck.objects.select_related("reference", "host").filter(
-            pk=check_id, verdict=CanaryCheck.Verdict.SCORING).first()
+    for check_id in list(
+        CanaryCheck.objects.filter(verdict=CanaryCheck.Verdict.SCORING, by_audit=False)
+        .order_by("created_at")
+        .values_list("pk", flat=True)[:limit]
+    ):
+        check = (
+            CanaryCheck.objects.select_related("reference", "host")
+            .filter(pk=check_id, verdict=CanaryCheck.Verdict.SCORING)
+            .first()
+        )
         if check is None:
             continue
-        reason = score_reason(_scorer(check.reference.gguf), check.reference, text=check.answer,
-                              completion_tokens=check.answer_tokens or 0)
+        reason = score_reason(
+            _scorer(check.reference.gguf),
+            check.reference,
+            text=check.answer,
+            completion_tokens=check.answer_tokens or 0,
+        )
         with transaction.atomic():
-            decided += canary_decide(check=check, host=check.host, reason=reason, was=CanaryCheck.Verdict.SCORING) is not None
+            decided += (
+                canary_decide(check=check, host=check.host, reason=reason, was=CanaryCheck.Verdict.SCORING) is not None
+            )
     return decided
 
 
@@ -436,18 +508,24 @@ def _audited_decide() -> int:
             continue
         if audit.status == Audit.Status.UNSCORED or (audit.status == Audit.Status.PASSED and not audit.checked):
             decided += CanaryCheck.objects.filter(pk=check.pk, verdict=CanaryCheck.Verdict.SCORING).update(
-                verdict=CanaryCheck.Verdict.VOID, decided_at=timezone.now())
+                verdict=CanaryCheck.Verdict.VOID, decided_at=timezone.now()
+            )
             continue
         reason = None if audit.status == Audit.Status.PASSED else f"its audit failed: {audit.reason}"
         with transaction.atomic():
-            decided += canary_decide(check=check, host=check.host, reason=reason, was=CanaryCheck.Verdict.SCORING) is not None
+            decided += (
+                canary_decide(check=check, host=check.host, reason=reason, was=CanaryCheck.Verdict.SCORING) is not None
+            )
     return decided
 
 
 def canary_void(*, request: Request) -> bool:
     """A canary that ended without an answer (its host died, failed or never claimed it)."""
-    return bool(CanaryCheck.objects.filter(request=request, verdict=CanaryCheck.Verdict.PENDING).update(
-        verdict=CanaryCheck.Verdict.VOID, decided_at=timezone.now()))
+    return bool(
+        CanaryCheck.objects.filter(request=request, verdict=CanaryCheck.Verdict.PENDING).update(
+            verdict=CanaryCheck.Verdict.VOID, decided_at=timezone.now()
+        )
+    )
 
 
 def is_canary(request: Request) -> bool:
@@ -470,7 +548,8 @@ def canary_due(*, host: Host, now: datetime) -> bool:
     checks = CanaryCheck.objects.filter(host=host)
     ended = (Request.Status.COMPLETED, Request.Status.FAILED)
     checks.filter(verdict=CanaryCheck.Verdict.PENDING, request__status__in=ended).update(
-        verdict=CanaryCheck.Verdict.VOID, decided_at=now)  # ended unanswered (expired, failed)
+        verdict=CanaryCheck.Verdict.VOID, decided_at=now
+    )  # ended unanswered (expired, failed)
     if checks.filter(verdict__in=(CanaryCheck.Verdict.PENDING, CanaryCheck.Verdict.SCORING)).exists():
         return False
     last = checks.order_by("-created_at").values_list("created_at", flat=True).first()
@@ -488,8 +567,12 @@ def _canary_key() -> ApiKey:
     account = ledger.customer_account(user=user)
     available = account.available_ucents if account is not None else 0
     if available < BUDGET_UCENTS // 2:
-        billing.credit_grant(user=user, amount_ucents=BUDGET_UCENTS - available,
-                             reference=f"canary-budget-{secrets.token_hex(8)}", memo="canary budget")
+        billing.credit_grant(
+            user=user,
+            amount_ucents=BUDGET_UCENTS - available,
+            reference=f"canary-budget-{secrets.token_hex(8)}",
+            memo="canary budget",
+        )
     return key
 
 
@@ -510,8 +593,14 @@ def canary_send(*, host: Host) -> CanaryCheck | None:
         if messages is not None and messages[0]["role"] != "system" and random.random() < 0.5:
             messages = [{"role": "system", "content": random.choice(system_prompts())}, *messages]
     else:  # judged against its reference: greedy, as long as the reference, rendered when it was (a template may write the date)
-        params = {"max_tokens": reference.max_tokens, "temperature": 0.0, "top_p": 1.0, "stop": None, "seed": None,
-                  RENDERED_AT: int(reference.created_at.timestamp())}
+        params = {
+            "max_tokens": reference.max_tokens,
+            "temperature": 0.0,
+            "top_p": 1.0,
+            "stop": None,
+            "seed": None,
+            RENDERED_AT: int(reference.created_at.timestamp()),
+        }
         now = render_instant(params)
     try:
         fragments = prompt_fragments(model, kind=kind, messages=messages, prompt=prompt, now=now)
@@ -522,8 +611,16 @@ def canary_send(*, host: Host) -> CanaryCheck | None:
         except TemplateRefused:  # (a corpus prompt its template refuses: references skip those too)
             return None
     request = request_submit(
-        public_id=new_public_id(kind), api_key=_canary_key(), model=model, kind=kind, messages=messages,
-        prompt=prompt, stream=True, prompt_tokens=prompt_count(model, fragments), params=params, only_host_id=host.pk,
+        public_id=new_public_id(kind),
+        api_key=_canary_key(),
+        model=model,
+        kind=kind,
+        messages=messages,
+        prompt=prompt,
+        stream=True,
+        prompt_tokens=prompt_count(model, fragments),
+        params=params,
+        only_host_id=host.pk,
     )
     return CanaryCheck.objects.create(host=host, reference=reference, request=request, by_audit=by_audit)
 
@@ -553,8 +650,11 @@ def _scored_by_hosts(*, host: Host, model_ids: list[int]) -> list[int]:
     if not settings.AUDIT_ENABLED or not model_ids:
         return []
     models = CatalogModel.objects.filter(pk__in=model_ids, kind=CatalogModel.Kind.CHAT)
-    return [model.pk for model in models
-            if audit_weights(model, assemble=False) is None and scorers_exist(model_id=model.pk, besides=host)]
+    return [
+        model.pk
+        for model in models
+        if audit_weights(model, assemble=False) is None and scorers_exist(model_id=model.pk, besides=host)
+    ]
 
 
 # Never a customer's words: a canary's system turn is one of these, as often as not.
@@ -573,10 +673,15 @@ def live_params(*, model: CatalogModel, kind: str) -> dict:
     """A canary's sampling, drawn from recent customer requests of this model and kind (their
     temperature, top_p and max_tokens, capped at CANARY_MAX_TOKENS; never their content), or
     a client's defaults when there are none. The seed is the gateway's, as for any job."""
-    recent = list(Request.objects.filter(model=model, kind=kind, canary__isnull=True)
-                  .order_by("-created_at").values_list("params", flat=True)[:LIVE_SAMPLE])
+    recent = list(
+        Request.objects.filter(model=model, kind=kind, canary__isnull=True)
+        .order_by("-created_at")
+        .values_list("params", flat=True)[:LIVE_SAMPLE]
+    )
     drawn = random.choice(recent) if recent else {}
-    picked = {key: drawn.get(key) if drawn.get(key) is not None else default for key, default in CUSTOMER_DEFAULTS.items()}
+    picked = {
+        key: drawn.get(key) if drawn.get(key) is not None else default for key, default in CUSTOMER_DEFAULTS.items()
+    }
     picked["max_tokens"] = min(int(picked["max_tokens"]), settings.CANARY_MAX_TOKENS)
     return {**picked, "stop": None, "seed": None}
 
@@ -586,7 +691,9 @@ def canary_send_if_due(*, host: Host) -> CanaryCheck | None:
     no trusted host could score a canary's audit."""
     if not settings.CANARY_ENABLED:
         return None
-    if not CanaryReference.objects.exists() and not (settings.AUDIT_ENABLED and Host.objects.filter(TRUSTED.q()).exists()):
+    if not CanaryReference.objects.exists() and not (
+        settings.AUDIT_ENABLED and Host.objects.filter(TRUSTED.q()).exists()
+    ):
         return None
     return canary_send(host=host) if canary_due(host=host, now=timezone.now()) else None
 
@@ -602,5 +709,11 @@ def canary_summary() -> dict:
         Host.objects.filter(canary_checks__verdict=CanaryCheck.Verdict.FAILED).distinct().values_list("name", flat=True)
     )
     decided = counts["passed"] + counts["failed"]
-    return {**counts, "pass_rate": counts["passed"] / decided if decided else None, "spent_ucents": spent,
-            "failed_hosts": failed_hosts, "prompts_public": corpus_public(), "prompts": len(corpus())}
+    return {
+        **counts,
+        "pass_rate": counts["passed"] / decided if decided else None,
+        "spent_ucents": spent,
+        "failed_hosts": failed_hosts,
+        "prompts_public": corpus_public(),
+        "prompts": len(corpus()),
+    }

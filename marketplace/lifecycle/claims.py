@@ -3,6 +3,7 @@ its request started, in raw SQL because it runs for every job), the payload the 
 receives (the work and nothing about the customer), and the check every later call of the
 host's makes that the job is still its own and running.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -35,12 +36,27 @@ def job_payload(job: Job) -> JobPayload:
     delivered = request.delivered_text if continuation else ""
     delivered = delivered[: len(delivered) - job.generated_chars]
     fmt = None if request.kind == Request.Kind.EMBEDDINGS else chat_format_of(job.model_id)
-    params = request.params if request.kind == Request.Kind.EMBEDDINGS else {  # (which choice it is is the gateway's)
-        **{k: v for k, v in request.params.items() if k != CHOICE_OF}, "seed": job_seed(job_id=job.pk, params=request.params)}
+    params = (
+        request.params
+        if request.kind == Request.Kind.EMBEDDINGS
+        else {  # (which choice it is is the gateway's)
+            **{k: v for k, v in request.params.items() if k != CHOICE_OF},
+            "seed": job_seed(job_id=job.pk, params=request.params),
+        }
+    )
     return job_payload_build(
-        job_id=job.pk, model=job.model.name, kind=request.kind, messages=request.messages, prompt=request.prompt,
-        inputs=request.inputs, params=params, fmt=fmt, continuation=continuation, delivered=delivered,
-        delivered_tokens=count_output(request, delivered), now=render_instant(request.params),
+        job_id=job.pk,
+        model=job.model.name,
+        kind=request.kind,
+        messages=request.messages,
+        prompt=request.prompt,
+        inputs=request.inputs,
+        params=params,
+        fmt=fmt,
+        continuation=continuation,
+        delivered=delivered,
+        delivered_tokens=count_output(request, delivered),
+        now=render_instant(request.params),
     )
 
 
@@ -51,7 +67,12 @@ _JSON_COLUMNS = ("messages", "inputs", "params")
 
 
 def job_claim_next(
-    *, host: Host, fingerprint: str = "", model_ids: list[int] | None = None, warm_ids: list[int] | None = None, boot: str = "",
+    *,
+    host: Host,
+    fingerprint: str = "",
+    model_ids: list[int] | None = None,
+    warm_ids: list[int] | None = None,
+    boot: str = "",
 ) -> Job | None:
     """Give the host the next queued job routing lets it take, if any.
 
@@ -68,7 +89,11 @@ def job_claim_next(
 
 
 def job_claim_payload(
-    *, host: Host, model_ids: list[int], warm_ids: list[int] | None = None, boot: str = "",
+    *,
+    host: Host,
+    model_ids: list[int],
+    warm_ids: list[int] | None = None,
+    boot: str = "",
 ) -> dict | None:
     """`job_claim_next`, rendered as what the host receives (the long-poll's path: no
     query after the claim). `warm_ids` may be looked up once per long-poll."""
@@ -77,7 +102,12 @@ def job_claim_payload(
 
 
 def _claim_routed(
-    *, host: Host, fingerprint: str = "", model_ids: list[int] | None, warm_ids: list[int] | None, boot: str = "",
+    *,
+    host: Host,
+    fingerprint: str = "",
+    model_ids: list[int] | None,
+    warm_ids: list[int] | None,
+    boot: str = "",
 ) -> Job | None:
     if model_ids is None:
         model_ids = qualified_model_ids(host=host, fingerprint=fingerprint)
@@ -92,7 +122,12 @@ def _claim_routed(
 
 
 def job_claim_selected(
-    *, host: Host, selection: tuple[str, list], now: datetime, boot: str = "", loaded_ids: Sequence[int] = (),
+    *,
+    host: Host,
+    selection: tuple[str, list],
+    now: datetime,
+    boot: str = "",
+    loaded_ids: Sequence[int] = (),
 ) -> Job | None:
     """Claim the first job of `selection` (SQL conditions on the job table and an ORDER BY,
     with their parameters) unless the host is paused or in maintenance: mark it running
@@ -127,7 +162,13 @@ def job_claim_selected(
         f" AND (trusted_only = %s OR EXISTS (SELECT 1 FROM {host_table} t WHERE t.id = %s AND {trusted}))"
     )
     host_ok_params = [
-        host.pk, *accepting_params, Job.Status.RUNNING, *cap_params, False, host.pk, *trusted_params,
+        host.pk,
+        *accepting_params,
+        Job.Status.RUNNING,
+        *cap_params,
+        False,
+        host.pk,
+        *trusted_params,
     ]
     loaded = f"model_id IN ({', '.join(['%s'] * len(loaded_ids))})" if loaded_ids else "%s"
     claim_job = (
@@ -138,8 +179,15 @@ def job_claim_selected(
         " RETURNING id, attempt, request_id"
     )
     claim_params = [
-        Job.Status.RUNNING, host.pk, at, at, boot, *(list(loaded_ids) or [False]), Job.Status.QUEUED,
-        *host_ok_params, *params,
+        Job.Status.RUNNING,
+        host.pk,
+        at,
+        at,
+        boot,
+        *(list(loaded_ids) or [False]),
+        Job.Status.QUEUED,
+        *host_ok_params,
+        *params,
     ]
     # a continuation's request is already running: it keeps its status and start time
     start_request = (
@@ -148,9 +196,11 @@ def job_claim_selected(
     )
     start_params = [Request.Status.QUEUED, Request.Status.RUNNING, Request.Status.QUEUED, at]
     returning = ", ".join(
-        [*(f"{request_table}.{column}" for column in _CLAIMED_REQUEST_COLUMNS),
-         f"(SELECT name FROM {model_table} WHERE id = {request_table}.model_id)",
-         f"(SELECT tokenizer FROM {model_table} WHERE id = {request_table}.model_id)"]
+        [
+            *(f"{request_table}.{column}" for column in _CLAIMED_REQUEST_COLUMNS),
+            f"(SELECT name FROM {model_table} WHERE id = {request_table}.model_id)",
+            f"(SELECT tokenizer FROM {model_table} WHERE id = {request_table}.model_id)",
+        ]
     )
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":

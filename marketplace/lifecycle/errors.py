@@ -6,6 +6,7 @@ every door (HTTP, WebSocket) renders it the one way `core.errors` does. A failed
 keeps only its code (`Request.error_code`, written by `request_fail`); `request_ended`
 finds the status and type beside it here.
 """
+
 from __future__ import annotations
 
 from billing.errors import InsufficientCredit, KeyLimitExceeded, RateLimited, TooManyStreams
@@ -118,9 +119,21 @@ class FallbackRefused(RequestEnded):
 
 
 REQUEST_ENDS: dict[str, type[RequestEnded]] = {
-    **{end.code: end for end in (QueueTimeout, RequestNotRunnable, HostFailed, Cancelled, InvalidStructuredOutput,
-                                 LogprobsMissing, AnswerTooLong)},
-    **{refusal.code: FallbackRefused for refusal in (InsufficientCredit, KeyLimitExceeded, RateLimited, TooManyStreams)},
+    **{
+        end.code: end
+        for end in (
+            QueueTimeout,
+            RequestNotRunnable,
+            HostFailed,
+            Cancelled,
+            InvalidStructuredOutput,
+            LogprobsMissing,
+            AnswerTooLong,
+        )
+    },
+    **{
+        refusal.code: FallbackRefused for refusal in (InsufficientCredit, KeyLimitExceeded, RateLimited, TooManyStreams)
+    },
 }
 
 

@@ -23,6 +23,7 @@ the evidence, as a failed audit does (`ring_inquiries.host_blame`). This closes 
 host stood in by completing every job at once with nothing: the empty answer is the first
 draw, and the seed's first draw is almost never the end of generation.
 """
+
 from __future__ import annotations
 
 import logging
@@ -51,19 +52,33 @@ class Verdict:
     audit: bool = False  # the check needs the weights the gateway lacks: audit it (by trusted hosts)
 
 
-def completion_checked(*, request: Request, job: Job, own_text: str, token_ids: list[int] | None, finish_reason: str,
-                       payload: Callable[[], dict]) -> Verdict:
+def completion_checked(
+    *,
+    request: Request,
+    job: Job,
+    own_text: str,
+    token_ids: list[int] | None,
+    finish_reason: str,
+    payload: Callable[[], dict],
+) -> Verdict:
     """Whether `token_ids`, with `finish_reason`, can be the host's draw of `own_text` (its own
     part of the delivered answer) for the job it was sent (`payload()`, rendered again only when
     a check needs it: a stop string's end, an empty answer)."""
     if request.kind not in (Request.Kind.CHAT, Request.Kind.COMPLETION):
         return Verdict()
     if not token_ids:
-        return Verdict(Refusal("its completion reported no token ids: an answer is paid only with the tokens drawn for it"))
+        return Verdict(
+            Refusal("its completion reported no token ids: an answer is paid only with the tokens drawn for it")
+        )
     tokenizer = tokenizer_for(request.model.tokenizer)
     if isinstance(tokenizer, GgufTokenizer):
-        problem = shape_problem(tokenizer, token_ids=token_ids, own_text=own_text, finish_reason=finish_reason,
-                                stops=lambda: job_stop_strings(payload()))
+        problem = shape_problem(
+            tokenizer,
+            token_ids=token_ids,
+            own_text=own_text,
+            finish_reason=finish_reason,
+            stops=lambda: job_stop_strings(payload()),
+        )
         if problem is not None:
             return Verdict(Refusal(problem, proven=True))
     if own_text:
@@ -71,8 +86,9 @@ def completion_checked(*, request: Request, job: Job, own_text: str, token_ids: 
     return _first_draw_checked(request=request, payload=payload(), token_ids=token_ids, finish_reason=finish_reason)
 
 
-def shape_problem(tokenizer: GgufTokenizer, *, token_ids: list[int], own_text: str, finish_reason: str,
-                  stops: Callable[[], list[str]]) -> str | None:
+def shape_problem(
+    tokenizer: GgufTokenizer, *, token_ids: list[int], own_text: str, finish_reason: str, stops: Callable[[], list[str]]
+) -> str | None:
     drawn = tokenizer.drawn(token_ids)
     if drawn is None:
         return "a reported token id is not in the model's vocabulary"
@@ -97,8 +113,13 @@ def _first_draw_checked(*, request: Request, payload: dict, token_ids: list[int]
     try:
         with VERIFYING:
             result = _verifier(path).audit(  # type: ignore[attr-defined]
-                payload, token_ids=[int(t) for t in token_ids], text="", finish_reason=finish_reason,
-                seed=int(payload["params"]["seed"]), sample=None)
+                payload,
+                token_ids=[int(t) for t in token_ids],
+                text="",
+                finish_reason=finish_reason,
+                seed=int(payload["params"]["seed"]),
+                sample=None,
+            )
     except (LookupError, Unauditable) as cannot:
         logger.warning("empty answer of request %s cannot be recomputed here (%s): audited", request.public_id, cannot)
         return Verdict(audit=True)

@@ -4,6 +4,7 @@ delivered text if it did, settled if the answer was already whole, or failed hon
 unbilled. Deaths come from the host (`job_fail`), its dropped connection, a ban, or the
 watchdog's liveness rules.
 """
+
 from __future__ import annotations
 
 from datetime import datetime
@@ -42,7 +43,12 @@ def job_fail(*, host: Host, job_id: int, reason: str, cause: str = "host") -> st
 
 
 def job_complete(
-    *, host: Host, job_id: int, finish_reason: str, embeddings: list | None = None, token_ids: list[int] | None = None,
+    *,
+    host: Host,
+    job_id: int,
+    finish_reason: str,
+    embeddings: list | None = None,
+    token_ids: list[int] | None = None,
 ) -> Completion:
     """A host's completion (`settlement.job_complete`). One that is no evidence of its answer
     (`marketplace.lifecycle.evidence`) ends the attempt as the host's failure, as if it had
@@ -50,8 +56,9 @@ def job_complete(
     no honest draw could be also puts its host in maintenance with the evidence. The host is
     told why (`CompletionRefused`)."""
     try:
-        return settlement.job_complete(host=host, job_id=job_id, finish_reason=finish_reason, embeddings=embeddings,
-                                       token_ids=token_ids)
+        return settlement.job_complete(
+            host=host, job_id=job_id, finish_reason=finish_reason, embeddings=embeddings, token_ids=token_ids
+        )
     except CompletionRefused as refused:
         if refused.proven:  # (first: the attempt may have ended meanwhile, the evidence stands)
             host_blame(host=host, why=f"Failed verification at completion: {refused.message}"[:500])
@@ -64,9 +71,11 @@ def job_complete(
 
 # Our words, not a host's: a host's own failure text (kept in Job.fail_reason for operators)
 # is never quoted to the customer.
-NOT_RUNNABLE = ("Two hosts could not run this request as sent; nothing was billed. Check what it asks for "
-                "(the prompt's length against the model's context, response_format, tools, the sampling parameters) "
-                "and send it again.")
+NOT_RUNNABLE = (
+    "Two hosts could not run this request as sent; nothing was billed. Check what it asks for "
+    "(the prompt's length against the model's context, response_format, tools, the sampling parameters) "
+    "and send it again."
+)
 
 
 @transaction.atomic
@@ -108,7 +117,10 @@ def attempt_end_dead(*, job_id: int, reason: str, cause: str = "host") -> str:
     request = Request.objects.select_for_update().select_related("model", "hold").get(pk=job.request_id)
     if request.status != Request.Status.RUNNING:
         return ""
-    if cause == "request" and Job.objects.filter(request_id=request.pk, fail_cause="request").exclude(host_id=job.host_id).exists():
+    if (
+        cause == "request"
+        and Job.objects.filter(request_id=request.pk, fail_cause="request").exclude(host_id=job.host_id).exists()
+    ):
         request_fail(request=request, code=RequestNotRunnable.code, message=NOT_RUNNABLE)
         return "failed"
     from marketplace.lifecycle.canaries import canary_void, is_canary  # (canaries queue through this module)
@@ -126,12 +138,19 @@ def attempt_end_dead(*, job_id: int, reason: str, cause: str = "host") -> str:
         return _requeue_or_fail(request=request, job=job)
     if job.attempt >= MAX_ATTEMPTS:
         request_fail(
-            request=request, code=HostFailed.code,
+            request=request,
+            code=HostFailed.code,
             message="The host serving this request failed, and so did the host that took over; nothing was billed.",
         )
         return "failed"
     Request.objects.filter(pk=request.pk).update(resumed=True)
-    job_queue(request=request, model=request.model, attempt=job.attempt + 1, avoid_host_id=job.host_id, trusted_only=job.trusted_only)
+    job_queue(
+        request=request,
+        model=request.model,
+        attempt=job.attempt + 1,
+        avoid_host_id=job.host_id,
+        trusted_only=job.trusted_only,
+    )
     announce_on_commit(request_group(request.public_id), {"type": "job.resumed"})
     return "continued"
 
@@ -146,11 +165,17 @@ def _settled_if_whole(*, request: Request, job: Job) -> bool:
     if request.kind == Request.Kind.EMBEDDINGS or (request.delivered_chars == 0 and not job.text_end):
         return False
     answer, stopped = answer_of(request, request.delivered_text)
-    tokens, max_tokens = (completion_tokens_counted(request, answer) if answer else 0), int(request.params["max_tokens"])
+    tokens, max_tokens = (
+        (completion_tokens_counted(request, answer) if answer else 0),
+        int(request.params["max_tokens"]),
+    )
     if not (stopped or tokens >= max_tokens or job.text_end):
         return False
-    reason = "stop" if stopped else finish_reason_checked(claimed=job.text_end or "length", completion_tokens=tokens,
-                                                          max_tokens=max_tokens)
+    reason = (
+        "stop"
+        if stopped
+        else finish_reason_checked(claimed=job.text_end or "length", completion_tokens=tokens, max_tokens=max_tokens)
+    )
     settle_without_host(request=request, completion_tokens=tokens, finish_reason=reason)
     return True
 
@@ -158,11 +183,21 @@ def _settled_if_whole(*, request: Request, job: Job) -> bool:
 def _requeue_or_fail(*, request: Request, job: Job) -> str:
     """A first attempt that delivered nothing: back in the queue while requeues are left."""
     if job.requeue < MAX_REQUEUES:
-        job_queue(request=request, model=request.model, attempt=job.attempt, requeue=job.requeue + 1, avoid_host_id=job.host_id,
-                  trusted_only=job.trusted_only)
+        job_queue(
+            request=request,
+            model=request.model,
+            attempt=job.attempt,
+            requeue=job.requeue + 1,
+            avoid_host_id=job.host_id,
+            trusted_only=job.trusted_only,
+        )
         return "requeued"
-    request_fail(request=request, code=HostFailed.code, message=f"{MAX_REQUEUES + 1} hosts in a row failed before writing "
-                 "anything for this request; nothing was billed.")
+    request_fail(
+        request=request,
+        code=HostFailed.code,
+        message=f"{MAX_REQUEUES + 1} hosts in a row failed before writing "
+        "anything for this request; nothing was billed.",
+    )
     return "failed"
 
 
@@ -188,8 +223,11 @@ def host_boot_seen(*, host_id: int, boot: str) -> int:
     one are never ended this way. Returns how many ended (attempts and audits)."""
     if not boot:
         return 0
-    stale = list(Job.objects.filter(host_id=host_id, status=Job.Status.RUNNING).exclude(boot__in=("", boot))
-                 .values_list("pk", flat=True))
+    stale = list(
+        Job.objects.filter(host_id=host_id, status=Job.Status.RUNNING)
+        .exclude(boot__in=("", boot))
+        .values_list("pk", flat=True)
+    )
     ended = sum(1 for job_id in stale if attempt_end_dead(job_id=job_id, reason="its host restarted"))
     return ended + audit_scorer_restarted(host_id=host_id, boot=boot)
 

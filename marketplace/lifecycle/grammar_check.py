@@ -2,6 +2,7 @@
 converter every host runs, behind `protocol.grammar_fence` (a child process with a time bound
 `GRAMMAR_CHECK_SECONDS` and a memory bound `GRAMMAR_CHECK_MEMORY_MB`: that converter hangs on
 patterns such as `^}$`). One fence per gateway process; verdicts are cached by schema."""
+
 from __future__ import annotations
 
 from django.conf import settings
@@ -19,6 +20,10 @@ def grammar_problem(schema: str) -> str | None:
     except Unconvertible as refusal:
         return str(refusal)
     except FenceUnavailable:
-        raise ApiError(503, "The gateway cannot check response_format schemas right now; try again shortly.",
-                       code="grammar_check_unavailable", type="server_error") from None
+        raise ApiError(
+            503,
+            "The gateway cannot check response_format schemas right now; try again shortly.",
+            code="grammar_check_unavailable",
+            type="server_error",
+        ) from None
     return None

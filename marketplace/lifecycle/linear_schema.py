@@ -2,6 +2,7 @@
 `pattern` and `patternProperties` run in RE2 (`protocol.schema_limits.linear_pattern`), never
 in Python's `re`. Used where a schema's keywords are read (`marketplace.lifecycle.schema_reach`) and
 where answers are checked against it (`marketplace.lifecycle.structured`, `marketplace.openai.tool_calls`)."""
+
 from __future__ import annotations
 
 from functools import lru_cache

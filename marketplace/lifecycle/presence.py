@@ -2,6 +2,7 @@
 back within the grace; after it the request is abandoned and what was delivered settles),
 withdrawing a sibling choice, and forgetting the delivered text once it was handed over.
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -22,8 +23,11 @@ def request_listener_left(*, request_id: int) -> bool:
     """The customer's connection to a request that is still running went away (the stream
     dropped, or a client waiting for the whole answer hung up). Unless one re-attaches
     within ABANDON_GRACE_SECONDS (a dropped stream resumes), the request is abandoned."""
-    return bool(Request.objects.filter(pk=request_id, status__in=[Request.Status.QUEUED, Request.Status.RUNNING])
-                .update(left_at=timezone.now()))
+    return bool(
+        Request.objects.filter(pk=request_id, status__in=[Request.Status.QUEUED, Request.Status.RUNNING]).update(
+            left_at=timezone.now()
+        )
+    )
 
 
 def request_listener_here(*, request_id: int) -> bool:
@@ -35,7 +39,8 @@ def request_withdraw(*, request_id: int) -> str:
     """End a request now as if abandoned long ago (a sibling choice of `n` was refused at
     admission): queued, it ends unbilled. Returns what request_abandon returns."""
     Request.objects.filter(pk=request_id, status__in=[Request.Status.QUEUED, Request.Status.RUNNING]).update(
-        left_at=timezone.now() - timedelta(seconds=settings.ABANDON_GRACE_SECONDS + 1))
+        left_at=timezone.now() - timedelta(seconds=settings.ABANDON_GRACE_SECONDS + 1)
+    )
     return request_abandon(request_id=request_id)
 
 
@@ -50,24 +55,44 @@ def request_abandon(*, request_id: int) -> str:
     (it ended meanwhile, or someone re-attached)."""
     cutoff = timezone.now() - timedelta(seconds=settings.ABANDON_GRACE_SECONDS)
     request = (
-        Request.objects.select_for_update().select_related("model", "hold")
-        .filter(pk=request_id, status__in=[Request.Status.QUEUED, Request.Status.RUNNING], left_at__lt=cutoff).first()
+        Request.objects.select_for_update()
+        .select_related("model", "hold")
+        .filter(pk=request_id, status__in=[Request.Status.QUEUED, Request.Status.RUNNING], left_at__lt=cutoff)
+        .first()
     )
     if request is None:
         return ""
     job = Job.objects.filter(request=request, status__in=[Job.Status.QUEUED, Job.Status.RUNNING]).first()
     running = job is not None and job.status == Job.Status.RUNNING and request.kind != Request.Kind.EMBEDDINGS
     answer = answer_of(request, request.delivered_text)[0] if running else ""  # (a queued job delivered nothing)
-    tokens = min(completion_tokens_counted(request, answer), int(request.params.get("max_tokens") or 0)) if answer else 0
+    tokens = (
+        min(completion_tokens_counted(request, answer), int(request.params.get("max_tokens") or 0)) if answer else 0
+    )
     if job is None or job.status == Job.Status.QUEUED or tokens == 0:
         if job is not None:
             Job.objects.filter(pk=job.pk, status__in=[Job.Status.QUEUED, Job.Status.RUNNING]).update(
-                status=Job.Status.FAILED, finished_at=timezone.now(), fail_reason="the customer went away", fail_cause="request")
-        request_fail(request=request, code=Cancelled.code, message="The customer went away before any text; nothing was billed.")
+                status=Job.Status.FAILED,
+                finished_at=timezone.now(),
+                fail_reason="the customer went away",
+                fail_cause="request",
+            )
+        request_fail(
+            request=request, code=Cancelled.code, message="The customer went away before any text; nothing was billed."
+        )
         return "cancelled"
     share = rescuer_share(request=request, job=job, text=answer, completion_tokens=tokens)
-    if settle(request=request, completion_tokens=tokens, finish_reason="cancelled", job=job, host=Host.objects.get(pk=job.host_id),
-              share=share, note="the customer went away: the answer so far was settled") is None:
+    if (
+        settle(
+            request=request,
+            completion_tokens=tokens,
+            finish_reason="cancelled",
+            job=job,
+            host=Host.objects.get(pk=job.host_id),
+            share=share,
+            note="the customer went away: the answer so far was settled",
+        )
+        is None
+    ):
         return ""
     return "settled"
 
@@ -80,7 +105,8 @@ def request_forget_output(*, request_id: int) -> bool:
         row = (
             Request.objects.select_for_update()
             .filter(pk=request_id, status__in=[Request.Status.COMPLETED, Request.Status.FAILED], output_forgotten=False)
-            .values("params").first()
+            .values("params")
+            .first()
         )
         if row is None:
             return False

@@ -4,6 +4,7 @@ offers that wake hosts, re-offers when an offer lapses, and what a queue timeout
 next fallback model, or an honest unbilled failure). Canaries queue through here too, so it
 sits below them.
 """
+
 from __future__ import annotations
 
 import secrets
@@ -67,14 +68,29 @@ def request_submit(
     billed = 0 if params.get(CHOICE_OF) else prompt_tokens  # (`Request.prompt_tokens_billed`)
     estimate = estimate_ucents(model=model, prompt_tokens=billed, max_tokens=params["max_tokens"])
     request = Request(
-        public_id=public_id, user=api_key.user, api_key=api_key, model=model, kind=kind, stream=stream, messages=messages,
-        prompt=prompt, inputs=inputs, params=params, prompt_tokens=prompt_tokens, estimate_ucents=estimate,
+        public_id=public_id,
+        user=api_key.user,
+        api_key=api_key,
+        model=model,
+        kind=kind,
+        stream=stream,
+        messages=messages,
+        prompt=prompt,
+        inputs=inputs,
+        params=params,
+        prompt_tokens=prompt_tokens,
+        estimate_ucents=estimate,
     )
     limits = job_limits(request=request, model=model, now=timezone.now())  # (a process's first reads the vocabulary)
     # Routing reads before the account's row is locked: a customer's admissions queue on
     # that lock, so it is held for the writes only. The offer's clock starts here.
-    placement = _placement(model=model, only_host_id=only_host_id, avoid_host_id=None, trusted_only=trusted_only,
-                           beside_host_id=_first_choice_host(request))
+    placement = _placement(
+        model=model,
+        only_host_id=only_host_id,
+        avoid_host_id=None,
+        trusted_only=trusted_only,
+        beside_host_id=_first_choice_host(request),
+    )
     job = Job(request=request, model=model, trusted_only=trusted_only, only_host_id=only_host_id, **placement, **limits)
     hold = billing.hold_steps(user_id=api_key.user_id, api_key=api_key, amount_ucents=estimate)
     if hold is not None and _request_admit_chained(request=request, job=job, hold=hold):
@@ -85,7 +101,11 @@ def request_submit(
 def _request_admit_chained(*, request: Request, job: Job, hold: list[Step]) -> bool:
     """The hold, the request and its job as one chain of compare-and-sets and inserts;
     False (nothing written) when a step refused."""
-    steps = [*hold, insert_step("request", request, refs={"hold_id": "hold"}), insert_step("job", job, refs={"request_id": "request"})]
+    steps = [
+        *hold,
+        insert_step("request", request, refs={"hold_id": "hold"}),
+        insert_step("job", job, refs={"request_id": "request"}),
+    ]
     try:
         with transaction.atomic():
             ids = chain_run(steps)
@@ -107,13 +127,18 @@ def _request_admit_locked(*, request: Request, job: Job) -> Request:
 
 
 def _placement(
-    *, model: CatalogModel, only_host_id: int | None, avoid_host_id: int | None, trusted_only: bool,
+    *,
+    model: CatalogModel,
+    only_host_id: int | None,
+    avoid_host_id: int | None,
+    trusted_only: bool,
     beside_host_id: int | None = None,
 ) -> dict:
     if only_host_id is not None:  # a canary: offered to its host alone, for as long as it waits
         return {"offered_host_id": only_host_id, "offer_until": None, "warm_until": None}
-    return routing.placement(model=model, avoid_host_id=avoid_host_id, trusted_only=trusted_only,
-                             beside_host_id=beside_host_id)
+    return routing.placement(
+        model=model, avoid_host_id=avoid_host_id, trusted_only=trusted_only, beside_host_id=beside_host_id
+    )
 
 
 def _first_choice_host(request: Request) -> int | None:
@@ -122,7 +147,9 @@ def _first_choice_host(request: Request) -> int | None:
     first = (request.params or {}).get(CHOICE_OF)
     if not first:
         return None
-    found = Job.objects.filter(request__public_id=first).order_by("-pk").values_list("host_id", "offered_host_id").first()
+    found = (
+        Job.objects.filter(request__public_id=first).order_by("-pk").values_list("host_id", "offered_host_id").first()
+    )
     return (found[0] or found[1]) if found else None
 
 
@@ -132,7 +159,11 @@ def job_limits(*, request: Request, model: CatalogModel, now: datetime) -> dict:
     start allowance for loading and prefill, and `max_tokens` at the slowest acceptable
     speed). A continuation gets the whole budget again (it regenerates the prompt)."""
     max_tokens = int(request.params.get("max_tokens") or 0)
-    seconds = settings.QUEUE_TIMEOUT_SECONDS + settings.JOB_START_ALLOWANCE_SECONDS + max_tokens / settings.JOB_MIN_TOKENS_PER_SECOND
+    seconds = (
+        settings.QUEUE_TIMEOUT_SECONDS
+        + settings.JOB_START_ALLOWANCE_SECONDS
+        + max_tokens / settings.JOB_MIN_TOKENS_PER_SECOND
+    )
     max_chars = None
     if request.kind != Request.Kind.EMBEDDINGS:
         max_chars = max_tokens * (model.longest_token_chars or tokenizer_for(model.tokenizer).longest_token_chars())
@@ -140,16 +171,25 @@ def job_limits(*, request: Request, model: CatalogModel, now: datetime) -> dict:
 
 
 def job_queue(
-    *, request: Request, model: CatalogModel, placement: dict | None = None, trusted_only: bool = False, **fields: object
+    *,
+    request: Request,
+    model: CatalogModel,
+    placement: dict | None = None,
+    trusted_only: bool = False,
+    **fields: object,
 ) -> Job:
     """Create a request's next job already routed (one INSERT carries the routing decision,
     `placement`, decided here unless given, and the job's limits), and wake whoever may
     take it (after the commit)."""
     if placement is None:
         avoid, only = fields.get("avoid_host_id"), fields.get("only_host_id")
-        placement = _placement(model=model, only_host_id=only if isinstance(only, int) else None,
-                               avoid_host_id=avoid if isinstance(avoid, int) else None, trusted_only=trusted_only,
-                               beside_host_id=_first_choice_host(request) if avoid is None else None)
+        placement = _placement(
+            model=model,
+            only_host_id=only if isinstance(only, int) else None,
+            avoid_host_id=avoid if isinstance(avoid, int) else None,
+            trusted_only=trusted_only,
+            beside_host_id=_first_choice_host(request) if avoid is None else None,
+        )
     limits = job_limits(request=request, model=model, now=timezone.now())
     job = Job.objects.create(request=request, model=model, trusted_only=trusted_only, **fields, **placement, **limits)
     job_announce(job)
@@ -199,18 +239,27 @@ def request_expire_unclaimed(*, request_id: int) -> bool:
         status=Job.Status.FAILED, finished_at=timezone.now(), fail_reason="not claimed in time"
     ):
         return False
-    if job.attempt == 1 and request_reroute(request_id=request_id, requeue=job.requeue + 1, trusted_only=job.trusted_only):
+    if job.attempt == 1 and request_reroute(
+        request_id=request_id, requeue=job.requeue + 1, trusted_only=job.trusted_only
+    ):
         return True
     wait = f"{settings.QUEUE_TIMEOUT_SECONDS:g} seconds"
-    before = Job.objects.filter(request_id=request_id, attempt=job.attempt, requeue=job.requeue - 1).values_list(
-        "fail_reason", flat=True).first()
+    before = (
+        Job.objects.filter(request_id=request_id, attempt=job.attempt, requeue=job.requeue - 1)
+        .values_list("fail_reason", flat=True)
+        .first()
+    )
     request = Request.objects.select_related("model").get(pk=request_id)
     if job.attempt > 1 or (job.requeue > 0 and before != "not claimed in time"):  # (a fallback's queue is a queue)
-        code, message = HostFailed.code, f"The host serving this request failed and no other host took over within {wait}; nothing was billed."
+        code, message = (
+            HostFailed.code,
+            f"The host serving this request failed and no other host took over within {wait}; nothing was billed.",
+        )
     else:
         code = QueueTimeout.code
         message = f"No host claimed this request within {wait}; nothing was billed. " + _nobody_claimed_why(
-            model=request.model, trusted_only=job.trusted_only)
+            model=request.model, trusted_only=job.trusted_only
+        )
     return request_fail(request=request, code=code, message=message)
 
 
@@ -220,9 +269,13 @@ def _nobody_claimed_why(*, model: CatalogModel, trusted_only: bool) -> str:
     online = warm_host_counts(model_id=model.pk).get(model.pk, {}).get("online", 0)
     if not online:
         return f"No host that serves {model.name} is online now; GET /v1/models lists the models being served."
-    hosts_online = f"{online} host{'s' if online > 1 else ''} serving {model.name} {'are' if online > 1 else 'is'} online"
+    hosts_online = (
+        f"{online} host{'s' if online > 1 else ''} serving {model.name} {'are' if online > 1 else 'is'} online"
+    )
     if trusted_only:
-        return f"{hosts_online}, but this request takes trusted hosts only and none of those was free; try again shortly."
+        return (
+            f"{hosts_online}, but this request takes trusted hosts only and none of those was free; try again shortly."
+        )
     return f"{hosts_online} and {'all were' if online > 1 else 'it was'} busy; try again shortly."
 
 
@@ -233,30 +286,42 @@ def request_reroute(*, request_id: int, requeue: int, trusted_only: bool = False
     stays when it covers the new model's worst case, and is placed again otherwise (a
     refusal then ends the request with it). Fallbacks that no longer exist, or whose
     context the request does not fit, are skipped. False when none is left."""
-    request = Request.objects.select_for_update().select_related("model", "hold", "api_key", "user").filter(
-        pk=request_id, status=Request.Status.QUEUED).first()
+    request = (
+        Request.objects.select_for_update()
+        .select_related("model", "hold", "api_key", "user")
+        .filter(pk=request_id, status=Request.Status.QUEUED)
+        .first()
+    )
     fallbacks = list((request.params or {}).get("fallbacks") or []) if request is not None else []
     while fallbacks:
         model = CatalogModel.objects.filter(name=fallbacks.pop(0), active=True, kind=CatalogModel.Kind.CHAT).first()
         if model is None:
             continue
         try:
-            fragments = prompt_fragments(model, kind=request.kind, messages=request.messages, prompt=request.prompt,
-                                         now=render_instant(request.params))
+            fragments = prompt_fragments(
+                model,
+                kind=request.kind,
+                messages=request.messages,
+                prompt=request.prompt,
+                now=render_instant(request.params),
+            )
         except TemplateRefused:  # this fallback's template refuses the conversation: the next one may not
             continue
         prompt_tokens = prompt_count(model, fragments)
         max_tokens = int(request.params["max_tokens"])
         if prompt_tokens + max_tokens > model.context_length:
             continue
-        estimate = estimate_ucents(model=model, prompt_tokens=0 if request.params.get(CHOICE_OF) else prompt_tokens,
-                                   max_tokens=max_tokens)
+        estimate = estimate_ucents(
+            model=model, prompt_tokens=0 if request.params.get(CHOICE_OF) else prompt_tokens, max_tokens=max_tokens
+        )
         if estimate > request.hold.amount_ucents:
             billing.hold_release(hold=request.hold)
             try:
                 request.hold = billing.hold_place(user=request.user, api_key=request.api_key, amount_ucents=estimate)
             except DomainError as refused:
-                request_fail(request=request, code=refused.code, message=f"Falling back to {model.name}: {refused.message}")
+                request_fail(
+                    request=request, code=refused.code, message=f"Falling back to {model.name}: {refused.message}"
+                )
                 return True
         request.model, request.prompt_tokens, request.estimate_ucents = model, prompt_tokens, estimate
         request.params = {**request.params, "fallbacks": fallbacks}

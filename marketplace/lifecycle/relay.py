@@ -4,6 +4,7 @@ advances the request, told to its listeners after the commit. Batches that arriv
 share one trip to the database. A host's progress report before its first token lives here
 too: it is the other sign of life.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,14 +41,24 @@ class Push:
     seq: int
     text: str
     logprobs: list[dict] | None = None  # its tokens' entries, when the request asked for log-probabilities
-    finish_reason: str = ""  # "stop" or "length" on the answer's last batch: the host's generation ended (`Job.text_end`)
+    finish_reason: str = (
+        ""  # "stop" or "length" on the answer's last batch: the host's generation ended (`Job.text_end`)
+    )
 
 
 def job_push_tokens(
-    *, host: Host, job_id: int, seq: int, text: str, logprobs: list[dict] | None = None, finish_reason: str = "",
+    *,
+    host: Host,
+    job_id: int,
+    seq: int,
+    text: str,
+    logprobs: list[dict] | None = None,
+    finish_reason: str = "",
 ) -> PushResult:
     """Apply one ordered batch of text (see `job_push_many`); raises its refusal."""
-    result = job_push_many([Push(host=host, job_id=job_id, seq=seq, text=text, logprobs=logprobs, finish_reason=finish_reason)])[0]
+    result = job_push_many(
+        [Push(host=host, job_id=job_id, seq=seq, text=text, logprobs=logprobs, finish_reason=finish_reason)]
+    )[0]
     if isinstance(result, DomainError):
         raise result
     return result
@@ -71,8 +82,17 @@ def job_push_many(pushes: list[Push]) -> list[PushResult | DomainError]:
     retry, a gap, a job that ended or is not this host's) is told apart afterwards.
     """
     now = timezone.now()
-    pushes = [Push(host=p.host, job_id=p.job_id, seq=p.seq, text=p.text.replace("\x00", ""), logprobs=p.logprobs,
-                   finish_reason=p.finish_reason) for p in pushes]
+    pushes = [
+        Push(
+            host=p.host,
+            job_id=p.job_id,
+            seq=p.seq,
+            text=p.text.replace("\x00", ""),
+            logprobs=p.logprobs,
+            finish_reason=p.finish_reason,
+        )
+        for p in pushes
+    ]
     # (a byte-level model can emit NUL; no text column, nor client, wants it)
     results: list[PushResult | DomainError | None] = [None] * len(pushes)
     for index, push in enumerate(pushes):
@@ -85,7 +105,9 @@ def job_push_many(pushes: list[Push]) -> list[PushResult | DomainError]:
         for index, push in batch:
             if index not in applied:
                 try:
-                    results[index] = _push_refused(host=push.host, job_id=push.job_id, seq=push.seq, size=len(push.text))
+                    results[index] = _push_refused(
+                        host=push.host, job_id=push.job_id, seq=push.seq, size=len(push.text)
+                    )
                 except DomainError as refusal:
                     results[index] = refusal
                 continue
@@ -119,7 +141,9 @@ def _push_applied(batch: list[tuple[int, Push]], *, now: datetime) -> dict[int, 
     """The compare-and-set of a round of pushes (each job at most once): for each push that
     applied, by its index, (the request's public id, the chunk's offset). A push that is
     missing was not its host's running job at its `seq`."""
-    job_table, request_table, chunk_table = (connection.ops.quote_name(m._meta.db_table) for m in (Job, Request, TextChunk))
+    job_table, request_table, chunk_table = (
+        connection.ops.quote_name(m._meta.db_table) for m in (Job, Request, TextChunk)
+    )
     at = connection.ops.adapt_datetimefield_value(now)
     store = f"INSERT INTO {chunk_table} (request_id, job_id, seq, char_offset, text, logprobs)"
     with connection.cursor() as cursor:
@@ -127,11 +151,24 @@ def _push_applied(batch: list[tuple[int, Push]], *, now: datetime) -> dict[int, 
             # One statement for the whole round: the pushes as a VALUES list, joined to their
             # jobs (the compare-and-set), then to their requests (one live job per request, so
             # no request is advanced twice), then stored as chunks.
-            rows = ", ".join(["(%s::bigint, %s::bigint, %s::integer, %s::integer, %s::text, %s::jsonb, %s::text, %s::integer)"]
-                             * len(batch))
-            params: list = [value for index, push in batch for value in (
-                push.job_id, push.host.pk, push.seq, len(push.text), push.text, _json_or_null(push.logprobs), push.finish_reason,
-                index)]
+            rows = ", ".join(
+                ["(%s::bigint, %s::bigint, %s::integer, %s::integer, %s::text, %s::jsonb, %s::text, %s::integer)"]
+                * len(batch)
+            )
+            params: list = [
+                value
+                for index, push in batch
+                for value in (
+                    push.job_id,
+                    push.host.pk,
+                    push.seq,
+                    len(push.text),
+                    push.text,
+                    _json_or_null(push.logprobs),
+                    push.finish_reason,
+                    index,
+                )
+            ]
             cursor.execute(
                 f"WITH batch (job_id, host_id, seq, size, text, logprobs, finish, ord) AS (VALUES {rows}),"
                 f" pushed AS (UPDATE {job_table} SET next_seq = next_seq + 1, generated_chars = generated_chars + batch.size,"
@@ -161,19 +198,34 @@ def _push_applied(batch: list[tuple[int, Push]], *, now: datetime) -> dict[int, 
                     " first_token_at = CASE WHEN %s > 0 THEN COALESCE(first_token_at, %s) ELSE first_token_at END"
                     " WHERE id = %s AND host_id = %s AND status = %s AND next_seq = %s"
                     " AND (max_chars IS NULL OR generated_chars + %s <= max_chars) RETURNING request_id",
-                    [size, push.finish_reason, size, at, size, at, push.job_id, push.host.pk, Job.Status.RUNNING, push.seq, size],
+                    [
+                        size,
+                        push.finish_reason,
+                        size,
+                        at,
+                        size,
+                        at,
+                        push.job_id,
+                        push.host.pk,
+                        Job.Status.RUNNING,
+                        push.seq,
+                        size,
+                    ],
                 )
                 pushed = cursor.fetchone()
                 if pushed is None:
                     continue
                 cursor.execute(
                     f"UPDATE {request_table} SET delivered_chars = delivered_chars + %s WHERE id = %s"
-                    " RETURNING public_id, delivered_chars - %s", [size, pushed[0], size],
+                    " RETURNING public_id, delivered_chars - %s",
+                    [size, pushed[0], size],
                 )
                 public_id, start = cursor.fetchone()
                 if size:
-                    cursor.execute(f"{store} VALUES (%s, %s, %s, %s, %s, %s)",
-                                   [pushed[0], push.job_id, push.seq, start, push.text, _json_or_null(push.logprobs)])
+                    cursor.execute(
+                        f"{store} VALUES (%s, %s, %s, %s, %s, %s)",
+                        [pushed[0], push.job_id, push.seq, start, push.text, _json_or_null(push.logprobs)],
+                    )
                 applied[index] = (public_id, start)
     return applied
 
@@ -188,8 +240,11 @@ def _push_refused(*, host: Host, job_id: int, seq: int, size: int) -> PushResult
     attempt is then fenced and ended like a dead one (its request continues elsewhere, or
     settles when its budget was delivered)."""
     job = check_running(
-        Job.objects.filter(pk=job_id).only("pk", "host_id", "status", "next_seq", "generated_chars", "max_chars").first(),
-        host=host, job_id=job_id,
+        Job.objects.filter(pk=job_id)
+        .only("pk", "host_id", "status", "next_seq", "generated_chars", "max_chars")
+        .first(),
+        host=host,
+        job_id=job_id,
     )
     if seq < job.next_seq:
         return PushResult(accepted=False, next_seq=job.next_seq)

@@ -24,6 +24,7 @@ not enforced, unless it cannot apply to the values the branch produces (`maxLeng
 each keyword listed as read changes the grammar, each one refused does not. Bump both with the
 converter.
 """
+
 from __future__ import annotations
 
 import re
@@ -60,7 +61,8 @@ def _kinds(node: dict) -> frozenset[str]:
 
 def _is_object_rule(node: dict) -> bool:
     return _type(node) in (None, "object") and (
-        "properties" in node or ("additionalProperties" in node and node["additionalProperties"] is not True))
+        "properties" in node or ("additionalProperties" in node and node["additionalProperties"] is not True)
+    )
 
 
 STRING_FORMATS = ("date", "time", "date-time")  # STRING_FORMAT_RULES' "<format>-string" rules
@@ -79,23 +81,56 @@ BRANCHES: tuple[Branch, ...] = (
     # the only value it produces is checked against the whole subschema (`_literal_problem`)
     Branch("const", lambda n: "const" in n, frozenset({"const"}), lambda n: ANY),
     Branch("enum", lambda n: "enum" in n, frozenset({"enum"}), lambda n: ANY),
-    Branch("object", _is_object_rule, frozenset({"type", "properties", "required", "additionalProperties"}),
-           lambda n: frozenset({"object"})),
+    Branch(
+        "object",
+        _is_object_rule,
+        frozenset({"type", "properties", "required", "additionalProperties"}),
+        lambda n: frozenset({"object"}),
+    ),
     # merges only the `properties` of its parts (and of their anyOf's parts, made optional)
-    Branch("allOf", lambda n: _type(n) in (None, "object") and "allOf" in n, frozenset({"type"}),
-           lambda n: frozenset({"object"})),
+    Branch(
+        "allOf",
+        lambda n: _type(n) in (None, "object") and "allOf" in n,
+        frozenset({"type"}),
+        lambda n: frozenset({"object"}),
+    ),
     # `schema.get("items") or schema["prefixItems"]`: a list makes a tuple of exactly that length
-    Branch("array", lambda n: _type(n) in (None, "array") and ("items" in n or "prefixItems" in n),
-           frozenset({"type", "items", "prefixItems", "minItems", "maxItems", "additionalItems"}), lambda n: frozenset({"array"})),
-    Branch("pattern", lambda n: _type(n) in (None, "string") and "pattern" in n, frozenset({"type", "pattern"}),
-           lambda n: frozenset({"string"})),
-    Branch("uuid", lambda n: _type(n) in (None, "string") and re.match(r"^uuid[1-5]?$", str(n.get("format") or "")) is not None,
-           frozenset({"type", "format"}), lambda n: frozenset({"string"})),
-    Branch("format", lambda n: _type(n) in (None, "string") and n.get("format") in STRING_FORMATS,
-           frozenset({"type", "format"}), lambda n: frozenset({"string"})),
-    Branch("length", lambda n: _type(n) == "string" and ("minLength" in n or "maxLength" in n),
-           frozenset({"type", "minLength", "maxLength"}), lambda n: frozenset({"string"})),
-    Branch("any object", lambda n: _type(n) == "object" or len(n) == 0, frozenset({"type"}), lambda n: frozenset({"object"})),
+    Branch(
+        "array",
+        lambda n: _type(n) in (None, "array") and ("items" in n or "prefixItems" in n),
+        frozenset({"type", "items", "prefixItems", "minItems", "maxItems", "additionalItems"}),
+        lambda n: frozenset({"array"}),
+    ),
+    Branch(
+        "pattern",
+        lambda n: _type(n) in (None, "string") and "pattern" in n,
+        frozenset({"type", "pattern"}),
+        lambda n: frozenset({"string"}),
+    ),
+    Branch(
+        "uuid",
+        lambda n: _type(n) in (None, "string") and re.match(r"^uuid[1-5]?$", str(n.get("format") or "")) is not None,
+        frozenset({"type", "format"}),
+        lambda n: frozenset({"string"}),
+    ),
+    Branch(
+        "format",
+        lambda n: _type(n) in (None, "string") and n.get("format") in STRING_FORMATS,
+        frozenset({"type", "format"}),
+        lambda n: frozenset({"string"}),
+    ),
+    Branch(
+        "length",
+        lambda n: _type(n) == "string" and ("minLength" in n or "maxLength" in n),
+        frozenset({"type", "minLength", "maxLength"}),
+        lambda n: frozenset({"string"}),
+    ),
+    Branch(
+        "any object",
+        lambda n: _type(n) == "object" or len(n) == 0,
+        frozenset({"type"}),
+        lambda n: frozenset({"object"}),
+    ),
     # "TODO: support minimum, maximum, exclusiveMinimum, exclusiveMaximum" (the converter's own words)
     Branch("primitive", lambda n: True, frozenset({"type"}), _primitive),
 )
@@ -103,17 +138,50 @@ BRANCHES: tuple[Branch, ...] = (
 # The instance types a keyword constrains (`jsonschema` passes over a value of another type);
 # a keyword not named here can refuse a value of any type.
 APPLIES_TO: dict[str, frozenset[str]] = {
-    **dict.fromkeys(("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "divisibleBy"), NUMBERS),
+    **dict.fromkeys(
+        ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "divisibleBy"), NUMBERS
+    ),
     **dict.fromkeys(("minLength", "maxLength", "pattern", "format"), frozenset({"string"})),
-    **dict.fromkeys(("items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems", "contains",
-                     "unevaluatedItems"), frozenset({"array"})),
-    **dict.fromkeys(("properties", "required", "additionalProperties", "patternProperties", "propertyNames",
-                     "minProperties", "maxProperties", "dependentRequired", "dependentSchemas", "dependencies",
-                     "unevaluatedProperties"), frozenset({"object"})),
+    **dict.fromkeys(
+        (
+            "items",
+            "prefixItems",
+            "additionalItems",
+            "minItems",
+            "maxItems",
+            "uniqueItems",
+            "contains",
+            "unevaluatedItems",
+        ),
+        frozenset({"array"}),
+    ),
+    **dict.fromkeys(
+        (
+            "properties",
+            "required",
+            "additionalProperties",
+            "patternProperties",
+            "propertyNames",
+            "minProperties",
+            "maxProperties",
+            "dependentRequired",
+            "dependentSchemas",
+            "dependencies",
+            "unevaluatedProperties",
+        ),
+        frozenset({"object"}),
+    ),
 }
 # Values with which a keyword constrains nothing: no grammar needed.
-VACUOUS: dict[str, object] = {"uniqueItems": False, "minItems": 0, "minLength": 0, "minProperties": 0,
-                              "additionalProperties": True, "unevaluatedProperties": True, "unevaluatedItems": True}
+VACUOUS: dict[str, object] = {
+    "uniqueItems": False,
+    "minItems": 0,
+    "minLength": 0,
+    "minProperties": 0,
+    "additionalProperties": True,
+    "unevaluatedProperties": True,
+    "unevaluatedItems": True,
+}
 # `jsonschema` checks `format` only with a format checker, which the gateway does not give it
 # (`structured.schema_validator`): an annotation there, and the grammar's date and uuid rules only narrow it.
 NOT_CHECKED = frozenset({"format"})
@@ -130,9 +198,11 @@ class Unenforced:
 
     def sentence(self, subject: str = "it") -> str:
         because = f" ({self.why})" if self.why else ""
-        return (f"{subject} uses '{self.keyword}' at {self.where}{because}, which this service cannot enforce: hosts sample "
-                "under a grammar made from the schema by llama.cpp's converter, which leaves it out, so a correct answer "
-                f"could still break it. Remove '{self.keyword}' there (and check it in your own code)")
+        return (
+            f"{subject} uses '{self.keyword}' at {self.where}{because}, which this service cannot enforce: hosts sample "
+            "under a grammar made from the schema by llama.cpp's converter, which leaves it out, so a correct answer "
+            f"could still break it. Remove '{self.keyword}' there (and check it in your own code)"
+        )
 
 
 @dataclass(frozen=True)
@@ -210,14 +280,26 @@ def _branch_problems(node: dict, where: str, branch: Branch, validator: Any) -> 
         required = node.get("required") if isinstance(node.get("required"), list) else []
         missing = [str(name) for name in required if name not in properties]
         if missing:
-            found.append(Unenforced("required", where, f"it names {missing[0][:64]!r}, which is not among 'properties'"))
+            found.append(
+                Unenforced("required", where, f"it names {missing[0][:64]!r}, which is not among 'properties'")
+            )
         extra = node.get("additionalProperties")
         if properties and (extra is True or isinstance(extra, dict)):
-            found.append(Unenforced("additionalProperties", where, "beside 'properties': the grammar's extra keys may "
-                                    "repeat a listed property with a value its schema refuses"))
+            found.append(
+                Unenforced(
+                    "additionalProperties",
+                    where,
+                    "beside 'properties': the grammar's extra keys may "
+                    "repeat a listed property with a value its schema refuses",
+                )
+            )
     for low, high in (("minItems", "maxItems"), ("minLength", "maxLength")):
-        if low in branch.reads and isinstance(node.get(low), (int, float)) and isinstance(node.get(high), (int, float)) \
-                and node[low] > node[high]:
+        if (
+            low in branch.reads
+            and isinstance(node.get(low), (int, float))
+            and isinstance(node.get(high), (int, float))
+            and node[low] > node[high]
+        ):
             found.append(Unenforced(low, where, f"it is more than '{high}'"))
     if branch.name == "array" and isinstance(node.get("items") or node.get("prefixItems"), list):
         size = len(node.get("items") or node["prefixItems"])  # a tuple: exactly this many items
@@ -236,8 +318,13 @@ def _literal_problems(node: dict, where: str, keyword: str, validator: Any) -> l
     for value in values:
         errors = list(validator.evolve(schema=node).iter_errors(value))
         if errors:
-            return [Unenforced(errors[0].validator, where, f"beside '{keyword}', whose values are all the grammar "
-                                                           "allows, and one of them breaks it")]
+            return [
+                Unenforced(
+                    errors[0].validator,
+                    where,
+                    f"beside '{keyword}', whose values are all the grammar allows, and one of them breaks it",
+                )
+            ]
     return []
 
 
@@ -246,9 +333,9 @@ def _literal_problems(node: dict, where: str, keyword: str, validator: Any) -> l
 # is the request's failure, not its host's (`structured.answer_refusal`).
 LOOSE: dict[str, str] = {
     "oneOf": "its grammar allows any of the alternatives, even one that another alternative also matches "
-             "(use 'anyOf' if that is what you mean)",
+    "(use 'anyOf' if that is what you mean)",
     "pattern": "its grammar matches the pattern against the JSON text between the quotes, where a quote, a "
-               "backslash or a control character it lets in is not the character it stands for",
+    "backslash or a control character it lets in is not the character it stands for",
     "minLength": "its grammar counts each \\u escape as one character, and JSON reads a surrogate pair of two as one",
 }
 
@@ -281,8 +368,11 @@ def _children(node: dict, where: str, branch: Branch, root: dict) -> list[tuple[
     if branch.name == "array":
         key = "items" if node.get("items") else "prefixItems"
         items = node.get(key)
-        return [(item, f"{where}.{key}[{i}]") for i, item in enumerate(items)] if isinstance(items, list) \
+        return (
+            [(item, f"{where}.{key}[{i}]") for i, item in enumerate(items)]
+            if isinstance(items, list)
             else [(items, f"{where}.{key}")]
+        )
     return []
 
 
@@ -316,7 +406,7 @@ def raw_pattern_leaks(pattern: str) -> bool:
     while at < len(pattern):
         char = pattern[at]
         if char == "\\":
-            if pattern[at + 1:at + 2] in ('"', "\\"):
+            if pattern[at + 1 : at + 2] in ('"', "\\"):
                 return True
             at += 2
         elif char == "[":
@@ -324,7 +414,7 @@ def raw_pattern_leaks(pattern: str) -> bool:
             while end < len(pattern) and pattern[end] != "]":
                 end += 2 if pattern[end] == "\\" else 1
             try:
-                taken = re.compile(pattern[at:end + 1])
+                taken = re.compile(pattern[at : end + 1])
             except re.error:
                 return True
             if any(taken.fullmatch(probe) for probe in PROBES):

@@ -5,6 +5,7 @@ A host's completion, an answer whole before its host died, and a request whose c
 left all settle through it. An answer that breaks what the request asked for is refused
 here, unbilled.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -48,7 +49,12 @@ class Completion:
 
 
 def job_complete(
-    *, host: Host, job_id: int, finish_reason: str, embeddings: list | None = None, token_ids: list[int] | None = None,
+    *,
+    host: Host,
+    job_id: int,
+    finish_reason: str,
+    embeddings: list | None = None,
+    token_ids: list[int] | None = None,
 ) -> Completion:
     """`job_settle`, with a structured answer and the completion's evidence
     (`marketplace.lifecycle.evidence`) checked first, before any lock is taken. Raises
@@ -57,25 +63,51 @@ def job_complete(
     request = Request.objects.filter(jobs__pk=job_id, jobs__host=host).only("pk", "params").first()
     if request is not None and embeddings is None and request.params.get("response_format"):
         answer_problem_ahead(request.params["response_format"], answer_of(request, request.delivered_text)[0])
-    job = (Job.objects.select_related("request__model", "model").filter(pk=job_id, host=host, status=Job.Status.RUNNING).first()
-           if embeddings is None else None)
+    job = (
+        Job.objects.select_related("request__model", "model")
+        .filter(pk=job_id, host=host, status=Job.Status.RUNNING)
+        .first()
+        if embeddings is None
+        else None
+    )
     checked, audit = None, False
     if job is not None and job.request.kind != Request.Kind.EMBEDDINGS:
         checked = own_text(job.request.delivered_text, job=job)
-        verdict = completion_checked(request=job.request, job=job, own_text=checked, token_ids=token_ids,
-                                     finish_reason=finish_reason, payload=lambda: job_payload(job))
+        verdict = completion_checked(
+            request=job.request,
+            job=job,
+            own_text=checked,
+            token_ids=token_ids,
+            finish_reason=finish_reason,
+            payload=lambda: job_payload(job),
+        )
         if verdict.refusal is not None:
-            raise CompletionRefused(f"Job {job_id}'s completion was refused: {verdict.refusal.reason}; nothing was paid.",
-                                    proven=verdict.refusal.proven)
+            raise CompletionRefused(
+                f"Job {job_id}'s completion was refused: {verdict.refusal.reason}; nothing was paid.",
+                proven=verdict.refusal.proven,
+            )
         audit = verdict.audit
-    return job_settle(host=host, job_id=job_id, finish_reason=finish_reason, embeddings=embeddings, token_ids=token_ids,
-                      checked_text=checked, audit=audit)
+    return job_settle(
+        host=host,
+        job_id=job_id,
+        finish_reason=finish_reason,
+        embeddings=embeddings,
+        token_ids=token_ids,
+        checked_text=checked,
+        audit=audit,
+    )
 
 
 @transaction.atomic
 def job_settle(
-    *, host: Host, job_id: int, finish_reason: str, embeddings: list | None = None, token_ids: list[int] | None = None,
-    checked_text: str | None = None, audit: bool = False,
+    *,
+    host: Host,
+    job_id: int,
+    finish_reason: str,
+    embeddings: list | None = None,
+    token_ids: list[int] | None = None,
+    checked_text: str | None = None,
+    audit: bool = False,
 ) -> Completion:
     """Settle the request: bill the counted tokens, pay the host 80%, delete the prompt.
 
@@ -116,47 +148,96 @@ def job_settle(
         # max_tokens and ends "length"; a host generating past its budget gains nothing here,
         # and its audits replay the budget (`scorer.verify`).
         result, completion_tokens = None, min(counted, max_tokens)
-        finish_reason = "stop" if stopped else finish_reason_checked(
-            claimed=finish_reason, completion_tokens=completion_tokens, max_tokens=max_tokens)
+        finish_reason = (
+            "stop"
+            if stopped
+            else finish_reason_checked(
+                claimed=finish_reason, completion_tokens=completion_tokens, max_tokens=max_tokens
+            )
+        )
         problem = answer_problem(request.params.get("response_format"), text) if finish_reason == "stop" else None
         if problem is not None:  # the host's failure, or the request's where its grammar let the answer through
             refused = answer_refusal(request.params, text, problem)
-            return _answer_refused(job=job, request=request, why=refused.why, code=refused.code, message=refused.message,
-                                   cause=refused.cause)
-        if request.params.get("logprobs") is not None and TextChunk.objects.filter(job=job, logprobs__isnull=True).exists():
-            return _answer_refused(job=job, request=request, why="sent text without the log-probabilities asked for",
-                                   code=LogprobsMissing.code, message="The host did not report the log-probabilities asked "
-                                   "for (mahout before 0.2.0 could not); nothing was billed.")
+            return _answer_refused(
+                job=job,
+                request=request,
+                why=refused.why,
+                code=refused.code,
+                message=refused.message,
+                cause=refused.cause,
+            )
+        if (
+            request.params.get("logprobs") is not None
+            and TextChunk.objects.filter(job=job, logprobs__isnull=True).exists()
+        ):
+            return _answer_refused(
+                job=job,
+                request=request,
+                why="sent text without the log-probabilities asked for",
+                code=LogprobsMissing.code,
+                message="The host did not report the log-probabilities asked "
+                "for (mahout before 0.2.0 could not); nothing was billed.",
+            )
         share = rescuer_share(request=request, job=job, text=delivered, completion_tokens=completion_tokens)
     check = canary_check(request=request) if request.kind != Request.Kind.EMBEDDINGS else None
     audited = audit_wanted(  # (a greedy canary is judged against its reference)
-        request=request, job=job, host=host, payload=lambda: job_payload(job), always=audit or (check is not None and check.by_audit),
-        excluded=lambda sent: check is not None and not check.by_audit)
+        request=request,
+        job=job,
+        host=host,
+        payload=lambda: job_payload(job),
+        always=audit or (check is not None and check.by_audit),
+        excluded=lambda sent: check is not None and not check.by_audit,
+    )
     now = timezone.now()
-    settled = settle(request=request, completion_tokens=completion_tokens, finish_reason=finish_reason, job=job, host=host,
-                     share=share, result=result, now=now, escrow=audited is not None)
+    settled = settle(
+        request=request,
+        completion_tokens=completion_tokens,
+        finish_reason=finish_reason,
+        job=job,
+        host=host,
+        share=share,
+        result=result,
+        now=now,
+        escrow=audited is not None,
+    )
     if settled is None:  # the hold closed under us (expired): roll all of this back, the job ends anyway
         raise JobNotRunning(f"Request {request.public_id} already ended.")
     if audited is not None:
-        audit_open(request=request, job=job, host=host, payload=audited, text=own_text(request.delivered_text, job=job),
-                   token_ids=token_ids[:MAX_TOKENS_KEPT] if token_ids is not None else None, finish_reason=finish_reason,
-                   host_ucents=settled.cost_ucents - settled.platform_ucents, platform_ucents=settled.platform_ucents,
-                   logprobs=own_logprobs(request, job=job))
+        audit_open(
+            request=request,
+            job=job,
+            host=host,
+            payload=audited,
+            text=own_text(request.delivered_text, job=job),
+            token_ids=token_ids[:MAX_TOKENS_KEPT] if token_ids is not None else None,
+            finish_reason=finish_reason,
+            host_ucents=settled.cost_ucents - settled.platform_ucents,
+            platform_ucents=settled.platform_ucents,
+            logprobs=own_logprobs(request, job=job),
+        )
     if request.kind != Request.Kind.EMBEDDINGS:  # only the host's own part of the answer says how fast it is
         own = completion_tokens if job.attempt == 1 else count_output(request, own_text(delivered, job=job))
         reputation.speed_measured(job=job, completion_tokens=own, now=now)
     if check is not None:
-        canary_judge(check=check, host=host, text=text, completion_tokens=completion_tokens, audited=audited is not None)
+        canary_judge(
+            check=check, host=host, text=text, completion_tokens=completion_tokens, audited=audited is not None
+        )
     reputation.trust_review(host_id=host.pk, now=now)
     if job.requeue or job.attempt > 1:  # earlier attempts of this request exist: was one blamed on it wrongly?
         blame_corrected(request=request, host=host)
-    request.status, request.completion_tokens, request.cost_ucents = Request.Status.COMPLETED, completion_tokens, settled.cost_ucents
+    request.status, request.completion_tokens, request.cost_ucents = (
+        Request.Status.COMPLETED,
+        completion_tokens,
+        settled.cost_ucents,
+    )
     request.finish_reason, request.messages, request.prompt, request.inputs = finish_reason, None, None, None
     request.result = result
     return Completion(request=request, earned_ucents=settled.earned_ucents)
 
 
-def _answer_refused(*, job: Job, request: Request, why: str, code: str, message: str, cause: str = "host") -> Completion:
+def _answer_refused(
+    *, job: Job, request: Request, why: str, code: str, message: str, cause: str = "host"
+) -> Completion:
     """A finished answer that is not what the request asked for (it breaks its
     `response_format`, it lacks the log-probabilities asked for) is never passed on as a
     success: the request fails unbilled, and the attempt is the host's failure (it counts
@@ -164,7 +245,8 @@ def _answer_refused(*, job: Job, request: Request, why: str, code: str, message:
     through: `structured.answer_refusal`), which no host is blamed for. No continuation: it
     would have to resume from that very text."""
     Job.objects.filter(pk=job.pk, status=Job.Status.RUNNING).update(
-        status=Job.Status.FAILED, finished_at=timezone.now(), fail_reason=why[:500], fail_cause=cause)
+        status=Job.Status.FAILED, finished_at=timezone.now(), fail_reason=why[:500], fail_cause=cause
+    )
     if cause != "request":
         host_rest_if_unreliable(host_id=job.host_id)
     request_fail(request=request, code=code, message=message)
@@ -201,7 +283,9 @@ def rescuer_share(*, request: Request, job: Job, text: str, completion_tokens: i
 def ring_memo(ring: tuple[RingPlan, dict[int, int]]) -> str:
     """A ring settlement's ledger memo: who ran how many of the ring's layers."""
     plan, layers = ring
-    return f"ring {plan.pk}: " + ", ".join(f"host {host_id} {count}/{plan.n_layers} layers" for host_id, count in layers.items())
+    return f"ring {plan.pk}: " + ", ".join(
+        f"host {host_id} {count}/{plan.n_layers} layers" for host_id, count in layers.items()
+    )
 
 
 def settle_without_host(*, request: Request, completion_tokens: int, finish_reason: str = "length") -> None:
@@ -219,8 +303,16 @@ class Settlement:
 
 
 def settle(
-    *, request: Request, completion_tokens: int, finish_reason: str, job: Job | None = None, host: Host | None = None,
-    share: int | None = None, result: list | None = None, note: str = "", now: datetime | None = None,
+    *,
+    request: Request,
+    completion_tokens: int,
+    finish_reason: str,
+    job: Job | None = None,
+    host: Host | None = None,
+    share: int | None = None,
+    result: list | None = None,
+    note: str = "",
+    now: datetime | None = None,
     escrow: bool = False,
 ) -> Settlement | None:
     """Bill `completion_tokens` (at most the hold), end the request with `finish_reason` and
@@ -237,8 +329,10 @@ def settle(
     balance row is locked only until the commit.
     """
     now = now or timezone.now()
-    cost = min(price(request.model, prompt_tokens=request.prompt_tokens_billed, completion_tokens=completion_tokens),
-               request.hold.amount_ucents)
+    cost = min(
+        price(request.model, prompt_tokens=request.prompt_tokens_billed, completion_tokens=completion_tokens),
+        request.hold.amount_ucents,
+    )
     ring, paid, earned = None, {}, 0
     if host is not None and job is not None:
         hosts_share = share if share is not None else billing.split_cost(cost).host_ucents
@@ -247,21 +341,43 @@ def settle(
         earned = paid.pop(host.pk)
         ended = {"fail_reason": note} if note else {}
         if not Job.objects.filter(pk=job.pk, status=Job.Status.RUNNING).update(
-            status=Job.Status.COMPLETED, finished_at=now, completion_tokens=completion_tokens, earned_ucents=earned, **ended,
+            status=Job.Status.COMPLETED,
+            finished_at=now,
+            completion_tokens=completion_tokens,
+            earned_ucents=earned,
+            **ended,
         ):
             return None
-    request_settled(request=request, completion_tokens=completion_tokens, cost_ucents=cost, finish_reason=finish_reason,
-                    result=result)
+    request_settled(
+        request=request,
+        completion_tokens=completion_tokens,
+        cost_ucents=cost,
+        finish_reason=finish_reason,
+        result=result,
+    )
     split = billing.hold_settle(
-        hold=request.hold, cost_ucents=cost, host=host, host_ucents=earned if host is not None else None, others=paid,
-        reference=request.public_id, memo="" if ring is None else ring_memo(ring), escrow=escrow,
+        hold=request.hold,
+        cost_ucents=cost,
+        host=host,
+        host_ucents=earned if host is not None else None,
+        others=paid,
+        reference=request.public_id,
+        memo="" if ring is None else ring_memo(ring),
+        escrow=escrow,
     )
     if split is None:
         return None
     if ring is not None:
         StageShare.objects.bulk_create(
-            StageShare(job_id=job.pk, host_id=host_id, plan=ring[0], layers=ring[1][host_id], n_layers=ring[0].n_layers,
-                       earned_ucents=amount, finished_at=now)
+            StageShare(
+                job_id=job.pk,
+                host_id=host_id,
+                plan=ring[0],
+                layers=ring[1][host_id],
+                n_layers=ring[0].n_layers,
+                earned_ucents=amount,
+                finished_at=now,
+            )
             for host_id, amount in paid.items()
         )
     return Settlement(cost_ucents=cost, earned_ucents=split.host_ucents, platform_ucents=split.platform_ucents)

@@ -9,6 +9,7 @@ failure. After: the delivered answer is JSON and, for `json_schema`, valid again
 (`jsonschema`). An answer that is not is the host's failure, unless the grammar it sampled
 under would have let it through (`answer_refusal`): then it is the request's. An answer cut
 by `max_tokens` (finish_reason "length") is left as it is, as OpenAI leaves it."""
+
 from __future__ import annotations
 
 import json
@@ -105,12 +106,19 @@ def answer_refusal(params: dict, text: str, problem: str) -> Refusal:
     blamed (`Job.fail_cause` "request": no step toward its rest)."""
     excuse = grammar_let_through(params, text)
     if excuse is None:
-        return Refusal(cause="host", code=InvalidStructuredOutput.code, why=f"structured output: {problem}",
-                       message=f"The host's answer did not meet response_format ({problem}); nothing was billed.")
+        return Refusal(
+            cause="host",
+            code=InvalidStructuredOutput.code,
+            why=f"structured output: {problem}",
+            message=f"The host's answer did not meet response_format ({problem}); nothing was billed.",
+        )
     return Refusal(
-        cause="request", code=RequestNotRunnable.code, why=f"structured output, not the host's doing: {problem}; {excuse}"[:500],
+        cause="request",
+        code=RequestNotRunnable.code,
+        why=f"structured output, not the host's doing: {problem}; {excuse}"[:500],
         message=f"The answer did not meet response_format ({problem}), though it kept to the grammar hosts sample under: "
-                f"{excuse}. Nothing was billed, and no host is blamed.")
+        f"{excuse}. Nothing was billed, and no host is blamed.",
+    )
 
 
 def grammar_let_through(params: dict, text: str) -> str | None:
@@ -185,5 +193,3 @@ def _broken_rule(error: ValidationError) -> str:
         if missing:
             return f"the required property '{missing[0]}' is missing (at {where})"
     return f"its '{error.validator}' rule is broken (at {where})"
-
-

@@ -2,6 +2,7 @@
 hold released, its prompt deleted). Both are compare-and-sets on the request row and tell
 its listeners after the commit; the money of a settlement is `settlement`'s.
 """
+
 from __future__ import annotations
 
 from django.utils import timezone
@@ -31,9 +32,7 @@ def request_settled(
 
 def request_fail(*, request: Request, code: str, message: str) -> bool:
     """End a request unbilled: release its hold and delete its prompt."""
-    ended = Request.objects.filter(
-        pk=request.pk, status__in=[Request.Status.QUEUED, Request.Status.RUNNING]
-    ).update(
+    ended = Request.objects.filter(pk=request.pk, status__in=[Request.Status.QUEUED, Request.Status.RUNNING]).update(
         status=Request.Status.FAILED,
         finished_at=timezone.now(),
         error_code=code,

@@ -4,6 +4,7 @@ job (`watchdog_tick`) and a quiet stream runs over its own request (`request_wat
 Each rule is one `Q` in `marketplace.models.Liveness`; the verdicts end attempts through
 `failover`.
 """
+
 from __future__ import annotations
 
 from datetime import datetime, timedelta
@@ -35,8 +36,10 @@ def job_start_figures_seconds(*, job: Job) -> float:
     are its prefill alone, so a frozen warm host cannot hold a blank stream for its load time
     (issue 50). A host cold at its claim, or whose catalog could not be read, keeps its load."""
     figures = (
-        Qualification.objects.filter(host_id=job.host_id, model_id=job.model_id).order_by("-updated_at")
-        .values_list("load_ms", "ttft_ms", "prompt_tps", "gen_tps").first()
+        Qualification.objects.filter(host_id=job.host_id, model_id=job.model_id)
+        .order_by("-updated_at")
+        .values_list("load_ms", "ttft_ms", "prompt_tps", "gen_tps")
+        .first()
     )
     if figures is None:
         return 0.0
@@ -44,7 +47,8 @@ def job_start_figures_seconds(*, job: Job) -> float:
     if job.loaded_at_claim:
         load_ms = 0
     fed, delivered, params = (
-        Request.objects.filter(pk=job.request_id).values_list("prompt_tokens", "delivered_chars", "params").get())
+        Request.objects.filter(pk=job.request_id).values_list("prompt_tokens", "delivered_chars", "params").get()
+    )
     rewritten = 0
     if job.attempt > 1:  # a continuation: its delivered text is prompt, or written again
         if rewrites_delivered(params or {}):
@@ -52,8 +56,11 @@ def job_start_figures_seconds(*, job: Job) -> float:
         else:
             fed += delivered
     fed += _prompts_ahead(job=job)
-    return ((load_ms + ttft_ms) / 1000 + (fed / prompt_tps if prompt_tps > 0 else 0)
-            + (rewritten / gen_tps if gen_tps > 0 else 0))
+    return (
+        (load_ms + ttft_ms) / 1000
+        + (fed / prompt_tps if prompt_tps > 0 else 0)
+        + (rewritten / gen_tps if gen_tps > 0 else 0)
+    )
 
 
 def _prompts_ahead(*, job: Job) -> int:
@@ -62,8 +69,11 @@ def _prompts_ahead(*, job: Job) -> int:
     this one's (none on a host with one slot)."""
     if job.claimed_at is None:
         return 0
-    ahead = Job.objects.filter(host_id=job.host_id, status=Job.Status.RUNNING, claimed_at__lte=job.claimed_at).exclude(
-        pk=job.pk).filter(Q(first_token_at__isnull=True) | Q(first_token_at__gt=job.claimed_at))
+    ahead = (
+        Job.objects.filter(host_id=job.host_id, status=Job.Status.RUNNING, claimed_at__lte=job.claimed_at)
+        .exclude(pk=job.pk)
+        .filter(Q(first_token_at__isnull=True) | Q(first_token_at__gt=job.claimed_at))
+    )
     return int(Request.objects.filter(jobs__in=ahead).aggregate(total=Sum("prompt_tokens"))["total"] or 0)
 
 
@@ -76,7 +86,11 @@ def job_start_bounds(*, job: Job) -> tuple[float, float]:
     it starts at once cannot buy a blank minute with progress reports. Both at most
     JOB_START_ALLOWANCE_SECONDS: the benchmark is the host's word, and the allowance
     bounds what a lie can buy."""
-    figures, floor, cap = job_start_figures_seconds(job=job), settings.JOB_START_FLOOR_SECONDS, settings.JOB_START_ALLOWANCE_SECONDS
+    figures, floor, cap = (
+        job_start_figures_seconds(job=job),
+        settings.JOB_START_FLOOR_SECONDS,
+        settings.JOB_START_ALLOWANCE_SECONDS,
+    )
     return min(floor + figures, cap), min(floor + PROGRESS_STRETCH * figures, cap)
 
 
@@ -99,8 +113,9 @@ def job_stalled_end(*, job_id: int, ended: bool = False) -> str:
     """A running attempt produced nothing for STALL_SECONDS, or (`ended`: its text said the
     answer ended) no "complete" for COMPLETE_GRACE_SECONDS: its host is presumed dead."""
     if ended:
-        return attempt_end_dead(job_id=job_id, reason=f"no complete within {settings.COMPLETE_GRACE_SECONDS:g} seconds "
-                                "of its last batch")
+        return attempt_end_dead(
+            job_id=job_id, reason=f"no complete within {settings.COMPLETE_GRACE_SECONDS:g} seconds of its last batch"
+        )
     return attempt_end_dead(job_id=job_id, reason=f"no token for {settings.STALL_SECONDS:g} seconds")
 
 
@@ -119,11 +134,20 @@ def request_watch(*, request_id: int) -> None:
     """Apply the watchdog rules to one request (its stream calls this while quiet): the
     `Liveness` rules asked of its live job in one query, in the order the sweeps apply them."""
     now = timezone.now()
-    verdicts = {name: ExpressionWrapper(rule(now), output_field=BooleanField()) for name, rule in (
-        ("expired", Liveness.queue_expired), ("lapsed", Liveness.offer_lapsed), ("stalled", Liveness.stalled),
-        ("overdue", Liveness.past_deadline))}
-    job = Job.objects.filter(request_id=request_id, status__in=[Job.Status.QUEUED, Job.Status.RUNNING]).annotate(
-        **verdicts).first()
+    verdicts = {
+        name: ExpressionWrapper(rule(now), output_field=BooleanField())
+        for name, rule in (
+            ("expired", Liveness.queue_expired),
+            ("lapsed", Liveness.offer_lapsed),
+            ("stalled", Liveness.stalled),
+            ("overdue", Liveness.past_deadline),
+        )
+    }
+    job = (
+        Job.objects.filter(request_id=request_id, status__in=[Job.Status.QUEUED, Job.Status.RUNNING])
+        .annotate(**verdicts)
+        .first()
+    )
     if job is None:
         return
     if job.expired:
@@ -169,7 +193,9 @@ def abandoned_request_end_one() -> bool:
     cutoff = timezone.now() - timedelta(seconds=settings.ABANDON_GRACE_SECONDS)
     request_id = (
         Request.objects.filter(status__in=[Request.Status.QUEUED, Request.Status.RUNNING], left_at__lt=cutoff)
-        .order_by("left_at").values_list("pk", flat=True).first()
+        .order_by("left_at")
+        .values_list("pk", flat=True)
+        .first()
     )
     return request_id is not None and bool(request_abandon(request_id=request_id))
 
@@ -187,7 +213,11 @@ def ended_output_forget_one() -> bool:
 
 
 WATCHDOG_STEPS = (
-    unclaimed_request_expire_one, stalled_job_end_one, unstarted_job_end_one, overdue_job_end_one, abandoned_request_end_one,
+    unclaimed_request_expire_one,
+    stalled_job_end_one,
+    unstarted_job_end_one,
+    overdue_job_end_one,
+    abandoned_request_end_one,
     ended_output_forget_one,
 )
 

@@ -7,7 +7,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -30,7 +29,14 @@ class Migration(migrations.Migration):
                 ('revoked_at', models.DateTimeField(blank=True, null=True)),
                 ('last_used_at', models.DateTimeField(blank=True, null=True)),
                 ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('user', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='api_keys', to=settings.AUTH_USER_MODEL)),
+                (
+                    'user',
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name='api_keys',
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
@@ -38,16 +44,31 @@ class Migration(migrations.Migration):
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('name', models.CharField(max_length=100, unique=True)),
-                ('kind', models.CharField(choices=[('chat', 'Chat'), ('embedding', 'Embedding')], default='chat', max_length=16)),
+                (
+                    'kind',
+                    models.CharField(
+                        choices=[('chat', 'Chat'), ('embedding', 'Embedding')], default='chat', max_length=16
+                    ),
+                ),
                 ('context_length', models.PositiveIntegerField()),
                 ('input_price_ucents', models.BigIntegerField(help_text='µ¢ per prompt token')),
                 ('output_price_ucents', models.BigIntegerField(help_text='µ¢ per generated token')),
-                ('tokenizer', models.CharField(help_text='how the gateway counts tokens, e.g. shipped:gemma-3-270m', max_length=100)),
+                (
+                    'tokenizer',
+                    models.CharField(
+                        help_text='how the gateway counts tokens, e.g. shipped:gemma-3-270m', max_length=100
+                    ),
+                ),
                 ('active', models.BooleanField(default=True)),
                 ('created_at', models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'constraints': [models.CheckConstraint(condition=models.Q(('input_price_ucents__gte', 0), ('output_price_ucents__gte', 0)), name='prices_not_negative')],
+                'constraints': [
+                    models.CheckConstraint(
+                        condition=models.Q(('input_price_ucents__gte', 0), ('output_price_ucents__gte', 0)),
+                        name='prices_not_negative',
+                    )
+                ],
             },
         ),
         migrations.CreateModel(
@@ -60,7 +81,19 @@ class Migration(migrations.Migration):
                 ('messages', models.JSONField(blank=True, null=True)),
                 ('prompt', models.TextField(blank=True, null=True)),
                 ('params', models.JSONField(default=dict)),
-                ('status', models.CharField(choices=[('queued', 'Queued'), ('running', 'Running'), ('completed', 'Completed'), ('failed', 'Failed')], default='queued', max_length=16)),
+                (
+                    'status',
+                    models.CharField(
+                        choices=[
+                            ('queued', 'Queued'),
+                            ('running', 'Running'),
+                            ('completed', 'Completed'),
+                            ('failed', 'Failed'),
+                        ],
+                        default='queued',
+                        max_length=16,
+                    ),
+                ),
                 ('delivered_text', models.TextField(blank=True, default='')),
                 ('delivered_chars', models.PositiveIntegerField(default=0)),
                 ('output_forgotten', models.BooleanField(default=False)),
@@ -75,10 +108,34 @@ class Migration(migrations.Migration):
                 ('created_at', models.DateTimeField(auto_now_add=True)),
                 ('started_at', models.DateTimeField(blank=True, null=True)),
                 ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('api_key', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='requests', to='marketplace.apikey')),
-                ('hold', models.OneToOneField(on_delete=django.db.models.deletion.PROTECT, related_name='request', to='billing.hold')),
-                ('model', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='requests', to='marketplace.catalogmodel')),
-                ('user', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='requests', to=settings.AUTH_USER_MODEL)),
+                (
+                    'api_key',
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name='requests', to='marketplace.apikey'
+                    ),
+                ),
+                (
+                    'hold',
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.PROTECT, related_name='request', to='billing.hold'
+                    ),
+                ),
+                (
+                    'model',
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name='requests',
+                        to='marketplace.catalogmodel',
+                    ),
+                ),
+                (
+                    'user',
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name='requests',
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
@@ -86,7 +143,19 @@ class Migration(migrations.Migration):
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('attempt', models.PositiveSmallIntegerField(default=1)),
-                ('status', models.CharField(choices=[('queued', 'Queued'), ('running', 'Running'), ('completed', 'Completed'), ('failed', 'Failed')], default='queued', max_length=16)),
+                (
+                    'status',
+                    models.CharField(
+                        choices=[
+                            ('queued', 'Queued'),
+                            ('running', 'Running'),
+                            ('completed', 'Completed'),
+                            ('failed', 'Failed'),
+                        ],
+                        default='queued',
+                        max_length=16,
+                    ),
+                ),
                 ('next_seq', models.PositiveIntegerField(default=0)),
                 ('generated_chars', models.PositiveIntegerField(default=0)),
                 ('completion_tokens', models.PositiveIntegerField(default=0)),
@@ -96,18 +165,51 @@ class Migration(migrations.Migration):
                 ('claimed_at', models.DateTimeField(blank=True, null=True)),
                 ('last_token_at', models.DateTimeField(blank=True, null=True)),
                 ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('host', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='jobs', to='hosts.host')),
-                ('model', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='jobs', to='marketplace.catalogmodel')),
-                ('request', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='jobs', to='marketplace.request')),
+                (
+                    'host',
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name='jobs',
+                        to='hosts.host',
+                    ),
+                ),
+                (
+                    'model',
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name='jobs', to='marketplace.catalogmodel'
+                    ),
+                ),
+                (
+                    'request',
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name='jobs', to='marketplace.request'
+                    ),
+                ),
             ],
         ),
         migrations.AddConstraint(
             model_name='apikey',
-            constraint=models.CheckConstraint(condition=models.Q(('held_ucents__gte', 0), ('spent_ucents__gte', 0)), name='key_sums_not_negative'),
+            constraint=models.CheckConstraint(
+                condition=models.Q(('held_ucents__gte', 0), ('spent_ucents__gte', 0)), name='key_sums_not_negative'
+            ),
         ),
         migrations.AddConstraint(
             model_name='apikey',
-            constraint=models.CheckConstraint(condition=models.Q(('spend_cap_ucents__isnull', True), ('spend_cap_ucents__gte', django.db.models.expressions.CombinedExpression(models.F('spent_ucents'), '+', models.F('held_ucents'))), _connector='OR'), name='key_within_cap'),
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ('spend_cap_ucents__isnull', True),
+                    (
+                        'spend_cap_ucents__gte',
+                        django.db.models.expressions.CombinedExpression(
+                            models.F('spent_ucents'), '+', models.F('held_ucents')
+                        ),
+                    ),
+                    _connector='OR',
+                ),
+                name='key_within_cap',
+            ),
         ),
         migrations.AddIndex(
             model_name='request',
@@ -131,10 +233,17 @@ class Migration(migrations.Migration):
         ),
         migrations.AddConstraint(
             model_name='job',
-            constraint=models.UniqueConstraint(condition=models.Q(('status__in', ['queued', 'running'])), fields=('request',), name='one_live_job_per_request'),
+            constraint=models.UniqueConstraint(
+                condition=models.Q(('status__in', ['queued', 'running'])),
+                fields=('request',),
+                name='one_live_job_per_request',
+            ),
         ),
         migrations.AddConstraint(
             model_name='job',
-            constraint=models.CheckConstraint(condition=models.Q(('status__in', ['queued', 'failed']), ('host__isnull', False), _connector='OR'), name='claimed_job_has_host'),
+            constraint=models.CheckConstraint(
+                condition=models.Q(('status__in', ['queued', 'failed']), ('host__isnull', False), _connector='OR'),
+                name='claimed_job_has_host',
+            ),
         ),
     ]

@@ -5,7 +5,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('hosts', '0002_initial'),
         ('marketplace', '0003_job_first_token_at'),
@@ -15,6 +14,13 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='job',
             name='avoid_host',
-            field=models.ForeignKey(blank=True, help_text='the host whose attempt died: it gets this continuation only if nobody else takes it', null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='hosts.host'),
+            field=models.ForeignKey(
+                blank=True,
+                help_text='the host whose attempt died: it gets this continuation only if nobody else takes it',
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name='+',
+                to='hosts.host',
+            ),
         ),
     ]

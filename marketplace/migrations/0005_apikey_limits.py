@@ -2,7 +2,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ("marketplace", "0004_job_avoid_host"),
     ]
@@ -18,6 +17,8 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="apikey",
             name="max_concurrent",
-            field=models.PositiveIntegerField(blank=True, help_text="requests in flight at once; empty = unlimited", null=True),
+            field=models.PositiveIntegerField(
+                blank=True, help_text="requests in flight at once; empty = unlimited", null=True
+            ),
         ),
     ]

@@ -5,7 +5,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('hosts', '0004_host_catalog'),
         ('marketplace', '0005_apikey_limits'),
@@ -15,12 +14,20 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='catalogmodel',
             name='latency_critical',
-            field=models.BooleanField(default=False, help_text='keep on at least two warm hosts (the admin and host dashboards warn otherwise)'),
+            field=models.BooleanField(
+                default=False,
+                help_text='keep on at least two warm hosts (the admin and host dashboards warn otherwise)',
+            ),
         ),
         migrations.AddField(
             model_name='catalogmodel',
             name='routing_strategy',
-            field=models.CharField(blank=True, choices=[('least-connections', 'least-connections'), ('weighted', 'weighted')], help_text="how jobs are spread over warm hosts; empty = the gateway's ROUTING_STRATEGY", max_length=24),
+            field=models.CharField(
+                blank=True,
+                choices=[('least-connections', 'least-connections'), ('weighted', 'weighted')],
+                help_text="how jobs are spread over warm hosts; empty = the gateway's ROUTING_STRATEGY",
+                max_length=24,
+            ),
         ),
         migrations.AddField(
             model_name='job',
@@ -30,17 +37,30 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='job',
             name='offered_host',
-            field=models.ForeignKey(blank=True, help_text='the warm host routing chose; others may take the job once offer_until passes', null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='hosts.host'),
+            field=models.ForeignKey(
+                blank=True,
+                help_text='the warm host routing chose; others may take the job once offer_until passes',
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name='+',
+                to='hosts.host',
+            ),
         ),
         migrations.AddField(
             model_name='job',
             name='warm_until',
-            field=models.DateTimeField(blank=True, help_text='until then only hosts with the model loaded (or of unknown catalog) may take it', null=True),
+            field=models.DateTimeField(
+                blank=True,
+                help_text='until then only hosts with the model loaded (or of unknown catalog) may take it',
+                null=True,
+            ),
         ),
         migrations.AddField(
             model_name='request',
             name='inputs',
-            field=models.JSONField(blank=True, help_text='texts to embed (embeddings requests), deleted at the end', null=True),
+            field=models.JSONField(
+                blank=True, help_text='texts to embed (embeddings requests), deleted at the end', null=True
+            ),
         ),
         migrations.AddField(
             model_name='request',
@@ -50,7 +70,9 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name='request',
             name='kind',
-            field=models.CharField(choices=[('chat', 'Chat'), ('completion', 'Completion'), ('embeddings', 'Embeddings')], max_length=16),
+            field=models.CharField(
+                choices=[('chat', 'Chat'), ('completion', 'Completion'), ('embeddings', 'Embeddings')], max_length=16
+            ),
         ),
         migrations.AddIndex(
             model_name='job',

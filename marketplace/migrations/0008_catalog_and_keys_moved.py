@@ -2,6 +2,7 @@
 
 The content types follow them, so admin permissions and log entries keep pointing at the
 right rows."""
+
 import django.db.models.deletion
 from django.db import migrations, models
 from django.db.backends.base.schema import BaseDatabaseSchemaEditor
@@ -23,7 +24,6 @@ def content_types_return(apps: StateApps, schema_editor: BaseDatabaseSchemaEdito
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('contenttypes', '0002_remove_content_type_name'),
         ('accounts', '0001_initial'),
@@ -41,17 +41,23 @@ class Migration(migrations.Migration):
                 migrations.AlterField(
                     model_name='request',
                     name='api_key',
-                    field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='requests', to='accounts.apikey'),
+                    field=models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name='requests', to='accounts.apikey'
+                    ),
                 ),
                 migrations.AlterField(
                     model_name='job',
                     name='model',
-                    field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='jobs', to='catalog.catalogmodel'),
+                    field=models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name='jobs', to='catalog.catalogmodel'
+                    ),
                 ),
                 migrations.AlterField(
                     model_name='request',
                     name='model',
-                    field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='requests', to='catalog.catalogmodel'),
+                    field=models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name='requests', to='catalog.catalogmodel'
+                    ),
                 ),
                 migrations.DeleteModel(
                     name='ApiKey',

@@ -2,6 +2,7 @@
 
 A request whose text is still kept (in flight, or not yet handed over) keeps it as one chunk.
 """
+
 import django.db.models.deletion
 from django.db import migrations, models
 from django.db.backends.base.schema import BaseDatabaseSchemaEditor
@@ -19,12 +20,13 @@ def chunks_to_text(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> 
     Request = apps.get_model("marketplace", "Request")
     TextChunk = apps.get_model("marketplace", "TextChunk")
     for request_id in TextChunk.objects.values_list("request_id", flat=True).distinct():
-        text = "".join(TextChunk.objects.filter(request_id=request_id).order_by("char_offset").values_list("text", flat=True))
+        text = "".join(
+            TextChunk.objects.filter(request_id=request_id).order_by("char_offset").values_list("text", flat=True)
+        )
         Request.objects.filter(pk=request_id).update(delivered_text=text)
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('marketplace', '0008_catalog_and_keys_moved'),
     ]
@@ -33,20 +35,40 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name='request',
             name='delivered_chars',
-            field=models.PositiveIntegerField(default=0, help_text="characters delivered so far: the next chunk's offset"),
+            field=models.PositiveIntegerField(
+                default=0, help_text="characters delivered so far: the next chunk's offset"
+            ),
         ),
         migrations.CreateModel(
             name='TextChunk',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('seq', models.PositiveIntegerField(help_text="the job's batch number")),
-                ('char_offset', models.PositiveIntegerField(help_text="where the text starts in the request's delivered text")),
+                (
+                    'char_offset',
+                    models.PositiveIntegerField(help_text="where the text starts in the request's delivered text"),
+                ),
                 ('text', models.TextField()),
-                ('job', models.ForeignKey(null=True, on_delete=django.db.models.deletion.CASCADE, related_name='chunks', to='marketplace.job')),
-                ('request', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='chunks', to='marketplace.request')),
+                (
+                    'job',
+                    models.ForeignKey(
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name='chunks',
+                        to='marketplace.job',
+                    ),
+                ),
+                (
+                    'request',
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name='chunks', to='marketplace.request'
+                    ),
+                ),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('request', 'char_offset'), name='one_chunk_per_offset')],
+                'constraints': [
+                    models.UniqueConstraint(fields=('request', 'char_offset'), name='one_chunk_per_offset')
+                ],
             },
         ),
         migrations.RunPython(text_to_chunks, chunks_to_text),

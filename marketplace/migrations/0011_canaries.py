@@ -5,7 +5,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('catalog', '0001_initial'),
         ('hosts', '0006_host_socket_since'),
@@ -16,7 +15,14 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='job',
             name='only_host',
-            field=models.ForeignKey(blank=True, help_text='a canary: only this host may claim it (nothing on the wire says so)', null=True, on_delete=django.db.models.deletion.CASCADE, related_name='+', to='hosts.host'),
+            field=models.ForeignKey(
+                blank=True,
+                help_text='a canary: only this host may claim it (nothing on the wire says so)',
+                null=True,
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name='+',
+                to='hosts.host',
+            ),
         ),
         migrations.CreateModel(
             name='CanaryReference',
@@ -28,25 +34,68 @@ class Migration(migrations.Migration):
                 ('text', models.TextField(help_text='the reference answer')),
                 ('tokens', models.PositiveIntegerField(help_text='tokens in the reference answer')),
                 ('exact_chars', models.PositiveIntegerField(help_text='characters before the first near-tie')),
-                ('gaps', models.JSONField(default=list, help_text='per generated token: [its first character, its top-2 log-prob gap]')),
+                (
+                    'gaps',
+                    models.JSONField(
+                        default=list, help_text='per generated token: [its first character, its top-2 log-prob gap]'
+                    ),
+                ),
                 ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('model', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='canary_references', to='catalog.catalogmodel')),
+                (
+                    'model',
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name='canary_references',
+                        to='catalog.catalogmodel',
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
             name='CanaryCheck',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('verdict', models.CharField(choices=[('pending', 'Pending'), ('passed', 'Passed'), ('failed', 'Failed'), ('void', 'void (not answered: the host died, failed or never claimed it)')], default='pending', max_length=16)),
+                (
+                    'verdict',
+                    models.CharField(
+                        choices=[
+                            ('pending', 'Pending'),
+                            ('passed', 'Passed'),
+                            ('failed', 'Failed'),
+                            ('void', 'void (not answered: the host died, failed or never claimed it)'),
+                        ],
+                        default='pending',
+                        max_length=16,
+                    ),
+                ),
                 ('reason', models.CharField(blank=True, max_length=300)),
                 ('created_at', models.DateTimeField(auto_now_add=True)),
                 ('decided_at', models.DateTimeField(blank=True, null=True)),
-                ('host', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='canary_checks', to='hosts.host')),
-                ('request', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='canary', to='marketplace.request')),
-                ('reference', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='checks', to='marketplace.canaryreference')),
+                (
+                    'host',
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name='canary_checks', to='hosts.host'
+                    ),
+                ),
+                (
+                    'request',
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE, related_name='canary', to='marketplace.request'
+                    ),
+                ),
+                (
+                    'reference',
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name='checks',
+                        to='marketplace.canaryreference',
+                    ),
+                ),
             ],
             options={
-                'indexes': [models.Index(fields=['host', 'verdict', 'created_at'], name='marketplace_host_id_35c3b0_idx')],
+                'indexes': [
+                    models.Index(fields=['host', 'verdict', 'created_at'], name='marketplace_host_id_35c3b0_idx')
+                ],
             },
         ),
     ]

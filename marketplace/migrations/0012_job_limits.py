@@ -4,7 +4,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('catalog', '0001_initial'),
         ('hosts', '0007_host_trust'),
@@ -15,12 +14,20 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='job',
             name='deadline_at',
-            field=models.DateTimeField(blank=True, help_text='the attempt ends by then whatever its host says (queue, start allowance, max_tokens)', null=True),
+            field=models.DateTimeField(
+                blank=True,
+                help_text='the attempt ends by then whatever its host says (queue, start allowance, max_tokens)',
+                null=True,
+            ),
         ),
         migrations.AddField(
             model_name='job',
             name='max_chars',
-            field=models.PositiveIntegerField(blank=True, help_text="text its host may send: max_tokens at the tokenizer's longest token (None: embeddings)", null=True),
+            field=models.PositiveIntegerField(
+                blank=True,
+                help_text="text its host may send: max_tokens at the tokenizer's longest token (None: embeddings)",
+                null=True,
+            ),
         ),
         migrations.AddField(
             model_name='job',

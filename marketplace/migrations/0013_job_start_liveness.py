@@ -4,7 +4,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('marketplace', '0012_job_limits'),
     ]
@@ -13,6 +12,10 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='job',
             name='progress_at',
-            field=models.DateTimeField(blank=True, help_text="the host's last progress report before its first token (loading, prefill)", null=True),
+            field=models.DateTimeField(
+                blank=True,
+                help_text="the host's last progress report before its first token (loading, prefill)",
+                null=True,
+            ),
         ),
     ]

@@ -4,7 +4,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('catalog', '0002_embedding_dimensions'),
         ('hosts', '0008_qualification_load_ms'),

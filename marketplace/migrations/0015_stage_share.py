@@ -5,7 +5,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('hosts', '0008_qualification_load_ms'),
         ('marketplace', '0014_job_offered_host_status'),
@@ -21,13 +20,30 @@ class Migration(migrations.Migration):
                 ('n_layers', models.PositiveIntegerField(help_text="the ring's layers in all")),
                 ('earned_ucents', models.BigIntegerField()),
                 ('finished_at', models.DateTimeField()),
-                ('host', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='stage_shares', to='hosts.host')),
-                ('job', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='stage_shares', to='marketplace.job')),
-                ('plan', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='mesh.ringplan')),
+                (
+                    'host',
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name='stage_shares', to='hosts.host'
+                    ),
+                ),
+                (
+                    'job',
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name='stage_shares', to='marketplace.job'
+                    ),
+                ),
+                (
+                    'plan',
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name='+', to='mesh.ringplan'
+                    ),
+                ),
             ],
             options={
                 'indexes': [models.Index(fields=['host', 'finished_at'], name='marketplace_host_id_7f6c65_idx')],
-                'constraints': [models.UniqueConstraint(fields=('job', 'host'), name='one_stage_share_per_job_and_host')],
+                'constraints': [
+                    models.UniqueConstraint(fields=('job', 'host'), name='one_stage_share_per_job_and_host')
+                ],
             },
         ),
     ]

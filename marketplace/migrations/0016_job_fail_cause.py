@@ -4,7 +4,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('marketplace', '0015_stage_share'),
     ]
@@ -13,6 +12,11 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='job',
             name='fail_cause',
-            field=models.CharField(blank=True, choices=[('host', 'the host'), ('request', "the request's content")], help_text="whose fault a failure was: a host that says 'request' gets no strike, unless another host then served it", max_length=8),
+            field=models.CharField(
+                blank=True,
+                choices=[('host', 'the host'), ('request', "the request's content")],
+                help_text="whose fault a failure was: a host that says 'request' gets no strike, unless another host then served it",
+                max_length=8,
+            ),
         ),
     ]

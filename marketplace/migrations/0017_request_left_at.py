@@ -4,7 +4,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('marketplace', '0016_job_fail_cause'),
     ]
@@ -13,6 +12,10 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='request',
             name='left_at',
-            field=models.DateTimeField(blank=True, help_text="when its customer's connection went away while it ran (cleared when one re-attaches)", null=True),
+            field=models.DateTimeField(
+                blank=True,
+                help_text="when its customer's connection went away while it ran (cleared when one re-attaches)",
+                null=True,
+            ),
         ),
     ]

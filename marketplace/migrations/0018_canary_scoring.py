@@ -4,7 +4,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('marketplace', '0017_request_left_at'),
     ]
@@ -23,11 +22,25 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='canaryreference',
             name='gguf',
-            field=models.CharField(blank=True, help_text='the model file the reference was computed from, which also scores answers (blank: the shipped model)', max_length=500),
+            field=models.CharField(
+                blank=True,
+                help_text='the model file the reference was computed from, which also scores answers (blank: the shipped model)',
+                max_length=500,
+            ),
         ),
         migrations.AlterField(
             model_name='canarycheck',
             name='verdict',
-            field=models.CharField(choices=[('pending', 'Pending'), ('scoring', 'scoring (it parted from the reference at a near-tie: the real model reads it next)'), ('passed', 'Passed'), ('failed', 'Failed'), ('void', 'void (not answered: the host died, failed or never claimed it)')], default='pending', max_length=16),
+            field=models.CharField(
+                choices=[
+                    ('pending', 'Pending'),
+                    ('scoring', 'scoring (it parted from the reference at a near-tie: the real model reads it next)'),
+                    ('passed', 'Passed'),
+                    ('failed', 'Failed'),
+                    ('void', 'void (not answered: the host died, failed or never claimed it)'),
+                ],
+                default='pending',
+                max_length=16,
+            ),
         ),
     ]

@@ -4,7 +4,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('marketplace', '0018_canary_scoring'),
     ]
@@ -13,6 +12,8 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='textchunk',
             name='logprobs',
-            field=models.JSONField(blank=True, help_text="the text's tokens' log-probability entries, when asked for", null=True),
+            field=models.JSONField(
+                blank=True, help_text="the text's tokens' log-probability entries, when asked for", null=True
+            ),
         ),
     ]

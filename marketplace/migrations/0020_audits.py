@@ -5,7 +5,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('hosts', '0010_qualification_file_and_device'),
         ('marketplace', '0019_text_chunk_logprobs'),
@@ -16,27 +15,85 @@ class Migration(migrations.Migration):
             name='Audit',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('status', models.CharField(choices=[('pending', 'Pending'), ('passed', 'Passed'), ('failed', 'failed (the customer was refunded, the host put in maintenance)')], default='pending', max_length=16)),
+                (
+                    'status',
+                    models.CharField(
+                        choices=[
+                            ('pending', 'Pending'),
+                            ('passed', 'Passed'),
+                            ('failed', 'failed (the customer was refunded, the host put in maintenance)'),
+                        ],
+                        default='pending',
+                        max_length=16,
+                    ),
+                ),
                 ('host_ucents', models.BigIntegerField(help_text="the host's share, in escrow until the audit passes")),
-                ('platform_ucents', models.BigIntegerField(help_text="the platform's share, refunded too if the audit fails")),
-                ('seed', models.BigIntegerField(help_text="the job's sampling seed (the gateway's, never the host's word)")),
-                ('payload', models.JSONField(blank=True, help_text='the job as its host received it; deleted when decided', null=True)),
+                (
+                    'platform_ucents',
+                    models.BigIntegerField(help_text="the platform's share, refunded too if the audit fails"),
+                ),
+                (
+                    'seed',
+                    models.BigIntegerField(help_text="the job's sampling seed (the gateway's, never the host's word)"),
+                ),
+                (
+                    'payload',
+                    models.JSONField(
+                        blank=True, help_text='the job as its host received it; deleted when decided', null=True
+                    ),
+                ),
                 ('text', models.TextField(blank=True, help_text='the text the host delivered; deleted when decided')),
-                ('token_ids', models.JSONField(blank=True, help_text='the tokens the host says it generated; deleted when decided', null=True)),
+                (
+                    'token_ids',
+                    models.JSONField(
+                        blank=True, help_text='the tokens the host says it generated; deleted when decided', null=True
+                    ),
+                ),
                 ('finish_reason', models.CharField(blank=True, max_length=16)),
                 ('checked', models.PositiveIntegerField(default=0, help_text='tokens checked')),
-                ('uncertain', models.PositiveIntegerField(default=0, help_text='tokens too close to call (never held against the host)')),
-                ('misses', models.PositiveIntegerField(default=0, help_text="tokens the job's draw cannot have chosen")),
+                (
+                    'uncertain',
+                    models.PositiveIntegerField(
+                        default=0, help_text='tokens too close to call (never held against the host)'
+                    ),
+                ),
+                (
+                    'misses',
+                    models.PositiveIntegerField(default=0, help_text="tokens the job's draw cannot have chosen"),
+                ),
                 ('reason', models.CharField(blank=True, help_text='why it failed, with the evidence', max_length=500)),
                 ('created_at', models.DateTimeField(auto_now_add=True)),
                 ('decided_at', models.DateTimeField(blank=True, null=True)),
-                ('host', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='audits', to='hosts.host')),
-                ('job', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='audit', to='marketplace.job')),
-                ('request', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='audits', to='marketplace.request')),
+                (
+                    'host',
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name='audits', to='hosts.host'
+                    ),
+                ),
+                (
+                    'job',
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE, related_name='audit', to='marketplace.job'
+                    ),
+                ),
+                (
+                    'request',
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name='audits', to='marketplace.request'
+                    ),
+                ),
             ],
             options={
-                'indexes': [models.Index(fields=['status', 'created_at'], name='marketplace_status_ba7bdf_idx'), models.Index(fields=['host', 'status'], name='marketplace_host_id_b14155_idx')],
-                'constraints': [models.CheckConstraint(condition=models.Q(('host_ucents__gte', 0), ('platform_ucents__gte', 0)), name='audit_shares_not_negative')],
+                'indexes': [
+                    models.Index(fields=['status', 'created_at'], name='marketplace_status_ba7bdf_idx'),
+                    models.Index(fields=['host', 'status'], name='marketplace_host_id_b14155_idx'),
+                ],
+                'constraints': [
+                    models.CheckConstraint(
+                        condition=models.Q(('host_ucents__gte', 0), ('platform_ucents__gte', 0)),
+                        name='audit_shares_not_negative',
+                    )
+                ],
             },
         ),
     ]

@@ -4,7 +4,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('marketplace', '0020_audits'),
     ]
@@ -13,11 +12,27 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='canarycheck',
             name='by_audit',
-            field=models.BooleanField(default=False, help_text="sampled with parameters drawn from customers' and judged by an audit of the real model (its reference gives only the prompt); else greedy, against the reference's text"),
+            field=models.BooleanField(
+                default=False,
+                help_text="sampled with parameters drawn from customers' and judged by an audit of the real model (its reference gives only the prompt); else greedy, against the reference's text",
+            ),
         ),
         migrations.AlterField(
             model_name='canarycheck',
             name='verdict',
-            field=models.CharField(choices=[('pending', 'Pending'), ('scoring', 'scoring (the real model reads it next: it parted from the reference at a near-tie, or its audit is pending)'), ('passed', 'Passed'), ('failed', 'Failed'), ('void', 'void (not answered: the host died, failed or never claimed it)')], default='pending', max_length=16),
+            field=models.CharField(
+                choices=[
+                    ('pending', 'Pending'),
+                    (
+                        'scoring',
+                        'scoring (the real model reads it next: it parted from the reference at a near-tie, or its audit is pending)',
+                    ),
+                    ('passed', 'Passed'),
+                    ('failed', 'Failed'),
+                    ('void', 'void (not answered: the host died, failed or never claimed it)'),
+                ],
+                default='pending',
+                max_length=16,
+            ),
         ),
     ]

@@ -4,7 +4,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('marketplace', '0021_canary_by_audit'),
     ]
@@ -13,11 +12,21 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='job',
             name='boot',
-            field=models.CharField(blank=True, default='', help_text='the boot id of the mahout process that claimed it (blank: a client that sends none); a new one from its host ends it', max_length=64),
+            field=models.CharField(
+                blank=True,
+                default='',
+                help_text='the boot id of the mahout process that claimed it (blank: a client that sends none); a new one from its host ends it',
+                max_length=64,
+            ),
         ),
         migrations.AddField(
             model_name='job',
             name='text_end',
-            field=models.CharField(blank=True, default='', help_text='the finish_reason its host sent with a batch (its text ended the answer): its death then settles the answer', max_length=8),
+            field=models.CharField(
+                blank=True,
+                default='',
+                help_text='the finish_reason its host sent with a batch (its text ended the answer): its death then settles the answer',
+                max_length=8,
+            ),
         ),
     ]

@@ -5,7 +5,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('marketplace', '0022_job_boot_text_end'),
     ]
@@ -15,10 +14,22 @@ class Migration(migrations.Migration):
             name='StoredResponse',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('conversation', models.JSONField(help_text="the input items (earlier turns first) then the output items, in the Responses API's shape; instructions are not carried over")),
+                (
+                    'conversation',
+                    models.JSONField(
+                        help_text="the input items (earlier turns first) then the output items, in the Responses API's shape; instructions are not carried over"
+                    ),
+                ),
                 ('body', models.JSONField(help_text='the Response object as it was returned')),
                 ('expires_at', models.DateTimeField(db_index=True)),
-                ('request', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='stored_response', to='marketplace.request')),
+                (
+                    'request',
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name='stored_response',
+                        to='marketplace.request',
+                    ),
+                ),
             ],
         ),
     ]

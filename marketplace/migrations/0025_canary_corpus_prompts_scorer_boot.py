@@ -5,7 +5,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('marketplace', '0024_audit_scored_by_hosts'),
     ]
@@ -14,11 +13,23 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='audit',
             name='scorer_boot',
-            field=models.CharField(blank=True, default='', help_text="the boot id of the scorer's process that claimed it (blank: none sent); a new one from that host frees it", max_length=64),
+            field=models.CharField(
+                blank=True,
+                default='',
+                help_text="the boot id of the scorer's process that claimed it (blank: none sent); a new one from that host frees it",
+                max_length=64,
+            ),
         ),
         migrations.AlterField(
             model_name='canarycheck',
             name='reference',
-            field=models.ForeignKey(blank=True, help_text='its reference (blank: a corpus prompt for a model without references, judged by its audit alone)', null=True, on_delete=django.db.models.deletion.CASCADE, related_name='checks', to='marketplace.canaryreference'),
+            field=models.ForeignKey(
+                blank=True,
+                help_text='its reference (blank: a corpus prompt for a model without references, judged by its audit alone)',
+                null=True,
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name='checks',
+                to='marketplace.canaryreference',
+            ),
         ),
     ]

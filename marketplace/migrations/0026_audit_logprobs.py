@@ -4,7 +4,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('marketplace', '0025_canary_corpus_prompts_scorer_boot'),
     ]
@@ -13,6 +12,10 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='audit',
             name='logprobs',
-            field=models.JSONField(blank=True, help_text="the log-probability entries the host reported with its text, when the job asked for them (compared with the model's); deleted when decided", null=True),
+            field=models.JSONField(
+                blank=True,
+                help_text="the log-probability entries the host reported with its text, when the job asked for them (compared with the model's); deleted when decided",
+                null=True,
+            ),
         ),
     ]

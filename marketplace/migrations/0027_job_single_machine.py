@@ -4,7 +4,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('marketplace', '0026_audit_logprobs'),
     ]
@@ -13,6 +12,9 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='job',
             name='single_machine',
-            field=models.BooleanField(default=False, help_text='it asks for what only a host holding the whole model does (a response_format\'s grammar: `protocol.jobs.needs_single_machine`): a host bridging a ring of its model never gets it'),
+            field=models.BooleanField(
+                default=False,
+                help_text='it asks for what only a host holding the whole model does (a response_format\'s grammar: `protocol.jobs.needs_single_machine`): a host bridging a ring of its model never gets it',
+            ),
         ),
     ]

@@ -5,7 +5,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('hosts', '0011_host_allowance'),
         ('marketplace', '0027_job_single_machine'),
@@ -17,22 +16,86 @@ class Migration(migrations.Migration):
             name='RingInquiry',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('status', models.CharField(choices=[('collecting', 'collecting (the stages hand over their evidence)'), ('checking', 'checking (a trusted host outside the ring recomputes the stages)'), ('decided', 'Decided')], default='collecting', max_length=16)),
+                (
+                    'status',
+                    models.CharField(
+                        choices=[
+                            ('collecting', 'collecting (the stages hand over their evidence)'),
+                            ('checking', 'checking (a trusted host outside the ring recomputes the stages)'),
+                            ('decided', 'Decided'),
+                        ],
+                        default='collecting',
+                        max_length=16,
+                    ),
+                ),
                 ('audit_reason', models.CharField(blank=True, help_text='why the audit failed', max_length=500)),
-                ('payload', models.JSONField(blank=True, help_text='the job as the bridge received it; deleted when decided', null=True)),
-                ('token_ids', models.JSONField(blank=True, help_text="the answer's tokens as audited; deleted when decided", null=True)),
-                ('shared_output', models.BooleanField(default=True, help_text='the head and the tail share the output head (both pick)')),
+                (
+                    'payload',
+                    models.JSONField(
+                        blank=True, help_text='the job as the bridge received it; deleted when decided', null=True
+                    ),
+                ),
+                (
+                    'token_ids',
+                    models.JSONField(
+                        blank=True, help_text="the answer's tokens as audited; deleted when decided", null=True
+                    ),
+                ),
+                (
+                    'shared_output',
+                    models.BooleanField(
+                        default=True, help_text='the head and the tail share the output head (both pick)'
+                    ),
+                ),
                 ('created_at', models.DateTimeField(auto_now_add=True)),
                 ('checking_since', models.DateTimeField(blank=True, null=True)),
                 ('checker_since', models.DateTimeField(blank=True, null=True)),
-                ('declined_by', models.JSONField(blank=True, default=list, help_text='hosts that declined or abandoned the check')),
-                ('verdicts', models.JSONField(blank=True, default=list, help_text="each checker's verdict so far: [{checker, owner, blamed, reasons}]; two that agree decide")),
-                ('blamed', models.JSONField(blank=True, default=list, help_text='the hosts blamed: [{host, stage, reason}]')),
-                ('verdict', models.TextField(blank=True, help_text="the checker's reasons, or why the bridge was blamed without one")),
+                (
+                    'declined_by',
+                    models.JSONField(blank=True, default=list, help_text='hosts that declined or abandoned the check'),
+                ),
+                (
+                    'verdicts',
+                    models.JSONField(
+                        blank=True,
+                        default=list,
+                        help_text="each checker's verdict so far: [{checker, owner, blamed, reasons}]; two that agree decide",
+                    ),
+                ),
+                (
+                    'blamed',
+                    models.JSONField(blank=True, default=list, help_text='the hosts blamed: [{host, stage, reason}]'),
+                ),
+                (
+                    'verdict',
+                    models.TextField(
+                        blank=True, help_text="the checker's reasons, or why the bridge was blamed without one"
+                    ),
+                ),
                 ('decided_at', models.DateTimeField(blank=True, null=True)),
-                ('audit', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='ring_inquiry', to='marketplace.audit')),
-                ('checker', models.ForeignKey(blank=True, help_text="the trusted host recomputing the stages now (never one of the ring's)", null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='hosts.host')),
-                ('plan', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='mesh.ringplan')),
+                (
+                    'audit',
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE, related_name='ring_inquiry', to='marketplace.audit'
+                    ),
+                ),
+                (
+                    'checker',
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="the trusted host recomputing the stages now (never one of the ring's)",
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name='+',
+                        to='hosts.host',
+                    ),
+                ),
+                (
+                    'plan',
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name='+', to='mesh.ringplan'
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
@@ -44,8 +107,18 @@ class Migration(migrations.Migration):
                 ('parts', models.PositiveIntegerField(help_text='0: the stage kept nothing of the request')),
                 ('data', models.BinaryField(default=bytes)),
                 ('received_at', models.DateTimeField(auto_now_add=True)),
-                ('host', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='hosts.host')),
-                ('inquiry', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='evidence', to='marketplace.ringinquiry')),
+                (
+                    'host',
+                    models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='hosts.host'),
+                ),
+                (
+                    'inquiry',
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name='evidence',
+                        to='marketplace.ringinquiry',
+                    ),
+                ),
             ],
         ),
         migrations.AddIndex(

@@ -6,6 +6,7 @@ fit the context the model is sold with (`CatalogModel.context_sold`: for a chat 
 never more than its audits can read, so no job is sold that could not be audited),
 and then `request_submit` holds the worst-case price (402 / 429 before anything is queued). Refusals are DomainErrors; the views only render them.
 """
+
 from __future__ import annotations
 
 from datetime import datetime
@@ -28,7 +29,11 @@ def trusted_only(*, api_key: ApiKey, data: dict) -> bool:
 
 
 def rendered_prompt(
-    model: CatalogModel, kind: str, data: dict, *, now: datetime | None = None,
+    model: CatalogModel,
+    kind: str,
+    data: dict,
+    *,
+    now: datetime | None = None,
 ) -> tuple[list[Fragment], list | None, str | None]:
     """The prompt rendered exactly as the host's model will see it (its template told it is
     `now`), plus what the request stores. A conversation the model's template refuses, or
@@ -53,7 +58,7 @@ def request_admit(*, api_key: ApiKey, data: dict, params: dict, kind: str, publi
         online = {served.model.pk for served in served_models() if served.hosts_online}
         first = next((index for index, model in enumerate(chosen) if model.pk in online), 0)
     model = chosen[first]
-    params = {**params, "fallbacks": [m.name for m in chosen[first + 1:]]} if len(chosen) > 1 else params
+    params = {**params, "fallbacks": [m.name for m in chosen[first + 1 :]]} if len(chosen) > 1 else params
     params, now = render_instant_fixed(params)  # every later rendering of this request's prompt is this one's
     fragments, messages, prompt = rendered_prompt(model, kind, data, now=now)
     prompt_tokens = prompt_count(model, fragments)
@@ -65,16 +70,29 @@ def request_admit(*, api_key: ApiKey, data: dict, params: dict, kind: str, publi
             param="messages" if messages is not None else "prompt",
         )
     return request_submit(
-        public_id=public_id, api_key=api_key, model=model, kind=kind, messages=messages, prompt=prompt, params=params,
-        stream=data["stream"], prompt_tokens=prompt_tokens, trusted_only=trusted_only(api_key=api_key, data=data),
+        public_id=public_id,
+        api_key=api_key,
+        model=model,
+        kind=kind,
+        messages=messages,
+        prompt=prompt,
+        params=params,
+        stream=data["stream"],
+        prompt_tokens=prompt_tokens,
+        trusted_only=trusted_only(api_key=api_key, data=data),
     )
 
 
-ENDPOINTS = {Request.Kind.CHAT: "/v1/chat/completions", Request.Kind.COMPLETION: "/v1/completions",
-             Request.Kind.EMBEDDINGS: "/v1/embeddings"}
+ENDPOINTS = {
+    Request.Kind.CHAT: "/v1/chat/completions",
+    Request.Kind.COMPLETION: "/v1/completions",
+    Request.Kind.EMBEDDINGS: "/v1/embeddings",
+}
 KIND_NAMES = {CatalogModel.Kind.CHAT: "a chat model", CatalogModel.Kind.EMBEDDING: "an embeddings model"}
-SERVED_AT = {CatalogModel.Kind.CHAT: "POST /v1/chat/completions (or /v1/completions)",
-             CatalogModel.Kind.EMBEDDING: "POST /v1/embeddings"}
+SERVED_AT = {
+    CatalogModel.Kind.CHAT: "POST /v1/chat/completions (or /v1/completions)",
+    CatalogModel.Kind.EMBEDDING: "POST /v1/embeddings",
+}
 
 
 def model_for(name: str, *, kind: str, param: str = "model") -> CatalogModel:
@@ -83,13 +101,18 @@ def model_for(name: str, *, kind: str, param: str = "model") -> CatalogModel:
     model = catalog_model_by_name(name=name)
     if model is None:
         raise DomainError(
-            f"The model '{name}' does not exist; GET /v1/models lists them.", status=404, code="model_not_found", param=param,
+            f"The model '{name}' does not exist; GET /v1/models lists them.",
+            status=404,
+            code="model_not_found",
+            param=param,
         )
     wanted = CatalogModel.Kind.EMBEDDING if kind == Request.Kind.EMBEDDINGS else CatalogModel.Kind.CHAT
     if model.kind != wanted:
         raise bad_request(
             f"The model '{name}' is {KIND_NAMES[model.kind]}: send it to {SERVED_AT[model.kind]}. {ENDPOINTS[kind]} takes "
-            f"{KIND_NAMES[wanted]} (GET /v1/models gives each model's kind).", code="wrong_model_kind", param=param,
+            f"{KIND_NAMES[wanted]} (GET /v1/models gives each model's kind).",
+            code="wrong_model_kind",
+            param=param,
         )
     return model
 
@@ -103,11 +126,20 @@ def embeddings_admit(*, api_key: ApiKey, data: dict, public_id: str) -> Request:
         if tokenizer.count(text, special=True) > model.context_length:
             raise bad_request(
                 f"Input {index} is longer than this model's {model.context_length}-token context; split it.",
-                code="context_length_exceeded", param=f"input[{index}]",
+                code="context_length_exceeded",
+                param=f"input[{index}]",
             )
         prompt_tokens += tokenizer.count(text, special=False)
     return request_submit(
-        public_id=public_id, api_key=api_key, model=model, kind=Request.Kind.EMBEDDINGS, messages=None, prompt=None,
-        params={"max_tokens": 0}, stream=False, prompt_tokens=prompt_tokens, inputs=data["input"],
+        public_id=public_id,
+        api_key=api_key,
+        model=model,
+        kind=Request.Kind.EMBEDDINGS,
+        messages=None,
+        prompt=None,
+        params={"max_tokens": 0},
+        stream=False,
+        prompt_tokens=prompt_tokens,
+        inputs=data["input"],
         trusted_only=trusted_only(api_key=api_key, data=data),
     )

@@ -4,6 +4,7 @@ Generation endpoints are async views: they hold a connection open while a
 host works, so they must not tie up a thread. Everything that touches the
 database goes through `db()`; everything that decides goes through a service.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -114,10 +115,17 @@ class GenerationApi(AsyncApi):
         if len(failed) == len(answers):
             return failed[0].response()
         bodies = [answer for answer in answers if not isinstance(answer, DomainError)]
-        body = {**bodies[0], "id": choices[0].row.public_id, "choices": [], "usage": usage_sum([b["usage"] for b in bodies])}
+        body = {
+            **bodies[0],
+            "id": choices[0].row.public_id,
+            "choices": [],
+            "usage": usage_sum([b["usage"] for b in bodies]),
+        }
         for choice, answer in zip(choices, answers, strict=True):
             if isinstance(answer, DomainError):
-                body["choices"].append({**failed_choice(choice.row, index=choice.index), "error": answer.body()["error"]})
+                body["choices"].append(
+                    {**failed_choice(choice.row, index=choice.index), "error": answer.body()["error"]}
+                )
             else:
                 body["choices"].append({**answer["choices"][0], "index": choice.index})
         response = JsonResponse(body)
@@ -139,10 +147,18 @@ class GenerationApi(AsyncApi):
                 if ended.status == Request.Status.FAILED:
                     return ended_error(ended)
                 text = "".join(parts)
-                calls = tool_calls_in(admitted.row.params.get("tools"), text, request_id=ended.public_id,
-                                      cut=ended.finish_reason == "length")
-                return response_body(ended, text=text, calls=calls,
-                                     logprobs=entries if admitted.listener.logprobs and not calls else None)
+                calls = tool_calls_in(
+                    admitted.row.params.get("tools"),
+                    text,
+                    request_id=ended.public_id,
+                    cut=ended.finish_reason == "length",
+                )
+                return response_body(
+                    ended,
+                    text=text,
+                    calls=calls,
+                    logprobs=entries if admitted.listener.logprobs and not calls else None,
+                )
         finally:
             await admitted.close()
         raise AssertionError("listener ended without an Ended event")
@@ -158,19 +174,33 @@ class StreamResumeApi(View):
 
     @extend_schema(
         parameters=[
-            OpenApiParameter("stream", OpenApiTypes.STR, enum=["true"], required=True, description="only streams resume"),
-            OpenApiParameter("starting_after", OpenApiTypes.INT, description="the `x_elephant.offset` of the last chunk received"),
-            OpenApiParameter("include_usage", OpenApiTypes.STR, enum=["true", "false"], description="usage in the last chunk"),
+            OpenApiParameter(
+                "stream", OpenApiTypes.STR, enum=["true"], required=True, description="only streams resume"
+            ),
+            OpenApiParameter(
+                "starting_after", OpenApiTypes.INT, description="the `x_elephant.offset` of the last chunk received"
+            ),
+            OpenApiParameter(
+                "include_usage", OpenApiTypes.STR, enum=["true", "false"], description="usage in the last chunk"
+            ),
         ],
         responses={(200, "text/event-stream"): outputs.RESUMED, 410: ERROR},
     )
     async def get(self, request: HttpRequest, public_id: str) -> HttpResponse:
         try:
             if request.GET.get("stream") != "true":
-                raise bad_request("Only streams can be resumed: pass stream=true (and starting_after=N).", code="stream_required", param="stream")
+                raise bad_request(
+                    "Only streams can be resumed: pass stream=true (and starting_after=N).",
+                    code="stream_required",
+                    param="stream",
+                )
             raw = request.GET.get("starting_after", "0")
             if not raw.isdigit():
-                raise bad_request(f"'starting_after' must be a character offset (0 or more), got {raw!r}.", code="invalid_value", param="starting_after")
+                raise bad_request(
+                    f"'starting_after' must be a character offset (0 or more), got {raw!r}.",
+                    code="invalid_value",
+                    param="starting_after",
+                )
             row = await db(_resumable, secret=bearer_secret(request), public_id=public_id, starting_after=int(raw))
         except DomainError as error:
             return error.response()
@@ -188,9 +218,15 @@ def _resumable(*, secret: str, public_id: str, starting_after: int) -> Request:
     if row is None or row.kind == Request.Kind.EMBEDDINGS:
         raise ApiError(404, f"No streamed request '{public_id}' for this {_reader(key)}.", code="not_found", param="id")
     if row.output_forgotten:
-        raise ApiError(410, "This request's text was handed over and deleted; it cannot be streamed again.", code="output_gone")
+        raise ApiError(
+            410, "This request's text was handed over and deleted; it cannot be streamed again.", code="output_gone"
+        )
     if starting_after > row.delivered_chars:
-        raise bad_request(f"'starting_after' is past the {row.delivered_chars} characters delivered so far.", code="invalid_value", param="starting_after")
+        raise bad_request(
+            f"'starting_after' is past the {row.delivered_chars} characters delivered so far.",
+            code="invalid_value",
+            param="starting_after",
+        )
     return row
 
 
@@ -204,12 +240,26 @@ SAY_HI = [{"role": "user", "content": "Say hi"}]
 @extend_schema(
     request=ChatInputSerializer,
     responses={
-        **outputs.generation_responses(outputs.ChatCompletionSerializer, outputs.ChatCompletionChunkSerializer, "chat.completion"), **GENERATION_ERRORS,
+        **outputs.generation_responses(
+            outputs.ChatCompletionSerializer, outputs.ChatCompletionChunkSerializer, "chat.completion"
+        ),
+        **GENERATION_ERRORS,
     },
     examples=[
-        OpenApiExample("whole", value={"model": "gemma-3-270m", "messages": SAY_HI, "max_tokens": 8}, request_only=True),
-        OpenApiExample("streamed", value={"model": "gemma-3-270m", "messages": SAY_HI, "max_tokens": 8, "stream": True,
-                                          "stream_options": {"include_usage": True}}, request_only=True),
+        OpenApiExample(
+            "whole", value={"model": "gemma-3-270m", "messages": SAY_HI, "max_tokens": 8}, request_only=True
+        ),
+        OpenApiExample(
+            "streamed",
+            value={
+                "model": "gemma-3-270m",
+                "messages": SAY_HI,
+                "max_tokens": 8,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+            request_only=True,
+        ),
     ],
 )
 class ChatCompletionsApi(GenerationApi):
@@ -221,12 +271,20 @@ class ChatCompletionsApi(GenerationApi):
 @extend_schema(
     request=CompletionInputSerializer,
     responses={
-        **outputs.generation_responses(outputs.TextCompletionSerializer, outputs.TextCompletionChunkSerializer, "text_completion"), **GENERATION_ERRORS,
+        **outputs.generation_responses(
+            outputs.TextCompletionSerializer, outputs.TextCompletionChunkSerializer, "text_completion"
+        ),
+        **GENERATION_ERRORS,
     },
     examples=[
-        OpenApiExample("whole", value={"model": "gemma-3-270m", "prompt": "Once upon", "max_tokens": 8}, request_only=True),
-        OpenApiExample("streamed", value={"model": "gemma-3-270m", "prompt": "Once upon", "max_tokens": 8, "stream": True},
-                       request_only=True),
+        OpenApiExample(
+            "whole", value={"model": "gemma-3-270m", "prompt": "Once upon", "max_tokens": 8}, request_only=True
+        ),
+        OpenApiExample(
+            "streamed",
+            value={"model": "gemma-3-270m", "prompt": "Once upon", "max_tokens": 8, "stream": True},
+            request_only=True,
+        ),
     ],
 )
 class CompletionsApi(GenerationApi):
@@ -239,12 +297,24 @@ class CompletionsApi(GenerationApi):
     request=ResponsesInputSerializer,
     responses={
         (200, "application/json"): OpenApiResponse(outputs.ResponseSerializer, description=outputs.RESPONSE_WHOLE),
-        (200, "text/event-stream"): outputs.RESPONSE_EVENTS, **GENERATION_ERRORS,
+        (200, "text/event-stream"): outputs.RESPONSE_EVENTS,
+        **GENERATION_ERRORS,
     },
     examples=[
-        OpenApiExample("whole", value={"model": "gemma-3-270m", "input": "Say hi", "max_output_tokens": 8}, request_only=True),
-        OpenApiExample("streamed", value={"model": "gemma-3-270m", "instructions": "Be brief.", "input": SAY_HI,
-                                          "max_output_tokens": 8, "stream": True}, request_only=True),
+        OpenApiExample(
+            "whole", value={"model": "gemma-3-270m", "input": "Say hi", "max_output_tokens": 8}, request_only=True
+        ),
+        OpenApiExample(
+            "streamed",
+            value={
+                "model": "gemma-3-270m",
+                "instructions": "Be brief.",
+                "input": SAY_HI,
+                "max_output_tokens": 8,
+                "stream": True,
+            },
+            request_only=True,
+        ),
     ],
 )
 class ResponsesApi(GenerationApi):
@@ -261,15 +331,22 @@ class ResponsesApi(GenerationApi):
             body = responses.continued(body, conversation)
         try:  # what a stored response keeps is bounded before anything is queued or billed
             kept = await stored_responses.stored_turn_admit(secret=secret, body=body)
-            choices = await admit_choices(secret=secret, body=body, kind=Request.Kind.CHAT,
-                                          translate=responses.chat_body, new_id=responses.new_response_id)
+            choices = await admit_choices(
+                secret=secret,
+                body=body,
+                kind=Request.Kind.CHAT,
+                translate=responses.chat_body,
+                new_id=responses.new_response_id,
+            )
         except DomainError as error:
             raise responses.own_items(responses.door_error(error), stored=len(conversation)) from None
         admitted, echo = choices[0], responses.echoed(body)
         rate = await rate_limit_headers(admitted.row)
 
         async def save(response: dict) -> None:
-            await db(stored_responses.stored_response_save, request_id=admitted.row.pk, kept=kept or [], response=response)
+            await db(
+                stored_responses.stored_response_save, request_id=admitted.row.pk, kept=kept or [], response=response
+            )
 
         if admitted.row.stream:
             events = responses.response_events(admitted, echo=echo)
@@ -310,7 +387,9 @@ class StoredResponseApi(KeyApi):
 @extend_schema(
     request=EmbeddingsInputSerializer,
     responses={200: outputs.EmbeddingListSerializer, **GENERATION_ERRORS},
-    examples=[OpenApiExample("two texts", value={"model": "all-minilm-l6-v2", "input": ["a cat", "a dog"]}, request_only=True)],
+    examples=[
+        OpenApiExample("two texts", value={"model": "all-minilm-l6-v2", "input": ["a cat", "a dog"]}, request_only=True)
+    ],
 )
 class EmbeddingsApi(AsyncApi):
     """POST /v1/embeddings: queued like any job, answered once a host returns the vectors."""
@@ -346,6 +425,7 @@ class EmbeddingsApi(AsyncApi):
 
 def embeddings_body(row: Request, *, encoding: str) -> dict:
     """OpenAI's embeddings response; base64 is little-endian float32, as OpenAI sends it."""
+
     def encoded(vector: list[float]) -> list[float] | str:
         if encoding == "float":
             return vector
@@ -374,8 +454,12 @@ class ModelApi(KeyApi):
         self.key(request)
         served = next((served for served in selectors.served_models() if served.model.name == model_id), None)
         if served is None:
-            raise ApiError(404, f"The model '{model_id[:100]}' does not exist or no host serves it now; GET /v1/models lists "
-                           "them.", code="model_not_found", param="model")
+            raise ApiError(
+                404,
+                f"The model '{model_id[:100]}' does not exist or no host serves it now; GET /v1/models lists them.",
+                code="model_not_found",
+                param="model",
+            )
         return Response(model_body(served))
 
 
@@ -436,7 +520,9 @@ class CreditsApi(KeyApi):
 
 class GenerationStatsApi(KeyApi):
     @extend_schema(
-        parameters=[OpenApiParameter("id", OpenApiTypes.STR, required=True, description="the request's id (chatcmpl-…)")],
+        parameters=[
+            OpenApiParameter("id", OpenApiTypes.STR, required=True, description="the request's id (chatcmpl-…)")
+        ],
         responses={200: outputs.GenerationSerializer},
     )
     def get(self, request: DrfRequest) -> Response:

@@ -5,6 +5,7 @@ Each choice is its own queued request (billed as its own) with a listener that r
 its text; `admit_choices` queues them all or none, and `stream_chunks` interleaves their
 chunks into the one stream OpenAI sends.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -31,6 +32,7 @@ from marketplace.openai.tool_calls import CallStream
 def authenticated(admit: Callable[..., Request]) -> Callable[..., Request]:
     """`admit` with the key looked up from the bearer secret first, in the same trip to the
     database thread pool."""
+
     def call(*, secret: str, **kwargs: object) -> Request:
         return admit(api_key=key_for_spending(secret), **kwargs)
 
@@ -72,7 +74,9 @@ class Admitted:
                 if isinstance(event, Text):
                     if self.listener.model is not None:  # (read with the request: a fallback model may serve it)
                         row.model = self.listener.model
-                    text, logprobs, deltas = holder.feed(event.text, event.logprobs) if holder else (event.text, event.logprobs, [])
+                    text, logprobs, deltas = (
+                        holder.feed(event.text, event.logprobs) if holder else (event.text, event.logprobs, [])
+                    )
                     if text:
                         yield chunk_body(row, text=text, offset=self.listener.sent, index=self.index, logprobs=logprobs)
                     for delta in deltas:  # a call's arguments as they are generated (each chunk says where to resume)
@@ -125,7 +129,11 @@ class Admitted:
 
 
 async def admit_choices(
-    *, secret: str, body: dict, kind: str, translate: Callable[[dict], dict] | None = None,
+    *,
+    secret: str,
+    body: dict,
+    kind: str,
+    translate: Callable[[dict], dict] | None = None,
     new_id: Callable[[str], str] = services.new_public_id,
 ) -> list[Admitted]:
     """Authenticate, validate, price and queue a generation request, or raise a DomainError
@@ -163,8 +171,17 @@ async def admit_choices(
             seeded = {**params, "seed": params["seed"] + index} if params["seed"] is not None and index else params
             if index:  # the prompt is billed once, to the first choice (`Request.prompt_tokens_billed`)
                 seeded = {**seeded, CHOICE_OF: choices[0].row.public_id}
-            choices.append(await _admit_one(api_key=api_key, data=serializer.validated_data, params=seeded, kind=kind,
-                                            include_usage=serializer.include_usage(), index=index, new_id=new_id))
+            choices.append(
+                await _admit_one(
+                    api_key=api_key,
+                    data=serializer.validated_data,
+                    params=seeded,
+                    kind=kind,
+                    include_usage=serializer.include_usage(),
+                    index=index,
+                    new_id=new_id,
+                )
+            )
     except BaseException:
         for choice in choices:
             await asyncio.shield(choice.withdraw())
@@ -172,12 +189,22 @@ async def admit_choices(
     return choices
 
 
-async def _admit_one(*, api_key: ApiKey, data: dict, params: dict, kind: str, include_usage: bool, index: int,
-                     new_id: Callable[[str], str]) -> Admitted:
+async def _admit_one(
+    *,
+    api_key: ApiKey,
+    data: dict,
+    params: dict,
+    kind: str,
+    include_usage: bool,
+    index: int,
+    new_id: Callable[[str], str],
+) -> Admitted:
     public_id = new_id(kind)
     listener = await RequestListener(public_id).open()
     try:
-        row = await db(admission.request_admit, api_key=api_key, data=data, params=params, kind=kind, public_id=public_id)
+        row = await db(
+            admission.request_admit, api_key=api_key, data=data, params=params, kind=kind, public_id=public_id
+        )
     except BaseException:
         await listener.close()
         raise
@@ -222,7 +249,11 @@ async def stream_chunks(choices: list[Admitted]) -> AsyncIterator[dict | str]:
             elif isinstance(chunk, dict) and "error" in chunk:
                 errors.append(chunk)
                 if len(errors) < len(choices):
-                    yield {**chunk_body(choice.row, text="", finish_reason="error", index=choice.index), **chunk, **nulled}
+                    yield {
+                        **chunk_body(choice.row, text="", finish_reason="error", index=choice.index),
+                        **chunk,
+                        **nulled,
+                    }
             elif chunk != "[DONE]":
                 yield {**chunk, "id": choices[0].row.public_id, **nulled}  # type: ignore[dict-item]  # (one response: one id)
         if len(errors) == len(choices):

@@ -7,6 +7,7 @@ accepted: a missing or invalid one is refused at the handshake (HTTP 403). Then 
 one chat request body (at most MAX_BODY_BYTES) and receive chunk frames followed by
 {"done": true}, or one error frame.
 """
+
 from __future__ import annotations
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -40,10 +41,18 @@ class ChatStreamConsumer(AsyncJsonWebsocketConsumer):
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: object) -> None:
         size = len(text_data.encode()) if text_data is not None else len(bytes_data or b"")
         if size > settings.DATA_UPLOAD_MAX_MEMORY_SIZE or self.answered:
-            why = (f"The message is too large ({size} bytes; the limit is {settings.DATA_UPLOAD_MAX_MEMORY_SIZE})."
-                   if not self.answered else "One request per connection: open another for the next one.")
-            await self.send_json(ApiError(413 if not self.answered else 400, why,
-                                          code="body_too_large" if not self.answered else "invalid_request").body())
+            why = (
+                f"The message is too large ({size} bytes; the limit is {settings.DATA_UPLOAD_MAX_MEMORY_SIZE})."
+                if not self.answered
+                else "One request per connection: open another for the next one."
+            )
+            await self.send_json(
+                ApiError(
+                    413 if not self.answered else 400,
+                    why,
+                    code="body_too_large" if not self.answered else "invalid_request",
+                ).body()
+            )
             await self.close()
             return
         await super().receive(text_data=text_data, bytes_data=bytes_data, **kwargs)
@@ -68,4 +77,3 @@ class ChatStreamConsumer(AsyncJsonWebsocketConsumer):
             return json_loads(text_data)
         except ValueError:  # not JSON, NaN / Infinity, or nested too deep: refused as "not one JSON object"
             return None
-

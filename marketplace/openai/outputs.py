@@ -3,6 +3,7 @@
 serializers only document them, and the schema fuzz test (config/tests/test_schema_fuzz.py)
 holds every live answer to them.
 """
+
 from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiResponse, extend_schema_field
@@ -10,33 +11,74 @@ from rest_framework import serializers
 
 from core.openapi import ErrorSerializer, EventStream
 
-TOKEN = {"type": "object", "required": ["token", "logprob", "bytes"], "properties": {
-    "token": {"type": "string"}, "logprob": {"type": "number"}, "bytes": {"type": "array", "items": {"type": "integer"}}}}
-TOKEN_ENTRY = {**TOKEN, "required": [*TOKEN["required"], "top_logprobs"],
-               "properties": {**TOKEN["properties"], "top_logprobs": {"type": "array", "items": TOKEN}}}
+TOKEN = {
+    "type": "object",
+    "required": ["token", "logprob", "bytes"],
+    "properties": {
+        "token": {"type": "string"},
+        "logprob": {"type": "number"},
+        "bytes": {"type": "array", "items": {"type": "integer"}},
+    },
+}
+TOKEN_ENTRY = {
+    **TOKEN,
+    "required": [*TOKEN["required"], "top_logprobs"],
+    "properties": {**TOKEN["properties"], "top_logprobs": {"type": "array", "items": TOKEN}},
+}
 FINISH = "stop, length, tool_calls (the answer is a call), cancelled, or error (a failed choice among several)"
 
 
-@extend_schema_field({"oneOf": [{"type": "null"}, {"type": "object", "required": ["content"], "properties": {
-    "content": {"type": "array", "items": TOKEN_ENTRY}, "refusal": {"type": "null"}}}],
-    "description": "with logprobs: each token of the text with its log-probability and the likeliest alternatives"})
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "null"},
+            {
+                "type": "object",
+                "required": ["content"],
+                "properties": {"content": {"type": "array", "items": TOKEN_ENTRY}, "refusal": {"type": "null"}},
+            },
+        ],
+        "description": "with logprobs: each token of the text with its log-probability and the likeliest alternatives",
+    }
+)
 class ChatLogprobsField(serializers.JSONField):
     pass
 
 
-@extend_schema_field({"oneOf": [{"type": "null"}, {"type": "object", "required": ["tokens", "token_logprobs"], "properties": {
-    "tokens": {"type": "array", "items": {"type": "string"}},
-    "token_logprobs": {"type": "array", "items": {"type": "number"}},
-    "top_logprobs": {"type": "array", "items": {"type": "object", "additionalProperties": {"type": "number"}}},
-    "text_offset": {"type": "array", "items": {"type": "integer"}}}}],
-    "description": "with logprobs: the legacy completions shape"})
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "null"},
+            {
+                "type": "object",
+                "required": ["tokens", "token_logprobs"],
+                "properties": {
+                    "tokens": {"type": "array", "items": {"type": "string"}},
+                    "token_logprobs": {"type": "array", "items": {"type": "number"}},
+                    "top_logprobs": {
+                        "type": "array",
+                        "items": {"type": "object", "additionalProperties": {"type": "number"}},
+                    },
+                    "text_offset": {"type": "array", "items": {"type": "integer"}},
+                },
+            },
+        ],
+        "description": "with logprobs: the legacy completions shape",
+    }
+)
 class TextLogprobsField(serializers.JSONField):
     pass
 
 
-TOOL_CALL = {"type": "object", "properties": {
-    "index": {"type": "integer"}, "id": {"type": "string"}, "type": {"type": "string", "enum": ["function"]},
-    "function": {"type": "object", "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}}}}}
+TOOL_CALL = {
+    "type": "object",
+    "properties": {
+        "index": {"type": "integer"},
+        "id": {"type": "string"},
+        "type": {"type": "string", "enum": ["function"]},
+        "function": {"type": "object", "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}}},
+    },
+}
 
 
 @extend_schema_field({"type": "array", "items": TOOL_CALL})
@@ -60,10 +102,16 @@ class UsageSerializer(serializers.Serializer):
 class AssistantMessageSerializer(serializers.Serializer):
     role = serializers.CharField(help_text="assistant")
     content = serializers.CharField(allow_blank=True, allow_null=True, help_text="null when the answer is tool calls")
-    refusal = serializers.CharField(allow_null=True, help_text="always null: the served models do not refuse through it")
-    tool_calls = ToolCallsOutField(required=False, help_text=(
-        "the calls, with JSON arguments; cut by max_tokens (finish_reason length) when a call was required, the last "
-        "one's arguments as far as they were written"))
+    refusal = serializers.CharField(
+        allow_null=True, help_text="always null: the served models do not refuse through it"
+    )
+    tool_calls = ToolCallsOutField(
+        required=False,
+        help_text=(
+            "the calls, with JSON arguments; cut by max_tokens (finish_reason length) when a call was required, the last "
+            "one's arguments as far as they were written"
+        ),
+    )
 
 
 class ChatChoiceSerializer(serializers.Serializer):
@@ -104,22 +152,32 @@ class TextCompletionSerializer(serializers.Serializer):
     usage = UsageSerializer()
 
 
-USAGE_CHUNK = ("with stream_options.include_usage, as OpenAI sends it: null on every chunk but the last before [DONE], "
-               "which has no choices and carries the usage of them all")
+USAGE_CHUNK = (
+    "with stream_options.include_usage, as OpenAI sends it: null on every chunk but the last before [DONE], "
+    "which has no choices and carries the usage of them all"
+)
 
 
 class ChunkExtrasSerializer(serializers.Serializer):
-    offset = serializers.IntegerField(required=False, help_text="characters delivered so far: where a dropped stream resumes")
-    resumed = serializers.BooleanField(required=False, help_text="true on the last chunk of an answer continued on another host")
+    offset = serializers.IntegerField(
+        required=False, help_text="characters delivered so far: where a dropped stream resumes"
+    )
+    resumed = serializers.BooleanField(
+        required=False, help_text="true on the last chunk of an answer continued on another host"
+    )
 
 
 class ChatDeltaSerializer(serializers.Serializer):
     role = serializers.CharField(required=False, help_text="assistant, on the first chunk")
     content = serializers.CharField(required=False, allow_blank=True)
     refusal = serializers.CharField(required=False, allow_null=True, help_text="null, on the first chunk")
-    tool_calls = ToolCallsOutField(required=False, help_text=(
-        "a call's index, id, type and name (arguments empty), then its arguments in pieces: as they are generated "
-        "when a call is required or named, in one piece at the end under auto"))
+    tool_calls = ToolCallsOutField(
+        required=False,
+        help_text=(
+            "a call's index, id, type and name (arguments empty), then its arguments in pieces: as they are generated "
+            "when a call is required or named, in one piece at the end under auto"
+        ),
+    )
 
 
 class ChatChunkChoiceSerializer(serializers.Serializer):
@@ -181,13 +239,17 @@ def generation_responses(whole: type[serializers.Serializer], chunk: type[serial
     }
 
 
-RESUMED = stream(ChatCompletionChunkSerializer, TextCompletionChunkSerializer, kind="chat.completion or text_completion")
+RESUMED = stream(
+    ChatCompletionChunkSerializer, TextCompletionChunkSerializer, kind="chat.completion or text_completion"
+)
 
 
 class EmbeddingSerializer(serializers.Serializer):
     object = serializers.CharField(help_text="embedding")
     index = serializers.IntegerField()
-    embedding = serializers.JSONField(help_text="a list of floats, or base64 of little-endian float32 (`encoding_format`)")
+    embedding = serializers.JSONField(
+        help_text="a list of floats, or base64 of little-endian float32 (`encoding_format`)"
+    )
 
 
 class EmbeddingUsageSerializer(serializers.Serializer):
@@ -214,8 +276,12 @@ class ModelArchitectureSerializer(serializers.Serializer):
     modality = serializers.CharField(help_text='"text->text" (chat) or "text->embeddings"')
     input_modalities = serializers.ListField(child=serializers.CharField())
     output_modalities = serializers.ListField(child=serializers.CharField())
-    tokenizer = serializers.CharField(allow_blank=True, help_text="the GGUF's general.architecture (blank: not read from a file)")
-    instruct_type = serializers.CharField(allow_null=True, help_text='"chat_template": rendered by the model\'s own template')
+    tokenizer = serializers.CharField(
+        allow_blank=True, help_text="the GGUF's general.architecture (blank: not read from a file)"
+    )
+    instruct_type = serializers.CharField(
+        allow_null=True, help_text='"chat_template": rendered by the model\'s own template'
+    )
 
 
 class ModelSerializer(serializers.Serializer):
@@ -230,7 +296,9 @@ class ModelSerializer(serializers.Serializer):
     hosts_online = serializers.IntegerField()
     hosts_warm = serializers.IntegerField()
     latency_critical = serializers.BooleanField()
-    supported_parameters = serializers.ListField(child=serializers.CharField(), help_text="what the model's endpoint takes")
+    supported_parameters = serializers.ListField(
+        child=serializers.CharField(), help_text="what the model's endpoint takes"
+    )
 
 
 class ModelListSerializer(serializers.Serializer):
@@ -278,9 +346,11 @@ class GenerationSerializer(serializers.Serializer):
     choices = serializers.IntegerField(help_text="the request's `n`")
     finish_reason = serializers.CharField(allow_null=True)
     resumed = serializers.BooleanField()
-    settled = serializers.BooleanField(help_text="its cost is final: it ended and no audit of its answer is pending "
-                                                 "(an audited request settles when its audit is decided; a failed or "
-                                                 "unscored audit refunds it)")
+    settled = serializers.BooleanField(
+        help_text="its cost is final: it ended and no audit of its answer is pending "
+        "(an audited request settles when its audit is decided; a failed or "
+        "unscored audit refunds it)"
+    )
     error = GenerationErrorSerializer(allow_null=True)
 
 
@@ -302,11 +372,13 @@ class ResponseOutputItemSerializer(serializers.Serializer):
     status = serializers.CharField(help_text="in_progress, completed or incomplete")
     role = serializers.CharField(required=False, help_text="a message: assistant")
     content = ResponseTextPartSerializer(many=True, required=False, help_text="a message: its text")
-    call_id = serializers.CharField(required=False, help_text="a function call: its id, named by the function_call_output "
-                                                              "item that answers it")
+    call_id = serializers.CharField(
+        required=False, help_text="a function call: its id, named by the function_call_output item that answers it"
+    )
     name = serializers.CharField(required=False, help_text="a function call: the function")
-    arguments = serializers.CharField(required=False, allow_blank=True,
-                                      help_text="a function call: its arguments, a JSON object as text")
+    arguments = serializers.CharField(
+        required=False, allow_blank=True, help_text="a function call: its arguments, a JSON object as text"
+    )
 
 
 class ResponseUsageSerializer(serializers.Serializer):
@@ -330,11 +402,15 @@ class ResponseSerializer(serializers.Serializer):
     created_at = serializers.IntegerField(help_text="Unix seconds")
     status = serializers.CharField(help_text="in_progress, completed, incomplete (cut by max_output_tokens) or failed")
     error = ResponseErrorSerializer(allow_null=True)
-    incomplete_details = serializers.DictField(allow_null=True, help_text='{"reason": "max_output_tokens"} when incomplete')
+    incomplete_details = serializers.DictField(
+        allow_null=True, help_text='{"reason": "max_output_tokens"} when incomplete'
+    )
     instructions = serializers.CharField(allow_null=True, allow_blank=True)
     max_output_tokens = serializers.IntegerField(allow_null=True)
     model = serializers.CharField()
-    output = ResponseOutputItemSerializer(many=True, help_text="the message, or the function calls; empty while in progress")
+    output = ResponseOutputItemSerializer(
+        many=True, help_text="the message, or the function calls; empty while in progress"
+    )
     parallel_tool_calls = serializers.BooleanField()
     previous_response_id = serializers.CharField(allow_null=True)
     reasoning = serializers.DictField(allow_null=True)
@@ -353,15 +429,20 @@ class ResponseSerializer(serializers.Serializer):
 class ResponseEventSerializer(serializers.Serializer):
     """One semantic event of a streamed response; which fields it has depends on its `type`."""
 
-    type = serializers.CharField(help_text=(
-        "response.created, response.in_progress, response.output_item.added, response.content_part.added, "
-        "response.output_text.delta (one per piece of text), response.output_text.done, response.content_part.done, "
-        "response.output_item.done; for a function call response.output_item.added, "
-        "response.function_call_arguments.delta (its arguments as they are generated), "
-        "response.function_call_arguments.done, response.output_item.done; then response.completed or "
-        "response.incomplete; or response.failed"))
+    type = serializers.CharField(
+        help_text=(
+            "response.created, response.in_progress, response.output_item.added, response.content_part.added, "
+            "response.output_text.delta (one per piece of text), response.output_text.done, response.content_part.done, "
+            "response.output_item.done; for a function call response.output_item.added, "
+            "response.function_call_arguments.delta (its arguments as they are generated), "
+            "response.function_call_arguments.done, response.output_item.done; then response.completed or "
+            "response.incomplete; or response.failed"
+        )
+    )
     sequence_number = serializers.IntegerField(help_text="0, 1, 2, … in the order sent")
-    response = ResponseSerializer(required=False, help_text="response.created, .in_progress, .completed, .incomplete, .failed")
+    response = ResponseSerializer(
+        required=False, help_text="response.created, .in_progress, .completed, .incomplete, .failed"
+    )
     output_index = serializers.IntegerField(required=False)
     item_id = serializers.CharField(required=False)
     content_index = serializers.IntegerField(required=False)
@@ -370,13 +451,19 @@ class ResponseEventSerializer(serializers.Serializer):
     delta = serializers.CharField(required=False, allow_blank=True)
     text = serializers.CharField(required=False, allow_blank=True)
     name = serializers.CharField(required=False, help_text="response.function_call_arguments.done: the function")
-    arguments = serializers.CharField(required=False, allow_blank=True,
-                                      help_text="response.function_call_arguments.done: the whole arguments")
+    arguments = serializers.CharField(
+        required=False, allow_blank=True, help_text="response.function_call_arguments.done: the whole arguments"
+    )
     logprobs = serializers.ListField(child=serializers.JSONField(), required=False)
     x_elephant = ChunkExtrasSerializer(required=False, help_text="on the last event: resumed on another host")
 
 
 RESPONSE_WHOLE = "`stream` false: the Response object as JSON."
-RESPONSE_EVENTS = EventStream((ResponseEventSerializer,), done=None, description=(
-    "`stream: true`: Server-Sent Events as OpenAI sends them, `event: <type>` and `data: <the event as JSON>`. "
-    "The stream ends after response.completed, response.incomplete or response.failed (no [DONE])."))
+RESPONSE_EVENTS = EventStream(
+    (ResponseEventSerializer,),
+    done=None,
+    description=(
+        "`stream: true`: Server-Sent Events as OpenAI sends them, `event: <type>` and `data: <the event as JSON>`. "
+        "The stream ends after response.completed, response.incomplete or response.failed (no [DONE])."
+    ),
+)

@@ -17,6 +17,7 @@ A response asked to be kept (`store: true`) is saved by the door once whole
 `previous_response_id` puts it before that turn's input (`continued`) and the whole passes the
 same validation as any input (a function_call_output answers a stored call).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -86,8 +87,15 @@ def stored_items(turns: list[dict]) -> list[dict]:
             continue
         if turn["content"] is not None or not turn.get("tool_calls"):
             items.append({"type": "message", "role": turn["role"], "content": turn["content"] or ""})
-        items += [{"type": "function_call", "call_id": call["id"], "name": call["function"]["name"],
-                   "arguments": call["function"]["arguments"]} for call in turn.get("tool_calls") or []]
+        items += [
+            {
+                "type": "function_call",
+                "call_id": call["id"],
+                "name": call["function"]["name"],
+                "arguments": call["function"]["arguments"],
+            }
+            for call in turn.get("tool_calls") or []
+        ]
     return items
 
 
@@ -97,11 +105,18 @@ def output_items(output: list[dict]) -> list[dict]:
     items: list[dict] = []
     for item in output:
         if item["type"] == "function_call":
-            items.append({"type": "function_call", "call_id": item["call_id"], "name": item["name"],
-                          "arguments": item["arguments"]})
+            items.append(
+                {
+                    "type": "function_call",
+                    "call_id": item["call_id"],
+                    "name": item["name"],
+                    "arguments": item["arguments"],
+                }
+            )
         else:
-            items.append({"type": "message", "role": "assistant",
-                          "content": "".join(part["text"] for part in item["content"])})
+            items.append(
+                {"type": "message", "role": "assistant", "content": "".join(part["text"] for part in item["content"])}
+            )
     return items
 
 
@@ -111,8 +126,9 @@ def conversation_after(kept: list[dict], response: dict) -> list[dict]:
     return [*kept, *output_items(response["output"])]
 
 
-async def stored_on_end(events: AsyncGenerator[dict, None],
-                        save: Callable[[dict], Awaitable[object]]) -> AsyncGenerator[dict, None]:
+async def stored_on_end(
+    events: AsyncGenerator[dict, None], save: Callable[[dict], Awaitable[object]]
+) -> AsyncGenerator[dict, None]:
     """The events of a stream whose response is to be kept: the ending Response is saved before
     its `response.completed` (or `.incomplete`) is sent, so a client that continues it at once
     finds it. A failed response is not kept: nothing to continue."""
@@ -132,8 +148,12 @@ def chat_body(body: dict) -> dict:
     data = validated(body)
     system = [{"role": "system", "content": data["instructions"]}] if data.get("instructions") else []
     chat = {"model": data["model"], "messages": [*system, *data["input"]], "stream": data["stream"]}
-    for ours, theirs in (("max_output_tokens", "max_tokens"), ("temperature", "temperature"), ("top_p", "top_p"),
-                         ("parallel_tool_calls", "parallel_tool_calls")):
+    for ours, theirs in (
+        ("max_output_tokens", "max_tokens"),
+        ("temperature", "temperature"),
+        ("top_p", "top_p"),
+        ("parallel_tool_calls", "parallel_tool_calls"),
+    ):
         if data.get(ours) is not None:
             chat[theirs] = data[ours]
     tools, choice = data.get("tools") or [], data.get("tool_choice")
@@ -141,16 +161,29 @@ def chat_body(body: dict) -> dict:
         allowed = {tool["name"] for tool in choice["tools"]}
         tools, choice = [tool for tool in tools if tool["name"] in allowed], choice["mode"]
     if tools:
-        chat["tools"] = [{"type": "function", "function": {k: tool[k] for k in ("name", "description", "parameters", "strict")
-                                                           if tool[k] is not None}} for tool in tools]
+        chat["tools"] = [
+            {
+                "type": "function",
+                "function": {
+                    k: tool[k] for k in ("name", "description", "parameters", "strict") if tool[k] is not None
+                },
+            }
+            for tool in tools
+        ]
     if isinstance(choice, dict):
         chat["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
     elif choice is not None:
         chat["tool_choice"] = choice
     form = data.get("text")
     if form is not None:
-        chat["response_format"] = form if form["type"] == "json_object" else {"type": "json_schema", "json_schema": {
-            k: form[k] for k in ("name", "schema", "description", "strict") if form[k] is not None}}
+        chat["response_format"] = (
+            form
+            if form["type"] == "json_object"
+            else {
+                "type": "json_schema",
+                "json_schema": {k: form[k] for k in ("name", "schema", "description", "strict") if form[k] is not None},
+            }
+        )
     if data["stream"]:
         chat["stream_options"] = {"include_usage": True}
     return chat
@@ -158,9 +191,14 @@ def chat_body(body: dict) -> dict:
 
 # The chat's parameters and the words its refusals use, as this door names them.
 DOOR_PARAMS = {"messages": "input", "response_format": "text.format", "max_tokens": "max_output_tokens"}
-DOOR_WORDS = (("'response_format': json_schema.schema is", "'text.format': its schema is"),
-              ("'response_format'", "'text.format'"), ("{'type': 'function', 'function': {'name': ..., 'parameters': {...}}}",
-                                                       "{'type': 'function', 'name': ..., 'parameters': {...}}"))
+DOOR_WORDS = (
+    ("'response_format': json_schema.schema is", "'text.format': its schema is"),
+    ("'response_format'", "'text.format'"),
+    (
+        "{'type': 'function', 'function': {'name': ..., 'parameters': {...}}}",
+        "{'type': 'function', 'name': ..., 'parameters': {...}}",
+    ),
+)
 
 
 def door_error(error: DomainError) -> DomainError:
@@ -170,7 +208,7 @@ def door_error(error: DomainError) -> DomainError:
     param = error.param or ""
     for chat, ours in DOOR_PARAMS.items():
         if param == chat or param.startswith((f"{chat}[", f"{chat}.")):
-            error.param = ours if chat == "messages" else ours + param[len(chat):]
+            error.param = ours if chat == "messages" else ours + param[len(chat) :]
     for chat, ours in DOOR_WORDS:
         error.message = error.message.replace(chat, ours)
     return error
@@ -182,6 +220,7 @@ INPUT_ITEM = re.compile(r"input\[(\d+)\]")
 def own_items(error: DomainError, *, stored: int) -> DomainError:
     """A refusal of a continued body naming an item by its place in this request's own `input`:
     the `stored` items validated before it are not the customer's to count."""
+
     def shifted(match: re.Match) -> str:
         index = int(match.group(1))
         return f"input[{index - stored}]" if index >= stored else match.group(0)
@@ -198,18 +237,28 @@ def echoed(body: dict) -> dict:
     serializer = ResponsesInputSerializer(data=body)
     data = serializer.validated_data if serializer.is_valid() else {}
     form = data.get("text")
-    return {"instructions": data.get("instructions"), "max_output_tokens": data.get("max_output_tokens"),
-            "metadata": data.get("metadata") or {}, "user": data.get("user"), "tools": data.get("tools") or [],
-            "tool_choice": data.get("tool_choice") or "auto", "store": bool(data.get("store")),
-            "previous_response_id": data.get("previous_response_id"),
-            "parallel_tool_calls": data.get("parallel_tool_calls") is not False,
-            "text": {"format": {k: v for k, v in form.items() if v is not None} if form else {"type": "text"}}}
+    return {
+        "instructions": data.get("instructions"),
+        "max_output_tokens": data.get("max_output_tokens"),
+        "metadata": data.get("metadata") or {},
+        "user": data.get("user"),
+        "tools": data.get("tools") or [],
+        "tool_choice": data.get("tool_choice") or "auto",
+        "store": bool(data.get("store")),
+        "previous_response_id": data.get("previous_response_id"),
+        "parallel_tool_calls": data.get("parallel_tool_calls") is not False,
+        "text": {"format": {k: v for k, v in form.items() if v is not None} if form else {"type": "text"}},
+    }
 
 
 def usage(chat_usage: dict) -> dict:
-    return {"input_tokens": chat_usage["prompt_tokens"], "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": chat_usage["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": chat_usage["prompt_tokens"] + chat_usage["completion_tokens"]}
+    return {
+        "input_tokens": chat_usage["prompt_tokens"],
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": chat_usage["completion_tokens"],
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": chat_usage["prompt_tokens"] + chat_usage["completion_tokens"],
+    }
 
 
 def text_part(text: str) -> dict:
@@ -225,8 +274,14 @@ def message_item(response_id: str, *, status: str, text: str | None) -> dict:
 def call_item(call_id: str, name: str, *, status: str, arguments: str) -> dict:
     """A function_call output item: the call the customer's code runs, answered with a
     function_call_output item naming its `call_id`."""
-    return {"id": function_call_id(call_id), "type": "function_call", "status": status, "call_id": call_id, "name": name,
-            "arguments": arguments}
+    return {
+        "id": function_call_id(call_id),
+        "type": "function_call",
+        "status": status,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+    }
 
 
 def finished(finish_reason: str | None) -> tuple[str, dict | None]:
@@ -238,20 +293,44 @@ def finished(finish_reason: str | None) -> tuple[str, dict | None]:
 
 
 def response_object(
-    *, response_id: str, created: int, model: str, status: str, params: dict, echo: dict, output: list[dict] | None = None,
-    chat_usage: dict | None = None, incomplete: dict | None = None, error: dict | None = None,
+    *,
+    response_id: str,
+    created: int,
+    model: str,
+    status: str,
+    params: dict,
+    echo: dict,
+    output: list[dict] | None = None,
+    chat_usage: dict | None = None,
+    incomplete: dict | None = None,
+    error: dict | None = None,
 ) -> dict:
     """A Response object, with OpenAI's fields: `output` holds the message or the calls once
     there are some; `params` are the chat request's (the temperature and top_p it ran with)."""
     return {
-        "id": response_id, "object": "response", "created_at": created, "status": status, "error": error,
-        "incomplete_details": incomplete, "instructions": echo["instructions"], "max_output_tokens": echo["max_output_tokens"],
-        "model": model, "output": output or [], "parallel_tool_calls": echo["parallel_tool_calls"],
-        "previous_response_id": echo["previous_response_id"], "reasoning": {"effort": None, "summary": None},
+        "id": response_id,
+        "object": "response",
+        "created_at": created,
+        "status": status,
+        "error": error,
+        "incomplete_details": incomplete,
+        "instructions": echo["instructions"],
+        "max_output_tokens": echo["max_output_tokens"],
+        "model": model,
+        "output": output or [],
+        "parallel_tool_calls": echo["parallel_tool_calls"],
+        "previous_response_id": echo["previous_response_id"],
+        "reasoning": {"effort": None, "summary": None},
         "store": echo["store"],
-        "temperature": params.get("temperature"), "text": echo["text"], "tool_choice": echo["tool_choice"],
-        "tools": echo["tools"], "top_p": params.get("top_p"), "truncation": "disabled",
-        "usage": None if chat_usage is None else usage(chat_usage), "user": echo["user"], "metadata": echo["metadata"],
+        "temperature": params.get("temperature"),
+        "text": echo["text"],
+        "tool_choice": echo["tool_choice"],
+        "tools": echo["tools"],
+        "top_p": params.get("top_p"),
+        "truncation": "disabled",
+        "usage": None if chat_usage is None else usage(chat_usage),
+        "user": echo["user"],
+        "metadata": echo["metadata"],
     }
 
 
@@ -263,11 +342,30 @@ def response_from_chat(chat: dict, *, params: dict, echo: dict) -> dict:
     status, incomplete = finished(choice["finish_reason"])
     last_status = "incomplete" if status == "incomplete" else "completed"
     calls = choice["message"].get("tool_calls")
-    output = ([call_item(call["id"], call["function"]["name"], status=last_status if at == len(calls) - 1 else "completed",
-                         arguments=call["function"]["arguments"]) for at, call in enumerate(calls)] if calls
-              else [message_item(chat["id"], status=last_status, text=choice["message"]["content"] or "")])
-    return response_object(response_id=chat["id"], created=chat["created"], model=chat["model"], status=status,
-                           params=params, echo=echo, output=output, chat_usage=chat["usage"], incomplete=incomplete)
+    output = (
+        [
+            call_item(
+                call["id"],
+                call["function"]["name"],
+                status=last_status if at == len(calls) - 1 else "completed",
+                arguments=call["function"]["arguments"],
+            )
+            for at, call in enumerate(calls)
+        ]
+        if calls
+        else [message_item(chat["id"], status=last_status, text=choice["message"]["content"] or "")]
+    )
+    return response_object(
+        response_id=chat["id"],
+        created=chat["created"],
+        model=chat["model"],
+        status=status,
+        params=params,
+        echo=echo,
+        output=output,
+        chat_usage=chat["usage"],
+        incomplete=incomplete,
+    )
 
 
 class _Output:
@@ -282,19 +380,37 @@ class _Output:
         self.open = False
 
     def text(self, delta: str) -> list[dict]:
-        events = [] if self.open and self.items[-1]["type"] == "message" else [*self.close("completed"), *self.message()]
+        events = (
+            [] if self.open and self.items[-1]["type"] == "message" else [*self.close("completed"), *self.message()]
+        )
         self.parts.append(delta)
         index = len(self.items) - 1
-        return [*events, self.event("response.output_text.delta", item_id=self.items[-1]["id"], output_index=index,
-                                    content_index=0, delta=delta, logprobs=[])]
+        return [
+            *events,
+            self.event(
+                "response.output_text.delta",
+                item_id=self.items[-1]["id"],
+                output_index=index,
+                content_index=0,
+                delta=delta,
+                logprobs=[],
+            ),
+        ]
 
     def message(self) -> list[dict]:
         self.items.append(message_item(self.response_id, status="in_progress", text=None))
         self.parts, self.open = [], True
         index = len(self.items) - 1
-        return [self.event("response.output_item.added", output_index=index, item=self.items[-1]),
-                self.event("response.content_part.added", item_id=self.items[-1]["id"], output_index=index,
-                           content_index=0, part=text_part(""))]
+        return [
+            self.event("response.output_item.added", output_index=index, item=self.items[-1]),
+            self.event(
+                "response.content_part.added",
+                item_id=self.items[-1]["id"],
+                output_index=index,
+                content_index=0,
+                part=text_part(""),
+            ),
+        ]
 
     def call(self, delta: dict) -> list[dict]:
         """A chat tool-call delta: the first of a call opens its item, the rest are its arguments."""
@@ -303,12 +419,20 @@ class _Output:
             events = self.close("completed")
             self.items.append(call_item(delta["id"], delta["function"]["name"], status="in_progress", arguments=""))
             self.parts, self.open = [], True
-            events.append(self.event("response.output_item.added", output_index=len(self.items) - 1, item=self.items[-1]))
+            events.append(
+                self.event("response.output_item.added", output_index=len(self.items) - 1, item=self.items[-1])
+            )
         piece = (delta.get("function") or {}).get("arguments") or ""
         if piece and self.open and self.items[-1]["type"] == "function_call":
             self.parts.append(piece)
-            events.append(self.event("response.function_call_arguments.delta", item_id=self.items[-1]["id"],
-                                     output_index=len(self.items) - 1, delta=piece))
+            events.append(
+                self.event(
+                    "response.function_call_arguments.delta",
+                    item_id=self.items[-1]["id"],
+                    output_index=len(self.items) - 1,
+                    delta=piece,
+                )
+            )
         return events
 
     def close(self, status: str) -> list[dict]:
@@ -319,12 +443,21 @@ class _Output:
         if item["type"] == "message":
             self.items[-1] = message_item(self.response_id, status=status, text=whole)
             where = {"item_id": item["id"], "output_index": index, "content_index": 0}
-            events = [self.event("response.output_text.done", **where, text=whole, logprobs=[]),
-                      self.event("response.content_part.done", **where, part=text_part(whole))]
+            events = [
+                self.event("response.output_text.done", **where, text=whole, logprobs=[]),
+                self.event("response.content_part.done", **where, part=text_part(whole)),
+            ]
         else:
             self.items[-1] = {**item, "status": status, "arguments": whole}
-            events = [self.event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                                 name=item["name"], arguments=whole)]
+            events = [
+                self.event(
+                    "response.function_call_arguments.done",
+                    item_id=item["id"],
+                    output_index=index,
+                    name=item["name"],
+                    arguments=whole,
+                )
+            ]
         return [*events, self.event("response.output_item.done", output_index=index, item=self.items[-1])]
 
 
@@ -337,7 +470,13 @@ async def response_events(admitted: Admitted, *, echo: dict) -> AsyncGenerator[d
     carrying the error. Without tools the message opens at once, as OpenAI's does; with tools,
     when the first text or call arrives. Each event has its `sequence_number`, from 0."""
     row, numbers = admitted.row, itertools.count()
-    common = {"response_id": row.public_id, "created": unix(row.created_at), "model": row.model.name, "params": row.params, "echo": echo}
+    common = {
+        "response_id": row.public_id,
+        "created": unix(row.created_at),
+        "model": row.model.name,
+        "params": row.params,
+        "echo": echo,
+    }
 
     def event(kind: str, **fields: object) -> dict:
         return {"type": kind, **fields, "sequence_number": next(numbers)}
@@ -360,8 +499,10 @@ async def response_events(admitted: Admitted, *, echo: dict) -> AsyncGenerator[d
                 return
             choice = chunk["choices"][0] if chunk["choices"] else {}
             delta = choice.get("delta") or {}
-            for made in [*(output.text(delta["content"]) if delta.get("content") else []),
-                         *(made for call in delta.get("tool_calls") or [] for made in output.call(call))]:
+            for made in [
+                *(output.text(delta["content"]) if delta.get("content") else []),
+                *(made for call in delta.get("tool_calls") or [] for made in output.call(call)),
+            ]:
                 yield made
             if choice.get("finish_reason") is not None:
                 last = chunk

@@ -1,4 +1,5 @@
 """Input shapes of the OpenAI-compatible API (validation only, no logic)."""
+
 from __future__ import annotations
 
 import re
@@ -38,11 +39,21 @@ class StoredField(serializers.Field):
         return value
 
 
-@extend_schema_field({"oneOf": [
-    {"type": "string"},
-    {"type": "array", "items": {"type": "object", "required": ["type", "text"],
-                                "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}}},
-]})
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "string"},
+            {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["type", "text"],
+                    "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}},
+                },
+            },
+        ]
+    }
+)
 class ContentField(StoredField):
     """OpenAI message content: a string, or a list of {"type": "text", "text": ...} parts."""
 
@@ -78,29 +89,55 @@ class StopField(StoredField):
         return value
 
 
-@extend_schema_field({"type": "array", "items": {"type": "object", "required": ["id", "type", "function"], "properties": {
-    "id": {"type": "string"}, "type": {"type": "string", "enum": ["function"]},
-    "function": {"type": "object", "required": ["name", "arguments"],
-                 "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}}}}}})
+@extend_schema_field(
+    {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "required": ["id", "type", "function"],
+            "properties": {
+                "id": {"type": "string"},
+                "type": {"type": "string", "enum": ["function"]},
+                "function": {
+                    "type": "object",
+                    "required": ["name", "arguments"],
+                    "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}},
+                },
+            },
+        },
+    }
+)
 class ToolCallsField(StoredField):
     """An assistant turn's earlier `tool_calls`, as OpenAI returned them."""
 
-    default_error_messages = {"invalid": "must be a list of calls, each with an id, type \"function\" and a function "
-                                         "with a name and its arguments as a JSON string"}
+    default_error_messages = {
+        "invalid": "must be a list of calls, each with an id, type \"function\" and a function "
+        "with a name and its arguments as a JSON string"
+    }
 
     def to_internal_value(self, data: object) -> list[dict]:
         def valid(call: object) -> bool:
             if not isinstance(call, dict):
                 return False
             function = call.get("function")
-            return (isinstance(call.get("id"), str) and call.get("type", "function") == "function"  # type: ignore[union-attr]
-                    and isinstance(function, dict) and isinstance(function.get("name"), str)
-                    and isinstance(function.get("arguments"), str))
+            return (
+                isinstance(call.get("id"), str)
+                and call.get("type", "function") == "function"  # type: ignore[union-attr]
+                and isinstance(function, dict)
+                and isinstance(function.get("name"), str)
+                and isinstance(function.get("arguments"), str)
+            )
 
         if not isinstance(data, list) or not all(valid(call) for call in data):
             self.fail("invalid")
-        return [{"id": c["id"], "type": "function",
-                 "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}} for c in data]
+        return [
+            {
+                "id": c["id"],
+                "type": "function",
+                "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]},
+            }
+            for c in data
+        ]
 
     def to_representation(self, value: list[dict]) -> list[dict]:
         return value
@@ -110,13 +147,16 @@ class MessageSerializer(serializers.Serializer):
     role = serializers.ChoiceField(choices=["system", "developer", "user", "assistant", "tool"])
     content = ContentField(allow_null=True, required=False)
     tool_calls = ToolCallsField(required=False, allow_null=True, help_text="an assistant turn's calls")
-    tool_call_id = serializers.CharField(required=False, max_length=200, help_text="a tool message: the call it answers")
+    tool_call_id = serializers.CharField(
+        required=False, max_length=200, help_text="a tool message: the call it answers"
+    )
 
     def to_internal_value(self, data: object) -> dict:
         value = super().to_internal_value(data)
         if value.get("content") is None and not (value["role"] == "assistant" and value.get("tool_calls")):
-            raise serializers.ValidationError({"content": "This field is required (null only for an assistant turn "
-                                                          "with tool_calls)."})
+            raise serializers.ValidationError(
+                {"content": "This field is required (null only for an assistant turn with tool_calls)."}
+            )
         if value["role"] == "tool" and not value.get("tool_call_id"):
             raise serializers.ValidationError({"tool_call_id": "A tool message names the call it answers."})
         plain = {"role": "system" if value["role"] == "developer" else value["role"], "content": value.get("content")}
@@ -127,12 +167,25 @@ class MessageSerializer(serializers.Serializer):
         return plain
 
 
-@extend_schema_field({"type": "object", "required": ["type"], "properties": {
-    "type": {"type": "string", "enum": ["text", "json_object", "json_schema"]},
-    "json_schema": {"type": "object", "required": ["name"], "properties": {
-        "name": {"type": "string"}, "description": {"type": "string"}, "schema": {"type": "object"},
-        "strict": {"type": ["boolean", "null"]}}},
-}})
+@extend_schema_field(
+    {
+        "type": "object",
+        "required": ["type"],
+        "properties": {
+            "type": {"type": "string", "enum": ["text", "json_object", "json_schema"]},
+            "json_schema": {
+                "type": "object",
+                "required": ["name"],
+                "properties": {
+                    "name": {"type": "string"},
+                    "description": {"type": "string"},
+                    "schema": {"type": "object"},
+                    "strict": {"type": ["boolean", "null"]},
+                },
+            },
+        },
+    }
+)
 class ResponseFormatField(StoredField):
     """OpenAI `response_format`: free text, any JSON object, or JSON matching a schema. The
     host samples under a grammar made from it (llama.cpp's JSON-schema converter, checked
@@ -140,9 +193,11 @@ class ResponseFormatField(StoredField):
     the answer before calling it complete. Internally: None, {"type": "json_object"} or
     {"type": "json_schema", "name", "schema"}."""
 
-    default_error_messages = {"invalid": "must be {{\"type\": \"text\"}}, {{\"type\": \"json_object\"}} or "
-                                         "{{\"type\": \"json_schema\", \"json_schema\": {{\"name\": ..., \"schema\": {{...}}}}}}",
-                              "schema": "json_schema.schema {why}"}
+    default_error_messages = {
+        "invalid": "must be {{\"type\": \"text\"}}, {{\"type\": \"json_object\"}} or "
+        "{{\"type\": \"json_schema\", \"json_schema\": {{\"name\": ..., \"schema\": {{...}}}}}}",
+        "schema": "json_schema.schema {why}",
+    }
 
     def to_internal_value(self, data: object) -> dict | None:
         kind = data.get("type") if isinstance(data, dict) else None
@@ -167,9 +222,11 @@ class ResponseFormatField(StoredField):
         return value
 
 
-STOP_WITH_FORMAT = ("a stop sequence cannot be combined with a JSON response_format (json_schema, json_object) or a "
-                    "required tool call: the answer is sampled under the format's grammar, which already ends it where its "
-                    "JSON ends, so a stop sequence could only cut the JSON short. Remove 'stop'.")
+STOP_WITH_FORMAT = (
+    "a stop sequence cannot be combined with a JSON response_format (json_schema, json_object) or a "
+    "required tool call: the answer is sampled under the format's grammar, which already ends it where its "
+    "JSON ends, so a stop sequence could only cut the JSON short. Remove 'stop'."
+)
 
 
 def stop_checked(data: dict, *, response_format: dict | None) -> dict:
@@ -197,7 +254,9 @@ class ProviderSerializer(serializers.Serializer):
         if isinstance(data, dict):
             unknown = sorted(set(data) - set(self.fields))
             if unknown:
-                raise serializers.ValidationError(f"unsupported provider preference {unknown[0]!r}; supported: trusted_only")
+                raise serializers.ValidationError(
+                    f"unsupported provider preference {unknown[0]!r}; supported: trusted_only"
+                )
         return super().to_internal_value(data)
 
 
@@ -230,8 +289,23 @@ UNSUPPORTED: dict[str, tuple[object, str]] = {  # name -> (the value that change
     "audio": (lambda v: v is None, "audio output"),
     "prediction": (lambda v: v is None, "predicted outputs"),
 }
-SUPPORTED_PARAMETERS = ["max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed", "stream",
-                        "stream_options", "provider", "response_format", "models", "n", "logprobs", "top_logprobs", *TOOL_PARAMETERS]
+SUPPORTED_PARAMETERS = [
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "stop",
+    "seed",
+    "stream",
+    "stream_options",
+    "provider",
+    "response_format",
+    "models",
+    "n",
+    "logprobs",
+    "top_logprobs",
+    *TOOL_PARAMETERS,
+]
 
 
 MAX_FALLBACK_MODELS = 4
@@ -242,18 +316,28 @@ MAX_COMPLETION_LOGPROBS = 5  # completions' `logprobs`, as OpenAI
 class SamplingSerializer(serializers.Serializer):
     model = serializers.CharField(max_length=100)
     provider = ProviderSerializer(required=False, allow_null=True)
-    max_tokens = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=settings.MAX_TOKENS_LIMIT)
+    max_tokens = serializers.IntegerField(
+        required=False, allow_null=True, min_value=1, max_value=settings.MAX_TOKENS_LIMIT
+    )
     temperature = serializers.FloatField(required=False, allow_null=True, min_value=0.0, max_value=2.0)
     top_p = serializers.FloatField(required=False, allow_null=True, min_value=0.0, max_value=1.0)
     stop = StopField(required=False, allow_null=True)
     seed = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=2**31 - 1)
-    n = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=MAX_CHOICES,
-                                 help_text=f"choices: each a request of its own, billed as such (at most {MAX_CHOICES})")
+    n = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        min_value=1,
+        max_value=MAX_CHOICES,
+        help_text=f"choices: each a request of its own, billed as such (at most {MAX_CHOICES})",
+    )
     stream = serializers.BooleanField(required=False, default=False)
     stream_options = serializers.DictField(required=False, allow_null=True)
     response_format = ResponseFormatField(required=False, allow_null=True)
     models = serializers.ListField(
-        child=serializers.CharField(max_length=100), required=False, allow_null=True, max_length=MAX_FALLBACK_MODELS,
+        child=serializers.CharField(max_length=100),
+        required=False,
+        allow_null=True,
+        max_length=MAX_FALLBACK_MODELS,
         help_text="fallbacks (OpenRouter's convention): tried in order when `model` has no host online, or its queue times out",
     )
 
@@ -285,11 +369,28 @@ class SamplingSerializer(serializers.Serializer):
         return bool((self.validated_data.get("stream_options") or {}).get("include_usage"))
 
 
-@extend_schema_field({"type": "array", "items": {"type": "object", "required": ["type", "function"], "properties": {
-    "type": {"type": "string", "enum": ["function"]},
-    "function": {"type": "object", "required": ["name"], "properties": {
-        "name": {"type": "string"}, "description": {"type": "string"}, "parameters": {"type": "object"},
-        "strict": {"type": ["boolean", "null"]}}}}}})
+@extend_schema_field(
+    {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "required": ["type", "function"],
+            "properties": {
+                "type": {"type": "string", "enum": ["function"]},
+                "function": {
+                    "type": "object",
+                    "required": ["name"],
+                    "properties": {
+                        "name": {"type": "string"},
+                        "description": {"type": "string"},
+                        "parameters": {"type": "object"},
+                        "strict": {"type": ["boolean", "null"]},
+                    },
+                },
+            },
+        },
+    }
+)
 class ToolsField(StoredField):
     """OpenAI `tools`: functions the model may call (checked with `tool_choice` in validate)."""
 
@@ -300,10 +401,21 @@ class ToolsField(StoredField):
         return value
 
 
-@extend_schema_field({"oneOf": [{"type": "string", "enum": ["none", "auto", "required"]}, {
-    "type": "object", "required": ["type", "function"], "properties": {
-        "type": {"type": "string", "enum": ["function"]},
-        "function": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}}}]})
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "string", "enum": ["none", "auto", "required"]},
+            {
+                "type": "object",
+                "required": ["type", "function"],
+                "properties": {
+                    "type": {"type": "string", "enum": ["function"]},
+                    "function": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}},
+                },
+            },
+        ]
+    }
+)
 class ToolChoiceField(ToolsField):
     """OpenAI `tool_choice`."""
 
@@ -313,10 +425,16 @@ class ChatInputSerializer(SamplingSerializer):
     max_completion_tokens = serializers.IntegerField(
         required=False, allow_null=True, min_value=1, max_value=settings.MAX_TOKENS_LIMIT
     )
-    logprobs = serializers.BooleanField(required=False, allow_null=True,
-                                        help_text="each token's log-probability, from the host's own sampler")
-    top_logprobs = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_TOP_LOGPROBS,
-                                            help_text="with logprobs: the likeliest alternatives at each token")
+    logprobs = serializers.BooleanField(
+        required=False, allow_null=True, help_text="each token's log-probability, from the host's own sampler"
+    )
+    top_logprobs = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        min_value=0,
+        max_value=MAX_TOP_LOGPROBS,
+        help_text="with logprobs: the likeliest alternatives at each token",
+    )
     tools = ToolsField(required=False, allow_null=True)
     tool_choice = ToolChoiceField(required=False, allow_null=True)
     parallel_tool_calls = serializers.BooleanField(required=False, allow_null=True)
@@ -338,8 +456,9 @@ class ChatInputSerializer(SamplingSerializer):
         from marketplace.openai.tool_calls import ToolsRefused, prompt_messages, required_format, tools_spec
 
         try:
-            spec = tools_spec(tools=data.get("tools"), tool_choice=data.get("tool_choice"),
-                              parallel=data.get("parallel_tool_calls"))
+            spec = tools_spec(
+                tools=data.get("tools"), tool_choice=data.get("tool_choice"), parallel=data.get("parallel_tool_calls")
+            )
         except ToolsRefused as refused:
             raise serializers.ValidationError({refused.param: str(refused)}) from None
         stop_checked(data, response_format=required_format(spec) or data.get("response_format"))
@@ -377,8 +496,13 @@ class PromptField(StoredField):
 
 class CompletionInputSerializer(SamplingSerializer):
     prompt = PromptField()
-    logprobs = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_COMPLETION_LOGPROBS,
-                                        help_text="each token's log-probability, with this many likeliest alternatives")
+    logprobs = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        min_value=0,
+        max_value=MAX_COMPLETION_LOGPROBS,
+        help_text="each token's log-probability, with this many likeliest alternatives",
+    )
     default_max_tokens = 16  # OpenAI's default for /v1/completions
 
     def params(self) -> dict:
@@ -388,10 +512,14 @@ class CompletionInputSerializer(SamplingSerializer):
         return params
 
 
-MAX_EMBEDDING_INPUTS = 128  # per request: the vectors must fit a host API body (MAX_BODY_BYTES), and embed well inside the stall watchdog
+MAX_EMBEDDING_INPUTS = (
+    128  # per request: the vectors must fit a host API body (MAX_BODY_BYTES), and embed well inside the stall watchdog
+)
 
 
-@extend_schema_field({"oneOf": [NON_EMPTY, {"type": "array", "minItems": 1, "maxItems": MAX_EMBEDDING_INPUTS, "items": NON_EMPTY}]})
+@extend_schema_field(
+    {"oneOf": [NON_EMPTY, {"type": "array", "minItems": 1, "maxItems": MAX_EMBEDDING_INPUTS, "items": NON_EMPTY}]}
+)
 class EmbeddingInputField(StoredField):
     """OpenAI `input`: one string or a list of strings (token arrays are not accepted)."""
 
@@ -407,7 +535,11 @@ class EmbeddingInputField(StoredField):
             self.fail("tokens")
         if isinstance(data, list) and data and all(isinstance(item, list) for item in data):
             self.fail("tokens")
-        if isinstance(data, list) and 0 < len(data) <= MAX_EMBEDDING_INPUTS and all(isinstance(t, str) and t for t in data):
+        if (
+            isinstance(data, list)
+            and 0 < len(data) <= MAX_EMBEDDING_INPUTS
+            and all(isinstance(t, str) and t for t in data)
+        ):
             return data
         self.fail("invalid", limit=MAX_EMBEDDING_INPUTS)
 
@@ -464,26 +596,79 @@ RESPONSE_ROLES = ("user", "system", "developer", "assistant")
 CONTENT_TYPES = {"user": "input_text", "system": "input_text", "developer": "input_text", "assistant": "output_text"}
 FUNCTION_NAME = r"^[A-Za-z0-9_-]{1,64}$"  # OpenAI's rule for function and format names
 CALL_ID = {"type": "string", "minLength": 1, "maxLength": 200}
-BUILT_IN_TOOLS = ("web_search", "web_search_preview", "web_search_preview_2025_03_11", "web_search_2025_08_26",
-                  "file_search", "computer_use_preview", "computer", "code_interpreter", "image_generation", "mcp",
-                  "local_shell", "shell", "apply_patch", "custom")
-TEXT_PARTS = {"type": "array", "items": {"type": "object", "required": ["type", "text"], "properties": {
-    "type": {"type": "string", "enum": ["input_text", "output_text"]}, "text": {"type": "string"}}}}
+BUILT_IN_TOOLS = (
+    "web_search",
+    "web_search_preview",
+    "web_search_preview_2025_03_11",
+    "web_search_2025_08_26",
+    "file_search",
+    "computer_use_preview",
+    "computer",
+    "code_interpreter",
+    "image_generation",
+    "mcp",
+    "local_shell",
+    "shell",
+    "apply_patch",
+    "custom",
+)
+TEXT_PARTS = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "required": ["type", "text"],
+        "properties": {"type": {"type": "string", "enum": ["input_text", "output_text"]}, "text": {"type": "string"}},
+    },
+}
 
 
-@extend_schema_field({"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"oneOf": [
-    {"type": "object", "required": ["role", "content"], "properties": {
-        "type": {"type": "string", "enum": ["message"]},
-        "role": {"type": "string", "enum": list(RESPONSE_ROLES)},
-        "content": {"oneOf": [{"type": "string"}, TEXT_PARTS]}}},
-    {"type": "object", "required": ["type", "call_id", "name", "arguments"], "properties": {
-        "type": {"type": "string", "enum": ["function_call"]}, "call_id": CALL_ID,
-        "name": {"type": "string", "pattern": FUNCTION_NAME}, "arguments": {"type": "string"},
-        "id": {"type": "string"}, "status": {"type": "string"}}},
-    {"type": "object", "required": ["type", "call_id", "output"], "properties": {
-        "type": {"type": "string", "enum": ["function_call_output"]}, "call_id": CALL_ID,
-        "output": {"oneOf": [{"type": "string"}, TEXT_PARTS]}, "id": {"type": "string"}, "status": {"type": "string"}}},
-]}}]})
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "string"},
+            {
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "oneOf": [
+                        {
+                            "type": "object",
+                            "required": ["role", "content"],
+                            "properties": {
+                                "type": {"type": "string", "enum": ["message"]},
+                                "role": {"type": "string", "enum": list(RESPONSE_ROLES)},
+                                "content": {"oneOf": [{"type": "string"}, TEXT_PARTS]},
+                            },
+                        },
+                        {
+                            "type": "object",
+                            "required": ["type", "call_id", "name", "arguments"],
+                            "properties": {
+                                "type": {"type": "string", "enum": ["function_call"]},
+                                "call_id": CALL_ID,
+                                "name": {"type": "string", "pattern": FUNCTION_NAME},
+                                "arguments": {"type": "string"},
+                                "id": {"type": "string"},
+                                "status": {"type": "string"},
+                            },
+                        },
+                        {
+                            "type": "object",
+                            "required": ["type", "call_id", "output"],
+                            "properties": {
+                                "type": {"type": "string", "enum": ["function_call_output"]},
+                                "call_id": CALL_ID,
+                                "output": {"oneOf": [{"type": "string"}, TEXT_PARTS]},
+                                "id": {"type": "string"},
+                                "status": {"type": "string"},
+                            },
+                        },
+                    ]
+                },
+            },
+        ]
+    }
+)
 class ResponsesInputField(StoredField):
     """The Responses API's `input`: a string (one user turn) or items: messages (each text given
     as a string or `input_text` / `output_text` parts), the model's earlier function calls and
@@ -518,27 +703,54 @@ class ResponsesInputField(StoredField):
 
     def _turn(self, item: object, index: int) -> dict:
         if not isinstance(item, dict):
-            raise serializers.ValidationError({index: ["must be an item: a message {\"role\": ..., \"content\": ...}, "
-                                                       "a function_call or a function_call_output"]})
+            raise serializers.ValidationError(
+                {
+                    index: [
+                        "must be an item: a message {\"role\": ..., \"content\": ...}, "
+                        "a function_call or a function_call_output"
+                    ]
+                }
+            )
         kind = item.get("type", "message")
         if kind != "message":
-            raise NotOfferedYet(f"input[{index}].type", f"Input items of type {str(kind)[:40]!r} are not offered yet on "
-                                "/v1/responses (messages, function_call and function_call_output are).")
+            raise NotOfferedYet(
+                f"input[{index}].type",
+                f"Input items of type {str(kind)[:40]!r} are not offered yet on "
+                "/v1/responses (messages, function_call and function_call_output are).",
+            )
         role = item.get("role")
         if role not in RESPONSE_ROLES:
             raise serializers.ValidationError({index: {"role": [f"must be one of {', '.join(RESPONSE_ROLES)}"]}})
-        return {"role": "system" if role == "developer" else role, "content": self._text(item.get("content"), index, role)}
+        return {
+            "role": "system" if role == "developer" else role,
+            "content": self._text(item.get("content"), index, role),
+        }
 
     def _call(self, item: dict, index: int) -> dict:
         """A function_call item (the model's earlier call) as a chat `tool_calls` entry."""
         for name in ("call_id", "name", "arguments"):
             value = item.get(name)
             if not isinstance(value, str) or (not value and name != "arguments"):
-                raise serializers.ValidationError({index: {name: ["must be a non-empty string" if name != "arguments"
-                                                                  else "must be the call's arguments as a JSON string"]}})
+                raise serializers.ValidationError(
+                    {
+                        index: {
+                            name: [
+                                "must be a non-empty string"
+                                if name != "arguments"
+                                else "must be the call's arguments as a JSON string"
+                            ]
+                        }
+                    }
+                )
         if len(item["call_id"]) > CALL_ID["maxLength"]:
-            raise serializers.ValidationError({index: {"call_id": [f"must be at most {CALL_ID['maxLength']} characters"]}})
-        return {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": item["arguments"]}}
+            raise serializers.ValidationError(
+                {index: {"call_id": [f"must be at most {CALL_ID['maxLength']} characters"]}}
+            )
+        return {
+            "id": item["call_id"],
+            "type": "function",
+            "function": {"name": item["name"], "arguments": item["arguments"]},
+        }
 
     def _output(self, item: dict, index: int, calls: set[str]) -> dict:
         """A function_call_output item as a chat `tool` turn; it answers a call made earlier in the input."""
@@ -546,9 +758,16 @@ class ResponsesInputField(StoredField):
         if not isinstance(call, str) or not call:
             raise serializers.ValidationError({index: {"call_id": ["must name the function_call it answers"]}})
         if call not in calls:
-            raise serializers.ValidationError({index: {"call_id": [
-                f"no function_call with call_id {call[:200]!r} comes before this output in 'input' (send the call too, "
-                "or continue the stored response that made it with 'previous_response_id')"]}})
+            raise serializers.ValidationError(
+                {
+                    index: {
+                        "call_id": [
+                            f"no function_call with call_id {call[:200]!r} comes before this output in 'input' (send the call too, "
+                            "or continue the stored response that made it with 'previous_response_id')"
+                        ]
+                    }
+                }
+            )
         output = item.get("output")
         if isinstance(output, list):
             output = self._text(output, index, "user", field="output")
@@ -567,21 +786,40 @@ class ResponsesInputField(StoredField):
             if kind in ("input_text", "output_text") and isinstance(part.get("text"), str):  # type: ignore[union-attr]
                 texts.append(part["text"])  # type: ignore[index]
             elif isinstance(kind, str) and kind not in ("input_text", "output_text"):
-                raise NotOfferedYet(f"input[{index}].{field}[{at}].type", f"Content of type {kind[:40]!r} is not offered "
-                                    f"yet on /v1/responses: text only ({CONTENT_TYPES[role]} parts, or a string).")
+                raise NotOfferedYet(
+                    f"input[{index}].{field}[{at}].type",
+                    f"Content of type {kind[:40]!r} is not offered "
+                    f"yet on /v1/responses: text only ({CONTENT_TYPES[role]} parts, or a string).",
+                )
             else:
-                raise serializers.ValidationError({index: {field: {at: [
-                    "must be a text part: {\"type\": \"input_text\" or \"output_text\", \"text\": \"...\"}"]}}})
+                raise serializers.ValidationError(
+                    {
+                        index: {
+                            field: {
+                                at: [
+                                    "must be a text part: {\"type\": \"input_text\" or \"output_text\", \"text\": \"...\"}"
+                                ]
+                            }
+                        }
+                    }
+                )
         return "".join(texts)
 
     def to_representation(self, value: list[dict]) -> list[dict]:
         return value
 
 
-FUNCTION_TOOL = {"type": "object", "required": ["type", "name"], "properties": {
-    "type": {"type": "string", "enum": ["function"]}, "name": {"type": "string", "pattern": FUNCTION_NAME},
-    "description": {"type": ["string", "null"]}, "parameters": {"type": ["object", "null"]},
-    "strict": {"type": ["boolean", "null"]}}}
+FUNCTION_TOOL = {
+    "type": "object",
+    "required": ["type", "name"],
+    "properties": {
+        "type": {"type": "string", "enum": ["function"]},
+        "name": {"type": "string", "pattern": FUNCTION_NAME},
+        "description": {"type": ["string", "null"]},
+        "parameters": {"type": ["object", "null"]},
+        "strict": {"type": ["boolean", "null"]},
+    },
+}
 
 
 @extend_schema_field({"type": "array", "maxItems": 64, "items": FUNCTION_TOOL})
@@ -604,9 +842,12 @@ class ResponsesToolsField(StoredField):
     def _tool(self, tool: object, index: int) -> dict:
         kind = tool.get("type") if isinstance(tool, dict) else None
         if kind in BUILT_IN_TOOLS:
-            raise NotOfferedYet(f"tools[{index}].type", f"Built-in tools ({kind!r}) are not offered on /v1/responses: "
-                                "only function tools, which your code runs ({\"type\": \"function\", \"name\": ..., "
-                                "\"parameters\": {...}}).")
+            raise NotOfferedYet(
+                f"tools[{index}].type",
+                f"Built-in tools ({kind!r}) are not offered on /v1/responses: "
+                "only function tools, which your code runs ({\"type\": \"function\", \"name\": ..., "
+                "\"parameters\": {...}}).",
+            )
         if kind != "function":
             raise serializers.ValidationError({index: {"type": ["must be 'function' (a function tool)"]}})
         assert isinstance(tool, dict)
@@ -619,29 +860,59 @@ class ResponsesToolsField(StoredField):
             raise serializers.ValidationError({index: {"description": ["must be a string"]}})
         if strict is not None and not isinstance(strict, bool):
             raise serializers.ValidationError({index: {"strict": ["must be a boolean"]}})
-        return {"type": "function", "name": name, "description": description, "parameters": parameters, "strict": strict}
+        return {
+            "type": "function",
+            "name": name,
+            "description": description,
+            "parameters": parameters,
+            "strict": strict,
+        }
 
     def to_representation(self, value: list[dict]) -> list[dict]:
         return value
 
 
-@extend_schema_field({"oneOf": [
-    {"type": "string", "enum": ["none", "auto", "required"]},
-    {"type": "object", "required": ["type", "name"], "properties": {
-        "type": {"type": "string", "enum": ["function"]}, "name": {"type": "string"}}},
-    {"type": "object", "required": ["type", "mode", "tools"], "properties": {
-        "type": {"type": "string", "enum": ["allowed_tools"]}, "mode": {"type": "string", "enum": ["auto", "required"]},
-        "tools": {"type": "array", "items": {"type": "object", "required": ["type", "name"], "properties": {
-            "type": {"type": "string", "enum": ["function"]}, "name": {"type": "string"}}}}}},
-]})
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "string", "enum": ["none", "auto", "required"]},
+            {
+                "type": "object",
+                "required": ["type", "name"],
+                "properties": {"type": {"type": "string", "enum": ["function"]}, "name": {"type": "string"}},
+            },
+            {
+                "type": "object",
+                "required": ["type", "mode", "tools"],
+                "properties": {
+                    "type": {"type": "string", "enum": ["allowed_tools"]},
+                    "mode": {"type": "string", "enum": ["auto", "required"]},
+                    "tools": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "required": ["type", "name"],
+                            "properties": {
+                                "type": {"type": "string", "enum": ["function"]},
+                                "name": {"type": "string"},
+                            },
+                        },
+                    },
+                },
+            },
+        ]
+    }
+)
 class ResponsesToolChoiceField(StoredField):
     """The Responses API's `tool_choice`: "none", "auto", "required", one function
     ({"type": "function", "name": ...}) or a subset of the tools ({"type": "allowed_tools",
     "mode": "auto" or "required", "tools": [{"type": "function", "name": ...}]}). Choices of
     built-in tools are not offered. Whether the names are among `tools` is checked with them."""
 
-    default_error_messages = {"invalid": "must be 'none', 'auto', 'required', {{\"type\": \"function\", \"name\": ...}} or "
-                                         "{{\"type\": \"allowed_tools\", \"mode\": ..., \"tools\": [...]}}"}
+    default_error_messages = {
+        "invalid": "must be 'none', 'auto', 'required', {{\"type\": \"function\", \"name\": ...}} or "
+        "{{\"type\": \"allowed_tools\", \"mode\": ..., \"tools\": [...]}}"
+    }
 
     def to_internal_value(self, data: object) -> str | dict:
         if data in ("none", "auto", "required"):
@@ -652,30 +923,60 @@ class ResponsesToolChoiceField(StoredField):
         if kind == "allowed_tools":
             assert isinstance(data, dict)
             tools = data.get("tools")
-            if data.get("mode") not in ("auto", "required") or not isinstance(tools, list) or not tools or not all(
-                    isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("name"), str) for t in tools):
+            if (
+                data.get("mode") not in ("auto", "required")
+                or not isinstance(tools, list)
+                or not tools
+                or not all(
+                    isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("name"), str)
+                    for t in tools
+                )
+            ):
                 self.fail("invalid")
-            return {"type": "allowed_tools", "mode": data["mode"],
-                    "tools": [{"type": "function", "name": t["name"]} for t in tools]}
+            return {
+                "type": "allowed_tools",
+                "mode": data["mode"],
+                "tools": [{"type": "function", "name": t["name"]} for t in tools],
+            }
         if isinstance(kind, str) and (kind in BUILT_IN_TOOLS or kind.startswith(("web_search", "file_search"))):
-            raise NotOfferedYet("tool_choice", f"Choosing a built-in tool ({kind[:40]!r}) is not offered on /v1/responses: "
-                                "only function tools.")
+            raise NotOfferedYet(
+                "tool_choice",
+                f"Choosing a built-in tool ({kind[:40]!r}) is not offered on /v1/responses: only function tools.",
+            )
         self.fail("invalid")
 
     def to_representation(self, value: object) -> object:
         return value
 
 
-FORMATS = {"oneOf": [
-    {"type": "object", "required": ["type"], "properties": {"type": {"type": "string", "enum": ["text", "json_object"]}}},
-    {"type": "object", "required": ["type", "name", "schema"], "properties": {
-        "type": {"type": "string", "enum": ["json_schema"]}, "name": {"type": "string", "pattern": FUNCTION_NAME},
-        "schema": {"type": "object"}, "description": {"type": ["string", "null"]}, "strict": {"type": ["boolean", "null"]}}},
-]}
+FORMATS = {
+    "oneOf": [
+        {
+            "type": "object",
+            "required": ["type"],
+            "properties": {"type": {"type": "string", "enum": ["text", "json_object"]}},
+        },
+        {
+            "type": "object",
+            "required": ["type", "name", "schema"],
+            "properties": {
+                "type": {"type": "string", "enum": ["json_schema"]},
+                "name": {"type": "string", "pattern": FUNCTION_NAME},
+                "schema": {"type": "object"},
+                "description": {"type": ["string", "null"]},
+                "strict": {"type": ["boolean", "null"]},
+            },
+        },
+    ]
+}
 
 
-@extend_schema_field({"type": "object", "properties": {"format": FORMATS,
-                                                       "verbosity": {"type": ["string", "null"], "enum": ["medium", None]}}})
+@extend_schema_field(
+    {
+        "type": "object",
+        "properties": {"format": FORMATS, "verbosity": {"type": ["string", "null"], "enum": ["medium", None]}},
+    }
+)
 class ResponsesTextField(StoredField):
     """The Responses API's `text`: its `format` is free text ({"type": "text"}), any JSON object
     ({"type": "json_object"}) or JSON matching a schema ({"type": "json_schema", "name", "schema",
@@ -684,17 +985,22 @@ class ResponsesTextField(StoredField):
     Internally: the format, in the Responses API's shape (None: text). `verbosity` is for
     models that choose their length: only its default ("medium") is taken."""
 
-    default_error_messages = {"invalid": "must be {{\"format\": {{\"type\": \"text\"}}}}, {{\"format\": {{\"type\": "
-                                         "\"json_object\"}}}} or {{\"format\": {{\"type\": \"json_schema\", \"name\": ..., "
-                                         "\"schema\": {{...}}}}}}"}
+    default_error_messages = {
+        "invalid": "must be {{\"format\": {{\"type\": \"text\"}}}}, {{\"format\": {{\"type\": "
+        "\"json_object\"}}}} or {{\"format\": {{\"type\": \"json_schema\", \"name\": ..., "
+        "\"schema\": {{...}}}}}}"
+    }
 
     def to_internal_value(self, data: object) -> dict | None:
         if not isinstance(data, dict):
             self.fail("invalid")
         assert isinstance(data, dict)
         if data.get("verbosity") not in (None, "medium"):
-            raise NotOfferedYet("text.verbosity", "'text.verbosity' other than 'medium' is not offered on /v1/responses: "
-                                "the served models do not choose their length (max_output_tokens bounds it).")
+            raise NotOfferedYet(
+                "text.verbosity",
+                "'text.verbosity' other than 'medium' is not offered on /v1/responses: "
+                "the served models do not choose their length (max_output_tokens bounds it).",
+            )
         unknown = sorted(set(data) - {"format", "verbosity"})
         if unknown:
             raise serializers.ValidationError({unknown[0]: ["is not a field of 'text' (format, verbosity)"]})
@@ -715,8 +1021,13 @@ class ResponsesTextField(StoredField):
             raise serializers.ValidationError({"format": {"strict": ["must be a boolean"]}})
         if form.get("description") is not None and not isinstance(form["description"], str):
             raise serializers.ValidationError({"format": {"description": ["must be a string"]}})
-        return {"type": "json_schema", "name": form["name"], "schema": form["schema"],
-                "description": form.get("description"), "strict": form.get("strict")}
+        return {
+            "type": "json_schema",
+            "name": form["name"],
+            "schema": form["schema"],
+            "description": form.get("description"),
+            "strict": form.get("strict"),
+        }
 
     def to_representation(self, value: dict | None) -> dict | None:
         return value
@@ -729,33 +1040,52 @@ class ResponsesInputSerializer(serializers.Serializer):
 
     model = serializers.CharField(max_length=100)
     input = ResponsesInputField()
-    instructions = serializers.CharField(required=False, allow_null=True, allow_blank=True, trim_whitespace=False,
-                                         help_text="a system turn before the input")
-    max_output_tokens = serializers.IntegerField(required=False, allow_null=True, min_value=1,
-                                                 max_value=settings.MAX_TOKENS_LIMIT)
+    instructions = serializers.CharField(
+        required=False,
+        allow_null=True,
+        allow_blank=True,
+        trim_whitespace=False,
+        help_text="a system turn before the input",
+    )
+    max_output_tokens = serializers.IntegerField(
+        required=False, allow_null=True, min_value=1, max_value=settings.MAX_TOKENS_LIMIT
+    )
     temperature = serializers.FloatField(required=False, allow_null=True, min_value=0.0, max_value=2.0)
     top_p = serializers.FloatField(required=False, allow_null=True, min_value=0.0, max_value=1.0)
     stream = serializers.BooleanField(required=False, default=False)
     tools = ResponsesToolsField(required=False, allow_null=True, help_text="function tools the model may call")
-    tool_choice = ResponsesToolChoiceField(required=False, allow_null=True,
-                                           help_text="auto (the default), none, required, one function, or allowed_tools")
-    parallel_tool_calls = serializers.BooleanField(required=False, allow_null=True,
-                                                   help_text="false: at most one call per answer")
+    tool_choice = ResponsesToolChoiceField(
+        required=False, allow_null=True, help_text="auto (the default), none, required, one function, or allowed_tools"
+    )
+    parallel_tool_calls = serializers.BooleanField(
+        required=False, allow_null=True, help_text="false: at most one call per answer"
+    )
     text = ResponsesTextField(required=False, allow_null=True, help_text="format: text, json_object or json_schema")
-    store = serializers.BooleanField(required=False, allow_null=True,
-                                     help_text="true: kept for RESPONSE_STORE_SECONDS (an hour), to continue or read back")
-    previous_response_id = serializers.CharField(required=False, allow_null=True, max_length=200,
-                                                 help_text="a stored response whose conversation this one continues")
-    metadata = serializers.DictField(child=serializers.CharField(max_length=512, allow_blank=True), required=False,
-                                     allow_null=True)
+    store = serializers.BooleanField(
+        required=False,
+        allow_null=True,
+        help_text="true: kept for RESPONSE_STORE_SECONDS (an hour), to continue or read back",
+    )
+    previous_response_id = serializers.CharField(
+        required=False,
+        allow_null=True,
+        max_length=200,
+        help_text="a stored response whose conversation this one continues",
+    )
+    metadata = serializers.DictField(
+        child=serializers.CharField(max_length=512, allow_blank=True), required=False, allow_null=True
+    )
     user = serializers.CharField(required=False, allow_blank=True, allow_null=True, max_length=256)
 
     def to_internal_value(self, data: object) -> dict:
         if isinstance(data, dict):
             for name, (harmless, feature) in RESPONSES_NOT_OFFERED.items():
                 if name in data and not harmless(data[name]):  # type: ignore[operator]
-                    raise NotOfferedYet(name, f"'{name}' is not offered yet on /v1/responses ({feature}); the answer "
-                                        f"would ignore it, so the request is refused. Remove '{name}'.")
+                    raise NotOfferedYet(
+                        name,
+                        f"'{name}' is not offered yet on /v1/responses ({feature}); the answer "
+                        f"would ignore it, so the request is refused. Remove '{name}'.",
+                    )
         return super().to_internal_value(data)
 
     def validate_input(self, turns: list[dict]) -> list[dict]:
@@ -767,11 +1097,18 @@ class ResponsesInputSerializer(serializers.Serializer):
         """`tool_choice` names only offered functions, and asks for a call only when there are some."""
         names = {tool["name"] for tool in data.get("tools") or []}
         choice = data.get("tool_choice")
-        named = ([choice["name"]] if isinstance(choice, dict) and choice["type"] == "function"
-                 else [t["name"] for t in choice["tools"]] if isinstance(choice, dict) else [])
+        named = (
+            [choice["name"]]
+            if isinstance(choice, dict) and choice["type"] == "function"
+            else [t["name"] for t in choice["tools"]]
+            if isinstance(choice, dict)
+            else []
+        )
         missing = [name for name in named if name not in names]
         if missing:
-            raise serializers.ValidationError({"tool_choice": [f"names a function that is not in tools: {missing[0][:64]!r}"]})
+            raise serializers.ValidationError(
+                {"tool_choice": [f"names a function that is not in tools: {missing[0][:64]!r}"]}
+            )
         if not names and choice not in (None, "none", "auto"):
             raise serializers.ValidationError({"tool_choice": ["needs tools: no function is offered"]})
         return data

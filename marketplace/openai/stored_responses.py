@@ -13,6 +13,7 @@ of an account's live stored responses together; over either is a 400 naming the 
 answer itself adds what `max_output_tokens` allows, and counts at the next turn. The save, once
 the request is billed, holds nothing the database could refuse (`storable`).
 """
+
 from __future__ import annotations
 
 import json
@@ -76,21 +77,34 @@ def _stored_turn_check(*, secret: str, body: dict) -> list[dict] | None:
     kept, echo = responses.stored_items(data["input"]), responses.echoed(body)
     for name, value in echo.items():
         if holds_nul(value):
-            raise ApiError(400, f"'{name}' holds a NUL character, which a stored response cannot keep.",
-                           code="invalid_value", param=name)
+            raise ApiError(
+                400,
+                f"'{name}' holds a NUL character, which a stored response cannot keep.",
+                code="invalid_value",
+                param=name,
+            )
     size = json_bytes(kept) + json_bytes(echo)
     limit = settings.RESPONSE_STORE_MAX_BYTES
     if size > limit:
-        raise ApiError(400, f"This response would be stored with {size} bytes of conversation and fields, over the limit of "
-                       f"{limit} bytes for one stored response. Send it with store: false, or continue a shorter "
-                       "conversation.", code="stored_response_too_large", param="input")
+        raise ApiError(
+            400,
+            f"This response would be stored with {size} bytes of conversation and fields, over the limit of "
+            f"{limit} bytes for one stored response. Send it with store: false, or continue a shorter "
+            "conversation.",
+            code="stored_response_too_large",
+            param="input",
+        )
     used = _account_bytes(key)
     room = settings.RESPONSE_STORE_ACCOUNT_MAX_BYTES
     if used + size > room:
-        raise ApiError(400, f"Your account's stored responses hold {used} bytes; this one would add {size}, over the account's "
-                       f"limit of {room} bytes. Delete some (DELETE /v1/responses/{{id}}), let them expire "
-                       f"({settings.RESPONSE_STORE_SECONDS} seconds after each was stored), or send store: false.",
-                       code="response_store_full", param="store")
+        raise ApiError(
+            400,
+            f"Your account's stored responses hold {used} bytes; this one would add {size}, over the account's "
+            f"limit of {room} bytes. Delete some (DELETE /v1/responses/{{id}}), let them expire "
+            f"({settings.RESPONSE_STORE_SECONDS} seconds after each was stored), or send store: false.",
+            code="response_store_full",
+            param="store",
+        )
     return kept
 
 
@@ -107,8 +121,13 @@ def stored_response_save(*, request_id: int, kept: list[dict], response: dict) -
     be refused (`storable`)."""
     conversation, body = storable(responses.conversation_after(kept, response)), storable(response)
     expires_at = timezone.now() + timedelta(seconds=settings.RESPONSE_STORE_SECONDS)
-    return StoredResponse.objects.create(request_id=request_id, conversation=conversation, body=body, expires_at=expires_at,
-                                         size_bytes=json_bytes(conversation) + json_bytes(body))
+    return StoredResponse.objects.create(
+        request_id=request_id,
+        conversation=conversation,
+        body=body,
+        expires_at=expires_at,
+        size_bytes=json_bytes(conversation) + json_bytes(body),
+    )
 
 
 def stored_responses_expire() -> int:
@@ -120,8 +139,9 @@ def stored_responses_expire() -> int:
 def _readable(key: ApiKey, response_id: str) -> QuerySet[StoredResponse]:
     if holds_nul(response_id):  # names nothing (and the database cannot compare with it)
         return StoredResponse.objects.none()
-    rows = StoredResponse.objects.filter(request__public_id=response_id, request__user=key.user,
-                                         expires_at__gt=timezone.now())
+    rows = StoredResponse.objects.filter(
+        request__public_id=response_id, request__user=key.user, expires_at__gt=timezone.now()
+    )
     scope = key_scope(key)
     return rows.filter(request__api_key=scope) if scope is not None else rows
 
@@ -132,19 +152,32 @@ def stored_conversation(*, secret: str, response_id: object) -> list[dict]:
     would take a number as its digits), a 404 naming it when this key reads no such response."""
     key = key_from_secret(secret)
     if not isinstance(response_id, str):
-        raise ApiError(400, "'previous_response_id' must be a string: the id of a stored response (resp_…).",
-                       code="invalid_value", param="previous_response_id")
+        raise ApiError(
+            400,
+            "'previous_response_id' must be a string: the id of a stored response (resp_…).",
+            code="invalid_value",
+            param="previous_response_id",
+        )
     row = _readable(key, response_id).only("conversation").first()
     if row is None:
-        raise ApiError(404, f"Previous response with id {response_id[:100]!r} not found (responses are stored only with "
-                       f"store: true, for {settings.RESPONSE_STORE_SECONDS} seconds, and read by the key's account).",
-                       code="previous_response_not_found", param="previous_response_id")
+        raise ApiError(
+            404,
+            f"Previous response with id {response_id[:100]!r} not found (responses are stored only with "
+            f"store: true, for {settings.RESPONSE_STORE_SECONDS} seconds, and read by the key's account).",
+            code="previous_response_not_found",
+            param="previous_response_id",
+        )
     return row.conversation
 
 
 def _not_stored(response_id: str) -> ApiError:
-    return ApiError(404, f"No stored response with id {response_id[:100]!r} for this key (responses are stored only with "
-                    f"store: true, for {settings.RESPONSE_STORE_SECONDS} seconds).", code="not_found", param="id")
+    return ApiError(
+        404,
+        f"No stored response with id {response_id[:100]!r} for this key (responses are stored only with "
+        f"store: true, for {settings.RESPONSE_STORE_SECONDS} seconds).",
+        code="not_found",
+        param="id",
+    )
 
 
 def stored_response_body(*, key: ApiKey, response_id: str) -> dict:
@@ -160,4 +193,3 @@ def stored_response_delete(*, key: ApiKey, response_id: str) -> None:
     deleted, _ = _readable(key, response_id).delete()
     if not deleted:
         raise _not_stored(response_id)
-

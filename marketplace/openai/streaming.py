@@ -7,6 +7,7 @@ message is missing (a gap, a lost message, a silent second) it re-reads the
 request row, which is the truth. So the customer gets every character once,
 in order, whichever process the host talked to.
 """
+
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
@@ -72,7 +73,6 @@ class RequestListener:
             await self._layer.group_discard(request_group(self.public_id), self._channel)
             self._channel = ""
 
-
     def _unsent(self, offset: int, text: str) -> str:
         """The part of `text` (which starts at `offset`) not yet read, if contiguous."""
         if offset > self.received:
@@ -80,8 +80,9 @@ class RequestListener:
         return text[self.received - offset :]
 
     async def _catch_up(self) -> tuple[Request, str]:
-        request, text, entries = await db(selectors.request_catch_up_entries, public_id=self.public_id, sent=self.received,
-                                          logprobs=self.logprobs)
+        request, text, entries = await db(
+            selectors.request_catch_up_entries, public_id=self.public_id, sent=self.received, logprobs=self.logprobs
+        )
         self._entries += entries
         return request, text
 
@@ -113,7 +114,7 @@ class RequestListener:
             if cut is not None:
                 out, held, stopped = held[:cut], "", True
             else:
-                out, held = (held[: len(held) - keep], held[len(held) - keep:]) if keep else (held, "")
+                out, held = (held[: len(held) - keep], held[len(held) - keep :]) if keep else (held, "")
             if out and self.token_limit is not None:
                 out, over = self._within_token_limit(out)
                 stopped = stopped or over
@@ -136,8 +137,11 @@ class RequestListener:
         if len(self._relayed) <= limit:
             return out, False
         counted = self._piece_tokens  # the pieces' tokens counted apart (0: not counting yet)
-        self._piece_tokens = (counted + self.tokenizer.count(out, special=False) if counted
-                              else self.tokenizer.count(self._relayed, special=False))
+        self._piece_tokens = (
+            counted + self.tokenizer.count(out, special=False)
+            if counted
+            else self.tokenizer.count(self._relayed, special=False)
+        )
         if self._piece_tokens <= limit * 3 // 4 or self.tokenizer.count(self._relayed, special=False) <= limit:
             return out, False
         low, high = 0, len(out)  # the longest prefix of `out` that keeps the text within the limit
@@ -168,8 +172,11 @@ class RequestListener:
             if kind == "job.tokens" and message["offset"] <= self.received:
                 fresh = self._unsent(message["offset"], message["text"])
                 if fresh and self.logprobs and message.get("logprobs"):
-                    self._entries += [(at, entry) for at, entry in located(message["offset"], message["logprobs"])
-                                      if at >= self.received]
+                    self._entries += [
+                        (at, entry)
+                        for at, entry in located(message["offset"], message["logprobs"])
+                        if at >= self.received
+                    ]
                 if fresh:
                     self.received += len(fresh)
                     yield Text(fresh)

@@ -13,6 +13,7 @@ Everything happens at the gateway, so every host serves tools as it is:
 - the answer is handed over in OpenAI's shape: `message.tool_calls` with JSON `arguments`
   and finish_reason "tool_calls".
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -54,8 +55,10 @@ def tools_spec(*, tools: list | None, tool_choice: object, parallel: bool | None
             raise ToolsRefused(f"tool_choice names a function that is not in tools: {name!r}", "tool_choice")
         choice = {"name": name}
     elif choice not in ("auto", "required"):
-        raise ToolsRefused("tool_choice must be 'none', 'auto', 'required' or {'type': 'function', "
-                           "'function': {'name': ...}}", "tool_choice")
+        raise ToolsRefused(
+            "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}",
+            "tool_choice",
+        )
     called = [f for f in functions if not isinstance(choice, dict) or f["name"] == choice["name"]]
     single = isinstance(choice, dict) or parallel is False
     most = 1 if single else MAX_PARALLEL_CALLS
@@ -69,27 +72,42 @@ def tools_spec(*, tools: list | None, tool_choice: object, parallel: bool | None
     for function in called if choice != "auto" else ():  # (under "auto" no grammar holds the answer: a call that
         left_out = unenforced(function["parameters"])  # breaks its parameters is handed over as text, nobody's failure)
         if left_out:
-            raise ToolsRefused(f"function {function['name']!r}: its parameters are refused when tool_choice requires a "
-                               f"call (the host samples the call under their grammar): {left_out.sentence()}", "tools")
+            raise ToolsRefused(
+                f"function {function['name']!r}: its parameters are refused when tool_choice requires a "
+                f"call (the host samples the call under their grammar): {left_out.sentence()}",
+                "tools",
+            )
     return spec
 
 
 def _function(tool: object) -> dict:
     function = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
     if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
-        raise ToolsRefused("each tool must be {'type': 'function', 'function': {'name': ..., 'parameters': {...}}}", "tools")
+        raise ToolsRefused(
+            "each tool must be {'type': 'function', 'function': {'name': ..., 'parameters': {...}}}", "tools"
+        )
     parameters = function.get("parameters") or {"type": "object", "properties": {}}
     if not isinstance(parameters, dict):
         raise ToolsRefused(f"function {function['name']!r}: parameters must be a JSON Schema object", "tools")
     description = function.get("description")
-    return {"name": function["name"][:64], "description": description[:1000] if isinstance(description, str) else "",
-            "parameters": parameters}
+    return {
+        "name": function["name"][:64],
+        "description": description[:1000] if isinstance(description, str) else "",
+        "parameters": parameters,
+    }
 
 
 def calls_schema(functions: list[dict], *, most: int) -> dict:
     """The JSON Schema of an answer that calls some of `functions` (at most `most` calls)."""
-    one = [{"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": f["parameters"]},
-            "required": ["name", "arguments"], "additionalProperties": False} for f in functions]
+    one = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": f["name"]}, "arguments": f["parameters"]},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for f in functions
+    ]
     calls = {"type": "array", "minItems": 1, "maxItems": most, "items": one[0] if len(one) == 1 else {"anyOf": one}}
     return {"type": "object", "properties": {CALLS: calls}, "required": [CALLS], "additionalProperties": False}
 
@@ -111,10 +129,14 @@ def prompt_messages(messages: list[dict], spec: dict | None) -> list[dict]:
             name = names.get(message.get("tool_call_id"), message.get("tool_call_id") or "a function")
             plain.append({"role": "user", "content": f"Result of {name}: {message['content']}"})
         elif message.get(CALLS):
-            calls = [{"name": c["function"]["name"], "arguments": _parsed(c["function"]["arguments"])}
-                     for c in message[CALLS]]
+            calls = [
+                {"name": c["function"]["name"], "arguments": _parsed(c["function"]["arguments"])}
+                for c in message[CALLS]
+            ]
             text = json.dumps({CALLS: calls}, separators=(", ", ": "))
-            plain.append({"role": "assistant", "content": f"{message['content']}\n{text}" if message["content"] else text})
+            plain.append(
+                {"role": "assistant", "content": f"{message['content']}\n{text}" if message["content"] else text}
+            )
         else:
             plain.append({"role": message["role"], "content": message["content"] or ""})
     return plain
@@ -130,13 +152,21 @@ def _parsed(arguments: str) -> object:
 def _instructions(spec: dict) -> str:
     listed = "\n".join(
         f"- {f['name']}: {f['description'] or '(no description)'} Parameters (JSON Schema): "
-        f"{json.dumps(f['parameters'], separators=(',', ':'))}" for f in spec["functions"])
+        f"{json.dumps(f['parameters'], separators=(',', ':'))}"
+        for f in spec["functions"]
+    )
     choice = spec["choice"]
-    must = ("Answer by calling the function " + choice["name"] if isinstance(choice, dict)
-            else "Answer by calling one or more of them" if choice == "required"
-            else "When a function would help, call it; otherwise answer normally")
-    return (f"You can call these functions:\n{listed}\n{must}. A call is an answer that is only this JSON: "
-            f'{{"{CALLS}": [{{"name": "<function name>", "arguments": {{<arguments>}}}}]}}')
+    must = (
+        "Answer by calling the function " + choice["name"]
+        if isinstance(choice, dict)
+        else "Answer by calling one or more of them"
+        if choice == "required"
+        else "When a function would help, call it; otherwise answer normally"
+    )
+    return (
+        f"You can call these functions:\n{listed}\n{must}. A call is an answer that is only this JSON: "
+        f'{{"{CALLS}": [{{"name": "<function name>", "arguments": {{<arguments>}}}}]}}'
+    )
 
 
 def tool_calls_in(spec: dict | None, text: str, *, request_id: str, cut: bool = False) -> list[dict] | None:
@@ -163,9 +193,14 @@ def tool_calls_in(spec: dict | None, text: str, *, request_id: str, cut: bool = 
         return None
     scanned = CallScanner()
     scanned.feed(text)
-    return [{"id": call_id(request_id, index), "type": "function",
-             "function": {"name": call["name"], "arguments": scanned.arguments(index) or json.dumps(call["arguments"])}}
-            for index, call in enumerate(made)]
+    return [
+        {
+            "id": call_id(request_id, index),
+            "type": "function",
+            "function": {"name": call["name"], "arguments": scanned.arguments(index) or json.dumps(call["arguments"])},
+        }
+        for index, call in enumerate(made)
+    ]
 
 
 def cut_calls(spec: dict, text: str, *, request_id: str) -> list[dict]:
@@ -180,18 +215,34 @@ def cut_calls(spec: dict, text: str, *, request_id: str) -> list[dict]:
     scanned = CallScanner()
     scanned.feed(text)
     done, stopped = _calls_read(spec, text)
-    calls = [{"id": call_id(request_id, index), "type": "function",
-              "function": {"name": call["name"], "arguments": scanned.arguments(index) or json.dumps(call["arguments"])}}
-             for index, call in enumerate(done)]
+    calls = [
+        {
+            "id": call_id(request_id, index),
+            "type": "function",
+            "function": {"name": call["name"], "arguments": scanned.arguments(index) or json.dumps(call["arguments"])},
+        }
+        for index, call in enumerate(done)
+    ]
     at = len(done)
     begun = at < len(scanned.calls) and not stopped and not scanned.broken  # the call being written when cut
     if not begun and (scanned.calls or stopped or scanned.broken):
         return calls
     whole, written = (scanned.calls[at].name, scanned.name_so_far(at)) if begun else (None, "")
-    named = [whole] if whole is not None else [] if written is None else [name for name in allowed if name.startswith(written)]
+    named = (
+        [whole]
+        if whole is not None
+        else []
+        if written is None
+        else [name for name in allowed if name.startswith(written)]
+    )
     if len(named) == 1 and named[0] in allowed:
-        calls.append({"id": call_id(request_id, at), "type": "function",
-                      "function": {"name": named[0], "arguments": scanned.arguments_so_far(at) if begun else ""}})
+        calls.append(
+            {
+                "id": call_id(request_id, at),
+                "type": "function",
+                "function": {"name": named[0], "arguments": scanned.arguments_so_far(at) if begun else ""},
+            }
+        )
     return calls
 
 
@@ -282,14 +333,14 @@ class CallScanner:
         call = self.calls[index] if index < len(self.calls) else None
         if call is None or call.start is None or call.end is None:
             return None
-        return self.text[call.start:call.end]
+        return self.text[call.start : call.end]
 
     def arguments_so_far(self, index: int) -> str:
         """As much of call `index`'s arguments as has arrived."""
         call = self.calls[index]
         if call.start is None:
             return ""
-        return self.text[call.start:len(self.text) if call.end is None else call.end]
+        return self.text[call.start : len(self.text) if call.end is None else call.end]
 
     def name_so_far(self, index: int) -> str | None:
         """Call `index`'s name: whole, or as much as has arrived while it is being written (""
@@ -298,7 +349,7 @@ class CallScanner:
         if call.name is not None:
             return call.name
         if self._string is not None and self._string[1] == (CALLS, index, "name"):
-            partial = self.text[self._string[0] + 1:]
+            partial = self.text[self._string[0] + 1 :]
             return None if "\\" in partial else partial
         return ""
 
@@ -355,7 +406,7 @@ class CallScanner:
         if path is None:  # a key: the container's value goes under it
             top = self._containers[-1]
             try:
-                top.key = json.loads(self.text[start:at + 1])
+                top.key = json.loads(self.text[start : at + 1])
             except ValueError:
                 self.broken = True
             top.state = "colon"
@@ -376,8 +427,9 @@ class CallScanner:
                 return
             call.start = at
         if char in "{[":
-            self._containers.append(_Container("object" if char == "{" else "array", path,
-                                               "key_or_end" if char == "{" else "value_or_end"))
+            self._containers.append(
+                _Container("object" if char == "{" else "array", path, "key_or_end" if char == "{" else "value_or_end")
+            )
         elif char == '"':
             self._string = (at, path)
         elif char in LITERAL:
@@ -463,8 +515,11 @@ class CallStream:
             deltas = self._deltas()
             for index, call in enumerate(calls or []):
                 if index >= self._named:
-                    deltas += call_deltas(index, call) if call["function"]["arguments"] else \
-                        [_named_delta(index, call["id"], call["function"]["name"])]
+                    deltas += (
+                        call_deltas(index, call)
+                        if call["function"]["arguments"]
+                        else [_named_delta(index, call["id"], call["function"]["name"])]
+                    )
             return "", [], deltas, calls
         if calls:
             return "", [], [delta for index, call in enumerate(calls) for delta in call_deltas(index, call)], calls
@@ -483,7 +538,7 @@ class CallStream:
                 self._sent.append(0)
             written = self.scanner.arguments_so_far(index)
             if len(written) > self._sent[index]:
-                out.append(_arguments_delta(index, written[self._sent[index]:]))
+                out.append(_arguments_delta(index, written[self._sent[index] :]))
                 self._sent[index] = len(written)
         return out
 
@@ -498,5 +553,7 @@ def _arguments_delta(index: int, piece: str) -> dict:
 
 def call_deltas(index: int, call: dict) -> list[dict]:
     """A whole call as OpenAI streams one: its id and name, then its arguments."""
-    return [_named_delta(index, call["id"], call["function"]["name"]),
-            _arguments_delta(index, call["function"]["arguments"])]
+    return [
+        _named_delta(index, call["id"], call["function"]["name"]),
+        _arguments_delta(index, call["function"]["arguments"]),
+    ]

@@ -1,4 +1,5 @@
 """Customer usage: daily totals and per-request rows, as JSON pages or one CSV."""
+
 from __future__ import annotations
 
 import csv
@@ -39,7 +40,9 @@ def _parse_day(raw: str | None, *, param: str) -> date | None:
             raise ValueError
         return date.fromisoformat(raw)
     except ValueError:
-        raise bad_request(f"'{param}' must be a date as YYYY-MM-DD, got {raw!r}.", code="invalid_date", param=param) from None
+        raise bad_request(
+            f"'{param}' must be a date as YYYY-MM-DD, got {raw!r}.", code="invalid_date", param=param
+        ) from None
 
 
 def usage_range(query: QueryDict) -> tuple[date, date]:
@@ -61,19 +64,29 @@ def usage_row(row: dict) -> dict:
     }
 
 
-def usage_page(query: QueryDict, *, user: User, start: date, end: date, api_key: ApiKey | None = None) -> tuple[list[dict], bool]:
+def usage_page(
+    query: QueryDict, *, user: User, start: date, end: date, api_key: ApiKey | None = None
+) -> tuple[list[dict], bool]:
     """One page of per-request rows: at most `limit` (1..USAGE_PAGE_MAX, default that) after
     the request id `after`; and whether more follow."""
     raw = query.get("limit") or str(settings.USAGE_PAGE_MAX)
     if not raw.isdigit() or not 1 <= int(raw) <= settings.USAGE_PAGE_MAX:
-        raise bad_request(f"'limit' must be a whole number from 1 to {settings.USAGE_PAGE_MAX}, got {raw!r}.",
-                          code="invalid_limit", param="limit")
+        raise bad_request(
+            f"'limit' must be a whole number from 1 to {settings.USAGE_PAGE_MAX}, got {raw!r}.",
+            code="invalid_limit",
+            param="limit",
+        )
     limit = int(raw)
     try:
-        rows = list(selectors.usage_requests(user=user, start=start, end=end, after=query.get("after"),
-                                             api_key=api_key)[: limit + 1])
+        rows = list(
+            selectors.usage_requests(user=user, start=start, end=end, after=query.get("after"), api_key=api_key)[
+                : limit + 1
+            ]
+        )
     except selectors.UnknownCursor:
-        raise bad_request(f"'after' names no request of yours: {query.get('after')!r}.", code="invalid_cursor", param="after") from None
+        raise bad_request(
+            f"'after' names no request of yours: {query.get('after')!r}.", code="invalid_cursor", param="after"
+        ) from None
     return [usage_row(row) for row in rows[:limit]], len(rows) > limit
 
 
@@ -121,7 +134,9 @@ class UsageApi(KeyApi):
     @extend_schema(
         parameters=[
             *RANGE,
-            OpenApiParameter("limit", OpenApiTypes.INT, description=f"requests per page, 1 to {settings.USAGE_PAGE_MAX}"),
+            OpenApiParameter(
+                "limit", OpenApiTypes.INT, description=f"requests per page, 1 to {settings.USAGE_PAGE_MAX}"
+            ),
             OpenApiParameter("after", OpenApiTypes.STR, description="the `last_id` of the previous page"),
         ],
         responses={200: OutputSerializer},
@@ -174,8 +189,9 @@ def usage_csv_response(*, user: User, start: date, end: date, api_key: ApiKey | 
     """One CSV line per request of `user` in [start, end]; the API and the web page both
     serve this. Streamed a page at a time (an asynchronous iterator, so the ASGI server
     sends each page as it is read): a year of requests is never held in memory."""
-    response = StreamingHttpResponse(_csv_pages(user=user, start=start, end=end, api_key=api_key),
-                                     content_type="text/csv; charset=utf-8")
+    response = StreamingHttpResponse(
+        _csv_pages(user=user, start=start, end=end, api_key=api_key), content_type="text/csv; charset=utf-8"
+    )
     response["Content-Disposition"] = f'attachment; filename="usage-{start.isoformat()}-{end.isoformat()}.csv"'
     return response
 

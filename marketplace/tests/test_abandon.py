@@ -2,6 +2,7 @@
 connection has been gone for ABANDON_GRACE_SECONDS without a re-attach, the job is
 cancelled (its host is refused at its next batch and stops), the text delivered so far is
 billed and paid for, and a job not yet claimed is withdrawn unbilled."""
+
 from __future__ import annotations
 
 import json
@@ -30,7 +31,9 @@ def gone(request: Request, seconds: float = 60) -> None:
 
 
 class AbandonTests:
-    def test_a_running_job_is_cut_at_what_was_delivered_and_its_host_paid_for_that(self, customer, serving_host, catalog) -> None:
+    def test_a_running_job_is_cut_at_what_was_delivered_and_its_host_paid_for_that(
+        self, customer, serving_host, catalog
+    ) -> None:
         request = submit(customer, catalog, max_tokens=200)
         job = services.job_claim_next(host=serving_host.host, fingerprint=serving_host.fingerprint)
         services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="Once upon a time there was")
@@ -78,33 +81,71 @@ class AbandonTests:
 @pytest.mark.e2e
 @pytest.mark.django_db(transaction=True)
 class AbandonEndToEndTests:
-    def test_hanging_up_a_stream_marks_the_request_and_the_host_stops_once_it_is_abandoned(self, gateway, catalog) -> None:
+    def test_hanging_up_a_stream_marks_the_request_and_the_host_stops_once_it_is_abandoned(
+        self, gateway, catalog
+    ) -> None:
         customer, serving = make_customer(), make_host(qualified=False, name="slow", trusted=True)
         sim = subprocess.Popen(
-            [sys.executable, "-m", "testkit.simhost", "--server", gateway.url, "--token", serving.token, "--model", "gemma-3-270m",
-             "--loaded", "gemma-3-270m", "--wait", "2", "--stream-batches", "400", "--interval", "0.05"],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            [
+                sys.executable,
+                "-m",
+                "testkit.simhost",
+                "--server",
+                gateway.url,
+                "--token",
+                serving.token,
+                "--model",
+                "gemma-3-270m",
+                "--loaded",
+                "gemma-3-270m",
+                "--wait",
+                "2",
+                "--stream-batches",
+                "400",
+                "--interval",
+                "0.05",
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
         )
         try:
             assert sim.stdout is not None and json.loads(sim.stdout.readline()).get("ready")
-            body = {"model": "gemma-3-270m", "messages": [{"role": "user", "content": "go on"}], "max_tokens": 3000, "stream": True}
-            with httpx.stream("POST", f"{gateway.url}/v1/chat/completions", json=body, timeout=30,
-                              headers={"Authorization": f"Bearer {customer.secret}"}) as response:
+            body = {
+                "model": "gemma-3-270m",
+                "messages": [{"role": "user", "content": "go on"}],
+                "max_tokens": 3000,
+                "stream": True,
+            }
+            with httpx.stream(
+                "POST",
+                f"{gateway.url}/v1/chat/completions",
+                json=body,
+                timeout=30,
+                headers={"Authorization": f"Bearer {customer.secret}"},
+            ) as response:
                 texts = 0
                 for line in response.iter_lines():
                     if line.startswith("data: ") and '"content"' in line:
                         texts += 1
                     if texts >= 5:
                         break  # the customer hangs up mid-answer
-            request = wait_until(lambda: Request.objects.filter(left_at__isnull=False).first(), timeout=10,
-                                 what="the gateway to notice the customer went away")
+            request = wait_until(
+                lambda: Request.objects.filter(left_at__isnull=False).first(),
+                timeout=10,
+                what="the gateway to notice the customer went away",
+            )
             gone(request)
             assert services.abandoned_request_end_one() is True
             request.refresh_from_db()
             assert (request.status, request.finish_reason) == ("completed", "cancelled")
             job = Job.objects.get(request=request)
-            wait_until(lambda: not Job.objects.filter(pk=job.pk, next_seq__gt=job.next_seq).exists() and sim.poll() is None,
-                       timeout=5, what="the host to stop")
+            wait_until(
+                lambda: not Job.objects.filter(pk=job.pk, next_seq__gt=job.next_seq).exists() and sim.poll() is None,
+                timeout=5,
+                what="the host to stop",
+            )
             assert request.completion_tokens < 3000 and ledger.reconcile_report() == []
         finally:
             sim.terminate()

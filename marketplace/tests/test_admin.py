@@ -1,5 +1,6 @@
 """The catalog in the admin: "Add" is `catalog_add` (a model from its own GGUF file on the
 gateway's disk); a refusal is the form's one-line error, with nothing written."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -36,8 +37,16 @@ def operator(catalog) -> Client:  # noqa: ANN001
 
 
 def form(path: Path, **fields: object) -> dict[str, object]:
-    return {"path": str(path), "name": "tiny-chat", "input_price": "0.10", "output_price": "0.40", "template": "",
-            "template_path": "", "context_length": "", **fields}
+    return {
+        "path": str(path),
+        "name": "tiny-chat",
+        "input_price": "0.10",
+        "output_price": "0.40",
+        "template": "",
+        "template_path": "",
+        "context_length": "",
+        **fields,
+    }
 
 
 class CatalogAddAdminTests:
@@ -94,13 +103,16 @@ class CatalogAddAdminRefusalTests:
         return errors[0]
 
     def test_a_bad_path(self, operator, files, var_dir) -> None:
-        assert "absent.gguf: no such file" in self.refused(operator, var_dir, form(files["chat"].with_name("absent.gguf")))
+        assert "absent.gguf: no such file" in self.refused(
+            operator, var_dir, form(files["chat"].with_name("absent.gguf"))
+        )
 
     def test_a_file_that_is_not_a_gguf(self, operator, files, var_dir) -> None:
         assert "not a GGUF file" in self.refused(operator, var_dir, form(files["template"]))
 
-    @pytest.mark.parametrize(("field", "price"), [("input_price", "ten cents"), ("output_price", "-1"),
-                                                  ("input_price", "0.001")])
+    @pytest.mark.parametrize(
+        ("field", "price"), [("input_price", "ten cents"), ("output_price", "-1"), ("input_price", "0.001")]
+    )
     def test_a_bad_price(self, operator, files, var_dir, field, price) -> None:
         message = self.refused(operator, var_dir, form(files["chat"], **{field: price}))
         assert message.startswith(f"bad {field.split('_')[0]} price:")
@@ -111,16 +123,22 @@ class CatalogAddAdminRefusalTests:
 
     def test_a_file_already_in_the_catalog(self, operator, files, var_dir) -> None:
         operator.post(ADD, form(files["chat"]))
-        assert "already in the catalog as tiny-chat" in self.refused(operator, var_dir, form(files["chat"], name="again"))
+        assert "already in the catalog as tiny-chat" in self.refused(
+            operator, var_dir, form(files["chat"], name="again")
+        )
 
     def test_a_file_without_a_template_and_none_given(self, operator, files, var_dir) -> None:
         assert "no chat template" in self.refused(operator, var_dir, form(files["base"], name="tiny-base"))
 
     def test_a_context_longer_than_the_files(self, operator, files, var_dir) -> None:
-        assert "the file's own context is 32768" in self.refused(operator, var_dir, form(files["chat"], context_length="100000"))
+        assert "the file's own context is 32768" in self.refused(
+            operator, var_dir, form(files["chat"], context_length="100000")
+        )
 
     def test_a_template_both_typed_and_named(self, operator, files, var_dir) -> None:
-        message = self.refused(operator, var_dir, form(files["base"], template=TEMPLATE, template_path=str(files["template"])))
+        message = self.refused(
+            operator, var_dir, form(files["base"], template=TEMPLATE, template_path=str(files["template"]))
+        )
         assert message == "Give the chat template as text or as a file, not both."
 
     def test_a_staff_member_without_the_add_permission_is_refused(self, files, var_dir, catalog) -> None:

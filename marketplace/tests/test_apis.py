@@ -1,4 +1,5 @@
 """Bad input gets a 4xx in OpenAI's error format, never a 500, never a hold left behind."""
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,9 @@ pytestmark = pytest.mark.django_db(transaction=True)  # views run ORM calls on t
 GOOD = {"model": "gemma-3-270m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
 
 
-def post(client: Client, secret: str | None, body: object, path: str = "/v1/chat/completions", raw: bytes | None = None) -> TestResponse:
+def post(
+    client: Client, secret: str | None, body: object, path: str = "/v1/chat/completions", raw: bytes | None = None
+) -> TestResponse:
     headers = {"HTTP_AUTHORIZATION": f"Bearer {secret}"} if secret else {}
     data = raw if raw is not None else json.dumps(body)
     return client.post(path, data=data, content_type="application/json", **headers)
@@ -122,8 +125,15 @@ class BadInputTests:
 
         with transaction.atomic():
             hold = hold_place(user=other.user, api_key=other.key, amount_ucents=0)
-            Request.objects.create(public_id="chatcmpl-theirs", user=other.user, api_key=other.key, model=catalog,
-                                   kind="chat", params={}, hold=hold)
+            Request.objects.create(
+                public_id="chatcmpl-theirs",
+                user=other.user,
+                api_key=other.key,
+                model=catalog,
+                kind="chat",
+                params={},
+                hold=hold,
+            )
         assert_error(client.get("/v1/generation?id=chatcmpl-theirs", **auth), 404, "not_found")
 
 
@@ -131,15 +141,59 @@ class HostApiInputTests:
     def test_bad_host_input_is_a_clear_4xx(self, serving_host) -> None:
         client = Client()
         auth = {"HTTP_AUTHORIZATION": f"Bearer {serving_host.token}"}
-        assert_error(client.post("/hosts/api/claim", data="{", content_type="application/json", **auth), 400, "invalid_json")
-        assert_error(client.post("/hosts/api/claim", data=json.dumps({"wait": 1}), content_type="application/json", **auth), 400, "invalid_value")
-        assert_error(client.post("/hosts/api/jobs/1/tokens", data=json.dumps({"seq": -1, "text": "x"}), content_type="application/json", **auth), 400, "invalid_value")
-        assert_error(client.post("/hosts/api/claim", data=json.dumps({"fingerprint": "x"}), content_type="application/json"), 401, "missing_api_key")
-        assert_error(client.post("/hosts/api/heartbeat", data=json.dumps({"fingerprint": "x"}), content_type="application/json", HTTP_AUTHORIZATION="Bearer host-nope"), 401, "invalid_host_token")
-        bad_model = {"model": "nope", "fingerprint": "x", "benchmark": {"prompt_tps": 1, "gen_tps": 1, "ttft_ms": 1, "memory_mb": 1}}
-        assert_error(client.post("/hosts/api/qualifications", data=json.dumps(bad_model), content_type="application/json", **auth), 404, "model_not_found")
+        assert_error(
+            client.post("/hosts/api/claim", data="{", content_type="application/json", **auth), 400, "invalid_json"
+        )
+        assert_error(
+            client.post("/hosts/api/claim", data=json.dumps({"wait": 1}), content_type="application/json", **auth),
+            400,
+            "invalid_value",
+        )
+        assert_error(
+            client.post(
+                "/hosts/api/jobs/1/tokens",
+                data=json.dumps({"seq": -1, "text": "x"}),
+                content_type="application/json",
+                **auth,
+            ),
+            400,
+            "invalid_value",
+        )
+        assert_error(
+            client.post("/hosts/api/claim", data=json.dumps({"fingerprint": "x"}), content_type="application/json"),
+            401,
+            "missing_api_key",
+        )
+        assert_error(
+            client.post(
+                "/hosts/api/heartbeat",
+                data=json.dumps({"fingerprint": "x"}),
+                content_type="application/json",
+                HTTP_AUTHORIZATION="Bearer host-nope",
+            ),
+            401,
+            "invalid_host_token",
+        )
+        bad_model = {
+            "model": "nope",
+            "fingerprint": "x",
+            "benchmark": {"prompt_tps": 1, "gen_tps": 1, "ttft_ms": 1, "memory_mb": 1},
+        }
+        assert_error(
+            client.post(
+                "/hosts/api/qualifications", data=json.dumps(bad_model), content_type="application/json", **auth
+            ),
+            404,
+            "model_not_found",
+        )
         unmeasured = {**bad_model, "model": "gemma-3-270m", "benchmark": {**bad_model["benchmark"], "gen_tps": 0}}
-        assert_error(client.post("/hosts/api/qualifications", data=json.dumps(unmeasured), content_type="application/json", **auth), 400, "invalid_value")
+        assert_error(
+            client.post(
+                "/hosts/api/qualifications", data=json.dumps(unmeasured), content_type="application/json", **auth
+            ),
+            400,
+            "invalid_value",
+        )
 
 
 class HostMeTests:
@@ -150,7 +204,13 @@ class HostMeTests:
         assert body["name"] == serving_host.host.name and body["active_jobs"] == []
         assert [q["model"] for q in body["qualifications"]] == ["gemma-3-270m"]
         earnings = Client().get("/hosts/api/earnings", HTTP_AUTHORIZATION=f"Bearer {serving_host.token}").json()
-        assert earnings == {"balance_ucents": 0, "payable_ucents": 0, "unvested_ucents": 0, "today_ucents": 0, "lines": []}
+        assert earnings == {
+            "balance_ucents": 0,
+            "payable_ucents": 0,
+            "unvested_ucents": 0,
+            "today_ucents": 0,
+            "lines": [],
+        }
 
 
 @pytest.mark.django_db(transaction=True)
@@ -165,10 +225,14 @@ class UnconfirmedEmailTests:
         client = Client()
         error = assert_error(post(client, customer.secret, {**GOOD, "model": "gpt-9"}), 403, "email_unverified")
         assert customer.user.email in error["message"]
-        assert client.get("/v1/credits", HTTP_AUTHORIZATION=f"Bearer {customer.secret}").status_code == 200, "reading is allowed"
+        assert client.get("/v1/credits", HTTP_AUTHORIZATION=f"Bearer {customer.secret}").status_code == 200, (
+            "reading is allowed"
+        )
         assert not Request.objects.exists() and not Hold.objects.exists()
         EmailVerification.objects.filter(user=customer.user).update(verified_at=timezone.now())
-        assert_error(post(client, customer.secret, {**GOOD, "model": "gpt-9"}), 404, "model_not_found")  # past the check now
+        assert_error(
+            post(client, customer.secret, {**GOOD, "model": "gpt-9"}), 404, "model_not_found"
+        )  # past the check now
 
 
 @pytest.mark.django_db
@@ -186,10 +250,16 @@ class HostEarningsTodayTests:
         online(serving_host)
         done = []
         for _ in range(2):
-            submit_request(customer, catalog, messages=CHAT, stream=True, max_tokens=8, temperature=1.0, response_format=None)
+            submit_request(
+                customer, catalog, messages=CHAT, stream=True, max_tokens=8, temperature=1.0, response_format=None
+            )
             job = claim(serving_host)
             services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="Hello there")
-            done.append(services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk)).earned_ucents)
+            done.append(
+                services.job_complete(
+                    host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk)
+                ).earned_ucents
+            )
         yesterday = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(seconds=1)
         Job.objects.filter(pk=job.pk).update(finished_at=yesterday)
         earnings = Client().get("/hosts/api/earnings", HTTP_AUTHORIZATION=f"Bearer {serving_host.token}").json()

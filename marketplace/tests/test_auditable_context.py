@@ -2,6 +2,7 @@
 verifiers and runners read (`protocol.catalog.AUDITABLE_CONTEXT_TOKENS`), whatever its row
 says, and a request past it is a 400 before the queue: a longer job could not be audited and
 was paid unchecked."""
+
 from __future__ import annotations
 
 import importlib
@@ -41,7 +42,9 @@ def test_verifiers_and_runners_read_the_context_sold() -> None:
 def test_a_request_past_the_auditable_context_is_a_400_before_the_queue(customer, sold_8k) -> None:  # noqa: ANN001
     answer = post(Client(), customer.secret, LONG)
     error = assert_error(answer, 400, "context_length_exceeded")
-    assert f"context is {AUDITABLE_CONTEXT_TOKENS} tokens" in error["message"] and error["type"] == "invalid_request_error"
+    assert (
+        f"context is {AUDITABLE_CONTEXT_TOKENS} tokens" in error["message"] and error["type"] == "invalid_request_error"
+    )
     assert not Request.objects.exists() and not Job.objects.exists()
 
 

@@ -1,5 +1,6 @@
 """Audits of real jobs (marketplace/trust/audits.py): chosen at completion, the host's share held in
 escrow, the answer re-read under the real model, then the host paid or the customer refunded."""
+
 from __future__ import annotations
 
 import pytest
@@ -47,7 +48,9 @@ def test_every_job_carries_its_seed_the_customers_or_the_gateways(customer, cata
     for seed in (7, None, None):
         submit_request(customer, catalog, seed=seed)
         payload = services.job_claim_payload(host=serving_host.host, model_ids=[catalog.pk])
-        services.job_fail(host=serving_host.host, job_id=payload["id"], reason="only the payload was wanted", cause="request")
+        services.job_fail(
+            host=serving_host.host, job_id=payload["id"], reason="only the payload was wanted", cause="request"
+        )
         payloads.append(payload)
     seeds = [payload["params"]["seed"] for payload in payloads]
     assert seeds[0] == 7
@@ -56,7 +59,9 @@ def test_every_job_carries_its_seed_the_customers_or_the_gateways(customer, cata
     assert seeds[1] == audits.job_seed(job_id=payloads[1]["id"], params={"seed": None})  # fixed by the gateway, stable
 
 
-def test_a_probation_hosts_job_is_audited_and_its_share_waits_in_escrow(customer, catalog, serving_host, settings) -> None:
+def test_a_probation_hosts_job_is_audited_and_its_share_waits_in_escrow(
+    customer, catalog, serving_host, settings
+) -> None:
     settings.AUDIT_PROBATION_RATE = 1.0
     request, job = _served(customer, catalog, serving_host, temperature=0.8)
     audit = Audit.objects.get(job=job)
@@ -109,16 +114,27 @@ def test_a_failed_audit_refunds_the_customer_and_stops_the_host(customer, catalo
 
 def _coordinates(catalog, host) -> ExpertModel:  # noqa: ANN001
     """`host` becomes the bound coordinator of an expert mesh selling `catalog`'s model."""
-    return ExpertModel.objects.create(name=catalog.name, gguf_path="moe.gguf", arch="qwen3moe", n_layers=2, n_experts=8,
-                                      n_experts_used=2, coordinator=host)
+    return ExpertModel.objects.create(
+        name=catalog.name,
+        gguf_path="moe.gguf",
+        arch="qwen3moe",
+        n_layers=2,
+        n_experts=8,
+        n_experts_used=2,
+        coordinator=host,
+    )
 
 
 def _fail(audit: Audit) -> None:
     assert audits.audit_decide(audit=audit, reason="token 3 is not the seed's draw (margin 0.41)", counts={"misses": 1})
 
 
-def test_a_coordinators_failed_audit_its_volunteers_helped_with_is_excused_once(customer, catalog, serving_host,  # noqa: ANN001
-                                                                                 settings) -> None:
+def test_a_coordinators_failed_audit_its_volunteers_helped_with_is_excused_once(
+    customer,
+    catalog,
+    serving_host,  # noqa: ANN001
+    settings,
+) -> None:
     settings.AUDIT_PROBATION_RATE = 1.0
     mesh = _coordinates(catalog, serving_host.host)
     before = ledger.customer_account(user=customer.user).balance_ucents
@@ -140,14 +156,19 @@ def test_a_coordinators_failed_audit_its_volunteers_helped_with_is_excused_once(
     assert ledger.reconcile_report() == []
 
 
-def test_a_coordinator_whose_workers_computed_nothing_of_the_answer_is_stopped(customer, catalog, serving_host,  # noqa: ANN001
-                                                                               settings) -> None:
+def test_a_coordinator_whose_workers_computed_nothing_of_the_answer_is_stopped(
+    customer,
+    catalog,
+    serving_host,  # noqa: ANN001
+    settings,
+) -> None:
     settings.AUDIT_PROBATION_RATE = 1.0
     _coordinates(catalog, serving_host.host)
     expert_services.coordinator_report(host=serving_host.host, model_name=catalog.name, busy=3, engaged_experts=4)
     _, job = _served(customer, catalog, serving_host)  # asked after the workers last computed
-    expert_services.coordinator_report(host=serving_host.host, model_name=catalog.name, busy=3, engaged_experts=0,
-                                       probed_experts=6)  # probes are checked, never in an answer
+    expert_services.coordinator_report(
+        host=serving_host.host, model_name=catalog.name, busy=3, engaged_experts=0, probed_experts=6
+    )  # probes are checked, never in an answer
     _fail(Audit.objects.get(job=job))
     serving_host.host.refresh_from_db()
     assert serving_host.host.maintenance_since is not None
@@ -177,7 +198,8 @@ def test_grammar_jobs_are_audited_and_disabled_audits_audit_nothing(customer, ca
 
 
 def test_a_continuation_is_audited_on_its_own_text_against_the_payload_it_was_sent(
-        customer, catalog, serving_host, settings) -> None:
+    customer, catalog, serving_host, settings
+) -> None:
     from testkit.personas import make_host
 
     settings.AUDIT_PROBATION_RATE = 1.0
@@ -230,23 +252,34 @@ def _prompt_anywhere(marker: str) -> list[str]:
 
 @pytest.mark.parametrize("verdict", ["passed", "failed", "unscored"])
 def test_an_audited_request_settles_when_its_audit_is_decided_and_no_prompt_byte_outlives_it(
-    customer, catalog, serving_host, settings, verdict,  # noqa: ANN001
+    customer,
+    catalog,
+    serving_host,
+    settings,
+    verdict,  # noqa: ANN001
 ) -> None:
     from django.test import Client
 
     settings.AUDIT_PROBATION_RATE = 1.0
     marker = "a-secret-prompt-7f3c1e"
-    request, job = _served(customer, catalog, serving_host, messages=[{"role": "user", "content": f"Remember {marker}."}])
-    generation = Client().get(f"/v1/generation?id={request.public_id}", HTTP_AUTHORIZATION=f"Bearer {customer.secret}").json()
+    request, job = _served(
+        customer, catalog, serving_host, messages=[{"role": "user", "content": f"Remember {marker}."}]
+    )
+    generation = (
+        Client().get(f"/v1/generation?id={request.public_id}", HTTP_AUTHORIZATION=f"Bearer {customer.secret}").json()
+    )
     assert (generation["status"], generation["settled"]) == ("completed", False), "its cost may still be refunded"
     assert _prompt_anywhere(marker) == ["marketplace_audit.payload"], "the audit row alone keeps it, for its scorers"
     audit = Audit.objects.get(job=job)
     if verdict == "unscored":
         assert audits.audit_unscored(audit=audit, why="no independent scorer")
     else:
-        assert audits.audit_decide(audit=audit, reason=None if verdict == "passed" else "token 3 is not the seed's draw",
-                                   counts={"checked": 4})
-    generation = Client().get(f"/v1/generation?id={request.public_id}", HTTP_AUTHORIZATION=f"Bearer {customer.secret}").json()
+        assert audits.audit_decide(
+            audit=audit, reason=None if verdict == "passed" else "token 3 is not the seed's draw", counts={"checked": 4}
+        )
+    generation = (
+        Client().get(f"/v1/generation?id={request.public_id}", HTTP_AUTHORIZATION=f"Bearer {customer.secret}").json()
+    )
     assert generation["settled"] is True
     assert _prompt_anywhere(marker) == [], "settled: no prompt byte left in the record"
     assert ledger.reconcile_report() == []

@@ -2,6 +2,7 @@
 (marketplace/trust/audits.py, "scoring by trusted hosts"): who may claim one, how verdicts decide
 it (a failure needs a second scorer's confirmation), the fees, strikes, requeues and the
 release after AUDIT_SCORER_WAIT_SECONDS."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -63,8 +64,13 @@ def _claim(scorer):  # noqa: ANN001, ANN202
 
 
 def _verdict(scorer, audit_id: int, verdict: str, reason: str = "") -> str:  # noqa: ANN001
-    return audits.audit_verdict_report(host=scorer.host, audit_id=audit_id, verdict=verdict, reason=reason,
-                                       counts={"checked": 3, "uncertain": 0, "misses": 2 if verdict == "failed" else 0})
+    return audits.audit_verdict_report(
+        host=scorer.host,
+        audit_id=audit_id,
+        verdict=verdict,
+        reason=reason,
+        counts={"checked": 3, "uncertain": 0, "misses": 2 if verdict == "failed" else 0},
+    )
 
 
 def _balance(host: Host) -> int:
@@ -78,25 +84,40 @@ def _escrow() -> int:
 
 
 def test_an_audit_the_gateway_cannot_read_is_claimed_by_a_trusted_host_never_the_audited_one(
-        customer, serving_host, scorers, settings) -> None:
+    customer, serving_host, scorers, settings
+) -> None:
     audit = _audited(customer, serving_host, settings)
     assert audit.by_hosts and audit.status == Audit.Status.PENDING
     assert audits.audit_score_pending() == 0  # the gateway's workers leave it to the hosts
-    assert audits.audit_claim_payload(host=serving_host.host, model_ids=[audit.request.model_id]) is None  # in probation
+    assert (
+        audits.audit_claim_payload(host=serving_host.host, model_ids=[audit.request.model_id]) is None
+    )  # in probation
     Host.objects.filter(pk=serving_host.host.pk).update(trusted_at=timezone.now())  # even trusted: never its own answer
     assert _claim(serving_host) is None
     payload = _claim(scorers[0])
     assert payload["kind"] == AUDIT and payload["id"] == audit.pk and payload["model"] == "gemma-3-270m"
     assert payload["tokens"] == TOKENS and payload["text"] == "Hello there." and payload["seed"] == audit.seed
     assert payload["job"]["messages"] == [{"role": "user", "content": "hi"}] and "id" not in payload["job"]
-    assert set(payload) == {"id", "model", "kind", "job", "tokens", "text", "finish_reason", "seed", "logprobs", "draw"}  # nothing names its host
+    assert set(payload) == {
+        "id",
+        "model",
+        "kind",
+        "job",
+        "tokens",
+        "text",
+        "finish_reason",
+        "seed",
+        "logprobs",
+        "draw",
+    }  # nothing names its host
     assert payload["logprobs"] is None  # the job asked for none
     assert payload["draw"] == settings.AUDIT_TOKENS > 0  # the first scorer checks tokens drawn at random
     assert _claim(scorers[1]) is None  # one scorer at a time
 
 
 def test_one_trusted_pass_releases_the_escrow_and_pays_the_scorer_from_the_platforms_share(
-        customer, serving_host, scorers, settings) -> None:
+    customer, serving_host, scorers, settings
+) -> None:
     audit = _audited(customer, serving_host, settings)
     assert _claim(scorers[0])["id"] == audit.pk
     assert _verdict(scorers[0], audit.pk, "passed") == Audit.Status.PASSED
@@ -125,7 +146,10 @@ def test_a_failure_is_believed_only_once_a_second_scorer_confirms_it(customer, s
     audit.refresh_from_db()
     serving_host.host.refresh_from_db()
     assert audit.misses == 2 and "seeded draw" in audit.reason and audit.payload is None
-    assert serving_host.host.maintenance_since is not None and "Failed verification" in serving_host.host.maintenance_reason
+    assert (
+        serving_host.host.maintenance_since is not None
+        and "Failed verification" in serving_host.host.maintenance_reason
+    )
     assert ledger.customer_account(user=customer.user).balance_ucents == before  # refunded to the µ¢
     assert _escrow() == 0 and _balance(serving_host.host) == 0
     paid = [s.paid_ucents for s in AuditScore.objects.filter(audit=audit).order_by("pk")]
@@ -134,7 +158,8 @@ def test_a_failure_is_believed_only_once_a_second_scorer_confirms_it(customer, s
 
 
 def test_a_failure_two_others_pass_is_a_strike_and_two_cost_the_scorers_trust(
-        customer, serving_host, scorers, settings) -> None:
+    customer, serving_host, scorers, settings
+) -> None:
     settings.AUDIT_SCORER_MAX_OVERRULED = 2
     for strike in (1, 2):
         audit = _audited(customer, serving_host, settings)
@@ -147,9 +172,13 @@ def test_a_failure_two_others_pass_is_a_strike_and_two_cost_the_scorers_trust(
         assert _claim(scorers[2])["id"] == audit.pk  # the third the gateway chose
         assert _verdict(scorers[2], audit.pk, "passed") == Audit.Status.PASSED  # 2-1
         assert AuditScore.objects.get(audit=audit, scorer=scorers[0].host).overruled
-        assert AuditScore.objects.get(audit=audit, scorer=scorers[0].host).paid_ucents == 0  # a verdict that fell: unpaid
+        assert (
+            AuditScore.objects.get(audit=audit, scorer=scorers[0].host).paid_ucents == 0
+        )  # a verdict that fell: unpaid
         assert [s.scorer_id for s in AuditScore.objects.filter(audit=audit, paid_ucents__gt=0)] == [
-            scorers[1].host.pk, scorers[2].host.pk]  # the majority's verdicts stand: both paid
+            scorers[1].host.pk,
+            scorers[2].host.pk,
+        ]  # the majority's verdicts stand: both paid
         scorers[0].host.refresh_from_db()
         assert (scorers[0].host.trusted_at is None) == (strike == 2)
     serving_host.host.refresh_from_db()
@@ -158,7 +187,9 @@ def test_a_failure_two_others_pass_is_a_strike_and_two_cost_the_scorers_trust(
     assert ledger.reconcile_report() == []
 
 
-def test_two_colluding_accounts_cannot_overrule_an_honest_scorers_failure(customer, serving_host, scorers, settings) -> None:
+def test_two_colluding_accounts_cannot_overrule_an_honest_scorers_failure(
+    customer, serving_host, scorers, settings
+) -> None:
     """The cheat's host (account A) answers junk; an honest scorer fails it. A second account
     (B) the cheat opened, with two trusted hosts of the model, passes it. Before: one pass beat
     one failure, the honest scorer got the strike (two a day cost its trust), the cheat was
@@ -172,7 +203,9 @@ def test_two_colluding_accounts_cannot_overrule_an_honest_scorers_failure(custom
     own_trusted = make_host(name="cheats-own", trusted=True)  # account A's own trusted host
     Host.objects.filter(pk=own_trusted.host.pk).update(owner=serving_host.host.owner)
     audit = _audited(customer, serving_host, settings)
-    Audit.objects.filter(pk=audit.pk).update(created_at=timezone.now() - timedelta(seconds=settings.AUDIT_SCORER_WAIT_SECONDS / 2 + 1))
+    Audit.objects.filter(pk=audit.pk).update(
+        created_at=timezone.now() - timedelta(seconds=settings.AUDIT_SCORER_WAIT_SECONDS / 2 + 1)
+    )
     assert _claim(own_trusted) is None  # never the audited owner's hosts, however long it waited
     assert _claim(honest)["id"] == audit.pk
     assert _verdict(honest, audit.pk, "failed", "2 of 3 tokens miss") == "pending"
@@ -196,7 +229,8 @@ def test_two_colluding_accounts_cannot_overrule_an_honest_scorers_failure(custom
 
 
 def test_only_the_scorer_the_gateway_chose_breaks_a_split_and_another_is_chosen_if_it_is_silent(
-        customer, serving_host, scorers, settings) -> None:
+    customer, serving_host, scorers, settings
+) -> None:
     extra = make_host(name="scorer-3", trusted=True)
     audit = _audited(customer, serving_host, settings)
     _claim(scorers[0])
@@ -214,7 +248,9 @@ def test_only_the_scorer_the_gateway_chose_breaks_a_split_and_another_is_chosen_
     assert chosen in (scorers[2].host.pk, extra.host.pk)
     first, other = (scorers[2], extra) if chosen == scorers[2].host.pk else (extra, scorers[2])
     assert _claim(other) is None  # not the one chosen: no race to be the third
-    Audit.objects.filter(pk=audit.pk).update(chosen_at=timezone.now() - timedelta(seconds=settings.AUDIT_SCORE_TIMEOUT_SECONDS + 1))
+    Audit.objects.filter(pk=audit.pk).update(
+        chosen_at=timezone.now() - timedelta(seconds=settings.AUDIT_SCORE_TIMEOUT_SECONDS + 1)
+    )
     Host.objects.filter(pk=first.host.pk).update(last_heartbeat_at=None)  # it went away without claiming
     audits.audit_scorers_watch()
     assert Audit.objects.get(pk=audit.pk).chosen_id == other.host.pk
@@ -228,7 +264,9 @@ def test_a_decline_or_a_silent_scorer_hands_the_audit_to_another(customer, servi
     _claim(scorers[0])
     assert _verdict(scorers[0], audit.pk, "declined", "not auditable here") == "pending"
     assert _claim(scorers[1])["id"] == audit.pk
-    Audit.objects.filter(pk=audit.pk).update(scorer_since=timezone.now() - timedelta(seconds=settings.AUDIT_SCORE_TIMEOUT_SECONDS + 1))
+    Audit.objects.filter(pk=audit.pk).update(
+        scorer_since=timezone.now() - timedelta(seconds=settings.AUDIT_SCORE_TIMEOUT_SECONDS + 1)
+    )
     assert audits.audit_scorers_watch() == 0
     assert AuditScore.objects.get(audit=audit, scorer=scorers[1].host).verdict == AuditScore.Verdict.ABANDONED
     with pytest.raises(Exception, match="not this host's to score"):  # a verdict after it was taken back
@@ -237,7 +275,9 @@ def test_a_decline_or_a_silent_scorer_hands_the_audit_to_another(customer, servi
     assert _verdict(scorers[2], audit.pk, "passed") == Audit.Status.PASSED
 
 
-def test_a_scorer_that_declines_too_often_is_handed_no_more_audits_that_day(customer, serving_host, scorers, settings) -> None:
+def test_a_scorer_that_declines_too_often_is_handed_no_more_audits_that_day(
+    customer, serving_host, scorers, settings
+) -> None:
     """Declining is unpaid, but free: without a cap a colluder would decline every answer but its
     partner's and pass only those."""
     settings.AUDIT_SCORER_MAX_DECLINED = 2
@@ -258,7 +298,8 @@ def test_a_scorer_that_declines_too_often_is_handed_no_more_audits_that_day(cust
         if silent is not second:
             assert _claim(scorers[0])["id"] == silent.pk
         Audit.objects.filter(pk=silent.pk).update(
-            scorer_since=timezone.now() - timedelta(seconds=settings.AUDIT_SCORE_TIMEOUT_SECONDS + 1))
+            scorer_since=timezone.now() - timedelta(seconds=settings.AUDIT_SCORE_TIMEOUT_SECONDS + 1)
+        )
         audits.audit_scorers_watch()
     _audited(customer, serving_host, settings)
     assert _claim(scorers[0]) is None
@@ -266,7 +307,8 @@ def test_a_scorer_that_declines_too_often_is_handed_no_more_audits_that_day(cust
 
 @pytest.mark.parametrize("verdicts", [[], ["failed"], ["failed", "passed"]], ids=["none", "a lone failure", "a split"])
 def test_an_audit_no_scorer_decides_in_time_is_unscored_never_paid_unchecked(
-        customer, serving_host, scorers, settings, verdicts) -> None:
+    customer, serving_host, scorers, settings, verdicts
+) -> None:
     """Before, it was released unchecked: the host paid for an answer nobody independent read
     (a cheat's own scorer stalling, or no scorer at all). Now the customer gets back what the
     job cost, the host's share is voided with it, and nobody is blamed or paid."""
@@ -276,11 +318,15 @@ def test_an_audit_no_scorer_decides_in_time_is_unscored_never_paid_unchecked(
         _claim(scorer)
         _verdict(scorer, audit.pk, verdict, "2 of 3 tokens miss")
     assert audits.audit_scorers_watch() == 0  # not yet
-    Audit.objects.filter(pk=audit.pk).update(created_at=timezone.now() - timedelta(seconds=settings.AUDIT_SCORER_WAIT_SECONDS + 1))
+    Audit.objects.filter(pk=audit.pk).update(
+        created_at=timezone.now() - timedelta(seconds=settings.AUDIT_SCORER_WAIT_SECONDS + 1)
+    )
     assert audits.audit_scorers_watch() == 1
     audit.refresh_from_db()
     serving_host.host.refresh_from_db()
-    assert audit.status == Audit.Status.UNSCORED and audit.payload is None and audit.text == "" and audit.token_ids is None
+    assert (
+        audit.status == Audit.Status.UNSCORED and audit.payload is None and audit.text == "" and audit.token_ids is None
+    )
     assert ledger.customer_account(user=customer.user).balance_ucents == before  # refunded to the µ¢
     assert _escrow() == 0 and _balance(serving_host.host) == 0
     assert serving_host.host.maintenance_since is None  # and not blamed
@@ -293,9 +339,13 @@ def test_a_scorer_of_the_audited_hosts_own_owner_never_scores_it(customer, servi
     audit = _audited(customer, serving_host, settings)
     Host.objects.filter(pk__in=[s.host.pk for s in scorers]).update(owner=serving_host.host.owner)
     assert _claim(scorers[0]) is None
-    Audit.objects.filter(pk=audit.pk).update(created_at=timezone.now() - timedelta(seconds=settings.AUDIT_SCORER_WAIT_SECONDS / 2 + 1))
+    Audit.objects.filter(pk=audit.pk).update(
+        created_at=timezone.now() - timedelta(seconds=settings.AUDIT_SCORER_WAIT_SECONDS / 2 + 1)
+    )
     assert _claim(scorers[0]) is None  # (before: after half of AUDIT_SCORER_WAIT_SECONDS it could)
-    assert not audits.scorers_exist(model_id=audit.request.model_id, besides=serving_host.host)  # its jobs are not held for one
+    assert not audits.scorers_exist(
+        model_id=audit.request.model_id, besides=serving_host.host
+    )  # its jobs are not held for one
 
 
 def test_a_new_account_does_not_score_until_it_has_a_history(customer, serving_host, scorers, settings) -> None:
@@ -320,7 +370,8 @@ def test_a_new_account_does_not_score_until_it_has_a_history(customer, serving_h
 
 
 def test_without_any_trusted_scorer_the_model_is_unverifiable_and_its_jobs_are_not_held(
-        customer, serving_host, remote_model, settings) -> None:
+    customer, serving_host, remote_model, settings
+) -> None:
     audit_count = Audit.objects.count()
     settings.AUDIT_PROBATION_RATE = 1.0
     submit_request(customer, remote_model)
@@ -332,7 +383,9 @@ def test_without_any_trusted_scorer_the_model_is_unverifiable_and_its_jobs_are_n
     assert "gemma-3-270m" in summary["unverifiable_models"] and summary["verified_by_hosts_models"] == []
     make_host(name="scorer", trusted=True)
     summary = audits.audit_summary()
-    assert summary["verified_by_hosts_models"] == ["gemma-3-270m"] and "gemma-3-270m" not in summary["unverifiable_models"]
+    assert (
+        summary["verified_by_hosts_models"] == ["gemma-3-270m"] and "gemma-3-270m" not in summary["unverifiable_models"]
+    )
     staff = get_user_model().objects.create_user(username="ops@example.com", password="x" * 12, is_staff=True)
     http = Client()
     http.force_login(staff)
@@ -346,8 +399,12 @@ def test_the_verdict_door_checks_who_is_asking_and_what_it_says(customer, servin
     http = Client()
 
     def post(scorer, body: dict):  # noqa: ANN001, ANN202
-        return http.post(f"/hosts/api/audits/{audit.pk}/verdict", body, content_type="application/json",
-                         headers={"Authorization": f"Bearer {scorer.token}"})
+        return http.post(
+            f"/hosts/api/audits/{audit.pk}/verdict",
+            body,
+            content_type="application/json",
+            headers={"Authorization": f"Bearer {scorer.token}"},
+        )
 
     assert post(scorers[0], {"verdict": "maybe"}).status_code == 400
     assert post(scorers[0], {"verdict": "passed", "checked": -1}).status_code == 400
@@ -359,7 +416,8 @@ def test_the_verdict_door_checks_who_is_asking_and_what_it_says(customer, servin
 
 
 def test_a_pass_drawn_for_a_recheck_waits_for_another_owners_look_and_a_second_pass_decides(
-        customer, serving_host, scorers, settings) -> None:
+    customer, serving_host, scorers, settings
+) -> None:
     settings.AUDIT_PASS_RECHECK_RATE = 1.0
     audit = _audited(customer, serving_host, settings)
     Host.objects.filter(pk=scorers[1].host.pk).update(owner=scorers[0].host.owner)  # the first scorer's own owner
@@ -376,7 +434,9 @@ def test_a_pass_drawn_for_a_recheck_waits_for_another_owners_look_and_a_second_p
     assert ledger.reconcile_report() == []
 
 
-def test_a_scorer_passing_a_cheat_is_overruled_once_two_others_find_it_failed(customer, serving_host, scorers, settings) -> None:
+def test_a_scorer_passing_a_cheat_is_overruled_once_two_others_find_it_failed(
+    customer, serving_host, scorers, settings
+) -> None:
     before = ledger.customer_account(user=customer.user).balance_ucents
     settings.AUDIT_PASS_RECHECK_RATE = 1.0
     settings.AUDIT_SCORER_MAX_OVERRULED = 1
@@ -385,7 +445,9 @@ def test_a_scorer_passing_a_cheat_is_overruled_once_two_others_find_it_failed(cu
     assert _verdict(scorers[0], audit.pk, "passed") == "pending"  # the colluder's pass
     _claim(scorers[1])
     present(scorers[2])
-    assert _verdict(scorers[1], audit.pk, "failed", "2 of 3 tokens miss") == "pending"  # a split: to a third the gateway chooses
+    assert (
+        _verdict(scorers[1], audit.pk, "failed", "2 of 3 tokens miss") == "pending"
+    )  # a split: to a third the gateway chooses
     assert not AuditScore.objects.filter(audit=audit, overruled=True).exists()  # (a 1-1 strikes nobody)
     confirming = _claim(scorers[2])
     assert confirming["draw"] is None  # every token
@@ -397,8 +459,11 @@ def test_a_scorer_passing_a_cheat_is_overruled_once_two_others_find_it_failed(cu
     colluder = AuditScore.objects.get(audit=audit, scorer=scorers[0].host)
     assert colluder.overruled and colluder.paid_ucents == 0 and scorers[0].host.trusted_at is None  # it scores no more
     paid = {s.scorer_id: s.paid_ucents for s in AuditScore.objects.filter(audit=audit)}
-    assert paid == {scorers[0].host.pk: 0, scorers[1].host.pk: _balance(scorers[1].host),
-                    scorers[2].host.pk: _balance(scorers[2].host)}  # the two that stand: what the platform could
+    assert paid == {
+        scorers[0].host.pk: 0,
+        scorers[1].host.pk: _balance(scorers[1].host),
+        scorers[2].host.pk: _balance(scorers[2].host),
+    }  # the two that stand: what the platform could
     assert ledger.reconcile_report() == []
 
 
@@ -407,7 +472,9 @@ def test_a_pass_no_second_scorer_looks_at_in_time_stands_and_is_paid(customer, s
     audit = _audited(customer, serving_host, settings)
     _claim(scorers[0])
     assert _verdict(scorers[0], audit.pk, "passed") == "pending"
-    Audit.objects.filter(pk=audit.pk).update(created_at=timezone.now() - timedelta(seconds=settings.AUDIT_SCORER_WAIT_SECONDS + 1))
+    Audit.objects.filter(pk=audit.pk).update(
+        created_at=timezone.now() - timedelta(seconds=settings.AUDIT_SCORER_WAIT_SECONDS + 1)
+    )
     assert audits.audit_scorers_watch() == 1
     audit.refresh_from_db()
     assert audit.status == Audit.Status.PASSED and audit.checked == 3

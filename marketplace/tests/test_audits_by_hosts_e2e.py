@@ -5,6 +5,7 @@ fails the junk one (its word alone punishes nobody), and a real mahout, trusted,
 both audits through its ordinary claim path and reads them with the model its runner loaded:
 it confirms the junk one's failure (the customer is refunded, the cheat put in maintenance)
 and passes the honest one (its host is paid); the scorers are paid their fee."""
+
 from __future__ import annotations
 
 import threading
@@ -30,12 +31,21 @@ JUNK = "Elephants are wonderful animals that live in many places."
 
 
 @pytest.fixture
-def remote_gateway(django_db_blocker, e2e_dirs: Path, transactional_db: None, catalog: CatalogModel) -> Iterator[Gateway]:  # noqa: ANN001
+def remote_gateway(
+    django_db_blocker, e2e_dirs: Path, transactional_db: None, catalog: CatalogModel
+) -> Iterator[Gateway]:  # noqa: ANN001
     """A gateway whose catalog entry was added from a file it no longer has: it cannot audit."""
     CatalogModel.objects.filter(pk=catalog.pk).update(tokenizer="bytes", weights_path=str(e2e_dirs / "gone.gguf"))
     with django_db_blocker.unblock():
-        env = stack_env({"AUDIT_ENABLED": "1", "AUDIT_PROBATION_RATE": "1", "AUDIT_RATE": "0", "CANARY_ENABLED": "0",
-                         "QUEUE_TIMEOUT_SECONDS": "30"})
+        env = stack_env(
+            {
+                "AUDIT_ENABLED": "1",
+                "AUDIT_PROBATION_RATE": "1",
+                "AUDIT_RATE": "0",
+                "CANARY_ENABLED": "0",
+                "QUEUE_TIMEOUT_SECONDS": "30",
+            }
+        )
     gateway = Gateway(env, e2e_dirs / "logs")
     yield gateway
     gateway.stop()
@@ -47,16 +57,30 @@ def _serve(gateway: Gateway, host, answer) -> Request:  # noqa: ANN001
     customer = make_customer()
     headers = {"Authorization": f"Bearer {host.token}"}
     with httpx.Client(base_url=gateway.url, headers=headers, timeout=60) as http:
-        assert http.post("/hosts/api/heartbeat", json={"fingerprint": host.fingerprint, "version": mahout_version}).status_code == 200
+        assert (
+            http.post(
+                "/hosts/api/heartbeat", json={"fingerprint": host.fingerprint, "version": mahout_version}
+            ).status_code
+            == 200
+        )
         answers: list[dict] = []
-        ask = threading.Thread(target=lambda: answers.append(httpx.post(
-            f"{gateway.url}/v1/chat/completions", headers={"Authorization": f"Bearer {customer.secret}"}, timeout=60,
-            json={"model": "gemma-3-270m", "messages": ASK, "max_tokens": 24, "temperature": 0.8}).json()))
+        ask = threading.Thread(
+            target=lambda: answers.append(
+                httpx.post(
+                    f"{gateway.url}/v1/chat/completions",
+                    headers={"Authorization": f"Bearer {customer.secret}"},
+                    timeout=60,
+                    json={"model": "gemma-3-270m", "messages": ASK, "max_tokens": 24, "temperature": 0.8},
+                ).json()
+            )
+        )
         ask.start()
         job = http.post("/hosts/api/claim", json={"fingerprint": host.fingerprint, "wait": 20}).json()["job"]
         text, tokens, finish_reason = answer(job)
         assert http.post(f"/hosts/api/jobs/{job['id']}/tokens", json={"seq": 0, "text": text}).json()["accepted"]
-        done = http.post(f"/hosts/api/jobs/{job['id']}/complete", json={"finish_reason": finish_reason, "tokens": tokens})
+        done = http.post(
+            f"/hosts/api/jobs/{job['id']}/complete", json={"finish_reason": finish_reason, "tokens": tokens}
+        )
         assert done.status_code == 200, done.text
         ask.join(timeout=60)
     request = Request.objects.get(public_id=answers[0]["id"])
@@ -83,11 +107,13 @@ def _honest(runner) -> object:  # noqa: ANN001
     def answer(job: dict) -> tuple[str, list[int], str]:
         text = "".join(runner.stream(job))
         return text, list(runner.token_ids), runner.finish_reason
+
     return answer
 
 
-def test_a_trusted_mahout_scores_audits_the_gateway_cannot_read(remote_gateway: Gateway, honest_runner: object,
-                                                                 e2e_dirs: Path) -> None:
+def test_a_trusted_mahout_scores_audits_the_gateway_cannot_read(
+    remote_gateway: Gateway, honest_runner: object, e2e_dirs: Path
+) -> None:
     scorer = make_host(name="trusted scorer", trusted=True)  # qualified already: audits of the model can be scored
     first = make_host(name="first scorer", trusted=True)  # will say the junk fails: alone, that punishes nobody
     cheat, honest = make_host(name="junk"), make_host(name="honest")
@@ -95,23 +121,46 @@ def test_a_trusted_mahout_scores_audits_the_gateway_cannot_read(remote_gateway: 
     cheated = _serve(remote_gateway, cheat, _junk)
     served = _serve(remote_gateway, honest, _honest(honest_runner))
     junk_audit, honest_audit = Audit.objects.get(request=cheated), Audit.objects.get(request=served)
-    assert junk_audit.by_hosts and honest_audit.by_hosts and junk_audit.status == honest_audit.status == Audit.Status.PENDING
+    assert (
+        junk_audit.by_hosts
+        and honest_audit.by_hosts
+        and junk_audit.status == honest_audit.status == Audit.Status.PENDING
+    )
     paid_before = ledger.customer_account(user=cheated.user).balance_ucents
 
-    with httpx.Client(base_url=remote_gateway.url, headers={"Authorization": f"Bearer {first.token}"}, timeout=30) as http:
-        assert http.post("/hosts/api/heartbeat", json={"fingerprint": first.fingerprint, "version": mahout_version}).status_code == 200
+    with httpx.Client(
+        base_url=remote_gateway.url, headers={"Authorization": f"Bearer {first.token}"}, timeout=30
+    ) as http:
+        assert (
+            http.post(
+                "/hosts/api/heartbeat", json={"fingerprint": first.fingerprint, "version": mahout_version}
+            ).status_code
+            == 200
+        )
         claimed = http.post("/hosts/api/claim", json={"fingerprint": first.fingerprint, "wait": 5}).json()["job"]
         assert claimed["kind"] == "audit" and claimed["id"] == junk_audit.pk and claimed["text"] == JUNK
-        verdict = http.post(f"/hosts/api/audits/{claimed['id']}/verdict", json={"verdict": "failed", "reason": "junk", "misses": 9})
+        verdict = http.post(
+            f"/hosts/api/audits/{claimed['id']}/verdict", json={"verdict": "failed", "reason": "junk", "misses": 9}
+        )
         assert verdict.json() == {"status": "pending"}
     cheat.host.refresh_from_db()
     assert cheat.host.maintenance_since is None
 
-    mahout = Mahout(server=remote_gateway.url, token=scorer.token, home=e2e_dirs / "mahout-home", env=stack_env(),
-                    log_dir=e2e_dirs / "logs")
+    mahout = Mahout(
+        server=remote_gateway.url,
+        token=scorer.token,
+        home=e2e_dirs / "mahout-home",
+        env=stack_env(),
+        log_dir=e2e_dirs / "logs",
+    )
     try:
-        wait_until(lambda: not Audit.objects.filter(pk__in=[junk_audit.pk, honest_audit.pk], status=Audit.Status.PENDING).exists(),
-                   timeout=240, what="the trusted mahout to score both audits")
+        wait_until(
+            lambda: (
+                not Audit.objects.filter(pk__in=[junk_audit.pk, honest_audit.pk], status=Audit.Status.PENDING).exists()
+            ),
+            timeout=240,
+            what="the trusted mahout to score both audits",
+        )
         wait_until(lambda: f"scored audit {honest_audit.pk}:" in mahout.output(), timeout=30, what="mahout to say so")
     finally:
         mahout.stop()

@@ -3,6 +3,7 @@ item 4; marketplace/trust/audits.py): an answer the gateway's verifier cannot re
 customer refunded, the host neither paid nor blamed), weights that vanished hand the audit to
 independent hosts, a split of host scorers goes to the gateway's own verifier where it holds
 the weights, and one model's declines do not stop a scorer's audits of the others."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -40,7 +41,8 @@ def _served_on_the_gateway(customer, catalog, serving_host, settings) -> Audit: 
 
 
 def test_an_answer_the_gateways_verifier_cannot_read_is_unscored_never_paid_unchecked(
-        customer, catalog, serving_host, settings, monkeypatch) -> None:  # noqa: ANN001
+    customer, catalog, serving_host, settings, monkeypatch
+) -> None:  # noqa: ANN001
     """Before, `Unauditable` (an answer past the verifier's context) released the escrow to the
     host unchecked: a cheat serving long contexts was never read and always paid."""
     from scorer.verify import Unauditable
@@ -63,7 +65,8 @@ def test_an_answer_the_gateways_verifier_cannot_read_is_unscored_never_paid_unch
 
 
 def test_weights_that_vanished_hand_the_audit_to_independent_hosts_or_it_is_unscored(
-        customer, catalog, serving_host, settings, monkeypatch) -> None:  # noqa: ANN001
+    customer, catalog, serving_host, settings, monkeypatch
+) -> None:  # noqa: ANN001
     def gone(audit: Audit) -> tuple:
         raise LookupError("the weights of gemma-3-270m are no longer on this gateway")
 
@@ -85,7 +88,8 @@ def test_weights_that_vanished_hand_the_audit_to_independent_hosts_or_it_is_unsc
 
 
 def test_a_split_goes_to_the_gateways_verifier_where_it_holds_the_weights(
-        customer, serving_host, scorers, settings, monkeypatch, tmp_path) -> None:  # noqa: ANN001
+    customer, serving_host, scorers, settings, monkeypatch, tmp_path
+) -> None:  # noqa: ANN001
     audit = _audited(customer, serving_host, settings)
     _claim(scorers[0])
     _verdict(scorers[0], audit.pk, "failed", "made up")
@@ -102,13 +106,18 @@ def test_a_split_goes_to_the_gateways_verifier_where_it_holds_the_weights(
     assert audits.audit_score_pending() == 1
     audit.refresh_from_db()
     assert audit.status == Audit.Status.PASSED and _balance(serving_host.host) == audit.host_ucents
-    failed, passed = AuditScore.objects.get(audit=audit, scorer=scorers[0].host), AuditScore.objects.get(audit=audit, scorer=scorers[1].host)
+    failed, passed = (
+        AuditScore.objects.get(audit=audit, scorer=scorers[0].host),
+        AuditScore.objects.get(audit=audit, scorer=scorers[1].host),
+    )
     assert failed.overruled and failed.paid_ucents == 0  # the minority of the gateway and a scorer: a strike
     assert not passed.overruled and passed.paid_ucents > 0
     assert ledger.reconcile_report() == []
 
 
-def test_the_gateway_against_a_lone_verdict_strikes_nobody(customer, serving_host, scorers, settings, monkeypatch) -> None:  # noqa: ANN001
+def test_the_gateway_against_a_lone_verdict_strikes_nobody(
+    customer, serving_host, scorers, settings, monkeypatch
+) -> None:  # noqa: ANN001
     audit = _audited(customer, serving_host, settings)
     _claim(scorers[0])
     _verdict(scorers[0], audit.pk, "failed", "made up")
@@ -130,7 +139,9 @@ def test_declines_are_counted_per_model_and_per_cause(customer, serving_host, sc
     _verdict(scorer, first.pk, "declined", unauditable)
     second = _audited(customer, serving_host, settings)
     assert _claim(scorer)["id"] == second.pk
-    Audit.objects.filter(pk=second.pk).update(scorer_since=timezone.now() - timedelta(seconds=settings.AUDIT_SCORE_TIMEOUT_SECONDS + 1))
+    Audit.objects.filter(pk=second.pk).update(
+        scorer_since=timezone.now() - timedelta(seconds=settings.AUDIT_SCORE_TIMEOUT_SECONDS + 1)
+    )
     audits.audit_scorers_watch()  # silent: a cause of its own
     assert audits.scorer_declines_capped(host_id=scorer.host.pk, now=timezone.now()) == set()  # one of each cause
     third = _audited(customer, serving_host, settings)
@@ -138,8 +149,11 @@ def test_declines_are_counted_per_model_and_per_cause(customer, serving_host, sc
     _verdict(scorer, third.pk, "declined", unauditable)  # two of one cause
     fourth = _audited(customer, serving_host, settings)
     assert _claim(scorer) is None  # that model's audits: no more today
-    other = CatalogModel.objects.create(name="other-model", context_length=4096, input_price_ucents=10, output_price_ucents=40,
-                                        tokenizer="bytes")
-    Request.objects.filter(pk__in=[first.request_id, third.request_id]).update(model=other)  # the declines were another model's
+    other = CatalogModel.objects.create(
+        name="other-model", context_length=4096, input_price_ucents=10, output_price_ucents=40, tokenizer="bytes"
+    )
+    Request.objects.filter(pk__in=[first.request_id, third.request_id]).update(
+        model=other
+    )  # the declines were another model's
     assert audits.scorer_declines_capped(host_id=scorer.host.pk, now=timezone.now()) == {other.pk}
     assert _claim(scorer)["id"] == fourth.pk  # this model's audits are handed to it again

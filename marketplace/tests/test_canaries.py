@@ -1,6 +1,7 @@
 """Verification: hidden jobs with known answers. An honest host running the real model passes
 every canary; a host that returns anything else is in maintenance, named for verification,
 without any customer traffic."""
+
 from __future__ import annotations
 
 import subprocess
@@ -36,28 +37,53 @@ def llm():  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="module")
 def computed(llm) -> list[tuple[dict, canaries.Reference]]:  # type: ignore[no-untyped-def]
     """References for the corpus' first prompts, from the real model."""
-    return [(item, canaries.reference_of(llm, item, fmt=GEMMA, max_tokens=MAX_TOKENS, tie_gap=settings.CANARY_TIE_GAP))
-            for item in canaries.corpus()[:COUNT]]
+    return [
+        (item, canaries.reference_of(llm, item, fmt=GEMMA, max_tokens=MAX_TOKENS, tie_gap=settings.CANARY_TIE_GAP))
+        for item in canaries.corpus()[:COUNT]
+    ]
 
 
 def stored(catalog: CatalogModel, computed: list) -> list[CanaryReference]:
-    return CanaryReference.objects.bulk_create([
-        CanaryReference(model=catalog, kind=item["kind"], prompt=item.get("messages") or item.get("prompt"), max_tokens=MAX_TOKENS,
-                        text=ref.text, tokens=ref.tokens, exact_chars=ref.exact_chars, gaps=[list(g) for g in ref.gaps])
-        for item, ref in computed if canaries.informative(item, ref)
-    ])
+    return CanaryReference.objects.bulk_create(
+        [
+            CanaryReference(
+                model=catalog,
+                kind=item["kind"],
+                prompt=item.get("messages") or item.get("prompt"),
+                max_tokens=MAX_TOKENS,
+                text=ref.text,
+                tokens=ref.tokens,
+                exact_chars=ref.exact_chars,
+                gaps=[list(g) for g in ref.gaps],
+            )
+            for item, ref in computed
+            if canaries.informative(item, ref)
+        ]
+    )
 
 
 def generate(llm, item: dict, **sampling: object) -> str:  # type: ignore[no-untyped-def]
     job = canaries.canary_job(GEMMA, kind=item["kind"], messages=item.get("messages"), prompt=item.get("prompt"))
     tokens = canaries.job_tokens(llm, job)
-    return llm.create_completion(prompt=tokens, max_tokens=MAX_TOKENS, stop=job_stop_strings(job), **sampling)["choices"][0]["text"]
+    return llm.create_completion(prompt=tokens, max_tokens=MAX_TOKENS, stop=job_stop_strings(job), **sampling)[
+        "choices"
+    ][0]["text"]
 
 
-def reference_row(text: str, gaps: list, max_tokens: int = MAX_TOKENS, exact: int = 0, item: dict | None = None) -> CanaryReference:
+def reference_row(
+    text: str, gaps: list, max_tokens: int = MAX_TOKENS, exact: int = 0, item: dict | None = None
+) -> CanaryReference:
     item = item or {"kind": "completion", "prompt": "p"}
-    return CanaryReference(model=CatalogModel(**SHIPPED_MODELS[0]), kind=item["kind"], prompt=item.get("messages") or item.get("prompt"), max_tokens=max_tokens,
-                           text=text, tokens=4, exact_chars=exact, gaps=[list(g) for g in gaps])
+    return CanaryReference(
+        model=CatalogModel(**SHIPPED_MODELS[0]),
+        kind=item["kind"],
+        prompt=item.get("messages") or item.get("prompt"),
+        max_tokens=max_tokens,
+        text=text,
+        tokens=4,
+        exact_chars=exact,
+        gaps=[list(g) for g in gaps],
+    )
 
 
 CAT = "The cat sat on the mat."
@@ -68,7 +94,9 @@ class VerdictTests:
     def test_an_answer_may_part_from_the_reference_only_at_a_near_tie(self) -> None:
         row = reference_row(CAT, CAT_GAPS)
         assert canaries.verdict_reason(row, text=CAT, completion_tokens=7) is None
-        assert canaries.verdict_reason(row, text="The cat sat by the door.", completion_tokens=7) is None  # parted at the tie
+        assert (
+            canaries.verdict_reason(row, text="The cat sat by the door.", completion_tokens=7) is None
+        )  # parted at the tie
         assert "differs" in canaries.verdict_reason(row, text="The dog sat on the mat.", completion_tokens=7)
         assert "stopped after 7" in canaries.verdict_reason(row, text="The cat", completion_tokens=2)
         assert "stopped after 0" in canaries.verdict_reason(row, text="", completion_tokens=0)
@@ -90,7 +118,11 @@ class RealModelTests:
             for item, ref in computed:
                 text = generate(one_thread, item, temperature=0.0, top_p=1.0)
                 row = reference_row(ref.text, ref.gaps, item=item)
-                assert canaries.answer_reason(llm, row, text=text, completion_tokens=ref.tokens) is None, (item, text, ref)
+                assert canaries.answer_reason(llm, row, text=text, completion_tokens=ref.tokens) is None, (
+                    item,
+                    text,
+                    ref,
+                )
         finally:
             one_thread.close()
 
@@ -100,49 +132,83 @@ class RealModelTests:
         for (item, ref), row in zip(usable, rows, strict=True):
             echo = item.get("prompt") or item["messages"][-1]["content"]
             assert canaries.answer_reason(llm, row, text=echo, completion_tokens=ref.tokens), "an echo of the prompt"
-            assert canaries.answer_reason(llm, row, text="lorem ipsum dolor sit amet", completion_tokens=5), "random text"
-            assert canaries.answer_reason(llm, row, text=ref.text + " and more", completion_tokens=MAX_TOKENS + 3), "more than asked"
+            assert canaries.answer_reason(llm, row, text="lorem ipsum dolor sit amet", completion_tokens=5), (
+                "random text"
+            )
+            assert canaries.answer_reason(llm, row, text=ref.text + " and more", completion_tokens=MAX_TOKENS + 3), (
+                "more than asked"
+            )
             # cut short, even where the cut falls on a near-tie: the real model would not have ended there
             cut = ref.text[: len(ref.text) * 3 // 4]
             assert canaries.answer_reason(llm, row, text=cut, completion_tokens=ref.tokens * 3 // 4), ("cut short", cut)
         # temperature 1 when 0 was asked. A draw that strayed only where the model hesitates
         # (each token within CANARY_TIE_GAP of the best) is one honest hardware could write:
         # such draws are rare (bench/trust.py), so nearly every canary catches this cheat.
-        hot = [(row, generate(llm, item, temperature=1.0, seed=1000 + i))
-               for i, ((item, ref), row) in enumerate(zip(usable, rows, strict=True))]
+        hot = [
+            (row, generate(llm, item, temperature=1.0, seed=1000 + i))
+            for i, ((item, ref), row) in enumerate(zip(usable, rows, strict=True))
+        ]
         strayed = [(row, text) for row, text in hot if text != row.text]
-        caught = [text for row, text in strayed if canaries.answer_reason(llm, row, text=text, completion_tokens=row.max_tokens)]
+        caught = [
+            text
+            for row, text in strayed
+            if canaries.answer_reason(llm, row, text=text, completion_tokens=row.max_tokens)
+        ]
         assert len(caught) >= 0.8 * len(strayed) and strayed, (len(caught), len(strayed))
 
     def test_an_answer_parting_at_a_near_tie_is_scored_under_the_real_model(self, llm, computed) -> None:
         """What the reference alone cannot judge: the answer follows it to a near-tie and then
         goes its own way. Honest runner-up choices pass; junk after the tie fails."""
-        item, ref = next((item, ref) for item, ref in computed
-                         if canaries.informative(item, ref) and ref.exact_chars < len(ref.text))
+        item, ref = next(
+            (item, ref) for item, ref in computed if canaries.informative(item, ref) and ref.exact_chars < len(ref.text)
+        )
         row = reference_row(ref.text, ref.gaps, item=item)
         junk = ref.text[: ref.exact_chars] + " zebra quantum zebra"
-        assert canaries.verdict_reason(row, text=junk, completion_tokens=ref.tokens) is None  # the reference says nothing
+        assert (
+            canaries.verdict_reason(row, text=junk, completion_tokens=ref.tokens) is None
+        )  # the reference says nothing
         assert "not the real model's choice" in canaries.score_reason(llm, row, text=junk, completion_tokens=ref.tokens)
 
 
 def simhost(server: str, token: str, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "testkit.simhost", "--server", server, "--token", token, "--model", "gemma-3-270m",
-         "--loaded", "gemma-3-270m", "--wait", "2", *extra],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "testkit.simhost",
+            "--server",
+            server,
+            "--token",
+            token,
+            "--model",
+            "gemma-3-270m",
+            "--loaded",
+            "gemma-3-270m",
+            "--wait",
+            "2",
+            *extra,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
 
 
 @pytest.mark.e2e
 @pytest.mark.django_db(transaction=True)
 class CanaryEndToEndTests:
-    def test_a_host_returning_junk_is_in_maintenance_for_verification_with_no_customer_traffic(self, gateway, catalog, computed) -> None:
+    def test_a_host_returning_junk_is_in_maintenance_for_verification_with_no_customer_traffic(
+        self, gateway, catalog, computed
+    ) -> None:
         stored(catalog, computed)
         cheat = make_host(name="cheat", fingerprint="s" * 64)
         proc = simhost(gateway.url, cheat.token)
         try:
-            host = wait_until(lambda: Host.objects.filter(pk=cheat.host.pk, maintenance_since__isnull=False).first(),
-                              timeout=60, what="the cheating host to be caught")
+            host = wait_until(
+                lambda: Host.objects.filter(pk=cheat.host.pk, maintenance_since__isnull=False).first(),
+                timeout=60,
+                what="the cheating host to be caught",
+            )
         finally:
             proc.terminate()
             proc.wait(timeout=10)
@@ -169,26 +235,44 @@ class CanaryEndToEndTests:
 
 @pytest.mark.django_db
 class ScoringTests:
-    def test_the_workers_score_what_parted_at_a_near_tie_and_a_failure_sends_the_host_to_maintenance(self, catalog, computed) -> None:
+    def test_the_workers_score_what_parted_at_a_near_tie_and_a_failure_sends_the_host_to_maintenance(
+        self, catalog, computed
+    ) -> None:
         from conftest import make_customer
         from marketplace.tests.test_services import submit
 
-        item, ref = next((item, ref) for item, ref in computed
-                         if canaries.informative(item, ref) and ref.exact_chars < len(ref.text))
-        reference, = stored(catalog, [(item, ref)])
-        cheat, honest = make_host(name="cheat", fingerprint="c" * 64).host, make_host(name="honest", fingerprint="h" * 64).host
+        item, ref = next(
+            (item, ref) for item, ref in computed if canaries.informative(item, ref) and ref.exact_chars < len(ref.text)
+        )
+        (reference,) = stored(catalog, [(item, ref)])
+        cheat, honest = (
+            make_host(name="cheat", fingerprint="c" * 64).host,
+            make_host(name="honest", fingerprint="h" * 64).host,
+        )
         junk = CanaryCheck.objects.create(host=cheat, reference=reference, request=submit(make_customer(), catalog))
         same = CanaryCheck.objects.create(host=honest, reference=reference, request=submit(make_customer(), catalog))
-        verdict = canaries.canary_judge(check=junk, host=cheat, text=ref.text[: ref.exact_chars] + " zebra quantum zebra",
-                                        completion_tokens=ref.tokens, audited=False)
+        verdict = canaries.canary_judge(
+            check=junk,
+            host=cheat,
+            text=ref.text[: ref.exact_chars] + " zebra quantum zebra",
+            completion_tokens=ref.tokens,
+            audited=False,
+        )
         assert verdict == CanaryCheck.Verdict.SCORING
-        assert canaries.canary_judge(check=same, host=honest, text=ref.text, completion_tokens=ref.tokens, audited=False) == "passed"
+        assert (
+            canaries.canary_judge(check=same, host=honest, text=ref.text, completion_tokens=ref.tokens, audited=False)
+            == "passed"
+        )
         assert CanaryCheck.objects.get(pk=junk.pk).answer  # kept for the workers, and only until they decide
         assert not canaries.canary_due(host=cheat, now=timezone.now())  # one at a time, scoring included
 
         assert canaries.canary_score_pending() == 1
         junk.refresh_from_db()
-        assert junk.verdict == CanaryCheck.Verdict.FAILED and "not the real model's choice" in junk.reason and junk.answer == ""
+        assert (
+            junk.verdict == CanaryCheck.Verdict.FAILED
+            and "not the real model's choice" in junk.reason
+            and junk.answer == ""
+        )
         cheat.refresh_from_db()
         assert cheat.maintenance_by == "verification" and cheat.maintenance_reason.startswith("Failed verification")
         assert canaries.canary_score_pending() == 0  # decided once

@@ -2,6 +2,7 @@
 canaries of it through the claim path, made of corpus prompts (the gateway never held the
 file, so there is no reference) and judged by their audit, which trusted hosts score; and a
 scorer that restarts (a new boot id) gives back the audit it held at once."""
+
 from __future__ import annotations
 
 import asyncio
@@ -22,13 +23,16 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.audits]
 
 __all__ = ["remote_model", "scorers"]  # (fixtures, shared with the tests of audits scored by hosts)
 
-CORPUS_PROMPTS = [item["prompt"] if item["kind"] == "completion" else item["messages"][-1] for item in canaries.corpus()]
+CORPUS_PROMPTS = [
+    item["prompt"] if item["kind"] == "completion" else item["messages"][-1] for item in canaries.corpus()
+]
 
 
 def _claimed(serving, *, boot: str = "") -> dict | None:  # noqa: ANN001
     """One claim through the door mahout uses (the canary that is due is queued there first)."""
-    return asyncio.run(claiming.claim_when_offered(present(serving).host, fingerprint=serving.fingerprint, wait=0.2,
-                                                   boot=boot))
+    return asyncio.run(
+        claiming.claim_when_offered(present(serving).host, fingerprint=serving.fingerprint, wait=0.2, boot=boot)
+    )
 
 
 def _canary_answered(settings, *, text: str = "Hello there.") -> tuple[CanaryCheck, Audit]:  # noqa: ANN001
@@ -45,14 +49,18 @@ def _canary_answered(settings, *, text: str = "Hello there.") -> tuple[CanaryChe
     return check, Audit.objects.get(request_id=check.request_id)
 
 
-def test_a_new_host_of_a_model_only_hosts_hold_gets_canaries_judged_by_their_audit(remote_model, scorers, settings) -> None:  # noqa: ANN001
+def test_a_new_host_of_a_model_only_hosts_hold_gets_canaries_judged_by_their_audit(
+    remote_model, scorers, settings
+) -> None:  # noqa: ANN001
     assert not CanaryReference.objects.exists()  # the gateway never held the file
     check, audit = _canary_answered(settings)
     request = check.request
     assert check.by_audit and check.reference is None and check.verdict == CanaryCheck.Verdict.SCORING
     asked = audit.payload["prompt"] if request.kind == Request.Kind.COMPLETION else audit.payload["messages"][-1]
     assert asked in CORPUS_PROMPTS  # a corpus prompt (under a system turn, as often as not), never a customer's
-    assert request.params["temperature"] == 1.0 and request.params["max_tokens"] == settings.CANARY_MAX_TOKENS  # as customers
+    assert (
+        request.params["temperature"] == 1.0 and request.params["max_tokens"] == settings.CANARY_MAX_TOKENS
+    )  # as customers
     assert audit.by_hosts and audit.host_id == check.host_id
     assert canaries.canary_score_pending() == 0, "decided before its audit"
     assert _claim(scorers[0])["id"] == audit.pk
@@ -62,7 +70,9 @@ def test_a_new_host_of_a_model_only_hosts_hold_gets_canaries_judged_by_their_aud
     assert check.verdict == CanaryCheck.Verdict.PASSED
 
 
-def test_a_junk_canary_fails_once_a_second_scorer_confirms_and_the_host_is_stopped(remote_model, scorers, settings) -> None:  # noqa: ANN001
+def test_a_junk_canary_fails_once_a_second_scorer_confirms_and_the_host_is_stopped(
+    remote_model, scorers, settings
+) -> None:  # noqa: ANN001
     check, audit = _canary_answered(settings, text="junk junk junk")
     _claim(scorers[0])
     assert _verdict(scorers[0], audit.pk, "failed", "token 1 is not the seed's draw") == Audit.Status.PENDING
@@ -82,7 +92,9 @@ def test_a_canary_no_scorer_read_is_void_not_passed(remote_model, scorers, setti
     from django.utils import timezone
 
     check, audit = _canary_answered(settings)
-    Audit.objects.filter(pk=audit.pk).update(created_at=timezone.now() - timedelta(seconds=settings.AUDIT_SCORER_WAIT_SECONDS + 1))
+    Audit.objects.filter(pk=audit.pk).update(
+        created_at=timezone.now() - timedelta(seconds=settings.AUDIT_SCORER_WAIT_SECONDS + 1)
+    )
     assert audits.audit_scorers_watch() == 1  # released unchecked: the host is paid, but vouched for by nothing
     assert canaries.canary_score_pending() == 1
     check.refresh_from_db()
@@ -99,11 +111,20 @@ def test_without_a_trusted_scorer_or_with_audits_off_such_a_model_gets_no_canary
     assert canaries.canary_send(host=newcomer.host).reference is None
 
 
-def test_a_model_with_references_the_gateway_cannot_read_gets_canaries_judged_by_hosts(remote_model, scorers, settings) -> None:  # noqa: ANN001
+def test_a_model_with_references_the_gateway_cannot_read_gets_canaries_judged_by_hosts(
+    remote_model, scorers, settings
+) -> None:  # noqa: ANN001
     """References computed while the operator held the file: once it is gone, a near-tie
     could not be scored on the gateway; trusted hosts judge the canary's audit instead."""
-    CanaryReference.objects.create(model=remote_model, kind="chat", prompt=[{"role": "user", "content": "Name three colours."}],
-                                   max_tokens=24, text=" Red, green and blue.", tokens=6, exact_chars=21)
+    CanaryReference.objects.create(
+        model=remote_model,
+        kind="chat",
+        prompt=[{"role": "user", "content": "Name three colours."}],
+        max_tokens=24,
+        text=" Red, green and blue.",
+        tokens=6,
+        exact_chars=21,
+    )
     check = canaries.canary_send(host=make_host(name="newcomer").host)
     assert check.by_audit and check.reference is not None and check.request.params["temperature"] == 1.0
 
@@ -140,8 +161,12 @@ def test_the_heartbeat_door_frees_it_too(customer, serving_host, scorers, settin
     settings.CANARY_ENABLED = False
     audit = _audited(customer, serving_host, settings)
     assert _claimed(scorers[0], boot="first-process")["id"] == audit.pk
-    answer = client.post("/hosts/api/heartbeat", {"fingerprint": scorers[0].fingerprint, "boot": "its-next-start"},
-                         content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {scorers[0].token}")
+    answer = client.post(
+        "/hosts/api/heartbeat",
+        {"fingerprint": scorers[0].fingerprint, "boot": "its-next-start"},
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {scorers[0].token}",
+    )
     assert answer.status_code == 200, answer.content
     assert Audit.objects.get(pk=audit.pk).scorer_id is None
     assert Request.objects.get(pk=audit.request_id).status == Request.Status.COMPLETED

@@ -2,6 +2,7 @@
 public, so a cheat that reads the repository recognises every canary made of it. A file of the
 operator's own replaces it (prompts and system turns), is checked when a process starts, and the
 pool page says which one canaries are made of."""
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,13 @@ from marketplace.tests.test_live_canaries import make_host
 
 __all__ = ["remote_model", "scorers"]  # (fixtures: a model only trusted hosts hold, and its scorers)
 
-OWN = {"prompts": [{"kind": "chat", "messages": [{"role": "user", "content": "Which of the moons of Jupiter is largest?"}]},
-                   {"kind": "completion", "prompt": "Our quarterly report for the Lisbon office shows"}],
-       "system_prompts": ["You answer for the Elephant staff canteen."]}
+OWN = {
+    "prompts": [
+        {"kind": "chat", "messages": [{"role": "user", "content": "Which of the moons of Jupiter is largest?"}]},
+        {"kind": "completion", "prompt": "Our quarterly report for the Lisbon office shows"},
+    ],
+    "system_prompts": ["You answer for the Elephant staff canteen."],
+}
 
 
 @pytest.fixture
@@ -41,17 +46,27 @@ def _written(tmp_path: Path, data: object, name: str = "prompts.json") -> str:
     return str(path)
 
 
-@pytest.mark.parametrize(("data", "says"), [
-    ("{not json", "Expecting property name"),
-    ({"prompts": []}, '"prompts" must be a non-empty list'),
-    ({"prompts": [{"kind": "embeddings", "input": ["x"]}]}, 'prompt 0: "kind" must be "chat" or "completion"'),
-    ([{"kind": "completion", "prompt": "  "}], 'prompt 0: "prompt" must be a non-empty string'),
-    ([{"kind": "chat", "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}],
-     "prompt 0: the last message must be the user's"),
-    ([{"kind": "chat", "messages": [{"role": "tool", "content": "{}"}]}], "prompt 0: each message is"),
-    ({"prompts": OWN["prompts"], "system_prompts": [""]}, '"system_prompts" must be a list of non-empty strings'),
-    ({"prompts": OWN["prompts"], "extra": 1}, "an object with"),
-])
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        ("{not json", "Expecting property name"),
+        ({"prompts": []}, '"prompts" must be a non-empty list'),
+        ({"prompts": [{"kind": "embeddings", "input": ["x"]}]}, 'prompt 0: "kind" must be "chat" or "completion"'),
+        ([{"kind": "completion", "prompt": "  "}], 'prompt 0: "prompt" must be a non-empty string'),
+        (
+            [
+                {
+                    "kind": "chat",
+                    "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}],
+                }
+            ],
+            "prompt 0: the last message must be the user's",
+        ),
+        ([{"kind": "chat", "messages": [{"role": "tool", "content": "{}"}]}], "prompt 0: each message is"),
+        ({"prompts": OWN["prompts"], "system_prompts": [""]}, '"system_prompts" must be a list of non-empty strings'),
+        ({"prompts": OWN["prompts"], "extra": 1}, "an object with"),
+    ],
+)
 def test_a_bad_prompts_file_is_refused_with_one_line_naming_it(tmp_path, data, says) -> None:  # noqa: ANN001
     path = _written(tmp_path, data)
     with pytest.raises(canaries.CorpusInvalid) as refused:
@@ -72,7 +87,8 @@ def test_without_a_file_canaries_are_the_public_corpus_and_the_pool_page_says_so
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.audits  # (canaries of a model only hosts hold are judged by their audit)
 def test_with_the_operators_file_canaries_are_made_of_its_prompts_and_system_turns(
-        tmp_path, remote_model, scorers, settings, staff_client) -> None:  # noqa: ANN001
+    tmp_path, remote_model, scorers, settings, staff_client
+) -> None:  # noqa: ANN001
     settings.CANARY_PROMPTS_FILE = _written(tmp_path, OWN)
     own_prompts = [item.get("prompt") or item["messages"][-1]["content"] for item in OWN["prompts"]]
     newcomer = make_host(name="newcomer")
@@ -93,8 +109,14 @@ def test_with_the_operators_file_canaries_are_made_of_its_prompts_and_system_tur
 
 def _django_started(env: dict) -> subprocess.CompletedProcess:
     """`manage.py check` in a fresh process with `env` added: how every gateway process starts."""
-    return subprocess.run([sys.executable, "manage.py", "check"], cwd=django_settings.BASE_DIR,
-                          env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=django_settings.BASE_DIR,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_a_process_does_not_start_on_a_missing_or_broken_prompts_file(tmp_path) -> None:  # noqa: ANN001

@@ -1,5 +1,6 @@
 """`canary_references --model NAME --gguf PATH` for any catalog model: references are that
 model's own answers, from its own file, rendered in its own template."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,8 +28,19 @@ class CanaryReferencesCommandTests:
             call_command("canary_references", "--model", "tiny-qwen3", "--gguf", str(family_files["llama3"]))
 
     def test_it_runs_every_prompt_through_the_models_own_file(self, entry, family_files, capsys) -> None:
-        call_command("canary_references", "--model", "tiny-qwen3", "--gguf", str(family_files["qwen3"]), "--count", "4",
-                     "--max-tokens", "6", "--threads", "1")
+        call_command(
+            "canary_references",
+            "--model",
+            "tiny-qwen3",
+            "--gguf",
+            str(family_files["qwen3"]),
+            "--count",
+            "4",
+            "--max-tokens",
+            "6",
+            "--threads",
+            "1",
+        )
         out = capsys.readouterr().out
         # random weights hesitate everywhere: nothing is decisive enough to keep, and each prompt says so
         assert out.count("too little to check before a near-tie") == 4 and "Kept 0 references" in out, out
@@ -40,14 +52,18 @@ class CanaryReferencesCommandTests:
         from marketplace.lifecycle import canaries
         from scorer.llama import load_llama
 
-        item = {"kind": "chat", "messages": [{"role": "system", "content": "Be brief."},
-                                             {"role": "user", "content": "Name a river."}]}
+        item = {
+            "kind": "chat",
+            "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a river."}],
+        }
         llm = load_llama(family_files["qwen3"], n_ctx=canaries.REFERENCE_CTX, threads=1, logits_all=True)
         host = LlamaRunner(family_files["qwen3"], threads=1, n_ctx=256)
         try:
             reference = canaries.reference_of(llm, item, fmt=chat_format(entry), max_tokens=6, tie_gap=0.5)
-            job = {**canaries.canary_job(chat_format(entry), kind="chat", messages=item["messages"], prompt=None),
-                   "params": {"max_tokens": 6, "temperature": 0.0}}
+            job = {
+                **canaries.canary_job(chat_format(entry), kind="chat", messages=item["messages"], prompt=None),
+                "params": {"max_tokens": 6, "temperature": 0.0},
+            }
             assert "".join(host.stream(job)) == reference.text and reference.tokens == 6
         finally:
             host.close()

@@ -1,6 +1,7 @@
 """The chat WebSocket authenticates before it accepts (issue 17): no key or a bad key is
 refused at the handshake; a browser's key rides in a subprotocol; messages are bounded and
 one request is served per connection. On the real ASGI server."""
+
 from __future__ import annotations
 
 import asyncio
@@ -48,9 +49,14 @@ class ChatSocketAuthTests:
 
     def test_a_browser_sends_its_key_as_a_subprotocol(self, gateway, catalog) -> None:
         customer = make_customer()
-        answers = exchange(gateway, [json.dumps({"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]})],
-                           subprotocols=[f"elephant-key.{customer.secret}"])
-        assert answers == [{"error": {**answers[0]["error"], "code": "model_not_found"}}], "authenticated: the body was read"
+        answers = exchange(
+            gateway,
+            [json.dumps({"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]})],
+            subprotocols=[f"elephant-key.{customer.secret}"],
+        )
+        assert answers == [{"error": {**answers[0]["error"], "code": "model_not_found"}}], (
+            "authenticated: the body was read"
+        )
 
     def test_a_non_finite_number_is_refused(self, gateway, catalog) -> None:
         customer = make_customer()
@@ -64,8 +70,9 @@ class ChatSocketAuthTests:
         big = json.dumps({"model": "gemma-3-270m", "messages": [{"role": "user", "content": "x" * over}]})
 
         async def talk() -> object:
-            async with websockets.connect(url(gateway), additional_headers={"Authorization": f"Bearer {customer.secret}"},
-                                          max_size=None) as ws:
+            async with websockets.connect(
+                url(gateway), additional_headers={"Authorization": f"Bearer {customer.secret}"}, max_size=None
+            ) as ws:
                 await ws.send(big)
                 try:
                     return json.loads(await ws.recv())

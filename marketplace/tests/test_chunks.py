@@ -1,5 +1,6 @@
 """Delivered text is appended, never rewritten: the last batch of a long answer costs what
 the first did, and readers see the chunks as one text."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,7 +28,9 @@ def push_cost(host: Host, job_id: int, seq: int) -> tuple[int, int]:
 
 
 class AppendOnlyTests:
-    def test_a_2000_token_answer_costs_the_same_per_batch_at_the_end_as_at_the_start(self, customer, serving_host, catalog) -> None:
+    def test_a_2000_token_answer_costs_the_same_per_batch_at_the_end_as_at_the_start(
+        self, customer, serving_host, catalog
+    ) -> None:
         request, job = claimed(customer, serving_host, catalog, max_tokens=3000)
         host = serving_host.host
         first = push_cost(host, job.pk, 0)
@@ -41,12 +44,19 @@ class AppendOnlyTests:
         assert TextChunk.objects.filter(request=request).count() == 400
         assert max(len(text) for text in TextChunk.objects.values_list("text", flat=True)) == len(BATCH)
 
-    def test_a_listener_catches_up_from_any_character_even_inside_a_chunk(self, customer, serving_host, catalog) -> None:
+    def test_a_listener_catches_up_from_any_character_even_inside_a_chunk(
+        self, customer, serving_host, catalog
+    ) -> None:
         request, job = claimed(customer, serving_host, catalog)
         for seq, text in enumerate(["Hello", ", ", "world"]):
             services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=seq, text=text)
         assert [selectors.request_catch_up(public_id=request.public_id, sent=sent)[1] for sent in (0, 3, 5, 7, 12)] == [
-            "Hello, world", "lo, world", ", world", "world", ""]
+            "Hello, world",
+            "lo, world",
+            ", world",
+            "world",
+            "",
+        ]
 
     def test_the_text_is_deleted_once_handed_over(self, customer, serving_host, catalog) -> None:
         request, job = claimed(customer, serving_host, catalog)
@@ -57,5 +67,7 @@ class AppendOnlyTests:
         assert services.request_forget_output(request_id=request.pk) is False
         assert not TextChunk.objects.filter(request=request).exists()
         request.refresh_from_db()
-        assert "stop" not in request.params and request.params["max_tokens"] == 20, "the customer's text goes with the answer"
+        assert "stop" not in request.params and request.params["max_tokens"] == 20, (
+            "the customer's text goes with the answer"
+        )
         assert (request.messages, request.prompt) == (None, None)

@@ -1,5 +1,6 @@
 """End to end: a real daphne gateway, real mahout processes running the shipped
 model, driven by the `openai` client as a customer would."""
+
 from __future__ import annotations
 
 import json
@@ -37,7 +38,9 @@ def client(gateway: Gateway, customer: Customer) -> openai.OpenAI:
 
 
 @pytest.fixture
-def served(gateway: Gateway, catalog: CatalogModel, start_mahout: Callable[..., Mahout]) -> tuple[Customer, ServingHost, Mahout]:
+def served(
+    gateway: Gateway, catalog: CatalogModel, start_mahout: Callable[..., Mahout]
+) -> tuple[Customer, ServingHost, Mahout]:
     """A customer with credit and one real host serving the shipped model."""
     host = make_host(qualified=False, name="e2e-rig")
     process = start_mahout(host.token)
@@ -51,7 +54,11 @@ class StreamingChatTests:
         pieces: list[str] = []
         finish = None
         stream = client(gateway, customer).chat.completions.create(
-            model="gemma-3-270m", messages=HAIKU, max_tokens=32, temperature=0, stream=True,
+            model="gemma-3-270m",
+            messages=HAIKU,
+            max_tokens=32,
+            temperature=0,
+            stream=True,
             stream_options={"include_usage": True},
         )
         usage = None
@@ -105,7 +112,11 @@ class WholeResponseTests:
         customer, _, _ = served
         answer = client(gateway, customer).chat.completions.create(model="gemma-3-270m", messages=HAIKU, max_tokens=16)
         assert answer.choices[0].message.content and answer.usage.completion_tokens >= 1
-        record = httpx.get(f"{gateway.url}/v1/generation", params={"id": answer.id}, headers={"Authorization": f"Bearer {customer.secret}"}).json()
+        record = httpx.get(
+            f"{gateway.url}/v1/generation",
+            params={"id": answer.id},
+            headers={"Authorization": f"Bearer {customer.secret}"},
+        ).json()
         assert record["status"] == "completed" and record["resumed"] is False
         assert record["completion_tokens"] == answer.usage.completion_tokens
         assert "messages" not in record and "prompt" not in record and "text" not in json.dumps(record)
@@ -113,10 +124,20 @@ class WholeResponseTests:
     def test_completions_work_streamed_and_whole(self, gateway, served) -> None:
         customer, _, _ = served
         api = client(gateway, customer)
-        whole = api.completions.create(model="gemma-3-270m", prompt="The capital of France is", max_tokens=8, temperature=0)
+        whole = api.completions.create(
+            model="gemma-3-270m", prompt="The capital of France is", max_tokens=8, temperature=0
+        )
         assert whole.object == "text_completion" and whole.choices[0].text
-        chunks = list(api.completions.create(model="gemma-3-270m", prompt="The capital of France is", max_tokens=8,
-                                             temperature=0, stream=True, stream_options={"include_usage": True}))
+        chunks = list(
+            api.completions.create(
+                model="gemma-3-270m",
+                prompt="The capital of France is",
+                max_tokens=8,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
         streamed = "".join(c.choices[0].text for c in chunks if c.choices)
         # Not compared with the whole answer's text: the host reuses its cached prompt, whose logits drift at a near tie.
         assert streamed and chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
@@ -156,7 +177,9 @@ class QueueTimeoutTests:
     def test_a_stream_gets_an_error_event_not_a_success_ending(self, gateway, catalog) -> None:
         customer = make_customer()
         with pytest.raises(openai.APIError) as failed:
-            for _ in client(gateway, customer).chat.completions.create(model="gemma-3-270m", messages=HAIKU, max_tokens=8, stream=True):
+            for _ in client(gateway, customer).chat.completions.create(
+                model="gemma-3-270m", messages=HAIKU, max_tokens=8, stream=True
+            ):
                 pass
         assert "No host claimed" in str(failed.value)
 
@@ -166,8 +189,11 @@ class QualificationTests:
         fresh = present(make_host(qualified=False, name="fresh"))
         elsewhere = present(make_host(name="elsewhere", fingerprint="a" * 64))
         for token, fingerprint in ((fresh.token, "b" * 64), (elsewhere.token, "b" * 64)):
-            answer = httpx.post(f"{gateway.url}/hosts/api/claim", json={"fingerprint": fingerprint, "wait": 0},
-                                headers={"Authorization": f"Bearer {token}"})
+            answer = httpx.post(
+                f"{gateway.url}/hosts/api/claim",
+                json={"fingerprint": fingerprint, "wait": 0},
+                headers={"Authorization": f"Bearer {token}"},
+            )
             assert answer.status_code == 403 and answer.json()["error"]["code"] == "not_qualified"
 
 
@@ -175,11 +201,20 @@ class HostIsolationTests:
     def test_a_host_cannot_touch_another_hosts_job(self, gateway, catalog) -> None:
         customer = make_customer()
         owner, intruder = present(make_host(name="owner")), make_host(name="intruder")
-        submit_request(customer, catalog, public_id="chatcmpl-iso", messages=HAIKU, max_tokens=8, temperature=0, top_p=1)
-        claimed = httpx.post(f"{gateway.url}/hosts/api/claim", json={"fingerprint": owner.fingerprint, "wait": 1},
-                             headers={"Authorization": f"Bearer {owner.token}"}).json()["job"]
+        submit_request(
+            customer, catalog, public_id="chatcmpl-iso", messages=HAIKU, max_tokens=8, temperature=0, top_p=1
+        )
+        claimed = httpx.post(
+            f"{gateway.url}/hosts/api/claim",
+            json={"fingerprint": owner.fingerprint, "wait": 1},
+            headers={"Authorization": f"Bearer {owner.token}"},
+        ).json()["job"]
         intruding = {"Authorization": f"Bearer {intruder.token}"}
-        for path, body in (("tokens", {"seq": 0, "text": "x"}), ("complete", {"finish_reason": "stop"}), ("fail", {"reason": "x"})):
+        for path, body in (
+            ("tokens", {"seq": 0, "text": "x"}),
+            ("complete", {"finish_reason": "stop"}),
+            ("fail", {"reason": "x"}),
+        ):
             answer = httpx.post(f"{gateway.url}/hosts/api/jobs/{claimed['id']}/{path}", json=body, headers=intruding)
             assert answer.status_code == 403, path
         assert Job.objects.get().status == "running"
@@ -192,15 +227,24 @@ class PauseTests:
         start_mahout(host.token, extra=["--home", str(home)])
 
         def mahout(command: str) -> None:
-            subprocess.run([sys.executable, "-m", "mahout", command, "--home", str(home)], cwd=ROOT, check=True, capture_output=True)
+            subprocess.run(
+                [sys.executable, "-m", "mahout", command, "--home", str(home)],
+                cwd=ROOT,
+                check=True,
+                capture_output=True,
+            )
 
         mahout("pause")
-        wait_until(lambda: Host.objects.get(pk=host.host.pk).paused, timeout=15, what="the heartbeat to report the pause")
+        wait_until(
+            lambda: Host.objects.get(pk=host.host.pk).paused, timeout=15, what="the heartbeat to report the pause"
+        )
         customer = make_customer()
         with pytest.raises(openai.APIStatusError) as failed:
             client(gateway, customer).chat.completions.create(model="gemma-3-270m", messages=HAIKU, max_tokens=8)
         assert failed.value.body["code"] == "queue_timeout"
         mahout("resume")
-        wait_until(lambda: not Host.objects.get(pk=host.host.pk).paused, timeout=15, what="the heartbeat to report the resume")
+        wait_until(
+            lambda: not Host.objects.get(pk=host.host.pk).paused, timeout=15, what="the heartbeat to report the resume"
+        )
         answer = client(gateway, customer).chat.completions.create(model="gemma-3-270m", messages=HAIKU, max_tokens=8)
         assert answer.choices[0].message.content is not None

@@ -1,4 +1,5 @@
 """The channel-layer inbox that long-polls and streams wait on."""
+
 from __future__ import annotations
 
 import asyncio

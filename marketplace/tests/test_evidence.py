@@ -1,6 +1,7 @@
 """A completion is evidence (marketplace/lifecycle/evidence.py): a host that completes a job
 with nothing, with no token ids, or with ids the model's draw cannot have ended on is refused
 before any money moves: nothing billed, nothing paid, the request back in the queue."""
+
 from __future__ import annotations
 
 import pytest
@@ -58,10 +59,14 @@ def test_text_without_token_ids_is_refused_too(customer, catalog, serving_host) 
     assert request.cost_ucents == 0 and _host_balance(serving_host.host) == 0
 
 
-def test_an_empty_answer_that_is_not_the_seeds_first_draw_is_caught_and_its_host_blamed(customer, catalog, serving_host) -> None:
+def test_an_empty_answer_that_is_not_the_seeds_first_draw_is_caught_and_its_host_blamed(
+    customer, catalog, serving_host
+) -> None:
     """The cheat's cheapest answer: nothing, with the end of generation as its only token. The
     gateway holds the shipped model's weights and recomputes that first draw (one prefill)."""
-    request, job = _claimed(customer, catalog, serving_host, temperature=0.0)  # greedy: the draw is the model's top token
+    request, job = _claimed(
+        customer, catalog, serving_host, temperature=0.0
+    )  # greedy: the draw is the model's top token
     eos = tokenizer_for(catalog.tokenizer).end_of_generation()
     with pytest.raises(CompletionRefused) as refused:
         services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=[eos])
@@ -75,12 +80,18 @@ def test_stop_on_neither_an_end_of_generation_nor_a_stop_string_is_refused(custo
     request, job = _claimed(customer, catalog, serving_host)
     services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="Hello there.")
     with pytest.raises(CompletionRefused, match="neither the model's end of generation nor a stop string"):
-        services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk, ended=False))
+        services.job_complete(
+            host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk, ended=False)
+        )
     assert Request.objects.get(pk=request.pk).cost_ucents == 0
 
 
-@pytest.mark.parametrize(("forged", "why"), [("past", "past an end of generation"), ("outside", "not in the model's vocabulary")])
-def test_ids_past_an_end_of_generation_or_outside_the_vocabulary_are_refused(customer, catalog, serving_host, forged, why) -> None:
+@pytest.mark.parametrize(
+    ("forged", "why"), [("past", "past an end of generation"), ("outside", "not in the model's vocabulary")]
+)
+def test_ids_past_an_end_of_generation_or_outside_the_vocabulary_are_refused(
+    customer, catalog, serving_host, forged, why
+) -> None:
     eos = tokenizer_for(catalog.tokenizer).end_of_generation()
     request, job = _claimed(customer, catalog, serving_host)
     services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="Hi")
@@ -109,7 +120,10 @@ def test_an_honest_answer_ended_by_the_model_is_paid(customer, catalog, serving_
 
 
 def test_an_empty_answer_the_gateway_cannot_recompute_is_audited_with_its_share_in_escrow(
-    customer, catalog, serving_host, settings,
+    customer,
+    catalog,
+    serving_host,
+    settings,
 ) -> None:
     """Without the weights on the gateway, trusted hosts score it: the host's share waits."""
     settings.AUDIT_PROBATION_RATE = 0.0
@@ -124,10 +138,16 @@ def test_an_empty_answer_the_gateway_cannot_recompute_is_audited_with_its_share_
     assert _host_balance(serving_host.host) == 0  # nothing payable until a scorer passes it
 
 
-def test_the_host_api_answers_a_refused_completion_in_the_apis_error_format(customer, catalog, serving_host, client) -> None:
+def test_the_host_api_answers_a_refused_completion_in_the_apis_error_format(
+    customer, catalog, serving_host, client
+) -> None:
     request, job = _claimed(customer, catalog, serving_host)
-    response = client.post(f"/hosts/api/jobs/{job.pk}/complete", {"finish_reason": "stop"}, content_type="application/json",
-                           headers={"Authorization": f"Bearer {serving_host.token}"})
+    response = client.post(
+        f"/hosts/api/jobs/{job.pk}/complete",
+        {"finish_reason": "stop"},
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {serving_host.token}"},
+    )
     assert response.status_code == 422
     assert response.json()["error"]["code"] == "completion_refused"
     _refused_unpaid(request, job, serving_host.host)

@@ -2,6 +2,7 @@
 heartbeat like mahout and complete every job they claim at once with nothing, beside an honest
 mahout running the shipped model on a real gateway. Customers get the honest host's answers;
 nobody is billed for an empty one; the cheats earn nothing; the honest host is never flagged."""
+
 from __future__ import annotations
 
 import subprocess
@@ -20,9 +21,26 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
 def _cheat(server: str, token: str, how: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "testkit.simhost", "--server", server, "--token", token, "--model", "gemma-3-270m",
-         "--loaded", "gemma-3-270m", "--wait", "1", "--empty", how],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "testkit.simhost",
+            "--server",
+            server,
+            "--token",
+            token,
+            "--model",
+            "gemma-3-270m",
+            "--loaded",
+            "gemma-3-270m",
+            "--wait",
+            "1",
+            "--empty",
+            how,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
 
 
@@ -40,12 +58,24 @@ def test_hosts_that_complete_with_nothing_are_paid_nothing_beside_an_honest_one(
     customer = make_customer()
     api = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=customer.secret, max_retries=2, timeout=120)
     try:
-        wait_until(lambda: Host.objects.filter(pk__in=[eos_cheat.host.pk, bare_cheat.host.pk], last_heartbeat_at__isnull=False)
-                   .count() == 2, timeout=30, what="both cheats present")
+        wait_until(
+            lambda: (
+                Host.objects.filter(
+                    pk__in=[eos_cheat.host.pk, bare_cheat.host.pk], last_heartbeat_at__isnull=False
+                ).count()
+                == 2
+            ),
+            timeout=30,
+            what="both cheats present",
+        )
         answers = []
         for turn in range(6):
-            answer = api.completions.create(model="gemma-3-270m", prompt=f"Once upon a time, in village number {turn},",
-                                            max_tokens=12, temperature=0.7)
+            answer = api.completions.create(
+                model="gemma-3-270m",
+                prompt=f"Once upon a time, in village number {turn},",
+                max_tokens=12,
+                temperature=0.7,
+            )
             answers.append(answer)
     finally:
         for proc in cheats:
@@ -55,7 +85,9 @@ def test_hosts_that_complete_with_nothing_are_paid_nothing_beside_an_honest_one(
     served = Request.objects.filter(canary__isnull=True, status=Request.Status.COMPLETED)
     assert served.count() == 6 and all(request.cost_ucents > 0 for request in served)
     paid = Job.objects.filter(request__in=served, earned_ucents__gt=0)
-    assert set(paid.values_list("host_id", flat=True)) == {honest.host.pk}  # every answer billed came from the honest host
+    assert set(paid.values_list("host_id", flat=True)) == {
+        honest.host.pk
+    }  # every answer billed came from the honest host
     for cheat in (eos_cheat, bare_cheat):
         assert _balance(Host.objects.get(pk=cheat.host.pk)) == 0
         assert not Job.objects.filter(host=cheat.host, status=Job.Status.COMPLETED).exists()

@@ -1,4 +1,5 @@
 """Continuation failover at the service level: fencing, once per request, the money rules."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -21,7 +22,15 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.django_db
 
 
-def started(customer: Customer, catalog: CatalogModel, host: ServingHost, *, max_tokens: int = 50, prompt_tokens: int = 12, text: str = "The elephant wal") -> tuple[Request, Job]:
+def started(
+    customer: Customer,
+    catalog: CatalogModel,
+    host: ServingHost,
+    *,
+    max_tokens: int = 50,
+    prompt_tokens: int = 12,
+    text: str = "The elephant wal",
+) -> tuple[Request, Job]:
     request = submit(customer, catalog, max_tokens=max_tokens, prompt_tokens=prompt_tokens)
     job = services.job_claim_next(host=host.host, fingerprint=host.fingerprint)
     services.job_push_tokens(host=host.host, job_id=job.pk, seq=0, text=text)
@@ -47,7 +56,9 @@ class ContinuationTests:
         resumed = Request.objects.get(pk=request.pk)
         assert (resumed.status, resumed.started_at) == ("running", started_at), "a continuation keeps the start"
 
-    def test_the_dead_host_gets_the_continuation_only_after_the_grace(self, customer, serving_host, catalog, settings) -> None:
+    def test_the_dead_host_gets_the_continuation_only_after_the_grace(
+        self, customer, serving_host, catalog, settings
+    ) -> None:
         settings.CONTINUATION_GRACE_SECONDS = 2
         started(customer, catalog, serving_host)
         services.host_connection_lost(host_id=serving_host.host.pk)
@@ -68,13 +79,17 @@ class ContinuationTests:
         account = ledger.customer_account(user=customer.user)
         assert (account.balance_ucents, account.held_ucents) == (500_000_000, 0)
 
-    def test_money_each_output_token_once_prompt_once_rescuer_paid_for_its_own(self, customer, serving_host, catalog) -> None:
+    def test_money_each_output_token_once_prompt_once_rescuer_paid_for_its_own(
+        self, customer, serving_host, catalog
+    ) -> None:
         request, _ = started(customer, catalog, serving_host, prompt_tokens=12, text="The elephant wal")
         services.host_connection_lost(host_id=serving_host.host.pk)
         rescuer = make_host(name="rescuer")
         continuation = services.job_claim_next(host=rescuer.host, fingerprint=rescuer.fingerprint)
         services.job_push_tokens(host=rescuer.host, job_id=continuation.pk, seq=0, text="ked slowly to the river.")
-        done = services.job_complete(host=rescuer.host, job_id=continuation.pk, finish_reason="stop", token_ids=drawn(continuation.pk))
+        done = services.job_complete(
+            host=rescuer.host, job_id=continuation.pk, finish_reason="stop", token_ids=drawn(continuation.pk)
+        )
         row = done.request
         whole = services.count_output(row, "The elephant walked slowly to the river.")
         own = services.count_output(row, "ked slowly to the river.")
@@ -121,10 +136,14 @@ class SocketDropTests:
 
         _, job = started(customer, catalog, serving_host)
         dropped = host_socket_opened(host_id=serving_host.host.pk)
-        Host.objects.filter(pk=serving_host.host.pk).update(socket_since=dropped + timedelta(seconds=1))  # it reconnected
+        Host.objects.filter(pk=serving_host.host.pk).update(
+            socket_since=dropped + timedelta(seconds=1)
+        )  # it reconnected
         assert services.host_connection_lost(host_id=serving_host.host.pk, opened_at=dropped) == 0
         assert Job.objects.get(pk=job.pk).status == "running"
-        assert services.host_connection_lost(host_id=serving_host.host.pk, opened_at=dropped + timedelta(seconds=1)) == 1
+        assert (
+            services.host_connection_lost(host_id=serving_host.host.pk, opened_at=dropped + timedelta(seconds=1)) == 1
+        )
         assert Job.objects.get(pk=job.pk).status == "failed"
 
 
@@ -156,10 +175,14 @@ class RequeueBeforeFirstTokenTests:
         assert (request.status, request.resumed) == ("running", True)
         third = make_host(name="third")
         continuation = services.job_claim_payload(host=third.host, model_ids=[catalog.pk])
-        assert continuation["continuation"] is True and continuation["messages"][-1] == {"role": "assistant", "content": "Hello th"}
+        assert continuation["continuation"] is True and continuation["messages"][-1] == {
+            "role": "assistant",
+            "content": "Hello th",
+        }
 
-
-    def test_a_requeued_job_nobody_takes_fails_honestly_as_a_host_failure(self, customer, serving_host, catalog, settings) -> None:
+    def test_a_requeued_job_nobody_takes_fails_honestly_as_a_host_failure(
+        self, customer, serving_host, catalog, settings
+    ) -> None:
         request = submit(customer, catalog)
         job = services.job_claim_next(host=serving_host.host, fingerprint=serving_host.fingerprint)
         services.job_fail(host=serving_host.host, job_id=job.pk, reason="boom")

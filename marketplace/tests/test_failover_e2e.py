@@ -1,5 +1,6 @@
 """A host dies mid-sentence and the sentence still finishes: real gateway, real
 mahout processes running the shipped model, `kill -9` and SIGSTOP."""
+
 from __future__ import annotations
 
 import os
@@ -61,12 +62,15 @@ def client(gateway: Gateway, customer: Customer) -> openai.OpenAI:
 def serving_host(request_public_id: str, attempt: int = 1) -> int:
     job = wait_until(
         lambda: Job.objects.filter(request__public_id=request_public_id, attempt=attempt, status="running").first(),
-        timeout=30, what=f"attempt {attempt} to run",
+        timeout=30,
+        what=f"attempt {attempt} to run",
     )
     return job.host_id
 
 
-def stream_and_strike(gateway: Gateway, customer: Customer, strike: Callable[[str], None], *, after_chunks: int = 3, max_tokens: int = 48) -> tuple[str, ChatCompletionChunk | None, openai.APIError | None]:
+def stream_and_strike(
+    gateway: Gateway, customer: Customer, strike: Callable[[str], None], *, after_chunks: int = 3, max_tokens: int = 48
+) -> tuple[str, ChatCompletionChunk | None, openai.APIError | None]:
     """Stream a story; after a few text chunks call strike(request id). Returns (text, last chunk, error)."""
     pieces: list[str] = []
     last = None
@@ -129,7 +133,9 @@ class KillTests:
         assert outcomes["resumed"] >= KILL_ROUNDS - 2, outcomes
         for host_id in ids:
             account = ledger.host_account(host=Host.objects.get(pk=host_id))
-            earned = sum(Job.objects.filter(host_id=host_id, status="completed").values_list("earned_ucents", flat=True))
+            earned = sum(
+                Job.objects.filter(host_id=host_id, status="completed").values_list("earned_ucents", flat=True)
+            )
             assert (account.balance_ucents if account else 0) == earned, "dead attempts earned nothing"
         assert ledger.ledger_total() == 0 and ledger.cache_drift() == []
         assert not Hold.objects.filter(status="active").exists()
@@ -159,8 +165,13 @@ class KillTests:
 
         def killer() -> None:
             # the customer's job: the gateway's own canaries and audits may run on these hosts too
-            job = wait_until(lambda: Job.objects.filter(request__user=customer.user, status="running",
-                                                        generated_chars__gt=0).first(), timeout=60, what="text")
+            job = wait_until(
+                lambda: Job.objects.filter(
+                    request__user=customer.user, status="running", generated_chars__gt=0
+                ).first(),
+                timeout=60,
+                what="text",
+            )
             farm.process(job.host_id).kill()
 
         thread = threading.Thread(target=killer)
@@ -204,13 +215,28 @@ class HalfWordTests:
         customer = make_customer()
         api = client(gateway, customer)
         question = [{"role": "user", "content": "Describe an elephant in one paragraph."}]
-        whole = api.chat.completions.create(model="gemma-3-270m", messages=question, max_tokens=40, temperature=0).choices[0].message.content
-        cut = next(i for i in range(len(whole) // 3, len(whole) - 2) if whole[i - 1].isalpha() and whole[i].isalpha() and whole[i + 1].isalpha())
+        whole = (
+            api.chat.completions.create(model="gemma-3-270m", messages=question, max_tokens=40, temperature=0)
+            .choices[0]
+            .message.content
+        )
+        cut = next(
+            i
+            for i in range(len(whole) // 3, len(whole) - 2)
+            if whole[i - 1].isalpha() and whole[i].isalpha() and whole[i + 1].isalpha()
+        )
         word_end = next((j for j in range(cut, len(whole)) if not whole[j].isalpha()), len(whole))
         prefix, rest_of_word = whole[:cut], whole[cut:word_end]
-        continued = api.chat.completions.create(
-            model="gemma-3-270m", messages=[*question, {"role": "assistant", "content": prefix}], max_tokens=16, temperature=0
-        ).choices[0].message.content
+        continued = (
+            api.chat.completions.create(
+                model="gemma-3-270m",
+                messages=[*question, {"role": "assistant", "content": prefix}],
+                max_tokens=16,
+                temperature=0,
+            )
+            .choices[0]
+            .message.content
+        )
         assert continued.startswith(rest_of_word), f"cut {prefix!r} | expected {rest_of_word!r}… got {continued!r}"
 
 

@@ -1,5 +1,6 @@
 """Model fallbacks (`models`, OpenRouter's convention): the first model with a host online
 serves; when its queue times out, the next one is tried; the answer says which served."""
+
 from __future__ import annotations
 
 import json
@@ -28,7 +29,9 @@ if TYPE_CHECKING:
 
     from testkit.stack import Gateway, Mahout
 
-pytestmark = pytest.mark.django_db(transaction=True)  # the API views are async: their database threads must see the rows
+pytestmark = pytest.mark.django_db(
+    transaction=True
+)  # the API views are async: their database threads must see the rows
 
 ASK = [{"role": "user", "content": "Say hi"}]
 
@@ -45,21 +48,31 @@ def spare(catalog) -> CatalogModel:  # noqa: ANN001
 
 
 def chat(customer, body: dict):  # noqa: ANN001, ANN201
-    return Client().post("/v1/chat/completions", data=json.dumps(body), content_type="application/json",
-                         HTTP_AUTHORIZATION=f"Bearer {customer.secret}")
+    return Client().post(
+        "/v1/chat/completions",
+        data=json.dumps(body),
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {customer.secret}",
+    )
 
 
 def test_the_first_model_with_a_host_online_serves(customer, serving_host, catalog, spare) -> None:
     online(serving_host)
     cache.delete(SERVED_MODELS_CACHE_KEY)
-    response = chat(customer, {"model": spare.name, "models": [catalog.name], "messages": ASK, "max_tokens": 4, "stream": True})
+    response = chat(
+        customer, {"model": spare.name, "models": [catalog.name], "messages": ASK, "max_tokens": 4, "stream": True}
+    )
     assert response.status_code == 200
     request = Request.objects.get()
     assert request.model == catalog and request.params["fallbacks"] == []
 
 
-def test_a_queue_timeout_falls_back_to_the_next_model_and_then_ends_honestly(customer, serving_host, catalog, spare) -> None:
-    response = chat(customer, {"model": catalog.name, "models": [spare.name], "messages": ASK, "max_tokens": 4, "stream": True})
+def test_a_queue_timeout_falls_back_to_the_next_model_and_then_ends_honestly(
+    customer, serving_host, catalog, spare
+) -> None:
+    response = chat(
+        customer, {"model": catalog.name, "models": [spare.name], "messages": ASK, "max_tokens": 4, "stream": True}
+    )
     assert response.status_code == 200
     request = Request.objects.get()
     assert request.model == catalog and request.params["fallbacks"] == [spare.name]  # nobody online: the order asked
@@ -93,20 +106,32 @@ def test_the_fallback_is_served_and_billed_at_its_own_price(customer, serving_ho
 
 
 def test_an_unknown_fallback_is_a_404_naming_it(customer, catalog) -> None:
-    error = assert_error(post(Client(), customer.secret, {"model": catalog.name, "models": ["gpt-9"], "messages": ASK}),
-                         404, "model_not_found")
+    error = assert_error(
+        post(Client(), customer.secret, {"model": catalog.name, "models": ["gpt-9"], "messages": ASK}),
+        404,
+        "model_not_found",
+    )
     assert error["param"] == "models" and "gpt-9" in error["message"]
     too_many = post(Client(), customer.secret, {"model": catalog.name, "models": [catalog.name] * 5, "messages": ASK})
     assert_error(too_many, 400, "invalid_value")
 
 
 @pytest.mark.e2e
-def test_the_openai_client_is_answered_by_the_fallback_and_told_which(gateway: Gateway, catalog, spare,  # noqa: ANN001
-                                                                       start_mahout: Callable[..., Mahout]) -> None:
+def test_the_openai_client_is_answered_by_the_fallback_and_told_which(
+    gateway: Gateway,
+    catalog,
+    spare,  # noqa: ANN001
+    start_mahout: Callable[..., Mahout],
+) -> None:
     start_mahout(make_host(qualified=False, name="fallback-rig").token)
     api = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=make_customer().secret, max_retries=0, timeout=60)
-    whole = api.chat.completions.create(model=spare.name, messages=ASK, max_tokens=4, extra_body={"models": [catalog.name]})
+    whole = api.chat.completions.create(
+        model=spare.name, messages=ASK, max_tokens=4, extra_body={"models": [catalog.name]}
+    )
     assert whole.model == catalog.name and whole.choices[0].message.content is not None
-    chunks = list(api.chat.completions.create(model=spare.name, messages=ASK, max_tokens=4, stream=True,
-                                              extra_body={"models": [catalog.name]}))
+    chunks = list(
+        api.chat.completions.create(
+            model=spare.name, messages=ASK, max_tokens=4, stream=True, extra_body={"models": [catalog.name]}
+        )
+    )
     assert {chunk.model for chunk in chunks} == {catalog.name}

@@ -22,6 +22,7 @@ tokens of "sellingselling…"). The customer then gets the answer cut where it c
 max_tokens and the gateway's slack, billed max_tokens, "length" (before, such an honest
 answer failed unbilled as `answer_too_long`).
 """
+
 from __future__ import annotations
 
 import mmap
@@ -80,7 +81,7 @@ def name_tagged(path: Path) -> Path:
         at = found + 8 + len(key)
         kind, length = struct.unpack_from("<IQ", data, at)
         assert kind == GGUFValueType.STRING and length <= 32, f"{key.decode()} is a short string"
-        data[at + 12:at + 12 + length] = (path.stem + uuid.uuid4().hex)[:length].encode()
+        data[at + 12 : at + 12 + length] = (path.stem + uuid.uuid4().hex)[:length].encode()
     return path
 
 
@@ -127,13 +128,36 @@ class Owners:
         self.wait_qualified(list(self.hosts))
 
     def _add(self, path: Path, host_id: int) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "mahout", "add", str(path), "--home", str(self.homes[host_id]),
-                                 "--server", self.gateway.url, "--token", self.tokens[host_id]],
-                                cwd=ROOT, env=stack_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "mahout",
+                "add",
+                str(path),
+                "--home",
+                str(self.homes[host_id]),
+                "--server",
+                self.gateway.url,
+                "--token",
+                self.tokens[host_id],
+            ],
+            cwd=ROOT,
+            env=stack_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     def _run(self, host_id: int) -> Mahout:
-        return Mahout(server=self.gateway.url, token=self.tokens[host_id], home=self.homes[host_id], env=stack_env(),
-                      log_dir=self.logs, extra=["--models", self.model.name])
+        return Mahout(
+            server=self.gateway.url,
+            token=self.tokens[host_id],
+            home=self.homes[host_id],
+            env=stack_env(),
+            log_dir=self.logs,
+            extra=["--models", self.model.name],
+        )
 
     def wait_qualified(self, host_ids: list[int]) -> None:
         since = timezone.now()
@@ -158,7 +182,9 @@ class Owners:
 
 
 @pytest.fixture
-def owners(gateway: Gateway, sold: CatalogModel, models: dict[str, Path], family: str, tmp_path: Path) -> Iterator[Owners]:
+def owners(
+    gateway: Gateway, sold: CatalogModel, models: dict[str, Path], family: str, tmp_path: Path
+) -> Iterator[Owners]:
     started = Owners(gateway, sold, models[family], tmp_path)
     yield started
     started.stop()
@@ -172,15 +198,23 @@ class Streamed:
     error: openai.APIError | None  # the stream ended in an error chunk
 
 
-def stream(gateway: Gateway, customer: Customer, *, model: str, messages: list[dict], max_tokens: int,
-           strike: Callable[[str], None] | None = None) -> Streamed:
+def stream(
+    gateway: Gateway,
+    customer: Customer,
+    *,
+    model: str,
+    messages: list[dict],
+    max_tokens: int,
+    strike: Callable[[str], None] | None = None,
+) -> Streamed:
     """Stream a chat; call strike(request id) once KILL_AFTER_CHUNKS chunks of text have arrived."""
     api = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=customer.secret, max_retries=0, timeout=120)
     pieces: list[str] = []
     struck, last = "", None
     try:
-        for chunk in api.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, temperature=0,
-                                                 stream=True):
+        for chunk in api.chat.completions.create(
+            model=model, messages=messages, max_tokens=max_tokens, temperature=0, stream=True
+        ):
             last = chunk
             if chunk.choices and chunk.choices[0].delta.content:
                 pieces.append(chunk.choices[0].delta.content)
@@ -226,7 +260,12 @@ def host_balance(host_id: int) -> int:
 @pytest.mark.parametrize("family", list(FAMILIES))
 class FamilyServedTests:
     def test_it_streams_billed_by_the_hosts_real_tokens_and_survives_a_kill_9(
-        self, gateway: Gateway, sold: CatalogModel, owners: Owners, models: dict[str, Path], family: str,
+        self,
+        gateway: Gateway,
+        sold: CatalogModel,
+        owners: Owners,
+        models: dict[str, Path],
+        family: str,
     ) -> None:
         customer = make_customer()
         system: list[dict] = []
@@ -234,23 +273,35 @@ class FamilyServedTests:
             self._system_refused(gateway, customer, sold)
         else:
             system = [SYSTEM]
-        self._served_and_billed(gateway, customer, sold, owners, models[family], [*system, {"role": "user", "content": QUESTION}])
-        self._killed_mid_stream_and_continued(gateway, customer, sold, owners, models[family],
-                                              [*system, {"role": "user", "content": QUESTION}])
+        self._served_and_billed(
+            gateway, customer, sold, owners, models[family], [*system, {"role": "user", "content": QUESTION}]
+        )
+        self._killed_mid_stream_and_continued(
+            gateway, customer, sold, owners, models[family], [*system, {"role": "user", "content": QUESTION}]
+        )
         assert ledger.ledger_total() == 0 and ledger.cache_drift() == []
         assert not Hold.objects.filter(status="active").exists()
 
     def _system_refused(self, gateway: Gateway, customer: Customer, sold: CatalogModel) -> None:
         with pytest.raises(openai.BadRequestError) as refused:
-            stream(gateway, customer, model=sold.name, messages=[SYSTEM, {"role": "user", "content": QUESTION}],
-                   max_tokens=MAX_TOKENS)
+            stream(
+                gateway,
+                customer,
+                model=sold.name,
+                messages=[SYSTEM, {"role": "user", "content": QUESTION}],
+                max_tokens=MAX_TOKENS,
+            )
         assert refused.value.status_code == 400
-        assert refused.value.body["type"] == "invalid_request_error" and refused.value.body["code"] == "unsupported_conversation"
+        assert (
+            refused.value.body["type"] == "invalid_request_error"
+            and refused.value.body["code"] == "unsupported_conversation"
+        )
         assert "system" in refused.value.body["message"].lower(), refused.value.body
         assert not Request.objects.exists()
 
-    def _served_and_billed(self, gateway: Gateway, customer: Customer, sold: CatalogModel, owners: Owners, path: Path,
-                           messages: list[dict]) -> None:
+    def _served_and_billed(
+        self, gateway: Gateway, customer: Customer, sold: CatalogModel, owners: Owners, path: Path, messages: list[dict]
+    ) -> None:
         """A short answer, billed by the tokens the host fed its model and llama.cpp's count of the text."""
         answer = stream(gateway, customer, model=sold.name, messages=messages, max_tokens=MAX_TOKENS)
         assert answer.error is None and answer.last is not None and answer.text
@@ -265,8 +316,9 @@ class FamilyServedTests:
         assert row.cost_ucents == fed * sold.input_price_ucents + row.completion_tokens * sold.output_price_ucents
         assert job.earned_ucents == row.cost_ucents * HOST_SHARE_PERCENT // 100
 
-    def _killed_mid_stream_and_continued(self, gateway: Gateway, customer: Customer, sold: CatalogModel, owners: Owners,
-                                         path: Path, messages: list[dict]) -> None:
+    def _killed_mid_stream_and_continued(
+        self, gateway: Gateway, customer: Customer, sold: CatalogModel, owners: Owners, path: Path, messages: list[dict]
+    ) -> None:
         """The serving host killed after KILL_AFTER_CHUNKS chunks; the other continues from the
         seam on the same stream; the prompt is billed once, each output token once, the dead
         host earns nothing. An answer counting past max_tokens and the slack (see the module's
@@ -274,8 +326,11 @@ class FamilyServedTests:
         killed: list[int] = []
 
         def kill(public_id: str) -> None:
-            job = wait_until(lambda: Job.objects.filter(request__public_id=public_id, attempt=1, status="running").first(),
-                             timeout=10, what="the first attempt to run")
+            job = wait_until(
+                lambda: Job.objects.filter(request__public_id=public_id, attempt=1, status="running").first(),
+                timeout=10,
+                what="the first attempt to run",
+            )
             killed.append(job.host_id)
             owners.hosts[job.host_id].proc.kill()
 
@@ -294,8 +349,12 @@ class FamilyServedTests:
             assert (row.finish_reason, row.completion_tokens) == ("length", KILL_MAX_TOKENS)
             assert llama_count(path, answer.text) <= KILL_MAX_TOKENS + 2 + KILL_MAX_TOKENS // 8, "cut at the limit"
         assert answer.last.model_extra.get("x_elephant") == {"resumed": True}
-        assert (row.status, rescue.status, answer.last.choices[0].finish_reason) == ("completed", "completed", row.finish_reason)
-        delivered, own = answer.text[:dead.generated_chars], answer.text[dead.generated_chars:]
+        assert (row.status, rescue.status, answer.last.choices[0].finish_reason) == (
+            "completed",
+            "completed",
+            row.finish_reason,
+        )
+        delivered, own = answer.text[: dead.generated_chars], answer.text[dead.generated_chars :]
         generated, fed = host_logged(owners.hosts[rescue.host_id], rescue)
         seam = gateway_count(sold, [*messages, {"role": "assistant", "content": delivered}])
         assert fed == seam, "continued from the seam"

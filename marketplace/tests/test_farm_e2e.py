@@ -1,6 +1,7 @@
 """End to end: a small farm — one real chat host (Gemma 3 270M) and one real
 embeddings host (all-MiniLM-L6-v2 on sentence-transformers) — behind one gateway
 and one /v1/models, driven by the `openai` client."""
+
 from __future__ import annotations
 
 import math
@@ -14,7 +15,11 @@ from marketplace.models import Job, Request
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
-SENTENCES = ["The elephant is a grey animal.", "Elephants are large grey mammals.", "The stock market fell sharply today."]
+SENTENCES = [
+    "The elephant is a grey animal.",
+    "Elephants are large grey mammals.",
+    "The stock market fell sharply today.",
+]
 
 
 def cosine(a: list[float], b: list[float]) -> float:

@@ -2,6 +2,7 @@
 its process starts and sends it with its heartbeats, its claims and its socket's handshake; the
 gateway ends the host's attempts of an earlier boot at once (continued or requeued as for any
 death), so they no longer fill its claim slots. Clients that send no boot id keep today's rules."""
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,9 @@ FIRST_BOOT = "a-process-that-was-killed"
 class BootSeenTests:
     pytestmark = pytest.mark.django_db
 
-    def test_a_new_boot_ends_the_earlier_boots_attempts_and_only_those(self, customer, serving_host, catalog, settings) -> None:
+    def test_a_new_boot_ends_the_earlier_boots_attempts_and_only_those(
+        self, customer, serving_host, catalog, settings
+    ) -> None:
         settings.CONTINUATION_GRACE_SECONDS = 0
         request = submit(customer, catalog)
         job = services.job_claim_next(host=serving_host.host, fingerprint=serving_host.fingerprint, boot=FIRST_BOOT)
@@ -66,8 +69,13 @@ if sys.argv[4] == "claim":
 
 def mahout_process(gateway_url: str, serving: ServingHost, act: str) -> subprocess.Popen:
     """A process speaking mahout's own HTTP client (`mahout.api.HostApi`), with its own boot id."""
-    return subprocess.Popen([sys.executable, "-c", MAHOUT_PROCESS, gateway_url, serving.token, serving.fingerprint, act],
-                            cwd=ROOT, env=stack_env(), stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", MAHOUT_PROCESS, gateway_url, serving.token, serving.fingerprint, act],
+        cwd=ROOT,
+        env=stack_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
 
 @pytest.mark.django_db(transaction=True)
@@ -106,7 +114,9 @@ class RestartTests:
             wait_until(socket.connected.is_set, timeout=20, what="the host socket to open")
             job = Job.objects.get(pk=job_id)
             assert (job.status, job.fail_reason) == ("failed", "its host restarted")
-            assert Job.objects.filter(request=job.request, status="queued", requeue=1).exists(), "requeued: it had sent nothing"
+            assert Job.objects.filter(request=job.request, status="queued", requeue=1).exists(), (
+                "requeued: it had sent nothing"
+            )
         finally:
             socket.stop()
         assert BOOT_ID != FIRST_BOOT
@@ -114,14 +124,23 @@ class RestartTests:
     def test_a_claim_with_a_new_boot_ends_the_old_job_and_may_take_it_again(self, gateway, catalog) -> None:
         customer, serving = make_customer(), present(make_host(name="restarted-claim"))
         request = queued(customer, catalog)
-        with httpx.Client(base_url=gateway.url, headers={"Authorization": f"Bearer {serving.token}"}, timeout=30) as http:
+        with httpx.Client(
+            base_url=gateway.url, headers={"Authorization": f"Bearer {serving.token}"}, timeout=30
+        ) as http:
             claim = {"fingerprint": serving.fingerprint, "wait": 10}
             old = http.post("/hosts/api/claim", json={**claim, "boot": FIRST_BOOT}).json()["job"]["id"]
-            again = http.post("/hosts/api/claim", json={**claim, "boot": "its-next-start"})  # after the dead host's grace
+            again = http.post(
+                "/hosts/api/claim", json={**claim, "boot": "its-next-start"}
+            )  # after the dead host's grace
             assert again.status_code == 200, again.text
         assert Job.objects.get(pk=old).fail_reason == "its host restarted"
         taken = Job.objects.get(pk=again.json()["job"]["id"])
-        assert (taken.request_id, taken.requeue, taken.boot, taken.status) == (request.pk, 1, "its-next-start", "running")
+        assert (taken.request_id, taken.requeue, taken.boot, taken.status) == (
+            request.pk,
+            1,
+            "its-next-start",
+            "running",
+        )
 
     def test_a_malformed_boot_id_refuses_the_socket_at_its_handshake(self, gateway, catalog) -> None:
         from websockets.exceptions import InvalidStatus
@@ -129,9 +148,18 @@ class RestartTests:
 
         serving = make_host(name="bad-boot")
         url = gateway.url.replace("http://", "ws://") + "/hosts/ws"
-        with pytest.raises(InvalidStatus), connect(url, additional_headers={
-                "Authorization": f"Bearer {serving.token}", "X-Mahout-Boot": "not a boot id!"}, open_timeout=10):
+        with (
+            pytest.raises(InvalidStatus),
+            connect(
+                url,
+                additional_headers={"Authorization": f"Bearer {serving.token}", "X-Mahout-Boot": "not a boot id!"},
+                open_timeout=10,
+            ),
+        ):
             pass
-        with connect(url, additional_headers={"Authorization": f"Bearer {serving.token}", "X-Mahout-Boot": "fine-1"},
-                     open_timeout=10):
+        with connect(
+            url,
+            additional_headers={"Authorization": f"Bearer {serving.token}", "X-Mahout-Boot": "fine-1"},
+            open_timeout=10,
+        ):
             pass

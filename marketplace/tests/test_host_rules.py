@@ -1,6 +1,7 @@
 """The host rules of `hosts.models` where the marketplace applies them: the status a host
 is shown and the claim's statement, over hosts in every state
 (`hosts/tests/test_predicates.py` holds the rules' own forms to one answer)."""
+
 from __future__ import annotations
 
 import pytest
@@ -43,8 +44,9 @@ class HostStatusTests:
 class ClaimRuleTests:
     @pytest.mark.parametrize("trusted_only", [False, True], ids=["any host", "trusted only"])
     @pytest.mark.parametrize("state", STATES, ids=str)
-    def test_the_claim_takes_a_job_exactly_when_the_rules_say(self, customer, catalog, state: HostState,
-                                                             trusted_only: bool) -> None:
+    def test_the_claim_takes_a_job_exactly_when_the_rules_say(
+        self, customer, catalog, state: HostState, trusted_only: bool
+    ) -> None:
         """Accepting work (the heartbeat aside: a claim is its own sign of life), and trusted
         when the job asks for trusted hosts."""
         host = host_in(state, timezone.now(), qualified=True)
@@ -56,21 +58,36 @@ class ClaimRuleTests:
         assert (claimed is not None) is expected
 
     CAPS = [  # (trusted, slots, running jobs) with HOST_PROBATION_MAX_JOBS 2, HOST_TRUSTED_MAX_JOBS 5
-        (False, 1, 0), (False, 1, 1), (False, 4, 1), (False, 4, 2), (False, 4, 3), (False, 0, 0), (False, 0, 1),
-        (True, 4, 3), (True, 4, 4), (True, 8, 4), (True, 8, 5), (True, 8, 6),
+        (False, 1, 0),
+        (False, 1, 1),
+        (False, 4, 1),
+        (False, 4, 2),
+        (False, 4, 3),
+        (False, 0, 0),
+        (False, 0, 1),
+        (True, 4, 3),
+        (True, 4, 4),
+        (True, 8, 4),
+        (True, 8, 5),
+        (True, 8, 6),
     ]
 
-    @pytest.mark.parametrize(("trusted", "slots", "running"), CAPS,
-                             ids=[f"{'trusted' if t else 'probation'} {s} slots {r} running" for t, s, r in CAPS])
-    def test_the_claim_stops_at_the_claim_cap(self, settings, customer, catalog, trusted: bool, slots: int,
-                                              running: int) -> None:
+    @pytest.mark.parametrize(
+        ("trusted", "slots", "running"),
+        CAPS,
+        ids=[f"{'trusted' if t else 'probation'} {s} slots {r} running" for t, s, r in CAPS],
+    )
+    def test_the_claim_stops_at_the_claim_cap(
+        self, settings, customer, catalog, trusted: bool, slots: int, running: int
+    ) -> None:
         settings.HOST_PROBATION_MAX_JOBS, settings.HOST_TRUSTED_MAX_JOBS = 2, 5
         serving = make_host(trusted=trusted)
         Host.objects.filter(pk=serving.host.pk).update(last_heartbeat_at=timezone.now(), slots=slots)
         serving.host.refresh_from_db()
         for _ in range(running):
             Job.objects.filter(pk=submit(customer, catalog).jobs.get().pk).update(
-                status=Job.Status.RUNNING, host=serving.host, claimed_at=timezone.now())
+                status=Job.Status.RUNNING, host=serving.host, claimed_at=timezone.now()
+            )
         submit(customer, catalog)
         claimed = services.job_claim_next(host=serving.host, fingerprint=serving.fingerprint)
         assert (claimed is not None) is (running < serving.host.claim_cap)

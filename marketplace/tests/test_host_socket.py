@@ -1,5 +1,6 @@
 """The token batch's two doors, HTTP and the host's WebSocket, against a real daphne gateway:
 the same batches give the same text and the same bill."""
+
 from __future__ import annotations
 
 import json
@@ -45,10 +46,16 @@ class HostSocketTests:
                 by_http = queued(customer, catalog)
                 job = claimed(http, serving.fingerprint)
                 for seq, text in enumerate(BATCHES):
-                    assert http.post(f"/hosts/api/jobs/{job}/tokens", json={"seq": seq, "text": text}).json()["accepted"]
+                    assert http.post(f"/hosts/api/jobs/{job}/tokens", json={"seq": seq, "text": text}).json()[
+                        "accepted"
+                    ]
                 assert http.post(f"/hosts/api/jobs/{job}/tokens", json={"seq": 1, "text": ", wor"}).json() == {
-                    "accepted": False, "next_seq": len(BATCHES)}
-                http.post(f"/hosts/api/jobs/{job}/complete", json={"finish_reason": "stop", "tokens": drawn(job)}).raise_for_status()
+                    "accepted": False,
+                    "next_seq": len(BATCHES),
+                }
+                http.post(
+                    f"/hosts/api/jobs/{job}/complete", json={"finish_reason": "stop", "tokens": drawn(job)}
+                ).raise_for_status()
 
                 by_socket = queued(customer, catalog)
                 job = claimed(http, serving.fingerprint)
@@ -58,20 +65,29 @@ class HostSocketTests:
                 with pytest.raises(JobGoneError):  # the first job ended: its late batch is refused
                     socket.push_tokens(Job.objects.get(request=by_http).pk, seq=len(BATCHES), text="late")
                 texts = [Request.objects.get(pk=row.pk).delivered_text for row in (by_http, by_socket)]
-                http.post(f"/hosts/api/jobs/{job}/complete", json={"finish_reason": "stop", "tokens": drawn(job)}).raise_for_status()
+                http.post(
+                    f"/hosts/api/jobs/{job}/complete", json={"finish_reason": "stop", "tokens": drawn(job)}
+                ).raise_for_status()
         finally:
             socket.stop()
         assert texts == ["".join(BATCHES)] * 2
         rows = [Request.objects.get(pk=row.pk) for row in (by_http, by_socket)]
         assert [(r.status, r.completion_tokens, r.cost_ucents) for r in rows[1:]] == [
-            (rows[0].status, rows[0].completion_tokens, rows[0].cost_ucents)]
+            (rows[0].status, rows[0].completion_tokens, rows[0].cost_ucents)
+        ]
         assert rows[0].status == "completed" and rows[0].cost_ucents > 0
         earned = [Job.objects.get(request=r).earned_ucents for r in rows]
         assert earned[0] == earned[1] > 0
 
     def test_a_batch_from_the_future_and_a_stranger_are_refused_on_the_socket(self, gateway, catalog) -> None:
-        customer, serving, stranger = make_customer(), present(make_host(name="owner")), present(make_host(name="stranger", fingerprint="e" * 64))
-        with httpx.Client(base_url=gateway.url, headers={"Authorization": f"Bearer {serving.token}"}, timeout=30) as http:
+        customer, serving, stranger = (
+            make_customer(),
+            present(make_host(name="owner")),
+            present(make_host(name="stranger", fingerprint="e" * 64)),
+        )
+        with httpx.Client(
+            base_url=gateway.url, headers={"Authorization": f"Bearer {serving.token}"}, timeout=30
+        ) as http:
             queued(customer, catalog)
             job = claimed(http, serving.fingerprint)
         sockets = [Presence(gateway.url, host.token, out=lambda line: None).start() for host in (serving, stranger)]
@@ -96,16 +112,21 @@ class SocketClaimTests:
         socket = Presence(gateway.url, serving.token, out=lambda line: None).start()
         try:
             wait_until(socket.connected.is_set, timeout=20, what="the host socket to open")
-            assert socket.claim(fingerprint=serving.fingerprint, wait=0.3) is None  # nothing queued: null after the wait
+            assert (
+                socket.claim(fingerprint=serving.fingerprint, wait=0.3) is None
+            )  # nothing queued: null after the wait
             request = queued(customer, catalog)
             job = socket.claim(fingerprint=serving.fingerprint, wait=10)
             assert isinstance(job, dict) and job["id"] == Job.objects.get(request=request).pk
             assert customer.secret not in json.dumps(job)  # nothing about the customer travels
             for seq, text in enumerate(BATCHES):
                 assert socket.push_tokens(job["id"], seq=seq, text=text)["accepted"]
-            with httpx.Client(base_url=gateway.url, headers={"Authorization": f"Bearer {serving.token}"}, timeout=30) as http:
-                http.post(f"/hosts/api/jobs/{job['id']}/complete",
-                          json={"finish_reason": "stop", "tokens": drawn(job["id"])}).raise_for_status()
+            with httpx.Client(
+                base_url=gateway.url, headers={"Authorization": f"Bearer {serving.token}"}, timeout=30
+            ) as http:
+                http.post(
+                    f"/hosts/api/jobs/{job['id']}/complete", json={"finish_reason": "stop", "tokens": drawn(job["id"])}
+                ).raise_for_status()
         finally:
             socket.stop()
         row = Request.objects.get(pk=request.pk)
@@ -117,7 +138,9 @@ class SocketClaimTests:
         answers: list = []
         try:
             wait_until(socket.connected.is_set, timeout=20, what="the host socket to open")
-            waiter = threading.Thread(target=lambda: answers.append(socket.claim(fingerprint=serving.fingerprint, wait=20)))
+            waiter = threading.Thread(
+                target=lambda: answers.append(socket.claim(fingerprint=serving.fingerprint, wait=20))
+            )
             waiter.start()
             time.sleep(0.5)  # the claim is waiting on the gateway
             request = queued(customer, catalog)

@@ -1,6 +1,7 @@
 """Canaries that look like customers' jobs (issue 29): on a model the gateway can audit, a
 canary takes its sampling from recent customer requests (never their words), is audited
 whatever the audit rate, and takes its audit's verdict."""
+
 from __future__ import annotations
 
 import pytest
@@ -22,8 +23,9 @@ PROMPT = [{"role": "user", "content": "Name three colours."}]
 
 @pytest.fixture
 def reference(catalog) -> CanaryReference:  # noqa: ANN001
-    return CanaryReference.objects.create(model=catalog, kind="chat", prompt=PROMPT, max_tokens=24,
-                                          text=" Red, green and blue.", tokens=6, exact_chars=21)
+    return CanaryReference.objects.create(
+        model=catalog, kind="chat", prompt=PROMPT, max_tokens=24, text=" Red, green and blue.", tokens=6, exact_chars=21
+    )
 
 
 def make_host(**kwargs):  # noqa: ANN003, ANN201
@@ -46,13 +48,23 @@ def _answered(check: CanaryCheck, serving, *, text: str = " Red, green and blue.
 def test_a_canary_samples_as_customers_do_and_carries_none_of_their_words(catalog, reference) -> None:  # noqa: ANN001
     customer = make_customer()
     for _ in range(3):
-        submit_request(customer, catalog, messages=[{"role": "user", "content": "my secret plan"}], temperature=0.7,
-                       top_p=0.9, max_tokens=300)
+        submit_request(
+            customer,
+            catalog,
+            messages=[{"role": "user", "content": "my secret plan"}],
+            temperature=0.7,
+            top_p=0.9,
+            max_tokens=300,
+        )
     host = make_host(name="new")
     check = canaries.canary_send(host=host.host)
     params = check.request.params
     assert check.by_audit
-    assert (params["temperature"], params["top_p"], params["max_tokens"]) == (0.7, 0.9, 128)  # capped: CANARY_MAX_TOKENS
+    assert (params["temperature"], params["top_p"], params["max_tokens"]) == (
+        0.7,
+        0.9,
+        128,
+    )  # capped: CANARY_MAX_TOKENS
     assert params["seed"] is None  # the gateway's seed, as for any job
     assert check.request.messages[-1] == PROMPT[-1]
     assert all(m["content"] in canaries.SYSTEM_PROMPTS for m in check.request.messages[:-1])
@@ -73,15 +85,20 @@ def test_a_model_nobody_can_audit_keeps_greedy_canaries_against_the_reference(ca
 
 
 @pytest.mark.parametrize("passed", [True, False])
-def test_a_canary_is_audited_whatever_the_rate_and_takes_the_audits_verdict(catalog, reference, settings, passed) -> None:  # noqa: ANN001
+def test_a_canary_is_audited_whatever_the_rate_and_takes_the_audits_verdict(
+    catalog, reference, settings, passed
+) -> None:  # noqa: ANN001
     settings.AUDIT_RATE = settings.AUDIT_PROBATION_RATE = 0.0
     serving = make_host(name="rig", trusted=True)
     check = _answered(canaries.canary_send(host=serving.host), serving)
     audit = Audit.objects.get(request_id=check.request_id)
     assert check.verdict == CanaryCheck.Verdict.SCORING and audit.status == Audit.Status.PENDING
     assert canaries.canary_score_pending() == 0, "decided before its audit"
-    audits.audit_decide(audit=audit, reason=None if passed else "token 2 is not the seed's draw",
-                        counts={"checked": 3, "uncertain": 0, "misses": 0 if passed else 1})
+    audits.audit_decide(
+        audit=audit,
+        reason=None if passed else "token 2 is not the seed's draw",
+        counts={"checked": 3, "uncertain": 0, "misses": 0 if passed else 1},
+    )
     assert canaries.canary_score_pending() == 1
     check.refresh_from_db()
     serving.host.refresh_from_db()
@@ -96,7 +113,9 @@ def test_a_canary_is_audited_whatever_the_rate_and_takes_the_audits_verdict(cata
 def test_a_canary_no_audit_can_read_is_void_not_passed(catalog, reference, settings, monkeypatch) -> None:  # noqa: ANN001
     serving = make_host(name="rig")
     check = canaries.canary_send(host=serving.host)
-    monkeypatch.setattr(audits, "audit_weights", lambda model, assemble=True: None)  # the weights left the gateway since
+    monkeypatch.setattr(
+        audits, "audit_weights", lambda model, assemble=True: None
+    )  # the weights left the gateway since
     check = _answered(check, serving)
     assert check.verdict == CanaryCheck.Verdict.VOID and not Audit.objects.filter(request_id=check.request_id).exists()
     assert Request.objects.get(pk=check.request_id).status == Request.Status.COMPLETED

@@ -1,6 +1,7 @@
 """The liveness rules (`marketplace.models.Liveness`) over jobs in every state: each `Q` holds
 exactly the jobs it names, asked as a filter (the sweeps) or of one job (`request_watch`);
 and the watchdog's sweeps and a quiet stream's `request_watch` reach the same verdict."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -20,11 +21,17 @@ from marketplace.tests.test_services import submit
 pytestmark = pytest.mark.django_db
 
 RULES = {
-    "queue_expired": Liveness.queue_expired, "offer_lapsed": Liveness.offer_lapsed, "stalled": Liveness.stalled,
-    "unstarted_since": Liveness.unstarted_since, "past_deadline": Liveness.past_deadline,
+    "queue_expired": Liveness.queue_expired,
+    "offer_lapsed": Liveness.offer_lapsed,
+    "stalled": Liveness.stalled,
+    "unstarted_since": Liveness.unstarted_since,
+    "past_deadline": Liveness.past_deadline,
 }
 EXPIRED, STALLED, UNSTARTED, OVERDUE = (
-    "not claimed in time", "no token for 20 seconds", "no first token within its start bound", "still running at its deadline",
+    "not claimed in time",
+    "no token for 20 seconds",
+    "no first token within its start bound",
+    "still running at its deadline",
 )
 
 
@@ -66,27 +73,68 @@ STATES = [
     state("queued, never offered", "queued", {"created_at": 5, "offer_until": None}, {"offer_lapsed"}),
     state("queued, its offer lapsed", "queued", {"created_at": 10, "offer_until": 5}, {"offer_lapsed"}, offered=True),
     state("queued just inside the timeout", "queued", {"created_at": 55, "offer_until": -5}, set(), offered=True),
-    state("queued past the timeout, offered", "queued", {"created_at": 65, "offer_until": -5}, {"queue_expired"}, EXPIRED,
-          offered=True),
-    state("queued past the timeout, its offer lapsed", "queued", {"created_at": 65, "offer_until": 5},
-          {"queue_expired", "offer_lapsed"}, EXPIRED, offered=True),
+    state(
+        "queued past the timeout, offered",
+        "queued",
+        {"created_at": 65, "offer_until": -5},
+        {"queue_expired"},
+        EXPIRED,
+        offered=True,
+    ),
+    state(
+        "queued past the timeout, its offer lapsed",
+        "queued",
+        {"created_at": 65, "offer_until": 5},
+        {"queue_expired", "offer_lapsed"},
+        EXPIRED,
+        offered=True,
+    ),
     state("streaming", "running", STREAMING, set()),
     state("quiet inside the stall clock", "running", {**STREAMING, "last_token_at": 15}, set()),
     state("stalled", "running", STALLED_STREAM, {"stalled"}, STALLED),
     state("just claimed", "running", {"claimed_at": 5, "last_token_at": 5}, set()),
     state("silent past its start bound", "running", SILENT_START, {"unstarted_since"}, UNSTARTED),
-    state("loading past its start bound, reporting progress", "running", {**SILENT_START, "progress_at": 3},
-          {"unstarted_since"}),
-    state("loading past the start allowance, reporting progress", "running",
-          {"claimed_at": 125, "last_token_at": 125, "progress_at": 1}, {"unstarted_since"}, UNSTARTED),
+    state(
+        "loading past its start bound, reporting progress",
+        "running",
+        {**SILENT_START, "progress_at": 3},
+        {"unstarted_since"},
+    ),
+    state(
+        "loading past the start allowance, reporting progress",
+        "running",
+        {"claimed_at": 125, "last_token_at": 125, "progress_at": 1},
+        {"unstarted_since"},
+        UNSTARTED,
+    ),
     state("streaming past its deadline", "running", {**STREAMING, "deadline_at": 1}, {"past_deadline"}, OVERDUE),
-    state("stalled past its deadline", "running", {**STALLED_STREAM, "deadline_at": 1}, {"stalled", "past_deadline"}, STALLED),
-    state("silent past its start bound and its deadline", "running", {**SILENT_START, "deadline_at": 1},
-          {"unstarted_since", "past_deadline"}, UNSTARTED),
-    state("loading, reporting progress, past its deadline", "running", {**SILENT_START, "progress_at": 3, "deadline_at": 1},
-          {"unstarted_since", "past_deadline"}, OVERDUE),
-    state("completed long ago", "completed",
-          {"claimed_at": 600, "first_token_at": 590, "last_token_at": 500, "deadline_at": 300, "finished_at": 500}, set()),
+    state(
+        "stalled past its deadline",
+        "running",
+        {**STALLED_STREAM, "deadline_at": 1},
+        {"stalled", "past_deadline"},
+        STALLED,
+    ),
+    state(
+        "silent past its start bound and its deadline",
+        "running",
+        {**SILENT_START, "deadline_at": 1},
+        {"unstarted_since", "past_deadline"},
+        UNSTARTED,
+    ),
+    state(
+        "loading, reporting progress, past its deadline",
+        "running",
+        {**SILENT_START, "progress_at": 3, "deadline_at": 1},
+        {"unstarted_since", "past_deadline"},
+        OVERDUE,
+    ),
+    state(
+        "completed long ago",
+        "completed",
+        {"claimed_at": 600, "first_token_at": 590, "last_token_at": 500, "deadline_at": 300, "finished_at": 500},
+        set(),
+    ),
 ]
 
 
@@ -98,7 +146,8 @@ def job_in(job_state: JobState, *, customer, catalog, serving_host, now: datetim
         job = services.job_claim_next(host=serving_host.host, fingerprint=serving_host.fingerprint)
     times = {column: None if ago is None else now - timedelta(seconds=ago) for column, ago in job_state.ago.items()}
     Job.objects.filter(pk=job.pk).update(
-        **times, offered_host=serving_host.host if job_state.offered else None,
+        **times,
+        offered_host=serving_host.host if job_state.offered else None,
         **({"status": job_state.status} if job_state.status == "completed" else {}),
     )
     return Job.objects.get(pk=job.pk)
@@ -106,7 +155,9 @@ def job_in(job_state: JobState, *, customer, catalog, serving_host, now: datetim
 
 class LivenessRuleTests:
     @pytest.mark.parametrize("job_state", STATES, ids=str)
-    def test_each_rule_holds_exactly_the_jobs_it_names(self, customer, catalog, serving_host, job_state: JobState) -> None:
+    def test_each_rule_holds_exactly_the_jobs_it_names(
+        self, customer, catalog, serving_host, job_state: JobState
+    ) -> None:
         """As the sweeps ask (a filter over every job) and as `request_watch` asks (the rules
         annotated on its one job)."""
         now = timezone.now()
@@ -114,14 +165,20 @@ class LivenessRuleTests:
         for name, rule in RULES.items():
             expected = {job.pk} if name in job_state.rules else set()
             assert set(Job.objects.filter(rule(now)).values_list("pk", flat=True)) == expected, name
-        asked = Job.objects.filter(pk=job.pk).annotate(
-            **{name: ExpressionWrapper(rule(now), output_field=BooleanField()) for name, rule in RULES.items()}
-        ).values(*RULES).get()
+        asked = (
+            Job.objects.filter(pk=job.pk)
+            .annotate(
+                **{name: ExpressionWrapper(rule(now), output_field=BooleanField()) for name, rule in RULES.items()}
+            )
+            .values(*RULES)
+            .get()
+        )
         assert {name for name, holds in asked.items() if holds} == job_state.rules
 
     @pytest.mark.parametrize("job_state", [s for s in STATES if s.status == "queued"], ids=str)
-    def test_a_reoffer_goes_out_exactly_when_the_offer_lapsed(self, customer, catalog, serving_host, outsider,
-                                                             job_state: JobState) -> None:
+    def test_a_reoffer_goes_out_exactly_when_the_offer_lapsed(
+        self, customer, catalog, serving_host, outsider, job_state: JobState
+    ) -> None:
         """`job_reoffer` (the stream's step for `offer_lapsed`) re-offers a lapsed offer to
         another warm host, and leaves a live one alone."""
         job = job_in(job_state, customer=customer, catalog=catalog, serving_host=serving_host, now=timezone.now())
@@ -141,8 +198,9 @@ def outcome(act: Callable[[], object], job_id: int) -> tuple[str, str]:
 
 class VerdictTests:
     @pytest.mark.parametrize("job_state", STATES, ids=str)
-    def test_the_sweeps_and_request_watch_reach_the_same_verdict(self, customer, catalog, serving_host,
-                                                                job_state: JobState) -> None:
+    def test_the_sweeps_and_request_watch_reach_the_same_verdict(
+        self, customer, catalog, serving_host, job_state: JobState
+    ) -> None:
         job = job_in(job_state, customer=customer, catalog=catalog, serving_host=serving_host, now=timezone.now())
         swept = outcome(services.watchdog_tick, job.pk)
         watched = outcome(lambda: services.request_watch(request_id=job.request_id), job.pk)

@@ -5,6 +5,7 @@ this prompt (with the floor, and PROGRESS_STRETCH while it reports progress). A 
 claim, or whose catalog is stale, keeps its load time; one that finishes loading after its claim
 is not then held to a warm host's bound. And the timings these rules rest on, as mahout and the
 gateway each name them, hold their relations."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -21,7 +22,10 @@ from marketplace.tests.test_services import submit
 pytestmark = pytest.mark.django_db
 
 LOAD_MS = 60_000  # its benchmark's load: a minute; its other figures: 50 ms to first token, prompts at 500 tokens/s
-COLD_BOUNDS = (pytest.approx(5 + 60 + 0.05 + 10 / 500), 120)  # the floor, the load, 10 prompt tokens (stretched: capped)
+COLD_BOUNDS = (
+    pytest.approx(5 + 60 + 0.05 + 10 / 500),
+    120,
+)  # the floor, the load, 10 prompt tokens (stretched: capped)
 WARM_BOUNDS = (pytest.approx(5 + 0.05 + 10 / 500), pytest.approx(5 + 3 * (0.05 + 10 / 500)))  # its prefill alone
 
 
@@ -38,31 +42,49 @@ def _clocks(settings, serving_host) -> None:
 
 def heartbeat(serving_host, catalog, *, loaded: bool) -> None:
     """A heartbeat as mahout sends it, its catalog saying whether the model is loaded."""
-    host_heartbeat(host=serving_host.host, fingerprint=serving_host.fingerprint, paused=False, version="1.0.0",
-                   models_loaded=[catalog.name] if loaded else [],
-                   catalog={"installed": [catalog.name], "qualified": [catalog.name],
-                            "loaded": [catalog.name] if loaded else [], "slots": 1, "active_jobs": 0})
+    host_heartbeat(
+        host=serving_host.host,
+        fingerprint=serving_host.fingerprint,
+        paused=False,
+        version="1.0.0",
+        models_loaded=[catalog.name] if loaded else [],
+        catalog={
+            "installed": [catalog.name],
+            "qualified": [catalog.name],
+            "loaded": [catalog.name] if loaded else [],
+            "slots": 1,
+            "active_jobs": 0,
+        },
+    )
 
 
-def claimed(customer, catalog, serving_host, *, seconds_ago: float, progress_ago: float | None = None) -> tuple[Request, Job]:
+def claimed(
+    customer, catalog, serving_host, *, seconds_ago: float, progress_ago: float | None = None
+) -> tuple[Request, Job]:
     request = submit(customer, catalog)
     job = services.job_claim_next(host=serving_host.host, fingerprint=serving_host.fingerprint)
     assert job is not None
     now = timezone.now()
     Job.objects.filter(pk=job.pk).update(
-        claimed_at=now - timedelta(seconds=seconds_ago), last_token_at=now - timedelta(seconds=seconds_ago),
-        progress_at=None if progress_ago is None else now - timedelta(seconds=progress_ago))
+        claimed_at=now - timedelta(seconds=seconds_ago),
+        last_token_at=now - timedelta(seconds=seconds_ago),
+        progress_at=None if progress_ago is None else now - timedelta(seconds=progress_ago),
+    )
     return request, Job.objects.get(pk=job.pk)
 
 
 def aged(job: Job, *, seconds_ago: float, progress_ago: float | None = None) -> None:
     now = timezone.now()
-    Job.objects.filter(pk=job.pk).update(claimed_at=now - timedelta(seconds=seconds_ago),
-                                         progress_at=None if progress_ago is None else now - timedelta(seconds=progress_ago))
+    Job.objects.filter(pk=job.pk).update(
+        claimed_at=now - timedelta(seconds=seconds_ago),
+        progress_at=None if progress_ago is None else now - timedelta(seconds=progress_ago),
+    )
 
 
 class WarmStartBoundTests:
-    def test_a_warm_host_that_goes_silent_after_claiming_is_cut_off_after_its_prefill(self, customer, catalog, serving_host) -> None:
+    def test_a_warm_host_that_goes_silent_after_claiming_is_cut_off_after_its_prefill(
+        self, customer, catalog, serving_host
+    ) -> None:
         heartbeat(serving_host, catalog, loaded=True)
         request, job = claimed(customer, catalog, serving_host, seconds_ago=4)
         assert job.loaded_at_claim is True
@@ -92,7 +114,9 @@ class WarmStartBoundTests:
         assert services.job_start_bounds(job=job) == COLD_BOUNDS
         assert services.unstarted_job_end_one() is False, "loading, and saying so"
 
-    def test_a_host_that_finishes_loading_after_its_claim_keeps_its_load_time(self, customer, catalog, serving_host) -> None:
+    def test_a_host_that_finishes_loading_after_its_claim_keeps_its_load_time(
+        self, customer, catalog, serving_host
+    ) -> None:
         heartbeat(serving_host, catalog, loaded=False)
         _, job = claimed(customer, catalog, serving_host, seconds_ago=1)
         heartbeat(serving_host, catalog, loaded=True)  # loaded now: the job is prefilling after a load
@@ -118,4 +142,6 @@ class WarmStartBoundTests:
         continuation = services.job_claim_next(host=serving_host.host, fingerprint=serving_host.fingerprint)
         assert continuation is not None and continuation.attempt == 2
         quiet, _ = services.job_start_bounds(job=Job.objects.get(pk=continuation.pk))
-        assert quiet == pytest.approx(5 + (10 + 30) / 10.0)  # the floor, 10 prompt tokens and 30 delivered characters at 10/s
+        assert quiet == pytest.approx(
+            5 + (10 + 30) / 10.0
+        )  # the floor, 10 prompt tokens and 30 delivered characters at 10/s

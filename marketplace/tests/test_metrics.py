@@ -1,5 +1,6 @@
 """The operator's metrics: Prometheus' text format, read from the database at scrape time,
 so any process answers for all of them; only the metrics token or staff may read them."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -24,8 +25,11 @@ def scrape(client: Client, **headers: str) -> dict[str, float]:
     """Every sample, as "name{label=value,...}" (labels sorted) -> value."""
     response = client.get("/metrics", **headers)
     assert response.status_code == 200 and response["Content-Type"].startswith("text/plain")
-    return {sample.name + "{" + ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items())) + "}": sample.value
-            for family in text_string_to_metric_families(response.content.decode()) for sample in family.samples}
+    return {
+        sample.name + "{" + ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items())) + "}": sample.value
+        for family in text_string_to_metric_families(response.content.decode())
+        for sample in family.samples
+    }
 
 
 def test_only_the_metrics_token_or_staff_may_read_them(settings, db) -> None:
@@ -54,7 +58,8 @@ def test_they_count_what_happened(settings, serving_host, catalog) -> None:
     submit(make_customer(), catalog)  # still queued
     expired = submit(make_customer(), catalog)
     services.request_expire_unclaimed(request_id=expired.pk) or Job.objects.filter(request=expired).update(
-        created_at=timezone.now() - timedelta(hours=1))
+        created_at=timezone.now() - timedelta(hours=1)
+    )
     services.request_expire_unclaimed(request_id=expired.pk)
 
     metrics = scrape(Client(), HTTP_AUTHORIZATION="Bearer m-secret")
@@ -86,10 +91,21 @@ def test_the_sample_grafana_dashboard_reads_only_metrics_that_exist(settings, ca
 
     settings.METRICS_TOKEN = "m-secret"
     dashboard = json.loads((ROOT / "docs" / "grafana-dashboard.json").read_text())
-    used = {name for panel in dashboard["panels"] for target in panel["targets"]
-            for name in re.findall(r"elephant_\w+", target["expr"])}
+    used = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"elephant_\w+", target["expr"])
+    }
     text = Client().get("/metrics", HTTP_AUTHORIZATION="Bearer m-secret").content.decode()
-    suffixes = {"counter": ["", "_total"], "gauge": [""], "histogram": ["_bucket", "_count", "_sum"]}  # (TYPE names counters either way)
-    served = {name + suffix for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", text, re.MULTILINE)
-              for suffix in suffixes[kind]}
+    suffixes = {
+        "counter": ["", "_total"],
+        "gauge": [""],
+        "histogram": ["_bucket", "_count", "_sum"],
+    }  # (TYPE names counters either way)
+    served = {
+        name + suffix
+        for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", text, re.MULTILINE)
+        for suffix in suffixes[kind]
+    }
     assert used and used <= served, used - served

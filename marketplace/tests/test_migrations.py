@@ -1,6 +1,7 @@
 """A database made before the catalog and API keys left the marketplace app migrates
 forward with nothing lost: keys still authenticate, a request held before the move
 settles after it, the admin's content types follow, and the books reconcile."""
+
 from __future__ import annotations
 
 import pytest
@@ -23,8 +24,12 @@ from testkit.requests import submit_request
 
 # The leaf migrations of every app at the commit before the move.
 BEFORE_THE_MOVE = [
-    ("marketplace", "0007_seed_embeddings"), ("billing", "0003_topups_payouts"), ("hosts", "0004_host_catalog"),
-    ("mesh", "0004_moe"), ("accounts", None), ("catalog", None),
+    ("marketplace", "0007_seed_embeddings"),
+    ("billing", "0003_topups_payouts"),
+    ("hosts", "0004_host_catalog"),
+    ("mesh", "0004_moe"),
+    ("accounts", None),
+    ("catalog", None),
 ]
 
 
@@ -44,7 +49,9 @@ class CatalogAndKeysMoveTests:
             credit_grant(user=user, amount_ucents=500_000_000, reference="before-the-move")
             secret = secret_new("el")
             OldKey = old.get_model("marketplace", "ApiKey")
-            old_key = OldKey.objects.create(user_id=user.pk, name="old", prefix=secret_prefix(secret), key_hash=secret_hash(secret))
+            old_key = OldKey.objects.create(
+                user_id=user.pk, name="old", prefix=secret_prefix(secret), key_hash=secret_hash(secret)
+            )
             OldCatalogModel = old.get_model("marketplace", "CatalogModel")
             catalog_seed(OldCatalogModel)  # an earlier transactional test may have flushed the seeded rows
             model_id = OldCatalogModel.objects.get(name="gemma-3-270m").pk

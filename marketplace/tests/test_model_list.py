@@ -1,6 +1,7 @@
 """GET /v1/models: each served model with its card computed from its catalog entry (context,
 OpenRouter's USD-per-token pricing, architecture) and the parameters its endpoint takes; a model
 added from its own GGUF file shows its own (issue 28)."""
+
 from __future__ import annotations
 
 import pytest
@@ -17,20 +18,47 @@ from marketplace.openai.serializers import UNSUPPORTED, ChatInputSerializer, Emb
 pytestmark = pytest.mark.django_db
 
 CHAT_ENDPOINT_TAKES = {
-    "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed", "response_format", "logprobs",
-    "top_logprobs", "n", "tools", "tool_choice", "parallel_tool_calls", "stream", "stream_options", "provider", "models",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "stop",
+    "seed",
+    "response_format",
+    "logprobs",
+    "top_logprobs",
+    "n",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "stream",
+    "stream_options",
+    "provider",
+    "models",
 }
 
 
 def serve(model: CatalogModel) -> None:
     """An online host that benchmarked `model`'s own file and has it loaded."""
     serving = make_host(qualified=False)
-    qualification_register(host=serving.host, model_name=model.name, fingerprint=serving.fingerprint, machine={},
-                           benchmark={"prompt_tps": 500.0, "gen_tps": 40.0, "ttft_ms": 50.0, "memory_mb": 400.0},
-                           sha256=model.sha256)
-    catalog = {"installed": [model.name], "qualified": [model.name], "loaded": [model.name], "slots": 1, "active_jobs": 0}
-    host_heartbeat(host=serving.host, fingerprint=serving.fingerprint, paused=False, models_loaded=[], version="t",
-                   catalog=catalog)
+    qualification_register(
+        host=serving.host,
+        model_name=model.name,
+        fingerprint=serving.fingerprint,
+        machine={},
+        benchmark={"prompt_tps": 500.0, "gen_tps": 40.0, "ttft_ms": 50.0, "memory_mb": 400.0},
+        sha256=model.sha256,
+    )
+    catalog = {
+        "installed": [model.name],
+        "qualified": [model.name],
+        "loaded": [model.name],
+        "slots": 1,
+        "active_jobs": 0,
+    }
+    host_heartbeat(
+        host=serving.host, fingerprint=serving.fingerprint, paused=False, models_loaded=[], version="t", catalog=catalog
+    )
 
 
 def listed(secret: str) -> dict[str, dict]:
@@ -45,7 +73,9 @@ class ModelListTests:
         self, customer, catalog, var_dir, tmp_path
     ) -> None:
         path = _tiny_gguf(tmp_path / "tiny.gguf", template=TEMPLATE, general_name="tiny chat")
-        added = catalog_model_add(path=path, name="tiny-chat", input_price="0.15", output_price="0.60", context_length=2048)
+        added = catalog_model_add(
+            path=path, name="tiny-chat", input_price="0.15", output_price="0.60", context_length=2048
+        )
         serve(added)
         serve(catalog)
 
@@ -54,12 +84,23 @@ class ModelListTests:
         entry = models["tiny-chat"]
         assert set(entry.pop("supported_parameters")) == CHAT_ENDPOINT_TAKES
         assert entry == {
-            "id": "tiny-chat", "object": "model", "created": int(added.created_at.timestamp()), "owned_by": "elephant",
-            "kind": "chat", "context_length": 2048,
+            "id": "tiny-chat",
+            "object": "model",
+            "created": int(added.created_at.timestamp()),
+            "owned_by": "elephant",
+            "kind": "chat",
+            "context_length": 2048,
             "pricing": {"prompt": "0.00000015", "completion": "0.0000006"},  # $0.15 and $0.60 per million tokens
-            "architecture": {"modality": "text->text", "input_modalities": ["text"], "output_modalities": ["text"],
-                             "tokenizer": "gemma3", "instruct_type": "chat_template"},
-            "hosts_online": 1, "hosts_warm": 1, "latency_critical": False,
+            "architecture": {
+                "modality": "text->text",
+                "input_modalities": ["text"],
+                "output_modalities": ["text"],
+                "tokenizer": "gemma3",
+                "instruct_type": "chat_template",
+            },
+            "hosts_online": 1,
+            "hosts_warm": 1,
+            "latency_critical": False,
         }
         shipped = models["gemma-3-270m"]
         assert shipped["context_length"] == catalog.context_length != 2048
@@ -69,7 +110,10 @@ class ModelListTests:
         CatalogModel.objects.filter(pk=catalog.pk).update(input_price_ucents=1, output_price_ucents=123_456_789)
         serve(catalog)
 
-        assert listed(customer.secret)["gemma-3-270m"]["pricing"] == {"prompt": "0.00000001", "completion": "1.23456789"}
+        assert listed(customer.secret)["gemma-3-270m"]["pricing"] == {
+            "prompt": "0.00000001",
+            "completion": "1.23456789",
+        }
 
     def test_the_embeddings_model_says_it_answers_vectors(self, customer, catalog) -> None:
         minilm = CatalogModel.objects.get(name="all-minilm-l6-v2")

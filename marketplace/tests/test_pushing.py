@@ -1,5 +1,6 @@
 """Batches that arrive together share one trip to the database, and each still gets the
 answer it would have had alone; an offer to a host with many waiting long-polls wakes one."""
+
 from __future__ import annotations
 
 import asyncio
@@ -35,16 +36,22 @@ class PushManyTests:
         first, job_a = claimed(customer, serving_host, catalog)
         second, job_b = claimed(customer, serving_host, catalog)
         host = serving_host.host
-        results = services.job_push_many([
-            services.Push(host=host, job_id=job_a.pk, seq=0, text="Hel"),
-            services.Push(host=host, job_id=job_b.pk, seq=0, text="Wor"),
-            services.Push(host=host, job_id=job_a.pk, seq=0, text="Hel"),  # a retry behind its original
-            services.Push(host=host, job_id=job_a.pk, seq=1, text="lo"),
-            services.Push(host=host, job_id=job_b.pk, seq=5, text="?"),  # from the future
-            services.Push(host=outsider.host, job_id=job_b.pk, seq=1, text="!"),  # not its job
-        ])
+        results = services.job_push_many(
+            [
+                services.Push(host=host, job_id=job_a.pk, seq=0, text="Hel"),
+                services.Push(host=host, job_id=job_b.pk, seq=0, text="Wor"),
+                services.Push(host=host, job_id=job_a.pk, seq=0, text="Hel"),  # a retry behind its original
+                services.Push(host=host, job_id=job_a.pk, seq=1, text="lo"),
+                services.Push(host=host, job_id=job_b.pk, seq=5, text="?"),  # from the future
+                services.Push(host=outsider.host, job_id=job_b.pk, seq=1, text="!"),  # not its job
+            ]
+        )
         assert results[:4] == [
-            services.PushResult(True, 1), services.PushResult(True, 1), services.PushResult(False, 1), services.PushResult(True, 2)]
+            services.PushResult(True, 1),
+            services.PushResult(True, 1),
+            services.PushResult(False, 1),
+            services.PushResult(True, 2),
+        ]
         assert isinstance(results[4], services.SequenceGap)
         assert isinstance(results[5], services.HostRefused) and results[5].code == "not_your_job"
         assert [Request.objects.get(pk=r.pk).delivered_text for r in (first, second)] == ["Hello", "Wor"]
@@ -58,13 +65,21 @@ class PushManyTests:
         moved = Job.objects.get(pk=job.pk)
         services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=2, text="")
         after = Job.objects.get(pk=job.pk)
-        assert (after.next_seq, after.last_token_at, after.first_token_at) == (3, moved.last_token_at, moved.first_token_at)
+        assert (after.next_seq, after.last_token_at, after.first_token_at) == (
+            3,
+            moved.last_token_at,
+            moved.first_token_at,
+        )
 
-    def test_a_trip_of_many_jobs_is_one_statement_on_postgresql_and_one_transaction_on_sqlite(self, customer, catalog) -> None:
+    def test_a_trip_of_many_jobs_is_one_statement_on_postgresql_and_one_transaction_on_sqlite(
+        self, customer, catalog
+    ) -> None:
         serving = roomy(make_host(name="many"))
         jobs = [claimed(customer, serving, catalog)[1] for _ in range(10)]
         with CaptureQueriesContext(connection) as queries:
-            results = services.job_push_many([services.Push(host=serving.host, job_id=job.pk, seq=0, text=BATCH) for job in jobs])
+            results = services.job_push_many(
+                [services.Push(host=serving.host, job_id=job.pk, seq=0, text=BATCH) for job in jobs]
+            )
         assert results == [services.PushResult(True, 1)] * 10
         statements = [q["sql"] for q in queries if q["sql"] not in ("BEGIN", "COMMIT") and "SAVEPOINT" not in q["sql"]]
         assert len(statements) == (1 if connection.vendor == "postgresql" else 3 * 10)
@@ -86,9 +101,11 @@ class PushWriterTests:
         monkeypatch.setattr(services, "job_push_many", counted)
 
         async def push_all() -> list:
-            return await asyncio.gather(*(pushing.push_tokens(host=serving.host, job_id=job.pk, seq=0, text=BATCH) for job in jobs),
-                                        pushing.push_tokens(host=serving.host, job_id=jobs[0].pk, seq=9, text="?"),
-                                        return_exceptions=True)
+            return await asyncio.gather(
+                *(pushing.push_tokens(host=serving.host, job_id=job.pk, seq=0, text=BATCH) for job in jobs),
+                pushing.push_tokens(host=serving.host, job_id=jobs[0].pk, seq=9, text="?"),
+                return_exceptions=True,
+            )
 
         results = asyncio.run(push_all())
         assert results[:12] == [services.PushResult(True, 1)] * 12
@@ -96,9 +113,9 @@ class PushWriterTests:
         assert sum(trips) == 13 and len(trips) <= 2  # the first goes alone at once, the rest wait for it together
         assert {Request.objects.get(pk=job.request_id).delivered_text for job in jobs} == {BATCH}
 
-
-    def test_a_batch_the_database_cannot_take_fails_alone_and_its_trip_mates_are_applied(self, customer, catalog,
-                                                                                        monkeypatch) -> None:
+    def test_a_batch_the_database_cannot_take_fails_alone_and_its_trip_mates_are_applied(
+        self, customer, catalog, monkeypatch
+    ) -> None:
         """One host's bad batch must not fail every host's batches of its trip (a seq past any
         integer column fails the whole statement on PostgreSQL, the whole transaction on SQLite;
         the doors refuse it first, so it is sent here directly)."""
@@ -119,7 +136,8 @@ class PushWriterTests:
                 pushing.push_tokens(host=honest.host, job_id=jobs[0].pk, seq=0, text=BATCH),
                 pushing.push_tokens(host=cheat.host, job_id=own.pk, seq=2**63, text="x"),
                 *(pushing.push_tokens(host=honest.host, job_id=job.pk, seq=0, text=BATCH) for job in jobs[1:]),
-                return_exceptions=True)
+                return_exceptions=True,
+            )
 
         results = asyncio.run(push_all())
         assert trips[0] == 4, "all four shared the first trip"
@@ -141,8 +159,10 @@ class PushWriterTests:
         monkeypatch.setattr(services, "job_push_many", down)
 
         async def push_all() -> list:
-            return await asyncio.gather(*(pushing.push_tokens(host=serving.host, job_id=job.pk, seq=0, text=BATCH) for job in jobs),
-                                        return_exceptions=True)
+            return await asyncio.gather(
+                *(pushing.push_tokens(host=serving.host, job_id=job.pk, seq=0, text=BATCH) for job in jobs),
+                return_exceptions=True,
+            )
 
         results = asyncio.run(push_all())
         assert trips == [4] and all(isinstance(result, OperationalError) for result in results)
@@ -153,7 +173,9 @@ class OfferWakeUpTests:
     def test_an_offer_to_a_host_wakes_one_of_its_waiting_claims(self, customer, catalog, settings, monkeypatch) -> None:
         settings.ROUTING_OFFER_SECONDS = 30  # no rechecks while the test counts
         serving = make_host(name="slots")
-        Host.objects.filter(pk=serving.host.pk).update(last_heartbeat_at=timezone.now(), slots=5, trusted_at=timezone.now())  # online
+        Host.objects.filter(pk=serving.host.pk).update(
+            last_heartbeat_at=timezone.now(), slots=5, trusted_at=timezone.now()
+        )  # online
         serving.host.refresh_from_db()
         looks: list[int] = []
         payload = services.job_claim_payload
@@ -166,8 +188,12 @@ class OfferWakeUpTests:
         monkeypatch.setattr(services, "job_claim_payload", counted)
 
         async def five_waiters_and_an_offer() -> tuple[list, list[int]]:
-            waiters = [asyncio.ensure_future(claiming.claim_when_offered(serving.host, fingerprint=serving.fingerprint, wait=3))
-                       for _ in range(5)]
+            waiters = [
+                asyncio.ensure_future(
+                    claiming.claim_when_offered(serving.host, fingerprint=serving.fingerprint, wait=3)
+                )
+                for _ in range(5)
+            ]
             while len(looks) < 5:
                 await asyncio.sleep(0.05)
             await asyncio.sleep(0.2)  # all five are asleep on the channel layer

@@ -1,6 +1,7 @@
 """Deliberate redundancy (issue 16): a latency-critical model with fewer than two warm hosts
 gets an idle, qualified host asked to load it in its heartbeat's answer; the ask is
 released (``unload``) once more hosts are warm than needed, and lapses if never honoured."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,10 @@ MODEL = "gemma-3-270m"
 def beat(serving, *, loaded: list[str], active_jobs: int = 0) -> dict:
     catalog = {"installed": [MODEL], "qualified": [MODEL], "loaded": loaded, "slots": 1, "active_jobs": active_jobs}
     response = Client().post(
-        "/hosts/api/heartbeat", data=json.dumps({"fingerprint": serving.fingerprint, "catalog": catalog}),
-        content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {serving.token}",
+        "/hosts/api/heartbeat",
+        data=json.dumps({"fingerprint": serving.fingerprint, "catalog": catalog}),
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {serving.token}",
     )
     assert response.status_code == 200, response.content
     return response.json()
@@ -33,7 +36,9 @@ def beat(serving, *, loaded: list[str], active_jobs: int = 0) -> dict:
 
 def die(serving) -> None:
     """kill -9: no more heartbeats; the gateway sees it go offline."""
-    Host.objects.filter(pk=serving.host.pk).update(last_heartbeat_at=timezone.now() - timedelta(minutes=5), catalog_at=None)
+    Host.objects.filter(pk=serving.host.pk).update(
+        last_heartbeat_at=timezone.now() - timedelta(minutes=5), catalog_at=None
+    )
 
 
 @pytest.fixture
@@ -52,7 +57,9 @@ class RedundancyTests:
 
         die(first)
         assert beat(spare, loaded=[])["load"] == [MODEL]
-        assert pool_overview().warming[0]["host"].pk == spare.host.pk and pool_overview().warming[0]["state"] == "loading"
+        assert (
+            pool_overview().warming[0]["host"].pk == spare.host.pk and pool_overview().warming[0]["state"] == "loading"
+        )
         assert beat(spare, loaded=[])["load"] == [MODEL], "still loading: the ask stands"
         assert beat(spare, loaded=[MODEL]) == {**beat(spare, loaded=[MODEL]), "load": [], "unload": []}, "warm: kept"
         assert pool_overview().warming[0]["state"] == "warm"
@@ -70,12 +77,16 @@ class RedundancyTests:
     def test_a_busy_a_paused_or_an_unqualified_host_is_never_asked(self, critical) -> None:
         busy, paused, stranger = make_host(name="busy"), make_host(name="paused"), make_host(name="x", qualified=False)
         submit(make_customer(), critical)
-        assert services.job_claim_next(host=busy.host, fingerprint=busy.fingerprint) is not None  # busy: claimed a job cold
+        assert (
+            services.job_claim_next(host=busy.host, fingerprint=busy.fingerprint) is not None
+        )  # busy: claimed a job cold
         assert beat(busy, loaded=[], active_jobs=1)["load"] == []
         Host.objects.filter(pk=paused.host.pk).update(paused=True)
         response = Client().post(
-            "/hosts/api/heartbeat", data=json.dumps({"fingerprint": paused.fingerprint, "paused": True, "catalog": {"loaded": []}}),
-            content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {paused.token}",
+            "/hosts/api/heartbeat",
+            data=json.dumps({"fingerprint": paused.fingerprint, "paused": True, "catalog": {"loaded": []}}),
+            content_type="application/json",
+            HTTP_AUTHORIZATION=f"Bearer {paused.token}",
         )
         assert response.json()["load"] == []
         assert beat(stranger, loaded=[])["load"] == []
@@ -85,7 +96,9 @@ class RedundancyTests:
         beat(warm, loaded=[MODEL])
         assert beat(slow, loaded=[])["load"] == [MODEL]
         assert beat(other, loaded=[])["load"] == []
-        Host.objects.filter(pk=slow.host.pk).update(warm_asked_at=timezone.now() - timedelta(seconds=settings.WARM_ASK_SECONDS + 1))
+        Host.objects.filter(pk=slow.host.pk).update(
+            warm_asked_at=timezone.now() - timedelta(seconds=settings.WARM_ASK_SECONDS + 1)
+        )
         assert beat(slow, loaded=[])["load"] == [], "it never loaded it: released"
         assert beat(other, loaded=[])["load"] == [MODEL]
 

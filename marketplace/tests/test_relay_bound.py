@@ -1,5 +1,6 @@
 """A host pushing past `max_tokens` reaches no customer with the surplus: the relay counts
 what it has handed over and stops at `max_tokens` (and the counting slack)."""
+
 from __future__ import annotations
 
 import json
@@ -40,7 +41,9 @@ class ListenerBoundTests:
                 if over:
                     cut = True
                     break
-            assert cut and tokenizer.count(relayed, special=False) <= 10 < tokenizer.count("".join(pieces), special=False)
+            assert cut and tokenizer.count(relayed, special=False) <= 10 < tokenizer.count(
+                "".join(pieces), special=False
+            )
             assert tokenizer.count(relayed + pieces[-1][:1], special=False) >= 10  # cut at the limit, not before it
 
 
@@ -49,15 +52,44 @@ class ListenerBoundTests:
 def test_a_host_pushing_past_max_tokens_reaches_the_customer_with_max_tokens_at_most(gateway, catalog) -> None:  # noqa: ANN001
     cheat = make_host(name="chatty", fingerprint="s" * 64)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "testkit.simhost", "--server", gateway.url, "--token", cheat.token, "--model", "gemma-3-270m",
-         "--loaded", "gemma-3-270m", "--wait", "2", "--stream-batches", "40", "--interval", "0.01"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "testkit.simhost",
+            "--server",
+            gateway.url,
+            "--token",
+            cheat.token,
+            "--model",
+            "gemma-3-270m",
+            "--loaded",
+            "gemma-3-270m",
+            "--wait",
+            "2",
+            "--stream-batches",
+            "40",
+            "--interval",
+            "0.01",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
-        body = {"model": "gemma-3-270m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": True}
+        body = {
+            "model": "gemma-3-270m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 8,
+            "stream": True,
+        }
         text, events = "", []
-        with httpx.stream("POST", f"{gateway.url}/v1/chat/completions", json=body, timeout=60,
-                          headers={"Authorization": f"Bearer {make_customer().secret}"}) as response:
+        with httpx.stream(
+            "POST",
+            f"{gateway.url}/v1/chat/completions",
+            json=body,
+            timeout=60,
+            headers={"Authorization": f"Bearer {make_customer().secret}"},
+        ) as response:
             for line in response.iter_lines():
                 if line.startswith("data: {"):
                     event = json.loads(line[6:])

@@ -1,6 +1,7 @@
 """Reputation and the limits no host can exceed: probation and trust, claim caps, routing by
 measured speed, trusted-only requests, vesting and forfeits, the text bound, the deadline,
 finish_reason as the text supports it, embeddings of the model's width."""
+
 from __future__ import annotations
 
 import asyncio
@@ -33,7 +34,10 @@ pytestmark = pytest.mark.django_db
 
 def online(serving, *, slots: int = 1, trusted: bool = False, measured: float | None = None) -> Host:
     Host.objects.filter(pk=serving.host.pk).update(
-        last_heartbeat_at=timezone.now(), slots=slots, trusted_at=timezone.now() if trusted else None, measured_tps=measured,
+        last_heartbeat_at=timezone.now(),
+        slots=slots,
+        trusted_at=timezone.now() if trusted else None,
+        measured_tps=measured,
     )
     serving.host.refresh_from_db()
     return serving.host
@@ -52,7 +56,9 @@ class ClaimCapTests:
         assert claim(serving_host) is None, "a third job at once is over its 2 slots"
         assert Job.objects.filter(status=Job.Status.QUEUED).count() == 1
 
-    def test_probation_bounds_a_host_below_its_slots_and_trust_lifts_it(self, customer, serving_host, catalog, settings) -> None:
+    def test_probation_bounds_a_host_below_its_slots_and_trust_lifts_it(
+        self, customer, serving_host, catalog, settings
+    ) -> None:
         settings.HOST_PROBATION_MAX_JOBS = 1
         online(serving_host, slots=3)
         for _ in range(3):
@@ -74,8 +80,10 @@ class ClaimCapTests:
         host = online(serving_host, slots=8)
 
         async def polls() -> list:
-            waiting = [asyncio.ensure_future(claiming.claim_when_offered(host, fingerprint=serving_host.fingerprint, wait=1.0))
-                       for _ in range(2)]
+            waiting = [
+                asyncio.ensure_future(claiming.claim_when_offered(host, fingerprint=serving_host.fingerprint, wait=1.0))
+                for _ in range(2)
+            ]
             await asyncio.sleep(0.3)
             try:
                 await claiming.claim_when_offered(host, fingerprint=serving_host.fingerprint, wait=0.1)
@@ -89,7 +97,9 @@ class ClaimCapTests:
         assert asyncio.run(WAITING.held(host.pk)) == 0, "a finished long-poll gives its place back"
 
     @pytest.mark.django_db(transaction=True)
-    def test_the_cap_holds_across_gateway_processes_and_a_dead_processs_polls_lapse(self, serving_host, catalog, settings) -> None:
+    def test_the_cap_holds_across_gateway_processes_and_a_dead_processs_polls_lapse(
+        self, serving_host, catalog, settings
+    ) -> None:
         """Several gateway processes share Redis: another process's waiting long-polls count
         (a fresh `WaitingClaims` is another process's count), and those of a process that
         died lapse with their wait."""
@@ -139,20 +149,28 @@ class TrustedOnlyTests:
     @pytest.mark.django_db(transaction=True)  # the key is looked up first, on the views' database threads
     def test_the_api_refuses_an_unknown_provider_preference(self, client, customer, catalog) -> None:
         body = {"model": catalog.name, "messages": CHAT, "provider": {"order": ["x"]}}
-        response = client.post("/v1/chat/completions", body, content_type="application/json",
-                               HTTP_AUTHORIZATION=f"Bearer {customer.secret}")
+        response = client.post(
+            "/v1/chat/completions",
+            body,
+            content_type="application/json",
+            HTTP_AUTHORIZATION=f"Bearer {customer.secret}",
+        )
         assert response.status_code == 400
         assert "unsupported provider preference 'order'" in response.json()["error"]["message"]
 
 
 class RoutingByReputationTests:
-    def test_trusted_hosts_are_offered_work_before_hosts_in_probation(self, customer, serving_host, outsider, catalog) -> None:
+    def test_trusted_hosts_are_offered_work_before_hosts_in_probation(
+        self, customer, serving_host, outsider, catalog
+    ) -> None:
         online(serving_host, slots=4)
         online(outsider, slots=4, trusted=True)
         offered = {submit(customer, catalog).jobs.get().offered_host_id for _ in range(3)}
         assert offered == {outsider.host.pk}
 
-    def test_routing_weighs_measured_speed_and_ignores_an_overstated_report(self, serving_host, outsider, catalog) -> None:
+    def test_routing_weighs_measured_speed_and_ignores_an_overstated_report(
+        self, serving_host, outsider, catalog
+    ) -> None:
         online(serving_host, measured=10.0)  # reported 40 tokens/s: over twice what it delivers
         online(outsider, measured=30.0)
         pool = {c.host_id: c for c in routing.candidates(model=catalog, now=timezone.now())}
@@ -172,7 +190,9 @@ class RoutingByReputationTests:
         tokenizer_for(catalog.tokenizer).count("warm", special=False)  # its first load is not the host's time
         submit(customer, catalog, max_tokens=40)
         job = claim(serving_host)
-        services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text=" one two three four five six seven eight nine ten")
+        services.job_push_tokens(
+            host=serving_host.host, job_id=job.pk, seq=0, text=" one two three four five six seven eight nine ten"
+        )
         Job.objects.filter(pk=job.pk).update(first_token_at=timezone.now() - timedelta(seconds=1))
         services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk))
         measured = Host.objects.get(pk=serving_host.host.pk).measured_tps
@@ -181,13 +201,18 @@ class RoutingByReputationTests:
 
 class TrustTests:
     def _passed_canaries(self, host: Host, catalog: CatalogModel, n: int) -> None:
-        reference = CanaryReference.objects.create(model=catalog, kind="completion", prompt="p", max_tokens=4, text="x",
-                                                   tokens=1, exact_chars=1)
+        reference = CanaryReference.objects.create(
+            model=catalog, kind="completion", prompt="p", max_tokens=4, text="x", tokens=1, exact_chars=1
+        )
         for _ in range(n):
             request = submit(make_customer(), catalog)
-            CanaryCheck.objects.create(host=host, reference=reference, request=request, verdict=CanaryCheck.Verdict.PASSED)
+            CanaryCheck.objects.create(
+                host=host, reference=reference, request=request, verdict=CanaryCheck.Verdict.PASSED
+            )
 
-    def test_a_host_leaves_probation_after_canaries_jobs_and_time(self, customer, serving_host, catalog, settings) -> None:
+    def test_a_host_leaves_probation_after_canaries_jobs_and_time(
+        self, customer, serving_host, catalog, settings
+    ) -> None:
         settings.CANARY_TRUST_AFTER, settings.TRUST_AFTER_JOBS, settings.TRUST_AFTER_SECONDS = 2, 1, 3600
         host = online(serving_host)
         self._passed_canaries(host, catalog, 2)
@@ -200,17 +225,31 @@ class TrustTests:
         assert reputation.trust_review(host_id=host.pk)
         assert reputation.reputation_of(Host.objects.get(pk=host.pk)).status == "trusted"
 
-    def test_a_failed_canary_revokes_trust_and_forfeits_what_has_not_vested(self, customer, serving_host, catalog) -> None:
+    def test_a_failed_canary_revokes_trust_and_forfeits_what_has_not_vested(
+        self, customer, serving_host, catalog
+    ) -> None:
         host = online(serving_host, trusted=True)
         submit(customer, catalog)
         job = claim(serving_host)
         services.job_push_tokens(host=host, job_id=job.pk, seq=0, text=" Hello there")
-        earned = services.job_complete(host=host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk)).earned_ucents
+        earned = services.job_complete(
+            host=host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk)
+        ).earned_ucents
         assert earned > 0
-        reference = CanaryReference.objects.create(model=catalog, kind="completion", prompt="Once upon", max_tokens=8,
-                                                   text=" a time there was a", tokens=5, exact_chars=19)
+        reference = CanaryReference.objects.create(
+            model=catalog,
+            kind="completion",
+            prompt="Once upon",
+            max_tokens=8,
+            text=" a time there was a",
+            tokens=5,
+            exact_chars=19,
+        )
         check = CanaryCheck.objects.create(host=host, reference=reference, request=submit(make_customer(), catalog))
-        assert canaries.canary_judge(check=check, host=host, text="junk junk junk", completion_tokens=3, audited=False) == CanaryCheck.Verdict.FAILED
+        assert (
+            canaries.canary_judge(check=check, host=host, text="junk junk junk", completion_tokens=3, audited=False)
+            == CanaryCheck.Verdict.FAILED
+        )
         host.refresh_from_db()
         assert host.trusted_at is None and host.maintenance_by == "verification"
         forfeit = LedgerTransaction.objects.get(kind=LedgerTransaction.Kind.FORFEIT)
@@ -226,13 +265,16 @@ class VestingTests:
         PayoutProfile.objects.create(host=host, stripe_account_id="acct_test")
         customer = make_customer(credit_ucents=10**11)
         request = submit(customer, catalog)
-        billing.hold_settle(hold=request.hold, cost_ucents=request.hold.amount_ucents, host=host, reference=request.public_id)
+        billing.hold_settle(
+            hold=request.hold, cost_ucents=request.hold.amount_ucents, host=host, reference=request.public_id
+        )
         money = ledger.host_payouts(host=host)
         assert money.available_ucents == 0 and money.unvested_ucents == money.balance_ucents > 0
         with pytest.raises(PayoutRefused, match="vests within 7 days"):
             billing.payout_request(host=host, amount_ucents=1_000_000)
         LedgerTransaction.objects.filter(kind=LedgerTransaction.Kind.SETTLEMENT).update(
-            created_at=timezone.now() - timedelta(days=8))
+            created_at=timezone.now() - timedelta(days=8)
+        )
         money = ledger.host_payouts(host=host)
         assert money.unvested_ucents == 0 and money.available_ucents == money.balance_ucents
         assert billing.earnings_forfeit(host=host, reason="late") == 0, "vested earnings are never forfeited"
@@ -251,26 +293,47 @@ class TextBoundTests:
         request.refresh_from_db()
         assert job.status == Job.Status.FAILED and "more text than max_tokens" in job.fail_reason
         assert request.delivered_text == "a" * 60
-        assert request.status == Request.Status.COMPLETED and request.finish_reason == "length", "its budget was delivered"
+        assert request.status == Request.Status.COMPLETED and request.finish_reason == "length", (
+            "its budget was delivered"
+        )
 
-    def test_completing_with_far_more_tokens_than_asked_settles_max_tokens_cut_there(self, customer, serving_host, catalog) -> None:
+    def test_completing_with_far_more_tokens_than_asked_settles_max_tokens_cut_there(
+        self, customer, serving_host, catalog
+    ) -> None:
         """An answer counting past max_tokens and the slack (an honest host's tokens can spell
         twice as many when counted again) settles as "length", billed max_tokens; the customer
         got it cut at the limit (`streaming`), and the host is paid for max_tokens, no more."""
         request = submit(customer, catalog, max_tokens=4)
         job = claim(serving_host)
-        services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text=" one two three four five six seven eight")
-        done = services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="length", token_ids=drawn(job.pk, ended=False))
+        services.job_push_tokens(
+            host=serving_host.host, job_id=job.pk, seq=0, text=" one two three four five six seven eight"
+        )
+        done = services.job_complete(
+            host=serving_host.host, job_id=job.pk, finish_reason="length", token_ids=drawn(job.pk, ended=False)
+        )
         job.refresh_from_db()
         request.refresh_from_db()
-        assert (request.status, request.finish_reason, request.completion_tokens) == (Request.Status.COMPLETED, "length", 4)
-        assert request.cost_ucents == request.prompt_tokens * catalog.input_price_ucents + 4 * catalog.output_price_ucents
-        assert job.status == Job.Status.COMPLETED and done.earned_ucents == job.earned_ucents == request.cost_ucents * 80 // 100
+        assert (request.status, request.finish_reason, request.completion_tokens) == (
+            Request.Status.COMPLETED,
+            "length",
+            4,
+        )
+        assert (
+            request.cost_ucents == request.prompt_tokens * catalog.input_price_ucents + 4 * catalog.output_price_ucents
+        )
+        assert (
+            job.status == Job.Status.COMPLETED
+            and done.earned_ucents == job.earned_ucents == request.cost_ucents * 80 // 100
+        )
 
     def test_every_job_has_a_deadline_the_watchdog_keeps(self, customer, serving_host, catalog, settings) -> None:
         request = submit(customer, catalog, max_tokens=20)
         job = request.jobs.get()
-        allowed = settings.QUEUE_TIMEOUT_SECONDS + settings.JOB_START_ALLOWANCE_SECONDS + 20 / settings.JOB_MIN_TOKENS_PER_SECOND
+        allowed = (
+            settings.QUEUE_TIMEOUT_SECONDS
+            + settings.JOB_START_ALLOWANCE_SECONDS
+            + 20 / settings.JOB_MIN_TOKENS_PER_SECOND
+        )
         assert abs((job.deadline_at - job.created_at).total_seconds() - allowed) < 1
         claim(serving_host)
         services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text=" a")  # trickling: not stalled
@@ -281,12 +344,15 @@ class TextBoundTests:
 
 
 class FinishReasonTests:
-    @pytest.mark.parametrize(("claimed", "tokens", "expected"), [
-        ("stop", 20, "length"),  # the budget was used: whatever the host says
-        ("length", 5, "stop"),  # "length" far short of it is not true
-        ("length", 19, "length"),  # counted again, an honest answer may come out a token short
-        ("stop", 5, "stop"),
-    ])
+    @pytest.mark.parametrize(
+        ("claimed", "tokens", "expected"),
+        [
+            ("stop", 20, "length"),  # the budget was used: whatever the host says
+            ("length", 5, "stop"),  # "length" far short of it is not true
+            ("length", 19, "length"),  # counted again, an honest answer may come out a token short
+            ("stop", 5, "stop"),
+        ],
+    )
     def test_finish_reason_is_what_the_text_supports(self, claimed, tokens, expected) -> None:
         assert services.finish_reason_checked(claimed=claimed, completion_tokens=tokens, max_tokens=20) == expected
 
@@ -302,12 +368,18 @@ class EmbeddingWidthTests:
 
 
 class StopSequenceTests:
-    def test_the_gateway_ends_the_answer_at_a_stop_sequence_the_host_ignored(self, customer, serving_host, catalog) -> None:
-        request = submit_request(customer, catalog, messages=CHAT, stream=True, max_tokens=40, stop=["END"], prompt_tokens=5)
+    def test_the_gateway_ends_the_answer_at_a_stop_sequence_the_host_ignored(
+        self, customer, serving_host, catalog
+    ) -> None:
+        request = submit_request(
+            customer, catalog, messages=CHAT, stream=True, max_tokens=40, stop=["END"], prompt_tokens=5
+        )
         job = claim(serving_host)
         services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text=" one two E")
         services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=1, text="ND three four five")
-        done = services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="length", token_ids=drawn(job.pk, ended=False))
+        done = services.job_complete(
+            host=serving_host.host, job_id=job.pk, finish_reason="length", token_ids=drawn(job.pk, ended=False)
+        )
         assert done.request.finish_reason == "stop"
         assert done.request.completion_tokens == services.count_output(request, " one two ")
 
@@ -342,7 +414,9 @@ class BanTests:
         submit(customer, catalog)
         done = claim(serving_host)
         services.job_push_tokens(host=host, job_id=done.pk, seq=0, text=" earned")
-        earned = services.job_complete(host=host, job_id=done.pk, finish_reason="stop", token_ids=drawn(done.pk)).earned_ucents
+        earned = services.job_complete(
+            host=host, job_id=done.pk, finish_reason="stop", token_ids=drawn(done.pk)
+        ).earned_ucents
         request = submit(customer, catalog)
         running = claim(serving_host)
         assert services.host_ban_with_consequences(host=host, reason="junk answers", by="op")

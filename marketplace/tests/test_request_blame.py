@@ -2,6 +2,7 @@
 job's own content cannot be run gets no strike; another host gives a second opinion; two
 hosts agreeing fail the request honestly and unbilled; a host that blamed a request another
 host then served is counted as failing after all."""
+
 from __future__ import annotations
 
 import pytest
@@ -36,24 +37,37 @@ class RequestBlameTests:
         for _ in range(settings.HOST_MAX_FAILURES_PER_HOUR + 2):
             request = submit(make_customer(), catalog)
             job = claim(honest, catalog)
-            assert services.job_fail(host=honest.host, job_id=job.pk, reason="temperature nan", cause="request") == "requeued"
+            assert (
+                services.job_fail(host=honest.host, job_id=job.pk, reason="temperature nan", cause="request")
+                == "requeued"
+            )
             request.refresh_from_db()
             assert request.status == "running" and Job.objects.filter(request=request, status="queued").exists()
-            Job.objects.filter(request=request, status="queued").delete()  # (this test's next request, not a second opinion)
+            Job.objects.filter(
+                request=request, status="queued"
+            ).delete()  # (this test's next request, not a second opinion)
             Request.objects.filter(pk=request.pk).update(status="failed")
         assert Host.objects.get(pk=honest.host.pk).maintenance_since is None, "its strikes are the customers' faults"
 
     def test_two_hosts_agreeing_fail_the_request_honestly_and_unbilled(self, customer, catalog) -> None:
         first, second = make_host(name="first"), make_host(name="second")
         request = submit(customer, catalog)
-        services.job_fail(host=first.host, job_id=claim(first, catalog).pk, reason="prompt past the context", cause="request")
-        assert services.job_fail(host=second.host, job_id=claim(second, catalog).pk, reason="prompt past the context",
-                                 cause="request") == "failed"
+        services.job_fail(
+            host=first.host, job_id=claim(first, catalog).pk, reason="prompt past the context", cause="request"
+        )
+        assert (
+            services.job_fail(
+                host=second.host, job_id=claim(second, catalog).pk, reason="prompt past the context", cause="request"
+            )
+            == "failed"
+        )
         request.refresh_from_db()
         assert (request.status, request.error_code, request.cost_ucents) == ("failed", "request_not_runnable", 0)
         assert "Two hosts could not run this request" in request.error_message
         assert "prompt past the context" not in request.error_message, "our words, not a host's"
-        assert set(Job.objects.filter(request=request).values_list("fail_reason", flat=True)) == {"prompt past the context"}
+        assert set(Job.objects.filter(request=request).values_list("fail_reason", flat=True)) == {
+            "prompt past the context"
+        }
         assert Hold.objects.get(pk=request.hold_id).status == Hold.Status.RELEASED
         assert ledger.reconcile_report() == []
 
@@ -77,10 +91,18 @@ class RequestBlameTests:
         serving = make_host()
         submit(customer, catalog)
         job = claim(serving, catalog)
-        response = Client().post(f"/hosts/api/jobs/{job.pk}/fail", data=json.dumps({"reason": "bad top_p", "cause": "request"}),
-                                 content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {serving.token}")
+        response = Client().post(
+            f"/hosts/api/jobs/{job.pk}/fail",
+            data=json.dumps({"reason": "bad top_p", "cause": "request"}),
+            content_type="application/json",
+            HTTP_AUTHORIZATION=f"Bearer {serving.token}",
+        )
         assert response.status_code == 200, response.content
         assert Job.objects.get(pk=job.pk).fail_cause == "request"
-        response = Client().post(f"/hosts/api/jobs/{job.pk}/fail", data=json.dumps({"reason": "x", "cause": "weather"}),
-                                 content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {serving.token}")
+        response = Client().post(
+            f"/hosts/api/jobs/{job.pk}/fail",
+            data=json.dumps({"reason": "x", "cause": "weather"}),
+            content_type="application/json",
+            HTTP_AUTHORIZATION=f"Bearer {serving.token}",
+        )
         assert response.status_code == 400 and response.json()["error"]["param"] == "cause"

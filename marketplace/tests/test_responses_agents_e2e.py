@@ -6,6 +6,7 @@ the call's grammar (tool_choice "required"), the SDK runs the tool and sends its
 and the second turn (the SDK resets the choice to "auto") answers in the agent's output type,
 sampled under that type's JSON Schema (`text.format`): a final answer, settled like any chat.
 (openai-agents 0.24.0 requires websockets<17: mahout's socket runs on 16.1.1 for it.)"""
+
 from __future__ import annotations
 
 from typing import Annotated
@@ -29,8 +30,10 @@ class AgentTests:
         from openai import AsyncOpenAI
 
         agents.set_tracing_disabled(True)  # (the SDK would send traces to OpenAI otherwise)
-        agents.set_default_openai_client(AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key=customer_served.secret,
-                                                     max_retries=0, timeout=120), use_for_tracing=False)
+        agents.set_default_openai_client(
+            AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key=customer_served.secret, max_retries=0, timeout=120),
+            use_for_tracing=False,
+        )
         asked: list[str] = []
 
         @agents.function_tool
@@ -40,9 +43,14 @@ class AgentTests:
             return "18 C and sunny"
 
         agent = agents.Agent(
-            name="forecaster", instructions="Answer with the weather.", model="gemma-3-270m", tools=[get_weather],
+            name="forecaster",
+            instructions="Answer with the weather.",
+            model="gemma-3-270m",
+            tools=[get_weather],
             output_type=Forecast,
-            model_settings=agents.ModelSettings(tool_choice="required", temperature=0, max_tokens=60, parallel_tool_calls=False),
+            model_settings=agents.ModelSettings(
+                tool_choice="required", temperature=0, max_tokens=60, parallel_tool_calls=False
+            ),
         )
         result = agents.Runner.run_sync(agent, "What is the weather in Paris?", max_turns=3)
 

@@ -2,6 +2,7 @@
 and `client.models.retrieve`, against a real daphne gateway and a real mahout host running the
 shipped model. A response is admitted, run and settled as a chat: the usage it reports is the
 request's row, read back through GET /v1/generation with its resp_ id."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -25,8 +26,14 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
 ORDER = [
-    "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
-    "response.output_text.delta", "response.output_text.done", "response.content_part.done", "response.output_item.done",
+    "response.created",
+    "response.in_progress",
+    "response.output_item.added",
+    "response.content_part.added",
+    "response.output_text.delta",
+    "response.output_text.done",
+    "response.content_part.done",
+    "response.output_item.done",
 ]
 
 
@@ -38,8 +45,12 @@ def customer_served(gateway: Gateway, catalog: CatalogModel, start_mahout: Calla
 
 
 def generation(gateway: Gateway, customer: Customer, public_id: str) -> dict:
-    return httpx.get(f"{gateway.url}/v1/generation", params={"id": public_id}, timeout=10,
-                     headers={"Authorization": f"Bearer {customer.secret}"}).json()
+    return httpx.get(
+        f"{gateway.url}/v1/generation",
+        params={"id": public_id},
+        timeout=10,
+        headers={"Authorization": f"Bearer {customer.secret}"},
+    ).json()
 
 
 def assert_settled_as_reported(gateway: Gateway, customer: Customer, response_id: str, usage: object) -> None:
@@ -58,8 +69,11 @@ class ResponsesTests:
     def test_a_whole_response_has_the_text_and_usage_billed_on_its_row(self, gateway, customer_served) -> None:
         customer = customer_served
         answer = client(gateway, customer).responses.create(
-            model="gemma-3-270m", instructions="You are a poet.", input="Write a haiku about elephants.",
-            max_output_tokens=12, temperature=0,
+            model="gemma-3-270m",
+            instructions="You are a poet.",
+            input="Write a haiku about elephants.",
+            max_output_tokens=12,
+            temperature=0,
         )
         assert answer.id.startswith("resp_") and answer.object == "response" and answer.model == "gemma-3-270m"
         assert answer.status in ("completed", "incomplete") and answer.output_text.strip()
@@ -69,12 +83,17 @@ class ResponsesTests:
         assert answer.usage.total_tokens == answer.usage.input_tokens + answer.usage.output_tokens
         assert_settled_as_reported(gateway, customer, answer.id, answer.usage)
 
-    def test_a_streamed_response_sends_the_events_in_order_and_its_deltas_join_to_the_text(self, gateway, customer_served) -> None:
+    def test_a_streamed_response_sends_the_events_in_order_and_its_deltas_join_to_the_text(
+        self, gateway, customer_served
+    ) -> None:
         customer = customer_served
         api = client(gateway, customer)
         conversation = [{"role": "user", "content": [{"type": "input_text", "text": "Write a haiku about elephants."}]}]
-        events = list(api.responses.create(model="gemma-3-270m", input=conversation, max_output_tokens=16, temperature=0,
-                                           stream=True))
+        events = list(
+            api.responses.create(
+                model="gemma-3-270m", input=conversation, max_output_tokens=16, temperature=0, stream=True
+            )
+        )
         kinds = [event.type for event in events]
         deltas = [event.delta for event in events if event.type == "response.output_text.delta"]
         assert len(deltas) >= 2, "text must arrive in several events, not one buffered body"
@@ -106,7 +125,9 @@ class ResponsesTests:
 
 
 class UnservedTests:
-    def test_nobody_claims_so_a_whole_response_is_a_504_and_a_stream_ends_with_response_failed(self, gateway, catalog) -> None:
+    def test_nobody_claims_so_a_whole_response_is_a_504_and_a_stream_ends_with_response_failed(
+        self, gateway, catalog
+    ) -> None:
         import openai
 
         customer = make_customer()

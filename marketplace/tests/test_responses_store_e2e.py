@@ -8,6 +8,7 @@ nothing is stored without `store`.
 Greedy answers are not compared across requests: a host that reuses its KV cache for a prompt's
 prefix evaluates the rest in a different batch, and a near tie in the base model's logits can
 then flip the first token. What must match is the prompt the host is fed (`host_prompt`)."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -48,7 +49,9 @@ def host_prompt(body: dict, *, previous_id: str | None = None) -> str:
 
 
 class StoredConversationTests:
-    def test_a_stored_turn_is_continued_read_back_and_deleted(self, gateway: Gateway, customer_served: Customer) -> None:  # noqa: F811
+    def test_a_stored_turn_is_continued_read_back_and_deleted(
+        self, gateway: Gateway, customer_served: Customer  # noqa: F811
+    ) -> None:  # noqa: F811
         import openai
 
         api = client(gateway, customer_served)
@@ -57,10 +60,17 @@ class StoredConversationTests:
         second = api.responses.create(input=SECOND, previous_response_id=first.id, store=True, **ASK)  # type: ignore[arg-type]
         assert second.previous_response_id == first.id and second.instructions is None
 
-        whole = [{"role": "user", "content": FIRST}, {"role": "assistant", "content": first.output_text},
-                 {"role": "user", "content": SECOND}]
+        whole = [
+            {"role": "user", "content": FIRST},
+            {"role": "assistant", "content": first.output_text},
+            {"role": "user", "content": SECOND},
+        ]
         by_hand = api.responses.create(input=whole, **ASK)  # type: ignore[arg-type]  # the same conversation, stateless
-        assert second.usage.input_tokens == by_hand.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+        assert (
+            second.usage.input_tokens
+            == by_hand.usage.input_tokens
+            > first.usage.input_tokens + first.usage.output_tokens
+        )
         assert host_prompt({"input": SECOND, **ASK}, previous_id=first.id) == host_prompt({"input": whole, **ASK})
         billed = Request.objects.get(public_id=second.id)
         assert billed.prompt_tokens == second.usage.input_tokens and billed.messages is None  # the row forgets as any
@@ -78,18 +88,25 @@ class StoredConversationTests:
         assert refused.value.code == "previous_response_not_found"
         assert list(StoredResponse.objects.values_list("request__public_id", flat=True)) == [first.id]
 
-    def test_another_account_can_neither_read_continue_nor_delete_it(self, gateway: Gateway, customer_served: Customer) -> None:  # noqa: F811
+    def test_another_account_can_neither_read_continue_nor_delete_it(
+        self, gateway: Gateway, customer_served: Customer  # noqa: F811
+    ) -> None:  # noqa: F811
         import openai
 
         first = client(gateway, customer_served).responses.create(input=FIRST, store=True, **ASK)  # type: ignore[arg-type]
         outsider = client(gateway, make_customer())
-        for attempt in (lambda: outsider.responses.retrieve(first.id), lambda: outsider.responses.delete(first.id),
-                        lambda: outsider.responses.create(input=SECOND, previous_response_id=first.id, **ASK)):  # type: ignore[arg-type]
+        for attempt in (
+            lambda: outsider.responses.retrieve(first.id),
+            lambda: outsider.responses.delete(first.id),
+            lambda: outsider.responses.create(input=SECOND, previous_response_id=first.id, **ASK),
+        ):  # type: ignore[arg-type]
             with pytest.raises(openai.NotFoundError):
                 attempt()
         assert StoredResponse.objects.count() == 1 and Request.objects.count() == 1
 
-    def test_a_streamed_stored_response_is_kept_before_its_last_event(self, gateway: Gateway, customer_served: Customer) -> None:  # noqa: F811
+    def test_a_streamed_stored_response_is_kept_before_its_last_event(
+        self, gateway: Gateway, customer_served: Customer  # noqa: F811
+    ) -> None:  # noqa: F811
         api = client(gateway, customer_served)
         events = list(api.responses.create(input=FIRST, store=True, stream=True, **ASK))  # type: ignore[arg-type]
         final = events[-1].response
@@ -106,13 +123,22 @@ class StoredConversationTests:
             api.responses.retrieve(answer.id)
 
     def test_a_function_calls_output_continues_the_stored_response_that_made_the_call(
-            self, gateway: Gateway, customer_served: Customer) -> None:  # noqa: F811
+        self, gateway: Gateway, customer_served: Customer  # noqa: F811
+    ) -> None:  # noqa: F811
         from marketplace.tests.test_responses_tools_e2e import ASK as WEATHER_ASK
         from marketplace.tests.test_responses_tools_e2e import TOOL
 
         api = client(gateway, customer_served)
-        first = api.responses.create(model="gemma-3-270m", input=WEATHER_ASK, tools=[TOOL], tool_choice="required",  # type: ignore[list-item]
-                                     max_output_tokens=60, temperature=0, parallel_tool_calls=False, store=True)
+        first = api.responses.create(
+            model="gemma-3-270m",
+            input=WEATHER_ASK,
+            tools=[TOOL],
+            tool_choice="required",  # type: ignore[list-item]
+            max_output_tokens=60,
+            temperature=0,
+            parallel_tool_calls=False,
+            store=True,
+        )
         call = first.output[0]
         assert call.type == "function_call"
         result = {"type": "function_call_output", "call_id": call.call_id, "output": "18 C and sunny"}

@@ -5,6 +5,7 @@ ring job waits in the escrow (its stage hosts' with its bridge's); a pass pays e
 layers' share, a failure refunds the customer all of it and opens an inquiry into whose fault
 it was (test_ring_inquiries.py); a ring all on its bridge's host blames that host. A job at top_p < 1 is drawn too (mahout 0.5.0's rings draw the nucleus
 by the specified sampler); a ring that reports no tokens is drawn and fails, as any host does."""
+
 from __future__ import annotations
 
 import pytest
@@ -41,21 +42,40 @@ def ring(catalog, settings):  # noqa: ANN001, ANN201
     """A bridge in probation (every job of it drawn) with two stage hosts of other owners."""
     settings.AUDIT_PROBATION_RATE = 1.0
     n_layers = ModelLayout.objects.get(model=catalog).n_layers
-    bridge, first, last = make_host(name="bridge"), make_host(qualified=False, name="a"), make_host(qualified=False, name="b")
+    bridge, first, last = (
+        make_host(name="bridge"),
+        make_host(qualified=False, name="a"),
+        make_host(qualified=False, name="b"),
+    )
     third = n_layers // 3
-    ring_plan_create(model_name=catalog.name, row_width=64, micro_batch=2, bridge_host=bridge.host,
-                     stages=[StageSpec(0, third, first.host), StageSpec(third, n_layers - 2, None),
-                             StageSpec(n_layers - 2, n_layers, last.host)])
+    ring_plan_create(
+        model_name=catalog.name,
+        row_width=64,
+        micro_batch=2,
+        bridge_host=bridge.host,
+        stages=[
+            StageSpec(0, third, first.host),
+            StageSpec(third, n_layers - 2, None),
+            StageSpec(n_layers - 2, n_layers, last.host),
+        ],
+    )
     return bridge, first, last
 
 
-def serve(customer, catalog, bridge, *, token_ids: list[int] | None | bool = True, top_p: float = 1.0, **asked: object) -> Job:  # noqa: ANN001
-    submit_request(customer, catalog, stream=True, seed=7, max_tokens=40, prompt_tokens=37, temperature=0.7, top_p=top_p,
-                   **asked)
+def serve(
+    customer, catalog, bridge, *, token_ids: list[int] | None | bool = True, top_p: float = 1.0, **asked: object
+) -> Job:  # noqa: ANN001
+    submit_request(
+        customer, catalog, stream=True, seed=7, max_tokens=40, prompt_tokens=37, temperature=0.7, top_p=top_p, **asked
+    )
     job = services.job_claim_next(host=bridge.host, fingerprint=bridge.fingerprint)
     services.job_push_tokens(host=bridge.host, job_id=job.pk, seq=0, text=TEXT)
-    services.job_complete(host=bridge.host, job_id=job.pk, finish_reason="stop",
-                          token_ids=_tokens(catalog) if token_ids is True else token_ids or None)
+    services.job_complete(
+        host=bridge.host,
+        job_id=job.pk,
+        finish_reason="stop",
+        token_ids=_tokens(catalog) if token_ids is True else token_ids or None,
+    )
     return Job.objects.select_related("request").get(pk=job.pk)
 
 
@@ -73,7 +93,9 @@ def test_a_rings_job_is_audited_with_every_hosts_share_in_escrow_and_a_pass_pays
     assert audit.host_id == bridge.host.pk and audit.token_ids == _tokens(catalog)
     assert set(shares) == {first.host.pk, last.host.pk}
     assert escrow() == audit.host_ucents == job.earned_ucents + sum(shares.values()) <= hosts_share
-    assert audit.platform_ucents == job.request.cost_ucents - audit.host_ucents  # the platform's own, no stage share in it
+    assert (
+        audit.platform_ucents == job.request.cost_ucents - audit.host_ucents
+    )  # the platform's own, no stage share in it
     assert all(host_earned(h.host) == 0 for h in ring), "nobody is paid before the audit"
     assert audits.audit_decide(audit=audit, reason=None, counts={"checked": 4})
     assert escrow() == 0
@@ -82,7 +104,9 @@ def test_a_rings_job_is_audited_with_every_hosts_share_in_escrow_and_a_pass_pays
     assert ledger.reconcile_report() == []
 
 
-def test_a_failed_rings_audit_refunds_everything_and_opens_an_inquiry_before_blaming_anyone(customer, catalog, ring) -> None:  # noqa: ANN001
+def test_a_failed_rings_audit_refunds_everything_and_opens_an_inquiry_before_blaming_anyone(
+    customer, catalog, ring
+) -> None:  # noqa: ANN001
     bridge, first, last = ring
     before = ledger.customer_account(user=customer.user).available_ucents
     job = serve(customer, catalog, bridge)
@@ -101,8 +125,13 @@ def test_a_failed_audit_of_a_ring_all_on_its_bridge_blames_the_bridge(customer, 
     settings.AUDIT_PROBATION_RATE = 1.0
     n_layers = ModelLayout.objects.get(model=catalog).n_layers
     bridge = make_host(name="alone")
-    ring_plan_create(model_name=catalog.name, row_width=64, micro_batch=2, bridge_host=bridge.host,
-                     stages=[StageSpec(0, 4, None), StageSpec(4, n_layers, bridge.host)])
+    ring_plan_create(
+        model_name=catalog.name,
+        row_width=64,
+        micro_batch=2,
+        bridge_host=bridge.host,
+        stages=[StageSpec(0, 4, None), StageSpec(4, n_layers, bridge.host)],
+    )
     audit = Audit.objects.get(job=serve(customer, catalog, bridge))
     assert audits.audit_decide(audit=audit, reason="token 2 is not the seed's draw", counts={"misses": 3})
     assert Host.objects.get(pk=bridge.host.pk).maintenance_by == "verification"
@@ -144,8 +173,15 @@ def test_an_expert_meshs_coordinator_is_drawn_as_any_host_text_it_resumes_includ
 
     settings.AUDIT_PROBATION_RATE = 1.0
     coordinator = make_host(name="coordinator")
-    ExpertModel.objects.create(name=catalog.name, gguf_path="/models/moe.gguf", arch="qwen3moe", n_layers=2, n_experts=8,
-                               n_experts_used=2, coordinator=coordinator.host)
+    ExpertModel.objects.create(
+        name=catalog.name,
+        gguf_path="/models/moe.gguf",
+        arch="qwen3moe",
+        n_layers=2,
+        n_experts=8,
+        n_experts_used=2,
+        coordinator=coordinator.host,
+    )
     assert Audit.objects.get(job=serve(customer, catalog, coordinator)).host_id == coordinator.host.pk
     resumed = [{"role": "user", "content": "Finish this."}, {"role": "assistant", "content": "Once upon a ti"}]
     job = serve(customer, catalog, coordinator, messages=resumed)

@@ -1,6 +1,7 @@
 """Ring stages are paid (issue 16): a ring's host share is split among its bridge and its
 stage hosts by the layers each ran, in integer µ¢, the floors' remainder to the platform,
 each share on its host's statement and in its ledger account."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -49,11 +50,22 @@ class RingPayTests:
     @pytest.fixture
     def ring(self, catalog):
         n_layers = ModelLayout.objects.get(model=catalog).n_layers
-        bridge, first, last = make_host(name="bridge"), make_host(qualified=False, name="a"), make_host(qualified=False, name="b")
+        bridge, first, last = (
+            make_host(name="bridge"),
+            make_host(qualified=False, name="a"),
+            make_host(qualified=False, name="b"),
+        )
         third = n_layers // 3
         plan = ring_plan_create(
-            model_name=catalog.name, row_width=64, micro_batch=2, bridge_host=bridge.host,
-            stages=[StageSpec(0, third, first.host), StageSpec(third, n_layers - 2, None), StageSpec(n_layers - 2, n_layers, last.host)],
+            model_name=catalog.name,
+            row_width=64,
+            micro_batch=2,
+            bridge_host=bridge.host,
+            stages=[
+                StageSpec(0, third, first.host),
+                StageSpec(third, n_layers - 2, None),
+                StageSpec(n_layers - 2, n_layers, last.host),
+            ],
         )
         return plan, bridge, first, last, {first.host.pk: third, bridge.host.pk: n_layers - 2 - third, last.host.pk: 2}
 
@@ -67,8 +79,14 @@ class RingPayTests:
         earned = {h.host.pk: host_earned(h.host) for h in (bridge, first, last)}
         assert earned == expected
         assert job.earned_ucents == expected[bridge.host.pk]
-        settlement = LedgerTransaction.objects.get(reference=job.request.public_id, kind=LedgerTransaction.Kind.SETTLEMENT)
-        legs = dict(settlement.entries.values_list("account__kind", "amount_ucents").filter(account__kind__in=["platform", "customer"]))
+        settlement = LedgerTransaction.objects.get(
+            reference=job.request.public_id, kind=LedgerTransaction.Kind.SETTLEMENT
+        )
+        legs = dict(
+            settlement.entries.values_list("account__kind", "amount_ucents").filter(
+                account__kind__in=["platform", "customer"]
+            )
+        )
         assert legs["customer"] == -cost
         assert legs["platform"] == cost - sum(expected.values())  # the 20% and the floors' remainder
         assert f"ring {plan.pk}" in settlement.memo
@@ -86,7 +104,9 @@ class RingPayTests:
         assert StageShare.objects.filter(host=bridge.host).count() == 0, "the bridge is paid on its job line"
         assert [line["ring"] for line in selectors.host_statement(host=bridge.host).jobs] == [None, None]
 
-    def test_an_abandoned_ring_request_pays_its_stage_hosts_as_a_completed_one_does(self, customer, catalog, ring) -> None:
+    def test_an_abandoned_ring_request_pays_its_stage_hosts_as_a_completed_one_does(
+        self, customer, catalog, ring
+    ) -> None:
         plan, bridge, first, last, layers = ring
         request = submit(customer, catalog, max_tokens=200, prompt_tokens=37)
         job = services.job_claim_next(host=bridge.host, fingerprint=bridge.fingerprint)

@@ -1,4 +1,5 @@
 """Routing rules, catalogs and embeddings on the real services and views (no host processes)."""
+
 from __future__ import annotations
 
 import base64
@@ -36,8 +37,16 @@ def beat(serving: ServingHost, *, loaded: list[str] | None, catalog: object = No
     from hosts.services import host_heartbeat
 
     if catalog is None and loaded is not None:
-        catalog = {"installed": ["gemma-3-270m"], "qualified": ["gemma-3-270m"], "loaded": loaded, "slots": slots, "active_jobs": 0}
-    host_heartbeat(host=serving.host, fingerprint=serving.fingerprint, paused=False, models_loaded=[], version="t", catalog=catalog)
+        catalog = {
+            "installed": ["gemma-3-270m"],
+            "qualified": ["gemma-3-270m"],
+            "loaded": loaded,
+            "slots": slots,
+            "active_jobs": 0,
+        }
+    host_heartbeat(
+        host=serving.host, fingerprint=serving.fingerprint, paused=False, models_loaded=[], version="t", catalog=catalog
+    )
 
 
 class TestCatalogs:
@@ -61,8 +70,10 @@ class TestCatalogs:
     def test_the_heartbeat_api_accepts_a_garbled_catalog_and_keeps_the_host_alive(self, catalog) -> None:
         serving = make_host()
         response = Client().post(
-            "/hosts/api/heartbeat", data=json.dumps({"fingerprint": serving.fingerprint, "catalog": [1, 2]}),
-            content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {serving.token}",
+            "/hosts/api/heartbeat",
+            data=json.dumps({"fingerprint": serving.fingerprint, "catalog": [1, 2]}),
+            content_type="application/json",
+            HTTP_AUTHORIZATION=f"Bearer {serving.token}",
         )
         assert response.status_code == 200, response.content
         host = Host.objects.get(pk=serving.host.pk)
@@ -115,7 +126,9 @@ class TestOffers:
         Job.objects.filter(pk=job.pk).update(offer_until=timezone.now() - timedelta(seconds=1))
         submit(make_customer(), catalog)
         other = Job.objects.exclude(pk=job.pk).get()
-        Job.objects.filter(pk=other.pk).update(offered_host=busy.host, offer_until=timezone.now() + timedelta(seconds=60))
+        Job.objects.filter(pk=other.pk).update(
+            offered_host=busy.host, offer_until=timezone.now() + timedelta(seconds=60)
+        )
         market.job_claim_next(host=busy.host, fingerprint=busy.fingerprint)
         market.request_watch(request_id=request.pk)
         job.refresh_from_db()
@@ -179,7 +192,9 @@ class TestOffers:
         wide, narrow = make_host(name="eight-slots"), make_host(name="two-slots")
         beat(wide, loaded=["gemma-3-270m"], slots=8)
         beat(narrow, loaded=["gemma-3-270m"], slots=2)
-        Host.objects.filter(pk__in=[wide.host.pk, narrow.host.pk]).update(trusted_at=timezone.now())  # every slot usable
+        Host.objects.filter(pk__in=[wide.host.pk, narrow.host.pk]).update(
+            trusted_at=timezone.now()
+        )  # every slot usable
         customer = make_customer()
         for serving in (wide, narrow):  # one job running on each
             job = Job.objects.get(request=submit(customer, catalog))
@@ -195,10 +210,15 @@ class TestOffers:
         first = submit(customer, catalog)
         assert Job.objects.get(request=first).offered_host_id in (first_host.host.pk, other.host.pk)
         where = Job.objects.get(request=first).offered_host_id
-        later = [submit_request(customer, catalog, max_tokens=8, prompt_tokens=3, choice_of=first.public_id) for _ in range(3)]
+        later = [
+            submit_request(customer, catalog, max_tokens=8, prompt_tokens=3, choice_of=first.public_id)
+            for _ in range(3)
+        ]
         offered = [Job.objects.get(request=row).offered_host_id for row in later]
         elsewhere = other.host.pk if where == first_host.host.pk else first_host.host.pk
-        assert offered == [where, where, elsewhere], "the prompt read once where it has room; then the strategy's choice"
+        assert offered == [where, where, elsewhere], (
+            "the prompt read once where it has room; then the strategy's choice"
+        )
 
     def test_a_hosts_load_is_its_running_jobs_and_live_offers(self, catalog) -> None:
         busy, idle = make_host(name="busy"), make_host(name="idle")
@@ -209,7 +229,9 @@ class TestOffers:
         now = timezone.now()
         Job.objects.filter(pk=jobs[0].pk).update(status=Job.Status.RUNNING, host=busy.host)
         Job.objects.filter(pk=jobs[1].pk).update(offered_host=busy.host, offer_until=now + timedelta(seconds=30))
-        Job.objects.filter(pk=jobs[2].pk).update(offered_host=busy.host, offer_until=now - timedelta(seconds=1))  # lapsed
+        Job.objects.filter(pk=jobs[2].pk).update(
+            offered_host=busy.host, offer_until=now - timedelta(seconds=1)
+        )  # lapsed
         Job.objects.filter(pk=jobs[3].pk).update(offered_host=None, offer_until=None)
         load = {c.host_id: c.active for c in routing.candidates(model=catalog, now=now)}
         assert load == {busy.host.pk: 2, idle.host.pk: 0}
@@ -220,7 +242,9 @@ class TestOffers:
         big, small = make_host(name="big"), make_host(name="small")
         for serving in (big, small):
             beat(serving, loaded=["gemma-3-270m"], slots=64)
-        Host.objects.filter(pk__in=[big.host.pk, small.host.pk]).update(trusted_at=timezone.now())  # all 64 slots usable
+        Host.objects.filter(pk__in=[big.host.pk, small.host.pk]).update(
+            trusted_at=timezone.now()
+        )  # all 64 slots usable
         Host.objects.filter(pk=big.host.pk).update(routing_weight=3.0)  # operators override the measured 40 tok/s
         Host.objects.filter(pk=small.host.pk).update(routing_weight=1.0)
         customer = make_customer(credit_ucents=10**11)
@@ -268,9 +292,14 @@ class TestEmbeddings:
         from hosts.services import qualification_register
 
         serving = make_host(qualified=False, name="embedder")
-        qualification_register(host=serving.host, model_name=model.name, fingerprint=serving.fingerprint,
-                               benchmark={"prompt_tps": 900, "gen_tps": 900, "ttft_ms": 5, "memory_mb": 90}, machine={},
-                               sha256=model.sha256)
+        qualification_register(
+            host=serving.host,
+            model_name=model.name,
+            fingerprint=serving.fingerprint,
+            benchmark={"prompt_tps": 900, "gen_tps": 900, "ttft_ms": 5, "memory_mb": 90},
+            machine={},
+            sha256=model.sha256,
+        )
         return serving
 
     def test_a_host_completes_with_vectors_and_the_input_tokens_are_billed(self, minilm) -> None:
@@ -285,10 +314,14 @@ class TestEmbeddings:
         with pytest.raises(market.BadResult):
             market.job_complete(host=serving.host, job_id=job.pk, finish_reason="stop", embeddings=[[0.1, 0.2]])
         with pytest.raises(market.BadResult):
-            market.job_complete(host=serving.host, job_id=job.pk, finish_reason="stop", embeddings=[[0.1], [float("nan")]])
+            market.job_complete(
+                host=serving.host, job_id=job.pk, finish_reason="stop", embeddings=[[0.1], [float("nan")]]
+            )
         with pytest.raises(market.BadResult):  # an integer no float can hold (JSON allows it), not a 500
             market.job_complete(host=serving.host, job_id=job.pk, finish_reason="stop", embeddings=[[0.1], [10**400]])
-        done = market.job_complete(host=serving.host, job_id=job.pk, finish_reason="stop", embeddings=[[0.6, 0.8], [1, 0]])
+        done = market.job_complete(
+            host=serving.host, job_id=job.pk, finish_reason="stop", embeddings=[[0.6, 0.8], [1, 0]]
+        )
         row = Request.objects.get(pk=request.pk)
         assert row.status == "completed" and row.result == [[0.6, 0.8], [1.0, 0.0]] and row.inputs is None
         assert row.cost_ucents == 7 * minilm.input_price_ucents and done.earned_ucents == row.cost_ucents * 80 // 100
@@ -314,9 +347,14 @@ class TestEmbeddings:
             ({"model": "nope", "input": "hi"}, 404, "model_not_found"),
         ],
     )
-    def test_bad_embedding_requests_get_clear_errors_and_hold_nothing(self, minilm, customer, body, status, code) -> None:
+    def test_bad_embedding_requests_get_clear_errors_and_hold_nothing(
+        self, minilm, customer, body, status, code
+    ) -> None:
         response = Client().post(
-            "/v1/embeddings", data=json.dumps(body), content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {customer.secret}"
+            "/v1/embeddings",
+            data=json.dumps(body),
+            content_type="application/json",
+            HTTP_AUTHORIZATION=f"Bearer {customer.secret}",
         )
         assert response.status_code == status, response.content
         assert response.json()["error"]["code"] == code
@@ -332,7 +370,9 @@ class TestEmbeddings:
 
 
 class TestRedundancy:
-    def test_the_admin_and_the_host_dashboard_warn_about_a_latency_critical_model_on_one_warm_host(self, catalog) -> None:
+    def test_the_admin_and_the_host_dashboard_warn_about_a_latency_critical_model_on_one_warm_host(
+        self, catalog
+    ) -> None:
         from django.contrib.auth import get_user_model
 
         CatalogModel.objects.filter(pk=catalog.pk).update(latency_critical=True)

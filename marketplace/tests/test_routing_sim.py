@@ -1,6 +1,7 @@
 """Routing, simulated: many lightweight host processes speaking the real host API
 (`testkit.simhost`) against a real gateway (daphne) on the test database.
 Customers call the real OpenAI API over HTTP; placement is read back from the jobs."""
+
 from __future__ import annotations
 
 import json
@@ -33,17 +34,24 @@ MAX_FAILURES = 3
 
 
 @pytest.fixture(scope="module")
-def routing_gateway(django_db_setup: None, django_db_blocker: DjangoDbBlocker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+def routing_gateway(
+    django_db_setup: None, django_db_blocker: DjangoDbBlocker, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Gateway]:
     logs = tmp_path_factory.mktemp("routing-logs")
     with django_db_blocker.unblock():
-        env = stack_env({
-            "ROUTING_OFFER_SECONDS": str(OFFER_SECONDS), "ROUTING_COLD_GRACE_SECONDS": str(COLD_GRACE_SECONDS),
-            "HOST_MAX_FAILURES_PER_HOUR": str(MAX_FAILURES), "MODEL_LIST_CACHE_SECONDS": "0",
-            "QUEUE_TIMEOUT_SECONDS": "30", "CONTINUATION_GRACE_SECONDS": "0.5",
-            # its simulated hosts hold jobs (`--delay`, `hold:`) before their first token on purpose, with
-            # benchmark figures that say they start at once: a real host doing so would be found frozen
-            "JOB_START_FLOOR_SECONDS": "30",
-        })
+        env = stack_env(
+            {
+                "ROUTING_OFFER_SECONDS": str(OFFER_SECONDS),
+                "ROUTING_COLD_GRACE_SECONDS": str(COLD_GRACE_SECONDS),
+                "HOST_MAX_FAILURES_PER_HOUR": str(MAX_FAILURES),
+                "MODEL_LIST_CACHE_SECONDS": "0",
+                "QUEUE_TIMEOUT_SECONDS": "30",
+                "CONTINUATION_GRACE_SECONDS": "0.5",
+                # its simulated hosts hold jobs (`--delay`, `hold:`) before their first token on purpose, with
+                # benchmark figures that say they start at once: a real host doing so would be found frozen
+                "JOB_START_FLOOR_SECONDS": "30",
+            }
+        )
     gateway = Gateway(env, logs)
     yield gateway
     gateway.stop()
@@ -55,7 +63,11 @@ def sim_model(transactional_db: None) -> CatalogModel:
     from catalog.models import CatalogModel
 
     return CatalogModel.objects.create(
-        name=f"sim-{uuid.uuid4().hex[:6]}", context_length=4096, input_price_ucents=10, output_price_ucents=40, tokenizer="bytes"
+        name=f"sim-{uuid.uuid4().hex[:6]}",
+        context_length=4096,
+        input_price_ucents=10,
+        output_price_ucents=40,
+        tokenizer="bytes",
     )
 
 
@@ -72,8 +84,23 @@ class Sim:
         Host.objects.filter(pk=new.host.pk).update(trusted_at=timezone.now())  # the strategies, among equals
         self.host = new.host
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "testkit.simhost", "--server", server, "--token", new.token, "--model", model, *args],
-            cwd=ROOT, env=stack_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [
+                sys.executable,
+                "-m",
+                "testkit.simhost",
+                "--server",
+                server,
+                "--token",
+                new.token,
+                "--model",
+                model,
+                *args,
+            ],
+            cwd=ROOT,
+            env=stack_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         self.records: list[dict] = []
         ready = threading.Event()
@@ -117,8 +144,10 @@ def sims(routing_gateway: Gateway, sim_model: CatalogModel) -> Iterator[Callable
 
 def ask(gateway: Gateway, secret: str, model: str, timeout: float = 60, prompt: str = "route me") -> httpx.Response:
     return httpx.post(
-        f"{gateway.url}/v1/completions", headers={"Authorization": f"Bearer {secret}"},
-        json={"model": model, "prompt": prompt, "max_tokens": 4}, timeout=timeout,
+        f"{gateway.url}/v1/completions",
+        headers={"Authorization": f"Bearer {secret}"},
+        json={"model": model, "prompt": prompt, "max_tokens": 4},
+        timeout=timeout,
     )
 
 
@@ -153,7 +182,9 @@ def test_warm_host_gets_the_jobs_and_a_cold_host_only_after_the_grace(routing_ga
         assert [second.status_code, held.result().status_code] == [200, 200]
     jobs = jobs_of(sim_model)
     last = jobs[-1]
-    placed = [(job.pk, job.host_id, job.claimed_at and (job.claimed_at - job.created_at).total_seconds()) for job in jobs]
+    placed = [
+        (job.pk, job.host_id, job.claimed_at and (job.claimed_at - job.created_at).total_seconds()) for job in jobs
+    ]
     assert last.host_id == cold.host.pk and last.status == Job.Status.COMPLETED, (warm.host.pk, cold.host.pk, placed)
     waited = (last.claimed_at - last.created_at).total_seconds()
     assert waited >= COLD_GRACE_SECONDS - 0.05, f"the cold host took a job after {waited:.2f} s, inside the grace"
@@ -202,7 +233,9 @@ def test_weighted_splits_three_hundred_jobs_by_the_weights(routing_gateway, sims
     customer = make_customer(credit_ucents=10**12)
     started = time.monotonic()
     with ThreadPoolExecutor(6) as pool:
-        codes = list(pool.map(lambda _: ask(routing_gateway, customer.secret, sim_model.name).status_code, range(300)))  # (±0.0875 is 3.5 standard deviations of a 300-job share)
+        codes = list(
+            pool.map(lambda _: ask(routing_gateway, customer.secret, sim_model.name).status_code, range(300))
+        )  # (±0.0875 is 3.5 standard deviations of a 300-job share)
     elapsed = time.monotonic() - started
     assert codes.count(200) == 300, {code: codes.count(code) for code in set(codes)}
     jobs = jobs_of(sim_model)
@@ -223,5 +256,8 @@ def test_a_flapping_host_goes_to_maintenance_and_is_told_why(routing_gateway, si
     host = Host.objects.get(pk=flapper.host.pk)
     assert host.maintenance_since is not None
     assert "dropped or failed in the last hour" in host.maintenance_reason
-    wait_until(lambda: any(r.get("code") == "host_maintenance" for r in flapper.records), timeout=10,
-               what="the host to be refused work with the reason")
+    wait_until(
+        lambda: any(r.get("code") == "host_maintenance" for r in flapper.records),
+        timeout=10,
+        what="the host to be refused work with the reason",
+    )

@@ -29,7 +29,13 @@ pytestmark = pytest.mark.django_db
 def submit(customer: Customer, catalog: CatalogModel, *, max_tokens: int = 20, prompt_tokens: int = 10) -> Request:
     """The streamed chat request these tests (and their importers) share."""
     return submit_request(
-        customer, catalog, messages=CHAT, stream=True, seed=7, max_tokens=max_tokens, prompt_tokens=prompt_tokens,
+        customer,
+        catalog,
+        messages=CHAT,
+        stream=True,
+        seed=7,
+        max_tokens=max_tokens,
+        prompt_tokens=prompt_tokens,
     )
 
 
@@ -60,14 +66,21 @@ class AdmissionTests:
             submit(capped, catalog)
         account = ledger.customer_account(user=capped.user)
         capped.key.refresh_from_db()
-        assert (account.held_ucents, capped.key.held_ucents, Hold.objects.count(), Request.objects.count()) == (0, 0, 0, 0)
+        assert (account.held_ucents, capped.key.held_ucents, Hold.objects.count(), Request.objects.count()) == (
+            0,
+            0,
+            0,
+            0,
+        )
 
     def test_it_writes_the_hold_request_and_job_in_one_statement_on_postgresql(self, customer, catalog) -> None:
         """Admission is a chain of compare-and-sets and inserts: one round trip on PostgreSQL,
         five plain statements in one transaction elsewhere."""
         with CaptureQueriesContext(connection) as queries:
             request = submit(customer, catalog)
-        writes = [q["sql"] for q in queries.captured_queries if q["sql"].split(" ", 1)[0] in ("WITH", "INSERT", "UPDATE")]
+        writes = [
+            q["sql"] for q in queries.captured_queries if q["sql"].split(" ", 1)[0] in ("WITH", "INSERT", "UPDATE")
+        ]
         if connection.vendor == "postgresql":
             assert len(writes) == 1 and writes[0].startswith("WITH account AS (UPDATE")
         else:
@@ -77,7 +90,10 @@ class AdmissionTests:
         assert account.held_ucents == customer.key.held_ucents == request.estimate_ucents
         stored = Request.objects.select_related("hold").get(pk=request.pk)
         assert (stored.public_id, stored.params, stored.hold.amount_ucents, stored.hold.status) == (
-            request.public_id, request.params, request.estimate_ucents, Hold.Status.ACTIVE
+            request.public_id,
+            request.params,
+            request.estimate_ucents,
+            Hold.Status.ACTIVE,
         )
         job = Job.objects.get(request=request)
         assert job.status == Job.Status.QUEUED and job.max_chars is not None and job.deadline_at is not None
@@ -93,13 +109,32 @@ class AdmissionTests:
 
 
 class ClaimTests:
-    def test_it_gives_a_qualified_host_the_job_with_nothing_about_the_customer(self, customer, serving_host, catalog) -> None:
+    def test_it_gives_a_qualified_host_the_job_with_nothing_about_the_customer(
+        self, customer, serving_host, catalog
+    ) -> None:
         request = submit(customer, catalog)
         job = services.job_claim_next(host=serving_host.host, fingerprint=serving_host.fingerprint)
         payload = services.job_payload(job)
-        assert set(payload) == {"id", "model", "kind", "messages", "prompt", "params", "continuation", "fragments",
-                                "end_of_turn"}
-        assert set(payload["params"]) == {"max_tokens", "temperature", "top_p", "stop", "seed", "response_format", "logprobs"}
+        assert set(payload) == {
+            "id",
+            "model",
+            "kind",
+            "messages",
+            "prompt",
+            "params",
+            "continuation",
+            "fragments",
+            "end_of_turn",
+        }
+        assert set(payload["params"]) == {
+            "max_tokens",
+            "temperature",
+            "top_p",
+            "stop",
+            "seed",
+            "response_format",
+            "logprobs",
+        }
         assert payload["messages"] == CHAT and payload["model"] == "gemma-3-270m"
         flat = repr(payload)
         for secret in (customer.user.username, customer.key.prefix, request.public_id):
@@ -108,11 +143,21 @@ class ClaimTests:
         assert request.status == "running"
 
     @pytest.mark.parametrize("kind", ["chat", "completion"])
-    def test_the_long_poll_payload_is_the_stored_jobs_and_the_request_starts(self, customer, serving_host, catalog, kind) -> None:
+    def test_the_long_poll_payload_is_the_stored_jobs_and_the_request_starts(
+        self, customer, serving_host, catalog, kind
+    ) -> None:
         request = submit_request(
-            customer, catalog, kind=kind, messages=CHAT if kind == "chat" else None,
+            customer,
+            catalog,
+            kind=kind,
+            messages=CHAT if kind == "chat" else None,
             prompt="Once upon" if kind == "completion" else None,
-            max_tokens=9, temperature=0.5, top_p=0.9, stop=["\n"], seed=3, prompt_tokens=4,
+            max_tokens=9,
+            temperature=0.5,
+            top_p=0.9,
+            stop=["\n"],
+            seed=3,
+            prompt_tokens=4,
         )
         payload = services.job_claim_payload(host=serving_host.host, model_ids=[catalog.pk])
         job = Job.objects.select_related("request", "model").get(pk=payload["id"])
@@ -183,10 +228,14 @@ class TokenPushTests:
 
 
 class CompletionTests:
-    def test_it_bills_counted_tokens_pays_80_percent_and_deletes_the_prompt(self, customer, serving_host, catalog) -> None:
+    def test_it_bills_counted_tokens_pays_80_percent_and_deletes_the_prompt(
+        self, customer, serving_host, catalog
+    ) -> None:
         request, job = claimed(customer, serving_host, catalog, max_tokens=50, prompt_tokens=12)
         services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="Hello there, friend.")
-        done = services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk))
+        done = services.job_complete(
+            host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk)
+        )
         row = done.request
         assert row.status == "completed" and row.messages is None and row.prompt is None
         assert 1 <= row.completion_tokens <= 50
@@ -201,7 +250,9 @@ class CompletionTests:
         _, job = claimed(customer, serving_host, catalog, max_tokens=3)
         # a count a little over (the gateway's count of a text may differ from the host's); far over is refused
         services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="one two three four five")
-        done = services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="length", token_ids=drawn(job.pk, ended=False))
+        done = services.job_complete(
+            host=serving_host.host, job_id=job.pk, finish_reason="length", token_ids=drawn(job.pk, ended=False)
+        )
         assert done.request.completion_tokens == 3
         assert done.request.cost_ucents <= done.request.estimate_ucents
 
@@ -215,8 +266,12 @@ class CompletionTests:
     def test_a_repeated_complete_returns_the_same_result_and_bills_once(self, customer, serving_host, catalog) -> None:
         _, job = claimed(customer, serving_host, catalog)
         services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text="Hello")
-        first = services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk))
-        again = services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk))
+        first = services.job_complete(
+            host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk)
+        )
+        again = services.job_complete(
+            host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk)
+        )
         assert again.earned_ucents == first.earned_ucents > 0
         assert ledger.host_account(host=serving_host.host).balance_ucents == first.earned_ucents
 
@@ -226,10 +281,17 @@ class CompletionTests:
         assert services.job_fail(host=serving_host.host, job_id=job.pk, reason="out of memory") == "continued"
         rescuer = make_host(name="rescuer")
         second = services.job_claim_next(host=rescuer.host, fingerprint=rescuer.fingerprint)
-        services.job_push_tokens(host=rescuer.host, job_id=second.pk, seq=0, text=" more")  # mid-answer: before it, a requeue
+        services.job_push_tokens(
+            host=rescuer.host, job_id=second.pk, seq=0, text=" more"
+        )  # mid-answer: before it, a requeue
         assert services.job_fail(host=rescuer.host, job_id=second.pk, reason="out of memory too") == "failed"
         request.refresh_from_db()
-        assert (request.status, request.error_code, request.cost_ucents, request.messages) == ("failed", "host_failed", 0, None)
+        assert (request.status, request.error_code, request.cost_ucents, request.messages) == (
+            "failed",
+            "host_failed",
+            0,
+            None,
+        )
         account = ledger.customer_account(user=customer.user)
         assert (account.balance_ucents, account.held_ucents) == (500_000_000, 0)
         assert ledger.host_account(host=serving_host.host) is None and ledger.host_account(host=rescuer.host) is None
@@ -245,10 +307,14 @@ class WatchdogTests:
         request.refresh_from_db()
         assert (request.status, request.error_code) == ("failed", "queue_timeout")
         assert ledger.customer_account(user=customer.user).held_ucents == 0
-        assert request.error_message == ("No host claimed this request within 5 seconds; nothing was billed. No host that "
-                                         "serves gemma-3-270m is online now; GET /v1/models lists the models being served.")
+        assert request.error_message == (
+            "No host claimed this request within 5 seconds; nothing was billed. No host that "
+            "serves gemma-3-270m is online now; GET /v1/models lists the models being served."
+        )
 
-    def test_a_queue_timeout_says_whether_hosts_were_online_but_busy(self, customer, serving_host, catalog, settings) -> None:
+    def test_a_queue_timeout_says_whether_hosts_were_online_but_busy(
+        self, customer, serving_host, catalog, settings
+    ) -> None:
         settings.QUEUE_TIMEOUT_SECONDS = 5
         present(serving_host)  # online (a fresh heartbeat), and it claims nothing
         request = submit(customer, catalog)
@@ -256,7 +322,9 @@ class WatchdogTests:
         assert services.unclaimed_request_expire_one() is True
         request.refresh_from_db()
         assert request.error_code == "queue_timeout"
-        assert request.error_message.endswith("1 host serving gemma-3-270m is online and it was busy; try again shortly.")
+        assert request.error_message.endswith(
+            "1 host serving gemma-3-270m is online and it was busy; try again shortly."
+        )
 
     def test_a_trusted_only_queue_timeout_says_so(self, customer, serving_host, catalog, settings) -> None:
         settings.QUEUE_TIMEOUT_SECONDS = 5
@@ -265,8 +333,9 @@ class WatchdogTests:
         Job.objects.update(created_at=timezone.now() - timedelta(seconds=6), trusted_only=True)
         assert services.unclaimed_request_expire_one() is True
         request.refresh_from_db()
-        assert request.error_message.endswith("but this request takes trusted hosts only and none of those was free; "
-                                              "try again shortly.")
+        assert request.error_message.endswith(
+            "but this request takes trusted hosts only and none of those was free; try again shortly."
+        )
 
     def test_a_claim_that_wins_the_race_is_not_expired(self, customer, serving_host, catalog) -> None:
         request, _ = claimed(customer, serving_host, catalog)
@@ -274,7 +343,9 @@ class WatchdogTests:
         request.refresh_from_db()
         assert request.status == "running"
 
-    def test_it_continues_a_silent_job_and_forgets_delivered_text_once_ended(self, customer, serving_host, catalog, settings) -> None:
+    def test_it_continues_a_silent_job_and_forgets_delivered_text_once_ended(
+        self, customer, serving_host, catalog, settings
+    ) -> None:
         settings.STALL_SECONDS = 20
         settings.OUTPUT_RETENTION_SECONDS = 0
         request, job = claimed(customer, serving_host, catalog)
@@ -287,5 +358,10 @@ class WatchdogTests:
         Job.objects.filter(request=request, status="queued").update(created_at=timezone.now() - timedelta(hours=1))
         assert services.watchdog_tick() >= 2
         request.refresh_from_db()
-        assert (request.status, request.error_code, request.delivered_text, request.output_forgotten) == ("failed", "host_failed", "", True)
+        assert (request.status, request.error_code, request.delivered_text, request.output_forgotten) == (
+            "failed",
+            "host_failed",
+            "",
+            True,
+        )
         assert ledger.customer_account(user=customer.user).held_ucents == 0

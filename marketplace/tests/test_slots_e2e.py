@@ -2,6 +2,7 @@
 serves four customers' streams at once from its one model load, under the real gateway, and
 the `openai` client sees nothing different: a greedy answer generated beside three others is
 the answer it gets alone, each request is billed its own tokens, and nobody waits for a slot."""
+
 from __future__ import annotations
 
 import threading
@@ -38,8 +39,12 @@ def ask(gateway: Gateway, customer: Customer, question: str) -> tuple[str, str]:
     """A streamed greedy chat, as a customer sends it: (the answer's public id, its text)."""
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=customer.secret, max_retries=0, timeout=90)
     stream = client.chat.completions.create(
-        model="gemma-3-270m", messages=[{"role": "user", "content": question}], max_tokens=MAX_TOKENS,
-        temperature=0, seed=7, stream=True,
+        model="gemma-3-270m",
+        messages=[{"role": "user", "content": question}],
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        seed=7,
+        stream=True,
     )
     public_id, text = "", []
     for chunk in stream:
@@ -50,7 +55,9 @@ def ask(gateway: Gateway, customer: Customer, question: str) -> tuple[str, str]:
 
 
 def test_a_host_with_four_slots_serves_four_customers_at_once_each_as_if_alone(
-    gateway: Gateway, catalog: CatalogModel, start_mahout: Callable[..., Mahout],
+    gateway: Gateway,
+    catalog: CatalogModel,
+    start_mahout: Callable[..., Mahout],
 ) -> None:
     host = make_host(qualified=False, name="slots-rig")
     process = start_mahout(host.token, extra=["--slots", str(SLOTS)])
@@ -82,7 +89,10 @@ def test_a_host_with_four_slots_serves_four_customers_at_once_each_as_if_alone(
     assert {job.host_id for job in jobs} == {host.host.pk}
     assert max(job.claimed_at for job in jobs) < min(job.finished_at for job in jobs), "all four ran at once"
     for row, job in zip(rows, jobs, strict=True):
-        assert row.cost_ucents == row.prompt_tokens * catalog.input_price_ucents + row.completion_tokens * catalog.output_price_ucents
+        assert (
+            row.cost_ucents
+            == row.prompt_tokens * catalog.input_price_ucents + row.completion_tokens * catalog.output_price_ucents
+        )
         assert job.earned_ucents == row.cost_ucents * 80 // 100
     assert ledger.ledger_total() == 0 and ledger.cache_drift() == []
     assert f"{SLOTS} job(s) at once" in process.output()

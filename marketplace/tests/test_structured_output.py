@@ -1,5 +1,6 @@
 """Structured output (`response_format`): the host samples under a grammar; the gateway
 refuses a schema no host can follow and never passes on an answer that does not meet it."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,12 @@ if TYPE_CHECKING:
 
     from testkit.stack import Gateway, Mahout
 
-PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-          "required": ["name", "age"], "additionalProperties": False}
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
 AS_SCHEMA = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
 
 
@@ -33,8 +38,12 @@ class SchemaTests:
     def test_what_can_and_cannot_constrain_an_answer(self) -> None:
         assert schema_problem(PERSON) is None
         assert "not valid" in schema_problem({"type": "nonsense"})
-        assert "linear time" in schema_problem({"type": "string", "pattern": "(?<=a)b"})  # RE2 (and llama.cpp) refuse it
-        assert "grammar" in schema_problem({"type": "string", "pattern": "^a(?:b)$"})  # RE2 takes it, llama.cpp's converter not
+        assert "linear time" in schema_problem(
+            {"type": "string", "pattern": "(?<=a)b"}
+        )  # RE2 (and llama.cpp) refuse it
+        assert "grammar" in schema_problem(
+            {"type": "string", "pattern": "^a(?:b)$"}
+        )  # RE2 takes it, llama.cpp's converter not
 
     def test_an_answer_is_checked_against_the_format(self) -> None:
         person = {"type": "json_schema", "name": "person", "schema": PERSON}
@@ -45,14 +54,17 @@ class SchemaTests:
         assert answer_problem({"type": "json_object"}, '{"a": [1, 2]}') is None
         assert "not an object" in answer_problem({"type": "json_object"}, "[1, 2]")
 
-    @pytest.mark.parametrize(("response_format", "answer"), [
-        ({"type": "json_schema", "name": "person", "schema": PERSON}, '{"name": "my diary", "age": "my diary"}'),
-        ({"type": "json_schema", "name": "person", "schema": PERSON}, '{"name": "Ada", "age": 1, "my diary": 2}'),
-        ({"type": "json_schema", "name": "s", "schema": {"type": "string", "enum": ["a"]}}, '"my diary"'),
-        ({"type": "json_schema", "name": "person", "schema": PERSON}, "my diary"),
-        ({"type": "json_object"}, '"my diary"'),
-        ({"type": "json_schema", "name": "person", "schema": PERSON}, "[" * 100_000),
-    ])
+    @pytest.mark.parametrize(
+        ("response_format", "answer"),
+        [
+            ({"type": "json_schema", "name": "person", "schema": PERSON}, '{"name": "my diary", "age": "my diary"}'),
+            ({"type": "json_schema", "name": "person", "schema": PERSON}, '{"name": "Ada", "age": 1, "my diary": 2}'),
+            ({"type": "json_schema", "name": "s", "schema": {"type": "string", "enum": ["a"]}}, '"my diary"'),
+            ({"type": "json_schema", "name": "person", "schema": PERSON}, "my diary"),
+            ({"type": "json_object"}, '"my diary"'),
+            ({"type": "json_schema", "name": "person", "schema": PERSON}, "[" * 100_000),
+        ],
+    )
     def test_a_refusal_describes_the_answer_without_quoting_it(self, response_format, answer) -> None:
         """The reason outlives the answer (Request.error_message, Job.fail_reason): none of the answer's words in it."""
         problem = answer_problem(response_format, answer)
@@ -61,11 +73,17 @@ class SchemaTests:
 
 @pytest.mark.django_db(transaction=True)  # the API views are async: their database threads must see the rows
 class ValidationTests:
-    @pytest.mark.parametrize("value", [
-        {"type": "xml"}, {"type": "json_schema"}, {"type": "json_schema", "json_schema": {"schema": PERSON}},
-        {"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "nonsense"}}}, "json",
-        {"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "string", "pattern": "(?<=a)b"}}},
-    ])
+    @pytest.mark.parametrize(
+        "value",
+        [
+            {"type": "xml"},
+            {"type": "json_schema"},
+            {"type": "json_schema", "json_schema": {"schema": PERSON}},
+            {"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "nonsense"}}},
+            "json",
+            {"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "string", "pattern": "(?<=a)b"}}},
+        ],
+    )
     def test_a_format_no_host_could_follow_is_a_400_naming_it(self, customer, value) -> None:
         from django.test import Client
 
@@ -83,18 +101,28 @@ class ValidationTests:
 @pytest.mark.django_db
 class HostAnswerTests:
     def submit(self, catalog, response_format: dict) -> Request:  # noqa: ANN001
-        return submit_request(make_customer(), catalog, messages=CHAT, stream=True, max_tokens=40, response_format=response_format)
+        return submit_request(
+            make_customer(), catalog, messages=CHAT, stream=True, max_tokens=40, response_format=response_format
+        )
 
     def test_an_answer_that_breaks_the_schema_is_the_hosts_failure_and_nobody_pays(self, serving_host, catalog) -> None:
         online(serving_host)
         request = self.submit(catalog, {"type": "json_schema", "name": "person", "schema": PERSON})
         job = claim(serving_host)
-        assert job.request_id == request.pk and services.job_payload(job)["params"]["response_format"]["schema"] == PERSON
+        assert (
+            job.request_id == request.pk and services.job_payload(job)["params"]["response_format"]["schema"] == PERSON
+        )
         services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text='{"name": "Ada"}')
-        done = services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk))
+        done = services.job_complete(
+            host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk)
+        )
         assert done.earned_ucents == 0
         request.refresh_from_db()
-        assert (request.status, request.error_code, request.cost_ucents) == (Request.Status.FAILED, "invalid_structured_output", 0)
+        assert (request.status, request.error_code, request.cost_ucents) == (
+            Request.Status.FAILED,
+            "invalid_structured_output",
+            0,
+        )
         assert "the required property 'age' is missing" in request.error_message
         assert Job.objects.get(pk=job.pk).status == Job.Status.FAILED
         assert Hold.objects.get(pk=request.hold_id).status == Hold.Status.RELEASED
@@ -104,11 +132,15 @@ class HostAnswerTests:
         online(serving_host)
         request = self.submit(catalog, {"type": "json_schema", "name": "person", "schema": PERSON})
         job = claim(serving_host)
-        services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text='{"name": "Ada", "age": "secret diary"}')
+        services.job_push_tokens(
+            host=serving_host.host, job_id=job.pk, seq=0, text='{"name": "Ada", "age": "secret diary"}'
+        )
         services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk))
         request.refresh_from_db()
         assert request.error_code == "invalid_structured_output" and "'type' rule" in request.error_message
-        assert "secret diary" not in request.error_message and "secret diary" not in Job.objects.get(pk=job.pk).fail_reason
+        assert (
+            "secret diary" not in request.error_message and "secret diary" not in Job.objects.get(pk=job.pk).fail_reason
+        )
 
     def test_the_answer_is_checked_before_settlement_takes_its_locks(self, serving_host, catalog, monkeypatch) -> None:
         from marketplace.lifecycle import settlement, structured
@@ -132,7 +164,12 @@ class HostAnswerTests:
         monkeypatch.setattr(structured, "_answer_problem", watched)
         monkeypatch.setattr(settlement, "job_settle", settled)
         structured._verdict.cache_clear()
-        assert services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk)).earned_ucents > 0
+        assert (
+            services.job_complete(
+                host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk)
+            ).earned_ucents
+            > 0
+        )
         assert inside == [False] and settling, "validated once, before the settlement's transaction"
 
     def test_an_answer_that_meets_it_settles_and_its_format_is_forgotten(self, serving_host, catalog) -> None:
@@ -140,7 +177,12 @@ class HostAnswerTests:
         request = self.submit(catalog, {"type": "json_object"})
         job = claim(serving_host)
         services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text='{"name": "Ada", "age": 36}')
-        assert services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk)).earned_ucents > 0
+        assert (
+            services.job_complete(
+                host=serving_host.host, job_id=job.pk, finish_reason="stop", token_ids=drawn(job.pk)
+            ).earned_ucents
+            > 0
+        )
         request.refresh_from_db()
         assert request.status == Request.Status.COMPLETED and request.cost_ucents > 0
 
@@ -150,7 +192,9 @@ class HostAnswerTests:
         job = claim(serving_host)
         text = '{"name": "' + "a " * 30
         services.job_push_tokens(host=serving_host.host, job_id=job.pk, seq=0, text=text)
-        services.job_complete(host=serving_host.host, job_id=job.pk, finish_reason="length", token_ids=drawn(job.pk, ended=False))
+        services.job_complete(
+            host=serving_host.host, job_id=job.pk, finish_reason="length", token_ids=drawn(job.pk, ended=False)
+        )
         request.refresh_from_db()
         assert (request.status, request.finish_reason) == (Request.Status.COMPLETED, "length")
 
@@ -159,23 +203,32 @@ class HostAnswerTests:
 @pytest.mark.django_db(transaction=True)
 class RealHostTests:
     def test_the_shipped_model_answers_json_that_parses_and_validates_whole_and_streamed(
-        self, gateway: Gateway, catalog, start_mahout: Callable[..., Mahout],  # noqa: ANN001
+        self,
+        gateway: Gateway,
+        catalog,
+        start_mahout: Callable[..., Mahout],  # noqa: ANN001
     ) -> None:
         start_mahout(make_host(qualified=False, name="json-rig").token)
         api = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=make_customer().secret, max_retries=0, timeout=90)
         ask = [{"role": "user", "content": "Describe a person as JSON with a name and an age."}]
-        whole = api.chat.completions.create(model="gemma-3-270m", messages=ask, max_tokens=60, temperature=0,
-                                            response_format=AS_SCHEMA)
+        whole = api.chat.completions.create(
+            model="gemma-3-270m", messages=ask, max_tokens=60, temperature=0, response_format=AS_SCHEMA
+        )
         assert whole.choices[0].finish_reason == "stop", whole
         jsonschema.validate(json.loads(whole.choices[0].message.content), PERSON)
-        streamed = "".join(chunk.choices[0].delta.content or "" for chunk in api.chat.completions.create(
-            model="gemma-3-270m", messages=ask, max_tokens=60, temperature=0, response_format=AS_SCHEMA, stream=True)
-            if chunk.choices)
+        streamed = "".join(
+            chunk.choices[0].delta.content or ""
+            for chunk in api.chat.completions.create(
+                model="gemma-3-270m", messages=ask, max_tokens=60, temperature=0, response_format=AS_SCHEMA, stream=True
+            )
+            if chunk.choices
+        )
         # (not asserted equal to the whole answer: the host reuses its prompt cache, and on some CPUs
         # llama.cpp's batched and one-token kernels differ enough to move a greedy choice)
         jsonschema.validate(json.loads(streamed), PERSON)
-        anything = api.chat.completions.create(model="gemma-3-270m", messages=ask, max_tokens=200, temperature=0,
-                                               response_format={"type": "json_object"})
+        anything = api.chat.completions.create(
+            model="gemma-3-270m", messages=ask, max_tokens=200, temperature=0, response_format={"type": "json_object"}
+        )
         if anything.choices[0].finish_reason == "stop":
             assert isinstance(json.loads(anything.choices[0].message.content), dict)
         else:  # cut by max_tokens: a JSON object's start, as OpenAI leaves it

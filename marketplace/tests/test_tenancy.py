@@ -2,6 +2,7 @@
 host's running job is refused to another host, a credential of the wrong kind is no
 credential, and nothing answers without one. The same crossings run against a live gateway
 in config/tests/test_schema_fuzz.py; the mesh's (rings, expert workers) in mesh/tests."""
+
 from __future__ import annotations
 
 import json
@@ -27,15 +28,22 @@ class Crossing:
     job: Job
 
     def secrets(self) -> dict[str, str | None]:
-        return {"owner": self.owner.secret, "other customer": self.other.secret, "host": self.host.token,
-                "other host": self.other_host.token, "anonymous": None}
+        return {
+            "owner": self.owner.secret,
+            "other customer": self.other.secret,
+            "host": self.host.token,
+            "other host": self.other_host.token,
+            "anonymous": None,
+        }
 
 
 @pytest.fixture
 def crossing(customer, serving_host, outsider, catalog) -> Crossing:
     """`customer`'s chat request, running on `serving_host`; `outsider` is another qualified host."""
     request, job = claimed(customer, serving_host, catalog)
-    return Crossing(owner=customer, other=make_customer(), host=serving_host, other_host=outsider, request=request, job=job)
+    return Crossing(
+        owner=customer, other=make_customer(), host=serving_host, other_host=outsider, request=request, job=job
+    )
 
 
 def call(method: str, path: str, secret: str | None, body: dict | None = None):
@@ -54,12 +62,16 @@ class CustomerTenancyTests:
             "chat resume": f"/v1/chat/completions/{public_id}?stream=true&starting_after=999",
             "completion resume": f"/v1/completions/{public_id}?stream=true&starting_after=999",
         }
-        answered = {who: {name: call("GET", path, secret).status_code for name, path in paths.items()}
-                    for who, secret in crossing.secrets().items()}
+        answered = {
+            who: {name: call("GET", path, secret).status_code for name, path in paths.items()}
+            for who, secret in crossing.secrets().items()
+        }
         assert answered == {
             "owner": {"generation": 200, "chat resume": 400, "completion resume": 400},
             "other customer": dict.fromkeys(paths, 404),
-            "host": dict.fromkeys(paths, 401), "other host": dict.fromkeys(paths, 401), "anonymous": dict.fromkeys(paths, 401),
+            "host": dict.fromkeys(paths, 401),
+            "other host": dict.fromkeys(paths, 401),
+            "anonymous": dict.fromkeys(paths, 401),
         }
 
     def test_another_customers_refusal_says_nothing_of_the_request(self, crossing) -> None:
@@ -77,20 +89,40 @@ class CustomerTenancyTests:
 
 
 class HostTenancyTests:
-    CALLS = {"tokens": {"seq": 0, "text": "stolen"}, "progress": {"stage": "prefill"}, "complete": {"finish_reason": "stop"},
-             "fail": {"reason": "stolen"}}
+    CALLS = {
+        "tokens": {"seq": 0, "text": "stolen"},
+        "progress": {"stage": "prefill"},
+        "complete": {"finish_reason": "stop"},
+        "fail": {"reason": "stolen"},
+    }
 
     def test_a_running_job_is_refused_to_everyone_but_its_host(self, crossing) -> None:
         answered = {
-            who: {name: call("POST", f"/hosts/api/jobs/{crossing.job.pk}/{name}", secret, body).status_code
-                  for name, body in self.CALLS.items()}
-            for who, secret in crossing.secrets().items() if who != "host"
+            who: {
+                name: call("POST", f"/hosts/api/jobs/{crossing.job.pk}/{name}", secret, body).status_code
+                for name, body in self.CALLS.items()
+            }
+            for who, secret in crossing.secrets().items()
+            if who != "host"
         }
-        assert answered == {"other host": dict.fromkeys(self.CALLS, 403), "owner": dict.fromkeys(self.CALLS, 401),
-                            "other customer": dict.fromkeys(self.CALLS, 401), "anonymous": dict.fromkeys(self.CALLS, 401)}
+        assert answered == {
+            "other host": dict.fromkeys(self.CALLS, 403),
+            "owner": dict.fromkeys(self.CALLS, 401),
+            "other customer": dict.fromkeys(self.CALLS, 401),
+            "anonymous": dict.fromkeys(self.CALLS, 401),
+        }
         job = Job.objects.get(pk=crossing.job.pk)
-        assert (job.status, job.next_seq, Request.objects.get(pk=crossing.request.pk).delivered_text) == ("running", 0, "")
-        assert call("POST", f"/hosts/api/jobs/{crossing.job.pk}/tokens", crossing.host.token, self.CALLS["tokens"]).status_code == 200
+        assert (job.status, job.next_seq, Request.objects.get(pk=crossing.request.pk).delivered_text) == (
+            "running",
+            0,
+            "",
+        )
+        assert (
+            call(
+                "POST", f"/hosts/api/jobs/{crossing.job.pk}/tokens", crossing.host.token, self.CALLS["tokens"]
+            ).status_code
+            == 200
+        )
 
     def test_another_hosts_job_and_no_job_are_refused_alike(self, crossing) -> None:
         """A host learns nothing from a job id: another's and one that does not exist get the same answer."""
@@ -108,19 +140,27 @@ class KeyScopeTests:
         from accounts.services import api_key_create
 
         user = crossing.owner.user
-        return {"maker": crossing.owner.secret,
-                "capped sibling": api_key_create(user=user, name="client", spend_cap_ucents=1_000_000).secret,
-                "account-wide": api_key_create(user=user, name="dashboard", account_wide=True).secret}
+        return {
+            "maker": crossing.owner.secret,
+            "capped sibling": api_key_create(user=user, name="client", spend_cap_ucents=1_000_000).secret,
+            "account-wide": api_key_create(user=user, name="dashboard", account_wide=True).secret,
+        }
 
     def test_only_the_maker_and_an_account_wide_key_find_the_request(self, crossing, keys) -> None:
         public_id = crossing.request.public_id
-        paths = {"generation": f"/v1/generation?id={public_id}",
-                 "resume": f"/v1/chat/completions/{public_id}?stream=true&starting_after=999"}
-        answered = {who: {name: call("GET", path, secret).status_code for name, path in paths.items()}
-                    for who, secret in keys.items()}
-        assert answered == {"maker": {"generation": 200, "resume": 400},  # (found: the offset is past the text)
-                            "capped sibling": {"generation": 404, "resume": 404},
-                            "account-wide": {"generation": 200, "resume": 400}}
+        paths = {
+            "generation": f"/v1/generation?id={public_id}",
+            "resume": f"/v1/chat/completions/{public_id}?stream=true&starting_after=999",
+        }
+        answered = {
+            who: {name: call("GET", path, secret).status_code for name, path in paths.items()}
+            for who, secret in keys.items()
+        }
+        assert answered == {
+            "maker": {"generation": 200, "resume": 400},  # (found: the offset is past the text)
+            "capped sibling": {"generation": 404, "resume": 404},
+            "account-wide": {"generation": 200, "resume": 400},
+        }
         said = call("GET", paths["generation"], keys["capped sibling"]).json()["error"]["message"]
         assert "its own requests" in said
 

@@ -1,6 +1,7 @@
 """Versions: mahout sends its version with every heartbeat; a client older than
 MAHOUT_MIN_VERSION is refused (426) with how to upgrade, and stops; the pool page shows the
 versions in use."""
+
 from __future__ import annotations
 
 import subprocess
@@ -16,8 +17,12 @@ from testkit.simhost import FINGERPRINT
 
 
 def beat(token: str, version: str):  # noqa: ANN201
-    return Client().post("/hosts/api/heartbeat", {"fingerprint": FINGERPRINT, "version": version},
-                         content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
+    return Client().post(
+        "/hosts/api/heartbeat",
+        {"fingerprint": FINGERPRINT, "version": version},
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {token}",
+    )
 
 
 @pytest.mark.django_db
@@ -53,9 +58,24 @@ def test_a_real_mahout_older_than_the_gateway_wants_says_so_and_stops(catalog, t
     try:
         host = make_host(qualified=False, name="old")
         done = subprocess.run(
-            [sys.executable, "-m", "mahout", "run", "--server", gateway.url, "--home", str(tmp_path / "home"), "--threads", "1",
-             "--no-idle-detect"],
-            cwd=ROOT, env={**stack_env(), "MAHOUT_TOKEN": host.token}, capture_output=True, text=True, timeout=240,
+            [
+                sys.executable,
+                "-m",
+                "mahout",
+                "run",
+                "--server",
+                gateway.url,
+                "--home",
+                str(tmp_path / "home"),
+                "--threads",
+                "1",
+                "--no-idle-detect",
+            ],
+            cwd=ROOT,
+            env={**stack_env(), "MAHOUT_TOKEN": host.token},
+            capture_output=True,
+            text=True,
+            timeout=240,
         )
     finally:
         gateway.stop()
@@ -69,8 +89,14 @@ def test_the_pool_page_says_which_models_cannot_be_audited(catalog, settings) ->
 
     from catalog.models import CatalogModel
 
-    CatalogModel.objects.create(name="llama-3.1-8b", context_length=8192, input_price_ucents=1, output_price_ucents=2,
-                                tokenizer="gguf:vocab/x.gguf", weights_path="/nowhere/llama.gguf")
+    CatalogModel.objects.create(
+        name="llama-3.1-8b",
+        context_length=8192,
+        input_price_ucents=1,
+        output_price_ucents=2,
+        tokenizer="gguf:vocab/x.gguf",
+        weights_path="/nowhere/llama.gguf",
+    )
     staff = get_user_model().objects.create_user(username="ops@example.com", password="x" * 12, is_staff=True)
     client = Client()
     client.force_login(staff)
@@ -81,13 +107,18 @@ def test_the_pool_page_says_which_models_cannot_be_audited(catalog, settings) ->
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("version", ["sim", None, "mahout"])  # ("": a 400, blank)
-def test_a_version_that_does_not_parse_is_refused_outside_the_tests(serving_host, settings, version: str | None) -> None:
+def test_a_version_that_does_not_parse_is_refused_outside_the_tests(
+    serving_host, settings, version: str | None
+) -> None:
     """No version (or one that is not a version) cannot be held to the minimum: refused as an old
     client is, or any host could skip the rule by not saying which mahout it runs."""
-    settings.MAHOUT_UNVERSIONED_ALLOWED = False  # as in production (the suite's synthetic hosts are let in: conftest.py)
+    settings.MAHOUT_UNVERSIONED_ALLOWED = (
+        False  # as in production (the suite's synthetic hosts are let in: conftest.py)
+    )
     body = {"fingerprint": FINGERPRINT} if version is None else {"fingerprint": FINGERPRINT, "version": version}
-    refused = Client().post("/hosts/api/heartbeat", body, content_type="application/json",
-                            HTTP_AUTHORIZATION=f"Bearer {serving_host.token}")
+    refused = Client().post(
+        "/hosts/api/heartbeat", body, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {serving_host.token}"
+    )
     assert refused.status_code == 426 and refused.json()["error"]["code"] == "upgrade_required"
     assert "is not a version" in refused.json()["error"]["message"]
     assert Host.objects.get(pk=serving_host.host.pk).last_heartbeat_at is None, "a refused heartbeat is no sign of life"

@@ -2,6 +2,7 @@
 only: no two wings import each other, not even through a third. Each subpackage is a wing;
 each module of the base (models, services, tasks...) is a room of its own. Imports inside
 functions count; the tests and the migrations are no wing."""
+
 from __future__ import annotations
 
 from graphlib import CycleError, TopologicalSorter
@@ -52,8 +53,11 @@ def imports() -> dict[str, set[str]]:
 class WingTests:
     def test_it_finds_a_cycle_where_there_is_one(self) -> None:
         graph = grimp.ImportGraph()
-        for importer, imported in (("marketplace.a.x", "marketplace.b.y"), ("marketplace.b.z", "marketplace.a.w"),
-                                   ("marketplace.tests.t", "marketplace.a.x")):
+        for importer, imported in (
+            ("marketplace.a.x", "marketplace.b.y"),
+            ("marketplace.b.z", "marketplace.a.w"),
+            ("marketplace.tests.t", "marketplace.a.x"),
+        ):
             graph.add_import(importer=importer, imported=imported)
         assert sorted(set(cycle(wing_imports(graph)))) == ["marketplace.a", "marketplace.b"]
 

@@ -88,6 +88,7 @@ what the customer paid, at the default 80/20 split) and never more than the plat
 A scorer whose verdict falls (overruled, or any verdict of an unscored audit) is not paid.
 The prompt, text and tokens are deleted when the audit is decided, as for every audit.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -145,7 +146,12 @@ def audit_weights(model: CatalogModel, *, assemble: bool = True) -> str | None:
 
 
 def audit_wanted(
-    *, request: Request, job: Job, host: Host, payload: Callable[[], dict], excluded: Callable[[dict], bool],
+    *,
+    request: Request,
+    job: Job,
+    host: Host,
+    payload: Callable[[], dict],
+    excluded: Callable[[dict], bool],
     always: bool = False,
 ) -> dict | None:
     """The job as its host received it when this completed job is to be audited (the draw
@@ -164,15 +170,35 @@ def audit_wanted(
     return job_as_sent if auditable(job_as_sent) and not excluded(job_as_sent) else None
 
 
-def audit_open(*, request: Request, job: Job, host: Host, payload: dict, text: str, token_ids: list[int] | None,
-               finish_reason: str, host_ucents: int, platform_ucents: int, logprobs: list[dict] | None = None) -> Audit:
+def audit_open(
+    *,
+    request: Request,
+    job: Job,
+    host: Host,
+    payload: dict,
+    text: str,
+    token_ids: list[int] | None,
+    finish_reason: str,
+    host_ucents: int,
+    platform_ucents: int,
+    logprobs: list[dict] | None = None,
+) -> Audit:
     """Keep what the audit needs (the job, its answer, tokens and reported log-probabilities)
     beside the escrowed shares. In the settlement's transaction."""
     by_hosts = audit_weights(request.model, assemble=False) is None
     audit = Audit.objects.create(
-        job=job, host=host, request=request, host_ucents=host_ucents, platform_ucents=platform_ucents,
-        seed=int(payload["params"]["seed"]), payload=payload, text=text, token_ids=token_ids, finish_reason=finish_reason,
-        logprobs=logprobs, by_hosts=by_hosts,
+        job=job,
+        host=host,
+        request=request,
+        host_ucents=host_ucents,
+        platform_ucents=platform_ucents,
+        seed=int(payload["params"]["seed"]),
+        payload=payload,
+        text=text,
+        token_ids=token_ids,
+        finish_reason=finish_reason,
+        logprobs=logprobs,
+        by_hosts=by_hosts,
     )
     if by_hosts:
         announce_on_commit(queue_group(request.model_id), {"type": "audit.queued"})  # waiting scorers look now
@@ -195,8 +221,9 @@ def independent_scorers(*, model_id: int, owners: set[int], now: datetime | None
     """The hosts that may score an audit of `model_id` that none of `owners` (the audited
     host's, and those of the scorers that gave a verdict on it) may: trusted, qualified for
     the model, of another owner, and that owner with a history (`reputation.scorer_owner_seasoned`)."""
-    return Host.objects.filter(TRUSTED.q(), reputation.scorer_owner_seasoned(now=now),
-                               qualifications__model_id=model_id).exclude(owner_id__in=owners)
+    return Host.objects.filter(
+        TRUSTED.q(), reputation.scorer_owner_seasoned(now=now), qualifications__model_id=model_id
+    ).exclude(owner_id__in=owners)
 
 
 # --- scoring (on the Celery workers) --------------------------------------------------------
@@ -235,8 +262,13 @@ def audit_verdict(audit: Audit) -> tuple[str | None, dict]:
         raise LookupError(f"the weights of {audit.request.model.name} are no longer on this gateway")
     with VERIFYING:
         result = _verifier(path).audit(  # type: ignore[attr-defined]
-            audit.payload, token_ids=[int(t) for t in audit.token_ids], text=audit.text, finish_reason=audit.finish_reason,
-            seed=audit.seed, logprobs=audit.logprobs, sample=settings.AUDIT_TOKENS or None,
+            audit.payload,
+            token_ids=[int(t) for t in audit.token_ids],
+            text=audit.text,
+            finish_reason=audit.finish_reason,
+            seed=audit.seed,
+            logprobs=audit.logprobs,
+            sample=settings.AUDIT_TOKENS or None,
         )
     counts = {"checked": result.checked, "uncertain": result.uncertain, "misses": len(result.misses)}
     return result.reason, counts
@@ -251,9 +283,16 @@ def audit_score_pending(*, limit: int = 10) -> int:
     from scorer.verify import Unauditable
 
     decided = audit_scorers_watch()
-    for audit_id in list(Audit.objects.filter(status=Audit.Status.PENDING, by_hosts=False).order_by("created_at")
-                         .values_list("pk", flat=True)[:limit]):
-        audit = Audit.objects.select_related("request__model", "host").filter(pk=audit_id, status=Audit.Status.PENDING).first()
+    for audit_id in list(
+        Audit.objects.filter(status=Audit.Status.PENDING, by_hosts=False)
+        .order_by("created_at")
+        .values_list("pk", flat=True)[:limit]
+    ):
+        audit = (
+            Audit.objects.select_related("request__model", "host")
+            .filter(pk=audit_id, status=Audit.Status.PENDING)
+            .first()
+        )
         if audit is None:
             continue
         try:
@@ -303,16 +342,34 @@ def audit_unscored(*, audit: Audit, why: str) -> bool:
     too), with no strike, maintenance or inquiry, and no scorer paid. Deletes the prompt, text
     and tokens. A compare-and-set from pending: False when decided elsewhere."""
     if not Audit.objects.filter(pk=audit.pk, status=Audit.Status.PENDING).update(
-        status=Audit.Status.UNSCORED, reason=why[:500], payload=None, text="", token_ids=None, logprobs=None,
-        decided_at=timezone.now(), scorer=None, scorer_since=None, scorer_boot="", chosen=None, chosen_at=None,
+        status=Audit.Status.UNSCORED,
+        reason=why[:500],
+        payload=None,
+        text="",
+        token_ids=None,
+        logprobs=None,
+        decided_at=timezone.now(),
+        scorer=None,
+        scorer_since=None,
+        scorer_boot="",
+        chosen=None,
+        chosen_at=None,
     ):
         return False
     request = audit.request
-    logger.warning("audit %s of request %s is unscored (%s): its customer is refunded, its host not paid", audit.pk,
-                   request.public_id, why)
-    billing.audit_refund(user=request.user, host_ucents=audit.host_ucents, platform_ucents=audit.platform_ucents,
-                         reference=f"audit-{audit.pk}",
-                         memo=f"request {request.public_id} refunded: no independent scorer could check its answer")
+    logger.warning(
+        "audit %s of request %s is unscored (%s): its customer is refunded, its host not paid",
+        audit.pk,
+        request.public_id,
+        why,
+    )
+    billing.audit_refund(
+        user=request.user,
+        host_ucents=audit.host_ucents,
+        platform_ucents=audit.platform_ucents,
+        reference=f"audit-{audit.pk}",
+        memo=f"request {request.public_id} refunded: no independent scorer could check its answer",
+    )
     return True
 
 
@@ -324,28 +381,51 @@ def audit_decide(*, audit: Audit, reason: str | None, counts: dict) -> bool:
     decided elsewhere."""
     status = Audit.Status.PASSED if reason is None else Audit.Status.FAILED
     if not Audit.objects.filter(pk=audit.pk, status=Audit.Status.PENDING).update(
-        status=status, reason=(reason or "")[:500], payload=None, text="", token_ids=None, logprobs=None, decided_at=timezone.now(),
-        scorer=None, scorer_since=None, scorer_boot="", chosen=None, chosen_at=None, **counts,
+        status=status,
+        reason=(reason or "")[:500],
+        payload=None,
+        text="",
+        token_ids=None,
+        logprobs=None,
+        decided_at=timezone.now(),
+        scorer=None,
+        scorer_since=None,
+        scorer_boot="",
+        chosen=None,
+        chosen_at=None,
+        **counts,
     ):
         return False
     request = audit.request
     if reason is None:
         for host, amount, reference in _audited_payees(audit):
-            billing.audit_release(host=host, amount_ucents=amount, reference=reference,
-                                  memo=f"audit of request {request.public_id} passed")
+            billing.audit_release(
+                host=host,
+                amount_ucents=amount,
+                reference=reference,
+                memo=f"audit of request {request.public_id} passed",
+            )
         return True
-    billing.audit_refund(user=request.user, host_ucents=audit.host_ucents, platform_ucents=audit.platform_ucents,
-                         reference=f"audit-{audit.pk}",
-                         memo=f"request {request.public_id} refunded: its host failed verification")
+    billing.audit_refund(
+        user=request.user,
+        host_ucents=audit.host_ucents,
+        platform_ucents=audit.platform_ucents,
+        reference=f"audit-{audit.pk}",
+        memo=f"request {request.public_id} refunded: its host failed verification",
+    )
     if ring_inquiries.inquiry_open(audit=audit, reason=reason):  # a ring of several hosts: find whose fault first
         return True
-    excuse = expert_services.coordinator_failure_excuse(host=audit.host, model_name=request.model.name,
-                                                        since=request.created_at)
+    excuse = expert_services.coordinator_failure_excuse(
+        host=audit.host, model_name=request.model.name, since=request.created_at
+    )
     if excuse is not None:  # an expert mesh's volunteers helped: the coordinator is given one excuse
-        logger.warning("audit %s of request %s failed (%s) and is excused: %s", audit.pk, request.public_id, reason, excuse)
+        logger.warning(
+            "audit %s of request %s failed (%s) and is excused: %s", audit.pk, request.public_id, reason, excuse
+        )
         return True
-    ring_inquiries.host_blame(host=audit.host,
-                              why=f"Failed verification: {reason} (audit {audit.pk} of request {request.public_id}).")
+    ring_inquiries.host_blame(
+        host=audit.host, why=f"Failed verification: {reason} (audit {audit.pk} of request {request.public_id})."
+    )
     return True
 
 
@@ -355,8 +435,10 @@ def _audited_payees(audit: Audit) -> list[tuple[Host, int, str]]:
     bridge's since a ring's answer is audited whole."""
     stages = list(StageShare.objects.filter(job_id=audit.job_id).select_related("host"))
     own = audit.host_ucents - sum(stage.earned_ucents for stage in stages)
-    return [(audit.host, own, f"audit-{audit.pk}"),
-            *((stage.host, stage.earned_ucents, f"audit-{audit.pk}-stage-{stage.host_id}") for stage in stages)]
+    return [
+        (audit.host, own, f"audit-{audit.pk}"),
+        *((stage.host, stage.earned_ucents, f"audit-{audit.pk}-stage-{stage.host_id}") for stage in stages),
+    ]
 
 
 def audit_summary() -> dict:
@@ -371,8 +453,13 @@ def audit_summary() -> dict:
             scored = independent_scorers(model_id=model.pk, owners=set()).exists()
             (by_hosts if scored else unverifiable).append(model.name)
     inquiries = ring_inquiries.inquiry_summary()
-    return {**counts, "verified_by_hosts_models": by_hosts, "unverifiable_models": unverifiable,
-            "ring_inquiries_open": inquiries["collecting"] + inquiries["checking"], "ring_inquiries_decided": inquiries["decided"]}
+    return {
+        **counts,
+        "verified_by_hosts_models": by_hosts,
+        "unverifiable_models": unverifiable,
+        "ring_inquiries_open": inquiries["collecting"] + inquiries["checking"],
+        "ring_inquiries_decided": inquiries["decided"],
+    }
 
 
 # --- scoring by trusted hosts (claimed through the host claim path) --------------------------
@@ -407,7 +494,8 @@ def audit_claim_payload(*, host: Host, model_ids: list[int], boot: str = "") -> 
         candidates = _claimable(host=host, model_ids=[model_id for model_id in model_ids if model_id not in capped])
     for audit_id, _ in candidates:
         if Audit.objects.filter(_open_to(host), pk=audit_id, status=Audit.Status.PENDING, scorer__isnull=True).update(
-                scorer=host, scorer_since=now, scorer_boot=boot):
+            scorer=host, scorer_since=now, scorer_boot=boot
+        ):
             return _audit_payload(Audit.objects.select_related("request__model").get(pk=audit_id))
     return None
 
@@ -423,11 +511,20 @@ def _claimable(*, host: Host, model_ids: list[int]) -> list[tuple[int, int]]:
     if not model_ids:
         return []
     return list(
-        Audit.objects.filter(_open_to(host), status=Audit.Status.PENDING, by_hosts=True, scorer__isnull=True,
-                             request__model_id__in=model_ids)
-        .exclude(host__owner_id=host.owner_id).exclude(scores__scorer_id=host.pk)
-        .exclude(pk__in=AuditScore.objects.filter(scorer__owner_id=host.owner_id, verdict__in=VERDICTS).values("audit_id"))
-        .order_by("created_at").values_list("pk", "request__model_id")[:CLAIM_CANDIDATES]
+        Audit.objects.filter(
+            _open_to(host),
+            status=Audit.Status.PENDING,
+            by_hosts=True,
+            scorer__isnull=True,
+            request__model_id__in=model_ids,
+        )
+        .exclude(host__owner_id=host.owner_id)
+        .exclude(scores__scorer_id=host.pk)
+        .exclude(
+            pk__in=AuditScore.objects.filter(scorer__owner_id=host.owner_id, verdict__in=VERDICTS).values("audit_id")
+        )
+        .order_by("created_at")
+        .values_list("pk", "request__model_id")[:CLAIM_CANDIDATES]
     )
 
 
@@ -447,16 +544,20 @@ def scorer_declines_today(*, host_id: int, now: datetime) -> Counter[tuple[int, 
     Per model, so that one model's answers no scorer can read (or a model its runner cannot
     read) do not stop its scoring of the others; per cause, so that declines the answers
     caused do not use up what the scorer's own may, nor the other way round."""
-    rows = AuditScore.objects.filter(scorer_id=host_id, verdict__in=LET_GO, created_at__gte=now - timedelta(days=1)
-                                     ).values_list("audit__request__model_id", "verdict", "reason")
+    rows = AuditScore.objects.filter(
+        scorer_id=host_id, verdict__in=LET_GO, created_at__gte=now - timedelta(days=1)
+    ).values_list("audit__request__model_id", "verdict", "reason")
     return Counter((model_id, decline_cause(verdict=verdict, reason=reason)) for model_id, verdict, reason in rows)
 
 
 def scorer_declines_capped(*, host_id: int, now: datetime) -> set[int]:
     """The models this scorer is handed no audits of today: for one cause, it let
     AUDIT_SCORER_MAX_DECLINED of them go in the last day (`scorer_declines_today`)."""
-    return {model_id for (model_id, _), count in scorer_declines_today(host_id=host_id, now=now).items()
-            if count >= settings.AUDIT_SCORER_MAX_DECLINED}
+    return {
+        model_id
+        for (model_id, _), count in scorer_declines_today(host_id=host_id, now=now).items()
+        if count >= settings.AUDIT_SCORER_MAX_DECLINED
+    }
 
 
 def _audit_payload(audit: Audit) -> AuditPayload:
@@ -466,21 +567,35 @@ def _audit_payload(audit: Audit) -> AuditPayload:
     third) checks every token, so that a miss the first found cannot escape a second draw."""
     job = {key: value for key, value in (audit.payload or {}).items() if key != "id"}
     confirming = audit.scores.filter(verdict=AuditScore.Verdict.FAILED).exists()
-    return {"id": audit.pk, "model": audit.request.model.name, "kind": AUDIT, "job": job,  # type: ignore[typeddict-item]
-            "tokens": [int(t) for t in audit.token_ids or []], "text": audit.text, "finish_reason": audit.finish_reason,
-            "seed": audit.seed, "logprobs": audit.logprobs,
-            "draw": None if confirming or not settings.AUDIT_TOKENS else settings.AUDIT_TOKENS}
+    return {
+        "id": audit.pk,
+        "model": audit.request.model.name,
+        "kind": AUDIT,
+        "job": job,  # type: ignore[typeddict-item]
+        "tokens": [int(t) for t in audit.token_ids or []],
+        "text": audit.text,
+        "finish_reason": audit.finish_reason,
+        "seed": audit.seed,
+        "logprobs": audit.logprobs,
+        "draw": None if confirming or not settings.AUDIT_TOKENS else settings.AUDIT_TOKENS,
+    }
 
 
 @transaction.atomic
-def audit_verdict_report(*, host: Host, audit_id: int, verdict: str, reason: str = "", counts: dict | None = None) -> str:
+def audit_verdict_report(
+    *, host: Host, audit_id: int, verdict: str, reason: str = "", counts: dict | None = None
+) -> str:
     """A scorer's verdict on the audit it claimed (`protocol.jobs.AuditVerdict`); decides the
     audit when the rules say so (see the module's docstring). Returns the audit's status
     after it. An audit that is not this host's to score (any more) is a 409."""
     audit = Audit.objects.select_for_update().select_related("request__model", "host").filter(pk=audit_id).first()
     if audit is None or audit.scorer_id != host.pk or audit.status != Audit.Status.PENDING:
-        raise ApiError(409, f"Audit {audit_id} is not this host's to score (decided, reassigned or never claimed).",
-                       code="audit_not_yours", type="invalid_request_error")
+        raise ApiError(
+            409,
+            f"Audit {audit_id} is not this host's to score (decided, reassigned or never claimed).",
+            code="audit_not_yours",
+            type="invalid_request_error",
+        )
     counts = {key: max(int((counts or {}).get(key) or 0), 0) for key in ("checked", "uncertain", "misses")}
     score = AuditScore.objects.create(audit=audit, scorer=host, verdict=verdict, reason=reason[:500], **counts)
     Audit.objects.filter(pk=audit.pk).update(scorer=None, scorer_since=None, scorer_boot="")
@@ -501,12 +616,18 @@ def _audit_settle_scores(audit: Audit, *, newest: AuditScore) -> None:
     scores = list(audit.scores.filter(verdict__in=VERDICTS).select_related("scorer").order_by("created_at", "pk"))
     passes = [score for score in scores if score.verdict == AuditScore.Verdict.PASSED]
     fails = [score for score in scores if score.verdict == AuditScore.Verdict.FAILED]
-    lone_pass = len(passes) == 1 and not fails and newest.pk == passes[0].pk and (
-        random.random() >= settings.AUDIT_PASS_RECHECK_RATE or not _second_look_possible(audit, passes[0]))
+    lone_pass = (
+        len(passes) == 1
+        and not fails
+        and newest.pk == passes[0].pk
+        and (random.random() >= settings.AUDIT_PASS_RECHECK_RATE or not _second_look_possible(audit, passes[0]))
+    )
     if lone_pass or len(passes) >= 2 and len(passes) > len(fails):
         decided, standing, fallen = audit_decide(audit=audit, reason=None, counts=_counts(passes[-1])), passes, fails
     elif len(fails) >= 2 and len(fails) > len(passes):
-        decided = audit_decide(audit=audit, reason=fails[0].reason or "failed under two scorers", counts=_counts(fails[0]))
+        decided = audit_decide(
+            audit=audit, reason=fails[0].reason or "failed under two scorers", counts=_counts(fails[0])
+        )
         standing, fallen = fails, passes
     elif passes and fails:
         _split_break(audit, owners={audit.host.owner_id, *(score.scorer.owner_id for score in scores)})
@@ -531,10 +652,15 @@ def _split_break(audit: Audit, *, owners: set[int], now: datetime | None = None)
     now = now or timezone.now()
     if audit_weights(audit.request.model, assemble=False) is not None:
         logger.info("audit %s: its scorers disagree; the gateway's verifier decides", audit.pk)
-        Audit.objects.filter(pk=audit.pk, status=Audit.Status.PENDING).update(by_hosts=False, chosen=None, chosen_at=None)
+        Audit.objects.filter(pk=audit.pk, status=Audit.Status.PENDING).update(
+            by_hosts=False, chosen=None, chosen_at=None
+        )
         return
-    pool = (independent_scorers(model_id=audit.request.model_id, owners=owners, now=now).online(now)
-            .exclude(audit_scores__audit_id=audit.pk))  # (not one that let it go)
+    pool = (
+        independent_scorers(model_id=audit.request.model_id, owners=owners, now=now)
+        .online(now)
+        .exclude(audit_scores__audit_id=audit.pk)
+    )  # (not one that let it go)
     draw = random.SystemRandom()
     by_owner: dict[int, list[int]] = {}
     for host_id, owner_id in pool.values_list("pk", "owner_id").distinct():
@@ -563,10 +689,16 @@ def _scorer_overruled(score: AuditScore) -> None:
     gateway's verifier counting as one). AUDIT_SCORER_MAX_OVERRULED strikes in a day and it
     goes back to probation (it no longer scores, and must earn trust again)."""
     AuditScore.objects.filter(pk=score.pk).update(overruled=True)
-    strikes = AuditScore.objects.filter(scorer_id=score.scorer_id, overruled=True,
-                                        created_at__gte=timezone.now() - timedelta(days=1)).count()
-    logger.warning("audit %s: host %s's verdict (%s) was overruled by other scorers (%s strike(s) today)",
-                   score.audit_id, score.scorer_id, score.verdict, strikes)
+    strikes = AuditScore.objects.filter(
+        scorer_id=score.scorer_id, overruled=True, created_at__gte=timezone.now() - timedelta(days=1)
+    ).count()
+    logger.warning(
+        "audit %s: host %s's verdict (%s) was overruled by other scorers (%s strike(s) today)",
+        score.audit_id,
+        score.scorer_id,
+        score.verdict,
+        strikes,
+    )
     if strikes >= settings.AUDIT_SCORER_MAX_OVERRULED:
         reputation.trust_revoke(host_id=score.scorer_id)
 
@@ -578,8 +710,16 @@ def _scorers_pay(audit: Audit, scores: list[AuditScore]) -> None:
     come on top of the refund: the platform bears them, never beyond what it holds)."""
     for score in scores:
         fee = min(scorer_fee(audit.request), audit.platform_ucents // 2)
-        paid = billing.audit_score_pay(host=score.scorer, amount_ucents=fee, reference=f"audit-{audit.pk}-score-{score.pk}",
-                                       memo=f"scored audit {audit.pk}") if fee > 0 else 0
+        paid = (
+            billing.audit_score_pay(
+                host=score.scorer,
+                amount_ucents=fee,
+                reference=f"audit-{audit.pk}-score-{score.pk}",
+                memo=f"scored audit {audit.pk}",
+            )
+            if fee > 0
+            else 0
+        )
         AuditScore.objects.filter(pk=score.pk).update(paid_ucents=paid)
 
 
@@ -591,20 +731,34 @@ def audit_scorers_watch(*, now: datetime | None = None) -> int:
     (never released unchecked). Returns how many were decided."""
     now = now or timezone.now()
     silent = now - timedelta(seconds=settings.AUDIT_SCORE_TIMEOUT_SECONDS)
-    for audit_id, scorer_id in list(Audit.objects.filter(status=Audit.Status.PENDING, by_hosts=True,
-                                                         scorer_since__lt=silent).values_list("pk", "scorer_id")):
-        _scorer_abandoned(audit_id=audit_id, scorer_id=scorer_id,
-                          why=f"gave no verdict within {settings.AUDIT_SCORE_TIMEOUT_SECONDS:.0f} s")
+    for audit_id, scorer_id in list(
+        Audit.objects.filter(status=Audit.Status.PENDING, by_hosts=True, scorer_since__lt=silent).values_list(
+            "pk", "scorer_id"
+        )
+    ):
+        _scorer_abandoned(
+            audit_id=audit_id,
+            scorer_id=scorer_id,
+            why=f"gave no verdict within {settings.AUDIT_SCORE_TIMEOUT_SECONDS:.0f} s",
+        )
     for audit in Audit.objects.select_related("request__model", "host").filter(
-            Q(chosen__isnull=True) | Q(chosen_at__lt=silent), status=Audit.Status.PENDING, by_hosts=True,
-            scorer__isnull=True, chosen_at__isnull=False):
-        owners = {audit.host.owner_id, *audit.scores.filter(verdict__in=VERDICTS).values_list("scorer__owner_id", flat=True)}
+        Q(chosen__isnull=True) | Q(chosen_at__lt=silent),
+        status=Audit.Status.PENDING,
+        by_hosts=True,
+        scorer__isnull=True,
+        chosen_at__isnull=False,
+    ):
+        owners = {
+            audit.host.owner_id,
+            *audit.scores.filter(verdict__in=VERDICTS).values_list("scorer__owner_id", flat=True),
+        }
         with transaction.atomic():
             _split_break(audit, owners=owners, now=now)
     decided = 0
     waited = now - timedelta(seconds=settings.AUDIT_SCORER_WAIT_SECONDS)
     for audit in Audit.objects.select_related("request__model", "host").filter(
-            status=Audit.Status.PENDING, by_hosts=True, scorer__isnull=True, created_at__lt=waited):
+        status=Audit.Status.PENDING, by_hosts=True, scorer__isnull=True, created_at__lt=waited
+    ):
         decided += _audit_waited_out(audit)
     return decided
 
@@ -615,19 +769,27 @@ def _audit_waited_out(audit: Audit) -> bool:
     else it is unscored. True when decided now."""
     scores = list(audit.scores.filter(verdict__in=VERDICTS).order_by("created_at", "pk"))
     if len(scores) == 1 and scores[0].verdict == AuditScore.Verdict.PASSED:
-        logger.warning("audit %s: no second scorer looked within %.0f s; its pass stands", audit.pk,
-                       settings.AUDIT_SCORER_WAIT_SECONDS)
+        logger.warning(
+            "audit %s: no second scorer looked within %.0f s; its pass stands",
+            audit.pk,
+            settings.AUDIT_SCORER_WAIT_SECONDS,
+        )
         with transaction.atomic():
             if not audit_decide(audit=audit, reason=None, counts=_counts(scores[0])):
                 return False
             _scorers_pay(audit, scores)
         return True
     if audit_weights(audit.request.model, assemble=False) is not None:
-        Audit.objects.filter(pk=audit.pk, status=Audit.Status.PENDING).update(by_hosts=False, chosen=None, chosen_at=None)
+        Audit.objects.filter(pk=audit.pk, status=Audit.Status.PENDING).update(
+            by_hosts=False, chosen=None, chosen_at=None
+        )
         return False  # (`audit_score_pending` reads it next)
     verdicts = ", ".join(score.verdict for score in scores) or "none"
-    return audit_unscored(audit=audit, why=f"no independent scorer decided it within "
-                          f"{settings.AUDIT_SCORER_WAIT_SECONDS:.0f} s (verdicts: {verdicts})")
+    return audit_unscored(
+        audit=audit,
+        why=f"no independent scorer decided it within "
+        f"{settings.AUDIT_SCORER_WAIT_SECONDS:.0f} s (verdicts: {verdicts})",
+    )
 
 
 def audit_scorer_restarted(*, host_id: int, boot: str) -> int:
@@ -637,10 +799,15 @@ def audit_scorer_restarted(*, host_id: int, boot: str) -> int:
     happens, and an audit claimed without one waits out the timeout. Returns how many were freed."""
     if not boot:
         return 0
-    held = list(Audit.objects.filter(status=Audit.Status.PENDING, scorer_id=host_id).exclude(scorer_boot__in=("", boot))
-                .values_list("pk", "scorer_boot"))
-    return sum(_scorer_abandoned(audit_id=audit_id, scorer_id=host_id, boot=old, why="restarted before its verdict")
-               for audit_id, old in held)
+    held = list(
+        Audit.objects.filter(status=Audit.Status.PENDING, scorer_id=host_id)
+        .exclude(scorer_boot__in=("", boot))
+        .values_list("pk", "scorer_boot")
+    )
+    return sum(
+        _scorer_abandoned(audit_id=audit_id, scorer_id=host_id, boot=old, why="restarted before its verdict")
+        for audit_id, old in held
+    )
 
 
 @transaction.atomic

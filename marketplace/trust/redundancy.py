@@ -11,6 +11,7 @@ WARM_ASK_SECONDS lapses, so another host can be asked. Once more hosts are warm 
 One ask per host at a time; a host that is busy, paused, in maintenance or banned, or whose
 catalog is stale (it cannot say what it loaded), is never asked.
 """
+
 from __future__ import annotations
 
 from datetime import datetime, timedelta
@@ -36,7 +37,10 @@ def heartbeat_asks(*, host: Host, now: datetime) -> dict[str, list[str]]:
         return {"load": [], "unload": []}
     counts = warm_host_counts(now=now)
     for model_id, name in wanted:
-        if counts.get(model_id, {}).get("warm", 0) + _loading(model_id=model_id, name=name, now=now) >= REDUNDANT_WARM_HOSTS:
+        if (
+            counts.get(model_id, {}).get("warm", 0) + _loading(model_id=model_id, name=name, now=now)
+            >= REDUNDANT_WARM_HOSTS
+        ):
             continue
         if Host.objects.filter(pk=host.pk, warm_asked__isnull=True).update(warm_asked_id=model_id, warm_asked_at=now):
             return {"load": [name], "unload": []}
@@ -62,7 +66,12 @@ def _asked(*, host: Host, now: datetime) -> dict[str, list[str]]:
     loaded = host.catalog_fresh(now) and host.warm_for(model.name, now)
     if loaded:
         warm = warm_host_counts(now=now).get(model.pk, {}).get("warm", 0)
-        if model.latency_critical and model.active and warm <= REDUNDANT_WARM_HOSTS and _may_be_asked(host=host, now=now):
+        if (
+            model.latency_critical
+            and model.active
+            and warm <= REDUNDANT_WARM_HOSTS
+            and _may_be_asked(host=host, now=now)
+        ):
             return {"load": [], "unload": []}
         _release(host)
         return {"load": [], "unload": [model.name]}
@@ -79,9 +88,17 @@ def _release(host: Host) -> None:
 
 def warming_hosts(*, now: datetime) -> list[dict]:
     """Hosts asked to keep a model warm, for the pool page: loading, or warm for redundancy."""
-    rows = Host.objects.filter(warm_asked__isnull=False).select_related("warm_asked", "owner").order_by("warm_asked_at", "pk")
+    rows = (
+        Host.objects.filter(warm_asked__isnull=False)
+        .select_related("warm_asked", "owner")
+        .order_by("warm_asked_at", "pk")
+    )
     return [
-        {"host": host, "model": host.warm_asked.name, "since": host.warm_asked_at,
-         "state": "warm" if host.catalog_fresh(now) and host.warm_for(host.warm_asked.name, now) else "loading"}
+        {
+            "host": host,
+            "model": host.warm_asked.name,
+            "since": host.warm_asked_at,
+            "state": "warm" if host.catalog_fresh(now) and host.warm_for(host.warm_asked.name, now) else "loading",
+        }
         for host in rows
     ]

@@ -16,6 +16,7 @@ the host's own completed jobs), never what it reported: a reported figure counts
 `ROUTING_UNMEASURED_MAX_TPS` until measured, and a report over twice the measured speed
 marks the host *overstated* (its report ignored, its offers after honest hosts').
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -114,9 +115,13 @@ def scorer_owner_seasoned(*, now: datetime | None = None) -> Q:
     now = now or timezone.now()
     seasoned = Q(owner__date_joined__lte=now - timedelta(days=settings.AUDIT_SCORER_OWNER_MIN_AGE_DAYS))
     if settings.AUDIT_SCORER_OWNER_MIN_PASSED_AUDITS > 0:
-        seasoned &= Q(owner_id__in=Audit.objects.filter(status=Audit.Status.PASSED, checked__gt=0)
-                      .values("host__owner_id").annotate(passed=Count("pk"))
-                      .filter(passed__gte=settings.AUDIT_SCORER_OWNER_MIN_PASSED_AUDITS).values("host__owner_id"))
+        seasoned &= Q(
+            owner_id__in=Audit.objects.filter(status=Audit.Status.PASSED, checked__gt=0)
+            .values("host__owner_id")
+            .annotate(passed=Count("pk"))
+            .filter(passed__gte=settings.AUDIT_SCORER_OWNER_MIN_PASSED_AUDITS)
+            .values("host__owner_id")
+        )
     return seasoned
 
 
@@ -149,10 +154,16 @@ def reputation_of(host: Host) -> Reputation:
     )
     reported = host.qualifications.aggregate(best=Max("gen_tps"))["best"]
     return Reputation(
-        status=host.standing, canaries_passed=canaries["passed"], canaries_failed=canaries["failed"],
-        jobs_completed=jobs["completed"], jobs_failed=jobs["failed"], failovers_caused=jobs["failovers"],
-        measured_tps=host.measured_tps, reported_tps=reported,
-        overstated=overstated(reported_tps=reported, measured_tps=host.measured_tps), claim_cap=host.claim_cap,
+        status=host.standing,
+        canaries_passed=canaries["passed"],
+        canaries_failed=canaries["failed"],
+        jobs_completed=jobs["completed"],
+        jobs_failed=jobs["failed"],
+        failovers_caused=jobs["failovers"],
+        measured_tps=host.measured_tps,
+        reported_tps=reported,
+        overstated=overstated(reported_tps=reported, measured_tps=host.measured_tps),
+        claim_cap=host.claim_cap,
     )
 
 
@@ -162,8 +173,11 @@ def reputation_of(host: Host) -> Reputation:
 def blame_corrected(*, request: Request, host: Host) -> int:
     """`host` served a request an earlier host said could not be run: that host's failure
     was its own after all (it counts toward its maintenance). Returns how many were."""
-    blamed = list(Job.objects.filter(request_id=request.pk, fail_cause="request").exclude(host_id=host.pk)
-                  .values_list("pk", "host_id"))
+    blamed = list(
+        Job.objects.filter(request_id=request.pk, fail_cause="request")
+        .exclude(host_id=host.pk)
+        .values_list("pk", "host_id")
+    )
     if blamed:
         Job.objects.filter(pk__in=[pk for pk, _ in blamed]).update(fail_cause="host")
         for host_id in {host_id for _, host_id in blamed}:
@@ -178,7 +192,9 @@ def host_rest_if_unreliable(*, host_id: int | None) -> bool:
         return False
     since = timezone.now() - timedelta(hours=1)
     failures = (
-        Job.objects.filter(host_id=host_id, status=Job.Status.FAILED, finished_at__gte=since).exclude(fail_cause="request").count()
+        Job.objects.filter(host_id=host_id, status=Job.Status.FAILED, finished_at__gte=since)
+        .exclude(fail_cause="request")
+        .count()
     )
     if failures <= settings.HOST_MAX_FAILURES_PER_HOUR:
         return False

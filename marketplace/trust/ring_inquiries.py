@@ -50,6 +50,7 @@ A ring whose stages all run on its bridge's own host needs no inquiry: that host
 as any host. When no checker took the inquiry within AUDIT_SCORER_WAIT_SECONDS, the bridge,
 which delivered the text, is blamed, as before inquiries existed, and the log says why.
 """
+
 from __future__ import annotations
 
 import logging
@@ -89,8 +90,10 @@ def host_blame(*, host: Host, why: str) -> None:
 
 def _stage_hosts(plan: RingPlan) -> dict[int, int]:
     """Each stage's host id (a stage without its own host is run by the bridge)."""
-    return {stage.index: stage.host_id or plan.bridge_host_id
-            for stage in RingStage.objects.filter(plan=plan).order_by("index")}
+    return {
+        stage.index: stage.host_id or plan.bridge_host_id
+        for stage in RingStage.objects.filter(plan=plan).order_by("index")
+    }
 
 
 def inquiry_open(*, audit: Audit, reason: str) -> bool:
@@ -103,8 +106,14 @@ def inquiry_open(*, audit: Audit, reason: str) -> bool:
     plan = share.plan
     if set(_stage_hosts(plan).values()) <= {audit.host_id}:
         return False
-    RingInquiry.objects.create(audit=audit, plan=plan, audit_reason=reason[:500], payload=audit.payload,
-                               token_ids=audit.token_ids, shared_output=True)  # (marketplace rings share it: `mahout stage`)
+    RingInquiry.objects.create(
+        audit=audit,
+        plan=plan,
+        audit_reason=reason[:500],
+        payload=audit.payload,
+        token_ids=audit.token_ids,
+        shared_output=True,
+    )  # (marketplace rings share it: `mahout stage`)
     logger.warning("audit %s of ring %s failed: an inquiry asks its stages for their evidence", audit.pk, plan.pk)
     return True
 
@@ -129,7 +138,8 @@ def inquiries_wanted(*, host: Host, plan_id: int, stage: int) -> list[dict]:
         raise ApiError(404, f"No stage {stage} of ring {plan_id} that this host runs.", code="ring_not_found")
     wanted = []
     for inquiry_id, job_id in RingInquiry.objects.filter(plan=plan, status=RingInquiry.Status.COLLECTING).values_list(
-            "pk", "audit__job_id"):
+        "pk", "audit__job_id"
+    ):
         if not _stage_complete(inquiry_id, stage):
             wanted.append({"id": inquiry_id, "job": job_id})
     return wanted
@@ -144,20 +154,40 @@ def evidence_store(*, host: Host, inquiry_id: int, stage: int, part: int, parts:
     if inquiry is None or not _runs_stage(inquiry.plan, stage, host):
         raise ApiError(404, f"No inquiry {inquiry_id} into a ring stage this host runs.", code="inquiry_not_found")
     if inquiry.status != RingInquiry.Status.COLLECTING:
-        raise ApiError(409, f"Inquiry {inquiry_id} no longer collects evidence ({inquiry.status}).", code="inquiry_closed",
-                       type="invalid_request_error")
+        raise ApiError(
+            409,
+            f"Inquiry {inquiry_id} no longer collects evidence ({inquiry.status}).",
+            code="inquiry_closed",
+            type="invalid_request_error",
+        )
     most = max(1, settings.RING_EVIDENCE_MAX_BYTES // PART_BYTES)
     if not 0 <= parts <= most or (parts == 0 and (part != 0 or data)) or (parts and not 0 <= part < parts):
-        raise ApiError(400, f"part {part} of {parts} is not a part of at most {most} parts (0 parts: nothing kept, "
-                            "with no data).", code="invalid_part", type="invalid_request_error", param="part")
+        raise ApiError(
+            400,
+            f"part {part} of {parts} is not a part of at most {most} parts (0 parts: nothing kept, with no data).",
+            code="invalid_part",
+            type="invalid_request_error",
+            param="part",
+        )
     if len(data) > PART_BYTES:
-        raise ApiError(400, f"a part carries at most {PART_BYTES} bytes, not {len(data)}.", code="part_too_large",
-                       type="invalid_request_error", param="data")
+        raise ApiError(
+            400,
+            f"a part carries at most {PART_BYTES} bytes, not {len(data)}.",
+            code="part_too_large",
+            type="invalid_request_error",
+            param="data",
+        )
     if RingEvidence.objects.filter(inquiry=inquiry, stage=stage).exclude(parts=parts).exists():
-        raise ApiError(409, f"stage {stage} already announced another number of parts.", code="parts_changed",
-                       type="invalid_request_error", param="parts")
-    RingEvidence.objects.update_or_create(inquiry=inquiry, stage=stage, part=part,
-                                          defaults={"host": host, "parts": parts, "data": data})
+        raise ApiError(
+            409,
+            f"stage {stage} already announced another number of parts.",
+            code="parts_changed",
+            type="invalid_request_error",
+            param="parts",
+        )
+    RingEvidence.objects.update_or_create(
+        inquiry=inquiry, stage=stage, part=part, defaults={"host": host, "parts": parts, "data": data}
+    )
     complete = _stage_complete(inquiry.pk, stage)
     if complete and all(_stage_complete(inquiry.pk, index) for index in _stage_hosts(inquiry.plan)):
         _checking(inquiry)
@@ -184,35 +214,59 @@ def inquiry_claim_payload(*, host: Host, model_ids: list[int], boot: str = "") -
     go before. Asked by the claim path only when no customer's job and no audit was there."""
     if host.trusted_at is None or host.banned_at is not None or not model_ids:
         return None
-    for inquiry in RingInquiry.objects.filter(status=RingInquiry.Status.CHECKING, checker__isnull=True,
-                                              plan__model_id__in=model_ids).select_related("plan__model").order_by("created_at")[:5]:
+    for inquiry in (
+        RingInquiry.objects.filter(
+            status=RingInquiry.Status.CHECKING, checker__isnull=True, plan__model_id__in=model_ids
+        )
+        .select_related("plan__model")
+        .order_by("created_at")[:5]
+    ):
         checked = {verdict["owner"] for verdict in inquiry.verdicts or []}
         if host.owner_id in _participant_owners(inquiry.plan) | checked or host.pk in (inquiry.declined_by or []):
             continue
         if RingInquiry.objects.filter(pk=inquiry.pk, status=RingInquiry.Status.CHECKING, checker__isnull=True).update(
-                checker=host, checker_since=timezone.now()):
+            checker=host, checker_since=timezone.now()
+        ):
             return _check_payload(inquiry)
     return None
 
 
 def _check_payload(inquiry: RingInquiry) -> RingCheckPayload:
-    parts = dict(RingEvidence.objects.filter(inquiry=inquiry).values("stage").annotate(n=Count("pk")).values_list("stage", "n"))
+    parts = dict(
+        RingEvidence.objects.filter(inquiry=inquiry).values("stage").annotate(n=Count("pk")).values_list("stage", "n")
+    )
     announced = dict(RingEvidence.objects.filter(inquiry=inquiry).values_list("stage", "parts"))
-    stages = [{"index": stage.index, "start": stage.start, "end": stage.end,
-               "parts": announced.get(stage.index, 0) if parts.get(stage.index) == announced.get(stage.index) else 0}
-              for stage in RingStage.objects.filter(plan=inquiry.plan).order_by("index")]
+    stages = [
+        {
+            "index": stage.index,
+            "start": stage.start,
+            "end": stage.end,
+            "parts": announced.get(stage.index, 0) if parts.get(stage.index) == announced.get(stage.index) else 0,
+        }
+        for stage in RingStage.objects.filter(plan=inquiry.plan).order_by("index")
+    ]
     job = {key: value for key, value in (inquiry.payload or {}).items() if key != "id"}
-    return {"id": inquiry.pk, "kind": RING_CHECK, "model": inquiry.plan.model.name, "job": job,  # type: ignore[typeddict-item]
-            "tokens": [int(t) for t in inquiry.token_ids or []], "stages": stages,
-            "shared_output": inquiry.shared_output}
+    return {
+        "id": inquiry.pk,
+        "kind": RING_CHECK,
+        "model": inquiry.plan.model.name,
+        "job": job,  # type: ignore[typeddict-item]
+        "tokens": [int(t) for t in inquiry.token_ids or []],
+        "stages": stages,
+        "shared_output": inquiry.shared_output,
+    }
 
 
 def _checker_inquiry(*, host: Host, inquiry_id: int, lock: bool = False) -> RingInquiry:
     rows = RingInquiry.objects.select_for_update() if lock else RingInquiry.objects
     inquiry = rows.select_related("plan__model", "audit__request").filter(pk=inquiry_id).first()
     if inquiry is None or inquiry.checker_id != host.pk or inquiry.status != RingInquiry.Status.CHECKING:
-        raise ApiError(409, f"Inquiry {inquiry_id} is not this host's to check (decided, reassigned or never claimed).",
-                       code="inquiry_not_yours", type="invalid_request_error")
+        raise ApiError(
+            409,
+            f"Inquiry {inquiry_id} is not this host's to check (decided, reassigned or never claimed).",
+            code="inquiry_not_yours",
+            type="invalid_request_error",
+        )
     return inquiry
 
 
@@ -232,8 +286,15 @@ def _ring_links(n_stages: int) -> set[tuple[int, int]]:
 
 
 @transaction.atomic
-def inquiry_verdict_report(*, host: Host, inquiry_id: int, verdict: str, blamed: list[int], reasons: list[str],
-                           disputed: list[list[int]] | None = None) -> str:
+def inquiry_verdict_report(
+    *,
+    host: Host,
+    inquiry_id: int,
+    verdict: str,
+    blamed: list[int],
+    reasons: list[str],
+    disputed: list[list[int]] | None = None,
+) -> str:
     """The checker's verdict: "blamed" with the stage indices at fault (`BRIDGE` for the
     bridge), the links disputed (``[sender, receiver]``: their ends disagree, neither shown at
     fault) and why, or "declined" (another checker is asked). Returns the inquiry's status."""
@@ -243,17 +304,34 @@ def inquiry_verdict_report(*, host: Host, inquiry_id: int, verdict: str, blamed:
         return inquiry.status
     hosts = _stage_hosts(inquiry.plan)
     if any(index != BRIDGE and index not in hosts for index in blamed) or not (blamed or disputed):
-        raise ApiError(400, f"blamed must name stages of the ring (0..{len(hosts) - 1}) or the bridge ({BRIDGE}), "
-                            "unless disputed names the links at issue.",
-                       code="invalid_blame", type="invalid_request_error", param="blamed")
+        raise ApiError(
+            400,
+            f"blamed must name stages of the ring (0..{len(hosts) - 1}) or the bridge ({BRIDGE}), "
+            "unless disputed names the links at issue.",
+            code="invalid_blame",
+            type="invalid_request_error",
+            param="blamed",
+        )
     links = sorted({tuple(link) for link in disputed or []})
     if any(link not in _ring_links(len(hosts)) for link in links):
-        raise ApiError(400, f"disputed must name links of the ring as [sender, receiver]: stage i to i+1 (the last to 0), "
-                            f"or the bridge ({BRIDGE}) to the head or the tail.",
-                       code="invalid_dispute", type="invalid_request_error", param="disputed")
-    inquiry.verdicts = [*(inquiry.verdicts or []), {
-        "checker": host.pk, "owner": host.owner_id, "blamed": sorted(set(blamed)), "disputed": [list(link) for link in links],
-        "reasons": "; ".join(reasons).replace("\x00", "")[:4000]}]
+        raise ApiError(
+            400,
+            f"disputed must name links of the ring as [sender, receiver]: stage i to i+1 (the last to 0), "
+            f"or the bridge ({BRIDGE}) to the head or the tail.",
+            code="invalid_dispute",
+            type="invalid_request_error",
+            param="disputed",
+        )
+    inquiry.verdicts = [
+        *(inquiry.verdicts or []),
+        {
+            "checker": host.pk,
+            "owner": host.owner_id,
+            "blamed": sorted(set(blamed)),
+            "disputed": [list(link) for link in links],
+            "reasons": "; ".join(reasons).replace("\x00", "")[:4000],
+        },
+    ]
     inquiry.checker, inquiry.checker_since = None, None
     inquiry.save(update_fields=["verdicts", "checker", "checker_since"])
     _settle_verdicts(inquiry)
@@ -276,14 +354,23 @@ def _settle_verdicts(inquiry: RingInquiry, *, waited: bool = False) -> None:
         announce_on_commit(queue_group(inquiry.plan.model_id), {"type": "audit.queued"})
         return
     hosts = _stage_hosts(inquiry.plan)
-    _decide(inquiry, blamed=[(index, hosts.get(index, inquiry.plan.bridge_host_id)) for index in agreed[0]["blamed"]],
-            verdict=agreed[0]["reasons"], disputed=[(int(a), int(b)) for a, b in agreed[0].get("disputed") or []])
+    _decide(
+        inquiry,
+        blamed=[(index, hosts.get(index, inquiry.plan.bridge_host_id)) for index in agreed[0]["blamed"]],
+        verdict=agreed[0]["reasons"],
+        disputed=[(int(a), int(b)) for a, b in agreed[0].get("disputed") or []],
+    )
     for verdict in verdicts:
         if verdict in agreed:
             _checker_pay(inquiry, Host.objects.get(pk=verdict["checker"]))
         else:
-            logger.warning("ring inquiry %s: host %s's verdict %s was outvoted by %s; it loses its trust", inquiry.pk,
-                           verdict["checker"], _finding(verdict), _finding(agreed[0]))
+            logger.warning(
+                "ring inquiry %s: host %s's verdict %s was outvoted by %s; it loses its trust",
+                inquiry.pk,
+                verdict["checker"],
+                _finding(verdict),
+                _finding(agreed[0]),
+            )
             reputation.trust_revoke(host_id=verdict["checker"])
 
 
@@ -296,8 +383,11 @@ def _second_look_possible(inquiry: RingInquiry) -> bool:
     """Whether a trusted host that holds the model, of an owner neither in the ring nor among
     the checkers so far, could check it."""
     owners = _participant_owners(inquiry.plan) | {verdict["owner"] for verdict in inquiry.verdicts or []}
-    return Host.objects.filter(TRUSTED.q(), qualifications__model_id=inquiry.plan.model_id).exclude(
-        owner_id__in=owners).exists()
+    return (
+        Host.objects.filter(TRUSTED.q(), qualifications__model_id=inquiry.plan.model_id)
+        .exclude(owner_id__in=owners)
+        .exists()
+    )
 
 
 def _let_go(inquiry: RingInquiry, *, why: str) -> None:
@@ -323,14 +413,25 @@ def _dispute(inquiry: RingInquiry, *, link: tuple[int, int], verdict: str) -> li
     owners = dict(Host.objects.filter(pk__in=[first, second]).values_list("pk", "owner_id"))
     if owners.get(first) is not None and owners.get(first) == owners.get(second):
         return ends
-    logger.warning("ring inquiry %s: link %s -> %s disputed and neither end shown at fault: no forfeit; ring %s retired "
-                   "and the pair kept apart", inquiry.pk, sender, receiver, inquiry.plan_id)
+    logger.warning(
+        "ring inquiry %s: link %s -> %s disputed and neither end shown at fault: no forfeit; ring %s retired "
+        "and the pair kept apart",
+        inquiry.pk,
+        sender,
+        receiver,
+        inquiry.plan_id,
+    )
     ring_link_dispute_record(plan_id=inquiry.plan_id, upstream=sender, downstream=receiver, reason=verdict)
     return []
 
 
-def _decide(inquiry: RingInquiry, *, blamed: list[tuple[int, int | None]], verdict: str,
-            disputed: Sequence[tuple[int, int]] = ()) -> None:
+def _decide(
+    inquiry: RingInquiry,
+    *,
+    blamed: list[tuple[int, int | None]],
+    verdict: str,
+    disputed: Sequence[tuple[int, int]] = (),
+) -> None:
     """Blame the hosts found at fault (each once, with every reason), settle the disputed links
     (`_dispute`: most blame nobody), and delete what was kept."""
     request = inquiry.audit.request
@@ -342,8 +443,10 @@ def _decide(inquiry: RingInquiry, *, blamed: list[tuple[int, int | None]], verdi
             by_host.setdefault(host_id, []).append(index)
     for host_id, indices in by_host.items():
         roles = ", ".join("the bridge" if i == BRIDGE else f"stage {i}" for i in indices)
-        why = (f"Failed verification as {roles} of ring {inquiry.plan_id}: {verdict[:300]} (audit {inquiry.audit_id} "
-               f"of request {request.public_id}: {inquiry.audit_reason[:200]}).")
+        why = (
+            f"Failed verification as {roles} of ring {inquiry.plan_id}: {verdict[:300]} (audit {inquiry.audit_id} "
+            f"of request {request.public_id}: {inquiry.audit_reason[:200]})."
+        )
         host_blame(host=Host.objects.get(pk=host_id), why=why)
     inquiry.status, inquiry.decided_at, inquiry.verdict = RingInquiry.Status.DECIDED, timezone.now(), verdict
     inquiry.blamed = [{"stage": index, "host": host_id} for index, host_id in blamed]
@@ -356,8 +459,12 @@ def _checker_pay(inquiry: RingInquiry, host: Host) -> None:
     """A scorer's fee (`marketplace.trust.scorer_fees.scorer_fee`), bounded as an audit's is."""
     fee = min(scorer_fee(inquiry.audit.request), inquiry.audit.platform_ucents // 2)
     if fee > 0:
-        billing.audit_score_pay(host=host, amount_ucents=fee, reference=f"ring-inquiry-{inquiry.pk}",
-                                memo=f"checked ring inquiry {inquiry.pk}")
+        billing.audit_score_pay(
+            host=host,
+            amount_ucents=fee,
+            reference=f"ring-inquiry-{inquiry.pk}",
+            memo=f"checked ring inquiry {inquiry.pk}",
+        )
 
 
 def inquiries_watch(*, now: object = None) -> int:
@@ -367,35 +474,51 @@ def inquiries_watch(*, now: object = None) -> int:
     AUDIT_SCORER_WAIT_SECONDS blames the bridge. Returns how many were decided."""
     now = now or timezone.now()
     for inquiry in RingInquiry.objects.select_related("plan").filter(
-            status=RingInquiry.Status.COLLECTING, created_at__lt=now - timedelta(seconds=settings.RING_EVIDENCE_WAIT_SECONDS)):
+        status=RingInquiry.Status.COLLECTING,
+        created_at__lt=now - timedelta(seconds=settings.RING_EVIDENCE_WAIT_SECONDS),
+    ):
         with transaction.atomic():
             if RingInquiry.objects.filter(pk=inquiry.pk, status=RingInquiry.Status.COLLECTING).exists():
                 _checking(inquiry)
     silent = now - timedelta(seconds=settings.AUDIT_SCORE_TIMEOUT_SECONDS)
-    for inquiry in RingInquiry.objects.select_related("plan").filter(status=RingInquiry.Status.CHECKING,
-                                                                      checker_since__lt=silent):
+    for inquiry in RingInquiry.objects.select_related("plan").filter(
+        status=RingInquiry.Status.CHECKING, checker_since__lt=silent
+    ):
         with transaction.atomic():
             _let_go(inquiry, why=f"no verdict within {settings.AUDIT_SCORE_TIMEOUT_SECONDS:.0f} s")
     decided = 0
     waited = now - timedelta(seconds=settings.AUDIT_SCORER_WAIT_SECONDS)
     for inquiry in RingInquiry.objects.select_related("plan", "audit__request").filter(
-            Q(checker__isnull=True), status=RingInquiry.Status.CHECKING, checking_since__lt=waited):
+        Q(checker__isnull=True), status=RingInquiry.Status.CHECKING, checking_since__lt=waited
+    ):
         with transaction.atomic():
-            if not RingInquiry.objects.select_for_update().filter(pk=inquiry.pk, status=RingInquiry.Status.CHECKING,
-                                                                  checker__isnull=True).exists():
+            if (
+                not RingInquiry.objects.select_for_update()
+                .filter(pk=inquiry.pk, status=RingInquiry.Status.CHECKING, checker__isnull=True)
+                .exists()
+            ):
                 continue
             if inquiry.verdicts:  # a verdict waiting for a second look nobody gave: it stands (or, split, the first)
-                logger.warning("ring inquiry %s: no second checker looked within %.0f s; the first verdict stands",
-                               inquiry.pk, settings.AUDIT_SCORER_WAIT_SECONDS)
+                logger.warning(
+                    "ring inquiry %s: no second checker looked within %.0f s; the first verdict stands",
+                    inquiry.pk,
+                    settings.AUDIT_SCORER_WAIT_SECONDS,
+                )
                 inquiry.verdicts = inquiry.verdicts[:1]
                 _settle_verdicts(inquiry, waited=True)
                 decided += 1
                 continue
-            logger.warning("ring inquiry %s: no trusted host outside the ring checked it within %.0f s; its bridge is blamed",
-                           inquiry.pk, settings.AUDIT_SCORER_WAIT_SECONDS)
-            _decide(inquiry, blamed=[(BRIDGE, inquiry.plan.bridge_host_id)],
-                    verdict="no trusted host outside the ring could check its stages: the bridge, which delivered the "
-                            "text, is blamed")
+            logger.warning(
+                "ring inquiry %s: no trusted host outside the ring checked it within %.0f s; its bridge is blamed",
+                inquiry.pk,
+                settings.AUDIT_SCORER_WAIT_SECONDS,
+            )
+            _decide(
+                inquiry,
+                blamed=[(BRIDGE, inquiry.plan.bridge_host_id)],
+                verdict="no trusted host outside the ring could check its stages: the bridge, which delivered the "
+                "text, is blamed",
+            )
             decided += 1
     return decided
 
@@ -405,5 +528,16 @@ def inquiry_summary() -> dict:
     return {status: RingInquiry.objects.filter(status=status).count() for status in RingInquiry.Status.values}
 
 
-__all__ = ["BRIDGE", "PART_BYTES", "evidence_read", "evidence_store", "host_blame", "inquiries_wanted",
-           "inquiries_watch", "inquiry_claim_payload", "inquiry_open", "inquiry_summary", "inquiry_verdict_report"]
+__all__ = [
+    "BRIDGE",
+    "PART_BYTES",
+    "evidence_read",
+    "evidence_store",
+    "host_blame",
+    "inquiries_wanted",
+    "inquiries_watch",
+    "inquiry_claim_payload",
+    "inquiry_open",
+    "inquiry_summary",
+    "inquiry_verdict_report",
+]

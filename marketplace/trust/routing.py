@@ -25,6 +25,7 @@ hosts before hosts in probation, honest reports before overstated ones:
 A host is offered a job only below its claim cap (slots, bounded by reputation); a job
 for trusted hosts only is offered to, and claimed by, trusted hosts alone.
 """
+
 from __future__ import annotations
 
 import random
@@ -50,7 +51,11 @@ def strategy_for(model: CatalogModel) -> str:
 
 
 def claim_sql(
-    *, host_id: int, model_ids: list[int], warm_ids: list[int], now: datetime,
+    *,
+    host_id: int,
+    model_ids: list[int],
+    warm_ids: list[int],
+    now: datetime,
 ) -> tuple[str, list]:
     """The jobs this host may claim now, best first, as SQL conditions and an ORDER BY (with
     their parameters): queued, of a model it qualified; not offered to someone else (or
@@ -92,7 +97,11 @@ class Candidate:
 
 
 def candidates(
-    *, model: CatalogModel, now: datetime, trusted_only: bool = False, passed_over: frozenset[int | None] = frozenset(),
+    *,
+    model: CatalogModel,
+    now: datetime,
+    trusted_only: bool = False,
+    passed_over: frozenset[int | None] = frozenset(),
 ) -> list[Candidate]:
     """Online hosts (`Host.objects.online`; trusted ones alone when `trusted_only`), qualified
     for the model and warm (or possibly warm), but for those `passed_over`, each with its load
@@ -119,12 +128,17 @@ def candidates(
         if host.pk in passed_over or not host.warm_for(model.name, now):
             continue
         speed = reputation.routing_speed(reported_tps=host.best_tps, measured_tps=host.measured_tps)
-        found.append(Candidate(
-            host_id=host.pk, active=host.active, slots=host.claim_cap,
-            weight=host.routing_weight if host.routing_weight is not None else speed, speed=speed,
-            trusted=host.is_trusted,
-            overstated=reputation.overstated(reported_tps=host.best_tps, measured_tps=host.measured_tps),
-        ))
+        found.append(
+            Candidate(
+                host_id=host.pk,
+                active=host.active,
+                slots=host.claim_cap,
+                weight=host.routing_weight if host.routing_weight is not None else speed,
+                speed=speed,
+                trusted=host.is_trusted,
+                overstated=reputation.overstated(reported_tps=host.best_tps, measured_tps=host.measured_tps),
+            )
+        )
     return found
 
 
@@ -151,7 +165,11 @@ def pick(*, model: CatalogModel, pool: list[Candidate], now: datetime) -> Candid
 
 
 def placement(
-    *, model: CatalogModel, avoid_host_id: int | None = None, trusted_only: bool = False, beside_host_id: int | None = None,
+    *,
+    model: CatalogModel,
+    avoid_host_id: int | None = None,
+    trusted_only: bool = False,
+    beside_host_id: int | None = None,
 ) -> dict:
     """A new job's placement, as the job row's fields: the host it is offered to (if any)
     and until when, and how long cold hosts wait (`cold_wait_seconds`). The host whose

@@ -1,5 +1,6 @@
 """What a host is paid for reading another host's answer: an audit's scorer
 (`marketplace.trust.audits`) and a ring inquiry's checker (`marketplace.trust.ring_inquiries`)."""
+
 from __future__ import annotations
 
 from billing import services as billing

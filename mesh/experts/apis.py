@@ -18,6 +18,7 @@ service or selector, renders.
   (saturated and only probing: the boost is held back); the answer is its dispatch map,
   each worker with its link secret and the share of its batches to recompute.
 """
+
 from __future__ import annotations
 
 from django.http import FileResponse
@@ -64,9 +65,15 @@ class SliceSerializer(serializers.Serializer):
 def _slice(worker: ExpertWorker) -> dict:
     """A worker as its own host sees it, with the secret its listener admits the coordinator with."""
     return {
-        "worker": worker.pk, "model": worker.model.name, "layer": worker.layer, "first": worker.first,
-        "count": worker.count, "status": worker.status, "slice_url": f"/api/expert-workers/{worker.pk}/slice",
-        "address": worker.address, "secret": worker.secret,
+        "worker": worker.pk,
+        "model": worker.model.name,
+        "layer": worker.layer,
+        "first": worker.first,
+        "count": worker.count,
+        "status": worker.status,
+        "slice_url": f"/api/expert-workers/{worker.pk}/slice",
+        "address": worker.address,
+        "secret": worker.secret,
     }
 
 
@@ -128,17 +135,33 @@ class ExpertDemandApi(MoeHostApi):
     def get(self, request: Request) -> Response:
         self.host(request)
         recruiting, scarce = selectors.expert_demand()
-        return Response({"recruiting": recruiting, "slices": [
-            {"model": s.model, "layer": s.layer, "first": s.first, "count": s.count, "covered": s.covered,
-             "target": s.target}
-            for s in scarce
-        ]})
+        return Response(
+            {
+                "recruiting": recruiting,
+                "slices": [
+                    {
+                        "model": s.model,
+                        "layer": s.layer,
+                        "first": s.first,
+                        "count": s.count,
+                        "covered": s.covered,
+                        "target": s.target,
+                    }
+                    for s in scarce
+                ],
+            }
+        )
 
 
 class ExpertVolunteerApi(MoeHostApi):
-    @extend_schema(request=None, responses={
-        200: SliceSerializer, 204: OpenApiResponse(description="No slice is wanted now."), 409: ERROR,
-    })
+    @extend_schema(
+        request=None,
+        responses={
+            200: SliceSerializer,
+            204: OpenApiResponse(description="No slice is wanted now."),
+            409: ERROR,
+        },
+    )
     def post(self, request: Request) -> Response:
         worker = services.expert_volunteer(host=self.host(request))
         if worker is None:
@@ -158,14 +181,18 @@ class ExpertSliceApi(MoeHostApi):
 
 class ExpertWorkerRegisterApi(MoeHostApi):
     class InputSerializer(serializers.Serializer):
-        address = serializers.RegexField(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$", required=False, allow_blank=True, default="")
+        address = serializers.RegexField(
+            r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$", required=False, allow_blank=True, default=""
+        )
 
     @extend_schema(responses={200: SliceSerializer, 409: ERROR})
     def post(self, request: Request, worker_id: int) -> Response:
         host = self.host(request)
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        worker = services.expert_worker_register(worker_id=worker_id, host=host, address=serializer.validated_data["address"])
+        worker = services.expert_worker_register(
+            worker_id=worker_id, host=host, address=serializer.validated_data["address"]
+        )
         return Response(_slice(worker))
 
 
@@ -182,8 +209,13 @@ class ExpertWorkerHeartbeatApi(MoeHostApi):
 
 class ExpertWorkerLeaveApi(MoeHostApi):
     class InputSerializer(serializers.Serializer):
-        reason = serializers.CharField(max_length=150, required=False, allow_blank=True, default="",
-                                       help_text="why, in a few words (e.g. the owner came back)")
+        reason = serializers.CharField(
+            max_length=150,
+            required=False,
+            allow_blank=True,
+            default="",
+            help_text="why, in a few words (e.g. the owner came back)",
+        )
 
     class OutputSerializer(serializers.Serializer):
         left = serializers.BooleanField(help_text="false: it had already retired")
@@ -202,8 +234,13 @@ class CoordinatorReportApi(MoeHostApi):
         class WorkerSerializer(serializers.Serializer):
             id = serializers.IntegerField(min_value=1, max_value=BIGINT_MAX)
             last_serve_ms = serializers.IntegerField(min_value=0, max_value=BIGINT_MAX)
-            checks_passed = serializers.IntegerField(min_value=0, max_value=INT_MAX, required=False, default=0,
-                                                     help_text="its batches recomputed here and found equal")
+            checks_passed = serializers.IntegerField(
+                min_value=0,
+                max_value=INT_MAX,
+                required=False,
+                default=0,
+                help_text="its batches recomputed here and found equal",
+            )
 
         class BlameSerializer(serializers.Serializer):
             id = serializers.IntegerField(min_value=1, max_value=BIGINT_MAX)
@@ -213,16 +250,24 @@ class CoordinatorReportApi(MoeHostApi):
         busy = serializers.IntegerField(min_value=0, max_value=INT_MAX)
         workers = WorkerSerializer(many=True, required=False, default=list)
         blamed = BlameSerializer(
-            many=True, required=False, default=list,
+            many=True,
+            required=False,
+            default=list,
             help_text="workers of this model whose recomputed batch disagreed: retired and never handed out again",
         )
         engaged_experts = serializers.IntegerField(
-            min_value=0, max_value=BIGINT_MAX, required=False, default=None,
+            min_value=0,
+            max_value=BIGINT_MAX,
+            required=False,
+            default=None,
             help_text="since the last report: experts sent to measured workers because their round trip beat "
-                      "computing them here",
+            "computing them here",
         )
         probed_experts = serializers.IntegerField(
-            min_value=0, max_value=BIGINT_MAX, required=False, default=None,
+            min_value=0,
+            max_value=BIGINT_MAX,
+            required=False,
+            default=None,
             help_text="since the last report: experts sent only as shadow probes (workers measured and skipped)",
         )
 
@@ -237,12 +282,15 @@ class CoordinatorReportApi(MoeHostApi):
             last_serve_ms = serializers.IntegerField()
             secret = serializers.CharField()
             check_share = serializers.FloatField(
-                allow_null=True, help_text="share of its batches to recompute (probation); null: the coordinator's own",
+                allow_null=True,
+                help_text="share of its batches to recompute (probation); null: the coordinator's own",
             )
 
         model = serializers.CharField()
         saturated = serializers.BooleanField()
-        boost_held = serializers.BooleanField(help_text="the boost is held back: the coordinator sends its workers only probes")
+        boost_held = serializers.BooleanField(
+            help_text="the boost is held back: the coordinator sends its workers only probes"
+        )
         effective_target = serializers.IntegerField()
         dispatch_map = DispatchSerializer(many=True)
 
@@ -253,10 +301,20 @@ class CoordinatorReportApi(MoeHostApi):
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         model = services.coordinator_report(
-            host=host, model_name=data["model"], busy=data["busy"], workers=data["workers"], blamed=data["blamed"],
-            engaged_experts=data["engaged_experts"], probed_experts=data["probed_experts"],
+            host=host,
+            model_name=data["model"],
+            busy=data["busy"],
+            workers=data["workers"],
+            blamed=data["blamed"],
+            engaged_experts=data["engaged_experts"],
+            probed_experts=data["probed_experts"],
         )
-        return Response({
-            "model": model.name, "saturated": selectors.is_saturated(model), "boost_held": selectors.boost_held(model),
-            "effective_target": selectors.effective_target(model), "dispatch_map": selectors.dispatch_map(model),
-        })
+        return Response(
+            {
+                "model": model.name,
+                "saturated": selectors.is_saturated(model),
+                "boost_held": selectors.boost_held(model),
+                "effective_target": selectors.effective_target(model),
+                "dispatch_map": selectors.dispatch_map(model),
+            }
+        )

@@ -9,6 +9,7 @@ of every frame run end to end between the two hosts, so the relay sees only ciph
 frame altered on the way drops the link. If the worker's socket closes, every coordinator
 connected through it is closed at once (4410: it then computes those experts itself).
 """
+
 from __future__ import annotations
 
 from mesh.experts import selectors

@@ -15,6 +15,7 @@ the operator bound, `coordinator`): the coordinator's link to it is admitted wit
 equal: a volunteer host that is not trusted is checked at the probation share until its
 workers have passed `MOE_PROBATION_CHECKS` (`mesh.experts.selectors.dispatch_map`).
 """
+
 from __future__ import annotations
 
 from django.db import models
@@ -37,7 +38,11 @@ class ExpertModel(models.Model):
     boost = models.PositiveIntegerField(default=1, help_text="extra replicas per slice while it is saturated")
     saturation_threshold = models.PositiveIntegerField(default=2, help_text="busy slots that mean saturated")
     coordinator = models.ForeignKey(
-        "hosts.Host", on_delete=models.PROTECT, null=True, blank=True, related_name="coordinated_moe_models",
+        "hosts.Host",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="coordinated_moe_models",
         help_text="bound by the operator (moe_register --coordinator-host); no other host may report for the model",
     )
     busy = models.PositiveIntegerField(default=0, help_text="busy slots in the coordinator's last report")
@@ -45,21 +50,26 @@ class ExpertModel(models.Model):
     reported_at = models.DateTimeField(null=True, blank=True)
     last_saturated_at = models.DateTimeField(null=True, blank=True)
     silent_since = models.DateTimeField(
-        null=True, blank=True,
+        null=True,
+        blank=True,
         help_text="when the control plane's loop found no fresh report from its coordinator; cleared by its next report",
     )
     last_engaged_at = models.DateTimeField(
-        null=True, blank=True, help_text="when its coordinator last reported experts computed by its workers on merit",
+        null=True,
+        blank=True,
+        help_text="when its coordinator last reported experts computed by its workers on merit",
     )
     excused_at = models.DateTimeField(
-        null=True, blank=True,
+        null=True,
+        blank=True,
         help_text="when a failed audit of its coordinator was excused because its workers computed part of that answer; "
-                  "every batch of its workers is then recomputed for MOE_EXCUSE_SECONDS",
+        "every batch of its workers is then recomputed for MOE_EXCUSE_SECONDS",
     )
     remote_unused_since = models.DateTimeField(
-        null=True, blank=True,
+        null=True,
+        blank=True,
         help_text="since when its coordinator, saturated, has measured its workers and sent them nothing but probes "
-                  "(computing here beat their round trips): the boost is held back; cleared once it engages one",
+        "(computing here beat their round trips): the boost is held back; cleared once it engages one",
     )
 
     class Meta:
@@ -86,23 +96,32 @@ class ExpertWorker(models.Model):
     first = models.PositiveIntegerField()
     count = models.PositiveIntegerField()
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.ASSIGNED)
-    address = models.CharField(max_length=200, blank=True, help_text="host:port when directly reachable; blank: relay only")
+    address = models.CharField(
+        max_length=200, blank=True, help_text="host:port when directly reachable; blank: relay only"
+    )
     last_serve_ms = models.BigIntegerField(default=0, help_text="epoch ms of the last batch it computed; 0 = never")
     assigned_at = models.DateTimeField(auto_now_add=True)
     registered_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     retired_at = models.DateTimeField(null=True, blank=True)
     secret = models.CharField(
-        max_length=100, default=link_secret_new, editable=False,
+        max_length=100,
+        default=link_secret_new,
+        editable=False,
         help_text="what the coordinator's link to this worker is admitted with; its volunteer and the coordinator only",
     )
     blamed_at = models.DateTimeField(
-        null=True, blank=True, help_text="when its model's coordinator reported that its values disagreed with a recompute",
+        null=True,
+        blank=True,
+        help_text="when its model's coordinator reported that its values disagreed with a recompute",
     )
-    blame_reason = models.CharField(max_length=500, blank=True, help_text="the coordinator's account of the disagreement")
+    blame_reason = models.CharField(
+        max_length=500, blank=True, help_text="the coordinator's account of the disagreement"
+    )
     retired_reason = models.CharField(max_length=200, blank=True, help_text="why it retired, in a few words")
     checks_passed = models.PositiveIntegerField(
-        default=0, help_text="its batches the coordinator recomputed and found equal (as the coordinator last reported)",
+        default=0,
+        help_text="its batches the coordinator recomputed and found equal (as the coordinator last reported)",
     )
 
     class Meta:
@@ -111,4 +130,6 @@ class ExpertWorker(models.Model):
         indexes = [models.Index(fields=["model", "status"])]
 
     def __str__(self) -> str:
-        return f"{self.model.name} · layer {self.layer} experts [{self.first}, {self.first + self.count}) · {self.status}"
+        return (
+            f"{self.model.name} · layer {self.layer} experts [{self.first}, {self.first + self.count}) · {self.status}"
+        )

@@ -1,4 +1,5 @@
 """WebSocket routes of the expert relay; `config.asgi` lists them in its URLRouter."""
+
 from __future__ import annotations
 
 from django.urls import path

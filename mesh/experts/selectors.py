@@ -13,6 +13,7 @@ its model's coordinator to recompute `MOE_PROBATION_CHECK_SHARE` of its batches 
 the coordinator's usual few per cent) until the host's workers have passed
 `MOE_PROBATION_CHECKS` of them (`probation_hosts`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -52,7 +53,7 @@ def coordinator_reporting(model: ExpertModel, *, now: datetime | None = None) ->
 
 
 def coordinator_state(model: ExpertModel, *, now: datetime | None = None) -> str:
-    """"reporting", "silent" (it reported once, not lately) or "never" (it has not reported yet)."""
+    """ "reporting", "silent" (it reported once, not lately) or "never" (it has not reported yet)."""
     if coordinator_reporting(model, now=now):
         return "reporting"
     return "never" if model.reported_at is None else "silent"
@@ -143,15 +144,25 @@ def recruitment(*, now: datetime | None = None) -> list[dict]:
     now = now or timezone.now()
     rows = []
     for model in ExpertModel.objects.order_by("name").prefetch_related("workers"):
-        rows.append({
-            "model": model.name, "busy": model.busy, "saturation_threshold": model.saturation_threshold,
-            "saturated": is_saturated(model, now=now), "base_target": model.base_target, "boost": model.boost,
-            "boost_held": boost_held(model, now=now),
-            "effective_target": effective_target(model, now=now), "reported_at": model.reported_at,
-            "coordinator": coordinator_state(model, now=now), "silent_since": model.silent_since,
-            "n_layers": model.n_layers, "n_experts": model.n_experts, "slice_size": model.slice_size,
-            "workers": _recruitment_workers(model),
-        })
+        rows.append(
+            {
+                "model": model.name,
+                "busy": model.busy,
+                "saturation_threshold": model.saturation_threshold,
+                "saturated": is_saturated(model, now=now),
+                "base_target": model.base_target,
+                "boost": model.boost,
+                "boost_held": boost_held(model, now=now),
+                "effective_target": effective_target(model, now=now),
+                "reported_at": model.reported_at,
+                "coordinator": coordinator_state(model, now=now),
+                "silent_since": model.silent_since,
+                "n_layers": model.n_layers,
+                "n_experts": model.n_experts,
+                "slice_size": model.slice_size,
+                "workers": _recruitment_workers(model),
+            }
+        )
     return rows
 
 
@@ -160,9 +171,18 @@ def _recruitment_workers(model: ExpertModel) -> list[dict]:
     workers = [w for w in model.workers.all() if w.status != ExpertWorker.Status.RETIRED]
     probation = probation_hosts({w.host_id for w in workers})
     return [
-        {"id": w.pk, "host": w.host_id, "layer": w.layer, "first": w.first, "count": w.count, "status": w.status,
-         "last_serve_ms": w.last_serve_ms, "heartbeat_at": w.heartbeat_at, "checks_passed": w.checks_passed,
-         "probation": w.host_id in probation}
+        {
+            "id": w.pk,
+            "host": w.host_id,
+            "layer": w.layer,
+            "first": w.first,
+            "count": w.count,
+            "status": w.status,
+            "last_serve_ms": w.last_serve_ms,
+            "heartbeat_at": w.heartbeat_at,
+            "checks_passed": w.checks_passed,
+            "probation": w.host_id in probation,
+        }
         for w in workers
     ]
 
@@ -170,9 +190,13 @@ def _recruitment_workers(model: ExpertModel) -> list[dict]:
 def probation_hosts(host_ids: set[int]) -> set[int]:
     """Those of `host_ids` on expert probation: not trusted, and their expert workers (all of
     them, ever) have passed fewer than `MOE_PROBATION_CHECKS` recomputed batches."""
-    untrusted = set(Host.objects.filter(pk__in=host_ids).exclude(pk__in=Host.objects.trusted()).values_list("pk", flat=True))
+    untrusted = set(
+        Host.objects.filter(pk__in=host_ids).exclude(pk__in=Host.objects.trusted()).values_list("pk", flat=True)
+    )
     passed = dict(
-        ExpertWorker.objects.filter(host_id__in=untrusted).values("host_id").annotate(total=Sum("checks_passed"))
+        ExpertWorker.objects.filter(host_id__in=untrusted)
+        .values("host_id")
+        .annotate(total=Sum("checks_passed"))
         .values_list("host_id", "total")
     )
     return {host_id for host_id in untrusted if (passed.get(host_id) or 0) < settings.MOE_PROBATION_CHECKS}
@@ -196,9 +220,17 @@ def dispatch_map(model: ExpertModel, *, now: datetime | None = None) -> list[dic
     probation = probation_hosts({w.host_id for w in workers})
     every = excused_lately(model, now=now)
     return [
-        {"id": w.pk, "layer": w.layer, "first": w.first, "count": w.count, "address": w.address,
-         "relay": not w.address, "last_serve_ms": w.last_serve_ms, "secret": w.secret,
-         "check_share": 1.0 if every else settings.MOE_PROBATION_CHECK_SHARE if w.host_id in probation else None}
+        {
+            "id": w.pk,
+            "layer": w.layer,
+            "first": w.first,
+            "count": w.count,
+            "address": w.address,
+            "relay": not w.address,
+            "last_serve_ms": w.last_serve_ms,
+            "secret": w.secret,
+            "check_share": 1.0 if every else settings.MOE_PROBATION_CHECK_SHARE if w.host_id in probation else None,
+        }
         for w in workers
     ]
 
@@ -216,11 +248,15 @@ def worker_of_host(*, worker_id: int, host_id: int) -> ExpertWorker | None:
 
 def relay_worker_allowed(*, worker_id: int, host_id: int) -> bool:
     """May this host hold the relay socket of this worker? Its own, not retired."""
-    return ExpertWorker.objects.filter(pk=worker_id, host_id=host_id).exclude(status=ExpertWorker.Status.RETIRED).exists()
+    return (
+        ExpertWorker.objects.filter(pk=worker_id, host_id=host_id).exclude(status=ExpertWorker.Status.RETIRED).exists()
+    )
 
 
 def relay_coordinator_allowed(*, worker_id: int, host_id: int) -> bool:
     """May this host send work to this worker through the relay? The coordinator of its model."""
-    return ExpertWorker.objects.filter(pk=worker_id, model__coordinator_id=host_id).exclude(
-        status=ExpertWorker.Status.RETIRED
-    ).exists()
+    return (
+        ExpertWorker.objects.filter(pk=worker_id, model__coordinator_id=host_id)
+        .exclude(status=ExpertWorker.Status.RETIRED)
+        .exists()
+    )

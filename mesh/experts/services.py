@@ -28,6 +28,7 @@ whether or not anyone reports: a coordinator that stopped reporting is marked si
 volunteer that leaves (its owner came back) says so (`expert_worker_leave`), and its slice
 is scarce again at once.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -77,21 +78,39 @@ class MoeRefused(DomainError):
     """A request the market refuses; carries the HTTP status and error code to answer with."""
 
     def __init__(self, status: int, message: str, code: str) -> None:
-        super().__init__(message, status=status, code=code, type="permission_error" if status == 403 else "invalid_request_error")
+        super().__init__(
+            message, status=status, code=code, type="permission_error" if status == 403 else "invalid_request_error"
+        )
 
 
 @transaction.atomic
 def expert_model_register(
-    *, name: str, gguf_path: str | Path, slice_size: int = 4, base_target: int = 0, boost: int = 1,
-    saturation_threshold: int = 2, coordinator: Host | None = None,
+    *,
+    name: str,
+    gguf_path: str | Path,
+    slice_size: int = 4,
+    base_target: int = 0,
+    boost: int = 1,
+    saturation_threshold: int = 2,
+    coordinator: Host | None = None,
 ) -> ExpertModel:
     """Record (or update) an MoE model from its GGUF metadata: layers and expert count."""
     config = read_moe_config(open_gguf(gguf_path))
-    model, _ = ExpertModel.objects.update_or_create(name=name, defaults={
-        "gguf_path": str(gguf_path), "arch": config.arch, "n_layers": config.n_layers, "n_experts": config.n_experts,
-        "n_experts_used": config.n_experts_used, "slice_size": slice_size, "base_target": base_target,
-        "boost": boost, "saturation_threshold": saturation_threshold, "coordinator": coordinator,
-    })
+    model, _ = ExpertModel.objects.update_or_create(
+        name=name,
+        defaults={
+            "gguf_path": str(gguf_path),
+            "arch": config.arch,
+            "n_layers": config.n_layers,
+            "n_experts": config.n_experts,
+            "n_experts_used": config.n_experts_used,
+            "slice_size": slice_size,
+            "base_target": base_target,
+            "boost": boost,
+            "saturation_threshold": saturation_threshold,
+            "coordinator": coordinator,
+        },
+    )
     return model
 
 
@@ -100,8 +119,15 @@ BYTES_TOKENIZER = "bytes"
 
 @transaction.atomic
 def moe_model_publish(
-    *, name: str, gguf_path: str | Path, input_price_ucents: int = 10, output_price_ucents: int = 40,
-    slice_size: int = 4, base_target: int = 0, boost: int = 1, saturation_threshold: int = 2,
+    *,
+    name: str,
+    gguf_path: str | Path,
+    input_price_ucents: int = 10,
+    output_price_ucents: int = 40,
+    slice_size: int = 4,
+    base_target: int = 0,
+    boost: int = 1,
+    saturation_threshold: int = 2,
     coordinator: Host | None = None,
 ) -> tuple[ExpertModel, CatalogModel]:
     """Put an MoE GGUF on sale: create or update its expert-market record (layers and expert
@@ -125,21 +151,36 @@ def moe_model_publish(
     known = ExpertModel.objects.select_for_update().filter(name=name).first()
     coordinator = coordinator or (known.coordinator if known else None)
     if coordinator is None:
-        raise MoeRefused(400, f"{name!r} has no coordinator yet: name the host that will coordinate it "
-                              "(moe_register --coordinator-host NAME).", "coordinator_required")
+        raise MoeRefused(
+            400,
+            f"{name!r} has no coordinator yet: name the host that will coordinate it "
+            "(moe_register --coordinator-host NAME).",
+            "coordinator_required",
+        )
     if coordinator.banned_at is not None:
         raise MoeRefused(403, f"Host {coordinator.name!r} is banned and cannot coordinate {name!r}.", "host_banned")
     prices = {"input_price_ucents": input_price_ucents, "output_price_ucents": output_price_ucents}
     if has_byte_vocabulary(reader):
-        catalog, _ = CatalogModel.objects.update_or_create(name=name, defaults={
-            "kind": CatalogModel.Kind.CHAT, "context_length": config.context_length, "tokenizer": BYTES_TOKENIZER,
-            "active": True, **prices,
-        })
+        catalog, _ = CatalogModel.objects.update_or_create(
+            name=name,
+            defaults={
+                "kind": CatalogModel.Kind.CHAT,
+                "context_length": config.context_length,
+                "tokenizer": BYTES_TOKENIZER,
+                "active": True,
+                **prices,
+            },
+        )
     else:
         catalog = _vocabulary_entry(name, Path(gguf_path), prices)
     expert_model = expert_model_register(
-        name=name, gguf_path=gguf_path, slice_size=slice_size, base_target=base_target, boost=boost,
-        saturation_threshold=saturation_threshold, coordinator=coordinator,
+        name=name,
+        gguf_path=gguf_path,
+        slice_size=slice_size,
+        base_target=base_target,
+        boost=boost,
+        saturation_threshold=saturation_threshold,
+        coordinator=coordinator,
     )
     return expert_model, catalog
 
@@ -149,11 +190,19 @@ def _vocabulary_entry(name: str, path: Path, prices: dict[str, int]) -> CatalogM
     time (refused with the catalog's reason), its prices updated afterwards."""
     entry = CatalogModel.objects.filter(name=name).first()
     if entry is not None and entry.tokenizer == BYTES_TOKENIZER:
-        raise MoeRefused(409, f"{name!r} is on sale with a byte vocabulary; publish this file under another name.",
-                         "vocabulary_changed")
+        raise MoeRefused(
+            409,
+            f"{name!r} is on sale with a byte vocabulary; publish this file under another name.",
+            "vocabulary_changed",
+        )
     if entry is None:
-        as_typed = {which: usd_decimal(ucents * 1_000_000) for which, ucents in  # USD per million, exactly
-                    (("input_price", prices["input_price_ucents"]), ("output_price", prices["output_price_ucents"]))}
+        as_typed = {
+            which: usd_decimal(ucents * 1_000_000)
+            for which, ucents in (  # USD per million, exactly
+                ("input_price", prices["input_price_ucents"]),
+                ("output_price", prices["output_price_ucents"]),
+            )
+        }
         try:
             entry = catalog_model_add(path=path, name=name, **as_typed)
         except CatalogAddRefused as refused:
@@ -165,8 +214,15 @@ def _vocabulary_entry(name: str, path: Path, prices: dict[str, int]) -> CatalogM
 
 @transaction.atomic
 def coordinator_report(
-    *, host: Host, model_name: str, busy: int, workers: Sequence[dict] = (), blamed: Sequence[dict] = (),
-    engaged_experts: int | None = None, probed_experts: int | None = None, now: datetime | None = None,
+    *,
+    host: Host,
+    model_name: str,
+    busy: int,
+    workers: Sequence[dict] = (),
+    blamed: Sequence[dict] = (),
+    engaged_experts: int | None = None,
+    probed_experts: int | None = None,
+    now: datetime | None = None,
 ) -> ExpertModel:
     """Record a coordinator's busy slots (saturated when busy >= threshold), the
     `last_serve_ms` and `checks_passed` it saw per worker (each only ever grows: a restarted
@@ -184,11 +240,18 @@ def coordinator_report(
     if model is None:
         raise MoeRefused(404, f"No MoE model {model_name!r}.", "moe_model_not_found")
     if model.coordinator_id is None:
-        raise MoeRefused(403, f"No coordinator is bound to {model_name!r}; an operator binds one with "
-                              "manage.py moe_register PATH --name NAME --coordinator-host HOST.", "coordinator_not_bound")
+        raise MoeRefused(
+            403,
+            f"No coordinator is bound to {model_name!r}; an operator binds one with "
+            "manage.py moe_register PATH --name NAME --coordinator-host HOST.",
+            "coordinator_not_bound",
+        )
     if model.coordinator_id != host.pk:
-        raise MoeRefused(403, f"This host does not coordinate {model_name!r}: the operator bound another host to it.",
-                         "not_the_coordinator")
+        raise MoeRefused(
+            403,
+            f"This host does not coordinate {model_name!r}: the operator bound another host to it.",
+            "not_the_coordinator",
+        )
     model.busy = busy
     model.saturated = busy >= model.saturation_threshold
     model.reported_at = now
@@ -197,12 +260,26 @@ def coordinator_report(
         model.last_saturated_at = now
     if engaged_experts:
         model.remote_unused_since, model.last_engaged_at = None, now
-    elif model.saturated and probed_experts and (
-        model.remote_unused_since is None or now - model.remote_unused_since >= selectors.seconds("MOE_UNUSED_RETRY_SECONDS")
+    elif (
+        model.saturated
+        and probed_experts
+        and (
+            model.remote_unused_since is None
+            or now - model.remote_unused_since >= selectors.seconds("MOE_UNUSED_RETRY_SECONDS")
+        )
     ):
         model.remote_unused_since = now
-    model.save(update_fields=["busy", "saturated", "reported_at", "last_saturated_at", "silent_since",
-                              "remote_unused_since", "last_engaged_at"])
+    model.save(
+        update_fields=[
+            "busy",
+            "saturated",
+            "reported_at",
+            "last_saturated_at",
+            "silent_since",
+            "remote_unused_since",
+            "last_engaged_at",
+        ]
+    )
     for report in workers:
         own = ExpertWorker.objects.filter(pk=report["id"], model=model)
         own.filter(last_serve_ms__lt=report["last_serve_ms"]).update(last_serve_ms=report["last_serve_ms"])
@@ -214,7 +291,9 @@ def coordinator_report(
     return model
 
 
-def coordinator_failure_excuse(*, host: Host, model_name: str, since: datetime, now: datetime | None = None) -> str | None:
+def coordinator_failure_excuse(
+    *, host: Host, model_name: str, since: datetime, now: datetime | None = None
+) -> str | None:
     """Why a failed audit of `host`'s answer for `model_name` (a request made at `since`) is
     not the host's fault, or None. It is excused when `host` coordinates that MoE model, its
     workers computed experts on merit since `since` (`last_engaged_at`: a volunteer's wrong
@@ -231,9 +310,11 @@ def coordinator_failure_excuse(*, host: Host, model_name: str, since: datetime, 
         return None
     model.excused_at = now
     model.save(update_fields=["excused_at"])
-    return (f"its expert workers computed part of this answer; every batch of theirs is recomputed until "
-            f"{(now + selectors.seconds('MOE_EXCUSE_SECONDS')).isoformat(timespec='seconds')}, and a failure "
-            "in that time is the coordinator's own")
+    return (
+        f"its expert workers computed part of this answer; every batch of theirs is recomputed until "
+        f"{(now + selectors.seconds('MOE_EXCUSE_SECONDS')).isoformat(timespec='seconds')}, and a failure "
+        "in that time is the coordinator's own"
+    )
 
 
 BLAME_REASON_MAX = ExpertWorker._meta.get_field("blame_reason").max_length
@@ -253,13 +334,20 @@ def expert_workers_blame(*, model: ExpertModel, blamed: Sequence[dict], now: dat
     ids = {int(entry["id"]) for entry in blamed}
     own = set(ExpertWorker.objects.filter(pk__in=ids, model=model).values_list("pk", flat=True))
     if ids - own:
-        raise MoeRefused(403, f"Expert workers {sorted(ids - own)} do not serve {model.name!r}: a coordinator may "
-                              "blame only its own model's workers.", "worker_not_in_model")
+        raise MoeRefused(
+            403,
+            f"Expert workers {sorted(ids - own)} do not serve {model.name!r}: a coordinator may "
+            "blame only its own model's workers.",
+            "worker_not_in_model",
+        )
     newly = 0
     for entry in blamed:
         newly += ExpertWorker.objects.filter(pk=entry["id"], model=model, blamed_at__isnull=True).update(
-            status=ExpertWorker.Status.RETIRED, retired_at=Coalesce(F("retired_at"), Value(now)), blamed_at=now,
-            blame_reason=str(entry.get("reason") or "")[:BLAME_REASON_MAX], retired_reason="blamed by its coordinator",
+            status=ExpertWorker.Status.RETIRED,
+            retired_at=Coalesce(F("retired_at"), Value(now)),
+            blamed_at=now,
+            blame_reason=str(entry.get("reason") or "")[:BLAME_REASON_MAX],
+            retired_reason="blamed by its coordinator",
         )
     return newly
 
@@ -288,11 +376,18 @@ def _volunteer_refusal(host: Host) -> MoeRefused | None:
         return MoeRefused(403, f"This host is banned ({host.ban_reason}); it cannot serve experts.", "host_banned")
     blamed = ExpertWorker.objects.filter(host__owner_id=host.owner_id, blamed_at__isnull=False).first()
     if blamed is not None:
-        return MoeRefused(403, f"A coordinator found expert worker {blamed.pk} of this host's owner answering wrong "
-                               f"values ({blamed.blame_reason}); their machines cannot serve experts.", "host_blamed")
+        return MoeRefused(
+            403,
+            f"A coordinator found expert worker {blamed.pk} of this host's owner answering wrong "
+            f"values ({blamed.blame_reason}); their machines cannot serve experts.",
+            "host_blamed",
+        )
     if host.maintenance_since is not None:
-        return MoeRefused(403, f"This host is in maintenance ({host.maintenance_reason}); it cannot serve experts.",
-                          "host_in_maintenance")
+        return MoeRefused(
+            403,
+            f"This host is in maintenance ({host.maintenance_reason}); it cannot serve experts.",
+            "host_in_maintenance",
+        )
     if host.paused:
         return MoeRefused(409, "This host is paused by its owner; resume it to serve experts.", "host_paused")
     return None
@@ -311,13 +406,19 @@ def expert_volunteer(*, host: Host, now: datetime | None = None) -> ExpertWorker
         raise refusal
     held = selectors.live_worker_of_host(host=host, now=now)
     if held is not None:
-        raise MoeRefused(409, f"This host already serves expert worker {held.pk} ({held.model.name} layer {held.layer}); "
-                              "one slice at a time.", "host_already_serving")
+        raise MoeRefused(
+            409,
+            f"This host already serves expert worker {held.pk} ({held.model.name} layer {held.layer}); "
+            "one slice at a time.",
+            "host_already_serving",
+        )
     picked = _pick_slice(host, now)
     if picked is None:
         return None
     model, demand = picked
-    return ExpertWorker.objects.create(model=model, host=host, layer=demand.layer, first=demand.first, count=demand.count)
+    return ExpertWorker.objects.create(
+        model=model, host=host, layer=demand.layer, first=demand.first, count=demand.count
+    )
 
 
 def worker_address_check(address: str) -> str:
@@ -339,15 +440,22 @@ def worker_address_check(address: str) -> str:
     try:
         return public_address(name, port)
     except AddressUnresolvable as exc:
-        raise MoeRefused(400, f"The worker address {address!r} does not resolve ({exc}).", "address_unresolvable") from exc
+        raise MoeRefused(
+            400, f"The worker address {address!r} does not resolve ({exc}).", "address_unresolvable"
+        ) from exc
     except AddressNotPublic as exc:
-        raise MoeRefused(400, f"The worker address {address!r} is not public ({exc.ip}): a coordinator dials only public "
-                              "addresses; behind NAT, serve through the relay (the default: without --direct or --advertise).",
-                         "address_not_public") from exc
+        raise MoeRefused(
+            400,
+            f"The worker address {address!r} is not public ({exc.ip}): a coordinator dials only public "
+            "addresses; behind NAT, serve through the relay (the default: without --direct or --advertise).",
+            "address_not_public",
+        ) from exc
 
 
 @transaction.atomic
-def expert_worker_register(*, worker_id: int, host: Host, address: str = "", now: datetime | None = None) -> ExpertWorker:
+def expert_worker_register(
+    *, worker_id: int, host: Host, address: str = "", now: datetime | None = None
+) -> ExpertWorker:
     """ASSIGNED -> ACTIVE (compare-and-set): the worker holds its slice and is reachable at
     `address` (checked by `worker_address_check`; blank: through the relay). Registering
     again just updates the address. A host `_volunteer_refusal` refuses is refused."""
@@ -361,7 +469,9 @@ def expert_worker_register(*, worker_id: int, host: Host, address: str = "", now
         status=ExpertWorker.Status.ACTIVE, address=address, registered_at=now, heartbeat_at=now
     )
     if not changed and not rows.filter(status=ExpertWorker.Status.ACTIVE).update(address=address, heartbeat_at=now):
-        raise MoeRefused(409, f"Expert worker {worker_id} is not assigned to this host (or has retired).", "worker_not_assigned")
+        raise MoeRefused(
+            409, f"Expert worker {worker_id} is not assigned to this host (or has retired).", "worker_not_assigned"
+        )
     return rows.get()
 
 
@@ -389,9 +499,13 @@ def expert_worker_leave(*, worker_id: int, host: Host, reason: str = "", now: da
     if not rows.exists():
         raise MoeRefused(404, f"No expert worker {worker_id} of this host.", "worker_not_found")
     said = f"left: {reason}" if reason else "left"
-    return bool(rows.exclude(status=ExpertWorker.Status.RETIRED).update(
-        status=ExpertWorker.Status.RETIRED, retired_at=now, retired_reason=said[:RETIRED_REASON_MAX],
-    ))
+    return bool(
+        rows.exclude(status=ExpertWorker.Status.RETIRED).update(
+            status=ExpertWorker.Status.RETIRED,
+            retired_at=now,
+            retired_reason=said[:RETIRED_REASON_MAX],
+        )
+    )
 
 
 RETIRED_REASON_MAX = ExpertWorker._meta.get_field("retired_reason").max_length
@@ -424,8 +538,9 @@ def expert_workers_age_out(*, model: ExpertModel, now: datetime | None = None) -
     else:
         unneeded = "no longer needed"
     retire = ExpertWorker.Status.RETIRED
-    return (live.filter(pk__in=stale).update(status=retire, retired_at=now, retired_reason="stopped heartbeating")
-            + live.filter(pk__in=extra).update(status=retire, retired_at=now, retired_reason=unneeded))
+    return live.filter(pk__in=stale).update(
+        status=retire, retired_at=now, retired_reason="stopped heartbeating"
+    ) + live.filter(pk__in=extra).update(status=retire, retired_at=now, retired_reason=unneeded)
 
 
 @transaction.atomic

@@ -1,4 +1,5 @@
 """How an operator names a host on the command line (ring_propose, moe_register)."""
+
 from __future__ import annotations
 
 from django.core.management.base import CommandError

@@ -5,7 +5,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -21,10 +20,32 @@ class Migration(migrations.Migration):
                 ('n_layers', models.PositiveIntegerField(help_text="the model's layer count when the plan was made")),
                 ('row_width', models.PositiveIntegerField(help_text='most tokens one row of a pass may carry')),
                 ('micro_batch', models.PositiveIntegerField(help_text='most rows one pass may carry')),
-                ('status', models.CharField(choices=[('active', 'Active'), ('retired', 'Retired')], default='active', max_length=16)),
+                (
+                    'status',
+                    models.CharField(
+                        choices=[('active', 'Active'), ('retired', 'Retired')], default='active', max_length=16
+                    ),
+                ),
                 ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('bridge_host', models.ForeignKey(blank=True, help_text='the host whose bridge feeds this ring (none for a local ring)', null=True, on_delete=django.db.models.deletion.PROTECT, related_name='bridged_rings', to='hosts.host')),
-                ('model', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='ring_plans', to='marketplace.catalogmodel')),
+                (
+                    'bridge_host',
+                    models.ForeignKey(
+                        blank=True,
+                        help_text='the host whose bridge feeds this ring (none for a local ring)',
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name='bridged_rings',
+                        to='hosts.host',
+                    ),
+                ),
+                (
+                    'model',
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name='ring_plans',
+                        to='marketplace.catalogmodel',
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
@@ -39,8 +60,22 @@ class Migration(migrations.Migration):
                 ('queue_depth', models.PositiveIntegerField(default=0)),
                 ('batches', models.PositiveBigIntegerField(default=0)),
                 ('reported_at', models.DateTimeField(blank=True, null=True)),
-                ('host', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='ring_stages', to='hosts.host')),
-                ('plan', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='stages', to='mesh.ringplan')),
+                (
+                    'host',
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name='ring_stages',
+                        to='hosts.host',
+                    ),
+                ),
+                (
+                    'plan',
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name='stages', to='mesh.ringplan'
+                    ),
+                ),
             ],
             options={
                 'ordering': ['plan', 'index'],
@@ -51,15 +86,26 @@ class Migration(migrations.Migration):
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('n_layers', models.PositiveIntegerField()),
-                ('model', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='layout', to='marketplace.catalogmodel')),
+                (
+                    'model',
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name='layout',
+                        to='marketplace.catalogmodel',
+                    ),
+                ),
             ],
             options={
-                'constraints': [models.CheckConstraint(condition=models.Q(('n_layers__gt', 0)), name='layout_has_layers')],
+                'constraints': [
+                    models.CheckConstraint(condition=models.Q(('n_layers__gt', 0)), name='layout_has_layers')
+                ],
             },
         ),
         migrations.AddConstraint(
             model_name='ringplan',
-            constraint=models.CheckConstraint(condition=models.Q(('row_width__gt', 0), ('micro_batch__gt', 0)), name='ring_widths_positive'),
+            constraint=models.CheckConstraint(
+                condition=models.Q(('row_width__gt', 0), ('micro_batch__gt', 0)), name='ring_widths_positive'
+            ),
         ),
         migrations.AddConstraint(
             model_name='ringstage',
@@ -67,6 +113,8 @@ class Migration(migrations.Migration):
         ),
         migrations.AddConstraint(
             model_name='ringstage',
-            constraint=models.CheckConstraint(condition=models.Q(('start__lt', models.F('end'))), name='stage_range_not_empty'),
+            constraint=models.CheckConstraint(
+                condition=models.Q(('start__lt', models.F('end'))), name='stage_range_not_empty'
+            ),
         ),
     ]

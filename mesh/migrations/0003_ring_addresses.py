@@ -11,7 +11,9 @@ class Migration(migrations.Migration):
             model_name="ringstage",
             name="address",
             field=models.CharField(
-                blank=True, default="", max_length=300,
+                blank=True,
+                default="",
+                max_length=300,
                 help_text="HOST:PORT the stage's agent listens on, as it last reported (its upstream dials it)",
             ),
         ),

@@ -5,7 +5,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('hosts', '0004_host_catalog'),
         ('mesh', '0003_ring_addresses'),
@@ -17,20 +16,49 @@ class Migration(migrations.Migration):
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('name', models.CharField(max_length=200, unique=True)),
-                ('gguf_path', models.CharField(help_text='the model file the gateway cuts slices from', max_length=1000)),
+                (
+                    'gguf_path',
+                    models.CharField(help_text='the model file the gateway cuts slices from', max_length=1000),
+                ),
                 ('arch', models.CharField(max_length=64)),
                 ('n_layers', models.PositiveIntegerField()),
                 ('n_experts', models.PositiveIntegerField(help_text="from the GGUF's expert_count")),
                 ('n_experts_used', models.PositiveIntegerField(help_text="from the GGUF's expert_used_count")),
-                ('slice_size', models.PositiveIntegerField(default=4, help_text='experts per slice handed to a volunteer')),
-                ('base_target', models.PositiveIntegerField(default=0, help_text='replicas per slice while the coordinator is quiet')),
-                ('boost', models.PositiveIntegerField(default=1, help_text='extra replicas per slice while it is saturated')),
-                ('saturation_threshold', models.PositiveIntegerField(default=2, help_text='busy slots that mean saturated')),
-                ('busy', models.PositiveIntegerField(default=0, help_text="busy slots in the coordinator's last report")),
+                (
+                    'slice_size',
+                    models.PositiveIntegerField(default=4, help_text='experts per slice handed to a volunteer'),
+                ),
+                (
+                    'base_target',
+                    models.PositiveIntegerField(
+                        default=0, help_text='replicas per slice while the coordinator is quiet'
+                    ),
+                ),
+                (
+                    'boost',
+                    models.PositiveIntegerField(default=1, help_text='extra replicas per slice while it is saturated'),
+                ),
+                (
+                    'saturation_threshold',
+                    models.PositiveIntegerField(default=2, help_text='busy slots that mean saturated'),
+                ),
+                (
+                    'busy',
+                    models.PositiveIntegerField(default=0, help_text="busy slots in the coordinator's last report"),
+                ),
                 ('saturated', models.BooleanField(default=False)),
                 ('reported_at', models.DateTimeField(blank=True, null=True)),
                 ('last_saturated_at', models.DateTimeField(blank=True, null=True)),
-                ('coordinator', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='coordinated_moe_models', to='hosts.host')),
+                (
+                    'coordinator',
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name='coordinated_moe_models',
+                        to='hosts.host',
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
@@ -40,15 +68,40 @@ class Migration(migrations.Migration):
                 ('layer', models.PositiveIntegerField()),
                 ('first', models.PositiveIntegerField()),
                 ('count', models.PositiveIntegerField()),
-                ('status', models.CharField(choices=[('assigned', 'Assigned'), ('active', 'Active'), ('retired', 'Retired')], default='assigned', max_length=16)),
-                ('address', models.CharField(blank=True, help_text='host:port when directly reachable; blank: relay only', max_length=200)),
-                ('last_serve_ms', models.BigIntegerField(default=0, help_text='epoch ms of the last batch it computed; 0 = never')),
+                (
+                    'status',
+                    models.CharField(
+                        choices=[('assigned', 'Assigned'), ('active', 'Active'), ('retired', 'Retired')],
+                        default='assigned',
+                        max_length=16,
+                    ),
+                ),
+                (
+                    'address',
+                    models.CharField(
+                        blank=True, help_text='host:port when directly reachable; blank: relay only', max_length=200
+                    ),
+                ),
+                (
+                    'last_serve_ms',
+                    models.BigIntegerField(default=0, help_text='epoch ms of the last batch it computed; 0 = never'),
+                ),
                 ('assigned_at', models.DateTimeField(auto_now_add=True)),
                 ('registered_at', models.DateTimeField(blank=True, null=True)),
                 ('heartbeat_at', models.DateTimeField(blank=True, null=True)),
                 ('retired_at', models.DateTimeField(blank=True, null=True)),
-                ('host', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='expert_workers', to='hosts.host')),
-                ('model', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='workers', to='mesh.expertmodel')),
+                (
+                    'host',
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name='expert_workers', to='hosts.host'
+                    ),
+                ),
+                (
+                    'model',
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name='workers', to='mesh.expertmodel'
+                    ),
+                ),
             ],
             options={
                 'ordering': ['model', 'layer', 'first', 'id'],
@@ -56,7 +109,12 @@ class Migration(migrations.Migration):
         ),
         migrations.AddConstraint(
             model_name='expertmodel',
-            constraint=models.CheckConstraint(condition=models.Q(('n_layers__gt', 0), ('n_experts__gt', 0), ('slice_size__gt', 0), ('saturation_threshold__gt', 0)), name='expert_model_sizes_positive'),
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ('n_layers__gt', 0), ('n_experts__gt', 0), ('slice_size__gt', 0), ('saturation_threshold__gt', 0)
+                ),
+                name='expert_model_sizes_positive',
+            ),
         ),
         migrations.AddIndex(
             model_name='expertworker',
@@ -64,6 +122,8 @@ class Migration(migrations.Migration):
         ),
         migrations.AddConstraint(
             model_name='expertworker',
-            constraint=models.CheckConstraint(condition=models.Q(('count__gt', 0)), name='expert_worker_slice_not_empty'),
+            constraint=models.CheckConstraint(
+                condition=models.Q(('count__gt', 0)), name='expert_worker_slice_not_empty'
+            ),
         ),
     ]

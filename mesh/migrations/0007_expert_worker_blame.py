@@ -4,7 +4,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('mesh', '0006_link_secrets'),
     ]
@@ -13,11 +12,17 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='expertworker',
             name='blame_reason',
-            field=models.CharField(blank=True, help_text="the coordinator's account of the disagreement", max_length=500),
+            field=models.CharField(
+                blank=True, help_text="the coordinator's account of the disagreement", max_length=500
+            ),
         ),
         migrations.AddField(
             model_name='expertworker',
             name='blamed_at',
-            field=models.DateTimeField(blank=True, help_text="when its model's coordinator reported that its values disagreed with a recompute", null=True),
+            field=models.DateTimeField(
+                blank=True,
+                help_text="when its model's coordinator reported that its values disagreed with a recompute",
+                null=True,
+            ),
         ),
     ]

@@ -4,7 +4,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('mesh', '0007_expert_worker_blame'),
     ]
@@ -13,12 +12,19 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='expertmodel',
             name='silent_since',
-            field=models.DateTimeField(blank=True, help_text="when the control plane's loop found no fresh report from its coordinator; cleared by its next report", null=True),
+            field=models.DateTimeField(
+                blank=True,
+                help_text="when the control plane's loop found no fresh report from its coordinator; cleared by its next report",
+                null=True,
+            ),
         ),
         migrations.AddField(
             model_name='expertworker',
             name='checks_passed',
-            field=models.PositiveIntegerField(default=0, help_text='its batches the coordinator recomputed and found equal (as the coordinator last reported)'),
+            field=models.PositiveIntegerField(
+                default=0,
+                help_text='its batches the coordinator recomputed and found equal (as the coordinator last reported)',
+            ),
         ),
         migrations.AddField(
             model_name='expertworker',

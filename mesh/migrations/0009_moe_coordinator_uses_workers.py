@@ -4,7 +4,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('mesh', '0008_moe_market_loop'),
     ]
@@ -13,16 +12,28 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='expertmodel',
             name='excused_at',
-            field=models.DateTimeField(blank=True, help_text='when a failed audit of its coordinator was excused because its workers computed part of that answer; every batch of its workers is then recomputed for MOE_EXCUSE_SECONDS', null=True),
+            field=models.DateTimeField(
+                blank=True,
+                help_text='when a failed audit of its coordinator was excused because its workers computed part of that answer; every batch of its workers is then recomputed for MOE_EXCUSE_SECONDS',
+                null=True,
+            ),
         ),
         migrations.AddField(
             model_name='expertmodel',
             name='last_engaged_at',
-            field=models.DateTimeField(blank=True, help_text='when its coordinator last reported experts computed by its workers on merit', null=True),
+            field=models.DateTimeField(
+                blank=True,
+                help_text='when its coordinator last reported experts computed by its workers on merit',
+                null=True,
+            ),
         ),
         migrations.AddField(
             model_name='expertmodel',
             name='remote_unused_since',
-            field=models.DateTimeField(blank=True, help_text='since when its coordinator, saturated, has measured its workers and sent them nothing but probes (computing here beat their round trips): the boost is held back; cleared once it engages one', null=True),
+            field=models.DateTimeField(
+                blank=True,
+                help_text='since when its coordinator, saturated, has measured its workers and sent them nothing but probes (computing here beat their round trips): the boost is held back; cleared once it engages one',
+                null=True,
+            ),
         ),
     ]

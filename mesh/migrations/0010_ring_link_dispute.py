@@ -8,7 +8,6 @@ import mesh.linksecret
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('hosts', '0011_host_allowance'),
         ('mesh', '0009_moe_coordinator_uses_workers'),
@@ -18,7 +17,12 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name='ringplan',
             name='secret',
-            field=models.CharField(default=mesh.linksecret.link_secret_new, editable=False, help_text="what each of the ring's link secrets is derived from; never handed out", max_length=100),
+            field=models.CharField(
+                default=mesh.linksecret.link_secret_new,
+                editable=False,
+                help_text="what each of the ring's link secrets is derived from; never handed out",
+                max_length=100,
+            ),
         ),
         migrations.CreateModel(
             name='RingLinkDispute',
@@ -28,13 +32,26 @@ class Migration(migrations.Migration):
                 ('downstream_index', models.PositiveIntegerField()),
                 ('reason', models.TextField(blank=True)),
                 ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('downstream_host', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='hosts.host')),
-                ('plan', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='disputes', to='mesh.ringplan')),
-                ('upstream_host', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='hosts.host')),
+                (
+                    'downstream_host',
+                    models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='hosts.host'),
+                ),
+                (
+                    'plan',
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name='disputes', to='mesh.ringplan'
+                    ),
+                ),
+                (
+                    'upstream_host',
+                    models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='hosts.host'),
+                ),
             ],
             options={
                 'ordering': ['-created_at'],
-                'indexes': [models.Index(fields=['upstream_host', 'downstream_host', 'created_at'], name='ring_dispute_pair')],
+                'indexes': [
+                    models.Index(fields=['upstream_host', 'downstream_host', 'created_at'], name='ring_dispute_pair')
+                ],
             },
         ),
     ]

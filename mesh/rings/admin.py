@@ -28,10 +28,30 @@ class RingPlanAdmin(admin.ModelAdmin):
 
 @admin.register(RingStage)
 class RingStageAdmin(admin.ModelAdmin):
-    list_display = ("plan", "index", "start", "end", "host", "address", "hold_s", "idle_s", "queue_depth", "reported_at")
+    list_display = (
+        "plan",
+        "index",
+        "start",
+        "end",
+        "host",
+        "address",
+        "hold_s",
+        "idle_s",
+        "queue_depth",
+        "reported_at",
+    )
     list_filter = ("plan",)
     readonly_fields = (
-        "plan", "index", "start", "end", "hold_s", "idle_s", "queue_depth", "batches", "reported_at", "address",
+        "plan",
+        "index",
+        "start",
+        "end",
+        "hold_s",
+        "idle_s",
+        "queue_depth",
+        "batches",
+        "reported_at",
+        "address",
         "address_reported_at",
     )
 
@@ -48,7 +68,15 @@ class RingLinkDisputeAdmin(admin.ModelAdmin):
     operator may delete one to let the pair be neighbours again."""
 
     list_display = ("created_at", "plan", "upstream_index", "downstream_index", "upstream_host", "downstream_host")
-    readonly_fields = ("plan", "upstream_index", "downstream_index", "upstream_host", "downstream_host", "reason", "created_at")
+    readonly_fields = (
+        "plan",
+        "upstream_index",
+        "downstream_index",
+        "upstream_host",
+        "downstream_host",
+        "reason",
+        "created_at",
+    )
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -9,6 +9,7 @@ never leaves the gateway.
 Host token auth is the host API's (`hosts.apis.HostApi`); each view parses, calls one service or
 selector, renders.
 """
+
 from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema
@@ -76,7 +77,9 @@ class RingAssignmentApi(HostApi):
 
                 upstream = LinkSerializer(help_text="the link the previous stage dials this one on")
                 downstream = LinkSerializer(help_text="the link this stage dials the next one on")
-                bridge = serializers.CharField(allow_null=True, help_text="the bridge's link to the head or the tail; null elsewhere")
+                bridge = serializers.CharField(
+                    allow_null=True, help_text="the bridge's link to the head or the tail; null elsewhere"
+                )
 
             ring = serializers.IntegerField()
             model = serializers.CharField()
@@ -94,18 +97,28 @@ class RingAssignmentApi(HostApi):
     @extend_schema(responses={200: OutputSerializer})
     def get(self, request: Request) -> Response:
         host = self.host(request)
-        return Response({"assignments": [
+        return Response(
             {
-                "ring": stage.plan_id, "model": stage.plan.model.name, "stage": stage.index, "start": stage.start,
-                "end": stage.end, "row_width": stage.plan.row_width, "micro_batch": stage.plan.micro_batch,
-                "n_layers": stage.plan.n_layers,
-                "links": selectors.stage_links(stage, len(stage.plan.stages.all())),
-                "stages": [
-                    {"stage": s.index, "start": s.start, "end": s.end, "host": s.host_id} for s in stage.plan.stages.all()
-                ],
+                "assignments": [
+                    {
+                        "ring": stage.plan_id,
+                        "model": stage.plan.model.name,
+                        "stage": stage.index,
+                        "start": stage.start,
+                        "end": stage.end,
+                        "row_width": stage.plan.row_width,
+                        "micro_batch": stage.plan.micro_batch,
+                        "n_layers": stage.plan.n_layers,
+                        "links": selectors.stage_links(stage, len(stage.plan.stages.all())),
+                        "stages": [
+                            {"stage": s.index, "start": s.start, "end": s.end, "host": s.host_id}
+                            for s in stage.plan.stages.all()
+                        ],
+                    }
+                    for stage in selectors.ring_assignments(host=host)
+                ]
             }
-            for stage in selectors.ring_assignments(host=host)
-        ]})
+        )
 
 
 class RingProposeApi(HostApi):
@@ -131,13 +144,22 @@ class RingProposeApi(HostApi):
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         plan = services.ring_plan_propose_local(
-            host=host, model_name=data["model"], n_stages=data["stages"], row_width=data["row_width"],
+            host=host,
+            model_name=data["model"],
+            n_stages=data["stages"],
+            row_width=data["row_width"],
             micro_batch=data["micro_batch"],
         )
-        return Response({
-            "ring": plan.pk, "model": plan.model.name, "row_width": plan.row_width, "micro_batch": plan.micro_batch,
-            "stages": [selectors.stage_address(stage) for stage in plan.stages.all()],
-        }, status=201)
+        return Response(
+            {
+                "ring": plan.pk,
+                "model": plan.model.name,
+                "row_width": plan.row_width,
+                "micro_batch": plan.micro_batch,
+                "stages": [selectors.stage_address(stage) for stage in plan.stages.all()],
+            },
+            status=201,
+        )
 
 
 class RingStageAddressApi(HostApi):
@@ -161,7 +183,9 @@ class RingStageLeaveApi(HostApi):
     """POST: the host running a stage says it left the address it reported (cleared if still that one)."""
 
     class InputSerializer(serializers.Serializer):
-        address = serializers.CharField(max_length=300, help_text="the address the stage reported (as the gateway answered it)")
+        address = serializers.CharField(
+            max_length=300, help_text="the address the stage reported (as the gateway answered it)"
+        )
 
     class OutputSerializer(serializers.Serializer):
         cleared = serializers.BooleanField(help_text="false: the stage had reported another address since")
@@ -189,10 +213,13 @@ class RingAddressesApi(HostApi):
     @extend_schema(responses={200: OutputSerializer})
     def get(self, request: Request, ring_id: int) -> Response:
         plan = _participant_ring(ring_id=ring_id, host=self.host(request))
-        return Response({
-            "ring": plan.pk, "status": plan.status,
-            "stages": [selectors.stage_address(stage) for stage in plan.stages.all()],
-        })
+        return Response(
+            {
+                "ring": plan.pk,
+                "status": plan.status,
+                "stages": [selectors.stage_address(stage) for stage in plan.stages.all()],
+            }
+        )
 
 
 class RingSecretApi(HostApi):
@@ -209,7 +236,9 @@ class RingSecretApi(HostApi):
         host = self.host(request)
         plan = _participant_ring(ring_id=ring_id, host=host)
         if plan.bridge_host_id != host.pk:
-            raise ApiError(403, f"Only ring {ring_id}'s bridge host is handed its bridge's links.", code="not_the_bridge")
+            raise ApiError(
+                403, f"Only ring {ring_id}'s bridge host is handed its bridge's links.", code="not_the_bridge"
+            )
         if plan.status != RingPlan.Status.ACTIVE:
             raise ApiError(409, f"Ring {ring_id} is retired; its links are no longer admitted.", code="ring_retired")
         return Response({"ring": plan.pk, **selectors.bridge_links(plan)})
@@ -241,10 +270,15 @@ class RingStatsApi(HostApi):
     @extend_schema(responses={200: OutputSerializer})
     def get(self, request: Request, ring_id: int) -> Response:
         plan = _participant_ring(ring_id=ring_id, host=self.host(request))
-        return Response({
-            "ring": plan.pk, "model": plan.model.name, "row_width": plan.row_width, "micro_batch": plan.micro_batch,
-            "stages": [selectors.stage_shares(stage) for stage in plan.stages.all()],
-        })
+        return Response(
+            {
+                "ring": plan.pk,
+                "model": plan.model.name,
+                "row_width": plan.row_width,
+                "micro_batch": plan.micro_batch,
+                "stages": [selectors.stage_shares(stage) for stage in plan.stages.all()],
+            }
+        )
 
     @extend_schema(responses={200: ReportedSerializer})
     def post(self, request: Request, ring_id: int) -> Response:

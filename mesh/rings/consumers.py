@@ -6,6 +6,7 @@ A stage that reported the relay address (`protocol.ring.RELAY_ADDRESS`) listens 
 `ws …/api/rings/<ring>/relay/stage/<index>` (it must run that stage of an active ring); a
 participant of the ring dials it with `ws …/api/rings/<ring>/relay/dial/<index>`.
 """
+
 from __future__ import annotations
 
 from mesh.relay import DialConsumer, ListenerConsumer

@@ -1,4 +1,5 @@
 """Layer counts of the catalog's models (their GGUF's ``block_count``), seeded by a migration."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

@@ -13,6 +13,7 @@ inquiry when the inquiry could not tell which of them lied: neither forfeits any
 it, the ring is retired, and no new plan puts the two next to each other for
 `DISPUTE_AVOID_DAYS` (`services.ring_link_dispute_record`).
 """
+
 from __future__ import annotations
 
 from django.db import models
@@ -45,13 +46,19 @@ class RingPlan(models.Model):
     row_width = models.PositiveIntegerField(help_text="most tokens one row of a pass may carry")
     micro_batch = models.PositiveIntegerField(help_text="most rows one pass may carry")
     bridge_host = models.ForeignKey(
-        "hosts.Host", on_delete=models.PROTECT, null=True, blank=True, related_name="bridged_rings",
+        "hosts.Host",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="bridged_rings",
         help_text="the host whose bridge feeds this ring (none for a local ring)",
     )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
     created_at = models.DateTimeField(auto_now_add=True)
     secret = models.CharField(
-        max_length=100, default=link_secret_new, editable=False,
+        max_length=100,
+        default=link_secret_new,
+        editable=False,
         help_text="what each of the ring's link secrets is derived from; never handed out",
     )
 
@@ -78,7 +85,9 @@ class RingStage(models.Model):
     batches = models.PositiveBigIntegerField(default=0)
     reported_at = models.DateTimeField(null=True, blank=True)
     address = models.CharField(
-        max_length=300, blank=True, default="",
+        max_length=300,
+        blank=True,
+        default="",
         help_text="HOST:PORT the stage's agent listens on, as it last reported (its upstream dials it)",
     )
     address_reported_at = models.DateTimeField(null=True, blank=True)

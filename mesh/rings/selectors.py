@@ -1,4 +1,5 @@
 """Reads for ring plans, and the secrets of a ring's links (`stage_links`, `bridge_links`)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -51,7 +52,10 @@ def stage_links(stage: RingStage, n_stages: int) -> dict:
 def bridge_links(plan: RingPlan) -> dict:
     """The secrets of the bridge's links to the head and the tail, for the bridge host only."""
     last = plan.stages.count() - 1
-    return {"head": link_secret(plan, upstream=None, downstream=0), "tail": link_secret(plan, upstream=None, downstream=last)}
+    return {
+        "head": link_secret(plan, upstream=None, downstream=0),
+        "tail": link_secret(plan, upstream=None, downstream=last),
+    }
 
 
 def ring_for_participant(*, plan_id: int, host: Host) -> RingPlan | None:
@@ -68,25 +72,41 @@ def stage_shares(stage: RingStage) -> dict:
     """A stage's reported time use; `hold_share` near 1 means saturated, near 0 starved."""
     busy = stage.hold_s + stage.idle_s
     return {
-        "stage": stage.index, "start": stage.start, "end": stage.end, "host": stage.host_id,
-        "hold_s": stage.hold_s, "idle_s": stage.idle_s, "queue_depth": stage.queue_depth, "batches": stage.batches,
-        "hold_share": round(stage.hold_s / busy, 4) if busy else None, "reported_at": stage.reported_at,
+        "stage": stage.index,
+        "start": stage.start,
+        "end": stage.end,
+        "host": stage.host_id,
+        "hold_s": stage.hold_s,
+        "idle_s": stage.idle_s,
+        "queue_depth": stage.queue_depth,
+        "batches": stage.batches,
+        "hold_share": round(stage.hold_s / busy, 4) if busy else None,
+        "reported_at": stage.reported_at,
     }
 
 
 def stage_address(stage: RingStage) -> dict:
     """Where a stage listens, as it last reported ("" until it has)."""
     return {
-        "stage": stage.index, "start": stage.start, "end": stage.end, "host": stage.host_id,
-        "address": stage.address, "reported_at": stage.address_reported_at,
+        "stage": stage.index,
+        "start": stage.start,
+        "end": stage.end,
+        "host": stage.host_id,
+        "address": stage.address,
+        "reported_at": stage.address_reported_at,
     }
 
 
 def bridged_model_ids(*, host_id: int) -> list[int]:
     """The models this host serves through a ring it bridges (active plans): it scores no
     audit of them (a bridge holds no whole model to read one with)."""
-    return sorted(set(RingPlan.objects.filter(bridge_host_id=host_id, status=RingPlan.Status.ACTIVE)
-                      .values_list("model_id", flat=True)))
+    return sorted(
+        set(
+            RingPlan.objects.filter(bridge_host_id=host_id, status=RingPlan.Status.ACTIVE).values_list(
+                "model_id", flat=True
+            )
+        )
+    )
 
 
 def ring_layers(*, bridge_host_id: int, model_id: int) -> tuple[RingPlan, dict[int, int]] | None:
@@ -95,7 +115,8 @@ def ring_layers(*, bridge_host_id: int, model_id: int) -> tuple[RingPlan, dict[i
     are paid by. None for a host serving the model on its own machine."""
     plan = (
         RingPlan.objects.filter(bridge_host_id=bridge_host_id, model_id=model_id, status=RingPlan.Status.ACTIVE)
-        .order_by("-created_at", "-pk").first()
+        .order_by("-created_at", "-pk")
+        .first()
     )
     if plan is None:
         return None

@@ -2,6 +2,7 @@
 own machine), recording where stages listen (and forgetting it when a stage leaves, so
 nobody dials a stale address) and what they report; recording a disputed link (the ring is
 retired and the two hosts are kept apart, `ring_link_dispute_record`)."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -94,10 +95,13 @@ def ring_model(model_name: str) -> tuple[CatalogModel, int]:
     if model.kind != CatalogModel.Kind.CHAT:
         raise PlanInvalid(f"{model_name!r} is not a chat model ({model.kind}); a ring serves chat models")
     if model.n_experts:
-        raise PlanInvalid(f"{model_name!r} is a mixture of experts: the expert market serves it (moe_register), not a ring")
+        raise PlanInvalid(
+            f"{model_name!r} is a mixture of experts: the expert market serves it (moe_register), not a ring"
+        )
     if model.architecture and model.architecture not in ARCHITECTURES:
-        raise PlanInvalid(f"{model_name!r} is a {model.architecture} model; a ring's engine runs "
-                          f"{', '.join(sorted(ARCHITECTURES))}")
+        raise PlanInvalid(
+            f"{model_name!r} is a {model.architecture} model; a ring's engine runs {', '.join(sorted(ARCHITECTURES))}"
+        )
     layout = ModelLayout.objects.filter(model=model).first()
     n_layers = layout.n_layers if layout is not None else model.n_layers
     if not n_layers:
@@ -118,7 +122,12 @@ def layer_mb_read(model: CatalogModel) -> float:
 
 @transaction.atomic
 def ring_plan_create(
-    *, model_name: str, stages: Sequence[StageSpec], row_width: int, micro_batch: int, bridge_host: Host | None = None,
+    *,
+    model_name: str,
+    stages: Sequence[StageSpec],
+    row_width: int,
+    micro_batch: int,
+    bridge_host: Host | None = None,
 ) -> RingPlan:
     """Validate and store a plan; refuses one stage, gaps, overlaps, ranges past the model, widths <= 0."""
     model, n_layers = ring_model(model_name)
@@ -139,8 +148,11 @@ def _links(stages: Sequence[StageSpec], bridge_host: Host | None) -> list[tuple[
     the bridge host's."""
     hosts = [stage.host or bridge_host for stage in stages]
     n = len(hosts)
-    return [*((hosts[i], hosts[(i + 1) % n], f"stage {i} -> stage {(i + 1) % n}") for i in range(n)),
-            (bridge_host, hosts[0], "the bridge -> the head"), (bridge_host, hosts[-1], "the bridge -> the tail")]
+    return [
+        *((hosts[i], hosts[(i + 1) % n], f"stage {i} -> stage {(i + 1) % n}") for i in range(n)),
+        (bridge_host, hosts[0], "the bridge -> the head"),
+        (bridge_host, hosts[-1], "the bridge -> the tail"),
+    ]
 
 
 def disputes_check(*, stages: Sequence[StageSpec], bridge_host: Host | None) -> None:
@@ -153,9 +165,11 @@ def disputes_check(*, stages: Sequence[StageSpec], bridge_host: Host | None) -> 
             continue
         pair = Q(upstream_host=sender, downstream_host=receiver) | Q(upstream_host=receiver, downstream_host=sender)
         if RingLinkDispute.objects.filter(pair, created_at__gte=since).exists():
-            raise PlanInvalid(f"{link} would join hosts {sender.name!r} and {receiver.name!r}, whose evidence of a ring "
-                              f"link disagreed within the last {DISPUTE_AVOID_DAYS} days (neither could be shown at "
-                              "fault): put another stage between them, or leave one out")
+            raise PlanInvalid(
+                f"{link} would join hosts {sender.name!r} and {receiver.name!r}, whose evidence of a ring "
+                f"link disagreed within the last {DISPUTE_AVOID_DAYS} days (neither could be shown at "
+                "fault): put another stage between them, or leave one out"
+            )
 
 
 @transaction.atomic
@@ -171,8 +185,14 @@ def ring_link_dispute_record(*, plan_id: int, upstream: int, downstream: int, re
     receiver = runners.get(downstream)
     if sender is None or receiver is None:
         raise PlanInvalid(f"ring {plan_id} has no link from {upstream} to {downstream} with a host at each end")
-    dispute = RingLinkDispute.objects.create(plan=plan, upstream_index=upstream, downstream_index=downstream,
-                                             upstream_host_id=sender, downstream_host_id=receiver, reason=reason[:2000])
+    dispute = RingLinkDispute.objects.create(
+        plan=plan,
+        upstream_index=upstream,
+        downstream_index=downstream,
+        upstream_host_id=sender,
+        downstream_host_id=receiver,
+        reason=reason[:2000],
+    )
     RingPlan.objects.filter(pk=plan.pk, status=RingPlan.Status.ACTIVE).update(status=RingPlan.Status.RETIRED)
     return dispute
 
@@ -195,8 +215,11 @@ def ring_stats_report(*, plan_id: int, host: Host, stages: Sequence[dict]) -> in
     now, updated = timezone.now(), 0
     for report in stages:
         changed = rows.filter(index=report["stage"]).update(
-            hold_s=report["hold_s"], idle_s=report["idle_s"], queue_depth=report["queue_depth"],
-            batches=report.get("batches", 0), reported_at=now,
+            hold_s=report["hold_s"],
+            idle_s=report["idle_s"],
+            queue_depth=report["queue_depth"],
+            batches=report.get("batches", 0),
+            reported_at=now,
         )
         if not changed:  # the whole report is refused (the transaction rolls back)
             raise NotYourStage(f"host {host.pk} does not serve stage {report['stage']} of ring {plan_id}")
@@ -216,7 +239,9 @@ def even_ranges(n_layers: int, n_stages: int) -> list[tuple[int, int]]:
 
 
 @transaction.atomic
-def ring_plan_propose_local(*, host: Host, model_name: str, n_stages: int, row_width: int, micro_batch: int) -> RingPlan:
+def ring_plan_propose_local(
+    *, host: Host, model_name: str, n_stages: int, row_width: int, micro_batch: int
+) -> RingPlan:
     """A host's own ring on its own machine: every stage on `host`, which also bridges it.
 
     Idempotent: an active plan of this host with the same model, stage count and widths is
@@ -227,7 +252,10 @@ def ring_plan_propose_local(*, host: Host, model_name: str, n_stages: int, row_w
     if n_stages < 2:
         raise PlanInvalid("a pipeline needs at least two stages")
     candidates = RingPlan.objects.filter(
-        bridge_host=host, model__name=model_name, status=RingPlan.Status.ACTIVE, row_width=row_width,
+        bridge_host=host,
+        model__name=model_name,
+        status=RingPlan.Status.ACTIVE,
+        row_width=row_width,
         micro_batch=micro_batch,
     ).order_by("-pk")
     for plan in candidates:
@@ -258,7 +286,12 @@ def memory_split(*, n_layers: int, capacities: Sequence[int]) -> list[int]:
 
 @transaction.atomic
 def ring_plan_propose(
-    *, model_name: str, hosts: Sequence[Host], bridge_host: Host | None, layer_mb: float | None = None, row_width: int,
+    *,
+    model_name: str,
+    hosts: Sequence[Host],
+    bridge_host: Host | None,
+    layer_mb: float | None = None,
+    row_width: int,
     micro_batch: int,
 ) -> RingPlan:
     """A plan from the hosts' advertised memory (the `memory_budget_mb` of their heartbeat
@@ -324,9 +357,12 @@ def _public(address: str) -> str:
     except AddressUnresolvable as exc:
         raise AddressInvalid(f"{address!r} does not resolve ({exc})") from exc
     except AddressNotPublic as exc:
-        raise AddressInvalid(f"{address!r} is not public ({exc.ip}): the stages of a ring of several owners' machines "
-                             "dial only public addresses; behind NAT, a stage is reached through the gateway's ring relay "
-                             "(`mahout stage` falls back to it by itself, or give --relay)", code="address_not_public") from exc
+        raise AddressInvalid(
+            f"{address!r} is not public ({exc.ip}): the stages of a ring of several owners' machines "
+            "dial only public addresses; behind NAT, a stage is reached through the gateway's ring relay "
+            "(`mahout stage` falls back to it by itself, or give --relay)",
+            code="address_not_public",
+        ) from exc
 
 
 def _own_stage(*, plan_id: int, index: int, host: Host, active: bool = True) -> RingStage:

@@ -1,4 +1,5 @@
 """Fixtures of the mesh tests."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

@@ -1,6 +1,7 @@
 """What the expert market's tests share: a host out of probation (whose workers the
 coordinator checks at its usual share, not the probation one), and the environment a gateway
 process needs to accept loopback workers."""
+
 from __future__ import annotations
 
 from django.utils import timezone

@@ -5,6 +5,7 @@ passes its honest answers and fails a cheat's. On the tiny Qwen 3 MoE with its r
 vocabulary: sampled answers, an answer cut at a stop string, junk and another seed's draws,
 answers under a response_format's grammar (drawn as a single-machine host draws under one), and
 answers to text they resume (healed as a host heals it: a cut word, a grammar continuation)."""
+
 from __future__ import annotations
 
 import json
@@ -41,13 +42,19 @@ def fmt(qwen3moe_file: Path) -> ChatFormat:
     return file_format(qwen3moe_file, adds_bos=False)
 
 
-def job(fmt: ChatFormat, ask: str, *, temperature: float, seed: int, stop: list[str] | None = None,
-        max_tokens: int = 24) -> dict:
+def job(
+    fmt: ChatFormat, ask: str, *, temperature: float, seed: int, stop: list[str] | None = None, max_tokens: int = 24
+) -> dict:
     """A chat job as the gateway sends it to a host."""
     messages = [{"role": "user", "content": ask}]
-    return {"kind": "chat", "messages": messages, "fragments": [list(f) for f in chat_fragments(fmt, messages)],
-            "end_of_turn": list(fmt.end_of_turn), "continuation": False,
-            "params": {"max_tokens": max_tokens, "temperature": temperature, "top_p": 1.0, "stop": stop, "seed": seed}}
+    return {
+        "kind": "chat",
+        "messages": messages,
+        "fragments": [list(f) for f in chat_fragments(fmt, messages)],
+        "end_of_turn": list(fmt.end_of_turn),
+        "continuation": False,
+        "params": {"max_tokens": max_tokens, "temperature": temperature, "top_p": 1.0, "stop": stop, "seed": seed},
+    }
 
 
 def answer(slot: MoeSlot, asked: dict) -> dict:
@@ -67,12 +74,14 @@ def test_an_honest_coordinators_answer_passes_the_gateways_audit(runner, verifie
 
 def test_an_answer_cut_at_a_stop_string_ends_where_llama_cpp_ends_it_and_passes(runner, verifier, fmt) -> None:  # noqa: ANN001
     free = answer(runner.slot(), job(fmt, "Name some animals.", temperature=0.0, seed=4, max_tokens=32))
-    stop = free["text"][len(free["text"]) // 2:][:3]
+    stop = free["text"][len(free["text"]) // 2 :][:3]
     assert stop.strip(), free
     asked = job(fmt, "Name some animals.", temperature=0.0, seed=4, stop=[stop], max_tokens=32)
     cut = answer(runner.slot(), asked)
     assert cut["finish_reason"] == "stop" and cut["text"] == free["text"][: free["text"].index(stop)]
-    assert len(cut["token_ids"]) < len(free["token_ids"])  # the token that completed the stop string is the last reported
+    assert len(cut["token_ids"]) < len(
+        free["token_ids"]
+    )  # the token that completed the stop string is the last reported
     assert verifier.audit(asked, **cut).passed
 
 
@@ -90,14 +99,23 @@ def test_junk_and_another_seeds_draws_fail(runner, verifier, fmt) -> None:  # no
     assert verifier.audit(asked, **honest).passed
 
 
-SCHEMA = {"type": "json_schema", "schema": {"type": "object", "properties": {"animal": {"enum": ["elephant", "mouse"]}},
-                                            "required": ["animal"], "additionalProperties": False}}
+SCHEMA = {
+    "type": "json_schema",
+    "schema": {
+        "type": "object",
+        "properties": {"animal": {"enum": ["elephant", "mouse"]}},
+        "required": ["animal"],
+        "additionalProperties": False,
+    },
+}
 
 
-@pytest.mark.parametrize(("response_format", "temperature", "seed"),
-                         [(SCHEMA, 0.0, 8), (SCHEMA, 0.9, 9), ({"type": "json_object"}, 0.7, 10)])
+@pytest.mark.parametrize(
+    ("response_format", "temperature", "seed"), [(SCHEMA, 0.0, 8), (SCHEMA, 0.9, 9), ({"type": "json_object"}, 0.7, 10)]
+)
 def test_a_response_formats_grammar_is_followed_and_its_answer_passes_the_audit(
-        runner, verifier, fmt, response_format, temperature, seed) -> None:  # noqa: ANN001
+    runner, verifier, fmt, response_format, temperature, seed
+) -> None:  # noqa: ANN001
     asked = job(fmt, "Which animal is the largest? Answer in JSON.", temperature=temperature, seed=seed, max_tokens=64)
     asked["params"]["response_format"] = response_format
     reported = answer(runner.slot(), asked)
@@ -111,7 +129,8 @@ def test_a_response_formats_grammar_is_followed_and_its_answer_passes_the_audit(
 
 @pytest.mark.parametrize(("temperature", "seed"), [(0.0, 11), (0.9, 15)])
 def test_a_continuation_under_a_grammar_writes_the_delivered_text_again_and_passes_the_audit(
-        runner, verifier, fmt, temperature, seed) -> None:  # noqa: ANN001
+    runner, verifier, fmt, temperature, seed
+) -> None:  # noqa: ANN001
     """As a single-machine host does (mahout 0.7.0): the delivered text (`rewrite`) is written
     again under the grammar and the healer's mask, not streamed, then the answer goes on; the
     verifier replays exactly that. Text no grammar of the schema allows is refused, never fed on."""
@@ -122,7 +141,9 @@ def test_a_continuation_under_a_grammar_writes_the_delivered_text_again_and_pass
     slot = runner.slot()
     reported = answer(slot, again)
     assert json.loads(delivered + reported["text"]) == {"animal": "elephant"}
-    assert slot.completion_tokens == runner.tokenizer.count(reported["text"])  # the new text's tokens, not the rewrite's
+    assert slot.completion_tokens == runner.tokenizer.count(
+        reported["text"]
+    )  # the new text's tokens, not the rewrite's
     audit = verifier.audit(again, **reported)
     assert audit.passed and not audit.misses and audit.checked > 0, audit
     with pytest.raises(RequestRejected):
@@ -131,29 +152,53 @@ def test_a_continuation_under_a_grammar_writes_the_delivered_text_again_and_pass
 
 @pytest.mark.parametrize(("temperature", "seed", "logprobs"), [(0.0, 16, None), (0.8, 17, None), (1.1, 18, 2)])
 def test_a_chat_ending_in_a_cut_word_is_healed_and_passes_the_audit(
-        runner, verifier, fmt, temperature, seed, logprobs) -> None:  # noqa: ANN001
+    runner, verifier, fmt, temperature, seed, logprobs
+) -> None:  # noqa: ANN001
     """A chat ending in an assistant turn mid-word (a failover continuation, or a customer's
     prefill): the coordinator drops the cut word's tokens and writes the word again under the
     healer's mask, as a host does, so its honest answer passes the verifier (before 0.7.0 it
     continued from the tokens as counted and was left unaudited)."""
-    messages = [{"role": "user", "content": "Tell me about elephants."}, {"role": "assistant", "content": "Elephants are the larg"}]
-    asked = {"kind": "chat", "messages": messages, "fragments": [list(f) for f in chat_fragments(fmt, messages)],
-             "end_of_turn": list(fmt.end_of_turn), "continuation": True,
-             "params": {"max_tokens": 24, "temperature": temperature, "top_p": 1.0, "stop": None, "seed": seed,
-                        "logprobs": logprobs}}
+    messages = [
+        {"role": "user", "content": "Tell me about elephants."},
+        {"role": "assistant", "content": "Elephants are the larg"},
+    ]
+    asked = {
+        "kind": "chat",
+        "messages": messages,
+        "fragments": [list(f) for f in chat_fragments(fmt, messages)],
+        "end_of_turn": list(fmt.end_of_turn),
+        "continuation": True,
+        "params": {
+            "max_tokens": 24,
+            "temperature": temperature,
+            "top_p": 1.0,
+            "stop": None,
+            "seed": seed,
+            "logprobs": logprobs,
+        },
+    }
     slot = runner.slot()
     pieces = list(slot.stream(asked))
     text = "".join(pieces)
     assert not text.startswith("larg") and not text.startswith("Elephants")
     entries = [entry for piece in pieces for entry in piece.logprobs] if logprobs else None
-    audit = verifier.audit(asked, token_ids=list(slot.token_ids), text=text, finish_reason=slot.finish_reason,
-                           seed=slot.seed, logprobs=entries)
+    audit = verifier.audit(
+        asked,
+        token_ids=list(slot.token_ids),
+        text=text,
+        finish_reason=slot.finish_reason,
+        seed=slot.seed,
+        logprobs=entries,
+    )
     assert audit.passed and not audit.misses and audit.checked > 0, audit
 
 
-@pytest.mark.parametrize(("temperature", "seed", "response_format"), [(0.0, 12, None), (0.8, 13, None), (0.7, 14, SCHEMA)])
+@pytest.mark.parametrize(
+    ("temperature", "seed", "response_format"), [(0.0, 12, None), (0.8, 13, None), (0.7, 14, SCHEMA)]
+)
 def test_log_probabilities_are_reported_per_token_and_pass_the_audits_comparison(
-        runner, verifier, fmt, temperature, seed, response_format) -> None:  # noqa: ANN001
+    runner, verifier, fmt, temperature, seed, response_format
+) -> None:  # noqa: ANN001
     asked = job(fmt, "Tell me about elephants.", temperature=temperature, seed=seed, max_tokens=24)
     asked["params"].update(logprobs=3, response_format=response_format)
     slot = runner.slot()
@@ -165,8 +210,10 @@ def test_log_probabilities_are_reported_per_token_and_pass_the_audits_comparison
     assert all(len(entry["top_logprobs"]) == 3 and entry["logprob"] <= 0 for entry in entries)
     assert entries[0]["logprob"] >= entries[0]["top_logprobs"][-1]["logprob"] or temperature > 0
     reported = {"token_ids": list(slot.token_ids), "text": text, "finish_reason": slot.finish_reason, "seed": slot.seed}
-    assert reported == {**answer(runner.slot(), {**asked, "params": {**asked["params"], "logprobs": None}}),
-                        "text": text}  # the same draws with or without them
+    assert reported == {
+        **answer(runner.slot(), {**asked, "params": {**asked["params"], "logprobs": None}}),
+        "text": text,
+    }  # the same draws with or without them
     audit = verifier.audit(asked, **reported, logprobs=entries)
     assert audit.passed and not audit.misses, audit
     forged = [{**entry, "logprob": entry["logprob"] - 3.0} for entry in entries]

@@ -12,6 +12,7 @@ strangers on probation (a default deployment's pure volunteers: their batches ar
 the probation share), and every coordinator-to-worker link passes the handshake with that
 worker's own secret.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -48,8 +49,12 @@ N_TOKENS = 24
 TOKENIZER = ByteTokenizer()
 
 
-MARKET_ENV = {"MOE_COOLDOWN_SECONDS": "2", "MOE_COORDINATOR_STALE_SECONDS": "5", "MOE_WORKER_STALE_SECONDS": "5",
-              **LOCAL_SWARM_ENV}
+MARKET_ENV = {
+    "MOE_COOLDOWN_SECONDS": "2",
+    "MOE_COORDINATOR_STALE_SECONDS": "5",
+    "MOE_WORKER_STALE_SECONDS": "5",
+    **LOCAL_SWARM_ENV,
+}
 
 
 @pytest.fixture
@@ -84,9 +89,27 @@ class FarAway:
 
 def _volunteer(url: str, token: str, log: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "mahout", "moe", "volunteer", "--server", url, "--token", token, "--poll", "0.3",
-         "--heartbeat", "0.5", "--no-idle-detect", "--home", str(log.parent / "volunteer-home")],  # not this machine's owner
-        cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "mahout",
+            "moe",
+            "volunteer",
+            "--server",
+            url,
+            "--token",
+            token,
+            "--poll",
+            "0.3",
+            "--heartbeat",
+            "0.5",
+            "--no-idle-detect",
+            "--home",
+            str(log.parent / "volunteer-home"),
+        ],  # not this machine's owner
+        cwd=ROOT,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
     )
 
 
@@ -97,8 +120,9 @@ def _market(tmp_path: Path, seed: int) -> tuple[Path, ServingHost, dict[str, lis
 
     tiny = make_tiny_moe(tmp_path / "tiny-moe.gguf", seed=seed)
     coordinator_host = make_host(name="coordinator")
-    moe_services.expert_model_register(name="tiny-moe", gguf_path=tiny, slice_size=4, base_target=0, boost=1,
-                                       coordinator=coordinator_host.host)
+    moe_services.expert_model_register(
+        name="tiny-moe", gguf_path=tiny, slice_size=4, base_target=0, boost=1, coordinator=coordinator_host.host
+    )
     config, weights = load_moe(tiny)
     expected = {p: MoeModel(config, weights).generate(TOKENIZER.encode(p), N_TOKENS) for p in PROMPTS}
     return tiny, coordinator_host, expected
@@ -139,20 +163,29 @@ def _until_remote(runner: MoeRunner, volunteers: list[subprocess.Popen], what: s
 
 
 class LoadRampTests:
-    def test_volunteers_join_under_load_answer_as_local_and_age_out(self, catalog: CatalogModel, moe_gateway: Gateway, tmp_path: Path, e2e_dirs: Path) -> None:
+    def test_volunteers_join_under_load_answer_as_local_and_age_out(
+        self, catalog: CatalogModel, moe_gateway: Gateway, tmp_path: Path, e2e_dirs: Path
+    ) -> None:
         tiny, coordinator_host, expected = _market(tmp_path, seed=5)
 
         # Loopback workers for a tiny model are slower than its local experts, so the latency-aware
         # rule mostly probes them on the side: every 0.2 s here, so they keep serving (and being checked).
-        policy = DispatchPolicy(probe_interval_s=0.2, probe_timeout_s=0.2, grace_s=5.0, idle_timeout_s=1.0,
-                                latency_probe_s=0.2)
+        policy = DispatchPolicy(
+            probe_interval_s=0.2, probe_timeout_s=0.2, grace_s=5.0, idle_timeout_s=1.0, latency_probe_s=0.2
+        )
         runner = MoeRunner(tiny, policy=policy, n_slots=4).start()
         client = MeshClient(moe_gateway.url, coordinator_host.token)
         agent = CoordinatorAgent(runner, client, "tiny-moe", interval_s=0.3).start()
-        hosts = [trusted_host("v0"), make_host(name="stranger1", qualified=False), trusted_host("v2"),
-                 make_host(name="stranger3", qualified=False)]
-        volunteers = [_volunteer(moe_gateway.url, host.token, e2e_dirs / "logs" / f"volunteer-{i}.log")
-                      for i, host in enumerate(hosts)]
+        hosts = [
+            trusted_host("v0"),
+            make_host(name="stranger1", qualified=False),
+            trusted_host("v2"),
+            make_host(name="stranger3", qualified=False),
+        ]
+        volunteers = [
+            _volunteer(moe_gateway.url, host.token, e2e_dirs / "logs" / f"volunteer-{i}.log")
+            for i, host in enumerate(hosts)
+        ]
         try:
             # idle: one request at a time is served locally, nothing is scarce
             assert runner.generate(TOKENIZER.encode(PROMPTS[0]), N_TOKENS) == expected[PROMPTS[0]]
@@ -166,12 +199,18 @@ class LoadRampTests:
             wait_until(lambda: client.recruitment()[0]["saturated"], timeout=20, what="the gateway to see saturation")
             _until_remote(runner, volunteers, "a first remote dispatch")
             first_remote_s = runner.coordinator.stats.first_remote_at - saturated_at
-            wait_until(lambda: len([w for w in client.recruitment()[0]["workers"] if w["last_serve_ms"] > 0]) >= 2,
-                       timeout=60, what="proven workers in the recruitment view")
+            wait_until(
+                lambda: len([w for w in client.recruitment()[0]["workers"] if w["last_serve_ms"] > 0]) >= 2,
+                timeout=60,
+                what="proven workers in the recruitment view",
+            )
             stats = runner.coordinator.stats
             served_remote = stats.remote_experts + stats.probes
-            wait_until(lambda: {w["probation"] for w in client.recruitment()[0]["workers"]} == {True, False},
-                       timeout=30, what="workers on probation and trusted ones in the recruitment view")
+            wait_until(
+                lambda: {w["probation"] for w in client.recruitment()[0]["workers"]} == {True, False},
+                timeout=30,
+                what="workers on probation and trusted ones in the recruitment view",
+            )
             wait_until(lambda: runner.coordinator.stats.checks > 0, timeout=30, what="a remote batch checked here")
             assert runner.coordinator.stats.mismatches == 0
             time.sleep(1.0)
@@ -185,7 +224,11 @@ class LoadRampTests:
             # quiet: the target returns to base, workers retire and leave the dispatch map
             def aged_out() -> bool:
                 (model,) = client.recruitment()
-                return not model["saturated"] and model["effective_target"] == model["base_target"] and not model["workers"]
+                return (
+                    not model["saturated"]
+                    and model["effective_target"] == model["base_target"]
+                    and not model["workers"]
+                )
 
             wait_until(aged_out, timeout=30, what="workers to age out")
             wait_until(lambda: not runner.coordinator.workers, timeout=10, what="the dispatch map to empty")
@@ -203,7 +246,11 @@ class LoadRampTests:
                 process.wait()
 
     def test_volunteers_it_only_probes_are_released_while_it_stays_saturated(
-        self, catalog: CatalogModel, impatient_gateway: Gateway, tmp_path: Path, e2e_dirs: Path,
+        self,
+        catalog: CatalogModel,
+        impatient_gateway: Gateway,
+        tmp_path: Path,
+        e2e_dirs: Path,
     ) -> None:
         tiny, coordinator_host, expected = _market(tmp_path, seed=6)
         policy = DispatchPolicy(probe_interval_s=0.2, probe_timeout_s=0.2, grace_s=5.0, latency_probe_s=0.2)
@@ -214,8 +261,10 @@ class LoadRampTests:
         runner.coordinator.transport_for = lambda spec: FarAway(direct(spec), 0.2)  # 200 ms away: never worth it
         agent.start()
         hosts = [trusted_host("far0"), trusted_host("far1")]
-        volunteers = [_volunteer(impatient_gateway.url, host.token, e2e_dirs / "logs" / f"far-volunteer-{i}.log")
-                      for i, host in enumerate(hosts)]
+        volunteers = [
+            _volunteer(impatient_gateway.url, host.token, e2e_dirs / "logs" / f"far-volunteer-{i}.log")
+            for i, host in enumerate(hosts)
+        ]
         load = Load(runner)
         try:
             load.start()
@@ -232,7 +281,8 @@ class LoadRampTests:
             assert client.demand() == {"recruiting": False, "slices": []}  # nobody else is recruited meanwhile
             tried_workers = ExpertWorker.objects.filter(model__name="tiny-moe", last_serve_ms__gt=0)
             assert tried_workers.exists() and {w.retired_reason for w in tried_workers} == {
-                "its coordinator computes faster than it answers (it sent only probes)"}
+                "its coordinator computes faster than it answers (it sent only probes)"
+            }
             wait_until(lambda: not runner.coordinator.workers, timeout=10, what="the dispatch map to empty")
             load.stop()
             wrong = load.wrong(expected)

@@ -3,6 +3,7 @@ routes, a volunteer that registers no address (as if behind NAT) and serves thro
 relay, and a coordinator that reaches it only through the gateway. What the relay carries
 is the worker's sealed link: a hop in its path that flips a bit (as a tampering gateway
 could) drops the link, the worker computes nothing it sent, and the answers stay the same."""
+
 from __future__ import annotations
 
 import contextlib
@@ -43,7 +44,10 @@ def relay_gateway(transactional_db: None, e2e_dirs: Path) -> Iterator[str]:
     log = (e2e_dirs / "logs" / f"relay-gateway-{port}.log").open("w")
     process = subprocess.Popen(
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
-        cwd=ROOT, env=stack_env(), stdout=log, stderr=subprocess.STDOUT,
+        cwd=ROOT,
+        env=stack_env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
 
@@ -111,13 +115,16 @@ class _Hop(socketserver.BaseRequestHandler):
 
 
 class ExpertRelayTests:
-    def test_a_natted_volunteer_serves_through_the_relay_with_no_flags(self, catalog: CatalogModel, relay_gateway: str, tmp_path: Path, e2e_dirs: Path) -> None:
+    def test_a_natted_volunteer_serves_through_the_relay_with_no_flags(
+        self, catalog: CatalogModel, relay_gateway: str, tmp_path: Path, e2e_dirs: Path
+    ) -> None:
         from mesh.experts import services as moe_services
 
         tiny = make_tiny_moe(tmp_path / "tiny-moe.gguf", seed=9)
         coordinator_host, volunteer_host = make_host(name="coordinator"), trusted_host("behind-nat")
-        moe_services.expert_model_register(name="tiny-moe", gguf_path=tiny, slice_size=8, boost=1,
-                                           coordinator=coordinator_host.host)
+        moe_services.expert_model_register(
+            name="tiny-moe", gguf_path=tiny, slice_size=8, boost=1, coordinator=coordinator_host.host
+        )
         config, weights = load_moe(tiny)
         prompt = ByteTokenizer().encode("Through the relay")
         expected = MoeModel(config, weights).generate(prompt, 10)
@@ -130,10 +137,28 @@ class ExpertRelayTests:
         agent = CoordinatorAgent(runner, client, "tiny-moe", interval_s=0.3)
         log = (e2e_dirs / "logs" / "relay-volunteer.log").open("w")
         volunteer = subprocess.Popen(
-            [sys.executable, "-m", "mahout", "moe", "volunteer", "--server", relay_gateway, "--token", volunteer_host.token,
-             "--poll", "0.3", "--heartbeat", "0.5", "--no-idle-detect", "--home", str(e2e_dirs / "volunteer-home")],
+            [
+                sys.executable,
+                "-m",
+                "mahout",
+                "moe",
+                "volunteer",
+                "--server",
+                relay_gateway,
+                "--token",
+                volunteer_host.token,
+                "--poll",
+                "0.3",
+                "--heartbeat",
+                "0.5",
+                "--no-idle-detect",
+                "--home",
+                str(e2e_dirs / "volunteer-home"),
+            ],
             # (no --direct: behind NAT is the default)
-            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         try:
             agent.tick()  # busy 2: saturated, one replica per slice wanted
@@ -151,10 +176,15 @@ class ExpertRelayTests:
             assert stats.remote_experts > 0 and stats.fallbacks == 0
             assert runner.coordinator.workers[str(entry["id"])].last_serve_ms > 0
 
-            stranger = RelayTransport(relay_gateway, volunteer_host.token, entry["id"], entry["secret"])  # not the coordinator
+            stranger = RelayTransport(
+                relay_gateway, volunteer_host.token, entry["id"], entry["secret"]
+            )  # not the coordinator
             with pytest.raises(WorkerFailed):
-                stranger.request({"type": "compute", "id": 1, "layer": 0, "experts": [0], "counts": [1]},
-                                 torch.zeros(1, config.d_model), 2.0)
+                stranger.request(
+                    {"type": "compute", "id": 1, "layer": 0, "experts": [0], "counts": [1]},
+                    torch.zeros(1, config.d_model),
+                    2.0,
+                )
             stranger.close()
 
             volunteer.kill()  # the worker vanishes: its experts are computed locally, answers unchanged
@@ -169,19 +199,26 @@ class ExpertRelayTests:
             log.close()
 
     def test_a_bit_flipped_on_the_relay_drops_the_link_and_the_answers_stay_the_same(
-        self, catalog: CatalogModel, relay_gateway: str, tmp_path: Path,
+        self,
+        catalog: CatalogModel,
+        relay_gateway: str,
+        tmp_path: Path,
     ) -> None:
         from mesh.experts import services as moe_services
         from mesh.experts.models import ExpertWorker
 
         tiny = make_tiny_moe(tmp_path / "tiny-moe.gguf", seed=9)
         coordinator_host, volunteer_host = make_host(name="coordinator"), make_host(name="behind-nat")
-        model = moe_services.expert_model_register(name="tiny-moe", gguf_path=tiny, slice_size=8, boost=1,
-                                                   coordinator=coordinator_host.host)
+        model = moe_services.expert_model_register(
+            name="tiny-moe", gguf_path=tiny, slice_size=8, boost=1, coordinator=coordinator_host.host
+        )
         worker = ExpertWorker.objects.create(model=model, host=volunteer_host.host, layer=0, first=0, count=8)
         config, bank = load_expert_slice(tiny, 0, 0, 8)
-        server = ExpertServer(bank, secret=worker.secret,
-                              caps=worker_caps(d_model=config.d_model, count=8, context_length=config.context_length)).start()
+        server = ExpertServer(
+            bank,
+            secret=worker.secret,
+            caps=worker_caps(d_model=config.d_model, count=8, context_length=config.context_length),
+        ).start()
         link = RelayWorkerLink(relay_gateway, volunteer_host.token, worker.pk, server, out=lambda line: None).start()
         relayed = RelayTransport(relay_gateway, coordinator_host.token, worker.pk, worker.secret)
         tamperer = Tamperer(relayed.portal.address)  # between the coordinator and its portal to the relay
@@ -191,8 +228,9 @@ class ExpertRelayTests:
         answer = pack_rows(bank.compute_many(inputs))[2]
 
         def ask() -> torch.Tensor:
-            header, out = transport.request({"type": "compute", "id": 1, "layer": 0, "experts": experts, "counts": counts},
-                                            rows, 10.0)
+            header, out = transport.request(
+                {"type": "compute", "id": 1, "layer": 0, "experts": experts, "counts": counts}, rows, 10.0
+            )
             assert header["type"] == "result" and out is not None
             return out
 

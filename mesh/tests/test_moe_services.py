@@ -3,6 +3,7 @@ volunteers get the scarcest slice, workers register, heartbeat, leave and age ou
 control plane's own loop marks a silent coordinator and releases its workers. Nothing is first
 come: the operator binds the coordinator, a host that is not trusted volunteers on probation
 (one slice at a time), a worker's address must be public unless the operator allows private ones."""
+
 from __future__ import annotations
 
 import os
@@ -41,8 +42,9 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def market(catalog: CatalogModel, tiny: Path) -> tuple[ExpertModel, ServingHost]:
     coordinator = make_host(name="coordinator")
-    model = services.expert_model_register(name="tiny-moe", gguf_path=tiny, slice_size=4, base_target=0, boost=1,
-                                           coordinator=coordinator.host)
+    model = services.expert_model_register(
+        name="tiny-moe", gguf_path=tiny, slice_size=4, base_target=0, boost=1, coordinator=coordinator.host
+    )
     return model, coordinator
 
 
@@ -67,7 +69,9 @@ class TargetTests:
         assert not selectors.is_saturated(model) and selectors.effective_target(model) == 0
         assert selectors.expert_demand() == (False, [])
 
-    def test_saturation_raises_the_target_and_demand_is_seeded_from_zero(self, market: tuple[ExpertModel, ServingHost]) -> None:
+    def test_saturation_raises_the_target_and_demand_is_seeded_from_zero(
+        self, market: tuple[ExpertModel, ServingHost]
+    ) -> None:
         model, coordinator = market
         services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2)
         model.refresh_from_db()
@@ -75,7 +79,10 @@ class TargetTests:
         recruiting, scarce = selectors.expert_demand()
         assert recruiting
         assert [(s.layer, s.first, s.covered, s.target) for s in scarce] == [
-            (0, 0, 0, 1), (0, 4, 0, 1), (1, 0, 0, 1), (1, 4, 0, 1)
+            (0, 0, 0, 1),
+            (0, 4, 0, 1),
+            (1, 0, 0, 1),
+            (1, 4, 0, 1),
         ]
 
     def test_covered_slices_read_scarce_again_while_saturated(self, market: tuple[ExpertModel, ServingHost]) -> None:
@@ -92,14 +99,16 @@ class TargetTests:
 
     @override_settings(MOE_UNUSED_GRACE_SECONDS=60, MOE_UNUSED_RETRY_SECONDS=900)
     def test_a_coordinator_that_only_probes_its_workers_gets_no_boost_until_the_retry(
-        self, market: tuple[ExpertModel, ServingHost],
+        self,
+        market: tuple[ExpertModel, ServingHost],
     ) -> None:
         model, coordinator = market
         start = timezone.now()
 
         def report(after: float, **counts: int) -> ExpertModel:
-            return services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=3,
-                                               now=start + timedelta(seconds=after), **counts)
+            return services.coordinator_report(
+                host=coordinator.host, model_name="tiny-moe", busy=3, now=start + timedelta(seconds=after), **counts
+            )
 
         model = report(0, engaged_experts=0, probed_experts=6)
         assert model.remote_unused_since == start and selectors.effective_target(model, now=start) == 1  # its grace
@@ -138,7 +147,9 @@ class CoordinatorBindingTests:
         model.refresh_from_db()
         assert model.coordinator_id is None and model.busy == 0
 
-    def test_the_operator_binds_the_coordinator_and_another_hosts_report_is_refused(self, catalog: CatalogModel, tiny: Path) -> None:
+    def test_the_operator_binds_the_coordinator_and_another_hosts_report_is_refused(
+        self, catalog: CatalogModel, tiny: Path
+    ) -> None:
         import io
 
         from django.core.management import CommandError, call_command
@@ -148,7 +159,9 @@ class CoordinatorBindingTests:
             call_command("moe_register", str(tiny), "--name", "tiny-moe", stdout=io.StringIO())
         with pytest.raises(CommandError, match="no host 'nobody'"):
             call_command("moe_register", str(tiny), "--name", "tiny-moe", "--coordinator-host", "nobody")
-        call_command("moe_register", str(tiny), "--name", "tiny-moe", "--coordinator-host", "moe-rig", stdout=io.StringIO())
+        call_command(
+            "moe_register", str(tiny), "--name", "tiny-moe", "--coordinator-host", "moe-rig", stdout=io.StringIO()
+        )
         with pytest.raises(services.MoeRefused, match="the operator bound another host") as refused:
             services.coordinator_report(host=other.host, model_name="tiny-moe", busy=5)
         assert refused.value.code == "not_the_coordinator"
@@ -170,7 +183,9 @@ class VolunteerTests:
         _, coordinator = market
         services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2)  # demand exists
         resting = make_host(name="resting").host
-        Host.objects.filter(pk=resting.pk).update(maintenance_since=timezone.now(), maintenance_reason="failed a canary")
+        Host.objects.filter(pk=resting.pk).update(
+            maintenance_since=timezone.now(), maintenance_reason="failed a canary"
+        )
         with pytest.raises(services.MoeRefused, match=r"in maintenance \(failed a canary\)") as maintenance:
             services.expert_volunteer(host=resting)
         assert (maintenance.value.status, maintenance.value.code) == (403, "host_in_maintenance")
@@ -198,7 +213,9 @@ class VolunteerTests:
         ExpertWorker.objects.filter(pk=first.pk).update(status=ExpertWorker.Status.RETIRED)
         assert services.expert_volunteer(host=volunteer.host) is not None  # once retired, it may take another
 
-    def test_each_worker_has_its_own_secret_and_only_the_dispatch_map_carries_it(self, market: tuple[ExpertModel, ServingHost]) -> None:
+    def test_each_worker_has_its_own_secret_and_only_the_dispatch_map_carries_it(
+        self, market: tuple[ExpertModel, ServingHost]
+    ) -> None:
         model, coordinator = market
         services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2)
         workers = [_serve(model, trusted_host(f"v{i}")) for i in range(2)]
@@ -206,7 +223,9 @@ class VolunteerTests:
         assert [entry["secret"] for entry in selectors.dispatch_map(model)] == [w.secret for w in workers]
         assert all("secret" not in w for m in selectors.recruitment() for w in m["workers"])
 
-    def test_a_worker_whose_host_is_banned_leaves_the_dispatch_map(self, market: tuple[ExpertModel, ServingHost]) -> None:
+    def test_a_worker_whose_host_is_banned_leaves_the_dispatch_map(
+        self, market: tuple[ExpertModel, ServingHost]
+    ) -> None:
         model, coordinator = market
         services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2)
         worker = _serve(model, trusted_host("soon-banned"))
@@ -223,7 +242,9 @@ class VolunteerTests:
         assert [(w.layer, w.first, w.count) for w in handed[:4]] == [(0, 0, 4), (0, 4, 4), (1, 0, 4), (1, 4, 4)]
         assert handed[4] is None
 
-    def test_register_is_a_compare_and_set_and_a_stranger_cannot_register(self, market: tuple[ExpertModel, ServingHost]) -> None:
+    def test_register_is_a_compare_and_set_and_a_stranger_cannot_register(
+        self, market: tuple[ExpertModel, ServingHost]
+    ) -> None:
         _, coordinator = market
         services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2)
         volunteer = trusted_host("v")
@@ -236,10 +257,23 @@ class VolunteerTests:
 
 
 class WorkerAddressTests:
-    @pytest.mark.parametrize("address", [
-        "127.0.0.1:7000", "localhost:7000", "10.1.2.3:7000", "192.168.1.5:7000", "172.16.0.9:7000", "169.254.169.254:80",
-        "100.64.0.1:7000", "[::1]:7000", "[fd00::1]:7000", "[::ffff:127.0.0.1]:7000", "0.0.0.0:7000", "224.0.0.1:7000",
-    ])
+    @pytest.mark.parametrize(
+        "address",
+        [
+            "127.0.0.1:7000",
+            "localhost:7000",
+            "10.1.2.3:7000",
+            "192.168.1.5:7000",
+            "172.16.0.9:7000",
+            "169.254.169.254:80",
+            "100.64.0.1:7000",
+            "[::1]:7000",
+            "[fd00::1]:7000",
+            "[::ffff:127.0.0.1]:7000",
+            "0.0.0.0:7000",
+            "224.0.0.1:7000",
+        ],
+    )
     def test_a_private_address_is_refused_unless_the_operator_allows_it(self, settings: Settings, address: str) -> None:
         settings.MOE_ALLOW_PRIVATE_WORKERS = False
         with pytest.raises(services.MoeRefused, match="is not public") as refused:
@@ -260,7 +294,9 @@ class WorkerAddressTests:
             services.worker_address_check("no-such-host.invalid:7000")
         assert unresolvable.value.code == "address_unresolvable"
 
-    def test_registering_a_loopback_address_is_refused_by_default(self, market: tuple[ExpertModel, ServingHost], settings: Settings) -> None:
+    def test_registering_a_loopback_address_is_refused_by_default(
+        self, market: tuple[ExpertModel, ServingHost], settings: Settings
+    ) -> None:
         model, coordinator = market
         settings.MOE_ALLOW_PRIVATE_WORKERS = False
         services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2)
@@ -277,7 +313,8 @@ class WorkerAddressTests:
 class ExcuseTests:
     @override_settings(MOE_EXCUSE_SECONDS=3600)
     def test_after_an_excused_failure_every_batch_of_every_worker_is_recomputed_for_the_window(
-        self, market: tuple[ExpertModel, ServingHost],
+        self,
+        market: tuple[ExpertModel, ServingHost],
     ) -> None:
         model, coordinator = market
         start = timezone.now()
@@ -286,34 +323,52 @@ class ExcuseTests:
         _serve(model, make_host(name="stranger", qualified=False), now=start)  # on probation: half its batches
         assert sorted(str(w["check_share"]) for w in selectors.dispatch_map(model, now=start)) == ["0.5", "None"]
         services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2, engaged_experts=3, now=start)
-        assert services.coordinator_failure_excuse(host=coordinator.host, model_name="tiny-moe",
-                                                   since=start - timedelta(seconds=1), now=start) is not None
+        assert (
+            services.coordinator_failure_excuse(
+                host=coordinator.host, model_name="tiny-moe", since=start - timedelta(seconds=1), now=start
+            )
+            is not None
+        )
         model.refresh_from_db()
         assert [w["check_share"] for w in selectors.dispatch_map(model, now=start)] == [1.0, 1.0]
-        assert services.coordinator_failure_excuse(host=coordinator.host, model_name="tiny-moe",
-                                                   since=start - timedelta(seconds=1), now=start) is None  # once
+        assert (
+            services.coordinator_failure_excuse(
+                host=coordinator.host, model_name="tiny-moe", since=start - timedelta(seconds=1), now=start
+            )
+            is None
+        )  # once
         model.excused_at = start - timedelta(seconds=3601)  # the window has passed (the workers still heartbeating)
         model.save(update_fields=["excused_at"])
         assert sorted(str(w["check_share"]) for w in selectors.dispatch_map(model, now=start)) == ["0.5", "None"]
 
-    def test_another_hosts_failure_or_another_model_is_never_excused(self, market: tuple[ExpertModel, ServingHost]) -> None:
+    def test_another_hosts_failure_or_another_model_is_never_excused(
+        self, market: tuple[ExpertModel, ServingHost]
+    ) -> None:
         _, coordinator = market
         start = timezone.now()
         services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2, engaged_experts=3, now=start)
         since = start - timedelta(seconds=1)
-        assert services.coordinator_failure_excuse(host=trusted_host("other").host, model_name="tiny-moe", since=since) is None
+        assert (
+            services.coordinator_failure_excuse(host=trusted_host("other").host, model_name="tiny-moe", since=since)
+            is None
+        )
         assert services.coordinator_failure_excuse(host=coordinator.host, model_name="another", since=since) is None
 
 
 class AgeOutTests:
     @override_settings(MOE_COOLDOWN_SECONDS=10)
-    def test_extra_workers_retire_after_the_load_falls_and_the_cooldown_passes(self, market: tuple[ExpertModel, ServingHost]) -> None:
+    def test_extra_workers_retire_after_the_load_falls_and_the_cooldown_passes(
+        self, market: tuple[ExpertModel, ServingHost]
+    ) -> None:
         model, coordinator = market
         start = timezone.now()
         services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2, now=start)
         workers = [_serve(model, trusted_host(f"v{i}"), now=start) for i in range(4)]
         services.coordinator_report(
-            host=coordinator.host, model_name="tiny-moe", busy=0, now=start + timedelta(seconds=5),
+            host=coordinator.host,
+            model_name="tiny-moe",
+            busy=0,
+            now=start + timedelta(seconds=5),
             workers=[{"id": workers[0].pk, "last_serve_ms": 1234}],
         )
         assert ExpertWorker.objects.get(pk=workers[0].pk).last_serve_ms == 1234
@@ -348,7 +403,9 @@ class SliceFileTests:
     def test_a_replaced_model_file_is_cut_afresh(self, catalog: CatalogModel, tmp_path: Path) -> None:
         model_path = make_tiny_moe(tmp_path / "replaced.gguf", seed=11)
         coordinator = make_host(name="coordinator")
-        services.expert_model_register(name="replaced", gguf_path=model_path, slice_size=8, coordinator=coordinator.host)
+        services.expert_model_register(
+            name="replaced", gguf_path=model_path, slice_size=8, coordinator=coordinator.host
+        )
         services.coordinator_report(host=coordinator.host, model_name="replaced", busy=2)
         worker = services.expert_volunteer(host=trusted_host("v").host)
         before = services.expert_slice_file(worker=worker).read_bytes()
@@ -390,11 +447,27 @@ class MoeModelPublishTests:
 
         out = io.StringIO()
         coordinator = make_host(name="moe-rig")
-        call_command("moe_register", str(tiny), "--name", "tiny-moe", "--output-price", "50", "--slice-size", "2",
-                     "--coordinator-host", str(coordinator.host.pk), stdout=out)
+        call_command(
+            "moe_register",
+            str(tiny),
+            "--name",
+            "tiny-moe",
+            "--output-price",
+            "50",
+            "--slice-size",
+            "2",
+            "--coordinator-host",
+            str(coordinator.host.pk),
+            stdout=out,
+        )
         entry = CatalogModel.objects.get(name="tiny-moe")
-        assert (entry.kind, entry.tokenizer, entry.context_length, entry.input_price_ucents, entry.output_price_ucents) == (
-            "chat", "bytes", 256, 10, 50)
+        assert (
+            entry.kind,
+            entry.tokenizer,
+            entry.context_length,
+            entry.input_price_ucents,
+            entry.output_price_ucents,
+        ) == ("chat", "bytes", 256, 10, 50)
         assert ExpertModel.objects.get(name="tiny-moe").slice_size == 2
         assert ExpertModel.objects.get(name="tiny-moe").coordinator_id == coordinator.host.pk
         assert "python -m mahout moe coordinator" in out.getvalue() and "coordinated by host" in out.getvalue()
@@ -407,7 +480,9 @@ class MoeModelPublishTests:
         assert model.coordinator_id == coordinator.host.pk and model.boost == 3 and entry.output_price_ucents == 7
 
     def test_a_real_vocabulary_the_catalog_cannot_take_is_refused_with_its_reason(
-        self, catalog: CatalogModel, tmp_path: Path,
+        self,
+        catalog: CatalogModel,
+        tmp_path: Path,
     ) -> None:
         """A real vocabulary enters the catalog as `catalog_add` takes a model (see
         mesh/tests/test_moe_vocab_e2e.py); a file without a chat template cannot."""
@@ -416,8 +491,14 @@ class MoeModelPublishTests:
         from catalog.models import CatalogModel
 
         with pytest.raises(CommandError, match="cannot enter the catalog: .* has no chat template"):
-            call_command("moe_register", str(_bpe_moe(tmp_path / "bpe.gguf")), "--name", "real-moe", "--coordinator-host",
-                         str(make_host(name="rig").host.pk))
+            call_command(
+                "moe_register",
+                str(_bpe_moe(tmp_path / "bpe.gguf")),
+                "--name",
+                "real-moe",
+                "--coordinator-host",
+                str(make_host(name="rig").host.pk),
+            )
         assert not CatalogModel.objects.filter(name="real-moe").exists()
         assert not ExpertModel.objects.filter(name="real-moe").exists()
 
@@ -438,34 +519,50 @@ class ProbationTests:
         (view,) = selectors.recruitment()
         assert {w["id"]: w["probation"] for w in view["workers"]} == {worker.pk: True, veteran.pk: False}
 
-    def test_probation_ends_once_its_workers_passed_enough_checks(self, market: tuple[ExpertModel, ServingHost], settings: Settings) -> None:
+    def test_probation_ends_once_its_workers_passed_enough_checks(
+        self, market: tuple[ExpertModel, ServingHost], settings: Settings
+    ) -> None:
         model, coordinator = market
         settings.MOE_PROBATION_CHECKS = 30
         settings.MOE_PROBATION_CHECK_SHARE = 1.0
         services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2)
         stranger = make_host(name="stranger")
         first = _serve(model, stranger)
-        services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2,
-                                    workers=[{"id": first.pk, "last_serve_ms": 5, "checks_passed": 20}])
+        services.coordinator_report(
+            host=coordinator.host,
+            model_name="tiny-moe",
+            busy=2,
+            workers=[{"id": first.pk, "last_serve_ms": 5, "checks_passed": 20}],
+        )
         assert selectors.dispatch_map(model)[0]["check_share"] == 1.0
         services.expert_worker_leave(worker_id=first.pk, host=stranger.host)
         second = _serve(model, stranger)  # the count is the host's, over all its workers
         report = [{"id": second.pk, "last_serve_ms": 9, "checks_passed": 10}]
         services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2, workers=report)
         assert selectors.dispatch_map(model)[0]["check_share"] is None
-        services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2,
-                                    workers=[{"id": second.pk, "last_serve_ms": 9, "checks_passed": 0}])
+        services.coordinator_report(
+            host=coordinator.host,
+            model_name="tiny-moe",
+            busy=2,
+            workers=[{"id": second.pk, "last_serve_ms": 9, "checks_passed": 0}],
+        )
         assert ExpertWorker.objects.get(pk=second.pk).checks_passed == 10  # a restarted coordinator lowers nothing
 
-    def test_a_blamed_owner_volunteers_from_none_of_their_machines(self, market: tuple[ExpertModel, ServingHost]) -> None:
+    def test_a_blamed_owner_volunteers_from_none_of_their_machines(
+        self, market: tuple[ExpertModel, ServingHost]
+    ) -> None:
         from hosts.services import host_create
 
         model, coordinator = market
         services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2)
         cheat = make_host(name="cheat")
         worker = _serve(model, cheat)
-        services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2,
-                                    blamed=[{"id": worker.pk, "reason": "layer 0 experts [1]: off by 3"}])
+        services.coordinator_report(
+            host=coordinator.host,
+            model_name="tiny-moe",
+            busy=2,
+            blamed=[{"id": worker.pk, "reason": "layer 0 experts [1]: off by 3"}],
+        )
         assert ExpertWorker.objects.get(pk=worker.pk).retired_reason == "blamed by its coordinator"
         sibling = host_create(email=cheat.host.owner.email, name="cheat-2").host
         with pytest.raises(services.MoeRefused, match="their machines cannot serve experts") as refused:
@@ -474,7 +571,9 @@ class ProbationTests:
 
 
 class LeaveTests:
-    def test_a_leaving_worker_retires_at_once_and_its_slice_is_handed_out_again(self, market: tuple[ExpertModel, ServingHost]) -> None:
+    def test_a_leaving_worker_retires_at_once_and_its_slice_is_handed_out_again(
+        self, market: tuple[ExpertModel, ServingHost]
+    ) -> None:
         model, coordinator = market
         services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2)
         workers = [_serve(model, trusted_host(f"v{i}")) for i in range(4)]
@@ -486,7 +585,9 @@ class LeaveTests:
         assert leaving.pk not in {entry["id"] for entry in selectors.dispatch_map(model)}
         again = services.expert_volunteer(host=trusted_host("next").host)
         assert again is not None and (again.layer, again.first) == (leaving.layer, leaving.first)
-        assert not services.expert_worker_leave(worker_id=leaving.pk, host=leaving.host)  # already gone: nothing changes
+        assert not services.expert_worker_leave(
+            worker_id=leaving.pk, host=leaving.host
+        )  # already gone: nothing changes
 
     def test_only_its_own_host_may_say_a_worker_leaves(self, market: tuple[ExpertModel, ServingHost]) -> None:
         model, coordinator = market
@@ -502,7 +603,9 @@ class MarketLoopTests:
     """The control plane's own loop (`expert_market_tick`, run by Celery beat) reviews every
     model whether or not its coordinator reports."""
 
-    def test_a_silent_coordinator_is_marked_and_its_workers_released(self, market: tuple[ExpertModel, ServingHost]) -> None:
+    def test_a_silent_coordinator_is_marked_and_its_workers_released(
+        self, market: tuple[ExpertModel, ServingHost]
+    ) -> None:
         model, coordinator = market
         start = timezone.now()
         services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2, now=start)
@@ -528,7 +631,9 @@ class MarketLoopTests:
         model.refresh_from_db()
         assert model.silent_since is None and selectors.expert_demand(now=back)[0]
 
-    def test_a_model_whose_coordinator_never_reported_wants_no_worker(self, market: tuple[ExpertModel, ServingHost]) -> None:
+    def test_a_model_whose_coordinator_never_reported_wants_no_worker(
+        self, market: tuple[ExpertModel, ServingHost]
+    ) -> None:
         model, _ = market
         model.base_target = 2
         model.save()
@@ -537,12 +642,16 @@ class MarketLoopTests:
         (view,) = selectors.recruitment()
         assert view["coordinator"] == "never" and view["silent_since"] is not None
 
-    def test_it_retires_workers_that_stopped_heartbeating_though_nobody_calls(self, market: tuple[ExpertModel, ServingHost]) -> None:
+    def test_it_retires_workers_that_stopped_heartbeating_though_nobody_calls(
+        self, market: tuple[ExpertModel, ServingHost]
+    ) -> None:
         model, coordinator = market
         start = timezone.now()
         services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2, now=start)
         worker = _serve(model, trusted_host("v"), now=start)
-        services.coordinator_report(host=coordinator.host, model_name="tiny-moe", busy=2, now=start + timedelta(seconds=29))
+        services.coordinator_report(
+            host=coordinator.host, model_name="tiny-moe", busy=2, now=start + timedelta(seconds=29)
+        )
         services.expert_market_tick(now=start + timedelta(seconds=31))
         worker.refresh_from_db()
         assert (worker.status, worker.retired_reason) == (ExpertWorker.Status.RETIRED, "stopped heartbeating")

@@ -14,6 +14,7 @@ Mistral's vocabulary and template), each through both tests.
   the gateway and serves it (through the relay); the coordinator sends it that slice's
   experts and the answer stays token for token what the model computes alone.
 """
+
 from __future__ import annotations
 
 import io
@@ -61,13 +62,20 @@ def _local_answer(path: Path, job: dict) -> tuple[list[int], str]:
     config, weights = load_moe(path)
     vocabulary = Vocabulary(path)
     prompt = vocabulary.prompt(job)
-    ids = MoeModel(config, weights, n_rows=1, n_ctx=256).generate(prompt, N_TOKENS, stop_ids=tuple(vocabulary.stop_ids(job)))
+    ids = MoeModel(config, weights, n_rows=1, n_ctx=256).generate(
+        prompt, N_TOKENS, stop_ids=tuple(vocabulary.stop_ids(job))
+    )
     return prompt, as_streamed(vocabulary.spell(ids))  # as llama.cpp's stream writes it
 
 
 class RealVocabularyServesTests:
     def test_it_is_counted_with_its_own_vocabulary_and_streams_the_engines_text(
-        self, gateway: Gateway, catalog: CatalogModel, moe_family: tuple[str, Path, str], tmp_path: Path, e2e_dirs: Path,
+        self,
+        gateway: Gateway,
+        catalog: CatalogModel,
+        moe_family: tuple[str, Path, str],
+        tmp_path: Path,
+        e2e_dirs: Path,
     ) -> None:
         from catalog.models import CatalogModel
         from catalog.rendering import chat_format, prompt_fragments
@@ -78,24 +86,64 @@ class RealVocabularyServesTests:
         family, path, template_marker = moe_family
         name = f"tiny-{family}"
         host = make_host(qualified=False, name=f"{family}-coordinator")
-        call_command("moe_register", str(path), "--name", name, "--coordinator-host", host.host.name,
-                     "--slice-size", "4", stdout=io.StringIO())
+        call_command(
+            "moe_register",
+            str(path),
+            "--name",
+            name,
+            "--coordinator-host",
+            host.host.name,
+            "--slice-size",
+            "4",
+            stdout=io.StringIO(),
+        )
         entry = CatalogModel.objects.get(name=name)
         assert entry.tokenizer.startswith("gguf:catalog/") and template_marker in entry.chat_template
         assert (entry.n_experts, entry.context_length, entry.input_price_ucents) == (8, 2048, 10)
         expert_model = ExpertModel.objects.get(name=name)
         assert (expert_model.n_layers, expert_model.n_experts, expert_model.n_experts_used) == (3, 8, 2)
-        fragments = [list(fragment) for fragment in prompt_fragments(entry, kind="chat", messages=MESSAGES, prompt=None)]
-        prompt, expected = _local_answer(path, {"fragments": fragments, "end_of_turn": list(chat_format(entry).end_of_turn)})
+        fragments = [
+            list(fragment) for fragment in prompt_fragments(entry, kind="chat", messages=MESSAGES, prompt=None)
+        ]
+        prompt, expected = _local_answer(
+            path, {"fragments": fragments, "end_of_turn": list(chat_format(entry).end_of_turn)}
+        )
 
         log_path = e2e_dirs / "logs" / f"{family}-coordinator-{time.time_ns()}.log"
         process = subprocess.Popen(
-            [sys.executable, "-m", "mahout", "moe", "coordinator", "--server", gateway.url, "--token", host.token,
-             "--model", str(path), "--name", name, "--slots", "1", "--report", "0.5", "--claim-wait", "2",
-             "--home", str(tmp_path / "home"), "--no-idle-detect", "--ctx", "512"],
-            cwd=ROOT, env=stack_env(), stdout=log_path.open("w"), stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "mahout",
+                "moe",
+                "coordinator",
+                "--server",
+                gateway.url,
+                "--token",
+                host.token,
+                "--model",
+                str(path),
+                "--name",
+                name,
+                "--slots",
+                "1",
+                "--report",
+                "0.5",
+                "--claim-wait",
+                "2",
+                "--home",
+                str(tmp_path / "home"),
+                "--no-idle-detect",
+                "--ctx",
+                "512",
+            ],
+            cwd=ROOT,
+            env=stack_env(),
+            stdout=log_path.open("w"),
+            stderr=subprocess.STDOUT,
         )
         try:
+
             def ready() -> bool:
                 assert process.poll() is None, f"the coordinator exited:\n{log_path.read_text()}"
                 row = Host.objects.get(pk=host.host.pk)
@@ -104,29 +152,53 @@ class RealVocabularyServesTests:
             wait_until(ready, timeout=120, what=f"the coordinator to qualify {name}", interval=0.3)
             time.sleep(0.3)  # its first long-poll is on the way
             assert "KV cache" in log_path.read_text() and "× 512 tokens of context" in log_path.read_text()
-            client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=make_customer().secret, max_retries=0, timeout=60)
-            answer = client.chat.completions.create(model=name, messages=MESSAGES, max_tokens=N_TOKENS,
-                                                    temperature=0)
+            client = openai.OpenAI(
+                base_url=f"{gateway.url}/v1", api_key=make_customer().secret, max_retries=0, timeout=60
+            )
+            answer = client.chat.completions.create(model=name, messages=MESSAGES, max_tokens=N_TOKENS, temperature=0)
             assert answer.choices[0].message.content == expected, log_path.read_text()
 
             row = Request.objects.get(model=entry)
             assert row.status == Request.Status.COMPLETED
-            assert row.prompt_tokens == len(prompt) < len(fragments_text(fragments).encode())  # its vocabulary's count, not bytes
+            assert (
+                row.prompt_tokens == len(prompt) < len(fragments_text(fragments).encode())
+            )  # its vocabulary's count, not bytes
             assert row.completion_tokens > 0
             assert row.cost_ucents == row.prompt_tokens * 10 + row.completion_tokens * 40
             assert Job.objects.get(request=row).host_id == host.host.pk
 
-            schema = {"type": "object", "properties": {"animal": {"enum": ["elephant", "mouse"]}}, "required": ["animal"],
-                      "additionalProperties": False}
-            shaped = client.chat.completions.create(model=name, messages=MESSAGES, max_tokens=64, temperature=0,
-                                                    response_format={"type": "json_schema", "json_schema": {  # type: ignore[typeddict-item]
-                                                        "name": "animal", "schema": schema, "strict": True}})
-            assert json.loads(shaped.choices[0].message.content or "")["animal"] in ("elephant", "mouse")  # its grammar held it
+            schema = {
+                "type": "object",
+                "properties": {"animal": {"enum": ["elephant", "mouse"]}},
+                "required": ["animal"],
+                "additionalProperties": False,
+            }
+            shaped = client.chat.completions.create(
+                model=name,
+                messages=MESSAGES,
+                max_tokens=64,
+                temperature=0,
+                response_format={
+                    "type": "json_schema",
+                    "json_schema": {  # type: ignore[typeddict-item]
+                        "name": "animal",
+                        "schema": schema,
+                        "strict": True,
+                    },
+                },
+            )
+            assert json.loads(shaped.choices[0].message.content or "")["animal"] in (
+                "elephant",
+                "mouse",
+            )  # its grammar held it
             assert shaped.choices[0].finish_reason == "stop"
-            scored = client.chat.completions.create(model=name, messages=MESSAGES, max_tokens=N_TOKENS, temperature=0,
-                                                    logprobs=True, top_logprobs=2)
+            scored = client.chat.completions.create(
+                model=name, messages=MESSAGES, max_tokens=N_TOKENS, temperature=0, logprobs=True, top_logprobs=2
+            )
             content = scored.choices[0].logprobs.content  # type: ignore[union-attr]
-            assert content and "".join(entry.token for entry in content) == scored.choices[0].message.content == expected
+            assert (
+                content and "".join(entry.token for entry in content) == scored.choices[0].message.content == expected
+            )
             assert all(len(entry.top_logprobs) == 2 and entry.logprob <= 0 for entry in content)
             process.terminate()
             assert process.wait(timeout=15) == 0, log_path.read_text()
@@ -138,7 +210,12 @@ class RealVocabularyServesTests:
 
 class RealSliceVolunteerTests:
     def test_a_volunteer_serving_a_real_slice_keeps_the_answer(
-        self, gateway: Gateway, catalog: CatalogModel, moe_family: tuple[str, Path, str], tmp_path: Path, e2e_dirs: Path,
+        self,
+        gateway: Gateway,
+        catalog: CatalogModel,
+        moe_family: tuple[str, Path, str],
+        tmp_path: Path,
+        e2e_dirs: Path,
     ) -> None:
         from mesh.experts import services as moe_services
         from mesh.experts.models import ExpertWorker
@@ -147,8 +224,9 @@ class RealSliceVolunteerTests:
         name = f"tiny-{family}-market"
         coordinator_host, volunteer_host = make_host(name=f"{family}-coord"), trusted_host(f"{family}-volunteer")
         moe_services.moe_model_publish(name=name, gguf_path=path, coordinator=coordinator_host.host)
-        _, entry = moe_services.moe_model_publish(name=name, gguf_path=path, slice_size=4, boost=1,
-                                                  output_price_ucents=7)  # again: prices and targets updated
+        _, entry = moe_services.moe_model_publish(
+            name=name, gguf_path=path, slice_size=4, boost=1, output_price_ucents=7
+        )  # again: prices and targets updated
         assert entry.tokenizer.startswith("gguf:catalog/") and entry.output_price_ucents == 7
         vocabulary = Vocabulary(path)
         prompt = vocabulary.encode("The elephant never forgets")
@@ -162,10 +240,29 @@ class RealSliceVolunteerTests:
         workdir = tmp_path / "volunteer"
         log = (e2e_dirs / "logs" / f"{family}-volunteer.log").open("w")
         volunteer = subprocess.Popen(
-            [sys.executable, "-m", "mahout", "moe", "volunteer", "--server", gateway.url, "--token", volunteer_host.token,
-             "--poll", "0.3", "--heartbeat", "0.5", "--no-idle-detect", "--home", str(tmp_path / "volunteer-home"),
-             "--workdir", str(workdir)],
-            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "mahout",
+                "moe",
+                "volunteer",
+                "--server",
+                gateway.url,
+                "--token",
+                volunteer_host.token,
+                "--poll",
+                "0.3",
+                "--heartbeat",
+                "0.5",
+                "--no-idle-detect",
+                "--home",
+                str(tmp_path / "volunteer-home"),
+                "--workdir",
+                str(workdir),
+            ],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         try:
             agent.tick()  # busy 2: saturated, one replica per slice wanted

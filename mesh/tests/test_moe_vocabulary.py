@@ -3,6 +3,7 @@ job's prompt is the ids the gateway counts, the model's end of turn stops the an
 character split over tokens is delivered whole. The model's own answers are scripted here
 (its random weights never write a control token); mesh/tests/test_moe_vocab_e2e.py runs them.
 Mixtral (llama with experts, Mistral's vocabulary) goes on sale the same way."""
+
 from __future__ import annotations
 
 from collections.abc import Generator
@@ -55,7 +56,11 @@ def _scripted(monkeypatch: pytest.MonkeyPatch, runner: MoeRunner, ids: list[int]
 
 class RealVocabularySlotTests:
     def test_the_prompt_is_the_gateways_count_and_the_end_of_turn_stops(
-        self, runner: MoeRunner, fmt: ChatFormat, qwen3moe_file: Path, monkeypatch: pytest.MonkeyPatch,
+        self,
+        runner: MoeRunner,
+        fmt: ChatFormat,
+        qwen3moe_file: Path,
+        monkeypatch: pytest.MonkeyPatch,
     ) -> None:
         job = _job(fmt)
         vocabulary = runner.tokenizer
@@ -72,7 +77,10 @@ class RealVocabularySlotTests:
         assert prompt.count(vocabulary.tokenizer.llama.tokenize(b"<|im_start|>", add_bos=False, special=True)[0]) == 2
 
     def test_a_character_split_over_tokens_is_delivered_whole(
-        self, runner: MoeRunner, fmt: ChatFormat, monkeypatch: pytest.MonkeyPatch,
+        self,
+        runner: MoeRunner,
+        fmt: ChatFormat,
+        monkeypatch: pytest.MonkeyPatch,
     ) -> None:
         ids = runner.tokenizer.encode("big 🐘")
         assert runner.tokenizer.decode(ids[:-1]).endswith("\ufffd")  # the elephant takes more than one token
@@ -85,7 +93,9 @@ class RealVocabularySlotTests:
 
 class MixtralPublishTests:
     @pytest.mark.django_db
-    def test_mixtral_goes_on_sale_counted_with_its_own_vocabulary(self, catalog: CatalogModel, tmp_path: Path, var_dir: Path) -> None:
+    def test_mixtral_goes_on_sale_counted_with_its_own_vocabulary(
+        self, catalog: CatalogModel, tmp_path: Path, var_dir: Path
+    ) -> None:
         """Mixtral's layout (llama with experts) on Mistral's vocabulary: the market takes its
         real expert counts, the catalog counts with its vocabulary, and the coordinator's
         vocabulary feeds exactly that many ids."""
@@ -101,8 +111,9 @@ class MixtralPublishTests:
         except SdistUnavailable as unavailable:
             pytest.skip(str(unavailable))
         path = tiny_model("mixtral", sdist, tmp_path / "mixtral.gguf", n_layer=2)
-        model, entry = moe_model_publish(name="tiny-mixtral", gguf_path=path, slice_size=4,
-                                         coordinator=make_host(name="mixtral-rig").host)
+        model, entry = moe_model_publish(
+            name="tiny-mixtral", gguf_path=path, slice_size=4, coordinator=make_host(name="mixtral-rig").host
+        )
         assert (model.arch, model.n_layers, model.n_experts, model.n_experts_used) == ("llama", 2, 8, 2)
         assert entry.tokenizer.startswith("gguf:catalog/") and "[INST]" in entry.chat_template
         fragments = prompt_fragments(entry, kind="chat", messages=MESSAGES, prompt=None)

@@ -2,6 +2,7 @@
 other through the control plane (each reports its address, dials the next stage's), a
 third host bridges them into the marketplace, and a customer streams from it with the
 `openai` client. Killing a stage mid-request ends the request honestly and bills nothing twice."""
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,13 @@ class MahoutProcess(Mahout):
     def __init__(self, name: str, args: list[str], log_dir: Path) -> None:  # not super(): it starts `mahout run`
         self.log_path = log_dir / f"{name}-{uuid.uuid4().hex[:6]}.log"
         self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "mahout", *args], cwd=ROOT, env=stack_env(),
-                                     stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mahout", *args],
+            cwd=ROOT,
+            env=stack_env(),
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
 
 
 class Ring:
@@ -77,19 +83,52 @@ def ring(gateway: Gateway, catalog: CatalogModel, e2e_dirs: Path, tmp_path: Path
     layout_seed(CatalogModel, ModelLayout)
     head, tail, bridge = (make_host(qualified=False, name=name) for name in ("ring-head", "ring-tail", "ring-bridge"))
     plan = ring_plan_create(
-        model_name="gemma-3-270m", stages=[StageSpec(0, 9, head.host), StageSpec(9, 18, tail.host)],
-        row_width=64, micro_batch=2, bridge_host=bridge.host,
+        model_name="gemma-3-270m",
+        stages=[StageSpec(0, 9, head.host), StageSpec(9, 18, tail.host)],
+        row_width=64,
+        micro_batch=2,
+        bridge_host=bridge.host,
     )
     common = ["--server", gateway.url, "--ring", str(plan.pk), "--n-ctx", N_CTX, "--wait", "60"]
     logs = e2e_dirs / "logs"
     stages = [
-        MahoutProcess(f"stage{i}", ["stage", *common, "--token", host.token, "--stage", str(i),
-                                    "--bind", "127.0.0.1:0", "--once", "--no-idle-detect",
-                                    "--home", str(tmp_path / f"stage{i}")], logs)
+        MahoutProcess(
+            f"stage{i}",
+            [
+                "stage",
+                *common,
+                "--token",
+                host.token,
+                "--stage",
+                str(i),
+                "--bind",
+                "127.0.0.1:0",
+                "--once",
+                "--no-idle-detect",
+                "--home",
+                str(tmp_path / f"stage{i}"),
+            ],
+            logs,
+        )
         for i, host in enumerate((head, tail))
     ]
-    bridge_process = MahoutProcess("bridge", ["ring", *common, "--token", bridge.token, "--parallel", "2",
-                                              "--bench-tokens", "8", "--home", str(tmp_path), "--no-idle-detect"], logs)
+    bridge_process = MahoutProcess(
+        "bridge",
+        [
+            "ring",
+            *common,
+            "--token",
+            bridge.token,
+            "--parallel",
+            "2",
+            "--bench-tokens",
+            "8",
+            "--home",
+            str(tmp_path),
+            "--no-idle-detect",
+        ],
+        logs,
+    )
     processes = [*stages, bridge_process]
     try:
         wait_for_ring(processes, bridge.host)
@@ -126,7 +165,11 @@ class RingBehindTheGatewayTests:
         customer = make_customer()
         pieces, usage, finish = [], None, None
         for chunk in client(gateway, customer).chat.completions.create(
-            model="gemma-3-270m", messages=HAIKU, max_tokens=8, temperature=0, stream=True,
+            model="gemma-3-270m",
+            messages=HAIKU,
+            max_tokens=8,
+            temperature=0,
+            stream=True,
             stream_options={"include_usage": True},
         ):
             usage = chunk.usage or usage
@@ -140,17 +183,30 @@ class RingBehindTheGatewayTests:
         row = Request.objects.get()
         assert row.status == "completed" and row.prompt is None and row.messages is None
         cost = row.prompt_tokens * row.model.input_price_ucents + row.completion_tokens * row.model.output_price_ucents
-        assert row.cost_ucents == cost and (row.prompt_tokens, row.completion_tokens) == (usage.prompt_tokens, usage.completion_tokens)
+        assert row.cost_ucents == cost and (row.prompt_tokens, row.completion_tokens) == (
+            usage.prompt_tokens,
+            usage.completion_tokens,
+        )
         share = cost * 80 // 100  # split by the layers each host ran: the stage hosts 9 of 18 each, the bridge none
         for stage in ring.plan.stages.select_related("host"):
-            assert ledger.host_account(host=stage.host).balance_ucents == share * (stage.end - stage.start) // ring.plan.n_layers
+            assert (
+                ledger.host_account(host=stage.host).balance_ucents
+                == share * (stage.end - stage.start) // ring.plan.n_layers
+            )
         bridge_account = ledger.host_account(host=ring.bridge_host)
         assert bridge_account is None or bridge_account.balance_ucents == 0
         assert ledger.customer_account(user=customer.user).balance_ucents == 500_000_000 - cost
         assert ledger.ledger_total() == 0 and ledger.cache_drift() == []
-        record = httpx.get(f"{gateway.url}/v1/generation", params={"id": row.public_id},
-                           headers={"Authorization": f"Bearer {customer.secret}"}).json()
-        assert (record["status"], record["completion_tokens"], record["resumed"]) == ("completed", row.completion_tokens, False)
+        record = httpx.get(
+            f"{gateway.url}/v1/generation",
+            params={"id": row.public_id},
+            headers={"Authorization": f"Bearer {customer.secret}"},
+        ).json()
+        assert (record["status"], record["completion_tokens"], record["resumed"]) == (
+            "completed",
+            row.completion_tokens,
+            False,
+        )
 
         addresses = [(stage.address, stage.address_reported_at) for stage in ring.plan.stages.all()]
         assert all(address.startswith("127.0.0.1:") and at is not None for address, at in addresses), addresses
@@ -162,7 +218,13 @@ class RingBehindTheGatewayTests:
         log-probabilities and a response_format (refused, a failure of the bridge's each time)."""
         customer = make_customer()
         answer = client(gateway, customer).chat.completions.create(
-            model="gemma-3-270m", messages=HAIKU, max_tokens=12, temperature=0.9, top_p=0.9, seed=5, logprobs=True,
+            model="gemma-3-270m",
+            messages=HAIKU,
+            max_tokens=12,
+            temperature=0.9,
+            top_p=0.9,
+            seed=5,
+            logprobs=True,
             top_logprobs=2,
         )
         choice = answer.choices[0]
@@ -172,8 +234,12 @@ class RingBehindTheGatewayTests:
         row = Request.objects.exclude(pk=before).get()
         assert row.status == "completed" and row.jobs.get().host_id == ring.bridge_host.pk
         shaped = client(gateway, customer).chat.completions.create(
-            model="gemma-3-270m", messages=[{"role": "user", "content": "Name an animal and its legs, as JSON."}],
-            max_tokens=60, temperature=0.7, seed=3, response_format={"type": "json_object"},
+            model="gemma-3-270m",
+            messages=[{"role": "user", "content": "Name an animal and its legs, as JSON."}],
+            max_tokens=60,
+            temperature=0.7,
+            seed=3,
+            response_format={"type": "json_object"},
         )
         row = Request.objects.exclude(pk__in=(before, row.pk)).get()
         assert row.status == "completed" and row.jobs.get().host_id == ring.bridge_host.pk
@@ -184,7 +250,8 @@ class RingBehindTheGatewayTests:
         assert Host.objects.get(pk=ring.bridge_host.pk).maintenance_since is None
 
     def test_a_ring_finishes_a_structured_answer_whose_single_machine_host_died(
-            self, gateway: Gateway, ring: Ring, start_mahout) -> None:  # noqa: ANN001
+        self, gateway: Gateway, ring: Ring, start_mahout
+    ) -> None:  # noqa: ANN001
         """kill -9 of a whole-model host mid-answer under a `response_format`: the continuation
         (its delivered text carried apart as `rewrite`) goes to the ring, the only host left,
         which writes that text again under the grammar before it goes on (mahout 0.7.0; before,
@@ -192,16 +259,24 @@ class RingBehindTheGatewayTests:
         stream is valid JSON, each token billed once."""
         from django.utils import timezone
 
-        Host.objects.filter(pk=ring.bridge_host.pk).update(maintenance_since=timezone.now(), maintenance_by="test",
-                                                                 maintenance_reason="held back: the first attempt is the single host's")
+        Host.objects.filter(pk=ring.bridge_host.pk).update(
+            maintenance_since=timezone.now(),
+            maintenance_by="test",
+            maintenance_reason="held back: the first attempt is the single host's",
+        )
         single = make_host(qualified=False, name="single")
         host = start_mahout(single.token, extra=["--no-idle-detect"])
         customer = make_customer()
         pieces, last = [], None
         try:
             for chunk in client(gateway, customer).chat.completions.create(
-                model="gemma-3-270m", messages=[{"role": "user", "content": "Describe an elephant as JSON."}],
-                max_tokens=60, temperature=0.8, seed=9, stream=True, response_format={"type": "json_object"},
+                model="gemma-3-270m",
+                messages=[{"role": "user", "content": "Describe an elephant as JSON."}],
+                max_tokens=60,
+                temperature=0.8,
+                seed=9,
+                stream=True,
+                response_format={"type": "json_object"},
             ):
                 last = chunk
                 if chunk.choices and chunk.choices[0].delta.content:
@@ -209,12 +284,14 @@ class RingBehindTheGatewayTests:
                     if len(pieces) == 3:
                         host.proc.kill()  # kill -9 the whole-model host mid-answer
                         host.proc.wait(timeout=10)
-                        Host.objects.filter(pk=ring.bridge_host.pk).update(maintenance_since=None, maintenance_by="",
-                                                                                 maintenance_reason="")
+                        Host.objects.filter(pk=ring.bridge_host.pk).update(
+                            maintenance_since=None, maintenance_by="", maintenance_reason=""
+                        )
         except openai.APIError as failed:  # (what the ring said, for whoever reads a red run)
             reasons = list(Job.objects.values_list("attempt", "fail_reason"))
-            raise AssertionError(f"{failed} after {pieces!r}; jobs {reasons}; the bridge said:\n{ring.bridge.output()[-4000:]}") \
-                from failed
+            raise AssertionError(
+                f"{failed} after {pieces!r}; jobs {reasons}; the bridge said:\n{ring.bridge.output()[-4000:]}"
+            ) from failed
         row = Request.objects.get()
         first, second = row.jobs.order_by("attempt")
         assert first.host_id == single.host.pk and first.status == "failed"
@@ -229,14 +306,20 @@ class RingBehindTheGatewayTests:
         assert ledger.ledger_total() == 0 and ledger.cache_drift() == []
         assert Host.objects.get(pk=ring.bridge_host.pk).maintenance_since is None, "the bridge served it honestly"
 
-    def test_killing_a_stage_mid_request_ends_it_honestly_and_bills_nothing_twice(self, gateway: Gateway, ring: Ring) -> None:
+    def test_killing_a_stage_mid_request_ends_it_honestly_and_bills_nothing_twice(
+        self, gateway: Gateway, ring: Ring
+    ) -> None:
         customer = make_customer()
         story = [{"role": "user", "content": "Tell me a long story about an elephant who learns to swim."}]
         pieces, last, error = [], None, None
         started = time.monotonic()
         try:
             for chunk in client(gateway, customer).chat.completions.create(
-                model="gemma-3-270m", messages=story, max_tokens=48, temperature=0, stream=True,
+                model="gemma-3-270m",
+                messages=story,
+                max_tokens=48,
+                temperature=0,
+                stream=True,
             ):
                 last = chunk
                 if chunk.choices and chunk.choices[0].delta.content:

@@ -2,6 +2,7 @@
 report no address anyone could dial (as if each were behind its own home router) form a ring
 through the gateway's relay and serve the engine's greedy tokens; the relay admits only the
 ring's participants."""
+
 from __future__ import annotations
 
 import subprocess
@@ -45,8 +46,13 @@ def plan(catalog: CatalogModel) -> tuple[RingPlan, list[ServingHost], ServingHos
 
     layout_seed(CatalogModel, ModelLayout)
     head, tail, bridge = (make_host(qualified=False, name=name) for name in ("home-a", "home-b", "bridge"))
-    plan = ring_plan_create(model_name="gemma-3-270m", stages=[StageSpec(0, 9, head.host), StageSpec(9, 18, tail.host)],
-                            row_width=64, micro_batch=4, bridge_host=bridge.host)
+    plan = ring_plan_create(
+        model_name="gemma-3-270m",
+        stages=[StageSpec(0, 9, head.host), StageSpec(9, 18, tail.host)],
+        row_width=64,
+        micro_batch=4,
+        bridge_host=bridge.host,
+    )
     return plan, [head, tail], bridge
 
 
@@ -60,7 +66,11 @@ def _prompt() -> list[int]:
 class RingRelayTests:
     @pytest.mark.parametrize("flags", [["--relay"], []], ids=["relay-flag", "no-flag"])
     def test_two_stages_nobody_can_dial_form_a_ring_through_the_relay(
-        self, relay_gateway: Gateway, plan: tuple[RingPlan, list[ServingHost], ServingHost], e2e_dirs: Path, tmp_path: Path,
+        self,
+        relay_gateway: Gateway,
+        plan: tuple[RingPlan, list[ServingHost], ServingHost],
+        e2e_dirs: Path,
+        tmp_path: Path,
         flags: list[str],
     ) -> None:
         """With no flag (issue 50) each stage reports its own address, is refused as not
@@ -71,18 +81,46 @@ class RingRelayTests:
         logs = [e2e_dirs / "logs" / f"relay-stage{i}-{ring.pk}.log" for i in range(2)]
         stages = [
             subprocess.Popen(
-                [sys.executable, "-m", "mahout", "stage", "--server", relay_gateway.url, "--token", host.token,
-                 "--ring", str(ring.pk), "--stage", str(i), *flags, "--bind", "127.0.0.1:0", "--n-ctx", "128",
-                 "--wait", "120", "--once", "--no-idle-detect", "--home", str(tmp_path / f"stage{i}")],
-                cwd=ROOT, env=stack_env(), stdout=logs[i].open("w"), stderr=subprocess.STDOUT,
+                [
+                    sys.executable,
+                    "-m",
+                    "mahout",
+                    "stage",
+                    "--server",
+                    relay_gateway.url,
+                    "--token",
+                    host.token,
+                    "--ring",
+                    str(ring.pk),
+                    "--stage",
+                    str(i),
+                    *flags,
+                    "--bind",
+                    "127.0.0.1:0",
+                    "--n-ctx",
+                    "128",
+                    "--wait",
+                    "120",
+                    "--once",
+                    "--no-idle-detect",
+                    "--home",
+                    str(tmp_path / f"stage{i}"),
+                ],
+                cwd=ROOT,
+                env=stack_env(),
+                stdout=logs[i].open("w"),
+                stderr=subprocess.STDOUT,
             )
             for i, host in enumerate(stage_hosts)
         ]
         api = RingApi(relay_gateway.url, bridge.token)
         try:
+
             def reported() -> bool:
                 assert all(s.poll() is None for s in stages), "a stage exited: " + " ".join(p.read_text() for p in logs)
-                return list(RingStage.objects.filter(plan=ring).values_list("address", flat=True)) == [RELAY_ADDRESS] * 2
+                return (
+                    list(RingStage.objects.filter(plan=ring).values_list("address", flat=True)) == [RELAY_ADDRESS] * 2
+                )
 
             wait_until(reported, timeout=120, what="both stages to report the relay")
             link = bridge_connect(api, ring.pk, 2, keys=api.bridge_keys(ring.pk), timeout=180, say=lambda _line: None)
@@ -97,7 +135,9 @@ class RingRelayTests:
                 stage.wait()
 
     def test_only_the_rings_participants_may_use_it(
-        self, relay_gateway: Gateway, plan: tuple[RingPlan, list[ServingHost], ServingHost],
+        self,
+        relay_gateway: Gateway,
+        plan: tuple[RingPlan, list[ServingHost], ServingHost],
     ) -> None:
         ring, (head, tail), bridge = plan
         outsider = make_host(name="outsider")
@@ -105,8 +145,11 @@ class RingRelayTests:
         def status(role: str, index: int, token: str | None) -> int:
             headers = {"Authorization": f"Bearer {token}"} if token else {}
             try:
-                with connect(stage_relay_url(relay_gateway.url, ring.pk, role, index), additional_headers=headers,
-                             open_timeout=10):
+                with connect(
+                    stage_relay_url(relay_gateway.url, ring.pk, role, index),
+                    additional_headers=headers,
+                    open_timeout=10,
+                ):
                     return 101
             except InvalidStatus as refused:
                 return refused.response.status_code
@@ -117,11 +160,16 @@ class RingRelayTests:
         assert status("dial", 1, head.token) == 101  # the head dials nothing, but takes part: it may
 
     def test_a_dialler_may_not_pile_bytes_up_before_the_stage_answers(
-        self, relay_gateway: Gateway, plan: tuple[RingPlan, list[ServingHost], ServingHost],
+        self,
+        relay_gateway: Gateway,
+        plan: tuple[RingPlan, list[ServingHost], ServingHost],
     ) -> None:
         ring, _, bridge = plan  # stage 1 holds no relay socket: nobody answers
-        with connect(stage_relay_url(relay_gateway.url, ring.pk, "dial", 1), open_timeout=10,
-                     additional_headers={"Authorization": f"Bearer {bridge.token}"}) as ws:
+        with connect(
+            stage_relay_url(relay_gateway.url, ring.pk, "dial", 1),
+            open_timeout=10,
+            additional_headers={"Authorization": f"Bearer {bridge.token}"},
+        ) as ws:
             ws.send(b"x" * 600_000)
             ws.send(b"x" * 600_000)
             with pytest.raises(ConnectionClosed) as closed:

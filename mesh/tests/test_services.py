@@ -1,4 +1,5 @@
 """Ring plans: a valid plan is stored; every bad plan is refused with a clear reason."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -38,9 +39,14 @@ def layouts(catalog: CatalogModel) -> CatalogModel:
     return catalog
 
 
-def _create(*ranges: tuple[int, int], row_width: int = 64, micro_batch: int = 4, model: str = "gemma-3-270m") -> RingPlan:
+def _create(
+    *ranges: tuple[int, int], row_width: int = 64, micro_batch: int = 4, model: str = "gemma-3-270m"
+) -> RingPlan:
     return ring_plan_create(
-        model_name=model, stages=[StageSpec(start, end) for start, end in ranges], row_width=row_width, micro_batch=micro_batch
+        model_name=model,
+        stages=[StageSpec(start, end) for start, end in ranges],
+        row_width=row_width,
+        micro_batch=micro_batch,
     )
 
 
@@ -71,7 +77,9 @@ class RingPlanCreateTests:
             ([(0, 9), (9, 18)], {"model": "no-such-model"}, "unknown model"),
         ],
     )
-    def test_it_refuses_a_bad_plan(self, layouts: CatalogModel, ranges: list[tuple[int, int]], kwargs: dict[str, Any], reason: str) -> None:
+    def test_it_refuses_a_bad_plan(
+        self, layouts: CatalogModel, ranges: list[tuple[int, int]], kwargs: dict[str, Any], reason: str
+    ) -> None:
         with pytest.raises(PlanInvalid, match=reason.replace("[", r"\[").replace(")", r"\)").replace("(", r"\(")):
             _create(*ranges, **kwargs)
         assert not RingPlan.objects.exists() and not RingStage.objects.exists()
@@ -101,11 +109,19 @@ class RingStageAddressReportTests:
     def test_it_records_where_a_stage_listens_for_the_host_that_runs_it(self, layouts: CatalogModel, settings) -> None:
         settings.RING_ALLOW_PRIVATE_STAGES = True  # strangers on one network: the operator's local test rings
         a, b, bridge = make_host(name="a").host, make_host(name="b").host, make_host(name="bridge").host
-        plan = ring_plan_create(model_name="gemma-3-270m", stages=[StageSpec(0, 9, a), StageSpec(9, 18)], row_width=8,
-                                micro_batch=2, bridge_host=bridge)
+        plan = ring_plan_create(
+            model_name="gemma-3-270m",
+            stages=[StageSpec(0, 9, a), StageSpec(9, 18)],
+            row_width=8,
+            micro_batch=2,
+            bridge_host=bridge,
+        )
         stage = ring_stage_address_report(plan_id=plan.pk, index=0, host=a, address=" 192.168.1.20:7000 ")
         assert (stage.address, stage.address_reported_at is not None) == ("192.168.1.20:7000", True)
-        assert ring_stage_address_report(plan_id=plan.pk, index=1, host=bridge, address="[fd00::2]:7001").address == "[fd00::2]:7001"
+        assert (
+            ring_stage_address_report(plan_id=plan.pk, index=1, host=bridge, address="[fd00::2]:7001").address
+            == "[fd00::2]:7001"
+        )
         with pytest.raises(NotYourStage, match="does not run stage 1"):
             ring_stage_address_report(plan_id=plan.pk, index=1, host=a, address="10.0.0.1:7000")
         with pytest.raises(NotAParticipant, match="takes no part"):
@@ -115,57 +131,90 @@ class RingStageAddressReportTests:
     @pytest.mark.parametrize("address", ["0.0.0.0:7000", "[::]:7000", "host", "host:0", "host:70000", ":7000", "a b:1"])
     def test_it_refuses_an_address_nobody_can_dial(self, layouts: CatalogModel, address: str) -> None:
         a = make_host(name="a").host
-        plan = ring_plan_create(model_name="gemma-3-270m", stages=[StageSpec(0, 9, a), StageSpec(9, 18, a)], row_width=8, micro_batch=2)
+        plan = ring_plan_create(
+            model_name="gemma-3-270m", stages=[StageSpec(0, 9, a), StageSpec(9, 18, a)], row_width=8, micro_batch=2
+        )
         with pytest.raises(AddressInvalid):
             ring_stage_address_report(plan_id=plan.pk, index=0, host=a, address=address)
 
-    def test_a_ring_of_strangers_dials_only_public_addresses_and_an_owners_own_ring_its_network(self, layouts: CatalogModel) -> None:
+    def test_a_ring_of_strangers_dials_only_public_addresses_and_an_owners_own_ring_its_network(
+        self, layouts: CatalogModel
+    ) -> None:
         a, b = make_host(name="a").host, make_host(name="b").host  # two owners
-        strangers = ring_plan_create(model_name="gemma-3-270m", stages=[StageSpec(0, 9, a), StageSpec(9, 18, b)],
-                                     row_width=8, micro_batch=2)
-        for address in ("127.0.0.1:7000", "10.0.0.1:7000", "192.168.1.20:7000", "[::1]:7000", "169.254.169.254:80",
-                        "[::ffff:127.0.0.1]:7000", "localhost:7000", "no-such-host.invalid:7000"):
+        strangers = ring_plan_create(
+            model_name="gemma-3-270m", stages=[StageSpec(0, 9, a), StageSpec(9, 18, b)], row_width=8, micro_batch=2
+        )
+        for address in (
+            "127.0.0.1:7000",
+            "10.0.0.1:7000",
+            "192.168.1.20:7000",
+            "[::1]:7000",
+            "169.254.169.254:80",
+            "[::ffff:127.0.0.1]:7000",
+            "localhost:7000",
+            "no-such-host.invalid:7000",
+        ):
             with pytest.raises(AddressInvalid, match="is not public|does not resolve"):
                 ring_stage_address_report(plan_id=strangers.pk, index=0, host=a, address=address)
-        assert ring_stage_address_report(plan_id=strangers.pk, index=0, host=a, address="8.8.8.8:7000").address == "8.8.8.8:7000"
+        assert (
+            ring_stage_address_report(plan_id=strangers.pk, index=0, host=a, address="8.8.8.8:7000").address
+            == "8.8.8.8:7000"
+        )
         assert RingStage.objects.get(plan=strangers, index=1).address == ""
         mine = make_host(name="a2").host
         Host.objects.filter(pk=mine.pk).update(owner=a.owner)
-        own = ring_plan_create(model_name="gemma-3-270m", stages=[StageSpec(0, 9, a), StageSpec(9, 18, mine)],
-                               row_width=8, micro_batch=2)
-        assert ring_stage_address_report(plan_id=own.pk, index=1, host=mine, address="192.168.1.21:7001").address == "192.168.1.21:7001"
+        own = ring_plan_create(
+            model_name="gemma-3-270m", stages=[StageSpec(0, 9, a), StageSpec(9, 18, mine)], row_width=8, micro_batch=2
+        )
+        assert (
+            ring_stage_address_report(plan_id=own.pk, index=1, host=mine, address="192.168.1.21:7001").address
+            == "192.168.1.21:7001"
+        )
 
-    def test_a_private_address_in_a_ring_of_strangers_is_refused_with_the_relay_named(self, layouts: CatalogModel) -> None:
+    def test_a_private_address_in_a_ring_of_strangers_is_refused_with_the_relay_named(
+        self, layouts: CatalogModel
+    ) -> None:
         """Issue 50: the refusal says the relay exists, under a code `mahout stage` falls back on."""
         a, b = make_host(name="a").host, make_host(name="b").host
-        plan = ring_plan_create(model_name="gemma-3-270m", stages=[StageSpec(0, 9, a), StageSpec(9, 18, b)],
-                                row_width=8, micro_batch=2)
+        plan = ring_plan_create(
+            model_name="gemma-3-270m", stages=[StageSpec(0, 9, a), StageSpec(9, 18, b)], row_width=8, micro_batch=2
+        )
         with pytest.raises(AddressInvalid, match="is not public") as refused:
             ring_stage_address_report(plan_id=plan.pk, index=0, host=a, address="192.168.1.20:7000")
         assert refused.value.code == "address_not_public" and "--relay" in refused.value.message
 
     def test_a_stage_behind_nat_reports_the_relay_which_needs_no_public_address(self, layouts: CatalogModel) -> None:
         a, b = make_host(name="a").host, make_host(name="b").host  # two owners: their stages dial only public addresses
-        plan = ring_plan_create(model_name="gemma-3-270m", stages=[StageSpec(0, 9, a), StageSpec(9, 18, b)],
-                                row_width=8, micro_batch=2)
+        plan = ring_plan_create(
+            model_name="gemma-3-270m", stages=[StageSpec(0, 9, a), StageSpec(9, 18, b)], row_width=8, micro_batch=2
+        )
         assert ring_stage_address_report(plan_id=plan.pk, index=0, host=a, address=" relay ").address == "relay"
         with pytest.raises(AddressInvalid):
             ring_stage_address_report(plan_id=plan.pk, index=1, host=b, address="relay:1")
 
     def test_a_retired_ring_takes_no_address(self, layouts: CatalogModel) -> None:
         a = make_host(name="a").host
-        plan = ring_plan_create(model_name="gemma-3-270m", stages=[StageSpec(0, 9, a), StageSpec(9, 18, a)], row_width=8, micro_batch=2)
+        plan = ring_plan_create(
+            model_name="gemma-3-270m", stages=[StageSpec(0, 9, a), StageSpec(9, 18, a)], row_width=8, micro_batch=2
+        )
         RingPlan.objects.filter(pk=plan.pk).update(status=RingPlan.Status.RETIRED)
         with pytest.raises(NotAParticipant):
             ring_stage_address_report(plan_id=plan.pk, index=0, host=a, address="10.0.0.1:7000")
 
 
 class RingStageLeaveTests:
-    def test_a_stage_that_leaves_clears_its_address_unless_it_reported_another_since(self, layouts: CatalogModel, settings) -> None:
+    def test_a_stage_that_leaves_clears_its_address_unless_it_reported_another_since(
+        self, layouts: CatalogModel, settings
+    ) -> None:
         settings.RING_ALLOW_PRIVATE_STAGES = True
         a, bridge = make_host(name="a").host, make_host(name="bridge").host
-        plan = ring_plan_create(model_name="gemma-3-270m", stages=[StageSpec(0, 9, a), StageSpec(9, 18)], row_width=8,
-                                micro_batch=2, bridge_host=bridge)
+        plan = ring_plan_create(
+            model_name="gemma-3-270m",
+            stages=[StageSpec(0, 9, a), StageSpec(9, 18)],
+            row_width=8,
+            micro_batch=2,
+            bridge_host=bridge,
+        )
         ring_stage_address_report(plan_id=plan.pk, index=0, host=a, address="10.0.0.1:7000")
         ring_stage_address_report(plan_id=plan.pk, index=0, host=a, address="10.0.0.1:7001")  # it rejoined elsewhere
         assert not ring_stage_leave(plan_id=plan.pk, index=0, host=a, address="10.0.0.1:7000")  # a late leave
@@ -174,11 +223,14 @@ class RingStageLeaveTests:
         assert RingStage.objects.get(plan=plan, index=0).address == ""
         assert not ring_stage_leave(plan_id=plan.pk, index=0, host=a, address="")
 
-    def test_only_the_host_running_the_stage_may_clear_it_even_in_a_retired_ring(self, layouts: CatalogModel, settings) -> None:
+    def test_only_the_host_running_the_stage_may_clear_it_even_in_a_retired_ring(
+        self, layouts: CatalogModel, settings
+    ) -> None:
         settings.RING_ALLOW_PRIVATE_STAGES = True
         a, b = make_host(name="a").host, make_host(name="b").host
-        plan = ring_plan_create(model_name="gemma-3-270m", stages=[StageSpec(0, 9, a), StageSpec(9, 18, b)], row_width=8,
-                                micro_batch=2)
+        plan = ring_plan_create(
+            model_name="gemma-3-270m", stages=[StageSpec(0, 9, a), StageSpec(9, 18, b)], row_width=8, micro_batch=2
+        )
         ring_stage_address_report(plan_id=plan.pk, index=1, host=b, address="10.0.0.2:7000")
         with pytest.raises(NotYourStage):
             ring_stage_leave(plan_id=plan.pk, index=1, host=a, address="10.0.0.2:7000")
@@ -192,13 +244,22 @@ class RingPlanProposeLocalTests:
     def test_it_puts_every_stage_on_the_host_and_reuses_the_same_shape(self, layouts: CatalogModel) -> None:
         host = make_host(name="solo").host
         plan = ring_plan_propose_local(host=host, model_name="gemma-3-270m", n_stages=4, row_width=64, micro_batch=4)
-        assert [(s.start, s.end, s.host) for s in plan.stages.all()] == [(0, 5, host), (5, 10, host), (10, 14, host), (14, 18, host)]
+        assert [(s.start, s.end, s.host) for s in plan.stages.all()] == [
+            (0, 5, host),
+            (5, 10, host),
+            (10, 14, host),
+            (14, 18, host),
+        ]
         assert plan.bridge_host == host
-        assert ring_plan_propose_local(host=host, model_name="gemma-3-270m", n_stages=4, row_width=64, micro_batch=4) == plan
+        assert (
+            ring_plan_propose_local(host=host, model_name="gemma-3-270m", n_stages=4, row_width=64, micro_batch=4)
+            == plan
+        )
         other = ring_plan_propose_local(host=host, model_name="gemma-3-270m", n_stages=2, row_width=64, micro_batch=4)
         assert other != plan and other.stages.count() == 2
 
     def test_it_refuses_one_stage(self, layouts: CatalogModel) -> None:
         with pytest.raises(PlanInvalid, match="at least two stages"):
-            ring_plan_propose_local(host=make_host(name="solo").host, model_name="gemma-3-270m", n_stages=1,
-                                    row_width=64, micro_batch=4)
+            ring_plan_propose_local(
+                host=make_host(name="solo").host, model_name="gemma-3-270m", n_stages=1, row_width=64, micro_batch=4
+            )

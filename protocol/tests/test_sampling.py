@@ -1,5 +1,6 @@
 """The specified sampler against a literal reading of its definition, and its check against
 honest machines whose logits differ from the verifier's."""
+
 from __future__ import annotations
 
 import hashlib
@@ -79,7 +80,8 @@ class SelectTests:
             logits = logits_like_a_model(rng, int(rng.integers(100, 5000)))
             u = uniform(3, position)
             assert select(logits, temperature=temperature, top_p=top_p, u=u) == reference_select(
-                logits, temperature=temperature, top_p=top_p, u=u)
+                logits, temperature=temperature, top_p=top_p, u=u
+            )
 
     def test_it_draws_over_a_whole_gemma_sized_vocabulary_as_the_literal_rule_does(self):
         rng = np.random.default_rng(5)
@@ -87,7 +89,8 @@ class SelectTests:
             logits = logits_like_a_model(rng, 262_144)
             u = uniform(9, position)
             assert select(logits, temperature=temperature, top_p=top_p, u=u) == reference_select(
-                logits, temperature=temperature, top_p=top_p, u=u)
+                logits, temperature=temperature, top_p=top_p, u=u
+            )
 
     def test_greedy_takes_the_lowest_id_of_a_tie(self):
         logits = np.array([1.0, 5.0, 2.0, 5.0], dtype=np.float32)
@@ -115,10 +118,12 @@ class PartsTests:
         cuts = [0, 700, 1900, 3000]
         for _ in range(300):
             logits = (rng.standard_normal(3000) * 3).astype(np.float32)
-            logits[cuts[1]:cuts[2]] -= rng.uniform(0, 12)  # a part that is rarely drawn, or never
+            logits[cuts[1] : cuts[2]] -= rng.uniform(0, 12)  # a part that is rarely drawn, or never
             temperature, u = float(rng.uniform(0.3, 1.5)), float(rng.random())
             parts = [logits[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
-            part, within = part_of_draw([part_mass(p, temperature=temperature) for p in parts], temperature=temperature, u=u)
+            part, within = part_of_draw(
+                [part_mass(p, temperature=temperature) for p in parts], temperature=temperature, u=u
+            )
             token = cuts[part] + select(parts[part], temperature=temperature, top_p=1.0, u=within)
             assert token == select(logits, temperature=temperature, top_p=1.0, u=u)
 
@@ -156,7 +161,9 @@ class SelectMaskedTests:
             logits[rng.integers(len(logits))] += 30.0  # one token far ahead, as in most steps of a JSON answer
             asked = Asked(np.ones(len(logits), dtype=bool))
             u = uniform(2, position)
-            assert select_masked(logits, asked, temperature=0.8, top_p=1.0, u=u) == select(logits, temperature=0.8, top_p=1.0, u=u)
+            assert select_masked(logits, asked, temperature=0.8, top_p=1.0, u=u) == select(
+                logits, temperature=0.8, top_p=1.0, u=u
+            )
             asked_in_all.append(asked.asked)
         assert max(asked_in_all) <= sum(LIKELY), asked_in_all
 
@@ -168,7 +175,9 @@ class SelectMaskedTests:
 
     def test_a_mask_that_refuses_every_token_is_an_error(self):
         with pytest.raises(ValueError, match="refuses every token"):
-            select_masked(np.zeros(3000, dtype=np.float32), Asked(np.zeros(3000, dtype=bool)), temperature=1.0, top_p=1.0, u=0.3)
+            select_masked(
+                np.zeros(3000, dtype=np.float32), Asked(np.zeros(3000, dtype=bool)), temperature=1.0, top_p=1.0, u=0.3
+            )
 
 
 class TokenCheckTests:

@@ -2,6 +2,7 @@
 and whatever goes wrong is a TemplateRefused saying why (a 400 for a customer, one line for
 `catalog_add`), never an error of the gateway; and it is told the date, as Hugging Face's
 `apply_chat_template` and llama.cpp's server tell it, fixed per job."""
+
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
@@ -12,14 +13,18 @@ from protocol import template_sandbox
 from protocol.jobs import CHAT, job_payload_build
 from protocol.rendering import ChatFormat, TemplateRefused, chat_format_read, chat_fragments, fragments_text
 
-TURNS = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
-         "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+TURNS = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 CONTROLS = ("<|user|>", "<|assistant|>", "<|end|>")
 HI = [{"role": "user", "content": "Hi"}]
 # Llama 3.2's and 3.3's own lines: the date from strftime_now where the environment has it
-LLAMA_DATE = ('{%- if not date_string is defined %}{%- if strftime_now is defined %}'
-              '{%- set date_string = strftime_now("%d %b %Y") %}{%- else %}{%- set date_string = "26 Jul 2024" %}'
-              '{%- endif %}{%- endif %}Today Date: {{ date_string }}\n' + TURNS)
+LLAMA_DATE = (
+    '{%- if not date_string is defined %}{%- if strftime_now is defined %}'
+    '{%- set date_string = strftime_now("%d %b %Y") %}{%- else %}{%- set date_string = "26 Jul 2024" %}'
+    '{%- endif %}{%- endif %}Today Date: {{ date_string }}\n' + TURNS
+)
 
 
 def read(template: str) -> ChatFormat:
@@ -43,31 +48,41 @@ class BoundedTemplateTests:
             read(looping)
 
     def test_a_template_that_loops_for_some_conversations_only_is_refused_for_those(self, quick):
-        fmt = read("{% if messages|length > 2 %}{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}"
-                   "{% endfor %}{% endif %}" + TURNS)
+        fmt = read(
+            "{% if messages|length > 2 %}{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}"
+            "{% endfor %}{% endif %}" + TURNS
+        )
         assert fragments_text(chat_fragments(fmt, HI)) == "<|user|>Hi<|end|><|assistant|>"
         with pytest.raises(TemplateRefused, match="did not finish"):
             chat_fragments(fmt, HI * 3)
         assert fragments_text(chat_fragments(fmt, HI)) == "<|user|>Hi<|end|><|assistant|>"  # the pool serves on
 
     def test_it_refuses_a_template_that_writes_without_end(self):
-        fmt = read("{% if messages|length > 2 %}{% for i in range(99999) %}{{ 'abcdefghij' * 100 }}{% endfor %}"
-                   "{% endif %}" + TURNS)
+        fmt = read(
+            "{% if messages|length > 2 %}{% for i in range(99999) %}{{ 'abcdefghij' * 100 }}{% endfor %}"
+            "{% endif %}" + TURNS
+        )
         with pytest.raises(TemplateRefused, match="writes more than"):
             chat_fragments(fmt, HI * 3)
 
     def test_it_refuses_a_template_that_asks_for_too_much_memory_at_once(self):
         with pytest.raises(TemplateRefused, match="memory"):
-            chat_fragments(read("{% if messages|length > 2 %}{{ ('x' * (messages|length * 10**10))|length }}{% endif %}"
-                                + TURNS), HI * 3)
+            chat_fragments(
+                read("{% if messages|length > 2 %}{{ ('x' * (messages|length * 10**10))|length }}{% endif %}" + TURNS),
+                HI * 3,
+            )
 
     def test_it_refuses_a_template_that_recurses_without_end(self):
-        fmt = read("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{% if messages|length > 2 %}{{ f(0) }}{% endif %}" + TURNS)
+        fmt = read(
+            "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{% if messages|length > 2 %}{{ f(0) }}{% endif %}" + TURNS
+        )
         with pytest.raises(TemplateRefused, match="recurses"):
             chat_fragments(fmt, HI * 3)
 
     def test_a_template_cannot_reach_python_through_the_sandbox(self):
-        fmt = read("{% if messages|length > 2 %}{{ messages.__class__.__mro__[1].__subclasses__() }}{% endif %}" + TURNS)
+        fmt = read(
+            "{% if messages|length > 2 %}{{ messages.__class__.__mro__[1].__subclasses__() }}{% endif %}" + TURNS
+        )
         with pytest.raises(TemplateRefused, match="cannot render"):
             chat_fragments(fmt, HI * 3)
 
@@ -83,10 +98,28 @@ class TemplateClockTests:
     def test_a_job_is_rendered_at_the_instant_its_request_fixed(self):
         fixed = datetime(2031, 2, 3, 23, 59, 59, tzinfo=UTC)
         fmt = read("{{ strftime_now('%Y-%m-%d %H:%M:%S') }}|" + TURNS)
-        payload = job_payload_build(job_id=1, model="m", kind=CHAT, messages=HI, prompt=None, inputs=None,
-                                    params={"max_tokens": 4}, fmt=fmt, now=fixed)
-        again = job_payload_build(job_id=2, model="m", kind=CHAT, messages=HI, prompt=None, inputs=None,
-                                  params={"max_tokens": 4}, fmt=fmt, now=fixed)
+        payload = job_payload_build(
+            job_id=1,
+            model="m",
+            kind=CHAT,
+            messages=HI,
+            prompt=None,
+            inputs=None,
+            params={"max_tokens": 4},
+            fmt=fmt,
+            now=fixed,
+        )
+        again = job_payload_build(
+            job_id=2,
+            model="m",
+            kind=CHAT,
+            messages=HI,
+            prompt=None,
+            inputs=None,
+            params={"max_tokens": 4},
+            fmt=fmt,
+            now=fixed,
+        )
         assert fragments_text(payload["fragments"]).startswith("2031-02-03 23:59:59|")
         assert payload["fragments"] == again["fragments"]
         later = chat_fragments(fmt, HI, now=fixed + timedelta(seconds=1))

@@ -1,6 +1,7 @@
 """testkit.families: each family's tiny model is a real GGUF llama.cpp loads and runs on a CPU,
 with its family's vocabulary (the same tokens as the vocabulary it was copied from) and its
 family's chat template (which renders a chat)."""
+
 from __future__ import annotations
 
 import json
@@ -11,7 +12,15 @@ import pytest
 
 from scorer.llama import load_llama
 from testkit import families
-from testkit.families import FAMILIES, SdistUnavailable, family_models, sdist_models, template_path, tiny_model, vocab_path
+from testkit.families import (
+    FAMILIES,
+    SdistUnavailable,
+    family_models,
+    sdist_models,
+    template_path,
+    tiny_model,
+    vocab_path,
+)
 
 CHAT = [  # two turns: the model answered the first, the second waits for its answer
     {"role": "user", "content": "Hello, who are you?"},
@@ -56,8 +65,9 @@ def _render(template: str, messages: list[dict], *, bos_token: str, eos_token: s
     environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     environment.globals["raise_exception"] = raise_exception
     environment.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
-    return environment.from_string(template).render(messages=messages, add_generation_prompt=True, bos_token=bos_token,
-                                                    eos_token=eos_token)
+    return environment.from_string(template).render(
+        messages=messages, add_generation_prompt=True, bos_token=bos_token, eos_token=eos_token
+    )
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -82,8 +92,9 @@ class TinyModelTests:
             assert (tiny.token_bos(), tiny.token_eos()) == (source.token_bos(), source.token_eos())
             for text in TEXTS:
                 for special in (True, False):
-                    assert tiny.tokenize(text.encode(), special=special) == source.tokenize(text.encode(), special=special), (
-                        text, special)
+                    assert tiny.tokenize(text.encode(), special=special) == source.tokenize(
+                        text.encode(), special=special
+                    ), (text, special)
         finally:
             tiny.close()
             source.close()
@@ -92,7 +103,9 @@ class TinyModelTests:
         tiny = _vocab(built[family])
         try:
             template = tiny.metadata["tokenizer.chat_template"]
-            bos, eos = (tiny.detokenize([token], special=True).decode() for token in (tiny.token_bos(), tiny.token_eos()))
+            bos, eos = (
+                tiny.detokenize([token], special=True).decode() for token in (tiny.token_bos(), tiny.token_eos())
+            )
         finally:
             tiny.close()
 
@@ -104,8 +117,10 @@ class TinyModelTests:
 
 class TinyModelBytesTests:
     def test_it_writes_the_same_bytes_for_the_same_seed(self, models, tmp_path) -> None:
-        first, again, other = (tiny_model("phi3", models, tmp_path / f"{name}.gguf", seed=seed)
-                               for name, seed in (("first", 0), ("again", 0), ("other", 1)))
+        first, again, other = (
+            tiny_model("phi3", models, tmp_path / f"{name}.gguf", seed=seed)
+            for name, seed in (("first", 0), ("again", 0), ("other", 1))
+        )
 
         assert first.read_bytes() == again.read_bytes() != other.read_bytes()
 
@@ -129,5 +144,6 @@ class SdistModelsTests:
     def test_it_extracts_only_what_the_families_name(self, models) -> None:
         names = {str(path.relative_to(models)) for path in models.rglob("*") if path.is_file()}
 
-        assert names == {name for family in FAMILIES.values()
-                         for name in (family.vocab, f"templates/{family.template}") if name}
+        assert names == {
+            name for family in FAMILIES.values() for name in (family.vocab, f"templates/{family.template}") if name
+        }

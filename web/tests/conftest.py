@@ -1,4 +1,5 @@
 """Web fixtures: the shared personas signed in through a session, plus billing's Stripe fakes."""
+
 from __future__ import annotations
 
 import uuid

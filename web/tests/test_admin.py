@@ -1,4 +1,5 @@
 """The operator's admin across apps, through the real admin as a superuser."""
+
 from __future__ import annotations
 
 import re
@@ -66,7 +67,9 @@ class ApiKeyAdminTests:
 
 class AdminCoverageTests:
     @pytest.mark.parametrize("app", ["hosts", "marketplace", "billing"])
-    def test_every_model_is_registered_and_its_changelist_answers(self, operator, customer, serving_host, app: str) -> None:
+    def test_every_model_is_registered_and_its_changelist_answers(
+        self, operator, customer, serving_host, app: str
+    ) -> None:
         from django.apps import apps
         from django.contrib import admin
 
@@ -90,7 +93,9 @@ class MoneyInAdminTests:
         from web.tests.factories import finished_request
 
         customer = make_customer(credit_ucents=300_000_000)
-        paid = credit_grant(user=customer.user, amount_ucents=200_000_000, reference=f"test-{uuid.uuid4()}")  # a $2 top-up's
+        paid = credit_grant(
+            user=customer.user, amount_ucents=200_000_000, reference=f"test-{uuid.uuid4()}"
+        )  # a $2 top-up's
         topup = TopUp.objects.create(user=customer.user, amount_cents=2_00, status="paid", transaction=paid)
         request = finished_request(customer=customer, cost_ucents=31_300)  # balance 499,968,700 µ¢
         Request.objects.filter(pk=request.pk).update(cost_ucents=12_345_678, estimate_ucents=12_345_678)
@@ -104,12 +109,18 @@ class MoneyInAdminTests:
         account = Account.objects.get(user=ledger["customer"].user)
         job = Job.objects.get(request=ledger["request"])
         urls = [
-            "/admin/billing/account/", f"/admin/billing/account/{account.pk}/change/",
-            "/admin/billing/ledgerentry/", "/admin/billing/hold/", "/admin/billing/topup/",
+            "/admin/billing/account/",
+            f"/admin/billing/account/{account.pk}/change/",
+            "/admin/billing/ledgerentry/",
+            "/admin/billing/hold/",
+            "/admin/billing/topup/",
             f"/admin/billing/topup/{ledger['topup'].pk}/change/",
-            "/admin/marketplace/request/", f"/admin/marketplace/request/{ledger['request'].pk}/change/",
-            "/admin/marketplace/job/", f"/admin/marketplace/job/{job.pk}/change/",
-            "/admin/accounts/apikey/", f"/admin/accounts/apikey/{ledger['customer'].key.pk}/change/",
+            "/admin/marketplace/request/",
+            f"/admin/marketplace/request/{ledger['request'].pk}/change/",
+            "/admin/marketplace/job/",
+            f"/admin/marketplace/job/{job.pk}/change/",
+            "/admin/accounts/apikey/",
+            f"/admin/accounts/apikey/{ledger['customer'].key.pk}/change/",
             "/admin/catalog/catalogmodel/",
         ]
         return {url: operator.get(url).content.decode() for url in urls}
@@ -122,7 +133,9 @@ class MoneyInAdminTests:
     def test_amounts_read_as_dollars(self, operator, ledger) -> None:
         pages = self.pages(operator, ledger)
         assert "$4.999687" in pages["/admin/billing/account/"]  # the balance, exactly
-        assert "$0.12345678" in pages["/admin/marketplace/request/"] and "$0.09876544" in pages["/admin/marketplace/job/"]
+        assert (
+            "$0.12345678" in pages["/admin/marketplace/request/"] and "$0.09876544" in pages["/admin/marketplace/job/"]
+        )
         assert "$2.00" in pages["/admin/billing/topup/"]
         assert "$0.10 / 1M tokens" in pages["/admin/catalog/catalogmodel/"]
         request_page = pages[f"/admin/marketplace/request/{ledger['request'].pk}/change/"]

@@ -7,6 +7,7 @@ in local test mode as `make run` starts it: Stripe is the shipped stand-in
 page and its signed webhook. Screenshots go to $SCREENSHOTS_DIR (docs/screenshots/
 when refreshing the documentation) or to the test's temporary folder.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,9 +31,13 @@ CHROMIUM = Path("/usr/bin/chromium")
 
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="no system Chromium at /usr/bin/chromium (apt-get install chromium)"),
+    pytest.mark.skipif(
+        not CHROMIUM.exists(), reason="no system Chromium at /usr/bin/chromium (apt-get install chromium)"
+    ),
 ]
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -r requirements.txt)")
+sync_api = pytest.importorskip(
+    "playwright.sync_api", reason="playwright is not installed (pip install -r requirements.txt)"
+)
 
 
 class TestModeGateway(Gateway):
@@ -50,9 +55,21 @@ def gateway(django_db_setup: None, django_db_blocker: DjangoDbBlocker, e2e_dirs:
     gw = TestModeGateway(env, e2e_dirs / "logs")
     gw.stripe_url = f"http://127.0.0.1:{stripe_port}"
     stand_in = subprocess.Popen(
-        [sys.executable, "manage.py", "stripe_local", "--port", str(stripe_port), "--webhook-url", f"{gw.url}/billing/stripe/webhook/",
-         "--state", str(e2e_dirs / "stripe-local.json")],  # not the checkout's var/: a second run would replay this one's answers
-        cwd=ROOT, env={**os.environ, **keys}, stdout=open(e2e_dirs / "logs" / "stripe-local.log", "w"), stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "manage.py",
+            "stripe_local",
+            "--port",
+            str(stripe_port),
+            "--webhook-url",
+            f"{gw.url}/billing/stripe/webhook/",
+            "--state",
+            str(e2e_dirs / "stripe-local.json"),
+        ],  # not the checkout's var/: a second run would replay this one's answers
+        cwd=ROOT,
+        env={**os.environ, **keys},
+        stdout=open(e2e_dirs / "logs" / "stripe-local.log", "w"),
+        stderr=subprocess.STDOUT,
     )
 
     def listening() -> bool:
@@ -104,8 +121,12 @@ class BrowserTests:
             page.screenshot(path=shots / "signup.png", full_page=True)
             page.click("button:has-text('Sign up')")
             page.wait_for_selector("#signup-sent")
-            page.goto(mail_link(to="browser@example.com", pattern=r"(http://\S+/verify/\S+/)"))  # the link in the e-mail
-            page.fill("input[name=password]", "a long enough password")  # the link confirms only with the sign-up's password
+            page.goto(
+                mail_link(to="browser@example.com", pattern=r"(http://\S+/verify/\S+/)")
+            )  # the link in the e-mail
+            page.fill(
+                "input[name=password]", "a long enough password"
+            )  # the link confirms only with the sign-up's password
             page.click("button:has-text('Confirm and sign in')")
             page.wait_for_url(f"{gateway.url}/keys/")
             page.fill("input[name=name]", "laptop")
@@ -131,9 +152,14 @@ class BrowserTests:
         # (a first line installs the wheel where the operator built it: `make mahout-wheel`)
         assert command.endswith(f"mahout login --server {gateway.url}\nmahout run") and token.startswith("host-")
         assert secret not in listing and secret[:12] in listing and "$5.00" in listing
-        assert httpx.get(f"{gateway.url}/v1/usage", headers={"Authorization": f"Bearer {secret}"}, timeout=5).status_code == 200
+        assert (
+            httpx.get(f"{gateway.url}/v1/usage", headers={"Authorization": f"Bearer {secret}"}, timeout=5).status_code
+            == 200
+        )
 
-    def test_a_customer_sees_the_call_and_a_host_sees_its_machine_online_then_busy(self, gateway, transactional_db, catalog, tmp_path) -> None:
+    def test_a_customer_sees_the_call_and_a_host_sees_its_machine_online_then_busy(
+        self, gateway, transactional_db, catalog, tmp_path
+    ) -> None:
         import shlex
         import threading
 
@@ -165,10 +191,23 @@ class BrowserTests:
             token = page.inner_text("#host-token").strip()
             assert login[:2] == ["mahout", "login"] and run == ["mahout", "run"]
             home = str(tmp_path / "mahout")
-            subprocess.run([sys.executable, "-m", *login, "--home", home, "--token-stdin"], input=token + "\n", text=True,
-                           cwd=ROOT, env=env, check=True, capture_output=True, timeout=60)  # the owner pastes the token
-            host = subprocess.Popen([sys.executable, "-m", *run, "--home", home, "--threads", "1"],
-                                    cwd=ROOT, env=env, stdout=open(tmp_path / "mahout.log", "w"), stderr=subprocess.STDOUT)
+            subprocess.run(
+                [sys.executable, "-m", *login, "--home", home, "--token-stdin"],
+                input=token + "\n",
+                text=True,
+                cwd=ROOT,
+                env=env,
+                check=True,
+                capture_output=True,
+                timeout=60,
+            )  # the owner pastes the token
+            host = subprocess.Popen(
+                [sys.executable, "-m", *run, "--home", home, "--threads", "1"],
+                cwd=ROOT,
+                env=env,
+                stdout=open(tmp_path / "mahout.log", "w"),
+                stderr=subprocess.STDOUT,
+            )
             try:
                 page.goto(f"{gateway.url}/machines/")
                 try:
@@ -178,8 +217,13 @@ class BrowserTests:
                 client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=secret, max_retries=0, timeout=120)
                 answers: list[str] = []
                 # ~1,000 greedy tokens run well past the page's 3 s poll (200 took 2.5 s on a fast machine)
-                call = threading.Thread(target=lambda: answers.append(client.completions.create(
-                    model="gemma-3-270m", prompt="Once upon a time", max_tokens=1000, temperature=0).id))
+                call = threading.Thread(
+                    target=lambda: answers.append(
+                        client.completions.create(
+                            model="gemma-3-270m", prompt="Once upon a time", max_tokens=1000, temperature=0
+                        ).id
+                    )
+                )
                 call.start()
                 page.wait_for_selector("tr[data-host] [data-status]:has-text('busy')", timeout=30_000)
                 call.join(timeout=120)
@@ -188,11 +232,17 @@ class BrowserTests:
             finally:
                 host.kill()
                 browser.close()
-        assert (balance_before, balance_after) == ("$0.00", "$5.00"), "the top-up paid in test mode is the credit that paid the call"
+        assert (balance_before, balance_after) == ("$0.00", "$5.00"), (
+            "the top-up paid in test mode is the credit that paid the call"
+        )
         assert answers and answers[0] in usage, "the request appears on the usage page"
-        assert re.search(r"\b1 request\b|^Requests\n1$", usage, re.MULTILINE), "one request counted"  # (either layout of the page)
+        assert re.search(r"\b1 request\b|^Requests\n1$", usage, re.MULTILINE), (
+            "one request counted"
+        )  # (either layout of the page)
 
-    def test_an_owner_sees_maintenance_arrive_live_with_its_reason_and_resumes(self, gateway, transactional_db, shots) -> None:
+    def test_an_owner_sees_maintenance_arrive_live_with_its_reason_and_resumes(
+        self, gateway, transactional_db, shots
+    ) -> None:
         import threading
 
         from django.contrib.auth import get_user_model
@@ -228,8 +278,12 @@ class BrowserTests:
             assert not page.is_visible("tr[data-host] [data-maintenance]")
             off_loop(heartbeat)
             reason_set = "Fan failure reported; please check the cooling"
-            off_loop(lambda: host_maintenance_enter(host=host, reason=reason_set, by="automatic"))  # the owner's to lift
-            page.wait_for_selector("tr[data-host] [data-status]:has-text('maintenance')", timeout=10_000)  # the 3 s poll
+            off_loop(
+                lambda: host_maintenance_enter(host=host, reason=reason_set, by="automatic")
+            )  # the owner's to lift
+            page.wait_for_selector(
+                "tr[data-host] [data-status]:has-text('maintenance')", timeout=10_000
+            )  # the 3 s poll
             reason = page.inner_text("tr[data-host] [data-maintenance] [data-reason]")
             setter = page.inner_text("tr[data-host] [data-maintenance] [data-by]")
             assert page.is_visible("tr[data-host] [data-maintenance] button:has-text('Resume')")

@@ -8,7 +8,10 @@ class BarChartTests:
     def test_it_scales_bars_to_a_round_axis_top_and_keeps_them_inside_the_plot(self) -> None:
         chart = bar_chart(title="t", points=[("a", 1), ("b", 3), ("c", 0)])  # axis 0..4
         assert [bar.height for bar in chart.bars] == [HEIGHT / 4, HEIGHT * 3 / 4, 0]
-        assert all(LEFT <= bar.x and bar.x + bar.width <= chart.right < WIDTH and bar.y + bar.height == chart.baseline for bar in chart.bars)
+        assert all(
+            LEFT <= bar.x and bar.x + bar.width <= chart.right < WIDTH and bar.y + bar.height == chart.baseline
+            for bar in chart.bars
+        )
         assert (chart.first_label, chart.last_label, chart.peak) == ("a", "c", "3")
 
     def test_it_labels_the_value_axis_at_round_values_in_the_chart_format(self) -> None:

@@ -7,6 +7,7 @@ test fails on a page that scrolls sideways or any element whose content is wider
 Drives the system Chromium as test_browser.py does. Screenshots go to $SCREENSHOTS_DIR or
 the test's temporary folder.
 """
+
 from __future__ import annotations
 
 import os
@@ -22,9 +23,13 @@ PASSWORD = "a long enough password"
 
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="no system Chromium at /usr/bin/chromium (apt-get install chromium)"),
+    pytest.mark.skipif(
+        not CHROMIUM.exists(), reason="no system Chromium at /usr/bin/chromium (apt-get install chromium)"
+    ),
 ]
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -r requirements.txt)")
+sync_api = pytest.importorskip(
+    "playwright.sync_api", reason="playwright is not installed (pip install -r requirements.txt)"
+)
 
 # Every block element whose content is wider than its box; the page itself if it scrolls sideways.
 # Form controls and SVG are left out (an input's text may be longer than the input by design).
@@ -76,23 +81,42 @@ def customer_with_usage() -> str:
     customer.user.email = email
     customer.user.save()
     credit_grant(user=customer.user, amount_ucents=123_456_789, reference=f"test-{uuid.uuid4()}")
-    keys = [customer.key, *(api_key_create(user=customer.user, name=name, spend_cap_ucents=cap).key
-                            for name, cap in [("a production server with a long name", 987_654_321_098), ("laptop", None)])]
+    keys = [
+        customer.key,
+        *(
+            api_key_create(user=customer.user, name=name, spend_cap_ucents=cap).key
+            for name, cap in [("a production server with a long name", 987_654_321_098), ("laptop", None)]
+        ),
+    ]
     embeddings = CatalogModel.objects.get(name="all-minilm-l6-v2")
     now = timezone.now()
     for n in range(24):
         customer.key = keys[n % 3]
-        request = finished_request(customer=customer, cost_ucents=123_456_789 + n * 1_111, resumed=n % 5 == 0, failed=n % 7 == 6)
+        request = finished_request(
+            customer=customer, cost_ucents=123_456_789 + n * 1_111, resumed=n % 5 == 0, failed=n % 7 == 6
+        )
         Request.objects.filter(pk=request.pk).update(
-            created_at=now - timedelta(days=n, hours=n), prompt_tokens=123_456 + n, completion_tokens=65_432 + n,
+            created_at=now - timedelta(days=n, hours=n),
+            prompt_tokens=123_456 + n,
+            completion_tokens=65_432 + n,
             **({"model": embeddings} if n % 4 == 3 else {}),
             **({"error_code": "no_host_available_within_timeout"} if n % 7 == 6 else {}),
         )
     for cents, status, refunded in [(50_000, "paid", 1_234), (2_000, "open", 0), (500, "failed", 0)]:
-        paid = credit_grant(user=customer.user, amount_ucents=cents * 1_000_000, reference=f"test-{uuid.uuid4()}") \
-            if status == "paid" else None  # (a paid top-up has its ledger transaction)
-        TopUp.objects.create(user=customer.user, amount_cents=cents, status=status, refunded_cents=refunded, transaction=paid,
-                             paid_at=now if paid else None, stripe_session_id=f"cs_{uuid.uuid4().hex}")
+        paid = (
+            credit_grant(user=customer.user, amount_ucents=cents * 1_000_000, reference=f"test-{uuid.uuid4()}")
+            if status == "paid"
+            else None
+        )  # (a paid top-up has its ledger transaction)
+        TopUp.objects.create(
+            user=customer.user,
+            amount_cents=cents,
+            status=status,
+            refunded_cents=refunded,
+            transaction=paid,
+            paid_at=now if paid else None,
+            stripe_session_id=f"cs_{uuid.uuid4().hex}",
+        )
     return email
 
 
@@ -153,4 +177,5 @@ class LayoutTests:
                 context.close()
             browser.close()
         assert not problems, "wider than their containers at 1280×800:\n" + "\n".join(
-            f"{where}:\n  " + "\n  ".join(found) for where, found in problems.items())
+            f"{where}:\n  " + "\n  ".join(found) for where, found in problems.items()
+        )

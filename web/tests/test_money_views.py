@@ -1,6 +1,7 @@
 """The money pages in local test mode: the top-up form states its rule, Checkout returns to
 the gateway as the visitor reached it, every page says it is test mode, and a machine's
 owner sets up their own payout account."""
+
 from __future__ import annotations
 
 import re
@@ -22,12 +23,23 @@ class TopupFormTests:
         (field,) = re.findall(r'<input[^>]*name="amount_usd"[^>]*>', page)
         assert 'min="5.00"' in field and 'max="500.00"' in field and 'step="0.01"' in field
 
-    @pytest.mark.parametrize(("amount", "answer"), [
-        ("1", RULE), ("4.99", RULE), ("500.01", RULE), ("0", RULE), ("-5", RULE), ("99999999", RULE),
-        ("twenty", f"Enter an amount in USD, e.g. 20. {RULE}"), ("", f"Enter an amount in USD. {RULE}"),
-        ("5.001", "Enter the amount in whole cents (at most two decimals)."),
-    ])
-    def test_every_bad_amount_is_answered_with_the_rule_it_breaks(self, customer_client, fake_stripe, amount, answer) -> None:
+    @pytest.mark.parametrize(
+        ("amount", "answer"),
+        [
+            ("1", RULE),
+            ("4.99", RULE),
+            ("500.01", RULE),
+            ("0", RULE),
+            ("-5", RULE),
+            ("99999999", RULE),
+            ("twenty", f"Enter an amount in USD, e.g. 20. {RULE}"),
+            ("", f"Enter an amount in USD. {RULE}"),
+            ("5.001", "Enter the amount in whole cents (at most two decimals)."),
+        ],
+    )
+    def test_every_bad_amount_is_answered_with_the_rule_it_breaks(
+        self, customer_client, fake_stripe, amount, answer
+    ) -> None:
         response = customer_client.post("/topup/", {"amount_usd": amount}, follow=True)
         (message,) = (str(m) for m in response.context["messages"])
         assert message == answer and TopUp.objects.count() == 0 and fake_stripe.received == []
@@ -63,7 +75,9 @@ class TestModeBannerTests:
 
 
 class PayoutSetupTests:
-    def test_the_owner_sets_up_payouts_on_the_stand_ins_page_and_comes_back_ready(self, serving_host, host_client, fake_stripe) -> None:
+    def test_the_owner_sets_up_payouts_on_the_stand_ins_page_and_comes_back_ready(
+        self, serving_host, host_client, fake_stripe
+    ) -> None:
         host = serving_host.host
         page = host_client.get(f"/machines/{host.pk}/").content.decode()
         assert "Set up payouts" in page and "Request payout" not in page
@@ -76,20 +90,31 @@ class PayoutSetupTests:
         back = host_client.get(f"/machines/{host.pk}/payout/return/", follow=True).content.decode()
         profile = PayoutProfile.objects.get(host=host)
         assert profile.status == PayoutProfile.Status.READY
-        assert f"Payouts for {host.name} are set up" in back and profile.stripe_account_id in back and "Request payout" in back
+        assert (
+            f"Payouts for {host.name} are set up" in back
+            and profile.stripe_account_id in back
+            and "Request payout" in back
+        )
 
     def test_coming_back_without_finishing_says_so(self, serving_host, host_client, fake_stripe) -> None:
         host = serving_host.host
         host_client.post(f"/machines/{host.pk}/payout/setup/")
         back = host_client.get(f"/machines/{host.pk}/payout/return/", follow=True).content.decode()
-        assert "not finished yet" in back and PayoutProfile.objects.get(host=host).status == PayoutProfile.Status.ONBOARDING
+        assert (
+            "not finished yet" in back
+            and PayoutProfile.objects.get(host=host).status == PayoutProfile.Status.ONBOARDING
+        )
 
-    def test_an_outsider_cannot_set_up_payouts_for_someone_elses_machine(self, serving_host, outsider_client, fake_stripe) -> None:
+    def test_an_outsider_cannot_set_up_payouts_for_someone_elses_machine(
+        self, serving_host, outsider_client, fake_stripe
+    ) -> None:
         assert outsider_client.post(f"/machines/{serving_host.host.pk}/payout/setup/").status_code == 404
         assert outsider_client.get(f"/machines/{serving_host.host.pk}/payout/return/").status_code == 404
         assert fake_stripe.received == [] and not PayoutProfile.objects.exists()
 
-    def test_withdrawing_everything_while_it_vests_says_when_it_vests(self, customer, serving_host, host_client, settings) -> None:
+    def test_withdrawing_everything_while_it_vests_says_when_it_vests(
+        self, customer, serving_host, host_client, settings
+    ) -> None:
         from web.tests.factories import finished_request
 
         PayoutProfile.objects.create(host=serving_host.host, stripe_account_id="acct_test")

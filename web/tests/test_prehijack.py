@@ -2,6 +2,7 @@
 victim's address, try to make a key and a machine, wait for the victim to sign up and confirm,
 then try to get in. The attacker is left with nothing; a confirmation link works once, only
 with its sign-up's password, and only while it is the latest."""
+
 from __future__ import annotations
 
 import re
@@ -33,8 +34,11 @@ def signed_in(email: str, password: str) -> Client:
 
 
 def links_to(email: str) -> list[str]:
-    return [re.search(r"http://testserver(/verify/\S+/)", m.body).group(1) for m in mail.outbox
-            if m.to == [email] and "/verify/" in m.body]
+    return [
+        re.search(r"http://testserver(/verify/\S+/)", m.body).group(1)
+        for m in mail.outbox
+        if m.to == [email] and "/verify/" in m.body
+    ]
 
 
 class PreHijackTests:
@@ -57,13 +61,18 @@ class PreHijackTests:
         assert victim.post(links_to(VICTIM)[-1], {"password": VICTIM_PASSWORD}).status_code == 302
         user = get_user_model().objects.get(username=VICTIM)
         assert not email_unverified(user) and victim.get("/keys/").status_code == 200
-        assert victim.post("/keys/", {"name": "laptop"}).status_code == 200 and ApiKey.objects.filter(user=user).count() == 1
+        assert (
+            victim.post("/keys/", {"name": "laptop"}).status_code == 200
+            and ApiKey.objects.filter(user=user).count() == 1
+        )
 
     def test_a_link_sent_for_the_attackers_sign_up_cannot_be_confirmed_with_the_victims_password(self, catalog) -> None:
         Client().post("/signup/", {"email": VICTIM, "password": VICTIM_PASSWORD})
         Client().post("/signup/", {"email": VICTIM, "password": ATTACKER_PASSWORD})  # the attacker, after the owner
         victims_link, attackers_link = links_to(VICTIM)
-        assert Client().post(victims_link, {"password": VICTIM_PASSWORD}).status_code == 400  # replaced by the newer one
+        assert (
+            Client().post(victims_link, {"password": VICTIM_PASSWORD}).status_code == 400
+        )  # replaced by the newer one
         refused = Client().post(attackers_link, {"password": VICTIM_PASSWORD})
         assert refused.status_code == 400 and "not the password chosen" in refused.content.decode()
         assert email_unverified(get_user_model().objects.get(username=VICTIM)), "nobody confirmed anything"
@@ -93,4 +102,7 @@ class PreHijackTests:
             api_key_create(user=user, name="script")
         with pytest.raises(AccountUnconfirmed):
             host_create(email=VICTIM, name="rig")
-        assert host_create(email="operator-made@example.com", name="rig").host.owner.username == "operator-made@example.com"
+        assert (
+            host_create(email="operator-made@example.com", name="rig").host.owner.username
+            == "operator-made@example.com"
+        )

@@ -1,5 +1,6 @@
 """The Quickstart page's snippets, run as printed against a real gateway and real hosts: what
 a newcomer copies must work."""
+
 from __future__ import annotations
 
 import html
@@ -40,7 +41,9 @@ class QuickstartSnippetTests:
         assert 'model="all-minilm-l6-v2"' in embeddings
 
         def models_listed() -> bool:
-            listed = httpx.get(f"{gateway.url}/v1/models", headers={"Authorization": f"Bearer {customer.secret}"}, timeout=5)
+            listed = httpx.get(
+                f"{gateway.url}/v1/models", headers={"Authorization": f"Bearer {customer.secret}"}, timeout=5
+            )
             return {"gemma-3-270m", "all-minilm-l6-v2"} <= {m["id"] for m in listed.json().get("data", [])}
 
         wait_until(models_listed, timeout=20, what="both models served", interval=0.5)
@@ -51,4 +54,3 @@ class QuickstartSnippetTests:
         assert embedded.returncode == 0, embedded.stderr[-3000:]
         lines = embedded.stdout.strip().splitlines()
         assert [line.split()[:2] for line in lines] == [["0", "384"], ["1", "384"]]
-

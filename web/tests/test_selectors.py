@@ -57,7 +57,9 @@ class PoolTrustTests:
         assert (pool.hosts_probation, pool.hosts_trusted, pool.hosts_banned) == (0, 1, 1)
         assert [host.name for host in pool.banned] == ["outsider"]
 
-    def test_failed_verification_lists_each_host_once_with_its_latest_reason(self, catalog, serving_host, outsider) -> None:
+    def test_failed_verification_lists_each_host_once_with_its_latest_reason(
+        self, catalog, serving_host, outsider
+    ) -> None:
         from web.tests.factories import canary_checked
 
         canary_checked(host=serving_host.host, verdict="failed", reason="older")

@@ -19,7 +19,16 @@ from web.tests.factories import canary_checked, finished_request
 
 pytestmark = pytest.mark.django_db
 
-CUSTOMER_PAGES = ["/", "/keys/", "/usage/", "/usage/csv/", "/models/", "/quickstart/", "/machines/", "/machines/status.json"]
+CUSTOMER_PAGES = [
+    "/",
+    "/keys/",
+    "/usage/",
+    "/usage/csv/",
+    "/models/",
+    "/quickstart/",
+    "/machines/",
+    "/machines/status.json",
+]
 
 
 class AnonymousTests:
@@ -77,12 +86,18 @@ class SignupTests:
         from web.services import email_unverified
 
         user = get_user_model().objects.get(username="new@example.com")
-        assert user.email == "new@example.com" and user.check_password("correct horse battery") and email_unverified(user)
+        assert (
+            user.email == "new@example.com" and user.check_password("correct horse battery") and email_unverified(user)
+        )
         assert client.get("/keys/").status_code == 302, "not signed in until the address is confirmed"
         (message,) = mail.outbox
         link = re.search(r"http://testserver(/verify/\S+/)", message.body).group(1)
-        assert "new@example.com" in client.get(link).content.decode() and email_unverified(user)  # a GET asks, changes nothing
-        assert client.post(link, {"password": "correct horse battery"}).status_code == 302 and not email_unverified(user)
+        assert "new@example.com" in client.get(link).content.decode() and email_unverified(
+            user
+        )  # a GET asks, changes nothing
+        assert client.post(link, {"password": "correct horse battery"}).status_code == 302 and not email_unverified(
+            user
+        )
         assert client.get("/keys/").status_code == 200
         assert Client().get(link.replace("/verify/", "/verify/x")).status_code == 400
 
@@ -91,11 +106,15 @@ class SignupTests:
         fresh = Client().post("/signup/", {"email": "fresh@example.com", "password": "correct horse battery"})
         strip = lambda page, email: page.content.decode().replace(email, "EMAIL")  # noqa: E731
         assert taken.status_code == fresh.status_code == 200
-        assert strip(taken, customer.user.username) == strip(fresh, "fresh@example.com"), "the page says nothing about the account"
+        assert strip(taken, customer.user.username) == strip(fresh, "fresh@example.com"), (
+            "the page says nothing about the account"
+        )
         to_owner = [m for m in mail.outbox if m.to == [customer.user.username]]
         assert len(to_owner) == 1 and "tried to create an account" in to_owner[0].body
         customer.user.refresh_from_db()
-        assert not customer.user.check_password("correct horse battery"), "a sign-up of a confirmed address changes nothing"
+        assert not customer.user.check_password("correct horse battery"), (
+            "a sign-up of a confirmed address changes nothing"
+        )
 
     def test_a_signed_in_unconfirmed_user_can_have_the_link_sent_again_three_times_an_hour(self, db) -> None:
         Client().post("/signup/", {"email": "c@example.com", "password": "correct horse battery"})
@@ -111,15 +130,22 @@ class SignupTests:
         assert len(links) == 4  # the sign-up's and three again
         fresh = re.search(r"http://testserver(/verify/\S+/)", links[-1].body).group(1)
         stale = re.search(r"http://testserver(/verify/\S+/)", links[-2].body).group(1)
-        assert client.post(stale, {"password": "correct horse battery"}).status_code == 400, "only the latest link works"
+        assert client.post(stale, {"password": "correct horse battery"}).status_code == 400, (
+            "only the latest link works"
+        )
         assert client.post(fresh, {"password": "correct horse battery"}).status_code == 302
         assert "Send the link again" not in client.get("/keys/").content.decode()
         assert client.post("/verify/resend/", follow=True).content.decode().count("A new confirmation link") == 0
 
-    @pytest.mark.parametrize(("password", "said"), [
-        ("short", "too short"), ("password123", "too common"), ("83920174650", "entirely numeric"),
-        ("alice.liddell", "too similar to the"),
-    ])
+    @pytest.mark.parametrize(
+        ("password", "said"),
+        [
+            ("short", "too short"),
+            ("password123", "too common"),
+            ("83920174650", "entirely numeric"),
+            ("alice.liddell", "too similar to the"),
+        ],
+    )
     def test_it_refuses_a_weak_password_with_djangos_validators(self, db, password, said) -> None:
         response = Client().post("/signup/", {"email": "alice.liddell@example.com", "password": password})
         assert response.status_code == 200 and said in response.content.decode()
@@ -214,7 +240,9 @@ class TopupPageTests:
         topup = TopUp.objects.get(user=customer.user)
         assert topup.amount_cents == 2_000
         assert response.status_code == 302 and response["Location"] == topup.checkout_url
-        assert response["Location"] == f"{fake_stripe.url}/c/pay/{topup.stripe_session_id}"  # local test mode's payment page
+        assert (
+            response["Location"] == f"{fake_stripe.url}/c/pay/{topup.stripe_session_id}"
+        )  # local test mode's payment page
 
     def test_it_explains_an_amount_out_of_range(self, customer_client, fake_stripe) -> None:
         response = customer_client.post("/topup/", {"amount_usd": "1"}, follow=True)
@@ -222,7 +250,9 @@ class TopupPageTests:
 
 
 class UsagePageTests:
-    def test_it_lists_the_customers_requests_with_status_resumed_and_cost(self, customer, customer_client, serving_host) -> None:
+    def test_it_lists_the_customers_requests_with_status_resumed_and_cost(
+        self, customer, customer_client, serving_host
+    ) -> None:
         mine = finished_request(customer=customer, host=serving_host.host, cost_ucents=123_456, resumed=True)
         failed = finished_request(customer=customer, failed=True)
         theirs = finished_request(customer=make_customer(), cost_ucents=999)
@@ -247,7 +277,9 @@ class UsagePageTests:
 
 
 class QuickstartPageTests:
-    def test_the_quickstart_chat_snippet_names_a_chat_model_and_the_embeddings_one_an_embeddings_model(self, customer) -> None:
+    def test_the_quickstart_chat_snippet_names_a_chat_model_and_the_embeddings_one_an_embeddings_model(
+        self, customer
+    ) -> None:
         from web.tests.test_quickstart_e2e import snippet
 
         page = signed_in(customer.user).get("/quickstart/").content.decode()
@@ -259,8 +291,9 @@ class QuickstartPageTests:
         from testkit.personas import present
         from web.tests.test_quickstart_e2e import snippet
 
-        CatalogModel.objects.create(name="aaa-chat", kind="chat", context_length=2048, input_price_ucents=1,
-                                    output_price_ucents=1)  # first by name, served by nobody
+        CatalogModel.objects.create(
+            name="aaa-chat", kind="chat", context_length=2048, input_price_ucents=1, output_price_ucents=1
+        )  # first by name, served by nobody
         present(make_host())  # serves gemma-3-270m
         page = signed_in(customer.user).get("/quickstart/").content.decode()
         assert 'model="gemma-3-270m"' in snippet(page, "chat")
@@ -280,10 +313,13 @@ class ReadableMoneyTests:
         Request.objects.filter(pk=embedded.pk).update(model=CatalogModel.objects.get(name="all-minilm-l6-v2"))
         finished_request(customer=make_customer(), cost_ucents=777_777)  # someone else's
         page = customer_client.get("/usage/").content.decode()
-        by_model = page[page.index('id="by-model"'):page.index('id="by-key"')]
-        by_key = page[page.index('id="by-key"'):page.index('id="recent"')]
-        assert re.search(r"gemma-3-270m</code></td>\s*<td class=\"num\">2</td><td class=\"num\">14</td><td class=\"num\">10</td>"
-                         r"<td class=\"num\">\$0.00003</td>", by_model)
+        by_model = page[page.index('id="by-model"') : page.index('id="by-key"')]
+        by_key = page[page.index('id="by-key"') : page.index('id="recent"')]
+        assert re.search(
+            r"gemma-3-270m</code></td>\s*<td class=\"num\">2</td><td class=\"num\">14</td><td class=\"num\">10</td>"
+            r"<td class=\"num\">\$0.00003</td>",
+            by_model,
+        )
         assert re.search(r"all-minilm-l6-v2</code></td>\s*<td class=\"num\">1</td>.*\$0.0000004<", by_model)
         assert "server" in by_key and "$0.0000004" in by_key and "$0.00003<" in by_key and "$0.00777777" not in page
 
@@ -291,8 +327,15 @@ class ReadableMoneyTests:
         from billing.services import credit_grant
 
         paid = credit_grant(user=customer.user, amount_ucents=2_500_000_000, reference="topup-test")
-        TopUp.objects.create(user=customer.user, amount_cents=2_500, status="paid", transaction=paid, refunded_cents=500,
-                             paid_at=timezone.now(), stripe_session_id="cs_1")
+        TopUp.objects.create(
+            user=customer.user,
+            amount_cents=2_500,
+            status="paid",
+            transaction=paid,
+            refunded_cents=500,
+            paid_at=timezone.now(),
+            stripe_session_id="cs_1",
+        )
         TopUp.objects.create(user=make_customer().user, amount_cents=9_900, status="open", stripe_session_id="cs_2")
         topups = customer_client.get("/usage/").content.decode().split('id="topups"')[1]
         assert "$25.00" in topups and "$5.00" in topups and "paid" in topups and "$99.00" not in topups
@@ -300,7 +343,13 @@ class ReadableMoneyTests:
     def test_charts_label_their_value_axis(self, customer, customer_client) -> None:
         finished_request(customer=customer, cost_ucents=250_000_000)  # $2.50 today
         page = customer_client.get("/usage/").content.decode()
-        assert re.findall(r'<text class="y"[^>]*>([^<]+)</text>', page)[-5:] == ["$0.00", "$1.00", "$2.00", "$3.00", "$4.00"]
+        assert re.findall(r'<text class="y"[^>]*>([^<]+)</text>', page)[-5:] == [
+            "$0.00",
+            "$1.00",
+            "$2.00",
+            "$3.00",
+            "$4.00",
+        ]
         assert len(re.findall(r'<text class="x"', page)) >= 3 * 3
 
 
@@ -358,7 +407,9 @@ class HostPagesTests:
         hosts = host_client.get("/machines/status.json").json()["hosts"]
         assert [(h["id"], h["status"]) for h in hosts] == [(serving_host.host.pk, "offline")]
 
-    def test_the_machines_page_shows_jobs_running_of_the_slots_a_machine_takes(self, customer, serving_host, host_client) -> None:
+    def test_the_machines_page_shows_jobs_running_of_the_slots_a_machine_takes(
+        self, customer, serving_host, host_client
+    ) -> None:
         from testkit.requests import submit_request
 
         Host.objects.filter(pk=serving_host.host.pk).update(slots=4)
@@ -385,7 +436,9 @@ class HostPagesTests:
         response = host_client.post(f"/machines/{serving_host.host.pk}/payout/", {}, follow=True)
         assert "no payout account" in response.content.decode() and Payout.objects.count() == 0
 
-    def test_a_banned_machines_owner_cannot_request_a_payout(self, customer, serving_host, host_client, settings) -> None:
+    def test_a_banned_machines_owner_cannot_request_a_payout(
+        self, customer, serving_host, host_client, settings
+    ) -> None:
         from hosts.services import host_ban
 
         settings.PAYOUT_MINIMUM_UCENTS, settings.EARNINGS_VEST_SECONDS = 1_000_000, 0
@@ -396,7 +449,9 @@ class HostPagesTests:
         assert "This machine is banned, so it cannot request payouts" in response.content.decode()
         assert Payout.objects.count() == 0
 
-    def test_the_owner_requests_a_payout_and_sees_its_state(self, customer, serving_host, host_client, settings) -> None:
+    def test_the_owner_requests_a_payout_and_sees_its_state(
+        self, customer, serving_host, host_client, settings
+    ) -> None:
         settings.PAYOUT_MINIMUM_UCENTS = 1_000_000
         PayoutProfile.objects.create(host=serving_host.host, stripe_account_id="acct_test")
         finished_request(customer=customer, host=serving_host.host, cost_ucents=10_000_000)  # host earns 8 cents
@@ -441,7 +496,10 @@ class MachineMaintenanceTests:
         assert "out of maintenance" in response.content.decode()
         assert Host.objects.get(pk=host.pk).maintenance_since is None
         again = host_client.post(f"/machines/{host.pk}/resume/", follow=True)
-        assert again.redirect_chain[-1][0] == f"/machines/{host.pk}/" and "was not in maintenance" in again.content.decode()
+        assert (
+            again.redirect_chain[-1][0] == f"/machines/{host.pk}/"
+            and "was not in maintenance" in again.content.decode()
+        )
 
     def test_resume_needs_a_post_with_the_csrf_token(self, serving_host) -> None:
         from hosts.services import host_maintenance_enter
@@ -463,7 +521,9 @@ class MachineMaintenanceTests:
 
 class MachineHeldMaintenanceTests:
     @pytest.mark.parametrize(("by", "shown"), [("operator", "the operator"), ("verification", "verification")])
-    def test_the_page_says_who_set_it_and_offers_no_resume(self, serving_host, host_client, by: str, shown: str) -> None:
+    def test_the_page_says_who_set_it_and_offers_no_resume(
+        self, serving_host, host_client, by: str, shown: str
+    ) -> None:
         from hosts.services import host_maintenance_enter
 
         host = serving_host.host
@@ -506,9 +566,15 @@ class MachineBanTests:
         assert f'action="/machines/{host.pk}/token/" class="inline" data-rotate hidden' in page
         assert "data-maintenance hidden" in page  # the ban is what the owner reads
         (row,) = host_client.get("/machines/status.json").json()["hosts"]
-        assert (row["status"], row["ban_reason"], row["may_resume"]) == ("banned", "Canary answers did not match the model", False)
+        assert (row["status"], row["ban_reason"], row["may_resume"]) == (
+            "banned",
+            "Canary answers did not match the model",
+            False,
+        )
         detail = host_client.get(f"/machines/{host.pk}/").content.decode()
-        assert "Banned by the operator: <strong data-ban-reason>Canary answers did not match the model</strong>" in detail
+        assert (
+            "Banned by the operator: <strong data-ban-reason>Canary answers did not match the model</strong>" in detail
+        )
         assert ">Resume</button>" not in detail and ">New token</button>" not in detail
 
     def test_the_owner_cannot_lift_it_by_posting(self, serving_host, host_client) -> None:
@@ -530,8 +596,16 @@ class MachineTokenRotationTests:
         import json
 
         def heartbeat(token: str) -> int:
-            return Client().post("/hosts/api/heartbeat", data=json.dumps({"fingerprint": serving_host.fingerprint}),
-                                 content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}").status_code
+            return (
+                Client()
+                .post(
+                    "/hosts/api/heartbeat",
+                    data=json.dumps({"fingerprint": serving_host.fingerprint}),
+                    content_type="application/json",
+                    HTTP_AUTHORIZATION=f"Bearer {token}",
+                )
+                .status_code
+            )
 
         assert heartbeat(serving_host.token) == 200
         response = host_client.post(f"/machines/{serving_host.host.pk}/token/")
@@ -569,14 +643,18 @@ class PoolPageTests:
     def test_it_shows_trust_counts_canary_pass_rate_bans_and_failed_verification(self, catalog, staff_client) -> None:
         from hosts.services import host_ban
 
-        trusted, probation, banned, cheat = (make_host(name=name).host for name in ("trusted", "probation", "banned", "cheat"))
+        trusted, probation, banned, cheat = (
+            make_host(name=name).host for name in ("trusted", "probation", "banned", "cheat")
+        )
         Host.objects.filter(pk=trusted.pk).update(trusted_at=timezone.now())
         host_ban(host=banned, reason="Sold stolen GPU time", by="ops")
         for host, verdict in [(trusted, "passed"), (trusted, "passed"), (trusted, "passed"), (cheat, "failed")]:
             canary_checked(host=host, verdict=verdict, reason="the answer differs from the real model's at character 3")
         page = staff_client.get("/pool/").content.decode()
         assert "<span class=\"value\">1 trusted</span>" in page
-        assert "<span data-probation>2</span> in probation · <span data-banned>1</span> banned" in page  # probation, cheat
+        assert (
+            "<span data-probation>2</span> in probation · <span data-banned>1</span> banned" in page
+        )  # probation, cheat
         assert '<span class="value">75.0%</span>' in page and "3 passed · 1 failed" in page
         failed = page.split('id="pool-failed-verification"')[1].split("</table>")[0]
         assert "cheat" in failed and "at character 3" in failed and "trusted<" not in failed
@@ -618,19 +696,25 @@ class BruteForceTests:
             attacker.post("/login/", {"username": customer.user.username, "password": "guess"})
         locked = attacker.post("/login/", {"username": customer.user.username, "password": "the right password"})
         assert locked.status_code == 429 and "Too many failed attempts" in locked.content.decode()
-        elsewhere = Client(REMOTE_ADDR="198.51.100.7").post("/login/", {"username": customer.user.username, "password": "the right password"})
+        elsewhere = Client(REMOTE_ADDR="198.51.100.7").post(
+            "/login/", {"username": customer.user.username, "password": "the right password"}
+        )
         assert elsewhere.status_code == 302, "the owner, from their own address, is not locked out"
 
     def test_reset_mails_for_one_address_are_limited_whoever_asks(self, db, settings) -> None:
         settings.PASSWORD_RESET_EMAIL_RATE = "2/h"
         email = reset_user("r@example.com")
-        answers = [Client(REMOTE_ADDR=f"203.0.113.{20 + i}").post("/password-reset/", {"email": email.upper() if i else email})
-                   for i in range(3)]
+        answers = [
+            Client(REMOTE_ADDR=f"203.0.113.{20 + i}").post("/password-reset/", {"email": email.upper() if i else email})
+            for i in range(3)
+        ]
         assert [answer.status_code for answer in answers] == [302, 302, 429]
         assert "Too many reset links" in answers[2].content.decode()
         assert len([m for m in mail.outbox if email in m.to]) == 2, "the limited one sends nothing"
-        nobody = [Client(REMOTE_ADDR=f"198.51.100.{i}").post("/password-reset/", {"email": "nobody@example.com"}).status_code
-                  for i in range(3)]
+        nobody = [
+            Client(REMOTE_ADDR=f"198.51.100.{i}").post("/password-reset/", {"email": "nobody@example.com"}).status_code
+            for i in range(3)
+        ]
         assert nobody == [302, 302, 429], "an address with no account is limited alike: the limit reveals nothing"
 
     def test_reset_mails_from_one_client_address_are_limited(self, db, settings) -> None:
@@ -649,8 +733,14 @@ class BruteForceTests:
         cache.clear()
         settings.SIGNUP_RATE = "2/h"
         client = Client(REMOTE_ADDR="203.0.113.10")
-        answers = [client.post("/signup/", {"email": f"s{i}@example.com", "password": "correct horse battery"}).status_code
-                   for i in range(3)]
+        answers = [
+            client.post("/signup/", {"email": f"s{i}@example.com", "password": "correct horse battery"}).status_code
+            for i in range(3)
+        ]
         assert answers == [200, 200, 429]
-        assert Client(REMOTE_ADDR="203.0.113.11").post(
-            "/signup/", {"email": "other@example.com", "password": "correct horse battery"}).status_code == 200
+        assert (
+            Client(REMOTE_ADDR="203.0.113.11")
+            .post("/signup/", {"email": "other@example.com", "password": "correct horse battery"})
+            .status_code
+            == 200
+        )

@@ -1,4 +1,5 @@
 """`create_customer EMAIL --credit USD [--cap USD]`: the last line printed is a new API key."""
+
 from __future__ import annotations
 
 import uuid
@@ -32,7 +33,9 @@ class Command(BaseCommand):
         with transaction.atomic():
             user, created = get_user_model().objects.get_or_create(username=email, defaults={"email": email})
             if credit_ucents:
-                credit_grant(user=user, amount_ucents=credit_ucents, reference=f"cli-{uuid.uuid4()}", memo="create_customer")
+                credit_grant(
+                    user=user, amount_ucents=credit_ucents, reference=f"cli-{uuid.uuid4()}", memo="create_customer"
+                )
             new = api_key_create(user=user, name=key_name, spend_cap_ucents=cap_ucents)
         self.stdout.write(f"{'Created' if created else 'Found'} customer {email}; granted {usd(credit_ucents)}.")
         self.stdout.write(new.secret)

@@ -1,7 +1,8 @@
 """Replay the ledger and report any drift; exit status 1 if the books are not straight.
 
-    python manage.py reconcile [--release-orphans]
+python manage.py reconcile [--release-orphans]
 """
+
 from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser

@@ -6,6 +6,7 @@ and "Pay" on its Checkout page posts the signed event to `--webhook-url`. Its st
 in `--state` (var/stripe-local.json), so the supervisor's restart of it loses no open
 Checkout session or account.
 """
+
 from __future__ import annotations
 
 import signal
@@ -23,20 +24,34 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--port", type=int, required=True)
-        parser.add_argument("--webhook-url", required=True, help="the gateway's webhook endpoint, e.g. http://127.0.0.1:8000/billing/stripe/webhook/")
-        parser.add_argument("--state", type=Path, default=None,
-                            help="the JSON file its sessions and accounts survive a restart in (default: var/stripe-local.json)")
+        parser.add_argument(
+            "--webhook-url",
+            required=True,
+            help="the gateway's webhook endpoint, e.g. http://127.0.0.1:8000/billing/stripe/webhook/",
+        )
+        parser.add_argument(
+            "--state",
+            type=Path,
+            default=None,
+            help="the JSON file its sessions and accounts survive a restart in (default: var/stripe-local.json)",
+        )
 
     def handle(self, *args: object, port: int, webhook_url: str, state: Path | None, **options: object) -> None:
         if not settings.STRIPE_SECRET_KEY.startswith("sk_test_") or not settings.STRIPE_WEBHOOK_SECRET:
-            raise CommandError("stripe_local needs the gateway's test keys in its environment: STRIPE_SECRET_KEY (sk_test_…) "
-                               "and STRIPE_WEBHOOK_SECRET")
+            raise CommandError(
+                "stripe_local needs the gateway's test keys in its environment: STRIPE_SECRET_KEY (sk_test_…) "
+                "and STRIPE_WEBHOOK_SECRET"
+            )
         stand_in = LocalStripe(
-            secret_key=settings.STRIPE_SECRET_KEY, webhook_secret=settings.STRIPE_WEBHOOK_SECRET, webhook_url=webhook_url,
+            secret_key=settings.STRIPE_SECRET_KEY,
+            webhook_secret=settings.STRIPE_WEBHOOK_SECRET,
+            webhook_url=webhook_url,
             state_path=state or settings.VAR_DIR / "stripe-local.json",
         ).start(port=port)
-        self.stdout.write(f"Stripe test mode: a local stand-in at {stand_in.url} takes the top-ups and payout setups "
-                          "(no real money moves; set STRIPE_SECRET_KEY for real Stripe)")
+        self.stdout.write(
+            f"Stripe test mode: a local stand-in at {stand_in.url} takes the top-ups and payout setups "
+            "(no real money moves; set STRIPE_SECRET_KEY for real Stripe)"
+        )
         stopped = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stopped.set())
         signal.signal(signal.SIGINT, lambda *_: stopped.set())

@@ -2,6 +2,7 @@
 add a chat model to the catalog from its own file. It sells the file's own context, at most what hosts and
 audits read (`protocol.catalog.AUDITABLE_CONTEXT_TOKENS`); `--context-length N` sells less. Bad input: one line
 on stderr, exit 2."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,16 +28,39 @@ class Command(BaseCommand):
         parser.add_argument("--name", required=True, help="the model's name in the API")
         parser.add_argument("--input-price", required=True, help="USD per million prompt tokens, e.g. 0.10")
         parser.add_argument("--output-price", required=True, help="USD per million generated tokens, e.g. 0.40")
-        parser.add_argument("--template", type=Path, default=None,
-                            help="a Jinja chat template file, for a GGUF without tokenizer.chat_template")
-        parser.add_argument("--context-length", type=int, default=None,
-                            help="the context sold, in tokens (default: the file's own, at most what audits read)")
+        parser.add_argument(
+            "--template",
+            type=Path,
+            default=None,
+            help="a Jinja chat template file, for a GGUF without tokenizer.chat_template",
+        )
+        parser.add_argument(
+            "--context-length",
+            type=int,
+            default=None,
+            help="the context sold, in tokens (default: the file's own, at most what audits read)",
+        )
 
-    def handle(self, *args: object, path: Path, name: str, input_price: str, output_price: str,
-               template: Path | None, context_length: int | None, **options: object) -> None:
+    def handle(
+        self,
+        *args: object,
+        path: Path,
+        name: str,
+        input_price: str,
+        output_price: str,
+        template: Path | None,
+        context_length: int | None,
+        **options: object,
+    ) -> None:
         try:
-            entry = catalog_model_add(path=path, name=name, input_price=input_price, output_price=output_price,
-                                      template_path=template, context_length=context_length)
+            entry = catalog_model_add(
+                path=path,
+                name=name,
+                input_price=input_price,
+                output_price=output_price,
+                template_path=template,
+                context_length=context_length,
+            )
         except CatalogAddRefused as refused:
             raise CommandError(" ".join(refused.message.split()), returncode=2) from None
         self.stdout.write(

@@ -7,6 +7,7 @@ one serving the shipped embeddings model (a small farm behind one /v1/models),
 prints the API key and a ready-to-paste client snippet, and stops everything
 on Ctrl-C.
 """
+
 from __future__ import annotations
 
 import os
@@ -55,8 +56,10 @@ def status_line() -> str:
 
     online = Host.objects.online(timezone.now())
     running = Job.objects.filter(status=Job.Status.RUNNING)
-    return (f"[{time.strftime('%H:%M')}] hosts: {online.count()} online, {running.values('host').distinct().count()} busy; "
-            f"queue: {Job.objects.filter(status=Job.Status.QUEUED).count()} waiting; streams: {running.count()} running")
+    return (
+        f"[{time.strftime('%H:%M')}] hosts: {online.count()} online, {running.values('host').distinct().count()} busy; "
+        f"queue: {Job.objects.filter(status=Job.Status.QUEUED).count()} waiting; streams: {running.count()} running"
+    )
 
 
 def backend_ports(port: int, workers: int) -> list[int]:
@@ -71,7 +74,9 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", 8000)))
         parser.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2)))
         parser.add_argument(
-            "--workers", type=int, default=int(os.environ.get("WORKERS") or 1),
+            "--workers",
+            type=int,
+            default=int(os.environ.get("WORKERS") or 1),
             help="gateway processes behind HAProxy on --port (needs DATABASE_URL and REDIS_URL)",
         )
 
@@ -95,7 +100,19 @@ class Command(BaseCommand):
         gateways = list(procs)
         if stripe_argv:
             procs.append(self._spawn("stripe-local", stripe_argv))
-        watchdogs_argv = [python, "-m", "celery", "-A", "config", "worker", "-B", "--concurrency", "1", "--loglevel", "WARNING"]
+        watchdogs_argv = [
+            python,
+            "-m",
+            "celery",
+            "-A",
+            "config",
+            "worker",
+            "-B",
+            "--concurrency",
+            "1",
+            "--loglevel",
+            "WARNING",
+        ]
         procs.append(self._spawn("watchdogs", watchdogs_argv))
         # the hosts only once the gateway answers through the balancer: a host that meets its 503
         # at start gives up (and was restarted, over and over)
@@ -107,26 +124,65 @@ class Command(BaseCommand):
         # the demo's hosts run on the operator's own machine, which the operator is using: they
         # must not pause for it (a stranger's mahout pauses while its owner is active, by default)
         # (their tokens travel in the environment, never on a command line `ps` shows)
-        host_argv = [python, "-m", "mahout", "run", "--server", server,
-                     "--home", str(var / "mahout"), "--threads", str(threads), "--no-idle-detect"]
-        embeddings_argv = [python, "-m", "mahout", "run", "--server", server,
-                           "--home", str(var / "mahout-embeddings"), "--threads", "1", "--models", "all-minilm-l6-v2",
-                           "--no-idle-detect"]
-        envs = {"mahout": {**os.environ, "MAHOUT_TOKEN": host_token},
-                "mahout-embeddings": {**os.environ, "MAHOUT_TOKEN": embeddings_token}}
+        host_argv = [
+            python,
+            "-m",
+            "mahout",
+            "run",
+            "--server",
+            server,
+            "--home",
+            str(var / "mahout"),
+            "--threads",
+            str(threads),
+            "--no-idle-detect",
+        ]
+        embeddings_argv = [
+            python,
+            "-m",
+            "mahout",
+            "run",
+            "--server",
+            server,
+            "--home",
+            str(var / "mahout-embeddings"),
+            "--threads",
+            "1",
+            "--models",
+            "all-minilm-l6-v2",
+            "--no-idle-detect",
+        ]
+        envs = {
+            "mahout": {**os.environ, "MAHOUT_TOKEN": host_token},
+            "mahout-embeddings": {**os.environ, "MAHOUT_TOKEN": embeddings_token},
+        }
         procs.append(self._spawn("mahout", host_argv, env=envs["mahout"]))
         procs.append(self._spawn("mahout-embeddings", embeddings_argv, env=envs["mahout-embeddings"]))
         self._print_welcome(server, api_key)
         # the watchdogs too: a 16-minute soak saw the embedded broker's worker die on a message it
         # read half-written (JSONDecodeError), and that stopped the whole system
-        self._supervise(procs, restartable={"mahout": host_argv, "mahout-embeddings": embeddings_argv,
-                                            "watchdogs": watchdogs_argv, **({"stripe-local": stripe_argv} if stripe_argv else {})},
-                       envs=envs)
+        self._supervise(
+            procs,
+            restartable={
+                "mahout": host_argv,
+                "mahout-embeddings": embeddings_argv,
+                "watchdogs": watchdogs_argv,
+                **({"stripe-local": stripe_argv} if stripe_argv else {}),
+            },
+            envs=envs,
+        )
 
     def _demo_key(self) -> str:
-        user, created = get_user_model().objects.get_or_create(username=DEMO_CUSTOMER, defaults={"email": DEMO_CUSTOMER})
+        user, created = get_user_model().objects.get_or_create(
+            username=DEMO_CUSTOMER, defaults={"email": DEMO_CUSTOMER}
+        )
         if created:
-            credit_grant(user=user, amount_ucents=usd_to_ucents(DEMO_CREDIT_USD), reference=f"demo-{uuid.uuid4()}", memo="demo credit")
+            credit_grant(
+                user=user,
+                amount_ucents=usd_to_ucents(DEMO_CREDIT_USD),
+                reference=f"demo-{uuid.uuid4()}",
+                memo="demo credit",
+            )
         return api_key_create(user=user, name=f"demo {time.strftime('%Y-%m-%d %H:%M')}").secret
 
     def _demo_host_token(self, name: str) -> str:
@@ -152,14 +208,25 @@ class Command(BaseCommand):
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             stripe_port = probe.getsockname()[1]
-        os.environ.update(STRIPE_SECRET_KEY=f"sk_test_local_{secrets.token_hex(12)}",
-                          STRIPE_WEBHOOK_SECRET=f"whsec_local_{secrets.token_hex(16)}",
-                          STRIPE_API_BASE=f"http://127.0.0.1:{stripe_port}")
-        return [python, "manage.py", "stripe_local", "--port", str(stripe_port), "--webhook-url", f"{server}/billing/stripe/webhook/"]
+        os.environ.update(
+            STRIPE_SECRET_KEY=f"sk_test_local_{secrets.token_hex(12)}",
+            STRIPE_WEBHOOK_SECRET=f"whsec_local_{secrets.token_hex(16)}",
+            STRIPE_API_BASE=f"http://127.0.0.1:{stripe_port}",
+        )
+        return [
+            python,
+            "manage.py",
+            "stripe_local",
+            "--port",
+            str(stripe_port),
+            "--webhook-url",
+            f"{server}/billing/stripe/webhook/",
+        ]
 
     def _gateways(self, python: str, port: int, workers: int, var: Path) -> list[tuple[str, subprocess.Popen]]:
         """One daphne on `port`; or `workers` of them on the ports above it, behind HAProxy on `port`,
         started once they answer (its first health checks then pass: no "server is DOWN" alerts)."""
+
         def daphne(listen: int) -> list[str]:
             # (daphne, with the hosts' heartbeats and long-polls left out of its access log)
             return [python, "-m", "config.gateway", "-b", "127.0.0.1", "-p", str(listen), "config.asgi:application"]
@@ -169,7 +236,10 @@ class Command(BaseCommand):
         backends = backend_ports(port, workers)
         config = var / "haproxy.cfg"
         config.write_text(haproxy_config(port=port, backends=backends))
-        behind = {**os.environ, "TRUSTED_PROXY_COUNT": os.environ.get("TRUSTED_PROXY_COUNT", "1")}  # HAProxy adds X-Forwarded-For
+        behind = {
+            **os.environ,
+            "TRUSTED_PROXY_COUNT": os.environ.get("TRUSTED_PROXY_COUNT", "1"),
+        }  # HAProxy adds X-Forwarded-For
         procs = [self._spawn(f"gateway-{backend}", daphne(backend), env=behind) for backend in backends]
         try:
             self._wait_for([f"http://127.0.0.1:{backend}" for backend in backends], procs)
@@ -223,7 +293,9 @@ print(len(client.embeddings.create(model="all-minilm-l6-v2", input="a grey giant
         )
 
     def _supervise(
-        self, procs: list[tuple[str, subprocess.Popen]], restartable: dict[str, list[str]],
+        self,
+        procs: list[tuple[str, subprocess.Popen]],
+        restartable: dict[str, list[str]],
         envs: dict[str, dict[str, str]] | None = None,
     ) -> None:
         """Wait for Ctrl-C. A host that dies (try `kill -9` on it mid-stream) is

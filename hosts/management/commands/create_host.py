@@ -1,4 +1,5 @@
 """`create_host EMAIL NAME`: the last line printed is a new host token."""
+
 from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser

@@ -12,6 +12,7 @@ link secrets (a report from any other host is refused). It then serves the model
 `python -m mahout moe coordinator --model PATH --name NAME`. Run the command again to change
 prices or targets (the bound coordinator stays) or, with --coordinator-host, to bind another.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,12 +29,17 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("path", help="the MoE GGUF the gateway cuts expert slices from (keep it in place)")
         parser.add_argument("--name", required=True, help="the model name customers and hosts use")
-        parser.add_argument("--coordinator-host", default=None,
-                            help="the host (name or id) that coordinates the model; needed for a new model")
+        parser.add_argument(
+            "--coordinator-host",
+            default=None,
+            help="the host (name or id) that coordinates the model; needed for a new model",
+        )
         parser.add_argument("--input-price", type=int, default=10, help="µ¢ per prompt token (default 10)")
         parser.add_argument("--output-price", type=int, default=40, help="µ¢ per generated token (default 40)")
         parser.add_argument("--slice-size", type=int, default=4, help="experts per slice handed to a volunteer")
-        parser.add_argument("--base-target", type=int, default=0, help="replicas per slice while the coordinator is quiet")
+        parser.add_argument(
+            "--base-target", type=int, default=0, help="replicas per slice while the coordinator is quiet"
+        )
         parser.add_argument("--boost", type=int, default=1, help="extra replicas per slice while it is saturated")
         parser.add_argument("--saturation-threshold", type=int, default=2, help="busy slots that mean saturated")
 
@@ -41,16 +47,23 @@ class Command(BaseCommand):
         source = Path(path).resolve()
         if not source.is_file():
             raise CommandError(f"no such file: {source}")
-        if min(options["input_price"], options["output_price"], options["base_target"], options["boost"]) < 0 or \
-                min(options["slice_size"], options["saturation_threshold"]) < 1:
+        if (
+            min(options["input_price"], options["output_price"], options["base_target"], options["boost"]) < 0
+            or min(options["slice_size"], options["saturation_threshold"]) < 1
+        ):
             raise CommandError("prices and targets must not be negative; slice size and threshold must be positive")
         coordinator = host_by_ref(coordinator_host) if coordinator_host else None
         try:
             expert_model, catalog = moe_model_publish(
-                name=name, gguf_path=source, input_price_ucents=options["input_price"],
-                output_price_ucents=options["output_price"], slice_size=options["slice_size"],
-                base_target=options["base_target"], boost=options["boost"],
-                saturation_threshold=options["saturation_threshold"], coordinator=coordinator,
+                name=name,
+                gguf_path=source,
+                input_price_ucents=options["input_price"],
+                output_price_ucents=options["output_price"],
+                slice_size=options["slice_size"],
+                base_target=options["base_target"],
+                boost=options["boost"],
+                saturation_threshold=options["saturation_threshold"],
+                coordinator=coordinator,
             )
         except (MoeRefused, ValueError) as exc:
             raise CommandError(str(exc)) from None
@@ -61,4 +74,3 @@ class Command(BaseCommand):
             f"host {expert_model.coordinator_id} ({expert_model.coordinator}). Serve it there with: "
             f"python -m mahout moe coordinator --server URL --token TOKEN --model {source} --name {catalog.name}"
         )
-

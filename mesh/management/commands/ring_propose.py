@@ -1,6 +1,7 @@
 """`ring_propose MODEL --hosts A,B[,C…] [--bridge HOST] [--layer-mb MB]`: a ring plan split by
 the hosts' advertised memory (one layer's MB read from the model's own file unless given);
 prints the plan id and its stages."""
+
 from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -16,8 +17,12 @@ class Command(BaseCommand):
         parser.add_argument("model")
         parser.add_argument("--hosts", required=True, help="comma-separated host names or ids, in stage order")
         parser.add_argument("--bridge", default=None, help="the host whose bridge feeds the ring")
-        parser.add_argument("--layer-mb", type=float, default=None,
-                            help="memory one layer takes on a stage (default: read from the model's weights file)")
+        parser.add_argument(
+            "--layer-mb",
+            type=float,
+            default=None,
+            help="memory one layer takes on a stage (default: read from the model's weights file)",
+        )
         parser.add_argument("--row-width", type=int, default=64)
         parser.add_argument("--micro-batch", type=int, default=4)
 
@@ -27,8 +32,12 @@ class Command(BaseCommand):
         layer_mb = None if options["layer_mb"] is None else float(str(options["layer_mb"]))
         try:
             plan = ring_plan_propose(
-                model_name=str(options["model"]), hosts=hosts, bridge_host=bridge, layer_mb=layer_mb,
-                row_width=int(options["row_width"]), micro_batch=int(options["micro_batch"]),
+                model_name=str(options["model"]),
+                hosts=hosts,
+                bridge_host=bridge,
+                layer_mb=layer_mb,
+                row_width=int(options["row_width"]),
+                micro_batch=int(options["micro_batch"]),
             )
         except PlanInvalid as error:
             raise CommandError(str(error)) from None
