@@ -90,7 +90,7 @@ def _fresh_cache() -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def _audits_only_where_asked(request: pytest.FixtureRequest, settings) -> None:  # noqa: ANN001 (pytest-django's)
-    """Audits (`marketplace.audits`) hold a host's share in escrow and fail a host that
+    """Audits (`marketplace.trust.audits`) hold a host's share in escrow and fail a host that
     reports no tokens, as the suite's synthetic hosts do: they stay on only in the tests
     marked `audits` (`testkit.stack.stack_env` does the same for child processes)."""
     settings.AUDIT_ENABLED = request.node.get_closest_marker("audits") is not None

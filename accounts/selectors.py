@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from accounts.key_use import api_key_used
 from accounts.models import ApiKey
 from core.errors import ApiError
 from core.secrets import secret_hash
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 
 def api_key_by_secret(*, secret: str) -> ApiKey | None:
@@ -51,7 +56,7 @@ def key_from_secret(secret: str) -> ApiKey:
     return key
 
 
-def account_unconfirmed(user: object) -> bool:
+def account_unconfirmed(user: User) -> bool:
     """Whether `user` signed up and has not confirmed its e-mail address yet: such an account
     makes no API key and registers no machine."""
     from accounts.models import EmailVerification

@@ -181,7 +181,8 @@ def main() -> None:
     database = "PostgreSQL" if os.environ.get("DATABASE_URL") else "SQLite"
     for name, s in summary.items():
         print(
-            f"{database} {name}: admission p50 {s['p50_ms']:.2f} ms, p90 {s['p90_ms']:.2f} ms, {s['statements']} statements"
+            f"{database} {name}: admission p50 {s['p50_ms']:.2f} ms, "
+            f"p90 {s['p90_ms']:.2f} ms, {s['statements']} statements"
         )
     if "base" in summary:
         print(f"{database} base ÷ head, p50: {summary['base']['p50_ms'] / summary['head']['p50_ms']:.2f}×")

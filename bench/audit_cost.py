@@ -9,7 +9,7 @@ prefill costs, only what it says. The 1B file (0.8 GB) is built once into `--fol
 
 For each model, `--answers` honest answers of `--tokens` tokens at temperature 0.7 are streamed
 by a host's runner (`LlamaRunner`, the specified sampler); each is audited by the verifier
-(`mahout.verify.Verifier`) with `--sample` tokens drawn (`AUDIT_TOKENS`, the default) and with
+(`scorer.verify.Verifier`) with `--sample` tokens drawn (`AUDIT_TOKENS`, the default) and with
 every token. Printed: the audit seconds ÷ the generation seconds, summed over the answers, and
 any audit that failed (an honest answer: 0 expected).
 

@@ -3,7 +3,7 @@ sequences at once, every one audited in full by the gateway's verifier; no hones
 
 Batching changes the arithmetic: a sequence's logits come out of a matmul whose shape is the
 whole batch's, so they differ in their last bits from the one-sequence decode a verifier
-replays. The verifier's tolerances (`mahout.verify`: TIE_GAP, its second look) were set from
+replays. The verifier's tolerances (`scorer.verify`: TIE_GAP, its second look) were set from
 one-sequence hosts; this measures them against batched ones.
 
 For each S in --slots (default 1, 2, 4): a BatchedLlamaRunner with S slots on the shipped model

@@ -12,7 +12,8 @@
    1,000 completion tokens.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/elephant_billing_bench \\
-        .venv/bin/python bench/billing.py [--settlements 1000] [--processes 2] [--threads 1] [--clients 50] [--admissions 20]
+        .venv/bin/python bench/billing.py [--settlements 1000] [--processes 2] [--threads 1] \\
+        [--clients 50] [--admissions 20]
 
 Uses a bench catalog model counted by the byte tokenizer, so the figures are
 billing's, not the GGUF tokenizer's. Prints figures; asserts nothing.

@@ -392,8 +392,8 @@ def setup_django(tmp: Path) -> None:
             "CANARY_ENABLED": "0",
             "AUDIT_ENABLED": "0",  # counting hosts would fail them: this is about leaving
             "MAHOUT_UNVERSIONED_ALLOWED": "1",  # its synthetic hosts say "sim"
-            "ELEPHANT_VAR_DIR": str(tmp / "var"),
-            "ALLOWED_HOSTS": f"127.0.0.1,localhost,{netsim.GATEWAY_IP}",  # its own file broker and beat schedule, not make run's
+            "ELEPHANT_VAR_DIR": str(tmp / "var"),  # its own file broker and beat schedule, not make run's
+            "ALLOWED_HOSTS": f"127.0.0.1,localhost,{netsim.GATEWAY_IP}",
         }
     )
     import django

@@ -1,5 +1,5 @@
 """Audits of constrained answers on the real model (issue 29): structured output, resumed text,
-reported log-probabilities (`mahout.verify`; part 1 of `bench/trust.py` measures free text).
+reported log-probabilities (`scorer.verify`; part 1 of `bench/trust.py` measures free text).
 
 On the shipped Gemma 3 270M, a 1-thread host (LlamaRunner) and a 1-thread verifier (`--verifier-threads`), one run:
 

@@ -19,7 +19,8 @@ reports, from the gateway's own records (`manage.py shell`):
 
 - customers: requests, answers received, empty answers received, and any billed empty answer;
 - per host: jobs it claimed, completions refused, jobs paid (escrowed shares included), its
-  balance after audits and forfeits (payable and vesting), and whether and when it went to maintenance and why (the honest host must not);
+  balance after audits and forfeits (payable and vesting), and whether and when it went to
+  maintenance and why (the honest host must not);
 - `manage.py reconcile`.
 
 Prints a markdown table; exits 1 if a customer was billed for an empty answer, a cheat earned
@@ -66,7 +67,8 @@ for host in Host.objects.all():
         "balance_ucents": account.balance_ucents if account else 0,
         "maintenance": host.maintenance_reason, "maintenance_since": str(host.maintenance_since or ""),
         "created_at": str(host.created_at),
-        "first_refused_job": jobs.filter(fail_reason__contains="completion was refused").order_by("pk").values_list("pk", flat=True).first(),
+        "first_refused_job": \
+jobs.filter(fail_reason__contains="completion was refused").order_by("pk").values_list("pk", flat=True).first(),
     }
 rows = Request.objects.filter(canary__isnull=True, kind="chat")
 out["requests"] = {"total": rows.count(), "completed": rows.filter(status="completed").count(),
@@ -192,11 +194,13 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|")
     for name, row in report["hosts"].items():
         print(
-            f"| {name} | {row['claimed']} | {row['refused']} | {row['paid']} | {row['earned_ucents']} | {row['balance_ucents']} "
+            f"| {name} | {row['claimed']} | {row['refused']} | {row['paid']} "
+            f"| {row['earned_ucents']} | {row['balance_ucents']} "
             f"| {row['maintenance'][:90] or '-'} |"
         )
     print(
-        f"\nreconcile: exit {reconcile.returncode}: {reconcile.stdout.strip().splitlines()[-1] if reconcile.stdout.strip() else ''}"
+        f"\nreconcile: exit {reconcile.returncode}: "
+        f"{reconcile.stdout.strip().splitlines()[-1] if reconcile.stdout.strip() else ''}"
     )
     bad = tally.get("empty", 0) > 0 and report["requests"]["billed"] > tally.get("answered", 0)
     bad |= any(report["hosts"][name]["balance_ucents"] > 0 for name in CHEATS if name in report["hosts"])

@@ -2,7 +2,8 @@
 
 For each architecture the engine runs (gemma3, llama, qwen2, qwen3, and the mixtures of
 experts qwen3moe and Mixtral, `engine.moe`) a random-weight model of that family
-(`testkit.families`: its real vocabulary and a blueprint of the size asked for), and the shipped Gemma 3 270M (Q4_K_M): greedy decode tokens/s of the engine (one stage,
+(`testkit.families`: its real vocabulary and a blueprint of the size asked for), and the
+shipped Gemma 3 270M (Q4_K_M): greedy decode tokens/s of the engine (one stage,
 one torch thread) and of llama-cpp-python (one thread) on the same file and prompt, rounds
 alternating between the two so that machine noise hits both; medians and their ratio.
 

@@ -670,9 +670,12 @@ def table(counts: dict, admission: dict, memory: dict) -> str:
         multi_ratio = multi / (gemma["render_multi"][0] + gemma["count_multi"][0])
         copy = "—" if m["copy_mb"] is None else f"{m['copy_mb']:.1f}"
         lines.append(
-            f"| {label} | {c.get('vocab', '')} | {c['jobs']} | {c['refused']} | {c['mismatches']} | {c['stray_controls']} "
-            f"| {a['admit'][0]:.0f} | {a['admit'][1]:.2f} ({a['admit'][2]:.2f}–{a['admit'][3]:.2f}) | {short:.0f} ({a['render_short'][0]:.0f}+{a['count_short'][0]:.0f}) "
-            f"| {short_ratio:.2f} | {multi:.0f} ({a['render_multi'][0]:.0f}+{a['count_multi'][0]:.0f}) | {multi_ratio:.2f} "
+            f"| {label} | {c.get('vocab', '')} | {c['jobs']} | "
+            f"{c['refused']} | {c['mismatches']} | {c['stray_controls']} "
+            f"| {a['admit'][0]:.0f} | {a['admit'][1]:.2f} ({a['admit'][2]:.2f}–{a['admit'][3]:.2f}) "
+            f"| {short:.0f} ({a['render_short'][0]:.0f}+{a['count_short'][0]:.0f}) "
+            f"| {short_ratio:.2f} | {multi:.0f} "
+            f"({a['render_multi'][0]:.0f}+{a['count_multi'][0]:.0f}) | {multi_ratio:.2f} "
             f"| {a['claim_render'][1]:.2f} | {m['rss_mb']:.1f} ({m['peak_mb']:.1f}) | {copy} | {m['cold_ms']:.0f} |"
         )
     return "\n".join(lines)
@@ -750,7 +753,8 @@ def main() -> None:
     print(f"\n{connection.vendor}, {args.rounds} rounds, {time.monotonic() - started:.0f} s in all\n")
     print(table(counts, admission, memory))
     print(
-        f"\nllama3 entries of one vocabulary (copy shared: {shared['shared']}): one entry {shared['alone']['rss_mb']:.1f} MB, "
+        "\nllama3 entries of one vocabulary (copy shared: "
+        f"{shared['shared']}): one entry {shared['alone']['rss_mb']:.1f} MB, "
         f"two entries {shared['both']['rss_mb']:.1f} MB, so {shared['both']['rss_mb'] / 2:.1f} MB per entry"
     )
     if ttft:
@@ -758,7 +762,8 @@ def main() -> None:
         for name, row in ttft.items():
             print(
                 f"TTFT {name}: customer {row['ttft_ms']:.1f} ms, host {row['host_ms']:.1f} ms, gateway overhead "
-                f"{row['overhead_ms']:.1f} ms (IQR {row['overhead_iqr_ms'][0]:.1f}–{row['overhead_iqr_ms'][1]:.1f}; sent→queued {row['queued_ms']:.1f}, queued→claimed {row['claim_ms']:.1f}), "
+                f"{row['overhead_ms']:.1f} ms (IQR {row['overhead_iqr_ms'][0]:.1f}–{row['overhead_iqr_ms'][1]:.1f}; "
+                f"sent→queued {row['queued_ms']:.1f}, queued→claimed {row['claim_ms']:.1f}), "
                 f"{row['samples']} chats"
             )
         tiny, gemma = (ttft[name]["overhead_ms"] for name in ttft if name != SHIPPED), ttft[SHIPPED]["overhead_ms"]
@@ -767,7 +772,8 @@ def main() -> None:
             if "crowd" in row:
                 c = row["crowd"]
                 print(
-                    f"{c['customers']} customers at once, {name}: {c['answered']}/{c['sent']} answered, {c['errors']} errors, "
+                    f"{c['customers']} customers at once, {name}: "
+                    f"{c['answered']}/{c['sent']} answered, {c['errors']} errors, "
                     f"usage = billed prompt tokens on {c['usage_equals_billed']}, p50 {c['p50_s']:.2f} s, "
                     f"p95 {c['p95_s']:.2f} s, wall {c['wall_s']:.1f} s"
                 )

@@ -149,7 +149,8 @@ def measure(rounds: int, seconds: float) -> None:
             print(
                 f"{label:>8} {rows.nbytes:>10} {plain:>15.0f} {sealed:>19.0f} "
                 f"{plain * mb:>11.0f} {sealed * mb:>15.0f} {sealed / plain:>18.2f} {1e6 / sealed - 1e6 / plain:>15.0f}"
-                f" {cpu['sender'][0]:>19.1f} / {cpu['sender'][1]:<6.1f} {cpu['receiver'][0]:>7.1f} / {cpu['receiver'][1]:<6.1f}"
+                f" {cpu['sender'][0]:>19.1f} / {cpu['sender'][1]:<6.1f} "
+                f"{cpu['receiver'][0]:>7.1f} / {cpu['receiver'][1]:<6.1f}"
             )
     finally:
         for link in links.values():

@@ -187,7 +187,10 @@ def bench_layer(tmp: Path, rounds: int) -> None:
             print(
                 f"{t:>4} "
                 + " ".join(f"{ms[name]:>24.2f}" for name in sides)
-                + f" {ms['remote (2 workers)'] / ms['local']:>13.2f} {ms['split (here + 1 worker)'] / ms['local']:>12.2f}"
+                + (
+                    f" {ms['remote (2 workers)'] / ms['local']:>13.2f} "
+                    f"{ms['split (here + 1 worker)'] / ms['local']:>12.2f}"
+                )
             )
         print(f"     dispatch stats: remote {remote.stats}, split {split.stats}")
     finally:
@@ -220,7 +223,8 @@ def bench_seal(tmp: Path, rounds: int) -> None:
             coordinator.attach(WorkerSpec(f"{name}-b", 0, 8, 8, workers[1][1], secret=SECRET))
         print(
             f"\n5. Sealing on expert links: section 1's layer with every expert on 2 workers, links sealed "
-            f"(as agents run) and in the clear (workers from bench/unsealed.py); median ms of {rounds} alternated rounds"
+            "(as agents run) and in the clear (workers from "
+            f"bench/unsealed.py); median ms of {rounds} alternated rounds"
         )
         print(f"{'T':>4} {'frame KB':>9} {'sealed ms':>10} {'clear ms':>9} {'sealed / clear throughput':>26}")
         try:
@@ -236,7 +240,8 @@ def bench_seal(tmp: Path, rounds: int) -> None:
                 ms = {name: statistics.median(values) * 1000 for name, values in times.items()}
                 frame_kb = t * config.n_experts_used // 2 * config.d_model * 4 / 1024  # rows a worker gets, float32
                 print(
-                    f"{t:>4} {frame_kb:>9.0f} {ms['sealed']:>10.2f} {ms['clear']:>9.2f} {ms['clear'] / ms['sealed']:>26.3f}"
+                    f"{t:>4} {frame_kb:>9.0f} {ms['sealed']:>10.2f} "
+                    f"{ms['clear']:>9.2f} {ms['clear'] / ms['sealed']:>26.3f}"
                 )
             print(
                 f"     links opened: {admitted}; dispatch stats (no fallbacks: every batch went remote as "
@@ -452,7 +457,8 @@ def bench_saturation(tmp: Path, window: float) -> None:
 
 def print_header(first: str) -> None:
     print(
-        f"{first:>22} {'rule':>14} {'tokens/s':>9} {'vs 0':>6} {'load -> first remote dispatch':>30} {'remote experts':>15}"
+        f"{first:>22} {'rule':>14} {'tokens/s':>9} {'vs 0':>6} "
+        f"{'load -> first remote dispatch':>30} {'remote experts':>15}"
     )
 
 

@@ -7,7 +7,8 @@ latency, jitter and loss.
 
 For home i (1..N):
 
-    [ns eh-home-i]  10.77.i.2  ──veth──  10.77.i.1  [ns eh-router-i]  10.76.0.(i+10) ──veth── bridge eh-wan (10.76.0.1, this machine)
+    [ns eh-home-i]  10.77.i.2  ──veth──  10.77.i.1  [ns eh-router-i]  10.76.0.(i+10) ──veth──
+        bridge eh-wan (10.76.0.1, this machine)
 
 - The router masquerades the home's traffic to the bridge and forwards only connections the
   home opened (conntrack ESTABLISHED,RELATED); nothing from the bridge reaches a home: a host
@@ -132,16 +133,26 @@ def up(homes: int, rtt: tuple[float, float], jitter: float, loss: float, seed: i
             f"ip netns exec {router} iptables -t nat -A POSTROUTING -o eh-u{i} -j MASQUERADE",
             f"ip netns exec {router} iptables -P FORWARD DROP",
             f"ip netns exec {router} iptables -A FORWARD -i eh-l{i} -o eh-u{i} -j ACCEPT",
-            f"ip netns exec {router} iptables -A FORWARD -i eh-u{i} -o eh-l{i} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
+            (
+                f"ip netns exec {router} iptables -A FORWARD -i eh-u{i} -o "
+                f"eh-l{i} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT"
+            ),
         )
         if netem:  # the home link: half the round trip each way, jitter and loss on both
             sh(
-                f"ip netns exec {router} tc qdisc add dev eh-u{i} root netem delay {one_way:.1f}ms {jitter:g}ms loss {loss:g}%",
-                f"ip netns exec {router} tc qdisc add dev eh-l{i} root netem delay {one_way:.1f}ms {jitter:g}ms loss {loss:g}%",
+                (
+                    f"ip netns exec {router} tc qdisc add dev eh-u{i} root "
+                    f"netem delay {one_way:.1f}ms {jitter:g}ms loss {loss:g}%"
+                ),
+                (
+                    f"ip netns exec {router} tc qdisc add dev eh-l{i} root "
+                    f"netem delay {one_way:.1f}ms {jitter:g}ms loss {loss:g}%"
+                ),
             )
         else:
             sh(
-                f"ip netns exec {router} iptables -t nat -A PREROUTING -i eh-l{i} -p tcp -j REDIRECT --to-ports {RELAY_PORT}"
+                f"ip netns exec {router} iptables -t nat -A PREROUTING "
+                f"-i eh-l{i} -p tcp -j REDIRECT --to-ports {RELAY_PORT}"
             )
             relays.append(
                 subprocess.Popen(

@@ -494,15 +494,21 @@ def main() -> None:
     )
     for r in results:
         print(
-            f"{r['gateway']:>4}/{r['host_path']:<9} {r['door']:<9} W={r['workers']} C={r['streams']:>3}: offered {r['offered_batches_per_s']:.0f}/s, relayed "
-            f"{r['steady_batches_per_s']:.0f}/s steady ({r['steady_batches_per_s'] / r['offered_batches_per_s']:.0%} of offered), "
-            f"{r['relayed_batches_per_s']:.0f}/s over the round ({r['relayed_share']:.0%} arrived), round {r['round_s']:.1f} s (ideal "
+            f"{r['gateway']:>4}/{r['host_path']:<9} {r['door']:<9} W={r['workers']} "
+            f"C={r['streams']:>3}: offered {r['offered_batches_per_s']:.0f}/s, relayed "
+            f"{r['steady_batches_per_s']:.0f}/s steady "
+            f"({r['steady_batches_per_s'] / r['offered_batches_per_s']:.0%} of offered), "
+            f"{r['relayed_batches_per_s']:.0f}/s over the round "
+            f"({r['relayed_share']:.0%} arrived), round {r['round_s']:.1f} s (ideal "
             f"{r['stream_s_ideal']:.1f}), delay p50/p99/max {r['delay_ms_p50']:.0f}/{r['delay_ms_p99']:.0f}/"
-            f"{r['delay_ms_max']:.0f} ms, lost/dup/reordered {r['lost']}/{r['duplicated']}/{r['reordered']}, gateway CPU "
-            f"{r['gateway_cpu_ms_per_batch']:.2f} ms per batch ({r['gateway_cpu_share']:.0%} of a core), load generator "
+            f"{r['delay_ms_max']:.0f} ms, lost/dup/reordered "
+            f"{r['lost']}/{r['duplicated']}/{r['reordered']}, gateway CPU "
+            f"{r['gateway_cpu_ms_per_batch']:.2f} ms per batch "
+            f"({r['gateway_cpu_share']:.0%} of a core), load generator "
             f"{r['load_generator_cpu_share']:.0%}"
             + (
-                f"; {args.heavy} heavy schemas answered {r['heavy_statuses']}, the slowest in {r['heavy_answer_s_max']:.2f} s"
+                f"; {args.heavy} heavy schemas answered {r['heavy_statuses']}, "
+                f"the slowest in {r['heavy_answer_s_max']:.2f} s"
                 if args.heavy
                 else ""
             )
@@ -512,13 +518,15 @@ def main() -> None:
         one = by_workers.get((name, streams, 1))
         if workers > 1 and one is not None:
             print(
-                f"{name} C={streams:>3}: W={workers} / W=1 relayed {r['steady_batches_per_s'] / one['steady_batches_per_s']:.2f}x (steady)"
+                f"{name} C={streams:>3}: W={workers} / W=1 relayed "
+                f"{r['steady_batches_per_s'] / one['steady_batches_per_s']:.2f}x (steady)"
             )
     for head, base in zip(results[::2], results[1::2], strict=False):
         if args.baseline and head["streams"] == base["streams"]:
             a, b = (head, base) if head["gateway"] == "head" else (base, head)
             print(
-                f"C={a['streams']:>3}: head / base relayed {a['steady_batches_per_s'] / b['steady_batches_per_s']:.2f}x (steady), "
+                f"C={a['streams']:>3}: head / base relayed "
+                f"{a['steady_batches_per_s'] / b['steady_batches_per_s']:.2f}x (steady), "
                 f"CPU per batch {b['gateway_cpu_ms_per_batch'] / a['gateway_cpu_ms_per_batch']:.1f}x less"
             )
 

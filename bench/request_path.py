@@ -306,11 +306,13 @@ def main() -> None:
         f"ratio {g['ttft_ratio']:.2f} (target <= 1.25), +{g['ttft_extra_ms']:.1f} ms (target <= 50)"
     )
     print(
-        f"decode gateway {g['gateway']['decode_tps_p50']:.1f} tok/s vs direct {g['direct']['decode_tps_p50']:.1f} tok/s: "
+        f"decode gateway {g['gateway']['decode_tps_p50']:.1f} tok/s "
+        f"vs direct {g['direct']['decode_tps_p50']:.1f} tok/s: "
         f"ratio {g['decode_ratio']:.2f} (target >= 0.90)"
     )
     print(
-        f"claim  p50 {claims['claim_ms_p50']:.1f} ms, p95 {claims['claim_ms_p95']:.1f} ms over {claims['samples']} jobs "
+        f"claim  p50 {claims['claim_ms_p50']:.1f} ms, p95 "
+        f"{claims['claim_ms_p95']:.1f} ms over {claims['samples']} jobs "
         f"(targets 10 / 50 ms)"
     )
 

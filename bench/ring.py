@@ -312,7 +312,8 @@ def main() -> int:
     # micro-batch of 4 the pass bounces between the stages like a lone request).
     limits = Limits(micro_batch=2, row_width=64)
     print(
-        f"model {path.name}; prompts of {[len(p) for p in prompts]} tokens; {args.tokens} tokens each; {args.rounds} rounds"
+        f"model {path.name}; prompts of {[len(p) for p in prompts]} "
+        f"tokens; {args.tokens} tokens each; {args.rounds} rounds"
     )
 
     (full,) = build_stages(path, [(0, 18)], n_rows=1, n_ctx=256)
@@ -352,7 +353,8 @@ def main() -> int:
     best = max(med["eng1"], med["eng2"])
     print(
         f"1. 2-stage ring (2 processes x 1 thread), one request: {med['ring1']:.2f} tok/s decode; "
-        f"engine 2 threads: {med['eng2']:.2f}, 1 thread: {med['eng1']:.2f} tok/s -> ratio {med['ring1'] / med['eng2']:.2f} "
+        f"engine 2 threads: {med['eng2']:.2f}, 1 thread: {med['eng1']:.2f} "
+        f"tok/s -> ratio {med['ring1'] / med['eng2']:.2f} "
         f"vs 2 threads, {med['ring1'] / best:.2f} vs the better engine setting (target >= 0.85)"
     )
     print(
@@ -360,14 +362,16 @@ def main() -> int:
         f"-> ratio {med['ring2'] / med['eng2']:.2f} vs the engine with 2 threads"
     )
     print(
-        f"2. same ring, 4 requests in flight: {med['packed']:.2f} tok/s; drained one at a time: {med['alone']:.2f} tok/s "
+        f"2. same ring, 4 requests in flight: {med['packed']:.2f} "
+        f"tok/s; drained one at a time: {med['alone']:.2f} tok/s "
         f"-> ratio {med['packed'] / med['alone']:.2f} (target >= 1.4)"
     )
     print(
         f"   baseline, whole output head at the tail: one request {med['w_ring1']:.2f} tok/s "
         f"(ratio {med['w_ring1'] / med['eng2']:.2f} vs the engine with 2 threads; sharing gains "
         f"{med['ring1'] / med['w_ring1']:.2f}x); in flight {med['w_packed']:.2f}, drained {med['w_alone']:.2f} tok/s "
-        f"-> ratio {med['w_packed'] / med['w_alone']:.2f}; shared in flight vs whole in flight {med['packed'] / med['w_packed']:.2f}"
+        f"-> ratio {med['w_packed'] / med['w_alone']:.2f}; shared in "
+        f"flight vs whole in flight {med['packed'] / med['w_packed']:.2f}"
     )
     print(
         f"3. engine, 1 thread: {med['eng1']:.2f} tok/s decode; llama-cpp-python, 1 thread: {med['llama1']:.2f} tok/s "

@@ -102,7 +102,8 @@ def run(ring: ThreadRing, tokenizer: PromptTokenizer, recompute, args: argparse.
         verdict, check_s, sizes = check(ring, request_id, sequence, prompt_len, recompute, args.check_threads)
         rows.append((verdict, generated_s, check_s, sizes, len(sequence) - prompt_len))
         print(
-            f"  {label} {i:3d}: {len(sequence) - prompt_len:3d} tokens in {generated_s:5.2f} s, check {check_s:5.2f} s, "
+            f"  {label} {i:3d}: {len(sequence) - prompt_len:3d} "
+            f"tokens in {generated_s:5.2f} s, check {check_s:5.2f} s, "
             f"errors {[None if e is None else round(e, 5) for e in verdict.errors.values()]}, blamed {verdict.blamed}",
             flush=True,
         )
@@ -176,7 +177,8 @@ def main() -> int:
     print(f"  blamed exactly stage 1: {sum(row[0].blamed == [1] for row in cheat)} of {len(cheat)}")
     for level, rows in coarse.items():
         print(
-            f"middle stage's weights with noise {level}: its smallest error {min(row[0].errors[1] for row in rows):.4f}, "
+            f"middle stage's weights with noise {level}: its smallest "
+            f"error {min(row[0].errors[1] for row in rows):.4f}, "
             f"blamed alone {sum(row[0].blamed == [1] for row in rows)} of {len(rows)}"
         )
     ratios = [row[2] / row[1] for row in honest + cheat]

@@ -119,7 +119,7 @@ def claim_loop(hosts: list, model_ids: list[int], routed: bool, latencies: list[
     def host_thread(serving) -> None:  # type: ignore[no-untyped-def]
         host = Host.objects.get(pk=serving.host.pk)
         warm = host_selectors.warm_model_ids(host=host, model_ids=model_ids) if routed else model_ids
-        rings = bridged_model_ids(host_id=host.pk)  # once per long-poll, as `marketplace.claiming` looks them up
+        rings = bridged_model_ids(host_id=host.pk)  # once per long-poll, as `marketplace.hostdoor.claiming` reads them
         mine = []
         try:
             while True:
@@ -308,7 +308,8 @@ def bench_warm_share(hosts_n: int, models_n: int, jobs_n: int, hold_ms: float) -
     on_warm = sum(1 for host_id, model_id, _, _ in jobs if warm_of.get(host_id) == model_id)
     waits = [(c - q).total_seconds() for _, _, c, q in jobs if c]
     print(
-        f"warm share, {hosts_n} hosts ({models_n} models, each host warm for one), {len(jobs)} jobs, hold {hold_ms:.0f} ms: "
+        f"warm share, {hosts_n} hosts ({models_n} models, each host "
+        f"warm for one), {len(jobs)} jobs, hold {hold_ms:.0f} ms: "
         f"{on_warm / len(jobs):.1%} on a warm host; queue wait p50 {pct(waits, 0.5) * 1000:.0f} ms, "
         f"p95 {pct(waits, 0.95) * 1000:.0f} ms"
     )
@@ -390,7 +391,8 @@ def bench_mixed_speed(jobs_n: int) -> None:
     waits = [(c - q).total_seconds() for _, c, q in jobs if c]
     print(
         f"mixed speeds, 2 fast + 2 slow warm hosts and 2 idle cold ones, {len(jobs)} jobs: "
-        f"{(counts['fast'] + counts['slow']) / len(jobs):.1%} on a warm host (fast {counts['fast']}, slow {counts['slow']}, "
+        f"{(counts['fast'] + counts['slow']) / len(jobs):.1%} on a "
+        f"warm host (fast {counts['fast']}, slow {counts['slow']}, "
         f"cold {counts['cold']}); queue wait p50 {pct(waits, 0.5) * 1000:.0f} ms, p95 {pct(waits, 0.95) * 1000:.0f} ms"
     )
 

@@ -243,13 +243,15 @@ def main() -> None:
     }
     print(json.dumps(report, indent=2, default=str))
     print(
-        f"\n{args.customers} customers x {TOKENS} tokens at once: --slots {args.slots} {many['tps']:.1f} tok/s vs --slots 1 "
+        f"\n{args.customers} customers x {TOKENS} tokens at once: "
+        f"--slots {args.slots} {many['tps']:.1f} tok/s vs --slots 1 "
         f"{one['tps']:.1f} tok/s: ratio {report['ratio']:.2f} (floor 1.8, goal 2.4); 504s {many['timeouts']} "
         f"(with one slot: {one['timeouts']})"
     )
     t, p = many["ttft"], many["prefill"]
     print(
-        f"TTFT while 3 streams run {t['busy_ttft_ms_p50']:.0f} ms vs idle {t['idle_ttft_ms_p50']:.0f} ms: ratio {t['ratio']:.2f} "
+        f"TTFT while 3 streams run {t['busy_ttft_ms_p50']:.0f} ms vs "
+        f"idle {t['idle_ttft_ms_p50']:.0f} ms: ratio {t['ratio']:.2f} "
         f"(floor 2, goal 1.3)"
     )
     if p["ratio"] is not None:

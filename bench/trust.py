@@ -2,7 +2,7 @@
 
 **1. Every job checkable (issue 29; the default).** Hosts draw every token by the specified
 sampler (`protocol.sampling`) and report the token ids and seed; a verifier recomputes the
-logits of prompt + answer in one prefill pass and checks each token (`mahout.verify`). On the
+logits of prompt + answer in one prefill pass and checks each token (`scorer.verify`). On the
 shipped Gemma 3 270M, measured in one run:
 
 (a) decode speed with the specified sampler ÷ llama.cpp's own sampler (what hosts ran before:
@@ -180,7 +180,7 @@ def speed_phase(runner, *, prompts: int, max_tokens: int) -> dict:  # type: igno
 
 
 class NeededGap:
-    """Wraps `mahout.verify.token_check` to record, for each honest token that is not a match,
+    """Wraps `scorer.verify.token_check` to record, for each honest token that is not a match,
     the smallest tie_gap under which it would not miss (bisected): how close honest drift came."""
 
     def __init__(self) -> None:
@@ -375,17 +375,21 @@ def sampler_table(result: dict) -> str:
         "| measure | result | floor | goal |",
         "|---|---|---|---|",
         f"| decode speed, specified sampler ÷ llama.cpp's own (T 0.8; {speed['ms_per_token']['specified']:.1f} against "
-        f"{speed['ms_per_token']['llama.cpp']:.1f} ms/token, {speed['tokens']['specified']} tokens) | {speed['ratio']:.3f} | ≥ 0.9 | ≥ 0.97 |",
-        f"| audit cost ÷ generation cost ({result['max_tokens']} tokens, 1 thread each): every token / {k} tokens drawn "
+        f"{speed['ms_per_token']['llama.cpp']:.1f} ms/token, "
+        f"{speed['tokens']['specified']} tokens) | {speed['ratio']:.3f} | ≥ 0.9 | ≥ 0.97 |",
+        f"| audit cost ÷ generation cost ({result['max_tokens']} "
+        f"tokens, 1 thread each): every token / {k} tokens drawn "
         f"| {result['audit_cost']:.3f} / {result['sampled_audit_cost']:.3f} | ≤ 0.15 | ≤ 0.05 |",
     ]
     for threads, row in honest.items():
         lines.append(
             f"| false positives, verifier on {threads} thread(s): failed audits of {row['audits']} honest answers "
-            f"({row['tokens']} tokens: {row['misses']} misses, {row['uncertain']} uncertain) | {row['failed']} | 0 | 0 |"
+            f"({row['tokens']} tokens: {row['misses']} misses, "
+            f"{row['uncertain']} uncertain) | {row['failed']} | 0 | 0 |"
         )
     lines.append(
-        f"| largest tie_gap an honest token needed (of {needed['tokens_not_matched']} not matched; p99 {needed['p99']:.3f}) "
+        "| largest tie_gap an honest token needed (of "
+        f"{needed['tokens_not_matched']} not matched; p99 {needed['p99']:.3f}) "
         f"| {needed['max']:.3f} | < tie_gap {result['tie_gap']} | |"
     )
     for name, row in cheats.items():
@@ -393,7 +397,8 @@ def sampler_table(result: dict) -> str:
         sampled = "—" if row["sampled"] is None else f"{row['sampled']:.0%}"
         lines.append(
             f"| cheat caught: {name} (by {row['by']}; {row['misses']} of {row['checked']} tokens miss; median first "
-            f"miss at token {first}; with {k} tokens drawn: {sampled}) | {row['caught']}/{row['answers']} | every one | every one |"
+            f"miss at token {first}; with {k} tokens drawn: {sampled}) | "
+            f"{row['caught']}/{row['answers']} | every one | every one |"
         )
     return "\n".join(lines)
 
@@ -507,7 +512,8 @@ def honest_main(args: argparse.Namespace) -> None:
     print("|---|---|---|---|---|---|---|---|")
     for row in [*rows, {**total, "host_threads": "all", "verifier_threads": ""}]:
         print(
-            f"| {row['host_threads']} | {row['verifier_threads']} | {row['audits']} | {row['failed']} | {row['tokens']} | "
+            f"| {row['host_threads']} | {row['verifier_threads']} | "
+            f"{row['audits']} | {row['failed']} | {row['tokens']} | "
             f"{row['matched']} | {row['uncertain']} | {row['misses']} |"
         )
 

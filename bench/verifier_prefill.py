@@ -2,7 +2,7 @@
 one-token decode, on one CPU thread (issue 29's "audit cost ÷ generation cost").
 
 An audit is one prefill of prompt + answer with logits at the drawn positions only
-(`mahout.verify.Verifier._replay`); a host's generation is one decode step per token. This
+(`scorer.verify.Verifier._replay`); a host's generation is one decode step per token. This
 times both on the same file, same tokens, same thread, taking the best of `--rounds`:
 
 - prefill of `--tokens` tokens with 16 logit rows (what an audit of 16 drawn tokens asks) and
@@ -189,12 +189,14 @@ def main() -> None:
                 original.close()
                 again.close()
             print(
-                f"{recoded} Q5_0 matrices re-encoded as Q8_0; largest logit difference over 24 positions: {difference:g}"
+                f"{recoded} Q5_0 matrices re-encoded as Q8_0; largest "
+                f"logit difference over 24 positions: {difference:g}"
             )
             files["Q5_0 as Q8_0"] = copy
         print(f"{path.name}, {args.tokens} tokens, one thread, best of {args.rounds}")
         print(
-            "| file | prefill ms/token, 16 logit rows | 1 row | decode ms/token | prefill ÷ decode | prefill ÷ the published file's |"
+            "| file | prefill ms/token, 16 logit rows | 1 row | decode "
+            "ms/token | prefill ÷ decode | prefill ÷ the published file's |"
         )
         print("|---|---|---|---|---|---|")
         base = None

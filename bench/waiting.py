@@ -206,7 +206,8 @@ def main() -> None:
         for offset, (name, root) in enumerate((("this", ROOT), ("baseline", args.baseline.resolve()))):
             results[name] = measure(Target(name, root, tmp), tmp, args.port + offset, args.rounds)
     print(
-        f"\n{'scenario':10} {'this (s)':>9} {'baseline (s)':>13} {'ratio':>7}   (median silence of {args.rounds} round(s))"
+        f"\n{'scenario':10} {'this (s)':>9} {'baseline (s)':>13} "
+        f"{'ratio':>7}   (median silence of {args.rounds} round(s))"
     )
     for scenario in SCENARIOS:
         this, before = (statistics.median(results[name][scenario]) for name in ("this", "baseline"))

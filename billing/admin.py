@@ -67,6 +67,7 @@ class AccountAdmin(ReadOnlyAdmin):
             return HttpResponseRedirect(reverse("admin:billing_account_changelist"))
         form = GrantForm(request.POST or None)
         if request.method == "POST" and form.is_valid():
+            assert account.user is not None  # a customer account is made for its user (`ledger.account_for_customer`)
             try:
                 amount = usd_to_ucents(form.cleaned_data["amount_usd"])
                 services.credit_grant_by_operator(

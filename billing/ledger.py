@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import F
@@ -29,7 +29,7 @@ def system_account(kind: str) -> Account:
     return _get_or_create_account(kind=kind)
 
 
-def _get_or_create_account(**lookup: object) -> Account:
+def _get_or_create_account(**lookup: Any) -> Account:
     """One SELECT on the hot path; the savepoint and insert only the first time."""
     account = Account.objects.filter(**lookup).first()
     if account is not None:

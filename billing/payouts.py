@@ -82,7 +82,10 @@ def _below_minimum(*, account: Account, payable_ucents: int) -> str:
     minimum = settings.PAYOUT_MINIMUM_UCENTS
     schedule = selectors.host_vesting_schedule(account=account)
     if not schedule:
-        return f"There is {usd(payable_ucents)} to withdraw and the minimum payout is {usd(minimum)}; nothing more is vesting."
+        return (
+            f"There is {usd(payable_ucents)} to withdraw and the "
+            f"minimum payout is {usd(minimum)}; nothing more is vesting."
+        )
     vesting = sum(amount for _, amount in schedule)
     payable, reaches = payable_ucents, None
     for moment, amount in schedule:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 from django.conf import settings
 from django.db.models import Count, Min, Q, QuerySet, Sum
@@ -16,6 +16,7 @@ from catalog.money import UCENTS_PER_CENT
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
+    from django_stubs_ext import WithAnnotations
 
     from accounts.models import ApiKey
     from hosts.models import Host
@@ -117,7 +118,11 @@ def ledger_total() -> int:
     return LedgerEntry.objects.aggregate(total=Sum("amount_ucents"))["total"] or 0
 
 
-def unbalanced_transactions() -> list[LedgerTransaction]:
+class _Total(TypedDict):
+    total: int  # the sum of the transaction's entries
+
+
+def unbalanced_transactions() -> list[WithAnnotations[LedgerTransaction, _Total]]:
     return list(LedgerTransaction.objects.annotate(total=Sum("entries__amount_ucents")).exclude(total=0))
 
 

@@ -144,7 +144,10 @@ def _settlement_write(
         if cursor.rowcount != 1:
             return False
         cursor.execute(
-            f"INSERT INTO {table[LedgerTransaction]} (kind, reference, memo, created_at) VALUES (%s, %s, %s, %s) RETURNING id",
+            (
+                f"INSERT INTO {table[LedgerTransaction]} (kind, reference, memo, created_at)"
+                " VALUES (%s, %s, %s, %s) RETURNING id"
+            ),
             [LedgerTransaction.Kind.SETTLEMENT, reference, memo, now],
         )
         transaction_id = cursor.fetchone()[0]
@@ -155,11 +158,17 @@ def _settlement_write(
                 [value for account_id, amount in legs for value in (transaction_id, account_id, amount)],
             )
         cursor.execute(
-            f"UPDATE {table[Account]} SET balance_ucents = balance_ucents - %s, held_ucents = held_ucents - %s WHERE id = %s",
+            (
+                f"UPDATE {table[Account]} SET balance_ucents = balance_ucents - %s, held_ucents = held_ucents - %s"
+                " WHERE id = %s"
+            ),
             [split.cost_ucents, hold.amount_ucents, hold.account_id],
         )
         cursor.execute(
-            f"UPDATE {table[ApiKey]} SET held_ucents = held_ucents - %s, spent_ucents = spent_ucents + %s WHERE id = %s",
+            (
+                f"UPDATE {table[ApiKey]} SET held_ucents = held_ucents - %s, spent_ucents = spent_ucents + %s"
+                " WHERE id = %s"
+            ),
             [hold.amount_ucents, split.cost_ucents, hold.api_key_id],
         )
         for account_id, amount in (*host_legs, (platform_id, split.platform_ucents)):

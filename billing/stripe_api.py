@@ -10,9 +10,14 @@ test's.
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import stripe
 from django.conf import settings
+
+if TYPE_CHECKING:
+    from stripe.params import AccountCreateParams
+    from stripe.params.checkout import SessionCreateParams
 
 
 def topups_configured() -> bool:
@@ -58,7 +63,7 @@ def checkout_session_create(
 ) -> stripe.checkout.Session:
     """A one-off Checkout Session for `amount_cents`; `client_reference_id` is our TopUp id.
     Stripe sends the customer's browser back to `success_url` or `cancel_url`."""
-    params: dict = {
+    params: SessionCreateParams = {
         "mode": "payment",
         "client_reference_id": str(topup_id),
         "metadata": {"topup_id": str(topup_id)},
@@ -97,7 +102,7 @@ def transfer_create(*, payout_id: int, amount_cents: int, currency: str, destina
 def connected_account_create(*, host_id: int, email: str, attempt: str) -> stripe.Account:
     """An Express connected account for a machine's payouts (transfers requested). `attempt`
     names this creation in the idempotency key: a repeated click reuses the account."""
-    params: dict = {
+    params: AccountCreateParams = {
         "type": "express",
         "capabilities": {"transfers": {"requested": True}},
         "metadata": {"host_id": str(host_id)},

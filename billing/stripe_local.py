@@ -480,7 +480,8 @@ def _page(title: str, body: str) -> str:
 <style>
 body {{ font-family: system-ui, sans-serif; margin: 0; background: #f6f7f9; color: #1a1f36; }}
 .banner {{ background: #f5a623; color: #1a1f36; padding: .5rem 1rem; font-weight: 600; text-align: center; }}
-main {{ max-width: 28rem; margin: 2rem auto; background: #fff; padding: 1.5rem; border-radius: 8px; box-shadow: 0 1px 3px #0002; }}
+main {{ max-width: 28rem; margin: 2rem auto; background: #fff; padding: 1.5rem; border-radius: 8px; \
+box-shadow: 0 1px 3px #0002; }}
 .amount {{ font-size: 2rem; font-weight: 700; margin: .5rem 0 1rem; }}
 button {{ font-size: 1rem; padding: .6rem 1.2rem; border-radius: 6px; border: 1px solid #635bff; cursor: pointer; }}
 button.primary {{ background: #635bff; color: #fff; }} button.secondary {{ background: #fff; color: #635bff; }}
@@ -506,7 +507,8 @@ def _checkout_page(session: dict, *, failure: str = "") -> str:
 <div class="amount" id="amount">{amount}</div>{email}{error}
 <form method="post"><button class="primary" name="action" value="pay" type="submit">Pay</button>
 <button class="secondary" name="action" value="cancel" type="submit">Cancel</button></form>
-<p class="muted">Pay sends Stripe's signed <code>checkout.session.completed</code> webhook to the gateway, then returns there.</p>""",
+<p class="muted">Pay sends Stripe's signed <code>checkout.session.completed</code> webhook to the gateway, \
+then returns there.</p>""",
     )
 
 
@@ -514,7 +516,8 @@ def _onboarding_page(link: dict) -> str:
     return _page(
         "Set up payouts",
         f"""<h1>Set up payouts</h1>
-<p>Connected account <code>{html.escape(link['account'])}</code>. On Stripe the owner would enter their identity and bank
+<p>Connected account <code>{html.escape(link['account'])}</code>. On Stripe the owner would enter \
+their identity and bank
 account here; in test mode there is nothing to enter.</p>
 <form method="post"><button class="primary" type="submit">Complete onboarding</button></form>""",
     )

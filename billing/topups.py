@@ -59,7 +59,10 @@ def topup_create(*, user: User, amount_cents: int, success_url: str, cancel_url:
 
 def topup_rule() -> str:
     """The one sentence that states the top-up limits (the form and the API say it too)."""
-    return f"Top-ups are between {usd(settings.TOPUP_MIN_CENTS * UCENTS_PER_CENT)} and {usd(settings.TOPUP_MAX_CENTS * UCENTS_PER_CENT)}."
+    return (
+        f"Top-ups are between {usd(settings.TOPUP_MIN_CENTS * UCENTS_PER_CENT)} "
+        f"and {usd(settings.TOPUP_MAX_CENTS * UCENTS_PER_CENT)}."
+    )
 
 
 def _paid_topup(payment_intent: object) -> TopUp | None:
@@ -190,6 +193,7 @@ def topup_credit(*, session: dict) -> tuple[str, TopUp | None, str]:
         return StripeEvent.Outcome.REJECTED, topup, f"session says {paid}, we created {expected}"
     if topup.status != TopUp.Status.OPEN:
         return StripeEvent.Outcome.IGNORED, topup, f"top-up already {topup.status}"
+    assert topup.stripe_session_id is not None  # found by the session's id, or given it above
     txn = ledger_post(
         kind=LedgerTransaction.Kind.TOPUP,
         reference=topup.stripe_session_id,

@@ -18,7 +18,7 @@ from protocol.catalog import MODEL_FILES
 # this one (Gemma's turn format), as `catalog_add --template` would sell it.
 SHIPPED_TEMPLATE = Path(__file__).resolve().parent / "chat_templates" / "gemma-turns.jinja"
 
-SHIPPED_MODELS = [
+SHIPPED_MODELS: list[dict[str, Any]] = [
     {
         "name": "gemma-3-270m",
         "kind": "chat",

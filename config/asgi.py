@@ -44,9 +44,8 @@ class GatewayHandler(ASGIHandler):
         if iscoroutinefunction(view):
             return view
         by_thread = sync_to_async(view, thread_sensitive=True)
-        render_here = (
-            not self._template_response_middleware
-        )  # (such middleware must see the response before it renders)
+        # (such middleware must see the response before it renders; Django's private list, not in its stubs)
+        render_here = not self._template_response_middleware  # type: ignore[attr-defined]
 
         async def pooled(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             if not request.path.startswith(API_PATHS):

@@ -28,7 +28,8 @@ defaults
 frontend elephant
     bind 127.0.0.1:{port}
     # a declared body over the gateway's limit is refused here, before a gateway buffers it
-    http-request return status 413 content-type application/json string '{too_large}' if {{ req.hdr_val(content-length) gt {max_body} }}
+    http-request return status 413 content-type application/json string '{too_large}' \
+if {{ req.hdr_val(content-length) gt {max_body} }}
     default_backend gateways
 
 backend gateways

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.contrib.auth.middleware import AuthenticationMiddleware
@@ -43,7 +43,7 @@ class AsyncCapable:
     def _adopt(self, get_response: Callable[[HttpRequest], Any] | None) -> None:
         self._async = iscoroutinefunction(get_response)
         if self._async:
-            markcoroutinefunction(self)
+            markcoroutinefunction(cast(Callable[..., Any], self))  # (the middleware classes are the callables)
 
 
 class AsyncWhiteNoiseMiddleware(AsyncCapable, WhiteNoiseMiddleware):
@@ -120,12 +120,13 @@ def client_ip(request: HttpRequest) -> str:
 class Inline:
     """A middleware whose `process_request`/`process_response` do no I/O, run without a hop."""
 
-    get_response: Callable[[HttpRequest], Awaitable[HttpResponseBase]]
+    get_response: Callable[[HttpRequest], HttpResponseBase | Awaitable[HttpResponseBase]]
 
     async def __acall__(self, request: HttpRequest) -> HttpResponseBase:
         before = getattr(self, "process_request", None)
         response = before(request) if before else None
-        response = response or await self.get_response(request)
+        # (Django calls __acall__ only on the async chain, where get_response is a coroutine function)
+        response = response or await cast(Awaitable[HttpResponseBase], self.get_response(request))
         after = getattr(self, "process_response", None)
         return after(request, response) if after else response
 
@@ -134,6 +135,7 @@ class PagesOnly:
     """A middleware that the API's paths go past (no hop, no session, no CSRF check)."""
 
     get_response: Callable[[HttpRequest], Any]
+    process_view: Callable[..., Any]  # the middleware's own, where it has one
 
     def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
         super().__init__(get_response)  # type: ignore[call-arg]
@@ -148,7 +150,7 @@ class PagesOnly:
     async def _process_view_async(self, request: HttpRequest, *view: Any) -> HttpResponseBase | None:
         if request.path.startswith(API_PATHS):
             return None
-        return await sync_to_async(type(self).process_view, thread_sensitive=True)(self, request, *view)  # type: ignore[attr-defined]
+        return await sync_to_async(type(self).process_view, thread_sensitive=True)(self, request, *view)
 
 
 class Security(Inline, SecurityMiddleware):

@@ -36,8 +36,9 @@ _PARTIAL = ".partial-"  # consumers take only names of the form "<stamp>_<uuid>.
 logger = logging.getLogger(__name__)
 
 
+# The signatures of `_put` and `_get` are filesystem.Channel's, which kombu's abstract channel does not match
 class Channel(filesystem.Channel):
-    def _put(self, queue: str, payload: dict, **kwargs: object) -> None:
+    def _put(self, queue: str, payload: dict, **kwargs: object) -> None:  # type: ignore[override]
         """Write `payload` whole under a name no consumer takes, then rename it into `queue`."""
         name = f"{int(round(monotonic() * 1000))}_{uuid.uuid4()}.{queue}.msg"
         final = os.path.join(self.data_folder_out, name)
@@ -49,7 +50,7 @@ class Channel(filesystem.Channel):
         except OSError as exc:
             raise filesystem.ChannelError(f"Cannot add file {final!r} to directory") from exc
 
-    def _get(self, queue: str) -> dict:
+    def _get(self, queue: str) -> dict:  # type: ignore[override]
         """The next readable message of `queue`; unreadable ones are logged and dropped."""
         while True:
             try:

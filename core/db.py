@@ -107,6 +107,7 @@ def insert_step(name: str, instance: models.Model, *, refs: dict[str, str] | Non
     for field in meta.concrete_fields:
         if field.primary_key:
             continue
+        assert field.column is not None  # a concrete field has its column
         columns.append(quote(field.column))
         if field.attname in refs:
             values.append(f"{refs[field.attname]}.id")

@@ -25,7 +25,7 @@ from django.views import View
 from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.plumbing import ResolvedComponent
-from drf_spectacular.utils import OpenApiResponse
+from drf_spectacular.utils import Direction, OpenApiResponse
 from rest_framework import serializers
 from rest_framework.views import APIView
 
@@ -97,13 +97,14 @@ class ApiSchema(AutoSchema):
 
     def get_tags(self) -> list[str]:
         scheme = getattr(self.view, "security_scheme", None)
-        return {API_KEY: ["customer"], HOST_TOKEN: ["host"]}.get(scheme, super().get_tags())
+        tags: dict[str | None, list[str]] = {API_KEY: ["customer"], HOST_TOKEN: ["host"]}
+        return tags.get(scheme, super().get_tags())
 
     def get_request_serializer(self) -> Any:
         own = getattr(self.view, "InputSerializer", None)
         return own if own is not None else super().get_request_serializer()
 
-    def _get_response_bodies(self, direction: str = "response") -> dict:
+    def _get_response_bodies(self, direction: Direction = "response") -> dict:
         responses = super()._get_response_bodies(direction)
         errors = COMMON_ERRORS + (HOST_ERRORS if getattr(self.view, "security_scheme", None) == HOST_TOKEN else ())
         for status in errors:
@@ -116,7 +117,7 @@ class ApiSchema(AutoSchema):
         serializer: Any,
         status_code: str,
         media_types: Any = None,
-        direction: str = "response",
+        direction: Direction = "response",
     ) -> dict:
         if not isinstance(serializer, EventStream):
             return super()._get_response_for_code(serializer, status_code, media_types, direction)

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import argparse
+
     import torch
 
 AUTO = "auto"
@@ -38,7 +40,7 @@ def pick_device(requested: str = AUTO, *, cuda_available: Callable[[], bool] | N
     return device
 
 
-def add_device_argument(parser: object, *, default: str = AUTO) -> None:
+def add_device_argument(parser: argparse.ArgumentParser, *, default: str = AUTO) -> None:
     """`--device auto|cpu|cuda[:N]` on an argparse parser (checked when that command is parsed)."""
     import argparse
 
@@ -51,6 +53,6 @@ def add_device_argument(parser: object, *, default: str = AUTO) -> None:
     parser.add_argument(
         "--device",
         type=device,
-        default=default,  # type: ignore[attr-defined]
+        default=default,
         help="where the weights and cache live: auto (a CUDA GPU when torch sees one), cpu, or cuda[:N]",
     )

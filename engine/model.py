@@ -31,11 +31,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from engine.arch import Architecture
+
+if TYPE_CHECKING:
+    from engine.moe_gguf import MoeConfig
 
 __all__ = [
     "AttentionWeights",
@@ -232,7 +235,13 @@ class KVCache:
     """
 
     def __init__(
-        self, config: Config, n_layers: int, n_rows: int, n_ctx: int, *, device: torch.device | None = None
+        self,
+        config: Config | MoeConfig,
+        n_layers: int,
+        n_rows: int,
+        n_ctx: int,
+        *,
+        device: torch.device | None = None,
     ) -> None:
         if n_ctx > config.context_length:
             raise ValueError(f"n_ctx {n_ctx} exceeds the model's context length {config.context_length}")

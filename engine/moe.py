@@ -165,7 +165,7 @@ class MoeModel:
                 raise ValueError("these weights hold no experts; pass an ExpertCompute")
             experts = LocalExperts(banks)
         self.experts = experts
-        self.cache = KVCache(config, config.n_layers, n_rows, n_ctx)  # type: ignore[arg-type]  # same fields as Config
+        self.cache = KVCache(config, config.n_layers, n_rows, n_ctx)
 
     @torch.inference_mode()
     def forward(

@@ -16,6 +16,7 @@ that load weights anyway.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from gguf import ReaderTensor
@@ -101,7 +102,7 @@ def load_moe(path: str | Path, *, with_experts: bool = True) -> tuple[MoeConfig,
     names = {"token_embd.weight", "output_norm.weight"}
     for i in range(config.n_layers):
         wanted = config.layer_tensors()
-        loaded = {
+        loaded: dict[str, Any] = {  # MoeLayerWeights' fields, by name
             "q_norm": None,
             "k_norm": None,
             **{f: _dense(tensors[f"blk.{i}.{n}.weight"]) for f, n in wanted.items()},

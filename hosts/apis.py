@@ -2,7 +2,7 @@
 benchmarked on its machine.
 
 The job endpoints (claim, tokens, complete, fail), heartbeat, `me` and earnings are
-the marketplace's (`marketplace/host_apis.py`): they read and write jobs.
+the marketplace's (`marketplace/hostdoor/host_apis.py`): they read and write jobs.
 """
 
 from __future__ import annotations

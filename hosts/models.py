@@ -10,7 +10,7 @@ hosts in every state.
     accepting   not banned, in maintenance or paused: takes work when asked (a claim is
                 its own sign of life, so the claim checks this and not the heartbeat)
     online      connected and accepting: may be offered work
-    trusted     out of probation (`marketplace.reputation`) and not banned
+    trusted     out of probation (`marketplace.trust.reputation`) and not banned
     claim cap   the jobs it may run at once: its slots, bounded by probation or trust
 """
 
@@ -154,7 +154,7 @@ class HostQuerySet(models.QuerySet):
         return self.connected(now).accepting()
 
     def trusted(self) -> HostQuerySet:
-        """Out of probation (see `marketplace.reputation`) and not banned."""
+        """Out of probation (see `marketplace.trust.reputation`) and not banned."""
         return self.filter(TRUSTED.q())
 
     def in_probation(self) -> HostQuerySet:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.utils import timezone
@@ -12,12 +13,15 @@ from core.errors import ApiError
 from core.secrets import secret_hash
 from hosts.models import Host, HostAllowance, Qualification, is_warm
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+
 
 def host_by_token(*, token: str) -> Host | None:
     return Host.objects.filter(token_hash=secret_hash(token)).select_related("owner").first()
 
 
-def machines_allowed(owner: object) -> int:
+def machines_allowed(owner: User) -> int:
     """How many machines the owner's account may register: an operator's allowance, else HOSTS_PER_ACCOUNT."""
     allowance = HostAllowance.objects.filter(owner=owner).values_list("machines", flat=True).first()
     return settings.HOSTS_PER_ACCOUNT if allowance is None else allowance
@@ -144,7 +148,8 @@ def client_too_old(version: str) -> str | None:
         if settings.MAHOUT_UNVERSIONED_ALLOWED:
             return None
         return (
-            f"mahout's version {version!r} is not a version (mahout sends its own, e.g. {settings.MAHOUT_MIN_VERSION}); "
+            f"mahout's version {version!r} is not a version (mahout "
+            f"sends its own, e.g. {settings.MAHOUT_MIN_VERSION}); "
             f"only mahout {settings.MAHOUT_MIN_VERSION} or newer serves here"
         )
     if reported >= Version(settings.MAHOUT_MIN_VERSION):

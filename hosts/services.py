@@ -82,7 +82,8 @@ def qualification_register(
     if model.sha256 and sha256.lower() != model.sha256:
         said = f"a file with sha256 {sha256}" if sha256 else "a file it did not name (mahout before 0.2.0)"
         raise WrongModelFile(
-            f"The catalog's {model_name} is one file ({model.quantization or 'its quantisation'}, sha256 {model.sha256}); "
+            f"The catalog's {model_name} is one file "
+            f"({model.quantization or 'its quantisation'}, sha256 {model.sha256}); "
             f"this host benchmarked {said}. Serve that exact file (mahout add PATH.gguf checks one), or upgrade mahout."
         )
     figures = {
@@ -166,7 +167,7 @@ def host_maintenance_resume(*, host: Host) -> bool:
 
 
 # Who may set a maintenance its owner cannot lift: an operator, and a failed canary
-# (`marketplace.canaries`). The reliability rule ("automatic") is the owner's to lift once
+# (`marketplace.lifecycle.canaries`). The reliability rule ("automatic") is the owner's to lift once
 # the machine is fixed.
 HELD_BY = frozenset({"operator", "verification"})
 

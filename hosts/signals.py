@@ -5,7 +5,7 @@ the sockets that were open when it happened go too, instead of staying until the
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib.auth import get_user_model
 from django.db.models.signals import post_save, pre_save
@@ -13,8 +13,11 @@ from django.db.models.signals import post_save, pre_save
 from hosts.models import Host
 from hosts.services import owner_sockets_close
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
-def _remember_active(sender: type, instance: Any, **kwargs: Any) -> None:
+
+def _remember_active(sender: type[User], instance: Any, **kwargs: Any) -> None:
     if instance.pk is None:
         instance._was_active = False
         return

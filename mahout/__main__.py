@@ -1,4 +1,5 @@
-"""Command line: ``mahout login|run|logs|benchmark|pause|resume|status|ring|stage|moe`` (``python -m mahout …`` in a checkout)."""
+"""Command line: ``mahout login|run|logs|benchmark|pause|resume|status|ring|stage|moe``
+(``python -m mahout …`` in a checkout)."""
 
 from __future__ import annotations
 
@@ -264,7 +265,8 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
 
 
 def cmd_install_service(args: argparse.Namespace) -> int:
-    """Write the service that runs `mahout run` at startup; needs `mahout login` first (the token is not in the unit)."""
+    """Write the service that runs `mahout run` at startup; needs `mahout login` first (the token
+    is not in the unit)."""
     from mahout.autostart import install_service
     from mahout.credentials import credentials_path
 
@@ -471,7 +473,7 @@ def status_lines(server: str, me: dict, earnings: dict) -> list[str]:
     return lines
 
 
-def _usd(ucents: object) -> str:
+def _usd(ucents: int | None) -> str:
     """µ¢ as dollars (1 USD = 100,000,000 µ¢), to the micro-cent."""
     return f"${int(ucents or 0) / 100_000_000:.8f}"
 

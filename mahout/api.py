@@ -266,7 +266,7 @@ class HostApi:
     ) -> dict:
         """Report the job finished; the answer carries what we earned. ``tokens`` (every token id
         sampled) and ``seed`` (the one sampled with) let the gateway audit the answer
-        (`mahout.verify`); a runner that has neither sends neither."""
+        (`scorer.verify`); a runner that has neither sends neither."""
         body: dict[str, Any] = {"finish_reason": finish_reason, "completion_tokens": completion_tokens}
         if tokens is not None:
             body["tokens"] = tokens

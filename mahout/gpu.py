@@ -19,6 +19,7 @@ import platform
 import shutil
 import sys
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from mahout.idle import run_command
@@ -226,7 +227,7 @@ def model_meta(path: object, keys: list[str]) -> dict[str, str]:
     try:
         from llama_cpp._utils import suppress_stdout_stderr  # what `Llama(verbose=False)` uses
 
-        quiet = suppress_stdout_stderr(disable=False)
+        quiet: AbstractContextManager[object] = suppress_stdout_stderr(disable=False)
     except ImportError:  # pragma: no cover - another llama-cpp-python layout: noisier, same answer
         import contextlib
 

@@ -128,7 +128,10 @@ def describe(spec: ModelSpec, result: dict) -> str:
         )
     where = ""
     if result.get("gpu_layers"):
-        where = f", {result['gpu_layers']} layers on {result.get('device')} (~{result.get('vram_mb', 0):.0f} MB of GPU memory)"
+        where = (
+            f", {result['gpu_layers']} layers on {result.get('device')} "
+            f"(~{result.get('vram_mb', 0):.0f} MB of GPU memory)"
+        )
     return (
         f"{result['gen_tps']} tok/s generation, {result['prompt_tps']} tok/s prompt, "
         f"{result['ttft_ms']} ms to first token, {result['memory_mb']} MB{where}"

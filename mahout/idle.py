@@ -2,8 +2,9 @@
 
 The owner counts as active when there was keyboard or mouse input within ``threshold_s``
 (on macOS the HID system's ``HIDIdleTime`` from ``ioreg``; elsewhere X11 idle time via
-``xprintidle`` when installed, else the newest mtime among ``/dev/input/event*``), or when another process is computing on the GPU. Probes are
-injectable so tests need neither X11 nor a GPU; every external command is time-bounded.
+``xprintidle`` when installed, else the newest mtime among ``/dev/input/event*``), or when
+another process is computing on the GPU. Probes are injectable so tests need neither X11 nor a
+GPU; every external command is time-bounded.
 
 "Another" process is one outside mahout's own process tree: mahout itself and everything it
 started (a ring's stages are its child processes on the GPU, `mahout.ring.member.LocalStages`)

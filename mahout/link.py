@@ -160,7 +160,8 @@ def _frame_parts(header: dict[str, Any], tensor: torch.Tensor | None) -> tuple[b
         if dtype not in _DTYPES:
             raise ValueError(f"cannot send a {dtype} tensor")
         header = {**header, "dtype": dtype, "shape": list(tensor.shape)}
-        payload = memoryview(tensor.numpy().reshape(-1).view(np.uint8))  # no copy
+        # no copy; (an ndarray is a buffer: numpy's stubs say so only for Python 3.12 on)
+        payload = memoryview(tensor.numpy().reshape(-1).view(np.uint8))  # type: ignore[arg-type]
     return json.dumps(header, separators=(",", ":")).encode(), payload
 
 

@@ -22,7 +22,7 @@ import socket
 import struct
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
 __all__ = ["ListenerRelay", "Portal", "relay_portal", "serve_reconnecting", "websocket_base"]
 
@@ -104,7 +104,7 @@ class ListenerRelay:
         self._send_lock = threading.Lock()
         self._conns: dict[int, socket.socket] = {}
 
-    def start(self) -> ListenerRelay:
+    def start(self) -> Self:
         threading.Thread(target=self._run, name=f"{self.what}-listener", daemon=True).start()
         return self
 

@@ -101,13 +101,13 @@ class DatabaseCollector:
             settled.add_metric([model], totals["ucents"])
             settlements.add_metric([model], totals["settled"])
             continuations.add_metric([model], totals["resumed"])
-        for row in (
+        for failed in (
             Request.objects.filter(status=Request.Status.FAILED)
             .values("model__name", "error_code")
             .annotate(n=Count("id"))
             .order_by("model__name", "error_code")
         ):
-            errors.add_metric([row["model__name"], row["error_code"] or ""], row["n"])
+            errors.add_metric([failed["model__name"], failed["error_code"] or ""], failed["n"])
         yield from (requests, errors, tokens, settled, settlements, continuations)
 
     def _queue_and_hosts(self) -> Iterator[Metric]:

@@ -3,6 +3,7 @@ earnings, customer usage."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING, Any
@@ -227,7 +228,7 @@ class UnknownCursor(LookupError):
 
 def usage_requests(
     *, user: User, start: date, end: date, after: str | None = None, api_key: ApiKey | None = None
-) -> QuerySet[Request, dict[str, Any]]:
+) -> QuerySet[Request, Mapping[str, Any]]:
     """The user's requests created from `start` to `end` inclusive (UTC days), oldest first
     (with `api_key`, that key's only); with `after` (a request id of theirs), only those that
     come after it in that order."""
@@ -253,11 +254,13 @@ def usage_requests(
         "prompt_tokens",
         "completion_tokens",
         "cost_ucents",
+        "cached_tokens",
     )
 
 
-def usage_daily(*, user: User, start: date, end: date, api_key: ApiKey | None = None) -> list[dict]:
-    """Per UTC day: requests, tokens and cost (failed requests cost 0); with `api_key`, that key's."""
+def usage_daily(*, user: User, start: date, end: date, api_key: ApiKey | None = None) -> list[Mapping[str, Any]]:
+    """Per UTC day: requests, tokens (the cached part of the prompts too) and cost (failed requests cost 0);
+    with `api_key`, that key's."""
     lower, upper = day_bounds(start, end)
     scope = {"api_key": api_key} if api_key is not None else {}
     rows = (
@@ -267,6 +270,7 @@ def usage_daily(*, user: User, start: date, end: date, api_key: ApiKey | None = 
         .annotate(
             requests=Count("pk"),
             prompt_tokens=Sum("prompt_tokens"),
+            cached_tokens=Sum("cached_tokens"),
             completion_tokens=Sum("completion_tokens"),
             cost_ucents=Sum("cost_ucents"),
         )

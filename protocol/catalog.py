@@ -24,7 +24,7 @@ MODEL_FILES: dict[str, dict[str, str]] = {
 }
 
 # The most context (prompt + answer, in tokens) a chat job may fill: what mahout's llama.cpp runner
-# loads (`mahout.catalog.RUNNER_N_CTX`) and what an audit's `mahout.verify.Verifier` reads, on the
+# loads (`mahout.catalog.RUNNER_N_CTX`) and what an audit's `scorer.verify.Verifier` reads, on the
 # gateway and on a scoring host. A catalog entry sells no more (`CatalogModel.context_sold`), so
 # every job sold can be audited: a longer request is refused at admission, before the queue.
 AUDITABLE_CONTEXT_TOKENS = 4096

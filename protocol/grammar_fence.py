@@ -11,8 +11,8 @@ one timeout.
 
 One child per `GrammarFence`, started on first use (about a second: it imports llama-cpp);
 conversions take turns in it (each takes milliseconds within `protocol.schema_limits`). The
-gateway's (`marketplace.grammar_check`) asks only whether a schema converts; a host
-(`mahout.runners.llama.grammar_for`) samples with the grammar it returns.
+gateway's (`marketplace.lifecycle.grammar_check`) asks only whether a schema converts; a host
+(`scorer.llama.grammar_for`) samples with the grammar it returns.
 """
 
 from __future__ import annotations

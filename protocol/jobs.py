@@ -13,18 +13,19 @@ the gateway counted and billed.
 
 An **audit** (kind `"audit"`, `AuditPayload`) is work only a trusted host claims, for a model
 whose weights the gateway lacks: re-read another host's delivered answer under the model in
-one prefill pass (`mahout.verify.Verifier`) and say whether every token is the seed's draw.
+one prefill pass (`scorer.verify.Verifier`) and say whether every token is the seed's draw.
 It carries the audited job as that host received it (`job`, a `JobPayload` without its id),
 the token ids it reported (`tokens`), the text the customer received (`text`), its
 `finish_reason` and the gateway's `seed`; its `id` numbers the audit, not a job, and nothing
 in it names the audited host. The scorer answers `POST /hosts/api/audits/{id}/verdict` with
 `AuditVerdict`: `passed` or `failed` with the counts (tokens `checked`, `uncertain`, `misses`)
 and the `reason` of a failure, or `declined` (it cannot score it here: another scorer is
-asked). It is paid a fee for the prefill when the audit is decided (`marketplace.audits`).
+asked). It is paid a fee for the prefill when the audit is decided (`marketplace.trust.audits`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, TypedDict
 
@@ -37,7 +38,7 @@ AUDIT = "audit"  # a trusted host scores another host's answer (AuditPayload)
 AUDIT_VERDICTS = ("passed", "failed", "declined")
 # How a decline's reason starts when the answer cannot be audited anywhere (the verifier's
 # `Unauditable`: a grammar or a context it cannot read), not for want of this scorer's means.
-# The gateway counts a scorer's declines per model and per cause (`marketplace.audits`).
+# The gateway counts a scorer's declines per model and per cause (`marketplace.trust.audits`).
 AUDIT_DECLINED_UNAUDITABLE = "not auditable here"
 RING_CHECK = "ring_check"  # a trusted host finds which of a ring's hosts made its audit fail (RingCheckPayload)
 RING_CHECK_VERDICTS = ("blamed", "declined")
@@ -82,7 +83,7 @@ class RingCheckStage(TypedDict):
 
 
 class RingCheckPayload(TypedDict):
-    """A ring's failed audit to look into (`marketplace.ring_inquiries`, `mahout.ring.blame`):
+    """A ring's failed audit to look into (`marketplace.trust.ring_inquiries`, `mahout.ring.blame`):
     the job as the ring's bridge received it (without its id), the answer's tokens as audited
     (its end of generation included) and, per stage, its layers and how many parts of evidence
     it handed over."""
@@ -136,7 +137,7 @@ def job_payload_build(
     if kind == EMBEDDINGS:
         return {"id": job_id, "model": model, "kind": kind, "input": inputs, "continuation": False}
     assert fmt is not None, "a chat or completion job is rendered in its model's format"
-    sampling = {key: params.get(key) for key in SAMPLING_PARAMS}
+    sampling: dict[str, Any] = {key: params.get(key) for key in SAMPLING_PARAMS}
     rewrite = ""
     if continuation:
         sampling["max_tokens"] = max(1, sampling["max_tokens"] - delivered_tokens)
@@ -178,7 +179,7 @@ def job_fragments(fmt: ChatFormat, job: dict, *, now: datetime | None = None) ->
     raise ValueError(f"unsupported job kind: {kind!r}")
 
 
-def job_stop_strings(job: dict) -> list[str]:
+def job_stop_strings(job: Mapping[str, Any]) -> list[str]:
     """A job's stop strings: the customer's, then (for a chat) where its model ends a turn. What a
     host stops at, and what the gateway's canary references stopped at."""
     stop = list((job.get("params") or {}).get("stop") or [])

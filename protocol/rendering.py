@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 from protocol.template_sandbox import TemplateRefused, render_bounded  # (TemplateRefused: imported from here too)
 
@@ -225,16 +225,16 @@ def _cut_after_last(pieces: list[str | int], index: int) -> list[str | int]:
 def _segments(pieces: list[str | int], texts: list[str], true: str, *, continuing: bool) -> list[tuple[str, bool]]:
     """(text, is_content) segments: the markup, and what each message's text became in the true
     rendering. A continuation's final text is its exact text, whatever the template does to it."""
-    slots = [index for index in pieces[1::2]]  # type: ignore[misc]
-    markup = [piece for piece in pieces[0::2]]  # type: ignore[misc]
-    exact = [texts[index] for index in slots]  # type: ignore[index]
+    slots = cast(list[int], pieces[1::2])  # (the pieces alternate: markup, a message's index, markup, ...)
+    markup = cast(list[str], pieces[0::2])
+    exact = [texts[index] for index in slots]
     fixed_last = continuing
     became = _laid_over(markup, exact, true, fixed_last=fixed_last) or exact
     segments: list[tuple[str, bool]] = []
     for at, text in enumerate(became):
-        segments += [(markup[at], False), (text, True)]  # type: ignore[list-item]
+        segments += [(markup[at], False), (text, True)]
     if not continuing:
-        segments.append((markup[-1], False))  # type: ignore[arg-type]
+        segments.append((markup[-1], False))
     return [segment for segment in segments if segment[0]]
 
 

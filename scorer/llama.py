@@ -105,7 +105,7 @@ def pieces_whole(llm: Llama) -> None:
         # as the library's own: a leading space after BOS (Llama 1's prompts) is dropped
         return bytes(output[1:] if tokens and tokens[0] == bos and output[:1] == b" " else output)
 
-    model.detokenize = detokenize
+    model.detokenize = detokenize  # type: ignore[method-assign]  # this one model's, on purpose
 
 
 LOOSE_CHAR = 'char ::= [^"\\\\]'  # llama-cpp-python's converter: any character but " and \\ in a string...

@@ -48,9 +48,10 @@ No Django here: the gateway's workers or a trusted host run it.
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from protocol.catalog import AUDITABLE_CONTEXT_TOKENS
 from protocol.grammar_fence import FenceUnavailable
@@ -96,7 +97,7 @@ class Audit:
         return self.reason is None
 
 
-def auditable(job: dict) -> bool:
+def auditable(job: Mapping[str, Any]) -> bool:
     """True for a job whose answer this verifier can check token by token: every chat and
     completion, under a grammar or not, a fresh answer or one that resumes text (the newly
     generated part is checked; see the module's docstring). :meth:`Verifier.audit` may still
@@ -190,9 +191,11 @@ class Verifier:
         import llama_cpp
 
         self._lib = llama_cpp
-        self._llm: Llama = (
-            llm if llm is not None else load_llama(model_path, n_ctx=n_ctx, threads=threads, gpu_layers=gpu_layers)
-        )
+        if llm is None:
+            assert model_path is not None, "a Verifier reads model_path when it is given no llm"
+            self._llm: Llama = load_llama(model_path, n_ctx=n_ctx, threads=threads, gpu_layers=gpu_layers)
+        else:
+            self._llm = llm
         self._owns_llm = llm is None
         self._prompt = PromptTokenizer(self._llm)
         self.n_ctx, self.n_vocab = n_ctx, self._llm.n_vocab()
@@ -441,7 +444,7 @@ class Verifier:
     def _judge(
         self,
         audit: Audit,
-        misses: list,
+        misses: list[tuple[int, int, float]] | None,
         far: dict[int, float] | None,
         logits: npt.NDArray[np.float32],
         answer: _Answer,

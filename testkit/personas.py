@@ -4,18 +4,25 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # (Django is imported only when a persona is made)
+    from django.contrib.auth.models import User
+
+    from accounts.models import ApiKey
+    from hosts.models import Host
 
 
 @dataclass
 class Customer:
-    user: object
-    key: object
+    user: User
+    key: ApiKey
     secret: str
 
 
 @dataclass
 class ServingHost:
-    host: object
+    host: Host
     token: str
     fingerprint: str
 

@@ -74,7 +74,7 @@ def mail_link(*, to: str, pattern: str, timeout: float = 10.0) -> str:
     return wait_until(found, timeout=timeout, what=f"an e-mail to {to}")
 
 
-def wait_until(predicate: Callable[[], T], *, timeout: float, what: str, interval: float = 0.1) -> T:
+def wait_until(predicate: Callable[[], T | None], *, timeout: float, what: str, interval: float = 0.1) -> T:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()

@@ -19,7 +19,10 @@ class Migration(migrations.Migration):
             name='account_wide',
             field=models.BooleanField(
                 default=False,
-                help_text='lists and resumes every request of the account (usage, stream resumes, generation stats); otherwise only its own. Keys made before scopes existed are account-wide, as they were',
+                help_text=(
+                    'lists and resumes every request of the account (usage, stream resumes, generation stats); '
+                    'otherwise only its own. Keys made before scopes existed are account-wide, as they were'
+                ),
             ),
         ),
         migrations.RunPython(existing_keys_stay_account_wide, migrations.RunPython.noop),

@@ -1,4 +1,4 @@
-# A trusted host paid to score an audit (marketplace.audits): a new ledger transaction kind.
+# A trusted host paid to score an audit (marketplace.trust.audits): a new ledger transaction kind.
 
 from django.db import migrations, models
 

@@ -195,7 +195,8 @@ class WithdrawEverythingWhileVestingTests:
         with pytest.raises(PayoutRefused) as refusal:
             services.payout_request(host=serving.host)
         assert refusal.value.message == (
-            "$16.00 of this machine's earnings is still vesting (earnings become payable 7 days after each job) and $0.00 is "
+            "$16.00 of this machine's earnings is still vesting "
+            "(earnings become payable 7 days after each job) and $0.00 is "
             f"payable now, below the minimum payout of $10.00: the minimum is payable from {vests}."
         )
         assert Payout.objects.count() == 0

@@ -28,7 +28,7 @@ class DatabaseWrapper(base.DatabaseWrapper):
             raise OperationalError("database is locked (another transaction of this process held it too long)")
         self._holds_writer = True
         try:
-            super()._start_transaction_under_autocommit()
+            super()._start_transaction_under_autocommit()  # type: ignore[misc]  # private: not in django-stubs
         except BaseException:
             self._release_writer()
             raise
@@ -40,18 +40,18 @@ class DatabaseWrapper(base.DatabaseWrapper):
 
     def _commit(self) -> None:
         try:
-            super()._commit()
+            super()._commit()  # type: ignore[misc]  # private: not in django-stubs
         finally:
             self._release_writer()
 
     def _rollback(self) -> None:
         try:
-            super()._rollback()
+            super()._rollback()  # type: ignore[misc]  # private: not in django-stubs
         finally:
             self._release_writer()
 
     def _close(self) -> None:
         try:
-            super()._close()
+            super()._close()  # type: ignore[misc]  # private: not in django-stubs
         finally:
             self._release_writer()

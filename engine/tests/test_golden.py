@@ -80,7 +80,8 @@ class GoldenTests:
             f"{prompt!r} parts at token {parted}: llama.cpp picks {theirs} "
             f"(llama.cpp logits {llama_logits[theirs]:.4f} vs {llama_logits[ours]:.4f} for {ours}); "
             f"the engine picks {ours} (engine logits {float(engine_logits[ours]):.4f} vs "
-            f"{float(engine_logits[theirs]):.4f}); texts {tokenizer.decode(got.token_ids)!r} / {tokenizer.decode(want)!r}"
+            f"{float(engine_logits[theirs]):.4f}); texts "
+            f"{tokenizer.decode(got.token_ids)!r} / {tokenizer.decode(want)!r}"
         )
         print(message)
         assert gap < NEAR_TIE, "not a near-tie: " + message

@@ -18,7 +18,10 @@ class EngineImportTests:
         assert result.returncode == 0, result.stderr
 
     def test_the_shipped_model_file_comes_without_torch(self) -> None:
-        code = "import sys, engine.shipped; bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'django')); assert not bad, bad"
+        code = (
+            "import sys, engine.shipped; bad = sorted(m for m in sys.modules "
+            "if m.split('.')[0] in ('torch', 'django')); assert not bad, bad"
+        )
         result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stderr
 
@@ -35,6 +38,9 @@ class EngineImportTests:
         assert result.returncode == 0, result.stderr
 
     def test_the_gateway_reads_architectures_and_layer_sizes_without_torch(self) -> None:
-        code = "import sys, engine.arch; bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'django')); assert not bad, bad"
+        code = (
+            "import sys, engine.arch; bad = sorted(m for m in sys.modules "
+            "if m.split('.')[0] in ('torch', 'django')); assert not bad, bad"
+        )
         result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stderr

@@ -16,7 +16,9 @@ class Migration(migrations.Migration):
             name='warm_asked',
             field=models.ForeignKey(
                 blank=True,
-                help_text='a latency-critical model the gateway asked this idle host to keep loaded (deliberate redundancy)',
+                help_text=(
+                    'a latency-critical model the gateway asked this idle host to keep loaded (deliberate redundancy)'
+                ),
                 null=True,
                 on_delete=django.db.models.deletion.SET_NULL,
                 related_name='+',

@@ -55,5 +55,6 @@ class InactiveOwnerSocketTests:
             except ConnectionClosed as closed:  # with a shared channel layer (Redis) the deactivation closes it at once
                 assert closed.rcvd is not None and closed.rcvd.code == 4403
                 return
-        # the test process's deactivation reaches the gateway's in-process layer only through the row: the claim re-reads it
+        # the test process's deactivation reaches the gateway's in-process layer only through the row:
+        # the claim re-reads it
         assert (answer["type"], answer["id"], answer["status"], answer["code"]) == ("error", 2, 403, "owner_inactive")

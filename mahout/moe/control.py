@@ -29,7 +29,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -41,6 +41,9 @@ from mahout.moe.runner import MoeRunner
 from mahout.moe.worker import ExpertServer, worker_caps
 from mahout.owner import OwnerGuard, OwnerWatch
 from protocol.timing import MOE_COORDINATOR_REPORT_SECONDS, MOE_WORKER_HEARTBEAT_SECONDS
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["CoordinatorAgent", "MeshClient", "MeshRefused", "MeshUnavailable", "Volunteer"]
 
@@ -214,7 +217,7 @@ class Volunteer:
         poll_s: float = 1.0,
         heartbeat_s: float = MOE_WORKER_HEARTBEAT_SECONDS,
         out: Callable[[str], None] = print,
-        device: object = None,
+        device: torch.device | None = None,
         owner: OwnerGuard | None = None,
     ) -> None:
         self.client, self.workdir, self.host, self.advertise = client, workdir, host, advertise or host
@@ -249,7 +252,9 @@ class Volunteer:
         if self._stop.is_set():
             leave.set()
         watch = (
-            OwnerWatch(self.owner, lambda reason: reason and leave.set(), poll_s=min(1.0, self.heartbeat_s)).start()
+            OwnerWatch(
+                self.owner, lambda reason: leave.set() if reason else None, poll_s=min(1.0, self.heartbeat_s)
+            ).start()
             if self.owner is not None
             else None
         )

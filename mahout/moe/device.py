@@ -34,7 +34,7 @@ class DeviceMoeModel:
             model.config,
             len(weights.layers),
             cache.n_rows,
-            cache.n_ctx,  # type: ignore[arg-type]
+            cache.n_ctx,
             device=device,
         )
 

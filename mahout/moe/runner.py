@@ -15,7 +15,7 @@ so one host loop per slot can share the runner.
 Text and tokens go through the model's own vocabulary (`Vocabulary`), counted as the gateway
 counts them: a real one (Qwen 3 MoE's BPE) through llama.cpp's reader of the same file, each
 rendered fragment tokenized as text or as its one control token
-(`protocol.rendering.fragments_tokens`, `mahout.runners.llama.PromptTokenizer`); the generated
+(`protocol.rendering.fragments_tokens`, `scorer.llama.PromptTokenizer`); the generated
 test model's byte vocabulary as its UTF-8 bytes (`engine.moe_loader.ByteTokenizer`).
 """
 
@@ -46,6 +46,7 @@ from scorer.errors import RequestRejected
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
+    from llama_cpp import Llama
 
     from scorer.healing import TokenHealer, Vocab
     from scorer.llama import Grammar
@@ -76,9 +77,15 @@ class Vocabulary:
             from mahout.runners.llama import end_of_generation_ids
             from scorer.llama import PromptTokenizer, pieces_whole
 
-            pieces_whole(self.tokenizer.llama)  # (a token longer than 32 bytes would be spelled as nothing)
-            self._prompt = PromptTokenizer(self.tokenizer.llama)
-            self._ends = end_of_generation_ids(self.tokenizer.llama)
+            pieces_whole(self._llama)  # (a token longer than 32 bytes would be spelled as nothing)
+            self._prompt = PromptTokenizer(self._llama)
+            self._ends = end_of_generation_ids(self._llama)
+
+    @property
+    def _llama(self) -> Llama:
+        """llama.cpp's vocabulary (a model whose vocabulary is not bytes)."""
+        assert isinstance(self.tokenizer, Tokenizer)
+        return self.tokenizer.llama
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
@@ -108,7 +115,7 @@ class Vocabulary:
 
     def healing(self, job: dict, prompt: list[int]) -> tuple[list[int], TokenHealer | None]:
         """What to feed for `job` (prompt `prompt`) and the healer that writes text again first,
-        as a single-machine host does (`mahout.runners.llama.healing`): a continuation's cut last
+        as a single-machine host does (`scorer.healing.healing`): a continuation's cut last
         word, or under a grammar its whole delivered text (`rewrite`). A byte vocabulary cuts no
         word (a byte is a token) and follows no grammar: nothing to heal."""
         from scorer.healing import Vocab, healing, resumes_text
@@ -116,14 +123,14 @@ class Vocabulary:
         if self.bytes or not (job.get("rewrite") or resumes_text(job)):
             return prompt, None
         if self._heal_vocab is None:
-            self._heal_vocab = Vocab(self.tokenizer.llama)
+            self._heal_vocab = Vocab(self._llama)
         return healing(job, prompt, self._heal_vocab)
 
     def count(self, text: str) -> int:
-        """Tokens in generated text, as the gateway counts them (`mahout.runners.llama.count_tokens`)."""
+        """Tokens in generated text, as the gateway counts them (`scorer.llama.count_tokens`)."""
         from scorer.llama import count_tokens
 
-        return len(text.encode()) if self.bytes else count_tokens(self.tokenizer.llama, text)
+        return len(text.encode()) if self.bytes else count_tokens(self._llama, text)
 
     def ends(self, token: int) -> bool:
         """Whether `token` ends a generation as it ends llama.cpp's: EOS or any token its

@@ -19,7 +19,7 @@ import functools
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -155,7 +155,8 @@ def serve_coordinator(
         api.close()
     runner = coordinator_runner(model_path, slots=slots, device=device, n_ctx=n_ctx).start()
     out(
-        f"mahout moe: KV cache {runner.kv_cache_mib():.0f} MiB: {slots} slots × {runner.model.cache.n_ctx} tokens of context"
+        f"mahout moe: KV cache {runner.kv_cache_mib():.0f} MiB: "
+        f"{slots} slots × {runner.model.cache.n_ctx} tokens of context"
         + ("" if n_ctx else " (the model's whole context; --ctx caps it)")
     )
     client = MeshClient(server, token)
@@ -189,7 +190,7 @@ def serve_coordinator(
             loop.api.close()
 
 
-def _run_loops(loops: list[HostLoop], *, out: Callable[[str], None]) -> int:
+def _run_loops(loops: Sequence[HostLoop], *, out: Callable[[str], None]) -> int:
     """Each loop on its own thread; signals are taken here, in the main thread."""
     handled: list[int] = []
     signals = [0]

@@ -124,7 +124,7 @@ class StageAgent:
         self._vocab: Any = None  # a vocabulary-only llama.cpp model, loaded for the first grammar
         self._grammars: dict[str, Grammar] = {}  # requests under a response_format's grammar, where this stage picks
         self._healing: dict[str, Healing] = {}  # requests that write resumed text again first, where this stage picks
-        self._heal_vocab: Any = None  # every token's bytes (`mahout.runners.llama.Vocab`), built for the first healer
+        self._heal_vocab: Any = None  # every token's bytes (`scorer.healing.Vocab`), built for the first healer
         self.evidence = evidence or EvidenceStore()  # what it received and sent per request, for a failed audit's blame
 
     @property
@@ -387,7 +387,7 @@ class StageAgent:
 
     def _heal(self, header: dict[str, Any]) -> None:
         """A request that resumes text: the bytes its first tokens must write again (its cut
-        last word, `mahout.runners.llama.healing`), sent ahead of its rows: held here when this
+        last word, `scorer.healing.healing`), sent ahead of its rows: held here when this
         stage picks, else handed on towards the one that does."""
         if not self.picks:
             self._send_next(header)

@@ -1,6 +1,6 @@
 """Which of a ring's hosts made a failed audit fail: every stage's evidence, checked.
 
-An audit of a ring's answer that misses (`marketplace.audits`) proves the text is not the
+An audit of a ring's answer that misses (`marketplace.trust.audits`) proves the text is not the
 model's draw. To find who made it so, each stage hands over what it kept of the request
 (`mahout.ring.evidence.StageRecord`: its inputs, its outputs, the tail's drawn tokens), and
 a checker that holds the model's file runs the checks below. The stages are checked each on
@@ -19,7 +19,7 @@ its **own** inputs, so one stage's fault never lands on the stage after it:
    third machine could have put a frame on it; but either end can misreport what passed).
    The link is reported **disputed** (`Blame.disputed`), and neither end is blamed for it:
    the gateway takes no earnings for a dispute alone and keeps the pair apart instead
-   (`marketplace.ring_inquiries`). An end that fails another check is blamed for that.
+   (`marketplace.trust.ring_inquiries`). An end that fails another check is blamed for that.
 4. **Layers**: each stage's layers are recomputed on its own reported inputs in one prefill
    pass (`recompute`) and must give its reported outputs within `TOLERANCE` (relative L2 per
    position; honest machines differ by far less: BENCHMARKS.md).
@@ -209,7 +209,10 @@ def _malformed(record: StageRecord, *, head: bool, d_model: int) -> str | None:
         return "its positions are not in order"
     inputs = (n,) if head else (n, d_model)
     if record.inputs.shape != inputs or (head and record.inputs.dtype.kind not in "iu"):
-        return f"its inputs are {record.inputs.dtype}{list(record.inputs.shape)}, not {'token ids' if head else 'states'} {list(inputs)}"
+        return (
+            f"its inputs are {record.inputs.dtype}{list(record.inputs.shape)}, "
+            f"not {'token ids' if head else 'states'} {list(inputs)}"
+        )
     if record.outputs.shape != (m, d_model) or record.outputs.dtype.kind != "f":
         return f"its outputs are {record.outputs.dtype}{list(record.outputs.shape)}, not states {[m, d_model]}"
     if record.tokens.shape != record.token_positions.shape or record.tokens.ndim != 1:
@@ -224,9 +227,9 @@ def stage_recompute(path: str, *, device: str = "cpu") -> Callable[[StageSlice, 
     import torch
 
     from engine.gguf_loader import load_stage
-    from engine.model import Stage
+    from engine.model import Config, Stage, StageWeights
 
-    loaded: dict[tuple[int, int], tuple[object, object]] = {}
+    loaded: dict[tuple[int, int], tuple[Config, StageWeights]] = {}
 
     def recompute(stage: StageSlice, record: StageRecord) -> np.ndarray:
         if (stage.start, stage.end) not in loaded:
@@ -239,7 +242,7 @@ def stage_recompute(path: str, *, device: str = "cpu") -> Callable[[StageSlice, 
             stage.start,
             stage.end,
             n_rows=1,
-            n_ctx=int(record.positions.max()) + 1,  # type: ignore[arg-type]
+            n_ctx=int(record.positions.max()) + 1,
             device=device,
         )
         is_head = stage.start == 0

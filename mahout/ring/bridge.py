@@ -132,7 +132,7 @@ class RingBridge:
     ) -> RingRequest:
         """Hand a prompt to the head; the request is in flight as soon as this returns. `heal`:
         the bytes its first tokens must write again (a cut last word the prompt was cut before,
-        `mahout.runners.llama.healing`)."""
+        `scorer.healing.healing`)."""
         request = RingRequest(request_id or f"r{next(self._ids)}-{uuid.uuid4().hex[:8]}")
         with self._lock:
             if self._broken:

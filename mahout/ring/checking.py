@@ -1,6 +1,6 @@
 """A ring check on a trusted host: which of a ring's hosts made its audit fail
 (`protocol.jobs.RingCheckPayload`, kind "ring_check"; the gateway's side is
-`marketplace.ring_inquiries`).
+`marketplace.trust.ring_inquiries`).
 
 The host fetches each stage's evidence (`mahout.ring.evidence`), renders the job's prompt
 with the model's own vocabulary as the ring's bridge did (`mahout.ring.runner.RingRunner`),

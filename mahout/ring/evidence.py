@@ -1,6 +1,6 @@
 """What a stage keeps of each request it computed, so that a failed audit can find the stage.
 
-A ring's answer is audited whole (`marketplace.audits`): a miss says the text is not the
+A ring's answer is audited whole (`marketplace.trust.audits`): a miss says the text is not the
 model's, not which of the ring's hosts made it so. Every stage therefore keeps, for the
 requests it computed lately, what it received and what it handed on, position by position:
 
@@ -192,7 +192,8 @@ class EvidenceStore:
             partial = self.spool / f".{request_id}.partial"
             try:
                 with open(partial, "wb") as file:
-                    np.savez(file, **record.arrays())  # (uncompressed: hidden states hardly compress)
+                    # (uncompressed: hidden states hardly compress); mypy matches the arrays to allow_pickle too
+                    np.savez(file, **record.arrays())  # type: ignore[arg-type]
                 os.replace(partial, target)
             except OSError:  # a full disk: this request's evidence is lost, the stage serves on
                 partial.unlink(missing_ok=True)
@@ -274,7 +275,7 @@ def record_bytes(record: StageRecord) -> bytes:
     import io
 
     buffer = io.BytesIO()
-    np.savez_compressed(buffer, **record.arrays())
+    np.savez_compressed(buffer, **record.arrays())  # type: ignore[arg-type]  # (mypy matches them to allow_pickle)
     return buffer.getvalue()
 
 
@@ -292,7 +293,7 @@ def record_from_bytes(data: bytes) -> StageRecord:
 
 class EvidenceUploader:
     """A stage process's thread that hands its evidence to the gateway's ring inquiries
-    (`marketplace.ring_inquiries`): every `poll_s` it asks which requests of this stage a
+    (`marketplace.trust.ring_inquiries`): every `poll_s` it asks which requests of this stage a
     failed audit is looking into and sends what it kept of each, in parts of at most
     `part_bytes`, or says it kept nothing."""
 

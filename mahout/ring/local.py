@@ -159,9 +159,12 @@ class ProcessRing:
                 *(["--slots", str(slots)] if slots else []),
                 *([] if share_output else ["--whole-output"]),
             ]
-            pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
             stage_env = {**env, KEYS_ENV: keys_to_env(self.keys[i])}  # its own links' secrets only
-            self.procs.append(subprocess.Popen(command, cwd=ROOT, env=stage_env, text=True, **pipes))
+            self.procs.append(
+                subprocess.Popen(
+                    command, cwd=ROOT, env=stage_env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+                )
+            )
         try:
             self._wait_ready(ready_timeout)
             self.bridge = RingBridge(("127.0.0.1", ports[0]), ("127.0.0.1", ports[-1]), keys=self.keys.bridge)

@@ -248,7 +248,8 @@ def cmd_stage(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
                 f"listening on {server.getsockname()[0]}:{server.getsockname()[1]}, advertised as {address}"
             )
             threading.Thread(
-                target=lambda a=agent: a.ready.wait() and say(f"mahout: stage {args.stage} READY"), daemon=True
+                target=lambda a=agent: say(f"mahout: stage {args.stage} READY") if a.ready.wait() else None,
+                daemon=True,
             ).start()
             watch = _leave_when_the_owner_returns(guard, agent, args.stage, say) if guard is not None else None
             try:
@@ -312,12 +313,14 @@ def stage_reach(
                 raise
             if args.advertise:
                 say(
-                    f"mahout: error: {exc.message} (behind NAT, leave out --advertise or give --relay: the stage is then "
+                    f"mahout: error: {exc.message} (behind NAT, leave "
+                    "out --advertise or give --relay: the stage is then "
                     "reached through the gateway's ring relay)"
                 )
                 return None
             say(
-                f"mahout: stage {args.stage}: the gateway does not let neighbours dial {address} (not public: behind NAT); "
+                f"mahout: stage {args.stage}: the gateway does not let "
+                f"neighbours dial {address} (not public: behind NAT); "
                 "reached through the gateway's ring relay instead"
             )
     relay = start_relay(server.getsockname()[:2])

@@ -43,7 +43,7 @@ class Row:
     the token's log-probability and that many likeliest alternatives (None: none). `grammar`:
     the token is drawn under the request's grammar (a response_format's), held by the stage
     that picks (`mahout.ring.stage`). `heal`: the request resumes text, so its first tokens
-    write its cut last word again under a healer's mask (`mahout.runners.llama.TokenHealer`),
+    write its cut last word again under a healer's mask (`scorer.healing.TokenHealer`),
     held there too.
     """
 

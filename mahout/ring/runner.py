@@ -92,7 +92,8 @@ class RingRunner:
             logprobs=None if logprobs is None else int(logprobs),
             grammar=None if grammar is None else grammar._grammar,  # type: ignore[attr-defined]
             grammar_root="root" if grammar is None else grammar._root,  # type: ignore[attr-defined]
-            request_id=f"job-{job.get('id')}-{uuid.uuid4().hex[:8]}",  # stages keep evidence under it (`mahout.ring.evidence`)
+            # stages keep evidence under it (`mahout.ring.evidence`)
+            request_id=f"job-{job.get('id')}-{uuid.uuid4().hex[:8]}",
             heal=healer.dropped if healer is not None else None,
         )
         try:

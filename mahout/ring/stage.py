@@ -44,11 +44,12 @@ Messages (header ``type``): ``hello`` (the handshake's, naming the role), ``subm
 (bridge -> head), ``grammar`` (a request's response_format grammar, from the head to the stage
 that picks, ahead of the request's rows), ``heal`` (likewise, the text a request that resumes
 text writes again first), ``batch`` (hidden state + membership, downstream), ``tokens`` (tail -> head and
-bridge; with each token's log-probabilities where asked), ``share`` (tail -> head: final-normed rows), ``mass`` (tail -> head: its half's mass for
-sampled rows, and its half's logits for rows whose pick needs them whole: `Row.needs_whole`) and ``partial`` (head -> downstream to the tail: the head's part of the pick), ``release`` (a request ended: every stage frees its
-cache row; the tail tells the bridge ``done``), ``error`` (requests that failed, downstream to
-the tail, then to the head and the bridge), ``stats`` (collected hop by hop, the tail hands
-them to the bridge).
+bridge; with each token's log-probabilities where asked), ``share`` (tail -> head: final-normed rows),
+``mass`` (tail -> head: its half's mass for sampled rows, and its half's logits for rows whose pick needs
+them whole: `Row.needs_whole`) and ``partial`` (head -> downstream to the tail: the head's part of the
+pick), ``release`` (a request ended: every stage frees its cache row; the tail tells the bridge
+``done``), ``error`` (requests that failed, downstream to the tail, then to the head and the bridge),
+``stats`` (collected hop by hop, the tail hands them to the bridge).
 
 Each stage counts the seconds it held a batch (computing and handing it on) and the seconds
 it had nothing to do, and its queue depth, so a starved ring reads differently from a

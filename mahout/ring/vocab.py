@@ -4,7 +4,7 @@ head may be split over two stages.
 A ring shares the output head (`engine.model.output_share`): the head stage holds the
 vocabulary's first rows, the tail the rest. Every token is the one the specified sampler
 draws over the whole vocabulary, so a verifier holding the model can audit a ring's answer
-as any host's (`mahout.verify`):
+as any host's (`scorer.verify`):
 
 * Greedy: each side's candidate is its slice's argmax and its logit; the larger logit wins,
   the lower id on a tie (as one argmax over the whole vocabulary would).

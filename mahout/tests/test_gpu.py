@@ -37,7 +37,10 @@ class FindingTests:
         ]
 
     def test_amd_cards_are_read_from_rocm_smi(self) -> None:
-        csv = "device,Card series,VRAM Total Memory (B),VRAM Total Used Memory (B)\ncard0,Radeon RX 7900 XTX,25753026560,1073741824\n"
+        csv = (
+            "device,Card series,VRAM Total Memory (B),VRAM Total Used Memory (B)\n"
+            "card0,Radeon RX 7900 XTX,25753026560,1073741824\n"
+        )
         run, which = tools({"rocm-smi": csv})
         (card,) = gpus_present(run=run, which=which, system="linux")
         assert (card.vendor, card.name, round(card.total_mb), round(card.free_mb)) == (

@@ -42,7 +42,10 @@ class CommandLineTests:
             f"mahout: home {tmp_path}; pause flag off; model not assembled yet",
             f"mahout: host 'test-host' (id 7) at {gateway.url}: online",
             "mahout: running job 42 (gemma-3-270m) since 2026-12-02T14:00:00Z",
-            "mahout: earned today $0.01234567; pending $0.02500000 (payable now $0.02000000, still vesting $0.00500000)",
+            (
+                "mahout: earned today $0.01234567; pending $0.02500000 "
+                "(payable now $0.02000000, still vesting $0.00500000)"
+            ),
         ]
         assert main(["status", "--json", "--home", str(tmp_path), "--server", gateway.url, "--token", TOKEN]) == 0
         assert json.loads(capsys.readouterr().out.splitlines()[-1])["earnings"]["today_ucents"] == 1_234_567
@@ -52,7 +55,10 @@ class CommandLineTests:
         assert capsys.readouterr().err.splitlines()[-1] == "mahout: error: HTTP 401: bad host token" + LOGIN_HINT
 
     def test_it_never_imports_django(self):
-        modules = "mahout.__main__, mahout.host, mahout.loop, mahout.runners.llama, protocol.rendering, protocol.jobs, mahout.model_files"
+        modules = (
+            "mahout.__main__, mahout.host, mahout.loop, mahout.runners.llama, "
+            "protocol.rendering, protocol.jobs, mahout.model_files"
+        )
         code = f"import sys, {modules}; print(sorted(m for m in sys.modules if m.startswith('django')))"
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
         assert result.stdout.strip() == "[]"
@@ -94,7 +100,8 @@ class LoginTests:
         monkeypatch.setattr(sys, "stdin", io.StringIO("wrong\n"))
         assert main(["login", "--home", str(tmp_path), "--server", gateway.url, "--token-stdin"]) == 2
         assert capsys.readouterr().err.splitlines()[-1] == (
-            "mahout: error: HTTP 401: bad host token (copy the token again from My machines: a rotated or revoked one is refused)"
+            "mahout: error: HTTP 401: bad host token (copy the token "
+            "again from My machines: a rotated or revoked one is refused)"
         )
         assert not (tmp_path / CREDENTIALS_FILE).exists()
 
@@ -120,7 +127,8 @@ class LoginTests:
         )
         assert result.returncode == 2
         assert result.stderr.splitlines() == [
-            "mahout: error: HTTP 401: bad host token (copy the token again from My machines: a rotated or revoked one is refused)"
+            "mahout: error: HTTP 401: bad host token (copy the token "
+            "again from My machines: a rotated or revoked one is refused)"
         ]
 
     def test_the_login_line_names_the_command_the_owner_types(self, tmp_path, capsys, gateway, monkeypatch):

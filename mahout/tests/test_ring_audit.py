@@ -1,6 +1,6 @@
 """A ring's answer is audited as any host's (issue 29): a two-stage ring of the shipped model
 (the PyTorch engine, its output head shared by the head and the tail) draws every token by
-the specified sampler with the job's seed, and the llama.cpp verifier (`mahout.verify`, what
+the specified sampler with the job's seed, and the llama.cpp verifier (`scorer.verify`, what
 the gateway's workers and trusted scorers run) passes its honest answers at temperature 0.7
 and 1.2, top_p 1 and below (the tail's half of the logits goes to the head whole), with no
 miss, and fails junk and an answer drawn with another seed."""

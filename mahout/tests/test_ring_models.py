@@ -1,9 +1,9 @@
 """A ring serves any chat model of the catalog by name (`mahout.ring.model.ring_model`): the
 file `mahout add` registered for it (at the bridge and at each stage, from its plan's model),
-refused with a clear error when there is none or the engine cannot slice it; and a ring of a model other than the shipped Gemma (a tiny Qwen 3 with
-its real vocabulary and chat template, `testkit.families`) serves a chat job through the host
-loop, counted and detokenised with that model's own vocabulary: token for token the engine's
-single-process greedy text."""
+refused with a clear error when there is none or the engine cannot slice it; and a ring of a
+model other than the shipped Gemma (a tiny Qwen 3 with its real vocabulary and chat template,
+`testkit.families`) serves a chat job through the host loop, counted and detokenised with
+that model's own vocabulary: token for token the engine's single-process greedy text."""
 
 from __future__ import annotations
 

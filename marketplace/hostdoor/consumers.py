@@ -40,9 +40,9 @@ class HostSocketConsumer(AsyncJsonWebsocketConsumer):
     `{"type": "tokens", "job", "seq", "text"}` frame (with `logprobs` and `finish_reason`
     when it has them) is applied by the same service as `POST /hosts/api/jobs/<id>/tokens`
     and answered with `{"type": "ack", "job", "seq", "accepted", "next_seq"}` or
-    `{"type": "error", "job", "seq", "status", "code", "message"}`. Frames are handled concurrently (a host's jobs do not wait for each
-    other); a host sends a job's next batch only after the previous one's answer, so
-    each job's batches stay in order.
+    `{"type": "error", "job", "seq", "status", "code", "message"}`. Frames are handled
+    concurrently (a host's jobs do not wait for each other); a host sends a job's next batch
+    only after the previous one's answer, so each job's batches stay in order.
 
     Job offers: a `{"type": "claim", "id", "fingerprint", "wait"}` frame is the long-poll of
     `POST /hosts/api/claim` on the socket, answered `{"type": "job", "id", "job": payload}`

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -166,7 +167,7 @@ class JobTokensApi(AsyncHostApi):
 
     InputSerializer = pushing.TokenBatchSerializer
 
-    async def handle(self, host: Host, data: dict, **kwargs: object) -> HttpResponse:
+    async def handle(self, host: Host, data: dict, **kwargs: Any) -> HttpResponse:  # (the URL's job_id)
         result = await pushing.push_tokens(
             host=host,
             job_id=kwargs["job_id"],
@@ -201,7 +202,8 @@ class JobCompleteApi(AsyncHostApi):
         finish_reason = serializers.ChoiceField(choices=["stop", "length"])
         completion_tokens = serializers.IntegerField(min_value=0, required=False)
         embeddings = serializers.JSONField(required=False, default=None)  # checked by the service, not per float here
-        tokens = serializers.ListField(  # the token ids the host generated: what an audit re-reads (marketplace.trust.audits)
+        # the token ids the host generated: what an audit re-reads (marketplace.trust.audits)
+        tokens = serializers.ListField(
             child=serializers.IntegerField(min_value=0, max_value=2**31 - 1),
             required=False,
             allow_null=True,
@@ -471,7 +473,8 @@ class HostStatementApi(HostApi):
         )
 
 
-# --- ring inquiries (marketplace.trust.ring_inquiries): a ring's failed audit, its stages' evidence, a checker's verdict ---
+# --- ring inquiries (marketplace.trust.ring_inquiries) ---
+# a ring's failed audit, its stages' evidence, a checker's verdict
 
 
 def _valid(serializer: type[serializers.Serializer], data: object) -> dict:
@@ -515,7 +518,8 @@ class RingEvidenceApi(HostApi):
         stage = serializers.IntegerField(min_value=0, max_value=INT_MAX)
         part = serializers.IntegerField(min_value=0, max_value=INT_MAX)
         parts = serializers.IntegerField(min_value=0, max_value=INT_MAX)
-        data = serializers.CharField(
+        # (the wire's field `data`: DRF's stubs take the name for Serializer.data)
+        data = serializers.CharField(  # type: ignore[assignment]
             allow_blank=True, required=False, default="", max_length=4 * ring_inquiries.PART_BYTES // 3 + 8
         )
 
@@ -528,7 +532,8 @@ class RingEvidenceApi(HostApi):
         status = serializers.CharField(help_text="the inquiry's: collecting, or checking once every stage answered")
 
     class PartSerializer(serializers.Serializer):
-        data = serializers.CharField(help_text="base64")
+        # (the wire's field `data`: DRF's stubs take the name for Serializer.data)
+        data = serializers.CharField(help_text="base64")  # type: ignore[assignment]
 
     @extend_schema(request=InputSerializer, responses={200: StoredSerializer, 400: ERROR, 404: ERROR, 409: ERROR})
     def post(self, request: DrfRequest, inquiry_id: int) -> Response:

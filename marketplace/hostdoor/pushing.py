@@ -3,12 +3,13 @@
 Each push alone would cost a hand-off to a database thread, a statement and a commit. Here
 one writer per event loop takes every batch that arrived while its previous trip was under
 way and applies them together (`services.job_push_many`: one statement on PostgreSQL, one
-transaction on SQLite), with at most MAX_TRIPS trips under way. A lone batch goes at once, so a quiet gateway adds no delay; a busy
-one sends bigger trips instead of queueing more of them. Each caller still gets its own
-batch's answer or refusal, exactly as if it had been applied alone, and a batch that fails
-the trip fails alone (`_applied`): one host cannot break every host's stream. Both host
-doors (the WebSocket and `POST /hosts/api/jobs/<id>/tokens`) go through here, after the
-same bounds (`TokenBatchSerializer`).
+transaction on SQLite), with at most MAX_TRIPS trips under way. A lone batch goes at once,
+so a quiet gateway adds no delay; a busy one sends bigger trips instead of queueing more of
+them. Each caller still gets its own batch's answer or refusal, exactly as if it had been
+applied alone, and a batch that fails the trip fails alone (`_applied`): one host cannot
+break every host's stream. Both host doors (the WebSocket and
+`POST /hosts/api/jobs/<id>/tokens`) go through here, after the same bounds
+(`TokenBatchSerializer`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
+from typing import Any
 
 from django.core.validators import ProhibitNullCharactersValidator
 from django.db import InterfaceError, OperationalError, connection
@@ -39,7 +41,7 @@ class BatchTextField(serializers.CharField):
     """A batch's text: any string within MAX_BATCH_CHARS, NUL included (a byte-level model can
     emit one; `job_push_many` drops it rather than refusing the host's honest batch)."""
 
-    def __init__(self, **kwargs: object) -> None:
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__(allow_blank=True, trim_whitespace=False, max_length=services.MAX_BATCH_CHARS, **kwargs)
         self.validators = [v for v in self.validators if not isinstance(v, ProhibitNullCharactersValidator)]
 
@@ -57,7 +59,9 @@ class TokenBatchSerializer(serializers.Serializer):
         required=False,
         allow_null=True,
         max_length=services.MAX_BATCH_CHARS,
-        help_text="the text's tokens' log-probability entries, when the job asked for them (their tokens spell the text)",
+        help_text=(
+            "the text's tokens' log-probability entries, when the job asked for them (their tokens spell the text)"
+        ),
     )
     finish_reason = serializers.ChoiceField(
         choices=["stop", "length"],
@@ -120,7 +124,7 @@ async def _applied(pushes: list[services.Push]) -> list[services.PushResult | Do
     its trip about 2·log2(size) more. A database that fails whatever it is sent (a lost
     connection, a lock held too long) fails the whole trip, as before: no batch is at fault."""
     try:
-        return await db(services.job_push_many, pushes)
+        return list(await db(services.job_push_many, pushes))
     except (OperationalError, InterfaceError) as error:
         return [error] * len(pushes)
     except Exception as error:  # noqa: BLE001 - answered to the batch that caused it, once it is found

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -168,7 +169,7 @@ def canary_job(
     now: datetime | None = None,
 ) -> dict:
     """The job a canary is, rendered in its model's format at `now` (what a host receives, less its parameters)."""
-    job = {"kind": kind, "messages": messages, "prompt": prompt, "params": {}}
+    job: dict[str, Any] = {"kind": kind, "messages": messages, "prompt": prompt, "params": {}}
     return {
         **job,
         "fragments": job_fragments(fmt, job, now=now),
@@ -357,7 +358,10 @@ def score_reason(llm: object, reference: CanaryReference, *, text: str, completi
         gap = float(logits.max() - logits[token])
         if gap >= tie_gap:
             piece = llm.detokenize([token]).decode("utf-8", errors="replace")  # type: ignore[attr-defined]
-            return f"the answer's token {index + 1} ({piece!r}) is not the real model's choice (log-probability {gap:.1f} below)"
+            return (
+                f"the answer's token {index + 1} ({piece!r}) is not the "
+                f"real model's choice (log-probability {gap:.1f} below)"
+            )
     ended = completion_tokens < reference.max_tokens or len(answer) + 2 < reference.max_tokens
     if ended:
         logits = np.asarray(llm.scores[len(prompt) + len(answer) - 1])  # type: ignore[attr-defined]
@@ -414,6 +418,7 @@ def canary_judge(*, check: CanaryCheck, host: Host, text: str, completion_tokens
             verdict=verdict, decided_at=None if audited else timezone.now()
         )
         return verdict
+    assert check.reference is not None  # a canary not judged by its audit has its reference
     reason = verdict_reason(check.reference, text=text, completion_tokens=completion_tokens)
     if reason is None and text != check.reference.text:
         CanaryCheck.objects.filter(pk=check.pk).update(
@@ -482,6 +487,7 @@ def canary_score_pending(*, limit: int = 20) -> int:
         )
         if check is None:
             continue
+        assert check.reference is not None  # a canary not judged by its audit has its reference
         reason = score_reason(
             _scorer(check.reference.gguf),
             check.reference,
@@ -588,11 +594,15 @@ def canary_send(*, host: Host) -> CanaryCheck | None:
     by_audit = reference is None or (settings.AUDIT_ENABLED and audit_possible(model, besides=host))
     messages = item.get("messages") if kind == Request.Kind.CHAT else None
     prompt = item.get("prompt") if kind == Request.Kind.COMPLETION else None
+    now: datetime | None
     if by_audit:  # judged by its audit, so it may look like customers' jobs
         params, now = render_instant_fixed(live_params(model=model, kind=kind))
         if messages is not None and messages[0]["role"] != "system" and random.random() < 0.5:
             messages = [{"role": "system", "content": random.choice(system_prompts())}, *messages]
-    else:  # judged against its reference: greedy, as long as the reference, rendered when it was (a template may write the date)
+    else:
+        # judged against its reference: greedy, as long as the reference, rendered when it was
+        # (a template may write the date)
+        assert reference is not None  # by_audit otherwise
         params = {
             "max_tokens": reference.max_tokens,
             "temperature": 0.0,
@@ -680,7 +690,7 @@ def live_params(*, model: CatalogModel, kind: str) -> dict:
     )
     drawn = random.choice(recent) if recent else {}
     picked = {
-        key: drawn.get(key) if drawn.get(key) is not None else default for key, default in CUSTOMER_DEFAULTS.items()
+        key: drawn[key] if drawn.get(key) is not None else default for key, default in CUSTOMER_DEFAULTS.items()
     }
     picked["max_tokens"] = min(int(picked["max_tokens"]), settings.CANARY_MAX_TOKENS)
     return {**picked, "stop": None, "seed": None}

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from typing import cast
 
 from django.db import connection, transaction
+from django.db.models import JSONField
 from django.utils import timezone
 
 from catalog.models import CatalogModel
@@ -94,7 +96,7 @@ def job_claim_payload(
     model_ids: list[int],
     warm_ids: list[int] | None = None,
     boot: str = "",
-) -> dict | None:
+) -> JobPayload | None:
     """`job_claim_next`, rendered as what the host receives (the long-poll's path: no
     query after the claim). `warm_ids` may be looked up once per long-poll."""
     job = _claim_routed(host=host, model_ids=model_ids, warm_ids=warm_ids, boot=boot)
@@ -209,7 +211,8 @@ def job_claim_selected(
             # two claims at the same instant cannot both count one slot as free.
             cursor.execute(
                 f"SELECT id FROM {host_table} WHERE id = %s FOR UPDATE;"
-                f" WITH claimed AS ({claim_job}) {start_request} FROM claimed WHERE {request_table}.id = claimed.request_id"
+                f" WITH claimed AS ({claim_job}) {start_request} FROM claimed"
+                f" WHERE {request_table}.id = claimed.request_id"
                 f" RETURNING claimed.id, claimed.attempt, claimed.request_id, {returning}",
                 [host.pk, *claim_params, *start_params],
             )
@@ -228,7 +231,8 @@ def job_claim_selected(
     job_id, attempt, request_id, *request_values, model_name, tokenizer = row
     fields = dict(zip(_CLAIMED_REQUEST_COLUMNS, request_values, strict=True))
     for column in _JSON_COLUMNS:
-        fields[column] = Request._meta.get_field(column).from_db_value(fields[column], None, connection)
+        field = cast(JSONField, Request._meta.get_field(column))
+        fields[column] = field.from_db_value(fields[column], None, connection)
     model = CatalogModel(pk=fields.pop("model_id"), name=model_name, tokenizer=tokenizer)
     request = Request(pk=request_id, model=model, **fields)
     announce_on_commit(request_group(request.public_id), {"type": "job.claimed"})

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from catalog.tokenizer import GgufTokenizer, tokenizer_for
 from marketplace.models import Job, Request
-from protocol.jobs import job_stop_strings
+from protocol.jobs import JobPayload, job_stop_strings
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def completion_checked(
     own_text: str,
     token_ids: list[int] | None,
     finish_reason: str,
-    payload: Callable[[], dict],
+    payload: Callable[[], JobPayload],
 ) -> Verdict:
     """Whether `token_ids`, with `finish_reason`, can be the host's draw of `own_text` (its own
     part of the delivered answer) for the job it was sent (`payload()`, rendered again only when
@@ -101,7 +101,7 @@ def shape_problem(
     return "it ended with 'stop' on neither the model's end of generation nor a stop string"
 
 
-def _first_draw_checked(*, request: Request, payload: dict, token_ids: list[int], finish_reason: str) -> Verdict:
+def _first_draw_checked(*, request: Request, payload: JobPayload, token_ids: list[int], finish_reason: str) -> Verdict:
     """An answer with no text of its own, recomputed now (one prefill) where the gateway
     holds the weights; else audited by trusted hosts."""
     from marketplace.trust.audits import VERIFYING, _verifier, audit_weights

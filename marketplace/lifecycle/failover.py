@@ -112,6 +112,7 @@ def attempt_end_dead(*, job_id: int, reason: str, cause: str = "host") -> str:
     ):
         return ""
     job = Job.objects.get(pk=job_id)
+    assert job.host_id is not None  # it was running, so it has its host (the claimed_job_has_host constraint)
     if cause != "request":
         host_rest_if_unreliable(host_id=job.host_id)
     request = Request.objects.select_for_update().select_related("model", "hold").get(pk=job.request_id)

@@ -81,6 +81,7 @@ def request_abandon(*, request_id: int) -> str:
         )
         return "cancelled"
     share = rescuer_share(request=request, job=job, text=answer, completion_tokens=tokens)
+    assert job.host_id is not None  # a running job has its host (the claimed_job_has_host constraint)
     if (
         settle(
             request=request,

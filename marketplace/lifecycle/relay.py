@@ -171,16 +171,19 @@ def _push_applied(batch: list[tuple[int, Push]], *, now: datetime) -> dict[int, 
             ]
             cursor.execute(
                 f"WITH batch (job_id, host_id, seq, size, text, logprobs, finish, ord) AS (VALUES {rows}),"
-                f" pushed AS (UPDATE {job_table} SET next_seq = next_seq + 1, generated_chars = generated_chars + batch.size,"
+                f" pushed AS (UPDATE {job_table} SET next_seq = next_seq + 1,"
+                " generated_chars = generated_chars + batch.size,"
                 " text_end = COALESCE(NULLIF(batch.finish, ''), text_end),"
                 " last_token_at = CASE WHEN batch.size > 0 THEN %s ELSE last_token_at END,"
-                " first_token_at = CASE WHEN batch.size > 0 THEN COALESCE(first_token_at, %s) ELSE first_token_at END FROM batch"
+                " first_token_at = CASE WHEN batch.size > 0 THEN COALESCE(first_token_at, %s) ELSE first_token_at END"
+                " FROM batch"
                 f" WHERE {job_table}.id = batch.job_id AND {job_table}.host_id = batch.host_id AND status = %s"
                 " AND next_seq = batch.seq AND (max_chars IS NULL OR generated_chars + batch.size <= max_chars)"
                 f" RETURNING {job_table}.request_id, batch.*),"
                 f" advanced AS (UPDATE {request_table} SET delivered_chars = delivered_chars + pushed.size FROM pushed"
                 f" WHERE {request_table}.id = pushed.request_id RETURNING {request_table}.id, public_id,"
-                " delivered_chars - pushed.size AS start, pushed.job_id, pushed.seq, pushed.size, pushed.text, pushed.logprobs,"
+                " delivered_chars - pushed.size AS start, pushed.job_id,"
+                " pushed.seq, pushed.size, pushed.text, pushed.logprobs,"
                 " pushed.ord),"
                 f" stored AS ({store} SELECT id, job_id, seq, start, text, logprobs FROM advanced WHERE size > 0)"
                 " SELECT ord, public_id, start FROM advanced",

@@ -199,7 +199,8 @@ class Unenforced:
     def sentence(self, subject: str = "it") -> str:
         because = f" ({self.why})" if self.why else ""
         return (
-            f"{subject} uses '{self.keyword}' at {self.where}{because}, which this service cannot enforce: hosts sample "
+            f"{subject} uses '{self.keyword}' at {self.where}{because}, "
+            "which this service cannot enforce: hosts sample "
             "under a grammar made from the schema by llama.cpp's converter, which leaves it out, so a correct answer "
             f"could still break it. Remove '{self.keyword}' there (and check it in your own code)"
         )
@@ -276,8 +277,8 @@ def _branch_problems(node: dict, where: str, branch: Branch, validator: Any) -> 
         return _literal_problems(node, where, branch.name, validator)
     found = []
     if branch.name == "object":
-        properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
-        required = node.get("required") if isinstance(node.get("required"), list) else []
+        properties = node["properties"] if isinstance(node.get("properties"), dict) else {}
+        required = node["required"] if isinstance(node.get("required"), list) else []
         missing = [str(name) for name in required if name not in properties]
         if missing:
             found.append(
@@ -360,7 +361,7 @@ def _children(node: dict, where: str, branch: Branch, root: dict) -> list[tuple[
         key = "oneOf" if node.get("oneOf") else "anyOf"
         return [(alt, f"{where}.{key}[{i}]") for i, alt in enumerate(node.get(key) or [])]
     if branch.name == "object":
-        properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+        properties = node["properties"] if isinstance(node.get("properties"), dict) else {}
         found = [(value, f"{where}.properties{_key(name)}") for name, value in properties.items()]
         if isinstance(node.get("additionalProperties"), dict):
             found.append((node["additionalProperties"], f"{where}.additionalProperties"))

@@ -116,8 +116,10 @@ def answer_refusal(params: dict, text: str, problem: str) -> Refusal:
         cause="request",
         code=RequestNotRunnable.code,
         why=f"structured output, not the host's doing: {problem}; {excuse}"[:500],
-        message=f"The answer did not meet response_format ({problem}), though it kept to the grammar hosts sample under: "
-        f"{excuse}. Nothing was billed, and no host is blamed.",
+        message=(
+            f"The answer did not meet response_format ({problem}), though it kept to the grammar hosts sample under: "
+            f"{excuse}. Nothing was billed, and no host is blamed."
+        ),
     )
 
 

@@ -139,7 +139,8 @@ class WholeResponseTests:
             )
         )
         streamed = "".join(c.choices[0].text for c in chunks if c.choices)
-        # Not compared with the whole answer's text: the host reuses its cached prompt, whose logits drift at a near tie.
+        # Not compared with the whole answer's text: the host reuses its cached prompt,
+        # whose logits drift at a near tie.
         assert streamed and chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
         assert 1 <= chunks[-1].usage.completion_tokens <= 8
 

@@ -36,7 +36,7 @@ TOOLS = [
     {"type": "function", "function": {"name": "get_time", "parameters": CITY}},
 ]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
-USAGE = {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12}
+USAGE = {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12, "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 def ended_row(
@@ -54,6 +54,7 @@ def ended_row(
         status=Request.Status.COMPLETED,
         finish_reason=finish,
         prompt_tokens=9,
+        cached_tokens=0,
         completion_tokens=3,
     )
 
@@ -149,6 +150,7 @@ class UsageChunkTests:
             "prompt_tokens": 9,
             "completion_tokens": 6,
             "total_tokens": 15,
+            "prompt_tokens_details": {"cached_tokens": 0},
         }
         assert all(body["usage"] is None for body in bodies)
         assert sorted(
@@ -192,7 +194,10 @@ class CutToolCallTests:
         ]
 
     def test_calls_completed_before_the_cut_come_first(self) -> None:
-        cut = '{"tool_calls": [{"name": "get_time", "arguments": {"city": "Rome"}}, {"name": "get_weather", "arguments": {"ci'
+        cut = (
+            '{"tool_calls": [{"name": "get_time", "arguments": {"city": '
+            '"Rome"}}, {"name": "get_weather", "arguments": {"ci'
+        )
         calls = tool_calls_in(self.spec(), cut, request_id="x", cut=True)
         assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [
             ("get_time", '{"city": "Rome"}'),
@@ -244,7 +249,10 @@ class CutToolCallTests:
         assert tool_calls_in(self.spec("auto"), cut, request_id="x", cut=True) is None  # no grammar held it to a call
 
     def test_the_responses_door_hands_it_over_as_an_incomplete_function_call(self) -> None:
-        cut = '{"tool_calls": [{"name": "get_time", "arguments": {"city": "Rome"}}, {"name": "get_weather", "arguments": {"ci'
+        cut = (
+            '{"tool_calls": [{"name": "get_time", "arguments": {"city": '
+            '"Rome"}}, {"name": "get_weather", "arguments": {"ci'
+        )
         row = ended_row(finish="length", tools=TOOLS, choice="required")
         row.public_id = "resp_ab12"
         chat = response_body(

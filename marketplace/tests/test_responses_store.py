@@ -1,7 +1,7 @@
 """Stored responses (issue 34): `store: true` keeps a Response and its conversation for
 RESPONSE_STORE_SECONDS, read, continued and deleted only by its account, then deleted by the
-watchdog's sweep; what it keeps is normalised and bounded (issue 50). The same through the `openai` package against a real gateway and host:
-test_responses_store_e2e.py."""
+watchdog's sweep; what it keeps is normalised and bounded (issue 50). The same through the
+`openai` package against a real gateway and host: test_responses_store_e2e.py."""
 
 from __future__ import annotations
 

@@ -49,7 +49,10 @@ CALL = {
     "status": "completed",
 }
 OUTPUT = {"type": "function_call_output", "call_id": "call_1", "output": "18 C, sunny"}
-ANSWER = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_weather", "arguments": {"city": "Oslo"}}]}'
+ANSWER = (
+    '{"tool_calls": [{"name": "get_weather", "arguments": {"city": '
+    '"Paris"}}, {"name": "get_weather", "arguments": {"city": "Oslo"}}]}'
+)
 
 
 def respond(secret: str | None, body: object) -> TestResponse:

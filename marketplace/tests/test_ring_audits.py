@@ -3,8 +3,9 @@ sampler (mahout/tests/test_ring_audit.py: the llama.cpp verifier passes an hones
 answers), so the gateway draws ring jobs for audits too. Every host's share of an audited
 ring job waits in the escrow (its stage hosts' with its bridge's); a pass pays each its
 layers' share, a failure refunds the customer all of it and opens an inquiry into whose fault
-it was (test_ring_inquiries.py); a ring all on its bridge's host blames that host. A job at top_p < 1 is drawn too (mahout 0.5.0's rings draw the nucleus
-by the specified sampler); a ring that reports no tokens is drawn and fails, as any host does."""
+it was (test_ring_inquiries.py); a ring all on its bridge's host blames that host. A job at
+top_p < 1 is drawn too (mahout 0.5.0's rings draw the nucleus by the specified sampler); a ring
+that reports no tokens is drawn and fails, as any host does."""
 
 from __future__ import annotations
 

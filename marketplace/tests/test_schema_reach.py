@@ -433,7 +433,8 @@ class FaultTests:
             ),
             (as_format({"type": "string", "minLength": 2}), '"\\ud83d\\ude00"', "'minLength' at $"),
             ({**as_format(PERSON), "stop": ["}"]}, '{"name": "Ada", "age": 3', "stop sequence"),
-            # (coarse: text that is not JSON beside such a pattern is excused whatever it is; it is paid nothing either way)
+            # (coarse: text that is not JSON beside such a pattern is excused whatever it is;
+            # it is paid nothing either way)
             (
                 as_format({"type": "object", "properties": {"s": {"type": "string", "pattern": "^.+$"}}}),
                 "junk",

@@ -178,6 +178,7 @@ def ended_choice(index: int, *, resumed: bool) -> SimpleNamespace:
         created_at=None,
         model=SimpleNamespace(name="gemma-3-270m"),
         prompt_tokens=9,
+        cached_tokens=0,
         completion_tokens=2,
         resumed=resumed,
     )
@@ -409,7 +410,8 @@ class RealHostTests:
         )
         assert follow.usage.completion_tokens > 0 and follow.usage.prompt_tokens > named.usage.prompt_tokens
 
-        # Log-probabilities: tokens that spell the text, in OpenAI's shape, greedy picks the likeliest; streamed the same.
+        # Log-probabilities: tokens that spell the text, in OpenAI's shape, greedy picks the
+        # likeliest; streamed the same.
         said = api.chat.completions.create(
             model="gemma-3-270m", messages=ASK, max_tokens=16, temperature=0, logprobs=True, top_logprobs=3
         )
@@ -444,7 +446,8 @@ class RealHostTests:
         assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
         assert all(len(top) <= 2 for top in lp.top_logprobs)
 
-        # n choices: each its own request, the prompt billed once (to the first); streamed interleaved with their indices.
+        # n choices: each its own request, the prompt billed once (to the first);
+        # streamed interleaved with their indices.
         both = api.chat.completions.create(model="gemma-3-270m", messages=ASK, max_tokens=12, n=2, seed=7)
         assert [c.index for c in both.choices] == [0, 1]
         assert both.usage.completion_tokens == sum(

@@ -111,12 +111,12 @@ from catalog.models import CatalogModel
 from catalog.tokenizer import weights_on_gateway
 from core.errors import ApiError
 from core.events import announce_on_commit, queue_group
-from hosts.models import TRUSTED, Host
+from hosts.models import TRUSTED, Host, HostQuerySet
 from marketplace.models import Audit, AuditScore, Job, Request, StageShare
 from marketplace.trust import reputation, ring_inquiries
 from marketplace.trust.scorer_fees import scorer_fee
 from mesh.experts import services as expert_services
-from protocol.jobs import AUDIT, AUDIT_DECLINED_UNAUDITABLE, AuditPayload
+from protocol.jobs import AUDIT, AUDIT_DECLINED_UNAUDITABLE, AuditPayload, JobPayload
 
 logger = logging.getLogger(__name__)
 
@@ -150,10 +150,10 @@ def audit_wanted(
     request: Request,
     job: Job,
     host: Host,
-    payload: Callable[[], dict],
-    excluded: Callable[[dict], bool],
+    payload: Callable[[], JobPayload],
+    excluded: Callable[[JobPayload], bool],
     always: bool = False,
-) -> dict | None:
+) -> JobPayload | None:
     """The job as its host received it when this completed job is to be audited (the draw
     says so, or `always`: a canary judged by its audit; and it can be), else None. `payload`
     and `excluded` (asked about that payload: a canary judged by its reference) cost queries, so they are
@@ -175,7 +175,7 @@ def audit_open(
     request: Request,
     job: Job,
     host: Host,
-    payload: dict,
+    payload: JobPayload,
     text: str,
     token_ids: list[int] | None,
     finish_reason: str,
@@ -217,7 +217,7 @@ def scorers_exist(*, model_id: int, besides: Host) -> bool:
     return independent_scorers(model_id=model_id, owners={besides.owner_id}).exists()
 
 
-def independent_scorers(*, model_id: int, owners: set[int], now: datetime | None = None) -> QuerySet[Host]:
+def independent_scorers(*, model_id: int, owners: set[int], now: datetime | None = None) -> HostQuerySet:
     """The hosts that may score an audit of `model_id` that none of `owners` (the audited
     host's, and those of the scorers that gave a verdict on it) may: trusted, qualified for
     the model, of another owner, and that owner with a history (`reputation.scorer_owner_seasoned`)."""
@@ -447,7 +447,8 @@ def audit_summary() -> dict:
     qualified: `independent_scorers`), and the
     ring inquiries open and decided (`marketplace.trust.ring_inquiries`)."""
     counts = {status: Audit.objects.filter(status=status).count() for status in Audit.Status.values}
-    by_hosts, unverifiable = [], []
+    by_hosts: list[str] = []
+    unverifiable: list[str] = []
     for model in CatalogModel.objects.filter(active=True, kind=CatalogModel.Kind.CHAT):
         if audit_weights(model, assemble=False) is None:
             scored = independent_scorers(model_id=model.pk, owners=set()).exists()
@@ -823,5 +824,6 @@ def _scorer_abandoned(*, audit_id: int, scorer_id: int | None, why: str, boot: s
     Audit.objects.filter(pk=audit_id, chosen_id=scorer_id).update(chosen=None)  # a split's: the watch chooses another
     logger.warning("audit %s: host %s %s; another scorer is asked", audit_id, scorer_id, why)
     model_id = Audit.objects.filter(pk=audit_id).values_list("request__model_id", flat=True).first()
+    assert model_id is not None  # the audit it just updated
     announce_on_commit(queue_group(model_id), {"type": "audit.queued"})
     return True

@@ -62,6 +62,7 @@ def _loading(*, model_id: int, name: str, now: datetime) -> int:
 def _asked(*, host: Host, now: datetime) -> dict[str, list[str]]:
     """A host already asked: keep it warm while it is needed; release it when it is not
     (answering ``unload``), or when it did not load in time."""
+    assert host.warm_asked_id is not None  # (heartbeat_asks asks it only then)
     model = CatalogModel.objects.get(pk=host.warm_asked_id)
     loaded = host.catalog_fresh(now) and host.warm_for(model.name, now)
     if loaded:
@@ -101,4 +102,5 @@ def warming_hosts(*, now: datetime) -> list[dict]:
             "state": "warm" if host.catalog_fresh(now) and host.warm_for(host.warm_asked.name, now) else "loading",
         }
         for host in rows
+        if host.warm_asked is not None  # (always: the query asked for these)
     ]

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -72,7 +72,7 @@ from marketplace.trust import reputation
 from marketplace.trust.scorer_fees import scorer_fee
 from mesh.rings.models import RingPlan, RingStage
 from mesh.rings.services import ring_link_dispute_record
-from protocol.jobs import RING_CHECK, RingCheckPayload
+from protocol.jobs import RING_CHECK, RingCheckPayload, RingCheckStage
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def host_blame(*, host: Host, why: str) -> None:
     billing.earnings_forfeit(host=host, reason=why)
 
 
-def _stage_hosts(plan: RingPlan) -> dict[int, int]:
+def _stage_hosts(plan: RingPlan) -> dict[int, int | None]:
     """Each stage's host id (a stage without its own host is run by the bridge)."""
     return {
         stage.index: stage.host_id or plan.bridge_host_id
@@ -204,7 +204,7 @@ def _checking(inquiry: RingInquiry) -> None:
 
 
 def _participant_owners(plan: RingPlan) -> set[int]:
-    hosts = set(_stage_hosts(plan).values()) | {plan.bridge_host_id}
+    hosts = {pk for pk in (*_stage_hosts(plan).values(), plan.bridge_host_id) if pk is not None}
     return set(Host.objects.filter(pk__in=hosts).values_list("owner_id", flat=True))
 
 
@@ -236,7 +236,7 @@ def _check_payload(inquiry: RingInquiry) -> RingCheckPayload:
         RingEvidence.objects.filter(inquiry=inquiry).values("stage").annotate(n=Count("pk")).values_list("stage", "n")
     )
     announced = dict(RingEvidence.objects.filter(inquiry=inquiry).values_list("stage", "parts"))
-    stages = [
+    stages: list[RingCheckStage] = [
         {
             "index": stage.index,
             "start": stage.start,
@@ -467,7 +467,7 @@ def _checker_pay(inquiry: RingInquiry, host: Host) -> None:
         )
 
 
-def inquiries_watch(*, now: object = None) -> int:
+def inquiries_watch(*, now: datetime | None = None) -> int:
     """The periodic part: an inquiry whose stages did not all answer within
     RING_EVIDENCE_WAIT_SECONDS is checked with what came (the silent ones kept nothing); a
     checker silent past AUDIT_SCORE_TIMEOUT_SECONDS loses it; one nobody checked within

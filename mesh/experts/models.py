@@ -52,7 +52,9 @@ class ExpertModel(models.Model):
     silent_since = models.DateTimeField(
         null=True,
         blank=True,
-        help_text="when the control plane's loop found no fresh report from its coordinator; cleared by its next report",
+        help_text=(
+            "when the control plane's loop found no fresh report from its coordinator; cleared by its next report"
+        ),
     )
     last_engaged_at = models.DateTimeField(
         null=True,
@@ -62,8 +64,10 @@ class ExpertModel(models.Model):
     excused_at = models.DateTimeField(
         null=True,
         blank=True,
-        help_text="when a failed audit of its coordinator was excused because its workers computed part of that answer; "
-        "every batch of its workers is then recomputed for MOE_EXCUSE_SECONDS",
+        help_text=(
+            "when a failed audit of its coordinator was excused because its workers computed part "
+            "of that answer; every batch of its workers is then recomputed for MOE_EXCUSE_SECONDS"
+        ),
     )
     remote_unused_since = models.DateTimeField(
         null=True,

@@ -196,15 +196,10 @@ def _vocabulary_entry(name: str, path: Path, prices: dict[str, int]) -> CatalogM
             "vocabulary_changed",
         )
     if entry is None:
-        as_typed = {
-            which: usd_decimal(ucents * 1_000_000)
-            for which, ucents in (  # USD per million, exactly
-                ("input_price", prices["input_price_ucents"]),
-                ("output_price", prices["output_price_ucents"]),
-            )
-        }
+        input_price = usd_decimal(prices["input_price_ucents"] * 1_000_000)  # USD per million, exactly
+        output_price = usd_decimal(prices["output_price_ucents"] * 1_000_000)
         try:
-            entry = catalog_model_add(path=path, name=name, **as_typed)
+            entry = catalog_model_add(path=path, name=name, input_price=input_price, output_price=output_price)
         except CatalogAddRefused as refused:
             raise MoeRefused(400, f"{path} cannot enter the catalog: {refused}", "catalog_add_refused") from None
     CatalogModel.objects.filter(pk=entry.pk).update(active=True, **prices)
@@ -301,7 +296,7 @@ def coordinator_failure_excuse(
     failure was excused within `MOE_EXCUSE_SECONDS`. An excuse recomputes every batch of the
     model's workers for that window (`selectors.dispatch_map`), so a worker wrong again is
     blamed by the coordinator's own check, and the next failure is the coordinator's. The
-    customer is refunded either way (`marketplace.audits.audit_decide`)."""
+    customer is refunded either way (`marketplace.trust.audits.audit_decide`)."""
     now = now or timezone.now()
     model = ExpertModel.objects.select_for_update().filter(name=model_name, coordinator=host).first()
     if model is None or model.last_engaged_at is None or model.last_engaged_at < since:
@@ -397,8 +392,9 @@ def _volunteer_refusal(host: Host) -> MoeRefused | None:
 def expert_volunteer(*, host: Host, now: datetime | None = None) -> ExpertWorker | None:
     """Hand an idle host the scarcest (layer, expert-range) slice, or None when nothing is
     scarce (an untrusted one serves it on probation); a host refused by `_volunteer_refusal`
-    is refused, and so is one that already holds a slice (one at a time). The host's row lock serialises its own concurrent asks;
-    the model rows are locked, so concurrent volunteers never fill the same gap twice."""
+    is refused, and so is one that already holds a slice (one at a time). The host's row
+    lock serialises its own concurrent asks; the model rows are locked, so concurrent
+    volunteers never fill the same gap twice."""
     now = now or timezone.now()
     host = Host.objects.select_for_update().get(pk=host.pk)
     refusal = _volunteer_refusal(host)

@@ -29,7 +29,10 @@ class Migration(migrations.Migration):
             field=models.CharField(
                 default=mesh.linksecret.link_secret_new,
                 editable=False,
-                help_text="what the coordinator's link to this worker is admitted with; its volunteer and the coordinator only",
+                help_text=(
+                    "what the coordinator's link to this worker is "
+                    "admitted with; its volunteer and the coordinator only"
+                ),
                 max_length=100,
             ),
         ),
@@ -48,7 +51,9 @@ class Migration(migrations.Migration):
             name='coordinator',
             field=models.ForeignKey(
                 blank=True,
-                help_text='bound by the operator (moe_register --coordinator-host); no other host may report for the model',
+                help_text=(
+                    'bound by the operator (moe_register --coordinator-host); no other host may report for the model'
+                ),
                 null=True,
                 on_delete=django.db.models.deletion.PROTECT,
                 related_name='coordinated_moe_models',

@@ -14,7 +14,10 @@ class Migration(migrations.Migration):
             name='silent_since',
             field=models.DateTimeField(
                 blank=True,
-                help_text="when the control plane's loop found no fresh report from its coordinator; cleared by its next report",
+                help_text=(
+                    "when the control plane's loop found no fresh report "
+                    "from its coordinator; cleared by its next report"
+                ),
                 null=True,
             ),
         ),

@@ -14,7 +14,10 @@ class Migration(migrations.Migration):
             name='excused_at',
             field=models.DateTimeField(
                 blank=True,
-                help_text='when a failed audit of its coordinator was excused because its workers computed part of that answer; every batch of its workers is then recomputed for MOE_EXCUSE_SECONDS',
+                help_text=(
+                    'when a failed audit of its coordinator was excused because its workers computed part '
+                    'of that answer; every batch of its workers is then recomputed for MOE_EXCUSE_SECONDS'
+                ),
                 null=True,
             ),
         ),
@@ -32,7 +35,10 @@ class Migration(migrations.Migration):
             name='remote_unused_since',
             field=models.DateTimeField(
                 blank=True,
-                help_text='since when its coordinator, saturated, has measured its workers and sent them nothing but probes (computing here beat their round trips): the boost is held back; cleared once it engages one',
+                help_text=(
+                    'since when its coordinator, saturated, has measured its workers and sent them nothing but probes '
+                    '(computing here beat their round trips): the boost is held back; cleared once it engages one'
+                ),
                 null=True,
             ),
         ),

@@ -14,7 +14,7 @@ class RingStageInline(admin.TabularInline):
 
 @admin.register(RingPlan)
 class RingPlanAdmin(admin.ModelAdmin):
-    """Plans are made through `mesh.services.ring_plan_create` (it validates the ranges);
+    """Plans are made through `mesh.rings.services.ring_plan_create` (it validates the ranges);
     the admin shows them and can retire one."""
 
     list_display = ("id", "model", "n_layers", "row_width", "micro_batch", "bridge_host", "status", "created_at")
@@ -63,7 +63,7 @@ class ModelLayoutAdmin(admin.ModelAdmin):
 
 @admin.register(RingLinkDispute)
 class RingLinkDisputeAdmin(admin.ModelAdmin):
-    """Disputed links (`mesh.services.ring_link_dispute_record`): the two hosts are not put
+    """Disputed links (`mesh.rings.services.ring_link_dispute_record`): the two hosts are not put
     at the ends of one link again for a while; neither forfeited anything. Read-only: an
     operator may delete one to let the pair be neighbours again."""
 

@@ -105,7 +105,7 @@ class RingStage(models.Model):
 
 class RingLinkDispute(models.Model):
     """Two hosts at the two ends of a ring's link whose evidence disagreed, where the inquiry
-    could not tell which lied (`marketplace.ring_inquiries`): no forfeit for it, the pair
+    could not tell which lied (`marketplace.trust.ring_inquiries`): no forfeit for it, the pair
     kept apart. `upstream_host` sent on the link (a stage, or the bridge), `downstream_host`
     received."""
 

@@ -176,7 +176,7 @@ def disputes_check(*, stages: Sequence[StageSpec], bridge_host: Host | None) -> 
 def ring_link_dispute_record(*, plan_id: int, upstream: int, downstream: int, reason: str) -> RingLinkDispute:
     """A ring inquiry found the link from stage `upstream` (-1: the bridge) to stage
     `downstream` disputed and could not tell which end lied: record the pair (no forfeit:
-    that is the inquiry's rule, `marketplace.ring_inquiries`), and retire the ring (a
+    that is the inquiry's rule, `marketplace.trust.ring_inquiries`), and retire the ring (a
     compare-and-set: it may be retired already), so that it is planned again without the
     two as neighbours (`disputes_check`)."""
     plan = RingPlan.objects.select_for_update().get(pk=plan_id)
@@ -343,7 +343,8 @@ def address_check(address: str) -> str:
 
 def _owners(plan: RingPlan) -> int:
     """How many people own the ring's machines (its stages' hosts and its bridge)."""
-    hosts = (set(plan.stages.exclude(host=None).values_list("host_id", flat=True)) | {plan.bridge_host_id}) - {None}
+    stage_hosts = plan.stages.exclude(host=None).values_list("host_id", flat=True)
+    hosts = {pk for pk in (*stage_hosts, plan.bridge_host_id) if pk is not None}
     return Host.objects.filter(pk__in=hosts).values("owner_id").distinct().count()
 
 

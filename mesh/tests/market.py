@@ -13,7 +13,7 @@ LOCAL_SWARM_ENV = {"MOE_ALLOW_PRIVATE_WORKERS": "1"}  # every worker of a test l
 
 
 def trusted_host(name: str, *, qualified: bool = True) -> ServingHost:
-    """A host that left probation (as `marketplace.reputation` would mark it)."""
+    """A host that left probation (as `marketplace.trust.reputation` would mark it)."""
     serving = make_host(name=name, qualified=qualified)
     Host.objects.filter(pk=serving.host.pk).update(trusted_at=timezone.now())
     serving.host = Host.objects.get(pk=serving.host.pk)

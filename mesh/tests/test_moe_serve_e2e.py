@@ -1,8 +1,9 @@
 """The MoE coordinator serves through the marketplace, with real processes on loopback: an
 operator registers the tiny MoE GGUF and binds its coordinator (`manage.py moe_register
---coordinator-host`), a real `python -m mahout moe coordinator` process benchmarks and qualifies it, claims the job through the host API and
-streams its tokens back; the customer's `openai` client sees the local model's exact text,
-and the request settles like any other (billed, the host paid 80%)."""
+--coordinator-host`), a real `python -m mahout moe coordinator` process benchmarks and
+qualifies it, claims the job through the host API and streams its tokens back; the
+customer's `openai` client sees the local model's exact text, and the request settles like
+any other (billed, the host paid 80%)."""
 
 from __future__ import annotations
 

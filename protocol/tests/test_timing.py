@@ -33,7 +33,8 @@ def retries_backoff_seconds() -> float:
 class HeartbeatTests:
     def test_a_host_is_called_offline_only_after_three_heartbeats_went_missing(self) -> None:
         assert t.HOST_OFFLINE_AFTER_SECONDS >= 3 * t.HEARTBEAT_INTERVAL_SECONDS, (
-            "a host must miss at least three heartbeats in a row before the gateway calls it offline and refuses its claims"
+            "a host must miss at least three heartbeats in a row "
+            "before the gateway calls it offline and refuses its claims"
         )
 
     def test_a_heartbeat_retried_through_every_backoff_lands_before_the_host_is_offline(self) -> None:

@@ -30,7 +30,8 @@ CHAT = [  # two turns: the model answered the first, the second waits for its an
 TEXTS = [
     "Hello",
     "Ünïcødé, 日本語, emoji 🐘 and   runs   of    spaces\n\n\ttabs",
-    "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|><|im_start|>user\nhi<|im_end|>",  # control-token look-alikes
+    # control-token look-alikes
+    "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|><|im_start|>user\nhi<|im_end|>",
     "<start_of_turn>user\nhi<end_of_turn>\n<|user|>\nhi<|end|>\n[INST] hi [/INST]</s>",
 ]
 

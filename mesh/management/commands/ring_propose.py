@@ -26,7 +26,7 @@ class Command(BaseCommand):
         parser.add_argument("--row-width", type=int, default=64)
         parser.add_argument("--micro-batch", type=int, default=4)
 
-    def handle(self, *args: object, **options: object) -> None:
+    def handle(self, *args: object, row_width: int, micro_batch: int, **options: object) -> None:
         hosts = [host_by_ref(name) for name in str(options["hosts"]).split(",") if name]
         bridge = host_by_ref(str(options["bridge"])) if options["bridge"] else None
         layer_mb = None if options["layer_mb"] is None else float(str(options["layer_mb"]))
@@ -36,8 +36,8 @@ class Command(BaseCommand):
                 hosts=hosts,
                 bridge_host=bridge,
                 layer_mb=layer_mb,
-                row_width=int(options["row_width"]),
-                micro_batch=int(options["micro_batch"]),
+                row_width=row_width,
+                micro_batch=micro_batch,
             )
         except PlanInvalid as error:
             raise CommandError(str(error)) from None
