@@ -25,10 +25,11 @@ run: install
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# The floors (import-linter's contracts in .importlinter) and ruff's lint.
+# The floors (import-linter's contracts in .importlinter), ruff's lint and mypy's types (tests aside).
 lint: install
 	$(BIN)/lint-imports
 	$(BIN)/ruff check .
+	$(BIN)/mypy accounts catalog core hosts billing mesh web config engine mahout protocol marketplace testkit scorer --exclude /tests/
 
 # The documentation site: docs/ (mkdocs.yml) built strictly into site/; a broken link fails it.
 .PHONY: docs

@@ -20,6 +20,9 @@ class CatalogModel(models.Model):
     context_length = models.PositiveIntegerField()
     input_price_ucents = models.BigIntegerField(help_text="µ¢ per prompt token")
     output_price_ucents = models.BigIntegerField(help_text="µ¢ per generated token")
+    cached_input_price_ucents = models.BigIntegerField(
+        null=True, blank=True, help_text="µ¢ per cached prompt token; empty = a quarter of the input price"
+    )
     embedding_dimensions = models.PositiveIntegerField(
         null=True, blank=True, help_text="an embeddings model's vector width: a host's vectors must have it"
     )
@@ -71,6 +74,10 @@ class CatalogModel(models.Model):
         constraints = [
             models.CheckConstraint(
                 condition=Q(input_price_ucents__gte=0) & Q(output_price_ucents__gte=0), name="prices_not_negative"
+            ),
+            models.CheckConstraint(
+                condition=Q(cached_input_price_ucents__isnull=True) | Q(cached_input_price_ucents__gte=0),
+                name="cached_price_not_negative",
             ),
         ]
 

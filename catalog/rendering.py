@@ -101,3 +101,8 @@ def render_instant_fixed(params: dict) -> tuple[dict, datetime]:
 def prompt_count(model: CatalogModel, fragments: Sequence[Fragment]) -> int:
     """The prompt's tokens, counted by the gateway with the model's vocabulary."""
     return tokenizer_for(model.tokenizer).count_fragments(fragments)
+
+
+def prompt_token_ids(model: CatalogModel, fragments: Sequence[Fragment]) -> list[int]:
+    """The prompt's token ids (`prompt_count` of them), as the model's vocabulary reads it."""
+    return tokenizer_for(model.tokenizer).fragments_token_ids(fragments)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import threading
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,10 @@ class Tokenizer(Protocol):
         """A rendered prompt's tokens (`protocol.rendering`): text as text, each control token as one."""
         ...
 
+    def fragments_token_ids(self, fragments: Sequence[Fragment]) -> list[int]:
+        """The ids `count_fragments` counts, in order (their blocks key prompt caching)."""
+        ...
+
     def longest_token_chars(self) -> int:
         """The most characters one token can decode to: `max_tokens` of them bound a job's text."""
         ...
@@ -63,6 +68,13 @@ class ByteBoundTokenizer:
     def count_fragments(self, fragments: Sequence[Fragment]) -> int:
         """The bytes and a BOS (what a byte vocabulary's model is fed), each control token as one."""
         return 1 + sum(1 if control else len(text.encode()) for text, control in fragments)
+
+    def fragments_token_ids(self, fragments: Sequence[Fragment]) -> list[int]:
+        """A BOS (256), each byte, each control token as an id above the bytes drawn from its text."""
+        ids = [256]
+        for text, control in fragments:
+            ids.extend([257 + zlib.crc32(text.encode())] if control else text.encode())
+        return ids
 
     def longest_token_chars(self) -> int:
         return self.LONGEST
@@ -106,8 +118,11 @@ class GgufTokenizer:
         return buffer[:found]
 
     def count_fragments(self, fragments: Sequence[Fragment]) -> int:
+        return len(self.fragments_token_ids(fragments))
+
+    def fragments_token_ids(self, fragments: Sequence[Fragment]) -> list[int]:
         with self._lock:
-            return len(fragments_tokens(fragments, tokenize=self._plain, control=self._control))
+            return fragments_tokens(fragments, tokenize=self._plain, control=self._control)
 
     def _plain(self, text: str) -> list[int]:
         return self._tokens(text.encode(), add_bos=False, special=False)
@@ -209,6 +224,9 @@ class WordPieceTokenizer:
 
     def count_fragments(self, fragments: Sequence[Fragment]) -> int:
         return sum(self.count(text, special=False) for text, _ in fragments)
+
+    def fragments_token_ids(self, fragments: Sequence[Fragment]) -> list[int]:
+        return [i for text, _ in fragments for i in self._tokenizer.encode(text, add_special_tokens=False).ids]
 
     def longest_token_chars(self) -> int:
         return max(len(token) for token in self._tokenizer.get_vocab())

@@ -117,7 +117,7 @@ else:
     DATABASES = {
         "default": {
             "ENGINE": "core.sqlite",  # Django's, with this process's writers queued on one lock
-            "NAME": _sqlite,
+            "NAME": _sqlite,  # type: ignore[typeddict-item]  # Django's SQLite takes a Path; the stubs say str
             "CONN_MAX_AGE": DB_CONN_MAX_AGE,
             "OPTIONS": {
                 "transaction_mode": "IMMEDIATE",
@@ -189,7 +189,8 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 WATCHDOG_INTERVAL_SECONDS = env_float("WATCHDOG_INTERVAL_SECONDS", 2.0, minimum=0.1)
 
-AUTH_PASSWORD_VALIDATORS = [  # Django's full set: not like the address, 8+ characters, not a common or all-digit password
+# Django's full set: not like the address, 8+ characters, not a common or all-digit password
+AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
@@ -223,8 +224,10 @@ REST_FRAMEWORK = {
 # browsed at /api/docs/ with Swagger UI's files from drf-spectacular-sidecar.
 SPECTACULAR_SETTINGS = {
     "TITLE": "Elephant API",
-    "DESCRIPTION": "The OpenAI-compatible customer API (`/v1/`), the host API (`/hosts/api/`, `/billing/api/host/`) and the "
-    "mesh API (`/api/`). Errors are OpenAI's: `{\"error\": {\"message\", \"type\", \"param\", \"code\"}}`.",
+    "DESCRIPTION": (
+        "The OpenAI-compatible customer API (`/v1/`), the host API (`/hosts/api/`, `/billing/api/host/`) and the "
+        "mesh API (`/api/`). Errors are OpenAI's: `{\"error\": {\"message\", \"type\", \"param\", \"code\"}}`."
+    ),
     "VERSION": "1",
     "OAS_VERSION": "3.1.0",  # JSON Schema 2020-12: an event stream's `data` is documented as JSON (contentSchema)
     "SERVE_INCLUDE_SCHEMA": False,
@@ -280,6 +283,10 @@ RESPONSE_STORE_SECONDS = env_int("RESPONSE_STORE_SECONDS", 3600, minimum=1)
 # model's context anyway; the account's holds fifty such, or an agent's many short turns for an hour.
 RESPONSE_STORE_MAX_BYTES = env_int("RESPONSE_STORE_MAX_BYTES", 1_000_000, minimum=1024)
 RESPONSE_STORE_ACCOUNT_MAX_BYTES = env_int("RESPONSE_STORE_ACCOUNT_MAX_BYTES", 50_000_000, minimum=1024)
+# Prompt caching (issue 53): a prompt's blocks of this many tokens, routed to a host, are remembered
+# for the same account and model until unused for PROMPT_CACHE_SECONDS (hosts drop their KV then too).
+PROMPT_CACHE_BLOCK_TOKENS = env_int("PROMPT_CACHE_BLOCK_TOKENS", 64, minimum=1)
+PROMPT_CACHE_SECONDS = env_float("PROMPT_CACHE_SECONDS", timing.PROMPT_CACHE_SECONDS, minimum=0.0)
 # a customer schema's conversion to a grammar, in a child process (protocol/grammar_fence.py)
 GRAMMAR_CHECK_SECONDS = env_float("GRAMMAR_CHECK_SECONDS", 2.0, minimum=0.1)
 GRAMMAR_CHECK_MEMORY_MB = env_int("GRAMMAR_CHECK_MEMORY_MB", 1024, minimum=256)
@@ -287,17 +294,21 @@ GRAMMAR_CHECK_MEMORY_MB = env_int("GRAMMAR_CHECK_MEMORY_MB", 1024, minimum=256)
 # cancelled (its host stops at its next batch) and only the text delivered so far is billed.
 ABANDON_GRACE_SECONDS = env_float("ABANDON_GRACE_SECONDS", 15.0, minimum=0.0)
 
-# Verification (marketplace/canaries.py): hidden jobs with known answers. Only models with
+# Verification (marketplace/lifecycle/canaries.py): hidden jobs with known answers. Only models with
 # references (`manage.py canary_references`) get canaries.
-MAHOUT_MIN_VERSION = env_str(
-    "MAHOUT_MIN_VERSION", "0.7.0"
-)  # older ones are refused (426): 0.4.0 draws under a grammar by the specified sampler too, so its structured answers can be audited; 0.5.0's rings draw top_p < 1 by it, so their answers are audited whatever the top_p; 0.6.0's ring stages keep and hand over their evidence (a 0.5.0 stage would be blamed by every inquiry into its ring) and its rings heal a cut word as a host does (a 0.5.0 ring's honest answers to text they resume fail their audits); 0.7.0's rings continue an answer under a grammar (a 0.6.0 bridge refuses the continuation, which the gateway now routes to rings)
+# MAHOUT_MIN_VERSION: older ones are refused (426): 0.4.0 draws under a grammar by the specified sampler too, so
+# its structured answers can be audited; 0.5.0's rings draw top_p < 1 by it, so their answers are audited whatever
+# the top_p; 0.6.0's ring stages keep and hand over their evidence (a 0.5.0 stage would be blamed by every inquiry
+# into its ring) and its rings heal a cut word as a host does (a 0.5.0 ring's honest answers to text they resume
+# fail their audits); 0.7.0's rings continue an answer under a grammar (a 0.6.0 bridge refuses the continuation,
+# which the gateway now routes to rings)
+MAHOUT_MIN_VERSION = env_str("MAHOUT_MIN_VERSION", "0.7.0")
 # A heartbeat or claim whose `version` is not a version (missing, or "sim") cannot be held to
 # MAHOUT_MIN_VERSION and is refused (426); the tests' synthetic hosts are let in with this on
 # (conftest.py, testkit.stack.stack_env). Never on in production.
 MAHOUT_UNVERSIONED_ALLOWED = env_bool("MAHOUT_UNVERSIONED_ALLOWED", False)
 METRICS_TOKEN = env_str("METRICS_TOKEN")  # Prometheus' bearer token for GET /metrics (staff may also sign in)
-# Audits (marketplace/audits.py): the share of completed real jobs re-read under the real model
+# Audits (marketplace/trust/audits.py): the share of completed real jobs re-read under the real model
 # before their host is paid; every job of a host in probation by default.
 AUDIT_ENABLED = env_bool("AUDIT_ENABLED", True)
 AUDIT_RATE = env_float("AUDIT_RATE", 0.05, minimum=0.0)
@@ -317,7 +328,7 @@ AUDIT_SCORER_MAX_OVERRULED = env_int("AUDIT_SCORER_MAX_OVERRULED", 2, minimum=1)
 # A scorer that declined (or went silent on) this many audits in a day is handed no more that day: it cannot choose
 # which answers it reads (a colluder declining all but its partner's would pass only those).
 AUDIT_SCORER_MAX_DECLINED = env_int("AUDIT_SCORER_MAX_DECLINED", 5, minimum=1)  # per model, per cause
-# Only an owner with a history scores audits (marketplace/reputation.py: `scorer_owner_seasoned`): an account this
+# Only an owner with a history scores audits (marketplace/trust/reputation.py: `scorer_owner_seasoned`): an account this
 # many days old whose own hosts' jobs passed this many audits that were read. An e-mail is free, and each owner is a
 # vote on an audit: a sybil must pay for its vote in time and in honest, checked work before it can cast one.
 AUDIT_SCORER_OWNER_MIN_AGE_DAYS = env_float("AUDIT_SCORER_OWNER_MIN_AGE_DAYS", 14.0, minimum=0.0)
@@ -325,13 +336,13 @@ AUDIT_SCORER_OWNER_MIN_PASSED_AUDITS = env_int("AUDIT_SCORER_OWNER_MIN_PASSED_AU
 # The share of trusted hosts' first passes that wait for a second scorer's look (a pass that a
 # confirmed failure then goes against is a strike): a scorer passing a cheat is caught so.
 AUDIT_PASS_RECHECK_RATE = env_float("AUDIT_PASS_RECHECK_RATE", 0.1, minimum=0.0)
-# A ring's failed audit opens an inquiry (marketplace/ring_inquiries.py): its stages hand over what they kept of the
-# request within this long (a silent stage kept nothing), at most this many bytes each.
+# A ring's failed audit opens an inquiry (marketplace/trust/ring_inquiries.py): its stages hand over what they kept of
+# the request within this long (a silent stage kept nothing), at most this many bytes each.
 RING_EVIDENCE_WAIT_SECONDS = env_float("RING_EVIDENCE_WAIT_SECONDS", timing.RING_EVIDENCE_WAIT_SECONDS, minimum=0.0)
 RING_EVIDENCE_MAX_BYTES = env_int("RING_EVIDENCE_MAX_BYTES", 256 * 2**20, minimum=512 * 1024)
 CANARY_ENABLED = env_bool("CANARY_ENABLED", True)
 # The operator's own canary prompts (JSON: a list of prompts, or {"prompts": [...],
-# "system_prompts": [...]}; marketplace/canaries.py), kept off the repository: the shipped
+# "system_prompts": [...]}; marketplace/lifecycle/canaries.py), kept off the repository: the shipped
 # corpus is public, so a cheat that reads our code knows every canary built from it.
 CANARY_PROMPTS_FILE = env_str("CANARY_PROMPTS_FILE", "")
 if CANARY_PROMPTS_FILE and not Path(CANARY_PROMPTS_FILE).is_file():
@@ -348,7 +359,7 @@ CANARY_MIN_EXACT_CHARS = env_int("CANARY_MIN_EXACT_CHARS", 12, minimum=1)  # ref
 # top_p and max_tokens, drawn from recent requests; at most this many tokens) and judged by an audit.
 CANARY_MAX_TOKENS = env_int("CANARY_MAX_TOKENS", 128, minimum=1)
 
-# Reputation (marketplace/reputation.py): a new host is in probation until it has passed
+# Reputation (marketplace/trust/reputation.py): a new host is in probation until it has passed
 # CANARY_TRUST_AFTER canaries (none failed), completed TRUST_AFTER_JOBS jobs and been a host for
 # TRUST_AFTER_SECONDS; a failed canary puts it back. It runs at most HOST_PROBATION_MAX_JOBS jobs
 # at once (a trusted host: its slots, at most HOST_TRUSTED_MAX_JOBS) and trusted hosts get offers first.
@@ -418,7 +429,7 @@ ROUTING_COLD_GRACE_SECONDS = env_float("ROUTING_COLD_GRACE_SECONDS", 2.0, minimu
 # When every warm host is busy, cold hosts wait until the soonest is expected to free a slot
 # (plus the grace above), but never longer than this (routing.cold_wait_seconds).
 ROUTING_COLD_MAX_WAIT_SECONDS = env_float("ROUTING_COLD_MAX_WAIT_SECONDS", 30.0, minimum=0)
-# Deliberate redundancy (marketplace.redundancy): how long an idle host asked to load a
+# Deliberate redundancy (marketplace.trust.redundancy): how long an idle host asked to load a
 # latency-critical model has to report it loaded before another host is asked instead.
 WARM_ASK_SECONDS = env_float("WARM_ASK_SECONDS", timing.WARM_ASK_SECONDS, minimum=1)
 ROUTING_WEIGHT_WINDOW_SECONDS = env_int("ROUTING_WEIGHT_WINDOW_SECONDS", 3600, minimum=1)

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 from mahout import __version__
 from mahout.api import HostApi, HostApiError, ServerUnavailable
@@ -91,6 +92,7 @@ class JobRecord:
     completion_tokens: int = 0
     embeddings: list[list[float]] | None = None
     prompt_tokens: int = 0
+    prompt_read: int | None = None  # of them, those read (the rest reused from held KV), when the runner tells
     token_ids: list[int] | None = None  # every token sampled, when the runner reports them (for audits)
     seed: int | None = None  # the seed they were sampled with
     cause: str = "host"  # whose fault a failure is: "request" when the job's own content cannot be run
@@ -379,7 +381,7 @@ class HostLoop:
             verdict = {"verdict": "declined", "reasons": [str(exc)[:900]]}
         self.state = LoopState.REPORT
         try:
-            answer = self.api.ring_check_verdict(inquiry.get("id"), verdict)
+            answer = self.api.ring_check_verdict(inquiry["id"], verdict)
         except (HostApiError, ServerUnavailable) as exc:
             self.out(f"mahout: could not report ring inquiry {inquiry.get('id')}: {exc}")
             return
@@ -409,11 +411,11 @@ class HostLoop:
             elif record.job.get("kind") == EMBEDDINGS:
                 record.advance(JobState.RUNNING)
                 with self._gate(model, runner):
-                    self._embed(record, runner)
+                    self._embed(record, cast(Embedder, runner))  # (_kind_problem found its embed)
             else:
                 record.advance(JobState.RUNNING)
                 with self._gate(model, runner):
-                    self._generate(record, runner, progress)
+                    self._generate(record, cast(Runner, runner), progress)  # (_kind_problem found its stream)
         if getattr(runner, "broken", False) and self.models.unload(model):  # (the last of its jobs to end unloads it)
             self.out(f"mahout: unloaded {model}: its runner failed; the next job loads it again")
 
@@ -446,7 +448,8 @@ class HostLoop:
 
     def _generate(self, record: JobRecord, runner: Runner, progress: ProgressReporter) -> None:
         """Stream the runner's text to the server; sets the record's final state."""
-        ended: object = runner  # where the job's ending is read: its own stream, or a one-at-a-time runner
+        # where the job's ending (finish_reason, completion_tokens) is read: its own stream, or a one-at-a-time runner
+        ended: Any = runner
         try:
             with (
                 BatchPusher(self.api, record.id, self.flush_interval) as pusher,
@@ -464,8 +467,9 @@ class HostLoop:
             record.cause = "request" if isinstance(exc, RequestRejected) else "host"
             record.advance(JobState.FAILED, f"{type(exc).__name__}: {exc}")
         else:
-            record.finish_reason, record.completion_tokens = ended.finish_reason, ended.completion_tokens  # type: ignore[attr-defined]
+            record.finish_reason, record.completion_tokens = ended.finish_reason, ended.completion_tokens
             record.prompt_tokens = getattr(ended, "prompt_count", 0)  # what this model was fed (logged)
+            record.prompt_read = getattr(ended, "prompt_read", None)
             record.token_ids, record.seed = getattr(ended, "token_ids", None), getattr(ended, "seed", None)
             record.advance(JobState.COMPLETED)
 
@@ -502,8 +506,10 @@ class HostLoop:
         seconds = time.monotonic() - record.started
         earned = answer.get("earned_ucents")
         prompt = f" after a {record.prompt_tokens}-token prompt" if record.prompt_tokens else ""
+        read = f", read {record.prompt_read} prompt tokens" if record.prompt_read is not None else ""
         self.out(
-            f"mahout: completed {record.id}: {tokens} tokens{prompt} in {seconds:.1f} s ({reason}, earned {earned} ucents)"
+            f"mahout: completed {record.id}: {tokens} tokens{prompt} "
+            f"in {seconds:.1f} s ({reason}, earned {earned} ucents{read})"
         )
 
     # -- heartbeats --------------------------------------------------------------------
@@ -614,7 +620,8 @@ class HostLoop:
             self.out(f"mahout: {name} received while waiting for work, exiting")
             raise SystemExit(0)
         self.out(
-            f"mahout: {name} received, finishing the current job{'s' if len(self.active_ids()) > 1 else ''} then exiting"
+            f"mahout: {name} received, finishing the current "
+            f"job{'s' if len(self.active_ids()) > 1 else ''} then exiting"
         )
 
     @contextlib.contextmanager

@@ -120,6 +120,7 @@ class CatalogModelAdmin(MoneyAdmin, admin.ModelAdmin):
         "kind",
         "context_length",
         "input_price_ucents",
+        "cached_input_price_ucents",
         "output_price_ucents",
         "routing_strategy",
         "latency_critical",
@@ -145,7 +146,13 @@ class CatalogModelAdmin(MoneyAdmin, admin.ModelAdmin):
             else:
                 self.log_addition(request, entry, [{"added": {}}])
                 return self.response_add(request, entry)
-        adminform = helpers.AdminForm(form, [(None, {"fields": list(form.fields)})], {}, model_admin=self)
+        # (AdminForm and AdminErrorList take any form, a plain one here; django-stubs say ModelForm)
+        adminform = helpers.AdminForm(
+            form,  # type: ignore[arg-type]
+            [(None, {"fields": list(form.fields)})],
+            {},
+            model_admin=self,
+        )
         context = {
             **self.admin_site.each_context(request),
             "title": "Add a catalog model from its GGUF file",
@@ -157,7 +164,7 @@ class CatalogModelAdmin(MoneyAdmin, admin.ModelAdmin):
             "to_field": None,
             "media": self.media + adminform.media,
             "inline_admin_formsets": [],
-            "errors": helpers.AdminErrorList(form, []),
+            "errors": helpers.AdminErrorList(form, []),  # type: ignore[arg-type]
             "preserved_filters": self.get_preserved_filters(request),
             **(extra_context or {}),
         }
@@ -218,8 +225,10 @@ class RequestAdmin(MoneyAdmin, admin.ModelAdmin):
     search_fields = ("public_id", "user__username", "api_key__prefix", "error_code")
     list_select_related = ("user", "model")
     date_hierarchy = "created_at"
-    exclude = ("messages", "prompt", "delivered_text")
-    readonly_fields = [f.name for f in Request._meta.fields if f.name not in ("messages", "prompt", "delivered_text")]
+    exclude = ("messages", "prompt", "delivered_text", "prefix_hashes")
+    readonly_fields = [
+        f.name for f in Request._meta.fields if f.name not in ("messages", "prompt", "delivered_text", "prefix_hashes")
+    ]
     inlines = [JobInline]
 
 

@@ -49,6 +49,14 @@ class Request(models.Model):
     )
     output_forgotten = models.BooleanField(default=False)
     prompt_tokens = models.PositiveIntegerField(default=0)
+    cached_tokens = models.PositiveIntegerField(
+        default=0, help_text="of its prompt tokens, those billed at the cached price: decided at admission"
+    )
+    prefix_hashes = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="its prompt's block hashes (`trust.prefixes`): recorded for the host claiming it",
+    )
     completion_tokens = models.PositiveIntegerField(default=0)
     estimate_ucents = models.BigIntegerField(default=0)
     cost_ucents = models.BigIntegerField(default=0)
@@ -77,6 +85,11 @@ class Request(models.Model):
         (`params["choice_of"]`: the first choice's id), whose first choice pays the one prompt, as
         OpenAI bills it and as the response's `usage` counts it."""
         return 0 if (self.params or {}).get(CHOICE_OF) else self.prompt_tokens
+
+    @property
+    def cached_tokens_billed(self) -> int:
+        """Of `prompt_tokens_billed`, those billed at the cached price."""
+        return 0 if (self.params or {}).get(CHOICE_OF) else self.cached_tokens
 
     @property
     def delivered_text(self) -> str:
@@ -154,19 +167,27 @@ class Job(models.Model):
         max_length=8,
         blank=True,
         choices=[("host", "the host"), ("request", "the request's content")],
-        help_text="whose fault a failure was: a host that says 'request' gets no strike, unless another host then served it",
+        help_text=(
+            "whose fault a failure was: a host that says 'request' gets no strike, unless another host then served it"
+        ),
     )
     text_end = models.CharField(
         max_length=8,
         blank=True,
         default="",
-        help_text="the finish_reason its host sent with a batch (its text ended the answer): its death then settles the answer",
+        help_text=(
+            "the finish_reason its host sent with a batch (its text "
+            "ended the answer): its death then settles the answer"
+        ),
     )
     boot = models.CharField(
         max_length=64,
         blank=True,
         default="",
-        help_text="the boot id of the mahout process that claimed it (blank: a client that sends none); a new one from its host ends it",
+        help_text=(
+            "the boot id of the mahout process that claimed it (blank: "
+            "a client that sends none); a new one from its host ends it"
+        ),
     )
     created_at = models.DateTimeField(auto_now_add=True)
     claimed_at = models.DateTimeField(null=True, blank=True)
@@ -287,7 +308,9 @@ class CanaryReference(models.Model):
     gguf = models.CharField(
         max_length=500,
         blank=True,
-        help_text="the model file the reference was computed from, which also scores answers (blank: the shipped model)",
+        help_text=(
+            "the model file the reference was computed from, which also scores answers (blank: the shipped model)"
+        ),
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -302,7 +325,10 @@ class CanaryCheck(models.Model):
         PENDING = "pending"
         SCORING = (
             "scoring",
-            "scoring (the real model reads it next: it parted from the reference at a near-tie, or its audit is pending)",
+            (
+                "scoring (the real model reads it next: it parted from "
+                "the reference at a near-tie, or its audit is pending)"
+            ),
         )
         PASSED = "passed"
         FAILED = "failed"
@@ -395,7 +421,9 @@ class Audit(models.Model):
         max_length=64,
         blank=True,
         default="",
-        help_text="the boot id of the scorer's process that claimed it (blank: none sent); a new one from that host frees it",
+        help_text=(
+            "the boot id of the scorer's process that claimed it (blank: none sent); a new one from that host frees it"
+        ),
     )
     chosen = models.ForeignKey(
         "hosts.Host",
@@ -564,3 +592,27 @@ class StoredResponse(models.Model):
 
     def __str__(self) -> str:
         return f"stored {self.request_id} until {self.expires_at:%Y-%m-%d %H:%M}"
+
+
+class PrefixBlock(models.Model):
+    """A block of a prompt the gateway routed to a host: the host holds its KV (and every block
+    before it) for a while, so a later prompt of the same account starting with it is offered to
+    that host and billed its `tokens` at the cached price (`marketplace.trust.prefixes`).
+
+    One account's only: the price of a cached prefix would tell another what was sent. Deleted
+    `PROMPT_CACHE_SECONDS` after its last use (each claim of a job with it renews it)."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    model = models.ForeignKey("catalog.CatalogModel", on_delete=models.CASCADE, related_name="+")
+    host = models.ForeignKey("hosts.Host", on_delete=models.CASCADE, related_name="+")
+    block_hash = models.CharField(max_length=64, help_text="the chain's hash through this block")
+    tokens = models.PositiveIntegerField(help_text="the prefix's tokens, through this block")
+    expires_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        constraints = [  # (also the lookup's index: an account's model's blocks by hash)
+            models.UniqueConstraint(fields=["user", "model", "block_hash", "host"], name="prefix_block_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tokens} tokens on host {self.host_id} until {self.expires_at:%H:%M:%S}"

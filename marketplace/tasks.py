@@ -7,14 +7,15 @@ from celery import shared_task
 from marketplace import services
 from marketplace.lifecycle import canaries
 from marketplace.openai import stored_responses
-from marketplace.trust import audits, ring_inquiries
+from marketplace.trust import prefixes, ring_inquiries
+from marketplace.trust.audit_scoring import audit_score_pending
 
 
 @shared_task(name="marketplace.tasks.watchdog_tick", ignore_result=True)
 def watchdog_tick() -> int:
     """Expire unclaimed requests, fail stalled jobs, forget delivered output and delete stored
-    responses past their time."""
-    return services.watchdog_tick() + stored_responses.stored_responses_expire()
+    responses and prompt prefix records past their time."""
+    return services.watchdog_tick() + stored_responses.stored_responses_expire() + prefixes.prefixes_expire()
 
 
 @shared_task(name="marketplace.tasks.canary_scoring", ignore_result=True)
@@ -26,4 +27,4 @@ def canary_scoring() -> int:
 @shared_task(name="marketplace.tasks.audit_scoring", ignore_result=True)
 def audit_scoring() -> int:
     """Re-read audited answers under the real model and pay or refund; move ring inquiries on."""
-    return audits.audit_score_pending() + ring_inquiries.inquiries_watch()
+    return audit_score_pending() + ring_inquiries.inquiries_watch()

@@ -60,6 +60,7 @@ class JobPayload(TypedDict, total=False):
     rewrite: str  # a continuation under a grammar: the text to write again first (see below)
     fragments: list[list]  # the rendered prompt: [text, is_control] pairs (`protocol.rendering`)
     end_of_turn: list[str]  # a chat's stops besides the customer's: where the model ends its turn
+    cache_key: str  # opaque: a host reuses a held prompt's KV only for a job with the same key (one account)
 
 
 class AuditPayload(TypedDict):
@@ -126,13 +127,15 @@ def job_payload_build(
     delivered: str = "",
     delivered_tokens: int = 0,
     now: datetime | None = None,
+    cache_key: str = "",
 ) -> JobPayload:
     """The payload of a first attempt, or of a continuation of `delivered`, rendered in the
     model's format `fmt` (required but for embeddings) at the instant `now` the job's request
     fixed (what its template is told the time is: `protocol.rendering.chat_fragments`).
 
     Embeddings are all or nothing: a second attempt starts over, so it is never a
-    continuation. `delivered_tokens` is the gateway's count of `delivered`.
+    continuation. `delivered_tokens` is the gateway's count of `delivered`. `cache_key`: the
+    claiming host's key for reusing held prompts (`JobPayload.cache_key`; none: no reuse across jobs).
     """
     if kind == EMBEDDINGS:
         return {"id": job_id, "model": model, "kind": kind, "input": inputs, "continuation": False}
@@ -165,6 +168,8 @@ def job_payload_build(
     }
     if rewrite:
         payload["rewrite"] = rewrite
+    if cache_key:
+        payload["cache_key"] = cache_key
     return payload
 
 

@@ -43,3 +43,4 @@ WARM_ASK_SECONDS = 180.0  # a host asked to keep a model warm must report it loa
 RING_EVIDENCE_WAIT_SECONDS = 120.0  # a ring inquiry waits this long for its stages' evidence (a silent one kept none)
 MOE_COORDINATOR_STALE_SECONDS = 30.0  # a coordinator not reporting this long no longer counts
 MOE_WORKER_STALE_SECONDS = 30.0  # an expert worker not heard from this long covers nothing
+PROMPT_CACHE_SECONDS = 300.0  # a prompt prefix unused this long is forgotten: the gateway's record, the host's KV

@@ -25,6 +25,7 @@ class SignupForm(forms.Form):
     def clean(self) -> dict:
         """Django's password validators, the address among the attributes it must not resemble."""
         cleaned = super().clean()
+        assert cleaned is not None  # (Django's own clean returns cleaned_data)
         password, email = cleaned.get("password"), cleaned.get("email")
         if password:
             from django.contrib.auth.models import User

@@ -3,9 +3,10 @@ user and filters by it, so one person's page can never list another's rows."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from django.conf import settings
 from django.db.models import Count, Max, OuterRef, Q, QuerySet, Subquery, Sum
@@ -29,6 +30,7 @@ from marketplace.trust.redundancy import warming_hosts
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
+    from django_stubs_ext import WithAnnotations
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,7 @@ def api_key_of(*, user: User, key_id: int) -> ApiKey | None:
     return ApiKey.objects.filter(user=user, pk=key_id).first()
 
 
-def recent_requests(*, user: User, limit: int | None = None) -> list[dict]:
+def recent_requests(*, user: User, limit: int | None = None) -> list[Mapping[str, Any]]:
     """The user's latest requests (newest first) with what the usage table shows."""
     return list(
         Request.objects.filter(user=user)
@@ -71,6 +73,7 @@ def recent_requests(*, user: User, limit: int | None = None) -> list[dict]:
             "model__name",
             "api_key__prefix",
             "prompt_tokens",
+            "cached_tokens",
             "completion_tokens",
             "cost_ucents",
             "error_code",
@@ -155,7 +158,11 @@ def host_earnings_daily(*, host: Host, start: date, end: date) -> list[dict]:
     return [{"day": day, **totals.get(day, {"jobs": 0, "earned_ucents": 0})} for day in days_between(start, end)]
 
 
-def hosts_of(*, user: User) -> list[Host]:
+class _Running(TypedDict):
+    running_jobs: int
+
+
+def hosts_of(*, user: User) -> list[WithAnnotations[Host, _Running]]:
     """The user's hosts, each with `running_jobs` (its jobs running now, of its `slots`)."""
     running = Job.objects.filter(host=OuterRef("pk"), status=Job.Status.RUNNING).order_by().values("host")
     counted = running.annotate(n=Count("pk")).values("n")
@@ -230,7 +237,8 @@ POOL_MAINTENANCE_LISTED = 50  # also the banned and failed-verification lists
 
 @dataclass(frozen=True)
 class ModelWarmth:
-    """For one model: online hosts that qualified it, and those of them warm for it (`hosts.selectors.warm_host_counts`)."""
+    """For one model: online hosts that qualified it, and those of them warm for it
+    (`hosts.selectors.warm_host_counts`)."""
 
     name: str
     qualified_online: int
@@ -255,11 +263,11 @@ class PoolOverview:
     hosts_probation: int
     hosts_trusted: int
     hosts_banned: int
-    canaries: dict  # `marketplace.canaries.canary_summary`
-    audits: dict  # `marketplace.audits.audit_summary`: by status, and the models that cannot be audited here
+    canaries: dict  # `marketplace.lifecycle.canaries.canary_summary`
+    audits: dict  # `marketplace.trust.audits.audit_summary`: by status, and the models that cannot be audited here
     banned: list[Host]
     failed_verification: list[dict]
-    warming: list[dict]  # `marketplace.redundancy.warming_hosts`: hosts asked to keep a latency-critical model warm
+    warming: list[dict]  # `marketplace.trust.redundancy.warming_hosts`: asked to keep a latency-critical model warm
     versions: list[tuple[str, int]]  # mahout versions of the connected hosts, most used first
     customers_owing: int  # customers whose balance a refund or chargeback took below zero
     owed_ucents: int

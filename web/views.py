@@ -6,7 +6,7 @@ signed-in user (web.selectors), so an outsider's id answers 404.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import date
 from functools import wraps
 from typing import Any
@@ -19,7 +19,15 @@ from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import PasswordResetForm
 from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError
-from django.http import FileResponse, Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import (
+    FileResponse,
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBase,
+    JsonResponse,
+    StreamingHttpResponse,
+)
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -163,7 +171,7 @@ def _reset_email(group: str, request: HttpRequest) -> str:
     method="POST",
     block=False,
 )
-def password_reset(request: HttpRequest) -> HttpResponse:
+def password_reset(request: HttpRequest) -> HttpResponseBase:
     """Django's reset page, its e-mails limited per address asked for (PASSWORD_RESET_EMAIL_RATE:
     nobody's inbox is flooded) and per client address (PASSWORD_RESET_IP_RATE). A limited
     request sends nothing and is told so (429); the limit is the same for an address with no
@@ -222,7 +230,7 @@ def dashboard(request: AuthedHttpRequest) -> HttpResponse:
 def topup(request: AuthedHttpRequest) -> HttpResponse:
     form = TopupForm(request.POST)
     if not form.is_valid():
-        messages.error(request, " ".join(form.errors["amount_usd"]))
+        messages.error(request, " ".join(str(error) for error in form.errors["amount_usd"]))
         return redirect("dashboard")
     back = request.build_absolute_uri(
         reverse("dashboard")
@@ -288,11 +296,11 @@ def key_revoke(request: AuthedHttpRequest, key_id: int) -> HttpResponse:
     return redirect("keys")
 
 
-def _usage_charts(daily: list[dict], start: date, end: date) -> list[BarChart]:
+def _usage_charts(daily: list[Mapping[str, Any]], start: date, end: date) -> list[BarChart]:
     by_day = {row["day"]: row for row in daily}
     days = selectors.days_between(start, end)
 
-    def series(field: Callable[[dict | None], int]) -> list[tuple[str, int]]:
+    def series(field: Callable[[Mapping[str, Any] | None], int]) -> list[tuple[str, int]]:
         return [(day.isoformat(), field(by_day.get(day))) for day in days]
 
     return [
@@ -322,6 +330,7 @@ def usage(request: AuthedHttpRequest) -> HttpResponse:
             "total_cost_ucents": sum(row["cost_ucents"] or 0 for row in daily),
             "total_requests": sum(row["requests"] for row in daily),
             "total_tokens": sum((row["prompt_tokens"] or 0) + (row["completion_tokens"] or 0) for row in daily),
+            "total_cached_tokens": sum(row["cached_tokens"] or 0 for row in daily),
             "breakdowns": [
                 ("By model", selectors.usage_breakdown(user=request.user, start=start, end=end, by="model"), "model"),
                 ("By key", selectors.usage_breakdown(user=request.user, start=start, end=end, by="key"), "key"),
@@ -384,7 +393,8 @@ def machines(request: AuthedHttpRequest) -> HttpResponse:
         except hosts.MachineLimitReached:
             form.add_error(
                 None,
-                f"Your account has the most machines it may register ({host_selectors.machines_allowed(request.user)}). "
+                "Your account has the most machines it may register "
+                f"({host_selectors.machines_allowed(request.user)}). "
                 "Ask an operator to raise the limit if you run more.",
             )
         else:
@@ -417,7 +427,7 @@ MAHOUT_WHEEL = f"elephant_mahout-{mahout_version}-py3-none-any.whl"
 
 
 @require_GET
-def mahout_download(request: HttpRequest, filename: str) -> HttpResponse:
+def mahout_download(request: HttpRequest, filename: str) -> HttpResponseBase:
     """The host client's wheel (`make mahout-wheel` builds it into dist/), for `pip install <url>`."""
     path = settings.BASE_DIR / "dist" / MAHOUT_WHEEL
     if filename != MAHOUT_WHEEL or not path.is_file():

@@ -53,7 +53,9 @@ class Migration(migrations.Migration):
                             'latency_critical',
                             models.BooleanField(
                                 default=False,
-                                help_text='keep on at least two warm hosts (the admin and host dashboards warn otherwise)',
+                                help_text=(
+                                    'keep on at least two warm hosts (the admin and host dashboards warn otherwise)'
+                                ),
                             ),
                         ),
                         ('created_at', models.DateTimeField(auto_now_add=True)),

@@ -14,7 +14,9 @@ class Migration(migrations.Migration):
             name='weights_path',
             field=models.CharField(
                 blank=True,
-                help_text="the weights file on the gateway's disk (where it was added from): what audits re-read answers with",
+                help_text=(
+                    "the weights file on the gateway's disk (where it was added from): what audits re-read answers with"
+                ),
                 max_length=500,
             ),
         ),

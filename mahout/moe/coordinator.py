@@ -247,7 +247,7 @@ class Coordinator:
                 experts=len(experts),
                 per_expert=self.local_cost.get(size),
             )
-            engaged: dict[str | None, list[int]] = {**chosen}
+            engaged: dict[str | None, list[int]] = dict(chosen.items())
             remote = {e for mine in chosen.values() for e in mine}
             local = [e for e in experts if e not in remote]
             return ({**engaged, None: local} if local else engaged), probes

@@ -25,7 +25,9 @@ Prompts are shared: a job whose prompt starts with enough tokens some sequence h
 (a running one, or a finished one still held) copies them (``llama_memory_seq_cp``) and reads
 only the rest; a job whose prompt another sequence is still reading waits for it. The ``n``
 choices of one request are such jobs: each after the first starts from the first's prompt, and
-from the logits kept at its end, reading no token at all.
+from the logits kept at its end, reading no token at all. A finished sequence is held at most
+``prompt_cache_seconds`` (PROMPT_CACHE_SECONDS) after it last served a job, then its KV is
+cleared: a customer's prompt is not kept in a host's memory past the bound the gateway promises.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from typing import TYPE_CHECKING
 from mahout.runners import Piece, job_number, job_seed
 from mahout.runners.llama import ContextOverflowError, GrammarSampler, LlamaRunner, SpecifiedSampler
 from mahout.runners.logprobs import LogprobRecorder, TokenAligner
+from protocol.timing import PROMPT_CACHE_SECONDS
 from scorer.healing import TokenHealer, rewrite_budget
 from scorer.llama import Grammar, count_tokens, grammar_for
 
@@ -65,7 +68,7 @@ if TYPE_CHECKING:
 # a step, so it never holds the running streams for more than one chunk.
 PREFILL_CHUNK_TOKENS = 16
 WHOLE_PROMPT_TOKENS = 64  # prompt tokens read in all in one step beside running sequences
-IDLE_WAIT_SECONDS = 0.5  # how long the step thread sleeps with nothing to do before it looks again
+IDLE_WAIT_SECONDS = 0.5  # how long the step thread sleeps with nothing to do (held sequences expire meanwhile)
 _END = object()  # a job's queue: generation over, the stream's attributes hold
 
 
@@ -213,6 +216,8 @@ class _Job:
     matcher: Grammar | None
     out: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     pieces: list[str] = field(default_factory=list)  # the text delivered
+    read: int = 0  # the prompt's tokens read (prefilled) once seated; the rest came from a held sequence's KV
+    cache_key: str = ""  # the job's account on this host (`JobPayload.cache_key`): KV is shared within one key only
 
     def choose(self, input_ids: npt.NDArray[np.intc], scores: npt.NDArray[np.single]) -> int:
         """The job's processors over one position's logits, in LlamaRunner's order; the token
@@ -254,7 +259,8 @@ class JobStream(Iterator[str]):
     log-probabilities). The job is planned on the first ``next`` (in the caller's thread, so
     RequestRejected and its kin surface from the iterator as they do from the generator), then
     read from its queue. Once exhausted, ``finish_reason``, ``completion_tokens``, ``token_ids``,
-    ``seed`` and ``prompt_count`` hold. ``close()`` before the end cancels: the sequence is freed."""
+    ``seed``, ``prompt_count`` and ``prompt_read`` (the prompt's tokens read, not copied from a held
+    sequence) hold. ``close()`` before the end cancels: the sequence is freed."""
 
     def __init__(self, runner: BatchedLlamaRunner, job: dict) -> None:
         self._runner, self._job = runner, job
@@ -265,6 +271,7 @@ class JobStream(Iterator[str]):
         self.token_ids: list[int] = []
         self.seed: int | None = None
         self.prompt_count = 0
+        self.prompt_read = 0
 
     def __next__(self) -> str:
         if self._over:
@@ -291,6 +298,7 @@ class JobStream(Iterator[str]):
             raise item
         planned = self._planned
         self.finish_reason = planned.text.finish_reason or "stop"
+        self.prompt_read = planned.read
         self.completion_tokens = (
             planned.max_tokens
             if self.finish_reason == "length" and not planned.rewrite
@@ -317,6 +325,8 @@ class _Slot:
     prompt_logits: npt.NDArray[np.single] | None = None  # the logits at the prompt's end, kept for a job that shares it
     start_logits: npt.NDArray[np.single] | None = None  # a job starting from them: sampled without a decode
     used: int = 0  # the step it last served a job (a held sequence unused longest is given up first)
+    used_at: float = 0.0  # time.monotonic() when it last served a job (a held sequence expires after the bound)
+    cache_key: str = ""  # the key of the job it last served: only a job with the same key starts from its KV
 
     def pending(self) -> list[int]:
         return self.tokens[self.n_past :]
@@ -334,7 +344,8 @@ class _Slot:
 
 class BatchedLlamaRunner(LlamaRunner):
     """LlamaRunner's jobs, S at once from one model load (see the module's docstring).
-    ``prefilled_tokens`` counts the prompt tokens decoded, for measuring what sharing saves."""
+    ``prefilled_tokens`` counts the prompt tokens decoded, for measuring what sharing saves.
+    A finished sequence's KV is held ``prompt_cache_seconds`` after it last served a job."""
 
     def __init__(
         self,
@@ -346,11 +357,14 @@ class BatchedLlamaRunner(LlamaRunner):
         *,
         chunk: int = PREFILL_CHUNK_TOKENS,
         whole: int = WHOLE_PROMPT_TOKENS,
+        prompt_cache_seconds: float = PROMPT_CACHE_SECONDS,
     ) -> None:
         import llama_cpp
 
         with weights_unpacked():
-            super().__init__(model_path, threads, n_ctx=n_ctx, gpu_layers=gpu_layers)
+            super().__init__(
+                model_path, threads, n_ctx=n_ctx, gpu_layers=gpu_layers, prompt_cache_seconds=prompt_cache_seconds
+            )
         self.slots, self.chunk, self.whole = slots, chunk, whole
         self.prefilled_tokens = 0
         params = llama_cpp.llama_context_default_params()
@@ -441,6 +455,7 @@ class BatchedLlamaRunner(LlamaRunner):
             healer=healer,
             aligner=aligner,
             matcher=matcher,
+            cache_key=str(job.get("cache_key") or ""),
         )
 
     def _submit(self, job: _Job) -> None:
@@ -483,6 +498,7 @@ class BatchedLlamaRunner(LlamaRunner):
                     self._drop(job)
                 with self._wake:
                     arrived = list(self._waiting)
+                self._expire_held()
                 if not self._step(arrived):
                     with self._wake:
                         if not self._closing and not self._cancelled and len(self._waiting) == len(arrived):
@@ -615,13 +631,26 @@ class BatchedLlamaRunner(LlamaRunner):
         """End the slot's job; its sequence stays held (its KV may serve a later prompt)."""
         assert slot.job is not None
         job, slot.job = slot.job, None
-        slot.tokens = slot.tokens[: slot.n_past]
+        slot.tokens, slot.used_at = slot.tokens[: slot.n_past], time.monotonic()
         job.end(error)
+
+    def _forget(self, slot: _Slot) -> None:
+        """Clear the slot's KV: it holds nothing."""
+        import llama_cpp
+
+        llama_cpp.llama_memory_seq_rm(self._memory, slot.seq, -1, -1)
+        slot.tokens, slot.n_past, slot.prompt_len, slot.prompt_logits = [], 0, 0, None
+
+    def _expire_held(self) -> None:
+        """Clear each held sequence that has not served a job for ``prompt_cache_seconds``
+        (called every step, and at least every IDLE_WAIT_SECONDS while idle)."""
+        expired = time.monotonic() - self.prompt_cache_seconds
+        for slot in self._slots:
+            if slot.job is None and slot.tokens and slot.used_at <= expired:
+                self._forget(slot)
 
     def _drop(self, job: _Job) -> None:
         """A cancelled job: out of the queue, or its sequence freed at once."""
-        import llama_cpp
-
         with self._wake:
             if job in self._waiting:
                 self._waiting.remove(job)
@@ -630,8 +659,7 @@ class BatchedLlamaRunner(LlamaRunner):
         for slot in self._slots:
             if slot.job is job:
                 self._release(slot)
-                llama_cpp.llama_memory_seq_rm(self._memory, slot.seq, -1, -1)
-                slot.tokens, slot.n_past, slot.prompt_len, slot.prompt_logits = [], 0, 0, None
+                self._forget(slot)
 
     def _seat(self, job: _Job) -> None:
         """Give ``job`` a free sequence, starting from the longest prefix of its prompt that any
@@ -641,12 +669,13 @@ class BatchedLlamaRunner(LlamaRunner):
         if not free:
             return
         prompt = job.prompt
-        source = max(self._slots, key=lambda slot: slot.prefix(prompt))
-        shared = source.prefix(prompt) if self._worth_sharing(source.prefix(prompt), prompt) else 0
+        mine = [slot for slot in self._slots if slot.cache_key == job.cache_key]  # (another account's KV is not shared)
+        source = max(mine or free, key=lambda slot: slot.prefix(prompt) if slot in mine else 0)
+        shared = source.prefix(prompt) if source in mine and self._worth_sharing(source.prefix(prompt), prompt) else 0
         coming = max(
             (
                 slot.prefix(prompt, upcoming=True)
-                for slot in self._slots
+                for slot in mine
                 if slot.job is not None and slot.n_past < slot.prompt_len
             ),
             default=0,
@@ -659,8 +688,9 @@ class BatchedLlamaRunner(LlamaRunner):
         self._copy(source, target, shared)
         whole = shared == len(prompt) == source.prompt_len and source.prompt_logits is not None
         self._trim(target, shared if whole else min(shared, len(prompt) - 1))
-        target.job, target.used = job, self._steps
+        target.job, target.used, target.used_at, target.cache_key = job, self._steps, time.monotonic(), job.cache_key
         target.tokens, target.prompt_len = list(prompt), len(prompt)
+        job.read = len(prompt) - target.n_past
         target.start_logits = target.prompt_logits = source.prompt_logits if whole else None
 
     def _worth_sharing(self, shared: int, prompt: list[int]) -> bool:

@@ -94,7 +94,9 @@ class EmbeddingsRunner:
     @property
     def max_tokens(self) -> int:
         """The model's window in tokens, [CLS] and [SEP] included."""
-        return int(self.model.max_seq_length)
+        window = self.model.max_seq_length
+        assert window is not None, "the shipped model has a window"
+        return int(window)
 
     def count_tokens(self, texts: list[str]) -> int:
         """Input tokens embedded for ``texts``: word pieces without [CLS]/[SEP], after truncation."""

@@ -5,11 +5,17 @@ The prompt arrives rendered by the gateway in the model's own chat template (the
 here by :class:`~scorer.llama.PromptTokenizer` (text as text, each of the template's control tokens as
 itself: a customer's text never becomes one), and is handed to llama-cpp-python as token
 ids. Passing ids lets us check the context window before any compute.
+
+llama-cpp-python keeps the last prompt's KV and reuses the prefix the next prompt shares with
+it. A job that starts ``prompt_cache_seconds`` (PROMPT_CACHE_SECONDS) or more after the last one
+ended starts from a cleared cache instead: a customer's prompt is not reused past the bound the
+gateway promises.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -18,6 +24,7 @@ from mahout.runners import Piece, job_number, job_seed
 from mahout.runners.logprobs import LogprobRecorder, TokenAligner
 from protocol.jobs import job_stop_strings
 from protocol.sampling import select, select_masked, uniform
+from protocol.timing import PROMPT_CACHE_SECONDS
 from scorer.errors import RequestRejected
 from scorer.healing import TokenHealer, Vocab, healing, resumes_text, rewrite_budget
 from scorer.llama import Grammar, PromptTokenizer, count_tokens, grammar_for, load_llama
@@ -106,9 +113,20 @@ class ContextOverflowError(RequestRejected):
 class LlamaRunner:
     """Streams completions for jobs from a GGUF model loaded once and reused."""
 
-    def __init__(self, model_path: str | Path, threads: int, n_ctx: int = 4096, gpu_layers: int = 0) -> None:
+    def __init__(
+        self,
+        model_path: str | Path,
+        threads: int,
+        n_ctx: int = 4096,
+        gpu_layers: int = 0,
+        *,
+        prompt_cache_seconds: float = PROMPT_CACHE_SECONDS,
+    ) -> None:
         self.model_path = Path(model_path)
         self.n_ctx = n_ctx
+        self.prompt_cache_seconds = prompt_cache_seconds
+        self._last_job_at: float | None = None  # time.monotonic() when the last job ended (its prompt's KV held)
+        self._last_cache_key = ""  # the last job's `cache_key`: a job of another key starts from a cleared KV
         self._llm = load_llama(self.model_path, n_ctx=n_ctx, threads=threads, gpu_layers=gpu_layers)
         self._prompt = PromptTokenizer(self._llm)
         self.prompt_count = 0  # the last job's prompt tokens
@@ -129,6 +147,21 @@ class LlamaRunner:
         which reads the model."""
         self._vocab_ready.join()
         self._llm.close()
+
+    def _forget_stale_prompt(self, job: dict) -> None:
+        """Clear the last prompt's KV (and the ids llama-cpp-python matches against) once it has
+        been held ``prompt_cache_seconds`` unused, or before a job of another account
+        (``JobPayload.cache_key``): llama-cpp-python reuses whatever prefix matches."""
+        import llama_cpp
+
+        key = str(job.get("cache_key") or "")
+        same, self._last_cache_key = key == self._last_cache_key, key
+        if self._last_job_at is None or (same and time.monotonic() - self._last_job_at < self.prompt_cache_seconds):
+            return
+        self._llm.reset()
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self._llm.ctx), True)
+        self._llm.input_ids[:] = 0
+        self._last_job_at = None
 
     def _healing(self, job: dict, tokens: list[int]) -> tuple[list[int], TokenHealer | None]:
         """:func:`healing`, waiting for the vocabulary only for a job that re-writes text."""
@@ -163,6 +196,7 @@ class LlamaRunner:
         gateway's): :class:`SpecifiedSampler`, or under a grammar :class:`GrammarSampler`.
         """
         params = job.get("params") or {}
+        self._forget_stale_prompt(job)
         tokens = self.prompt_tokens(job)
         budget = self.n_ctx - len(tokens)
         max_tokens = min(int(params.get("max_tokens") or budget), budget)
@@ -224,6 +258,7 @@ class LlamaRunner:
                     pieces.append(text)
                     yield Piece(text, entries)
         finally:
+            self._last_job_at = time.monotonic()
             if matcher is not None:
                 matcher.close()
         text = "".join(pieces)

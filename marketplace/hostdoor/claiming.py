@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
 
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -29,6 +31,7 @@ from marketplace import services as market
 from marketplace.hostdoor.claim_slots import WAITING
 from marketplace.lifecycle import canaries
 from marketplace.trust.audits import audit_claim_payload
+from marketplace.trust.prefixes import prefix_record
 from marketplace.trust.ring_inquiries import inquiry_claim_payload
 from mesh.rings.selectors import bridged_model_ids
 from protocol.timing import CLAIM_WAIT_SECONDS
@@ -57,12 +60,12 @@ class JobClaimInputSerializer(serializers.Serializer):
     boot = boot_field()
 
 
-async def claim_when_offered(host: Host, *, fingerprint: str, wait: float, boot: str = "") -> dict | None:
+async def claim_when_offered(host: Host, *, fingerprint: str, wait: float, boot: str = "") -> Mapping[str, Any] | None:
     """A job's payload as soon as one is queued for a model this host qualified on this
     machine, or None after `wait` seconds. `boot` (the claiming process's boot id, seen by
-    the door first: `services.host_boot_seen`) is kept on the job it claims. Refusals (paused, in maintenance, no heartbeat
-    within HOST_OFFLINE_AFTER_SECONDS, a mahout older than MAHOUT_MIN_VERSION, nothing
-    qualified, every claim slot waiting already) are DomainErrors."""
+    the door first: `services.host_boot_seen`) is kept on the job it claims. Refusals (paused, in
+    maintenance, no heartbeat within HOST_OFFLINE_AFTER_SECONDS, a mahout older than MAHOUT_MIN_VERSION,
+    nothing qualified, every claim slot waiting already) are DomainErrors."""
     if host.paused:
         raise ApiError(
             403, "This host is paused; resume it to claim work.", code="host_paused", type="permission_error"
@@ -112,7 +115,7 @@ async def claim_when_offered(host: Host, *, fingerprint: str, wait: float, boot:
         await WAITING.leave(host.pk, ticket)
 
 
-async def _claim_when_woken(host: Host, *, model_ids: list[int], wait: float, boot: str) -> dict | None:
+async def _claim_when_woken(host: Host, *, model_ids: list[int], wait: float, boot: str) -> Mapping[str, Any] | None:
     warm_ids = await db(hosts.warm_model_ids, host=host, model_ids=model_ids)
     ring_ids = await db(bridged_model_ids, host_id=host.pk)
     layer = get_channel_layer()
@@ -137,7 +140,7 @@ async def _claim_until(
     ring_ids: list[int],
     inbox: Inbox,
     boot: str,
-) -> dict | None:
+) -> Mapping[str, Any] | None:
     """Claim, or sleep until woken. Offers to other hosts and the cold grace lapse
     without a wake-up, so a waiting host also looks again every ROUTING_OFFER_SECONDS.
     A model it serves through a ring (`ring_ids`) gets no audit to score: a ring's bridge
@@ -146,9 +149,12 @@ async def _claim_until(
     deadline = time.monotonic() + wait
     recheck = max(settings.ROUTING_OFFER_SECONDS, 0.2)
     look = True
+    payload: Mapping[str, Any] | None
     while True:  # a host paused while it waits simply gets nothing
         if look:
             payload = await db(market.job_claim_payload, host=host, model_ids=model_ids, warm_ids=warm_ids, boot=boot)
+            if payload is not None and payload.get("kind") != "embeddings":  # the host now holds its prompt's KV
+                await db(prefix_record, job_id=payload["id"], host_id=host.pk)
             if payload is None and host.trusted_at is not None:  # no customer waits on it: an audit to score, if any
                 payload = await db(audit_claim_payload, host=host, model_ids=scorable, boot=boot)
                 if payload is None:  # or a ring's failed audit to look into

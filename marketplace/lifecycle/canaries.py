@@ -689,9 +689,7 @@ def live_params(*, model: CatalogModel, kind: str) -> dict:
         .values_list("params", flat=True)[:LIVE_SAMPLE]
     )
     drawn = random.choice(recent) if recent else {}
-    picked = {
-        key: drawn[key] if drawn.get(key) is not None else default for key, default in CUSTOMER_DEFAULTS.items()
-    }
+    picked = {key: drawn[key] if drawn.get(key) is not None else default for key, default in CUSTOMER_DEFAULTS.items()}
     picked["max_tokens"] = min(int(picked["max_tokens"]), settings.CANARY_MAX_TOKENS)
     return {**picked, "stop": None, "seed": None}
 

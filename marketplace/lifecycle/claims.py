@@ -13,6 +13,7 @@ from typing import cast
 from django.db import connection, transaction
 from django.db.models import JSONField
 from django.utils import timezone
+from django.utils.crypto import salted_hmac
 
 from catalog.models import CatalogModel
 from catalog.rendering import chat_format_of, render_instant
@@ -27,12 +28,21 @@ from marketplace.trust.audits import job_seed
 from protocol.jobs import JobPayload, job_payload_build
 
 
-def job_payload(job: Job) -> JobPayload:
+def prompt_cache_key(*, user_id: int | None, host_id: int) -> str:
+    """The opaque key under which a host may reuse a job's prompt KV for another job: one per
+    account and host (a keyed hash: the host learns nothing about the account, and no other host
+    can link it). Two accounts never share a held prompt, so a quicker first token tells no
+    account what another sent."""
+    return salted_hmac("elephant.prompt-cache", f"{user_id}:{host_id}").hexdigest()[:32]
+
+
+def job_payload(job: Job, *, cache_key: str = "") -> JobPayload:
     """What a host receives (`protocol.jobs`): the work, and nothing about the customer.
     A continuation carries what was already delivered before it, counted by the gateway (the
     same payload at its claim and at its settlement, when its audit rebuilds it: its own text
     is left out). Every chat and completion job carries its sampling seed
-    (`marketplace.trust.audits.job_seed`)."""
+    (`marketplace.trust.audits.job_seed`). `cache_key` (`prompt_cache_key`): only the claiming
+    host is given one; an audit's copy of the payload has none."""
     request = job.request
     continuation = job.attempt > 1 and request.kind != Request.Kind.EMBEDDINGS
     delivered = request.delivered_text if continuation else ""
@@ -59,10 +69,11 @@ def job_payload(job: Job) -> JobPayload:
         delivered=delivered,
         delivered_tokens=count_output(request, delivered),
         now=render_instant(request.params),
+        cache_key=cache_key,
     )
 
 
-_CLAIMED_REQUEST_COLUMNS = ("public_id", "kind", "messages", "prompt", "inputs", "params", "model_id")
+_CLAIMED_REQUEST_COLUMNS = ("public_id", "kind", "messages", "prompt", "inputs", "params", "model_id", "user_id")
 
 
 _JSON_COLUMNS = ("messages", "inputs", "params")
@@ -100,7 +111,9 @@ def job_claim_payload(
     """`job_claim_next`, rendered as what the host receives (the long-poll's path: no
     query after the claim). `warm_ids` may be looked up once per long-poll."""
     job = _claim_routed(host=host, model_ids=model_ids, warm_ids=warm_ids, boot=boot)
-    return None if job is None else job_payload(job)
+    if job is None:
+        return None
+    return job_payload(job, cache_key=prompt_cache_key(user_id=job.request.user_id, host_id=host.pk))
 
 
 def _claim_routed(
@@ -231,8 +244,9 @@ def job_claim_selected(
     job_id, attempt, request_id, *request_values, model_name, tokenizer = row
     fields = dict(zip(_CLAIMED_REQUEST_COLUMNS, request_values, strict=True))
     for column in _JSON_COLUMNS:
-        field = cast(JSONField, Request._meta.get_field(column))
-        fields[column] = field.from_db_value(fields[column], None, connection)
+        field = cast(JSONField, Request._meta.get_field(column))  # (a column of _JSON_COLUMNS)
+        # (the column itself, so no expression; django-stubs want one)
+        fields[column] = field.from_db_value(fields[column], None, connection)  # type: ignore[arg-type]
     model = CatalogModel(pk=fields.pop("model_id"), name=model_name, tokenizer=tokenizer)
     request = Request(pk=request_id, model=model, **fields)
     announce_on_commit(request_group(request.public_id), {"type": "job.claimed"})

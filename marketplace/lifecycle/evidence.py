@@ -104,7 +104,8 @@ def shape_problem(
 def _first_draw_checked(*, request: Request, payload: JobPayload, token_ids: list[int], finish_reason: str) -> Verdict:
     """An answer with no text of its own, recomputed now (one prefill) where the gateway
     holds the weights; else audited by trusted hosts."""
-    from marketplace.trust.audits import VERIFYING, _verifier, audit_weights
+    from marketplace.trust.audit_scoring import VERIFYING, _verifier
+    from marketplace.trust.audits import audit_weights
     from scorer.verify import Unauditable
 
     path = audit_weights(request.model)

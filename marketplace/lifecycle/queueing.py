@@ -27,18 +27,19 @@ from hosts.selectors import warm_host_counts
 from marketplace.lifecycle.errors import HostFailed, QueueTimeout
 from marketplace.lifecycle.transitions import request_fail
 from marketplace.models import CHOICE_OF, Job, Liveness, Request
-from marketplace.trust import routing
+from marketplace.trust import prefixes, routing
 from protocol.rendering import TemplateRefused
 
 
-def estimate_ucents(*, model: CatalogModel, prompt_tokens: int, max_tokens: int) -> int:
-    """Upper bound of the cost: every prompt token plus every allowed output token."""
-    return price(model, prompt_tokens=prompt_tokens, completion_tokens=max_tokens)
+def estimate_ucents(*, model: CatalogModel, prompt_tokens: int, max_tokens: int, cached_tokens: int = 0) -> int:
+    """Upper bound of the cost: every prompt token (the cached ones at their price) plus every
+    allowed output token."""
+    return price(model, prompt_tokens=prompt_tokens, completion_tokens=max_tokens, cached_tokens=cached_tokens)
 
 
 def new_public_id(kind: str) -> str:
-    prefix = {Request.Kind.CHAT: "chatcmpl-", Request.Kind.EMBEDDINGS: "emb-"}.get(kind, "cmpl-")
-    return prefix + secrets.token_hex(12)
+    starts: dict[str, str] = {Request.Kind.CHAT: "chatcmpl-", Request.Kind.EMBEDDINGS: "emb-"}
+    return starts.get(kind, "cmpl-") + secrets.token_hex(12)
 
 
 def request_submit(
@@ -55,9 +56,12 @@ def request_submit(
     inputs: list[str] | None = None,
     only_host_id: int | None = None,
     trusted_only: bool = False,
+    prefix_hashes: list[str] | None = None,
 ) -> Request:
     """Admit a request: hold its worst-case cost, then queue its first job (a canary's,
     `only_host_id`, for its host alone; `trusted_only`: for trusted hosts only).
+    `prefix_hashes` (its prompt's blocks, `trust.prefixes`): a host holding a prefix of it for
+    this account is offered it first, and then that prefix is its `cached_tokens`.
 
     Raises InsufficientCredit / KeyLimitExceeded (→ 402) before anything is
     queued; the hold, request and job commit together or not at all. The usual
@@ -65,8 +69,6 @@ def request_submit(
     PostgreSQL); a key with limits, a refusal and a customer's first request take the
     locked path (`billing.hold_place`), which counts the limits and says why.
     """
-    billed = 0 if params.get(CHOICE_OF) else prompt_tokens  # (`Request.prompt_tokens_billed`)
-    estimate = estimate_ucents(model=model, prompt_tokens=billed, max_tokens=params["max_tokens"])
     request = Request(
         public_id=public_id,
         user=api_key.user,
@@ -79,18 +81,31 @@ def request_submit(
         inputs=inputs,
         params=params,
         prompt_tokens=prompt_tokens,
-        estimate_ucents=estimate,
+        prefix_hashes=prefix_hashes or None,
     )
     limits = job_limits(request=request, model=model, now=timezone.now())  # (a process's first reads the vocabulary)
     # Routing reads before the account's row is locked: a customer's admissions queue on
     # that lock, so it is held for the writes only. The offer's clock starts here.
+    holders: dict[int, int] = {}
+    if prefix_hashes and only_host_id is None:
+        holders = prefixes.prefix_holders(user_id=api_key.user_id, model_id=model.pk, hashes=prefix_hashes)
     placement = _placement(
         model=model,
         only_host_id=only_host_id,
         avoid_host_id=None,
         trusted_only=trusted_only,
         beside_host_id=_first_choice_host(request),
+        prefix_hosts=holders,
     )
+    held = holders.get(placement["offered_host_id"], 0) if placement["offered_host_id"] is not None else 0
+    request.cached_tokens = prefixes.cached_tokens(prefix_tokens=held, prompt_tokens=prompt_tokens)
+    estimate = estimate_ucents(
+        model=model,
+        prompt_tokens=request.prompt_tokens_billed,
+        max_tokens=params["max_tokens"],
+        cached_tokens=request.cached_tokens_billed,
+    )
+    request.estimate_ucents = estimate
     job = Job(request=request, model=model, trusted_only=trusted_only, only_host_id=only_host_id, **placement, **limits)
     hold = billing.hold_steps(user_id=api_key.user_id, api_key=api_key, amount_ucents=estimate)
     if hold is not None and _request_admit_chained(request=request, job=job, hold=hold):
@@ -133,11 +148,16 @@ def _placement(
     avoid_host_id: int | None,
     trusted_only: bool,
     beside_host_id: int | None = None,
+    prefix_hosts: dict[int, int] | None = None,
 ) -> dict:
     if only_host_id is not None:  # a canary: offered to its host alone, for as long as it waits
         return {"offered_host_id": only_host_id, "offer_until": None, "warm_until": None}
     return routing.placement(
-        model=model, avoid_host_id=avoid_host_id, trusted_only=trusted_only, beside_host_id=beside_host_id
+        model=model,
+        avoid_host_id=avoid_host_id,
+        trusted_only=trusted_only,
+        beside_host_id=beside_host_id,
+        prefix_hosts=prefix_hosts,
     )
 
 
@@ -292,7 +312,9 @@ def request_reroute(*, request_id: int, requeue: int, trusted_only: bool = False
         .filter(pk=request_id, status=Request.Status.QUEUED)
         .first()
     )
-    fallbacks = list((request.params or {}).get("fallbacks") or []) if request is not None else []
+    if request is None:
+        return False
+    fallbacks = list((request.params or {}).get("fallbacks") or [])
     while fallbacks:
         model = CatalogModel.objects.filter(name=fallbacks.pop(0), active=True, kind=CatalogModel.Kind.CHAT).first()
         if model is None:
@@ -324,8 +346,19 @@ def request_reroute(*, request_id: int, requeue: int, trusted_only: bool = False
                 )
                 return True
         request.model, request.prompt_tokens, request.estimate_ucents = model, prompt_tokens, estimate
+        request.cached_tokens, request.prefix_hashes = 0, None  # (its blocks were the other model's)
         request.params = {**request.params, "fallbacks": fallbacks}
-        request.save(update_fields=["model", "prompt_tokens", "estimate_ucents", "params", "hold"])
+        request.save(
+            update_fields=[
+                "model",
+                "prompt_tokens",
+                "cached_tokens",
+                "prefix_hashes",
+                "estimate_ucents",
+                "params",
+                "hold",
+            ]
+        )
         job_queue(request=request, model=model, trusted_only=trusted_only, requeue=requeue)
         announce_on_commit(request_group(request.public_id), {"type": "request.rerouted", "model": model.name})
         return True

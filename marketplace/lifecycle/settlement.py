@@ -129,7 +129,7 @@ def job_settle(
     )
     if job is not None and job.host_id == host.pk and job.status == Job.Status.COMPLETED:
         return Completion(request=job.request, earned_ucents=job.earned_ucents)
-    check_running(job, host=host, job_id=job_id)
+    job = check_running(job, host=host, job_id=job_id)
     request = job.request
     if request.kind == Request.Kind.EMBEDDINGS:  # all or nothing: whoever completes did all the work
         result, completion_tokens, share = embeddings_checked(request=request, vectors=embeddings), 0, None
@@ -330,7 +330,12 @@ def settle(
     """
     now = now or timezone.now()
     cost = min(
-        price(request.model, prompt_tokens=request.prompt_tokens_billed, completion_tokens=completion_tokens),
+        price(
+            request.model,
+            prompt_tokens=request.prompt_tokens_billed,
+            completion_tokens=completion_tokens,
+            cached_tokens=request.cached_tokens_billed,
+        ),
         request.hold.amount_ucents,
     )
     ring, paid, earned = None, {}, 0
@@ -368,6 +373,7 @@ def settle(
     if split is None:
         return None
     if ring is not None:
+        assert job is not None  # a ring is looked up only for a job's host
         StageShare.objects.bulk_create(
             StageShare(
                 job_id=job.pk,

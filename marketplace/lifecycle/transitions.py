@@ -24,6 +24,7 @@ def request_settled(
         finish_reason=finish_reason,
         messages=None,
         prompt=None,
+        prefix_hashes=None,
         inputs=None,
         result=result,
     )
@@ -39,6 +40,7 @@ def request_fail(*, request: Request, code: str, message: str) -> bool:
         error_message=message[:500],
         messages=None,
         prompt=None,
+        prefix_hashes=None,
         inputs=None,
     )
     if not ended:

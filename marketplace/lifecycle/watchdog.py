@@ -35,6 +35,7 @@ def job_start_figures_seconds(*, job: Job) -> float:
     its heartbeat's word, at most CATALOG_STALE_SECONDS old) has nothing to load: its figures
     are its prefill alone, so a frozen warm host cannot hold a blank stream for its load time
     (issue 50). A host cold at its claim, or whose catalog could not be read, keeps its load."""
+    assert job.host_id is not None  # a claimed job has its host (the claimed_job_has_host constraint)
     figures = (
         Qualification.objects.filter(host_id=job.host_id, model_id=job.model_id)
         .order_by("-updated_at")
@@ -69,6 +70,7 @@ def _prompts_ahead(*, job: Job) -> int:
     this one's (none on a host with one slot)."""
     if job.claimed_at is None:
         return 0
+    assert job.host_id is not None  # claimed, so it has its host
     ahead = (
         Job.objects.filter(host_id=job.host_id, status=Job.Status.RUNNING, claimed_at__lte=job.claimed_at)
         .exclude(pk=job.pk)
@@ -134,18 +136,14 @@ def request_watch(*, request_id: int) -> None:
     """Apply the watchdog rules to one request (its stream calls this while quiet): the
     `Liveness` rules asked of its live job in one query, in the order the sweeps apply them."""
     now = timezone.now()
-    verdicts = {
-        name: ExpressionWrapper(rule(now), output_field=BooleanField())
-        for name, rule in (
-            ("expired", Liveness.queue_expired),
-            ("lapsed", Liveness.offer_lapsed),
-            ("stalled", Liveness.stalled),
-            ("overdue", Liveness.past_deadline),
-        )
-    }
     job = (
         Job.objects.filter(request_id=request_id, status__in=[Job.Status.QUEUED, Job.Status.RUNNING])
-        .annotate(**verdicts)
+        .annotate(
+            expired=ExpressionWrapper(Liveness.queue_expired(now), output_field=BooleanField()),
+            lapsed=ExpressionWrapper(Liveness.offer_lapsed(now), output_field=BooleanField()),
+            stalled=ExpressionWrapper(Liveness.stalled(now), output_field=BooleanField()),
+            overdue=ExpressionWrapper(Liveness.past_deadline(now), output_field=BooleanField()),
+        )
         .first()
     )
     if job is None:

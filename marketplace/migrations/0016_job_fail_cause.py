@@ -15,7 +15,10 @@ class Migration(migrations.Migration):
             field=models.CharField(
                 blank=True,
                 choices=[('host', 'the host'), ('request', "the request's content")],
-                help_text="whose fault a failure was: a host that says 'request' gets no strike, unless another host then served it",
+                help_text=(
+                    "whose fault a failure was: a host that says 'request' "
+                    "gets no strike, unless another host then served it"
+                ),
                 max_length=8,
             ),
         ),

@@ -24,7 +24,10 @@ class Migration(migrations.Migration):
             name='gguf',
             field=models.CharField(
                 blank=True,
-                help_text='the model file the reference was computed from, which also scores answers (blank: the shipped model)',
+                help_text=(
+                    'the model file the reference was computed from, '
+                    'which also scores answers (blank: the shipped model)'
+                ),
                 max_length=500,
             ),
         ),

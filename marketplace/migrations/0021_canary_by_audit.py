@@ -14,7 +14,10 @@ class Migration(migrations.Migration):
             name='by_audit',
             field=models.BooleanField(
                 default=False,
-                help_text="sampled with parameters drawn from customers' and judged by an audit of the real model (its reference gives only the prompt); else greedy, against the reference's text",
+                help_text=(
+                    "sampled with parameters drawn from customers' and judged by an audit of the real "
+                    "model (its reference gives only the prompt); else greedy, against the reference's text"
+                ),
             ),
         ),
         migrations.AlterField(
@@ -25,7 +28,10 @@ class Migration(migrations.Migration):
                     ('pending', 'Pending'),
                     (
                         'scoring',
-                        'scoring (the real model reads it next: it parted from the reference at a near-tie, or its audit is pending)',
+                        (
+                            'scoring (the real model reads it next: it parted from '
+                            'the reference at a near-tie, or its audit is pending)'
+                        ),
                     ),
                     ('passed', 'Passed'),
                     ('failed', 'Failed'),

@@ -15,7 +15,10 @@ class Migration(migrations.Migration):
             field=models.CharField(
                 blank=True,
                 default='',
-                help_text='the boot id of the mahout process that claimed it (blank: a client that sends none); a new one from its host ends it',
+                help_text=(
+                    'the boot id of the mahout process that claimed it (blank: '
+                    'a client that sends none); a new one from its host ends it'
+                ),
                 max_length=64,
             ),
         ),
@@ -25,7 +28,10 @@ class Migration(migrations.Migration):
             field=models.CharField(
                 blank=True,
                 default='',
-                help_text='the finish_reason its host sent with a batch (its text ended the answer): its death then settles the answer',
+                help_text=(
+                    'the finish_reason its host sent with a batch (its text '
+                    'ended the answer): its death then settles the answer'
+                ),
                 max_length=8,
             ),
         ),

@@ -17,7 +17,10 @@ class Migration(migrations.Migration):
                 (
                     'conversation',
                     models.JSONField(
-                        help_text="the input items (earlier turns first) then the output items, in the Responses API's shape; instructions are not carried over"
+                        help_text=(
+                            "the input items (earlier turns first) then the output items, "
+                            "in the Responses API's shape; instructions are not carried over"
+                        )
                     ),
                 ),
                 ('body', models.JSONField(help_text='the Response object as it was returned')),

@@ -1,4 +1,4 @@
-# Audits of models whose weights the gateway lacks, scored by trusted hosts (marketplace.audits).
+# Audits of models whose weights the gateway lacks, scored by trusted hosts (marketplace.trust.audits).
 
 import django.db.models.deletion
 from django.db import migrations, models

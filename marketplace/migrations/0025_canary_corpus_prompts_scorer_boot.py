@@ -1,4 +1,5 @@
-# Canaries of models without references (judged by their audit alone) and the scorer's boot id (marketplace.audits, canaries).
+# Canaries of models without references (judged by their audit alone) and the scorer's boot id
+# (marketplace.trust.audits, marketplace.lifecycle.canaries).
 
 import django.db.models.deletion
 from django.db import migrations, models
@@ -16,7 +17,10 @@ class Migration(migrations.Migration):
             field=models.CharField(
                 blank=True,
                 default='',
-                help_text="the boot id of the scorer's process that claimed it (blank: none sent); a new one from that host frees it",
+                help_text=(
+                    "the boot id of the scorer's process that claimed it "
+                    "(blank: none sent); a new one from that host frees it"
+                ),
                 max_length=64,
             ),
         ),
@@ -25,7 +29,9 @@ class Migration(migrations.Migration):
             name='reference',
             field=models.ForeignKey(
                 blank=True,
-                help_text='its reference (blank: a corpus prompt for a model without references, judged by its audit alone)',
+                help_text=(
+                    'its reference (blank: a corpus prompt for a model without references, judged by its audit alone)'
+                ),
                 null=True,
                 on_delete=django.db.models.deletion.CASCADE,
                 related_name='checks',

@@ -14,7 +14,10 @@ class Migration(migrations.Migration):
             name='logprobs',
             field=models.JSONField(
                 blank=True,
-                help_text="the log-probability entries the host reported with its text, when the job asked for them (compared with the model's); deleted when decided",
+                help_text=(
+                    "the log-probability entries the host reported with its text, when the "
+                    "job asked for them (compared with the model's); deleted when decided"
+                ),
                 null=True,
             ),
         ),

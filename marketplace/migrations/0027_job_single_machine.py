@@ -14,7 +14,10 @@ class Migration(migrations.Migration):
             name='single_machine',
             field=models.BooleanField(
                 default=False,
-                help_text='it asks for what only a host holding the whole model does (a response_format\'s grammar: `protocol.jobs.needs_single_machine`): a host bridging a ring of its model never gets it',
+                help_text=(
+                    'it asks for what only a host holding the whole model does (a response_format\'s grammar: '
+                    '`protocol.jobs.needs_single_machine`): a host bridging a ring of its model never gets it'
+                ),
             ),
         ),
     ]

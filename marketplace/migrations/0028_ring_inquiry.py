@@ -59,7 +59,9 @@ class Migration(migrations.Migration):
                     models.JSONField(
                         blank=True,
                         default=list,
-                        help_text="each checker's verdict so far: [{checker, owner, blamed, reasons}]; two that agree decide",
+                        help_text=(
+                            "each checker's verdict so far: [{checker, owner, blamed, reasons}]; two that agree decide"
+                        ),
                     ),
                 ),
                 (

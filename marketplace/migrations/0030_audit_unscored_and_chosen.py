@@ -38,7 +38,10 @@ class Migration(migrations.Migration):
                     ('failed', 'failed (the customer was refunded, the host put in maintenance)'),
                     (
                         'unscored',
-                        'unscored (nobody independent could read it: the customer was refunded, the host not paid nor blamed)',
+                        (
+                            'unscored (nobody independent could read it: the '
+                            'customer was refunded, the host not paid nor blamed)'
+                        ),
                     ),
                 ],
                 default='pending',

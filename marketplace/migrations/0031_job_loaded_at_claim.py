@@ -12,7 +12,10 @@ class Migration(migrations.Migration):
             name='loaded_at_claim',
             field=models.BooleanField(
                 default=False,
-                help_text="its host's fresh catalog said the model was loaded when it claimed: its start bound is a prefill, not a load (`watchdog.job_start_bounds`)",
+                help_text=(
+                    "its host's fresh catalog said the model was loaded when it claimed: "
+                    "its start bound is a prefill, not a load (`watchdog.job_start_bounds`)"
+                ),
             ),
         ),
     ]

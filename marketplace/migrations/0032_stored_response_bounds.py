@@ -19,7 +19,10 @@ class Migration(migrations.Migration):
             model_name='storedresponse',
             name='conversation',
             field=models.JSONField(
-                help_text="the input items (earlier turns first) then the output items, in the Responses API's shape, normalised (only what a turn needs); instructions are not carried over"
+                help_text=(
+                    "the input items (earlier turns first) then the output items, in the Responses "
+                    "API's shape, normalised (only what a turn needs); instructions are not carried over"
+                )
             ),
         ),
     ]

@@ -4,7 +4,9 @@ The model must exist and be of the right kind, the prompt is rendered exactly as
 host will see it and counted with the gateway's own tokenizer, it and max_tokens must
 fit the context the model is sold with (`CatalogModel.context_sold`: for a chat model
 never more than its audits can read, so no job is sold that could not be audited),
-and then `request_submit` holds the worst-case price (402 / 429 before anything is queued). Refusals are DomainErrors; the views only render them.
+and then `request_submit` holds the worst-case price (402 / 429 before anything is
+queued). The prompt's token ids, counted once, also key prompt caching (`marketplace.trust.prefixes`).
+Refusals are DomainErrors; the views only render them.
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ from datetime import datetime
 
 from accounts.models import ApiKey
 from catalog.models import CatalogModel
-from catalog.rendering import prompt_count, prompt_fragments, render_instant_fixed
+from catalog.rendering import prompt_fragments, prompt_token_ids, render_instant_fixed
 from catalog.selectors import catalog_model_by_name
 from catalog.tokenizer import tokenizer_for
 from core.errors import DomainError, bad_request
 from marketplace.models import Request
 from marketplace.selectors import served_models
 from marketplace.services import request_submit
+from marketplace.trust.prefixes import block_hashes
 from protocol.rendering import Fragment, TemplateRefused
 
 
@@ -61,7 +64,8 @@ def request_admit(*, api_key: ApiKey, data: dict, params: dict, kind: str, publi
     params = {**params, "fallbacks": [m.name for m in chosen[first + 1 :]]} if len(chosen) > 1 else params
     params, now = render_instant_fixed(params)  # every later rendering of this request's prompt is this one's
     fragments, messages, prompt = rendered_prompt(model, kind, data, now=now)
-    prompt_tokens = prompt_count(model, fragments)
+    token_ids = prompt_token_ids(model, fragments)  # counted, and the blocks prompt caching keys on
+    prompt_tokens = len(token_ids)
     if prompt_tokens + params["max_tokens"] > model.context_sold:
         raise bad_request(
             f"This model's context is {model.context_sold} tokens; the prompt has {prompt_tokens} and max_tokens "
@@ -80,16 +84,20 @@ def request_admit(*, api_key: ApiKey, data: dict, params: dict, kind: str, publi
         stream=data["stream"],
         prompt_tokens=prompt_tokens,
         trusted_only=trusted_only(api_key=api_key, data=data),
+        prefix_hashes=block_hashes(model_id=model.pk, token_ids=token_ids),
     )
 
 
-ENDPOINTS = {
+ENDPOINTS: dict[str, str] = {
     Request.Kind.CHAT: "/v1/chat/completions",
     Request.Kind.COMPLETION: "/v1/completions",
     Request.Kind.EMBEDDINGS: "/v1/embeddings",
 }
-KIND_NAMES = {CatalogModel.Kind.CHAT: "a chat model", CatalogModel.Kind.EMBEDDING: "an embeddings model"}
-SERVED_AT = {
+KIND_NAMES: dict[str, str] = {
+    CatalogModel.Kind.CHAT: "a chat model",
+    CatalogModel.Kind.EMBEDDING: "an embeddings model",
+}
+SERVED_AT: dict[str, str] = {
     CatalogModel.Kind.CHAT: "POST /v1/chat/completions (or /v1/completions)",
     CatalogModel.Kind.EMBEDDING: "POST /v1/embeddings",
 }
@@ -109,7 +117,8 @@ def model_for(name: str, *, kind: str, param: str = "model") -> CatalogModel:
     wanted = CatalogModel.Kind.EMBEDDING if kind == Request.Kind.EMBEDDINGS else CatalogModel.Kind.CHAT
     if model.kind != wanted:
         raise bad_request(
-            f"The model '{name}' is {KIND_NAMES[model.kind]}: send it to {SERVED_AT[model.kind]}. {ENDPOINTS[kind]} takes "
+            f"The model '{name}' is {KIND_NAMES[model.kind]}: send "
+            f"it to {SERVED_AT[model.kind]}. {ENDPOINTS[kind]} takes "
             f"{KIND_NAMES[wanted]} (GET /v1/models gives each model's kind).",
             code="wrong_model_kind",
             param=param,

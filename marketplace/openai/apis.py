@@ -12,9 +12,9 @@ import base64
 import json
 import struct
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, TypeVar
 
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.utils.decorators import method_decorator
 from django.views import View
 from django.views.decorators.csrf import csrf_exempt
@@ -40,12 +40,8 @@ from marketplace.models import Request
 from marketplace.openai import admission, outputs, responses, stored_responses
 from marketplace.openai.choices import Admitted, admit_choices, stream_chunks
 from marketplace.openai.render import failed_choice, response_body, usage_sum
-from marketplace.openai.serializers import (
-    ChatInputSerializer,
-    CompletionInputSerializer,
-    EmbeddingsInputSerializer,
-    ResponsesInputSerializer,
-)
+from marketplace.openai.response_serializers import ResponsesInputSerializer
+from marketplace.openai.serializers import ChatInputSerializer, CompletionInputSerializer, EmbeddingsInputSerializer
 from marketplace.openai.streaming import Ended, RequestListener, Text, ended_error
 from marketplace.openai.tool_calls import tool_calls_in
 
@@ -58,7 +54,10 @@ async def rate_limit_headers(row: Request) -> dict[str, str]:
     return await db(billing_selectors.rate_headers, key=key) if key.rate_limit_per_minute is not None else {}
 
 
-def with_headers(response: HttpResponse, headers: dict[str, str]) -> HttpResponse:
+R = TypeVar("R", bound=HttpResponseBase)
+
+
+def with_headers(response: R, headers: dict[str, str]) -> R:
     for name, value in headers.items():
         response[name] = value
     return response
@@ -85,13 +84,13 @@ class AsyncApi(View):
 
     security_scheme = API_KEY
 
-    async def post(self, request: HttpRequest) -> HttpResponse:
+    async def post(self, request: HttpRequest) -> HttpResponseBase:
         try:
             return await self._post(request)
         except DomainError as error:
             return error.response()
 
-    async def _post(self, request: HttpRequest) -> HttpResponse:
+    async def _post(self, request: HttpRequest) -> HttpResponseBase:
         raise NotImplementedError
 
 
@@ -100,7 +99,7 @@ class GenerationApi(AsyncApi):
 
     kind: str = Request.Kind.CHAT
 
-    async def _post(self, request: HttpRequest) -> HttpResponse:
+    async def _post(self, request: HttpRequest) -> HttpResponseBase:
         choices = await admit_choices(secret=bearer_secret(request), body=json_body(request), kind=self.kind)
         rate = await rate_limit_headers(choices[-1].row)
         response = sse_response(stream_chunks(choices)) if choices[0].row.stream else await self._whole(choices)
@@ -186,7 +185,7 @@ class StreamResumeApi(View):
         ],
         responses={(200, "text/event-stream"): outputs.RESUMED, 410: ERROR},
     )
-    async def get(self, request: HttpRequest, public_id: str) -> HttpResponse:
+    async def get(self, request: HttpRequest, public_id: str) -> HttpResponseBase:
         try:
             if request.GET.get("stream") != "true":
                 raise bad_request(
@@ -323,7 +322,7 @@ class ResponsesApi(GenerationApi):
     its semantic events streamed (`stream: true`). With `store: true` the whole response is
     kept (`marketplace.openai.stored_responses`); `previous_response_id` continues a kept one."""
 
-    async def _post(self, request: HttpRequest) -> HttpResponse:
+    async def _post(self, request: HttpRequest) -> HttpResponseBase:
         secret, body = bearer_secret(request), json_body(request)  # (in that order: no key is a 401 whatever the body)
         previous, conversation = body.get("previous_response_id"), list[dict]()
         if previous is not None:  # (a 401 for a bad key first, then a 404 for an id it cannot read)
@@ -394,7 +393,7 @@ class StoredResponseApi(KeyApi):
 class EmbeddingsApi(AsyncApi):
     """POST /v1/embeddings: queued like any job, answered once a host returns the vectors."""
 
-    async def _post(self, request: HttpRequest) -> HttpResponse:
+    async def _post(self, request: HttpRequest) -> HttpResponseBase:
         secret = bearer_secret(request)
         body = json_body(request)
         api_key = await db(key_for_spending, secret)  # before any work on the body: a stranger gets a 401 alone

@@ -50,7 +50,7 @@ class Admitted:
     handed_over: bool = False
     ended: Request | None = None
 
-    async def chunks(self, *, first: bool = True) -> AsyncIterator[dict | str]:
+    async def chunks(self, *, first: bool = True) -> AsyncGenerator[dict | str, None]:
         """OpenAI stream chunks, ending with "[DONE]" or an error object. Each text chunk
         carries `x_elephant.offset`: the characters delivered so far, where a dropped
         stream resumes (`starting_after`). With `include_usage`, as OpenAI sends it: every
@@ -222,8 +222,8 @@ async def stream_chunks(choices: list[Admitted]) -> AsyncIterator[dict | str]:
     (a chunk with no choices; every other chunk then says `"usage": null`), then one "[DONE]" —
     or the error alone when every choice failed."""
     if len(choices) == 1:
-        async for chunk in choices[0].chunks():
-            yield chunk
+        async for one in choices[0].chunks():
+            yield one
         return
     queue: asyncio.Queue[tuple[Admitted, dict | str | None]] = asyncio.Queue()
 

@@ -6,12 +6,14 @@ holds every live answer to them.
 
 from __future__ import annotations
 
+from typing import Any
+
 from drf_spectacular.utils import OpenApiResponse, extend_schema_field
 from rest_framework import serializers
 
 from core.openapi import ErrorSerializer, EventStream
 
-TOKEN = {
+TOKEN: dict[str, Any] = {
     "type": "object",
     "required": ["token", "logprob", "bytes"],
     "properties": {
@@ -93,10 +95,18 @@ class ChoiceErrorSerializer(serializers.Serializer):
     code = serializers.CharField(allow_null=True)
 
 
+class PromptTokensDetailsSerializer(serializers.Serializer):
+    cached_tokens = serializers.IntegerField(
+        help_text="prompt tokens billed at the cached price: a prefix the host offered the request holds for this "
+        "account, decided by the gateway (never the host's word)"
+    )
+
+
 class UsageSerializer(serializers.Serializer):
     prompt_tokens = serializers.IntegerField()
     completion_tokens = serializers.IntegerField()
     total_tokens = serializers.IntegerField()
+    prompt_tokens_details = PromptTokensDetailsSerializer()
 
 
 class AssistantMessageSerializer(serializers.Serializer):
@@ -108,7 +118,8 @@ class AssistantMessageSerializer(serializers.Serializer):
     tool_calls = ToolCallsOutField(
         required=False,
         help_text=(
-            "the calls, with JSON arguments; cut by max_tokens (finish_reason length) when a call was required, the last "
+            "the calls, with JSON arguments; cut by max_tokens "
+            "(finish_reason length) when a call was required, the last "
             "one's arguments as far as they were written"
         ),
     )
@@ -259,7 +270,8 @@ class EmbeddingUsageSerializer(serializers.Serializer):
 
 class EmbeddingListSerializer(serializers.Serializer):
     object = serializers.CharField(help_text="list")
-    data = EmbeddingSerializer(many=True)
+    # (OpenAI's field `data`: DRF's stubs take the name for Serializer.data)
+    data = EmbeddingSerializer(many=True)  # type: ignore[assignment]
     model = serializers.CharField()
     usage = EmbeddingUsageSerializer()
     id = serializers.CharField()
@@ -303,7 +315,8 @@ class ModelSerializer(serializers.Serializer):
 
 class ModelListSerializer(serializers.Serializer):
     object = serializers.CharField(help_text="list")
-    data = ModelSerializer(many=True)
+    # (OpenAI's field `data`: DRF's stubs take the name for Serializer.data)
+    data = ModelSerializer(many=True)  # type: ignore[assignment]
 
 
 class CreditsKeySerializer(serializers.Serializer):
@@ -432,7 +445,8 @@ class ResponseEventSerializer(serializers.Serializer):
     type = serializers.CharField(
         help_text=(
             "response.created, response.in_progress, response.output_item.added, response.content_part.added, "
-            "response.output_text.delta (one per piece of text), response.output_text.done, response.content_part.done, "
+            "response.output_text.delta (one per piece of text), "
+            "response.output_text.done, response.content_part.done, "
             "response.output_item.done; for a function call response.output_item.added, "
             "response.function_call_arguments.delta (its arguments as they are generated), "
             "response.function_call_arguments.done, response.output_item.done; then response.completed or "

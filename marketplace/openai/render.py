@@ -2,24 +2,35 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from marketplace.logprobs import completion_logprobs
 from marketplace.models import Request
 from marketplace.selectors import unix
 
 
 def usage_of(row: Request) -> dict:
+    """Its counts, with the prompt tokens billed as cached (the gateway's decision at admission)."""
     return {
         "prompt_tokens": row.prompt_tokens,
         "completion_tokens": row.completion_tokens,
         "total_tokens": row.prompt_tokens + row.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": row.cached_tokens},
     }
 
 
 def usage_sum(usages: list[dict]) -> dict:
-    """The usage of several choices: one prompt (OpenAI counts it once), every completion."""
+    """The usage of several choices: one prompt (OpenAI counts it once, with the first's cached
+    tokens), every completion."""
     completion = sum(u["completion_tokens"] for u in usages)
     prompt = usages[0]["prompt_tokens"] if usages else 0
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    cached = (usages[0].get("prompt_tokens_details") or {}).get("cached_tokens", 0) if usages else 0
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
 
 
 def usage_chunk(rows: list[Request]) -> dict:
@@ -27,7 +38,7 @@ def usage_chunk(rows: list[Request]) -> dict:
     Like one choice's last chunk, it says `x_elephant.resumed` when any choice was continued
     on another host (the whole body's `x-elephant-resumed` header says the same)."""
     row = rows[0]
-    body = {
+    body: dict[str, Any] = {
         "id": row.public_id,
         "object": "chat.completion.chunk" if row.kind == Request.Kind.CHAT else "text_completion",
         "created": unix(row.created_at),

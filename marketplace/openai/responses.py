@@ -9,7 +9,7 @@ queued, relayed, failed over and settled the same way), under a `resp_…` id so
 a Response object (`response_from_chat`: a message, or the function calls), a stream of chat
 chunks into the Responses API's semantic events (`response_events`: a call's arguments as they
 are generated). What the Responses API defines and this door does not offer is a 400 naming it
-(`serializers.RESPONSES_NOT_OFFERED`, built-in tools).
+(`response_serializers.RESPONSES_NOT_OFFERED`, built-in tools).
 
 A response asked to be kept (`store: true`) is saved by the door once whole
 (`marketplace.openai.stored_responses`): its conversation in this API's own item shape, normalised
@@ -29,7 +29,7 @@ from contextlib import aclosing
 
 from core.errors import ApiError, DomainError, validation_error
 from marketplace.openai.choices import Admitted
-from marketplace.openai.serializers import NotOfferedYet, ResponsesInputSerializer
+from marketplace.openai.response_serializers import NotOfferedYet, ResponsesInputSerializer
 from marketplace.selectors import unix
 
 
@@ -252,9 +252,13 @@ def echoed(body: dict) -> dict:
 
 
 def usage(chat_usage: dict) -> dict:
+    """The chat's usage in this API's names: its `prompt_tokens_details.cached_tokens` (the prompt
+    tokens the gateway found cached at admission and bills at the cached price: docs/privacy.md,
+    "Prompt caching") as `input_tokens_details.cached_tokens`, streamed or whole alike."""
+    cached = (chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
     return {
         "input_tokens": chat_usage["prompt_tokens"],
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": cached},
         "output_tokens": chat_usage["completion_tokens"],
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": chat_usage["prompt_tokens"] + chat_usage["completion_tokens"],

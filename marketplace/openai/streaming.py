@@ -162,6 +162,7 @@ class RequestListener:
         is never left waiting on a dead host, even with no Celery beat running.
         """
         catch_up_now = self._resumed  # a resumed stream reads what it missed at once
+        message: dict | None
         while True:
             assert self._inbox is not None, "open() the listener first"
             if catch_up_now:
@@ -169,7 +170,7 @@ class RequestListener:
             else:
                 message = await self._inbox.next(POLL_SECONDS)
             kind = message["type"] if message else None
-            if kind == "job.tokens" and message["offset"] <= self.received:
+            if kind == "job.tokens" and message is not None and message["offset"] <= self.received:
                 fresh = self._unsent(message["offset"], message["text"])
                 if fresh and self.logprobs and message.get("logprobs"):
                     self._entries += [

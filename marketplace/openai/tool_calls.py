@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from typing import Any
 
 MAX_TOOLS = 64
 MAX_PARALLEL_CALLS = 8  # calls in one answer (a small model may repeat a call until max_tokens otherwise)
@@ -62,7 +63,7 @@ def tools_spec(*, tools: list | None, tool_choice: object, parallel: bool | None
     called = [f for f in functions if not isinstance(choice, dict) or f["name"] == choice["name"]]
     single = isinstance(choice, dict) or parallel is False
     most = 1 if single else MAX_PARALLEL_CALLS
-    spec = {"functions": functions, "choice": choice, "schema": calls_schema(called, most=most)}
+    spec: dict[str, Any] = {"functions": functions, "choice": choice, "schema": calls_schema(called, most=most)}
     from marketplace.lifecycle.schema_reach import unenforced
     from marketplace.lifecycle.structured import schema_problem
 
@@ -261,7 +262,7 @@ def _calls_read(spec: dict, text: str) -> tuple[list[dict], bool]:
         return [], False
     calls_schema_ = spec["schema"]["properties"][CALLS]
     valid = schema_validator(calls_schema_["items"])
-    decoder, at, done = json.JSONDecoder(), opening + 1, []
+    decoder, at, done = json.JSONDecoder(), opening + 1, list[dict]()
     while len(done) < calls_schema_["maxItems"]:
         while at < len(text) and text[at] in " \t\r\n,":
             at += 1

@@ -5,12 +5,12 @@ from __future__ import annotations
 import csv
 import io
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from datetime import date
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.http import HttpResponse, QueryDict, StreamingHttpResponse
+from django.http import QueryDict, StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
@@ -51,7 +51,7 @@ def usage_range(query: QueryDict) -> tuple[date, date]:
     return day_range(_parse_day(query.get("from"), param="from"), end)
 
 
-def usage_row(row: dict) -> dict:
+def usage_row(row: Mapping[str, Any]) -> dict:
     return {
         "id": row["public_id"],
         "created": int(row["created_at"].timestamp()),
@@ -61,6 +61,7 @@ def usage_row(row: dict) -> dict:
         "prompt_tokens": row["prompt_tokens"],
         "completion_tokens": row["completion_tokens"],
         "cost_ucents": row["cost_ucents"],
+        "cached_tokens": row["cached_tokens"],
     }
 
 
@@ -119,6 +120,9 @@ class UsageApi(KeyApi):
             prompt_tokens = serializers.IntegerField()
             completion_tokens = serializers.IntegerField()
             cost_ucents = serializers.IntegerField()
+            cached_tokens = serializers.IntegerField(
+                help_text="of prompt_tokens, those billed at the model's cached input price (docs/money.md)"
+            )
 
         object = serializers.CharField(help_text="usage")
         to = serializers.DateField()
@@ -126,7 +130,8 @@ class UsageApi(KeyApi):
         last_id = serializers.CharField(allow_null=True)
         total_cost_ucents = serializers.IntegerField()
         daily = DaySerializer(many=True)
-        data = RowSerializer(many=True)
+        # (OpenAI's field `data`: DRF's stubs take the name for Serializer.data)
+        data = RowSerializer(many=True)  # type: ignore[assignment]
 
         def get_fields(self) -> dict:
             return {"from": serializers.DateField(), **super().get_fields()}  # a Python keyword: no class attribute
@@ -169,14 +174,24 @@ class UsageApi(KeyApi):
         )
 
 
-CSV_COLUMNS = ["id", "created", "model", "key_prefix", "status", "prompt_tokens", "completion_tokens", "cost_ucents"]
+CSV_COLUMNS = [
+    "id",
+    "created",
+    "model",
+    "key_prefix",
+    "status",
+    "prompt_tokens",
+    "completion_tokens",
+    "cost_ucents",
+    "cached_tokens",  # last: a column added later, so a reader that counts columns still finds the others
+]
 
 
 class UsageCsvApi(KeyApi):
     """GET /v1/usage.csv?from=…&to=… → one line per request (same columns as /v1/usage's data)."""
 
     @extend_schema(parameters=RANGE, responses={(200, "text/csv"): OpenApiTypes.STR})
-    def get(self, request: Request) -> HttpResponse:
+    def get(self, request: Request) -> StreamingHttpResponse:
         key = self.key(request)
         start, end = usage_range(request.query_params)
         return usage_csv_response(user=key.user, start=start, end=end, api_key=key_scope(key))
@@ -196,7 +211,9 @@ def usage_csv_response(*, user: User, start: date, end: date, api_key: ApiKey | 
     return response
 
 
-def _csv_page(*, user: User, start: date, end: date, after: str | None, api_key: ApiKey | None) -> list[dict]:
+def _csv_page(
+    *, user: User, start: date, end: date, after: str | None, api_key: ApiKey | None
+) -> list[Mapping[str, Any]]:
     return list(selectors.usage_requests(user=user, start=start, end=end, after=after, api_key=api_key)[:CSV_PAGE])
 
 

@@ -18,7 +18,7 @@ from catalog.models import CatalogModel
 from hosts.models import Host
 from marketplace import services
 from marketplace.models import Audit, AuditScore
-from marketplace.trust import audits
+from marketplace.trust import audit_scoring, audits
 from protocol.jobs import AUDIT
 from testkit.personas import make_host, present
 from testkit.requests import submit_request
@@ -88,7 +88,7 @@ def test_an_audit_the_gateway_cannot_read_is_claimed_by_a_trusted_host_never_the
 ) -> None:
     audit = _audited(customer, serving_host, settings)
     assert audit.by_hosts and audit.status == Audit.Status.PENDING
-    assert audits.audit_score_pending() == 0  # the gateway's workers leave it to the hosts
+    assert audit_scoring.audit_score_pending() == 0  # the gateway's workers leave it to the hosts
     assert (
         audits.audit_claim_payload(host=serving_host.host, model_ids=[audit.request.model_id]) is None
     )  # in probation

@@ -19,7 +19,7 @@ from conftest import make_customer, make_host, wait_until
 from hosts.models import Host
 from mahout import __version__ as mahout_version
 from marketplace.models import Audit, Request
-from marketplace.trust import audits
+from marketplace.trust import audit_scoring
 from testkit.stack import Gateway, Mahout, stack_env
 
 if TYPE_CHECKING:
@@ -92,11 +92,11 @@ def test_an_honest_host_passes_its_audits_and_is_paid(
     altered[0]["logprob"] -= 3.0  # a host that reports numbers its model did not compute
     reported.logprobs = altered
     settings.AUDIT_TOKENS = 0  # every token: the altered entry's among them (16 drawn could miss it)
-    reason, _ = audits.audit_verdict(reported)  # the verdict alone: nothing is decided or saved
+    reason, _ = audit_scoring.audit_verdict(reported)  # the verdict alone: nothing is decided or saved
     settings.AUDIT_TOKENS = 16
     assert reason is not None and "log-probabilities are not the model's" in reason
     assert ledger.host_account(host=serving.host) is None or ledger.host_account(host=serving.host).balance_ucents == 0
-    assert audits.audit_score_pending() == len(ASKS)
+    assert audit_scoring.audit_score_pending() == len(ASKS)
     decided = list(Audit.objects.filter(host=serving.host))
     assert [a.status for a in decided] == [Audit.Status.PASSED] * len(ASKS), [a.reason for a in decided]
     assert all(a.checked > 0 and a.misses == 0 and a.payload is None and a.text == "" for a in decided)
@@ -150,7 +150,7 @@ def test_a_host_that_answers_junk_is_caught_and_its_customer_refunded(
     assert answers and answers[0]["choices"][0]["message"]["content"] == junk  # the customer got it, and was billed
     request = Request.objects.get(public_id=answers[0]["id"])
     assert request.cost_ucents > 0 and _customer_balance(customer) == before - request.cost_ucents
-    assert audits.audit_score_pending() == 1
+    assert audit_scoring.audit_score_pending() == 1
     audit = Audit.objects.get(request=request)
     assert audit.status == Audit.Status.FAILED and audit.reason
     assert _customer_balance(customer) == before  # refunded to the µ¢

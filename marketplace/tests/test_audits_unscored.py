@@ -17,7 +17,7 @@ from hosts.models import Host
 from marketplace import services
 from marketplace.models import Audit, AuditScore, Request
 from marketplace.tests.test_audits_by_hosts import _audited, _balance, _claim, _escrow, _verdict, remote_model, scorers
-from marketplace.trust import audits
+from marketplace.trust import audit_scoring, audits
 from testkit.evidence import drawn
 from testkit.personas import make_host, present
 from testkit.requests import submit_request
@@ -53,8 +53,8 @@ def test_an_answer_the_gateways_verifier_cannot_read_is_unscored_never_paid_unch
     def cannot(audit: Audit) -> tuple:
         raise Unauditable("4000 + 200 tokens do not fit in 4096")
 
-    monkeypatch.setattr(audits, "audit_verdict", cannot)
-    assert audits.audit_score_pending() == 1
+    monkeypatch.setattr(audit_scoring, "audit_verdict", cannot)
+    assert audit_scoring.audit_score_pending() == 1
     audit.refresh_from_db()
     serving_host.host.refresh_from_db()
     assert audit.status == Audit.Status.UNSCORED and "cannot read it" in audit.reason and audit.payload is None
@@ -70,15 +70,15 @@ def test_weights_that_vanished_hand_the_audit_to_independent_hosts_or_it_is_unsc
     def gone(audit: Audit) -> tuple:
         raise LookupError("the weights of gemma-3-270m are no longer on this gateway")
 
-    monkeypatch.setattr(audits, "audit_verdict", gone)
+    monkeypatch.setattr(audit_scoring, "audit_verdict", gone)
     alone = _served_on_the_gateway(customer, catalog, serving_host, settings)
     own = make_host(name="own", trusted=True)  # only a host of the audited owner holds the model: it may not score
     Host.objects.filter(pk=own.host.pk).update(owner=serving_host.host.owner)
-    assert audits.audit_score_pending() == 1
+    assert audit_scoring.audit_score_pending() == 1
     assert Audit.objects.get(pk=alone.pk).status == Audit.Status.UNSCORED and _balance(serving_host.host) == 0
     scorer = make_host(name="scorer", trusted=True)
     handed = _served_on_the_gateway(customer, catalog, serving_host, settings)
-    assert audits.audit_score_pending() == 0
+    assert audit_scoring.audit_score_pending() == 0
     handed.refresh_from_db()
     assert handed.by_hosts and handed.status == Audit.Status.PENDING
     assert _claim(own) is None and _claim(scorer)["id"] == handed.pk
@@ -102,8 +102,10 @@ def test_a_split_goes_to_the_gateways_verifier_where_it_holds_the_weights(
     audit.refresh_from_db()
     assert not audit.by_hosts and audit.chosen_id is None  # the gateway reads it, no host breaks it
     assert _claim(scorers[2]) is None
-    monkeypatch.setattr(audits, "audit_verdict", lambda audit: (None, {"checked": 3, "uncertain": 0, "misses": 0}))
-    assert audits.audit_score_pending() == 1
+    monkeypatch.setattr(
+        audit_scoring, "audit_verdict", lambda audit: (None, {"checked": 3, "uncertain": 0, "misses": 0})
+    )
+    assert audit_scoring.audit_score_pending() == 1
     audit.refresh_from_db()
     assert audit.status == Audit.Status.PASSED and _balance(serving_host.host) == audit.host_ucents
     failed, passed = (
@@ -122,8 +124,10 @@ def test_the_gateway_against_a_lone_verdict_strikes_nobody(
     _claim(scorers[0])
     _verdict(scorers[0], audit.pk, "failed", "made up")
     Audit.objects.filter(pk=audit.pk).update(by_hosts=False)  # (as the wait's end hands it over)
-    monkeypatch.setattr(audits, "audit_verdict", lambda audit: (None, {"checked": 3, "uncertain": 0, "misses": 0}))
-    assert audits.audit_score_pending() == 1
+    monkeypatch.setattr(
+        audit_scoring, "audit_verdict", lambda audit: (None, {"checked": 3, "uncertain": 0, "misses": 0})
+    )
+    assert audit_scoring.audit_score_pending() == 1
     assert Audit.objects.get(pk=audit.pk).status == Audit.Status.PASSED
     assert not AuditScore.objects.filter(audit=audit, overruled=True).exists()  # a 1-1
 

@@ -11,6 +11,7 @@ from django.utils import timezone
 from billing import selectors as ledger
 from conftest import make_host
 from marketplace import services
+from marketplace.lifecycle.claims import prompt_cache_key
 from marketplace.models import Job, Request
 from marketplace.tests.test_services import CHAT, submit
 from testkit.evidence import drawn
@@ -49,7 +50,8 @@ class ContinuationTests:
         started_at = Request.objects.get(pk=request.pk).started_at
         payload = services.job_claim_payload(host=rescuer.host, model_ids=[catalog.pk])
         continuation = Job.objects.select_related("request", "model").get(pk=payload["id"])
-        assert payload == services.job_payload(continuation), "the long-poll's payload is the stored job's"
+        key = prompt_cache_key(user_id=continuation.request.user_id, host_id=rescuer.host.pk)
+        assert payload == services.job_payload(continuation, cache_key=key), "the long-poll's payload"
         assert payload["continuation"] and continuation.attempt == 2
         assert payload["messages"] == [*CHAT, {"role": "assistant", "content": "The elephant wal"}]
         assert payload["params"]["max_tokens"] == 50 - services.count_output(request, "The elephant wal")

@@ -14,6 +14,7 @@ import pytest
 
 from billing import selectors as ledger
 from billing.models import Hold
+from catalog.pricing import price
 from catalog.tokenizer import tokenizer_for
 from conftest import make_customer, make_host, wait_until
 from hosts.models import Host
@@ -97,7 +98,9 @@ def assert_seamless_and_billed_once(public_id: str, text: str, dead_host: int) -
     assert sum(j.generated_chars for j in jobs) == len(text), "every character arrived exactly once across the seam"
     counted = min(tokenizer_for(row.model.tokenizer).count(text, special=False), row.params["max_tokens"])
     assert row.completion_tokens == counted
-    assert row.cost_ucents == row.prompt_tokens * row.model.input_price_ucents + counted * row.model.output_price_ucents
+    assert row.cost_ucents == price(  # (a prompt the customer sent before: its held prefix at the cached price)
+        row.model, prompt_tokens=row.prompt_tokens, completion_tokens=counted, cached_tokens=row.cached_tokens
+    )
     assert jobs[0].host_id == dead_host and jobs[0].status == "failed" and jobs[0].earned_ucents == 0
     assert jobs[1].earned_ucents <= counted * row.model.output_price_ucents * 80 // 100
     return row

@@ -43,6 +43,7 @@ from gguf import GGUFValueType
 
 from billing import selectors as ledger
 from billing.models import Hold
+from catalog.pricing import price
 from conftest import ROOT, make_customer, make_host, stack_env, wait_until
 from hosts.models import Host
 from marketplace.models import Job, Request
@@ -362,7 +363,9 @@ class FamilyServedTests:
         completion = min(llama_count(path, answer.text), KILL_MAX_TOKENS)
         assert row.completion_tokens == completion
         assert row.prompt_tokens == gateway_count(sold, messages), "the continuation's prompt is not billed"
-        assert row.cost_ucents == row.prompt_tokens * sold.input_price_ucents + completion * sold.output_price_ucents
+        assert row.cost_ucents == price(  # (the same prompt as the turn before: its held prefix at the cached price)
+            sold, prompt_tokens=row.prompt_tokens, completion_tokens=completion, cached_tokens=row.cached_tokens
+        )
         if not cut:  # (cut, its own text as the gateway saw it is longer than the customer's)
             own_cost = min(llama_count(path, own), completion) * sold.output_price_ucents
             assert rescue.earned_ucents == own_cost * HOST_SHARE_PERCENT // 100 > 0

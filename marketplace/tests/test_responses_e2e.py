@@ -12,6 +12,7 @@ import pytest
 
 from billing import selectors as ledger
 from billing.models import Hold
+from catalog.pricing import price
 from conftest import make_customer, make_host
 from marketplace.models import Request
 from marketplace.tests.test_e2e import client
@@ -59,7 +60,16 @@ def assert_settled_as_reported(gateway: Gateway, customer: Customer, response_id
     assert record["id"] == response_id and record["status"] == "completed" and record["kind"] == "chat"
     assert (record["prompt_tokens"], record["completion_tokens"]) == (usage.input_tokens, usage.output_tokens)  # type: ignore[attr-defined]
     row = Request.objects.get(public_id=response_id)
-    assert row.cost_ucents == record["cost_ucents"] == row.prompt_tokens * 10 + row.completion_tokens * 40
+    assert (
+        row.cost_ucents
+        == record["cost_ucents"]
+        == price(
+            row.model,
+            prompt_tokens=row.prompt_tokens,
+            completion_tokens=row.completion_tokens,
+            cached_tokens=row.cached_tokens,
+        )
+    )  # (a later turn's prefix the host holds: at the cached price)
     assert row.messages is None and Hold.objects.filter(status="active").count() == 0
     assert ledger.customer_account(user=customer.user).balance_ucents == 500_000_000 - row.cost_ucents
     assert ledger.ledger_total() == 0

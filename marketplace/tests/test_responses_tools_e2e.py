@@ -29,6 +29,7 @@ from openai.types.responses import (
 
 from billing import selectors as ledger
 from billing.models import Hold
+from catalog.pricing import price
 from conftest import make_customer, make_host
 from marketplace.models import Request
 from marketplace.tests.test_e2e import client
@@ -78,7 +79,15 @@ def assert_billed_as_reported(gateway: Gateway, customer: Customer, response_id:
     assert (record["prompt_tokens"], record["completion_tokens"]) == (usage.input_tokens, usage.output_tokens)  # type: ignore[attr-defined]
     rows = Request.objects.filter(api_key=customer.key)
     assert all(
-        row.messages is None and row.cost_ucents == row.prompt_tokens * 10 + row.completion_tokens * 40 for row in rows
+        row.messages is None
+        and row.cost_ucents
+        == price(
+            row.model,
+            prompt_tokens=row.prompt_tokens,
+            completion_tokens=row.completion_tokens,
+            cached_tokens=row.cached_tokens,  # (a later turn's prefix the host holds)
+        )
+        for row in rows
     )
     spent = sum(row.cost_ucents for row in rows)
     assert ledger.customer_account(user=customer.user).balance_ucents == 500_000_000 - spent

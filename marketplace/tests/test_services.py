@@ -14,6 +14,7 @@ from billing.models import Hold
 from conftest import make_customer, make_host
 from hosts.models import Host
 from marketplace import services
+from marketplace.lifecycle.claims import prompt_cache_key
 from marketplace.models import Job, Request
 from testkit.evidence import drawn
 from testkit.personas import present
@@ -161,7 +162,8 @@ class ClaimTests:
         )
         payload = services.job_claim_payload(host=serving_host.host, model_ids=[catalog.pk])
         job = Job.objects.select_related("request", "model").get(pk=payload["id"])
-        assert payload == services.job_payload(job)
+        key = prompt_cache_key(user_id=customer.user.pk, host_id=serving_host.host.pk)
+        assert payload == services.job_payload(job, cache_key=key)  # (the claiming host alone gets its key)
         assert (payload["kind"], payload["params"]["stop"], payload["continuation"]) == (kind, ["\n"], False)
         assert (job.status, job.host_id) == ("running", serving_host.host.pk)
         request.refresh_from_db()

@@ -11,7 +11,7 @@ job settles as any other (the customer's answer and bill are not delayed) except
 host's share goes to the audit escrow. The rendered prompt, the delivered text and the
 tokens wait on the `Audit` row; the request's own copy is deleted as for every job.
 
-A Celery worker (`audit_score_pending`) loads the model and re-reads the answer in one
+A Celery worker (`audit_scoring.audit_score_pending`) loads the model and re-reads the answer in one
 prefill pass (`scorer.verify.Verifier`): every token checked must be the seed's draw under
 the model's logits, within a tolerance for honest machines' arithmetic. AUDIT_TOKENS tokens
 are checked, drawn at random (the host cannot know which), not every one: a large
@@ -80,7 +80,7 @@ itself so); blaming the host would punish an honest one for the want of scorers.
 most such audits before, an answer longer than the verifier's context, is refused at
 admission now (`CatalogModel.context_sold`), so an unscored audit is rare and costs an honest
 host one job's share, never its standing. The gateway's verifier hands an audit whose weights
-vanished to independent host scorers, where there are any (`audit_score_pending`).
+vanished to independent host scorers, where there are any (`audit_scoring.audit_score_pending`).
 Each scorer whose verdict stands is paid its prefill's fee when the audit is decided
 (`scorer_fee`: the model's prompt price for prompt + answer tokens, the host's share of it),
 out of the platform's revenue, at most half the audited job's platform share each (10% of
@@ -91,19 +91,17 @@ The prompt, text and tokens are deleted when the audit is decided, as for every 
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import hmac
 import logging
 import random
-import threading
 from collections import Counter
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q, QuerySet
+from django.db.models import Q
 from django.utils import timezone
 
 from billing import services as billing
@@ -224,86 +222,6 @@ def independent_scorers(*, model_id: int, owners: set[int], now: datetime | None
     return Host.objects.filter(
         TRUSTED.q(), reputation.scorer_owner_seasoned(now=now), qualifications__model_id=model_id
     ).exclude(owner_id__in=owners)
-
-
-# --- scoring (on the Celery workers) --------------------------------------------------------
-
-_verifiers: dict[str, object] = {}
-VERIFYING = threading.Lock()  # a process' verifier is one llama.cpp context: one reading at a time
-
-
-@atexit.register
-def _verifiers_close() -> None:
-    """Close the cached models before the interpreter tears llama.cpp's bindings down (else
-    each one's finaliser fails then, printing "Exception ignored")."""
-    for verifier in _verifiers.values():
-        verifier.close()  # type: ignore[attr-defined]
-    _verifiers.clear()
-
-
-def _verifier(path: str) -> object:
-    """The real model, loaded once per worker process and file (one at a time)."""
-    from scorer.verify import Verifier
-
-    if path not in _verifiers:
-        for old in _verifiers.values():
-            old.close()  # type: ignore[attr-defined]
-        _verifiers.clear()
-        _verifiers[path] = Verifier(path, threads=settings.CANARY_SCORER_THREADS)
-    return _verifiers[path]
-
-
-def audit_verdict(audit: Audit) -> tuple[str | None, dict]:
-    """Why the audited answer cannot be the real model's draw (None: it passed), and the counts."""
-    if not audit.token_ids:  # (an empty answer too: it is one draw, the end of generation, and must say so)
-        return "its host did not report the tokens it generated, so its answer cannot be checked", {}
-    path = audit_weights(audit.request.model)
-    if path is None:
-        raise LookupError(f"the weights of {audit.request.model.name} are no longer on this gateway")
-    with VERIFYING:
-        result = _verifier(path).audit(  # type: ignore[attr-defined]
-            audit.payload,
-            token_ids=[int(t) for t in audit.token_ids],
-            text=audit.text,
-            finish_reason=audit.finish_reason,
-            seed=audit.seed,
-            logprobs=audit.logprobs,
-            sample=settings.AUDIT_TOKENS or None,
-        )
-    counts = {"checked": result.checked, "uncertain": result.uncertain, "misses": len(result.misses)}
-    return result.reason, counts
-
-
-def audit_score_pending(*, limit: int = 10) -> int:
-    """Score pending audits, oldest first, and decide them. Returns how many were decided.
-    One the verifier cannot read is never released unchecked: weights that vanished hand it to
-    independent host scorers (unscored where there are none); an answer it cannot read
-    (`Unauditable`: admission refuses what outgrows its context, so a grammar it cannot build,
-    or a host's tokens past the job's bounds) is unscored (`audit_unscored`)."""
-    from scorer.verify import Unauditable
-
-    decided = audit_scorers_watch()
-    for audit_id in list(
-        Audit.objects.filter(status=Audit.Status.PENDING, by_hosts=False)
-        .order_by("created_at")
-        .values_list("pk", flat=True)[:limit]
-    ):
-        audit = (
-            Audit.objects.select_related("request__model", "host")
-            .filter(pk=audit_id, status=Audit.Status.PENDING)
-            .first()
-        )
-        if audit is None:
-            continue
-        try:
-            reason, counts = audit_verdict(audit)
-        except LookupError as gone:  # the file is gone: hosts that hold the model read it
-            decided += _audit_to_hosts(audit, why=str(gone))
-        except Unauditable as cannot:
-            decided += audit_unscored(audit=audit, why=f"the gateway's verifier cannot read it: {cannot}")
-        else:
-            decided += _gateway_decides(audit, reason=reason, counts=counts)
-    return decided
 
 
 @transaction.atomic

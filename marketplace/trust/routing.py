@@ -22,6 +22,9 @@ hosts before hosts in probation, honest reports before overstated ones:
   `Host.routing_weight`, else the tokens/s the gateway measured on its jobs; a host
   not measured yet counts its report, bounded), counted over the jobs routed in the
   last `ROUTING_WEIGHT_WINDOW_SECONDS`.
+Before the strategy, each while it has a free slot: an `n` request's later choice goes to the host
+its first went to, and a prompt whose prefix a warm host holds (`marketplace.trust.prefixes`) to
+the one holding the longest.
 A host is offered a job only below its claim cap (slots, bounded by reputation); a job
 for trusted hosts only is offered to, and claimed by, trusted hosts alone.
 """
@@ -29,8 +32,10 @@ for trusted hosts only is offered to, and claimed by, trusted hosts alone.
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from django.conf import settings
 from django.db import connection
@@ -41,6 +46,10 @@ from catalog.models import CatalogModel
 from hosts.models import TRUSTED, Host, Qualification, online_rule
 from marketplace.models import Job
 from marketplace.trust import reputation
+
+if TYPE_CHECKING:
+    from django.db.models.query import RawQuerySet
+    from django_stubs_ext import WithAnnotations
 
 LEAST_CONNECTIONS = "least-connections"
 WEIGHTED = "weighted"
@@ -96,6 +105,13 @@ class Candidate:
         return (not self.trusted, self.overstated)
 
 
+class _Load(TypedDict):
+    """The columns `candidates` reads beside a host's own."""
+
+    best_tps: float | None
+    active: int
+
+
 def candidates(
     *,
     model: CatalogModel,
@@ -118,13 +134,15 @@ def candidates(
         "SELECT h.id, h.catalog, h.catalog_at, h.slots, h.routing_weight, h.trusted_at, h.banned_at, h.measured_tps,"
         f" (SELECT MAX(q.gen_tps) FROM {qualification_table} q WHERE q.host_id = h.id AND q.model_id = %s) AS best_tps,"
         f" (SELECT COUNT(*) FROM {job_table} j WHERE j.host_id = h.id AND j.status = %s)"
-        f" + (SELECT COUNT(*) FROM {job_table} j WHERE j.offered_host_id = h.id AND j.status = %s AND j.offer_until >= %s) AS active"
+        f" + (SELECT COUNT(*) FROM {job_table} j WHERE j.offered_host_id = h.id AND j.status = %s"
+        " AND j.offer_until >= %s) AS active"
         f" FROM {host_table} h WHERE {hosts}"
         f" AND EXISTS (SELECT 1 FROM {qualification_table} q WHERE q.host_id = h.id AND q.model_id = %s)"
     )
     params = [model.pk, Job.Status.RUNNING, Job.Status.QUEUED, at, *hosts_params, model.pk]
     found = []
-    for host in Host.objects.raw(sql, params):
+    rows = cast("RawQuerySet[WithAnnotations[Host, _Load]]", Host.objects.raw(sql, params))
+    for host in rows:
         if host.pk in passed_over or not host.warm_for(model.name, now):
             continue
         speed = reputation.routing_speed(reported_tps=host.best_tps, measured_tps=host.measured_tps)
@@ -170,22 +188,37 @@ def placement(
     avoid_host_id: int | None = None,
     trusted_only: bool = False,
     beside_host_id: int | None = None,
+    prefix_hosts: Mapping[int, int] | None = None,
 ) -> dict:
     """A new job's placement, as the job row's fields: the host it is offered to (if any)
     and until when, and how long cold hosts wait (`cold_wait_seconds`). The host whose
     attempt died is never offered it. `beside_host_id` (the host given a job this one shares
     its prompt with: an `n` request's first choice) is offered it while it has a free slot,
-    before the strategy's choice: a host serving several sequences reads the shared prompt once."""
+    before the strategy's choice: a host serving several sequences reads the shared prompt once.
+    Then `prefix_hosts` (hosts holding a prefix of its prompt, with its tokens:
+    `marketplace.trust.prefixes`): the one holding the longest is offered it while it has a free
+    slot, however busy (`longest_prefix`)."""
     now = timezone.now()
     pool = candidates(model=model, now=now, trusted_only=trusted_only, passed_over=frozenset({avoid_host_id}))
     beside = next((c for c in pool if c.host_id == beside_host_id and c.active < c.slots), None)
-    chosen = beside or pick(model=model, pool=pool, now=now)
+    chosen = beside or longest_prefix(pool, prefix_hosts or {}) or pick(model=model, pool=pool, now=now)
     wait = cold_wait_seconds(pool=pool, offered=chosen is not None, now=now)
     return {
         "warm_until": None if wait is None else now + timedelta(seconds=wait),
         "offered_host_id": chosen.host_id if chosen else None,
         "offer_until": now + timedelta(seconds=settings.ROUTING_OFFER_SECONDS) if chosen else None,
     }
+
+
+def longest_prefix(pool: list[Candidate], prefix_hosts: Mapping[int, int]) -> Candidate | None:
+    """Of the hosts with a free slot, the one holding the longest prefix of the prompt (the least
+    busy share of its slots among equals), or None. A prefix outweighs load and reputation: a
+    free slot on the host that holds it skips the prefill another host would compute, and it
+    was already chosen for the turn it holds. A busy holder is passed over, never waited for."""
+    holding = [c for c in pool if prefix_hosts.get(c.host_id, 0) > 0 and c.active < c.slots]
+    if not holding:
+        return None
+    return max(holding, key=lambda c: (prefix_hosts[c.host_id], -c.active / c.slots, -c.active))
 
 
 def cold_wait_seconds(*, pool: list[Candidate], offered: bool, now: datetime) -> float | None:

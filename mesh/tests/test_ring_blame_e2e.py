@@ -22,7 +22,7 @@ from catalog.models import CatalogModel
 from conftest import make_customer, make_host, stack_env, wait_until
 from hosts.models import Host
 from marketplace.models import Audit, RingInquiry
-from marketplace.trust import audits
+from marketplace.trust import audit_scoring
 from mesh.tests.test_ring_e2e import MahoutProcess, wait_for_ring
 from testkit.stack import Gateway, Mahout
 
@@ -148,7 +148,7 @@ def test_a_stage_running_an_imitation_of_the_model_is_found_and_only_its_host_is
         assert answer.usage.completion_tokens > 0
         audit = Audit.objects.get(request__public_id=answer.id)
         assert audit.host_id == bridge.host.pk and audit.token_ids
-        assert audits.audit_score_pending() == 1
+        assert audit_scoring.audit_score_pending() == 1
         audit.refresh_from_db()
         assert audit.status == Audit.Status.FAILED, audit.reason
         assert ledger.customer_account(user=customer.user).available_ucents == before  # refunded at once

@@ -38,18 +38,21 @@ OVERFLOWS = """() => {
     const parts = [];
     for (let node = el; node && node !== document.body && parts.length < 4; node = node.parentElement) {
       parts.unshift(node.tagName.toLowerCase() + (node.id ? '#' + node.id : '')
-        + (typeof node.className === 'string' && node.className.trim() ? '.' + node.className.trim().split(/\\s+/).join('.') : ''));
+        + (typeof node.className === 'string' && node.className.trim() \
+? '.' + node.className.trim().split(/\\s+/).join('.') : ''));
     }
     return parts.join(' > ');
   };
   const found = [];
   const root = document.scrollingElement;
-  if (root.scrollWidth > root.clientWidth) found.push(`the page scrolls sideways: ${root.scrollWidth}px in ${root.clientWidth}px`);
+  if (root.scrollWidth > root.clientWidth) \
+found.push(`the page scrolls sideways: ${root.scrollWidth}px in ${root.clientWidth}px`);
   for (const el of document.querySelectorAll('body *')) {
     if (['INPUT', 'SELECT', 'TEXTAREA', 'BUTTON', 'OPTION'].includes(el.tagName) || el instanceof SVGElement) continue;
     const style = getComputedStyle(el);
     if (style.display === 'inline' || style.display === 'none' || el.clientWidth === 0) continue;
-    if (el.scrollWidth > el.clientWidth + 1) found.push(`${path(el)}: content ${el.scrollWidth}px wide in ${el.clientWidth}px`);
+    if (el.scrollWidth > el.clientWidth + 1) \
+found.push(`${path(el)}: content ${el.scrollWidth}px wide in ${el.clientWidth}px`);
   }
   return found;
 }"""
