@@ -30,6 +30,7 @@ from marketplace.models import (
     CanaryCheck,
     CanaryReference,
     Job,
+    PrefixBlock,
     Request,
     RingEvidence,
     RingInquiry,
@@ -265,6 +266,20 @@ class TextChunkAdmin(admin.ModelAdmin):
     @admin.display(description="characters")
     def length(self, chunk: TextChunk) -> int:
         return len(chunk.text)
+
+
+@admin.register(PrefixBlock)
+class PrefixBlockAdmin(admin.ModelAdmin):
+    """Which prompt prefixes the gateway routed to which host for which account (issue 53), and
+    until when; the hashes only, never a prompt. Rows are written by claims and expire by
+    themselves (PROMPT_CACHE_SECONDS); an operator may delete one early."""
+
+    list_display = ("user", "model", "host", "tokens", "expires_at")
+    list_select_related = ("user", "model", "host")
+    readonly_fields = ("user", "model", "host", "block_hash", "tokens", "expires_at")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
 
 
 @admin.register(StoredResponse)
