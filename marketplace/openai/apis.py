@@ -554,6 +554,7 @@ def generation_body(row: Request, *, later: list[Request] = ()) -> dict:  # type
         "created": selectors.unix(row.created_at),
         "finished": selectors.unix(row.finished_at) if row.finished_at else None,
         "prompt_tokens": row.prompt_tokens,
+        "cached_tokens": row.cached_tokens,
         "completion_tokens": sum(each.completion_tokens for each in rows),
         "estimate_ucents": sum(each.estimate_ucents for each in rows),
         "cost_ucents": sum(each.cost_ucents for each in rows),

@@ -353,6 +353,7 @@ class GenerationSerializer(serializers.Serializer):
     created = serializers.IntegerField(help_text="Unix seconds")
     finished = serializers.IntegerField(allow_null=True)
     prompt_tokens = serializers.IntegerField()
+    cached_tokens = serializers.IntegerField(help_text="of the prompt, billed at the cached price (prompt caching)")
     completion_tokens = serializers.IntegerField(help_text="of every choice (`n`)")
     estimate_ucents = serializers.IntegerField()
     cost_ucents = serializers.IntegerField(help_text="of every choice (`n`), the prompt billed once")

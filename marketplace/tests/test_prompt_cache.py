@@ -145,6 +145,9 @@ class TestFollowUpTurn:
         )
         chunk = ChatCompletionChunk.model_validate(usage_chunk([follow]))
         assert chunk.usage.prompt_tokens_details.cached_tokens == cached
+        from marketplace.openai.apis import generation_body
+
+        assert generation_body(follow)["cached_tokens"] == cached, "GET /v1/generation reports it too"
 
     def test_the_operators_cached_price_is_the_one_billed(self, catalog, customer, pair) -> None:
         CatalogModel.objects.filter(pk=catalog.pk).update(cached_input_price_ucents=1)
