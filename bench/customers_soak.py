@@ -1,7 +1,7 @@
 """Steady traffic against a running gateway (as `make run` starts it): 6 customers with the `openai`
 client, each a streamed chat of 32-128 tokens every 1-3 s, one call in ten an embeddings call.
 
-    python bench/customers_soak.py SECONDS   (reads /tmp/fresh/var/demo-api-key; edit the address and key path)
+    python bench/customers_soak.py SECONDS [PORT] [KEY_FILE]   (defaults: 8131, /tmp/fresh/var/demo-api-key)
 
 Prints the answers, tokens, errors by kind and time-to-first-token p50/p95 as JSON.
 """
@@ -14,8 +14,9 @@ import time
 
 from openai import OpenAI
 
-key = open("/tmp/fresh/var/demo-api-key").read().strip()
-c = OpenAI(base_url="http://127.0.0.1:8131/v1", api_key=key, max_retries=0, timeout=120)
+port = sys.argv[2] if len(sys.argv) > 2 else "8131"
+key = open(sys.argv[3] if len(sys.argv) > 3 else "/tmp/fresh/var/demo-api-key").read().strip()
+c = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0, timeout=120)
 end = time.time() + float(sys.argv[1])
 stats = {"ok": 0, "errors": {}, "tokens": 0, "embeddings": 0, "ttft": []}
 lock = threading.Lock()

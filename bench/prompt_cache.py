@@ -394,7 +394,10 @@ def admission_measure(admissions: int, rounds: int, system_tokens: int) -> dict:
 
     for _ in range(20):
         once()
-    prefix_record(job_id=Job.objects.latest("pk").pk, host_id=hosts[0])  # a host holds this prompt's prefix
+    last = Job.objects.select_related("request").latest("pk")  # a host holds this prompt's prefix
+    prefix_record(
+        user_id=last.request.user_id, model_id=last.model_id, host_id=hosts[0], hashes=last.request.prefix_hashes
+    )
     results: dict[str, list[float]] = {"with": [], "without": []}
     for round_ in range(rounds):
         for side in ("with", "without") if round_ % 2 == 0 else ("without", "with"):

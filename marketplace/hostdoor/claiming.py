@@ -31,7 +31,6 @@ from marketplace import services as market
 from marketplace.hostdoor.claim_slots import WAITING
 from marketplace.lifecycle import canaries
 from marketplace.trust.audits import audit_claim_payload
-from marketplace.trust.prefixes import prefix_record
 from marketplace.trust.ring_inquiries import inquiry_claim_payload
 from mesh.rings.selectors import bridged_model_ids
 from protocol.timing import CLAIM_WAIT_SECONDS
@@ -153,8 +152,6 @@ async def _claim_until(
     while True:  # a host paused while it waits simply gets nothing
         if look:
             payload = await db(market.job_claim_payload, host=host, model_ids=model_ids, warm_ids=warm_ids, boot=boot)
-            if payload is not None and payload.get("kind") != "embeddings":  # the host now holds its prompt's KV
-                await db(prefix_record, job_id=payload["id"], host_id=host.pk)
             if payload is None and host.trusted_at is not None:  # no customer waits on it: an audit to score, if any
                 payload = await db(audit_claim_payload, host=host, model_ids=scorable, boot=boot)
                 if payload is None:  # or a ring's failed audit to look into

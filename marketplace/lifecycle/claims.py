@@ -25,6 +25,7 @@ from marketplace.lifecycle.errors import HostRefused, JobNotRunning
 from marketplace.models import CHOICE_OF, Job, Request
 from marketplace.trust import routing
 from marketplace.trust.audits import job_seed
+from marketplace.trust.prefixes import prefix_record
 from protocol.jobs import JobPayload, job_payload_build
 
 
@@ -73,10 +74,20 @@ def job_payload(job: Job, *, cache_key: str = "") -> JobPayload:
     )
 
 
-_CLAIMED_REQUEST_COLUMNS = ("public_id", "kind", "messages", "prompt", "inputs", "params", "model_id", "user_id")
+_CLAIMED_REQUEST_COLUMNS = (
+    "public_id",
+    "kind",
+    "messages",
+    "prompt",
+    "inputs",
+    "params",
+    "model_id",
+    "user_id",
+    "prefix_hashes",
+)
 
 
-_JSON_COLUMNS = ("messages", "inputs", "params")
+_JSON_COLUMNS = ("messages", "inputs", "params", "prefix_hashes")
 
 
 def job_claim_next(
@@ -109,10 +120,13 @@ def job_claim_payload(
     boot: str = "",
 ) -> JobPayload | None:
     """`job_claim_next`, rendered as what the host receives (the long-poll's path: no
-    query after the claim). `warm_ids` may be looked up once per long-poll."""
+    read after the claim; the prompt's blocks are recorded as this host's, `trust.prefixes`).
+    `warm_ids` may be looked up once per long-poll."""
     job = _claim_routed(host=host, model_ids=model_ids, warm_ids=warm_ids, boot=boot)
     if job is None:
         return None
+    request = job.request
+    prefix_record(user_id=request.user_id, model_id=job.model_id, host_id=host.pk, hashes=request.prefix_hashes)
     return job_payload(job, cache_key=prompt_cache_key(user_id=job.request.user_id, host_id=host.pk))
 
 

@@ -24,7 +24,7 @@ from django.conf import settings
 from django.db.models import Max
 from django.utils import timezone
 
-from marketplace.models import Job, PrefixBlock
+from marketplace.models import PrefixBlock
 
 
 def block_hashes(*, model_id: int, token_ids: Sequence[int]) -> list[str]:
@@ -64,15 +64,15 @@ def cached_tokens(*, prefix_tokens: int, prompt_tokens: int) -> int:
     return max(0, min(prefix_tokens, prompt_tokens - 1))
 
 
-def prefix_record(*, job_id: int, host_id: int, now: datetime | None = None) -> int:
-    """Record the claimed job's prompt blocks as held by `host_id` for its account and model,
-    until `PROMPT_CACHE_SECONDS` from now (a block held already is renewed). One bulk upsert
-    after the claim; nothing for a job without blocks. Returns the blocks recorded."""
-    found = Job.objects.filter(pk=job_id).values_list("request__user_id", "model_id", "request__prefix_hashes").first()
-    hashes: list[str] = (found[2] if found is not None else None) or []
-    if found is None or not hashes:
+def prefix_record(
+    *, user_id: int, model_id: int, host_id: int, hashes: Sequence[str] | None, now: datetime | None = None
+) -> int:
+    """Record a claimed job's prompt blocks (`hashes`, its request's) as held by `host_id` for its
+    account and model, until `PROMPT_CACHE_SECONDS` from now (a block held already is renewed).
+    One bulk upsert, from what the claim returned; nothing for a job without blocks (embeddings,
+    a prompt shorter than a block). Returns the blocks recorded."""
+    if not hashes:
         return 0
-    user_id, model_id = found[0], found[1]
     size = settings.PROMPT_CACHE_BLOCK_TOKENS
     expires_at = (now or timezone.now()) + timedelta(seconds=settings.PROMPT_CACHE_SECONDS)
     PrefixBlock.objects.bulk_create(
