@@ -32,6 +32,7 @@ and goals; asserts nothing.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import random
@@ -292,18 +293,25 @@ def conversations(stack: Stack, args: argparse.Namespace, systems: list[str]) ->
 
 
 def shared_prompt(stack: Stack, args: argparse.Namespace, system: str, *, one_account: bool) -> dict:
-    """`--customers` requests in turn with the same system prompt: tokens computed ÷ sent."""
+    """`--customers` requests with the same system prompt, in turn or (`--at-once`) together:
+    tokens computed ÷ sent."""
     from testkit.personas import make_customer
 
     secrets = [make_customer(credit_ucents=10**11).secret for _ in range(1 if one_account else args.customers)]
-    answers = []
-    for index in range(args.customers):
+
+    def one(index: int) -> dict:
         client = client_for(stack.server, secrets[index % len(secrets)])
         messages = [
             {"role": "system", "content": system},
             {"role": "user", "content": f"I am customer {index}. {QUESTIONS[index % len(QUESTIONS)]}"},
         ]
-        answers.append(chat(client, messages, args.max_tokens))
+        return chat(client, messages, args.max_tokens)
+
+    if args.at_once:  # every request in flight together (their hosts' slots full, the rest queued)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=args.customers) as pool:
+            answers = list(pool.map(one, range(args.customers)))
+    else:
+        answers = [one(index) for index in range(args.customers)]
     rows = request_rows([a["id"] for a in answers])
     jobs = {row["job_id"] for row in rows if row["job_id"]}
     for _ in range(100):  # (a host logs a job once the gateway has its report: just after its customer's last chunk)
@@ -507,6 +515,7 @@ def main() -> None:
     parser.add_argument("--system-tokens", type=int, default=1900, help="each conversation's system prompt")
     parser.add_argument("--max-tokens", type=int, default=16, help="each answer's max_tokens")
     parser.add_argument("--customers", type=int, default=20, help="(b) requests with the shared system prompt")
+    parser.add_argument("--at-once", action="store_true", help="(b) send them all at once, not in turn")
     parser.add_argument("--shared-tokens", type=int, default=1000, help="(b) the shared system prompt")
     parser.add_argument("--hosts", type=int, default=2)
     parser.add_argument("--slots", type=int, default=2, help="each host's --slots")
